@@ -1,0 +1,43 @@
+"""turnguard: bound an AI agent's turn without killing its productive long turns.
+
+The public API is re-exported here; everything else is private to the package.
+"""
+
+from turnguard.config import STUCK_SIGNALS, ConfigError, GuardConfig
+from turnguard.guard import Guard, Turn
+from turnguard.hookspecs import hookimpl, hookspec
+from turnguard.ledger import Ledger
+from turnguard.model import (
+    Action,
+    Answer,
+    Level,
+    LoopDetected,
+    LoopDetectedEvent,
+    Outcome,
+    Threshold,
+    ToolCall,
+    TurnSummary,
+    Verdict,
+)
+
+__all__ = [
+    "STUCK_SIGNALS",
+    "Action",
+    "Answer",
+    "ConfigError",
+    "Guard",
+    "GuardConfig",
+    "Ledger",
+    "Level",
+    "LoopDetected",
+    "LoopDetectedEvent",
+    "Outcome",
+    "Threshold",
+    "ToolCall",
+    "Turn",
+    "TurnSummary",
+    "Verdict",
+    "hookimpl",
+    "hookspec",
+]
+__version__ = "0.1.0"

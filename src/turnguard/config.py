@@ -1,0 +1,281 @@
+"""``GuardConfig``: the thresholds, with validation and loading from code, env and TOML.
+
+Precedence when loading (``GuardConfig.load``): defaults < TOML file < ``TURNGUARD_*``
+environment variables < keyword arguments. Every invalid input raises ``ConfigError`` naming the
+key, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from turnguard.keys import KEY_MODES
+
+STUCK_SIGNALS: tuple[str, ...] = ("repeat",)
+"""Names of the stuck signals the adaptive cap can use past the soft cap; the default first."""
+
+FAIL_MODES = ("open", "closed")
+ENV_PREFIX = "TURNGUARD_"
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value: ``key``, ``value`` and what is ``accepted``."""
+
+    def __init__(self, key: str, value: Any, accepted: str) -> None:
+        self.key, self.value, self.accepted = key, value, accepted
+        super().__init__(f"turnguard config {key!r}: got {value!r}; expected {accepted}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GuardConfig:
+    """Thresholds and switches of a guard. Defaults are the two seeds' values."""
+
+    max_tool_calls_per_turn: int | None = None
+    """Explicit hard cap N (call N+1 halts). ``None``: the adaptive cap. ``<= 0``: no cap."""
+    soft_cap: int = 100
+    """S: past S calls the turn continues only while it is not stuck. ``<= 0`` disables the cap."""
+    hard_multiplier: float = 10
+    """H = S * m: the absolute backstop of the adaptive cap."""
+    stuck_repeat_threshold: int = 6
+    """D: a key seen D times in the turn marks it stuck (the ``repeat`` signal)."""
+    stuck_signal: str = "repeat"
+    """Which stuck signal gates the adaptive cap; one of ``STUCK_SIGNALS``."""
+    streak_warn_at: int = 5
+    """Warn when this many identical calls come in a row (0 disables)."""
+    streak_stop_at: int = 8
+    """Stop when this many identical calls in a row have failed (0 disables)."""
+    max_cycles_per_turn: int = 0
+    """Model requests allowed per turn; request N+1 halts. 0: unbounded."""
+    key_mode: str = "canonical"
+    """``canonical`` (JSON-canonical arguments) or ``bytes`` (as given, the second seed's)."""
+    remind_model: bool = False
+    """Opt in to ``REMIND`` (a message for the model) at the streak warn level."""
+    fail_mode: str = "open"
+    """A plugin that raises is ignored (``open``) or halts the turn (``closed``)."""
+    max_tracked_keys: int = 65536
+    """Bound on distinct keys counted per turn; keys first seen past it are not counted."""
+    digest_key: str | None = None
+    """Secret for call-key digests; ``None``: a random per-process secret."""
+    capture_content: bool = False
+    """Opt in to exporting tool arguments and results in telemetry."""
+    disable_plugins: tuple[str, ...] = ()
+    """Names of plugins (built-in or third-party) not to load."""
+    load_entrypoints: bool = True
+    """Load third-party plugins from the ``turnguard`` entry-point group."""
+    recorder_path: str | None = None
+    """Write one JSON line per finished turn here (the local recorder); ``None``: off."""
+    shadow: tuple[Any, ...] = ()
+    """Other configurations evaluated side by side without acting (name -> config)."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def explicit_cap(self) -> bool:
+        """Whether ``max_tool_calls_per_turn`` was set (it changes the cap's semantics)."""
+        return self.max_tool_calls_per_turn is not None
+
+    @property
+    def cap_mode(self) -> str:
+        """``explicit``, ``adaptive`` or ``disabled``."""
+        if self.max_tool_calls_per_turn is not None:
+            return "explicit" if self.max_tool_calls_per_turn > 0 else "disabled"
+        return "adaptive" if self.soft_cap > 0 else "disabled"
+
+    @property
+    def hard_cap(self) -> int | None:
+        """The call count past which the turn halts whatever it does, or ``None`` (no cap)."""
+        mode = self.cap_mode
+        if mode == "explicit":
+            return self.max_tool_calls_per_turn
+        if mode == "adaptive":
+            return int(self.soft_cap * self.hard_multiplier)
+        return None
+
+    def replace(self, **changes: Any) -> GuardConfig:
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- loading -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, base: GuardConfig | None = None) -> GuardConfig:
+        """Build from a mapping of field names (as in TOML); unknown keys are errors."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("<config>", data, "a mapping of option names to values")
+        names = _field_names()
+        for key in data:
+            if key not in names:
+                raise ConfigError(str(key), data[key], f"one of the options {sorted(names)}")
+        values = {k: _coerce_container(k, v) for k, v in data.items()}
+        return dataclasses.replace(base, **values) if base else cls(**values)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, base: GuardConfig | None = None) -> GuardConfig:
+        """Build from ``TURNGUARD_<OPTION>`` variables (e.g. ``TURNGUARD_SOFT_CAP=200``)."""
+        environ = os.environ if environ is None else environ
+        names = _field_names()
+        values: dict[str, Any] = {}
+        for var, text in environ.items():
+            if not var.startswith(ENV_PREFIX) or var in _NON_OPTION_VARS:
+                continue
+            key = var[len(ENV_PREFIX):].lower()
+            if key not in names:
+                raise ConfigError(var, text, f"one of {sorted(ENV_PREFIX + n.upper() for n in names)}")
+            values[key] = _parse_env(var, key, text)
+        return cls.from_mapping(values, base=base)
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str], *, base: GuardConfig | None = None) -> GuardConfig:
+        """Read ``[tool.turnguard]`` from a ``pyproject.toml``, or a ``turnguard.toml``
+        (its top level, or a ``[turnguard]`` table)."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(str(path), str(exc), "a readable TOML file") from exc
+        if path.name == "pyproject.toml":
+            data = data.get("tool", {}).get("turnguard", {})
+        elif "turnguard" in data and isinstance(data["turnguard"], Mapping):
+            data = data["turnguard"]
+        return cls.from_mapping(data, base=base)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        search: str | os.PathLike[str] | None = ".",
+        **overrides: Any,
+    ) -> GuardConfig:
+        """Defaults < TOML (``path``, else ``turnguard.toml`` or ``pyproject.toml`` in
+        ``search``) < environment < ``overrides``."""
+        config = cls()
+        toml_path = Path(path) if path is not None else _find_toml(search)
+        if toml_path is not None:
+            config = cls.from_toml(toml_path, base=config)
+        config = cls.from_env(environ, base=config)
+        return cls.from_mapping(overrides, base=config) if overrides else config
+
+
+_NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", "TURNGUARD_CONFIG"})
+
+
+def _field_names() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(GuardConfig))
+
+
+def _find_toml(search: str | os.PathLike[str] | None) -> Path | None:
+    if search is None:
+        return None
+    folder = Path(search)
+    own = folder / "turnguard.toml"
+    if own.is_file():
+        return own
+    pyproject = folder / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            if "turnguard" in tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}):
+                return pyproject
+        except (OSError, tomllib.TOMLDecodeError):
+            return None
+    return None
+
+
+_INT_FIELDS = (
+    "soft_cap",
+    "stuck_repeat_threshold",
+    "streak_warn_at",
+    "streak_stop_at",
+    "max_cycles_per_turn",
+    "max_tracked_keys",
+)
+_BOOL_FIELDS = ("remind_model", "capture_content", "load_entrypoints")
+_CHOICES = {"stuck_signal": STUCK_SIGNALS, "key_mode": KEY_MODES, "fail_mode": FAIL_MODES}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _coerce_container(key: str, value: Any) -> Any:
+    if key == "disable_plugins" and isinstance(value, list):
+        return tuple(value)
+    if key == "shadow" and isinstance(value, (list, Mapping)):
+        return tuple(value.items()) if isinstance(value, Mapping) else tuple(value)
+    return value
+
+
+def _parse_env(var: str, key: str, text: str) -> Any:
+    text = text.strip()
+    if key in _BOOL_FIELDS:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(var, text, "a boolean (1/0, true/false, yes/no, on/off)")
+    if key in _INT_FIELDS or key == "max_tool_calls_per_turn":
+        if key == "max_tool_calls_per_turn" and text.lower() in ("", "none", "unset"):
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(var, text, "an integer") from None
+    if key == "hard_multiplier":
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(var, text, "a number >= 1") from None
+    if key == "disable_plugins":
+        return tuple(p.strip() for p in text.split(",") if p.strip())
+    if key == "shadow":
+        raise ConfigError(var, text, "shadow policies set in code or TOML, not in the environment")
+    if key in ("digest_key", "recorder_path"):
+        return text or None
+    return text
+
+
+def _validate(c: GuardConfig) -> None:
+    for key in _INT_FIELDS:
+        value = getattr(c, key)
+        if not _is_int(value):
+            raise ConfigError(key, value, "an integer")
+    for key in ("stuck_repeat_threshold",):
+        if getattr(c, key) < 1:
+            raise ConfigError(key, getattr(c, key), "an integer >= 1")
+    for key in ("streak_warn_at", "streak_stop_at", "max_cycles_per_turn"):
+        if getattr(c, key) < 0:
+            raise ConfigError(key, getattr(c, key), "an integer >= 0 (0 disables)")
+    if c.max_tracked_keys < 1:
+        raise ConfigError("max_tracked_keys", c.max_tracked_keys, "an integer >= 1")
+    if c.max_tool_calls_per_turn is not None and not _is_int(c.max_tool_calls_per_turn):
+        raise ConfigError("max_tool_calls_per_turn", c.max_tool_calls_per_turn, "an integer or None (unset)")
+    m = c.hard_multiplier
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or m != m or m < 1 or m == float("inf"):
+        raise ConfigError("hard_multiplier", m, "a finite number >= 1")
+    if c.streak_warn_at and c.streak_stop_at and c.streak_warn_at > c.streak_stop_at:
+        raise ConfigError(
+            "streak_warn_at", c.streak_warn_at, f"at most streak_stop_at ({c.streak_stop_at}) when both are set"
+        )
+    for key, choices in _CHOICES.items():
+        if getattr(c, key) not in choices:
+            raise ConfigError(key, getattr(c, key), f"one of {choices}")
+    for key in _BOOL_FIELDS:
+        if not isinstance(getattr(c, key), bool):
+            raise ConfigError(key, getattr(c, key), "a boolean")
+    for key in ("digest_key", "recorder_path"):
+        value = getattr(c, key)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(key, value, "a string or None")
+    if not isinstance(c.disable_plugins, tuple) or not all(isinstance(p, str) for p in c.disable_plugins):
+        raise ConfigError("disable_plugins", c.disable_plugins, "a tuple of plugin names")
+    if not isinstance(c.shadow, tuple):
+        raise ConfigError("shadow", c.shadow, "a tuple of (name, GuardConfig or mapping) pairs")
+

@@ -1,0 +1,347 @@
+"""``Guard`` and ``Turn``: the lifecycle a host drives, and how plugin verdicts are combined.
+
+A ``Turn`` records facts in its ledger and asks the check hooks under one lock, so parallel tool
+calls get exactly the verdicts a sequential run of the same sequence gets. Each plugin is called
+in isolation: one that raises is reported (log + ``turnguard_plugin_error``) and ignored, or, with
+``fail_mode="closed"``, halts the turn. The most severe verdict wins; ties go to the first
+detection in hook order; a HALT latches until the turn ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pluggy
+
+from turnguard.config import GuardConfig
+from turnguard.keys import Keyer
+from turnguard.ledger import Ledger
+from turnguard.model import (
+    ALLOW,
+    Action,
+    Answer,
+    LoopDetected,
+    LoopDetectedEvent,
+    Outcome,
+    ToolCall,
+    TurnSummary,
+    Verdict,
+)
+from turnguard.plugins import plugin_manager
+
+log = logging.getLogger("turnguard")
+
+Impl = tuple[str, Callable[..., Any]]
+_CHECK_HOOKS = {
+    "turnguard_check_cycle": ("turn",),
+    "turnguard_check_call": ("turn", "call"),
+    "turnguard_check_outcome": ("turn", "call", "outcome"),
+}
+
+
+def _compile(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...]) -> tuple[Impl, ...]:
+    """The hook's implementations in call order, each adapted to positional ``order`` args."""
+    caller = getattr(pm.hook, hook)
+    impls = []
+    for impl in reversed(caller.get_hookimpls()):
+        if impl.hookwrapper or impl.wrapper:
+            raise pluggy.PluginValidationError(
+                impl.plugin, f"{impl.plugin_name}: wrappers are not supported on the check hook {hook}"
+            )
+        names = tuple(impl.argnames)
+        fn = impl.function
+        if names != order:
+            index = tuple(order.index(n) for n in names)
+            fn = _adapter(impl.function, index)
+        impls.append((impl.plugin_name, fn))
+    return tuple(impls)
+
+
+def _adapter(fn: Callable[..., Any], index: tuple[int, ...]) -> Callable[..., Any]:
+    return lambda *args: fn(*(args[i] for i in index))
+
+
+class Guard:
+    """Holds the configuration, the key function and the plugin manager; opens turns.
+
+    ``tracer_provider``/``meter_provider``/``logger_provider`` go to the OpenTelemetry plugin
+    (the globals are used when omitted). Pass ``plugin_manager`` to use a manager you built
+    (``turnguard.plugins.plugin_manager`` makes one); ``plugins`` are registered on top.
+    """
+
+    def __init__(
+        self,
+        config: GuardConfig | None = None,
+        *,
+        plugins: Mapping[str, object] | None = None,
+        plugin_manager: pluggy.PluginManager | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        logger_provider: Any = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config if config is not None else GuardConfig()
+        if not isinstance(self.config, GuardConfig):
+            raise TypeError(f"config must be a turnguard.GuardConfig, got {type(self.config).__name__}")
+        self.keyer = Keyer(self.config.key_mode, self.config.digest_key)
+        providers = {
+            "tracer_provider": tracer_provider,
+            "meter_provider": meter_provider,
+            "logger_provider": logger_provider,
+        }
+        self.pm = plugin_manager or _default_manager(self.config, providers, environ)
+        for name, plugin in (plugins or {}).items():
+            self.pm.register(plugin, name=name)
+        self.pm.hook.turnguard_configure.call_historic(kwargs={"config": self.config})
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register a plugin (takes effect for turns opened afterwards)."""
+        return self.pm.register(plugin, name=name)
+
+    def turn(
+        self,
+        *,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        promptable: bool = False,
+        turn_id: str | None = None,
+    ) -> Turn:
+        """Open a turn; use it as a context manager (leaving the block ends it)."""
+        return Turn(self, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id)
+
+
+def _default_manager(config: GuardConfig, providers: dict[str, Any], environ: Mapping[str, str] | None):
+    return plugin_manager(config, providers=providers, environ=environ)
+
+
+class Turn:
+    """One agent turn. All methods are thread-safe and never raise because of tool arguments."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        conversation_id: str | None,
+        agent_name: str | None,
+        promptable: bool,
+        turn_id: str | None,
+    ) -> None:
+        self.guard = guard
+        self.config = guard.config
+        self.ledger = Ledger(
+            guard.config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable
+        )
+        self._keyer = guard.keyer
+        self._lock = threading.RLock()
+        self._halt: Verdict | None = None
+        self._ended: TurnSummary | None = None
+        self._fail_closed = guard.config.fail_mode == "closed"
+        pm = guard.pm
+        self._pm_hook = pm.hook
+        self._check_cycle = _compile(pm, "turnguard_check_cycle", _CHECK_HOOKS["turnguard_check_cycle"])
+        self._check_call = _compile(pm, "turnguard_check_call", _CHECK_HOOKS["turnguard_check_call"])
+        self._check_outcome = _compile(pm, "turnguard_check_outcome", _CHECK_HOOKS["turnguard_check_outcome"])
+        self._observe_cycle = bool(pm.hook.turnguard_cycle_checked.get_hookimpls())
+        self._observe_call = bool(pm.hook.turnguard_call_checked.get_hookimpls())
+        self._observe_outcome = bool(pm.hook.turnguard_outcome_recorded.get_hookimpls())
+        self._notify("turnguard_turn_started", turn=self.ledger)
+
+    # -- identity --------------------------------------------------------------------------
+
+    @property
+    def turn_id(self) -> str:
+        return self.ledger.turn_id
+
+    @property
+    def promptable(self) -> bool:
+        return self.ledger.promptable
+
+    @property
+    def halted(self) -> Verdict | None:
+        """The latched HALT verdict, or ``None`` while the turn may go on."""
+        return self._halt
+
+    @property
+    def summary(self) -> TurnSummary | None:
+        """How the turn ended, once it has."""
+        return self._ended
+
+    # -- the host's calls --------------------------------------------------------------------
+
+    def begin_cycle(self) -> Verdict:
+        """Before each model request (a re-sent request counts again)."""
+        with self._lock:
+            if self._halt is not None:
+                return self._halt
+            self.ledger.begin_cycle()
+            verdict, events = self._decide("turnguard_check_cycle", self._check_cycle, (self.ledger,))
+        self._after(events)
+        if self._observe_cycle:
+            self._notify("turnguard_cycle_checked", turn=self.ledger, verdict=verdict)
+        return verdict
+
+    def check_call(self, call: ToolCall) -> Verdict:
+        """Before executing ``call``: count it and decide. Do not execute it on HALT."""
+        if type(call) is not ToolCall:
+            _require_call(call)
+        key = self._keyer.key_of(call)
+        with self._lock:
+            if self._halt is not None:
+                return self._halt
+            self.ledger.count_call(key.digest, call.name)
+            verdict, events = self._decide("turnguard_check_call", self._check_call, (self.ledger, call))
+        if events:
+            self._after(events)
+        if self._observe_call:
+            self._notify("turnguard_call_checked", turn=self.ledger, call=call, verdict=verdict)
+        return verdict
+
+    def record_outcome(self, call: ToolCall, outcome: Outcome | str) -> Verdict:
+        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``)."""
+        if type(call) is not ToolCall:
+            _require_call(call)
+        if type(outcome) is not Outcome:
+            outcome = Outcome.parse(outcome)
+        key = self._keyer.key_of(call)
+        with self._lock:
+            self.ledger.record_outcome(key.digest, outcome)
+            if self._halt is not None:
+                verdict, events = self._halt, ()
+            else:
+                verdict, events = self._decide(
+                    "turnguard_check_outcome", self._check_outcome, (self.ledger, call, outcome)
+                )
+        if events:
+            self._after(events)
+        if self._observe_outcome:
+            self._notify("turnguard_outcome_recorded", turn=self.ledger, call=call, outcome=outcome, verdict=verdict)
+        return verdict
+
+    def retry(self) -> None:
+        """The current model request is being re-sent: roll its calls back, clear repeats and streaks.
+
+        Call ``begin_cycle()`` again before re-sending (the re-sent request counts as a cycle).
+        """
+        with self._lock:
+            self.ledger.rollback_cycle()
+        self._notify("turnguard_retry", turn=self.ledger)
+
+    def resolve(self, event: LoopDetectedEvent | Verdict, answer: Answer | str) -> Verdict:
+        """The user's answer to an ASK: ``continue`` or ``redirect`` reset the streak so it does
+        not fire again on the next call; ``stop`` latches HALT. Every answer is reported."""
+        if isinstance(event, Verdict):
+            event = event.event
+        if not isinstance(event, LoopDetectedEvent):
+            raise TypeError("resolve() takes the LoopDetectedEvent (verdict.event) of the ASK being answered")
+        try:
+            answer = Answer(str(answer).lower())
+        except ValueError:
+            raise ValueError(f"unknown answer {answer!r}; pass one of 'continue', 'stop', 'redirect'") from None
+        with self._lock:
+            if answer is Answer.STOP:
+                if self._halt is None:
+                    self._halt = Verdict(Action.HALT, event.threshold, "turnguard: stopped by the user", event)
+            else:
+                self.ledger.reset_streak()
+            verdict = self._halt or ALLOW
+        self._notify("turnguard_escalation_resolved", turn=self.ledger, event=event, response=answer.value)
+        return verdict
+
+    def end(self, reason: str = "completed") -> TurnSummary:
+        """Close the turn (idempotent); observers get a ``TurnSummary``."""
+        with self._lock:
+            if self._ended is not None:
+                return self._ended
+            if self._halt is not None and reason == "completed":
+                reason = "halted"
+            self._ended = summary = self.ledger.summary(reason=reason, halt=self._halt)
+        self._notify("turnguard_turn_ended", turn=self.ledger, summary=summary)
+        return summary
+
+    def raise_for(self, verdict: Verdict) -> Verdict:
+        """Raise ``LoopDetected`` on HALT; return the verdict otherwise (for hosts that abort by raising)."""
+        if verdict.action is Action.HALT:
+            raise LoopDetected(verdict)
+        return verdict
+
+    def __enter__(self) -> Turn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.end()
+        elif isinstance(exc, LoopDetected):
+            self.end("halted")
+        else:
+            self.end("error")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _decide(self, hook: str, impls: tuple[Impl, ...], args: tuple[Any, ...]) -> tuple[Verdict, list[LoopDetectedEvent]]:
+        """Call every implementation (under the lock); the most severe verdict wins."""
+        best: Verdict | None = None
+        events: list[LoopDetectedEvent] = []
+        for name, fn in impls:
+            try:
+                verdict = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - isolate every plugin
+                verdict = self._plugin_failed(name, hook, exc)
+            if verdict is None:
+                continue
+            if verdict.event is not None:
+                events.append(verdict.event)
+            if best is None or verdict.action > best.action:
+                best = verdict
+        if best is None:
+            return ALLOW, events
+        if events:
+            for _ in events:
+                self.ledger.note_detection()
+        if best.action is Action.HALT:
+            self._halt = best
+        return best, events
+
+    def _plugin_failed(self, name: str, hook: str, exc: Exception) -> Verdict | None:
+        log.error("turnguard plugin %r raised in %s: %r", name, hook, exc, exc_info=exc)
+        self._report_error(name, hook, exc)
+        if self._fail_closed:
+            return Verdict(Action.HALT, None, f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed): {exc!r}")
+        return None
+
+    def _report_error(self, name: str, hook: str, exc: BaseException) -> None:
+        for impl in reversed(self._pm_hook.turnguard_plugin_error.get_hookimpls()):
+            try:
+                impl.function(**_pick(impl.argnames, turn=self.ledger, plugin=name, hook=hook, error=exc))
+            except Exception:  # noqa: BLE001 - the error reporter itself must not break the host
+                log.exception("turnguard plugin %r raised while reporting an error", impl.plugin_name)
+
+    def _after(self, events: list[LoopDetectedEvent]) -> None:
+        for event in events:
+            self._notify("turnguard_loop_detected", turn=self.ledger, event=event)
+
+    def _notify(self, hook: str, **kwargs: Any) -> None:
+        """Call an observer hook, each implementation isolated."""
+        for impl in reversed(getattr(self._pm_hook, hook).get_hookimpls()):
+            try:
+                impl.function(**_pick(impl.argnames, **kwargs))
+            except Exception as exc:  # noqa: BLE001 - observers never break the host
+                log.error("turnguard plugin %r raised in %s: %r", impl.plugin_name, hook, exc, exc_info=exc)
+                self._report_error(impl.plugin_name, hook, exc)
+                if self._fail_closed and hook != "turnguard_turn_ended":
+                    with self._lock:
+                        if self._halt is None:
+                            self._halt = Verdict(
+                                Action.HALT, None, f"turnguard: plugin {impl.plugin_name!r} failed in {hook} (fail_mode=closed)"
+                            )
+
+
+def _pick(names: tuple[str, ...], **kwargs: Any) -> dict[str, Any]:
+    return {n: kwargs[n] for n in names}
+
+
+def _require_call(call: Any) -> None:
+    if not isinstance(call, ToolCall):
+        raise TypeError(f"pass a turnguard.ToolCall(name, args), not {type(call).__name__}")

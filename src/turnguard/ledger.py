@@ -1,0 +1,278 @@
+"""Per-turn facts, recorded once for every plugin: counts, key repeats, streaks, cycles.
+
+The ledger decides nothing. Policies read it (through the read-only properties below, which is
+what hooks receive as ``turn``) and return verdicts. Memory is bounded: at most
+``max_tracked_keys`` distinct keys are counted per turn; a key first seen after the table is
+full is treated as seen once each time (its repeats are not counted, ``keys_overflowed`` turns
+true, and the hard backstop still bounds the turn). Streaks compare consecutive keys and are
+unaffected.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from turnguard.model import Action, Level, LoopDetectedEvent, Outcome, Threshold, ToolCall, TurnSummary, Verdict
+
+if TYPE_CHECKING:
+    from turnguard.config import GuardConfig
+
+
+class Ledger:
+    """What has happened in one turn. Mutated only by the guard, under the turn's lock."""
+
+    __slots__ = (
+        "config",
+        "turn_id",
+        "conversation_id",
+        "agent_name",
+        "promptable",
+        "cap_mode",
+        "soft_cap",
+        "hard_cap",
+        "started_at",
+        "_tool_calls",
+        "_cycles",
+        "_cycle_start",
+        "_counts",
+        "_max_repeat",
+        "_overflowed",
+        "_last_key",
+        "_last_tool",
+        "_streak",
+        "_failing",
+        "_outcomes",
+        "_detections",
+        "_retries",
+        "_first_stuck",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        config: GuardConfig,
+        *,
+        turn_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        promptable: bool = False,
+    ) -> None:
+        self.config = config
+        self.turn_id = turn_id or uuid.uuid4().hex
+        self.conversation_id = conversation_id
+        self.agent_name = agent_name
+        self.promptable = bool(promptable)
+        self.cap_mode = config.cap_mode
+        self.soft_cap = config.soft_cap if self.cap_mode == "adaptive" else None
+        self.hard_cap = config.hard_cap
+        self.started_at = time.monotonic()
+        self._tool_calls = 0
+        self._cycles = 0
+        self._cycle_start = 0
+        self._counts: dict[bytes, int] = {}
+        self._max_repeat = 0
+        self._overflowed = False
+        self._last_key: bytes | None = None
+        self._last_tool: str | None = None
+        self._streak = 0
+        self._failing = 0
+        self._outcomes = dict.fromkeys(Outcome, 0)
+        self._detections = 0
+        self._retries = 0
+        self._first_stuck = 0
+
+    # -- read-only view ------------------------------------------------------------------------
+
+    @property
+    def tool_calls(self) -> int:
+        """Calls checked in the turn, including the current one."""
+        return self._tool_calls
+
+    @property
+    def cycles(self) -> int:
+        """Model requests begun in the turn (a re-sent request counts again)."""
+        return self._cycles
+
+    @property
+    def calls_this_cycle(self) -> int:
+        return self._tool_calls - self._cycle_start
+
+    @property
+    def max_key_repeat(self) -> int:
+        """The largest number of times any one key has been seen in the turn."""
+        return self._max_repeat
+
+    @property
+    def distinct_keys(self) -> int:
+        return len(self._counts)
+
+    @property
+    def keys_overflowed(self) -> bool:
+        """True once a key went uncounted because ``max_tracked_keys`` was reached."""
+        return self._overflowed
+
+    @property
+    def streak_length(self) -> int:
+        """Consecutive checked calls with the current key."""
+        return self._streak
+
+    @property
+    def failing_streak_length(self) -> int:
+        """Consecutive identical calls of the current streak whose outcome was ``ERROR``."""
+        return self._failing
+
+    @property
+    def streak_digest(self) -> bytes | None:
+        return self._last_key
+
+    @property
+    def last_tool_name(self) -> str | None:
+        return self._last_tool
+
+    @property
+    def first_stuck_call(self) -> int:
+        """The call at which some key first reached ``stuck_repeat_threshold`` (0: never)."""
+        return self._first_stuck
+
+    @property
+    def detections(self) -> int:
+        return self._detections
+
+    @property
+    def retries(self) -> int:
+        return self._retries
+
+    def outcomes(self, outcome: Outcome) -> int:
+        """How many outcomes of this kind were recorded."""
+        return self._outcomes[outcome]
+
+    def repeats_of(self, digest: bytes) -> int:
+        """How many times the key with this digest has been counted in the turn."""
+        return self._counts.get(digest, 0)
+
+    # -- facts (the guard calls these under the turn's lock) -----------------------------------
+
+    def begin_cycle(self) -> None:
+        self._cycles += 1
+        self._cycle_start = self._tool_calls
+
+    def count_call(self, digest: bytes, tool_name: str) -> int:
+        """Count a checked call; returns how many times its key has now been seen."""
+        self._tool_calls += 1
+        counts = self._counts
+        seen = counts.get(digest)
+        if seen is not None:
+            seen += 1
+            counts[digest] = seen
+            if seen > self._max_repeat:
+                self._max_repeat = seen
+                if seen == self.config.stuck_repeat_threshold and not self._first_stuck:
+                    self._first_stuck = self._tool_calls
+        elif len(counts) < self.config.max_tracked_keys:
+            counts[digest] = seen = 1
+            if self._max_repeat == 0:
+                self._max_repeat = 1
+        else:
+            self._overflowed = True
+            seen = 1
+            if self._max_repeat == 0:
+                self._max_repeat = 1
+        if digest == self._last_key:
+            self._streak += 1
+        else:
+            self._last_key = digest
+            self._last_tool = tool_name
+            self._streak = 1
+            self._failing = 0
+        return seen
+
+    def record_outcome(self, digest: bytes, outcome: Outcome) -> None:
+        """An outcome counts toward the failing streak only for the current streak's key."""
+        self._outcomes[outcome] += 1
+        if digest != self._last_key:
+            return
+        if outcome is Outcome.ERROR:
+            self._failing += 1
+        elif outcome is not Outcome.DENIED:
+            self._failing = 0
+
+    def reset_streak(self) -> None:
+        """Forget the current streak (the user answered an ASK): the next call starts afresh."""
+        self._last_key = None
+        self._last_tool = None
+        self._streak = 0
+        self._failing = 0
+
+    def rollback_cycle(self) -> None:
+        """The current model request is re-sent: discard its calls, clear repeats and streaks."""
+        self._retries += 1
+        self._tool_calls = self._cycle_start
+        self._counts.clear()
+        self._max_repeat = 0
+        self._overflowed = False
+        self._first_stuck = 0
+        self.reset_streak()
+
+    def note_detection(self) -> None:
+        self._detections += 1
+
+    # -- building verdicts ---------------------------------------------------------------------
+
+    def detect(
+        self,
+        threshold: Threshold | str,
+        action: Action,
+        level: Level,
+        limit: int,
+        *,
+        call: ToolCall | None = None,
+        message: str = "",
+    ) -> Verdict:
+        """A verdict whose ``LoopDetectedEvent`` records this ledger's counts now."""
+        key = call._key if call is not None else None
+        event = LoopDetectedEvent(
+            threshold=threshold,
+            action=action,
+            level=level,
+            limit=int(limit),
+            tool_calls=self._tool_calls,
+            cycles=self._cycles,
+            max_key_repeat=self._max_repeat,
+            streak_length=self._streak,
+            failing_streak_length=self._failing,
+            soft_cap=self.soft_cap,
+            hard_cap=self.hard_cap,
+            tool_name=call.name if call is not None else None,
+            key_digest=key.hex if key is not None else None,
+            promptable=self.promptable,
+            turn_id=self.turn_id,
+            conversation_id=self.conversation_id,
+            agent_name=self.agent_name,
+            event_id=uuid.uuid4().hex,
+            cap_mode=self.cap_mode,
+            message=message,
+        )
+        return Verdict(action, threshold, message, event)
+
+    def summary(self, *, reason: str, halt: Verdict | None) -> TurnSummary:
+        return TurnSummary(
+            turn_id=self.turn_id,
+            conversation_id=self.conversation_id,
+            agent_name=self.agent_name,
+            promptable=self.promptable,
+            reason=reason,
+            tool_calls=self._tool_calls,
+            cycles=self._cycles,
+            max_key_repeat=self._max_repeat,
+            first_stuck_call=self._first_stuck,
+            distinct_keys=len(self._counts),
+            keys_overflowed=self._overflowed,
+            halted=halt is not None,
+            threshold=halt.threshold if halt is not None else None,
+            cap_mode=self.cap_mode,
+            stuck=self.cap_mode == "adaptive" and self._max_repeat >= self.config.stuck_repeat_threshold,
+            detections=self._detections,
+            duration_s=time.monotonic() - self.started_at,
+        )

@@ -1,0 +1,188 @@
+"""Plain data shared by the guard, its plugins and its reports.
+
+Everything here is immutable: a verdict or an event handed to a plugin or a host can be kept,
+logged or compared without copying.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Outcome(enum.Enum):
+    """What happened when the host executed a tool call."""
+
+    OK = "ok"
+    ERROR = "error"
+    DENIED = "denied"
+    """Permission refused by the user or a policy: never a failure, never a reset."""
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, value: Outcome | str) -> Outcome:
+        """Accept an ``Outcome`` or its string value (``"ok"``, ``"error"``, ...)."""
+        if isinstance(value, Outcome):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            accepted = ", ".join(repr(o.value) for o in cls)
+            raise ValueError(f"unknown outcome {value!r}; pass an Outcome or one of {accepted}") from None
+
+
+@enum.unique
+class Action(enum.IntEnum):
+    """What the host should do; ordered by severity so ``max()`` combines verdicts."""
+
+    ALLOW = 0
+    REMIND = 1
+    ASK = 2
+    HALT = 3
+
+    @property
+    def label(self) -> str:
+        """The lower-case name used in telemetry (``allow``, ``remind``, ``ask``, ``halt``)."""
+        return self.name.lower()
+
+
+class Threshold(str, enum.Enum):
+    """Which detector fired. The string values are part of the telemetry contract."""
+
+    EXPLICIT = "explicit"
+    SOFT_STUCK = "soft_stuck"
+    HARD_BACKSTOP = "hard_backstop"
+    STREAK = "streak"
+    CYCLE_CAP = "cycle_cap"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Level(str, enum.Enum):
+    """How serious a detection is: a warning or a stop."""
+
+    WARN = "warn"
+    STOP = "stop"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Answer(str, enum.Enum):
+    """A user's answer to an ASK, passed to ``Turn.resolve``."""
+
+    CONTINUE = "continue"
+    STOP = "stop"
+    REDIRECT = "redirect"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ToolCall:
+    """One tool call as the host has it; ``args`` may be any object (dict, JSON text, bytes...).
+
+    The guard computes the call's key once, in ``check_call``, and keeps it on the call so that
+    ``record_outcome`` for the same object does not canonicalize the arguments again.
+    """
+
+    name: str
+    args: Any = None
+    call_id: str | None = None
+    _key: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ToolCall name must be a non-empty string (the tool's name), got {self.name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ToolCall):
+            return NotImplemented
+        return (self.name, self.call_id) == (other.name, other.call_id) and (
+            self.args is other.args or self.args == other.args
+        )
+
+    __hash__ = object.__hash__
+
+
+@dataclass(frozen=True, slots=True)
+class LoopDetectedEvent:
+    """One detection: which threshold fired, what it means for the host, and the counts then.
+
+    It never holds tool arguments: ``key_digest`` identifies the call.
+    """
+
+    threshold: Threshold | str
+    action: Action
+    level: Level
+    limit: int
+    tool_calls: int
+    cycles: int
+    max_key_repeat: int
+    streak_length: int
+    failing_streak_length: int
+    soft_cap: int | None
+    hard_cap: int | None
+    tool_name: str | None
+    key_digest: str | None
+    promptable: bool
+    turn_id: str
+    conversation_id: str | None
+    agent_name: str | None
+    event_id: str
+    cap_mode: str = "adaptive"
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The guard's answer. ``threshold``/``event`` are set whenever a detector fired,
+    even when ``action`` is ``ALLOW`` (the detection was observed, not acted on)."""
+
+    action: Action
+    threshold: Threshold | str | None = None
+    message: str = ""
+    event: LoopDetectedEvent | None = None
+
+    @property
+    def halted(self) -> bool:
+        return self.action is Action.HALT
+
+
+ALLOW = Verdict(Action.ALLOW)
+"""The verdict when nothing fired (shared: verdicts are immutable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSummary:
+    """How a turn ended, handed to ``turnguard_turn_ended`` observers."""
+
+    turn_id: str
+    conversation_id: str | None
+    agent_name: str | None
+    promptable: bool
+    reason: str
+    tool_calls: int
+    cycles: int
+    max_key_repeat: int
+    first_stuck_call: int
+    """The call at which the stuck signal first held (0: never), wherever the soft cap was."""
+    distinct_keys: int
+    keys_overflowed: bool
+    halted: bool
+    threshold: Threshold | str | None
+    cap_mode: str
+    stuck: bool
+    detections: int
+    duration_s: float
+
+
+class LoopDetected(Exception):
+    """Raised by hosts that abort a turn by exception; carries the verdict that stopped it."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        super().__init__(verdict.message or f"turnguard: {verdict.threshold} ({verdict.action.label})")

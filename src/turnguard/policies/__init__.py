@@ -1,0 +1,1 @@
+"""Built-in policy plugins: small functions that read the ledger and return verdicts."""

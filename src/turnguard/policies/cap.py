@@ -1,0 +1,58 @@
+"""The per-turn tool-call cap (first seed): explicit hard cap, or adaptive soft cap + backstop.
+
+Explicit ``max_tool_calls_per_turn=N``: call N+1 halts (``explicit``). Unset: past the soft cap S
+the turn continues only while it is not stuck (``soft_stuck``), and never past S * m
+(``hard_backstop``). The cap is always on, whatever other detectors are enabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from turnguard.hookspecs import hookimpl
+from turnguard.ledger import Ledger
+from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
+
+StuckSignal = Callable[[Ledger], bool]
+
+
+def repeat_signal(turn: Ledger) -> bool:
+    """The seed's signal: some (tool, args) key seen ``stuck_repeat_threshold`` times in the turn."""
+    return turn.max_key_repeat >= turn.config.stuck_repeat_threshold
+
+
+SIGNALS: dict[str, StuckSignal] = {"repeat": repeat_signal}
+"""Stuck signals by name (``GuardConfig.stuck_signal``); keys match ``STUCK_SIGNALS``."""
+
+
+@hookimpl
+def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
+    n = turn.tool_calls
+    mode = turn.cap_mode
+    if mode == "explicit":
+        limit = turn.hard_cap
+        if n > limit:
+            return turn.detect(
+                Threshold.EXPLICIT, Action.HALT, Level.STOP, limit, call=call,
+                message=f"turnguard: tool-call cap reached: call {n} exceeds max_tool_calls_per_turn={limit}",
+            )
+        return None
+    if mode != "adaptive" or n <= turn.soft_cap:
+        return None
+    if n > turn.hard_cap:
+        return turn.detect(
+            Threshold.HARD_BACKSTOP, Action.HALT, Level.STOP, turn.hard_cap, call=call,
+            message=(
+                f"turnguard: hard backstop: call {n} exceeds {turn.hard_cap} "
+                f"({turn.soft_cap} x {turn.config.hard_multiplier:g}), whatever the turn is doing"
+            ),
+        )
+    if SIGNALS[turn.config.stuck_signal](turn):
+        return turn.detect(
+            Threshold.SOFT_STUCK, Action.HALT, Level.STOP, turn.soft_cap, call=call,
+            message=(
+                f"turnguard: stuck past the soft cap: call {n} > {turn.soft_cap} and one call was "
+                f"repeated {turn.max_key_repeat} times (stuck at {turn.config.stuck_repeat_threshold})"
+            ),
+        )
+    return None

@@ -1,0 +1,1 @@
+"""Reporting: OpenTelemetry spans, events and metrics, and the local JSONL recorder."""

@@ -1,0 +1,69 @@
+"""Every telemetry name turnguard emits, in one place (span names, attributes, metrics).
+
+GenAI semantic-convention names are used where they exist; everything of ours carries the
+``turnguard.`` prefix. Metric attributes never include conversation ids, call ids or arguments.
+"""
+
+from __future__ import annotations
+
+# -- GenAI semantic conventions (Development status; kept as plain strings on purpose) ---------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # opt-in only (capture_content)
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # opt-in only (capture_content)
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+ERROR_TYPE = "error.type"
+OP_INVOKE_AGENT = "invoke_agent"
+OP_EXECUTE_TOOL = "execute_tool"
+
+# -- ours ------------------------------------------------------------------------------------
+SCOPE = "turnguard"
+LOOP_DETECTED_EVENT = "turnguard.loop_detected"
+
+TURN_ID = "turnguard.turn.id"
+TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | <host reason>
+TURN_PROMPTABLE = "turnguard.turn.promptable"
+TURN_STUCK = "turnguard.turn.stuck"
+CAP_MODE = "turnguard.cap.mode"  # explicit | adaptive | disabled
+
+CALL_INDEX = "turnguard.call.index"
+CALL_KEY_DIGEST = "turnguard.call.key_digest"
+CALL_REPEAT = "turnguard.call.repeat"
+CALL_OUTCOME = "turnguard.call.outcome"
+STREAK_LENGTH = "turnguard.streak.length"
+FAILING_STREAK_LENGTH = "turnguard.streak.failing_length"
+VERDICT_ACTION = "turnguard.verdict.action"
+
+LOOP_THRESHOLD = "turnguard.loop.threshold"
+LOOP_LEVEL = "turnguard.loop.level"
+LOOP_ACTION = "turnguard.loop.action"
+LOOP_LIMIT = "turnguard.loop.limit"
+LOOP_TOOL_CALLS = "turnguard.loop.tool_calls"
+LOOP_CYCLES = "turnguard.loop.cycles"
+LOOP_MAX_KEY_REPEAT = "turnguard.loop.max_key_repeat"
+LOOP_STREAK_LENGTH = "turnguard.loop.streak_length"
+LOOP_FAILING_STREAK_LENGTH = "turnguard.loop.failing_streak_length"
+LOOP_SOFT_CAP = "turnguard.loop.soft_cap"
+LOOP_HARD_CAP = "turnguard.loop.hard_cap"
+LOOP_EVENT_ID = "turnguard.loop.event_id"
+
+ESCALATION_ANSWER = "turnguard.escalation.answer"  # continue | stop | redirect
+PLUGIN_NAME = "turnguard.plugin.name"
+PLUGIN_HOOK = "turnguard.plugin.hook"
+
+NO_THRESHOLD = "none"
+"""The value of ``turnguard.loop.threshold`` on a turn metric when nothing ended the turn."""
+OVERFLOW_VALUE = "_other"
+"""What a tool or agent name beyond the cardinality bound is folded into."""
+
+# -- metrics (name, unit) --------------------------------------------------------------------
+METRIC_TURN_TOOL_CALLS = ("turnguard.turn.tool_calls", "{tool_call}")
+METRIC_TURN_CYCLES = ("turnguard.turn.cycles", "{cycle}")
+METRIC_TURN_MAX_KEY_REPEAT = ("turnguard.turn.max_key_repeat", "{tool_call}")
+METRIC_TURN_FIRST_STUCK_CALL = ("turnguard.turn.first_stuck_call", "{tool_call}")
+METRIC_DETECTIONS = ("turnguard.loop.detections", "{detection}")
+METRIC_ESCALATION_ANSWERS = ("turnguard.escalation.answers", "{answer}")
+METRIC_PLUGIN_ERRORS = ("turnguard.plugin.errors", "{error}")
