@@ -8,6 +8,7 @@ key, the value and what is accepted.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ STUCK_SIGNALS: tuple[str, ...] = ("repeat",)
 
 FAIL_MODES = ("open", "closed")
 ENV_PREFIX = "TURNGUARD_"
+log = logging.getLogger("turnguard")
 
 
 class ConfigError(ValueError):
@@ -73,6 +75,13 @@ class GuardConfig:
     """Other configurations evaluated side by side without acting (name -> config)."""
 
     def __post_init__(self) -> None:
+        # Lists are accepted where tuples are stored (TOML and hosts hand over lists).
+        if isinstance(self.disable_plugins, list):
+            object.__setattr__(self, "disable_plugins", tuple(self.disable_plugins))
+        if isinstance(self.shadow, list):
+            object.__setattr__(self, "shadow", tuple(self.shadow))
+        elif isinstance(self.shadow, Mapping):
+            object.__setattr__(self, "shadow", tuple(self.shadow.items()))
         _validate(self)
 
     @property
@@ -105,19 +114,32 @@ class GuardConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, base: GuardConfig | None = None) -> GuardConfig:
-        """Build from a mapping of field names (as in TOML); unknown keys are errors."""
+        """Build from a mapping of option names (as in TOML; ``soft-cap`` is read as ``soft_cap``);
+        unknown keys are errors."""
         if not isinstance(data, Mapping):
             raise ConfigError("<config>", data, "a mapping of option names to values")
         names = _field_names()
-        for key in data:
-            if key not in names:
-                raise ConfigError(str(key), data[key], f"one of the options {sorted(names)}")
-        values = {k: _coerce_container(k, v) for k, v in data.items()}
-        return dataclasses.replace(base, **values) if base else cls(**values)
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            name = key.replace("-", "_") if isinstance(key, str) else key
+            if name not in names:
+                raise ConfigError(str(key), value, f"one of the options {sorted(names)}")
+            values[name] = _coerce_container(name, value)
+        try:
+            return dataclasses.replace(base, **values) if base else cls(**values)
+        except TypeError as exc:  # e.g. a positional-only clash; report it as a config error
+            raise ConfigError("<config>", dict(data), f"valid options ({exc})") from None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *, base: GuardConfig | None = None) -> GuardConfig:
-        """Build from ``TURNGUARD_<OPTION>`` variables (e.g. ``TURNGUARD_SOFT_CAP=200``)."""
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, base: GuardConfig | None = None, strict: bool = False
+    ) -> GuardConfig:
+        """Build from ``TURNGUARD_<OPTION>`` variables (e.g. ``TURNGUARD_SOFT_CAP=200``).
+
+        A ``TURNGUARD_*`` variable that names no option is logged and ignored (the prefix is shared
+        with tools such as ``TURNGUARD_VENV``); ``strict=True`` makes it a ``ConfigError``. A bad
+        value of a known option is always a ``ConfigError``.
+        """
         environ = os.environ if environ is None else environ
         names = _field_names()
         values: dict[str, Any] = {}
@@ -126,7 +148,10 @@ class GuardConfig:
                 continue
             key = var[len(ENV_PREFIX):].lower()
             if key not in names:
-                raise ConfigError(var, text, f"one of {sorted(ENV_PREFIX + n.upper() for n in names)}")
+                if strict:
+                    raise ConfigError(var, text, f"one of {sorted(ENV_PREFIX + n.upper() for n in names)}")
+                log.warning("turnguard: ignoring %s: not a turnguard option", var)
+                continue
             values[key] = _parse_env(var, key, text)
         return cls.from_mapping(values, base=base)
 
@@ -154,17 +179,22 @@ class GuardConfig:
         search: str | os.PathLike[str] | None = ".",
         **overrides: Any,
     ) -> GuardConfig:
-        """Defaults < TOML (``path``, else ``turnguard.toml`` or ``pyproject.toml`` in
-        ``search``) < environment < ``overrides``."""
+        """Defaults < TOML (``path``, else ``$TURNGUARD_CONFIG``, else ``turnguard.toml`` or a
+        ``pyproject.toml`` with ``[tool.turnguard]`` in ``search``) < environment < ``overrides``."""
+        env = os.environ if environ is None else environ
         config = cls()
+        if path is None and env.get(CONFIG_ENV):
+            path = env[CONFIG_ENV]
         toml_path = Path(path) if path is not None else _find_toml(search)
         if toml_path is not None:
             config = cls.from_toml(toml_path, base=config)
-        config = cls.from_env(environ, base=config)
+        config = cls.from_env(env, base=config)
         return cls.from_mapping(overrides, base=config) if overrides else config
 
 
-_NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", "TURNGUARD_CONFIG"})
+CONFIG_ENV = "TURNGUARD_CONFIG"
+"""A TOML file ``GuardConfig.load`` reads when it is given no path."""
+_NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", CONFIG_ENV})
 
 
 def _field_names() -> frozenset[str]:

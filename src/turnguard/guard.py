@@ -35,6 +35,10 @@ from turnguard.plugins import plugin_manager
 log = logging.getLogger("turnguard")
 
 Impl = tuple[str, Callable[..., Any]]
+Observer = tuple[str, Callable[..., Any], tuple[str, ...]]
+_HALT = Action.HALT
+_NOTHING: tuple[Verdict, tuple[()]] = (ALLOW, ())
+"""What ``_decide`` returns when no plugin had anything to say (shared, allocation-free)."""
 _CHECK_HOOKS = {
     "turnguard_check_cycle": ("turn",),
     "turnguard_check_call": ("turn", "call"),
@@ -62,6 +66,13 @@ def _compile(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...]) -> tup
 
 def _adapter(fn: Callable[..., Any], index: tuple[int, ...]) -> Callable[..., Any]:
     return lambda *args: fn(*(args[i] for i in index))
+
+
+def compiled_checks(pm: pluggy.PluginManager) -> dict[str, tuple[Impl, ...]]:
+    """Each check hook's (plugin name, function) pairs in call order, taking positional
+    arguments exactly as a ``Turn`` calls them; for tools that drive a ``Ledger`` and the
+    policies directly (``turnguard calibrate`` replays recorded turns this way)."""
+    return {hook: _compile(pm, hook, order) for hook, order in _CHECK_HOOKS.items()}
 
 
 class Guard:
@@ -95,11 +106,20 @@ class Guard:
         self.pm = plugin_manager or _default_manager(self.config, providers, environ)
         for name, plugin in (plugins or {}).items():
             self.pm.register(plugin, name=name)
+        if plugins:
+            self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
         self.pm.hook.turnguard_configure.call_historic(kwargs={"config": self.config})
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        """Register a plugin (takes effect for turns opened afterwards)."""
-        return self.pm.register(plugin, name=name)
+        """Register a plugin (takes effect for turns opened afterwards); a plugin implementing a
+        hook turnguard does not have is refused with ``pluggy.PluginValidationError``."""
+        registered = self.pm.register(plugin, name=name)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError:
+            self.pm.unregister(plugin)
+            raise
+        return registered
 
     def turn(
         self,
@@ -110,7 +130,9 @@ class Guard:
         turn_id: str | None = None,
     ) -> Turn:
         """Open a turn; use it as a context manager (leaving the block ends it)."""
-        return Turn(self, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id)
+        return Turn(
+            self, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id
+        )
 
 
 def _default_manager(config: GuardConfig, providers: dict[str, Any], environ: Mapping[str, str] | None):
@@ -144,9 +166,12 @@ class Turn:
         self._check_cycle = _compile(pm, "turnguard_check_cycle", _CHECK_HOOKS["turnguard_check_cycle"])
         self._check_call = _compile(pm, "turnguard_check_call", _CHECK_HOOKS["turnguard_check_call"])
         self._check_outcome = _compile(pm, "turnguard_check_outcome", _CHECK_HOOKS["turnguard_check_outcome"])
-        self._observe_cycle = bool(pm.hook.turnguard_cycle_checked.get_hookimpls())
-        self._observe_call = bool(pm.hook.turnguard_call_checked.get_hookimpls())
-        self._observe_outcome = bool(pm.hook.turnguard_outcome_recorded.get_hookimpls())
+        self._observer_cache: dict[str, tuple[Observer, ...]] = {}
+        self._observe_cycle = bool(self._observers("turnguard_cycle_checked"))
+        self._observe_call = bool(self._observers("turnguard_call_checked"))
+        self._observe_outcome = bool(self._observers("turnguard_outcome_recorded"))
+        self._count_call = self.ledger.count_call
+        self._record_outcome = self.ledger.record_outcome
         self._notify("turnguard_turn_started", turn=self.ledger)
 
     # -- identity --------------------------------------------------------------------------
@@ -178,7 +203,8 @@ class Turn:
                 return self._halt
             self.ledger.begin_cycle()
             verdict, events = self._decide("turnguard_check_cycle", self._check_cycle, (self.ledger,))
-        self._after(events)
+        if events:
+            self._after(events)
         if self._observe_cycle:
             self._notify("turnguard_cycle_checked", turn=self.ledger, verdict=verdict)
         return verdict
@@ -187,11 +213,13 @@ class Turn:
         """Before executing ``call``: count it and decide. Do not execute it on HALT."""
         if type(call) is not ToolCall:
             _require_call(call)
-        key = self._keyer.key_of(call)
+        key = call._key
+        if key is None or key.keyer is not self._keyer:
+            key = self._keyer.key_of(call)
         with self._lock:
             if self._halt is not None:
                 return self._halt
-            self.ledger.count_call(key.digest, call.name)
+            self._count_call(key.digest, call.name)
             verdict, events = self._decide("turnguard_check_call", self._check_call, (self.ledger, call))
         if events:
             self._after(events)
@@ -205,9 +233,11 @@ class Turn:
             _require_call(call)
         if type(outcome) is not Outcome:
             outcome = Outcome.parse(outcome)
-        key = self._keyer.key_of(call)
+        key = call._key
+        if key is None or key.keyer is not self._keyer:
+            key = self._keyer.key_of(call)
         with self._lock:
-            self.ledger.record_outcome(key.digest, outcome)
+            self._record_outcome(key.digest, outcome)
             if self._halt is not None:
                 verdict, events = self._halt, ()
             else:
@@ -280,62 +310,82 @@ class Turn:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _decide(self, hook: str, impls: tuple[Impl, ...], args: tuple[Any, ...]) -> tuple[Verdict, list[LoopDetectedEvent]]:
-        """Call every implementation (under the lock); the most severe verdict wins."""
+    def _decide(
+        self, hook: str, impls: tuple[Impl, ...], args: tuple[Any, ...]
+    ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
+        """Call every implementation (under the lock); the most severe verdict wins, ties go to
+        the first in hook order. Returns the verdict and every detection event, in hook order."""
         best: Verdict | None = None
-        events: list[LoopDetectedEvent] = []
+        events: list[LoopDetectedEvent] | None = None
         for name, fn in impls:
             try:
                 verdict = fn(*args)
-            except Exception as exc:  # noqa: BLE001 - isolate every plugin
+            except Exception as exc:
                 verdict = self._plugin_failed(name, hook, exc)
             if verdict is None:
                 continue
+            if type(verdict) is not Verdict and not isinstance(verdict, Verdict):
+                bad = TypeError(f"{hook} must return a turnguard.Verdict or None, got {type(verdict).__name__}")
+                verdict = self._plugin_failed(name, hook, bad)
+                if verdict is None:
+                    continue
             if verdict.event is not None:
-                events.append(verdict.event)
+                if events is None:
+                    events = [verdict.event]
+                else:
+                    events.append(verdict.event)
+                self.ledger.note_detection()
             if best is None or verdict.action > best.action:
                 best = verdict
         if best is None:
-            return ALLOW, events
-        if events:
-            for _ in events:
-                self.ledger.note_detection()
-        if best.action is Action.HALT:
+            return _NOTHING if events is None else (ALLOW, events)
+        if best.action is _HALT:
             self._halt = best
-        return best, events
+        return best, events or ()
 
     def _plugin_failed(self, name: str, hook: str, exc: Exception) -> Verdict | None:
         log.error("turnguard plugin %r raised in %s: %r", name, hook, exc, exc_info=exc)
         self._report_error(name, hook, exc)
         if self._fail_closed:
-            return Verdict(Action.HALT, None, f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed): {exc!r}")
+            message = f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed): {exc!r}"
+            return Verdict(Action.HALT, None, message)
         return None
 
     def _report_error(self, name: str, hook: str, exc: BaseException) -> None:
-        for impl in reversed(self._pm_hook.turnguard_plugin_error.get_hookimpls()):
+        for plugin_name, fn, argnames in self._observers("turnguard_plugin_error"):
             try:
-                impl.function(**_pick(impl.argnames, turn=self.ledger, plugin=name, hook=hook, error=exc))
-            except Exception:  # noqa: BLE001 - the error reporter itself must not break the host
-                log.exception("turnguard plugin %r raised while reporting an error", impl.plugin_name)
+                fn(**_pick(argnames, turn=self.ledger, plugin=name, hook=hook, error=exc))
+            except Exception:
+                log.exception("turnguard plugin %r raised while reporting an error", plugin_name)
 
-    def _after(self, events: list[LoopDetectedEvent]) -> None:
+    def _after(self, events: Any) -> None:
         for event in events:
             self._notify("turnguard_loop_detected", turn=self.ledger, event=event)
 
+    def _observers(self, hook: str) -> tuple[Observer, ...]:
+        """An observer hook's implementations in call order, looked up once per turn."""
+        impls = self._observer_cache.get(hook)
+        if impls is None:
+            impls = tuple(
+                (impl.plugin_name, impl.function, tuple(impl.argnames))
+                for impl in reversed(getattr(self._pm_hook, hook).get_hookimpls())
+            )
+            self._observer_cache[hook] = impls
+        return impls
+
     def _notify(self, hook: str, **kwargs: Any) -> None:
         """Call an observer hook, each implementation isolated."""
-        for impl in reversed(getattr(self._pm_hook, hook).get_hookimpls()):
+        for plugin_name, fn, argnames in self._observers(hook):
             try:
-                impl.function(**_pick(impl.argnames, **kwargs))
-            except Exception as exc:  # noqa: BLE001 - observers never break the host
-                log.error("turnguard plugin %r raised in %s: %r", impl.plugin_name, hook, exc, exc_info=exc)
-                self._report_error(impl.plugin_name, hook, exc)
+                fn(**_pick(argnames, **kwargs))
+            except Exception as exc:
+                log.error("turnguard plugin %r raised in %s: %r", plugin_name, hook, exc, exc_info=exc)
+                self._report_error(plugin_name, hook, exc)
                 if self._fail_closed and hook != "turnguard_turn_ended":
                     with self._lock:
                         if self._halt is None:
-                            self._halt = Verdict(
-                                Action.HALT, None, f"turnguard: plugin {impl.plugin_name!r} failed in {hook} (fail_mode=closed)"
-                            )
+                            message = f"turnguard: plugin {plugin_name!r} failed in {hook} (fail_mode=closed)"
+                            self._halt = Verdict(Action.HALT, None, message)
 
 
 def _pick(names: tuple[str, ...], **kwargs: Any) -> dict[str, Any]:

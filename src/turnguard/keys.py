@@ -7,11 +7,15 @@ the value it encodes, so ``'{"b":1,"a":2}'`` and ``{"a": 2, "b": 1}`` are one ca
 
 Nothing here raises because of the arguments. Values that JSON cannot encode get a deterministic
 fallback encoding (see ``_fallback``): sets are sorted, NaN and infinities are written as tokens,
-self-references become a ``"<cycle>"`` marker, nesting of any depth is walked iteratively, and
-other objects are encoded by type name and ``repr``.
+self-references become a ``"<cycle>"`` marker, nesting of any depth is walked iteratively, plain
+objects are encoded by type name and attributes, other objects by type name and ``repr`` (with
+memory addresses removed, so that equal objects made at different times get one key).
 
 The digest is a keyed BLAKE2b (an HMAC-equivalent keyed hash) with a per-process random secret
 unless one is configured, so that a digest cannot be reversed by hashing guessed arguments.
+
+This module is on the hot path (every ``check_call``): the common cases (a dict of JSON values, a
+string that is not JSON) take one C-level encoder call and one hash update each.
 """
 
 from __future__ import annotations
@@ -21,9 +25,16 @@ import enum
 import hashlib
 import json
 import math
+import re
 import secrets
 from collections.abc import Mapping
+from json.encoder import encode_basestring as _quote
 from typing import Any
+
+try:  # the C accelerator: one call encodes a whole value, without json.dumps's per-call setup
+    from json.encoder import c_make_encoder as _c_make_encoder
+except ImportError:  # pragma: no cover - every CPython build has it
+    _c_make_encoder = None
 
 KEY_MODES = ("canonical", "bytes")
 """``canonical``: JSON-canonical identity (default). ``bytes``: strings and bytes compared as given."""
@@ -32,6 +43,9 @@ DIGEST_SIZE = 8
 _PROCESS_SECRET = secrets.token_bytes(32)
 _JSON_STARTS = frozenset('{["-0123456789')
 _JSON_WORDS = frozenset(("true", "false", "null"))
+_SPACE = frozenset(" \t\r\n")
+_REPR_LIMIT = 4096
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 _dumps = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=True
@@ -39,22 +53,61 @@ _dumps = json.JSONEncoder(
 _loads = json.loads
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+def _refuse(value: Any) -> Any:
+    raise TypeError(type(value).__name__)
+
+
+if _c_make_encoder is not None:
+    # No circular-reference markers: a self-reference ends in RecursionError like deep nesting,
+    # and the encoder keeps no state between calls (markers left behind by an error would make
+    # a later, unrelated value look circular).
+    _encode_chunks = _c_make_encoder(None, _refuse, _quote, None, ":", ",", True, False, True)
+
+    def _encode(value: Any) -> str:
+        return _join(_encode_chunks(value, 0))
+
+else:  # pragma: no cover
+    _python_encoder = json.JSONEncoder(
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=False
+    )
+    _encode = _python_encoder.encode
+
+    def _encode_chunks(value: Any, _level: int) -> list[str]:
+        return [_python_encoder.encode(value)]
+
+_join = "".join
+_set_key = object.__setattr__
+
+
 class CallKey:
     """A call's identity within one keyer: the digest is what the ledger counts."""
 
-    digest: bytes
-    keyer: Keyer
+    __slots__ = ("digest", "keyer")
+
+    def __init__(self, digest: bytes, keyer: Keyer) -> None:
+        self.digest = digest
+        self.keyer = keyer
 
     @property
     def hex(self) -> str:
         return self.digest.hex()
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CallKey):
+            return NotImplemented
+        return self.digest == other.digest and self.keyer is other.keyer
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __repr__(self) -> str:
+        return f"CallKey({self.hex})"
+
 
 class Keyer:
     """Computes call keys for one guard (one key mode, one digest secret)."""
 
-    __slots__ = ("mode", "_secret", "_canonical")
+    __slots__ = ("_blank", "_canonical", "_fast_dicts", "_secret", "mode")
 
     def __init__(self, mode: str = "canonical", secret: bytes | str | None = None) -> None:
         if mode not in KEY_MODES:
@@ -64,12 +117,33 @@ class Keyer:
             secret = secret.encode()
         self._secret = (secret or _PROCESS_SECRET)[:64]
         self._canonical = canonical_bytes if mode == "canonical" else byte_identity
+        self._fast_dicts = True  # both modes encode a dict as canonical JSON
+        # Keying BLAKE2b costs a compression; copying a keyed state is cheaper than re-keying.
+        self._blank = hashlib.blake2b(digest_size=DIGEST_SIZE, key=self._secret)
 
     def digest(self, name: str, args: Any) -> bytes:
         """The keyed digest of (name, canonical args)."""
-        h = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=DIGEST_SIZE, key=self._secret)
-        h.update(b"\x00")
-        h.update(self._canonical(args))
+        try:
+            if type(args) is dict and self._fast_dicts:
+                try:  # the common case, inlined: a dict of JSON values
+                    body = _join(_encode_chunks(args, 0)).encode()
+                except (TypeError, ValueError, RecursionError, OverflowError):
+                    body = _utf8(_fallback(args))
+            else:
+                body = self._canonical(args)
+            head = name.encode() + b"\x00"
+        except UnicodeEncodeError:  # lone surrogates: kept, not refused
+            body = self._canonical(args)
+            head = _utf8(name) + b"\x00"
+        except Exception:
+            body = b"\x00unencodable\x00" + _utf8(type(args).__qualname__)
+            head = _utf8(str(name)) + b"\x00"
+        h = self._blank.copy()
+        if len(body) < 4096:
+            h.update(head + body)
+        else:
+            h.update(head)
+            h.update(body)
         return h.digest()
 
     def key_of(self, call: Any) -> CallKey:
@@ -78,20 +152,35 @@ class Keyer:
         if cached is not None and cached.keyer is self:
             return cached
         key = CallKey(self.digest(call.name, call.args), self)
-        object.__setattr__(call, "_key", key)
+        _set_key(call, "_key", key)
         return key
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 def canonical_bytes(args: Any) -> bytes:
     """Canonical JSON of ``args`` as UTF-8; JSON text in ``str``/``bytes`` is parsed first."""
-    if isinstance(args, (bytes, bytearray, memoryview)):
+    cls = type(args)
+    if cls is dict or cls is list:
+        try:
+            return _encode(args).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError, RecursionError, OverflowError):
+            return _fallback(args).encode("utf-8", "surrogatepass")
+    if cls is str:
+        first = args[:1]
+        if first not in _JSON_STARTS and first not in _SPACE and not _is_json_word(args):
+            return _quote(args).encode("utf-8", "surrogatepass")  # plain text: a shell command, a path
+        args = _parse_json_text(args)
+    elif isinstance(args, (bytes, bytearray, memoryview)):
         raw = bytes(args)
         try:
-            args = raw.decode("utf-8")
+            args = _parse_json_text(raw.decode("utf-8"))
         except UnicodeDecodeError:
             return b"\x00bytes\x00" + raw
-    if isinstance(args, str):
-        args = _parse_json_text(args)
+    elif isinstance(args, str):
+        args = _parse_json_text(str(args))
     return canonical_text(args).encode("utf-8", "surrogatepass")
 
 
@@ -107,17 +196,19 @@ def byte_identity(args: Any) -> bytes:
 def canonical_text(value: Any) -> str:
     """Canonical JSON text of any value; never raises."""
     try:
-        return _dumps(value)
+        return _encode(value)
     except (TypeError, ValueError, RecursionError, OverflowError):
         return _fallback(value)
 
 
+def _is_json_word(text: str) -> bool:
+    return len(text) <= 5 and text in _JSON_WORDS
+
+
 def _parse_json_text(text: str) -> Any:
     """The JSON value ``text`` encodes, or ``text`` itself when it is not JSON (or too deep)."""
-    stripped = text.strip()
-    if not stripped:
-        return text
-    if stripped[0] not in _JSON_STARTS and stripped not in _JSON_WORDS:
+    stripped = text.strip() if text and (text[0] in _SPACE or text[-1] in _SPACE) else text
+    if not stripped or (stripped[0] not in _JSON_STARTS and not _is_json_word(stripped)):
         return text
     try:
         return _loads(stripped)
@@ -125,18 +216,25 @@ def _parse_json_text(text: str) -> Any:
         return text
 
 
+def _int_text(value: int) -> str:
+    try:
+        return int.__repr__(value)
+    except ValueError:  # more digits than sys.get_int_max_str_digits() allows in decimal
+        return _dumps({"__int__": hex(value)})
+
+
 def _scalar(value: Any) -> str | None:
     """Canonical text of a leaf value, or ``None`` for containers."""
     if value is None or value is True or value is False or isinstance(value, str):
         return _dumps(value)
     if isinstance(value, int):
-        return str(int(value))
+        return _int_text(value)
     if isinstance(value, float):
         if math.isnan(value):
             return "NaN"
         if math.isinf(value):
             return "Infinity" if value > 0 else "-Infinity"
-        return float.__repr__(float(value))
+        return float.__repr__(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _dumps({"__bytes__": bytes(value).hex()})
     if isinstance(value, enum.Enum):
@@ -145,28 +243,42 @@ def _scalar(value: Any) -> str | None:
         return None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return None
+    if _plain_object(value):
+        return None
     return _dumps({"__object__": type(value).__qualname__, "repr": _safe_repr(value)})
+
+
+def _plain_object(value: Any) -> bool:
+    """An instance with attributes and the default ``repr`` (which would show its address)."""
+    return type(value).__repr__ is object.__repr__ and isinstance(getattr(value, "__dict__", None), dict)
 
 
 def _safe_repr(value: Any) -> str:
     try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a broken __repr__ must not break the key
+        text = _ADDRESS.sub("", repr(value))
+    except Exception:
         return "<unrepresentable>"
-    return text if len(text) <= 4096 else text[:4096] + f"...<{len(text)}>"
+    if len(text) <= _REPR_LIMIT:
+        return text
+    tail = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return f"{text[:_REPR_LIMIT]}...<{len(text)}:{tail}>"
 
 
 def _children(value: Any) -> tuple[str, list[tuple[Any, Any]]]:
     """A container's kind and its (key, child) pairs; keys are ``None`` for sequences."""
     if isinstance(value, Mapping):
-        return "object", list(value.items())
+        try:
+            return "object", list(value.items())
+        except Exception:
+            return "object", [("__object__", type(value).__qualname__), ("repr", _safe_repr(value))]
     if isinstance(value, (list, tuple)):
         return "array", [(None, v) for v in value]
     if isinstance(value, (set, frozenset)):
         return "set", [(None, v) for v in value]
-    fields = dataclasses.fields(value)
-    items = [(f.name, getattr(value, f.name, None)) for f in fields]
-    return "object", [("__dataclass__", type(value).__qualname__), *items]
+    if dataclasses.is_dataclass(value):
+        items = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
+        return "object", [("__dataclass__", type(value).__qualname__), *items]
+    return "object", [("__object__", type(value).__qualname__), *vars(value).items()]
 
 
 def _key_text(key: Any) -> str:
@@ -178,7 +290,7 @@ def _finish(kind: str, keys: list[Any], parts: list[str]) -> str:
         pairs = sorted(zip((_key_text(k) for k in keys), parts, strict=True))
         return "{" + ",".join(_dumps(k) + ":" + v for k, v in pairs) + "}"
     if kind == "set":
-        return "{\"__set__\":[" + ",".join(sorted(parts)) + "]}"
+        return '{"__set__":[' + ",".join(sorted(parts)) + "]}"
     return "[" + ",".join(parts) + "]"
 
 
@@ -203,7 +315,7 @@ def _fallback(root: Any) -> str:
             stack[-1][3].append(text)
             continue
         key, child = pending.pop()
-        stack[-1][2].append(key)
+        frame[2].append(key)
         leaf = _scalar(child)
         if leaf is not None:
             frame[3].append(leaf)

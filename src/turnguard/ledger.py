@@ -19,35 +19,40 @@ from turnguard.model import Action, Level, LoopDetectedEvent, Outcome, Threshold
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
 
+_ERROR = Outcome.ERROR  # enum members looked up once: class attribute access costs on the hot path
+_DENIED = Outcome.DENIED
+
 
 class Ledger:
     """What has happened in one turn. Mutated only by the guard, under the turn's lock."""
 
     __slots__ = (
-        "config",
-        "turn_id",
-        "conversation_id",
-        "agent_name",
-        "promptable",
-        "cap_mode",
-        "soft_cap",
-        "hard_cap",
-        "started_at",
-        "_tool_calls",
-        "_cycles",
-        "_cycle_start",
+        "__weakref__",
         "_counts",
-        "_max_repeat",
-        "_overflowed",
+        "_cycle_start",
+        "_cycles",
+        "_detections",
+        "_failing",
+        "_first_stuck",
         "_last_key",
         "_last_tool",
-        "_streak",
-        "_failing",
+        "_max_keys",
+        "_max_repeat",
         "_outcomes",
-        "_detections",
+        "_overflowed",
         "_retries",
-        "_first_stuck",
-        "__weakref__",
+        "_streak",
+        "_stuck_at",
+        "_tool_calls",
+        "agent_name",
+        "cap_mode",
+        "config",
+        "conversation_id",
+        "hard_cap",
+        "promptable",
+        "soft_cap",
+        "started_at",
+        "turn_id",
     )
 
     def __init__(
@@ -78,10 +83,12 @@ class Ledger:
         self._last_tool: str | None = None
         self._streak = 0
         self._failing = 0
-        self._outcomes = dict.fromkeys(Outcome, 0)
+        self._outcomes = dict.fromkeys((o.value for o in Outcome), 0)
         self._detections = 0
         self._retries = 0
         self._first_stuck = 0
+        self._stuck_at = config.stuck_repeat_threshold
+        self._max_keys = config.max_tracked_keys
 
     # -- read-only view ------------------------------------------------------------------------
 
@@ -146,7 +153,7 @@ class Ledger:
 
     def outcomes(self, outcome: Outcome) -> int:
         """How many outcomes of this kind were recorded."""
-        return self._outcomes[outcome]
+        return self._outcomes[Outcome.parse(outcome).value]
 
     def repeats_of(self, digest: bytes) -> int:
         """How many times the key with this digest has been counted in the turn."""
@@ -166,19 +173,15 @@ class Ledger:
         if seen is not None:
             seen += 1
             counts[digest] = seen
-            if seen > self._max_repeat:
-                self._max_repeat = seen
-                if seen == self.config.stuck_repeat_threshold and not self._first_stuck:
-                    self._first_stuck = self._tool_calls
-        elif len(counts) < self.config.max_tracked_keys:
+        elif len(counts) < self._max_keys:
             counts[digest] = seen = 1
-            if self._max_repeat == 0:
-                self._max_repeat = 1
         else:
-            self._overflowed = True
+            self._overflowed = True  # the documented degradation: this key's repeats go uncounted
             seen = 1
-            if self._max_repeat == 0:
-                self._max_repeat = 1
+        if seen > self._max_repeat:
+            self._max_repeat = seen
+            if seen == self._stuck_at and not self._first_stuck:
+                self._first_stuck = self._tool_calls
         if digest == self._last_key:
             self._streak += 1
         else:
@@ -189,13 +192,14 @@ class Ledger:
         return seen
 
     def record_outcome(self, digest: bytes, outcome: Outcome) -> None:
-        """An outcome counts toward the failing streak only for the current streak's key."""
-        self._outcomes[outcome] += 1
+        """An outcome counts toward the failing streak only for the current streak's key:
+        ``ERROR`` extends it, ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it."""
+        self._outcomes[outcome._value_] += 1
         if digest != self._last_key:
             return
-        if outcome is Outcome.ERROR:
+        if outcome is _ERROR:
             self._failing += 1
-        elif outcome is not Outcome.DENIED:
+        elif outcome is not _DENIED:
             self._failing = 0
 
     def reset_streak(self) -> None:

@@ -47,7 +47,7 @@ class Action(enum.IntEnum):
         return self.name.lower()
 
 
-class Threshold(str, enum.Enum):
+class Threshold(enum.StrEnum):
     """Which detector fired. The string values are part of the telemetry contract."""
 
     EXPLICIT = "explicit"
@@ -56,29 +56,20 @@ class Threshold(str, enum.Enum):
     STREAK = "streak"
     CYCLE_CAP = "cycle_cap"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Level(str, enum.Enum):
+class Level(enum.StrEnum):
     """How serious a detection is: a warning or a stop."""
 
     WARN = "warn"
     STOP = "stop"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Answer(str, enum.Enum):
+class Answer(enum.StrEnum):
     """A user's answer to an ASK, passed to ``Turn.resolve``."""
 
     CONTINUE = "continue"
     STOP = "stop"
     REDIRECT = "redirect"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -3,12 +3,16 @@
 Built-ins can be blocked by name (``GuardConfig.disable_plugins`` or
 ``TURNGUARD_DISABLE_PLUGINS=streak,otel``). Entry points in the ``turnguard`` group load unless
 ``GuardConfig.load_entrypoints`` is false or ``TURNGUARD_LOAD_PLUGINS`` says otherwise: empty,
-``0`` or ``none`` loads none; a comma-separated list loads only those entry-point names.
+``0``, ``none``, ``false`` or ``off`` loads none; a comma-separated list loads only those
+entry-point names; unset, ``1`` or ``all`` loads every one. A plugin that cannot be imported or
+started is logged and left out: it never stops the guard (or the host) from working.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,6 +24,8 @@ from turnguard.hookspecs import PROJECT_NAME
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
+
+log = logging.getLogger("turnguard")
 
 ENTRYPOINT_GROUP = PROJECT_NAME
 LOAD_PLUGINS_ENV = "TURNGUARD_LOAD_PLUGINS"
@@ -56,7 +62,7 @@ def plugin_manager(
     for name, target in reversed(FACTORY_PLUGINS.items()):
         if pm.is_blocked(name):
             continue
-        plugin = _factory(target)(config, **dict(providers or {}))
+        plugin = _create(name, target, config, providers or {})
         if plugin is not None:
             pm.register(plugin, name=name)
     if config.load_entrypoints:
@@ -64,27 +70,71 @@ def plugin_manager(
     for name, module in reversed(DEFAULT_PLUGINS.items()):
         if not pm.is_blocked(name):
             pm.register(importlib.import_module(module), name=name)
-    pm.check_pending()
+    _check_pending(pm)
     return pm
 
 
-def _factory(target: str) -> PluginFactory:
+def _check_pending(pm: pluggy.PluginManager) -> None:
+    """``pm.check_pending()``; a loaded plugin implementing an unknown hook is reported and
+    unregistered (a typo in a third-party package must not stop the guard)."""
+    for _ in range(len(pm.get_plugins()) + 1):
+        try:
+            pm.check_pending()
+            return
+        except pluggy.PluginValidationError as exc:
+            name = pm.get_name(exc.plugin) or repr(exc.plugin)
+            log.error("turnguard: plugin %r left out: %s", name, exc)
+            pm.unregister(exc.plugin)
+
+
+def _create(name: str, target: str, config: GuardConfig, providers: Mapping[str, Any]) -> object | None:
+    """Build a factory plugin; one that is not installed or fails is left out (and logged)."""
     module, _, attr = target.partition(":")
     try:
-        return getattr(importlib.import_module(module), attr)
-    except ImportError:
-        return lambda config, **_: None
+        factory: PluginFactory = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            log.debug("turnguard: built-in plugin %r not available (%s)", name, exc)
+        else:
+            log.warning("turnguard: built-in plugin %r left out: %r", name, exc)
+        return None
+    except Exception as exc:
+        log.warning("turnguard: built-in plugin %r left out: %r", name, exc, exc_info=exc)
+        return None
+    try:
+        return factory(config, **dict(providers))
+    except Exception as exc:
+        log.warning("turnguard: built-in plugin %r failed to start: %r", name, exc, exc_info=exc)
+        return None
+
+
+_ALL = frozenset({"1", "all", "true", "yes", "on", "*"})
+_NONE = frozenset({"", "0", "none", "false", "no", "off"})
+
+
+def entrypoint_selection(value: str | None) -> frozenset[str] | None:
+    """What ``TURNGUARD_LOAD_PLUGINS`` asks for: ``None`` = all entry points, else these names."""
+    if value is None or value.strip().lower() in _ALL:
+        return None
+    if value.strip().lower() in _NONE:
+        return frozenset()
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
 
 
 def _load_entrypoints(pm: pluggy.PluginManager, selection: str | None) -> None:
-    if selection is None:
-        pm.load_setuptools_entrypoints(ENTRYPOINT_GROUP)
+    """Load the ``turnguard`` entry points one by one, so that one broken distribution is
+    reported and skipped instead of stopping the guard."""
+    wanted = entrypoint_selection(selection)
+    if wanted is not None and not wanted:
         return
-    names = [n.strip() for n in selection.split(",") if n.strip()]
-    if not names or names in (["0"], ["none"]):
-        return
+    names = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRYPOINT_GROUP)})
     for name in names:
-        pm.load_setuptools_entrypoints(ENTRYPOINT_GROUP, name=name)
+        if wanted is not None and name not in wanted:
+            continue
+        try:
+            pm.load_setuptools_entrypoints(ENTRYPOINT_GROUP, name=name)
+        except Exception as exc:
+            log.error("turnguard: entry-point plugin %r could not be loaded: %r", name, exc, exc_info=exc)
 
 
 def describe(pm: pluggy.PluginManager) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
 
+_ERROR = Outcome.ERROR
+
 
 def reminder(tool: str, count: int) -> str:
     return (
@@ -23,7 +25,7 @@ def reminder(tool: str, count: int) -> str:
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     warn_at = turn.config.streak_warn_at
-    if not warn_at or turn.streak_length != warn_at:
+    if turn.streak_length != warn_at or not warn_at:
         return None
     if turn.config.remind_model:
         action = Action.REMIND
@@ -36,8 +38,10 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
 
 @hookimpl
 def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
+    if outcome is not _ERROR:
+        return None
     stop_at = turn.config.streak_stop_at
-    if not stop_at or outcome is not Outcome.ERROR or turn.failing_streak_length != stop_at:
+    if turn.failing_streak_length != stop_at or not stop_at:
         return None
     action = Action.ASK if turn.promptable else Action.HALT
     return turn.detect(

@@ -16,18 +16,26 @@ GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # opt-in only (capture_cont
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
 GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 ERROR_TYPE = "error.type"
+ERROR_TYPE_OTHER = "_OTHER"
+"""``error.type`` of a tool call whose outcome was ``ERROR`` (the host gives no error class)."""
 OP_INVOKE_AGENT = "invoke_agent"
 OP_EXECUTE_TOOL = "execute_tool"
 
 # -- ours ------------------------------------------------------------------------------------
 SCOPE = "turnguard"
 LOOP_DETECTED_EVENT = "turnguard.loop_detected"
+ESCALATION_RESOLVED_EVENT = "turnguard.escalation_resolved"
 
 TURN_ID = "turnguard.turn.id"
 TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | <host reason>
 TURN_PROMPTABLE = "turnguard.turn.promptable"
 TURN_STUCK = "turnguard.turn.stuck"
 CAP_MODE = "turnguard.cap.mode"  # explicit | adaptive | disabled
+TURN_TOOL_CALLS = "turnguard.turn.tool_calls"  # span attribute (same name as the histogram)
+TURN_CYCLES = "turnguard.turn.cycles"
+TURN_MAX_KEY_REPEAT = "turnguard.turn.max_key_repeat"
+TURN_FIRST_STUCK_CALL = "turnguard.turn.first_stuck_call"
+TURN_DETECTIONS = "turnguard.turn.detections"
 
 CALL_INDEX = "turnguard.call.index"
 CALL_KEY_DIGEST = "turnguard.call.key_digest"
@@ -36,6 +44,7 @@ CALL_OUTCOME = "turnguard.call.outcome"
 STREAK_LENGTH = "turnguard.streak.length"
 FAILING_STREAK_LENGTH = "turnguard.streak.failing_length"
 VERDICT_ACTION = "turnguard.verdict.action"
+VERDICT_THRESHOLD = "turnguard.verdict.threshold"
 
 LOOP_THRESHOLD = "turnguard.loop.threshold"
 LOOP_LEVEL = "turnguard.loop.level"
@@ -53,11 +62,21 @@ LOOP_EVENT_ID = "turnguard.loop.event_id"
 ESCALATION_ANSWER = "turnguard.escalation.answer"  # continue | stop | redirect
 PLUGIN_NAME = "turnguard.plugin.name"
 PLUGIN_HOOK = "turnguard.plugin.hook"
+CALL_UNFINISHED = "unfinished"
+"""``turnguard.call.outcome`` of a call span still open when its turn ended."""
 
 NO_THRESHOLD = "none"
 """The value of ``turnguard.loop.threshold`` on a turn metric when nothing ended the turn."""
 OVERFLOW_VALUE = "_other"
 """What a tool or agent name beyond the cardinality bound is folded into."""
+
+# -- cardinality bounds on metric attribute values (distinct values per meter provider) ------
+TOOL_NAME_LIMIT = 10_000
+AGENT_NAME_LIMIT = 1_000
+TURN_OUTCOME_LIMIT = 100
+"""Host-given end reasons (``Turn.end(reason)``) beyond the built-in ones."""
+PLUGIN_NAME_LIMIT = 1_000
+ERROR_TYPE_LIMIT = 1_000
 
 # -- metrics (name, unit) --------------------------------------------------------------------
 METRIC_TURN_TOOL_CALLS = ("turnguard.turn.tool_calls", "{tool_call}")
@@ -67,3 +86,27 @@ METRIC_TURN_FIRST_STUCK_CALL = ("turnguard.turn.first_stuck_call", "{tool_call}"
 METRIC_DETECTIONS = ("turnguard.loop.detections", "{detection}")
 METRIC_ESCALATION_ANSWERS = ("turnguard.escalation.answers", "{answer}")
 METRIC_PLUGIN_ERRORS = ("turnguard.plugin.errors", "{error}")
+
+# -- which attributes each metric carries (never ids, arguments or results) ------------------
+TURN_METRIC_ATTRIBUTES = (GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE, TURN_STUCK, TURN_PROMPTABLE)
+"""On the four per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn."""
+DETECTION_METRIC_ATTRIBUTES = (
+    GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE, TURN_PROMPTABLE,
+)
+ESCALATION_METRIC_ATTRIBUTES = (GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
+PLUGIN_ERROR_METRIC_ATTRIBUTES = (PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
+METRIC_ATTRIBUTES = {
+    METRIC_TURN_TOOL_CALLS[0]: TURN_METRIC_ATTRIBUTES,
+    METRIC_TURN_CYCLES[0]: TURN_METRIC_ATTRIBUTES,
+    METRIC_TURN_MAX_KEY_REPEAT[0]: TURN_METRIC_ATTRIBUTES,
+    METRIC_TURN_FIRST_STUCK_CALL[0]: TURN_METRIC_ATTRIBUTES,
+    METRIC_DETECTIONS[0]: DETECTION_METRIC_ATTRIBUTES,
+    METRIC_ESCALATION_ANSWERS[0]: ESCALATION_METRIC_ATTRIBUTES,
+    METRIC_PLUGIN_ERRORS[0]: PLUGIN_ERROR_METRIC_ATTRIBUTES,
+}
+"""The attribute keys each metric may carry (optional ones are left out when unknown, e.g. no agent name)."""
+FORBIDDEN_METRIC_ATTRIBUTES = frozenset(
+    {GEN_AI_CONVERSATION_ID, GEN_AI_TOOL_CALL_ID, GEN_AI_TOOL_CALL_ARGUMENTS, GEN_AI_TOOL_CALL_RESULT, TURN_ID,
+     LOOP_EVENT_ID, CALL_KEY_DIGEST}
+)
+"""Never on a metric point: per-conversation/per-call identifiers and content."""

@@ -1,0 +1,477 @@
+"""turnguard's Grafana dashboards, as code (grafana-foundation-sdk, Grafana 11 schema).
+
+    python dashboards/build.py                 # regenerate the committed JSON beside this file
+    python dashboards/build.py --check         # exit 1 if the committed JSON is stale
+    python dashboards/build.py --soft-cap 200 --hard-multiplier 8 --out /tmp/boards
+
+Two boards: **Halts** (what fired, where, how often, what users answered) and **Threshold
+validation** (is the 10x backstop right: how turns spread against S and S x m, what a lower
+backstop would cut, what the backstop catches that the stuck signal does not).
+
+Metric and label names come from ``turnguard.telemetry.names`` through the OpenTelemetry ->
+Prometheus translation (dots to underscores, ``{unit}`` dropped, ``_total`` on counters,
+``_bucket/_sum/_count`` on histograms). The soft cap S and the backstop multiplier are build
+parameters (they pick the ``le`` buckets of the what-if panels, which PromQL cannot compute from
+a variable); the defaults are ``GuardConfig``'s. ``le`` is matched as ``200`` or ``200.0`` because
+the Python pull exporter and the Collector's remote write format bucket edges differently.
+
+Panel ids are stable: Halts uses 1-99; Threshold validation uses 1-99 and reserves 100-199 for
+the shadow-policies row (``shadow_policy_panels``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import bargauge, heatmap, stat, timeseries
+from grafana_foundation_sdk.builders.common import GraphThresholdsStyleConfig, ReduceDataOptions, VizLegendOptions
+from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, Row, ThresholdsConfig
+from grafana_foundation_sdk.builders.heatmap import RowsHeatmapOptions, YAxisConfig
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import (
+    BarGaugeDisplayMode,
+    BigValueColorMode,
+    BigValueGraphMode,
+    GraphThresholdsStyleMode,
+    HeatmapCellLayout,
+    LegendDisplayMode,
+    LegendPlacement,
+    VizOrientation,
+)
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, ThresholdsMode
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from turnguard.config import GuardConfig
+from turnguard.telemetry import names as n
+
+HERE = Path(__file__).resolve().parent
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+HALTS_UID = "turnguard-halts"
+THRESHOLDS_UID = "turnguard-threshold-validation"
+FILES = {HALTS_UID: "turnguard-halts.json", THRESHOLDS_UID: "turnguard-threshold-validation.json"}
+SHADOW_PANEL_IDS = range(100, 200)
+"""Panel ids reserved on the threshold-validation board for the shadow-policies row."""
+BACKSTOP_MULTIPLES = (2, 3, 5, 10, 20)
+"""The what-if backstops, as multiples of S (each is a bucket edge of the tool-calls histogram)."""
+
+
+# -- names: OpenTelemetry -> Prometheus --------------------------------------------------------
+
+
+def label(attribute: str) -> str:
+    """``turnguard.loop.threshold`` -> ``turnguard_loop_threshold``."""
+    return attribute.replace(".", "_")
+
+
+def counter(metric: tuple[str, str]) -> str:
+    return label(metric[0]) + "_total"
+
+
+def histogram(metric: tuple[str, str]) -> str:
+    return label(metric[0])
+
+
+TOOL_CALLS = histogram(n.METRIC_TURN_TOOL_CALLS)
+TURNS = f"{TOOL_CALLS}_count"
+CALLS = f"{TOOL_CALLS}_sum"
+"""Every ended turn records one tool-calls observation: the histogram's count counts turns."""
+MAX_REPEAT = histogram(n.METRIC_TURN_MAX_KEY_REPEAT)
+FIRST_STUCK = histogram(n.METRIC_TURN_FIRST_STUCK_CALL)
+DETECTIONS = counter(n.METRIC_DETECTIONS)
+ANSWERS = counter(n.METRIC_ESCALATION_ANSWERS)
+PLUGIN_ERRORS = counter(n.METRIC_PLUGIN_ERRORS)
+
+OUTCOME = label(n.TURN_OUTCOME)
+THRESHOLD = label(n.LOOP_THRESHOLD)
+LEVEL = label(n.LOOP_LEVEL)
+ACTION = label(n.LOOP_ACTION)
+CAP_MODE = label(n.CAP_MODE)
+STUCK = label(n.TURN_STUCK)
+PROMPTABLE = label(n.TURN_PROMPTABLE)
+AGENT = label(n.GEN_AI_AGENT_NAME)
+TOOL = label(n.GEN_AI_TOOL_NAME)
+ANSWER = label(n.ESCALATION_ANSWER)
+
+
+# -- the thresholds the what-if panels are built for --------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapSettings:
+    """S, the backstop multiplier m and the stuck threshold D the boards mark and slice by."""
+
+    soft_cap: int
+    hard_multiplier: float
+    stuck_repeat_threshold: int
+
+    @classmethod
+    def from_config(cls, config: GuardConfig) -> CapSettings:
+        return cls(config.soft_cap, config.hard_multiplier, config.stuck_repeat_threshold)
+
+    @property
+    def hard_cap(self) -> int:
+        return int(self.soft_cap * self.hard_multiplier)
+
+    def bands(self) -> list[tuple[int, int | None]]:
+        """Tool-call bands (low, high]: 0-S, S-2S, 2S-3S, 3S-5S, ...-H, and past H (high None)."""
+        edges = [self.soft_cap * k for k in (1, 2, 3, 5) if self.soft_cap * k < self.hard_cap] + [self.hard_cap]
+        lows = [0, *edges]
+        return [*zip(lows, edges, strict=False), (self.hard_cap, None)]
+
+
+DEFAULTS = CapSettings.from_config(GuardConfig())
+
+
+# -- PromQL helpers --------------------------------------------------------------------------
+
+
+def sel(**labels: str) -> str:
+    """A label selector; a value starting with ``!`` means "not equal"."""
+    parts = [f'{k}!="{v[1:]}"' if v.startswith("!") else f'{k}="{v}"' for k, v in labels.items()]
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def le_sel(edge: float, **labels: str) -> str:
+    """A selector for the bucket ``le == edge`` however the exporter formatted the number."""
+    text = f"{edge:g}" if float(edge).is_integer() and abs(edge) < 1e15 else repr(edge)
+    base = sel(**labels)
+    le = f"le=~`{int(edge) if float(edge).is_integer() else text}(\\.0)?`"
+    return "{" + (base[1:-1] + "," if base else "") + le + "}"
+
+
+def total(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
+    """Events counted over the dashboard's time range."""
+    group = f" by ({', '.join(by)})" if by else ""
+    return f"sum{group} (increase({metric}{selector}[$__range]))"
+
+
+def per_second(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
+    group = f" by ({', '.join(by)})" if by else ""
+    return f"sum{group} (rate({metric}{selector}[$__rate_interval]))"
+
+
+def legend(*labels: str, sep: str = " ") -> str:
+    """A legend format naming each label's value: ``{{a}} {{b}}``."""
+    return sep.join("{{" + name + "}}" for name in labels)
+
+
+def query(expr: str, legend: str = "", ref: str = "A", *, instant: bool = True) -> Dataquery:
+    q = Dataquery().datasource(DATASOURCE).expr(expr).ref_id(ref).legend_format(legend or "__auto")
+    return q.instant() if instant else q.range()
+
+
+# -- panel helpers -----------------------------------------------------------------------------
+
+
+def _steps(*marks: tuple[float, str]) -> ThresholdsConfig:
+    steps = [Threshold(value=None, color="green"), *(Threshold(value=float(v), color=c) for v, c in marks)]
+    return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps)
+
+
+def stat_panel(pid: int, title: str, description: str, expr: str, unit: str = "short", width: int = 4) -> stat.Panel:
+    return (
+        stat.Panel().id(pid).title(title).description(description).datasource(DATASOURCE).unit(unit)
+        .height(4).span(width).graph_mode(BigValueGraphMode.NONE).color_mode(BigValueColorMode.VALUE)
+        .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .thresholds(_steps()).with_target(query(expr))
+    )
+
+
+def bars(pid: int, title: str, description: str, targets: Sequence[Dataquery], unit: str = "short",
+         width: int = 12, height: int = 8) -> bargauge.Panel:
+    panel = (
+        bargauge.Panel().id(pid).title(title).description(description).datasource(DATASOURCE).unit(unit)
+        .height(height).span(width).orientation(VizOrientation.HORIZONTAL)
+        .display_mode(BarGaugeDisplayMode.BASIC).min(0)
+        .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .thresholds(_steps())
+    )
+    if unit == "percentunit":
+        panel = panel.max(1)
+    for target in targets:
+        panel = panel.with_target(target)
+    return panel
+
+
+def over_time(pid: int, title: str, description: str, targets: Sequence[Dataquery], unit: str = "cps",
+              width: int = 12, marks: Sequence[tuple[float, str]] = ()) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel().id(pid).title(title).description(description).datasource(DATASOURCE).unit(unit)
+        .height(8).span(width).fill_opacity(10).min(0)
+        .legend(VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.LIST)
+                .placement(LegendPlacement.BOTTOM).calcs([]))
+    )
+    if marks:
+        panel = panel.thresholds(_steps(*marks)).thresholds_style(
+            GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED)
+        )
+    for target in targets:
+        panel = panel.with_target(target)
+    return panel
+
+
+def _base(uid: str, title: str, description: str, tags: Sequence[str]) -> Dashboard:
+    return (
+        Dashboard(title).uid(uid).description(description).tags(list(tags)).readonly()
+        .time("now-24h", "now").refresh("1m").timezone("browser")
+        .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    )
+
+
+# -- Halts ---------------------------------------------------------------------------------------
+
+
+def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
+    """What fired, where, how often, and what users answered."""
+    halted = sel(**{OUTCOME: "halted"})
+    halt_action = sel(**{ACTION: "halt"})
+    answered_continue = sel(**{ANSWER: "continue"})
+    action_attendance = (
+        'sum by (action, attendance) (label_replace(label_replace(label_replace(label_replace('
+        f'increase({DETECTIONS}[$__range]), '
+        f'"action", "observed", "{ACTION}", "allow"), '
+        f'"action", "$1", "{ACTION}", "(remind|ask|halt)"), '
+        f'"attendance", "attended", "{PROMPTABLE}", "true"), '
+        f'"attendance", "unattended", "{PROMPTABLE}", "false"))'
+    )
+    fp_rate = f"{total(ANSWERS, answered_continue, by=(THRESHOLD,))} / {total(ANSWERS, by=(THRESHOLD,))}"
+    return (
+        _base(HALTS_UID, "turnguard: halts",
+              "What turnguard detected and did to agent turns, where, and what users answered when asked.",
+              ["turnguard", "agents"])
+        .with_row(Row("Overview").id(1))
+        .with_panel(stat_panel(2, "Turns", "Agent turns that ended in the time range.", total(TURNS)))
+        .with_panel(stat_panel(3, "Turns halted",
+                               "Turns that ended because turnguard halted them (any threshold, or a user's stop).",
+                               total(TURNS, halted)))
+        .with_panel(stat_panel(4, "Halted share", "Turns halted / turns ended.",
+                               f"{total(TURNS, halted)} / {total(TURNS)}", "percentunit"))
+        .with_panel(stat_panel(5, "Detections", "Every time a threshold fired, acted on or only observed.",
+                               total(DETECTIONS)))
+        .with_panel(stat_panel(6, "Asks answered \"continue\"",
+                               "Share of turnguard's questions the user answered \"continue\": the false-positive "
+                               "rate.", f"{total(ANSWERS, answered_continue)} / {total(ANSWERS)}", "percentunit"))
+        .with_panel(stat_panel(7, "Plugin errors",
+                               "turnguard plugins that raised; the guard isolated them (fail_mode).",
+                               f"{total(PLUGIN_ERRORS)} or vector(0)"))
+        .with_row(Row("Detections").id(10))
+        .with_panel(over_time(11, "Detections by threshold and level", "Detections per second.",
+                              [query(per_second(DETECTIONS, by=(THRESHOLD, LEVEL)), legend(THRESHOLD, LEVEL),
+                                     instant=False)]))
+        .with_panel(over_time(12, "Halts by threshold", "Detections whose action was halt, per second.",
+                              [query(per_second(DETECTIONS, halt_action, by=(THRESHOLD,)), legend(THRESHOLD),
+                                     instant=False)]))
+        .with_panel(bars(13, "What turnguard did, attended vs unattended",
+                         "Detections by action (observed = recorded, not acted on) and by whether a person was "
+                         "watching the turn (promptable).",
+                         [query(action_attendance, "{{action}} · {{attendance}}")], width=24, height=7))
+        .with_row(Row("Where").id(20))
+        .with_panel(bars(21, "Top agents by halts", "Halting detections per agent (top 10).",
+                         [query(f"topk(10, {total(DETECTIONS, halt_action, by=(AGENT,))})", legend(AGENT))]))
+        .with_panel(bars(22, "Top tools by halts",
+                         "Halting detections per tool: the call that tripped the threshold (top 10).",
+                         [query(f"topk(10, {total(DETECTIONS, halt_action, by=(TOOL,))})", legend(TOOL))]))
+        .with_row(Row("Escalations").id(30))
+        .with_panel(bars(31, "Answers by threshold",
+                         "Users' answers to turnguard's questions (ASK), by the threshold that asked.",
+                         [query(total(ANSWERS, by=(THRESHOLD, ANSWER)), legend(THRESHOLD, ANSWER, sep=": "))],
+                         width=8))
+        .with_panel(bars(32, "False-positive rate by threshold",
+                         "Share of asks answered \"continue\": the user judged the turn fine.",
+                         [query(fp_rate, legend(THRESHOLD))], unit="percentunit", width=8))
+        .with_panel(over_time(33, "Answers over time", "Answers per second.",
+                              [query(per_second(ANSWERS, by=(ANSWER,)), legend(ANSWER), instant=False)], width=8))
+        .with_row(Row("Turns").id(40))
+        .with_panel(bars(41, "Turns by how they ended",
+                         "Turns by outcome and the threshold that ended them (none: it ended on its own).",
+                         [query(total(TURNS, by=(OUTCOME, THRESHOLD)), legend(OUTCOME, THRESHOLD))]))
+        .with_panel(over_time(42, "Turns ending, by outcome", "Turns ended per second.",
+                              [query(per_second(TURNS, by=(OUTCOME,)), legend(OUTCOME), instant=False)]))
+    )
+
+
+# -- Threshold validation ---------------------------------------------------------------------------
+
+
+def _band_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
+    def cumulative(edge: int) -> str:
+        return total(f"{TOOL_CALLS}_bucket", le_sel(edge, **labels))
+
+    targets = []
+    for i, (low, high) in enumerate(cap.bands()):
+        ref = chr(ord("A") + i)
+        if high is None:
+            expr = f"{total(TURNS, sel(**labels))} - {cumulative(low)}"
+            legend = f"> {low} (past the backstop)"
+        elif low == 0:
+            expr = cumulative(high)
+            legend = f"≤ {high} (within S)"
+        else:
+            expr = f"{cumulative(high)} - {cumulative(low)}"
+            legend = f"{low + 1}–{high} (up to {high / cap.soft_cap:g}×S)"
+        targets.append(query(expr, legend, ref))
+    return targets
+
+
+def _cut_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
+    count = total(TURNS, sel(**labels))
+    return [
+        query(f"1 - {total(f'{TOOL_CALLS}_bucket', le_sel(k * cap.soft_cap, **labels))} / {count}",
+              f"{k}×S ({k * cap.soft_cap} calls)", chr(ord("A") + i))
+        for i, k in enumerate(BACKSTOP_MULTIPLES)
+    ]
+
+
+def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
+    d = cap.stuck_repeat_threshold
+    targets = []
+    for i, (name, labels) in enumerate((("ended on its own", {THRESHOLD: "none", CAP_MODE: "adaptive"}),
+                                        ("halted: stuck past S", {THRESHOLD: "soft_stuck"}),
+                                        ("halted: backstop", {THRESHOLD: "hard_backstop"}))):
+        below = total(f"{MAX_REPEAT}_bucket", le_sel(d - 2, **labels))
+        near = total(f"{MAX_REPEAT}_bucket", le_sel(d - 1, **labels))
+        count = total(f"{MAX_REPEAT}_count", sel(**labels))
+        targets += [
+            query(below, f"{name}: max repeat < {d - 1}", chr(ord("A") + 3 * i)),
+            query(f"{near} - {below}", f"{name}: max repeat = {d - 1} (one short of D)", chr(ord("B") + 3 * i)),
+            query(f"{count} - {near}", f"{name}: max repeat ≥ {d} (stuck)", chr(ord("C") + 3 * i)),
+        ]
+    return targets
+
+
+def shadow_policy_panels(cap: CapSettings) -> list[object]:
+    """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``); none yet."""
+    return []
+
+
+def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
+    """Is the backstop multiplier right? Turns against S and S x m, and what other caps would do."""
+    s, h, d = cap.soft_cap, cap.hard_cap, cap.stuck_repeat_threshold
+    adaptive = {CAP_MODE: "adaptive"}
+    not_stuck = {CAP_MODE: "adaptive", STUCK: "false"}
+    backstop = sel(**{THRESHOLD: "hard_backstop"})
+    first_stuck_mean = (
+        f"{total(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {total(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
+    )
+    quantiles = [
+        query(f"histogram_quantile({q}, sum by (le) (rate({TOOL_CALLS}_bucket{sel(**adaptive)}[$__rate_interval])))",
+              f"p{round(q * 100)}", chr(ord("A") + i), instant=False)
+        for i, q in enumerate((0.5, 0.9, 0.99))
+    ]
+    board = (
+        _base(THRESHOLDS_UID, "turnguard: threshold validation",
+              f"Production turns against the adaptive cap (soft cap S = {s}, backstop S×{cap.hard_multiplier:g} = "
+              f"{h}, stuck at {d} repeats). Rebuild with dashboards/build.py if your GuardConfig differs.",
+              ["turnguard", "agents", "calibration"])
+        .with_row(Row(f"Tool calls per turn against the cap (S = {s}, backstop = {h})").id(1))
+        .with_panel(
+            heatmap.Panel().id(2).title(f"Tool calls per turn (soft cap {s}, backstop {h})")
+            .description(f"Turns per bucket of tool calls. Rows at {s} (S) and {h} (the backstop) are the cap's "
+                         "edges: turns above S continued only while not stuck; the row above the backstop holds the "
+                         "turns it ended.")
+            .datasource(DATASOURCE).unit("short").height(9).span(12).calculate(False)
+            .rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
+            .y_axis(YAxisConfig().unit("short").axis_label(f"tool calls per turn (S = {s}, backstop = {h})"))
+            .with_target(query(f"sum by (le) (increase({TOOL_CALLS}_bucket{sel(**adaptive)}[$__rate_interval]))",
+                               "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
+        )
+        .with_panel(over_time(3, "Tool calls per turn: percentiles vs S and the backstop",
+                              f"Dashed lines: the soft cap S = {s} (orange) and the backstop {h} (red).",
+                              quantiles, unit="short", marks=((s, "orange"), (h, "red"))).max(h * 1.1))
+        .with_panel(bars(4, "Turns by tool-call band", "Turns ended, by how many tool calls they made, in bands of S.",
+                         _band_targets(cap, **adaptive), width=24, height=7))
+        .with_row(Row("What a lower backstop would cut").id(10))
+        .with_panel(stat_panel(11, "Turns not stuck", "Adaptive-cap turns in which no call repeated D times.",
+                               total(TURNS, sel(**not_stuck)), width=4))
+        .with_panel(bars(12, "Not-stuck turns a backstop at k×S would cut",
+                         "Share of not-stuck turns that made more than k×S calls (runaways the real backstop "
+                         "ended are in every k up to the multiplier).",
+                         _cut_targets(cap, **not_stuck), unit="percentunit", width=10))
+        .with_panel(bars(13, "…of those that ended on their own (false kills)",
+                         "The same, for not-stuck turns that were not halted: productive long turns a lower "
+                         "backstop would have killed.",
+                         _cut_targets(cap, **not_stuck, **{OUTCOME: "!halted"}), unit="percentunit", width=10))
+        .with_row(Row("Turns the backstop ended").id(20))
+        .with_panel(stat_panel(21, "Turns the backstop ended", f"Turns halted at call {h + 1}.",
+                               total(TURNS, backstop)))
+        .with_panel(stat_panel(22, "Calls they burned", "Tool calls checked in those turns.",
+                               total(CALLS, backstop)))
+        .with_panel(stat_panel(23, "…of which past the soft cap", f"Calls beyond S = {s} in those turns.",
+                               f"{total(CALLS, backstop)} - {s} * {total(TURNS, backstop)}"))
+        .with_panel(stat_panel(24, "Flagged stuck earlier", "Of those turns, how many met the stuck signal before the "
+                               "backstop (the repeat signal halts them at S, so normally 0).",
+                               f"{total(f'{FIRST_STUCK}_count', backstop)} or vector(0)"))
+        .with_panel(stat_panel(25, "Calls the stuck signal would have saved",
+                               "For those flagged turns: calls made after the stuck signal first held.",
+                               f"({total(CALLS, backstop)} / {total(TURNS, backstop)}) * "
+                               f"{total(f'{FIRST_STUCK}_count', backstop)} - {total(f'{FIRST_STUCK}_sum', backstop)} "
+                               "or vector(0)"))
+        .with_panel(bars(26, "When stuck turns were first flagged",
+                         f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
+                         [query(first_stuck_mean, legend(THRESHOLD))], width=4, height=4))
+        .with_row(Row(f"Repeats against the stuck threshold (D = {d})").id(30))
+        .with_panel(bars(31, f"Max key repeat per turn vs D = {d}, by how the turn ended",
+                         "Productive turns stay below D (one short of D = a near miss); turns halted stuck past S "
+                         "are at or above it; runaways the backstop ended never repeat enough to be flagged.",
+                         _repeat_targets(cap), width=24, height=10))
+    )
+    shadow = shadow_policy_panels(cap)
+    if shadow:
+        board = board.with_row(Row("Shadow policies").id(SHADOW_PANEL_IDS[0]))
+        for panel in shadow:
+            board = board.with_panel(panel)
+    return board
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+BOARDS: dict[str, Callable[[CapSettings], Dashboard]] = {
+    HALTS_UID: halts_dashboard,
+    THRESHOLDS_UID: threshold_validation_dashboard,
+}
+
+
+def render(board: Dashboard) -> str:
+    """Stable JSON text (sorted keys, two-space indent, trailing newline)."""
+    return JSONEncoder(sort_keys=True, indent=2).encode(board.build()) + "\n"
+
+
+def build_all(cap: CapSettings = DEFAULTS) -> dict[str, str]:
+    """File name -> JSON text, for every board."""
+    return {FILES[uid]: render(make(cap)) for uid, make in BOARDS.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=HERE, help="directory for the JSON files (default: dashboards/)")
+    parser.add_argument("--soft-cap", type=int, default=DEFAULTS.soft_cap)
+    parser.add_argument("--hard-multiplier", type=float, default=DEFAULTS.hard_multiplier)
+    parser.add_argument("--stuck-repeat-threshold", type=int, default=DEFAULTS.stuck_repeat_threshold)
+    parser.add_argument("--check", action="store_true", help="fail if the files in --out differ from a fresh build")
+    args = parser.parse_args(argv)
+    config = GuardConfig(soft_cap=args.soft_cap, hard_multiplier=args.hard_multiplier,
+                         stuck_repeat_threshold=args.stuck_repeat_threshold)
+    built = build_all(CapSettings.from_config(config))
+    stale = [name for name, text in built.items()
+             if not (args.out / name).exists() or (args.out / name).read_text() != text]
+    if args.check:
+        for name in stale:
+            print(f"{args.out / name} is stale: run python dashboards/build.py", file=sys.stderr)
+        return 1 if stale else 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, text in built.items():
+        (args.out / name).write_text(text)
+        json.loads(text)
+        print(f"wrote {args.out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""``turnguard calibrate FILES...`` and ``turnguard calibrate-merge RESULTS...``.
+
+``main(argv)`` / ``merge_main(argv)`` return the exit status: 0 on success, 1 when ``--strict``
+met a bad input, 2 on a usage error (bad flag, unreadable file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from turnguard.calibrate import grid as g
+from turnguard.calibrate.html import render
+from turnguard.calibrate.inputs import InputError, InputProblem
+from turnguard.calibrate.report import table, to_json_text
+from turnguard.calibrate.run import Progress, StrictError, calibrate
+from turnguard.calibrate.stats import RunStats
+from turnguard.config import ConfigError, GuardConfig
+
+MAX_SHOWN_PROBLEMS = 100
+AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
+
+
+def _csv(parse):
+    def parser(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parser
+
+
+DESCRIPTION = (
+    "Replay recorded turns (corpus JSONL, the recorder's output, the Collector's OTLP JSON; gzip too) through "
+    "turnguard's policies under a grid of thresholds, and report what each policy would have done. "
+    "'calibrate merge RESULT.json...' merges --json results of runs over parts of the input."
+)
+
+
+def build_parser(prog: str = "turnguard calibrate") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The calibrate flags, on ``p`` (the ``turnguard`` command's subparser, or our own)."""
+    p.add_argument("files", nargs="+", metavar="FILE", help="input files, any mix of formats")
+    grid = p.add_argument_group("grid (comma-separated values)")
+    grid.add_argument("--soft-caps", type=_csv(g.parse_ints), default=g.DEFAULT_SOFT_CAPS,
+                      help="soft caps S (default: %(default)s)")
+    grid.add_argument("--multipliers", type=_csv(g.parse_floats), default=g.DEFAULT_MULTIPLIERS,
+                      help="hard multipliers m, backstop S*m (default: %(default)s)")
+    grid.add_argument("--stuck-repeats", type=_csv(lambda t: g.parse_ints(t, minimum=1)),
+                      default=g.DEFAULT_STUCK_REPEATS, help="stuck-repeat thresholds D (default: %(default)s)")
+    grid.add_argument("--streaks", type=_csv(g.parse_streaks), default=g.DEFAULT_STREAKS,
+                      help="streak levels warn:stop, 0 disables a level (default: 5:8 and others)")
+    grid.add_argument("--explicit-caps", type=_csv(g.parse_ints), default=g.DEFAULT_EXPLICIT_CAPS,
+                      help="explicit max_tool_calls_per_turn values (default: %(default)s)")
+    grid.add_argument("--cycle-caps", type=_csv(g.parse_ints), default=g.DEFAULT_CYCLE_CAPS,
+                      help="max_cycles_per_turn values, 0 = unbounded (default: %(default)s)")
+    grid.add_argument("--key-modes", type=_csv(g.parse_key_modes), default=g.DEFAULT_KEY_MODES,
+                      help="call identities: canonical, bytes (default: both)")
+    grid.add_argument("--no-peers", action="store_true", help="leave out the peers' rules")
+    grid.add_argument("--cross", action="store_true",
+                      help="the full cross product of every axis (default: the cap axes crossed, "
+                           "each other axis varied alone around the default)")
+    grid.add_argument("--config", metavar="TOML", help="base configuration (turnguard.toml or pyproject.toml)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
+    out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with charts")
+    out.add_argument("--strict", action="store_true", help="stop at the first malformed line or span")
+    out.add_argument("--jobs", type=int, default=0,
+                     help="worker processes (default: 1 for small inputs, every core for large ones)")
+    out.add_argument("--no-grouping", action="store_true", help=argparse.SUPPRESS)
+    out.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
+                     help="progress bar on stderr (auto: only on a terminal)")
+
+
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"] and not Path("merge").exists():
+        return merge_main(argv[1:], stdout=stdout, stderr=stderr)
+    return run(build_parser().parse_args(argv), stdout=stdout, stderr=stderr)
+
+
+def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run ``turnguard calibrate`` with parsed flags (``files[0] == "merge"``: the merge)."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    if args.files[:1] == ["merge"] and not Path("merge").exists():
+        return merge_results(args.files[1:], args.json, args.html, stdout, stderr)
+    try:
+        base = GuardConfig.from_toml(args.config) if args.config else GuardConfig()
+    except ConfigError as exc:
+        print(f"turnguard calibrate: {exc}", file=stderr)
+        return 2
+    spec = g.GridSpec(
+        soft_caps=args.soft_caps, multipliers=args.multipliers, stuck_repeats=args.stuck_repeats,
+        streaks=args.streaks, explicit_caps=args.explicit_caps, cycle_caps=args.cycle_caps,
+        key_modes=args.key_modes, peers=not args.no_peers, cross=args.cross, base=base,
+    )
+    try:
+        policies = g.build_grid(spec)
+    except ConfigError as exc:
+        print(f"turnguard calibrate: grid: {exc}", file=stderr)
+        return 2
+    shown = [0]
+
+    def on_problem(problem: InputProblem) -> None:
+        shown[0] += 1
+        if shown[0] <= MAX_SHOWN_PROBLEMS:
+            print(f"turnguard calibrate: {problem}", file=stderr)
+
+    jobs = args.jobs or _auto_jobs(args.files)
+    enabled = {"auto": None, "always": True, "never": False}[args.progress]
+    try:
+        sizes = sum(os.path.getsize(f) for f in args.files)
+        progress = Progress(sizes, stderr, enabled=enabled)
+        stats = calibrate(args.files, policies, on_problem=on_problem, strict=args.strict, jobs=jobs,
+                          group=not args.no_grouping, progress=progress)
+    except StrictError as exc:
+        print(f"turnguard calibrate: stopped: {exc}", file=stderr)
+        return 1
+    except (InputError, OSError) as exc:
+        print(f"turnguard calibrate: {exc}", file=stderr)
+        return 2
+    if shown[0] > MAX_SHOWN_PROBLEMS:
+        print(f"turnguard calibrate: ... and {shown[0] - MAX_SHOWN_PROBLEMS:,} more input problems "
+              f"({shown[0]:,} in all)", file=stderr)
+    return _emit(stats, args.json, args.html, stdout, stderr)
+
+
+def _auto_jobs(files: Sequence[str]) -> int:
+    try:
+        size = sum(os.path.getsize(f) for f in files)
+    except OSError:
+        return 1
+    return max(1, min(os.cpu_count() or 1, 8)) if size >= AUTO_PARALLEL_BYTES else 1
+
+
+def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout: TextIO, stderr: TextIO) -> int:
+    if json_path == "-":
+        stdout.write(to_json_text(stats))
+    else:
+        stdout.write(table(stats, color=stdout.isatty()))
+        if json_path:
+            Path(json_path).write_text(to_json_text(stats), encoding="utf-8")
+    if html_path:
+        Path(html_path).write_text(render(stats), encoding="utf-8")
+        print(f"turnguard calibrate: wrote {html_path}", file=stderr)
+    return 0
+
+
+def merge_main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
+               stderr: TextIO | None = None) -> int:
+    """Merge ``--json`` results of runs over parts of the input (same flags) into one."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    p = argparse.ArgumentParser(prog="turnguard calibrate-merge", description=MERGE_DESCRIPTION)
+    add_merge_arguments(p)
+    return run_merge(p.parse_args(argv), stdout=stdout, stderr=stderr)
+
+
+MERGE_DESCRIPTION = ("Merge the --json results of calibrate runs over parts of the input (run with the same grid "
+                     "flags) and report them as one run.")
+
+
+def add_merge_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", nargs="+", metavar="RESULT.json")
+    p.add_argument("--json", metavar="FILE", help="write the merged results as JSON ('-' for stdout)")
+    p.add_argument("--html", metavar="FILE", help="write the merged HTML report")
+
+
+def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    return merge_results(args.results, args.json, args.html, stdout or sys.stdout, stderr or sys.stderr)
+
+
+def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | None, stdout: TextIO,
+                  stderr: TextIO) -> int:
+    if not paths:
+        print("turnguard calibrate merge: give the --json results to merge", file=stderr)
+        return 2
+    merged: RunStats | None = None
+    for path in paths:
+        try:
+            part = RunStats.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+            if merged is None:
+                merged = part
+            else:
+                merged.merge(part)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"turnguard calibrate-merge: {path}: {exc}", file=stderr)
+            return 2
+    assert merged is not None
+    return _emit(merged, json_path, html_path, stdout, stderr)

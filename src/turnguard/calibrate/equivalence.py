@@ -1,0 +1,220 @@
+"""Which policies can share one replay of a turn, and which cannot fire on it at all.
+
+A replay is expensive; most policies of a grid behave identically on most turns. The rules here
+are derived from what each built-in policy reads (``policies/cap.py``, ``streak.py``,
+``cycles.py``) and from ``TurnFacts``, upper bounds of the ledger's counts over the whole turn.
+A policy's ``signature`` on a turn keeps only the parameters that can still change a verdict;
+equal signatures give identical replays, and ``None`` means no verdict other than ALLOW can
+occur (the replay is skipped: its result is ``QUIET``). The rules:
+
+- cap, explicit ``N``: only ``n > N`` fires, so a turn of ``L <= N`` calls never reaches it.
+  Explicit ``N <= 0`` and adaptive ``S <= 0``: disabled.
+- cap, adaptive ``S``/``H``/``D``: nothing fires while ``n <= S``, so ``L <= S`` is quiet. Past
+  ``S`` the stuck verdict needs ``max_key_repeat >= D``, impossible when ``D`` exceeds the turn's
+  largest repeat (``D`` collapses to "never"); the backstop needs ``n > H``, impossible when
+  ``H >= L`` (``H`` collapses to "never"); both never: quiet. Other stuck signals: no collapse.
+- streak, unattended: the warn level returns ALLOW (observed) and changes no ledger fact, so only
+  the stop level matters; it needs ``failing_streak_length == stop_at``, bounded by the most
+  ``ERROR`` outcomes inside one run of identical keys. Attended: the warn level ASKs (and the
+  replay's "continue" resets the streak), so it matters when ``stop``/``warn`` can be reached:
+  ``streak_length <= `` the longest run of identical keys. An answer only resets counts, so the
+  bounds hold after it. Attended and unattended replays of a policy whose streak cannot fire are
+  identical (``promptable`` is read by the streak policy only), so they share one signature.
+- cycle cap ``N``: fires only when the turn has more than ``N`` model requests.
+- extra rules: each says when it can fire (``HaltOnIdenticalCalls(n)``: a run of ``n``).
+
+``tests/test_calibrate_equivalence.py`` replays random turns with and without grouping and
+requires identical results, so a change in a policy that breaks a rule fails there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from turnguard.calibrate.grid import IdenticalCallsRule, Policy
+from turnguard.config import GuardConfig
+from turnguard.model import Outcome
+
+Signature = tuple[object, ...]
+NEVER = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFacts:
+    """Upper bounds of the ledger's counts over one turn under one key mode, and the first call
+    (1-based) at which each bound reaches each value: ``reach_repeat[r - 1]`` is the first call at
+    which some key has been seen ``r`` times, and so on."""
+
+    calls: int
+    cycles: int
+    reach_repeat: tuple[int, ...]
+    """By repeat count: the first call at which one key occurs that many times."""
+    reach_run: tuple[int, ...]
+    """By run length: the first call ending a run of that many consecutive identical keys."""
+    reach_failing: tuple[int, ...]
+    """By count: the first call ending a run holding that many ``ERROR`` outcomes (an upper bound of
+    the failing streak, which also resets on ``OK``/``UNKNOWN``)."""
+    cycle_calls: tuple[int, ...]
+    """By model request number: the call it begins before (``calls + 1``: after the last call)."""
+
+    @property
+    def max_repeat(self) -> int:
+        return len(self.reach_repeat)
+
+    @property
+    def max_run(self) -> int:
+        return len(self.reach_run)
+
+    @property
+    def max_failing(self) -> int:
+        return len(self.reach_failing)
+
+
+def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Sequence[int]) -> TurnFacts:
+    """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``."""
+    reach_repeat: list[int] = []
+    reach_run: list[int] = []
+    reach_failing: list[int] = []
+    counts: dict[bytes, int] = {}
+    last = None
+    run = errors = 0
+    error = Outcome.ERROR
+    for k, (digest, outcome) in enumerate(zip(digests, outcomes, strict=True), 1):
+        seen = counts.get(digest, 0) + 1
+        counts[digest] = seen
+        if seen > len(reach_repeat):
+            reach_repeat.append(k)
+        if digest == last:
+            run += 1
+        else:
+            last, run, errors = digest, 1, 0
+        if run > len(reach_run):
+            reach_run.append(k)
+        if outcome is error:
+            errors += 1
+            if errors > len(reach_failing):
+                reach_failing.append(k)
+    cycle_calls = []
+    for slot, n in enumerate(starts):
+        cycle_calls.extend([slot + 1] * n)
+    return TurnFacts(len(digests), len(cycle_calls), tuple(reach_repeat), tuple(reach_run), tuple(reach_failing),
+                     tuple(cycle_calls))
+
+
+def cap_signature(c: GuardConfig, f: TurnFacts) -> Signature | None:
+    mode = c.cap_mode
+    if mode == "explicit":
+        return ("explicit", c.max_tool_calls_per_turn) if f.calls > c.max_tool_calls_per_turn else NEVER
+    if mode != "adaptive" or f.calls <= c.soft_cap:
+        return NEVER
+    hard = c.hard_cap if c.hard_cap < f.calls else NEVER
+    if c.stuck_signal != "repeat":
+        return ("adaptive", c.soft_cap, c.stuck_signal, c.stuck_repeat_threshold, hard)
+    stuck = c.stuck_repeat_threshold if c.stuck_repeat_threshold <= f.max_repeat else NEVER
+    if stuck is NEVER and hard is NEVER:
+        return NEVER
+    return ("adaptive", c.soft_cap, stuck, hard)
+
+
+def streak_signature(c: GuardConfig, f: TurnFacts, promptable: bool) -> Signature | None:
+    stop = c.streak_stop_at if c.streak_stop_at and f.max_failing >= c.streak_stop_at else NEVER
+    if not promptable:
+        return NEVER if stop is NEVER else ("unattended", stop)
+    warn = c.streak_warn_at if c.streak_warn_at and f.max_run >= c.streak_warn_at else NEVER
+    if warn is NEVER and stop is NEVER:
+        return NEVER
+    return ("attended", warn, stop, c.remind_model)
+
+
+def cycle_signature(c: GuardConfig, f: TurnFacts) -> Signature | None:
+    n = c.max_cycles_per_turn
+    return ("cycles", n) if n and f.cycles > n else NEVER
+
+
+def extra_signature(rule: IdenticalCallsRule, f: TurnFacts) -> Signature | None:
+    return ("identical", rule.n) if f.max_run >= rule.n else NEVER
+
+
+def signature(policy: Policy, f: TurnFacts, promptable: bool) -> Signature | None:
+    """Equal signatures replay identically on this turn; ``None``: the policy cannot fire."""
+    c = policy.config
+    parts = (
+        cap_signature(c, f),
+        streak_signature(c, f, promptable),
+        cycle_signature(c, f),
+        tuple(s for s in (extra_signature(r, f) for r in policy.extras) if s is not None),
+    )
+    if parts[0] is None and parts[1] is None and parts[2] is None and not parts[3]:
+        return None
+    return (c.key_mode, c.max_tracked_keys, c.fail_mode, *parts)
+
+
+def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:
+    """The first call (1-based) at which any of the policy's checks can return a verdict that
+    changes the replay's result (a cycle check counts for the call it precedes); a replay may run
+    the ledger alone before it. The same rules as ``signature``, read as positions."""
+    c = policy.config
+    never = f.calls + 2
+    first = never
+    mode = c.cap_mode
+    if mode == "explicit" and f.calls > c.max_tool_calls_per_turn:
+        first = c.max_tool_calls_per_turn + 1
+    elif mode == "adaptive" and f.calls > c.soft_cap:
+        if c.hard_cap < f.calls:
+            first = c.hard_cap + 1
+        if c.stuck_signal != "repeat":
+            first = min(first, c.soft_cap + 1)
+        elif c.stuck_repeat_threshold <= f.max_repeat:
+            first = min(first, max(c.soft_cap + 1, f.reach_repeat[c.stuck_repeat_threshold - 1]))
+    stop = c.streak_stop_at
+    if stop and stop <= f.max_failing:
+        first = min(first, f.reach_failing[stop - 1])
+    warn = c.streak_warn_at
+    if promptable and warn and warn <= f.max_run:
+        first = min(first, f.reach_run[warn - 1])
+    n = c.max_cycles_per_turn
+    if n and f.cycles > n:
+        first = min(first, f.cycle_calls[n])
+    for rule in policy.extras:
+        if rule.n <= f.max_run:
+            first = min(first, f.reach_run[rule.n - 1])
+    return first
+
+
+@dataclass(frozen=True, slots=True)
+class GridBounds:
+    """The smallest trigger of each kind over a grid: a turn below all of them is quiet for
+    every policy, checked with four comparisons instead of a signature per policy."""
+
+    calls: float
+    run: float
+    failing: float
+    cycles: float
+
+    @classmethod
+    def of(cls, policies: Sequence[Policy], attended: bool) -> GridBounds:
+        inf = float("inf")
+        calls = run = failing = cycles = inf
+        for p in policies:
+            c = p.config
+            mode = c.cap_mode
+            if mode == "explicit":
+                calls = min(calls, c.max_tool_calls_per_turn)
+            elif mode == "adaptive":
+                calls = min(calls, c.soft_cap)
+            if c.streak_stop_at:
+                failing = min(failing, c.streak_stop_at - 1)
+            if attended and c.streak_warn_at:
+                run = min(run, c.streak_warn_at - 1)
+            if c.max_cycles_per_turn:
+                cycles = min(cycles, c.max_cycles_per_turn)
+            for rule in p.extras:
+                run = min(run, rule.n - 1)
+        return cls(calls, run, failing, cycles)
+
+    def quiet(self, f: TurnFacts) -> bool:
+        """True when no policy of the grid can fire on a turn with these facts."""
+        return f.calls <= self.calls and f.max_run <= self.run and f.max_failing <= self.failing and (
+            f.cycles <= self.cycles
+        )

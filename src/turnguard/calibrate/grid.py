@@ -1,0 +1,248 @@
+"""Policy grids: which configurations a calibration run compares.
+
+A ``Policy`` is a name, a ``GuardConfig`` and optional extra rules (plugins registered next to the
+built-ins in the replay guard). The peers' simpler rules are policies too: an explicit cap of 100
+with nothing else (the released qwen-code contract), and halting on the 5th consecutive identical
+call (qwen-code's and gemini-cli's consecutive-identical detectors), which needs the extra rule
+``HaltOnIdenticalCalls`` because turnguard's own streak warning never halts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from turnguard.config import GuardConfig
+from turnguard.hookspecs import hookimpl
+from turnguard.keys import KEY_MODES
+from turnguard.ledger import Ledger
+from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
+
+DEFAULT = GuardConfig()
+DEFAULT_SOFT_CAPS = (20, 50, 100)
+DEFAULT_MULTIPLIERS = (2, 3, 5, 10, 20)
+DEFAULT_STUCK_REPEATS = (3, 6)
+DEFAULT_STREAKS = ((3, 5), (5, 8), (5, 0), (0, 0))
+DEFAULT_EXPLICIT_CAPS = (30, 50, 100)
+DEFAULT_CYCLE_CAPS = (0,)
+DEFAULT_KEY_MODES = KEY_MODES
+PEER_CAP = 100
+PEER_IDENTICAL = 5
+
+
+class HaltOnIdenticalCalls:
+    """Extra rule: HALT on the ``n``-th consecutive identical call, attended or not (the peers'
+    rule; turnguard's own streak only warns there). Reads the ledger's streak like the built-ins."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @hookimpl
+    def turnguard_check_call(self, turn: Ledger, call: ToolCall) -> Verdict | None:
+        if turn.streak_length >= self.n:
+            return turn.detect(
+                Threshold.STREAK, Action.HALT, Level.STOP, self.n, call=call,
+                message=f"peer rule: {call.name} called {turn.streak_length} times in a row",
+            )
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class IdenticalCallsRule:
+    """The data of ``HaltOnIdenticalCalls`` (policies stay plain, hashable data)."""
+
+    n: int
+
+    @property
+    def label(self) -> str:
+        return f"halt@{self.n} identical"
+
+    def plugin(self) -> HaltOnIdenticalCalls:
+        return HaltOnIdenticalCalls(self.n)
+
+
+ExtraRule = IdenticalCallsRule
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One point of the grid."""
+
+    name: str
+    config: GuardConfig
+    extras: tuple[ExtraRule, ...] = ()
+    is_default: bool = False
+    family: str = "turnguard"
+    """``turnguard`` for turnguard's configurations, ``peer`` for the peers' rules."""
+
+    def describe(self) -> dict[str, object]:
+        """The parameters that define this policy, for tables and JSON."""
+        c = self.config
+        return {
+            "cap": _cap_text(c),
+            "cap_mode": c.cap_mode,
+            "soft_cap": c.soft_cap if c.cap_mode == "adaptive" else None,
+            "hard_cap": c.hard_cap,
+            "multiplier": c.hard_multiplier if c.cap_mode == "adaptive" else None,
+            "stuck_repeat": c.stuck_repeat_threshold if c.cap_mode == "adaptive" else None,
+            "streak": f"{c.streak_warn_at}/{c.streak_stop_at}",
+            "cycles": c.max_cycles_per_turn,
+            "key_mode": c.key_mode,
+            "extras": [e.label for e in self.extras],
+        }
+
+
+def _cap_text(c: GuardConfig) -> str:
+    mode = c.cap_mode
+    if mode == "explicit":
+        return f"explicit {c.max_tool_calls_per_turn}"
+    if mode == "disabled":
+        return "off"
+    return f"S={c.soft_cap} x{c.hard_multiplier:g} D={c.stuck_repeat_threshold}"
+
+
+@dataclass(frozen=True, slots=True)
+class GridSpec:
+    """The axes, as given on the command line."""
+
+    soft_caps: tuple[int, ...] = DEFAULT_SOFT_CAPS
+    multipliers: tuple[float, ...] = DEFAULT_MULTIPLIERS
+    stuck_repeats: tuple[int, ...] = DEFAULT_STUCK_REPEATS
+    streaks: tuple[tuple[int, int], ...] = DEFAULT_STREAKS
+    explicit_caps: tuple[int, ...] = DEFAULT_EXPLICIT_CAPS
+    cycle_caps: tuple[int, ...] = DEFAULT_CYCLE_CAPS
+    key_modes: tuple[str, ...] = DEFAULT_KEY_MODES
+    peers: bool = True
+    cross: bool = False
+    """``False``: the cap axes crossed, every other axis varied alone around the default.
+    ``True``: the full cross product of every axis."""
+    base: GuardConfig = field(default_factory=GuardConfig)
+
+
+def build_grid(spec: GridSpec) -> list[Policy]:
+    """The policies of ``spec``, the default configuration first, duplicates removed."""
+    base = spec.base.replace(
+        disable_plugins=(), load_entrypoints=False, recorder_path=None, shadow=(), capture_content=False
+    )
+    candidates: list[Policy] = [Policy("default", base, is_default=True)]
+    if spec.cross:
+        for s, m, d, (w, st), n, k in itertools.product(
+            spec.soft_caps, spec.multipliers, spec.stuck_repeats, spec.streaks, spec.cycle_caps, spec.key_modes
+        ):
+            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d,
+                               streak_warn_at=w, streak_stop_at=st, max_cycles_per_turn=n, key_mode=k)
+            candidates.append(Policy(_name(cfg, base), cfg))
+        for cap, (w, st), k in itertools.product(spec.explicit_caps, spec.streaks, spec.key_modes):
+            cfg = base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st, key_mode=k)
+            candidates.append(Policy(_name(cfg, base), cfg))
+    else:
+        for s, m, d in itertools.product(spec.soft_caps, spec.multipliers, spec.stuck_repeats):
+            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d)
+            candidates.append(Policy(_name(cfg, base), cfg))
+        for w, st in spec.streaks:
+            cfg = base.replace(streak_warn_at=w, streak_stop_at=st)
+            candidates.append(Policy(_name(cfg, base), cfg))
+        for n in spec.cycle_caps:
+            candidates.append(Policy(_name(base.replace(max_cycles_per_turn=n), base),
+                                     base.replace(max_cycles_per_turn=n)))
+        for k in spec.key_modes:
+            candidates.append(Policy(_name(base.replace(key_mode=k), base), base.replace(key_mode=k)))
+        for cap in spec.explicit_caps:
+            cfg = base.replace(max_tool_calls_per_turn=cap)
+            candidates.append(Policy(_name(cfg, base), cfg))
+    if spec.peers:
+        quiet = base.replace(streak_warn_at=0, streak_stop_at=0)
+        candidates.append(Policy(f"peer: explicit cap {PEER_CAP} only",
+                                 quiet.replace(max_tool_calls_per_turn=PEER_CAP), family="peer"))
+        candidates.append(Policy(f"peer: halt at {PEER_IDENTICAL} identical calls",
+                                 quiet.replace(max_tool_calls_per_turn=0),
+                                 (IdenticalCallsRule(PEER_IDENTICAL),), family="peer"))
+    return dedupe(candidates)
+
+
+def dedupe(policies: list[Policy]) -> list[Policy]:
+    """Drop repeated (config, extras), keeping the first occurrence (so ``default`` keeps its name)."""
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for p in policies:
+        ident = (_config_identity(p.config), p.extras)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        out.append(p)
+    return out
+
+
+def _config_identity(c: GuardConfig) -> tuple[object, ...]:
+    return (c.max_tool_calls_per_turn, c.soft_cap, float(c.hard_multiplier), c.stuck_repeat_threshold,
+            c.stuck_signal, c.streak_warn_at, c.streak_stop_at, c.max_cycles_per_turn, c.key_mode,
+            c.remind_model, c.fail_mode, c.max_tracked_keys)
+
+
+def _name(cfg: GuardConfig, base: GuardConfig) -> str:
+    """Only what differs from the default configuration."""
+    parts = []
+    if cfg.max_tool_calls_per_turn is not None:
+        parts.append(f"explicit {cfg.max_tool_calls_per_turn}")
+    else:
+        if cfg.soft_cap != base.soft_cap:
+            parts.append(f"S={cfg.soft_cap}")
+        if cfg.hard_multiplier != base.hard_multiplier:
+            parts.append(f"x{cfg.hard_multiplier:g}")
+        if cfg.stuck_repeat_threshold != base.stuck_repeat_threshold:
+            parts.append(f"D={cfg.stuck_repeat_threshold}")
+    if (cfg.streak_warn_at, cfg.streak_stop_at) != (base.streak_warn_at, base.streak_stop_at):
+        parts.append(f"streak {cfg.streak_warn_at}/{cfg.streak_stop_at}")
+    if cfg.max_cycles_per_turn != base.max_cycles_per_turn:
+        parts.append(f"cycles {cfg.max_cycles_per_turn}")
+    if cfg.key_mode != base.key_mode:
+        parts.append(f"key {cfg.key_mode}")
+    return " ".join(parts) or "default"
+
+
+def parse_ints(text: str, *, minimum: int = 0) -> tuple[int, ...]:
+    """``"50,100,200"`` -> ``(50, 100, 200)``; raises ``ValueError`` saying what is accepted."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < minimum for v in values):
+        raise ValueError(f"expected comma-separated integers >= {minimum}, got {text!r}")
+    return values
+
+
+def parse_floats(text: str, *, minimum: float = 1) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v >= minimum for v in values):
+        raise ValueError(f"expected comma-separated numbers >= {minimum:g}, got {text!r}")
+    return tuple(int(v) if v.is_integer() else v for v in values)
+
+
+def parse_streaks(text: str) -> tuple[tuple[int, int], ...]:
+    """``"5:8,3:5"`` -> ``((5, 8), (3, 5))`` (warn:stop; 0 disables a level)."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        warn, sep, stop = part.partition(":")
+        try:
+            pair = (int(warn), int(stop)) if sep else (int(warn), 0)
+        except ValueError:
+            raise ValueError(f"expected warn:stop pairs such as 5:8, got {part!r}") from None
+        if min(pair) < 0 or (pair[0] and pair[1] and pair[0] > pair[1]):
+            raise ValueError(f"streak {part!r}: levels must be >= 0 and warn <= stop when both are set")
+        out.append(pair)
+    if not out:
+        raise ValueError(f"expected warn:stop pairs such as 5:8, got {text!r}")
+    return tuple(out)
+
+
+def parse_key_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in KEY_MODES]
+    if not modes or bad:
+        raise ValueError(f"key modes must be among {KEY_MODES}, got {text!r}")
+    return modes

@@ -1,0 +1,250 @@
+"""The self-contained HTML report: inline SVG charts drawn here, no script, no network.
+
+Charts: turns halted per policy (stacked by threshold, the resolved ones marked), calls saved on
+unresolved turns, asks an attended session would have seen, where halts land in their turns (a
+heat map of tenths), and the distribution of tool calls per turn with every cap of the grid
+marked (soft caps, their backstops, explicit caps) on a logarithmic axis.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from importlib import resources
+from string import Template
+from typing import Any
+
+from turnguard.calibrate.report import THRESHOLD_ORDER, median_decile, rows, thresholds_text
+from turnguard.calibrate.stats import RunStats
+
+COLORS = {
+    "explicit": "#7b4fa0",
+    "soft_stuck": "#d9822b",
+    "hard_backstop": "#c23b3b",
+    "streak": "#2f7ebd",
+    "cycle_cap": "#3a9a5b",
+    "plugin_error": "#777777",
+}
+FP_COLOR = "#111111"
+ROW_H = 16
+LABEL_W = 250
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _legend(items: list[tuple[str, str]]) -> str:
+    return '<div class="legend">' + "".join(
+        f'<span><i style="background:{c}"></i>{esc(t)}</span>' for t, c in items
+    ) + "</div>"
+
+
+def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, str]], total_key: str | None,
+           marker_key: str | None, title: str, caption: str) -> str:
+    """Horizontal bars, one per policy, stacked by ``segments`` (key, color)."""
+    width = 900
+    plot_w = width - LABEL_W - 150
+    values = [sum(r["_seg"].get(k, 0) for k, _ in segments) for r in data]
+    top = max([*values, 1])
+    height = ROW_H * len(data) + 30
+    parts = [f'<svg id="{chart_id}" class="chart" role="img" aria-label="{esc(title)}" width="{width}" '
+             f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    for i in range(5):
+        x = LABEL_W + plot_w * i / 4
+        parts.append(f'<line class="grid" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 20}"/>')
+        parts.append(f'<text x="{x:.1f}" y="{height - 6}" text-anchor="middle">{_num(top * i / 4)}</text>')
+    for row, (r, total) in enumerate(zip(data, values, strict=True)):
+        y = row * ROW_H + 2
+        weight = ' font-weight="bold"' if r["default"] else ""
+        parts.append(f'<text x="{LABEL_W - 6}" y="{y + 11}" text-anchor="end"{weight}>{esc(r["name"])}</text>')
+        x = LABEL_W
+        for key, color in segments:
+            v = r["_seg"].get(key, 0)
+            if not v:
+                continue
+            w = plot_w * v / top
+            parts.append(f'<rect class="bar" x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" height="{ROW_H - 4}" '
+                         f'fill="{color}"><title>{esc(r["name"])}: {esc(key)} {v:,}</title></rect>')
+            x += w
+        if marker_key and r.get(marker_key):
+            mx = LABEL_W + plot_w * r[marker_key] / top
+            parts.append(f'<rect x="{LABEL_W:.1f}" y="{y + ROW_H - 6}" width="{max(mx - LABEL_W, 1):.1f}" height="3" '
+                         f'fill="{FP_COLOR}"><title>{esc(r["name"])}: {r[marker_key]:,} resolved turns halted'
+                         f'</title></rect>')
+        label = f"{total:,}" + (f" ({r[marker_key]:,} resolved)" if marker_key and r.get(marker_key) else "")
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 11}">{label}</text>')
+    parts.append(f'<line class="axis" x1="{LABEL_W}" y1="0" x2="{LABEL_W}" y2="{height - 20}"/></svg>')
+    return (f'<h2>{esc(title)}</h2><figure>{"".join(parts)}<figcaption>{esc(caption)}</figcaption></figure>')
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if v >= 10 or v == int(v) else f"{v:.1f}"
+
+
+def halts_chart(data: list[dict[str, Any]]) -> str:
+    for r in data:
+        r["_seg"] = dict(r["by_threshold"])
+    seen = [k for k in THRESHOLD_ORDER if any(r["_seg"].get(k) for r in data)]
+    legend = _legend([(k, COLORS[k]) for k in seen] + [("resolved turns among them", FP_COLOR)])
+    return _hbars("chart-halts", data, [(k, COLORS[k]) for k in THRESHOLD_ORDER], "halted", "halted_resolved",
+                  "Turns halted (unattended), by threshold",
+                  "Stacked by the threshold that fired; the black line under a bar is the resolved turns it "
+                  "halts (the false-positive proxy).") + legend
+
+
+def saved_chart(data: list[dict[str, Any]]) -> str:
+    for r in data:
+        r["_seg"] = {"saved": r["saved_unresolved"]}
+    return _hbars("chart-saved", data, [("saved", "#3a9a5b")], None, None,
+                  "Calls saved on unresolved turns",
+                  "Recorded calls that halted unresolved turns would not have made.")
+
+
+def asks_chart(data: list[dict[str, Any]]) -> str:
+    for r in data:
+        r["_seg"] = {"asks": r["asks"]}
+    return _hbars("chart-asks", data, [("asks", "#2f7ebd")], None, None,
+                  "Asks an attended session would have seen",
+                  "Questions to the user (streak warnings and stops) with a person watching; each answered "
+                  "'continue'.")
+
+
+def position_chart(data: list[dict[str, Any]]) -> str:
+    """Heat map: policies x tenths of the turn in which their halts land."""
+    cell = 40
+    width = LABEL_W + cell * 11 + 20
+    height = ROW_H * len(data) + 40
+    parts = [f'<svg id="chart-positions" class="chart" role="img" aria-label="where halts land" width="{width}" '
+             f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    labels = [f"{i * 10}%" for i in range(10)] + ["end"]
+    for j, label in enumerate(labels):
+        parts.append(f'<text x="{LABEL_W + j * cell + cell / 2}" y="{height - 8}" text-anchor="middle">{label}</text>')
+    for row, r in enumerate(data):
+        y = row * ROW_H + 2
+        weight = ' font-weight="bold"' if r["default"] else ""
+        parts.append(f'<text x="{LABEL_W - 6}" y="{y + 11}" text-anchor="end"{weight}>{esc(r["name"])}</text>')
+        total = sum(r["halt_deciles"]) or 1
+        for j, n in enumerate(r["halt_deciles"]):
+            share = n / total
+            shade = f"rgba(194,59,59,{0.08 + 0.92 * share:.2f})" if n else "#f6f6f6"
+            parts.append(f'<rect class="cell" x="{LABEL_W + j * cell}" y="{y}" width="{cell - 2}" height="{ROW_H - 3}" '
+                         f'fill="{shade}"><title>{esc(r["name"])}: {n:,} halts in {labels[j]}</title></rect>')
+    parts.append("</svg>")
+    return ('<h2>Where in a turn halts land</h2><figure>' + "".join(parts) +
+            '<figcaption>Share of each policy\'s halts by the tenth of the turn where the halt stops it '
+            '("end": after the last recorded call, which saves nothing).</figcaption></figure>')
+
+
+def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]) -> str:
+    """Tool calls per turn (all turns, resolved turns), log x axis, each cap of the grid marked."""
+    hist, res = stats.calls_per_turn, stats.calls_per_turn_resolved
+    width, height, left, right, top, bottom = 900, 320, 60, 20, 20, 60
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xmax = max([*hist.keys(), *(t for _, t, _ in thresholds), 10]) * 1.15
+    lmax = math.log10(1 + xmax)
+
+    def sx(v: float) -> float:
+        return left + plot_w * math.log10(1 + v) / lmax
+
+    bins: dict[int, list[int]] = {}
+    edges = [0, 1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1000, 1500, 2000, 3000, 5000,
+             7000, 10000]
+    while edges[-1] < xmax:
+        edges.append(edges[-1] * 2)
+    for calls, n in hist.items():
+        b = next(i for i in range(len(edges) - 1) if calls < edges[i + 1])
+        bins.setdefault(b, [0, 0])[0] += n
+    for calls, n in res.items():
+        b = next(i for i in range(len(edges) - 1) if calls < edges[i + 1])
+        bins.setdefault(b, [0, 0])[1] += n
+    ymax = max([v[0] for v in bins.values()] + [1])
+    parts = [f'<svg id="chart-distribution" class="chart" role="img" aria-label="tool calls per turn" '
+             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    for i in range(5):
+        y = top + plot_h * (1 - i / 4)
+        parts.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(ymax * i / 4)}</text>')
+    for b, (n, nr) in sorted(bins.items()):
+        x0, x1 = sx(edges[b]), sx(edges[b + 1])
+        h = plot_h * n / ymax
+        bw = max(x1 - x0 - 1, 1)
+        parts.append(f'<rect class="bar" x="{x0 + 0.5:.1f}" y="{top + plot_h - h:.1f}" width="{bw:.1f}" '
+                     f'height="{h:.1f}" fill="#9bbbd9"><title>{edges[b]}-{edges[b + 1] - 1} calls: {n:,} turns '
+                     f'({nr:,} resolved)</title></rect>')
+        hr = plot_h * nr / ymax
+        if nr:
+            parts.append(f'<rect x="{x0 + 0.5:.1f}" y="{top + plot_h - hr:.1f}" width="{max(x1 - x0 - 1, 1):.1f}" '
+                         f'height="{hr:.1f}" fill="#2f7ebd"/>')
+    for tick in [e for e in edges if e <= xmax]:
+        parts.append(f'<text x="{sx(tick):.1f}" y="{top + plot_h + 14}" text-anchor="middle">{tick:,}</text>')
+    for k, (label, value, color) in enumerate(sorted(thresholds, key=lambda t: t[1])):
+        x = sx(value)
+        parts.append(f'<line class="threshold" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" '
+                     f'stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3"><title>{esc(label)}</title></line>')
+        parts.append(f'<text x="{x + 2:.1f}" y="{top + 10 + (k % 4) * 11}" fill="{color}">{esc(label)}</text>')
+    parts.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}"/>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 20}" text-anchor="middle">tool calls per turn '
+                 '(log scale)</text></svg>')
+    legend = _legend([("all turns", "#9bbbd9"), ("resolved turns", "#2f7ebd"), ("soft cap S", COLORS["soft_stuck"]),
+                      ("backstop S x m", COLORS["hard_backstop"]), ("explicit cap", COLORS["explicit"])])
+    return ('<h2>Tool calls per turn, with each threshold of the grid</h2><figure>' + "".join(parts) +
+            '<figcaption>Turns by their number of tool calls; dashed lines are the caps of the grid.</figcaption>'
+            '</figure>' + legend)
+
+
+def grid_thresholds(stats: RunStats) -> list[tuple[str, float, str]]:
+    """Every distinct cap of the grid, labelled (read back from the policies' parameters)."""
+    out: dict[tuple[str, float], str] = {}
+    for p in stats.policies:
+        params = p["params"]
+        if params.get("cap_mode") == "explicit":
+            n = params["hard_cap"]
+            out[(f"explicit {n}", n)] = COLORS["explicit"]
+        elif params.get("cap_mode") == "adaptive":
+            s, m, h = params["soft_cap"], params["multiplier"], params["hard_cap"]
+            out[(f"S={s}", s)] = COLORS["soft_stuck"]
+            out[(f"{s}x{m:g}={h}", h)] = COLORS["hard_backstop"]
+    return [(label, value, color) for (label, value), color in out.items()]
+
+
+def table_html(data: list[dict[str, Any]]) -> str:
+    head = ("<tr><th class='l'>policy</th><th class='l'>cap</th><th class='l'>streak</th><th>halted</th>"
+            "<th class='l'>by threshold</th><th>resolved halted</th><th>unresolved halted</th><th>calls saved</th>"
+            "<th>median halt call</th><th>median position</th><th>attended asks</th><th>turns asked</th></tr>")
+    body = []
+    for r in data:
+        cls = "default" if r["default"] else r["family"]
+        body.append(
+            f"<tr class='{cls}'><td class='l'>{esc(r['name'])}</td><td class='l'>{esc(r['cap'])}</td>"
+            f"<td class='l'>{esc(r['streak'])}</td><td>{r['halted']:,}</td>"
+            f"<td class='l'>{esc(thresholds_text(r['by_threshold']))}</td><td>{r['halted_resolved']:,}</td>"
+            f"<td>{r['halted_unresolved']:,}</td><td>{r['saved_unresolved']:,}</td>"
+            f"<td>{'-' if r['median_halt_call'] is None else r['median_halt_call']}</td>"
+            f"<td>{esc(median_decile(r['halt_deciles']))}</td><td>{r['asks']:,}</td><td>{r['turns_with_asks']:,}</td>"
+            "</tr>")
+    return f"<table id='figures'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def fp_html(data: list[dict[str, Any]]) -> str:
+    items = [f"<li><b>{esc(r['name'])}</b> ({r['halted_resolved']:,}): {esc(', '.join(r['resolved_ids']))}"
+             f"{' ...' if r['halted_resolved'] > len(r['resolved_ids']) else ''}</li>"
+             for r in data if r["halted_resolved"]]
+    if not items:
+        return "<h2>Resolved turns halted</h2><p>None: no policy halts a resolved turn.</p>"
+    return "<h2>Resolved turns halted (false-positive proxy)</h2><ul id='fp-ids'>" + "".join(items) + "</ul>"
+
+
+def render(stats: RunStats) -> str:
+    """The whole page."""
+    data = rows(stats)
+    unknown = stats.turns - stats.resolved - stats.unresolved
+    summary = (f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
+               f"{stats.unresolved:,} unresolved, {unknown:,} unknown), {len(data)} policies, "
+               f"{stats.problems:,} input problems. Inputs: {', '.join(stats.inputs) or '-'}.")
+    charts = "\n".join([
+        halts_chart(data), saved_chart(data), asks_chart(data), position_chart(data),
+        distribution_chart(stats, grid_thresholds(stats)),
+    ])
+    template = Template(resources.files("turnguard.calibrate").joinpath("report.html").read_text(encoding="utf-8"))
+    return template.substitute(summary=esc(summary), charts=charts, table=table_html(data), fps=fp_html(data))

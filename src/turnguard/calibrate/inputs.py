@@ -1,0 +1,384 @@
+"""Readers for recorded turns: corpus-format JSONL (raw arguments or key digests, which is also
+what the local recorder writes) and the OpenTelemetry Collector's file exporter (OTLP JSON, one
+``{"resourceSpans": [...]}`` object per line), plain or gzip-compressed, mixed freely.
+
+Every reader streams: one turn is in memory at a time (for OTLP, the turns whose turn span has not
+arrived yet). A line or span that cannot be read is reported as an ``InputProblem`` (file, line,
+what is wrong) through the caller's ``on_problem``; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from turnguard.model import Outcome
+from turnguard.telemetry import names
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """One tool call of a recorded turn: raw ``args`` or, when only that was recorded, a ``digest``."""
+
+    tool: str
+    args: Any = None
+    digest: str | None = None
+    outcome: Outcome = Outcome.UNKNOWN
+    cycle: int | None = None
+    """The model request (1-based) that issued the call, when recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedTurn:
+    """One recorded agent turn, as the replay needs it."""
+
+    id: str
+    calls: tuple[RecordedCall, ...]
+    cycles: int | None = None
+    resolved: bool | None = None
+    ended_by: str | None = None
+    source: str | None = None
+    origin: str = ""
+    """Where the turn came from (``file:line``), for messages."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputProblem:
+    """A line or span that could not be used, and why."""
+
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+class InputError(Exception):
+    """A fatal input problem (``--strict``), or an unreadable file."""
+
+
+ProblemSink = Callable[[InputProblem], None]
+
+
+class LineSource:
+    """The lines of one file as bytes, transparently un-gzipped (by magic number, not by name),
+    with how far into the file (on disk) reading has got, for progress bars."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self._raw = open(path, "rb")  # noqa: SIM115 - closed by close()
+            self.size = os.fstat(self._raw.fileno()).st_size
+            gzipped = self._raw.read(2) == b"\x1f\x8b"
+            self._raw.seek(0)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        self._lines: Any = gzip.GzipFile(fileobj=self._raw, mode="rb") if gzipped else self._raw
+
+    def position(self) -> int:
+        try:
+            return self._raw.tell()
+        except (OSError, ValueError):
+            return self.size
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return enumerate(self._lines, 1)
+
+    def close(self) -> None:
+        self._lines.close()
+        self._raw.close()
+
+    def __enter__(self) -> LineSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink) -> Iterator[RecordedTurn]:
+    """Every turn of every file, in file order; each file's format is detected per line."""
+    for path in paths:
+        with LineSource(path) as source:
+            yield from read_source(source, on_problem)
+
+
+def is_otlp_line(line: bytes) -> bool:
+    """Cheap test used to route a line before parsing it (OTLP lines need the assembler)."""
+    return b'"resourceSpans"' in line
+
+
+def read_source(source: LineSource, on_problem: ProblemSink) -> Iterator[RecordedTurn]:
+    """The turns of one file: corpus lines and OTLP lines may even be mixed in one file."""
+    label = source.path
+    spans = OtlpAssembler(label, on_problem)
+    try:
+        for lineno, line in source:
+            if is_otlp_line(line):
+                obj = parse_line(line, label, lineno, on_problem)
+                if obj is not None:
+                    if isinstance(obj, dict) and "resourceSpans" in obj:
+                        yield from spans.add(obj, lineno)
+                    else:
+                        turn = corpus_turn(obj, label, lineno, on_problem)
+                        if turn is not None:
+                            yield turn
+                continue
+            turn = corpus_line(line, label, lineno, on_problem)
+            if turn is not None:
+                yield turn
+    except (OSError, EOFError, zlib.error) as exc:
+        on_problem(InputProblem(label, 0, f"file ends badly: {exc}"))
+    yield from spans.finish()
+
+
+def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> Any:
+    """The JSON value of a line, or ``None`` (reported) when it is not JSON; blank lines: ``None``."""
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        on_problem(InputProblem(path, lineno, f"not JSON: {exc}"))
+        return None
+
+
+def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> RecordedTurn | None:
+    """One corpus-format line as a turn (blank lines are skipped, anything else is reported)."""
+    if not line.strip():
+        return None
+    obj = parse_line(line, path, lineno, on_problem)
+    return None if obj is None else corpus_turn(obj, path, lineno, on_problem)
+
+
+# -- corpus format -------------------------------------------------------------------------------
+
+
+def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> RecordedTurn | None:
+    """A corpus/recorder line as a turn, or ``None`` after reporting why it cannot be one."""
+
+    def bad(message: str) -> None:
+        on_problem(InputProblem(path, lineno, message))
+
+    if not isinstance(obj, dict):
+        bad(f"expected a JSON object (one turn), got {type(obj).__name__}")
+        return None
+    raw_calls = obj.get("calls")
+    if not isinstance(raw_calls, list):
+        bad("'calls' is missing or not a list")
+        return None
+    calls = []
+    for i, raw in enumerate(raw_calls, 1):
+        call = _corpus_call(raw)
+        if isinstance(call, str):
+            bad(f"call {i}: {call}")
+            return None
+        calls.append(call)
+    cycles = obj.get("cycles")
+    if cycles is not None and (not isinstance(cycles, int) or isinstance(cycles, bool) or cycles < 0):
+        bad(f"'cycles' must be a non-negative integer, got {cycles!r}")
+        return None
+    resolved = obj.get("resolved")
+    if resolved is not None and not isinstance(resolved, bool):
+        bad(f"'resolved' must be true, false or null, got {resolved!r}")
+        return None
+    turn_id = obj.get("id", obj.get("turn_id"))
+    return RecordedTurn(
+        id=str(turn_id) if turn_id is not None else f"{path}:{lineno}",
+        calls=tuple(calls),
+        cycles=cycles,
+        resolved=resolved,
+        ended_by=_str_or_none(obj.get("ended_by")),
+        source=_str_or_none(obj.get("source")),
+        origin=f"{path}:{lineno}",
+    )
+
+
+def _corpus_call(raw: Any) -> RecordedCall | str:
+    if not isinstance(raw, dict):
+        return f"expected an object, got {type(raw).__name__}"
+    tool = raw.get("tool", raw.get("name"))
+    if not isinstance(tool, str) or not tool:
+        return "'tool' is missing or not a non-empty string"
+    digest = raw.get("digest", raw.get("key_digest"))
+    if digest is not None and not isinstance(digest, str):
+        return f"'digest' must be a string, got {type(digest).__name__}"
+    if digest is None and "args" not in raw:
+        return "neither 'args' nor 'digest'"
+    outcome = _outcome(raw.get("outcome"))
+    if outcome is None:
+        return f"unknown outcome {raw.get('outcome')!r} (expected ok, error, denied or unknown)"
+    cycle = raw.get("cycle")
+    if cycle is not None and (not isinstance(cycle, int) or isinstance(cycle, bool) or cycle < 1):
+        return f"'cycle' must be a positive integer, got {cycle!r}"
+    return RecordedCall(tool, raw.get("args") if digest is None else None, digest, outcome, cycle)
+
+
+def _outcome(value: Any) -> Outcome | None:
+    if value is None:
+        return Outcome.UNKNOWN
+    try:
+        return Outcome.parse(value)
+    except ValueError:
+        return None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# -- OTLP JSON (the Collector's file exporter) ----------------------------------------------------
+
+
+def attributes(items: Any) -> dict[str, Any]:
+    """OTLP JSON ``[{"key": k, "value": {"stringValue": ...}}]`` as a plain dict."""
+    out: dict[str, Any] = {}
+    if not isinstance(items, list):
+        return out
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("key"), str):
+            out[item["key"]] = _any_value(item.get("value"))
+    return out
+
+
+def _any_value(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return None
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:  # int64 is a string in OTLP JSON
+        try:
+            return int(value["intValue"])
+        except (TypeError, ValueError):
+            return None
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "doubleValue" in value:
+        return value["doubleValue"]
+    if "arrayValue" in value:
+        return [_any_value(v) for v in (value["arrayValue"] or {}).get("values", [])]
+    return None
+
+
+@dataclass(slots=True)
+class _Pending:
+    lineno: int
+    calls: list[tuple[int, RecordedCall]] = field(default_factory=list)
+
+
+class OtlpAssembler:
+    """Rebuilds turns from turnguard's spans: the turn span (``invoke_agent {agent}``, or a
+    host's own span that turnguard enriched with ``turnguard.turn.id``) and its tool-call spans
+    (``execute_tool {tool}`` with ``turnguard.call.index``, ``turnguard.call.key_digest``,
+    ``turnguard.call.outcome``), linked by ``parentSpanId`` (or a ``turnguard.turn.id`` of their own).
+
+    Child spans end, and are exported, before their turn span: calls wait here, keyed by their
+    parent, until it arrives, so memory holds only the turns in flight. Calls whose turn span
+    never arrives are reported, then replayed as a turn of their own at the end of the file.
+    """
+
+    def __init__(self, path: str, on_problem: ProblemSink) -> None:
+        self.path = path
+        self.on_problem = on_problem
+        self._pending: dict[str, _Pending] = {}
+
+    def add(self, obj: dict[str, Any], lineno: int) -> Iterator[RecordedTurn]:
+        """Take one exported line; yield the turns it completes."""
+        resource_spans = obj.get("resourceSpans")
+        if not isinstance(resource_spans, list):
+            self._bad(lineno, "'resourceSpans' is not a list")
+            return
+        for rs in resource_spans:
+            scope_spans = rs.get("scopeSpans") if isinstance(rs, dict) else None
+            if not isinstance(scope_spans, list):
+                self._bad(lineno, "a resourceSpans entry without a 'scopeSpans' list")
+                continue
+            for ss in scope_spans:
+                spans = ss.get("spans") if isinstance(ss, dict) else None
+                if not isinstance(spans, list):
+                    self._bad(lineno, "a scopeSpans entry without a 'spans' list")
+                    continue
+                for span in spans:
+                    turn = self._span(span, lineno)
+                    if turn is not None:
+                        yield turn
+
+    def finish(self) -> Iterator[RecordedTurn]:
+        """End of file: calls whose turn span never came are reported and still replayed."""
+        for key, pending in list(self._pending.items()):
+            self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} without their turn span "
+                                      "(replayed as a turn of their own)")
+            yield self._turn(key.partition(":")[2], pending, {}, pending.lineno)
+        self._pending.clear()
+
+    def _bad(self, lineno: int, message: str) -> None:
+        self.on_problem(InputProblem(self.path, lineno, message))
+
+    def _span(self, span: Any, lineno: int) -> RecordedTurn | None:
+        if not isinstance(span, dict) or not isinstance(span.get("name"), str):
+            self._bad(lineno, "span without a name")
+            return None
+        name = span["name"]
+        attrs = attributes(span.get("attributes"))
+        if names.CALL_INDEX in attrs:
+            self._call(span, name, attrs, lineno)
+            return None
+        if names.TURN_ID not in attrs:
+            return None  # not one of turnguard's spans (the host's own, an HTTP client...)
+        turn_id = str(attrs[names.TURN_ID])
+        pending = self._pending.pop(f"turn:{turn_id}", None)
+        span_id = span.get("spanId")
+        if span_id:
+            by_parent = self._pending.pop(f"span:{span_id}", None)
+            if by_parent is not None:
+                pending = by_parent if pending is None else _Pending(pending.lineno, pending.calls + by_parent.calls)
+        return self._turn(turn_id, pending or _Pending(lineno), attrs, lineno)
+
+    def _call(self, span: dict[str, Any], name: str, attrs: dict[str, Any], lineno: int) -> None:
+        tool = attrs.get(names.GEN_AI_TOOL_NAME) or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
+        index = attrs.get(names.CALL_INDEX)
+        digest = attrs.get(names.CALL_KEY_DIGEST)
+        raw_outcome = attrs.get(names.CALL_OUTCOME)
+        outcome = Outcome.UNKNOWN if raw_outcome == names.CALL_UNFINISHED else _outcome(raw_outcome)
+        turn_id = attrs.get(names.TURN_ID)
+        parent = span.get("parentSpanId")
+        key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
+        problem = (
+            "neither a parentSpanId nor a turn id" if key is None
+            else "no tool name" if not isinstance(tool, str) or not tool
+            else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
+            else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
+            else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
+            else None
+        )
+        if problem:
+            self._bad(lineno, f"tool span {name!r}: {problem}")
+            return
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(lineno)
+        pending.calls.append((index, RecordedCall(tool, None, digest, outcome)))
+
+    def _turn(self, turn_id: str, pending: _Pending, attrs: dict[str, Any], lineno: int) -> RecordedTurn:
+        calls = sorted(pending.calls, key=lambda pair: pair[0])
+        cycles = attrs.get(names.TURN_CYCLES)
+        resolved = attrs.get(TURN_RESOLVED)
+        return RecordedTurn(
+            id=turn_id,
+            calls=tuple(call for _, call in calls),
+            cycles=cycles if isinstance(cycles, int) and cycles >= 0 else None,
+            resolved=resolved if isinstance(resolved, bool) else None,
+            ended_by=_str_or_none(attrs.get(names.TURN_OUTCOME)),
+            source=_str_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
+            origin=f"{self.path}:{lineno}",
+        )
+
+
+TURN_RESOLVED = "turnguard.turn.resolved"
+"""Not emitted by turnguard: a host that knows whether the task was solved may add it."""

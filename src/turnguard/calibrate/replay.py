@@ -1,0 +1,261 @@
+"""Replay recorded turns through the live guard's own ledger and policy hooks.
+
+``replay_turn`` drives a ``Ledger`` and the compiled check-hook implementations of a real
+turnguard plugin manager (``turnguard.plugins.plugin_manager``: the same modules, the same hook
+order, the same functions a ``Turn`` calls), combining verdicts as ``Turn`` does: the most
+severe action wins, ties go to the first in hook order, a HALT latches (so the replay of a
+policy stops at its first halt). Attended replays answer every ASK with ``continue``, which
+resets the streak as ``Turn.resolve`` does: the recorded turn did go on.
+
+What is not in here: any threshold logic. Which policies may share one replay on a given turn is
+decided in ``equivalence.py``; the per-call keys come from ``turnguard.keys.Keyer``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from turnguard.calibrate.grid import Policy
+from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard.guard import compiled_checks
+from turnguard.keys import CallKey, Keyer
+from turnguard.ledger import Ledger
+from turnguard.model import Action, Outcome, ToolCall, Verdict
+from turnguard.plugins import plugin_manager
+
+Impls = tuple[Callable[..., Any], ...]
+_NOT_POLICIES = ("otel", "recorder", "shadow")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What one policy did to one turn in one mode.
+
+    ``halt_call`` is the 1-based index of the first call the halt prevented (``calls + 1`` when
+    it came after the last call; 0: no halt); ``asks`` the calls at which an ASK reached the user.
+    """
+
+    halt_call: int = 0
+    threshold: str | None = None
+    asks: tuple[int, ...] = ()
+
+    @property
+    def halted(self) -> bool:
+        return self.halt_call > 0
+
+
+QUIET = TurnResult()
+"""The result of a policy that cannot fire on a turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One decision in a traced replay (for comparing with a live ``Turn``)."""
+
+    call: int
+    stage: str  # "cycle" | "call" | "outcome"
+    action: Action
+    threshold: str | None
+
+
+class CompiledPolicy:
+    """A policy's check hooks, compiled once: plain functions taking positional arguments."""
+
+    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "errors", "fail_closed", "keyer", "policy")
+
+    def __init__(self, policy: Policy, keyer: Keyer) -> None:
+        self.policy = policy
+        self.config = policy.config.replace(disable_plugins=_NOT_POLICIES, load_entrypoints=False)
+        self.keyer = keyer
+        pm = policy_manager(policy)
+        checks = compiled_checks(pm)
+        self.check_cycle: Impls = tuple(fn for _, fn in checks["turnguard_check_cycle"])
+        self.check_call: Impls = tuple(fn for _, fn in checks["turnguard_check_call"])
+        self.check_outcome: Impls = tuple(fn for _, fn in checks["turnguard_check_outcome"])
+        self.fail_closed = self.config.fail_mode == "closed"
+        self.errors = 0
+
+
+def policy_manager(policy: Policy) -> pluggy.PluginManager:
+    """The live guard's plugin manager for ``policy`` (policies only: no telemetry, no recorder),
+    with the policy's extra rules registered like third-party plugins."""
+    config = policy.config.replace(disable_plugins=_NOT_POLICIES, load_entrypoints=False)
+    pm = plugin_manager(config, environ={})
+    for i, rule in enumerate(policy.extras):
+        pm.register(rule.plugin(), name=f"calibrate-extra-{i}")
+    return pm
+
+
+def cycle_starts(turn: RecordedTurn) -> list[int]:
+    """How many model requests begin before each call (index ``len(calls)``: after the last).
+
+    With per-call ``cycle`` numbers they are used as recorded. With only a total (the corpus
+    format), calls are spread evenly over the requests, and when there are more requests than
+    calls the last request comes after the last call (the final answer). Unknown: one request.
+    """
+    n = len(turn.calls)
+    starts = [0] * (n + 1)
+    if any(c.cycle is not None for c in turn.calls):
+        current = 0
+        for i, call in enumerate(turn.calls):
+            cycle = call.cycle if call.cycle is not None else current
+            if cycle > current:
+                starts[i] += cycle - current
+                current = cycle
+        if turn.cycles is not None and turn.cycles > current:
+            starts[n] += turn.cycles - current
+        return starts
+    total = turn.cycles if turn.cycles is not None else 1
+    if total <= 0:
+        return starts
+    if n == 0:
+        starts[0] = total
+        return starts
+    spread = total - 1 if total > n else total
+    for j in range(spread):
+        starts[(j * n) // spread] += 1
+    starts[n] += total - spread
+    return starts
+
+
+def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
+    """The ``ToolCall`` the hooks receive, its key already set to the replay's digest."""
+    tc = ToolCall(call.tool, call.args)
+    object.__setattr__(tc, "_key", CallKey(digest, keyer))
+    return tc
+
+
+def tool_calls(turn: RecordedTurn, digests: Sequence[bytes], keyer: Keyer) -> list[ToolCall]:
+    """Every call of ``turn`` as ``tool_call`` makes it."""
+    return [tool_call(c, d, keyer) for c, d in zip(turn.calls, digests, strict=True)]
+
+
+def _decide(policy: CompiledPolicy, impls: Impls, args: tuple[Any, ...], ledger: Ledger) -> Verdict | None:
+    """``Turn._decide``: every implementation in isolation; the most severe verdict wins."""
+    best: Verdict | None = None
+    for fn in impls:
+        try:
+            verdict = fn(*args)
+        except Exception:
+            policy.errors += 1
+            verdict = Verdict(Action.HALT, None, "plugin failed (fail_mode=closed)") if policy.fail_closed else None
+        if verdict is None:
+            continue
+        if verdict.event is not None:
+            ledger.note_detection()
+        if best is None or verdict.action > best.action:
+            best = verdict
+    return best
+
+
+def replay_turn(
+    policy: CompiledPolicy,
+    turn: RecordedTurn,
+    calls: list[ToolCall | None],
+    digests: Sequence[bytes],
+    starts: Sequence[int],
+    *,
+    promptable: bool,
+    trace: list[Step] | None = None,
+    first_check: int = 1,
+) -> TurnResult:
+    """Replay one turn under one policy until it ends or halts.
+
+    ``calls`` holds the ``ToolCall`` objects the hooks receive (``None`` entries are made when
+    needed). Before call ``first_check`` (see ``equivalence.earliest_call``) only the ledger
+    records the turn: no check there can change the result.
+    """
+    ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
+    recorded = turn.calls
+    n = len(recorded)
+    skip = min(first_check - 1, n)
+    for i in range(skip):
+        for _ in range(starts[i]):
+            ledger.begin_cycle()
+        ledger.count_call(digests[i], recorded[i].tool)
+        ledger.record_outcome(digests[i], recorded[i].outcome)
+    asks: list[int] = []
+    check_cycle, check_call, check_outcome = policy.check_cycle, policy.check_call, policy.check_outcome
+    args1 = (ledger,)
+    for i in range(skip, n + 1):
+        for _ in range(starts[i]):
+            ledger.begin_cycle()
+            verdict = _decide(policy, check_cycle, args1, ledger) if check_cycle else None
+            if verdict is not None:
+                if trace is not None:
+                    trace.append(Step(i + 1, "cycle", verdict.action, _label(verdict)))
+                if verdict.action is Action.HALT:
+                    return TurnResult(i + 1, _label(verdict), tuple(asks))
+        if i == n:
+            break
+        call = calls[i]
+        if call is None:
+            call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
+        digest = digests[i]
+        ledger.count_call(digest, call.name)
+        verdict = _decide(policy, check_call, (ledger, call), ledger) if check_call else None
+        if verdict is not None:
+            if trace is not None:
+                trace.append(Step(i + 1, "call", verdict.action, _label(verdict)))
+            action = verdict.action
+            if action is Action.HALT:
+                return TurnResult(i + 1, _label(verdict), tuple(asks))
+            if action is Action.ASK:
+                asks.append(i + 1)
+                ledger.reset_streak()  # the user answered "continue" (Turn.resolve)
+        outcome = recorded[i].outcome
+        ledger.record_outcome(digest, outcome)
+        verdict = _decide(policy, check_outcome, (ledger, call, outcome), ledger) if check_outcome else None
+        if verdict is not None:
+            if trace is not None:
+                trace.append(Step(i + 1, "outcome", verdict.action, _label(verdict)))
+            action = verdict.action
+            if action is Action.HALT:
+                return TurnResult(i + 2, _label(verdict), tuple(asks))
+            if action is Action.ASK:
+                asks.append(i + 1)
+                ledger.reset_streak()
+    return TurnResult(0, None, tuple(asks))
+
+
+def _label(verdict: Verdict) -> str | None:
+    t = verdict.threshold
+    return None if t is None else str(t)
+
+
+def relative_position(halt_call: int, calls: int) -> float:
+    """Where a halt lands in its turn: 0.0 before the first call, 1.0 after the last."""
+    if calls <= 0:
+        return 1.0
+    return min(1.0, (halt_call - 1) / calls)
+
+
+def calls_saved(result: TurnResult, calls: int) -> int:
+    """Recorded calls the halt would have prevented."""
+    return max(0, calls - result.halt_call + 1) if result.halted else 0
+
+
+def decile(fraction: float) -> int:
+    """0..10: the tenth of the turn a halt lands in (10: after the last call)."""
+    return min(10, math.floor(fraction * 10 + 1e-9))
+
+
+__all__ = [
+    "QUIET",
+    "CompiledPolicy",
+    "Outcome",
+    "Step",
+    "TurnResult",
+    "calls_saved",
+    "cycle_starts",
+    "decile",
+    "policy_manager",
+    "relative_position",
+    "replay_turn",
+    "tool_calls",
+]

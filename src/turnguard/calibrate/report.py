@@ -1,0 +1,146 @@
+"""Terminal and JSON reports of a calibration run (``RunStats``).
+
+The table shows, per policy: the turns it halts unattended (and by which threshold), how many of
+those were resolved runs (the false-positive proxy), the unresolved runs it halts and the calls
+that would have saved, where its halts land, and the asks an attended session would have seen.
+The default configuration is marked (``*``, and bold on a terminal).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from turnguard.calibrate.stats import RunStats
+
+THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
+BOLD, RESET = "\x1b[1m", "\x1b[0m"
+
+
+def median_of(hist: dict[int, int]) -> int | None:
+    """The median key of a histogram (lower median), or ``None`` when it is empty."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    seen = 0
+    for key in sorted(hist):
+        seen += hist[key]
+        if seen * 2 >= total:
+            return key
+    return None  # pragma: no cover - unreachable
+
+
+def median_decile(deciles: list[int]) -> str:
+    total = sum(deciles)
+    if not total:
+        return "-"
+    seen = 0
+    for i, n in enumerate(deciles):
+        seen += n
+        if seen * 2 >= total:
+            return "end" if i == 10 else f"{i * 10}-{i * 10 + 10}%"
+    return "-"  # pragma: no cover
+
+
+def thresholds_text(by: dict[str, int]) -> str:
+    keys = [k for k in THRESHOLD_ORDER if by.get(k)] + sorted(k for k in by if k not in THRESHOLD_ORDER and by[k])
+    return " ".join(f"{k}:{by[k]}" for k in keys) or "-"
+
+
+def rows(stats: RunStats) -> list[dict[str, Any]]:
+    """One row of figures per policy (the table's content, also used by the HTML report)."""
+    out = []
+    for info, modes in zip(stats.policies, stats.modes, strict=True):
+        u, a = modes["unattended"], modes["attended"]
+        out.append({
+            "name": info["name"],
+            "default": bool(info["default"]),
+            "family": info["family"],
+            "cap": info["params"]["cap"],
+            "streak": info["params"]["streak"],
+            "halted": u.halted,
+            "by_threshold": dict(u.by_threshold),
+            "halted_resolved": u.halted_resolved,
+            "resolved_ids": list(u.resolved_ids),
+            "halted_unresolved": u.halted_unresolved,
+            "saved_unresolved": u.saved_unresolved,
+            "halted_unknown": u.halted_unknown,
+            "median_halt_call": median_of(u.halt_calls),
+            "median_position": median_decile(u.halt_deciles),
+            "halt_deciles": list(u.halt_deciles),
+            "halt_calls": dict(u.halt_calls),
+            "asks": a.asks,
+            "turns_with_asks": a.turns_with_asks,
+            "asks_resolved": a.asks_resolved,
+            "attended_halted": a.halted,
+        })
+    return out
+
+
+COLUMNS = (
+    ("policy", "name", "<"),
+    ("cap", "cap", "<"),
+    ("streak", "streak", "<"),
+    ("halted", "halted", ">"),
+    ("by threshold", "thresholds", "<"),
+    ("resolved", "halted_resolved", ">"),
+    ("unresolved", "halted_unresolved", ">"),
+    ("saved", "saved_unresolved", ">"),
+    ("at call", "median_halt_call", ">"),
+    ("at", "median_position", ">"),
+    ("asks (turns)", "asks_text", ">"),
+)
+
+
+def table(stats: RunStats, *, color: bool = False) -> str:
+    """The terminal table, with a summary line above it and the false-positive ids below."""
+    data = rows(stats)
+    cells = []
+    for r in data:
+        r = {**r, "thresholds": thresholds_text(r["by_threshold"]),
+             "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
+             "name": ("* " if r["default"] else "  ") + r["name"]}
+        cells.append([("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS])
+    headers = [h for h, _, _ in COLUMNS]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.ljust(w) if align == "<" else v.rjust(w)
+                         for v, w, (_, _, align) in zip(values, widths, COLUMNS, strict=True)).rstrip()
+
+    unknown = stats.turns - stats.resolved - stats.unresolved
+    out = [
+        f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
+        f"{stats.unresolved:,} unresolved, {unknown:,} unknown); {stats.problems:,} input problems; "
+        f"{len(data)} policies; * = the default configuration.",
+        "halted/resolved/unresolved: turns halted unattended (resolved = the false-positive proxy); saved: calls "
+        "the unresolved halts save; at call/at: median halt call and tenth of the turn; asks: attended asks.",
+        "",
+        line(headers),
+        line(["-" * w for w in widths]),
+    ]
+    for r, c in zip(data, cells, strict=True):
+        text = line(c)
+        out.append(f"{BOLD}{text}{RESET}" if color and r["default"] else text)
+    fps = _fp_groups(data)
+    if fps:
+        out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
+        for ids, names, count in fps:
+            shown = ", ".join(ids[:8]) + (f", ... ({count} in all)" if count > len(ids[:8]) else "")
+            out.append(f"  {shown}: {'; '.join(names)}")
+    return "\n".join(out) + "\n"
+
+
+def _fp_groups(data: list[dict[str, Any]]) -> list[tuple[list[str], list[str], int]]:
+    groups: dict[tuple[str, ...], list[str]] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    for r in data:
+        if r["halted_resolved"]:
+            key = tuple(r["resolved_ids"])
+            groups.setdefault(key, []).append(r["name"])
+            counts[key] = r["halted_resolved"]
+    return [(list(k), v, counts[k]) for k, v in groups.items()]
+
+
+def to_json_text(stats: RunStats) -> str:
+    return json.dumps(stats.to_json(), indent=1, sort_keys=False) + "\n"

@@ -1,0 +1,221 @@
+"""Running a calibration over files: serially, or over worker processes, with a progress bar.
+
+With ``jobs > 1`` the parent reads the files and hands chunks of corpus lines (parsed in the
+workers) and of turns rebuilt from OTLP spans (the assembler needs one reader) to worker
+processes, at most ``2 * jobs`` chunks in flight, so memory stays bounded; each worker returns
+the ``RunStats`` of its chunk and the parent merges them (the same merge as ``calibrate merge``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from turnguard.calibrate.engine import Calibrator, policy_info
+from turnguard.calibrate.grid import Policy
+from turnguard.calibrate.inputs import (
+    InputError,
+    InputProblem,
+    LineSource,
+    OtlpAssembler,
+    RecordedTurn,
+    corpus_line,
+    is_otlp_line,
+    parse_line,
+    read_source,
+)
+from turnguard.calibrate.stats import RunStats
+
+CHUNK_LINES = 2000
+CHUNK_BYTES = 1 << 20
+"""A chunk for a worker ends at this many lines or bytes, whichever comes first."""
+ProblemSink = Callable[[InputProblem], None]
+
+
+class StrictError(InputError):
+    """``--strict``: the first input problem stops the run."""
+
+
+class Progress:
+    """A one-line progress bar on ``stream``; drawn only when it is a terminal."""
+
+    def __init__(self, total_bytes: int, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.total = max(total_bytes, 1)
+        self.started = time.monotonic()
+        self._last = 0.0
+        self.drawn = False
+
+    def update(self, done_bytes: int, calls: int, turns: int, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.2:
+            return
+        self._last = now
+        if not force and now - self.started < 0.5:
+            return  # quick runs draw nothing
+        frac = min(1.0, done_bytes / self.total)
+        rate = calls / max(now - self.started, 1e-9)
+        bar = "#" * int(frac * 30)
+        self.stream.write(f"\rcalibrate [{bar:<30}] {frac:4.0%} {turns:,} turns {calls:,} calls {rate:,.0f} calls/s ")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def calibrate(
+    paths: Sequence[str | Path],
+    policies: list[Policy],
+    *,
+    on_problem: ProblemSink,
+    strict: bool = False,
+    jobs: int = 1,
+    group: bool = True,
+    progress: Progress | None = None,
+) -> RunStats:
+    """Replay every turn of ``paths`` under every policy; problems go to ``on_problem`` (and
+    raise ``StrictError`` under ``strict``)."""
+    counted = _Counter(on_problem, strict)
+    sizes = []
+    for p in paths:
+        try:
+            sizes.append(os.path.getsize(p))
+        except OSError as exc:
+            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from exc
+    progress = progress or Progress(sum(sizes), enabled=False)
+    try:
+        if jobs <= 1:
+            stats = _serial(paths, sizes, policies, counted, group, progress)
+        else:
+            stats = _parallel(paths, sizes, policies, counted, group, progress, jobs)
+    finally:
+        progress.close()
+    stats.problems = counted.count
+    stats.inputs = [str(p) for p in paths]
+    return stats
+
+
+class _Counter:
+    def __init__(self, sink: ProblemSink, strict: bool) -> None:
+        self.sink, self.strict, self.count = sink, strict, 0
+
+    def __call__(self, problem: InputProblem) -> None:
+        self.count += 1
+        self.sink(problem)
+        if self.strict:
+            raise StrictError(f"{problem} (--strict)")
+
+
+def _serial(paths, sizes, policies, on_problem, group, progress) -> RunStats:
+    cal = Calibrator(policies, group=group)
+    done = 0
+    for path, size in zip(paths, sizes, strict=True):
+        with LineSource(path) as source:
+            for i, turn in enumerate(read_source(source, on_problem)):
+                cal.add(turn)
+                if not i & 63:
+                    progress.update(done + source.position(), cal.stats.calls, cal.stats.turns)
+        done += size
+    progress.update(done, cal.stats.calls, cal.stats.turns, force=True)
+    return cal.stats
+
+
+# -- worker processes -------------------------------------------------------------------------------
+
+_worker: Calibrator | None = None
+
+
+def _init(policies: list[Policy], group: bool) -> None:
+    global _worker
+    _worker = Calibrator(policies, group=group)
+
+
+def _work(chunk: list[Any]) -> tuple[RunStats, list[InputProblem]]:
+    """Replay one chunk: ``("line", path, lineno, bytes)`` or ``("turn", RecordedTurn)`` items."""
+    assert _worker is not None
+    cal = _worker
+    cal.stats = RunStats.empty(cal.stats.policies)
+    problems: list[InputProblem] = []
+    for item in chunk:
+        if item[0] == "turn":
+            cal.add(item[1])
+            continue
+        _, path, lineno, line = item
+        turn = corpus_line(line, path, lineno, problems.append)
+        if turn is not None:
+            cal.add(turn)
+    return cal.stats, problems
+
+
+def _chunks(paths, sizes, on_problem, position: list[int]) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    size_of_chunk = 0
+    done = 0
+    for path, size in zip(paths, sizes, strict=True):
+        label = str(path)
+        with LineSource(path) as source:
+            spans = OtlpAssembler(label, on_problem)
+            for lineno, line in source:
+                if is_otlp_line(line):
+                    obj = parse_line(line, label, lineno, on_problem)
+                    if isinstance(obj, dict) and "resourceSpans" in obj:
+                        chunk.extend(("turn", t) for t in spans.add(obj, lineno))
+                    elif obj is not None:
+                        chunk.append(("line", label, lineno, line))
+                else:
+                    chunk.append(("line", label, lineno, line))
+                size_of_chunk += len(line)
+                if len(chunk) >= CHUNK_LINES or size_of_chunk >= CHUNK_BYTES:
+                    position[0] = done + source.position()
+                    yield chunk
+                    chunk = []
+                    size_of_chunk = 0
+            chunk.extend(("turn", t) for t in spans.finish())
+        done += size
+        position[0] = done
+    if chunk:
+        yield chunk
+
+
+def _parallel(paths, sizes, policies, on_problem, group, progress, jobs) -> RunStats:
+    stats = RunStats.empty([policy_info(p) for p in policies])
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    position = [0]
+    pending: deque[Any] = deque()
+
+    def collect(result: Any) -> None:
+        part, problems = result.get()
+        for problem in problems:
+            on_problem(problem)
+        stats.merge(part)
+        progress.update(position[0], stats.calls, stats.turns)
+
+    with ctx.Pool(jobs, initializer=_init, initargs=(policies, group)) as pool:
+        for chunk in _chunks(paths, sizes, on_problem, position):
+            pending.append(pool.apply_async(_work, (chunk,)))
+            while len(pending) >= 2 * jobs:
+                collect(pending.popleft())
+        while pending:
+            collect(pending.popleft())
+    progress.update(position[0], stats.calls, stats.turns, force=True)
+    return stats
+
+
+def read_all(paths: Sequence[str | Path], on_problem: ProblemSink) -> Iterator[RecordedTurn]:
+    """Every turn of ``paths`` (for callers that want the turns themselves)."""
+    for path in paths:
+        with LineSource(path) as source:
+            yield from read_source(source, on_problem)

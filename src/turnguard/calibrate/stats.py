@@ -1,0 +1,208 @@
+"""The figures a calibration run accumulates, and how partial runs merge.
+
+Everything here is a counter or a histogram keyed by small integers, so memory grows with the grid
+and the longest turn, never with the number of turns; the ids of resolved turns a policy halted
+(the false-positive proxy) are kept up to ``MAX_IDS`` per policy, with the full count beside.
+``to_json``/``from_json`` round-trip exactly, so split runs merge into the figures of one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative_position
+
+MAX_IDS = 50
+FORMAT = "turnguard-calibrate/1"
+MODES = ("unattended", "attended")
+
+
+def _add_hist(hist: dict[int, int], key: int, n: int = 1) -> None:
+    hist[key] = hist.get(key, 0) + n
+
+
+@dataclass
+class ModeStats:
+    """One policy in one mode (unattended: ``promptable=False``; attended: ``True``)."""
+
+    halted: int = 0
+    by_threshold: dict[str, int] = field(default_factory=dict)
+    halted_resolved: int = 0
+    resolved_ids: list[str] = field(default_factory=list)
+    halted_unresolved: int = 0
+    saved_unresolved: int = 0
+    halted_unknown: int = 0
+    saved_unknown: int = 0
+    halt_calls: dict[int, int] = field(default_factory=dict)
+    """Histogram of the call index each halt prevented."""
+    halt_deciles: list[int] = field(default_factory=lambda: [0] * 11)
+    """Where halts land: tenths of the turn (index 10: after its last call)."""
+    asks: int = 0
+    turns_with_asks: int = 0
+    asks_resolved: int = 0
+    """Asks seen in turns that were resolved (the user was interrupted on a good run)."""
+
+    def add(self, turn_id: str, calls: int, resolved: bool | None, result: TurnResult) -> None:
+        if result.asks:
+            self.asks += len(result.asks)
+            self.turns_with_asks += 1
+            if resolved:
+                self.asks_resolved += len(result.asks)
+        if not result.halted:
+            return
+        self.halted += 1
+        label = result.threshold or "plugin_error"
+        self.by_threshold[label] = self.by_threshold.get(label, 0) + 1
+        saved = calls_saved(result, calls)
+        if resolved is True:
+            self.halted_resolved += 1
+            if len(self.resolved_ids) < MAX_IDS:
+                self.resolved_ids.append(turn_id)
+        elif resolved is False:
+            self.halted_unresolved += 1
+            self.saved_unresolved += saved
+        else:
+            self.halted_unknown += 1
+            self.saved_unknown += saved
+        _add_hist(self.halt_calls, result.halt_call)
+        self.halt_deciles[decile(relative_position(result.halt_call, calls))] += 1
+
+    def merge(self, other: ModeStats) -> None:
+        self.halted += other.halted
+        for k, v in other.by_threshold.items():
+            self.by_threshold[k] = self.by_threshold.get(k, 0) + v
+        self.halted_resolved += other.halted_resolved
+        self.resolved_ids.extend(other.resolved_ids[: MAX_IDS - len(self.resolved_ids)])
+        self.halted_unresolved += other.halted_unresolved
+        self.saved_unresolved += other.saved_unresolved
+        self.halted_unknown += other.halted_unknown
+        self.saved_unknown += other.saved_unknown
+        for k, v in other.halt_calls.items():
+            _add_hist(self.halt_calls, k, v)
+        self.halt_deciles = [a + b for a, b in zip(self.halt_deciles, other.halt_deciles, strict=True)]
+        self.asks += other.asks
+        self.turns_with_asks += other.turns_with_asks
+        self.asks_resolved += other.asks_resolved
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "halted": self.halted,
+            "by_threshold": dict(sorted(self.by_threshold.items())),
+            "halted_resolved": self.halted_resolved,
+            "resolved_ids": list(self.resolved_ids),
+            "halted_unresolved": self.halted_unresolved,
+            "saved_unresolved": self.saved_unresolved,
+            "halted_unknown": self.halted_unknown,
+            "saved_unknown": self.saved_unknown,
+            "halt_calls": {str(k): v for k, v in sorted(self.halt_calls.items())},
+            "halt_deciles": list(self.halt_deciles),
+            "asks": self.asks,
+            "turns_with_asks": self.turns_with_asks,
+            "asks_resolved": self.asks_resolved,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModeStats:
+        s = cls()
+        for name in ("halted", "halted_resolved", "halted_unresolved", "saved_unresolved", "halted_unknown",
+                     "saved_unknown", "asks", "turns_with_asks", "asks_resolved"):
+            setattr(s, name, int(data[name]))
+        s.by_threshold = {str(k): int(v) for k, v in data["by_threshold"].items()}
+        s.resolved_ids = [str(i) for i in data["resolved_ids"]]
+        s.halt_calls = {int(k): int(v) for k, v in data["halt_calls"].items()}
+        s.halt_deciles = [int(v) for v in data["halt_deciles"]]
+        if len(s.halt_deciles) != 11:
+            raise ValueError("halt_deciles must have 11 entries")
+        return s
+
+
+@dataclass
+class RunStats:
+    """Everything one run (or a merge of runs) found."""
+
+    policies: list[dict[str, Any]]
+    """Each policy's name, parameters and whether it is the default (same order as ``modes``)."""
+    modes: list[dict[str, ModeStats]]
+    turns: int = 0
+    calls: int = 0
+    resolved: int = 0
+    unresolved: int = 0
+    problems: int = 0
+    replays: int = 0
+    """Replays actually run (after grouping); for the benchmark's honesty."""
+    calls_per_turn: dict[int, int] = field(default_factory=dict)
+    calls_per_turn_resolved: dict[int, int] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
+        return cls(policies=policies, modes=[{m: ModeStats() for m in MODES} for _ in policies])
+
+    def add_turn(self, calls: int, resolved: bool | None) -> None:
+        self.turns += 1
+        self.calls += calls
+        _add_hist(self.calls_per_turn, calls)
+        if resolved is True:
+            self.resolved += 1
+            _add_hist(self.calls_per_turn_resolved, calls)
+        elif resolved is False:
+            self.unresolved += 1
+
+    def merge(self, other: RunStats) -> None:
+        if [p["name"] for p in other.policies] != [p["name"] for p in self.policies] or [
+            p["params"] for p in other.policies
+        ] != [p["params"] for p in self.policies]:
+            raise ValueError("cannot merge results of different grids (run every part with the same flags)")
+        for mine, theirs in zip(self.modes, other.modes, strict=True):
+            for m in MODES:
+                mine[m].merge(theirs[m])
+        self.turns += other.turns
+        self.calls += other.calls
+        self.resolved += other.resolved
+        self.unresolved += other.unresolved
+        self.problems += other.problems
+        self.replays += other.replays
+        for k, v in other.calls_per_turn.items():
+            _add_hist(self.calls_per_turn, k, v)
+        for k, v in other.calls_per_turn_resolved.items():
+            _add_hist(self.calls_per_turn_resolved, k, v)
+        self.inputs.extend(i for i in other.inputs if i not in self.inputs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "inputs": list(self.inputs),
+            "turns": self.turns,
+            "calls": self.calls,
+            "resolved": self.resolved,
+            "unresolved": self.unresolved,
+            "problems": self.problems,
+            "replays": self.replays,
+            "calls_per_turn": {str(k): v for k, v in sorted(self.calls_per_turn.items())},
+            "calls_per_turn_resolved": {str(k): v for k, v in sorted(self.calls_per_turn_resolved.items())},
+            "policies": [
+                {**p, **{m: modes[m].to_json() for m in MODES}}
+                for p, modes in zip(self.policies, self.modes, strict=True)
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunStats:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not a turnguard calibrate --json result (expected format {FORMAT!r})")
+        policies = [{k: p[k] for k in ("name", "default", "family", "params")} for p in data["policies"]]
+        modes = [{m: ModeStats.from_json(p[m]) for m in MODES} for p in data["policies"]]
+        return cls(
+            policies=policies,
+            modes=modes,
+            turns=int(data["turns"]),
+            calls=int(data["calls"]),
+            resolved=int(data["resolved"]),
+            unresolved=int(data["unresolved"]),
+            problems=int(data["problems"]),
+            replays=int(data.get("replays", 0)),
+            calls_per_turn={int(k): int(v) for k, v in data["calls_per_turn"].items()},
+            calls_per_turn_resolved={int(k): int(v) for k, v in data["calls_per_turn_resolved"].items()},
+            inputs=[str(i) for i in data.get("inputs", [])],
+        )

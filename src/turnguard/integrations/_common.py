@@ -1,0 +1,215 @@
+"""What every framework adapter shares: the per-run driver, the ASK route and the halt message.
+
+An adapter translates its framework's lifecycle into ``begin_cycle`` / ``check_call`` /
+``record_outcome`` and the driver's decisions back into the framework's own mechanisms. The
+decisions are the same everywhere:
+
+- HALT: the call is not executed and the run stops, with a message naming the threshold and counts;
+- ASK: the user is reached (the framework's approval path, else the ``ask`` callback); "continue"
+  and "redirect" let the run go on, "stop" halts it (the refused call is recorded as ``DENIED``);
+  with no way to reach anyone the documented fallback applies: the turn is treated as unattended
+  (a warning is only observed, a stop halts);
+- REMIND: the call runs; the reminder text is on the decision for adapters that can inject it.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from turnguard.guard import Guard, Turn
+from turnguard.model import Action, Answer, Level, LoopDetected, Outcome, ToolCall, Verdict
+
+AskResult = Answer | str
+Ask = Callable[[Verdict], AskResult | Awaitable[AskResult]]
+"""The user's callback for an ASK: gets the verdict (its ``event`` holds the counts), returns
+``"continue"``, ``"stop"`` or ``"redirect"`` (or an ``Answer``); may be async where the host is."""
+
+NO_ROUTE_SUFFIX = " (nobody could be asked: halted as an unattended turn would be)"
+
+
+def describe(verdict: Verdict) -> str:
+    """One line for the user and the logs: which threshold fired, its limit, and the counts."""
+    event = verdict.event
+    if event is None:
+        return verdict.message or f"turnguard: {verdict.action.label}"
+    parts = [
+        f"turnguard {'stopped the run' if verdict.action is Action.HALT else 'flagged the run'}: "
+        f"threshold {event.threshold} ({event.level}, limit {event.limit})",
+        f"{event.tool_calls} tool calls, {event.cycles} model requests",
+        f"{event.tool_name}: {event.streak_length} identical in a row, {event.failing_streak_length} failing",
+        f"max repeat {event.max_key_repeat}",
+    ]
+    text = "; ".join(parts)
+    return f"{text}. {verdict.message}" if verdict.message else text
+
+
+class TurnHalted(LoopDetected):
+    """The run was stopped by turnguard; ``verdict`` says why, ``str()`` names threshold and counts.
+
+    Each adapter raises a subclass that is also its framework's own run-stopping exception.
+    """
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict)
+        self.args = (describe(verdict),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Step(enum.Enum):
+    """What the adapter does with the call (or the run) after a check."""
+
+    RUN = "run"
+    """Execute the call / go on."""
+    ASK = "ask"
+    """Reach the user before going on (``RunDriver.ask_user`` or the framework's approval path)."""
+    REFUSE = "refuse"
+    """The user refused: do not execute the call; the run halts."""
+    HALT = "halt"
+    """Do not execute the call; stop the run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The driver's answer to an adapter: what to do, and the verdict behind it."""
+
+    step: Step
+    verdict: Verdict
+    reminder: str | None = None
+    """Set on REMIND: text the adapter may inject into the model's input."""
+
+    @property
+    def message(self) -> str:
+        return describe(self.verdict)
+
+
+class RunDriver:
+    """One run of a host agent = one turn: the turn, the route to the user, and the mapping.
+
+    Adapters with their own approval path call ``before``/``after`` and route ``Step.ASK``
+    themselves (then ``answer()``); the others call ``check``/``outcome`` (or the async
+    ``acheck``/``aoutcome``), which resolve an ASK through the ``ask`` callback or the fallback.
+    """
+
+    def __init__(self, turn: Turn, *, ask: Ask | None = None) -> None:
+        self.turn = turn
+        self.ask = ask
+
+    # -- raw checks (ASK left to the adapter) -------------------------------------------------
+
+    def cycle(self) -> Decision:
+        """Before a model request (an ASK here is resolved like any other)."""
+        return self._map(self.turn.begin_cycle())
+
+    def before(self, call: ToolCall) -> Decision:
+        """Before executing ``call``."""
+        return self._map(self.turn.check_call(call))
+
+    def after(self, call: ToolCall, outcome: Outcome) -> Decision:
+        """After executing ``call``."""
+        return self._map(self.turn.record_outcome(call, outcome))
+
+    # -- checks with the ASK resolved through the callback ------------------------------------
+
+    def check(self, call: ToolCall) -> Decision:
+        decision = self.before(call)
+        return self.ask_user(decision.verdict, call, before=True) if decision.step is Step.ASK else decision
+
+    def outcome(self, call: ToolCall, outcome: Outcome) -> Decision:
+        decision = self.after(call, outcome)
+        return self.ask_user(decision.verdict, call, before=False) if decision.step is Step.ASK else decision
+
+    async def acheck(self, call: ToolCall) -> Decision:
+        decision = self.before(call)
+        return await self.aask_user(decision.verdict, call, before=True) if decision.step is Step.ASK else decision
+
+    async def aoutcome(self, call: ToolCall, outcome: Outcome) -> Decision:
+        decision = self.after(call, outcome)
+        return await self.aask_user(decision.verdict, call, before=False) if decision.step is Step.ASK else decision
+
+    # -- the ASK route -----------------------------------------------------------------------
+
+    def ask_user(self, verdict: Verdict, call: ToolCall | None, *, before: bool) -> Decision:
+        """Route an ASK through the callback (sync), or apply the no-route fallback."""
+        if self.ask is None:
+            return self.fallback(verdict)
+        answer = self.ask(verdict)
+        if inspect.isawaitable(answer):
+            close = getattr(answer, "close", None)
+            if close is not None:
+                close()
+            raise TypeError("this host runs tools synchronously: pass a synchronous ask callback")
+        return self.answer(verdict, answer, call, before=before)
+
+    async def aask_user(self, verdict: Verdict, call: ToolCall | None, *, before: bool) -> Decision:
+        """Route an ASK through the callback (sync or async), or apply the no-route fallback."""
+        if self.ask is None:
+            return self.fallback(verdict)
+        answer = self.ask(verdict)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return self.answer(verdict, answer, call, before=before)
+
+    def answer(self, verdict: Verdict, answer: AskResult, call: ToolCall | None, *, before: bool) -> Decision:
+        """Apply the user's answer: continue/redirect go on, stop halts (a refused call is DENIED)."""
+        resolved = self.turn.resolve(verdict, answer)
+        if resolved.action is Action.HALT:
+            if before and call is not None:
+                self.turn.record_outcome(call, Outcome.DENIED)
+            return Decision(Step.REFUSE if before else Step.HALT, resolved)
+        return Decision(Step.RUN, verdict)
+
+    def fallback(self, verdict: Verdict) -> Decision:
+        """ASK with nobody to ask: act as an unattended turn would (a warning is observed, a stop halts)."""
+        event = verdict.event
+        if event is not None and event.level is Level.WARN:
+            return Decision(Step.RUN, verdict)
+        halted = Verdict(Action.HALT, verdict.threshold, (verdict.message or "turnguard") + NO_ROUTE_SUFFIX, event)
+        return Decision(Step.HALT, halted)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the turn with a reason that matches how the run finished (idempotent)."""
+        if exc is None:
+            self.turn.end()
+        elif isinstance(exc, LoopDetected):
+            self.turn.end("halted")
+        else:
+            self.turn.end("error")
+
+    @staticmethod
+    def _map(verdict: Verdict) -> Decision:
+        action = verdict.action
+        if action is Action.HALT:
+            return Decision(Step.HALT, verdict)
+        if action is Action.ASK:
+            return Decision(Step.ASK, verdict)
+        if action is Action.REMIND:
+            return Decision(Step.RUN, verdict, reminder=verdict.message)
+        return Decision(Step.RUN, verdict)
+
+
+def open_turn(
+    guard: Guard,
+    *,
+    ask: Ask | None,
+    promptable: bool | None,
+    conversation_id: str | None = None,
+    agent_name: str | None = None,
+) -> RunDriver:
+    """Open the run's turn. ``promptable`` defaults to whether there is a way to reach the user."""
+    attended = (ask is not None) if promptable is None else bool(promptable)
+    turn = guard.turn(conversation_id=conversation_id, agent_name=agent_name, promptable=attended)
+    return RunDriver(turn, ask=ask)
+
+
+def with_reminder(result: Any, reminder: str | None) -> Any:
+    """A text tool result with the REMIND text appended (what ``remind_model=True`` opts into);
+    any other result is returned as it is (its type is the tool's contract with the model)."""
+    if not reminder or not isinstance(result, str):
+        return result
+    return f"{result}\n\n[turnguard] {reminder}"

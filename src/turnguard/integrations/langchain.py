@@ -1,0 +1,319 @@
+"""LangChain 1.x: an agent middleware that bounds each ``create_agent`` invocation (one turn).
+
+``create_agent(model, tools, middleware=[TurnGuardMiddleware(guard)])``. ``before_agent`` opens the
+turn, ``before_model`` is a cycle, ``wrap_tool_call`` checks each call before the tool runs and
+records its outcome (an exception, or a ``ToolMessage`` with ``status="error"``, is ``ERROR``),
+``after_agent`` ends the turn.
+
+HALT: ``exit_behavior="error"`` (the default) raises ``TurnGuardHalted`` (a ``turnguard.LoopDetected``);
+``exit_behavior="end"`` answers the halted call with an error ``ToolMessage`` instead of running it
+and ends the run before the next model request with an ``AIMessage`` naming the threshold and the
+counts, like LangChain's own ``ToolCallLimitMiddleware(exit_behavior="end")``.
+
+ASK: ``ask="interrupt"`` uses LangGraph's human-in-the-loop ``interrupt()`` (the agent needs a
+checkpointer, as ``HumanInTheLoopMiddleware`` does): the run pauses with an interrupt whose value
+holds ``{"turnguard": {...}}``, and ``agent.invoke(Command(resume="continue"), config)`` answers it
+(``"stop"``/``"redirect"``, an ``Answer``, or ``{"answer": ...}`` work too). A callable ``ask``
+answers inline. ``promptable`` defaults to whether ``ask`` is set; with neither route the fallback
+applies (a warning is observed, a stop halts). A REMIND (``GuardConfig(remind_model=True)``) is
+appended to the call's ``ToolMessage`` text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, NotRequired
+
+from langchain.agents.middleware.types import AgentMiddleware, AgentState, PrivateStateAttr, hook_config
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.config import get_config
+from langgraph.types import interrupt
+
+from turnguard.guard import Guard
+from turnguard.integrations._common import (
+    Ask,
+    AskResult,
+    Decision,
+    RunDriver,
+    Step,
+    TurnHalted,
+    describe,
+    open_turn,
+    with_reminder,
+)
+from turnguard.model import Outcome, ToolCall, Verdict
+
+INTERRUPT = "interrupt"
+"""``ask=INTERRUPT``: reach the user through LangGraph's ``interrupt()`` / ``Command(resume=...)``."""
+INTERRUPT_KEY = "turnguard"
+MAX_OPEN_TURNS = 1024
+"""Turns whose run died without ``after_agent`` are ended (reason ``abandoned``) past this many."""
+
+
+class TurnGuardHalted(TurnHalted):
+    """turnguard stopped the agent; a ``turnguard.LoopDetected`` whose message names threshold and counts."""
+
+
+class TurnGuardState(AgentState[Any]):
+    """The agent state plus the id of the run's turn (private: not input, not output)."""
+
+    turnguard_turn: NotRequired[Annotated[str, PrivateStateAttr]]
+
+
+class _Run:
+    """One invocation's turn and what is waiting on the user."""
+
+    def __init__(self, driver: RunDriver) -> None:
+        self.driver = driver
+        self.asked: dict[str, tuple[Verdict, ToolCall]] = {}
+        self.asked_after: Verdict | None = None
+        self.halt: Verdict | None = None
+
+
+class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
+    """Bounds every invocation of the agent; one instance may serve many invocations and threads."""
+
+    state_schema = TurnGuardState
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        ask: Ask | Literal["interrupt"] | None = None,
+        promptable: bool | None = None,
+        exit_behavior: Literal["error", "end"] = "error",
+    ) -> None:
+        super().__init__()
+        if exit_behavior not in ("error", "end"):
+            raise ValueError(f"exit_behavior must be 'error' or 'end', got {exit_behavior!r}")
+        self.guard = guard
+        self.ask = ask
+        self.promptable = promptable
+        self.exit_behavior = exit_behavior
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    # -- agent lifecycle -----------------------------------------------------------------------
+
+    def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        thread, agent_name = _run_identity(runtime)
+        driver = open_turn(
+            self.guard,
+            ask=None if self.ask == INTERRUPT else self.ask,
+            promptable=self.promptable if self.promptable is not None else self.ask is not None,
+            conversation_id=thread,
+            agent_name=agent_name,
+        )
+        key = f"{driver.turn.turn_id}"
+        with self._lock:
+            self._runs[key] = _Run(driver)
+            while len(self._runs) > MAX_OPEN_TURNS:
+                _, stale = self._runs.popitem(last=False)
+                stale.driver.turn.end("abandoned")
+        return {"turnguard_turn": key}
+
+    async def abefore_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return self.before_agent(state, runtime)
+
+    def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        run = self._pop(state)
+        if run is not None:
+            run.driver.turn.end("halted" if run.halt is not None else "completed")
+        return None
+
+    async def aafter_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return self.after_agent(state, runtime)
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        run = self._run(state)
+        if run is None:
+            return None
+        if run.halt is not None:
+            return self._end(run, run.halt)
+        if run.asked_after is not None:
+            # The stop level fired on an outcome: ask before the next model request (the tool has
+            # already run, so the pause cannot sit inside the tool node, which a resume re-runs).
+            verdict = run.asked_after
+            answer = interrupt({INTERRUPT_KEY: _payload(verdict)})
+            run.asked_after = None
+            decision = run.driver.answer(verdict, _answer(answer), None, before=False)
+            if decision.step is not Step.RUN:
+                return self._stop(run, decision)
+        decision = run.driver.cycle()
+        if decision.step is Step.ASK:
+            decision = run.driver.ask_user(decision.verdict, None, before=False)
+        if decision.step is not Step.RUN:
+            return self._stop(run, decision)
+        return None
+
+    @hook_config(can_jump_to=["end"])
+    async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return self.before_model(state, runtime)
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        run = self._run(request.state)
+        if run is None:
+            return handler(request)
+        call, decision = self._check(run, request)
+        if decision.step is Step.ASK:
+            decision = run.driver.ask_user(decision.verdict, call, before=True)
+        blocked = self._blocked(run, request, decision)
+        if blocked is not None:
+            return blocked
+        try:
+            result = handler(request)
+        except Exception as exc:
+            self._after(run, call, Outcome.ERROR, run.driver.ask_user, cause=exc)
+            raise
+        result = self._after(run, call, _outcome(result), run.driver.ask_user, result=result, request=request)
+        return _remind(result, decision.reminder)
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        run = self._run(request.state)
+        if run is None:
+            return await handler(request)
+        call, decision = self._check(run, request)
+        if decision.step is Step.ASK:
+            decision = await run.driver.aask_user(decision.verdict, call, before=True)
+        blocked = self._blocked(run, request, decision)
+        if blocked is not None:
+            return blocked
+        try:
+            result = await handler(request)
+        except Exception as exc:
+            await self._aafter(run, call, Outcome.ERROR, cause=exc)
+            raise
+        result = await self._aafter(run, call, _outcome(result), result=result, request=request)
+        return _remind(result, decision.reminder)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _check(self, run: _Run, request: Any) -> tuple[ToolCall, Decision]:
+        tc = request.tool_call
+        call_id = tc.get("id")
+        if call_id is not None and call_id in run.asked:
+            # Resumed after an interrupt: the call was counted when it was first checked.
+            verdict, call = run.asked[call_id]
+            answer = interrupt({INTERRUPT_KEY: _payload(verdict)})
+            del run.asked[call_id]
+            return call, run.driver.answer(verdict, _answer(answer), call, before=True)
+        call = ToolCall(tc.get("name") or "tool", tc.get("args"), call_id)
+        decision = run.driver.before(call)
+        if decision.step is Step.ASK and self.ask == INTERRUPT:
+            run.asked[str(call_id)] = (decision.verdict, call)
+            answer = interrupt({INTERRUPT_KEY: _payload(decision.verdict)})  # raises until resumed
+            del run.asked[str(call_id)]
+            return call, run.driver.answer(decision.verdict, _answer(answer), call, before=True)
+        return call, decision
+
+    def _blocked(self, run: _Run, request: Any, decision: Decision) -> Any:
+        if decision.step is Step.RUN:
+            return None
+        run.halt = decision.verdict
+        if self.exit_behavior == "error":
+            run.driver.turn.end("halted")
+            raise TurnGuardHalted(decision.verdict)
+        return ToolMessage(
+            content=f"Not executed: {describe(decision.verdict)}",
+            tool_call_id=request.tool_call.get("id") or "",
+            name=request.tool_call.get("name"),
+            status="error",
+        )
+
+    def _after(self, run: _Run, call: ToolCall, outcome: Outcome, ask_user: Any, **kw: Any) -> Any:
+        decision = run.driver.after(call, outcome)
+        if decision.step is Step.ASK:
+            if self.ask == INTERRUPT:
+                run.asked_after = decision.verdict
+                return kw.get("result")
+            decision = ask_user(decision.verdict, call, before=False)
+        return self._settle(run, decision, **kw)
+
+    async def _aafter(self, run: _Run, call: ToolCall, outcome: Outcome, **kw: Any) -> Any:
+        decision = run.driver.after(call, outcome)
+        if decision.step is Step.ASK:
+            if self.ask == INTERRUPT:
+                run.asked_after = decision.verdict
+                return kw.get("result")
+            decision = await run.driver.aask_user(decision.verdict, call, before=False)
+        return self._settle(run, decision, **kw)
+
+    def _settle(self, run: _Run, decision: Decision, *, cause: Exception | None = None, result: Any = None,
+                request: Any = None) -> Any:
+        if decision.step is not Step.RUN:
+            run.halt = decision.verdict
+            if self.exit_behavior == "error":
+                run.driver.turn.end("halted")
+                raise TurnGuardHalted(decision.verdict) from cause
+        return result
+
+    def _stop(self, run: _Run, decision: Decision) -> dict[str, Any]:
+        run.halt = decision.verdict
+        if self.exit_behavior == "error":
+            run.driver.turn.end("halted")
+            raise TurnGuardHalted(decision.verdict)
+        return self._end(run, decision.verdict)
+
+    def _end(self, run: _Run, verdict: Verdict) -> dict[str, Any]:
+        run.driver.turn.end("halted")
+        return {"jump_to": "end", "messages": [AIMessage(content=describe(verdict))]}
+
+    def _run(self, state: Any) -> _Run | None:
+        key = state.get("turnguard_turn") if isinstance(state, dict) else getattr(state, "turnguard_turn", None)
+        with self._lock:
+            return self._runs.get(key) if key is not None else None
+
+    def _pop(self, state: Any) -> _Run | None:
+        key = state.get("turnguard_turn") if isinstance(state, dict) else getattr(state, "turnguard_turn", None)
+        with self._lock:
+            return self._runs.pop(key, None) if key is not None else None
+
+
+def _run_identity(runtime: Any) -> tuple[str | None, str | None]:
+    """The LangGraph thread (the conversation) and ``create_agent(name=...)``, when known."""
+    info = getattr(runtime, "execution_info", None)
+    thread = getattr(info, "thread_id", None)
+    try:
+        metadata = get_config().get("metadata") or {}
+    except RuntimeError:  # not inside a runnable context
+        metadata = {}
+    thread = thread if thread is not None else metadata.get("thread_id")
+    name = metadata.get("lc_agent_name")
+    return (str(thread) if thread is not None else None), (str(name) if name else None)
+
+
+def _remind(result: Any, reminder: str | None) -> Any:
+    if reminder and isinstance(result, ToolMessage) and isinstance(result.content, str):
+        return result.model_copy(update={"content": with_reminder(result.content, reminder)})
+    return result
+
+
+def _outcome(result: Any) -> Outcome:
+    if isinstance(result, ToolMessage):
+        return Outcome.ERROR if result.status == "error" else Outcome.OK
+    return Outcome.UNKNOWN  # a Command: the tool steered the graph; success is not known
+
+
+def _payload(verdict: Verdict) -> dict[str, Any]:
+    event = verdict.event
+    return {
+        "message": describe(verdict),
+        "threshold": str(verdict.threshold),
+        "level": str(event.level) if event else None,
+        "tool_name": event.tool_name if event else None,
+        "event_id": event.event_id if event else None,
+        "answers": ["continue", "stop", "redirect"],
+    }
+
+
+def _answer(value: Any) -> AskResult:
+    if isinstance(value, dict):
+        value = value.get("answer", value.get("type"))
+    return {"approve": "continue", "reject": "stop", "edit": "redirect"}.get(str(value).lower(), value)

@@ -1,0 +1,179 @@
+"""simonw's ``llm``: an ``llm`` plugin (entry point ``turnguard`` in the ``llm`` group) and chain callbacks.
+
+llm 0.36 has no tool-call hook, so the guard rides on ``chain(before_call=, after_call=)``:
+
+- ``ChainGuard`` holds one chain's turn; its ``before_call`` checks each tool call before llm runs
+  it, its ``after_call`` records the outcome (a ``ToolResult`` with an ``exception`` is ``ERROR``).
+- ``chain(guard, model_or_conversation, prompt, ...)`` returns a ``GuardedChain`` whose
+  ``responses()``/``text()`` also count each model request as a cycle (llm creates a chain's
+  responses lazily, so the check runs before the request is sent) and end the turn.
+- HALT raises ``TurnGuardHalted`` from the callback, which ends llm's chain (llm only turns
+  ``CancelToolCall`` into a tool result; any other exception stops the chain). ASK goes to the
+  ``ask`` callback, the same route llm's own ``--ta`` approval takes (a ``before_call``); a "stop"
+  answer refuses the call and stops the chain. Without a callback the fallback applies. A REMIND
+  (``GuardConfig(remind_model=True)``) is appended to the call's result text.
+
+As a plugin it adds ``llm guarded PROMPT -m MODEL -T TOOL`` (a guarded tool chain on the command
+line, configured like any turnguard host: ``turnguard.toml``, ``[tool.turnguard]``, ``TURNGUARD_*``;
+exit status 2 when turnguard stops it). llm's ``prompt`` command cannot be given callbacks by a
+plugin, and llm 0.36 defines no tool-call hook to implement, hence the separate command.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import llm
+
+from turnguard.config import GuardConfig
+from turnguard.guard import Guard
+from turnguard.integrations._common import Ask, Decision, RunDriver, Step, TurnHalted, open_turn, with_reminder
+from turnguard.model import Outcome, ToolCall
+
+
+class TurnGuardHalted(TurnHalted):
+    """turnguard stopped the chain; a ``turnguard.LoopDetected`` whose message names threshold and counts."""
+
+
+class ChainGuard:
+    """``before_call``/``after_call`` callbacks holding one chain's turn (use one per chain)."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        ask: Ask | None = None,
+        promptable: bool | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+    ) -> None:
+        self.driver: RunDriver = open_turn(
+            guard, ask=ask, promptable=promptable, conversation_id=conversation_id, agent_name=agent_name
+        )
+        self._calls: dict[int, ToolCall] = {}
+        self._reminders: dict[int, str] = {}
+
+    @property
+    def turn(self):
+        return self.driver.turn
+
+    def begin_cycle(self) -> None:
+        """Before a model request: raises ``TurnGuardHalted`` past the cycle cap."""
+        decision = self.driver.cycle()
+        if decision.step is Step.ASK:
+            decision = self.driver.ask_user(decision.verdict, None, before=False)
+        _stop(decision)
+
+    def before_call(self, tool: Any, tool_call: Any) -> None:
+        call = ToolCall(tool_call.name or "tool", tool_call.arguments, tool_call.tool_call_id)
+        self._calls[id(tool_call)] = call
+        decision = self.driver.check(call)
+        _stop(decision)
+        if decision.reminder:
+            self._reminders[id(tool_call)] = decision.reminder
+
+    def after_call(self, tool: Any, tool_call: Any, result: Any) -> None:
+        call = self._calls.pop(id(tool_call), None) or ToolCall(
+            tool_call.name or "tool", tool_call.arguments, tool_call.tool_call_id
+        )
+        outcome = Outcome.ERROR if getattr(result, "exception", None) is not None else Outcome.OK
+        reminder = self._reminders.pop(id(tool_call), None)
+        if reminder and isinstance(getattr(result, "output", None), str):
+            result.output = with_reminder(result.output, reminder)  # what the model reads next
+        _stop(self.driver.outcome(call, outcome))
+
+    def end(self, exc: BaseException | None = None) -> None:
+        self.driver.end(exc)
+
+
+def _stop(decision: Decision) -> None:
+    if decision.step in (Step.HALT, Step.REFUSE):
+        raise TurnGuardHalted(decision.verdict)
+
+
+class GuardedChain:
+    """An llm chain under turnguard: iterate ``responses()`` or call ``text()``."""
+
+    def __init__(self, chain: Any, callbacks: ChainGuard) -> None:
+        self.chain = chain
+        self.callbacks = callbacks
+
+    def responses(self) -> Iterator[Any]:
+        try:
+            for response in self.chain.responses():
+                self.callbacks.begin_cycle()  # the response is lazy: its request is not sent yet
+                yield response
+        except BaseException as exc:
+            self.callbacks.end(exc)
+            raise
+        self.callbacks.end()
+
+    def text(self) -> str:
+        return "".join(response.text() for response in self.responses())
+
+
+def chain(
+    guard: Guard,
+    model_or_conversation: Any,
+    prompt: str | None = None,
+    *,
+    ask: Ask | None = None,
+    promptable: bool | None = None,
+    conversation_id: str | None = None,
+    **chain_kwargs: Any,
+) -> GuardedChain:
+    """``model.chain(prompt, ...)`` (or ``conversation.chain``) with turnguard's callbacks.
+
+    ``chain_limit`` defaults to 0 (unbounded): turnguard is the bound; pass one to keep llm's too.
+    """
+    if "before_call" in chain_kwargs or "after_call" in chain_kwargs:
+        raise TypeError("turnguard supplies before_call/after_call; wrap yours with ChainGuard instead")
+    conversation = model_or_conversation
+    if callable(getattr(conversation, "conversation", None)):  # a model: chain in a new conversation
+        conversation = conversation.conversation()
+    callbacks = ChainGuard(
+        guard,
+        ask=ask,
+        promptable=promptable,
+        conversation_id=conversation_id if conversation_id is not None else getattr(conversation, "id", None),
+        agent_name=getattr(getattr(conversation, "model", None), "model_id", None),
+    )
+    chain_kwargs.setdefault("chain_limit", 0)
+    underlying = conversation.chain(
+        prompt, before_call=callbacks.before_call, after_call=callbacks.after_call, **chain_kwargs
+    )
+    return GuardedChain(underlying, callbacks)
+
+
+# -- the llm plugin -----------------------------------------------------------------------------
+
+
+@llm.hookimpl
+def register_commands(cli: Any) -> None:
+    import click
+
+    @cli.command(name="guarded")
+    @click.argument("prompt")
+    @click.option("-m", "--model", "model_id", help="Model to use")
+    @click.option("-T", "--tool", "tools", multiple=True, help="Name of a registered tool to offer the model")
+    @click.option("--max-tool-calls", type=int, default=None, help="Explicit per-turn tool-call cap (call N+1 halts)")
+    def guarded(prompt: str, model_id: str | None, tools: tuple[str, ...], max_tool_calls: int | None) -> None:
+        """Run PROMPT as a tool chain under turnguard (unattended: a stuck chain is stopped)."""
+        model = llm.get_model(model_id)
+        registered = llm.get_tools()
+        missing = [name for name in tools if name not in registered]
+        if missing:
+            raise click.ClickException(f"Tool(s) {', '.join(missing)} not found. Available: {', '.join(registered)}")
+        overrides = {} if max_tool_calls is None else {"max_tool_calls_per_turn": max_tool_calls}
+        config = GuardConfig.load(**overrides)  # turnguard.toml / pyproject / TURNGUARD_* apply
+        guarded_chain = chain(Guard(config), model, prompt, tools=[registered[name] for name in tools])
+        try:
+            for response in guarded_chain.responses():
+                for chunk in response:
+                    click.echo(chunk, nl=False)
+            click.echo()
+        except TurnGuardHalted as stop:
+            click.echo(f"\n{stop}", err=True)
+            sys.exit(2)

@@ -1,0 +1,200 @@
+"""openai-agents: run hooks that bound one ``Runner.run`` (one run = one turn).
+
+``await run(guard, agent, input)`` (or ``run_sync``) runs the agent with ``TurnGuardRunHooks``
+and ends the turn however the run finishes. The hooks can also be passed to ``Runner.run(...,
+hooks=...)`` directly (one hooks object per run; call ``hooks.end()`` afterwards).
+
+- ``on_llm_start`` is a cycle; ``on_tool_start`` checks the call inside the SDK's own
+  ``function_span`` (so the call is checked where the SDK traces it), after its tool input
+  guardrails and approvals, right before the tool body; ``on_tool_end`` records the outcome.
+- A failing function tool does not raise in this SDK: its error becomes the tool's output. The
+  hooks see it through the ``tool_error_formatter`` that ``run`` installs (chaining yours), through
+  the error the SDK attaches to the tool's span, or as the SDK's fixed default error text.
+- HALT raises ``TurnGuardHalted``, an ``AgentsException`` (the SDK's run-stopping family, like
+  ``MaxTurnsExceeded``) and a ``turnguard.LoopDetected``; the tool body does not run.
+- ASK goes to the ``ask`` callback (sync or async). The SDK's own approval path
+  (``needs_approval``) interrupts the run and resumes it from a ``RunState`` in a second
+  ``Runner.run``; a decision taken in ``on_tool_start`` cannot raise such an interruption, so the
+  callback is the route. Without one, the fallback applies (a warning is observed, a stop halts).
+- REMIND (``GuardConfig(remind_model=True)``) cannot be injected: run hooks cannot change a tool's
+  output (a per-tool output guardrail could); the reminder is recorded, not shown to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from typing import Any
+
+from agents import Agent, RunConfig, RunHooks, Runner
+from agents.exceptions import AgentsException
+from agents.tool import default_tool_error_function
+from agents.tracing import get_current_span
+
+from turnguard.guard import Guard
+from turnguard.integrations._common import Ask, Decision, RunDriver, Step, TurnHalted, open_turn
+from turnguard.model import Outcome, ToolCall, Verdict
+
+_DEFAULT_ERROR_TEXT = default_tool_error_function(None, None)  # type: ignore[arg-type]
+
+
+class TurnGuardHalted(TurnHalted, AgentsException):
+    """turnguard stopped the run; an ``AgentsException`` as well as a ``turnguard.LoopDetected``."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict)
+        self.message = str(self.args[0])
+
+
+class TurnGuardRunHooks(RunHooks[Any]):
+    """Run hooks holding one run's turn. ``inner`` hooks, if given, are called as well."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        ask: Ask | None = None,
+        promptable: bool | None = None,
+        conversation_id: str | None = None,
+        inner: RunHooks[Any] | None = None,
+    ) -> None:
+        self.guard = guard
+        self.ask = ask
+        self.promptable = promptable
+        self.conversation_id = conversation_id
+        self.inner = inner
+        self.driver: RunDriver | None = None
+        self._calls: dict[str, ToolCall] = {}
+        self._failed: set[str] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _open(self, agent: Agent[Any] | None) -> RunDriver:
+        if self.driver is None:
+            self.driver = open_turn(
+                self.guard,
+                ask=self.ask,
+                promptable=self.promptable,
+                conversation_id=self.conversation_id,
+                agent_name=getattr(agent, "name", None),
+            )
+        return self.driver
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the run's turn (idempotent); ``run`` calls it for you."""
+        if self.driver is not None:
+            self.driver.end(exc)
+
+    async def on_agent_start(self, context: Any, agent: Any) -> None:
+        self._open(agent)
+        if self.inner is not None:
+            await self.inner.on_agent_start(context, agent)
+
+    async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_agent_end(context, agent, output)
+
+    async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_handoff(context, from_agent, to_agent)
+
+    async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
+        driver = self._open(agent)
+        decision = driver.cycle()
+        if decision.step is Step.ASK:
+            decision = await driver.aask_user(decision.verdict, None, before=False)
+        _stop(decision)
+        if self.inner is not None:
+            await self.inner.on_llm_start(context, agent, system_prompt, input_items)
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        if self.inner is not None:
+            await self.inner.on_llm_end(context, agent, response)
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        driver = self._open(agent)
+        call_id = getattr(context, "tool_call_id", None)
+        call = ToolCall(getattr(tool, "name", None) or "tool", getattr(context, "tool_arguments", None), call_id)
+        if call_id is not None:
+            self._calls[call_id] = call
+        _stop(await driver.acheck(call))
+        if self.inner is not None:
+            await self.inner.on_tool_start(context, agent, tool)
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        driver = self._open(agent)
+        call_id = getattr(context, "tool_call_id", None)
+        call = self._calls.pop(call_id, None) if call_id is not None else None
+        if call is None:
+            call = ToolCall(getattr(tool, "name", None) or "tool", getattr(context, "tool_arguments", None), call_id)
+        outcome = Outcome.ERROR if self._failed_call(call_id, result) else Outcome.OK
+        if self.inner is not None:
+            await self.inner.on_tool_end(context, agent, tool, result)
+        _stop(await driver.aoutcome(call, outcome))
+
+    def _failed_call(self, call_id: str | None, result: Any) -> bool:
+        if call_id is not None and call_id in self._failed:
+            self._failed.discard(call_id)
+            return True
+        span = get_current_span()
+        if span is not None and span.error is not None:
+            return True
+        return isinstance(result, str) and result == _DEFAULT_ERROR_TEXT
+
+    def tool_error_formatter(self, inner: Any = None) -> Any:
+        """A ``RunConfig.tool_error_formatter`` that notes failed calls, then defers to ``inner``."""
+
+        async def formatter(args: Any) -> str | None:
+            if args.kind == "tool_exception":
+                self._failed.add(args.call_id)
+            if inner is None:
+                return None
+            message = inner(args)
+            return await message if inspect.isawaitable(message) else message
+
+        return formatter
+
+
+def _stop(decision: Decision) -> None:
+    if decision.step in (Step.HALT, Step.REFUSE):
+        raise TurnGuardHalted(decision.verdict)
+
+
+async def run(
+    guard: Guard,
+    agent: Agent[Any],
+    input: Any,
+    *,
+    ask: Ask | None = None,
+    promptable: bool | None = None,
+    conversation_id: str | None = None,
+    hooks: RunHooks[Any] | None = None,
+    run_config: RunConfig | None = None,
+    **runner_kwargs: Any,
+) -> Any:
+    """``Runner.run`` under turnguard: the run is one turn, ended however the run finishes."""
+    guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks)
+    config = run_config if run_config is not None else RunConfig()
+    config = dataclasses.replace(config, tool_error_formatter=guarded.tool_error_formatter(config.tool_error_formatter))
+    try:
+        result = await Runner.run(agent, input, hooks=guarded, run_config=config, **runner_kwargs)
+    except BaseException as exc:
+        guarded.end(_unwrap(exc))
+        raise
+    guarded.end()
+    return result
+
+
+def run_sync(guard: Guard, agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
+    """``run`` for synchronous callers (no event loop running)."""
+    return asyncio.run(run(guard, agent, input, **kwargs))
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    cause = exc
+    while cause is not None and not isinstance(cause, TurnHalted):
+        cause = cause.__cause__
+    return cause or exc

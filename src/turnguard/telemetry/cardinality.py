@@ -1,0 +1,41 @@
+"""Bounded attribute values for metrics: the first N distinct values pass, the rest fold.
+
+Tool and agent names come from the host (and, through it, from the model), so a metric labelled
+by them could grow without bound. ``BoundedValues`` admits the first ``limit`` distinct values
+and maps every later one to ``names.OVERFLOW_VALUE``; a value once admitted stays admitted.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from turnguard.telemetry.names import OVERFLOW_VALUE
+
+
+class BoundedValues:
+    """A thread-safe admission set of at most ``limit`` distinct strings."""
+
+    __slots__ = ("_lock", "_seen", "limit")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def fold(self, value: str) -> str:
+        """``value`` itself while it is (or fits among) the admitted values, else the overflow value."""
+        seen = self._seen
+        if value in seen:
+            return value
+        with self._lock:
+            if value in seen:
+                return value
+            if len(seen) >= self.limit:
+                return OVERFLOW_VALUE
+            seen.add(value)
+            return value
+
+    def __len__(self) -> int:
+        return len(self._seen)

@@ -1,0 +1,556 @@
+"""The OpenTelemetry plugin: spans for turns and tool calls, the loop-detected event, metrics.
+
+It depends on ``opentelemetry-api`` only. Providers are injected (``Guard(tracer_provider=...,
+meter_provider=..., logger_provider=...)``) or taken from the globals, which are no-op proxies
+until the host installs an SDK: the plugin is always registered and costs next to nothing then,
+and a host that has an SDK gets turnguard's telemetry with no extra code.
+
+Spans. A host that does not trace gets a turn span ``invoke_agent {agent}`` with one child
+``execute_tool {tool}`` per call. A host that traces is enriched instead of duplicated: if a span
+is current when the turn opens, that span gets the turn's ``turnguard.*`` attributes; if the
+current span at a call is the host's own ``execute_tool`` span, that span gets the call's.
+Spans are never made current by turnguard (the hooks do not wrap the host's code), so per-call
+state is keyed by the ``ToolCall`` object and parallel calls each get their own span.
+
+Content. Tool arguments are exported (``gen_ai.tool.call.arguments``) only with
+``GuardConfig(capture_content=True)``; results are never passed to the guard. The log record and
+span event of a detection carry counts, limits, the tool name and the keyed key digest only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics, trace
+from opentelemetry._logs import SeverityNumber, get_logger_provider
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from turnguard.hookspecs import hookimpl
+from turnguard.keys import canonical_text
+from turnguard.model import Action, Outcome
+from turnguard.telemetry import buckets
+from turnguard.telemetry import names as n
+from turnguard.telemetry.cardinality import BoundedValues
+
+if TYPE_CHECKING:
+    from turnguard.config import GuardConfig
+    from turnguard.ledger import Ledger
+    from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary, Verdict
+
+log = logging.getLogger("turnguard.telemetry")
+
+THRESHOLD_LIMIT = 100
+HOOK_LIMIT = 100
+BUILTIN_REASONS = ("completed", "halted", "error")
+
+
+def _version() -> str:
+    from turnguard import __version__
+
+    return __version__
+
+
+# -- metrics: one set of instruments and cardinality bounds per meter provider ----------------
+
+
+class Instruments:
+    """turnguard's instruments on one meter provider, with the attribute-value bounds.
+
+    Shared by every guard on that provider, so the bounds hold per process and provider, not per
+    guard. The histograms' bucket edges come from the first guard's configuration (the SDK keeps
+    the first advisory for a name); a user's View overrides them.
+    """
+
+    def __init__(self, meter: metrics.Meter, config: GuardConfig) -> None:
+        self.config = config
+        name, unit = n.METRIC_TURN_TOOL_CALLS
+        self.turn_tool_calls = meter.create_histogram(
+            name, unit, "Tool calls checked per turn, by how the turn ended.",
+            explicit_bucket_boundaries_advisory=buckets.tool_call_edges(config),
+        )
+        name, unit = n.METRIC_TURN_CYCLES
+        self.turn_cycles = meter.create_histogram(
+            name, unit, "Model requests per turn, by how the turn ended.",
+            explicit_bucket_boundaries_advisory=buckets.cycle_edges(config),
+        )
+        name, unit = n.METRIC_TURN_MAX_KEY_REPEAT
+        self.turn_max_key_repeat = meter.create_histogram(
+            name, unit, "The largest number of times one (tool, arguments) key was seen in a turn.",
+            explicit_bucket_boundaries_advisory=buckets.repeat_edges(config),
+        )
+        name, unit = n.METRIC_TURN_FIRST_STUCK_CALL
+        self.turn_first_stuck_call = meter.create_histogram(
+            name, unit, "The call at which a turn first met the stuck signal (turns that met it only).",
+            explicit_bucket_boundaries_advisory=buckets.tool_call_edges(config),
+        )
+        name, unit = n.METRIC_DETECTIONS
+        self.detections = meter.create_counter(name, unit, "Loop detections, by threshold, level and action.")
+        name, unit = n.METRIC_ESCALATION_ANSWERS
+        self.escalation_answers = meter.create_counter(name, unit, "Users' answers to turnguard's questions.")
+        name, unit = n.METRIC_PLUGIN_ERRORS
+        self.plugin_errors = meter.create_counter(name, unit, "turnguard plugins that raised (and were isolated).")
+        self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
+        self.agents = BoundedValues(n.AGENT_NAME_LIMIT)
+        self.reasons = BoundedValues(n.TURN_OUTCOME_LIMIT)
+        self.thresholds = BoundedValues(THRESHOLD_LIMIT)
+        self.plugins = BoundedValues(n.PLUGIN_NAME_LIMIT)
+        self.hooks = BoundedValues(HOOK_LIMIT)
+        self.error_types = BoundedValues(n.ERROR_TYPE_LIMIT)
+
+    def threshold(self, value: Any) -> str:
+        return n.NO_THRESHOLD if value is None else self.thresholds.fold(str(value))
+
+
+_instruments_lock = threading.Lock()
+_instruments_by_provider: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
+
+
+def instruments_for(meter_provider: Any, config: GuardConfig) -> Instruments:
+    """The shared ``Instruments`` of ``meter_provider`` (created on first use)."""
+    with _instruments_lock:
+        found = _instruments_by_provider.get(meter_provider)
+        if found is None:
+            meter = meter_provider.get_meter(n.SCOPE, _version())
+            found = Instruments(meter, config)
+            _instruments_by_provider[meter_provider] = found
+        return found
+
+
+# -- spans ---------------------------------------------------------------------------------------
+
+
+class _CallSpan:
+    """The span of one tool call: ours (``owned``, we end it) or the host's (enriched only)."""
+
+    __slots__ = ("action", "owned", "span")
+
+    def __init__(self, span: trace.Span, owned: bool, action: Action) -> None:
+        self.span = span
+        self.owned = owned
+        self.action = action
+
+
+class _TurnState:
+    """Per-turn span state: the turn-level span (ours or the host's) and the open call spans.
+
+    ``tracing`` is false when the turn-level span does not record (no SDK, or sampled out): the
+    per-call work is then skipped entirely, which is what makes the plugin nearly free without an
+    SDK, and consistent with parent-based sampling (children of an unsampled turn are unsampled).
+    """
+
+    __slots__ = ("calls", "context", "owned", "span", "tracing")
+
+    def __init__(self, span: trace.Span | None, owned: bool) -> None:
+        self.span = span
+        self.owned = owned
+        self.tracing = span is not None and span.is_recording()
+        self.context = trace.set_span_in_context(span) if span is not None else None
+        self.calls: dict[ToolCall, _CallSpan] = {}
+        """Open call spans. Single dict operations are atomic, so no lock is needed: each key is
+        touched by the thread deciding that call only."""
+
+
+def _is_tool_span(span: trace.Span) -> bool:
+    """Whether the host's current span is its own ``execute_tool`` span (then we enrich it)."""
+    name = getattr(span, "name", None)
+    if isinstance(name, str) and name.startswith(n.OP_EXECUTE_TOOL):
+        return True
+    attributes = getattr(span, "attributes", None)
+    return bool(attributes) and attributes.get(n.GEN_AI_OPERATION_NAME) == n.OP_EXECUTE_TOOL
+
+
+def content_text(args: Any) -> str:
+    """Tool arguments as exported with ``capture_content``: text as given, anything else as JSON."""
+    if isinstance(args, str):
+        return args
+    if isinstance(args, (bytes, bytearray, memoryview)):
+        return bytes(args).decode("utf-8", "replace")
+    return canonical_text(args)
+
+
+def event_attributes(event: LoopDetectedEvent) -> dict[str, Any]:
+    """The attributes of a ``turnguard.loop_detected`` record: what fired, the counts, no user data."""
+    attrs: dict[str, Any] = {
+        n.LOOP_THRESHOLD: str(event.threshold),
+        n.LOOP_LEVEL: str(event.level),
+        n.LOOP_ACTION: event.action.label,
+        n.LOOP_LIMIT: event.limit,
+        n.LOOP_TOOL_CALLS: event.tool_calls,
+        n.LOOP_CYCLES: event.cycles,
+        n.LOOP_MAX_KEY_REPEAT: event.max_key_repeat,
+        n.LOOP_STREAK_LENGTH: event.streak_length,
+        n.LOOP_FAILING_STREAK_LENGTH: event.failing_streak_length,
+        n.LOOP_EVENT_ID: event.event_id,
+        n.TURN_ID: event.turn_id,
+        n.TURN_PROMPTABLE: event.promptable,
+        n.CAP_MODE: event.cap_mode,
+    }
+    if event.soft_cap is not None:
+        attrs[n.LOOP_SOFT_CAP] = event.soft_cap
+    if event.hard_cap is not None:
+        attrs[n.LOOP_HARD_CAP] = event.hard_cap
+    if event.tool_name is not None:
+        attrs[n.GEN_AI_TOOL_NAME] = event.tool_name
+    if event.key_digest is not None:
+        attrs[n.CALL_KEY_DIGEST] = event.key_digest
+    if event.agent_name is not None:
+        attrs[n.GEN_AI_AGENT_NAME] = event.agent_name
+    return attrs
+
+
+class OtelPlugin:
+    """Observes every decision and reports it as spans, log-record events and metrics.
+
+    Thread-safe: per-turn state is created under a lock, per-call state is keyed by the
+    ``ToolCall`` object, and the facts of the call being decided are captured in the check hooks
+    (which the guard runs under the turn's lock) into a thread-local, so parallel calls report
+    their own index, repeat count and streak rather than whatever the ledger says later.
+    """
+
+    def __init__(self, config: GuardConfig, tracer: trace.Tracer, logger: Any, instruments: Instruments) -> None:
+        self.config = config
+        self.tracer = tracer
+        self.logger = logger
+        self.instruments = instruments
+        self.capture_content = config.capture_content
+        self._turns: dict[Ledger, _TurnState] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    # -- turn state --------------------------------------------------------------------------
+
+    def _state(self, turn: Ledger) -> _TurnState:
+        state = self._turns.get(turn)
+        if state is None:  # registered after the turn opened: report it without a turn span
+            with self._lock:
+                state = self._turns.setdefault(turn, _TurnState(None, owned=False))
+        return state
+
+    @hookimpl
+    def turnguard_turn_started(self, turn: Ledger) -> None:
+        current = trace.get_current_span()
+        if current.get_span_context().is_valid:
+            if current.is_recording():
+                current.set_attributes(self._turn_attributes(turn, host=True))
+            state = _TurnState(current, owned=False)
+        else:
+            agent = turn.agent_name
+            span = self.tracer.start_span(
+                f"{n.OP_INVOKE_AGENT} {agent}" if agent else n.OP_INVOKE_AGENT,
+                kind=SpanKind.INTERNAL,
+                attributes=self._turn_attributes(turn, host=False),
+            )
+            state = _TurnState(span, owned=True)
+        self._turns[turn] = state
+
+    def _turn_attributes(self, turn: Ledger, *, host: bool) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            n.TURN_ID: turn.turn_id,
+            n.TURN_PROMPTABLE: turn.promptable,
+            n.CAP_MODE: turn.cap_mode,
+        }
+        if turn.soft_cap is not None:
+            attrs[n.LOOP_SOFT_CAP] = turn.soft_cap
+        if turn.hard_cap is not None:
+            attrs[n.LOOP_HARD_CAP] = turn.hard_cap
+        if not host:
+            attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
+            if turn.agent_name:
+                attrs[n.GEN_AI_AGENT_NAME] = turn.agent_name
+            if turn.conversation_id:
+                attrs[n.GEN_AI_CONVERSATION_ID] = turn.conversation_id
+        return attrs
+
+    # -- the facts of the call being decided (captured under the turn's lock) -------------------
+
+    @hookimpl
+    def turnguard_check_call(self, turn: Ledger, call: ToolCall) -> None:
+        state = self._turns.get(turn)
+        if state is not None and state.tracing:
+            key = call._key
+            repeat = turn.repeats_of(key.digest) if key is not None else 0
+            self._local.call = (turn, call, turn.tool_calls, repeat or 1, turn.streak_length)
+
+    @hookimpl
+    def turnguard_check_outcome(self, turn: Ledger, call: ToolCall, outcome: Outcome) -> None:
+        state = self._turns.get(turn)
+        if state is not None and state.tracing:
+            self._local.outcome = (turn, call, turn.failing_streak_length)
+
+    def _decided_call(self, turn: Ledger) -> ToolCall | None:
+        """The call this thread is deciding for ``turn`` right now (for an event's span)."""
+        local = self._local
+        for slot in ("outcome", "call"):
+            facts = getattr(local, slot, None)
+            if facts is not None and facts[0] is turn:
+                return facts[1]
+        return None
+
+    # -- call spans ----------------------------------------------------------------------------
+
+    def _call_span(self, state: _TurnState, turn: Ledger, call: ToolCall, action: Action) -> _CallSpan:
+        """The call's span, started (or, for a host that traces its tool calls, adopted) once."""
+        entry = state.calls.get(call)
+        if entry is not None:
+            return entry
+        key = call._key
+        facts = getattr(self._local, "call", None)
+        if facts is not None and facts[0] is turn and facts[1] is call:
+            index, repeat, streak = facts[2], facts[3], facts[4]
+        else:  # the check hooks did not run for it (e.g. registered mid-turn): the ledger now
+            index = turn.tool_calls
+            repeat = (turn.repeats_of(key.digest) if key is not None else 0) or 1
+            streak = turn.streak_length
+        current = trace.get_current_span()
+        host_traces = current.get_span_context().is_valid
+        if host_traces and _is_tool_span(current):
+            if current.is_recording():
+                current.set_attributes(self._call_attributes(key, index, repeat, streak, action))
+            entry = _CallSpan(current, owned=False, action=action)
+        else:
+            attrs = {
+                n.GEN_AI_OPERATION_NAME: n.OP_EXECUTE_TOOL,
+                n.GEN_AI_TOOL_NAME: call.name,
+                **self._call_attributes(key, index, repeat, streak, action),
+            }
+            if call.call_id is not None:
+                attrs[n.GEN_AI_TOOL_CALL_ID] = call.call_id
+            if self.capture_content:
+                attrs[n.GEN_AI_TOOL_CALL_ARGUMENTS] = content_text(call.args)
+            span = self.tracer.start_span(
+                f"{n.OP_EXECUTE_TOOL} {call.name}",
+                context=None if host_traces else state.context,
+                kind=SpanKind.INTERNAL,
+                attributes=attrs,
+            )
+            entry = _CallSpan(span, owned=True, action=action)
+        state.calls[call] = entry
+        return entry
+
+    @staticmethod
+    def _call_attributes(key: Any, index: int, repeat: int, streak: int, action: Action) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            n.CALL_INDEX: index,
+            n.CALL_REPEAT: repeat,
+            n.STREAK_LENGTH: streak,
+            n.VERDICT_ACTION: action.label,
+        }
+        if key is not None:
+            attrs[n.CALL_KEY_DIGEST] = key.hex
+        return attrs
+
+    @hookimpl
+    def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
+        state = self._turns.get(turn)
+        if state is None or not state.tracing:
+            return
+        action = verdict.action
+        entry = state.calls.get(call)
+        if entry is None:
+            entry = self._call_span(state, turn, call, action)
+        elif entry.span.is_recording():  # started early by a detection on this call
+            entry.span.set_attribute(n.VERDICT_ACTION, action.label)
+        span = entry.span
+        if verdict.threshold is not None and span.is_recording():
+            span.set_attribute(n.VERDICT_THRESHOLD, str(verdict.threshold))
+        entry.action = action
+        self._local.call = None
+        if action is Action.HALT:  # the host will not execute it: the span ends here
+            state.calls.pop(call, None)
+            if entry.owned:
+                span.end()
+
+    @hookimpl
+    def turnguard_outcome_recorded(self, turn: Ledger, call: ToolCall, outcome: Outcome, verdict: Verdict) -> None:
+        state = self._turns.get(turn)
+        if state is None or not state.tracing:
+            return
+        local = self._local
+        facts = getattr(local, "outcome", None)
+        decided_here = facts is not None and facts[0] is turn and facts[1] is call
+        local.outcome = None
+        entry = state.calls.pop(call, None)
+        if entry is None:
+            return
+        span = entry.span
+        if span.is_recording():
+            attrs: dict[str, Any] = {n.CALL_OUTCOME: outcome.value}
+            if decided_here:
+                attrs[n.FAILING_STREAK_LENGTH] = facts[2]
+                if verdict.event is not None or verdict.action > entry.action:
+                    attrs[n.VERDICT_ACTION] = max(verdict.action, entry.action).label
+                    if verdict.threshold is not None:
+                        attrs[n.VERDICT_THRESHOLD] = str(verdict.threshold)
+            if outcome is Outcome.ERROR and entry.owned:
+                attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
+                span.set_status(Status(StatusCode.ERROR))
+            span.set_attributes(attrs)
+        if entry.owned:
+            span.end()
+
+    @hookimpl
+    def turnguard_cycle_checked(self, turn: Ledger, verdict: Verdict) -> None:
+        state = self._turns.get(turn)
+        if state is not None and state.tracing:
+            state.span.set_attribute(n.TURN_CYCLES, turn.cycles)
+
+    # -- events --------------------------------------------------------------------------------
+
+    @hookimpl
+    def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
+        ins = self.instruments
+        metric_attrs: dict[str, Any] = {
+            n.LOOP_THRESHOLD: ins.threshold(event.threshold),
+            n.LOOP_LEVEL: str(event.level),
+            n.LOOP_ACTION: event.action.label,
+            n.CAP_MODE: event.cap_mode,
+            n.TURN_PROMPTABLE: event.promptable,
+        }
+        if event.tool_name is not None:
+            metric_attrs[n.GEN_AI_TOOL_NAME] = ins.tools.fold(event.tool_name)
+        if event.agent_name is not None:
+            metric_attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(event.agent_name)
+        ins.detections.add(1, metric_attrs)
+
+        state = self._state(turn)
+        span: trace.Span | None = None
+        call = self._decided_call(turn) if state.tracing and event.tool_name is not None else None
+        if call is not None and call.name == event.tool_name:
+            span = self._call_span(state, turn, call, event.action).span
+        if span is None:
+            current = trace.get_current_span()
+            span = current if current.get_span_context().is_valid else state.span
+        attrs = event_attributes(event)
+        self.logger.emit(
+            event_name=n.LOOP_DETECTED_EVENT,
+            severity_number=SeverityNumber.WARN,
+            severity_text="WARN",
+            body=f"turnguard: {event.threshold} {event.level}: {event.action.label}",
+            attributes=attrs,
+            context=trace.set_span_in_context(span) if span is not None else None,
+        )
+        if span is not None and span.is_recording():
+            span.add_event(n.LOOP_DETECTED_EVENT, attrs)
+
+    @hookimpl
+    def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
+        ins = self.instruments
+        answer = str(response)
+        metric_attrs: dict[str, Any] = {
+            n.LOOP_THRESHOLD: ins.threshold(event.threshold),
+            n.LOOP_LEVEL: str(event.level),
+            n.ESCALATION_ANSWER: answer,
+        }
+        if event.agent_name is not None:
+            metric_attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(event.agent_name)
+        ins.escalation_answers.add(1, metric_attrs)
+        attrs = {
+            n.LOOP_THRESHOLD: str(event.threshold),
+            n.LOOP_LEVEL: str(event.level),
+            n.LOOP_ACTION: event.action.label,
+            n.ESCALATION_ANSWER: answer,
+            n.LOOP_EVENT_ID: event.event_id,
+            n.TURN_ID: event.turn_id,
+        }
+        state = self._turns.get(turn)
+        span = state.span if state is not None else None
+        self.logger.emit(
+            event_name=n.ESCALATION_RESOLVED_EVENT,
+            severity_number=SeverityNumber.INFO,
+            severity_text="INFO",
+            body=f"turnguard: user answered {answer} to {event.threshold} {event.level}",
+            attributes=attrs,
+            context=trace.set_span_in_context(span) if span is not None else None,
+        )
+        if span is not None and span.is_recording():
+            span.add_event(n.ESCALATION_RESOLVED_EVENT, attrs)
+
+    @hookimpl
+    def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
+        ins = self.instruments
+        ins.plugin_errors.add(
+            1,
+            {
+                n.PLUGIN_NAME: ins.plugins.fold(str(plugin)),
+                n.PLUGIN_HOOK: ins.hooks.fold(str(hook)),
+                n.ERROR_TYPE: ins.error_types.fold(type(error).__qualname__),
+            },
+        )
+
+    # -- the end of a turn ---------------------------------------------------------------------
+
+    @hookimpl
+    def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
+        with self._lock:
+            state = self._turns.pop(turn, None)
+        self._record_turn(summary)
+        if state is None:
+            return
+        leftovers, state.calls = state.calls, {}
+        for entry in leftovers.values():
+            if entry.owned:
+                entry.span.set_attribute(n.CALL_OUTCOME, n.CALL_UNFINISHED)
+                entry.span.end()
+        span = state.span
+        if span is None:
+            return
+        if span.is_recording():
+            attrs: dict[str, Any] = {
+                n.TURN_OUTCOME: summary.reason,
+                n.TURN_TOOL_CALLS: summary.tool_calls,
+                n.TURN_CYCLES: summary.cycles,
+                n.TURN_MAX_KEY_REPEAT: summary.max_key_repeat,
+                n.TURN_STUCK: summary.stuck,
+                n.TURN_DETECTIONS: summary.detections,
+                n.LOOP_THRESHOLD: str(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
+            }
+            if summary.first_stuck_call:
+                attrs[n.TURN_FIRST_STUCK_CALL] = summary.first_stuck_call
+            if state.owned and summary.reason == "error":
+                attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
+                span.set_status(Status(StatusCode.ERROR))
+            span.set_attributes(attrs)
+        if state.owned:
+            span.end()
+
+    def _record_turn(self, summary: TurnSummary) -> None:
+        ins = self.instruments
+        reason = summary.reason if summary.reason in BUILTIN_REASONS else ins.reasons.fold(str(summary.reason))
+        attrs: dict[str, Any] = {
+            n.TURN_OUTCOME: reason,
+            n.LOOP_THRESHOLD: ins.threshold(summary.threshold),
+            n.CAP_MODE: summary.cap_mode,
+            n.TURN_STUCK: summary.stuck,
+            n.TURN_PROMPTABLE: summary.promptable,
+        }
+        if summary.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(summary.agent_name)
+        ins.turn_tool_calls.record(summary.tool_calls, attrs)
+        ins.turn_cycles.record(summary.cycles, attrs)
+        ins.turn_max_key_repeat.record(summary.max_key_repeat, attrs)
+        if summary.first_stuck_call:
+            ins.turn_first_stuck_call.record(summary.first_stuck_call, attrs)
+
+
+def plugin_for(
+    config: GuardConfig,
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    logger_provider: Any = None,
+    **_: Any,
+) -> OtelPlugin:
+    """The plugin for one guard; providers default to the (possibly no-op) globals."""
+    version = _version()
+    tracer_provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+    meter_provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    logger_provider = logger_provider if logger_provider is not None else get_logger_provider()
+    return OtelPlugin(
+        config,
+        tracer_provider.get_tracer(n.SCOPE, version),
+        logger_provider.get_logger(n.SCOPE, version),
+        instruments_for(meter_provider, config),
+    )

@@ -1,0 +1,277 @@
+"""``configure()``: OpenTelemetry SDK providers from the standard ``OTEL_*`` environment variables.
+
+For hosts without an OpenTelemetry setup of their own (and the CLI). It builds a tracer, meter and
+logger provider exporting over OTLP and returns them in a ``Telemetry``; pass that to
+``Guard(**telemetry.providers())``. It installs them as the global providers only when asked
+(``set_global=True``): a library must not take over the host's globals.
+
+Variables read (an explicit argument wins over the variable):
+
+- ``OTEL_SDK_DISABLED=true``: no-op providers, nothing exported.
+- ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,k2=v2``).
+- ``OTEL_EXPORTER_OTLP_ENDPOINT`` (default ``http://localhost:4318`` for HTTP, ``:4317`` for gRPC)
+  and the per-signal ``OTEL_EXPORTER_OTLP_{TRACES,METRICS,LOGS}_ENDPOINT`` (used as given).
+- ``OTEL_EXPORTER_OTLP_PROTOCOL`` (and per signal): ``http/protobuf`` (default) or ``grpc``.
+- ``OTEL_EXPORTER_OTLP_HEADERS`` (and per signal): ``k=v,k2=v2``, values URL-decoded.
+- ``OTEL_EXPORTER_OTLP_TIMEOUT`` (and per signal): milliseconds, default 10000.
+- ``OTEL_{TRACES,METRICS,LOGS}_EXPORTER``: ``otlp`` (default), ``console`` or ``none``.
+- ``OTEL_METRIC_EXPORT_INTERVAL`` (ms, default 60000), ``OTEL_BSP_SCHEDULE_DELAY``,
+  ``OTEL_BLRP_SCHEDULE_DELAY`` (ms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+PROTOCOLS = ("http/protobuf", "grpc")
+SIGNALS = ("traces", "metrics", "logs")
+EXPORTERS = ("otlp", "console", "none")
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+class TelemetryConfigError(ValueError):
+    """An ``OTEL_*`` variable (or argument) ``configure()`` cannot use: names it and what is accepted."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExportSettings:
+    """Where and how one signal is exported (resolved from arguments and the environment)."""
+
+    signal: str
+    exporter: str
+    protocol: str
+    endpoint: str
+    headers: tuple[tuple[str, str], ...]
+    timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Telemetry:
+    """The SDK providers ``configure()`` built; flush or shut them down when the host exits."""
+
+    tracer_provider: Any
+    meter_provider: Any
+    logger_provider: Any
+    settings: tuple[ExportSettings, ...] = ()
+
+    def providers(self) -> dict[str, Any]:
+        """Keyword arguments for ``Guard(...)``."""
+        return {
+            "tracer_provider": self.tracer_provider,
+            "meter_provider": self.meter_provider,
+            "logger_provider": self.logger_provider,
+        }
+
+    def force_flush(self, timeout_millis: int = 10_000) -> bool:
+        """Export everything buffered now; ``False`` if some provider did not finish in time."""
+        done = True
+        for provider in (self.tracer_provider, self.meter_provider, self.logger_provider):
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                done = bool(flush(timeout_millis)) and done
+        return done
+
+    def shutdown(self) -> None:
+        """Flush and stop every provider (idempotent)."""
+        for provider in (self.tracer_provider, self.meter_provider, self.logger_provider):
+            stop = getattr(provider, "shutdown", None)
+            if stop is not None:
+                stop()
+
+
+def configure(
+    *,
+    service_name: str | None = None,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_ms: int | None = None,
+    set_global: bool = False,
+    environ: Mapping[str, str] | None = None,
+    resource_attributes: Mapping[str, Any] | None = None,
+) -> Telemetry:
+    """SDK providers for traces, metrics and logs, exporting over OTLP per the ``OTEL_*`` variables.
+
+    ``environ`` defaults to ``os.environ``. With ``set_global=True`` the providers also become the
+    process-wide globals (which OpenTelemetry lets a process set once).
+    """
+    env = os.environ if environ is None else environ
+    if _flag(env, "OTEL_SDK_DISABLED"):
+        return _disabled()
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    attributes: dict[str, Any] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
+    attributes.update(resource_attributes or {})
+    name = service_name or env.get("OTEL_SERVICE_NAME") or attributes.get("service.name")
+    if name:
+        attributes["service.name"] = name
+    resource = Resource.create(attributes)
+
+    settings = tuple(
+        resolve(signal, env, endpoint=endpoint, protocol=protocol, headers=headers, timeout_ms=timeout_ms)
+        for signal in SIGNALS
+    )
+    traces, metrics_, logs = settings
+
+    tracer_provider = TracerProvider(resource=resource)
+    span_exporter = _exporter(traces)
+    if span_exporter is not None:
+        tracer_provider.add_span_processor(
+            BatchSpanProcessor(span_exporter, schedule_delay_millis=_ms(env, "OTEL_BSP_SCHEDULE_DELAY", 5000))
+        )
+    readers = []
+    metric_exporter = _exporter(metrics_)
+    if metric_exporter is not None:
+        readers.append(
+            PeriodicExportingMetricReader(
+                metric_exporter, export_interval_millis=_ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
+            )
+        )
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    logger_provider = LoggerProvider(resource=resource)
+    log_exporter = _exporter(logs)
+    if log_exporter is not None:
+        logger_provider.add_log_record_processor(
+            BatchLogRecordProcessor(log_exporter, schedule_delay_millis=_ms(env, "OTEL_BLRP_SCHEDULE_DELAY", 1000))
+        )
+    telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings)
+    if set_global:
+        install_global(telemetry)
+    return telemetry
+
+
+def install_global(telemetry: Telemetry) -> None:
+    """Make ``telemetry``'s providers the process-wide OpenTelemetry globals."""
+    from opentelemetry import metrics, trace
+    from opentelemetry._logs import set_logger_provider
+
+    trace.set_tracer_provider(telemetry.tracer_provider)
+    metrics.set_meter_provider(telemetry.meter_provider)
+    set_logger_provider(telemetry.logger_provider)
+
+
+def resolve(
+    signal: str,
+    env: Mapping[str, str],
+    *,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_ms: int | None = None,
+) -> ExportSettings:
+    """One signal's export settings: argument > per-signal variable > generic variable > default."""
+    upper = signal.upper()
+    exporter = (env.get(f"OTEL_{upper}_EXPORTER") or "otlp").strip().lower()
+    if exporter not in EXPORTERS:
+        raise TelemetryConfigError(f"OTEL_{upper}_EXPORTER={exporter!r}: expected one of {EXPORTERS}")
+    proto = (protocol or env.get(f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+             or "http/protobuf").strip().lower()
+    if proto not in PROTOCOLS:
+        raise TelemetryConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={proto!r}: expected one of {PROTOCOLS}")
+    own = env.get(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
+    if endpoint is not None or not own:
+        base = (endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or (DEFAULT_GRPC_ENDPOINT if proto == "grpc" else DEFAULT_HTTP_ENDPOINT)).strip()
+        url = base if proto == "grpc" else base.rstrip("/") + f"/v1/{signal}"
+    else:
+        url = own.strip()
+    if "://" not in url:
+        raise TelemetryConfigError(
+            f"OTLP endpoint {url!r} for {signal}: expected a URL such as {DEFAULT_HTTP_ENDPOINT}"
+        )
+    header_map = _pairs(env.get("OTEL_EXPORTER_OTLP_HEADERS", ""), "OTEL_EXPORTER_OTLP_HEADERS")
+    header_map.update(_pairs(env.get(f"OTEL_EXPORTER_OTLP_{upper}_HEADERS", ""), f"OTEL_EXPORTER_OTLP_{upper}_HEADERS"))
+    header_map.update(headers or {})
+    if timeout_ms is None:
+        timeout_ms = _ms(env, f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT", None) or _ms(
+            env, "OTEL_EXPORTER_OTLP_TIMEOUT", DEFAULT_TIMEOUT_MS
+        )
+    return ExportSettings(signal, exporter, proto, url, tuple(sorted(header_map.items())), timeout_ms / 1000)
+
+
+def _exporter(s: ExportSettings) -> Any:
+    if s.exporter == "none":
+        return None
+    if s.exporter == "console":
+        return _console(s.signal)
+    headers = dict(s.headers) or None
+    if s.protocol == "grpc":
+        insecure = s.endpoint.startswith("http://")
+        if s.signal == "traces":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        elif s.signal == "metrics":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as OTLPSpanExporter
+        return OTLPSpanExporter(endpoint=s.endpoint, insecure=insecure, headers=headers, timeout=s.timeout_s)
+    if s.signal == "traces":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Exporter
+    elif s.signal == "metrics":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Exporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as Exporter
+    return Exporter(endpoint=s.endpoint, headers=headers, timeout=s.timeout_s)
+
+
+def _console(signal: str) -> Any:
+    if signal == "traces":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if signal == "metrics":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+        return ConsoleMetricExporter()
+    from opentelemetry.sdk._logs.export import ConsoleLogRecordExporter
+
+    return ConsoleLogRecordExporter()
+
+
+def _disabled() -> Telemetry:
+    from opentelemetry._logs import NoOpLoggerProvider
+    from opentelemetry.metrics import NoOpMeterProvider
+    from opentelemetry.trace import NoOpTracerProvider
+
+    return Telemetry(NoOpTracerProvider(), NoOpMeterProvider(), NoOpLoggerProvider())
+
+
+def _flag(env: Mapping[str, str], var: str) -> bool:
+    return env.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _ms(env: Mapping[str, str], var: str, default: int | None) -> int | None:
+    text = env.get(var, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise TelemetryConfigError(f"{var}={text!r}: expected a number of milliseconds") from None
+    if value < 0:
+        raise TelemetryConfigError(f"{var}={text!r}: expected a number of milliseconds >= 0")
+    return value
+
+
+def _pairs(text: str, var: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (the W3C-baggage-like format of the OTEL_* list variables), URL-decoded."""
+    pairs: dict[str, str] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TelemetryConfigError(f"{var}: {item.strip()!r} is not key=value")
+        pairs[unquote(key.strip())] = unquote(value.strip())
+    return pairs

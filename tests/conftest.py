@@ -1,0 +1,66 @@
+"""Shared fixtures: a guard with only the core policies (no telemetry, no entry points), and
+builders for the turns the seeds describe."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import pytest
+
+import turnguard as tg
+
+CORE_ONLY = {"disable_plugins": ("otel", "recorder", "shadow"), "load_entrypoints": False}
+"""The core policies alone: telemetry and shadow plugins (built by other modules) left out."""
+
+
+def core_guard(**options: object) -> tg.Guard:
+    """A ``Guard`` with the built-in policies only, configured with ``options``."""
+    config = tg.GuardConfig(**{**CORE_ONLY, **options})
+    return tg.Guard(config, environ={})
+
+
+@pytest.fixture
+def make_guard() -> Callable[..., tg.Guard]:
+    return core_guard
+
+
+@pytest.fixture
+def guard() -> tg.Guard:
+    return core_guard()
+
+
+def distinct_call(i: int, tool: str = "read_file") -> tg.ToolCall:
+    """The i-th of a family of calls that are all different."""
+    return tg.ToolCall(tool, {"path": f"src/module_{i}.py", "offset": 0})
+
+
+def drive(turn: tg.Turn, calls: Iterable[tg.ToolCall], outcome: tg.Outcome = tg.Outcome.OK) -> list[tg.Verdict]:
+    """Check each call and record its outcome, as a host does, until a HALT; the check verdicts."""
+    verdicts = []
+    for call in calls:
+        verdict = turn.check_call(call)
+        verdicts.append(verdict)
+        if verdict.action is tg.Action.HALT:
+            break
+        turn.record_outcome(call, outcome)
+    return verdicts
+
+
+def first_detection(verdicts: Sequence[tg.Verdict]) -> tuple[int, tg.Verdict] | None:
+    """(1-based call number, verdict) of the first verdict that carries a detection."""
+    for n, verdict in enumerate(verdicts, start=1):
+        if verdict.event is not None:
+            return n, verdict
+    return None
+
+
+def productive_calls(n: int) -> list[tg.ToolCall]:
+    """``n`` calls where every 7th repeats the call made 3 calls earlier: no call more than twice,
+    never twice in a row (the seed's productive turns: at most 2 repeats of any call)."""
+    return [distinct_call(i - 3 if i % 7 == 6 else i) for i in range(n)]
+
+
+def with_repeats(n: int, repeat: tg.ToolCall, at: Iterable[int]) -> list[tg.ToolCall]:
+    """``n`` distinct calls, with ``repeat`` at the given 1-based positions."""
+    positions = set(at)
+    return [repeat if i in positions else distinct_call(i) for i in range(1, n + 1)]

@@ -1,0 +1,281 @@
+"""collector-config.yaml: checked statically (no Collector can be installed here), and by
+``otelcol-contrib validate`` when such a binary is on PATH.
+
+The static checks are what the Collector itself would refuse at start-up (a pipeline naming an
+undefined component, an unknown or removed component type) plus the project's rules: memory_limiter
+first, receivers bound to every interface, every endpoint from an environment variable with a
+default, and each signal routed where the dashboards and ``turnguard calibrate`` expect it.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+CONFIG_PATH = Path(__file__).resolve().parents[1] / "collector-config.yaml"
+SECTIONS = ("receivers", "processors", "exporters", "connectors", "extensions")
+
+CURRENT_TYPES: dict[str, frozenset[str]] = {
+    # Types shipped in otelcol-contrib (distributions/otelcol-contrib/manifest.yaml), current names.
+    "receivers": frozenset({"otlp", "prometheus", "hostmetrics", "filelog", "k8s_cluster", "kubeletstats"}),
+    "processors": frozenset(
+        {"memory_limiter", "batch", "resource", "attributes", "redaction", "transform", "filter",
+         "resourcedetection", "k8sattributes"}
+    ),
+    "exporters": frozenset({"otlp_grpc", "otlp_http", "prometheus_remote_write", "prometheus", "file", "debug", "nop"}),
+    "connectors": frozenset({"spanmetrics", "forward", "count"}),
+    "extensions": frozenset({"health_check", "pprof", "zpages", "file_storage"}),
+}
+REMOVED_OR_DEPRECATED: dict[str, dict[str, str]] = {
+    "exporters": {
+        "otlp": "renamed otlp_grpc in v0.144.0",
+        "otlphttp": "renamed otlp_http in v0.144.0",
+        "loki": "removed in v0.131.0; send to Loki's /otlp endpoint with otlp_http",
+        "logging": "removed; use debug",
+        "prometheusremotewrite": "renamed prometheus_remote_write",
+        "jaeger": "removed; Jaeger and Tempo take OTLP",
+    },
+    "receivers": {"prometheusremotewrite": "renamed prometheus_remote_write"},
+}
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+ENV_WITH_DEFAULT = re.compile(r"env:([A-Z_][A-Z0-9_]*):-(.+)")
+
+
+def component_type(component_id: str) -> str:
+    """``otlp_http/loki`` -> ``otlp_http``."""
+    return component_id.split("/", 1)[0]
+
+
+def expand(value: Any, environ: dict[str, str] | None = None) -> Any:
+    """Resolve ``${env:NAME:-default}`` the way the Collector does (the variable, else the default)."""
+    environ = environ or {}
+    if isinstance(value, str):
+        return PLACEHOLDER.sub(lambda m: _resolve(m.group(1), environ), value)
+    if isinstance(value, dict):
+        return {k: expand(v, environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand(v, environ) for v in value]
+    return value
+
+
+def _resolve(placeholder: str, environ: dict[str, str]) -> str:
+    match = ENV_WITH_DEFAULT.fullmatch(placeholder)
+    if not match:
+        raise ValueError(f"placeholder ${{{placeholder}}} is not ${{env:NAME:-default}}")
+    return environ.get(match.group(1), match.group(2))
+
+
+def placeholders(value: Any, path: str = "") -> list[tuple[str, str]]:
+    """Every ``${...}`` in the config, with where it is."""
+    if isinstance(value, str):
+        return [(path, m.group(1)) for m in PLACEHOLDER.finditer(value)]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in placeholders(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in placeholders(v, f"{path}[{i}]")]
+    return []
+
+
+def problems(config: dict[str, Any]) -> list[str]:
+    """What the Collector (or the project's rules) would reject in ``config``."""
+    found: list[str] = []
+    for section in SECTIONS:
+        for component_id in config.get(section) or {}:
+            kind = component_type(component_id)
+            why = REMOVED_OR_DEPRECATED.get(section, {}).get(kind)
+            if why:
+                found.append(f"{section}.{component_id}: {why}")
+            elif kind not in CURRENT_TYPES[section]:
+                found.append(f"{section}.{component_id}: unknown component type {kind!r}")
+    service = config.get("service") or {}
+    for ext in service.get("extensions") or []:
+        if ext not in (config.get("extensions") or {}):
+            found.append(f"service.extensions: {ext!r} is not defined")
+    pipelines = service.get("pipelines") or {}
+    if not pipelines:
+        found.append("service.pipelines: none defined")
+    for name, pipeline in pipelines.items():
+        for role in ("receivers", "processors", "exporters"):
+            for ref in pipeline.get(role) or []:
+                defined = config.get(role) or {}
+                connectors = config.get("connectors") or {}
+                if ref not in defined and not (role in ("receivers", "exporters") and ref in connectors):
+                    found.append(f"pipeline {name}: {role[:-1]} {ref!r} is not defined")
+        processors = pipeline.get("processors") or []
+        if not processors or component_type(processors[0]) != "memory_limiter":
+            found.append(f"pipeline {name}: memory_limiter must be the first processor, got {processors}")
+        if not pipeline.get("receivers") or not pipeline.get("exporters"):
+            found.append(f"pipeline {name}: needs receivers and exporters")
+    for where, placeholder in placeholders(config):
+        if not ENV_WITH_DEFAULT.fullmatch(placeholder):
+            found.append(f"{where}: ${{{placeholder}}} has no default (use ${{env:NAME:-default}})")
+    for protocol, settings in ((config.get("receivers") or {}).get("otlp", {}).get("protocols") or {}).items():
+        endpoint = expand(str((settings or {}).get("endpoint", "")))
+        if not endpoint.startswith("0.0.0.0:"):
+            found.append(f"receivers.otlp.{protocol}: binds {endpoint or 'localhost (the default)'}, not 0.0.0.0")
+    return found
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, Any]:
+    return yaml.safe_load(CONFIG_PATH.read_text())
+
+
+def pipeline_exporter_types(config: dict[str, Any], signal: str) -> dict[str, str]:
+    """Exporter id -> type for the pipelines carrying ``signal`` (``traces``, ``traces/x``...)."""
+    out = {}
+    for name, pipeline in config["service"]["pipelines"].items():
+        if component_type(name) == signal:
+            out.update({ref: component_type(ref) for ref in pipeline["exporters"]})
+    return out
+
+
+def test_shipped_config_has_no_problems(config):
+    assert problems(config) == []
+
+
+def test_every_pipeline_references_defined_components(config):
+    for name, pipeline in config["service"]["pipelines"].items():
+        for role in ("receivers", "processors", "exporters"):
+            for ref in pipeline.get(role, []):
+                assert ref in config[role], f"pipeline {name} uses undefined {role[:-1]} {ref}"
+
+
+def test_memory_limiter_runs_first_in_every_pipeline(config):
+    for pipeline in config["service"]["pipelines"].values():
+        assert pipeline["processors"][0] == "memory_limiter"
+
+
+def test_no_removed_or_deprecated_component_names(config):
+    for section, removed in REMOVED_OR_DEPRECATED.items():
+        used = {component_type(c) for c in config.get(section) or {}}
+        assert not used & set(removed), f"{section}: {used & set(removed)}"
+
+
+def test_otlp_receivers_take_grpc_and_http_on_every_interface(config):
+    protocols = config["receivers"]["otlp"]["protocols"]
+    assert expand(protocols["grpc"]["endpoint"]) == "0.0.0.0:4317"
+    assert expand(protocols["http"]["endpoint"]) == "0.0.0.0:4318"
+    overridden = expand(protocols["grpc"]["endpoint"], {"OTELCOL_OTLP_GRPC_ENDPOINT": "127.0.0.1:14317"})
+    assert overridden == "127.0.0.1:14317"
+
+
+def test_metrics_go_to_prometheus_by_remote_write(config):
+    exporters = pipeline_exporter_types(config, "metrics")
+    assert "prometheus_remote_write" in exporters.values()
+    prw = next(config["exporters"][e] for e, t in exporters.items() if t == "prometheus_remote_write")
+    assert expand(prw["endpoint"]).endswith("/api/v1/write")
+    assert prw.get("add_metric_suffixes", True) is True, "the dashboards query _total/_bucket names"
+
+
+def test_traces_go_to_tempo_over_otlp_grpc(config):
+    exporters = pipeline_exporter_types(config, "traces")
+    tempo = [e for e, t in exporters.items() if t == "otlp_grpc"]
+    assert tempo, exporters
+    assert expand(config["exporters"][tempo[0]]["endpoint"]) == "tempo:4317"
+
+
+def test_logs_go_to_lokis_otlp_endpoint(config):
+    exporters = pipeline_exporter_types(config, "logs")
+    loki = [e for e, t in exporters.items() if t == "otlp_http"]
+    assert loki, exporters
+    endpoint = expand(config["exporters"][loki[0]]["endpoint"])
+    assert endpoint.endswith("/otlp"), "otlp_http appends /v1/logs itself; Loki serves OTLP under /otlp"
+
+
+def test_traces_and_logs_are_written_as_otlp_json_for_calibration(config):
+    for signal in ("traces", "logs"):
+        files = [e for e, t in pipeline_exporter_types(config, signal).items() if t == "file"]
+        assert files, f"{signal} pipeline has no file exporter"
+        settings = config["exporters"][files[0]]
+        assert settings.get("format", "json") == "json"
+        assert expand(settings["path"]).endswith(".jsonl")
+
+
+def test_every_endpoint_comes_from_an_env_var_with_a_default(config):
+    found = placeholders(config)
+    assert found, "no ${env:...} placeholders at all"
+    for where, placeholder in found:
+        assert ENV_WITH_DEFAULT.fullmatch(placeholder), f"{where}: {placeholder}"
+    endpoint_keys = [
+        f"{section}.{name}" for section in ("exporters", "extensions")
+        for name, settings in (config.get(section) or {}).items() if "endpoint" in (settings or {})
+    ]
+    placed = {where.rsplit(".", 1)[0] for where, _ in found}
+    assert set(endpoint_keys) <= placed, set(endpoint_keys) - placed
+
+
+def _pipeline(config, name):
+    return config["service"]["pipelines"][name]
+
+
+def _undefined_exporter(c):
+    _pipeline(c, "logs")["exporters"].append("otlp_http/nowhere")
+
+
+def _memory_limiter_second(c):
+    c["processors"]["batch"] = {}
+    _pipeline(c, "traces")["processors"].insert(0, "batch")
+
+
+def _removed_loki_exporter(c):
+    c["exporters"]["loki"] = {"endpoint": "http://loki:3100/loki/api/v1/push"}
+
+
+def _deprecated_otlphttp_name(c):
+    c["exporters"]["otlphttp/x"] = {"endpoint": "http://x"}
+
+
+def _unknown_type(c):
+    c["processors"]["memorylimiter"] = {}
+
+
+def _env_without_default(c):
+    c["exporters"]["otlp_grpc/tempo"]["endpoint"] = "${env:TEMPO}"
+
+
+def _receiver_on_localhost(c):
+    c["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = "localhost:4317"
+
+
+def _undefined_extension(c):
+    c["service"]["extensions"].append("pprof")
+
+
+BROKEN_CONFIGS = {
+    "undefined exporter in a pipeline": _undefined_exporter,
+    "memory_limiter not first": _memory_limiter_second,
+    "removed loki exporter": _removed_loki_exporter,
+    "deprecated otlphttp name": _deprecated_otlphttp_name,
+    "unknown component type": _unknown_type,
+    "env var without a default": _env_without_default,
+    "receiver on localhost": _receiver_on_localhost,
+    "undefined extension": _undefined_extension,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_CONFIGS))
+def test_the_checks_reject_a_broken_config(config, name):
+    broken = copy.deepcopy(config)
+    BROKEN_CONFIGS[name](broken)
+    assert problems(broken), f"{name} went unnoticed"
+
+
+def test_otelcol_contrib_validates_the_config(tmp_path):
+    binary = shutil.which("otelcol-contrib")
+    if binary is None:
+        pytest.skip("otelcol-contrib is not on PATH (no Collector build is installable here); static checks above")
+    result = subprocess.run(
+        [binary, "validate", f"--config={CONFIG_PATH}"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "TURNGUARD_OTLP_FILE": str(tmp_path / "otlp.jsonl")},
+    )
+    assert result.returncode == 0, result.stderr

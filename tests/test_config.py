@@ -1,0 +1,184 @@
+"""``GuardConfig``: defaults, loading from kwargs, mappings, TURNGUARD_* variables and TOML, and
+a ConfigError naming the key for every bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import turnguard as tg
+
+
+def test_the_defaults_are_the_seeds_values():
+    c = tg.GuardConfig()
+    assert (c.max_tool_calls_per_turn, c.soft_cap, c.hard_multiplier, c.stuck_repeat_threshold) == (None, 100, 10, 6)
+    assert (c.streak_warn_at, c.streak_stop_at, c.max_cycles_per_turn) == (5, 8, 0)
+    assert (c.key_mode, c.remind_model, c.fail_mode, c.stuck_signal) == ("canonical", False, "open", "repeat")
+    assert not c.capture_content and c.cap_mode == "adaptive" and c.hard_cap == 1000 and not c.explicit_cap
+
+
+@pytest.mark.parametrize(("options", "mode", "hard_cap", "explicit"), [
+    ({"max_tool_calls_per_turn": 100}, "explicit", 100, True),
+    ({"max_tool_calls_per_turn": 0}, "disabled", None, True),
+    ({"max_tool_calls_per_turn": -1}, "disabled", None, True),
+    ({"soft_cap": 0}, "disabled", None, False),
+    ({"soft_cap": 20, "hard_multiplier": 2.5}, "adaptive", 50, False),
+])
+def test_whether_the_cap_was_set_explicitly_is_tracked(options, mode, hard_cap, explicit):
+    c = tg.GuardConfig(**options)
+    assert (c.cap_mode, c.hard_cap, c.explicit_cap) == (mode, hard_cap, explicit)
+
+
+def test_an_explicit_cap_equal_to_the_default_is_still_explicit():
+    assert tg.GuardConfig(max_tool_calls_per_turn=100).cap_mode == "explicit"
+    assert tg.GuardConfig.from_mapping({"max_tool_calls_per_turn": 100}).explicit_cap
+
+
+def test_config_is_frozen_and_replace_validates():
+    c = tg.GuardConfig()
+    with pytest.raises(AttributeError):
+        c.soft_cap = 5  # type: ignore[misc]
+    assert c.replace(soft_cap=5).soft_cap == 5
+    with pytest.raises(tg.ConfigError, match="soft_cap"):
+        c.replace(soft_cap="5")
+
+
+def test_lists_are_accepted_where_tuples_are_stored():
+    c = tg.GuardConfig(disable_plugins=["otel", "streak"], shadow=[("wider", {"soft_cap": 200})])
+    assert c.disable_plugins == ("otel", "streak") and c.shadow == (("wider", {"soft_cap": 200}),)
+    assert tg.GuardConfig(shadow={"wider": {"soft_cap": 200}}).shadow == (("wider", {"soft_cap": 200}),)
+
+
+def test_from_mapping_accepts_option_names_and_dashed_names():
+    c = tg.GuardConfig.from_mapping({"soft-cap": 50, "stuck_repeat_threshold": 4, "disable_plugins": ["otel"]})
+    assert (c.soft_cap, c.stuck_repeat_threshold, c.disable_plugins) == (50, 4, ("otel",))
+
+
+def test_from_env_reads_turnguard_variables():
+    env = {"TURNGUARD_SOFT_CAP": "200", "TURNGUARD_HARD_MULTIPLIER": "2.5", "TURNGUARD_REMIND_MODEL": "yes",
+           "TURNGUARD_DISABLE_PLUGINS": "otel, streak", "TURNGUARD_MAX_TOOL_CALLS_PER_TURN": "50",
+           "TURNGUARD_KEY_MODE": "bytes", "TURNGUARD_DIGEST_KEY": "s3cret", "PATH": "/bin",
+           "TURNGUARD_LOAD_PLUGINS": "0"}
+    c = tg.GuardConfig.from_env(env)
+    assert (c.soft_cap, c.hard_multiplier, c.remind_model, c.disable_plugins) == (200, 2.5, True, ("otel", "streak"))
+    assert (c.max_tool_calls_per_turn, c.key_mode, c.digest_key) == (50, "bytes", "s3cret")
+    assert tg.GuardConfig.from_env({"TURNGUARD_MAX_TOOL_CALLS_PER_TURN": "none"}).max_tool_calls_per_turn is None
+
+
+def test_an_unknown_turnguard_variable_is_ignored_with_a_warning_or_refused_when_strict(caplog):
+    env = {"TURNGUARD_VENV": ".venv", "TURNGUARD_SOFTCAP": "5"}
+    with caplog.at_level(logging.WARNING, logger="turnguard"):
+        assert tg.GuardConfig.from_env(env) == tg.GuardConfig()
+    assert "TURNGUARD_SOFTCAP" in caplog.text
+    with pytest.raises(tg.ConfigError, match="TURNGUARD_SOFTCAP"):
+        tg.GuardConfig.from_env({"TURNGUARD_SOFTCAP": "5"}, strict=True)
+
+
+def test_from_toml_reads_pyproject_tool_turnguard(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "host"\n\n[tool.turnguard]\nsoft_cap = 150\nstreak_warn_at = 3\n'
+                    'disable_plugins = ["otel"]\n')
+    c = tg.GuardConfig.from_toml(path)
+    assert (c.soft_cap, c.streak_warn_at, c.disable_plugins) == (150, 3, ("otel",))
+
+
+@pytest.mark.parametrize("text", ["max_tool_calls_per_turn = 40\n", "[turnguard]\nmax_tool_calls_per_turn = 40\n"])
+def test_from_toml_reads_a_turnguard_toml(tmp_path, text):
+    path = tmp_path / "turnguard.toml"
+    path.write_text(text)
+    assert tg.GuardConfig.from_toml(path).cap_mode == "explicit"
+
+
+def test_load_layers_defaults_toml_env_and_keywords(tmp_path):
+    (tmp_path / "turnguard.toml").write_text("soft_cap = 150\nstreak_warn_at = 3\nstreak_stop_at = 6\n")
+    env = {"TURNGUARD_STREAK_WARN_AT": "4"}
+    c = tg.GuardConfig.load(search=tmp_path, environ=env, streak_stop_at=7)
+    assert (c.soft_cap, c.streak_warn_at, c.streak_stop_at, c.hard_multiplier) == (150, 4, 7, 10)
+
+
+def test_load_finds_pyproject_only_with_a_turnguard_table(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert tg.GuardConfig.load(search=tmp_path, environ={}) == tg.GuardConfig()
+    (tmp_path / "pyproject.toml").write_text('[tool.turnguard]\nsoft_cap = 7\n')
+    assert tg.GuardConfig.load(search=tmp_path, environ={}).soft_cap == 7
+
+
+def test_load_reads_the_file_named_by_turnguard_config(tmp_path):
+    path = tmp_path / "elsewhere.toml"
+    path.write_text("max_cycles_per_turn = 12\n")
+    c = tg.GuardConfig.load(search=None, environ={"TURNGUARD_CONFIG": str(path)})
+    assert c.max_cycles_per_turn == 12
+
+
+BAD = [
+    ({"soft_cap": "100"}, "soft_cap"),
+    ({"soft_cap": 1.5}, "soft_cap"),
+    ({"soft_cap": True}, "soft_cap"),
+    ({"hard_multiplier": 0.5}, "hard_multiplier"),
+    ({"hard_multiplier": float("nan")}, "hard_multiplier"),
+    ({"hard_multiplier": float("inf")}, "hard_multiplier"),
+    ({"hard_multiplier": "10"}, "hard_multiplier"),
+    ({"stuck_repeat_threshold": 0}, "stuck_repeat_threshold"),
+    ({"streak_warn_at": -1}, "streak_warn_at"),
+    ({"streak_stop_at": -2}, "streak_stop_at"),
+    ({"streak_warn_at": 9, "streak_stop_at": 8}, "streak_warn_at"),
+    ({"max_cycles_per_turn": -1}, "max_cycles_per_turn"),
+    ({"max_tool_calls_per_turn": "100"}, "max_tool_calls_per_turn"),
+    ({"max_tool_calls_per_turn": 2.5}, "max_tool_calls_per_turn"),
+    ({"max_tool_calls_per_turn": False}, "max_tool_calls_per_turn"),
+    ({"key_mode": "sha256"}, "key_mode"),
+    ({"stuck_signal": "window"}, "stuck_signal"),
+    ({"fail_mode": "maybe"}, "fail_mode"),
+    ({"max_tracked_keys": 0}, "max_tracked_keys"),
+    ({"remind_model": "yes"}, "remind_model"),
+    ({"load_entrypoints": 1}, "load_entrypoints"),
+    ({"disable_plugins": "otel"}, "disable_plugins"),
+    ({"disable_plugins": ("otel", 3)}, "disable_plugins"),
+    ({"digest_key": 5}, "digest_key"),
+    ({"recorder_path": 5}, "recorder_path"),
+    ({"shadow": "wider"}, "shadow"),
+    ({"soft_limit": 5}, "soft_limit"),
+]
+
+
+@pytest.mark.parametrize(("options", "key"), BAD, ids=[f"{k}={next(iter(o.values()))!r}" for o, k in BAD])
+def test_a_bad_configuration_is_a_config_error_naming_the_key(options, key):
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.from_mapping(options)
+    error = caught.value
+    assert error.key == key and repr(key) in str(error) and "expected" in str(error)
+    assert isinstance(error, ValueError)
+
+
+BAD_ENV = [
+    ("TURNGUARD_SOFT_CAP", "abc"),
+    ("TURNGUARD_HARD_MULTIPLIER", "ten"),
+    ("TURNGUARD_REMIND_MODEL", "maybe"),
+    ("TURNGUARD_STREAK_WARN_AT", "-3"),
+    ("TURNGUARD_KEY_MODE", "md5"),
+    ("TURNGUARD_SHADOW", "wider"),
+]
+
+
+@pytest.mark.parametrize(("var", "value"), BAD_ENV)
+def test_a_bad_environment_variable_is_a_config_error_naming_it(var, value):
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.from_env({var: value})
+    assert caught.value.key in (var, var.removeprefix("TURNGUARD_").lower())
+    assert value in str(caught.value)
+
+
+@pytest.mark.parametrize(("text", "key"), [("soft_kap = 5\n", "soft_kap"), ('soft_cap = "many"\n', "soft_cap"),
+                                           ("soft_cap = \n", "turnguard.toml")])
+def test_a_bad_toml_file_is_a_config_error(tmp_path, text, key):
+    path = tmp_path / "turnguard.toml"
+    path.write_text(text)
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.from_toml(path)
+    assert key in caught.value.key
+
+
+def test_a_mapping_is_required():
+    with pytest.raises(tg.ConfigError, match="mapping"):
+        tg.GuardConfig.from_mapping(["soft_cap", 5])  # type: ignore[arg-type]

@@ -1,0 +1,82 @@
+"""dashboards/build.py: the committed JSON is what the code builds, and the build follows the config."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+pytest.importorskip("grafana_foundation_sdk")
+
+from dashboards import build, queries  # noqa: E402
+from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
+from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa: E402
+from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
+
+
+def test_committed_json_matches_a_fresh_build():
+    for name, text in build.build_all().items():
+        committed = build.HERE / name
+        assert committed.exists(), f"{name} is not committed: run python dashboards/build.py"
+        assert committed.read_text() == text, f"{name} is stale: run python dashboards/build.py"
+
+
+def test_every_committed_board_is_built_by_the_code():
+    assert set(queries.boards(build.HERE)) == set(build.BOARDS)
+
+
+def test_check_flag_fails_on_a_stale_or_missing_board(tmp_path, capsys):
+    assert build.main(["--out", str(tmp_path)]) == 0
+    assert build.main(["--check", "--out", str(tmp_path)]) == 0
+    halts = tmp_path / build.FILES[build.HALTS_UID]
+    halts.write_text(halts.read_text().replace('"editable": false', '"editable": true'))
+    assert build.main(["--check", "--out", str(tmp_path)]) == 1
+    assert "turnguard-halts.json is stale" in capsys.readouterr().err
+    halts.unlink()
+    assert build.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("name", sorted(build.FILES.values()))
+def test_boards_round_trip_through_the_sdk_models(name):
+    register_default_plugins()
+    original = json.loads((build.HERE / name).read_text())
+    again = json.loads(JSONEncoder(sort_keys=True).encode(Dashboard.from_json(original)))
+    assert again["uid"] == original["uid"]
+    assert [(p["id"], p["type"]) for p in again["panels"]] == [(p["id"], p["type"]) for p in original["panels"]]
+    assert list(queries.panel_queries(again)) == list(queries.panel_queries(original))
+
+
+def test_a_different_guard_config_moves_the_what_if_buckets(tmp_path):
+    assert build.main(["--out", str(tmp_path), "--soft-cap", "250", "--hard-multiplier", "8",
+                       "--stuck-repeat-threshold", "4"]) == 0
+    board = json.loads((tmp_path / build.FILES[build.THRESHOLDS_UID]).read_text())
+    exprs = {(q.panel_id, q.ref_id): q.expr for q in queries.panel_queries(board)}
+    assert "le=~`500(\\.0)?`" in exprs[(12, "A")]  # 2 x 250
+    assert "le=~`5000(\\.0)?`" in exprs[(12, "E")]  # 20 x 250
+    assert "le=~`2000(\\.0)?`" in exprs[(4, "F")]  # past the backstop 250 x 8
+    assert "- 250 *" in exprs[(23, "A")]
+    assert "le=~`2(\\.0)?`" in exprs[(31, "A")]  # below D - 1 = 3
+    titles = {p["id"]: p["title"] for p in queries.panels(board)}
+    assert titles[2] == "Tool calls per turn (soft cap 250, backstop 2000)"
+
+
+def test_a_fractional_multiplier_keeps_bands_ordered():
+    cap = build.CapSettings(soft_cap=100, hard_multiplier=2.5, stuck_repeat_threshold=6)
+    assert cap.bands() == [(0, 100), (100, 200), (200, 250), (250, None)]
+
+
+def test_shadow_policy_panels_land_in_their_own_row_with_reserved_ids(monkeypatch):
+    from grafana_foundation_sdk.builders import stat
+
+    panel = stat.Panel().id(build.SHADOW_PANEL_IDS[1]).title("Shadow halts").unit("short")
+    monkeypatch.setattr(build, "shadow_policy_panels", lambda cap: [panel])
+    board = json.loads(build.render(build.threshold_validation_dashboard()))
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    assert rows[-1]["title"] == "Shadow policies" and rows[-1]["id"] == build.SHADOW_PANEL_IDS[0]
+    assert board["panels"][-1]["id"] == build.SHADOW_PANEL_IDS[1]
+    unshadowed = json.loads((build.HERE / build.FILES[build.THRESHOLDS_UID]).read_text())
+    assert all(p["id"] not in build.SHADOW_PANEL_IDS for p in queries.panels(unshadowed))

@@ -1,0 +1,107 @@
+"""The decisions every adapter shares (turnguard.integrations._common), without a framework."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import turnguard as tg
+from turnguard.integrations._common import NO_ROUTE_SUFFIX, RunDriver, Step, TurnHalted, describe, open_turn
+
+READ = ("read_file", {"path": "a.py"})
+
+
+def identical(n: int) -> list[tg.ToolCall]:
+    return [tg.ToolCall(*READ, call_id=f"c{i}") for i in range(n)]
+
+
+def drive_failing(driver: RunDriver, n: int) -> list:
+    """Check and fail ``n`` identical calls; the decisions in order (check, outcome, check, ...)."""
+    decisions = []
+    for call in identical(n):
+        decisions.append(driver.check(call))
+        if decisions[-1].step is not Step.RUN:
+            break
+        decisions.append(driver.outcome(call, tg.Outcome.ERROR))
+        if decisions[-1].step is not Step.RUN:
+            break
+    return decisions
+
+
+def test_promptable_defaults_to_whether_there_is_someone_to_ask():
+    guard = tg.Guard()
+    assert open_turn(guard, ask=None, promptable=None).turn.promptable is False
+    assert open_turn(guard, ask=lambda v: "continue", promptable=None).turn.promptable is True
+    assert open_turn(guard, ask=lambda v: "continue", promptable=False).turn.promptable is False
+
+
+def test_unattended_stop_halts_and_the_message_names_threshold_limit_and_counts():
+    decisions = drive_failing(open_turn(tg.Guard(), ask=None, promptable=None), 20)
+    assert decisions[-1].step is Step.HALT and len(decisions) == 16  # 8 checks + 8 outcomes
+    text = describe(decisions[-1].verdict)
+    assert text.startswith("turnguard stopped the run: threshold streak (stop, limit 8); 8 tool calls")
+    assert "8 identical in a row, 8 failing" in text
+
+
+def test_an_ask_without_a_route_observes_the_warning_and_halts_at_the_stop_level():
+    driver = open_turn(tg.Guard(), ask=None, promptable=True)
+    decisions = drive_failing(driver, 20)
+    assert decisions[-1].step is Step.HALT
+    assert decisions[-1].verdict.message.endswith(NO_ROUTE_SUFFIX)
+    assert driver.turn.ledger.tool_calls == 8
+
+
+def test_answer_stop_refuses_the_call_and_records_it_as_denied():
+    denied = []
+
+    class Outcomes:
+        @tg.hookimpl
+        def turnguard_outcome_recorded(self, call, outcome):
+            denied.append(outcome)
+
+    guard = tg.Guard(plugins={"outcomes": Outcomes()})
+    driver = open_turn(guard, ask=lambda verdict: "stop", promptable=None)
+    decisions = [driver.check(call) for call in identical(5)]
+    assert [d.step for d in decisions] == [Step.RUN] * 4 + [Step.REFUSE]
+    assert denied == [tg.Outcome.DENIED]
+    assert driver.turn.halted is not None
+
+
+def test_async_callbacks_are_awaited_and_refused_where_the_host_is_synchronous():
+    async def ask(verdict):
+        return "continue"
+
+    driver = open_turn(tg.Guard(), ask=ask, promptable=None)
+    for call in identical(4):
+        driver.check(call)
+    with pytest.raises(TypeError, match="synchronous ask callback"):
+        driver.check(identical(5)[4])
+
+    driver = open_turn(tg.Guard(), ask=ask, promptable=None)
+    steps = [asyncio.run(driver.acheck(call)).step for call in identical(6)]
+    assert steps == [Step.RUN] * 6
+
+
+def test_an_answer_that_is_not_one_of_the_three_is_a_programming_error():
+    driver = open_turn(tg.Guard(), ask=lambda verdict: "maybe", promptable=None)
+    for call in identical(4):
+        driver.check(call)
+    with pytest.raises(ValueError, match="continue"):
+        driver.check(identical(5)[4])
+
+
+def test_turn_halted_is_a_loop_detected_carrying_the_verdict():
+    decisions = drive_failing(open_turn(tg.Guard(), ask=None, promptable=None), 20)
+    error = TurnHalted(decisions[-1].verdict)
+    assert isinstance(error, tg.LoopDetected) and error.verdict is decisions[-1].verdict
+    assert str(error) == describe(decisions[-1].verdict)
+
+
+def test_end_reports_how_the_run_finished():
+    guard = tg.Guard()
+    ok, halted, failed = (open_turn(guard, ask=None, promptable=None) for _ in range(3))
+    ok.end()
+    halted.end(TurnHalted(tg.Verdict(tg.Action.HALT, tg.Threshold.EXPLICIT)))
+    failed.end(RuntimeError("the model provider is down"))
+    assert [d.turn.summary.reason for d in (ok, halted, failed)] == ["completed", "halted", "error"]

@@ -1,0 +1,209 @@
+"""LangChain end to end: a real ``create_agent`` graph driven by a fake chat model, with the middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langchain.agents")
+
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import ToolException, tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+import turnguard as tg
+from turnguard.integrations.langchain import TurnGuardHalted, TurnGuardMiddleware
+
+LIMIT = {"recursion_limit": 1000}
+"""LangGraph's own superstep budget, raised so that turnguard is what stops these runs."""
+
+
+class ToolCallingFakeModel(GenericFakeChatModel):
+    """LangChain's fake chat model, accepting the tools ``create_agent`` binds (they are scripted)."""
+
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+
+def call(name: str, args: dict, i: int) -> AIMessage:
+    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call-{i}", "type": "tool_call"}])
+
+
+def calls_then_done(calls: list[tuple[str, dict]]) -> ToolCallingFakeModel:
+    return ToolCallingFakeModel(messages=iter([*(call(n, a, i) for i, (n, a) in enumerate(calls)), AIMessage("done")]))
+
+
+def forever(name: str, args: dict) -> ToolCallingFakeModel:
+    return ToolCallingFakeModel(messages=(call(name, args, i) for i in itertools.count()))
+
+
+@pytest.fixture
+def ran() -> list:
+    return []
+
+
+@pytest.fixture
+def tools(ran):
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        if path.startswith("missing"):
+            raise ToolException(f"{path}: no such file")
+        return f"contents of {path}"
+
+    read_file.handle_tool_error = True
+    return [read_file]
+
+
+def ask_user(prompt: str) -> dict:
+    return {"messages": [{"role": "user", "content": prompt}]}
+
+
+def test_unattended_identical_failing_calls_stop_at_the_eighth_and_the_ninth_never_runs(ran, tools):
+    stuck = forever("read_file", {"path": "missing.py"})
+    agent = create_agent(stuck, tools, middleware=[TurnGuardMiddleware(tg.Guard())])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.invoke(ask_user("read it"), LIMIT)
+    assert len(ran) == 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert "streak" in str(stopped.value) and "8 failing" in str(stopped.value)
+
+
+def test_the_async_graph_is_stopped_the_same_way(ran, tools):
+    stuck = forever("read_file", {"path": "missing.py"})
+    agent = create_agent(stuck, tools, middleware=[TurnGuardMiddleware(tg.Guard())])
+    with pytest.raises(TurnGuardHalted):
+        asyncio.run(agent.ainvoke(ask_user("read it"), LIMIT))
+    assert len(ran) == 8
+
+
+def test_one_hundred_fifty_distinct_calls_complete_under_the_adaptive_cap(ran, tools):
+    model = calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)])
+    agent = create_agent(model, tools, middleware=[TurnGuardMiddleware(tg.Guard())])
+    state = agent.invoke(ask_user("read them"), LIMIT)
+    assert state["messages"][-1].content == "done"
+    assert len(ran) == 150
+
+
+def test_explicit_cap_of_one_hundred_halts_call_one_hundred_one_before_its_body_runs(ran, tools):
+    model = calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)])
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=100))
+    agent = create_agent(model, tools, middleware=[TurnGuardMiddleware(guard)])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.invoke(ask_user("read them"), LIMIT)
+    assert len(ran) == 100
+    assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT
+    assert "explicit" in str(stopped.value) and "101 tool calls" in str(stopped.value)
+
+
+def test_exit_behavior_end_answers_the_halted_call_and_ends_with_a_message(ran, tools):
+    model = calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)])
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=100))
+    agent = create_agent(model, tools, middleware=[TurnGuardMiddleware(guard, exit_behavior="end")])
+    state = agent.invoke(ask_user("read them"), LIMIT)
+    assert len(ran) == 100
+    refused, final = state["messages"][-2:]
+    assert isinstance(refused, ToolMessage) and refused.status == "error" and refused.tool_call_id == "call-100"
+    assert isinstance(final, AIMessage) and "threshold explicit (stop, limit 100)" in final.content
+
+
+def test_attended_run_asks_the_callback_and_continue_lets_it_go_on(ran, tools):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict)
+        return "continue"
+
+    model = calls_then_done([("read_file", {"path": "a.py"})] * 7)
+    agent = create_agent(model, tools, middleware=[TurnGuardMiddleware(tg.Guard(), ask=ask)])
+    assert agent.invoke(ask_user("poll a.py"), LIMIT)["messages"][-1].content == "done"
+    assert len(ran) == 7
+    assert [(v.threshold, v.event.level, v.event.streak_length) for v in asked] == [
+        (tg.Threshold.STREAK, tg.Level.WARN, 5)
+    ]
+
+
+def test_attended_run_reaches_the_user_through_a_langgraph_interrupt_and_resumes(ran, tools):
+    model = calls_then_done([("read_file", {"path": "a.py"})] * 7)
+    agent = create_agent(
+        model, tools, middleware=[TurnGuardMiddleware(tg.Guard(), ask="interrupt")], checkpointer=InMemorySaver()
+    )
+    config = {"configurable": {"thread_id": "t1"}, **LIMIT}
+    paused = agent.invoke(ask_user("poll a.py"), config)
+    (pending,) = paused["__interrupt__"]
+    assert pending.value["turnguard"]["threshold"] == "streak" and pending.value["turnguard"]["level"] == "warn"
+    assert len(ran) == 4  # the fifth identical call waits for the user
+    state = agent.invoke(Command(resume="continue"), config)
+    assert state["messages"][-1].content == "done"
+    assert len(ran) == 7
+
+
+def test_interrupt_answered_stop_refuses_the_call_and_halts(ran, tools):
+    model = calls_then_done([("read_file", {"path": "a.py"})] * 7)
+    agent = create_agent(
+        model, tools, middleware=[TurnGuardMiddleware(tg.Guard(), ask="interrupt")], checkpointer=InMemorySaver()
+    )
+    config = {"configurable": {"thread_id": "t2"}, **LIMIT}
+    agent.invoke(ask_user("poll a.py"), config)
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        agent.invoke(Command(resume={"answer": "stop"}), config)
+    assert len(ran) == 4
+
+
+def _load_example():
+    path = Path(__file__).resolve().parent.parent / "examples" / "langchain_agent.py"
+    spec = importlib.util.spec_from_file_location("example_langchain_agent", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_example_stops_the_stuck_agent_and_says_why():
+    example = _load_example()
+    answer = example.answer("read a.py", model=forever("read_file", {"path": "a.py"}))
+    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+
+
+@pytest.fixture
+def otel():
+    """Real SDK providers exporting to memory."""
+    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
+    yield telemetry
+    telemetry.shutdown()
+
+
+def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, tools, otel):
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=100), **otel.providers())
+    model = calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)])
+    agent = create_agent(model, tools, middleware=[TurnGuardMiddleware(guard)], name="coder")
+    with pytest.raises(TurnGuardHalted):
+        agent.invoke(ask_user("read them"), {"configurable": {"thread_id": "th-9"}, **LIMIT})
+
+    turn_span = otel.span("invoke_agent coder")
+    assert turn_span.attributes["turnguard.turn.outcome"] == "halted"
+    assert turn_span.attributes["turnguard.turn.tool_calls"] == 101
+    assert turn_span.attributes["gen_ai.conversation.id"] == "th-9"
+    tool_spans = [s for s in otel.spans() if s.name == "execute_tool read_file"]
+    assert len(tool_spans) == 101  # the 101st is checked and halted; its body never ran
+    assert tool_spans[-1].attributes["turnguard.verdict.action"] == "halt"
+
+    (record,) = otel.logs("turnguard.loop_detected")
+    assert record.attributes["turnguard.loop.threshold"] == "explicit"
+    assert record.attributes["turnguard.loop.limit"] == 100
+    assert record.span_id == tool_spans[-1].context.span_id
+
+
+def test_remind_model_appends_the_reminder_to_the_fifth_identical_tool_message(ran, tools):
+    model = calls_then_done([("read_file", {"path": "a.py"})] * 6)
+    agent = create_agent(model, tools, middleware=[TurnGuardMiddleware(tg.Guard(tg.GuardConfig(remind_model=True)))])
+    state = agent.invoke(ask_user("poll"), LIMIT)
+    contents = [m.content for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert [("[turnguard] You have called read_file 5 times" in c) for c in contents] == [False] * 4 + [True, False]

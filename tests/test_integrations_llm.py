@@ -1,0 +1,236 @@
+"""simonw's llm end to end: real chains (and the real CLI) with a scripted model from a test plugin."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llm")
+
+import llm
+from click.testing import CliRunner
+from llm.cli import cli
+from llm.plugins import pm
+
+import turnguard as tg
+from turnguard.integrations.llm_plugin import ChainGuard, TurnGuardHalted, chain
+
+
+class ScriptedToolModel(llm.Model):
+    """Plays one step per model request: a tool call ``(name, args)`` or final text."""
+
+    supports_tools = True
+
+    def __init__(self, model_id: str, steps) -> None:
+        self.model_id = model_id
+        self.steps = iter(steps)
+        self.requests = 0
+
+    def execute(self, prompt, stream, response, conversation):
+        self.requests += 1
+        step = next(self.steps, "done")
+        if isinstance(step, str):
+            yield step
+            return
+        name, args = step
+        response.add_tool_call(llm.ToolCall(name=name, arguments=args, tool_call_id=f"call-{self.requests}"))
+        yield ""
+
+
+def stuck_steps():
+    return itertools.repeat(("read_file", {"path": "missing.py"}))
+
+
+def distinct_steps(n: int):
+    return [("read_file", {"path": f"f{i}.py"}) for i in range(n)]
+
+
+@pytest.fixture
+def ran() -> list:
+    return []
+
+
+@pytest.fixture
+def read_file(ran):
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        if path.startswith("missing"):
+            raise FileNotFoundError(path)
+        return f"contents of {path}"
+
+    return read_file
+
+
+def test_unattended_identical_failing_calls_stop_at_the_eighth_and_the_ninth_never_runs(ran, read_file):
+    model = ScriptedToolModel("scripted", stuck_steps())
+    guarded = chain(tg.Guard(), model, "read it", tools=[read_file])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        guarded.text()
+    assert len(ran) == 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert "streak" in str(stopped.value) and "8 failing" in str(stopped.value)
+    assert guarded.callbacks.turn.summary.reason == "halted"
+
+
+def test_one_hundred_fifty_distinct_calls_complete_under_the_adaptive_cap(ran, read_file):
+    model = ScriptedToolModel("scripted", distinct_steps(150))
+    assert chain(tg.Guard(), model, "read them", tools=[read_file]).text() == "done"
+    assert len(ran) == 150
+    assert model.requests == 151
+
+
+def test_explicit_cap_of_one_hundred_halts_call_one_hundred_one_before_its_body_runs(ran, read_file):
+    model = ScriptedToolModel("scripted", distinct_steps(150))
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=100))
+    with pytest.raises(TurnGuardHalted) as stopped:
+        chain(guard, model, "read them", tools=[read_file]).text()
+    assert len(ran) == 100
+    assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT
+    assert "explicit" in str(stopped.value) and "101 tool calls" in str(stopped.value)
+
+
+def test_cycle_cap_is_checked_before_the_request_is_sent(ran, read_file):
+    model = ScriptedToolModel("scripted", distinct_steps(150))
+    with pytest.raises(TurnGuardHalted) as stopped:
+        chain(tg.Guard(tg.GuardConfig(max_cycles_per_turn=3)), model, "read them", tools=[read_file]).text()
+    assert stopped.value.verdict.threshold is tg.Threshold.CYCLE_CAP
+    assert model.requests == 3 and len(ran) == 3
+
+
+def test_attended_run_asks_the_callback_and_continue_lets_it_go_on(ran, read_file):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict)
+        return "continue"
+
+    model = ScriptedToolModel("scripted", [("read_file", {"path": "a.py"})] * 7)
+    assert chain(tg.Guard(), model, "poll a.py", tools=[read_file], ask=ask).text() == "done"
+    assert len(ran) == 7
+    assert [(v.threshold, v.event.level, v.event.streak_length) for v in asked] == [
+        (tg.Threshold.STREAK, tg.Level.WARN, 5)
+    ]
+
+
+def test_callbacks_work_on_a_plain_llm_chain(ran, read_file):
+    """``ChainGuard`` alone, for hosts that call ``model.chain`` themselves."""
+    callbacks = ChainGuard(tg.Guard())
+    model = ScriptedToolModel("scripted", stuck_steps())
+    plain = model.chain(
+        "read it", tools=[read_file], before_call=callbacks.before_call, after_call=callbacks.after_call
+    )
+    with pytest.raises(TurnGuardHalted):
+        plain.text()
+    callbacks.end()
+    assert len(ran) == 8
+
+
+def test_refuses_to_replace_the_hosts_own_callbacks(read_file):
+    with pytest.raises(TypeError, match="ChainGuard"):
+        chain(tg.Guard(), ScriptedToolModel("scripted", []), "x", tools=[read_file], before_call=print)
+
+
+class ScriptedPlugin:
+    """A test plugin giving llm a stuck scripted model and a failing tool."""
+
+    def __init__(self, ran: list) -> None:
+        self.ran = ran
+
+    @llm.hookimpl
+    def register_models(self, register):
+        register(ScriptedToolModel("scripted-stuck", stuck_steps()))
+
+    @llm.hookimpl
+    def register_tools(self, register):
+        ran = self.ran
+
+        def read_file(path: str) -> str:
+            """Read a file."""
+            ran.append(path)
+            raise FileNotFoundError(path)
+
+        register(read_file)
+
+
+@pytest.fixture
+def scripted_plugin(ran):
+    plugin = ScriptedPlugin(ran)
+    pm.register(plugin, name="turnguard-test-scripted")
+    yield plugin
+    pm.unregister(name="turnguard-test-scripted")
+
+
+def test_llm_guarded_command_stops_a_stuck_chain(ran, scripted_plugin, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no turnguard.toml / pyproject: defaults
+    result = CliRunner().invoke(cli, ["guarded", "read it", "-m", "scripted-stuck", "-T", "read_file"])
+    assert result.exit_code == 2, result.output
+    assert "threshold streak (stop, limit 8)" in result.output
+    assert len(ran) == 8
+
+
+def test_llm_guarded_command_rejects_an_unknown_tool(scripted_plugin, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["guarded", "x", "-m", "scripted-stuck", "-T", "no_such_tool"])
+    assert result.exit_code == 1 and "no_such_tool" in result.output
+
+
+def test_installed_as_an_llm_plugin_through_the_entry_point_group():
+    """A fresh process, as a user's ``llm`` would see it: the entry point is loaded by llm itself."""
+    env = {k: v for k, v in os.environ.items() if k != "LLM_LOAD_PLUGINS"}
+    llm_bin = Path(sys.executable).with_name("llm")
+    out = subprocess.run([str(llm_bin), "plugins"], capture_output=True, text=True, env=env, timeout=60, check=True)
+    plugins = {p["name"]: p for p in json.loads(out.stdout)}
+    assert plugins["turnguard"]["hooks"] == ["register_commands"]
+    assert plugins["turnguard"]["version"] == tg.__version__
+
+
+def _load_example():
+    path = Path(__file__).resolve().parent.parent / "examples" / "llm_chain.py"
+    spec = importlib.util.spec_from_file_location("example_llm_chain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_example_stops_the_stuck_chain_and_says_why(scripted_plugin):
+    answer = _load_example().answer("read a.py", model_id="scripted-stuck")
+    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+
+
+@pytest.fixture
+def otel():
+    """Real SDK providers exporting to memory."""
+    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
+    yield telemetry
+    telemetry.shutdown()
+
+
+def test_the_chains_spans_and_loop_detected_events_are_recorded(ran, read_file, otel):
+    model = ScriptedToolModel("scripted", stuck_steps())
+    with pytest.raises(TurnGuardHalted):
+        chain(tg.Guard(tg.GuardConfig(), **otel.providers()), model, "read it", tools=[read_file]).text()
+
+    turn_span = otel.span("invoke_agent scripted")
+    assert turn_span.attributes["turnguard.turn.outcome"] == "halted"
+    tool_spans = [s for s in otel.spans() if s.name == "execute_tool read_file"]
+    assert len(tool_spans) == 8
+    records = otel.logs("turnguard.loop_detected")
+    assert [r.attributes["turnguard.loop.level"] for r in records] == ["warn", "stop"]
+    assert records[-1].attributes["turnguard.loop.failing_streak_length"] == 8
+    assert records[-1].span_id == tool_spans[-1].context.span_id
+
+
+def test_remind_model_appends_the_reminder_to_the_fifth_identical_result(ran, read_file):
+    model = ScriptedToolModel("scripted", [("read_file", {"path": "a.py"})] * 6)
+    guarded = chain(tg.Guard(tg.GuardConfig(remind_model=True)), model, "poll", tools=[read_file])
+    assert guarded.text() == "done"
+    outputs = [r.output for resp in guarded.chain._responses for r in resp.prompt.tool_results]
+    assert [("[turnguard] You have called read_file 5 times" in o) for o in outputs] == [False] * 4 + [True, False]

@@ -1,0 +1,198 @@
+"""openai-agents end to end: a real Runner driven by the SDK's ScriptedModel, guarded by run hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("agents")
+
+from agents import Agent, RunConfig, Runner, function_tool
+from agents.exceptions import AgentsException
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+import turnguard as tg
+from turnguard.integrations.openai_agents import TurnGuardHalted, TurnGuardRunHooks, run, run_sync
+
+NO_EXPORT = RunConfig(tracing_disabled=True)
+"""The SDK's default trace exporter would try to reach OpenAI; these runs stay local."""
+
+
+def calls_then_done(calls: list[tuple[str, dict]]) -> ScriptedModel:
+    """One call per model request, then a final answer."""
+    steps = [[function_call(name, args, call_id=f"call-{i}")] for i, (name, args) in enumerate(calls)]
+    return ScriptedModel([*steps, [assistant_message("done")]])
+
+
+@pytest.fixture
+def ran() -> list:
+    return []
+
+
+@pytest.fixture
+def make_agent(ran):
+    def make(model: ScriptedModel, *, fail: bool) -> Agent:
+        @function_tool
+        def read_file(path: str) -> str:
+            """Read a file."""
+            ran.append(path)
+            if fail:
+                raise FileNotFoundError(path)
+            return f"contents of {path}"
+
+        return Agent(name="coder", model=model, tools=[read_file])
+
+    return make
+
+
+def test_unattended_identical_failing_calls_stop_at_the_eighth_and_the_ninth_never_runs(ran, make_agent):
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 30), fail=True)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_sync(tg.Guard(tg.GuardConfig()), agent, "read a.py", max_turns=100, run_config=NO_EXPORT)
+    assert len(ran) == 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert "streak" in str(stopped.value) and "8 failing" in str(stopped.value)
+    assert isinstance(stopped.value, AgentsException) and isinstance(stopped.value, tg.LoopDetected)
+
+
+def test_failures_are_seen_through_the_tool_span_when_the_hooks_are_used_directly(ran):
+    """No ``run`` helper (no error formatter) and the tool's own failure text: the SDK's span error
+    is what marks the failure."""
+
+    @function_tool(failure_error_function=lambda ctx, error: f"cannot read: {error}")
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        raise FileNotFoundError(path)
+
+    agent = Agent(name="coder", model=calls_then_done([("read_file", {"path": "a.py"})] * 30), tools=[read_file])
+    hooks = TurnGuardRunHooks(tg.Guard(tg.GuardConfig()))
+    with pytest.raises(TurnGuardHalted):
+        Runner.run_sync(agent, "read a.py", hooks=hooks, max_turns=100)
+    hooks.end()
+    assert len(ran) == 8
+    assert hooks.driver.turn.summary.halted and hooks.driver.turn.summary.reason == "halted"
+
+
+def test_one_hundred_fifty_distinct_calls_complete_under_the_adaptive_cap(ran, make_agent):
+    agent = make_agent(calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)]), fail=False)
+    result = run_sync(tg.Guard(tg.GuardConfig()), agent, "read them", max_turns=200, run_config=NO_EXPORT)
+    assert result.final_output == "done"
+    assert len(ran) == 150
+
+
+def test_explicit_cap_of_one_hundred_halts_call_one_hundred_one_before_its_body_runs(ran, make_agent):
+    agent = make_agent(calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)]), fail=False)
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=100))
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_sync(guard, agent, "read them", max_turns=200, run_config=NO_EXPORT)
+    assert len(ran) == 100
+    assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT
+    assert "explicit" in str(stopped.value) and "101 tool calls" in str(stopped.value)
+
+
+def test_attended_run_asks_the_async_callback_and_continue_lets_it_go_on(ran, make_agent):
+    asked = []
+
+    async def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict)
+        return "continue"
+
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 7), fail=False)
+    guard = tg.Guard(tg.GuardConfig())
+    result = asyncio.run(run(guard, agent, "poll a.py", ask=ask, max_turns=50, run_config=NO_EXPORT))
+    assert result.final_output == "done"
+    assert len(ran) == 7
+    assert [(v.threshold, v.event.level, v.event.streak_length) for v in asked] == [
+        (tg.Threshold.STREAK, tg.Level.WARN, 5)
+    ]
+
+
+def test_attended_stop_level_reaches_the_user_after_the_eighth_failure(ran, make_agent):
+    """Attended, the stop level is an ASK: the user's "stop" halts; the ninth call never runs."""
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append((verdict.event.level, verdict.event.failing_streak_length))
+        return "stop"
+
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 30), fail=True)
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_sync(guard, agent, "read a.py", ask=ask, max_turns=100, run_config=NO_EXPORT)
+    assert asked == [(tg.Level.STOP, 8)]
+    assert len(ran) == 8
+    assert "stopped by the user" in str(stopped.value)
+
+
+def test_answering_continue_resets_the_streak_so_the_user_is_asked_every_fifth_identical_call(ran, make_agent):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict.event.tool_calls)
+        return "continue"
+
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 12), fail=True)
+    result = run_sync(tg.Guard(tg.GuardConfig()), agent, "read a.py", ask=ask, max_turns=100, run_config=NO_EXPORT)
+    assert result.final_output == "done"
+    assert asked == [5, 10]
+    assert len(ran) == 12
+
+
+def test_promptable_without_a_route_falls_back_to_halting_at_the_stop_level(ran, make_agent):
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 30), fail=True)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_sync(tg.Guard(tg.GuardConfig()), agent, "read a.py", promptable=True, max_turns=100, run_config=NO_EXPORT)
+    assert len(ran) == 8
+    assert "nobody could be asked" in str(stopped.value)
+
+
+def _load_example():
+    path = Path(__file__).resolve().parent.parent / "examples" / "openai_agents_agent.py"
+    spec = importlib.util.spec_from_file_location("example_openai_agents_agent", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_example_stops_the_stuck_agent_and_says_why():
+    example = _load_example()
+    model = calls_then_done([("read_file", {"path": "a.py"})] * 30)
+    answer = example.answer("read a.py", model=model, run_config=NO_EXPORT)
+    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+
+
+@pytest.fixture
+def otel():
+    """Real SDK providers exporting to memory."""
+    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
+    yield telemetry
+    telemetry.shutdown()
+
+
+def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, make_agent, otel):
+    """The SDK traces through its own (non-OpenTelemetry) tracing, so turnguard's spans are the
+    OpenTelemetry ones: a turn span and one span per call, the detections logged on the call's span."""
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 30), fail=True)
+    guard = tg.Guard(tg.GuardConfig(), **otel.providers())
+    with pytest.raises(TurnGuardHalted):
+        run_sync(guard, agent, "read a.py", conversation_id="conv-1", max_turns=100, run_config=NO_EXPORT)
+
+    turn_span = otel.span("invoke_agent coder")
+    assert turn_span.attributes["turnguard.turn.outcome"] == "halted"
+    assert turn_span.attributes["gen_ai.conversation.id"] == "conv-1"
+    tool_spans = [s for s in otel.spans() if s.name == "execute_tool read_file"]
+    assert len(tool_spans) == 8
+    assert all(s.parent.span_id == turn_span.context.span_id for s in tool_spans)
+    assert [s.attributes["gen_ai.tool.call.id"] for s in tool_spans] == [f"call-{i}" for i in range(8)]
+
+    records = otel.logs("turnguard.loop_detected")
+    assert [(r.attributes["turnguard.loop.level"], r.attributes["turnguard.loop.action"]) for r in records] == [
+        ("warn", "allow"),
+        ("stop", "halt"),
+    ]
+    assert records[-1].attributes["turnguard.loop.threshold"] == "streak"
+    assert records[-1].span_id == tool_spans[-1].context.span_id

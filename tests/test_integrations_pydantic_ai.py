@@ -1,0 +1,259 @@
+"""pydantic-ai end to end: a real Agent driven by FunctionModel scripts, guarded by the capability."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic_ai import Agent, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.capabilities import HandleDeferredToolCalls
+from pydantic_ai.exceptions import AgentRunError, ToolFailed
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
+from pydantic_ai.usage import UsageLimits
+
+import turnguard as tg
+from turnguard.integrations.pydantic_ai import APPROVAL, TurnGuardCapability, TurnGuardHalted, approval_requests
+
+NO_REQUEST_LIMIT = UsageLimits(request_limit=None)
+"""pydantic-ai's own budget (50 requests) would stop a 150-call run first; turnguard is under test."""
+
+
+def _tool_returns(messages) -> int:
+    return sum(1 for m in messages for p in getattr(m, "parts", ()) if p.part_kind == "tool-return")
+
+
+def scripted(calls: list[tuple[str, dict]]) -> FunctionModel:
+    """A model that makes the given calls one per request, then answers "done"."""
+
+    def respond(messages, info: AgentInfo) -> ModelResponse:
+        i = _tool_returns(messages)
+        if i < len(calls):
+            name, args = calls[i]
+            return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"call-{i}")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(respond)
+
+
+def forever(name: str, args: dict) -> FunctionModel:
+    """A model that repeats one call with identical arguments, whatever it is told."""
+    counter = iter(range(10**6))
+    return FunctionModel(lambda m, i: ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"c{next(counter)}")]))
+
+
+def agent_with(model: FunctionModel, capability: TurnGuardCapability, ran: list, *, fail: bool, also=(), **kw) -> Agent:
+    """A real agent with one tool, ``read_file``, whose bodies are logged in ``ran``."""
+    agent = Agent(model, capabilities=[capability, *also], **kw)
+
+    @agent.tool_plain
+    def read_file(path: str) -> str:
+        ran.append(path)
+        if fail:
+            raise ToolFailed(f"{path}: no such file")
+        return f"contents of {path}"
+
+    return agent
+
+
+@pytest.fixture
+def ran() -> list:
+    return []
+
+
+def test_unattended_identical_failing_calls_stop_at_the_eighth_and_the_ninth_never_runs(ran):
+    guard = tg.Guard(tg.GuardConfig())
+    agent = agent_with(forever("read_file", {"path": "a.py"}), TurnGuardCapability(guard), ran, fail=True)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.run_sync("read a.py")
+    assert len(ran) == 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert "streak" in str(stopped.value) and "8 failing" in str(stopped.value)
+    assert isinstance(stopped.value, AgentRunError) and isinstance(stopped.value, tg.LoopDetected)
+
+
+def test_one_hundred_fifty_distinct_calls_complete_under_the_adaptive_cap(ran):
+    guard = tg.Guard(tg.GuardConfig())
+    calls = [("read_file", {"path": f"f{i}.py"}) for i in range(150)]
+    agent = agent_with(scripted(calls), TurnGuardCapability(guard), ran, fail=False)
+    result = agent.run_sync("read them all", usage_limits=NO_REQUEST_LIMIT)
+    assert result.output == "done"
+    assert len(ran) == 150
+
+
+def test_explicit_cap_of_one_hundred_halts_call_one_hundred_one_before_its_body_runs(ran):
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=100))
+    calls = [("read_file", {"path": f"f{i}.py"}) for i in range(150)]
+    agent = agent_with(scripted(calls), TurnGuardCapability(guard), ran, fail=False)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.run_sync("read them all", usage_limits=NO_REQUEST_LIMIT)
+    assert len(ran) == 100
+    assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT
+    assert "explicit" in str(stopped.value) and "101 tool calls" in str(stopped.value)
+
+
+def test_attended_run_asks_the_callback_and_continue_lets_it_go_on(ran):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict)
+        return "continue"
+
+    guard = tg.Guard(tg.GuardConfig())
+    calls = [("read_file", {"path": "a.py"})] * 7
+    agent = agent_with(scripted(calls), TurnGuardCapability(guard, ask=ask), ran, fail=False)
+    assert agent.run_sync("poll a.py").output == "done"
+    assert len(ran) == 7
+    assert [(v.action, v.threshold, v.event.level) for v in asked] == [
+        (tg.Action.ASK, tg.Threshold.STREAK, tg.Level.WARN)
+    ]
+    assert asked[0].event.promptable and asked[0].event.streak_length == 5
+
+
+def test_attended_run_answer_stop_refuses_the_call_and_halts(ran):
+    guard = tg.Guard(tg.GuardConfig())
+    calls = [("read_file", {"path": "a.py"})] * 7
+    agent = agent_with(scripted(calls), TurnGuardCapability(guard, ask=lambda v: "stop"), ran, fail=False)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.run_sync("poll a.py")
+    assert len(ran) == 4  # the fifth identical call was refused before it ran
+    assert "stopped by the user" in str(stopped.value)
+
+
+def test_attended_run_reaches_the_user_through_deferred_tool_approval_inline(ran):
+    seen = []
+
+    def approve(ctx, requests: DeferredToolRequests) -> DeferredToolResults:
+        ours = approval_requests(requests)
+        seen.extend(requests.metadata[c.tool_call_id]["turnguard"] for c in ours)
+        return requests.build_results(approvals={c.tool_call_id: True for c in ours})
+
+    guard = tg.Guard(tg.GuardConfig())
+    calls = [("read_file", {"path": "a.py"})] * 7
+    capability = TurnGuardCapability(guard, ask=APPROVAL)
+    agent = agent_with(scripted(calls), capability, ran, fail=False, also=[HandleDeferredToolCalls(handler=approve)])
+    assert agent.run_sync("poll a.py").output == "done"
+    assert len(ran) == 7
+    assert [m["threshold"] for m in seen] == ["streak"]
+    assert "threshold streak (warn, limit 5)" in seen[0]["message"]
+
+
+def test_denied_approval_stops_the_run_as_the_users_answer(ran):
+    def deny(ctx, requests: DeferredToolRequests) -> DeferredToolResults:
+        return requests.build_results(approvals={c.tool_call_id: False for c in approval_requests(requests)})
+
+    guard = tg.Guard(tg.GuardConfig())
+    calls = [("read_file", {"path": "a.py"})] * 7
+    capability = TurnGuardCapability(guard, ask=APPROVAL)
+    agent = agent_with(scripted(calls), capability, ran, fail=False, also=[HandleDeferredToolCalls(handler=deny)])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.run_sync("poll a.py")
+    assert len(ran) == 4
+    assert "stopped by the user" in str(stopped.value)
+
+
+def test_approval_through_a_deferred_output_is_answered_in_the_resumed_run(ran):
+    guard = tg.Guard(tg.GuardConfig())
+    calls = [("read_file", {"path": "a.py"})] * 7
+    capability = TurnGuardCapability(guard, ask=APPROVAL)
+    agent = agent_with(scripted(calls), capability, ran, fail=False, output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("poll a.py")
+    assert isinstance(first.output, DeferredToolRequests) and len(ran) == 4
+    ours = approval_requests(first.output)
+    assert len(ours) == 1
+    resumed = agent.run_sync(
+        message_history=first.all_messages(),
+        deferred_tool_results=first.output.build_results(approvals={ours[0].tool_call_id: True}),
+    )
+    assert resumed.output == "done"
+    assert len(ran) == 7
+
+
+def load_example(name: str):
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_example_stops_the_stuck_agent_and_says_why():
+    example = load_example("pydantic_ai_agent")
+    answer = example.answer("read a.py", model=forever("read_file", {"path": "a.py"}))
+    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+
+
+def test_denial_given_to_a_resumed_run_is_the_users_stop(ran):
+    guard = tg.Guard(tg.GuardConfig())
+    calls = [("read_file", {"path": "a.py"})] * 7
+    agent = agent_with(scripted(calls), TurnGuardCapability(guard, ask=APPROVAL), ran, fail=False,
+                       output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("poll a.py")
+    (ours,) = approval_requests(first.output)
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        agent.run_sync(
+            message_history=first.all_messages(),
+            deferred_tool_results=first.output.build_results(approvals={ours.tool_call_id: False}),
+        )
+    assert len(ran) == 4
+
+
+@pytest.fixture
+def otel():
+    """Real SDK providers exporting to memory: what turnguard and pydantic-ai trace and log."""
+    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
+    yield telemetry
+    telemetry.shutdown()
+
+
+def test_turnguard_enriches_pydantic_ais_own_spans_and_logs_the_detection_on_the_tool_span(ran, otel):
+    from pydantic_ai.capabilities import Instrumentation
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    guard = tg.Guard(tg.GuardConfig(), **otel.providers())
+    instrumented = Instrumentation(InstrumentationSettings(tracer_provider=otel.tracer_provider))
+    agent = agent_with(
+        forever("read_file", {"path": "a.py"}), TurnGuardCapability(guard), ran, fail=True, also=[instrumented]
+    )
+    with pytest.raises(TurnGuardHalted):
+        agent.run_sync("read a.py")
+
+    finished = otel.spans()
+    tool_spans = [s for s in finished if s.name == "execute_tool read_file"]
+    assert len(tool_spans) == 8  # pydantic-ai's spans, enriched: turnguard did not add its own
+    assert [s.attributes["turnguard.call.index"] for s in tool_spans] == list(range(1, 9))
+    assert tool_spans[-1].attributes["turnguard.verdict.threshold"] == "streak"
+    (run_span,) = [s for s in finished if s.name.startswith("invoke_agent")]
+    assert run_span.attributes["turnguard.turn.outcome"] == "halted"
+    assert run_span.attributes["turnguard.turn.tool_calls"] == 8
+
+    records = otel.logs("turnguard.loop_detected")
+    assert [(r.attributes["turnguard.loop.level"], r.attributes["turnguard.loop.action"]) for r in records] == [
+        ("warn", "allow"),  # unattended: the warning is observed
+        ("stop", "halt"),
+    ]
+    stop = records[-1]
+    assert stop.attributes["turnguard.loop.threshold"] == "streak"
+    assert stop.attributes["turnguard.loop.failing_streak_length"] == 8
+    assert stop.span_id == tool_spans[-1].context.span_id  # emitted in the offending call's span
+    assert "a.py" not in repr(dict(stop.attributes))  # never the arguments
+
+
+def test_remind_model_appends_the_reminder_to_the_fifth_identical_calls_result(ran):
+    seen = []
+
+    def respond(messages, info: AgentInfo) -> ModelResponse:
+        returns = [p for m in messages for p in getattr(m, "parts", ()) if p.part_kind == "tool-return"]
+        seen.extend(p.content for p in returns[len(seen):])
+        if len(returns) < 6:
+            return ModelResponse(parts=[ToolCallPart("read_file", {"path": "a.py"}, tool_call_id=f"c{len(returns)}")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    guard = tg.Guard(tg.GuardConfig(remind_model=True))
+    agent = agent_with(FunctionModel(respond), TurnGuardCapability(guard), ran, fail=False)
+    assert agent.run_sync("poll").output == "done"
+    assert [("[turnguard] You have called read_file 5 times" in c) for c in seen] == [False] * 4 + [True, False]

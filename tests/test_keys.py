@@ -1,0 +1,244 @@
+"""Call identity (DESIGN §3.1): canonical keys, byte keys, and bad arguments that never raise."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+import pytest
+
+import turnguard as tg
+from turnguard.keys import Keyer, canonical_bytes
+
+KEYER = Keyer()
+
+
+def key(args: object, name: str = "tool", keyer: Keyer = KEYER) -> bytes:
+    return keyer.digest(name, args)
+
+
+def fresh_key(args: object) -> bytes:
+    """The key through the public path (a new ToolCall each time, nothing cached)."""
+    return KEYER.key_of(tg.ToolCall("tool", args)).digest
+
+
+# -- canonical identity ---------------------------------------------------------------------------
+
+def test_key_order_does_not_matter_at_any_level():
+    a = {"b": 1, "a": {"y": [1, {"q": 1, "p": 2}], "x": None}}
+    b = {"a": {"x": None, "y": [1, {"p": 2, "q": 1}]}, "b": 1}
+    assert key(a) == key(b)
+    assert canonical_bytes(a) == b'{"a":{"x":null,"y":[1,{"p":2,"q":1}]},"b":1}'
+
+
+def test_array_order_and_values_matter():
+    assert key([1, 2]) != key([2, 1])
+    assert key({"a": 1}) != key({"a": "1"})
+    assert key({"path": "a.py"}) != key({"path": "a.py "})
+
+
+def test_the_tool_name_is_part_of_the_key():
+    assert key({"a": 1}, "read") != key({"a": 1}, "write")
+
+
+@pytest.mark.parametrize("text", ['{"b":1,"a":2}', '  {"a": 2,\n "b": 1}  ', b'{"b": 1, "a": 2}',
+                                  bytearray(b'{"a":2,"b":1}')])
+def test_a_json_string_or_bytes_is_the_same_call_as_the_dict(text):
+    assert key(text) == key({"a": 2, "b": 1})
+
+
+def test_json_scalars_in_text_and_plain_text():
+    assert key("42") == key(42) and key("true") == key(True) and key("null") == key(None)
+    assert key("ls -la") == key('"ls -la"')  # JSON text of a string is that string
+    assert key("ls -la") != key("ls  -la")
+    assert key("{not json") != key("{not  json")  # text that looks like JSON but is not
+
+
+def test_tuples_are_arrays_and_lists_inside_are_canonical():
+    assert key((1, 2)) == key([1, 2])
+    assert key({"a": (1, {"b": 2, "a": 1})}) == key('{"a":[1,{"a":1,"b":2}]}')
+
+
+def test_a_dict_needing_the_fallback_keeps_the_canonical_form_of_its_json_parts():
+    assert canonical_bytes({"b": [1.5, "x"], "a": {"s": {3}}}) == b'{"a":{"s":{"__set__":[3]}},"b":[1.5,"x"]}'
+
+
+# -- byte identity ---------------------------------------------------------------------------------
+
+BYTES = Keyer("bytes")
+
+
+def test_bytes_mode_compares_strings_byte_for_byte():
+    assert key('{"b":1,"a":2}', keyer=BYTES) != key('{"a":2,"b":1}', keyer=BYTES)
+    assert key("ls -la", keyer=BYTES) != key('"ls -la"', keyer=BYTES)
+    assert key(b"raw", keyer=BYTES) == key("raw", keyer=BYTES)
+
+
+def test_bytes_mode_still_canonicalizes_objects():
+    assert key({"b": 1, "a": 2}, keyer=BYTES) == key({"a": 2, "b": 1}, keyer=BYTES)
+
+
+def test_bytes_mode_through_the_guard_config():
+    guard = tg.Guard(tg.GuardConfig(key_mode="bytes", disable_plugins=("otel", "recorder", "shadow")))
+    turn = guard.turn()
+    for args in ('{"cmd":"ls"}', '{"cmd": "ls"}', '{"cmd":"ls"}'):
+        turn.check_call(tg.ToolCall("bash", args))
+    assert turn.ledger.distinct_keys == 2 and turn.ledger.max_key_repeat == 2
+
+
+def test_an_unknown_key_mode_is_refused():
+    with pytest.raises(ValueError, match="canonical"):
+        Keyer("fuzzy")
+
+
+# -- digests ---------------------------------------------------------------------------------------
+
+def test_the_digest_is_short_hex_and_never_the_arguments():
+    call = tg.ToolCall("write_file", {"content": "secret-token-123"})
+    hex_digest = KEYER.key_of(call).hex
+    assert len(hex_digest) == 16 and int(hex_digest, 16) >= 0
+    assert "secret" not in hex_digest
+
+
+def test_digests_are_stable_for_one_secret_and_differ_across_secrets():
+    assert key({"a": 1}, keyer=Keyer(secret="s1")) == key({"a": 1}, keyer=Keyer(secret=b"s1"))
+    assert key({"a": 1}, keyer=Keyer(secret="s1")) != key({"a": 1}, keyer=Keyer(secret="s2"))
+    assert key({"a": 1}) == key({"a": 1})
+
+
+def test_a_key_is_cached_per_keyer():
+    call = tg.ToolCall("tool", {"a": 1})
+    first = KEYER.key_of(call)
+    assert KEYER.key_of(call) is first
+    other = Keyer(secret="other")
+    assert other.key_of(call).keyer is other and other.key_of(call).digest != first.digest
+
+
+# -- bad arguments: never raise, deterministic -----------------------------------------------------
+
+def test_sets_get_an_order_independent_key():
+    assert fresh_key({"tags": {"b", "a", "c"}}) == fresh_key({"tags": {"c", "b", "a"}})
+    assert fresh_key({3, 1, 2}) == fresh_key(frozenset({1, 2, 3}))
+    assert fresh_key({1, 2}) != fresh_key([1, 2])
+
+
+class Plain:
+    def __init__(self, x: object) -> None:
+        self.x = x
+
+
+class Shown:
+    def __init__(self, x: object) -> None:
+        self.x = x
+
+    def __repr__(self) -> str:
+        return f"Shown({self.x!r})"
+
+
+class BrokenRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class Color(enum.Enum):
+    RED = "r"
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: object
+
+
+def test_custom_objects_get_keys_from_their_content_not_their_address():
+    assert fresh_key({"o": Plain(1)}) == fresh_key({"o": Plain(1)})
+    assert fresh_key(Plain(1)) != fresh_key(Plain(2))
+    assert fresh_key(Shown([1])) == fresh_key(Shown([1])) != fresh_key(Shown([2]))
+    assert fresh_key(BrokenRepr()) == fresh_key(BrokenRepr())
+    assert fresh_key(Color.RED) == fresh_key(Color.RED)
+    assert fresh_key(Point(1, {2})) == fresh_key(Point(1, {2})) != fresh_key(Point(1, {3}))
+    assert fresh_key(lambda: 0) == fresh_key(lambda: 0)  # same repr once the address is removed
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinities_get_a_deterministic_key(value):
+    assert fresh_key({"x": value}) == fresh_key({"x": value})
+    assert fresh_key({"x": value}) != fresh_key({"x": 0.0})
+    assert fresh_key(value) == fresh_key(value)
+
+
+def test_nan_and_infinities_are_distinct():
+    assert len({fresh_key(float(v)) for v in ("nan", "inf", "-inf")}) == 3
+
+
+def _self_referencing_dict() -> dict:
+    d: dict = {"name": "loop", "items": [1, 2]}
+    d["self"] = d
+    d["items"].append(d["items"])
+    return d
+
+
+def test_self_referencing_structures_get_a_deterministic_key():
+    a, b = _self_referencing_dict(), _self_referencing_dict()
+    assert fresh_key(a) == fresh_key(b)
+    c = _self_referencing_dict()
+    c["name"] = "other"
+    assert fresh_key(a) != fresh_key(c)
+    lst: list = [1]
+    lst.append(lst)
+    assert fresh_key(lst) == fresh_key(lst)
+
+
+def test_a_50_mb_string_gets_a_deterministic_key_quickly():
+    big = "x" * (50 * 1024 * 1024)
+    started = time.perf_counter()
+    first = fresh_key(big)
+    assert fresh_key(big) == first
+    assert fresh_key(big[:-1] + "y") != first
+    assert time.perf_counter() - started < 10
+
+
+def test_a_50_mb_string_that_starts_like_json_but_is_not_is_keyed_as_text():
+    big = "{" + "x" * (50 * 1024 * 1024)
+    assert fresh_key(big) == fresh_key(big) != fresh_key("{" + "x" * 10)
+
+
+def _nested(depth: int, leaf: object, as_dict: bool) -> object:
+    value = leaf
+    for _ in range(depth):
+        value = {"k": value} if as_dict else [value]
+    return value
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_10000_deep_nesting_gets_a_deterministic_key(as_dict):
+    a, b = _nested(10_000, 1, as_dict), _nested(10_000, 1, as_dict)
+    assert fresh_key(a) == fresh_key(b)
+    assert fresh_key(a) != fresh_key(_nested(10_000, 2, as_dict))
+    assert fresh_key(a) != fresh_key(_nested(9_999, 1, as_dict))
+
+
+def test_10000_deep_json_text_gets_a_deterministic_key():
+    text = "[" * 10_000 + "]" * 10_000
+    assert fresh_key(text) == fresh_key(text) != fresh_key("[" * 9_999 + "]" * 9_999)
+
+
+def test_a_huge_integer_gets_a_deterministic_key():
+    assert fresh_key({"n": 10**5000}) == fresh_key({"n": 10**5000}) != fresh_key({"n": 10**5000 + 1})
+
+
+def test_mixed_key_types_and_lone_surrogates_do_not_raise():
+    assert fresh_key({1: "a", "b": 2, None: 3}) == fresh_key({"b": 2, None: 3, 1: "a"})
+    assert fresh_key({"s": "\ud800"}) == fresh_key({"s": "\ud800"})
+    assert fresh_key(b"\xff\xfe not utf-8") == fresh_key(b"\xff\xfe not utf-8")
+    assert tg.ToolCall("\ud800", {}) and KEYER.key_of(tg.ToolCall("\ud800", {}))
+
+
+def test_bad_arguments_never_raise_through_the_turn():
+    turn = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"))).turn()
+    for args in ({1, 2}, Plain(1), float("nan"), _self_referencing_dict(), _nested(10_000, 0, True), BrokenRepr(),
+                 object(), 10**5000, b"\xff"):
+        call = tg.ToolCall("tool", args)
+        assert turn.check_call(call).action is tg.Action.ALLOW
+        assert turn.record_outcome(call, tg.Outcome.OK).action is tg.Action.ALLOW

@@ -1,0 +1,114 @@
+"""The per-turn facts: counts, repeats, streaks, rollback, and the bound on tracked keys."""
+
+from __future__ import annotations
+
+import pytest
+
+import turnguard as tg
+from conftest import distinct_call, drive
+from turnguard.ledger import Ledger
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(8, "big")
+
+
+@pytest.fixture
+def ledger() -> Ledger:
+    return Ledger(tg.GuardConfig(), conversation_id="c1", agent_name="coder")
+
+
+def test_counts_repeats_and_streaks(ledger):
+    for k in (1, 2, 2, 3, 2, 2, 2):
+        ledger.count_call(key(k), "t")
+    assert ledger.tool_calls == 7 and ledger.distinct_keys == 3
+    assert ledger.max_key_repeat == 5 and ledger.repeats_of(key(2)) == 5 and ledger.repeats_of(key(9)) == 0
+    assert ledger.streak_length == 3 and ledger.streak_digest == key(2) and ledger.last_tool_name == "t"
+
+
+def test_first_stuck_call_is_where_a_key_first_reached_the_threshold(ledger):
+    for n in range(1, 20):
+        ledger.count_call(key(0) if n % 3 == 0 else key(n), "t")
+    assert ledger.first_stuck_call == 18  # the 6th time key 0 was seen
+
+
+def test_a_stuck_threshold_of_one_is_reached_by_the_first_call():
+    ledger = Ledger(tg.GuardConfig(stuck_repeat_threshold=1))
+    ledger.count_call(key(1), "t")
+    assert ledger.first_stuck_call == 1
+
+
+def test_failing_streak_follows_outcomes_of_the_streak_key(ledger):
+    outcomes = [tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.DENIED, tg.Outcome.ERROR, tg.Outcome.OK]
+    lengths = []
+    for outcome in outcomes:
+        ledger.count_call(key(1), "t")
+        ledger.record_outcome(key(1), outcome)
+        lengths.append(ledger.failing_streak_length)
+    assert lengths == [1, 2, 2, 3, 0]
+    assert ledger.outcomes(tg.Outcome.ERROR) == 3 and ledger.outcomes("denied") == 1
+
+
+def test_rollback_returns_to_the_cycle_start_and_clears_repeats_and_streaks(ledger):
+    ledger.begin_cycle()
+    for k in (1, 2, 3):
+        ledger.count_call(key(k), "t")
+    ledger.begin_cycle()
+    for _ in range(4):
+        ledger.count_call(key(7), "t")
+        ledger.record_outcome(key(7), tg.Outcome.ERROR)
+    ledger.rollback_cycle()
+    assert (ledger.tool_calls, ledger.max_key_repeat, ledger.distinct_keys) == (3, 0, 0)
+    assert (ledger.streak_length, ledger.failing_streak_length, ledger.retries, ledger.cycles) == (0, 0, 1, 2)
+
+
+def test_detect_records_the_counts_at_the_moment(ledger):
+    call = tg.ToolCall("bash", "ls")
+    tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"))).keyer.key_of(call)
+    ledger.count_call(call._key.digest, "bash")
+    verdict = ledger.detect("custom", tg.Action.ASK, tg.Level.WARN, 3, call=call, message="why")
+    event = verdict.event
+    assert (verdict.action, verdict.threshold, verdict.message) == (tg.Action.ASK, "custom", "why")
+    assert (event.tool_calls, event.max_key_repeat, event.streak_length, event.limit) == (1, 1, 1, 3)
+    assert (event.tool_name, event.key_digest, event.conversation_id, event.agent_name) == (
+        "bash", call._key.hex, "c1", "coder")
+    assert event.event_id != ledger.detect("custom", tg.Action.ASK, tg.Level.WARN, 3).event.event_id
+
+
+def test_the_tracked_keys_are_bounded_and_later_keys_go_uncounted():
+    ledger = Ledger(tg.GuardConfig(max_tracked_keys=100))
+    for k in range(150):
+        ledger.count_call(key(k), "t")
+    for _ in range(10):  # a key first seen past the bound: its repeats are not counted
+        assert ledger.count_call(key(149), "t") == 1
+        ledger.count_call(key(0), "t")  # a tracked key keeps counting
+    assert ledger.distinct_keys == 100 and ledger.keys_overflowed
+    assert ledger.repeats_of(key(149)) == 0 and ledger.repeats_of(key(0)) == 11
+    assert ledger.max_key_repeat == 11 and ledger.tool_calls == 170
+
+
+def test_streaks_still_work_for_untracked_keys():
+    ledger = Ledger(tg.GuardConfig(max_tracked_keys=1))
+    ledger.count_call(key(0), "t")
+    for _ in range(5):
+        ledger.count_call(key(1), "t")
+        ledger.record_outcome(key(1), tg.Outcome.ERROR)
+    assert (ledger.streak_length, ledger.failing_streak_length, ledger.max_key_repeat) == (5, 5, 1)
+
+
+def test_past_the_bound_the_backstop_still_bounds_the_turn():
+    guard = tg.Guard(tg.GuardConfig(max_tracked_keys=10, disable_plugins=("otel", "recorder", "shadow"),
+                                    load_entrypoints=False), environ={})
+    turn = guard.turn()
+    verdicts = drive(turn, (distinct_call(i) for i in range(2000)))
+    assert len(verdicts) == 1001 and verdicts[-1].threshold is tg.Threshold.HARD_BACKSTOP
+    assert turn.ledger.distinct_keys == 10 and turn.end().keys_overflowed
+
+
+def test_summary_reports_how_the_turn_went(ledger):
+    for k in (1, 1, 1, 1, 1, 1, 2):
+        ledger.count_call(key(k), "t")
+    summary = ledger.summary(reason="completed", halt=None)
+    assert (summary.tool_calls, summary.max_key_repeat, summary.first_stuck_call, summary.distinct_keys) == (7, 6, 6, 2)
+    assert summary.stuck and not summary.halted and summary.threshold is None and summary.cap_mode == "adaptive"
+    assert (summary.conversation_id, summary.agent_name, summary.reason) == ("c1", "coder", "completed")

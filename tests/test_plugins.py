@@ -1,0 +1,247 @@
+"""Plugins: built-ins by name, third-party policies in code and through a real entry point,
+blocking, the entry-point switch, isolation of broken plugins, and ``describe``."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import textwrap
+from pathlib import Path
+
+import pluggy
+import pytest
+
+import turnguard as tg
+from conftest import CORE_ONLY, distinct_call, drive
+from turnguard.plugins import DEFAULT_PLUGINS, describe, entrypoint_selection
+
+NO_TELEMETRY = ("otel", "recorder", "shadow")
+DANGEROUS = tg.ToolCall("bash", "rm -rf /")
+
+POLICY_SOURCE = '''
+import turnguard as tg
+
+@tg.hookimpl
+def turnguard_check_call(turn, call):
+    """A third-party rule: never run a recursive forced delete."""
+    if call.name == "bash" and "rm -rf" in str(call.args):
+        return turn.detect("dangerous_command", tg.Action.HALT, tg.Level.STOP, 1, call=call,
+                           message="example policy: refusing rm -rf")
+    return None
+'''
+
+
+class DangerousCommands:
+    """The same rule as a plugin object registered in code."""
+
+    @tg.hookimpl
+    def turnguard_check_call(self, turn, call):
+        if call.name == "bash" and "rm -rf" in str(call.args):
+            return turn.detect("dangerous_command", tg.Action.HALT, tg.Level.STOP, 1, call=call)
+        return None
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A temporary sys.path entry where ``install`` writes a module and a dist-info whose
+    ``entry_points.txt`` declares it in the ``turnguard`` group (what pip would install)."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    modules: list[str] = []
+
+    def install(dist: str, entry: str, module: str, source: str) -> None:
+        (root / f"{module}.py").write_text(textwrap.dedent(source))
+        info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[turnguard]\n{entry} = {module}\n")
+        modules.append(module)
+        importlib.invalidate_caches()
+
+    yield install
+    for module in modules:
+        sys.modules.pop(module, None)
+
+
+def guard_with_entrypoints(environ: dict[str, str] | None = None, **options: object) -> tg.Guard:
+    config = tg.GuardConfig(**{"disable_plugins": NO_TELEMETRY, **options})
+    return tg.Guard(config, environ={} if environ is None else environ)
+
+
+def test_builtins_are_registered_by_name_and_called_cap_first():
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    for name in DEFAULT_PLUGINS:
+        assert guard.pm.get_plugin(name) is not None
+    order = [impl.plugin_name for impl in reversed(guard.pm.hook.turnguard_check_call.get_hookimpls())]
+    assert order == ["cap", "streak"]
+
+
+def test_a_third_party_policy_registered_in_code_halts_on_its_own_rule():
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), plugins={"dangerous": DangerousCommands()}, environ={})
+    turn = guard.turn()
+    assert turn.check_call(distinct_call(1)).action is tg.Action.ALLOW
+    verdict = turn.check_call(DANGEROUS)
+    assert (verdict.action, verdict.threshold) == (tg.Action.HALT, "dangerous_command")
+    assert turn.check_call(distinct_call(2)) is verdict
+    assert {"name": "dangerous", "source": "code", "hooks": ["turnguard_check_call"]} in describe(guard.pm)
+
+
+def test_a_third_party_policy_loads_from_a_real_entry_point(site):
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    guard = guard_with_entrypoints()
+    verdict = guard.turn().check_call(DANGEROUS)
+    assert (verdict.action, verdict.threshold, verdict.message) == (
+        tg.Action.HALT, "dangerous_command", "example policy: refusing rm -rf")
+    row = next(r for r in describe(guard.pm) if r["name"] == "example")
+    assert row == {"name": "example", "source": "turnguard-example 1.0", "hooks": ["turnguard_check_call"]}
+
+
+@pytest.mark.parametrize(("value", "loaded"), [("0", False), ("none", False), ("", False), ("off", False),
+                                               ("example", True), ("other,example", True), ("other", False),
+                                               ("1", True), ("all", True)])
+def test_turnguard_load_plugins_selects_entry_points(site, value, loaded):
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    guard = guard_with_entrypoints({"TURNGUARD_LOAD_PLUGINS": value})
+    assert (guard.pm.get_plugin("example") is not None) is loaded
+    assert (guard.turn().check_call(DANGEROUS).action is tg.Action.HALT) is loaded
+
+
+def test_the_real_environment_variable_turns_entry_point_loading_off(site, monkeypatch):
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    monkeypatch.setenv("TURNGUARD_LOAD_PLUGINS", "0")
+    assert tg.Guard(tg.GuardConfig(disable_plugins=NO_TELEMETRY)).pm.get_plugin("example") is None
+    monkeypatch.delenv("TURNGUARD_LOAD_PLUGINS")
+    assert tg.Guard(tg.GuardConfig(disable_plugins=NO_TELEMETRY)).pm.get_plugin("example") is not None
+
+
+def test_load_entrypoints_false_loads_none(site):
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    assert guard_with_entrypoints(load_entrypoints=False).pm.get_plugin("example") is None
+
+
+def test_a_builtin_can_be_blocked_by_name():
+    guard = tg.Guard(tg.GuardConfig(disable_plugins=(*NO_TELEMETRY, "streak"), load_entrypoints=False), environ={})
+    assert guard.pm.get_plugin("streak") is None and guard.pm.is_blocked("streak")
+    turn = guard.turn(promptable=True)
+    verdicts = drive(turn, [tg.ToolCall("bash", "make")] * 20, tg.Outcome.ERROR)
+    assert all(v.event is None for v in verdicts)  # no streak detector
+    assert "streak" not in [r["name"] for r in describe(guard.pm)]
+
+
+def test_blocking_through_the_environment():
+    config = tg.GuardConfig.from_env({"TURNGUARD_DISABLE_PLUGINS": "otel,recorder,shadow,cycles",
+                                      "TURNGUARD_MAX_CYCLES_PER_TURN": "1"})
+    turn = tg.Guard(config, environ={}).turn()
+    assert all(turn.begin_cycle().action is tg.Action.ALLOW for _ in range(5))
+
+
+def test_an_entry_point_plugin_can_be_blocked_by_name(site):
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    guard = guard_with_entrypoints(disable_plugins=(*NO_TELEMETRY, "example"))
+    assert guard.pm.get_plugin("example") is None
+    assert guard.turn().check_call(DANGEROUS).action is tg.Action.ALLOW
+
+
+def test_a_broken_entry_point_is_logged_and_left_out(site, caplog):
+    site("turnguard-broken", "broken", "tg_broken_policy", "raise RuntimeError('cannot import me')\n")
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    with caplog.at_level(logging.ERROR, logger="turnguard"):
+        guard = guard_with_entrypoints()
+    assert guard.pm.get_plugin("broken") is None and guard.pm.get_plugin("example") is not None
+    assert "broken" in caplog.text and "cannot import me" in caplog.text
+
+
+def test_an_entry_point_implementing_an_unknown_hook_is_left_out(site, caplog):
+    site("turnguard-typo", "typo", "tg_typo_policy",
+         "import turnguard as tg\n\n@tg.hookimpl\ndef turnguard_chek_call(turn, call):\n    return None\n")
+    with caplog.at_level(logging.ERROR, logger="turnguard"):
+        guard = guard_with_entrypoints()
+    assert guard.pm.get_plugin("typo") is None and "turnguard_chek_call" in caplog.text
+    assert guard.turn().check_call(distinct_call(1)).action is tg.Action.ALLOW
+
+
+def test_a_code_plugin_implementing_an_unknown_hook_is_a_host_error():
+    class Typo:
+        @tg.hookimpl
+        def turnguard_chek_call(self, call):
+            return None
+
+    with pytest.raises(pluggy.PluginValidationError):
+        tg.Guard(tg.GuardConfig(**CORE_ONLY), plugins={"typo": Typo()}, environ={})
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    with pytest.raises(pluggy.PluginValidationError):
+        guard.register(Typo(), name="typo")
+    assert guard.pm.get_plugin("typo") is None
+
+
+def test_a_factory_plugin_that_fails_to_start_is_left_out(monkeypatch, caplog):
+    import turnguard.plugins as plugins
+
+    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "flaky", f"{__name__}:_failing_factory")
+    with caplog.at_level(logging.WARNING, logger="turnguard"):
+        guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    assert guard.pm.get_plugin("flaky") is None and "flaky" in caplog.text
+    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "missing", "turnguard_no_such_module:plugin_for")
+    assert tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).pm.get_plugin("missing") is None
+
+
+def _failing_factory(config, **providers):
+    raise RuntimeError("cannot start")
+
+
+@pytest.mark.parametrize(("value", "selection"), [(None, None), ("all", None), ("0", frozenset()),
+                                                  (" a , b ", frozenset({"a", "b"}))])
+def test_entrypoint_selection(value, selection):
+    assert entrypoint_selection(value) == selection
+
+
+def test_describe_lists_name_source_and_hooks():
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    rows = {r["name"]: r for r in describe(guard.pm)}
+    assert rows["cap"] == {"name": "cap", "source": "built-in", "hooks": ["turnguard_check_call"]}
+    assert rows["streak"]["hooks"] == ["turnguard_check_call", "turnguard_check_outcome"]
+    assert rows["cycles"]["hooks"] == ["turnguard_check_cycle"]
+
+
+# -- a host that already has a pluggy plugin system (the README's example) --------------------------
+
+host_hookspec = pluggy.HookspecMarker("myhost")
+host_hookimpl = pluggy.HookimplMarker("myhost")
+
+
+class HostSpecs:
+    @host_hookspec
+    def myhost_before_tool(self, tool: str, args: dict) -> None:
+        """The host's own hook, called before each tool runs."""
+
+
+class Budget:
+    """One object, plugged into the host's manager and into turnguard's."""
+
+    def __init__(self) -> None:
+        self.halts: list[str] = []
+
+    @host_hookimpl
+    def myhost_before_tool(self, tool, args):
+        pass
+
+    @tg.hookimpl
+    def turnguard_loop_detected(self, event):
+        if event.action is tg.Action.HALT:
+            self.halts.append(str(event.threshold))
+
+
+def test_a_host_with_its_own_pluggy_manager_can_plug_into_turnguard():
+    host_pm = pluggy.PluginManager("myhost")
+    host_pm.add_hookspecs(HostSpecs)
+    budget = Budget()
+    host_pm.register(budget, name="budget")
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=2, **CORE_ONLY), plugins={"budget": budget}, environ={})
+    turn = guard.turn()
+    for i in range(3):
+        call = distinct_call(i)
+        host_pm.hook.myhost_before_tool(tool=call.name, args=call.args)
+        turn.check_call(call)
+    assert budget.halts == ["explicit"]

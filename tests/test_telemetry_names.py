@@ -1,0 +1,56 @@
+"""Every telemetry name in one module: our prefix, GenAI names only where the conventions have them."""
+
+from __future__ import annotations
+
+import re
+
+from turnguard import Threshold
+from turnguard.telemetry import names as n
+
+GENAI_CONVENTION_NAMES = {
+    "gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.type",
+    "gen_ai.tool.call.arguments", "gen_ai.tool.call.result", "gen_ai.agent.name", "gen_ai.conversation.id",
+    "error.type",
+}
+"""Names the OpenTelemetry GenAI / general conventions define (research/ecosystem.md section 1)."""
+
+
+def dotted_names() -> dict[str, str]:
+    return {
+        k: v for k, v in vars(n).items()
+        if k.isupper() and isinstance(v, str) and "." in v
+    }
+
+
+def test_every_dotted_name_is_ours_or_a_convention_name():
+    for constant, value in dotted_names().items():
+        assert value.startswith("turnguard.") or value in GENAI_CONVENTION_NAMES, (constant, value)
+
+
+def test_no_invented_gen_ai_names():
+    invented = {v for v in dotted_names().values() if v.startswith("gen_ai.")} - GENAI_CONVENTION_NAMES
+    assert invented == set()
+
+
+def test_metric_names_units_and_attribute_lists():
+    metrics = [v for k, v in vars(n).items() if k.startswith("METRIC_") and isinstance(v, tuple)]
+    assert len(metrics) == 7
+    for name, unit in metrics:
+        assert name.startswith("turnguard.") and re.fullmatch(r"[a-z0-9_.]+", name)
+        assert "total" not in name  # exporters add _total
+        assert re.fullmatch(r"\{[a-z_]+\}", unit)  # UCUM annotations: dropped by the Prometheus translation
+        assert name in n.METRIC_ATTRIBUTES
+    for name, keys in n.METRIC_ATTRIBUTES.items():
+        assert not set(keys) & n.FORBIDDEN_METRIC_ATTRIBUTES, name
+
+
+def test_no_name_is_a_namespace_of_another_attribute():
+    """An attribute name must not also be the prefix of another (semconv naming rule)."""
+    attributes = set(dotted_names().values()) - {n.LOOP_DETECTED_EVENT, n.ESCALATION_RESOLVED_EVENT}
+    for a in attributes:
+        assert not any(b.startswith(a + ".") for b in attributes), a
+
+
+def test_threshold_values_match_the_telemetry_contract():
+    assert {t.value for t in Threshold} == {"explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap"}
+    assert n.NO_THRESHOLD not in {t.value for t in Threshold}

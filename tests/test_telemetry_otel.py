@@ -1,0 +1,540 @@
+"""The OpenTelemetry plugin against the real SDK (in-memory exporters): spans, events, metrics."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from opentelemetry import context
+from opentelemetry._logs import NoOpLoggerProvider, SeverityNumber
+from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode, set_span_in_context
+
+import turnguard as tg
+from turnguard.telemetry import buckets
+from turnguard.telemetry import names as n
+from turnguard.telemetry.testing import InMemoryTelemetry
+
+SECRET_ARG = "SECRET-ARGUMENT-7f3a"
+CONVERSATION = "conversation-secret-91c2"
+
+
+@pytest.fixture
+def telemetry():
+    t = InMemoryTelemetry()
+    yield t
+    t.shutdown()
+
+
+def make_guard(telemetry: InMemoryTelemetry, **config: Any) -> tg.Guard:
+    return tg.Guard(tg.GuardConfig(load_entrypoints=False, **config), **telemetry.providers())
+
+
+def call(name: str = "read_file", value: str = SECRET_ARG, call_id: str | None = None) -> tg.ToolCall:
+    return tg.ToolCall(name, {"path": value}, call_id=call_id)
+
+
+def run_calls(turn: tg.Turn, calls: list[tuple[tg.ToolCall, tg.Outcome]]) -> list[tuple[tg.Verdict, tg.Verdict | None]]:
+    verdicts = []
+    for c, outcome in calls:
+        v = turn.check_call(c)
+        out = None if v.halted else turn.record_outcome(c, outcome)
+        verdicts.append((v, out))
+    return verdicts
+
+
+# -- spans: a host that does not trace ---------------------------------------------------------
+
+
+def test_untraced_host_gets_a_turn_span_with_one_child_per_call(telemetry):
+    guard = make_guard(telemetry)
+    with guard.turn(conversation_id=CONVERSATION, agent_name="coder") as turn:
+        turn.begin_cycle()
+        run_calls(turn, [(call("read_file", "a", "t1"), tg.Outcome.OK), (call("grep", "b", "t2"), tg.Outcome.ERROR)])
+        turn_id = turn.turn_id
+    agent = telemetry.span("invoke_agent coder")
+    assert agent.kind is SpanKind.INTERNAL and agent.parent is None
+    assert agent.attributes[n.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert agent.attributes[n.GEN_AI_AGENT_NAME] == "coder"
+    assert agent.attributes[n.GEN_AI_CONVERSATION_ID] == CONVERSATION
+    assert agent.attributes[n.TURN_ID] == turn_id
+    assert agent.attributes[n.TURN_OUTCOME] == "completed"
+    assert agent.attributes[n.TURN_TOOL_CALLS] == 2
+    assert agent.attributes[n.TURN_CYCLES] == 1
+    assert agent.attributes[n.LOOP_THRESHOLD] == n.NO_THRESHOLD
+
+    read, grep = telemetry.span("execute_tool read_file"), telemetry.span("execute_tool grep")
+    for span, index in ((read, 1), (grep, 2)):
+        assert span.parent.span_id == agent.context.span_id
+        assert span.context.trace_id == agent.context.trace_id
+        assert span.attributes[n.GEN_AI_OPERATION_NAME] == "execute_tool"
+        assert span.attributes[n.CALL_INDEX] == index
+        assert span.attributes[n.CALL_REPEAT] == 1
+        assert span.attributes[n.STREAK_LENGTH] == 1
+        assert span.attributes[n.VERDICT_ACTION] == "allow"
+        assert len(span.attributes[n.CALL_KEY_DIGEST]) == 16
+    assert read.attributes[n.GEN_AI_TOOL_NAME] == "read_file"
+    assert read.attributes[n.GEN_AI_TOOL_CALL_ID] == "t1"
+    assert read.attributes[n.CALL_OUTCOME] == "ok"
+    assert read.status.status_code is StatusCode.UNSET
+    assert n.ERROR_TYPE not in read.attributes
+    assert grep.attributes[n.CALL_OUTCOME] == "error"
+    assert grep.status.status_code is StatusCode.ERROR
+    assert grep.attributes[n.ERROR_TYPE] == n.ERROR_TYPE_OTHER
+
+
+def test_denied_outcome_is_not_an_error(telemetry):
+    with make_guard(telemetry).turn() as turn:
+        run_calls(turn, [(call(), tg.Outcome.DENIED)])
+    span = telemetry.span("execute_tool read_file")
+    assert span.attributes[n.CALL_OUTCOME] == "denied"
+    assert span.status.status_code is StatusCode.UNSET
+    assert telemetry.span("invoke_agent").attributes[n.GEN_AI_OPERATION_NAME] == "invoke_agent"
+
+
+def test_repeats_and_streak_are_the_calls_own(telemetry):
+    with make_guard(telemetry, streak_warn_at=0).turn() as turn:
+        run_calls(turn, [(call(value="x"), tg.Outcome.OK) for _ in range(3)])
+    spans = sorted(telemetry.spans()[:-1], key=lambda s: s.attributes[n.CALL_INDEX])
+    assert [s.attributes[n.CALL_REPEAT] for s in spans] == [1, 2, 3]
+    assert [s.attributes[n.STREAK_LENGTH] for s in spans] == [1, 2, 3]
+    assert len({s.attributes[n.CALL_KEY_DIGEST] for s in spans}) == 1
+
+
+def test_turn_ended_by_an_exception_marks_the_turn_span_as_error(telemetry):
+    with pytest.raises(RuntimeError), make_guard(telemetry).turn(agent_name="a"):
+        raise RuntimeError("host failure")
+    span = telemetry.span("invoke_agent a")
+    assert span.attributes[n.TURN_OUTCOME] == "error"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_a_call_without_an_outcome_is_closed_when_the_turn_ends(telemetry):
+    with make_guard(telemetry).turn() as turn:
+        turn.check_call(call())
+    span = telemetry.span("execute_tool read_file")
+    assert span.attributes[n.CALL_OUTCOME] == n.CALL_UNFINISHED
+    assert span.end_time is not None
+
+
+def test_halted_call_span_ends_at_the_check_with_the_verdict(telemetry):
+    with make_guard(telemetry, max_tool_calls_per_turn=1).turn() as turn:
+        first, second = call("a"), call("b")
+        run_calls(turn, [(first, tg.Outcome.OK)])
+        assert turn.check_call(second).halted
+        assert turn.record_outcome(second, tg.Outcome.DENIED).halted  # host reports anyway: ignored
+    halted = telemetry.span("execute_tool b")
+    assert halted.attributes[n.VERDICT_ACTION] == "halt"
+    assert halted.attributes[n.VERDICT_THRESHOLD] == "explicit"
+    assert n.CALL_OUTCOME not in halted.attributes
+
+
+def test_parallel_calls_each_get_their_own_span_and_facts(telemetry):
+    guard = make_guard(telemetry, streak_warn_at=0)
+    workers = 8
+    barrier = threading.Barrier(workers)
+    with guard.turn() as turn:
+
+        def work(i: int) -> None:
+            c = call(f"tool{i}", f"v{i}", call_id=f"id{i}")
+            barrier.wait()
+            turn.check_call(c)
+            barrier.wait()
+            turn.record_outcome(c, tg.Outcome.ERROR if i % 2 else tg.Outcome.OK)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    spans = [s for s in telemetry.spans() if s.name.startswith("execute_tool")]
+    assert len(spans) == workers
+    assert sorted(s.attributes[n.CALL_INDEX] for s in spans) == list(range(1, workers + 1))
+    for s in spans:
+        i = int(s.attributes[n.GEN_AI_TOOL_CALL_ID][2:])
+        assert s.name == f"execute_tool tool{i}"
+        assert s.attributes[n.CALL_OUTCOME] == ("error" if i % 2 else "ok")
+
+
+# -- spans: a host that traces ----------------------------------------------------------------------
+
+
+def test_traced_host_span_is_enriched_not_duplicated(telemetry):
+    tracer = telemetry.tracer_provider.get_tracer("host")
+    guard = make_guard(telemetry)
+    with tracer.start_as_current_span("invoke_agent host-agent") as host, guard.turn(agent_name="host-agent") as turn:
+        run_calls(turn, [(call(), tg.Outcome.OK)])
+        turn_id = turn.turn_id
+    names = [s.name for s in telemetry.spans()]
+    assert names.count("invoke_agent host-agent") == 1
+    assert "invoke_agent" not in names
+    host_span = telemetry.span("invoke_agent host-agent")
+    assert host_span.attributes[n.TURN_ID] == turn_id
+    assert host_span.attributes[n.TURN_OUTCOME] == "completed"
+    assert host_span.attributes[n.TURN_TOOL_CALLS] == 1
+    ours = telemetry.span("execute_tool read_file")
+    assert ours.parent.span_id == host.get_span_context().span_id
+
+
+def test_host_execute_tool_span_is_enriched_not_duplicated(telemetry):
+    tracer = telemetry.tracer_provider.get_tracer("host")
+    guard = make_guard(telemetry, streak_stop_at=2, streak_warn_at=2)
+    with tracer.start_as_current_span("invoke_agent host"), guard.turn() as turn:
+        for i in range(2):
+            c = call("fetch", "same", call_id=f"c{i}")
+            with tracer.start_as_current_span("execute_tool fetch", attributes={n.GEN_AI_TOOL_NAME: "fetch"}) as tool:
+                turn.check_call(c)
+                turn.record_outcome(c, tg.Outcome.ERROR)
+                tool_context = tool.get_span_context()
+    fetch_spans = [s for s in telemetry.spans() if s.name == "execute_tool fetch"]
+    assert len(fetch_spans) == 2  # the host's two spans, none of ours
+    second = next(s for s in fetch_spans if s.context.span_id == tool_context.span_id)
+    assert second.attributes[n.CALL_INDEX] == 2
+    assert second.attributes[n.CALL_REPEAT] == 2
+    assert second.attributes[n.CALL_OUTCOME] == "error"
+    assert second.attributes[n.FAILING_STREAK_LENGTH] == 2
+    assert second.attributes[n.VERDICT_ACTION] == "halt"
+    assert n.GEN_AI_OPERATION_NAME not in second.attributes  # the host's own attributes are left alone
+    assert second.status.status_code is StatusCode.UNSET  # the host decides its span's status
+    stop = [r for r in telemetry.logs(n.LOOP_DETECTED_EVENT) if r.attributes[n.LOOP_LEVEL] == "stop"]
+    assert [r.span_id for r in stop] == [tool_context.span_id]
+    assert any(e.name == n.LOOP_DETECTED_EVENT for e in second.events)
+
+
+# -- the loop-detected event: five thresholds, both levels ------------------------------------------
+
+EVENT_KEYS = {
+    n.LOOP_THRESHOLD, n.LOOP_LEVEL, n.LOOP_ACTION, n.LOOP_LIMIT, n.LOOP_TOOL_CALLS, n.LOOP_CYCLES,
+    n.LOOP_MAX_KEY_REPEAT, n.LOOP_STREAK_LENGTH, n.LOOP_FAILING_STREAK_LENGTH, n.LOOP_EVENT_ID, n.TURN_ID,
+    n.TURN_PROMPTABLE, n.CAP_MODE, n.GEN_AI_AGENT_NAME,
+}
+"""Always on the event (agent name because the scenarios name one)."""
+CALL_EVENT_KEYS = {n.GEN_AI_TOOL_NAME, n.CALL_KEY_DIGEST}
+CAP_KEYS = {n.LOOP_SOFT_CAP, n.LOOP_HARD_CAP}
+
+
+def _explicit(turn):
+    turn.begin_cycle()
+    run_calls(turn, [(call(f"t{i}"), tg.Outcome.OK) for i in range(4)])
+
+
+def repeated_then_distinct(turn: tg.Turn, repeated: int, distinct: int) -> None:
+    """One call ``repeated`` times, then ``distinct`` different calls (t0, t1, ...), all OK."""
+    turn.begin_cycle()
+    calls = [call("poll") for _ in range(repeated)] + [call(f"t{i}") for i in range(distinct)]
+    run_calls(turn, [(c, tg.Outcome.OK) for c in calls])
+
+
+def _soft_stuck(turn):
+    repeated_then_distinct(turn, 3, 3)
+
+
+def _hard_backstop(turn):
+    turn.begin_cycle()
+    run_calls(turn, [(call(f"t{i}"), tg.Outcome.OK) for i in range(5)])
+
+
+def _streak(turn):
+    turn.begin_cycle()
+    run_calls(turn, [(call("flaky"), tg.Outcome.ERROR) for _ in range(4)])
+
+
+def _cycle_cap(turn):
+    for _ in range(3):
+        turn.begin_cycle()
+
+
+SCENARIOS = {
+    # id: (config, promptable, drive, expected [(threshold, level, action, limit, tool_calls, offending)])
+    "explicit-stop": (dict(max_tool_calls_per_turn=3), False, _explicit, [("explicit", "stop", "halt", 3, 4, "t3")]),
+    "soft_stuck-stop": (
+        dict(soft_cap=5, stuck_repeat_threshold=3, streak_warn_at=0, streak_stop_at=0), False, _soft_stuck,
+        [("soft_stuck", "stop", "halt", 5, 6, "t2")],
+    ),
+    "hard_backstop-stop": (
+        dict(soft_cap=2, hard_multiplier=2), False, _hard_backstop, [("hard_backstop", "stop", "halt", 4, 5, "t4")],
+    ),
+    "streak-warn-unattended": (
+        dict(streak_warn_at=2, streak_stop_at=0), False, _streak, [("streak", "warn", "allow", 2, 2, "flaky")],
+    ),
+    "streak-warn-attended": (
+        dict(streak_warn_at=2, streak_stop_at=0), True, _streak, [("streak", "warn", "ask", 2, 2, "flaky")],
+    ),
+    "streak-stop-unattended": (
+        dict(streak_warn_at=0, streak_stop_at=3), False, _streak, [("streak", "stop", "halt", 3, 3, "flaky")],
+    ),
+    "streak-stop-attended": (
+        dict(streak_warn_at=0, streak_stop_at=3), True, _streak, [("streak", "stop", "ask", 3, 3, "flaky")],
+    ),
+    "cycle_cap-stop": (dict(max_cycles_per_turn=2), False, _cycle_cap, [("cycle_cap", "stop", "halt", 2, 0, None)]),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_loop_detected_event_per_threshold_and_level(telemetry, scenario):
+    config, promptable, drive, expected = SCENARIOS[scenario]
+    guard = make_guard(telemetry, **config)
+    with guard.turn(conversation_id=CONVERSATION, agent_name="coder", promptable=promptable) as turn:
+        drive(turn)
+    records = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    assert len(records) == len(expected)
+    spans = {s.context.span_id: s for s in telemetry.spans()}
+    for record, (threshold, level, action, limit, tool_calls, tool) in zip(records, expected, strict=True):
+        assert record.severity_number is SeverityNumber.WARN
+        assert record.severity_text == "WARN"
+        attrs = dict(record.attributes)
+        assert attrs[n.LOOP_THRESHOLD] == threshold
+        assert attrs[n.LOOP_LEVEL] == level
+        assert attrs[n.LOOP_ACTION] == action
+        assert attrs[n.LOOP_LIMIT] == limit
+        assert attrs[n.LOOP_TOOL_CALLS] == tool_calls
+        assert attrs[n.TURN_PROMPTABLE] is promptable
+        keys = set(attrs)
+        expected_keys = EVENT_KEYS | (CALL_EVENT_KEYS if tool else set())
+        assert expected_keys <= keys <= expected_keys | CAP_KEYS
+        assert not any(SECRET_ARG in str(v) or CONVERSATION in str(v) for v in attrs.values())
+        assert SECRET_ARG not in str(record.body) and CONVERSATION not in str(record.body)
+        # the record sits in the offending span's context, and that span mirrors it as a span event
+        offending = spans[record.span_id]
+        assert record.trace_id == offending.context.trace_id
+        if tool is None:
+            assert offending.name == "invoke_agent coder"
+            assert attrs[n.LOOP_CYCLES] == 3
+        else:
+            assert offending.name == f"execute_tool {tool}"
+            assert attrs[n.GEN_AI_TOOL_NAME] == tool
+            assert attrs[n.CALL_KEY_DIGEST] == offending.attributes[n.CALL_KEY_DIGEST]
+        mirrored = [e for e in offending.events if e.name == n.LOOP_DETECTED_EVENT]
+        assert len(mirrored) == 1
+        assert dict(mirrored[0].attributes) == attrs
+
+
+def test_soft_stuck_event_counts_the_repeat_at_detection(telemetry):
+    guard = make_guard(telemetry, soft_cap=5, stuck_repeat_threshold=3, streak_warn_at=0, streak_stop_at=0)
+    with guard.turn(agent_name="coder") as turn:
+        _soft_stuck(turn)
+    (record,) = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    assert record.attributes[n.LOOP_MAX_KEY_REPEAT] == 3
+    assert record.attributes[n.LOOP_SOFT_CAP] == 5
+    assert record.attributes[n.LOOP_HARD_CAP] == 50
+    assert record.attributes[n.CAP_MODE] == "adaptive"
+
+
+def test_streak_stop_event_counts_the_failing_streak(telemetry):
+    with make_guard(telemetry, streak_warn_at=0, streak_stop_at=3).turn(agent_name="coder") as turn:
+        _streak(turn)
+    (record,) = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    assert record.attributes[n.LOOP_FAILING_STREAK_LENGTH] == 3
+    assert record.attributes[n.LOOP_STREAK_LENGTH] == 3
+
+
+def test_content_is_exported_only_when_opted_in(telemetry):
+    for capture in (False, True):
+        telemetry.clear()
+        with make_guard(telemetry, capture_content=capture, streak_warn_at=1, streak_stop_at=0).turn() as turn:
+            run_calls(turn, [(call(), tg.Outcome.OK)])
+        span = telemetry.span("execute_tool read_file")
+        if capture:
+            assert span.attributes[n.GEN_AI_TOOL_CALL_ARGUMENTS] == '{"path":"' + SECRET_ARG + '"}'
+        else:
+            assert n.GEN_AI_TOOL_CALL_ARGUMENTS not in span.attributes
+            assert all(SECRET_ARG not in str(v) for s in telemetry.spans() for v in s.attributes.values())
+        # never in the event, opted in or not
+        (record,) = telemetry.logs(n.LOOP_DETECTED_EVENT)
+        assert all(SECRET_ARG not in str(v) for v in record.attributes.values())
+
+
+# -- escalations and plugin errors ----------------------------------------------------------------------
+
+
+def test_escalation_answer_is_counted_and_logged(telemetry):
+    guard = make_guard(telemetry, streak_warn_at=2, streak_stop_at=0)
+    with guard.turn(agent_name="coder", promptable=True) as turn:
+        verdicts = run_calls(turn, [(call("flaky"), tg.Outcome.OK) for _ in range(2)])
+        ask = verdicts[-1][0]
+        assert ask.action is tg.Action.ASK
+        turn.resolve(ask, "continue")
+    (point,) = telemetry.points(n.METRIC_ESCALATION_ANSWERS[0])
+    assert point.value == 1
+    assert dict(point.attributes) == {
+        n.LOOP_THRESHOLD: "streak", n.LOOP_LEVEL: "warn", n.ESCALATION_ANSWER: "continue", n.GEN_AI_AGENT_NAME: "coder",
+    }
+    (record,) = telemetry.logs(n.ESCALATION_RESOLVED_EVENT)
+    assert record.attributes[n.LOOP_EVENT_ID] == ask.event.event_id
+    assert record.attributes[n.ESCALATION_ANSWER] == "continue"
+    assert record.span_id == telemetry.span("invoke_agent coder").context.span_id
+
+
+class Broken:
+    @tg.hookimpl
+    def turnguard_check_call(self, turn, call):
+        raise KeyError("boom")
+
+
+def test_plugin_errors_are_counted_by_plugin_hook_and_type(telemetry):
+    guard = make_guard(telemetry)
+    guard.register(Broken(), name="broken")
+    with guard.turn() as turn:
+        verdicts = run_calls(turn, [(call(f"t{i}"), tg.Outcome.OK) for i in range(3)])
+    assert all(v.action is tg.Action.ALLOW for v, _ in verdicts)
+    (point,) = telemetry.points(n.METRIC_PLUGIN_ERRORS[0])
+    assert point.value == 3
+    assert dict(point.attributes) == {
+        n.PLUGIN_NAME: "broken", n.PLUGIN_HOOK: "turnguard_check_call", n.ERROR_TYPE: "KeyError",
+    }
+
+
+# -- metrics ----------------------------------------------------------------------------------------------
+
+
+def _bounds(telemetry: InMemoryTelemetry, metric: str) -> tuple[float, ...]:
+    (point, *_) = telemetry.points(metric)
+    return tuple(point.explicit_bounds)
+
+
+def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(telemetry):
+    soft_cap = 7
+    guard = make_guard(telemetry, soft_cap=soft_cap, stuck_repeat_threshold=3, streak_warn_at=0, streak_stop_at=0)
+    with guard.turn(agent_name="coder") as turn:
+        repeated_then_distinct(turn, 3, 5)
+    metrics = telemetry.metrics()
+    for name, unit in (n.METRIC_TURN_TOOL_CALLS, n.METRIC_TURN_CYCLES, n.METRIC_TURN_MAX_KEY_REPEAT,
+                       n.METRIC_TURN_FIRST_STUCK_CALL, n.METRIC_DETECTIONS):
+        assert metrics[name].unit == unit
+        assert metrics[name].description
+    edges = _bounds(telemetry, n.METRIC_TURN_TOOL_CALLS[0])
+    assert all(float(soft_cap * k) in edges for k in range(1, 21))
+    assert any(e < soft_cap for e in edges) and any(e > 20 * soft_cap for e in edges)
+    assert list(edges) == sorted(set(edges))
+    assert edges == buckets.tool_call_edges(guard.config)
+    assert 3.0 in _bounds(telemetry, n.METRIC_TURN_MAX_KEY_REPEAT[0]) and 2.0 in _bounds(
+        telemetry, n.METRIC_TURN_MAX_KEY_REPEAT[0]
+    )
+
+    (calls,) = telemetry.points(n.METRIC_TURN_TOOL_CALLS[0])
+    assert calls.count == 1 and calls.sum == 8
+    assert dict(calls.attributes) == {
+        n.GEN_AI_AGENT_NAME: "coder", n.TURN_OUTCOME: "halted", n.LOOP_THRESHOLD: "soft_stuck",
+        n.CAP_MODE: "adaptive", n.TURN_STUCK: True, n.TURN_PROMPTABLE: False,
+    }
+    # 8 calls lands in the bucket (7, 14]
+    assert calls.bucket_counts[edges.index(14.0)] == 1
+    (first_stuck,) = telemetry.points(n.METRIC_TURN_FIRST_STUCK_CALL[0])
+    assert first_stuck.sum == 3
+    (repeat,) = telemetry.points(n.METRIC_TURN_MAX_KEY_REPEAT[0])
+    assert repeat.sum == 3
+    (cycles,) = telemetry.points(n.METRIC_TURN_CYCLES[0])
+    assert cycles.sum == 1
+    (detection,) = telemetry.points(n.METRIC_DETECTIONS[0])
+    assert detection.value == 1
+    assert dict(detection.attributes) == {
+        n.LOOP_THRESHOLD: "soft_stuck", n.LOOP_LEVEL: "stop", n.LOOP_ACTION: "halt", n.CAP_MODE: "adaptive",
+        n.TURN_PROMPTABLE: False, n.GEN_AI_TOOL_NAME: "t4", n.GEN_AI_AGENT_NAME: "coder",
+    }
+
+
+def test_turns_that_never_got_stuck_record_no_first_stuck_call(telemetry):
+    with make_guard(telemetry).turn() as turn:
+        run_calls(turn, [(call(f"t{i}"), tg.Outcome.OK) for i in range(3)])
+    assert telemetry.points(n.METRIC_TURN_FIRST_STUCK_CALL[0]) == []
+    (calls,) = telemetry.points(n.METRIC_TURN_TOOL_CALLS[0])
+    assert calls.attributes[n.LOOP_THRESHOLD] == n.NO_THRESHOLD
+    assert n.GEN_AI_AGENT_NAME not in calls.attributes  # no agent name given: no label, not "None"
+
+
+def test_no_metric_point_carries_ids_arguments_or_results(telemetry):
+    guard = make_guard(telemetry, streak_warn_at=2, streak_stop_at=3, max_cycles_per_turn=2, capture_content=True)
+    guard.register(Broken(), name="broken")
+    identifiers = set()
+    for t in range(3):
+        conversation = f"{CONVERSATION}-{t}"
+        with guard.turn(conversation_id=conversation, agent_name="coder", promptable=bool(t % 2)) as turn:
+            identifiers |= {conversation, turn.turn_id}
+            turn.begin_cycle()
+            for i in range(4):
+                c = call("flaky", f"{SECRET_ARG}-{t}", call_id=f"call-id-{t}-{i}")
+                identifiers.add(c.call_id)
+                v = turn.check_call(c)
+                if v.event is not None:
+                    identifiers.add(v.event.event_id)
+                if v.action is tg.Action.ASK:
+                    turn.resolve(v, "redirect")
+                if not v.halted:
+                    turn.record_outcome(c, tg.Outcome.ERROR)
+            turn.begin_cycle()
+            turn.begin_cycle()
+    points = list(telemetry.all_points())
+    assert {name for name, _ in points} >= {
+        n.METRIC_TURN_TOOL_CALLS[0], n.METRIC_DETECTIONS[0], n.METRIC_ESCALATION_ANSWERS[0], n.METRIC_PLUGIN_ERRORS[0],
+    }
+    for name, point in points:
+        keys = set(point.attributes)
+        assert keys <= set(n.METRIC_ATTRIBUTES[name]), (name, keys)
+        assert not keys & n.FORBIDDEN_METRIC_ATTRIBUTES
+        for value in point.attributes.values():
+            assert SECRET_ARG not in str(value)
+            assert str(value) not in identifiers
+            assert not (isinstance(value, str) and len(value) == 16 and all(ch in "0123456789abcdef" for ch in value))
+
+
+def test_the_10001st_distinct_tool_name_is_folded_into_the_overflow_value():
+    telemetry = InMemoryTelemetry(cardinality_limit=20_000)  # above our bound, so the SDK's own never folds first
+    try:
+        guard = tg.Guard(
+            tg.GuardConfig(load_entrypoints=False, soft_cap=0, streak_warn_at=1, streak_stop_at=0),
+            tracer_provider=NoOpTracerProvider(),
+            logger_provider=NoOpLoggerProvider(),
+            meter_provider=telemetry.meter_provider,
+        )
+        with guard.turn() as turn:
+            for i in range(n.TOOL_NAME_LIMIT + 1):
+                assert turn.check_call(tg.ToolCall(f"tool-{i}", None)).event is not None
+            turn.check_call(tg.ToolCall("tool-0", "again"))  # an admitted name stays admitted
+        tools = {}
+        for point in telemetry.points(n.METRIC_DETECTIONS[0]):
+            tools[point.attributes[n.GEN_AI_TOOL_NAME]] = point.value
+    finally:
+        telemetry.shutdown()
+    assert len(tools) == n.TOOL_NAME_LIMIT + 1  # 10,000 names and the overflow value
+    assert tools[n.OVERFLOW_VALUE] == 1
+    assert f"tool-{n.TOOL_NAME_LIMIT}" not in tools
+    assert f"tool-{n.TOOL_NAME_LIMIT - 1}" in tools
+    assert tools["tool-0"] == 2
+
+
+def test_agent_names_and_host_end_reasons_are_bounded_too(telemetry):
+    guard = make_guard(telemetry)
+    plugin = guard.pm.get_plugin("otel")
+    plugin.instruments.agents.limit = 2
+    plugin.instruments.reasons.limit = 1
+    for i in range(4):
+        guard.turn(agent_name=f"agent-{i}").end(reason=f"host-reason-{i}")
+    seen = {(p.attributes.get(n.GEN_AI_AGENT_NAME), p.attributes[n.TURN_OUTCOME])
+            for p in telemetry.points(n.METRIC_TURN_TOOL_CALLS[0])}
+    assert seen == {("agent-0", "host-reason-0"), ("agent-1", n.OVERFLOW_VALUE), (n.OVERFLOW_VALUE, n.OVERFLOW_VALUE)}
+
+
+# -- no SDK ---------------------------------------------------------------------------------------------
+
+
+def test_without_an_sdk_the_plugin_is_registered_and_harmless():
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, max_tool_calls_per_turn=2))
+    assert guard.pm.get_plugin("otel") is not None
+    with guard.turn(agent_name="x") as turn:
+        verdicts = run_calls(turn, [(call(f"t{i}"), tg.Outcome.ERROR) for i in range(3)])
+    assert [v.action for v, _ in verdicts] == [tg.Action.ALLOW, tg.Action.ALLOW, tg.Action.HALT]
+
+
+def test_spans_nest_under_an_explicit_host_context(telemetry):
+    """A host span that is current in the caller's context is the parent of our call spans."""
+    tracer = telemetry.tracer_provider.get_tracer("host")
+    guard = make_guard(telemetry)
+    with guard.turn() as turn:
+        step = tracer.start_span("agent step")
+        token = context.attach(set_span_in_context(step))
+        try:
+            run_calls(turn, [(call(), tg.Outcome.OK)])
+        finally:
+            context.detach(token)
+            step.end()
+    assert telemetry.span("execute_tool read_file").parent.span_id == step.get_span_context().span_id

@@ -1,0 +1,229 @@
+"""The local recorder: corpus-format lines, digests not arguments, whole-line appends."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import turnguard as tg
+from turnguard.telemetry import recorder as rec
+
+SECRET_ARG = "SECRET-ARGUMENT-55d1"
+
+
+def make_guard(path: Path, **config) -> tg.Guard:
+    return tg.Guard(tg.GuardConfig(load_entrypoints=False, recorder_path=str(path), **config))
+
+
+def read_lines(path: Path) -> list[dict]:
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n") or raw == b""
+    return [json.loads(line) for line in raw.decode("utf-8").splitlines()]
+
+
+def test_no_path_registers_no_recorder():
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False))
+    assert guard.pm.get_plugin("recorder") is None
+    assert rec.plugin_for(tg.GuardConfig(recorder_path=None)) is None
+
+
+def test_one_corpus_format_line_per_turn_with_digests_not_arguments(tmp_path):
+    path = tmp_path / "nested" / "turns.jsonl"
+    guard = make_guard(path)
+    with guard.turn(agent_name="coder", conversation_id="c1") as turn:
+        turn.begin_cycle()
+        as_json_text = '{"p": "' + SECRET_ARG + '"}'
+        for args, outcome in (({"p": SECRET_ARG}, "ok"), (as_json_text, "error"), ({"q": 1}, "denied")):
+            c = tg.ToolCall("read", args)
+            turn.check_call(c)
+            turn.record_outcome(c, outcome)
+        turn.begin_cycle()
+        turn_id = turn.turn_id
+    (line,) = read_lines(path)
+    assert SECRET_ARG not in path.read_text()
+    assert line["source"] == "turnguard"
+    assert line["id"] == turn_id
+    assert line["cycles"] == 2
+    assert line["resolved"] is None
+    assert line["ended_by"] == "completed"
+    assert [c["tool"] for c in line["calls"]] == ["read"] * 3
+    assert [c["outcome"] for c in line["calls"]] == ["ok", "error", "denied"]
+    digests = [c["args"] for c in line["calls"]]
+    assert digests[0] == digests[1] != digests[2]  # the JSON text and the dict are one call
+    assert all(len(d) == 16 for d in digests)
+    assert line["agent"] == "coder" and line["tool_calls"] == 3 and line["calls_dropped"] == 0
+
+
+def test_ended_by_is_the_threshold_that_halted_the_turn(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path, max_tool_calls_per_turn=2)
+    with guard.turn() as turn:
+        for i in range(3):
+            c = tg.ToolCall(f"t{i}", None)
+            if not turn.check_call(c).halted:
+                turn.record_outcome(c, "ok")
+    with pytest.raises(ValueError), guard.turn():
+        raise ValueError("host failure")
+    halted, failed = read_lines(path)
+    assert halted["ended_by"] == "explicit"
+    assert [c["outcome"] for c in halted["calls"]] == ["ok", "ok", "denied"]  # the halted call was refused
+    assert failed["ended_by"] == "error"
+
+
+def test_calls_without_an_outcome_are_unknown(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    with make_guard(path).turn() as turn:
+        turn.check_call(tg.ToolCall("x", 1))
+    (line,) = read_lines(path)
+    assert line["calls"] == [{"tool": "x", "args": line["calls"][0]["args"], "outcome": "unknown"}]
+
+
+def test_retry_drops_the_resent_requests_calls_like_the_ledger(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    with make_guard(path).turn() as turn:
+        turn.begin_cycle()
+        turn.check_call(tg.ToolCall("kept", 1))
+        turn.begin_cycle()
+        a = tg.ToolCall("discarded", 2)
+        turn.check_call(a)
+        turn.retry()
+        turn.record_outcome(a, "error")  # a late outcome of a discarded call changes nothing
+        turn.begin_cycle()
+        turn.check_call(tg.ToolCall("resent", 3))
+    (line,) = read_lines(path)
+    assert [c["tool"] for c in line["calls"]] == ["kept", "resent"]
+    assert line["tool_calls"] == 2 and line["cycles"] == 3
+
+
+def test_escalation_answers_are_recorded(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    with make_guard(path, streak_warn_at=2, streak_stop_at=0).turn(promptable=True) as turn:
+        for _ in range(2):
+            v = turn.check_call(tg.ToolCall("same", 1))
+        turn.resolve(v, "stop")
+    (line,) = read_lines(path)
+    assert line["escalations"] == [{"threshold": "streak", "level": "warn", "answer": "stop", "at_call": 2}]
+    assert line["ended_by"] == "streak"
+
+
+def test_the_call_list_is_bounded_and_the_rest_counted(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path, soft_cap=0)
+    guard.pm.get_plugin("recorder").max_calls = 5
+    with guard.turn() as turn:
+        for i in range(12):
+            c = tg.ToolCall("t", i)
+            turn.check_call(c)
+            turn.record_outcome(c, "ok")
+    (line,) = read_lines(path)
+    assert len(line["calls"]) == 5
+    assert line["calls_dropped"] == 7 and line["tool_calls"] == 12
+
+
+def test_the_default_bound_holds_a_whole_default_turn():
+    default = tg.GuardConfig()
+    assert default.hard_cap + 1 <= rec.MAX_RECORDED_CALLS
+
+
+def test_an_unwritable_path_never_breaks_the_turn(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    guard = make_guard(blocker / "turns.jsonl")
+    with guard.turn() as turn:
+        assert turn.check_call(tg.ToolCall("x", 1)).action is tg.Action.ALLOW
+    assert "could not append" in caplog.text
+
+
+def _turn_line(i: int, calls: int) -> bytes:
+    summary = tg.TurnSummary(
+        turn_id=f"turn-{i}", conversation_id=None, agent_name=None, promptable=False, reason="completed",
+        tool_calls=calls, cycles=1, max_key_repeat=1, first_stuck_call=0, distinct_keys=calls, keys_overflowed=False,
+        halted=False, threshold=None, cap_mode="adaptive", stuck=False, detections=0, duration_s=0.0,
+    )
+    entries = [rec._Call(f"tool-{i}", f"{j:016x}") for j in range(calls)]
+    return rec.turn_line(summary, entries)
+
+
+def _write_many(path: str, writer: int, lines: int, calls: int) -> None:
+    for k in range(lines):
+        rec.append_line(path, _turn_line(writer * 1000 + k, calls))
+
+
+def _check_whole_lines(path: Path, writers: int, lines: int, calls: int) -> None:
+    parsed = read_lines(path)
+    assert len(parsed) == writers * lines
+    ids = sorted(p["id"] for p in parsed)
+    assert ids == sorted(f"turn-{w * 1000 + k}" for w in range(writers) for k in range(lines))
+    for p in parsed:  # a line is one writer's: its calls all carry its tool name
+        assert len(p["calls"]) == calls
+        assert {c["tool"] for c in p["calls"]} == {"tool-" + p["id"].removeprefix("turn-")}
+
+
+def test_concurrent_threads_never_interleave_lines(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    writers, lines, calls = 8, 25, 2000  # ~100 kB lines, far past any pipe/stdio buffer
+    threads = [threading.Thread(target=_write_many, args=(str(path), w, lines, calls)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _check_whole_lines(path, writers, lines, calls)
+
+
+def test_concurrent_processes_never_interleave_lines(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    writers, lines, calls = 4, 20, 2000
+    ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    procs = [ctx.Process(target=_write_many, args=(str(path), w, lines, calls)) for w in range(writers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    _check_whole_lines(path, writers, lines, calls)
+
+
+def test_concurrent_turns_through_guards_in_threads(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path, streak_warn_at=0)
+    per_thread, workers = 10, 6
+
+    def work(w: int) -> None:
+        for k in range(per_thread):
+            with guard.turn(agent_name=f"w{w}", turn_id=f"w{w}-{k}") as turn:
+                for i in range(k + 1):
+                    c = tg.ToolCall(f"tool-w{w}", i)
+                    turn.check_call(c)
+                    turn.record_outcome(c, "ok")
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    parsed = read_lines(path)
+    assert len(parsed) == per_thread * workers
+    for line in parsed:
+        w, k = line["id"].removeprefix("w").split("-")
+        assert line["agent"] == f"w{w}"
+        assert len(line["calls"]) == int(k) + 1
+        assert {c["tool"] for c in line["calls"]} == {f"tool-w{w}"}
+
+
+def test_lines_replay_through_the_corpus_reader_shape(tmp_path):
+    """Every key the corpus README defines is there with its type."""
+    path = tmp_path / "turns.jsonl"
+    with make_guard(path).turn() as turn:
+        c = tg.ToolCall("x", 1)
+        turn.check_call(c)
+        turn.record_outcome(c, "ok")
+    (line,) = read_lines(path)
+    assert isinstance(line["source"], str) and isinstance(line["id"], str)
+    assert isinstance(line["cycles"], int) and line["resolved"] in (None, True, False)
+    assert all(set(c) == {"tool", "args", "outcome"} for c in line["calls"])
+    assert all(c["outcome"] in ("ok", "error", "denied", "unknown") for c in line["calls"])

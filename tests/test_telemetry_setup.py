@@ -1,0 +1,146 @@
+"""``turnguard.telemetry.configure()``: SDK providers from the OTEL_* variables, no globals by default."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry._logs import get_logger_provider
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+
+import turnguard as tg
+from turnguard.telemetry import Telemetry, TelemetryConfigError, configure
+from turnguard.telemetry.setup import resolve
+
+LOCAL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "200"}
+
+
+@pytest.fixture
+def configured():
+    made: list[Telemetry] = []
+
+    def build(**kwargs):
+        telemetry = configure(**kwargs)
+        made.append(telemetry)
+        return telemetry
+
+    yield build
+    for telemetry in made:
+        telemetry.shutdown()
+
+
+def test_http_endpoints_get_the_signal_paths_and_per_signal_variables_win():
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://loki:3100/otlp/v1/logs",
+    }
+    assert resolve("traces", env).endpoint == "http://collector:4318/v1/traces"
+    assert resolve("metrics", env).endpoint == "http://collector:4318/v1/metrics"
+    assert resolve("logs", env).endpoint == "http://loki:3100/otlp/v1/logs"
+    assert resolve("logs", env, endpoint="http://arg:1").endpoint == "http://arg:1/v1/logs"  # an argument wins
+
+
+def test_defaults_follow_the_otlp_spec():
+    traces = resolve("traces", {})
+    assert (traces.protocol, traces.endpoint, traces.timeout_s, traces.exporter) == (
+        "http/protobuf", "http://localhost:4318/v1/traces", 10.0, "otlp",
+    )
+    grpc = resolve("traces", {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert grpc.endpoint == "http://localhost:4317"
+
+
+def test_grpc_endpoint_is_used_as_given():
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
+    assert resolve("metrics", env).endpoint == "http://collector:4317"
+
+
+def test_headers_are_parsed_and_url_decoded_per_signal_overriding():
+    env = {
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20abc, x-tenant = t1",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-tenant=traces-tenant",
+    }
+    assert dict(resolve("traces", env).headers) == {"authorization": "Bearer abc", "x-tenant": "traces-tenant"}
+    assert dict(resolve("logs", env).headers) == {"authorization": "Bearer abc", "x-tenant": "t1"}
+
+
+def test_timeout_is_milliseconds():
+    assert resolve("traces", {"OTEL_EXPORTER_OTLP_TIMEOUT": "1500"}).timeout_s == 1.5
+    assert resolve("traces", {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "250"}).timeout_s == 0.25
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "no-equals-sign"}, "OTEL_EXPORTER_OTLP_HEADERS"),
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "ten"}, "OTEL_EXPORTER_OTLP_TIMEOUT"),
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "-5"}, "OTEL_EXPORTER_OTLP_TIMEOUT"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "localhost:4318"}, "localhost:4318"),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+    ],
+)
+def test_bad_variables_are_rejected_with_their_name(env, names):
+    with pytest.raises(TelemetryConfigError, match=names):
+        configure(environ=env)
+
+
+def test_builds_sdk_providers_without_touching_the_globals(configured):
+    before = (trace.get_tracer_provider(), metrics.get_meter_provider(), get_logger_provider())
+    telemetry = configured(environ={**LOCAL, "OTEL_SERVICE_NAME": "svc", "OTEL_RESOURCE_ATTRIBUTES": "team=core"})
+    assert (trace.get_tracer_provider(), metrics.get_meter_provider(), get_logger_provider()) == before
+    assert isinstance(telemetry.tracer_provider, TracerProvider)
+    assert isinstance(telemetry.meter_provider, MeterProvider)
+    assert isinstance(telemetry.logger_provider, LoggerProvider)
+    resource = telemetry.tracer_provider.resource.attributes
+    assert resource["service.name"] == "svc" and resource["team"] == "core"
+    assert [s.endpoint for s in telemetry.settings] == [
+        "http://127.0.0.1:9/v1/traces", "http://127.0.0.1:9/v1/metrics", "http://127.0.0.1:9/v1/logs",
+    ]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        telemetry.tracer_provider = None  # type: ignore[misc]
+
+
+def test_service_name_argument_wins(configured):
+    telemetry = configured(environ={**LOCAL, "OTEL_SERVICE_NAME": "from-env"}, service_name="from-arg")
+    assert telemetry.tracer_provider.resource.attributes["service.name"] == "from-arg"
+
+
+def test_guard_accepts_the_providers(configured):
+    telemetry = configured(environ=LOCAL)
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False), **telemetry.providers())
+    plugin = guard.pm.get_plugin("otel")
+    assert plugin.tracer is not None
+    with guard.turn() as turn:
+        assert turn.check_call(tg.ToolCall("x", 1)).action is tg.Action.ALLOW
+
+
+def test_grpc_protocol_builds_grpc_exporters(configured):
+    telemetry = configured(environ={**LOCAL, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    processors = telemetry.tracer_provider._active_span_processor._span_processors
+    exporter = processors[0]._batch_processor._exporter
+    assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
+
+
+def test_none_exporters_export_nothing(configured):
+    env = {**LOCAL, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    telemetry = configured(environ=env)
+    assert telemetry.tracer_provider._active_span_processor._span_processors == ()
+    assert telemetry.force_flush(1000)
+
+
+def test_sdk_disabled_gives_no_op_providers(configured):
+    telemetry = configured(environ={"OTEL_SDK_DISABLED": "true"})
+    assert not isinstance(telemetry.tracer_provider, TracerProvider)
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False), **telemetry.providers())
+    with guard.turn() as turn:
+        assert turn.check_call(tg.ToolCall("x", 1)).action is tg.Action.ALLOW
+    telemetry.shutdown()
+
+
+def test_shutdown_is_idempotent(configured):
+    telemetry = configured(environ=LOCAL)
+    telemetry.shutdown()
+    telemetry.shutdown()
