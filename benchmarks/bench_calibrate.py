@@ -14,88 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
 
+from turnguard.calibrate.synthetic import write_corpus
+
 GRID_FLAGS = ["--soft-caps", "20,50,100,200", "--multipliers", "2,3,5,10,20", "--stuck-repeats", "3,6,10"]
 TARGET = 200_000
-
-SHELL_TOOLS = ("cat", "grep", "ls", "python", "sed", "find", "mvn", "git")
-JSON_TOOLS = ("read_file", "search", "get_user_details", "list_dir", "edit_file", "run_tests")
-
-
-def _args(rng: random.Random, tool: str, i: int) -> str:
-    if tool in SHELL_TOOLS:
-        return f"{tool} src/pkg{rng.randrange(50)}/module_{i}.py -n {rng.randrange(1000)}\n"
-    return json.dumps({"path": f"src/pkg{rng.randrange(50)}/module_{i}.py", "offset": rng.randrange(0, 4000, 100),
-                       "options": {"limit": 200, "follow": bool(i & 1)}})
-
-
-def _tool(rng: random.Random, shell: bool) -> str:
-    return rng.choice(SHELL_TOOLS if shell else JSON_TOOLS)
-
-
-def generate_turn(rng: random.Random, n: int) -> dict:
-    """One generated turn of the kind drawn for ``n`` (its index)."""
-    shell = rng.random() < 0.5
-    kind = rng.random()
-    calls = []
-    test_cmd = ("python", "python -m pytest tests/test_x.py -q\n") if shell else ("run_tests", '{"target": "all"}')
-    if kind < 0.80:  # healthy: a short turn, re-running its tests between edits (never back to back)
-        length = max(1, min(400, int(rng.lognormvariate(2.5, 0.9))))
-        resolved = rng.random() < 0.5
-        for i in range(length):
-            if i % 7 == 6:
-                calls.append((*test_cmd, "error" if rng.random() < 0.5 else "ok"))
-            else:
-                tool = _tool(rng, shell)
-                calls.append((tool, _args(rng, tool, i), "error" if rng.random() < 0.1 else "ok"))
-    elif kind < 0.90:  # long productive: past the soft caps, almost no repeats
-        length = rng.randint(100, 1500)
-        resolved = rng.random() < 0.6
-        for i in range(length):
-            tool = _tool(rng, shell)
-            calls.append((tool, _args(rng, tool, i), "error" if rng.random() < 0.1 else "ok"))
-    elif kind < 0.99:  # stuck: a healthy start, then one failing call repeated
-        resolved = rng.random() < 0.05
-        for i in range(rng.randint(3, 40)):
-            tool = _tool(rng, shell)
-            calls.append((tool, _args(rng, tool, i), "ok"))
-        tool = _tool(rng, shell)
-        stuck = (tool, _args(rng, tool, 9999))
-        calls.extend((*stuck, "error") for _ in range(rng.randint(5, 80)))
-    else:  # runaway: varies its arguments forever
-        resolved = False
-        for i in range(rng.randint(500, 3000)):
-            tool = _tool(rng, shell)
-            calls.append((tool, _args(rng, tool, i), "ok"))
-    return {
-        "source": "generated",
-        "id": f"gen-{n}",
-        "calls": [{"tool": t, "args": a, "outcome": o} for t, a, o in calls],
-        "cycles": len(calls) + 1,
-        "resolved": resolved,
-        "ended_by": "generated",
-    }
-
-
-def generate(path: str, total_calls: int, seed: int = 7) -> tuple[int, int]:
-    """Write turns until ``total_calls`` calls; returns (turns, calls)."""
-    rng = random.Random(seed)
-    turns = calls = 0
-    with open(path, "w", encoding="utf-8") as f:
-        while calls < total_calls:
-            turn = generate_turn(rng, turns)
-            turn["calls"] = turn["calls"][: total_calls - calls]
-            if not turn["calls"]:
-                break
-            f.write(json.dumps(turn) + "\n")
-            turns += 1
-            calls += len(turn["calls"])
-    return turns, calls
 
 
 def main() -> int:
@@ -108,9 +35,10 @@ def main() -> int:
     try:
         if not (args.keep and os.path.exists(path)):
             t = time.perf_counter()
-            turns, calls = generate(path, args.calls)
+            turns, calls = write_corpus(path, max_calls=args.calls)
             print(f"generated {turns:,} turns, {calls:,} calls in {time.perf_counter() - t:.1f}s -> {path}")
-        calls = sum(len(json.loads(line)["calls"]) for line in open(path, encoding="utf-8"))
+        with open(path, encoding="utf-8") as f:
+            calls = sum(len(json.loads(line)["calls"]) for line in f)
         out = path + ".json"
         command = [sys.executable, "-m", "turnguard.cli", "calibrate", path, *GRID_FLAGS, "--jobs", str(args.jobs),
                    "--progress", "never", "--json", out]

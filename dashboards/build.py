@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,9 +140,9 @@ def sel(**labels: str) -> str:
 
 def le_sel(edge: float, **labels: str) -> str:
     """A selector for the bucket ``le == edge`` however the exporter formatted the number."""
-    text = f"{edge:g}" if float(edge).is_integer() and abs(edge) < 1e15 else repr(edge)
+    number = str(int(edge)) if float(edge).is_integer() else re.escape(repr(float(edge)))
     base = sel(**labels)
-    le = f"le=~`{int(edge) if float(edge).is_integer() else text}(\\.0)?`"
+    le = f"le=~`{number}(\\.0)?`"
     return "{" + (base[1:-1] + "," if base else "") + le + "}"
 
 
@@ -175,12 +176,14 @@ def _steps(*marks: tuple[float, str]) -> ThresholdsConfig:
 
 
 def stat_panel(pid: int, title: str, description: str, expr: str, unit: str = "short", width: int = 4) -> stat.Panel:
-    return (
+    panel = (
         stat.Panel().id(pid).title(title).description(description).datasource(DATASOURCE).unit(unit)
         .height(4).span(width).graph_mode(BigValueGraphMode.NONE).color_mode(BigValueColorMode.VALUE)
         .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .thresholds(_steps()).with_target(query(expr))
     )
+    # a count with no series yet (e.g. no backstop halt in the range) is 0, not "No data"
+    return panel.no_value("0") if unit == "short" else panel
 
 
 def bars(pid: int, title: str, description: str, targets: Sequence[Dataquery], unit: str = "short",

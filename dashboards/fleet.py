@@ -13,6 +13,7 @@ OpenTelemetry plugin under test): every turn summary, detection, answer and plug
 from __future__ import annotations
 
 import enum
+import functools
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -82,7 +83,8 @@ class Tally:
     detections: list[tg.LoopDetectedEvent] = field(default_factory=list)
     answers: list[tuple[tg.LoopDetectedEvent, str]] = field(default_factory=list)
     plugin_errors: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    _kind: Kind | None = None
+    planned: dict[str, Kind] = field(default_factory=dict)
+    """Turn id -> the kind of turn the fleet meant it to be."""
 
     @hookimpl
     def turnguard_loop_detected(self, event: tg.LoopDetectedEvent) -> None:
@@ -98,8 +100,7 @@ class Tally:
 
     @hookimpl
     def turnguard_turn_ended(self, summary: tg.TurnSummary) -> None:
-        assert self._kind is not None
-        self.turns.append(TurnRecord(self._kind, summary))
+        self.turns.append(TurnRecord(self.planned[summary.turn_id], summary))
 
 
 class FlakyPlugin:
@@ -140,10 +141,10 @@ def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4) -> Tally:
         guard = fleet.explicit if kind is Kind.EXPLICIT else fleet.adaptive
         agent = EXPLICIT_AGENT if kind is Kind.EXPLICIT else AGENTS[index % len(AGENTS)]
         promptable = _PROMPTABLE.get(kind, index % 2 == 0)
-        fleet.tally._kind = kind
-        with guard.turn(agent_name=agent, promptable=promptable, conversation_id=f"c{index}") as turn:
+        turn_id = f"{seed}-{index}"
+        fleet.tally.planned[turn_id] = kind
+        with guard.turn(agent_name=agent, promptable=promptable, conversation_id=f"c{index}", turn_id=turn_id) as turn:
             _DRIVERS[kind](turn, rng, guard.config)
-    fleet.tally._kind = None
     return fleet.tally
 
 
@@ -248,12 +249,13 @@ def _failing(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig, answers:
         _step(turn, call)
 
 
-DRIVERS_BY_ANSWERS: dict[Kind, tuple[str, ...]] = {
+FAILING_ANSWERS: dict[Kind, tuple[str, ...]] = {
     Kind.FAILING_UNATTENDED: (),
     Kind.ASK_CONTINUE: ("continue",),
     Kind.ASK_STOP: ("stop",),
     Kind.ASK_LATE_CONTINUE: ("unanswered", "continue"),
 }
+"""What the user answers to each ASK of a failing-streak turn ("unanswered": shown, not waited for)."""
 
 
 def _explicit(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> None:
@@ -271,7 +273,7 @@ _DRIVERS: dict[Kind, Driver] = {
     Kind.SOFT_STUCK: _soft_stuck,
     Kind.RUNAWAY: _runaway,
     Kind.EXPLICIT: _explicit,
-    **{kind: (lambda answers: lambda t, r, c: _failing(t, r, c, answers))(a) for kind, a in DRIVERS_BY_ANSWERS.items()},
+    **{kind: functools.partial(_failing, answers=answers) for kind, answers in FAILING_ANSWERS.items()},
 }
 _PROMPTABLE: dict[Kind, bool] = {
     Kind.FAILING_UNATTENDED: False,

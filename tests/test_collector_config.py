@@ -191,13 +191,18 @@ def test_logs_go_to_lokis_otlp_endpoint(config):
     assert endpoint.endswith("/otlp"), "otlp_http appends /v1/logs itself; Loki serves OTLP under /otlp"
 
 
-def test_traces_and_logs_are_written_as_otlp_json_for_calibration(config):
-    for signal in ("traces", "logs"):
-        files = [e for e, t in pipeline_exporter_types(config, signal).items() if t == "file"]
-        assert files, f"{signal} pipeline has no file exporter"
-        settings = config["exporters"][files[0]]
-        assert settings.get("format", "json") == "json"
-        assert expand(settings["path"]).endswith(".jsonl")
+def test_traces_are_written_as_otlp_json_lines_for_calibration(config):
+    files = [e for e, t in pipeline_exporter_types(config, "traces").items() if t == "file"]
+    assert files, "the traces pipeline has no file exporter"
+    settings = config["exporters"][files[0]]
+    assert settings.get("format", "json") == "json"
+    assert expand(settings["path"]).endswith(".jsonl")
+
+
+def test_only_spans_reach_the_calibration_file(config):
+    """``turnguard calibrate`` reads ``resourceSpans`` lines; log or metric lines would be bad input."""
+    for signal in ("metrics", "logs"):
+        assert "file" not in pipeline_exporter_types(config, signal).values(), signal
 
 
 def test_every_endpoint_comes_from_an_env_var_with_a_default(config):

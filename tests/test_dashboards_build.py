@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -80,3 +81,14 @@ def test_shadow_policy_panels_land_in_their_own_row_with_reserved_ids(monkeypatc
     assert board["panels"][-1]["id"] == build.SHADOW_PANEL_IDS[1]
     unshadowed = json.loads((build.HERE / build.FILES[build.THRESHOLDS_UID]).read_text())
     assert all(p["id"] not in build.SHADOW_PANEL_IDS for p in queries.panels(unshadowed))
+
+
+@pytest.mark.parametrize("edge", [1, 100, 200, 1000, 2000, 250.5])
+def test_bucket_matcher_accepts_both_exporters_formats_of_an_edge(edge):
+    """The Python pull exporter writes ``le="200.0"``, the Collector's remote write ``le="200"``."""
+    matcher = re.search(r"le=~`([^`]*)`", build.le_sel(edge)).group(1)
+    python_format = f"{float(edge)}"
+    go_format = f"{edge:g}" if float(edge).is_integer() else repr(float(edge))
+    assert re.fullmatch(matcher, python_format) and re.fullmatch(matcher, go_format)
+    for neighbour in (edge * 10, edge + 1, float(edge) * 10):
+        assert not re.fullmatch(matcher, f"{neighbour:g}") and not re.fullmatch(matcher, f"{float(neighbour)}")

@@ -18,6 +18,7 @@ scrape intervals).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -170,16 +171,23 @@ class FleetRun:
 def fleet_run(tmp_path_factory) -> Iterable[FleetRun]:
     binary = _prometheus_binary()
     workdir = tmp_path_factory.mktemp("prometheus")
-    registry = prometheus_client.CollectorRegistry()
-    reader = prometheus_exporter.PrometheusMetricReader(registry=registry)
-    provider = sdk_metrics.MeterProvider(metric_readers=[reader])
-    exporter_port = _free_port()
-    server, thread = prometheus_client.start_http_server(exporter_port, addr="127.0.0.1", registry=registry)
-    prometheus = Prometheus(binary, workdir, f"127.0.0.1:{exporter_port}")
-    quiet = logging.getLogger("turnguard")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # the fleet's flaky plugin raises on purpose
-    try:
+    with contextlib.ExitStack() as cleanup:
+        registry = prometheus_client.CollectorRegistry()
+        provider = sdk_metrics.MeterProvider(
+            metric_readers=[prometheus_exporter.PrometheusMetricReader(registry=registry)]
+        )
+        cleanup.callback(provider.shutdown)
+        exporter_port = _free_port()
+        server, thread = prometheus_client.start_http_server(exporter_port, addr="127.0.0.1", registry=registry)
+        cleanup.callback(thread.join, timeout=5)
+        cleanup.callback(server.server_close)
+        cleanup.callback(server.shutdown)
+        prometheus = Prometheus(binary, workdir, f"127.0.0.1:{exporter_port}")
+        cleanup.callback(prometheus.stop)
+        quiet = logging.getLogger("turnguard")
+        cleanup.callback(quiet.setLevel, quiet.level)
+        quiet.setLevel(logging.CRITICAL)  # the fleet's flaky plugin raises on purpose
+
         prometheus.wait_until("the exporter target to be up", prometheus.last_scrape)
         config = tg.GuardConfig(load_entrypoints=False)
         fleet.run_fleet(fleet.make_fleet(config, meter_provider=provider))  # creates every series
@@ -187,13 +195,6 @@ def fleet_run(tmp_path_factory) -> Iterable[FleetRun]:
         tally = fleet.run_fleet(fleet.make_fleet(config, meter_provider=provider))
         end = prometheus.scrape_after(time.time())
         yield FleetRun(prometheus, tally, Window(start, end), config)
-    finally:
-        quiet.setLevel(level)
-        prometheus.stop()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-        provider.shutdown()
 
 
 # -- what the fleet implies -------------------------------------------------------------------------

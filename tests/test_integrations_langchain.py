@@ -207,3 +207,31 @@ def test_remind_model_appends_the_reminder_to_the_fifth_identical_tool_message(r
     state = agent.invoke(ask_user("poll"), LIMIT)
     contents = [m.content for m in state["messages"] if isinstance(m, ToolMessage)]
     assert [("[turnguard] You have called read_file 5 times" in c) for c in contents] == [False] * 4 + [True, False]
+
+
+def test_exit_behavior_end_after_the_eighth_failure_ends_before_the_next_model_request(ran, tools):
+    stuck = forever("read_file", {"path": "missing.py"})
+    agent = create_agent(stuck, tools, middleware=[TurnGuardMiddleware(tg.Guard(), exit_behavior="end")])
+    state = agent.invoke(ask_user("read it"), LIMIT)
+    assert len(ran) == 8
+    assert "threshold streak (stop, limit 8)" in state["messages"][-1].content
+    assert sum(isinstance(m, ToolMessage) for m in state["messages"]) == 8
+
+
+def test_an_unknown_exit_behavior_is_refused_with_the_accepted_values():
+    with pytest.raises(ValueError, match="'error' or 'end'"):
+        TurnGuardMiddleware(tg.Guard(), exit_behavior="raise")
+
+
+def test_an_attended_stop_after_the_eighth_failure_interrupts_before_the_next_model_request(ran, tools):
+    model = calls_then_done([("read_file", {"path": "missing.py"})] * 10)
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
+    middleware = [TurnGuardMiddleware(guard, ask="interrupt")]
+    agent = create_agent(model, tools, middleware=middleware, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t3"}, **LIMIT}
+    paused = agent.invoke(ask_user("read it"), config)
+    (pending,) = paused["__interrupt__"]
+    assert pending.value["turnguard"]["level"] == "stop" and len(ran) == 8
+    state = agent.invoke(Command(resume="continue"), config)  # the user lets it try again
+    assert state["messages"][-1].content == "done"
+    assert len(ran) == 10  # the eighth ran once: resuming did not re-run the tool node

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import json
@@ -32,8 +33,31 @@ class ScriptedToolModel(llm.Model):
         self.model_id = model_id
         self.steps = iter(steps)
         self.requests = 0
+        self.tool_results_seen: list[str] = []
 
     def execute(self, prompt, stream, response, conversation):
+        self.requests += 1
+        self.tool_results_seen.extend(result.output for result in prompt.tool_results)
+        step = next(self.steps, "done")
+        if isinstance(step, str):
+            yield step
+            return
+        name, args = step
+        response.add_tool_call(llm.ToolCall(name=name, arguments=args, tool_call_id=f"call-{self.requests}"))
+        yield ""
+
+
+class ScriptedAsyncToolModel(llm.AsyncModel):
+    """The async twin of ``ScriptedToolModel``."""
+
+    supports_tools = True
+
+    def __init__(self, model_id: str, steps) -> None:
+        self.model_id = model_id
+        self.steps = iter(steps)
+        self.requests = 0
+
+    async def execute(self, prompt, stream, response, conversation):
         self.requests += 1
         step = next(self.steps, "done")
         if isinstance(step, str):
@@ -120,6 +144,26 @@ def test_attended_run_asks_the_callback_and_continue_lets_it_go_on(ran, read_fil
     ]
 
 
+def test_async_chains_are_stopped_the_same_way(ran, read_file):
+    model = ScriptedAsyncToolModel("scripted-async", stuck_steps())
+    with pytest.raises(TurnGuardHalted) as stopped:
+        asyncio.run(chain(tg.Guard(), model, "read it", tools=[read_file]).atext())
+    assert len(ran) == 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+
+
+def test_async_chains_await_an_async_ask_and_continue(ran, read_file):
+    asked = []
+
+    async def ask(verdict):
+        asked.append(verdict.event.streak_length)
+        return "continue"
+
+    model = ScriptedAsyncToolModel("scripted-async", [("read_file", {"path": "a.py"})] * 7)
+    assert asyncio.run(chain(tg.Guard(), model, "poll", tools=[read_file], ask=ask).atext()) == "done"
+    assert asked == [5] and len(ran) == 7
+
+
 def test_callbacks_work_on_a_plain_llm_chain(ran, read_file):
     """``ChainGuard`` alone, for hosts that call ``model.chain`` themselves."""
     callbacks = ChainGuard(tg.Guard())
@@ -185,8 +229,8 @@ def test_llm_guarded_command_rejects_an_unknown_tool(scripted_plugin, tmp_path, 
 def test_installed_as_an_llm_plugin_through_the_entry_point_group():
     """A fresh process, as a user's ``llm`` would see it: the entry point is loaded by llm itself."""
     env = {k: v for k, v in os.environ.items() if k != "LLM_LOAD_PLUGINS"}
-    llm_bin = Path(sys.executable).with_name("llm")
-    out = subprocess.run([str(llm_bin), "plugins"], capture_output=True, text=True, env=env, timeout=60, check=True)
+    command = [sys.executable, "-m", "llm", "plugins"]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=True)
     plugins = {p["name"]: p for p in json.loads(out.stdout)}
     assert plugins["turnguard"]["hooks"] == ["register_commands"]
     assert plugins["turnguard"]["version"] == tg.__version__
@@ -232,5 +276,5 @@ def test_remind_model_appends_the_reminder_to_the_fifth_identical_result(ran, re
     model = ScriptedToolModel("scripted", [("read_file", {"path": "a.py"})] * 6)
     guarded = chain(tg.Guard(tg.GuardConfig(remind_model=True)), model, "poll", tools=[read_file])
     assert guarded.text() == "done"
-    outputs = [r.output for resp in guarded.chain._responses for r in resp.prompt.tool_results]
+    outputs = model.tool_results_seen
     assert [("[turnguard] You have called read_file 5 times" in o) for o in outputs] == [False] * 4 + [True, False]

@@ -257,3 +257,21 @@ def test_remind_model_appends_the_reminder_to_the_fifth_identical_calls_result(r
     agent = agent_with(FunctionModel(respond), TurnGuardCapability(guard), ran, fail=False)
     assert agent.run_sync("poll").output == "done"
     assert [("[turnguard] You have called read_file 5 times" in c) for c in seen] == [False] * 4 + [True, False]
+
+
+def test_an_attended_stop_after_a_failure_is_asked_on_the_models_next_call(ran):
+    """The eighth failure has already run, so the question rides on the next call's approval."""
+    asked = []
+
+    def approve(ctx, requests: DeferredToolRequests) -> DeferredToolResults:
+        ours = approval_requests(requests)
+        asked.extend((requests.metadata[c.tool_call_id]["turnguard"]["level"], c.tool_call_id) for c in ours)
+        return requests.build_results(approvals={c.tool_call_id: True for c in ours})
+
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
+    calls = [("read_file", {"path": "a.py"})] * 10
+    capability = TurnGuardCapability(guard, ask=APPROVAL)
+    agent = agent_with(scripted(calls), capability, ran, fail=True, also=[HandleDeferredToolCalls(handler=approve)])
+    assert agent.run_sync("read a.py").output == "done"
+    assert asked == [("stop", "call-8")]
+    assert len(ran) == 10

@@ -144,3 +144,18 @@ def test_shutdown_is_idempotent(configured):
     telemetry = configured(environ=LOCAL)
     telemetry.shutdown()
     telemetry.shutdown()
+
+
+def test_batch_processor_sizes_come_from_the_environment(configured):
+    telemetry = configured(environ={**LOCAL, "OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_SCHEDULE_DELAY": "250"})
+    batch = telemetry.tracer_provider._active_span_processor._span_processors[0]._batch_processor
+    assert (batch._max_queue_size, batch._max_export_batch_size, batch._schedule_delay) == (100, 100, 0.25)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, {"OTEL_BLRP_MAX_EXPORT_BATCH_SIZE": "99999"}, {"OTEL_BSP_SCHEDULE_DELAY": "x"}],
+)
+def test_bad_batch_settings_are_rejected(env):
+    with pytest.raises(TelemetryConfigError, match=next(iter(env))):
+        configure(environ={**LOCAL, **env})

@@ -17,7 +17,7 @@ from typing import Any
 import pluggy
 
 from turnguard.config import GuardConfig
-from turnguard.keys import Keyer
+from turnguard.keys import CallKey, Keyer
 from turnguard.ledger import Ledger
 from turnguard.model import (
     ALLOW,
@@ -33,6 +33,7 @@ from turnguard.model import (
 from turnguard.plugins import plugin_manager
 
 log = logging.getLogger("turnguard")
+_set_key = object.__setattr__  # ToolCall is frozen; its key slot is the one field set after creation
 
 Impl = tuple[str, Callable[..., Any]]
 Observer = tuple[str, Callable[..., Any], tuple[str, ...]]
@@ -157,6 +158,7 @@ class Turn:
             guard.config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable
         )
         self._keyer = guard.keyer
+        self._digest = guard.keyer.digest
         self._lock = threading.RLock()
         self._halt: Verdict | None = None
         self._ended: TurnSummary | None = None
@@ -209,22 +211,35 @@ class Turn:
             self._notify("turnguard_cycle_checked", turn=self.ledger, verdict=verdict)
         return verdict
 
+    # check_call and record_outcome are the hot path: the plugin loop is inlined (no per-call
+    # argument tuple, no extra frame); anything but "every plugin returned None" goes to _combine.
+
     def check_call(self, call: ToolCall) -> Verdict:
         """Before executing ``call``: count it and decide. Do not execute it on HALT."""
         if type(call) is not ToolCall:
             _require_call(call)
         key = call._key
-        if key is None or key.keyer is not self._keyer:
-            key = self._keyer.key_of(call)
+        if key is None or key.keyer is not self._keyer:  # computed here, once; record_outcome reuses it
+            key = CallKey(self._digest(call.name, call.args), self._keyer)
+            _set_key(call, "_key", key)
+        ledger = self.ledger
         with self._lock:
             if self._halt is not None:
                 return self._halt
             self._count_call(key.digest, call.name)
-            verdict, events = self._decide("turnguard_check_call", self._check_call, (self.ledger, call))
+            found = None
+            for impl in self._check_call:
+                try:
+                    verdict = impl[1](ledger, call)
+                except Exception as exc:  # isolate every plugin
+                    verdict = self._plugin_failed(impl[0], "turnguard_check_call", exc)
+                if verdict is not None:
+                    found = [(impl[0], verdict)] if found is None else [*found, (impl[0], verdict)]
+            verdict, events = _NOTHING if found is None else self._combine("turnguard_check_call", found)
         if events:
             self._after(events)
         if self._observe_call:
-            self._notify("turnguard_call_checked", turn=self.ledger, call=call, verdict=verdict)
+            self._notify("turnguard_call_checked", turn=ledger, call=call, verdict=verdict)
         return verdict
 
     def record_outcome(self, call: ToolCall, outcome: Outcome | str) -> Verdict:
@@ -236,18 +251,25 @@ class Turn:
         key = call._key
         if key is None or key.keyer is not self._keyer:
             key = self._keyer.key_of(call)
+        ledger = self.ledger
         with self._lock:
             self._record_outcome(key.digest, outcome)
             if self._halt is not None:
                 verdict, events = self._halt, ()
             else:
-                verdict, events = self._decide(
-                    "turnguard_check_outcome", self._check_outcome, (self.ledger, call, outcome)
-                )
+                found = None
+                for impl in self._check_outcome:
+                    try:
+                        verdict = impl[1](ledger, call, outcome)
+                    except Exception as exc:  # isolate every plugin
+                        verdict = self._plugin_failed(impl[0], "turnguard_check_outcome", exc)
+                    if verdict is not None:
+                        found = [(impl[0], verdict)] if found is None else [*found, (impl[0], verdict)]
+                verdict, events = _NOTHING if found is None else self._combine("turnguard_check_outcome", found)
         if events:
             self._after(events)
         if self._observe_outcome:
-            self._notify("turnguard_outcome_recorded", turn=self.ledger, call=call, outcome=outcome, verdict=verdict)
+            self._notify("turnguard_outcome_recorded", turn=ledger, call=call, outcome=outcome, verdict=verdict)
         return verdict
 
     def retry(self) -> None:
@@ -313,35 +335,40 @@ class Turn:
     def _decide(
         self, hook: str, impls: tuple[Impl, ...], args: tuple[Any, ...]
     ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
-        """Call every implementation (under the lock); the most severe verdict wins, ties go to
-        the first in hook order. Returns the verdict and every detection event, in hook order."""
-        best: Verdict | None = None
-        events: list[LoopDetectedEvent] | None = None
+        """Call every implementation (under the lock) and combine what they returned."""
+        found = None
         for name, fn in impls:
             try:
                 verdict = fn(*args)
-            except Exception as exc:
+            except Exception as exc:  # isolate every plugin
                 verdict = self._plugin_failed(name, hook, exc)
-            if verdict is None:
-                continue
-            if type(verdict) is not Verdict and not isinstance(verdict, Verdict):
+            if verdict is not None:
+                found = [(name, verdict)] if found is None else [*found, (name, verdict)]
+        return _NOTHING if found is None else self._combine(hook, found)
+
+    def _combine(
+        self, hook: str, found: list[tuple[str, Any]]
+    ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
+        """The plugins' answers, in hook order: the most severe verdict wins, ties go to the first;
+        returns it with every detection event (in hook order). A HALT latches."""
+        best: Verdict | None = None
+        events: list[LoopDetectedEvent] = []
+        for name, verdict in found:
+            if not isinstance(verdict, Verdict):
                 bad = TypeError(f"{hook} must return a turnguard.Verdict or None, got {type(verdict).__name__}")
                 verdict = self._plugin_failed(name, hook, bad)
                 if verdict is None:
                     continue
             if verdict.event is not None:
-                if events is None:
-                    events = [verdict.event]
-                else:
-                    events.append(verdict.event)
+                events.append(verdict.event)
                 self.ledger.note_detection()
             if best is None or verdict.action > best.action:
                 best = verdict
         if best is None:
-            return _NOTHING if events is None else (ALLOW, events)
+            return ALLOW, events
         if best.action is _HALT:
             self._halt = best
-        return best, events or ()
+        return best, events
 
     def _plugin_failed(self, name: str, hook: str, exc: Exception) -> Verdict | None:
         log.error("turnguard plugin %r raised in %s: %r", name, hook, exc, exc_info=exc)
@@ -355,7 +382,7 @@ class Turn:
         for plugin_name, fn, argnames in self._observers("turnguard_plugin_error"):
             try:
                 fn(**_pick(argnames, turn=self.ledger, plugin=name, hook=hook, error=exc))
-            except Exception:
+            except Exception:  # the error reporter itself must not break the host
                 log.exception("turnguard plugin %r raised while reporting an error", plugin_name)
 
     def _after(self, events: Any) -> None:
@@ -378,7 +405,7 @@ class Turn:
         for plugin_name, fn, argnames in self._observers(hook):
             try:
                 fn(**_pick(argnames, **kwargs))
-            except Exception as exc:
+            except Exception as exc:  # observers never break the host
                 log.error("turnguard plugin %r raised in %s: %r", plugin_name, hook, exc, exc_info=exc)
                 self._report_error(plugin_name, hook, exc)
                 if self._fail_closed and hook != "turnguard_turn_ended":

@@ -44,6 +44,8 @@ _PROCESS_SECRET = secrets.token_bytes(32)
 _JSON_STARTS = frozenset('{["-0123456789')
 _JSON_WORDS = frozenset(("true", "false", "null"))
 _SPACE = frozenset(" \t\r\n")
+_MAYBE_JSON = _JSON_STARTS | _SPACE | {""}
+"""First characters of text that may be JSON (after optional whitespace); "" is the empty text."""
 _REPR_LIMIT = 4096
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -107,7 +109,7 @@ class CallKey:
 class Keyer:
     """Computes call keys for one guard (one key mode, one digest secret)."""
 
-    __slots__ = ("_blank", "_canonical", "_fast_dicts", "_secret", "mode")
+    __slots__ = ("_blank", "_canonical", "_plain_text", "_secret", "mode")
 
     def __init__(self, mode: str = "canonical", secret: bytes | str | None = None) -> None:
         if mode not in KEY_MODES:
@@ -117,25 +119,30 @@ class Keyer:
             secret = secret.encode()
         self._secret = (secret or _PROCESS_SECRET)[:64]
         self._canonical = canonical_bytes if mode == "canonical" else byte_identity
-        self._fast_dicts = True  # both modes encode a dict as canonical JSON
+        self._plain_text = mode == "canonical"
         # Keying BLAKE2b costs a compression; copying a keyed state is cheaper than re-keying.
         self._blank = hashlib.blake2b(digest_size=DIGEST_SIZE, key=self._secret)
 
     def digest(self, name: str, args: Any) -> bytes:
         """The keyed digest of (name, canonical args)."""
         try:
-            if type(args) is dict and self._fast_dicts:
-                try:  # the common case, inlined: a dict of JSON values
+            cls = type(args)
+            if cls is dict:
+                try:  # the common case, inlined: a dict of JSON values (both modes)
                     body = _join(_encode_chunks(args, 0)).encode()
                 except (TypeError, ValueError, RecursionError, OverflowError):
                     body = _utf8(_fallback(args))
+            elif cls is str and self._plain_text and args[:1] not in _MAYBE_JSON and (
+                len(args) > 5 or args not in _JSON_WORDS
+            ):  # inlined too: text that cannot be JSON (a shell command, a path) is its JSON string
+                body = _quote(args).encode()
             else:
                 body = self._canonical(args)
             head = name.encode() + b"\x00"
         except UnicodeEncodeError:  # lone surrogates: kept, not refused
             body = self._canonical(args)
             head = _utf8(name) + b"\x00"
-        except Exception:
+        except Exception:  # the encoders never raise; this is the last resort
             body = b"\x00unencodable\x00" + _utf8(type(args).__qualname__)
             head = _utf8(str(name)) + b"\x00"
         h = self._blank.copy()
@@ -256,7 +263,7 @@ def _plain_object(value: Any) -> bool:
 def _safe_repr(value: Any) -> str:
     try:
         text = _ADDRESS.sub("", repr(value))
-    except Exception:
+    except Exception:  # a broken __repr__ must not break the key
         return "<unrepresentable>"
     if len(text) <= _REPR_LIMIT:
         return text
@@ -269,7 +276,7 @@ def _children(value: Any) -> tuple[str, list[tuple[Any, Any]]]:
     if isinstance(value, Mapping):
         try:
             return "object", list(value.items())
-        except Exception:
+        except Exception:  # a broken mapping is encoded by its repr
             return "object", [("__object__", type(value).__qualname__), ("repr", _safe_repr(value))]
     if isinstance(value, (list, tuple)):
         return "array", [(None, v) for v in value]

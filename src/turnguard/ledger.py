@@ -19,8 +19,23 @@ from turnguard.model import Action, Level, LoopDetectedEvent, Outcome, Threshold
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
 
+def _quiet_until(cap_mode: str, soft_cap: int | None, hard_cap: int | None) -> int | float:
+    if cap_mode == "explicit":
+        return hard_cap  # type: ignore[return-value]
+    if cap_mode == "adaptive":
+        return soft_cap  # type: ignore[return-value]
+    return float("inf")
+
+
 _ERROR = Outcome.ERROR  # enum members looked up once: class attribute access costs on the hot path
 _DENIED = Outcome.DENIED
+
+
+_FACTS = (
+    "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
+    "_failing", "_detections", "_retries", "_first_stuck",
+)
+"""The scalar facts ``Ledger.fork`` copies (the two dicts are copied separately)."""
 
 
 class Ledger:
@@ -28,6 +43,7 @@ class Ledger:
 
     __slots__ = (
         "__weakref__",
+        "_cap_quiet_until",
         "_counts",
         "_cycle_start",
         "_cycles",
@@ -89,6 +105,7 @@ class Ledger:
         self._first_stuck = 0
         self._stuck_at = config.stuck_repeat_threshold
         self._max_keys = config.max_tracked_keys
+        self._cap_quiet_until = _quiet_until(self.cap_mode, self.soft_cap, self.hard_cap)
 
     # -- read-only view ------------------------------------------------------------------------
 
@@ -105,6 +122,11 @@ class Ledger:
     @property
     def calls_this_cycle(self) -> int:
         return self._tool_calls - self._cycle_start
+
+    @property
+    def cap_quiet_until(self) -> int | float:
+        """The cap cannot fire while ``tool_calls`` is at most this (N, S, or infinity if off)."""
+        return self._cap_quiet_until
 
     @property
     def max_key_repeat(self) -> int:
@@ -221,6 +243,33 @@ class Ledger:
 
     def note_detection(self) -> None:
         self._detections += 1
+
+    def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
+        """A copy of these facts under another configuration, for replay tools (``turnguard
+        calibrate``) that count a turn's common prefix once for many configurations.
+
+        The facts must not depend on the difference: ``max_tracked_keys`` must be equal, and
+        ``stuck_repeat_threshold`` equal or not yet reached under either value. Raises
+        ``ValueError`` otherwise.
+        """
+        stuck = config.stuck_repeat_threshold
+        if config.max_tracked_keys != self._max_keys or (
+            stuck != self._stuck_at and self._max_repeat >= min(stuck, self._stuck_at)
+        ):
+            raise ValueError("fork(): the facts so far depend on stuck_repeat_threshold or max_tracked_keys")
+        twin = Ledger(
+            config,
+            turn_id=self.turn_id,
+            conversation_id=self.conversation_id,
+            agent_name=self.agent_name,
+            promptable=self.promptable if promptable is None else promptable,
+        )
+        twin.started_at = self.started_at
+        for name in _FACTS:
+            setattr(twin, name, getattr(self, name))
+        twin._counts = dict(self._counts)
+        twin._outcomes = dict(self._outcomes)
+        return twin
 
     # -- building verdicts ---------------------------------------------------------------------
 

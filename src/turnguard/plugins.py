@@ -98,12 +98,12 @@ def _create(name: str, target: str, config: GuardConfig, providers: Mapping[str,
         else:
             log.warning("turnguard: built-in plugin %r left out: %r", name, exc)
         return None
-    except Exception as exc:
+    except Exception as exc:  # a broken optional plugin must not stop the guard
         log.warning("turnguard: built-in plugin %r left out: %r", name, exc, exc_info=exc)
         return None
     try:
         return factory(config, **dict(providers))
-    except Exception as exc:
+    except Exception as exc:  # nor one that fails to start
         log.warning("turnguard: built-in plugin %r failed to start: %r", name, exc, exc_info=exc)
         return None
 
@@ -133,7 +133,7 @@ def _load_entrypoints(pm: pluggy.PluginManager, selection: str | None) -> None:
             continue
         try:
             pm.load_setuptools_entrypoints(ENTRYPOINT_GROUP, name=name)
-        except Exception as exc:
+        except Exception as exc:  # a third-party plugin that cannot load is left out
             log.error("turnguard: entry-point plugin %r could not be loaded: %r", name, exc, exc_info=exc)
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from turnguard.calibrate.equivalence import GridBounds, earliest_call, signature, turn_facts
+from turnguard.calibrate.equivalence import GridBounds, TurnFacts, earliest_call, signature, turn_facts
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedTurn
-from turnguard.calibrate.replay import CompiledPolicy, TurnResult, cycle_starts, replay_turn
+from turnguard.calibrate.replay import CompiledPolicy, SharedPrefix, TurnResult, cycle_starts, replay_turn
 from turnguard.calibrate.stats import RunStats
 from turnguard.keys import Keyer
 
@@ -35,8 +35,17 @@ class Calibrator:
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
-        self.bounds = GridBounds.of(policies, attended=True)
+        self.bounds = {
+            m: GridBounds.of([p for p in policies if p.config.key_mode == m], attended=True) for m in self.keyers
+        }
         self.stats = RunStats.empty([policy_info(p) for p in policies])
+
+    def _quiet_under(self, key_mode: str, f: TurnFacts) -> bool:
+        """No policy of ``key_mode`` can fire on a turn whose counts are at most ``f``."""
+        if self.bounds[key_mode].quiet(f):
+            return True
+        return all(signature(cp.policy, f, promptable) is None
+                   for cp in self.compiled if cp.config.key_mode == key_mode for _, promptable in MODES)
 
     def add_all(self, turns: Iterable[RecordedTurn]) -> RunStats:
         for turn in turns:
@@ -67,28 +76,55 @@ class Calibrator:
         """Each policy's result per mode on ``turn`` (``None``: it cannot fire); counts replays."""
         outcomes = [c.outcome for c in turn.calls]
         starts = cycle_starts(turn)
-        digests = {m: self.keys(turn, k) for m, k in self.keyers.items()}
-        facts = {m: turn_facts(d, outcomes, starts) for m, d in digests.items()}
+        digests: dict[str, list[bytes]] = {}
+        facts = {}
+        coarsest = "canonical" if "canonical" in self.keyers and not _has_binary_args(turn) else None
+        if coarsest is not None:
+            digests[coarsest] = self.keys(turn, self.keyers[coarsest])
+            facts[coarsest] = turn_facts(digests[coarsest], outcomes, starts)
+        for m, keyer in self.keyers.items():
+            if m in digests:
+                continue
+            if self.group and coarsest is not None and self._quiet_under(m, facts[coarsest]):
+                continue  # finer identity, smaller counts: quiet too (equivalence.py)
+            digests[m] = self.keys(turn, keyer)
+            facts[m] = turn_facts(digests[m], outcomes, starts)
         out: list[dict[str, TurnResult | None]] = [{} for _ in self.compiled]
-        if self.group and all(self.bounds.quiet(f) for f in facts.values()):
+        if self.group and all(self.bounds[m].quiet(f) for m, f in facts.items()):
             return out
         calls_by_mode: dict[str, list[Any]] = {m: [None] * len(turn.calls) for m in digests}
-        cache: dict[tuple[object, ...], TurnResult] = {}
+        groups: dict[tuple[object, ...], tuple[int, CompiledPolicy, bool]] = {}
+        members: list[tuple[int, str, tuple[object, ...]]] = []
         for idx, cp in enumerate(self.compiled):
-            mode_key = cp.config.key_mode
-            f = facts[mode_key]
+            f = facts.get(cp.config.key_mode)
+            if f is None:
+                continue
             for mode, promptable in MODES:
-                sig = signature(cp.policy, f, promptable) if self.group else (idx, mode)
-                if sig is None:
-                    continue
-                result = cache.get(sig)
-                if result is None:
-                    first = earliest_call(cp.policy, f, promptable) if self.group else 1
-                    result = replay_turn(cp, turn, calls_by_mode[mode_key], digests[mode_key], starts,
-                                         promptable=promptable, first_check=first)
-                    cache[sig] = result
-                    self.stats.replays += 1
-                out[idx][mode] = result
+                if self.group:
+                    sig = signature(cp.policy, f, promptable)
+                    if sig is None:
+                        continue
+                    if sig not in groups:
+                        groups[sig] = (earliest_call(cp.policy, f, promptable), cp, promptable)
+                else:
+                    sig = (idx, mode)
+                    groups[sig] = (1, cp, promptable)
+                members.append((idx, mode, sig))
+        prefixes: dict[str, SharedPrefix] = {}
+        results: dict[tuple[object, ...], TurnResult] = {}
+        for sig, (first, cp, promptable) in sorted(groups.items(), key=lambda item: item[1][0]):
+            key_mode = cp.config.key_mode
+            ledger = None
+            if self.group and first > 1:
+                prefix = prefixes.get(key_mode)
+                if prefix is None:
+                    prefix = prefixes[key_mode] = SharedPrefix(cp.config, turn, digests[key_mode], starts)
+                ledger = prefix.fork_at(first, cp.config, promptable)
+            results[sig] = replay_turn(cp, turn, calls_by_mode[key_mode], digests[key_mode], starts,
+                                       promptable=promptable, first_check=first, ledger=ledger)
+            self.stats.replays += 1
+        for idx, mode, sig in members:
+            out[idx][mode] = results[sig]
         return out
 
     def add(self, turn: RecordedTurn) -> None:
@@ -99,3 +135,9 @@ class Calibrator:
             for mode, result in per_mode.items():
                 if result is not None and (result.halted or result.asks):
                     modes[mode].add(turn.id, n, turn.resolved, result)
+
+
+def _has_binary_args(turn: RecordedTurn) -> bool:
+    """Bytes arguments are where byte identity is not a refinement of canonical identity (bytes
+    that are not UTF-8); JSON input never has them, hand-built turns might."""
+    return any(isinstance(c.args, (bytes, bytearray, memoryview)) for c in turn.calls)

@@ -22,6 +22,10 @@ occur (the replay is skipped: its result is ``QUIET``). The rules:
   identical (``promptable`` is read by the streak policy only), so they share one signature.
 - cycle cap ``N``: fires only when the turn has more than ``N`` model requests.
 - extra rules: each says when it can fire (``HaltOnIdenticalCalls(n)``: a run of ``n``).
+- key modes: byte identity refines canonical identity (two calls with byte-identical arguments
+  have identical canonical arguments, for every argument that is not ``bytes``), so a turn's
+  counts under ``bytes`` are at most its counts under ``canonical``: when the ``bytes`` policies
+  are quiet on the canonical facts, the turn's ``bytes`` keys are not even computed.
 
 ``tests/test_calibrate_equivalence.py`` replays random turns with and without grouping and
 requires identical results, so a change in a policy that breaks a rule fails there.

@@ -22,6 +22,7 @@ import pluggy
 
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard.config import GuardConfig
 from turnguard.guard import compiled_checks
 from turnguard.keys import CallKey, Keyer
 from turnguard.ledger import Ledger
@@ -135,6 +136,45 @@ def tool_calls(turn: RecordedTurn, digests: Sequence[bytes], keyer: Keyer) -> li
     return [tool_call(c, d, keyer) for c, d in zip(turn.calls, digests, strict=True)]
 
 
+def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int], begin: int,
+            end: int) -> None:
+    """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
+    recorded = turn.calls
+    count, outcome = ledger.count_call, ledger.record_outcome
+    for i in range(begin, end):
+        for _ in range(starts[i]):
+            ledger.begin_cycle()
+        call, digest = recorded[i], digests[i]
+        count(digest, call.tool)
+        outcome(digest, call.outcome)
+
+
+class SharedPrefix:
+    """One ledger per turn and key mode, advanced once through the turn; replays that start
+    checking later fork it (``Ledger.fork``) instead of recounting the calls before."""
+
+    __slots__ = ("digests", "ledger", "position", "starts", "turn")
+
+    def __init__(self, config: GuardConfig, turn: RecordedTurn, digests: Sequence[bytes],
+                 starts: Sequence[int]) -> None:
+        self.ledger = Ledger(config, turn_id=turn.id)
+        self.turn, self.digests, self.starts = turn, digests, starts
+        self.position = 0
+
+    def fork_at(self, first_check: int, config: GuardConfig, promptable: bool) -> Ledger | None:
+        """A ledger holding calls before ``first_check`` under ``config``, or ``None`` when the
+        prefix has moved past it or the facts differ (the replay then counts for itself)."""
+        skip = min(first_check - 1, len(self.turn.calls))
+        if skip < self.position:
+            return None
+        advance(self.ledger, self.turn, self.digests, self.starts, self.position, skip)
+        self.position = skip
+        try:
+            return self.ledger.fork(config, promptable=promptable)
+        except ValueError:
+            return None
+
+
 def _decide(policy: CompiledPolicy, impls: Impls, args: tuple[Any, ...], ledger: Ledger) -> Verdict | None:
     """``Turn._decide``: every implementation in isolation; the most severe verdict wins."""
     best: Verdict | None = None
@@ -163,22 +203,21 @@ def replay_turn(
     promptable: bool,
     trace: list[Step] | None = None,
     first_check: int = 1,
+    ledger: Ledger | None = None,
 ) -> TurnResult:
     """Replay one turn under one policy until it ends or halts.
 
     ``calls`` holds the ``ToolCall`` objects the hooks receive (``None`` entries are made when
     needed). Before call ``first_check`` (see ``equivalence.earliest_call``) only the ledger
-    records the turn: no check there can change the result.
+    records the turn: no check there can change the result. ``ledger``, when given, already
+    holds the facts of those first ``first_check - 1`` calls (``SharedPrefix``).
     """
-    ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
     recorded = turn.calls
     n = len(recorded)
     skip = min(first_check - 1, n)
-    for i in range(skip):
-        for _ in range(starts[i]):
-            ledger.begin_cycle()
-        ledger.count_call(digests[i], recorded[i].tool)
-        ledger.record_outcome(digests[i], recorded[i].outcome)
+    if ledger is None:
+        ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
+        advance(ledger, turn, digests, starts, 0, skip)
     asks: list[int] = []
     check_cycle, check_call, check_outcome = policy.check_cycle, policy.check_call, policy.check_outcome
     args1 = (ledger,)
@@ -249,8 +288,10 @@ __all__ = [
     "QUIET",
     "CompiledPolicy",
     "Outcome",
+    "SharedPrefix",
     "Step",
     "TurnResult",
+    "advance",
     "calls_saved",
     "cycle_starts",
     "decile",

@@ -21,7 +21,6 @@ appended to the call's ``ToolMessage`` text.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -95,7 +94,6 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         self.exit_behavior = exit_behavior
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._lock = threading.Lock()
-        self._ids = itertools.count(1)
 
     # -- agent lifecycle -----------------------------------------------------------------------
 
@@ -108,7 +106,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             conversation_id=thread,
             agent_name=agent_name,
         )
-        key = f"{driver.turn.turn_id}"
+        key = driver.turn.turn_id
         with self._lock:
             self._runs[key] = _Run(driver)
             while len(self._runs) > MAX_OPEN_TURNS:
@@ -172,7 +170,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         except Exception as exc:
             self._after(run, call, Outcome.ERROR, run.driver.ask_user, cause=exc)
             raise
-        result = self._after(run, call, _outcome(result), run.driver.ask_user, result=result, request=request)
+        result = self._after(run, call, _outcome(result), run.driver.ask_user, result=result)
         return _remind(result, decision.reminder)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -190,7 +188,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         except Exception as exc:
             await self._aafter(run, call, Outcome.ERROR, cause=exc)
             raise
-        result = await self._aafter(run, call, _outcome(result), result=result, request=request)
+        result = await self._aafter(run, call, _outcome(result), result=result)
         return _remind(result, decision.reminder)
 
     # -- internals -----------------------------------------------------------------------------
@@ -245,8 +243,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             decision = await run.driver.aask_user(decision.verdict, call, before=False)
         return self._settle(run, decision, **kw)
 
-    def _settle(self, run: _Run, decision: Decision, *, cause: Exception | None = None, result: Any = None,
-                request: Any = None) -> Any:
+    def _settle(self, run: _Run, decision: Decision, *, cause: Exception | None = None, result: Any = None) -> Any:
         if decision.step is not Step.RUN:
             run.halt = decision.verdict
             if self.exit_behavior == "error":

@@ -5,7 +5,8 @@ llm 0.36 has no tool-call hook, so the guard rides on ``chain(before_call=, afte
 - ``ChainGuard`` holds one chain's turn; its ``before_call`` checks each tool call before llm runs
   it, its ``after_call`` records the outcome (a ``ToolResult`` with an ``exception`` is ``ERROR``).
 - ``chain(guard, model_or_conversation, prompt, ...)`` returns a ``GuardedChain`` whose
-  ``responses()``/``text()`` also count each model request as a cycle (llm creates a chain's
+  ``responses()``/``text()`` (``aresponses()``/``atext()`` for async models, whose ``ask`` may be
+  async) also count each model request as a cycle (llm creates a chain's
   responses lazily, so the check runs before the request is sent) and end the turn.
 - HALT raises ``TurnGuardHalted`` from the callback, which ends llm's chain (llm only turns
   ``CancelToolCall`` into a tool result; any other exception stops the chain). ASK goes to the
@@ -22,7 +23,7 @@ plugin, and llm 0.36 defines no tool-call hook to implement, hence the separate 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import llm
@@ -75,14 +76,30 @@ class ChainGuard:
             self._reminders[id(tool_call)] = decision.reminder
 
     def after_call(self, tool: Any, tool_call: Any, result: Any) -> None:
+        call, outcome = self._finish(tool_call, result)
+        _stop(self.driver.outcome(call, outcome))
+
+    async def abefore_call(self, tool: Any, tool_call: Any) -> None:
+        """``before_call`` for async chains: an async ``ask`` callback is awaited."""
+        call = ToolCall(tool_call.name or "tool", tool_call.arguments, tool_call.tool_call_id)
+        self._calls[id(tool_call)] = call
+        decision = await self.driver.acheck(call)
+        _stop(decision)
+        if decision.reminder:
+            self._reminders[id(tool_call)] = decision.reminder
+
+    async def aafter_call(self, tool: Any, tool_call: Any, result: Any) -> None:
+        call, outcome = self._finish(tool_call, result)
+        _stop(await self.driver.aoutcome(call, outcome))
+
+    def _finish(self, tool_call: Any, result: Any) -> tuple[ToolCall, Outcome]:
         call = self._calls.pop(id(tool_call), None) or ToolCall(
             tool_call.name or "tool", tool_call.arguments, tool_call.tool_call_id
         )
-        outcome = Outcome.ERROR if getattr(result, "exception", None) is not None else Outcome.OK
         reminder = self._reminders.pop(id(tool_call), None)
         if reminder and isinstance(getattr(result, "output", None), str):
             result.output = with_reminder(result.output, reminder)  # what the model reads next
-        _stop(self.driver.outcome(call, outcome))
+        return call, Outcome.ERROR if getattr(result, "exception", None) is not None else Outcome.OK
 
     def end(self, exc: BaseException | None = None) -> None:
         self.driver.end(exc)
@@ -113,6 +130,20 @@ class GuardedChain:
     def text(self) -> str:
         return "".join(response.text() for response in self.responses())
 
+    async def aresponses(self) -> AsyncIterator[Any]:
+        """``responses()`` for an async model or conversation."""
+        try:
+            async for response in self.chain.responses():
+                self.callbacks.begin_cycle()
+                yield response
+        except BaseException as exc:
+            self.callbacks.end(exc)
+            raise
+        self.callbacks.end()
+
+    async def atext(self) -> str:
+        return "".join([await response.text() async for response in self.aresponses()])
+
 
 def chain(
     guard: Guard,
@@ -141,9 +172,11 @@ def chain(
         agent_name=getattr(getattr(conversation, "model", None), "model_id", None),
     )
     chain_kwargs.setdefault("chain_limit", 0)
-    underlying = conversation.chain(
-        prompt, before_call=callbacks.before_call, after_call=callbacks.after_call, **chain_kwargs
-    )
+    if isinstance(conversation, llm.AsyncConversation):
+        before, after = callbacks.abefore_call, callbacks.aafter_call
+    else:
+        before, after = callbacks.before_call, callbacks.after_call
+    underlying = conversation.chain(prompt, before_call=before, after_call=after, **chain_kwargs)
     return GuardedChain(underlying, callbacks)
 
 

@@ -13,9 +13,10 @@ hooks=...)`` directly (one hooks object per run; call ``hooks.end()`` afterwards
 - HALT raises ``TurnGuardHalted``, an ``AgentsException`` (the SDK's run-stopping family, like
   ``MaxTurnsExceeded``) and a ``turnguard.LoopDetected``; the tool body does not run.
 - ASK goes to the ``ask`` callback (sync or async). The SDK's own approval path
-  (``needs_approval``) interrupts the run and resumes it from a ``RunState`` in a second
-  ``Runner.run``; a decision taken in ``on_tool_start`` cannot raise such an interruption, so the
-  callback is the route. Without one, the fallback applies (a warning is observed, a stop halts).
+  (``needs_approval``) is decided when the SDK plans a batch of calls, before any hook or tool
+  span, and resumes from a ``RunState`` in a second ``Runner.run``; a decision taken in
+  ``on_tool_start`` cannot raise such an interruption, so the callback is the route. Without one,
+  the fallback applies (a warning is observed, a stop halts).
 - REMIND (``GuardConfig(remind_model=True)``) cannot be injected: run hooks cannot change a tool's
   output (a per-tool output guardrail could); the reminder is recorded, not shown to the model.
 """
@@ -175,10 +176,18 @@ async def run(
     run_config: RunConfig | None = None,
     **runner_kwargs: Any,
 ) -> Any:
-    """``Runner.run`` under turnguard: the run is one turn, ended however the run finishes."""
-    guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks)
+    """``Runner.run`` under turnguard: the run is one turn, ended however the run finishes.
+
+    ``conversation_id`` defaults to ``Runner.run``'s ``conversation_id`` or ``RunConfig.group_id``.
+    """
     config = run_config if run_config is not None else RunConfig()
-    config = dataclasses.replace(config, tool_error_formatter=guarded.tool_error_formatter(config.tool_error_formatter))
+    if conversation_id is None:  # the SDK's own names for the conversation, when given
+        conversation_id = runner_kwargs.get("conversation_id") or getattr(config, "group_id", None)
+    guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks)
+    if hasattr(config, "tool_error_formatter"):  # older SDKs: the span error and default text remain
+        config = dataclasses.replace(
+            config, tool_error_formatter=guarded.tool_error_formatter(config.tool_error_formatter)
+        )
     try:
         result = await Runner.run(agent, input, hooks=guarded, run_config=config, **runner_kwargs)
     except BaseException as exc:

@@ -31,6 +31,7 @@ from turnguard.model import Outcome, ToolCall, Verdict
 APPROVAL = "approval"
 """``ask=APPROVAL``: reach the user through pydantic-ai's deferred tool approval."""
 METADATA_KEY = "turnguard"
+MAX_PARKED = 1024
 
 
 class TurnGuardHalted(TurnHalted, AgentRunError):
@@ -59,7 +60,8 @@ class TurnGuardCapability(AbstractCapability[Any]):
     _pending: dict[str, _Pending] = field(default_factory=dict, init=False, repr=False)
     _ask_next: Verdict | None = field(default=None, init=False, repr=False)
     _parked: dict[str, _Pending] = field(default_factory=dict, init=False, repr=False)
-    """Approvals a finished run left open (shared by the per-run copies): a resumed run adopts the turn."""
+    """Questions a finished run left open (shared by the per-run copies): the resumed run reports the
+    user's answer to the turn that asked. Bounded: the oldest unanswered are dropped."""
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -83,6 +85,8 @@ class TurnGuardCapability(AbstractCapability[Any]):
         if self._pending and isinstance(getattr(result, "output", None), DeferredToolRequests):
             # The user answers in a resumed run (a new run, so a new turn): keep the question.
             self._parked.update(self._pending)
+            for stale in list(self._parked)[:-MAX_PARKED] if len(self._parked) > MAX_PARKED else ():
+                del self._parked[stale]
             driver.turn.end("deferred")
         else:
             driver.end()

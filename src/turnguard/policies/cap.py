@@ -27,18 +27,16 @@ SIGNALS: dict[str, StuckSignal] = {"repeat": repeat_signal}
 
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
-    n = turn.tool_calls
+    n = turn._tool_calls  # hot path: the built-in reads the ledger's fields, not its properties
+    if n <= turn._cap_quiet_until:
+        return None
     mode = turn.cap_mode
     if mode == "explicit":
         limit = turn.hard_cap
-        if n > limit:
-            return turn.detect(
-                Threshold.EXPLICIT, Action.HALT, Level.STOP, limit, call=call,
-                message=f"turnguard: tool-call cap reached: call {n} exceeds max_tool_calls_per_turn={limit}",
-            )
-        return None
-    if mode != "adaptive" or n <= turn.soft_cap:
-        return None
+        return turn.detect(
+            Threshold.EXPLICIT, Action.HALT, Level.STOP, limit, call=call,
+            message=f"turnguard: tool-call cap reached: call {n} exceeds max_tool_calls_per_turn={limit}",
+        )
     if n > turn.hard_cap:
         return turn.detect(
             Threshold.HARD_BACKSTOP, Action.HALT, Level.STOP, turn.hard_cap, call=call,

@@ -25,7 +25,7 @@ def reminder(tool: str, count: int) -> str:
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     warn_at = turn.config.streak_warn_at
-    if turn.streak_length != warn_at or not warn_at:
+    if turn._streak != warn_at or not warn_at:  # hot path: the ledger's field, not its property
         return None
     if turn.config.remind_model:
         action = Action.REMIND
@@ -41,7 +41,7 @@ def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> V
     if outcome is not _ERROR:
         return None
     stop_at = turn.config.streak_stop_at
-    if turn.failing_streak_length != stop_at or not stop_at:
+    if turn._failing != stop_at or not stop_at:
         return None
     action = Action.ASK if turn.promptable else Action.HALT
     return turn.detect(

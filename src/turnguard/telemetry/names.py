@@ -37,6 +37,9 @@ TURN_MAX_KEY_REPEAT = "turnguard.turn.max_key_repeat"
 TURN_FIRST_STUCK_CALL = "turnguard.turn.first_stuck_call"
 TURN_DETECTIONS = "turnguard.turn.detections"
 
+# On ``execute_tool`` spans a fact at its default value is left out (each attribute costs on
+# every call): no ``turnguard.call.repeat`` means 1, no ``turnguard.streak.length`` means 1, no
+# ``turnguard.streak.failing_length`` means 0, no ``turnguard.verdict.action`` means ``allow``.
 CALL_INDEX = "turnguard.call.index"
 CALL_KEY_DIGEST = "turnguard.call.key_digest"
 CALL_REPEAT = "turnguard.call.repeat"

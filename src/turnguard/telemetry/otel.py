@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnguard.telemetry")
 
+_LABELS = {action: action.label for action in Action}
+"""``Action.label`` looked up once (an enum property costs on the per-call path)."""
+_ERROR_STATUS = Status(StatusCode.ERROR)
 THRESHOLD_LIMIT = 100
 HOOK_LIMIT = 100
 BUILTIN_REASONS = ("completed", "halted", "error")
@@ -304,18 +307,23 @@ class OtelPlugin:
             index = turn.tool_calls
             repeat = (turn.repeats_of(key.digest) if key is not None else 0) or 1
             streak = turn.streak_length
+        facts_attrs: dict[str, Any] = {n.CALL_INDEX: index}
+        if key is not None:
+            facts_attrs[n.CALL_KEY_DIGEST] = key.hex
+        if repeat > 1:
+            facts_attrs[n.CALL_REPEAT] = repeat
+        if streak > 1:
+            facts_attrs[n.STREAK_LENGTH] = streak
+        if action is not Action.ALLOW:
+            facts_attrs[n.VERDICT_ACTION] = _LABELS[action]
         current = trace.get_current_span()
         host_traces = current.get_span_context().is_valid
         if host_traces and _is_tool_span(current):
             if current.is_recording():
-                current.set_attributes(self._call_attributes(key, index, repeat, streak, action))
+                current.set_attributes(facts_attrs)
             entry = _CallSpan(current, owned=False, action=action)
         else:
-            attrs = {
-                n.GEN_AI_OPERATION_NAME: n.OP_EXECUTE_TOOL,
-                n.GEN_AI_TOOL_NAME: call.name,
-                **self._call_attributes(key, index, repeat, streak, action),
-            }
+            attrs = {n.GEN_AI_OPERATION_NAME: n.OP_EXECUTE_TOOL, n.GEN_AI_TOOL_NAME: call.name, **facts_attrs}
             if call.call_id is not None:
                 attrs[n.GEN_AI_TOOL_CALL_ID] = call.call_id
             if self.capture_content:
@@ -330,18 +338,6 @@ class OtelPlugin:
         state.calls[call] = entry
         return entry
 
-    @staticmethod
-    def _call_attributes(key: Any, index: int, repeat: int, streak: int, action: Action) -> dict[str, Any]:
-        attrs: dict[str, Any] = {
-            n.CALL_INDEX: index,
-            n.CALL_REPEAT: repeat,
-            n.STREAK_LENGTH: streak,
-            n.VERDICT_ACTION: action.label,
-        }
-        if key is not None:
-            attrs[n.CALL_KEY_DIGEST] = key.hex
-        return attrs
-
     @hookimpl
     def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
         state = self._turns.get(turn)
@@ -351,8 +347,8 @@ class OtelPlugin:
         entry = state.calls.get(call)
         if entry is None:
             entry = self._call_span(state, turn, call, action)
-        elif entry.span.is_recording():  # started early by a detection on this call
-            entry.span.set_attribute(n.VERDICT_ACTION, action.label)
+        elif action is not entry.action and entry.span.is_recording():  # started early by a detection on it
+            entry.span.set_attribute(n.VERDICT_ACTION, _LABELS[action])
         span = entry.span
         if verdict.threshold is not None and span.is_recording():
             span.set_attribute(n.VERDICT_THRESHOLD, str(verdict.threshold))
@@ -379,14 +375,15 @@ class OtelPlugin:
         if span.is_recording():
             attrs: dict[str, Any] = {n.CALL_OUTCOME: outcome.value}
             if decided_here:
-                attrs[n.FAILING_STREAK_LENGTH] = facts[2]
+                if facts[2]:
+                    attrs[n.FAILING_STREAK_LENGTH] = facts[2]
                 if verdict.event is not None or verdict.action > entry.action:
-                    attrs[n.VERDICT_ACTION] = max(verdict.action, entry.action).label
+                    attrs[n.VERDICT_ACTION] = _LABELS[max(verdict.action, entry.action)]
                     if verdict.threshold is not None:
                         attrs[n.VERDICT_THRESHOLD] = str(verdict.threshold)
             if outcome is Outcome.ERROR and entry.owned:
                 attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
-                span.set_status(Status(StatusCode.ERROR))
+                span.set_status(_ERROR_STATUS)
             span.set_attributes(attrs)
         if entry.owned:
             span.end()
@@ -511,7 +508,7 @@ class OtelPlugin:
                 attrs[n.TURN_FIRST_STUCK_CALL] = summary.first_stuck_call
             if state.owned and summary.reason == "error":
                 attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
-                span.set_status(Status(StatusCode.ERROR))
+                span.set_status(_ERROR_STATUS)
             span.set_attributes(attrs)
         if state.owned:
             span.end()

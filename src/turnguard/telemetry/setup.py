@@ -15,8 +15,9 @@ Variables read (an explicit argument wins over the variable):
 - ``OTEL_EXPORTER_OTLP_HEADERS`` (and per signal): ``k=v,k2=v2``, values URL-decoded.
 - ``OTEL_EXPORTER_OTLP_TIMEOUT`` (and per signal): milliseconds, default 10000.
 - ``OTEL_{TRACES,METRICS,LOGS}_EXPORTER``: ``otlp`` (default), ``console`` or ``none``.
-- ``OTEL_METRIC_EXPORT_INTERVAL`` (ms, default 60000), ``OTEL_BSP_SCHEDULE_DELAY``,
-  ``OTEL_BLRP_SCHEDULE_DELAY`` (ms).
+- ``OTEL_METRIC_EXPORT_INTERVAL`` (ms, default 60000); the batch processors'
+  ``OTEL_BSP_*``/``OTEL_BLRP_*`` ``SCHEDULE_DELAY`` (ms), ``MAX_QUEUE_SIZE`` and
+  ``MAX_EXPORT_BATCH_SIZE``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ EXPORTERS = ("otlp", "console", "none")
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_TIMEOUT_MS = 10_000
+DEFAULT_QUEUE = 2048
+DEFAULT_EXPORT_BATCH = 512
 
 
 class TelemetryConfigError(ValueError):
@@ -128,9 +131,7 @@ def configure(
     tracer_provider = TracerProvider(resource=resource)
     span_exporter = _exporter(traces)
     if span_exporter is not None:
-        tracer_provider.add_span_processor(
-            BatchSpanProcessor(span_exporter, schedule_delay_millis=_ms(env, "OTEL_BSP_SCHEDULE_DELAY", 5000))
-        )
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, **_batch(env, "OTEL_BSP_", 5000)))
     readers = []
     metric_exporter = _exporter(metrics_)
     if metric_exporter is not None:
@@ -143,9 +144,8 @@ def configure(
     logger_provider = LoggerProvider(resource=resource)
     log_exporter = _exporter(logs)
     if log_exporter is not None:
-        logger_provider.add_log_record_processor(
-            BatchLogRecordProcessor(log_exporter, schedule_delay_millis=_ms(env, "OTEL_BLRP_SCHEDULE_DELAY", 1000))
-        )
+        processor = BatchLogRecordProcessor(log_exporter, **_batch(env, "OTEL_BLRP_", 1000))
+        logger_provider.add_log_record_processor(processor)
     telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings)
     if set_global:
         install_global(telemetry)
@@ -245,6 +245,26 @@ def _disabled() -> Telemetry:
     from opentelemetry.trace import NoOpTracerProvider
 
     return Telemetry(NoOpTracerProvider(), NoOpMeterProvider(), NoOpLoggerProvider())
+
+
+def _batch(env: Mapping[str, str], prefix: str, delay_ms: int) -> dict[str, int]:
+    """A batch processor's settings: ``<prefix>SCHEDULE_DELAY``, ``MAX_QUEUE_SIZE``, ``MAX_EXPORT_BATCH_SIZE``."""
+    settings: dict[str, int] = {"schedule_delay_millis": _ms(env, prefix + "SCHEDULE_DELAY", delay_ms)}
+    queue = _ms(env, prefix + "MAX_QUEUE_SIZE", None)
+    batch = _ms(env, prefix + "MAX_EXPORT_BATCH_SIZE", None)
+    for var, value in (("MAX_QUEUE_SIZE", queue), ("MAX_EXPORT_BATCH_SIZE", batch)):
+        if value is not None and value < 1:
+            raise TelemetryConfigError(f"{prefix}{var}={value}: expected a positive integer")
+    if queue is not None:
+        settings["max_queue_size"] = queue
+        batch = min(batch or DEFAULT_EXPORT_BATCH, queue)
+    if batch is not None:
+        if queue is None and batch > DEFAULT_QUEUE:
+            raise TelemetryConfigError(
+                f"{prefix}MAX_EXPORT_BATCH_SIZE={batch}: expected at most the queue size ({DEFAULT_QUEUE})"
+            )
+        settings["max_export_batch_size"] = batch
+    return settings
 
 
 def _flag(env: Mapping[str, str], var: str) -> bool:

@@ -1,0 +1,197 @@
+"""Benchmark: the core hot path (``check_call`` + ``record_outcome``) and the ledger's memory.
+
+    .venv/bin/python benchmarks/bench_core.py [--quick]      (or via benchmarks/run.py)
+
+Per-call cost, for the default guard with telemetry off (``otel``, ``recorder`` and ``shadow``
+plugins disabled; the cap, streak and cycle policies on): the median over repeated batches of
+the time a host pays per tool call, ``check_call`` then ``record_outcome`` on a fresh ``ToolCall``
+with distinct arguments (no detector fires). Each batch runs in a new turn of at most 1,000
+calls, so the default hard backstop (call 1001) never latches. Argument shapes: a small dict, a
+shell-command string, a dict holding 10 KB of text, a dict holding 1 MB of text.
+
+The floor, measured in the same run on the same arguments, is the least any such guard can do:
+canonical JSON (``json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode``), a BLAKE2b
+digest of name + JSON, and a dict count. Targets: <= 5 us per small call, <= 3x the floor.
+
+Memory: tracemalloc over a 1,000,000-call turn of distinct small calls (the cap disabled so the
+turn runs to the end), sampled as the turn grows: the ledger stops growing once it tracks
+``max_tracked_keys`` keys (default 65,536); keys first seen past the bound are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import turnguard as tg
+
+TELEMETRY_OFF = ("otel", "recorder", "shadow")
+TARGET_SMALL_US = 5.0
+TARGET_RATIO = 3.0
+MEMORY_CALLS = 1_000_000
+
+
+def _small(i: int) -> Any:
+    return {"path": f"src/pkg/module_{i}.py", "offset": 0, "limit": 200}
+
+
+def _shell(i: int) -> Any:
+    return f"grep -rn 'def handler_{i}' src/ --include=*.py | head -20"
+
+
+def _sized(size: int) -> Callable[[int], Any]:
+    body = "x" * size
+
+    def make(i: int) -> Any:
+        return {"path": f"docs/page_{i}.md", "content": f"{i}:{body}"}
+
+    return make
+
+
+CASES: list[tuple[str, str, Callable[[int], Any], int, int]] = [
+    # (case, tool, args maker, calls per batch, batches)
+    ("small dict", "read_file", _small, 1000, 40),
+    ("shell string", "bash", _shell, 1000, 40),
+    ("10 KB dict", "write_file", _sized(10 * 1024), 200, 15),
+    ("1 MB dict", "write_file", _sized(1024 * 1024), 10, 9),
+]
+
+
+def _guard() -> tg.Guard:
+    return tg.Guard(tg.GuardConfig(disable_plugins=TELEMETRY_OFF), environ={})
+
+
+def _guard_batch(guard: tg.Guard, calls: list[tg.ToolCall]) -> float:
+    """Seconds per call of check_call + record_outcome over ``calls``, in a new turn."""
+    turn = guard.turn()
+    check, record, ok = turn.check_call, turn.record_outcome, tg.Outcome.OK
+    gc.disable()
+    start = time.perf_counter()
+    for call in calls:
+        check(call)
+        record(call, ok)
+    elapsed = time.perf_counter() - start
+    gc.enable()
+    assert turn.halted is None, "a detector fired: the benchmark would measure a latched turn"
+    return elapsed / len(calls)
+
+
+def _strict_floor() -> Callable[[str, Any], bytes]:
+    """Canonical JSON through an encoder built once, a digest of name + JSON."""
+    encode = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+    blake2b = hashlib.blake2b
+
+    def key(name: str, args: Any) -> bytes:
+        return blake2b((name + "\x00" + encode(args)).encode(), digest_size=8).digest()
+
+    return key
+
+
+def _dumps_floor() -> Callable[[str, Any], bytes]:
+    """The same as most inline code writes it: ``json.dumps`` with the canonical options."""
+    dumps, blake2b = json.dumps, hashlib.blake2b
+
+    def key(name: str, args: Any) -> bytes:
+        text = dumps(args, sort_keys=True, separators=(",", ":"))
+        return blake2b((name + "\x00" + text).encode(), digest_size=8).digest()
+
+    return key
+
+
+FLOORS = {"strict": _strict_floor, "json.dumps": _dumps_floor}
+
+
+def _floor_batch(key: Callable[[str, Any], bytes], calls: list[tg.ToolCall]) -> float:
+    """Seconds per call of the minimal inline implementation: canonical JSON, digest, dict count."""
+    counts: dict[bytes, int] = {}
+    gc.disable()
+    start = time.perf_counter()
+    for call in calls:
+        digest = key(call.name, call.args)
+        counts[digest] = counts.get(digest, 0) + 1
+    elapsed = time.perf_counter() - start
+    gc.enable()
+    return elapsed / len(calls)
+
+
+def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int) -> dict[str, float]:
+    """Median seconds per call for the guard and each floor. Their batches are interleaved on the
+    same arguments, so a change in machine load affects all of them alike."""
+    guard = _guard()
+    floors = {name: make_floor() for name, make_floor in FLOORS.items()}
+    samples: dict[str, list[float]] = {"guard": [], **{name: [] for name in floors}}
+    for b in range(batches):
+        args = [make(b * per_batch + i) for i in range(per_batch)]
+        samples["guard"].append(_guard_batch(guard, [tg.ToolCall(tool, a) for a in args]))
+        for name, key in floors.items():
+            samples[name].append(_floor_batch(key, [tg.ToolCall(tool, a) for a in args]))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def ledger_memory(calls: int, checkpoints: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(calls, traced bytes held by the turn, distinct keys tracked) at each checkpoint."""
+    guard = tg.Guard(tg.GuardConfig(disable_plugins=TELEMETRY_OFF, max_tool_calls_per_turn=0), environ={})
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    turn = guard.turn()
+    check, record, ok, call_type = turn.check_call, turn.record_outcome, tg.Outcome.OK, tg.ToolCall
+    points = []
+    wanted = set(checkpoints)
+    for i in range(1, calls + 1):
+        call = call_type("read_file", {"path": f"src/m{i}.py"})
+        check(call)
+        record(call, ok)
+        if i in wanted:
+            del call
+            points.append((i, tracemalloc.get_traced_memory()[0] - base, turn.ledger.distinct_keys))
+    tracemalloc.stop()
+    return points
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """Result rows (see benchmarks/run.py for the row format)."""
+    rows: list[dict[str, Any]] = []
+    for case, tool, make, per_batch, batches in CASES:
+        if quick:
+            batches = max(3, batches // 4)
+        medians = per_call(tool, make, per_batch, batches)
+        ours, floor, dumps_floor = medians["guard"], medians["strict"], medians["json.dumps"]
+        ratio = ours / floor
+        row = {"benchmark": "core", "case": f"check_call + record_outcome, {case}", "value": ours * 1e6,
+               "unit": "us/call", "floor": floor * 1e6, "ratio": ratio, "target": f"<= {TARGET_RATIO:g}x floor",
+               "met": ratio <= TARGET_RATIO,
+               "note": f"{case}: json.dumps floor {dumps_floor * 1e6:.3g} us/call, ratio {ours / dumps_floor:.2f}x"}
+        if case == "small dict":
+            row["target"] = f"<= {TARGET_SMALL_US:g} us and <= {TARGET_RATIO:g}x floor"
+            row["met"] = ours * 1e6 <= TARGET_SMALL_US and ratio <= TARGET_RATIO
+        rows.append(row)
+    total = 100_000 if quick else MEMORY_CALLS
+    bound = tg.GuardConfig().max_tracked_keys
+    checkpoints = tuple(sorted({10_000, bound, min(total, 2 * bound), total // 2, total}))
+    for calls, held, keys in ledger_memory(total, checkpoints):
+        rows.append({"benchmark": "core", "case": f"turn memory after {calls:,} distinct calls ({keys:,} keys tracked)",
+                     "value": held / 2**20, "unit": "MiB", "target": f"flat past {bound:,} keys",
+                     "met": keys <= bound})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer batches and a 100,000-call memory turn")
+    args = parser.parse_args(argv)
+    for row in run(quick=args.quick):
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The replay gives the live guard's verdicts at the same calls: both run the same turns, the
+live ``Guard``/``Turn`` as a host drives it (answering every ASK with "continue"), the replay
+through ``replay_turn``."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+
+import turnguard as tg
+from turnguard.calibrate.engine import Calibrator
+from turnguard.calibrate.equivalence import earliest_call, turn_facts
+from turnguard.calibrate.grid import IdenticalCallsRule, Policy
+from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard.calibrate.replay import (
+    CompiledPolicy,
+    SharedPrefix,
+    Step,
+    TurnResult,
+    cycle_starts,
+    policy_manager,
+    replay_turn,
+)
+from turnguard.keys import Keyer
+
+CONFIGS = {
+    "default": {},
+    "small adaptive": {"soft_cap": 6, "hard_multiplier": 2, "stuck_repeat_threshold": 3},
+    "adaptive, backstop only": {"soft_cap": 4, "hard_multiplier": 3, "stuck_repeat_threshold": 50},
+    "explicit": {"max_tool_calls_per_turn": 9, "streak_warn_at": 2, "streak_stop_at": 3},
+    "streak tight": {"streak_warn_at": 2, "streak_stop_at": 2},
+    "warn only": {"streak_warn_at": 3, "streak_stop_at": 0},
+    "cycle cap": {"max_cycles_per_turn": 5},
+    "bytes, remind": {"key_mode": "bytes", "remind_model": True, "streak_warn_at": 3, "streak_stop_at": 4},
+    "cap off, streaks on": {"soft_cap": 0, "streak_warn_at": 2, "streak_stop_at": 3},
+}
+
+
+def random_turn(rng: random.Random, n: int) -> RecordedTurn:
+    """Short turns full of runs, repeats, respaced JSON text and every outcome."""
+    calls = []
+    pool = [("read", '{"a": 1, "b": 2}'), ("read", '{"b":2,"a":1}'), ("read", {"a": 1, "b": 2}),
+            ("grep", "grep x\n"), ("grep", "grep y\n"), ("run", {"t": [1, 2]}), ("edit", "e")]
+    for _ in range(rng.randint(0, 30)):
+        tool, args = rng.choice(pool)
+        for _ in range(rng.choice((1, 1, 1, 2, 4, 7))):
+            outcome = rng.choices(list(tg.Outcome), (0.3, 0.5, 0.1, 0.1))[0]
+            cycle = None
+            calls.append(RecordedCall(tool, args, None, outcome, cycle))
+    cycles = rng.choice((None, 0, len(calls), len(calls) + 2, max(1, len(calls) // 3)))
+    return RecordedTurn(f"r{n}", tuple(calls), cycles, rng.choice((True, False, None)))
+
+
+def live_steps(config: tg.GuardConfig, policy: Policy, turn: RecordedTurn, promptable: bool) -> list[Step]:
+    """Drive a real Guard through the turn as a host would; every verdict that says something."""
+    guard = tg.Guard(config, plugin_manager=policy_manager(policy))
+    starts = cycle_starts(turn)
+    steps: list[Step] = []
+
+    def note(k: int, stage: str, v: tg.Verdict, t: tg.Turn) -> bool:
+        if v.action is not tg.Action.ALLOW or v.threshold is not None:
+            steps.append(Step(k, stage, v.action, None if v.threshold is None else str(v.threshold)))
+        if v.action is tg.Action.ASK:
+            t.resolve(v.event, "continue")
+        return v.action is tg.Action.HALT
+
+    with guard.turn(turn_id=turn.id, promptable=promptable) as t:
+        for i in range(len(turn.calls) + 1):
+            for _ in range(starts[i]):
+                if note(i + 1, "cycle", t.begin_cycle(), t):
+                    return steps
+            if i == len(turn.calls):
+                break
+            rc = turn.calls[i]
+            call = tg.ToolCall(rc.tool, rc.args)
+            if note(i + 1, "call", t.check_call(call), t):
+                return steps
+            if note(i + 1, "outcome", t.record_outcome(call, rc.outcome), t):
+                return steps
+    return steps
+
+
+def replay_policy(config: tg.GuardConfig, extras=()) -> tuple[Policy, CompiledPolicy]:
+    policy = Policy("p", config, tuple(extras))
+    return policy, CompiledPolicy(policy, Keyer(config.key_mode))
+
+
+def test_policy_manager_is_the_live_guards_plugin_set() -> None:
+    live = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel", "recorder", "shadow")),
+                    environ={})
+    replay = policy_manager(Policy("p", tg.GuardConfig()))
+    assert [n for n, _ in replay.list_name_plugin()] == [n for n, _ in live.pm.list_name_plugin()]
+
+
+@pytest.mark.parametrize("promptable", [False, True], ids=["unattended", "attended"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_replay_gives_the_live_verdicts_at_the_same_calls(name: str, promptable: bool) -> None:
+    config = tg.GuardConfig(load_entrypoints=False, **CONFIGS[name])
+    policy, compiled = replay_policy(config)
+    rng = random.Random(zlib.crc32(name.encode()))
+    fired = 0
+    for n in range(60):
+        turn = random_turn(rng, n)
+        expected = live_steps(config, policy, turn, promptable)
+        digests = Calibrator([policy]).keys(turn, compiled.keyer)
+        got: list[Step] = []
+        result = replay_turn(compiled, turn, [None] * len(turn.calls), digests, cycle_starts(turn),
+                             promptable=promptable, trace=got)
+        assert got == expected, (name, turn)
+        fired += bool(expected)
+        halts = [s for s in expected if s.action is tg.Action.HALT]
+        assert result.halt_call == ((halts[0].call + (halts[0].stage == "outcome")) if halts else 0)
+        assert result.asks == tuple(s.call for s in expected if s.action is tg.Action.ASK)
+    assert fired, "the random turns never made this policy fire: the comparison proves nothing"
+
+
+def test_peer_rule_halts_live_and_in_replay_at_the_fifth_identical_call() -> None:
+    config = tg.GuardConfig(load_entrypoints=False, max_tool_calls_per_turn=0, streak_warn_at=0, streak_stop_at=0)
+    policy, compiled = replay_policy(config, [IdenticalCallsRule(5)])
+    turn = RecordedTurn("p", tuple(RecordedCall("read", {"a": 1}, None, tg.Outcome.OK) for _ in range(9)), 1)
+    expected = live_steps(config, policy, turn, False)
+    assert expected == [Step(5, "call", tg.Action.HALT, "streak")]
+    digests = Calibrator([policy]).keys(turn, compiled.keyer)
+    assert replay_turn(compiled, turn, [None] * 9, digests, cycle_starts(turn), promptable=False) == TurnResult(
+        5, "streak", ())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_starting_checks_late_from_a_shared_prefix_changes_nothing(name: str) -> None:
+    """``earliest_call`` + ``SharedPrefix`` (the fast path) against checking every call."""
+    config = tg.GuardConfig(load_entrypoints=False, **CONFIGS[name])
+    policy, compiled = replay_policy(config)
+    base_policy, _ = replay_policy(tg.GuardConfig(load_entrypoints=False))
+    rng = random.Random(5)
+    for n in range(80):
+        turn = random_turn(rng, n)
+        digests = Calibrator([policy]).keys(turn, compiled.keyer)
+        starts = cycle_starts(turn)
+        facts = turn_facts(digests, [c.outcome for c in turn.calls], starts)
+        for promptable in (False, True):
+            full = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable)
+            first = earliest_call(policy, facts, promptable)
+            prefix = SharedPrefix(base_policy.config, turn, digests, starts)
+            ledger = prefix.fork_at(first, config, promptable)
+            late = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable,
+                               first_check=first, ledger=ledger)
+            assert late == full, (name, promptable, turn)
+
+
+def test_cycle_starts_spread_calls_over_the_recorded_requests() -> None:
+    def turn(n_calls: int, cycles: int | None, per_call: list[int] | None = None) -> RecordedTurn:
+        calls = tuple(RecordedCall("t", i, None, tg.Outcome.OK, per_call[i] if per_call else None)
+                      for i in range(n_calls))
+        return RecordedTurn("c", calls, cycles)
+
+    assert cycle_starts(turn(4, 2)) == [1, 0, 1, 0, 0]
+    assert cycle_starts(turn(2, 4)) == [2, 1, 1]  # the last request (the final answer) after the last call
+    assert cycle_starts(turn(3, None)) == [1, 0, 0, 0]
+    assert cycle_starts(turn(0, 3)) == [3]
+    assert cycle_starts(turn(3, 5, [1, 1, 3])) == [1, 0, 2, 2]

@@ -1,0 +1,274 @@
+"""The grafana/dashboard-linter rules that apply to turnguard's boards, as pytest checks.
+
+The Go linter cannot be installed here, so its relevant rules are re-stated below (rule names in
+the comments), applied to the committed JSON, and each is shown to catch the mistake it is for.
+Exceptions, stated here rather than in a ``.lint`` file: totals over the dashboard's time range use
+``increase(...[$__range])`` (``rate``/``irate`` must use ``$__rate_interval``); the job/instance
+rules are left out because OpenTelemetry-sourced series get ``job`` from ``service.name``, which
+the boards must not assume.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dashboards import queries  # noqa: E402
+
+BOARD_DIR = ROOT / "dashboards"
+BOARDS = queries.boards(BOARD_DIR)
+HALTS, THRESHOLDS = "turnguard-halts", "turnguard-threshold-validation"
+SHADOW_IDS = range(100, 200)
+
+VALID_UNITS = frozenset({"short", "none", "percent", "percentunit", "cps", "ops", "reqps", "s", "ms", "bytes"})
+"""Grafana unit ids the boards may use (a subset of Grafana's; a typo is not a unit)."""
+RANGE_FUNCTION = re.compile(r"\b(rate|irate|increase)\(\s*[^\[\]]*\[([^\]]+)\]")
+COUNTER = re.compile(r"\b([a-zA-Z_:][\w:]*_total)\b")
+ALLOWED_RANGES = {"rate": {"$__rate_interval"}, "irate": {"$__rate_interval"},
+                  "increase": {"$__rate_interval", "$__range"}}
+
+PANEL_IDS = {
+    HALTS: {1: "row", 2: "stat", 3: "stat", 4: "stat", 5: "stat", 6: "stat", 7: "stat", 10: "row",
+            11: "timeseries", 12: "timeseries", 13: "bargauge", 20: "row", 21: "bargauge", 22: "bargauge",
+            30: "row", 31: "bargauge", 32: "bargauge", 33: "timeseries", 40: "row", 41: "bargauge",
+            42: "timeseries"},
+    THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
+                 13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",
+                 26: "bargauge", 30: "row", 31: "bargauge"},
+}
+"""The stable panel ids (links and annotations point at them): renumbering is a breaking change."""
+
+
+def _content_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in queries.panels(board) if p["type"] != "row"]
+
+
+# -- the rules (each returns the problems it finds) -----------------------------------------------
+
+
+def template_datasource_rule(board):
+    found = [v for v in board.get("templating", {}).get("list", []) if v.get("type") == "datasource"]
+    if len(found) != 1:
+        return [f"expected exactly one datasource variable, found {len(found)}"]
+    var = found[0]
+    problems = []
+    if var.get("name") != "datasource":
+        problems.append(f"datasource variable is named {var.get('name')!r}, not 'datasource'")
+    if var.get("label") != "Data source":
+        problems.append(f"datasource variable is labelled {var.get('label')!r}, not 'Data source'")
+    if var.get("query") != "prometheus":
+        problems.append(f"datasource variable selects {var.get('query')!r} data sources, not prometheus")
+    return problems
+
+
+def panel_datasource_rule(board):
+    problems = []
+    for panel in _content_panels(board):
+        for where, ds in [("panel", panel.get("datasource")), *(("target " + t.get("refId", "?"), t.get("datasource"))
+                                                                for t in panel.get("targets", []))]:
+            if not ds or ds.get("uid") != "${datasource}":
+                problems.append(f"panel {panel['id']} {where}: datasource {ds!r} is not ${{datasource}}")
+    if "__inputs" in board or "${DS_" in json.dumps(board):
+        problems.append("uses __inputs/${DS_...}: only the UI import resolves them, provisioning does not")
+    return problems
+
+
+def panel_units_rule(board):
+    problems = []
+    for panel in _content_panels(board):
+        unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        if unit not in VALID_UNITS:
+            problems.append(f"panel {panel['id']} ({panel['title']}): unit {unit!r}")
+    return problems
+
+
+def panel_title_description_rule(board):
+    return [f"panel {p['id']}: needs a title and a description" for p in _content_panels(board)
+            if not p.get("title") or not p.get("description")]
+
+
+def target_rate_interval_rule(board):
+    problems = []
+    for q in queries.panel_queries(board):
+        for function, interval in RANGE_FUNCTION.findall(q.expr):
+            if interval not in ALLOWED_RANGES[function]:
+                problems.append(f"panel {q.panel_id} {q.ref_id}: {function}(...[{interval}])")
+    return problems
+
+
+def target_counter_agg_rule(board):
+    problems = []
+    for q in queries.panel_queries(board):
+        for match in COUNTER.finditer(q.expr):
+            if not re.search(r"\b(rate|irate|increase)\(\s*$", q.expr[: match.start()]):
+                problems.append(f"panel {q.panel_id} {q.ref_id}: counter {match.group(1)} not in rate/increase")
+    return problems
+
+
+def panel_no_targets_rule(board):
+    problems = []
+    for panel in _content_panels(board):
+        refs = [t.get("refId") for t in panel.get("targets", [])]
+        if not refs:
+            problems.append(f"panel {panel['id']}: no queries")
+        if not all(refs) or len(set(refs)) != len(refs):
+            problems.append(f"panel {panel['id']}: refIds {refs} must be set and unique")
+    return problems
+
+
+def uneditable_dashboard_rule(board):
+    return [] if board.get("editable") is False else [f"editable is {board.get('editable')!r}, not false"]
+
+
+def stable_panel_ids_rule(board):
+    ids = [p.get("id") for p in queries.panels(board)]
+    problems = [f"panel {p.get('title')!r} has no integer id" for p in queries.panels(board)
+                if not isinstance(p.get("id"), int)]
+    if len(set(ids)) != len(ids):
+        problems.append(f"duplicate panel ids: {sorted(i for i in ids if ids.count(i) > 1)}")
+    pinned = PANEL_IDS.get(board["uid"], {})
+    actual = {p["id"]: p["type"] for p in queries.panels(board) if isinstance(p.get("id"), int)}
+    for pid, kind in pinned.items():
+        if actual.get(pid) != kind:
+            problems.append(f"panel id {pid} should be a {kind}, is {actual.get(pid)!r}")
+    extra = set(actual) - set(pinned) - (set(SHADOW_IDS) if board["uid"] == THRESHOLDS else set())
+    if extra:
+        problems.append(f"unpinned panel ids {sorted(extra)}: add them to PANEL_IDS (never renumber)")
+    return problems
+
+
+RULES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "template-datasource-rule": template_datasource_rule,
+    "panel-datasource-rule": panel_datasource_rule,
+    "panel-units-rule": panel_units_rule,
+    "panel-title-description-rule": panel_title_description_rule,
+    "target-rate-interval-rule": target_rate_interval_rule,
+    "target-counter-agg-rule": target_counter_agg_rule,
+    "panel-no-targets-rule": panel_no_targets_rule,
+    "uneditable-dashboard": uneditable_dashboard_rule,
+    "stable-panel-ids": stable_panel_ids_rule,
+}
+
+
+# -- the committed boards pass every rule -----------------------------------------------------------
+
+
+def test_both_boards_are_committed():
+    assert set(BOARDS) == {HALTS, THRESHOLDS}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("uid", sorted(BOARDS))
+def test_board_passes_lint_rule(uid, rule):
+    assert RULES[rule](BOARDS[uid]) == []
+
+
+def test_rows_group_every_panel():
+    for board in BOARDS.values():
+        assert board["panels"][0]["type"] == "row"
+
+
+def test_heatmap_reads_prometheus_buckets_as_they_are():
+    heatmaps = [p for p in queries.panels(BOARDS[THRESHOLDS]) if p["type"] == "heatmap"]
+    assert heatmaps
+    for panel in heatmaps:
+        assert panel["options"]["calculate"] is False
+        assert all(t["format"] == "heatmap" and "by (le)" in t["expr"] for t in panel["targets"])
+
+
+# -- and each rule catches the mistake it is for --------------------------------------------------------
+
+
+def _first_content(board):
+    return _content_panels(board)[0]
+
+
+def _break_datasource_label(board):
+    next(v for v in board["templating"]["list"] if v["type"] == "datasource")["label"] = "Datasource"
+
+
+def _break_panel_datasource(board):
+    _first_content(board)["datasource"] = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+
+
+def _drop_unit(board):
+    del _first_content(board)["fieldConfig"]["defaults"]["unit"]
+
+
+def _misspell_unit(board):
+    _first_content(board)["fieldConfig"]["defaults"]["unit"] = "precentunit"
+
+
+def _drop_description(board):
+    _first_content(board)["description"] = ""
+
+
+def _fixed_rate_window(board):
+    panel = next(p for p in _content_panels(board) if any("$__rate_interval" in t["expr"] for t in p["targets"]))
+    panel["targets"][0]["expr"] = panel["targets"][0]["expr"].replace("$__rate_interval", "5m")
+
+
+def _rate_over_range(board):
+    target = _first_content(board)["targets"][0]
+    target["expr"] = target["expr"].replace("increase(", "rate(", 1)
+
+
+def _bare_counter(board):
+    _first_content(board)["targets"][0]["expr"] = "sum(turnguard_loop_detections_total)"
+
+
+def _duplicate_ref(board):
+    panel = _first_content(board)
+    panel["targets"].append(dict(panel["targets"][0]))
+
+
+def _make_editable(board):
+    board["editable"] = True
+
+
+def _duplicate_id(board):
+    _content_panels(board)[1]["id"] = _content_panels(board)[0]["id"]
+
+
+def _renumber(board):
+    _first_content(board)["id"] = 77
+
+
+BREAKAGES = {
+    "template-datasource-rule": _break_datasource_label,
+    "panel-datasource-rule": _break_panel_datasource,
+    "panel-units-rule": _drop_unit,
+    "panel-title-description-rule": _drop_description,
+    "target-rate-interval-rule": _fixed_rate_window,
+    "target-counter-agg-rule": _bare_counter,
+    "panel-no-targets-rule": _duplicate_ref,
+    "uneditable-dashboard": _make_editable,
+    "stable-panel-ids": _duplicate_id,
+}
+MORE_BREAKAGES = {
+    "panel-units-rule": _misspell_unit,
+    "target-rate-interval-rule": _rate_over_range,
+    "stable-panel-ids": _renumber,
+}
+
+
+@pytest.mark.parametrize(("rule", "breakage"), [*BREAKAGES.items(), *MORE_BREAKAGES.items()],
+                         ids=lambda v: v if isinstance(v, str) else v.__name__)
+def test_rule_catches_a_broken_board(rule, breakage):
+    board = copy.deepcopy(BOARDS[HALTS])
+    breakage(board)
+    assert RULES[rule](board), f"{rule} missed {breakage.__name__}"
+
+
+def test_every_rule_has_a_breakage():
+    assert set(BREAKAGES) == set(RULES)
