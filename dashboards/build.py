@@ -22,7 +22,6 @@ the shadow-policies row (``shadow_policy_panels``).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -459,8 +458,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stuck-repeat-threshold", type=int, default=DEFAULTS.stuck_repeat_threshold)
     parser.add_argument("--check", action="store_true", help="fail if the files in --out differ from a fresh build")
     args = parser.parse_args(argv)
-    config = GuardConfig(soft_cap=args.soft_cap, hard_multiplier=args.hard_multiplier,
-                         stuck_repeat_threshold=args.stuck_repeat_threshold)
+    try:
+        config = GuardConfig(soft_cap=args.soft_cap, hard_multiplier=args.hard_multiplier,
+                             stuck_repeat_threshold=args.stuck_repeat_threshold)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if config.cap_mode != "adaptive":
+        parser.error(f"--soft-cap must be > 0 (got {args.soft_cap}): the boards chart the adaptive cap")
     built = build_all(CapSettings.from_config(config))
     stale = [name for name, text in built.items()
              if not (args.out / name).exists() or (args.out / name).read_text() != text]
@@ -471,7 +475,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in built.items():
         (args.out / name).write_text(text)
-        json.loads(text)
         print(f"wrote {args.out / name}")
     return 0
 

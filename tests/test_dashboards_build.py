@@ -92,3 +92,13 @@ def test_bucket_matcher_accepts_both_exporters_formats_of_an_edge(edge):
     assert re.fullmatch(matcher, python_format) and re.fullmatch(matcher, go_format)
     for neighbour in (edge * 10, edge + 1, float(edge) * 10):
         assert not re.fullmatch(matcher, f"{neighbour:g}") and not re.fullmatch(matcher, f"{float(neighbour)}")
+
+
+@pytest.mark.parametrize("bad", [["--soft-cap", "0"], ["--soft-cap", "-5"], ["--hard-multiplier", "0.5"],
+                                 ["--stuck-repeat-threshold", "zero"]])
+def test_build_refuses_thresholds_it_cannot_chart(tmp_path, bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build.main(["--out", str(tmp_path), *bad])
+    assert exit_info.value.code == 2
+    assert not list(tmp_path.iterdir())
+    assert "error:" in capsys.readouterr().err

@@ -429,6 +429,13 @@ def test_the_fleet_is_large_and_landed_in_prometheus(fleet_run):
         assert metric in names, f"{metric} not in Prometheus: {sorted(n for n in names if 'turnguard' in n)}"
 
 
+def test_an_unsubstituted_macro_or_a_bad_query_fails_loudly(fleet_run):
+    """Bad inputs: Prometheus rejects Grafana's macros (hence ``queries.resolve``) and broken PromQL."""
+    for bad in (f"sum(rate({build.DETECTIONS}[$__rate_interval]))", f"sum by (le (increase({build.TURNS}[1m]))"):
+        with pytest.raises(AssertionError, match="HTTP 400"):
+            fleet_run.prometheus.api("query", query=bad)
+
+
 def _grafana_values(window: Window, rate_interval: str) -> dict[str, str]:
     """What Grafana would substitute, for a dashboard time range equal to ``window``."""
     return {"__range": f"{window.ms}ms", "__rate_interval": rate_interval, "__interval": rate_interval,

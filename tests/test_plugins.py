@@ -176,6 +176,18 @@ def test_a_code_plugin_implementing_an_unknown_hook_is_a_host_error():
     assert guard.pm.get_plugin("typo") is None
 
 
+def test_a_wrapper_on_a_check_hook_is_refused_when_registered():
+    class Wrapper:
+        @tg.hookimpl(wrapper=True)
+        def turnguard_check_call(self, call):
+            return (yield)
+
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    with pytest.raises(pluggy.PluginValidationError, match="wrappers are not supported"):
+        guard.register(Wrapper(), name="wrapper")
+    assert guard.turn().check_call(distinct_call(1)).action is tg.Action.ALLOW
+
+
 def test_a_factory_plugin_that_fails_to_start_is_left_out(monkeypatch, caplog):
     import turnguard.plugins as plugins
 

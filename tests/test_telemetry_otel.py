@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -131,7 +134,7 @@ def test_halted_call_span_ends_at_the_check_with_the_verdict(telemetry):
     assert n.CALL_OUTCOME not in halted.attributes
 
 
-def test_parallel_calls_each_get_their_own_span_and_facts(telemetry):
+def test_parallel_calls_each_get_their_own_span_and_facts(telemetry, frequent_thread_switches):
     guard = make_guard(telemetry, streak_warn_at=0)
     workers = 8
     barrier = threading.Barrier(workers)
@@ -156,6 +159,44 @@ def test_parallel_calls_each_get_their_own_span_and_facts(telemetry):
         i = int(s.attributes[n.GEN_AI_TOOL_CALL_ID][2:])
         assert s.name == f"execute_tool tool{i}"
         assert s.attributes[n.CALL_OUTCOME] == ("error" if i % 2 else "ok")
+
+
+@pytest.fixture
+def frequent_thread_switches():
+    """Make the interpreter switch threads every microsecond, so races actually happen."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_parallel_detections_land_on_the_offending_calls_span(telemetry, frequent_thread_switches):
+    """Threads racing through one turn: every event sits on the span of the call that fired it."""
+    guard = make_guard(telemetry, streak_warn_at=2, streak_stop_at=0, soft_cap=0)
+    workers, per_worker = 6, 60
+    barrier = threading.Barrier(workers)
+    with guard.turn() as turn:
+
+        def work(w: int) -> None:
+            barrier.wait()
+            for i in range(per_worker):
+                c = call(f"tool{w}", f"v{i // 4}", call_id=f"{w}-{i}")  # each key 4 times in a row
+                turn.check_call(c)
+                turn.record_outcome(c, tg.Outcome.OK)
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    records = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    assert records, "the racing calls produced no detection: the test tested nothing"
+    spans = {s.context.span_id: s for s in telemetry.spans()}
+    for record in records:
+        span = spans[record.span_id]
+        assert span.name == f"execute_tool {record.attributes[n.GEN_AI_TOOL_NAME]}"
+        assert span.attributes[n.CALL_KEY_DIGEST] == record.attributes[n.CALL_KEY_DIGEST]
+        assert n.LOOP_DETECTED_EVENT in [e.name for e in span.events]
 
 
 # -- spans: a host that traces ----------------------------------------------------------------------
@@ -261,6 +302,10 @@ SCENARIOS = {
     ),
     "streak-warn-attended": (
         dict(streak_warn_at=2, streak_stop_at=0), True, _streak, [("streak", "warn", "ask", 2, 2, "flaky")],
+    ),
+    "streak-warn-remind": (
+        dict(streak_warn_at=2, streak_stop_at=0, remind_model=True), False, _streak,
+        [("streak", "warn", "remind", 2, 2, "flaky")],
     ),
     "streak-stop-unattended": (
         dict(streak_warn_at=0, streak_stop_at=3), False, _streak, [("streak", "stop", "halt", 3, 3, "flaky")],
@@ -540,3 +585,82 @@ def test_spans_nest_under_an_explicit_host_context(telemetry):
             context.detach(token)
             step.end()
     assert telemetry.span("execute_tool read_file").parent.span_id == step.get_span_context().span_id
+
+
+def test_call_span_keeps_the_parent_current_at_the_check_even_if_the_outcome_comes_elsewhere(telemetry):
+    tracer = telemetry.tracer_provider.get_tracer("host")
+    guard = make_guard(telemetry)
+    results = []
+    with guard.turn() as turn:
+        c = call()
+        with tracer.start_as_current_span("agent step") as step:
+            turn.check_call(c)
+        worker = threading.Thread(target=lambda: results.append(turn.record_outcome(c, tg.Outcome.OK)))
+        worker.start()
+        worker.join()
+    span = telemetry.span("execute_tool read_file")
+    assert span.parent.span_id == step.get_span_context().span_id
+    assert span.start_time < telemetry.span("agent step").end_time  # started at the check
+
+
+def test_turns_never_ended_are_bounded_and_their_spans_closed(telemetry, monkeypatch):
+    from turnguard.telemetry import otel
+
+    monkeypatch.setattr(otel, "MAX_OPEN_TURNS", 2)
+    guard = make_guard(telemetry)
+    first = guard.turn(agent_name="a0")
+    first.check_call(call())
+    others = [guard.turn(agent_name=f"a{i}") for i in (1, 2)]
+    assert {s.name for s in telemetry.spans()} == {"invoke_agent a0", "execute_tool read_file"}  # a1, a2 still open
+    abandoned = telemetry.span("invoke_agent a0")
+    assert abandoned.attributes[n.TURN_OUTCOME] == n.TURN_ABANDONED
+    assert telemetry.span("execute_tool read_file").attributes[n.CALL_OUTCOME] == n.CALL_UNFINISHED
+    assert len(guard.pm.get_plugin("otel")._turns) == 2
+    for turn in others:
+        turn.end()
+    assert telemetry.span("invoke_agent a2").attributes[n.TURN_OUTCOME] == "completed"
+
+
+GLOBAL_SDK_HOST = """
+import json
+from opentelemetry import metrics, trace
+from opentelemetry._logs import set_logger_provider
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import turnguard as tg
+
+early = tg.Guard(tg.GuardConfig(load_entrypoints=False, max_tool_calls_per_turn=1))  # before the SDK exists
+spans, logs, reader = InMemorySpanExporter(), InMemoryLogRecordExporter(), InMemoryMetricReader()
+tp = TracerProvider(); tp.add_span_processor(SimpleSpanProcessor(spans)); trace.set_tracer_provider(tp)
+lp = LoggerProvider(); lp.add_log_record_processor(SimpleLogRecordProcessor(logs)); set_logger_provider(lp)
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+late = tg.Guard(tg.GuardConfig(load_entrypoints=False, max_tool_calls_per_turn=1))
+for name, guard in (("early", early), ("late", late)):
+    with guard.turn(agent_name=name) as turn:
+        for i in range(2):
+            call = tg.ToolCall("t%d" % i, None)
+            if not turn.check_call(call).halted:
+                turn.record_outcome(call, "ok")
+data = reader.get_metrics_data()
+names = sorted({m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics})
+print(json.dumps({"spans": sorted(s.name for s in spans.get_finished_spans()),
+                  "events": [r.log_record.event_name for r in logs.get_finished_logs()], "metrics": names}))
+"""
+
+
+def test_a_host_with_global_sdk_providers_gets_telemetry_with_no_extra_code():
+    """In its own process: OpenTelemetry lets a process set the global providers once."""
+    done = subprocess.run([sys.executable, "-c", GLOBAL_SDK_HOST], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["spans"] == sorted(
+        ["execute_tool t0", "execute_tool t1", "invoke_agent early", "execute_tool t0", "execute_tool t1",
+         "invoke_agent late"]
+    )
+    assert got["events"] == [n.LOOP_DETECTED_EVENT, n.LOOP_DETECTED_EVENT]
+    assert n.METRIC_TURN_TOOL_CALLS[0] in got["metrics"] and n.METRIC_DETECTIONS[0] in got["metrics"]

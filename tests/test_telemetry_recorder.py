@@ -227,3 +227,29 @@ def test_lines_replay_through_the_corpus_reader_shape(tmp_path):
     assert isinstance(line["cycles"], int) and line["resolved"] in (None, True, False)
     assert all(set(c) == {"tool", "args", "outcome"} for c in line["calls"])
     assert all(c["outcome"] in ("ok", "error", "denied", "unknown") for c in line["calls"])
+
+
+def test_turns_never_ended_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(rec, "MAX_OPEN_TURNS", 3)
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path)
+    turns = [guard.turn(turn_id=f"t{i}") for i in range(5)]  # opened, never ended (yet)
+    recorder = guard.pm.get_plugin("recorder")
+    assert len(recorder._turns) == 3
+    turns[-1].end()
+    (line,) = read_lines(path)
+    assert line["id"] == "t4"
+
+
+def test_odd_tool_names_still_give_one_valid_json_line(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    names = ["multi\nline", "lone-surrogate-\udcff", "ünïcode", 'quote"s']
+    with make_guard(path).turn() as turn:
+        for name in names:
+            c = tg.ToolCall(name, 1)
+            turn.check_call(c)
+            turn.record_outcome(c, "ok")
+    raw = path.read_bytes()
+    assert raw.count(b"\n") == 1
+    (line,) = read_lines(path)
+    assert [c["tool"] for c in line["calls"]] == names

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import turnguard as tg
 from turnguard.telemetry import Telemetry, TelemetryConfigError, configure
+from turnguard.telemetry.breaker import BreakerSpanExporter
 from turnguard.telemetry.setup import resolve
 
 LOCAL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "200"}
@@ -121,7 +122,8 @@ def test_grpc_protocol_builds_grpc_exporters(configured):
     telemetry = configured(environ={**LOCAL, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     processors = telemetry.tracer_provider._active_span_processor._span_processors
     exporter = processors[0]._batch_processor._exporter
-    assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
+    assert isinstance(exporter, BreakerSpanExporter)
+    assert type(exporter.inner).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
 
 
 def test_none_exporters_export_nothing(configured):

@@ -108,7 +108,7 @@ def _demo(args: argparse.Namespace) -> int:
             rows.append((name, result.summary.tool_calls, f"{d.threshold} ({d.level})", at, action, d.message))
     table(rows, ("scenario", "calls", "fired", "at", "action", "why"), out)
     if recorder_path:
-        out.write(f"\nturns recorded in {recorder_path} (when the recorder plugin is installed)\n")
+        out.write(f"\nturns recorded in {recorder_path}\n")
     return 0
 
 

@@ -109,14 +109,17 @@ class Guard:
             self.pm.register(plugin, name=name)
         if plugins:
             self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
+        compiled_checks(self.pm)  # a wrapper on a check hook is refused here, not when a turn opens
         self.pm.hook.turnguard_configure.call_historic(kwargs={"config": self.config})
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register a plugin (takes effect for turns opened afterwards); a plugin implementing a
-        hook turnguard does not have is refused with ``pluggy.PluginValidationError``."""
+        hook turnguard does not have, or wrapping a check hook, is refused with
+        ``pluggy.PluginValidationError``."""
         registered = self.pm.register(plugin, name=name)
         try:
             self.pm.check_pending()
+            compiled_checks(self.pm)
         except pluggy.PluginValidationError:
             self.pm.unregister(plugin)
             raise
@@ -160,6 +163,7 @@ class Turn:
         self._keyer = guard.keyer
         self._digest = guard.keyer.digest
         self._lock = threading.RLock()
+        self._acquire, self._release = self._lock.acquire, self._lock.release
         self._halt: Verdict | None = None
         self._ended: TurnSummary | None = None
         self._fail_closed = guard.config.fail_mode == "closed"
@@ -223,7 +227,8 @@ class Turn:
             key = CallKey(self._digest(call.name, call.args), self._keyer)
             _set_key(call, "_key", key)
         ledger = self.ledger
-        with self._lock:
+        self._acquire()  # acquire/release bound once: cheaper than `with` on the hot path
+        try:
             if self._halt is not None:
                 return self._halt
             self._count_call(key.digest, call.name)
@@ -236,6 +241,8 @@ class Turn:
                 if verdict is not None:
                     found = [(impl[0], verdict)] if found is None else [*found, (impl[0], verdict)]
             verdict, events = _NOTHING if found is None else self._combine("turnguard_check_call", found)
+        finally:
+            self._release()
         if events:
             self._after(events)
         if self._observe_call:
@@ -252,7 +259,8 @@ class Turn:
         if key is None or key.keyer is not self._keyer:
             key = self._keyer.key_of(call)
         ledger = self.ledger
-        with self._lock:
+        self._acquire()
+        try:
             self._record_outcome(key.digest, outcome)
             if self._halt is not None:
                 verdict, events = self._halt, ()
@@ -266,6 +274,8 @@ class Turn:
                     if verdict is not None:
                         found = [(impl[0], verdict)] if found is None else [*found, (impl[0], verdict)]
                 verdict, events = _NOTHING if found is None else self._combine("turnguard_check_outcome", found)
+        finally:
+            self._release()
         if events:
             self._after(events)
         if self._observe_outcome:

@@ -125,32 +125,32 @@ class Keyer:
 
     def digest(self, name: str, args: Any) -> bytes:
         """The keyed digest of (name, canonical args)."""
+        text = None
         try:
             cls = type(args)
             if cls is dict:
                 try:  # the common case, inlined: a dict of JSON values (both modes)
-                    body = _join(_encode_chunks(args, 0)).encode()
+                    text = _join(_encode_chunks(args, 0))
                 except (TypeError, ValueError, RecursionError, OverflowError):
-                    body = _utf8(_fallback(args))
+                    text = None
             elif cls is str and self._plain_text and args[:1] not in _MAYBE_JSON and (
                 len(args) > 5 or args not in _JSON_WORDS
             ):  # inlined too: text that cannot be JSON (a shell command, a path) is its JSON string
-                body = _quote(args).encode()
-            else:
-                body = self._canonical(args)
-            head = name.encode() + b"\x00"
-        except UnicodeEncodeError:  # lone surrogates: kept, not refused
-            body = self._canonical(args)
-            head = _utf8(name) + b"\x00"
+                text = _quote(args)
+            # one encode for the common, small case; large bodies are hashed without a copy
+            data = (name + "\x00" + text).encode() if text is not None and len(text) < 4096 else None
+        except (UnicodeEncodeError, TypeError):  # lone surrogates (kept: surrogatepass), an odd name
+            data = None
+        h = self._blank.copy()
+        if data is not None:
+            h.update(data)
+            return h.digest()
+        try:
+            body = _utf8(text) if text is not None else self._canonical(args)
         except Exception:  # the encoders never raise; this is the last resort
             body = b"\x00unencodable\x00" + _utf8(type(args).__qualname__)
-            head = _utf8(str(name)) + b"\x00"
-        h = self._blank.copy()
-        if len(body) < 4096:
-            h.update(head + body)
-        else:
-            h.update(head)
-            h.update(body)
+        h.update(_utf8(str(name)) + b"\x00")
+        h.update(body)
         return h.digest()
 
     def key_of(self, call: Any) -> CallKey:
@@ -232,8 +232,19 @@ def _int_text(value: int) -> str:
 
 def _scalar(value: Any) -> str | None:
     """Canonical text of a leaf value, or ``None`` for containers."""
-    if value is None or value is True or value is False or isinstance(value, str):
-        return _dumps(value)
+    cls = type(value)
+    if cls is dict or cls is list or cls is tuple:
+        return None
+    if cls is str:
+        return _quote(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _quote(value)
     if isinstance(value, int):
         return _int_text(value)
     if isinstance(value, float):
@@ -273,6 +284,11 @@ def _safe_repr(value: Any) -> str:
 
 def _children(value: Any) -> tuple[str, list[tuple[Any, Any]]]:
     """A container's kind and its (key, child) pairs; keys are ``None`` for sequences."""
+    cls = type(value)
+    if cls is dict:
+        return "object", list(value.items())
+    if cls is list or cls is tuple:
+        return "array", [(None, v) for v in value]
     if isinstance(value, Mapping):
         try:
             return "object", list(value.items())
@@ -292,13 +308,54 @@ def _key_text(key: Any) -> str:
     return key if isinstance(key, str) else canonical_text(key)
 
 
-def _finish(kind: str, keys: list[Any], parts: list[str]) -> str:
+Rope = str | list[Any]
+"""Text as nested lists of pieces: a container's encoding refers to its children's without
+copying them, so encoding N levels of nesting costs O(N), not O(N**2); joined once at the end."""
+
+
+def _flat(rope: Rope) -> str:
+    """The text of a rope (iteratively: ropes nest as deep as the value did)."""
+    if isinstance(rope, str):
+        return rope
+    out: list[str] = []
+    stack = [iter(rope)]
+    while stack:
+        for piece in stack[-1]:
+            if isinstance(piece, str):
+                out.append(piece)
+            else:
+                stack.append(iter(piece))
+                break
+        else:
+            stack.pop()
+    return "".join(out)
+
+
+def _finish(kind: str, keys: list[Any], parts: list[Rope]) -> Rope:
+    rope: list[Any]
     if kind == "object":
-        pairs = sorted(zip((_key_text(k) for k in keys), parts, strict=True))
-        return "{" + ",".join(_dumps(k) + ":" + v for k, v in pairs) + "}"
+        texts = [_key_text(k) for k in keys]
+        try:  # the order json's encoder uses (by the keys themselves), so both paths agree
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            pairs = [(texts[i], parts[i]) for i in order]
+        except TypeError:  # keys that do not compare (1 and "a"): by their text
+            pairs = list(zip(texts, parts, strict=True))
+            if len(set(texts)) == len(texts):
+                pairs.sort(key=lambda pair: pair[0])
+            else:  # keys such as 1 and "1" write the same text: order such pairs by value too
+                pairs.sort(key=lambda pair: (pair[0], _flat(pair[1])))
+        rope = ["{"]
+        for n, (k, v) in enumerate(pairs):
+            rope += ("," if n else "", _quote(k), ":", v)
+        rope.append("}")
+        return rope
     if kind == "set":
-        return '{"__set__":[' + ",".join(sorted(parts)) + "]}"
-    return "[" + ",".join(parts) + "]"
+        return '{"__set__":[' + ",".join(sorted(_flat(p) for p in parts)) + "]}"
+    rope = ["["]
+    for n, v in enumerate(parts):
+        rope += ("," if n else "", v)
+    rope.append("]")
+    return rope
 
 
 def _fallback(root: Any) -> str:
@@ -318,7 +375,7 @@ def _fallback(root: Any) -> str:
             on_path.discard(frame[4])
             text = _finish(frame[0], frame[2], frame[3])
             if not stack:
-                return text
+                return _flat(text)
             stack[-1][3].append(text)
             continue
         key, child = pending.pop()

@@ -74,6 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with charts")
+    out.add_argument("--fold", action="store_true",
+                     help="list policies whose figures equal an earlier row's under the table, not as rows")
     out.add_argument("--strict", action="store_true", help="stop at the first malformed line or span")
     out.add_argument("--jobs", type=int, default=0,
                      help="worker processes (default: 1 for small inputs, every core for large ones)")
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     if shown[0] > MAX_SHOWN_PROBLEMS:
         print(f"turnguard calibrate: ... and {shown[0] - MAX_SHOWN_PROBLEMS:,} more input problems "
               f"({shown[0]:,} in all)", file=stderr)
-    return _emit(stats, args.json, args.html, stdout, stderr)
+    return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold)
 
 
 def _auto_jobs(files: Sequence[str]) -> int:
@@ -146,11 +148,12 @@ def _auto_jobs(files: Sequence[str]) -> int:
     return max(1, min(os.cpu_count() or 1, 8)) if size >= AUTO_PARALLEL_BYTES else 1
 
 
-def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout: TextIO, stderr: TextIO) -> int:
+def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout: TextIO, stderr: TextIO, *,
+          fold: bool = False) -> int:
     if json_path == "-":
         stdout.write(to_json_text(stats))
     else:
-        stdout.write(table(stats, color=stdout.isatty()))
+        stdout.write(table(stats, color=stdout.isatty(), fold=fold))
         if json_path:
             Path(json_path).write_text(to_json_text(stats), encoding="utf-8")
     if html_path:

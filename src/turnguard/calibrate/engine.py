@@ -8,12 +8,12 @@ all of them. A turn no policy can fire on (``GridBounds.quiet``) costs only its 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from turnguard.calibrate.equivalence import GridBounds, TurnFacts, earliest_call, signature, turn_facts
 from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.inputs import RecordedTurn
+from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import CompiledPolicy, SharedPrefix, TurnResult, cycle_starts, replay_turn
 from turnguard.calibrate.stats import RunStats
 from turnguard.keys import Keyer
@@ -53,24 +53,22 @@ class Calibrator:
         return self.stats
 
     def keys(self, turn: RecordedTurn, keyer: Keyer) -> list[bytes]:
-        """Each call's ledger key under ``keyer``; a recorded digest stands for itself."""
-        memo: dict[tuple[str, str], bytes] = {}
-        out = []
+        """Each call's ledger key under ``keyer``; a recorded digest stands for itself. Identical
+        recorded (tool, args) text is keyed once per turn (stuck turns repeat a call many times)."""
         digest = keyer.digest
-        for call in turn.calls:
-            if call.digest is not None:
-                out.append(b"\x01" + call.tool.encode("utf-8", "surrogatepass") + b"\x00" + call.digest.encode())
-                continue
-            args = call.args
-            if type(args) is str:
-                key = (call.tool, args)
-                d = memo.get(key)
-                if d is None:
-                    d = memo[key] = digest(call.tool, args)
-                out.append(d)
-            else:
-                out.append(digest(call.tool, args))
-        return out
+        try:
+            pairs = [(c.tool, c.args if c.digest is None else None, c.digest) for c in turn.calls]
+            unique = dict.fromkeys(pairs)
+        except TypeError:  # unhashable arguments (objects, arrays): key each call
+            return [self._key(c, digest) for c in turn.calls]
+        for pair in unique:
+            tool, args, recorded = pair
+            unique[pair] = digest(tool, args) if recorded is None else _digest_key(tool, recorded)
+        return [unique[p] for p in pairs]
+
+    @staticmethod
+    def _key(call: RecordedCall, digest: Callable[[str, Any], bytes]) -> bytes:
+        return digest(call.tool, call.args) if call.digest is None else _digest_key(call.tool, call.digest)
 
     def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult | None]]:
         """Each policy's result per mode on ``turn`` (``None``: it cannot fire); counts replays."""
@@ -78,8 +76,14 @@ class Calibrator:
         starts = cycle_starts(turn)
         digests: dict[str, list[bytes]] = {}
         facts = {}
+        if self.group and len(self.keyers) > 1 and _plain_text_args(turn):
+            # Every key mode partitions these calls alike (equivalence.py): key them once.
+            shared = self.keys(turn, self.keyers["bytes" if "bytes" in self.keyers else next(iter(self.keyers))])
+            shared_facts = turn_facts(shared, outcomes, starts)
+            digests = dict.fromkeys(self.keyers, shared)
+            facts = dict.fromkeys(self.keyers, shared_facts)
         coarsest = "canonical" if "canonical" in self.keyers and not _has_binary_args(turn) else None
-        if coarsest is not None:
+        if coarsest is not None and coarsest not in digests:
             digests[coarsest] = self.keys(turn, self.keyers[coarsest])
             facts[coarsest] = turn_facts(digests[coarsest], outcomes, starts)
         for m, keyer in self.keyers.items():
@@ -99,26 +103,28 @@ class Calibrator:
             f = facts.get(cp.config.key_mode)
             if f is None:
                 continue
+            keyed = id(digests[cp.config.key_mode])
             for mode, promptable in MODES:
                 if self.group:
                     sig = signature(cp.policy, f, promptable)
                     if sig is None:
                         continue
+                    sig = (keyed, *sig[1:])  # key modes that keyed this turn alike share replays
                     if sig not in groups:
                         groups[sig] = (earliest_call(cp.policy, f, promptable), cp, promptable)
                 else:
                     sig = (idx, mode)
                     groups[sig] = (1, cp, promptable)
                 members.append((idx, mode, sig))
-        prefixes: dict[str, SharedPrefix] = {}
+        prefixes: dict[int, SharedPrefix] = {}  # by the digests' identity: modes keyed alike share one
         results: dict[tuple[object, ...], TurnResult] = {}
         for sig, (first, cp, promptable) in sorted(groups.items(), key=lambda item: item[1][0]):
             key_mode = cp.config.key_mode
             ledger = None
             if self.group and first > 1:
-                prefix = prefixes.get(key_mode)
+                prefix = prefixes.get(id(digests[key_mode]))
                 if prefix is None:
-                    prefix = prefixes[key_mode] = SharedPrefix(cp.config, turn, digests[key_mode], starts)
+                    prefix = prefixes[id(digests[key_mode])] = SharedPrefix(cp.config, turn, digests[key_mode], starts)
                 ledger = prefix.fork_at(first, cp.config, promptable)
             results[sig] = replay_turn(cp, turn, calls_by_mode[key_mode], digests[key_mode], starts,
                                        promptable=promptable, first_check=first, ledger=ledger)
@@ -135,6 +141,30 @@ class Calibrator:
             for mode, result in per_mode.items():
                 if result is not None and (result.halted or result.asks):
                     modes[mode].add(turn.id, n, turn.resolved, result)
+
+
+def _digest_key(tool: str, digest: str) -> bytes:
+    """A recorded digest is already an identity: (tool, digest) stands for (tool, arguments)."""
+    return b"\x01" + tool.encode("utf-8", "surrogatepass") + b"\x00" + digest.encode()
+
+
+_JSON_STARTS = frozenset('{["-0123456789')
+_JSON_WORDS = frozenset(("true", "false", "null"))
+
+
+def _plain_text_args(turn: RecordedTurn) -> bool:
+    """Every call has a recorded digest or text arguments that cannot be JSON (a shell command):
+    such text is its own canonical form, so both key modes see the same repeats."""
+    for call in turn.calls:
+        if call.digest is not None:
+            continue
+        args = call.args
+        if type(args) is not str:
+            return False
+        text = args.strip()
+        if text and (text[0] in _JSON_STARTS or text in _JSON_WORDS):
+            return False
+    return True
 
 
 def _has_binary_args(turn: RecordedTurn) -> bool:

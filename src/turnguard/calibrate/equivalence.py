@@ -25,7 +25,11 @@ occur (the replay is skipped: its result is ``QUIET``). The rules:
 - key modes: byte identity refines canonical identity (two calls with byte-identical arguments
   have identical canonical arguments, for every argument that is not ``bytes``), so a turn's
   counts under ``bytes`` are at most its counts under ``canonical``: when the ``bytes`` policies
-  are quiet on the canonical facts, the turn's ``bytes`` keys are not even computed.
+  are quiet on the canonical facts, the turn's ``bytes`` keys are not even computed. And when
+  every argument of a turn is text that cannot be JSON (its first character is none of
+  ``{["-0-9`` and it is not ``true``/``false``/``null``: a shell command) or a recorded digest,
+  the canonical form of each is the text itself (DESIGN 3.1), so both modes count the same
+  repeats and the turn is keyed once.
 
 ``tests/test_calibrate_equivalence.py`` replays random turns with and without grouping and
 requires identical results, so a change in a policy that breaks a rule fails there.

@@ -162,6 +162,8 @@ def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) ->
 
 # -- corpus format -------------------------------------------------------------------------------
 
+_OUTCOMES = {o.value: o for o in Outcome}
+
 
 def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> RecordedTurn | None:
     """A corpus/recorder line as a turn, or ``None`` after reporting why it cannot be one."""
@@ -177,12 +179,24 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
         bad("'calls' is missing or not a list")
         return None
     calls = []
+    append = calls.append
+    outcomes = _OUTCOMES
+    make = tuple.__new__
     for i, raw in enumerate(raw_calls, 1):
+        # The common shape ({"tool", "args", "outcome"} and nothing else) without the checks'
+        # function calls; anything else takes the checked path below.
+        if type(raw) is dict and len(raw) == 3:
+            tool = raw.get("tool")
+            value = raw.get("outcome")
+            outcome = outcomes.get(value) if type(value) is str else None
+            if outcome is not None and type(tool) is str and tool and "args" in raw:
+                append(make(RecordedCall, (tool, raw["args"], None, outcome, None)))
+                continue
         call = _corpus_call(raw)
         if isinstance(call, str):
             bad(f"call {i}: {call}")
             return None
-        calls.append(call)
+        append(call)
     cycles = obj.get("cycles")
     if cycles is not None and (not isinstance(cycles, int) or isinstance(cycles, bool) or cycles < 0):
         bad(f"'cycles' must be a non-negative integer, got {cycles!r}")
@@ -201,9 +215,6 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
         source=_str_or_none(obj.get("source")),
         origin=f"{path}:{lineno}",
     )
-
-
-_OUTCOMES = {o.value: o for o in Outcome}
 
 
 def _corpus_call(raw: Any) -> RecordedCall | str:

@@ -9,6 +9,7 @@ The default configuration is marked (``*``, and bold on a terminal).
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 from turnguard.calibrate.stats import RunStats
@@ -63,6 +64,7 @@ def rows(stats: RunStats) -> list[dict[str, Any]]:
             "halted_resolved": u.halted_resolved,
             "resolved_ids": list(u.resolved_ids),
             "halted_unresolved": u.halted_unresolved,
+            "unresolved_ids": list(u.unresolved_ids),
             "saved_unresolved": u.saved_unresolved,
             "halted_unknown": u.halted_unknown,
             "median_halt_call": median_of(u.halt_calls),
@@ -92,9 +94,30 @@ COLUMNS = (
 )
 
 
-def table(stats: RunStats, *, color: bool = False) -> str:
-    """The terminal table, with a summary line above it and the false-positive ids below."""
+FIGURES = ("halted", "by_threshold", "halted_resolved", "resolved_ids", "halted_unresolved", "unresolved_ids",
+           "saved_unresolved",
+           "halted_unknown", "halt_calls", "asks", "turns_with_asks", "attended_halted")
+
+
+def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
+    """The terminal table, with a summary line above it and the false-positive ids below.
+
+    ``fold``: a policy whose figures equal an earlier row's is listed under the table instead
+    of getting a row of its own (the thresholds it varies made no difference on this input).
+    """
     data = rows(stats)
+    folded: dict[str, list[str]] = {}
+    if fold:
+        first: dict[str, str] = {}
+        kept = []
+        for r in data:
+            key = repr([r[k] for k in FIGURES])
+            if key in first:
+                folded.setdefault(first[key], []).append(r["name"])
+            else:
+                first[key] = r["name"]
+                kept.append(r)
+        data = kept
     cells = []
     for r in data:
         r = {**r, "thresholds": thresholds_text(r["by_threshold"]),
@@ -112,9 +135,9 @@ def table(stats: RunStats, *, color: bool = False) -> str:
     out = [
         f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
         f"{stats.unresolved:,} unresolved, {unknown:,} unknown); {stats.problems:,} input problems; "
-        f"{len(data)} policies; * = the default configuration.",
-        "halted/resolved/unresolved: turns halted unattended (resolved = the false-positive proxy); saved: calls "
-        "the unresolved halts save; at call/at: median halt call and tenth of the turn; asks: attended asks.",
+        f"{len(stats.policies)} policies; * = the default configuration.",
+        "halted: turns halted unattended; resolved (the false-positive proxy) / unresolved: of those; saved: calls",
+        "the unresolved halts save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
         "",
         line(headers),
         line(["-" * w for w in widths]),
@@ -122,13 +145,27 @@ def table(stats: RunStats, *, color: bool = False) -> str:
     for r, c in zip(data, cells, strict=True):
         text = line(c)
         out.append(f"{BOLD}{text}{RESET}" if color and r["default"] else text)
-    fps = _fp_groups(data)
+    if folded:
+        out += ["", "Same figures as the row named first (folded):"]
+        for name, names in folded.items():
+            out += _wrapped(f"  {name}: ", ", ".join(names))
+    default = next((r for r in rows(stats) if r["default"]), None)
+    if default is not None and default["unresolved_ids"]:
+        more = default["halted_unresolved"] - len(default["unresolved_ids"])
+        out += ["", "Unresolved turns the default halts:"]
+        out += _wrapped("  ", ", ".join(default["unresolved_ids"]) + (f", ... ({more} more)" if more > 0 else ""))
+    fps = _fp_groups(rows(stats))
     if fps:
         out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
         for ids, names, count in fps:
             shown = ", ".join(ids[:8]) + (f", ... ({count} in all)" if count > len(ids[:8]) else "")
-            out.append(f"  {shown}: {'; '.join(names)}")
+            out.append(f"  {shown}:")
+            out += _wrapped("    ", "; ".join(names))
     return "\n".join(out) + "\n"
+
+
+def _wrapped(prefix: str, text: str, width: int = 110) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix)) or [prefix]
 
 
 def _fp_groups(data: list[dict[str, Any]]) -> list[tuple[list[str], list[str], int]]:

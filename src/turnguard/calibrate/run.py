@@ -45,8 +45,10 @@ class StrictError(InputError):
 class Progress:
     """A one-line progress bar on ``stream``; drawn only when it is a terminal."""
 
-    def __init__(self, total_bytes: int, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
+    def __init__(self, total_bytes: int, stream: TextIO | None = None, *, enabled: bool | None = None,
+                 delay: float = 0.5, interval: float = 0.2) -> None:
         self.stream = stream if stream is not None else sys.stderr
+        self.delay, self.interval = delay, interval
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.total = max(total_bytes, 1)
         self.started = time.monotonic()
@@ -57,10 +59,10 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
-        if not force and now - self._last < 0.2:
+        if not force and now - self._last < self.interval:
             return
         self._last = now
-        if not force and now - self.started < 0.5:
+        if now - self.started < self.delay:
             return  # quick runs draw nothing
         frac = min(1.0, done_bytes / self.total)
         rate = calls / max(now - self.started, 1e-9)
@@ -143,7 +145,9 @@ def _init(policies: list[Policy], group: bool) -> None:
 
 
 def _work(chunk: list[Any]) -> tuple[RunStats, list[InputProblem]]:
-    """Replay one chunk: ``("line", path, lineno, bytes)`` or ``("turn", RecordedTurn)`` items."""
+    """Replay one chunk: ``("line", path, lineno, bytes)`` or ``("turn", RecordedTurn)`` items,
+    or a single ``("range", path, start, end, first_lineno)``: the lines starting in that byte
+    range of a plain corpus file, read by the worker itself."""
     assert _worker is not None
     cal = _worker
     cal.stats = RunStats.empty(cal.stats.policies)
@@ -151,12 +155,65 @@ def _work(chunk: list[Any]) -> tuple[RunStats, list[InputProblem]]:
     for item in chunk:
         if item[0] == "turn":
             cal.add(item[1])
-            continue
-        _, path, lineno, line = item
-        turn = corpus_line(line, path, lineno, problems.append)
-        if turn is not None:
-            cal.add(turn)
+        elif item[0] == "range":
+            _read_range(cal, problems, *item[1:])
+        else:
+            _, path, lineno, line = item
+            turn = corpus_line(line, path, lineno, problems.append)
+            if turn is not None:
+                cal.add(turn)
     return cal.stats, problems
+
+
+def _read_range(cal: Calibrator, problems: list[InputProblem], path: str, start: int, end: int,
+                lineno: int) -> None:
+    with open(path, "rb") as f:
+        if start:
+            f.seek(start - 1)
+            f.readline()  # the line that began before this range belongs to the previous one
+        position = f.tell()
+        readline = f.readline
+        add = cal.add
+        sink = problems.append
+        while position < end:
+            line = readline()
+            if not line:
+                break
+            position += len(line)
+            turn = corpus_line(line, path, lineno, sink)
+            if turn is not None:
+                add(turn)
+            lineno += 1
+
+
+RANGE_BYTES = 4 << 20
+"""Plain corpus files are cut into byte ranges of this size, each read by a worker itself."""
+
+
+def _ranges(path: str, size: int) -> list[tuple[str, str, int, int, int]] | None:
+    """Byte-range tasks for a plain corpus file (with each range's first line number), or
+    ``None`` for a file the parent must read (gzip, or holding OTLP lines)."""
+    tasks = []
+    newlines = 0
+    marker = b'"resourceSpans"'
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            return None
+        f.seek(0)
+        start, tail = 0, b""
+        while start < size:
+            block = f.read(RANGE_BYTES)
+            if not block:
+                break
+            if marker in tail + block:
+                return None
+            # First line of this range: after the first newline at or past start - 1.
+            before = newlines - (1 if start and tail.endswith(b"\n") else 0)
+            tasks.append(("range", path, start, start + len(block), before + (2 if start else 1)))
+            newlines += block.count(b"\n")
+            tail = block[-len(marker):]
+            start += len(block)
+    return tasks
 
 
 def _chunks(paths, sizes, on_problem, position: list[int]) -> Iterator[list[Any]]:
@@ -165,6 +222,14 @@ def _chunks(paths, sizes, on_problem, position: list[int]) -> Iterator[list[Any]
     done = 0
     for path, size in zip(paths, sizes, strict=True):
         label = str(path)
+        ranges = _ranges(label, size)
+        if ranges is not None:
+            for task in ranges:
+                position[0] = done + task[2]
+                yield [task]
+            done += size
+            position[0] = done
+            continue
         with LineSource(path) as source:
             spans = OtlpAssembler(label, on_problem)
             for lineno, line in source:

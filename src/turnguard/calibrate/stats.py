@@ -2,7 +2,8 @@
 
 Everything here is a counter or a histogram keyed by small integers, so memory grows with the grid
 and the longest turn, never with the number of turns; the ids of resolved turns a policy halted
-(the false-positive proxy) are kept up to ``MAX_IDS`` per policy, with the full count beside.
+(the false-positive proxy), and of the unresolved ones it halted, are kept up to ``MAX_IDS`` per
+policy, with the full counts beside.
 ``to_json``/``from_json`` round-trip exactly, so split runs merge into the figures of one run.
 """
 
@@ -31,6 +32,7 @@ class ModeStats:
     halted_resolved: int = 0
     resolved_ids: list[str] = field(default_factory=list)
     halted_unresolved: int = 0
+    unresolved_ids: list[str] = field(default_factory=list)
     saved_unresolved: int = 0
     halted_unknown: int = 0
     saved_unknown: int = 0
@@ -62,6 +64,8 @@ class ModeStats:
         elif resolved is False:
             self.halted_unresolved += 1
             self.saved_unresolved += saved
+            if len(self.unresolved_ids) < MAX_IDS:
+                self.unresolved_ids.append(turn_id)
         else:
             self.halted_unknown += 1
             self.saved_unknown += saved
@@ -75,6 +79,7 @@ class ModeStats:
         self.halted_resolved += other.halted_resolved
         self.resolved_ids.extend(other.resolved_ids[: MAX_IDS - len(self.resolved_ids)])
         self.halted_unresolved += other.halted_unresolved
+        self.unresolved_ids.extend(other.unresolved_ids[: MAX_IDS - len(self.unresolved_ids)])
         self.saved_unresolved += other.saved_unresolved
         self.halted_unknown += other.halted_unknown
         self.saved_unknown += other.saved_unknown
@@ -92,6 +97,7 @@ class ModeStats:
             "halted_resolved": self.halted_resolved,
             "resolved_ids": list(self.resolved_ids),
             "halted_unresolved": self.halted_unresolved,
+            "unresolved_ids": list(self.unresolved_ids),
             "saved_unresolved": self.saved_unresolved,
             "halted_unknown": self.halted_unknown,
             "saved_unknown": self.saved_unknown,
@@ -110,6 +116,7 @@ class ModeStats:
             setattr(s, name, int(data[name]))
         s.by_threshold = {str(k): int(v) for k, v in data["by_threshold"].items()}
         s.resolved_ids = [str(i) for i in data["resolved_ids"]]
+        s.unresolved_ids = [str(i) for i in data.get("unresolved_ids", [])]
         s.halt_calls = {int(k): int(v) for k, v in data["halt_calls"].items()}
         s.halt_deciles = [int(v) for v in data["halt_deciles"]]
         if len(s.halt_deciles) != 11:

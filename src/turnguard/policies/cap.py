@@ -45,7 +45,8 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
                 f"({turn.soft_cap} x {turn.config.hard_multiplier:g}), whatever the turn is doing"
             ),
         )
-    if SIGNALS[turn.config.stuck_signal](turn):
+    signal = turn.config.stuck_signal
+    if turn._max_repeat >= turn._stuck_at if signal == "repeat" else SIGNALS[signal](turn):
         return turn.detect(
             Threshold.SOFT_STUCK, Action.HALT, Level.STOP, turn.soft_cap, call=call,
             message=(

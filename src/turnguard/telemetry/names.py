@@ -27,7 +27,7 @@ LOOP_DETECTED_EVENT = "turnguard.loop_detected"
 ESCALATION_RESOLVED_EVENT = "turnguard.escalation_resolved"
 
 TURN_ID = "turnguard.turn.id"
-TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | <host reason>
+TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | <host reason> | abandoned (spans only)
 TURN_PROMPTABLE = "turnguard.turn.promptable"
 TURN_STUCK = "turnguard.turn.stuck"
 CAP_MODE = "turnguard.cap.mode"  # explicit | adaptive | disabled
@@ -65,6 +65,8 @@ LOOP_EVENT_ID = "turnguard.loop.event_id"
 ESCALATION_ANSWER = "turnguard.escalation.answer"  # continue | stop | redirect
 PLUGIN_NAME = "turnguard.plugin.name"
 PLUGIN_HOOK = "turnguard.plugin.hook"
+TURN_ABANDONED = "abandoned"
+"""``turnguard.turn.outcome`` of a turn span closed because too many turns were open and it was the oldest."""
 CALL_UNFINISHED = "unfinished"
 """``turnguard.call.outcome`` of a call span still open when its turn ended."""
 

@@ -22,10 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import SeverityNumber, get_logger_provider
+from opentelemetry.context import get_current
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from turnguard.hookspecs import hookimpl
@@ -45,6 +47,10 @@ log = logging.getLogger("turnguard.telemetry")
 _LABELS = {action: action.label for action in Action}
 """``Action.label`` looked up once (an enum property costs on the per-call path)."""
 _ERROR_STATUS = Status(StatusCode.ERROR)
+MAX_OPEN_TURNS = 10_000
+"""Turns tracked at once per plugin; past it the oldest is abandoned (its spans end, marked
+``turnguard.turn.outcome=abandoned``), so a host that opens turns and never ends them cannot
+grow memory without bound."""
 THRESHOLD_LIMIT = 100
 HOOK_LIMIT = 100
 BUILTIN_REASONS = ("completed", "halted", "error")
@@ -114,10 +120,12 @@ _instruments_by_provider: weakref.WeakKeyDictionary[Any, Instruments] = weakref.
 def instruments_for(meter_provider: Any, config: GuardConfig) -> Instruments:
     """The shared ``Instruments`` of ``meter_provider`` (created on first use)."""
     with _instruments_lock:
-        found = _instruments_by_provider.get(meter_provider)
+        try:
+            found = _instruments_by_provider.get(meter_provider)
+        except TypeError:  # not weak-referenceable: instruments (and bounds) per guard then
+            return Instruments(meter_provider.get_meter(n.SCOPE, _version()), config)
         if found is None:
-            meter = meter_provider.get_meter(n.SCOPE, _version())
-            found = Instruments(meter, config)
+            found = Instruments(meter_provider.get_meter(n.SCOPE, _version()), config)
             _instruments_by_provider[meter_provider] = found
         return found
 
@@ -126,14 +134,24 @@ def instruments_for(meter_provider: Any, config: GuardConfig) -> Instruments:
 
 
 class _CallSpan:
-    """The span of one tool call: ours (``owned``, we end it) or the host's (enriched only)."""
+    """The span of one tool call: ours (``owned``, we end it) or the host's (enriched only).
 
-    __slots__ = ("action", "owned", "span")
+    Ours is started lazily: its start time and attributes are kept at the check and the span is
+    created when the outcome arrives, with everything in one go (one attribute pass instead of
+    two), or earlier when something needs it to exist (a detection's event, a halt).
+    """
 
-    def __init__(self, span: trace.Span, owned: bool, action: Action) -> None:
+    __slots__ = ("action", "attributes", "name", "owned", "parent", "span", "start_ns")
+
+    def __init__(self, span: trace.Span | None, owned: bool, action: Action, *, name: str = "",
+                 attributes: dict[str, Any] | None = None, parent: Any = None, start_ns: int = 0) -> None:
         self.span = span
         self.owned = owned
         self.action = action
+        self.name = name
+        self.attributes = attributes
+        self.parent = parent
+        self.start_ns = start_ns
 
 
 class _TurnState:
@@ -247,7 +265,20 @@ class OtelPlugin:
                 attributes=self._turn_attributes(turn, host=False),
             )
             state = _TurnState(span, owned=True)
-        self._turns[turn] = state
+        turns = self._turns
+        turns[turn] = state
+        if len(turns) > MAX_OPEN_TURNS:
+            self._abandon_oldest()
+
+    def _abandon_oldest(self) -> None:
+        with self._lock:
+            try:
+                oldest = next(iter(self._turns))
+            except (StopIteration, RuntimeError):  # emptied, or changed size meanwhile: nothing to do now
+                return
+            state = self._turns.pop(oldest, None)
+        if state is not None:
+            self._close(state, {n.TURN_OUTCOME: n.TURN_ABANDONED})
 
     def _turn_attributes(self, turn: Ledger, *, host: bool) -> dict[str, Any]:
         attrs: dict[str, Any] = {
@@ -328,15 +359,27 @@ class OtelPlugin:
                 attrs[n.GEN_AI_TOOL_CALL_ID] = call.call_id
             if self.capture_content:
                 attrs[n.GEN_AI_TOOL_CALL_ARGUMENTS] = content_text(call.args)
-            span = self.tracer.start_span(
-                f"{n.OP_EXECUTE_TOOL} {call.name}",
-                context=None if host_traces else state.context,
-                kind=SpanKind.INTERNAL,
-                attributes=attrs,
+            entry = _CallSpan(
+                None, owned=True, action=action, name=f"{n.OP_EXECUTE_TOOL} {call.name}", attributes=attrs,
+                parent=get_current() if host_traces else state.context, start_ns=time_ns(),
             )
-            entry = _CallSpan(span, owned=True, action=action)
         state.calls[call] = entry
         return entry
+
+    def _started(self, entry: _CallSpan, extra: dict[str, Any] | None = None) -> trace.Span:
+        """The entry's span, created now (with ``extra`` attributes) if it was deferred."""
+        span = entry.span
+        if span is None:
+            attrs = entry.attributes
+            if extra:
+                attrs.update(extra)
+            span = entry.span = self.tracer.start_span(
+                entry.name, context=entry.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=entry.start_ns
+            )
+            entry.attributes = entry.parent = None
+        elif extra and span.is_recording():
+            span.set_attributes(extra)
+        return span
 
     @hookimpl
     def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
@@ -347,17 +390,23 @@ class OtelPlugin:
         entry = state.calls.get(call)
         if entry is None:
             entry = self._call_span(state, turn, call, action)
-        elif action is not entry.action and entry.span.is_recording():  # started early by a detection on it
-            entry.span.set_attribute(n.VERDICT_ACTION, _LABELS[action])
-        span = entry.span
-        if verdict.threshold is not None and span.is_recording():
-            span.set_attribute(n.VERDICT_THRESHOLD, str(verdict.threshold))
+        extra: dict[str, Any] = {}
+        if action is not entry.action:  # its span was started by a detection with the event's action
+            extra[n.VERDICT_ACTION] = _LABELS[action]
+        if verdict.threshold is not None:
+            extra[n.VERDICT_THRESHOLD] = str(verdict.threshold)
         entry.action = action
         self._local.call = None
         if action is Action.HALT:  # the host will not execute it: the span ends here
             state.calls.pop(call, None)
+            span = self._started(entry, extra)
             if entry.owned:
                 span.end()
+        elif extra:
+            if entry.span is None:
+                entry.attributes.update(extra)
+            elif entry.span.is_recording():
+                entry.span.set_attributes(extra)
 
     @hookimpl
     def turnguard_outcome_recorded(self, turn: Ledger, call: ToolCall, outcome: Outcome, verdict: Verdict) -> None:
@@ -371,20 +420,20 @@ class OtelPlugin:
         entry = state.calls.pop(call, None)
         if entry is None:
             return
-        span = entry.span
-        if span.is_recording():
-            attrs: dict[str, Any] = {n.CALL_OUTCOME: outcome.value}
-            if decided_here:
-                if facts[2]:
-                    attrs[n.FAILING_STREAK_LENGTH] = facts[2]
-                if verdict.event is not None or verdict.action > entry.action:
-                    attrs[n.VERDICT_ACTION] = _LABELS[max(verdict.action, entry.action)]
-                    if verdict.threshold is not None:
-                        attrs[n.VERDICT_THRESHOLD] = str(verdict.threshold)
-            if outcome is Outcome.ERROR and entry.owned:
-                attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
-                span.set_status(_ERROR_STATUS)
-            span.set_attributes(attrs)
+        attrs: dict[str, Any] = {n.CALL_OUTCOME: outcome.value}
+        if decided_here:
+            if facts[2]:
+                attrs[n.FAILING_STREAK_LENGTH] = facts[2]
+            if verdict.event is not None or verdict.action > entry.action:
+                attrs[n.VERDICT_ACTION] = _LABELS[max(verdict.action, entry.action)]
+                if verdict.threshold is not None:
+                    attrs[n.VERDICT_THRESHOLD] = str(verdict.threshold)
+        error = outcome is Outcome.ERROR and entry.owned
+        if error:
+            attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
+        span = self._started(entry, attrs)
+        if error:
+            span.set_status(_ERROR_STATUS)
         if entry.owned:
             span.end()
 
@@ -416,7 +465,7 @@ class OtelPlugin:
         span: trace.Span | None = None
         call = self._decided_call(turn) if state.tracing and event.tool_name is not None else None
         if call is not None and call.name == event.tool_name:
-            span = self._call_span(state, turn, call, event.action).span
+            span = self._started(self._call_span(state, turn, call, event.action))
         if span is None:
             current = trace.get_current_span()
             span = current if current.get_span_context().is_valid else state.span
@@ -486,32 +535,39 @@ class OtelPlugin:
         self._record_turn(summary)
         if state is None:
             return
+        self._close(state, self._summary_attributes(summary), error=summary.reason == "error")
+
+    def _close(self, state: _TurnState, attrs: dict[str, Any], *, error: bool = False) -> None:
+        """End the turn's open call spans (``unfinished``) and, if it is ours, the turn span."""
         leftovers, state.calls = state.calls, {}
         for entry in leftovers.values():
             if entry.owned:
-                entry.span.set_attribute(n.CALL_OUTCOME, n.CALL_UNFINISHED)
-                entry.span.end()
+                self._started(entry, {n.CALL_OUTCOME: n.CALL_UNFINISHED}).end()
         span = state.span
         if span is None:
             return
         if span.is_recording():
-            attrs: dict[str, Any] = {
-                n.TURN_OUTCOME: summary.reason,
-                n.TURN_TOOL_CALLS: summary.tool_calls,
-                n.TURN_CYCLES: summary.cycles,
-                n.TURN_MAX_KEY_REPEAT: summary.max_key_repeat,
-                n.TURN_STUCK: summary.stuck,
-                n.TURN_DETECTIONS: summary.detections,
-                n.LOOP_THRESHOLD: str(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
-            }
-            if summary.first_stuck_call:
-                attrs[n.TURN_FIRST_STUCK_CALL] = summary.first_stuck_call
-            if state.owned and summary.reason == "error":
+            if state.owned and error:
                 attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
                 span.set_status(_ERROR_STATUS)
             span.set_attributes(attrs)
         if state.owned:
             span.end()
+
+    @staticmethod
+    def _summary_attributes(summary: TurnSummary) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            n.TURN_OUTCOME: summary.reason,
+            n.TURN_TOOL_CALLS: summary.tool_calls,
+            n.TURN_CYCLES: summary.cycles,
+            n.TURN_MAX_KEY_REPEAT: summary.max_key_repeat,
+            n.TURN_STUCK: summary.stuck,
+            n.TURN_DETECTIONS: summary.detections,
+            n.LOOP_THRESHOLD: str(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
+        }
+        if summary.first_stuck_call:
+            attrs[n.TURN_FIRST_STUCK_CALL] = summary.first_stuck_call
+        return attrs
 
     def _record_turn(self, summary: TurnSummary) -> None:
         ins = self.instruments

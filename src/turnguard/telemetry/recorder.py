@@ -10,7 +10,8 @@ true count), ``calls_dropped`` and ``escalations`` (the users' answers).
 Writes are whole-line appends: the line is built in memory and written with one ``os.write`` on
 an ``O_APPEND`` descriptor, so concurrent writers (threads or processes) never interleave and a
 crashed process leaves whole lines only. Memory is bounded: at most ``MAX_RECORDED_CALLS`` calls
-are kept per turn; later calls are counted in ``calls_dropped`` (and in ``tool_calls``) only.
+are kept per turn; later calls are counted in ``calls_dropped`` (and in ``tool_calls``) only; at
+most ``MAX_OPEN_TURNS`` turns are collected at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ SOURCE = "turnguard"
 MAX_RECORDED_CALLS = 10_000
 """Calls kept per turn: ten times the default hard backstop (1000), so a default-configured turn
 is always recorded whole. Past it, calls are counted (``calls_dropped``) but not listed."""
+MAX_OPEN_TURNS = 10_000
+"""Turns collected at once; past it the oldest is dropped unwritten (a host that never ends its
+turns cannot grow memory without bound)."""
 HALTED_OUTCOME = Outcome.DENIED.value
 """The outcome recorded for a call turnguard halted (a policy refused it), unless the host reports one."""
 
@@ -96,6 +100,13 @@ class Recorder:
     @hookimpl
     def turnguard_turn_started(self, turn: Ledger) -> None:
         self._record(turn)
+        if len(self._turns) > MAX_OPEN_TURNS:
+            with self._lock:
+                try:
+                    del self._turns[next(iter(self._turns))]
+                except (StopIteration, RuntimeError, KeyError):  # changed meanwhile: next time
+                    return
+            log.warning("turnguard recorder: more than %d turns open; the oldest is dropped", MAX_OPEN_TURNS)
 
     @hookimpl
     def turnguard_cycle_checked(self, turn: Ledger) -> None:
@@ -198,8 +209,8 @@ def turn_line(
         "calls_dropped": dropped,
         "escalations": escalations or [],
     }
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
-    return (text + "\n").encode("utf-8", "surrogatepass")
+    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str)  # ASCII: valid whatever the names
+    return (text + "\n").encode("ascii")
 
 
 def plugin_for(config: GuardConfig, **_: Any) -> Recorder | None:

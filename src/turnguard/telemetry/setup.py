@@ -18,6 +18,10 @@ Variables read (an explicit argument wins over the variable):
 - ``OTEL_METRIC_EXPORT_INTERVAL`` (ms, default 60000); the batch processors'
   ``OTEL_BSP_*``/``OTEL_BLRP_*`` ``SCHEDULE_DELAY`` (ms), ``MAX_QUEUE_SIZE`` and
   ``MAX_EXPORT_BATCH_SIZE``.
+
+The OTLP span and log exporters sit behind a circuit breaker (``turnguard.telemetry.breaker``):
+after a failed export, batches are dropped unencoded for 1 s, doubling up to 30 s, so a dead
+collector costs the host next to nothing.
 """
 
 from __future__ import annotations
@@ -128,9 +132,13 @@ def configure(
     )
     traces, metrics_, logs = settings
 
+    from turnguard.telemetry.breaker import BreakerLogRecordExporter, BreakerSpanExporter
+
     tracer_provider = TracerProvider(resource=resource)
     span_exporter = _exporter(traces)
     if span_exporter is not None:
+        if traces.exporter == "otlp":
+            span_exporter = BreakerSpanExporter(span_exporter)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, **_batch(env, "OTEL_BSP_", 5000)))
     readers = []
     metric_exporter = _exporter(metrics_)
@@ -144,6 +152,8 @@ def configure(
     logger_provider = LoggerProvider(resource=resource)
     log_exporter = _exporter(logs)
     if log_exporter is not None:
+        if logs.exporter == "otlp":
+            log_exporter = BreakerLogRecordExporter(log_exporter)
         processor = BatchLogRecordProcessor(log_exporter, **_batch(env, "OTEL_BLRP_", 1000))
         logger_provider.add_log_record_processor(processor)
     telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings)

@@ -1,0 +1,84 @@
+"""Grouping policies (``equivalence.signature``), skipping quiet turns and key modes, and starting
+checks late from a shared prefix must not change any figure: a grouped run and a run that replays
+every policy on every turn from the first call agree exactly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import turnguard as tg
+from turnguard.calibrate.engine import Calibrator
+from turnguard.calibrate.equivalence import signature, turn_facts
+from turnguard.calibrate.grid import GridSpec, Policy, build_grid
+from turnguard.calibrate.inputs import corpus_turn
+from turnguard.calibrate.replay import cycle_starts
+from turnguard.calibrate.synthetic import SMALL, records
+
+
+def turns(count: int, seed: int) -> list:
+    problems: list = []
+    out = [corpus_turn(r, "gen", i, problems.append) for i, r in enumerate(records(count, seed=seed, mix=SMALL))]
+    assert not problems
+    return out
+
+
+def figures(policies: list[Policy], sample: list, *, group: bool) -> dict:
+    cal = Calibrator(policies, group=group)
+    data = cal.add_all(sample).to_json()
+    data.pop("replays")
+    return data
+
+
+GRIDS = {
+    "axes": GridSpec(soft_caps=(5, 20, 50), stuck_repeats=(2, 3, 6), streaks=((2, 3), (3, 5), (5, 8), (5, 0), (0, 4)),
+                     explicit_caps=(10, 40), cycle_caps=(0, 10)),
+    "cross": GridSpec(soft_caps=(5, 20), multipliers=(2, 10), stuck_repeats=(2, 6), streaks=((2, 3), (5, 8)),
+                      explicit_caps=(15,), cycle_caps=(0, 10), cross=True),
+}
+
+
+@pytest.mark.parametrize("grid", list(GRIDS))
+def test_grouped_run_equals_replaying_every_policy_on_every_turn(grid: str) -> None:
+    policies = build_grid(GRIDS[grid])
+    sample = turns(90, seed=11)
+    grouped = Calibrator(policies, group=True)
+    grouped.add_all(sample)
+    assert grouped.stats.replays < len(policies) * 2 * len(sample) / 4, "grouping should save most replays"
+    data = grouped.stats.to_json()
+    data.pop("replays")
+    assert data == figures(policies, sample, group=False)
+    assert sum(p["unattended"]["halted"] > 0 for p in data["policies"]) > len(policies) // 2
+
+
+def test_signature_none_means_the_policy_cannot_fire() -> None:
+    policy = Policy("x", tg.GuardConfig(soft_cap=10, hard_multiplier=2, stuck_repeat_threshold=4))
+    cal = Calibrator([policy], group=False)
+    for turn in turns(150, seed=3):
+        digests = cal.keys(turn, cal.keyers["canonical"])
+        facts = turn_facts(digests, [c.outcome for c in turn.calls], cycle_starts(turn))
+        results = cal.results(turn)[0]
+        for mode, promptable in (("unattended", False), ("attended", True)):
+            if signature(policy, facts, promptable) is None:
+                assert not results[mode].halted and not results[mode].asks
+
+
+def test_byte_identity_never_counts_more_than_canonical_identity() -> None:
+    """The rule that lets a run skip the ``bytes`` keys of turns quiet under ``canonical``."""
+    cal = Calibrator(build_grid(GridSpec()))
+    for turn in turns(200, seed=5) + [_respaced_turn()]:
+        outcomes = [c.outcome for c in turn.calls]
+        starts = cycle_starts(turn)
+        canonical = turn_facts(cal.keys(turn, cal.keyers["canonical"]), outcomes, starts)
+        exact = turn_facts(cal.keys(turn, cal.keyers["bytes"]), outcomes, starts)
+        assert exact.max_repeat <= canonical.max_repeat
+        assert exact.max_run <= canonical.max_run
+        assert exact.max_failing <= canonical.max_failing
+
+
+def _respaced_turn():
+    rng = random.Random(1)
+    calls = [{"tool": "read", "args": rng.choice(['{"a":1,"b":2}', '{"b": 2, "a": 1}']), "outcome": "error"}
+             for _ in range(12)]
+    return corpus_turn({"id": "respaced", "calls": calls}, "t", 1, print)

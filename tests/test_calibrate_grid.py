@@ -1,0 +1,69 @@
+"""The policy grid: the seeds' values, the multipliers, the peers' rules, flags parsed strictly."""
+
+from __future__ import annotations
+
+import pytest
+
+import turnguard as tg
+from turnguard.calibrate.grid import (
+    GridSpec,
+    IdenticalCallsRule,
+    build_grid,
+    parse_floats,
+    parse_ints,
+    parse_key_modes,
+    parse_streaks,
+)
+
+
+def test_default_grid_holds_the_seeds_values_the_multipliers_and_the_peers() -> None:
+    policies = build_grid(GridSpec())
+    default = policies[0]
+    assert default.is_default and default.name == "default"
+    c = default.config
+    assert (c.soft_cap, c.hard_multiplier, c.stuck_repeat_threshold, c.streak_warn_at, c.streak_stop_at) == (
+        100, 10, 6, 5, 8)
+    assert c.max_tool_calls_per_turn is None and c.key_mode == "canonical"
+    assert sum(p.is_default for p in policies) == 1
+    adaptive = [p.config for p in policies if p.config.cap_mode == "adaptive" and p.family == "turnguard"]
+    assert {m for m in (cfg.hard_multiplier for cfg in adaptive)} >= {2, 3, 5, 10, 20}
+    assert any(p.config.key_mode == "bytes" for p in policies)  # the second seed's byte identity
+    peers = {p.name: p for p in policies if p.family == "peer"}
+    cap = peers["peer: explicit cap 100 only"].config
+    assert (cap.max_tool_calls_per_turn, cap.streak_warn_at, cap.streak_stop_at) == (100, 0, 0)
+    identical = peers["peer: halt at 5 identical calls"]
+    assert identical.extras == (IdenticalCallsRule(5),) and identical.config.cap_mode == "disabled"
+    assert len({(p.config, p.extras) for p in policies}) == len(policies), "no duplicate policies"
+
+
+def test_cross_grid_is_the_full_product_and_keeps_every_policy_valid() -> None:
+    spec = GridSpec(soft_caps=(10, 100), multipliers=(2, 10), stuck_repeats=(6,), streaks=((5, 8), (3, 5)),
+                    explicit_caps=(50,), cycle_caps=(0,), key_modes=("canonical", "bytes"), peers=False, cross=True)
+    policies = build_grid(spec)
+    assert len(policies) == 2 * 2 * 2 * 2 + 2 * 2  # adaptive product + explicit x streaks x keys
+    assert all(isinstance(p.config, tg.GuardConfig) for p in policies)
+    assert len({p.name for p in policies}) == len(policies)
+
+
+def test_a_base_configuration_moves_the_default() -> None:
+    policies = build_grid(GridSpec(base=tg.GuardConfig(soft_cap=200), soft_caps=(50,), multipliers=(10,),
+                                   stuck_repeats=(6,)))
+    assert policies[0].config.soft_cap == 200 and policies[0].is_default
+    assert policies[0].config.recorder_path is None and not policies[0].config.load_entrypoints
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [(parse_ints, "1,x"), (parse_ints, ""), (parse_ints, "-3"), (parse_floats, "0.5"), (parse_floats, "nan"),
+     (parse_streaks, "8:5"), (parse_streaks, "a:b"), (parse_streaks, "-1:2"), (parse_key_modes, "canonical,sha")],
+)
+def test_bad_flag_values_are_refused_with_what_is_accepted(parse, text: str) -> None:
+    with pytest.raises(ValueError, match="expected|must be"):
+        parse(text)
+
+
+def test_flag_values_parse() -> None:
+    assert parse_ints("50, 100,200") == (50, 100, 200)
+    assert parse_floats("2,2.5") == (2, 2.5)
+    assert parse_streaks("5:8,3,0:0") == ((5, 8), (3, 0), (0, 0))
+    assert parse_key_modes("bytes") == ("bytes",)

@@ -1,0 +1,100 @@
+"""The HTML report: self-contained (no script, no network) and rendered by a real headless
+Chromium with its charts and tables, without console errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from turnguard.calibrate.engine import Calibrator
+from turnguard.calibrate.grid import GridSpec, build_grid
+from turnguard.calibrate.html import render
+from turnguard.calibrate.inputs import corpus_turn
+from turnguard.calibrate.synthetic import SMALL, records
+
+CHARTS = ("chart-halts", "chart-saved", "chart-asks", "chart-positions", "chart-distribution")
+
+
+@pytest.fixture(scope="module")
+def page() -> tuple[str, int]:
+    policies = build_grid(GridSpec(soft_caps=(5, 20, 100), stuck_repeats=(3, 6), explicit_caps=(15, 100)))
+    stats = Calibrator(policies).add_all(corpus_turn(r, "gen", i, print)
+                                         for i, r in enumerate(records(150, seed=8, mix=SMALL)))
+    return render(stats), len(policies)
+
+
+class _Collect(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def parse(text: str) -> list[tuple[str, dict[str, str | None]]]:
+    collector = _Collect()
+    collector.feed(text)
+    return collector.tags
+
+
+def test_page_is_self_contained(page: tuple[str, int]) -> None:
+    text, _ = page
+    tags = parse(text)
+    assert not [t for t, _ in tags if t in ("script", "link", "img", "iframe", "object")]
+    urls = [v for _, attrs in tags for k, v in attrs.items() if k in ("src", "href") and v]
+    assert urls == []
+    assert "Content-Security-Policy" in text and "default-src 'none'" in text
+
+
+def test_page_has_every_chart_and_a_row_per_policy(page: tuple[str, int]) -> None:
+    text, n = page
+    tags = parse(text)
+    ids = {a.get("id") for t, a in tags if t == "svg"}
+    assert set(CHARTS) <= ids
+    assert sum(1 for t, a in tags if t == "tr") == n + 1
+    thresholds = [a for t, a in tags if t == "line" and a.get("class") == "threshold"]
+    # Soft caps 5, 20, 100; each with the backstops of 5 multipliers; explicit caps 15 and 100.
+    assert len(thresholds) == 3 + 3 * 5 + 2
+
+
+def _chromium() -> str | None:
+    found = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+    if found is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("chromium is required under CI (Debian package 'chromium')")
+        pytest.skip("chromium not installed")
+    return found
+
+
+@pytest.mark.chromium
+def test_headless_chromium_renders_charts_and_tables_without_errors(page: tuple[str, int], tmp_path: Path) -> None:
+    chromium = _chromium()
+    text, n = page
+    html_path = tmp_path / "report.html"
+    html_path.write_text(text, encoding="utf-8")
+    profile = tmp_path / "profile"
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([*flags, "--dump-dom", html_path.as_uri()], capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    tags = parse(dom.stdout)
+    svgs = {a.get("id"): a for t, a in tags if t == "svg"}
+    assert set(CHARTS) <= set(svgs)
+    assert sum(1 for t, a in tags if t == "rect" and a.get("class") == "bar") > n
+    assert sum(1 for t, a in tags if t == "tr") == n + 1
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Refused to" in line
+               or "Uncaught" in line]
+    assert console == []
+    shot = tmp_path / "shot.png"
+    done = subprocess.run([*flags, "--window-size=1200,2400", f"--screenshot={shot}", html_path.as_uri()],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and shot.stat().st_size > 20_000, done.stderr[-2000:]
+    assert not re.search(r"(Uncaught|Refused to)", done.stderr)

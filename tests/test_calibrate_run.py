@@ -1,0 +1,136 @@
+"""Running over files: worker processes agree with one process, --strict stops, memory does not
+grow with the number of turns, and the progress bar appears on a terminal only."""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import os
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from turnguard.calibrate.grid import GridSpec, build_grid
+from turnguard.calibrate.inputs import InputProblem
+from turnguard.calibrate.run import Progress, StrictError, calibrate
+from turnguard.calibrate.synthetic import SMALL, records, write_corpus
+from turnguard.telemetry import names
+
+POLICIES = build_grid(GridSpec(soft_caps=(5, 20), stuck_repeats=(3, 6), explicit_caps=(15,)))
+
+
+@pytest.fixture
+def mixed_input(tmp_path: Path) -> list[Path]:
+    corpus = tmp_path / "a.jsonl"
+    lines = [json.dumps(r) for r in records(400, seed=4, mix=SMALL)]
+    lines.insert(100, "{broken")
+    corpus.write_text("\n".join(lines) + "\n")
+    attrs = lambda d: [{"key": k, "value": {"stringValue": v} if isinstance(v, str) else {"intValue": str(v)}}  # noqa: E731
+                       for k, v in d.items()]
+    spans = [{"spanId": f"c{i}", "parentSpanId": "t0", "name": "execute_tool read",
+              "attributes": attrs({names.GEN_AI_TOOL_NAME: "read", names.CALL_INDEX: i,
+                                   names.CALL_KEY_DIGEST: "same", names.CALL_OUTCOME: "error"})}
+             for i in range(1, 12)]
+    spans.append({"spanId": "t0", "name": "invoke_agent a", "attributes": attrs({names.TURN_ID: "otlp-turn"})})
+    otlp = tmp_path / "b.json"
+    otlp.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}) + "\n")
+    return [corpus, otlp]
+
+
+def test_worker_processes_give_the_figures_of_one_process(mixed_input: list[Path]) -> None:
+    results = []
+    for jobs in (1, 2):
+        problems: list[InputProblem] = []
+        stats = calibrate(mixed_input, POLICIES, on_problem=problems.append, jobs=jobs).to_json()
+        stats.pop("replays")
+        results.append((stats, [str(p) for p in problems]))
+    assert results[0] == results[1]
+    stats, problems = results[0]
+    assert stats["turns"] == 401 and stats["problems"] == 1
+    assert problems == [f"{mixed_input[0]}:101: not JSON: Expecting property name enclosed in double quotes: "
+                        "line 1 column 2 (char 1)"]
+
+
+def test_byte_ranges_read_by_workers_keep_every_line_and_its_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut a file into ranges that split lines anywhere: no line lost or read twice, problems
+    and id-less turns still carry their true line numbers."""
+    lines = [json.dumps({k: v for k, v in r.items() if k != "id"}) for r in records(120, seed=6, mix=SMALL)]
+    lines[37] = "{broken"
+    lines.insert(90, "")
+    path = tmp_path / "plain.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 997)
+    results = []
+    for jobs in (1, 2):
+        problems: list[InputProblem] = []
+        stats = calibrate([path], POLICIES, on_problem=problems.append, jobs=jobs).to_json()
+        stats.pop("replays")
+        results.append((stats, sorted(str(p) for p in problems)))
+    assert results[0] == results[1]
+    assert results[0][0]["turns"] == 119
+    assert results[0][1] == [f"{path}:38: not JSON: Expecting property name enclosed in double quotes: "
+                             "line 1 column 2 (char 1)"]
+    ids = {i for p in results[0][0]["policies"] for i in p["unattended"]["resolved_ids"]}
+    assert ids and all(i.startswith(f"{path}:") for i in ids)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_strict_stops_at_the_first_problem(mixed_input: list[Path], jobs: int) -> None:
+    with pytest.raises(StrictError, match=r"a\.jsonl:101: not JSON"):
+        calibrate(mixed_input, POLICIES, on_problem=lambda p: None, strict=True, jobs=jobs)
+
+
+def _peak(path: Path) -> int:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        calibrate([path], POLICIES, on_problem=lambda p: None)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_does_not_grow_with_the_number_of_turns(tmp_path: Path) -> None:
+    """The same turns 3 times and 15 times: every histogram holds the same keys after the first
+    pass (no resolved turns, so no false-positive ids either); only the count of turns differs."""
+    block = [json.dumps({**r, "resolved": False}) for r in records(50, seed=9, mix=SMALL)]
+    small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
+    small.write_text("\n".join(block * 3) + "\n")
+    large.write_text("\n".join(block * 15) + "\n")
+    _peak(small)  # warm caches (imports, compiled policies) before measuring
+    peak_small, peak_large = _peak(small), _peak(large)
+    # Five times the turns; what a turn leaves behind (a few kB each) would be megabytes here. The
+    # margin covers what the garbage collector has not yet freed when the peak is taken.
+    assert peak_large < peak_small * 1.6, (peak_small, peak_large)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_is_drawn_on_a_terminal_only(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    write_corpus(str(path), count=60, mix=SMALL)
+    size = os.path.getsize(path)
+    terminal, pipe = _Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        calibrate([path], POLICIES, on_problem=lambda p: None, progress=Progress(size, stream, delay=0, interval=0))
+    assert "calibrate [" in terminal.getvalue() and "100%" in terminal.getvalue()
+    assert terminal.getvalue().endswith("\n")
+    assert pipe.getvalue() == ""
+
+
+def test_a_real_pty_counts_as_a_terminal() -> None:
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(slave, "w", closefd=False) as stream:
+            assert Progress(1, stream).enabled
+        assert not Progress(1, io.StringIO()).enabled
+    finally:
+        os.close(master)
+        os.close(slave)
