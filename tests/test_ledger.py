@@ -112,3 +112,29 @@ def test_summary_reports_how_the_turn_went(ledger):
     assert (summary.tool_calls, summary.max_key_repeat, summary.first_stuck_call, summary.distinct_keys) == (7, 6, 6, 2)
     assert summary.stuck and not summary.halted and summary.threshold is None and summary.cap_mode == "adaptive"
     assert (summary.conversation_id, summary.agent_name, summary.reason) == ("c1", "coder", "completed")
+
+
+def test_a_turn_stops_growing_once_it_tracks_the_bound():
+    import gc
+    import tracemalloc
+
+    guard = tg.Guard(tg.GuardConfig(max_tracked_keys=1_000, max_tool_calls_per_turn=0,
+                                    disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False),
+                     environ={})
+    turn = guard.turn()
+    held = {}
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for i in range(1, 12_001):
+            call = tg.ToolCall("read_file", {"path": f"{i}.py"})
+            turn.check_call(call)
+            turn.record_outcome(call, tg.Outcome.OK)
+            if i in (500, 3_000, 12_000):
+                del call
+                held[i] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held[3_000] - held[500] > 20_000  # growing while under the bound (500 more keys)...
+    assert abs(held[12_000] - held[3_000]) < 4_000  # ...flat past it: 9,000 more calls, no more memory
+    assert turn.ledger.distinct_keys == 1_000 and turn.ledger.tool_calls == 12_000

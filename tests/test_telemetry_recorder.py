@@ -149,7 +149,9 @@ def _turn_line(i: int, calls: int) -> bytes:
     return rec.turn_line(summary, entries)
 
 
-def _write_many(path: str, writer: int, lines: int, calls: int) -> None:
+def _write_many(path: str, writer: int, lines: int, calls: int, start=None) -> None:
+    if start is not None:
+        start.wait()  # every writer starts at once, so their writes overlap
     for k in range(lines):
         rec.append_line(path, _turn_line(writer * 1000 + k, calls))
 
@@ -177,9 +179,10 @@ def test_concurrent_threads_never_interleave_lines(tmp_path):
 
 def test_concurrent_processes_never_interleave_lines(tmp_path):
     path = tmp_path / "turns.jsonl"
-    writers, lines, calls = 4, 20, 2000
+    writers, lines, calls = 4, 40, 2000
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
-    procs = [ctx.Process(target=_write_many, args=(str(path), w, lines, calls)) for w in range(writers)]
+    start = ctx.Barrier(writers)
+    procs = [ctx.Process(target=_write_many, args=(str(path), w, lines, calls, start)) for w in range(writers)]
     for p in procs:
         p.start()
     for p in procs:

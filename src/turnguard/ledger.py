@@ -62,9 +62,11 @@ class Ledger:
         "_outcomes",
         "_overflowed",
         "_retries",
+        "_stop_at",
         "_streak",
         "_stuck_at",
         "_tool_calls",
+        "_warn_at",
         "agent_name",
         "cap_mode",
         "config",
@@ -109,6 +111,8 @@ class Ledger:
         self._retries = 0
         self._first_stuck = 0
         self._stuck_at = config.stuck_repeat_threshold
+        self._warn_at = config.streak_warn_at
+        self._stop_at = config.streak_stop_at
         self._max_keys = config.max_tracked_keys
         self._cap_quiet_until = _quiet_until(self.cap_mode, self.soft_cap, self.hard_cap)
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from turnguard.calibrate.equivalence import GridBounds, TurnFacts, earliest_call, signature, turn_facts
+from turnguard.calibrate.equivalence import (
+    GridBounds,
+    Traits,
+    TurnFacts,
+    earliest_call,
+    signature,
+    traits_signature,
+    turn_facts,
+)
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import CompiledPolicy, SharedPrefix, TurnResult, cycle_starts, replay_turn
@@ -35,6 +43,7 @@ class Calibrator:
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
+        self.traits = [Traits.of(p) for p in policies]
         self.bounds = {
             m: GridBounds.of([p for p in policies if p.config.key_mode == m], attended=True) for m in self.keyers
         }
@@ -99,6 +108,7 @@ class Calibrator:
         calls_by_mode: dict[str, list[Any]] = {m: [None] * len(turn.calls) for m in digests}
         groups: dict[tuple[object, ...], tuple[int, CompiledPolicy, bool]] = {}
         members: list[tuple[int, str, tuple[object, ...]]] = []
+        traits = self.traits
         for idx, cp in enumerate(self.compiled):
             f = facts.get(cp.config.key_mode)
             if f is None:
@@ -106,7 +116,7 @@ class Calibrator:
             keyed = id(digests[cp.config.key_mode])
             for mode, promptable in MODES:
                 if self.group:
-                    sig = signature(cp.policy, f, promptable)
+                    sig = traits_signature(traits[idx], f, promptable)
                     if sig is None:
                         continue
                     sig = (keyed, *sig[1:])  # key modes that keyed this turn alike share replays
@@ -116,15 +126,17 @@ class Calibrator:
                     sig = (idx, mode)
                     groups[sig] = (1, cp, promptable)
                 members.append((idx, mode, sig))
-        prefixes: dict[int, SharedPrefix] = {}  # by the digests' identity: modes keyed alike share one
+        prefixes: dict[tuple[int, int, int], SharedPrefix] = {}
         results: dict[tuple[object, ...], TurnResult] = {}
         for sig, (first, cp, promptable) in sorted(groups.items(), key=lambda item: item[1][0]):
             key_mode = cp.config.key_mode
             ledger = None
             if self.group and first > 1:
-                prefix = prefixes.get(id(digests[key_mode]))
+                # One prefix per keying and per setting the ledger's facts depend on (Ledger.fork).
+                where = (id(digests[key_mode]), cp.config.stuck_repeat_threshold, cp.config.max_tracked_keys)
+                prefix = prefixes.get(where)
                 if prefix is None:
-                    prefix = prefixes[id(digests[key_mode])] = SharedPrefix(cp.config, turn, digests[key_mode], starts)
+                    prefix = prefixes[where] = SharedPrefix(cp.config, turn, digests[key_mode], starts)
                 ledger = prefix.fork_at(first, cp.config, promptable)
             results[sig] = replay_turn(cp, turn, calls_by_mode[key_mode], digests[key_mode], starts,
                                        promptable=promptable, first_check=first, ledger=ledger)

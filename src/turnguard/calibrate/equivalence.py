@@ -40,8 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from turnguard.calibrate.grid import IdenticalCallsRule, Policy
-from turnguard.config import GuardConfig
+from turnguard.calibrate.grid import Policy
 from turnguard.model import Outcome
 
 Signature = tuple[object, ...]
@@ -110,52 +109,77 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
                      tuple(cycle_calls))
 
 
-def cap_signature(c: GuardConfig, f: TurnFacts) -> Signature | None:
-    mode = c.cap_mode
-    if mode == "explicit":
-        return ("explicit", c.max_tool_calls_per_turn) if f.calls > c.max_tool_calls_per_turn else NEVER
-    if mode != "adaptive" or f.calls <= c.soft_cap:
-        return NEVER
-    hard = c.hard_cap if c.hard_cap < f.calls else NEVER
-    if c.stuck_signal != "repeat":
-        return ("adaptive", c.soft_cap, c.stuck_signal, c.stuck_repeat_threshold, hard)
-    stuck = c.stuck_repeat_threshold if c.stuck_repeat_threshold <= f.max_repeat else NEVER
-    if stuck is NEVER and hard is NEVER:
-        return NEVER
-    return ("adaptive", c.soft_cap, stuck, hard)
+@dataclass(frozen=True, slots=True)
+class Traits:
+    """What the rules read from a policy, as plain values (read once per policy, not per turn)."""
+
+    cap: int  # 0: off, 1: explicit, 2: adaptive
+    limit: int  # explicit N, or adaptive S
+    hard: int  # H (adaptive)
+    stuck: int  # D (adaptive)
+    repeat_signal: bool
+    signal: str
+    warn: int
+    stop: int
+    remind: bool
+    cycles: int
+    extras: tuple[int, ...]
+    prefix: tuple[object, ...]
+
+    @classmethod
+    def of(cls, policy: Policy) -> Traits:
+        c = policy.config
+        mode = c.cap_mode
+        cap = {"explicit": 1, "adaptive": 2}.get(mode, 0)
+        limit = c.max_tool_calls_per_turn if cap == 1 else c.soft_cap
+        return cls(cap, limit or 0, c.hard_cap or 0, c.stuck_repeat_threshold, c.stuck_signal == "repeat",
+                   c.stuck_signal, c.streak_warn_at, c.streak_stop_at, c.remind_model, c.max_cycles_per_turn,
+                   tuple(r.n for r in policy.extras), (c.key_mode, c.max_tracked_keys, c.fail_mode))
 
 
-def streak_signature(c: GuardConfig, f: TurnFacts, promptable: bool) -> Signature | None:
-    stop = c.streak_stop_at if c.streak_stop_at and f.max_failing >= c.streak_stop_at else NEVER
-    if not promptable:
-        return NEVER if stop is NEVER else ("unattended", stop)
-    warn = c.streak_warn_at if c.streak_warn_at and f.max_run >= c.streak_warn_at else NEVER
-    if warn is NEVER and stop is NEVER:
-        return NEVER
-    return ("attended", warn, stop, c.remind_model)
+_TRAITS: dict[int, tuple[Policy, Traits]] = {}
 
 
-def cycle_signature(c: GuardConfig, f: TurnFacts) -> Signature | None:
-    n = c.max_cycles_per_turn
-    return ("cycles", n) if n and f.cycles > n else NEVER
-
-
-def extra_signature(rule: IdenticalCallsRule, f: TurnFacts) -> Signature | None:
-    return ("identical", rule.n) if f.max_run >= rule.n else NEVER
+def traits_of(policy: Policy) -> Traits:
+    entry = _TRAITS.get(id(policy))
+    if entry is None or entry[0] is not policy:
+        entry = _TRAITS[id(policy)] = (policy, Traits.of(policy))
+    return entry[1]
 
 
 def signature(policy: Policy, f: TurnFacts, promptable: bool) -> Signature | None:
     """Equal signatures replay identically on this turn; ``None``: the policy cannot fire."""
-    c = policy.config
-    parts = (
-        cap_signature(c, f),
-        streak_signature(c, f, promptable),
-        cycle_signature(c, f),
-        tuple(s for s in (extra_signature(r, f) for r in policy.extras) if s is not None),
-    )
-    if parts[0] is None and parts[1] is None and parts[2] is None and not parts[3]:
+    return traits_signature(traits_of(policy), f, promptable)
+
+
+def traits_signature(t: Traits, f: TurnFacts, promptable: bool) -> Signature | None:
+    calls = f.calls
+    cap: Signature | None = None
+    if t.cap == 1:
+        if calls > t.limit:
+            cap = ("explicit", t.limit)
+    elif t.cap == 2 and calls > t.limit:
+        hard = t.hard if t.hard < calls else NEVER
+        if not t.repeat_signal:
+            cap = ("adaptive", t.limit, t.signal, t.stuck, hard)
+        else:
+            stuck = t.stuck if t.stuck <= len(f.reach_repeat) else NEVER
+            if stuck is not NEVER or hard is not NEVER:
+                cap = ("adaptive", t.limit, stuck, hard)
+    stop = t.stop if t.stop and len(f.reach_failing) >= t.stop else NEVER
+    streak: Signature | None = None
+    if not promptable:
+        if stop is not NEVER:
+            streak = ("unattended", stop)
+    else:
+        warn = t.warn if t.warn and len(f.reach_run) >= t.warn else NEVER
+        if warn is not NEVER or stop is not NEVER:
+            streak = ("attended", warn, stop, t.remind)
+    cycles = ("cycles", t.cycles) if t.cycles and f.cycles > t.cycles else NEVER
+    extras = tuple(("identical", n) for n in t.extras if len(f.reach_run) >= n) if t.extras else ()
+    if cap is None and streak is None and cycles is None and not extras:
         return None
-    return (c.key_mode, c.max_tracked_keys, c.fail_mode, *parts)
+    return (*t.prefix, cap, streak, cycles, extras)
 
 
 def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:

@@ -227,6 +227,17 @@ def table_html(data: list[dict[str, Any]]) -> str:
 
 
 def fp_html(data: list[dict[str, Any]]) -> str:
+    default = next((r for r in data if r["default"]), None)
+    unresolved = ""
+    if default is not None and default["unresolved_ids"]:
+        more = default["halted_unresolved"] - len(default["unresolved_ids"])
+        unresolved = ("<h2>Unresolved turns the default halts</h2><p id='default-halts'>"
+                      + esc(", ".join(default["unresolved_ids"])) + (f" ... ({more} more)" if more > 0 else "")
+                      + "</p>")
+    return unresolved + _fp_list(data)
+
+
+def _fp_list(data: list[dict[str, Any]]) -> str:
     items = [f"<li><b>{esc(r['name'])}</b> ({r['halted_resolved']:,}): {esc(', '.join(r['resolved_ids']))}"
              f"{' ...' if r['halted_resolved'] > len(r['resolved_ids']) else ''}</li>"
              for r in data if r["halted_resolved"]]

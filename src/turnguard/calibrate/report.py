@@ -148,24 +148,28 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
     if folded:
         out += ["", "Same figures as the row named first (folded):"]
         for name, names in folded.items():
-            out += _wrapped(f"  {name}: ", ", ".join(names))
+            out += _wrapped(f"  {name}: ", names)
     default = next((r for r in rows(stats) if r["default"]), None)
     if default is not None and default["unresolved_ids"]:
         more = default["halted_unresolved"] - len(default["unresolved_ids"])
         out += ["", "Unresolved turns the default halts:"]
-        out += _wrapped("  ", ", ".join(default["unresolved_ids"]) + (f", ... ({more} more)" if more > 0 else ""))
+        out += _wrapped("  ", default["unresolved_ids"] + ([f"... ({more} more)"] if more > 0 else []))
     fps = _fp_groups(rows(stats))
     if fps:
         out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
         for ids, names, count in fps:
             shown = ", ".join(ids[:8]) + (f", ... ({count} in all)" if count > len(ids[:8]) else "")
             out.append(f"  {shown}:")
-            out += _wrapped("    ", "; ".join(names))
+            out += _wrapped("    ", names, "; ")
     return "\n".join(out) + "\n"
 
 
-def _wrapped(prefix: str, text: str, width: int = 110) -> list[str]:
-    return textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix)) or [prefix]
+def _wrapped(prefix: str, items: list[str], sep: str = ", ", width: int = 110) -> list[str]:
+    """``items`` joined by ``sep`` and wrapped between items only (a name never breaks)."""
+    glued = sep.join(i.replace(" ", "\xa0") for i in items)
+    lines = textwrap.wrap(glued, width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
+                          break_on_hyphens=False, break_long_words=False) or [prefix]
+    return [line.replace("\xa0", " ") for line in lines]
 
 
 def _fp_groups(data: list[dict[str, Any]]) -> list[tuple[list[str], list[str], int]]:

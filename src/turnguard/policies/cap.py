@@ -28,7 +28,9 @@ SIGNALS: dict[str, StuckSignal] = {"repeat": repeat_signal}
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     n = turn._tool_calls  # hot path: the built-in reads the ledger's fields, not its properties
-    if n <= turn._cap_quiet_until:
+    if n <= turn._cap_quiet_until or (
+        n <= turn.hard_cap and turn._max_repeat < turn._stuck_at and turn.config.stuck_signal == "repeat"
+    ):  # under the cap, or past the soft cap but not stuck (the common cases, decided first)
         return None
     mode = turn.cap_mode
     if mode == "explicit":

@@ -24,8 +24,8 @@ def reminder(tool: str, count: int) -> str:
 
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
-    warn_at = turn.config.streak_warn_at
-    if turn._streak != warn_at or not warn_at:  # hot path: the ledger's field, not its property
+    warn_at = turn._warn_at  # hot path: the ledger's fields, not its properties
+    if turn._streak != warn_at or not warn_at:
         return None
     if turn.config.remind_model:
         action = Action.REMIND
@@ -40,7 +40,7 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
 def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
     if outcome is not _ERROR:
         return None
-    stop_at = turn.config.streak_stop_at
+    stop_at = turn._stop_at
     if turn._failing != stop_at or not stop_at:
         return None
     action = Action.ASK if turn.promptable else Action.HALT
