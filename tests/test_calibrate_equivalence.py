@@ -67,7 +67,7 @@ def test_signature_none_means_the_policy_cannot_fire() -> None:
 def test_byte_identity_never_counts_more_than_canonical_identity() -> None:
     """The rule that lets a run skip the ``bytes`` keys of turns quiet under ``canonical``."""
     cal = Calibrator(build_grid(GridSpec()))
-    for turn in turns(200, seed=5) + [_respaced_turn()]:
+    for turn in [*turns(200, seed=5), _respaced_turn()]:
         outcomes = [c.outcome for c in turn.calls]
         starts = cycle_starts(turn)
         canonical = turn_facts(cal.keys(turn, cal.keyers["canonical"]), outcomes, starts)

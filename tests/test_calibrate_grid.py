@@ -58,7 +58,7 @@ def test_a_base_configuration_moves_the_default() -> None:
      (parse_streaks, "8:5"), (parse_streaks, "a:b"), (parse_streaks, "-1:2"), (parse_key_modes, "canonical,sha")],
 )
 def test_bad_flag_values_are_refused_with_what_is_accepted(parse, text: str) -> None:
-    with pytest.raises(ValueError, match="expected|must be"):
+    with pytest.raises(ValueError, match=r"expected|must be"):
         parse(text)
 
 

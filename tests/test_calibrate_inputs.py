@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -79,10 +80,13 @@ def test_malformed_line_is_reported_with_file_and_line_and_the_rest_is_read(
 
 def test_truncated_gzip_is_reported_not_silently_cut(tmp_path: Path) -> None:
     path = tmp_path / "cut.jsonl.gz"
-    data = gzip.compress((json.dumps(CORPUS_LINE) + "\n").encode() * 50)
+    rng = random.Random(0)
+    lines = [json.dumps({**CORPUS_LINE, "id": f"{i}-{rng.getrandbits(512):x}"}) + "\n" for i in range(2000)]
+    data = gzip.compress("".join(lines).encode())
     path.write_bytes(data[: len(data) // 2])
     turns, problems = read([path])
     assert problems and "file ends badly" in problems[-1].message
+    assert 0 < len(turns) < 2000  # the whole lines before the cut are kept
 
 
 def test_recorder_output_reads_back_with_the_same_identity(tmp_path: Path) -> None:

@@ -133,7 +133,10 @@ class Calibrator:
             ledger = None
             if self.group and first > 1:
                 # One prefix per keying and per setting the ledger's facts depend on (Ledger.fork).
-                where = (id(digests[key_mode]), cp.config.stuck_repeat_threshold, cp.config.max_tracked_keys)
+                # A threshold the turn never reaches shapes no fact: those share one prefix.
+                stuck = cp.config.stuck_repeat_threshold
+                where = (id(digests[key_mode]), stuck if stuck <= facts[key_mode].max_repeat else 0,
+                         cp.config.max_tracked_keys)
                 prefix = prefixes.get(where)
                 if prefix is None:
                     prefix = prefixes[where] = SharedPrefix(cp.config, turn, digests[key_mode], starts)
