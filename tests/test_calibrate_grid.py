@@ -28,6 +28,8 @@ def test_default_grid_holds_the_seeds_values_the_multipliers_and_the_peers() -> 
     adaptive = [p.config for p in policies if p.config.cap_mode == "adaptive" and p.family == "turnguard"]
     assert {m for m in (cfg.hard_multiplier for cfg in adaptive)} >= {2, 3, 5, 10, 20}
     assert any(p.config.key_mode == "bytes" for p in policies)  # the second seed's byte identity
+    assert {p.config.stuck_signal for p in policies} == set(tg.STUCK_SIGNALS)  # signals are compared
+    assert any(p.config.streak_stop_on == "any" for p in policies)
     peers = {p.name: p for p in policies if p.family == "peer"}
     cap = peers["peer: explicit cap 100 only"].config
     assert (cap.max_tool_calls_per_turn, cap.streak_warn_at, cap.streak_stop_at) == (100, 0, 0)
@@ -38,7 +40,8 @@ def test_default_grid_holds_the_seeds_values_the_multipliers_and_the_peers() -> 
 
 def test_cross_grid_is_the_full_product_and_keeps_every_policy_valid() -> None:
     spec = GridSpec(soft_caps=(10, 100), multipliers=(2, 10), stuck_repeats=(6,), streaks=((5, 8), (3, 5)),
-                    explicit_caps=(50,), cycle_caps=(0,), key_modes=("canonical", "bytes"), peers=False, cross=True)
+                    explicit_caps=(50,), cycle_caps=(0,), key_modes=("canonical", "bytes"), stuck_signals=("repeat",),
+                    stop_on=("error",), peers=False, cross=True)
     policies = build_grid(spec)
     assert len(policies) == 2 * 2 * 2 * 2 + 2 * 2  # adaptive product + explicit x streaks x keys
     assert all(isinstance(p.config, tg.GuardConfig) for p in policies)

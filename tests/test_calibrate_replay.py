@@ -35,6 +35,9 @@ CONFIGS = {
     "cycle cap": {"max_cycles_per_turn": 5},
     "bytes, remind": {"key_mode": "bytes", "remind_model": True, "streak_warn_at": 3, "streak_stop_at": 4},
     "cap off, streaks on": {"soft_cap": 0, "streak_warn_at": 2, "streak_stop_at": 3},
+    "stale repeat signal": {"soft_cap": 6, "hard_multiplier": 4, "stuck_repeat_threshold": 3,
+                            "stuck_signal": "stale_repeat"},
+    "stop on any outcome": {"streak_warn_at": 3, "streak_stop_at": 4, "streak_stop_on": "any"},
 }
 
 

@@ -17,8 +17,16 @@ from typing import Any
 
 from turnguard.keys import KEY_MODES
 
-STUCK_SIGNALS: tuple[str, ...] = ("repeat",)
-"""Names of the stuck signals the adaptive cap can use past the soft cap; the default first."""
+STUCK_SIGNALS: tuple[str, ...] = ("repeat", "stale_repeat")
+"""Names of the stuck signals the adaptive cap can use past the soft cap; the default first.
+
+``repeat``: some key seen ``stuck_repeat_threshold`` times anywhere in the turn (the seed's).
+``stale_repeat``: some key seen that many times with no never-seen-before key in between (a
+re-run after an edit does not count; a loop of one to a few calls does).
+"""
+STREAK_STOP_ON: tuple[str, ...] = ("error", "any")
+"""What the streak's stop level counts: identical calls that failed (the seed's), or identical
+calls with any outcome but ``DENIED`` (loops whose call "succeeds" uselessly every time)."""
 
 FAIL_MODES = ("open", "closed")
 ENV_PREFIX = "TURNGUARD_"
@@ -51,6 +59,9 @@ class GuardConfig:
     """Warn when this many identical calls come in a row (0 disables)."""
     streak_stop_at: int = 8
     """Stop when this many identical calls in a row have failed (0 disables)."""
+    streak_stop_on: str = "error"
+    """``error``: the stop level counts failed identical calls; ``any``: identical calls with any
+    outcome but ``DENIED`` (denials neither count nor reset)."""
     max_cycles_per_turn: int = 0
     """Model requests allowed per turn; request N+1 halts. 0: unbounded."""
     key_mode: str = "canonical"
@@ -72,7 +83,9 @@ class GuardConfig:
     recorder_path: str | None = None
     """Write one JSON line per finished turn here (the local recorder); ``None``: off."""
     shadow: tuple[Any, ...] = ()
-    """Other configurations evaluated side by side without acting (name -> config)."""
+    """Other configurations evaluated side by side on live traffic without acting: (name,
+    ``GuardConfig`` or mapping of options) pairs; a mapping of options is applied on top of this
+    configuration (see ``shadow_configs``). Given as a mapping, a list or a tuple of pairs."""
 
     def __post_init__(self) -> None:
         # Lists are accepted where tuples are stored (TOML and hosts hand over lists).
@@ -105,6 +118,14 @@ class GuardConfig:
         if mode == "adaptive":
             return int(self.soft_cap * self.hard_multiplier)
         return None
+
+    def shadow_configs(self) -> tuple[tuple[str, GuardConfig], ...]:
+        """The shadow policies as (name, ``GuardConfig``) pairs: a mapping of options becomes this
+        configuration (without its shadows) with those options changed."""
+        if not self.shadow:
+            return ()
+        base = dataclasses.replace(self, shadow=())
+        return tuple((name, _shadow_config(name, value, base)) for name, value in self.shadow)
 
     def replace(self, **changes: Any) -> GuardConfig:
         """A copy with ``changes`` applied (validated)."""
@@ -227,7 +248,12 @@ _INT_FIELDS = (
     "max_tracked_keys",
 )
 _BOOL_FIELDS = ("remind_model", "capture_content", "load_entrypoints")
-_CHOICES = {"stuck_signal": STUCK_SIGNALS, "key_mode": KEY_MODES, "fail_mode": FAIL_MODES}
+_CHOICES = {
+    "stuck_signal": STUCK_SIGNALS,
+    "streak_stop_on": STREAK_STOP_ON,
+    "key_mode": KEY_MODES,
+    "fail_mode": FAIL_MODES,
+}
 
 
 def _is_int(v: Any) -> bool:
@@ -308,4 +334,42 @@ def _validate(c: GuardConfig) -> None:
         raise ConfigError("disable_plugins", c.disable_plugins, "a tuple of plugin names")
     if not isinstance(c.shadow, tuple):
         raise ConfigError("shadow", c.shadow, "a tuple of (name, GuardConfig or mapping) pairs")
+    _validate_shadow(c)
+
+
+_SHADOW_ACCEPTED = "(name, GuardConfig or mapping of options) pairs, or a mapping of name to either"
+
+
+def _validate_shadow(c: GuardConfig) -> None:
+    """Every shadow is a uniquely named pair whose configuration is valid and has no shadows of
+    its own; mappings are resolved once here so that a bad option fails at construction."""
+    names: set[str] = set()
+    base = dataclasses.replace(c, shadow=()) if c.shadow else c
+    for pair in c.shadow:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise ConfigError("shadow", pair, _SHADOW_ACCEPTED)
+        name, value = pair
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError("shadow", name, "a non-empty string naming the shadow policy")
+        if name in names:
+            raise ConfigError(f"shadow.{name}", value, "one configuration per shadow name (this name is repeated)")
+        names.add(name)
+        _shadow_config(name, value, base)
+
+
+def _shadow_config(name: str, value: Any, base: GuardConfig) -> GuardConfig:
+    if isinstance(value, GuardConfig):
+        config = value
+    elif isinstance(value, Mapping):
+        if "shadow" in value:
+            raise ConfigError(f"shadow.{name}.shadow", value["shadow"], "no shadows inside a shadow policy")
+        try:
+            config = GuardConfig.from_mapping(value, base=base)
+        except ConfigError as exc:
+            raise ConfigError(f"shadow.{name}.{exc.key}", exc.value, exc.accepted) from None
+    else:
+        raise ConfigError(f"shadow.{name}", value, "a GuardConfig or a mapping of options")
+    if config.shadow:
+        raise ConfigError(f"shadow.{name}.shadow", config.shadow, "no shadows inside a shadow policy")
+    return config
 

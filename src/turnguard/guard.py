@@ -47,12 +47,19 @@ _CHECK_HOOKS = {
 }
 
 
-def _compile(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...]) -> tuple[Impl, ...]:
+_HOT_OBSERVERS = {
+    "turnguard_call_checked": ("turn", "call", "verdict"),
+    "turnguard_outcome_recorded": ("turn", "call", "outcome", "verdict"),
+}
+"""Observer hooks of the hot path, called positionally like the check hooks (no keyword dicts)."""
+
+
+def _compile(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...], *, check: bool = True) -> tuple[Impl, ...]:
     """The hook's implementations in call order, each adapted to positional ``order`` args."""
     caller = getattr(pm.hook, hook)
     impls = []
     for impl in reversed(caller.get_hookimpls()):
-        if impl.hookwrapper or impl.wrapper:
+        if check and (impl.hookwrapper or impl.wrapper):
             raise pluggy.PluginValidationError(
                 impl.plugin, f"{impl.plugin_name}: wrappers are not supported on the check hook {hook}"
             )
@@ -174,8 +181,13 @@ class Turn:
         self._check_outcome = _compile(pm, "turnguard_check_outcome", _CHECK_HOOKS["turnguard_check_outcome"])
         self._observer_cache: dict[str, tuple[Observer, ...]] = {}
         self._observe_cycle = bool(self._observers("turnguard_cycle_checked"))
-        self._observe_call = bool(self._observers("turnguard_call_checked"))
-        self._observe_outcome = bool(self._observers("turnguard_outcome_recorded"))
+        self._call_observers = _compile(pm, "turnguard_call_checked", _HOT_OBSERVERS["turnguard_call_checked"],
+                                        check=False)
+        self._outcome_observers = _compile(
+            pm, "turnguard_outcome_recorded", _HOT_OBSERVERS["turnguard_outcome_recorded"], check=False
+        )
+        self._observe_call = bool(self._call_observers)
+        self._observe_outcome = bool(self._outcome_observers)
         self._count_call = self.ledger.count_call
         self._record_outcome = self.ledger.record_outcome
         self._notify("turnguard_turn_started", turn=self.ledger)
@@ -246,7 +258,11 @@ class Turn:
         if events:
             self._after(events)
         if self._observe_call:
-            self._notify("turnguard_call_checked", turn=ledger, call=call, verdict=verdict)
+            for impl in self._call_observers:
+                try:
+                    impl[1](ledger, call, verdict)
+                except Exception as exc:  # observers never break the host
+                    self._observer_failed(impl[0], "turnguard_call_checked", exc)
         return verdict
 
     def record_outcome(self, call: ToolCall, outcome: Outcome | str) -> Verdict:
@@ -279,7 +295,11 @@ class Turn:
         if events:
             self._after(events)
         if self._observe_outcome:
-            self._notify("turnguard_outcome_recorded", turn=ledger, call=call, outcome=outcome, verdict=verdict)
+            for impl in self._outcome_observers:
+                try:
+                    impl[1](ledger, call, outcome, verdict)
+                except Exception as exc:  # observers never break the host
+                    self._observer_failed(impl[0], "turnguard_outcome_recorded", exc)
         return verdict
 
     def retry(self) -> None:
@@ -416,13 +436,16 @@ class Turn:
             try:
                 fn(**_pick(argnames, **kwargs))
             except Exception as exc:  # observers never break the host
-                log.error("turnguard plugin %r raised in %s: %r", plugin_name, hook, exc, exc_info=exc)
-                self._report_error(plugin_name, hook, exc)
-                if self._fail_closed and hook != "turnguard_turn_ended":
-                    with self._lock:
-                        if self._halt is None:
-                            message = f"turnguard: plugin {plugin_name!r} failed in {hook} (fail_mode=closed)"
-                            self._halt = Verdict(Action.HALT, None, message)
+                self._observer_failed(plugin_name, hook, exc)
+
+    def _observer_failed(self, plugin_name: str, hook: str, exc: Exception) -> None:
+        log.error("turnguard plugin %r raised in %s: %r", plugin_name, hook, exc, exc_info=exc)
+        self._report_error(plugin_name, hook, exc)
+        if self._fail_closed and hook != "turnguard_turn_ended":
+            with self._lock:
+                if self._halt is None:
+                    message = f"turnguard: plugin {plugin_name!r} failed in {hook} (fail_mode=closed)"
+                    self._halt = Verdict(Action.HALT, None, message)
 
 
 def _pick(names: tuple[str, ...], **kwargs: Any) -> dict[str, Any]:

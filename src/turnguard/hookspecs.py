@@ -100,3 +100,17 @@ def turnguard_outcome_recorded(turn: Ledger, call: ToolCall, outcome: Outcome, v
 @hookspec
 def turnguard_plugin_error(turn: Ledger | None, plugin: str, hook: str, error: BaseException) -> None:
     """Observer: a plugin raised in ``hook``; the guard isolated it (``fail_mode`` decided how)."""
+
+
+@hookspec
+def turnguard_shadow_detected(turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
+    """Observer: shadow policy ``policy`` (a name of ``GuardConfig.shadow``) would have fired on
+    the live turn ``turn``; ``event`` carries the shadow's own counts and the action it would
+    have taken. Nothing was acted on. Called outside the turn's lock."""
+
+
+@hookspec
+def turnguard_shadow_turn_ended(turn: Ledger, policy: str, summary: TurnSummary) -> None:
+    """Observer: the live turn ``turn`` closed; ``summary`` is what shadow policy ``policy``
+    made of it (``halted``/``threshold``: its would-be halt; ``tool_calls``: the calls it saw
+    before that halt, or all of them)."""

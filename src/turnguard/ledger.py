@@ -11,6 +11,11 @@ the default bound of 65,536 keys holds a turn's ledger to about 5 MiB however lo
 
 Built-in policies read the underscored fields directly on the hot path; everything else (and
 every third-party plugin) uses the properties.
+
+Two facts are kept only when the configuration asks for them, so the default path pays one
+branch: the ``stale_repeat`` stuck signal's count (``max_stale_repeat``: a key's repeats since
+the last call whose key had never been seen before in the turn) and the settled streak
+(``settled_streak_length``, which ``streak_stop_on="any"`` stops on).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ _DENIED = Outcome.DENIED
 
 _FACTS = (
     "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
-    "_failing", "_detections", "_retries", "_first_stuck",
+    "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_settled",
 )
 """The scalar facts ``Ledger.fork`` copies (the two dicts are copied separately)."""
 
@@ -59,9 +64,14 @@ class Ledger:
         "_last_tool",
         "_max_keys",
         "_max_repeat",
+        "_max_stale",
         "_outcomes",
         "_overflowed",
         "_retries",
+        "_settled",
+        "_since_new",
+        "_stale",
+        "_stop_any",
         "_stop_at",
         "_streak",
         "_stuck_at",
@@ -110,6 +120,11 @@ class Ledger:
         self._detections = 0
         self._retries = 0
         self._first_stuck = 0
+        self._stale = config.stuck_signal == "stale_repeat"
+        self._since_new: dict[bytes, int] = {}
+        self._max_stale = 0
+        self._stop_any = config.streak_stop_on == "any"
+        self._settled = 0
         self._stuck_at = config.stuck_repeat_threshold
         self._warn_at = config.streak_warn_at
         self._stop_at = config.streak_stop_at
@@ -143,6 +158,13 @@ class Ledger:
         return self._max_repeat
 
     @property
+    def max_stale_repeat(self) -> int:
+        """The ``stale_repeat`` signal's count (0 unless that signal is configured): the largest
+        number of times one key was seen with no never-seen-before key in between, so a re-run
+        after an edit (a new key) starts afresh while a loop of 1 to k calls keeps counting."""
+        return self._max_stale
+
+    @property
     def distinct_keys(self) -> int:
         return len(self._counts)
 
@@ -162,6 +184,12 @@ class Ledger:
         return self._failing
 
     @property
+    def settled_streak_length(self) -> int:
+        """Consecutive identical calls of the current streak whose outcome was anything but
+        ``DENIED`` (kept when ``streak_stop_on="any"``; 0 otherwise)."""
+        return self._settled
+
+    @property
     def streak_digest(self) -> bytes | None:
         return self._last_key
 
@@ -171,7 +199,8 @@ class Ledger:
 
     @property
     def first_stuck_call(self) -> int:
-        """The call at which some key first reached ``stuck_repeat_threshold`` (0: never)."""
+        """The call at which the configured stuck signal first reached ``stuck_repeat_threshold``
+        (0: never)."""
         return self._first_stuck
 
     @property
@@ -181,6 +210,11 @@ class Ledger:
     @property
     def retries(self) -> int:
         return self._retries
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the configured stuck signal holds (``stuck_signal``, ``stuck_repeat_threshold``)."""
+        return (self._max_stale if self._stale else self._max_repeat) >= self._stuck_at
 
     def outcomes(self, outcome: Outcome) -> int:
         """How many outcomes of this kind were recorded."""
@@ -211,8 +245,10 @@ class Ledger:
             seen = 1
         if seen > self._max_repeat:
             self._max_repeat = seen
-            if seen == self._stuck_at and not self._first_stuck:
+            if seen == self._stuck_at and not self._first_stuck and not self._stale:
                 self._first_stuck = self._tool_calls
+        if self._stale:
+            self._count_stale(digest, seen)
         if digest == self._last_key:
             self._streak += 1
         else:
@@ -220,11 +256,30 @@ class Ledger:
             self._last_tool = tool_name
             self._streak = 1
             self._failing = 0
+            self._settled = 0
         return seen
+
+    def _count_stale(self, digest: bytes, seen: int) -> None:
+        """The ``stale_repeat`` count: a key first seen now (``seen == 1``) is news and restarts
+        every key's count; otherwise this key's count since the last news grows by one. The
+        table holds only keys seen since the last news, so each key is cleared at most once per
+        insertion (amortized O(1))."""
+        since = self._since_new
+        if seen == 1:
+            since.clear()
+            since[digest] = stale = 1
+        else:
+            stale = since.get(digest, 0) + 1
+            since[digest] = stale
+        if stale > self._max_stale:
+            self._max_stale = stale
+            if stale == self._stuck_at and not self._first_stuck:
+                self._first_stuck = self._tool_calls
 
     def record_outcome(self, digest: bytes, outcome: Outcome) -> None:
         """An outcome counts toward the failing streak only for the current streak's key:
-        ``ERROR`` extends it, ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it."""
+        ``ERROR`` extends it, ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it. With
+        ``streak_stop_on="any"`` the settled streak counts every outcome but ``DENIED``."""
         self._outcomes[outcome._value_] += 1
         if digest != self._last_key:
             return
@@ -232,6 +287,8 @@ class Ledger:
             self._failing += 1
         elif outcome is not _DENIED:
             self._failing = 0
+        if self._stop_any and outcome is not _DENIED:
+            self._settled += 1
 
     def reset_streak(self) -> None:
         """Forget the current streak (the user answered an ASK): the next call starts afresh."""
@@ -239,6 +296,7 @@ class Ledger:
         self._last_tool = None
         self._streak = 0
         self._failing = 0
+        self._settled = 0
 
     def rollback_cycle(self) -> None:
         """The current model request is re-sent: discard its calls, clear repeats and streaks."""
@@ -248,6 +306,8 @@ class Ledger:
         self._max_repeat = 0
         self._overflowed = False
         self._first_stuck = 0
+        self._since_new.clear()
+        self._max_stale = 0
         self.reset_streak()
 
     def note_detection(self) -> None:
@@ -257,15 +317,22 @@ class Ledger:
         """A copy of these facts under another configuration, for replay tools (``turnguard
         calibrate``) that count a turn's common prefix once for many configurations.
 
-        The facts must not depend on the difference: ``max_tracked_keys`` must be equal, and
-        ``stuck_repeat_threshold`` equal or not yet reached under either value. Raises
-        ``ValueError`` otherwise.
+        The facts must not depend on the difference: ``max_tracked_keys``, ``stuck_signal`` and
+        ``streak_stop_on`` must be equal, and ``stuck_repeat_threshold`` equal or not yet reached
+        under either value. Raises ``ValueError`` otherwise.
         """
         stuck = config.stuck_repeat_threshold
-        if config.max_tracked_keys != self._max_keys or (
-            stuck != self._stuck_at and self._max_repeat >= min(stuck, self._stuck_at)
+        reached = self._max_stale if self._stale else self._max_repeat
+        if (
+            config.max_tracked_keys != self._max_keys
+            or (config.stuck_signal == "stale_repeat") != self._stale
+            or (config.streak_stop_on == "any") != self._stop_any
+            or (stuck != self._stuck_at and reached >= min(stuck, self._stuck_at))
         ):
-            raise ValueError("fork(): the facts so far depend on stuck_repeat_threshold or max_tracked_keys")
+            raise ValueError(
+                "fork(): the facts so far depend on stuck_repeat_threshold, stuck_signal, streak_stop_on "
+                "or max_tracked_keys"
+            )
         twin = Ledger(
             config,
             turn_id=self.turn_id,
@@ -277,6 +344,7 @@ class Ledger:
         for name in _FACTS:
             setattr(twin, name, getattr(self, name))
         twin._counts = dict(self._counts)
+        twin._since_new = dict(self._since_new)
         twin._outcomes = dict(self._outcomes)
         return twin
 
@@ -334,7 +402,7 @@ class Ledger:
             halted=halt is not None,
             threshold=halt.threshold if halt is not None else None,
             cap_mode=self.cap_mode,
-            stuck=self.cap_mode == "adaptive" and self._max_repeat >= self.config.stuck_repeat_threshold,
+            stuck=self.cap_mode == "adaptive" and self.stuck,
             detections=self._detections,
             duration_s=time.monotonic() - self.started_at,
         )

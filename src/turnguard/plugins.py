@@ -44,7 +44,8 @@ FACTORY_PLUGINS: dict[str, str] = {
     "shadow": "turnguard.policies.shadow:plugin_for",
 }
 """Built-in plugins that hold state per guard: ``module:factory(config, **providers)``;
-a factory may return ``None`` when the plugin has nothing to do under ``config``."""
+a factory may return ``None`` when the plugin has nothing to do under ``config``. A plugin with
+a ``bind_manager(pm)`` method is given the manager after registration (to call hooks itself)."""
 
 
 def plugin_manager(
@@ -65,6 +66,9 @@ def plugin_manager(
         plugin = _create(name, target, config, providers or {})
         if plugin is not None:
             pm.register(plugin, name=name)
+            bind = getattr(plugin, "bind_manager", None)
+            if callable(bind):  # a plugin that calls hooks itself (the shadow plugin reports through them)
+                bind(pm)
     if config.load_entrypoints:
         _load_entrypoints(pm, environ.get(LOAD_PLUGINS_ENV))
     for name, module in reversed(DEFAULT_PLUGINS.items()):

@@ -20,7 +20,7 @@ from turnguard.calibrate.inputs import InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text
 from turnguard.calibrate.run import Progress, StrictError, calibrate
 from turnguard.calibrate.stats import RunStats
-from turnguard.config import ConfigError, GuardConfig
+from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 
 MAX_SHOWN_PROBLEMS = 100
 AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
@@ -66,6 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="max_cycles_per_turn values, 0 = unbounded (default: %(default)s)")
     grid.add_argument("--key-modes", type=_csv(g.parse_key_modes), default=g.DEFAULT_KEY_MODES,
                       help="call identities: canonical, bytes (default: both)")
+    grid.add_argument("--stuck-signals", type=_csv(lambda t: g.parse_choices(t, STUCK_SIGNALS, "stuck signals")),
+                      default=g.DEFAULT_STUCK_SIGNALS,
+                      help=f"stuck signals past the soft cap, among {', '.join(STUCK_SIGNALS)} (default: all)")
+    grid.add_argument("--streak-stop-on", type=_csv(lambda t: g.parse_choices(t, STREAK_STOP_ON, "stop-on values")),
+                      default=g.DEFAULT_STOP_ON,
+                      help="what the streak stop level counts: error (failures), any (default: both)")
     grid.add_argument("--no-peers", action="store_true", help="leave out the peers' rules")
     grid.add_argument("--cross", action="store_true",
                       help="the full cross product of every axis (default: the cap axes crossed, "
@@ -107,7 +113,8 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     spec = g.GridSpec(
         soft_caps=args.soft_caps, multipliers=args.multipliers, stuck_repeats=args.stuck_repeats,
         streaks=args.streaks, explicit_caps=args.explicit_caps, cycle_caps=args.cycle_caps,
-        key_modes=args.key_modes, peers=not args.no_peers, cross=args.cross, base=base,
+        key_modes=args.key_modes, stuck_signals=args.stuck_signals, stop_on=args.streak_stop_on,
+        peers=not args.no_peers, cross=args.cross, base=base,
     )
     try:
         policies = g.build_grid(spec)

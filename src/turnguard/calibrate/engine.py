@@ -126,7 +126,7 @@ class Calibrator:
                     sig = (idx, mode)
                     groups[sig] = (1, cp, promptable)
                 members.append((idx, mode, sig))
-        prefixes: dict[tuple[int, int, int], SharedPrefix] = {}
+        prefixes: dict[tuple[object, ...], SharedPrefix] = {}
         results: dict[tuple[object, ...], TurnResult] = {}
         for sig, (first, cp, promptable) in sorted(groups.items(), key=lambda item: item[1][0]):
             key_mode = cp.config.key_mode
@@ -136,7 +136,8 @@ class Calibrator:
                 # A threshold the turn never reaches shapes no fact: those share one prefix.
                 stuck = cp.config.stuck_repeat_threshold
                 where = (id(digests[key_mode]), stuck if stuck <= facts[key_mode].max_repeat else 0,
-                         cp.config.max_tracked_keys)
+                         cp.config.max_tracked_keys, cp.config.stuck_signal,
+                         cp.config.streak_stop_on)
                 prefix = prefixes.get(where)
                 if prefix is None:
                     prefix = prefixes[where] = SharedPrefix(cp.config, turn, digests[key_mode], starts)

@@ -10,16 +10,21 @@ occur (the replay is skipped: its result is ``QUIET``). The rules:
 - cap, explicit ``N``: only ``n > N`` fires, so a turn of ``L <= N`` calls never reaches it.
   Explicit ``N <= 0`` and adaptive ``S <= 0``: disabled.
 - cap, adaptive ``S``/``H``/``D``: nothing fires while ``n <= S``, so ``L <= S`` is quiet. Past
-  ``S`` the stuck verdict needs ``max_key_repeat >= D``, impossible when ``D`` exceeds the turn's
-  largest repeat (``D`` collapses to "never"); the backstop needs ``n > H``, impossible when
-  ``H >= L`` (``H`` collapses to "never"); both never: quiet. Other stuck signals: no collapse.
+  ``S`` the stuck verdict needs the signal's count to reach ``D``; for ``repeat`` and
+  ``stale_repeat`` that count never exceeds the turn's largest repeat, so a larger ``D`` collapses
+  to "never"; the backstop needs ``n > H``, impossible when ``H >= L`` (``H`` collapses to
+  "never"); both never: quiet. Other stuck signals: no collapse, checks from ``S + 1``.
 - streak, unattended: the warn level returns ALLOW (observed) and changes no ledger fact, so only
   the stop level matters; it needs ``failing_streak_length == stop_at``, bounded by the most
-  ``ERROR`` outcomes inside one run of identical keys. Attended: the warn level ASKs (and the
+  ``ERROR`` outcomes inside one run of identical keys (with ``streak_stop_on="any"`` it counts
+  every outcome but a denial: bounded by the run itself). Attended: the warn level ASKs (and the
   replay's "continue" resets the streak), so it matters when ``stop``/``warn`` can be reached:
   ``streak_length <= `` the longest run of identical keys. An answer only resets counts, so the
   bounds hold after it. Attended and unattended replays of a policy whose streak cannot fire are
   identical (``promptable`` is read by the streak policy only), so they share one signature.
+- what a collapsed threshold was attached to does not matter either: with ``D`` collapsed, which
+  bounded stuck signal the policy uses is left out of its signature; with the stop level unable to
+  fire, so is what it counts (``streak_stop_on``).
 - cycle cap ``N``: fires only when the turn has more than ``N`` model requests.
 - extra rules: each says when it can fire (``HaltOnIdenticalCalls(n)``: a run of ``n``).
 - key modes: byte identity refines canonical identity (two calls with byte-identical arguments
@@ -109,6 +114,12 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
                      tuple(cycle_calls))
 
 
+BOUNDED_SIGNALS = frozenset(("repeat", "stale_repeat"))
+"""Stuck signals whose count never exceeds a key's repeats in the turn (``max_key_repeat``): the
+``repeat`` count is that number; ``stale_repeat`` counts a key's repeats since the last new key,
+a part of them. For these, a threshold D above the turn's largest repeat never fires."""
+
+
 @dataclass(frozen=True, slots=True)
 class Traits:
     """What the rules read from a policy, as plain values (read once per policy, not per turn)."""
@@ -117,10 +128,13 @@ class Traits:
     limit: int  # explicit N, or adaptive S
     hard: int  # H (adaptive)
     stuck: int  # D (adaptive)
-    repeat_signal: bool
+    bounded_signal: bool
     signal: str
     warn: int
     stop: int
+    stop_any: bool
+    """The stop level counts every identical call but denials (``streak_stop_on="any"``), not
+    only failures: bounded by the run, not by the errors in it."""
     remind: bool
     cycles: int
     extras: tuple[int, ...]
@@ -132,9 +146,11 @@ class Traits:
         mode = c.cap_mode
         cap = {"explicit": 1, "adaptive": 2}.get(mode, 0)
         limit = c.max_tool_calls_per_turn if cap == 1 else c.soft_cap
-        return cls(cap, limit or 0, c.hard_cap or 0, c.stuck_repeat_threshold, c.stuck_signal == "repeat",
-                   c.stuck_signal, c.streak_warn_at, c.streak_stop_at, c.remind_model, c.max_cycles_per_turn,
-                   tuple(r.n for r in policy.extras), (c.key_mode, c.max_tracked_keys, c.fail_mode))
+        stop_on = c.streak_stop_on
+        return cls(cap, limit or 0, c.hard_cap or 0, c.stuck_repeat_threshold, c.stuck_signal in BOUNDED_SIGNALS,
+                   c.stuck_signal, c.streak_warn_at, c.streak_stop_at, stop_on != "error", c.remind_model,
+                   c.max_cycles_per_turn, tuple(r.n for r in policy.extras),
+                   (c.key_mode, c.max_tracked_keys, c.fail_mode))
 
 
 _TRAITS: dict[int, tuple[Policy, Traits]] = {}
@@ -160,14 +176,15 @@ def traits_signature(t: Traits, f: TurnFacts, promptable: bool) -> Signature | N
             cap = ("explicit", t.limit)
     elif t.cap == 2 and calls > t.limit:
         hard = t.hard if t.hard < calls else NEVER
-        if not t.repeat_signal:
+        if not t.bounded_signal or t.stuck <= len(f.reach_repeat):
             cap = ("adaptive", t.limit, t.signal, t.stuck, hard)
-        else:
-            stuck = t.stuck if t.stuck <= len(f.reach_repeat) else NEVER
-            if stuck is not NEVER or hard is not NEVER:
-                cap = ("adaptive", t.limit, stuck, hard)
-    stop = t.stop if t.stop and len(f.reach_failing) >= t.stop else NEVER
+        elif hard is not NEVER:
+            cap = ("adaptive", t.limit, NEVER, NEVER, hard)  # the signal cannot fire: which one is moot
+    stop_reach = f.reach_run if t.stop_any else f.reach_failing
+    stop = t.stop if t.stop and len(stop_reach) >= t.stop else NEVER
     streak: Signature | None = None
+    if stop is not NEVER:
+        stop = (stop, t.stop_any)  # what the stop level counts matters only when it can fire
     if not promptable:
         if stop is not NEVER:
             streak = ("unattended", stop)
@@ -186,31 +203,28 @@ def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:
     """The first call (1-based) at which any of the policy's checks can return a verdict that
     changes the replay's result (a cycle check counts for the call it precedes); a replay may run
     the ledger alone before it. The same rules as ``signature``, read as positions."""
-    c = policy.config
-    never = f.calls + 2
-    first = never
-    mode = c.cap_mode
-    if mode == "explicit" and f.calls > c.max_tool_calls_per_turn:
-        first = c.max_tool_calls_per_turn + 1
-    elif mode == "adaptive" and f.calls > c.soft_cap:
-        if c.hard_cap < f.calls:
-            first = c.hard_cap + 1
-        if c.stuck_signal != "repeat":
-            first = min(first, c.soft_cap + 1)
-        elif c.stuck_repeat_threshold <= f.max_repeat:
-            first = min(first, max(c.soft_cap + 1, f.reach_repeat[c.stuck_repeat_threshold - 1]))
-    stop = c.streak_stop_at
-    if stop and stop <= f.max_failing:
-        first = min(first, f.reach_failing[stop - 1])
-    warn = c.streak_warn_at
-    if promptable and warn and warn <= f.max_run:
-        first = min(first, f.reach_run[warn - 1])
-    n = c.max_cycles_per_turn
-    if n and f.cycles > n:
-        first = min(first, f.cycle_calls[n])
-    for rule in policy.extras:
-        if rule.n <= f.max_run:
-            first = min(first, f.reach_run[rule.n - 1])
+    t = traits_of(policy)
+    first = f.calls + 2
+    if t.cap == 1:
+        if f.calls > t.limit:
+            first = t.limit + 1
+    elif t.cap == 2 and f.calls > t.limit:
+        if t.hard < f.calls:
+            first = t.hard + 1
+        if not t.bounded_signal:
+            first = min(first, t.limit + 1)
+        elif t.stuck <= len(f.reach_repeat):
+            first = min(first, max(t.limit + 1, f.reach_repeat[t.stuck - 1]))
+    stop_reach = f.reach_run if t.stop_any else f.reach_failing
+    if t.stop and t.stop <= len(stop_reach):
+        first = min(first, stop_reach[t.stop - 1])
+    if promptable and t.warn and t.warn <= len(f.reach_run):
+        first = min(first, f.reach_run[t.warn - 1])
+    if t.cycles and f.cycles > t.cycles:
+        first = min(first, f.cycle_calls[t.cycles])
+    for n in t.extras:
+        if n <= len(f.reach_run):
+            first = min(first, f.reach_run[n - 1])
     return first
 
 
@@ -236,7 +250,10 @@ class GridBounds:
             elif mode == "adaptive":
                 calls = min(calls, c.soft_cap)
             if c.streak_stop_at:
-                failing = min(failing, c.streak_stop_at - 1)
+                if c.streak_stop_on == "error":
+                    failing = min(failing, c.streak_stop_at - 1)
+                else:
+                    run = min(run, c.streak_stop_at - 1)
             if attended and c.streak_warn_at:
                 run = min(run, c.streak_warn_at - 1)
             if c.max_cycles_per_turn:

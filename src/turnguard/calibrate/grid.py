@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from turnguard.config import GuardConfig
+from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, GuardConfig
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import KEY_MODES
 from turnguard.ledger import Ledger
@@ -26,6 +26,8 @@ DEFAULT_STREAKS = ((3, 5), (5, 8), (5, 0), (0, 0))
 DEFAULT_EXPLICIT_CAPS = (30, 50, 100)
 DEFAULT_CYCLE_CAPS = (0,)
 DEFAULT_KEY_MODES = KEY_MODES
+DEFAULT_STUCK_SIGNALS = STUCK_SIGNALS
+DEFAULT_STOP_ON = STREAK_STOP_ON
 PEER_CAP = 100
 PEER_IDENTICAL = 5
 
@@ -85,7 +87,7 @@ class Policy:
             "hard_cap": c.hard_cap,
             "multiplier": c.hard_multiplier if c.cap_mode == "adaptive" else None,
             "stuck_repeat": c.stuck_repeat_threshold if c.cap_mode == "adaptive" else None,
-            "streak": f"{c.streak_warn_at}/{c.streak_stop_at}",
+            "streak": f"{c.streak_warn_at}/{c.streak_stop_at}" + ("" if c.streak_stop_on == "error" else " any"),
             "cycles": c.max_cycles_per_turn,
             "key_mode": c.key_mode,
             "extras": [e.label for e in self.extras],
@@ -98,7 +100,8 @@ def _cap_text(c: GuardConfig) -> str:
         return f"explicit {c.max_tool_calls_per_turn}"
     if mode == "disabled":
         return "off"
-    return f"S={c.soft_cap} x{c.hard_multiplier:g} D={c.stuck_repeat_threshold}"
+    signal = "" if c.stuck_signal == "repeat" else f" {c.stuck_signal}"
+    return f"S={c.soft_cap} x{c.hard_multiplier:g} D={c.stuck_repeat_threshold}{signal}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,8 @@ class GridSpec:
     explicit_caps: tuple[int, ...] = DEFAULT_EXPLICIT_CAPS
     cycle_caps: tuple[int, ...] = DEFAULT_CYCLE_CAPS
     key_modes: tuple[str, ...] = DEFAULT_KEY_MODES
+    stuck_signals: tuple[str, ...] = DEFAULT_STUCK_SIGNALS
+    stop_on: tuple[str, ...] = DEFAULT_STOP_ON
     peers: bool = True
     cross: bool = False
     """``False``: the cap axes crossed, every other axis varied alone around the default.
@@ -126,18 +131,28 @@ def build_grid(spec: GridSpec) -> list[Policy]:
     )
     candidates: list[Policy] = [Policy("default", base, is_default=True)]
     if spec.cross:
-        for s, m, d, (w, st), n, k in itertools.product(
-            spec.soft_caps, spec.multipliers, spec.stuck_repeats, spec.streaks, spec.cycle_caps, spec.key_modes
+        for s, m, d, sig, (w, st), on, n, k in itertools.product(
+            spec.soft_caps, spec.multipliers, spec.stuck_repeats, spec.stuck_signals, spec.streaks, spec.stop_on,
+            spec.cycle_caps, spec.key_modes,
         ):
-            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d,
-                               streak_warn_at=w, streak_stop_at=st, max_cycles_per_turn=n, key_mode=k)
+            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d, stuck_signal=sig,
+                               streak_warn_at=w, streak_stop_at=st, streak_stop_on=on, max_cycles_per_turn=n,
+                               key_mode=k)
             candidates.append(Policy(_name(cfg, base), cfg))
-        for cap, (w, st), k in itertools.product(spec.explicit_caps, spec.streaks, spec.key_modes):
-            cfg = base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st, key_mode=k)
+        for cap, (w, st), on, k in itertools.product(spec.explicit_caps, spec.streaks, spec.stop_on, spec.key_modes):
+            cfg = base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st, streak_stop_on=on,
+                               key_mode=k)
             candidates.append(Policy(_name(cfg, base), cfg))
     else:
         for s, m, d in itertools.product(spec.soft_caps, spec.multipliers, spec.stuck_repeats):
             cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d)
+            candidates.append(Policy(_name(cfg, base), cfg))
+        for sig in spec.stuck_signals:  # other stuck signals: at each soft cap and threshold
+            for s, d in itertools.product(spec.soft_caps, spec.stuck_repeats):
+                cfg = base.replace(soft_cap=s, stuck_repeat_threshold=d, stuck_signal=sig)
+                candidates.append(Policy(_name(cfg, base), cfg))
+        for on in spec.stop_on:
+            cfg = base.replace(streak_stop_on=on)
             candidates.append(Policy(_name(cfg, base), cfg))
         for w, st in spec.streaks:
             cfg = base.replace(streak_warn_at=w, streak_stop_at=st)
@@ -175,7 +190,7 @@ def dedupe(policies: list[Policy]) -> list[Policy]:
 
 def _config_identity(c: GuardConfig) -> tuple[object, ...]:
     return (c.max_tool_calls_per_turn, c.soft_cap, float(c.hard_multiplier), c.stuck_repeat_threshold,
-            c.stuck_signal, c.streak_warn_at, c.streak_stop_at, c.max_cycles_per_turn, c.key_mode,
+            c.stuck_signal, c.streak_warn_at, c.streak_stop_at, c.streak_stop_on, c.max_cycles_per_turn, c.key_mode,
             c.remind_model, c.fail_mode, c.max_tracked_keys)
 
 
@@ -191,8 +206,12 @@ def _name(cfg: GuardConfig, base: GuardConfig) -> str:
             parts.append(f"x{cfg.hard_multiplier:g}")
         if cfg.stuck_repeat_threshold != base.stuck_repeat_threshold:
             parts.append(f"D={cfg.stuck_repeat_threshold}")
+        if cfg.stuck_signal != base.stuck_signal:
+            parts.append(cfg.stuck_signal)
     if (cfg.streak_warn_at, cfg.streak_stop_at) != (base.streak_warn_at, base.streak_stop_at):
         parts.append(f"streak {cfg.streak_warn_at}/{cfg.streak_stop_at}")
+    if cfg.streak_stop_on != base.streak_stop_on:
+        parts.append(f"stop on {cfg.streak_stop_on}")
     if cfg.max_cycles_per_turn != base.max_cycles_per_turn:
         parts.append(f"cycles {cfg.max_cycles_per_turn}")
     if cfg.key_mode != base.key_mode:
@@ -240,9 +259,12 @@ def parse_streaks(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def parse_choices(text: str, choices: tuple[str, ...], what: str) -> tuple[str, ...]:
+    values = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not values or any(v not in choices for v in values):
+        raise ValueError(f"{what} must be among {choices}, got {text!r}")
+    return values
+
+
 def parse_key_modes(text: str) -> tuple[str, ...]:
-    modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in KEY_MODES]
-    if not modes or bad:
-        raise ValueError(f"key modes must be among {KEY_MODES}, got {text!r}")
-    return modes
+    return parse_choices(text, KEY_MODES, "key modes")

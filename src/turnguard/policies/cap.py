@@ -21,16 +21,24 @@ def repeat_signal(turn: Ledger) -> bool:
     return turn.max_key_repeat >= turn.config.stuck_repeat_threshold
 
 
-SIGNALS: dict[str, StuckSignal] = {"repeat": repeat_signal}
-"""Stuck signals by name (``GuardConfig.stuck_signal``); keys match ``STUCK_SIGNALS``."""
+def stale_repeat_signal(turn: Ledger) -> bool:
+    """Some key seen ``stuck_repeat_threshold`` times with no never-seen-before key in between:
+    an edit-and-rerun cycle (every edit is a new key) never counts, a loop of a few calls does."""
+    return turn.max_stale_repeat >= turn.config.stuck_repeat_threshold
+
+
+SIGNALS: dict[str, StuckSignal] = {"repeat": repeat_signal, "stale_repeat": stale_repeat_signal}
+"""Stuck signals by name (``GuardConfig.stuck_signal``); keys match ``STUCK_SIGNALS``. Every
+signal here is bounded by ``max_key_repeat`` (a stale repeat is a repeat), which the hook's fast
+path relies on."""
 
 
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     n = turn._tool_calls  # hot path: the built-in reads the ledger's fields, not its properties
     if n <= turn._cap_quiet_until or (
-        n <= turn.hard_cap and turn._max_repeat < turn._stuck_at and turn.config.stuck_signal == "repeat"
-    ):  # under the cap, or past the soft cap but not stuck (the common cases, decided first)
+        n <= turn.hard_cap and turn._max_repeat < turn._stuck_at
+    ):  # under the cap, or past the soft cap and not stuck under any signal (the common cases, first)
         return None
     mode = turn.cap_mode
     if mode == "explicit":
@@ -49,11 +57,15 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
         )
     signal = turn.config.stuck_signal
     if turn._max_repeat >= turn._stuck_at if signal == "repeat" else SIGNALS[signal](turn):
+        if signal == "repeat":
+            how = f"one call was repeated {turn.max_key_repeat} times"
+        else:
+            how = f"one call was repeated {turn.max_stale_repeat} times with nothing new in between"
         return turn.detect(
             Threshold.SOFT_STUCK, Action.HALT, Level.STOP, turn.soft_cap, call=call,
             message=(
-                f"turnguard: stuck past the soft cap: call {n} > {turn.soft_cap} and one call was "
-                f"repeated {turn.max_key_repeat} times (stuck at {turn.config.stuck_repeat_threshold})"
+                f"turnguard: stuck past the soft cap: call {n} > {turn.soft_cap} and {how} "
+                f"(stuck at {turn.config.stuck_repeat_threshold}, signal {signal})"
             ),
         )
     return None

@@ -1,0 +1,284 @@
+"""Shadow policies: configuration, side-by-side evaluation on live traffic, reporting, isolation."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+import turnguard as tg
+from conftest import CORE_ONLY, distinct_call, drive
+from turnguard.policies import shadow as shadow_module
+
+LIVE_ONLY = {"disable_plugins": ("otel", "recorder"), "load_entrypoints": False}
+"""The core policies and the shadow plugin (no telemetry)."""
+
+
+@dataclass
+class Heard:
+    """What the reporting hooks said: would-be detections and per-shadow summaries."""
+
+    live: list[tg.LoopDetectedEvent] = field(default_factory=list)
+    detected: list[tuple[str, tg.LoopDetectedEvent]] = field(default_factory=list)
+    ended: dict[str, tg.TurnSummary] = field(default_factory=dict)
+
+    @tg.hookimpl
+    def turnguard_loop_detected(self, event):
+        self.live.append(event)
+
+    @tg.hookimpl
+    def turnguard_shadow_detected(self, turn, policy, event):
+        assert isinstance(turn.turn_id, str)
+        self.detected.append((policy, event))
+
+    @tg.hookimpl
+    def turnguard_shadow_turn_ended(self, policy, summary):
+        self.ended[policy] = summary
+
+    def of(self, policy: str) -> list[tg.LoopDetectedEvent]:
+        return [e for p, e in self.detected if p == policy]
+
+
+def shadow_guard(shadow, **options) -> tuple[tg.Guard, Heard]:
+    heard = Heard()
+    config = tg.GuardConfig(**{**LIVE_ONLY, **options}, shadow=shadow)
+    return tg.Guard(config, plugins={"heard": heard}, environ={}), heard
+
+
+def edit_and_rerun(cycles: int) -> list[tg.ToolCall]:
+    test = tg.ToolCall("bash", "mvn -q test")
+    calls = []
+    for i in range(cycles):
+        calls += [tg.ToolCall("edit", {"path": "src/A.java", "line": i}), test]
+    return calls
+
+
+def events_view(events):
+    return [(e.threshold, e.action, e.level, e.limit, e.tool_calls, e.streak_length, e.failing_streak_length)
+            for e in events]
+
+
+# -- configuration ---------------------------------------------------------------------------------
+
+
+def test_no_shadows_no_plugin():
+    assert shadow_module.plugin_for(tg.GuardConfig()) is None
+    guard = tg.Guard(tg.GuardConfig(**LIVE_ONLY), environ={})
+    assert guard.pm.get_plugin("shadow") is None
+
+
+def test_shadows_given_as_mapping_pairs_or_configs_resolve_over_the_live_config():
+    live = tg.GuardConfig(soft_cap=50, shadow={"stale": {"stuck_signal": "stale_repeat"},
+                                               "own": tg.GuardConfig(soft_cap=7)})
+    resolved = dict(live.shadow_configs())
+    assert resolved["stale"].soft_cap == 50 and resolved["stale"].stuck_signal == "stale_repeat"
+    assert resolved["own"].soft_cap == 7 and resolved["own"].shadow == ()
+    pairs = tg.GuardConfig(shadow=[("a", {"soft_cap": 20})])
+    assert dict(pairs.shadow_configs())["a"].soft_cap == 20
+
+
+def test_shadow_tables_load_from_toml(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.turnguard]\nsoft_cap = 40\n\n'
+                    '[tool.turnguard.shadow.stale]\nstuck_signal = "stale_repeat"\n\n'
+                    '[tool.turnguard.shadow.any-streak]\nstreak-stop-on = "any"\nsoft_cap = 80\n')
+    config = tg.GuardConfig.load(path, environ={"TURNGUARD_STREAK_STOP_AT": "9"})
+    shadows = dict(config.shadow_configs())
+    assert set(shadows) == {"stale", "any-streak"}
+    assert (shadows["stale"].soft_cap, shadows["stale"].stuck_signal) == (40, "stale_repeat")
+    assert (shadows["any-streak"].soft_cap, shadows["any-streak"].streak_stop_on) == (80, "any")
+    assert shadows["stale"].streak_stop_at == 9  # resolved over the final live configuration
+
+
+@pytest.mark.parametrize("shadow, key", [
+    ("tight", "shadow"),  # a bare string
+    ([("tight",)], "shadow"),  # not a pair
+    ([("", {})], "shadow"),  # no name
+    ([(3, {})], "shadow"),  # a name that is not a string
+    ([("a", {}), ("a", {"soft_cap": 3})], "shadow.a"),  # a repeated name
+    ({"a": 5}, "shadow.a"),  # neither a config nor a mapping
+    ({"a": {"soft_cap": "many"}}, "shadow.a.soft_cap"),  # a bad option value
+    ({"a": {"no_such_option": 1}}, "shadow.a.no_such_option"),  # an unknown option
+    ({"a": {"shadow": {"b": {}}}}, "shadow.a.shadow"),  # shadows of shadows
+    ({"a": tg.GuardConfig(shadow={"b": {}})}, "shadow.a.shadow"),
+])
+def test_bad_shadows_are_config_errors(shadow, key):
+    with pytest.raises(tg.ConfigError) as info:
+        tg.GuardConfig(shadow=shadow)
+    assert info.value.key == key
+
+
+def test_shadows_cannot_come_from_the_environment():
+    with pytest.raises(tg.ConfigError, match="shadow"):
+        tg.GuardConfig.from_env({"TURNGUARD_SHADOW": "stale"})
+
+
+# -- evaluation --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("promptable", [False, True])
+def test_a_shadow_configured_like_the_live_guard_reports_exactly_the_live_detections(promptable):
+    options = {"soft_cap": 30, "streak_warn_at": 3, "streak_stop_at": 5, "max_cycles_per_turn": 0}
+    guard, heard = shadow_guard({"twin": options}, **options)
+    stuck = tg.ToolCall("bash", "mvn test")
+    calls = [distinct_call(i) for i in range(10)] + [stuck] * 4
+    calls += [distinct_call(i) for i in range(10, 40)] + [stuck] * 8
+    with guard.turn(promptable=promptable) as turn:
+        for call in calls:
+            turn.begin_cycle()
+            verdict = turn.check_call(call)
+            if verdict.action is tg.Action.HALT:
+                break
+            verdict = turn.record_outcome(call, tg.Outcome.ERROR)
+            if verdict.action is tg.Action.ASK:
+                turn.resolve(verdict, "continue")
+            if verdict.action is tg.Action.HALT:
+                break
+    assert heard.live and events_view(heard.of("twin")) == events_view(heard.live)
+    live, twin = turn.summary, heard.ended["twin"]
+    assert (twin.halted, twin.threshold, twin.tool_calls, twin.max_key_repeat, twin.detections) == (
+        live.halted, live.threshold, live.tool_calls, live.max_key_repeat, live.detections)
+
+
+def test_shadows_never_change_the_live_verdicts():
+    calls = edit_and_rerun(40)
+    plain, _ = shadow_guard((), soft_cap=20)
+    tight = {"soft_cap": 5, "streak_stop_on": "any", "streak_warn_at": 2, "streak_stop_at": 2}
+    shadowed, heard = shadow_guard({"tight": tight}, soft_cap=20)
+    with plain.turn() as t1, shadowed.turn() as t2:
+        v1, v2 = drive(t1, calls), drive(t2, calls)
+    assert [(v.action, v.threshold) for v in v1] == [(v.action, v.threshold) for v in v2]
+    assert heard.of("tight")
+
+
+def test_stale_shadow_spares_edit_and_rerun_where_the_seed_shadow_would_halt():
+    guard, heard = shadow_guard({"seed": {"soft_cap": 20}, "stale": {"soft_cap": 20, "stuck_signal": "stale_repeat"}},
+                                soft_cap=500)
+    with guard.turn() as turn:
+        verdicts = drive(turn, edit_and_rerun(60))
+    assert all(v.action is tg.Action.ALLOW for v in verdicts) and len(verdicts) == 120
+    [seed_halt] = heard.of("seed")
+    assert (seed_halt.threshold, seed_halt.action, seed_halt.tool_calls) == (
+        tg.Threshold.SOFT_STUCK, tg.Action.HALT, 21)
+    assert heard.of("stale") == []
+    seed, stale = heard.ended["seed"], heard.ended["stale"]
+    assert (seed.halted, seed.tool_calls, seed.reason) == (True, 21, "halted")
+    assert (stale.halted, stale.tool_calls, stale.reason) == (False, 120, "completed")
+
+
+def test_a_would_be_halt_latches_and_the_shadow_stops_counting():
+    guard, heard = shadow_guard({"any": {"streak_stop_on": "any", "streak_warn_at": 0, "streak_stop_at": 3}})
+    call = tg.ToolCall("search", {"q": "same"})
+    with guard.turn() as turn:
+        verdicts = drive(turn, [call] * 10)
+    assert all(v.action is tg.Action.ALLOW for v in verdicts)  # OK outcomes: the live seed rule never stops
+    would_be = [(e.threshold, e.action, e.tool_calls) for e in heard.of("any")]
+    assert would_be == [(tg.Threshold.STREAK, tg.Action.HALT, 3)]
+    assert heard.ended["any"].tool_calls == 3 and heard.ended["any"].halted
+
+
+def test_a_shadow_with_another_key_mode_keys_calls_itself():
+    guard, heard = shadow_guard({"bytes": {"key_mode": "bytes", "streak_warn_at": 3}}, streak_warn_at=3)
+    spellings = ['{"a": 1, "b": 2}', '{"b":2,"a":1}', '{"a":1,"b":2}']
+    with guard.turn() as turn:
+        drive(turn, [tg.ToolCall("api", spellings[i % 3]) for i in range(3)])
+    assert [e.threshold for e in heard.live] == [tg.Threshold.STREAK]  # canonical: one call three times
+    assert heard.of("bytes") == [] and heard.ended["bytes"].distinct_keys == 3
+
+
+def test_retry_rolls_the_shadow_ledgers_back():
+    guard, heard = shadow_guard({"twin": {}})
+    with guard.turn() as turn:
+        turn.begin_cycle()
+        drive(turn, [distinct_call(i) for i in range(5)])
+        turn.retry()
+        turn.begin_cycle()
+        drive(turn, [distinct_call(i) for i in range(2)])
+    assert heard.ended["twin"].tool_calls == turn.summary.tool_calls == 2
+    assert heard.ended["twin"].cycles == 2
+
+
+def test_the_live_users_continue_resets_the_shadow_streaks():
+    guard, heard = shadow_guard({"twin": {"streak_warn_at": 3, "streak_stop_at": 0}}, streak_warn_at=3,
+                                streak_stop_at=0)
+    call = tg.ToolCall("ls", "ls")
+    with guard.turn(promptable=True) as turn:
+        for _ in range(6):
+            verdict = turn.check_call(call)
+            if verdict.action is tg.Action.ASK:
+                turn.resolve(verdict, "continue")
+            turn.record_outcome(call, tg.Outcome.OK)
+    assert [e.tool_calls for e in heard.live] == [3, 6] == [e.tool_calls for e in heard.of("twin")]
+
+
+def test_a_raising_reporter_breaks_neither_the_host_nor_the_other_reporters():
+    class Broken:
+        @tg.hookimpl
+        def turnguard_shadow_detected(self, event):
+            raise RuntimeError("reporter bug")
+
+        @tg.hookimpl
+        def turnguard_shadow_turn_ended(self, summary):
+            raise RuntimeError("reporter bug")
+
+    heard = Heard()
+    tight = {"soft_cap": 1, "stuck_repeat_threshold": 2}
+    config = tg.GuardConfig(**LIVE_ONLY, fail_mode="closed", shadow={"tight": tight})
+    guard = tg.Guard(config, plugins={"broken": Broken(), "heard": heard}, environ={})
+    with guard.turn() as turn:
+        verdicts = drive(turn, [distinct_call(1)] * 3)
+    assert turn.halted is None and all(v.action is not tg.Action.HALT for v in verdicts)
+    assert heard.of("tight") and "tight" in heard.ended
+
+
+def test_a_raising_shadow_policy_is_its_own_would_be_halt_and_never_the_hosts(monkeypatch):
+    def broken(turn, call):
+        raise RuntimeError("policy bug")
+
+    guard, heard = shadow_guard({"open": {"fail_mode": "open"}, "closed": {}}, fail_mode="closed")
+    plugin = guard.pm.get_plugin("shadow")
+    for policy in plugin.policies:
+        monkeypatch.setattr(policy, "check_call", (broken,))
+    with guard.turn() as turn:
+        verdicts = drive(turn, [distinct_call(i) for i in range(3)])
+    assert turn.halted is None and all(v.action is tg.Action.ALLOW for v in verdicts)
+    assert heard.of("open") == [] and not heard.ended["open"].halted
+    assert heard.ended["closed"].halted and heard.ended["closed"].tool_calls == 1
+
+
+def test_parallel_calls_reach_every_shadow_once():
+    guard, heard = shadow_guard({"twin": {}, "stale": {"stuck_signal": "stale_repeat"}})
+    with guard.turn() as turn:
+        def worker(base: int) -> None:
+            for i in range(200):
+                call = distinct_call(base + i)
+                turn.check_call(call)
+                turn.record_outcome(call, tg.Outcome.OK)
+
+        threads = [threading.Thread(target=worker, args=(k * 1000,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert turn.summary.tool_calls == 800
+    assert heard.ended["twin"].tool_calls == heard.ended["stale"].tool_calls == 800
+    assert heard.ended["twin"].distinct_keys == 800
+
+
+def test_a_turn_dropped_without_ending_leaves_no_shadow_state():
+    import gc
+
+    guard, _ = shadow_guard({"twin": {}})
+    turn = guard.turn()
+    turn.check_call(distinct_call(1))
+    plugin = guard.pm.get_plugin("shadow")
+    assert len(plugin._turns) == 1
+    del turn
+    gc.collect()
+    assert plugin._turns == {}
+
+
+def test_core_only_fixture_leaves_the_shadow_plugin_out():
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY, shadow={"a": {}}), environ={})
+    assert guard.pm.get_plugin("shadow") is None
