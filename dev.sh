@@ -7,7 +7,7 @@
 #   ./dev.sh run ARGS run the turnguard CLI
 set -euo pipefail
 cd "$(dirname "$0")"
-VENV=${TURNGUARD_VENV:-.venv}
+VENV=${TG_VENV:-.venv}
 
 ensure_python() { # $1: extras
   local extras=$1 stamp hash

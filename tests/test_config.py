@@ -66,13 +66,42 @@ def test_from_env_reads_turnguard_variables():
     assert tg.GuardConfig.from_env({"TURNGUARD_MAX_TOOL_CALLS_PER_TURN": "none"}).max_tool_calls_per_turn is None
 
 
-def test_an_unknown_turnguard_variable_is_ignored_with_a_warning_or_refused_when_strict(caplog):
+def test_an_unknown_turnguard_variable_is_refused_or_ignored_with_a_warning_when_not_strict(caplog):
+    with pytest.raises(tg.ConfigError, match="TURNGUARD_SOFTCAP"):
+        tg.GuardConfig.from_env({"TURNGUARD_SOFTCAP": "5"})
     env = {"TURNGUARD_VENV": ".venv", "TURNGUARD_SOFTCAP": "5"}
     with caplog.at_level(logging.WARNING, logger="turnguard"):
-        assert tg.GuardConfig.from_env(env) == tg.GuardConfig()
+        assert tg.GuardConfig.from_env(env, strict=False) == tg.GuardConfig()
     assert "TURNGUARD_SOFTCAP" in caplog.text
-    with pytest.raises(tg.ConfigError, match="TURNGUARD_SOFTCAP"):
-        tg.GuardConfig.from_env({"TURNGUARD_SOFTCAP": "5"}, strict=True)
+
+
+def test_an_unknown_keyword_option_is_a_config_error_naming_it():
+    with pytest.raises(tg.ConfigError, match="soft_cpa") as info:
+        tg.GuardConfig(soft_cpa=5)
+    assert info.value.key == "soft_cpa"
+    with pytest.raises(tg.ConfigError, match="foo"):
+        tg.GuardConfig().replace(foo=1)
+
+
+@pytest.mark.parametrize(
+    ("soft_cap", "multiplier", "hard_cap"), [(100, 1.15, 115), (100, 2.3, 230), (100, 10, 1000), (7, 1.5, 10)]
+)
+def test_the_backstop_is_the_exact_product_of_soft_cap_and_multiplier(soft_cap, multiplier, hard_cap):
+    assert tg.GuardConfig(soft_cap=soft_cap, hard_multiplier=multiplier).hard_cap == hard_cap
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"soft_cap": 10**10, "hard_multiplier": 1e308}, "hard_multiplier"),
+        ({"soft_cap": 10**400}, "soft_cap"),
+        ({"max_tool_calls_per_turn": 10**30}, "max_tool_calls_per_turn"),
+    ],
+)
+def test_caps_too_large_to_count_are_config_errors_not_overflows(options, key):
+    with pytest.raises(tg.ConfigError) as info:
+        tg.GuardConfig(**options)
+    assert info.value.key == key
 
 
 def test_from_toml_reads_pyproject_tool_turnguard(tmp_path):

@@ -418,3 +418,80 @@ def test_the_readme_usage_examples_run():
         if "GuardConfig.from_env()" in block:  # the configuration cheat sheet: one call per line
             continue
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+
+
+class _RaisingConfigure:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_configure(self, config):
+        raise RuntimeError("set-up bug")
+
+    @tg.hookimpl
+    def turnguard_plugin_error(self, plugin, hook, error):
+        self.errors.append(f"{plugin}:{hook}:{error}")
+
+
+def test_a_plugin_raising_in_configure_is_reported_and_the_guard_still_works(caplog):
+    plugin = _RaisingConfigure()
+    with caplog.at_level(logging.ERROR, logger="turnguard"):
+        guard = tg.Guard(
+            tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False),
+            plugins={"bad-setup": plugin},
+            environ={},
+        )
+    assert plugin.errors == ["bad-setup:turnguard_configure:set-up bug"]
+    assert "set-up bug" in caplog.text
+    late = _RaisingConfigure()
+    guard.register(late, name="late")  # a plugin registered later gets configure too, isolated
+    assert late.errors[-1] == "late:turnguard_configure:set-up bug"
+    with guard.turn() as turn:
+        assert turn.check_call(distinct_call(1)).action is tg.Action.ALLOW
+
+
+class _Returns:
+    def __init__(self, verdict) -> None:
+        self.verdict = verdict
+
+    @tg.hookimpl
+    def turnguard_check_call(self, turn, call):
+        return self.verdict
+
+
+@pytest.mark.parametrize("bad", [tg.Verdict("halt", "x"), tg.Verdict(None), tg.Verdict(3), "halt", 3])
+def test_a_verdict_without_a_real_action_is_a_plugin_error_not_a_host_crash(bad):
+    guard = tg.Guard(
+        tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False, streak_warn_at=1),
+        plugins={"odd": _Returns(bad)},
+        environ={},
+    )
+    with guard.turn(promptable=True) as turn:
+        verdict = turn.check_call(distinct_call(1))
+    assert verdict.action is tg.Action.ASK and verdict.threshold is tg.Threshold.STREAK  # the streak's ASK stands
+
+
+def test_a_bare_allow_from_another_plugin_does_not_hide_an_observed_detection():
+    guard = tg.Guard(
+        tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False),
+        plugins={"bare": _Returns(tg.Verdict(tg.Action.ALLOW))},
+        environ={},
+    )
+    call = tg.ToolCall("ls", {"path": "."})
+    with guard.turn(promptable=False) as turn:
+        verdicts = [turn.check_call(call) for _ in range(5)]
+    assert verdicts[-1].action is tg.Action.ALLOW
+    assert verdicts[-1].threshold is tg.Threshold.STREAK and verdicts[-1].event is not None
+
+
+def test_a_host_halt_on_a_detection_latches_with_its_threshold():
+    call = tg.ToolCall("build", {"target": "all"})
+    with core_guard().turn(promptable=True) as turn:
+        for _ in range(8):
+            turn.check_call(call)
+            verdict = turn.record_outcome(call, tg.Outcome.ERROR)
+        assert verdict.action is tg.Action.ASK  # nobody to ask: the host halts instead
+        halted = turn.halt(verdict, "nobody to ask")
+        assert (halted.action, halted.threshold, halted.event) == (tg.Action.HALT, tg.Threshold.STREAK, verdict.event)
+        assert turn.check_call(call) is halted
+    assert turn.summary.halted and turn.summary.threshold is tg.Threshold.STREAK

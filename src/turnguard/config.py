@@ -8,10 +8,12 @@ key, the value and what is accepted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import tomllib
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +118,7 @@ class GuardConfig:
         if mode == "explicit":
             return self.max_tool_calls_per_turn
         if mode == "adaptive":
-            return int(self.soft_cap * self.hard_multiplier)
+            return _exact_product(self.soft_cap, self.hard_multiplier)
         return None
 
     def shadow_configs(self) -> tuple[tuple[str, GuardConfig], ...]:
@@ -153,13 +155,13 @@ class GuardConfig:
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, base: GuardConfig | None = None, strict: bool = False
+        cls, environ: Mapping[str, str] | None = None, *, base: GuardConfig | None = None, strict: bool = True
     ) -> GuardConfig:
         """Build from ``TURNGUARD_<OPTION>`` variables (e.g. ``TURNGUARD_SOFT_CAP=200``).
 
-        A ``TURNGUARD_*`` variable that names no option is logged and ignored (the prefix is shared
-        with tools such as ``TURNGUARD_VENV``); ``strict=True`` makes it a ``ConfigError``. A bad
-        value of a known option is always a ``ConfigError``.
+        A ``TURNGUARD_*`` variable that names no option is a ``ConfigError`` naming it (a typo must
+        not silently leave a threshold at its default); ``strict=False`` logs and ignores it
+        instead. A bad value of a known option is always a ``ConfigError``.
         """
         environ = os.environ if environ is None else environ
         names = _field_names()
@@ -298,6 +300,31 @@ def _parse_env(var: str, key: str, text: str) -> Any:
     return text
 
 
+MAX_CALLS = 2**62
+"""The largest cap a configuration may express (a larger one is a ``ConfigError``, not an overflow)."""
+
+
+def _exact_product(soft_cap: int, multiplier: float) -> int:
+    """S * m without float rounding: ``100 * 1.15`` is 115, not 114."""
+    return int(Fraction(soft_cap) * Fraction(repr(multiplier) if isinstance(multiplier, float) else multiplier))
+
+
+def _init_checking_names(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so an unknown option is a ``ConfigError``, not a ``TypeError``."""
+
+    @functools.wraps(init)
+    def __init__(self: GuardConfig, *args: Any, **kwargs: Any) -> None:
+        names = _field_names()
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError(key, kwargs[key], f"one of the options {sorted(names)}")
+        if len(args) > len(names):
+            raise ConfigError("<positional>", args, f"at most {len(names)} positional options")
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
 def _validate(c: GuardConfig) -> None:
     for key in _INT_FIELDS:
         value = getattr(c, key)
@@ -316,6 +343,12 @@ def _validate(c: GuardConfig) -> None:
     m = c.hard_multiplier
     if isinstance(m, bool) or not isinstance(m, (int, float)) or m != m or m < 1 or m == float("inf"):
         raise ConfigError("hard_multiplier", m, "a finite number >= 1")
+    for key in ("soft_cap", "max_tool_calls_per_turn", "max_cycles_per_turn", "streak_warn_at", "streak_stop_at"):
+        value = getattr(c, key)
+        if value is not None and value > MAX_CALLS:
+            raise ConfigError(key, value, f"an integer <= {MAX_CALLS}")
+    if c.soft_cap > 0 and _exact_product(c.soft_cap, m) > MAX_CALLS:
+        raise ConfigError("hard_multiplier", m, f"a value with soft_cap * hard_multiplier <= {MAX_CALLS}")
     if c.streak_warn_at and c.streak_stop_at and c.streak_warn_at > c.streak_stop_at:
         raise ConfigError(
             "streak_warn_at", c.streak_warn_at, f"at most streak_stop_at ({c.streak_stop_at}) when both are set"
@@ -373,3 +406,6 @@ def _shadow_config(name: str, value: Any, base: GuardConfig) -> GuardConfig:
         raise ConfigError(f"shadow.{name}.shadow", config.shadow, "no shadows inside a shadow policy")
     return config
 
+
+
+GuardConfig.__init__ = _init_checking_names(GuardConfig.__init__)  # type: ignore[method-assign]

@@ -117,7 +117,22 @@ class Guard:
         if plugins:
             self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
         compiled_checks(self.pm)  # a wrapper on a check hook is refused here, not when a turn opens
-        self.pm.hook.turnguard_configure.call_historic(kwargs={"config": self.config})
+        self._configure(self.pm.hook.turnguard_configure.get_hookimpls())
+
+    def _configure(self, impls: Any) -> None:
+        """``turnguard_configure`` for each implementation, isolated: a plugin that raises here is
+        logged and reported, never fatal to ``Guard()`` (the hook is historic in spirit: plugins
+        registered later through ``Guard.register`` get it too)."""
+        for impl in reversed(impls):
+            try:
+                impl.function(**_pick(tuple(impl.argnames), config=self.config))
+            except Exception as exc:  # a plugin's set-up must not break the host
+                log.error("turnguard plugin %r raised in turnguard_configure: %r", impl.plugin_name, exc, exc_info=exc)
+                for plugin_name, fn, argnames in _observer_impls(self.pm, "turnguard_plugin_error"):
+                    try:
+                        fn(**_pick(argnames, turn=None, plugin=impl.plugin_name, hook="turnguard_configure", error=exc))
+                    except Exception:  # the reporter itself must not break the host
+                        log.exception("turnguard plugin %r raised while reporting an error", plugin_name)
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register a plugin (takes effect for turns opened afterwards); a plugin implementing a
@@ -130,6 +145,7 @@ class Guard:
         except pluggy.PluginValidationError:
             self.pm.unregister(plugin)
             raise
+        self._configure([i for i in self.pm.hook.turnguard_configure.get_hookimpls() if i.plugin is plugin])
         return registered
 
     def turn(
@@ -332,6 +348,16 @@ class Turn:
         self._notify("turnguard_escalation_resolved", turn=self.ledger, event=event, response=answer.value)
         return verdict
 
+    def halt(self, verdict: Verdict, message: str | None = None) -> Verdict:
+        """The host halts the turn itself on a detection (e.g. an ASK with nobody to ask):
+        latch a HALT with the verdict's threshold and event, so later checks and the summary agree."""
+        if not isinstance(verdict, Verdict):
+            raise TypeError("halt() takes the turnguard.Verdict the host is acting on")
+        with self._lock:
+            if self._halt is None:
+                self._halt = Verdict(Action.HALT, verdict.threshold, message or verdict.message, verdict.event)
+            return self._halt
+
     def end(self, reason: str = "completed") -> TurnSummary:
         """Close the turn (idempotent); observers get a ``TurnSummary``."""
         with self._lock:
@@ -384,15 +410,21 @@ class Turn:
         best: Verdict | None = None
         events: list[LoopDetectedEvent] = []
         for name, verdict in found:
-            if not isinstance(verdict, Verdict):
-                bad = TypeError(f"{hook} must return a turnguard.Verdict or None, got {type(verdict).__name__}")
+            if not isinstance(verdict, Verdict) or type(verdict.action) is not Action:
+                got = type(verdict.action if isinstance(verdict, Verdict) else verdict).__name__
+                bad = TypeError(f"{hook} must return a turnguard.Verdict with a turnguard.Action, or None; got {got}")
                 verdict = self._plugin_failed(name, hook, bad)
                 if verdict is None:
                     continue
             if verdict.event is not None:
                 events.append(verdict.event)
                 self.ledger.note_detection()
-            if best is None or verdict.action > best.action:
+            if (
+                best is None
+                or verdict.action > best.action
+                # at equal severity a detection beats a bare verdict: its threshold/event must show
+                or (verdict.action == best.action and best.event is None and verdict.event is not None)
+            ):
                 best = verdict
         if best is None:
             return ALLOW, events
@@ -423,11 +455,7 @@ class Turn:
         """An observer hook's implementations in call order, looked up once per turn."""
         impls = self._observer_cache.get(hook)
         if impls is None:
-            impls = tuple(
-                (impl.plugin_name, impl.function, tuple(impl.argnames))
-                for impl in reversed(getattr(self._pm_hook, hook).get_hookimpls())
-            )
-            self._observer_cache[hook] = impls
+            impls = self._observer_cache[hook] = _observer_impls(self.guard.pm, hook)
         return impls
 
     def _notify(self, hook: str, **kwargs: Any) -> None:
@@ -446,6 +474,11 @@ class Turn:
                 if self._halt is None:
                     message = f"turnguard: plugin {plugin_name!r} failed in {hook} (fail_mode=closed)"
                     self._halt = Verdict(Action.HALT, None, message)
+
+
+def _observer_impls(pm: pluggy.PluginManager, hook: str) -> tuple[Observer, ...]:
+    impls = reversed(getattr(pm.hook, hook).get_hookimpls())
+    return tuple((impl.plugin_name, impl.function, tuple(impl.argnames)) for impl in impls)
 
 
 def _pick(names: tuple[str, ...], **kwargs: Any) -> dict[str, Any]:

@@ -28,7 +28,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 @hookspec(historic=True)
 def turnguard_configure(config: GuardConfig) -> None:
-    """Called once per guard with its configuration; replayed to plugins registered later."""
+    """Called once per guard with its configuration, for each plugin in isolation (one that
+    raises is reported, never fatal); a plugin added later with ``Guard.register`` gets it then."""
 
 
 @hookspec

@@ -178,25 +178,15 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
     if not isinstance(raw_calls, list):
         bad("'calls' is missing or not a list")
         return None
-    calls = []
-    append = calls.append
-    outcomes = _OUTCOMES
-    make = tuple.__new__
-    for i, raw in enumerate(raw_calls, 1):
-        # The common shape ({"tool", "args", "outcome"} and nothing else) without the checks'
-        # function calls; anything else takes the checked path below.
-        if type(raw) is dict and len(raw) == 3:
-            tool = raw.get("tool")
-            value = raw.get("outcome")
-            outcome = outcomes.get(value) if type(value) is str else None
-            if outcome is not None and type(tool) is str and tool and "args" in raw:
-                append(make(RecordedCall, (tool, raw["args"], None, outcome, None)))
-                continue
-        call = _corpus_call(raw)
-        if isinstance(call, str):
-            bad(f"call {i}: {call}")
-            return None
-        append(call)
+    calls = _plain_calls(raw_calls)
+    if calls is None:
+        calls = []
+        for i, raw in enumerate(raw_calls, 1):
+            call = _corpus_call(raw)
+            if isinstance(call, str):
+                bad(f"call {i}: {call}")
+                return None
+            calls.append(call)
     cycles = obj.get("cycles")
     if cycles is not None and (not isinstance(cycles, int) or isinstance(cycles, bool) or cycles < 0):
         bad(f"'cycles' must be a non-negative integer, got {cycles!r}")
@@ -215,6 +205,21 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
         source=_str_or_none(obj.get("source")),
         origin=f"{path}:{lineno}",
     )
+
+
+def _plain_calls(raw_calls: list[Any]) -> list[RecordedCall] | None:
+    """The common shape, every call exactly ``{"tool", "args", "outcome"}`` with a known outcome,
+    read in one comprehension; ``None`` sends the line through the checked path (which says what
+    is wrong, if anything is)."""
+    make, outcomes = tuple.__new__, _OUTCOMES
+    try:
+        calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None))
+                 for r in raw_calls if type(r) is dict and len(r) == 3]
+    except (KeyError, TypeError):
+        return None
+    if len(calls) != len(raw_calls) or not all(type(c[0]) is str and c[0] for c in calls):
+        return None
+    return calls
 
 
 def _corpus_call(raw: Any) -> RecordedCall | str:

@@ -169,7 +169,7 @@ class RunDriver:
         event = verdict.event
         if event is not None and event.level is Level.WARN:
             return Decision(Step.RUN, verdict)
-        halted = Verdict(Action.HALT, verdict.threshold, (verdict.message or "turnguard") + NO_ROUTE_SUFFIX, event)
+        halted = self.turn.halt(verdict, (verdict.message or "turnguard") + NO_ROUTE_SUFFIX)
         return Decision(Step.HALT, halted)
 
     def end(self, exc: BaseException | None = None) -> None:
