@@ -86,6 +86,11 @@ FIRST_STUCK = histogram(n.METRIC_TURN_FIRST_STUCK_CALL)
 DETECTIONS = counter(n.METRIC_DETECTIONS)
 ANSWERS = counter(n.METRIC_ESCALATION_ANSWERS)
 PLUGIN_ERRORS = counter(n.METRIC_PLUGIN_ERRORS)
+SHADOW_DETECTIONS = counter(n.METRIC_SHADOW_DETECTIONS)
+SHADOW_TOOL_CALLS = histogram(n.METRIC_SHADOW_TURN_TOOL_CALLS)
+SHADOW_TURNS = f"{SHADOW_TOOL_CALLS}_count"
+SHADOW_CALLS = f"{SHADOW_TOOL_CALLS}_sum"
+"""Every shadow policy records one observation per live turn: the count counts turns per policy."""
 
 OUTCOME = label(n.TURN_OUTCOME)
 THRESHOLD = label(n.LOOP_THRESHOLD)
@@ -97,6 +102,7 @@ PROMPTABLE = label(n.TURN_PROMPTABLE)
 AGENT = label(n.GEN_AI_AGENT_NAME)
 TOOL = label(n.GEN_AI_TOOL_NAME)
 ANSWER = label(n.ESCALATION_ANSWER)
+SHADOW_POLICY = label(n.SHADOW_POLICY)
 
 
 # -- the thresholds the what-if panels are built for --------------------------------------------
@@ -348,8 +354,39 @@ def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
 
 
 def shadow_policy_panels(cap: CapSettings) -> list[object]:
-    """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``); none yet."""
-    return []
+    """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``): what each shadow policy
+    (``GuardConfig.shadow``, evaluated on live traffic without acting) would have done, next to
+    what the live policy did. A shadow's turn "halted" is its would-be halt."""
+    halted = sel(**{OUTCOME: "halted"})
+    live = "live"
+    halt_action = sel(**{ACTION: "halt"})
+    return [
+        bars(101, "Halts by threshold: live policy vs each shadow policy",
+             "Turns the live policy halted, and turns each shadow policy would have halted, by the threshold "
+             "that fired. A shadow with fewer resolved-looking halts and as many stuck ones is a candidate.",
+             [query(total(TURNS, halted, by=(THRESHOLD,)), f"{live}: {{{{{THRESHOLD}}}}}", "A"),
+              query(total(SHADOW_TURNS, halted, by=(SHADOW_POLICY, THRESHOLD)),
+                    legend(SHADOW_POLICY, THRESHOLD, sep=": "), "B")], width=12, height=9),
+        bars(102, "Halted share: live vs each shadow policy",
+             "Share of turns halted by the live policy, and the share each shadow policy would have halted.",
+             [query(f"{total(TURNS, halted)} / {total(TURNS)}", live, "A"),
+              query(f"{total(SHADOW_TURNS, halted, by=(SHADOW_POLICY,))} / {total(SHADOW_TURNS, by=(SHADOW_POLICY,))}",
+                    legend(SHADOW_POLICY), "B")], unit="percentunit", width=6, height=9),
+        bars(103, "Tool calls run: live vs allowed by each shadow",
+             "Tool calls the live turns made, and how many each shadow policy would have let run before its "
+             "would-be halts (the difference is what it would have saved, or cut).",
+             [query(total(CALLS), live, "A"),
+              query(total(SHADOW_CALLS, by=(SHADOW_POLICY,)), legend(SHADOW_POLICY), "B")], width=6, height=9),
+        bars(104, "Detections by threshold and level: live vs each shadow policy",
+             "Every time a threshold fired (acted on or observed) live, and would have fired under each shadow.",
+             [query(total(DETECTIONS, by=(THRESHOLD, LEVEL)), f"{live}: {legend(THRESHOLD, LEVEL)}", "A"),
+              query(total(SHADOW_DETECTIONS, by=(SHADOW_POLICY, THRESHOLD, LEVEL)),
+                    f"{{{{{SHADOW_POLICY}}}}}: {legend(THRESHOLD, LEVEL)}", "B")], width=12, height=9),
+        over_time(105, "Would-be halts over time, by shadow policy",
+                  "Halting detections per second each shadow policy would have made (nothing was acted on).",
+                  [query(per_second(SHADOW_DETECTIONS, halt_action, by=(SHADOW_POLICY,)), legend(SHADOW_POLICY),
+                         instant=False)], width=12),
+    ]
 
 
 def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:

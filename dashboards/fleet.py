@@ -7,7 +7,8 @@ explicit cap, a plugin that raises). The fleet is deterministic for a seed, so r
 produces the same metric series (the Prometheus test relies on that).
 
 ``Tally`` is the ground truth, taken from the guard's own observer hooks (not from the
-OpenTelemetry plugin under test): every turn summary, detection, answer and plugin error.
+OpenTelemetry plugin under test): every turn summary, detection, answer and plugin error, and
+every shadow policy's would-be detection and per-turn summary (the guards run ``SHADOWS``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ AGENTS = ("coder", "reviewer", "support")
 TOOLS = ("read_file", "grep", "edit_file", "run_tests", "search_kb", "http_get", "shell", "book_flight")
 EXPLICIT_AGENT = "batch-bot"
 EXPLICIT_CAP = 50
+SHADOWS: dict[str, dict[str, Any]] = {
+    "stale_repeat": {"stuck_signal": "stale_repeat"},
+    "stop_on_any": {"streak_stop_on": "any"},
+    "backstop_5x": {"hard_multiplier": 5},
+}
+"""Shadow policies the fleet's guards evaluate next to the live one (the dashboards' shadow row)."""
 FLAKY_TOOL = "flaky_probe"
 """Calls to this tool make the fleet's third-party plugin raise (the guard isolates it)."""
 
@@ -85,6 +92,17 @@ class Tally:
     plugin_errors: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     planned: dict[str, Kind] = field(default_factory=dict)
     """Turn id -> the kind of turn the fleet meant it to be."""
+    shadow_detections: list[tuple[str, tg.LoopDetectedEvent]] = field(default_factory=list)
+    shadow_turns: list[tuple[str, tg.TurnSummary]] = field(default_factory=list)
+    """(shadow policy, what it made of a turn) for every shadow and turn."""
+
+    @hookimpl
+    def turnguard_shadow_detected(self, policy: str, event: tg.LoopDetectedEvent) -> None:
+        self.shadow_detections.append((policy, event))
+
+    @hookimpl
+    def turnguard_shadow_turn_ended(self, policy: str, summary: tg.TurnSummary) -> None:
+        self.shadow_turns.append((policy, summary))
 
     @hookimpl
     def turnguard_loop_detected(self, event: tg.LoopDetectedEvent) -> None:
@@ -123,7 +141,7 @@ class Fleet:
 
 def make_fleet(config: tg.GuardConfig | None = None, **providers: Any) -> Fleet:
     """Two guards (the adaptive default and an explicit cap) reporting into ``providers``."""
-    config = config or tg.GuardConfig(load_entrypoints=False)
+    config = config or tg.GuardConfig(load_entrypoints=False, shadow=SHADOWS)
     tally = Tally()
     adaptive = tg.Guard(config, plugins={"fleet-tally": tally, "flaky": FlakyPlugin()}, **providers)
     explicit = tg.Guard(

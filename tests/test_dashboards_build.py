@@ -73,14 +73,17 @@ def test_a_fractional_multiplier_keeps_bands_ordered():
 def test_shadow_policy_panels_land_in_their_own_row_with_reserved_ids(monkeypatch):
     from grafana_foundation_sdk.builders import stat
 
+    shipped = len(build.shadow_policy_panels(build.DEFAULTS))
     panel = stat.Panel().id(build.SHADOW_PANEL_IDS[1]).title("Shadow halts").unit("short")
     monkeypatch.setattr(build, "shadow_policy_panels", lambda cap: [panel])
     board = json.loads(build.render(build.threshold_validation_dashboard()))
     rows = [p for p in board["panels"] if p["type"] == "row"]
     assert rows[-1]["title"] == "Shadow policies" and rows[-1]["id"] == build.SHADOW_PANEL_IDS[0]
     assert board["panels"][-1]["id"] == build.SHADOW_PANEL_IDS[1]
-    unshadowed = json.loads((build.HERE / build.FILES[build.THRESHOLDS_UID]).read_text())
-    assert all(p["id"] not in build.SHADOW_PANEL_IDS for p in queries.panels(unshadowed))
+    committed = json.loads((build.HERE / build.FILES[build.THRESHOLDS_UID]).read_text())
+    shadow_ids = [p["id"] for p in queries.panels(committed) if p["id"] in build.SHADOW_PANEL_IDS]
+    assert shadow_ids == [p["id"] for p in committed["panels"][-len(shadow_ids):]]  # the row comes last
+    assert shadow_ids[0] == build.SHADOW_PANEL_IDS[0] and len(shadow_ids) == 1 + shipped
 
 
 @pytest.mark.parametrize("edge", [1, 100, 200, 1000, 2000, 250.5])

@@ -189,7 +189,7 @@ def fleet_run(tmp_path_factory) -> Iterable[FleetRun]:
         quiet.setLevel(logging.CRITICAL)  # the fleet's flaky plugin raises on purpose
 
         prometheus.wait_until("the exporter target to be up", prometheus.last_scrape)
-        config = tg.GuardConfig(load_entrypoints=False)
+        config = tg.GuardConfig(load_entrypoints=False, shadow=fleet.SHADOWS)
         fleet.run_fleet(fleet.make_fleet(config, meter_provider=provider))  # creates every series
         start = prometheus.scrape_after(time.time())
         tally = fleet.run_fleet(fleet.make_fleet(config, meter_provider=provider))
@@ -213,6 +213,10 @@ def turn_labels(summary: tg.TurnSummary) -> dict[str, str]:
         build.PROMPTABLE: _bool(summary.promptable),
         build.AGENT: summary.agent_name or "",
     }
+
+
+def shadow_turn_labels(policy: str, summary: tg.TurnSummary) -> dict[str, str]:
+    return {build.SHADOW_POLICY: policy, **turn_labels(summary)}
 
 
 def detection_labels(event: tg.LoopDetectedEvent) -> dict[str, str]:
@@ -261,6 +265,15 @@ class Truth:
             {build.THRESHOLD: str(e.threshold), build.LEVEL: str(e.level), build.ANSWER: answer}
             for e, answer in run.tally.answers
         ]
+        self.shadow_turns = [(shadow_turn_labels(p, s), s) for p, s in run.tally.shadow_turns]
+        self.shadow_detections = [{build.SHADOW_POLICY: p, **detection_labels(e)}
+                                  for p, e in run.tally.shadow_detections]
+
+    def shadow_calls(self) -> Expected:
+        calls: Counter[Key] = Counter()
+        for labels, s in self.shadow_turns:
+            calls[key(**{build.SHADOW_POLICY: labels[build.SHADOW_POLICY]})] += s.tool_calls
+        return dict(calls)
 
     def turn_rows(self, **where: str) -> list[tuple[dict[str, str], tg.TurnSummary]]:
         def keep(labels: dict[str, str]) -> bool:
@@ -335,7 +348,11 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
         flagged = [s for _, s in t.turn_rows(**BACKSTOP) if s.first_stuck_call]
         return scalar(sum(s.tool_calls - s.first_stuck_call for s in flagged))
 
+    def halted_rows(rows: Iterable[tuple[dict[str, str], tg.TurnSummary]]) -> list[dict[str, str]]:
+        return [labels for labels, _ in rows if labels[build.OUTCOME] == "halted"]
+
     d = cap.stuck_repeat_threshold
+    policy = (build.SHADOW_POLICY,)
     expected: dict[tuple[str, int, str], Callable[[Truth], Expected]] = {
         (H, 2, "A"): lambda t: scalar(len(t.turns)),
         (H, 3, "A"): lambda t: scalar(t.count_turns(**{build.OUTCOME: "halted"})),
@@ -372,6 +389,17 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
         (T, 24, "A"): lambda t: scalar(t.count_turns(lambda s: s.first_stuck_call > 0, **BACKSTOP)),
         (T, 25, "A"): backstop_flagged_savings,
         (T, 26, "A"): first_stuck_mean,
+        # shadow policies: the live policy's figures (A) next to each shadow's (B), from the guard's own hooks
+        (T, 101, "A"): lambda t: group(halted_rows(t.turns), (build.THRESHOLD,)),
+        (T, 101, "B"): lambda t: group(halted_rows(t.shadow_turns), (*policy, build.THRESHOLD)),
+        (T, 102, "A"): lambda t: scalar(t.count_turns(**{build.OUTCOME: "halted"}) / len(t.turns)),
+        (T, 102, "B"): lambda t: ratio(group(halted_rows(t.shadow_turns), policy),
+                                       group((labels for labels, _ in t.shadow_turns), policy)),
+        (T, 103, "A"): lambda t: scalar(sum(s.tool_calls for _, s in t.turns)),
+        (T, 103, "B"): lambda t: t.shadow_calls(),
+        (T, 104, "A"): lambda t: group(t.detections, (build.THRESHOLD, build.LEVEL)),
+        (T, 104, "B"): lambda t: group(t.shadow_detections, (*policy, build.THRESHOLD, build.LEVEL)),
+        (T, 105, "A"): lambda t: group((r for r in t.shadow_detections if r[build.ACTION] == "halt"), policy),
     }
     slices = (
         {build.THRESHOLD: "none", build.CAP_MODE: "adaptive"},
@@ -425,8 +453,22 @@ def test_the_fleet_is_large_and_landed_in_prometheus(fleet_run):
     assert len(fleet_run.tally.turns) >= 1000
     names = fleet_run.prometheus.api("label/__name__/values")
     for metric in (f"{build.TOOL_CALLS}_bucket", f"{build.MAX_REPEAT}_count", f"{build.FIRST_STUCK}_sum",
-                   build.DETECTIONS, build.ANSWERS, build.PLUGIN_ERRORS):
+                   build.DETECTIONS, build.ANSWERS, build.PLUGIN_ERRORS, build.SHADOW_DETECTIONS, build.SHADOW_TURNS):
         assert metric in names, f"{metric} not in Prometheus: {sorted(n for n in names if 'turnguard' in n)}"
+
+
+def test_the_fleets_shadow_policies_disagree_with_the_live_one(fleet_run):
+    """The shadow row must have something to show: each shadow summarises every turn, and the
+    shadows differ from the live policy where their settings say they should."""
+    tally = fleet_run.tally
+    per_policy = Counter(policy for policy, _ in tally.shadow_turns)
+    assert per_policy == {name: len(tally.turns) for name in fleet.SHADOWS}
+    halted = Counter((policy, str(s.threshold)) for policy, s in tally.shadow_turns if s.reason == "halted")
+    live_backstop = sum(1 for t in tally.turns if str(t.summary.threshold) == "hard_backstop")
+    assert halted[("backstop_5x", "hard_backstop")] > live_backstop  # long turns a 5x backstop would cut
+    live_stuck = sum(1 for t in tally.turns if str(t.summary.threshold) == "soft_stuck")
+    assert halted[("stop_on_any", "soft_stuck")] == live_stuck  # same stuck signal as the live policy
+    assert 0 < halted[("stale_repeat", "soft_stuck")] < live_stuck  # late loops: the live halt came a call earlier
 
 
 def test_an_unsubstituted_macro_or_a_bad_query_fails_loudly(fleet_run):
@@ -473,5 +515,5 @@ def test_range_panel_draws_the_fleets_series(fleet_run, panel_query):
     assert any(float(v) > 0 for s in data["result"] for _, v in s["values"] if v != "NaN")
 
 
-_RATIO_PANELS = {H: (4, 6, 32), T: (3, 12, 13, 26)}
+_RATIO_PANELS = {H: (4, 6, 32), T: (3, 12, 13, 26, 102)}
 """Panels whose values are ratios, shares or quantiles (compared to float precision, not exactly)."""

@@ -247,6 +247,18 @@ def test_a_raising_shadow_policy_is_its_own_would_be_halt_and_never_the_hosts(mo
     assert heard.ended["closed"].halted and heard.ended["closed"].tool_calls == 1
 
 
+def test_a_failing_shadow_ledger_stops_the_shadows_not_the_host(monkeypatch):
+    guard, heard = shadow_guard({"twin": {}}, fail_mode="closed")
+    plugin = guard.pm.get_plugin("shadow")
+    with guard.turn() as turn:
+        drive(turn, [distinct_call(i) for i in range(2)])
+        run = plugin._turns[id(turn.ledger)].runs[0]
+        monkeypatch.setattr(run, "count_call", None)  # a bug: not callable
+        verdicts = drive(turn, [distinct_call(i) for i in range(2, 5)])
+    assert turn.halted is None and all(v.action is tg.Action.ALLOW for v in verdicts)
+    assert heard.ended["twin"].tool_calls == 2  # it stopped counting at the failure
+
+
 def test_parallel_calls_reach_every_shadow_once():
     guard, heard = shadow_guard({"twin": {}, "stale": {"stuck_signal": "stale_repeat"}})
     with guard.turn() as turn:

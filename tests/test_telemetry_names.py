@@ -34,7 +34,7 @@ def test_no_invented_gen_ai_names():
 
 def test_metric_names_units_and_attribute_lists():
     metrics = [v for k, v in vars(n).items() if k.startswith("METRIC_") and isinstance(v, tuple)]
-    assert len(metrics) == 7
+    assert len(metrics) == 9
     for name, unit in metrics:
         assert name.startswith("turnguard.") and re.fullmatch(r"[a-z0-9_.]+", name)
         assert "total" not in name  # exporters add _total
@@ -46,7 +46,8 @@ def test_metric_names_units_and_attribute_lists():
 
 def test_no_name_is_a_namespace_of_another_attribute():
     """An attribute name must not also be the prefix of another (semconv naming rule)."""
-    attributes = set(dotted_names().values()) - {n.LOOP_DETECTED_EVENT, n.ESCALATION_RESOLVED_EVENT}
+    attributes = set(dotted_names().values()) - {n.LOOP_DETECTED_EVENT, n.ESCALATION_RESOLVED_EVENT,
+                                                 n.SHADOW_DETECTED_EVENT}
     for a in attributes:
         assert not any(b.startswith(a + ".") for b in attributes), a
 

@@ -3,7 +3,7 @@
 The public API is re-exported here; everything else is private to the package.
 """
 
-from turnguard.config import STUCK_SIGNALS, ConfigError, GuardConfig
+from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 from turnguard.guard import Guard, Turn
 from turnguard.hookspecs import hookimpl, hookspec
 from turnguard.ledger import Ledger
@@ -21,6 +21,7 @@ from turnguard.model import (
 )
 
 __all__ = [
+    "STREAK_STOP_ON",
     "STUCK_SIGNALS",
     "Action",
     "Answer",

@@ -44,6 +44,8 @@ class Calibrator:
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
         self.traits = [Traits.of(p) for p in policies]
+        self._rows = [(i, cp, t, cp.config.key_mode)
+                      for i, (cp, t) in enumerate(zip(self.compiled, self.traits, strict=True))]
         self.bounds = {
             m: GridBounds.of([p for p in policies if p.config.key_mode == m], attended=True) for m in self.keyers
         }
@@ -79,8 +81,17 @@ class Calibrator:
     def _key(call: RecordedCall, digest: Callable[[str, Any], bytes]) -> bytes:
         return digest(call.tool, call.args) if call.digest is None else _digest_key(call.tool, call.digest)
 
-    def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult | None]]:
-        """Each policy's result per mode on ``turn`` (``None``: it cannot fire); counts replays."""
+    def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult]]:
+        """Each policy's results on ``turn`` by mode (``"unattended"``, ``"attended"``); a mode is
+        missing when the policy cannot fire on the turn in it. Counts the replays run."""
+        out: list[dict[str, TurnResult]] = [{} for _ in self.compiled]
+        for idx, mode, result in self.fired(turn):
+            out[idx][mode] = result
+        return out
+
+    def fired(self, turn: RecordedTurn) -> list[tuple[int, str, TurnResult]]:
+        """(policy index, mode, result) for each policy and mode that can fire on ``turn`` (the
+        others cannot: nothing to add); counts the replays run."""
         outcomes = [c.outcome for c in turn.calls]
         starts = cycle_starts(turn)
         digests: dict[str, list[bytes]] = {}
@@ -102,21 +113,20 @@ class Calibrator:
                 continue  # finer identity, smaller counts: quiet too (equivalence.py)
             digests[m] = self.keys(turn, keyer)
             facts[m] = turn_facts(digests[m], outcomes, starts)
-        out: list[dict[str, TurnResult | None]] = [{} for _ in self.compiled]
         if self.group and all(self.bounds[m].quiet(f) for m, f in facts.items()):
-            return out
-        calls_by_mode: dict[str, list[Any]] = {m: [None] * len(turn.calls) for m in digests}
+            return []
+        calls_by_mode: dict[str, list[Any]] = {}
         groups: dict[tuple[object, ...], tuple[int, CompiledPolicy, bool]] = {}
         members: list[tuple[int, str, tuple[object, ...]]] = []
-        traits = self.traits
-        for idx, cp in enumerate(self.compiled):
-            f = facts.get(cp.config.key_mode)
+        group = self.group
+        for idx, cp, traits, key_mode in self._rows:
+            f = facts.get(key_mode)
             if f is None:
                 continue
-            keyed = id(digests[cp.config.key_mode])
+            keyed = id(digests[key_mode])
             for mode, promptable in MODES:
-                if self.group:
-                    sig = traits_signature(traits[idx], f, promptable)
+                if group:
+                    sig = traits_signature(traits, f, promptable)
                     if sig is None:
                         continue
                     sig = (keyed, *sig[1:])  # key modes that keyed this turn alike share replays
@@ -142,21 +152,22 @@ class Calibrator:
                 if prefix is None:
                     prefix = prefixes[where] = SharedPrefix(cp.config, turn, digests[key_mode], starts)
                 ledger = prefix.fork_at(first, cp.config, promptable)
-            results[sig] = replay_turn(cp, turn, calls_by_mode[key_mode], digests[key_mode], starts,
+            calls = calls_by_mode.get(key_mode)
+            if calls is None:
+                calls = calls_by_mode[key_mode] = [None] * len(turn.calls)
+            results[sig] = replay_turn(cp, turn, calls, digests[key_mode], starts,
                                        promptable=promptable, first_check=first, ledger=ledger)
             self.stats.replays += 1
-        for idx, mode, sig in members:
-            out[idx][mode] = results[sig]
-        return out
+        return [(idx, mode, results[sig]) for idx, mode, sig in members]
 
     def add(self, turn: RecordedTurn) -> None:
         n = len(turn.calls)
-        self.stats.add_turn(n, turn.resolved)
-        for idx, per_mode in enumerate(self.results(turn)):
-            modes = self.stats.modes[idx]
-            for mode, result in per_mode.items():
-                if result is not None and (result.halted or result.asks):
-                    modes[mode].add(turn.id, n, turn.resolved, result)
+        stats = self.stats
+        stats.add_turn(n, turn.resolved)
+        modes = stats.modes
+        for idx, mode, result in self.fired(turn):
+            if result.halt_call or result.asks:
+                modes[idx][mode].add(turn.id, n, turn.resolved, result)
 
 
 def _digest_key(tool: str, digest: str) -> bytes:

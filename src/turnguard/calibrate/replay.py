@@ -26,7 +26,7 @@ from turnguard.config import GuardConfig
 from turnguard.guard import compiled_checks
 from turnguard.keys import CallKey, Keyer
 from turnguard.ledger import Ledger
-from turnguard.model import Action, Outcome, ToolCall, Verdict
+from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import plugin_manager
 
 Impls = tuple[Callable[..., Any], ...]
@@ -176,19 +176,26 @@ class SharedPrefix:
 
 
 def _decide(policy: CompiledPolicy, impls: Impls, args: tuple[Any, ...], ledger: Ledger) -> Verdict | None:
-    """``Turn._decide``: every implementation in isolation; the most severe verdict wins."""
+    """``Turn._decide``/``_combine``: every implementation in isolation; the most severe verdict
+    wins, ties go to the first in hook order except that a detection beats a bare verdict."""
     best: Verdict | None = None
     for fn in impls:
         try:
             verdict = fn(*args)
-        except Exception:
+            if verdict is not None and (not isinstance(verdict, Verdict) or type(verdict.action) is not Action):
+                raise TypeError("a check hook must return a turnguard.Verdict with a turnguard.Action, or None")
+        except Exception:  # isolate plugins as the guard does
             policy.errors += 1
             verdict = Verdict(Action.HALT, None, "plugin failed (fail_mode=closed)") if policy.fail_closed else None
         if verdict is None:
             continue
         if verdict.event is not None:
             ledger.note_detection()
-        if best is None or verdict.action > best.action:
+        if (
+            best is None
+            or verdict.action > best.action
+            or (verdict.action == best.action and best.event is None and verdict.event is not None)
+        ):
             best = verdict
     return best
 
@@ -287,7 +294,6 @@ def decile(fraction: float) -> int:
 __all__ = [
     "QUIET",
     "CompiledPolicy",
-    "Outcome",
     "SharedPrefix",
     "Step",
     "TurnResult",
@@ -298,5 +304,6 @@ __all__ = [
     "policy_manager",
     "relative_position",
     "replay_turn",
+    "tool_call",
     "tool_calls",
 ]

@@ -170,9 +170,12 @@ class ShadowPlugin:
         if state.pending:
             state.apply_pending()
         found: list[tuple[str, LoopDetectedEvent]] = []
-        for run in state.active:
-            run.ledger.begin_cycle()
-            _decide(run, run.policy.check_cycle, (run.ledger,), found, state)
+        try:
+            for run in state.active:
+                run.ledger.begin_cycle()
+                _decide(run, run.policy.check_cycle, (run.ledger,), found, state)
+        except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
+            _give_up(state, exc)
         if found:
             state.found.extend(found)
             self._flush(turn)
@@ -188,16 +191,19 @@ class ShadowPlugin:
         key = call._key
         digest = key.digest if key is not None else None
         name = call.name
-        for run in state.active:
-            ledger = run.ledger
-            run.count_call(digest if run.reuse_key and digest is not None else run.policy.digest(call), name)
-            for fn in run.check_call:
-                try:
-                    verdict = fn(ledger, call)
-                except Exception as exc:  # a shadow never acts, not even by failing
-                    verdict = _failed(run, exc)
-                if verdict is not None:
-                    _decided(run, verdict, state.found, state)
+        try:
+            for run in state.active:
+                ledger = run.ledger
+                run.count_call(digest if run.reuse_key and digest is not None else run.policy.digest(call), name)
+                for fn in run.check_call:
+                    try:
+                        verdict = fn(ledger, call)
+                    except Exception as exc:  # a shadow never acts, not even by failing
+                        verdict = _failed(run, exc)
+                    if verdict is not None:
+                        _decided(run, verdict, state.found, state)
+        except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
+            _give_up(state, exc)
         if state.found:
             self._flush(turn)
         return None
@@ -211,16 +217,20 @@ class ShadowPlugin:
             state.apply_pending()
         key = call._key
         digest = key.digest if key is not None else None
-        for run in state.active:
-            ledger = run.ledger
-            run.record_outcome(digest if run.reuse_key and digest is not None else run.policy.digest(call), outcome)
-            for fn in run.check_outcome:
-                try:
-                    verdict = fn(ledger, call, outcome)
-                except Exception as exc:  # a shadow never acts, not even by failing
-                    verdict = _failed(run, exc)
-                if verdict is not None:
-                    _decided(run, verdict, state.found, state)
+        try:
+            for run in state.active:
+                ledger = run.ledger
+                run.record_outcome(digest if run.reuse_key and digest is not None else run.policy.digest(call),
+                                   outcome)
+                for fn in run.check_outcome:
+                    try:
+                        verdict = fn(ledger, call, outcome)
+                    except Exception as exc:  # a shadow never acts, not even by failing
+                        verdict = _failed(run, exc)
+                    if verdict is not None:
+                        _decided(run, verdict, state.found, state)
+        except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
+            _give_up(state, exc)
         if state.found:
             self._flush(turn)
         return None
@@ -299,6 +309,12 @@ def _decided(run: ShadowRun, verdict: Verdict, found: list[tuple[str, LoopDetect
         run.halt = verdict
         state.drop_halted()
     return found
+
+
+def _give_up(state: TurnShadows, exc: Exception) -> None:
+    """Something outside the policies failed: stop evaluating shadows for this turn (logged)."""
+    log.error("turnguard shadow plugin failed; shadows stop for this turn: %r", exc, exc_info=exc)
+    state.active = ()
 
 
 def _reason(run: ShadowRun, live: TurnSummary) -> str:

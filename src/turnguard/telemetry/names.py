@@ -63,6 +63,10 @@ LOOP_HARD_CAP = "turnguard.loop.hard_cap"
 LOOP_EVENT_ID = "turnguard.loop.event_id"
 
 ESCALATION_ANSWER = "turnguard.escalation.answer"  # continue | stop | redirect
+SHADOW_POLICY = "turnguard.shadow.policy"
+"""The name of a shadow policy (``GuardConfig.shadow``) on its would-be detections and turns."""
+SHADOW_DETECTED_EVENT = "turnguard.shadow.loop_detected"
+"""Log event of a shadow policy's would-be detection (INFO: nothing was acted on)."""
 PLUGIN_NAME = "turnguard.plugin.name"
 PLUGIN_HOOK = "turnguard.plugin.hook"
 TURN_ABANDONED = "abandoned"
@@ -81,6 +85,7 @@ AGENT_NAME_LIMIT = 1_000
 TURN_OUTCOME_LIMIT = 100
 """Host-given end reasons (``Turn.end(reason)``) beyond the built-in ones."""
 PLUGIN_NAME_LIMIT = 1_000
+SHADOW_POLICY_LIMIT = 100
 ERROR_TYPE_LIMIT = 1_000
 
 # -- metrics (name, unit) --------------------------------------------------------------------
@@ -91,6 +96,9 @@ METRIC_TURN_FIRST_STUCK_CALL = ("turnguard.turn.first_stuck_call", "{tool_call}"
 METRIC_DETECTIONS = ("turnguard.loop.detections", "{detection}")
 METRIC_ESCALATION_ANSWERS = ("turnguard.escalation.answers", "{answer}")
 METRIC_PLUGIN_ERRORS = ("turnguard.plugin.errors", "{error}")
+METRIC_SHADOW_DETECTIONS = ("turnguard.shadow.detections", "{detection}")
+METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call}")
+"""Per shadow policy and turn: the calls it saw before its would-be halt (or all of them)."""
 
 # -- which attributes each metric carries (never ids, arguments or results) ------------------
 TURN_METRIC_ATTRIBUTES = (GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE, TURN_STUCK, TURN_PROMPTABLE)
@@ -100,6 +108,10 @@ DETECTION_METRIC_ATTRIBUTES = (
 )
 ESCALATION_METRIC_ATTRIBUTES = (GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
 PLUGIN_ERROR_METRIC_ATTRIBUTES = (PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
+SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
+SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *TURN_METRIC_ATTRIBUTES)
+"""``turnguard.turn.outcome`` there is the shadow's: ``halted`` (its would-be halt), the live
+turn's reason, or ``live_halted`` (the live guard ended the turn first)."""
 METRIC_ATTRIBUTES = {
     METRIC_TURN_TOOL_CALLS[0]: TURN_METRIC_ATTRIBUTES,
     METRIC_TURN_CYCLES[0]: TURN_METRIC_ATTRIBUTES,
@@ -108,6 +120,8 @@ METRIC_ATTRIBUTES = {
     METRIC_DETECTIONS[0]: DETECTION_METRIC_ATTRIBUTES,
     METRIC_ESCALATION_ANSWERS[0]: ESCALATION_METRIC_ATTRIBUTES,
     METRIC_PLUGIN_ERRORS[0]: PLUGIN_ERROR_METRIC_ATTRIBUTES,
+    METRIC_SHADOW_DETECTIONS[0]: SHADOW_DETECTION_METRIC_ATTRIBUTES,
+    METRIC_SHADOW_TURN_TOOL_CALLS[0]: SHADOW_TURN_METRIC_ATTRIBUTES,
 }
 """The attribute keys each metric may carry (optional ones are left out when unknown, e.g. no agent name)."""
 FORBIDDEN_METRIC_ATTRIBUTES = frozenset(

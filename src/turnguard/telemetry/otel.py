@@ -101,6 +101,16 @@ class Instruments:
         self.escalation_answers = meter.create_counter(name, unit, "Users' answers to turnguard's questions.")
         name, unit = n.METRIC_PLUGIN_ERRORS
         self.plugin_errors = meter.create_counter(name, unit, "turnguard plugins that raised (and were isolated).")
+        name, unit = n.METRIC_SHADOW_DETECTIONS
+        self.shadow_detections = meter.create_counter(
+            name, unit, "Shadow policies' would-be detections (nothing acted on), by policy, threshold, level, action."
+        )
+        name, unit = n.METRIC_SHADOW_TURN_TOOL_CALLS
+        self.shadow_turn_tool_calls = meter.create_histogram(
+            name, unit, "Per shadow policy: the calls of a turn it saw before its would-be halt (or all of them).",
+            explicit_bucket_boundaries_advisory=buckets.tool_call_edges(config),
+        )
+        self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
         self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
         self.agents = BoundedValues(n.AGENT_NAME_LIMIT)
         self.reasons = BoundedValues(n.TURN_OUTCOME_LIMIT)
@@ -525,6 +535,53 @@ class OtelPlugin:
                 n.ERROR_TYPE: ins.error_types.fold(type(error).__qualname__),
             },
         )
+
+    # -- shadow policies (turnguard.policies.shadow): what they would have done -----------------
+
+    @hookimpl
+    def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
+        ins = self.instruments
+        shadow = ins.shadows.fold(str(policy))
+        metric_attrs: dict[str, Any] = {
+            n.SHADOW_POLICY: shadow,
+            n.LOOP_THRESHOLD: ins.threshold(event.threshold),
+            n.LOOP_LEVEL: str(event.level),
+            n.LOOP_ACTION: event.action.label,
+            n.CAP_MODE: event.cap_mode,
+            n.TURN_PROMPTABLE: event.promptable,
+        }
+        if event.tool_name is not None:
+            metric_attrs[n.GEN_AI_TOOL_NAME] = ins.tools.fold(event.tool_name)
+        if event.agent_name is not None:
+            metric_attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(event.agent_name)
+        ins.shadow_detections.add(1, metric_attrs)
+        state = self._turns.get(turn)
+        span = state.span if state is not None else None
+        attrs = {**event_attributes(event), n.SHADOW_POLICY: str(policy)}
+        self.logger.emit(
+            event_name=n.SHADOW_DETECTED_EVENT,
+            severity_number=SeverityNumber.INFO,
+            severity_text="INFO",
+            body=f"turnguard shadow {policy}: would {event.action.label} ({event.threshold} {event.level})",
+            attributes=attrs,
+            context=trace.set_span_in_context(span) if span is not None else None,
+        )
+
+    @hookimpl
+    def turnguard_shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
+        ins = self.instruments
+        reason = summary.reason if summary.reason in BUILTIN_REASONS else ins.reasons.fold(str(summary.reason))
+        attrs: dict[str, Any] = {
+            n.SHADOW_POLICY: ins.shadows.fold(str(policy)),
+            n.TURN_OUTCOME: reason,
+            n.LOOP_THRESHOLD: ins.threshold(summary.threshold),
+            n.CAP_MODE: summary.cap_mode,
+            n.TURN_STUCK: summary.stuck,
+            n.TURN_PROMPTABLE: summary.promptable,
+        }
+        if summary.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(summary.agent_name)
+        ins.shadow_turn_tool_calls.record(summary.tool_calls, attrs)
 
     # -- the end of a turn ---------------------------------------------------------------------
 
