@@ -69,26 +69,20 @@ def test_stop_on_any_catches_every_run_with_8_identical_calls(recorded, generate
 
 
 def test_every_stuck_run_the_seed_catches_is_still_caught_and_no_later_on_average(recorded, generated):
-    pooled_seed = pooled_both = 0.0
-    count = 0
     for data in (recorded, generated):
         total, kept, seed_mean, both_mean = data.seed_caught_still_caught(by_name(data)[BOTH])
         assert total > 0 and kept == total
-        pooled_seed += seed_mean * total
-        pooled_both += both_mean * total
-        count += total
-    assert pooled_both / count <= pooled_seed / count
-    # On the recorded runs the combination is earlier outright.
+        assert both_mean <= seed_mean
+    # On the recorded runs the combination is earlier outright (the any-outcome stop).
     _, _, seed_mean, both_mean = recorded.seed_caught_still_caught(by_name(recorded)[BOTH])
     assert both_mean < seed_mean
 
 
-def test_the_stale_signals_known_cost_is_at_most_one_rotation_on_late_loops(generated):
+def test_the_stale_signal_halts_a_rotation_at_the_same_call_as_the_seed(generated):
     seed, stale = by_name(generated)[SEED], by_name(generated)[STALE]
-    for turn_id, halt in seed.stuck_caught.items():
-        if "/rotation" in turn_id:
-            period = int(turn_id.split("rotation")[1][0])
-            assert halt <= stale.stuck_caught[turn_id] <= halt + period - 1
+    rotations = [i for i in seed.stuck_caught if "/rotation" in i]
+    assert len(rotations) == 16
+    assert {i: stale.stuck_caught.get(i) for i in rotations} == {i: seed.stuck_caught[i] for i in rotations}
 
 
 def test_the_table_has_a_row_per_variant_and_data_set(recorded, generated):

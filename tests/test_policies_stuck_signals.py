@@ -70,6 +70,22 @@ def test_a_rotation_counts_one_per_rotation_after_the_first():
     assert ledger.max_stale_repeat == 4
 
 
+def test_the_news_call_coming_round_credits_the_loops_first_round():
+    ledger = stale_ledger()
+    count(ledger, [5, 1, 2, 3, 1, 2])  # 1 and 2 were news in their first round; nothing shows a loop yet
+    assert ledger.max_stale_repeat == 1
+    count(ledger, [3])  # 3, the last news, comes round: 1 2 3 is a loop, its first round counts
+    assert ledger.max_stale_repeat == 2 == ledger.max_key_repeat
+    count(ledger, [1])
+    assert ledger.max_stale_repeat == 3 == ledger.max_key_repeat
+
+
+def test_a_double_rerun_after_an_edit_gets_no_credit():
+    ledger = stale_ledger()
+    count(ledger, [1, 100, 1, 101, 1, 102, 1, 1])  # edit (news), re-run; then a flaky test re-run twice
+    assert ledger.max_key_repeat == 5 and ledger.max_stale_repeat == 2
+
+
 def test_the_stale_count_is_a_running_max_and_first_stuck_follows_it():
     ledger = stale_ledger(stuck_repeat_threshold=3)
     count(ledger, [1, 1, 2, 1, 3, 1, 1])  # 1 x2; news; 1; news; 1 x2 -> stale 2 at most
@@ -136,16 +152,21 @@ def test_a_loop_that_began_before_the_soft_cap_halts_at_call_s_plus_1_under_both
 
 
 @pytest.mark.parametrize("period", [1, 2, 3])
-def test_past_the_soft_cap_the_stale_signal_fires_at_most_one_rotation_later(make_guard, period):
-    calls = [distinct_call(i) for i in range(120)] + rotation(period, 10)
+@pytest.mark.parametrize("seen_before", [False, True])
+def test_past_the_soft_cap_the_stale_signal_fires_at_the_loops_own_dth_round(make_guard, period, seen_before):
+    loop = rotation(period, 10)
+    prefix = [distinct_call(i) for i in range(120)]
+    if seen_before:  # the loop's calls were made once before, long ago
+        prefix[10:10 + period] = loop[:period]
     first = {}
     for signal in STUCK_SIGNALS:
         guard = make_guard(stuck_signal=signal, soft_cap=100, stuck_repeat_threshold=6, streak_warn_at=0,
                            streak_stop_at=0)
         with guard.turn() as turn:
-            first[signal] = first_detection(drive(turn, calls))[0]
-    assert first["repeat"] == 120 + 5 * period + 1  # the 6th time the loop's first call is seen
-    assert first["stale_repeat"] == first["repeat"] + period - 1  # one rotation minus one later
+            first[signal] = first_detection(drive(turn, prefix + loop))[0]
+    # the seed counts a visit long ago too; the stale signal counts the loop's own calls: its 6th round
+    assert first["repeat"] == 120 + (4 if seen_before else 5) * period + 1
+    assert first["stale_repeat"] == 120 + 5 * period + 1
 
 
 def test_stale_signal_at_the_boundary_d_minus_1_allows(make_guard):
@@ -271,6 +292,19 @@ def test_fork_carries_the_stale_and_settled_facts():
     assert twin.max_stale_repeat == ledger.max_stale_repeat == 3  # 2: twice before plus now, nothing new
     twin.count_call(key(9), "t")
     assert ledger.distinct_keys == 3  # the twin's tables are its own
+
+
+def test_a_fork_in_the_middle_of_a_loop_counts_on_exactly_like_the_original():
+    config = tg.GuardConfig(stuck_signal="stale_repeat")
+    ledger = Ledger(config)
+    count(ledger, [7, 1, 2, 3, 1, 2, 3])  # the loop has shown (3 came round)
+    twin = ledger.fork(config.replace(soft_cap=20))
+    for fact in (ledger, twin):
+        count(fact, [1, 2, 3, 1])
+    assert twin.max_stale_repeat == ledger.max_stale_repeat == ledger.max_key_repeat == 4
+    for fact in (ledger, twin):
+        count(fact, [8, 1])  # news: the credit is over until the news comes round
+    assert twin.max_stale_repeat == ledger.max_stale_repeat == 4
 
 
 @pytest.mark.parametrize("change", [{"stuck_signal": "repeat"}, {"streak_stop_on": "error"}])

@@ -107,7 +107,8 @@ def turnguard_plugin_error(turn: Ledger | None, plugin: str, hook: str, error: B
 def turnguard_shadow_detected(turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
     """Observer: shadow policy ``policy`` (a name of ``GuardConfig.shadow``) would have fired on
     the live turn ``turn``; ``event`` carries the shadow's own counts and the action it would
-    have taken. Nothing was acted on. Called outside the turn's lock."""
+    have taken. Nothing was acted on. Called in the thread of the call, while the guard holds
+    the turn's (re-entrant) lock: keep it quick, and do not wait on other threads there."""
 
 
 @hookspec

@@ -43,7 +43,7 @@ _DENIED = Outcome.DENIED
 
 _FACTS = (
     "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
-    "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_settled",
+    "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news", "_settled",
 )
 """The scalar facts ``Ledger.fork`` copies (the two dicts are copied separately)."""
 
@@ -62,9 +62,11 @@ class Ledger:
         "_first_stuck",
         "_last_key",
         "_last_tool",
+        "_looped",
         "_max_keys",
         "_max_repeat",
         "_max_stale",
+        "_news",
         "_outcomes",
         "_overflowed",
         "_retries",
@@ -123,6 +125,8 @@ class Ledger:
         self._stale = config.stuck_signal == "stale_repeat"
         self._since_new: dict[bytes, int] = {}
         self._max_stale = 0
+        self._looped = False
+        self._news: bytes | None = None
         self._stop_any = config.streak_stop_on == "any"
         self._settled = 0
         self._stuck_at = config.stuck_repeat_threshold
@@ -260,21 +264,38 @@ class Ledger:
         return seen
 
     def _count_stale(self, digest: bytes, seen: int) -> None:
-        """The ``stale_repeat`` count: a key first seen now (``seen == 1``) is news and restarts
-        every key's count; otherwise this key's count since the last news grows by one. The
-        table holds only keys seen since the last news, so each key is cleared at most once per
-        insertion (amortized O(1))."""
+        """The ``stale_repeat`` count of this call's key: its occurrences since the last call
+        whose key was never seen before ("news"), plus one, once the news call itself has come
+        round again, for keys also seen before the news. A loop's first round is news, so the
+        news call coming round shows the loop, and its first round then counts: a loop of k
+        calls reaches each count at the same call as the seed's ``repeat`` count. A plain re-run
+        (``edit, test, edit, test, test``) gets no such credit: the news (the edit) never recurs.
+
+        A key first seen now (``seen == 1``) is news: every count restarts. The table holds
+        only keys seen since the last news (cleared at each news: amortized O(1) per call)."""
         since = self._since_new
         if seen == 1:
             since.clear()
             since[digest] = stale = 1
+            self._looped = False
+            self._news = digest
         else:
-            stale = since.get(digest, 0) + 1
-            since[digest] = stale
+            raw = since.get(digest, 0) + 1
+            since[digest] = raw
+            if digest == self._news and not self._looped:  # the news call came round: a loop
+                self._looped = True
+                counts = self._counts
+                credited = max((n + 1 for key, n in since.items() if counts.get(key, 0) > n), default=0)
+                if credited > self._max_stale:
+                    self._raise_stale(credited)
+            stale = raw + 1 if self._looped and seen > raw else raw
         if stale > self._max_stale:
-            self._max_stale = stale
-            if stale == self._stuck_at and not self._first_stuck:
-                self._first_stuck = self._tool_calls
+            self._raise_stale(stale)
+
+    def _raise_stale(self, stale: int) -> None:
+        self._max_stale = stale
+        if stale >= self._stuck_at and not self._first_stuck:
+            self._first_stuck = self._tool_calls
 
     def record_outcome(self, digest: bytes, outcome: Outcome) -> None:
         """An outcome counts toward the failing streak only for the current streak's key:
@@ -308,6 +329,8 @@ class Ledger:
         self._first_stuck = 0
         self._since_new.clear()
         self._max_stale = 0
+        self._looped = False
+        self._news = None
         self.reset_streak()
 
     def note_detection(self) -> None:

@@ -8,7 +8,7 @@ all of them. A turn no policy can fire on (``GridBounds.quiet``) costs only its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from turnguard.calibrate.equivalence import (
@@ -21,7 +21,8 @@ from turnguard.calibrate.equivalence import (
     turn_facts,
 )
 from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard.calibrate.identity import call_keys
+from turnguard.calibrate.inputs import RecordedTurn
 from turnguard.calibrate.replay import CompiledPolicy, SharedPrefix, TurnResult, cycle_starts, replay_turn
 from turnguard.calibrate.stats import RunStats
 from turnguard.keys import Keyer
@@ -64,22 +65,8 @@ class Calibrator:
         return self.stats
 
     def keys(self, turn: RecordedTurn, keyer: Keyer) -> list[bytes]:
-        """Each call's ledger key under ``keyer``; a recorded digest stands for itself. Identical
-        recorded (tool, args) text is keyed once per turn (stuck turns repeat a call many times)."""
-        digest = keyer.digest
-        try:
-            pairs = [(c.tool, c.args if c.digest is None else None, c.digest) for c in turn.calls]
-            unique = dict.fromkeys(pairs)
-        except TypeError:  # unhashable arguments (objects, arrays): key each call
-            return [self._key(c, digest) for c in turn.calls]
-        for pair in unique:
-            tool, args, recorded = pair
-            unique[pair] = digest(tool, args) if recorded is None else _digest_key(tool, recorded)
-        return [unique[p] for p in pairs]
-
-    @staticmethod
-    def _key(call: RecordedCall, digest: Callable[[str, Any], bytes]) -> bytes:
-        return digest(call.tool, call.args) if call.digest is None else _digest_key(call.tool, call.digest)
+        """Each call's ledger key under ``keyer``'s key mode (``call_keys``)."""
+        return call_keys(turn.calls, keyer.mode)
 
     def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult]]:
         """Each policy's results on ``turn`` by mode (``"unattended"``, ``"attended"``); a mode is
@@ -106,13 +93,22 @@ class Calibrator:
         if coarsest is not None and coarsest not in digests:
             digests[coarsest] = self.keys(turn, self.keyers[coarsest])
             facts[coarsest] = turn_facts(digests[coarsest], outcomes, starts)
+        classes = 0
         for m, keyer in self.keyers.items():
             if m in digests:
                 continue
             if self.group and coarsest is not None and self._quiet_under(m, facts[coarsest]):
                 continue  # finer identity, smaller counts: quiet too (equivalence.py)
-            digests[m] = self.keys(turn, keyer)
-            facts[m] = turn_facts(digests[m], outcomes, starts)
+            keys = self.keys(turn, keyer)
+            if self.group and coarsest is not None:
+                # A finer identity with as many distinct keys is the same partition of the calls:
+                # the same counts and the same replays (equivalence.py).
+                classes = classes or len(set(digests[coarsest]))
+                if len(set(keys)) == classes:
+                    digests[m], facts[m] = digests[coarsest], facts[coarsest]
+                    continue
+            digests[m] = keys
+            facts[m] = turn_facts(keys, outcomes, starts)
         if self.group and all(self.bounds[m].quiet(f) for m, f in facts.items()):
             return []
         calls_by_mode: dict[str, list[Any]] = {}
@@ -168,11 +164,6 @@ class Calibrator:
         for idx, mode, result in self.fired(turn):
             if result.halt_call or result.asks:
                 modes[idx][mode].add(turn.id, n, turn.resolved, result)
-
-
-def _digest_key(tool: str, digest: str) -> bytes:
-    """A recorded digest is already an identity: (tool, digest) stands for (tool, arguments)."""
-    return b"\x01" + tool.encode("utf-8", "surrogatepass") + b"\x00" + digest.encode()
 
 
 _JSON_STARTS = frozenset('{["-0123456789')
