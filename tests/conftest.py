@@ -3,11 +3,31 @@ builders for the turns the seeds describe."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import pytest
 
 import turnguard as tg
+
+SHARED_CORPUS = next(
+    (p for p in (Path(__file__).resolve().parents[2] / "shared" / "corpus", Path("/work/shared/corpus")) if p.is_dir()),
+    Path(__file__).resolve().parents[2] / "shared" / "corpus",
+)
+"""The development corpus: ``shared/corpus`` beside the checkout (as CI lays it out)."""
+
+
+
+def corpus_files() -> list[Path]:
+    """The corpus's JSONL files; skips without it, fails under CI (where it is always laid out)."""
+    files = sorted(SHARED_CORPUS.glob("*.jsonl"))
+    if not files:
+        if os.environ.get("CI"):
+            pytest.fail(f"the shared corpus is missing at {SHARED_CORPUS}")
+        pytest.skip("the shared corpus is not here")
+    return files
+
 
 CORE_ONLY = {"disable_plugins": ("otel", "recorder", "shadow"), "load_entrypoints": False}
 """The core policies alone: telemetry and shadow plugins (built by other modules) left out."""

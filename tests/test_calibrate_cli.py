@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_CORPUS, corpus_files
 from turnguard.calibrate.synthetic import SMALL, write_corpus
 from turnguard.cli import main
 
-CORPUS = Path("/work/shared/corpus")
+CORPUS = SHARED_CORPUS
 SMALL_GRID = ["--soft-caps", "5,20", "--multipliers", "2,10", "--stuck-repeats", "3"]
 
 
@@ -83,9 +84,7 @@ def test_missing_file_and_bad_merge_input_exit_2(tmp_path: Path, capsys: pytest.
 
 
 def test_console_script_on_the_shared_corpus_without_a_terminal_draws_no_progress(tmp_path: Path) -> None:
-    files = sorted(CORPUS.glob("*.jsonl"))
-    if not files:
-        pytest.skip("the shared corpus is not here")
+    files = corpus_files()
     done = subprocess.run([sys.executable, "-m", "turnguard.cli", "calibrate", *map(str, files)],
                           capture_output=True, text=True, timeout=120, check=True)
     assert "648 turns, 10,449 tool calls" in done.stdout

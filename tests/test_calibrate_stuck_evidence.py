@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from conftest import SHARED_CORPUS, corpus_files
 from turnguard.calibrate import stuck_evidence as ev
 from turnguard.calibrate.inputs import read_turns
 
-CORPUS = Path("/work/shared/corpus")
+CORPUS = SHARED_CORPUS
 DEGENERATE = "deepseek-chat-v2/googlecontainertools__jib-4035"
 """Solved early, then 20 identical failing calls: the one resolved run a stuck rule may halt."""
 
@@ -21,9 +20,7 @@ def by_name(data: ev.DataSet) -> dict[str, ev.VariantFigures]:
 
 @pytest.fixture(scope="module")
 def recorded() -> ev.DataSet:
-    files = sorted(CORPUS.glob("*.jsonl"))
-    if not files:
-        pytest.skip("the shared corpus is not here")
+    files = corpus_files()
     return ev.evaluate("recorded", read_turns(files, lambda p: None), ev.CORPUS_SOFT_CAP)
 
 

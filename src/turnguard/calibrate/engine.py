@@ -24,7 +24,7 @@ from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.inputs import RecordedTurn
 from turnguard.calibrate.replay import CompiledPolicy, SharedPrefix, TurnResult, cycle_starts, replay_turn
-from turnguard.calibrate.stats import RunStats
+from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect
 from turnguard.keys import Keyer
 
 MODES = (("unattended", False), ("attended", True))
@@ -161,9 +161,13 @@ class Calibrator:
         stats = self.stats
         stats.add_turn(n, turn.resolved)
         modes = stats.modes
+        turn_id, resolved = turn.id, turn.resolved
+        effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs
         for idx, mode, result in self.fired(turn):
             if result.halt_call or result.asks:
-                modes[idx][mode].add(turn.id, n, turn.resolved, result)
+                key = id(result)
+                effect = effects[key] if key in effects else effects.setdefault(key, halt_effect(result, n))
+                modes[idx][mode].add_effect(turn_id, resolved, result, effect)
 
 
 _JSON_STARTS = frozenset('{["-0123456789')

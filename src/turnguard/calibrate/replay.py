@@ -139,14 +139,14 @@ def tool_calls(turn: RecordedTurn, digests: Sequence[bytes], keyer: Keyer) -> li
 def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int], begin: int,
             end: int) -> None:
     """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
-    recorded = turn.calls
-    count, outcome = ledger.count_call, ledger.record_outcome
-    for i in range(begin, end):
-        for _ in range(starts[i]):
-            ledger.begin_cycle()
-        call, digest = recorded[i], digests[i]
-        count(digest, call.tool)
-        outcome(digest, call.outcome)
+    count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
+    for call, digest, cycles in zip(turn.calls[begin:end], digests[begin:end], starts[begin:end], strict=True):
+        if cycles:
+            cycle()
+            for _ in range(cycles - 1):
+                cycle()
+        count(digest, call[0])  # call.tool
+        outcome(digest, call[3])  # call.outcome
 
 
 class SharedPrefix:

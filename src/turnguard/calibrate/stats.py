@@ -23,6 +23,18 @@ def _add_hist(hist: dict[int, int], key: int, n: int = 1) -> None:
     hist[key] = hist.get(key, 0) + n
 
 
+HaltEffect = tuple[str, int, int]
+"""A halt's threshold label, the calls it saved and the tenth of the turn it landed in."""
+
+
+def halt_effect(result: TurnResult, calls: int) -> HaltEffect | None:
+    """What a result adds to the halt figures (``None``: it did not halt)."""
+    if not result.halt_call:
+        return None
+    return (result.threshold or "plugin_error", calls_saved(result, calls),
+            decile(relative_position(result.halt_call, calls)))
+
+
 @dataclass
 class ModeStats:
     """One policy in one mode (unattended: ``promptable=False``; attended: ``True``)."""
@@ -46,17 +58,23 @@ class ModeStats:
     """Asks seen in turns that were resolved (the user was interrupted on a good run)."""
 
     def add(self, turn_id: str, calls: int, resolved: bool | None, result: TurnResult) -> None:
-        if result.asks:
-            self.asks += len(result.asks)
+        self.add_effect(turn_id, resolved, result, halt_effect(result, calls))
+
+    def add_effect(self, turn_id: str, resolved: bool | None, result: TurnResult, effect: HaltEffect | None) -> None:
+        """``add`` with the halt's figures computed once (``halt_effect``): every policy of a
+        replay group shares the same result."""
+        asks = result.asks
+        if asks:
+            self.asks += len(asks)
             self.turns_with_asks += 1
             if resolved:
-                self.asks_resolved += len(result.asks)
-        if not result.halted:
+                self.asks_resolved += len(asks)
+        if effect is None:
             return
+        label, saved, tenth = effect
         self.halted += 1
-        label = result.threshold or "plugin_error"
-        self.by_threshold[label] = self.by_threshold.get(label, 0) + 1
-        saved = calls_saved(result, calls)
+        by_threshold = self.by_threshold
+        by_threshold[label] = by_threshold.get(label, 0) + 1
         if resolved is True:
             self.halted_resolved += 1
             if len(self.resolved_ids) < MAX_IDS:
@@ -69,8 +87,9 @@ class ModeStats:
         else:
             self.halted_unknown += 1
             self.saved_unknown += saved
-        _add_hist(self.halt_calls, result.halt_call)
-        self.halt_deciles[decile(relative_position(result.halt_call, calls))] += 1
+        halt_calls = self.halt_calls
+        halt_calls[result.halt_call] = halt_calls.get(result.halt_call, 0) + 1
+        self.halt_deciles[tenth] += 1
 
     def merge(self, other: ModeStats) -> None:
         self.halted += other.halted
