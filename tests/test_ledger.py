@@ -138,3 +138,33 @@ def test_a_turn_stops_growing_once_it_tracks_the_bound():
     assert held[3_000] - held[500] > 20_000  # growing while under the bound (500 more keys)...
     assert abs(held[12_000] - held[3_000]) < 4_000  # ...flat past it: 9,000 more calls, no more memory
     assert turn.ledger.distinct_keys == 1_000 and turn.ledger.tool_calls == 12_000
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["config", "turn_id", "conversation_id", "agent_name", "promptable", "cap_mode", "soft_cap", "hard_cap",
+     "tool_calls", "max_key_repeat", "streak_length", "failing_streak_length", "cycles"],
+)
+def test_the_view_plugins_receive_cannot_be_rewritten(name):
+    ledger = Ledger(tg.GuardConfig(max_tool_calls_per_turn=3))
+    with pytest.raises(AttributeError):
+        setattr(ledger, name, 10**9)
+    assert ledger.hard_cap == 3
+
+
+def test_an_outcome_recorded_twice_for_one_checked_call_counts_once():
+    config = tg.GuardConfig()
+    ledger = Ledger(config)
+    ledger.count_call(b"k", "build")
+    for _ in range(8):
+        ledger.record_outcome(b"k", tg.Outcome.ERROR)
+    assert (ledger.streak_length, ledger.failing_streak_length) == (1, 1)
+
+
+def test_parallel_identical_calls_each_settle_their_own_outcome():
+    ledger = Ledger(tg.GuardConfig())
+    for _ in range(3):
+        ledger.count_call(b"k", "build")
+    for _ in range(3):
+        ledger.record_outcome(b"k", tg.Outcome.ERROR)
+    assert (ledger.streak_length, ledger.failing_streak_length) == (3, 3)

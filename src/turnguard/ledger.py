@@ -44,6 +44,7 @@ _DENIED = Outcome.DENIED
 _FACTS = (
     "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
     "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news", "_settled",
+    "_unsettled",
 )
 """The scalar facts ``Ledger.fork`` copies (the two dicts are copied separately)."""
 
@@ -78,16 +79,17 @@ class Ledger:
         "_streak",
         "_stuck_at",
         "_tool_calls",
+        "_unsettled",
         "_warn_at",
-        "agent_name",
-        "cap_mode",
-        "config",
-        "conversation_id",
-        "hard_cap",
-        "promptable",
-        "soft_cap",
-        "started_at",
-        "turn_id",
+        "_agent_name",
+        "_cap_mode",
+        "_config",
+        "_conversation_id",
+        "_hard_cap",
+        "_promptable",
+        "_soft_cap",
+        "_started_at",
+        "_turn_id",
     )
 
     def __init__(
@@ -99,15 +101,15 @@ class Ledger:
         agent_name: str | None = None,
         promptable: bool = False,
     ) -> None:
-        self.config = config
-        self.turn_id = turn_id or uuid.uuid4().hex
-        self.conversation_id = conversation_id
-        self.agent_name = agent_name
-        self.promptable = bool(promptable)
-        self.cap_mode = config.cap_mode
-        self.soft_cap = config.soft_cap if self.cap_mode == "adaptive" else None
-        self.hard_cap = config.hard_cap
-        self.started_at = time.monotonic()
+        self._config = config
+        self._turn_id = turn_id or uuid.uuid4().hex
+        self._conversation_id = conversation_id
+        self._agent_name = agent_name
+        self._promptable = bool(promptable)
+        self._cap_mode = cap_mode = config.cap_mode
+        self._soft_cap = config.soft_cap if cap_mode == "adaptive" else None
+        self._hard_cap = config.hard_cap
+        self._started_at = time.monotonic()
         self._tool_calls = 0
         self._cycles = 0
         self._cycle_start = 0
@@ -129,13 +131,54 @@ class Ledger:
         self._news: bytes | None = None
         self._stop_any = config.streak_stop_on == "any"
         self._settled = 0
+        self._unsettled = 0
         self._stuck_at = config.stuck_repeat_threshold
         self._warn_at = config.streak_warn_at
         self._stop_at = config.streak_stop_at
         self._max_keys = config.max_tracked_keys
-        self._cap_quiet_until = _quiet_until(self.cap_mode, self.soft_cap, self.hard_cap)
+        self._cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self._hard_cap)
 
     # -- read-only view ------------------------------------------------------------------------
+
+    @property
+    def config(self) -> GuardConfig:
+        return self._config
+
+    @property
+    def turn_id(self) -> str:
+        return self._turn_id
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self._conversation_id
+
+    @property
+    def agent_name(self) -> str | None:
+        return self._agent_name
+
+    @property
+    def promptable(self) -> bool:
+        """Whether a person is watching (attended): detections reach the user rather than halt."""
+        return self._promptable
+
+    @property
+    def cap_mode(self) -> str:
+        """``explicit``, ``adaptive`` or ``disabled``."""
+        return self._cap_mode
+
+    @property
+    def soft_cap(self) -> int | None:
+        """S under the adaptive cap, else ``None``."""
+        return self._soft_cap
+
+    @property
+    def hard_cap(self) -> int | None:
+        """N (explicit) or S * m (adaptive): past it the turn halts whatever it does."""
+        return self._hard_cap
+
+    @property
+    def started_at(self) -> float:
+        return self._started_at
 
     @property
     def tool_calls(self) -> int:
@@ -255,10 +298,12 @@ class Ledger:
             self._count_stale(digest, seen)
         if digest == self._last_key:
             self._streak += 1
+            self._unsettled += 1
         else:
             self._last_key = digest
             self._last_tool = tool_name
             self._streak = 1
+            self._unsettled = 1
             self._failing = 0
             self._settled = 0
         return seen
@@ -300,10 +345,13 @@ class Ledger:
     def record_outcome(self, digest: bytes, outcome: Outcome) -> None:
         """An outcome counts toward the failing streak only for the current streak's key:
         ``ERROR`` extends it, ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it. With
-        ``streak_stop_on="any"`` the settled streak counts every outcome but ``DENIED``."""
+        ``streak_stop_on="any"`` the settled streak counts every outcome but ``DENIED``. An
+        outcome beyond the calls checked (the same call recorded twice) leaves the streaks alone:
+        they count calls, not reports."""
         self._outcomes[outcome._value_] += 1
-        if digest != self._last_key:
+        if digest != self._last_key or not self._unsettled:
             return
+        self._unsettled -= 1
         if outcome is _ERROR:
             self._failing += 1
         elif outcome is not _DENIED:
@@ -316,6 +364,7 @@ class Ledger:
         self._last_key = None
         self._last_tool = None
         self._streak = 0
+        self._unsettled = 0
         self._failing = 0
         self._settled = 0
 
@@ -363,7 +412,7 @@ class Ledger:
             agent_name=self.agent_name,
             promptable=self.promptable if promptable is None else promptable,
         )
-        twin.started_at = self.started_at
+        twin._started_at = self._started_at
         for name in _FACTS:
             setattr(twin, name, getattr(self, name))
         twin._counts = dict(self._counts)

@@ -35,7 +35,9 @@ DEFAULT_PLUGINS: dict[str, str] = {
     "streak": "turnguard.policies.streak",
     "cycles": "turnguard.policies.cycles",
 }
-"""Built-in policy modules by name, in hook order (the cap's detection wins ties)."""
+"""Built-in policy modules by name, in hook order among themselves (the cap's detection wins ties
+over the streak's). Plugins given to ``Guard(plugins=)`` or ``Guard.register`` run before them (and win
+ties); entry-point plugins run after them."""
 
 PluginFactory = Callable[..., Any]
 FACTORY_PLUGINS: dict[str, str] = {
