@@ -98,6 +98,7 @@ LEVEL = label(n.LOOP_LEVEL)
 ACTION = label(n.LOOP_ACTION)
 CAP_MODE = label(n.CAP_MODE)
 STUCK = label(n.TURN_STUCK)
+PAST_SOFT_CAP = label(n.TURN_PAST_SOFT_CAP)
 PROMPTABLE = label(n.TURN_PROMPTABLE)
 AGENT = label(n.GEN_AI_AGENT_NAME)
 TOOL = label(n.GEN_AI_TOOL_NAME)
@@ -337,11 +338,13 @@ def _cut_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
 
 
 def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
+    """Long turns only (past S: the ones the stuck signal judges), by how they ended."""
     d = cap.stuck_repeat_threshold
+    long = {PAST_SOFT_CAP: "true"}
     targets = []
-    for i, (name, labels) in enumerate((("ended on its own", {THRESHOLD: "none", CAP_MODE: "adaptive"}),
-                                        ("halted: stuck past S", {THRESHOLD: "soft_stuck"}),
-                                        ("halted: backstop", {THRESHOLD: "hard_backstop"}))):
+    for i, (name, labels) in enumerate((("ended on its own", {THRESHOLD: "none", **long}),
+                                        ("halted: stuck past S", {THRESHOLD: "soft_stuck", **long}),
+                                        ("halted: backstop", {THRESHOLD: "hard_backstop", **long}))):
         below = total(f"{MAX_REPEAT}_bucket", le_sel(d - 2, **labels))
         near = total(f"{MAX_REPEAT}_bucket", le_sel(d - 1, **labels))
         count = total(f"{MAX_REPEAT}_count", sel(**labels))
@@ -455,9 +458,10 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                          f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
                          [query(first_stuck_mean, legend(THRESHOLD))], width=4, height=4))
         .with_row(Row(f"Repeats against the stuck threshold (D = {d})").id(30))
-        .with_panel(bars(31, f"Max key repeat per turn vs D = {d}, by how the turn ended",
-                         "Productive turns stay below D (one short of D = a near miss); turns halted stuck past S "
-                         "are at or above it; runaways the backstop ended never repeat enough to be flagged.",
+        .with_panel(bars(31, f"Long turns (past S = {s}): max key repeat vs D = {d}, by how the turn ended",
+                         f"Turns that made more than S = {s} calls only (turnguard.turn.past_soft_cap). Productive "
+                         "long turns stay below D (one short of D = a near miss); turns halted stuck past S are at "
+                         "or above it; runaways the backstop ended never repeat enough to be flagged.",
                          _repeat_targets(cap), width=24, height=10))
     )
     shadow = shadow_policy_panels(cap)

@@ -204,7 +204,7 @@ def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def turn_labels(summary: tg.TurnSummary) -> dict[str, str]:
+def summary_labels(summary: tg.TurnSummary) -> dict[str, str]:
     return {
         build.OUTCOME: summary.reason,
         build.THRESHOLD: str(summary.threshold) if summary.threshold is not None else "none",
@@ -215,8 +215,14 @@ def turn_labels(summary: tg.TurnSummary) -> dict[str, str]:
     }
 
 
+def turn_labels(summary: tg.TurnSummary, soft_cap: int) -> dict[str, str]:
+    """A live turn's labels; past the soft cap only with an adaptive cap (S = the fleet's configured one)."""
+    past = summary.cap_mode == "adaptive" and summary.tool_calls > soft_cap
+    return {**summary_labels(summary), build.PAST_SOFT_CAP: _bool(past)}
+
+
 def shadow_turn_labels(policy: str, summary: tg.TurnSummary) -> dict[str, str]:
-    return {build.SHADOW_POLICY: policy, **turn_labels(summary)}
+    return {build.SHADOW_POLICY: policy, **summary_labels(summary)}
 
 
 def detection_labels(event: tg.LoopDetectedEvent) -> dict[str, str]:
@@ -259,7 +265,7 @@ class Truth:
         self.tally = run.tally
         self.config = run.config
         self.cap = build.CapSettings.from_config(run.config)
-        self.turns = [(turn_labels(t.summary), t.summary) for t in run.tally.turns]
+        self.turns = [(turn_labels(t.summary, run.config.soft_cap), t.summary) for t in run.tally.turns]
         self.detections = [detection_labels(e) for e in run.tally.detections]
         self.answers = [
             {build.THRESHOLD: str(e.threshold), build.LEVEL: str(e.level), build.ANSWER: answer}
@@ -401,10 +407,11 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
         (T, 104, "B"): lambda t: group(t.shadow_detections, (*policy, build.THRESHOLD, build.LEVEL)),
         (T, 105, "A"): lambda t: group((r for r in t.shadow_detections if r[build.ACTION] == "halt"), policy),
     }
+    long = {build.PAST_SOFT_CAP: "true"}
     slices = (
-        {build.THRESHOLD: "none", build.CAP_MODE: "adaptive"},
-        {build.THRESHOLD: "soft_stuck"},
-        {build.THRESHOLD: "hard_backstop"},
+        {build.THRESHOLD: "none", **long},
+        {build.THRESHOLD: "soft_stuck", **long},
+        {build.THRESHOLD: "hard_backstop", **long},
     )
     for i, where in enumerate(slices):
         expected[(T, 31, ref(3 * i))] = repeats(0, d - 2, **where)
@@ -469,6 +476,23 @@ def test_the_fleets_shadow_policies_disagree_with_the_live_one(fleet_run):
     live_stuck = sum(1 for t in tally.turns if str(t.summary.threshold) == "soft_stuck")
     assert halted[("stop_on_any", "soft_stuck")] == live_stuck  # same stuck signal as the live policy
     assert halted[("stale_repeat", "soft_stuck")] == live_stuck  # a loop of new calls: at the same call
+
+
+def test_the_max_repeat_panel_leaves_short_turns_out(fleet_run):
+    """Panel 31 is about long turns: the fleet's short turns that ended on their own are in Prometheus
+    (``turnguard_turn_past_soft_cap="false"``), some of them at or above D (a failing call repeated until
+    the user said continue), yet none of them reach the panel."""
+    truth, d = Truth(fleet_run), fleet_run.config.stuck_repeat_threshold
+    short = {build.THRESHOLD: "none", build.CAP_MODE: "adaptive", build.PAST_SOFT_CAP: "false"}
+    assert truth.count_turns(lambda s: s.max_key_repeat >= d, **short) > 0
+    window = fleet_run.window
+    expr = queries.resolve(build.total(f"{build.MAX_REPEAT}_count", build.sel(**short)),
+                           _grafana_values(window, f"{window.ms}ms"))
+    data = fleet_run.prometheus.api("query", query=expr, time=f"{window.end:.3f}")
+    assert _result(data) == scalar(truth.count_turns(**short))
+    on_panel = [q for q in ALL_QUERIES if (q.board_uid, q.panel_id) == (T, 31)]
+    assert on_panel and all(f'{build.PAST_SOFT_CAP}="true"' in q.expr for q in on_panel)
+    assert EXPECTED[(T, 31, "C")](truth) == scalar(0)  # long turns that ended on their own never reached D
 
 
 def test_an_unsubstituted_macro_or_a_bad_query_fails_loudly(fleet_run):

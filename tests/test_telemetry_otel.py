@@ -462,7 +462,7 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(teleme
     assert calls.count == 1 and calls.sum == 8
     assert dict(calls.attributes) == {
         n.GEN_AI_AGENT_NAME: "coder", n.TURN_OUTCOME: "halted", n.LOOP_THRESHOLD: "soft_stuck",
-        n.CAP_MODE: "adaptive", n.TURN_STUCK: True, n.TURN_PROMPTABLE: False,
+        n.CAP_MODE: "adaptive", n.TURN_STUCK: True, n.TURN_PROMPTABLE: False, n.TURN_PAST_SOFT_CAP: True,
     }
     # 8 calls lands in the bucket (7, 14]
     assert calls.bucket_counts[edges.index(14.0)] == 1
@@ -478,6 +478,26 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(teleme
         n.LOOP_THRESHOLD: "soft_stuck", n.LOOP_LEVEL: "stop", n.LOOP_ACTION: "halt", n.CAP_MODE: "adaptive",
         n.TURN_PROMPTABLE: False, n.GEN_AI_TOOL_NAME: "t4", n.GEN_AI_AGENT_NAME: "coder",
     }
+
+
+@pytest.mark.parametrize(
+    ("config", "calls", "past"),
+    [
+        ({"soft_cap": 5}, 5, False),  # exactly S: not past it
+        ({"soft_cap": 5}, 6, True),  # S + 1
+        ({"soft_cap": 5}, 0, False),  # no call at all
+        ({"max_tool_calls_per_turn": 3}, 4, False),  # explicit cap: no S, halted past its cap, still false
+        ({"max_tool_calls_per_turn": 0}, 12, False),  # disabled cap
+        ({"soft_cap": 0}, 12, False),  # disabled adaptive cap (S = 0)
+    ],
+    ids=["at-S", "S+1", "empty", "explicit", "disabled-explicit", "disabled-adaptive"],
+)
+def test_turn_metrics_say_whether_the_turn_went_past_the_soft_cap(telemetry, config, calls, past):
+    with make_guard(telemetry, streak_warn_at=0, streak_stop_at=0, **config).turn() as turn:
+        run_calls(turn, [(call(f"t{i}", str(i)), tg.Outcome.OK) for i in range(calls)])
+    for metric in (n.METRIC_TURN_TOOL_CALLS, n.METRIC_TURN_MAX_KEY_REPEAT, n.METRIC_TURN_CYCLES):
+        (point,) = telemetry.points(metric[0])
+        assert point.attributes[n.TURN_PAST_SOFT_CAP] is past, (metric, dict(point.attributes))
 
 
 def test_turns_that_never_got_stuck_record_no_first_stuck_call(telemetry):

@@ -121,6 +121,7 @@ def test_spans_logs_and_metrics_arrive_over_otlp_http(receiver):
     by_agent = {attributes(p.attributes)[n.GEN_AI_AGENT_NAME]: attributes(p.attributes) for p in points}
     assert by_agent["runaway"][n.LOOP_THRESHOLD] == "hard_backstop"
     assert by_agent["clean"][n.TURN_OUTCOME] == "completed"
+    assert (by_agent["runaway"][n.TURN_PAST_SOFT_CAP], by_agent["clean"][n.TURN_PAST_SOFT_CAP]) == (True, False)
     detections = metrics[n.METRIC_DETECTIONS[0]]
     assert detections.sum.is_monotonic
     assert sum(p.as_int for p in detections.sum.data_points) == 2

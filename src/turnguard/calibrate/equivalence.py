@@ -69,6 +69,8 @@ class TurnFacts:
     the failing streak, which also resets on ``OK``/``UNKNOWN``)."""
     cycle_calls: tuple[int, ...]
     """By model request number: the call it begins before (``calls + 1``: after the last call)."""
+    distinct: int = 0
+    """Distinct keys in the turn: at most ``max_tracked_keys`` means the ledger's counts are exact."""
 
     @property
     def max_repeat(self) -> int:
@@ -111,7 +113,7 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
     for slot, n in enumerate(starts):
         cycle_calls.extend([slot + 1] * n)
     return TurnFacts(len(digests), len(cycle_calls), tuple(reach_repeat), tuple(reach_run), tuple(reach_failing),
-                     tuple(cycle_calls))
+                     tuple(cycle_calls), len(counts))
 
 
 BOUNDED_SIGNALS = frozenset(("repeat", "stale_repeat"))
@@ -130,6 +132,10 @@ class Traits:
     stuck: int  # D (adaptive)
     bounded_signal: bool
     signal: str
+    exact_signal: bool
+    """The stuck signal's count is the largest repeat itself (``repeat``), so the call at which it
+    reaches D is known from the facts, not only bounded."""
+    max_keys: int
     warn: int
     stop: int
     stop_any: bool
@@ -148,7 +154,8 @@ class Traits:
         limit = c.max_tool_calls_per_turn if cap == 1 else c.soft_cap
         stop_on = c.streak_stop_on
         return cls(cap, limit or 0, c.hard_cap or 0, c.stuck_repeat_threshold, c.stuck_signal in BOUNDED_SIGNALS,
-                   c.stuck_signal, c.streak_warn_at, c.streak_stop_at, stop_on != "error", c.remind_model,
+                   c.stuck_signal, c.stuck_signal == "repeat", c.max_tracked_keys, c.streak_warn_at,
+                   c.streak_stop_at, stop_on != "error", c.remind_model,
                    c.max_cycles_per_turn, tuple(r.n for r in policy.extras),
                    (c.key_mode, c.max_tracked_keys, c.fail_mode))
 
@@ -175,11 +182,18 @@ def traits_signature(t: Traits, f: TurnFacts, promptable: bool) -> Signature | N
         if calls > t.limit:
             cap = ("explicit", t.limit)
     elif t.cap == 2 and calls > t.limit:
-        hard = t.hard if t.hard < calls else NEVER
-        if not t.bounded_signal or t.stuck <= len(f.reach_repeat):
-            cap = ("adaptive", t.limit, t.signal, t.stuck, hard)
-        elif hard is not NEVER:
-            cap = ("adaptive", t.limit, NEVER, NEVER, hard)  # the signal cannot fire: which one is moot
+        if t.exact_signal and f.distinct <= t.max_keys:
+            # Exact counts: the stuck verdict comes at a known call (or never). The cap is then
+            # just what it does and where: S, D and H matter only through that.
+            stuck_at = stuck_call(t, f)
+            if t.hard < calls and (stuck_at is NEVER or t.hard < stuck_at):
+                cap = ("hard_backstop", t.hard + 1)
+            elif stuck_at is not NEVER:
+                cap = ("soft_stuck", stuck_at)
+        elif not t.bounded_signal or t.stuck <= len(f.reach_repeat):
+            cap = ("adaptive", t.limit, t.signal, t.stuck, t.hard if t.hard < calls else NEVER)
+        elif t.hard < calls:
+            cap = ("hard_backstop", t.hard + 1)  # the signal cannot fire: which one is moot
     stop_reach = f.reach_run if t.stop_any else f.reach_failing
     stop = t.stop if t.stop and len(stop_reach) >= t.stop else NEVER
     streak: Signature | None = None
@@ -199,6 +213,16 @@ def traits_signature(t: Traits, f: TurnFacts, promptable: bool) -> Signature | N
     return (*t.prefix, cap, streak, cycles, extras)
 
 
+def stuck_call(t: Traits, f: TurnFacts) -> int | None:
+    """The first call past the soft cap at which an adaptive cap's bounded stuck signal can hold,
+    or ``None``: never. For ``repeat`` while the ledger counts every key (``distinct <=
+    max_tracked_keys``) it is the call the signal holds at; otherwise a lower bound (an
+    uncounted key, or a signal that counts only some repeats, only lowers the count)."""
+    if t.stuck > len(f.reach_repeat):
+        return NEVER
+    return max(t.limit + 1, f.reach_repeat[t.stuck - 1])
+
+
 def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:
     """The first call (1-based) at which any of the policy's checks can return a verdict that
     changes the replay's result (a cycle check counts for the call it precedes); a replay may run
@@ -213,8 +237,10 @@ def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:
             first = t.hard + 1
         if not t.bounded_signal:
             first = min(first, t.limit + 1)
-        elif t.stuck <= len(f.reach_repeat):
-            first = min(first, max(t.limit + 1, f.reach_repeat[t.stuck - 1]))
+        else:
+            stuck_at = stuck_call(t, f)
+            if stuck_at is not NEVER:
+                first = min(first, stuck_at)
     stop_reach = f.reach_run if t.stop_any else f.reach_failing
     if t.stop and t.stop <= len(stop_reach):
         first = min(first, stop_reach[t.stop - 1])

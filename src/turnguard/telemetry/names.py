@@ -30,6 +30,9 @@ TURN_ID = "turnguard.turn.id"
 TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | <host reason> | abandoned (spans only)
 TURN_PROMPTABLE = "turnguard.turn.promptable"
 TURN_STUCK = "turnguard.turn.stuck"
+TURN_PAST_SOFT_CAP = "turnguard.turn.past_soft_cap"
+"""On turn metrics: the turn's tool calls exceeded the soft cap S (adaptive mode only; always false with an
+explicit or disabled cap, which have no S). It lets a panel keep long turns apart from short ones."""
 CAP_MODE = "turnguard.cap.mode"  # explicit | adaptive | disabled
 TURN_TOOL_CALLS = "turnguard.turn.tool_calls"  # span attribute (same name as the histogram)
 TURN_CYCLES = "turnguard.turn.cycles"
@@ -101,7 +104,8 @@ METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call
 """Per shadow policy and turn: the calls it saw before its would-be halt (or all of them)."""
 
 # -- which attributes each metric carries (never ids, arguments or results) ------------------
-TURN_METRIC_ATTRIBUTES = (GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE, TURN_STUCK, TURN_PROMPTABLE)
+_TURN_ATTRIBUTES = (GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE, TURN_STUCK, TURN_PROMPTABLE)
+TURN_METRIC_ATTRIBUTES = (*_TURN_ATTRIBUTES, TURN_PAST_SOFT_CAP)
 """On the four per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn."""
 DETECTION_METRIC_ATTRIBUTES = (
     GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE, TURN_PROMPTABLE,
@@ -109,9 +113,10 @@ DETECTION_METRIC_ATTRIBUTES = (
 ESCALATION_METRIC_ATTRIBUTES = (GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
 PLUGIN_ERROR_METRIC_ATTRIBUTES = (PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
 SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
-SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *TURN_METRIC_ATTRIBUTES)
+SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *_TURN_ATTRIBUTES)
 """``turnguard.turn.outcome`` there is the shadow's: ``halted`` (its would-be halt), the live
-turn's reason, or ``live_halted`` (the live guard ended the turn first)."""
+turn's reason, or ``live_halted`` (the live guard ended the turn first). No
+``turnguard.turn.past_soft_cap`` there: a shadow's turn is cut at its own would-be halt."""
 METRIC_ATTRIBUTES = {
     METRIC_TURN_TOOL_CALLS[0]: TURN_METRIC_ATTRIBUTES,
     METRIC_TURN_CYCLES[0]: TURN_METRIC_ATTRIBUTES,

@@ -589,7 +589,7 @@ class OtelPlugin:
     def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
         with self._lock:
             state = self._turns.pop(turn, None)
-        self._record_turn(summary)
+        self._record_turn(summary, past_soft_cap=turn.soft_cap is not None and summary.tool_calls > turn.soft_cap)
         if state is None:
             return
         self._close(state, self._summary_attributes(summary), error=summary.reason == "error")
@@ -626,7 +626,9 @@ class OtelPlugin:
             attrs[n.TURN_FIRST_STUCK_CALL] = summary.first_stuck_call
         return attrs
 
-    def _record_turn(self, summary: TurnSummary) -> None:
+    def _record_turn(self, summary: TurnSummary, *, past_soft_cap: bool) -> None:
+        """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
+        cap has) lets the threshold-validation board look at long turns alone."""
         ins = self.instruments
         reason = summary.reason if summary.reason in BUILTIN_REASONS else ins.reasons.fold(str(summary.reason))
         attrs: dict[str, Any] = {
@@ -635,6 +637,7 @@ class OtelPlugin:
             n.CAP_MODE: summary.cap_mode,
             n.TURN_STUCK: summary.stuck,
             n.TURN_PROMPTABLE: summary.promptable,
+            n.TURN_PAST_SOFT_CAP: past_soft_cap,
         }
         if summary.agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(summary.agent_name)
