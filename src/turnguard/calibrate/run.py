@@ -8,6 +8,8 @@ the ``RunStats`` of its chunk and the parent merges them (the same merge as ``ca
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import sys
@@ -98,15 +100,33 @@ def calibrate(
             raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from exc
     progress = progress or Progress(sum(sizes), enabled=False)
     try:
-        if jobs <= 1:
-            stats = _serial(paths, sizes, policies, counted, group, progress)
-        else:
-            stats = _parallel(paths, sizes, policies, counted, group, progress, jobs)
+        with rare_collections():
+            if jobs <= 1:
+                stats = _serial(paths, sizes, policies, counted, group, progress)
+            else:
+                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs)
     finally:
         progress.close()
     stats.problems = counted.count
     stats.inputs = [str(p) for p in paths]
     return stats
+
+
+GC_THRESHOLD = (100_000, 50, 100)
+"""Cyclic-GC thresholds during a run. A replay allocates millions of short-lived tuples and
+ledgers that reference counting frees (no cycles); the default thresholds (700, 10, 10) would
+scan the young objects every 700 of them, for nothing: about 6% of a run's time."""
+
+
+@contextlib.contextmanager
+def rare_collections() -> Iterator[None]:
+    """Raise the cyclic GC's thresholds for the duration (restored after)."""
+    before = gc.get_threshold()
+    gc.set_threshold(*(max(a, b) for a, b in zip(before, GC_THRESHOLD, strict=True)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 class _Counter:
@@ -141,6 +161,7 @@ _worker: Calibrator | None = None
 
 def _init(policies: list[Policy], group: bool) -> None:
     global _worker
+    gc.set_threshold(*GC_THRESHOLD)
     _worker = Calibrator(policies, group=group)
 
 

@@ -480,16 +480,10 @@ class OtelPlugin:
             current = trace.get_current_span()
             span = current if current.get_span_context().is_valid else state.span
         attrs = event_attributes(event)
-        self.logger.emit(
-            event_name=n.LOOP_DETECTED_EVENT,
-            severity_number=SeverityNumber.WARN,
-            severity_text="WARN",
-            body=f"turnguard: {event.threshold} {event.level}: {event.action.label}",
-            attributes=attrs,
-            context=trace.set_span_in_context(span) if span is not None else None,
+        self._event(
+            n.LOOP_DETECTED_EVENT, SeverityNumber.WARN,
+            f"turnguard: {event.threshold} {event.level}: {event.action.label}", attrs, span, mirror=True,
         )
-        if span is not None and span.is_recording():
-            span.add_event(n.LOOP_DETECTED_EVENT, attrs)
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
@@ -513,16 +507,10 @@ class OtelPlugin:
         }
         state = self._turns.get(turn)
         span = state.span if state is not None else None
-        self.logger.emit(
-            event_name=n.ESCALATION_RESOLVED_EVENT,
-            severity_number=SeverityNumber.INFO,
-            severity_text="INFO",
-            body=f"turnguard: user answered {answer} to {event.threshold} {event.level}",
-            attributes=attrs,
-            context=trace.set_span_in_context(span) if span is not None else None,
+        self._event(
+            n.ESCALATION_RESOLVED_EVENT, SeverityNumber.INFO,
+            f"turnguard: user answered {answer} to {event.threshold} {event.level}", attrs, span, mirror=True,
         )
-        if span is not None and span.is_recording():
-            span.add_event(n.ESCALATION_RESOLVED_EVENT, attrs)
 
     @hookimpl
     def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
@@ -558,14 +546,25 @@ class OtelPlugin:
         state = self._turns.get(turn)
         span = state.span if state is not None else None
         attrs = {**event_attributes(event), n.SHADOW_POLICY: str(policy)}
+        self._event(
+            n.SHADOW_DETECTED_EVENT, SeverityNumber.INFO,
+            f"turnguard shadow {policy}: would {event.action.label} ({event.threshold} {event.level})", attrs, span,
+        )
+
+    def _event(
+        self, name: str, severity: SeverityNumber, body: str, attrs: dict[str, Any], span: Any, *, mirror: bool = False
+    ) -> None:
+        """An event as a log record in ``span``'s context; ``mirror`` also adds it as a span event."""
         self.logger.emit(
-            event_name=n.SHADOW_DETECTED_EVENT,
-            severity_number=SeverityNumber.INFO,
-            severity_text="INFO",
-            body=f"turnguard shadow {policy}: would {event.action.label} ({event.threshold} {event.level})",
+            event_name=name,
+            severity_number=severity,
+            severity_text=severity.name,
+            body=body,
             attributes=attrs,
             context=trace.set_span_in_context(span) if span is not None else None,
         )
+        if mirror and span is not None and span.is_recording():
+            span.add_event(name, attrs)
 
     @hookimpl
     def turnguard_shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
