@@ -261,13 +261,13 @@ class Turn:
                 return self._halt
             self._count_call(key.digest, call.name)
             found = None
-            for impl in self._check_call:
+            for name, fn in self._check_call:
                 try:
-                    verdict = impl[1](ledger, call)
+                    verdict = fn(ledger, call)
                 except Exception as exc:  # isolate every plugin
-                    verdict = self._plugin_failed(impl[0], "turnguard_check_call", exc)
+                    verdict = self._plugin_failed(name, "turnguard_check_call", exc)
                 if verdict is not None:
-                    found = [(impl[0], verdict)] if found is None else [*found, (impl[0], verdict)]
+                    found = [(name, verdict)] if found is None else [*found, (name, verdict)]
             verdict, events = _NOTHING if found is None else self._combine("turnguard_check_call", found)
         finally:
             self._release()
@@ -298,13 +298,13 @@ class Turn:
                 verdict, events = self._halt, ()
             else:
                 found = None
-                for impl in self._check_outcome:
+                for name, fn in self._check_outcome:
                     try:
-                        verdict = impl[1](ledger, call, outcome)
+                        verdict = fn(ledger, call, outcome)
                     except Exception as exc:  # isolate every plugin
-                        verdict = self._plugin_failed(impl[0], "turnguard_check_outcome", exc)
+                        verdict = self._plugin_failed(name, "turnguard_check_outcome", exc)
                     if verdict is not None:
-                        found = [(impl[0], verdict)] if found is None else [*found, (impl[0], verdict)]
+                        found = [(name, verdict)] if found is None else [*found, (name, verdict)]
                 verdict, events = _NOTHING if found is None else self._combine("turnguard_check_outcome", found)
         finally:
             self._release()

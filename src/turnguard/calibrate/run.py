@@ -207,34 +207,48 @@ def _read_range(cal: Calibrator, problems: list[InputProblem], path: str, start:
             lineno += 1
 
 
-RANGE_BYTES = 4 << 20
+RANGE_BYTES = 2 << 20
 """Plain corpus files are cut into byte ranges of this size, each read by a worker itself."""
 
 
-def _ranges(path: str, size: int) -> list[tuple[str, str, int, int, int]] | None:
+OTLP_MARKER = b'"resourceSpans"'
+
+
+def _ranges(path: str, size: int) -> Iterator[tuple[str, str, int, int, int]] | None:
     """Byte-range tasks for a plain corpus file (with each range's first line number), or
-    ``None`` for a file the parent must read (gzip, or holding OTLP lines)."""
-    tasks = []
-    newlines = 0
-    marker = b'"resourceSpans"'
+    ``None`` for a file the parent must read (gzip, or holding OTLP lines). The file is first
+    searched for OTLP lines; the tasks are then made as the workers take them (counting lines
+    as they go), so the workers start after one quick pass, not two."""
     with open(path, "rb") as f:
-        if f.read(2) == b"\x1f\x8b":
+        if f.read(2) == b"\x1f\x8b" or _holds(f, OTLP_MARKER):
             return None
-        f.seek(0)
-        start, tail = 0, b""
+    return _range_tasks(path, size)
+
+
+def _holds(f: Any, marker: bytes) -> bool:
+    f.seek(0)
+    tail = b""
+    while block := f.read(RANGE_BYTES):
+        if marker in block or marker in tail + block[: len(marker)]:
+            return True
+        tail = block[-len(marker):]
+    return False
+
+
+def _range_tasks(path: str, size: int) -> Iterator[tuple[str, str, int, int, int]]:
+    newlines = 0
+    with open(path, "rb") as f:
+        start, ended_line = 0, False
         while start < size:
             block = f.read(RANGE_BYTES)
             if not block:
                 break
-            if marker in tail + block:
-                return None
             # First line of this range: after the first newline at or past start - 1.
-            before = newlines - (1 if start and tail.endswith(b"\n") else 0)
-            tasks.append(("range", path, start, start + len(block), before + (2 if start else 1)))
+            before = newlines - (1 if start and ended_line else 0)
+            yield ("range", path, start, start + len(block), before + (2 if start else 1))
             newlines += block.count(b"\n")
-            tail = block[-len(marker):]
+            ended_line = block.endswith(b"\n")
             start += len(block)
-    return tasks
 
 
 def _chunks(paths, sizes, on_problem, position: list[int]) -> Iterator[list[Any]]:

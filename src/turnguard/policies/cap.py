@@ -37,7 +37,7 @@ path relies on."""
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     n = turn._tool_calls  # hot path: the built-in reads the ledger's fields, not its properties
     if n <= turn._cap_quiet_until or (
-        n <= turn.hard_cap and turn._max_repeat < turn._stuck_at
+        n <= turn._hard_cap and turn._max_repeat < turn._stuck_at
     ):  # under the cap, or past the soft cap and not stuck under any signal (the common cases, first)
         return None
     mode = turn.cap_mode
