@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=1_000_000)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--repeat", type=int, default=1, help="measure this many times; report the median and range")
     p.add_argument("--keep", metavar="FILE", help="write the generated corpus here (and reuse it if present)")
     args = p.parse_args()
     path = args.keep or tempfile.mkstemp(suffix=".jsonl", prefix="turnguard-bench-")[1]
@@ -82,12 +84,20 @@ def main() -> int:
             started = time.perf_counter()
             turns, calls = write_corpus(path, max_calls=args.calls)
             print(f"generated {turns:,} turns, {calls:,} calls in {time.perf_counter() - started:.1f}s -> {path}")
-        m = measure(path, args.jobs)
-        rate = m["calls"] / m["wall"]
         print(f"command: turnguard calibrate {os.path.basename(path)} {' '.join(GRID_FLAGS)} --jobs {args.jobs}")
-        print(f"{m['calls']:,} calls, {m['turns']:,} turns, {m['policies']} policies, {m['replays']:,} replays after "
-              f"grouping: {m['wall']:.2f} s wall = {rate:,.0f} calls/s ({'meets' if rate >= TARGET else 'below'} the "
-              f"{TARGET:,} target); {m['cpu']:.2f} s CPU = {m['calls'] / m['cpu']:,.0f} calls per CPU second")
+        rates = []
+        for _ in range(args.repeat):
+            load = os.getloadavg()[0]
+            m = measure(path, args.jobs)
+            rate = m["calls"] / m["wall"]
+            rates.append(rate)
+            print(f"{m['calls']:,} calls, {m['turns']:,} turns, {m['policies']} policies, {m['replays']:,} replays "
+                  f"after grouping: {m['wall']:.2f} s wall = {rate:,.0f} calls/s "
+                  f"({'meets' if rate >= TARGET else 'below'} the {TARGET:,} target); {m['cpu']:.2f} s CPU = "
+                  f"{m['calls'] / m['cpu']:,.0f} calls per CPU second; load average before: {load:.2f}")
+        if args.repeat > 1:
+            print(f"median {statistics.median(rates):,.0f} calls/s, range {min(rates):,.0f}-{max(rates):,.0f} "
+                  f"over {len(rates)} runs")
         return 0
     finally:
         if not args.keep:

@@ -82,3 +82,36 @@ def _respaced_turn():
     calls = [{"tool": "read", "args": rng.choice(['{"a":1,"b":2}', '{"b": 2, "a": 1}']), "outcome": "error"}
              for _ in range(12)]
     return corpus_turn({"id": "respaced", "calls": calls}, "t", 1, print)
+
+
+def _respaced_loops(count: int, seed: int) -> list:
+    """Short turns over a few calls, one of them written two ways: one key under ``canonical``, two
+    as bytes. Under bytes the respaced call is news to ``stale_repeat``; when it comes round, the
+    loop's credit can take that count past the canonical one (it is not monotone, unlike repeats)."""
+    rng = random.Random(seed)
+    pool = [("read", '{"a":1}'), ("read", '{"a": 1}'), ("grep", "grep x\n"), ("edit", "e")]
+    out = []
+    for n in range(count):
+        calls = [{"tool": t, "args": a, "outcome": rng.choice(["ok", "error"])}
+                 for t, a in (rng.choice(pool) for _ in range(rng.randint(3, 12)))]
+        out.append(corpus_turn({"id": f"loop-{n}", "calls": calls, "cycles": len(calls)}, "t", n, print))
+    return out
+
+
+def test_grouping_is_exact_for_stale_repeat_under_both_key_modes() -> None:
+    """The exact ``stale_repeat`` reach is read per keying, never carried to a finer identity."""
+    policies = [Policy(f"{mode} D={d}", tg.GuardConfig(soft_cap=2, hard_multiplier=5, stuck_repeat_threshold=d,
+                                                       stuck_signal="stale_repeat", key_mode=mode,
+                                                       streak_warn_at=0, streak_stop_at=0))
+                for mode, d in (("canonical", 2), ("canonical", 3), ("bytes", 3))]
+    # Canonical: the stale count reaches 2; bytes: '{"a":1}' is news at call 5, and when it comes
+    # round the loop's credit takes the count to 3 at call 8 (found by search; kept as a fixture).
+    calls = [("read", '{"a": 1}'), ("grep", "x"), ("read", '{"a": 1}'), ("edit", "y"), ("read", '{"a":1}'),
+             ("read", '{"a":1}'), ("grep", "x"), ("grep", "x")]
+    credited = corpus_turn({"id": "credited", "calls": [{"tool": t, "args": a, "outcome": "ok"} for t, a in calls],
+                            "cycles": len(calls)}, "t", 0, print)
+    sample = [credited, *_respaced_loops(300, seed=8)]
+    data = Calibrator(policies, group=True).add_all(sample).to_json()
+    data.pop("replays")
+    assert data == figures(policies, sample, group=False)
+    assert all(p["unattended"]["by_threshold"].get("soft_stuck", 0) > 0 for p in data["policies"])

@@ -59,6 +59,8 @@ def test_gzip_is_detected_by_content_not_name(tmp_path: Path) -> None:
         ("[1, 2]", "expected a JSON object"),
         ('{"id": "x"}', "'calls' is missing"),
         ('{"calls": [{"args": "x"}]}', "call 1: 'tool' is missing"),
+        ('{"calls": [{"tool": ["t"], "args": 1, "outcome": "ok"}]}', "call 1: 'tool' is missing or not a non-empty"),
+        ('{"calls": [{"tool": "", "args": 1, "outcome": "ok"}]}', "call 1: 'tool' is missing or not a non-empty"),
         ('{"calls": [{"tool": "t"}]}', "call 1: neither 'args' nor 'digest'"),
         ('{"calls": [{"tool": "t", "args": 1, "outcome": "exploded"}]}', "unknown outcome 'exploded'"),
         ('{"calls": [], "cycles": -1}', "'cycles' must be a non-negative integer"),

@@ -14,6 +14,13 @@ occur (the replay is skipped: its result is ``QUIET``). The rules:
   ``stale_repeat`` that count never exceeds the turn's largest repeat, so a larger ``D`` collapses
   to "never"; the backstop needs ``n > H``, impossible when ``H >= L`` (``H`` collapses to
   "never"); both never: quiet. Other stuck signals: no collapse, checks from ``S + 1``.
+- cap, exactly: when the ledger counts every key (the turn's distinct keys fit in
+  ``max_tracked_keys``) and the signal's count is known call by call (``repeat``: the largest
+  repeat; ``stale_repeat``: read from a ledger driven through the turn, ``stale_reach``), the stuck
+  verdict comes at ``max(S + 1, the call the count reaches D)``, and the backstop at ``H + 1``
+  if that is earlier. The cap is then only what it does and where (``("soft_stuck", call)``,
+  ``("hard_backstop", call)``): policies with other ``S``, ``H``, ``D`` or signal that halt at the
+  same call share a replay.
 - streak, unattended: the warn level returns ALLOW (observed) and changes no ledger fact, so only
   the stop level matters; it needs ``failing_streak_length == stop_at``, bounded by the most
   ``ERROR`` outcomes inside one run of identical keys (with ``streak_stop_on="any"`` it counts
@@ -22,6 +29,9 @@ occur (the replay is skipped: its result is ``QUIET``). The rules:
   ``streak_length <= `` the longest run of identical keys. An answer only resets counts, so the
   bounds hold after it. Attended and unattended replays of a policy whose streak cannot fire are
   identical (``promptable`` is read by the streak policy only), so they share one signature.
+  Attended, a warning level at or below the stop level (and no ``remind_model``) means the stop
+  never fires: the warning's ASK, answered, restarts the streak, and the failing (or settled)
+  count never exceeds the streak.
 - what a collapsed threshold was attached to does not matter either: with ``D`` collapsed, which
   bounded stuck signal the policy uses is left out of its signature; with the stop level unable to
   fire, so is what it counts (``streak_stop_on``).
@@ -34,7 +44,14 @@ occur (the replay is skipped: its result is ``QUIET``). The rules:
   every argument of a turn is text that cannot be JSON (its first character is none of
   ``{["-0-9`` and it is not ``true``/``false``/``null``: a shell command) or a recorded digest,
   the canonical form of each is the text itself (DESIGN 3.1), so both modes count the same
-  repeats and the turn is keyed once.
+  repeats and the turn is keyed once. Otherwise, a finer identity with as many distinct keys as
+  the coarser one is the same partition of the calls: same counts, same replays.
+- a signature whose parts cannot depend on identity (``identity_free``: an explicit cap, a
+  backstop, a cycle cap) is the same under a finer identity: those turns are not keyed again.
+- replays that differ only in a cap halting at a known call (``cap_call``) agree until that call:
+  one that halted earlier for another reason is the result of the others, and one that went past
+  it hands them its state there (``replay.Snapshot``): each runs its own checks only from its cap's
+  call (``engine.py``).
 
 ``tests/test_calibrate_equivalence.py`` replays random turns with and without grouping and
 requires identical results, so a change in a policy that breaks a rule fails there.
@@ -42,10 +59,14 @@ requires identical results, so a change in a policy that breaks a rule fails the
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from turnguard.calibrate.grid import Policy
+from turnguard.config import GuardConfig
+from turnguard.ledger import Ledger
 from turnguard.model import Outcome
 
 Signature = tuple[object, ...]
@@ -71,6 +92,10 @@ class TurnFacts:
     """By model request number: the call it begins before (``calls + 1``: after the last call)."""
     distinct: int = 0
     """Distinct keys in the turn: at most ``max_tracked_keys`` means the ledger's counts are exact."""
+    reach_stale: tuple[int, ...] | None = None
+    """By count: the first call at which the ``stale_repeat`` signal's count (``Ledger.max_stale_repeat``,
+    read from a ledger driven through the turn: ``stale_reach``) reaches it; ``None``: not computed
+    (``reach_repeat`` bounds it)."""
 
     @property
     def max_repeat(self) -> int:
@@ -85,35 +110,62 @@ class TurnFacts:
         return len(self.reach_failing)
 
 
-def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Sequence[int]) -> TurnFacts:
-    """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``."""
+def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Sequence[int],
+               stale: GuardConfig | None = None) -> TurnFacts:
+    """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``;
+    with ``stale`` (a configuration with the ``stale_repeat`` signal), ``reach_stale`` too."""
     reach_repeat: list[int] = []
     reach_run: list[int] = []
     reach_failing: list[int] = []
     counts: dict[bytes, int] = {}
+    get = counts.get
     last = None
-    run = errors = 0
+    run = errors = most_seen = most_run = most_failing = 0
     error = Outcome.ERROR
-    for k, (digest, outcome) in enumerate(zip(digests, outcomes, strict=True), 1):
-        seen = counts.get(digest, 0) + 1
-        counts[digest] = seen
-        if seen > len(reach_repeat):
+    if len(digests) != len(outcomes):
+        raise ValueError("one outcome per key")
+    for k, digest, outcome in zip(itertools.count(1), digests, outcomes):
+        seen = counts[digest] = get(digest, 0) + 1
+        if seen > most_seen:
+            most_seen = seen
             reach_repeat.append(k)
         if digest == last:
             run += 1
+            if run > most_run:
+                most_run = run
+                reach_run.append(k)
         else:
             last, run, errors = digest, 1, 0
-        if run > len(reach_run):
-            reach_run.append(k)
+            if not most_run:
+                most_run = 1
+                reach_run.append(k)
         if outcome is error:
             errors += 1
-            if errors > len(reach_failing):
+            if errors > most_failing:
+                most_failing = errors
                 reach_failing.append(k)
     cycle_calls = []
     for slot, n in enumerate(starts):
         cycle_calls.extend([slot + 1] * n)
     return TurnFacts(len(digests), len(cycle_calls), tuple(reach_repeat), tuple(reach_run), tuple(reach_failing),
-                     tuple(cycle_calls), len(counts))
+                     tuple(cycle_calls), len(counts), None if stale is None else stale_reach(stale, digests))
+
+
+def stale_reach(config: GuardConfig, digests: Sequence[bytes]) -> tuple[int, ...]:
+    """By count, the first call at which ``Ledger.max_stale_repeat`` reaches it: the ledger itself
+    counts (its ``stale_repeat`` semantics are not restated here). The count depends on the keys
+    alone (not on outcomes, model requests or answered asks), so one pass serves every replay."""
+    ledger = Ledger(config, turn_id="facts")
+    count = ledger.count_call
+    reach: list[int] = []
+    most = 0
+    for k, digest in enumerate(digests, 1):
+        count(digest, "")
+        stale = ledger.max_stale_repeat
+        if stale > most:
+            reach.extend([k] * (stale - most))  # a loop coming round credits several at once
+            most = stale
+    return tuple(reach)
 
 
 BOUNDED_SIGNALS = frozenset(("repeat", "stale_repeat"))
@@ -133,8 +185,9 @@ class Traits:
     bounded_signal: bool
     signal: str
     exact_signal: bool
-    """The stuck signal's count is the largest repeat itself (``repeat``), so the call at which it
-    reaches D is known from the facts, not only bounded."""
+    """The stuck signal's count is in the facts (``repeat``: ``reach_repeat``; ``stale_repeat``:
+    ``reach_stale`` when computed), so the call at which it reaches D is known, not only bounded."""
+    stale: bool
     max_keys: int
     warn: int
     stop: int
@@ -154,7 +207,8 @@ class Traits:
         limit = c.max_tool_calls_per_turn if cap == 1 else c.soft_cap
         stop_on = c.streak_stop_on
         return cls(cap, limit or 0, c.hard_cap or 0, c.stuck_repeat_threshold, c.stuck_signal in BOUNDED_SIGNALS,
-                   c.stuck_signal, c.stuck_signal == "repeat", c.max_tracked_keys, c.streak_warn_at,
+                   c.stuck_signal, c.stuck_signal in ("repeat", "stale_repeat"),
+                   c.stuck_signal == "stale_repeat", c.max_tracked_keys, c.streak_warn_at,
                    c.streak_stop_at, stop_on != "error", c.remind_model,
                    c.max_cycles_per_turn, tuple(r.n for r in policy.extras),
                    (c.key_mode, c.max_tracked_keys, c.fail_mode))
@@ -182,7 +236,7 @@ def traits_signature(t: Traits, f: TurnFacts, promptable: bool) -> Signature | N
         if calls > t.limit:
             cap = ("explicit", t.limit)
     elif t.cap == 2 and calls > t.limit:
-        if t.exact_signal and f.distinct <= t.max_keys:
+        if t.exact_signal and f.distinct <= t.max_keys and (not t.stale or f.reach_stale is not None):
             # Exact counts: the stuck verdict comes at a known call (or never). The cap is then
             # just what it does and where: S, D and H matter only through that.
             stuck_at = stuck_call(t, f)
@@ -204,6 +258,8 @@ def traits_signature(t: Traits, f: TurnFacts, promptable: bool) -> Signature | N
             streak = ("unattended", stop)
     else:
         warn = t.warn if t.warn and len(f.reach_run) >= t.warn else NEVER
+        if t.warn and not t.remind and t.stop >= t.warn:
+            stop = NEVER  # the warning's ASK, answered, restarts the streak before it can stop
         if warn is not NEVER or stop is not NEVER:
             streak = ("attended", warn, stop, t.remind)
     cycles = ("cycles", t.cycles) if t.cycles and f.cycles > t.cycles else NEVER
@@ -218,9 +274,43 @@ def stuck_call(t: Traits, f: TurnFacts) -> int | None:
     or ``None``: never. For ``repeat`` while the ledger counts every key (``distinct <=
     max_tracked_keys``) it is the call the signal holds at; otherwise a lower bound (an
     uncounted key, or a signal that counts only some repeats, only lowers the count)."""
-    if t.stuck > len(f.reach_repeat):
+    reach = f.reach_stale if t.stale and f.reach_stale is not None else f.reach_repeat
+    if t.stuck > len(reach):
         return NEVER
-    return max(t.limit + 1, f.reach_repeat[t.stuck - 1])
+    return max(t.limit + 1, reach[t.stuck - 1])
+
+
+_CAP = 3
+"""Where the cap's part sits in a signature: after the prefix (key mode, tracked keys, fail mode)."""
+
+
+def cap_call(sig: Signature) -> float | None:
+    """The call at which the signature's cap halts (``inf``: never), when the signature says
+    exactly: an explicit cap, a stuck verdict at a known call, a backstop. ``None`` otherwise.
+
+    Two replays whose signatures differ only there behave alike until the earlier of the two
+    calls: one that halted before both (for another reason) is the result of both."""
+    cap = sig[_CAP]
+    if cap is None:
+        return math.inf
+    kind = cap[0]
+    if kind == "explicit":
+        return cap[1] + 1
+    if kind in ("soft_stuck", "hard_backstop"):
+        return cap[1]
+    return None
+
+
+def identity_free(sig: Signature) -> bool:
+    """Nothing in the signature depends on which calls are the same call: only an explicit cap,
+    a backstop (call counts) or a cycle cap can fire. Under a finer identity (smaller counts) such
+    a signature stays the same, and so does the replay."""
+    cap = sig[_CAP]
+    return (cap is None or cap[0] in ("explicit", "hard_backstop")) and sig[_CAP + 1] is None and not sig[_CAP + 3]
+
+
+def without_cap(sig: Signature) -> Signature:
+    return (*sig[:_CAP], *sig[_CAP + 1:])
 
 
 def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnguard.calibrate.inputs import RecordedCall
-from turnguard.keys import byte_identity, canonical_bytes
+from turnguard.keys import byte_identity, canonical_bytes, canonical_text
 
 Body = Callable[[Any], bytes]
 
@@ -57,28 +57,38 @@ def call_key(tool: str, args: Any, digest: str | None, body: Body) -> bytes:
 
 
 def call_keys(calls: Sequence[RecordedCall], mode: str) -> list[bytes]:
-    """Each call's ledger key under ``mode``. Under ``canonical``, identical JSON-object text is
-    canonicalized once per turn (stuck turns repeat one call many times); everything else is
-    cheaper to key again than to look up."""
-    if mode == "canonical":
-        memo: dict[tuple[str, str], bytes] = {}
-        return [_canonical_key(c[0], c[1], c[2], memo) for c in calls]
-    body = BODIES[mode]
-    return [(c[0] + "\x00" + c[1]).encode("utf-8", "surrogatepass")
-            if c[2] is None and type(c[1]) is str and type(c[0]) is str
-            else call_key(c[0], c[1], c[2], body) for c in calls]
-
-
-def _canonical_key(tool: str, args: Any, digest: str | None, memo: dict[tuple[str, str], bytes]) -> bytes:
-    if digest is None and type(args) is str and type(tool) is str:
-        if args[:1] == "{" and args[-1:] == "}":
+    """Each call's ledger key under ``mode`` (``call_key``). Under ``canonical``, identical
+    JSON-object text is canonicalized once per turn (stuck turns repeat one call many times);
+    everything else is cheaper to key again than to look up."""
+    if mode != "canonical":
+        body = BODIES[mode]
+        return [(c[0] + "\x00" + c[1]).encode("utf-8", "surrogatepass")
+                if c[2] is None and type(c[1]) is str and type(c[0]) is str
+                else call_key(c[0], c[1], c[2], body) for c in calls]
+    memo: dict[tuple[str, str], bytes] = {}
+    keys: list[bytes] = []
+    append, get, scan, text_of = keys.append, memo.get, _scan_json, canonical_text
+    for call in calls:
+        tool, args = call[0], call[1]
+        if type(args) is not str or call[2] is not None or type(tool) is not str:
+            append(call_key(tool, args, call[2], canonical_body))
+        elif args[:1] != "{" or args[-1:] != "}":  # plain text (its JSON string) or other JSON
+            append((tool + "\x00").encode("utf-8", "surrogatepass") + canonical_bytes(args))
+        else:  # canonical_body, inlined: text holding a JSON object, the common case
             pair = (tool, args)
-            key = memo.get(pair)
+            key = get(pair)
             if key is None:
-                key = memo[pair] = (tool + "\x00").encode("utf-8", "surrogatepass") + canonical_body(args)
-            return key
-        return (tool + "\x00").encode("utf-8", "surrogatepass") + canonical_bytes(args)
-    return call_key(tool, args, digest, canonical_body)
+                try:
+                    value, end = scan(args, 0)
+                except (StopIteration, ValueError, RecursionError):
+                    value, end = args, 0
+                if end == len(args):
+                    key = (tool + "\x00" + text_of(value)).encode("utf-8", "surrogatepass")
+                else:  # not one JSON object after all: canonical_bytes says what it is
+                    key = (tool + "\x00").encode("utf-8", "surrogatepass") + canonical_bytes(args)
+                memo[pair] = key
+            append(key)
+    return keys
 
 
 __all__ = ["BODIES", "call_key", "call_keys", "canonical_body"]

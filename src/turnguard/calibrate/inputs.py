@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import operator
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -143,7 +144,7 @@ def read_source(source: LineSource, on_problem: ProblemSink) -> Iterator[Recorde
 
 def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> Any:
     """The JSON value of a line, or ``None`` (reported) when it is not JSON; blank lines: ``None``."""
-    if not line.strip():
+    if _blank(line):
         return None
     try:
         return json.loads(line)
@@ -154,10 +155,15 @@ def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> 
 
 def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> RecordedTurn | None:
     """One corpus-format line as a turn (blank lines are skipped, anything else is reported)."""
-    if not line.strip():
+    if _blank(line):
         return None
     obj = parse_line(line, path, lineno, on_problem)
     return None if obj is None else corpus_turn(obj, path, lineno, on_problem)
+
+
+def _blank(line: bytes) -> bool:
+    """Empty or whitespace only (without copying a long line, as ``strip`` would)."""
+    return not line or line.isspace()
 
 
 # -- corpus format -------------------------------------------------------------------------------
@@ -215,11 +221,15 @@ def _plain_calls(raw_calls: list[Any]) -> list[RecordedCall] | None:
     try:
         calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None))
                  for r in raw_calls if type(r) is dict and len(r) == 3]
-    except (KeyError, TypeError):
+        tools = set(map(_TOOL, calls))  # a few names: checked once each
+    except (KeyError, TypeError):  # TypeError: also an unhashable tool name (the checked path says so)
         return None
-    if len(calls) != len(raw_calls) or not all(type(c[0]) is str and c[0] for c in calls):
+    if len(calls) != len(raw_calls) or not all(type(t) is str and t for t in tools):
         return None
     return calls
+
+
+_TOOL = operator.itemgetter(0)  # RecordedCall.tool
 
 
 def _corpus_call(raw: Any) -> RecordedCall | str:

@@ -13,7 +13,9 @@ decided in ``equivalence.py``; the per-call keys come from ``turnguard.keys.Keye
 
 from __future__ import annotations
 
+import contextlib
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,9 @@ from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import plugin_manager
 
 Impls = tuple[Callable[..., Any], ...]
+UNREACHED = 2**62
+"""A stuck threshold no turn reaches (``config.MAX_CALLS``)."""
+_CYCLE = operator.itemgetter(4)  # RecordedCall.cycle
 _NOT_POLICIES = ("otel", "recorder", "shadow")
 
 
@@ -67,7 +72,8 @@ class Step:
 class CompiledPolicy:
     """A policy's check hooks, compiled once: plain functions taking positional arguments."""
 
-    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "errors", "fail_closed", "keyer", "policy")
+    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "errors", "fail_closed", "keyer", "policy",
+                 "prefix_config")
 
     def __init__(self, policy: Policy, keyer: Keyer) -> None:
         self.policy = policy
@@ -79,6 +85,9 @@ class CompiledPolicy:
         self.check_call: Impls = tuple(fn for _, fn in checks["turnguard_check_call"])
         self.check_outcome: Impls = tuple(fn for _, fn in checks["turnguard_check_outcome"])
         self.fail_closed = self.config.fail_mode == "closed"
+        self.prefix_config = self.config.replace(stuck_repeat_threshold=UNREACHED)
+        """For a ``SharedPrefix`` that policies fork from before their stuck threshold is reached:
+        a threshold no turn reaches shapes no fact, so it forks into any of them."""
         self.errors = 0
 
 
@@ -101,7 +110,7 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
     """
     n = len(turn.calls)
     starts = [0] * (n + 1)
-    if any(c.cycle is not None for c in turn.calls):
+    if set(map(_CYCLE, turn.calls)) - {None}:
         current = 0
         for i, call in enumerate(turn.calls):
             cycle = call.cycle if call.cycle is not None else current
@@ -118,6 +127,8 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
         starts[0] = total
         return starts
     spread = total - 1 if total > n else total
+    if spread == n:  # the usual shape: one request per call, and maybe a final answer
+        return [1] * n + [total - spread]
     for j in range(spread):
         starts[(j * n) // spread] += 1
     starts[n] += total - spread
@@ -211,13 +222,20 @@ def replay_turn(
     trace: list[Step] | None = None,
     first_check: int = 1,
     ledger: Ledger | None = None,
+    asks_before: tuple[int, ...] = (),
+    snapshots: dict[int, list[Snapshot]] | None = None,
 ) -> TurnResult:
     """Replay one turn under one policy until it ends or halts.
 
     ``calls`` holds the ``ToolCall`` objects the hooks receive (``None`` entries are made when
     needed). Before call ``first_check`` (see ``equivalence.earliest_call``) only the ledger
     records the turn: no check there can change the result. ``ledger``, when given, already
-    holds the facts of those first ``first_check - 1`` calls (``SharedPrefix``).
+    holds the facts of those first ``first_check - 1`` calls (``SharedPrefix``, or a snapshot of
+    another replay), and ``asks_before`` the asks made before them.
+
+    ``snapshots`` asks for the state before given calls (0-based index: before that call's model
+    requests), forked into other policies' configurations (``Snapshot``): a policy whose checks
+    agree with this one's before that call continues from there instead of replaying it all.
     """
     recorded = turn.calls
     n = len(recorded)
@@ -225,10 +243,14 @@ def replay_turn(
     if ledger is None:
         ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
         advance(ledger, turn, digests, starts, 0, skip)
-    asks: list[int] = []
+    asks: list[int] = list(asks_before)
     check_cycle, check_call, check_outcome = policy.check_cycle, policy.check_call, policy.check_outcome
     args1 = (ledger,)
     for i in range(skip, n + 1):
+        if snapshots and i in snapshots:
+            for snap in snapshots.pop(i):
+                with contextlib.suppress(ValueError):  # facts that depend on the difference: it replays itself
+                    snap.taken = (ledger.fork(snap.config, promptable=snap.promptable), tuple(asks))
         for _ in range(starts[i]):
             ledger.begin_cycle()
             verdict = _decide(policy, check_cycle, args1, ledger) if check_cycle else None
@@ -269,6 +291,17 @@ def replay_turn(
     return TurnResult(0, None, tuple(asks))
 
 
+class Snapshot:
+    """A request for a replay's state before a given call, forked into ``config``: ``taken`` is
+    then (ledger, asks so far), or ``None`` when the replay halted first or could not fork."""
+
+    __slots__ = ("config", "promptable", "taken")
+
+    def __init__(self, config: GuardConfig, promptable: bool) -> None:
+        self.config, self.promptable = config, promptable
+        self.taken: tuple[Ledger, tuple[int, ...]] | None = None
+
+
 def _label(verdict: Verdict) -> str | None:
     t = verdict.threshold
     return None if t is None else str(t)
@@ -295,6 +328,7 @@ __all__ = [
     "QUIET",
     "CompiledPolicy",
     "SharedPrefix",
+    "Snapshot",
     "Step",
     "TurnResult",
     "advance",

@@ -36,6 +36,23 @@ from turnguard.model import Action, Outcome
 from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
 from turnguard.telemetry.cardinality import BoundedValues
+from turnguard.telemetry.names import (  # the per-call names, bound once (no module lookup per call)
+    CALL_INDEX,
+    CALL_KEY_DIGEST,
+    CALL_OUTCOME,
+    CALL_REPEAT,
+    ERROR_TYPE,
+    ERROR_TYPE_OTHER,
+    FAILING_STREAK_LENGTH,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_TOOL_CALL_ARGUMENTS,
+    GEN_AI_TOOL_CALL_ID,
+    GEN_AI_TOOL_NAME,
+    OP_EXECUTE_TOOL,
+    STREAK_LENGTH,
+    VERDICT_ACTION,
+    VERDICT_THRESHOLD,
+)
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
@@ -46,6 +63,11 @@ log = logging.getLogger("turnguard.telemetry")
 
 _LABELS = {action: action.label for action in Action}
 """``Action.label`` looked up once (an enum property costs on the per-call path)."""
+_OUTCOMES = {outcome: outcome.value for outcome in Outcome}
+"""``Outcome.value`` likewise."""
+_ALLOW, _HALT, _ERROR = Action.ALLOW, Action.HALT, Outcome.ERROR
+_INTERNAL = SpanKind.INTERNAL
+_TOOL_SPAN_PREFIX = f"{OP_EXECUTE_TOOL} "
 _ERROR_STATUS = Status(StatusCode.ERROR)
 MAX_OPEN_TURNS = 10_000
 """Turns tracked at once per plugin; past it the oldest is abandoned (its spans end, marked
@@ -146,22 +168,26 @@ def instruments_for(meter_provider: Any, config: GuardConfig) -> Instruments:
 class _CallSpan:
     """The span of one tool call: ours (``owned``, we end it) or the host's (enriched only).
 
-    Ours is started lazily: its start time and attributes are kept at the check and the span is
-    created when the outcome arrives, with everything in one go (one attribute pass instead of
-    two), or earlier when something needs it to exist (a detection's event, a halt).
+    Created at the check, under the turn's lock, with the call's facts already in ``attributes``.
+    Ours is started lazily: its start time and attributes are kept and the span is created when
+    the outcome arrives, with everything in one go (one attribute pass instead of two, one dict
+    per call), or earlier when something needs it to exist (a detection's event, a halt).
+    ``failing`` is the failing-streak length captured when the outcome was decided (``None``
+    until then, or when the guard did not decide it: a halted turn).
     """
 
-    __slots__ = ("action", "attributes", "name", "owned", "parent", "span", "start_ns")
+    __slots__ = ("action", "attributes", "failing", "name", "owned", "parent", "span", "start_ns")
 
-    def __init__(self, span: trace.Span | None, owned: bool, action: Action, *, name: str = "",
-                 attributes: dict[str, Any] | None = None, parent: Any = None, start_ns: int = 0) -> None:
+    def __init__(self, span: trace.Span | None, owned: bool, name: str, attributes: dict[str, Any] | None,
+                 parent: Any, start_ns: int) -> None:
         self.span = span
         self.owned = owned
-        self.action = action
+        self.action = _ALLOW
         self.name = name
         self.attributes = attributes
         self.parent = parent
         self.start_ns = start_ns
+        self.failing: int | None = None
 
 
 class _TurnState:
@@ -191,6 +217,13 @@ def _is_tool_span(span: trace.Span) -> bool:
         return True
     attributes = getattr(span, "attributes", None)
     return bool(attributes) and attributes.get(n.GEN_AI_OPERATION_NAME) == n.OP_EXECUTE_TOOL
+
+
+class _Deciding(threading.local):
+    """Per thread: the ``(turn, call)`` whose check hooks ran last and whose observers have not
+    yet (a detection fired in between belongs to that call's span)."""
+
+    deciding: tuple[Ledger, ToolCall] | None = None
 
 
 def content_text(args: Any) -> str:
@@ -249,7 +282,7 @@ class OtelPlugin:
         self.capture_content = config.capture_content
         self._turns: dict[Ledger, _TurnState] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()
+        self._local = _Deciding()
 
     # -- turn state --------------------------------------------------------------------------
 
@@ -308,72 +341,75 @@ class OtelPlugin:
                 attrs[n.GEN_AI_CONVERSATION_ID] = turn.conversation_id
         return attrs
 
-    # -- the facts of the call being decided (captured under the turn's lock) -------------------
+    # -- per-call spans: the facts are captured in the check hooks, under the turn's lock ------
+    #
+    # The hot path. A call costs one ``_CallSpan`` and one attribute dict, built at the check;
+    # ``call_checked`` adds nothing for an allowed call, and the span is started and ended at the
+    # outcome with every attribute in a single pass.
 
     @hookimpl
     def turnguard_check_call(self, turn: Ledger, call: ToolCall) -> None:
         state = self._turns.get(turn)
         if state is not None and state.tracing:
-            key = call._key
-            repeat = turn.repeats_of(key.digest) if key is not None else 0
-            self._local.call = (turn, call, turn.tool_calls, repeat or 1, turn.streak_length)
+            self._local.deciding = (turn, call)
+            calls = state.calls
+            if call not in calls:  # a call object checked again keeps the span of its first check
+                calls[call] = self._new_call_span(state, turn, call)
 
     @hookimpl
     def turnguard_check_outcome(self, turn: Ledger, call: ToolCall, outcome: Outcome) -> None:
         state = self._turns.get(turn)
         if state is not None and state.tracing:
-            self._local.outcome = (turn, call, turn.failing_streak_length)
+            self._local.deciding = (turn, call)
+            entry = state.calls.get(call)
+            if entry is not None:
+                entry.failing = turn.failing_streak_length
 
     def _decided_call(self, turn: Ledger) -> ToolCall | None:
         """The call this thread is deciding for ``turn`` right now (for an event's span)."""
-        local = self._local
-        for slot in ("outcome", "call"):
-            facts = getattr(local, slot, None)
-            if facts is not None and facts[0] is turn:
-                return facts[1]
-        return None
+        deciding = self._local.deciding
+        return deciding[1] if deciding is not None and deciding[0] is turn else None
 
-    # -- call spans ----------------------------------------------------------------------------
+    def _new_call_span(self, state: _TurnState, turn: Ledger, call: ToolCall) -> _CallSpan:
+        """The call's span with its facts read from the ledger now: ours (deferred) or, for a host
+        that traces its tool calls, the host's current ``execute_tool`` span, enriched.
 
-    def _call_span(self, state: _TurnState, turn: Ledger, call: ToolCall, action: Action) -> _CallSpan:
-        """The call's span, started (or, for a host that traces its tool calls, adopted) once."""
-        entry = state.calls.get(call)
-        if entry is not None:
-            return entry
+        Facts at their default value are left out (repeat 1, streak 1): an absent attribute means
+        the default, which keeps the common call's span small."""
+        attrs: dict[str, Any] = {CALL_INDEX: turn.tool_calls}
         key = call._key
-        facts = getattr(self._local, "call", None)
-        if facts is not None and facts[0] is turn and facts[1] is call:
-            index, repeat, streak = facts[2], facts[3], facts[4]
-        else:  # the check hooks did not run for it (e.g. registered mid-turn): the ledger now
-            index = turn.tool_calls
-            repeat = (turn.repeats_of(key.digest) if key is not None else 0) or 1
-            streak = turn.streak_length
-        facts_attrs: dict[str, Any] = {n.CALL_INDEX: index}
         if key is not None:
-            facts_attrs[n.CALL_KEY_DIGEST] = key.hex
-        if repeat > 1:
-            facts_attrs[n.CALL_REPEAT] = repeat
+            attrs[CALL_KEY_DIGEST] = key.hex
+            repeat = turn.repeats_of(key.digest)
+            if repeat > 1:
+                attrs[CALL_REPEAT] = repeat
+        streak = turn.streak_length
         if streak > 1:
-            facts_attrs[n.STREAK_LENGTH] = streak
-        if action is not Action.ALLOW:
-            facts_attrs[n.VERDICT_ACTION] = _LABELS[action]
-        current = trace.get_current_span()
-        host_traces = current.get_span_context().is_valid
-        if host_traces and _is_tool_span(current):
-            if current.is_recording():
-                current.set_attributes(facts_attrs)
-            entry = _CallSpan(current, owned=False, action=action)
+            attrs[STREAK_LENGTH] = streak
+        context = get_current()
+        current = trace.get_current_span(context) if context else None  # an empty context holds no span
+        if current is not None and current.get_span_context().is_valid:
+            if _is_tool_span(current):
+                if current.is_recording():
+                    current.set_attributes(attrs)
+                return _CallSpan(current, False, "", None, None, 0)
+            parent = context  # the host's current span (an agent step) is the parent
         else:
-            attrs = {n.GEN_AI_OPERATION_NAME: n.OP_EXECUTE_TOOL, n.GEN_AI_TOOL_NAME: call.name, **facts_attrs}
-            if call.call_id is not None:
-                attrs[n.GEN_AI_TOOL_CALL_ID] = call.call_id
-            if self.capture_content:
-                attrs[n.GEN_AI_TOOL_CALL_ARGUMENTS] = content_text(call.args)
-            entry = _CallSpan(
-                None, owned=True, action=action, name=f"{n.OP_EXECUTE_TOOL} {call.name}", attributes=attrs,
-                parent=get_current() if host_traces else state.context, start_ns=time_ns(),
-            )
-        state.calls[call] = entry
+            parent = state.context
+        name = attrs[GEN_AI_TOOL_NAME] = call.name
+        attrs[GEN_AI_OPERATION_NAME] = OP_EXECUTE_TOOL
+        if call.call_id is not None:
+            attrs[GEN_AI_TOOL_CALL_ID] = call.call_id
+        if self.capture_content:
+            attrs[GEN_AI_TOOL_CALL_ARGUMENTS] = content_text(call.args)
+        return _CallSpan(None, True, _TOOL_SPAN_PREFIX + name, attrs, parent, time_ns())
+
+    def _call_span(self, state: _TurnState, turn: Ledger, call: ToolCall) -> _CallSpan:
+        """The call's span; made now if the check hook did not run for it (e.g. the plugin was
+        registered mid-turn: the ledger's facts then are the latest, not necessarily the call's)."""
+        entry = state.calls.get(call)
+        if entry is None:
+            entry = state.calls[call] = self._new_call_span(state, turn, call)
         return entry
 
     def _started(self, entry: _CallSpan, extra: dict[str, Any] | None = None) -> trace.Span:
@@ -384,7 +420,7 @@ class OtelPlugin:
             if extra:
                 attrs.update(extra)
             span = entry.span = self.tracer.start_span(
-                entry.name, context=entry.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=entry.start_ns
+                entry.name, context=entry.parent, kind=_INTERNAL, attributes=attrs, start_time=entry.start_ns
             )
             entry.attributes = entry.parent = None
         elif extra and span.is_recording():
@@ -396,52 +432,57 @@ class OtelPlugin:
         state = self._turns.get(turn)
         if state is None or not state.tracing:
             return
-        action = verdict.action
-        entry = state.calls.get(call)
-        if entry is None:
-            entry = self._call_span(state, turn, call, action)
+        self._local.deciding = None
+        entry = self._call_span(state, turn, call)
+        action, threshold = verdict.action, verdict.threshold
+        if action is entry.action and threshold is None and action is not _HALT:
+            return  # the common case, an allowed call: nothing to add before its outcome
         extra: dict[str, Any] = {}
         if action is not entry.action:  # its span was started by a detection with the event's action
-            extra[n.VERDICT_ACTION] = _LABELS[action]
-        if verdict.threshold is not None:
-            extra[n.VERDICT_THRESHOLD] = str(verdict.threshold)
-        entry.action = action
-        self._local.call = None
-        if action is Action.HALT:  # the host will not execute it: the span ends here
+            extra[VERDICT_ACTION] = _LABELS[action]
+            entry.action = action
+        if threshold is not None:
+            extra[VERDICT_THRESHOLD] = str(threshold)
+        if action is _HALT:  # the host will not execute it: the span ends here
             state.calls.pop(call, None)
             span = self._started(entry, extra)
             if entry.owned:
                 span.end()
-        elif extra:
-            if entry.span is None:
-                entry.attributes.update(extra)
-            elif entry.span.is_recording():
-                entry.span.set_attributes(extra)
+        elif entry.span is None:
+            entry.attributes.update(extra)
+        elif entry.span.is_recording():
+            entry.span.set_attributes(extra)
 
     @hookimpl
     def turnguard_outcome_recorded(self, turn: Ledger, call: ToolCall, outcome: Outcome, verdict: Verdict) -> None:
         state = self._turns.get(turn)
         if state is None or not state.tracing:
             return
-        local = self._local
-        facts = getattr(local, "outcome", None)
-        decided_here = facts is not None and facts[0] is turn and facts[1] is call
-        local.outcome = None
+        self._local.deciding = None
         entry = state.calls.pop(call, None)
         if entry is None:
             return
-        attrs: dict[str, Any] = {n.CALL_OUTCOME: outcome.value}
-        if decided_here:
-            if facts[2]:
-                attrs[n.FAILING_STREAK_LENGTH] = facts[2]
-            if verdict.event is not None or verdict.action > entry.action:
-                attrs[n.VERDICT_ACTION] = _LABELS[max(verdict.action, entry.action)]
+        span = entry.span
+        attrs = entry.attributes if span is None else {}  # deferred: the outcome joins the check's dict
+        attrs[CALL_OUTCOME] = _OUTCOMES[outcome]
+        failing = entry.failing
+        if failing is not None:  # the guard decided this outcome: what it found
+            if failing:
+                attrs[FAILING_STREAK_LENGTH] = failing
+            action = verdict.action
+            if verdict.event is not None or action > entry.action:
+                attrs[VERDICT_ACTION] = _LABELS[max(action, entry.action)]
                 if verdict.threshold is not None:
-                    attrs[n.VERDICT_THRESHOLD] = str(verdict.threshold)
-        error = outcome is Outcome.ERROR and entry.owned
+                    attrs[VERDICT_THRESHOLD] = str(verdict.threshold)
+        error = outcome is _ERROR and entry.owned
         if error:
-            attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
-        span = self._started(entry, attrs)
+            attrs[ERROR_TYPE] = ERROR_TYPE_OTHER
+        if span is None:  # the common case: started and ended here, with every attribute in one pass
+            span = self.tracer.start_span(
+                entry.name, context=entry.parent, kind=_INTERNAL, attributes=attrs, start_time=entry.start_ns
+            )
+        elif span.is_recording():
+            span.set_attributes(attrs)
         if error:
             span.set_status(_ERROR_STATUS)
         if entry.owned:
@@ -475,7 +516,12 @@ class OtelPlugin:
         span: trace.Span | None = None
         call = self._decided_call(turn) if state.tracing and event.tool_name is not None else None
         if call is not None and call.name == event.tool_name:
-            span = self._started(self._call_span(state, turn, call, event.action))
+            entry = self._call_span(state, turn, call)
+            extra = None
+            if event.action > entry.action:
+                entry.action = event.action
+                extra = {VERDICT_ACTION: _LABELS[event.action]}
+            span = self._started(entry, extra)
         if span is None:
             current = trace.get_current_span()
             span = current if current.get_span_context().is_valid else state.span

@@ -1,0 +1,65 @@
+"""The replay's call keys are the live guard's identity: two calls get the same ledger key exactly
+when ``Keyer.digest`` gives them the same digest, in both key modes, whatever the arguments."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from turnguard.calibrate.identity import BODIES, call_key, call_keys, canonical_body
+from turnguard.calibrate.inputs import RecordedCall
+from turnguard.keys import Keyer, canonical_bytes
+from turnguard.model import Outcome
+
+# Bad and odd inputs tried: JSON-object text that is respaced, reordered, has trailing data, is
+# broken, nests deeply, holds NaN, huge integers, lone surrogates, duplicate keys; text that only
+# looks like JSON; empty text; non-text arguments; a tool name with a NUL.
+ARGS = [
+    '{"a": 1, "b": 2}', '{"b":2,"a":1}', '{"a":1,"b":2}', {"a": 1, "b": 2}, '{"a": 1} ', ' {"a": 1}',
+    '{"a": 1}{"b": 2}', '{"a": 1} x', '{"a": ', '{broken}', '{}', "{", "}", '{"a": NaN}', '{"a": Infinity}',
+    '{"n": 123456789012345678901234567890}', '{"n": 123456789012345678901234567891}', '{"s": "\\ud800"}',
+    '{"a": 1, "a": 2}', '{"a": 2}', "[" * 50 + "]" * 50, "{" + '"a":{' * 3000 + "}" * 3001, '{"a": [1, 2]}',
+    "grep x\n", '"grep x\\n"', "true", "null", "", "   ", "1", 1, 1.0, None, ["a"], b'{"a": 1}', b"\xff\xfe",
+    "\u00a0{}", "{\u00a0}",
+]
+TOOLS = ["read", "re\x00ad", "read\x00"]
+
+
+@pytest.mark.parametrize("mode", ["canonical", "bytes"])
+def test_equal_keys_exactly_when_the_live_digests_are_equal(mode: str) -> None:
+    keyer = Keyer(mode)
+    calls = [(t, a) for t in TOOLS for a in ARGS]
+    digests = [keyer.digest(t, a) for t, a in calls]
+    keys = call_keys([RecordedCall(t, a, None, Outcome.OK) for t, a in calls], mode)
+    assert keys == [call_key(t, a, None, BODIES[mode]) for t, a in calls]  # the fast paths change nothing
+    for (d1, k1), (d2, k2) in itertools.combinations(zip(digests, keys, strict=True), 2):
+        assert (d1 == d2) == (k1 == k2)
+
+
+def test_canonical_body_is_canonical_bytes_on_json_object_text() -> None:
+    rng = random.Random(4)
+    for _ in range(300):
+        value = {rng.choice("abcxyz"): rng.choice([1, -0.5, "é", None, True, [1, {"k": "v"}], {"z": 1}])
+                 for _ in range(rng.randint(0, 5))}
+        text = rng.choice([repr, str])(value).replace("'", '"').replace("None", "null").replace("True", "true")
+        assert canonical_body(text) == canonical_bytes(text), text
+    for args in ARGS:
+        assert canonical_body(args) == canonical_bytes(args), args
+
+
+def test_a_recorded_digest_never_equals_a_call_keyed_from_its_arguments() -> None:
+    """The recorder's digests and raw arguments may meet in one turn: different identities."""
+    recorded = call_key("read", None, "ab12", canonical_body)
+    assert recorded == call_key("read", {"x": 1}, "ab12", canonical_body)  # the digest is the identity
+    assert all(recorded != call_key(t, a, None, canonical_body) for t in ["read", "\xffread", "read\x00"]
+               for a in ["ab12", '"ab12"', {"ab12": None}])
+
+
+def test_identical_calls_of_a_turn_get_one_key_object() -> None:
+    """Stuck turns repeat one call: it is canonicalized once, and its repeats share the key."""
+    call = RecordedCall("read", '{"b": 2, "a": 1}', None, Outcome.ERROR)
+    keys = call_keys([call] * 5 + [RecordedCall("read", '{"a":1,"b":2}', None, Outcome.OK)], "canonical")
+    assert len({id(k) for k in keys[:5]}) == 1
+    assert keys[0] == keys[5]
