@@ -106,6 +106,18 @@ def test_repeats_and_streak_are_the_calls_own(telemetry):
     assert len({s.attributes[n.CALL_KEY_DIGEST] for s in spans}) == 1
 
 
+def test_calls_without_a_detection_emit_spans_only_no_log_or_metric(telemetry):
+    """The per-call path costs one span; logs and metrics come from detections and turn ends."""
+    with make_guard(telemetry).turn() as turn:
+        run_calls(turn, [(call(value=f"v{i}"), tg.Outcome.ERROR if i == 1 else tg.Outcome.OK) for i in range(3)])
+        assert [s.name for s in telemetry.spans()] == ["execute_tool read_file"] * 3  # each ended at its outcome
+        assert telemetry.logs() == []
+        assert list(telemetry.all_points()) == []
+    assert {name for name, _ in telemetry.all_points()} == {
+        n.METRIC_TURN_TOOL_CALLS[0], n.METRIC_TURN_CYCLES[0], n.METRIC_TURN_MAX_KEY_REPEAT[0]
+    }
+
+
 def test_turn_ended_by_an_exception_marks_the_turn_span_as_error(telemetry):
     with pytest.raises(RuntimeError), make_guard(telemetry).turn(agent_name="a"):
         raise RuntimeError("host failure")

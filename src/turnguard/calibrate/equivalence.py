@@ -110,10 +110,9 @@ class TurnFacts:
         return len(self.reach_failing)
 
 
-def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Sequence[int],
-               stale: GuardConfig | None = None) -> TurnFacts:
-    """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``;
-    with ``stale`` (a configuration with the ``stale_repeat`` signal), ``reach_stale`` too."""
+def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Sequence[int]) -> TurnFacts:
+    """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``.
+    ``reach_stale`` is left out: it costs a ledger pass (``stale_reach``), made only when needed."""
     reach_repeat: list[int] = []
     reach_run: list[int] = []
     reach_failing: list[int] = []
@@ -148,7 +147,7 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
     for slot, n in enumerate(starts):
         cycle_calls.extend([slot + 1] * n)
     return TurnFacts(len(digests), len(cycle_calls), tuple(reach_repeat), tuple(reach_run), tuple(reach_failing),
-                     tuple(cycle_calls), len(counts), None if stale is None else stale_reach(stale, digests))
+                     tuple(cycle_calls), len(counts))
 
 
 def stale_reach(config: GuardConfig, digests: Sequence[bytes]) -> tuple[int, ...]:

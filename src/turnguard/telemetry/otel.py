@@ -240,7 +240,7 @@ def event_attributes(event: LoopDetectedEvent) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         n.LOOP_THRESHOLD: str(event.threshold),
         n.LOOP_LEVEL: str(event.level),
-        n.LOOP_ACTION: event.action.label,
+        n.LOOP_ACTION: _LABELS[event.action],
         n.LOOP_LIMIT: event.limit,
         n.LOOP_TOOL_CALLS: event.tool_calls,
         n.LOOP_CYCLES: event.cycles,
@@ -502,7 +502,7 @@ class OtelPlugin:
         metric_attrs: dict[str, Any] = {
             n.LOOP_THRESHOLD: ins.threshold(event.threshold),
             n.LOOP_LEVEL: str(event.level),
-            n.LOOP_ACTION: event.action.label,
+            n.LOOP_ACTION: _LABELS[event.action],
             n.CAP_MODE: event.cap_mode,
             n.TURN_PROMPTABLE: event.promptable,
         }
@@ -528,7 +528,7 @@ class OtelPlugin:
         attrs = event_attributes(event)
         self._event(
             n.LOOP_DETECTED_EVENT, SeverityNumber.WARN,
-            f"turnguard: {event.threshold} {event.level}: {event.action.label}", attrs, span, mirror=True,
+            f"turnguard: {event.threshold} {event.level}: {attrs[n.LOOP_ACTION]}", attrs, span, mirror=True,
         )
 
     @hookimpl
