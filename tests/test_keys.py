@@ -252,3 +252,20 @@ def test_the_fallback_encoder_writes_what_json_writes(value):
     from turnguard.keys import _encode, _fallback
 
     assert _fallback(value) == _encode(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "same_as"),
+    [
+        ('  {"b": 1, "a": 2}\n', {"a": 2, "b": 1}),  # surrounding JSON whitespace is insignificant
+        ("[1, 2]", [1, 2]),
+        ("42", 42),
+        ('{"a": 1} trailing', '{"a": 1} trailing'),  # more after the value: not JSON, the text itself
+        ('{"a": 1', '{"a": 1'),  # unterminated: the text itself
+        ("tail -f log", "tail -f log"),
+    ],
+)
+def test_text_is_keyed_as_the_json_value_it_holds_and_only_when_it_is_all_json(text, same_as):
+    assert canonical_bytes(text) == canonical_bytes(same_as)
+    if not isinstance(same_as, str):
+        assert canonical_bytes(text) != canonical_bytes(text.strip() + " x")

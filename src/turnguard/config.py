@@ -306,7 +306,9 @@ MAX_CALLS = 2**62
 
 def _exact_product(soft_cap: int, multiplier: float) -> int:
     """S * m without float rounding: ``100 * 1.15`` is 115, not 114."""
-    return int(Fraction(soft_cap) * Fraction(repr(multiplier) if isinstance(multiplier, float) else multiplier))
+    if isinstance(multiplier, int) or multiplier.is_integer():
+        return soft_cap * int(multiplier)
+    return int(Fraction(soft_cap) * Fraction(repr(multiplier)))
 
 
 def _init_checking_names(init: Any) -> Any:

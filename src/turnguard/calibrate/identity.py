@@ -14,17 +14,13 @@ never equals the key of a call recorded with its arguments.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from turnguard.calibrate.inputs import RecordedCall
-from turnguard.keys import byte_identity, canonical_bytes, canonical_text
+from turnguard.keys import _scan_json, byte_identity, canonical_bytes, canonical_text
 
 Body = Callable[[Any], bytes]
-
-_scan_json = json.JSONDecoder().scan_once
-"""The scanner ``json.loads`` itself runs (a default decoder's), called without the wrapper."""
 
 
 def canonical_body(args: Any) -> bytes:
