@@ -72,7 +72,7 @@ def _guard() -> tg.Guard:
     return tg.Guard(tg.GuardConfig(disable_plugins=TELEMETRY_OFF), environ={})
 
 
-def _guard_batch(guard: tg.Guard, calls: list[tg.ToolCall]) -> float:
+def guard_batch(guard: tg.Guard, calls: list[tg.ToolCall]) -> float:
     """Seconds per call of check_call + record_outcome over ``calls``, in a new turn."""
     turn = guard.turn()
     check, record, ok = turn.check_call, turn.record_outcome, tg.Outcome.OK
@@ -83,6 +83,7 @@ def _guard_batch(guard: tg.Guard, calls: list[tg.ToolCall]) -> float:
         record(call, ok)
     elapsed = _clock() - start
     gc.enable()
+    turn.end()
     assert turn.halted is None, "a detector fired: the benchmark would measure a latched turn"
     return elapsed / len(calls)
 
@@ -133,7 +134,7 @@ def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int
     samples: dict[str, list[float]] = {"guard": [], **{name: [] for name in floors}}
     for b in range(batches):
         args = [make(b * per_batch + i) for i in range(per_batch)]
-        samples["guard"].append(_guard_batch(guard, [tg.ToolCall(tool, a) for a in args]))
+        samples["guard"].append(guard_batch(guard, [tg.ToolCall(tool, a) for a in args]))
         for name, key in floors.items():
             samples[name].append(_floor_batch(key, [tg.ToolCall(tool, a) for a in args]))
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -15,16 +15,14 @@ the cheapest telemetry a deployment has.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
-import time
 from typing import Any
 
 import turnguard as tg
+from bench_core import guard_batch
 
 TELEMETRY_OFF = ("otel", "recorder")
-_clock = time.process_time
 SHADOWS = (
     ("tight", {"soft_cap": 200, "hard_multiplier": 5}),
     ("stale", {"stuck_signal": "stale_repeat"}),
@@ -39,21 +37,6 @@ def _guard(shadows: int, telemetry: bool = False) -> tg.Guard:
     return tg.Guard(config, environ={})
 
 
-def _batch(guard: tg.Guard, calls: list[tg.ToolCall]) -> float:
-    turn = guard.turn()
-    check, record, ok = turn.check_call, turn.record_outcome, tg.Outcome.OK
-    gc.disable()
-    start = _clock()
-    for call in calls:
-        check(call)
-        record(call, ok)
-    elapsed = _clock() - start
-    gc.enable()
-    turn.end()
-    assert turn.halted is None, "a detector fired: the benchmark would measure a latched turn"
-    return elapsed / len(calls)
-
-
 def per_call(batches: int, per_batch: int = 1000, telemetry: bool = False) -> dict[int, float]:
     """Median seconds per call with 0, 1 and 3 shadows, batches interleaved on the same calls."""
     guards = {n: _guard(n, telemetry) for n in ((0, 3) if telemetry else (0, 1, 3))}
@@ -63,7 +46,7 @@ def per_call(batches: int, per_batch: int = 1000, telemetry: bool = False) -> di
                 for i in range(per_batch)]
         for n, guard in guards.items():
             calls = [tg.ToolCall("read_file", a) for a in args]  # fresh objects: no cached key
-            samples[n].append(_batch(guard, calls))
+            samples[n].append(guard_batch(guard, calls))
     return {n: statistics.median(s) for n, s in samples.items()}
 
 
