@@ -148,10 +148,7 @@ class GuardConfig:
             if name not in names:
                 raise ConfigError(str(key), value, f"one of the options {sorted(names)}")
             values[name] = _coerce_container(name, value)
-        try:
-            return dataclasses.replace(base, **values) if base else cls(**values)
-        except TypeError as exc:  # e.g. a positional-only clash; report it as a config error
-            raise ConfigError("<config>", dict(data), f"valid options ({exc})") from None
+        return dataclasses.replace(base, **values) if base else cls(**values)
 
     @classmethod
     def from_env(

@@ -128,11 +128,8 @@ class Guard:
                 impl.function(**_pick(tuple(impl.argnames), config=self.config))
             except Exception as exc:  # a plugin's set-up must not break the host
                 log.error("turnguard plugin %r raised in turnguard_configure: %r", impl.plugin_name, exc, exc_info=exc)
-                for plugin_name, fn, argnames in _observer_impls(self.pm, "turnguard_plugin_error"):
-                    try:
-                        fn(**_pick(argnames, turn=None, plugin=impl.plugin_name, hook="turnguard_configure", error=exc))
-                    except Exception:  # the reporter itself must not break the host
-                        log.exception("turnguard plugin %r raised while reporting an error", plugin_name)
+                reporters = _observer_impls(self.pm, "turnguard_plugin_error")
+                _report_plugin_error(reporters, None, impl.plugin_name, "turnguard_configure", exc)
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register a plugin (takes effect for turns opened afterwards); a plugin implementing a
@@ -191,7 +188,6 @@ class Turn:
         self._ended: TurnSummary | None = None
         self._fail_closed = guard.config.fail_mode == "closed"
         pm = guard.pm
-        self._pm_hook = pm.hook
         self._check_cycle = _compile(pm, "turnguard_check_cycle", _CHECK_HOOKS["turnguard_check_cycle"])
         self._check_call = _compile(pm, "turnguard_check_call", _CHECK_HOOKS["turnguard_check_call"])
         self._check_outcome = _compile(pm, "turnguard_check_outcome", _CHECK_HOOKS["turnguard_check_outcome"])
@@ -405,27 +401,8 @@ class Turn:
     def _combine(
         self, hook: str, found: list[tuple[str, Any]]
     ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
-        """The plugins' answers, in hook order: the most severe verdict wins, ties go to the first;
-        returns it with every detection event (in hook order). A HALT latches."""
-        best: Verdict | None = None
-        events: list[LoopDetectedEvent] = []
-        for name, verdict in found:
-            if not isinstance(verdict, Verdict) or type(verdict.action) is not Action:
-                got = type(verdict.action if isinstance(verdict, Verdict) else verdict).__name__
-                bad = TypeError(f"{hook} must return a turnguard.Verdict with a turnguard.Action, or None; got {got}")
-                verdict = self._plugin_failed(name, hook, bad)
-                if verdict is None:
-                    continue
-            if verdict.event is not None:
-                events.append(verdict.event)
-                self.ledger.note_detection()
-            if (
-                best is None
-                or verdict.action > best.action
-                # at equal severity a detection beats a bare verdict: its threshold/event must show
-                or (verdict.action == best.action and best.event is None and verdict.event is not None)
-            ):
-                best = verdict
+        """``combine`` with this turn's error reporting; a HALT latches."""
+        best, events = combine(found, self.ledger, lambda name, bad: self._plugin_failed(name, hook, bad))
         if best is None:
             return ALLOW, events
         if best.action is _HALT:
@@ -441,11 +418,7 @@ class Turn:
         return None
 
     def _report_error(self, name: str, hook: str, exc: BaseException) -> None:
-        for plugin_name, fn, argnames in self._observers("turnguard_plugin_error"):
-            try:
-                fn(**_pick(argnames, turn=self.ledger, plugin=name, hook=hook, error=exc))
-            except Exception:  # the error reporter itself must not break the host
-                log.exception("turnguard plugin %r raised while reporting an error", plugin_name)
+        _report_plugin_error(self._observers("turnguard_plugin_error"), self.ledger, name, hook, exc)
 
     def _after(self, events: Any) -> None:
         for event in events:
@@ -474,6 +447,49 @@ class Turn:
                 if self._halt is None:
                     message = f"turnguard: plugin {plugin_name!r} failed in {hook} (fail_mode=closed)"
                     self._halt = Verdict(Action.HALT, None, message)
+
+
+def combine(
+    found: list[tuple[str, Any]],
+    ledger: Ledger,
+    on_bad: Callable[[str, TypeError], Verdict | None],
+) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
+    """DESIGN §3.5's rule over the (plugin name, answer) pairs of one check, in hook order: the
+    most severe verdict wins; ties go to the first, except that a detection beats a bare verdict
+    (its threshold and event must show). An answer that is not a ``Verdict`` with an ``Action``
+    goes to ``on_bad``, which returns what stands in its place. Each detection is noted in the
+    ledger; returns the winner (``None`` when nothing stands) and every event, in hook order.
+    ``Turn`` and ``turnguard calibrate``'s replay both decide through it."""
+    best: Verdict | None = None
+    events: list[LoopDetectedEvent] = []
+    for name, verdict in found:
+        if not isinstance(verdict, Verdict) or type(verdict.action) is not Action:
+            got = type(verdict.action if isinstance(verdict, Verdict) else verdict).__name__
+            verdict = on_bad(name, TypeError(f"a check hook must return a turnguard.Verdict with a turnguard.Action, "
+                                             f"or None; got {got}"))
+            if verdict is None:
+                continue
+        if verdict.event is not None:
+            events.append(verdict.event)
+            ledger.note_detection()
+        if (
+            best is None
+            or verdict.action > best.action
+            or (verdict.action == best.action and best.event is None and verdict.event is not None)
+        ):
+            best = verdict
+    return best, events
+
+
+def _report_plugin_error(
+    reporters: tuple[Observer, ...], turn: Ledger | None, plugin: str, hook: str, error: BaseException
+) -> None:
+    """``turnguard_plugin_error`` to each reporter, isolated (a failing reporter is only logged)."""
+    for plugin_name, fn, argnames in reporters:
+        try:
+            fn(**_pick(argnames, turn=turn, plugin=plugin, hook=hook, error=error))
+        except Exception:  # the error reporter itself must not break the host
+            log.exception("turnguard plugin %r raised while reporting an error", plugin_name)
 
 
 def _observer_impls(pm: pluggy.PluginManager, hook: str) -> tuple[Observer, ...]:

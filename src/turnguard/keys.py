@@ -176,8 +176,7 @@ def canonical_bytes(args: Any) -> bytes:
         except (TypeError, ValueError, RecursionError, OverflowError):
             return _fallback(args).encode("utf-8", "surrogatepass")
     if cls is str:
-        first = args[:1]
-        if first not in _JSON_STARTS and first not in _SPACE and not _is_json_word(args):
+        if args[:1] not in _MAYBE_JSON and (len(args) > 5 or args not in _JSON_WORDS):  # as in Keyer.digest
             return _quote(args).encode("utf-8", "surrogatepass")  # plain text: a shell command, a path
         args = _parse_json_text(args)
     elif isinstance(args, (bytes, bytearray, memoryview)):
