@@ -25,7 +25,6 @@ class PanelQuery:
 
     board_uid: str
     panel_id: int
-    panel_type: str
     title: str
     ref_id: str
     expr: str
@@ -55,7 +54,6 @@ def panel_queries(board: Mapping[str, Any]) -> Iterator[PanelQuery]:
             yield PanelQuery(
                 board_uid=board["uid"],
                 panel_id=panel["id"],
-                panel_type=panel["type"],
                 title=panel.get("title", ""),
                 ref_id=target.get("refId", ""),
                 expr=target.get("expr", ""),

@@ -3,9 +3,12 @@ builders for the turns the seeds describe."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -29,6 +32,25 @@ def corpus_files() -> list[Path]:
     return files
 
 
+def optional_dependency(module: str) -> ModuleType:
+    """``module`` (from an extra); skips without it, fails under CI (which installs ``[dev]``, so
+    a missing one there is a broken install, not an optional feature)."""
+    if os.environ.get("CI"):
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/<name>.py`` imported as a module, so tests run the README's examples as written."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 CORE_ONLY = {"disable_plugins": ("otel", "recorder", "shadow"), "load_entrypoints": False}
 """The core policies alone: telemetry and shadow plugins (built by other modules) left out."""
 
@@ -47,6 +69,16 @@ def make_guard() -> Callable[..., tg.Guard]:
 @pytest.fixture
 def guard() -> tg.Guard:
     return core_guard()
+
+
+@pytest.fixture
+def otel():
+    """Real SDK providers exporting to memory; ``Guard(config, **otel.providers())`` reports there."""
+    from turnguard.telemetry.testing import InMemoryTelemetry  # needs the SDK: imported by the tests that use it
+
+    telemetry = InMemoryTelemetry()
+    yield telemetry
+    telemetry.shutdown()
 
 
 def distinct_call(i: int, tool: str = "read_file") -> tg.ToolCall:

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
+from conftest import optional_dependency
+
+yaml = optional_dependency("yaml")
 
 CONFIG_PATH = Path(__file__).resolve().parents[1] / "collector-config.yaml"
 SECTIONS = ("receivers", "processors", "exporters", "connectors", "extensions")

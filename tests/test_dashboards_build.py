@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import optional_dependency
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-pytest.importorskip("grafana_foundation_sdk")
+optional_dependency("grafana_foundation_sdk")
 
 from dashboards import build, queries  # noqa: E402
 from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402

@@ -38,13 +38,14 @@ from typing import Any
 
 import pytest
 
+from conftest import optional_dependency
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-pytest.importorskip("grafana_foundation_sdk")
-sdk_metrics = pytest.importorskip("opentelemetry.sdk.metrics")
-prometheus_exporter = pytest.importorskip("opentelemetry.exporter.prometheus")
-prometheus_client = pytest.importorskip("prometheus_client")
-pytest.importorskip("turnguard.telemetry.otel", reason="the OpenTelemetry plugin (turnguard.telemetry.otel) is missing")
+optional_dependency("grafana_foundation_sdk")
+sdk_metrics = optional_dependency("opentelemetry.sdk.metrics")
+prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
+prometheus_client = optional_dependency("prometheus_client")
 
 from dashboards import build, fleet, queries  # noqa: E402
 

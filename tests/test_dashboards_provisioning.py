@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
+from conftest import optional_dependency
+
+yaml = optional_dependency("yaml")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

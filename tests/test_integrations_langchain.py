@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import itertools
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("langchain.agents")
+from conftest import load_example, optional_dependency
 
-from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.tools import ToolException, tool
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import Command
+optional_dependency("langchain.agents")
 
-import turnguard as tg
-from turnguard.integrations.langchain import TurnGuardHalted, TurnGuardMiddleware
+from langchain.agents import create_agent  # noqa: E402
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
+from langchain_core.tools import ToolException, tool  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.types import Command  # noqa: E402
+
+import turnguard as tg  # noqa: E402
+from turnguard.integrations.langchain import TurnGuardHalted, TurnGuardMiddleware  # noqa: E402
 
 LIMIT = {"recursion_limit": 1000}
 """LangGraph's own superstep budget, raised so that turnguard is what stops these runs."""
@@ -158,26 +158,10 @@ def test_interrupt_answered_stop_refuses_the_call_and_halts(ran, tools):
     assert len(ran) == 4
 
 
-def _load_example():
-    path = Path(__file__).resolve().parent.parent / "examples" / "langchain_agent.py"
-    spec = importlib.util.spec_from_file_location("example_langchain_agent", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_example_stops_the_stuck_agent_and_says_why():
-    example = _load_example()
+    example = load_example("langchain_agent")
     answer = example.answer("read a.py", model=forever("read_file", {"path": "a.py"}))
     assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
-
-
-@pytest.fixture
-def otel():
-    """Real SDK providers exporting to memory."""
-    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
-    yield telemetry
-    telemetry.shutdown()
 
 
 def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, tools, otel):

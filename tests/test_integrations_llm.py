@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import itertools
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("llm")
+from conftest import load_example, optional_dependency
 
-import llm
-from click.testing import CliRunner
-from llm.cli import cli
-from llm.plugins import pm
+optional_dependency("llm")
 
-import turnguard as tg
-from turnguard.integrations.llm_plugin import ChainGuard, TurnGuardHalted, chain
+import llm  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+from llm.cli import cli  # noqa: E402
+from llm.plugins import pm  # noqa: E402
+
+import turnguard as tg  # noqa: E402
+from turnguard.integrations.llm_plugin import ChainGuard, TurnGuardHalted, chain  # noqa: E402
 
 
-class ScriptedToolModel(llm.Model):
+class ScriptedSteps:
     """Plays one step per model request: a tool call ``(name, args)`` or final text."""
 
     supports_tools = True
@@ -35,37 +35,26 @@ class ScriptedToolModel(llm.Model):
         self.requests = 0
         self.tool_results_seen: list[str] = []
 
-    def execute(self, prompt, stream, response, conversation):
+    def play(self, prompt, response) -> str:
+        """The next step's text to yield; a tool call step is added to ``response`` and yields ""."""
         self.requests += 1
         self.tool_results_seen.extend(result.output for result in prompt.tool_results)
         step = next(self.steps, "done")
         if isinstance(step, str):
-            yield step
-            return
+            return step
         name, args = step
         response.add_tool_call(llm.ToolCall(name=name, arguments=args, tool_call_id=f"call-{self.requests}"))
-        yield ""
+        return ""
 
 
-class ScriptedAsyncToolModel(llm.AsyncModel):
-    """The async twin of ``ScriptedToolModel``."""
+class ScriptedToolModel(ScriptedSteps, llm.Model):
+    def execute(self, prompt, stream, response, conversation):
+        yield self.play(prompt, response)
 
-    supports_tools = True
 
-    def __init__(self, model_id: str, steps) -> None:
-        self.model_id = model_id
-        self.steps = iter(steps)
-        self.requests = 0
-
+class ScriptedAsyncToolModel(ScriptedSteps, llm.AsyncModel):
     async def execute(self, prompt, stream, response, conversation):
-        self.requests += 1
-        step = next(self.steps, "done")
-        if isinstance(step, str):
-            yield step
-            return
-        name, args = step
-        response.add_tool_call(llm.ToolCall(name=name, arguments=args, tool_call_id=f"call-{self.requests}"))
-        yield ""
+        yield self.play(prompt, response)
 
 
 def stuck_steps():
@@ -236,25 +225,9 @@ def test_installed_as_an_llm_plugin_through_the_entry_point_group():
     assert plugins["turnguard"]["version"] == tg.__version__
 
 
-def _load_example():
-    path = Path(__file__).resolve().parent.parent / "examples" / "llm_chain.py"
-    spec = importlib.util.spec_from_file_location("example_llm_chain", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_example_stops_the_stuck_chain_and_says_why(scripted_plugin):
-    answer = _load_example().answer("read a.py", model_id="scripted-stuck")
+    answer = load_example("llm_chain").answer("read a.py", model_id="scripted-stuck")
     assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
-
-
-@pytest.fixture
-def otel():
-    """Real SDK providers exporting to memory."""
-    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
-    yield telemetry
-    telemetry.shutdown()
 
 
 def test_the_chains_spans_and_loop_detected_events_are_recorded(ran, read_file, otel):

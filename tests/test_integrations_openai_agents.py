@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("agents")
+from conftest import load_example, optional_dependency
 
-from agents import Agent, RunConfig, Runner, function_tool
-from agents.exceptions import AgentsException
-from agents.testing import ScriptedModel, assistant_message, function_call
+optional_dependency("agents")
 
-import turnguard as tg
-from turnguard.integrations.openai_agents import TurnGuardHalted, TurnGuardRunHooks, run, run_sync
+from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
+from agents.exceptions import AgentsException  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+
+import turnguard as tg  # noqa: E402
+from turnguard.integrations.openai_agents import TurnGuardHalted, TurnGuardRunHooks, run, run_sync  # noqa: E402
 
 NO_EXPORT = RunConfig(tracing_disabled=True)
 """The SDK's default trace exporter would try to reach OpenAI; these runs stay local."""
@@ -150,27 +150,11 @@ def test_promptable_without_a_route_falls_back_to_halting_at_the_stop_level(ran,
     assert "nobody could be asked" in str(stopped.value)
 
 
-def _load_example():
-    path = Path(__file__).resolve().parent.parent / "examples" / "openai_agents_agent.py"
-    spec = importlib.util.spec_from_file_location("example_openai_agents_agent", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_example_stops_the_stuck_agent_and_says_why():
-    example = _load_example()
+    example = load_example("openai_agents_agent")
     model = calls_then_done([("read_file", {"path": "a.py"})] * 30)
     answer = example.answer("read a.py", model=model, run_config=NO_EXPORT)
     assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
-
-
-@pytest.fixture
-def otel():
-    """Real SDK providers exporting to memory."""
-    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
-    yield telemetry
-    telemetry.shutdown()
 
 
 def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, make_agent, otel):

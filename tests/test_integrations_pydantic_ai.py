@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("pydantic_ai")
+from conftest import load_example, optional_dependency
 
-from pydantic_ai import Agent, ModelResponse, TextPart, ToolCallPart
-from pydantic_ai.capabilities import HandleDeferredToolCalls
-from pydantic_ai.exceptions import AgentRunError, ToolFailed
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
-from pydantic_ai.usage import UsageLimits
+optional_dependency("pydantic_ai")
 
-import turnguard as tg
-from turnguard.integrations.pydantic_ai import APPROVAL, TurnGuardCapability, TurnGuardHalted, approval_requests
+from pydantic_ai import Agent, ModelResponse, TextPart, ToolCallPart  # noqa: E402
+from pydantic_ai.capabilities import HandleDeferredToolCalls  # noqa: E402
+from pydantic_ai.exceptions import AgentRunError, ToolFailed  # noqa: E402
+from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults  # noqa: E402
+from pydantic_ai.usage import UsageLimits  # noqa: E402
+
+import turnguard as tg  # noqa: E402
+from turnguard.integrations.pydantic_ai import APPROVAL, TurnGuardCapability, TurnGuardHalted, approval_requests  # noqa: E402
 
 NO_REQUEST_LIMIT = UsageLimits(request_limit=None)
 """pydantic-ai's own budget (50 requests) would stop a 150-call run first; turnguard is under test."""
@@ -173,14 +172,6 @@ def test_approval_through_a_deferred_output_is_answered_in_the_resumed_run(ran):
     assert len(ran) == 7
 
 
-def load_example(name: str):
-    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_example_stops_the_stuck_agent_and_says_why():
     example = load_example("pydantic_ai_agent")
     answer = example.answer("read a.py", model=forever("read_file", {"path": "a.py"}))
@@ -200,14 +191,6 @@ def test_denial_given_to_a_resumed_run_is_the_users_stop(ran):
             deferred_tool_results=first.output.build_results(approvals={ours.tool_call_id: False}),
         )
     assert len(ran) == 4
-
-
-@pytest.fixture
-def otel():
-    """Real SDK providers exporting to memory: what turnguard and pydantic-ai trace and log."""
-    telemetry = pytest.importorskip("turnguard.telemetry.testing").InMemoryTelemetry()
-    yield telemetry
-    telemetry.shutdown()
 
 
 def test_turnguard_enriches_pydantic_ais_own_spans_and_logs_the_detection_on_the_tool_span(ran, otel):

@@ -22,15 +22,8 @@ SECRET_ARG = "SECRET-ARGUMENT-7f3a"
 CONVERSATION = "conversation-secret-91c2"
 
 
-@pytest.fixture
-def telemetry():
-    t = InMemoryTelemetry()
-    yield t
-    t.shutdown()
-
-
-def make_guard(telemetry: InMemoryTelemetry, **config: Any) -> tg.Guard:
-    return tg.Guard(tg.GuardConfig(load_entrypoints=False, **config), **telemetry.providers())
+def make_guard(otel: InMemoryTelemetry, **config: Any) -> tg.Guard:
+    return tg.Guard(tg.GuardConfig(load_entrypoints=False, **config), **otel.providers())
 
 
 def call(name: str = "read_file", value: str = SECRET_ARG, call_id: str | None = None) -> tg.ToolCall:
@@ -49,13 +42,13 @@ def run_calls(turn: tg.Turn, calls: list[tuple[tg.ToolCall, tg.Outcome]]) -> lis
 # -- spans: a host that does not trace ---------------------------------------------------------
 
 
-def test_untraced_host_gets_a_turn_span_with_one_child_per_call(telemetry):
-    guard = make_guard(telemetry)
+def test_untraced_host_gets_a_turn_span_with_one_child_per_call(otel):
+    guard = make_guard(otel)
     with guard.turn(conversation_id=CONVERSATION, agent_name="coder") as turn:
         turn.begin_cycle()
         run_calls(turn, [(call("read_file", "a", "t1"), tg.Outcome.OK), (call("grep", "b", "t2"), tg.Outcome.ERROR)])
         turn_id = turn.turn_id
-    agent = telemetry.span("invoke_agent coder")
+    agent = otel.span("invoke_agent coder")
     assert agent.kind is SpanKind.INTERNAL and agent.parent is None
     assert agent.attributes[n.GEN_AI_OPERATION_NAME] == "invoke_agent"
     assert agent.attributes[n.GEN_AI_AGENT_NAME] == "coder"
@@ -66,7 +59,7 @@ def test_untraced_host_gets_a_turn_span_with_one_child_per_call(telemetry):
     assert agent.attributes[n.TURN_CYCLES] == 1
     assert agent.attributes[n.LOOP_THRESHOLD] == n.NO_THRESHOLD
 
-    read, grep = telemetry.span("execute_tool read_file"), telemetry.span("execute_tool grep")
+    read, grep = otel.span("execute_tool read_file"), otel.span("execute_tool grep")
     for span, index in ((read, 1), (grep, 2)):
         assert span.parent.span_id == agent.context.span_id
         assert span.context.trace_id == agent.context.trace_id
@@ -87,67 +80,67 @@ def test_untraced_host_gets_a_turn_span_with_one_child_per_call(telemetry):
     assert grep.attributes[n.ERROR_TYPE] == n.ERROR_TYPE_OTHER
 
 
-def test_denied_outcome_is_not_an_error(telemetry):
-    with make_guard(telemetry).turn() as turn:
+def test_denied_outcome_is_not_an_error(otel):
+    with make_guard(otel).turn() as turn:
         run_calls(turn, [(call(), tg.Outcome.DENIED)])
-    span = telemetry.span("execute_tool read_file")
+    span = otel.span("execute_tool read_file")
     assert span.attributes[n.CALL_OUTCOME] == "denied"
     assert span.status.status_code is StatusCode.UNSET
-    assert telemetry.span("invoke_agent").attributes[n.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert otel.span("invoke_agent").attributes[n.GEN_AI_OPERATION_NAME] == "invoke_agent"
 
 
-def test_repeats_and_streak_are_the_calls_own(telemetry):
-    with make_guard(telemetry, streak_warn_at=0).turn() as turn:
+def test_repeats_and_streak_are_the_calls_own(otel):
+    with make_guard(otel, streak_warn_at=0).turn() as turn:
         run_calls(turn, [(call(value="x"), tg.Outcome.ERROR) for _ in range(3)])
-    spans = sorted(telemetry.spans()[:-1], key=lambda s: s.attributes[n.CALL_INDEX])
+    spans = sorted(otel.spans()[:-1], key=lambda s: s.attributes[n.CALL_INDEX])
     assert [s.attributes.get(n.CALL_REPEAT, 1) for s in spans] == [1, 2, 3]
     assert [s.attributes.get(n.STREAK_LENGTH, 1) for s in spans] == [1, 2, 3]
     assert [s.attributes.get(n.FAILING_STREAK_LENGTH, 0) for s in spans] == [1, 2, 3]
     assert len({s.attributes[n.CALL_KEY_DIGEST] for s in spans}) == 1
 
 
-def test_calls_without_a_detection_emit_spans_only_no_log_or_metric(telemetry):
+def test_calls_without_a_detection_emit_spans_only_no_log_or_metric(otel):
     """The per-call path costs one span; logs and metrics come from detections and turn ends."""
-    with make_guard(telemetry).turn() as turn:
+    with make_guard(otel).turn() as turn:
         run_calls(turn, [(call(value=f"v{i}"), tg.Outcome.ERROR if i == 1 else tg.Outcome.OK) for i in range(3)])
-        assert [s.name for s in telemetry.spans()] == ["execute_tool read_file"] * 3  # each ended at its outcome
-        assert telemetry.logs() == []
-        assert list(telemetry.all_points()) == []
-    assert {name for name, _ in telemetry.all_points()} == {
+        assert [s.name for s in otel.spans()] == ["execute_tool read_file"] * 3  # each ended at its outcome
+        assert otel.logs() == []
+        assert list(otel.all_points()) == []
+    assert {name for name, _ in otel.all_points()} == {
         n.METRIC_TURN_TOOL_CALLS[0], n.METRIC_TURN_CYCLES[0], n.METRIC_TURN_MAX_KEY_REPEAT[0]
     }
 
 
-def test_turn_ended_by_an_exception_marks_the_turn_span_as_error(telemetry):
-    with pytest.raises(RuntimeError), make_guard(telemetry).turn(agent_name="a"):
+def test_turn_ended_by_an_exception_marks_the_turn_span_as_error(otel):
+    with pytest.raises(RuntimeError), make_guard(otel).turn(agent_name="a"):
         raise RuntimeError("host failure")
-    span = telemetry.span("invoke_agent a")
+    span = otel.span("invoke_agent a")
     assert span.attributes[n.TURN_OUTCOME] == "error"
     assert span.status.status_code is StatusCode.ERROR
 
 
-def test_a_call_without_an_outcome_is_closed_when_the_turn_ends(telemetry):
-    with make_guard(telemetry).turn() as turn:
+def test_a_call_without_an_outcome_is_closed_when_the_turn_ends(otel):
+    with make_guard(otel).turn() as turn:
         turn.check_call(call())
-    span = telemetry.span("execute_tool read_file")
+    span = otel.span("execute_tool read_file")
     assert span.attributes[n.CALL_OUTCOME] == n.CALL_UNFINISHED
     assert span.end_time is not None
 
 
-def test_halted_call_span_ends_at_the_check_with_the_verdict(telemetry):
-    with make_guard(telemetry, max_tool_calls_per_turn=1).turn() as turn:
+def test_halted_call_span_ends_at_the_check_with_the_verdict(otel):
+    with make_guard(otel, max_tool_calls_per_turn=1).turn() as turn:
         first, second = call("a"), call("b")
         run_calls(turn, [(first, tg.Outcome.OK)])
         assert turn.check_call(second).halted
         assert turn.record_outcome(second, tg.Outcome.DENIED).halted  # host reports anyway: ignored
-    halted = telemetry.span("execute_tool b")
+    halted = otel.span("execute_tool b")
     assert halted.attributes[n.VERDICT_ACTION] == "halt"
     assert halted.attributes[n.VERDICT_THRESHOLD] == "explicit"
     assert n.CALL_OUTCOME not in halted.attributes
 
 
-def test_parallel_calls_each_get_their_own_span_and_facts(telemetry, frequent_thread_switches):
-    guard = make_guard(telemetry, streak_warn_at=0)
+def test_parallel_calls_each_get_their_own_span_and_facts(otel, frequent_thread_switches):
+    guard = make_guard(otel, streak_warn_at=0)
     workers = 8
     barrier = threading.Barrier(workers)
     with guard.turn() as turn:
@@ -164,7 +157,7 @@ def test_parallel_calls_each_get_their_own_span_and_facts(telemetry, frequent_th
             t.start()
         for t in threads:
             t.join()
-    spans = [s for s in telemetry.spans() if s.name.startswith("execute_tool")]
+    spans = [s for s in otel.spans() if s.name.startswith("execute_tool")]
     assert len(spans) == workers
     assert sorted(s.attributes[n.CALL_INDEX] for s in spans) == list(range(1, workers + 1))
     for s in spans:
@@ -182,9 +175,9 @@ def frequent_thread_switches():
     sys.setswitchinterval(before)
 
 
-def test_parallel_detections_land_on_the_offending_calls_span(telemetry, frequent_thread_switches):
+def test_parallel_detections_land_on_the_offending_calls_span(otel, frequent_thread_switches):
     """Threads racing through one turn: every event sits on the span of the call that fired it."""
-    guard = make_guard(telemetry, streak_warn_at=2, streak_stop_at=0, soft_cap=0)
+    guard = make_guard(otel, streak_warn_at=2, streak_stop_at=0, soft_cap=0)
     workers, per_worker = 6, 60
     barrier = threading.Barrier(workers)
     with guard.turn() as turn:
@@ -201,9 +194,9 @@ def test_parallel_detections_land_on_the_offending_calls_span(telemetry, frequen
             t.start()
         for t in threads:
             t.join()
-    records = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    records = otel.logs(n.LOOP_DETECTED_EVENT)
     assert records, "the racing calls produced no detection: the test tested nothing"
-    spans = {s.context.span_id: s for s in telemetry.spans()}
+    spans = {s.context.span_id: s for s in otel.spans()}
     for record in records:
         span = spans[record.span_id]
         assert span.name == f"execute_tool {record.attributes[n.GEN_AI_TOOL_NAME]}"
@@ -214,26 +207,26 @@ def test_parallel_detections_land_on_the_offending_calls_span(telemetry, frequen
 # -- spans: a host that traces ----------------------------------------------------------------------
 
 
-def test_traced_host_span_is_enriched_not_duplicated(telemetry):
-    tracer = telemetry.tracer_provider.get_tracer("host")
-    guard = make_guard(telemetry)
+def test_traced_host_span_is_enriched_not_duplicated(otel):
+    tracer = otel.tracer_provider.get_tracer("host")
+    guard = make_guard(otel)
     with tracer.start_as_current_span("invoke_agent host-agent") as host, guard.turn(agent_name="host-agent") as turn:
         run_calls(turn, [(call(), tg.Outcome.OK)])
         turn_id = turn.turn_id
-    names = [s.name for s in telemetry.spans()]
+    names = [s.name for s in otel.spans()]
     assert names.count("invoke_agent host-agent") == 1
     assert "invoke_agent" not in names
-    host_span = telemetry.span("invoke_agent host-agent")
+    host_span = otel.span("invoke_agent host-agent")
     assert host_span.attributes[n.TURN_ID] == turn_id
     assert host_span.attributes[n.TURN_OUTCOME] == "completed"
     assert host_span.attributes[n.TURN_TOOL_CALLS] == 1
-    ours = telemetry.span("execute_tool read_file")
+    ours = otel.span("execute_tool read_file")
     assert ours.parent.span_id == host.get_span_context().span_id
 
 
-def test_host_execute_tool_span_is_enriched_not_duplicated(telemetry):
-    tracer = telemetry.tracer_provider.get_tracer("host")
-    guard = make_guard(telemetry, streak_stop_at=2, streak_warn_at=2)
+def test_host_execute_tool_span_is_enriched_not_duplicated(otel):
+    tracer = otel.tracer_provider.get_tracer("host")
+    guard = make_guard(otel, streak_stop_at=2, streak_warn_at=2)
     with tracer.start_as_current_span("invoke_agent host"), guard.turn() as turn:
         for i in range(2):
             c = call("fetch", "same", call_id=f"c{i}")
@@ -241,7 +234,7 @@ def test_host_execute_tool_span_is_enriched_not_duplicated(telemetry):
                 turn.check_call(c)
                 turn.record_outcome(c, tg.Outcome.ERROR)
                 tool_context = tool.get_span_context()
-    fetch_spans = [s for s in telemetry.spans() if s.name == "execute_tool fetch"]
+    fetch_spans = [s for s in otel.spans() if s.name == "execute_tool fetch"]
     assert len(fetch_spans) == 2  # the host's two spans, none of ours
     second = next(s for s in fetch_spans if s.context.span_id == tool_context.span_id)
     assert second.attributes[n.CALL_INDEX] == 2
@@ -251,7 +244,7 @@ def test_host_execute_tool_span_is_enriched_not_duplicated(telemetry):
     assert second.attributes[n.VERDICT_ACTION] == "halt"
     assert n.GEN_AI_OPERATION_NAME not in second.attributes  # the host's own attributes are left alone
     assert second.status.status_code is StatusCode.UNSET  # the host decides its span's status
-    stop = [r for r in telemetry.logs(n.LOOP_DETECTED_EVENT) if r.attributes[n.LOOP_LEVEL] == "stop"]
+    stop = [r for r in otel.logs(n.LOOP_DETECTED_EVENT) if r.attributes[n.LOOP_LEVEL] == "stop"]
     assert [r.span_id for r in stop] == [tool_context.span_id]
     assert any(e.name == n.LOOP_DETECTED_EVENT for e in second.events)
 
@@ -330,14 +323,14 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_loop_detected_event_per_threshold_and_level(telemetry, scenario):
+def test_loop_detected_event_per_threshold_and_level(otel, scenario):
     config, promptable, drive, expected = SCENARIOS[scenario]
-    guard = make_guard(telemetry, **config)
+    guard = make_guard(otel, **config)
     with guard.turn(conversation_id=CONVERSATION, agent_name="coder", promptable=promptable) as turn:
         drive(turn)
-    records = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    records = otel.logs(n.LOOP_DETECTED_EVENT)
     assert len(records) == len(expected)
-    spans = {s.context.span_id: s for s in telemetry.spans()}
+    spans = {s.context.span_id: s for s in otel.spans()}
     for record, (threshold, level, action, limit, tool_calls, tool) in zip(records, expected, strict=True):
         assert record.severity_number is SeverityNumber.WARN
         assert record.severity_text == "WARN"
@@ -368,60 +361,60 @@ def test_loop_detected_event_per_threshold_and_level(telemetry, scenario):
         assert dict(mirrored[0].attributes) == attrs
 
 
-def test_soft_stuck_event_counts_the_repeat_at_detection(telemetry):
-    guard = make_guard(telemetry, soft_cap=5, stuck_repeat_threshold=3, streak_warn_at=0, streak_stop_at=0)
+def test_soft_stuck_event_counts_the_repeat_at_detection(otel):
+    guard = make_guard(otel, soft_cap=5, stuck_repeat_threshold=3, streak_warn_at=0, streak_stop_at=0)
     with guard.turn(agent_name="coder") as turn:
         _soft_stuck(turn)
-    (record,) = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    (record,) = otel.logs(n.LOOP_DETECTED_EVENT)
     assert record.attributes[n.LOOP_MAX_KEY_REPEAT] == 3
     assert record.attributes[n.LOOP_SOFT_CAP] == 5
     assert record.attributes[n.LOOP_HARD_CAP] == 50
     assert record.attributes[n.CAP_MODE] == "adaptive"
 
 
-def test_streak_stop_event_counts_the_failing_streak(telemetry):
-    with make_guard(telemetry, streak_warn_at=0, streak_stop_at=3).turn(agent_name="coder") as turn:
+def test_streak_stop_event_counts_the_failing_streak(otel):
+    with make_guard(otel, streak_warn_at=0, streak_stop_at=3).turn(agent_name="coder") as turn:
         _streak(turn)
-    (record,) = telemetry.logs(n.LOOP_DETECTED_EVENT)
+    (record,) = otel.logs(n.LOOP_DETECTED_EVENT)
     assert record.attributes[n.LOOP_FAILING_STREAK_LENGTH] == 3
     assert record.attributes[n.LOOP_STREAK_LENGTH] == 3
 
 
-def test_content_is_exported_only_when_opted_in(telemetry):
+def test_content_is_exported_only_when_opted_in(otel):
     for capture in (False, True):
-        telemetry.clear()
-        with make_guard(telemetry, capture_content=capture, streak_warn_at=1, streak_stop_at=0).turn() as turn:
+        otel.clear()
+        with make_guard(otel, capture_content=capture, streak_warn_at=1, streak_stop_at=0).turn() as turn:
             run_calls(turn, [(call(), tg.Outcome.OK)])
-        span = telemetry.span("execute_tool read_file")
+        span = otel.span("execute_tool read_file")
         if capture:
             assert span.attributes[n.GEN_AI_TOOL_CALL_ARGUMENTS] == '{"path":"' + SECRET_ARG + '"}'
         else:
             assert n.GEN_AI_TOOL_CALL_ARGUMENTS not in span.attributes
-            assert all(SECRET_ARG not in str(v) for s in telemetry.spans() for v in s.attributes.values())
+            assert all(SECRET_ARG not in str(v) for s in otel.spans() for v in s.attributes.values())
         # never in the event, opted in or not
-        (record,) = telemetry.logs(n.LOOP_DETECTED_EVENT)
+        (record,) = otel.logs(n.LOOP_DETECTED_EVENT)
         assert all(SECRET_ARG not in str(v) for v in record.attributes.values())
 
 
 # -- escalations and plugin errors ----------------------------------------------------------------------
 
 
-def test_escalation_answer_is_counted_and_logged(telemetry):
-    guard = make_guard(telemetry, streak_warn_at=2, streak_stop_at=0)
+def test_escalation_answer_is_counted_and_logged(otel):
+    guard = make_guard(otel, streak_warn_at=2, streak_stop_at=0)
     with guard.turn(agent_name="coder", promptable=True) as turn:
         verdicts = run_calls(turn, [(call("flaky"), tg.Outcome.OK) for _ in range(2)])
         ask = verdicts[-1][0]
         assert ask.action is tg.Action.ASK
         turn.resolve(ask, "continue")
-    (point,) = telemetry.points(n.METRIC_ESCALATION_ANSWERS[0])
+    (point,) = otel.points(n.METRIC_ESCALATION_ANSWERS[0])
     assert point.value == 1
     assert dict(point.attributes) == {
         n.LOOP_THRESHOLD: "streak", n.LOOP_LEVEL: "warn", n.ESCALATION_ANSWER: "continue", n.GEN_AI_AGENT_NAME: "coder",
     }
-    (record,) = telemetry.logs(n.ESCALATION_RESOLVED_EVENT)
+    (record,) = otel.logs(n.ESCALATION_RESOLVED_EVENT)
     assert record.attributes[n.LOOP_EVENT_ID] == ask.event.event_id
     assert record.attributes[n.ESCALATION_ANSWER] == "continue"
-    assert record.span_id == telemetry.span("invoke_agent coder").context.span_id
+    assert record.span_id == otel.span("invoke_agent coder").context.span_id
 
 
 class Broken:
@@ -430,13 +423,13 @@ class Broken:
         raise KeyError("boom")
 
 
-def test_plugin_errors_are_counted_by_plugin_hook_and_type(telemetry):
-    guard = make_guard(telemetry)
+def test_plugin_errors_are_counted_by_plugin_hook_and_type(otel):
+    guard = make_guard(otel)
     guard.register(Broken(), name="broken")
     with guard.turn() as turn:
         verdicts = run_calls(turn, [(call(f"t{i}"), tg.Outcome.OK) for i in range(3)])
     assert all(v.action is tg.Action.ALLOW for v, _ in verdicts)
-    (point,) = telemetry.points(n.METRIC_PLUGIN_ERRORS[0])
+    (point,) = otel.points(n.METRIC_PLUGIN_ERRORS[0])
     assert point.value == 3
     assert dict(point.attributes) == {
         n.PLUGIN_NAME: "broken", n.PLUGIN_HOOK: "turnguard_check_call", n.ERROR_TYPE: "KeyError",
@@ -446,31 +439,31 @@ def test_plugin_errors_are_counted_by_plugin_hook_and_type(telemetry):
 # -- metrics ----------------------------------------------------------------------------------------------
 
 
-def _bounds(telemetry: InMemoryTelemetry, metric: str) -> tuple[float, ...]:
-    (point, *_) = telemetry.points(metric)
+def _bounds(otel: InMemoryTelemetry, metric: str) -> tuple[float, ...]:
+    (point, *_) = otel.points(metric)
     return tuple(point.explicit_bounds)
 
 
-def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(telemetry):
+def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(otel):
     soft_cap = 7
-    guard = make_guard(telemetry, soft_cap=soft_cap, stuck_repeat_threshold=3, streak_warn_at=0, streak_stop_at=0)
+    guard = make_guard(otel, soft_cap=soft_cap, stuck_repeat_threshold=3, streak_warn_at=0, streak_stop_at=0)
     with guard.turn(agent_name="coder") as turn:
         repeated_then_distinct(turn, 3, 5)
-    metrics = telemetry.metrics()
+    metrics = otel.metrics()
     for name, unit in (n.METRIC_TURN_TOOL_CALLS, n.METRIC_TURN_CYCLES, n.METRIC_TURN_MAX_KEY_REPEAT,
                        n.METRIC_TURN_FIRST_STUCK_CALL, n.METRIC_DETECTIONS):
         assert metrics[name].unit == unit
         assert metrics[name].description
-    edges = _bounds(telemetry, n.METRIC_TURN_TOOL_CALLS[0])
+    edges = _bounds(otel, n.METRIC_TURN_TOOL_CALLS[0])
     assert all(float(soft_cap * k) in edges for k in range(1, 21))
     assert any(e < soft_cap for e in edges) and any(e > 20 * soft_cap for e in edges)
     assert list(edges) == sorted(set(edges))
     assert edges == buckets.tool_call_edges(guard.config)
-    assert 3.0 in _bounds(telemetry, n.METRIC_TURN_MAX_KEY_REPEAT[0]) and 2.0 in _bounds(
-        telemetry, n.METRIC_TURN_MAX_KEY_REPEAT[0]
+    assert 3.0 in _bounds(otel, n.METRIC_TURN_MAX_KEY_REPEAT[0]) and 2.0 in _bounds(
+        otel, n.METRIC_TURN_MAX_KEY_REPEAT[0]
     )
 
-    (calls,) = telemetry.points(n.METRIC_TURN_TOOL_CALLS[0])
+    (calls,) = otel.points(n.METRIC_TURN_TOOL_CALLS[0])
     assert calls.count == 1 and calls.sum == 8
     assert dict(calls.attributes) == {
         n.GEN_AI_AGENT_NAME: "coder", n.TURN_OUTCOME: "halted", n.LOOP_THRESHOLD: "soft_stuck",
@@ -478,13 +471,13 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(teleme
     }
     # 8 calls lands in the bucket (7, 14]
     assert calls.bucket_counts[edges.index(14.0)] == 1
-    (first_stuck,) = telemetry.points(n.METRIC_TURN_FIRST_STUCK_CALL[0])
+    (first_stuck,) = otel.points(n.METRIC_TURN_FIRST_STUCK_CALL[0])
     assert first_stuck.sum == 3
-    (repeat,) = telemetry.points(n.METRIC_TURN_MAX_KEY_REPEAT[0])
+    (repeat,) = otel.points(n.METRIC_TURN_MAX_KEY_REPEAT[0])
     assert repeat.sum == 3
-    (cycles,) = telemetry.points(n.METRIC_TURN_CYCLES[0])
+    (cycles,) = otel.points(n.METRIC_TURN_CYCLES[0])
     assert cycles.sum == 1
-    (detection,) = telemetry.points(n.METRIC_DETECTIONS[0])
+    (detection,) = otel.points(n.METRIC_DETECTIONS[0])
     assert detection.value == 1
     assert dict(detection.attributes) == {
         n.LOOP_THRESHOLD: "soft_stuck", n.LOOP_LEVEL: "stop", n.LOOP_ACTION: "halt", n.CAP_MODE: "adaptive",
@@ -504,25 +497,25 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(teleme
     ],
     ids=["at-S", "S+1", "empty", "explicit", "disabled-explicit", "disabled-adaptive"],
 )
-def test_turn_metrics_say_whether_the_turn_went_past_the_soft_cap(telemetry, config, calls, past):
-    with make_guard(telemetry, streak_warn_at=0, streak_stop_at=0, **config).turn() as turn:
+def test_turn_metrics_say_whether_the_turn_went_past_the_soft_cap(otel, config, calls, past):
+    with make_guard(otel, streak_warn_at=0, streak_stop_at=0, **config).turn() as turn:
         run_calls(turn, [(call(f"t{i}", str(i)), tg.Outcome.OK) for i in range(calls)])
     for metric in (n.METRIC_TURN_TOOL_CALLS, n.METRIC_TURN_MAX_KEY_REPEAT, n.METRIC_TURN_CYCLES):
-        (point,) = telemetry.points(metric[0])
+        (point,) = otel.points(metric[0])
         assert point.attributes[n.TURN_PAST_SOFT_CAP] is past, (metric, dict(point.attributes))
 
 
-def test_turns_that_never_got_stuck_record_no_first_stuck_call(telemetry):
-    with make_guard(telemetry).turn() as turn:
+def test_turns_that_never_got_stuck_record_no_first_stuck_call(otel):
+    with make_guard(otel).turn() as turn:
         run_calls(turn, [(call(f"t{i}"), tg.Outcome.OK) for i in range(3)])
-    assert telemetry.points(n.METRIC_TURN_FIRST_STUCK_CALL[0]) == []
-    (calls,) = telemetry.points(n.METRIC_TURN_TOOL_CALLS[0])
+    assert otel.points(n.METRIC_TURN_FIRST_STUCK_CALL[0]) == []
+    (calls,) = otel.points(n.METRIC_TURN_TOOL_CALLS[0])
     assert calls.attributes[n.LOOP_THRESHOLD] == n.NO_THRESHOLD
     assert n.GEN_AI_AGENT_NAME not in calls.attributes  # no agent name given: no label, not "None"
 
 
-def test_no_metric_point_carries_ids_arguments_or_results(telemetry):
-    guard = make_guard(telemetry, streak_warn_at=2, streak_stop_at=3, max_cycles_per_turn=2, capture_content=True)
+def test_no_metric_point_carries_ids_arguments_or_results(otel):
+    guard = make_guard(otel, streak_warn_at=2, streak_stop_at=3, max_cycles_per_turn=2, capture_content=True)
     guard.register(Broken(), name="broken")
     identifiers = set()
     for t in range(3):
@@ -542,7 +535,7 @@ def test_no_metric_point_carries_ids_arguments_or_results(telemetry):
                     turn.record_outcome(c, tg.Outcome.ERROR)
             turn.begin_cycle()
             turn.begin_cycle()
-    points = list(telemetry.all_points())
+    points = list(otel.all_points())
     assert {name for name, _ in points} >= {
         n.METRIC_TURN_TOOL_CALLS[0], n.METRIC_DETECTIONS[0], n.METRIC_ESCALATION_ANSWERS[0], n.METRIC_PLUGIN_ERRORS[0],
     }
@@ -557,23 +550,23 @@ def test_no_metric_point_carries_ids_arguments_or_results(telemetry):
 
 
 def test_the_10001st_distinct_tool_name_is_folded_into_the_overflow_value():
-    telemetry = InMemoryTelemetry(cardinality_limit=20_000)  # above our bound, so the SDK's own never folds first
+    otel = InMemoryTelemetry(cardinality_limit=20_000)  # above our bound, so the SDK's own never folds first
     try:
         guard = tg.Guard(
             tg.GuardConfig(load_entrypoints=False, soft_cap=0, streak_warn_at=1, streak_stop_at=0),
             tracer_provider=NoOpTracerProvider(),
             logger_provider=NoOpLoggerProvider(),
-            meter_provider=telemetry.meter_provider,
+            meter_provider=otel.meter_provider,
         )
         with guard.turn() as turn:
             for i in range(n.TOOL_NAME_LIMIT + 1):
                 assert turn.check_call(tg.ToolCall(f"tool-{i}", None)).event is not None
             turn.check_call(tg.ToolCall("tool-0", "again"))  # an admitted name stays admitted
         tools = {}
-        for point in telemetry.points(n.METRIC_DETECTIONS[0]):
+        for point in otel.points(n.METRIC_DETECTIONS[0]):
             tools[point.attributes[n.GEN_AI_TOOL_NAME]] = point.value
     finally:
-        telemetry.shutdown()
+        otel.shutdown()
     assert len(tools) == n.TOOL_NAME_LIMIT + 1  # 10,000 names and the overflow value
     assert tools[n.OVERFLOW_VALUE] == 1
     assert f"tool-{n.TOOL_NAME_LIMIT}" not in tools
@@ -581,15 +574,15 @@ def test_the_10001st_distinct_tool_name_is_folded_into_the_overflow_value():
     assert tools["tool-0"] == 2
 
 
-def test_agent_names_and_host_end_reasons_are_bounded_too(telemetry):
-    guard = make_guard(telemetry)
+def test_agent_names_and_host_end_reasons_are_bounded_too(otel):
+    guard = make_guard(otel)
     plugin = guard.pm.get_plugin("otel")
     plugin.instruments.agents.limit = 2
     plugin.instruments.reasons.limit = 1
     for i in range(4):
         guard.turn(agent_name=f"agent-{i}").end(reason=f"host-reason-{i}")
     seen = {(p.attributes.get(n.GEN_AI_AGENT_NAME), p.attributes[n.TURN_OUTCOME])
-            for p in telemetry.points(n.METRIC_TURN_TOOL_CALLS[0])}
+            for p in otel.points(n.METRIC_TURN_TOOL_CALLS[0])}
     assert seen == {("agent-0", "host-reason-0"), ("agent-1", n.OVERFLOW_VALUE), (n.OVERFLOW_VALUE, n.OVERFLOW_VALUE)}
 
 
@@ -604,10 +597,10 @@ def test_without_an_sdk_the_plugin_is_registered_and_harmless():
     assert [v.action for v, _ in verdicts] == [tg.Action.ALLOW, tg.Action.ALLOW, tg.Action.HALT]
 
 
-def test_spans_nest_under_an_explicit_host_context(telemetry):
+def test_spans_nest_under_an_explicit_host_context(otel):
     """A host span that is current in the caller's context is the parent of our call spans."""
-    tracer = telemetry.tracer_provider.get_tracer("host")
-    guard = make_guard(telemetry)
+    tracer = otel.tracer_provider.get_tracer("host")
+    guard = make_guard(otel)
     with guard.turn() as turn:
         step = tracer.start_span("agent step")
         token = context.attach(set_span_in_context(step))
@@ -616,12 +609,12 @@ def test_spans_nest_under_an_explicit_host_context(telemetry):
         finally:
             context.detach(token)
             step.end()
-    assert telemetry.span("execute_tool read_file").parent.span_id == step.get_span_context().span_id
+    assert otel.span("execute_tool read_file").parent.span_id == step.get_span_context().span_id
 
 
-def test_call_span_keeps_the_parent_current_at_the_check_even_if_the_outcome_comes_elsewhere(telemetry):
-    tracer = telemetry.tracer_provider.get_tracer("host")
-    guard = make_guard(telemetry)
+def test_call_span_keeps_the_parent_current_at_the_check_even_if_the_outcome_comes_elsewhere(otel):
+    tracer = otel.tracer_provider.get_tracer("host")
+    guard = make_guard(otel)
     results = []
     with guard.turn() as turn:
         c = call()
@@ -630,27 +623,27 @@ def test_call_span_keeps_the_parent_current_at_the_check_even_if_the_outcome_com
         worker = threading.Thread(target=lambda: results.append(turn.record_outcome(c, tg.Outcome.OK)))
         worker.start()
         worker.join()
-    span = telemetry.span("execute_tool read_file")
+    span = otel.span("execute_tool read_file")
     assert span.parent.span_id == step.get_span_context().span_id
-    assert span.start_time < telemetry.span("agent step").end_time  # started at the check
+    assert span.start_time < otel.span("agent step").end_time  # started at the check
 
 
-def test_turns_never_ended_are_bounded_and_their_spans_closed(telemetry, monkeypatch):
-    from turnguard.telemetry import otel
+def test_turns_never_ended_are_bounded_and_their_spans_closed(otel, monkeypatch):
+    from turnguard.telemetry import otel as plugin_module
 
-    monkeypatch.setattr(otel, "MAX_OPEN_TURNS", 2)
-    guard = make_guard(telemetry)
+    monkeypatch.setattr(plugin_module, "MAX_OPEN_TURNS", 2)
+    guard = make_guard(otel)
     first = guard.turn(agent_name="a0")
     first.check_call(call())
     others = [guard.turn(agent_name=f"a{i}") for i in (1, 2)]
-    assert {s.name for s in telemetry.spans()} == {"invoke_agent a0", "execute_tool read_file"}  # a1, a2 still open
-    abandoned = telemetry.span("invoke_agent a0")
+    assert {s.name for s in otel.spans()} == {"invoke_agent a0", "execute_tool read_file"}  # a1, a2 still open
+    abandoned = otel.span("invoke_agent a0")
     assert abandoned.attributes[n.TURN_OUTCOME] == n.TURN_ABANDONED
-    assert telemetry.span("execute_tool read_file").attributes[n.CALL_OUTCOME] == n.CALL_UNFINISHED
+    assert otel.span("execute_tool read_file").attributes[n.CALL_OUTCOME] == n.CALL_UNFINISHED
     assert len(guard.pm.get_plugin("otel")._turns) == 2
     for turn in others:
         turn.end()
-    assert telemetry.span("invoke_agent a2").attributes[n.TURN_OUTCOME] == "completed"
+    assert otel.span("invoke_agent a2").attributes[n.TURN_OUTCOME] == "completed"
 
 
 GLOBAL_SDK_HOST = """

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 import turnguard as tg
 from turnguard.telemetry import names as n
 from turnguard.telemetry.testing import InMemoryTelemetry
@@ -16,13 +14,6 @@ SHADOWS = {
 }
 
 
-@pytest.fixture
-def telemetry():
-    t = InMemoryTelemetry()
-    yield t
-    t.shutdown()
-
-
 def edit_and_rerun(turn: tg.Turn, cycles: int) -> None:
     test = tg.ToolCall("bash", {"cmd": "mvn test", "secret": SECRET_ARG})
     for i in range(cycles):
@@ -32,20 +23,20 @@ def edit_and_rerun(turn: tg.Turn, cycles: int) -> None:
             turn.record_outcome(call, tg.Outcome.OK)
 
 
-def points_by_policy(telemetry: InMemoryTelemetry, metric: str) -> dict[str, list]:
+def points_by_policy(otel: InMemoryTelemetry, metric: str) -> dict[str, list]:
     out: dict[str, list] = {}
-    for point in telemetry.points(metric):
+    for point in otel.points(metric):
         out.setdefault(point.attributes[n.SHADOW_POLICY], []).append(point)
     return out
 
 
-def test_would_be_detections_and_turns_are_metrics_named_by_policy(telemetry):
-    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, shadow=SHADOWS), **telemetry.providers())
+def test_would_be_detections_and_turns_are_metrics_named_by_policy(otel):
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, shadow=SHADOWS), **otel.providers())
     with guard.turn(agent_name="coder", conversation_id="conv-secret") as turn:
         edit_and_rerun(turn, 20)
     assert turn.summary.halted is False  # the live guard (S=100) lets the 40 calls run
 
-    detections = points_by_policy(telemetry, n.METRIC_SHADOW_DETECTIONS[0])
+    detections = points_by_policy(otel, n.METRIC_SHADOW_DETECTIONS[0])
     [seed_halt] = detections["seed-tight"]
     assert seed_halt.value == 1 and seed_halt.attributes[n.LOOP_THRESHOLD] == "soft_stuck"
     assert seed_halt.attributes[n.LOOP_ACTION] == "halt" and seed_halt.attributes[n.GEN_AI_AGENT_NAME] == "coder"
@@ -53,7 +44,7 @@ def test_would_be_detections_and_turns_are_metrics_named_by_policy(telemetry):
     # stop-on-any: the re-run is never 3 times in a row (an edit in between): no would-be stop either
     assert "stop-on-any" not in detections
 
-    turns = points_by_policy(telemetry, n.METRIC_SHADOW_TURN_TOOL_CALLS[0])
+    turns = points_by_policy(otel, n.METRIC_SHADOW_TURN_TOOL_CALLS[0])
     assert set(turns) == set(SHADOWS)
     [seed_turn], [stale_turn] = turns["seed-tight"], turns["stale"]
     assert (seed_turn.sum, seed_turn.attributes[n.TURN_OUTCOME], seed_turn.attributes[n.LOOP_THRESHOLD]) == (
@@ -62,14 +53,14 @@ def test_would_be_detections_and_turns_are_metrics_named_by_policy(telemetry):
         40, "completed", n.NO_THRESHOLD)
 
     # the live metrics do not change: no live detection at all
-    assert telemetry.points(n.METRIC_DETECTIONS[0]) == []
-    [event] = telemetry.logs(n.SHADOW_DETECTED_EVENT)
+    assert otel.points(n.METRIC_DETECTIONS[0]) == []
+    [event] = otel.logs(n.SHADOW_DETECTED_EVENT)
     assert event.attributes[n.SHADOW_POLICY] == "seed-tight"
     assert event.attributes[n.LOOP_THRESHOLD] == "soft_stuck"
 
 
-def test_shadow_metrics_carry_no_ids_or_arguments(telemetry):
-    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, shadow=SHADOWS), **telemetry.providers())
+def test_shadow_metrics_carry_no_ids_or_arguments(otel):
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, shadow=SHADOWS), **otel.providers())
     with guard.turn(agent_name="coder", conversation_id="conv-secret") as turn:
         edit_and_rerun(turn, 20)
         same = tg.ToolCall("search", {"q": SECRET_ARG})
@@ -77,19 +68,19 @@ def test_shadow_metrics_carry_no_ids_or_arguments(telemetry):
             turn.check_call(same)
             turn.record_outcome(same, tg.Outcome.OK)
     for metric in (n.METRIC_SHADOW_DETECTIONS[0], n.METRIC_SHADOW_TURN_TOOL_CALLS[0]):
-        points = telemetry.points(metric)
+        points = otel.points(metric)
         assert points
         for point in points:
             assert set(point.attributes) <= set(n.METRIC_ATTRIBUTES[metric])
             assert not any(SECRET_ARG in str(v) or "conv-secret" in str(v) for v in point.attributes.values())
 
 
-def test_policy_names_beyond_the_bound_fold_into_other(telemetry, monkeypatch):
+def test_policy_names_beyond_the_bound_fold_into_other(otel, monkeypatch):
     monkeypatch.setattr(n, "SHADOW_POLICY_LIMIT", 2)
     shadows = {f"p{i}": {"soft_cap": 1, "stuck_repeat_threshold": 1} for i in range(4)}
-    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, shadow=shadows), **telemetry.providers())
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, shadow=shadows), **otel.providers())
     with guard.turn() as turn:
         for i in range(3):
             turn.check_call(tg.ToolCall("t", {"i": i}))
-    names = {p.attributes[n.SHADOW_POLICY] for p in telemetry.points(n.METRIC_SHADOW_DETECTIONS[0])}
+    names = {p.attributes[n.SHADOW_POLICY] for p in otel.points(n.METRIC_SHADOW_DETECTIONS[0])}
     assert names == {"p0", "p1", n.OVERFLOW_VALUE}

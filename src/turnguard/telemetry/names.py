@@ -10,7 +10,6 @@ from __future__ import annotations
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
-GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
 GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # opt-in only (capture_content)
 GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # opt-in only (capture_content)
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"

@@ -55,6 +55,8 @@ from turnguard.telemetry.names import (  # the per-call names, bound once (no mo
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from turnguard.config import GuardConfig
     from turnguard.ledger import Ledger
     from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary, Verdict
@@ -87,6 +89,20 @@ def _version() -> str:
 # -- metrics: one set of instruments and cardinality bounds per meter provider ----------------
 
 
+def _histogram(
+    meter: metrics.Meter, metric: tuple[str, str], description: str, edges: Sequence[float]
+) -> metrics.Histogram:
+    """A histogram with the (name, unit) pair ``metric`` from names.py, with advisory bucket edges."""
+    name, unit = metric
+    return meter.create_histogram(name, unit, description, explicit_bucket_boundaries_advisory=edges)
+
+
+def _counter(meter: metrics.Meter, metric: tuple[str, str], description: str) -> metrics.Counter:
+    """A counter with the (name, unit) pair ``metric`` from names.py."""
+    name, unit = metric
+    return meter.create_counter(name, unit, description)
+
+
 class Instruments:
     """turnguard's instruments on one meter provider, with the attribute-value bounds.
 
@@ -97,40 +113,35 @@ class Instruments:
 
     def __init__(self, meter: metrics.Meter, config: GuardConfig) -> None:
         self.config = config
-        name, unit = n.METRIC_TURN_TOOL_CALLS
-        self.turn_tool_calls = meter.create_histogram(
-            name, unit, "Tool calls checked per turn, by how the turn ended.",
-            explicit_bucket_boundaries_advisory=buckets.tool_call_edges(config),
+        tool_call_edges = buckets.tool_call_edges(config)
+        self.turn_tool_calls = _histogram(
+            meter, n.METRIC_TURN_TOOL_CALLS, "Tool calls checked per turn, by how the turn ended.", tool_call_edges
         )
-        name, unit = n.METRIC_TURN_CYCLES
-        self.turn_cycles = meter.create_histogram(
-            name, unit, "Model requests per turn, by how the turn ended.",
-            explicit_bucket_boundaries_advisory=buckets.cycle_edges(config),
+        self.turn_cycles = _histogram(
+            meter, n.METRIC_TURN_CYCLES, "Model requests per turn, by how the turn ended.", buckets.cycle_edges(config)
         )
-        name, unit = n.METRIC_TURN_MAX_KEY_REPEAT
-        self.turn_max_key_repeat = meter.create_histogram(
-            name, unit, "The largest number of times one (tool, arguments) key was seen in a turn.",
-            explicit_bucket_boundaries_advisory=buckets.repeat_edges(config),
+        self.turn_max_key_repeat = _histogram(
+            meter, n.METRIC_TURN_MAX_KEY_REPEAT,
+            "The largest number of times one (tool, arguments) key was seen in a turn.", buckets.repeat_edges(config),
         )
-        name, unit = n.METRIC_TURN_FIRST_STUCK_CALL
-        self.turn_first_stuck_call = meter.create_histogram(
-            name, unit, "The call at which a turn first met the stuck signal (turns that met it only).",
-            explicit_bucket_boundaries_advisory=buckets.tool_call_edges(config),
+        self.turn_first_stuck_call = _histogram(
+            meter, n.METRIC_TURN_FIRST_STUCK_CALL,
+            "The call at which a turn first met the stuck signal (turns that met it only).", tool_call_edges,
         )
-        name, unit = n.METRIC_DETECTIONS
-        self.detections = meter.create_counter(name, unit, "Loop detections, by threshold, level and action.")
-        name, unit = n.METRIC_ESCALATION_ANSWERS
-        self.escalation_answers = meter.create_counter(name, unit, "Users' answers to turnguard's questions.")
-        name, unit = n.METRIC_PLUGIN_ERRORS
-        self.plugin_errors = meter.create_counter(name, unit, "turnguard plugins that raised (and were isolated).")
-        name, unit = n.METRIC_SHADOW_DETECTIONS
-        self.shadow_detections = meter.create_counter(
-            name, unit, "Shadow policies' would-be detections (nothing acted on), by policy, threshold, level, action."
+        self.detections = _counter(meter, n.METRIC_DETECTIONS, "Loop detections, by threshold, level and action.")
+        self.escalation_answers = _counter(
+            meter, n.METRIC_ESCALATION_ANSWERS, "Users' answers to turnguard's questions."
         )
-        name, unit = n.METRIC_SHADOW_TURN_TOOL_CALLS
-        self.shadow_turn_tool_calls = meter.create_histogram(
-            name, unit, "Per shadow policy: the calls of a turn it saw before its would-be halt (or all of them).",
-            explicit_bucket_boundaries_advisory=buckets.tool_call_edges(config),
+        self.plugin_errors = _counter(
+            meter, n.METRIC_PLUGIN_ERRORS, "turnguard plugins that raised (and were isolated)."
+        )
+        self.shadow_detections = _counter(
+            meter, n.METRIC_SHADOW_DETECTIONS,
+            "Shadow policies' would-be detections (nothing acted on), by policy, threshold, level, action.",
+        )
+        self.shadow_turn_tool_calls = _histogram(
+            meter, n.METRIC_SHADOW_TURN_TOOL_CALLS,
+            "Per shadow policy: the calls of a turn it saw before its would-be halt (or all of them).", tool_call_edges,
         )
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
         self.tools = BoundedValues(n.TOOL_NAME_LIMIT)

@@ -98,38 +98,27 @@ class OtlpReceiver:
 
     def spans(self) -> list[tuple[dict[str, Any], Any]]:
         """Every span received, as (resource attributes, ``Span`` message)."""
-        with self._lock:
-            requests = list(self.requests["traces"])
-        return [
-            (attributes(rs.resource.attributes), span)
-            for req in requests
-            for rs in req.resource_spans
-            for ss in rs.scope_spans
-            for span in ss.spans
-        ]
+        return self._received_items("traces", "resource_spans", "scope_spans", "spans")
 
     def logs(self) -> list[tuple[dict[str, Any], Any]]:
         """Every log record received, as (resource attributes, ``LogRecord`` message)."""
-        with self._lock:
-            requests = list(self.requests["logs"])
-        return [
-            (attributes(rl.resource.attributes), record)
-            for req in requests
-            for rl in req.resource_logs
-            for sl in rl.scope_logs
-            for record in sl.log_records
-        ]
+        return self._received_items("logs", "resource_logs", "scope_logs", "log_records")
 
     def metrics(self) -> list[tuple[dict[str, Any], Any]]:
         """Every metric received (one per export), as (resource attributes, ``Metric`` message)."""
+        return self._received_items("metrics", "resource_metrics", "scope_metrics", "metrics")
+
+    def _received_items(self, signal: str, resources: str, scopes: str, items: str) -> list[tuple[dict[str, Any], Any]]:
+        """The items of every ``signal`` request, flattened out of OTLP's resource / scope nesting
+        (the three signals nest the same way under different field names)."""
         with self._lock:
-            requests = list(self.requests["metrics"])
+            requests = list(self.requests[signal])
         return [
-            (attributes(rm.resource.attributes), metric)
-            for req in requests
-            for rm in req.resource_metrics
-            for sm in rm.scope_metrics
-            for metric in sm.metrics
+            (attributes(resource.resource.attributes), item)
+            for request in requests
+            for resource in getattr(request, resources)
+            for scope in getattr(resource, scopes)
+            for item in getattr(scope, items)
         ]
 
     def wait_for(self, predicate: Callable[[OtlpReceiver], bool], timeout: float = 10.0) -> bool:
