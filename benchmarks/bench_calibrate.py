@@ -78,7 +78,11 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1, help="measure this many times; report the median and range")
     p.add_argument("--keep", metavar="FILE", help="write the generated corpus here (and reuse it if present)")
     args = p.parse_args()
-    path = args.keep or tempfile.mkstemp(suffix=".jsonl", prefix="turnguard-bench-")[1]
+    if args.keep:
+        path = args.keep
+    else:
+        fd, path = tempfile.mkstemp(suffix=".jsonl", prefix="turnguard-bench-")
+        os.close(fd)
     try:
         if not (args.keep and os.path.exists(path)):
             started = time.perf_counter()

@@ -80,7 +80,9 @@ def test_missing_file_and_bad_merge_input_exit_2(tmp_path: Path, capsys: pytest.
     assert main(["calibrate", str(tmp_path / "nope.jsonl")]) == 2
     (tmp_path / "x.json").write_text('{"format": "something else"}')
     assert main(["calibrate", "merge", str(tmp_path / "x.json")]) == 2
-    assert "not a turnguard calibrate --json result" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not a turnguard calibrate --json result" in err
+    assert f"{tmp_path / 'nope.jsonl'}: cannot open: " in err  # the file named, not a bare OSError
 
 
 def test_console_script_on_the_shared_corpus_without_a_terminal_draws_no_progress(tmp_path: Path) -> None:

@@ -55,13 +55,16 @@ def test_grouped_run_equals_replaying_every_policy_on_every_turn(grid: str) -> N
 def test_signature_none_means_the_policy_cannot_fire() -> None:
     policy = Policy("x", tg.GuardConfig(soft_cap=10, hard_multiplier=2, stuck_repeat_threshold=4))
     cal = Calibrator([policy], group=False)
+    quiet = 0
     for turn in turns(150, seed=3):
         digests = cal.keys(turn, cal.keyers["canonical"])
         facts = turn_facts(digests, [c.outcome for c in turn.calls], cycle_starts(turn))
         results = cal.results(turn)[0]
         for mode, promptable in (("unattended", False), ("attended", True)):
             if signature(policy, facts, promptable) is None:
+                quiet += 1
                 assert not results[mode].halted and not results[mode].asks
+    assert quiet, "no turn had a None signature: the test would check nothing"
 
 
 def test_byte_identity_never_counts_more_than_canonical_identity() -> None:

@@ -23,7 +23,9 @@ from turnguard.calibrate.replay import (
     policy_manager,
     replay_turn,
 )
+from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer
+from turnguard.ledger import Ledger
 
 CONFIGS = {
     "default": {},
@@ -128,6 +130,43 @@ def test_peer_rule_halts_live_and_in_replay_at_the_fifth_identical_call() -> Non
     digests = Calibrator([policy]).keys(turn, compiled.keyer)
     assert replay_turn(compiled, turn, [None] * 9, digests, cycle_starts(turn), promptable=False) == TurnResult(
         5, "streak", ())
+
+
+class _FlakyPlugin:
+    """A third-party check that raises at every 3rd call and answers a string at every 5th."""
+
+    @hookimpl
+    def turnguard_check_call(self, turn: Ledger, call: tg.ToolCall) -> tg.Verdict | None:
+        if turn.tool_calls % 3 == 0:
+            raise RuntimeError("flaky")
+        return "not a verdict" if turn.tool_calls % 5 == 0 else None  # type: ignore[return-value]
+
+
+class _FlakyRule:
+    n = 10**9  # an extra rule's trigger, for ``Traits``: never
+    label = "flaky plugin"
+
+    def plugin(self) -> _FlakyPlugin:
+        return _FlakyPlugin()
+
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+def test_a_failing_plugin_is_isolated_as_the_live_guard_does(fail_mode: str) -> None:
+    """Bad plugins tried: one that raises, one that returns a string instead of a ``Verdict``."""
+    config = tg.GuardConfig(load_entrypoints=False, fail_mode=fail_mode, streak_warn_at=2, streak_stop_at=3)
+    policy, compiled = replay_policy(config, [_FlakyRule()])
+    rng = random.Random(2)
+    halted = 0
+    for n in range(40):
+        turn = random_turn(rng, n)
+        expected = live_steps(config, policy, turn, True)
+        digests = Calibrator([policy]).keys(turn, compiled.keyer)
+        got: list[Step] = []
+        replay_turn(compiled, turn, [None] * len(turn.calls), digests, cycle_starts(turn), promptable=True,
+                    trace=got)
+        assert got == expected, (fail_mode, turn)
+        halted += any(s.action is tg.Action.HALT and s.threshold is None for s in expected)
+    assert bool(halted) == (fail_mode == "closed")
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -18,7 +18,7 @@ from turnguard.calibrate import grid as g
 from turnguard.calibrate.html import render
 from turnguard.calibrate.inputs import InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text
-from turnguard.calibrate.run import Progress, StrictError, calibrate
+from turnguard.calibrate.run import Progress, StrictError, calibrate, input_sizes
 from turnguard.calibrate.stats import RunStats
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 
@@ -128,11 +128,11 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         if shown[0] <= MAX_SHOWN_PROBLEMS:
             print(f"turnguard calibrate: {problem}", file=stderr)
 
-    jobs = args.jobs or _auto_jobs(args.files)
     enabled = {"auto": None, "always": True, "never": False}[args.progress]
     try:
-        sizes = sum(os.path.getsize(f) for f in args.files)
-        progress = Progress(sizes, stderr, enabled=enabled)
+        size = sum(input_sizes(args.files))
+        jobs = args.jobs or _auto_jobs(size)
+        progress = Progress(size, stderr, enabled=enabled)
         stats = calibrate(args.files, policies, on_problem=on_problem, strict=args.strict, jobs=jobs,
                           group=not args.no_grouping, progress=progress)
     except StrictError as exc:
@@ -147,11 +147,8 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold)
 
 
-def _auto_jobs(files: Sequence[str]) -> int:
-    try:
-        size = sum(os.path.getsize(f) for f in files)
-    except OSError:
-        return 1
+def _auto_jobs(size: int) -> int:
+    """Every core (at most 8) for inputs of ``AUTO_PARALLEL_BYTES`` or more, else one process."""
     return max(1, min(os.cpu_count() or 1, 8)) if size >= AUTO_PARALLEL_BYTES else 1
 
 

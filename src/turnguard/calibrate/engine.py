@@ -18,13 +18,13 @@ from typing import Any
 
 from turnguard.calibrate.equivalence import (
     GridBounds,
-    Traits,
     TurnFacts,
     cap_call,
     earliest_call,
     identity_free,
     signature,
     stale_reach,
+    traits_of,
     traits_signature,
     turn_facts,
     without_cap,
@@ -61,7 +61,7 @@ class Calibrator:
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
-        self.traits = [Traits.of(p) for p in policies]
+        self.traits = [traits_of(p) for p in policies]  # the ones signature/earliest_call read too
         self._rows = [(i, cp, t, cp.config.key_mode, (GridBounds.of([cp.policy], attended=False).quiet,
                                                      GridBounds.of([cp.policy], attended=True).quiet))
                       for i, (cp, t) in enumerate(zip(self.compiled, self.traits, strict=True))]
@@ -228,7 +228,7 @@ class Calibrator:
                         wanted = wanted or {}
                         wanted.setdefault(int(c) - 1, []).append(snapshots[other])
             ledger = None
-            if self.group and first > 1:
+            if group and first > 1:
                 # One prefix per keying and per setting the ledger's facts depend on (Ledger.fork).
                 # A stuck threshold not reached before the fork shapes no fact there: those share
                 # a prefix whose threshold is never reached (Ledger.fork refuses a wrong fork).

@@ -5,7 +5,7 @@ are derived from what each built-in policy reads (``policies/cap.py``, ``streak.
 ``cycles.py``) and from ``TurnFacts``, upper bounds of the ledger's counts over the whole turn.
 A policy's ``signature`` on a turn keeps only the parameters that can still change a verdict;
 equal signatures give identical replays, and ``None`` means no verdict other than ALLOW can
-occur (the replay is skipped: its result is ``QUIET``). The rules:
+occur (the replay is skipped: it would add nothing to the figures). The rules:
 
 - cap, explicit ``N``: only ``n > N`` fires, so a turn of ``L <= N`` calls never reaches it.
   Explicit ``N <= 0`` and adaptive ``S <= 0``: disabled.

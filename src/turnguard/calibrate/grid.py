@@ -18,7 +18,6 @@ from turnguard.keys import KEY_MODES
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
 
-DEFAULT = GuardConfig()
 DEFAULT_SOFT_CAPS = (20, 50, 100)
 DEFAULT_MULTIPLIERS = (2, 3, 5, 10, 20)
 DEFAULT_STUCK_REPEATS = (3, 6)
@@ -158,10 +157,11 @@ def build_grid(spec: GridSpec) -> list[Policy]:
             cfg = base.replace(streak_warn_at=w, streak_stop_at=st)
             candidates.append(Policy(_name(cfg, base), cfg))
         for n in spec.cycle_caps:
-            candidates.append(Policy(_name(base.replace(max_cycles_per_turn=n), base),
-                                     base.replace(max_cycles_per_turn=n)))
+            cfg = base.replace(max_cycles_per_turn=n)
+            candidates.append(Policy(_name(cfg, base), cfg))
         for k in spec.key_modes:
-            candidates.append(Policy(_name(base.replace(key_mode=k), base), base.replace(key_mode=k)))
+            cfg = base.replace(key_mode=k)
+            candidates.append(Policy(_name(cfg, base), cfg))
         for cap in spec.explicit_caps:
             cfg = base.replace(max_tool_calls_per_turn=cap)
             candidates.append(Policy(_name(cfg, base), cfg))
@@ -194,28 +194,34 @@ def _config_identity(c: GuardConfig) -> tuple[object, ...]:
             c.remind_model, c.fail_mode, c.max_tracked_keys)
 
 
+_ADAPTIVE_NAME_PARTS = (
+    (("soft_cap",), "S={}"),
+    (("hard_multiplier",), "x{:g}"),
+    (("stuck_repeat_threshold",), "D={}"),
+    (("stuck_signal",), "{}"),
+)
+_NAME_PARTS = (
+    (("streak_warn_at", "streak_stop_at"), "streak {}/{}"),
+    (("streak_stop_on",), "stop on {}"),
+    (("max_cycles_per_turn",), "cycles {}"),
+    (("key_mode",), "key {}"),
+)
+"""(config fields, how to show them) for ``_name``: shown when any of the fields differs."""
+
+
 def _name(cfg: GuardConfig, base: GuardConfig) -> str:
-    """Only what differs from the default configuration."""
+    """Only what differs from the default configuration (the adaptive cap's settings only
+    without an explicit cap)."""
     parts = []
     if cfg.max_tool_calls_per_turn is not None:
         parts.append(f"explicit {cfg.max_tool_calls_per_turn}")
+        shown = _NAME_PARTS
     else:
-        if cfg.soft_cap != base.soft_cap:
-            parts.append(f"S={cfg.soft_cap}")
-        if cfg.hard_multiplier != base.hard_multiplier:
-            parts.append(f"x{cfg.hard_multiplier:g}")
-        if cfg.stuck_repeat_threshold != base.stuck_repeat_threshold:
-            parts.append(f"D={cfg.stuck_repeat_threshold}")
-        if cfg.stuck_signal != base.stuck_signal:
-            parts.append(cfg.stuck_signal)
-    if (cfg.streak_warn_at, cfg.streak_stop_at) != (base.streak_warn_at, base.streak_stop_at):
-        parts.append(f"streak {cfg.streak_warn_at}/{cfg.streak_stop_at}")
-    if cfg.streak_stop_on != base.streak_stop_on:
-        parts.append(f"stop on {cfg.streak_stop_on}")
-    if cfg.max_cycles_per_turn != base.max_cycles_per_turn:
-        parts.append(f"cycles {cfg.max_cycles_per_turn}")
-    if cfg.key_mode != base.key_mode:
-        parts.append(f"key {cfg.key_mode}")
+        shown = _ADAPTIVE_NAME_PARTS + _NAME_PARTS
+    for fields, text in shown:
+        values = [getattr(cfg, f) for f in fields]
+        if values != [getattr(base, f) for f in fields]:
+            parts.append(text.format(*values))
     return " ".join(parts) or "default"
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import html
 import math
+from bisect import bisect_right
 from importlib import resources
 from string import Template
 from typing import Any
 
-from turnguard.calibrate.report import THRESHOLD_ORDER, median_decile, rows, thresholds_text
+from turnguard.calibrate.report import THRESHOLD_ORDER, rows, thresholds_text
 from turnguard.calibrate.stats import RunStats
 
 COLORS = {
@@ -40,8 +41,8 @@ def _legend(items: list[tuple[str, str]]) -> str:
     ) + "</div>"
 
 
-def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, str]], total_key: str | None,
-           marker_key: str | None, title: str, caption: str) -> str:
+def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, str]], marker_key: str | None,
+           title: str, caption: str) -> str:
     """Horizontal bars, one per policy, stacked by ``segments`` (key, color)."""
     width = 900
     plot_w = width - LABEL_W - 150
@@ -87,7 +88,7 @@ def halts_chart(data: list[dict[str, Any]]) -> str:
         r["_seg"] = dict(r["by_threshold"])
     seen = [k for k in THRESHOLD_ORDER if any(r["_seg"].get(k) for r in data)]
     legend = _legend([(k, COLORS[k]) for k in seen] + [("resolved turns among them", FP_COLOR)])
-    return _hbars("chart-halts", data, [(k, COLORS[k]) for k in THRESHOLD_ORDER], "halted", "halted_resolved",
+    return _hbars("chart-halts", data, [(k, COLORS[k]) for k in THRESHOLD_ORDER], "halted_resolved",
                   "Turns halted (unattended), by threshold",
                   "Stacked by the threshold that fired; the black line under a bar is the resolved turns it "
                   "halts (the false-positive proxy).") + legend
@@ -96,7 +97,7 @@ def halts_chart(data: list[dict[str, Any]]) -> str:
 def saved_chart(data: list[dict[str, Any]]) -> str:
     for r in data:
         r["_seg"] = {"saved": r["saved_unresolved"]}
-    return _hbars("chart-saved", data, [("saved", "#3a9a5b")], None, None,
+    return _hbars("chart-saved", data, [("saved", "#3a9a5b")], None,
                   "Calls saved on unresolved turns",
                   "Recorded calls that halted unresolved turns would not have made.")
 
@@ -104,7 +105,7 @@ def saved_chart(data: list[dict[str, Any]]) -> str:
 def asks_chart(data: list[dict[str, Any]]) -> str:
     for r in data:
         r["_seg"] = {"asks": r["asks"]}
-    return _hbars("chart-asks", data, [("asks", "#2f7ebd")], None, None,
+    return _hbars("chart-asks", data, [("asks", "#2f7ebd")], None,
                   "Asks an attended session would have seen",
                   "Questions to the user (streak warnings and stops) with a person watching; each answered "
                   "'continue'.")
@@ -152,12 +153,9 @@ def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]
              7000, 10000]
     while edges[-1] < xmax:
         edges.append(edges[-1] * 2)
-    for calls, n in hist.items():
-        b = next(i for i in range(len(edges) - 1) if calls < edges[i + 1])
-        bins.setdefault(b, [0, 0])[0] += n
-    for calls, n in res.items():
-        b = next(i for i in range(len(edges) - 1) if calls < edges[i + 1])
-        bins.setdefault(b, [0, 0])[1] += n
+    for column, counts in enumerate((hist, res)):  # [all turns, resolved turns] per bin
+        for calls, n in counts.items():
+            bins.setdefault(bisect_right(edges, calls) - 1, [0, 0])[column] += n
     ymax = max([v[0] for v in bins.values()] + [1])
     parts = [f'<svg id="chart-distribution" class="chart" role="img" aria-label="tool calls per turn" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
@@ -174,7 +172,7 @@ def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]
                      f'({nr:,} resolved)</title></rect>')
         hr = plot_h * nr / ymax
         if nr:
-            parts.append(f'<rect x="{x0 + 0.5:.1f}" y="{top + plot_h - hr:.1f}" width="{max(x1 - x0 - 1, 1):.1f}" '
+            parts.append(f'<rect x="{x0 + 0.5:.1f}" y="{top + plot_h - hr:.1f}" width="{bw:.1f}" '
                          f'height="{hr:.1f}" fill="#2f7ebd"/>')
     for tick in [e for e in edges if e <= xmax]:
         parts.append(f'<text x="{sx(tick):.1f}" y="{top + plot_h + 14}" text-anchor="middle">{tick:,}</text>')
@@ -221,7 +219,7 @@ def table_html(data: list[dict[str, Any]]) -> str:
             f"<td class='l'>{esc(thresholds_text(r['by_threshold']))}</td><td>{r['halted_resolved']:,}</td>"
             f"<td>{r['halted_unresolved']:,}</td><td>{r['saved_unresolved']:,}</td>"
             f"<td>{'-' if r['median_halt_call'] is None else r['median_halt_call']}</td>"
-            f"<td>{esc(median_decile(r['halt_deciles']))}</td><td>{r['asks']:,}</td><td>{r['turns_with_asks']:,}</td>"
+            f"<td>{esc(r['median_position'])}</td><td>{r['asks']:,}</td><td>{r['turns_with_asks']:,}</td>"
             "</tr>")
     return f"<table id='figures'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
 

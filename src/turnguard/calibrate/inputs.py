@@ -113,9 +113,13 @@ def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink) -> Iterator
             yield from read_source(source, on_problem)
 
 
+OTLP_MARKER = b'"resourceSpans"'
+"""What every OTLP JSON line holds (and corpus lines practically never do)."""
+
+
 def is_otlp_line(line: bytes) -> bool:
     """Cheap test used to route a line before parsing it (OTLP lines need the assembler)."""
-    return b'"resourceSpans"' in line
+    return OTLP_MARKER in line
 
 
 def read_source(source: LineSource, on_problem: ProblemSink) -> Iterator[RecordedTurn]:

@@ -2,10 +2,10 @@
 
 ``replay_turn`` drives a ``Ledger`` and the compiled check-hook implementations of a real
 turnguard plugin manager (``turnguard.plugins.plugin_manager``: the same modules, the same hook
-order, the same functions a ``Turn`` calls), combining verdicts as ``Turn`` does: the most
-severe action wins, ties go to the first in hook order, a HALT latches (so the replay of a
-policy stops at its first halt). Attended replays answer every ASK with ``continue``, which
-resets the streak as ``Turn.resolve`` does: the recorded turn did go on.
+order, the same functions a ``Turn`` calls), combining verdicts with ``Turn``'s own rule
+(``turnguard.guard.combine``); a HALT latches (so the replay of a policy stops at its first halt).
+Attended replays answer every ASK with ``continue``, which resets the streak as ``Turn.resolve``
+does: the recorded turn did go on.
 
 What is not in here: any threshold logic. Which policies may share one replay on a given turn is
 decided in ``equivalence.py``; the per-call keys come from ``turnguard.keys.Keyer``.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +25,13 @@ import pluggy
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.config import GuardConfig
-from turnguard.guard import compiled_checks
+from turnguard.guard import Impl, combine, compiled_checks
 from turnguard.keys import CallKey, Keyer
 from turnguard.ledger import Ledger
 from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import plugin_manager
 
-Impls = tuple[Callable[..., Any], ...]
+Impls = tuple[Impl, ...]
 UNREACHED = 2**62
 """A stuck threshold no turn reaches (``config.MAX_CALLS``)."""
 _CYCLE = operator.itemgetter(4)  # RecordedCall.cycle
@@ -55,10 +55,6 @@ class TurnResult:
         return self.halt_call > 0
 
 
-QUIET = TurnResult()
-"""The result of a policy that cannot fire on a turn."""
-
-
 @dataclass(frozen=True, slots=True)
 class Step:
     """One decision in a traced replay (for comparing with a live ``Turn``)."""
@@ -70,32 +66,42 @@ class Step:
 
 
 class CompiledPolicy:
-    """A policy's check hooks, compiled once: plain functions taking positional arguments."""
+    """A policy's check hooks, compiled once: (plugin name, function) pairs in hook order, the
+    functions taking positional arguments (``guard.compiled_checks``)."""
 
-    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "errors", "fail_closed", "keyer", "policy",
+    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "fail_closed", "keyer", "policy",
                  "prefix_config")
 
     def __init__(self, policy: Policy, keyer: Keyer) -> None:
         self.policy = policy
-        self.config = policy.config.replace(disable_plugins=_NOT_POLICIES, load_entrypoints=False)
+        self.config = _policies_only(policy.config)
         self.keyer = keyer
-        pm = policy_manager(policy)
-        checks = compiled_checks(pm)
-        self.check_cycle: Impls = tuple(fn for _, fn in checks["turnguard_check_cycle"])
-        self.check_call: Impls = tuple(fn for _, fn in checks["turnguard_check_call"])
-        self.check_outcome: Impls = tuple(fn for _, fn in checks["turnguard_check_outcome"])
+        checks = compiled_checks(policy_manager(policy))
+        self.check_cycle: Impls = checks["turnguard_check_cycle"]
+        self.check_call: Impls = checks["turnguard_check_call"]
+        self.check_outcome: Impls = checks["turnguard_check_outcome"]
         self.fail_closed = self.config.fail_mode == "closed"
         self.prefix_config = self.config.replace(stuck_repeat_threshold=UNREACHED)
         """For a ``SharedPrefix`` that policies fork from before their stuck threshold is reached:
         a threshold no turn reaches shapes no fact, so it forks into any of them."""
-        self.errors = 0
+
+    def plugin_failed(self, name: str, exc: Exception) -> Verdict | None:
+        """What stands in for a check hook that raised or answered something else than a verdict,
+        as in the guard (``Turn._plugin_failed``): a HALT under ``fail_mode=closed``, else nothing."""
+        return _FAILED_CLOSED if self.fail_closed else None
+
+
+_FAILED_CLOSED = Verdict(Action.HALT, None, "plugin failed (fail_mode=closed)")
+
+
+def _policies_only(config: GuardConfig) -> GuardConfig:
+    return config.replace(disable_plugins=_NOT_POLICIES, load_entrypoints=False)
 
 
 def policy_manager(policy: Policy) -> pluggy.PluginManager:
     """The live guard's plugin manager for ``policy`` (policies only: no telemetry, no recorder),
     with the policy's extra rules registered like third-party plugins."""
-    config = policy.config.replace(disable_plugins=_NOT_POLICIES, load_entrypoints=False)
-    pm = plugin_manager(config, environ={})
+    pm = plugin_manager(_policies_only(policy.config), environ={})
     for i, rule in enumerate(policy.extras):
         pm.register(rule.plugin(), name=f"calibrate-extra-{i}")
     return pm
@@ -142,20 +148,13 @@ def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
     return tc
 
 
-def tool_calls(turn: RecordedTurn, digests: Sequence[bytes], keyer: Keyer) -> list[ToolCall]:
-    """Every call of ``turn`` as ``tool_call`` makes it."""
-    return [tool_call(c, d, keyer) for c, d in zip(turn.calls, digests, strict=True)]
-
-
 def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int], begin: int,
             end: int) -> None:
     """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
     count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
     for call, digest, cycles in zip(turn.calls[begin:end], digests[begin:end], starts[begin:end], strict=True):
-        if cycles:
+        for _ in range(cycles):
             cycle()
-            for _ in range(cycles - 1):
-                cycle()
         count(digest, call[0])  # call.tool
         outcome(digest, call[3])  # call.outcome
 
@@ -187,28 +186,30 @@ class SharedPrefix:
 
 
 def _decide(policy: CompiledPolicy, impls: Impls, args: tuple[Any, ...], ledger: Ledger) -> Verdict | None:
-    """``Turn._decide``/``_combine``: every implementation in isolation; the most severe verdict
-    wins, ties go to the first in hook order except that a detection beats a bare verdict."""
-    best: Verdict | None = None
-    for fn in impls:
+    """``Turn._decide``: every implementation in isolation, their answers combined by the guard's
+    own rule (``guard.combine``); ``None`` when none said anything."""
+    found = None
+    for name, fn in impls:
         try:
             verdict = fn(*args)
-            if verdict is not None and (not isinstance(verdict, Verdict) or type(verdict.action) is not Action):
-                raise TypeError("a check hook must return a turnguard.Verdict with a turnguard.Action, or None")
-        except Exception:  # isolate plugins as the guard does
-            policy.errors += 1
-            verdict = Verdict(Action.HALT, None, "plugin failed (fail_mode=closed)") if policy.fail_closed else None
-        if verdict is None:
-            continue
-        if verdict.event is not None:
-            ledger.note_detection()
-        if (
-            best is None
-            or verdict.action > best.action
-            or (verdict.action == best.action and best.event is None and verdict.event is not None)
-        ):
-            best = verdict
-    return best
+        except Exception as exc:  # isolate plugins as the guard does
+            verdict = policy.plugin_failed(name, exc)
+        if verdict is not None:
+            found = [(name, verdict)] if found is None else [*found, (name, verdict)]
+    return None if found is None else combine(found, ledger, policy.plugin_failed)[0]
+
+
+def _answered(verdict: Verdict, call_no: int, stage: str, asks: list[int], ledger: Ledger,
+              trace: list[Step] | None) -> bool:
+    """Apply a call's or an outcome's verdict as the host does; ``True`` when it halts. An ASK is
+    answered "continue", which resets the streak (``Turn.resolve``): the recorded turn did go on."""
+    if trace is not None:
+        trace.append(Step(call_no, stage, verdict.action, _label(verdict)))
+    action = verdict.action
+    if action is Action.ASK:
+        asks.append(call_no)
+        ledger.reset_streak()
+    return action is Action.HALT
 
 
 def replay_turn(
@@ -267,27 +268,13 @@ def replay_turn(
         digest = digests[i]
         ledger.count_call(digest, call.name)
         verdict = _decide(policy, check_call, (ledger, call), ledger) if check_call else None
-        if verdict is not None:
-            if trace is not None:
-                trace.append(Step(i + 1, "call", verdict.action, _label(verdict)))
-            action = verdict.action
-            if action is Action.HALT:
-                return TurnResult(i + 1, _label(verdict), tuple(asks))
-            if action is Action.ASK:
-                asks.append(i + 1)
-                ledger.reset_streak()  # the user answered "continue" (Turn.resolve)
+        if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
+            return TurnResult(i + 1, _label(verdict), tuple(asks))
         outcome = recorded[i].outcome
         ledger.record_outcome(digest, outcome)
         verdict = _decide(policy, check_outcome, (ledger, call, outcome), ledger) if check_outcome else None
-        if verdict is not None:
-            if trace is not None:
-                trace.append(Step(i + 1, "outcome", verdict.action, _label(verdict)))
-            action = verdict.action
-            if action is Action.HALT:
-                return TurnResult(i + 2, _label(verdict), tuple(asks))
-            if action is Action.ASK:
-                asks.append(i + 1)
-                ledger.reset_streak()
+        if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
+            return TurnResult(i + 2, _label(verdict), tuple(asks))
     return TurnResult(0, None, tuple(asks))
 
 
@@ -325,7 +312,6 @@ def decile(fraction: float) -> int:
 
 
 __all__ = [
-    "QUIET",
     "CompiledPolicy",
     "SharedPrefix",
     "Snapshot",
@@ -339,5 +325,4 @@ __all__ = [
     "relative_position",
     "replay_turn",
     "tool_call",
-    "tool_calls",
 ]

@@ -32,15 +32,11 @@ def median_of(hist: dict[int, int]) -> int | None:
 
 
 def median_decile(deciles: list[int]) -> str:
-    total = sum(deciles)
-    if not total:
+    """The tenth of the turn the median halt lands in (``median_of`` over the tenths)."""
+    i = median_of(dict(enumerate(deciles)))
+    if i is None:
         return "-"
-    seen = 0
-    for i, n in enumerate(deciles):
-        seen += n
-        if seen * 2 >= total:
-            return "end" if i == 10 else f"{i * 10}-{i * 10 + 10}%"
-    return "-"  # pragma: no cover
+    return "end" if i == 10 else f"{i * 10}-{i * 10 + 10}%"
 
 
 def thresholds_text(by: dict[str, int]) -> str:
@@ -105,7 +101,7 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
     ``fold``: a policy whose figures equal an earlier row's is listed under the table instead
     of getting a row of its own (the thresholds it varies made no difference on this input).
     """
-    data = rows(stats)
+    data = every_row = rows(stats)
     folded: dict[str, list[str]] = {}
     if fold:
         first: dict[str, str] = {}
@@ -149,12 +145,12 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
         out += ["", "Same figures as the row named first (folded):"]
         for name, names in folded.items():
             out += _wrapped(f"  {name}: ", names)
-    default = next((r for r in rows(stats) if r["default"]), None)
+    default = next((r for r in every_row if r["default"]), None)
     if default is not None and default["unresolved_ids"]:
         more = default["halted_unresolved"] - len(default["unresolved_ids"])
         out += ["", "Unresolved turns the default halts:"]
         out += _wrapped("  ", default["unresolved_ids"] + ([f"... ({more} more)"] if more > 0 else []))
-    fps = _fp_groups(rows(stats))
+    fps = _fp_groups(every_row)
     if fps:
         out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
         for ids, names, count in fps:

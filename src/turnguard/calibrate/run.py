@@ -15,18 +15,19 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from turnguard.calibrate.engine import Calibrator, policy_info
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import (
+    OTLP_MARKER,
     InputError,
     InputProblem,
     LineSource,
     OtlpAssembler,
-    RecordedTurn,
+    ProblemSink,
     corpus_line,
     is_otlp_line,
     parse_line,
@@ -37,7 +38,6 @@ from turnguard.calibrate.stats import RunStats
 CHUNK_LINES = 2000
 CHUNK_BYTES = 1 << 20
 """A chunk for a worker ends at this many lines or bytes, whichever comes first."""
-ProblemSink = Callable[[InputProblem], None]
 
 
 class StrictError(InputError):
@@ -92,12 +92,7 @@ def calibrate(
     """Replay every turn of ``paths`` under every policy; problems go to ``on_problem`` (and
     raise ``StrictError`` under ``strict``)."""
     counted = _Counter(on_problem, strict)
-    sizes = []
-    for p in paths:
-        try:
-            sizes.append(os.path.getsize(p))
-        except OSError as exc:
-            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from exc
+    sizes = input_sizes(paths)
     progress = progress or Progress(sum(sizes), enabled=False)
     try:
         with rare_collections():
@@ -110,6 +105,17 @@ def calibrate(
     stats.problems = counted.count
     stats.inputs = [str(p) for p in paths]
     return stats
+
+
+def input_sizes(paths: Sequence[str | Path]) -> list[int]:
+    """Each input's size on disk; ``InputError`` naming the first that cannot be read."""
+    sizes = []
+    for p in paths:
+        try:
+            sizes.append(os.path.getsize(p))
+        except OSError as exc:
+            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from exc
+    return sizes
 
 
 GC_THRESHOLD = (100_000, 50, 100)
@@ -211,9 +217,6 @@ RANGE_BYTES = 2 << 20
 """Plain corpus files are cut into byte ranges of this size, each read by a worker itself."""
 
 
-OTLP_MARKER = b'"resourceSpans"'
-
-
 def _ranges(path: str, size: int) -> Iterator[tuple[str, str, int, int, int]] | None:
     """Byte-range tasks for a plain corpus file (with each range's first line number), or
     ``None`` for a file the parent must read (gzip, or holding OTLP lines). The file is first
@@ -313,9 +316,3 @@ def _parallel(paths, sizes, policies, on_problem, group, progress, jobs) -> RunS
     progress.update(position[0], stats.calls, stats.turns, force=True)
     return stats
 
-
-def read_all(paths: Sequence[str | Path], on_problem: ProblemSink) -> Iterator[RecordedTurn]:
-    """Every turn of ``paths`` (for callers that want the turns themselves)."""
-    for path in paths:
-        with LineSource(path) as source:
-            yield from read_source(source, on_problem)

@@ -92,22 +92,15 @@ class ModeStats:
         self.halt_deciles[tenth] += 1
 
     def merge(self, other: ModeStats) -> None:
-        self.halted += other.halted
+        for name in _MODE_COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, v in other.by_threshold.items():
-            self.by_threshold[k] = self.by_threshold.get(k, 0) + v
-        self.halted_resolved += other.halted_resolved
+            _add_hist(self.by_threshold, k, v)
         self.resolved_ids.extend(other.resolved_ids[: MAX_IDS - len(self.resolved_ids)])
-        self.halted_unresolved += other.halted_unresolved
         self.unresolved_ids.extend(other.unresolved_ids[: MAX_IDS - len(self.unresolved_ids)])
-        self.saved_unresolved += other.saved_unresolved
-        self.halted_unknown += other.halted_unknown
-        self.saved_unknown += other.saved_unknown
         for k, v in other.halt_calls.items():
             _add_hist(self.halt_calls, k, v)
         self.halt_deciles = [a + b for a, b in zip(self.halt_deciles, other.halt_deciles, strict=True)]
-        self.asks += other.asks
-        self.turns_with_asks += other.turns_with_asks
-        self.asks_resolved += other.asks_resolved
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,8 +123,7 @@ class ModeStats:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModeStats:
         s = cls()
-        for name in ("halted", "halted_resolved", "halted_unresolved", "saved_unresolved", "halted_unknown",
-                     "saved_unknown", "asks", "turns_with_asks", "asks_resolved"):
+        for name in _MODE_COUNTS:
             setattr(s, name, int(data[name]))
         s.by_threshold = {str(k): int(v) for k, v in data["by_threshold"].items()}
         s.resolved_ids = [str(i) for i in data["resolved_ids"]]
@@ -141,6 +133,11 @@ class ModeStats:
         if len(s.halt_deciles) != 11:
             raise ValueError("halt_deciles must have 11 entries")
         return s
+
+
+_MODE_COUNTS = ("halted", "halted_resolved", "halted_unresolved", "saved_unresolved", "halted_unknown",
+                "saved_unknown", "asks", "turns_with_asks", "asks_resolved")
+"""``ModeStats``'s plain counters: summed by ``merge``, read back by ``from_json``."""
 
 
 @dataclass

@@ -141,8 +141,12 @@ def longest_identical_run(turn: RecordedTurn) -> int:
     return best
 
 
-def is_stuck(turn: RecordedTurn) -> bool:
-    return turn.resolved is False and (longest_identical_run(turn) >= STUCK_RUN or "/rotation" in turn.id)
+def is_stuck(turn: RecordedTurn, identical: bool | None = None) -> bool:
+    """Unresolved, and a run of ``STUCK_RUN`` identical calls (``identical``, when the caller
+    already knows) or a rotation."""
+    if identical is None:
+        identical = longest_identical_run(turn) >= STUCK_RUN
+    return turn.resolved is False and (identical or "/rotation" in turn.id)
 
 
 @dataclass
@@ -188,7 +192,7 @@ def evaluate(name: str, turns: Iterable[RecordedTurn], soft_cap: int) -> DataSet
         data.turns += 1
         data.resolved += turn.resolved is True
         identical = longest_identical_run(turn) >= STUCK_RUN
-        stuck = is_stuck(turn)
+        stuck = is_stuck(turn, identical)
         data.identical += identical
         data.stuck += stuck
         for figures, per_mode in zip(data.variants, calibrator.results(turn), strict=True):
