@@ -9,7 +9,7 @@ import time
 import pytest
 
 import turnguard as tg
-from turnguard.keys import Keyer, canonical_bytes
+from turnguard.keys import Keyer, cached_digest, canonical_bytes
 
 KEYER = Keyer()
 
@@ -20,7 +20,7 @@ def key(args: object, name: str = "tool", keyer: Keyer = KEYER) -> bytes:
 
 def fresh_key(args: object) -> bytes:
     """The key through the public path (a new ToolCall each time, nothing cached)."""
-    return KEYER.key_of(tg.ToolCall("tool", args)).digest
+    return KEYER.key_of(tg.ToolCall("tool", args))
 
 
 # -- canonical identity ---------------------------------------------------------------------------
@@ -53,6 +53,18 @@ def test_json_scalars_in_text_and_plain_text():
     assert key("ls -la") == key('"ls -la"')  # JSON text of a string is that string
     assert key("ls -la") != key("ls  -la")
     assert key("{not json") != key("{not  json")  # text that looks like JSON but is not
+
+
+@pytest.mark.parametrize("text", ["ls -la", '"ls -la"', b"ls -la", b'"ls -la"', " ls -la", "trueish", "{not json"])
+def test_text_is_its_utf8_after_a_marker_byte_that_no_json_starts_with(text):
+    plain = text.strip('"') if isinstance(text, str) else text.decode().strip('"')
+    assert canonical_bytes(text) == b"\x01" + plain.encode()
+    assert key(text) == key(plain) != key([plain])
+    assert canonical_bytes([plain]).startswith(b"[") and canonical_bytes({"t": plain}).startswith(b"{")
+
+
+def test_text_with_a_lone_surrogate_is_the_same_call_as_its_json_escaped_form():
+    assert key("ls \ud800") == key('"ls \\ud800"') != key("ls \ud801")
 
 
 def test_tuples_are_arrays_and_lists_inside_are_canonical():
@@ -96,7 +108,7 @@ def test_an_unknown_key_mode_is_refused():
 
 def test_the_digest_is_short_hex_and_never_the_arguments():
     call = tg.ToolCall("write_file", {"content": "secret-token-123"})
-    hex_digest = KEYER.key_of(call).hex
+    hex_digest = KEYER.key_of(call).hex()
     assert len(hex_digest) == 16 and int(hex_digest, 16) >= 0
     assert "secret" not in hex_digest
 
@@ -109,10 +121,13 @@ def test_digests_are_stable_for_one_secret_and_differ_across_secrets():
 
 def test_a_key_is_cached_per_keyer():
     call = tg.ToolCall("tool", {"a": 1})
+    assert cached_digest(call) is None
     first = KEYER.key_of(call)
-    assert KEYER.key_of(call) is first
+    assert KEYER.key_of(call) is first and cached_digest(call) is first
     other = Keyer(secret="other")
-    assert other.key_of(call).keyer is other and other.key_of(call).digest != first.digest
+    theirs = other.key_of(call)
+    assert theirs != first and cached_digest(call) is theirs  # the cache follows the last keyer
+    assert KEYER.key_of(call) == first
 
 
 # -- bad arguments: never raise, deterministic -----------------------------------------------------

@@ -64,14 +64,14 @@ def test_rollback_returns_to_the_cycle_start_and_clears_repeats_and_streaks(ledg
 
 def test_detect_records_the_counts_at_the_moment(ledger):
     call = tg.ToolCall("bash", "ls")
-    tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"))).keyer.key_of(call)
-    ledger.count_call(call._key.digest, "bash")
+    digest = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"))).keyer.key_of(call)
+    ledger.count_call(digest, "bash")
     verdict = ledger.detect("custom", tg.Action.ASK, tg.Level.WARN, 3, call=call, message="why")
     event = verdict.event
     assert (verdict.action, verdict.threshold, verdict.message) == (tg.Action.ASK, "custom", "why")
     assert (event.tool_calls, event.max_key_repeat, event.streak_length, event.limit) == (1, 1, 1, 3)
     assert (event.tool_name, event.key_digest, event.conversation_id, event.agent_name) == (
-        "bash", call._key.hex, "c1", "coder")
+        "bash", digest.hex(), "c1", "coder")
     assert event.event_id != ledger.detect("custom", tg.Action.ASK, tg.Level.WARN, 3).event.event_id
 
 

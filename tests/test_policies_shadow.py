@@ -9,6 +9,7 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
+from turnguard.ledger import Ledger
 from turnguard.policies import shadow as shadow_module
 
 LIVE_ONLY = {"disable_plugins": ("otel", "recorder"), "load_entrypoints": False}
@@ -249,12 +250,16 @@ def test_a_raising_shadow_policy_is_its_own_would_be_halt_and_never_the_hosts(mo
 
 def test_a_failing_shadow_ledger_stops_the_shadows_not_the_host(monkeypatch):
     guard, heard = shadow_guard({"twin": {}}, fail_mode="closed")
-    plugin = guard.pm.get_plugin("shadow")
+    count_call = Ledger.count_call
+
+    def broken(ledger: Ledger, digest: bytes, tool_name: str) -> int:
+        if ledger.config is not guard.config and ledger.tool_calls == 2:
+            raise RuntimeError("a bug in the shadow's ledger")
+        return count_call(ledger, digest, tool_name)
+
+    monkeypatch.setattr(Ledger, "count_call", broken)
     with guard.turn() as turn:
-        drive(turn, [distinct_call(i) for i in range(2)])
-        run = plugin._turns[id(turn.ledger)].runs[0]
-        monkeypatch.setattr(run, "count_call", None)  # a bug: not callable
-        verdicts = drive(turn, [distinct_call(i) for i in range(2, 5)])
+        verdicts = drive(turn, [distinct_call(i) for i in range(5)])
     assert turn.halted is None and all(v.action is tg.Action.ALLOW for v in verdicts)
     assert heard.ended["twin"].tool_calls == 2  # it stopped counting at the failure
 

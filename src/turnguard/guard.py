@@ -17,7 +17,7 @@ from typing import Any
 import pluggy
 
 from turnguard.config import GuardConfig
-from turnguard.keys import CallKey, Keyer
+from turnguard.keys import Keyer, store_key
 from turnguard.ledger import Ledger
 from turnguard.model import (
     ALLOW,
@@ -33,7 +33,6 @@ from turnguard.model import (
 from turnguard.plugins import plugin_manager
 
 log = logging.getLogger("turnguard")
-_set_key = object.__setattr__  # ToolCall is frozen; its key slot is the one field set after creation
 
 Impl = tuple[str, Callable[..., Any]]
 Observer = tuple[str, Callable[..., Any], tuple[str, ...]]
@@ -247,15 +246,15 @@ class Turn:
         if type(call) is not ToolCall:
             _require_call(call)
         key = call._key
-        if key is None or key.keyer is not self._keyer:  # computed here, once; record_outcome reuses it
-            key = CallKey(self._digest(call.name, call.args), self._keyer)
-            _set_key(call, "_key", key)
+        if key is None or key[1] is not self._keyer:  # computed here, once; record_outcome reuses it
+            key = (self._digest(call.name, call.args), self._keyer)
+            store_key(call, key)
         ledger = self.ledger
         self._acquire()  # acquire/release bound once: cheaper than `with` on the hot path
         try:
             if self._halt is not None:
                 return self._halt
-            self._count_call(key.digest, call.name)
+            self._count_call(key[0], call.name)
             found = None
             for name, fn in self._check_call:
                 try:
@@ -284,12 +283,11 @@ class Turn:
         if type(outcome) is not Outcome:
             outcome = Outcome.parse(outcome)
         key = call._key
-        if key is None or key.keyer is not self._keyer:
-            key = self._keyer.key_of(call)
+        digest = key[0] if key is not None and key[1] is self._keyer else self._keyer.key_of(call)
         ledger = self.ledger
         self._acquire()
         try:
-            self._record_outcome(key.digest, outcome)
+            self._record_outcome(digest, outcome)
             if self._halt is not None:
                 verdict, events = self._halt, ()
             else:

@@ -3,7 +3,10 @@
 Two calls are "the same call" when their tool names and canonical arguments are equal. The
 canonical form is JSON with object keys sorted at every level, array order kept and no
 insignificant whitespace; a ``str``/``bytes`` argument that parses as JSON is canonicalized as
-the value it encodes, so ``'{"b":1,"a":2}'`` and ``{"a": 2, "b": 1}`` are one call.
+the value it encodes, so ``'{"b":1,"a":2}'`` and ``{"a": 2, "b": 1}`` are one call. Text that is
+not JSON (a shell command, a path), or JSON text of a string, is its own canonical form: the byte
+``0x01`` and the text's UTF-8. No JSON text starts with that byte, so text never meets a value,
+and hashing text needs no JSON escaping.
 
 Nothing here raises because of the arguments. Values that JSON cannot encode get a deterministic
 fallback encoding (see ``_fallback``): sets are sorted, NaN and infinities are written as tokens,
@@ -15,7 +18,7 @@ The digest is a keyed BLAKE2b (an HMAC-equivalent keyed hash) with a per-process
 unless one is configured, so that a digest cannot be reversed by hashing guessed arguments.
 
 This module is on the hot path (every ``check_call``): the common cases (a dict of JSON values, a
-string that is not JSON) take one C-level encoder call and one hash update each.
+string that is not JSON) take at most one C-level encoder call and one hash update each.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import secrets
 from collections.abc import Mapping
 from json.encoder import encode_basestring as _quote
 from typing import Any
+
+from turnguard.model import ToolCall
 
 try:  # the C accelerator: one call encodes a whole value, without json.dumps's per-call setup
     from json.encoder import c_make_encoder as _c_make_encoder
@@ -78,32 +83,14 @@ else:  # pragma: no cover
         return [_python_encoder.encode(value)]
 
 _join = "".join
-_set_key = object.__setattr__
+store_key = ToolCall.__dict__["_key"].__set__
+"""Set a ``ToolCall``'s cached key: the slot's own setter (the dataclass is frozen, and this is
+cheaper than ``object.__setattr__`` on the hot path)."""
 
 
-class CallKey:
-    """A call's identity within one keyer: the digest is what the ledger counts."""
-
-    __slots__ = ("digest", "keyer")
-
-    def __init__(self, digest: bytes, keyer: Keyer) -> None:
-        self.digest = digest
-        self.keyer = keyer
-
-    @property
-    def hex(self) -> str:
-        return self.digest.hex()
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CallKey):
-            return NotImplemented
-        return self.digest == other.digest and self.keyer is other.keyer
-
-    def __hash__(self) -> int:
-        return hash(self.digest)
-
-    def __repr__(self) -> str:
-        return f"CallKey({self.hex})"
+_TEXT = "\x01"
+"""Marks a text's canonical form (see the module docstring)."""
+_TEXT_BYTES = _TEXT.encode()
 
 
 class Keyer:
@@ -125,27 +112,27 @@ class Keyer:
 
     def digest(self, name: str, args: Any) -> bytes:
         """The keyed digest of (name, canonical args)."""
+        h = self._blank.copy()
         text = None
         try:
             cls = type(args)
-            if cls is dict:
-                try:  # the common case, inlined: a dict of JSON values (both modes)
+            if cls is str:
+                if self._plain_text and args[:1] not in _MAYBE_JSON and (len(args) > 5 or args not in _JSON_WORDS):
+                    # inlined: text that cannot be JSON (a shell command, a path), marked
+                    h.update((name + "\x00" + _TEXT + args).encode())
+                    return h.digest()
+            elif cls is dict:
+                try:  # inlined too: a dict of JSON values (both modes)
                     text = _join(_encode_chunks(args, 0))
                 except (TypeError, ValueError, RecursionError, OverflowError):
                     text = None
-            elif cls is str and self._plain_text and args[:1] not in _MAYBE_JSON and (
-                len(args) > 5 or args not in _JSON_WORDS
-            ):  # inlined too: text that cannot be JSON (a shell command, a path) is its JSON string
-                text = _quote(args)
-            # one encode for the common, small case; large bodies are hashed without a copy
-            data = (name + "\x00" + text).encode() if text is not None and len(text) < 4096 else None
+                else:
+                    if len(text) < 4096:  # one encode for the common, small case
+                        h.update((name + "\x00" + text).encode())
+                        return h.digest()
         except (UnicodeEncodeError, TypeError):  # lone surrogates (kept: surrogatepass), an odd name
-            data = None
-        h = self._blank.copy()
-        if data is not None:
-            h.update(data)
-            return h.digest()
-        try:
+            pass
+        try:  # large bodies are hashed without joining them to the name
             body = _utf8(text) if text is not None else self._canonical(args)
         except Exception:  # the encoders never raise; this is the last resort
             body = b"\x00unencodable\x00" + _utf8(type(args).__qualname__)
@@ -153,14 +140,22 @@ class Keyer:
         h.update(body)
         return h.digest()
 
-    def key_of(self, call: Any) -> CallKey:
-        """The key of a ``ToolCall``, computed once and cached on the call for this keyer."""
+    def key_of(self, call: Any) -> bytes:
+        """The digest of a ``ToolCall``, computed once and cached on the call for this keyer
+        (as ``call._key``: the pair ``(digest, keyer)``, the cheapest record to build per call)."""
         cached = call._key
-        if cached is not None and cached.keyer is self:
-            return cached
-        key = CallKey(self.digest(call.name, call.args), self)
-        _set_key(call, "_key", key)
-        return key
+        if cached is not None and cached[1] is self:
+            return cached[0]
+        digest = self.digest(call.name, call.args)
+        store_key(call, (digest, self))
+        return digest
+
+
+def cached_digest(call: Any) -> bytes | None:
+    """The digest the guard deciding on ``call`` cached on it (``None`` before any guard keyed it);
+    for plugins that report a call (spans, records) or count it (shadows)."""
+    key = call._key
+    return key[0] if key is not None else None
 
 
 def _utf8(text: str) -> bytes:
@@ -168,7 +163,8 @@ def _utf8(text: str) -> bytes:
 
 
 def canonical_bytes(args: Any) -> bytes:
-    """Canonical JSON of ``args`` as UTF-8; JSON text in ``str``/``bytes`` is parsed first."""
+    """The canonical form of ``args`` as bytes: its canonical JSON as UTF-8, JSON text in
+    ``str``/``bytes`` parsed first; text, and JSON text of a string, as ``0x01`` and its UTF-8."""
     cls = type(args)
     if cls is dict or cls is list:
         try:
@@ -177,7 +173,7 @@ def canonical_bytes(args: Any) -> bytes:
             return _fallback(args).encode("utf-8", "surrogatepass")
     if cls is str:
         if args[:1] not in _MAYBE_JSON and (len(args) > 5 or args not in _JSON_WORDS):  # as in Keyer.digest
-            return _quote(args).encode("utf-8", "surrogatepass")  # plain text: a shell command, a path
+            return _TEXT_BYTES + args.encode("utf-8", "surrogatepass")  # plain text: a shell command, a path
         args = _parse_json_text(args)
     elif isinstance(args, (bytes, bytearray, memoryview)):
         raw = bytes(args)
@@ -187,6 +183,8 @@ def canonical_bytes(args: Any) -> bytes:
             return b"\x00bytes\x00" + raw
     elif isinstance(args, str):
         args = _parse_json_text(str(args))
+    if isinstance(args, str):  # text that is not JSON, or JSON text of a string
+        return _TEXT_BYTES + str(args).encode("utf-8", "surrogatepass")
     return canonical_text(args).encode("utf-8", "surrogatepass")
 
 

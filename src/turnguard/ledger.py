@@ -24,6 +24,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
+from turnguard.keys import cached_digest
 from turnguard.model import Action, Level, LoopDetectedEvent, Outcome, Threshold, ToolCall, TurnSummary, Verdict
 
 if TYPE_CHECKING:
@@ -433,7 +434,7 @@ class Ledger:
         message: str = "",
     ) -> Verdict:
         """A verdict whose ``LoopDetectedEvent`` records this ledger's counts now."""
-        key = call._key if call is not None else None
+        digest = cached_digest(call) if call is not None else None
         event = LoopDetectedEvent(
             threshold=threshold,
             action=action,
@@ -447,7 +448,7 @@ class Ledger:
             soft_cap=self.soft_cap,
             hard_cap=self.hard_cap,
             tool_name=call.name if call is not None else None,
-            key_digest=key.hex if key is not None else None,
+            key_digest=digest.hex() if digest is not None else None,
             promptable=self.promptable,
             turn_id=self.turn_id,
             conversation_id=self.conversation_id,

@@ -26,7 +26,7 @@ from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.config import GuardConfig
 from turnguard.guard import Impl, combine, compiled_checks
-from turnguard.keys import CallKey, Keyer
+from turnguard.keys import Keyer, store_key
 from turnguard.ledger import Ledger
 from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import plugin_manager
@@ -144,7 +144,7 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
 def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
     """The ``ToolCall`` the hooks receive, its key already set to the replay's digest."""
     tc = ToolCall(call.tool, call.args)
-    object.__setattr__(tc, "_key", CallKey(digest, keyer))
+    store_key(tc, (digest, keyer))
     return tc
 
 

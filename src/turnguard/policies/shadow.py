@@ -22,7 +22,7 @@ guard's detections (``tests/test_policies_shadow.py`` checks it):
   have happened) and its summary counts the calls up to it.
 - A would-be ASK is not answered by anyone; the shadow's streak resets when the live user answers
   ``continue``/``redirect`` (the live facts reset), as the live ledger's does.
-- The live call's key (``call._key``, computed once in ``check_call``) is reused when the shadow
+- The live call's key (``keys.cached_digest``, computed once in ``check_call``) is reused when the shadow
   has the live key mode and digest secret; otherwise the shadow keys the call itself.
 - A shadow's policy that raises is logged and ignored, or, under the shadow's own
   ``fail_mode="closed"``, is that shadow's would-be HALT; it never reaches the live verdict.
@@ -42,7 +42,7 @@ import pluggy
 
 from turnguard.config import GuardConfig
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer
+from turnguard.keys import Keyer, cached_digest
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Answer, LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 
@@ -76,9 +76,9 @@ class ShadowPolicy:
         self.check_outcome: Impls = tuple(fn for _, fn in checks["turnguard_check_outcome"])
 
     def digest(self, call: ToolCall) -> bytes:
-        key = call._key
-        if self.keyer is None and key is not None:
-            return key.digest
+        digest = cached_digest(call)
+        if self.keyer is None and digest is not None:
+            return digest
         return (self.keyer or Keyer(self.config.key_mode, self.config.digest_key)).digest(call.name, call.args)
 
 
@@ -103,27 +103,29 @@ class ShadowRun:
 
 class TurnShadows:
     """Every shadow's run on one live turn, and the reporting hooks as they were when it opened.
-    ``active`` holds the runs without a would-be halt (the only ones still evaluated)."""
+    ``active`` holds the runs without a would-be halt (the only ones still evaluated), each with
+    what the per-call loop reads, unpacked in one step."""
 
     __slots__ = ("active", "detected", "ended", "found", "pending", "runs")
 
     def __init__(self, runs: list[ShadowRun], detected: tuple[Any, ...], ended: tuple[Any, ...]) -> None:
         self.runs = runs
-        self.active = tuple(runs)
         self.found: list[tuple[str, LoopDetectedEvent]] = []
         self.pending: list[Callable[[Ledger], None]] = []
         self.detected = detected
         self.ended = ended
+        self.drop_halted()
 
     def drop_halted(self) -> None:
-        self.active = tuple(run for run in self.runs if run.halt is None)
+        self.active = tuple((run, run.ledger, run.reuse_key, run.count_call, run.check_call, run.record_outcome,
+                             run.check_outcome) for run in self.runs if run.halt is None)
 
     def apply_pending(self) -> None:
         """Apply queued retries and answers to every run still evaluated."""
         pending, self.pending = self.pending, []
         for op in pending:
-            for run in self.active:
-                op(run.ledger)
+            for active in self.active:
+                op(active[1])
 
 
 class ShadowPlugin:
@@ -171,9 +173,9 @@ class ShadowPlugin:
             state.apply_pending()
         found: list[tuple[str, LoopDetectedEvent]] = []
         try:
-            for run in state.active:
-                run.ledger.begin_cycle()
-                _decide(run, run.policy.check_cycle, (run.ledger,), found, state)
+            for run, ledger, *_ in state.active:
+                ledger.begin_cycle()
+                _decide(run, run.policy.check_cycle, (ledger,), found, state)
         except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if found:
@@ -188,14 +190,13 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        key = call._key
-        digest = key.digest if key is not None else None
+        key = call._key  # keys.cached_digest, inlined: this runs on every call
+        digest = key[0] if key is not None else None
         name = call.name
         try:
-            for run in state.active:
-                ledger = run.ledger
-                run.count_call(digest if run.reuse_key and digest is not None else run.policy.digest(call), name)
-                for fn in run.check_call:
+            for run, ledger, reuse_key, count, checks, _, _ in state.active:
+                count(digest if reuse_key and digest is not None else run.policy.digest(call), name)
+                for fn in checks:
                     try:
                         verdict = fn(ledger, call)
                     except Exception as exc:  # a shadow never acts, not even by failing
@@ -216,13 +217,11 @@ class ShadowPlugin:
         if state.pending:
             state.apply_pending()
         key = call._key
-        digest = key.digest if key is not None else None
+        digest = key[0] if key is not None else None
         try:
-            for run in state.active:
-                ledger = run.ledger
-                run.record_outcome(digest if run.reuse_key and digest is not None else run.policy.digest(call),
-                                   outcome)
-                for fn in run.check_outcome:
+            for run, ledger, reuse_key, _, _, record, checks in state.active:
+                record(digest if reuse_key and digest is not None else run.policy.digest(call), outcome)
+                for fn in checks:
                     try:
                         verdict = fn(ledger, call, outcome)
                     except Exception as exc:  # a shadow never acts, not even by failing

@@ -31,7 +31,7 @@ from opentelemetry.context import get_current
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import canonical_text
+from turnguard.keys import cached_digest, canonical_text
 from turnguard.model import Action, Outcome
 from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
@@ -388,10 +388,10 @@ class OtelPlugin:
         Facts at their default value are left out (repeat 1, streak 1): an absent attribute means
         the default, which keeps the common call's span small."""
         attrs: dict[str, Any] = {CALL_INDEX: turn.tool_calls}
-        key = call._key
-        if key is not None:
-            attrs[CALL_KEY_DIGEST] = key.hex
-            repeat = turn.repeats_of(key.digest)
+        digest = cached_digest(call)
+        if digest is not None:
+            attrs[CALL_KEY_DIGEST] = digest.hex()
+            repeat = turn.repeats_of(digest)
             if repeat > 1:
                 attrs[CALL_REPEAT] = repeat
         streak = turn.streak_length

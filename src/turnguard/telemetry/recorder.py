@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from turnguard.hookspecs import hookimpl
+from turnguard.keys import cached_digest
 from turnguard.model import Action, Outcome
 
 if TYPE_CHECKING:
@@ -126,8 +127,8 @@ class Recorder:
     @hookimpl
     def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
         record = self._record(turn)
-        key = call._key
-        entry = _Call(call.name, key.hex if key is not None else "")
+        digest = cached_digest(call)
+        entry = _Call(call.name, digest.hex() if digest is not None else "")
         if verdict.action is Action.HALT:
             entry.outcome = HALTED_OUTCOME
         with record.lock:
