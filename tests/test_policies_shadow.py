@@ -188,6 +188,18 @@ def test_a_shadow_with_another_key_mode_keys_calls_itself():
     assert heard.of("bytes") == [] and heard.ended["bytes"].distinct_keys == 3
 
 
+def test_calls_that_reach_the_hooks_unkeyed_are_keyed_as_the_live_guard_keys_them():
+    guard, heard = shadow_guard({"twin": {"streak_warn_at": 2}}, digest_key="k")
+    ledger = Ledger(guard.config)  # a host driving turnguard's plugins from its own manager: no Turn
+    guard.pm.hook.turnguard_turn_started(turn=ledger)
+    for text in ['{"a": 1}', '{"a": 2}', '{"a":2}']:  # two calls, then the second again
+        call = tg.ToolCall("api", text)  # never keyed
+        ledger.count_call(guard.keyer.digest("api", text), "api")
+        guard.pm.hook.turnguard_check_call(turn=ledger, call=call)
+    assert [(e.tool_calls, e.streak_length) for e in heard.of("twin")] == [(3, 2)]
+    assert heard.of("twin")[0].key_digest is None  # nothing cached on the call, nothing invented
+
+
 def test_retry_rolls_the_shadow_ledgers_back():
     guard, heard = shadow_guard({"twin": {}})
     with guard.turn() as turn:

@@ -296,7 +296,14 @@ class Ledger:
             if seen == self._stuck_at and not self._first_stuck and not self._stale:
                 self._first_stuck = self._tool_calls
         if self._stale:
-            self._count_stale(digest, seen)
+            if seen == 1 and self._max_stale:  # news, inlined (most calls are news): every count restarts
+                since = self._since_new
+                since.clear()
+                since[digest] = 1
+                self._looped = False
+                self._news = digest
+            else:
+                self._count_stale(digest, seen)
         if digest == self._last_key:
             self._streak += 1
             self._unsettled += 1

@@ -22,7 +22,7 @@ guard's detections (``tests/test_policies_shadow.py`` checks it):
   have happened) and its summary counts the calls up to it.
 - A would-be ASK is not answered by anyone; the shadow's streak resets when the live user answers
   ``continue``/``redirect`` (the live facts reset), as the live ledger's does.
-- The live call's key (``keys.cached_digest``, computed once in ``check_call``) is reused when the shadow
+- The live call's key (``call._key``, computed once in ``check_call``) is reused when the shadow
   has the live key mode and digest secret; otherwise the shadow keys the call itself.
 - A shadow's policy that raises is logged and ignored, or, under the shadow's own
   ``fail_mode="closed"``, is that shadow's would-be HALT; it never reaches the live verdict.
@@ -42,7 +42,7 @@ import pluggy
 
 from turnguard.config import GuardConfig
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer, cached_digest
+from turnguard.keys import Keyer
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Answer, LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 
@@ -56,7 +56,7 @@ _NOT_POLICIES = ("otel", "recorder", "shadow")
 class ShadowPolicy:
     """One shadow configuration's compiled policy functions (built once per guard)."""
 
-    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "keyer", "name")
+    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "name", "own_digest")
 
     def __init__(self, name: str, config: GuardConfig, live: GuardConfig) -> None:
         # Imported here: guard.py imports plugins.py, which imports this module lazily.
@@ -66,8 +66,9 @@ class ShadowPolicy:
         self.name = name
         self.config = config
         same_keys = config.key_mode == live.key_mode and config.digest_key == live.digest_key
-        self.keyer: Keyer | None = None if same_keys else Keyer(config.key_mode, config.digest_key)
-        """``None``: reuse the live call's key; else this shadow's own keyer."""
+        self.own_digest: Callable[[ToolCall], bytes] | None = None if same_keys else _digest_with(
+            Keyer(config.key_mode, config.digest_key))
+        """``None``: the live call's digest is this shadow's; else how this shadow keys a call."""
         disabled = tuple(dict.fromkeys((*config.disable_plugins, *_NOT_POLICIES)))
         pm = plugin_manager(config.replace(disable_plugins=disabled, load_entrypoints=False), environ={})
         checks = compiled_checks(pm)
@@ -75,18 +76,17 @@ class ShadowPolicy:
         self.check_call: Impls = tuple(fn for _, fn in checks["turnguard_check_call"])
         self.check_outcome: Impls = tuple(fn for _, fn in checks["turnguard_check_outcome"])
 
-    def digest(self, call: ToolCall) -> bytes:
-        digest = cached_digest(call)
-        if self.keyer is None and digest is not None:
-            return digest
-        return (self.keyer or Keyer(self.config.key_mode, self.config.digest_key)).digest(call.name, call.args)
+
+
+def _digest_with(keyer: Keyer) -> Callable[[ToolCall], bytes]:
+    return lambda call: keyer.digest(call.name, call.args)
 
 
 class ShadowRun:
     """One shadow policy on one live turn: its ledger and its latched would-be halt."""
 
-    __slots__ = ("check_call", "check_outcome", "count_call", "halt", "ledger", "policy", "record_outcome",
-                 "reuse_key")
+    __slots__ = ("check_call", "check_outcome", "count_call", "halt", "ledger", "own_digest", "policy",
+                 "record_outcome")
 
     def __init__(self, policy: ShadowPolicy, turn: Ledger) -> None:
         self.policy = policy
@@ -94,7 +94,7 @@ class ShadowRun:
                              agent_name=turn.agent_name, promptable=turn.promptable)
         self.halt: Verdict | None = None
         # Bound once per turn: the per-call loop reads plain slots.
-        self.reuse_key = policy.keyer is None
+        self.own_digest = policy.own_digest
         self.count_call = self.ledger.count_call
         self.record_outcome = self.ledger.record_outcome
         self.check_call = policy.check_call
@@ -117,7 +117,7 @@ class TurnShadows:
         self.drop_halted()
 
     def drop_halted(self) -> None:
-        self.active = tuple((run, run.ledger, run.reuse_key, run.count_call, run.check_call, run.record_outcome,
+        self.active = tuple((run, run.ledger, run.own_digest, run.count_call, run.check_call, run.record_outcome,
                              run.check_outcome) for run in self.runs if run.halt is None)
 
     def apply_pending(self) -> None:
@@ -133,6 +133,9 @@ class ShadowPlugin:
 
     def __init__(self, config: GuardConfig) -> None:
         self.policies = tuple(ShadowPolicy(name, c, config) for name, c in config.shadow_configs())
+        self._digest = _digest_with(Keyer(config.key_mode, config.digest_key))
+        """The live guard's digest of a call that reaches the hooks unkeyed (driven by a host's
+        own plugin manager rather than a ``Turn``, which keys every call first)."""
         self._pm: pluggy.PluginManager | None = None
         self._turns: dict[int, TurnShadows] = {}
 
@@ -191,11 +194,11 @@ class ShadowPlugin:
         if state.pending:
             state.apply_pending()
         key = call._key  # keys.cached_digest, inlined: this runs on every call
-        digest = key[0] if key is not None else None
+        digest = key[0] if key is not None else self._digest(call)
         name = call.name
         try:
-            for run, ledger, reuse_key, count, checks, _, _ in state.active:
-                count(digest if reuse_key and digest is not None else run.policy.digest(call), name)
+            for run, ledger, own_digest, count, checks, _, _ in state.active:
+                count(digest if own_digest is None else own_digest(call), name)
                 for fn in checks:
                     try:
                         verdict = fn(ledger, call)
@@ -217,10 +220,10 @@ class ShadowPlugin:
         if state.pending:
             state.apply_pending()
         key = call._key
-        digest = key[0] if key is not None else None
+        digest = key[0] if key is not None else self._digest(call)
         try:
-            for run, ledger, reuse_key, _, _, record, checks in state.active:
-                record(digest if reuse_key and digest is not None else run.policy.digest(call), outcome)
+            for run, ledger, own_digest, _, _, record, checks in state.active:
+                record(digest if own_digest is None else own_digest(call), outcome)
                 for fn in checks:
                     try:
                         verdict = fn(ledger, call, outcome)
