@@ -296,7 +296,7 @@ class Ledger:
             if seen == self._stuck_at and not self._first_stuck and not self._stale:
                 self._first_stuck = self._tool_calls
         if self._stale:
-            if seen == 1 and self._max_stale:  # news, inlined (most calls are news): every count restarts
+            if seen == 1 and self._max_stale:  # news (most calls), inlined: every count restarts at 1
                 since = self._since_new
                 since.clear()
                 since[digest] = 1

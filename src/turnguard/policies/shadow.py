@@ -77,8 +77,8 @@ class ShadowPolicy:
         self.check_outcome: Impls = tuple(fn for _, fn in checks["turnguard_check_outcome"])
 
 
-
 def _digest_with(keyer: Keyer) -> Callable[[ToolCall], bytes]:
+    """A call's digest under ``keyer``, computed afresh (the call's cached key is another keyer's)."""
     return lambda call: keyer.digest(call.name, call.args)
 
 
