@@ -15,14 +15,16 @@ from turnguard.model import Outcome
 
 # Bad and odd inputs tried: JSON-object text that is respaced, reordered, has trailing data, is
 # broken, nests deeply, holds NaN, huge integers, lone surrogates, duplicate keys; text that only
-# looks like JSON; empty text; non-text arguments; a tool name with a NUL.
+# looks like JSON; empty text; non-text arguments; a tool name with a NUL; plain text (also as
+# bytes, as JSON text of a string, past 4 KB, with a lone surrogate, starting with the 0x01 marker).
 ARGS = [
     '{"a": 1, "b": 2}', '{"b":2,"a":1}', '{"a":1,"b":2}', {"a": 1, "b": 2}, '{"a": 1} ', ' {"a": 1}',
     '{"a": 1}{"b": 2}', '{"a": 1} x', '{"a": ', '{broken}', '{}', "{", "}", '{"a": NaN}', '{"a": Infinity}',
     '{"n": 123456789012345678901234567890}', '{"n": 123456789012345678901234567891}', '{"s": "\\ud800"}',
     '{"a": 1, "a": 2}', '{"a": 2}', "[" * 50 + "]" * 50, "{" + '"a":{' * 3000 + "}" * 3001, '{"a": [1, 2]}',
     "grep x\n", '"grep x\\n"', "true", "null", "", "   ", "1", 1, 1.0, None, ["a"], b'{"a": 1}', b"\xff\xfe",
-    "\u00a0{}", "{\u00a0}",
+    "\u00a0{}", "{\u00a0}", "ls -la", '"ls -la"', b"ls -la", "trueish", "ls \ud800", '"ls \\ud800"', "x" * 5000,
+    "\x01ls -la", b"\x01ls -la",
 ]
 TOOLS = ["read", "re\x00ad", "read\x00"]
 
