@@ -32,7 +32,8 @@ def test_soft_stuck_turns_place_the_last_repeat_where_asked():
     made = calls(demo.soft_stuck_calls(300, last_at=240))
     assert max(repeats(made).values()) == 6
     repeated = made[239]
-    assert [i + 1 for i, s in enumerate(made) if s == repeated][-1] == 240
+    assert repeats(made)[repeated.tool, repr(repeated.args)] == 6  # call 240 is the repeated call...
+    assert [i + 1 for i, s in enumerate(made) if s == repeated][-1] == 240  # ...and its last time
 
 
 @pytest.mark.parametrize(("name", "threshold", "at"), [

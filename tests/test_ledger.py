@@ -6,6 +6,7 @@ import pytest
 
 import turnguard as tg
 from conftest import distinct_call, drive
+from turnguard.keys import Keyer
 from turnguard.ledger import Ledger
 
 
@@ -64,7 +65,7 @@ def test_rollback_returns_to_the_cycle_start_and_clears_repeats_and_streaks(ledg
 
 def test_detect_records_the_counts_at_the_moment(ledger):
     call = tg.ToolCall("bash", "ls")
-    digest = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"))).keyer.key_of(call)
+    digest = Keyer().key_of(call)
     ledger.count_call(digest, "bash")
     verdict = ledger.detect("custom", tg.Action.ASK, tg.Level.WARN, 3, call=call, message="why")
     event = verdict.event

@@ -9,7 +9,6 @@ import turnguard as tg
 from conftest import distinct_call, drive, first_detection
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS
 from turnguard.ledger import Ledger
-from turnguard.policies import cap
 
 
 def key(i: int) -> bytes:
@@ -45,7 +44,6 @@ def rotation(period: int, times: int) -> list[tg.ToolCall]:
 
 def test_signals_list_keeps_the_seed_default_first():
     assert STUCK_SIGNALS[0] == "repeat" == tg.GuardConfig().stuck_signal and "stale_repeat" in STUCK_SIGNALS
-    assert set(cap.SIGNALS) == set(STUCK_SIGNALS)
     assert STREAK_STOP_ON == ("error", "any") and tg.GuardConfig().streak_stop_on == "error"
 
 

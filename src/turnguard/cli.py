@@ -218,9 +218,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    root = parser()
+    args = root.parse_args(argv)
     if args.command is None:
-        parser().print_help()
+        root.print_help()
         return 2
     return SUBCOMMANDS[args.command].run(args)
 

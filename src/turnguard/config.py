@@ -147,7 +147,7 @@ class GuardConfig:
             name = key.replace("-", "_") if isinstance(key, str) else key
             if name not in names:
                 raise ConfigError(str(key), value, f"one of the options {sorted(names)}")
-            values[name] = _coerce_container(name, value)
+            values[name] = value
         return dataclasses.replace(base, **values) if base else cls(**values)
 
     @classmethod
@@ -217,6 +217,7 @@ CONFIG_ENV = "TURNGUARD_CONFIG"
 _NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", CONFIG_ENV})
 
 
+@functools.cache
 def _field_names() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(GuardConfig))
 
@@ -257,14 +258,6 @@ _CHOICES = {
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _coerce_container(key: str, value: Any) -> Any:
-    if key == "disable_plugins" and isinstance(value, list):
-        return tuple(value)
-    if key == "shadow" and isinstance(value, (list, Mapping)):
-        return tuple(value.items()) if isinstance(value, Mapping) else tuple(value)
-    return value
 
 
 def _parse_env(var: str, key: str, text: str) -> Any:
@@ -329,9 +322,8 @@ def _validate(c: GuardConfig) -> None:
         value = getattr(c, key)
         if not _is_int(value):
             raise ConfigError(key, value, "an integer")
-    for key in ("stuck_repeat_threshold",):
-        if getattr(c, key) < 1:
-            raise ConfigError(key, getattr(c, key), "an integer >= 1")
+    if c.stuck_repeat_threshold < 1:
+        raise ConfigError("stuck_repeat_threshold", c.stuck_repeat_threshold, "an integer >= 1")
     for key in ("streak_warn_at", "streak_stop_at", "max_cycles_per_turn"):
         if getattr(c, key) < 0:
             raise ConfigError(key, getattr(c, key), "an integer >= 0 (0 disables)")

@@ -54,9 +54,6 @@ _MAYBE_JSON = _JSON_STARTS | _SPACE | {""}
 _REPR_LIMIT = 4096
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
-_dumps = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=True
-).encode
 _scan_json = json.JSONDecoder().scan_once
 
 
@@ -225,7 +222,7 @@ def _int_text(value: int) -> str:
     try:
         return int.__repr__(value)
     except ValueError:  # more digits than sys.get_int_max_str_digits() allows in decimal
-        return _dumps({"__int__": hex(value)})
+        return _encode({"__int__": hex(value)})
 
 
 def _scalar(value: Any) -> str | None:
@@ -252,16 +249,16 @@ def _scalar(value: Any) -> str | None:
             return "Infinity" if value > 0 else "-Infinity"
         return float.__repr__(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return _dumps({"__bytes__": bytes(value).hex()})
+        return _encode({"__bytes__": bytes(value).hex()})
     if isinstance(value, enum.Enum):
-        return _dumps({"__enum__": f"{type(value).__qualname__}.{value.name}"})
+        return _encode({"__enum__": f"{type(value).__qualname__}.{value.name}"})
     if isinstance(value, (Mapping, list, tuple, set, frozenset)):
         return None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return None
     if _plain_object(value):
         return None
-    return _dumps({"__object__": type(value).__qualname__, "repr": _safe_repr(value)})
+    return _encode({"__object__": type(value).__qualname__, "repr": _safe_repr(value)})
 
 
 def _plain_object(value: Any) -> bool:

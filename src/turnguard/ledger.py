@@ -296,12 +296,14 @@ class Ledger:
             if seen == self._stuck_at and not self._first_stuck and not self._stale:
                 self._first_stuck = self._tool_calls
         if self._stale:
-            if seen == 1 and self._max_stale:  # news (most calls), inlined: every count restarts at 1
+            if seen == 1:  # news (most calls), inlined: a key first seen now restarts every count at 1
                 since = self._since_new
                 since.clear()
                 since[digest] = 1
                 self._looped = False
                 self._news = digest
+                if not self._max_stale:
+                    self._raise_stale(1)
             else:
                 self._count_stale(digest, seen)
         if digest == self._last_key:
@@ -317,31 +319,26 @@ class Ledger:
         return seen
 
     def _count_stale(self, digest: bytes, seen: int) -> None:
-        """The ``stale_repeat`` count of this call's key: its occurrences since the last call
-        whose key was never seen before ("news"), plus one, once the news call itself has come
-        round again, for keys also seen before the news. A loop's first round is news, so the
-        news call coming round shows the loop, and its first round then counts: a loop of k
-        calls reaches each count at the same call as the seed's ``repeat`` count. A plain re-run
-        (``edit, test, edit, test, test``) gets no such credit: the news (the edit) never recurs.
+        """The ``stale_repeat`` count of a key seen before (``seen > 1``; a key first seen now is
+        news, handled in ``count_call``): its occurrences since the last call whose key was never
+        seen before ("news"), plus one, once the news call itself has come round again, for keys
+        also seen before the news. A loop's first round is news, so the news call coming round
+        shows the loop, and its first round then counts: a loop of k calls reaches each count at
+        the same call as the seed's ``repeat`` count. A plain re-run (``edit, test, edit, test,
+        test``) gets no such credit: the news (the edit) never recurs.
 
-        A key first seen now (``seen == 1``) is news: every count restarts. The table holds
-        only keys seen since the last news (cleared at each news: amortized O(1) per call)."""
+        The table holds only keys seen since the last news (cleared at each news: amortized O(1)
+        per call)."""
         since = self._since_new
-        if seen == 1:
-            since.clear()
-            since[digest] = stale = 1
-            self._looped = False
-            self._news = digest
-        else:
-            raw = since.get(digest, 0) + 1
-            since[digest] = raw
-            if digest == self._news and not self._looped:  # the news call came round: a loop
-                self._looped = True
-                counts = self._counts
-                credited = max((n + 1 for key, n in since.items() if counts.get(key, 0) > n), default=0)
-                if credited > self._max_stale:
-                    self._raise_stale(credited)
-            stale = raw + 1 if self._looped and seen > raw else raw
+        raw = since.get(digest, 0) + 1
+        since[digest] = raw
+        if digest == self._news and not self._looped:  # the news call came round: a loop
+            self._looped = True
+            counts = self._counts
+            credited = max((n + 1 for key, n in since.items() if counts.get(key, 0) > n), default=0)
+            if credited > self._max_stale:
+                self._raise_stale(credited)
+        stale = raw + 1 if self._looped and seen > raw else raw
         if stale > self._max_stale:
             self._raise_stale(stale)
 

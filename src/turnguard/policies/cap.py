@@ -7,30 +7,9 @@ the turn continues only while it is not stuck (``soft_stuck``), and never past S
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
-
-StuckSignal = Callable[[Ledger], bool]
-
-
-def repeat_signal(turn: Ledger) -> bool:
-    """The seed's signal: some (tool, args) key seen ``stuck_repeat_threshold`` times in the turn."""
-    return turn.max_key_repeat >= turn.config.stuck_repeat_threshold
-
-
-def stale_repeat_signal(turn: Ledger) -> bool:
-    """Some key seen ``stuck_repeat_threshold`` times with no never-seen-before key in between:
-    an edit-and-rerun cycle (every edit is a new key) never counts, a loop of a few calls does."""
-    return turn.max_stale_repeat >= turn.config.stuck_repeat_threshold
-
-
-SIGNALS: dict[str, StuckSignal] = {"repeat": repeat_signal, "stale_repeat": stale_repeat_signal}
-"""Stuck signals by name (``GuardConfig.stuck_signal``); keys match ``STUCK_SIGNALS``. Every
-signal here is bounded by ``max_key_repeat`` (a stale repeat is a repeat), which the hook's fast
-path relies on."""
 
 
 @hookimpl
@@ -38,7 +17,8 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     n = turn._tool_calls  # hot path: the built-in reads the ledger's fields, not its properties
     if n <= turn._cap_quiet_until or (
         n <= turn._hard_cap and turn._max_repeat < turn._stuck_at
-    ):  # under the cap, or past the soft cap and not stuck under any signal (the common cases, first)
+    ):  # under the cap, or past the soft cap and not stuck under any signal (every stuck signal's
+        # count is bounded by the repeats: a stale repeat is a repeat); the common cases, first
         return None
     mode = turn.cap_mode
     if mode == "explicit":
@@ -55,8 +35,8 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
                 f"({turn.soft_cap} x {turn.config.hard_multiplier:g}), whatever the turn is doing"
             ),
         )
-    signal = turn.config.stuck_signal
-    if turn._max_repeat >= turn._stuck_at if signal == "repeat" else SIGNALS[signal](turn):
+    if turn.stuck:  # the configured stuck signal (``GuardConfig.stuck_signal``) holds
+        signal = turn.config.stuck_signal
         if signal == "repeat":
             how = f"one call was repeated {turn.max_key_repeat} times"
         else:
