@@ -85,20 +85,13 @@ def _digest_with(keyer: Keyer) -> Callable[[ToolCall], bytes]:
 class ShadowRun:
     """One shadow policy on one live turn: its ledger and its latched would-be halt."""
 
-    __slots__ = ("check_call", "check_outcome", "count_call", "halt", "ledger", "own_digest", "policy",
-                 "record_outcome")
+    __slots__ = ("halt", "ledger", "policy")
 
     def __init__(self, policy: ShadowPolicy, turn: Ledger) -> None:
         self.policy = policy
         self.ledger = Ledger(policy.config, turn_id=turn.turn_id, conversation_id=turn.conversation_id,
                              agent_name=turn.agent_name, promptable=turn.promptable)
         self.halt: Verdict | None = None
-        # Bound once per turn: the per-call loop reads plain slots.
-        self.own_digest = policy.own_digest
-        self.count_call = self.ledger.count_call
-        self.record_outcome = self.ledger.record_outcome
-        self.check_call = policy.check_call
-        self.check_outcome = policy.check_outcome
 
 
 class TurnShadows:
@@ -117,8 +110,11 @@ class TurnShadows:
         self.drop_halted()
 
     def drop_halted(self) -> None:
-        self.active = tuple((run, run.ledger, run.own_digest, run.count_call, run.check_call, run.record_outcome,
-                             run.check_outcome) for run in self.runs if run.halt is None)
+        self.active = tuple(
+            (run, run.ledger, run.policy.own_digest, run.ledger.count_call, run.policy.check_call,
+             run.ledger.record_outcome, run.policy.check_outcome)
+            for run in self.runs if run.halt is None
+        )
 
     def apply_pending(self) -> None:
         """Apply queued retries and answers to every run still evaluated."""
@@ -165,6 +161,8 @@ class ShadowPlugin:
     # The per-call work runs in the check hooks, which the guard calls positionally under the
     # turn's lock: the shadows see each call in the order the live ledger counted it (parallel
     # calls included) at no observer-dispatch cost. They always return None: a shadow never acts.
+    # The call and outcome hooks inline ``_decide``'s loop: one more call per shadow per hook is
+    # about 0.1 µs, which the shadows' budget (under twice the live guard's cost) does not have.
     # Would-be detections are reported from there too (rare; the turn's lock is re-entrant).
 
     @hookimpl
@@ -174,15 +172,13 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        found: list[tuple[str, LoopDetectedEvent]] = []
         try:
             for run, ledger, *_ in state.active:
                 ledger.begin_cycle()
-                _decide(run, run.policy.check_cycle, (ledger,), found, state)
+                _decide(run, run.policy.check_cycle, (ledger,), state)
         except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
-        if found:
-            state.found.extend(found)
+        if state.found:
             self._flush(turn)
         return None
 
@@ -205,7 +201,7 @@ class ShadowPlugin:
                     except Exception as exc:  # a shadow never acts, not even by failing
                         verdict = _failed(run, exc)
                     if verdict is not None:
-                        _decided(run, verdict, state.found, state)
+                        _decided(run, verdict, state)
         except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
@@ -230,7 +226,7 @@ class ShadowPlugin:
                     except Exception as exc:  # a shadow never acts, not even by failing
                         verdict = _failed(run, exc)
                     if verdict is not None:
-                        _decided(run, verdict, state.found, state)
+                        _decided(run, verdict, state)
         except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
@@ -277,15 +273,15 @@ class ShadowPlugin:
             _call_each(state.detected, turn=turn, policy=name, event=event)
 
 
-def _decide(run: ShadowRun, impls: Impls, args: tuple[Any, ...], found: list[tuple[str, LoopDetectedEvent]],
-            state: TurnShadows) -> None:
+def _decide(run: ShadowRun, impls: Impls, args: tuple[Any, ...], state: TurnShadows) -> None:
+    """A shadow's policies on a model request (the per-call hooks inline this loop)."""
     for fn in impls:
         try:
             verdict = fn(*args)
         except Exception as exc:  # a shadow never acts, not even by failing
             verdict = _failed(run, exc)
         if verdict is not None:
-            _decided(run, verdict, found, state)
+            _decided(run, verdict, state)
 
 
 def _failed(run: ShadowRun, exc: Exception) -> Verdict | None:
@@ -297,20 +293,17 @@ def _failed(run: ShadowRun, exc: Exception) -> Verdict | None:
     return None
 
 
-def _decided(run: ShadowRun, verdict: Verdict, found: list[tuple[str, LoopDetectedEvent]] | None,
-             state: TurnShadows) -> list[tuple[str, LoopDetectedEvent]] | None:
-    """A shadow's policy returned a verdict: note the detection; a HALT latches (the first one)
-    and takes the run out of ``state.active`` once this call's loop is done."""
+def _decided(run: ShadowRun, verdict: Verdict, state: TurnShadows) -> None:
+    """A shadow's policy returned a verdict: note the detection in ``state.found``; a HALT
+    latches (the first one) and takes the run out of ``state.active`` for the calls after this."""
     if not isinstance(verdict, Verdict):
-        return found
+        return
     if verdict.event is not None:
         run.ledger.note_detection()
-        found = [] if found is None else found
-        found.append((run.policy.name, verdict.event))
+        state.found.append((run.policy.name, verdict.event))
     if verdict.action is _HALT and run.halt is None:
         run.halt = verdict
         state.drop_halted()
-    return found
 
 
 def _give_up(state: TurnShadows, exc: Exception) -> None:
