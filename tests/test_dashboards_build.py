@@ -20,6 +20,11 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
 from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa: E402
 from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
+from turnguard.config import GuardConfig  # noqa: E402
+from turnguard.telemetry import buckets  # noqa: E402
+
+BUCKET_MATCHER = re.compile(r"(\w+)_bucket\{[^}]*le=~`([^`(]+)\(")
+
 
 def test_committed_json_matches_a_fresh_build():
     for name, text in build.build_all().items():
@@ -65,6 +70,21 @@ def test_a_different_guard_config_moves_the_what_if_buckets(tmp_path):
     assert "le=~`2(\\.0)?`" in exprs[(31, "A")]  # below D - 1 = 3
     titles = {p["id"]: p["title"] for p in queries.panels(board)}
     assert titles[2] == "Tool calls per turn (soft cap 250, backstop 2000)"
+
+
+@pytest.mark.parametrize(("soft_cap", "multiplier", "d"),
+                         [(100, 10, 6), (250, 8, 4), (100, 1.15, 6), (40, 2.5, 3), (100, 10, 15)])
+def test_every_bucket_a_panel_queries_is_an_edge_the_guard_exports(soft_cap, multiplier, d):
+    """A ``le`` that is not a bucket edge matches no series: the panel would be silently empty."""
+    config = GuardConfig(soft_cap=soft_cap, hard_multiplier=multiplier, stuck_repeat_threshold=d)
+    edges = {build.TOOL_CALLS: buckets.tool_call_edges(config), build.MAX_REPEAT: buckets.repeat_edges(config)}
+    board = build.threshold_validation_dashboard(build.CapSettings.from_config(config))
+    queried = [(m.group(1), float(m.group(2).replace("\\", "")))
+               for q in queries.panel_queries(json.loads(build.render(board))) for m in BUCKET_MATCHER.finditer(q.expr)]
+    assert {metric for metric, _ in queried} == set(edges)
+    for metric, le in queried:
+        assert le in edges[metric], f"{metric} has no bucket le={le:g}"
+    assert (build.TOOL_CALLS, config.hard_cap) in queried  # the backstop band's edge
 
 
 def test_a_fractional_multiplier_keeps_bands_ordered():

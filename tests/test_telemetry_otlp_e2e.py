@@ -14,7 +14,7 @@ import pytest
 import turnguard as tg
 from turnguard.telemetry import configure
 from turnguard.telemetry import names as n
-from turnguard.telemetry.receiver import OtlpReceiver, attributes
+from turnguard.telemetry.receiver import OtlpReceiver, attributes, received_items
 
 SOFT_CAP = 4
 
@@ -221,15 +221,11 @@ def test_grpc_protocol_exports_to_a_grpc_receiver(grpc_receiver):
         assert telemetry.force_flush(10_000)
     finally:
         telemetry.shutdown()
-    span_names = {s.name for r in got["traces"] for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans}
+    span_names = {span.name for _, span in received_items("traces", got["traces"])}
     assert {"invoke_agent clean", "execute_tool poll"} <= span_names
-    events = [
-        lr.event_name for r in got["logs"] for rl in r.resource_logs for sl in rl.scope_logs for lr in sl.log_records
-    ]
+    events = [record.event_name for _, record in received_items("logs", got["logs"])]
     assert events.count(n.LOOP_DETECTED_EVENT) == 2
-    metric_names = {
-        m.name for r in got["metrics"] for rm in r.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-    }
+    metric_names = {metric.name for _, metric in received_items("metrics", got["metrics"])}
     assert n.METRIC_TURN_TOOL_CALLS[0] in metric_names
 
 

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import turnguard as tg
 from turnguard.telemetry import Telemetry, TelemetryConfigError, configure
 from turnguard.telemetry.breaker import BreakerSpanExporter
+from turnguard.telemetry.otel import instruments_for
 from turnguard.telemetry.setup import resolve
 
 LOCAL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "200"}
@@ -113,7 +114,10 @@ def test_guard_accepts_the_providers(configured):
     telemetry = configured(environ=LOCAL)
     guard = tg.Guard(tg.GuardConfig(load_entrypoints=False), **telemetry.providers())
     plugin = guard.pm.get_plugin("otel")
-    assert plugin.tracer is not None
+    # the plugin reports into these providers, not the (no-op proxy) globals
+    assert plugin.tracer.resource is telemetry.tracer_provider.resource
+    assert plugin.logger.resource is telemetry.logger_provider.resource
+    assert plugin.instruments is instruments_for(telemetry.meter_provider, guard.config)
     with guard.turn() as turn:
         assert turn.check_call(tg.ToolCall("x", 1)).action is tg.Action.ALLOW
 

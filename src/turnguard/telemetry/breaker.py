@@ -65,43 +65,38 @@ class Breaker:
             self._backoff = min(self._backoff * 2, self.max_open_s)
 
 
-class BreakerSpanExporter(SpanExporter):
+class _BreakerExporter:
+    """An exporter behind a ``Breaker``; the span and log versions differ only in their result type."""
+
+    _NAME: str
+    _SUCCESS: Any
+    _FAILURE: Any
+
+    def __init__(self, inner: Any, breaker: Breaker | None = None) -> None:
+        self.inner = inner
+        self.breaker = breaker or Breaker(self._NAME)
+
+    def export(self, batch: Sequence[Any]) -> Any:
+        if not self.breaker.allow(len(batch)):
+            return self._FAILURE
+        result = self.inner.export(batch)
+        self.breaker.record(result is self._SUCCESS)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class BreakerSpanExporter(_BreakerExporter, SpanExporter):
     """A span exporter behind a ``Breaker``."""
 
-    def __init__(self, inner: SpanExporter, breaker: Breaker | None = None) -> None:
-        self.inner = inner
-        self.breaker = breaker or Breaker("span")
-
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        if not self.breaker.allow(len(spans)):
-            return SpanExportResult.FAILURE
-        result = self.inner.export(spans)
-        self.breaker.record(result is SpanExportResult.SUCCESS)
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+    _NAME, _SUCCESS, _FAILURE = "span", SpanExportResult.SUCCESS, SpanExportResult.FAILURE
 
 
-class BreakerLogRecordExporter(LogRecordExporter):
+class BreakerLogRecordExporter(_BreakerExporter, LogRecordExporter):
     """A log record exporter behind a ``Breaker``."""
 
-    def __init__(self, inner: LogRecordExporter, breaker: Breaker | None = None) -> None:
-        self.inner = inner
-        self.breaker = breaker or Breaker("log")
-
-    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
-        if not self.breaker.allow(len(batch)):
-            return LogRecordExportResult.FAILURE
-        result = self.inner.export(batch)
-        self.breaker.record(result is LogRecordExportResult.SUCCESS)
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
+    _NAME, _SUCCESS, _FAILURE = "log", LogRecordExportResult.SUCCESS, LogRecordExportResult.FAILURE

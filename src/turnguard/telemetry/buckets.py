@@ -65,11 +65,12 @@ def cycle_edges(config: GuardConfig) -> tuple[float, ...]:
 
 
 def repeat_edges(config: GuardConfig) -> tuple[float, ...]:
-    """Edges for the largest key repeat per turn: every count up to 10, the stuck threshold D and
-    D - 1 (so ``r >= D`` is one bucket boundary), the streak levels, then a coarse tail."""
+    """Edges for the largest key repeat per turn: every count up to 10, the stuck threshold D,
+    D - 1 and D - 2 (so ``r >= D`` and ``r = D - 1``, which the dashboards show, are bucket
+    boundaries), the streak levels, then a coarse tail."""
     edges: set[int] = set(range(1, 11)) | {12, 15, 20, 30, 50, 100, 200, 500, 1000}
     d = config.stuck_repeat_threshold
-    edges.update((d - 1, d, config.streak_warn_at, config.streak_stop_at))
+    edges.update((d - 2, d - 1, d, config.streak_warn_at, config.streak_stop_at))
     return _strict(edges)
 
 

@@ -19,7 +19,6 @@ span event of a detection carry counts, limits, the tool name and the keyed key 
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from time import time_ns
@@ -60,8 +59,6 @@ if TYPE_CHECKING:
     from turnguard.config import GuardConfig
     from turnguard.ledger import Ledger
     from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary, Verdict
-
-log = logging.getLogger("turnguard.telemetry")
 
 _LABELS = {action: action.label for action in Action}
 """``Action.label`` looked up once (an enum property costs on the per-call path)."""
@@ -112,7 +109,6 @@ class Instruments:
     """
 
     def __init__(self, meter: metrics.Meter, config: GuardConfig) -> None:
-        self.config = config
         tool_call_edges = buckets.tool_call_edges(config)
         self.turn_tool_calls = _histogram(
             meter, n.METRIC_TURN_TOOL_CALLS, "Tool calls checked per turn, by how the turn ended.", tool_call_edges
@@ -154,6 +150,35 @@ class Instruments:
 
     def threshold(self, value: Any) -> str:
         return n.NO_THRESHOLD if value is None else self.thresholds.fold(str(value))
+
+    def detection_metric_attributes(self, event: LoopDetectedEvent) -> dict[str, Any]:
+        """A (shadow) detection counter's attributes: what fired, with the names bounded."""
+        attrs: dict[str, Any] = {
+            n.LOOP_THRESHOLD: self.threshold(event.threshold),
+            n.LOOP_LEVEL: str(event.level),
+            n.LOOP_ACTION: _LABELS[event.action],
+            n.CAP_MODE: event.cap_mode,
+            n.TURN_PROMPTABLE: event.promptable,
+        }
+        if event.tool_name is not None:
+            attrs[n.GEN_AI_TOOL_NAME] = self.tools.fold(event.tool_name)
+        if event.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
+        return attrs
+
+    def turn_metric_attributes(self, summary: TurnSummary) -> dict[str, Any]:
+        """The attributes a (shadow) turn histogram shares: how the turn ended, with the names bounded."""
+        reason = summary.reason if summary.reason in BUILTIN_REASONS else self.reasons.fold(str(summary.reason))
+        attrs: dict[str, Any] = {
+            n.TURN_OUTCOME: reason,
+            n.LOOP_THRESHOLD: self.threshold(summary.threshold),
+            n.CAP_MODE: summary.cap_mode,
+            n.TURN_STUCK: summary.stuck,
+            n.TURN_PROMPTABLE: summary.promptable,
+        }
+        if summary.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
+        return attrs
 
 
 _instruments_lock = threading.Lock()
@@ -510,18 +535,7 @@ class OtelPlugin:
     @hookimpl
     def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
         ins = self.instruments
-        metric_attrs: dict[str, Any] = {
-            n.LOOP_THRESHOLD: ins.threshold(event.threshold),
-            n.LOOP_LEVEL: str(event.level),
-            n.LOOP_ACTION: _LABELS[event.action],
-            n.CAP_MODE: event.cap_mode,
-            n.TURN_PROMPTABLE: event.promptable,
-        }
-        if event.tool_name is not None:
-            metric_attrs[n.GEN_AI_TOOL_NAME] = ins.tools.fold(event.tool_name)
-        if event.agent_name is not None:
-            metric_attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(event.agent_name)
-        ins.detections.add(1, metric_attrs)
+        ins.detections.add(1, ins.detection_metric_attributes(event))
 
         state = self._state(turn)
         span: trace.Span | None = None
@@ -586,19 +600,8 @@ class OtelPlugin:
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
         ins = self.instruments
-        shadow = ins.shadows.fold(str(policy))
-        metric_attrs: dict[str, Any] = {
-            n.SHADOW_POLICY: shadow,
-            n.LOOP_THRESHOLD: ins.threshold(event.threshold),
-            n.LOOP_LEVEL: str(event.level),
-            n.LOOP_ACTION: event.action.label,
-            n.CAP_MODE: event.cap_mode,
-            n.TURN_PROMPTABLE: event.promptable,
-        }
-        if event.tool_name is not None:
-            metric_attrs[n.GEN_AI_TOOL_NAME] = ins.tools.fold(event.tool_name)
-        if event.agent_name is not None:
-            metric_attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(event.agent_name)
+        metric_attrs = ins.detection_metric_attributes(event)
+        metric_attrs[n.SHADOW_POLICY] = ins.shadows.fold(str(policy))
         ins.shadow_detections.add(1, metric_attrs)
         state = self._turns.get(turn)
         span = state.span if state is not None else None
@@ -626,17 +629,8 @@ class OtelPlugin:
     @hookimpl
     def turnguard_shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
         ins = self.instruments
-        reason = summary.reason if summary.reason in BUILTIN_REASONS else ins.reasons.fold(str(summary.reason))
-        attrs: dict[str, Any] = {
-            n.SHADOW_POLICY: ins.shadows.fold(str(policy)),
-            n.TURN_OUTCOME: reason,
-            n.LOOP_THRESHOLD: ins.threshold(summary.threshold),
-            n.CAP_MODE: summary.cap_mode,
-            n.TURN_STUCK: summary.stuck,
-            n.TURN_PROMPTABLE: summary.promptable,
-        }
-        if summary.agent_name is not None:
-            attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(summary.agent_name)
+        attrs = ins.turn_metric_attributes(summary)
+        attrs[n.SHADOW_POLICY] = ins.shadows.fold(str(policy))
         ins.shadow_turn_tool_calls.record(summary.tool_calls, attrs)
 
     # -- the end of a turn ---------------------------------------------------------------------
@@ -686,17 +680,8 @@ class OtelPlugin:
         """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
         cap has) lets the threshold-validation board look at long turns alone."""
         ins = self.instruments
-        reason = summary.reason if summary.reason in BUILTIN_REASONS else ins.reasons.fold(str(summary.reason))
-        attrs: dict[str, Any] = {
-            n.TURN_OUTCOME: reason,
-            n.LOOP_THRESHOLD: ins.threshold(summary.threshold),
-            n.CAP_MODE: summary.cap_mode,
-            n.TURN_STUCK: summary.stuck,
-            n.TURN_PROMPTABLE: summary.promptable,
-            n.TURN_PAST_SOFT_CAP: past_soft_cap,
-        }
-        if summary.agent_name is not None:
-            attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(summary.agent_name)
+        attrs = ins.turn_metric_attributes(summary)
+        attrs[n.TURN_PAST_SOFT_CAP] = past_soft_cap
         ins.turn_tool_calls.record(summary.tool_calls, attrs)
         ins.turn_cycles.record(summary.cycles, attrs)
         ins.turn_max_key_repeat.record(summary.max_key_repeat, attrs)

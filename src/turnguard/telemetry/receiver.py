@@ -13,7 +13,7 @@ import gzip
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,6 +33,12 @@ _ROUTES: dict[str, tuple[str, Any, Any]] = {
     "/v1/metrics": ("metrics", ExportMetricsServiceRequest, ExportMetricsServiceResponse),
     "/v1/logs": ("logs", ExportLogsServiceRequest, ExportLogsServiceResponse),
 }
+_NESTING = {
+    "traces": ("resource_spans", "scope_spans", "spans"),
+    "metrics": ("resource_metrics", "scope_metrics", "metrics"),
+    "logs": ("resource_logs", "scope_logs", "log_records"),
+}
+"""Where each signal's items sit in its export request: the three nest alike under different names."""
 
 
 def any_value(value: AnyValue) -> Any:
@@ -50,6 +56,19 @@ def any_value(value: AnyValue) -> Any:
 def attributes(pairs: Any) -> dict[str, Any]:
     """Repeated ``KeyValue`` as a dict."""
     return {kv.key: any_value(kv.value) for kv in pairs}
+
+
+def received_items(signal: str, requests: Iterable[Any]) -> list[tuple[dict[str, Any], Any]]:
+    """The items (spans, metrics or log records) of ``signal``'s export ``requests``, flattened out
+    of OTLP's resource / scope nesting, as (resource attributes, item message)."""
+    resources, scopes, items = _NESTING[signal]
+    return [
+        (attributes(resource.resource.attributes), item)
+        for request in requests
+        for resource in getattr(request, resources)
+        for scope in getattr(resource, scopes)
+        for item in getattr(scope, items)
+    ]
 
 
 class OtlpReceiver:
@@ -98,28 +117,20 @@ class OtlpReceiver:
 
     def spans(self) -> list[tuple[dict[str, Any], Any]]:
         """Every span received, as (resource attributes, ``Span`` message)."""
-        return self._received_items("traces", "resource_spans", "scope_spans", "spans")
+        return self._received_items("traces")
 
     def logs(self) -> list[tuple[dict[str, Any], Any]]:
         """Every log record received, as (resource attributes, ``LogRecord`` message)."""
-        return self._received_items("logs", "resource_logs", "scope_logs", "log_records")
+        return self._received_items("logs")
 
     def metrics(self) -> list[tuple[dict[str, Any], Any]]:
         """Every metric received (one per export), as (resource attributes, ``Metric`` message)."""
-        return self._received_items("metrics", "resource_metrics", "scope_metrics", "metrics")
+        return self._received_items("metrics")
 
-    def _received_items(self, signal: str, resources: str, scopes: str, items: str) -> list[tuple[dict[str, Any], Any]]:
-        """The items of every ``signal`` request, flattened out of OTLP's resource / scope nesting
-        (the three signals nest the same way under different field names)."""
+    def _received_items(self, signal: str) -> list[tuple[dict[str, Any], Any]]:
         with self._lock:
             requests = list(self.requests[signal])
-        return [
-            (attributes(resource.resource.attributes), item)
-            for request in requests
-            for resource in getattr(request, resources)
-            for scope in getattr(resource, scopes)
-            for item in getattr(scope, items)
-        ]
+        return received_items(signal, requests)
 
     def wait_for(self, predicate: Callable[[OtlpReceiver], bool], timeout: float = 10.0) -> bool:
         """Block until ``predicate(self)`` holds (re-checked on each payload) or ``timeout`` passes."""
