@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import turnguard as tg
@@ -44,7 +46,9 @@ def test_cross_grid_is_the_full_product_and_keeps_every_policy_valid() -> None:
                     stop_on=("error",), peers=False, cross=True)
     policies = build_grid(spec)
     assert len(policies) == 2 * 2 * 2 * 2 + 2 * 2  # adaptive product + explicit x streaks x keys
-    assert all(isinstance(p.config, tg.GuardConfig) for p in policies)
+    axes = {(c.soft_cap, c.hard_multiplier, (c.streak_warn_at, c.streak_stop_at), c.key_mode)
+            for c in (p.config for p in policies) if c.cap_mode == "adaptive"}
+    assert axes == set(itertools.product(spec.soft_caps, spec.multipliers, spec.streaks, spec.key_modes))
     assert len({p.name for p in policies}) == len(policies)
 
 

@@ -10,9 +10,9 @@ import zlib
 import pytest
 
 import turnguard as tg
-from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import earliest_call, turn_facts
 from turnguard.calibrate.grid import IdenticalCallsRule, Policy
+from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import (
     CompiledPolicy,
@@ -92,6 +92,15 @@ def replay_policy(config: tg.GuardConfig, extras=()) -> tuple[Policy, CompiledPo
     return policy, CompiledPolicy(policy, Keyer(config.key_mode))
 
 
+def replayed_steps(compiled: CompiledPolicy, turn: RecordedTurn, promptable: bool) -> tuple[TurnResult, list[Step]]:
+    """The replay of ``turn`` checked from its first call, with every verdict that says something."""
+    steps: list[Step] = []
+    digests = call_keys(turn.calls, compiled.config.key_mode)
+    result = replay_turn(compiled, turn, [None] * len(turn.calls), digests, cycle_starts(turn),
+                         promptable=promptable, trace=steps)
+    return result, steps
+
+
 def test_policy_manager_is_the_live_guards_plugin_set() -> None:
     live = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel", "recorder", "shadow")),
                     environ={})
@@ -109,10 +118,7 @@ def test_replay_gives_the_live_verdicts_at_the_same_calls(name: str, promptable:
     for n in range(60):
         turn = random_turn(rng, n)
         expected = live_steps(config, policy, turn, promptable)
-        digests = Calibrator([policy]).keys(turn, compiled.keyer)
-        got: list[Step] = []
-        result = replay_turn(compiled, turn, [None] * len(turn.calls), digests, cycle_starts(turn),
-                             promptable=promptable, trace=got)
+        result, got = replayed_steps(compiled, turn, promptable)
         assert got == expected, (name, turn)
         fired += bool(expected)
         halts = [s for s in expected if s.action is tg.Action.HALT]
@@ -127,7 +133,7 @@ def test_peer_rule_halts_live_and_in_replay_at_the_fifth_identical_call() -> Non
     turn = RecordedTurn("p", tuple(RecordedCall("read", {"a": 1}, None, tg.Outcome.OK) for _ in range(9)), 1)
     expected = live_steps(config, policy, turn, False)
     assert expected == [Step(5, "call", tg.Action.HALT, "streak")]
-    digests = Calibrator([policy]).keys(turn, compiled.keyer)
+    digests = call_keys(turn.calls, config.key_mode)
     assert replay_turn(compiled, turn, [None] * 9, digests, cycle_starts(turn), promptable=False) == TurnResult(
         5, "streak", ())
 
@@ -160,10 +166,7 @@ def test_a_failing_plugin_is_isolated_as_the_live_guard_does(fail_mode: str) -> 
     for n in range(40):
         turn = random_turn(rng, n)
         expected = live_steps(config, policy, turn, True)
-        digests = Calibrator([policy]).keys(turn, compiled.keyer)
-        got: list[Step] = []
-        replay_turn(compiled, turn, [None] * len(turn.calls), digests, cycle_starts(turn), promptable=True,
-                    trace=got)
+        _, got = replayed_steps(compiled, turn, True)
         assert got == expected, (fail_mode, turn)
         halted += any(s.action is tg.Action.HALT and s.threshold is None for s in expected)
     assert bool(halted) == (fail_mode == "closed")
@@ -178,7 +181,7 @@ def test_starting_checks_late_from_a_shared_prefix_changes_nothing(name: str) ->
     rng = random.Random(5)
     for n in range(80):
         turn = random_turn(rng, n)
-        digests = Calibrator([policy]).keys(turn, compiled.keyer)
+        digests = call_keys(turn.calls, config.key_mode)
         starts = cycle_starts(turn)
         facts = turn_facts(digests, [c.outcome for c in turn.calls], starts)
         for promptable in (False, True):

@@ -18,13 +18,12 @@ from typing import Any
 
 from turnguard.calibrate.equivalence import (
     GridBounds,
+    Traits,
     TurnFacts,
     cap_call,
-    earliest_call,
     identity_free,
-    signature,
     stale_reach,
-    traits_of,
+    traits_earliest_call,
     traits_signature,
     turn_facts,
     without_cap,
@@ -42,7 +41,8 @@ from turnguard.calibrate.replay import (
 )
 from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect
 from turnguard.config import GuardConfig
-from turnguard.keys import Keyer
+from turnguard.keys import _JSON_STARTS, _JSON_WORDS, Keyer
+from turnguard.keys import _MAYBE_JSON as _KEYS_MAYBE_JSON
 
 MODES = (("unattended", False), ("attended", True))
 
@@ -61,7 +61,7 @@ class Calibrator:
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
-        self.traits = [traits_of(p) for p in policies]  # the ones signature/earliest_call read too
+        self.traits = [Traits.of(p) for p in policies]
         self._rows = [(i, cp, t, cp.config.key_mode, (GridBounds.of([cp.policy], attended=False).quiet,
                                                      GridBounds.of([cp.policy], attended=True).quiet))
                       for i, (cp, t) in enumerate(zip(self.compiled, self.traits, strict=True))]
@@ -101,8 +101,9 @@ class Calibrator:
             # The ``stale_repeat`` count is not monotone under a finer identity (a call new to it
             # restarts the count, but may earn a loop's credit): only its bound, the repeats, is.
             f = dataclasses.replace(f, reach_stale=None)
-        sigs = [signature(cp.policy, f, promptable)
-                for cp in self.compiled if cp.config.key_mode == key_mode for _, promptable in MODES]
+        sigs = [traits_signature(t, f, promptable)
+                for cp, t in zip(self.compiled, self.traits, strict=True) if cp.config.key_mode == key_mode
+                for _, promptable in MODES]
         if all(sig is None for sig in sigs):
             return "quiet"
         return "same" if all(sig is None or identity_free(sig) for sig in sigs) else "own"
@@ -181,7 +182,7 @@ class Calibrator:
                         continue
                     sig = (keyed, *sig[1:])  # key modes that keyed this turn alike share replays
                     if sig not in groups:
-                        groups[sig] = (earliest_call(cp.policy, f, promptable), cp, promptable)
+                        groups[sig] = (traits_earliest_call(traits, f, promptable), cp, promptable)
                 else:
                     sig = (idx, mode)
                     groups[sig] = (1, cp, promptable)
@@ -263,9 +264,8 @@ class Calibrator:
                 modes[idx][mode].add_effect(turn_id, resolved, result, effect)
 
 
-_JSON_STARTS = frozenset('{["-0123456789')
-_JSON_WORDS = frozenset(("true", "false", "null"))
-_MAYBE_JSON = frozenset('{["-0123456789tfn \t\r\n') | {""}
+_MAYBE_JSON = _KEYS_MAYBE_JSON | frozenset("tfn")
+"""``keys``' first characters of text that may be JSON, and those of its JSON words."""
 
 
 def _plain_text_args(turn: RecordedTurn) -> bool:

@@ -213,19 +213,10 @@ class Traits:
                    (c.key_mode, c.max_tracked_keys, c.fail_mode))
 
 
-_TRAITS: dict[int, tuple[Policy, Traits]] = {}
-
-
-def traits_of(policy: Policy) -> Traits:
-    entry = _TRAITS.get(id(policy))
-    if entry is None or entry[0] is not policy:
-        entry = _TRAITS[id(policy)] = (policy, Traits.of(policy))
-    return entry[1]
-
-
 def signature(policy: Policy, f: TurnFacts, promptable: bool) -> Signature | None:
-    """Equal signatures replay identically on this turn; ``None``: the policy cannot fire."""
-    return traits_signature(traits_of(policy), f, promptable)
+    """Equal signatures replay identically on this turn; ``None``: the policy cannot fire.
+    (``traits_signature`` with traits computed once, for loops over many turns.)"""
+    return traits_signature(Traits.of(policy), f, promptable)
 
 
 def traits_signature(t: Traits, f: TurnFacts, promptable: bool) -> Signature | None:
@@ -316,7 +307,11 @@ def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:
     """The first call (1-based) at which any of the policy's checks can return a verdict that
     changes the replay's result (a cycle check counts for the call it precedes); a replay may run
     the ledger alone before it. The same rules as ``signature``, read as positions."""
-    t = traits_of(policy)
+    return traits_earliest_call(Traits.of(policy), f, promptable)
+
+
+def traits_earliest_call(t: Traits, f: TurnFacts, promptable: bool) -> int:
+    """``earliest_call`` with the policy's traits computed once."""
     first = f.calls + 2
     if t.cap == 1:
         if f.calls > t.limit:

@@ -177,21 +177,15 @@ def build_grid(spec: GridSpec) -> list[Policy]:
 
 def dedupe(policies: list[Policy]) -> list[Policy]:
     """Drop repeated (config, extras), keeping the first occurrence (so ``default`` keeps its name)."""
-    seen: set[tuple[object, ...]] = set()
+    seen: set[tuple[GuardConfig, tuple[ExtraRule, ...]]] = set()
     out = []
     for p in policies:
-        ident = (_config_identity(p.config), p.extras)
+        ident = (p.config, p.extras)
         if ident in seen:
             continue
         seen.add(ident)
         out.append(p)
     return out
-
-
-def _config_identity(c: GuardConfig) -> tuple[object, ...]:
-    return (c.max_tool_calls_per_turn, c.soft_cap, float(c.hard_multiplier), c.stuck_repeat_threshold,
-            c.stuck_signal, c.streak_warn_at, c.streak_stop_at, c.streak_stop_on, c.max_cycles_per_turn, c.key_mode,
-            c.remind_model, c.fail_mode, c.max_tracked_keys)
 
 
 _ADAPTIVE_NAME_PARTS = (

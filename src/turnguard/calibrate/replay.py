@@ -24,7 +24,7 @@ import pluggy
 
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
-from turnguard.config import GuardConfig
+from turnguard.config import MAX_CALLS, GuardConfig
 from turnguard.guard import Impl, combine, compiled_checks
 from turnguard.keys import Keyer, store_key
 from turnguard.ledger import Ledger
@@ -32,8 +32,8 @@ from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import plugin_manager
 
 Impls = tuple[Impl, ...]
-UNREACHED = 2**62
-"""A stuck threshold no turn reaches (``config.MAX_CALLS``)."""
+UNREACHED = MAX_CALLS
+"""A stuck threshold no turn reaches."""
 _CYCLE = operator.itemgetter(4)  # RecordedCall.cycle
 _NOT_POLICIES = ("otel", "recorder", "shadow")
 
