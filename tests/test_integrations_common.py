@@ -7,7 +7,15 @@ import asyncio
 import pytest
 
 import turnguard as tg
-from turnguard.integrations._common import NO_ROUTE_SUFFIX, RunDriver, Step, TurnHalted, describe, open_turn
+from turnguard.integrations._common import (
+    NO_ROUTE_SUFFIX,
+    RunDriver,
+    Step,
+    TurnHalted,
+    checked_ask,
+    describe,
+    open_turn,
+)
 
 READ = ("read_file", {"path": "a.py"})
 
@@ -34,6 +42,30 @@ def test_promptable_defaults_to_whether_there_is_someone_to_ask():
     assert open_turn(guard, ask=None, promptable=None).turn.promptable is False
     assert open_turn(guard, ask=lambda v: "continue", promptable=None).turn.promptable is True
     assert open_turn(guard, ask=lambda v: "continue", promptable=False).turn.promptable is False
+
+
+def test_a_frameworks_own_route_makes_the_turn_attended_but_is_not_a_callback():
+    driver = open_turn(tg.Guard(), ask="approval", promptable=None)
+    assert driver.turn.promptable is True and driver.ask is None
+    raw = [driver.before(call) for call in identical(5)]
+    assert [d.step for d in raw] == [Step.RUN] * 4 + [Step.ASK]  # attended: the warning asks
+    assert driver.ask_user(raw[-1].verdict, None, before=True).step is Step.RUN  # no callback: observed
+
+
+def test_an_ask_that_is_neither_a_callback_nor_the_route_is_refused_up_front():
+    callback = lambda v: "continue"  # noqa: E731
+    assert [checked_ask(a, "approval") for a in (None, callback, "approval")] == [None, callback, "approval"]
+    with pytest.raises(ValueError, match="'aproval'"):
+        checked_ask("aproval", "approval")
+
+
+def test_stop_raises_on_a_halt_or_a_refusal_and_not_otherwise():
+    driver = open_turn(tg.Guard(), ask=lambda verdict: "stop", promptable=None)
+    decisions = [driver.check(call) for call in identical(5)]
+    for decision in decisions[:4]:
+        TurnHalted.stop(decision)
+    with pytest.raises(TurnHalted, match="stopped by the user"):
+        TurnHalted.stop(decisions[4])
 
 
 def test_unattended_stop_halts_and_the_message_names_threshold_limit_and_counts():

@@ -207,6 +207,11 @@ def test_an_unknown_exit_behavior_is_refused_with_the_accepted_values():
         TurnGuardMiddleware(tg.Guard(), exit_behavior="raise")
 
 
+def test_an_ask_that_is_neither_a_callback_nor_interrupt_is_refused():
+    with pytest.raises(ValueError, match="'interupt'"):
+        TurnGuardMiddleware(tg.Guard(), ask="interupt")
+
+
 def test_an_attended_stop_after_the_eighth_failure_interrupts_before_the_next_model_request(ran, tools):
     model = calls_then_done([("read_file", {"path": "missing.py"})] * 10)
     guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))

@@ -258,3 +258,8 @@ def test_an_attended_stop_after_a_failure_is_asked_on_the_models_next_call(ran):
     assert agent.run_sync("read a.py").output == "done"
     assert asked == [("stop", "call-8")]
     assert len(ran) == 10
+
+
+def test_an_ask_that_is_neither_a_callback_nor_approval_is_refused():
+    with pytest.raises(ValueError, match="'aproval'"):
+        TurnGuardCapability(tg.Guard(), ask="aproval")

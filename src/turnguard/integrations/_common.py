@@ -56,9 +56,16 @@ class TurnHalted(LoopDetected):
     def __init__(self, verdict: Verdict) -> None:
         super().__init__(verdict)
         self.args = (describe(verdict),)
+        self.message = self.args[0]  # the attribute the frameworks' own run-stopping errors read
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+    @classmethod
+    def stop(cls, decision: Decision, cause: BaseException | None = None) -> None:
+        """Raise on a decision that stops the run (a HALT, or the user's refusal)."""
+        if decision.step is Step.HALT or decision.step is Step.REFUSE:
+            raise cls(decision.verdict) from cause
 
 
 class Step(enum.Enum):
@@ -83,10 +90,6 @@ class Decision:
     reminder: str | None = None
     """Set on REMIND: text the adapter may inject into the model's input."""
 
-    @property
-    def message(self) -> str:
-        return describe(self.verdict)
-
 
 class RunDriver:
     """One run of a host agent = one turn: the turn, the route to the user, and the mapping.
@@ -102,10 +105,6 @@ class RunDriver:
 
     # -- raw checks (ASK left to the adapter) -------------------------------------------------
 
-    def cycle(self) -> Decision:
-        """Before a model request (an ASK here is resolved like any other)."""
-        return self._map(self.turn.begin_cycle())
-
     def before(self, call: ToolCall) -> Decision:
         """Before executing ``call``."""
         return self._map(self.turn.check_call(call))
@@ -115,6 +114,15 @@ class RunDriver:
         return self._map(self.turn.record_outcome(call, outcome))
 
     # -- checks with the ASK resolved through the callback ------------------------------------
+
+    def cycle(self) -> Decision:
+        """Before a model request; an ASK here goes to the callback (or the fallback)."""
+        decision = self._map(self.turn.begin_cycle())
+        return self.ask_user(decision.verdict, None, before=False) if decision.step is Step.ASK else decision
+
+    async def acycle(self) -> Decision:
+        decision = self._map(self.turn.begin_cycle())
+        return await self.aask_user(decision.verdict, None, before=False) if decision.step is Step.ASK else decision
 
     def check(self, call: ToolCall) -> Decision:
         decision = self.before(call)
@@ -173,13 +181,8 @@ class RunDriver:
         return Decision(Step.HALT, halted)
 
     def end(self, exc: BaseException | None = None) -> None:
-        """End the turn with a reason that matches how the run finished (idempotent)."""
-        if exc is None:
-            self.turn.end()
-        elif isinstance(exc, LoopDetected):
-            self.turn.end("halted")
-        else:
-            self.turn.end("error")
+        """End the turn as leaving its ``with`` block would (idempotent): the run ended outside one."""
+        self.turn.__exit__(None if exc is None else type(exc), exc, None)
 
     @staticmethod
     def _map(verdict: Verdict) -> Decision:
@@ -196,15 +199,40 @@ class RunDriver:
 def open_turn(
     guard: Guard,
     *,
-    ask: Ask | None,
+    ask: Ask | str | None,
     promptable: bool | None,
     conversation_id: str | None = None,
     agent_name: str | None = None,
 ) -> RunDriver:
-    """Open the run's turn. ``promptable`` defaults to whether there is a way to reach the user."""
+    """Open the run's turn. ``ask`` is the callback, or the name of the framework's own route (which
+    the adapter drives itself); ``promptable`` defaults to whether there is a way to reach the user."""
     attended = (ask is not None) if promptable is None else bool(promptable)
     turn = guard.turn(conversation_id=conversation_id, agent_name=agent_name, promptable=attended)
-    return RunDriver(turn, ask=ask)
+    return RunDriver(turn, ask=None if isinstance(ask, str) else ask)
+
+
+def checked_ask(ask: Ask | str | None, route: str) -> Ask | str | None:
+    """``ask`` as an adapter takes it: a callback, ``None``, or the name of its framework's own
+    route (``route``); anything else is a host mistake, refused when the adapter is made."""
+    if ask is None or callable(ask) or ask == route:
+        return ask
+    raise ValueError(f"ask must be a callback, None or {route!r}, got {ask!r}")
+
+
+def make_call(name: str | None, args: Any, call_id: str | None) -> ToolCall:
+    """The framework's call as a ``ToolCall`` (a nameless call still gets a name: ``"tool"``)."""
+    return ToolCall(name or "tool", args, call_id)
+
+
+def ask_payload(verdict: Verdict) -> dict[str, Any]:
+    """What an adapter hands its framework's approval path with an ASK (never the arguments)."""
+    event = verdict.event
+    return {
+        "message": describe(verdict),
+        "threshold": str(verdict.threshold),
+        "level": str(event.level) if event else None,
+        "event_id": event.event_id if event else None,
+    }
 
 
 def with_reminder(result: Any, reminder: str | None) -> Any:

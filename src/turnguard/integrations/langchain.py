@@ -39,7 +39,10 @@ from turnguard.integrations._common import (
     RunDriver,
     Step,
     TurnHalted,
+    ask_payload,
+    checked_ask,
     describe,
+    make_call,
     open_turn,
     with_reminder,
 )
@@ -63,13 +66,12 @@ class TurnGuardState(AgentState[Any]):
 
 
 class _Run:
-    """One invocation's turn and what is waiting on the user."""
+    """One invocation's turn and what is waiting on the user (whether it halted is the turn's)."""
 
     def __init__(self, driver: RunDriver) -> None:
         self.driver = driver
         self.asked: dict[str, tuple[Verdict, ToolCall]] = {}
         self.asked_after: Verdict | None = None
-        self.halt: Verdict | None = None
 
 
 class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
@@ -89,7 +91,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         if exit_behavior not in ("error", "end"):
             raise ValueError(f"exit_behavior must be 'error' or 'end', got {exit_behavior!r}")
         self.guard = guard
-        self.ask = ask
+        self.ask = checked_ask(ask, INTERRUPT)
         self.promptable = promptable
         self.exit_behavior = exit_behavior
         self._runs: OrderedDict[str, _Run] = OrderedDict()
@@ -100,11 +102,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         thread, agent_name = _run_identity(runtime)
         driver = open_turn(
-            self.guard,
-            ask=None if self.ask == INTERRUPT else self.ask,
-            promptable=self.promptable if self.promptable is not None else self.ask is not None,
-            conversation_id=thread,
-            agent_name=agent_name,
+            self.guard, ask=self.ask, promptable=self.promptable, conversation_id=thread, agent_name=agent_name
         )
         key = driver.turn.turn_id
         with self._lock:
@@ -118,9 +116,10 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         return self.before_agent(state, runtime)
 
     def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        run = self._pop(state)
+        with self._lock:
+            run = self._runs.pop(_turn_key(state), None)
         if run is not None:
-            run.driver.turn.end("halted" if run.halt is not None else "completed")
+            run.driver.end()  # "halted" when the turn latched a HALT
         return None
 
     async def aafter_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -131,8 +130,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         run = self._run(state)
         if run is None:
             return None
-        if run.halt is not None:
-            return self._end(run, run.halt)
+        halted = run.driver.turn.halted
+        if halted is not None:  # exit_behavior="end": the halted call was answered; end the run
+            return self._end(run, halted)
         if run.asked_after is not None:
             # The stop level fired on an outcome: ask before the next model request (the tool has
             # already run, so the pause cannot sit inside the tool node, which a resume re-runs).
@@ -141,13 +141,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             run.asked_after = None
             decision = run.driver.answer(verdict, _answer(answer), None, before=False)
             if decision.step is not Step.RUN:
-                return self._stop(run, decision)
+                return self._end(run, self._halt(run, decision))
         decision = run.driver.cycle()
-        if decision.step is Step.ASK:
-            decision = run.driver.ask_user(decision.verdict, None, before=False)
-        if decision.step is not Step.RUN:
-            return self._stop(run, decision)
-        return None
+        return self._end(run, self._halt(run, decision)) if decision.step is not Step.RUN else None
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -162,15 +158,14 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         call, decision = self._check(run, request)
         if decision.step is Step.ASK:
             decision = run.driver.ask_user(decision.verdict, call, before=True)
-        blocked = self._blocked(run, request, decision)
-        if blocked is not None:
-            return blocked
+        if decision.step is not Step.RUN:
+            return _not_executed(request, self._halt(run, decision))
         try:
             result = handler(request)
         except Exception as exc:
-            self._after(run, call, Outcome.ERROR, run.driver.ask_user, cause=exc)
+            self._after(run, call, Outcome.ERROR, cause=exc)
             raise
-        result = self._after(run, call, _outcome(result), run.driver.ask_user, result=result)
+        result = self._after(run, call, _outcome(result), result=result)
         return _remind(result, decision.reminder)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -180,9 +175,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         call, decision = self._check(run, request)
         if decision.step is Step.ASK:
             decision = await run.driver.aask_user(decision.verdict, call, before=True)
-        blocked = self._blocked(run, request, decision)
-        if blocked is not None:
-            return blocked
+        if decision.step is not Step.RUN:
+            return _not_executed(request, self._halt(run, decision))
         try:
             result = await handler(request)
         except Exception as exc:
@@ -196,81 +190,76 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def _check(self, run: _Run, request: Any) -> tuple[ToolCall, Decision]:
         tc = request.tool_call
         call_id = tc.get("id")
-        if call_id is not None and call_id in run.asked:
+        key = str(call_id)
+        if call_id is not None and key in run.asked:
             # Resumed after an interrupt: the call was counted when it was first checked.
-            verdict, call = run.asked[call_id]
-            answer = interrupt({INTERRUPT_KEY: _payload(verdict)})
-            del run.asked[call_id]
-            return call, run.driver.answer(verdict, _answer(answer), call, before=True)
-        call = ToolCall(tc.get("name") or "tool", tc.get("args"), call_id)
-        decision = run.driver.before(call)
-        if decision.step is Step.ASK and self.ask == INTERRUPT:
-            run.asked[str(call_id)] = (decision.verdict, call)
-            answer = interrupt({INTERRUPT_KEY: _payload(decision.verdict)})  # raises until resumed
-            del run.asked[str(call_id)]
-            return call, run.driver.answer(decision.verdict, _answer(answer), call, before=True)
-        return call, decision
+            verdict, call = run.asked[key]
+        else:
+            call = make_call(tc.get("name"), tc.get("args"), call_id)
+            decision = run.driver.before(call)
+            if decision.step is not Step.ASK or self.ask != INTERRUPT:
+                return call, decision
+            verdict = decision.verdict
+            run.asked[key] = (verdict, call)
+        answer = interrupt({INTERRUPT_KEY: _payload(verdict)})  # raises until resumed
+        del run.asked[key]
+        return call, run.driver.answer(verdict, _answer(answer), call, before=True)
 
-    def _blocked(self, run: _Run, request: Any, decision: Decision) -> Any:
-        if decision.step is Step.RUN:
-            return None
-        run.halt = decision.verdict
-        if self.exit_behavior == "error":
-            run.driver.turn.end("halted")
-            raise TurnGuardHalted(decision.verdict)
-        return ToolMessage(
-            content=f"Not executed: {describe(decision.verdict)}",
-            tool_call_id=request.tool_call.get("id") or "",
-            name=request.tool_call.get("name"),
-            status="error",
-        )
-
-    def _after(self, run: _Run, call: ToolCall, outcome: Outcome, ask_user: Any, **kw: Any) -> Any:
+    def _after(
+        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
+    ) -> Any:
         decision = run.driver.after(call, outcome)
         if decision.step is Step.ASK:
             if self.ask == INTERRUPT:
                 run.asked_after = decision.verdict
-                return kw.get("result")
-            decision = ask_user(decision.verdict, call, before=False)
-        return self._settle(run, decision, **kw)
-
-    async def _aafter(self, run: _Run, call: ToolCall, outcome: Outcome, **kw: Any) -> Any:
-        decision = run.driver.after(call, outcome)
-        if decision.step is Step.ASK:
-            if self.ask == INTERRUPT:
-                run.asked_after = decision.verdict
-                return kw.get("result")
-            decision = await run.driver.aask_user(decision.verdict, call, before=False)
-        return self._settle(run, decision, **kw)
-
-    def _settle(self, run: _Run, decision: Decision, *, cause: Exception | None = None, result: Any = None) -> Any:
+                return result
+            decision = run.driver.ask_user(decision.verdict, call, before=False)
         if decision.step is not Step.RUN:
-            run.halt = decision.verdict
-            if self.exit_behavior == "error":
-                run.driver.turn.end("halted")
-                raise TurnGuardHalted(decision.verdict) from cause
+            self._halt(run, decision, cause)  # "end": the run ends before the next model request
         return result
 
-    def _stop(self, run: _Run, decision: Decision) -> dict[str, Any]:
-        run.halt = decision.verdict
+    async def _aafter(
+        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
+    ) -> Any:
+        decision = run.driver.after(call, outcome)
+        if decision.step is Step.ASK:
+            if self.ask == INTERRUPT:
+                run.asked_after = decision.verdict
+                return result
+            decision = await run.driver.aask_user(decision.verdict, call, before=False)
+        if decision.step is not Step.RUN:
+            self._halt(run, decision, cause)
+        return result
+
+    def _halt(self, run: _Run, decision: Decision, cause: BaseException | None = None) -> Verdict:
+        """A decision that stops the run. ``exit_behavior="error"``: end the turn (``after_agent``
+        will not run) and raise; ``"end"``: return the HALT for the caller to end the run its way."""
         if self.exit_behavior == "error":
             run.driver.turn.end("halted")
-            raise TurnGuardHalted(decision.verdict)
-        return self._end(run, decision.verdict)
+            raise TurnGuardHalted(decision.verdict) from cause
+        return decision.verdict
 
     def _end(self, run: _Run, verdict: Verdict) -> dict[str, Any]:
         run.driver.turn.end("halted")
         return {"jump_to": "end", "messages": [AIMessage(content=describe(verdict))]}
 
     def _run(self, state: Any) -> _Run | None:
-        key = state.get("turnguard_turn") if isinstance(state, dict) else getattr(state, "turnguard_turn", None)
         with self._lock:
-            return self._runs.get(key) if key is not None else None
+            return self._runs.get(_turn_key(state))
 
-    def _pop(self, state: Any) -> _Run | None:
-        key = state.get("turnguard_turn") if isinstance(state, dict) else getattr(state, "turnguard_turn", None)
-        with self._lock:
-            return self._runs.pop(key, None) if key is not None else None
+
+def _turn_key(state: Any) -> str | None:
+    return state.get("turnguard_turn") if isinstance(state, dict) else getattr(state, "turnguard_turn", None)
+
+
+def _not_executed(request: Any, verdict: Verdict) -> ToolMessage:
+    """``exit_behavior="end"``: the halted call is answered with an error instead of running."""
+    return ToolMessage(
+        content=f"Not executed: {describe(verdict)}",
+        tool_call_id=request.tool_call.get("id") or "",
+        name=request.tool_call.get("name"),
+        status="error",
+    )
 
 
 def _run_identity(runtime: Any) -> tuple[str | None, str | None]:
@@ -300,14 +289,8 @@ def _outcome(result: Any) -> Outcome:
 
 def _payload(verdict: Verdict) -> dict[str, Any]:
     event = verdict.event
-    return {
-        "message": describe(verdict),
-        "threshold": str(verdict.threshold),
-        "level": str(event.level) if event else None,
-        "tool_name": event.tool_name if event else None,
-        "event_id": event.event_id if event else None,
-        "answers": ["continue", "stop", "redirect"],
-    }
+    tool_name = event.tool_name if event else None
+    return {**ask_payload(verdict), "tool_name": tool_name, "answers": ["continue", "stop", "redirect"]}
 
 
 def _answer(value: Any) -> AskResult:

@@ -30,7 +30,7 @@ import llm
 
 from turnguard.config import GuardConfig
 from turnguard.guard import Guard
-from turnguard.integrations._common import Ask, Decision, RunDriver, Step, TurnHalted, open_turn, with_reminder
+from turnguard.integrations._common import Ask, Decision, RunDriver, TurnHalted, make_call, open_turn, with_reminder
 from turnguard.model import Outcome, ToolCall
 
 
@@ -62,40 +62,34 @@ class ChainGuard:
 
     def begin_cycle(self) -> None:
         """Before a model request: raises ``TurnGuardHalted`` past the cycle cap."""
-        decision = self.driver.cycle()
-        if decision.step is Step.ASK:
-            decision = self.driver.ask_user(decision.verdict, None, before=False)
-        _stop(decision)
+        TurnGuardHalted.stop(self.driver.cycle())
 
     def before_call(self, tool: Any, tool_call: Any) -> None:
-        call = ToolCall(tool_call.name or "tool", tool_call.arguments, tool_call.tool_call_id)
-        self._calls[id(tool_call)] = call
-        decision = self.driver.check(call)
-        _stop(decision)
-        if decision.reminder:
-            self._reminders[id(tool_call)] = decision.reminder
+        self._checked(tool_call, self.driver.check(self._start(tool_call)))
 
     def after_call(self, tool: Any, tool_call: Any, result: Any) -> None:
         call, outcome = self._finish(tool_call, result)
-        _stop(self.driver.outcome(call, outcome))
+        TurnGuardHalted.stop(self.driver.outcome(call, outcome))
 
     async def abefore_call(self, tool: Any, tool_call: Any) -> None:
         """``before_call`` for async chains: an async ``ask`` callback is awaited."""
-        call = ToolCall(tool_call.name or "tool", tool_call.arguments, tool_call.tool_call_id)
-        self._calls[id(tool_call)] = call
-        decision = await self.driver.acheck(call)
-        _stop(decision)
-        if decision.reminder:
-            self._reminders[id(tool_call)] = decision.reminder
+        self._checked(tool_call, await self.driver.acheck(self._start(tool_call)))
 
     async def aafter_call(self, tool: Any, tool_call: Any, result: Any) -> None:
         call, outcome = self._finish(tool_call, result)
-        _stop(await self.driver.aoutcome(call, outcome))
+        TurnGuardHalted.stop(await self.driver.aoutcome(call, outcome))
+
+    def _start(self, tool_call: Any) -> ToolCall:
+        self._calls[id(tool_call)] = call = _call(tool_call)
+        return call
+
+    def _checked(self, tool_call: Any, decision: Decision) -> None:
+        TurnGuardHalted.stop(decision)
+        if decision.reminder:
+            self._reminders[id(tool_call)] = decision.reminder
 
     def _finish(self, tool_call: Any, result: Any) -> tuple[ToolCall, Outcome]:
-        call = self._calls.pop(id(tool_call), None) or ToolCall(
-            tool_call.name or "tool", tool_call.arguments, tool_call.tool_call_id
-        )
+        call = self._calls.pop(id(tool_call), None) or _call(tool_call)
         reminder = self._reminders.pop(id(tool_call), None)
         if reminder and isinstance(getattr(result, "output", None), str):
             result.output = with_reminder(result.output, reminder)  # what the model reads next
@@ -105,9 +99,8 @@ class ChainGuard:
         self.driver.end(exc)
 
 
-def _stop(decision: Decision) -> None:
-    if decision.step in (Step.HALT, Step.REFUSE):
-        raise TurnGuardHalted(decision.verdict)
+def _call(tool_call: Any) -> ToolCall:
+    return make_call(tool_call.name, tool_call.arguments, tool_call.tool_call_id)
 
 
 class GuardedChain:

@@ -34,18 +34,14 @@ from agents.tool import default_tool_error_function
 from agents.tracing import get_current_span
 
 from turnguard.guard import Guard
-from turnguard.integrations._common import Ask, Decision, RunDriver, Step, TurnHalted, open_turn
-from turnguard.model import Outcome, ToolCall, Verdict
+from turnguard.integrations._common import Ask, RunDriver, TurnHalted, make_call, open_turn
+from turnguard.model import Outcome, ToolCall
 
 _DEFAULT_ERROR_TEXT = default_tool_error_function(None, None)  # type: ignore[arg-type]
 
 
 class TurnGuardHalted(TurnHalted, AgentsException):
     """turnguard stopped the run; an ``AgentsException`` as well as a ``turnguard.LoopDetected``."""
-
-    def __init__(self, verdict: Verdict) -> None:
-        super().__init__(verdict)
-        self.message = str(self.args[0])
 
 
 class TurnGuardRunHooks(RunHooks[Any]):
@@ -101,11 +97,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
             await self.inner.on_handoff(context, from_agent, to_agent)
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
-        driver = self._open(agent)
-        decision = driver.cycle()
-        if decision.step is Step.ASK:
-            decision = await driver.aask_user(decision.verdict, None, before=False)
-        _stop(decision)
+        TurnGuardHalted.stop(await self._open(agent).acycle())
         if self.inner is not None:
             await self.inner.on_llm_start(context, agent, system_prompt, input_items)
 
@@ -117,24 +109,21 @@ class TurnGuardRunHooks(RunHooks[Any]):
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
         driver = self._open(agent)
-        call_id = getattr(context, "tool_call_id", None)
-        call = ToolCall(getattr(tool, "name", None) or "tool", getattr(context, "tool_arguments", None), call_id)
-        if call_id is not None:
-            self._calls[call_id] = call
-        _stop(await driver.acheck(call))
+        call = _call(context, tool)
+        if call.call_id is not None:
+            self._calls[call.call_id] = call
+        TurnGuardHalted.stop(await driver.acheck(call))
         if self.inner is not None:
             await self.inner.on_tool_start(context, agent, tool)
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
         driver = self._open(agent)
         call_id = getattr(context, "tool_call_id", None)
-        call = self._calls.pop(call_id, None) if call_id is not None else None
-        if call is None:
-            call = ToolCall(getattr(tool, "name", None) or "tool", getattr(context, "tool_arguments", None), call_id)
+        call = self._calls.pop(call_id, None) or _call(context, tool)
         outcome = Outcome.ERROR if self._failed_call(call_id, result) else Outcome.OK
         if self.inner is not None:
             await self.inner.on_tool_end(context, agent, tool, result)
-        _stop(await driver.aoutcome(call, outcome))
+        TurnGuardHalted.stop(await driver.aoutcome(call, outcome))
 
     def _failed_call(self, call_id: str | None, result: Any) -> bool:
         if call_id is not None and call_id in self._failed:
@@ -159,9 +148,10 @@ class TurnGuardRunHooks(RunHooks[Any]):
         return formatter
 
 
-def _stop(decision: Decision) -> None:
-    if decision.step in (Step.HALT, Step.REFUSE):
-        raise TurnGuardHalted(decision.verdict)
+def _call(context: Any, tool: Any) -> ToolCall:
+    return make_call(
+        getattr(tool, "name", None), getattr(context, "tool_arguments", None), getattr(context, "tool_call_id", None)
+    )
 
 
 async def run(

@@ -25,7 +25,17 @@ from pydantic_ai.exceptions import AgentRunError, ApprovalRequired, CallDeferred
 from pydantic_ai.tools import DeferredToolRequests
 
 from turnguard.guard import Guard
-from turnguard.integrations._common import Ask, Decision, RunDriver, Step, TurnHalted, open_turn, with_reminder
+from turnguard.integrations._common import (
+    Ask,
+    Decision,
+    RunDriver,
+    Step,
+    TurnHalted,
+    ask_payload,
+    checked_ask,
+    open_turn,
+    with_reminder,
+)
 from turnguard.model import Outcome, ToolCall, Verdict
 
 APPROVAL = "approval"
@@ -36,10 +46,6 @@ MAX_PARKED = 1024
 
 class TurnGuardHalted(TurnHalted, AgentRunError):
     """turnguard stopped the run; an ``AgentRunError`` as well as a ``turnguard.LoopDetected``."""
-
-    def __init__(self, verdict: Verdict) -> None:
-        super().__init__(verdict)
-        self.message = str(self.args[0])
 
 
 @dataclass
@@ -63,6 +69,9 @@ class TurnGuardCapability(AbstractCapability[Any]):
     """Questions a finished run left open (shared by the per-run copies): the resumed run reports the
     user's answer to the turn that asked. Bounded: the oldest unanswered are dropped."""
 
+    def __post_init__(self) -> None:
+        checked_ask(self.ask, APPROVAL)
+
     @classmethod
     def get_serialization_name(cls) -> str | None:
         return None
@@ -85,7 +94,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
         if self._pending and isinstance(getattr(result, "output", None), DeferredToolRequests):
             # The user answers in a resumed run (a new run, so a new turn): keep the question.
             self._parked.update(self._pending)
-            for stale in list(self._parked)[:-MAX_PARKED] if len(self._parked) > MAX_PARKED else ():
+            for stale in list(self._parked)[:-MAX_PARKED]:
                 del self._parked[stale]
             driver.turn.end("deferred")
         else:
@@ -97,15 +106,12 @@ class TurnGuardCapability(AbstractCapability[Any]):
         for call_id, pending in list(self._pending.items()):
             # An approval that did not come back approved was denied by the user.
             del self._pending[call_id]
-            self._stop(pending.driver.answer(pending.verdict, "stop", pending.call, before=True))
+            TurnGuardHalted.stop(pending.driver.answer(pending.verdict, "stop", pending.call, before=True))
         for call_id in _answered_ids(ctx, self._parked):
             # Denied when resumed: the call never reached wrap_tool_execute.
             parked = self._parked.pop(call_id)
-            self._stop(parked.driver.answer(parked.verdict, "stop", None, before=True))
-        decision = driver.cycle()
-        if decision.step is Step.ASK:
-            decision = await driver.aask_user(decision.verdict, None, before=False)
-        self._stop(decision)
+            TurnGuardHalted.stop(parked.driver.answer(parked.verdict, "stop", None, before=True))
+        TurnGuardHalted.stop(await driver.acycle())
         return request_context
 
     # -- tools ---------------------------------------------------------------------------------
@@ -126,15 +132,15 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 parked.driver.answer(parked.verdict, "continue", None, before=True)
             tool_call = ToolCall(call.tool_name, args, call_id)
             decision = driver.before(tool_call)
-            if decision.step is Step.RUN and self._ask_next is not None and self.ask == APPROVAL:
+            if decision.step is Step.RUN and self._ask_next is not None:  # set only with APPROVAL
                 decision = Decision(Step.ASK, self._ask_next)
             self._ask_next = None
             if decision.step is Step.ASK:
                 if self.ask == APPROVAL:
                     self._pending[call_id] = _Pending(decision.verdict, tool_call, driver)
-                    raise ApprovalRequired(metadata={METADATA_KEY: _metadata(decision)})
+                    raise ApprovalRequired(metadata={METADATA_KEY: ask_payload(decision.verdict)})
                 decision = await driver.aask_user(decision.verdict, tool_call, before=True)
-            self._stop(decision)
+            TurnGuardHalted.stop(decision)
             reminder = decision.reminder
         try:
             result = await handler(args)
@@ -153,8 +159,8 @@ class TurnGuardCapability(AbstractCapability[Any]):
             agent = getattr(ctx, "agent", None)
             self._driver = open_turn(
                 self.guard,
-                ask=None if self.ask == APPROVAL else self.ask,
-                promptable=self.promptable if self.promptable is not None else self.ask is not None,
+                ask=self.ask,
+                promptable=self.promptable,
                 conversation_id=getattr(ctx, "conversation_id", None),
                 agent_name=getattr(agent, "name", None),
             )
@@ -169,12 +175,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 self._ask_next = decision.verdict  # the model's next call waits for the user
                 return
             decision = await driver.aask_user(decision.verdict, call, before=False)
-        self._stop(decision, cause)
-
-    @staticmethod
-    def _stop(decision: Decision, cause: BaseException | None = None) -> None:
-        if decision.step in (Step.HALT, Step.REFUSE):
-            raise TurnGuardHalted(decision.verdict) from cause
+        TurnGuardHalted.stop(decision, cause)
 
 
 def _answered_ids(ctx: Any, parked: dict[str, _Pending]) -> list[str]:
@@ -187,16 +188,6 @@ def _answered_ids(ctx: Any, parked: dict[str, _Pending]) -> list[str]:
             if getattr(part, "part_kind", None) == "tool-return" and part.tool_call_id in parked:
                 found.append(part.tool_call_id)
     return found
-
-
-def _metadata(decision: Decision) -> dict[str, Any]:
-    event = decision.verdict.event
-    return {
-        "message": decision.message,
-        "threshold": str(decision.verdict.threshold),
-        "level": str(event.level) if event else None,
-        "event_id": event.event_id if event else None,
-    }
 
 
 def approval_requests(requests: DeferredToolRequests) -> Sequence[Any]:
