@@ -48,6 +48,7 @@ from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, Th
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from turnguard.config import GuardConfig
+from turnguard.model import Threshold as LoopThreshold
 from turnguard.telemetry import names as n
 
 HERE = Path(__file__).resolve().parent
@@ -123,13 +124,15 @@ class CapSettings:
 
     @property
     def hard_cap(self) -> int:
-        return int(self.soft_cap * self.hard_multiplier)
+        """The guard's own H (``100 x 1.15`` is 115, not 114): the bucket edge the what-if panels query."""
+        return GuardConfig(soft_cap=self.soft_cap, hard_multiplier=self.hard_multiplier).hard_cap or 0
 
     def bands(self) -> list[tuple[int, int | None]]:
         """Tool-call bands (low, high]: 0-S, S-2S, 2S-3S, 3S-5S, ...-H, and past H (high None)."""
-        edges = [self.soft_cap * k for k in (1, 2, 3, 5) if self.soft_cap * k < self.hard_cap] + [self.hard_cap]
+        h = self.hard_cap
+        edges = [self.soft_cap * k for k in (1, 2, 3, 5) if self.soft_cap * k < h] + [h]
         lows = [0, *edges]
-        return [*zip(lows, edges, strict=False), (self.hard_cap, None)]
+        return [*zip(lows, edges, strict=False), (h, None)]
 
 
 DEFAULTS = CapSettings.from_config(GuardConfig())
@@ -342,9 +345,9 @@ def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
     d = cap.stuck_repeat_threshold
     long = {PAST_SOFT_CAP: "true"}
     targets = []
-    for i, (name, labels) in enumerate((("ended on its own", {THRESHOLD: "none", **long}),
-                                        ("halted: stuck past S", {THRESHOLD: "soft_stuck", **long}),
-                                        ("halted: backstop", {THRESHOLD: "hard_backstop", **long}))):
+    for i, (name, labels) in enumerate((("ended on its own", {THRESHOLD: n.NO_THRESHOLD, **long}),
+                                        ("halted: stuck past S", {THRESHOLD: LoopThreshold.SOFT_STUCK, **long}),
+                                        ("halted: backstop", {THRESHOLD: LoopThreshold.HARD_BACKSTOP, **long}))):
         below = total(f"{MAX_REPEAT}_bucket", le_sel(d - 2, **labels))
         near = total(f"{MAX_REPEAT}_bucket", le_sel(d - 1, **labels))
         count = total(f"{MAX_REPEAT}_count", sel(**labels))
@@ -397,7 +400,7 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     s, h, d = cap.soft_cap, cap.hard_cap, cap.stuck_repeat_threshold
     adaptive = {CAP_MODE: "adaptive"}
     not_stuck = {CAP_MODE: "adaptive", STUCK: "false"}
-    backstop = sel(**{THRESHOLD: "hard_backstop"})
+    backstop = sel(**{THRESHOLD: LoopThreshold.HARD_BACKSTOP})
     first_stuck_mean = (
         f"{total(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {total(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
     )
@@ -464,11 +467,9 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                          "or above it; runaways the backstop ended never repeat enough to be flagged.",
                          _repeat_targets(cap), width=24, height=10))
     )
-    shadow = shadow_policy_panels(cap)
-    if shadow:
-        board = board.with_row(Row("Shadow policies").id(SHADOW_PANEL_IDS[0]))
-        for panel in shadow:
-            board = board.with_panel(panel)
+    board = board.with_row(Row("Shadow policies").id(SHADOW_PANEL_IDS[0]))
+    for panel in shadow_policy_panels(cap):
+        board = board.with_panel(panel)
     return board
 
 
@@ -507,9 +508,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.cap_mode != "adaptive":
         parser.error(f"--soft-cap must be > 0 (got {args.soft_cap}): the boards chart the adaptive cap")
     built = build_all(CapSettings.from_config(config))
-    stale = [name for name, text in built.items()
-             if not (args.out / name).exists() or (args.out / name).read_text() != text]
     if args.check:
+        stale = [name for name, text in built.items()
+                 if not (args.out / name).exists() or (args.out / name).read_text() != text]
         for name in stale:
             print(f"{args.out / name} is stale: run python dashboards/build.py", file=sys.stderr)
         return 1 if stale else 0

@@ -158,7 +158,8 @@ def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4) -> Tally:
     for index, kind in enumerate(plan):
         guard = fleet.explicit if kind is Kind.EXPLICIT else fleet.adaptive
         agent = EXPLICIT_AGENT if kind is Kind.EXPLICIT else AGENTS[index % len(AGENTS)]
-        promptable = _PROMPTABLE.get(kind, index % 2 == 0)
+        answers = FAILING_ANSWERS.get(kind)
+        promptable = index % 2 == 0 if answers is None else bool(answers)
         turn_id = f"{seed}-{index}"
         fleet.tally.planned[turn_id] = kind
         with guard.turn(agent_name=agent, promptable=promptable, conversation_id=f"c{index}", turn_id=turn_id) as turn:
@@ -273,7 +274,8 @@ FAILING_ANSWERS: dict[Kind, tuple[str, ...]] = {
     Kind.ASK_STOP: ("stop",),
     Kind.ASK_LATE_CONTINUE: ("unanswered", "continue"),
 }
-"""What the user answers to each ASK of a failing-streak turn ("unanswered": shown, not waited for)."""
+"""What the user answers to each ASK of a failing-streak turn ("unanswered": shown, not waited for); a
+turn nobody answers is unattended (not promptable). Other kinds are attended every other turn."""
 
 
 def _explicit(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> None:
@@ -292,10 +294,4 @@ _DRIVERS: dict[Kind, Driver] = {
     Kind.RUNAWAY: _runaway,
     Kind.EXPLICIT: _explicit,
     **{kind: functools.partial(_failing, answers=answers) for kind, answers in FAILING_ANSWERS.items()},
-}
-_PROMPTABLE: dict[Kind, bool] = {
-    Kind.FAILING_UNATTENDED: False,
-    Kind.ASK_CONTINUE: True,
-    Kind.ASK_STOP: True,
-    Kind.ASK_LATE_CONTINUE: True,
 }

@@ -56,16 +56,9 @@ def component_type(component_id: str) -> str:
     return component_id.split("/", 1)[0]
 
 
-def expand(value: Any, environ: dict[str, str] | None = None) -> Any:
+def expand(value: str, environ: dict[str, str] | None = None) -> str:
     """Resolve ``${env:NAME:-default}`` the way the Collector does (the variable, else the default)."""
-    environ = environ or {}
-    if isinstance(value, str):
-        return PLACEHOLDER.sub(lambda m: _resolve(m.group(1), environ), value)
-    if isinstance(value, dict):
-        return {k: expand(v, environ) for k, v in value.items()}
-    if isinstance(value, list):
-        return [expand(v, environ) for v in value]
-    return value
+    return PLACEHOLDER.sub(lambda m: _resolve(m.group(1), environ or {}), value)
 
 
 def _resolve(placeholder: str, environ: dict[str, str]) -> str:
@@ -144,24 +137,6 @@ def test_shipped_config_has_no_problems(config):
     assert problems(config) == []
 
 
-def test_every_pipeline_references_defined_components(config):
-    for name, pipeline in config["service"]["pipelines"].items():
-        for role in ("receivers", "processors", "exporters"):
-            for ref in pipeline.get(role, []):
-                assert ref in config[role], f"pipeline {name} uses undefined {role[:-1]} {ref}"
-
-
-def test_memory_limiter_runs_first_in_every_pipeline(config):
-    for pipeline in config["service"]["pipelines"].values():
-        assert pipeline["processors"][0] == "memory_limiter"
-
-
-def test_no_removed_or_deprecated_component_names(config):
-    for section, removed in REMOVED_OR_DEPRECATED.items():
-        used = {component_type(c) for c in config.get(section) or {}}
-        assert not used & set(removed), f"{section}: {used & set(removed)}"
-
-
 def test_otlp_receivers_take_grpc_and_http_on_every_interface(config):
     protocols = config["receivers"]["otlp"]["protocols"]
     assert expand(protocols["grpc"]["endpoint"]) == "0.0.0.0:4317"
@@ -208,10 +183,9 @@ def test_only_spans_reach_the_calibration_file(config):
 
 
 def test_every_endpoint_comes_from_an_env_var_with_a_default(config):
+    """Each placeholder having a default is one of ``problems``; here: no endpoint is left hard-coded."""
     found = placeholders(config)
     assert found, "no ${env:...} placeholders at all"
-    for where, placeholder in found:
-        assert ENV_WITH_DEFAULT.fullmatch(placeholder), f"{where}: {placeholder}"
     endpoint_keys = [
         f"{section}.{name}" for section in ("exporters", "extensions")
         for name, settings in (config.get(section) or {}).items() if "endpoint" in (settings or {})
