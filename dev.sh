@@ -42,6 +42,6 @@ case "$cmd" in
   run) ensure_python cli; exec "$VENV/bin/turnguard" "$@" ;;
   test) ensure_system; ensure_python dev; exec "$VENV/bin/python" -m pytest "$@" ;;
   bench) ensure_python dev; exec "$VENV/bin/python" benchmarks/run.py "$@" ;;
-  lint) ensure_python dev; exec "$VENV/bin/ruff" check src tests benchmarks dashboards ;;
-  *) sed -n '2,8p' "$0"; exit 2 ;;
+  lint) ensure_python dev; exec "$VENV/bin/ruff" check ;;
+  *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;
 esac

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 import turnguard as tg
-from bench_core import guard_batch
+from bench_core import _small, guard_batch
 
 TELEMETRY_OFF = ("otel", "recorder")
 SHADOWS = (
@@ -42,8 +42,7 @@ def per_call(batches: int, per_batch: int = 1000, telemetry: bool = False) -> di
     guards = {n: _guard(n, telemetry) for n in ((0, 3) if telemetry else (0, 1, 3))}
     samples: dict[int, list[float]] = {n: [] for n in guards}
     for b in range(batches):
-        args = [{"path": f"src/pkg/module_{b * per_batch + i}.py", "offset": 0, "limit": 200}
-                for i in range(per_batch)]
+        args = [_small(b * per_batch + i) for i in range(per_batch)]
         for n, guard in guards.items():
             calls = [tg.ToolCall("read_file", a) for a in args]  # fresh objects: no cached key
             samples[n].append(guard_batch(guard, calls))
