@@ -6,8 +6,8 @@ drive, a configuration, whether a person is watching, and what that person answe
 before each request, ``check_call`` before each call (a HALT ends the turn; the call is not
 executed), ``record_outcome`` after it, ``resolve`` for every ASK.
 
-The step generators are public so that other tools (a simulated fleet for the dashboards, the
-calibration tests) can build turns of any length from them.
+The step generators are public so that other tools (tests, a host's own simulations) can build
+turns of any length from them.
 """
 
 from __future__ import annotations
