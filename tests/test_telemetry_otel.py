@@ -224,6 +224,18 @@ def test_traced_host_span_is_enriched_not_duplicated(otel):
     assert ours.parent.span_id == host.get_span_context().span_id
 
 
+def test_a_host_span_whose_name_only_starts_like_execute_tool_is_a_parent_not_a_tool_span(otel):
+    tracer = otel.tracer_provider.get_tracer("host")
+    guard = make_guard(otel)
+    with tracer.start_as_current_span("execute_toolbox step") as host, guard.turn() as turn:
+        c = call("read_file", "a.py")
+        turn.check_call(c)
+        turn.record_outcome(c, tg.Outcome.OK)
+    ours = otel.span("execute_tool read_file")  # our own span, under the host's
+    assert ours.parent.span_id == host.get_span_context().span_id
+    assert n.CALL_INDEX not in otel.span("execute_toolbox step").attributes
+
+
 def test_host_execute_tool_span_is_enriched_not_duplicated(otel):
     tracer = otel.tracer_provider.get_tracer("host")
     guard = make_guard(otel, streak_stop_at=2, streak_warn_at=2)

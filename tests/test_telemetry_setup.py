@@ -71,6 +71,8 @@ def test_headers_are_parsed_and_url_decoded_per_signal_overriding():
 def test_timeout_is_milliseconds():
     assert resolve("traces", {"OTEL_EXPORTER_OTLP_TIMEOUT": "1500"}).timeout_s == 1.5
     assert resolve("traces", {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "250"}).timeout_s == 0.25
+    both = {"OTEL_EXPORTER_OTLP_TIMEOUT": "1500", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "0"}
+    assert resolve("traces", both).timeout_s == 0  # the per-signal value wins when set, 0 included
 
 
 @pytest.mark.parametrize(
@@ -160,8 +162,10 @@ def test_batch_processor_sizes_come_from_the_environment(configured):
 
 @pytest.mark.parametrize(
     "env",
-    [{"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, {"OTEL_BLRP_MAX_EXPORT_BATCH_SIZE": "99999"}, {"OTEL_BSP_SCHEDULE_DELAY": "x"}],
+    [{"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, {"OTEL_BLRP_MAX_EXPORT_BATCH_SIZE": "99999"}, {"OTEL_BSP_SCHEDULE_DELAY": "x"},
+     {"OTEL_BSP_MAX_QUEUE_SIZE": "1.5"}, {"OTEL_BLRP_MAX_QUEUE_SIZE": "abc"}],
 )
 def test_bad_batch_settings_are_rejected(env):
-    with pytest.raises(TelemetryConfigError, match=next(iter(env))):
+    with pytest.raises(TelemetryConfigError, match=next(iter(env))) as error:
         configure(environ={**LOCAL, **env})
+    assert "milliseconds" not in str(error.value) or "SCHEDULE_DELAY" in str(error.value)  # sizes are counts

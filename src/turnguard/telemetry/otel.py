@@ -249,7 +249,7 @@ class _TurnState:
 def _is_tool_span(span: trace.Span) -> bool:
     """Whether the host's current span is its own ``execute_tool`` span (then we enrich it)."""
     name = getattr(span, "name", None)
-    if isinstance(name, str) and name.startswith(n.OP_EXECUTE_TOOL):
+    if isinstance(name, str) and (name == n.OP_EXECUTE_TOOL or name.startswith(_TOOL_SPAN_PREFIX)):
         return True
     attributes = getattr(span, "attributes", None)
     return bool(attributes) and attributes.get(n.GEN_AI_OPERATION_NAME) == n.OP_EXECUTE_TOOL

@@ -205,9 +205,9 @@ def resolve(
     header_map.update(_pairs(env.get(f"OTEL_EXPORTER_OTLP_{upper}_HEADERS", ""), f"OTEL_EXPORTER_OTLP_{upper}_HEADERS"))
     header_map.update(headers or {})
     if timeout_ms is None:
-        timeout_ms = _ms(env, f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT", None) or _ms(
-            env, "OTEL_EXPORTER_OTLP_TIMEOUT", DEFAULT_TIMEOUT_MS
-        )
+        timeout_ms = _ms(env, f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT", None)
+        if timeout_ms is None:  # the per-signal variable wins whenever it is set, 0 included
+            timeout_ms = _ms(env, "OTEL_EXPORTER_OTLP_TIMEOUT", DEFAULT_TIMEOUT_MS)
     return ExportSettings(signal, exporter, proto, url, tuple(sorted(header_map.items())), timeout_ms / 1000)
 
 
@@ -260,11 +260,8 @@ def _disabled() -> Telemetry:
 def _batch(env: Mapping[str, str], prefix: str, delay_ms: int) -> dict[str, int]:
     """A batch processor's settings: ``<prefix>SCHEDULE_DELAY``, ``MAX_QUEUE_SIZE``, ``MAX_EXPORT_BATCH_SIZE``."""
     settings: dict[str, int] = {"schedule_delay_millis": _ms(env, prefix + "SCHEDULE_DELAY", delay_ms)}
-    queue = _ms(env, prefix + "MAX_QUEUE_SIZE", None)
-    batch = _ms(env, prefix + "MAX_EXPORT_BATCH_SIZE", None)
-    for var, value in (("MAX_QUEUE_SIZE", queue), ("MAX_EXPORT_BATCH_SIZE", batch)):
-        if value is not None and value < 1:
-            raise TelemetryConfigError(f"{prefix}{var}={value}: expected a positive integer")
+    queue = _count(env, prefix + "MAX_QUEUE_SIZE")
+    batch = _count(env, prefix + "MAX_EXPORT_BATCH_SIZE")
     if queue is not None:
         settings["max_queue_size"] = queue
         batch = min(batch or DEFAULT_EXPORT_BATCH, queue)
@@ -279,6 +276,20 @@ def _batch(env: Mapping[str, str], prefix: str, delay_ms: int) -> dict[str, int]
 
 def _flag(env: Mapping[str, str], var: str) -> bool:
     return env.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _count(env: Mapping[str, str], var: str) -> int | None:
+    """A positive whole number of items (a queue or batch size), or ``None`` when unset."""
+    text = env.get(var, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise TelemetryConfigError(f"{var}={text!r}: expected a positive integer")
+    return value
 
 
 def _ms(env: Mapping[str, str], var: str, default: int | None) -> int | None:
