@@ -15,7 +15,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
-from turnguard.calibrate.report import THRESHOLD_ORDER, rows, thresholds_text
+from turnguard.calibrate.report import THRESHOLD_ORDER, default_unresolved, rows, thresholds_text
 from turnguard.calibrate.stats import RunStats
 
 COLORS = {
@@ -225,13 +225,11 @@ def table_html(data: list[dict[str, Any]]) -> str:
 
 
 def fp_html(data: list[dict[str, Any]]) -> str:
-    default = next((r for r in data if r["default"]), None)
+    ids, more = default_unresolved(data)
     unresolved = ""
-    if default is not None and default["unresolved_ids"]:
-        more = default["halted_unresolved"] - len(default["unresolved_ids"])
+    if ids:
         unresolved = ("<h2>Unresolved turns the default halts</h2><p id='default-halts'>"
-                      + esc(", ".join(default["unresolved_ids"])) + (f" ... ({more} more)" if more > 0 else "")
-                      + "</p>")
+                      + esc(", ".join(ids)) + (f" ... ({more} more)" if more > 0 else "") + "</p>")
     return unresolved + _fp_list(data)
 
 
@@ -247,9 +245,8 @@ def _fp_list(data: list[dict[str, Any]]) -> str:
 def render(stats: RunStats) -> str:
     """The whole page."""
     data = rows(stats)
-    unknown = stats.turns - stats.resolved - stats.unresolved
     summary = (f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
-               f"{stats.unresolved:,} unresolved, {unknown:,} unknown), {len(data)} policies, "
+               f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown), {len(data)} policies, "
                f"{stats.problems:,} input problems. Inputs: {', '.join(stats.inputs) or '-'}.")
     charts = "\n".join([
         halts_chart(data), saved_chart(data), asks_chart(data), position_chart(data),

@@ -127,10 +127,9 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
         return "  ".join(v.ljust(w) if align == "<" else v.rjust(w)
                          for v, w, (_, _, align) in zip(values, widths, COLUMNS, strict=True)).rstrip()
 
-    unknown = stats.turns - stats.resolved - stats.unresolved
     out = [
         f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
-        f"{stats.unresolved:,} unresolved, {unknown:,} unknown); {stats.problems:,} input problems; "
+        f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown); {stats.problems:,} input problems; "
         f"{len(stats.policies)} policies; * = the default configuration.",
         "halted: turns halted unattended; resolved (the false-positive proxy) / unresolved: of those; saved: calls",
         "the unresolved halts save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
@@ -145,11 +144,10 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
         out += ["", "Same figures as the row named first (folded):"]
         for name, names in folded.items():
             out += _wrapped(f"  {name}: ", names)
-    default = next((r for r in every_row if r["default"]), None)
-    if default is not None and default["unresolved_ids"]:
-        more = default["halted_unresolved"] - len(default["unresolved_ids"])
+    ids, more = default_unresolved(every_row)
+    if ids:
         out += ["", "Unresolved turns the default halts:"]
-        out += _wrapped("  ", default["unresolved_ids"] + ([f"... ({more} more)"] if more > 0 else []))
+        out += _wrapped("  ", ids + ([f"... ({more} more)"] if more > 0 else []))
     fps = _fp_groups(every_row)
     if fps:
         out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
@@ -166,6 +164,15 @@ def _wrapped(prefix: str, items: list[str], sep: str = ", ", width: int = 110) -
     lines = textwrap.wrap(glued, width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
                           break_on_hyphens=False, break_long_words=False) or [prefix]
     return [line.replace("\xa0", " ") for line in lines]
+
+
+def default_unresolved(data: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """The unresolved turns the default configuration halts that the rows name, and how many more
+    it halts (none when no row is the default)."""
+    default = next((r for r in data if r["default"]), None)
+    if default is None:
+        return [], 0
+    return default["unresolved_ids"], default["halted_unresolved"] - len(default["unresolved_ids"])
 
 
 def _fp_groups(data: list[dict[str, Any]]) -> list[tuple[list[str], list[str], int]]:

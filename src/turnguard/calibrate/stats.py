@@ -162,6 +162,11 @@ class RunStats:
     def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
         return cls(policies=policies, modes=[{m: ModeStats() for m in MODES} for _ in policies])
 
+    @property
+    def unknown(self) -> int:
+        """Turns whose recording does not say whether the task was solved."""
+        return self.turns - self.resolved - self.unresolved
+
     def add_turn(self, calls: int, resolved: bool | None) -> None:
         self.turns += 1
         self.calls += calls
