@@ -410,7 +410,7 @@ def test_the_readme_usage_examples_run():
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).parents[1] / "docs" / "usage.md").read_text()
     usage = readme.split("<!-- section:usage -->")[1].split("<!-- /section:usage -->")[0]
     blocks = re.findall(r"```python\n(.*?)```", usage, flags=re.S)
     assert len(blocks) >= 3
