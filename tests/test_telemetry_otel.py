@@ -641,7 +641,7 @@ def test_call_span_keeps_the_parent_current_at_the_check_even_if_the_outcome_com
 
 
 def test_turns_never_ended_are_bounded_and_their_spans_closed(otel, monkeypatch):
-    from turnguard.telemetry import otel as plugin_module
+    from turnguard.telemetry import names as plugin_module
 
     monkeypatch.setattr(plugin_module, "MAX_OPEN_TURNS", 2)
     guard = make_guard(otel)

@@ -6,6 +6,8 @@ GenAI semantic-convention names are used where they exist; everything of ours ca
 
 from __future__ import annotations
 
+from turnguard.model import Action, Outcome
+
 # -- GenAI semantic conventions (Development status; kept as plain strings on purpose) ---------
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
@@ -76,12 +78,22 @@ TURN_ABANDONED = "abandoned"
 CALL_UNFINISHED = "unfinished"
 """``turnguard.call.outcome`` of a call span still open when its turn ended."""
 
+BUILTIN_TURN_OUTCOMES = ("completed", "halted", "error")
+"""The ``turnguard.turn.outcome`` values the guard itself gives; a host's own reasons are bounded."""
+ACTION_LABELS = {action: action.label for action in Action}
+"""``turnguard.verdict.action`` / ``turnguard.loop.action`` per ``Action``, looked up once (an enum
+property costs on the per-call path)."""
+OUTCOME_VALUES = {outcome: outcome.value for outcome in Outcome}
+"""``turnguard.call.outcome`` per ``Outcome``, likewise."""
+
 NO_THRESHOLD = "none"
 """The value of ``turnguard.loop.threshold`` on a turn metric when nothing ended the turn."""
 OVERFLOW_VALUE = "_other"
 """What a tool or agent name beyond the cardinality bound is folded into."""
 
-# -- cardinality bounds on metric attribute values (distinct values per meter provider) ------
+# -- limits ----------------------------------------------------------------------------------
+# Cardinality bounds on metric attribute values (distinct values per meter provider): past one,
+# a value is folded into ``OVERFLOW_VALUE``.
 TOOL_NAME_LIMIT = 10_000
 AGENT_NAME_LIMIT = 1_000
 TURN_OUTCOME_LIMIT = 100
@@ -89,6 +101,14 @@ TURN_OUTCOME_LIMIT = 100
 PLUGIN_NAME_LIMIT = 1_000
 SHADOW_POLICY_LIMIT = 100
 ERROR_TYPE_LIMIT = 1_000
+THRESHOLD_LIMIT = 100
+"""Threshold names (``turnguard.loop.threshold``): the built-in ones and any a third-party policy adds."""
+HOOK_LIMIT = 100
+"""Hook names on ``turnguard.plugin.errors``."""
+MAX_OPEN_TURNS = 10_000
+"""Turns the span reporter tracks at once per plugin; past it the oldest is abandoned (its spans end,
+marked ``turnguard.turn.outcome=abandoned``), so a host that opens turns and never ends them cannot
+grow memory without bound."""
 
 # -- metrics (name, unit) --------------------------------------------------------------------
 METRIC_TURN_TOOL_CALLS = ("turnguard.turn.tool_calls", "{tool_call}")

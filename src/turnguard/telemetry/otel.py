@@ -1,692 +1,81 @@
-"""The OpenTelemetry plugin: spans for turns and tool calls, the loop-detected event, metrics.
+"""The OpenTelemetry plugin: spans, the loop-detected event and metrics, wired to the hooks.
 
 It depends on ``opentelemetry-api`` only. Providers are injected (``Guard(tracer_provider=...,
 meter_provider=..., logger_provider=...)``) or taken from the globals, which are no-op proxies
 until the host installs an SDK: the plugin is always registered and costs next to nothing then,
 and a host that has an SDK gets turnguard's telemetry with no extra code.
 
-Spans. A host that does not trace gets a turn span ``invoke_agent {agent}`` with one child
-``execute_tool {tool}`` per call. A host that traces is enriched instead of duplicated: if a span
-is current when the turn opens, that span gets the turn's ``turnguard.*`` attributes; if the
-current span at a call is the host's own ``execute_tool`` span, that span gets the call's.
-Spans are never made current by turnguard (the hooks do not wrap the host's code), so per-call
-state is keyed by the ``ToolCall`` object and parallel calls each get their own span.
-
-Content. Tool arguments are exported (``gen_ai.tool.call.arguments``) only with
-``GuardConfig(capture_content=True)``; results are never passed to the guard. The log record and
-span event of a detection carry counts, limits, the tool name and the keyed key digest only.
+Each signal has its module: ``spans`` (the turn and call spans, the per-call hooks), ``events``
+(log records) and ``metrics`` (instruments shared per meter provider); every name and limit is
+in ``names``. Tool arguments are exported (``gen_ai.tool.call.arguments``) only with
+``GuardConfig(capture_content=True)``; results are never passed to the guard.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
-from opentelemetry._logs import SeverityNumber, get_logger_provider
-from opentelemetry.context import get_current
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry._logs import get_logger_provider
 
+from turnguard import __version__
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import cached_digest, canonical_text
-from turnguard.model import Action, Outcome
-from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
-from turnguard.telemetry.cardinality import BoundedValues
-from turnguard.telemetry.names import (  # the per-call names, bound once (no module lookup per call)
-    CALL_INDEX,
-    CALL_KEY_DIGEST,
-    CALL_OUTCOME,
-    CALL_REPEAT,
-    ERROR_TYPE,
-    ERROR_TYPE_OTHER,
-    FAILING_STREAK_LENGTH,
-    GEN_AI_OPERATION_NAME,
-    GEN_AI_TOOL_CALL_ARGUMENTS,
-    GEN_AI_TOOL_CALL_ID,
-    GEN_AI_TOOL_NAME,
-    OP_EXECUTE_TOOL,
-    STREAK_LENGTH,
-    VERDICT_ACTION,
-    VERDICT_THRESHOLD,
-)
+from turnguard.telemetry.events import EventLog
+from turnguard.telemetry.metrics import Instruments, instruments_for
+from turnguard.telemetry.spans import SpanReporter
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from turnguard.config import GuardConfig
     from turnguard.ledger import Ledger
-    from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary, Verdict
-
-_LABELS = {action: action.label for action in Action}
-"""``Action.label`` looked up once (an enum property costs on the per-call path)."""
-_OUTCOMES = {outcome: outcome.value for outcome in Outcome}
-"""``Outcome.value`` likewise."""
-_ALLOW, _HALT, _ERROR = Action.ALLOW, Action.HALT, Outcome.ERROR
-_INTERNAL = SpanKind.INTERNAL
-_TOOL_SPAN_PREFIX = f"{OP_EXECUTE_TOOL} "
-_ERROR_STATUS = Status(StatusCode.ERROR)
-MAX_OPEN_TURNS = 10_000
-"""Turns tracked at once per plugin; past it the oldest is abandoned (its spans end, marked
-``turnguard.turn.outcome=abandoned``), so a host that opens turns and never ends them cannot
-grow memory without bound."""
-THRESHOLD_LIMIT = 100
-HOOK_LIMIT = 100
-BUILTIN_REASONS = ("completed", "halted", "error")
+    from turnguard.model import LoopDetectedEvent, TurnSummary
 
 
-def _version() -> str:
-    from turnguard import __version__
-
-    return __version__
-
-
-# -- metrics: one set of instruments and cardinality bounds per meter provider ----------------
-
-
-def _histogram(
-    meter: metrics.Meter, metric: tuple[str, str], description: str, edges: Sequence[float]
-) -> metrics.Histogram:
-    """A histogram with the (name, unit) pair ``metric`` from names.py, with advisory bucket edges."""
-    name, unit = metric
-    return meter.create_histogram(name, unit, description, explicit_bucket_boundaries_advisory=edges)
-
-
-def _counter(meter: metrics.Meter, metric: tuple[str, str], description: str) -> metrics.Counter:
-    """A counter with the (name, unit) pair ``metric`` from names.py."""
-    name, unit = metric
-    return meter.create_counter(name, unit, description)
-
-
-class Instruments:
-    """turnguard's instruments on one meter provider, with the attribute-value bounds.
-
-    Shared by every guard on that provider, so the bounds hold per process and provider, not per
-    guard. The histograms' bucket edges come from the first guard's configuration (the SDK keeps
-    the first advisory for a name); a user's View overrides them.
-    """
-
-    def __init__(self, meter: metrics.Meter, config: GuardConfig) -> None:
-        tool_call_edges = buckets.tool_call_edges(config)
-        self.turn_tool_calls = _histogram(
-            meter, n.METRIC_TURN_TOOL_CALLS, "Tool calls checked per turn, by how the turn ended.", tool_call_edges
-        )
-        self.turn_cycles = _histogram(
-            meter, n.METRIC_TURN_CYCLES, "Model requests per turn, by how the turn ended.", buckets.cycle_edges(config)
-        )
-        self.turn_max_key_repeat = _histogram(
-            meter, n.METRIC_TURN_MAX_KEY_REPEAT,
-            "The largest number of times one (tool, arguments) key was seen in a turn.", buckets.repeat_edges(config),
-        )
-        self.turn_first_stuck_call = _histogram(
-            meter, n.METRIC_TURN_FIRST_STUCK_CALL,
-            "The call at which a turn first met the stuck signal (turns that met it only).", tool_call_edges,
-        )
-        self.detections = _counter(meter, n.METRIC_DETECTIONS, "Loop detections, by threshold, level and action.")
-        self.escalation_answers = _counter(
-            meter, n.METRIC_ESCALATION_ANSWERS, "Users' answers to turnguard's questions."
-        )
-        self.plugin_errors = _counter(
-            meter, n.METRIC_PLUGIN_ERRORS, "turnguard plugins that raised (and were isolated)."
-        )
-        self.shadow_detections = _counter(
-            meter, n.METRIC_SHADOW_DETECTIONS,
-            "Shadow policies' would-be detections (nothing acted on), by policy, threshold, level, action.",
-        )
-        self.shadow_turn_tool_calls = _histogram(
-            meter, n.METRIC_SHADOW_TURN_TOOL_CALLS,
-            "Per shadow policy: the calls of a turn it saw before its would-be halt (or all of them).", tool_call_edges,
-        )
-        self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
-        self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
-        self.agents = BoundedValues(n.AGENT_NAME_LIMIT)
-        self.reasons = BoundedValues(n.TURN_OUTCOME_LIMIT)
-        self.thresholds = BoundedValues(THRESHOLD_LIMIT)
-        self.plugins = BoundedValues(n.PLUGIN_NAME_LIMIT)
-        self.hooks = BoundedValues(HOOK_LIMIT)
-        self.error_types = BoundedValues(n.ERROR_TYPE_LIMIT)
-
-    def threshold(self, value: Any) -> str:
-        return n.NO_THRESHOLD if value is None else self.thresholds.fold(str(value))
-
-    def detection_metric_attributes(self, event: LoopDetectedEvent) -> dict[str, Any]:
-        """A (shadow) detection counter's attributes: what fired, with the names bounded."""
-        attrs: dict[str, Any] = {
-            n.LOOP_THRESHOLD: self.threshold(event.threshold),
-            n.LOOP_LEVEL: str(event.level),
-            n.LOOP_ACTION: _LABELS[event.action],
-            n.CAP_MODE: event.cap_mode,
-            n.TURN_PROMPTABLE: event.promptable,
-        }
-        if event.tool_name is not None:
-            attrs[n.GEN_AI_TOOL_NAME] = self.tools.fold(event.tool_name)
-        if event.agent_name is not None:
-            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
-        return attrs
-
-    def turn_metric_attributes(self, summary: TurnSummary) -> dict[str, Any]:
-        """The attributes a (shadow) turn histogram shares: how the turn ended, with the names bounded."""
-        reason = summary.reason if summary.reason in BUILTIN_REASONS else self.reasons.fold(str(summary.reason))
-        attrs: dict[str, Any] = {
-            n.TURN_OUTCOME: reason,
-            n.LOOP_THRESHOLD: self.threshold(summary.threshold),
-            n.CAP_MODE: summary.cap_mode,
-            n.TURN_STUCK: summary.stuck,
-            n.TURN_PROMPTABLE: summary.promptable,
-        }
-        if summary.agent_name is not None:
-            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
-        return attrs
-
-
-_instruments_lock = threading.Lock()
-_instruments_by_provider: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
-
-
-def instruments_for(meter_provider: Any, config: GuardConfig) -> Instruments:
-    """The shared ``Instruments`` of ``meter_provider`` (created on first use)."""
-    with _instruments_lock:
-        try:
-            found = _instruments_by_provider.get(meter_provider)
-        except TypeError:  # not weak-referenceable: instruments (and bounds) per guard then
-            return Instruments(meter_provider.get_meter(n.SCOPE, _version()), config)
-        if found is None:
-            found = Instruments(meter_provider.get_meter(n.SCOPE, _version()), config)
-            _instruments_by_provider[meter_provider] = found
-        return found
-
-
-# -- spans ---------------------------------------------------------------------------------------
-
-
-class _CallSpan:
-    """The span of one tool call: ours (``owned``, we end it) or the host's (enriched only).
-
-    Created at the check, under the turn's lock, with the call's facts already in ``attributes``.
-    Ours is started lazily: its start time and attributes are kept and the span is created when
-    the outcome arrives, with everything in one go (one attribute pass instead of two, one dict
-    per call), or earlier when something needs it to exist (a detection's event, a halt).
-    ``failing`` is the failing-streak length captured when the outcome was decided (``None``
-    until then, or when the guard did not decide it: a halted turn).
-    """
-
-    __slots__ = ("action", "attributes", "failing", "name", "owned", "parent", "span", "start_ns")
-
-    def __init__(self, span: trace.Span | None, owned: bool, name: str, attributes: dict[str, Any] | None,
-                 parent: Any, start_ns: int) -> None:
-        self.span = span
-        self.owned = owned
-        self.action = _ALLOW
-        self.name = name
-        self.attributes = attributes
-        self.parent = parent
-        self.start_ns = start_ns
-        self.failing: int | None = None
-
-
-class _TurnState:
-    """Per-turn span state: the turn-level span (ours or the host's) and the open call spans.
-
-    ``tracing`` is false when the turn-level span does not record (no SDK, or sampled out): the
-    per-call work is then skipped entirely, which is what makes the plugin nearly free without an
-    SDK, and consistent with parent-based sampling (children of an unsampled turn are unsampled).
-    """
-
-    __slots__ = ("calls", "context", "owned", "span", "tracing")
-
-    def __init__(self, span: trace.Span | None, owned: bool) -> None:
-        self.span = span
-        self.owned = owned
-        self.tracing = span is not None and span.is_recording()
-        self.context = trace.set_span_in_context(span) if span is not None else None
-        self.calls: dict[ToolCall, _CallSpan] = {}
-        """Open call spans. Single dict operations are atomic, so no lock is needed: each key is
-        touched by the thread deciding that call only."""
-
-
-def _is_tool_span(span: trace.Span) -> bool:
-    """Whether the host's current span is its own ``execute_tool`` span (then we enrich it)."""
-    name = getattr(span, "name", None)
-    if isinstance(name, str) and (name == n.OP_EXECUTE_TOOL or name.startswith(_TOOL_SPAN_PREFIX)):
-        return True
-    attributes = getattr(span, "attributes", None)
-    return bool(attributes) and attributes.get(n.GEN_AI_OPERATION_NAME) == n.OP_EXECUTE_TOOL
-
-
-class _Deciding(threading.local):
-    """Per thread: the ``(turn, call)`` whose check hooks ran last and whose observers have not
-    yet (a detection fired in between belongs to that call's span)."""
-
-    deciding: tuple[Ledger, ToolCall] | None = None
-
-
-def content_text(args: Any) -> str:
-    """Tool arguments as exported with ``capture_content``: text as given, anything else as JSON."""
-    if isinstance(args, str):
-        return args
-    if isinstance(args, (bytes, bytearray, memoryview)):
-        return bytes(args).decode("utf-8", "replace")
-    return canonical_text(args)
-
-
-def event_attributes(event: LoopDetectedEvent) -> dict[str, Any]:
-    """The attributes of a ``turnguard.loop_detected`` record: what fired, the counts, no user data."""
-    attrs: dict[str, Any] = {
-        n.LOOP_THRESHOLD: str(event.threshold),
-        n.LOOP_LEVEL: str(event.level),
-        n.LOOP_ACTION: _LABELS[event.action],
-        n.LOOP_LIMIT: event.limit,
-        n.LOOP_TOOL_CALLS: event.tool_calls,
-        n.LOOP_CYCLES: event.cycles,
-        n.LOOP_MAX_KEY_REPEAT: event.max_key_repeat,
-        n.LOOP_STREAK_LENGTH: event.streak_length,
-        n.LOOP_FAILING_STREAK_LENGTH: event.failing_streak_length,
-        n.LOOP_EVENT_ID: event.event_id,
-        n.TURN_ID: event.turn_id,
-        n.TURN_PROMPTABLE: event.promptable,
-        n.CAP_MODE: event.cap_mode,
-    }
-    if event.soft_cap is not None:
-        attrs[n.LOOP_SOFT_CAP] = event.soft_cap
-    if event.hard_cap is not None:
-        attrs[n.LOOP_HARD_CAP] = event.hard_cap
-    if event.tool_name is not None:
-        attrs[n.GEN_AI_TOOL_NAME] = event.tool_name
-    if event.key_digest is not None:
-        attrs[n.CALL_KEY_DIGEST] = event.key_digest
-    if event.agent_name is not None:
-        attrs[n.GEN_AI_AGENT_NAME] = event.agent_name
-    return attrs
-
-
-class OtelPlugin:
+class OtelPlugin(SpanReporter):
     """Observes every decision and reports it as spans, log-record events and metrics.
 
-    Thread-safe: per-turn state is created under a lock, per-call state is keyed by the
-    ``ToolCall`` object, and the facts of the call being decided are captured in the check hooks
-    (which the guard runs under the turn's lock) into a thread-local, so parallel calls report
-    their own index, repeat count and streak rather than whatever the ledger says later.
+    The per-call hooks concern spans only and are ``SpanReporter``'s own (inherited, so the hot
+    path pays no delegation); the hooks below report one fact on each signal it concerns.
     """
 
     def __init__(self, config: GuardConfig, tracer: trace.Tracer, logger: Any, instruments: Instruments) -> None:
+        super().__init__(tracer, capture_content=config.capture_content)
         self.config = config
-        self.tracer = tracer
         self.logger = logger
+        self.events = EventLog(logger)
         self.instruments = instruments
-        self.capture_content = config.capture_content
-        self._turns: dict[Ledger, _TurnState] = {}
-        self._lock = threading.Lock()
-        self._local = _Deciding()
-
-    # -- turn state --------------------------------------------------------------------------
-
-    def _state(self, turn: Ledger) -> _TurnState:
-        state = self._turns.get(turn)
-        if state is None:  # registered after the turn opened: report it without a turn span
-            with self._lock:
-                state = self._turns.setdefault(turn, _TurnState(None, owned=False))
-        return state
-
-    @hookimpl
-    def turnguard_turn_started(self, turn: Ledger) -> None:
-        current = trace.get_current_span()
-        if current.get_span_context().is_valid:
-            if current.is_recording():
-                current.set_attributes(self._turn_attributes(turn, host=True))
-            state = _TurnState(current, owned=False)
-        else:
-            agent = turn.agent_name
-            span = self.tracer.start_span(
-                f"{n.OP_INVOKE_AGENT} {agent}" if agent else n.OP_INVOKE_AGENT,
-                kind=SpanKind.INTERNAL,
-                attributes=self._turn_attributes(turn, host=False),
-            )
-            state = _TurnState(span, owned=True)
-        turns = self._turns
-        turns[turn] = state
-        if len(turns) > MAX_OPEN_TURNS:
-            self._abandon_oldest()
-
-    def _abandon_oldest(self) -> None:
-        with self._lock:
-            try:
-                oldest = next(iter(self._turns))
-            except (StopIteration, RuntimeError):  # emptied, or changed size meanwhile: nothing to do now
-                return
-            state = self._turns.pop(oldest, None)
-        if state is not None:
-            self._close(state, {n.TURN_OUTCOME: n.TURN_ABANDONED})
-
-    def _turn_attributes(self, turn: Ledger, *, host: bool) -> dict[str, Any]:
-        attrs: dict[str, Any] = {
-            n.TURN_ID: turn.turn_id,
-            n.TURN_PROMPTABLE: turn.promptable,
-            n.CAP_MODE: turn.cap_mode,
-        }
-        if turn.soft_cap is not None:
-            attrs[n.LOOP_SOFT_CAP] = turn.soft_cap
-        if turn.hard_cap is not None:
-            attrs[n.LOOP_HARD_CAP] = turn.hard_cap
-        if not host:
-            attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
-            if turn.agent_name:
-                attrs[n.GEN_AI_AGENT_NAME] = turn.agent_name
-            if turn.conversation_id:
-                attrs[n.GEN_AI_CONVERSATION_ID] = turn.conversation_id
-        return attrs
-
-    # -- per-call spans: the facts are captured in the check hooks, under the turn's lock ------
-    #
-    # The hot path. A call costs one ``_CallSpan`` and one attribute dict, built at the check;
-    # ``call_checked`` adds nothing for an allowed call, and the span is started and ended at the
-    # outcome with every attribute in a single pass.
-
-    @hookimpl
-    def turnguard_check_call(self, turn: Ledger, call: ToolCall) -> None:
-        state = self._turns.get(turn)
-        if state is not None and state.tracing:
-            self._local.deciding = (turn, call)
-            calls = state.calls
-            if call not in calls:  # a call object checked again keeps the span of its first check
-                calls[call] = self._new_call_span(state, turn, call)
-
-    @hookimpl
-    def turnguard_check_outcome(self, turn: Ledger, call: ToolCall, outcome: Outcome) -> None:
-        state = self._turns.get(turn)
-        if state is not None and state.tracing:
-            self._local.deciding = (turn, call)
-            entry = state.calls.get(call)
-            if entry is not None:
-                entry.failing = turn.failing_streak_length
-
-    def _decided_call(self, turn: Ledger) -> ToolCall | None:
-        """The call this thread is deciding for ``turn`` right now (for an event's span)."""
-        deciding = self._local.deciding
-        return deciding[1] if deciding is not None and deciding[0] is turn else None
-
-    def _new_call_span(self, state: _TurnState, turn: Ledger, call: ToolCall) -> _CallSpan:
-        """The call's span with its facts read from the ledger now: ours (deferred) or, for a host
-        that traces its tool calls, the host's current ``execute_tool`` span, enriched.
-
-        Facts at their default value are left out (repeat 1, streak 1): an absent attribute means
-        the default, which keeps the common call's span small."""
-        attrs: dict[str, Any] = {CALL_INDEX: turn.tool_calls}
-        digest = cached_digest(call)
-        if digest is not None:
-            attrs[CALL_KEY_DIGEST] = digest.hex()
-            repeat = turn.repeats_of(digest)
-            if repeat > 1:
-                attrs[CALL_REPEAT] = repeat
-        streak = turn.streak_length
-        if streak > 1:
-            attrs[STREAK_LENGTH] = streak
-        context = get_current()
-        current = trace.get_current_span(context) if context else None  # an empty context holds no span
-        if current is not None and current.get_span_context().is_valid:
-            if _is_tool_span(current):
-                if current.is_recording():
-                    current.set_attributes(attrs)
-                return _CallSpan(current, False, "", None, None, 0)
-            parent = context  # the host's current span (an agent step) is the parent
-        else:
-            parent = state.context
-        name = attrs[GEN_AI_TOOL_NAME] = call.name
-        attrs[GEN_AI_OPERATION_NAME] = OP_EXECUTE_TOOL
-        if call.call_id is not None:
-            attrs[GEN_AI_TOOL_CALL_ID] = call.call_id
-        if self.capture_content:
-            attrs[GEN_AI_TOOL_CALL_ARGUMENTS] = content_text(call.args)
-        return _CallSpan(None, True, _TOOL_SPAN_PREFIX + name, attrs, parent, time_ns())
-
-    def _call_span(self, state: _TurnState, turn: Ledger, call: ToolCall) -> _CallSpan:
-        """The call's span; made now if the check hook did not run for it (e.g. the plugin was
-        registered mid-turn: the ledger's facts then are the latest, not necessarily the call's)."""
-        entry = state.calls.get(call)
-        if entry is None:
-            entry = state.calls[call] = self._new_call_span(state, turn, call)
-        return entry
-
-    def _started(self, entry: _CallSpan, extra: dict[str, Any] | None = None) -> trace.Span:
-        """The entry's span, created now (with ``extra`` attributes) if it was deferred."""
-        span = entry.span
-        if span is None:
-            attrs = entry.attributes
-            if extra:
-                attrs.update(extra)
-            span = entry.span = self.tracer.start_span(
-                entry.name, context=entry.parent, kind=_INTERNAL, attributes=attrs, start_time=entry.start_ns
-            )
-            entry.attributes = entry.parent = None
-        elif extra and span.is_recording():
-            span.set_attributes(extra)
-        return span
-
-    @hookimpl
-    def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
-        state = self._turns.get(turn)
-        if state is None or not state.tracing:
-            return
-        self._local.deciding = None
-        entry = self._call_span(state, turn, call)
-        action, threshold = verdict.action, verdict.threshold
-        if action is entry.action and threshold is None and action is not _HALT:
-            return  # the common case, an allowed call: nothing to add before its outcome
-        extra: dict[str, Any] = {}
-        if action is not entry.action:  # its span was started by a detection with the event's action
-            extra[VERDICT_ACTION] = _LABELS[action]
-            entry.action = action
-        if threshold is not None:
-            extra[VERDICT_THRESHOLD] = str(threshold)
-        if action is _HALT:  # the host will not execute it: the span ends here
-            state.calls.pop(call, None)
-            span = self._started(entry, extra)
-            if entry.owned:
-                span.end()
-        elif entry.span is None:
-            entry.attributes.update(extra)
-        elif entry.span.is_recording():
-            entry.span.set_attributes(extra)
-
-    @hookimpl
-    def turnguard_outcome_recorded(self, turn: Ledger, call: ToolCall, outcome: Outcome, verdict: Verdict) -> None:
-        state = self._turns.get(turn)
-        if state is None or not state.tracing:
-            return
-        self._local.deciding = None
-        entry = state.calls.pop(call, None)
-        if entry is None:
-            return
-        span = entry.span
-        attrs = entry.attributes if span is None else {}  # deferred: the outcome joins the check's dict
-        attrs[CALL_OUTCOME] = _OUTCOMES[outcome]
-        failing = entry.failing
-        if failing is not None:  # the guard decided this outcome: what it found
-            if failing:
-                attrs[FAILING_STREAK_LENGTH] = failing
-            action = verdict.action
-            if verdict.event is not None or action > entry.action:
-                attrs[VERDICT_ACTION] = _LABELS[max(action, entry.action)]
-                if verdict.threshold is not None:
-                    attrs[VERDICT_THRESHOLD] = str(verdict.threshold)
-        error = outcome is _ERROR and entry.owned
-        if error:
-            attrs[ERROR_TYPE] = ERROR_TYPE_OTHER
-        if span is None:  # the common case: started and ended here, with every attribute in one pass
-            span = self.tracer.start_span(
-                entry.name, context=entry.parent, kind=_INTERNAL, attributes=attrs, start_time=entry.start_ns
-            )
-        elif span.is_recording():
-            span.set_attributes(attrs)
-        if error:
-            span.set_status(_ERROR_STATUS)
-        if entry.owned:
-            span.end()
-
-    @hookimpl
-    def turnguard_cycle_checked(self, turn: Ledger, verdict: Verdict) -> None:
-        state = self._turns.get(turn)
-        if state is not None and state.tracing:
-            state.span.set_attribute(n.TURN_CYCLES, turn.cycles)
-
-    # -- events --------------------------------------------------------------------------------
 
     @hookimpl
     def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
-        ins = self.instruments
-        ins.detections.add(1, ins.detection_metric_attributes(event))
-
-        state = self._state(turn)
-        span: trace.Span | None = None
-        call = self._decided_call(turn) if state.tracing and event.tool_name is not None else None
-        if call is not None and call.name == event.tool_name:
-            entry = self._call_span(state, turn, call)
-            extra = None
-            if event.action > entry.action:
-                entry.action = event.action
-                extra = {VERDICT_ACTION: _LABELS[event.action]}
-            span = self._started(entry, extra)
-        if span is None:
-            current = trace.get_current_span()
-            span = current if current.get_span_context().is_valid else state.span
-        attrs = event_attributes(event)
-        self._event(
-            n.LOOP_DETECTED_EVENT, SeverityNumber.WARN,
-            f"turnguard: {event.threshold} {event.level}: {attrs[n.LOOP_ACTION]}", attrs, span, mirror=True,
-        )
+        self.instruments.loop_detected(event)
+        self.events.loop_detected(event, self.detection_span(turn, event))
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
-        ins = self.instruments
         answer = str(response)
-        metric_attrs: dict[str, Any] = {
-            n.LOOP_THRESHOLD: ins.threshold(event.threshold),
-            n.LOOP_LEVEL: str(event.level),
-            n.ESCALATION_ANSWER: answer,
-        }
-        if event.agent_name is not None:
-            metric_attrs[n.GEN_AI_AGENT_NAME] = ins.agents.fold(event.agent_name)
-        ins.escalation_answers.add(1, metric_attrs)
-        attrs = {
-            n.LOOP_THRESHOLD: str(event.threshold),
-            n.LOOP_LEVEL: str(event.level),
-            n.LOOP_ACTION: event.action.label,
-            n.ESCALATION_ANSWER: answer,
-            n.LOOP_EVENT_ID: event.event_id,
-            n.TURN_ID: event.turn_id,
-        }
-        state = self._turns.get(turn)
-        span = state.span if state is not None else None
-        self._event(
-            n.ESCALATION_RESOLVED_EVENT, SeverityNumber.INFO,
-            f"turnguard: user answered {answer} to {event.threshold} {event.level}", attrs, span, mirror=True,
-        )
+        self.instruments.escalation_resolved(event, answer)
+        self.events.escalation_resolved(event, answer, self.turn_span(turn))
 
     @hookimpl
     def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
-        ins = self.instruments
-        ins.plugin_errors.add(
-            1,
-            {
-                n.PLUGIN_NAME: ins.plugins.fold(str(plugin)),
-                n.PLUGIN_HOOK: ins.hooks.fold(str(hook)),
-                n.ERROR_TYPE: ins.error_types.fold(type(error).__qualname__),
-            },
-        )
+        self.instruments.plugin_error(plugin, hook, error)
 
-    # -- shadow policies (turnguard.policies.shadow): what they would have done -----------------
+    # -- shadow policies: what they would have done ---------------------------------------------
 
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
-        ins = self.instruments
-        metric_attrs = ins.detection_metric_attributes(event)
-        metric_attrs[n.SHADOW_POLICY] = ins.shadows.fold(str(policy))
-        ins.shadow_detections.add(1, metric_attrs)
-        state = self._turns.get(turn)
-        span = state.span if state is not None else None
-        attrs = {**event_attributes(event), n.SHADOW_POLICY: str(policy)}
-        self._event(
-            n.SHADOW_DETECTED_EVENT, SeverityNumber.INFO,
-            f"turnguard shadow {policy}: would {event.action.label} ({event.threshold} {event.level})", attrs, span,
-        )
-
-    def _event(
-        self, name: str, severity: SeverityNumber, body: str, attrs: dict[str, Any], span: Any, *, mirror: bool = False
-    ) -> None:
-        """An event as a log record in ``span``'s context; ``mirror`` also adds it as a span event."""
-        self.logger.emit(
-            event_name=name,
-            severity_number=severity,
-            severity_text=severity.name,
-            body=body,
-            attributes=attrs,
-            context=trace.set_span_in_context(span) if span is not None else None,
-        )
-        if mirror and span is not None and span.is_recording():
-            span.add_event(name, attrs)
+        self.instruments.shadow_detected(str(policy), event)
+        self.events.shadow_detected(str(policy), event, self.turn_span(turn))
 
     @hookimpl
     def turnguard_shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
-        ins = self.instruments
-        attrs = ins.turn_metric_attributes(summary)
-        attrs[n.SHADOW_POLICY] = ins.shadows.fold(str(policy))
-        ins.shadow_turn_tool_calls.record(summary.tool_calls, attrs)
-
-    # -- the end of a turn ---------------------------------------------------------------------
+        self.instruments.shadow_turn_ended(str(policy), summary)
 
     @hookimpl
     def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
-        with self._lock:
-            state = self._turns.pop(turn, None)
-        self._record_turn(summary, past_soft_cap=turn.soft_cap is not None and summary.tool_calls > turn.soft_cap)
-        if state is None:
-            return
-        self._close(state, self._summary_attributes(summary), error=summary.reason == "error")
-
-    def _close(self, state: _TurnState, attrs: dict[str, Any], *, error: bool = False) -> None:
-        """End the turn's open call spans (``unfinished``) and, if it is ours, the turn span."""
-        leftovers, state.calls = state.calls, {}
-        for entry in leftovers.values():
-            if entry.owned:
-                self._started(entry, {n.CALL_OUTCOME: n.CALL_UNFINISHED}).end()
-        span = state.span
-        if span is None:
-            return
-        if span.is_recording():
-            if state.owned and error:
-                attrs[n.ERROR_TYPE] = n.ERROR_TYPE_OTHER
-                span.set_status(_ERROR_STATUS)
-            span.set_attributes(attrs)
-        if state.owned:
-            span.end()
-
-    @staticmethod
-    def _summary_attributes(summary: TurnSummary) -> dict[str, Any]:
-        attrs: dict[str, Any] = {
-            n.TURN_OUTCOME: summary.reason,
-            n.TURN_TOOL_CALLS: summary.tool_calls,
-            n.TURN_CYCLES: summary.cycles,
-            n.TURN_MAX_KEY_REPEAT: summary.max_key_repeat,
-            n.TURN_STUCK: summary.stuck,
-            n.TURN_DETECTIONS: summary.detections,
-            n.LOOP_THRESHOLD: str(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
-        }
-        if summary.first_stuck_call:
-            attrs[n.TURN_FIRST_STUCK_CALL] = summary.first_stuck_call
-        return attrs
-
-    def _record_turn(self, summary: TurnSummary, *, past_soft_cap: bool) -> None:
-        """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
-        cap has) lets the threshold-validation board look at long turns alone."""
-        ins = self.instruments
-        attrs = ins.turn_metric_attributes(summary)
-        attrs[n.TURN_PAST_SOFT_CAP] = past_soft_cap
-        ins.turn_tool_calls.record(summary.tool_calls, attrs)
-        ins.turn_cycles.record(summary.cycles, attrs)
-        ins.turn_max_key_repeat.record(summary.max_key_repeat, attrs)
-        if summary.first_stuck_call:
-            ins.turn_first_stuck_call.record(summary.first_stuck_call, attrs)
+        soft_cap = turn.soft_cap
+        self.instruments.turn_ended(summary, past_soft_cap=soft_cap is not None and summary.tool_calls > soft_cap)
+        self.end_turn(turn, summary)
 
 
 def plugin_for(
@@ -698,13 +87,12 @@ def plugin_for(
     **_: Any,
 ) -> OtelPlugin:
     """The plugin for one guard; providers default to the (possibly no-op) globals."""
-    version = _version()
     tracer_provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     meter_provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
     logger_provider = logger_provider if logger_provider is not None else get_logger_provider()
     return OtelPlugin(
         config,
-        tracer_provider.get_tracer(n.SCOPE, version),
-        logger_provider.get_logger(n.SCOPE, version),
+        tracer_provider.get_tracer(n.SCOPE, __version__),
+        logger_provider.get_logger(n.SCOPE, __version__),
         instruments_for(meter_provider, config),
     )

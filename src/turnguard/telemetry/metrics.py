@@ -1,0 +1,187 @@
+"""Metrics: one set of instruments and attribute-value bounds per meter provider.
+
+Metric attributes are bounded (names.py's limits; past one a value folds into ``_other``) and
+never carry ids, arguments or results, so a host's metric cardinality stays fixed whatever the
+model sends.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from turnguard import __version__
+from turnguard.telemetry import buckets
+from turnguard.telemetry import names as n
+from turnguard.telemetry.cardinality import BoundedValues
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from opentelemetry import metrics
+
+    from turnguard.config import GuardConfig
+    from turnguard.model import LoopDetectedEvent, TurnSummary
+
+
+def _histogram(
+    meter: metrics.Meter, metric: tuple[str, str], description: str, edges: Sequence[float]
+) -> metrics.Histogram:
+    """A histogram with the (name, unit) pair ``metric`` from names.py, with advisory bucket edges."""
+    name, unit = metric
+    return meter.create_histogram(name, unit, description, explicit_bucket_boundaries_advisory=edges)
+
+
+def _counter(meter: metrics.Meter, metric: tuple[str, str], description: str) -> metrics.Counter:
+    """A counter with the (name, unit) pair ``metric`` from names.py."""
+    name, unit = metric
+    return meter.create_counter(name, unit, description)
+
+
+class Instruments:
+    """turnguard's instruments on one meter provider, with the attribute-value bounds.
+
+    Shared by every guard on that provider, so the bounds hold per process and provider, not per
+    guard. The histograms' bucket edges come from the first guard's configuration (the SDK keeps
+    the first advisory for a name); a user's View overrides them.
+    """
+
+    def __init__(self, meter: metrics.Meter, config: GuardConfig) -> None:
+        tool_call_edges = buckets.tool_call_edges(config)
+        self.turn_tool_calls = _histogram(
+            meter, n.METRIC_TURN_TOOL_CALLS, "Tool calls checked per turn, by how the turn ended.", tool_call_edges
+        )
+        self.turn_cycles = _histogram(
+            meter, n.METRIC_TURN_CYCLES, "Model requests per turn, by how the turn ended.", buckets.cycle_edges(config)
+        )
+        self.turn_max_key_repeat = _histogram(
+            meter, n.METRIC_TURN_MAX_KEY_REPEAT,
+            "The largest number of times one (tool, arguments) key was seen in a turn.", buckets.repeat_edges(config),
+        )
+        self.turn_first_stuck_call = _histogram(
+            meter, n.METRIC_TURN_FIRST_STUCK_CALL,
+            "The call at which a turn first met the stuck signal (turns that met it only).", tool_call_edges,
+        )
+        self.detections = _counter(meter, n.METRIC_DETECTIONS, "Loop detections, by threshold, level and action.")
+        self.escalation_answers = _counter(
+            meter, n.METRIC_ESCALATION_ANSWERS, "Users' answers to turnguard's questions."
+        )
+        self.plugin_errors = _counter(
+            meter, n.METRIC_PLUGIN_ERRORS, "turnguard plugins that raised (and were isolated)."
+        )
+        self.shadow_detections = _counter(
+            meter, n.METRIC_SHADOW_DETECTIONS,
+            "Shadow policies' would-be detections (nothing acted on), by policy, threshold, level, action.",
+        )
+        self.shadow_turn_tool_calls = _histogram(
+            meter, n.METRIC_SHADOW_TURN_TOOL_CALLS,
+            "Per shadow policy: the calls of a turn it saw before its would-be halt (or all of them).", tool_call_edges,
+        )
+        self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
+        self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
+        self.agents = BoundedValues(n.AGENT_NAME_LIMIT)
+        self.reasons = BoundedValues(n.TURN_OUTCOME_LIMIT)
+        self.thresholds = BoundedValues(n.THRESHOLD_LIMIT)
+        self.plugins = BoundedValues(n.PLUGIN_NAME_LIMIT)
+        self.hooks = BoundedValues(n.HOOK_LIMIT)
+        self.error_types = BoundedValues(n.ERROR_TYPE_LIMIT)
+
+    # -- what each hook records ------------------------------------------------------------------
+
+    def loop_detected(self, event: LoopDetectedEvent) -> None:
+        self.detections.add(1, self.detection_metric_attributes(event))
+
+    def escalation_resolved(self, event: LoopDetectedEvent, answer: str) -> None:
+        attrs: dict[str, Any] = {
+            n.LOOP_THRESHOLD: self.threshold(event.threshold),
+            n.LOOP_LEVEL: str(event.level),
+            n.ESCALATION_ANSWER: answer,
+        }
+        if event.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
+        self.escalation_answers.add(1, attrs)
+
+    def plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
+        self.plugin_errors.add(
+            1,
+            {
+                n.PLUGIN_NAME: self.plugins.fold(str(plugin)),
+                n.PLUGIN_HOOK: self.hooks.fold(str(hook)),
+                n.ERROR_TYPE: self.error_types.fold(type(error).__qualname__),
+            },
+        )
+
+    def shadow_detected(self, policy: str, event: LoopDetectedEvent) -> None:
+        attrs = self.detection_metric_attributes(event)
+        attrs[n.SHADOW_POLICY] = self.shadows.fold(policy)
+        self.shadow_detections.add(1, attrs)
+
+    def shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
+        attrs = self.turn_metric_attributes(summary)
+        attrs[n.SHADOW_POLICY] = self.shadows.fold(policy)
+        self.shadow_turn_tool_calls.record(summary.tool_calls, attrs)
+
+    def turn_ended(self, summary: TurnSummary, *, past_soft_cap: bool) -> None:
+        """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
+        cap has) lets the threshold-validation board look at long turns alone."""
+        attrs = self.turn_metric_attributes(summary)
+        attrs[n.TURN_PAST_SOFT_CAP] = past_soft_cap
+        self.turn_tool_calls.record(summary.tool_calls, attrs)
+        self.turn_cycles.record(summary.cycles, attrs)
+        self.turn_max_key_repeat.record(summary.max_key_repeat, attrs)
+        if summary.first_stuck_call:
+            self.turn_first_stuck_call.record(summary.first_stuck_call, attrs)
+
+    # -- bounded attributes ----------------------------------------------------------------------
+
+    def threshold(self, value: Any) -> str:
+        return n.NO_THRESHOLD if value is None else self.thresholds.fold(str(value))
+
+    def detection_metric_attributes(self, event: LoopDetectedEvent) -> dict[str, Any]:
+        """A (shadow) detection counter's attributes: what fired, with the names bounded."""
+        attrs: dict[str, Any] = {
+            n.LOOP_THRESHOLD: self.threshold(event.threshold),
+            n.LOOP_LEVEL: str(event.level),
+            n.LOOP_ACTION: n.ACTION_LABELS[event.action],
+            n.CAP_MODE: event.cap_mode,
+            n.TURN_PROMPTABLE: event.promptable,
+        }
+        if event.tool_name is not None:
+            attrs[n.GEN_AI_TOOL_NAME] = self.tools.fold(event.tool_name)
+        if event.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
+        return attrs
+
+    def turn_metric_attributes(self, summary: TurnSummary) -> dict[str, Any]:
+        """The attributes a (shadow) turn histogram shares: how the turn ended, with the names bounded."""
+        reason = summary.reason
+        if reason not in n.BUILTIN_TURN_OUTCOMES:
+            reason = self.reasons.fold(str(reason))
+        attrs: dict[str, Any] = {
+            n.TURN_OUTCOME: reason,
+            n.LOOP_THRESHOLD: self.threshold(summary.threshold),
+            n.CAP_MODE: summary.cap_mode,
+            n.TURN_STUCK: summary.stuck,
+            n.TURN_PROMPTABLE: summary.promptable,
+        }
+        if summary.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
+        return attrs
+
+
+_instruments_lock = threading.Lock()
+_instruments_by_provider: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
+
+
+def instruments_for(meter_provider: Any, config: GuardConfig) -> Instruments:
+    """The shared ``Instruments`` of ``meter_provider`` (created on first use)."""
+    with _instruments_lock:
+        try:
+            found = _instruments_by_provider.get(meter_provider)
+        except TypeError:  # not weak-referenceable: instruments (and bounds) per guard then
+            return Instruments(meter_provider.get_meter(n.SCOPE, __version__), config)
+        if found is None:
+            found = Instruments(meter_provider.get_meter(n.SCOPE, __version__), config)
+            _instruments_by_provider[meter_provider] = found
+        return found
