@@ -288,3 +288,26 @@ def test_text_is_keyed_as_the_json_value_it_holds_and_only_when_it_is_all_json(t
     else:
         assert canonical_bytes(text) == canonical_bytes(same_as)
         assert canonical_bytes(text) != canonical_bytes(text.strip() + " x")
+
+
+# -- the identity bytes ----------------------------------------------------------------------------
+
+IDENTITY_ARGS = [{"a": 1}, {"b": [1, 2], "a": {"c": None}}, "ls -la", '{"b": 1, "a": 2}', "42", b"\xff", {3, 1},
+                 {"n": 10**5000}, {"x": float("nan")}, "x" * 5000, {"big": "y" * 5000}, "ls \ud800", None, [1, "a"]]
+
+
+@pytest.mark.parametrize("mode", ["canonical", "bytes"])
+@pytest.mark.parametrize("args", IDENTITY_ARGS)
+def test_identity_bytes_are_what_the_digest_hashes(mode, args):
+    from turnguard.keys import identity_bytes
+
+    secret = b"s" * 32
+    expected = hashlib.blake2b(identity_bytes("tool", args, mode), digest_size=8, key=secret).digest()
+    assert Keyer(mode, secret).digest("tool", args) == expected
+
+
+def test_identity_bytes_refuse_an_unknown_mode():
+    from turnguard.keys import identity_bytes
+
+    with pytest.raises(ValueError, match="canonical"):
+        identity_bytes("tool", {}, "fuzzy")

@@ -148,6 +148,19 @@ class Keyer:
         return digest
 
 
+def identity_bytes(name: str, args: Any, mode: str = "canonical") -> bytes:
+    """The exact bytes ``Keyer(mode).digest(name, args)`` hashes: two calls are the same call
+    exactly when these are equal, whatever the digest secret. For code that must agree with the
+    guard on identity without hashing (calibrate) or without reaching into this module."""
+    if mode not in KEY_MODES:
+        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {mode!r}")
+    try:
+        body = (canonical_bytes if mode == "canonical" else byte_identity)(args)
+    except Exception:  # the encoders never raise; Keyer.digest's last resort, kept identical
+        body = b"\x00unencodable\x00" + _utf8(type(args).__qualname__)
+    return _utf8(str(name)) + b"\x00" + body
+
+
 def cached_digest(call: Any) -> bytes | None:
     """The digest the guard deciding on ``call`` cached on it (``None`` before any guard keyed it);
     for plugins that report a call (spans, records) or count it (shadows)."""
