@@ -19,8 +19,10 @@ from turnguard.model import (
     TurnSummary,
     Verdict,
 )
+from turnguard.profiles import PROFILES
 
 __all__ = [
+    "PROFILES",
     "STREAK_STOP_ON",
     "STUCK_SIGNALS",
     "Action",

@@ -4,6 +4,7 @@ own engine (``engine.Calibrator``: the live ledger and policy hooks).
 
     python -m turnguard.calibrate.stuck_evidence --write-long-turns long-turns.jsonl
     python -m turnguard.calibrate.stuck_evidence ../shared/corpus/*.jsonl long-turns.jsonl
+    python -m turnguard.calibrate.stuck_evidence --profiles ../shared/corpus/*.jsonl long-turns.jsonl
 
 The recorded corpus has no turn past 59 calls, so the adaptive cap is compared there with the
 calibration grid's smallest soft cap (``S=20``); generated turns (``long_turns``) run 100 to
@@ -28,6 +29,7 @@ from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedTurn, read_turns
 from turnguard.config import GuardConfig
+from turnguard.profiles import PROFILES
 
 STUCK_RUN = 8
 """Consecutive identical calls that make a turn degenerate (the issue's definition)."""
@@ -43,9 +45,34 @@ VARIANTS: tuple[tuple[str, dict[str, object]], ...] = (
 """The seed's configuration and each alternative (the first is the reference)."""
 
 
-def policies(soft_cap: int) -> list[Policy]:
-    base = GuardConfig(soft_cap=soft_cap, load_entrypoints=False)
-    return [Policy(name, base.replace(**changes), is_default=not changes) for name, changes in VARIANTS]
+DEGENERATE_RESOLVED = frozenset({"deepseek-chat-v2/googlecontainertools__jib-4035"})
+"""Resolved runs a stuck rule may halt: solved at call 3, then the same failing ``javac`` 20
+times in a row (degenerate after the fact: the task result cannot tell)."""
+
+
+def _profile_candidates() -> tuple[tuple[str, GuardConfig], ...]:
+    recommended = PROFILES["recommended"]
+    return (
+        ("seed", PROFILES["seed"]),
+        ("recommended", recommended),
+        ("repeat + stop on any", PROFILES["seed"].replace(streak_stop_on="any")),
+        ("recommended, streak stop at 6", recommended.replace(streak_stop_at=6)),
+        ("recommended, D=4", recommended.replace(stuck_repeat_threshold=4)),
+        ("recommended, D=8", recommended.replace(stuck_repeat_threshold=8)),
+        ("recommended, x5", recommended.replace(hard_multiplier=5)),
+    )
+
+
+PROFILE_CANDIDATES = _profile_candidates()
+"""``PROFILES`` and the neighbours of ``"recommended"`` it was chosen from."""
+
+
+def policies(soft_cap: int, variants: Sequence[tuple[str, GuardConfig]] | None = None) -> list[Policy]:
+    """The variants at ``soft_cap`` (default: ``VARIANTS`` over the seed's configuration)."""
+    if variants is None:
+        variants = [(name, GuardConfig().replace(**changes)) for name, changes in VARIANTS]
+    return [Policy(name, config.replace(soft_cap=soft_cap, load_entrypoints=False), is_default=not i)
+            for i, (name, config) in enumerate(variants)]
 
 
 # -- generated long turns ------------------------------------------------------------------------
@@ -184,8 +211,10 @@ class DataSet:
         return len(ids), len(caught), seed.mean_halt(ids), variant.mean_halt(ids)
 
 
-def evaluate(name: str, turns: Iterable[RecordedTurn], soft_cap: int) -> DataSet:
-    grid = policies(soft_cap)
+def evaluate(name: str, turns: Iterable[RecordedTurn], soft_cap: int,
+             variants: Sequence[tuple[str, GuardConfig]] | None = None) -> DataSet:
+    """Every variant (default: ``VARIANTS``) on ``turns`` at ``soft_cap``, unattended."""
+    grid = policies(soft_cap, variants)
     calibrator = Calibrator(grid, group=False)
     data = DataSet(name, soft_cap, variants=[VariantFigures(p.name) for p in grid])
     for turn in turns:
@@ -234,6 +263,44 @@ def table(data_sets: Sequence[DataSet]) -> str:
     return "\n".join(lines)
 
 
+def meets_profile_targets(data: DataSet, variant: VariantFigures) -> bool:
+    """The recommended profile's targets: no resolved run halted but ``DEGENERATE_RESOLVED``,
+    every run of ``STUCK_RUN`` or more identical calls caught."""
+    return set(variant.resolved_halted) <= DEGENERATE_RESOLVED and variant.identical_caught == data.identical
+
+
+def profile_table(data_sets: Sequence[DataSet]) -> str:
+    """``PROFILE_CANDIDATES`` against the targets, as a Markdown table."""
+    head = ("data (soft cap)", "profile", "resolved halted", "≥8 identical caught", "stuck caught",
+            "mean halt call (stuck)", "other unresolved halted", "meets both targets")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in data_sets:
+        for v in d.variants:
+            extra = [i for i in v.resolved_halted if i not in DEGENERATE_RESOLVED]
+            resolved = f"{len(v.resolved_halted)}/{d.resolved}"
+            if extra:
+                resolved += " (" + ", ".join(f"`{i.rsplit('/', 1)[-1]}`" for i in extra[:2])
+                resolved += ", ...)" if len(extra) > 2 else ")"
+            lines.append("| " + " | ".join((
+                f"{d.name} (S={d.soft_cap})", v.name, resolved, f"{v.identical_caught}/{d.identical}",
+                f"{len(v.stuck_caught)}/{d.stuck}", _num(v.mean_halt(v.stuck_caught)),
+                str(v.other_unresolved_halted), "yes" if meets_profile_targets(d, v) else "no",
+            )) + " |")
+    return "\n".join(lines)
+
+
+def profile_data_sets(recorded: Sequence[RecordedTurn], generated: Sequence[RecordedTurn]) -> list[DataSet]:
+    """The candidates as configured (S=100) on both sets, and on the recorded corpus at S=20 too
+    (its turns never reach 100 calls: there only the streak can fire)."""
+    sets = []
+    if recorded:
+        sets.append(evaluate("recorded corpus", recorded, LONG_SOFT_CAP, PROFILE_CANDIDATES))
+        sets.append(evaluate("recorded corpus", recorded, CORPUS_SOFT_CAP, PROFILE_CANDIDATES))
+    if generated:
+        sets.append(evaluate("generated long turns", generated, LONG_SOFT_CAP, PROFILE_CANDIDATES))
+    return sets
+
+
 def _read(paths: Sequence[str]) -> list[RecordedTurn]:
     def problem(p: object) -> None:
         print(f"stuck_evidence: skipped {p}", file=sys.stderr)
@@ -248,12 +315,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="corpus-format JSONL; files named *long-turns* are the generated set")
     parser.add_argument("--write-long-turns", metavar="FILE", help="write the generated long turns and exit")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profiles", action="store_true",
+                        help="compare tg.PROFILES and the recommended profile's neighbours instead")
     args = parser.parse_args(argv)
     if args.write_long_turns:
         print(f"wrote {write_long_turns(args.write_long_turns, args.seed)} turns to {args.write_long_turns}")
         return 0
     recorded = [f for f in args.files if "long-turns" not in f]
     generated = [f for f in args.files if "long-turns" in f]
+    if args.profiles:
+        if not args.files:
+            parser.error("give corpus files and/or a long-turns file")
+        print(profile_table(profile_data_sets(_read(recorded) if recorded else [],
+                                              _read(generated) if generated else [])))
+        return 0
     data_sets = []
     if recorded:
         data_sets.append(evaluate("recorded corpus", _read(recorded), CORPUS_SOFT_CAP))

@@ -1,0 +1,21 @@
+"""``PROFILES``: named configurations an operator can start from, each backed by evidence.
+
+``"seed"`` is the defaults (the seeds' semantics, which stay the defaults). ``"recommended"`` is
+the smallest change from them that, on the recorded corpus and the generated long turns, halts no
+resolved run but the degenerate ``jib-4035`` and catches every run of 8 or more identical calls in
+a row (docs/stuck-signals.md, "Profiles", has the table and the command that produced it;
+``tests/test_profiles.py`` asserts it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from turnguard.config import GuardConfig
+
+PROFILES: Mapping[str, GuardConfig] = MappingProxyType({
+    "seed": GuardConfig(),
+    "recommended": GuardConfig(stuck_signal="stale_repeat", streak_stop_on="any"),
+})
+"""Read-only: name -> ``GuardConfig`` (frozen). Derive with ``PROFILES[name].replace(...)``."""
