@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -91,3 +92,146 @@ def test_console_script_on_the_shared_corpus_without_a_terminal_draws_no_progres
                           capture_output=True, text=True, timeout=120, check=True)
     assert "648 turns, 10,449 tool calls" in done.stdout
     assert "calibrate [" not in done.stderr and done.stderr == ""
+
+
+# -- hostile input and bad outputs ------------------------------------------------------------------
+
+GOOD = json.dumps({"id": "good", "calls": [{"tool": "read", "args": {"p": 1}, "outcome": "ok"}], "cycles": 1})
+
+
+def run_cli(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``turnguard ARGV`` in a fresh interpreter (a RecursionError or a crash cannot hide in the
+    test's own stack); the timeout only keeps a hang from stalling the suite."""
+    return subprocess.run([sys.executable, "-m", "turnguard.cli", *argv], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)
+
+
+NO_TURN_INPUTS = {
+    "empty": b"",
+    "blank lines": b"\n  \n\t\n",
+    "binary": bytes(range(256)) * 40,
+    "every line bad": b'{"calls": "x"}\n{not json\nnull\n[1]\n',
+    "nulls": b"null\nnull\n",
+    "gzip of nothing": gzip.compress(b""),
+    "nested too deep": ("[" * 50_000 + "]" * 50_000 + "\n").encode(),
+}
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("kind", list(NO_TURN_INPUTS))
+def test_input_without_a_single_readable_turn_says_so_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, jobs: str
+) -> None:
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(NO_TURN_INPUTS[kind])
+    assert main(["calibrate", str(path), *SMALL_GRID, "--jobs", jobs, "--json", str(tmp_path / "r.json")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"no turn could be read from {path}" in captured.err
+    assert not (tmp_path / "r.json").exists()  # nothing written, no empty file left by the output check
+
+
+def skipped_lines() -> list[str]:
+    """One of every kind of line the reader skips."""
+    return [
+        "null", "17", '"text"', "[]", "true", "{not json", '{"calls": 5}', "\udcff".encode("utf-8", "surrogatepass")
+        .decode("latin-1"), '{"calls": [], "cycles": ' + "1" + "0" * 30 + "}",
+        '{"calls": [{"tool": "t", "args": 1, "cycle": -3}]}', '{"calls": [], "cycles": true}',
+        '{"calls": [{"tool": "t", "args": ' + "[" * 20_000 + "]" * 20_000 + "}]}",
+        '{"resourceSpans": 5}', '"resourceSpans"', '{"id": "long", "calls": [' + " " * 70_000 + "]}",
+    ]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_every_skipped_line_is_counted_never_a_traceback_with_or_without_strict(
+    tmp_path: Path, jobs: str, strict: bool
+) -> None:
+    bad = skipped_lines()
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join([GOOD, *bad, GOOD]) + "\n", encoding="latin-1")
+    result = tmp_path / "r.json"
+    done = run_cli("calibrate", str(path), *SMALL_GRID, "--jobs", jobs, "--max-line-bytes", "65536",
+                   "--json", str(result), *(["--strict"] if strict else []))
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr.replace("InputError", "")
+    if strict:
+        assert done.returncode == 1 and "(--strict)" in done.stderr  # at the first bad line a worker met
+        return
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(result.read_text())
+    assert (stats["turns"], stats["problems"]) == (2, len(bad))
+    reported = [line for line in done.stderr.splitlines() if line.startswith(f"turnguard calibrate: {path}:")]
+    assert sorted(int(line.split(":")[2]) for line in reported) == list(range(2, len(bad) + 2))
+
+
+def test_a_200_mb_line_is_skipped_with_bounded_memory(tmp_path: Path) -> None:
+    path = tmp_path / "huge.jsonl"
+    with path.open("wb") as f:
+        f.write(GOOD.encode() + b"\n" + b'{"calls": [' + b" " * (200 << 20) + b"]}\n" + GOOD.encode() + b"\n")
+    probe = ("import resource, sys; from turnguard.cli import main; status = main(sys.argv[1:]); "
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr); sys.exit(status)")
+    runs = {}
+    for name, file in (("small", tmp_path / "small.jsonl"), ("huge", path)):
+        if name == "small":
+            file.write_text(GOOD + "\n")
+        done = subprocess.run([sys.executable, "-c", probe, "calibrate", str(file), *SMALL_GRID, "--json", "-"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        runs[name] = (json.loads(done.stdout), int(done.stderr.splitlines()[-1]))
+    (huge, huge_rss), (_, small_rss) = runs["huge"], runs["small"]
+    assert (huge["turns"], huge["problems"]) == (2, 1)
+    from turnguard.calibrate.inputs import MAX_LINE_BYTES
+
+    assert huge_rss - small_rss < 3 * MAX_LINE_BYTES  # not the 200 MB line (x4 when it was parsed)
+
+
+@pytest.mark.parametrize("flag", ["--json", "--html"])
+@pytest.mark.parametrize("target", ["missing-folder/out", "a-folder", "/proc/version"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, target: str
+) -> None:
+    (tmp_path / "a-folder").mkdir()
+    path = tmp_path / "turns.jsonl"
+    path.write_text(GOOD + "\n{bad line\n")
+    out = target if target.startswith("/") else str(tmp_path / target)
+    assert main(["calibrate", str(path), *SMALL_GRID, flag, out]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {out}: " in err
+    assert "bad line" not in err and f"{path}:2" not in err  # the input was not even read
+    result = tmp_path / "r.json"
+    assert main(["calibrate", str(path), *SMALL_GRID, "--json", str(result)]) == 0
+    assert main(["calibrate", "merge", str(result), flag, out]) == 2
+    assert f"cannot write {out}: " in capsys.readouterr().err
+
+
+def test_the_output_check_keeps_an_existing_file_until_the_new_one_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, result = tmp_path / "turns.jsonl", tmp_path / "r.json"
+    result.write_text("previous")
+    path.write_text("{bad\n")
+    assert main(["calibrate", str(path), *SMALL_GRID, "--json", str(result)]) == 1
+    assert result.read_text() == "previous"
+    path.write_text(GOOD + "\n")
+    assert main(["calibrate", str(path), *SMALL_GRID, "--json", str(result)]) == 0
+    assert json.loads(result.read_text())["turns"] == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["--jobs", "-1"], ["--jobs", "100000"], ["--jobs", "two"], ["--jobs", "1.5"],
+    ["--max-line-bytes", "0"], ["--max-line-bytes", "1" + "0" * 30], ["--max-line-bytes", "-5"],
+    ["--soft-caps", "1" + "0" * 30], ["--soft-caps", "1" * 5000], ["--explicit-caps", "1" + "0" * 30],
+    ["--cycle-caps", "1" + "0" * 30], ["--streaks", "1" + "0" * 30 + ":" + "1" + "0" * 30],
+    ["--multipliers", "1e308"], ["--multipliers", "inf"], ["--multipliers", "nan"], ["--stuck-repeats", "-3"],
+    ["--soft-caps", ",".join(map(str, range(1, 80))), "--multipliers", ",".join(map(str, range(1, 30))), "--cross"],
+])
+def test_a_flag_that_sizes_the_work_out_of_range_is_a_usage_error(
+    corpus: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    try:
+        status = main(["calibrate", str(corpus), *argv])
+    except SystemExit as exc:
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "expected" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 import turnguard as tg
+from turnguard.calibrate import inputs
 from turnguard.calibrate.inputs import InputProblem, RecordedCall, read_turns
 from turnguard.telemetry import names
 from turnguard.telemetry.testing import InMemoryTelemetry
@@ -63,9 +65,9 @@ def test_gzip_is_detected_by_content_not_name(tmp_path: Path) -> None:
         ('{"calls": [{"tool": "", "args": 1, "outcome": "ok"}]}', "call 1: 'tool' is missing or not a non-empty"),
         ('{"calls": [{"tool": "t"}]}', "call 1: neither 'args' nor 'digest'"),
         ('{"calls": [{"tool": "t", "args": 1, "outcome": "exploded"}]}', "unknown outcome 'exploded'"),
-        ('{"calls": [], "cycles": -1}', "'cycles' must be a non-negative integer"),
+        ('{"calls": [], "cycles": -1}', "'cycles' must be an integer from 0"),
         ('{"calls": [], "resolved": "yes"}', "'resolved' must be true, false or null"),
-        ('{"calls": [{"tool": "t", "args": 1, "cycle": 0}]}', "'cycle' must be a positive integer"),
+        ('{"calls": [{"tool": "t", "args": 1, "cycle": 0}]}', "'cycle' must be an integer from 1"),
     ],
 )
 def test_malformed_line_is_reported_with_file_and_line_and_the_rest_is_read(
@@ -214,3 +216,158 @@ def test_formats_mix_freely_in_one_run(tmp_path: Path) -> None:
     otlp.write_bytes(gzip.compress((collector_line([tool_span("b1", "aaaa", 1), turn]) + "\n").encode()))
     turns, problems = read([corpus, otlp])
     assert [t.id for t in turns] == ["t1", "T"] and problems == []
+
+
+# -- hostile input: every field that sizes work is bounded, every skipped line is counted -------
+
+GOOD_CALL = {"tool": "read", "args": {"p": 1}, "outcome": "ok"}
+TOO_BIG = inputs.MAX_TURN_CYCLES + 1
+
+
+def corpus_with(tmp_path: Path, *bad: str) -> Path:
+    """A good line, then each of ``bad``, then a good line."""
+    good = json.dumps({"id": "good", "calls": [GOOD_CALL], "cycles": 1})
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join([good, *bad, good]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 30, str(TOO_BIG), "-1", "3.5", "1e400", "true", "false", '"3"',
+                                   "[3]", "{}"])
+@pytest.mark.parametrize("field", ["cycles", "cycle"])
+def test_a_work_sizing_count_out_of_range_or_of_the_wrong_type_is_a_reported_problem(
+    tmp_path: Path, field: str, value: str
+) -> None:
+    call = json.dumps(GOOD_CALL)[:-1] + (f', "cycle": {value}' if field == "cycle" else "") + "}"
+    line = '{"id": "bad", "calls": [' + call + "]" + (f', "cycles": {value}' if field == "cycles" else "") + "}"
+    turns, problems = read([corpus_with(tmp_path, line)])
+    assert [t.id for t in turns] == ["good", "good"]
+    assert [(p.line, f"'{field}' must be an integer from") for p in problems] == [
+        (2, p.message[p.message.index("'"):p.message.index("from") + 4]) for p in problems]
+    assert len(problems[0].message) < 200  # a 10**30 or a huge repr is not pasted whole
+
+
+@pytest.mark.parametrize("field", ["cycles", "cycle"])
+def test_the_largest_accepted_count_is_the_documented_limit(tmp_path: Path, field: str) -> None:
+    top = inputs.MAX_TURN_CYCLES
+    call = {**GOOD_CALL, "cycle": top} if field == "cycle" else GOOD_CALL
+    (_, turn, _), problems = read([corpus_with(tmp_path, json.dumps({"id": "top", "calls": [call], "cycles": top}))])
+    assert problems == [] and turn.id == "top" and turn.cycles == top
+
+
+def test_a_turn_with_more_calls_than_the_limit_is_a_reported_problem(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inputs, "MAX_TURN_CALLS", 3)
+    at_limit = json.dumps({"id": "three", "calls": [GOOD_CALL] * 3})
+    over = json.dumps({"id": "four", "calls": [GOOD_CALL] * 4})
+    turns, problems = read([corpus_with(tmp_path, at_limit, over)])
+    assert [t.id for t in turns] == ["good", "three", "good"]
+    assert [(p.line, "more than the limit of 3" in p.message) for p in problems] == [(3, True)]
+
+
+@pytest.mark.parametrize("cycles", [{"intValue": "1" + "0" * 30}, {"intValue": str(TOO_BIG)}, {"intValue": "-2"},
+                                    {"doubleValue": 3.0}, {"boolValue": True}, {"stringValue": "3"}])
+def test_an_otlp_turn_cycles_attribute_out_of_range_is_reported_and_the_turn_kept(tmp_path: Path, cycles) -> None:
+    turn = span("invoke_agent coder", "aaaa", None, {names.TURN_ID: "T"})
+    turn["attributes"].append({"key": names.TURN_CYCLES, "value": cycles})
+    path = tmp_path / "collector.json"
+    path.write_text(collector_line([tool_span("b1", "aaaa", 1), turn]) + "\n")
+    (replayed,), problems = read([path])
+    assert replayed.cycles is None and len(replayed.calls) == 1
+    assert [(p.line, names.TURN_CYCLES in p.message) for p in problems] == [(1, True)]
+
+
+def test_otlp_calls_past_the_per_turn_limit_are_reported_not_accumulated(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inputs, "MAX_TURN_CALLS", 2)
+    lines = [collector_line([tool_span(f"b{i}", "aaaa", i)]) for i in range(1, 5)]
+    lines.append(collector_line([span("invoke_agent coder", "aaaa", None, {names.TURN_ID: "T"})]))
+    path = tmp_path / "collector.json"
+    path.write_text("\n".join(lines) + "\n")
+    (turn,), problems = read([path])
+    assert len(turn.calls) == 2
+    assert [p.line for p in problems] == [3, 4]
+
+
+def nested(depth: int, inner: str = "1") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [10_000, 100_000])
+@pytest.mark.parametrize("where", ["args", "cycles", "line", "id", "otlp"])
+def test_nesting_too_deep_to_parse_is_a_reported_problem(tmp_path: Path, depth: int, where: str) -> None:
+    deep = nested(depth)
+    line = {
+        "args": '{"calls": [{"tool": "t", "args": ' + deep + ', "outcome": "ok"}]}',
+        "cycles": '{"calls": [], "cycles": ' + deep + "}",
+        "line": deep,
+        "id": '{"id": ' + deep + ', "calls": []}',
+        "otlp": '{"resourceSpans": ' + deep + "}",
+    }[where]
+    turns, problems = read([corpus_with(tmp_path, line)])
+    assert [t.id for t in turns] == ["good", "good"]
+    assert [(p.line, p.message) for p in problems] == [(2, "not readable: JSON nested too deeply")]
+
+
+@pytest.mark.parametrize("depth", [100, 900, 980, 990, 995, 1000, 1010, 2000])
+def test_nesting_near_the_parsers_limit_is_either_read_or_reported(tmp_path: Path, depth: int) -> None:
+    line = '{"id": "deep", "calls": [{"tool": "t", "args": ' + nested(depth) + ', "outcome": "ok"}]}'
+    turns, problems = read([corpus_with(tmp_path, line)])
+    assert len(turns) + len(problems) == 3
+    assert [t.id for t in turns if t.id != "deep"] == ["good", "good"]
+
+
+@pytest.mark.parametrize("line", ["null", "1", "-2.5", '"a turn"', "true", "[]", '[{"calls": []}]',
+                                  '"resourceSpans"', '["resourceSpans"]', "null   "])
+def test_a_json_line_that_is_not_an_object_is_counted_as_skipped(tmp_path: Path, line: str) -> None:
+    turns, problems = read([corpus_with(tmp_path, line, line)])
+    assert [t.id for t in turns] == ["good", "good"]
+    assert [p.line for p in problems] == [2, 3]
+    assert all("expected a JSON object" in p.message and p.message.endswith("skipped") for p in problems)
+
+
+@pytest.mark.parametrize("limit", [1, 100, 4096])
+def test_a_line_longer_than_the_limit_is_skipped_and_one_at_the_limit_is_read(tmp_path: Path, limit: int) -> None:
+    def line_of(size: int, turn_id: str) -> bytes:
+        head = b'{"id": "' + turn_id.encode() + b'", "calls": []'
+        return head + b" " * max(size - len(head) - 1, 0) + b"}"
+
+    at, over = line_of(limit, "at"), line_of(limit + 1, "over")
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b"\n".join([at, over, over + b" " * 3 * inputs.SKIP_BLOCK, at]) + (b"\n" if limit > 1 else b""))
+    problems: list[InputProblem] = []
+    turns = list(read_turns([path], problems.append, max_line_bytes=max(limit, len(at))))
+    if len(at) > limit:  # a limit below the smallest turn: nothing fits
+        return
+    assert [t.id for t in turns] == ["at", "at"]
+    assert [(p.line, "longer than the limit" in p.message) for p in problems] == [(2, True), (3, True)]
+    assert f": {limit + 1 + 3 * inputs.SKIP_BLOCK + 1:,} bytes with its newline" in problems[1].message
+
+
+def test_the_default_limit_reads_a_line_at_it_and_skips_one_past_it(tmp_path: Path) -> None:
+    limit = inputs.MAX_LINE_BYTES
+    head = b'{"id": "big", "calls": ['
+    path = tmp_path / "big.jsonl"
+    with path.open("wb") as f:
+        f.write(head + b" " * (limit - len(head) - 2) + b"]}\n")  # exactly the limit: read
+        f.write(head + b" " * (limit - len(head) - 1) + b"]}\n")  # one byte more: skipped
+    problems: list[InputProblem] = []
+    assert [t.id for t in read_turns([path], problems.append)] == ["big"]
+    assert [p.line for p in problems] == [2]
+
+
+def test_a_line_far_past_the_limit_is_skipped_holding_at_most_the_limit_of_it(tmp_path: Path) -> None:
+    limit = inputs.MAX_LINE_BYTES
+    path = tmp_path / "huge.jsonl"
+    with path.open("wb") as f:
+        f.write(b'{"id": "huge", "calls": [' + b" " * (4 * limit) + b"]}\n")
+        f.write(json.dumps({"id": "after", "calls": []}).encode() + b"\n")
+    problems: list[InputProblem] = []
+    tracemalloc.start()
+    try:
+        turns = [t.id for t in read_turns([path], problems.append)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert turns == ["after"] and [p.line for p in problems] == [1]
+    assert peak < 2.5 * limit  # readline joins its pieces (2x); reading it whole (as before) holds 4x

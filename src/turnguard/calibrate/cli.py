@@ -1,7 +1,8 @@
 """``turnguard calibrate FILES...`` and ``turnguard calibrate-merge RESULTS...``.
 
 ``main(argv)`` / ``merge_main(argv)`` return the exit status: 0 on success, 1 when ``--strict``
-met a bad input, 2 on a usage error (bad flag, unreadable file).
+met a bad input or when no turn could be read at all, 2 on a usage error (bad flag or
+configuration, unreadable input, an output that cannot be written: checked before the replay).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TextIO
 
 from turnguard.calibrate import grid as g
 from turnguard.calibrate.html import render
-from turnguard.calibrate.inputs import InputError, InputProblem
+from turnguard.calibrate.inputs import MAX_LINE_BYTES, InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text
 from turnguard.calibrate.run import Progress, StrictError, calibrate, input_sizes
 from turnguard.calibrate.stats import RunStats
@@ -42,8 +43,34 @@ DESCRIPTION = (
 )
 
 
+MAX_JOBS = 64
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"expected 0 (automatic) to {MAX_JOBS} worker processes, got {text!r}")
+    return value
+
+
+def _line_limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LINE_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes from 1 to {MAX_LINE_LIMIT:,}, got {text!r}")
+    return value
+
+
+MAX_LINE_LIMIT = 1 << 30
+
+
 def build_parser(prog: str = "turnguard calibrate") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, allow_abbrev=False)
     add_arguments(p)
     return p
 
@@ -76,15 +103,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--cross", action="store_true",
                       help="the full cross product of every axis (default: the cap axes crossed, "
                            "each other axis varied alone around the default)")
-    grid.add_argument("--config", metavar="TOML", help="base configuration (turnguard.toml or pyproject.toml)")
+    grid.add_argument("--config", metavar="TOML", help="base configuration, the default row (default: as "
+                      "'turnguard config' loads it: $TURNGUARD_CONFIG, ./turnguard.toml or ./pyproject.toml, then "
+                      "TURNGUARD_* variables)")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with charts")
     out.add_argument("--fold", action="store_true",
                      help="list policies whose figures equal an earlier row's under the table, not as rows")
     out.add_argument("--strict", action="store_true", help="stop at the first malformed line or span")
-    out.add_argument("--jobs", type=int, default=0,
-                     help="worker processes (default: 1 for small inputs, every core for large ones)")
+    out.add_argument("--jobs", type=_jobs, default=0,
+                     help=f"worker processes, at most {MAX_JOBS} (default: 1 for small inputs, every core for "
+                          "large ones)")
+    out.add_argument("--max-line-bytes", type=_line_limit, default=MAX_LINE_BYTES, metavar="N",
+                     help="skip (and report) input lines longer than this (default: %(default)s, 32 MiB)")
     out.add_argument("--no-grouping", action="store_true", help=argparse.SUPPRESS)
     out.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                      help="progress bar on stderr (auto: only on a terminal)")
@@ -106,7 +138,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     if args.files[:1] == ["merge"] and not Path("merge").exists():
         return merge_results(args.files[1:], args.json, args.html, stdout, stderr)
     try:
-        base = GuardConfig.from_toml(args.config) if args.config else GuardConfig()
+        base = getattr(args, "guard_config", None) or GuardConfig.load(args.config)
     except ConfigError as exc:
         print(f"turnguard calibrate: {exc}", file=stderr)
         return 2
@@ -121,6 +153,10 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     except ConfigError as exc:
         print(f"turnguard calibrate: grid: {exc}", file=stderr)
         return 2
+    unwritable = outputs_problem(args.json, args.html)
+    if unwritable:
+        print(f"turnguard calibrate: {unwritable}", file=stderr)
+        return 2
     shown = [0]
 
     def on_problem(problem: InputProblem) -> None:
@@ -134,7 +170,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         jobs = args.jobs or _auto_jobs(size)
         progress = Progress(size, stderr, enabled=enabled)
         stats = calibrate(args.files, policies, on_problem=on_problem, strict=args.strict, jobs=jobs,
-                          group=not args.no_grouping, progress=progress)
+                          group=not args.no_grouping, progress=progress, max_line_bytes=args.max_line_bytes)
     except StrictError as exc:
         print(f"turnguard calibrate: stopped: {exc}", file=stderr)
         return 1
@@ -144,7 +180,30 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     if shown[0] > MAX_SHOWN_PROBLEMS:
         print(f"turnguard calibrate: ... and {shown[0] - MAX_SHOWN_PROBLEMS:,} more input problems "
               f"({shown[0]:,} in all)", file=stderr)
+    if not stats.turns:
+        print(f"turnguard calibrate: no turn could be read from {', '.join(map(str, args.files))} "
+              f"({stats.problems:,} input problems); nothing to report", file=stderr)
+        return 1
     return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold)
+
+
+def outputs_problem(*paths: str | None) -> str | None:
+    """Why one of the output ``paths`` cannot be written, or ``None``: checked before the replay by
+    opening each for appending (a file that did not exist is removed again)."""
+    for path in paths:
+        if not path or path == "-":
+            continue
+        existed = os.path.lexists(path)
+        try:
+            if os.path.isdir(path):
+                raise IsADirectoryError(21, "Is a directory")
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            return f"cannot write {path}: {exc.strerror or exc}"
+        if not existed:
+            os.unlink(path)
+    return None
 
 
 def _auto_jobs(size: int) -> int:
@@ -171,7 +230,7 @@ def merge_main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = Non
     """Merge ``--json`` results of runs over parts of the input (same flags) into one."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    p = argparse.ArgumentParser(prog="turnguard calibrate-merge", description=MERGE_DESCRIPTION)
+    p = argparse.ArgumentParser(prog="turnguard calibrate-merge", description=MERGE_DESCRIPTION, allow_abbrev=False)
     add_merge_arguments(p)
     return run_merge(p.parse_args(argv), stdout=stdout, stderr=stderr)
 
@@ -194,6 +253,10 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
                   stderr: TextIO) -> int:
     if not paths:
         print("turnguard calibrate merge: give the --json results to merge", file=stderr)
+        return 2
+    unwritable = outputs_problem(json_path, html_path)
+    if unwritable:
+        print(f"turnguard calibrate-merge: {unwritable}", file=stderr)
         return 2
     merged: RunStats | None = None
     for path in paths:

@@ -10,9 +10,10 @@ call (qwen-code's and gemini-cli's consecutive-identical detectors), which needs
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
-from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, GuardConfig
+from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import KEY_MODES
 from turnguard.ledger import Ledger
@@ -29,6 +30,9 @@ DEFAULT_STUCK_SIGNALS = STUCK_SIGNALS
 DEFAULT_STOP_ON = STREAK_STOP_ON
 PEER_CAP = 100
 PEER_IDENTICAL = 5
+MAX_POLICIES = 2000
+"""The most policies one run compares (every turn is replayed under each): a larger grid is a
+``ConfigError`` raised before any policy is built."""
 
 
 class HaltOnIdenticalCalls:
@@ -122,9 +126,25 @@ class GridSpec:
     ``True``: the full cross product of every axis."""
     base: GuardConfig = field(default_factory=GuardConfig)
 
+    @property
+    def size(self) -> int:
+        """How many policies ``build_grid`` considers (before duplicates are removed)."""
+        n = 1 + (2 if self.peers else 0)
+        if self.cross:
+            return n + math.prod(map(len, (self.soft_caps, self.multipliers, self.stuck_repeats, self.stuck_signals,
+                                           self.streaks, self.stop_on, self.cycle_caps, self.key_modes))) \
+                + math.prod(map(len, (self.explicit_caps, self.streaks, self.stop_on, self.key_modes)))
+        caps = len(self.soft_caps) * len(self.stuck_repeats)
+        return (n + caps * len(self.multipliers) + caps * len(self.stuck_signals)
+                + sum(map(len, (self.stop_on, self.streaks, self.cycle_caps, self.key_modes, self.explicit_caps))))
+
 
 def build_grid(spec: GridSpec) -> list[Policy]:
-    """The policies of ``spec``, the default configuration first, duplicates removed."""
+    """The policies of ``spec``, the default configuration first, duplicates removed; a grid of
+    more than ``MAX_POLICIES`` is a ``ConfigError``."""
+    if spec.size > MAX_POLICIES:
+        raise ConfigError("grid", f"{spec.size:,} policies", f"at most {MAX_POLICIES:,} policies (fewer values "
+                          "per axis, or no --cross)")
     base = spec.base.replace(
         disable_plugins=(), load_entrypoints=False, recorder_path=None, shadow=(), capture_content=False
     )

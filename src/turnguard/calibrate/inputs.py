@@ -5,6 +5,11 @@ what the local recorder writes) and the OpenTelemetry Collector's file exporter 
 Every reader streams: one turn is in memory at a time (for OTLP, the turns whose turn span has not
 arrived yet). A line or span that cannot be read is reported as an ``InputProblem`` (file, line,
 what is wrong) through the caller's ``on_problem``; nothing is dropped silently.
+
+Hostile input is bounded: a line longer than ``MAX_LINE_BYTES`` is skipped (and reported) after
+reading at most that much of it, JSON nested deeper than the interpreter can parse is a reported
+problem, and every field that sizes the replay's work (``cycles``, a call's ``cycle``, the number
+of calls) has a ceiling past which the turn is reported, not replayed.
 """
 
 from __future__ import annotations
@@ -64,6 +69,17 @@ class InputProblem:
         return f"{self.path}:{self.line}: {self.message}"
 
 
+MAX_LINE_BYTES = 32 * 1024 * 1024
+"""The longest line read (without its newline); a longer one is reported and skipped, reading at
+most this much of it at a time. The recorder writes at most 10,000 calls per line (under 1 MB);
+the Collector's file exporter writes one export batch per line."""
+MAX_TURN_CYCLES = 100_000
+"""The most model requests a turn (``cycles``) or a call's ``cycle`` number may give: the replay
+does work for each request, so a larger value is a reported problem, not a hang."""
+MAX_TURN_CALLS = 1_000_000
+"""The most tool calls a turn may hold (100 times the recorder's per-turn limit)."""
+
+
 class InputError(Exception):
     """A fatal input problem (``--strict``), or an unreadable file."""
 
@@ -71,12 +87,41 @@ class InputError(Exception):
 ProblemSink = Callable[[InputProblem], None]
 
 
+SKIP_BLOCK = 1 << 20
+
+
+def bounded_lines(readline: Callable[[int], bytes], limit: int) -> Iterator[tuple[bytes | None, int]]:
+    """``(line, size)`` for each line ``readline`` gives, or ``(None, size)`` for a line longer
+    than ``limit`` bytes (its rest is read in blocks and dropped, so memory holds at most
+    ``limit`` bytes of it); ``size`` is the line's length in bytes, newline included."""
+    while line := readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        size = len(line)
+        del line
+        while block := readline(SKIP_BLOCK):
+            size += len(block)
+            if block.endswith(b"\n"):
+                break
+        yield None, size
+
+
+def too_long(path: str, lineno: int, size: int, limit: int) -> InputProblem:
+    return InputProblem(path, lineno, f"line longer than the limit of {limit:,} bytes (--max-line-bytes): "
+                                      f"{size:,} bytes with its newline; skipped")
+
+
 class LineSource:
     """The lines of one file as bytes, transparently un-gzipped (by magic number, not by name),
-    with how far into the file (on disk) reading has got, for progress bars."""
+    with how far into the file (on disk) reading has got, for progress bars. Lines longer than
+    ``max_line_bytes`` are reported to ``on_problem`` and skipped."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, on_problem: ProblemSink | None = None, *,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.path = str(path)
+        self.on_problem = on_problem
+        self.max_line_bytes = max_line_bytes
         try:
             self._raw = open(path, "rb")  # noqa: SIM115 - closed by close()
             self.size = os.fstat(self._raw.fileno()).st_size
@@ -93,7 +138,12 @@ class LineSource:
             return self.size
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
-        return enumerate(self._lines, 1)
+        limit = self.max_line_bytes
+        for lineno, (line, size) in enumerate(bounded_lines(self._lines.readline, limit), 1):
+            if line is not None:
+                yield lineno, line
+            elif self.on_problem is not None:
+                self.on_problem(too_long(self.path, lineno, size, limit))
 
     def close(self) -> None:
         self._lines.close()
@@ -106,10 +156,11 @@ class LineSource:
         self.close()
 
 
-def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink) -> Iterator[RecordedTurn]:
+def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RecordedTurn]:
     """Every turn of every file, in file order; each file's format is detected per line."""
     for path in paths:
-        with LineSource(path) as source:
+        with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
             yield from read_source(source, on_problem)
 
 
@@ -130,7 +181,7 @@ def read_source(source: LineSource, on_problem: ProblemSink) -> Iterator[Recorde
         for lineno, line in source:
             if is_otlp_line(line):
                 obj = parse_line(line, label, lineno, on_problem)
-                if obj is not None:
+                if obj is not UNREADABLE:
                     if isinstance(obj, dict) and "resourceSpans" in obj:
                         yield from spans.add(obj, lineno)
                     else:
@@ -146,23 +197,29 @@ def read_source(source: LineSource, on_problem: ProblemSink) -> Iterator[Recorde
     yield from spans.finish()
 
 
+UNREADABLE: Any = object()
+"""What ``parse_line`` returns for a line that holds no JSON value (JSON ``null`` is ``None``)."""
+
+
 def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> Any:
-    """The JSON value of a line, or ``None`` (reported) when it is not JSON; blank lines: ``None``."""
+    """The JSON value of a line, or ``UNREADABLE``: a blank line, or one reported as not JSON
+    (nesting too deep for the parser included)."""
     if _blank(line):
-        return None
+        return UNREADABLE
     try:
         return json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
-        on_problem(InputProblem(path, lineno, f"not JSON: {exc}"))
-        return None
+        message = f"not JSON: {exc}"
+    except RecursionError:
+        message = "not readable: JSON nested too deeply"
+    on_problem(InputProblem(path, lineno, message))
+    return UNREADABLE
 
 
 def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> RecordedTurn | None:
     """One corpus-format line as a turn (blank lines are skipped, anything else is reported)."""
-    if _blank(line):
-        return None
     obj = parse_line(line, path, lineno, on_problem)
-    return None if obj is None else corpus_turn(obj, path, lineno, on_problem)
+    return None if obj is UNREADABLE else corpus_turn(obj, path, lineno, on_problem)
 
 
 def _blank(line: bytes) -> bool:
@@ -182,11 +239,14 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
         on_problem(InputProblem(path, lineno, message))
 
     if not isinstance(obj, dict):
-        bad(f"expected a JSON object (one turn), got {type(obj).__name__}")
+        bad(f"expected a JSON object (one turn), got {json_type(obj)}; skipped")
         return None
     raw_calls = obj.get("calls")
     if not isinstance(raw_calls, list):
         bad("'calls' is missing or not a list")
+        return None
+    if len(raw_calls) > MAX_TURN_CALLS:
+        bad(f"{len(raw_calls):,} calls: more than the limit of {MAX_TURN_CALLS:,} per turn")
         return None
     calls = _plain_calls(raw_calls)
     if calls is None:
@@ -198,12 +258,12 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
                 return None
             calls.append(call)
     cycles = obj.get("cycles")
-    if cycles is not None and (not isinstance(cycles, int) or isinstance(cycles, bool) or cycles < 0):
-        bad(f"'cycles' must be a non-negative integer, got {cycles!r}")
+    if cycles is not None and not _count_in_range(cycles, 0):
+        bad(f"'cycles' must be an integer from 0 to {MAX_TURN_CYCLES:,}, got {_shown(cycles)}")
         return None
     resolved = obj.get("resolved")
     if resolved is not None and not isinstance(resolved, bool):
-        bad(f"'resolved' must be true, false or null, got {resolved!r}")
+        bad(f"'resolved' must be true, false or null, got {_shown(resolved)}")
         return None
     turn_id = obj.get("id", obj.get("turn_id"))
     return RecordedTurn(
@@ -238,7 +298,7 @@ _TOOL = operator.itemgetter(0)  # RecordedCall.tool
 
 def _corpus_call(raw: Any) -> RecordedCall | str:
     if type(raw) is not dict:
-        return f"expected an object, got {type(raw).__name__}"
+        return f"expected an object, got {json_type(raw)}"
     tool = raw.get("tool") or raw.get("name")
     if type(tool) is not str or not tool:
         return "'tool' is missing or not a non-empty string"
@@ -252,11 +312,33 @@ def _corpus_call(raw: Any) -> RecordedCall | str:
     if outcome is None:
         outcome = _outcome(value)
         if outcome is None:
-            return f"unknown outcome {value!r} (expected ok, error, denied or unknown)"
+            return f"unknown outcome {_shown(value)} (expected ok, error, denied or unknown)"
     cycle = raw.get("cycle")
-    if cycle is not None and (type(cycle) is not int or cycle < 1):
-        return f"'cycle' must be a positive integer, got {cycle!r}"
+    if cycle is not None and not _count_in_range(cycle, 1):
+        return f"'cycle' must be an integer from 1 to {MAX_TURN_CYCLES:,}, got {_shown(cycle)}"
     return RecordedCall(tool, raw.get("args") if digest is None else None, digest, outcome, cycle)
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (``null``, ``an array``)."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _count_in_range(value: Any, minimum: int, maximum: int = MAX_TURN_CYCLES) -> bool:
+    """An ``int`` (not a ``bool``, not a float) from ``minimum`` to ``maximum``."""
+    return type(value) is int and minimum <= value <= maximum
+
+
+def _shown(value: Any, width: int = 40) -> str:
+    """``repr(value)`` cut to ``width`` characters (a huge number in a message stays short)."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _outcome(value: Any) -> Outcome | None:
@@ -402,16 +484,23 @@ class OtlpAssembler:
         pending = self._pending.get(key)
         if pending is None:
             pending = self._pending[key] = _Pending(lineno)
+        if len(pending.calls) >= MAX_TURN_CALLS:
+            self._bad(lineno, f"tool span {name!r}: its turn already has {MAX_TURN_CALLS:,} calls (the limit); skipped")
+            return
         pending.calls.append((index, RecordedCall(tool, None, digest, outcome)))
 
     def _turn(self, turn_id: str, pending: _Pending, attrs: dict[str, Any], lineno: int) -> RecordedTurn:
         calls = sorted(pending.calls, key=lambda pair: pair[0])
         cycles = attrs.get(names.TURN_CYCLES)
+        if cycles is not None and not _count_in_range(cycles, 0):
+            self._bad(lineno, f"turn {_shown(turn_id)}: {names.TURN_CYCLES} must be an integer from 0 to "
+                              f"{MAX_TURN_CYCLES:,}, got {_shown(cycles)} (replayed as one request)")
+            cycles = None
         resolved = attrs.get(TURN_RESOLVED)
         return RecordedTurn(
             id=turn_id,
             calls=tuple(call for _, call in calls),
-            cycles=cycles if isinstance(cycles, int) and cycles >= 0 else None,
+            cycles=cycles,
             resolved=resolved if isinstance(resolved, bool) else None,
             ended_by=_str_or_none(attrs.get(names.TURN_OUTCOME)),
             source=_str_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),

@@ -22,16 +22,21 @@ from typing import Any, TextIO
 from turnguard.calibrate.engine import Calibrator, policy_info
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import (
+    MAX_LINE_BYTES,
     OTLP_MARKER,
+    SKIP_BLOCK,
+    UNREADABLE,
     InputError,
     InputProblem,
     LineSource,
     OtlpAssembler,
     ProblemSink,
+    bounded_lines,
     corpus_line,
     is_otlp_line,
     parse_line,
     read_source,
+    too_long,
 )
 from turnguard.calibrate.stats import RunStats
 
@@ -88,18 +93,19 @@ def calibrate(
     jobs: int = 1,
     group: bool = True,
     progress: Progress | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> RunStats:
     """Replay every turn of ``paths`` under every policy; problems go to ``on_problem`` (and
-    raise ``StrictError`` under ``strict``)."""
+    raise ``StrictError`` under ``strict``); lines longer than ``max_line_bytes`` are problems."""
     counted = _Counter(on_problem, strict)
     sizes = input_sizes(paths)
     progress = progress or Progress(sum(sizes), enabled=False)
     try:
         with rare_collections():
             if jobs <= 1:
-                stats = _serial(paths, sizes, policies, counted, group, progress)
+                stats = _serial(paths, sizes, policies, counted, group, progress, max_line_bytes)
             else:
-                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs)
+                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes)
     finally:
         progress.close()
     stats.problems = counted.count
@@ -146,11 +152,11 @@ class _Counter:
             raise StrictError(f"{problem} (--strict)")
 
 
-def _serial(paths, sizes, policies, on_problem, group, progress) -> RunStats:
+def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes) -> RunStats:
     cal = Calibrator(policies, group=group)
     done = 0
     for path, size in zip(paths, sizes, strict=True):
-        with LineSource(path) as source:
+        with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
             for i, turn in enumerate(read_source(source, on_problem)):
                 cal.add(turn)
                 if not i & 63:
@@ -163,12 +169,14 @@ def _serial(paths, sizes, policies, on_problem, group, progress) -> RunStats:
 # -- worker processes -------------------------------------------------------------------------------
 
 _worker: Calibrator | None = None
+_max_line_bytes = MAX_LINE_BYTES
 
 
-def _init(policies: list[Policy], group: bool) -> None:
-    global _worker
+def _init(policies: list[Policy], group: bool, max_line_bytes: int) -> None:
+    global _worker, _max_line_bytes
     gc.set_threshold(*GC_THRESHOLD)
     _worker = Calibrator(policies, group=group)
+    _max_line_bytes = max_line_bytes
 
 
 def _work(chunk: list[Any]) -> tuple[RunStats, list[InputProblem]]:
@@ -197,19 +205,22 @@ def _read_range(cal: Calibrator, problems: list[InputProblem], path: str, start:
     with open(path, "rb") as f:
         if start:
             f.seek(start - 1)
-            f.readline()  # the line that began before this range belongs to the previous one
+            while (block := f.readline(SKIP_BLOCK)) and not block.endswith(b"\n"):
+                pass  # the line that began before this range belongs to the previous one
         position = f.tell()
-        readline = f.readline
         add = cal.add
         sink = problems.append
-        while position < end:
-            line = readline()
-            if not line:
+        limit = _max_line_bytes
+        for line, size in bounded_lines(f.readline, limit):
+            if position >= end:
                 break
-            position += len(line)
-            turn = corpus_line(line, path, lineno, sink)
-            if turn is not None:
-                add(turn)
+            position += size
+            if line is None:
+                sink(too_long(path, lineno, size, limit))
+            else:
+                turn = corpus_line(line, path, lineno, sink)
+                if turn is not None:
+                    add(turn)
             lineno += 1
 
 
@@ -254,7 +265,7 @@ def _range_tasks(path: str, size: int) -> Iterator[tuple[str, str, int, int, int
             start += len(block)
 
 
-def _chunks(paths, sizes, on_problem, position: list[int]) -> Iterator[list[Any]]:
+def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) -> Iterator[list[Any]]:
     chunk: list[Any] = []
     size_of_chunk = 0
     done = 0
@@ -268,14 +279,14 @@ def _chunks(paths, sizes, on_problem, position: list[int]) -> Iterator[list[Any]
             done += size
             position[0] = done
             continue
-        with LineSource(path) as source:
+        with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
             spans = OtlpAssembler(label, on_problem)
             for lineno, line in source:
                 if is_otlp_line(line):
                     obj = parse_line(line, label, lineno, on_problem)
                     if isinstance(obj, dict) and "resourceSpans" in obj:
                         chunk.extend(("turn", t) for t in spans.add(obj, lineno))
-                    elif obj is not None:
+                    elif obj is not UNREADABLE:
                         chunk.append(("line", label, lineno, line))
                 else:
                     chunk.append(("line", label, lineno, line))
@@ -292,7 +303,7 @@ def _chunks(paths, sizes, on_problem, position: list[int]) -> Iterator[list[Any]
         yield chunk
 
 
-def _parallel(paths, sizes, policies, on_problem, group, progress, jobs) -> RunStats:
+def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_line_bytes) -> RunStats:
     stats = RunStats.empty([policy_info(p) for p in policies])
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
@@ -306,8 +317,8 @@ def _parallel(paths, sizes, policies, on_problem, group, progress, jobs) -> RunS
         stats.merge(part)
         progress.update(position[0], stats.calls, stats.turns)
 
-    with ctx.Pool(jobs, initializer=_init, initargs=(policies, group)) as pool:
-        for chunk in _chunks(paths, sizes, on_problem, position):
+    with ctx.Pool(jobs, initializer=_init, initargs=(policies, group, max_line_bytes)) as pool:
+        for chunk in _chunks(paths, sizes, on_problem, position, max_line_bytes):
             pending.append(pool.apply_async(_work, (chunk,)))
             while len(pending) >= 2 * jobs:
                 collect(pending.popleft())
