@@ -29,8 +29,14 @@ class InMemoryTelemetry:
         self.log_exporter = InMemoryLogRecordExporter()
         self.logger_provider = LoggerProvider()
         self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.log_exporter))
-        limits = {Counter: cardinality_limit, Histogram: cardinality_limit} if cardinality_limit else None
-        self.metric_reader = InMemoryMetricReader(cardinality_limits=limits)
+        if cardinality_limit:
+            limits = {Counter: cardinality_limit, Histogram: cardinality_limit}
+            try:
+                self.metric_reader = InMemoryMetricReader(cardinality_limits=limits)
+            except TypeError:  # SDK < 1.45 (google-adk pins <= 1.44) has no cardinality limit to raise
+                self.metric_reader = InMemoryMetricReader()
+        else:
+            self.metric_reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
 
     def providers(self) -> dict[str, Any]:
