@@ -116,3 +116,37 @@ def with_repeats(n: int, repeat: tg.ToolCall, at: Iterable[int]) -> list[tg.Tool
     """``n`` distinct calls, with ``repeat`` at the given 1-based positions."""
     positions = set(at)
     return [repeat if i in positions else distinct_call(i) for i in range(1, n + 1)]
+
+
+class TurnEnds:
+    """Where the end of an adapter's turn shows: the summary observers get, the ``invoke_agent``
+    span and the turn metric. ``guard()`` makes a guard that reports to all three."""
+
+    def __init__(self, otel) -> None:
+        self.otel = otel
+        self.summaries: list[tg.TurnSummary] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.summaries.append(summary)
+
+    def guard(self, config: tg.GuardConfig | None = None) -> tg.Guard:
+        guard = tg.Guard(config or tg.GuardConfig(), **self.otel.providers())
+        guard.register(self, "turn-ends")
+        return guard
+
+    def assert_ended(self, reason: str) -> tg.TurnSummary:
+        """Exactly one turn ended, with ``reason``, in its summary, its span and its metric point."""
+        from turnguard.telemetry import names
+
+        assert [s.reason for s in self.summaries] == [reason]
+        spans = [s for s in self.otel.spans() if s.name.startswith(names.OP_INVOKE_AGENT)]
+        assert [s.attributes[names.TURN_OUTCOME] for s in spans] == [reason]
+        points = self.otel.points(names.METRIC_TURN_TOOL_CALLS[0])
+        assert [p.attributes[names.TURN_OUTCOME] for p in points] == [reason]
+        return self.summaries[0]
+
+
+@pytest.fixture
+def turn_ends(otel) -> TurnEnds:
+    return TurnEnds(otel)

@@ -16,6 +16,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import ToolException, tool  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langgraph.errors import GraphRecursionError  # noqa: E402
 from langgraph.types import Command  # noqa: E402
 
 import turnguard as tg  # noqa: E402
@@ -224,3 +225,65 @@ def test_an_attended_stop_after_the_eighth_failure_interrupts_before_the_next_mo
     state = agent.invoke(Command(resume="continue"), config)  # the user lets it try again
     assert state["messages"][-1].content == "done"
     assert len(ran) == 10  # the eighth ran once: resuming did not re-run the tool node
+
+
+# -- the turn ends on every exit path ----------------------------------------------------------
+
+
+def watched(model, tools, guard: tg.Guard, **options):
+    middleware = TurnGuardMiddleware(guard)
+    return middleware.watch(create_agent(model, tools, middleware=[middleware], **options))
+
+
+def test_a_tool_that_raises_with_no_error_handler_ends_the_turn_with_error(ran, turn_ends):
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        raise OSError(f"{path}: disk gone")
+
+    agent = watched(calls_then_done([("read_file", {"path": "a.py"})]), [read_file], turn_ends.guard())
+    with pytest.raises(OSError, match="disk gone"):
+        agent.invoke(ask_user("read it"), LIMIT)
+    summary = turn_ends.assert_ended("error")
+    assert summary.tool_calls == 1 and ran == ["a.py"]
+
+
+def test_a_cancelled_async_run_ends_the_turn_as_cancelled(turn_ends):
+    async def scenario():
+        started = asyncio.Event()
+
+        @tool
+        async def wait_for_input(prompt: str) -> str:
+            """Wait for the user."""
+            started.set()
+            await asyncio.Event().wait()
+            return "never"
+
+        agent = watched(calls_then_done([("wait_for_input", {"prompt": "?"})]), [wait_for_input], turn_ends.guard())
+        task = asyncio.create_task(agent.ainvoke(ask_user("go"), LIMIT))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    turn_ends.assert_ended("cancelled")
+
+
+def test_langgraphs_own_recursion_limit_ends_the_turn_with_error(tools, turn_ends):
+    agent = watched(forever("read_file", {"path": "f.py"}), tools, turn_ends.guard())
+    with pytest.raises(GraphRecursionError):
+        agent.invoke(ask_user("read it"), {"recursion_limit": 6})
+    turn_ends.assert_ended("error")
+
+
+def test_an_interrupt_does_not_end_the_turn_and_the_resume_ends_it_once(ran, tools, turn_ends):
+    middleware = TurnGuardMiddleware(turn_ends.guard(), ask="interrupt")
+    model = calls_then_done([("read_file", {"path": "a.py"})] * 7)
+    agent = middleware.watch(create_agent(model, tools, middleware=[middleware], checkpointer=InMemorySaver()))
+    config = {"configurable": {"thread_id": "t-end"}, **LIMIT}
+    assert agent.invoke(ask_user("poll a.py"), config)["__interrupt__"]
+    assert turn_ends.summaries == []
+    agent.invoke(Command(resume="continue"), config)
+    turn_ends.assert_ended("completed")

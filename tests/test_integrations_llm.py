@@ -251,3 +251,54 @@ def test_remind_model_appends_the_reminder_to_the_fifth_identical_result(ran, re
     assert guarded.text() == "done"
     outputs = model.tool_results_seen
     assert [("[turnguard] You have called read_file 5 times" in o) for o in outputs] == [False] * 4 + [True, False]
+
+
+# -- the turn ends on every exit path ----------------------------------------------------------
+
+
+def test_a_tool_that_raises_is_an_error_outcome_and_the_chain_goes_on_to_complete(ran, read_file, turn_ends):
+    """llm hands a tool's exception to the model as the tool's result: the run does not die."""
+    model = ScriptedToolModel("scripted", [("read_file", {"path": "missing.py"})])
+    assert chain(turn_ends.guard(), model, "read it", tools=[read_file]).text() == "done"
+    summary = turn_ends.assert_ended("completed")
+    assert summary.tool_calls == 1 and ran == ["missing.py"]
+    assert model.tool_results_seen and "missing.py" in model.tool_results_seen[0]
+
+
+class StalledAsyncModel(ScriptedSteps, llm.AsyncModel):
+    """An async model whose second request never answers (the host cancels the run)."""
+
+    async def execute(self, prompt, stream, response, conversation):
+        if self.requests:
+            self.stalled.set()
+            await asyncio.Event().wait()
+        yield self.play(prompt, response)
+
+
+def test_a_cancelled_async_chain_ends_the_turn_as_cancelled(read_file, turn_ends):
+    async def scenario():
+        model = StalledAsyncModel("stalled", distinct_steps(5))
+        model.stalled = asyncio.Event()
+        task = asyncio.create_task(chain(turn_ends.guard(), model, "read", tools=[read_file]).atext())
+        await model.stalled.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    turn_ends.assert_ended("cancelled")
+
+
+def test_llms_own_chain_limit_ends_the_turn_with_error(read_file, turn_ends):
+    model = ScriptedToolModel("scripted", distinct_steps(10))
+    with pytest.raises(ValueError, match="Chain limit of 3"):
+        chain(turn_ends.guard(), model, "read them", tools=[read_file], chain_limit=3).text()
+    turn_ends.assert_ended("error")
+
+
+def test_a_consumer_that_stops_reading_ends_the_turn_as_cancelled(read_file, turn_ends):
+    responses = chain(turn_ends.guard(), ScriptedToolModel("scripted", distinct_steps(10)), "read", tools=[read_file])
+    stream = responses.responses()
+    next(stream).text()
+    stream.close()
+    turn_ends.assert_ended("cancelled")

@@ -10,8 +10,8 @@ from conftest import load_example, optional_dependency
 
 optional_dependency("agents")
 
-from agents import Agent, RunConfig, Runner, function_tool  # noqa: E402
-from agents.exceptions import AgentsException  # noqa: E402
+from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled  # noqa: E402
+from agents.exceptions import AgentsException, MaxTurnsExceeded  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
 import turnguard as tg  # noqa: E402
@@ -58,17 +58,60 @@ def test_unattended_identical_failing_calls_stop_at_the_eighth_and_the_ninth_nev
     assert isinstance(stopped.value, AgentsException) and isinstance(stopped.value, tg.LoopDetected)
 
 
-def test_failures_are_seen_through_the_tool_span_when_the_hooks_are_used_directly(ran):
-    """No ``run`` helper (no error formatter) and the tool's own failure text: the SDK's span error
-    is what marks the failure."""
+@pytest.fixture
+def tracing_off():
+    """SDK tracing off for the whole process, as hosts with non-OpenAI backends run it."""
+    set_tracing_disabled(True)
+    yield
+    set_tracing_disabled(False)
 
-    @function_tool(failure_error_function=lambda ctx, error: f"cannot read: {error}")
+
+def failing_tool(ran: list, **options):
+    @function_tool(**options)
     def read_file(path: str) -> str:
         """Read a file."""
         ran.append(path)
         raise FileNotFoundError(path)
 
-    agent = Agent(name="coder", model=calls_then_done([("read_file", {"path": "a.py"})] * 30), tools=[read_file])
+    return read_file
+
+
+CUSTOM_FAILURE = {"failure_error_function": lambda ctx, error: f"cannot read: {error}"}
+
+
+@pytest.mark.parametrize("options", [CUSTOM_FAILURE, {}], ids=["custom-failure-function", "sdk-default"])
+def test_failures_are_seen_with_the_tools_own_failure_function_and_tracing_off(ran, tracing_off, options):
+    tool = failing_tool(ran, **options)
+    agent = Agent(name="coder", model=calls_then_done([("read_file", {"path": "a.py"})] * 30), tools=[tool])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_sync(tg.Guard(tg.GuardConfig()), agent, "read a.py", max_turns=100)
+    assert len(ran) == 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert agent.tools == [tool]  # the host's agent and tool are not changed
+
+
+def test_hooks_used_directly_see_failures_through_the_observed_agent(ran, tracing_off):
+    agent = Agent(
+        name="coder",
+        model=calls_then_done([("read_file", {"path": "a.py"})] * 30),
+        tools=[failing_tool(ran, **CUSTOM_FAILURE)],
+    )
+    hooks = TurnGuardRunHooks(tg.Guard(tg.GuardConfig()))
+    with pytest.raises(TurnGuardHalted) as stopped:
+        Runner.run_sync(hooks.observe(agent), "read a.py", hooks=hooks, max_turns=100)
+    hooks.end(stopped.value)
+    assert len(ran) == 8
+    assert hooks.driver.turn.summary.reason == "halted"
+
+
+def test_failures_are_seen_through_the_tool_span_when_the_agent_is_not_observed(ran):
+    """Hooks alone (no observed agent, no error formatter), tracing on: the SDK's span error marks
+    the failure."""
+    agent = Agent(
+        name="coder",
+        model=calls_then_done([("read_file", {"path": "a.py"})] * 30),
+        tools=[failing_tool(ran, **CUSTOM_FAILURE)],
+    )
     hooks = TurnGuardRunHooks(tg.Guard(tg.GuardConfig()))
     with pytest.raises(TurnGuardHalted):
         Runner.run_sync(agent, "read a.py", hooks=hooks, max_turns=100)
@@ -180,3 +223,49 @@ def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, make_agent, o
     ]
     assert records[-1].attributes["turnguard.loop.threshold"] == "streak"
     assert records[-1].span_id == tool_spans[-1].context.span_id
+
+
+# -- the turn ends on every exit path ----------------------------------------------------------
+
+
+def test_a_tool_that_raises_with_no_failure_function_ends_the_turn_with_error(ran, turn_ends):
+    agent = Agent(
+        name="coder",
+        model=calls_then_done([("read_file", {"path": "a.py"})]),
+        tools=[failing_tool(ran, failure_error_function=None)],
+    )
+    with pytest.raises(Exception) as died:
+        run_sync(turn_ends.guard(), agent, "read a.py", run_config=NO_EXPORT)
+    assert not isinstance(died.value, tg.LoopDetected)
+    summary = turn_ends.assert_ended("error")
+    assert summary.tool_calls == 1 and ran == ["a.py"]
+
+
+def test_a_cancelled_async_run_ends_the_turn_as_cancelled(turn_ends):
+    async def scenario():
+        started = asyncio.Event()
+
+        @function_tool
+        async def wait_for_input(prompt: str) -> str:
+            """Wait for the user."""
+            started.set()
+            await asyncio.Event().wait()
+            return "never"
+
+        model = calls_then_done([("wait_for_input", {"prompt": "?"})])
+        agent = Agent(name="coder", model=model, tools=[wait_for_input])
+        task = asyncio.create_task(run(turn_ends.guard(), agent, "go", run_config=NO_EXPORT))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    turn_ends.assert_ended("cancelled")
+
+
+def test_the_sdks_own_max_turns_ends_the_turn_with_error(ran, make_agent, turn_ends):
+    agent = make_agent(calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(10)]), fail=False)
+    with pytest.raises(MaxTurnsExceeded):
+        run_sync(turn_ends.guard(), agent, "read them", max_turns=3, run_config=NO_EXPORT)
+    turn_ends.assert_ended("error")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from conftest import load_example, optional_dependency
@@ -10,7 +12,7 @@ optional_dependency("pydantic_ai")
 
 from pydantic_ai import Agent, ModelResponse, TextPart, ToolCallPart  # noqa: E402
 from pydantic_ai.capabilities import HandleDeferredToolCalls  # noqa: E402
-from pydantic_ai.exceptions import AgentRunError, ToolFailed  # noqa: E402
+from pydantic_ai.exceptions import AgentRunError, ToolFailed, UsageLimitExceeded  # noqa: E402
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults  # noqa: E402
 from pydantic_ai.usage import UsageLimits  # noqa: E402
@@ -263,3 +265,53 @@ def test_an_attended_stop_after_a_failure_is_asked_on_the_models_next_call(ran):
 def test_an_ask_that_is_neither_a_callback_nor_approval_is_refused():
     with pytest.raises(ValueError, match="'aproval'"):
         TurnGuardCapability(tg.Guard(), ask="aproval")
+
+
+# -- the turn ends on every exit path ----------------------------------------------------------
+
+
+def test_a_tool_that_raises_an_unhandled_error_ends_the_turn_with_error(turn_ends):
+    agent = Agent(scripted([("read_file", {"path": "a.py"})]), capabilities=[TurnGuardCapability(turn_ends.guard())])
+    ran = []
+
+    @agent.tool_plain
+    def read_file(path: str) -> str:
+        ran.append(path)
+        raise OSError(f"{path}: disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        agent.run_sync("read a.py")
+    summary = turn_ends.assert_ended("error")
+    assert summary.tool_calls == 1 and ran == ["a.py"]
+
+
+def test_a_cancelled_async_run_ends_the_turn_as_cancelled(turn_ends):
+    agent = Agent(
+        scripted([("wait_for_input", {"prompt": "?"})]), capabilities=[TurnGuardCapability(turn_ends.guard())]
+    )
+
+    async def scenario():
+        started = asyncio.Event()
+
+        @agent.tool_plain
+        async def wait_for_input(prompt: str) -> str:
+            started.set()
+            await asyncio.Event().wait()
+            return "never"
+
+        task = asyncio.create_task(agent.run("go"))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    turn_ends.assert_ended("cancelled")
+
+
+def test_pydantic_ais_own_request_limit_ends_the_turn_with_error(ran, turn_ends):
+    calls = [("read_file", {"path": f"f{i}.py"}) for i in range(10)]
+    agent = agent_with(scripted(calls), TurnGuardCapability(turn_ends.guard()), ran, fail=False)
+    with pytest.raises(UsageLimitExceeded):
+        agent.run_sync("read them", usage_limits=UsageLimits(request_limit=3))
+    turn_ends.assert_ended("error")

@@ -14,6 +14,7 @@ decisions are the same everywhere:
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
 from collections.abc import Awaitable, Callable
@@ -181,8 +182,8 @@ class RunDriver:
         return Decision(Step.HALT, halted)
 
     def end(self, exc: BaseException | None = None) -> None:
-        """End the turn as leaving its ``with`` block would (idempotent): the run ended outside one."""
-        self.turn.__exit__(None if exc is None else type(exc), exc, None)
+        """End the turn (idempotent) with the reason ``exc`` gives (see ``end_reason``)."""
+        self.turn.end(end_reason(exc))
 
     @staticmethod
     def _map(verdict: Verdict) -> Decision:
@@ -194,6 +195,25 @@ class RunDriver:
         if action is Action.REMIND:
             return Decision(Step.RUN, verdict, reminder=verdict.message)
         return Decision(Step.RUN, verdict)
+
+
+CANCELLED = "cancelled"
+"""The turn's end reason when the run was cancelled (a task cancelled, Ctrl-C, a generator closed)."""
+ERROR = "error"
+"""The turn's end reason when the run died on an exception that is not turnguard's."""
+
+
+def end_reason(exc: BaseException | None) -> str:
+    """How a run that ended with ``exc`` ended: ``completed`` (the turn reports ``halted`` itself when
+    it latched a HALT), ``halted`` (turnguard stopped it), ``cancelled`` or ``error`` (anything else,
+    the framework's own step limit included)."""
+    if exc is None:
+        return "completed"
+    if isinstance(exc, LoopDetected):
+        return "halted"
+    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit):
+        return CANCELLED
+    return ERROR
 
 
 def open_turn(

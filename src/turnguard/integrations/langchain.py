@@ -1,9 +1,18 @@
 """LangChain 1.x: an agent middleware that bounds each ``create_agent`` invocation (one turn).
 
-``create_agent(model, tools, middleware=[TurnGuardMiddleware(guard)])``. ``before_agent`` opens the
-turn, ``before_model`` is a cycle, ``wrap_tool_call`` checks each call before the tool runs and
-records its outcome (an exception, or a ``ToolMessage`` with ``status="error"``, is ``ERROR``),
-``after_agent`` ends the turn.
+Tested with langchain 1.5 and langgraph 1.2 (the ``langchain`` extra installs ``langchain>=1.5,<2``
+and ``langgraph>=1.2,<2``).
+
+``middleware = TurnGuardMiddleware(guard)``, ``agent = middleware.watch(create_agent(model, tools,
+middleware=[middleware]))``. ``before_agent`` opens the turn, ``before_model`` is a cycle,
+``wrap_tool_call`` checks each call before the tool runs and records its outcome (an exception, or
+a ``ToolMessage`` with ``status="error"``, is ``ERROR``), ``after_agent`` ends the turn.
+
+A run can also die where no middleware hook runs: a tool raising with no error handler, LangGraph's
+own ``recursion_limit``, a cancelled ``ainvoke``. ``watch(agent)`` binds a callback handler that
+sees the graph run fail and ends its turn with the reason (``error`` or ``cancelled``); without it
+such a turn stays open until ``MAX_OPEN_TURNS`` later turns end it as ``abandoned`` (a cancellation
+that lands in a tool call is seen by the middleware itself).
 
 HALT: ``exit_behavior="error"`` (the default) raises ``TurnGuardHalted`` (a ``turnguard.LoopDetected``);
 ``exit_behavior="end"`` answers the halted call with an error ``ToolMessage`` instead of running it
@@ -25,10 +34,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, NotRequired
+from uuid import UUID
 
 from langchain.agents.middleware.types import AgentMiddleware, AgentState, PrivateStateAttr, hook_config
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.config import get_config
+from langgraph.errors import GraphBubbleUp
 from langgraph.types import interrupt
 
 from turnguard.guard import Guard
@@ -72,6 +84,34 @@ class _Run:
         self.driver = driver
         self.asked: dict[str, tuple[Verdict, ToolCall]] = {}
         self.asked_after: Verdict | None = None
+        self.graph_runs: set[UUID] = set()
+        """The LangGraph runs (an invocation, then each resume) this turn has been driven from."""
+
+
+class RunEndHandler(BaseCallbackHandler):
+    """Ends a turn when the graph run driving it fails (what ``TurnGuardMiddleware.watch`` binds).
+
+    It follows the runs it is told about (a node's run belongs to the graph run that is its parent)
+    while they are running."""
+
+    run_inline = True
+
+    def __init__(self, middleware: TurnGuardMiddleware) -> None:
+        self.middleware = middleware
+        self.parents: dict[UUID, UUID | None] = {}
+
+    def on_chain_start(
+        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self.parents[run_id] = parent_run_id
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.parents.pop(run_id, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.parents.pop(run_id, None)
+        if not isinstance(error, GraphBubbleUp):  # an interrupt pauses the run; it does not end it
+            self.middleware._graph_run_failed(run_id, error)
 
 
 class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
@@ -95,7 +135,14 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         self.promptable = promptable
         self.exit_behavior = exit_behavior
         self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._by_graph_run: dict[UUID, str] = {}
         self._lock = threading.Lock()
+        self.run_end_handler = RunEndHandler(self)
+
+    def watch(self, agent: Any) -> Any:
+        """``agent`` bound to ``run_end_handler``, so a run that dies outside the middleware's hooks
+        (a tool raising, the recursion limit, a cancellation) still ends its turn."""
+        return agent.with_config(callbacks=[self.run_end_handler])
 
     # -- agent lifecycle -----------------------------------------------------------------------
 
@@ -105,10 +152,13 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             self.guard, ask=self.ask, promptable=self.promptable, conversation_id=thread, agent_name=agent_name
         )
         key = driver.turn.turn_id
+        run = _Run(driver)
         with self._lock:
-            self._runs[key] = _Run(driver)
+            self._runs[key] = run
+            self._note_graph_run(run, key)
             while len(self._runs) > MAX_OPEN_TURNS:
                 _, stale = self._runs.popitem(last=False)
+                self._forget(stale)
                 stale.driver.turn.end("abandoned")
         return {"turnguard_turn": key}
 
@@ -118,6 +168,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         with self._lock:
             run = self._runs.pop(_turn_key(state), None)
+            if run is not None:
+                self._forget(run)
         if run is not None:
             run.driver.end()  # "halted" when the turn latched a HALT
         return None
@@ -165,6 +217,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         except Exception as exc:
             self._after(run, call, Outcome.ERROR, cause=exc)
             raise
+        except BaseException as exc:  # KeyboardInterrupt: no error handler catches it; the run ends
+            self._ended(run, exc)
+            raise
         result = self._after(run, call, _outcome(result), result=result)
         return _remind(result, decision.reminder)
 
@@ -181,6 +236,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             result = await handler(request)
         except Exception as exc:
             await self._aafter(run, call, Outcome.ERROR, cause=exc)
+            raise
+        except BaseException as exc:  # the run was cancelled while the tool ran
+            self._ended(run, exc)
             raise
         result = await self._aafter(run, call, _outcome(result), result=result)
         return _remind(result, decision.reminder)
@@ -235,8 +293,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         """A decision that stops the run. ``exit_behavior="error"``: end the turn (``after_agent``
         will not run) and raise; ``"end"``: return the HALT for the caller to end the run its way."""
         if self.exit_behavior == "error":
-            run.driver.turn.end("halted")
-            raise TurnGuardHalted(decision.verdict) from cause
+            halted = TurnGuardHalted(decision.verdict)
+            self._ended(run, halted)
+            raise halted from cause
         return decision.verdict
 
     def _end(self, run: _Run, verdict: Verdict) -> dict[str, Any]:
@@ -244,8 +303,45 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         return {"jump_to": "end", "messages": [AIMessage(content=describe(verdict))]}
 
     def _run(self, state: Any) -> _Run | None:
+        key = _turn_key(state)
         with self._lock:
-            return self._runs.get(_turn_key(state))
+            run = self._runs.get(key)
+            if run is not None:
+                self._note_graph_run(run, key)
+            return run
+
+    def _note_graph_run(self, run: _Run, key: str) -> None:
+        """Remember which graph run drives the turn now (a resume is a new graph run): the parent
+        of the current node's run, when ``watch`` follows the runs."""
+        graph_run = self.run_end_handler.parents.get(_node_run_id())  # type: ignore[arg-type]
+        if graph_run is not None and graph_run not in run.graph_runs:
+            run.graph_runs.add(graph_run)
+            self._by_graph_run[graph_run] = key
+
+    def _forget(self, run: _Run) -> None:
+        for graph_run in run.graph_runs:
+            self._by_graph_run.pop(graph_run, None)
+
+    def _graph_run_failed(self, graph_run: UUID, error: BaseException) -> None:
+        with self._lock:
+            run = self._runs.get(self._by_graph_run.get(graph_run, ""))
+        if run is not None:
+            self._ended(run, error)
+
+    def _ended(self, run: _Run, exc: BaseException) -> None:
+        with self._lock:
+            if self._runs.pop(run.driver.turn.turn_id, None) is not None:
+                self._forget(run)
+        run.driver.end(exc)
+
+
+def _node_run_id() -> UUID | None:
+    """The id of the current node's run (the parent of the runs its callbacks would start)."""
+    try:
+        callbacks = get_config().get("callbacks")
+    except RuntimeError:  # not inside a runnable context
+        return None
+    return getattr(callbacks, "parent_run_id", None)
 
 
 def _turn_key(state: Any) -> str | None:

@@ -1,15 +1,24 @@
 """openai-agents: run hooks that bound one ``Runner.run`` (one run = one turn).
 
+Tested with openai-agents 0.24 (the ``openai-agents`` extra installs ``>=0.24,<0.25``).
+
 ``await run(guard, agent, input)`` (or ``run_sync``) runs the agent with ``TurnGuardRunHooks``
-and ends the turn however the run finishes. The hooks can also be passed to ``Runner.run(...,
-hooks=...)`` directly (one hooks object per run; call ``hooks.end()`` afterwards).
+and ends the turn however the run finishes (``completed``, ``halted``, ``error`` - the SDK's own
+``MaxTurnsExceeded`` included - or ``cancelled``). The hooks can also be passed to
+``Runner.run(hooks.observe(agent), ..., hooks=hooks)`` directly (one hooks object per run; call
+``hooks.end(exc)`` afterwards, as ``run`` does).
 
 - ``on_llm_start`` is a cycle; ``on_tool_start`` checks the call inside the SDK's own
-  ``function_span`` (so the call is checked where the SDK traces it), after its tool input
-  guardrails and approvals, right before the tool body; ``on_tool_end`` records the outcome.
-- A failing function tool does not raise in this SDK: its error becomes the tool's output. The
-  hooks see it through the ``tool_error_formatter`` that ``run`` installs (chaining yours), through
-  the error the SDK attaches to the tool's span, or as the SDK's fixed default error text.
+  ``function_span``, after its tool input guardrails and approvals, right before the tool body;
+  ``on_tool_end`` records the outcome.
+- A failing function tool does not raise in this SDK: its failure function turns the exception
+  into the tool's output, and with tracing off nothing else records it. ``observe(agent)`` (which
+  ``run`` applies) gives the run a copy of the agent whose function tools report each handled
+  failure to the hooks, whatever the tool's ``failure_error_function`` and whether tracing is on.
+  The run's ``tool_error_formatter``, the SDK's span error and its default error text are also
+  read, for tools the hooks did not observe (e.g. hooks passed to ``Runner.run`` on an agent that
+  was not observed). A tool with no failure function raises and ends the run: its call is
+  recorded as an error and the turn ends with ``error``.
 - HALT raises ``TurnGuardHalted``, an ``AgentsException`` (the SDK's run-stopping family, like
   ``MaxTurnsExceeded``) and a ``turnguard.LoopDetected``; the tool body does not run.
 - ASK goes to the ``ask`` callback (sync or async). The SDK's own approval path
@@ -24,17 +33,19 @@ hooks=...)`` directly (one hooks object per run; call ``hooks.end()`` afterwards
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
+from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, RunConfig, RunHooks, Runner
+from agents import Agent, FunctionTool, RunConfig, RunHooks, Runner
 from agents.exceptions import AgentsException
 from agents.tool import default_tool_error_function
 from agents.tracing import get_current_span
 
 from turnguard.guard import Guard
-from turnguard.integrations._common import Ask, RunDriver, TurnHalted, make_call, open_turn
+from turnguard.integrations._common import Ask, RunDriver, TurnHalted, end_reason, make_call, open_turn
 from turnguard.model import Outcome, ToolCall
 
 _DEFAULT_ERROR_TEXT = default_tool_error_function(None, None)  # type: ignore[arg-type]
@@ -79,9 +90,28 @@ class TurnGuardRunHooks(RunHooks[Any]):
         return self.driver
 
     def end(self, exc: BaseException | None = None) -> None:
-        """End the run's turn (idempotent); ``run`` calls it for you."""
-        if self.driver is not None:
-            self.driver.end(exc)
+        """End the run's turn (idempotent) with the reason ``exc`` gives; ``run`` calls it for you.
+
+        Calls checked but never finished are recorded: ``error`` when the run died on an
+        exception (a tool that raised), ``unknown`` when it was cancelled."""
+        if self.driver is None:
+            return
+        reason = end_reason(exc)
+        if reason in ("error", "cancelled"):
+            outcome = Outcome.ERROR if reason == "error" else Outcome.UNKNOWN
+            for call in list(self._calls.values()):
+                self.driver.turn.record_outcome(call, outcome)
+            self._calls.clear()
+        self.driver.end(exc)
+
+    def observe(self, agent: Agent[Any]) -> Agent[Any]:
+        """A copy of ``agent`` (and of the agents it hands off to) whose function tools report each
+        failure their failure function handled to these hooks; ``agent`` itself is left as it is."""
+        return _observed_agent(agent, self._note_failure, {})
+
+    def _note_failure(self, call_id: str | None) -> None:
+        if call_id is not None:
+            self._failed.add(call_id)
 
     async def on_agent_start(self, context: Any, agent: Any) -> None:
         self._open(agent)
@@ -174,6 +204,7 @@ async def run(
     if conversation_id is None:  # the SDK's own names for the conversation, when given
         conversation_id = runner_kwargs.get("conversation_id") or getattr(config, "group_id", None)
     guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks)
+    agent = guarded.observe(agent)
     if hasattr(config, "tool_error_formatter"):  # older SDKs: the span error and default text remain
         config = dataclasses.replace(
             config, tool_error_formatter=guarded.tool_error_formatter(config.tool_error_formatter)
@@ -190,6 +221,39 @@ async def run(
 def run_sync(guard: Guard, agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
     """``run`` for synchronous callers (no event loop running)."""
     return asyncio.run(run(guard, agent, input, **kwargs))
+
+
+def _observed_agent(agent: Agent[Any], failed: Callable[[str | None], None], seen: dict[int, Agent[Any]]) -> Agent[Any]:
+    if id(agent) in seen:  # agents may hand off to each other
+        return seen[id(agent)]
+    clone = seen[id(agent)] = agent.clone(tools=[_observed_tool(tool, failed) for tool in agent.tools])
+    clone.handoffs = [
+        _observed_agent(target, failed, seen) if isinstance(target, Agent) else target for target in agent.handoffs
+    ]
+    return clone
+
+
+def _observed_tool(tool: Any, failed: Callable[[str | None], None]) -> Any:
+    """A copy of a ``function_tool`` whose handled failures are reported to ``failed``.
+
+    The SDK's invoker catches the tool's exception, asks the tool's failure function for the text
+    the model sees, and reports the handled error (to tracing and the log) through its
+    ``_on_handled_error``; the copy's invoker (the SDK binds a fresh one to each copy) reports it
+    to turnguard first. Tools built otherwise are returned as they are."""
+    if not isinstance(tool, FunctionTool):
+        return tool
+    observed = copy.copy(tool)
+    invoker = observed.on_invoke_tool
+    handled = getattr(invoker, "_on_handled_error", None)
+    if invoker is tool.on_invoke_tool or not callable(handled):
+        return tool
+
+    def on_handled_error(function_tool: Any, error: Exception, input_json: str, context: Any) -> None:
+        failed(getattr(context, "tool_call_id", None))
+        handled(function_tool, error, input_json, context)
+
+    invoker._on_handled_error = on_handled_error
+    return observed
 
 
 def _unwrap(exc: BaseException) -> BaseException:
