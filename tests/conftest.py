@@ -3,10 +3,11 @@ builders for the turns the seeds describe."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -19,7 +20,6 @@ SHARED_CORPUS = next(
     Path(__file__).resolve().parents[2] / "shared" / "corpus",
 )
 """The development corpus: ``shared/corpus`` beside the checkout (as CI lays it out)."""
-
 
 
 def corpus_files() -> list[Path]:
@@ -150,3 +150,25 @@ class TurnEnds:
 @pytest.fixture
 def turn_ends(otel) -> TurnEnds:
     return TurnEnds(otel)
+
+
+def cancel_once_started(run: Callable[[asyncio.Event], Awaitable[object]]) -> None:
+    """Run ``run(started)`` as a task, cancel it once it sets ``started``, and expect the cancellation
+    to reach the caller (what a host does to an async agent run it gives up on)."""
+
+    async def scenario() -> None:
+        started = asyncio.Event()
+        task = asyncio.create_task(run(started))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+
+
+async def wait_forever(started: asyncio.Event) -> str:
+    """A tool body that never returns (it tells ``started`` it is running)."""
+    started.set()
+    await asyncio.Event().wait()
+    return "never"

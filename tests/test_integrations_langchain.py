@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from conftest import load_example, optional_dependency
+from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
 
 optional_dependency("langchain.agents")
 
@@ -250,24 +250,16 @@ def test_a_tool_that_raises_with_no_error_handler_ends_the_turn_with_error(ran, 
 
 
 def test_a_cancelled_async_run_ends_the_turn_as_cancelled(turn_ends):
-    async def scenario():
-        started = asyncio.Event()
-
+    async def start(started):
         @tool
         async def wait_for_input(prompt: str) -> str:
             """Wait for the user."""
-            started.set()
-            await asyncio.Event().wait()
-            return "never"
+            return await wait_forever(started)
 
         agent = watched(calls_then_done([("wait_for_input", {"prompt": "?"})]), [wait_for_input], turn_ends.guard())
-        task = asyncio.create_task(agent.ainvoke(ask_user("go"), LIMIT))
-        await started.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        return await agent.ainvoke(ask_user("go"), LIMIT)
 
-    asyncio.run(scenario())
+    cancel_once_started(start)
     turn_ends.assert_ended("cancelled")
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import load_example, optional_dependency
+from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
 
 optional_dependency("llm")
 
@@ -270,22 +270,17 @@ class StalledAsyncModel(ScriptedSteps, llm.AsyncModel):
 
     async def execute(self, prompt, stream, response, conversation):
         if self.requests:
-            self.stalled.set()
-            await asyncio.Event().wait()
+            await wait_forever(self.stalled)
         yield self.play(prompt, response)
 
 
 def test_a_cancelled_async_chain_ends_the_turn_as_cancelled(read_file, turn_ends):
-    async def scenario():
+    async def start(started):
         model = StalledAsyncModel("stalled", distinct_steps(5))
-        model.stalled = asyncio.Event()
-        task = asyncio.create_task(chain(turn_ends.guard(), model, "read", tools=[read_file]).atext())
-        await model.stalled.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        model.stalled = started
+        return await chain(turn_ends.guard(), model, "read", tools=[read_file]).atext()
 
-    asyncio.run(scenario())
+    cancel_once_started(start)
     turn_ends.assert_ended("cancelled")
 
 

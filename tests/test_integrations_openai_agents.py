@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from conftest import load_example, optional_dependency
+from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
 
 optional_dependency("agents")
 
@@ -242,25 +242,17 @@ def test_a_tool_that_raises_with_no_failure_function_ends_the_turn_with_error(ra
 
 
 def test_a_cancelled_async_run_ends_the_turn_as_cancelled(turn_ends):
-    async def scenario():
-        started = asyncio.Event()
-
+    async def start(started):
         @function_tool
         async def wait_for_input(prompt: str) -> str:
             """Wait for the user."""
-            started.set()
-            await asyncio.Event().wait()
-            return "never"
+            return await wait_forever(started)
 
         model = calls_then_done([("wait_for_input", {"prompt": "?"})])
         agent = Agent(name="coder", model=model, tools=[wait_for_input])
-        task = asyncio.create_task(run(turn_ends.guard(), agent, "go", run_config=NO_EXPORT))
-        await started.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        return await run(turn_ends.guard(), agent, "go", run_config=NO_EXPORT)
 
-    asyncio.run(scenario())
+    cancel_once_started(start)
     turn_ends.assert_ended("cancelled")
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from conftest import load_example, optional_dependency
+from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
 
 optional_dependency("pydantic_ai")
 
@@ -183,8 +181,13 @@ def test_readme_example_stops_the_stuck_agent_and_says_why():
 def test_denial_given_to_a_resumed_run_is_the_users_stop(ran):
     guard = tg.Guard(tg.GuardConfig())
     calls = [("read_file", {"path": "a.py"})] * 7
-    agent = agent_with(scripted(calls), TurnGuardCapability(guard, ask=APPROVAL), ran, fail=False,
-                       output_type=[str, DeferredToolRequests])
+    agent = agent_with(
+        scripted(calls),
+        TurnGuardCapability(guard, ask=APPROVAL),
+        ran,
+        fail=False,
+        output_type=[str, DeferredToolRequests],
+    )
     first = agent.run_sync("poll a.py")
     (ours,) = approval_requests(first.output)
     with pytest.raises(TurnGuardHalted, match="stopped by the user"):
@@ -233,7 +236,7 @@ def test_remind_model_appends_the_reminder_to_the_fifth_identical_calls_result(r
 
     def respond(messages, info: AgentInfo) -> ModelResponse:
         returns = [p for m in messages for p in getattr(m, "parts", ()) if p.part_kind == "tool-return"]
-        seen.extend(p.content for p in returns[len(seen):])
+        seen.extend(p.content for p in returns[len(seen) :])
         if len(returns) < 6:
             return ModelResponse(parts=[ToolCallPart("read_file", {"path": "a.py"}, tool_call_id=f"c{len(returns)}")])
         return ModelResponse(parts=[TextPart("done")])
@@ -286,26 +289,18 @@ def test_a_tool_that_raises_an_unhandled_error_ends_the_turn_with_error(turn_end
 
 
 def test_a_cancelled_async_run_ends_the_turn_as_cancelled(turn_ends):
-    agent = Agent(
-        scripted([("wait_for_input", {"prompt": "?"})]), capabilities=[TurnGuardCapability(turn_ends.guard())]
-    )
-
-    async def scenario():
-        started = asyncio.Event()
+    async def start(started):
+        agent = Agent(
+            scripted([("wait_for_input", {"prompt": "?"})]), capabilities=[TurnGuardCapability(turn_ends.guard())]
+        )
 
         @agent.tool_plain
         async def wait_for_input(prompt: str) -> str:
-            started.set()
-            await asyncio.Event().wait()
-            return "never"
+            return await wait_forever(started)
 
-        task = asyncio.create_task(agent.run("go"))
-        await started.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        return await agent.run("go")
 
-    asyncio.run(scenario())
+    cancel_once_started(start)
     turn_ends.assert_ended("cancelled")
 
 

@@ -29,6 +29,6 @@ def test_readme_snippet_is_the_tested_example_file(framework: str, example: str)
     heading = section.index(f"## {framework}\n")
     snippet = re.search(r"```python\n(.*?)\n```", section[heading:], re.S).group(1)
     source = (ROOT / "examples" / example).read_text(encoding="utf-8")
-    assert f"(`examples/{example}`)" in section[heading:heading + 400]
+    assert f"(`examples/{example}`)" in section[heading : heading + 400]
     assert source.rstrip("\n").endswith(snippet), f"README snippet for {framework} differs from examples/{example}"
     assert len(snippet.splitlines()) >= 10
