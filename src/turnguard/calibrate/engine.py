@@ -28,6 +28,7 @@ from turnguard.calibrate.equivalence import (
     turn_facts,
     without_cap,
 )
+from turnguard.calibrate.evidence import LIVE, PROBE
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.inputs import RecordedTurn
@@ -71,6 +72,8 @@ class Calibrator:
             m: GridBounds.of([p for p in policies if p.config.key_mode == m], attended=True) for m in self.keyers
         }
         self.stats = RunStats.empty([policy_info(p) for p in policies])
+        self._default = next((i for i, p in enumerate(policies) if p.is_default), None)
+        """The policy probe turns are measured against (``evidence.ProbeEvidence``)."""
         stale = [cp for cp in self.compiled if cp.config.stuck_signal == "stale_repeat" and cp.config.soft_cap
                  and cp.config.cap_mode == "adaptive"]
         self._stale: tuple[GuardConfig, int, int] | None = None
@@ -257,11 +260,18 @@ class Calibrator:
         modes = stats.modes
         turn_id, resolved = turn.id, turn.resolved
         effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs
+        main = None
         for idx, mode, result in self.fired(turn):
+            if idx == self._default and mode == "unattended":
+                main = result
             if result.halt_call or result.asks:
                 key = id(result)
                 effect = effects[key] if key in effects else effects.setdefault(key, halt_effect(result, n))
                 modes[idx][mode].add_effect(turn_id, resolved, result, effect)
+        if turn.cohort == PROBE:
+            stats.probe.add(n, resolved, main)
+        elif turn.cohort == LIVE:
+            stats.probe.live_turns += 1
 
 
 _MAYBE_JSON = _KEYS_MAYBE_JSON | frozenset("tfn")

@@ -15,6 +15,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
+from turnguard.calibrate.evidence_report import evidence_html
 from turnguard.calibrate.report import THRESHOLD_ORDER, default_unresolved, rows, thresholds_text
 from turnguard.calibrate.stats import RunStats
 
@@ -253,4 +254,5 @@ def render(stats: RunStats) -> str:
         distribution_chart(stats, grid_thresholds(stats)),
     ])
     template = Template(resources.files("turnguard.calibrate").joinpath("report.html").read_text(encoding="utf-8"))
-    return template.substitute(summary=esc(summary), charts=charts, table=table_html(data), fps=fp_html(data))
+    return template.substitute(summary=esc(summary), charts=charts, table=table_html(data),
+                               fps=fp_html(data) + evidence_html(stats.probe))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from turnguard.calibrate.evidence import COHORTS
 from turnguard.model import Outcome
 from turnguard.telemetry import names
 
@@ -55,6 +56,8 @@ class RecordedTurn:
     source: str | None = None
     origin: str = ""
     """Where the turn came from (``file:line``), for messages."""
+    cohort: str | None = None
+    """``"live"`` or ``"probe"`` (guarded by a probe configuration), ``None`` when not recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +268,10 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
     if resolved is not None and not isinstance(resolved, bool):
         bad(f"'resolved' must be true, false or null, got {_shown(resolved)}")
         return None
+    cohort = obj.get("cohort")
+    if cohort is not None and cohort not in COHORTS:
+        bad(f"'cohort' must be one of {', '.join(COHORTS)} or null, got {cohort!r}")
+        return None
     turn_id = obj.get("id", obj.get("turn_id"))
     return RecordedTurn(
         id=str(turn_id) if turn_id is not None else f"{path}:{lineno}",
@@ -274,6 +281,7 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
         ended_by=_str_or_none(obj.get("ended_by")),
         source=_str_or_none(obj.get("source")),
         origin=f"{path}:{lineno}",
+        cohort=cohort,
     )
 
 
@@ -496,17 +504,30 @@ class OtlpAssembler:
             self._bad(lineno, f"turn {_shown(turn_id)}: {names.TURN_CYCLES} must be an integer from 0 to "
                               f"{MAX_TURN_CYCLES:,}, got {_shown(cycles)} (replayed as one request)")
             cycles = None
-        resolved = attrs.get(TURN_RESOLVED)
+        resolved = span_resolved(attrs.get(TURN_RESOLVED))
+        cohort = attrs.get(TURN_COHORT)
         return RecordedTurn(
             id=turn_id,
             calls=tuple(call for _, call in calls),
             cycles=cycles,
-            resolved=resolved if isinstance(resolved, bool) else None,
+            resolved=resolved,
             ended_by=_str_or_none(attrs.get(names.TURN_OUTCOME)),
             source=_str_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
             origin=f"{self.path}:{lineno}",
+            cohort=cohort if cohort in COHORTS else None,
         )
 
 
 TURN_RESOLVED = "turnguard.turn.resolved"
-"""Not emitted by turnguard: a host that knows whether the task was solved may add it."""
+"""The task result on a turn span: a boolean, or ``"true"`` / ``"false"`` / ``"unknown"``."""
+
+
+def span_resolved(value: Any) -> bool | None:
+    """A span's ``turnguard.turn.resolved``: ``True``/``False`` (or their strings), else unknown."""
+    if isinstance(value, bool):
+        return value
+    return {"true": True, "false": False}.get(value) if isinstance(value, str) else None
+
+
+TURN_COHORT = "turnguard.turn.cohort"
+"""``"live"`` or ``"probe"`` on a turn span (any other value: not recorded)."""

@@ -12,6 +12,7 @@ import json
 import textwrap
 from typing import Any
 
+from turnguard.calibrate.evidence_report import evidence_text
 from turnguard.calibrate.stats import RunStats
 
 THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
@@ -155,6 +156,7 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
             shown = ", ".join(ids[:8]) + (f", ... ({count} in all)" if count > len(ids[:8]) else "")
             out.append(f"  {shown}:")
             out += _wrapped("    ", names, "; ")
+    out += evidence_text(stats.probe)
     return "\n".join(out) + "\n"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnguard.calibrate.evidence import ProbeEvidence
 from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative_position
 
 MAX_IDS = 50
@@ -157,10 +158,14 @@ class RunStats:
     calls_per_turn: dict[int, int] = field(default_factory=dict)
     calls_per_turn_resolved: dict[int, int] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)
+    probe: ProbeEvidence = field(default_factory=lambda: ProbeEvidence(None, None, None))
+    """Probe turns against the default policy's thresholds (``evidence.py``)."""
 
     @classmethod
     def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
-        return cls(policies=policies, modes=[{m: ModeStats() for m in MODES} for _ in policies])
+        default = next((p["params"] for p in policies if p["default"]), None)
+        return cls(policies=policies, modes=[{m: ModeStats() for m in MODES} for _ in policies],
+                   probe=ProbeEvidence.for_policy(default))
 
     @property
     def unknown(self) -> int:
@@ -196,6 +201,7 @@ class RunStats:
         for k, v in other.calls_per_turn_resolved.items():
             _add_hist(self.calls_per_turn_resolved, k, v)
         self.inputs.extend(i for i in other.inputs if i not in self.inputs)
+        self.probe.merge(other.probe)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -213,6 +219,7 @@ class RunStats:
                 {**p, **{m: modes[m].to_json() for m in MODES}}
                 for p, modes in zip(self.policies, self.modes, strict=True)
             ],
+            "probe": self.probe.to_json(),
         }
 
     @classmethod
@@ -233,4 +240,6 @@ class RunStats:
             calls_per_turn={int(k): int(v) for k, v in data["calls_per_turn"].items()},
             calls_per_turn_resolved={int(k): int(v) for k, v in data["calls_per_turn_resolved"].items()},
             inputs=[str(i) for i in data.get("inputs", [])],
+            probe=ProbeEvidence.from_json(data["probe"]) if "probe" in data else ProbeEvidence.for_policy(
+                next((p["params"] for p in policies if p["default"]), None)),
         )
