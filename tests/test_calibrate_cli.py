@@ -235,3 +235,27 @@ def test_a_flag_that_sizes_the_work_out_of_range_is_a_usage_error(
     assert status == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "expected" in err
+
+
+def test_the_default_row_is_the_configuration_turnguard_config_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "turns.jsonl"
+    path.write_text(GOOD + "\n")
+    monkeypatch.chdir(tmp_path)
+
+    def default_row() -> dict:
+        assert main(["calibrate", str(path), *SMALL_GRID, "--json", "-"]) == 0
+        policies = json.loads(capsys.readouterr().out)["policies"]
+        return next(p["params"] for p in policies if p["default"])
+
+    assert default_row()["soft_cap"] == 100
+    (tmp_path / "turnguard.toml").write_text("soft_cap = 70\nstuck_repeat_threshold = 4\n")
+    assert (default_row()["soft_cap"], default_row()["stuck_repeat"]) == (70, 4)
+    monkeypatch.setenv("TURNGUARD_SOFT_CAP", "80")
+    assert default_row()["soft_cap"] == 80
+    other = tmp_path / "other.toml"
+    other.write_text("soft_cap = 90\n")
+    assert main(["calibrate", str(path), *SMALL_GRID, "--config", str(other), "--json", "-"]) == 0
+    policies = json.loads(capsys.readouterr().out)["policies"]
+    assert next(p["params"] for p in policies if p["default"])["soft_cap"] == 80  # the variable still wins

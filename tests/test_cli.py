@@ -76,21 +76,141 @@ def test_plugins_lists_the_loaded_plugins(capsys, monkeypatch):
     assert names["cycles"]["hooks"] == ["turnguard_check_cycle"]
 
 
-def test_plugins_reports_a_bad_configuration(capsys, monkeypatch):
-    monkeypatch.setenv("TURNGUARD_SOFT_CAP", "lots")
-    status, _, err = run(capsys, "plugins")
-    assert status == 2 and "TURNGUARD_SOFT_CAP" in err
+def config_rows(out: str) -> dict[str, list[str]]:
+    """``turnguard config``'s table: option -> [value, where it came from]."""
+    import re
+
+    return {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip()) for line in out.splitlines()[2:])}
 
 
-def test_config_shows_the_loaded_configuration(capsys, monkeypatch, tmp_path):
-    (tmp_path / "turnguard.toml").write_text("max_tool_calls_per_turn = 250\n")
+def test_config_shows_each_value_and_where_it_came_from(capsys, monkeypatch, tmp_path):
+    (tmp_path / "turnguard.toml").write_text("max_tool_calls_per_turn = 250\nstreak-stop-at = 9\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TURNGUARD_STREAK_WARN_AT", "4")
+    monkeypatch.setenv("TURNGUARD_STREAK_STOP_AT", "7")
     status, out, _ = run(capsys, "config")
     assert status == 0
-    values = dict(line.split(None, 1) for line in out.splitlines()[2:])
-    assert values["max_tool_calls_per_turn"] == "250" and values["streak_warn_at"] == "4"
-    assert values["cap_mode"] == "explicit (derived)"
+    rows = config_rows(out)
+    assert rows["max_tool_calls_per_turn"] == ["250", "turnguard.toml"]
+    assert rows["streak_warn_at"] == ["4", "TURNGUARD_STREAK_WARN_AT"]
+    assert rows["streak_stop_at"] == ["7", "TURNGUARD_STREAK_STOP_AT"]  # the variable wins over the file
+    assert rows["soft_cap"] == ["100", "default"]
+    assert rows["cap_mode"] == ["'explicit'", "derived"]
+    other = tmp_path / "other.toml"
+    other.write_text("[turnguard]\nsoft_cap = 30\n")
+    monkeypatch.setenv("TURNGUARD_CONFIG", str(other))
+    assert config_rows(run(capsys, "config")[1])["soft_cap"] == ["30", str(other)]
+    assert config_rows(run(capsys, "config", "--config", "turnguard.toml")[1])["soft_cap"] == ["100", "default"]
+
+
+MINIMAL_ARGS = {
+    "demo": ["soft-stuck", "--no-record"],
+    "calibrate": ["{corpus}"],
+    "calibrate-merge": ["{result}"],
+}
+"""Arguments with which each subcommand runs successfully (the others need none)."""
+
+
+@pytest.fixture
+def command_inputs(tmp_path, capsys):
+    corpus = tmp_path / "turns.jsonl"
+    corpus.write_text(json.dumps({"id": "t", "calls": [{"tool": "a", "args": 1, "outcome": "ok"}]}) + "\n")
+    result = tmp_path / "result.json"
+    assert cli.main(["calibrate", str(corpus), "--json", str(result)]) == 0
+    capsys.readouterr()
+    return {"corpus": str(corpus), "result": str(result)}
+
+
+def argv_for(name: str, inputs: dict[str, str]) -> list[str]:
+    return [name, *(a.format(**inputs) for a in MINIMAL_ARGS.get(name, []))]
+
+
+BAD_CONFIGURATIONS = [
+    ({"TURNGUARD_SOFT_CAP": "abc"}, None, "TURNGUARD_SOFT_CAP"),
+    ({"TURNGUARD_SOFT_CAP": "1" + "0" * 30}, None, "TURNGUARD_SOFT_CAP"),
+    ({"TURNGUARD_STUCK_REPEAT_THRESHOLD": "0"}, None, "TURNGUARD_STUCK_REPEAT_THRESHOLD"),
+    ({"TURNGUARD_SOFTCAP": "5"}, None, "did you mean 'TURNGUARD_SOFT_CAP'?"),
+    ({}, "soft_cap = 'many'\n", "turnguard.toml: 'soft_cap'"),
+    ({}, "sof_cap = 5\n", "turnguard.toml: unknown option 'sof_cap': did you mean 'soft_cap'?"),
+    ({}, "soft_cap = \n", "turnguard.toml"),
+]
+
+
+@pytest.mark.parametrize(("env", "toml", "expected"), BAD_CONFIGURATIONS)
+def test_every_command_rejects_a_bad_configuration_with_the_same_message(
+    capsys, monkeypatch, tmp_path, command_inputs, env, toml, expected
+):
+    monkeypatch.chdir(tmp_path)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    if toml is not None:
+        (tmp_path / "turnguard.toml").write_text(toml)
+    messages = {}
+    for name in cli.SUBCOMMANDS:
+        status, out, err = run(capsys, *argv_for(name, command_inputs))
+        assert status == 2 and out == "", name
+        prefix = f"turnguard {name}: "
+        assert err.startswith(prefix) and err.count("\n") == 1, err
+        messages[name] = err.removeprefix(prefix)
+    assert len(set(messages.values())) == 1, messages
+    message = next(iter(messages.values()))
+    assert expected in message and "turnguard config" not in message  # named once, by the prefix
+
+
+def test_every_command_runs_with_a_good_configuration(capsys, monkeypatch, tmp_path, command_inputs):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "turnguard.toml").write_text("soft_cap = 120\n")
+    for name in cli.SUBCOMMANDS:
+        assert run(capsys, *argv_for(name, command_inputs))[0] == 0, name
+
+
+def long_options(name: str) -> list[str]:
+    sub = cli._subparser(cli.parser(), name)
+    return [o for a in sub._actions for o in a.option_strings if o.startswith("--") and len(o) > 4]
+
+
+@pytest.mark.parametrize("name", list(cli.SUBCOMMANDS))
+def test_no_flag_of_any_command_may_be_abbreviated(capsys, command_inputs, name):
+    for option in long_options(name):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([*argv_for(name, command_inputs), option[:-1], "1"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"turnguard {name}: error: unrecognized arguments: {option[:-1]}" in err, option
+
+
+def test_soft_cap_is_not_taken_for_soft_caps(capsys, command_inputs):
+    with pytest.raises(SystemExit):
+        cli.main(["calibrate", command_inputs["corpus"], "--soft-cap", "50"])
+    assert "unrecognized arguments: --soft-cap 50" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(cli.SUBCOMMANDS))
+def test_an_unknown_flag_is_reported_by_the_commands_own_parser(capsys, command_inputs, name):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv_for(name, command_inputs), "--no-such-flag"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: turnguard {name} ")
+    assert err.rstrip().endswith(f"turnguard {name}: error: unrecognized arguments: --no-such-flag")
+
+
+def test_an_unknown_flag_before_any_command_is_the_root_parsers(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--no-such-flag", "demo"])
+    assert "turnguard: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def test_python_dash_m_turnguard_is_the_command(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "turnguard", "config"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0 and "soft_cap" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "turnguard", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip() == f"turnguard {importlib.metadata.version('turnguard')}"
 
 
 def test_new_subcommands_plug_into_the_dispatch_table(capsys, monkeypatch):
@@ -120,3 +240,11 @@ def test_version(capsys):
 def test_the_console_script_is_declared():
     scripts = importlib.metadata.entry_points(group="console_scripts", name="turnguard")
     assert [ep.value for ep in scripts] == ["turnguard.cli:main"]
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1"])
+def test_demo_refuses_an_unusable_otlp_timeout_instead_of_crashing_or_ignoring_it(capsys, monkeypatch, value):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", value)
+    status, out, err = run(capsys, "demo", "soft-stuck", "--no-record")
+    assert (status, out) == (2, "")
+    assert err.startswith("turnguard demo: OTEL_EXPORTER_OTLP_TIMEOUT=") and "Traceback" not in err

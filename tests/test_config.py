@@ -3,6 +3,7 @@ a ConfigError naming the key for every bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -211,3 +212,72 @@ def test_a_bad_toml_file_is_a_config_error(tmp_path, text, key):
 def test_a_mapping_is_required():
     with pytest.raises(tg.ConfigError, match="mapping"):
         tg.GuardConfig.from_mapping(["soft_cap", 5])  # type: ignore[arg-type]
+
+
+# -- where a value came from, and what a typo meant --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["pyproject.toml", "turnguard.toml", "custom.toml"])
+def test_a_bad_value_in_a_file_names_the_file(tmp_path, name):
+    path = tmp_path / name
+    table = "[tool.turnguard]\n" if name == "pyproject.toml" else ""
+    path.write_text(f"{table}soft_cap = -1\nstuck_repeat_threshold = 0\n")
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(path, environ={})
+    assert caught.value.source == str(path)
+    assert str(caught.value).startswith(f"{path}: 'stuck_repeat_threshold': got 0; expected")
+
+
+@pytest.mark.parametrize(("layer", "typo", "meant"), [
+    ("keyword", "soft_cpa", "soft_cap"), ("keyword", "max_tool_calls", "max_tool_calls_per_turn"),
+    ("mapping", "streak_warn", "streak_warn_at"), ("toml", "sof_cap", "soft_cap"), ("toml", "soft-kap", "soft_cap"),
+    ("pyproject", "stuck_repeat_treshold", "stuck_repeat_threshold"),
+    ("env", "TURNGUARD_SOFTCAP", "TURNGUARD_SOFT_CAP"), ("env", "TURNGUARD_KEYMODE", "TURNGUARD_KEY_MODE"),
+    ("shadow", "streak_stop_a", "streak_stop_at"),
+])
+def test_an_unknown_option_suggests_the_closest_one(tmp_path, layer, typo, meant):
+    with pytest.raises(tg.ConfigError) as caught:
+        if layer == "keyword":
+            tg.GuardConfig(**{typo: 5})
+        elif layer == "mapping":
+            tg.GuardConfig.from_mapping({typo: 5})
+        elif layer == "env":
+            tg.GuardConfig.load(environ={typo: "5"}, search=None)
+        elif layer == "shadow":
+            tg.GuardConfig(shadow={"wide": {typo: 5}})
+        else:
+            path = tmp_path / ("pyproject.toml" if layer == "pyproject" else "turnguard.toml")
+            path.write_text(("[tool.turnguard]\n" if layer == "pyproject" else "") + f"{typo} = 5\n")
+            tg.GuardConfig.load(environ={}, search=tmp_path)
+    message = str(caught.value)
+    assert f"did you mean {meant!r}?" in message
+    assert message.count("turnguard config") == 0
+    if layer in ("toml", "pyproject"):
+        assert message.startswith(f"{tmp_path}/")
+
+
+def test_an_unknown_option_with_no_close_name_lists_them_all():
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig(zzz=1)
+    assert "did you mean" not in str(caught.value) and "shadow, soft_cap, streak_stop_at" in str(caught.value)
+
+
+def test_a_value_a_variable_sets_that_fails_validation_names_the_variable():
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(environ={"TURNGUARD_STREAK_WARN_AT": "-2"}, search=None)
+    assert str(caught.value).startswith("TURNGUARD_STREAK_WARN_AT: 'streak_warn_at': got -2")
+
+
+def test_load_with_sources_names_the_layer_each_value_came_from(tmp_path):
+    path = tmp_path / "turnguard.toml"
+    path.write_text("soft_cap = 50\nkey-mode = 'bytes'\nstreak_warn_at = 2\n")
+    config, sources = tg.GuardConfig.load_with_sources(
+        environ={"TURNGUARD_STREAK_WARN_AT": "3", "PATH": "/bin"}, search=tmp_path, fail_mode="closed")
+    assert (config.soft_cap, config.key_mode, config.streak_warn_at, config.fail_mode) == (50, "bytes", 3, "closed")
+    assert sources["soft_cap"] == sources["key_mode"] == str(path)
+    assert sources["streak_warn_at"] == "TURNGUARD_STREAK_WARN_AT"
+    assert sources["fail_mode"] == "argument"
+    assert {sources[k] for k in sources if k not in ("soft_cap", "key_mode", "streak_warn_at", "fail_mode")} == {
+        "default"}
+    assert set(sources) == {f.name for f in dataclasses.fields(tg.GuardConfig)}
+    assert tg.GuardConfig.load(environ={"TURNGUARD_STREAK_WARN_AT": "3"}, search=tmp_path, fail_mode="closed") == config

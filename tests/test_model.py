@@ -57,3 +57,11 @@ def test_the_event_has_every_field_the_design_names():
     assert {"threshold", "action", "level", "limit", "tool_calls", "cycles", "max_key_repeat", "streak_length",
             "failing_streak_length", "soft_cap", "hard_cap", "tool_name", "key_digest", "promptable", "turn_id",
             "conversation_id", "agent_name", "event_id"} <= names
+
+
+@pytest.mark.parametrize("action", list(tg.Action))
+def test_an_action_prints_its_name_as_thresholds_and_levels_do(action):
+    assert str(action) == f"{action}" == action.label == action.name.lower()
+    assert f"{action:>8}" == f"{action.label:>8}"
+    assert str(tg.Threshold.STREAK) == "streak" and str(tg.Level.STOP) == "stop"
+    assert action == int(action)  # still ordered by severity

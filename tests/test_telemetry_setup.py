@@ -169,3 +169,25 @@ def test_bad_batch_settings_are_rejected(env):
     with pytest.raises(TelemetryConfigError, match=next(iter(env))) as error:
         configure(environ={**LOCAL, **env})
     assert "milliseconds" not in str(error.value) or "SCHEDULE_DELAY" in str(error.value)  # sizes are counts
+
+
+DURATION_VARS = ["OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                 "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
+                 "OTEL_METRIC_EXPORT_INTERVAL", "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BLRP_SCHEDULE_DELAY"]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "Infinity", "1e400", "nan", "NaN", "-1", "-0.5", "1e300",
+                                   str(10**30), "86400001", "0x10", "10ms", " "])
+@pytest.mark.parametrize("var", DURATION_VARS)
+def test_a_duration_variable_out_of_range_is_a_telemetry_config_error_naming_it(var, value):
+    if not value.strip():
+        configure(environ={**LOCAL, var: value}).shutdown()  # blank: unset, the default
+        return
+    with pytest.raises(TelemetryConfigError, match=var):
+        configure(environ={**LOCAL, var: value})
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0", 0), ("86400000", 86400), ("2500.9", 2.5), ("1e3", 1)])
+def test_durations_up_to_a_day_are_taken_as_milliseconds(value, seconds):
+    settings = resolve("traces", {"OTEL_EXPORTER_OTLP_TIMEOUT": value})
+    assert settings.timeout_s == seconds

@@ -3,6 +3,12 @@
 Each subcommand is one ``Subcommand``: a name, a one-line help, a function that adds its
 arguments to an ``argparse`` parser, and a function that runs it and returns the exit status.
 To add one, write those two functions and add it to ``SUBCOMMANDS`` (see the end of this module).
+
+Every subcommand behaves alike: no flag abbreviations, an unknown flag reported by the
+subcommand's own parser, and the configuration loaded once, the same way, before it runs
+(``GuardConfig.load``: ``--config`` or ``$TURNGUARD_CONFIG`` or ``./turnguard.toml`` /
+``./pyproject.toml``, then ``TURNGUARD_*``), handed over as ``args.guard_config``; a bad value
+ends every command with the same message and exit status 2.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record", default=DEFAULT_RECORDER_PATH, metavar="PATH",
                         help=f"write one JSON line per turn here (default: {DEFAULT_RECORDER_PATH})")
     parser.add_argument("--no-record", action="store_true", help="do not write the turns file")
+    _config_argument(parser)
 
 
 def _configure_telemetry() -> Any:
@@ -64,7 +71,7 @@ def _configure_telemetry() -> Any:
         from turnguard.telemetry import configure
 
         return configure(service_name=os.environ.get("OTEL_SERVICE_NAME") or "turnguard-demo", set_global=True)
-    except (ImportError, ValueError) as exc:
+    except ImportError as exc:
         print(f"turnguard: OTLP export not available ({exc})", file=sys.stderr)
         return None
 
@@ -87,9 +94,15 @@ def _demo(args: argparse.Namespace) -> int:
     recorder_path = None if args.no_record else args.record
     if recorder_path:
         os.makedirs(os.path.dirname(os.path.abspath(recorder_path)), exist_ok=True)
-    telemetry = _configure_telemetry()
+    from turnguard.telemetry.setup import TelemetryConfigError
+
     try:
-        base = GuardConfig(recorder_path=recorder_path)
+        telemetry = _configure_telemetry()
+    except TelemetryConfigError as exc:
+        print(f"turnguard demo: {exc}", file=sys.stderr)
+        return 2
+    try:
+        base = args.guard_config.replace(recorder_path=recorder_path)
         results = run_all(args.scenarios or None, base=base)
     finally:
         _shutdown_telemetry(telemetry)
@@ -117,17 +130,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _plugins_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _config_argument(parser)
 
 
 def _plugins(args: argparse.Namespace) -> int:
     from turnguard.guard import Guard
     from turnguard.plugins import describe
 
-    try:
-        guard = Guard(GuardConfig.load())
-    except ConfigError as exc:
-        print(f"turnguard plugins: {exc}", file=sys.stderr)
-        return 2
+    guard = Guard(args.guard_config)
     rows = describe(guard.pm)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
@@ -141,22 +151,29 @@ def _plugins(args: argparse.Namespace) -> int:
 # -- config ---------------------------------------------------------------------------------------
 
 
+def _config_argument(parser: argparse.ArgumentParser, *aliases: str) -> None:
+    parser.add_argument("--config", *aliases, metavar="TOML", dest="config",
+                        help="a turnguard.toml or pyproject.toml (default: $TURNGUARD_CONFIG, else ./turnguard.toml "
+                             "or ./pyproject.toml with [tool.turnguard])")
+
+
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--file", metavar="TOML", help="a turnguard.toml or pyproject.toml (default: search .)")
+    _config_argument(parser, "--file")
 
 
 def _config(args: argparse.Namespace) -> int:
     import dataclasses
 
-    try:
-        config = GuardConfig.load(args.file)
-    except ConfigError as exc:
-        print(f"turnguard config: {exc}", file=sys.stderr)
-        return 2
-    rows = [(f.name, repr(getattr(config, f.name))) for f in dataclasses.fields(config)]
-    rows.append(("cap_mode", f"{config.cap_mode} (derived)"))
-    table(rows, ("option", "value"), sys.stdout)
+    config, sources = args.guard_config, args.guard_config_sources
+    rows = [(f.name, repr(getattr(config, f.name)), sources[f.name]) for f in dataclasses.fields(config)]
+    rows.append(("cap_mode", repr(config.cap_mode), "derived"))
+    table(rows, ("option", "value", "from"), sys.stdout)
     return 0
+
+
+def load_config(args: argparse.Namespace) -> tuple[GuardConfig, dict[str, str]]:
+    """The configuration every subcommand runs with, and where each value came from."""
+    return GuardConfig.load_with_sources(getattr(args, "config", None))
 
 
 # -- calibrate (turnguard.calibrate.cli) ------------------------------------------------------------
@@ -208,22 +225,38 @@ def parser() -> argparse.ArgumentParser:
     from turnguard import __version__
 
     root = argparse.ArgumentParser(prog="turnguard", description="Bound an AI agent's turn without killing its "
-                                   "productive long turns.")
+                                   "productive long turns.", allow_abbrev=False)
     root.add_argument("--version", action="version", version=f"turnguard {__version__}")
     subs = root.add_subparsers(dest="command", metavar="COMMAND")
     for sub in SUBCOMMANDS.values():
-        p = subs.add_parser(sub.name, help=sub.help, description=sub.help)
+        p = subs.add_parser(sub.name, help=sub.help, description=sub.help, allow_abbrev=False)
         sub.arguments(p)
     return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     root = parser()
-    args = root.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = root.parse_known_args(argv)
+    before = argv[: argv.index(args.command)] if args.command else argv
+    if any(u in before for u in unknown):
+        root.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         root.print_help()
         return 2
+    if unknown:  # said by the subcommand's own parser, with its usage line
+        _subparser(root, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        args.guard_config, args.guard_config_sources = load_config(args)
+    except ConfigError as exc:
+        print(f"turnguard {args.command}: {exc}", file=sys.stderr)
+        return 2
     return SUBCOMMANDS[args.command].run(args)
+
+
+def _subparser(root: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,17 +2,19 @@
 
 Precedence when loading (``GuardConfig.load``): defaults < TOML file < ``TURNGUARD_*``
 environment variables < keyword arguments. Every invalid input raises ``ConfigError`` naming the
-key, the value and what is accepted.
+key, the value, what is accepted and where the value came from (the file, the variable); an
+unknown option name is answered with the closest known one ("did you mean 'soft_cap'?").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import logging
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -36,11 +38,42 @@ log = logging.getLogger("turnguard")
 
 
 class ConfigError(ValueError):
-    """An invalid configuration value: ``key``, ``value`` and what is ``accepted``."""
+    """An invalid configuration value: ``key``, ``value``, what is ``accepted``, and the ``source``
+    it came from (a file path, an environment variable; ``None``: code)."""
 
-    def __init__(self, key: str, value: Any, accepted: str) -> None:
-        self.key, self.value, self.accepted = key, value, accepted
-        super().__init__(f"turnguard config {key!r}: got {value!r}; expected {accepted}")
+    def __init__(self, key: str, value: Any, accepted: str, *, source: str | None = None) -> None:
+        self.key, self.value, self.accepted, self.source = key, value, accepted, source
+        super().__init__(key, value, accepted)
+
+    def __str__(self) -> str:
+        where = f"{self.source}: " if self.source and self.source != self.key else ""
+        return f"{where}{self.key!r}: got {_short(self.value)}; expected {self.accepted}"
+
+    def within(self, source: str) -> ConfigError:
+        """This error, said to come from ``source`` (kept when it already names one)."""
+        if self.source is None:
+            self.source = source
+        return self
+
+
+class UnknownOptionError(ConfigError):
+    """A key that names no option, with the closest option names (``suggestions``)."""
+
+    def __init__(self, key: str, value: Any, known: Iterable[str], *, source: str | None = None) -> None:
+        known = sorted(known)
+        self.suggestions = tuple(difflib.get_close_matches(key, known, n=3, cutoff=0.6))
+        super().__init__(key, value, f"one of {', '.join(known)}", source=source)
+
+    def __str__(self) -> str:
+        where = f"{self.source}: " if self.source and self.source != self.key else ""
+        if self.suggestions:
+            return f"{where}unknown option {self.key!r}: did you mean {self.suggestions[0]!r}?"
+        return f"{where}unknown option {self.key!r}; expected {self.accepted}"
+
+
+def _short(value: Any, width: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -146,7 +179,7 @@ class GuardConfig:
         for key, value in data.items():
             name = key.replace("-", "_") if isinstance(key, str) else key
             if name not in names:
-                raise ConfigError(str(key), value, f"one of the options {sorted(names)}")
+                raise UnknownOptionError(str(key), value, names)
             values[name] = value
         return dataclasses.replace(base, **values) if base else cls(**values)
 
@@ -161,19 +194,12 @@ class GuardConfig:
         instead. A bad value of a known option is always a ``ConfigError``.
         """
         environ = os.environ if environ is None else environ
-        names = _field_names()
-        values: dict[str, Any] = {}
-        for var, text in environ.items():
-            if not var.startswith(ENV_PREFIX) or var in _NON_OPTION_VARS:
-                continue
-            key = var[len(ENV_PREFIX):].lower()
-            if key not in names:
-                if strict:
-                    raise ConfigError(var, text, f"one of {sorted(ENV_PREFIX + n.upper() for n in names)}")
-                log.warning("turnguard: ignoring %s: not a turnguard option", var)
-                continue
-            values[key] = _parse_env(var, key, text)
-        return cls.from_mapping(values, base=base)
+        values = _env_values(environ, strict)
+        try:
+            return cls.from_mapping(values, base=base)
+        except ConfigError as exc:
+            var = ENV_PREFIX + exc.key.upper()
+            raise exc.within(var if var in environ else "TURNGUARD_* variables") from None
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], *, base: GuardConfig | None = None) -> GuardConfig:
@@ -181,14 +207,9 @@ class GuardConfig:
         (its top level, or a ``[turnguard]`` table)."""
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(str(path), str(exc), "a readable TOML file") from exc
-        if path.name == "pyproject.toml":
-            data = data.get("tool", {}).get("turnguard", {})
-        elif "turnguard" in data and isinstance(data["turnguard"], Mapping):
-            data = data["turnguard"]
-        return cls.from_mapping(data, base=base)
+            return cls.from_mapping(_toml_options(path), base=base)
+        except ConfigError as exc:
+            raise exc.within(str(path)) from None
 
     @classmethod
     def load(
@@ -201,15 +222,73 @@ class GuardConfig:
     ) -> GuardConfig:
         """Defaults < TOML (``path``, else ``$TURNGUARD_CONFIG``, else ``turnguard.toml`` or a
         ``pyproject.toml`` with ``[tool.turnguard]`` in ``search``) < environment < ``overrides``."""
+        return cls.load_with_sources(path, environ=environ, search=search, **overrides)[0]
+
+    @classmethod
+    def load_with_sources(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        search: str | os.PathLike[str] | None = ".",
+        **overrides: Any,
+    ) -> tuple[GuardConfig, dict[str, str]]:
+        """``load``, and where each option's value came from: ``default``, the TOML file's path,
+        the ``TURNGUARD_*`` variable, or ``argument``."""
         env = os.environ if environ is None else environ
+        sources = dict.fromkeys(_field_names(), DEFAULT_SOURCE)
         config = cls()
         if path is None and env.get(CONFIG_ENV):
             path = env[CONFIG_ENV]
         toml_path = Path(path) if path is not None else _find_toml(search)
         if toml_path is not None:
             config = cls.from_toml(toml_path, base=config)
+            for key in _toml_options(toml_path):
+                sources[key.replace("-", "_")] = str(toml_path)
         config = cls.from_env(env, base=config)
-        return cls.from_mapping(overrides, base=config) if overrides else config
+        for key in _env_values(env, strict=True):
+            sources[key] = ENV_PREFIX + key.upper()
+        if overrides:
+            config = cls.from_mapping(overrides, base=config)
+            sources.update(dict.fromkeys(overrides, ARGUMENT_SOURCE))
+        return config, sources
+
+
+DEFAULT_SOURCE = "default"
+ARGUMENT_SOURCE = "argument"
+
+
+def _env_values(environ: Mapping[str, str], strict: bool) -> dict[str, Any]:
+    """The options the ``TURNGUARD_*`` variables set, parsed (``GuardConfig.from_env``)."""
+    names = _field_names()
+    values: dict[str, Any] = {}
+    for var, text in environ.items():
+        if not var.startswith(ENV_PREFIX) or var in _NON_OPTION_VARS:
+            continue
+        key = var[len(ENV_PREFIX):].lower()
+        if key not in names:
+            if strict:
+                raise UnknownOptionError(var, text, (ENV_PREFIX + n.upper() for n in names))
+            log.warning("turnguard: ignoring %s: not a turnguard option", var)
+            continue
+        values[key] = _parse_env(var, key, text)
+    return values
+
+
+def _toml_options(path: Path) -> Mapping[str, Any]:
+    """The options a TOML file sets: ``[tool.turnguard]`` of a ``pyproject.toml``; a
+    ``turnguard.toml``'s ``[turnguard]`` table or its top level."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(str(path), exc.strerror or str(exc), "a readable TOML file") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), str(exc), "a valid TOML file") from exc
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("turnguard", {})
+    elif "turnguard" in data and isinstance(data["turnguard"], Mapping):
+        data = data["turnguard"]
+    return data
 
 
 CONFIG_ENV = "TURNGUARD_CONFIG"
@@ -309,7 +388,7 @@ def _init_checking_names(init: Any) -> Any:
         names = _field_names()
         for key in kwargs:
             if key not in names:
-                raise ConfigError(key, kwargs[key], f"one of the options {sorted(names)}")
+                raise UnknownOptionError(key, kwargs[key], names)
         if len(args) > len(names):
             raise ConfigError("<positional>", args, f"at most {len(names)} positional options")
         init(self, *args, **kwargs)
@@ -390,7 +469,8 @@ def _shadow_config(name: str, value: Any, base: GuardConfig) -> GuardConfig:
         try:
             config = GuardConfig.from_mapping(value, base=base)
         except ConfigError as exc:
-            raise ConfigError(f"shadow.{name}.{exc.key}", exc.value, exc.accepted) from None
+            exc.key = f"shadow.{name}.{exc.key}"
+            raise exc from None
     else:
         raise ConfigError(f"shadow.{name}", value, "a GuardConfig or a mapping of options")
     if config.shadow:

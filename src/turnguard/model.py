@@ -46,6 +46,13 @@ class Action(enum.IntEnum):
         """The lower-case name used in telemetry (``allow``, ``remind``, ``ask``, ``halt``)."""
         return self.name.lower()
 
+    def __str__(self) -> str:
+        """The label, as ``Threshold`` and ``Level`` print theirs (``halt``, not ``3``)."""
+        return self.label
+
+    def __format__(self, spec: str) -> str:
+        return format(self.label, spec)
+
 
 class Threshold(enum.StrEnum):
     """Which detector fired. The string values are part of the telemetry contract."""

@@ -292,17 +292,23 @@ def _count(env: Mapping[str, str], var: str) -> int | None:
     return value
 
 
+MAX_MS = 24 * 3600 * 1000
+"""The longest duration an ``OTEL_*`` variable may give (a day): a larger one, ``inf`` or ``nan``
+is a ``TelemetryConfigError``, not an overflow in a timer."""
+
+
 def _ms(env: Mapping[str, str], var: str, default: int | None) -> int | None:
+    """A whole number of milliseconds from 0 to ``MAX_MS`` (a fraction is cut), or ``default``."""
     text = env.get(var, "").strip()
     if not text:
         return default
     try:
-        value = int(float(text))
+        value = float(text)
     except ValueError:
         raise TelemetryConfigError(f"{var}={text!r}: expected a number of milliseconds") from None
-    if value < 0:
-        raise TelemetryConfigError(f"{var}={text!r}: expected a number of milliseconds >= 0")
-    return value
+    if not 0 <= value <= MAX_MS:  # nan compares false
+        raise TelemetryConfigError(f"{var}={text!r}: expected a number of milliseconds from 0 to {MAX_MS}")
+    return int(value)
 
 
 def _pairs(text: str, var: str) -> dict[str, str]:
