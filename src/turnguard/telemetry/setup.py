@@ -27,6 +27,7 @@ collector costs the host next to nothing.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +41,7 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_QUEUE = 2048
 DEFAULT_EXPORT_BATCH = 512
+SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto")  # what `pip install turnguard` lacks
 
 
 class TelemetryConfigError(ValueError):
@@ -111,6 +113,7 @@ def configure(
     env = os.environ if environ is None else environ
     if _flag(env, "OTEL_SDK_DISABLED"):
         return _disabled()
+    _require_sdk()
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
     from opentelemetry.sdk.metrics import MeterProvider
@@ -160,6 +163,21 @@ def configure(
     if set_global:
         install_global(telemetry)
     return telemetry
+
+
+def _require_sdk() -> None:
+    """The SDK and the OTLP exporters are the ``cli`` extra: the library alone has only the API."""
+    for module in SDK_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ModuleNotFoundError(
+                f"turnguard.telemetry.configure() needs the OpenTelemetry SDK and the OTLP exporters "
+                f'({module} is not installed): pip install "turnguard[cli]"',
+                name=module,
+            )
 
 
 def install_global(telemetry: Telemetry) -> None:
