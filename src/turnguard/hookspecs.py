@@ -1,7 +1,7 @@
 """The plugin contract: every hook turnguard calls, documented where it is declared.
 
 Hooks are called with keyword arguments; an implementation may accept any subset of them.
-``turn`` is always a read-only view of the turn's ledger (:class:`turnguard.ledger.Ledger`):
+``turn`` is always a read-only view of the turn's ledger (``turnguard.Ledger``):
 counts, max repeat, streaks, cycles, ``config`` and identifiers, plus ``turn.detect(...)`` to
 build a verdict with a ``LoopDetectedEvent``.
 
