@@ -406,20 +406,6 @@ def test_a_plugin_manager_built_by_the_host_can_be_passed_in():
     assert guard.pm is pm and pm.get_plugin("streak") is None and pm.get_plugin("cap") is not None
 
 
-def test_the_readme_usage_examples_run():
-    import pathlib
-    import re
-
-    readme = (pathlib.Path(__file__).parents[1] / "docs" / "usage.md").read_text()
-    usage = readme.split("<!-- section:usage -->")[1].split("<!-- /section:usage -->")[0]
-    blocks = re.findall(r"```python\n(.*?)```", usage, flags=re.S)
-    assert len(blocks) >= 3
-    for block in blocks:
-        if "GuardConfig.from_env()" in block:  # the configuration cheat sheet: one call per line
-            continue
-        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
-
-
 class _RaisingConfigure:
     def __init__(self) -> None:
         self.errors: list[str] = []
