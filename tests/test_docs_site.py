@@ -130,7 +130,8 @@ def reference_ids(pages: dict[Path, Page], site: Site, name: str) -> set[str]:
 
 def test_the_api_reference_documents_every_public_name_of_the_package(site: Site, pages: dict[Path, Page]):
     documented = set().union(*(page.ids for path, page in pages.items() if "reference" in path.parts))
-    assert {f"turnguard.{name}" for name in turnguard.__all__} - documented == set()
+    missing = {f"turnguard.{name}" for name in turnguard.__all__} - documented
+    assert missing == set(), "give these a '::: ' entry in docs/reference/turnguard.md"
 
 
 def test_the_api_reference_documents_every_hook_and_every_configuration_option(site: Site, pages: dict[Path, Page]):
@@ -155,7 +156,8 @@ def test_the_api_reference_documents_telemetry_configure_and_every_integration(s
     hidden = {"register_commands", "TurnGuardState"}  # llm's plugin hook and LangChain's state schema
     for module in sorted((ROOT / "src" / "turnguard" / "integrations").glob("[!_]*.py")):
         names = {f"turnguard.integrations.{module.stem}.{name}" for name in public_definitions(module) - hidden}
-        assert names and names - documented == set(), module.name
+        assert names, module.name
+        assert names - documented == set(), f"{module.name}: add '::: ' entries to docs/reference/integrations.md"
 
 
 # -- the Markdown as GitHub shows it: README.md links into docs/, and pages link each other ---------
