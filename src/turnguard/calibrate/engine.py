@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from turnguard.calibrate.equivalence import (
@@ -55,10 +55,13 @@ def policy_info(policy: Policy) -> dict[str, Any]:
 class Calibrator:
     """Accumulates the results of every policy on every turn it is given (one process)."""
 
-    def __init__(self, policies: list[Policy], *, group: bool = True) -> None:
+    def __init__(self, policies: list[Policy], *, group: bool = True,
+                 results: Mapping[str, bool] | None = None) -> None:
         if not policies:
             raise ValueError("the grid is empty")
         self.policies = policies
+        self.results = results or {}
+        """Late task results by turn id (``results.late_results``), for turns recorded without one."""
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
@@ -256,9 +259,11 @@ class Calibrator:
     def add(self, turn: RecordedTurn) -> None:
         n = len(turn.calls)
         stats = self.stats
-        stats.add_turn(n, turn.resolved)
-        modes = stats.modes
         turn_id, resolved = turn.id, turn.resolved
+        if resolved is None and self.results:
+            resolved = self.results.get(turn_id)
+        stats.add_turn(n, resolved)
+        modes = stats.modes
         effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs
         main = None
         for idx, mode, result in self.fired(turn):

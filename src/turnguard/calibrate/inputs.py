@@ -167,6 +167,10 @@ def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink, *,
             yield from read_source(source, on_problem)
 
 
+RESULT_KEY = "result_for"
+"""The key that makes a corpus-format line a late result record (``calibrate/results.py``)."""
+LOGS_KEY = "resourceLogs"
+"""OTLP JSON logs: read for late results only (``calibrate/results.py``)."""
 OTLP_MARKER = b'"resourceSpans"'
 """What every OTLP JSON line holds (and corpus lines practically never do)."""
 
@@ -245,6 +249,8 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
         bad(f"expected a JSON object (one turn), got {json_type(obj)}; skipped")
         return None
     raw_calls = obj.get("calls")
+    if raw_calls is None and (RESULT_KEY in obj or LOGS_KEY in obj):
+        return None  # a late result or an OTLP logs document: read before the replay (results.py)
     if not isinstance(raw_calls, list):
         bad("'calls' is missing or not a list")
         return None

@@ -38,6 +38,7 @@ from turnguard.calibrate.inputs import (
     read_source,
     too_long,
 )
+from turnguard.calibrate.results import late_results
 from turnguard.calibrate.stats import RunStats
 
 CHUNK_LINES = 2000
@@ -100,12 +101,13 @@ def calibrate(
     counted = _Counter(on_problem, strict)
     sizes = input_sizes(paths)
     progress = progress or Progress(sum(sizes), enabled=False)
+    results = late_results(paths, counted, max_line_bytes=max_line_bytes)
     try:
         with rare_collections():
             if jobs <= 1:
-                stats = _serial(paths, sizes, policies, counted, group, progress, max_line_bytes)
+                stats = _serial(paths, sizes, policies, counted, group, progress, max_line_bytes, results)
             else:
-                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes)
+                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes, results)
     finally:
         progress.close()
     stats.problems = counted.count
@@ -152,8 +154,8 @@ class _Counter:
             raise StrictError(f"{problem} (--strict)")
 
 
-def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes) -> RunStats:
-    cal = Calibrator(policies, group=group)
+def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes, results) -> RunStats:
+    cal = Calibrator(policies, group=group, results=results)
     done = 0
     for path, size in zip(paths, sizes, strict=True):
         with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
@@ -172,10 +174,10 @@ _worker: Calibrator | None = None
 _max_line_bytes = MAX_LINE_BYTES
 
 
-def _init(policies: list[Policy], group: bool, max_line_bytes: int) -> None:
+def _init(policies: list[Policy], group: bool, max_line_bytes: int, results: dict[str, bool]) -> None:
     global _worker, _max_line_bytes
     gc.set_threshold(*GC_THRESHOLD)
-    _worker = Calibrator(policies, group=group)
+    _worker = Calibrator(policies, group=group, results=results)
     _max_line_bytes = max_line_bytes
 
 
@@ -303,7 +305,7 @@ def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) 
         yield chunk
 
 
-def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_line_bytes) -> RunStats:
+def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_line_bytes, results) -> RunStats:
     stats = RunStats.empty([policy_info(p) for p in policies])
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
@@ -317,7 +319,7 @@ def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_lin
         stats.merge(part)
         progress.update(position[0], stats.calls, stats.turns)
 
-    with ctx.Pool(jobs, initializer=_init, initargs=(policies, group, max_line_bytes)) as pool:
+    with ctx.Pool(jobs, initializer=_init, initargs=(policies, group, max_line_bytes, results)) as pool:
         for chunk in _chunks(paths, sizes, on_problem, position, max_line_bytes):
             pending.append(pool.apply_async(_work, (chunk,)))
             while len(pending) >= 2 * jobs:

@@ -1,0 +1,124 @@
+"""Late task results: a turn's ``resolved`` reported after its line or span was written.
+
+``guard.report_result(turn_id, resolved)`` an hour after the turn (a CI run that passed, a user's
+thumbs-up) cannot change what was already recorded, so it is recorded on its own: the local
+recorder appends a *result record* (``{"result_for": TURN_ID, "resolved": true, ...}``), and the
+OpenTelemetry plugin emits a ``turnguard.turn.result`` log record (``turnguard.turn.id``,
+``turnguard.turn.resolved``), which the Collector's file exporter writes as a
+``{"resourceLogs": [...]}`` line. ``late_results`` collects them from the inputs before the
+replay, so a turn recorded without a result gets the first one reported for it (a result given
+with the turn itself was reported first, and wins, as it does live).
+
+A file that holds neither marker is only scanned in blocks (no line is parsed), so inputs
+without late results cost one fast pass.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from turnguard.calibrate.inputs import (
+    LOGS_KEY,
+    MAX_LINE_BYTES,
+    RESULT_KEY,
+    InputProblem,
+    LineSource,
+    ProblemSink,
+    attributes,
+    parse_line,
+    span_resolved,
+)
+
+RESULT_EVENT = "turnguard.turn.result"
+"""The log record of a late result."""
+MARKERS = (f'"{RESULT_KEY}"'.encode(), f'"{LOGS_KEY}"'.encode())
+MAX_LATE_RESULTS = 1_000_000
+"""Results kept (about 100 bytes each); past it a problem is reported and the rest ignored."""
+BLOCK = 1 << 16
+"""The scan's read size: small, so the scan adds nothing to a run's peak memory."""
+
+
+def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> dict[str, bool]:
+    """Turn id -> the first late result reported for it, from every input."""
+    results: dict[str, bool] = {}
+    full = [False]
+
+    def keep(turn_id: str, resolved: bool, path: str, lineno: int) -> None:
+        if turn_id in results:
+            return
+        if len(results) >= MAX_LATE_RESULTS:
+            if not full[0]:
+                full[0] = True
+                on_problem(InputProblem(path, lineno, f"more than {MAX_LATE_RESULTS:,} late results: "
+                                                      "the rest are ignored"))
+            return
+        results[turn_id] = resolved
+
+    for path in paths:
+        if not _may_hold_results(path):
+            continue
+        with LineSource(path, None, max_line_bytes=max_line_bytes) as source:  # the replay reports long lines
+            label = source.path
+            for lineno, line in source:
+                if not any(m in line for m in MARKERS):
+                    continue
+                obj = parse_line(line, label, lineno, lambda p: None)  # the replay reports bad JSON
+                if not isinstance(obj, dict):
+                    continue
+                if RESULT_KEY in obj:
+                    _record(obj, label, lineno, on_problem, keep)
+                elif LOGS_KEY in obj:
+                    _logs(obj, label, lineno, keep)
+    return results
+
+
+def _record(obj: dict[str, Any], path: str, lineno: int, on_problem: ProblemSink, keep: Any) -> None:
+    turn_id, resolved = obj.get(RESULT_KEY), obj.get("resolved")
+    if not isinstance(turn_id, str) or not turn_id or not isinstance(resolved, bool):
+        on_problem(InputProblem(path, lineno, f"a result record needs {RESULT_KEY!r} (a turn id) and 'resolved' "
+                                              f"(true or false), got {RESULT_KEY}={turn_id!r}, resolved={resolved!r}"))
+        return
+    keep(turn_id, resolved, path, lineno)
+
+
+def _logs(obj: dict[str, Any], path: str, lineno: int, keep: Any) -> None:
+    """``turnguard.turn.result`` records of an OTLP logs document (other records are not ours)."""
+    for resource in _list(obj.get(LOGS_KEY)):
+        for scope in _list(resource.get("scopeLogs") if isinstance(resource, dict) else None):
+            for record in _list(scope.get("logRecords") if isinstance(scope, dict) else None):
+                if not isinstance(record, dict):
+                    continue
+                attrs = attributes(record.get("attributes"))
+                if record.get("eventName", attrs.get("event.name")) != RESULT_EVENT:
+                    continue
+                turn_id, resolved = attrs.get("turnguard.turn.id"), span_resolved(attrs.get("turnguard.turn.resolved"))
+                if isinstance(turn_id, str) and turn_id and resolved is not None:
+                    keep(turn_id, resolved, path, lineno)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _may_hold_results(path: str | Path) -> bool:
+    """Whether a marker occurs anywhere in the (decompressed) file: a block scan, no parsing."""
+    longest = max(map(len, MARKERS))
+    try:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+            tail = b""
+            while block := f.read(BLOCK):
+                seam = tail + block[:longest]
+                if any(m in block or m in seam for m in MARKERS):
+                    return True
+                tail = block[-longest:]
+    except (OSError, EOFError, zlib.error):
+        return False  # the replay's own reading reports the file
+    return False
