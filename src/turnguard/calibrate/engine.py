@@ -60,7 +60,7 @@ class Calibrator:
         if not policies:
             raise ValueError("the grid is empty")
         self.policies = policies
-        self.results = results or {}
+        self.late_results = results or {}
         """Late task results by turn id (``results.late_results``), for turns recorded without one."""
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
@@ -260,8 +260,8 @@ class Calibrator:
         n = len(turn.calls)
         stats = self.stats
         turn_id, resolved = turn.id, turn.resolved
-        if resolved is None and self.results:
-            resolved = self.results.get(turn_id)
+        if resolved is None and self.late_results:
+            resolved = self.late_results.get(turn_id)
         stats.add_turn(n, resolved)
         modes = stats.modes
         effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs
