@@ -172,3 +172,30 @@ async def wait_forever(started: asyncio.Event) -> str:
     started.set()
     await asyncio.Event().wait()
     return "never"
+
+
+STOPPED_AT_THE_EIGHTH_FAILURE = "stopped: turnguard stopped the run: threshold streak (stop, limit 8)"
+"""How the examples' output starts when turnguard stopped a model stuck on one failing call."""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """The directory the examples run in (the current directory): ``f0.py`` .. ``f149.py`` exist,
+    ``missing.py`` does not."""
+    monkeypatch.chdir(tmp_path)
+    for i in range(150):
+        (tmp_path / f"f{i}.py").write_text(f"# module {i}\n", encoding="utf-8")
+    return tmp_path
+
+
+@pytest.fixture
+def run_example(project, capsys) -> Callable[..., str]:
+    """``run_example(name, **model)``: ``examples/<name>.py``'s ``main`` run as its ``__main__``
+    block runs it, with the given model; returns what it printed."""
+
+    def run(name: str, **model: object) -> str:
+        capsys.readouterr()
+        load_example(name).main(**model)
+        return capsys.readouterr().out
+
+    return run

@@ -239,7 +239,12 @@ EXAMPLES = {
     "openai-agents": "openai_agents_agent.py",
     "LangChain": "langchain_agent.py",
     "simonw's llm": "llm_chain.py",
+    "Google ADK": "google_adk_agent.py",
 }
+
+
+def test_every_example_file_has_its_section_on_the_integrations_page():
+    assert sorted(EXAMPLES.values()) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
 
 
 @pytest.mark.parametrize(("framework", "example"), EXAMPLES.items())

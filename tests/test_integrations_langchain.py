@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
+from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
 
 optional_dependency("langchain.agents")
 
@@ -159,10 +159,15 @@ def test_interrupt_answered_stop_refuses_the_call_and_halts(ran, tools):
     assert len(ran) == 4
 
 
-def test_readme_example_stops_the_stuck_agent_and_says_why():
-    example = load_example("langchain_agent")
-    answer = example.answer("read a.py", model=forever("read_file", {"path": "a.py"}))
-    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+def test_the_example_stops_a_model_stuck_on_a_missing_file_and_prints_why(run_example):
+    printed = run_example("langchain_agent", model=forever("read_file", {"path": "missing.py"}))
+    assert printed.startswith(STOPPED_AT_THE_EIGHTH_FAILURE) and "8 failing" in printed
+
+
+def test_the_example_completes_a_long_productive_turn_past_langgraphs_recursion_limit(run_example):
+    """150 tool rounds, 300 graph steps: LangGraph's default ``recursion_limit=25`` would have stopped it."""
+    model = calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)])
+    assert run_example("langchain_agent", model=model) == "done\n"
 
 
 def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, tools, otel):

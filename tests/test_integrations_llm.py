@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
+from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
 
 optional_dependency("llm")
 
@@ -180,6 +180,7 @@ class ScriptedPlugin:
     @llm.hookimpl
     def register_models(self, register):
         register(ScriptedToolModel("scripted-stuck", stuck_steps()))
+        register(ScriptedToolModel("scripted-reader", distinct_steps(150)))
 
     @llm.hookimpl
     def register_tools(self, register):
@@ -225,9 +226,14 @@ def test_installed_as_an_llm_plugin_through_the_entry_point_group():
     assert plugins["turnguard"]["version"] == tg.__version__
 
 
-def test_readme_example_stops_the_stuck_chain_and_says_why(scripted_plugin):
-    answer = load_example("llm_chain").answer("read a.py", model_id="scripted-stuck")
-    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+def test_the_example_stops_a_model_stuck_on_a_missing_file_and_prints_why(scripted_plugin, run_example):
+    printed = run_example("llm_chain", model_id="scripted-stuck")
+    assert printed.startswith(STOPPED_AT_THE_EIGHTH_FAILURE) and "8 failing" in printed
+
+
+def test_the_example_completes_a_long_productive_chain_past_llms_chain_limit(scripted_plugin, run_example):
+    """150 tool rounds: llm's default ``chain_limit=10`` would have stopped it."""
+    assert run_example("llm_chain", model_id="scripted-reader") == "done\n"
 
 
 def test_the_chains_spans_and_loop_detected_events_are_recorded(ran, read_file, otel):

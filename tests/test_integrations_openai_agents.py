@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
+from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
 
 optional_dependency("agents")
 
@@ -193,11 +193,17 @@ def test_promptable_without_a_route_falls_back_to_halting_at_the_stop_level(ran,
     assert "nobody could be asked" in str(stopped.value)
 
 
-def test_readme_example_stops_the_stuck_agent_and_says_why():
-    example = load_example("openai_agents_agent")
-    model = calls_then_done([("read_file", {"path": "a.py"})] * 30)
-    answer = example.answer("read a.py", model=model, run_config=NO_EXPORT)
-    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+def test_the_example_stops_a_model_stuck_on_a_missing_file_and_prints_why(run_example):
+    printed = run_example("openai_agents_agent", model=calls_then_done([("read_file", {"path": "missing.py"})] * 30))
+    assert printed.startswith(STOPPED_AT_THE_EIGHTH_FAILURE) and "8 failing" in printed
+
+
+def test_the_examples_explicit_cap_stops_call_one_hundred_one_and_prints_why(run_example):
+    """150 model requests, past the SDK's default ``max_turns=10``: the example's cap of 100 stops it."""
+    model = calls_then_done([("read_file", {"path": f"f{i}.py"}) for i in range(150)])
+    printed = run_example("openai_agents_agent", model=model)
+    assert printed.startswith("stopped: turnguard stopped the run: threshold explicit (stop, limit 100)")
+    assert "101 tool calls" in printed
 
 
 def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, make_agent, otel):

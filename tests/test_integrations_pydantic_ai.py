@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cancel_once_started, load_example, optional_dependency, wait_forever
+from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
 
 optional_dependency("pydantic_ai")
 
@@ -172,10 +172,15 @@ def test_approval_through_a_deferred_output_is_answered_in_the_resumed_run(ran):
     assert len(ran) == 7
 
 
-def test_readme_example_stops_the_stuck_agent_and_says_why():
-    example = load_example("pydantic_ai_agent")
-    answer = example.answer("read a.py", model=forever("read_file", {"path": "a.py"}))
-    assert answer.startswith("stopped: turnguard stopped the run: threshold streak (stop, limit 8)")
+def test_the_example_stops_a_model_stuck_on_a_missing_file_and_prints_why(run_example):
+    printed = run_example("pydantic_ai_agent", model=forever("read_file", {"path": "missing.py"}))
+    assert printed.startswith(STOPPED_AT_THE_EIGHTH_FAILURE) and "8 failing" in printed
+
+
+def test_the_example_completes_a_long_productive_turn_past_pydantic_ais_request_limit(run_example):
+    """150 model requests: pydantic-ai's default ``request_limit=50`` would have stopped it."""
+    model = scripted([("read_file", {"path": f"f{i}.py"}) for i in range(150)])
+    assert run_example("pydantic_ai_agent", model=model) == "done\n"
 
 
 def test_denial_given_to_a_resumed_run_is_the_users_stop(ran):

@@ -1,5 +1,7 @@
 """simonw's ``llm``: an ``llm`` plugin (entry point ``turnguard`` in the ``llm`` group) and chain callbacks.
 
+Tested with llm 0.36 (the ``llm`` extra installs ``>=0.36,<1``).
+
 llm 0.36 has no tool-call hook, so the guard rides on ``chain(before_call=, after_call=)``:
 
 - ``ChainGuard`` holds one chain's turn; its ``before_call`` checks each tool call before llm runs

@@ -1,5 +1,9 @@
 """pydantic-ai: a capability that bounds each agent run (one run = one turn).
 
+Tested with pydantic-ai-slim 2.68 (the ``pydantic-ai`` extra installs ``>=2.68,<3``). pydantic-ai's
+own ``request_limit`` (50 by default) ends a long productive run before turnguard's cap: raise it
+(``usage_limits=UsageLimits(request_limit=1000)``) and let turnguard bound the turn.
+
 ``Agent(model, capabilities=[TurnGuardCapability(guard)])``. Each model request is a cycle
 (``before_model_request``); each tool call is checked in ``wrap_tool_execute``, inside
 pydantic-ai's own tool span when the agent is instrumented, before the tool body runs. A tool that

@@ -1,0 +1,295 @@
+"""Google ADK: a runner plugin that bounds each invocation (one invocation = one turn).
+
+Tested with google-adk 2.13 (the ``google-adk`` extra installs ``>=2.13,<3``).
+
+``Runner(agent=..., plugins=[TurnGuardPlugin(guard)])`` (or ``InMemoryRunner``). ``before_run``
+opens the invocation's turn, ``before_model`` is a cycle, ``before_tool`` checks each call before
+the tool runs, ``after_tool`` / ``on_tool_error`` record its outcome, ``after_run`` /
+``on_run_error`` end the turn (``completed``, ``halted``, ``error``, ``cancelled``).
+
+- A call fails when the tool raises (whether or not another plugin, e.g. ADK's
+  ``ReflectAndRetryToolPlugin``, then recovers it) or returns a dict with an ``"error"`` key (the
+  convention of ADK's own tools).
+- HALT ends the invocation ADK's way (ADK turns an exception from a plugin into a ``RuntimeError``):
+  the halted call is answered with an ``{"error": "Not executed: ..."}`` response instead of
+  running, and the next model request is answered by turnguard itself with a final text naming the
+  threshold and the counts (``turnguard stopped the run: threshold streak (stop, limit 8); ...``),
+  so the model is not called again and ``run_async`` finishes; the turn ends ``halted``. That
+  final event carries ``custom_metadata["turnguard"]`` (message, threshold, level, event id):
+  ``halt_of(events)`` finds it for a host that wants to tell a halt from an answer.
+- ASK: ``ask="confirmation"`` uses ADK's tool confirmation: the call is not run, the invocation
+  pauses with an ``adk_request_confirmation`` call whose ``toolConfirmation.payload`` holds
+  ``{"turnguard": {...}}``, and the user's ``ToolConfirmation`` (a ``FunctionResponse`` to it in
+  the next ``run_async``, which ADK resumes as the same invocation, so the same turn) answers:
+  ``confirmed`` is "continue", not confirmed is "stop". A stop-level ASK (recorded after a call
+  ran) is asked on the next call. A callable ``ask`` answers inline. ``promptable`` defaults to
+  whether ``ask`` is set; without a route the fallback applies (a warning is observed, a stop halts).
+- REMIND (``GuardConfig(remind_model=True)``) is added to a dict result as ``"turnguard"`` and
+  appended to a text result.
+- A cancellation that lands in a tool call is reported by ADK (``on_tool_error`` with
+  ``CancelledError``); one that lands in a model request is not, so the plugin also ends a turn
+  still open when the asyncio task that ran it finishes (``cancelled`` if the task was).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from google.adk.models.llm_response import LlmResponse
+from google.adk.plugins.base_plugin import BasePlugin
+from google.genai import types
+
+from turnguard.guard import Guard
+from turnguard.integrations._common import (
+    Ask,
+    Decision,
+    RunDriver,
+    Step,
+    ask_payload,
+    checked_ask,
+    describe,
+    make_call,
+    open_turn,
+    with_reminder,
+)
+from turnguard.model import Outcome, ToolCall, Verdict
+
+CONFIRMATION = "confirmation"
+"""``ask=CONFIRMATION``: reach the user through ADK's tool confirmation (``request_confirmation``)."""
+PAYLOAD_KEY = "turnguard"
+MAX_OPEN_TURNS = 1024
+"""Invocations held open at once (running, or paused on a confirmation); past it the oldest is
+ended as ``abandoned``."""
+
+
+@dataclass
+class _Run:
+    """One invocation's turn and what it is waiting on."""
+
+    driver: RunDriver
+    calls: dict[str, ToolCall] = field(default_factory=dict)
+    """Calls checked and not finished, by function call id."""
+    asked: dict[str, tuple[Verdict, ToolCall]] = field(default_factory=dict)
+    """Calls waiting on the user's confirmation, by function call id."""
+    ask_next: Verdict | None = None
+    """A stop-level ASK raised by an outcome: the next call asks the user."""
+    reminders: dict[str, str] = field(default_factory=dict)
+    """REMIND texts for calls that are running, by function call id."""
+
+
+class TurnGuardPlugin(BasePlugin):
+    """Bounds every invocation of the runner it is given to (one plugin may serve many)."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        ask: Ask | Literal["confirmation"] | None = None,
+        promptable: bool | None = None,
+        name: str = "turnguard",
+    ) -> None:
+        super().__init__(name)
+        self.guard = guard
+        self.ask = checked_ask(ask, CONFIRMATION)
+        self.promptable = promptable
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._by_task: weakref.WeakKeyDictionary[asyncio.Task[Any], set[str]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    # -- invocation lifecycle ------------------------------------------------------------------
+
+    async def before_run_callback(self, *, invocation_context: Any) -> None:
+        key = invocation_context.invocation_id
+        with self._lock:
+            if key in self._runs:  # resumed after a confirmation: the same invocation, the same turn
+                self._runs.move_to_end(key)
+            else:
+                agent = getattr(invocation_context, "agent", None)
+                session = getattr(invocation_context, "session", None)
+                driver = open_turn(
+                    self.guard,
+                    ask=self.ask,
+                    promptable=self.promptable,
+                    conversation_id=getattr(session, "id", None),
+                    agent_name=getattr(agent, "name", None),
+                )
+                self._runs[key] = _Run(driver)
+                while len(self._runs) > MAX_OPEN_TURNS:
+                    _, stale = self._runs.popitem(last=False)
+                    stale.driver.turn.end("abandoned")
+        self._watch_task(key)
+        return None
+
+    async def after_run_callback(self, *, invocation_context: Any) -> None:
+        key = invocation_context.invocation_id
+        run = self._runs.get(key)
+        if run is not None and not run.asked:  # a paused invocation goes on when the user answers
+            self._end(key, None)
+
+    async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
+        self._end(invocation_context.invocation_id, error)
+
+    async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> LlmResponse | None:
+        run = self._run(callback_context)
+        if run is None:
+            return None
+        halted = run.driver.turn.halted
+        if halted is None:
+            decision = await run.driver.acycle()
+            halted = decision.verdict if decision.step is not Step.RUN else None
+        return None if halted is None else _final(halted)
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    async def before_tool_callback(self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any) -> Any:
+        run = self._run(tool_context)
+        if run is None:
+            return None
+        call_id = tool_context.function_call_id
+        asked = run.asked.pop(call_id, None) if call_id is not None else None
+        if asked is not None:  # resumed: the user answered the confirmation turnguard asked for
+            verdict, call = asked
+            confirmation = tool_context.tool_confirmation
+            answer = "continue" if confirmation is not None and confirmation.confirmed else "stop"
+            decision = run.driver.answer(verdict, answer, call, before=True)
+        else:
+            call = make_call(getattr(tool, "name", None), dict(tool_args), call_id)
+            decision = run.driver.before(call)
+            if decision.step is Step.RUN and run.ask_next is not None:
+                decision = Decision(Step.ASK, run.ask_next)
+            run.ask_next = None
+            if decision.step is Step.ASK:
+                if self.ask == CONFIRMATION and call_id is not None:
+                    run.asked[call_id] = (decision.verdict, call)
+                    return _request_confirmation(tool_context, decision.verdict)
+                decision = await run.driver.aask_user(decision.verdict, call, before=True)
+        if decision.step is not Step.RUN:
+            return _not_executed(decision.verdict)
+        if call_id is not None:
+            run.calls[call_id] = call
+            if decision.reminder:
+                run.reminders[call_id] = decision.reminder
+        return None
+
+    async def after_tool_callback(
+        self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, result: Any
+    ) -> Any:
+        run = self._run(tool_context)
+        call = run.calls.pop(tool_context.function_call_id, None) if run is not None else None
+        if run is None or call is None:
+            return None
+        reminder = run.reminders.pop(tool_context.function_call_id, None)
+        failed = isinstance(result, dict) and "error" in result
+        await self._outcome(run, call, Outcome.ERROR if failed else Outcome.OK)
+        return _remind(result, reminder) if reminder else None
+
+    async def on_tool_error_callback(
+        self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, error: BaseException
+    ) -> None:
+        run = self._run(tool_context)
+        call = run.calls.pop(tool_context.function_call_id, None) if run is not None else None
+        if run is None or call is None:
+            return None
+        run.reminders.pop(tool_context.function_call_id, None)
+        if isinstance(error, asyncio.CancelledError):
+            run.driver.turn.record_outcome(call, Outcome.UNKNOWN)
+            self._end(tool_context.invocation_id, error)
+            return None
+        await self._outcome(run, call, Outcome.ERROR)
+        return None  # the error goes on to the other plugins and, unhandled, ends the invocation
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _outcome(self, run: _Run, call: ToolCall, outcome: Outcome) -> None:
+        """Record the outcome; a HALT (or the user's stop) latches and ends the run at the next model
+        request."""
+        decision = run.driver.after(call, outcome)
+        if decision.step is Step.ASK:
+            if self.ask == CONFIRMATION:
+                run.ask_next = decision.verdict
+                return
+            await run.driver.aask_user(decision.verdict, call, before=False)
+
+    def _run(self, context: Any) -> _Run | None:
+        with self._lock:
+            return self._runs.get(context.invocation_id)
+
+    def _end(self, key: str, exc: BaseException | None) -> None:
+        with self._lock:
+            run = self._runs.pop(key, None)
+        if run is not None:
+            run.driver.end(exc)
+
+    def _watch_task(self, key: str) -> None:
+        """End the invocation's turn, if still open, when the task that ran it finishes."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return
+        if task is None:
+            return
+        with self._lock:
+            keys = self._by_task.get(task)
+            if keys is None:
+                keys = self._by_task[task] = set()
+                task.add_done_callback(self._task_done)
+            keys.add(key)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        with self._lock:
+            keys = self._by_task.pop(task, set())
+        exc: BaseException | None = asyncio.CancelledError() if task.cancelled() else task.exception()
+        for key in keys:
+            run = self._runs.get(key)
+            if run is not None and not run.asked:
+                self._end(key, exc)
+
+
+def _final(verdict: Verdict) -> LlmResponse:
+    """turnguard's answer in place of the model's: a final text, so the invocation ends."""
+    return LlmResponse(
+        content=types.Content(role="model", parts=[types.Part(text=describe(verdict))]),
+        custom_metadata={PAYLOAD_KEY: ask_payload(verdict)},
+    )
+
+
+def _not_executed(verdict: Verdict) -> dict[str, Any]:
+    return {"error": f"Not executed: {describe(verdict)}"}
+
+
+def halt_of(events: Any) -> dict[str, Any] | None:
+    """turnguard's halt payload if it ended the invocation whose ``events`` these are, else None."""
+    for event in reversed(list(events)):
+        metadata = getattr(event, "custom_metadata", None) or {}
+        if PAYLOAD_KEY in metadata:
+            return metadata[PAYLOAD_KEY]
+    return None
+
+
+def _request_confirmation(tool_context: Any, verdict: Verdict) -> dict[str, Any]:
+    """Pause the invocation on ADK's tool confirmation; the call does not run."""
+    tool_context.request_confirmation(hint=describe(verdict), payload={PAYLOAD_KEY: ask_payload(verdict)})
+    tool_context.actions.skip_summarization = True  # wait for the user, not for the model
+    return {"error": f"Not executed yet: the user is asked first. {describe(verdict)}"}
+
+
+def _remind(result: Any, reminder: str) -> Any:
+    if isinstance(result, dict):
+        return {**result, PAYLOAD_KEY: reminder}
+    return with_reminder(result, reminder)
+
+
+def confirmation_requests(events: Any) -> list[Any]:
+    """The ``adk_request_confirmation`` calls in ``events`` that turnguard (not a tool) asked for."""
+    found = []
+    for event in events:
+        for call in event.get_function_calls() if hasattr(event, "get_function_calls") else ():
+            confirmation = (call.args or {}).get("toolConfirmation") or {}
+            if call.name == "adk_request_confirmation" and PAYLOAD_KEY in (confirmation.get("payload") or {}):
+                found.append(call)
+    return found

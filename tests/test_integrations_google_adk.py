@@ -1,0 +1,337 @@
+"""Google ADK end to end: a real Runner driven by a scripted ``BaseLlm`` (no network), with the plugin."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncGenerator, Iterable
+
+import pytest
+
+from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
+
+optional_dependency("google.adk")
+
+from google.adk.agents import LlmAgent  # noqa: E402
+from google.adk.agents.invocation_context import LlmCallsLimitExceededError  # noqa: E402
+from google.adk.agents.run_config import RunConfig  # noqa: E402
+from google.adk.apps import App  # noqa: E402
+from google.adk.models.base_llm import BaseLlm  # noqa: E402
+from google.adk.models.llm_response import LlmResponse  # noqa: E402
+from google.adk.plugins.reflect_retry_tool_plugin import ReflectAndRetryToolPlugin  # noqa: E402
+from google.adk.runners import InMemoryRunner  # noqa: E402
+from google.genai import types  # noqa: E402
+
+import turnguard as tg  # noqa: E402
+from turnguard.integrations.google_adk import TurnGuardPlugin, confirmation_requests, halt_of  # noqa: E402
+
+UNBOUNDED = RunConfig(max_llm_calls=0)
+"""ADK's own budget (500 model calls) raised so that turnguard is what stops these runs."""
+
+
+class ScriptedLlm(BaseLlm):
+    """ADK's model interface playing a script: each step is a list of ``(name, args)`` calls made in
+    one response, or a final text; past the script it answers "done"."""
+
+    steps: object = None
+    requests: int = 0
+
+    async def generate_content_async(self, llm_request, stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        self.requests += 1
+        step = next(self.steps, "done")
+        if isinstance(step, str):
+            parts = [types.Part(text=step)]
+        else:
+            parts = [
+                types.Part(function_call=types.FunctionCall(name=name, args=args, id=f"call-{self.requests}-{k}"))
+                for k, (name, args) in enumerate(step)
+            ]
+        yield LlmResponse(content=types.Content(role="model", parts=parts))
+
+
+def scripted(steps: Iterable) -> ScriptedLlm:
+    return ScriptedLlm(model="scripted", steps=iter(steps))
+
+
+def one_call_each(calls: Iterable[tuple[str, dict]]) -> ScriptedLlm:
+    return scripted([call] for call in calls)
+
+
+def forever(name: str, args: dict) -> ScriptedLlm:
+    return scripted(itertools.repeat([(name, args)]))
+
+
+class Session:
+    """One runner and session; ``send`` runs an invocation and collects its events."""
+
+    def __init__(self, model: ScriptedLlm, tools: list, plugins: list, run_config: RunConfig = UNBOUNDED) -> None:
+        app = App(name="coding", root_agent=LlmAgent(name="coder", model=model, tools=tools), plugins=plugins)
+        self.runner = InMemoryRunner(app=app)
+        self.run_config = run_config
+        self.session_id: str | None = None
+        self.events: list = []
+
+    async def asend(self, message: types.Content) -> list:
+        if self.session_id is None:
+            session = await self.runner.session_service.create_session(app_name=self.runner.app_name, user_id="u")
+            self.session_id = session.id
+        events = []
+        async for event in self.runner.run_async(
+            user_id="u", session_id=self.session_id, new_message=message, run_config=self.run_config
+        ):
+            events.append(event)
+        self.events.extend(events)
+        return events
+
+    def send(self, text: str) -> list:
+        return asyncio.run(self.asend(types.Content(role="user", parts=[types.Part(text=text)])))
+
+    def confirm(self, request, confirmed: bool) -> list:
+        response = types.FunctionResponse(name=request.name, id=request.id, response={"confirmed": confirmed})
+        return asyncio.run(self.asend(types.Content(role="user", parts=[types.Part(function_response=response)])))
+
+    def final_text(self) -> str:
+        texts = [p.text for e in self.events if e.content for p in e.content.parts or () if p.text]
+        return texts[-1] if texts else ""
+
+
+@pytest.fixture
+def ran() -> list:
+    return []
+
+
+@pytest.fixture
+def read_file(ran):
+    def read_file(path: str) -> dict:
+        """Read a file."""
+        ran.append(path)
+        if path.startswith("missing"):
+            return {"error": f"{path}: no such file"}
+        return {"content": f"contents of {path}"}
+
+    return read_file
+
+
+@pytest.fixture
+def raising_read_file(ran):
+    def read_file(path: str) -> dict:
+        """Read a file."""
+        ran.append(path)
+        raise FileNotFoundError(path)
+
+    return read_file
+
+
+def test_unattended_identical_failing_calls_stop_at_the_eighth_and_the_ninth_never_runs(ran, read_file, turn_ends):
+    model = forever("read_file", {"path": "missing.py"})
+    session = Session(model, [read_file], [TurnGuardPlugin(turn_ends.guard())])
+    events = session.send("read it")
+    assert len(ran) == 8
+    assert halt_of(events)["threshold"] == "streak"
+    assert session.final_text().startswith("turnguard stopped the run: threshold streak (stop, limit 8)")
+    assert "8 failing" in session.final_text()
+    assert model.requests == 8  # the run ended instead of asking the model again
+    turn_ends.assert_ended("halted")
+
+
+def test_a_raising_tool_recovered_by_adks_retry_plugin_counts_as_a_failure(ran, raising_read_file):
+    plugins = [TurnGuardPlugin(tg.Guard()), ReflectAndRetryToolPlugin(max_retries=100)]
+    session = Session(forever("read_file", {"path": "a.py"}), [raising_read_file], plugins)
+    assert halt_of(session.send("read it"))["threshold"] == "streak"
+    assert len(ran) == 8
+
+
+def test_one_hundred_fifty_distinct_calls_complete_under_the_adaptive_cap(ran, read_file):
+    model = one_call_each(("read_file", {"path": f"f{i}.py"}) for i in range(150))
+    session = Session(model, [read_file], [TurnGuardPlugin(tg.Guard())])
+    session.send("read them")
+    assert session.final_text() == "done"
+    assert len(ran) == 150
+
+
+def test_explicit_cap_of_one_hundred_halts_call_one_hundred_one_before_its_body_runs(ran, read_file):
+    model = one_call_each(("read_file", {"path": f"f{i}.py"}) for i in range(150))
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=100))
+    session = Session(model, [read_file], [TurnGuardPlugin(guard)])
+    assert halt_of(session.send("read them"))["threshold"] == "explicit"
+    assert len(ran) == 100
+    assert "threshold explicit (stop, limit 100); 101 tool calls" in session.final_text()
+    responses = [
+        p.function_response.response for e in session.events for p in e.content.parts or () if p.function_response
+    ]
+    assert responses[-1]["error"].startswith("Not executed: turnguard stopped the run: threshold explicit")
+
+
+def test_attended_run_asks_the_callback_and_continue_lets_it_go_on(ran, read_file):
+    asked = []
+
+    async def ask(verdict: tg.Verdict) -> str:
+        asked.append((verdict.event.level, verdict.event.streak_length))
+        return "continue"
+
+    model = one_call_each([("read_file", {"path": "a.py"})] * 7)
+    session = Session(model, [read_file], [TurnGuardPlugin(tg.Guard(), ask=ask)])
+    session.send("poll a.py")
+    assert session.final_text() == "done"
+    assert asked == [(tg.Level.WARN, 5)] and len(ran) == 7
+
+
+def test_attended_run_reaches_the_user_through_adks_tool_confirmation_and_resumes(ran, read_file, turn_ends):
+    model = one_call_each([("read_file", {"path": "a.py"})] * 7)
+    session = Session(model, [read_file], [TurnGuardPlugin(turn_ends.guard(), ask="confirmation")])
+    (request,) = confirmation_requests(session.send("poll a.py"))
+    payload = request.args["toolConfirmation"]["payload"]["turnguard"]
+    assert payload["threshold"] == "streak" and payload["level"] == "warn"
+    assert len(ran) == 4 and turn_ends.summaries == []  # paused: the fifth has not run, the turn is open
+    session.confirm(request, confirmed=True)
+    assert session.final_text() == "done"
+    assert len(ran) == 7
+    summary = turn_ends.assert_ended("completed")
+    assert summary.tool_calls == 7  # one turn across the pause; the confirmed call counted once
+
+
+def test_a_refused_confirmation_is_the_users_stop(ran, read_file):
+    model = one_call_each([("read_file", {"path": "a.py"})] * 7)
+    session = Session(model, [read_file], [TurnGuardPlugin(tg.Guard(), ask="confirmation")])
+    (request,) = confirmation_requests(session.send("poll a.py"))
+    session.confirm(request, confirmed=False)
+    assert "stopped by the user" in session.final_text()
+    assert len(ran) == 4
+
+
+def test_an_attended_stop_after_the_eighth_failure_is_confirmed_on_the_next_call(ran, read_file):
+    model = one_call_each([("read_file", {"path": "missing.py"})] * 10)
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
+    session = Session(model, [read_file], [TurnGuardPlugin(guard, ask="confirmation")])
+    (request,) = confirmation_requests(session.send("read it"))
+    assert request.args["toolConfirmation"]["payload"]["turnguard"]["level"] == "stop" and len(ran) == 8
+    session.confirm(request, confirmed=True)
+    assert session.final_text() == "done" and len(ran) == 10
+
+
+def test_promptable_without_a_route_falls_back_to_halting_at_the_stop_level(ran, read_file):
+    session = Session(
+        forever("read_file", {"path": "missing.py"}), [read_file], [TurnGuardPlugin(tg.Guard(), promptable=True)]
+    )
+    session.send("read it")
+    assert "nobody could be asked" in session.final_text()
+    assert len(ran) == 8
+
+
+def test_parallel_calls_in_one_response_are_each_checked_and_recorded(ran, read_file, turn_ends):
+    batch = [("read_file", {"path": f"f{i}.py"}) for i in range(3)]
+    session = Session(scripted([batch, batch[:1]]), [read_file], [TurnGuardPlugin(turn_ends.guard())])
+    session.send("read them")
+    assert sorted(ran) == ["f0.py", "f0.py", "f1.py", "f2.py"]
+    summary = turn_ends.assert_ended("completed")
+    assert summary.tool_calls == 4
+    calls = [s for s in turn_ends.otel.spans() if s.name == "execute_tool read_file"]
+    assert sorted(s.attributes["gen_ai.tool.call.id"] for s in calls) == [
+        "call-1-0",
+        "call-1-1",
+        "call-1-2",
+        "call-2-0",
+    ]
+
+
+def test_the_runs_spans_and_loop_detected_events_are_recorded(ran, read_file, otel):
+    guard = tg.Guard(tg.GuardConfig(), **otel.providers())
+    session = Session(forever("read_file", {"path": "missing.py"}), [read_file], [TurnGuardPlugin(guard)])
+    session.send("read it")
+    turn_span = otel.span("invoke_agent coder")
+    assert turn_span.attributes["turnguard.turn.outcome"] == "halted"
+    assert turn_span.attributes["gen_ai.conversation.id"] == session.session_id
+    tool_spans = [s for s in otel.spans() if s.name == "execute_tool read_file"]
+    assert len(tool_spans) == 8
+    assert all(s.parent.span_id == turn_span.context.span_id for s in tool_spans)
+    records = otel.logs("turnguard.loop_detected")
+    assert [(r.attributes["turnguard.loop.level"], r.attributes["turnguard.loop.action"]) for r in records] == [
+        ("warn", "allow"),
+        ("stop", "halt"),
+    ]
+    assert records[-1].span_id == tool_spans[-1].context.span_id
+
+
+def test_remind_model_adds_the_reminder_to_the_fifth_identical_result(ran, read_file):
+    model = one_call_each([("read_file", {"path": "a.py"})] * 6)
+    session = Session(model, [read_file], [TurnGuardPlugin(tg.Guard(tg.GuardConfig(remind_model=True)))])
+    session.send("poll")
+    results = [
+        p.function_response.response for e in session.events for p in e.content.parts or () if p.function_response
+    ]
+    assert [("You have called read_file 5 times" in str(r.get("turnguard", ""))) for r in results] == [False] * 4 + [
+        True,
+        False,
+    ]
+
+
+def test_an_ask_that_is_neither_a_callback_nor_confirmation_is_refused():
+    with pytest.raises(ValueError, match="'confirm'"):
+        TurnGuardPlugin(tg.Guard(), ask="confirm")
+
+
+def test_the_example_stops_a_model_stuck_on_a_missing_file_and_prints_why(run_example):
+    printed = run_example("google_adk_agent", model=forever("read_file", {"path": "missing.py"}))
+    assert printed.startswith(STOPPED_AT_THE_EIGHTH_FAILURE.removeprefix("stopped: ")) and "8 failing" in printed
+
+
+def test_the_example_completes_a_long_productive_turn(run_example):
+    model = one_call_each(("read_file", {"path": f"f{i}.py"}) for i in range(150))
+    assert run_example("google_adk_agent", model=model) == "done\n"
+
+
+# -- the turn ends on every exit path ----------------------------------------------------------
+
+
+def test_a_tool_that_raises_with_no_error_handler_ends_the_turn_with_error(ran, raising_read_file, turn_ends):
+    session = Session(
+        one_call_each([("read_file", {"path": "a.py"})]), [raising_read_file], [TurnGuardPlugin(turn_ends.guard())]
+    )
+    with pytest.raises(FileNotFoundError):
+        session.send("read it")
+    summary = turn_ends.assert_ended("error")
+    assert summary.tool_calls == 1 and ran == ["a.py"]
+
+
+def test_a_run_cancelled_in_a_tool_call_ends_the_turn_as_cancelled(turn_ends):
+    async def start(started):
+        async def wait_for_input(prompt: str) -> dict:
+            """Wait for the user."""
+            return {"answer": await wait_forever(started)}
+
+        model = one_call_each([("wait_for_input", {"prompt": "?"})])
+        session = Session(model, [wait_for_input], [TurnGuardPlugin(turn_ends.guard())])
+        return await session.asend(types.Content(role="user", parts=[types.Part(text="go")]))
+
+    cancel_once_started(start)
+    turn_ends.assert_ended("cancelled")
+
+
+class StalledLlm(ScriptedLlm):
+    """A model whose second request never answers (the host cancels the run)."""
+
+    started: object = None
+
+    async def generate_content_async(self, llm_request, stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        if self.requests:
+            await wait_forever(self.started)
+        async for response in super().generate_content_async(llm_request, stream):
+            yield response
+
+
+def test_a_run_cancelled_in_a_model_request_ends_the_turn_as_cancelled(read_file, turn_ends):
+    async def start(started):
+        model = StalledLlm(model="stalled", steps=iter([[("read_file", {"path": "a.py"})]]), started=started)
+        session = Session(model, [read_file], [TurnGuardPlugin(turn_ends.guard())])
+        return await session.asend(types.Content(role="user", parts=[types.Part(text="go")]))
+
+    cancel_once_started(start)
+    turn_ends.assert_ended("cancelled")
+
+
+def test_adks_own_model_call_limit_ends_the_turn_with_error(read_file, turn_ends):
+    model = one_call_each(("read_file", {"path": f"f{i}.py"}) for i in range(10))
+    session = Session(model, [read_file], [TurnGuardPlugin(turn_ends.guard())], RunConfig(max_llm_calls=3))
+    with pytest.raises(LlmCallsLimitExceededError):
+        session.send("read them")
+    turn_ends.assert_ended("error")
