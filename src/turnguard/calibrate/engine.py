@@ -3,10 +3,10 @@
 Per turn, each call's ledger key is computed once per key mode (``identity.call_keys``: the
 pre-image of the live guard's ``Keyer.digest``) and shared by every policy of that mode, and by
 the other mode too when it partitions the calls alike or no policy of it depends on identity.
-``equivalence.signature`` groups the policies that would replay identically; one replay per group
-(``replay.replay_turn``) gives the result of all of them, and groups that differ only in where a
-cap halts share what they have in common (``equivalence.cap_call``). A turn no policy can fire on
-(``GridBounds.quiet``) costs only its keys.
+``equivalence.PolicyRules.plan`` groups the policies that would replay identically; one replay
+per group (``replay.replay_turn``) gives the result of all of them, and groups that differ only in
+where a cap halts share what they have in common (``Plan.cap_call``). A turn no policy can fire on
+(``Triggers.quiet``) costs only its keys.
 """
 
 from __future__ import annotations
@@ -16,18 +16,7 @@ import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from turnguard.calibrate.equivalence import (
-    GridBounds,
-    Traits,
-    TurnFacts,
-    cap_call,
-    identity_free,
-    stale_reach,
-    traits_earliest_call,
-    traits_signature,
-    turn_facts,
-    without_cap,
-)
+from turnguard.calibrate.equivalence import PolicyRules, grid_triggers, stale_reach, turn_facts
 from turnguard.calibrate.evidence import LIVE, PROBE
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.identity import call_keys
@@ -42,10 +31,15 @@ from turnguard.calibrate.replay import (
 )
 from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect
 from turnguard.config import GuardConfig
+from turnguard.firing import TurnFacts
 from turnguard.keys import _JSON_STARTS, _JSON_WORDS, Keyer
 from turnguard.keys import _MAYBE_JSON as _KEYS_MAYBE_JSON
 
 MODES = (("unattended", False), ("attended", True))
+Keyed = dict[str, tuple[list[bytes], TurnFacts]]
+"""By key mode: a turn's keys and their facts (modes that key a turn alike share one list)."""
+GroupKey = tuple[object, ...]
+"""A plan's signature under one keying of the turn: the policies whose replays are identical."""
 
 
 def policy_info(policy: Policy) -> dict[str, Any]:
@@ -65,196 +59,21 @@ class Calibrator:
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
-        self.traits = [Traits.of(p) for p in policies]
-        self._rows = [(i, cp, t, cp.config.key_mode, (GridBounds.of([cp.policy], attended=False).quiet,
-                                                     GridBounds.of([cp.policy], attended=True).quiet))
-                      for i, (cp, t) in enumerate(zip(self.compiled, self.traits, strict=True))]
-        """Each policy with its traits and key mode, and its own quiet test by mode (unattended,
-        attended): four comparisons that settle most policies of a short turn before a signature."""
-        self.bounds = {
-            m: GridBounds.of([p for p in policies if p.config.key_mode == m], attended=True) for m in self.keyers
+        shared: dict[Any, Any] = {}
+        self.rules = [PolicyRules(p, shared) for p in policies]
+        self.triggers = {
+            m: grid_triggers([p for p in policies if p.config.key_mode == m], attended=True) for m in self.keyers
         }
+        """By key mode: a turn below these counts is quiet for every policy of that mode."""
         self.stats = RunStats.empty([policy_info(p) for p in policies])
         self._default = next((i for i, p in enumerate(policies) if p.is_default), None)
         """The policy probe turns are measured against (``evidence.ProbeEvidence``)."""
-        stale = [cp for cp in self.compiled if cp.config.stuck_signal == "stale_repeat" and cp.config.soft_cap
-                 and cp.config.cap_mode == "adaptive"]
-        self._stale: tuple[GuardConfig, int, int] | None = None
-        """For ``reach_stale``: a ledger configuration counting the ``stale_repeat`` signal for every
-        such policy (the most tracked keys), and the smallest soft cap and threshold among them."""
-        if stale:
-            config = stale[0].prefix_config.replace(max_tracked_keys=max(cp.config.max_tracked_keys for cp in stale))
-            self._stale = (config, min(cp.config.soft_cap for cp in stale),
-                           min(cp.config.stuck_repeat_threshold for cp in stale))
-
-    def _facts(self, keys: list[bytes], outcomes: list[Any], starts: list[int]) -> TurnFacts:
-        """``turn_facts``, with the ``stale_repeat`` count's reach when a policy may need it."""
-        facts = turn_facts(keys, outcomes, starts)
-        if self.group and self._stale is not None:
-            config, soft_cap, threshold = self._stale
-            if facts.calls > soft_cap and facts.max_repeat >= threshold:
-                facts = dataclasses.replace(facts, reach_stale=stale_reach(config, keys))
-        return facts
-
-    def _under_coarser(self, key_mode: str, f: TurnFacts) -> str:
-        """What the policies of ``key_mode`` (a finer identity) do on a turn whose counts under the
-        coarser identity are ``f``: ``"quiet"``, none can fire (finer identity, smaller counts);
-        ``"same"``, none depends on identity (``identity_free``), so the coarser keys serve;
-        ``"own"``: they need their own keys."""
-        if self.bounds[key_mode].quiet(f):
-            return "quiet"
-        if f.reach_stale is not None:
-            # The ``stale_repeat`` count is not monotone under a finer identity (a call new to it
-            # restarts the count, but may earn a loop's credit): only its bound, the repeats, is.
-            f = dataclasses.replace(f, reach_stale=None)
-        sigs = [traits_signature(t, f, promptable)
-                for cp, t in zip(self.compiled, self.traits, strict=True) if cp.config.key_mode == key_mode
-                for _, promptable in MODES]
-        if all(sig is None for sig in sigs):
-            return "quiet"
-        return "same" if all(sig is None or identity_free(sig) for sig in sigs) else "own"
+        self._stale = _stale_counting(self.compiled)
 
     def add_all(self, turns: Iterable[RecordedTurn]) -> RunStats:
         for turn in turns:
             self.add(turn)
         return self.stats
-
-    def keys(self, turn: RecordedTurn, keyer: Keyer) -> list[bytes]:
-        """Each call's ledger key under ``keyer``'s key mode (``call_keys``)."""
-        return call_keys(turn.calls, keyer.mode)
-
-    def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult]]:
-        """Each policy's results on ``turn`` by mode (``"unattended"``, ``"attended"``); a mode is
-        missing when the policy cannot fire on the turn in it. Counts the replays run."""
-        out: list[dict[str, TurnResult]] = [{} for _ in self.compiled]
-        for idx, mode, result in self.fired(turn):
-            out[idx][mode] = result
-        return out
-
-    def fired(self, turn: RecordedTurn) -> list[tuple[int, str, TurnResult]]:
-        """(policy index, mode, result) for each policy and mode that can fire on ``turn`` (the
-        others cannot: nothing to add); counts the replays run."""
-        outcomes = list(map(_OUTCOME, turn.calls))
-        starts = cycle_starts(turn)
-        digests: dict[str, list[bytes]] = {}
-        facts = {}
-        if self.group and len(self.keyers) > 1 and _plain_text_args(turn):
-            # Every key mode partitions these calls alike (equivalence.py): key them once.
-            shared = self.keys(turn, self.keyers["bytes" if "bytes" in self.keyers else next(iter(self.keyers))])
-            shared_facts = self._facts(shared, outcomes, starts)
-            digests = dict.fromkeys(self.keyers, shared)
-            facts = dict.fromkeys(self.keyers, shared_facts)
-        coarsest = "canonical" if "canonical" in self.keyers and not _has_binary_args(turn) else None
-        if coarsest is not None and coarsest not in digests:
-            digests[coarsest] = self.keys(turn, self.keyers[coarsest])
-            facts[coarsest] = self._facts(digests[coarsest], outcomes, starts)
-        classes = 0
-        for m, keyer in self.keyers.items():
-            if m in digests:
-                continue
-            under = self._under_coarser(m, facts[coarsest]) if self.group and coarsest is not None else "own"
-            if under == "quiet":
-                continue  # finer identity, smaller counts: quiet too (equivalence.py)
-            if under == "same":
-                digests[m], facts[m] = digests[coarsest], facts[coarsest]
-                continue
-            keys = self.keys(turn, keyer)
-            if self.group and coarsest is not None:
-                # A finer identity with as many distinct keys is the same partition of the calls:
-                # the same counts and the same replays (equivalence.py).
-                classes = classes or len(set(digests[coarsest]))
-                if len(set(keys)) == classes:
-                    digests[m], facts[m] = digests[coarsest], facts[coarsest]
-                    continue
-            digests[m] = keys
-            facts[m] = self._facts(keys, outcomes, starts)
-        if self.group and all(self.bounds[m].quiet(f) for m, f in facts.items()):
-            return []
-        calls_by_mode: dict[str, list[Any]] = {}
-        groups: dict[tuple[object, ...], tuple[int, CompiledPolicy, bool]] = {}
-        members: list[tuple[int, str, tuple[object, ...]]] = []
-        group = self.group
-        for idx, cp, traits, key_mode, quiet in self._rows:
-            f = facts.get(key_mode)
-            if f is None:
-                continue
-            keyed = id(digests[key_mode])
-            for mode, promptable in MODES:
-                if group:
-                    if quiet[promptable](f):
-                        continue
-                    sig = traits_signature(traits, f, promptable)
-                    if sig is None:
-                        continue
-                    sig = (keyed, *sig[1:])  # key modes that keyed this turn alike share replays
-                    if sig not in groups:
-                        groups[sig] = (traits_earliest_call(traits, f, promptable), cp, promptable)
-                else:
-                    sig = (idx, mode)
-                    groups[sig] = (1, cp, promptable)
-                members.append((idx, mode, sig))
-        prefixes: dict[tuple[object, ...], SharedPrefix] = {}
-        results: dict[tuple[object, ...], TurnResult] = {}
-        # Replays that differ only in a cap halting at a known call: one that halted earlier for
-        # another reason stands for the others (equivalence.cap_call). Within a first call, the
-        # latest cap goes first: it is the likeliest to have halted for another reason.
-        caps = {sig: cap_call(sig) if group else None for sig in groups}
-        families: dict[tuple[object, ...], list[tuple[object, ...]]] = {}
-        for sig, at in caps.items():
-            if at is not None:
-                families.setdefault(without_cap(sig), []).append(sig)
-        donors: dict[tuple[object, ...], list[tuple[float, TurnResult]]] = {}
-        snapshots: dict[tuple[object, ...], Snapshot] = {}
-        order = sorted(groups.items(), key=lambda item: (item[1][0], -(caps[item[0]] or 0)))
-        for sig, (first, cp, promptable) in order:
-            at = caps[sig]
-            key_mode = cp.config.key_mode
-            calls = calls_by_mode.get(key_mode)
-            if calls is None:
-                calls = calls_by_mode[key_mode] = [None] * len(turn.calls)
-            wanted: dict[int, list[Snapshot]] | None = None
-            if at is not None:
-                family = without_cap(sig)
-                shared = next((r for c, r in donors.get(family, ()) if 0 < r.halt_call < min(c, at)), None)
-                if shared is not None:
-                    results[sig] = shared
-                    continue
-                snap = snapshots.pop(sig, None)
-                if snap is not None and snap.taken is not None:
-                    # Its checks agreed with an earlier replay's until its cap: go on from there.
-                    ledger, asks = snap.taken
-                    result = results[sig] = replay_turn(cp, turn, calls, digests[key_mode], starts,
-                                                        promptable=promptable, first_check=int(at), ledger=ledger,
-                                                        asks_before=asks)
-                    self.stats.replays += 1
-                    continue
-                for other in families[family]:
-                    c = caps[other]
-                    if other not in results and other not in snapshots and first <= c < at:
-                        snapshots[other] = Snapshot(groups[other][1].config, groups[other][2])
-                        wanted = wanted or {}
-                        wanted.setdefault(int(c) - 1, []).append(snapshots[other])
-            ledger = None
-            if group and first > 1:
-                # One prefix per keying and per setting the ledger's facts depend on (Ledger.fork).
-                # A stuck threshold not reached before the fork shapes no fact there: those share
-                # a prefix whose threshold is never reached (Ledger.fork refuses a wrong fork).
-                stuck = cp.config.stuck_repeat_threshold
-                reach = facts[key_mode].reach_repeat
-                reached = stuck <= len(reach) and reach[stuck - 1] < first
-                where = (id(digests[key_mode]), stuck if reached else 0, cp.config.max_tracked_keys,
-                         cp.config.stuck_signal, cp.config.streak_stop_on)
-                prefix = prefixes.get(where)
-                if prefix is None:
-                    prefix = prefixes[where] = SharedPrefix(cp.config if reached else cp.prefix_config, turn,
-                                                            digests[key_mode], starts)
-                ledger = prefix.fork_at(first, cp.config, promptable)
-            result = results[sig] = replay_turn(cp, turn, calls, digests[key_mode], starts, promptable=promptable,
-                                                first_check=first, ledger=ledger, snapshots=wanted)
-            self.stats.replays += 1
-            if at is not None:
-                donors.setdefault(family, []).append((at, result))
-        return [(idx, mode, results[sig]) for idx, mode, sig in members]
 
     def add(self, turn: RecordedTurn) -> None:
         n = len(turn.calls)
@@ -278,6 +97,246 @@ class Calibrator:
         elif turn.cohort == LIVE:
             stats.probe.live_turns += 1
 
+    def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult]]:
+        """Each policy's results on ``turn`` by mode (``"unattended"``, ``"attended"``); a mode is
+        missing when the policy cannot fire on the turn in it. Counts the replays run."""
+        out: list[dict[str, TurnResult]] = [{} for _ in self.compiled]
+        for idx, mode, result in self.fired(turn):
+            out[idx][mode] = result
+        return out
+
+    def fired(self, turn: RecordedTurn) -> list[tuple[int, str, TurnResult]]:
+        """(policy index, mode, result) for each policy and mode that can fire on ``turn`` (the
+        others cannot: nothing to add); counts the replays run."""
+        starts = cycle_starts(turn)
+        keyed = self._keyed(turn, list(map(_OUTCOME, turn.calls)), starts)
+        if self.group and all(self.triggers[m].quiet(f) for m, (_, f) in keyed.items()):
+            return []
+        groups, members = self._groups(keyed)
+        results = _TurnReplays(self, turn, keyed, starts).run(groups)
+        return [(idx, mode, results[key]) for idx, mode, key in members]
+
+    # -- keying a turn -------------------------------------------------------------------------
+
+    def keys(self, turn: RecordedTurn, keyer: Keyer) -> list[bytes]:
+        """Each call's ledger key under ``keyer``'s key mode (``call_keys``)."""
+        return call_keys(turn.calls, keyer.mode)
+
+    def _keyed(self, turn: RecordedTurn, outcomes: list[Any], starts: list[int]) -> Keyed:
+        """Each key mode's keys of ``turn`` and their facts, computed as few times as the modes
+        allow; a mode is missing when its policies cannot fire on the turn."""
+        keyed: Keyed = {}
+        if self.group and len(self.keyers) > 1 and _plain_text_args(turn):
+            # Every key mode partitions these calls alike (equivalence.py): key them once.
+            shared = self.keys(turn, self.keyers["bytes" if "bytes" in self.keyers else next(iter(self.keyers))])
+            keyed = dict.fromkeys(self.keyers, (shared, self._facts(shared, outcomes, starts)))
+        coarsest = "canonical" if "canonical" in self.keyers and not _has_binary_args(turn) else None
+        if coarsest is not None and coarsest not in keyed:
+            keys = self.keys(turn, self.keyers[coarsest])
+            keyed[coarsest] = (keys, self._facts(keys, outcomes, starts))
+        coarse = keyed.get(coarsest) if coarsest is not None else None
+        for mode in self.keyers:
+            if mode not in keyed:
+                found = self._finer(mode, turn, coarse, outcomes, starts)
+                if found is not None:
+                    keyed[mode] = found
+        return keyed
+
+    def _finer(self, mode: str, turn: RecordedTurn, coarse: tuple[list[bytes], TurnFacts] | None,
+               outcomes: list[Any], starts: list[int]) -> tuple[list[bytes], TurnFacts] | None:
+        """A finer key mode's keys and facts (the coarser mode's when they partition the calls
+        alike), or ``None`` when its policies cannot fire on the turn."""
+        if self.group and coarse is not None:
+            under = self._under_coarser(mode, coarse[1])
+            if under == "quiet":
+                return None  # finer identity, smaller counts: quiet too (equivalence.py)
+            if under == "same":
+                return coarse
+        keys = self.keys(turn, self.keyers[mode])
+        if self.group and coarse is not None and len(set(keys)) == len(set(coarse[0])):
+            # A finer identity with as many distinct keys is the same partition of the calls:
+            # the same counts and the same replays (equivalence.py).
+            return coarse
+        return keys, self._facts(keys, outcomes, starts)
+
+    def _facts(self, keys: list[bytes], outcomes: list[Any], starts: list[int]) -> TurnFacts:
+        """``turn_facts``, with the ``stale_repeat`` count's reach when a policy may need it."""
+        facts = turn_facts(keys, outcomes, starts)
+        if self.group and self._stale is not None:
+            config, soft_cap, threshold = self._stale
+            if facts.calls > soft_cap and facts.max_repeat >= threshold:
+                facts = dataclasses.replace(facts, reach_stale=stale_reach(config, keys))
+        return facts
+
+    def _under_coarser(self, key_mode: str, f: TurnFacts) -> str:
+        """What the policies of ``key_mode`` (a finer identity) do on a turn whose counts under the
+        coarser identity are ``f``: ``"quiet"``, none can fire (finer identity, smaller counts);
+        ``"same"``, none depends on identity (``Plan.identity_free``), so the coarser keys serve;
+        ``"own"``: they need their own keys."""
+        if self.triggers[key_mode].quiet(f):
+            return "quiet"
+        if f.reach_stale is not None:
+            # The ``stale_repeat`` count is not monotone under a finer identity (a call new to it
+            # restarts the count, but may earn a loop's credit): only its bound, the repeats, is.
+            f = dataclasses.replace(f, reach_stale=None)
+        plans = [rules.plan(f, promptable)
+                 for cp, rules in zip(self.compiled, self.rules, strict=True) if cp.config.key_mode == key_mode
+                 for _, promptable in MODES]
+        if all(plan is None for plan in plans):
+            return "quiet"
+        return "same" if all(plan is None or plan.identity_free for plan in plans) else "own"
+
+    # -- grouping ------------------------------------------------------------------------------
+
+    def _groups(self, keyed: Keyed) -> tuple[dict[GroupKey, _Group], list[tuple[int, str, GroupKey]]]:
+        """The replays to run on the turn (one per group of identical plans; without grouping, one
+        per policy and mode) and which one answers for each policy and mode."""
+        groups: dict[GroupKey, _Group] = {}
+        members: list[tuple[int, str, GroupKey]] = []
+        group = self.group
+        memos: dict[int, dict[Any, Any]] = {}
+        for idx, (cp, rules) in enumerate(zip(self.compiled, self.rules, strict=True)):
+            found = keyed.get(cp.config.key_mode)
+            if found is None:
+                continue
+            keys, f = found
+            memo = memos.setdefault(id(f), {})
+            for mode, promptable in MODES:
+                if not group:
+                    key: GroupKey = (idx, mode)
+                    groups[key] = _Group(cp, promptable, 1, None, None)
+                elif rules.triggers[promptable].quiet(f) or (plan := rules.plan(f, promptable, memo)) is None:
+                    continue
+                else:
+                    key = (id(keys), *plan.signature[1:])  # key modes that keyed this turn alike share replays
+                    if key not in groups:
+                        family = None if plan.cap_call is None else (id(keys), *plan.family[1:])
+                        groups[key] = _Group(cp, promptable, plan.first_call, plan.cap_call, family)
+                members.append((idx, mode, key))
+        return groups, members
+
+
+_Stale = tuple[GuardConfig, int, int]
+
+
+def _stale_counting(compiled: list[CompiledPolicy]) -> _Stale | None:
+    """For ``reach_stale``: a ledger configuration counting the ``stale_repeat`` signal for every
+    adaptive policy that uses it (the most tracked keys), and the smallest soft cap and threshold
+    among them; ``None`` when there is none."""
+    stale = [cp for cp in compiled if cp.config.stuck_signal == "stale_repeat" and cp.config.soft_cap
+             and cp.config.cap_mode == "adaptive"]
+    if not stale:
+        return None
+    config = stale[0].prefix_config.replace(max_tracked_keys=max(cp.config.max_tracked_keys for cp in stale))
+    return (config, min(cp.config.soft_cap for cp in stale), min(cp.config.stuck_repeat_threshold for cp in stale))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Group:
+    """One replay to run: the first policy of its group, the mode, and its plan's positions."""
+
+    policy: CompiledPolicy
+    promptable: bool
+    first_call: int
+    cap_call: float | None
+    family: GroupKey | None
+
+
+class _TurnReplays:
+    """The replays of one turn's groups, sharing what they can.
+
+    Groups that differ only in a cap halting at a known call (``Plan.cap_call``) form a family: one
+    that halted earlier for another reason stands for the others, and one that goes past another's
+    cap hands it its state there (``Snapshot``). Within a first call, the latest cap goes first: it
+    is the likeliest to have halted for another reason. A replay whose first check comes late
+    forks a prefix ledger shared per keying (``SharedPrefix``) instead of counting the calls again.
+    """
+
+    def __init__(self, calibrator: Calibrator, turn: RecordedTurn, keyed: Keyed, starts: list[int]) -> None:
+        self.calibrator = calibrator
+        self.turn, self.keyed, self.starts = turn, keyed, starts
+        self.calls: dict[str, list[Any]] = {}
+        """By key mode: the ``ToolCall`` objects the hooks receive (made on first use)."""
+        self.prefixes: dict[tuple[object, ...], SharedPrefix] = {}
+        self.results: dict[GroupKey, TurnResult] = {}
+        self.donors: dict[GroupKey, list[tuple[float, TurnResult]]] = {}
+        """By family: the replays run so far with their cap's call."""
+        self.snapshots: dict[GroupKey, Snapshot] = {}
+        self.families: dict[GroupKey, list[GroupKey]] = {}
+
+    def run(self, groups: dict[GroupKey, _Group]) -> dict[GroupKey, TurnResult]:
+        for key, g in groups.items():
+            if g.family is not None:
+                self.families.setdefault(g.family, []).append(key)
+        for key, g in sorted(groups.items(), key=lambda item: (item[1].first_call, -(item[1].cap_call or 0))):
+            if g.family is None:
+                self.results[key] = self._replay(g, self._prefix_ledger(g), None)
+                continue
+            shared = self._shared(key, g)
+            if shared is not None:
+                self.results[key] = shared
+                continue
+            result = self.results[key] = self._replay(g, self._prefix_ledger(g), self._snapshots_for(g, groups))
+            self.donors.setdefault(g.family, []).append((g.cap_call, result))
+        return self.results
+
+    def _shared(self, key: GroupKey, g: _Group) -> TurnResult | None:
+        """The group's result from its family, when it has one: a replay that halted before both
+        caps (for another reason), or a replay from the state another one left at this cap."""
+        at = g.cap_call
+        donor = next((r for c, r in self.donors.get(g.family, ()) if 0 < r.halt_call < min(c, at)), None)
+        if donor is not None:
+            return donor
+        snap = self.snapshots.pop(key, None)
+        if snap is None or snap.taken is None:
+            return None
+        # Its checks agreed with an earlier replay's until its cap: go on from there.
+        ledger, asks = snap.taken
+        return self._replay(g, ledger, None, first_check=int(at), asks_before=asks)
+
+    def _snapshots_for(self, g: _Group, groups: dict[GroupKey, _Group]) -> dict[int, list[Snapshot]] | None:
+        """The states this replay is to hand to the others of its family whose cap comes first
+        (0-based call index before which each is taken)."""
+        wanted: dict[int, list[Snapshot]] | None = None
+        for other in self.families[g.family]:
+            c = groups[other].cap_call
+            if other not in self.results and other not in self.snapshots and g.first_call <= c < g.cap_call:
+                snap = self.snapshots[other] = Snapshot(groups[other].policy.config, groups[other].promptable)
+                wanted = wanted or {}
+                wanted.setdefault(int(c) - 1, []).append(snap)
+        return wanted
+
+    def _prefix_ledger(self, g: _Group) -> Any:
+        """A ledger holding the calls before the group's first check, forked from a prefix shared
+        per keying and per setting the ledger's facts depend on (``Ledger.fork``); ``None``: the
+        replay counts from the first call. A stuck threshold not reached before the fork shapes no
+        fact there: those share a prefix whose threshold is never reached (``Ledger.fork`` refuses
+        a wrong fork)."""
+        first, config = g.first_call, g.policy.config
+        if not self.calibrator.group or first <= 1:
+            return None
+        keys, facts = self.keyed[config.key_mode]
+        stuck = config.stuck_repeat_threshold
+        reach = facts.reach_repeat
+        reached = stuck <= len(reach) and reach[stuck - 1] < first
+        where = (id(keys), stuck if reached else 0, config.max_tracked_keys, config.stuck_signal,
+                 config.streak_stop_on)
+        prefix = self.prefixes.get(where)
+        if prefix is None:
+            prefix = self.prefixes[where] = SharedPrefix(config if reached else g.policy.prefix_config, self.turn,
+                                                         keys, self.starts)
+        return prefix.fork_at(first, config, g.promptable)
+
+    def _replay(self, g: _Group, ledger: Any, snapshots: dict[int, list[Snapshot]] | None, *,
+                first_check: int | None = None, asks_before: tuple[int, ...] = ()) -> TurnResult:
+        key_mode = g.policy.config.key_mode
+        calls = self.calls.get(key_mode)
+        if calls is None:
+            calls = self.calls[key_mode] = [None] * len(self.turn.calls)
+        self.calibrator.stats.replays += 1
+        return replay_turn(g.policy, self.turn, calls, self.keyed[key_mode][0], self.starts,
+                           promptable=g.promptable, first_check=g.first_call if first_check is None else first_check,
+                           ledger=ledger, asks_before=asks_before, snapshots=snapshots)
 
 _MAYBE_JSON = _KEYS_MAYBE_JSON | frozenset("tfn")
 """``keys``' first characters of text that may be JSON, and those of its JSON words."""

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
+from turnguard.firing import Firing, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import KEY_MODES
 from turnguard.ledger import Ledger
@@ -64,6 +65,14 @@ class IdenticalCallsRule:
 
     def plugin(self) -> HaltOnIdenticalCalls:
         return HaltOnIdenticalCalls(self.n)
+
+    def triggers(self, promptable: bool) -> Triggers:
+        """The rule's ``turnguard.firing.FiringRule``: a run of ``n`` identical calls, attended or not."""
+        return Triggers(run=self.n)
+
+    def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
+        n = self.n
+        return Firing(("identical", n), facts.reach_run[n - 1]) if n <= facts.max_run else None
 
 
 ExtraRule = IdenticalCallsRule

@@ -7,9 +7,15 @@ the turn continues only while it is not stuck (``soft_stuck``), and never past S
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from turnguard.firing import Firing, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
+
+if TYPE_CHECKING:
+    from turnguard.config import GuardConfig
 
 
 @hookimpl
@@ -49,3 +55,77 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
             ),
         )
     return None
+
+
+def firing_rule(config: GuardConfig) -> CapFiring:
+    """When the cap can fire on a turn known in advance (``turnguard.firing``)."""
+    return CapFiring(config)
+
+
+class CapFiring:
+    """The hook above, read as positions in a turn whose counts are known.
+
+    Explicit ``N``: only call ``N + 1`` halts. Adaptive ``S``/``H``/``D``: nothing fires while
+    ``n <= S``; past ``S`` the stuck verdict needs the signal's count to reach ``D``, and every
+    stuck signal's count is bounded by the turn's largest repeat (a stale repeat is a repeat), so
+    a larger ``D`` never fires; the backstop needs ``n > H``. When the ledger counts every key
+    (the turn's distinct keys fit in ``max_tracked_keys``) and the signal's count is known call by
+    call (``reach_repeat``; ``reach_stale`` for ``stale_repeat``), the stuck verdict comes at
+    ``max(S + 1, the call the count reaches D)``, and the backstop at ``H + 1`` if that is earlier:
+    the cap is then only what it does and where, and configurations that halt at the same call
+    share a replay.
+    """
+
+    __slots__ = ("adaptive", "explicit", "hard", "limit", "max_keys", "signal", "stale", "stuck")
+
+    def __init__(self, config: GuardConfig) -> None:
+        mode = config.cap_mode
+        self.explicit = mode == "explicit"
+        self.adaptive = mode == "adaptive"
+        self.limit = (config.max_tool_calls_per_turn if self.explicit else config.soft_cap) or 0
+        self.hard = config.hard_cap or 0
+        self.stuck = config.stuck_repeat_threshold
+        self.signal = config.stuck_signal
+        self.stale = self.signal == "stale_repeat"
+        self.max_keys = config.max_tracked_keys
+
+    def triggers(self, promptable: bool) -> Triggers:
+        return Triggers(calls=self.limit + 1) if self.explicit or self.adaptive else Triggers()
+
+    def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
+        limit = self.limit
+        if facts.calls <= limit or not (self.explicit or self.adaptive):
+            return None
+        if self.explicit:
+            return Firing(("explicit", limit), limit + 1, limit + 1, counts_only=True)
+        return self._past_soft_cap(facts)
+
+    def _past_soft_cap(self, facts: TurnFacts) -> Firing | None:
+        """The adaptive cap on a turn longer than ``S``: the backstop, the stuck verdict, or both."""
+        calls, hard = facts.calls, self.hard
+        stuck_at = self.stuck_call(facts)
+        backstop = hard + 1 if hard < calls else None
+        first = calls + 2 if backstop is None else backstop
+        if stuck_at is not None and stuck_at < first:
+            first = stuck_at
+        if facts.distinct <= self.max_keys and (not self.stale or facts.reach_stale is not None):
+            # Exact counts: the stuck verdict comes at a known call (or never).
+            if backstop is not None and (stuck_at is None or hard < stuck_at):
+                return Firing(("hard_backstop", backstop), first, backstop, counts_only=True)
+            if stuck_at is not None:
+                return Firing(("soft_stuck", stuck_at), first, stuck_at)
+            return None
+        if self.stuck <= facts.max_repeat:
+            return Firing(("adaptive", self.limit, self.signal, self.stuck, None if backstop is None else hard), first)
+        if backstop is not None:  # the signal cannot fire: which one is moot
+            return Firing(("hard_backstop", backstop), first, backstop, counts_only=True)
+        return None
+
+    def stuck_call(self, facts: TurnFacts) -> int | None:
+        """The first call past the soft cap at which the stuck signal can hold, or ``None``: never.
+        Exact while the ledger counts every key; otherwise a lower bound (an uncounted key only
+        lowers the count)."""
+        reach = facts.reach_stale if self.stale and facts.reach_stale is not None else facts.reach_repeat
+        if self.stuck > len(reach):
+            return None
+        return max(self.limit + 1, reach[self.stuck - 1])

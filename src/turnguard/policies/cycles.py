@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from turnguard.firing import Firing, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Threshold, Verdict
+
+if TYPE_CHECKING:
+    from turnguard.config import GuardConfig
 
 
 @hookimpl
@@ -16,3 +23,25 @@ def turnguard_check_cycle(turn: Ledger) -> Verdict | None:
             message=f"turnguard: model request {turn.cycles} exceeds max_cycles_per_turn={limit}",
         )
     return None
+
+
+def firing_rule(config: GuardConfig) -> CyclesFiring:
+    """When the cycle cap can fire on a turn known in advance (``turnguard.firing``)."""
+    return CyclesFiring(config.max_cycles_per_turn)
+
+
+@dataclass(frozen=True, slots=True)
+class CyclesFiring:
+    """The hook above, read as a position: model request ``N + 1`` halts, before the call it
+    precedes; what fires depends on the request count alone."""
+
+    limit: int
+
+    def triggers(self, promptable: bool) -> Triggers:
+        return Triggers(cycles=self.limit + 1) if self.limit else Triggers()
+
+    def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
+        limit = self.limit
+        if not limit or facts.cycles <= limit:
+            return None
+        return Firing(("cycles", limit), facts.cycle_calls[limit], counts_only=True)

@@ -12,9 +12,16 @@ its count reaches the threshold; ``Turn.resolve`` resets the streak so it can fi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from turnguard.firing import Firing, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
+
+if TYPE_CHECKING:
+    from turnguard.config import GuardConfig
 
 _ERROR = Outcome.ERROR
 _DENIED = Outcome.DENIED
@@ -59,3 +66,62 @@ def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> V
         Threshold.STREAK, action, Level.STOP, stop_at, call=call,
         message=f"turnguard: {call.name} {what} {stop_at} times in a row with identical arguments",
     )
+
+
+def firing_rule(config: GuardConfig) -> StreakFiring:
+    """When the streak can fire on a turn known in advance (``turnguard.firing``)."""
+    return StreakFiring(config.streak_warn_at, config.streak_stop_at, config.streak_stop_on != "error",
+                        config.remind_model)
+
+
+@dataclass(frozen=True, slots=True)
+class StreakFiring:
+    """The hooks above, read as positions in a turn whose counts are known.
+
+    The stop level needs its count to reach ``stop_at``: failures inside one run of identical
+    keys (``reach_failing``, an upper bound of the failing streak) or, with
+    ``streak_stop_on="any"``, the run itself. Unattended, the warn level returns ALLOW (observed)
+    and changes no ledger fact, so only the stop level matters. Attended, the warn level ASKs when
+    a run reaches ``warn_at`` (the replay's "continue" resets the streak; an answer only resets
+    counts, so the bounds hold after it), and a warn level at or below the stop level (without
+    ``remind_model``) means the stop never fires: the warning's ASK, answered, restarts the streak
+    before the count can exceed it. What the stop level counts matters only when it can fire.
+    """
+
+    warn: int
+    stop: int
+    stop_any: bool
+    """The stop level counts every identical call but denials (``streak_stop_on="any"``)."""
+    remind: bool
+
+    def triggers(self, promptable: bool) -> Triggers:
+        run = failing = float("inf")
+        if self.stop:
+            if self.stop_any:
+                run = self.stop
+            else:
+                failing = self.stop
+        if promptable and self.warn:
+            run = min(run, self.warn)
+        return Triggers(run=run, failing=failing)
+
+    def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
+        stop_reach = facts.reach_run if self.stop_any else facts.reach_failing
+        stop_at = self.stop
+        first = facts.calls + 2
+        stop = None
+        if stop_at and len(stop_reach) >= stop_at:
+            stop = (stop_at, self.stop_any)
+            first = stop_reach[stop_at - 1]
+        if not promptable:
+            return None if stop is None else Firing(("unattended", stop), first)
+        warn_at = self.warn
+        warn = None
+        if warn_at and len(facts.reach_run) >= warn_at:
+            warn = warn_at
+            first = min(first, facts.reach_run[warn_at - 1])
+        if warn_at and not self.remind and stop_at >= warn_at:
+            stop = None  # the warning's ASK, answered, restarts the streak before it can stop
+        if warn is None and stop is None:
+            return None
+        return Firing(("attended", warn, stop, self.remind), first)
