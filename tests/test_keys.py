@@ -74,7 +74,7 @@ def test_tuples_are_arrays_and_lists_inside_are_canonical():
 
 
 def test_a_dict_needing_the_fallback_keeps_the_canonical_form_of_its_json_parts():
-    assert canonical_bytes({"b": [1.5, "x"], "a": {"s": {3}}}) == b'{"a":{"s":{"__set__":[3]}},"b":[1.5,"x"]}'
+    assert canonical_bytes({"b": [1.5, "x"], "a": {"s": {3}}}) == b'{"a":{"s":\x02s3:1:3},"b":[1.5,"x"]}'
 
 
 # -- byte identity ---------------------------------------------------------------------------------

@@ -1,37 +1,55 @@
-"""The identity of a tool call: a canonical form of its arguments and a keyed digest of it.
+"""The identity of a tool call: the bytes that say which calls are "the same call", and a keyed
+digest of them.
 
-Two calls are "the same call" when their tool names and canonical arguments are equal. The
-canonical form is JSON with object keys sorted at every level, array order kept and no
-insignificant whitespace; a ``str``/``bytes`` argument that parses as JSON is canonicalized as
-the value it encodes, so ``'{"b":1,"a":2}'`` and ``{"a": 2, "b": 1}`` are one call. Text that is
-not JSON (a shell command, a path), or JSON text of a string, is its own canonical form: the byte
-``0x01`` and the text's UTF-8. No JSON text starts with that byte, so text never meets a value,
-and hashing text needs no JSON escaping.
+Two calls are the same call when their identity bytes (``identity_bytes``) are equal: the tool
+name, then the arguments' canonical form under the key mode.
 
-Nothing here raises because of the arguments. Values that JSON cannot encode get a deterministic
-fallback encoding (see ``_fallback``): sets are sorted, NaN and infinities are written as tokens,
-self-references become a ``"<cycle>"`` marker, nesting of any depth is walked iteratively, plain
-objects are encoded by type name and attributes, other objects by type name and ``repr`` (with
-memory addresses removed, so that equal objects made at different times get one key).
+The name comes first, ended by a NUL (no tool name has one). A name that does have one is
+written length-prefixed after the byte ``0xFE`` instead, which no UTF-8 text starts with.
+
+``canonical`` mode (the default). Plain JSON (what ``json.dumps`` writes without a ``default``
+hook: dicts, lists and tuples, strings, finite numbers, booleans, ``None``) is written as canonical
+JSON: object keys sorted at every level (in ``json``'s own order), array order kept, no
+insignificant whitespace, non-ASCII as is. A ``str``/``bytes`` argument that is JSON text (RFC
+8259: ``NaN`` and ``Infinity`` are not JSON; only space, tab, newline and carriage return around
+it are insignificant) is canonicalized as the value it holds, so ``'{"b":1,"a":2}'`` and
+``{"a": 2, "b": 1}`` are one call. Any other text (a shell command, a path), and JSON text of a
+string, is the byte ``0x01`` and its UTF-8: no JSON text starts with that byte.
+
+``bytes`` mode (the second seed's identity): a ``str``/``bytes`` argument is its bytes as given
+(UTF-8 for text); any other argument is its canonical JSON, as above.
+
+Everything else is written as a type-tagged, length-prefixed token: the byte ``0x02``, a tag
+letter, the payload's length and ``:``, then the payload (see ``_fallback``). Canonical JSON
+never holds a raw control character (``json`` escapes them inside strings), so a token never
+meets JSON text and no value can spell another's token: a set is never a dict that says
+``"__set__"``. In ``bytes`` mode, where text can be any bytes, text that starts with ``0x02`` and
+values that are not plain JSON are each written as their own token, and bytes that are not UTF-8
+as in canonical mode.
+
+Nothing here raises because of the arguments: dict keys that do not compare, objects whose
+``__repr__``, ``__eq__``, ``__hash__`` or attributes raise, cycles, nesting of any depth and odd
+types all get a deterministic identity (one that does not depend on memory addresses).
 
 The digest is a keyed BLAKE2b (an HMAC-equivalent keyed hash) with a per-process random secret
 unless one is configured, so that a digest cannot be reversed by hashing guessed arguments.
 
-This module is on the hot path (every ``check_call``): the common cases (a dict of JSON values, a
-string that is not JSON) take at most one C-level encoder call and one hash update each.
+This module is on the hot path (every ``check_call``): the common cases (a dict of JSON values,
+text that is not JSON) take one C-level encoder call and one hash update, from a hash state that
+has already taken the secret and the tool name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 import json
-import math
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring as _quote
+from math import isfinite
+from operator import itemgetter
 from typing import Any
 
 from turnguard.model import ToolCall
@@ -46,33 +64,43 @@ KEY_MODES = ("canonical", "bytes")
 
 DIGEST_SIZE = 8
 _PROCESS_SECRET = secrets.token_bytes(32)
+_JSON_SPACE = " \t\n\r"
+"""JSON's insignificant whitespace (RFC 8259); nothing else around JSON text is insignificant."""
 _JSON_STARTS = frozenset('{["-0123456789')
 _JSON_WORDS = frozenset(("true", "false", "null"))
-_SPACE = frozenset(" \t\r\n")
-_MAYBE_JSON = _JSON_STARTS | _SPACE | {""}
-"""First characters of text that may be JSON (after optional whitespace); "" is the empty text."""
+_WORD_STARTS = frozenset("tfn")
+_SPACE = frozenset(_JSON_SPACE)
+_MAYBE_JSON = _JSON_STARTS | _WORD_STARTS | _SPACE | {""}
+"""First characters of text that may be JSON; "" is the empty text."""
 _REPR_LIMIT = 4096
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-_scan_json = json.JSONDecoder().scan_once
+_NAME_CACHE_LIMIT = 1024
+"""Tool names whose hash states a keyer keeps (tool names are few; beyond this, none are kept)."""
 
 
 def _refuse(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_scan_json = json.JSONDecoder(parse_constant=_refuse_constant).scan_once
+"""``json.loads``'s own scanner, strict: ``NaN`` and ``Infinity`` are refused like any non-JSON."""
+
 if _c_make_encoder is not None:
     # No circular-reference markers: a self-reference ends in RecursionError like deep nesting,
     # and the encoder keeps no state between calls (markers left behind by an error would make
-    # a later, unrelated value look circular).
-    _encode_chunks = _c_make_encoder(None, _refuse, _quote, None, ":", ",", True, False, True)
+    # a later, unrelated value look circular). NaN and infinities are refused (not JSON).
+    _encode_chunks = _c_make_encoder(None, _refuse, _quote, None, ":", ",", True, False, False)
 
     def _encode(value: Any) -> str:
         return _join(_encode_chunks(value, 0))
 
 else:  # pragma: no cover
     _python_encoder = json.JSONEncoder(
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, check_circular=False
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
     )
     _encode = _python_encoder.encode
 
@@ -84,16 +112,150 @@ store_key = ToolCall.__dict__["_key"].__set__
 """Set a ``ToolCall``'s cached key: the slot's own setter (the dataclass is frozen, and this is
 cheaper than ``object.__setattr__`` on the hot path)."""
 
+_TEXT = b"\x01"
+"""Starts a text's canonical form (see the module docstring)."""
+_TOKEN = "\x02"
+"""Starts a type-tagged token (see the module docstring)."""
+_ODD_NAME = b"\xfe"
+"""Starts a tool name that holds a NUL (written length-prefixed)."""
 
-_TEXT = "\x01"
-"""Marks a text's canonical form (see the module docstring)."""
-_TEXT_BYTES = _TEXT.encode()
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def name_bytes(name: Any) -> bytes:
+    """The tool name's part of ``identity_bytes``: its UTF-8 and a NUL, or (a name with a NUL in
+    it) ``0xFE``, its length, ``:`` and its UTF-8. A name that is not text is written as its ``str``."""
+    if type(name) is not str:
+        try:
+            name = str.__str__(name) if isinstance(name, str) else str(name)
+        except Exception:
+            name = f"<{type(name).__qualname__}>"
+        if type(name) is not str:  # pragma: no cover - str() returns a str
+            name = str.__str__(name)
+    raw = _utf8(name)
+    if b"\x00" not in raw:
+        return raw + b"\x00"
+    return _ODD_NAME + str(len(raw)).encode() + b":" + raw
+
+
+# -- text that may be JSON --------------------------------------------------------------------------
+
+_NOT_JSON = object()
+
+
+def _json_value(text: str) -> Any:
+    """The JSON value ``text`` holds (JSON whitespace around it allowed), or ``_NOT_JSON``."""
+    stripped = text.strip(_JSON_SPACE) if text[:1] in _SPACE or text[-1:] in _SPACE else text
+    first = stripped[:1]
+    if first in _JSON_STARTS:
+        try:
+            value, end = _scan_json(stripped, 0)
+        except (StopIteration, ValueError, RecursionError):
+            return _NOT_JSON
+        return value if end == len(stripped) else _NOT_JSON
+    if first in _WORD_STARTS and stripped in _JSON_WORDS:
+        return {"true": True, "false": False, "null": None}[stripped]
+    return _NOT_JSON
+
+
+def _text_body(text: str) -> bytes:
+    """Canonical mode's form of text: the JSON value it holds, or ``0x01`` and the text."""
+    value = _json_value(text)
+    if value is _NOT_JSON:
+        return _TEXT + _utf8(text)
+    if type(value) is str:  # JSON text of a string is that string
+        return _TEXT + _utf8(value)
+    return _utf8(canonical_text(value))
+
+
+def _raw_bytes(value: Any) -> bytes:
+    """The bytes of a bytes-like value, through the buffer (no ``__bytes__`` of a subclass)."""
+    return value if type(value) is bytes else memoryview(value).tobytes()
+
+
+def _token(tag: str, payload: str) -> str:
+    return f"{_TOKEN}{tag}{len(payload)}:{payload}"
+
+
+def _token_bytes(tag: bytes, payload: bytes) -> bytes:
+    return b"\x02" + tag + str(len(payload)).encode() + b":" + payload
+
+
+def canonical_bytes(args: Any) -> bytes:
+    """The canonical-mode form of ``args`` (``identity_bytes`` without the name)."""
+    cls = type(args)
+    if cls is str:
+        return _text_body(args)
+    if cls is dict or cls is list:
+        return _utf8(canonical_text(args))
+    if issubclass(cls, str):
+        return _text_body(str.__str__(args))
+    if issubclass(cls, (bytes, bytearray, memoryview)):
+        raw = _raw_bytes(args)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return _utf8(_token("b", raw.hex()))
+        return _text_body(text)
+    return _utf8(canonical_text(args))
+
+
+def byte_identity(args: Any) -> bytes:
+    """The ``bytes``-mode form of ``args``: text and UTF-8 bytes as given, other bytes as in
+    canonical mode, other values as in ``canonical_text`` (one that is not plain JSON inside its
+    own token)."""
+    cls = type(args)
+    if issubclass(cls, str):
+        raw = _utf8(args if cls is str else str.__str__(args))
+    elif issubclass(cls, (bytes, bytearray, memoryview)):
+        raw = _raw_bytes(args)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:  # not text (and never the bytes of text with lone surrogates)
+            return _utf8(_token("b", raw.hex()))
+    else:
+        try:
+            return _utf8(_encode(args))
+        except Exception:
+            text = _fallback(args)
+        return _utf8(text) if _TOKEN not in text else _token_bytes(b"v", _utf8(text))
+    return raw if raw[:1] != b"\x02" else _token_bytes(b"t", raw)
+
+
+_BODIES: dict[str, Callable[[Any], bytes]] = {"canonical": canonical_bytes, "bytes": byte_identity}
+
+
+def identity_bytes(name: str, args: Any, mode: str = "canonical") -> bytes:
+    """The exact bytes ``Keyer(mode).digest(name, args)`` hashes: two calls are the same call
+    exactly when these are equal, whatever the digest secret. For code that must agree with the
+    guard on identity without hashing (calibrate) or without reaching into this module."""
+    body = _BODIES.get(mode)
+    if body is None:
+        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {mode!r}")
+    try:
+        data = body(args)
+    except Exception:  # a bytes-like that refuses its buffer (a released memoryview)
+        data = _token_bytes(b"x", _utf8(_type_name(type(args))))
+    return name_bytes(name) + data
+
+
+def canonical_text(value: Any) -> str:
+    """The canonical text of any value (plain JSON as canonical JSON, the rest as tokens); never raises."""
+    try:
+        return _encode(value)
+    except Exception:  # whatever a value's methods raise (a key's __lt__, a subclass's items())
+        return _fallback(value)
+
+
+# -- the keyer ---------------------------------------------------------------------------------------
 
 
 class Keyer:
     """Computes call keys for one guard (one key mode, one digest secret)."""
 
-    __slots__ = ("_blank", "_canonical", "_plain_text", "_secret", "mode")
+    __slots__ = ("_blank", "_canonical", "_states", "digest", "mode")
 
     def __init__(self, mode: str = "canonical", secret: bytes | str | None = None) -> None:
         if mode not in KEY_MODES:
@@ -101,41 +263,66 @@ class Keyer:
         self.mode = mode
         if isinstance(secret, str):
             secret = secret.encode()
-        self._secret = (secret or _PROCESS_SECRET)[:64]
-        self._canonical = canonical_bytes if mode == "canonical" else byte_identity
-        self._plain_text = mode == "canonical"
-        # Keying BLAKE2b costs a compression; copying a keyed state is cheaper than re-keying.
-        self._blank = hashlib.blake2b(digest_size=DIGEST_SIZE, key=self._secret)
+        self._blank = hashlib.blake2b(digest_size=DIGEST_SIZE, key=(secret or _PROCESS_SECRET)[:64])
+        self._canonical = _BODIES[mode]
+        self._states: dict[str, tuple[Any, Any]] = {}
+        """By tool name: hash states that have taken the secret and the name (and, the second,
+        the text marker). Copying one skips re-keying and hashing the name on every call."""
+        self.digest = self._digest_function()
+        """``digest(name, args)``: the keyed digest of ``identity_bytes(name, args, mode)``."""
 
-    def digest(self, name: str, args: Any) -> bytes:
-        """The keyed digest of (name, canonical args)."""
-        h = self._blank.copy()
-        text = None
-        try:
-            cls = type(args)
-            if cls is str:
-                if self._plain_text and args[:1] not in _MAYBE_JSON and (len(args) > 5 or args not in _JSON_WORDS):
-                    # inlined: text that cannot be JSON (a shell command, a path), marked
-                    h.update((name + "\x00" + _TEXT + args).encode())
-                    return h.digest()
-            elif cls is dict:
-                try:  # inlined too: a dict of JSON values (both modes)
-                    text = _join(_encode_chunks(args, 0))
-                except (TypeError, ValueError, RecursionError, OverflowError):
-                    text = None
-                else:
-                    if len(text) < 4096:  # one encode for the common, small case
-                        h.update((name + "\x00" + text).encode())
+    def _state(self, name: str) -> tuple[Any, Any]:
+        named = self._blank.copy()
+        named.update(name_bytes(name))
+        text = named.copy()
+        text.update(_TEXT)
+        states = (named, text)
+        if len(self._states) < _NAME_CACHE_LIMIT:
+            self._states[name] = states
+        return states
+
+    def _digest_function(self) -> Callable[[str, Any], bytes]:
+        """The digest as a closure (locals, not attribute lookups, on the hot path)."""
+        cached, new_state, body, blank = self._states.get, self._state, self._canonical, self._blank
+        canonical = self.mode == "canonical"
+        maybe_json, word_starts, words, space, encode_chunks, join = (
+            _MAYBE_JSON, _WORD_STARTS, _JSON_WORDS, _JSON_SPACE, _encode_chunks, _join)
+
+        def digest(name: str, args: Any) -> bytes:
+            if type(name) is str:
+                cls = type(args)
+                if cls is str:
+                    first = args[:1]
+                    if canonical and (first not in maybe_json or (
+                            first in word_starts and args.rstrip(space) not in words)):
+                        # inlined: text that cannot be JSON (a shell command, a path), marked
+                        h = (cached(name) or new_state(name))[1].copy()
+                        try:
+                            h.update(args.encode())
+                        except UnicodeEncodeError:  # lone surrogates: the general path
+                            pass
+                        else:
+                            return h.digest()
+                elif cls is dict:
+                    try:  # inlined too: a dict of JSON values (both modes)
+                        text = join(encode_chunks(args, 0))
+                        data = text.encode()
+                    except Exception:  # not plain JSON, or lone surrogates: the general path
+                        pass
+                    else:
+                        h = (cached(name) or new_state(name))[0].copy()
+                        h.update(data)
                         return h.digest()
-        except (UnicodeEncodeError, TypeError):  # lone surrogates (kept: surrogatepass), an odd name
-            pass
-        try:  # large bodies are hashed without joining them to the name
-            body = _utf8(text) if text is not None else self._canonical(args)
-        except Exception:  # the encoders never raise; this is the last resort
-            body = b"\x00unencodable\x00" + _utf8(type(args).__qualname__)
-        h.update(_utf8(str(name)) + b"\x00")
-        h.update(body)
-        return h.digest()
+            h = blank.copy()
+            h.update(name_bytes(name))
+            try:
+                data = body(args)
+            except Exception:  # a bytes-like that refuses its buffer (as identity_bytes)
+                data = _token_bytes(b"x", _utf8(_type_name(type(args))))
+            h.update(data)
+            return h.digest()
+
+        return digest
 
     def key_of(self, call: Any) -> bytes:
         """The digest of a ``ToolCall``, computed once and cached on the call for this keyer
@@ -148,19 +335,6 @@ class Keyer:
         return digest
 
 
-def identity_bytes(name: str, args: Any, mode: str = "canonical") -> bytes:
-    """The exact bytes ``Keyer(mode).digest(name, args)`` hashes: two calls are the same call
-    exactly when these are equal, whatever the digest secret. For code that must agree with the
-    guard on identity without hashing (calibrate) or without reaching into this module."""
-    if mode not in KEY_MODES:
-        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {mode!r}")
-    try:
-        body = (canonical_bytes if mode == "canonical" else byte_identity)(args)
-    except Exception:  # the encoders never raise; Keyer.digest's last resort, kept identical
-        body = b"\x00unencodable\x00" + _utf8(type(args).__qualname__)
-    return _utf8(str(name)) + b"\x00" + body
-
-
 def cached_digest(call: Any) -> bytes | None:
     """The digest the guard deciding on ``call`` cached on it (``None`` before any guard keyed it);
     for plugins that report a call (spans, records) or count it (shadows)."""
@@ -168,157 +342,22 @@ def cached_digest(call: Any) -> bytes | None:
     return key[0] if key is not None else None
 
 
-def _utf8(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
-def canonical_bytes(args: Any) -> bytes:
-    """The canonical form of ``args`` as bytes: its canonical JSON as UTF-8, JSON text in
-    ``str``/``bytes`` parsed first; text, and JSON text of a string, as ``0x01`` and its UTF-8."""
-    cls = type(args)
-    if cls is dict or cls is list:
-        try:
-            return _encode(args).encode("utf-8", "surrogatepass")
-        except (TypeError, ValueError, RecursionError, OverflowError):
-            return _fallback(args).encode("utf-8", "surrogatepass")
-    if cls is str:
-        if args[:1] not in _MAYBE_JSON and (len(args) > 5 or args not in _JSON_WORDS):  # as in Keyer.digest
-            return _TEXT_BYTES + args.encode("utf-8", "surrogatepass")  # plain text: a shell command, a path
-        args = _parse_json_text(args)
-    elif isinstance(args, (bytes, bytearray, memoryview)):
-        raw = bytes(args)
-        try:
-            args = _parse_json_text(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            return b"\x00bytes\x00" + raw
-    elif isinstance(args, str):
-        args = _parse_json_text(str(args))
-    if isinstance(args, str):  # text that is not JSON, or JSON text of a string
-        return _TEXT_BYTES + str(args).encode("utf-8", "surrogatepass")
-    return canonical_text(args).encode("utf-8", "surrogatepass")
-
-
-def byte_identity(args: Any) -> bytes:
-    """The second seed's identity: strings and bytes byte for byte, other values canonical JSON."""
-    if isinstance(args, str):
-        return args.encode("utf-8", "surrogatepass")
-    if isinstance(args, (bytes, bytearray, memoryview)):
-        return bytes(args)
-    return canonical_text(args).encode("utf-8", "surrogatepass")
-
-
-def canonical_text(value: Any) -> str:
-    """Canonical JSON text of any value; never raises."""
-    try:
-        return _encode(value)
-    except (TypeError, ValueError, RecursionError, OverflowError):
-        return _fallback(value)
-
-
-def _is_json_word(text: str) -> bool:
-    return len(text) <= 5 and text in _JSON_WORDS
-
-
-def _parse_json_text(text: str) -> Any:
-    """The JSON value ``text`` encodes, or ``text`` itself when it is not JSON (or too deep)."""
-    stripped = text.strip() if text and (text[0] in _SPACE or text[-1] in _SPACE) else text
-    if not stripped or (stripped[0] not in _JSON_STARTS and not _is_json_word(stripped)):
-        return text
-    try:  # json.loads's own scanner, without its wrapper: same values, same refusals
-        value, end = _scan_json(stripped, 0)
-    except (StopIteration, ValueError, RecursionError):
-        return text
-    return value if end == len(stripped) else text
-
-
-def _int_text(value: int) -> str:
-    try:
-        return int.__repr__(value)
-    except ValueError:  # more digits than sys.get_int_max_str_digits() allows in decimal
-        return _encode({"__int__": hex(value)})
-
-
-def _scalar(value: Any) -> str | None:
-    """Canonical text of a leaf value, or ``None`` for containers."""
-    cls = type(value)
-    if cls is dict or cls is list or cls is tuple:
-        return None
-    if cls is str:
-        return _quote(value)
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, str):
-        return _quote(value)
-    if isinstance(value, int):
-        return _int_text(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return float.__repr__(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return _encode({"__bytes__": bytes(value).hex()})
-    if isinstance(value, enum.Enum):
-        return _encode({"__enum__": f"{type(value).__qualname__}.{value.name}"})
-    if isinstance(value, (Mapping, list, tuple, set, frozenset)):
-        return None
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return None
-    if _plain_object(value):
-        return None
-    return _encode({"__object__": type(value).__qualname__, "repr": _safe_repr(value)})
-
-
-def _plain_object(value: Any) -> bool:
-    """An instance with attributes and the default ``repr`` (which would show its address)."""
-    return type(value).__repr__ is object.__repr__ and isinstance(getattr(value, "__dict__", None), dict)
-
-
-def _safe_repr(value: Any) -> str:
-    try:
-        text = _ADDRESS.sub("", repr(value))
-    except Exception:  # a broken __repr__ must not break the key
-        return "<unrepresentable>"
-    if len(text) <= _REPR_LIMIT:
-        return text
-    tail = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-    return f"{text[:_REPR_LIMIT]}...<{len(text)}:{tail}>"
-
-
-def _children(value: Any) -> tuple[str, list[tuple[Any, Any]]]:
-    """A container's kind and its (key, child) pairs; keys are ``None`` for sequences."""
-    cls = type(value)
-    if cls is dict:
-        return "object", list(value.items())
-    if cls is list or cls is tuple:
-        return "array", [(None, v) for v in value]
-    if isinstance(value, Mapping):
-        try:
-            return "object", list(value.items())
-        except Exception:  # a broken mapping is encoded by its repr
-            return "object", [("__object__", type(value).__qualname__), ("repr", _safe_repr(value))]
-    if isinstance(value, (list, tuple)):
-        return "array", [(None, v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return "set", [(None, v) for v in value]
-    if dataclasses.is_dataclass(value):
-        items = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
-        return "object", [("__dataclass__", type(value).__qualname__), *items]
-    return "object", [("__object__", type(value).__qualname__), *vars(value).items()]
-
-
-def _key_text(key: Any) -> str:
-    return key if isinstance(key, str) else canonical_text(key)
-
+# -- what JSON does not write: tokens ----------------------------------------------------------------
+#
+# Tags: b bytes (hex), f a float that is not finite, i an int too long for decimal text (hex),
+# s a set (its members' forms, sorted), d a dict that JSON cannot write (pairs sorted by form),
+# a a dataclass (its fields), o an object by its attributes (its __dict__ and its slots), r an
+# object by its repr (enum members too), c a reference to a container on the path (a cycle: how
+# many levels up), n an unset slot or field, x an object nothing could be read from (its type).
+# In bytes mode only, at the top: t text (or bytes) starting with 0x02, v a value that is not
+# plain JSON.
+# Inside a token, every part is length-prefixed: "<len>:<text>".
 
 Rope = str | list[Any]
-"""Text as nested lists of pieces: a container's encoding refers to its children's without
-copying them, so encoding N levels of nesting costs O(N), not O(N**2); joined once at the end."""
+"""Text as nested lists of pieces: a container's form refers to its children's without copying
+them, so encoding N levels of nesting costs O(N), not O(N**2); joined once at the end."""
+Part = tuple[Rope, int]
+"""A finished form: its rope and its length."""
 
 
 def _flat(rope: Rope) -> str:
@@ -339,61 +378,266 @@ def _flat(rope: Rope) -> str:
     return "".join(out)
 
 
-def _finish(kind: str, keys: list[Any], parts: list[Rope]) -> Rope:
-    rope: list[Any]
-    if kind == "object":
-        texts = [_key_text(k) for k in keys]
-        try:  # the order json's encoder uses (by the keys themselves), so both paths agree
-            order = sorted(range(len(keys)), key=keys.__getitem__)
-            pairs = [(texts[i], parts[i]) for i in order]
-        except TypeError:  # keys that do not compare (1 and "a"): by their text
-            pairs = list(zip(texts, parts, strict=True))
-            if len(set(texts)) == len(texts):
-                pairs.sort(key=lambda pair: pair[0])
-            else:  # keys such as 1 and "1" write the same text: order such pairs by value too
-                pairs.sort(key=lambda pair: (pair[0], _flat(pair[1])))
-        rope = ["{"]
-        for n, (k, v) in enumerate(pairs):
-            rope += ("," if n else "", _quote(k), ":", v)
-        rope.append("}")
-        return rope
-    if kind == "set":
-        return '{"__set__":[' + ",".join(sorted(_flat(p) for p in parts)) + "]}"
-    rope = ["["]
-    for n, v in enumerate(parts):
-        rope += ("," if n else "", v)
-    rope.append("]")
-    return rope
+def _prefixed(part: Part) -> Part:
+    rope, n = part
+    head = f"{n}:"
+    return [head, rope], len(head) + n
+
+
+def _tagged(tag: str, parts: list[Part]) -> Part:
+    """A token whose payload is ``parts``, each length-prefixed."""
+    prefixed = [_prefixed(p) for p in parts]
+    n = sum(p[1] for p in prefixed)
+    head = f"{_TOKEN}{tag}{n}:"
+    return [head, *(p[0] for p in prefixed)], len(head) + n
+
+
+def _leaf_token(tag: str, payload: str) -> Part:
+    text = _token(tag, payload)
+    return text, len(text)
+
+
+def _type_name(cls: type) -> str:
+    """``module.qualname`` (read from the class itself: a property cannot intervene)."""
+    module = cls.__dict__.get("__module__")
+    return f"{module}.{cls.__qualname__}" if type(module) is str else cls.__qualname__
+
+
+def _int_text(value: int) -> str:
+    try:
+        return int.__repr__(value)
+    except ValueError:  # more digits than sys.get_int_max_str_digits() allows in decimal
+        return _token("i", hex(value))
+
+
+def _scalar(value: Any) -> str | None:
+    """The form of a leaf value, or ``None`` for a container."""
+    cls = type(value)
+    if cls is str:
+        return _quote(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if issubclass(cls, str):
+        return _quote(value)
+    if issubclass(cls, int):
+        return _int_text(value)
+    if issubclass(cls, float):
+        text = float.__repr__(value)
+        return text if isfinite(value) else _token("f", text)
+    if issubclass(cls, (bytes, bytearray, memoryview)):
+        return _token("b", _raw_bytes(value).hex())
+    return None
+
+
+def _json_key(key: Any) -> str | None:
+    """A dict key as ``json`` writes it (quoted), or ``None`` for keys JSON does not write."""
+    cls = type(key)
+    if issubclass(cls, str):
+        return _quote(key)
+    if key is True:
+        return '"true"'
+    if key is False:
+        return '"false"'
+    if key is None:
+        return '"null"'
+    if issubclass(cls, float):
+        return f'"{float.__repr__(key)}"' if isfinite(key) else None
+    if issubclass(cls, int):
+        try:
+            return f'"{int.__repr__(key)}"'
+        except ValueError:
+            return None
+    return None
+
+
+def _mapping_items(value: Any) -> list[tuple[Any, Any]]:
+    if type(value) is dict:
+        return list(value.items())
+    try:  # what json's encoder reads from a dict subclass, and a Mapping's own items
+        return list(value.items())
+    except Exception:
+        if issubclass(type(value), dict):
+            return list(dict.items(value))
+        raise
+
+
+def _slots(cls: type) -> list[tuple[str, Any]]:
+    """(owner-qualified name, descriptor) of every slot of ``cls``, in MRO and declaration order."""
+    out = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if not isinstance(slot, str) or slot in ("__dict__", "__weakref__"):
+                continue
+            stored = f"_{klass.__name__.lstrip('_')}{slot}" if slot.startswith("__") and not slot.endswith("__") \
+                else slot
+            descriptor = klass.__dict__.get(stored)
+            if descriptor is not None and hasattr(type(descriptor), "__get__"):
+                out.append((f"{klass.__qualname__}.{slot}", descriptor))
+    return out
+
+
+_UNSET = object()
+"""An unset slot or dataclass field, as a child (written as the ``n`` token)."""
+
+
+class _Open:
+    """A container being encoded: its kind, the children still to encode, the finished ones."""
+
+    __slots__ = ("done", "extra", "kind", "pending", "value")
+
+    def __init__(self, kind: str, children: list[Any], extra: Any, value: Any) -> None:
+        self.kind, self.extra, self.value = kind, extra, value  # the value kept: its id stays its own
+        self.pending = children[::-1]
+        self.done: list[Part] = []
+
+
+def _object_children(value: Any, cls: type) -> tuple[str, list[Any], Any]:
+    """An object by its state: a dataclass by its fields, others by ``__dict__`` and slots."""
+    if dataclasses.is_dataclass(cls):
+        names, children = [], []
+        for f in dataclasses.fields(cls):
+            names.append(f.name)
+            try:
+                children.append(object.__getattribute__(value, f.name))
+            except Exception:
+                children.append(_UNSET)
+        return "a", children, names
+    try:
+        state = object.__getattribute__(value, "__dict__")
+    except Exception:
+        state = None
+    names, children = ["__dict__"], [state if isinstance(state, dict) else _UNSET]
+    for name, descriptor in _slots(cls):
+        names.append(name)
+        try:
+            children.append(descriptor.__get__(value, cls))
+        except Exception:
+            children.append(_UNSET)
+    return "o", children, names
+
+
+def _open(value: Any) -> tuple[str, list[Any], Any]:
+    """A container's kind, its children (in the order they are written) and what its finish needs."""
+    cls = type(value)
+    if issubclass(cls, (list, tuple)):
+        return "array", list(list.__iter__(value) if issubclass(cls, list) else tuple.__iter__(value)), None
+    if issubclass(cls, (set, frozenset)):
+        return "s", list(set.__iter__(value) if issubclass(cls, set) else frozenset.__iter__(value)), None
+    if issubclass(cls, (dict, Mapping)):
+        try:
+            items = _mapping_items(value)
+        except Exception:
+            return _object_children(value, cls)
+        keys = [_json_key(k) for k, _ in items]
+        if None not in keys:
+            try:  # json's own order: its encoder sorts the (key, value) pairs
+                items.sort()
+            except Exception:
+                pass
+            else:
+                return "object", [v for _, v in items], [_json_key(k) for k, _ in items]
+        return "d", [x for pair in items for x in pair], None
+    if dataclasses.is_dataclass(cls) or cls.__repr__ is object.__repr__:
+        return _object_children(value, cls)
+    try:
+        text = _ADDRESS.sub("", repr(value))
+    except Exception:  # a broken __repr__: the object's state instead
+        return _object_children(value, cls)
+    if len(text) > _REPR_LIMIT:
+        tail = hashlib.blake2b(_utf8(text), digest_size=16).hexdigest()
+        text = f"{text[:_REPR_LIMIT]}...<{len(text)}:{tail}>"
+    return "r", [], text
+
+
+def _finish(frame: _Open, type_name: str) -> Part:
+    kind, done = frame.kind, frame.done
+    if kind == "array" or kind == "object":
+        rope: list[Any] = ["[" if kind == "array" else "{"]
+        n = 2 + max(len(done) - 1, 0)
+        for i, (part, size) in enumerate(done):
+            if i:
+                rope.append(",")
+            if kind == "object":
+                key = frame.extra[i]
+                rope += (key, ":")
+                n += len(key) + 1
+            rope.append(part)
+            n += size
+        rope.append("]" if kind == "array" else "}")
+        return rope, n
+    if kind == "s":
+        if len(done) > 1:
+            done = sorted(((_flat(r), n) for r, n in done), key=itemgetter(0))
+        return _tagged("s", done)
+    if kind == "d":
+        pairs = [(_flat(done[i][0]), done[i], done[i + 1]) for i in range(0, len(done), 2)]
+        if len({form for form, _, _ in pairs}) == len(pairs):
+            pairs.sort(key=itemgetter(0))
+        else:  # keys of one form (two objects alike): by their values' forms too
+            pairs.sort(key=lambda pair: (pair[0], _flat(pair[2][0])))
+        return _tagged("d", [part for _, k, v in pairs for part in (k, v)])
+    if kind == "r":
+        return _tagged("r", [(type_name, len(type_name)), (frame.extra, len(frame.extra))])
+    # "a" (dataclass fields) and "o" (object state): the type, then each name and its value
+    parts: list[Part] = [(type_name, len(type_name))]
+    for name, part in zip(frame.extra, done, strict=True):
+        parts += ((name, len(name)), part)
+    return _tagged(kind, parts)
 
 
 def _fallback(root: Any) -> str:
-    """Iterative canonical encoder for what ``json`` refuses: any depth, cycles, odd types."""
-    leaf = _scalar(root)
-    if leaf is not None:
-        return leaf
-    # Each frame: [kind, pending (key, child) pairs reversed, done keys, done texts, id]
-    kind, items = _children(root)
-    stack: list[list[Any]] = [[kind, items[::-1], [], [], id(root)]]
-    on_path = {id(root)}
-    while True:
-        frame = stack[-1]
-        pending = frame[1]
-        if not pending:
-            stack.pop()
-            on_path.discard(frame[4])
-            text = _finish(frame[0], frame[2], frame[3])
-            if not stack:
-                return _flat(text)
-            stack[-1][3].append(text)
-            continue
-        key, child = pending.pop()
-        frame[2].append(key)
-        leaf = _scalar(child)
+    """Iterative encoder for what ``json`` refuses: any depth, cycles, odd types."""
+    return _flat(_encode_tree(root)[0])
+
+
+def _leaf_or_open(value: Any) -> tuple[Part | None, _Open | None, str]:
+    """A finished leaf, or an open container (with its type name); what cannot be read is ``x``."""
+    cls = type(value)
+    try:
+        if value is _UNSET:
+            return _leaf_token("n", ""), None, ""
+        leaf = _scalar(value)
         if leaf is not None:
-            frame[3].append(leaf)
-        elif id(child) in on_path:
-            frame[3].append('"<cycle>"')
+            return (leaf, len(leaf)), None, ""
+        kind, children, extra = _open(value)
+        return None, _Open(kind, children, extra, value), _type_name(cls)
+    except Exception:  # an object that refuses to be read at all: its type only
+        return _leaf_token("x", _type_name(cls)), None, ""
+
+
+def _encode_tree(root: Any) -> Part:
+    leaf, frame, type_name = _leaf_or_open(root)
+    if frame is None:
+        return leaf  # type: ignore[return-value]
+    stack: list[tuple[_Open, str]] = [(frame, type_name)]
+    depth = {id(root): 0}
+    while True:
+        frame, type_name = stack[-1]
+        if not frame.pending:
+            stack.pop()
+            del depth[id(frame.value)]
+            part = _finish(frame, type_name)
+            if not stack:
+                return part
+            stack[-1][0].done.append(part)
+            continue
+        child = frame.pending.pop()
+        level = depth.get(id(child))
+        if level is not None:  # a container on the path: a cycle, written as how far up it is
+            frame.done.append(_leaf_token("c", str(len(stack) - level)))
+            continue
+        leaf, opened, child_type = _leaf_or_open(child)
+        if opened is None:
+            frame.done.append(leaf)  # type: ignore[arg-type]
         else:
-            kind, items = _children(child)
-            on_path.add(id(child))
-            stack.append([kind, items[::-1], [], [], id(child)])
+            depth[id(child)] = len(stack)
+            stack.append((opened, child_type))
+
+
+__all__ = ["DIGEST_SIZE", "KEY_MODES", "Keyer", "cached_digest", "canonical_text", "identity_bytes", "name_bytes",
+           "store_key"]
