@@ -435,23 +435,10 @@ def _scalar(value: Any) -> str | None:
 
 def _json_key(key: Any) -> str | None:
     """A dict key as ``json`` writes it (quoted), or ``None`` for keys JSON does not write."""
-    cls = type(key)
-    if issubclass(cls, str):
+    if issubclass(type(key), str):
         return _quote(key)
-    if key is True:
-        return '"true"'
-    if key is False:
-        return '"false"'
-    if key is None:
-        return '"null"'
-    if issubclass(cls, float):
-        return f'"{float.__repr__(key)}"' if isfinite(key) else None
-    if issubclass(cls, int):
-        try:
-            return f'"{int.__repr__(key)}"'
-        except ValueError:
-            return None
-    return None
+    text = _scalar(key)  # null, true, false, numbers: written as text, quoted
+    return None if text is None or text[:1] == _TOKEN else f'"{text}"'
 
 
 def _mapping_items(value: Any) -> list[tuple[Any, Any]]:
