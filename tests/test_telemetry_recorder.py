@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -258,3 +259,149 @@ def test_odd_tool_names_still_give_one_valid_json_line(tmp_path):
     assert raw.count(b"\n") == 1
     (line,) = read_lines(path)
     assert [c["tool"] for c in line["calls"]] == names
+
+
+# -- a full disk: never half a line, no finished turn lost once space frees ---------------------------
+
+WIDE_TURN = 60
+"""Calls per turn in the disk tests: a line of ~4 kB, so a nearly full disk cuts it short."""
+
+
+def end_turns(guard: tg.Guard, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        with guard.turn(turn_id=f"turn-{i}") as turn:
+            turn.begin_cycle()
+            for j in range(WIDE_TURN):
+                call = tg.ToolCall("read_file", {"path": f"src/module_{i}_{j}.py"})
+                turn.check_call(call)
+                turn.record_outcome(call, tg.Outcome.OK)
+
+
+def assert_whole_records(path: Path, ids: list[str]) -> None:
+    """Every line of ``path`` is a whole record, and they are exactly ``ids``, in order."""
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    lines = raw.split(b"\n")[:-1]
+    assert [json.loads(line)["id"] for line in lines] == ids
+    assert all(len(json.loads(line)["calls"]) == WIDE_TURN for line in lines)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 kB tmpfs (needs root; under CI it must be there, so it fails rather than skips)."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        message = f"cannot mount a tmpfs (root needed): {done.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte; returns the filler to delete when space should free."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as f:
+        for size in (4096, 512, 64, 1):
+            try:
+                while True:
+                    f.write(b"x" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def test_a_full_disk_never_leaves_half_a_line_and_every_turn_is_written_once_space_frees(tiny_disk, caplog):
+    path = tiny_disk / "turns.jsonl"
+    guard = make_guard(path, streak_warn_at=0)
+    end_turns(guard, 0, 3)
+    filler = fill(tiny_disk)
+    end_turns(guard, 3, 4)  # the disk is full: each fails, short or not at all
+    assert "could not append" in caplog.text
+    assert_whole_records(path, ["turn-0", "turn-1", "turn-2"])  # no half line left behind
+    filler.unlink()
+    end_turns(guard, 7, 1)
+    assert_whole_records(path, [f"turn-{i}" for i in range(8)])
+
+
+def test_a_turn_held_back_by_a_full_disk_is_written_at_exit(tiny_disk):
+    import subprocess
+    import sys
+
+    path = tiny_disk / "turns.jsonl"
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from pathlib import Path
+from test_telemetry_recorder import end_turns, fill, make_guard
+guard = make_guard(Path({str(path)!r}), streak_warn_at=0)
+end_turns(guard, 0, 1)
+filler = fill(Path({str(tiny_disk)!r}))
+end_turns(guard, 1, 2)
+filler.unlink()  # space frees, but no turn ends again before exit
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert_whole_records(path, ["turn-0", "turn-1", "turn-2"])
+
+
+SHORT_WRITES = """
+import resource, signal, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_telemetry_recorder import end_turns, make_guard
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit, write(2) is short, then EFBIG
+path = Path({path!r})
+guard = make_guard(path, streak_warn_at=0)
+end_turns(guard, 0, 2)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 1000, hard))  # half a line more
+end_turns(guard, 2, 3)
+print(path.stat().st_size, flush=True)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+end_turns(guard, 5, 1)
+"""
+
+
+def test_a_short_write_is_cut_back_off_and_the_line_written_whole_later(tmp_path):
+    """A real short ``write(2)``: the kernel's file-size limit stops it part-way, as a full disk does."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "turns.jsonl"
+    script = SHORT_WRITES.format(tests=str(Path(__file__).parent), path=str(path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "short write" in done.stderr  # the kernel did cut the write short
+    lines_at_limit = int(done.stdout.split()[0])
+    assert lines_at_limit == len(b"".join(path.read_bytes().split(b"\n")[:2])) + 2  # cut back to two whole lines
+    assert_whole_records(path, [f"turn-{i}" for i in range(6)])
+
+
+def test_a_file_left_ending_mid_line_gets_its_newline_before_the_next_record(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path, streak_warn_at=0)
+    end_turns(guard, 0, 1)
+    with path.open("ab") as f:
+        f.write(b'{"id": "cut-off-by-someth')
+    end_turns(guard, 1, 1)
+    lines = path.read_bytes().split(b"\n")
+    assert lines[1] == b'{"id": "cut-off-by-someth' and json.loads(lines[2])["id"] == "turn-1" and lines[3] == b""
+
+
+def test_lines_waiting_for_the_disk_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(rec, "MAX_PENDING_BYTES", 10_000)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    recorder = rec.Recorder(str(blocker / "turns.jsonl"))
+    for i in range(10):
+        recorder.write(_turn_line(i, 100))
+    kept = recorder.pending
+    assert 0 < kept < 10 and recorder.lines_lost == 10 - kept
+    assert sum(map(len, recorder._pending)) <= 10_000 + len(_turn_line(9, 100))

@@ -8,18 +8,28 @@ file holds no tool arguments. Extra keys: ``agent``, ``conversation_id``, ``tool
 true count), ``calls_dropped`` and ``escalations`` (the users' answers).
 
 Writes are whole-line appends: the line is built in memory and written with one ``os.write`` on
-an ``O_APPEND`` descriptor, so concurrent writers (threads or processes) never interleave and a
-crashed process leaves whole lines only. Memory is bounded: at most ``MAX_RECORDED_CALLS`` calls
-are kept per turn; later calls are counted in ``calls_dropped`` (and in ``tool_calls``) only; at
-most ``MAX_OPEN_TURNS`` turns are collected at once.
+an ``O_APPEND`` descriptor under an exclusive ``flock``, so concurrent writers (threads or
+processes) never interleave and a crashed process leaves whole lines only. A full disk never
+leaves half a line either: a short write is cut back off the file (``ftruncate`` to where the
+line began, under the lock), and a file found ending mid-line (written by something else) gets
+its newline before the next record. A line that could not be written (``ENOSPC``, ``EIO``) is
+kept, up to ``MAX_PENDING_BYTES``, and written before the next one once space frees (also at
+interpreter exit), so no finished turn is lost to a disk that was full for a while. Memory is
+bounded: at most ``MAX_RECORDED_CALLS`` calls are kept per turn; later calls are counted in
+``calls_dropped`` (and in ``tool_calls``) only; at most ``MAX_OPEN_TURNS`` turns are collected at
+once.
 """
 
 from __future__ import annotations
 
+import atexit
+import errno
 import json
 import logging
 import os
 import threading
+import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +52,9 @@ is always recorded whole. Past it, calls are counted (``calls_dropped``) but not
 MAX_OPEN_TURNS = 10_000
 """Turns collected at once; past it the oldest is dropped unwritten (a host that never ends its
 turns cannot grow memory without bound)."""
+MAX_PENDING_BYTES = 8 * 1024 * 1024
+"""Lines that could not be written yet (a full disk) are kept up to this many bytes; past it the
+oldest are dropped, with a warning."""
 HALTED_OUTCOME = Outcome.DENIED.value
 """The outcome recorded for a call turnguard halted (a policy refused it), unless the host reports one."""
 
@@ -66,19 +79,35 @@ class _TurnRecord:
 
 
 def append_line(path: str, line: bytes) -> None:
-    """Append one whole line with a single ``write(2)`` on an ``O_APPEND`` descriptor.
+    """Append one whole line, or nothing: a single ``write(2)`` on an ``O_APPEND`` descriptor,
+    under an exclusive ``flock`` so that other appenders neither interleave nor land between the
+    write and its repair.
 
-    POSIX appends each such write at the current end of file atomically with respect to other
-    appenders, so lines from concurrent writers never interleave. A short write (a full disk)
-    is reported as an ``OSError`` rather than completed by a second write that could interleave.
+    A short write (a full disk) is cut back off the file before the ``OSError`` is raised, so it
+    never leaves half a line; a file that already ends mid-line (written by something else, or
+    cut by a crash of the file system) gets a newline first, so this line stays whole.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
+        _lock(fd)
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            line = b"\n" + line
         written = os.write(fd, line)
+        if written != len(line):
+            os.ftruncate(fd, start)
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes, cut back off); disk full?",
+                          path)
     finally:
-        os.close(fd)
-    if written != len(line):
-        raise OSError(f"short write to {path}: {written} of {len(line)} bytes (disk full?)")
+        os.close(fd)  # also releases the lock
+
+
+def _lock(fd: int) -> None:
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: O_APPEND alone
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX)
 
 
 class Recorder:
@@ -90,6 +119,12 @@ class Recorder:
         self._turns: dict[Ledger, _TurnRecord] = {}
         self._lock = threading.Lock()
         self._dir_ready = False
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self._write_lock = threading.Lock()
+        self.lines_lost = 0
+        """Lines dropped because more than ``MAX_PENDING_BYTES`` waited for the disk."""
+        _LIVE.add(self)
 
     def _record(self, turn: Ledger) -> _TurnRecord:
         record = self._turns.get(turn)
@@ -172,16 +207,59 @@ class Recorder:
         self.write(line)
 
     def write(self, line: bytes) -> None:
-        """Append ``line``, creating the folder on first use; failures are logged, never raised."""
-        try:
-            if not self._dir_ready:
-                folder = os.path.dirname(self.path)
-                if folder:
-                    os.makedirs(folder, exist_ok=True)
-                self._dir_ready = True
-            append_line(self.path, line)
-        except OSError as exc:
-            log.warning("turnguard recorder: could not append to %s: %s", self.path, exc)
+        """Append ``line`` after any lines still waiting for the disk, creating the folder on first
+        use; failures are logged and the line kept for the next write, never raised."""
+        with self._write_lock:
+            self._pending.append(line)
+            self._pending_bytes += len(line)
+            self._drain()
+
+    def flush(self) -> bool:
+        """Write the lines still waiting for the disk; ``True`` when none is left."""
+        with self._write_lock:
+            return self._drain()
+
+    @property
+    def pending(self) -> int:
+        """Lines not written yet (the disk was full)."""
+        return len(self._pending)
+
+    def _drain(self) -> bool:
+        while self._pending:
+            line = self._pending[0]
+            try:
+                if not self._dir_ready:
+                    folder = os.path.dirname(self.path)
+                    if folder:
+                        os.makedirs(folder, exist_ok=True)
+                    self._dir_ready = True
+                append_line(self.path, line)
+            except OSError as exc:
+                self._bound_pending()
+                log.warning("turnguard recorder: could not append to %s (%d line(s) kept for the next write): %s",
+                            self.path, len(self._pending), exc)
+                return False
+            self._pending.popleft()
+            self._pending_bytes -= len(line)
+        return True
+
+    def _bound_pending(self) -> None:
+        while self._pending_bytes > MAX_PENDING_BYTES and len(self._pending) > 1:
+            self._pending_bytes -= len(self._pending.popleft())
+            self.lines_lost += 1
+            log.warning("turnguard recorder: more than %d bytes wait for %s; the oldest line is dropped",
+                        MAX_PENDING_BYTES, self.path)
+
+
+_LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """A last try for lines a full disk held back (a recorder is not closed by its host)."""
+    for recorder in list(_LIVE):
+        if recorder.pending:
+            recorder.flush()
 
 
 def ended_by(summary: TurnSummary) -> str:
