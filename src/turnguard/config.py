@@ -293,7 +293,7 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
 
 CONFIG_ENV = "TURNGUARD_CONFIG"
 """A TOML file ``GuardConfig.load`` reads when it is given no path."""
-_NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", CONFIG_ENV})
+_NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT", CONFIG_ENV})
 
 
 @functools.cache

@@ -22,13 +22,24 @@ Variables read (an explicit argument wins over the variable):
 The OTLP span and log exporters sit behind a circuit breaker (``turnguard.telemetry.breaker``):
 after a failed export, batches are dropped unencoded for 1 s, doubling up to 30 s, so a dead
 collector costs the host next to nothing.
+
+Shutdown is bounded: ``Telemetry.shutdown()`` flushes the three providers side by side and gives
+up after ``shutdown_timeout_ms`` (default ``DEFAULT_SHUTDOWN_TIMEOUT_MS``, 1.5 s; also
+``configure(shutdown_timeout_ms=...)`` or ``TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT`` in ms), leaving
+an export still waiting on a dead or silent collector to its daemon thread. ``configure()`` runs
+it at interpreter exit in place of the SDK's own unbounded exit hooks, so a process whose
+collector is down exits within that bound whether or not it calls ``shutdown()``.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib.util
+import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -42,6 +53,10 @@ DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_QUEUE = 2048
 DEFAULT_EXPORT_BATCH = 512
 SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto")  # what `pip install turnguard` lacks
+DEFAULT_SHUTDOWN_TIMEOUT_MS = 1500
+SHUTDOWN_TIMEOUT_ENV = "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT"
+"""Milliseconds ``Telemetry.shutdown()`` (and the exit hook) waits for the providers to flush."""
+log = logging.getLogger("turnguard.telemetry")
 
 
 class TelemetryConfigError(ValueError):
@@ -68,6 +83,9 @@ class Telemetry:
     meter_provider: Any
     logger_provider: Any
     settings: tuple[ExportSettings, ...] = ()
+    shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS
+    """How long ``shutdown()`` waits for the providers to flush before giving up on them."""
+    _stopped: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
 
     def providers(self) -> dict[str, Any]:
         """Keyword arguments for ``Guard(...)``."""
@@ -86,12 +104,67 @@ class Telemetry:
                 done = bool(flush(timeout_millis)) and done
         return done
 
-    def shutdown(self) -> None:
-        """Flush and stop every provider (idempotent)."""
-        for provider in (self.tracer_provider, self.meter_provider, self.logger_provider):
-            stop = getattr(provider, "shutdown", None)
-            if stop is not None:
-                stop()
+    def shutdown(self, timeout_millis: int | None = None) -> bool:
+        """Flush and stop every provider, waiting at most ``timeout_millis`` (default
+        ``shutdown_timeout_ms``) for all of them together; ``False`` when some did not finish
+        (its export is left to its daemon thread). Idempotent."""
+        if self._stopped.is_set():
+            return True
+        self._stopped.set()
+        with _LIVE_LOCK:
+            if self in _LIVE:
+                _LIVE.remove(self)
+        timeout = (self.shutdown_timeout_ms if timeout_millis is None else timeout_millis) / 1000
+        deadline = time.monotonic() + timeout
+        stops = [threading.Thread(target=_stop, args=(provider, timeout), name="turnguard-telemetry-shutdown",
+                                  daemon=True)
+                 for provider in (self.tracer_provider, self.meter_provider, self.logger_provider)]
+        for stop in stops:
+            stop.start()
+        for stop in stops:
+            stop.join(max(0.0, deadline - time.monotonic()))
+        late = sum(stop.is_alive() for stop in stops)
+        if late:
+            log.warning("turnguard telemetry: %d provider(s) did not flush within %.1f s (collector down?); "
+                        "their data is dropped", late, timeout)
+        return not late
+
+
+_LIVE: list[Telemetry] = []
+"""What ``configure()`` built and nobody shut down yet: shut down at interpreter exit."""
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    """Every live ``Telemetry`` shut down side by side, so the bound holds for all of them at once."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    stops = [threading.Thread(target=t.shutdown, daemon=True) for t in live]
+    for stop in stops:
+        stop.start()
+    deadline = time.monotonic() + max((t.shutdown_timeout_ms for t in live), default=0) / 1000 + 0.2
+    for stop in stops:
+        stop.join(max(0.0, deadline - time.monotonic()))
+
+
+def _stop(provider: Any, timeout_s: float) -> None:
+    stop = getattr(provider, "shutdown", None)
+    if stop is None:
+        return
+    try:
+        if isinstance(provider, _sdk_meter_provider()):
+            stop(timeout_millis=timeout_s * 1000)
+        else:
+            stop()
+    except Exception:  # a provider failing to stop must not keep the others or the host from exiting
+        log.warning("turnguard telemetry: shutting down %s failed", type(provider).__name__, exc_info=True)
+
+
+def _sdk_meter_provider() -> type:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    return MeterProvider
 
 
 def configure(
@@ -104,11 +177,14 @@ def configure(
     set_global: bool = False,
     environ: Mapping[str, str] | None = None,
     resource_attributes: Mapping[str, Any] | None = None,
+    shutdown_timeout_ms: int | None = None,
 ) -> Telemetry:
     """SDK providers for traces, metrics and logs, exporting over OTLP per the ``OTEL_*`` variables.
 
     ``environ`` defaults to ``os.environ``. With ``set_global=True`` the providers also become the
-    process-wide globals (which OpenTelemetry lets a process set once).
+    process-wide globals (which OpenTelemetry lets a process set once). ``shutdown_timeout_ms``
+    (else ``TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT``, else 1500) bounds ``Telemetry.shutdown()``,
+    which also runs at interpreter exit.
     """
     env = os.environ if environ is None else environ
     if _flag(env, "OTEL_SDK_DISABLED"):
@@ -122,6 +198,10 @@ def configure(
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    if shutdown_timeout_ms is None:
+        shutdown_timeout_ms = _ms(env, SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_MS)
+    elif isinstance(shutdown_timeout_ms, bool) or not 0 <= shutdown_timeout_ms <= MAX_MS:
+        raise TelemetryConfigError(f"shutdown_timeout_ms={shutdown_timeout_ms!r}: expected 0 to {MAX_MS} ms")
     attributes: dict[str, Any] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
     attributes.update(resource_attributes or {})
     name = service_name or env.get("OTEL_SERVICE_NAME") or attributes.get("service.name")
@@ -137,7 +217,8 @@ def configure(
 
     from turnguard.telemetry.breaker import BreakerLogRecordExporter, BreakerSpanExporter
 
-    tracer_provider = TracerProvider(resource=resource)
+    # No SDK exit hooks (each waits up to 30 s on a dead collector): ours, bounded, replaces them.
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     span_exporter = _exporter(traces)
     if span_exporter is not None:
         if traces.exporter == "otlp":
@@ -151,15 +232,17 @@ def configure(
                 metric_exporter, export_interval_millis=_ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
             )
         )
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-    logger_provider = LoggerProvider(resource=resource)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     log_exporter = _exporter(logs)
     if log_exporter is not None:
         if logs.exporter == "otlp":
             log_exporter = BreakerLogRecordExporter(log_exporter)
         processor = BatchLogRecordProcessor(log_exporter, **_batch(env, "OTEL_BLRP_", 1000))
         logger_provider.add_log_record_processor(processor)
-    telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings)
+    telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings, int(shutdown_timeout_ms))
+    with _LIVE_LOCK:
+        _LIVE.append(telemetry)
     if set_global:
         install_global(telemetry)
     return telemetry
