@@ -234,28 +234,24 @@ def test_a_block_runs_in_its_own_directory_without_the_test_runs_settings(tmp_pa
 
 # -- the integrations page: its snippets are the example files the framework tests run -------------
 
-EXAMPLES = {
-    "pydantic-ai": "pydantic_ai_agent.py",
-    "openai-agents": "openai_agents_agent.py",
-    "LangChain": "langchain_agent.py",
-    "simonw's llm": "llm_chain.py",
-    "Google ADK": "google_adk_agent.py",
-}
+INTEGRATIONS = ROOT / "docs" / "integrations.md"
+EXAMPLE_REFERENCE = re.compile(r"\(`examples/(?P<file>[\w-]+\.py)`\)")
 
 
-def test_every_example_file_has_its_section_on_the_integrations_page():
-    assert sorted(EXAMPLES.values()) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+def integration_sections() -> dict[str, str]:
+    """Each ``## `` section of the integrations page that names its example file, by that file."""
+    sections = re.split(r"^(?=## )", INTEGRATIONS.read_text(encoding="utf-8"), flags=re.M)
+    return {m.group("file"): section for section in sections if (m := EXAMPLE_REFERENCE.search(section))}
 
 
-@pytest.mark.parametrize(("framework", "example"), EXAMPLES.items())
-def test_an_integration_snippet_is_the_tail_of_the_example_file_its_framework_test_runs(framework, example):
-    page = ROOT / "docs" / "integrations.md"
-    text = page.read_text(encoding="utf-8")
-    heading = text.index(f"## {framework}\n")
-    section = text[heading:text.find("\n## ", heading + 1)]
-    snippets = [b.source for b in python_blocks(page, section)[0]]
+def test_every_example_file_is_shown_on_the_integrations_page_and_every_shown_one_exists():
+    assert sorted(integration_sections()) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+
+
+@pytest.mark.parametrize(("example", "section"), integration_sections().items())
+def test_an_integration_snippet_is_the_tail_of_the_example_file_its_framework_test_runs(example, section):
+    snippets = [b.source for b in python_blocks(INTEGRATIONS, section)[0]]
     source = (ROOT / "examples" / example).read_text(encoding="utf-8")
-    assert f"(`examples/{example}`)" in section
-    assert len(snippets) == 1, f"the {framework} section has {len(snippets)} Python blocks"
-    assert source.endswith(snippets[0]), f"the {framework} snippet differs from examples/{example}"
+    assert len(snippets) == 1, f"the section showing examples/{example} has {len(snippets)} Python blocks"
+    assert source.endswith(snippets[0]), f"the snippet differs from examples/{example}"
     assert len(snippets[0].splitlines()) >= 10
