@@ -422,6 +422,7 @@ def test_escalation_answer_is_counted_and_logged(otel):
     assert point.value == 1
     assert dict(point.attributes) == {
         n.LOOP_THRESHOLD: "streak", n.LOOP_LEVEL: "warn", n.ESCALATION_ANSWER: "continue", n.GEN_AI_AGENT_NAME: "coder",
+        n.POLICY: "default",
     }
     (record,) = otel.logs(n.ESCALATION_RESOLVED_EVENT)
     assert record.attributes[n.LOOP_EVENT_ID] == ask.event.event_id
@@ -444,7 +445,7 @@ def test_plugin_errors_are_counted_by_plugin_hook_and_type(otel):
     (point,) = otel.points(n.METRIC_PLUGIN_ERRORS[0])
     assert point.value == 3
     assert dict(point.attributes) == {
-        n.PLUGIN_NAME: "broken", n.PLUGIN_HOOK: "turnguard_check_call", n.ERROR_TYPE: "KeyError",
+        n.PLUGIN_NAME: "broken", n.PLUGIN_HOOK: "turnguard_check_call", n.ERROR_TYPE: "KeyError", n.POLICY: "default",
     }
 
 
@@ -480,6 +481,7 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(otel):
     assert dict(calls.attributes) == {
         n.GEN_AI_AGENT_NAME: "coder", n.TURN_OUTCOME: "halted", n.LOOP_THRESHOLD: "soft_stuck",
         n.CAP_MODE: "adaptive", n.TURN_STUCK: True, n.TURN_PROMPTABLE: False, n.TURN_PAST_SOFT_CAP: True,
+        n.POLICY: "default",
     }
     # 8 calls lands in the bucket (7, 14]
     assert calls.bucket_counts[edges.index(14.0)] == 1
@@ -493,7 +495,7 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(otel):
     assert detection.value == 1
     assert dict(detection.attributes) == {
         n.LOOP_THRESHOLD: "soft_stuck", n.LOOP_LEVEL: "stop", n.LOOP_ACTION: "halt", n.CAP_MODE: "adaptive",
-        n.TURN_PROMPTABLE: False, n.GEN_AI_TOOL_NAME: "t4", n.GEN_AI_AGENT_NAME: "coder",
+        n.TURN_PROMPTABLE: False, n.GEN_AI_TOOL_NAME: "t4", n.GEN_AI_AGENT_NAME: "coder", n.POLICY: "default",
     }
 
 

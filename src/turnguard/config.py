@@ -80,6 +80,9 @@ def _short(value: Any, width: int = 80) -> str:
 class GuardConfig:
     """Thresholds and switches of a guard. Defaults are the two seeds' values."""
 
+    name: str = "default"
+    """The policy's name: ``turnguard.policy`` on every metric point and span, so a threshold change
+    under a new name is a new series, not a mix (bounded like tool names, at most 64 characters)."""
     max_tool_calls_per_turn: int | None = None
     """Explicit hard cap N (call N+1 halts). ``None``: the adaptive cap. ``<= 0``: no cap."""
     soft_cap: int = 100
@@ -396,7 +399,12 @@ def _init_checking_names(init: Any) -> Any:
     return __init__
 
 
+MAX_NAME_LENGTH = 64
+
+
 def _validate(c: GuardConfig) -> None:
+    if not isinstance(c.name, str) or not c.name.strip() or len(c.name) > MAX_NAME_LENGTH:
+        raise ConfigError("name", c.name, f"a non-empty string of at most {MAX_NAME_LENGTH} characters")
     for key in _INT_FIELDS:
         value = getattr(c, key)
         if not _is_int(value):

@@ -79,6 +79,7 @@ class Instruments:
             "Per shadow policy: the calls of a turn it saw before its would-be halt (or all of them).", tool_call_edges,
         )
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
+        self.policies = BoundedValues(n.POLICY_LIMIT)
         self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
         self.agents = BoundedValues(n.AGENT_NAME_LIMIT)
         self.reasons = BoundedValues(n.TURN_OUTCOME_LIMIT)
@@ -89,11 +90,16 @@ class Instruments:
 
     # -- what each hook records ------------------------------------------------------------------
 
-    def loop_detected(self, event: LoopDetectedEvent) -> None:
-        self.detections.add(1, self.detection_metric_attributes(event))
+    def scope(self, policy: str) -> dict[str, Any]:
+        """The attributes every point of one guard carries: its policy name, bounded."""
+        return {n.POLICY: self.policies.fold(str(policy))}
 
-    def escalation_resolved(self, event: LoopDetectedEvent, answer: str) -> None:
+    def loop_detected(self, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
+        self.detections.add(1, self.detection_metric_attributes(event, scope))
+
+    def escalation_resolved(self, event: LoopDetectedEvent, answer: str, scope: dict[str, Any]) -> None:
         attrs: dict[str, Any] = {
+            **scope,
             n.LOOP_THRESHOLD: self.threshold(event.threshold),
             n.LOOP_LEVEL: str(event.level),
             n.ESCALATION_ANSWER: answer,
@@ -102,30 +108,31 @@ class Instruments:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
         self.escalation_answers.add(1, attrs)
 
-    def plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
+    def plugin_error(self, plugin: str, hook: str, error: BaseException, scope: dict[str, Any]) -> None:
         self.plugin_errors.add(
             1,
             {
+                **scope,
                 n.PLUGIN_NAME: self.plugins.fold(str(plugin)),
                 n.PLUGIN_HOOK: self.hooks.fold(str(hook)),
                 n.ERROR_TYPE: self.error_types.fold(type(error).__qualname__),
             },
         )
 
-    def shadow_detected(self, policy: str, event: LoopDetectedEvent) -> None:
-        attrs = self.detection_metric_attributes(event)
+    def shadow_detected(self, policy: str, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
+        attrs = self.detection_metric_attributes(event, scope)
         attrs[n.SHADOW_POLICY] = self.shadows.fold(policy)
         self.shadow_detections.add(1, attrs)
 
-    def shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
-        attrs = self.turn_metric_attributes(summary)
+    def shadow_turn_ended(self, policy: str, summary: TurnSummary, scope: dict[str, Any]) -> None:
+        attrs = self.turn_metric_attributes(summary, scope)
         attrs[n.SHADOW_POLICY] = self.shadows.fold(policy)
         self.shadow_turn_tool_calls.record(summary.tool_calls, attrs)
 
-    def turn_ended(self, summary: TurnSummary, *, past_soft_cap: bool) -> None:
+    def turn_ended(self, summary: TurnSummary, scope: dict[str, Any], *, past_soft_cap: bool) -> None:
         """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
         cap has) lets the threshold-validation board look at long turns alone."""
-        attrs = self.turn_metric_attributes(summary)
+        attrs = self.turn_metric_attributes(summary, scope)
         attrs[n.TURN_PAST_SOFT_CAP] = past_soft_cap
         self.turn_tool_calls.record(summary.tool_calls, attrs)
         self.turn_cycles.record(summary.cycles, attrs)
@@ -138,9 +145,10 @@ class Instruments:
     def threshold(self, value: Any) -> str:
         return n.NO_THRESHOLD if value is None else self.thresholds.fold(str(value))
 
-    def detection_metric_attributes(self, event: LoopDetectedEvent) -> dict[str, Any]:
-        """A (shadow) detection counter's attributes: what fired, with the names bounded."""
+    def detection_metric_attributes(self, event: LoopDetectedEvent, scope: dict[str, Any]) -> dict[str, Any]:
+        """A (shadow) detection counter's attributes: ``scope`` and what fired, with the names bounded."""
         attrs: dict[str, Any] = {
+            **scope,
             n.LOOP_THRESHOLD: self.threshold(event.threshold),
             n.LOOP_LEVEL: str(event.level),
             n.LOOP_ACTION: n.ACTION_LABELS[event.action],
@@ -153,12 +161,14 @@ class Instruments:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
         return attrs
 
-    def turn_metric_attributes(self, summary: TurnSummary) -> dict[str, Any]:
-        """The attributes a (shadow) turn histogram shares: how the turn ended, with the names bounded."""
+    def turn_metric_attributes(self, summary: TurnSummary, scope: dict[str, Any]) -> dict[str, Any]:
+        """The attributes a (shadow) turn histogram shares: ``scope`` and how the turn ended, with the
+        names bounded."""
         reason = summary.reason
         if reason not in n.BUILTIN_TURN_OUTCOMES:
             reason = self.reasons.fold(str(reason))
         attrs: dict[str, Any] = {
+            **scope,
             n.TURN_OUTCOME: reason,
             n.LOOP_THRESHOLD: self.threshold(summary.threshold),
             n.CAP_MODE: summary.cap_mode,

@@ -67,6 +67,15 @@ LOOP_HARD_CAP = "turnguard.loop.hard_cap"
 LOOP_EVENT_ID = "turnguard.loop.event_id"
 
 ESCALATION_ANSWER = "turnguard.escalation.answer"  # continue | stop | redirect
+POLICY = "turnguard.policy"
+"""The live configuration's ``GuardConfig.name``, on every metric point and on turn spans."""
+POLICY_STUCK_REPEAT = "turnguard.loop.stuck_repeat_threshold"
+POLICY_STUCK_SIGNAL = "turnguard.loop.stuck_signal"
+POLICY_STREAK_WARN_AT = "turnguard.streak.warn_at"
+POLICY_STREAK_STOP_AT = "turnguard.streak.stop_at"
+POLICY_STREAK_STOP_ON = "turnguard.streak.stop_on"
+POLICY_MAX_CYCLES = "turnguard.loop.max_cycles"
+"""The thresholds in force, on turn spans beside ``turnguard.loop.soft_cap`` / ``hard_cap``."""
 SHADOW_POLICY = "turnguard.shadow.policy"
 """The name of a shadow policy (``GuardConfig.shadow``) on its would-be detections and turns."""
 SHADOW_DETECTED_EVENT = "turnguard.shadow.loop_detected"
@@ -100,6 +109,8 @@ TURN_OUTCOME_LIMIT = 100
 """Host-given end reasons (``Turn.end(reason)``) beyond the built-in ones."""
 PLUGIN_NAME_LIMIT = 1_000
 SHADOW_POLICY_LIMIT = 100
+POLICY_LIMIT = 100
+"""Live policy names (``GuardConfig.name``) per meter provider."""
 ERROR_TYPE_LIMIT = 1_000
 THRESHOLD_LIMIT = 100
 """Threshold names (``turnguard.loop.threshold``): the built-in ones and any a third-party policy adds."""
@@ -123,14 +134,14 @@ METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call
 """Per shadow policy and turn: the calls it saw before its would-be halt (or all of them)."""
 
 # -- which attributes each metric carries (never ids, arguments or results) ------------------
-_TURN_ATTRIBUTES = (GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE, TURN_STUCK, TURN_PROMPTABLE)
+_TURN_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE, TURN_STUCK, TURN_PROMPTABLE)
 TURN_METRIC_ATTRIBUTES = (*_TURN_ATTRIBUTES, TURN_PAST_SOFT_CAP)
 """On the four per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn."""
 DETECTION_METRIC_ATTRIBUTES = (
-    GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE, TURN_PROMPTABLE,
+    POLICY, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE, TURN_PROMPTABLE,
 )
-ESCALATION_METRIC_ATTRIBUTES = (GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
-PLUGIN_ERROR_METRIC_ATTRIBUTES = (PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
+ESCALATION_METRIC_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
+PLUGIN_ERROR_METRIC_ATTRIBUTES = (POLICY, PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
 SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
 SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *_TURN_ATTRIBUTES)
 """``turnguard.turn.outcome`` there is the shadow's: ``halted`` (its would-be halt), the live
@@ -147,7 +158,8 @@ METRIC_ATTRIBUTES = {
     METRIC_SHADOW_DETECTIONS[0]: SHADOW_DETECTION_METRIC_ATTRIBUTES,
     METRIC_SHADOW_TURN_TOOL_CALLS[0]: SHADOW_TURN_METRIC_ATTRIBUTES,
 }
-"""The attribute keys each metric may carry (optional ones are left out when unknown, e.g. no agent name)."""
+"""The attribute keys each metric may carry (optional ones are left out when unknown, e.g. no agent name);
+``turnguard.policy`` is on every point (the shadow metrics' is the live policy's, beside the shadow's name)."""
 FORBIDDEN_METRIC_ATTRIBUTES = frozenset(
     {GEN_AI_CONVERSATION_ID, GEN_AI_TOOL_CALL_ID, GEN_AI_TOOL_CALL_ARGUMENTS, GEN_AI_TOOL_CALL_RESULT, TURN_ID,
      LOOP_EVENT_ID, CALL_KEY_DIGEST}

@@ -39,43 +39,62 @@ class OtelPlugin(SpanReporter):
     """
 
     def __init__(self, config: GuardConfig, tracer: trace.Tracer, logger: Any, instruments: Instruments) -> None:
-        super().__init__(tracer, capture_content=config.capture_content)
+        super().__init__(tracer, capture_content=config.capture_content, policy=policy_attributes(config))
         self.config = config
         self.logger = logger
         self.events = EventLog(logger)
         self.instruments = instruments
+        self.scope = instruments.scope(config.name)
+        """What every metric point of this guard carries (``turnguard.policy``)."""
 
     @hookimpl
     def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
-        self.instruments.loop_detected(event)
+        self.instruments.loop_detected(event, self.scope)
         self.events.loop_detected(event, self.detection_span(turn, event))
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
         answer = str(response)
-        self.instruments.escalation_resolved(event, answer)
+        self.instruments.escalation_resolved(event, answer, self.scope)
         self.events.escalation_resolved(event, answer, self.turn_span(turn))
 
     @hookimpl
     def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
-        self.instruments.plugin_error(plugin, hook, error)
+        self.instruments.plugin_error(plugin, hook, error, self.scope)
 
     # -- shadow policies: what they would have done ---------------------------------------------
 
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
-        self.instruments.shadow_detected(str(policy), event)
+        self.instruments.shadow_detected(str(policy), event, self.scope)
         self.events.shadow_detected(str(policy), event, self.turn_span(turn))
 
     @hookimpl
     def turnguard_shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
-        self.instruments.shadow_turn_ended(str(policy), summary)
+        self.instruments.shadow_turn_ended(str(policy), summary, self.scope)
 
     @hookimpl
     def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
         soft_cap = turn.soft_cap
-        self.instruments.turn_ended(summary, past_soft_cap=soft_cap is not None and summary.tool_calls > soft_cap)
+        past_soft_cap = soft_cap is not None and summary.tool_calls > soft_cap
+        self.instruments.turn_ended(summary, self.scope, past_soft_cap=past_soft_cap)
         self.end_turn(turn, summary)
+
+
+def policy_attributes(config: GuardConfig) -> dict[str, Any]:
+    """The policy's name and the thresholds in force, for the turn span (the caps are added there
+    per turn: ``turnguard.loop.soft_cap`` / ``hard_cap``)."""
+    attrs: dict[str, Any] = {
+        n.POLICY: config.name,
+        n.POLICY_STUCK_REPEAT: config.stuck_repeat_threshold,
+        n.POLICY_STUCK_SIGNAL: config.stuck_signal,
+        n.POLICY_STREAK_WARN_AT: config.streak_warn_at,
+        n.POLICY_STREAK_STOP_AT: config.streak_stop_at,
+        n.POLICY_STREAK_STOP_ON: config.streak_stop_on,
+    }
+    if config.max_cycles_per_turn:
+        attrs[n.POLICY_MAX_CYCLES] = config.max_cycles_per_turn
+    return attrs
 
 
 def plugin_for(

@@ -137,9 +137,11 @@ def summary_attributes(summary: TurnSummary) -> dict[str, Any]:
     return attrs
 
 
-def turn_attributes(turn: Ledger, *, host: bool) -> dict[str, Any]:
-    """The turn span's attributes at its start; a ``host`` span already has its GenAI names."""
+def turn_attributes(turn: Ledger, *, host: bool, policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The turn span's attributes at its start (with ``policy``: the name and thresholds in force);
+    a ``host`` span already has its GenAI names."""
     attrs: dict[str, Any] = {
+        **(policy or {}),
         n.TURN_ID: turn.turn_id,
         n.TURN_PROMPTABLE: turn.promptable,
         n.CAP_MODE: turn.cap_mode,
@@ -166,9 +168,11 @@ class SpanReporter:
     their own index, repeat count and streak rather than whatever the ledger says later.
     """
 
-    def __init__(self, tracer: trace.Tracer, *, capture_content: bool) -> None:
+    def __init__(self, tracer: trace.Tracer, *, capture_content: bool, policy: dict[str, Any] | None = None) -> None:
         self.tracer = tracer
         self.capture_content = capture_content
+        self.policy = policy or {}
+        """The policy's name and thresholds, on every turn span."""
         self._turns: dict[Ledger, _TurnState] = {}
         self._lock = threading.Lock()
         self._local = _Deciding()
@@ -187,14 +191,14 @@ class SpanReporter:
         current = trace.get_current_span()
         if current.get_span_context().is_valid:
             if current.is_recording():
-                current.set_attributes(turn_attributes(turn, host=True))
+                current.set_attributes(turn_attributes(turn, host=True, policy=self.policy))
             state = _TurnState(current, owned=False)
         else:
             agent = turn.agent_name
             span = self.tracer.start_span(
                 f"{n.OP_INVOKE_AGENT} {agent}" if agent else n.OP_INVOKE_AGENT,
                 kind=SpanKind.INTERNAL,
-                attributes=turn_attributes(turn, host=False),
+                attributes=turn_attributes(turn, host=False, policy=self.policy),
             )
             state = _TurnState(span, owned=True)
         turns = self._turns

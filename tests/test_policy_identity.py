@@ -1,0 +1,106 @@
+"""Policy identity: ``GuardConfig(name=...)`` on every metric point as ``turnguard.policy``
+(bounded), and on turn spans with the thresholds in force, so a threshold change under a new
+name is a new series."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import turnguard as tg
+from turnguard.telemetry import names as n
+from turnguard.telemetry.metrics import instruments_for
+from turnguard.telemetry.testing import InMemoryTelemetry
+
+
+class Broken:
+    @tg.hookimpl
+    def turnguard_check_call(self, turn, call):
+        raise KeyError("boom")
+
+
+def guard(otel: InMemoryTelemetry, **config: Any) -> tg.Guard:
+    return tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",), **config), environ={},
+                    **otel.providers())
+
+
+def every_kind_of_point(g: tg.Guard) -> None:
+    """A turn that is warned (an escalation answered), stuck past S and halted, with a plugin
+    error and a shadow beside it: every metric turnguard has gets a point."""
+    g.register(Broken(), name="broken")
+    with g.turn(agent_name="coder", promptable=True) as turn:
+        same = tg.ToolCall("search", {"q": "x"})
+        for _ in range(6):  # the stuck signal's D: past S the turn is stuck
+            verdict = turn.check_call(same)
+            if verdict.action is tg.Action.ASK:
+                turn.resolve(verdict, tg.Answer.CONTINUE)
+            turn.record_outcome(same, tg.Outcome.ERROR)
+        for i in range(20):
+            if turn.check_call(tg.ToolCall("read", {"i": i})).halted:
+                break
+            turn.record_outcome(tg.ToolCall("read", {"i": i}), tg.Outcome.OK)
+
+
+def test_the_name_defaults_to_default_and_loads_like_any_option(tmp_path):
+    assert tg.GuardConfig().name == "default"
+    assert tg.GuardConfig.from_env({"TURNGUARD_NAME": "strict-v2"}).name == "strict-v2"
+    (tmp_path / "turnguard.toml").write_text('name = "from-toml"\n')
+    assert tg.GuardConfig.load(search=tmp_path, environ={}).name == "from-toml"
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "x" * 65, 7, None])
+def test_a_name_that_cannot_label_a_series_is_a_config_error(bad):
+    with pytest.raises(tg.ConfigError, match="'name'"):
+        tg.GuardConfig(name=bad)
+
+
+def test_every_metric_point_carries_the_policy_name(otel):
+    g = guard(otel, name="strict-v2", soft_cap=5, shadow={"lenient": {"soft_cap": 50}})
+    every_kind_of_point(g)
+    seen = set()
+    for metric, point in otel.all_points():
+        assert point.attributes.get(n.POLICY) == "strict-v2", metric
+        seen.add(metric)
+    expected = {m for m, _ in (n.METRIC_TURN_TOOL_CALLS, n.METRIC_TURN_CYCLES, n.METRIC_TURN_MAX_KEY_REPEAT,
+                               n.METRIC_TURN_FIRST_STUCK_CALL, n.METRIC_DETECTIONS, n.METRIC_ESCALATION_ANSWERS,
+                               n.METRIC_PLUGIN_ERRORS, n.METRIC_SHADOW_DETECTIONS, n.METRIC_SHADOW_TURN_TOOL_CALLS)}
+    assert seen >= expected, expected - seen
+    for metric in seen:
+        assert n.POLICY in n.METRIC_ATTRIBUTES[metric]
+
+
+def test_two_policies_on_one_provider_are_two_series(otel):
+    for name in ("before", "after"):
+        with guard(otel, name=name).turn() as turn:
+            turn.check_call(tg.ToolCall("read", {}))
+    counts = {p.attributes[n.POLICY]: p.count for p in otel.points(n.METRIC_TURN_TOOL_CALLS[0])}
+    assert counts == {"before": 1, "after": 1}
+
+
+def test_policy_names_are_bounded_like_tool_names(otel):
+    first = guard(otel, name="p0")
+    instruments_for(otel.providers()["meter_provider"], first.config).policies.limit = 2
+    for i in range(4):
+        with guard(otel, name=f"p{i}").turn() as turn:
+            turn.check_call(tg.ToolCall("read", {}))
+    names = sorted(p.attributes[n.POLICY] for p in otel.points(n.METRIC_TURN_TOOL_CALLS[0]))
+    assert names == sorted(["p0", "p1", n.OVERFLOW_VALUE])
+    counts = {p.attributes[n.POLICY]: p.count for p in otel.points(n.METRIC_TURN_TOOL_CALLS[0])}
+    assert counts[n.OVERFLOW_VALUE] == 2
+
+
+def test_the_turn_span_names_the_policy_and_the_thresholds_in_force(otel):
+    g = guard(otel, name="strict-v2", soft_cap=50, hard_multiplier=4, stuck_repeat_threshold=5,
+              stuck_signal="stale_repeat", streak_warn_at=3, streak_stop_at=6, streak_stop_on="any",
+              max_cycles_per_turn=30)
+    with g.turn(agent_name="coder") as turn:
+        turn.check_call(tg.ToolCall("read", {}))
+    attrs = otel.span("invoke_agent coder").attributes
+    assert {k: attrs[k] for k in (n.POLICY, n.LOOP_SOFT_CAP, n.LOOP_HARD_CAP, n.POLICY_STUCK_REPEAT,
+                                  n.POLICY_STUCK_SIGNAL, n.POLICY_STREAK_WARN_AT, n.POLICY_STREAK_STOP_AT,
+                                  n.POLICY_STREAK_STOP_ON, n.POLICY_MAX_CYCLES)} == {
+        n.POLICY: "strict-v2", n.LOOP_SOFT_CAP: 50, n.LOOP_HARD_CAP: 200, n.POLICY_STUCK_REPEAT: 5,
+        n.POLICY_STUCK_SIGNAL: "stale_repeat", n.POLICY_STREAK_WARN_AT: 3, n.POLICY_STREAK_STOP_AT: 6,
+        n.POLICY_STREAK_STOP_ON: "any", n.POLICY_MAX_CYCLES: 30,
+    }
