@@ -245,21 +245,14 @@ def replay_turn(
         ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
         advance(ledger, turn, digests, starts, 0, skip)
     asks: list[int] = list(asks_before)
-    check_cycle, check_call, check_outcome = policy.check_cycle, policy.check_call, policy.check_outcome
-    args1 = (ledger,)
+    check_call, check_outcome = policy.check_call, policy.check_outcome
     for i in range(skip, n + 1):
         if snapshots and i in snapshots:
-            for snap in snapshots.pop(i):
-                with contextlib.suppress(ValueError):  # facts that depend on the difference: it replays itself
-                    snap.taken = (ledger.fork(snap.config, promptable=snap.promptable), tuple(asks))
-        for _ in range(starts[i]):
-            ledger.begin_cycle()
-            verdict = _decide(policy, check_cycle, args1, ledger) if check_cycle else None
-            if verdict is not None:
-                if trace is not None:
-                    trace.append(Step(i + 1, "cycle", verdict.action, _label(verdict)))
-                if verdict.action is Action.HALT:
-                    return TurnResult(i + 1, _label(verdict), tuple(asks))
+            _take(snapshots.pop(i), ledger, asks)
+        if starts[i]:
+            halt = _cycles(policy, ledger, starts[i], i + 1, trace)
+            if halt is not None:
+                return TurnResult(i + 1, _label(halt), tuple(asks))
         if i == n:
             break
         call = calls[i]
@@ -276,6 +269,29 @@ def replay_turn(
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
             return TurnResult(i + 2, _label(verdict), tuple(asks))
     return TurnResult(0, None, tuple(asks))
+
+
+def _take(snapshots: list[Snapshot], ledger: Ledger, asks: list[int]) -> None:
+    """Hand the replay's state before this call to the snapshots asking for it."""
+    for snap in snapshots:
+        with contextlib.suppress(ValueError):  # facts that depend on the difference: it replays itself
+            snap.taken = (ledger.fork(snap.config, promptable=snap.promptable), tuple(asks))
+
+
+def _cycles(policy: CompiledPolicy, ledger: Ledger, count: int, call_no: int,
+            trace: list[Step] | None) -> Verdict | None:
+    """Begin ``count`` model requests before call ``call_no``, each checked; the halting verdict, if any."""
+    check_cycle = policy.check_cycle
+    args = (ledger,)
+    for _ in range(count):
+        ledger.begin_cycle()
+        verdict = _decide(policy, check_cycle, args, ledger) if check_cycle else None
+        if verdict is not None:
+            if trace is not None:
+                trace.append(Step(call_no, "cycle", verdict.action, _label(verdict)))
+            if verdict.action is Action.HALT:
+                return verdict
+    return None
 
 
 class Snapshot:

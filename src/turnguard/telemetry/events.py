@@ -36,16 +36,14 @@ def event_attributes(event: LoopDetectedEvent) -> dict[str, Any]:
         n.TURN_PROMPTABLE: event.promptable,
         n.CAP_MODE: event.cap_mode,
     }
-    if event.soft_cap is not None:
-        attrs[n.LOOP_SOFT_CAP] = event.soft_cap
-    if event.hard_cap is not None:
-        attrs[n.LOOP_HARD_CAP] = event.hard_cap
-    if event.tool_name is not None:
-        attrs[n.GEN_AI_TOOL_NAME] = event.tool_name
-    if event.key_digest is not None:
-        attrs[n.CALL_KEY_DIGEST] = event.key_digest
-    if event.agent_name is not None:
-        attrs[n.GEN_AI_AGENT_NAME] = event.agent_name
+    optional = (
+        (n.LOOP_SOFT_CAP, event.soft_cap),
+        (n.LOOP_HARD_CAP, event.hard_cap),
+        (n.GEN_AI_TOOL_NAME, event.tool_name),
+        (n.CALL_KEY_DIGEST, event.key_digest),
+        (n.GEN_AI_AGENT_NAME, event.agent_name),
+    )
+    attrs.update((key, value) for key, value in optional if value is not None)
     return attrs
 
 

@@ -1,0 +1,175 @@
+"""The package's modules form layers: a module imports only from its own layer or the ones below,
+and the imports between modules have no cycle. Every import counts: at module level, inside a
+function, or under ``TYPE_CHECKING`` (a type-only dependency is still one: it ties the two
+modules' meanings together)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("turnguard.model",),
+    ("turnguard.keys",),
+    ("turnguard.config", "turnguard.profiles"),
+    ("turnguard.ledger",),
+    ("turnguard.hookspecs", "turnguard.firing"),
+    ("turnguard.policies",),
+    ("turnguard.plugins",),
+    ("turnguard.dispatch", "turnguard.guard"),
+    ("turnguard.shadow",),
+    ("turnguard",),
+    ("turnguard.telemetry",),
+    ("turnguard.calibrate",),
+    ("turnguard.integrations",),
+    ("turnguard.demo",),
+    ("turnguard.cli",),
+    ("turnguard.__main__",),
+)
+"""Lowest first. The core: facts (model, keys, config, ledger), the hook contract and what a policy
+tells calibrate (firing), the policies, the plugin registry, the guard, the shadows built on it;
+then the public facade ``turnguard`` (the core's names), reporting (telemetry), calibration,
+the framework adapters, the demo and the command line. A module belongs to the layer of the
+longest name above that is it or a package holding it."""
+
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
+    # policies/shadow.py is a second guard runtime under policies/ (issue 11: it moves to
+    # turnguard/shadow.py, above the guard).
+    ("turnguard.policies.shadow", "turnguard.guard"),
+    ("turnguard.policies.shadow", "turnguard.plugins"),
+})
+"""Upward imports that are known and being removed; no other may appear."""
+
+KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
+    # inputs reads the cohort names from evidence, which names replay's TurnResult in its types.
+    ("turnguard.calibrate.evidence", "turnguard.calibrate.inputs", "turnguard.calibrate.replay"),
+)
+"""Import cycles that are known and being removed; no other may appear."""
+
+
+def module_files() -> dict[str, Path]:
+    files = {}
+    for path in sorted((SRC / "turnguard").rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+MODULES = module_files()
+
+
+def imported_modules(module: str, path: Path) -> set[str]:
+    """The package's modules ``module`` imports anywhere in its source: ``from a import b`` names
+    module ``a.b`` when that is a module, else ``a``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.partition(".")[0] == "turnguard")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, *([node.module] if node.module else [])])
+            if base.partition(".")[0] != "turnguard":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in MODULES else base)
+    found.discard(module)
+    return found
+
+
+GRAPH = {module: imported_modules(module, path) for module, path in MODULES.items()}
+
+
+def layer_of(module: str) -> int:
+    best, depth = None, -1
+    for i, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if (module == prefix or module.startswith(prefix + ".")) and prefix.count(".") > depth:
+                best, depth = i, prefix.count(".")
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    return {(module, target) for module, targets in GRAPH.items() for target in targets
+            if layer_of(target) > layer_of(module)}
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    new = upward_imports() - KNOWN_VIOLATIONS
+    assert not new, "imports from a higher layer: " + ", ".join(f"{a} -> {b}" for a, b in sorted(new))
+
+
+def test_the_known_upward_imports_are_still_there() -> None:
+    """A known violation that is gone is taken off the list, so the list says what remains."""
+    gone = KNOWN_VIOLATIONS - upward_imports()
+    assert not gone, f"fixed (remove from KNOWN_VIOLATIONS): {sorted(gone)}"
+
+
+def cycles() -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in GRAPH.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in GRAPH:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle() -> None:
+    assert {tuple(c) for c in cycles()} <= set(KNOWN_CYCLES)
+
+
+def test_the_known_cycles_are_still_there() -> None:
+    assert set(KNOWN_CYCLES) <= {tuple(c) for c in cycles()}, "a known cycle is gone: take it off KNOWN_CYCLES"
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import turnguard.guard\n", {"turnguard.guard"}),
+    ("def f():\n    from turnguard.guard import Turn\n", {"turnguard.guard"}),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from turnguard import guard\n", {"turnguard.guard"}),
+    ("from turnguard import Guard\n", {"turnguard"}),
+    ("from . import names\n", {"turnguard.telemetry.names"}),
+    ("from ..keys import Keyer\n", {"turnguard.keys"}),
+])
+def test_imports_are_found_wherever_they_hide(tmp_path: Path, source: str, expected: set[str]) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text(source, encoding="utf-8")
+    assert imported_modules("turnguard.telemetry.probe", path) == expected
