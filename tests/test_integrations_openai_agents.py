@@ -267,3 +267,64 @@ def test_the_sdks_own_max_turns_ends_the_turn_with_error(ran, make_agent, turn_e
     with pytest.raises(MaxTurnsExceeded):
         run_sync(turn_ends.guard(), agent, "read them", max_turns=3, run_config=NO_EXPORT)
     turn_ends.assert_ended("error")
+
+
+# -- attended runs through the SDK's own approvals -----------------------------------------------
+
+
+def resume(result, *, approve: bool):
+    """The user's answer to the run's one pending approval, as the SDK takes it: a ``RunState``."""
+    (item,) = result.interruptions
+    state = result.to_state()
+    if approve:
+        state.approve(item)
+    else:
+        state.reject(item)
+    return state
+
+
+def test_attended_run_asks_through_the_sdks_approval_and_the_resumed_run_is_the_same_turn(ran, make_agent, turn_ends):
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 7), fail=False)
+    guard = turn_ends.guard()
+    paused = run_sync(guard, agent, "poll a.py", ask="approval", max_turns=50, run_config=NO_EXPORT)
+    (item,) = paused.interruptions
+    assert item.call_id == "call-4" and len(ran) == 4  # the fifth identical call waits for the user
+    assert turn_ends.summaries == []
+    result = run_sync(guard, agent, resume(paused, approve=True), ask="approval", max_turns=50, run_config=NO_EXPORT)
+    assert result.final_output == "done" and len(ran) == 7
+    summary = turn_ends.assert_ended("completed")
+    assert summary.tool_calls == 7  # one turn across the interruption; the approved call counted once
+
+
+def test_a_rejected_approval_is_the_users_stop(ran, make_agent):
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 7), fail=False)
+    guard = tg.Guard(tg.GuardConfig())
+    paused = run_sync(guard, agent, "poll a.py", ask="approval", max_turns=50, run_config=NO_EXPORT)
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        run_sync(guard, agent, resume(paused, approve=False), ask="approval", max_turns=50, run_config=NO_EXPORT)
+    assert len(ran) == 4
+
+
+def test_an_attended_stop_after_the_eighth_failure_is_approved_on_the_next_call(ran, make_agent):
+    agent = make_agent(calls_then_done([("read_file", {"path": "a.py"})] * 10), fail=True)
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
+    paused = run_sync(guard, agent, "read a.py", ask="approval", max_turns=50, run_config=NO_EXPORT)
+    assert paused.interruptions[0].call_id == "call-8" and len(ran) == 8
+    result = run_sync(guard, agent, resume(paused, approve=True), ask="approval", max_turns=50, run_config=NO_EXPORT)
+    assert result.final_output == "done" and len(ran) == 10
+
+
+def test_a_tools_own_approval_is_asked_first_and_the_call_is_checked_once_approved(ran, turn_ends):
+    @function_tool(needs_approval=True)
+    def delete_file(path: str) -> str:
+        """Delete a file."""
+        ran.append(path)
+        return "deleted"
+
+    agent = Agent(name="coder", model=calls_then_done([("delete_file", {"path": "a.py"})]), tools=[delete_file])
+    guard = turn_ends.guard()
+    paused = run_sync(guard, agent, "clean up", ask="approval", run_config=NO_EXPORT)
+    assert ran == [] and len(paused.interruptions) == 1 and turn_ends.summaries == []
+    result = run_sync(guard, agent, resume(paused, approve=True), ask="approval", run_config=NO_EXPORT)
+    assert result.final_output == "done" and ran == ["a.py"]
+    assert turn_ends.assert_ended("completed").tool_calls == 1

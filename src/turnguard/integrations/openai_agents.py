@@ -21,11 +21,15 @@ and ends the turn however the run finishes (``completed``, ``halted``, ``error``
   recorded as an error and the turn ends with ``error``.
 - HALT raises ``TurnGuardHalted``, an ``AgentsException`` (the SDK's run-stopping family, like
   ``MaxTurnsExceeded``) and a ``turnguard.LoopDetected``; the tool body does not run.
-- ASK goes to the ``ask`` callback (sync or async). The SDK's own approval path
-  (``needs_approval``) is decided when the SDK plans a batch of calls, before any hook or tool
-  span, and resumes from a ``RunState`` in a second ``Runner.run``; a decision taken in
-  ``on_tool_start`` cannot raise such an interruption, so the callback is the route. Without one,
-  the fallback applies (a warning is observed, a stop halts).
+- ASK: ``ask="approval"`` uses the SDK's own approvals. The observed tools' ``needs_approval``
+  checks each call when the SDK plans the model's batch (in order, before any of it runs, as the
+  core's rule for a parallel batch expects); a call turnguard asks about interrupts the run
+  (``result.interruptions`` holds its ``ToolApprovalItem``), and ``state.approve(item)`` ("continue")
+  or ``state.reject(item)`` ("stop") followed by ``run(guard, agent, state, ask="approval")``
+  resumes it as the same turn. The tool's own ``needs_approval`` is asked first; a call it sends to
+  the user is checked in ``on_tool_start`` once approved. A stop-level ASK (raised by an outcome)
+  is asked on the model's next call. A callable ``ask`` answers inline (sync or async). Without a
+  route the fallback applies (a warning is observed, a stop halts).
 - REMIND (``GuardConfig(remind_model=True)``) cannot be injected: run hooks cannot change a tool's
   output (a per-tool output guardrail could); the reminder is recorded, not shown to the model.
 """
@@ -36,6 +40,7 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +50,25 @@ from agents.tool import default_tool_error_function
 from agents.tracing import get_current_span
 
 from turnguard.guard import Guard
-from turnguard.integrations._common import Ask, RunDriver, TurnHalted, end_reason, make_call, open_turn
-from turnguard.model import Outcome, ToolCall
+from turnguard.integrations._common import (
+    Ask,
+    Decision,
+    RunDriver,
+    Step,
+    TurnHalted,
+    checked_ask,
+    end_reason,
+    make_call,
+    open_turn,
+)
+from turnguard.model import Outcome, ToolCall, Verdict
+
+APPROVAL = "approval"
+"""``ask=APPROVAL``: reach the user through the SDK's tool approvals (``needs_approval``, ``RunState``)."""
+MAX_PARKED = 1024
+"""Runs interrupted for turnguard's question, waiting to be resumed (oldest dropped past it)."""
+_PARKED: OrderedDict[str, TurnGuardRunHooks] = OrderedDict()
+"""The hooks of interrupted runs by the call id they asked about: the resumed run is the same turn."""
 
 _DEFAULT_ERROR_TEXT = default_tool_error_function(None, None)  # type: ignore[arg-type]
 
@@ -62,19 +84,24 @@ class TurnGuardRunHooks(RunHooks[Any]):
         self,
         guard: Guard,
         *,
-        ask: Ask | None = None,
+        ask: Ask | str | None = None,
         promptable: bool | None = None,
         conversation_id: str | None = None,
         inner: RunHooks[Any] | None = None,
     ) -> None:
         self.guard = guard
-        self.ask = ask
+        self.ask = checked_ask(ask, APPROVAL)
         self.promptable = promptable
         self.conversation_id = conversation_id
         self.inner = inner
         self.driver: RunDriver | None = None
         self._calls: dict[str, ToolCall] = {}
         self._failed: set[str] = set()
+        self._planned: dict[str, Decision] = {}
+        """Calls checked when the SDK planned them (``ask="approval"``), by call id."""
+        self._asked: dict[str, tuple[Verdict, ToolCall]] = {}
+        """Calls interrupted for the user's approval, by call id."""
+        self._ask_next: Verdict | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -106,8 +133,24 @@ class TurnGuardRunHooks(RunHooks[Any]):
 
     def observe(self, agent: Agent[Any]) -> Agent[Any]:
         """A copy of ``agent`` (and of the agents it hands off to) whose function tools report each
-        failure their failure function handled to these hooks; ``agent`` itself is left as it is."""
-        return _observed_agent(agent, self._note_failure, {})
+        failure their failure function handled to these hooks (and, with ``ask="approval"``, check
+        each call when the SDK plans it); ``agent`` itself is left as it is."""
+        plan = self._plan if self.ask == APPROVAL else None
+        return _observed_agent(agent, self._note_failure, plan, {})
+
+    async def _plan(self, tool_name: str, params: Any, call_id: str) -> bool:
+        """``needs_approval`` of an observed tool: check the call now; True asks the user."""
+        call = make_call(tool_name, params, call_id)
+        decision = self._open(None).before(call)
+        if decision.step is Step.RUN and self._ask_next is not None:
+            decision = Decision(Step.ASK, self._ask_next)
+        self._ask_next = None
+        self._calls[call_id] = call
+        self._planned[call_id] = decision
+        if decision.step is not Step.ASK:
+            return False  # a HALT is enforced when the call would start
+        self._asked[call_id] = (decision.verdict, call)
+        return True
 
     def _note_failure(self, call_id: str | None) -> None:
         if call_id is not None:
@@ -127,7 +170,14 @@ class TurnGuardRunHooks(RunHooks[Any]):
             await self.inner.on_handoff(context, from_agent, to_agent)
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
-        TurnGuardHalted.stop(await self._open(agent).acycle())
+        driver = self._open(agent)
+        for call_id, (verdict, call) in list(self._asked.items()):
+            # Resumed, and the call turnguard asked about never started: the user rejected it.
+            del self._asked[call_id]
+            self._planned.pop(call_id, None)
+            self._calls.pop(call_id, None)
+            TurnGuardHalted.stop(driver.answer(verdict, "stop", call, before=True))
+        TurnGuardHalted.stop(await driver.acycle())
         if self.inner is not None:
             await self.inner.on_llm_start(context, agent, system_prompt, input_items)
 
@@ -139,10 +189,18 @@ class TurnGuardRunHooks(RunHooks[Any]):
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
         driver = self._open(agent)
-        call = _call(context, tool)
-        if call.call_id is not None:
-            self._calls[call.call_id] = call
-        TurnGuardHalted.stop(await driver.acheck(call))
+        call_id = getattr(context, "tool_call_id", None)
+        planned = self._planned.pop(call_id, None) if call_id is not None else None
+        if planned is not None:  # checked when the SDK planned it
+            asked = self._asked.pop(call_id, None)
+            # It starts, so an asked call was approved: the user's "continue".
+            decision = planned if asked is None else driver.answer(asked[0], "continue", asked[1], before=True)
+        else:
+            call = _call(context, tool)
+            if call.call_id is not None:
+                self._calls[call.call_id] = call
+            decision = await driver.acheck(call)
+        TurnGuardHalted.stop(decision)
         if self.inner is not None:
             await self.inner.on_tool_start(context, agent, tool)
 
@@ -153,6 +211,13 @@ class TurnGuardRunHooks(RunHooks[Any]):
         outcome = Outcome.ERROR if self._failed_call(call_id, result) else Outcome.OK
         if self.inner is not None:
             await self.inner.on_tool_end(context, agent, tool, result)
+        if self.ask == APPROVAL:
+            decision = driver.after(call, outcome)
+            if decision.step is Step.ASK:  # the stop level: the model's next call asks the user
+                self._ask_next = decision.verdict
+                return
+            TurnGuardHalted.stop(decision)
+            return
         TurnGuardHalted.stop(await driver.aoutcome(call, outcome))
 
     def _failed_call(self, call_id: str | None, result: Any) -> bool:
@@ -189,7 +254,7 @@ async def run(
     agent: Agent[Any],
     input: Any,
     *,
-    ask: Ask | None = None,
+    ask: Ask | str | None = None,
     promptable: bool | None = None,
     conversation_id: str | None = None,
     hooks: RunHooks[Any] | None = None,
@@ -198,12 +263,19 @@ async def run(
 ) -> Any:
     """``Runner.run`` under turnguard: the run is one turn, ended however the run finishes.
 
+    A run interrupted for approvals (turnguard's, with ``ask="approval"``, or a tool's own) keeps its
+    turn open: pass the ``RunState`` with your answers back to ``run`` and the turn goes on.
+
     ``conversation_id`` defaults to ``Runner.run``'s ``conversation_id`` or ``RunConfig.group_id``.
     """
     config = run_config if run_config is not None else RunConfig()
     if conversation_id is None:  # the SDK's own names for the conversation, when given
         conversation_id = runner_kwargs.get("conversation_id") or getattr(config, "group_id", None)
-    guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks)
+    guarded = _resumed(input)
+    if guarded is None:
+        guarded = TurnGuardRunHooks(
+            guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks
+        )
     agent = guarded.observe(agent)
     if hasattr(config, "tool_error_formatter"):  # older SDKs: the span error and default text remain
         config = dataclasses.replace(
@@ -214,8 +286,30 @@ async def run(
     except BaseException as exc:
         guarded.end(_unwrap(exc))
         raise
+    interruptions = getattr(result, "interruptions", None)
+    if interruptions:  # the user answers (turnguard's question or the tool's own) in a resumed run
+        for item in interruptions:
+            _PARKED[getattr(item, "call_id", None) or ""] = guarded
+        while len(_PARKED) > MAX_PARKED:
+            _, stale = _PARKED.popitem(last=False)
+            stale.end()
+        return result
     guarded.end()
     return result
+
+
+def _resumed(input: Any) -> TurnGuardRunHooks | None:
+    """The hooks of the run ``input`` (a ``RunState``) resumes, if it was interrupted by turnguard."""
+    interruptions = getattr(input, "get_interruptions", None)
+    if not callable(interruptions):
+        return None
+    found = None
+    for item in interruptions():
+        found = _PARKED.pop(getattr(item, "call_id", None) or "", None) or found
+    if found is not None:
+        for call_id in [k for k, v in _PARKED.items() if v is found]:
+            del _PARKED[call_id]
+    return found
 
 
 def run_sync(guard: Guard, agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
@@ -223,17 +317,23 @@ def run_sync(guard: Guard, agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
     return asyncio.run(run(guard, agent, input, **kwargs))
 
 
-def _observed_agent(agent: Agent[Any], failed: Callable[[str | None], None], seen: dict[int, Agent[Any]]) -> Agent[Any]:
+Plan = Callable[[str, Any, str], Any]
+
+
+def _observed_agent(
+    agent: Agent[Any], failed: Callable[[str | None], None], plan: Plan | None, seen: dict[int, Agent[Any]]
+) -> Agent[Any]:
     if id(agent) in seen:  # agents may hand off to each other
         return seen[id(agent)]
-    clone = seen[id(agent)] = agent.clone(tools=[_observed_tool(tool, failed) for tool in agent.tools])
+    clone = seen[id(agent)] = agent.clone(tools=[_observed_tool(tool, failed, plan) for tool in agent.tools])
     clone.handoffs = [
-        _observed_agent(target, failed, seen) if isinstance(target, Agent) else target for target in agent.handoffs
+        _observed_agent(target, failed, plan, seen) if isinstance(target, Agent) else target
+        for target in agent.handoffs
     ]
     return clone
 
 
-def _observed_tool(tool: Any, failed: Callable[[str | None], None]) -> Any:
+def _observed_tool(tool: Any, failed: Callable[[str | None], None], plan: Plan | None) -> Any:
     """A copy of a ``function_tool`` whose handled failures are reported to ``failed``.
 
     The SDK's invoker catches the tool's exception, asks the tool's failure function for the text
@@ -253,7 +353,20 @@ def _observed_tool(tool: Any, failed: Callable[[str | None], None]) -> Any:
         handled(function_tool, error, input_json, context)
 
     invoker._on_handled_error = on_handled_error
+    if plan is not None:
+        own = tool.needs_approval
+
+        async def needs_approval(context: Any, params: Any, call_id: str) -> bool:
+            if own is True or (callable(own) and await _maybe_await(own(context, params, call_id))):
+                return True  # the tool's own approval; turnguard checks the call once it starts
+            return await plan(observed.name, params, call_id)
+
+        observed.needs_approval = needs_approval
     return observed
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _unwrap(exc: BaseException) -> BaseException:
