@@ -27,7 +27,7 @@ def corpus(tmp_path: Path) -> Path:
 
 
 def test_table_marks_the_default_and_shows_each_policy(corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", str(corpus), *SMALL_GRID]) == 0
+    assert main(["calibrate", str(corpus), *SMALL_GRID, "--wide"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("80 turns, ")
     rows = [line for line in out.splitlines() if line.startswith(("* ", "  S=", "  peer", "  explicit"))]

@@ -22,11 +22,15 @@ def rows(out: str) -> dict[str, list[list[str]]]:
     import re
 
     table: dict[str, list[list[str]]] = {}
+    last: list[str] = []
     for line in out.splitlines()[2:]:
         if not line.strip() or line.startswith("turns recorded"):
             continue
-        cells = re.split(r"\s{2,}", line.strip())
-        table.setdefault(cells[0], []).append(cells)
+        if line.startswith("    "):  # the row's "why", under it when it does not fit beside
+            last[5:] = [" ".join([*last[5:], line.strip()])]
+            continue
+        last = re.split(r"\s{2,}", line.strip())
+        table.setdefault(last[0], []).append(last)
     return table
 
 
@@ -99,7 +103,7 @@ def test_config_shows_each_value_and_where_it_came_from(capsys, monkeypatch, tmp
     other = tmp_path / "other.toml"
     other.write_text("[turnguard]\nsoft_cap = 30\n")
     monkeypatch.setenv("TURNGUARD_CONFIG", str(other))
-    assert config_rows(run(capsys, "config")[1])["soft_cap"] == ["30", str(other)]
+    assert config_rows(run(capsys, "config", "--wide")[1])["soft_cap"] == ["30", str(other)]
     assert config_rows(run(capsys, "config", "--config", "turnguard.toml")[1])["soft_cap"] == ["100", "default"]
 
 

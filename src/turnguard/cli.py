@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from turnguard.config import ConfigError, GuardConfig
+from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, fit_table, output_width
 
 DEFAULT_RECORDER_PATH = ".turnguard/turns.jsonl"
 
@@ -34,14 +35,13 @@ class Subcommand:
     run: Callable[[argparse.Namespace], int]
 
 
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str], out: TextIO) -> None:
-    """Print ``rows`` as an aligned plain-text table (the last column is not padded)."""
-    text = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(r[i]) for r in text) for i in range(len(header))]
-    for n, row in enumerate(text):
-        out.write("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)) + "  " + row[-1] + "\n")
-        if n == 0:
-            out.write("  ".join("-" * w for w in widths) + "\n")
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str], out: TextIO, *, width: int = DEFAULT_WIDTH,
+          wrap: Sequence[int] = (), right: Sequence[int] = (), free_last: bool = True,
+          breakable: Sequence[int] = ()) -> None:
+    """Print ``rows`` as an aligned plain-text table fitted to ``width`` (``terminal.fit_table``)."""
+    for line in fit_table(header, [[str(c) for c in row] for row in rows], width, wrap=wrap, right=right,
+                          free_last=free_last, breakable=breakable):
+        out.write(line + "\n")
 
 
 # -- demo -----------------------------------------------------------------------------------------
@@ -55,6 +55,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record", default=DEFAULT_RECORDER_PATH, metavar="PATH",
                         help=f"write one JSON line per turn here (default: {DEFAULT_RECORDER_PATH})")
     parser.add_argument("--no-record", action="store_true", help="do not write the turns file")
+    add_wide_argument(parser)
     _config_argument(parser)
 
 
@@ -119,7 +120,8 @@ def _demo(args: argparse.Namespace) -> int:
             if d.action.label == "allow":
                 action = "allow (observed)"
             rows.append((name, result.summary.tool_calls, f"{d.threshold} ({d.level})", at, action, d.message))
-    table(rows, ("scenario", "calls", "fired", "at", "action", "why"), out)
+    table(rows, ("scenario", "calls", "fired", "at", "action", "why"), out, width=output_width(args.wide),
+          right=(1,), wrap=(2, 4))
     if recorder_path:
         out.write(f"\nturns recorded in {recorder_path}\n")
     return 0
@@ -130,6 +132,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _plugins_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_wide_argument(parser)
     _config_argument(parser)
 
 
@@ -144,7 +147,7 @@ def _plugins(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     table([(r["name"], r["source"], ", ".join(r["hooks"])) for r in rows], ("plugin", "source", "hooks"),
-          sys.stdout)
+          sys.stdout, width=output_width(args.wide), wrap=(1,))
     return 0
 
 
@@ -159,6 +162,7 @@ def _config_argument(parser: argparse.ArgumentParser, *aliases: str) -> None:
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
     _config_argument(parser, "--file")
+    add_wide_argument(parser)
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -167,7 +171,8 @@ def _config(args: argparse.Namespace) -> int:
     config, sources = args.guard_config, args.guard_config_sources
     rows = [(f.name, repr(getattr(config, f.name)), sources[f.name]) for f in dataclasses.fields(config)]
     rows.append(("cap_mode", repr(config.cap_mode), "derived"))
-    table(rows, ("option", "value", "from"), sys.stdout)
+    table(rows, ("option", "value", "from"), sys.stdout, width=output_width(args.wide), breakable=(1, 2),
+          free_last=False)
     return 0
 
 

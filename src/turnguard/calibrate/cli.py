@@ -22,6 +22,7 @@ from turnguard.calibrate.report import table, to_json_text
 from turnguard.calibrate.run import Progress, StrictError, calibrate, input_sizes
 from turnguard.calibrate.stats import RunStats
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
+from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, output_width
 
 MAX_SHOWN_PROBLEMS = 100
 AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
@@ -109,6 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with charts")
+    add_wide_argument(out)
     out.add_argument("--fold", action="store_true",
                      help="list policies whose figures equal an earlier row's under the table, not as rows")
     out.add_argument("--strict", action="store_true", help="stop at the first malformed line or span")
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     if args.files[:1] == ["merge"] and not Path("merge").exists():
-        return merge_results(args.files[1:], args.json, args.html, stdout, stderr)
+        return merge_results(args.files[1:], args.json, args.html, stdout, stderr, width=output_width(args.wide))
     try:
         base = getattr(args, "guard_config", None) or GuardConfig.load(args.config)
     except ConfigError as exc:
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         print(f"turnguard calibrate: no turn could be read from {', '.join(map(str, args.files))} "
               f"({stats.problems:,} input problems); nothing to report", file=stderr)
         return 1
-    return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold)
+    return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold, width=output_width(args.wide))
 
 
 def outputs_problem(*paths: str | None) -> str | None:
@@ -212,11 +214,11 @@ def _auto_jobs(size: int) -> int:
 
 
 def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout: TextIO, stderr: TextIO, *,
-          fold: bool = False) -> int:
+          fold: bool = False, width: int = DEFAULT_WIDTH) -> int:
     if json_path == "-":
         stdout.write(to_json_text(stats))
     else:
-        stdout.write(table(stats, color=stdout.isatty(), fold=fold))
+        stdout.write(table(stats, color=stdout.isatty(), fold=fold, width=width))
         if json_path:
             Path(json_path).write_text(to_json_text(stats), encoding="utf-8")
     if html_path:
@@ -243,14 +245,16 @@ def add_merge_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", metavar="RESULT.json")
     p.add_argument("--json", metavar="FILE", help="write the merged results as JSON ('-' for stdout)")
     p.add_argument("--html", metavar="FILE", help="write the merged HTML report")
+    add_wide_argument(p)
 
 
 def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    return merge_results(args.results, args.json, args.html, stdout or sys.stdout, stderr or sys.stderr)
+    return merge_results(args.results, args.json, args.html, stdout or sys.stdout, stderr or sys.stderr,
+                         width=output_width(args.wide))
 
 
 def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | None, stdout: TextIO,
-                  stderr: TextIO) -> int:
+                  stderr: TextIO, *, width: int = DEFAULT_WIDTH) -> int:
     if not paths:
         print("turnguard calibrate merge: give the --json results to merge", file=stderr)
         return 2
@@ -270,4 +274,4 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
             print(f"turnguard calibrate-merge: {path}: {exc}", file=stderr)
             return 2
     assert merged is not None
-    return _emit(merged, json_path, html_path, stdout, stderr)
+    return _emit(merged, json_path, html_path, stdout, stderr, width=width)

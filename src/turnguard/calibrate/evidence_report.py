@@ -30,13 +30,14 @@ HEADERS = (("threshold", "threshold"), ("passed", "passed"), ("resolved", "resol
            ("calls past", "calls_past"))
 
 
-def evidence_text(e: ProbeEvidence) -> list[str]:
-    """Lines for the terminal report (none when the input holds no probe turn)."""
+def evidence_text(e: ProbeEvidence, *, width: int = 100) -> list[str]:
+    """Lines for the terminal report, ``width`` columns at most (none when the input holds no probe turn)."""
     if e.turns == 0:
         return []
-    out = ["", f"Probe evidence: {e.turns:,} probe turns ({e.resolved:,} resolved, {e.unresolved:,} unresolved, "
-               f"{e.unknown:,} unknown; {e.live_turns:,} live turns beside them), against the default's "
-               + ("thresholds:" if e.soft_cap is not None else "(no adaptive cap).")]
+    out = ["", *textwrap.wrap(
+        f"Probe evidence: {e.turns:,} probe turns ({e.resolved:,} resolved, {e.unresolved:,} unresolved, "
+        f"{e.unknown:,} unknown; {e.live_turns:,} live turns beside them), against the default's "
+        + ("thresholds:" if e.soft_cap is not None else "(no adaptive cap)."), width)]
     rows = evidence_rows(e)
     if rows:
         cells = [[h for h, _ in HEADERS]] + [[_cell(r[key]) for _, key in HEADERS] for r in rows]
@@ -44,11 +45,11 @@ def evidence_text(e: ProbeEvidence) -> list[str]:
         for c in cells:
             out.append("  " + "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
                                         for i, (v, w) in enumerate(zip(c, widths, strict=True))).rstrip())
-        out.append("  passed: probe turns past the threshold; resolved / unresolved / unknown: their results; "
-                   "95%: Wilson interval")
-        out.append("  of the resolved share (known results); calls past: the calls they made past it.")
+        out += textwrap.wrap("passed: probe turns past the threshold; resolved / unresolved / unknown: their results; "
+                             "95%: Wilson interval of the resolved share (known results); calls past: the calls "
+                             "they made past it.", width, initial_indent="  ", subsequent_indent="  ")
     for advice in recommendation(e):
-        out += textwrap.wrap(advice, 110, initial_indent="  ", subsequent_indent="    ")
+        out += textwrap.wrap(advice, width, initial_indent="  ", subsequent_indent="    ")
     return out
 
 

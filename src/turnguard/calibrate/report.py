@@ -9,11 +9,11 @@ The default configuration is marked (``*``, and bold on a terminal).
 from __future__ import annotations
 
 import json
-import textwrap
 from typing import Any
 
 from turnguard.calibrate.evidence_report import evidence_text
 from turnguard.calibrate.stats import RunStats
+from turnguard.terminal import DEFAULT_WIDTH, layout, wrap_items, wrap_text
 
 THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
 BOLD, RESET = "\x1b[1m", "\x1b[0m"
@@ -96,8 +96,15 @@ FIGURES = ("halted", "by_threshold", "halted_resolved", "resolved_ids", "halted_
            "halted_unknown", "halt_calls", "asks", "turns_with_asks", "attended_halted")
 
 
-def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
-    """The terminal table, with a summary line above it and the false-positive ids below.
+NARROW_DROPS = ("cap", "streak")
+"""Columns left out when the table would not fit the width: the policy's name already says what
+differs from the default (``--wide`` shows them)."""
+WRAPPING = ("policy", "by threshold", "asks (turns)", "at call")
+
+
+def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: int = DEFAULT_WIDTH) -> str:
+    """The terminal table, with a summary line above it and the false-positive ids below, all
+    within ``width`` columns where the words allow (``terminal.output_width``).
 
     ``fold``: a policy whose figures equal an earlier row's is listed under the table instead
     of getting a row of its own (the thresholds it varies made no difference on this input).
@@ -115,57 +122,61 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False) -> str:
                 first[key] = r["name"]
                 kept.append(r)
         data = kept
+    out = wrap_text(
+        f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
+        f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown); {stats.problems:,} input problems; "
+        f"{len(stats.policies)} policies; * = the default configuration.", width)
+    out += wrap_text(
+        "halted: turns halted unattended; resolved (the false-positive proxy) / unresolved: of those; saved: calls "
+        "the unresolved halts save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
+        width)
+    figures, narrowed = _figures_table(data, width, color)
+    if narrowed:
+        out.append("The cap and streak columns are left out to fit the terminal: --wide shows them.")
+    out += ["", *figures]
+    if folded:
+        out += ["", "Same figures as the row named first (folded):"]
+        for name, names in folded.items():
+            out += wrap_items(f"  {name}: ", names, width)
+    ids, more = default_unresolved(every_row)
+    if ids:
+        out += ["", "Unresolved turns the default halts:"]
+        out += wrap_items("  ", ids + ([f"... ({more} more)"] if more > 0 else []), width)
+    fps = _fp_groups(every_row)
+    if fps:
+        out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
+        for ids, names, count in fps:
+            shown = ids[:8] + ([f"... ({count} in all)"] if count > len(ids[:8]) else [])
+            out += wrap_items("  ", [*shown[:-1], shown[-1] + ":"], width)
+            out += wrap_items("    ", names, width, "; ")
+    out += evidence_text(stats.probe, width=width)
+    return "\n".join(out) + "\n"
+
+
+def _figures_table(data: list[dict[str, Any]], width: int, color: bool) -> tuple[list[str], bool]:
+    """The policies' figures, and whether ``NARROW_DROPS`` were left out: every column when they
+    fit ``width``, else without those and with the wordy columns wrapped."""
     cells = []
     for r in data:
         r = {**r, "thresholds": thresholds_text(r["by_threshold"]),
              "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
              "name": ("* " if r["default"] else "  ") + r["name"]}
         cells.append([("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS])
-    headers = [h for h, _, _ in COLUMNS]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-
-    def line(values: list[str]) -> str:
-        return "  ".join(v.ljust(w) if align == "<" else v.rjust(w)
-                         for v, w, (_, _, align) in zip(values, widths, COLUMNS, strict=True)).rstrip()
-
-    out = [
-        f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
-        f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown); {stats.problems:,} input problems; "
-        f"{len(stats.policies)} policies; * = the default configuration.",
-        "halted: turns halted unattended; resolved (the false-positive proxy) / unresolved: of those; saved: calls",
-        "the unresolved halts save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
-        "",
-        line(headers),
-        line(["-" * w for w in widths]),
-    ]
-    for r, c in zip(data, cells, strict=True):
-        text = line(c)
-        out.append(f"{BOLD}{text}{RESET}" if color and r["default"] else text)
-    if folded:
-        out += ["", "Same figures as the row named first (folded):"]
-        for name, names in folded.items():
-            out += _wrapped(f"  {name}: ", names)
-    ids, more = default_unresolved(every_row)
-    if ids:
-        out += ["", "Unresolved turns the default halts:"]
-        out += _wrapped("  ", ids + ([f"... ({more} more)"] if more > 0 else []))
-    fps = _fp_groups(every_row)
-    if fps:
-        out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
-        for ids, names, count in fps:
-            shown = ", ".join(ids[:8]) + (f", ... ({count} in all)" if count > len(ids[:8]) else "")
-            out.append(f"  {shown}:")
-            out += _wrapped("    ", names, "; ")
-    out += evidence_text(stats.probe)
-    return "\n".join(out) + "\n"
-
-
-def _wrapped(prefix: str, items: list[str], sep: str = ", ", width: int = 110) -> list[str]:
-    """``items`` joined by ``sep`` and wrapped between items only (a name never breaks)."""
-    glued = sep.join(i.replace(" ", "\xa0") for i in items)
-    lines = textwrap.wrap(glued, width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
-                          break_on_hyphens=False, break_long_words=False) or [prefix]
-    return [line.replace("\xa0", " ") for line in lines]
+    columns = list(range(len(COLUMNS)))
+    full = sum(max([len(COLUMNS[i][0]), *(len(c[i]) for c in cells)]) for i in columns) + 2 * (len(columns) - 1)
+    narrowed = full > width
+    if narrowed:
+        columns = [i for i in columns if COLUMNS[i][0] not in NARROW_DROPS]
+    header = [COLUMNS[i][0] for i in columns]
+    rows_of_cells = [[c[i] for i in columns] for c in cells]
+    right = [k for k, i in enumerate(columns) if COLUMNS[i][2] == ">"]
+    wrap = [k for k, h in enumerate(header) if h in WRAPPING]
+    fitted = layout(header, rows_of_cells, width, right=right, wrap=wrap)
+    lines = fitted.header(header)
+    for r, c in zip(data, rows_of_cells, strict=True):
+        row = fitted.row(c)
+        lines += [f"{BOLD}{line}{RESET}" for line in row] if color and r["default"] else row
+    return lines, narrowed
 
 
 def default_unresolved(data: list[dict[str, Any]]) -> tuple[list[str], int]:

@@ -1,0 +1,151 @@
+"""Plain-text tables that fit a terminal: the width every ``turnguard`` command prints to.
+
+Output fits ``DEFAULT_WIDTH`` (100) columns, or the terminal's width when it is wider
+(``shutil.get_terminal_size``, which also honours ``$COLUMNS``); ``--wide`` lifts the limit. A
+table too wide for it wraps its wrappable columns at spaces (a cell may take several lines), and
+a free-text last column that still does not fit moves to indented lines under its row.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_WIDTH = 100
+UNLIMITED = 1 << 30
+GAP = "  "
+MIN_BESIDE = 24
+"""The narrowest a free-text last column may be wrapped beside its row; narrower, it goes under."""
+UNDER_INDENT = "    "
+MIN_BROKEN = 16
+"""The narrowest a column whose words may break (``breakable``) is made."""
+
+
+def output_width(wide: bool = False) -> int:
+    """Columns to fit: unlimited with ``wide``, else the terminal's width but at least 100."""
+    if wide:
+        return UNLIMITED
+    return max(DEFAULT_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+
+
+def add_wide_argument(parser: Any) -> None:
+    """The ``--wide`` flag every command that prints a table has."""
+    parser.add_argument("--wide", action="store_true",
+                        help=f"do not fit the output to {DEFAULT_WIDTH} columns (or the terminal's width)")
+
+
+def wrap_items(prefix: str, items: Sequence[str], width: int, sep: str = ", ") -> list[str]:
+    """``items`` joined by ``sep`` and wrapped to ``width`` between items only (a name never breaks);
+    the items start on the next line when the prefix leaves no room for the longest."""
+    if items and len(prefix) + max(map(len, items)) + len(sep) > width > len(prefix.strip()):
+        lead = " " * (len(prefix) - len(prefix.lstrip()))
+        return [prefix.rstrip(), *wrap_items(lead + UNDER_INDENT, items, width, sep)]
+    glued = sep.join(i.replace(" ", "\xa0") for i in items)
+    lines = textwrap.wrap(glued, width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
+                          break_on_hyphens=False, break_long_words=False) or [prefix]
+    return [line.replace("\xa0", " ") for line in lines]
+
+
+def wrap_text(text: str, width: int, indent: str = "", subsequent: str | None = None) -> list[str]:
+    """Prose wrapped to ``width`` (never inside a word)."""
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent if subsequent is None
+                         else subsequent, break_on_hyphens=False, break_long_words=False) or [indent]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Column widths that fit a table to a width, and how to print its lines."""
+
+    widths: tuple[int, ...]
+    right: frozenset[int]
+    width: int
+    under: bool = False
+    breakable: frozenset[int] = frozenset()
+    """The free-text last column goes on indented lines under its row."""
+
+    def header(self, names: Sequence[str], *, rule: bool = True) -> list[str]:
+        lines = self.row(names, under=False)
+        return [*lines, GAP.join("-" * w for w in self._shown)] if rule else lines
+
+    def row(self, cells: Sequence[str], *, under: bool | None = None) -> list[str]:
+        """One row's lines: wrapped cells side by side, then the last column's under it."""
+        cells = [str(c) for c in cells]
+        shown = self._shown
+        parts = [_wrap_cell(c, w, i in self.breakable) if len(c) > w else [c]
+                 for i, (c, w) in enumerate(zip(cells, shown, strict=False))]
+        lines = []
+        for k in range(max(len(p) for p in parts)):
+            lines.append(GAP.join((p[k] if k < len(p) else "").rjust(w) if i in self.right
+                                  else (p[k] if k < len(p) else "").ljust(w)
+                                  for i, (p, w) in enumerate(zip(parts, shown, strict=False))).rstrip())
+        if (self.under if under is None else under) and len(cells) > len(shown) and cells[-1]:
+            lines += wrap_text(cells[-1], self.width, UNDER_INDENT)
+        return lines
+
+    @property
+    def _shown(self) -> tuple[int, ...]:
+        return self.widths[:-1] if self.under else self.widths
+
+
+def layout(header: Sequence[str], rows: Sequence[Sequence[str]], width: int, *, right: Sequence[int] = (),
+           wrap: Sequence[int] = (), free_last: bool = False, breakable: Sequence[int] = ()) -> Layout:
+    """Widths for ``rows`` under ``header`` within ``width`` columns, when the words allow.
+
+    ``right``: the columns aligned right (numbers). ``wrap``: the columns that may wrap at spaces,
+    the widest first, down to their longest word. ``breakable``: wrapping columns whose words may
+    break too (paths, long reprs), down to ``MIN_BROKEN``. ``free_last``: the last column is prose;
+    when it cannot sit beside its row at least ``MIN_BESIDE`` wide, it is printed under the row.
+    """
+    n = len(header)
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(header[i]), *(len(r[i]) for r in cells)]) for i in range(n)]
+    floors = [min(widths[i], MIN_BROKEN) if i in breakable
+              else max([_longest_word(header[i]), *(_longest_word(r[i]) for r in cells)]) if i in wrap
+              else widths[i] for i in range(n)]
+    wrap = [*wrap, *(i for i in breakable if i not in wrap)]
+
+    def total(columns: int) -> int:
+        return sum(widths[:columns]) + len(GAP) * (columns - 1)
+
+    under = False
+    if free_last and total(n) > width:
+        beside = width - total(n - 1) - len(GAP)
+        if beside >= max(MIN_BESIDE, _longest_word(header[-1]), *(_longest_word(r[-1]) for r in cells)):
+            widths[-1] = beside
+        else:
+            under = True
+    shown = n - 1 if under else n
+    for i in wrap:  # a header wider than its column's values wraps first ("asks (turns)" over "3 (1)")
+        if i < shown and total(shown) > width:
+            data = max([floors[i], *(len(r[i]) for r in cells)])
+            widths[i] -= min(widths[i] - data, total(shown) - width)
+    while total(shown) > width:
+        shrinkable = [i for i in wrap if i < shown and widths[i] > floors[i]]
+        if not shrinkable:
+            break
+        widths[max(shrinkable, key=lambda i: widths[i])] -= 1
+    return Layout(tuple(widths), frozenset(right), width, under, frozenset(breakable))
+
+
+def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int, **options: Sequence[int] | bool
+              ) -> list[str]:
+    """``rows`` under ``header`` and a rule, as lines fitted by ``layout`` (same options)."""
+    fitted = layout(header, rows, width, **options)  # type: ignore[arg-type]
+    out = fitted.header(header)
+    for row in rows:
+        out += fitted.row(row)
+    return out
+
+
+def _wrap_cell(cell: str, width: int, breakable: bool = False) -> list[str]:
+    """A cell's lines; continuation lines keep the cell's own indent (the ``* `` marker's room)."""
+    indent = " " * (len(cell) - len(cell.lstrip(" ")))
+    return textwrap.wrap(cell, width, subsequent_indent=indent, break_on_hyphens=False,
+                         break_long_words=breakable) or [""]
+
+
+def _longest_word(text: str) -> int:
+    return max((len(word) for word in str(text).split()), default=0)
