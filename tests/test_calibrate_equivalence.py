@@ -15,6 +15,7 @@ from turnguard.calibrate.grid import GridSpec, Policy, build_grid
 from turnguard.calibrate.inputs import corpus_turn
 from turnguard.calibrate.replay import cycle_starts
 from turnguard.calibrate.synthetic import SMALL, records
+from turnguard.keys import identity_bytes, is_json_text
 
 
 def turns(count: int, seed: int) -> list:
@@ -118,3 +119,22 @@ def test_grouping_is_exact_for_stale_repeat_under_both_key_modes() -> None:
     data.pop("replays")
     assert data == figures(policies, sample, group=False)
     assert all(p["unattended"]["by_threshold"].get("soft_stuck", 0) > 0 for p in data["policies"])
+
+
+TEXTS = ["make test", "grep -n x src\n", "true", "true\n", " true", "true\x0c", "\xa0null", "nullish", "5", "5\n",
+         "5x", "-", "-1", '"quoted"', "quoted", '{"a": 1}', '{"a":1}', "{not json", "[1, 2]", "[1,2]", "\x02t3:abc",
+         "", " ", "\t\n", "fals", "false ", "ls -la", "échec"]
+
+
+def test_text_that_is_not_json_is_told_apart_alike_by_both_key_modes() -> None:
+    """The rule that keys a turn of such text once for both modes (``keys.is_json_text``)."""
+    plain = [t for t in TEXTS if not is_json_text(t)]
+    assert {"make test", "true\x0c", "\xa0null", "{not json", "quoted"} <= set(plain)
+    assert not {"true\n", " true", "5\n", '{"a": 1}', '"quoted"'} & set(plain)
+    for a in plain:
+        for b in plain:
+            same_canonical = identity_bytes("t", a, "canonical") == identity_bytes("t", b, "canonical")
+            assert same_canonical == (identity_bytes("t", a, "bytes") == identity_bytes("t", b, "bytes")), (a, b)
+    # JSON text is why the rule stops there: canonical mode reads the value, bytes mode the text.
+    assert identity_bytes("t", '{"a": 1}') == identity_bytes("t", '{"a":1}')
+    assert identity_bytes("t", '{"a": 1}', "bytes") != identity_bytes("t", '{"a":1}', "bytes")

@@ -160,6 +160,13 @@ def _json_value(text: str) -> Any:
     return _NOT_JSON
 
 
+def is_json_text(text: str) -> bool:
+    """Whether canonical mode keys ``text`` as the JSON value it holds; when not, it keys the text
+    itself, as ``bytes`` mode does, so the two modes tell such texts apart alike (calibrate keys a
+    turn of them once for both)."""
+    return text[:1] in _MAYBE_JSON and _json_value(text) is not _NOT_JSON
+
+
 def _text_body(text: str) -> bytes:
     """Canonical mode's form of text: the JSON value it holds, or ``0x01`` and the text."""
     value = _json_value(text)

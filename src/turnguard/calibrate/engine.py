@@ -32,8 +32,7 @@ from turnguard.calibrate.replay import (
 from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect
 from turnguard.config import GuardConfig
 from turnguard.firing import TurnFacts
-from turnguard.keys import _JSON_STARTS, _JSON_WORDS, Keyer
-from turnguard.keys import _MAYBE_JSON as _KEYS_MAYBE_JSON
+from turnguard.keys import Keyer, is_json_text
 
 MODES = (("unattended", False), ("attended", True))
 Keyed = dict[str, tuple[list[bytes], TurnFacts]]
@@ -338,24 +337,14 @@ class _TurnReplays:
                            promptable=g.promptable, first_check=g.first_call if first_check is None else first_check,
                            ledger=ledger, asks_before=asks_before, snapshots=snapshots)
 
-_MAYBE_JSON = _KEYS_MAYBE_JSON | frozenset("tfn")
-"""``keys``' first characters of text that may be JSON, and those of its JSON words."""
-
-
 def _plain_text_args(turn: RecordedTurn) -> bool:
-    """Every call has a recorded digest or text arguments that cannot be JSON (a shell command):
-    such text is its own canonical form, so both key modes see the same repeats."""
-    maybe = _MAYBE_JSON
+    """Every call has a recorded digest or text arguments that are not JSON (a shell command):
+    both key modes key such text as itself, so they see the same repeats (``keys.is_json_text``)."""
     for call in turn.calls:
         if call[2] is not None:  # call.digest
             continue
         args = call[1]  # call.args
-        if type(args) is not str:
-            return False
-        if args[:1] not in maybe:  # the common case: neither JSON nor space first, not a JSON word
-            continue
-        text = args.strip()
-        if text and (text[0] in _JSON_STARTS or text in _JSON_WORDS):
+        if type(args) is not str or is_json_text(args):
             return False
     return True
 
