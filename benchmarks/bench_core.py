@@ -12,7 +12,8 @@ shell-command string, a dict holding 10 KB of text, a dict holding 1 MB of text.
 
 The floor, measured in the same run on the same arguments, is the least any such guard can do:
 canonical JSON (``json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode``), a BLAKE2b
-digest of name + JSON, and a dict count. Targets: <= 5 us per small call, <= 3x the floor.
+digest of name + JSON, and a dict count. Targets: <= 5 us per small call, <= 3x the floor
+(shell-command strings: <= 2x).
 
 Memory: tracemalloc over a 1,000,000-call turn of distinct small calls (the cap disabled so the
 turn runs to the end), sampled as the turn grows: the ledger stops growing once it tracks
@@ -39,6 +40,8 @@ _clock = time.process_time
 """CPU time of this process: on a shared machine, time the OS gives other processes is not counted."""
 TARGET_SMALL_US = 5.0
 TARGET_RATIO = 3.0
+TARGET_SHELL_RATIO = 2.0
+"""Shell-command text is keyed without JSON (its own marked UTF-8): it must stay close to the floor."""
 MEMORY_CALLS = 1_000_000
 FLAT_TOLERANCE = 1.01
 """Past the key bound, the turn may hold at most this much more than at the bound and still be flat."""
@@ -179,6 +182,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         if case == "small dict":
             row["target"] = f"<= {TARGET_SMALL_US:g} us and <= {TARGET_RATIO:g}x floor"
             row["met"] = ours * 1e6 <= TARGET_SMALL_US and ratio <= TARGET_RATIO
+        elif case == "shell string":
+            row["target"], row["met"] = f"<= {TARGET_SHELL_RATIO:g}x floor", ratio <= TARGET_SHELL_RATIO
         rows.append(row)
     total = 100_000 if quick else MEMORY_CALLS
     bound = tg.GuardConfig().max_tracked_keys

@@ -28,7 +28,7 @@ from keys_cases import (
     cyclic_dict,
     hostile_values,
 )
-from turnguard.keys import Keyer, identity_bytes
+from turnguard.keys import Keyer, byte_identity, canonical_bytes, identity_bytes, name_bytes
 
 MODES = ("canonical", "bytes")
 FIXTURE = Path(__file__).parent / "data" / "keys_plain_json_digests.json"
@@ -322,6 +322,16 @@ def test_the_live_digest_hashes_the_identity_bytes(mode):
         for name in ("read_file", "re\x00ad", "\ud800"):
             expected = hashlib.blake2b(identity_bytes(name, value, mode), digest_size=8, key=secret).digest()
             assert keyer.digest(name, value) == expected
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_inlined_cases_of_identity_bytes_change_nothing(mode):
+    body = canonical_bytes if mode == "canonical" else byte_identity
+    texts = ["ls -la", "tail -f x", "true\n", '{"b": 1, "a": [2]}', '{"a": 1} x', "{}", "{", "\x02s1:1", "ls \ud800",
+             '{"s": "\ud800"}', "", "null"]
+    for value in [*_population(11, 100), *texts]:
+        for name in ("read_file", "re\x00ad", "\ud800"):
+            assert identity_bytes(name, value, mode) == name_bytes(name) + body(value)
 
 
 # -- defect 3: nothing raises ---------------------------------------------------------------------

@@ -238,6 +238,26 @@ def identity_bytes(name: str, args: Any, mode: str = "canonical") -> bytes:
     """The exact bytes ``Keyer(mode).digest(name, args)`` hashes: two calls are the same call
     exactly when these are equal, whatever the digest secret. For code that must agree with the
     guard on identity without hashing (calibrate) or without reaching into this module."""
+    if type(args) is str and type(name) is str and "\x00" not in name:  # text: the common case, inlined
+        if mode == "canonical":
+            first = args[:1]
+            if first not in _MAYBE_JSON or (first in _WORD_STARTS and args.rstrip(_JSON_SPACE) not in _JSON_WORDS):
+                try:
+                    return (name + "\x00\x01" + args).encode()
+                except UnicodeEncodeError:  # lone surrogates: the general way
+                    pass
+            elif first == "{" and args[-1:] == "}":  # a JSON object's text (as _text_body reads it)
+                try:
+                    value, end = _scan_json(args, 0)
+                except (StopIteration, ValueError, RecursionError):
+                    end = -1
+                if end == len(args):
+                    return _utf8(name + "\x00" + canonical_text(value))
+        elif mode == "bytes" and args[:1] != _TOKEN:
+            try:
+                return (name + "\x00" + args).encode()
+            except UnicodeEncodeError:
+                pass
     body = _BODIES.get(mode)
     if body is None:
         raise ValueError(f"key_mode must be one of {KEY_MODES}, got {mode!r}")
@@ -262,7 +282,7 @@ def canonical_text(value: Any) -> str:
 class Keyer:
     """Computes call keys for one guard (one key mode, one digest secret)."""
 
-    __slots__ = ("_blank", "_canonical", "_states", "digest", "mode")
+    __slots__ = ("_blank", "_canonical", "_named", "_texts", "digest", "mode")
 
     def __init__(self, mode: str = "canonical", secret: bytes | str | None = None) -> None:
         if mode not in KEY_MODES:
@@ -272,54 +292,30 @@ class Keyer:
             secret = secret.encode()
         self._blank = hashlib.blake2b(digest_size=DIGEST_SIZE, key=(secret or _PROCESS_SECRET)[:64])
         self._canonical = _BODIES[mode]
-        self._states: dict[str, tuple[Any, Any]] = {}
-        """By tool name: hash states that have taken the secret and the name (and, the second,
-        the text marker). Copying one skips re-keying and hashing the name on every call."""
-        self.digest = self._digest_function()
+        self._named: dict[str, Any] = {}
+        """By tool name: a hash state that has taken the secret and the name's part. Copying it
+        skips re-keying and hashing the name on every call."""
+        self._texts: dict[str, Any] = {}
+        """The same, past the text marker too (canonical mode's text)."""
+        self.digest: Callable[[str, Any], bytes] = (
+            self._canonical_digest() if mode == "canonical" else self._bytes_digest())
         """``digest(name, args)``: the keyed digest of ``identity_bytes(name, args, mode)``."""
 
-    def _state(self, name: str) -> tuple[Any, Any]:
+    def _states(self, name: str) -> tuple[Any, Any]:
+        """The hash states for tool ``name`` (kept for the first ``_NAME_CACHE_LIMIT`` names)."""
         named = self._blank.copy()
         named.update(name_bytes(name))
         text = named.copy()
         text.update(_TEXT)
-        states = (named, text)
-        if len(self._states) < _NAME_CACHE_LIMIT:
-            self._states[name] = states
-        return states
+        if len(self._named) < _NAME_CACHE_LIMIT:
+            self._named[name], self._texts[name] = named, text
+        return named, text
 
-    def _digest_function(self) -> Callable[[str, Any], bytes]:
-        """The digest as a closure (locals, not attribute lookups, on the hot path)."""
-        cached, new_state, body, blank = self._states.get, self._state, self._canonical, self._blank
-        canonical = self.mode == "canonical"
-        maybe_json, word_starts, words, space, encode_chunks, join = (
-            _MAYBE_JSON, _WORD_STARTS, _JSON_WORDS, _JSON_SPACE, _encode_chunks, _join)
+    def _general(self) -> Callable[[str, Any], bytes]:
+        """The digest of any call: the hash of ``identity_bytes``, computed in two updates."""
+        blank, body = self._blank, self._canonical
 
-        def digest(name: str, args: Any) -> bytes:
-            if type(name) is str:
-                cls = type(args)
-                if cls is str:
-                    first = args[:1]
-                    if canonical and (first not in maybe_json or (
-                            first in word_starts and args.rstrip(space) not in words)):
-                        # inlined: text that cannot be JSON (a shell command, a path), marked
-                        h = (cached(name) or new_state(name))[1].copy()
-                        try:
-                            h.update(args.encode())
-                        except UnicodeEncodeError:  # lone surrogates: the general path
-                            pass
-                        else:
-                            return h.digest()
-                elif cls is dict:
-                    try:  # inlined too: a dict of JSON values (both modes)
-                        text = join(encode_chunks(args, 0))
-                        data = text.encode()
-                    except Exception:  # not plain JSON, or lone surrogates: the general path
-                        pass
-                    else:
-                        h = (cached(name) or new_state(name))[0].copy()
-                        h.update(data)
-                        return h.digest()
+        def general(name: str, args: Any) -> bytes:
             h = blank.copy()
             h.update(name_bytes(name))
             try:
@@ -328,6 +324,64 @@ class Keyer:
                 data = _token_bytes(b"x", _utf8(_type_name(type(args))))
             h.update(data)
             return h.digest()
+
+        return general
+
+    # The two digests below are closures (locals, not attribute lookups, on the hot path) with the
+    # common cases inlined; anything else, including text with lone surrogates, takes ``general``.
+
+    def _canonical_digest(self) -> Callable[[str, Any], bytes]:
+        named, texts, states, general = self._named.get, self._texts.get, self._states, self._general()
+        maybe_json, word_starts, words, space, encode_chunks, join = (
+            _MAYBE_JSON, _WORD_STARTS, _JSON_WORDS, _JSON_SPACE, _encode_chunks, _join)
+
+        def digest(name: str, args: Any) -> bytes:
+            cls = type(args)
+            if cls is str:
+                first = args[:1]
+                if (first not in maybe_json or (first in word_starts and args.rstrip(space) not in words)) \
+                        and type(name) is str:  # text that cannot be JSON (a shell command, a path)
+                    h = (texts(name) or states(name)[1]).copy()
+                    try:
+                        h.update(args.encode())
+                    except UnicodeEncodeError:
+                        pass
+                    else:
+                        return h.digest()
+            elif cls is dict and type(name) is str:
+                try:  # a dict of JSON values
+                    data = join(encode_chunks(args, 0)).encode()
+                except Exception:  # not plain JSON, or lone surrogates
+                    pass
+                else:
+                    h = (named(name) or states(name)[0]).copy()
+                    h.update(data)
+                    return h.digest()
+            return general(name, args)
+
+        return digest
+
+    def _bytes_digest(self) -> Callable[[str, Any], bytes]:
+        named, states, general, encode_chunks, join = (
+            self._named.get, self._states, self._general(), _encode_chunks, _join)
+
+        def digest(name: str, args: Any) -> bytes:
+            if type(name) is str:
+                cls = type(args)
+                try:
+                    if cls is str:  # text as given
+                        data = args.encode()
+                    elif cls is dict:  # a dict of JSON values
+                        data = join(encode_chunks(args, 0)).encode()
+                    else:
+                        data = b"\x02"
+                except Exception:  # lone surrogates, or not plain JSON
+                    data = b"\x02"
+                if data[:1] != b"\x02":  # (text that starts with 0x02 has its own token)
+                    h = (named(name) or states(name)[0]).copy()
+                    h.update(data)
+                    return h.digest()
+            return general(name, args)
 
         return digest
 

@@ -30,14 +30,18 @@ def call_key(tool: str, args: Any, digest: str | None, mode: str) -> bytes:
 
 
 def call_keys(calls: Sequence[RecordedCall], mode: str) -> list[bytes]:
-    """Each call's ledger key under ``mode`` (``call_key``). Text arguments are keyed once per
-    turn (stuck turns repeat one call many times) and the repeats share the key."""
+    """Each call's ledger key under ``mode`` (``call_key``). Under ``canonical``, identical
+    JSON-object text is canonicalized once per turn (stuck turns repeat one call many times) and
+    its repeats share the key; everything else is cheaper to key again than to look up."""
+    if mode != "canonical":
+        return [identity_bytes(c[0], c[1], mode) if c[2] is None else call_key(c[0], c[1], c[2], mode)
+                for c in calls]
     memo: dict[tuple[str, str], bytes] = {}
     keys: list[bytes] = []
     append, get = keys.append, memo.get
     for call in calls:
         tool, args, digest = call[0], call[1], call[2]
-        if digest is not None or type(args) is not str or type(tool) is not str:
+        if digest is not None or type(args) is not str or args[:1] != "{":
             append(call_key(tool, args, digest, mode))
             continue
         pair = (tool, args)
