@@ -129,7 +129,7 @@ def name_bytes(name: Any) -> bytes:
     it) ``0xFE``, its length, ``:`` and its UTF-8. A name that is not text is written as its ``str``."""
     if type(name) is not str:
         try:
-            name = str.__str__(name) if isinstance(name, str) else str(name)
+            name = str.__str__(name) if issubclass(type(name), str) else str(name)
         except Exception:
             name = f"<{type(name).__qualname__}>"
         if type(name) is not str:  # pragma: no cover - str() returns a str
@@ -143,6 +143,7 @@ def name_bytes(name: Any) -> bytes:
 # -- text that may be JSON --------------------------------------------------------------------------
 
 _NOT_JSON = object()
+_WORD_VALUES = {"true": True, "false": False, "null": None}
 
 
 def _json_value(text: str) -> Any:
@@ -156,7 +157,7 @@ def _json_value(text: str) -> Any:
             return _NOT_JSON
         return value if end == len(stripped) else _NOT_JSON
     if first in _WORD_STARTS and stripped in _JSON_WORDS:
-        return {"true": True, "false": False, "null": None}[stripped]
+        return _WORD_VALUES[stripped]
     return _NOT_JSON
 
 
