@@ -688,5 +688,5 @@ def _encode_tree(root: Any) -> Part:
             stack.append((opened, child_type))
 
 
-__all__ = ["DIGEST_SIZE", "KEY_MODES", "Keyer", "cached_digest", "canonical_text", "identity_bytes", "name_bytes",
-           "store_key"]
+__all__ = ["DIGEST_SIZE", "KEY_MODES", "Keyer", "cached_digest", "canonical_text", "identity_bytes", "is_json_text",
+           "name_bytes", "store_key"]
