@@ -14,6 +14,7 @@ from types import ModuleType
 import pytest
 
 import turnguard as tg
+from turnguard.plugins import NON_POLICY_PLUGINS
 
 SHARED_CORPUS = next(
     (p for p in (Path(__file__).resolve().parents[2] / "shared" / "corpus", Path("/work/shared/corpus")) if p.is_dir()),
@@ -51,7 +52,7 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
-CORE_ONLY = {"disable_plugins": ("otel", "recorder", "shadow"), "load_entrypoints": False}
+CORE_ONLY = {"disable_plugins": NON_POLICY_PLUGINS, "load_entrypoints": False}
 """The core policies alone: telemetry and shadow plugins (built by other modules) left out."""
 
 

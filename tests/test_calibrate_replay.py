@@ -26,6 +26,7 @@ from turnguard.calibrate.replay import (
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer
 from turnguard.ledger import Ledger
+from turnguard.plugins import NON_POLICY_PLUGINS
 
 CONFIGS = {
     "default": {},
@@ -102,7 +103,7 @@ def replayed_steps(compiled: CompiledPolicy, turn: RecordedTurn, promptable: boo
 
 
 def test_policy_manager_is_the_live_guards_plugin_set() -> None:
-    live = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel", "recorder", "shadow")),
+    live = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=NON_POLICY_PLUGINS),
                     environ={})
     replay = policy_manager(Policy("p", tg.GuardConfig()))
     assert [n for n, _ in replay.list_name_plugin()] == [n for n, _ in live.pm.list_name_plugin()]

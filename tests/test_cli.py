@@ -9,6 +9,7 @@ import pytest
 
 from turnguard import cli
 from turnguard.demo import SCENARIOS
+from turnguard.plugins import NON_POLICY_PLUGINS
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -67,7 +68,7 @@ def test_demo_rejects_an_unknown_scenario(capsys):
 
 
 def test_plugins_lists_the_loaded_plugins(capsys, monkeypatch):
-    monkeypatch.setenv("TURNGUARD_DISABLE_PLUGINS", "otel,recorder,shadow")
+    monkeypatch.setenv("TURNGUARD_DISABLE_PLUGINS", ",".join(NON_POLICY_PLUGINS))
     monkeypatch.setenv("TURNGUARD_LOAD_PLUGINS", "0")
     status, out, _ = run(capsys, "plugins")
     assert status == 0

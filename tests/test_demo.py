@@ -8,9 +8,10 @@ import collections
 import pytest
 
 import turnguard as tg
+from conftest import CORE_ONLY
 from turnguard import demo
 
-CORE = tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
+CORE = tg.GuardConfig(**CORE_ONLY)
 
 
 def calls(steps) -> list[demo.Step]:

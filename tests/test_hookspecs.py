@@ -25,6 +25,7 @@ OBSERVER_HOOKS = {
     "turnguard_call_checked": ["turn", "call", "verdict"],
     "turnguard_outcome_recorded": ["turn", "call", "outcome", "verdict"],
     "turnguard_plugin_error": ["turn", "plugin", "hook", "error"],
+    "turnguard_outcome_ignored": ["turn", "call", "outcome", "reason"],
     "turnguard_shadow_detected": ["turn", "policy", "event"],
     "turnguard_shadow_turn_ended": ["turn", "policy", "summary"],
 }

@@ -11,6 +11,7 @@ import pytest
 
 import turnguard as tg
 from turnguard.keys import Keyer, cached_digest, canonical_bytes
+from turnguard.plugins import NON_POLICY_PLUGINS
 
 KEYER = Keyer()
 
@@ -93,7 +94,7 @@ def test_bytes_mode_still_canonicalizes_objects():
 
 
 def test_bytes_mode_through_the_guard_config():
-    guard = tg.Guard(tg.GuardConfig(key_mode="bytes", disable_plugins=("otel", "recorder", "shadow")))
+    guard = tg.Guard(tg.GuardConfig(key_mode="bytes", disable_plugins=NON_POLICY_PLUGINS))
     turn = guard.turn()
     for args in ('{"cmd":"ls"}', '{"cmd": "ls"}', '{"cmd":"ls"}'):
         turn.check_call(tg.ToolCall("bash", args))
@@ -253,7 +254,7 @@ def test_mixed_key_types_and_lone_surrogates_do_not_raise():
 
 
 def test_bad_arguments_never_raise_through_the_turn():
-    turn = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder", "shadow"))).turn()
+    turn = tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS)).turn()
     for args in ({1, 2}, Plain(1), float("nan"), _self_referencing_dict(), _nested(10_000, 0, True), BrokenRepr(),
                  object(), 10**5000, b"\xff"):
         call = tg.ToolCall("tool", args)

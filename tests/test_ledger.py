@@ -8,6 +8,7 @@ import turnguard as tg
 from conftest import distinct_call, drive
 from turnguard.keys import Keyer
 from turnguard.ledger import Ledger
+from turnguard.plugins import NON_POLICY_PLUGINS
 
 
 def key(i: int) -> bytes:
@@ -44,7 +45,7 @@ def test_failing_streak_follows_outcomes_of_the_streak_key(ledger):
     lengths = []
     for outcome in outcomes:
         ledger.count_call(key(1), "t")
-        ledger.record_outcome(key(1), outcome)
+        ledger.record_outcome(ledger.checks, outcome)
         lengths.append(ledger.failing_streak_length)
     assert lengths == [1, 2, 2, 3, 0]
     assert ledger.outcomes(tg.Outcome.ERROR) == 3 and ledger.outcomes("denied") == 1
@@ -57,7 +58,7 @@ def test_rollback_returns_to_the_cycle_start_and_clears_repeats_and_streaks(ledg
     ledger.begin_cycle()
     for _ in range(4):
         ledger.count_call(key(7), "t")
-        ledger.record_outcome(key(7), tg.Outcome.ERROR)
+        ledger.record_outcome(ledger.checks, tg.Outcome.ERROR)
     ledger.rollback_cycle()
     assert (ledger.tool_calls, ledger.max_key_repeat, ledger.distinct_keys) == (3, 0, 0)
     assert (ledger.streak_length, ledger.failing_streak_length, ledger.retries, ledger.cycles) == (0, 0, 1, 2)
@@ -93,12 +94,12 @@ def test_streaks_still_work_for_untracked_keys():
     ledger.count_call(key(0), "t")
     for _ in range(5):
         ledger.count_call(key(1), "t")
-        ledger.record_outcome(key(1), tg.Outcome.ERROR)
+        ledger.record_outcome(ledger.checks, tg.Outcome.ERROR)
     assert (ledger.streak_length, ledger.failing_streak_length, ledger.max_key_repeat) == (5, 5, 1)
 
 
 def test_past_the_bound_the_backstop_still_bounds_the_turn():
-    guard = tg.Guard(tg.GuardConfig(max_tracked_keys=10, disable_plugins=("otel", "recorder", "shadow"),
+    guard = tg.Guard(tg.GuardConfig(max_tracked_keys=10, disable_plugins=NON_POLICY_PLUGINS,
                                     load_entrypoints=False), environ={})
     turn = guard.turn()
     verdicts = drive(turn, (distinct_call(i) for i in range(2000)))
@@ -120,7 +121,7 @@ def test_a_turn_stops_growing_once_it_tracks_the_bound():
     import tracemalloc
 
     guard = tg.Guard(tg.GuardConfig(max_tracked_keys=1_000, max_tool_calls_per_turn=0,
-                                    disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False),
+                                    disable_plugins=NON_POLICY_PLUGINS, load_entrypoints=False),
                      environ={})
     turn = guard.turn()
     held = {}
@@ -153,19 +154,43 @@ def test_the_view_plugins_receive_cannot_be_rewritten(name):
     assert ledger.hard_cap == 3
 
 
-def test_an_outcome_recorded_twice_for_one_checked_call_counts_once():
-    config = tg.GuardConfig()
-    ledger = Ledger(config)
-    ledger.count_call(b"k", "build")
-    for _ in range(8):
-        ledger.record_outcome(b"k", tg.Outcome.ERROR)
-    assert (ledger.streak_length, ledger.failing_streak_length) == (1, 1)
-
-
-def test_parallel_identical_calls_each_settle_their_own_outcome():
+def test_parallel_identical_calls_each_settle_their_own_outcome_in_check_order():
     ledger = Ledger(tg.GuardConfig())
     for _ in range(3):
         ledger.count_call(b"k", "build")
+    ledger.record_outcome(3, tg.Outcome.ERROR)  # the last one's outcome first: it waits for the others
+    assert ledger.failing_streak_length == 0 and ledger.awaiting_in_streak == 2
+    ledger.record_outcome(1, tg.Outcome.ERROR)
+    assert ledger.failing_streak_length == 1
+    ledger.record_outcome(2, tg.Outcome.ERROR)
+    assert (ledger.streak_length, ledger.failing_streak_length, ledger.stop_count) == (3, 3, 3)
+
+
+def test_an_outcome_of_an_earlier_streaks_call_changes_no_streak():
+    ledger = Ledger(tg.GuardConfig())
+    ledger.count_call(b"a", "build")
+    ledger.count_call(b"b", "test")
+    ledger.count_call(b"a", "build")  # a new streak of a
+    ledger.record_outcome(1, tg.Outcome.ERROR)  # the first a's: its streak ended at b
+    assert ledger.failing_streak_length == 0 and ledger.outcomes(tg.Outcome.ERROR) == 1
+    ledger.record_outcome(3, tg.Outcome.ERROR)
+    assert ledger.failing_streak_length == 1
+
+
+def test_an_abandoned_call_neither_fails_nor_resets_and_lets_later_outcomes_count():
+    ledger = Ledger(tg.GuardConfig())
     for _ in range(3):
-        ledger.record_outcome(b"k", tg.Outcome.ERROR)
-    assert (ledger.streak_length, ledger.failing_streak_length) == (3, 3)
+        ledger.count_call(b"k", "build")
+    ledger.record_outcome(1, tg.Outcome.ERROR)
+    ledger.record_outcome(3, tg.Outcome.ERROR)
+    ledger.abandon(2)
+    assert ledger.failing_streak_length == 2 and ledger.outcomes(tg.Outcome.DENIED) == 0
+
+
+def test_the_provisional_stop_count_counts_waiting_calls_as_failures_up_to_the_threshold():
+    ledger = Ledger(tg.GuardConfig(streak_warn_at=2, streak_stop_at=4))
+    for _ in range(6):
+        ledger.count_call(b"k", "build")
+    assert ledger.provisional_stop_count() == 4  # 5 earlier calls waiting, counted up to 4
+    ledger.record_outcome(4, tg.Outcome.OK)  # a known success: only the call after it can fail
+    assert ledger.provisional_stop_count() == 1

@@ -14,9 +14,9 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
-from turnguard.plugins import DEFAULT_PLUGINS, describe, entrypoint_selection
+from turnguard.plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS, describe, entrypoint_selection
 
-NO_TELEMETRY = ("otel", "recorder", "shadow")
+NO_TELEMETRY = NON_POLICY_PLUGINS
 DANGEROUS = tg.ToolCall("bash", "rm -rf /")
 
 POLICY_SOURCE = '''
@@ -131,7 +131,7 @@ def test_a_builtin_can_be_blocked_by_name():
 
 
 def test_blocking_through_the_environment():
-    config = tg.GuardConfig.from_env({"TURNGUARD_DISABLE_PLUGINS": "otel,recorder,shadow,cycles",
+    config = tg.GuardConfig.from_env({"TURNGUARD_DISABLE_PLUGINS": ",".join((*NON_POLICY_PLUGINS, "cycles")),
                                       "TURNGUARD_MAX_CYCLES_PER_TURN": "1"})
     turn = tg.Guard(config, environ={}).turn()
     assert all(turn.begin_cycle().action is tg.Action.ALLOW for _ in range(5))

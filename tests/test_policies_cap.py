@@ -6,6 +6,7 @@ import pytest
 
 import turnguard as tg
 from conftest import distinct_call, drive, first_detection, productive_calls, with_repeats
+from turnguard.plugins import NON_POLICY_PLUGINS
 
 REPEATED = tg.ToolCall("bash", "npm run build")
 
@@ -136,7 +137,7 @@ def test_a_cap_of_zero_or_less_disables_the_cap(make_guard, options):
 
 
 def test_the_cap_is_always_on_whatever_other_detectors_are_disabled(make_guard):
-    guard = make_guard(streak_warn_at=0, streak_stop_at=0, disable_plugins=("otel", "recorder", "shadow", "streak",
+    guard = make_guard(streak_warn_at=0, streak_stop_at=0, disable_plugins=(*NON_POLICY_PLUGINS, "streak",
                                                                              "cycles"))
     verdicts = drive(guard.turn(), (distinct_call(i) for i in range(1100)))
     assert verdicts[-1].threshold is tg.Threshold.HARD_BACKSTOP and len(verdicts) == 1001

@@ -118,11 +118,11 @@ def test_settled_streak_counts_every_outcome_but_denied():
     ledger = Ledger(tg.GuardConfig(streak_stop_on="any"))
     for outcome in (tg.Outcome.OK, tg.Outcome.UNKNOWN, tg.Outcome.DENIED, tg.Outcome.ERROR, tg.Outcome.OK):
         ledger.count_call(key(1), "t")
-        ledger.record_outcome(key(1), outcome)
+        ledger.record_outcome(ledger.checks, outcome)
     assert ledger.streak_length == 5 and ledger.settled_streak_length == 4 and ledger.failing_streak_length == 0
     ledger.count_call(key(2), "t")
     assert ledger.settled_streak_length == 0
-    ledger.record_outcome(key(1), tg.Outcome.OK)  # a late outcome of another key is not this streak's
+    ledger.record_outcome(ledger.checks - 1, tg.Outcome.OK)  # a late outcome of another key is not this streak's
     assert ledger.settled_streak_length == 0
 
 
@@ -282,7 +282,7 @@ def test_fork_carries_the_stale_and_settled_facts():
     ledger = Ledger(config)
     for k in (1, 2, 3, 2, 3, 3):
         ledger.count_call(key(k), "t")
-        ledger.record_outcome(key(k), tg.Outcome.OK)
+        ledger.record_outcome(ledger.checks, tg.Outcome.OK)
     twin = ledger.fork(config.replace(soft_cap=20))
     assert (twin.max_stale_repeat, twin.settled_streak_length) == (ledger.max_stale_repeat, 2)
     for fact in (ledger, twin):

@@ -449,6 +449,20 @@ def test_plugin_errors_are_counted_by_plugin_hook_and_type(otel):
     }
 
 
+def test_ignored_outcomes_are_counted_as_host_errors_by_kind_without_ids(otel):
+    guard = make_guard(otel)
+    with guard.turn() as turn:
+        checked = call("t1")
+        turn.check_call(checked)
+        turn.record_outcome(checked, tg.Outcome.OK)
+        turn.record_outcome(checked, tg.Outcome.OK)  # a duplicate
+        turn.record_outcome(call("never"), tg.Outcome.ERROR)  # never checked
+    points = {point.attributes[n.HOST_ERROR]: point for point in otel.points(n.METRIC_HOST_ERRORS[0])}
+    assert {kind: p.value for kind, p in points.items()} == {"duplicate": 1, "unknown_call": 1}
+    for point in points.values():
+        assert set(point.attributes) <= set(n.HOST_ERROR_METRIC_ATTRIBUTES)
+
+
 # -- metrics ----------------------------------------------------------------------------------------------
 
 

@@ -6,10 +6,11 @@ The public API is re-exported here; everything else is private to the package.
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 from turnguard.guard import Guard, Turn
 from turnguard.hookspecs import hookimpl, hookspec
-from turnguard.ledger import Ledger
+from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import (
     Action,
     Answer,
+    IgnoredOutcome,
     Level,
     LoopDetected,
     LoopDetectedEvent,
@@ -30,7 +31,9 @@ __all__ = [
     "ConfigError",
     "Guard",
     "GuardConfig",
+    "IgnoredOutcome",
     "Ledger",
+    "LedgerView",
     "Level",
     "LoopDetected",
     "LoopDetectedEvent",

@@ -1,28 +1,35 @@
 """``Guard`` and ``Turn``: the lifecycle a host drives, and how plugin verdicts are combined.
 
-A ``Turn`` records facts in its ledger and asks the check hooks under one lock, so parallel tool
-calls get exactly the verdicts a sequential run of the same sequence gets. Each plugin is called
-in isolation: one that raises is reported (log + ``turnguard_plugin_error``) and ignored, or, with
-``fail_mode="closed"``, halts the turn. The most severe verdict wins; ties go to the first
-detection in hook order; a HALT latches until the turn ends.
+A ``Turn`` records facts in its ledger and asks the check hooks under one lock, so calls are
+counted, and streaks formed, in the order they were checked. An outcome belongs to the call that
+was checked (the same ``ToolCall`` object, or one with its ``call_id``): a parallel batch gets
+the verdicts of the same sequence run one call at a time, whatever order its outcomes arrive in.
+A second outcome for one call, or one for a call never checked, changes nothing: it returns
+ALLOW and is reported through ``turnguard_outcome_ignored`` (a host error).
+
+Plugins are called through the guard's ``Dispatcher`` (``turnguard.dispatch``): each in
+isolation, the most severe verdict wins, ties go to the first detection in hook order, a HALT
+latches until the turn ends. Under ``fail_mode="closed"`` a plugin that fails, check or
+observer, halts the call it failed on.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pluggy
 
 from turnguard.config import GuardConfig
+from turnguard.dispatch import NOTHING, PASSTHROUGH, Dispatcher
 from turnguard.keys import Keyer, store_key
-from turnguard.ledger import Ledger
+from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import (
     ALLOW,
     Action,
     Answer,
+    IgnoredOutcome,
     LoopDetected,
     LoopDetectedEvent,
     Outcome,
@@ -32,54 +39,11 @@ from turnguard.model import (
 )
 from turnguard.plugins import plugin_manager
 
-log = logging.getLogger("turnguard")
-
-Impl = tuple[str, Callable[..., Any]]
-Observer = tuple[str, Callable[..., Any], tuple[str, ...]]
 _HALT = Action.HALT
-_NOTHING: tuple[Verdict, tuple[()]] = (ALLOW, ())
-"""What ``_decide`` returns when no plugin had anything to say (shared, allocation-free)."""
-_CHECK_HOOKS = {
-    "turnguard_check_cycle": ("turn",),
-    "turnguard_check_call": ("turn", "call"),
-    "turnguard_check_outcome": ("turn", "call", "outcome"),
-}
-
-
-_HOT_OBSERVERS = {
-    "turnguard_call_checked": ("turn", "call", "verdict"),
-    "turnguard_outcome_recorded": ("turn", "call", "outcome", "verdict"),
-}
-"""Observer hooks of the hot path, called positionally like the check hooks (no keyword dicts)."""
-
-
-def _compile(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...], *, check: bool = True) -> tuple[Impl, ...]:
-    """The hook's implementations in call order, each adapted to positional ``order`` args."""
-    caller = getattr(pm.hook, hook)
-    impls = []
-    for impl in reversed(caller.get_hookimpls()):
-        if check and (impl.hookwrapper or impl.wrapper):
-            raise pluggy.PluginValidationError(
-                impl.plugin, f"{impl.plugin_name}: wrappers are not supported on the check hook {hook}"
-            )
-        names = tuple(impl.argnames)
-        fn = impl.function
-        if names != order:
-            index = tuple(order.index(n) for n in names)
-            fn = _adapter(impl.function, index)
-        impls.append((impl.plugin_name, fn))
-    return tuple(impls)
-
-
-def _adapter(fn: Callable[..., Any], index: tuple[int, ...]) -> Callable[..., Any]:
-    return lambda *args: fn(*(args[i] for i in index))
-
-
-def compiled_checks(pm: pluggy.PluginManager) -> dict[str, tuple[Impl, ...]]:
-    """Each check hook's (plugin name, function) pairs in call order, taking positional
-    arguments exactly as a ``Turn`` calls them; for tools that drive a ``Ledger`` and the
-    policies directly (``turnguard calibrate`` replays recorded turns this way)."""
-    return {hook: _compile(pm, hook, order) for hook, order in _CHECK_HOOKS.items()}
+MAX_AWAITING = 4096
+"""Checked calls a turn waits for an outcome of; past twice this many the oldest half are given
+up (their streak goes on as if they had been denied, and a late outcome for one is ignored)."""
+_SHED_AT = 2 * MAX_AWAITING
 
 
 class Guard:
@@ -115,8 +79,11 @@ class Guard:
             self.pm.register(plugin, name=name)
         if plugins:
             self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
-        compiled_checks(self.pm)  # a wrapper on a check hook is refused here, not when a turn opens
+        self.dispatcher = self._dispatcher()  # a wrapper on a check hook is refused here, not when a turn opens
         self._configure(self.pm.hook.turnguard_configure.get_hookimpls())
+
+    def _dispatcher(self) -> Dispatcher:
+        return Dispatcher(self.pm, fail_mode=self.config.fail_mode, capture_content=self.config.capture_content)
 
     def _configure(self, impls: Any) -> None:
         """``turnguard_configure`` for each implementation, isolated: a plugin that raises here is
@@ -124,20 +91,21 @@ class Guard:
         registered later through ``Guard.register`` get it too)."""
         for impl in reversed(impls):
             try:
-                impl.function(**_pick(tuple(impl.argnames), config=self.config))
-            except Exception as exc:  # a plugin's set-up must not break the host
-                log.error("turnguard plugin %r raised in turnguard_configure: %r", impl.plugin_name, exc, exc_info=exc)
-                reporters = _observer_impls(self.pm, "turnguard_plugin_error")
-                _report_plugin_error(reporters, None, impl.plugin_name, "turnguard_configure", exc)
+                impl.function(**{n: self.config for n in impl.argnames})
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # a plugin's set-up must not break the host
+                self.dispatcher.report_error(impl.plugin_name, "turnguard_configure", exc)
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        """Register a plugin (takes effect for turns opened afterwards); a plugin implementing a
-        hook turnguard does not have, or wrapping a check hook, is refused with
+        """Register a plugin (takes effect for turns opened afterwards: register plugins through
+        here, not on ``pm`` directly, so the dispatcher is rebuilt); a plugin implementing a hook
+        turnguard does not have, or wrapping a check hook, is refused with
         ``pluggy.PluginValidationError``."""
         registered = self.pm.register(plugin, name=name)
         try:
             self.pm.check_pending()
-            compiled_checks(self.pm)
+            self.dispatcher = self._dispatcher()
         except pluggy.PluginValidationError:
             self.pm.unregister(plugin)
             raise
@@ -176,32 +144,34 @@ class Turn:
     ) -> None:
         self.guard = guard
         self.config = guard.config
-        self.ledger = Ledger(
+        self.ledger = ledger = Ledger(
             guard.config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable
         )
+        self.view = view = LedgerView(ledger)
+        """The read-only view of the ledger that plugins receive as ``turn``."""
         self._keyer = guard.keyer
         self._digest = guard.keyer.digest
         self._lock = threading.RLock()
         self._acquire, self._release = self._lock.acquire, self._lock.release
         self._halt: Verdict | None = None
         self._ended: TurnSummary | None = None
-        self._fail_closed = guard.config.fail_mode == "closed"
-        pm = guard.pm
-        self._check_cycle = _compile(pm, "turnguard_check_cycle", _CHECK_HOOKS["turnguard_check_cycle"])
-        self._check_call = _compile(pm, "turnguard_check_call", _CHECK_HOOKS["turnguard_check_call"])
-        self._check_outcome = _compile(pm, "turnguard_check_outcome", _CHECK_HOOKS["turnguard_check_outcome"])
-        self._observer_cache: dict[str, tuple[Observer, ...]] = {}
-        self._observe_cycle = bool(self._observers("turnguard_cycle_checked"))
-        self._call_observers = _compile(pm, "turnguard_call_checked", _HOT_OBSERVERS["turnguard_call_checked"],
-                                        check=False)
-        self._outcome_observers = _compile(
-            pm, "turnguard_outcome_recorded", _HOT_OBSERVERS["turnguard_outcome_recorded"], check=False
-        )
-        self._observe_call = bool(self._call_observers)
-        self._observe_outcome = bool(self._outcome_observers)
-        self._count_call = self.ledger.count_call
-        self._record_outcome = self.ledger.record_outcome
-        self._notify("turnguard_turn_started", turn=self.ledger)
+        self._token = object()
+        """Marks the keys this turn stored on its calls (``call._key[2]``): a bare object, so a
+        plugin holding a call reaches no part of the turn through it."""
+        self._awaiting: dict[int, ToolCall] = {}
+        """Checked calls without an outcome yet, by sequence number (in check order)."""
+        self._reused = False
+        """Whether one ``ToolCall`` object was checked again while it still waited for an outcome."""
+        self._dispatch = dispatch = guard.dispatcher
+        self._fail_closed = dispatch.fail_closed
+        self._check_cycle, self._check_call, self._check_outcome = dispatch.bind(ledger, view)
+        self._call_observers = dispatch.bound(dispatch.call_observers, ledger, view)
+        self._outcome_observers = dispatch.bound(dispatch.outcome_observers, ledger, view)
+        self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
+        self._count_call = ledger.count_call
+        self._record_outcome = ledger.record_outcome
+        if self._notify("turnguard_turn_started", turn=view):
+            self._observer_halt("turnguard_turn_started", ALLOW)
 
     # -- identity --------------------------------------------------------------------------
 
@@ -231,95 +201,127 @@ class Turn:
             if self._halt is not None:
                 return self._halt
             self.ledger.begin_cycle()
-            verdict, events = self._decide("turnguard_check_cycle", self._check_cycle, (self.ledger,))
-        if events:
-            self._after(events)
+            verdict, events = self._decide("turnguard_check_cycle", self._check_cycle, ())
+        failed = self._after(events) if events else False
         if self._observe_cycle:
-            self._notify("turnguard_cycle_checked", turn=self.ledger, verdict=verdict)
-        return verdict
+            failed = self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict) or failed
+        return self._observer_halt("turnguard_cycle_checked", verdict) if failed else verdict
 
     # check_call and record_outcome are the hot path: the plugin loop is inlined (no per-call
     # argument tuple, no extra frame); anything but "every plugin returned None" goes to _combine.
 
     def check_call(self, call: ToolCall) -> Verdict:
-        """Before executing ``call``: count it and decide. Do not execute it on HALT."""
+        """Before executing ``call``: count it and decide. Do not execute it on HALT.
+
+        Identical calls checked while earlier ones of their streak still wait for an outcome
+        (one model response's batch) count those as failures for the stop level: in an
+        unattended turn at most ``streak_stop_at`` of them run."""
         if type(call) is not ToolCall:
             _require_call(call)
         key = call._key
-        if key is None or key[1] is not self._keyer:  # computed here, once; record_outcome reuses it
-            key = (self._digest(call.name, call.args), self._keyer)
-            store_key(call, key)
-        ledger = self.ledger
+        # computed here, once; record_outcome and the plugins reuse it
+        digest = self._digest(call.name, call.args) if key is None or key[1] is not self._keyer else key[0]
         self._acquire()  # acquire/release bound once: cheaper than `with` on the hot path
         try:
             if self._halt is not None:
                 return self._halt
-            self._count_call(key[0], call.name)
+            self._count_call(digest, call.name)
+            seq = self.ledger._seq
+            awaiting = self._awaiting
+            # key[-2]/key[-1]: this turn's token and check number (a key stored by Keyer.key_of has neither)
+            if key is not None and key[-2] is self._token and awaiting.get(key[-1]) is call:
+                self._reused = True  # checked again before its outcome: the key keeps its first check
+            else:
+                store_key(call, (digest, self._keyer, self._token, seq))
+            awaiting[seq] = call
+            if len(awaiting) > _SHED_AT:
+                self._give_up_waiting()
             found = None
-            for name, fn in self._check_call:
+            for name, fn, turn in self._check_call:
                 try:
-                    verdict = fn(ledger, call)
-                except Exception as exc:  # isolate every plugin
-                    verdict = self._plugin_failed(name, "turnguard_check_call", exc)
+                    verdict = fn(turn, call)
+                except PASSTHROUGH:
+                    raise
+                except BaseException as exc:  # isolate every plugin
+                    verdict = self._dispatch.failed(name, "turnguard_check_call", exc, self.view)
                 if verdict is not None:
                     found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-            verdict, events = _NOTHING if found is None else self._combine("turnguard_check_call", found)
+            verdict, events = NOTHING if found is None else self._combine("turnguard_check_call", found)
         finally:
             self._release()
-        if events:
-            self._after(events)
-        if self._observe_call:
-            for impl in self._call_observers:
-                try:
-                    impl[1](ledger, call, verdict)
-                except Exception as exc:  # observers never break the host
-                    self._observer_failed(impl[0], "turnguard_call_checked", exc)
-        return verdict
+        failed = self._after(events) if events else False
+        for name, fn, turn in self._call_observers:
+            try:
+                fn(turn, call, verdict)
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # observers never break the host
+                self._dispatch.report_error(name, "turnguard_call_checked", exc, self.view)
+                failed = True
+        return self._observer_halt("turnguard_call_checked", verdict) if failed else verdict
 
     def record_outcome(self, call: ToolCall, outcome: Outcome | str) -> Verdict:
-        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``)."""
+        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+
+        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+        latched HALT once the turn is halted); it is reported as a host error."""
         if type(call) is not ToolCall:
             _require_call(call)
         if type(outcome) is not Outcome:
             outcome = Outcome.parse(outcome)
-        key = call._key
-        digest = key[0] if key is not None and key[1] is self._keyer else self._keyer.key_of(call)
-        ledger = self.ledger
         self._acquire()
         try:
-            self._record_outcome(digest, outcome)
-            if self._halt is not None:
-                verdict, events = self._halt, ()
+            key = call._key
+            awaiting = self._awaiting
+            if key is not None and key[-2] is self._token and awaiting.get(key[-1]) is call:
+                seq = key[-1]
+                del awaiting[seq]
+                if self._reused:
+                    self._next_check_of(call, key)
             else:
-                found = None
-                for name, fn in self._check_outcome:
-                    try:
-                        verdict = fn(ledger, call, outcome)
-                    except Exception as exc:  # isolate every plugin
-                        verdict = self._plugin_failed(name, "turnguard_check_outcome", exc)
-                    if verdict is not None:
-                        found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-                verdict, events = _NOTHING if found is None else self._combine("turnguard_check_outcome", found)
+                seq, call = self._claim(call)
+            if seq:
+                self._record_outcome(seq, outcome)
+                if self._halt is not None:
+                    verdict, events = self._halt, ()
+                else:
+                    found = None
+                    for name, fn, turn in self._check_outcome:
+                        try:
+                            verdict = fn(turn, call, outcome)
+                        except PASSTHROUGH:
+                            raise
+                        except BaseException as exc:  # isolate every plugin
+                            verdict = self._dispatch.failed(name, "turnguard_check_outcome", exc, self.view)
+                        if verdict is not None:
+                            found = [(name, verdict)] if found is None else [*found, (name, verdict)]
+                    verdict, events = NOTHING if found is None else self._combine("turnguard_check_outcome", found)
         finally:
             self._release()
-        if events:
-            self._after(events)
-        if self._observe_outcome:
-            for impl in self._outcome_observers:
-                try:
-                    impl[1](ledger, call, outcome, verdict)
-                except Exception as exc:  # observers never break the host
-                    self._observer_failed(impl[0], "turnguard_outcome_recorded", exc)
-        return verdict
+        if not seq:
+            return self._ignored(call, outcome)
+        failed = self._after(events) if events else False
+        for name, fn, turn in self._outcome_observers:
+            try:
+                fn(turn, call, outcome, verdict)
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # observers never break the host
+                self._dispatch.report_error(name, "turnguard_outcome_recorded", exc, self.view)
+                failed = True
+        return self._observer_halt("turnguard_outcome_recorded", verdict) if failed else verdict
 
     def retry(self) -> None:
         """The current model request is being re-sent: roll its calls back, clear repeats and streaks.
 
         Call ``begin_cycle()`` again before re-sending (the re-sent request counts as a cycle).
+        Outcomes still to come for the rolled-back calls are accepted and change no streak.
         """
         with self._lock:
             self.ledger.rollback_cycle()
-        self._notify("turnguard_retry", turn=self.ledger)
+        if self._notify("turnguard_retry", turn=self.view):
+            self._observer_halt("turnguard_retry", ALLOW)
 
     def resolve(self, event: LoopDetectedEvent | Verdict, answer: Answer | str) -> Verdict:
         """The user's answer to an ASK: ``continue`` or ``redirect`` reset the streak so it does
@@ -339,7 +341,8 @@ class Turn:
             else:
                 self.ledger.reset_streak()
             verdict = self._halt or ALLOW
-        self._notify("turnguard_escalation_resolved", turn=self.ledger, event=event, response=answer.value)
+        if self._notify("turnguard_escalation_resolved", turn=self.view, event=event, response=answer.value):
+            return self._observer_halt("turnguard_escalation_resolved", verdict)
         return verdict
 
     def halt(self, verdict: Verdict, message: str | None = None) -> Verdict:
@@ -360,7 +363,8 @@ class Turn:
             if self._halt is not None and reason == "completed":
                 reason = "halted"
             self._ended = summary = self.ledger.summary(reason=reason, halt=self._halt)
-        self._notify("turnguard_turn_ended", turn=self.ledger, summary=summary)
+            self._awaiting.clear()  # outcomes after the end are strays: the calls are not kept alive
+        self._notify("turnguard_turn_ended", turn=self.view, summary=summary)
         return summary
 
     def raise_for(self, verdict: Verdict) -> Verdict:
@@ -382,121 +386,83 @@ class Turn:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _claim(self, call: ToolCall) -> tuple[int, ToolCall]:
+        """The earliest check still waiting for an outcome that ``call`` reports (the same object,
+        or the same ``call_id``), taken off the waiting list: (sequence number, the checked call);
+        (0, ``call``) when there is none (a duplicate or a stray)."""
+        call_id = call.call_id
+        for seq, checked in self._awaiting.items():
+            if checked is call or (call_id is not None and checked.call_id == call_id):
+                del self._awaiting[seq]
+                if self._reused:
+                    self._next_check_of(checked, checked._key)
+                return seq, checked
+        return 0, call
+
+    def _next_check_of(self, call: ToolCall, key: tuple[Any, ...]) -> None:
+        """``call`` was checked more than once: its key now points at its next waiting check."""
+        for seq, checked in self._awaiting.items():
+            if checked is call:
+                store_key(call, (key[0], key[1], self._token, seq))
+                return
+
+    def _give_up_waiting(self) -> None:
+        """Too many calls without an outcome: stop waiting for the oldest ``MAX_AWAITING``."""
+        items = list(self._awaiting.items())
+        for seq, _ in items[:MAX_AWAITING]:
+            self.ledger.abandon(seq)
+        self._awaiting = dict(items[MAX_AWAITING:])
+
+    def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
+        key = call._key
+        checked_here = key is not None and key[-2] is self._token
+        reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
+        failed = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
+                              reason=reason.value)
+        return self._observer_halt("turnguard_outcome_ignored", self._halt or ALLOW) if failed else self._halt or ALLOW
+
     def _decide(
-        self, hook: str, impls: tuple[Impl, ...], args: tuple[Any, ...]
+        self, hook: str, impls: Any, args: tuple[Any, ...]
     ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
         """Call every implementation (under the lock) and combine what they returned."""
-        found = None
-        for name, fn in impls:
-            try:
-                verdict = fn(*args)
-            except Exception as exc:  # isolate every plugin
-                verdict = self._plugin_failed(name, hook, exc)
-            if verdict is not None:
-                found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-        return _NOTHING if found is None else self._combine(hook, found)
+        best, events = self._dispatch.decide(hook, impls, args, self.ledger, self.view)
+        if best is None:
+            return (ALLOW, events) if events else NOTHING
+        if best.action is _HALT:
+            self._halt = best
+        return best, events
 
     def _combine(
         self, hook: str, found: list[tuple[str, Any]]
     ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
-        """``combine`` with this turn's error reporting; a HALT latches."""
-        best, events = combine(found, self.ledger, lambda name, bad: self._plugin_failed(name, hook, bad))
+        """``Dispatcher.combine`` for this turn; a HALT latches."""
+        best, events = self._dispatch.combine(hook, found, self.ledger, self.view)
         if best is None:
             return ALLOW, events
         if best.action is _HALT:
             self._halt = best
         return best, events
 
-    def _plugin_failed(self, name: str, hook: str, exc: Exception) -> Verdict | None:
-        log.error("turnguard plugin %r raised in %s: %r", name, hook, exc, exc_info=exc)
-        self._report_error(name, hook, exc)
-        if self._fail_closed:
-            message = f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed): {exc!r}"
-            return Verdict(Action.HALT, None, message)
-        return None
-
-    def _report_error(self, name: str, hook: str, exc: BaseException) -> None:
-        _report_plugin_error(self._observers("turnguard_plugin_error"), self.ledger, name, hook, exc)
-
-    def _after(self, events: Any) -> None:
+    def _after(self, events: Any) -> bool:
+        """``turnguard_loop_detected`` for each event; ``True`` when an observer failed."""
+        failed = False
         for event in events:
-            self._notify("turnguard_loop_detected", turn=self.ledger, event=event)
+            failed = self._notify("turnguard_loop_detected", turn=self.view, event=event) or failed
+        return failed
 
-    def _observers(self, hook: str) -> tuple[Observer, ...]:
-        """An observer hook's implementations in call order, looked up once per turn."""
-        impls = self._observer_cache.get(hook)
-        if impls is None:
-            impls = self._observer_cache[hook] = _observer_impls(self.guard.pm, hook)
-        return impls
+    def _notify(self, hook: str, **kwargs: Any) -> bool:
+        """Call an observer hook, each implementation isolated; ``True`` when one failed."""
+        return self._dispatch.notify(hook, self.view, **kwargs)
 
-    def _notify(self, hook: str, **kwargs: Any) -> None:
-        """Call an observer hook, each implementation isolated."""
-        for plugin_name, fn, argnames in self._observers(hook):
-            try:
-                fn(**_pick(argnames, **kwargs))
-            except Exception as exc:  # observers never break the host
-                self._observer_failed(plugin_name, hook, exc)
-
-    def _observer_failed(self, plugin_name: str, hook: str, exc: Exception) -> None:
-        log.error("turnguard plugin %r raised in %s: %r", plugin_name, hook, exc, exc_info=exc)
-        self._report_error(plugin_name, hook, exc)
-        if self._fail_closed and hook != "turnguard_turn_ended":
-            with self._lock:
-                if self._halt is None:
-                    message = f"turnguard: plugin {plugin_name!r} failed in {hook} (fail_mode=closed)"
-                    self._halt = Verdict(Action.HALT, None, message)
-
-
-def combine(
-    found: list[tuple[str, Any]],
-    ledger: Ledger,
-    on_bad: Callable[[str, TypeError], Verdict | None],
-) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
-    """DESIGN §3.5's rule over the (plugin name, answer) pairs of one check, in hook order: the
-    most severe verdict wins; ties go to the first, except that a detection beats a bare verdict
-    (its threshold and event must show). An answer that is not a ``Verdict`` with an ``Action``
-    goes to ``on_bad``, which returns what stands in its place. Each detection is noted in the
-    ledger; returns the winner (``None`` when nothing stands) and every event, in hook order.
-    ``Turn`` and ``turnguard calibrate``'s replay both decide through it."""
-    best: Verdict | None = None
-    events: list[LoopDetectedEvent] = []
-    for name, verdict in found:
-        if not isinstance(verdict, Verdict) or type(verdict.action) is not Action:
-            got = type(verdict.action if isinstance(verdict, Verdict) else verdict).__name__
-            verdict = on_bad(name, TypeError(f"a check hook must return a turnguard.Verdict with a turnguard.Action, "
-                                             f"or None; got {got}"))
-            if verdict is None:
-                continue
-        if verdict.event is not None:
-            events.append(verdict.event)
-            ledger.note_detection()
-        if (
-            best is None
-            or verdict.action > best.action
-            or (verdict.action == best.action and best.event is None and verdict.event is not None)
-        ):
-            best = verdict
-    return best, events
-
-
-def _report_plugin_error(
-    reporters: tuple[Observer, ...], turn: Ledger | None, plugin: str, hook: str, error: BaseException
-) -> None:
-    """``turnguard_plugin_error`` to each reporter, isolated (a failing reporter is only logged)."""
-    for plugin_name, fn, argnames in reporters:
-        try:
-            fn(**_pick(argnames, turn=turn, plugin=plugin, hook=hook, error=error))
-        except Exception:  # the error reporter itself must not break the host
-            log.exception("turnguard plugin %r raised while reporting an error", plugin_name)
-
-
-def _observer_impls(pm: pluggy.PluginManager, hook: str) -> tuple[Observer, ...]:
-    impls = reversed(getattr(pm.hook, hook).get_hookimpls())
-    return tuple((impl.plugin_name, impl.function, tuple(impl.argnames)) for impl in impls)
-
-
-def _pick(names: tuple[str, ...], **kwargs: Any) -> dict[str, Any]:
-    return {n: kwargs[n] for n in names}
+    def _observer_halt(self, hook: str, verdict: Verdict) -> Verdict:
+        """An observer failed in ``hook``: under ``fail_mode="closed"`` the turn halts, from the
+        call it failed on (returns the latched HALT); otherwise ``verdict`` stands."""
+        if not self._fail_closed:
+            return verdict
+        with self._lock:
+            if self._halt is None:
+                self._halt = Verdict(Action.HALT, None, f"turnguard: a plugin failed in {hook} (fail_mode=closed)")
+            return self._halt
 
 
 def _require_call(call: Any) -> None:

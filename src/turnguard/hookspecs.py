@@ -1,13 +1,24 @@
 """The plugin contract: every hook turnguard calls, documented where it is declared.
 
 Hooks are called with keyword arguments; an implementation may accept any subset of them.
-``turn`` is always a read-only view of the turn's ledger (``turnguard.Ledger``):
+``turn`` is a read-only view of the turn's ledger (:class:`turnguard.ledger.LedgerView`):
 counts, max repeat, streaks, cycles, ``config`` and identifiers, plus ``turn.detect(...)`` to
-build a verdict with a ``LoopDetectedEvent``.
+build a verdict with a ``LoopDetectedEvent``; no mutator, no private field. (Only turnguard's
+own policy modules get the ``Ledger`` itself, for speed.) One view per turn: key per-turn state
+by it.
 
 Check hooks (``turnguard_check_*``) are decision hooks: every implementation is called, each in
-isolation (one that raises is reported and, by default, ignored), and the most severe verdict
-wins. Observer hooks return nothing. Wrappers are not supported on check hooks.
+isolation (one that raises is reported and, by default, ignored; under ``fail_mode="closed"`` it
+halts the call), and the most severe verdict wins. Observer hooks return nothing; under
+``fail_mode="closed"`` an observer that raises halts the call it was observing. Wrappers are not
+supported on check hooks. ``KeyboardInterrupt`` and ``SystemExit`` raised by a plugin propagate;
+any other exception is a plugin error.
+
+Locking: the check hooks, and ``turnguard_shadow_detected`` and ``turnguard_plugin_error`` when
+called from a check hook, run while the guard holds the turn's (re-entrant) lock, one call at a
+time per turn, in check order: keep them quick and never wait there on another thread that uses
+the turn. Every other hook runs outside the lock, in the thread of the host's call, possibly
+concurrently with other calls of the same turn.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
-    from turnguard.ledger import Ledger
+    from turnguard.ledger import LedgerView
     from turnguard.model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 
 PROJECT_NAME = "turnguard"
@@ -33,21 +44,21 @@ def turnguard_configure(config: GuardConfig) -> None:
 
 
 @hookspec
-def turnguard_turn_started(turn: Ledger) -> None:
+def turnguard_turn_started(turn: LedgerView) -> None:
     """A turn opened (``Guard.turn``). Observers start spans or per-turn records here."""
 
 
 @hookspec
-def turnguard_check_cycle(turn: Ledger) -> Verdict | None:
-    """Decide on a model request. ``turn.cycles`` already counts it.
+def turnguard_check_cycle(turn: LedgerView) -> Verdict | None:
+    """Decide on a model request (under the turn's lock). ``turn.cycles`` already counts it.
 
     Return a ``Verdict`` (use ``turn.detect``) or ``None`` when nothing fired.
     """
 
 
 @hookspec
-def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
-    """Decide on a tool call before the host executes it.
+def turnguard_check_call(turn: LedgerView, call: ToolCall) -> Verdict | None:
+    """Decide on a tool call before the host executes it. Runs under the turn's lock.
 
     The ledger has already counted the call: ``turn.tool_calls`` includes it, and its key's
     repeat count and the streak are up to date. Return a ``Verdict`` or ``None``.
@@ -55,12 +66,25 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
 
 
 @hookspec
-def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
-    """Decide after a call's outcome was recorded (the failing streak is up to date)."""
+def turnguard_check_outcome(turn: LedgerView, call: ToolCall, outcome: Outcome) -> Verdict | None:
+    """Decide after a call's outcome was recorded. Runs under the turn's lock.
+
+    ``call`` is the checked call (the object the host passed to ``check_call``, also when the
+    host reported by ``call_id``). The streak counts are those in check order: an outcome that
+    arrived before an earlier identical call's is counted once that one's has come. Called only
+    for the first outcome of a checked call (see ``turnguard_outcome_ignored``).
+    """
 
 
 @hookspec
-def turnguard_loop_detected(turn: Ledger, event: LoopDetectedEvent) -> None:
+def turnguard_outcome_ignored(turn: LedgerView, call: ToolCall, outcome: Outcome, reason: str) -> None:
+    """Observer: the host reported an outcome the guard ignored (a host error): ``reason`` is
+    ``duplicate`` (a second outcome for a checked call) or ``unknown_call`` (no check of this
+    turn waits for it). Nothing changed; the host got ALLOW (or the latched HALT)."""
+
+
+@hookspec
+def turnguard_loop_detected(turn: LedgerView, event: LoopDetectedEvent) -> None:
     """A detector fired (whether or not its verdict won): telemetry, UIs, audit logs.
 
     Called after the decision, outside the turn's lock, in the thread of the offending call.
@@ -68,43 +92,43 @@ def turnguard_loop_detected(turn: Ledger, event: LoopDetectedEvent) -> None:
 
 
 @hookspec
-def turnguard_escalation_resolved(turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
+def turnguard_escalation_resolved(turn: LedgerView, event: LoopDetectedEvent, response: str) -> None:
     """The user answered an ASK (``continue``, ``stop`` or ``redirect``): the ground truth for
     false positives."""
 
 
 @hookspec
-def turnguard_retry(turn: Ledger) -> None:
+def turnguard_retry(turn: LedgerView) -> None:
     """The current model request is being re-sent; its calls were rolled back."""
 
 
 @hookspec
-def turnguard_turn_ended(turn: Ledger, summary: TurnSummary) -> None:
+def turnguard_turn_ended(turn: LedgerView, summary: TurnSummary) -> None:
     """The turn closed; ``summary`` says how (reason, counts, the threshold that ended it)."""
 
 
 @hookspec
-def turnguard_cycle_checked(turn: Ledger, verdict: Verdict) -> None:
+def turnguard_cycle_checked(turn: LedgerView, verdict: Verdict) -> None:
     """Observer: a model request was decided (the combined verdict)."""
 
 
 @hookspec
-def turnguard_call_checked(turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
+def turnguard_call_checked(turn: LedgerView, call: ToolCall, verdict: Verdict) -> None:
     """Observer: a tool call was decided (the combined verdict). Spans start here."""
 
 
 @hookspec
-def turnguard_outcome_recorded(turn: Ledger, call: ToolCall, outcome: Outcome, verdict: Verdict) -> None:
+def turnguard_outcome_recorded(turn: LedgerView, call: ToolCall, outcome: Outcome, verdict: Verdict) -> None:
     """Observer: a call's outcome was recorded and decided. Spans end here."""
 
 
 @hookspec
-def turnguard_plugin_error(turn: Ledger | None, plugin: str, hook: str, error: BaseException) -> None:
+def turnguard_plugin_error(turn: LedgerView | None, plugin: str, hook: str, error: BaseException) -> None:
     """Observer: a plugin raised in ``hook``; the guard isolated it (``fail_mode`` decided how)."""
 
 
 @hookspec
-def turnguard_shadow_detected(turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
+def turnguard_shadow_detected(turn: LedgerView, policy: str, event: LoopDetectedEvent) -> None:
     """Observer: shadow policy ``policy`` (a name of ``GuardConfig.shadow``) would have fired on
     the live turn ``turn``; ``event`` carries the shadow's own counts and the action it would
     have taken. Nothing was acted on. Called in the thread of the call, while the guard holds
@@ -112,7 +136,7 @@ def turnguard_shadow_detected(turn: Ledger, policy: str, event: LoopDetectedEven
 
 
 @hookspec
-def turnguard_shadow_turn_ended(turn: Ledger, policy: str, summary: TurnSummary) -> None:
+def turnguard_shadow_turn_ended(turn: LedgerView, policy: str, summary: TurnSummary) -> None:
     """Observer: the live turn ``turn`` closed; ``summary`` is what shadow policy ``policy``
     made of it (``halted``/``threshold``: its would-be halt; ``tool_calls``: the calls it saw
     before that halt, or all of them)."""

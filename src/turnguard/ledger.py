@@ -9,8 +9,17 @@ unaffected. Each tracked key costs about 80 bytes (an 8-byte digest and its coun
 the default bound of 65,536 keys holds a turn's ledger to about 5 MiB however long it runs
 (``benchmarks/bench_core.py`` measures it over a 1,000,000-call turn).
 
-Built-in policies read the underscored fields directly on the hot path; everything else (and
-every third-party plugin) uses the properties.
+Hooks receive a ``LedgerView`` (one per turn, made by the ``Turn``): the facts below, read-only, with no mutator
+and no underscored field reachable by attribute. Only the built-in policy modules
+(``turnguard.policies``) get the ledger itself, and read its underscored fields on the hot path.
+
+Outcomes are tied to their call: each checked call gets a sequence number (``checks``, never
+rolled back), and ``record_outcome(seq, outcome)`` credits the outcome to that call. Streaks are
+defined on check order: a call belongs to the streak that was current when it was checked, and
+the failing count of a streak is computed over its calls in check order, whatever order their
+outcomes arrive in (an outcome that arrives before an earlier call's waits for it). An outcome
+of a call from an earlier streak (ended by another key, ``resolve`` or ``retry``) counts in
+``outcomes()`` and nowhere else.
 
 Two facts are kept only when the configuration asks for them, so the default path pays one
 branch: the ``stale_repeat`` stuck signal's count (``max_stale_repeat``: a key's repeats since
@@ -20,6 +29,7 @@ the last call whose key had never been seen before in the turn) and the settled 
 
 from __future__ import annotations
 
+import operator
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -40,14 +50,16 @@ def _quiet_until(cap_mode: str, soft_cap: int | None, hard_cap: int | None) -> i
 
 _ERROR = Outcome.ERROR  # enum members looked up once: class attribute access costs on the hot path
 _DENIED = Outcome.DENIED
+_ABANDONED = _DENIED
+"""How a call whose outcome will never come (``Ledger.abandon``) settles: neither a failure nor a reset."""
 
 
 _FACTS = (
     "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
     "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news", "_settled",
-    "_unsettled",
+    "_seq", "_next", "_stop_peak",
 )
-"""The scalar facts ``Ledger.fork`` copies (the two dicts are copied separately)."""
+"""The scalar facts ``Ledger.fork`` copies (the dicts and the set are copied separately)."""
 
 
 class Ledger:
@@ -64,7 +76,9 @@ class Ledger:
         "_cycle_start",
         "_cycles",
         "_detections",
+        "_early",
         "_failing",
+        "_fired",
         "_first_stuck",
         "_hard_cap",
         "_last_key",
@@ -74,10 +88,12 @@ class Ledger:
         "_max_repeat",
         "_max_stale",
         "_news",
+        "_next",
         "_outcomes",
         "_overflowed",
         "_promptable",
         "_retries",
+        "_seq",
         "_settled",
         "_since_new",
         "_soft_cap",
@@ -85,11 +101,11 @@ class Ledger:
         "_started_at",
         "_stop_any",
         "_stop_at",
+        "_stop_peak",
         "_streak",
         "_stuck_at",
         "_tool_calls",
         "_turn_id",
-        "_unsettled",
         "_warn_at",
     )
 
@@ -132,14 +148,19 @@ class Ledger:
         self._news: bytes | None = None
         self._stop_any = config.streak_stop_on == "any"
         self._settled = 0
-        self._unsettled = 0
+        self._seq = 0
+        self._next = 1
+        self._early: dict[int, Outcome] = {}
+        self._stop_peak = 0
+        self._fired: set[tuple[str, str]] = set()
         self._stuck_at = config.stuck_repeat_threshold
         self._warn_at = config.streak_warn_at
         self._stop_at = config.streak_stop_at
         self._max_keys = config.max_tracked_keys
         self._cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self._hard_cap)
 
-    # -- read-only view ------------------------------------------------------------------------
+    # -- read-only facts -----------------------------------------------------------------------
+
 
     @property
     def config(self) -> GuardConfig:
@@ -238,6 +259,38 @@ class Ledger:
         return self._settled
 
     @property
+    def checks(self) -> int:
+        """Calls checked in the turn, rolled back or not: the sequence number of the latest."""
+        return self._seq
+
+    @property
+    def awaiting_in_streak(self) -> int:
+        """Calls of the current streak, before the latest, whose outcome has not come yet (0 in
+        a sequential run: each outcome came before the next call)."""
+        if self._last_key is None:
+            return 0
+        early = self._early
+        return sum(1 for seq in range(self._next, self._seq) if seq not in early)
+
+    @property
+    def stop_count(self) -> int:
+        """The stop level's count for the current streak (``failing_streak_length``, or with
+        ``streak_stop_on="any"`` ``settled_streak_length``), the largest it has been in the
+        streak: it reaches ``streak_stop_at`` once per streak."""
+        return self._stop_peak
+
+    def provisional_stop_count(self) -> int:
+        """The stop level's count for the current streak if every earlier call of it still
+        waiting for its outcome failed (counted up to ``streak_stop_at``): identical calls of one
+        model response are all checked before any outcome, and past this many, had they run one
+        at a time, the stop level would have fired before them."""
+        return self._worst_stop(self._seq - 1)
+
+    def fired_in_streak(self, threshold: Threshold | str, level: Level | str) -> bool:
+        """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
+        return (str(threshold), str(level)) in self._fired
+
+    @property
     def streak_digest(self) -> bytes | None:
         return self._last_key
 
@@ -279,8 +332,10 @@ class Ledger:
         self._cycle_start = self._tool_calls
 
     def count_call(self, digest: bytes, tool_name: str) -> int:
-        """Count a checked call; returns how many times its key has now been seen."""
+        """Count a checked call (its sequence number is ``checks`` after this); returns how many
+        times its key has now been seen."""
         self._tool_calls += 1
+        self._seq += 1
         counts = self._counts
         seen = counts.get(digest)
         if seen is not None:
@@ -308,15 +363,30 @@ class Ledger:
                 self._count_stale(digest, seen)
         if digest == self._last_key:
             self._streak += 1
-            self._unsettled += 1
         else:
             self._last_key = digest
             self._last_tool = tool_name
             self._streak = 1
-            self._unsettled = 1
+            self._next = self._seq  # _new_streak, inlined: most calls start a streak
             self._failing = 0
             self._settled = 0
+            self._stop_peak = 0
+            if self._early:
+                self._early.clear()
+            if self._fired:
+                self._fired.clear()
         return seen
+
+    def _new_streak(self, first: int) -> None:
+        """The current streak starts at check ``first``: earlier calls' outcomes are not its own."""
+        self._next = first
+        self._failing = 0
+        self._settled = 0
+        self._stop_peak = 0
+        if self._early:
+            self._early.clear()
+        if self._fired:
+            self._fired.clear()
 
     def _count_stale(self, digest: bytes, seen: int) -> None:
         """The ``stale_repeat`` count of a key seen before (``seen > 1``; a key first seen now is
@@ -347,31 +417,87 @@ class Ledger:
         if stale >= self._stuck_at and not self._first_stuck:
             self._first_stuck = self._tool_calls
 
-    def record_outcome(self, digest: bytes, outcome: Outcome) -> None:
-        """An outcome counts toward the failing streak only for the current streak's key:
-        ``ERROR`` extends it, ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it. With
-        ``streak_stop_on="any"`` the settled streak counts every outcome but ``DENIED``. An
-        outcome beyond the calls checked (the same call recorded twice) leaves the streaks alone:
-        they count calls, not reports."""
+    def record_outcome(self, seq: int, outcome: Outcome) -> None:
+        """The outcome of check ``seq`` (each check's once: the guard ignores any other report).
+
+        It settles that call in its streak, in check order: ``ERROR`` extends the failing count,
+        ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it; with ``streak_stop_on="any"``
+        the settled count counts every outcome but ``DENIED``. An outcome that arrives before an
+        earlier call's waits for it; one of an earlier streak's call changes no streak."""
         self._outcomes[outcome._value_] += 1
-        if digest != self._last_key or not self._unsettled:
+        if seq != self._next:
+            if seq > self._next:  # an earlier call of the streak has no outcome yet: this one waits
+                self._early[seq] = outcome
             return
-        self._unsettled -= 1
+        self._next = seq + 1  # the sequential case: _settle, inlined
         if outcome is _ERROR:
             self._failing += 1
+            if not self._stop_any and self._failing > self._stop_peak:
+                self._stop_peak = self._failing
         elif outcome is not _DENIED:
             self._failing = 0
         if self._stop_any and outcome is not _DENIED:
             self._settled += 1
+            self._stop_peak = self._settled
+        if self._early:
+            self._settle_waiting()
+
+    def abandon(self, seq: int) -> None:
+        """The outcome of check ``seq`` will never come (the guard stopped waiting for it): it
+        settles as neither a failure nor a reset, so its streak's later outcomes can count."""
+        if seq == self._next:
+            self._settle(_ABANDONED)
+            if self._early:
+                self._settle_waiting()
+        elif seq > self._next:
+            self._early[seq] = _ABANDONED
+
+    def _settle(self, outcome: Outcome) -> None:
+        """Settle the streak's next call with ``outcome`` (``record_outcome`` inlines this)."""
+        self._next += 1
+        if outcome is _ERROR:
+            self._failing += 1
+            if not self._stop_any and self._failing > self._stop_peak:
+                self._stop_peak = self._failing
+        elif outcome is not _DENIED:
+            self._failing = 0
+        if self._stop_any and outcome is not _DENIED:
+            self._settled += 1
+            self._stop_peak = self._settled
+
+    def _settle_waiting(self) -> None:
+        early = self._early
+        while self._next in early:
+            self._settle(early.pop(self._next))
+
+    def _worst_stop(self, last: int) -> int:
+        """The stop count after check ``last`` if the calls of the streak waiting for an outcome
+        up to it all failed: counted backwards from ``last``, stopping at a known reset or at
+        ``streak_stop_at`` (so the cost is bounded by the threshold, not the streak)."""
+        limit = self._stop_at
+        if not limit:
+            return 0
+        early = self._early
+        any_outcome = self._stop_any
+        count = 0
+        seq = last
+        while seq >= self._next:
+            outcome = early.get(seq)
+            if outcome is None or outcome is _ERROR or (any_outcome and outcome is not _DENIED):
+                count += 1
+                if count >= limit:
+                    return count
+            elif outcome is not _DENIED:  # a known OK/UNKNOWN: the error count restarts after it
+                return count
+            seq -= 1
+        return min(limit, count + (self._settled if any_outcome else self._failing))
 
     def reset_streak(self) -> None:
         """Forget the current streak (the user answered an ASK): the next call starts afresh."""
         self._last_key = None
         self._last_tool = None
         self._streak = 0
-        self._unsettled = 0
-        self._failing = 0
-        self._settled = 0
+        self._new_streak(self._seq + 1)
 
     def rollback_cycle(self) -> None:
         """The current model request is re-sent: discard its calls, clear repeats and streaks."""
@@ -387,8 +513,11 @@ class Ledger:
         self._news = None
         self.reset_streak()
 
-    def note_detection(self) -> None:
+    def note_detection(self, event: LoopDetectedEvent | None = None) -> None:
+        """A detection was made (``event``: which, so that each level fires once per streak)."""
         self._detections += 1
+        if event is not None:
+            self._fired.add((str(event.threshold), str(event.level)))
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
         """A copy of these facts under another configuration, for replay tools (``turnguard
@@ -423,6 +552,8 @@ class Ledger:
         twin._counts = dict(self._counts)
         twin._since_new = dict(self._since_new)
         twin._outcomes = dict(self._outcomes)
+        twin._early = dict(self._early)
+        twin._fired = set(self._fired)
         return twin
 
     # -- building verdicts ---------------------------------------------------------------------
@@ -483,3 +614,82 @@ class Ledger:
             detections=self._detections,
             duration_s=time.monotonic() - self.started_at,
         )
+
+
+VIEW_FACTS = (
+    "config", "turn_id", "conversation_id", "agent_name", "promptable", "cap_mode", "soft_cap", "hard_cap",
+    "started_at", "tool_calls", "checks", "cycles", "calls_this_cycle", "cap_quiet_until", "max_key_repeat",
+    "max_stale_repeat", "distinct_keys", "keys_overflowed", "streak_length", "failing_streak_length",
+    "settled_streak_length", "stop_count", "awaiting_in_streak", "streak_digest", "last_tool_name",
+    "first_stuck_call", "detections", "retries", "stuck",
+)
+"""The ledger's properties a ``LedgerView`` shows."""
+
+
+class LedgerView:
+    """What hooks receive as ``turn``: the ledger's facts, read-only.
+
+    Facts only (``VIEW_FACTS`` and the query methods ``outcomes``, ``repeats_of``,
+    ``fired_in_streak``, ``provisional_stop_count``), plus ``detect`` to build a verdict. No
+    mutator, no underscored field, no attribute can be set: a plugin cannot reset the counts the
+    caps read. A ``Turn`` makes one view and passes it to every hook: hashable by identity,
+plugins key per-turn state by it. The view holds the ledger; the ledger does not hold the view.
+    """
+
+    __slots__ = ("__weakref__", "_ledger")
+
+    def __init__(self, ledger: Ledger) -> None:
+        try:
+            _ledger_of(self)
+        except AttributeError:
+            _bind(self, ledger)
+        else:
+            raise TypeError("a LedgerView is bound to its ledger once")
+
+    def outcomes(self, outcome: Outcome) -> int:
+        """How many outcomes of this kind were recorded."""
+        return _ledger_of(self).outcomes(outcome)
+
+    def repeats_of(self, digest: bytes) -> int:
+        """How many times the key with this digest has been counted in the turn."""
+        return _ledger_of(self).repeats_of(digest)
+
+    def fired_in_streak(self, threshold: Threshold | str, level: Level | str) -> bool:
+        """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
+        return _ledger_of(self).fired_in_streak(threshold, level)
+
+    def provisional_stop_count(self) -> int:
+        """See ``Ledger.provisional_stop_count``."""
+        return _ledger_of(self).provisional_stop_count()
+
+    def detect(
+        self,
+        threshold: Threshold | str,
+        action: Action,
+        level: Level,
+        limit: int,
+        *,
+        call: ToolCall | None = None,
+        message: str = "",
+    ) -> Verdict:
+        """A verdict whose ``LoopDetectedEvent`` records the turn's counts now."""
+        return _ledger_of(self).detect(threshold, action, level, limit, call=call, message=message)
+
+    def __repr__(self) -> str:
+        ledger = _ledger_of(self)
+        return f"<turnguard turn {ledger.turn_id} (read-only): {ledger.tool_calls} calls, {ledger.cycles} cycles>"
+
+
+_slot = LedgerView.__dict__["_ledger"]
+_bind, _ledger_of = _slot.__set__, _slot.__get__
+del LedgerView._ledger  # the slot's descriptor, kept above: no attribute of a view reaches the ledger
+
+
+def _fact(name: str) -> property:
+    read = operator.attrgetter(name)
+    return property(lambda view: read(_ledger_of(view)), doc=getattr(Ledger, name).__doc__)
+
+
+for _name in VIEW_FACTS:
+    setattr(LedgerView, _name, _fact(_name))
+del _name

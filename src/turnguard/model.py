@@ -79,12 +79,13 @@ class Answer(enum.StrEnum):
     REDIRECT = "redirect"
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, init=False)
 class ToolCall:
     """One tool call as the host has it; ``args`` may be any object (dict, JSON text, bytes...).
 
-    The guard computes the call's key once, in ``check_call``, and keeps it on the call so that
-    ``record_outcome`` for the same object does not canonicalize the arguments again.
+    The guard computes the call's key once, in ``check_call``, and keeps it on the call (with
+    which check of which turn it was) so that ``record_outcome`` for the same object neither
+    canonicalizes the arguments again nor searches for the call it belongs to.
     """
 
     name: str
@@ -92,9 +93,15 @@ class ToolCall:
     call_id: str | None = None
     _key: Any = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"ToolCall name must be a non-empty string (the tool's name), got {self.name!r}")
+    def __init__(self, name: str, args: Any = None, call_id: str | None = None) -> None:
+        # Written out (the slots' own setters): a host builds one per call, and the generated
+        # frozen __init__ costs about a third more.
+        if (type(name) is not str or not name) and (not isinstance(name, str) or not name):
+            raise ValueError(f"ToolCall name must be a non-empty string (the tool's name), got {name!r}")
+        _set_name(self, name)
+        _set_args(self, args)
+        _set_call_id(self, call_id)
+        _set_key(self, None)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ToolCall):
@@ -104,6 +111,22 @@ class ToolCall:
         )
 
     __hash__ = object.__hash__
+
+
+_set_name = ToolCall.__dict__["name"].__set__
+_set_args = ToolCall.__dict__["args"].__set__
+_set_call_id = ToolCall.__dict__["call_id"].__set__
+_set_key = ToolCall.__dict__["_key"].__set__
+
+
+class IgnoredOutcome(enum.StrEnum):
+    """Why ``Turn.record_outcome`` ignored a report (a host error; the values are telemetry's)."""
+
+    DUPLICATE = "duplicate"
+    """A second outcome for a ``ToolCall`` object this turn checked (its outcome came already)."""
+    UNKNOWN_CALL = "unknown_call"
+    """An outcome for a call no check of this turn waits for: never checked here, a ``call_id``
+    already answered, or a call the turn stopped waiting for (``guard.MAX_AWAITING``)."""
 
 
 @dataclass(frozen=True, slots=True)

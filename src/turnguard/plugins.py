@@ -43,11 +43,23 @@ PluginFactory = Callable[..., Any]
 FACTORY_PLUGINS: dict[str, str] = {
     "otel": "turnguard.telemetry.otel:plugin_for",
     "recorder": "turnguard.telemetry.recorder:plugin_for",
-    "shadow": "turnguard.policies.shadow:plugin_for",
+    "shadow": "turnguard.shadow:plugin_for",
 }
-"""Built-in plugins that hold state per guard: ``module:factory(config, **providers)``;
-a factory may return ``None`` when the plugin has nothing to do under ``config``. A plugin with
-a ``bind_manager(pm)`` method is given the manager after registration (to call hooks itself)."""
+"""Built-in plugins that hold state per guard, none of them a policy (they report, record, or
+evaluate other configurations without acting): ``module:factory(config, plugin_manager=pm,
+**providers)``, where ``pm`` is the manager being built (for a plugin that calls hooks itself);
+a factory may return ``None`` when the plugin has nothing to do under ``config``."""
+
+NON_POLICY_PLUGINS: tuple[str, ...] = tuple(FACTORY_PLUGINS)
+"""The built-in plugins that are not policies: disable these (``policies_only``) and what is
+left of the built-ins decides and nothing else."""
+
+
+def policies_only(config: GuardConfig) -> GuardConfig:
+    """``config`` with every built-in plugin that is not a policy disabled and no entry points:
+    the guard a replay, a shadow or a test of the policies needs."""
+    disabled = tuple(dict.fromkeys((*config.disable_plugins, *NON_POLICY_PLUGINS)))
+    return config.replace(disable_plugins=disabled, load_entrypoints=False)
 
 
 def plugin_manager(
@@ -65,12 +77,9 @@ def plugin_manager(
     for name, target in reversed(FACTORY_PLUGINS.items()):
         if pm.is_blocked(name):
             continue
-        plugin = _create(name, target, config, providers or {})
+        plugin = _create(name, target, config, {**(providers or {}), "plugin_manager": pm})
         if plugin is not None:
             pm.register(plugin, name=name)
-            bind = getattr(plugin, "bind_manager", None)
-            if callable(bind):  # a plugin that calls hooks itself (the shadow plugin reports through them)
-                bind(pm)
     if config.load_entrypoints:
         _load_entrypoints(pm, environ.get(LOAD_PLUGINS_ENV))
     for name, module in reversed(DEFAULT_PLUGINS.items()):

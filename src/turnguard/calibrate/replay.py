@@ -1,9 +1,9 @@
 """Replay recorded turns through the live guard's own ledger and policy hooks.
 
-``replay_turn`` drives a ``Ledger`` and the compiled check-hook implementations of a real
-turnguard plugin manager (``turnguard.plugins.plugin_manager``: the same modules, the same hook
-order, the same functions a ``Turn`` calls), combining verdicts with ``Turn``'s own rule
-(``turnguard.guard.combine``); a HALT latches (so the replay of a policy stops at its first halt).
+``replay_turn`` drives a ``Ledger`` and the ``Dispatcher`` of a real turnguard plugin manager
+(``turnguard.plugins.plugin_manager``: the same modules, hook order, functions, fail mode and
+``combine`` a ``Turn`` uses, ``turnguard.dispatch``); a HALT latches (so the replay of a policy stops
+at its first halt).
 Attended replays answer every ASK with ``continue``, which resets the streak as ``Turn.resolve``
 does: the recorded turn did go on.
 
@@ -25,17 +25,16 @@ import pluggy
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.config import MAX_CALLS, GuardConfig
-from turnguard.guard import Impl, combine, compiled_checks
+from turnguard.dispatch import Bound, Dispatcher, Impl
 from turnguard.keys import Keyer, store_key
 from turnguard.ledger import Ledger
 from turnguard.model import Action, ToolCall, Verdict
-from turnguard.plugins import plugin_manager
+from turnguard.plugins import plugin_manager, policies_only
 
 Impls = tuple[Impl, ...]
 UNREACHED = MAX_CALLS
 """A stuck threshold no turn reaches."""
 _CYCLE = operator.itemgetter(4)  # RecordedCall.cycle
-_NOT_POLICIES = ("otel", "recorder", "shadow")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,42 +65,29 @@ class Step:
 
 
 class CompiledPolicy:
-    """A policy's check hooks, compiled once: (plugin name, function) pairs in hook order, the
-    functions taking positional arguments (``guard.compiled_checks``)."""
+    """A policy's plugin manager compiled once into a ``Dispatcher`` (its check hooks in hook
+    order, its fail mode, ``combine``), as the live guard compiles its own."""
 
-    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "fail_closed", "keyer", "policy",
+    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "dispatcher", "keyer", "policy",
                  "prefix_config")
 
     def __init__(self, policy: Policy, keyer: Keyer) -> None:
         self.policy = policy
-        self.config = _policies_only(policy.config)
+        self.config = policies_only(policy.config)
         self.keyer = keyer
-        checks = compiled_checks(policy_manager(policy))
-        self.check_cycle: Impls = checks["turnguard_check_cycle"]
-        self.check_call: Impls = checks["turnguard_check_call"]
-        self.check_outcome: Impls = checks["turnguard_check_outcome"]
-        self.fail_closed = self.config.fail_mode == "closed"
+        self.dispatcher = Dispatcher(policy_manager(policy), fail_mode=self.config.fail_mode, log_errors=False)
+        self.check_cycle: Impls = self.dispatcher.check_cycle
+        self.check_call: Impls = self.dispatcher.check_call
+        self.check_outcome: Impls = self.dispatcher.check_outcome
         self.prefix_config = self.config.replace(stuck_repeat_threshold=UNREACHED)
         """For a ``SharedPrefix`` that policies fork from before their stuck threshold is reached:
         a threshold no turn reaches shapes no fact, so it forks into any of them."""
-
-    def plugin_failed(self, name: str, exc: Exception) -> Verdict | None:
-        """What stands in for a check hook that raised or answered something else than a verdict,
-        as in the guard (``Turn._plugin_failed``): a HALT under ``fail_mode=closed``, else nothing."""
-        return _FAILED_CLOSED if self.fail_closed else None
-
-
-_FAILED_CLOSED = Verdict(Action.HALT, None, "plugin failed (fail_mode=closed)")
-
-
-def _policies_only(config: GuardConfig) -> GuardConfig:
-    return config.replace(disable_plugins=_NOT_POLICIES, load_entrypoints=False)
 
 
 def policy_manager(policy: Policy) -> pluggy.PluginManager:
     """The live guard's plugin manager for ``policy`` (policies only: no telemetry, no recorder),
     with the policy's extra rules registered like third-party plugins."""
-    pm = plugin_manager(_policies_only(policy.config), environ={})
+    pm = plugin_manager(policies_only(policy.config), environ={})
     for i, rule in enumerate(policy.extras):
         pm.register(rule.plugin(), name=f"calibrate-extra-{i}")
     return pm
@@ -156,7 +142,7 @@ def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts
         for _ in range(cycles):
             cycle()
         count(digest, call[0])  # call.tool
-        outcome(digest, call[3])  # call.outcome
+        outcome(ledger.checks, call[3])  # call.outcome, for the call just counted
 
 
 class SharedPrefix:
@@ -185,18 +171,10 @@ class SharedPrefix:
             return None
 
 
-def _decide(policy: CompiledPolicy, impls: Impls, args: tuple[Any, ...], ledger: Ledger) -> Verdict | None:
-    """``Turn._decide``: every implementation in isolation, their answers combined by the guard's
-    own rule (``guard.combine``); ``None`` when none said anything."""
-    found = None
-    for name, fn in impls:
-        try:
-            verdict = fn(*args)
-        except Exception as exc:  # isolate plugins as the guard does
-            verdict = policy.plugin_failed(name, exc)
-        if verdict is not None:
-            found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-    return None if found is None else combine(found, ledger, policy.plugin_failed)[0]
+def _decide(policy: CompiledPolicy, hook: str, impls: Bound, args: tuple[Any, ...], ledger: Ledger) -> Verdict | None:
+    """``Dispatcher.decide``: every implementation in isolation, their answers combined by the
+    guard's own rule; ``None`` when none said anything."""
+    return policy.dispatcher.decide(hook, impls, args, ledger)[0]
 
 
 def _answered(verdict: Verdict, call_no: int, stage: str, asks: list[int], ledger: Ledger,
@@ -245,12 +223,12 @@ def replay_turn(
         ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
         advance(ledger, turn, digests, starts, 0, skip)
     asks: list[int] = list(asks_before)
-    check_call, check_outcome = policy.check_call, policy.check_outcome
+    check_cycle, check_call, check_outcome = policy.dispatcher.bind(ledger)
     for i in range(skip, n + 1):
         if snapshots and i in snapshots:
             _take(snapshots.pop(i), ledger, asks)
         if starts[i]:
-            halt = _cycles(policy, ledger, starts[i], i + 1, trace)
+            halt = _cycles(policy, check_cycle, ledger, starts[i], i + 1, trace)
             if halt is not None:
                 return TurnResult(i + 1, _label(halt), tuple(asks))
         if i == n:
@@ -260,12 +238,13 @@ def replay_turn(
             call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
         digest = digests[i]
         ledger.count_call(digest, call.name)
-        verdict = _decide(policy, check_call, (ledger, call), ledger) if check_call else None
+        verdict = _decide(policy, "turnguard_check_call", check_call, (call,), ledger) if check_call else None
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
             return TurnResult(i + 1, _label(verdict), tuple(asks))
         outcome = recorded[i].outcome
-        ledger.record_outcome(digest, outcome)
-        verdict = _decide(policy, check_outcome, (ledger, call, outcome), ledger) if check_outcome else None
+        ledger.record_outcome(ledger.checks, outcome)
+        verdict = (_decide(policy, "turnguard_check_outcome", check_outcome, (call, outcome), ledger)
+                   if check_outcome else None)
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
             return TurnResult(i + 2, _label(verdict), tuple(asks))
     return TurnResult(0, None, tuple(asks))
@@ -278,14 +257,12 @@ def _take(snapshots: list[Snapshot], ledger: Ledger, asks: list[int]) -> None:
             snap.taken = (ledger.fork(snap.config, promptable=snap.promptable), tuple(asks))
 
 
-def _cycles(policy: CompiledPolicy, ledger: Ledger, count: int, call_no: int,
+def _cycles(policy: CompiledPolicy, check_cycle: Bound, ledger: Ledger, count: int, call_no: int,
             trace: list[Step] | None) -> Verdict | None:
     """Begin ``count`` model requests before call ``call_no``, each checked; the halting verdict, if any."""
-    check_cycle = policy.check_cycle
-    args = (ledger,)
     for _ in range(count):
         ledger.begin_cycle()
-        verdict = _decide(policy, check_cycle, args, ledger) if check_cycle else None
+        verdict = _decide(policy, "turnguard_check_cycle", check_cycle, (), ledger) if check_cycle else None
         if verdict is not None:
             if trace is not None:
                 trace.append(Step(call_no, "cycle", verdict.action, _label(verdict)))

@@ -6,8 +6,15 @@ The stop level counts failed identical calls (``streak_stop_on="error"``, the se
 
 Attended turns (``promptable``) reach the user (ASK) at both levels; unattended turns record the
 warning (ALLOW, observed) and halt at the stop level. ``remind_model=True`` turns the warning into
-a REMIND with a message the host may inject into the model's input. Each level fires once, when
-its count reaches the threshold; ``Turn.resolve`` resets the streak so it can fire again.
+a REMIND with a message the host may inject into the model's input. Each level fires once per
+streak, when its count reaches the threshold; ``Turn.resolve`` resets the streak so it can fire
+again.
+
+Outcomes count in check order (``Ledger.record_outcome``). Identical calls checked before the
+outcomes of the earlier ones (a parallel batch in one model response) count those still waiting
+as failures: the stop level fires at the check of the call that, run one at a time, would have
+come after ``streak_stop_at`` failures, so in an unattended turn at most ``streak_stop_at`` of
+them run. (Replays are sequential: ``firing_rule`` needs no batch case.)
 """
 
 from __future__ import annotations
@@ -23,9 +30,6 @@ from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
 
-_ERROR = Outcome.ERROR
-_DENIED = Outcome.DENIED
-
 
 def reminder(tool: str, count: int) -> str:
     return (
@@ -34,11 +38,20 @@ def reminder(tool: str, count: int) -> str:
     )
 
 
+_STOP = (str(Threshold.STREAK), str(Level.STOP))
+
+
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
-    warn_at = turn._warn_at  # hot path: the ledger's fields, not its properties
+    if turn._next != turn._seq:  # hot path (the ledger's fields): earlier calls of the streak still wait
+        return _batched(turn, call)
+    warn_at = turn._warn_at
     if turn._streak != warn_at or not warn_at:
         return None
+    return _warn(turn, call, warn_at)
+
+
+def _warn(turn: Ledger, call: ToolCall, warn_at: int) -> Verdict:
     if turn.config.remind_model:
         action = Action.REMIND
         message = reminder(call.name, warn_at)
@@ -48,19 +61,32 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     return turn.detect(Threshold.STREAK, action, Level.WARN, warn_at, call=call, message=message)
 
 
+def _batched(turn: Ledger, call: ToolCall) -> Verdict | None:
+    """A call checked while earlier identical calls of its streak have no outcome yet (one model
+    response's batch): those count as failures for the stop level, which fires here, before
+    the call runs, if they would have reached it. Had the calls run one at a time, the stop
+    level would have fired at the last of them and this one would not have run."""
+    warn_at, stop_at = turn._warn_at, turn._stop_at
+    if stop_at and _STOP not in turn._fired and turn.provisional_stop_count() >= stop_at:
+        waiting = turn.awaiting_in_streak
+        action = Action.ASK if turn.promptable else Action.HALT
+        return turn.detect(
+            Threshold.STREAK, action, Level.STOP, stop_at, call=call,
+            message=(f"turnguard: {call.name} called {turn._streak} times in a row with identical arguments, "
+                     f"{waiting} of them still without an outcome: had they run one at a time, "
+                     f"{stop_at} identical failures would have stopped it"),
+        )
+    if turn._streak == warn_at and warn_at:
+        return _warn(turn, call, warn_at)
+    return None
+
+
 @hookimpl
 def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
-    if turn._stop_any:
-        if outcome is _DENIED:
-            return None
-        count, what = turn._settled, "was called"
-    elif outcome is not _ERROR:
-        return None
-    else:
-        count, what = turn._failing, "failed"
     stop_at = turn._stop_at
-    if count != stop_at or not stop_at:
+    if turn._stop_peak < stop_at or not stop_at or _STOP in turn._fired:
         return None
+    what = "was called" if turn._stop_any else "failed"
     action = Action.ASK if turn.promptable else Action.HALT
     return turn.detect(
         Threshold.STREAK, action, Level.STOP, stop_at, call=call,

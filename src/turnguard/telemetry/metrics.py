@@ -70,6 +70,9 @@ class Instruments:
         self.plugin_errors = _counter(
             meter, n.METRIC_PLUGIN_ERRORS, "turnguard plugins that raised (and were isolated)."
         )
+        self.host_errors = _counter(
+            meter, n.METRIC_HOST_ERRORS, "Outcomes the guard ignored: duplicates, or for calls it does not wait for."
+        )
         self.shadow_detections = _counter(
             meter, n.METRIC_SHADOW_DETECTIONS,
             "Shadow policies' would-be detections (nothing acted on), by policy, threshold, level, action.",
@@ -118,6 +121,12 @@ class Instruments:
                 n.ERROR_TYPE: self.error_types.fold(type(error).__qualname__),
             },
         )
+
+    def outcome_ignored(self, tool_name: str, agent_name: str | None, reason: str, scope: dict[str, Any]) -> None:
+        attrs = {**scope, n.GEN_AI_TOOL_NAME: self.tools.fold(tool_name), n.HOST_ERROR: reason}
+        if agent_name:
+            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(agent_name)
+        self.host_errors.add(1, attrs)
 
     def shadow_detected(self, policy: str, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
         attrs = self.detection_metric_attributes(event, scope)

@@ -80,6 +80,9 @@ SHADOW_POLICY = "turnguard.shadow.policy"
 """The name of a shadow policy (``GuardConfig.shadow``) on its would-be detections and turns."""
 SHADOW_DETECTED_EVENT = "turnguard.shadow.loop_detected"
 """Log event of a shadow policy's would-be detection (INFO: nothing was acted on)."""
+HOST_ERROR = "turnguard.host_error"
+"""What the host got wrong (``turnguard.IgnoredOutcome``): ``duplicate`` (a second outcome for a
+checked call) or ``unknown_call`` (an outcome no check of the turn waits for). A closed set."""
 PLUGIN_NAME = "turnguard.plugin.name"
 PLUGIN_HOOK = "turnguard.plugin.hook"
 TURN_ABANDONED = "abandoned"
@@ -129,6 +132,8 @@ METRIC_TURN_FIRST_STUCK_CALL = ("turnguard.turn.first_stuck_call", "{tool_call}"
 METRIC_DETECTIONS = ("turnguard.loop.detections", "{detection}")
 METRIC_ESCALATION_ANSWERS = ("turnguard.escalation.answers", "{answer}")
 METRIC_PLUGIN_ERRORS = ("turnguard.plugin.errors", "{error}")
+METRIC_HOST_ERRORS = ("turnguard.host.errors", "{error}")
+"""Reports the guard ignored (``Turn.record_outcome`` for a call it does not wait for)."""
 METRIC_SHADOW_DETECTIONS = ("turnguard.shadow.detections", "{detection}")
 METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call}")
 """Per shadow policy and turn: the calls it saw before its would-be halt (or all of them)."""
@@ -142,6 +147,7 @@ DETECTION_METRIC_ATTRIBUTES = (
 )
 ESCALATION_METRIC_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
 PLUGIN_ERROR_METRIC_ATTRIBUTES = (POLICY, PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
+HOST_ERROR_METRIC_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, HOST_ERROR)
 SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
 SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *_TURN_ATTRIBUTES)
 """``turnguard.turn.outcome`` there is the shadow's: ``halted`` (its would-be halt), the live
@@ -155,6 +161,7 @@ METRIC_ATTRIBUTES = {
     METRIC_DETECTIONS[0]: DETECTION_METRIC_ATTRIBUTES,
     METRIC_ESCALATION_ANSWERS[0]: ESCALATION_METRIC_ATTRIBUTES,
     METRIC_PLUGIN_ERRORS[0]: PLUGIN_ERROR_METRIC_ATTRIBUTES,
+    METRIC_HOST_ERRORS[0]: HOST_ERROR_METRIC_ATTRIBUTES,
     METRIC_SHADOW_DETECTIONS[0]: SHADOW_DETECTION_METRIC_ATTRIBUTES,
     METRIC_SHADOW_TURN_TOOL_CALLS[0]: SHADOW_TURN_METRIC_ATTRIBUTES,
 }

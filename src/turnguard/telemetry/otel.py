@@ -28,7 +28,7 @@ from turnguard.telemetry.spans import SpanReporter
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
     from turnguard.ledger import Ledger
-    from turnguard.model import LoopDetectedEvent, TurnSummary
+    from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary
 
 
 class OtelPlugin(SpanReporter):
@@ -61,6 +61,10 @@ class OtelPlugin(SpanReporter):
     @hookimpl
     def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
         self.instruments.plugin_error(plugin, hook, error, self.scope)
+
+    @hookimpl
+    def turnguard_outcome_ignored(self, turn: Ledger, call: ToolCall, reason: str) -> None:
+        self.instruments.outcome_ignored(call.name, turn.agent_name, str(reason), self.scope)
 
     # -- shadow policies: what they would have done ---------------------------------------------
 

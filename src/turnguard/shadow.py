@@ -16,7 +16,7 @@ rare; the turn's lock is re-entrant). A retry or a user's answer arrives through
 hooks, outside the lock: it is queued and applied by the next check, before it counts anything.
 
 Rules, chosen so that a shadow configured exactly like the live guard reports exactly the live
-guard's detections (``tests/test_policies_shadow.py`` checks it):
+guard's detections (``tests/test_shadow.py`` checks it):
 
 - A would-be HALT latches for that shadow: it stops evaluating (the calls after it would not
   have happened) and its summary counts the calls up to it.
@@ -24,11 +24,16 @@ guard's detections (``tests/test_policies_shadow.py`` checks it):
   ``continue``/``redirect`` (the live facts reset), as the live ledger's does.
 - The live call's key (``call._key``, computed once in ``check_call``) is reused when the shadow
   has the live key mode and digest secret; otherwise the shadow keys the call itself.
-- A shadow's policy that raises is logged and ignored, or, under the shadow's own
-  ``fail_mode="closed"``, is that shadow's would-be HALT; it never reaches the live verdict.
+- Outcomes are credited in check order, as the live ledger credits them (``Ledger.record_outcome``
+  with the live call's sequence number): a shadow sees a parallel batch as the live guard does.
+- Each shadow configuration's policies run through their own ``Dispatcher`` (a policies-only
+  plugin manager, ``plugins.policies_only``), combined by its rule: a policy that raises is
+  logged and ignored, or, under the shadow's own ``fail_mode="closed"``, is that shadow's
+  would-be HALT; it never reaches the live verdict.
 
 Cost: per shadow, a ledger update and its policy functions per call; no keying, no dispatch
-(``benchmarks/bench_shadow.py`` measures it).
+(``benchmarks/bench_shadow.py`` measures it). This module sits above the guard: the guard knows
+nothing of shadows; the ``shadow`` built-in plugin (``plugins.FACTORY_PLUGINS``) is this.
 """
 
 from __future__ import annotations
@@ -41,40 +46,34 @@ from typing import Any
 import pluggy
 
 from turnguard.config import GuardConfig
+from turnguard.dispatch import PASSTHROUGH, Bound, Dispatcher, Observer, observer_impls
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer
-from turnguard.ledger import Ledger
+from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, Answer, LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
+from turnguard.plugins import plugin_manager as policy_manager
+from turnguard.plugins import policies_only
 
 log = logging.getLogger("turnguard")
-Impls = tuple[Callable[..., Any], ...]
 _HALT = Action.HALT
 _RESETTING_ANSWERS = frozenset({Answer.CONTINUE.value, Answer.REDIRECT.value})
-_NOT_POLICIES = ("otel", "recorder", "shadow")
 
 
 class ShadowPolicy:
-    """One shadow configuration's compiled policy functions (built once per guard)."""
+    """One shadow configuration: its dispatcher over a policies-only manager (built once per guard)."""
 
-    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "name", "own_digest")
+    __slots__ = ("config", "dispatcher", "name", "own_digest")
 
     def __init__(self, name: str, config: GuardConfig, live: GuardConfig) -> None:
-        # Imported here: guard.py imports plugins.py, which imports this module lazily.
-        from turnguard.guard import compiled_checks
-        from turnguard.plugins import plugin_manager
-
         self.name = name
         self.config = config
         same_keys = config.key_mode == live.key_mode and config.digest_key == live.digest_key
         self.own_digest: Callable[[ToolCall], bytes] | None = None if same_keys else _digest_with(
             Keyer(config.key_mode, config.digest_key))
         """``None``: the live call's digest is this shadow's; else how this shadow keys a call."""
-        disabled = tuple(dict.fromkeys((*config.disable_plugins, *_NOT_POLICIES)))
-        pm = plugin_manager(config.replace(disable_plugins=disabled, load_entrypoints=False), environ={})
-        checks = compiled_checks(pm)
-        self.check_cycle: Impls = tuple(fn for _, fn in checks["turnguard_check_cycle"])
-        self.check_call: Impls = tuple(fn for _, fn in checks["turnguard_check_call"])
-        self.check_outcome: Impls = tuple(fn for _, fn in checks["turnguard_check_outcome"])
+        pm = policy_manager(policies_only(config), environ={})
+        self.dispatcher = Dispatcher(pm, fail_mode=config.fail_mode, capture_content=live.capture_content,
+                                     label=f"shadow {name!r}")
 
 
 def _digest_with(keyer: Keyer) -> Callable[[ToolCall], bytes]:
@@ -83,14 +82,15 @@ def _digest_with(keyer: Keyer) -> Callable[[ToolCall], bytes]:
 
 
 class ShadowRun:
-    """One shadow policy on one live turn: its ledger and its latched would-be halt."""
+    """One shadow policy on one live turn: its ledger, its bound checks, its latched would-be halt."""
 
-    __slots__ = ("halt", "ledger", "policy")
+    __slots__ = ("checks", "halt", "ledger", "policy")
 
-    def __init__(self, policy: ShadowPolicy, turn: Ledger) -> None:
+    def __init__(self, policy: ShadowPolicy, turn: LedgerView) -> None:
         self.policy = policy
         self.ledger = Ledger(policy.config, turn_id=turn.turn_id, conversation_id=turn.conversation_id,
                              agent_name=turn.agent_name, promptable=turn.promptable)
+        self.checks = policy.dispatcher.bind(self.ledger)
         self.halt: Verdict | None = None
 
 
@@ -101,7 +101,7 @@ class TurnShadows:
 
     __slots__ = ("active", "detected", "ended", "found", "pending", "runs")
 
-    def __init__(self, runs: list[ShadowRun], detected: tuple[Any, ...], ended: tuple[Any, ...]) -> None:
+    def __init__(self, runs: list[ShadowRun], detected: tuple[Observer, ...], ended: tuple[Observer, ...]) -> None:
         self.runs = runs
         self.found: list[tuple[str, LoopDetectedEvent]] = []
         self.pending: list[Callable[[Ledger], None]] = []
@@ -111,8 +111,8 @@ class TurnShadows:
 
     def drop_halted(self) -> None:
         self.active = tuple(
-            (run, run.ledger, run.policy.own_digest, run.ledger.count_call, run.policy.check_call,
-             run.ledger.record_outcome, run.policy.check_outcome)
+            (run, run.ledger, run.policy.own_digest, run.ledger.count_call, run.checks.call,
+             run.ledger.record_outcome, run.checks.outcome)
             for run in self.runs if run.halt is None
         )
 
@@ -127,28 +127,22 @@ class TurnShadows:
 class ShadowPlugin:
     """The ``shadow`` built-in: evaluates ``GuardConfig.shadow`` on live traffic."""
 
-    def __init__(self, config: GuardConfig) -> None:
+    def __init__(self, config: GuardConfig, pm: pluggy.PluginManager | None = None) -> None:
         self.policies = tuple(ShadowPolicy(name, c, config) for name, c in config.shadow_configs())
         self._digest = _digest_with(Keyer(config.key_mode, config.digest_key))
         """The live guard's digest of a call that reaches the hooks unkeyed (driven by a host's
         own plugin manager rather than a ``Turn``, which keys every call first)."""
-        self._pm: pluggy.PluginManager | None = None
-        self._turns: dict[int, TurnShadows] = {}
-
-    def bind_manager(self, pm: pluggy.PluginManager) -> None:
-        """The manager whose ``turnguard_shadow_*`` observers hear about would-be detections."""
         self._pm = pm
+        """The live manager: its ``turnguard_shadow_*`` observers hear about would-be detections."""
+        self._turns: dict[int, TurnShadows] = {}
 
     # -- per-turn state -------------------------------------------------------------------------
 
-    def _observers(self, hook: str) -> tuple[tuple[str, Callable[..., Any], tuple[str, ...]], ...]:
-        if self._pm is None:
-            return ()
-        caller = getattr(self._pm.hook, hook)
-        return tuple((i.plugin_name, i.function, tuple(i.argnames)) for i in reversed(caller.get_hookimpls()))
+    def _observers(self, hook: str) -> tuple[Observer, ...]:
+        return observer_impls(self._pm, hook) if self._pm is not None else ()
 
     @hookimpl
-    def turnguard_turn_started(self, turn: Ledger) -> None:
+    def turnguard_turn_started(self, turn: LedgerView) -> None:
         runs = [ShadowRun(p, turn) for p in self.policies]
         state = TurnShadows(runs, self._observers("turnguard_shadow_detected"),
                             self._observers("turnguard_shadow_turn_ended"))
@@ -161,12 +155,12 @@ class ShadowPlugin:
     # The per-call work runs in the check hooks, which the guard calls positionally under the
     # turn's lock: the shadows see each call in the order the live ledger counted it (parallel
     # calls included) at no observer-dispatch cost. They always return None: a shadow never acts.
-    # The call and outcome hooks inline ``_decide``'s loop: one more call per shadow per hook is
-    # about 0.1 µs, which the shadows' budget (under twice the live guard's cost) does not have.
-    # Would-be detections are reported from there too (rare; the turn's lock is re-entrant).
+    # The call and outcome hooks inline ``Dispatcher.decide``'s loop: one more call per shadow
+    # per hook is about 0.1 µs, which the shadows' budget (under twice the live guard's cost)
+    # does not have. Would-be detections are reported from there too (rare; the lock is re-entrant).
 
     @hookimpl
-    def turnguard_check_cycle(self, turn: Ledger) -> None:
+    def turnguard_check_cycle(self, turn: LedgerView) -> None:
         state = self._turns.get(id(turn))
         if state is None:
             return None
@@ -175,15 +169,19 @@ class ShadowPlugin:
         try:
             for run, ledger, *_ in state.active:
                 ledger.begin_cycle()
-                _decide(run, run.policy.check_cycle, (ledger,), state)
-        except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
+                found = _collect(run, run.checks.cycle, "turnguard_check_cycle", ())
+                if found:
+                    _decided(run, "turnguard_check_cycle", found, state)
+        except PASSTHROUGH:
+            raise
+        except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
             self._flush(turn)
         return None
 
     @hookimpl
-    def turnguard_check_call(self, turn: Ledger, call: ToolCall) -> None:
+    def turnguard_check_call(self, turn: LedgerView, call: ToolCall) -> None:
         state = self._turns.get(id(turn))
         if state is None:
             return None
@@ -193,41 +191,55 @@ class ShadowPlugin:
         digest = key[0] if key is not None else self._digest(call)
         name = call.name
         try:
-            for run, ledger, own_digest, count, checks, _, _ in state.active:
+            for run, _, own_digest, count, checks, _, _ in state.active:
                 count(digest if own_digest is None else own_digest(call), name)
-                for fn in checks:
+                found = None
+                for plugin, fn, arg in checks:
                     try:
-                        verdict = fn(ledger, call)
-                    except Exception as exc:  # a shadow never acts, not even by failing
-                        verdict = _failed(run, exc)
+                        verdict = fn(arg, call)
+                    except PASSTHROUGH:
+                        raise
+                    except BaseException as exc:  # a shadow never acts, not even by failing
+                        verdict = run.policy.dispatcher.failed(plugin, "turnguard_check_call", exc)
                     if verdict is not None:
-                        _decided(run, verdict, state)
-        except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
+                        found = [(plugin, verdict)] if found is None else [*found, (plugin, verdict)]
+                if found is not None:
+                    _decided(run, "turnguard_check_call", found, state)
+        except PASSTHROUGH:
+            raise
+        except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
             self._flush(turn)
         return None
 
     @hookimpl
-    def turnguard_check_outcome(self, turn: Ledger, call: ToolCall, outcome: Outcome) -> None:
+    def turnguard_check_outcome(self, turn: LedgerView, call: ToolCall, outcome: Outcome) -> None:
         state = self._turns.get(id(turn))
         if state is None:
             return None
         if state.pending:
             state.apply_pending()
         key = call._key
-        digest = key[0] if key is not None else self._digest(call)
+        seq = key[3] if key is not None and len(key) > 3 else turn.checks  # the live check it belongs to
         try:
-            for run, ledger, own_digest, _, _, record, checks in state.active:
-                record(digest if own_digest is None else own_digest(call), outcome)
-                for fn in checks:
+            for run, _, _, _, _, record, checks in state.active:
+                record(seq, outcome)
+                found = None
+                for plugin, fn, arg in checks:
                     try:
-                        verdict = fn(ledger, call, outcome)
-                    except Exception as exc:  # a shadow never acts, not even by failing
-                        verdict = _failed(run, exc)
+                        verdict = fn(arg, call, outcome)
+                    except PASSTHROUGH:
+                        raise
+                    except BaseException as exc:  # a shadow never acts, not even by failing
+                        verdict = run.policy.dispatcher.failed(plugin, "turnguard_check_outcome", exc)
                     if verdict is not None:
-                        _decided(run, verdict, state)
-        except Exception as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
+                        found = [(plugin, verdict)] if found is None else [*found, (plugin, verdict)]
+                if found is not None:
+                    _decided(run, "turnguard_check_outcome", found, state)
+        except PASSTHROUGH:
+            raise
+        except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
             self._flush(turn)
@@ -237,13 +249,13 @@ class ShadowPlugin:
     # by the next check (under the lock), before that check counts anything.
 
     @hookimpl
-    def turnguard_retry(self, turn: Ledger) -> None:
+    def turnguard_retry(self, turn: LedgerView) -> None:
         state = self._turns.get(id(turn))
         if state is not None:
             state.pending.append(Ledger.rollback_cycle)
 
     @hookimpl
-    def turnguard_escalation_resolved(self, turn: Ledger, response: str) -> None:
+    def turnguard_escalation_resolved(self, turn: LedgerView, response: str) -> None:
         if response not in _RESETTING_ANSWERS:
             return
         state = self._turns.get(id(turn))
@@ -251,7 +263,7 @@ class ShadowPlugin:
             state.pending.append(Ledger.reset_streak)
 
     @hookimpl
-    def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
+    def turnguard_turn_ended(self, turn: LedgerView, summary: TurnSummary) -> None:
         self._flush(turn)
         state = self._turns.pop(id(turn), None)
         if state is None:
@@ -263,7 +275,7 @@ class ShadowPlugin:
         for name, shadow_summary in summaries:
             _call_each(state.ended, turn=turn, policy=name, summary=shadow_summary)
 
-    def _flush(self, turn: Ledger) -> None:
+    def _flush(self, turn: LedgerView) -> None:
         """Report the would-be detections noted since the last report (in the order they came)."""
         state = self._turns.get(id(turn))
         if state is None or not state.found:
@@ -273,42 +285,36 @@ class ShadowPlugin:
             _call_each(state.detected, turn=turn, policy=name, event=event)
 
 
-def _decide(run: ShadowRun, impls: Impls, args: tuple[Any, ...], state: TurnShadows) -> None:
+def _collect(run: ShadowRun, impls: Bound, hook: str, args: tuple[Any, ...]) -> list[tuple[str, Any]] | None:
     """A shadow's policies on a model request (the per-call hooks inline this loop)."""
-    for fn in impls:
+    found = None
+    for plugin, fn, arg in impls:
         try:
-            verdict = fn(*args)
-        except Exception as exc:  # a shadow never acts, not even by failing
-            verdict = _failed(run, exc)
+            verdict = fn(arg, *args)
+        except PASSTHROUGH:
+            raise
+        except BaseException as exc:  # a shadow never acts, not even by failing
+            verdict = run.policy.dispatcher.failed(plugin, hook, exc)
         if verdict is not None:
-            _decided(run, verdict, state)
+            found = [(plugin, verdict)] if found is None else [*found, (plugin, verdict)]
+    return found
 
 
-def _failed(run: ShadowRun, exc: Exception) -> Verdict | None:
-    """A shadow's policy raised: logged; under the shadow's ``fail_mode="closed"`` it is the
-    shadow's would-be HALT (what that configuration would have done live), else ignored."""
-    log.error("turnguard shadow policy %r raised: %r", run.policy.name, exc, exc_info=exc)
-    if run.policy.config.fail_mode == "closed":
-        return Verdict(Action.HALT, None, f"turnguard: shadow {run.policy.name!r} failed (fail_mode=closed): {exc!r}")
-    return None
-
-
-def _decided(run: ShadowRun, verdict: Verdict, state: TurnShadows) -> None:
-    """A shadow's policy returned a verdict: note the detection in ``state.found``; a HALT
-    latches (the first one) and takes the run out of ``state.active`` for the calls after this."""
-    if not isinstance(verdict, Verdict):
-        return
-    if verdict.event is not None:
-        run.ledger.note_detection()
-        state.found.append((run.policy.name, verdict.event))
-    if verdict.action is _HALT and run.halt is None:
-        run.halt = verdict
+def _decided(run: ShadowRun, hook: str, found: list[tuple[str, Any]], state: TurnShadows) -> None:
+    """A shadow's policies answered: combined by the shadow's dispatcher (as the live guard
+    combines), each detection noted in ``state.found``; a HALT latches and takes the run out of
+    ``state.active`` for the calls after this."""
+    best, events = run.policy.dispatcher.combine(hook, found, run.ledger)
+    name = run.policy.name
+    state.found.extend((name, event) for event in events)
+    if best is not None and best.action is _HALT and run.halt is None:
+        run.halt = best
         state.drop_halted()
 
 
-def _give_up(state: TurnShadows, exc: Exception) -> None:
+def _give_up(state: TurnShadows, exc: BaseException) -> None:
     """Something outside the policies failed: stop evaluating shadows for this turn (logged)."""
-    log.error("turnguard shadow plugin failed; shadows stop for this turn: %r", exc, exc_info=exc)
+    log.error("turnguard shadow plugin failed (%s); shadows stop for this turn", type(exc).__qualname__)
     state.active = ()
 
 
@@ -318,17 +324,20 @@ def _reason(run: ShadowRun, live: TurnSummary) -> str:
     return "live_halted" if live.reason == "halted" else live.reason
 
 
-def _call_each(observers: tuple[Any, ...], **kwargs: Any) -> None:
+def _call_each(observers: tuple[Observer, ...], **kwargs: Any) -> None:
     """Each reporting observer in isolation: a broken one must not stop the others or the host."""
     for plugin_name, fn, argnames in observers:
         try:
             fn(**{n: kwargs[n] for n in argnames})
-        except Exception as exc:
-            log.error("turnguard plugin %r raised in a shadow report: %r", plugin_name, exc, exc_info=exc)
+        except PASSTHROUGH:
+            raise
+        except BaseException as exc:
+            log.error("turnguard plugin %r raised %s in a shadow report", plugin_name, type(exc).__qualname__)
 
 
-def plugin_for(config: GuardConfig, **_providers: Any) -> ShadowPlugin | None:
+def plugin_for(config: GuardConfig, *, plugin_manager: pluggy.PluginManager | None = None,
+               **_providers: Any) -> ShadowPlugin | None:
     """The shadow plugin for ``config``, or ``None`` when it has no shadow policies."""
     if not config.shadow:
         return None
-    return ShadowPlugin(config)
+    return ShadowPlugin(config, plugin_manager)
