@@ -15,6 +15,13 @@ canonical JSON (``json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 digest of name + JSON, and a dict count. Targets: <= 5 us per small call, <= 3x the floor
 (shell-command strings: <= 2x).
 
+The coding-agent mix: turns of 100 calls as a coding agent makes them (``read_file`` with
+re-reads of the same files, ``terminal`` commands, ``write_file`` with a few KB of content, and
+stuck episodes: one failing ``terminal`` call re-issued six times, which the warn level notices),
+each ``ToolCall`` built per call inside the timed loop, as a host builds it from the model's
+response; the floor keys and counts the same name and arguments (no ``ToolCall``). Target: at
+most 1.5x the floor.
+
 Memory: tracemalloc over a 1,000,000-call turn of distinct small calls (the cap disabled so the
 turn runs to the end), sampled as the turn grows: the ledger stops growing once it tracks
 ``max_tracked_keys`` keys (default 65,536); keys first seen past the bound are not counted.
@@ -26,6 +33,7 @@ import argparse
 import gc
 import hashlib
 import json
+import random
 import statistics
 import sys
 import time
@@ -34,8 +42,9 @@ from collections.abc import Callable
 from typing import Any
 
 import turnguard as tg
+from turnguard.plugins import NON_POLICY_PLUGINS
 
-TELEMETRY_OFF = ("otel", "recorder", "shadow")
+TELEMETRY_OFF = NON_POLICY_PLUGINS
 _clock = time.process_time
 """CPU time of this process: on a shared machine, time the OS gives other processes is not counted."""
 TARGET_SMALL_US = 5.0
@@ -71,6 +80,32 @@ CASES: list[tuple[str, str, Callable[[int], Any], int, int]] = [
     ("10 KB dict", "write_file", _sized(10 * 1024), 200, 15),
     ("1 MB dict", "write_file", _sized(1024 * 1024), 10, 9),
 ]
+
+
+MIX_CALLS = 100
+"""Calls per coding-agent turn: the default soft cap, so its re-reads cannot make it stuck past S."""
+TARGET_MIX_RATIO = 1.5
+
+
+def coding_mix(seed: int) -> list[tuple[str, Any, tg.Outcome]]:
+    """One coding-agent turn: (tool, args, outcome) for ``MIX_CALLS`` calls, deterministic per seed."""
+    rng = random.Random(seed)
+    files = [f"src/app/module_{seed}_{i}.py" for i in range(12)]
+    body = "def f():\n    return 1\n" * 60
+    calls: list[tuple[str, Any, tg.Outcome]] = []
+    while len(calls) < MIX_CALLS:
+        pick = rng.random()
+        if pick < 0.03:  # a stuck episode (about two a turn): the same failing command, re-issued
+            command = {"command": f"pytest -q tests/test_{seed}_{len(calls)}.py", "timeout": 120}
+            calls.extend(("terminal", command, tg.Outcome.ERROR) for _ in range(6))
+        elif pick < 0.55:
+            calls.append(("read_file", {"path": rng.choice(files), "offset": 0, "limit": 400}, tg.Outcome.OK))
+        elif pick < 0.8:
+            calls.append(("terminal", {"command": f"grep -rn 'name_{rng.randrange(40)}' src/"}, tg.Outcome.OK))
+        else:
+            calls.append(("write_file", {"path": rng.choice(files), "content": f"# {len(calls)}\n{body}"},
+                          tg.Outcome.OK))
+    return calls[:MIX_CALLS]
 
 
 def _guard() -> tg.Guard:
@@ -145,6 +180,51 @@ def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def mix_batch(guard: tg.Guard, turns: list[list[tuple[str, Any, tg.Outcome]]]) -> float:
+    """Seconds per call over coding-agent turns, each ``ToolCall`` built in the timed loop."""
+    make = tg.ToolCall
+    total = 0.0
+    for calls in turns:
+        turn = guard.turn()
+        check, record = turn.check_call, turn.record_outcome
+        gc.disable()
+        start = _clock()
+        for tool, args, outcome in calls:
+            call = make(tool, args)
+            check(call)
+            record(call, outcome)
+        total += _clock() - start
+        gc.enable()
+        turn.end()
+        assert turn.halted is None, "a detector halted the mix: the benchmark would measure a latched turn"
+    return total / sum(len(calls) for calls in turns)
+
+
+def mix_floor_batch(key: Callable[[str, Any], bytes], turns: list[list[tuple[str, Any, tg.Outcome]]]) -> float:
+    total = 0.0
+    for calls in turns:
+        counts: dict[bytes, int] = {}
+        gc.disable()
+        start = _clock()
+        for tool, args, _ in calls:
+            digest = key(tool, args)
+            counts[digest] = counts.get(digest, 0) + 1
+        total += _clock() - start
+        gc.enable()
+    return total / sum(len(calls) for calls in turns)
+
+
+def mix_per_call(batches: int, turns_per_batch: int = 10) -> dict[str, float]:
+    """Median seconds per call of the coding-agent mix, guard and strict floor interleaved."""
+    guard, floor = _guard(), _strict_floor()
+    samples: dict[str, list[float]] = {"guard": [], "strict": []}
+    for b in range(batches):
+        turns = [coding_mix(b * turns_per_batch + t) for t in range(turns_per_batch)]
+        samples["guard"].append(mix_batch(guard, turns))
+        samples["strict"].append(mix_floor_batch(floor, turns))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def ledger_memory(calls: int, checkpoints: tuple[int, ...]) -> list[tuple[int, int, int]]:
     """(calls, traced bytes held by the turn, distinct keys tracked) at each checkpoint."""
     guard = tg.Guard(tg.GuardConfig(disable_plugins=TELEMETRY_OFF, max_tool_calls_per_turn=0), environ={})
@@ -185,6 +265,11 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         elif case == "shell string":
             row["target"], row["met"] = f"<= {TARGET_SHELL_RATIO:g}x floor", ratio <= TARGET_SHELL_RATIO
         rows.append(row)
+    mix = mix_per_call(8 if quick else 30)
+    ours, floor = mix["guard"], mix["strict"]
+    rows.append({"benchmark": "core", "case": "check_call + record_outcome, coding-agent mix (ToolCall per call)",
+                 "value": ours * 1e6, "unit": "us/call", "floor": floor * 1e6, "ratio": ours / floor,
+                 "target": f"<= {TARGET_MIX_RATIO:g}x floor", "met": ours / floor <= TARGET_MIX_RATIO})
     total = 100_000 if quick else MEMORY_CALLS
     bound = tg.GuardConfig().max_tracked_keys
     checkpoints = tuple(sorted({10_000, bound, min(total, 2 * bound), total // 2, total}))

@@ -21,8 +21,9 @@ from typing import Any
 
 import turnguard as tg
 from bench_core import _small, guard_batch
+from turnguard.plugins import NON_POLICY_PLUGINS
 
-TELEMETRY_OFF = ("otel", "recorder")
+TELEMETRY_OFF = tuple(p for p in NON_POLICY_PLUGINS if p != "shadow")
 SHADOWS = (
     ("tight", {"soft_cap": 200, "hard_multiplier": 5}),
     ("stale", {"stuck_signal": "stale_repeat"}),
