@@ -29,10 +29,11 @@ the last call whose key had never been seen before in the turn) and the settled 
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from turnguard.keys import cached_digest
 from turnguard.model import Action, Level, LoopDetectedEvent, Outcome, Threshold, ToolCall, TurnSummary, Verdict
@@ -662,18 +663,9 @@ plugins key per-turn state by it. The view holds the ledger; the ledger does not
         """See ``Ledger.provisional_stop_count``."""
         return _ledger_of(self).provisional_stop_count()
 
-    def detect(
-        self,
-        threshold: Threshold | str,
-        action: Action,
-        level: Level,
-        limit: int,
-        *,
-        call: ToolCall | None = None,
-        message: str = "",
-    ) -> Verdict:
-        """A verdict whose ``LoopDetectedEvent`` records the turn's counts now."""
-        return _ledger_of(self).detect(threshold, action, level, limit, call=call, message=message)
+    @functools.wraps(Ledger.detect)
+    def detect(self, *args: Any, **kwargs: Any) -> Verdict:
+        return _ledger_of(self).detect(*args, **kwargs)
 
     def __repr__(self) -> str:
         ledger = _ledger_of(self)
