@@ -39,10 +39,6 @@ command line. A module belongs to the layer of the longest name above that is it
 holding it (``turnguard`` itself is the facade only, not every module of the package)."""
 
 KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
-    # policies/shadow.py is a second guard runtime under policies/ (issue 11: it moves to
-    # turnguard/shadow.py, above the guard).
-    ("turnguard.policies.shadow", "turnguard.guard"),
-    ("turnguard.policies.shadow", "turnguard.plugins"),
 })
 """Upward imports that are known and being removed; no other may appear."""
 

@@ -302,6 +302,13 @@ class Turn:
         if not seq:
             return self._ignored(call, outcome)
         failed = self._after(events) if events else False
+        if self._outcome_observers and self._observe_outcome(call, outcome, verdict):
+            failed = True
+        return self._observer_halt("turnguard_outcome_recorded", verdict) if failed else verdict
+
+    def _observe_outcome(self, call: ToolCall, outcome: Outcome, verdict: Verdict) -> bool:
+        """``turnguard_outcome_recorded``, positionally, each observer isolated; ``True`` when one failed."""
+        failed = False
         for name, fn, turn in self._outcome_observers:
             try:
                 fn(turn, call, outcome, verdict)
@@ -310,7 +317,7 @@ class Turn:
             except BaseException as exc:  # observers never break the host
                 self._dispatch.report_error(name, "turnguard_outcome_recorded", exc, self.view)
                 failed = True
-        return self._observer_halt("turnguard_outcome_recorded", verdict) if failed else verdict
+        return failed
 
     def retry(self) -> None:
         """The current model request is being re-sent: roll its calls back, clear repeats and streaks.
