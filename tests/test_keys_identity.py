@@ -325,6 +325,16 @@ def test_the_live_digest_hashes_the_identity_bytes(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_digests_stay_right_past_the_tool_names_a_keyer_keeps_hash_states_for(mode):
+    secret = b"k" * 32
+    keyer = Keyer(mode, secret)
+    for i in range(1500):  # more names than the keyer keeps states for
+        for args in (f"ls {i}", {"i": i}):
+            expected = hashlib.blake2b(identity_bytes(f"tool{i}", args, mode), digest_size=8, key=secret).digest()
+            assert keyer.digest(f"tool{i}", args) == expected
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_the_inlined_cases_of_identity_bytes_change_nothing(mode):
     body = canonical_bytes if mode == "canonical" else byte_identity
     texts = ["ls -la", "tail -f x", "true\n", '{"b": 1, "a": [2]}', '{"a": 1} x', "{}", "{", "\x02s1:1", "ls \ud800",
