@@ -3,6 +3,8 @@ Chromium with its charts and tables, without console errors."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import GridSpec, build_grid
+from turnguard.calibrate.grid import GridSpec, build_grid, dedupe
 from turnguard.calibrate.html import render
 from turnguard.calibrate.inputs import corpus_turn
 from turnguard.calibrate.synthetic import SMALL, records
@@ -98,3 +100,64 @@ def test_headless_chromium_renders_charts_and_tables_without_errors(page: tuple[
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 0 and shot.stat().st_size > 20_000, done.stderr[-2000:]
     assert not re.search(r"(Uncaught|Refused to)", done.stderr)
+
+
+LAYOUT_PROBE = """<script>
+addEventListener("load", () => {
+  const problems = [];
+  for (const svg of document.querySelectorAll("svg.chart")) {
+    const [, , w, h] = svg.getAttribute("viewBox").split(" ").map(Number);
+    const boxes = [...svg.querySelectorAll("text")].map(t => [t, t.getBBox()]).filter(([, b]) => b.width > 0);
+    for (const [t, b] of boxes) {
+      if (b.x < -0.5 || b.y < -0.5 || b.x + b.width > w + 0.5 || b.y + b.height > h + 0.5)
+        problems.push(`${svg.id}: '${t.textContent}' leaves the chart`);
+    }
+    for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+      const [a, p] = boxes[i], [c, q] = boxes[j];
+      const dx = Math.min(p.x + p.width, q.x + q.width) - Math.max(p.x, q.x);
+      const dy = Math.min(p.y + p.height, q.y + q.height) - Math.max(p.y, q.y);
+      if (dx > 0.5 && dy > 1.5) problems.push(`${svg.id}: '${a.textContent}' overlaps '${c.textContent}'`);
+    }
+  }
+  const out = document.createElement("pre");
+  out.id = "layout-problems";
+  out.textContent = JSON.stringify(problems);
+  document.body.append(out);
+});
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def crowded_page() -> str:
+    """Many caps close together on the log axis, several at one value, long policy names."""
+    policies = build_grid(GridSpec(soft_caps=(20, 50, 100), multipliers=(2, 3, 5, 10, 20), explicit_caps=(30, 50, 100),
+                                   cycle_caps=(0, 50)))
+    policies = dedupe(policies + build_grid(GridSpec(cross=True, soft_caps=(20,), multipliers=(2,), stuck_repeats=(3,),
+                                                     streaks=((3, 5),), explicit_caps=(), cycle_caps=(50,))))
+    stats = Calibrator(policies).add_all(corpus_turn(r, "gen", i, print)
+                                         for i, r in enumerate(records(300, seed=3, mix=SMALL)))
+    return render(stats)
+
+
+@pytest.mark.chromium
+def test_in_chromium_no_chart_label_overlaps_another_or_leaves_its_chart(crowded_page: str, tmp_path: Path) -> None:
+    """Measured by the browser's own layout (``getBBox`` of every text in every chart), on a copy
+    of the page with a measuring script (the report itself runs none); the screenshot of the page
+    is kept next to it for a person to look at (``REPORT_SCREENSHOT=path.png`` keeps it there)."""
+    chromium = _chromium()
+    probe = tmp_path / "probe.html"
+    page = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", crowded_page)
+    probe.write_text(page.replace("</body>", LAYOUT_PROBE + "</body>"), encoding="utf-8")
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'<pre id="layout-problems">(.*?)</pre>', dom.stdout, re.S)
+    assert found, "the measuring script did not run"
+    assert json.loads(html.unescape(found.group(1))) == []
+    shown = tmp_path / "report.html"
+    shown.write_text(crowded_page, encoding="utf-8")
+    shot = Path(os.environ.get("REPORT_SCREENSHOT", tmp_path / "report.png"))
+    done = subprocess.run([*flags, "--window-size=1300,3000", f"--screenshot={shot}", shown.as_uri()],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and shot.stat().st_size > 20_000, done.stderr[-2000:]

@@ -29,7 +29,56 @@ COLORS = {
 }
 FP_COLOR = "#111111"
 ROW_H = 16
-LABEL_W = 250
+CHAR_W = 7.0
+"""Width of one character of the charts' 11 px sans-serif text, a little over its average: label
+positions are planned with it so that no two labels overlap and none leaves its chart."""
+LANE_H = 12
+LABEL_GAP = 6
+
+
+def text_width(text: str) -> float:
+    return len(text) * CHAR_W
+
+
+def label_width(data: list[dict[str, Any]]) -> float:
+    """The room left of the bars for the longest policy name (bold for the default)."""
+    return max(120.0, *(text_width(r["name"]) * (1.1 if r["default"] else 1) + 12 for r in data)) if data else 120.0
+
+
+def spaced(items: list[tuple[float, str]], lo: float, hi: float, gap: float = LABEL_GAP) -> list[tuple[float, str]]:
+    """The ``(x, label)`` items (sorted by x), centred labels, that fit between ``lo`` and ``hi``
+    without touching the one before: an axis' tick labels."""
+    shown: list[tuple[float, str]] = []
+    end = lo - gap
+    for x, label in sorted(items):
+        half = text_width(label) / 2
+        if x - half >= end + gap and x + half <= hi:
+            shown.append((x, label))
+            end = x + half
+    return shown
+
+
+def lanes(items: list[tuple[float, str]], lo: float, hi: float) -> list[tuple[float, str, str, int]]:
+    """Each ``(x, label)`` placed in the first lane (row) where it overlaps no other label and
+    below every label its line would cross on its way up: ``(x, label, text-anchor, lane)``. A
+    label that would leave ``hi`` is drawn to the left of its x."""
+    ends: list[float] = []
+    spans: list[tuple[float, float, int]] = []  # (start, end, lane) of the labels placed so far
+    placed = []
+    for x, label in sorted(items):
+        w = text_width(label)
+        start, anchor = (x + 2, "start") if x + 2 + w <= hi else (max(lo, x - 2 - w), "end")
+        below = max((lane for a, b, lane in spans if a - 1 <= x <= b + 1), default=-1)
+        # drawn leftwards, the label must also stay above the earlier lines it spans
+        above = min((lane for px, _, _, lane in placed if start - 1 <= px <= x), default=1 << 30)
+        free = [i for i, e in enumerate(ends) if i > below and start >= e + LABEL_GAP]
+        lane = next((i for i in free if i < above), free[0] if free else max(len(ends), below + 1))
+        while len(ends) <= lane:
+            ends.append(float("-inf"))
+        ends[lane] = start + w
+        spans.append((start, start + w, lane))
+        placed.append((x, label, anchor, lane))
+    return placed
 
 
 def esc(value: Any) -> str:
@@ -45,22 +94,27 @@ def _legend(items: list[tuple[str, str]]) -> str:
 def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, str]], marker_key: str | None,
            title: str, caption: str) -> str:
     """Horizontal bars, one per policy, stacked by ``segments`` (key, color)."""
-    width = 900
-    plot_w = width - LABEL_W - 150
     values = [sum(r["_seg"].get(k, 0) for k, _ in segments) for r in data]
+    texts = [f"{total:,}" + (f" ({r[marker_key]:,} resolved)" if marker_key and r.get(marker_key) else "")
+             for r, total in zip(data, values, strict=True)]
+    label_w = label_width(data)
+    plot_w = 500
+    width = round(label_w + plot_w + max(map(text_width, [*texts, "0"])) + 12)
     top = max([*values, 1])
     height = ROW_H * len(data) + 30
     parts = [f'<svg id="{chart_id}" class="chart" role="img" aria-label="{esc(title)}" width="{width}" '
              f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
-    for i in range(5):
-        x = LABEL_W + plot_w * i / 4
+    ticks = [(label_w + plot_w * i / 4, _num(top * i / 4)) for i in range(5)]
+    for x, _ in ticks:
         parts.append(f'<line class="grid" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 20}"/>')
-        parts.append(f'<text x="{x:.1f}" y="{height - 6}" text-anchor="middle">{_num(top * i / 4)}</text>')
-    for row, (r, total) in enumerate(zip(data, values, strict=True)):
+    for x, label in spaced(ticks, 0, width):
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{height - 6}" text-anchor="middle">{label}</text>')
+    for row, r in enumerate(data):
         y = row * ROW_H + 2
         weight = ' font-weight="bold"' if r["default"] else ""
-        parts.append(f'<text x="{LABEL_W - 6}" y="{y + 11}" text-anchor="end"{weight}>{esc(r["name"])}</text>')
-        x = LABEL_W
+        parts.append(f'<text class="name" x="{label_w - 6:.1f}" y="{y + 11}" text-anchor="end"{weight}>'
+                     f'{esc(r["name"])}</text>')
+        x = label_w
         for key, color in segments:
             v = r["_seg"].get(key, 0)
             if not v:
@@ -70,13 +124,12 @@ def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, 
                          f'fill="{color}"><title>{esc(r["name"])}: {esc(key)} {v:,}</title></rect>')
             x += w
         if marker_key and r.get(marker_key):
-            mx = LABEL_W + plot_w * r[marker_key] / top
-            parts.append(f'<rect x="{LABEL_W:.1f}" y="{y + ROW_H - 6}" width="{max(mx - LABEL_W, 1):.1f}" height="3" '
+            mx = label_w + plot_w * r[marker_key] / top
+            parts.append(f'<rect x="{label_w:.1f}" y="{y + ROW_H - 6}" width="{max(mx - label_w, 1):.1f}" height="3" '
                          f'fill="{FP_COLOR}"><title>{esc(r["name"])}: {r[marker_key]:,} resolved turns halted'
                          f'</title></rect>')
-        label = f"{total:,}" + (f" ({r[marker_key]:,} resolved)" if marker_key and r.get(marker_key) else "")
-        parts.append(f'<text x="{x + 4:.1f}" y="{y + 11}">{label}</text>')
-    parts.append(f'<line class="axis" x1="{LABEL_W}" y1="0" x2="{LABEL_W}" y2="{height - 20}"/></svg>')
+        parts.append(f'<text class="value" x="{x + 4:.1f}" y="{y + 11}">{texts[row]}</text>')
+    parts.append(f'<line class="axis" x1="{label_w:.1f}" y1="0" x2="{label_w:.1f}" y2="{height - 20}"/></svg>')
     return (f'<h2>{esc(title)}</h2><figure>{"".join(parts)}<figcaption>{esc(caption)}</figcaption></figure>')
 
 
@@ -115,22 +168,26 @@ def asks_chart(data: list[dict[str, Any]]) -> str:
 def position_chart(data: list[dict[str, Any]]) -> str:
     """Heat map: policies x tenths of the turn in which their halts land."""
     cell = 40
-    width = LABEL_W + cell * 11 + 20
+    label_w = label_width(data)
+    width = round(label_w + cell * 11 + 20)
     height = ROW_H * len(data) + 40
     parts = [f'<svg id="chart-positions" class="chart" role="img" aria-label="where halts land" width="{width}" '
              f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
     labels = [f"{i * 10}%" for i in range(10)] + ["end"]
     for j, label in enumerate(labels):
-        parts.append(f'<text x="{LABEL_W + j * cell + cell / 2}" y="{height - 8}" text-anchor="middle">{label}</text>')
+        parts.append(f'<text class="tick" x="{label_w + j * cell + cell / 2:.1f}" y="{height - 8}" '
+                     f'text-anchor="middle">{label}</text>')
     for row, r in enumerate(data):
         y = row * ROW_H + 2
         weight = ' font-weight="bold"' if r["default"] else ""
-        parts.append(f'<text x="{LABEL_W - 6}" y="{y + 11}" text-anchor="end"{weight}>{esc(r["name"])}</text>')
+        parts.append(f'<text class="name" x="{label_w - 6:.1f}" y="{y + 11}" text-anchor="end"{weight}>'
+                     f'{esc(r["name"])}</text>')
         total = sum(r["halt_deciles"]) or 1
         for j, n in enumerate(r["halt_deciles"]):
             share = n / total
             shade = f"rgba(194,59,59,{0.08 + 0.92 * share:.2f})" if n else "#f6f6f6"
-            parts.append(f'<rect class="cell" x="{LABEL_W + j * cell}" y="{y}" width="{cell - 2}" height="{ROW_H - 3}" '
+            parts.append(f'<rect class="cell" x="{label_w + j * cell:.1f}" y="{y}" width="{cell - 2}" '
+                         f'height="{ROW_H - 3}" '
                          f'fill="{shade}"><title>{esc(r["name"])}: {n:,} halts in {labels[j]}</title></rect>')
     parts.append("</svg>")
     return ('<h2>Where in a turn halts land</h2><figure>' + "".join(parts) +
@@ -139,31 +196,36 @@ def position_chart(data: list[dict[str, Any]]) -> str:
 
 
 def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]) -> str:
-    """Tool calls per turn (all turns, resolved turns), log x axis, each cap of the grid marked."""
+    """Tool calls per turn (all turns, resolved turns), log x axis, each cap of the grid marked.
+
+    Threshold labels are set in lanes above the plot (as many as the closest of them need, so
+    none overlaps another), tick labels are thinned to those with room, and a label near the
+    right edge is drawn to the left of its line, so nothing leaves the chart.
+    """
     hist, res = stats.calls_per_turn, stats.calls_per_turn_resolved
-    width, height, left, right, top, bottom = 900, 320, 60, 20, 20, 60
-    plot_w, plot_h = width - left - right, height - top - bottom
+    width, left, right, bottom, plot_h = 900, 60, 20, 60, 240
+    plot_w = width - left - right
     xmax = max([*hist.keys(), *(t for _, t, _ in thresholds), 10]) * 1.15
     lmax = math.log10(1 + xmax)
 
     def sx(v: float) -> float:
         return left + plot_w * math.log10(1 + v) / lmax
 
-    bins: dict[int, list[int]] = {}
-    edges = [0, 1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1000, 1500, 2000, 3000, 5000,
-             7000, 10000]
-    while edges[-1] < xmax:
-        edges.append(edges[-1] * 2)
-    for column, counts in enumerate((hist, res)):  # [all turns, resolved turns] per bin
-        for calls, n in counts.items():
-            bins.setdefault(bisect_right(edges, calls) - 1, [0, 0])[column] += n
+    at_value: dict[float, list[tuple[str, str]]] = {}
+    for label, value, color in sorted(thresholds, key=lambda t: (t[1], t[0])):
+        at_value.setdefault(value, []).append((label, color))
+    placed = lanes([(sx(value), ", ".join(label for label, _ in group)) for value, group in at_value.items()], 0,
+                   width)
+    top = 8 + LANE_H * (max((lane for *_, lane in placed), default=-1) + 1) + 6
+    height = top + plot_h + bottom
+    edges, bins = _bins(hist, res, xmax)
     ymax = max([v[0] for v in bins.values()] + [1])
     parts = [f'<svg id="chart-distribution" class="chart" role="img" aria-label="tool calls per turn" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
     for i in range(5):
         y = top + plot_h * (1 - i / 4)
         parts.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(ymax * i / 4)}</text>')
+        parts.append(f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(ymax * i / 4)}</text>')
     for b, (n, nr) in sorted(bins.items()):
         x0, x1 = sx(edges[b]), sx(edges[b + 1])
         h = plot_h * n / ymax
@@ -175,13 +237,9 @@ def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]
         if nr:
             parts.append(f'<rect x="{x0 + 0.5:.1f}" y="{top + plot_h - hr:.1f}" width="{bw:.1f}" '
                          f'height="{hr:.1f}" fill="#2f7ebd"/>')
-    for tick in [e for e in edges if e <= xmax]:
-        parts.append(f'<text x="{sx(tick):.1f}" y="{top + plot_h + 14}" text-anchor="middle">{tick:,}</text>')
-    for k, (label, value, color) in enumerate(sorted(thresholds, key=lambda t: t[1])):
-        x = sx(value)
-        parts.append(f'<line class="threshold" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" '
-                     f'stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3"><title>{esc(label)}</title></line>')
-        parts.append(f'<text x="{x + 2:.1f}" y="{top + 10 + (k % 4) * 11}" fill="{color}">{esc(label)}</text>')
+    for x, label in spaced([(sx(e), f"{e:,}") for e in edges if e <= xmax], 0, width):
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{label}</text>')
+    parts += _threshold_marks(placed, list(at_value.values()), top + plot_h)
     parts.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}"/>')
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 20}" text-anchor="middle">tool calls per turn '
                  '(log scale)</text></svg>')
@@ -190,6 +248,37 @@ def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]
     return ('<h2>Tool calls per turn, with each threshold of the grid</h2><figure>' + "".join(parts) +
             '<figcaption>Turns by their number of tool calls; dashed lines are the caps of the grid.</figcaption>'
             '</figure>' + legend)
+
+
+EDGES = (0, 1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1000, 1500, 2000, 3000, 5000,
+         7000, 10000)
+
+
+def _bins(hist: dict[int, int], res: dict[int, int], xmax: float) -> tuple[list[int], dict[int, list[int]]]:
+    """The bin edges up to ``xmax`` (doubling past ``EDGES``) and [all turns, resolved turns] per bin."""
+    edges = list(EDGES)
+    while edges[-1] < xmax:
+        edges.append(edges[-1] * 2)
+    bins: dict[int, list[int]] = {}
+    for column, counts in enumerate((hist, res)):
+        for calls, n in counts.items():
+            bins.setdefault(bisect_right(edges, calls) - 1, [0, 0])[column] += n
+    return edges, bins
+
+
+def _threshold_marks(placed: list[tuple[float, str, str, int]], groups: list[list[tuple[str, str]]],
+                     bottom: float) -> list[str]:
+    """One dashed line per threshold, from its label's row down to ``bottom``; one label per value."""
+    parts = []
+    for (x, label, anchor, lane), group in zip(placed, groups, strict=True):
+        for name, color in group:
+            parts.append(f'<line class="threshold" x1="{x:.1f}" y1="{8 + LANE_H * lane}" x2="{x:.1f}" '
+                         f'y2="{bottom}" stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3">'
+                         f'<title>{esc(name)}</title></line>')
+        tx = x + 2 if anchor == "start" else x - 2
+        parts.append(f'<text class="threshold-label" x="{tx:.1f}" y="{8 + LANE_H * lane + 9}" text-anchor="{anchor}" '
+                     f'fill="{group[0][1]}">{esc(label)}</text>')
+    return parts
 
 
 def grid_thresholds(stats: RunStats) -> list[tuple[str, float, str]]:
