@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 NEVER = math.inf
 """A trigger no turn reaches."""
@@ -80,8 +80,7 @@ class Triggers:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Firing:
+class Firing(NamedTuple):
     """What one policy can still do on one turn.
 
     ``part`` holds only what can still change a verdict there: two configurations with equal parts
@@ -89,7 +88,8 @@ class Firing:
     a model request counts for the call it precedes) at which a check can return anything that
     changes the replay's result. ``halt_call`` is the call the policy halts at when that is known
     exactly (and nothing else of it can fire); ``counts_only``: what fires depends on call counts
-    alone, not on which calls are the same call (the same under any key identity)."""
+    alone, not on which calls are the same call (the same under any key identity). A named tuple:
+    calibrate makes one per policy and turn, where a frozen dataclass costs several times more."""
 
     part: tuple[object, ...]
     first_call: int

@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from turnguard.calibrate.grid import Policy
 from turnguard.config import GuardConfig
@@ -105,9 +105,9 @@ def stale_reach(config: GuardConfig, digests: Sequence[bytes]) -> tuple[int, ...
     return tuple(reach)
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one policy can do on one turn in one mode."""
+class Plan(NamedTuple):
+    """What one policy can do on one turn in one mode (a named tuple, like ``Firing``: one is made
+    per policy and turn)."""
 
     signature: Signature
     """Equal signatures (under one keying of the turn) replay identically."""
