@@ -38,8 +38,7 @@ of the command line's output (terminal), calibration, the framework adapters, th
 command line. A module belongs to the layer of the longest name above that is it or a package
 holding it (``turnguard`` itself is the facade only, not every module of the package)."""
 
-KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
-})
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 """Upward imports that are known and being removed; no other may appear."""
 
 KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
