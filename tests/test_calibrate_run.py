@@ -78,6 +78,52 @@ def test_byte_ranges_read_by_workers_keep_every_line_and_its_number(
     assert ids and all(i.startswith(f"{path}:") for i in ids)
 
 
+
+
+@pytest.mark.parametrize("long_at", [0, 40, 119])
+def test_a_line_longer_than_the_limit_and_many_ranges_is_one_problem_whoever_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, long_at: int
+) -> None:
+    """A line spanning many byte ranges is skipped once, by the range it starts in; the ranges
+    inside it stop at their own end instead of each reading the rest of the line."""
+    lines = [json.dumps(r) for r in records(120, seed=2, mix=SMALL)]
+    lines[long_at] = '{"calls": [' + " " * 50_000 + "]}"
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 997)
+    results = []
+    for jobs in (1, 2):
+        problems: list[InputProblem] = []
+        stats = calibrate([path], POLICIES, on_problem=problems.append, jobs=jobs, max_line_bytes=45_000).to_json()
+        stats.pop("replays")
+        results.append((stats, [(p.line, "longer than the limit" in p.message) for p in problems]))
+    assert results[0] == results[1]
+    assert results[0][0]["turns"] == 119
+    assert results[0][1] == [(long_at + 1, True)]
+
+
+def test_a_range_inside_a_long_line_reads_no_further_than_its_own_end(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnguard.calibrate import engine, run
+
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b'{"calls": [' + b" " * 5_000_000 + b"]}\n")
+    read = [0]
+
+    class Counting(io.FileIO):
+        def readline(self, size: int = -1) -> bytes:
+            line = super().readline(size)
+            read[0] += len(line)
+            return line
+
+    monkeypatch.setattr(run, "open", lambda p, mode: Counting(p, "r"), raising=False)
+    cal = engine.Calibrator(POLICIES)
+    problems: list[InputProblem] = []
+    run._read_range(cal, problems, str(path), 1_000_000, 1_002_000, 2)
+    assert (cal.stats.turns, problems) == (0, [])
+    assert read[0] <= 2_001  # not the 4 MB left of the line
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_strict_stops_at_the_first_problem(mixed_input: list[Path], jobs: int) -> None:
     with pytest.raises(StrictError, match=r"a\.jsonl:101: not JSON"):

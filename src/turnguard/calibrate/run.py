@@ -205,11 +205,19 @@ def _work(chunk: list[Any]) -> tuple[RunStats, list[InputProblem]]:
 def _read_range(cal: Calibrator, problems: list[InputProblem], path: str, start: int, end: int,
                 lineno: int) -> None:
     with open(path, "rb") as f:
-        if start:
+        position = 0
+        if start:  # the line that began before this range belongs to the previous one
             f.seek(start - 1)
-            while (block := f.readline(SKIP_BLOCK)) and not block.endswith(b"\n"):
-                pass  # the line that began before this range belongs to the previous one
-        position = f.tell()
+            position = start - 1
+            while position < end:  # a line longer than the range: nothing starts in it, stop at its end
+                block = f.readline(min(SKIP_BLOCK, end - position))
+                if not block:
+                    break
+                position += len(block)
+                if block.endswith(b"\n"):
+                    break
+            if position >= end:
+                return
         add = cal.add
         sink = problems.append
         limit = _max_line_bytes
