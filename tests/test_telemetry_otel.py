@@ -422,7 +422,7 @@ def test_escalation_answer_is_counted_and_logged(otel):
     assert point.value == 1
     assert dict(point.attributes) == {
         n.LOOP_THRESHOLD: "streak", n.LOOP_LEVEL: "warn", n.ESCALATION_ANSWER: "continue", n.GEN_AI_AGENT_NAME: "coder",
-        n.POLICY: "default",
+        n.POLICY: "default", n.TURN_COHORT: "live",
     }
     (record,) = otel.logs(n.ESCALATION_RESOLVED_EVENT)
     assert record.attributes[n.LOOP_EVENT_ID] == ask.event.event_id
@@ -495,7 +495,7 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(otel):
     assert dict(calls.attributes) == {
         n.GEN_AI_AGENT_NAME: "coder", n.TURN_OUTCOME: "halted", n.LOOP_THRESHOLD: "soft_stuck",
         n.CAP_MODE: "adaptive", n.TURN_STUCK: True, n.TURN_PROMPTABLE: False, n.TURN_PAST_SOFT_CAP: True,
-        n.POLICY: "default",
+        n.POLICY: "default", n.TURN_COHORT: "live", n.TURN_RESOLVED: "unknown",
     }
     # 8 calls lands in the bucket (7, 14]
     assert calls.bucket_counts[edges.index(14.0)] == 1
@@ -510,6 +510,7 @@ def test_metric_units_descriptions_and_soft_cap_multiples_as_bucket_edges(otel):
     assert dict(detection.attributes) == {
         n.LOOP_THRESHOLD: "soft_stuck", n.LOOP_LEVEL: "stop", n.LOOP_ACTION: "halt", n.CAP_MODE: "adaptive",
         n.TURN_PROMPTABLE: False, n.GEN_AI_TOOL_NAME: "t4", n.GEN_AI_AGENT_NAME: "coder", n.POLICY: "default",
+        n.TURN_COHORT: "live",
     }
 
 

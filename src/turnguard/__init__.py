@@ -3,7 +3,7 @@
 The public API is re-exported here; everything else is private to the package.
 """
 
-from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
+from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig, Probe
 from turnguard.guard import Guard, Turn
 from turnguard.hookspecs import hookimpl, hookspec
 from turnguard.ledger import Ledger, LedgerView
@@ -20,7 +20,9 @@ from turnguard.model import (
     TurnSummary,
     Verdict,
 )
+from turnguard.probe import Cohort
 from turnguard.profiles import PROFILES
+from turnguard.task_results import ResultStatus
 
 __all__ = [
     "PROFILES",
@@ -28,6 +30,7 @@ __all__ = [
     "STUCK_SIGNALS",
     "Action",
     "Answer",
+    "Cohort",
     "ConfigError",
     "Guard",
     "GuardConfig",
@@ -38,6 +41,8 @@ __all__ = [
     "LoopDetected",
     "LoopDetectedEvent",
     "Outcome",
+    "Probe",
+    "ResultStatus",
     "Threshold",
     "ToolCall",
     "Turn",

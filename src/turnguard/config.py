@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import logging
+import math
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from turnguard.keys import KEY_MODES
+from turnguard.probe import selects
 
 STUCK_SIGNALS: tuple[str, ...] = ("repeat", "stale_repeat")
 """Names of the stuck signals the adaptive cap can use past the soft cap; the default first.
@@ -125,6 +127,11 @@ class GuardConfig:
     ``GuardConfig`` or mapping of options) pairs; a mapping of options is applied on top of this
     configuration (see ``shadow_configs``). Given as a mapping, a list or a tuple of pairs."""
 
+    probe: Any = None
+    """A probe cohort (``turnguard.Probe(rate, config)``): that share of turns is guarded live by
+    ``config``, this configuration running beside it as a shadow. Also a mapping
+    ``{"rate": 0.01, <options>}`` whose options apply over this configuration (``probe_settings``)."""
+
     def __post_init__(self) -> None:
         # Lists are accepted where tuples are stored (TOML and hosts hand over lists).
         if isinstance(self.disable_plugins, list):
@@ -133,6 +140,8 @@ class GuardConfig:
             object.__setattr__(self, "shadow", tuple(self.shadow))
         elif isinstance(self.shadow, Mapping):
             object.__setattr__(self, "shadow", tuple(self.shadow.items()))
+        if isinstance(self.probe, Mapping):
+            object.__setattr__(self, "probe", tuple(self.probe.items()))
         _validate(self)
 
     @property
@@ -164,6 +173,12 @@ class GuardConfig:
             return ()
         base = dataclasses.replace(self, shadow=())
         return tuple((name, _shadow_config(name, value, base)) for name, value in self.shadow)
+
+    def probe_settings(self) -> Probe | None:
+        """The probe cohort, its configuration resolved: options given as a mapping apply over this
+        configuration (without its probe and shadows). A probe configuration that kept this one's
+        name is named ``<name>-probe``, so its figures are a series of their own."""
+        return _probe_settings(self)
 
     def replace(self, **changes: Any) -> GuardConfig:
         """A copy with ``changes`` applied (validated)."""
@@ -365,8 +380,8 @@ def _parse_env(var: str, key: str, text: str) -> Any:
             raise ConfigError(var, text, "a number >= 1") from None
     if key == "disable_plugins":
         return tuple(p.strip() for p in text.split(",") if p.strip())
-    if key == "shadow":
-        raise ConfigError(var, text, "shadow policies set in code or TOML, not in the environment")
+    if key in ("shadow", "probe"):
+        raise ConfigError(var, text, f"{key} set in code or TOML, not in the environment")
     if key in ("digest_key", "recorder_path"):
         return text or None
     return text
@@ -446,6 +461,8 @@ def _validate(c: GuardConfig) -> None:
     if not isinstance(c.shadow, tuple):
         raise ConfigError("shadow", c.shadow, "a tuple of (name, GuardConfig or mapping) pairs")
     _validate_shadow(c)
+    if c.probe is not None:
+        _probe_settings(c)
 
 
 _SHADOW_ACCEPTED = "(name, GuardConfig or mapping of options) pairs, or a mapping of name to either"
@@ -466,6 +483,56 @@ def _validate_shadow(c: GuardConfig) -> None:
             raise ConfigError(f"shadow.{name}", value, "one configuration per shadow name (this name is repeated)")
         names.add(name)
         _shadow_config(name, value, base)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Probe:
+    """A probe cohort: ``rate`` (0 to 1) of the turns are guarded live by ``config``, the main
+    configuration running beside it as a shadow (``turnguard.probe`` has the sampling)."""
+
+    rate: float
+    config: GuardConfig
+
+    def __post_init__(self) -> None:
+        rate = self.rate
+        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+        if not number or not math.isfinite(rate) or not 0 <= rate <= 1:
+            raise ConfigError("probe.rate", rate, "a number from 0 to 1 (the share of turns probed)")
+        if not isinstance(self.config, GuardConfig):
+            raise ConfigError("probe.config", self.config, "a GuardConfig (in a mapping: options over the main one)")
+        if self.config.probe is not None:
+            raise ConfigError("probe.config.probe", self.config.probe, "no probe inside a probe configuration")
+
+    def selects(self, conversation_id: str | None, turn_id: str) -> bool:
+        """Whether the turn is a probe turn (hashed from the conversation id, else the turn id)."""
+        return selects(self.rate, conversation_id, turn_id)
+
+
+def _probe_settings(c: GuardConfig) -> Probe | None:
+    probe = c.probe
+    if probe is None:
+        return None
+    if isinstance(probe, tuple):
+        options = dict(probe)
+        if "rate" not in options:
+            raise ConfigError("probe.rate", None, "a number from 0 to 1 (the share of turns probed)")
+        rate = options.pop("rate")
+        for key in ("probe", "shadow"):
+            if key in options:
+                raise ConfigError(f"probe.{key}", options[key], f"no {key} inside a probe configuration")
+        try:
+            config = GuardConfig.from_mapping(options, base=dataclasses.replace(c, probe=None, shadow=()))
+        except ConfigError as exc:
+            raise ConfigError(f"probe.{exc.key}", exc.value, exc.accepted) from None
+        probe = Probe(rate, config)
+    elif not isinstance(probe, Probe):
+        raise ConfigError("probe", probe, "a turnguard.Probe(rate, config) or a mapping {'rate': ..., <options>}")
+    if probe.config.shadow:
+        raise ConfigError("probe.config.shadow", probe.config.shadow, "no shadows inside a probe configuration "
+                          "(the main configuration's shadows run on probe turns too)")
+    if probe.config.name == c.name:
+        probe = Probe(probe.rate, probe.config.replace(name=f"{c.name[:MAX_NAME_LENGTH - 6]}-probe"))
+    return probe
 
 
 def _shadow_config(name: str, value: Any, base: GuardConfig) -> GuardConfig:

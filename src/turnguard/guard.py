@@ -15,13 +15,15 @@ observer, halts the call it failed on.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import pluggy
 
-from turnguard.config import GuardConfig
+from turnguard.config import ConfigError, GuardConfig, Probe
 from turnguard.dispatch import NOTHING, PASSTHROUGH, Dispatcher
 from turnguard.keys import Keyer, store_key
 from turnguard.ledger import Ledger, LedgerView
@@ -38,6 +40,8 @@ from turnguard.model import (
     Verdict,
 )
 from turnguard.plugins import plugin_manager
+from turnguard.probe import Cohort
+from turnguard.task_results import ResultBook, ResultStatus
 
 _HALT = Action.HALT
 MAX_AWAITING = 4096
@@ -81,6 +85,17 @@ class Guard:
             self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
         self.dispatcher = self._dispatcher()  # a wrapper on a check hook is refused here, not when a turn opens
         self._configure(self.pm.hook.turnguard_configure.get_hookimpls())
+        self.cohort = Cohort.LIVE
+        """The cohort of the turns this guard opens itself (a probe guard's are ``probe``)."""
+        self.results = ResultBook()
+        """Recently ended turns for late results, and the count of each ``ResultStatus``."""
+        self._probe = self.config.probe_settings()
+        self._probe_guard: Guard | None = None
+        if self._probe is not None and self._probe.rate > 0:
+            self._probe_guard = Guard(probe_guard_config(self.config, self._probe), plugins=plugins,
+                                      environ=environ, **providers)
+            self._probe_guard.cohort = Cohort.PROBE
+            self._probe_guard.results = self.results
 
     def _dispatcher(self) -> Dispatcher:
         return Dispatcher(self.pm, fail_mode=self.config.fail_mode, capture_content=self.config.capture_content)
@@ -110,6 +125,8 @@ class Guard:
             self.pm.unregister(plugin)
             raise
         self._configure([i for i in self.pm.hook.turnguard_configure.get_hookimpls() if i.plugin is plugin])
+        if self._probe_guard is not None:
+            self._probe_guard.register(plugin, name=name)
         return registered
 
     def turn(
@@ -120,10 +137,50 @@ class Guard:
         promptable: bool = False,
         turn_id: str | None = None,
     ) -> Turn:
-        """Open a turn; use it as a context manager (leaving the block ends it)."""
+        """Open a turn; use it as a context manager (leaving the block ends it). With a probe
+        configured, a deterministic share of turns (by conversation, else turn id) is opened under
+        the probe configuration (``turn.summary.cohort == "probe"``)."""
+        guard = self
+        if self._probe_guard is not None:
+            turn_id = turn_id or uuid.uuid4().hex
+            if self._probe.selects(conversation_id, turn_id):  # type: ignore[union-attr]
+                guard = self._probe_guard
         return Turn(
-            self, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id
+            guard, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id
         )
+
+    def report_result(self, turn_id: str, resolved: bool) -> bool:
+        """Report whether an ended turn's task succeeded (a user's verdict, a CI run later on):
+        ``True`` when it reached a recently ended turn without a result. A result for a turn that
+        has one, an unknown or expired turn, a non-bool, or one after ``shutdown()`` is ignored and
+        counted (``results.counts``, the ``turnguard.turn.results`` metric), never raised."""
+        status, entry = self.results.report(turn_id, resolved, closed=self._closed)
+        owner = entry.guard if entry is not None else self
+        owner.dispatcher.notify("turnguard_turn_result", None, turn_id=str(turn_id),
+                                summary=entry.summary if entry is not None else None,
+                                resolved=resolved if isinstance(resolved, bool) else None, status=status.value)
+        return status is ResultStatus.ACCEPTED
+
+    def shutdown(self) -> None:
+        """Stop taking results (later ones are counted as ``after_shutdown``); turns still work."""
+        self._closed = True
+        if self._probe_guard is not None:
+            self._probe_guard._closed = True
+
+    _closed = False
+
+
+def probe_guard_config(main: GuardConfig, probe: Probe) -> GuardConfig:
+    """The probe guard's configuration: the probe's, with the main configuration beside it as a
+    shadow named after it (so its would-be detections are recorded where they would have fired)
+    and the main configuration's own shadows."""
+    shadows = ((main.name, main.replace(probe=None, shadow=())),
+               *((name, c.replace(probe=None)) for name, c in main.shadow_configs()))
+    names = [name for name, _ in shadows]
+    if len(set(names)) != len(names):
+        raise ConfigError("shadow", main.name, "shadow names other than the policy's own name (with a probe, the "
+                                               "main configuration runs as a shadow named after it)")
+    return probe.config.replace(shadow=shadows)
 
 
 def _default_manager(config: GuardConfig, providers: dict[str, Any], environ: Mapping[str, str] | None):
@@ -145,8 +202,10 @@ class Turn:
         self.guard = guard
         self.config = guard.config
         self.ledger = ledger = Ledger(
-            guard.config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable
+            guard.config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name,
+            promptable=promptable, cohort=guard.cohort,
         )
+        self._resolved: bool | None = None
         self.view = view = LedgerView(ledger)
         """The read-only view of the ledger that plugins receive as ``turn``."""
         self._keyer = guard.keyer
@@ -369,10 +428,33 @@ class Turn:
                 return self._ended
             if self._halt is not None and reason == "completed":
                 reason = "halted"
-            self._ended = summary = self.ledger.summary(reason=reason, halt=self._halt)
+            summary = self.ledger.summary(reason=reason, halt=self._halt)
+            if self._resolved is not None:
+                summary = dataclasses.replace(summary, resolved=self._resolved)
+            self._ended = summary
             self._awaiting.clear()  # outcomes after the end are strays: the calls are not kept alive
+        self.guard.results.ended(summary, self.guard)
         self._notify("turnguard_turn_ended", turn=self.view, summary=summary)
         return summary
+
+    def report_result(self, resolved: bool) -> bool:
+        """Report whether the turn's task succeeded, before or after it ends (then it is
+        ``Guard.report_result``): ``True`` when taken. A second result, or a non-bool, is ignored
+        and counted, never raised."""
+        with self._lock:
+            ended = self._ended is not None
+            if not ended:
+                status = (ResultStatus.INVALID if not isinstance(resolved, bool)
+                          else ResultStatus.DUPLICATE if self._resolved is not None else ResultStatus.ACCEPTED)
+                if status is ResultStatus.ACCEPTED:
+                    self._resolved = resolved
+        if ended:
+            return self.guard.report_result(self.turn_id, resolved)
+        if status is not ResultStatus.ACCEPTED:
+            self.guard.results.count(status)
+            self._notify("turnguard_turn_result", turn_id=self.turn_id, summary=None,
+                         resolved=resolved if isinstance(resolved, bool) else None, status=status.value)
+        return status is ResultStatus.ACCEPTED
 
     def raise_for(self, verdict: Verdict) -> Verdict:
         """Raise ``LoopDetected`` on HALT; return the verdict otherwise (for hosts that abort by raising)."""

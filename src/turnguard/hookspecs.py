@@ -140,3 +140,11 @@ def turnguard_shadow_turn_ended(turn: LedgerView, policy: str, summary: TurnSumm
     """Observer: the live turn ``turn`` closed; ``summary`` is what shadow policy ``policy``
     made of it (``halted``/``threshold``: its would-be halt; ``tool_calls``: the calls it saw
     before that halt, or all of them)."""
+
+
+@hookspec
+def turnguard_turn_result(turn_id: str, summary: TurnSummary | None, resolved: bool | None, status: str) -> None:
+    """Observer: a task result was reported after the turn ended (``status`` ``accepted``:
+    ``summary`` is the turn's, as it ended), or a result was ignored (``duplicate``, ``unknown``,
+    ``expired``, ``after_shutdown``, ``invalid``; ``summary`` is the turn's when it is known). A
+    result reported before the turn ended is ``summary.resolved`` at ``turnguard_turn_ended``."""

@@ -71,6 +71,7 @@ class Ledger:
         "_agent_name",
         "_cap_mode",
         "_cap_quiet_until",
+        "_cohort",
         "_config",
         "_conversation_id",
         "_counts",
@@ -118,8 +119,10 @@ class Ledger:
         conversation_id: str | None = None,
         agent_name: str | None = None,
         promptable: bool = False,
+        cohort: str = "live",
     ) -> None:
         self._config = config
+        self._cohort = str(cohort)
         self._turn_id = turn_id or uuid.uuid4().hex
         self._conversation_id = conversation_id
         self._agent_name = agent_name
@@ -170,6 +173,11 @@ class Ledger:
     @property
     def turn_id(self) -> str:
         return self._turn_id
+
+    @property
+    def cohort(self) -> str:
+        """``live``, or ``probe`` when the probe configuration guards the turn (``tg.Probe``)."""
+        return self._cohort
 
     @property
     def conversation_id(self) -> str | None:
@@ -614,11 +622,12 @@ class Ledger:
             stuck=self.cap_mode == "adaptive" and self.stuck,
             detections=self._detections,
             duration_s=time.monotonic() - self.started_at,
+            cohort=self._cohort,
         )
 
 
 VIEW_FACTS = (
-    "config", "turn_id", "conversation_id", "agent_name", "promptable", "cap_mode", "soft_cap", "hard_cap",
+    "config", "turn_id", "cohort", "conversation_id", "agent_name", "promptable", "cap_mode", "soft_cap", "hard_cap",
     "started_at", "tool_calls", "checks", "cycles", "calls_this_cycle", "cap_quiet_until", "max_key_repeat",
     "max_stale_repeat", "distinct_keys", "keys_overflowed", "streak_length", "failing_streak_length",
     "settled_streak_length", "stop_count", "awaiting_in_streak", "streak_digest", "last_tool_name",

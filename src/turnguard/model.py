@@ -199,6 +199,11 @@ class TurnSummary:
     stuck: bool
     detections: int
     duration_s: float
+    resolved: bool | None = None
+    """The task's result as the host reported it before the turn ended (``Turn.report_result``),
+    or ``None``; a later result goes to ``Guard.report_result``."""
+    cohort: str = "live"
+    """``live``, or ``probe`` when the turn was guarded by the probe configuration (``tg.Probe``)."""
 
 
 class LoopDetected(Exception):

@@ -17,14 +17,15 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from turnguard.probe import Cohort
+
 if TYPE_CHECKING:
     from turnguard.calibrate.replay import TurnResult
 
 MULTIPLES = (2, 3, 5, 10, 20)
 """The multiples of S whose passing turns are counted (the grid's backstop multipliers)."""
-PROBE = "probe"
-LIVE = "live"
-COHORTS = (LIVE, PROBE)
+PROBE = Cohort.PROBE.value
+LIVE = Cohort.LIVE.value
 Z95 = 1.959963984540054
 """The standard normal quantile for a two-sided 95% interval."""
 FEW = 10

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from turnguard.calibrate.evidence import COHORTS
 from turnguard.model import Outcome
+from turnguard.probe import COHORTS
 from turnguard.telemetry import names
 
 

@@ -16,7 +16,7 @@ from opentelemetry._logs import SeverityNumber
 from turnguard.telemetry import names as n
 
 if TYPE_CHECKING:
-    from turnguard.model import LoopDetectedEvent
+    from turnguard.model import LoopDetectedEvent, TurnSummary
 
 
 def event_attributes(event: LoopDetectedEvent) -> dict[str, Any]:
@@ -73,6 +73,22 @@ class EventLog:
             n.ESCALATION_RESOLVED_EVENT, SeverityNumber.INFO,
             f"turnguard: user answered {answer} to {event.threshold} {event.level}", attrs, span, mirror=True,
         )
+
+    def turn_result(self, turn_id: str, summary: TurnSummary, resolved: bool, policy: str) -> None:
+        """A result reported after the turn ended: its own record (the turn's span is long closed)."""
+        attrs: dict[str, Any] = {
+            n.TURN_ID: turn_id,
+            n.TURN_RESOLVED: resolved,
+            n.TURN_COHORT: str(summary.cohort),
+            n.POLICY: policy,
+            n.TURN_TOOL_CALLS: summary.tool_calls,
+            n.LOOP_THRESHOLD: str(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
+            n.TURN_OUTCOME: summary.reason,
+        }
+        if summary.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = summary.agent_name
+        self._emit(n.TURN_RESULT_EVENT, SeverityNumber.INFO,
+                   f"turnguard: turn {turn_id} {'resolved' if resolved else 'not resolved'}", attrs, None)
 
     def shadow_detected(self, policy: str, event: LoopDetectedEvent, span: Any) -> None:
         attrs = {**event_attributes(event), n.SHADOW_POLICY: policy}

@@ -7,6 +7,7 @@ model sends.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,11 @@ class Instruments:
             meter, n.METRIC_SHADOW_TURN_TOOL_CALLS,
             "Per shadow policy: the calls of a turn it saw before its would-be halt (or all of them).", tool_call_edges,
         )
+        self.turn_results = _counter(
+            meter, n.METRIC_TURN_RESULTS,
+            "Task results reported after their turn ended, and ignored results, by status.",
+        )
+        self.tool_call_edges = tool_call_edges
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
         self.policies = BoundedValues(n.POLICY_LIMIT)
         self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
@@ -127,6 +133,18 @@ class Instruments:
         if agent_name:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(agent_name)
         self.host_errors.add(1, attrs)
+
+    def turn_result(self, summary: TurnSummary | None, resolved: bool | None, status: str,
+                    scope: dict[str, Any]) -> None:
+        """One reported result; a known turn adds its cohort, call bucket and ending threshold."""
+        attrs: dict[str, Any] = {**scope, n.RESULT_STATUS: status, n.TURN_RESOLVED: n.RESOLVED_LABELS[resolved]}
+        if summary is not None:
+            attrs[n.TURN_COHORT] = str(summary.cohort)
+            attrs[n.TURN_CALLS_BUCKET] = calls_bucket(self.tool_call_edges, summary.tool_calls)
+            attrs[n.LOOP_THRESHOLD] = self.threshold(summary.threshold)
+            if summary.agent_name is not None:
+                attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
+        self.turn_results.add(1, attrs)
 
     def shadow_detected(self, policy: str, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
         attrs = self.detection_metric_attributes(event, scope)
@@ -178,6 +196,8 @@ class Instruments:
             reason = self.reasons.fold(str(reason))
         attrs: dict[str, Any] = {
             **scope,
+            n.TURN_COHORT: str(summary.cohort),
+            n.TURN_RESOLVED: n.RESOLVED_LABELS[summary.resolved],
             n.TURN_OUTCOME: reason,
             n.LOOP_THRESHOLD: self.threshold(summary.threshold),
             n.CAP_MODE: summary.cap_mode,
@@ -187,6 +207,12 @@ class Instruments:
         if summary.agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
         return attrs
+
+
+def calls_bucket(edges: Sequence[float], calls: int) -> str:
+    """The upper edge of the histogram bucket ``calls`` falls in (``"+Inf"`` past the last)."""
+    at = bisect.bisect_left(edges, calls)
+    return "+Inf" if at == len(edges) else f"{edges[at]:g}"
 
 
 _instruments_lock = threading.Lock()

@@ -28,6 +28,18 @@ LOOP_DETECTED_EVENT = "turnguard.loop_detected"
 ESCALATION_RESOLVED_EVENT = "turnguard.escalation_resolved"
 
 TURN_ID = "turnguard.turn.id"
+TURN_RESOLVED = "turnguard.turn.resolved"
+"""The task's result: ``true``, ``false`` or ``unknown`` (turn metrics and spans, the results counter)."""
+TURN_COHORT = "turnguard.turn.cohort"
+"""``live`` or ``probe`` (``tg.Probe``): which configuration guarded the turn live."""
+TURN_CALLS_BUCKET = "turnguard.turn.tool_calls_bucket"
+"""On the results counter: the upper edge of the turn's tool-call bucket (the histogram's edges:
+``"1000"`` = 1000 calls or fewer, ``"+Inf"`` past the last), so late results line up with it."""
+RESULT_STATUS = "turnguard.result.status"
+"""accepted | duplicate | unknown | expired | after_shutdown | invalid (``tg.ResultStatus``)."""
+TURN_RESULT_EVENT = "turnguard.turn.result"
+"""Log event of a result reported after the turn ended."""
+RESOLVED_LABELS = {True: "true", False: "false", None: "unknown"}
 TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | <host reason> | abandoned (spans only)
 TURN_PROMPTABLE = "turnguard.turn.promptable"
 TURN_STUCK = "turnguard.turn.stuck"
@@ -135,19 +147,26 @@ METRIC_PLUGIN_ERRORS = ("turnguard.plugin.errors", "{error}")
 METRIC_HOST_ERRORS = ("turnguard.host.errors", "{error}")
 """Reports the guard ignored (``Turn.record_outcome`` for a call it does not wait for)."""
 METRIC_SHADOW_DETECTIONS = ("turnguard.shadow.detections", "{detection}")
+METRIC_TURN_RESULTS = ("turnguard.turn.results", "{result}")
+"""Results reported after their turn ended, and every ignored result, by status."""
 METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call}")
 """Per shadow policy and turn: the calls it saw before its would-be halt (or all of them)."""
 
 # -- which attributes each metric carries (never ids, arguments or results) ------------------
-_TURN_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE, TURN_STUCK, TURN_PROMPTABLE)
+_TURN_ATTRIBUTES = (POLICY, TURN_COHORT, TURN_RESOLVED, GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE,
+                    TURN_STUCK, TURN_PROMPTABLE)
 TURN_METRIC_ATTRIBUTES = (*_TURN_ATTRIBUTES, TURN_PAST_SOFT_CAP)
 """On the four per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn."""
 DETECTION_METRIC_ATTRIBUTES = (
-    POLICY, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE, TURN_PROMPTABLE,
+    POLICY, TURN_COHORT, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE,
+    TURN_PROMPTABLE,
 )
-ESCALATION_METRIC_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
+ESCALATION_METRIC_ATTRIBUTES = (POLICY, TURN_COHORT, GEN_AI_AGENT_NAME, LOOP_THRESHOLD, LOOP_LEVEL, ESCALATION_ANSWER)
 PLUGIN_ERROR_METRIC_ATTRIBUTES = (POLICY, PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
 HOST_ERROR_METRIC_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, HOST_ERROR)
+RESULT_METRIC_ATTRIBUTES = (POLICY, RESULT_STATUS, TURN_RESOLVED, TURN_COHORT, TURN_CALLS_BUCKET, LOOP_THRESHOLD,
+                            GEN_AI_AGENT_NAME)
+"""The turn's facts (cohort, bucket, the threshold that ended it, agent) only when the turn is known."""
 SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
 SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *_TURN_ATTRIBUTES)
 """``turnguard.turn.outcome`` there is the shadow's: ``halted`` (its would-be halt), the live
@@ -164,6 +183,7 @@ METRIC_ATTRIBUTES = {
     METRIC_HOST_ERRORS[0]: HOST_ERROR_METRIC_ATTRIBUTES,
     METRIC_SHADOW_DETECTIONS[0]: SHADOW_DETECTION_METRIC_ATTRIBUTES,
     METRIC_SHADOW_TURN_TOOL_CALLS[0]: SHADOW_TURN_METRIC_ATTRIBUTES,
+    METRIC_TURN_RESULTS[0]: RESULT_METRIC_ATTRIBUTES,
 }
 """The attribute keys each metric may carry (optional ones are left out when unknown, e.g. no agent name);
 ``turnguard.policy`` is on every point (the shadow metrics' is the live policy's, beside the shadow's name)."""

@@ -13,6 +13,7 @@ in ``names``. Tool arguments are exported (``gen_ai.tool.call.arguments``) only 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
@@ -49,13 +50,13 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
-        self.instruments.loop_detected(event, self.scope)
+        self.instruments.loop_detected(event, self.in_turn(turn))
         self.events.loop_detected(event, self.detection_span(turn, event))
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
         answer = str(response)
-        self.instruments.escalation_resolved(event, answer, self.scope)
+        self.instruments.escalation_resolved(event, answer, self.in_turn(turn))
         self.events.escalation_resolved(event, answer, self.turn_span(turn))
 
     @hookimpl
@@ -70,12 +71,12 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
-        self.instruments.shadow_detected(str(policy), event, self.scope)
+        self.instruments.shadow_detected(str(policy), event, self.in_turn(turn))
         self.events.shadow_detected(str(policy), event, self.turn_span(turn))
 
     @hookimpl
-    def turnguard_shadow_turn_ended(self, policy: str, summary: TurnSummary) -> None:
-        self.instruments.shadow_turn_ended(str(policy), summary, self.scope)
+    def turnguard_shadow_turn_ended(self, turn: Ledger, policy: str, summary: TurnSummary) -> None:
+        self.instruments.shadow_turn_ended(str(policy), dataclasses.replace(summary, cohort=turn.cohort), self.scope)
 
     @hookimpl
     def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
@@ -83,6 +84,17 @@ class OtelPlugin(SpanReporter):
         past_soft_cap = soft_cap is not None and summary.tool_calls > soft_cap
         self.instruments.turn_ended(summary, self.scope, past_soft_cap=past_soft_cap)
         self.end_turn(turn, summary)
+
+    @hookimpl
+    def turnguard_turn_result(self, turn_id: str, summary: TurnSummary | None, resolved: bool | None,
+                              status: str) -> None:
+        self.instruments.turn_result(summary, resolved, status, self.scope)
+        if status == "accepted" and summary is not None:
+            self.events.turn_result(turn_id, summary, bool(resolved), self.config.name)
+
+    def in_turn(self, turn: Ledger) -> dict[str, Any]:
+        """``scope`` with the turn's cohort: the attributes of a point about one turn."""
+        return {**self.scope, n.TURN_COHORT: turn.cohort}
 
 
 def policy_attributes(config: GuardConfig) -> dict[str, Any]:

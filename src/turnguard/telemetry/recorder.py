@@ -2,7 +2,7 @@
 
 Enabled by ``GuardConfig(recorder_path=...)`` (``turnguard demo`` writes ``.turnguard/turns.jsonl``).
 Each line is the corpus format (``source``, ``id``, ``calls[{tool, args, outcome}]``, ``cycles``,
-``resolved``, ``ended_by``) with the call's keyed key digest in ``args`` instead of its arguments,
+``resolved``, ``cohort``, ``ended_by``) with the call's keyed key digest in ``args`` instead of its arguments,
 so ``turnguard calibrate`` can replay the turn (identical calls have identical digests) while the
 file holds no tool arguments. Extra keys: ``agent``, ``conversation_id``, ``tool_calls`` (the
 true count), ``calls_dropped`` and ``escalations`` (the users' answers).
@@ -206,6 +206,13 @@ class Recorder:
             line = turn_line(summary, record.calls, dropped=record.dropped, escalations=record.escalations)
         self.write(line)
 
+    @hookimpl
+    def turnguard_turn_result(self, turn_id: str, summary: TurnSummary | None, resolved: bool | None,
+                              status: str) -> None:
+        """A result that came after the turn's line: a result record (``calibrate/results.py``)."""
+        if status == "accepted" and summary is not None:
+            self.write(result_line(summary, bool(resolved)))
+
     def write(self, line: bytes) -> None:
         """Append ``line`` after any lines still waiting for the disk, creating the folder on first
         use; failures are logged and the line kept for the next write, never raised."""
@@ -280,7 +287,8 @@ def turn_line(
         "id": summary.turn_id,
         "calls": [{"tool": c.tool, "args": c.digest, "outcome": c.outcome} for c in calls],
         "cycles": summary.cycles,
-        "resolved": None,
+        "resolved": summary.resolved,
+        "cohort": str(summary.cohort),
         "ended_by": ended_by(summary),
         "agent": summary.agent_name,
         "conversation_id": summary.conversation_id,
@@ -290,6 +298,13 @@ def turn_line(
     }
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str)  # ASCII: valid whatever the names
     return (text + "\n").encode("ascii")
+
+
+def result_line(summary: TurnSummary, resolved: bool) -> bytes:
+    """A late result record for ``turnguard calibrate``: ``{"result_for": <turn id>, "resolved": ...}``."""
+    data = {"source": SOURCE, "result_for": summary.turn_id, "resolved": resolved, "cohort": str(summary.cohort),
+            "ended_by": ended_by(summary), "tool_calls": summary.tool_calls}
+    return (json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode("ascii")
 
 
 def plugin_for(config: GuardConfig, **_: Any) -> Recorder | None:

@@ -131,6 +131,7 @@ def summary_attributes(summary: TurnSummary) -> dict[str, Any]:
         n.TURN_STUCK: summary.stuck,
         n.TURN_DETECTIONS: summary.detections,
         n.LOOP_THRESHOLD: str(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
+        n.TURN_RESOLVED: n.RESOLVED_LABELS[summary.resolved],
     }
     if summary.first_stuck_call:
         attrs[n.TURN_FIRST_STUCK_CALL] = summary.first_stuck_call
@@ -143,6 +144,7 @@ def turn_attributes(turn: Ledger, *, host: bool, policy: dict[str, Any] | None =
     attrs: dict[str, Any] = {
         **(policy or {}),
         n.TURN_ID: turn.turn_id,
+        n.TURN_COHORT: turn.cohort,
         n.TURN_PROMPTABLE: turn.promptable,
         n.CAP_MODE: turn.cap_mode,
     }

@@ -1,0 +1,155 @@
+"""The probe cohort: deterministic sampling by conversation (else turn) id, the probe
+configuration guarding its turns live while the main one runs beside it as a shadow named after
+it, and the cohort on summaries, metrics, spans, the recorder and in calibrate's evidence."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import turnguard as tg
+from conftest import distinct_call, drive
+from turnguard.calibrate import cli
+from turnguard.probe import sample_point, selects
+from turnguard.telemetry import names as n
+
+NO_TELEMETRY = {"load_entrypoints": False, "disable_plugins": ("otel", "recorder")}
+
+
+class Shadows:
+    def __init__(self) -> None:
+        self.detected: list[tuple[str, str, int]] = []
+
+    @tg.hookimpl
+    def turnguard_shadow_detected(self, turn, policy, event):
+        self.detected.append((policy, str(event.threshold), event.tool_calls))
+
+
+def test_sampling_is_the_same_in_another_process():
+    ids = [f"conv-{i}" for i in range(50)]
+    here = [sample_point(i) for i in ids]
+    code = f"from turnguard.probe import sample_point; print([sample_point(i) for i in {ids!r}])"
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(there) == here
+
+
+@pytest.mark.parametrize("rate", [0.01, 0.1, 0.5])
+def test_the_sampled_share_is_the_rate(rate):
+    n_ids = 40_000
+    picked = sum(selects(rate, None, f"turn-{i}") for i in range(n_ids))
+    sigma = math.sqrt(n_ids * rate * (1 - rate))
+    assert abs(picked - n_ids * rate) < 5 * sigma
+
+
+def test_a_conversation_stays_in_one_cohort_and_the_ends_are_exact():
+    for conversation in (f"c{i}" for i in range(200)):
+        assert len({selects(0.3, conversation, f"t{j}") for j in range(5)}) == 1
+    assert not any(selects(0.0, None, f"t{i}") for i in range(1000))
+    assert all(selects(1.0, None, f"t{i}") for i in range(1000))
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan"), True, "0.1"])
+def test_a_bad_rate_is_a_config_error(rate):
+    with pytest.raises(tg.ConfigError, match=r"probe.rate"):
+        tg.Probe(rate, tg.GuardConfig())
+
+
+def test_probe_configurations_are_checked():
+    with pytest.raises(tg.ConfigError, match=r"probe.config"):
+        tg.Probe(0.1, {"hard_multiplier": 20})
+    with pytest.raises(tg.ConfigError, match=r"probe.config.probe"):
+        tg.Probe(0.1, tg.GuardConfig(probe={"rate": 0.5}))
+    with pytest.raises(tg.ConfigError, match=r"probe.rate"):
+        tg.GuardConfig(probe={"hard_multiplier": 20})
+    with pytest.raises(tg.ConfigError, match=r"probe.hard_multiplier"):
+        tg.GuardConfig(probe={"rate": 0.1, "hard_multiplier": 0})
+    with pytest.raises(tg.ConfigError, match="TURNGUARD_PROBE"):
+        tg.GuardConfig.from_env({"TURNGUARD_PROBE": "0.1"})
+
+
+def test_a_probe_from_toml_applies_over_the_main_configuration_and_gets_its_own_name(tmp_path: Path):
+    toml = 'name = "prod"\nsoft_cap = 50\n[probe]\nrate = 0.01\nhard_multiplier = 20\n'
+    (tmp_path / "turnguard.toml").write_text(toml)
+    config = tg.GuardConfig.load(search=tmp_path, environ={})
+    probe = config.probe_settings()
+    assert probe.rate == 0.01
+    assert (probe.config.soft_cap, probe.config.hard_multiplier, probe.config.name) == (50, 20, "prod-probe")
+    named = tg.GuardConfig(probe=tg.Probe(0.1, tg.GuardConfig(name="lenient")))
+    assert named.probe_settings().config.name == "lenient"
+
+
+def test_the_main_policys_name_cannot_also_be_a_shadows():
+    with pytest.raises(tg.ConfigError, match="shadow"):
+        tg.Guard(tg.GuardConfig(**NO_TELEMETRY, probe={"rate": 0.5}, shadow={"default": {"soft_cap": 5}}))
+
+
+def runaway(guard: tg.Guard, turn_id: str, calls: int = 2500) -> tg.Turn:
+    turn = guard.turn(turn_id=turn_id)
+    drive(turn, [distinct_call(i) for i in range(calls)])
+    turn.end()
+    return turn
+
+
+def test_probe_turns_run_under_the_probe_and_the_main_config_is_a_shadow_that_fires_where_it_would():
+    shadows = Shadows()
+    g = tg.Guard(tg.GuardConfig(**NO_TELEMETRY, name="main", probe={"rate": 0.5, "hard_multiplier": 20}),
+                 plugins={"shadows": shadows}, environ={})
+    by_cohort: dict[str, list[tg.Turn]] = {"live": [], "probe": []}
+    for i in range(12):
+        turn = runaway(g, f"turn-{i}")
+        by_cohort[turn.summary.cohort].append(turn)
+    assert by_cohort["live"] and by_cohort["probe"]
+    assert {t.summary.tool_calls for t in by_cohort["live"]} == {1001}   # call 1001 halted (10 x 100)
+    assert {t.summary.tool_calls for t in by_cohort["probe"]} == {2001}  # the probe's backstop: 20 x 100
+    assert all(t.summary.threshold == "hard_backstop" for ts in by_cohort.values() for t in ts)
+    # The main configuration, as the shadow "main", would have halted each probe turn at call 1001.
+    assert sorted(shadows.detected) == sorted([("main", "hard_backstop", 1001)] * len(by_cohort["probe"]))
+    assert all(selects(0.5, None, t.turn_id) == (c == "probe") for c, ts in by_cohort.items() for t in ts)
+
+
+def test_without_a_probe_every_turn_is_live_and_rate_1_probes_every_turn():
+    assert {runaway(tg.Guard(tg.GuardConfig(**NO_TELEMETRY), environ={}), f"t{i}", 5).summary.cohort
+            for i in range(10)} == {"live"}
+    g = tg.Guard(tg.GuardConfig(**NO_TELEMETRY, probe={"rate": 1.0, "soft_cap": 7}), environ={})
+    assert {runaway(g, f"t{i}", 5).summary.cohort for i in range(10)} == {"probe"}
+
+
+def test_probe_turns_are_reported_with_their_cohort_and_the_probe_policys_name(otel):
+    g = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",), name="main",
+                                probe={"rate": 1.0, "hard_multiplier": 20}), environ={}, **otel.providers())
+    turn = runaway(g, "t1", 1200)
+    assert turn.summary.cohort == "probe"
+    (calls,) = otel.points(n.METRIC_TURN_TOOL_CALLS[0])
+    assert (calls.attributes[n.POLICY], calls.attributes[n.TURN_COHORT]) == ("main-probe", "probe")
+    shadow = {p.attributes[n.SHADOW_POLICY]: p for p in otel.points(n.METRIC_SHADOW_TURN_TOOL_CALLS[0])}
+    assert shadow["main"].sum == 1001 and shadow["main"].attributes[n.TURN_COHORT] == "probe"
+    (detection,) = otel.points(n.METRIC_SHADOW_DETECTIONS[0])
+    assert detection.attributes[n.LOOP_THRESHOLD] == "hard_backstop"
+    span = otel.span("invoke_agent")
+    assert (span.attributes[n.TURN_COHORT], span.attributes[n.POLICY], span.attributes[n.LOOP_HARD_CAP]) == (
+        "probe", "main-probe", 2000)
+
+
+def test_a_probe_run_recorded_gives_calibrate_its_probe_evidence(tmp_path: Path):
+    path = tmp_path / "turns.jsonl"
+    g = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",), recorder_path=str(path),
+                                probe={"rate": 0.5, "hard_multiplier": 20}), environ={})
+    turns = [runaway(g, f"turn-{i}", 1500) for i in range(10)]
+    probe = [t for t in turns if t.summary.cohort == "probe"]
+    for i, turn in enumerate(probe):
+        g.report_result(turn.turn_id, i % 2 == 0)
+    out = io.StringIO()
+    assert cli.main([str(path), "--soft-caps", "100", "--multipliers", "10", "--no-peers", "--explicit-caps", "100",
+                     "--json", "-"], stdout=out, stderr=io.StringIO()) == 0
+    evidence = json.loads(out.getvalue())["probe"]
+    assert (evidence["turns"], evidence["live_turns"]) == (len(probe), len(turns) - len(probe))
+    passed = evidence["passed_multiple"]["10"]
+    resolved = sum(i % 2 == 0 for i in range(len(probe)))
+    assert (passed["turns"], passed["resolved"], passed["unresolved"], passed["calls_past"]) == (
+        len(probe), resolved, len(probe) - resolved, 500 * len(probe))
