@@ -53,6 +53,18 @@ def test_worker_processes_give_the_figures_of_one_process(mixed_input: list[Path
                         "line 1 column 2 (char 1)"]
 
 
+def serial_and_in_ranges(path: Path, monkeypatch: pytest.MonkeyPatch, **options: int) -> list[tuple[dict, list]]:
+    """(figures, problems) of one process, then of two workers reading ranges of 997 bytes."""
+    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 997)
+    results = []
+    for jobs in (1, 2):
+        problems: list[InputProblem] = []
+        stats = calibrate([path], POLICIES, on_problem=problems.append, jobs=jobs, **options).to_json()
+        stats.pop("replays")
+        results.append((stats, problems))
+    return results
+
+
 def test_byte_ranges_read_by_workers_keep_every_line_and_its_number(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -63,21 +75,13 @@ def test_byte_ranges_read_by_workers_keep_every_line_and_its_number(
     lines.insert(90, "")
     path = tmp_path / "plain.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 997)
-    results = []
-    for jobs in (1, 2):
-        problems: list[InputProblem] = []
-        stats = calibrate([path], POLICIES, on_problem=problems.append, jobs=jobs).to_json()
-        stats.pop("replays")
-        results.append((stats, sorted(str(p) for p in problems)))
+    results = [(stats, sorted(map(str, problems))) for stats, problems in serial_and_in_ranges(path, monkeypatch)]
     assert results[0] == results[1]
     assert results[0][0]["turns"] == 119
     assert results[0][1] == [f"{path}:38: not JSON: Expecting property name enclosed in double quotes: "
                              "line 1 column 2 (char 1)"]
     ids = {i for p in results[0][0]["policies"] for i in p["unattended"]["resolved_ids"]}
     assert ids and all(i.startswith(f"{path}:") for i in ids)
-
-
 
 
 @pytest.mark.parametrize("long_at", [0, 40, 119])
@@ -90,13 +94,8 @@ def test_a_line_longer_than_the_limit_and_many_ranges_is_one_problem_whoever_rea
     lines[long_at] = '{"calls": [' + " " * 50_000 + "]}"
     path = tmp_path / "long.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 997)
-    results = []
-    for jobs in (1, 2):
-        problems: list[InputProblem] = []
-        stats = calibrate([path], POLICIES, on_problem=problems.append, jobs=jobs, max_line_bytes=45_000).to_json()
-        stats.pop("replays")
-        results.append((stats, [(p.line, "longer than the limit" in p.message) for p in problems]))
+    results = [(stats, [(p.line, "longer than the limit" in p.message) for p in problems])
+               for stats, problems in serial_and_in_ranges(path, monkeypatch, max_line_bytes=45_000)]
     assert results[0] == results[1]
     assert results[0][0]["turns"] == 119
     assert results[0][1] == [(long_at + 1, True)]
