@@ -15,6 +15,7 @@ import pytest
 
 import turnguard as tg
 from conftest import core_guard
+from turnguard.guard import MAX_AWAITING
 
 KEYS = ("A", "B", "C")
 OUTCOMES = (tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED,
@@ -411,3 +412,17 @@ def test_one_call_object_checked_twice_in_a_batch_settles_in_check_order():
     assert turn.ledger.failing_streak_length == 1
     assert turn.record_outcome(call, tg.Outcome.ERROR) == tg.Verdict(tg.Action.ALLOW)  # a third: a duplicate
     assert turn.ledger.failing_streak_length == 1
+
+
+def test_a_turn_waits_for_a_bounded_number_of_outcomes_and_ignores_those_it_gave_up_on():
+    ignored = Ignored()
+    guard = core_guard(max_tool_calls_per_turn=0)
+    guard.register(ignored, name="ignored")
+    turn = guard.turn()
+    calls = [tg.ToolCall("read_file", {"path": f"f{i}"}, call_id=f"t{i}") for i in range(3 * MAX_AWAITING)]
+    for call in calls:  # a host that never reports outcomes
+        turn.check_call(call)
+    assert turn.record_outcome(calls[0], tg.Outcome.OK).action is tg.Action.ALLOW
+    turn.record_outcome(calls[-1], tg.Outcome.OK)
+    assert ignored.seen == [("t0", "duplicate")]  # the oldest was given up on; the newest still waited
+    assert turn.ledger.outcomes(tg.Outcome.OK) == 1

@@ -45,8 +45,9 @@ from turnguard.task_results import ResultBook, ResultStatus
 
 _HALT = Action.HALT
 MAX_AWAITING = 4096
-"""Checked calls a turn waits for an outcome of; past twice this many the oldest half are given
-up (their streak goes on as if they had been denied, and a late outcome for one is ignored)."""
+"""Checked calls a turn waits for an outcome of: once more than twice this many wait (looked at
+every 1,024 checks), the oldest this many are given up (their streak goes on as if they had been
+denied, and a late outcome for one is ignored)."""
 _SHED_AT = 2 * MAX_AWAITING
 
 
@@ -284,8 +285,7 @@ class Turn:
         try:
             if self._halt is not None:
                 return self._halt
-            self._count_call(digest, call.name)
-            seq = self.ledger._seq
+            seq = self._count_call(digest, call.name)
             awaiting = self._awaiting
             # key[-2]/key[-1]: this turn's token and check number (a key stored by Keyer.key_of has neither)
             if key is not None and key[-2] is self._token and awaiting.get(key[-1]) is call:
@@ -293,7 +293,7 @@ class Turn:
             else:
                 store_key(call, (digest, self._keyer, self._token, seq))
             awaiting[seq] = call
-            if len(awaiting) > _SHED_AT:
+            if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                 self._give_up_waiting()
             found = None
             for name, fn, turn in self._check_call:
@@ -333,9 +333,8 @@ class Turn:
         try:
             key = call._key
             awaiting = self._awaiting
-            if key is not None and key[-2] is self._token and awaiting.get(key[-1]) is call:
-                seq = key[-1]
-                del awaiting[seq]
+            if key is not None and key[-2] is self._token and awaiting.pop(key[-1], None) is call:
+                seq = key[-1]  # (the waiting list holds each check's own call: what it popped is this one)
                 if self._reused:
                     self._next_check_of(call, key)
             else:
@@ -496,7 +495,9 @@ class Turn:
                 return
 
     def _give_up_waiting(self) -> None:
-        """Too many calls without an outcome: stop waiting for the oldest ``MAX_AWAITING``."""
+        """Past ``2 * MAX_AWAITING`` calls without an outcome, stop waiting for the oldest ``MAX_AWAITING``."""
+        if len(self._awaiting) <= _SHED_AT:
+            return
         items = list(self._awaiting.items())
         for seq, _ in items[:MAX_AWAITING]:
             self.ledger.abandon(seq)

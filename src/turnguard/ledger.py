@@ -30,7 +30,9 @@ the last call whose key had never been seen before in the turn) and the settled 
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
+import os
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -47,6 +49,24 @@ def _quiet_until(cap_mode: str, soft_cap: int | None, hard_cap: int | None) -> i
     if cap_mode == "adaptive":
         return soft_cap  # type: ignore[return-value]
     return float("inf")
+
+
+def _seed_event_ids() -> None:
+    global _event_prefix, _event_numbers
+    _event_prefix = os.urandom(8).hex()
+    _event_numbers = itertools.count(1)
+
+
+_event_prefix = ""
+_event_numbers = itertools.count(1)
+_seed_event_ids()
+os.register_at_fork(after_in_child=_seed_event_ids)
+
+
+def new_event_id() -> str:
+    """A detection's id: 32 hex digits like a UUID's, a random half per process (drawn again in
+    a forked child) and a counter, so that making one costs no system call (``uuid4`` does)."""
+    return f"{_event_prefix}{next(_event_numbers):016x}"
 
 
 _ERROR = Outcome.ERROR  # enum members looked up once: class attribute access costs on the hot path
@@ -341,8 +361,8 @@ class Ledger:
         self._cycle_start = self._tool_calls
 
     def count_call(self, digest: bytes, tool_name: str) -> int:
-        """Count a checked call (its sequence number is ``checks`` after this); returns how many
-        times its key has now been seen."""
+        """Count a checked call; returns its sequence number (``checks``), which its outcome is
+        recorded under (``record_outcome``)."""
         self._tool_calls += 1
         self._seq += 1
         counts = self._counts
@@ -384,7 +404,7 @@ class Ledger:
                 self._early.clear()
             if self._fired:
                 self._fired.clear()
-        return seen
+        return self._seq
 
     def _new_streak(self, first: int) -> None:
         """The current streak starts at check ``first``: earlier calls' outcomes are not its own."""
@@ -597,7 +617,7 @@ class Ledger:
             turn_id=self.turn_id,
             conversation_id=self.conversation_id,
             agent_name=self.agent_name,
-            event_id=uuid.uuid4().hex,
+            event_id=new_event_id(),
             cap_mode=self.cap_mode,
             message=message,
         )

@@ -6,9 +6,36 @@ logged or compared without copying.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+
+def direct_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that sets each field through its slot's
+    own setter: the generated one goes through ``object.__setattr__`` per field, which costs on
+    the paths that build a verdict or an event per detection. Same parameters and defaults."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    namespace: dict[str, Any] = {}
+    params, body = [], []
+    for f in fields:
+        namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
+        if f.default is not dataclasses.MISSING:
+            namespace[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        else:
+            params.append(f.name)
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__annotations__ = {**{f.name: f.type for f in fields}, "return": None}
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
 
 
 class Outcome(enum.Enum):
@@ -123,12 +150,14 @@ class IgnoredOutcome(enum.StrEnum):
     """Why ``Turn.record_outcome`` ignored a report (a host error; the values are telemetry's)."""
 
     DUPLICATE = "duplicate"
-    """A second outcome for a ``ToolCall`` object this turn checked (its outcome came already)."""
+    """An outcome for a ``ToolCall`` object this turn checked but no longer waits for: its outcome
+    came already (or the turn gave up waiting, ``guard.MAX_AWAITING``)."""
     UNKNOWN_CALL = "unknown_call"
-    """An outcome for a call no check of this turn waits for: never checked here, a ``call_id``
-    already answered, or a call the turn stopped waiting for (``guard.MAX_AWAITING``)."""
+    """An outcome for a call no check of this turn waits for: another object whose ``call_id``
+    was never checked here, or was answered (or given up) already."""
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class LoopDetectedEvent:
     """One detection: which threshold fired, what it means for the host, and the counts then.
@@ -158,6 +187,7 @@ class LoopDetectedEvent:
     message: str = ""
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The guard's answer. ``threshold``/``event`` are set whenever a detector fired,
