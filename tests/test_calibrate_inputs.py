@@ -371,3 +371,15 @@ def test_a_line_far_past_the_limit_is_skipped_holding_at_most_the_limit_of_it(tm
         tracemalloc.stop()
     assert turns == ["after"] and [p.line for p in problems] == [1]
     assert peak < 2.5 * limit  # readline joins its pieces (2x); reading it whole (as before) holds 4x
+
+
+def test_otlp_calls_waiting_for_their_turn_spans_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inputs, "MAX_WAITING_CALLS", 3)
+    lines = [collector_line([tool_span(f"c{t}{i}", f"p{t}", i) for i in (1, 2)]) for t in range(3)]
+    lines.append(collector_line([span("invoke_agent coder", "p2", None, {names.TURN_ID: "T2"})]))
+    path = tmp_path / "collector.json"
+    path.write_text("\n".join(lines) + "\n")
+    turns, problems = read([path])
+    assert [(t.id, len(t.calls)) for t in turns] == [("p0", 2), ("p1", 2), ("T2", 2)]
+    assert [p.line for p in problems] == [1, 2]  # the fourth waiting call releases the oldest turn
+    assert all("waited longest" in p.message for p in problems)

@@ -81,6 +81,9 @@ MAX_TURN_CYCLES = 100_000
 does work for each request, so a larger value is a reported problem, not a hang."""
 MAX_TURN_CALLS = 1_000_000
 """The most tool calls a turn may hold (100 times the recorder's per-turn limit)."""
+MAX_WAITING_CALLS = 1_000_000
+"""The most OTLP tool spans held while their turn spans have not arrived; past it the turn
+waiting longest is reported and replayed as it is, so memory stays bounded on any input."""
 
 
 class InputError(Exception):
@@ -414,14 +417,16 @@ class OtlpAssembler:
     ``turnguard.call.outcome``), linked by ``parentSpanId`` (or a ``turnguard.turn.id`` of their own).
 
     Child spans end, and are exported, before their turn span: calls wait here, keyed by their
-    parent, until it arrives, so memory holds only the turns in flight. Calls whose turn span
-    never arrives are reported, then replayed as a turn of their own at the end of the file.
+    parent, until it arrives, so memory holds only the turns in flight (at most
+    ``MAX_WAITING_CALLS`` calls). Calls whose turn span never arrives are reported, then replayed
+    as a turn of their own at the end of the file (or when the bound is reached).
     """
 
     def __init__(self, path: str, on_problem: ProblemSink) -> None:
         self.path = path
         self.on_problem = on_problem
         self._pending: dict[str, _Pending] = {}
+        self._waiting = 0
 
     def add(self, obj: dict[str, Any], lineno: int) -> Iterator[RecordedTurn]:
         """Take one exported line; yield the turns it completes."""
@@ -443,6 +448,17 @@ class OtlpAssembler:
                     turn = self._span(span, lineno)
                     if turn is not None:
                         yield turn
+                    if self._waiting > MAX_WAITING_CALLS:
+                        yield self._release_oldest()
+
+    def _release_oldest(self) -> RecordedTurn:
+        key, pending = next(iter(self._pending.items()))
+        del self._pending[key]
+        self._waiting -= len(pending.calls)
+        self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
+                                  f"{MAX_WAITING_CALLS:,} waited for their turn spans (replayed as a turn of "
+                                  "their own)")
+        return self._turn(key.partition(":")[2], pending, {}, pending.lineno)
 
     def finish(self) -> Iterator[RecordedTurn]:
         """End of file: calls whose turn span never came are reported and still replayed."""
@@ -451,6 +467,7 @@ class OtlpAssembler:
                                       "(replayed as a turn of their own)")
             yield self._turn(key.partition(":")[2], pending, {}, pending.lineno)
         self._pending.clear()
+        self._waiting = 0
 
     def _bad(self, lineno: int, message: str) -> None:
         self.on_problem(InputProblem(self.path, lineno, message))
@@ -468,9 +485,11 @@ class OtlpAssembler:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
         turn_id = str(attrs[names.TURN_ID])
         pending = self._pending.pop(f"turn:{turn_id}", None)
+        self._waiting -= len(pending.calls) if pending else 0
         span_id = span.get("spanId")
         if span_id:
             by_parent = self._pending.pop(f"span:{span_id}", None)
+            self._waiting -= len(by_parent.calls) if by_parent else 0
             if by_parent is not None:
                 pending = by_parent if pending is None else _Pending(pending.lineno, pending.calls + by_parent.calls)
         return self._turn(turn_id, pending or _Pending(lineno), attrs, lineno)
@@ -502,6 +521,7 @@ class OtlpAssembler:
             self._bad(lineno, f"tool span {name!r}: its turn already has {MAX_TURN_CALLS:,} calls (the limit); skipped")
             return
         pending.calls.append((index, RecordedCall(tool, None, digest, outcome)))
+        self._waiting += 1
 
     def _turn(self, turn_id: str, pending: _Pending, attrs: dict[str, Any], lineno: int) -> RecordedTurn:
         calls = sorted(pending.calls, key=lambda pair: pair[0])
