@@ -281,3 +281,14 @@ def test_load_with_sources_names_the_layer_each_value_came_from(tmp_path):
         "default"}
     assert set(sources) == {f.name for f in dataclasses.fields(tg.GuardConfig)}
     assert tg.GuardConfig.load(environ={"TURNGUARD_STREAK_WARN_AT": "3"}, search=tmp_path, fail_mode="closed") == config
+
+
+@pytest.mark.parametrize(("text", "said"), [(None, "No such file or directory"), ("soft_cap = \n", "Invalid value")])
+def test_a_file_that_cannot_be_read_or_parsed_is_named_once_with_why(tmp_path, text, said):
+    path = tmp_path / "turnguard.toml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(path, environ={})
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and message.count(str(path)) == 1 and said in message

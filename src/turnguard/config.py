@@ -73,6 +73,13 @@ class UnknownOptionError(ConfigError):
         return f"{where}unknown option {self.key!r}; expected {self.accepted}"
 
 
+class ConfigFileError(ConfigError):
+    """A configuration file that cannot be read or parsed: ``key`` is its path."""
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.value} (expected {self.accepted})"
+
+
 def _short(value: Any, width: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
@@ -299,9 +306,9 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(str(path), exc.strerror or str(exc), "a readable TOML file") from exc
+        raise ConfigFileError(str(path), exc.strerror or str(exc), "a readable TOML file") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), str(exc), "a valid TOML file") from exc
+        raise ConfigFileError(str(path), str(exc), "a valid TOML file") from exc
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("turnguard", {})
     elif "turnguard" in data and isinstance(data["turnguard"], Mapping):
