@@ -405,3 +405,16 @@ def test_lines_waiting_for_the_disk_are_bounded(tmp_path, monkeypatch):
     kept = recorder.pending
     assert 0 < kept < 10 and recorder.lines_lost == 10 - kept
     assert sum(map(len, recorder._pending)) <= 10_000 + len(_turn_line(9, 100))
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_file_system_without_locks_still_gets_every_line(tmp_path, monkeypatch, code):
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "turns.jsonl"
+    end_turns(make_guard(path, streak_warn_at=0), 0, 3)
+    assert_whole_records(path, ["turn-0", "turn-1", "turn-2"])

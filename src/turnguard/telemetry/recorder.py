@@ -103,11 +103,17 @@ def append_line(path: str, line: bytes) -> None:
 
 
 def _lock(fd: int) -> None:
+    """An exclusive ``flock``, where the platform and file system have one (else ``O_APPEND``
+    alone, as NFS without a lock daemon gives: still whole lines, only the repair may race)."""
     try:
         import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: O_APPEND alone
+    except ImportError:  # pragma: no cover - not POSIX
         return
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
 
 
 class Recorder:
