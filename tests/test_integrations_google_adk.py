@@ -335,3 +335,26 @@ def test_adks_own_model_call_limit_ends_the_turn_with_error(read_file, turn_ends
     with pytest.raises(LlmCallsLimitExceededError):
         session.send("read them")
     turn_ends.assert_ended("error")
+
+
+# -- identical calls in one response (the core's rule for a parallel batch) ----------------------
+
+
+def test_of_ten_identical_failing_calls_in_one_response_at_most_eight_run_unattended(ran, read_file):
+    batch = [("read_file", {"path": "missing.py"})] * 10
+    session = Session(scripted([batch]), [read_file], [TurnGuardPlugin(tg.Guard())])
+    assert halt_of(session.send("read it"))["threshold"] == "streak"
+    assert len(ran) <= 8
+
+
+def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ran, read_file):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict.event.level)
+        return "continue"
+
+    batch = [("read_file", {"path": "missing.py"})] * 10
+    plugin = TurnGuardPlugin(tg.Guard(tg.GuardConfig(streak_warn_at=0)), ask=ask)
+    Session(scripted([batch]), [read_file], [plugin]).send("read it")
+    assert asked == [tg.Level.STOP]

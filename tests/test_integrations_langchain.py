@@ -284,3 +284,34 @@ def test_an_interrupt_does_not_end_the_turn_and_the_resume_ends_it_once(ran, too
     assert turn_ends.summaries == []
     agent.invoke(Command(resume="continue"), config)
     turn_ends.assert_ended("completed")
+
+
+# -- identical calls in one response (the core's rule for a parallel batch) ----------------------
+
+
+def one_batch(name: str, args: dict, n: int) -> ToolCallingFakeModel:
+    calls = [{"name": name, "args": args, "id": f"call-{k}", "type": "tool_call"} for k in range(n)]
+    return ToolCallingFakeModel(messages=iter([AIMessage(content="", tool_calls=calls), AIMessage("done")]))
+
+
+def test_of_ten_identical_failing_calls_in_one_response_at_most_eight_run_unattended(ran, tools):
+    agent = create_agent(
+        one_batch("read_file", {"path": "missing.py"}, 10), tools, middleware=[TurnGuardMiddleware(tg.Guard())]
+    )
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.invoke(ask_user("read it"), LIMIT)
+    assert len(ran) <= 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+
+
+def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ran, tools):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict.event.level)
+        return "continue"
+
+    middleware = TurnGuardMiddleware(tg.Guard(tg.GuardConfig(streak_warn_at=0)), ask=ask)
+    agent = create_agent(one_batch("read_file", {"path": "missing.py"}, 10), tools, middleware=[middleware])
+    agent.invoke(ask_user("read it"), LIMIT)
+    assert asked == [tg.Level.STOP]

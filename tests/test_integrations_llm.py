@@ -25,7 +25,8 @@ from turnguard.integrations.llm_plugin import ChainGuard, TurnGuardHalted, chain
 
 
 class ScriptedSteps:
-    """Plays one step per model request: a tool call ``(name, args)`` or final text."""
+    """Plays one step per model request: a tool call ``(name, args)``, a list of them (one
+    response), or final text."""
 
     supports_tools = True
 
@@ -42,6 +43,12 @@ class ScriptedSteps:
         step = next(self.steps, "done")
         if isinstance(step, str):
             return step
+        if isinstance(step, list):  # several calls in one response
+            for k, (name, args) in enumerate(step):
+                response.add_tool_call(
+                    llm.ToolCall(name=name, arguments=args, tool_call_id=f"call-{self.requests}-{k}")
+                )
+            return ""
         name, args = step
         response.add_tool_call(llm.ToolCall(name=name, arguments=args, tool_call_id=f"call-{self.requests}"))
         return ""
@@ -303,3 +310,26 @@ def test_a_consumer_that_stops_reading_ends_the_turn_as_cancelled(read_file, tur
     next(stream).text()
     stream.close()
     turn_ends.assert_ended("cancelled")
+
+
+# -- identical calls in one response (the core's rule for a parallel batch) ----------------------
+
+
+def test_of_ten_identical_failing_calls_in_one_response_at_most_eight_run_unattended(ran, read_file):
+    model = ScriptedToolModel("scripted", [[("read_file", {"path": "missing.py"})] * 10])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        chain(tg.Guard(), model, "read it", tools=[read_file]).text()
+    assert len(ran) <= 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+
+
+def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ran, read_file):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict.event.level)
+        return "continue"
+
+    model = ScriptedToolModel("scripted", [[("read_file", {"path": "missing.py"})] * 10])
+    chain(tg.Guard(tg.GuardConfig(streak_warn_at=0)), model, "read it", tools=[read_file], ask=ask).text()
+    assert asked == [tg.Level.STOP]

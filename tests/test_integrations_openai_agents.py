@@ -328,3 +328,39 @@ def test_a_tools_own_approval_is_asked_first_and_the_call_is_checked_once_approv
     result = run_sync(guard, agent, resume(paused, approve=True), ask="approval", run_config=NO_EXPORT)
     assert result.final_output == "done" and ran == ["a.py"]
     assert turn_ends.assert_ended("completed").tool_calls == 1
+
+
+# -- identical calls in one response (the core's rule for a parallel batch) ----------------------
+
+
+def one_batch(name: str, args: dict, n: int) -> ScriptedModel:
+    return ScriptedModel(
+        [[function_call(name, args, call_id=f"call-{k}") for k in range(n)], [assistant_message("done")]]
+    )
+
+
+def test_of_ten_identical_failing_calls_in_one_response_at_most_eight_run_unattended(ran, make_agent):
+    agent = make_agent(one_batch("read_file", {"path": "a.py"}, 10), fail=True)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_sync(tg.Guard(), agent, "read a.py", run_config=NO_EXPORT)
+    assert len(ran) <= 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+
+
+def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ran, make_agent):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict.event.level)
+        return "continue"
+
+    agent = make_agent(one_batch("read_file", {"path": "a.py"}, 10), fail=True)
+    run_sync(tg.Guard(tg.GuardConfig(streak_warn_at=0)), agent, "read a.py", ask=ask, run_config=NO_EXPORT)
+    assert asked == [tg.Level.STOP]
+
+
+def test_with_approvals_the_batch_is_checked_as_planned_and_the_ninth_asks(ran, make_agent):
+    agent = make_agent(one_batch("read_file", {"path": "a.py"}, 10), fail=True)
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
+    paused = run_sync(guard, agent, "read a.py", ask="approval", run_config=NO_EXPORT)
+    assert [item.call_id for item in paused.interruptions] == ["call-8"]

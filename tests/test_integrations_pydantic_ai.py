@@ -315,3 +315,38 @@ def test_pydantic_ais_own_request_limit_ends_the_turn_with_error(ran, turn_ends)
     with pytest.raises(UsageLimitExceeded):
         agent.run_sync("read them", usage_limits=UsageLimits(request_limit=3))
     turn_ends.assert_ended("error")
+
+
+# -- identical calls in one response (the core's rule for a parallel batch) ----------------------
+
+
+def one_batch(name: str, args: dict, n: int) -> FunctionModel:
+    """A model whose first response holds ``n`` identical calls, then answers "done"."""
+
+    def respond(messages, info: AgentInfo) -> ModelResponse:
+        if _tool_returns(messages):
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"c{k}") for k in range(n)])
+
+    return FunctionModel(respond)
+
+
+def test_of_ten_identical_failing_calls_in_one_response_at_most_eight_run_unattended(ran):
+    agent = agent_with(one_batch("read_file", {"path": "a.py"}, 10), TurnGuardCapability(tg.Guard()), ran, fail=True)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.run_sync("read a.py")
+    assert len(ran) <= 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+
+
+def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ran):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict.event.level)
+        return "continue"
+
+    capability = TurnGuardCapability(tg.Guard(tg.GuardConfig(streak_warn_at=0)), ask=ask)
+    agent = agent_with(one_batch("read_file", {"path": "a.py"}, 10), capability, ran, fail=True)
+    agent.run_sync("read a.py")
+    assert asked == [tg.Level.STOP]
