@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turnguard.hookspecs", "turnguard.firing"),
     ("turnguard.policies",),
     ("turnguard.plugins",),
-    ("turnguard.dispatch", "turnguard.guard"),
+    ("turnguard.dispatch", "turnguard.guard", "turnguard.snapshot"),
     ("turnguard.shadow",),
     ("turnguard",),
     ("turnguard.telemetry",),

@@ -23,11 +23,13 @@ from turnguard.model import (
 from turnguard.probe import Cohort
 from turnguard.profiles import PROFILES
 from turnguard.task_results import ResultStatus
+from turnguard.snapshot import SnapshotError
 
 __all__ = [
     "PROFILES",
     "STREAK_STOP_ON",
     "STUCK_SIGNALS",
+    "SnapshotError",
     "Action",
     "Answer",
     "Cohort",

@@ -170,6 +170,15 @@ class Guard:
 
     _closed = False
 
+    def resume(self, state: Any) -> Turn:
+        """Continue the turn ``state`` (a ``Turn.snapshot()``) was taken from, with the verdicts it
+        would have given had it never stopped (a probe turn under the probe configuration);
+        ``tg.SnapshotError`` when this guard cannot."""
+        from turnguard.snapshot import cohort_of, resume
+
+        guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
+        return resume(guard, state, lambda **identity: Turn(guard, **identity))
+
 
 def probe_guard_config(main: GuardConfig, probe: Probe) -> GuardConfig:
     """The probe guard's configuration: the probe's, with the main configuration beside it as a
@@ -182,6 +191,7 @@ def probe_guard_config(main: GuardConfig, probe: Probe) -> GuardConfig:
         raise ConfigError("shadow", main.name, "shadow names other than the policy's own name (with a probe, the "
                                                "main configuration runs as a shadow named after it)")
     return probe.config.replace(shadow=shadows)
+
 
 
 def _default_manager(config: GuardConfig, providers: dict[str, Any], environ: Mapping[str, str] | None):
@@ -454,6 +464,13 @@ class Turn:
             self._notify("turnguard_turn_result", turn_id=self.turn_id, summary=None,
                          resolved=resolved if isinstance(resolved, bool) else None, status=status.value)
         return status is ResultStatus.ACCEPTED
+
+    def snapshot(self, pending: Verdict | None = None) -> dict[str, Any]:
+        """The turn's state as versioned JSON data, for ``Guard.resume`` in any process
+        (``pending``: an ASK the host is still waiting on the user for; see ``turnguard.snapshot``)."""
+        from turnguard.snapshot import snapshot
+
+        return snapshot(self, pending)
 
     def raise_for(self, verdict: Verdict) -> Verdict:
         """Raise ``LoopDetected`` on HALT; return the verdict otherwise (for hosts that abort by raising)."""

@@ -1,0 +1,188 @@
+"""Durable turns: a snapshot continued by ``guard.resume`` gives the verdicts of the turn that never stopped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import turnguard as tg
+from conftest import CORE_ONLY
+
+KEY = "durable-turns-test-key"
+
+
+def guard(**options) -> tg.Guard:
+    return tg.Guard(tg.GuardConfig(**{**CORE_ONLY, "digest_key": KEY, **options}), environ={})
+
+
+def script() -> list[tuple[str, dict, str, str]]:
+    """A turn that exercises every fact: distinct reads, a failing streak (warn, then stop at the
+    8th failure under 5/8), a success, a repeat past the soft cap's stuck threshold, denials."""
+    steps = [("cycle", "", {}, "")]
+    steps += [("call", "read_file", {"path": f"f{i}.py"}, "ok") for i in range(4)]
+    steps += [("call", "run_tests", {"target": "suite-7f3a"}, "error")] * 6
+    steps += [
+        ("cycle", "", {}, ""),
+        ("call", "edit", {"path": "a.py"}, "denied"),
+        ("call", "read_file", {"path": "f1.py"}, "ok"),
+    ]
+    steps += [("call", "run_tests", {"target": "suite-7f3a"}, "error")] * 9
+    return steps
+
+
+def verdict_facts(v: tg.Verdict) -> tuple:
+    e = v.event
+    counts = (
+        None
+        if e is None
+        else (e.level, e.tool_calls, e.cycles, e.max_key_repeat, e.streak_length, e.failing_streak_length)
+    )
+    return (v.action, v.threshold, counts)
+
+
+def play(turn: tg.Turn, steps) -> list[tuple]:
+    out = []
+    for kind, name, args, outcome in steps:
+        if kind == "cycle":
+            out.append(verdict_facts(turn.begin_cycle()))
+            continue
+        call = tg.ToolCall(name, args, call_id=f"id-{len(out)}")
+        out.append(verdict_facts(turn.check_call(call)))
+        out.append(verdict_facts(turn.record_outcome(call, outcome)))
+    return out
+
+
+@pytest.mark.parametrize("promptable", [False, True])
+def test_a_resumed_turn_gives_the_verdicts_of_the_turn_that_never_stopped(promptable):
+    steps = script()
+    with guard().turn(promptable=promptable) as whole:
+        expected = play(whole, steps)
+    for cut in range(len(steps) + 1):
+        first = guard().turn(promptable=promptable)
+        before = play(first, steps[:cut])
+        state = json.loads(json.dumps(first.snapshot()))  # through JSON, as a checkpointer stores it
+        resumed = guard().resume(state)
+        assert before + play(resumed, steps[cut:]) == expected, f"cut after step {cut}"
+
+
+def test_the_snapshot_is_versioned_json_with_digests_and_never_the_arguments():
+    turn = guard().turn()
+    play(turn, script()[:8])
+    state = turn.snapshot()
+    text = json.dumps(state)
+    assert state["version"] == 1
+    assert "f1.py" not in text and "suite-7f3a" not in text and KEY not in text
+    assert all(len(d) == 16 for d in state["facts"]["counts"])  # 8-byte digests, as hex
+
+
+def test_a_latched_halt_survives_the_resume():
+    turn = guard(max_tool_calls_per_turn=2).turn()
+    for i in range(3):
+        turn.check_call(tg.ToolCall("read_file", {"path": f"{i}"}))
+    resumed = guard(max_tool_calls_per_turn=2).resume(json.loads(json.dumps(turn.snapshot())))
+    verdict = resumed.check_call(tg.ToolCall("read_file", {"path": "other"}))
+    assert verdict.action is tg.Action.HALT and verdict.threshold is tg.Threshold.EXPLICIT
+    assert resumed.begin_cycle().action is tg.Action.HALT
+
+
+def test_an_outcome_for_a_call_checked_before_the_snapshot_is_credited_after_resume():
+    turn = guard().turn()
+    for i in range(7):
+        call = tg.ToolCall("run_tests", {"target": "suite-7f3a"}, call_id=f"c{i}")
+        turn.check_call(call)
+        turn.record_outcome(call, "error")
+    waiting = tg.ToolCall("run_tests", {"target": "suite-7f3a"}, call_id="c7")
+    turn.check_call(waiting)
+    resumed = guard().resume(json.loads(json.dumps(turn.snapshot())))
+    verdict = resumed.record_outcome(tg.ToolCall("run_tests", None, call_id="c7"), "error")
+    assert verdict.action is tg.Action.HALT and verdict.event.failing_streak_length == 8
+
+
+def test_a_pending_escalation_is_handed_back_and_resolved_in_the_resumed_turn():
+    turn = guard().turn(promptable=True)
+    asked = None
+    for i in range(5):
+        call = tg.ToolCall("poll", {"job": 1}, call_id=f"p{i}")
+        asked = turn.check_call(call)
+        turn.record_outcome(call, "ok")
+    assert asked.action is tg.Action.ASK
+    state = json.loads(json.dumps(turn.snapshot(pending=asked)))
+    resumed = guard().resume(state)
+    pending = tg.snapshot.pending(state)
+    assert pending.event.event_id == asked.event.event_id and pending.event.level is tg.Level.WARN
+    assert resumed.resolve(pending, "stop").action is tg.Action.HALT
+
+
+def test_the_turn_resumes_in_another_process_and_goes_on_to_the_same_stop(tmp_path):
+    turn = guard().turn()
+    for i in range(5):
+        call = tg.ToolCall("run_tests", {"target": "suite-7f3a"}, call_id=f"c{i}")
+        turn.check_call(call)
+        turn.record_outcome(call, "error")
+    (tmp_path / "turn.json").write_text(json.dumps(turn.snapshot()))
+    program = textwrap.dedent(f"""
+        import json
+        import turnguard as tg
+        config = tg.GuardConfig(digest_key={KEY!r}, **{CORE_ONLY!r})
+        turn = tg.Guard(config, environ={{}}).resume(json.load(open({str(tmp_path / "turn.json")!r})))
+        for i in range(5, 10):
+            call = tg.ToolCall("run_tests", {{"target": "suite-7f3a"}}, call_id=f"c{{i}}")
+            if turn.check_call(call).action is tg.Action.HALT:
+                break
+            verdict = turn.record_outcome(call, "error")
+            if verdict.action is tg.Action.HALT:
+                print(i + 1, verdict.threshold, verdict.event.failing_streak_length)
+                break
+    """)
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["8", "streak", "8"]
+
+
+def test_a_guard_with_another_digest_key_refuses_the_snapshot():
+    state = guard().turn().snapshot()
+    with pytest.raises(tg.SnapshotError, match="another digest key"):
+        guard(digest_key="another").resume(state)
+    with pytest.raises(tg.SnapshotError, match="per-process secret"):
+        tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).resume(state)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("streak_stop_at", 9),
+        ("max_tool_calls_per_turn", 50),
+        ("soft_cap", 20),
+        ("key_mode", "bytes"),
+        ("max_cycles_per_turn", 3),
+    ],
+)
+def test_a_guard_that_decides_otherwise_refuses_the_snapshot_and_names_the_setting(setting, value):
+    state = guard().turn().snapshot()
+    with pytest.raises(tg.SnapshotError, match=setting):
+        guard(**{setting: value}).resume(state)
+
+
+def test_reporting_settings_do_not_stop_a_resume():
+    state = guard().turn().snapshot()
+    guard(capture_content=True, name="other").resume(state).end()
+
+
+@pytest.mark.parametrize(
+    "state",
+    [None, [], {"version": 1}, {"kind": "turnguard.turn", "version": 99}, {"kind": "turnguard.turn", "version": "1"}],
+)
+def test_what_is_not_a_snapshot_of_a_known_version_is_refused_with_a_clear_error(state):
+    with pytest.raises(tg.SnapshotError):
+        guard().resume(state)
+
+
+def test_a_snapshot_with_malformed_facts_is_refused():
+    state = guard().turn().snapshot()
+    state["facts"]["counts"] = {"not-hex": 1}
+    with pytest.raises(tg.SnapshotError, match="malformed"):
+        guard().resume(state)
+    assert isinstance(tg.SnapshotError("x"), ValueError)
