@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -315,3 +318,75 @@ def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ra
     agent = create_agent(one_batch("read_file", {"path": "missing.py"}, 10), tools, middleware=[middleware])
     agent.invoke(ask_user("read it"), LIMIT)
     assert asked == [tg.Level.STOP]
+
+
+# -- a turn that survives the process: LangGraph's SQLite checkpointer, two processes -----------
+
+RESUMABLE_AGENT = '''
+import json, sys
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.tools import ToolException, tool
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command
+import turnguard as tg
+from turnguard.integrations.langchain import TurnGuardHalted, TurnGuardMiddleware
+
+
+class Model(GenericFakeChatModel):
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+
+phase, db = sys.argv[1], sys.argv[2]
+first = 0 if phase == "start" else 5  # the model's script goes on where the first process left it
+calls = [{"name": "read_file", "args": {"path": "missing.py"}, "id": f"call-{i}", "type": "tool_call"}
+         for i in range(first, 30)]
+model = Model(messages=iter([AIMessage(content="", tool_calls=[c]) for c in calls]))
+ran = []
+
+
+@tool
+def read_file(path: str) -> str:
+    """Read a file."""
+    ran.append(path)
+    raise ToolException(f"{path}: no such file")
+
+
+read_file.handle_tool_error = True
+config = tg.GuardConfig(digest_key="shared-by-both-processes", max_tool_calls_per_turn=7,
+                        disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
+middleware = TurnGuardMiddleware(tg.Guard(config, environ={}), ask="interrupt")
+with SqliteSaver.from_conn_string(db) as saver:
+    agent = middleware.watch(create_agent(model, [read_file], middleware=[middleware], checkpointer=saver))
+    thread = {"configurable": {"thread_id": "t-1"}, "recursion_limit": 1000}
+    start = {"messages": [{"role": "user", "content": "read it"}]}
+    try:
+        out = agent.invoke(start if phase == "start" else Command(resume="continue"), thread)
+        print(json.dumps({"ran": len(ran), "asked": [i.value["turnguard"] for i in out.get("__interrupt__", [])]}))
+    except TurnGuardHalted as stop:
+        print(json.dumps({"ran": len(ran), "halted": str(stop)}))
+'''
+
+
+def test_a_turn_interrupted_for_an_ask_goes_on_in_a_fresh_process_with_the_same_checkpointer(tmp_path):
+    """Process 1 runs 4 failing calls and is interrupted at the 5th (the warn level); process 2
+    resumes the thread with ``Command(resume="continue")``: the resumed turn still holds the first
+    4 calls, so the explicit cap of 7 stops the 8th call of the turn after 3 more, not 7."""
+    optional_dependency("langgraph.checkpoint.sqlite")
+    program, db = tmp_path / "agent.py", tmp_path / "checkpoints.sqlite"
+    program.write_text(RESUMABLE_AGENT, encoding="utf-8")
+
+    def run(phase: str) -> dict:
+        command = [sys.executable, str(program), phase, str(db)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run("start")
+    assert first["ran"] == 4
+    assert [(a["threshold"], a["level"]) for a in first["asked"]] == [("streak", "warn")]
+    second = run("resume")
+    assert second["ran"] == 3  # call 5 (answered "continue"), 6 and 7
+    assert "threshold explicit (stop, limit 7); 8 tool calls" in second["halted"]

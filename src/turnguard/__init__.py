@@ -22,14 +22,13 @@ from turnguard.model import (
 )
 from turnguard.probe import Cohort
 from turnguard.profiles import PROFILES
-from turnguard.task_results import ResultStatus
 from turnguard.snapshot import SnapshotError
+from turnguard.task_results import ResultStatus
 
 __all__ = [
     "PROFILES",
     "STREAK_STOP_ON",
     "STUCK_SIGNALS",
-    "SnapshotError",
     "Action",
     "Answer",
     "Cohort",
@@ -45,6 +44,7 @@ __all__ = [
     "Outcome",
     "Probe",
     "ResultStatus",
+    "SnapshotError",
     "Threshold",
     "ToolCall",
     "Turn",

@@ -23,13 +23,18 @@ ASK: ``ask="interrupt"`` uses LangGraph's human-in-the-loop ``interrupt()`` (the
 checkpointer, as ``HumanInTheLoopMiddleware`` does): the run pauses with an interrupt whose value
 holds ``{"turnguard": {...}}``, and ``agent.invoke(Command(resume="continue"), config)`` answers it
 (``"stop"``/``"redirect"``, an ``Answer``, or ``{"answer": ...}`` work too). A callable ``ask``
-answers inline. ``promptable`` defaults to whether ``ask`` is set; with neither route the fallback
-applies (a warning is observed, a stop halts). A REMIND (``GuardConfig(remind_model=True)``) is
-appended to the call's ``ToolMessage`` text.
+answers inline. With ``ask="interrupt"`` the turn's snapshot (``Turn.snapshot()``) goes into the
+graph state before each model request and with each tool message, so the checkpointer keeps it: a
+``Command(resume=...)`` from another process with the same checkpointer continues the same turn
+(its counts, streaks and pending question) when both guards share ``GuardConfig(digest_key=...)``;
+otherwise the resumed run starts a new turn (logged). ``promptable`` defaults to whether ``ask`` is
+set; with neither route the fallback applies (a warning is observed, a stop halts). A REMIND
+(``GuardConfig(remind_model=True)``) is appended to the call's ``ToolMessage`` text.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -41,7 +46,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
-from langgraph.types import interrupt
+from langgraph.types import Command, interrupt
 
 from turnguard.guard import Guard
 from turnguard.integrations._common import (
@@ -59,22 +64,42 @@ from turnguard.integrations._common import (
     with_reminder,
 )
 from turnguard.model import Outcome, ToolCall, Verdict
+from turnguard.snapshot import SnapshotError
+from turnguard.snapshot import pending as snapshot_pending
 
 INTERRUPT = "interrupt"
 """``ask=INTERRUPT``: reach the user through LangGraph's ``interrupt()`` / ``Command(resume=...)``."""
 INTERRUPT_KEY = "turnguard"
+SNAPSHOT_KEY = "turnguard_snapshot"
 MAX_OPEN_TURNS = 1024
 """Turns whose run died without ``after_agent`` are ended (reason ``abandoned``) past this many."""
+
+
+_log = logging.getLogger(__name__)
 
 
 class TurnGuardHalted(TurnHalted):
     """turnguard stopped the agent; a ``turnguard.LoopDetected`` whose message names threshold and counts."""
 
 
+def _newest(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Of two snapshots written in one step (parallel tool calls), the one further along."""
+    if old is None or new is None:
+        return new if new is not None else old
+    return new if _progress(new) >= _progress(old) else old
+
+
+def _progress(snapshot: dict[str, Any]) -> tuple[int, int]:
+    facts = snapshot.get("facts") or {}
+    return int(facts.get("seq", 0)), sum((facts.get("outcomes") or {}).values())
+
+
 class TurnGuardState(AgentState[Any]):
-    """The agent state plus the id of the run's turn (private: not input, not output)."""
+    """The agent state plus the run's turn (private: not input, not output): its id, and with
+    ``ask="interrupt"`` its snapshot, which the checkpointer keeps so another process can resume it."""
 
     turnguard_turn: NotRequired[Annotated[str, PrivateStateAttr]]
+    turnguard_snapshot: NotRequired[Annotated[dict[str, Any] | None, _newest, PrivateStateAttr]]
 
 
 class _Run:
@@ -195,7 +220,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             if decision.step is not Step.RUN:
                 return self._end(run, self._halt(run, decision))
         decision = run.driver.cycle()
-        return self._end(run, self._halt(run, decision)) if decision.step is not Step.RUN else None
+        if decision.step is not Step.RUN:
+            return self._end(run, self._halt(run, decision))
+        return self._persisted(run)
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -221,7 +248,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             self._ended(run, exc)
             raise
         result = self._after(run, call, _outcome(result), result=result)
-        return _remind(result, decision.reminder)
+        return self._persisted(run, _remind(result, decision.reminder))
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         run = self._run(request.state)
@@ -241,7 +268,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             self._ended(run, exc)
             raise
         result = await self._aafter(run, call, _outcome(result), result=result)
-        return _remind(result, decision.reminder)
+        return self._persisted(run, _remind(result, decision.reminder))
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -306,9 +333,42 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         key = _turn_key(state)
         with self._lock:
             run = self._runs.get(key)
+            if run is None and key is not None:
+                run = self._restored(state, key)
             if run is not None:
                 self._note_graph_run(run, key)
             return run
+
+    def _persisted(self, run: _Run, result: Any = None) -> Any:
+        """With ``ask="interrupt"``, the turn's snapshot goes into the graph state with the step's
+        other writes (the checkpointer keeps it): before a model request, and with a tool's message."""
+        if self.ask != INTERRUPT:
+            return result
+        update = {SNAPSHOT_KEY: run.driver.turn.snapshot(pending=run.asked_after)}
+        if result is None:
+            return update
+        if isinstance(result, ToolMessage):
+            return Command(update={"messages": [result], **update})
+        return result
+
+    def _restored(self, state: Any, key: str) -> _Run | None:
+        """The turn of a run this process has not seen, continued from the checkpointed snapshot
+        (a resume in a fresh process). A snapshot this guard cannot continue (another digest key:
+        set ``GuardConfig(digest_key=...)`` for durable turns) is logged and a new turn opened."""
+        snapshot = state.get(SNAPSHOT_KEY) if isinstance(state, dict) else getattr(state, SNAPSHOT_KEY, None)
+        if not snapshot:
+            return None
+        try:
+            turn = self.guard.resume(snapshot)
+            pending = snapshot_pending(snapshot)
+        except SnapshotError as exc:
+            _log.warning("turnguard: the checkpointed turn cannot be resumed here (%s); a new turn starts", exc)
+            turn = open_turn(self.guard, ask=self.ask, promptable=self.promptable).turn
+            pending = None
+        run = _Run(RunDriver(turn, ask=None if isinstance(self.ask, str) else self.ask))
+        run.asked_after = pending
+        self._runs[key] = run
+        return run
 
     def _note_graph_run(self, run: _Run, key: str) -> None:
         """Remember which graph run drives the turn now (a resume is a new graph run): the parent
