@@ -161,6 +161,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         self.exit_behavior = exit_behavior
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._by_graph_run: dict[UUID, str] = {}
+        self._halted: OrderedDict[str, Verdict] = OrderedDict()
         self._lock = threading.Lock()
         self.run_end_handler = RunEndHandler(self)
 
@@ -233,7 +234,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         run = self._run(request.state)
         if run is None:
-            return handler(request)
+            halted = self._unguarded(request)
+            return handler(request) if halted is None else self._refused(request, halted)
         call, decision = self._check(run, request)
         if decision.step is Step.ASK:
             decision = run.driver.ask_user(decision.verdict, call, before=True)
@@ -253,7 +255,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         run = self._run(request.state)
         if run is None:
-            return await handler(request)
+            halted = self._unguarded(request)
+            return await handler(request) if halted is None else self._refused(request, halted)
         call, decision = self._check(run, request)
         if decision.step is Step.ASK:
             decision = await run.driver.aask_user(decision.verdict, call, before=True)
@@ -325,6 +328,11 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             raise halted from cause
         return decision.verdict
 
+    def _refused(self, request: Any, halted: Verdict) -> ToolMessage:
+        if self.exit_behavior == "error":
+            raise TurnGuardHalted(halted)
+        return _not_executed(request, halted)
+
     def _end(self, run: _Run, verdict: Verdict) -> dict[str, Any]:
         run.driver.turn.end("halted")
         return {"jump_to": "end", "messages": [AIMessage(content=describe(verdict))]}
@@ -389,10 +397,22 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             self._ended(run, error)
 
     def _ended(self, run: _Run, exc: BaseException) -> None:
+        key = run.driver.turn.turn_id
         with self._lock:
-            if self._runs.pop(run.driver.turn.turn_id, None) is not None:
+            if self._runs.pop(key, None) is not None:
                 self._forget(run)
+            halted = run.driver.turn.halted
+            if halted is not None:  # parallel calls of the halted batch still arrive: refuse them
+                self._halted[key] = halted
+                while len(self._halted) > MAX_OPEN_TURNS:
+                    self._halted.popitem(last=False)
         run.driver.end(exc)
+
+    def _unguarded(self, request: Any) -> Verdict | None:
+        """A call of a run that is not open here: its turn's HALT if turnguard halted it (a call of
+        the halted batch that arrives after the turn ended is not executed either)."""
+        with self._lock:
+            return self._halted.get(_turn_key(request.state) or "")
 
 
 def _node_run_id() -> UUID | None:
