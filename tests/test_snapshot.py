@@ -186,3 +186,19 @@ def test_a_snapshot_with_malformed_facts_is_refused():
     with pytest.raises(tg.SnapshotError, match="malformed"):
         guard().resume(state)
     assert isinstance(tg.SnapshotError("x"), ValueError)
+
+
+def test_a_probe_turn_resumes_in_the_probe_cohort_under_the_probe_configuration():
+    probe = {"probe": tg.Probe(1.0, tg.GuardConfig(max_tool_calls_per_turn=3, digest_key=KEY))}
+    turn = guard(**probe).turn()
+    for i in range(3):
+        call = tg.ToolCall("read_file", {"path": f"{i}"}, call_id=f"r{i}")
+        turn.check_call(call)
+        turn.record_outcome(call, "ok")
+    state = json.loads(json.dumps(turn.snapshot()))
+    assert state["turn"]["cohort"] == "probe"
+    resumed = guard(**probe).resume(state)
+    assert resumed.check_call(tg.ToolCall("read_file", {"path": "3"})).threshold is tg.Threshold.EXPLICIT
+    assert resumed.end().cohort == "probe"
+    with pytest.raises(tg.SnapshotError, match="max_tool_calls_per_turn"):
+        guard().resume(state)  # no probe here: the live configuration would decide otherwise
