@@ -24,7 +24,8 @@ def rows(out: str) -> dict[str, list[list[str]]]:
 
     table: dict[str, list[list[str]]] = {}
     last: list[str] = []
-    for line in out.splitlines()[2:]:
+    lines = out.splitlines()
+    for line in lines[next(i for i, text in enumerate(lines) if text.startswith("---")) + 1:]:
         if not line.strip() or line.startswith("turns recorded"):
             continue
         if line.startswith("    "):  # the row's "why", under it when it does not fit beside

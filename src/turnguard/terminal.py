@@ -67,7 +67,8 @@ class Layout:
     """The free-text last column goes on indented lines under its row."""
 
     def header(self, names: Sequence[str], *, rule: bool = True) -> list[str]:
-        lines = self.row(names, under=False)
+        """The column names (the under-row column's on its own indented line), then a rule."""
+        lines = self.row(names)
         return [*lines, GAP.join("-" * w for w in self._shown)] if rule else lines
 
     def row(self, cells: Sequence[str], *, under: bool | None = None) -> list[str]:
