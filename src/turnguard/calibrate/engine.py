@@ -31,8 +31,10 @@ from turnguard.calibrate.replay import (
 )
 from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect
 from turnguard.config import GuardConfig
-from turnguard.firing import TurnFacts
+from turnguard.firing import FiringRule, TurnFacts
 from turnguard.keys import Keyer, is_json_text
+from turnguard.ledger import Ledger
+from turnguard.model import Outcome, ToolCall
 
 MODES = (("unattended", False), ("attended", True))
 Keyed = dict[str, tuple[list[bytes], TurnFacts]]
@@ -58,7 +60,7 @@ class Calibrator:
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
-        shared: dict[Any, Any] = {}
+        shared: dict[tuple[FiringRule, ...], tuple[FiringRule, ...]] = {}
         self.rules = [PolicyRules(p, shared) for p in policies]
         self.triggers = {
             m: grid_triggers([p for p in policies if p.config.key_mode == m], attended=True) for m in self.keyers
@@ -121,7 +123,7 @@ class Calibrator:
         """Each call's ledger key under ``keyer``'s key mode (``call_keys``)."""
         return call_keys(turn.calls, keyer.mode)
 
-    def _keyed(self, turn: RecordedTurn, outcomes: list[Any], starts: list[int]) -> Keyed:
+    def _keyed(self, turn: RecordedTurn, outcomes: list[Outcome], starts: list[int]) -> Keyed:
         """Each key mode's keys of ``turn`` and their facts, computed as few times as the modes
         allow; a mode is missing when its policies cannot fire on the turn."""
         keyed: Keyed = {}
@@ -142,7 +144,7 @@ class Calibrator:
         return keyed
 
     def _finer(self, mode: str, turn: RecordedTurn, coarse: tuple[list[bytes], TurnFacts] | None,
-               outcomes: list[Any], starts: list[int]) -> tuple[list[bytes], TurnFacts] | None:
+               outcomes: list[Outcome], starts: list[int]) -> tuple[list[bytes], TurnFacts] | None:
         """A finer key mode's keys and facts (the coarser mode's when they partition the calls
         alike), or ``None`` when its policies cannot fire on the turn."""
         if self.group and coarse is not None:
@@ -158,7 +160,7 @@ class Calibrator:
             return coarse
         return keys, self._facts(keys, outcomes, starts)
 
-    def _facts(self, keys: list[bytes], outcomes: list[Any], starts: list[int]) -> TurnFacts:
+    def _facts(self, keys: list[bytes], outcomes: list[Outcome], starts: list[int]) -> TurnFacts:
         """``turn_facts``, with the ``stale_repeat`` count's reach when a policy may need it."""
         facts = turn_facts(keys, outcomes, starts)
         if self.group and self._stale is not None:
@@ -193,7 +195,7 @@ class Calibrator:
         groups: dict[GroupKey, _Group] = {}
         members: list[tuple[int, str, GroupKey]] = []
         group = self.group
-        memos: dict[int, dict[Any, Any]] = {}
+        memos: dict[int, dict[tuple[int, bool], Any]] = {}
         for idx, (cp, rules) in enumerate(zip(self.compiled, self.rules, strict=True)):
             found = keyed.get(cp.config.key_mode)
             if found is None:
@@ -254,7 +256,7 @@ class _TurnReplays:
     def __init__(self, calibrator: Calibrator, turn: RecordedTurn, keyed: Keyed, starts: list[int]) -> None:
         self.calibrator = calibrator
         self.turn, self.keyed, self.starts = turn, keyed, starts
-        self.calls: dict[str, list[Any]] = {}
+        self.calls: dict[str, list[ToolCall | None]] = {}
         """By key mode: the ``ToolCall`` objects the hooks receive (made on first use)."""
         self.prefixes: dict[tuple[object, ...], SharedPrefix] = {}
         self.results: dict[GroupKey, TurnResult] = {}
@@ -305,7 +307,7 @@ class _TurnReplays:
                 wanted.setdefault(int(c) - 1, []).append(snap)
         return wanted
 
-    def _prefix_ledger(self, g: _Group) -> Any:
+    def _prefix_ledger(self, g: _Group) -> Ledger | None:
         """A ledger holding the calls before the group's first check, forked from a prefix shared
         per keying and per setting the ledger's facts depend on (``Ledger.fork``); ``None``: the
         replay counts from the first call. A stuck threshold not reached before the fork shapes no
@@ -326,7 +328,7 @@ class _TurnReplays:
                                                          keys, self.starts)
         return prefix.fork_at(first, config, g.promptable)
 
-    def _replay(self, g: _Group, ledger: Any, snapshots: dict[int, list[Snapshot]] | None, *,
+    def _replay(self, g: _Group, ledger: Ledger | None, snapshots: dict[int, list[Snapshot]] | None, *,
                 first_check: int | None = None, asks_before: tuple[int, ...] = ()) -> TurnResult:
         key_mode = g.policy.config.key_mode
         calls = self.calls.get(key_mode)
