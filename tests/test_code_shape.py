@@ -19,7 +19,6 @@ KNOWN_LONG: frozenset[str] = frozenset({
 })
 """Functions known to be longer than ``MAX_LINES`` and being cut; no other may appear."""
 KNOWN_COMPLEX: frozenset[str] = frozenset({
-    "turnguard/config.py:_validate",
     "turnguard/calibrate/report.py:_figures_table",
     "turnguard/terminal.py:layout",
 })

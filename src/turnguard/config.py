@@ -427,6 +427,20 @@ MAX_NAME_LENGTH = 64
 def _validate(c: GuardConfig) -> None:
     if not isinstance(c.name, str) or not c.name.strip() or len(c.name) > MAX_NAME_LENGTH:
         raise ConfigError("name", c.name, f"a non-empty string of at most {MAX_NAME_LENGTH} characters")
+    _validate_counts(c)
+    _validate_cap(c)
+    if c.streak_warn_at and c.streak_stop_at and c.streak_warn_at > c.streak_stop_at:
+        raise ConfigError(
+            "streak_warn_at", c.streak_warn_at, f"at most streak_stop_at ({c.streak_stop_at}) when both are set"
+        )
+    _validate_kinds(c)
+    _validate_shadow(c)
+    if c.probe is not None:
+        _probe_settings(c)
+
+
+def _validate_counts(c: GuardConfig) -> None:
+    """The integer options: integers, each in its range."""
     for key in _INT_FIELDS:
         value = getattr(c, key)
         if not _is_int(value):
@@ -440,6 +454,10 @@ def _validate(c: GuardConfig) -> None:
         raise ConfigError("max_tracked_keys", c.max_tracked_keys, "an integer >= 1")
     if c.max_tool_calls_per_turn is not None and not _is_int(c.max_tool_calls_per_turn):
         raise ConfigError("max_tool_calls_per_turn", c.max_tool_calls_per_turn, "an integer or None (unset)")
+
+
+def _validate_cap(c: GuardConfig) -> None:
+    """The multiplier, and every call count below ``MAX_CALLS`` (the backstop S x m included)."""
     m = c.hard_multiplier
     if isinstance(m, bool) or not isinstance(m, (int, float)) or m != m or m < 1 or m == float("inf"):
         raise ConfigError("hard_multiplier", m, "a finite number >= 1")
@@ -449,10 +467,10 @@ def _validate(c: GuardConfig) -> None:
             raise ConfigError(key, value, f"an integer <= {MAX_CALLS}")
     if c.soft_cap > 0 and _exact_product(c.soft_cap, m) > MAX_CALLS:
         raise ConfigError("hard_multiplier", m, f"a value with soft_cap * hard_multiplier <= {MAX_CALLS}")
-    if c.streak_warn_at and c.streak_stop_at and c.streak_warn_at > c.streak_stop_at:
-        raise ConfigError(
-            "streak_warn_at", c.streak_warn_at, f"at most streak_stop_at ({c.streak_stop_at}) when both are set"
-        )
+
+
+def _validate_kinds(c: GuardConfig) -> None:
+    """The other options: choices, booleans, strings, the plugin names and the shadows' container."""
     for key, choices in _CHOICES.items():
         if getattr(c, key) not in choices:
             raise ConfigError(key, getattr(c, key), f"one of {choices}")
@@ -467,9 +485,6 @@ def _validate(c: GuardConfig) -> None:
         raise ConfigError("disable_plugins", c.disable_plugins, "a tuple of plugin names")
     if not isinstance(c.shadow, tuple):
         raise ConfigError("shadow", c.shadow, "a tuple of (name, GuardConfig or mapping) pairs")
-    _validate_shadow(c)
-    if c.probe is not None:
-        _probe_settings(c)
 
 
 _SHADOW_ACCEPTED = "(name, GuardConfig or mapping of options) pairs, or a mapping of name to either"
