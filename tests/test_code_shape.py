@@ -18,10 +18,7 @@ KNOWN_LONG: frozenset[str] = frozenset({
     "turnguard/telemetry/setup.py:configure",
 })
 """Functions known to be longer than ``MAX_LINES`` and being cut; no other may appear."""
-KNOWN_COMPLEX: frozenset[str] = frozenset({
-    "turnguard/calibrate/report.py:_figures_table",
-    "turnguard/terminal.py:layout",
-})
+KNOWN_COMPLEX: frozenset[str] = frozenset()
 """Functions known to be more complex than ``MAX_COMPLEXITY`` and being cut; no other may appear."""
 
 

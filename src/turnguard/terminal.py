@@ -103,32 +103,48 @@ def layout(header: Sequence[str], rows: Sequence[Sequence[str]], width: int, *, 
     n = len(header)
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(header[i]), *(len(r[i]) for r in cells)]) for i in range(n)]
-    floors = [min(widths[i], MIN_BROKEN) if i in breakable
-              else max([_longest_word(header[i]), *(_longest_word(r[i]) for r in cells)]) if i in wrap
-              else widths[i] for i in range(n)]
+    floors = [_floor(i, header, cells, widths, wrap, breakable) for i in range(n)]
     wrap = [*wrap, *(i for i in breakable if i not in wrap)]
-
-    def total(columns: int) -> int:
-        return sum(widths[:columns]) + len(GAP) * (columns - 1)
-
     under = False
-    if free_last and total(n) > width:
-        beside = width - total(n - 1) - len(GAP)
+    if free_last and _total(widths, n) > width:
+        beside = width - _total(widths, n - 1) - len(GAP)
         if beside >= max(MIN_BESIDE, _longest_word(header[-1]), *(_longest_word(r[-1]) for r in cells)):
             widths[-1] = beside
         else:
             under = True
-    shown = n - 1 if under else n
+    _shrink(widths, floors, cells, wrap, n - 1 if under else n, width)
+    return Layout(tuple(widths), frozenset(right), width, under, frozenset(breakable))
+
+
+def _total(widths: list[int], columns: int) -> int:
+    """The width of the first ``columns`` columns with the gaps between them."""
+    return sum(widths[:columns]) + len(GAP) * (columns - 1)
+
+
+def _floor(i: int, header: Sequence[str], cells: list[list[str]], widths: list[int], wrap: Sequence[int],
+           breakable: Sequence[int]) -> int:
+    """How narrow column ``i`` may become: ``MIN_BROKEN`` if its words may break, its longest word
+    if it wraps, else its full width."""
+    if i in breakable:
+        return min(widths[i], MIN_BROKEN)
+    if i in wrap:
+        return max([_longest_word(header[i]), *(_longest_word(r[i]) for r in cells)])
+    return widths[i]
+
+
+def _shrink(widths: list[int], floors: list[int], cells: list[list[str]], wrap: Sequence[int], shown: int,
+            width: int) -> None:
+    """Narrow the wrapping columns among the first ``shown`` until they fit ``width`` or reach their
+    floors: first a header wider than its column's values, then the widest column, one at a time."""
     for i in wrap:  # a header wider than its column's values wraps first ("asks (turns)" over "3 (1)")
-        if i < shown and total(shown) > width:
+        if i < shown and _total(widths, shown) > width:
             data = max([floors[i], *(len(r[i]) for r in cells)])
-            widths[i] -= min(widths[i] - data, total(shown) - width)
-    while total(shown) > width:
+            widths[i] -= min(widths[i] - data, _total(widths, shown) - width)
+    while _total(widths, shown) > width:
         shrinkable = [i for i in wrap if i < shown and widths[i] > floors[i]]
         if not shrinkable:
             break
         widths[max(shrinkable, key=lambda i: widths[i])] -= 1
-    return Layout(tuple(widths), frozenset(right), width, under, frozenset(breakable))
 
 
 def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int, **options: Sequence[int] | bool

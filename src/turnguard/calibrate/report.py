@@ -156,17 +156,8 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
 def _figures_table(data: list[dict[str, Any]], width: int, color: bool) -> tuple[list[str], bool]:
     """The policies' figures, and whether ``NARROW_DROPS`` were left out: every column when they
     fit ``width``, else without those and with the wordy columns wrapped."""
-    cells = []
-    for r in data:
-        r = {**r, "thresholds": thresholds_text(r["by_threshold"]),
-             "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
-             "name": ("* " if r["default"] else "  ") + r["name"]}
-        cells.append([("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS])
-    columns = list(range(len(COLUMNS)))
-    full = sum(max([len(COLUMNS[i][0]), *(len(c[i]) for c in cells)]) for i in columns) + 2 * (len(columns) - 1)
-    narrowed = full > width
-    if narrowed:
-        columns = [i for i in columns if COLUMNS[i][0] not in NARROW_DROPS]
+    cells = [_figure_cells(r) for r in data]
+    columns, narrowed = _figure_columns(cells, width)
     header = [COLUMNS[i][0] for i in columns]
     rows_of_cells = [[c[i] for i in columns] for c in cells]
     right = [k for k, i in enumerate(columns) if COLUMNS[i][2] == ">"]
@@ -177,6 +168,24 @@ def _figures_table(data: list[dict[str, Any]], width: int, color: bool) -> tuple
         row = fitted.row(c)
         lines += [f"{BOLD}{line}{RESET}" for line in row] if color and r["default"] else row
     return lines, narrowed
+
+
+def _figure_cells(r: dict[str, Any]) -> list[str]:
+    """One policy's row, a text per ``COLUMNS`` entry (``-`` for a figure it does not have)."""
+    r = {**r, "thresholds": thresholds_text(r["by_threshold"]),
+         "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
+         "name": ("* " if r["default"] else "  ") + r["name"]}
+    return [("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS]
+
+
+def _figure_columns(cells: list[list[str]], width: int) -> tuple[list[int], bool]:
+    """The ``COLUMNS`` shown: all when they fit ``width`` unwrapped, else all but ``NARROW_DROPS``
+    (and ``True``)."""
+    columns = list(range(len(COLUMNS)))
+    full = sum(max([len(COLUMNS[i][0]), *(len(c[i]) for c in cells)]) for i in columns) + 2 * (len(columns) - 1)
+    if full <= width:
+        return columns, False
+    return [i for i in columns if COLUMNS[i][0] not in NARROW_DROPS], True
 
 
 def default_unresolved(data: list[dict[str, Any]]) -> tuple[list[str], int]:
