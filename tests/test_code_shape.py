@@ -14,13 +14,6 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 MAX_LINES = 60
 MAX_COMPLEXITY = 20
 
-KNOWN_LONG: frozenset[str] = frozenset({
-    "turnguard/telemetry/setup.py:configure",
-})
-"""Functions known to be longer than ``MAX_LINES`` and being cut; no other may appear."""
-KNOWN_COMPLEX: frozenset[str] = frozenset()
-"""Functions known to be more complex than ``MAX_COMPLEXITY`` and being cut; no other may appear."""
-
 
 def sources() -> list[tuple[str, str]]:
     return [(path.relative_to(SRC).as_posix(), path.read_text(encoding="utf-8"))
@@ -61,19 +54,11 @@ def over(measure) -> dict[str, int]:
 
 
 def test_no_function_is_longer_than_the_limit() -> None:
-    new = {k: v for k, v in over(long_functions).items() if k not in KNOWN_LONG}
-    assert not new, f"functions over {MAX_LINES} lines: {new}"
+    assert over(long_functions) == {}, f"functions over {MAX_LINES} lines"
 
 
 def test_no_function_is_more_complex_than_the_limit() -> None:
-    new = {k: v for k, v in over(complex_functions).items() if k not in KNOWN_COMPLEX}
-    assert not new, f"functions over complexity {MAX_COMPLEXITY}: {new}"
-
-
-def test_the_known_exceptions_are_still_there() -> None:
-    """A known exception that is gone is taken off its list, so the lists say what remains."""
-    assert set(over(long_functions)) >= KNOWN_LONG, "a known long function is gone: take it off KNOWN_LONG"
-    assert set(over(complex_functions)) >= KNOWN_COMPLEX, "a known complex one is gone: take it off KNOWN_COMPLEX"
+    assert over(complex_functions) == {}, f"functions over complexity {MAX_COMPLEXITY}"
 
 
 def test_the_measures_see_what_they_measure() -> None:

@@ -190,62 +190,81 @@ def configure(
     if _flag(env, "OTEL_SDK_DISABLED"):
         return _disabled()
     _require_sdk()
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
     if shutdown_timeout_ms is None:
         shutdown_timeout_ms = _ms(env, SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_MS)
     elif isinstance(shutdown_timeout_ms, bool) or not 0 <= shutdown_timeout_ms <= MAX_MS:
         raise TelemetryConfigError(f"shutdown_timeout_ms={shutdown_timeout_ms!r}: expected 0 to {MAX_MS} ms")
-    attributes: dict[str, Any] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
-    attributes.update(resource_attributes or {})
-    name = service_name or env.get("OTEL_SERVICE_NAME") or attributes.get("service.name")
-    if name:
-        attributes["service.name"] = name
-    resource = Resource.create(attributes)
-
+    resource = _resource(env, service_name, resource_attributes)
     settings = tuple(
         resolve(signal, env, endpoint=endpoint, protocol=protocol, headers=headers, timeout_ms=timeout_ms)
         for signal in SIGNALS
     )
     traces, metrics_, logs = settings
-
-    from turnguard.telemetry.breaker import BreakerLogRecordExporter, BreakerSpanExporter
-
     # No SDK exit hooks (each waits up to 30 s on a dead collector): ours, bounded, replaces them.
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    span_exporter = _exporter(traces)
-    if span_exporter is not None:
-        if traces.exporter == "otlp":
-            span_exporter = BreakerSpanExporter(span_exporter)
-        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, **_batch(env, "OTEL_BSP_", 5000)))
-    readers = []
-    metric_exporter = _exporter(metrics_)
-    if metric_exporter is not None:
-        readers.append(
-            PeriodicExportingMetricReader(
-                metric_exporter, export_interval_millis=_ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
-            )
-        )
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
-    logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
-    log_exporter = _exporter(logs)
-    if log_exporter is not None:
-        if logs.exporter == "otlp":
-            log_exporter = BreakerLogRecordExporter(log_exporter)
-        processor = BatchLogRecordProcessor(log_exporter, **_batch(env, "OTEL_BLRP_", 1000))
-        logger_provider.add_log_record_processor(processor)
-    telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings, int(shutdown_timeout_ms))
+    telemetry = Telemetry(_tracer_provider(resource, traces, env), _meter_provider(resource, metrics_, env),
+                          _logger_provider(resource, logs, env), settings, int(shutdown_timeout_ms))
     with _LIVE_LOCK:
         _LIVE.append(telemetry)
     if set_global:
         install_global(telemetry)
     return telemetry
+
+
+def _resource(env: Mapping[str, str], service_name: str | None, resource_attributes: Mapping[str, Any] | None) -> Any:
+    """The SDK resource: ``OTEL_RESOURCE_ATTRIBUTES``, then the given attributes, then the service name."""
+    from opentelemetry.sdk.resources import Resource
+
+    attributes: dict[str, Any] = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""), "OTEL_RESOURCE_ATTRIBUTES")
+    attributes.update(resource_attributes or {})
+    name = service_name or env.get("OTEL_SERVICE_NAME") or attributes.get("service.name")
+    if name:
+        attributes["service.name"] = name
+    return Resource.create(attributes)
+
+
+def _tracer_provider(resource: Any, traces: ExportSettings, env: Mapping[str, str]) -> Any:
+    """A tracer provider batching to the traces exporter (an OTLP one behind a breaker)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from turnguard.telemetry.breaker import BreakerSpanExporter
+
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    exporter = _exporter(traces)
+    if exporter is not None:
+        if traces.exporter == "otlp":
+            exporter = BreakerSpanExporter(exporter)
+        provider.add_span_processor(BatchSpanProcessor(exporter, **_batch(env, "OTEL_BSP_", 5000)))
+    return provider
+
+
+def _meter_provider(resource: Any, metrics_: ExportSettings, env: Mapping[str, str]) -> Any:
+    """A meter provider with a periodic reader for the metrics exporter, if there is one."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    readers = []
+    exporter = _exporter(metrics_)
+    if exporter is not None:
+        interval = _ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
+        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
+    return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+
+
+def _logger_provider(resource: Any, logs: ExportSettings, env: Mapping[str, str]) -> Any:
+    """A logger provider batching to the logs exporter (an OTLP one behind a breaker)."""
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    from turnguard.telemetry.breaker import BreakerLogRecordExporter
+
+    provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    exporter = _exporter(logs)
+    if exporter is not None:
+        if logs.exporter == "otlp":
+            exporter = BreakerLogRecordExporter(exporter)
+        provider.add_log_record_processor(BatchLogRecordProcessor(exporter, **_batch(env, "OTEL_BLRP_", 1000)))
+    return provider
 
 
 def _require_sdk() -> None:
