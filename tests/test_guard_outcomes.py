@@ -9,6 +9,7 @@ outcomes by call), so it shares no code and no incremental state with the ledger
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -426,3 +427,26 @@ def test_a_turn_waits_for_a_bounded_number_of_outcomes_and_ignores_those_it_gave
     turn.record_outcome(calls[-1], tg.Outcome.OK)
     assert ignored.seen == [("t0", "duplicate")]  # the oldest was given up on; the newest still waited
     assert turn.ledger.outcomes(tg.Outcome.OK) == 1
+
+
+def test_outcomes_reported_from_threads_settle_in_check_order():
+    """A batch run by a thread pool: outcomes arrive concurrently, in whatever order the threads
+    finish; the streak is counted as the sequence in check order."""
+    turn = core_guard(streak_stop_at=0, streak_warn_at=0).turn()
+    outcomes = [tg.Outcome.ERROR] * 5 + [tg.Outcome.OK] + [tg.Outcome.ERROR] * 3
+    calls = [call_of("A", call_id=f"t{i}") for i in range(len(outcomes))]
+    for call in calls:
+        turn.check_call(call)
+    start = threading.Barrier(len(calls))
+
+    def report(call: tg.ToolCall, outcome: tg.Outcome) -> None:
+        start.wait()
+        turn.record_outcome(tg.ToolCall(call.name, call.args, call_id=call.call_id), outcome)
+
+    threads = [threading.Thread(target=report, args=pair) for pair in zip(calls, outcomes, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (turn.ledger.streak_length, turn.ledger.failing_streak_length, turn.ledger.stop_count) == (9, 3, 5)
+    assert turn.ledger.awaiting_in_streak == 0

@@ -397,9 +397,10 @@ class Ledger:
             self._last_tool = tool_name
             self._streak = 1
             self._next = self._seq  # _new_streak, inlined: most calls start a streak
-            self._failing = 0
-            self._settled = 0
-            self._stop_peak = 0
+            if self._stop_peak:  # the stop count's peak bounds both counts: 0 means nothing to reset
+                self._failing = 0
+                self._settled = 0
+                self._stop_peak = 0
             if self._early:
                 self._early.clear()
             if self._fired:
