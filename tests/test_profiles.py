@@ -31,6 +31,7 @@ def test_profiles_name_the_seed_defaults_and_a_recommended_configuration():
     assert tg.PROFILES["seed"] == tg.GuardConfig()
     assert all(isinstance(c, tg.GuardConfig) for c in tg.PROFILES.values())
     assert tg.GuardConfig() == tg.PROFILES["seed"]  # the defaults stay the seed's
+    assert tg.PROFILES["recommended"].name == "recommended"  # its own series (turnguard.policy)
 
 
 def test_profiles_cannot_be_changed_in_place():

@@ -16,6 +16,8 @@ from turnguard.config import GuardConfig
 
 PROFILES: Mapping[str, GuardConfig] = MappingProxyType({
     "seed": GuardConfig(),
-    "recommended": GuardConfig(stuck_signal="stale_repeat", streak_stop_on="any"),
+    "recommended": GuardConfig(name="recommended", stuck_signal="stale_repeat", streak_stop_on="any"),
 })
-"""Read-only: name -> ``GuardConfig`` (frozen). Derive with ``PROFILES[name].replace(...)``."""
+"""Read-only: name -> ``GuardConfig`` (frozen). Derive with ``PROFILES[name].replace(...)``. A
+profile other than the defaults carries its name as ``GuardConfig.name`` (``turnguard.policy``),
+so its figures are a series of their own."""
