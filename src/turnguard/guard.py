@@ -56,7 +56,9 @@ class Guard:
 
     ``tracer_provider``/``meter_provider``/``logger_provider`` go to the OpenTelemetry plugin
     (the globals are used when omitted). Pass ``plugin_manager`` to use a manager you built
-    (``turnguard.plugins.plugin_manager`` makes one); ``plugins`` are registered on top.
+    (``turnguard.plugins.plugin_manager`` makes one); ``plugins`` are registered on top. With a
+    probe (``GuardConfig.probe``), probe turns are opened by a second guard under the probe's
+    configuration, built with turnguard's own manager and the same ``plugins`` and providers.
     """
 
     def __init__(
