@@ -38,13 +38,6 @@ of the command line's output (terminal), calibration, the framework adapters, th
 command line. A module belongs to the layer of the longest name above that is it or a package
 holding it (``turnguard`` itself is the facade only, not every module of the package)."""
 
-KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
-"""Upward imports that are known and being removed; no other may appear."""
-
-KNOWN_CYCLES: tuple[tuple[str, ...], ...] = ()
-"""Import cycles that are known and being removed; no other may appear."""
-
-
 def module_files() -> dict[str, Path]:
     files = {}
     for path in sorted((SRC / "turnguard").rglob("*.py")):
@@ -109,14 +102,8 @@ def test_a_new_top_level_module_is_in_no_layer_until_declared() -> None:
 
 
 def test_no_module_imports_from_a_higher_layer() -> None:
-    new = upward_imports() - KNOWN_VIOLATIONS
-    assert not new, "imports from a higher layer: " + ", ".join(f"{a} -> {b}" for a, b in sorted(new))
-
-
-def test_the_known_upward_imports_are_still_there() -> None:
-    """A known violation that is gone is taken off the list, so the list says what remains."""
-    gone = KNOWN_VIOLATIONS - upward_imports()
-    assert not gone, f"fixed (remove from KNOWN_VIOLATIONS): {sorted(gone)}"
+    upward = upward_imports()
+    assert not upward, "imports from a higher layer: " + ", ".join(f"{a} -> {b}" for a, b in sorted(upward))
 
 
 def cycles() -> list[list[str]]:
@@ -155,11 +142,7 @@ def cycles() -> list[list[str]]:
 
 
 def test_no_import_cycle() -> None:
-    assert {tuple(c) for c in cycles()} <= set(KNOWN_CYCLES)
-
-
-def test_the_known_cycles_are_still_there() -> None:
-    assert set(KNOWN_CYCLES) <= {tuple(c) for c in cycles()}, "a known cycle is gone: take it off KNOWN_CYCLES"
+    assert cycles() == []
 
 
 @pytest.mark.parametrize(("source", "expected"), [

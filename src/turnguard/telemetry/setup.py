@@ -200,9 +200,20 @@ def configure(
         for signal in SIGNALS
     )
     traces, metrics_, logs = settings
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from turnguard.telemetry.breaker import BreakerLogRecordExporter, BreakerSpanExporter
+
     # No SDK exit hooks (each waits up to 30 s on a dead collector): ours, bounded, replaces them.
-    telemetry = Telemetry(_tracer_provider(resource, traces, env), _meter_provider(resource, metrics_, env),
-                          _logger_provider(resource, logs, env), settings, int(shutdown_timeout_ms))
+    tracer_provider = _batched(TracerProvider(resource=resource, shutdown_on_exit=False), "add_span_processor",
+                               traces, BreakerSpanExporter, BatchSpanProcessor, env, "OTEL_BSP_", 5000)
+    meter_provider = _meter_provider(resource, metrics_, env)
+    logger_provider = _batched(LoggerProvider(resource=resource, shutdown_on_exit=False), "add_log_record_processor",
+                               logs, BreakerLogRecordExporter, BatchLogRecordProcessor, env, "OTEL_BLRP_", 1000)
+    telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings, int(shutdown_timeout_ms))
     with _LIVE_LOCK:
         _LIVE.append(telemetry)
     if set_global:
@@ -222,22 +233,6 @@ def _resource(env: Mapping[str, str], service_name: str | None, resource_attribu
     return Resource.create(attributes)
 
 
-def _tracer_provider(resource: Any, traces: ExportSettings, env: Mapping[str, str]) -> Any:
-    """A tracer provider batching to the traces exporter (an OTLP one behind a breaker)."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    from turnguard.telemetry.breaker import BreakerSpanExporter
-
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    exporter = _exporter(traces)
-    if exporter is not None:
-        if traces.exporter == "otlp":
-            exporter = BreakerSpanExporter(exporter)
-        provider.add_span_processor(BatchSpanProcessor(exporter, **_batch(env, "OTEL_BSP_", 5000)))
-    return provider
-
-
 def _meter_provider(resource: Any, metrics_: ExportSettings, env: Mapping[str, str]) -> Any:
     """A meter provider with a periodic reader for the metrics exporter, if there is one."""
     from opentelemetry.sdk.metrics import MeterProvider
@@ -251,19 +246,16 @@ def _meter_provider(resource: Any, metrics_: ExportSettings, env: Mapping[str, s
     return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
 
 
-def _logger_provider(resource: Any, logs: ExportSettings, env: Mapping[str, str]) -> Any:
-    """A logger provider batching to the logs exporter (an OTLP one behind a breaker)."""
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-
-    from turnguard.telemetry.breaker import BreakerLogRecordExporter
-
-    provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
-    exporter = _exporter(logs)
+def _batched(provider: Any, add: str, settings: ExportSettings, breaker: Any, processor: Any,
+             env: Mapping[str, str], prefix: str, delay_ms: int) -> Any:
+    """``provider`` with a batch ``processor`` (added by its ``add`` method) for the signal's
+    exporter, an OTLP one behind ``breaker``; none when the signal exports nowhere. Queue and batch
+    sizes come from the ``prefix`` variables."""
+    exporter = _exporter(settings)
     if exporter is not None:
-        if logs.exporter == "otlp":
-            exporter = BreakerLogRecordExporter(exporter)
-        provider.add_log_record_processor(BatchLogRecordProcessor(exporter, **_batch(env, "OTEL_BLRP_", 1000)))
+        if settings.exporter == "otlp":
+            exporter = breaker(exporter)
+        getattr(provider, add)(processor(exporter, **_batch(env, prefix, delay_ms)))
     return provider
 
 
