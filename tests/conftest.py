@@ -145,6 +145,10 @@ class TurnEnds:
         assert [s.attributes[names.TURN_OUTCOME] for s in spans] == [reason]
         points = self.otel.points(names.METRIC_TURN_TOOL_CALLS[0])
         assert [p.attributes[names.TURN_OUTCOME] for p in points] == [reason]
+        # the adapter reports what it knows of the task: a run that died on an error did not do it
+        resolved = False if reason == "error" else None
+        assert self.summaries[0].resolved is resolved
+        assert [p.attributes[names.TURN_RESOLVED] for p in points] == [names.RESOLVED_LABELS[resolved]]
         return self.summaries[0]
 
 

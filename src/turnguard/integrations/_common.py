@@ -182,8 +182,15 @@ class RunDriver:
         return Decision(Step.HALT, halted)
 
     def end(self, exc: BaseException | None = None) -> None:
-        """End the turn (idempotent) with the reason ``exc`` gives (see ``end_reason``)."""
-        self.turn.end(end_reason(exc))
+        """End the turn (idempotent) with the reason ``exc`` gives (see ``end_reason``).
+
+        A run that died on an error did not do its task: the turn's result is reported as
+        unresolved. Whether a completed run's answer did it, or what a halted or cancelled run left,
+        only the host knows (``guard.report_result(turn_id, resolved)``)."""
+        reason = end_reason(exc)
+        if reason == ERROR and self.turn.summary is None:
+            self.turn.report_result(False)
+        self.turn.end(reason)
 
     @staticmethod
     def _map(verdict: Verdict) -> Decision:
