@@ -5,9 +5,14 @@
 #   ./dev.sh bench    run the benchmarks and print figures and ratios
 #   ./dev.sh lint     ruff
 #   ./dev.sh run ARGS run the turnguard CLI
+#   ./dev.sh collector  build the Collector from its builder manifest (src/turnguard/assets/collector/) (once; cached) and print its path
+#   ./dev.sh prometheus build Prometheus 3 from its Go module (once; cached) and print its path
 set -euo pipefail
 cd "$(dirname "$0")"
+ROOT=$PWD
 VENV=${TG_VENV:-.venv}
+CACHE=${TURNGUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/turnguard}
+MANIFEST=src/turnguard/assets/collector/builder-config.yaml
 
 ensure_python() { # $1: extras
   local extras=$1 stamp hash
@@ -35,13 +40,63 @@ ensure_system() { # Debian packages the integration tests use: a real Prometheus
   fi
 }
 
+go_build() { # $1: cache key prefix, $2: key text, $3: binary path inside the build dir, $4...: build steps
+  local name=$1 key=$2 rel=$3 out work start
+  shift 3
+  out="$CACHE/$name-$(printf '%s' "$key" | sha256sum | cut -c1-16)"
+  if [ ! -x "$out/$rel" ]; then
+    command -v go >/dev/null 2>&1 || { echo "dev.sh: go not found: cannot build $name" >&2; return 1; }
+    mkdir -p "$CACHE"
+    work=$(mktemp -d "$CACHE/.$name-build.XXXXXX")
+    start=$(date +%s)
+    echo "dev.sh: building $name in $work (a few minutes on 2 cores; cached in $out)" >&2
+    (cd "$work" && "$@") >"$work/build.log" 2>&1 || { echo "dev.sh: $name build failed, see $work/build.log" >&2; return 1; }
+    echo "$(( $(date +%s) - start ))" >"$work/build-seconds"
+    rm -rf "$out" && mv "$work" "$out"
+    echo "dev.sh: built $name in $(cat "$out/build-seconds") s" >&2
+  fi
+  echo "$out/$rel"
+}
+
+build_collector_steps() { # in the build dir: the official builder of the manifest's own release
+  cp "$ROOT/$MANIFEST" .
+  go run "go.opentelemetry.io/collector/cmd/builder@v$(sed -n 's/^  version: //p' builder-config.yaml)" \
+    --config builder-config.yaml
+}
+
+ensure_collector() {
+  go_build otelcol "$(sed "/^ *#/d" "$MANIFEST")" turnguard-otelcol/turnguard-otelcol build_collector_steps
+}
+
+PROMETHEUS_MODULE=github.com/prometheus/prometheus@v0.316.0
+PROMETHEUS_TAGS=remove_all_sd
+# Prometheus 3.16.0 (its Go module numbers 3.x.y as v0.3xx.y), without the cloud service
+# discoveries (static and file targets only: the tests need no more, and the build is much smaller).
+
+build_prometheus_steps() {
+  GOBIN=$PWD go install -tags "$PROMETHEUS_TAGS" "${PROMETHEUS_MODULE%@*}/cmd/prometheus@${PROMETHEUS_MODULE#*@}" \
+    "${PROMETHEUS_MODULE%@*}/cmd/promtool@${PROMETHEUS_MODULE#*@}"
+}
+
+ensure_prometheus3() {
+  go_build prometheus "$PROMETHEUS_MODULE $PROMETHEUS_TAGS" prometheus build_prometheus_steps
+}
+
+ensure_go_components() { # the real Collector and Prometheus 3 the chain tests run, built once and cached
+  local path
+  if path=$(ensure_collector); then export TURNGUARD_OTELCOL=$path; fi
+  if path=$(ensure_prometheus3); then export TURNGUARD_PROMETHEUS3=$path; fi
+}
+
 cmd=${1:-help}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   demo) ensure_python cli; exec "$VENV/bin/turnguard" demo "$@" ;;
   run) ensure_python cli; exec "$VENV/bin/turnguard" "$@" ;;
-  test) ensure_system; ensure_python dev; exec "$VENV/bin/python" -m pytest "$@" ;;
+  test) ensure_system; ensure_python dev; ensure_go_components; exec "$VENV/bin/python" -m pytest "$@" ;;
   bench) ensure_python dev; exec "$VENV/bin/python" benchmarks/run.py "$@" ;;
   lint) ensure_python dev; exec "$VENV/bin/ruff" check ;;
+  collector) ensure_collector ;;
+  prometheus) ensure_prometheus3 ;;
   *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 """turnguard's Grafana dashboards, as code (grafana-foundation-sdk, Grafana 11 schema).
 
-    python dashboards/build.py                 # regenerate the committed JSON beside this file
+    python dashboards/build.py                 # regenerate the committed JSON (src/turnguard/assets/dashboards/)
     python dashboards/build.py --check         # exit 1 if the committed JSON is stale
     python dashboards/build.py --soft-cap 200 --hard-multiplier 8 --out /tmp/boards
 
@@ -22,6 +22,7 @@ the shadow-policies row (``shadow_policy_panels``).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -30,7 +31,14 @@ from pathlib import Path
 
 from grafana_foundation_sdk.builders import bargauge, heatmap, stat, timeseries
 from grafana_foundation_sdk.builders.common import GraphThresholdsStyleConfig, ReduceDataOptions, VizLegendOptions
-from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, Row, ThresholdsConfig
+from grafana_foundation_sdk.builders.dashboard import (
+    AnnotationQuery,
+    Dashboard,
+    DatasourceVariable,
+    QueryVariable,
+    Row,
+    ThresholdsConfig,
+)
 from grafana_foundation_sdk.builders.heatmap import RowsHeatmapOptions, YAxisConfig
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -44,14 +52,23 @@ from grafana_foundation_sdk.models.common import (
     LegendPlacement,
     VizOrientation,
 )
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, ThresholdsMode
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    Threshold,
+    ThresholdsMode,
+    VariableRefresh,
+    VariableSort,
+)
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from turnguard import assets
 from turnguard.config import GuardConfig
 from turnguard.model import Threshold as LoopThreshold
 from turnguard.telemetry import names as n
 
 HERE = Path(__file__).resolve().parent
+OUT = Path(assets.__file__).resolve().parent / "dashboards"
+"""Where the JSON lives: the package's assets (``turnguard assets DIR`` writes it out)."""
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 HALTS_UID = "turnguard-halts"
 THRESHOLDS_UID = "turnguard-threshold-validation"
@@ -91,6 +108,12 @@ SHADOW_DETECTIONS = counter(n.METRIC_SHADOW_DETECTIONS)
 SHADOW_TOOL_CALLS = histogram(n.METRIC_SHADOW_TURN_TOOL_CALLS)
 SHADOW_TURNS = f"{SHADOW_TOOL_CALLS}_count"
 SHADOW_CALLS = f"{SHADOW_TOOL_CALLS}_sum"
+OTELCOL_ACCEPTED = "otelcol_receiver_accepted_metric_points_total"
+OTELCOL_REFUSED = "otelcol_receiver_refused_metric_points_total"
+OTELCOL_SEND_FAILED = {signal: f"otelcol_exporter_send_failed_{signal}_total"
+                       for signal in ("metric_points", "spans", "log_records")}
+OTELCOL_QUEUE_SIZE, OTELCOL_QUEUE_CAPACITY = "otelcol_exporter_queue_size", "otelcol_exporter_queue_capacity"
+"""The Collector's own metrics (collector-config.yaml exports them for Prometheus to scrape)."""
 """Every shadow policy records one observation per live turn: the count counts turns per policy."""
 
 OUTCOME = label(n.TURN_OUTCOME)
@@ -105,6 +128,20 @@ AGENT = label(n.GEN_AI_AGENT_NAME)
 TOOL = label(n.GEN_AI_TOOL_NAME)
 ANSWER = label(n.ESCALATION_ANSWER)
 SHADOW_POLICY = label(n.SHADOW_POLICY)
+POLICY = label("turnguard.policy")
+"""The policy's name on every metric point (DESIGN section 8): the config-change annotations follow it."""
+AGENT_VARIABLE = "agent"
+AGENT_SCOPED = frozenset(label(metric) for metric, keys in n.METRIC_ATTRIBUTES.items() if n.GEN_AI_AGENT_NAME in keys)
+"""Metrics carrying the agent name: the boards' ``agent`` variable filters them (a metric without the
+label, such as plugin errors, is not filtered)."""
+
+EXPORT_INTERVAL_S = 60
+"""The SDK's metric export interval (OTEL_METRIC_EXPORT_INTERVAL's default), one sample per series per
+interval: the provisioned ``timeInterval``, so Grafana's ``$__rate_interval`` holds at least four."""
+HEATMAP_MIN_INTERVAL = f"{2 * EXPORT_INTERVAL_S}s"
+"""The heatmap counts each step's own window (``$__interval``): at least two samples in it."""
+COLLECTOR_JOB = "otelcol"
+"""The scrape job of the Collector's own metrics (the shipped prometheus.yml's)."""
 
 
 # -- the thresholds the what-if panels are built for --------------------------------------------
@@ -147,6 +184,15 @@ def sel(**labels: str) -> str:
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
+def agent_scoped(metric: str, selector: str) -> str:
+    """``selector`` with the agent variable's matcher added when ``metric`` carries the agent name."""
+    base = re.sub(r"_(total|bucket|sum|count)$", "", metric)
+    if base not in AGENT_SCOPED:
+        return selector
+    matcher = f'{AGENT}=~"${AGENT_VARIABLE}"'
+    return "{" + (selector[1:-1] + "," if selector else "") + matcher + "}"
+
+
 def le_sel(edge: float, **labels: str) -> str:
     """A selector for the bucket ``le == edge`` however the exporter formatted the number."""
     number = str(int(edge)) if float(edge).is_integer() else re.escape(repr(float(edge)))
@@ -155,15 +201,29 @@ def le_sel(edge: float, **labels: str) -> str:
     return "{" + (base[1:-1] + "," if base else "") + le + "}"
 
 
-def total(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
-    """Events counted over the dashboard's time range."""
+def counted(metric: str, selector: str = "", window: str = "$__range") -> str:
+    """Per series, the events counted in ``window``, a series born inside it counted from zero.
+
+    ``increase()`` starts at a series' first sample and needs two: a series created in the window
+    (an agent's first backstop halt is a new series, born at 1) would count 0, or nothing. A series
+    with no sample before the window (none at ``offset window``) counts its whole value, since a
+    cumulative series starts at zero; the others count their ``increase()``, resets handled as
+    Prometheus does."""
+    m = f"{metric}{agent_scoped(metric, selector)}"
+    return (f"(increase({m}[{window}]) and {m} offset {window}) "
+            f"or (last_over_time({m}[{window}]) unless {m} offset {window})")
+
+
+def total(metric: str, selector: str = "", by: Sequence[str] = (), window: str = "$__range") -> str:
+    """Events counted over the dashboard's time range (or ``window``), from zero for new series."""
     group = f" by ({', '.join(by)})" if by else ""
-    return f"sum{group} (increase({metric}{selector}[$__range]))"
+    return f"sum{group} ({counted(metric, selector, window)})"
 
 
 def per_second(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
-    group = f" by ({', '.join(by)})" if by else ""
-    return f"sum{group} (rate({metric}{selector}[$__rate_interval]))"
+    """Events per second over ``$__rate_interval``, counted as ``total`` counts them (a new series'
+    first sample included, which ``rate()`` would drop)."""
+    return f"{total(metric, selector, by, window='$__rate_interval')} / ($__rate_interval_ms / 1000)"
 
 
 def legend(*labels: str, sep: str = " ") -> str:
@@ -171,8 +231,11 @@ def legend(*labels: str, sep: str = " ") -> str:
     return sep.join("{{" + name + "}}" for name in labels)
 
 
-def query(expr: str, legend: str = "", ref: str = "A", *, instant: bool = True) -> Dataquery:
+def query(expr: str, legend: str = "", ref: str = "A", *, instant: bool = True, exemplar: bool = False) -> Dataquery:
+    """A Prometheus target; ``exemplar`` asks for the points' exemplars (links to the halted turn's trace)."""
     q = Dataquery().datasource(DATASOURCE).expr(expr).ref_id(ref).legend_format(legend or "__auto")
+    if exemplar:
+        q = q.exemplar(True)
     return q.instant() if instant else q.range()
 
 
@@ -229,10 +292,26 @@ def over_time(pid: int, title: str, description: str, targets: Sequence[Dataquer
 
 
 def _base(uid: str, title: str, description: str, tags: Sequence[str]) -> Dashboard:
+    agents = (
+        QueryVariable(AGENT_VARIABLE).label("Agent").datasource(DATASOURCE)
+        .query(f"label_values({TURNS}, {AGENT})").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True).include_all(True).all_value(".*").sort(VariableSort.ALPHABETICAL_ASC)
+    )
     return (
         Dashboard(title).uid(uid).description(description).tags(list(tags)).readonly()
         .time("now-24h", "now").refresh("1m").timezone("browser")
         .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(agents)
+        .annotation(policy_changes())
+    )
+
+
+def policy_changes() -> AnnotationQuery:
+    """A mark where a policy name first reports (a new or renamed GuardConfig went live)."""
+    named = f'{TURNS}{{{POLICY}!=""}}'
+    return (
+        AnnotationQuery().name("Policy changes").datasource(DATASOURCE).enable(True).icon_color("purple")
+        .expr(f"group by ({POLICY}) ({named}) unless group by ({POLICY}) ({named} offset 10m)")
     )
 
 
@@ -246,14 +325,14 @@ def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     answered_continue = sel(**{ANSWER: "continue"})
     action_attendance = (
         'sum by (action, attendance) (label_replace(label_replace(label_replace(label_replace('
-        f'increase({DETECTIONS}[$__range]), '
+        f'{counted(DETECTIONS)}, '
         f'"action", "observed", "{ACTION}", "allow"), '
         f'"action", "$1", "{ACTION}", "(remind|ask|halt)"), '
         f'"attendance", "attended", "{PROMPTABLE}", "true"), '
         f'"attendance", "unattended", "{PROMPTABLE}", "false"))'
     )
     fp_rate = f"{total(ANSWERS, answered_continue, by=(THRESHOLD,))} / {total(ANSWERS, by=(THRESHOLD,))}"
-    return (
+    board = (
         _base(HALTS_UID, "turnguard: halts",
               "What turnguard detected and did to agent turns, where, and what users answered when asked.",
               ["turnguard", "agents"])
@@ -275,10 +354,10 @@ def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
         .with_row(Row("Detections").id(10))
         .with_panel(over_time(11, "Detections by threshold and level", "Detections per second.",
                               [query(per_second(DETECTIONS, by=(THRESHOLD, LEVEL)), legend(THRESHOLD, LEVEL),
-                                     instant=False)]))
+                                     instant=False, exemplar=True)]))
         .with_panel(over_time(12, "Halts by threshold", "Detections whose action was halt, per second.",
                               [query(per_second(DETECTIONS, halt_action, by=(THRESHOLD,)), legend(THRESHOLD),
-                                     instant=False)]))
+                                     instant=False, exemplar=True)]))
         .with_panel(bars(13, "What turnguard did, attended vs unattended",
                          "Detections by action (observed = recorded, not acted on) and by whether a person was "
                          "watching the turn (promptable).",
@@ -305,7 +384,34 @@ def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                          [query(total(TURNS, by=(OUTCOME, THRESHOLD)), legend(OUTCOME, THRESHOLD))]))
         .with_panel(over_time(42, "Turns ending, by outcome", "Turns ended per second.",
                               [query(per_second(TURNS, by=(OUTCOME,)), legend(OUTCOME), instant=False)]))
+        .with_row(Row("Collector: is the telemetry arriving?").id(50))
     )
+    for panel in collector_panels():
+        board = board.with_panel(panel)
+    return board
+
+
+def collector_panels() -> list[object]:
+    """The Collector's own metrics, so "no data" (a broken pipeline) and "no halts" look different."""
+    failed = [query(per_second(metric, by=("exporter",)), f"{{{{exporter}}}} {signal.replace('_', ' ')}",
+                    chr(ord("A") + i), instant=False) for i, (signal, metric) in enumerate(OTELCOL_SEND_FAILED.items())]
+    return [
+        stat_panel(51, "Metric points the Collector failed to export",
+                   "Over the time range, every exporter: remote-write failures show here, not as fewer halts.",
+                   f"{total(OTELCOL_SEND_FAILED['metric_points'])} or vector(0)"),
+        over_time(52, "Metric points received: accepted vs refused",
+                  "Per second, by receiver. Refused points were turned away (memory limiter, bad data) and are lost.",
+                  [query(per_second(OTELCOL_ACCEPTED, by=("receiver",)), "{{receiver}} accepted", "A", instant=False),
+                   query(per_second(OTELCOL_REFUSED, by=("receiver",)), "{{receiver}} refused", "B", instant=False)],
+                  width=7),
+        over_time(53, "Failed exports, by exporter",
+                  "Items per second an exporter could not send (after its retries): the backend is down or refusing.",
+                  failed, width=7),
+        over_time(54, "Export queue fill, by exporter",
+                  "Queue size over capacity: near 1, new data is dropped.",
+                  [query(f"max by (exporter) ({OTELCOL_QUEUE_SIZE} / {OTELCOL_QUEUE_CAPACITY})", "{{exporter}}",
+                         instant=False)], unit="percentunit", width=6),
+    ]
 
 
 # -- Threshold validation ---------------------------------------------------------------------------
@@ -405,7 +511,7 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
         f"{total(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {total(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
     )
     quantiles = [
-        query(f"histogram_quantile({q}, sum by (le) (rate({TOOL_CALLS}_bucket{sel(**adaptive)}[$__rate_interval])))",
+        query(f"histogram_quantile({q}, {total(f'{TOOL_CALLS}_bucket', sel(**adaptive), ('le',), '$__rate_interval')})",
               f"p{round(q * 100)}", chr(ord("A") + i), instant=False)
         for i, q in enumerate((0.5, 0.9, 0.99))
     ]
@@ -420,10 +526,10 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
             .description(f"Turns per bucket of tool calls. Rows at {s} (S) and {h} (the backstop) are the cap's "
                          "edges: turns above S continued only while not stuck; the row above the backstop holds the "
                          "turns it ended.")
-            .datasource(DATASOURCE).unit("short").height(9).span(12).calculate(False)
+            .datasource(DATASOURCE).unit("short").height(9).span(12).calculate(False).interval(HEATMAP_MIN_INTERVAL)
             .rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
             .y_axis(YAxisConfig().unit("short").axis_label(f"tool calls per turn (S = {s}, backstop = {h})"))
-            .with_target(query(f"sum by (le) (increase({TOOL_CALLS}_bucket{sel(**adaptive)}[$__rate_interval]))",
+            .with_target(query(total(f"{TOOL_CALLS}_bucket", sel(**adaptive), by=("le",), window="$__interval"),
                                "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
         )
         .with_panel(over_time(3, "Tool calls per turn: percentiles vs S and the backstop",
@@ -482,9 +588,21 @@ BOARDS: dict[str, Callable[[CapSettings], Dashboard]] = {
 }
 
 
+SCHEMA_VERSION = 42
+"""Grafana's last schema version of the v1 dashboard JSON (its DashboardMigrator stops at 42)."""
+DATASOURCE_VARIABLE_NOISE = ("auto", "auto_count", "auto_min")
+"""Interval-variable fields the SDK writes on every variable; meaningless on a datasource variable."""
+
+
 def render(board: Dashboard) -> str:
     """Stable JSON text (sorted keys, two-space indent, trailing newline)."""
-    return JSONEncoder(sort_keys=True, indent=2).encode(board.build()) + "\n"
+    data = json.loads(JSONEncoder().encode(board.build()))
+    data["schemaVersion"] = SCHEMA_VERSION
+    for variable in data["templating"]["list"]:
+        if variable["type"] != "interval":
+            for key in DATASOURCE_VARIABLE_NOISE:
+                variable.pop(key, None)
+    return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
 def build_all(cap: CapSettings = DEFAULTS) -> dict[str, str]:
@@ -494,7 +612,8 @@ def build_all(cap: CapSettings = DEFAULTS) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="directory for the JSON files (default: dashboards/)")
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="directory for the JSON files (default: src/turnguard/assets/dashboards/)")
     parser.add_argument("--soft-cap", type=int, default=DEFAULTS.soft_cap)
     parser.add_argument("--hard-multiplier", type=float, default=DEFAULTS.hard_multiplier)
     parser.add_argument("--stuck-repeat-threshold", type=int, default=DEFAULTS.stuck_repeat_threshold)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from turnguard import assets
+
+BOARDS = Path(assets.__file__).resolve().parent / "dashboards"
 MACRO = re.compile(r"\$\{([A-Za-z_]\w*)(?::\w+)?\}|\$([A-Za-z_]\w*)")
 """``$name`` or ``${name}`` / ``${name:format}``; ``$1`` is a regex group reference (label_replace), not a variable."""
 
@@ -32,7 +34,7 @@ class PanelQuery:
     format: str
 
 
-def boards(directory: Path = HERE) -> dict[str, dict[str, Any]]:
+def boards(directory: Path = BOARDS) -> dict[str, dict[str, Any]]:
     """Board uid -> dashboard JSON, for every ``*.json`` dashboard in ``directory``."""
     found = {}
     for path in sorted(directory.glob("*.json")):

@@ -28,13 +28,13 @@ BUCKET_MATCHER = re.compile(r"(\w+)_bucket\{[^}]*le=~`([^`(]+)\(")
 
 def test_committed_json_matches_a_fresh_build():
     for name, text in build.build_all().items():
-        committed = build.HERE / name
+        committed = build.OUT / name
         assert committed.exists(), f"{name} is not committed: run python dashboards/build.py"
         assert committed.read_text() == text, f"{name} is stale: run python dashboards/build.py"
 
 
 def test_every_committed_board_is_built_by_the_code():
-    assert set(queries.boards(build.HERE)) == set(build.BOARDS)
+    assert set(queries.boards(build.OUT)) == set(build.BOARDS)
 
 
 def test_check_flag_fails_on_a_stale_or_missing_board(tmp_path, capsys):
@@ -51,7 +51,7 @@ def test_check_flag_fails_on_a_stale_or_missing_board(tmp_path, capsys):
 @pytest.mark.parametrize("name", sorted(build.FILES.values()))
 def test_boards_round_trip_through_the_sdk_models(name):
     register_default_plugins()
-    original = json.loads((build.HERE / name).read_text())
+    original = json.loads((build.OUT / name).read_text())
     again = json.loads(JSONEncoder(sort_keys=True).encode(Dashboard.from_json(original)))
     assert again["uid"] == original["uid"]
     assert [(p["id"], p["type"]) for p in again["panels"]] == [(p["id"], p["type"]) for p in original["panels"]]
@@ -102,7 +102,7 @@ def test_shadow_policy_panels_land_in_their_own_row_with_reserved_ids(monkeypatc
     rows = [p for p in board["panels"] if p["type"] == "row"]
     assert rows[-1]["title"] == "Shadow policies" and rows[-1]["id"] == build.SHADOW_PANEL_IDS[0]
     assert board["panels"][-1]["id"] == build.SHADOW_PANEL_IDS[1]
-    committed = json.loads((build.HERE / build.FILES[build.THRESHOLDS_UID]).read_text())
+    committed = json.loads((build.OUT / build.FILES[build.THRESHOLDS_UID]).read_text())
     shadow_ids = [p["id"] for p in queries.panels(committed) if p["id"] in build.SHADOW_PANEL_IDS]
     assert shadow_ids == [p["id"] for p in committed["panels"][-len(shadow_ids):]]  # the row comes last
     assert shadow_ids[0] == build.SHADOW_PANEL_IDS[0] and len(shadow_ids) == 1 + shipped

@@ -2,9 +2,11 @@
 
 The Go linter cannot be installed here, so its relevant rules are re-stated below (rule names in
 the comments), applied to the committed JSON, and each is shown to catch the mistake it is for.
-Exceptions, stated here rather than in a ``.lint`` file: totals over the dashboard's time range use
-``increase(...[$__range])`` (``rate``/``irate`` must use ``$__rate_interval``); the job/instance
-rules are left out because OpenTelemetry-sourced series get ``job`` from ``service.name``, which
+Exceptions, stated here rather than in a ``.lint`` file: counts are ``build.counted`` (``increase``
+and, for a series born in the window, ``last_over_time``, over ``$__range``, ``$__rate_interval``
+or the heatmap's ``$__interval``; the bare counter after ``offset`` tells the two apart), and
+``rate``/``irate`` must use ``$__rate_interval``; the job/instance rules are left out because
+OpenTelemetry-sourced series get ``job`` from ``service.name``, which
 the boards must not assume.
 """
 
@@ -25,23 +27,24 @@ sys.path.insert(0, str(ROOT))
 
 from dashboards import queries  # noqa: E402
 
-BOARD_DIR = ROOT / "dashboards"
+BOARD_DIR = queries.BOARDS
 BOARDS = queries.boards(BOARD_DIR)
 HALTS, THRESHOLDS = "turnguard-halts", "turnguard-threshold-validation"
 SHADOW_IDS = range(100, 200)
 
 VALID_UNITS = frozenset({"short", "none", "percent", "percentunit", "cps", "ops", "reqps", "s", "ms", "bytes"})
 """Grafana unit ids the boards may use (a subset of Grafana's; a typo is not a unit)."""
-RANGE_FUNCTION = re.compile(r"\b(rate|irate|increase)\(\s*[^\[\]]*\[([^\]]+)\]")
+RANGE_FUNCTION = re.compile(r"\b(rate|irate|increase|last_over_time)\(\s*[^\[\]]*\[([^\]]+)\]")
 COUNTER = re.compile(r"\b([a-zA-Z_:][\w:]*_total)\b")
+COUNT_WINDOWS = {"$__rate_interval", "$__range", "$__interval"}
 ALLOWED_RANGES = {"rate": {"$__rate_interval"}, "irate": {"$__rate_interval"},
-                  "increase": {"$__rate_interval", "$__range"}}
+                  "increase": COUNT_WINDOWS, "last_over_time": COUNT_WINDOWS}
 
 PANEL_IDS = {
     HALTS: {1: "row", 2: "stat", 3: "stat", 4: "stat", 5: "stat", 6: "stat", 7: "stat", 10: "row",
             11: "timeseries", 12: "timeseries", 13: "bargauge", 20: "row", 21: "bargauge", 22: "bargauge",
             30: "row", 31: "bargauge", 32: "bargauge", 33: "timeseries", 40: "row", 41: "bargauge",
-            42: "timeseries"},
+            42: "timeseries", 50: "row", 51: "stat", 52: "timeseries", 53: "timeseries", 54: "timeseries"},
     THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
                  13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",
                  26: "bargauge", 30: "row", 31: "bargauge",
@@ -111,7 +114,10 @@ def target_counter_agg_rule(board):
     problems = []
     for q in queries.panel_queries(board):
         for match in COUNTER.finditer(q.expr):
-            if not re.search(r"\b(rate|irate|increase)\(\s*$", q.expr[: match.start()]):
+            after = q.expr[match.end():]
+            offset_only = re.match(r"\{[^}]*\} offset \$__\w+", after) or after.startswith(" offset $__")
+            if not re.search(r"\b(rate|irate|increase|last_over_time)\(\s*$", q.expr[: match.start()]) \
+                    and not offset_only:
                 problems.append(f"panel {q.panel_id} {q.ref_id}: counter {match.group(1)} not in rate/increase")
     return problems
 
@@ -148,6 +154,62 @@ def stable_panel_ids_rule(board):
     return problems
 
 
+COUNTED = re.compile(r"increase\((\w+(?:\{[^}]*\})?)\[(\$__\w+)\]\)")
+AGENT_MATCHER = '=~"$agent"'
+AGENT_SCOPED = re.compile(r"\b(turnguard_(?:turn_tool_calls|turn_max_key_repeat|turn_first_stuck_call|loop_detections|"
+                          r"escalation_answers|shadow_detections|shadow_turn_tool_calls)(?:_total|_bucket|_sum|_count)?)"
+                          r"(\{[^}]*\})?")
+SCHEMA_VERSION = 42
+EXPORT_INTERVAL_S = 60
+"""The SDK's default metric export interval (test_dashboards_provisioning checks it against the SDK)."""
+EXEMPLAR_PANELS = {HALTS: {11, 12}}
+"""Panels whose points link to the turn's trace (Tempo): detections and halts over time."""
+
+
+def count_from_zero_rule(board):
+    """Every increase() is build.counted's: a series born in the window counts from zero."""
+    problems = []
+    for q in queries.panel_queries(board):
+        for series, window in COUNTED.findall(q.expr):
+            fallback = f"last_over_time({series}[{window}]) unless {series} offset {window}"
+            if f"and {series} offset {window}" not in q.expr or fallback not in q.expr:
+                problems.append(f"panel {q.panel_id} {q.ref_id}: increase({series}[{window}]) drops a new series")
+    return problems
+
+
+def agent_variable_rule(board):
+    problems = []
+    variable = [v for v in board["templating"]["list"] if v.get("name") == "agent"]
+    if not variable or variable[0].get("includeAll") is not True or variable[0].get("allValue") != ".*":
+        problems.append("no multi-value agent variable with All = .*")
+    for q in queries.panel_queries(board):
+        for metric, selector in AGENT_SCOPED.findall(q.expr):
+            if AGENT_MATCHER not in (selector or ""):
+                problems.append(f"panel {q.panel_id} {q.ref_id}: {metric} ignores the agent variable")
+    return problems
+
+
+def current_schema_rule(board):
+    problems = [] if board.get("schemaVersion") == SCHEMA_VERSION else [f"schemaVersion {board.get('schemaVersion')}"]
+    for v in board["templating"]["list"]:
+        noise = {"auto", "auto_count", "auto_min"} & set(v)
+        if v.get("type") != "interval" and noise:
+            problems.append(f"variable {v['name']}: interval fields {sorted(noise)}")
+    return problems
+
+
+def exemplars_and_annotations_rule(board):
+    problems = []
+    for panel in _content_panels(board):
+        wanted = panel["id"] in EXEMPLAR_PANELS.get(board["uid"], ())
+        if wanted and not all(t.get("exemplar") for t in panel["targets"]):
+            problems.append(f"panel {panel['id']}: no exemplars")
+    policy = [a for a in board.get("annotations", {}).get("list", []) if "turnguard_policy" in a.get("expr", "")]
+    if not policy or not policy[0].get("enable"):
+        problems.append("no policy-change annotation")
+    return problems
+
+
 RULES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "template-datasource-rule": template_datasource_rule,
     "panel-datasource-rule": panel_datasource_rule,
@@ -158,6 +220,10 @@ RULES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "panel-no-targets-rule": panel_no_targets_rule,
     "uneditable-dashboard": uneditable_dashboard_rule,
     "stable-panel-ids": stable_panel_ids_rule,
+    "count-from-zero": count_from_zero_rule,
+    "agent-variable": agent_variable_rule,
+    "current-schema": current_schema_rule,
+    "exemplars-and-annotations": exemplars_and_annotations_rule,
 }
 
 
@@ -177,6 +243,15 @@ def test_board_passes_lint_rule(uid, rule):
 def test_rows_group_every_panel():
     for board in BOARDS.values():
         assert board["panels"][0]["type"] == "row"
+
+
+def test_heatmap_counts_each_step_once_over_at_least_two_export_intervals():
+    """The window is the step ($__interval: no event in two cells) and the panel's minimum
+    interval keeps two samples in it at the SDK's export interval."""
+    (heatmap,) = [p for p in queries.panels(BOARDS[THRESHOLDS]) if p["type"] == "heatmap"]
+    windows = {w for t in heatmap["targets"] for _, w in RANGE_FUNCTION.findall(t["expr"])}
+    assert windows == {"$__interval"}
+    assert heatmap["interval"].endswith("s") and float(heatmap["interval"][:-1]) >= 2 * EXPORT_INTERVAL_S
 
 
 def test_heatmap_reads_prometheus_buckets_as_they_are():
@@ -245,6 +320,27 @@ def _renumber(board):
     _first_content(board)["id"] = 77
 
 
+def _plain_increase(board):
+    _first_content(board)["targets"][0]["expr"] = "sum(increase(turnguard_turn_tool_calls_count[$__range]))"
+
+
+def _unscoped_agent(board):
+    target = _first_content(board)["targets"][0]
+    target["expr"] = re.sub(r',?gen_ai_agent_name=~"\$agent"', "", target["expr"])
+
+
+def _old_schema(board):
+    board["schemaVersion"] = 39
+
+
+def _no_exemplars(board):
+    next(p for p in _content_panels(board) if p["id"] == 11)["targets"][0].pop("exemplar")
+
+
+def _interval_noise(board):
+    next(v for v in board["templating"]["list"] if v["type"] == "datasource")["auto_count"] = 30
+
+
 BREAKAGES = {
     "template-datasource-rule": _break_datasource_label,
     "panel-datasource-rule": _break_panel_datasource,
@@ -255,11 +351,16 @@ BREAKAGES = {
     "panel-no-targets-rule": _duplicate_ref,
     "uneditable-dashboard": _make_editable,
     "stable-panel-ids": _duplicate_id,
+    "count-from-zero": _plain_increase,
+    "agent-variable": _unscoped_agent,
+    "current-schema": _old_schema,
+    "exemplars-and-annotations": _no_exemplars,
 }
 MORE_BREAKAGES = {
     "panel-units-rule": _misspell_unit,
     "target-rate-interval-rule": _rate_over_range,
     "stable-panel-ids": _renumber,
+    "current-schema": _interval_noise,
 }
 
 

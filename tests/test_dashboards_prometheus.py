@@ -1,35 +1,30 @@
 """The proof: every query of every panel, run against a real Prometheus fed by a simulated fleet.
 
-A fleet of 1,012 turns with a known mix runs through the real guard and its OpenTelemetry plugin;
-the metrics are exported the way a deployment without a Collector does it (the Prometheus pull
-exporter's HTTP server on loopback, scraped by Debian's Prometheus every second). Then each panel
-query of the committed dashboards, with Grafana's macros resolved, goes through Prometheus's HTTP
-API and must return what the fleet implies: exact counts, and ratios and quantiles to float
-precision.
+A fleet of 1,012 turns with a known mix runs through the real guard and its OpenTelemetry plugin,
+and its metrics reach Prometheus the ways a deployment sends them (``ROUTES``): scraped from the
+Python pull exporter (Debian's Prometheus 2.42); over OTLP to the Collector built from the shipped
+manifest, running the shipped config, remote-writing to Prometheus 2.42 and to Prometheus 3; and
+over OTLP straight into Prometheus 3's native receiver. Then each panel query of the committed
+dashboards, with Grafana's macros resolved, goes through Prometheus's HTTP API and must return
+what the fleet implies: exact counts, and ratios and quantiles to float precision.
 
-Exact counts from ``increase()`` need care: Prometheus does not count a series' first sample, and
-it extrapolates to the window's edges. So the fleet runs twice with the same seed (the first run
-creates every series), and the queries are evaluated at the timestamp of the first scrape after
-the second run, with ``$__range`` (and, for rate panels, ``$__rate_interval``) equal to the time
-since the last scrape before it: both window edges fall on samples and nothing is extrapolated.
-Range panels are also run as Grafana would draw them (a range query, ``$__rate_interval`` = 4
-scrape intervals).
+No series is created in advance: a smaller warm-up fleet runs before the window, so the window
+holds series from before it and series born inside it (the backstop halts, the "stop" answers),
+which the boards count from zero. Exact counts need both window edges on samples (no
+extrapolation): the queries are evaluated at the last sample of the fleet, with ``$__range`` (and
+``$__rate_interval``) reaching back to the last sample before it. Prometheus 3's range selectors
+are left-open, so a sample on the window's start is outside it and increase() would extrapolate:
+the Prometheus 3 routes run without the warm-up (every series born inside the window, counted
+exactly from zero). Range panels are also run as Grafana would draw them (a range query).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import os
-import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,12 +33,15 @@ from typing import Any
 
 import pytest
 
+import chain
 from conftest import optional_dependency
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 optional_dependency("grafana_foundation_sdk")
 sdk_metrics = optional_dependency("opentelemetry.sdk.metrics")
+sdk_export = optional_dependency("opentelemetry.sdk.metrics.export")
+otlp_metrics = optional_dependency("opentelemetry.exporter.otlp.proto.http.metric_exporter")
 prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
 prometheus_client = optional_dependency("prometheus_client")
 
@@ -54,99 +52,18 @@ from turnguard.telemetry import buckets  # noqa: E402
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
-SCRAPE_INTERVAL_S = 1
+SCRAPE_INTERVAL_S = 2
 JOB = "turnguard-fleet"
 H, T = build.HALTS_UID, build.THRESHOLDS_UID
-
-
-# -- processes -------------------------------------------------------------------------------------
-
-
-def _prometheus_binary() -> str:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        message = "Debian's prometheus is not installed (./dev.sh test installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " and CI=true")
-        pytest.skip(message)
-    return binary
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Prometheus:
-    """A Prometheus on loopback with a temporary config and storage; ``stop`` ends it by pid."""
-
-    def __init__(self, binary: str, workdir: Path, target: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = workdir / "prometheus.yml"
-        config.write_text(
-            f"global: {{scrape_interval: {SCRAPE_INTERVAL_S}s, evaluation_interval: {SCRAPE_INTERVAL_S}s}}\n"
-            f"scrape_configs:\n  - job_name: {JOB}\n    static_configs: [{{targets: ['{target}']}}]\n"
-        )
-        self.log = (workdir / "prometheus.log").open("wb")
-        self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir,
-        )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        self.log.close()
-
-    def api(self, path: str, **params: str) -> Any:
-        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                body = json.load(response)
-        except urllib.error.HTTPError as exc:
-            raise AssertionError(f"{path} {params}: HTTP {exc.code}: {exc.read().decode()[:500]}") from None
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def wait_until(self, what: str, ready: Callable[[], Any], timeout: float = 20) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"prometheus exited with {self.process.returncode} waiting for {what}")
-            try:
-                value = ready()
-            except (OSError, AssertionError):
-                value = None
-            if value:
-                return value
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
-
-    def last_scrape(self) -> float | None:
-        """Timestamp (s) of the newest ingested scrape of the fleet's exporter."""
-        # timestamp() of a bare selector is the sample's own time (of any other expression: "now")
-        up = self.api("query", query=f'up{{job="{JOB}"}}')["result"]
-        if not up or up[0]["value"][1] != "1":
-            return None
-        result = self.api("query", query=f'timestamp(up{{job="{JOB}"}})')["result"]
-        return float(result[0]["value"][1]) if result else None
-
-    def scrape_after(self, moment: float) -> float:
-        """Wait for a scrape that started after ``moment``; its timestamp."""
-        return self.wait_until(f"a scrape after {moment}", lambda: (ts := self.last_scrape()) and ts > moment and ts)
+WARM_UP = fleet.FleetMix(short=60, long=10, soft_stuck=5, runaway=0, failing_unattended=5, ask_continue=5,
+                         ask_stop=0, ask_late_continue=5, explicit=5)
+"""Traffic before the window: no runaways and no "stop" answers, so those series are born inside it."""
+WARM_UP_SEED = 3
 
 
 @dataclass(frozen=True)
 class Window:
-    """Both edges are scrape timestamps: increase() over it is exact."""
+    """Both edges are sample timestamps: increase() over it is exact."""
 
     start: float
     end: float
@@ -162,40 +79,151 @@ class Window:
 
 @dataclass
 class FleetRun:
-    prometheus: Prometheus
+    route: str
+    prometheus: chain.Prometheus
     tally: fleet.Tally
     window: Window
     config: tg.GuardConfig
+    draw_interval_s: float
+    """The $__rate_interval a range query is drawn with (samples in each window)."""
 
 
-@pytest.fixture(scope="module")
-def fleet_run(tmp_path_factory) -> Iterable[FleetRun]:
-    binary = _prometheus_binary()
-    workdir = tmp_path_factory.mktemp("prometheus")
-    with contextlib.ExitStack() as cleanup:
-        registry = prometheus_client.CollectorRegistry()
-        provider = sdk_metrics.MeterProvider(
-            metric_readers=[prometheus_exporter.PrometheusMetricReader(registry=registry)]
-        )
-        cleanup.callback(provider.shutdown)
-        exporter_port = _free_port()
-        server, thread = prometheus_client.start_http_server(exporter_port, addr="127.0.0.1", registry=registry)
-        cleanup.callback(thread.join, timeout=5)
-        cleanup.callback(server.server_close)
-        cleanup.callback(server.shutdown)
-        prometheus = Prometheus(binary, workdir, f"127.0.0.1:{exporter_port}")
-        cleanup.callback(prometheus.stop)
+class CountingExporter(sdk_export.MetricExporter):
+    """The OTLP exporter, noting each export's Prometheus series and the points' timestamp."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(preferred_temporality=None, preferred_aggregation=None)
+        self.otlp = otlp_metrics.OTLPMetricExporter(endpoint=endpoint)
+        self.series = 0
+        self.times: set[int] = set()
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> Any:
+        self.series, self.times = 0, set()
+        for resource in metrics_data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    for point in metric.data.data_points:
+                        self.times.add(point.time_unix_nano)
+                        bounds = getattr(point, "explicit_bounds", None)
+                        self.series += 1 if bounds is None else len(bounds) + 3  # buckets, +Inf, _sum, _count
+        return self.otlp.export(metrics_data, timeout_millis=timeout_millis)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        self.otlp.shutdown()
+
+
+class Push:
+    """An SDK pushing over OTLP when the test says (a reader whose own interval never comes)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.exporter = CountingExporter(endpoint)
+        self.reader = sdk_export.PeriodicExportingMetricReader(self.exporter, export_interval_millis=10**9)
+        self.provider = sdk_metrics.MeterProvider(metric_readers=[self.reader])
+
+    def flush(self, prometheus: chain.Prometheus) -> float:
+        """Export now; the points' timestamp once Prometheus holds every series of the export."""
+        assert self.reader.force_flush(30_000)
+        (nanos,) = self.exporter.times
+        at, expected = nanos // 1_000_000 / 1000, self.exporter.series  # Prometheus keeps milliseconds
+
+        def landed() -> bool:
+            found = prometheus.query('count({__name__=~"turnguard_.+"})', at)
+            return bool(found) and int(found[0]["value"][1]) == expected
+
+        chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
+        return at
+
+
+def _pull(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet.Tally]) -> FleetRun:
+    registry = prometheus_client.CollectorRegistry()
+    provider = sdk_metrics.MeterProvider(metric_readers=[prometheus_exporter.PrometheusMetricReader(registry=registry)])
+    stack.callback(provider.shutdown)
+    port = chain.free_port()
+    server, thread = prometheus_client.start_http_server(port, addr="127.0.0.1", registry=registry)
+    stack.callback(thread.join, timeout=5)
+    stack.callback(server.server_close)
+    stack.callback(server.shutdown)
+    prometheus = chain.Prometheus(chain.prometheus2(), workdir, _scrape_config(f"127.0.0.1:{port}"))
+    stack.callback(prometheus.stop)
+
+    def last_scrape() -> float | None:
+        # timestamp() of a bare selector is the sample's own time (of any other expression: "now")
+        up = prometheus.api("query", query=f'up{{job="{JOB}"}}')["result"]
+        if not up or up[0]["value"][1] != "1":
+            return None
+        result = prometheus.api("query", query=f'timestamp(up{{job="{JOB}"}})')["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def scrape_after(moment: float) -> float:
+        return chain.wait_until(f"a scrape after {moment}", lambda: (ts := last_scrape()) and ts > moment and ts,
+                                prometheus.exited, timeout=60)
+
+    scrape_after(0)
+    fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=provider), WARM_UP, WARM_UP_SEED)
+    start = scrape_after(time.time())
+    tally = run(provider)
+    end = scrape_after(time.time())
+    return FleetRun("pull-prometheus2", prometheus, tally, Window(start, end), _config(), 4 * SCRAPE_INTERVAL_S)
+
+
+def _push(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet.Tally], *, prometheus3: bool,
+          collector: bool) -> FleetRun:
+    binary = chain.prometheus3() if prometheus3 else chain.prometheus2()
+    flags = ["--web.enable-otlp-receiver"] if prometheus3 and not collector else []
+    prometheus = chain.Prometheus(binary, workdir, "global: {evaluation_interval: 1s}\n", flags)
+    stack.callback(prometheus.stop)
+    if collector:
+        otelcol = chain.Collector(chain.collector(), workdir, prometheus_remote_write=prometheus.remote_write_url)
+        stack.callback(otelcol.stop)
+        endpoint = f"{otelcol.otlp_http}/v1/metrics"
+    else:
+        endpoint = prometheus.otlp_metrics_url
+    push = Push(endpoint)
+    stack.callback(push.provider.shutdown)
+    if prometheus3:  # left-open ranges: every series is born inside the window (see the module docstring)
+        start = time.time() - 1
+    else:
+        fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=push.provider), WARM_UP, WARM_UP_SEED)
+        start = push.flush(prometheus)
+    tally = run(push.provider)
+    end = push.flush(prometheus)
+    route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
+    return FleetRun(route, prometheus, tally, Window(start, end), _config(), end - start)
+
+
+def _scrape_config(target: str) -> str:
+    return (f"global: {{scrape_interval: {SCRAPE_INTERVAL_S}s, evaluation_interval: {SCRAPE_INTERVAL_S}s}}\n"
+            f"scrape_configs:\n  - job_name: {JOB}\n    static_configs: [{{targets: ['{target}']}}]\n")
+
+
+def _config() -> tg.GuardConfig:
+    return tg.GuardConfig(load_entrypoints=False, shadow=fleet.SHADOWS)
+
+
+ROUTES: dict[str, Callable[..., FleetRun]] = {
+    "pull-prometheus2": _pull,
+    "collector-prometheus2": lambda *a: _push(*a, prometheus3=False, collector=True),
+    "collector-prometheus3": lambda *a: _push(*a, prometheus3=True, collector=True),
+    "otlp-prometheus3": lambda *a: _push(*a, prometheus3=True, collector=False),
+}
+"""How the fleet's metrics reach Prometheus: pull exporter, the Collector's remote write, native OTLP."""
+
+
+@pytest.fixture(scope="module", params=sorted(ROUTES))
+def fleet_run(request, tmp_path_factory) -> Iterable[FleetRun]:
+    workdir = tmp_path_factory.mktemp(request.param)
+    with contextlib.ExitStack() as stack:
         quiet = logging.getLogger("turnguard")
-        cleanup.callback(quiet.setLevel, quiet.level)
+        stack.callback(quiet.setLevel, quiet.level)
         quiet.setLevel(logging.CRITICAL)  # the fleet's flaky plugin raises on purpose
 
-        prometheus.wait_until("the exporter target to be up", prometheus.last_scrape)
-        config = tg.GuardConfig(load_entrypoints=False, shadow=fleet.SHADOWS)
-        fleet.run_fleet(fleet.make_fleet(config, meter_provider=provider))  # creates every series
-        start = prometheus.scrape_after(time.time())
-        tally = fleet.run_fleet(fleet.make_fleet(config, meter_provider=provider))
-        end = prometheus.scrape_after(time.time())
-        yield FleetRun(prometheus, tally, Window(start, end), config)
+        def run(provider: Any) -> fleet.Tally:
+            return fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=provider))
+
+        yield ROUTES[request.param](stack, workdir, run)
 
 
 # -- what the fleet implies -------------------------------------------------------------------------
@@ -422,7 +450,7 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
 
 
 EXPECTED = _expectations(build.DEFAULTS)
-COMMITTED = queries.boards(build.HERE)
+COMMITTED = queries.boards(build.OUT)
 ALL_QUERIES = [q for board in COMMITTED.values() for q in queries.panel_queries(board)]
 
 
@@ -454,7 +482,7 @@ def _assert_matches(got: dict[Key, float], expected: Expected, *, counts: bool, 
 
 
 def test_every_panel_query_has_an_expectation():
-    assert {(q.board_uid, q.panel_id, q.ref_id) for q in ALL_QUERIES} == set(EXPECTED)
+    assert {(q.board_uid, q.panel_id, q.ref_id) for q in FLEET_QUERIES} == set(EXPECTED)
 
 
 def test_the_fleet_is_large_and_landed_in_prometheus(fleet_run):
@@ -486,11 +514,8 @@ def test_the_max_repeat_panel_leaves_short_turns_out(fleet_run):
     truth, d = Truth(fleet_run), fleet_run.config.stuck_repeat_threshold
     short = {build.THRESHOLD: "none", build.CAP_MODE: "adaptive", build.PAST_SOFT_CAP: "false"}
     assert truth.count_turns(lambda s: s.max_key_repeat >= d, **short) > 0
-    window = fleet_run.window
-    expr = queries.resolve(build.total(f"{build.MAX_REPEAT}_count", build.sel(**short)),
-                           _grafana_values(window, f"{window.ms}ms"))
-    data = fleet_run.prometheus.api("query", query=expr, time=f"{window.end:.3f}")
-    assert _result(data) == scalar(truth.count_turns(**short))
+    assert _instant(fleet_run, build.total(f"{build.MAX_REPEAT}_count", build.sel(**short))) == scalar(
+        truth.count_turns(**short))
     on_panel = [q for q in ALL_QUERIES if (q.board_uid, q.panel_id) == (T, 31)]
     assert on_panel and all(f'{build.PAST_SOFT_CAP}="true"' in q.expr for q in on_panel)
     assert EXPECTED[(T, 31, "C")](truth) == scalar(0)  # long turns that ended on their own never reached D
@@ -503,36 +528,80 @@ def test_an_unsubstituted_macro_or_a_bad_query_fails_loudly(fleet_run):
             fleet_run.prometheus.api("query", query=bad)
 
 
-def _grafana_values(window: Window, rate_interval: str) -> dict[str, str]:
-    """What Grafana would substitute, for a dashboard time range equal to ``window``."""
-    return {"__range": f"{window.ms}ms", "__rate_interval": rate_interval, "__interval": rate_interval,
-            "datasource": "prometheus"}
+def _grafana_values(window: Window, rate_interval_ms: int | None = None) -> dict[str, str]:
+    """What Grafana would substitute, for a dashboard time range equal to ``window`` (and, by
+    default, rate and heatmap windows as long as it)."""
+    ms = window.ms if rate_interval_ms is None else rate_interval_ms
+    return {"__range": f"{window.ms}ms", "__rate_interval": f"{ms}ms", "__rate_interval_ms": str(ms),
+            "__interval": f"{ms}ms", "datasource": "prometheus", build.AGENT_VARIABLE: ".*"}
 
 
-@pytest.mark.parametrize("panel_query", ALL_QUERIES, ids=_id)
+COLLECTOR_PANELS = {(H, p.build().id_val) for p in build.collector_panels()}
+"""The Collector's own metrics: proven in test_collector_chain.py, where a Collector is scraped."""
+FLEET_QUERIES = [q for q in ALL_QUERIES if (q.board_uid, q.panel_id) not in COLLECTOR_PANELS]
+
+
+def _instant(fleet_run: FleetRun, expr: str, **values: str) -> dict[Key, float]:
+    window = fleet_run.window
+    data = fleet_run.prometheus.api("query", query=queries.resolve(expr, {**_grafana_values(window), **values}),
+                                    time=f"{window.end:.3f}")
+    return _result(data)
+
+
+@pytest.mark.parametrize("panel_query", FLEET_QUERIES, ids=_id)
 def test_panel_query_returns_what_the_fleet_implies(fleet_run, panel_query):
     """Evaluated once over the whole fleet window (as a one-point panel would be): exact."""
-    window = fleet_run.window
-    assert queries.macros(panel_query.expr) <= {"__range", "__rate_interval"}, panel_query.expr
-    expr = queries.resolve(panel_query.expr, _grafana_values(window, f"{window.ms}ms"))
-    data = fleet_run.prometheus.api("query", query=expr, time=f"{window.end:.3f}")
+    allowed = {"__range", "__rate_interval", "__rate_interval_ms", "__interval", build.AGENT_VARIABLE}
+    assert queries.macros(panel_query.expr) <= allowed, panel_query.expr
     expected = EXPECTED[(panel_query.board_uid, panel_query.panel_id, panel_query.ref_id)](Truth(fleet_run))
-    is_rate = "rate(" in panel_query.expr and "histogram_quantile" not in panel_query.expr
+    is_rate = "__rate_interval_ms" in panel_query.expr
     is_count = panel_query.panel_id not in _RATIO_PANELS.get(panel_query.board_uid, ())
-    _assert_matches(_result(data), expected, counts=is_count, scale=window.seconds if is_rate else 1,
-                    what=f"{_id(panel_query)} {panel_query.title!r}")
+    _assert_matches(_instant(fleet_run, panel_query.expr), expected, counts=is_count,
+                    scale=fleet_run.window.seconds if is_rate else 1, what=f"{_id(panel_query)} {panel_query.title!r}")
 
 
-RANGE_QUERIES = [q for q in ALL_QUERIES if not q.instant]
+def test_the_window_holds_series_from_before_it_and_series_born_inside_it(fleet_run):
+    """No series is created in advance: the new ones are what increase() alone would miss."""
+    at_start = fleet_run.prometheus.query(f"count({build.TURNS})", fleet_run.window.start)
+    at_end = _instant(fleet_run, f"count({build.TURNS})")
+    before = int(at_start[0]["value"][1]) if at_start else 0
+    assert at_end[key()] > before, "no series was born inside the window"
+    if fleet_run.route.endswith("prometheus2"):
+        assert before > 0, "the warm-up left no series before the window"
+
+
+def test_the_first_backstop_halt_of_a_series_counts_where_increase_alone_misses_it(fleet_run):
+    """The backstop's series are born inside the window (the warm-up has no runaway): the panel
+    counts every one of those turns; a plain ``increase()`` undercounts them."""
+    backstop = build.sel(**BACKSTOP)
+    want = Truth(fleet_run).count_turns(**BACKSTOP)
+    assert want > 0
+    assert _instant(fleet_run, build.total(build.TURNS, backstop)) == scalar(want)
+    plain = _instant(fleet_run, f"sum(increase({build.TURNS}{backstop}[$__range]))")
+    assert plain.get(key(), 0.0) < want
+
+
+def test_the_agent_variable_narrows_every_agent_labelled_panel(fleet_run):
+    """One agent picked: its turns only; plugin errors (no agent label) are not filtered out."""
+    truth = Truth(fleet_run)
+    coder = {build.AGENT: "coder"}
+    turns = _instant(fleet_run, build.total(build.TURNS), **{build.AGENT_VARIABLE: "coder"})
+    assert turns == scalar(truth.count_turns(**coder)) and 0 < truth.count_turns(**coder) < len(truth.turns)
+    errors = _instant(fleet_run, build.total(build.PLUGIN_ERRORS), **{build.AGENT_VARIABLE: "coder"})
+    assert errors == scalar(sum(truth.tally.plugin_errors.values()))
+
+
+RANGE_QUERIES = [q for q in FLEET_QUERIES if not q.instant]
 
 
 @pytest.mark.parametrize("panel_query", RANGE_QUERIES, ids=_id)
 def test_range_panel_draws_the_fleets_series(fleet_run, panel_query):
-    """As Grafana draws it: a range query, $__rate_interval = 4 scrape intervals."""
-    window = fleet_run.window
-    expr = queries.resolve(panel_query.expr, _grafana_values(window, f"{4 * SCRAPE_INTERVAL_S}s"))
+    """As Grafana draws it: a range query over the window, each step's window holding samples."""
+    window, interval = fleet_run.window, fleet_run.draw_interval_s
+    expr = queries.resolve(panel_query.expr, _grafana_values(window, round(interval * 1000)))
+    step = max(SCRAPE_INTERVAL_S, window.seconds / 20)
     data = fleet_run.prometheus.api("query_range", query=expr, start=f"{window.start:.3f}", end=f"{window.end:.3f}",
-                                    step=f"{SCRAPE_INTERVAL_S}s")
+                                    step=f"{step:.3f}")
     assert data["result"], f"{_id(panel_query)}: the range query returned no series"
     expected = EXPECTED[(panel_query.board_uid, panel_query.panel_id, panel_query.ref_id)](Truth(fleet_run))
     drawn = {frozenset((k, float(v) if k == "le" else v) for k, v in s["metric"].items()) for s in data["result"]}

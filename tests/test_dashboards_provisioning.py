@@ -1,4 +1,5 @@
-"""dashboards/provisioning/: what Grafana needs to load the boards and their data sources from files."""
+"""The provisioning assets (src/turnguard/assets/provisioning/): what Grafana needs to load the
+boards and their data sources from files."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ yaml = optional_dependency("yaml")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dashboards import queries  # noqa: E402
+optional_dependency("grafana_foundation_sdk")
 
-PROVISIONING = ROOT / "dashboards" / "provisioning"
+from dashboards import build, queries  # noqa: E402
+
+PROVISIONING = queries.BOARDS.parent / "provisioning"
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +64,38 @@ def test_the_whole_chain_has_datasources_with_unique_uids(datasources):
         assert ds["url"].startswith("http://"), ds
 
 
-def test_rate_interval_hint_is_set(datasources):
+def sdk_export_interval_s() -> float:
+    """The metric export interval ``turnguard.telemetry.configure()`` gives by default."""
+    from turnguard.telemetry import configure
+
+    telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+                                   "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    try:
+        (reader,) = telemetry.providers()["meter_provider"]._all_metric_readers
+        return reader._export_interval_millis / 1000
+    finally:
+        telemetry.shutdown()
+
+
+def grafana_rate_interval_s(interval_s: float, scrape_s: float) -> float:
+    """Grafana's $__rate_interval: max($__interval + scrape interval, 4 x scrape interval)."""
+    return max(interval_s + scrape_s, 4 * scrape_s)
+
+
+def test_rate_windows_hold_at_least_two_samples_at_the_export_interval(datasources):
+    optional_dependency("opentelemetry.sdk")
     prometheus = next(ds for ds in datasources if ds["type"] == "prometheus")
-    assert prometheus["jsonData"]["timeInterval"].endswith("s")
+    time_interval = prometheus["jsonData"]["timeInterval"]
+    assert time_interval.endswith("s")
+    scrape = float(time_interval[:-1])
+    export = sdk_export_interval_s()
+    assert scrape == export == build.EXPORT_INTERVAL_S
+    # $__interval is never below the data source's time interval: the narrowest window Grafana asks for
+    assert grafana_rate_interval_s(scrape, scrape) / export >= 2
+
+
+def test_exemplars_link_to_the_provisioned_tempo(datasources):
+    prometheus = next(ds for ds in datasources if ds["type"] == "prometheus")
+    tempo = next(ds for ds in datasources if ds["type"] == "tempo")
+    (link,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert link == {"name": "trace_id", "datasourceUid": tempo["uid"]}

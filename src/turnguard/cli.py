@@ -208,6 +208,29 @@ def _calibrate_merge(args: argparse.Namespace) -> int:
     return run_merge(args)
 
 
+# -- assets (turnguard.assets) --------------------------------------------------------------------
+
+
+def _assets_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", metavar="DIR", help="where to write them (created if missing)")
+    parser.add_argument("--force", action="store_true", help="replace files that already exist")
+
+
+def _assets(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from turnguard import assets
+
+    try:
+        written = assets.write(Path(args.directory), overwrite=args.force)
+    except (FileExistsError, OSError) as exc:
+        print(f"turnguard assets: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -219,6 +242,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                    _config_arguments, _config),
         Subcommand("calibrate", "replay recorded turns against a grid of thresholds ('calibrate merge' merges "
                    "--json results)", _calibrate_arguments, _calibrate),
+        Subcommand("assets", "write the Collector config and builder manifest, Grafana boards and provisioning, "
+                   "Prometheus config and rules to DIR", _assets_arguments, _assets),
         Subcommand("calibrate-merge", "merge the --json results of calibrate runs over parts of the input",
                    _calibrate_merge_arguments, _calibrate_merge),
     )

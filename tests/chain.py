@@ -1,0 +1,189 @@
+"""The real telemetry chain in tests: a Prometheus and a Collector on loopback, started by pid.
+
+Binaries: Debian's ``prometheus`` (2.42, on PATH), Prometheus 3 (``TURNGUARD_PROMETHEUS3``) and the
+Collector built from the shipped builder manifest (``TURNGUARD_OTELCOL``); ``./dev.sh test`` builds
+the last two once, caches them and sets the variables. Without one a test skips, and under CI
+(``CI=true``, where ``.ci/run`` installs and builds all three) it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnguard import assets
+
+ASSETS = Path(assets.__file__).resolve().parent
+COLLECTOR_CONFIG = ASSETS / "collector" / "collector-config.yaml"
+RULES = ASSETS / "rules" / "turnguard.rules.yaml"
+
+
+def require(binary: str | None, what: str) -> str:
+    """``binary``, or a skip (a failure under CI) naming what is missing and how to get it."""
+    if binary and Path(binary).is_file():
+        return binary
+    message = f"{what} is not available (./dev.sh test builds or installs it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " and CI=true")
+    pytest.skip(message)
+
+
+def prometheus2() -> str:
+    return require(shutil.which("prometheus"), "Debian's prometheus")
+
+
+def promtool() -> str:
+    return require(shutil.which("promtool"), "Debian's promtool")
+
+
+def prometheus3() -> str:
+    return require(os.environ.get("TURNGUARD_PROMETHEUS3"), "Prometheus 3 (TURNGUARD_PROMETHEUS3)")
+
+
+def collector() -> str:
+    return require(os.environ.get("TURNGUARD_OTELCOL"), "the turnguard Collector build (TURNGUARD_OTELCOL)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what: str, ready: Callable[[], Any], alive: Callable[[], str | None], timeout: float = 30) -> Any:
+    """Poll ``ready`` until it returns something truthy; fail if ``alive`` reports an exit or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = alive()
+        if dead:
+            raise AssertionError(f"{dead} waiting for {what}")
+        try:
+            value = ready()
+        except (OSError, AssertionError):
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Process:
+    """A server process with its log in ``workdir``; ``stop`` ends it by pid."""
+
+    def __init__(self, name: str, argv: Sequence[str], workdir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = workdir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT, cwd=workdir,
+                                        env=None if env is None else {**os.environ, **env})
+
+    def exited(self) -> str | None:
+        code = self.process.poll()
+        return None if code is None else f"{self.name} exited with {code}: {self.log_tail()}"
+
+    def log_tail(self, chars: int = 2000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+class Prometheus(Process):
+    """A Prometheus on loopback: remote-write (and, on 3.x, OTLP) receiver, ``config`` as its YAML."""
+
+    def __init__(self, binary: str, workdir: Path, config: str, flags: Sequence[str] = ()) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (workdir / "prometheus.yml").write_text(config)
+        super().__init__("prometheus", [
+            binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", "--web.enable-remote-write-receiver",
+            "--web.enable-lifecycle", *flags], workdir)
+        self.config_path = workdir / "prometheus.yml"
+        wait_until("prometheus to be ready", lambda: self.get("/-/ready"), self.exited)
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return response.read()
+
+    def reload(self, config: str) -> None:
+        """Replace the config (e.g. a scrape target known only after start) and reload it."""
+        self.config_path.write_text(config)
+        request = urllib.request.Request(self.url + "/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{path} {params}: HTTP {exc.code}: {exc.read().decode()[:500]}") from None
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
+        return self.api("query", query=expr, time=f"{at:.3f}")["result"]
+
+    @property
+    def remote_write_url(self) -> str:
+        return f"{self.url}/api/v1/write"
+
+    @property
+    def otlp_metrics_url(self) -> str:
+        return f"{self.url}/api/v1/otlp/v1/metrics"
+
+
+class Collector(Process):
+    """The shipped collector-config.yaml, run as-is; only its environment variables point it here."""
+
+    def __init__(self, binary: str, workdir: Path, **endpoints: str) -> None:
+        self.ports = {name: free_port() for name in ("grpc", "http", "health", "telemetry")}
+        self.otlp_file = workdir / "otlp.jsonl"
+        env = {
+            "OTELCOL_LISTEN_HOST": "127.0.0.1",
+            "OTELCOL_OTLP_GRPC_PORT": str(self.ports["grpc"]),
+            "OTELCOL_OTLP_HTTP_PORT": str(self.ports["http"]),
+            "OTELCOL_HEALTH_PORT": str(self.ports["health"]),
+            "OTELCOL_TELEMETRY_PORT": str(self.ports["telemetry"]),
+            "TURNGUARD_OTLP_FILE": str(self.otlp_file),
+            "TEMPO_OTLP_GRPC_ENDPOINT": endpoints.pop("tempo", f"127.0.0.1:{free_port()}"),
+            "LOKI_OTLP_ENDPOINT": endpoints.pop("loki", f"http://127.0.0.1:{free_port()}/otlp"),
+            "PROMETHEUS_REMOTE_WRITE_ENDPOINT": endpoints.pop("prometheus_remote_write"),
+        }
+        assert not endpoints, f"unknown endpoints {endpoints}"
+        super().__init__("otelcol", [binary, f"--config={COLLECTOR_CONFIG}"], workdir, env)
+        wait_until("the collector's health check", lambda: self.get(self.ports["health"], "/"), self.exited)
+
+    def get(self, port: int, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.read()
+
+    @property
+    def otlp_http(self) -> str:
+        return f"http://127.0.0.1:{self.ports['http']}"
+
+    @property
+    def telemetry_target(self) -> str:
+        return f"127.0.0.1:{self.ports['telemetry']}"

@@ -1,0 +1,222 @@
+"""The shipped Collector config, run by the Collector built from the shipped builder manifest.
+
+``validate`` proves structure (types, keys, references) with the deprecated settings made errors;
+the runs prove behaviour: spans reach the file exporter in a form ``turnguard calibrate`` replays
+to the same figures as the recorder's file of the same turns, and the Collector's own metrics,
+scraped by Prometheus, tell a working pipeline from a broken one on the halts board's Collector
+row and in the export-failure alert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import chain
+from conftest import optional_dependency
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+yaml = optional_dependency("yaml")
+optional_dependency("grafana_foundation_sdk")
+optional_dependency("opentelemetry.exporter.otlp.proto.http")
+
+from dashboards import build, fleet, queries  # noqa: E402
+
+import turnguard as tg  # noqa: E402
+from turnguard import cli  # noqa: E402
+from turnguard.telemetry import configure  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+
+STRICT_GATES = ("exporter.prometheusremotewritexporter.removeTopLevelHTTPSettings,"
+                "exporter.prometheusremotewrite.DisableResourceToTelemetryConversion")
+"""Alpha gates that turn the deprecated prometheus_remote_write settings into start-up errors."""
+SECTIONS = ("receivers", "processors", "exporters", "extensions", "connectors")
+MIX = fleet.FleetMix(short=40, long=8, soft_stuck=8, runaway=3, failing_unattended=8, ask_continue=6, ask_stop=6,
+                     ask_late_continue=4, explicit=6)
+
+
+@pytest.fixture(scope="module")
+def otelcol() -> str:
+    return chain.collector()
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, Any]:
+    return yaml.safe_load(chain.COLLECTOR_CONFIG.read_text())
+
+
+def validate(binary: str, path: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([binary, "validate", f"--config={path}", f"--feature-gates={STRICT_GATES}"],
+                          capture_output=True, text=True, timeout=60, cwd=workdir,
+                          env={"PATH": "/usr/bin:/bin", "TURNGUARD_OTLP_FILE": str(workdir / "otlp.jsonl")})
+
+
+def test_the_build_has_exactly_the_components_the_config_uses(otelcol, config):
+    listed = yaml.safe_load(subprocess.run([otelcol, "components"], capture_output=True, text=True, timeout=60,
+                                           check=True).stdout)
+    built = {section: {c["name"] for c in listed.get(section) or []} for section in SECTIONS}
+    used = {section: {name.split("/", 1)[0] for name in config.get(section) or {}} for section in SECTIONS}
+    assert built == used
+
+
+def test_the_collector_validates_the_shipped_config_with_deprecated_settings_refused(otelcol, tmp_path):
+    result = validate(otelcol, chain.COLLECTOR_CONFIG, tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def _flat_remote_write_endpoint(c: dict[str, Any]) -> None:
+    prw = c["exporters"]["prometheus_remote_write"]
+    prw["endpoint"] = prw.pop("http")["endpoint"]
+
+
+def _resource_to_telemetry(c: dict[str, Any]) -> None:
+    c["exporters"]["prometheus_remote_write"]["resource_to_telemetry_conversion"] = {"enabled": True}
+
+
+def _unknown_key(c: dict[str, Any]) -> None:
+    # (prometheus_remote_write v0.161 ignores unknown keys: test_collector_config.py checks its keys)
+    c["exporters"]["file/calibrate"]["rotate"] = {"max_megabytes": 100}
+
+
+def _undefined_exporter(c: dict[str, Any]) -> None:
+    c["service"]["pipelines"]["logs"]["exporters"].append("otlp_http/nowhere")
+
+
+def _component_not_built(c: dict[str, Any]) -> None:
+    c["processors"]["batch"] = {}
+    c["service"]["pipelines"]["traces"]["processors"].append("batch")
+
+
+@pytest.mark.parametrize("breakage", [_flat_remote_write_endpoint, _resource_to_telemetry, _unknown_key,
+                                      _undefined_exporter, _component_not_built], ids=lambda f: f.__name__[1:])
+def test_validate_rejects_what_the_shipped_config_avoids(otelcol, config, tmp_path, breakage):
+    broken = json.loads(json.dumps(config))
+    breakage(broken)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(broken))
+    assert validate(otelcol, path, tmp_path).returncode != 0
+
+
+# -- spans through the Collector's file exporter, replayed by calibrate ---------------------------
+
+
+@contextlib.contextmanager
+def quiet_fleet() -> Iterator[None]:
+    log = logging.getLogger("turnguard")
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # the fleet's flaky plugin raises on purpose
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def calibrate_json(path: Path) -> dict[str, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["calibrate", str(path), "--json", "-"]) == 0
+    result = json.loads(out.getvalue())
+    result.pop("inputs")
+    return result
+
+
+def turn_spans(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.strip()
+               for resource in json.loads(line)["resourceSpans"] for scope in resource["scopeSpans"]
+               for span in scope["spans"] if span["name"].startswith("invoke_agent"))
+
+
+def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tmp_path):
+    collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
+    try:
+        telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                       "OTEL_SERVICE_NAME": "turnguard-chain", "OTEL_METRIC_EXPORT_INTERVAL": "600000"})
+        recorded = tmp_path / "turns.jsonl"
+        config = tg.GuardConfig(load_entrypoints=False, recorder_path=str(recorded))
+        with quiet_fleet():
+            tally = fleet.run_fleet(fleet.make_fleet(config, **telemetry.providers()), MIX)
+        assert telemetry.force_flush(30_000)
+        telemetry.shutdown()
+        chain.wait_until("every turn span in the Collector's file",
+                         lambda: turn_spans(collector.otlp_file) == len(tally.turns), collector.exited, timeout=60)
+    finally:
+        collector.stop()
+    from_collector, from_recorder = calibrate_json(collector.otlp_file), calibrate_json(recorded)
+    assert from_collector["turns"] == len(tally.turns) == MIX.turns
+    assert from_collector == from_recorder
+
+
+# -- the Collector's own metrics on the halts board -------------------------------------------------
+
+
+def _scrape(target: str) -> str:
+    return ("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"scrape_configs:\n  - job_name: {build.COLLECTOR_JOB}\n    static_configs: [{{targets: ['{target}']}}]\n")
+
+
+def _collector_row(prometheus: chain.Prometheus, at: float) -> dict[tuple[int, str], float]:
+    """Each Collector-row query over the last minute: (panel, ref) -> the sum of its series."""
+    values = {"__range": "60s", "__rate_interval": "60s", "__rate_interval_ms": "60000", "agent": ".*"}
+    board = queries.boards()[build.HALTS_UID]
+    row = {p.build().id_val for p in build.collector_panels()}
+    return {(q.panel_id, q.ref_id): sum(float(s["value"][1]) for s in prometheus.query(queries.resolve(q.expr, values),
+                                                                                          at))
+            for q in queries.panel_queries(board) if q.panel_id in row}
+
+
+def _export_failure_alert() -> str:
+    rules = yaml.safe_load(chain.RULES.read_text())
+    return next(r["expr"] for g in rules["groups"] for r in g["rules"]
+                if r.get("alert") == "TurnguardCollectorExportFailing")
+
+
+@pytest.mark.parametrize("healthy", [True, False], ids=["remote-write-up", "remote-write-down"])
+def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp_path, healthy):
+    prometheus = chain.Prometheus(chain.prometheus2(), tmp_path, "")
+    collector = None
+    try:
+        sink = prometheus.remote_write_url if healthy else f"http://127.0.0.1:{chain.free_port()}/api/v1/write"
+        collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=sink)
+        prometheus.reload(_scrape(collector.telemetry_target))
+        telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                       "OTEL_METRIC_EXPORT_INTERVAL": "600000"})
+        with quiet_fleet():
+            fleet.run_fleet(fleet.make_fleet(tg.GuardConfig(load_entrypoints=False), **telemetry.providers()),
+                            fleet.FleetMix(short=20, long=0, soft_stuck=2, runaway=0, failing_unattended=2,
+                                           ask_continue=2, ask_stop=0, ask_late_continue=0, explicit=2))
+        assert telemetry.force_flush(30_000)
+        telemetry.shutdown()
+
+        def settled() -> dict[tuple[int, str], float] | None:
+            row = _collector_row(prometheus, time.time())
+            done = row[(52, "A")] > 0 and (healthy or row[(51, "A")] > 0)
+            return row if done else None
+
+        row = chain.wait_until("the Collector's metrics in Prometheus", settled, prometheus.exited, timeout=90)
+        alert = prometheus.query(_export_failure_alert(), time.time())
+    finally:
+        if collector is not None:
+            collector.stop()
+        prometheus.stop()
+    assert row[(52, "B")] == 0, "no metric point was refused"
+    if healthy:
+        assert row[(51, "A")] == 0 and row[(53, "A")] == 0 and alert == []
+    else:
+        assert row[(51, "A")] > 0 and row[(53, "A")] > 0
+        assert [a["metric"]["exporter"] for a in alert] == ["prometheus_remote_write"]
