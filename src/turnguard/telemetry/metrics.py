@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from opentelemetry import metrics
+    from opentelemetry.context import Context
 
     from turnguard.config import GuardConfig
     from turnguard.model import LoopDetectedEvent, TurnSummary
@@ -103,8 +104,9 @@ class Instruments:
         """The attributes every point of one guard carries: its policy name, bounded."""
         return {n.POLICY: self.policies.fold(str(policy))}
 
-    def loop_detected(self, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
-        self.detections.add(1, self.detection_metric_attributes(event, scope))
+    def loop_detected(self, event: LoopDetectedEvent, scope: dict[str, Any], context: Context | None = None) -> None:
+        """``context`` (the offending call's span) makes the point's exemplar link to its trace."""
+        self.detections.add(1, self.detection_metric_attributes(event, scope), context=context)
 
     def escalation_resolved(self, event: LoopDetectedEvent, answer: str, scope: dict[str, Any]) -> None:
         attrs: dict[str, Any] = {
@@ -156,12 +158,14 @@ class Instruments:
         attrs[n.SHADOW_POLICY] = self.shadows.fold(policy)
         self.shadow_turn_tool_calls.record(summary.tool_calls, attrs)
 
-    def turn_ended(self, summary: TurnSummary, scope: dict[str, Any], *, past_soft_cap: bool) -> None:
+    def turn_ended(self, summary: TurnSummary, scope: dict[str, Any], *, past_soft_cap: bool,
+                   context: Context | None = None) -> None:
         """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
-        cap has) lets the threshold-validation board look at long turns alone."""
+        cap has) lets the threshold-validation board look at long turns alone; ``context`` (the
+        turn's span) links the tool-calls point's exemplar to the turn's trace."""
         attrs = self.turn_metric_attributes(summary, scope)
         attrs[n.TURN_PAST_SOFT_CAP] = past_soft_cap
-        self.turn_tool_calls.record(summary.tool_calls, attrs)
+        self.turn_tool_calls.record(summary.tool_calls, attrs, context=context)
         self.turn_cycles.record(summary.cycles, attrs)
         self.turn_max_key_repeat.record(summary.max_key_repeat, attrs)
         if summary.first_stuck_call:

@@ -50,8 +50,9 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
-        self.instruments.loop_detected(event, self.in_turn(turn))
-        self.events.loop_detected(event, self.detection_span(turn, event))
+        span = self.detection_span(turn, event)
+        self.instruments.loop_detected(event, self.in_turn(turn), exemplar_context(span))
+        self.events.loop_detected(event, span)
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
@@ -82,7 +83,8 @@ class OtelPlugin(SpanReporter):
     def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
         soft_cap = turn.soft_cap
         past_soft_cap = soft_cap is not None and summary.tool_calls > soft_cap
-        self.instruments.turn_ended(summary, self.scope, past_soft_cap=past_soft_cap)
+        self.instruments.turn_ended(summary, self.scope, past_soft_cap=past_soft_cap,
+                                    context=exemplar_context(self.turn_span(turn)))
         self.end_turn(turn, summary)
 
     @hookimpl
@@ -131,3 +133,9 @@ def plugin_for(
         logger_provider.get_logger(n.SCOPE, __version__),
         instruments_for(meter_provider, config),
     )
+
+
+def exemplar_context(span: Any) -> Any:
+    """A context holding ``span``, for a metric point's exemplar (its trace and span id); ``None``
+    (the current context) without a span."""
+    return None if span is None else trace.set_span_in_context(span)
