@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$PWD
 VENV=${TG_VENV:-.venv}
-CACHE=${TURNGUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/turnguard}
+CACHE=${TG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/turnguard}
 MANIFEST=src/turnguard/assets/collector/builder-config.yaml
 
 ensure_python() { # $1: extras
@@ -84,8 +84,8 @@ ensure_prometheus3() {
 
 ensure_go_components() { # the real Collector and Prometheus 3 the chain tests run, built once and cached
   local path
-  if path=$(ensure_collector); then export TURNGUARD_OTELCOL=$path; fi
-  if path=$(ensure_prometheus3); then export TURNGUARD_PROMETHEUS3=$path; fi
+  if path=$(ensure_collector); then export TG_OTELCOL=$path; fi
+  if path=$(ensure_prometheus3); then export TG_PROMETHEUS3=$path; fi
 }
 
 cmd=${1:-help}

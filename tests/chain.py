@@ -1,7 +1,7 @@
 """The real telemetry chain in tests: a Prometheus and a Collector on loopback, started by pid.
 
-Binaries: Debian's ``prometheus`` (2.42, on PATH), Prometheus 3 (``TURNGUARD_PROMETHEUS3``) and the
-Collector built from the shipped builder manifest (``TURNGUARD_OTELCOL``); ``./dev.sh test`` builds
+Binaries: Debian's ``prometheus`` (2.42, on PATH), Prometheus 3 (``TG_PROMETHEUS3``) and the
+Collector built from the shipped builder manifest (``TG_OTELCOL``); ``./dev.sh test`` builds
 the last two once, caches them and sets the variables. Without one a test skips, and under CI
 (``CI=true``, where ``.ci/run`` installs and builds all three) it fails.
 """
@@ -49,17 +49,22 @@ def promtool() -> str:
 
 
 def prometheus3() -> str:
-    return require(os.environ.get("TURNGUARD_PROMETHEUS3"), "Prometheus 3 (TURNGUARD_PROMETHEUS3)")
+    return require(os.environ.get("TG_PROMETHEUS3"), "Prometheus 3 (TG_PROMETHEUS3)")
 
 
 def collector() -> str:
-    return require(os.environ.get("TURNGUARD_OTELCOL"), "the turnguard Collector build (TURNGUARD_OTELCOL)")
+    return require(os.environ.get("TG_OTELCOL"), "the turnguard Collector build (TG_OTELCOL)")
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
 
 
 def wait_until(what: str, ready: Callable[[], Any], alive: Callable[[], str | None], timeout: float = 30) -> Any:
@@ -120,11 +125,7 @@ class Prometheus(Process):
             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", "--web.enable-remote-write-receiver",
             "--web.enable-lifecycle", *flags], workdir)
         self.config_path = workdir / "prometheus.yml"
-        wait_until("prometheus to be ready", lambda: self.get("/-/ready"), self.exited)
-
-    def get(self, path: str) -> bytes:
-        with urllib.request.urlopen(self.url + path, timeout=10) as response:
-            return response.read()
+        wait_until("prometheus to be ready", lambda: http_get(f"{self.url}/-/ready"), self.exited)
 
     def reload(self, config: str) -> None:
         """Replace the config (e.g. a scrape target known only after start) and reload it."""
@@ -167,18 +168,15 @@ class Collector(Process):
             "OTELCOL_OTLP_HTTP_PORT": str(self.ports["http"]),
             "OTELCOL_HEALTH_PORT": str(self.ports["health"]),
             "OTELCOL_TELEMETRY_PORT": str(self.ports["telemetry"]),
-            "TURNGUARD_OTLP_FILE": str(self.otlp_file),
+            "OTELCOL_CALIBRATE_FILE": str(self.otlp_file),
             "TEMPO_OTLP_GRPC_ENDPOINT": endpoints.pop("tempo", f"127.0.0.1:{free_port()}"),
             "LOKI_OTLP_ENDPOINT": endpoints.pop("loki", f"http://127.0.0.1:{free_port()}/otlp"),
             "PROMETHEUS_REMOTE_WRITE_ENDPOINT": endpoints.pop("prometheus_remote_write"),
         }
         assert not endpoints, f"unknown endpoints {endpoints}"
         super().__init__("otelcol", [binary, f"--config={COLLECTOR_CONFIG}"], workdir, env)
-        wait_until("the collector's health check", lambda: self.get(self.ports["health"], "/"), self.exited)
-
-    def get(self, port: int, path: str) -> bytes:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.read()
+        wait_until("the collector's health check", lambda: http_get(f"http://127.0.0.1:{self.ports['health']}/"),
+                   self.exited)
 
     @property
     def otlp_http(self) -> str:

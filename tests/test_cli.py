@@ -113,6 +113,7 @@ MINIMAL_ARGS = {
     "demo": ["soft-stuck", "--no-record"],
     "calibrate": ["{corpus}"],
     "calibrate-merge": ["{result}"],
+    "assets": ["{result}.assets"],
 }
 """Arguments with which each subcommand runs successfully (the others need none)."""
 

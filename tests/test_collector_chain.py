@@ -60,7 +60,7 @@ def config() -> dict[str, Any]:
 def validate(binary: str, path: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([binary, "validate", f"--config={path}", f"--feature-gates={STRICT_GATES}"],
                           capture_output=True, text=True, timeout=60, cwd=workdir,
-                          env={"PATH": "/usr/bin:/bin", "TURNGUARD_OTLP_FILE": str(workdir / "otlp.jsonl")})
+                          env={"PATH": "/usr/bin:/bin", "OTELCOL_CALIBRATE_FILE": str(workdir / "otlp.jsonl")})
 
 
 def test_the_build_has_exactly_the_components_the_config_uses(otelcol, config):
@@ -220,3 +220,45 @@ def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp
     else:
         assert row[(51, "A")] > 0 and row[(53, "A")] > 0
         assert [a["metric"]["exporter"] for a in alert] == ["prometheus_remote_write"]
+
+
+# -- exemplars: a halt's point links to the trace of its turn ------------------------------------------
+
+
+def span_ids(path: Path) -> dict[str, str]:
+    """span id -> trace id of every span in the Collector's file."""
+    return {span["spanId"]: span["traceId"] for line in path.read_text().splitlines() if line.strip()
+            for resource in json.loads(line)["resourceSpans"] for scope in resource["scopeSpans"]
+            for span in scope["spans"]}
+
+
+def test_halts_reach_prometheus_with_exemplars_naming_the_halted_calls_span(otelcol, tmp_path):
+    prometheus = chain.Prometheus(chain.prometheus2(), tmp_path, "", ["--enable-feature=exemplar-storage"])
+    collector = None
+    try:
+        collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=prometheus.remote_write_url)
+        telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                       "OTEL_METRIC_EXPORT_INTERVAL": "600000"})
+        with quiet_fleet():
+            tally = fleet.run_fleet(fleet.make_fleet(tg.GuardConfig(load_entrypoints=False), **telemetry.providers()),
+                                    fleet.FleetMix(short=4, long=0, soft_stuck=2, runaway=2, failing_unattended=2,
+                                                   ask_continue=0, ask_stop=0, ask_late_continue=0, explicit=0))
+        assert telemetry.force_flush(30_000)
+        telemetry.shutdown()
+
+        def halt_exemplars() -> list[dict[str, str]]:
+            now = time.time()
+            found = prometheus.api("query_exemplars", query=f'{build.DETECTIONS}{{{build.ACTION}="halt"}}',
+                                   start=f"{now - 600:.3f}", end=f"{now + 5:.3f}")
+            return [e["labels"] for series in found for e in series["exemplars"]]
+
+        exemplars = chain.wait_until("halt exemplars", halt_exemplars, prometheus.exited, timeout=60)
+        chain.wait_until("the spans in the file", lambda: turn_spans(collector.otlp_file) == len(tally.turns),
+                         collector.exited, timeout=60)
+    finally:
+        if collector is not None:
+            collector.stop()
+        prometheus.stop()
+    spans = span_ids(collector.otlp_file)
+    assert exemplars and all(spans.get(e["span_id"]) == e["trace_id"] for e in exemplars), exemplars

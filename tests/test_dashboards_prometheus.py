@@ -600,8 +600,9 @@ def test_range_panel_draws_the_fleets_series(fleet_run, panel_query):
     window, interval = fleet_run.window, fleet_run.draw_interval_s
     expr = queries.resolve(panel_query.expr, _grafana_values(window, round(interval * 1000)))
     step = max(SCRAPE_INTERVAL_S, window.seconds / 20)
-    data = fleet_run.prometheus.api("query_range", query=expr, start=f"{window.start:.3f}", end=f"{window.end:.3f}",
-                                    step=f"{step:.3f}")
+    # drawn up to a step past the last sample, as a dashboard ending "now" is
+    data = fleet_run.prometheus.api("query_range", query=expr, start=f"{window.start:.3f}",
+                                    end=f"{window.end + step:.3f}", step=f"{step:.3f}")
     assert data["result"], f"{_id(panel_query)}: the range query returned no series"
     expected = EXPECTED[(panel_query.board_uid, panel_query.panel_id, panel_query.ref_id)](Truth(fleet_run))
     drawn = {frozenset((k, float(v) if k == "le" else v) for k, v in s["metric"].items()) for s in data["result"]}

@@ -64,17 +64,24 @@ def test_the_whole_chain_has_datasources_with_unique_uids(datasources):
         assert ds["url"].startswith("http://"), ds
 
 
-def sdk_export_interval_s() -> float:
-    """The metric export interval ``turnguard.telemetry.configure()`` gives by default."""
+def sdk_export_interval_s(monkeypatch) -> float:
+    """The metric export interval ``turnguard.telemetry.configure()`` gives its reader by default."""
+    from opentelemetry.sdk.metrics import export
+
     from turnguard.telemetry import configure
 
-    telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
-                                   "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
-    try:
-        (reader,) = telemetry.providers()["meter_provider"]._all_metric_readers
-        return reader._export_interval_millis / 1000
-    finally:
-        telemetry.shutdown()
+    intervals = []
+
+    class Reader(export.PeriodicExportingMetricReader):
+        def __init__(self, exporter, export_interval_millis=None, **options):
+            intervals.append(export_interval_millis)
+            super().__init__(exporter, export_interval_millis=export_interval_millis, **options)
+
+    monkeypatch.setattr(export, "PeriodicExportingMetricReader", Reader)
+    configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}).shutdown()
+    (interval,) = intervals
+    return interval / 1000
 
 
 def grafana_rate_interval_s(interval_s: float, scrape_s: float) -> float:
@@ -82,13 +89,13 @@ def grafana_rate_interval_s(interval_s: float, scrape_s: float) -> float:
     return max(interval_s + scrape_s, 4 * scrape_s)
 
 
-def test_rate_windows_hold_at_least_two_samples_at_the_export_interval(datasources):
+def test_rate_windows_hold_at_least_two_samples_at_the_export_interval(datasources, monkeypatch):
     optional_dependency("opentelemetry.sdk")
     prometheus = next(ds for ds in datasources if ds["type"] == "prometheus")
     time_interval = prometheus["jsonData"]["timeInterval"]
     assert time_interval.endswith("s")
     scrape = float(time_interval[:-1])
-    export = sdk_export_interval_s()
+    export = sdk_export_interval_s(monkeypatch)
     assert scrape == export == build.EXPORT_INTERVAL_S
     # $__interval is never below the data source's time interval: the narrowest window Grafana asks for
     assert grafana_rate_interval_s(scrape, scrape) / export >= 2
