@@ -6,6 +6,7 @@ in a fresh virtual environment (what an operator who ran ``pip install turnguard
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -73,8 +74,9 @@ def test_the_written_prometheus_config_finds_the_written_rules(tmp_path):
 
 @pytest.mark.slow
 def test_a_wheel_installed_in_a_fresh_environment_writes_the_same_files(tmp_path):
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+    source, wheels = tmp_path / "source", tmp_path / "wheels"  # a copy: pip builds in the source tree
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(source)],
                    check=True, timeout=600, capture_output=True)
     (wheel,) = wheels.glob("turnguard-*.whl")
     env = tmp_path / "env"
