@@ -128,7 +128,7 @@ AGENT = label(n.GEN_AI_AGENT_NAME)
 TOOL = label(n.GEN_AI_TOOL_NAME)
 ANSWER = label(n.ESCALATION_ANSWER)
 SHADOW_POLICY = label(n.SHADOW_POLICY)
-POLICY = label("turnguard.policy")
+POLICY = label(n.POLICY)
 """The policy's name on every metric point (DESIGN section 8): the config-change annotations follow it."""
 AGENT_VARIABLE = "agent"
 AGENT_SCOPED = frozenset(label(metric) for metric, keys in n.METRIC_ATTRIBUTES.items() if n.GEN_AI_AGENT_NAME in keys)

@@ -591,6 +591,12 @@ def test_the_agent_variable_narrows_every_agent_labelled_panel(fleet_run):
     assert errors == scalar(sum(truth.tally.plugin_errors.values()))
 
 
+def test_the_policy_change_annotation_marks_a_policy_new_to_prometheus(fleet_run):
+    """Minutes after its first point, the fleet's policy is new: the annotation query names it."""
+    (annotation,) = COMMITTED[H]["annotations"]["list"]
+    assert _instant(fleet_run, annotation["expr"]) == {key(**{build.POLICY: fleet_run.config.name}): 1.0}
+
+
 RANGE_QUERIES = [q for q in FLEET_QUERIES if not q.instant]
 
 
