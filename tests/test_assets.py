@@ -42,7 +42,8 @@ def test_assets_writes_every_file_as_shipped(tmp_path, capsys):
     assert cli.main(["assets", str(tmp_path / "deploy")]) == 0
     written = tree(tmp_path / "deploy")
     assert written == shipped()
-    assert sorted(capsys.readouterr().out.split()) == sorted(str(tmp_path / "deploy" / p) for p in EXPECTED)
+    directory, *files = capsys.readouterr().out.splitlines()
+    assert directory == f"{tmp_path / 'deploy'}/" and sorted(f.strip() for f in files) == sorted(EXPECTED)
 
 
 def test_assets_never_overwrites_an_edited_copy_without_force(tmp_path, capsys):

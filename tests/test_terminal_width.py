@@ -32,7 +32,7 @@ def wide_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str,
     result = tmp_path / "result.json"
     assert cli.main(["calibrate", *map(str, corpus_files()), "--json", str(result)]) == 0
     capsys.readouterr()
-    return {"probe": str(probe), "config": str(config), "result": str(result)}
+    return {"probe": str(probe), "config": str(config), "result": str(result), "assets": str(tmp_path / "deploy")}
 
 
 def commands(inputs: dict[str, str]) -> dict[str, list[str]]:
@@ -45,6 +45,7 @@ def commands(inputs: dict[str, str]) -> dict[str, list[str]]:
         "calibrate": ["calibrate", *corpus, inputs["probe"]],
         "calibrate --fold": ["calibrate", *corpus, "--fold", "--cross", "--soft-caps", "20,100"],
         "calibrate-merge": ["calibrate-merge", inputs["result"]],
+        "assets": ["assets", "--force", inputs["assets"]],
     }
 
 

@@ -214,6 +214,7 @@ def _calibrate_merge(args: argparse.Namespace) -> int:
 def _assets_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", metavar="DIR", help="where to write them (created if missing)")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
+    add_wide_argument(parser)
 
 
 def _assets(args: argparse.Namespace) -> int:
@@ -221,13 +222,15 @@ def _assets(args: argparse.Namespace) -> int:
 
     from turnguard import assets
 
+    directory = Path(args.directory)
     try:
-        written = assets.write(Path(args.directory), overwrite=args.force)
+        written = assets.write(directory, overwrite=args.force)
     except (FileExistsError, OSError) as exc:
         print(f"turnguard assets: {exc}", file=sys.stderr)
         return 1
+    print(f"{directory}/")
     for path in written:
-        print(path)
+        print(f"  {path.relative_to(directory).as_posix()}")
     return 0
 
 
