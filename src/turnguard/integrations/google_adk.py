@@ -179,11 +179,10 @@ class TurnGuardPlugin(BasePlugin):
     async def after_tool_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, result: Any
     ) -> Any:
-        run = self._run(tool_context)
-        call = run.calls.pop(tool_context.function_call_id, None) if run is not None else None
-        if run is None or call is None:
+        found = self._checked(tool_context)
+        if found is None:
             return None
-        reminder = run.reminders.pop(tool_context.function_call_id, None)
+        run, call, reminder = found
         failed = isinstance(result, dict) and "error" in result
         await self._outcome(run, call, Outcome.ERROR if failed else Outcome.OK)
         return _remind(result, reminder) if reminder else None
@@ -191,11 +190,10 @@ class TurnGuardPlugin(BasePlugin):
     async def on_tool_error_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, error: BaseException
     ) -> None:
-        run = self._run(tool_context)
-        call = run.calls.pop(tool_context.function_call_id, None) if run is not None else None
-        if run is None or call is None:
+        found = self._checked(tool_context)
+        if found is None:
             return None
-        run.reminders.pop(tool_context.function_call_id, None)
+        run, call, _ = found
         if isinstance(error, asyncio.CancelledError):
             run.driver.turn.record_outcome(call, Outcome.UNKNOWN)
             self._end(tool_context.invocation_id, error)
@@ -204,6 +202,15 @@ class TurnGuardPlugin(BasePlugin):
         return None  # the error goes on to the other plugins and, unhandled, ends the invocation
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _checked(self, tool_context: Any) -> tuple[_Run, ToolCall, str | None] | None:
+        """The run and the checked call this tool call's outcome belongs to, with the reminder
+        waiting for its result (both taken off the run); ``None`` when turnguard did not check it."""
+        run = self._run(tool_context)
+        call = run.calls.pop(tool_context.function_call_id, None) if run is not None else None
+        if run is None or call is None:
+            return None
+        return run, call, run.reminders.pop(tool_context.function_call_id, None)
 
     async def _outcome(self, run: _Run, call: ToolCall, outcome: Outcome) -> None:
         """Record the outcome; a HALT (or the user's stop) latches and ends the run at the next model

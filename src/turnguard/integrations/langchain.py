@@ -296,28 +296,33 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def _after(
         self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
     ) -> Any:
-        decision = run.driver.after(call, outcome)
-        if decision.step is Step.ASK:
-            if self.ask == INTERRUPT:
-                run.asked_after = decision.verdict
-                return result
+        decision = self._recorded(run, call, outcome)
+        if decision is not None and decision.step is Step.ASK:
             decision = run.driver.ask_user(decision.verdict, call, before=False)
-        if decision.step is not Step.RUN:
-            self._halt(run, decision, cause)  # "end": the run ends before the next model request
+        self._halt_unless_run(run, decision, cause)
         return result
 
     async def _aafter(
         self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
     ) -> Any:
-        decision = run.driver.after(call, outcome)
-        if decision.step is Step.ASK:
-            if self.ask == INTERRUPT:
-                run.asked_after = decision.verdict
-                return result
+        decision = self._recorded(run, call, outcome)
+        if decision is not None and decision.step is Step.ASK:
             decision = await run.driver.aask_user(decision.verdict, call, before=False)
-        if decision.step is not Step.RUN:
-            self._halt(run, decision, cause)
+        self._halt_unless_run(run, decision, cause)
         return result
+
+    def _recorded(self, run: _Run, call: ToolCall, outcome: Outcome) -> Decision | None:
+        """The decision on the outcome; ``None`` when, with ``ask="interrupt"``, its question waits
+        for the next model request (``run.asked_after``)."""
+        decision = run.driver.after(call, outcome)
+        if decision.step is Step.ASK and self.ask == INTERRUPT:
+            run.asked_after = decision.verdict
+            return None
+        return decision
+
+    def _halt_unless_run(self, run: _Run, decision: Decision | None, cause: Exception | None) -> None:
+        if decision is not None and decision.step is not Step.RUN:
+            self._halt(run, decision, cause)  # "end": the run ends before the next model request
 
     def _halt(self, run: _Run, decision: Decision, cause: BaseException | None = None) -> Verdict:
         """A decision that stops the run. ``exit_behavior="error"``: end the turn (``after_agent``
