@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -364,3 +367,71 @@ def test_with_approvals_the_batch_is_checked_as_planned_and_the_ninth_asks(ran, 
     guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
     paused = run_sync(guard, agent, "read a.py", ask="approval", run_config=NO_EXPORT)
     assert [item.call_id for item in paused.interruptions] == ["call-8"]
+
+
+# -- a turn that survives the process: the SDK's RunState and turn_state, two processes ---------
+
+RESUMABLE_RUN = '''
+import asyncio, json, sys
+from pathlib import Path
+from agents import Agent, RunConfig, RunState, function_tool
+from agents.testing import ScriptedModel, assistant_message, function_call
+import turnguard as tg
+from turnguard.integrations.openai_agents import TurnGuardHalted, run, turn_state
+
+phase, folder = sys.argv[1], Path(sys.argv[2])
+first = 0 if phase == "start" else 5  # the model's script goes on where the first process left it
+steps = [[function_call("read_file", {"path": "a.py"}, call_id=f"call-{i}")] for i in range(first, 20)]
+ran = []
+
+
+@function_tool
+def read_file(path: str) -> str:
+    """Read a file."""
+    ran.append(path)
+    return "contents"
+
+
+agent = Agent(name="coder", model=ScriptedModel([*steps, [assistant_message("done")]]), tools=[read_file])
+config = tg.GuardConfig(digest_key="shared-by-both-processes", max_tool_calls_per_turn=6,
+                        disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
+guard = tg.Guard(config, environ={})
+options = {"ask": "approval", "max_turns": 50, "run_config": RunConfig(tracing_disabled=True)}
+
+
+async def main():
+    if phase == "start":
+        result = await run(guard, agent, "poll a.py", **options)
+        (folder / "run.json").write_text(result.to_state().to_string())
+        (folder / "turn.json").write_text(json.dumps(turn_state(result)))
+        return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions]}
+    state = await RunState.from_string(agent, (folder / "run.json").read_text())
+    state.approve(state.get_interruptions()[0])
+    try:
+        await run(guard, agent, state, turn_state=json.loads((folder / "turn.json").read_text()), **options)
+    except TurnGuardHalted as stop:
+        return {"ran": len(ran), "halted": str(stop)}
+    return {"ran": len(ran)}
+
+
+print(json.dumps(asyncio.run(main())))
+'''
+
+
+def test_a_turn_interrupted_for_approval_goes_on_in_a_fresh_process_from_the_run_state(tmp_path):
+    """Process 1 runs 4 calls; the 5th identical one waits for approval. Process 2 restores the
+    SDK's RunState and the turn's state, approves: the turn still holds the first 5 calls, so the
+    explicit cap of 6 stops the turn's 7th call after 2 more."""
+    program = tmp_path / "agent.py"
+    program.write_text(RESUMABLE_RUN, encoding="utf-8")
+
+    def run_phase(phase: str) -> dict:
+        done = subprocess.run([sys.executable, str(program), phase, str(tmp_path)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run_phase("start") == {"ran": 4, "asked": ["call-4"]}
+    second = run_phase("resume")
+    assert second["ran"] == 2  # call 5 (approved) and 6
+    assert "threshold explicit (stop, limit 6); 7 tool calls" in second["halted"]

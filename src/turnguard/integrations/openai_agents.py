@@ -259,12 +259,15 @@ async def run(
     conversation_id: str | None = None,
     hooks: RunHooks[Any] | None = None,
     run_config: RunConfig | None = None,
+    turn_state: dict[str, Any] | None = None,
     **runner_kwargs: Any,
 ) -> Any:
     """``Runner.run`` under turnguard: the run is one turn, ended however the run finishes.
 
     A run interrupted for approvals (turnguard's, with ``ask="approval"``, or a tool's own) keeps its
-    turn open: pass the ``RunState`` with your answers back to ``run`` and the turn goes on.
+    turn open: pass the ``RunState`` with your answers back to ``run`` and the turn goes on. To
+    resume in another process, store ``turn_state(result)`` beside ``state.to_string()`` and pass it
+    back as ``turn_state=`` (both guards need the same ``GuardConfig(digest_key=...)``).
 
     ``conversation_id`` defaults to ``Runner.run``'s ``conversation_id`` or ``RunConfig.group_id``.
     """
@@ -272,6 +275,8 @@ async def run(
     if conversation_id is None:  # the SDK's own names for the conversation, when given
         conversation_id = runner_kwargs.get("conversation_id") or getattr(config, "group_id", None)
     guarded = _resumed(input)
+    if guarded is None and turn_state is not None:
+        guarded = _from_turn_state(guard, turn_state, ask=ask, promptable=promptable, inner=hooks)
     if guarded is None:
         guarded = TurnGuardRunHooks(
             guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks
@@ -296,6 +301,42 @@ async def run(
         return result
     guarded.end()
     return result
+
+
+def turn_state(result: Any) -> dict[str, Any] | None:
+    """The JSON state of the turn an interrupted ``run`` left open (``Turn.snapshot()`` with the
+    calls turnguard asked about), for ``run(..., turn_state=...)`` in another process."""
+    for item in getattr(result, "interruptions", None) or ():
+        hooks = _PARKED.get(getattr(item, "call_id", None) or "")
+        if hooks is not None and hooks.driver is not None:
+            asked = list(hooks._asked.items())
+            state = hooks.driver.turn.snapshot(pending=asked[0][1][0] if asked else None)
+            state[ADAPTER_KEY] = {"asked": [call_id for call_id, _ in asked]}
+            return state
+    return None
+
+
+ADAPTER_KEY = "openai_agents"
+
+
+def _from_turn_state(
+    guard: Guard, state: dict[str, Any], *, ask: Any, promptable: bool | None, inner: RunHooks[Any] | None
+) -> TurnGuardRunHooks:
+    """Hooks continuing a turn another process left open (``turn_state``)."""
+    from turnguard.snapshot import pending
+
+    hooks = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=inner)
+    turn = guard.resume(state)
+    hooks.driver = RunDriver(turn, ask=None if isinstance(hooks.ask, str) else hooks.ask)
+    verdict = pending(state)
+    names = {entry[2]: entry[1] for entry in state.get("awaiting", ())}
+    for call_id in (state.get(ADAPTER_KEY) or {}).get("asked", ()):
+        if verdict is not None and call_id in names:
+            call = ToolCall(names[call_id], None, call_id)  # its outcome is matched by call_id
+            hooks._asked[call_id] = (verdict, call)
+            hooks._planned[call_id] = Decision(Step.ASK, verdict)
+            hooks._calls[call_id] = call
+    return hooks
 
 
 def _resumed(input: Any) -> TurnGuardRunHooks | None:
