@@ -113,6 +113,31 @@ def test_probe_turns_run_under_the_probe_and_the_main_config_is_a_shadow_that_fi
     assert all(selects(0.5, None, t.turn_id) == (c == "probe") for c, ts in by_cohort.items() for t in ts)
 
 
+def first_call_digest(guard: tg.Guard, turn_id: str) -> tuple[str, str]:
+    with guard.turn(turn_id=turn_id) as turn:
+        for _ in range(5):
+            verdict = turn.check_call(tg.ToolCall("bash", "pytest -q"))
+    return turn.summary.cohort, verdict.event.key_digest
+
+
+@pytest.mark.parametrize("probe_config", [tg.GuardConfig(**NO_TELEMETRY, hard_multiplier=20), None])
+def test_a_call_has_one_digest_in_both_cohorts_when_only_the_main_config_sets_the_key(probe_config):
+    main = tg.GuardConfig(**NO_TELEMETRY, digest_key="fleet-secret")
+    probe = {"rate": 0.5, "hard_multiplier": 20} if probe_config is None else tg.Probe(0.5, probe_config)
+    g = tg.Guard(main.replace(probe=probe), environ={})
+    seen = dict(first_call_digest(g, f"turn-{i}") for i in range(16))
+    assert set(seen) == {"live", "probe"}
+    assert seen["live"] == seen["probe"] == first_call_digest(tg.Guard(main, environ={}), "x")[1]
+
+
+def test_a_probe_configuration_with_its_own_digest_key_keeps_it():
+    main = tg.GuardConfig(**NO_TELEMETRY, digest_key="fleet-secret")
+    g = tg.Guard(main.replace(probe=tg.Probe(1.0, main.replace(digest_key="probe-secret"))), environ={})
+    other = tg.Guard(main.replace(digest_key="probe-secret"), environ={})
+    assert first_call_digest(g, "t")[1] == first_call_digest(other, "t")[1]
+    assert first_call_digest(g, "t")[1] != first_call_digest(tg.Guard(main, environ={}), "t")[1]
+
+
 def test_without_a_probe_every_turn_is_live_and_rate_1_probes_every_turn():
     assert {runaway(tg.Guard(tg.GuardConfig(**NO_TELEMETRY), environ={}), f"t{i}", 5).summary.cohort
             for i in range(10)} == {"live"}

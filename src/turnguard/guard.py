@@ -185,14 +185,18 @@ class Guard:
 def probe_guard_config(main: GuardConfig, probe: Probe) -> GuardConfig:
     """The probe guard's configuration: the probe's, with the main configuration beside it as a
     shadow named after it (so its would-be detections are recorded where they would have fired)
-    and the main configuration's own shadows."""
+    and the main configuration's own shadows. A probe configuration without a digest key takes the
+    main one's, so a call's digest (in telemetry, recordings and snapshots) is the same in both cohorts."""
     shadows = ((main.name, main.replace(probe=None, shadow=())),
                *((name, c.replace(probe=None)) for name, c in main.shadow_configs()))
     names = [name for name, _ in shadows]
     if len(set(names)) != len(names):
         raise ConfigError("shadow", main.name, "shadow names other than the policy's own name (with a probe, the "
                                                "main configuration runs as a shadow named after it)")
-    return probe.config.replace(shadow=shadows)
+    live = probe.config
+    if live.digest_key is None and main.digest_key is not None:  # one identity for both cohorts
+        live = live.replace(digest_key=main.digest_key)
+    return live.replace(shadow=shadows)
 
 
 
