@@ -13,6 +13,10 @@ ROOT=$PWD
 VENV=${TG_VENV:-.venv}
 CACHE=${TG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/turnguard}
 MANIFEST=src/turnguard/assets/collector/builder-config.yaml
+# Go builds the test components only; never fetch another toolchain, and find the machine's Go
+# even where PATH lacks it.
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=${GOFLAGS:--buildvcs=false}
+case ":$PATH:" in *:/usr/local/go/bin:*) ;; *) [ -x /usr/local/go/bin/go ] && PATH=$PATH:/usr/local/go/bin ;; esac
 
 ensure_python() { # $1: extras
   local extras=$1 stamp hash
