@@ -64,6 +64,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from turnguard import assets
 from turnguard.config import GuardConfig
 from turnguard.model import Threshold as LoopThreshold
+from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
 
 HERE = Path(__file__).resolve().parent
@@ -129,8 +130,21 @@ TOOL = label(n.GEN_AI_TOOL_NAME)
 ANSWER = label(n.ESCALATION_ANSWER)
 SHADOW_POLICY = label(n.SHADOW_POLICY)
 POLICY = label(n.POLICY)
-"""The policy's name on every metric point (DESIGN section 8): the config-change annotations follow it."""
+"""The policy's name on every metric point (DESIGN section 8): the config-change annotations and the
+``policy`` variable follow it."""
+COHORT = label(n.TURN_COHORT)
+RESOLVED = label(n.TURN_RESOLVED)
+RESULT_STATUS = label(n.RESULT_STATUS)
+CALLS_BUCKET = label(n.TURN_CALLS_BUCKET)
+RESULTS = counter(n.METRIC_TURN_RESULTS)
 AGENT_VARIABLE = "agent"
+POLICY_VARIABLE = "policy"
+POLICY_SCOPED = frozenset(label(metric) for metric, keys in n.METRIC_ATTRIBUTES.items() if n.POLICY in keys)
+"""Metrics carrying the policy's name: the boards' ``policy`` variable picks one policy's series (a
+threshold change under a new ``GuardConfig.name`` is a series of its own, not a mix)."""
+PROBE_POLICY = f"~(${POLICY_VARIABLE})(-probe)?"
+"""The probe panels' policy matcher: the picked policies and their probes (a probe configuration that kept
+the main one's name reports as ``<name>-probe``)."""
 AGENT_SCOPED = frozenset(label(metric) for metric, keys in n.METRIC_ATTRIBUTES.items() if n.GEN_AI_AGENT_NAME in keys)
 """Metrics carrying the agent name: the boards' ``agent`` variable filters them (a metric without the
 label, such as plugin errors, is not filtered)."""
@@ -179,18 +193,26 @@ DEFAULTS = CapSettings.from_config(GuardConfig())
 
 
 def sel(**labels: str) -> str:
-    """A label selector; a value starting with ``!`` means "not equal"."""
-    parts = [f'{k}!="{v[1:]}"' if v.startswith("!") else f'{k}="{v}"' for k, v in labels.items()]
-    return "{" + ",".join(parts) + "}" if parts else ""
+    """A label selector; a value starting with ``!`` means "not equal", with ``~`` "matches the regex"."""
+
+    def matcher(k: str, v: str) -> str:
+        if v.startswith("!"):
+            return f'{k}!="{v[1:]}"'
+        return f'{k}=~"{v[1:]}"' if v.startswith("~") else f'{k}="{v}"'
+
+    return "{" + ",".join(matcher(k, v) for k, v in labels.items()) + "}" if labels else ""
 
 
 def agent_scoped(metric: str, selector: str) -> str:
-    """``selector`` with the agent variable's matcher added when ``metric`` carries the agent name."""
+    """``selector`` with the variables' matchers added: the agent's when ``metric`` carries the agent
+    name, the policy's when it carries the policy's (unless ``selector`` matches the policy itself)."""
     base = re.sub(r"_(total|bucket|sum|count)$", "", metric)
-    if base not in AGENT_SCOPED:
-        return selector
-    matcher = f'{AGENT}=~"${AGENT_VARIABLE}"'
-    return "{" + (selector[1:-1] + "," if selector else "") + matcher + "}"
+    matchers = [selector[1:-1]] if selector else []
+    if base in POLICY_SCOPED and f"{POLICY}=" not in selector and f"{POLICY}!" not in selector:
+        matchers.append(f'{POLICY}=~"${POLICY_VARIABLE}"')
+    if base in AGENT_SCOPED:
+        matchers.append(f'{AGENT}=~"${AGENT_VARIABLE}"')
+    return "{" + ",".join(matchers) + "}" if matchers else ""
 
 
 def le_sel(edge: float, **labels: str) -> str:
@@ -297,10 +319,16 @@ def _base(uid: str, title: str, description: str, tags: Sequence[str]) -> Dashbo
         .query(f"label_values({TURNS}, {AGENT})").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True).include_all(True).all_value(".*").sort(VariableSort.ALPHABETICAL_ASC)
     )
+    policies = (
+        QueryVariable(POLICY_VARIABLE).label("Policy").datasource(DATASOURCE)
+        .query(f"label_values({TURNS}, {POLICY})").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True).include_all(True).all_value(".*").sort(VariableSort.ALPHABETICAL_ASC)
+    )
     return (
         Dashboard(title).uid(uid).description(description).tags(list(tags)).readonly()
         .time("now-24h", "now").refresh("1m").timezone("browser")
         .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(policies)
         .with_variable(agents)
         .annotation(policy_changes())
     )
@@ -465,6 +493,50 @@ def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
     return targets
 
 
+def _late_buckets(cap: CapSettings, above: int) -> str:
+    """A regex of the results counter's call buckets (``turnguard.turn.tool_calls_bucket``) past ``above``."""
+    edges = buckets.tool_call_edges(GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier,
+                                                stuck_repeat_threshold=cap.stuck_repeat_threshold))
+    return "~(" + "|".join([*(f"{e:g}" for e in edges if e > above), "\\\\+Inf"]) + ")"
+
+
+def _passed_targets(cap: CapSettings, *, resolved: bool) -> list[Dataquery]:
+    """Per k: probe turns that made more than k×S calls, or those of them whose task was resolved
+    (reported before the turn ended, on the turn's histogram, or after it, on the results counter)."""
+    probe = {COHORT: "probe", POLICY: PROBE_POLICY}
+    targets = []
+    for i, k in enumerate(BACKSTOP_MULTIPLES):
+        edge = k * cap.soft_cap
+        if not resolved:
+            expr = f"{total(TURNS, sel(**probe))} - {total(f'{TOOL_CALLS}_bucket', le_sel(edge, **probe))}"
+        else:
+            done = {**probe, RESOLVED: "true"}
+            late = {**done, RESULT_STATUS: "accepted", CALLS_BUCKET: _late_buckets(cap, edge)}
+            expr = (f"({total(TURNS, sel(**done))} - {total(f'{TOOL_CALLS}_bucket', le_sel(edge, **done))} "
+                    f"or vector(0)) + ({total(RESULTS, sel(**late))} or vector(0))")
+        targets.append(query(expr, f"past {k}×S ({edge} calls)", chr(ord("A") + i)))
+    return targets
+
+
+def probe_panels(cap: CapSettings) -> list[object]:
+    """The probe cohort (``tg.Probe``): turns guarded by a more lenient configuration, so what happens
+    past the live thresholds is seen. Counts, never a bare share."""
+    continued = sel(**{ANSWER: "continue"})
+    return [
+        bars(41, "Probe turns past k×S",
+             f"Probe-cohort turns that made more than k×S calls (S = {cap.soft_cap}); the live backstop "
+             f"(S×{cap.hard_multiplier:g}) would have halted every turn past it.",
+             _passed_targets(cap, resolved=False), width=9),
+        bars(42, "Probe turns past k×S that were resolved",
+             "Of the probe turns past k×S, those whose task succeeded (turn.report_result / "
+             "guard.report_result): productive turns a backstop at k×S would have killed.",
+             _passed_targets(cap, resolved=True), width=9),
+        bars(43, "Attended \"continue\" answers, by threshold",
+             "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
+             "people saw.", [query(total(ANSWERS, continued, by=(THRESHOLD,)), legend(THRESHOLD))], width=6),
+    ]
+
+
 def shadow_policy_panels(cap: CapSettings) -> list[object]:
     """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``): what each shadow policy
     (``GuardConfig.shadow``, evaluated on live traffic without acting) would have done, next to
@@ -506,12 +578,13 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     s, h, d = cap.soft_cap, cap.hard_cap, cap.stuck_repeat_threshold
     adaptive = {CAP_MODE: "adaptive"}
     not_stuck = {CAP_MODE: "adaptive", STUCK: "false"}
+    ended = {**adaptive, OUTCOME: "!halted"}
     backstop = sel(**{THRESHOLD: LoopThreshold.HARD_BACKSTOP})
     first_stuck_mean = (
         f"{total(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {total(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
     )
     quantiles = [
-        query(f"histogram_quantile({q}, {total(f'{TOOL_CALLS}_bucket', sel(**adaptive), ('le',), '$__rate_interval')})",
+        query(f"histogram_quantile({q}, {total(f'{TOOL_CALLS}_bucket', sel(**ended), ('le',), '$__rate_interval')})",
               f"p{round(q * 100)}", chr(ord("A") + i), instant=False)
         for i, q in enumerate((0.5, 0.9, 0.99))
     ]
@@ -533,7 +606,9 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                                "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
         )
         .with_panel(over_time(3, "Tool calls per turn: percentiles vs S and the backstop",
-                              f"Dashed lines: the soft cap S = {s} (orange) and the backstop {h} (red).",
+                              "Turns that were not halted (a halted turn ends at its threshold, so a few runaways "
+                              f"would put p99 on the backstop). Dashed lines: the soft cap S = {s} (orange) and the "
+                              f"backstop {h} (red).",
                               quantiles, unit="short", marks=((s, "orange"), (h, "red"))).max(h * 1.1))
         .with_panel(bars(4, "Turns by tool-call band", "Turns ended, by how many tool calls they made, in bands of S.",
                          _band_targets(cap, **adaptive), width=24, height=7))
@@ -573,6 +648,9 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                          "or above it; runaways the backstop ended never repeat enough to be flagged.",
                          _repeat_targets(cap), width=24, height=10))
     )
+    board = board.with_row(Row("Probe cohort: what happens past the live thresholds").id(40))
+    for panel in probe_panels(cap):
+        board = board.with_panel(panel)
     board = board.with_row(Row("Shadow policies").id(SHADOW_PANEL_IDS[0]))
     for panel in shadow_policy_panels(cap):
         board = board.with_panel(panel)

@@ -47,7 +47,7 @@ PANEL_IDS = {
             42: "timeseries", 50: "row", 51: "stat", 52: "timeseries", 53: "timeseries", 54: "timeseries"},
     THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
                  13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",
-                 26: "bargauge", 30: "row", 31: "bargauge",
+                 26: "bargauge", 30: "row", 31: "bargauge", 40: "row", 41: "bargauge", 42: "bargauge", 43: "bargauge",
                  100: "row", 101: "bargauge", 102: "bargauge", 103: "bargauge", 104: "bargauge", 105: "timeseries"},
 }
 """The stable panel ids (links and annotations point at them): renumbering is a breaking change."""
@@ -157,8 +157,9 @@ def stable_panel_ids_rule(board):
 COUNTED = re.compile(r"increase\((\w+(?:\{[^}]*\})?)\[(\$__\w+)\]\)")
 AGENT_MATCHER = '=~"$agent"'
 AGENT_SCOPED = re.compile(r"\b(turnguard_(?:turn_tool_calls|turn_max_key_repeat|turn_first_stuck_call|loop_detections|"
-                          r"escalation_answers|shadow_detections|shadow_turn_tool_calls)(?:_total|_bucket|_sum|_count)?)"
-                          r"(\{[^}]*\})?")
+                          r"escalation_answers|shadow_detections|shadow_turn_tool_calls|turn_results)(?:_total|_bucket|_sum|_count)?)"
+                          r"(?![\w=!])(\{[^}]*\})?")
+"""A metric name, not the label ``turnguard_turn_tool_calls_bucket`` (the results counter's) that spells the same."""
 SCHEMA_VERSION = 42
 EXPORT_INTERVAL_S = 60
 """The SDK's default metric export interval (test_dashboards_provisioning checks it against the SDK)."""
@@ -186,6 +187,26 @@ def agent_variable_rule(board):
         for metric, selector in AGENT_SCOPED.findall(q.expr):
             if AGENT_MATCHER not in (selector or ""):
                 problems.append(f"panel {q.panel_id} {q.ref_id}: {metric} ignores the agent variable")
+    return problems
+
+
+POLICY_SCOPED = re.compile(r"\b(turnguard_\w+)(?:(\{[^}]*\})|(?=\[))")
+"""Every turnguard metric carries ``turnguard_policy`` (DESIGN section 8)."""
+POLICY_MATCHERS = ('turnguard_policy=~"$policy"', 'turnguard_policy=~"($policy)(-probe)?"')
+
+
+def policy_variable_rule(board):
+    """One policy's series at a time: a threshold change under a new name is a new series, not a mix."""
+    problems = []
+    variable = [v for v in board["templating"]["list"] if v.get("name") == "policy"]
+    if not variable or variable[0].get("includeAll") is not True or variable[0].get("allValue") != ".*":
+        problems.append("no multi-value policy variable with All = .*")
+    elif "turnguard_policy" not in json.dumps(variable[0].get("query")):
+        problems.append("the policy variable does not list turnguard_policy values")
+    for q in queries.panel_queries(board):
+        for metric, selector in POLICY_SCOPED.findall(q.expr):
+            if not any(m in (selector or "") for m in POLICY_MATCHERS):
+                problems.append(f"panel {q.panel_id} {q.ref_id}: {metric} ignores the policy variable")
     return problems
 
 
@@ -222,6 +243,7 @@ RULES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "stable-panel-ids": stable_panel_ids_rule,
     "count-from-zero": count_from_zero_rule,
     "agent-variable": agent_variable_rule,
+    "policy-variable": policy_variable_rule,
     "current-schema": current_schema_rule,
     "exemplars-and-annotations": exemplars_and_annotations_rule,
 }
@@ -329,6 +351,15 @@ def _unscoped_agent(board):
     target["expr"] = re.sub(r',?gen_ai_agent_name=~"\$agent"', "", target["expr"])
 
 
+def _unscoped_policy(board):
+    target = _first_content(board)["targets"][0]
+    target["expr"] = re.sub(r',?turnguard_policy=~"\$policy"', "", target["expr"])
+
+
+def _policy_variable_dropped(board):
+    board["templating"]["list"] = [v for v in board["templating"]["list"] if v["name"] != "policy"]
+
+
 def _old_schema(board):
     board["schemaVersion"] = 39
 
@@ -353,6 +384,7 @@ BREAKAGES = {
     "stable-panel-ids": _duplicate_id,
     "count-from-zero": _plain_increase,
     "agent-variable": _unscoped_agent,
+    "policy-variable": _unscoped_policy,
     "current-schema": _old_schema,
     "exemplars-and-annotations": _no_exemplars,
 }
@@ -361,6 +393,7 @@ MORE_BREAKAGES = {
     "target-rate-interval-rule": _rate_over_range,
     "stable-panel-ids": _renumber,
     "current-schema": _interval_noise,
+    "policy-variable": _policy_variable_dropped,
 }
 
 

@@ -46,6 +46,7 @@ prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
 prometheus_client = optional_dependency("prometheus_client")
 
 from dashboards import build, fleet, queries  # noqa: E402
+from dashboards import probe_fleet as pf  # noqa: E402
 
 import turnguard as tg  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
@@ -81,7 +82,8 @@ class Window:
 class FleetRun:
     route: str
     prometheus: chain.Prometheus
-    tally: fleet.Tally
+    tally: Any
+    """The fleet's ``fleet.Tally`` (the probe fleet's ``ProbeTruth``)."""
     window: Window
     config: tg.GuardConfig
     draw_interval_s: float
@@ -169,7 +171,7 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet
     return FleetRun("pull-prometheus2", prometheus, tally, Window(start, end), _config(), 4 * SCRAPE_INTERVAL_S)
 
 
-def _push(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet.Tally], *, prometheus3: bool,
+def _push(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], Any], *, prometheus3: bool,
           collector: bool) -> FleetRun:
     binary = chain.prometheus3() if prometheus3 else chain.prometheus2()
     flags = ["--web.enable-otlp-receiver"] if prometheus3 and not collector else []
@@ -347,6 +349,7 @@ def histogram_quantile(q: float, cumulative: Expected) -> float:
 
 
 ADAPTIVE = {build.CAP_MODE: "adaptive"}
+NOT_HALTED = {**ADAPTIVE, build.OUTCOME: "!halted"}
 NOT_STUCK = {build.CAP_MODE: "adaptive", build.STUCK: "false"}
 BACKSTOP = {build.THRESHOLD: "hard_backstop"}
 
@@ -367,7 +370,13 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
 
     def quantile(q: float) -> Callable[[Truth], Expected]:
         return lambda t: scalar(histogram_quantile(q, t.cumulative(buckets.tool_call_edges(t.config),
-                                                                   lambda s: s.tool_calls, **ADAPTIVE)))
+                                                                   lambda s: s.tool_calls, **NOT_HALTED)))
+
+    def passed(k: int, *, resolved: bool) -> Callable[[Truth], Expected]:
+        def count(t: Truth) -> Expected:
+            past = [s for _, s in t.turns if s.cohort == "probe" and s.tool_calls > k * cap.soft_cap]
+            return scalar(sum(1 for s in past if s.resolved)) if resolved else ({key(): len(past)} if past else {})
+        return count
 
     def first_stuck_mean(t: Truth) -> Expected:
         calls: Counter[Key] = Counter()
@@ -424,6 +433,9 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
         (T, 24, "A"): lambda t: scalar(t.count_turns(lambda s: s.first_stuck_call > 0, **BACKSTOP)),
         (T, 25, "A"): backstop_flagged_savings,
         (T, 26, "A"): first_stuck_mean,
+        **{(T, 41, ref(i)): passed(k, resolved=False) for i, k in enumerate(build.BACKSTOP_MULTIPLES)},
+        **{(T, 42, ref(i)): passed(k, resolved=True) for i, k in enumerate(build.BACKSTOP_MULTIPLES)},
+        (T, 43, "A"): lambda t: group(t.answers_of("continue"), (build.THRESHOLD,)),
         # shadow policies: the live policy's figures (A) next to each shadow's (B), from the guard's own hooks
         (T, 101, "A"): lambda t: group(halted_rows(t.turns), (build.THRESHOLD,)),
         (T, 101, "B"): lambda t: group(halted_rows(t.shadow_turns), (*policy, build.THRESHOLD)),
@@ -533,7 +545,8 @@ def _grafana_values(window: Window, rate_interval_ms: int | None = None) -> dict
     default, rate and heatmap windows as long as it)."""
     ms = window.ms if rate_interval_ms is None else rate_interval_ms
     return {"__range": f"{window.ms}ms", "__rate_interval": f"{ms}ms", "__rate_interval_ms": str(ms),
-            "__interval": f"{ms}ms", "datasource": "prometheus", build.AGENT_VARIABLE: ".*"}
+            "__interval": f"{ms}ms", "datasource": "prometheus", build.AGENT_VARIABLE: ".*",
+            build.POLICY_VARIABLE: ".*"}
 
 
 COLLECTOR_PANELS = {(H, p.build().id_val) for p in build.collector_panels()}
@@ -551,7 +564,8 @@ def _instant(fleet_run: FleetRun, expr: str, **values: str) -> dict[Key, float]:
 @pytest.mark.parametrize("panel_query", FLEET_QUERIES, ids=_id)
 def test_panel_query_returns_what_the_fleet_implies(fleet_run, panel_query):
     """Evaluated once over the whole fleet window (as a one-point panel would be): exact."""
-    allowed = {"__range", "__rate_interval", "__rate_interval_ms", "__interval", build.AGENT_VARIABLE}
+    allowed = {"__range", "__rate_interval", "__rate_interval_ms", "__interval", build.AGENT_VARIABLE,
+               build.POLICY_VARIABLE}
     assert queries.macros(panel_query.expr) <= allowed, panel_query.expr
     expected = EXPECTED[(panel_query.board_uid, panel_query.panel_id, panel_query.ref_id)](Truth(fleet_run))
     is_rate = "__rate_interval_ms" in panel_query.expr
@@ -618,3 +632,66 @@ def test_range_panel_draws_the_fleets_series(fleet_run, panel_query):
 
 _RATIO_PANELS = {H: (4, 6, 32), T: (3, 12, 13, 26, 102)}
 """Panels whose values are ratios, shares or quantiles (compared to float precision, not exactly)."""
+
+
+# -- the probe cohort: the worked example with known truth (dashboards/probe_fleet.py) -------------
+
+
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory) -> Iterable[FleetRun]:
+    """The probe fleet over OTLP through the shipped Collector into Prometheus 3 (every series born in
+    the window), its late results reported an hour later as a CI run would."""
+    workdir = tmp_path_factory.mktemp("probe-fleet")
+    with contextlib.ExitStack() as stack:
+        def run(provider: Any) -> pf.ProbeTruth:
+            return pf.run_probe_fleet(tg.Guard(pf.probe_config(disable_plugins=("recorder",)), environ={},
+                                               meter_provider=provider))
+
+        yield _push(stack, workdir, run, prometheus3=True, collector=True)
+
+
+PROBE_PANELS = [q for q in FLEET_QUERIES if (q.board_uid, q.panel_id) in {(T, 41), (T, 42), (T, 43)}]
+
+
+def _probe_truth(truth: pf.ProbeTruth, k: int, *, resolved: bool) -> int:
+    """Probe turns past k×S (those whose task was done: every call ran, and it was not a runaway)."""
+    past = [(kind, s) for kind, s in truth.summaries if s.cohort == "probe" and s.tool_calls > k * pf.SOFT_CAP]
+    return sum(1 for kind, s in past if not resolved or (kind is not pf.Work.RUNAWAY and s.reason != "halted"))
+
+
+def test_the_probe_fleet_has_turns_past_every_k_and_late_results(probe_run):
+    truth: pf.ProbeTruth = probe_run.tally
+    assert build.DEFAULTS.soft_cap == pf.SOFT_CAP
+    assert all(_probe_truth(truth, k, resolved=False) > 0 for k in build.BACKSTOP_MULTIPLES)
+    # 20x lets the long productive turns finish: resolved past 10x, none past 20x (runaways only)
+    assert _probe_truth(truth, 10, resolved=True) == truth.resolved[("probe", pf.Work.LONG)] > 0
+    assert _probe_truth(truth, 20, resolved=True) == 0
+    late = [s for _, s in truth.summaries if s.cohort == "probe" and s.resolved is None and s.tool_calls > 1000]
+    assert late, "no probe turn past 10x had its result reported after it ended"
+
+
+@pytest.mark.parametrize("panel_query", PROBE_PANELS, ids=_id)
+def test_probe_panel_counts_what_the_probe_fleet_did(probe_run, panel_query):
+    """Exact counts against the fleet's ProbeTruth, late results (the results counter) included."""
+    truth: pf.ProbeTruth = probe_run.tally
+    got = _instant(probe_run, panel_query.expr)
+    if panel_query.panel_id == 43:  # no probe-fleet turn is attended: nobody was asked
+        assert got == {}
+        return
+    k = build.BACKSTOP_MULTIPLES[ord(panel_query.ref_id) - ord("A")]
+    want = _probe_truth(truth, k, resolved=panel_query.panel_id == 42)
+    assert got == scalar(want), f"{_id(panel_query)} {panel_query.title!r}: got {got}, the fleet did {want}"
+
+
+def test_the_policy_variable_picks_a_policy_and_its_probe(probe_run):
+    """The fleet's policy picked: its probe turns (``default-probe``) stay on the probe panels and the
+    live-only panels drop them; another policy's name shows nothing."""
+    truth: pf.ProbeTruth = probe_run.tally
+    ten = next(q for q in PROBE_PANELS if (q.panel_id, q.ref_id) == (41, "D"))
+    policy = probe_run.config.name
+    assert _instant(probe_run, ten.expr, **{build.POLICY_VARIABLE: policy}) == scalar(
+        _probe_truth(truth, 10, resolved=False))
+    assert _instant(probe_run, ten.expr, **{build.POLICY_VARIABLE: "renamed"}) == {}
+    live = sum(v for (cohort, _), v in truth.turns.items() if cohort == "live")
+    assert _instant(probe_run, build.total(build.TURNS), **{build.POLICY_VARIABLE: policy}) == scalar(live)
+    assert _instant(probe_run, build.total(build.TURNS)) == scalar(sum(truth.turns.values()))
