@@ -145,7 +145,10 @@ def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tm
     try:
         telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
                                        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                                       "OTEL_SERVICE_NAME": "turnguard-chain", "OTEL_METRIC_EXPORT_INTERVAL": "600000"})
+                                       "OTEL_SERVICE_NAME": "turnguard-chain", "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+                                       # every span of the fleet fits the queue: a loaded machine may not
+                                       # export as fast as the fleet ends spans, and a full queue drops them
+                                       "OTEL_BSP_MAX_QUEUE_SIZE": "100000", "OTEL_BLRP_MAX_QUEUE_SIZE": "100000"})
         recorded = tmp_path / "turns.jsonl"
         config = tg.GuardConfig(load_entrypoints=False, recorder_path=str(recorded))
         with quiet_fleet():
