@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
@@ -16,7 +20,13 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults  # noqa:
 from pydantic_ai.usage import UsageLimits  # noqa: E402
 
 import turnguard as tg  # noqa: E402
-from turnguard.integrations.pydantic_ai import APPROVAL, TurnGuardCapability, TurnGuardHalted, approval_requests  # noqa: E402
+from turnguard.integrations.pydantic_ai import (  # noqa: E402
+    APPROVAL,
+    TurnGuardCapability,
+    TurnGuardHalted,
+    approval_requests,
+    turn_state,
+)
 
 NO_REQUEST_LIMIT = UsageLimits(request_limit=None)
 """pydantic-ai's own budget (50 requests) would stop a 150-call run first; turnguard is under test."""
@@ -350,3 +360,121 @@ def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ra
     agent = agent_with(one_batch("read_file", {"path": "a.py"}, 10), capability, ran, fail=True)
     agent.run_sync("read a.py")
     assert asked == [tg.Level.STOP]
+
+
+# -- a turn that survives the process: deferred tool calls, message history and turn_state ------
+
+RESUMABLE_RUN = '''
+import json, sys
+from pathlib import Path
+from pydantic_ai import Agent, ModelMessagesTypeAdapter, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
+import turnguard as tg
+from turnguard.integrations.pydantic_ai import APPROVAL, TurnGuardCapability, TurnGuardHalted, turn_state
+
+phase, folder, use_state = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "with-state"
+
+
+def respond(messages, info):
+    done = sum(1 for m in messages for p in getattr(m, "parts", ()) if p.part_kind == "tool-return")
+    if done < 20:
+        return ModelResponse(parts=[ToolCallPart("read_file", {"path": "a.py"}, tool_call_id=f"call-{done}")])
+    return ModelResponse(parts=[TextPart("done")])
+
+
+config = tg.GuardConfig(digest_key="shared-by-both-processes", max_tool_calls_per_turn=6,
+                        disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
+guard = tg.Guard(config, environ={})
+agent = Agent(FunctionModel(respond), capabilities=[TurnGuardCapability(guard, ask=APPROVAL)],
+              output_type=[str, DeferredToolRequests])
+ran = []
+
+
+@agent.tool_plain
+def read_file(path: str) -> str:
+    ran.append(path)
+    return "contents"
+
+
+if phase == "start":
+    result = agent.run_sync("poll a.py")
+    (folder / "messages.json").write_bytes(ModelMessagesTypeAdapter.dump_json(result.all_messages()))
+    (folder / "turn.json").write_text(json.dumps(turn_state(result)))
+    asked = [call.tool_call_id for call in result.output.approvals]
+    (folder / "asked.json").write_text(json.dumps(asked))
+    print(json.dumps({"ran": len(ran), "asked": asked}))
+else:
+    history = ModelMessagesTypeAdapter.validate_json((folder / "messages.json").read_bytes())
+    answer = phase == "approve"
+    results = DeferredToolResults(approvals={i: answer for i in json.loads((folder / "asked.json").read_text())})
+    state = json.loads((folder / "turn.json").read_text())
+    try:
+        out = agent.run_sync(message_history=history, deferred_tool_results=results,
+                             metadata={"turnguard": state} if use_state else None)
+        deferred = isinstance(out.output, DeferredToolRequests)
+        print(json.dumps({"ran": len(ran), "output": "deferred" if deferred else out.output}))
+    except TurnGuardHalted as stop:
+        print(json.dumps({"ran": len(ran), "halted": str(stop)}))
+'''
+
+
+@pytest.fixture
+def two_processes(tmp_path):
+    """Runs a phase of ``RESUMABLE_RUN`` in a fresh Python process; the state lives in ``tmp_path``."""
+    program = tmp_path / "agent.py"
+    program.write_text(RESUMABLE_RUN, encoding="utf-8")
+
+    def run_phase(phase: str, state: str = "with-state") -> dict:
+        done = subprocess.run(
+            [sys.executable, str(program), phase, str(tmp_path), state], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run_phase
+
+
+def test_a_deferred_turn_goes_on_in_a_fresh_process_from_the_message_history_and_turn_state(two_processes):
+    """Process 1 runs 4 calls; the 5th identical one is deferred for approval. Process 2 restores
+    the message history and the turn's state, approves: the turn still holds the first 5 calls, so
+    the explicit cap of 6 stops the turn's 7th call after 2 more."""
+    first = two_processes("start")
+    assert first == {"ran": 4, "asked": ["call-4"]}
+    second = two_processes("approve")
+    assert second["ran"] == 2  # call 4 (approved) and call 5
+    assert "threshold explicit (stop, limit 6); 7 tool calls" in second["halted"]
+
+
+def test_without_the_turn_state_the_resumed_run_starts_a_new_turn(two_processes):
+    """The control: the same resume without ``turn_state`` counts from zero, so the cap of 6 never
+    stops it (the new turn's own streak asks again at its 5th call)."""
+    two_processes("start")
+    second = two_processes("approve", "without-state")
+    assert second == {"ran": 4, "output": "deferred"}
+
+
+def test_a_denial_in_a_fresh_process_stops_the_resumed_turn_as_the_users_answer(two_processes):
+    two_processes("start")
+    second = two_processes("deny")
+    assert second == {"ran": 0, "halted": second["halted"]} and "stopped by the user" in second["halted"]
+
+
+def test_a_turn_state_from_a_guard_with_another_digest_key_is_refused(ran):
+    first_guard = tg.Guard(tg.GuardConfig(digest_key="one"))
+    calls = [("read_file", {"path": "a.py"})] * 7
+    agent = agent_with(scripted(calls), TurnGuardCapability(first_guard, ask=APPROVAL), ran, fail=False,
+                       output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("poll a.py")
+    state = turn_state(first)
+    assert state is not None and json.loads(json.dumps(state)) == state
+    other = agent_with(scripted(calls), TurnGuardCapability(tg.Guard(tg.GuardConfig(digest_key="two")), ask=APPROVAL),
+                       [], fail=False, output_type=[str, DeferredToolRequests])
+    with pytest.raises(tg.SnapshotError, match="digest key"):
+        other.run_sync(message_history=first.all_messages(), metadata={"turnguard": state},
+                       deferred_tool_results=first.output.build_results(approve_all=True))
+
+
+def test_turn_state_is_none_when_turnguard_asked_nothing(ran):
+    agent = agent_with(scripted([("read_file", {"path": "a.py"})]), TurnGuardCapability(tg.Guard()), ran, fail=False)
+    assert turn_state(agent.run_sync("read a.py")) is None

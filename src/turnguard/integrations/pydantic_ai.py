@@ -15,6 +15,12 @@ tool approval when ``ask="approval"``: the call raises ``ApprovalRequired`` (met
 ``"turnguard"``), so a ``HandleDeferredToolCalls`` capability or a ``DeferredToolRequests`` output
 reaches the user; approving the call answers "continue", denying it answers "stop". With a
 callable ``ask`` the callback answers inline. ``promptable`` defaults to whether ``ask`` is set.
+
+A run ended by a ``DeferredToolRequests`` output can resume in another process: store
+``turn_state(result)`` (the turn's snapshot, JSON) beside ``result.all_messages()`` and pass it back
+as run metadata, ``agent.run(message_history=..., deferred_tool_results=...,
+metadata={"turnguard": state})``: the resumed run continues the same turn (both guards need the
+same ``GuardConfig(digest_key=...)``).
 A REMIND (``GuardConfig(remind_model=True)``) is appended to the call's text result.
 """
 
@@ -41,10 +47,16 @@ from turnguard.integrations._common import (
     with_reminder,
 )
 from turnguard.model import Outcome, ToolCall, Verdict
+from turnguard.snapshot import SnapshotError
+from turnguard.snapshot import pending as pending_verdict
 
 APPROVAL = "approval"
 """``ask=APPROVAL``: reach the user through pydantic-ai's deferred tool approval."""
 METADATA_KEY = "turnguard"
+"""The key of turnguard's entry in a deferred call's metadata and in a resumed run's metadata."""
+STATE_KEY = "turn"
+"""A deferred call's ``metadata["turnguard"]["turn"]``: the turn's snapshot (``turn_state``)."""
+ASKED_KEY = "pydantic_ai"
 MAX_PARKED = 1024
 
 
@@ -100,6 +112,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
             self._parked.update(self._pending)
             for stale in list(self._parked)[:-MAX_PARKED]:
                 del self._parked[stale]
+            self._attach_state(driver, result.output)
             driver.turn.end("deferred")
         else:
             driver.end()
@@ -160,6 +173,10 @@ class TurnGuardCapability(AbstractCapability[Any]):
 
     def _open(self, ctx: Any) -> RunDriver:
         if self._driver is None:
+            state = (getattr(ctx, "metadata", None) or {}).get(METADATA_KEY)
+            if state is not None:
+                self._driver = self._resumed(state)
+                return self._driver
             agent = getattr(ctx, "agent", None)
             self._driver = open_turn(
                 self.guard,
@@ -169,6 +186,32 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 agent_name=getattr(agent, "name", None),
             )
         return self._driver
+
+    def _resumed(self, state: Any) -> RunDriver:
+        """The driver of a turn another run left deferred (``turn_state``), its questions pending again."""
+        if not isinstance(state, dict):
+            kind = type(state).__name__
+            raise SnapshotError(f"run metadata {METADATA_KEY!r} must be a turn_state() dict, got {kind}")
+        driver = RunDriver(self.guard.resume(state), ask=None if isinstance(self.ask, str) else self.ask)
+        verdict = pending_verdict(state)
+        asked = (state.get(ASKED_KEY) or {}).get("asked") or {}
+        if verdict is not None and isinstance(asked, dict):
+            for call_id, name in asked.items():
+                # Already counted before it was asked about: the answer resolves it, its outcome follows.
+                self._pending[call_id] = _Pending(verdict, ToolCall(name, None, call_id), driver)
+        return driver
+
+    def _attach_state(self, driver: RunDriver, requests: DeferredToolRequests) -> None:
+        """Put the turn's snapshot on each call turnguard asked about, for ``turn_state``."""
+        asked = {call_id: p.call.name for call_id, p in self._pending.items() if p.driver is driver}
+        if not asked:
+            return
+        verdict = next(p.verdict for p in self._pending.values() if p.driver is driver)
+        state = driver.turn.snapshot(pending=verdict)
+        state[ASKED_KEY] = {"asked": asked}
+        for call_id in asked:
+            entry = requests.metadata.setdefault(call_id, {}).setdefault(METADATA_KEY, {})
+            entry[STATE_KEY] = state
 
     async def _outcome(
         self, driver: RunDriver, call: ToolCall, outcome: Outcome, cause: Exception | None = None
@@ -192,6 +235,20 @@ def _answered_ids(ctx: Any, parked: dict[str, _Pending]) -> list[str]:
             if getattr(part, "part_kind", None) == "tool-return" and part.tool_call_id in parked:
                 found.append(part.tool_call_id)
     return found
+
+
+def turn_state(result: Any) -> dict[str, Any] | None:
+    """The JSON state of the turn a deferred run left open (``Turn.snapshot()`` with the calls
+    turnguard asked about), for ``metadata={"turnguard": state}`` on the resumed run; ``None`` when
+    turnguard asked nothing."""
+    requests = getattr(result, "output", result)
+    if not isinstance(requests, DeferredToolRequests):
+        return None
+    for entry in requests.metadata.values():
+        state = (entry or {}).get(METADATA_KEY, {}).get(STATE_KEY)
+        if state is not None:
+            return state
+    return None
 
 
 def approval_requests(requests: DeferredToolRequests) -> Sequence[Any]:
