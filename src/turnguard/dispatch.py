@@ -169,7 +169,16 @@ class Dispatcher:
         """Call each implementation as ``fn(turn, *args)`` in isolation and ``combine`` what they
         returned: (the winner or ``None``, every event). ``report``: the turn to name in
         ``turnguard_plugin_error`` (``None``: failures are only logged). Callers on the hot path
-        (``Turn.check_call``) inline this loop and call ``combine`` themselves."""
+        (``Turn.check_call``) inline ``collect`` and call ``combine`` themselves."""
+        found = self.collect(hook, impls, args, report)
+        if found is None:
+            return None, []
+        return self.combine(hook, found, ledger, report)
+
+    def collect(self, hook: str, impls: Bound, args: tuple[Any, ...],
+                report: LedgerView | None = None) -> list[tuple[str, Any]] | None:
+        """Call each implementation as ``fn(turn, *args)`` in isolation: the (plugin name, answer)
+        pairs that were not ``None``, in hook order, or ``None`` when every one was."""
         found = None
         for name, fn, turn in impls:
             try:
@@ -180,9 +189,7 @@ class Dispatcher:
                 verdict = self.failed(name, hook, exc, report)
             if verdict is not None:
                 found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-        if found is None:
-            return None, []
-        return self.combine(hook, found, ledger, report)
+        return found
 
     def combine(self, hook: str, found: list[tuple[str, Any]], ledger: Ledger,
                 report: LedgerView | None = None) -> tuple[Verdict | None, list[LoopDetectedEvent]]:

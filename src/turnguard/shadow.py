@@ -46,7 +46,7 @@ from typing import Any
 import pluggy
 
 from turnguard.config import GuardConfig
-from turnguard.dispatch import PASSTHROUGH, Bound, Dispatcher, Observer, observer_impls
+from turnguard.dispatch import PASSTHROUGH, Dispatcher, Observer, observer_impls
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer
 from turnguard.ledger import Ledger, LedgerView
@@ -169,7 +169,7 @@ class ShadowPlugin:
         try:
             for run, ledger, *_ in state.active:
                 ledger.begin_cycle()
-                found = _collect(run, run.checks.cycle, "turnguard_check_cycle", ())
+                found = run.policy.dispatcher.collect("turnguard_check_cycle", run.checks.cycle, ())
                 if found:
                     _decided(run, "turnguard_check_cycle", found, state)
         except PASSTHROUGH:
@@ -194,7 +194,7 @@ class ShadowPlugin:
             for run, _, own_digest, count, checks, _, _ in state.active:
                 count(digest if own_digest is None else own_digest(call), name)
                 found = None
-                for plugin, fn, arg in checks:
+                for plugin, fn, arg in checks:  # Dispatcher.collect, inlined: this runs on every call
                     try:
                         verdict = fn(arg, call)
                     except PASSTHROUGH:
@@ -226,7 +226,7 @@ class ShadowPlugin:
             for run, _, _, _, _, record, checks in state.active:
                 record(seq, outcome)
                 found = None
-                for plugin, fn, arg in checks:
+                for plugin, fn, arg in checks:  # Dispatcher.collect, inlined
                     try:
                         verdict = fn(arg, call, outcome)
                     except PASSTHROUGH:
@@ -283,21 +283,6 @@ class ShadowPlugin:
         found, state.found = state.found, []
         for name, event in found:
             _call_each(state.detected, turn=turn, policy=name, event=event)
-
-
-def _collect(run: ShadowRun, impls: Bound, hook: str, args: tuple[Any, ...]) -> list[tuple[str, Any]] | None:
-    """A shadow's policies on a model request (the per-call hooks inline this loop)."""
-    found = None
-    for plugin, fn, arg in impls:
-        try:
-            verdict = fn(arg, *args)
-        except PASSTHROUGH:
-            raise
-        except BaseException as exc:  # a shadow never acts, not even by failing
-            verdict = run.policy.dispatcher.failed(plugin, hook, exc)
-        if verdict is not None:
-            found = [(plugin, verdict)] if found is None else [*found, (plugin, verdict)]
-    return found
 
 
 def _decided(run: ShadowRun, hook: str, found: list[tuple[str, Any]], state: TurnShadows) -> None:

@@ -37,10 +37,11 @@ import atexit
 import dataclasses
 import importlib.util
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -392,16 +393,8 @@ def _flag(env: Mapping[str, str], var: str) -> bool:
 
 def _count(env: Mapping[str, str], var: str) -> int | None:
     """A positive whole number of items (a queue or batch size), or ``None`` when unset."""
-    text = env.get(var, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise TelemetryConfigError(f"{var}={text!r}: expected a positive integer")
-    return value
+    value = _number(env, var, int, 1, math.inf, "a positive integer")
+    return None if value is None else int(value)
 
 
 MAX_MS = 24 * 3600 * 1000
@@ -411,16 +404,23 @@ is a ``TelemetryConfigError``, not an overflow in a timer."""
 
 def _ms(env: Mapping[str, str], var: str, default: int | None) -> int | None:
     """A whole number of milliseconds from 0 to ``MAX_MS`` (a fraction is cut), or ``default``."""
+    value = _number(env, var, float, 0, MAX_MS, f"a number of milliseconds from 0 to {MAX_MS}")
+    return default if value is None else int(value)
+
+
+def _number(env: Mapping[str, str], var: str, parse: Callable[[str], float], low: float, high: float,
+            expected: str) -> float | None:
+    """``var`` parsed and within ``[low, high]`` (``nan`` is not), ``None`` when unset or blank."""
     text = env.get(var, "").strip()
     if not text:
-        return default
+        return None
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        raise TelemetryConfigError(f"{var}={text!r}: expected a number of milliseconds") from None
-    if not 0 <= value <= MAX_MS:  # nan compares false
-        raise TelemetryConfigError(f"{var}={text!r}: expected a number of milliseconds from 0 to {MAX_MS}")
-    return int(value)
+        raise TelemetryConfigError(f"{var}={text!r}: expected {expected}") from None
+    if not low <= value <= high:  # nan compares false
+        raise TelemetryConfigError(f"{var}={text!r}: expected {expected}")
+    return value
 
 
 def _pairs(text: str, var: str) -> dict[str, str]:
