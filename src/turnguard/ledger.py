@@ -83,6 +83,12 @@ _FACTS = (
 """The scalar facts ``Ledger.fork`` copies (the dicts and the set are copied separately)."""
 
 
+def _field(attr: str, doc: str | None = None) -> Any:
+    """A read-only fact: a property whose getter is ``operator.attrgetter(attr)`` (C-level; the
+    policies read these on every call)."""
+    return property(operator.attrgetter(attr), doc=doc)
+
+
 class Ledger:
     """What has happened in one turn. Mutated only by the guard, under the turn's lock."""
 
@@ -185,112 +191,74 @@ class Ledger:
 
     # -- read-only facts -----------------------------------------------------------------------
 
+    config: GuardConfig = _field("_config")
 
-    @property
-    def config(self) -> GuardConfig:
-        return self._config
+    turn_id: str = _field("_turn_id")
 
-    @property
-    def turn_id(self) -> str:
-        return self._turn_id
+    cohort: str = _field(
+        "_cohort", "``live``, or ``probe`` when the probe configuration guards the turn (``tg.Probe``)."
+    )
 
-    @property
-    def cohort(self) -> str:
-        """``live``, or ``probe`` when the probe configuration guards the turn (``tg.Probe``)."""
-        return self._cohort
+    conversation_id: str | None = _field("_conversation_id")
 
-    @property
-    def conversation_id(self) -> str | None:
-        return self._conversation_id
+    agent_name: str | None = _field("_agent_name")
 
-    @property
-    def agent_name(self) -> str | None:
-        return self._agent_name
+    promptable: bool = _field(
+        "_promptable", "Whether a person is watching (attended): detections reach the user rather than halt."
+    )
 
-    @property
-    def promptable(self) -> bool:
-        """Whether a person is watching (attended): detections reach the user rather than halt."""
-        return self._promptable
+    cap_mode: str = _field("_cap_mode", "``explicit``, ``adaptive`` or ``disabled``.")
 
-    @property
-    def cap_mode(self) -> str:
-        """``explicit``, ``adaptive`` or ``disabled``."""
-        return self._cap_mode
+    soft_cap: int | None = _field("_soft_cap", "S under the adaptive cap, else ``None``.")
 
-    @property
-    def soft_cap(self) -> int | None:
-        """S under the adaptive cap, else ``None``."""
-        return self._soft_cap
+    hard_cap: int | None = _field(
+        "_hard_cap", "N (explicit) or S * m (adaptive): past it the turn halts whatever it does."
+    )
 
-    @property
-    def hard_cap(self) -> int | None:
-        """N (explicit) or S * m (adaptive): past it the turn halts whatever it does."""
-        return self._hard_cap
+    started_at: float = _field("_started_at")
 
-    @property
-    def started_at(self) -> float:
-        return self._started_at
+    tool_calls: int = _field("_tool_calls", "Calls checked in the turn, including the current one.")
 
-    @property
-    def tool_calls(self) -> int:
-        """Calls checked in the turn, including the current one."""
-        return self._tool_calls
-
-    @property
-    def cycles(self) -> int:
-        """Model requests begun in the turn (a re-sent request counts again)."""
-        return self._cycles
+    cycles: int = _field("_cycles", "Model requests begun in the turn (a re-sent request counts again).")
 
     @property
     def calls_this_cycle(self) -> int:
         return self._tool_calls - self._cycle_start
 
-    @property
-    def cap_quiet_until(self) -> int | float:
-        """The cap cannot fire while ``tool_calls`` is at most this (N, S, or infinity if off)."""
-        return self._cap_quiet_until
+    cap_quiet_until: int | float = _field(
+        "_cap_quiet_until", "The cap cannot fire while ``tool_calls`` is at most this (N, S, or infinity if off)."
+    )
 
-    @property
-    def max_key_repeat(self) -> int:
-        """The largest number of times any one key has been seen in the turn."""
-        return self._max_repeat
+    max_key_repeat: int = _field("_max_repeat", "The largest number of times any one key has been seen in the turn.")
 
-    @property
-    def max_stale_repeat(self) -> int:
+    max_stale_repeat: int = _field(
+        "_max_stale",
         """The ``stale_repeat`` signal's count (0 unless that signal is configured): the largest
         number of times one key was seen with no never-seen-before key in between, so a re-run
-        after an edit (a new key) starts afresh while a loop of 1 to k calls keeps counting."""
-        return self._max_stale
+        after an edit (a new key) starts afresh while a loop of 1 to k calls keeps counting.""",
+    )
 
     @property
     def distinct_keys(self) -> int:
         return len(self._counts)
 
-    @property
-    def keys_overflowed(self) -> bool:
-        """True once a key went uncounted because ``max_tracked_keys`` was reached."""
-        return self._overflowed
+    keys_overflowed: bool = _field(
+        "_overflowed", "True once a key went uncounted because ``max_tracked_keys`` was reached."
+    )
 
-    @property
-    def streak_length(self) -> int:
-        """Consecutive checked calls with the current key."""
-        return self._streak
+    streak_length: int = _field("_streak", "Consecutive checked calls with the current key.")
 
-    @property
-    def failing_streak_length(self) -> int:
-        """Consecutive identical calls of the current streak whose outcome was ``ERROR``."""
-        return self._failing
+    failing_streak_length: int = _field(
+        "_failing", "Consecutive identical calls of the current streak whose outcome was ``ERROR``."
+    )
 
-    @property
-    def settled_streak_length(self) -> int:
+    settled_streak_length: int = _field(
+        "_settled",
         """Consecutive identical calls of the current streak whose outcome was anything but
-        ``DENIED`` (kept when ``streak_stop_on="any"``; 0 otherwise)."""
-        return self._settled
+        ``DENIED`` (kept when ``streak_stop_on="any"``; 0 otherwise).""",
+    )
 
-    @property
-    def checks(self) -> int:
-        """Calls checked in the turn, rolled back or not: the sequence number of the latest."""
-        return self._seq
+    checks: int = _field("_seq", "Calls checked in the turn, rolled back or not: the sequence number of the latest.")
 
     @property
     def awaiting_in_streak(self) -> int:
@@ -301,12 +269,12 @@ class Ledger:
         early = self._early
         return sum(1 for seq in range(self._next, self._seq) if seq not in early)
 
-    @property
-    def stop_count(self) -> int:
+    stop_count: int = _field(
+        "_stop_peak",
         """The stop level's count for the current streak (``failing_streak_length``, or with
         ``streak_stop_on="any"`` ``settled_streak_length``), the largest it has been in the
-        streak: it reaches ``streak_stop_at`` once per streak."""
-        return self._stop_peak
+        streak: it reaches ``streak_stop_at`` once per streak.""",
+    )
 
     def provisional_stop_count(self) -> int:
         """The stop level's count for the current streak if every earlier call of it still
@@ -319,27 +287,19 @@ class Ledger:
         """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
         return (str(threshold), str(level)) in self._fired
 
-    @property
-    def streak_digest(self) -> bytes | None:
-        return self._last_key
+    streak_digest: bytes | None = _field("_last_key")
 
-    @property
-    def last_tool_name(self) -> str | None:
-        return self._last_tool
+    last_tool_name: str | None = _field("_last_tool")
 
-    @property
-    def first_stuck_call(self) -> int:
+    first_stuck_call: int = _field(
+        "_first_stuck",
         """The call at which the configured stuck signal first reached ``stuck_repeat_threshold``
-        (0: never)."""
-        return self._first_stuck
+        (0: never).""",
+    )
 
-    @property
-    def detections(self) -> int:
-        return self._detections
+    detections: int = _field("_detections")
 
-    @property
-    def retries(self) -> int:
-        return self._retries
+    retries: int = _field("_retries")
 
     @property
     def stuck(self) -> bool:
