@@ -179,29 +179,31 @@ class TurnGuardPlugin(BasePlugin):
     async def after_tool_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, result: Any
     ) -> Any:
-        found = self._checked(tool_context)
-        if found is None:
-            return None
-        run, call, reminder = found
         failed = isinstance(result, dict) and "error" in result
-        await self._outcome(run, call, Outcome.ERROR if failed else Outcome.OK)
+        reminder = await self._settle(tool_context, Outcome.ERROR if failed else Outcome.OK)
         return _remind(result, reminder) if reminder else None
 
     async def on_tool_error_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, error: BaseException
     ) -> None:
+        await self._settle(tool_context, Outcome.ERROR, error)
+        return None  # the error goes on to the other plugins and, unhandled, ends the invocation
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _settle(self, tool_context: Any, outcome: Outcome, error: BaseException | None = None) -> str | None:
+        """Record the outcome of the call turnguard checked for this tool call (nothing if it checked
+        none) and return the REMIND text waiting for its result; a cancelled tool ends the run."""
         found = self._checked(tool_context)
         if found is None:
             return None
-        run, call, _ = found
+        run, call, reminder = found
         if isinstance(error, asyncio.CancelledError):
             run.driver.turn.record_outcome(call, Outcome.UNKNOWN)
             self._end(tool_context.invocation_id, error)
             return None
-        await self._outcome(run, call, Outcome.ERROR)
-        return None  # the error goes on to the other plugins and, unhandled, ends the invocation
-
-    # -- internals -----------------------------------------------------------------------------
+        await self._outcome(run, call, outcome)
+        return reminder
 
     def _checked(self, tool_context: Any) -> tuple[_Run, ToolCall, str | None] | None:
         """The run and the checked call this tool call's outcome belongs to, with the reminder
