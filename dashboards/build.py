@@ -137,6 +137,10 @@ RESOLVED = label(n.TURN_RESOLVED)
 RESULT_STATUS = label(n.RESULT_STATUS)
 CALLS_BUCKET = label(n.TURN_CALLS_BUCKET)
 RESULTS = counter(n.METRIC_TURN_RESULTS)
+MAIN_THRESHOLD = label(n.PROBE_MAIN_THRESHOLD)
+CALLS_PAST_MAIN = counter(n.METRIC_PROBE_CALLS_PAST_MAIN)
+FALSE_HALT_THRESHOLDS = (LoopThreshold.SOFT_STUCK, LoopThreshold.HARD_BACKSTOP)
+"""The live thresholds whose would-be halts on probe turns the false-halt panels count (refs A, B)."""
 AGENT_VARIABLE = "agent"
 POLICY_VARIABLE = "policy"
 POLICY_SCOPED = frozenset(label(metric) for metric, keys in n.METRIC_ATTRIBUTES.items() if n.POLICY in keys)
@@ -518,6 +522,29 @@ def _passed_targets(cap: CapSettings, *, resolved: bool) -> list[Dataquery]:
     return targets
 
 
+def _would_halt_targets(*, resolved: bool) -> list[Dataquery]:
+    """Per live threshold (``FALSE_HALT_THRESHOLDS``): probe turns the main configuration would have
+    halted there, or those of them whose task was resolved (before the turn ended, on the turn's
+    histogram, or after, on the results counter): the live thresholds' false halts."""
+    targets = []
+    for i, threshold in enumerate(FALSE_HALT_THRESHOLDS):
+        probe = {COHORT: "probe", POLICY: PROBE_POLICY, MAIN_THRESHOLD: threshold.value}
+        if not resolved:
+            expr = total(TURNS, sel(**probe))
+        else:
+            done = {**probe, RESOLVED: "true"}
+            late = {**done, RESULT_STATUS: "accepted"}
+            expr = f"({total(TURNS, sel(**done))} or vector(0)) + ({total(RESULTS, sel(**late))} or vector(0))"
+        targets.append(query(expr, threshold.value, chr(ord("A") + i)))
+    return targets
+
+
+def _calls_past_targets() -> list[Dataquery]:
+    """Per live threshold: the calls probe turns made past the main configuration's would-be halt."""
+    return [query(total(CALLS_PAST_MAIN, sel(**{POLICY: PROBE_POLICY, MAIN_THRESHOLD: threshold.value})),
+                  threshold.value, chr(ord("A") + i)) for i, threshold in enumerate(FALSE_HALT_THRESHOLDS)]
+
+
 def probe_panels(cap: CapSettings) -> list[object]:
     """The probe cohort (``tg.Probe``): turns guarded by a more lenient configuration, so what happens
     past the live thresholds is seen. Counts, never a bare share."""
@@ -534,6 +561,15 @@ def probe_panels(cap: CapSettings) -> list[object]:
         bars(43, "Attended \"continue\" answers, by threshold",
              "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
              "people saw.", [query(total(ANSWERS, continued, by=(THRESHOLD,)), legend(THRESHOLD))], width=6),
+        bars(44, "Probe turns the live thresholds would have halted",
+             "Probe turns the main configuration (running beside them as a shadow) would have halted, by "
+             "threshold (turnguard.probe.main_threshold).", _would_halt_targets(resolved=False), width=8),
+        bars(45, "...of them resolved (the live thresholds' false halts)",
+             "Of the probe turns the live thresholds would have halted, those whose task went on to succeed: "
+             "each one a productive turn the live policy kills.", _would_halt_targets(resolved=True), width=8),
+        bars(46, "Calls past the live thresholds (the cost of raising them)",
+             "Tool calls the probe turns made after the call the main configuration would have halted at, by "
+             "threshold: what raising that threshold would cost in calls.", _calls_past_targets(), width=8),
     ]
 
 

@@ -53,6 +53,10 @@ class ProbeTruth:
     resolved: Counter[tuple[str, Work]] = field(default_factory=Counter)
     calls: Counter[tuple[str, Work]] = field(default_factory=Counter)
     summaries: list[tuple[Work, tg.TurnSummary]] = field(default_factory=list)
+    main_halts: dict[str, tg.TurnSummary] = field(default_factory=dict)
+    """Per probe turn the main configuration would have halted (its id): that turn run alone under
+    the main configuration, so its ``threshold`` and ``tool_calls`` are where the live policy would
+    have stopped it (the oracle for the false-halt panels)."""
 
 
 def _calls(work: Work, rng: random.Random, tag: int) -> list[tg.ToolCall]:
@@ -76,6 +80,8 @@ def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = 3) 
     work += [Work.RUNAWAY] * mix.runaway
     rng.shuffle(work)
     truth = ProbeTruth()
+    main = tg.Guard(guard.config.replace(probe=None, recorder_path=None, disable_plugins=("otel", "recorder")),
+                    environ={})
     late: list[tuple[str, bool]] = []
     for i, kind in enumerate(work):
         calls = _calls(kind, rng, i)
@@ -91,6 +97,11 @@ def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = 3) 
         truth.resolved[key] += done
         truth.calls[key] += turn.summary.tool_calls
         truth.summaries.append((kind, turn.summary))
+        if turn.summary.cohort == "probe":
+            alone = main.turn(turn_id=turn.turn_id, agent_name="coder")
+            _drive(alone, calls)
+            if alone.end().halted:
+                truth.main_halts[turn.turn_id] = alone.summary
     for turn_id, done in late:
         guard.report_result(turn_id, done)
     return truth

@@ -48,6 +48,7 @@ PANEL_IDS = {
     THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
                  13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",
                  26: "bargauge", 30: "row", 31: "bargauge", 40: "row", 41: "bargauge", 42: "bargauge", 43: "bargauge",
+                 44: "bargauge", 45: "bargauge", 46: "bargauge",
                  100: "row", 101: "bargauge", 102: "bargauge", 103: "bargauge", 104: "bargauge", 105: "timeseries"},
 }
 """The stable panel ids (links and annotations point at them): renumbering is a breaking change."""

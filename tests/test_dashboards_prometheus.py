@@ -378,6 +378,13 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
             return scalar(sum(1 for s in past if s.resolved)) if resolved else ({key(): len(past)} if past else {})
         return count
 
+    def without_probe_turns(empty: Expected) -> Callable[[Truth], Expected]:
+        """The false-halt panels on a fleet with no probe cohort (their counts: probe_run's tests)."""
+        def none_probed(t: Truth) -> Expected:
+            assert not any(s.cohort == "probe" for _, s in t.turns)
+            return empty
+        return none_probed
+
     def first_stuck_mean(t: Truth) -> Expected:
         calls: Counter[Key] = Counter()
         turns: Counter[Key] = Counter()
@@ -436,6 +443,8 @@ def _expectations(cap: build.CapSettings) -> dict[tuple[str, int, str], Callable
         **{(T, 41, ref(i)): passed(k, resolved=False) for i, k in enumerate(build.BACKSTOP_MULTIPLES)},
         **{(T, 42, ref(i)): passed(k, resolved=True) for i, k in enumerate(build.BACKSTOP_MULTIPLES)},
         (T, 43, "A"): lambda t: group(t.answers_of("continue"), (build.THRESHOLD,)),
+        **{(T, pid, ref(i)): without_probe_turns(scalar(0) if pid == 45 else {})
+           for pid in (44, 45, 46) for i, _ in enumerate(build.FALSE_HALT_THRESHOLDS)},
         # shadow policies: the live policy's figures (A) next to each shadow's (B), from the guard's own hooks
         (T, 101, "A"): lambda t: group(halted_rows(t.turns), (build.THRESHOLD,)),
         (T, 101, "B"): lambda t: group(halted_rows(t.shadow_turns), (*policy, build.THRESHOLD)),
@@ -651,6 +660,7 @@ def probe_run(tmp_path_factory) -> Iterable[FleetRun]:
 
 
 PROBE_PANELS = [q for q in FLEET_QUERIES if (q.board_uid, q.panel_id) in {(T, 41), (T, 42), (T, 43)}]
+FALSE_HALT_PANELS = [q for q in FLEET_QUERIES if (q.board_uid, q.panel_id) in {(T, 44), (T, 45), (T, 46)}]
 
 
 def _probe_truth(truth: pf.ProbeTruth, k: int, *, resolved: bool) -> int:
@@ -680,6 +690,44 @@ def test_probe_panel_counts_what_the_probe_fleet_did(probe_run, panel_query):
         return
     k = build.BACKSTOP_MULTIPLES[ord(panel_query.ref_id) - ord("A")]
     want = _probe_truth(truth, k, resolved=panel_query.panel_id == 42)
+    assert got == scalar(want), f"{_id(panel_query)} {panel_query.title!r}: got {got}, the fleet did {want}"
+
+
+def _would_halt_truth(truth: pf.ProbeTruth, threshold: str) -> list[tuple[pf.Work, tg.TurnSummary, tg.TurnSummary]]:
+    """Probe turns the main configuration, run alone on the same calls, halted at ``threshold``:
+    (work, the probe turn's summary, the main-only run's summary)."""
+    return [(kind, s, truth.main_halts[s.turn_id]) for kind, s in truth.summaries
+            if s.turn_id in truth.main_halts and truth.main_halts[s.turn_id].threshold == threshold]
+
+
+def _done(kind: pf.Work, summary: tg.TurnSummary) -> bool:
+    return kind is not pf.Work.RUNAWAY and summary.reason != "halted"
+
+
+def test_the_probe_fleet_has_false_halts_of_both_live_thresholds(probe_run):
+    """Edit-and-rerun turns the seed's stuck signal halts, long turns the 10x backstop halts: both
+    resolved under the probe; runaways the backstop rightly halts."""
+    truth: pf.ProbeTruth = probe_run.tally
+    for threshold in build.FALSE_HALT_THRESHOLDS:
+        halted = _would_halt_truth(truth, threshold)
+        assert any(_done(kind, s) for kind, s, _ in halted), threshold
+    kinds = {kind for kind, _, _ in _would_halt_truth(truth, "hard_backstop")}
+    assert kinds == {pf.Work.LONG, pf.Work.RUNAWAY}
+    assert {kind for kind, _, _ in _would_halt_truth(truth, "soft_stuck")} == {pf.Work.EDIT_RERUN}
+
+
+@pytest.mark.parametrize("panel_query", FALSE_HALT_PANELS, ids=_id)
+def test_false_halt_panel_counts_what_the_main_policy_would_have_halted(probe_run, panel_query):
+    """Exact counts against the main configuration run alone on each probe turn's calls: turns it
+    halts per threshold (44), those resolved under the probe, late results included (45), and the
+    calls the probe turns made past that halt (46)."""
+    truth: pf.ProbeTruth = probe_run.tally
+    threshold = build.FALSE_HALT_THRESHOLDS[ord(panel_query.ref_id) - ord("A")]
+    halted = _would_halt_truth(truth, threshold)
+    want = {44: len(halted), 45: sum(_done(kind, s) for kind, s, _ in halted),
+            46: sum(s.tool_calls - main.tool_calls for _, s, main in halted)}[panel_query.panel_id]
+    assert want > 0
+    got = _instant(probe_run, panel_query.expr)
     assert got == scalar(want), f"{_id(panel_query)} {panel_query.title!r}: got {got}, the fleet did {want}"
 
 

@@ -161,6 +161,32 @@ def test_probe_turns_are_reported_with_their_cohort_and_the_probe_policys_name(o
         "probe", "main-probe", 2000)
 
 
+def test_probe_turns_carry_where_the_main_policy_would_have_halted_them_and_the_calls_past_it(otel):
+    """The false-halt evidence: the main configuration's would-be threshold on the probe turn's
+    metrics and late result (``none`` when it would not have halted; not on live turns or for
+    another shadow's halt), and the calls made past its would-be halt."""
+    g = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",), name="main",
+                                shadow={"tight": {"soft_cap": 10, "hard_multiplier": 2}},
+                                probe={"rate": 0.5, "hard_multiplier": 20}), environ={}, **otel.providers())
+    turns = [runaway(g, f"t{i}", 1200 if i % 2 else 50) for i in range(16)]
+    for turn in turns:
+        assert g.report_result(turn.turn_id, True)
+    cohorts = {(t.summary.cohort, t.summary.tool_calls) for t in turns}
+    assert {("probe", 1200), ("probe", 50), ("live", 1001), ("live", 50)} <= cohorts
+    main = {(p.attributes[n.TURN_COHORT], p.attributes.get(n.PROBE_MAIN_THRESHOLD)): p
+            for p in otel.points(n.METRIC_TURN_TOOL_CALLS[0])}
+    assert set(main) == {("live", None), ("probe", "hard_backstop"), ("probe", "none")}
+    long_probes = sum(1 for t in turns if (t.summary.cohort, t.summary.tool_calls) == ("probe", 1200))
+    assert main[("probe", "hard_backstop")].count == long_probes
+    (past,) = otel.points(n.METRIC_PROBE_CALLS_PAST_MAIN[0])
+    assert past.attributes[n.PROBE_MAIN_THRESHOLD] == "hard_backstop"
+    assert past.value == long_probes * (1200 - 1001)  # main would have halted at call 1001
+    late = {(p.attributes[n.TURN_COHORT], p.attributes.get(n.PROBE_MAIN_THRESHOLD)): p.value
+            for p in otel.points(n.METRIC_TURN_RESULTS[0])}
+    assert late[("probe", "hard_backstop")] == long_probes
+    assert set(late) == {("live", None), ("probe", "hard_backstop"), ("probe", "none")}
+
+
 def test_a_probe_run_recorded_gives_calibrate_its_probe_evidence(tmp_path: Path):
     path = tmp_path / "turns.jsonl"
     g = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",), recorder_path=str(path),

@@ -262,8 +262,10 @@ class ShadowPlugin:
         if state is not None:
             state.pending.append(Ledger.reset_streak)
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
     def turnguard_turn_ended(self, turn: LedgerView, summary: TurnSummary) -> None:
+        """First of the turn-end observers, so a reporter has the shadows' summaries (a probe
+        turn's main-policy would-be halt) when it reports the live turn."""
         self._flush(turn)
         state = self._turns.pop(id(turn), None)
         if state is None:

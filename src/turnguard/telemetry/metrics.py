@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from turnguard import __version__
@@ -87,6 +88,10 @@ class Instruments:
             meter, n.METRIC_TURN_RESULTS,
             "Task results reported after their turn ended, and ignored results, by status.",
         )
+        self.probe_calls_past_main = _counter(
+            meter, n.METRIC_PROBE_CALLS_PAST_MAIN,
+            "Calls probe turns made past the main configuration's would-be halt, by its threshold.",
+        )
         self.tool_call_edges = tool_call_edges
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
         self.policies = BoundedValues(n.POLICY_LIMIT)
@@ -137,13 +142,16 @@ class Instruments:
         self.host_errors.add(1, attrs)
 
     def turn_result(self, summary: TurnSummary | None, resolved: bool | None, status: str,
-                    scope: dict[str, Any]) -> None:
-        """One reported result; a known turn adds its cohort, call bucket and ending threshold."""
+                    scope: dict[str, Any], main_halt: MainHalt | None = None) -> None:
+        """One reported result; a known turn adds its cohort, call bucket and ending threshold (a
+        probe turn also where the main configuration would have halted it: ``main_halt``)."""
         attrs: dict[str, Any] = {**scope, n.RESULT_STATUS: status, n.TURN_RESOLVED: n.RESOLVED_LABELS[resolved]}
         if summary is not None:
             attrs[n.TURN_COHORT] = str(summary.cohort)
             attrs[n.TURN_CALLS_BUCKET] = calls_bucket(self.tool_call_edges, summary.tool_calls)
             attrs[n.LOOP_THRESHOLD] = self.threshold(summary.threshold)
+            if summary.cohort == "probe":
+                attrs[n.PROBE_MAIN_THRESHOLD] = self.threshold(main_halt.threshold if main_halt else None)
             if summary.agent_name is not None:
                 attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
         self.turn_results.add(1, attrs)
@@ -159,12 +167,21 @@ class Instruments:
         self.shadow_turn_tool_calls.record(summary.tool_calls, attrs)
 
     def turn_ended(self, summary: TurnSummary, scope: dict[str, Any], *, past_soft_cap: bool,
-                   context: Context | None = None) -> None:
+                   context: Context | None = None, main_halt: MainHalt | None = None) -> None:
         """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
         cap has) lets the threshold-validation board look at long turns alone; ``context`` (the
-        turn's span) links the tool-calls point's exemplar to the turn's trace."""
+        turn's span) links the tool-calls point's exemplar to the turn's trace. A probe turn also
+        carries where the main configuration would have halted it (``main_halt``; ``none``), and the
+        calls it made past that are counted."""
         attrs = self.turn_metric_attributes(summary, scope)
         attrs[n.TURN_PAST_SOFT_CAP] = past_soft_cap
+        if summary.cohort == "probe":
+            main = attrs[n.PROBE_MAIN_THRESHOLD] = self.threshold(main_halt.threshold if main_halt else None)
+            if main_halt is not None:
+                past: dict[str, Any] = {**scope, n.PROBE_MAIN_THRESHOLD: main}
+                if summary.agent_name is not None:
+                    past[n.GEN_AI_AGENT_NAME] = attrs[n.GEN_AI_AGENT_NAME]
+                self.probe_calls_past_main.add(max(summary.tool_calls - main_halt.call, 0), past)
         self.turn_tool_calls.record(summary.tool_calls, attrs, context=context)
         self.turn_cycles.record(summary.cycles, attrs)
         self.turn_max_key_repeat.record(summary.max_key_repeat, attrs)
@@ -211,6 +228,15 @@ class Instruments:
         if summary.agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
         return attrs
+
+
+@dataclass(frozen=True, slots=True)
+class MainHalt:
+    """Where the main configuration (a probe turn's shadow named after it) would have halted the
+    turn: the threshold, and the call it would have halted at (the calls it let run)."""
+
+    threshold: str
+    call: int
 
 
 def calls_bucket(edges: Sequence[float], calls: int) -> str:

@@ -32,6 +32,11 @@ TURN_RESOLVED = "turnguard.turn.resolved"
 """The task's result: ``true``, ``false`` or ``unknown`` (turn metrics and spans, the results counter)."""
 TURN_COHORT = "turnguard.turn.cohort"
 """``live`` or ``probe`` (``tg.Probe``): which configuration guarded the turn live."""
+PROBE_MAIN_THRESHOLD = "turnguard.probe.main_threshold"
+"""On a probe turn's metrics and late results: the threshold at which the main configuration (the
+shadow named after it) would have halted the turn, or ``none``; absent on live turns. Bounded like
+``turnguard.loop.threshold``. It counts the live thresholds' false halts: probe turns they would
+have ended that went on to be resolved."""
 TURN_CALLS_BUCKET = "turnguard.turn.tool_calls_bucket"
 """On the results counter: the upper edge of the turn's tool-call bucket (the histogram's edges:
 ``"1000"`` = 1000 calls or fewer, ``"+Inf"`` past the last), so late results line up with it."""
@@ -149,14 +154,18 @@ METRIC_HOST_ERRORS = ("turnguard.host.errors", "{error}")
 METRIC_SHADOW_DETECTIONS = ("turnguard.shadow.detections", "{detection}")
 METRIC_TURN_RESULTS = ("turnguard.turn.results", "{result}")
 """Results reported after their turn ended, and every ignored result, by status."""
+METRIC_PROBE_CALLS_PAST_MAIN = ("turnguard.probe.calls_past_main_threshold", "{tool_call}")
+"""Per probe turn the main configuration would have halted: the calls it made past that halt (the
+cost of raising the threshold), by ``turnguard.probe.main_threshold``."""
 METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call}")
 """Per shadow policy and turn: the calls it saw before its would-be halt (or all of them)."""
 
 # -- which attributes each metric carries (never ids, arguments or results) ------------------
 _TURN_ATTRIBUTES = (POLICY, TURN_COHORT, TURN_RESOLVED, GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE,
                     TURN_STUCK, TURN_PROMPTABLE)
-TURN_METRIC_ATTRIBUTES = (*_TURN_ATTRIBUTES, TURN_PAST_SOFT_CAP)
-"""On the four per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn."""
+TURN_METRIC_ATTRIBUTES = (*_TURN_ATTRIBUTES, TURN_PAST_SOFT_CAP, PROBE_MAIN_THRESHOLD)
+"""On the four per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn;
+``turnguard.probe.main_threshold`` on probe turns only."""
 DETECTION_METRIC_ATTRIBUTES = (
     POLICY, TURN_COHORT, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE,
     TURN_PROMPTABLE,
@@ -165,8 +174,10 @@ ESCALATION_METRIC_ATTRIBUTES = (POLICY, TURN_COHORT, GEN_AI_AGENT_NAME, LOOP_THR
 PLUGIN_ERROR_METRIC_ATTRIBUTES = (POLICY, PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
 HOST_ERROR_METRIC_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, HOST_ERROR)
 RESULT_METRIC_ATTRIBUTES = (POLICY, RESULT_STATUS, TURN_RESOLVED, TURN_COHORT, TURN_CALLS_BUCKET, LOOP_THRESHOLD,
-                            GEN_AI_AGENT_NAME)
-"""The turn's facts (cohort, bucket, the threshold that ended it, agent) only when the turn is known."""
+                            PROBE_MAIN_THRESHOLD, GEN_AI_AGENT_NAME)
+"""The turn's facts (cohort, bucket, the threshold that ended it, agent) only when the turn is known;
+``turnguard.probe.main_threshold`` only for a known probe turn."""
+PROBE_CALLS_PAST_MAIN_ATTRIBUTES = (POLICY, PROBE_MAIN_THRESHOLD, GEN_AI_AGENT_NAME)
 SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
 SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *_TURN_ATTRIBUTES)
 """``turnguard.turn.outcome`` there is the shadow's: ``halted`` (its would-be halt), the live
@@ -184,6 +195,7 @@ METRIC_ATTRIBUTES = {
     METRIC_SHADOW_DETECTIONS[0]: SHADOW_DETECTION_METRIC_ATTRIBUTES,
     METRIC_SHADOW_TURN_TOOL_CALLS[0]: SHADOW_TURN_METRIC_ATTRIBUTES,
     METRIC_TURN_RESULTS[0]: RESULT_METRIC_ATTRIBUTES,
+    METRIC_PROBE_CALLS_PAST_MAIN[0]: PROBE_CALLS_PAST_MAIN_ATTRIBUTES,
 }
 """The attribute keys each metric may carry (optional ones are left out when unknown, e.g. no agent name);
 ``turnguard.policy`` is on every point (the shadow metrics' is the live policy's, beside the shadow's name)."""
