@@ -138,6 +138,17 @@ def test_a_probe_configuration_with_its_own_digest_key_keeps_it():
     assert first_call_digest(g, "t")[1] != first_call_digest(tg.Guard(main, environ={}), "t")[1]
 
 
+def test_probe_turns_given_a_whole_configuration_are_recorded_where_live_turns_are(tmp_path: Path):
+    path = tmp_path / "turns.jsonl"
+    main = tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",), recorder_path=str(path))
+    probe = tg.Probe(0.5, tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",), hard_multiplier=20))
+    g = tg.Guard(main.replace(probe=probe), environ={})
+    cohorts = [runaway(g, f"turn-{i}", 5).summary.cohort for i in range(16)]
+    recorded = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(r["cohort"] for r in recorded if "cohort" in r) == sorted(cohorts)
+    assert {"live", "probe"} <= set(cohorts)
+
+
 def test_without_a_probe_every_turn_is_live_and_rate_1_probes_every_turn():
     assert {runaway(tg.Guard(tg.GuardConfig(**NO_TELEMETRY), environ={}), f"t{i}", 5).summary.cohort
             for i in range(10)} == {"live"}

@@ -182,21 +182,24 @@ class Guard:
         return resume(guard, state, lambda **identity: Turn(guard, **identity))
 
 
+PROBE_INHERITS = ("digest_key", "recorder_path")
+"""Settings a probe configuration takes from the main one when it leaves them ``None``."""
+
+
 def probe_guard_config(main: GuardConfig, probe: Probe) -> GuardConfig:
     """The probe guard's configuration: the probe's, with the main configuration beside it as a
     shadow named after it (so its would-be detections are recorded where they would have fired)
-    and the main configuration's own shadows. A probe configuration without a digest key takes the
-    main one's, so a call's digest (in telemetry, recordings and snapshots) is the same in both cohorts."""
+    and the main configuration's own shadows. Deployment settings the probe configuration leaves
+    unset (``PROBE_INHERITS``) are the main one's: a call has one digest in both cohorts, and probe
+    turns are recorded where live turns are (calibrate's probe evidence reads them there)."""
     shadows = ((main.name, main.replace(probe=None, shadow=())),
                *((name, c.replace(probe=None)) for name, c in main.shadow_configs()))
     names = [name for name, _ in shadows]
     if len(set(names)) != len(names):
         raise ConfigError("shadow", main.name, "shadow names other than the policy's own name (with a probe, the "
                                                "main configuration runs as a shadow named after it)")
-    live = probe.config
-    if live.digest_key is None and main.digest_key is not None:  # one identity for both cohorts
-        live = live.replace(digest_key=main.digest_key)
-    return live.replace(shadow=shadows)
+    unset = {key: getattr(main, key) for key in PROBE_INHERITS if getattr(probe.config, key) is None}
+    return probe.config.replace(shadow=shadows, **unset)
 
 
 
