@@ -156,8 +156,6 @@ label, such as plugin errors, is not filtered)."""
 EXPORT_INTERVAL_S = 60
 """The SDK's metric export interval (OTEL_METRIC_EXPORT_INTERVAL's default), one sample per series per
 interval: the provisioned ``timeInterval``, so Grafana's ``$__rate_interval`` holds at least four."""
-HEATMAP_MIN_INTERVAL = f"{2 * EXPORT_INTERVAL_S}s"
-"""The heatmap counts each step's own window (``$__interval``): at least two samples in it."""
 COLLECTOR_JOB = "otelcol"
 """The scrape job of the Collector's own metrics (the shipped prometheus.yml's)."""
 
@@ -250,6 +248,41 @@ def per_second(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
     """Events per second over ``$__rate_interval``, counted as ``total`` counts them (a new series'
     first sample included, which ``rate()`` would drop)."""
     return f"{total(metric, selector, by, window='$__rate_interval')} / ($__rate_interval_ms / 1000)"
+
+
+RECORD_TILE = "5m"
+"""The recording rules' tile (rules/turnguard.rules.yaml): each record counts one 5-minute stretch."""
+RECORDED = {
+    TURNS: "turnguard:turns:increase5m",
+    f"{TOOL_CALLS}_bucket": "turnguard:turn_tool_calls_bucket:increase5m",
+    CALLS: "turnguard:turn_tool_calls_sum:increase5m",
+    f"{MAX_REPEAT}_bucket": "turnguard:turn_max_key_repeat_bucket:increase5m",
+    f"{MAX_REPEAT}_count": "turnguard:turn_max_key_repeat_count:increase5m",
+    f"{FIRST_STUCK}_sum": "turnguard:turn_first_stuck_call_sum:increase5m",
+    f"{FIRST_STUCK}_count": "turnguard:turn_first_stuck_call_count:increase5m",
+    RESULTS: "turnguard:turn_results:increase5m",
+    CALLS_PAST_MAIN: "turnguard:probe_calls_past_main_threshold:increase5m",
+    DETECTIONS: "turnguard:loop_detections:increase5m",
+    ANSWERS: "turnguard:escalation_answers:increase5m",
+    SHADOW_TURNS: "turnguard:shadow_turns:increase5m",
+    SHADOW_CALLS: "turnguard:shadow_turn_tool_calls_sum:increase5m",
+    SHADOW_DETECTIONS: "turnguard:shadow_detections:increase5m",
+}
+"""Raw series -> the recording rule that tiles it (the rules file defines each, by the labels the
+threshold-validation board reads)."""
+
+
+def recorded(metric: str, selector: str = "", by: Sequence[str] = (), window: str = "$__range") -> str:
+    """``total``'s count read from ``metric``'s recorded tiles: one sample per 5 minutes per label set
+    instead of every raw sample of every series, exact where the range is a multiple of the tile."""
+    group = f" by ({', '.join(by)})" if by else ""
+    return f"sum{group} (sum_over_time({RECORDED[metric]}{agent_scoped(metric, selector)}[{window}]))"
+
+
+def recorded_per_second(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
+    """Events per second over each step's own ``$__interval`` (a panel reading records sets its min
+    interval to the tile, so the interval is a multiple of it and no tile is counted twice)."""
+    return f"{recorded(metric, selector, by, window='$__interval')} / ($__interval_ms / 1000)"
 
 
 def legend(*labels: str, sep: str = " ") -> str:
@@ -451,13 +484,13 @@ def collector_panels() -> list[object]:
 
 def _band_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
     def cumulative(edge: int) -> str:
-        return total(f"{TOOL_CALLS}_bucket", le_sel(edge, **labels))
+        return recorded(f"{TOOL_CALLS}_bucket", le_sel(edge, **labels))
 
     targets = []
     for i, (low, high) in enumerate(cap.bands()):
         ref = chr(ord("A") + i)
         if high is None:
-            expr = f"{total(TURNS, sel(**labels))} - {cumulative(low)}"
+            expr = f"{recorded(TURNS, sel(**labels))} - {cumulative(low)}"
             legend = f"> {low} (past the backstop)"
         elif low == 0:
             expr = cumulative(high)
@@ -470,9 +503,9 @@ def _band_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
 
 
 def _cut_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
-    count = total(TURNS, sel(**labels))
+    count = recorded(TURNS, sel(**labels))
     return [
-        query(f"1 - {total(f'{TOOL_CALLS}_bucket', le_sel(k * cap.soft_cap, **labels))} / {count}",
+        query(f"1 - {recorded(f'{TOOL_CALLS}_bucket', le_sel(k * cap.soft_cap, **labels))} / {count}",
               f"{k}×S ({k * cap.soft_cap} calls)", chr(ord("A") + i))
         for i, k in enumerate(BACKSTOP_MULTIPLES)
     ]
@@ -486,9 +519,9 @@ def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
     for i, (name, labels) in enumerate((("ended on its own", {THRESHOLD: n.NO_THRESHOLD, **long}),
                                         ("halted: stuck past S", {THRESHOLD: LoopThreshold.SOFT_STUCK, **long}),
                                         ("halted: backstop", {THRESHOLD: LoopThreshold.HARD_BACKSTOP, **long}))):
-        below = total(f"{MAX_REPEAT}_bucket", le_sel(d - 2, **labels))
-        near = total(f"{MAX_REPEAT}_bucket", le_sel(d - 1, **labels))
-        count = total(f"{MAX_REPEAT}_count", sel(**labels))
+        below = recorded(f"{MAX_REPEAT}_bucket", le_sel(d - 2, **labels))
+        near = recorded(f"{MAX_REPEAT}_bucket", le_sel(d - 1, **labels))
+        count = recorded(f"{MAX_REPEAT}_count", sel(**labels))
         targets += [
             query(below, f"{name}: max repeat < {d - 1}", chr(ord("A") + 3 * i)),
             query(f"{near} - {below}", f"{name}: max repeat = {d - 1} (one short of D)", chr(ord("B") + 3 * i)),
@@ -512,12 +545,12 @@ def _passed_targets(cap: CapSettings, *, resolved: bool) -> list[Dataquery]:
     for i, k in enumerate(BACKSTOP_MULTIPLES):
         edge = k * cap.soft_cap
         if not resolved:
-            expr = f"{total(TURNS, sel(**probe))} - {total(f'{TOOL_CALLS}_bucket', le_sel(edge, **probe))}"
+            expr = f"{recorded(TURNS, sel(**probe))} - {recorded(f'{TOOL_CALLS}_bucket', le_sel(edge, **probe))}"
         else:
             done = {**probe, RESOLVED: "true"}
             late = {**done, RESULT_STATUS: "accepted", CALLS_BUCKET: _late_buckets(cap, edge)}
-            expr = (f"({total(TURNS, sel(**done))} - {total(f'{TOOL_CALLS}_bucket', le_sel(edge, **done))} "
-                    f"or vector(0)) + ({total(RESULTS, sel(**late))} or vector(0))")
+            expr = (f"({recorded(TURNS, sel(**done))} - {recorded(f'{TOOL_CALLS}_bucket', le_sel(edge, **done))} "
+                    f"or vector(0)) + ({recorded(RESULTS, sel(**late))} or vector(0))")
         targets.append(query(expr, f"past {k}×S ({edge} calls)", chr(ord("A") + i)))
     return targets
 
@@ -530,18 +563,18 @@ def _would_halt_targets(*, resolved: bool) -> list[Dataquery]:
     for i, threshold in enumerate(FALSE_HALT_THRESHOLDS):
         probe = {COHORT: "probe", POLICY: PROBE_POLICY, MAIN_THRESHOLD: threshold.value}
         if not resolved:
-            expr = total(TURNS, sel(**probe))
+            expr = recorded(TURNS, sel(**probe))
         else:
             done = {**probe, RESOLVED: "true"}
             late = {**done, RESULT_STATUS: "accepted"}
-            expr = f"({total(TURNS, sel(**done))} or vector(0)) + ({total(RESULTS, sel(**late))} or vector(0))"
+            expr = f"({recorded(TURNS, sel(**done))} or vector(0)) + ({recorded(RESULTS, sel(**late))} or vector(0))"
         targets.append(query(expr, threshold.value, chr(ord("A") + i)))
     return targets
 
 
 def _calls_past_targets() -> list[Dataquery]:
     """Per live threshold: the calls probe turns made past the main configuration's would-be halt."""
-    return [query(total(CALLS_PAST_MAIN, sel(**{POLICY: PROBE_POLICY, MAIN_THRESHOLD: threshold.value})),
+    return [query(recorded(CALLS_PAST_MAIN, sel(**{POLICY: PROBE_POLICY, MAIN_THRESHOLD: threshold.value})),
                   threshold.value, chr(ord("A") + i)) for i, threshold in enumerate(FALSE_HALT_THRESHOLDS)]
 
 
@@ -560,7 +593,7 @@ def probe_panels(cap: CapSettings) -> list[object]:
              _passed_targets(cap, resolved=True), width=9),
         bars(43, "Attended \"continue\" answers, by threshold",
              "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
-             "people saw.", [query(total(ANSWERS, continued, by=(THRESHOLD,)), legend(THRESHOLD))], width=6),
+             "people saw.", [query(recorded(ANSWERS, continued, by=(THRESHOLD,)), legend(THRESHOLD))], width=6),
         bars(44, "Probe turns the live thresholds would have halted",
              "Probe turns the main configuration (running beside them as a shadow) would have halted, by "
              "threshold (turnguard.probe.main_threshold).", _would_halt_targets(resolved=False), width=8),
@@ -584,28 +617,29 @@ def shadow_policy_panels(cap: CapSettings) -> list[object]:
         bars(101, "Halts by threshold: live policy vs each shadow policy",
              "Turns the live policy halted, and turns each shadow policy would have halted, by the threshold "
              "that fired. A shadow with fewer resolved-looking halts and as many stuck ones is a candidate.",
-             [query(total(TURNS, halted, by=(THRESHOLD,)), f"{live}: {{{{{THRESHOLD}}}}}", "A"),
-              query(total(SHADOW_TURNS, halted, by=(SHADOW_POLICY, THRESHOLD)),
+             [query(recorded(TURNS, halted, by=(THRESHOLD,)), f"{live}: {{{{{THRESHOLD}}}}}", "A"),
+              query(recorded(SHADOW_TURNS, halted, by=(SHADOW_POLICY, THRESHOLD)),
                     legend(SHADOW_POLICY, THRESHOLD, sep=": "), "B")], width=12, height=9),
         bars(102, "Halted share: live vs each shadow policy",
              "Share of turns halted by the live policy, and the share each shadow policy would have halted.",
-             [query(f"{total(TURNS, halted)} / {total(TURNS)}", live, "A"),
-              query(f"{total(SHADOW_TURNS, halted, by=(SHADOW_POLICY,))} / {total(SHADOW_TURNS, by=(SHADOW_POLICY,))}",
-                    legend(SHADOW_POLICY), "B")], unit="percentunit", width=6, height=9),
+             [query(f"{recorded(TURNS, halted)} / {recorded(TURNS)}", live, "A"),
+              query(f"{recorded(SHADOW_TURNS, halted, by=(SHADOW_POLICY,))} / "
+                    f"{recorded(SHADOW_TURNS, by=(SHADOW_POLICY,))}", legend(SHADOW_POLICY), "B")],
+             unit="percentunit", width=6, height=9),
         bars(103, "Tool calls run: live vs allowed by each shadow",
              "Tool calls the live turns made, and how many each shadow policy would have let run before its "
              "would-be halts (the difference is what it would have saved, or cut).",
-             [query(total(CALLS), live, "A"),
-              query(total(SHADOW_CALLS, by=(SHADOW_POLICY,)), legend(SHADOW_POLICY), "B")], width=6, height=9),
+             [query(recorded(CALLS), live, "A"),
+              query(recorded(SHADOW_CALLS, by=(SHADOW_POLICY,)), legend(SHADOW_POLICY), "B")], width=6, height=9),
         bars(104, "Detections by threshold and level: live vs each shadow policy",
              "Every time a threshold fired (acted on or observed) live, and would have fired under each shadow.",
-             [query(total(DETECTIONS, by=(THRESHOLD, LEVEL)), f"{live}: {legend(THRESHOLD, LEVEL)}", "A"),
-              query(total(SHADOW_DETECTIONS, by=(SHADOW_POLICY, THRESHOLD, LEVEL)),
+             [query(recorded(DETECTIONS, by=(THRESHOLD, LEVEL)), f"{live}: {legend(THRESHOLD, LEVEL)}", "A"),
+              query(recorded(SHADOW_DETECTIONS, by=(SHADOW_POLICY, THRESHOLD, LEVEL)),
                     f"{{{{{SHADOW_POLICY}}}}}: {legend(THRESHOLD, LEVEL)}", "B")], width=12, height=9),
         over_time(105, "Would-be halts over time, by shadow policy",
                   "Halting detections per second each shadow policy would have made (nothing was acted on).",
-                  [query(per_second(SHADOW_DETECTIONS, halt_action, by=(SHADOW_POLICY,)), legend(SHADOW_POLICY),
-                         instant=False)], width=12),
+                  [query(recorded_per_second(SHADOW_DETECTIONS, halt_action, by=(SHADOW_POLICY,)),
+                         legend(SHADOW_POLICY), instant=False)], width=12).interval(RECORD_TILE),
     ]
 
 
@@ -617,10 +651,10 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     ended = {**adaptive, OUTCOME: "!halted"}
     backstop = sel(**{THRESHOLD: LoopThreshold.HARD_BACKSTOP})
     first_stuck_mean = (
-        f"{total(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {total(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
+        f"{recorded(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {recorded(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
     )
     quantiles = [
-        query(f"histogram_quantile({q}, {total(f'{TOOL_CALLS}_bucket', sel(**ended), ('le',), '$__rate_interval')})",
+        query(f"histogram_quantile({q}, {recorded(f'{TOOL_CALLS}_bucket', sel(**ended), ('le',), '$__interval')})",
               f"p{round(q * 100)}", chr(ord("A") + i), instant=False)
         for i, q in enumerate((0.5, 0.9, 0.99))
     ]
@@ -635,22 +669,23 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
             .description(f"Turns per bucket of tool calls. Rows at {s} (S) and {h} (the backstop) are the cap's "
                          "edges: turns above S continued only while not stuck; the row above the backstop holds the "
                          "turns it ended.")
-            .datasource(DATASOURCE).unit("short").height(9).span(12).calculate(False).interval(HEATMAP_MIN_INTERVAL)
+            .datasource(DATASOURCE).unit("short").height(9).span(12).calculate(False).interval(RECORD_TILE)
             .rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
             .y_axis(YAxisConfig().unit("short").axis_label(f"tool calls per turn (S = {s}, backstop = {h})"))
-            .with_target(query(total(f"{TOOL_CALLS}_bucket", sel(**adaptive), by=("le",), window="$__interval"),
+            .with_target(query(recorded(f"{TOOL_CALLS}_bucket", sel(**adaptive), by=("le",), window="$__interval"),
                                "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
         )
         .with_panel(over_time(3, "Tool calls per turn: percentiles vs S and the backstop",
                               "Turns that were not halted (a halted turn ends at its threshold, so a few runaways "
                               f"would put p99 on the backstop). Dashed lines: the soft cap S = {s} (orange) and the "
                               f"backstop {h} (red).",
-                              quantiles, unit="short", marks=((s, "orange"), (h, "red"))).max(h * 1.1))
+                              quantiles, unit="short", marks=((s, "orange"), (h, "red")))
+                    .max(h * 1.1).interval(RECORD_TILE))
         .with_panel(bars(4, "Turns by tool-call band", "Turns ended, by how many tool calls they made, in bands of S.",
                          _band_targets(cap, **adaptive), width=24, height=7))
         .with_row(Row("What a lower backstop would cut").id(10))
         .with_panel(stat_panel(11, "Turns not stuck", "Adaptive-cap turns in which no call repeated D times.",
-                               total(TURNS, sel(**not_stuck)), width=4))
+                               recorded(TURNS, sel(**not_stuck)), width=4))
         .with_panel(bars(12, "Not-stuck turns a backstop at k×S would cut",
                          "Share of not-stuck turns that made more than k×S calls (runaways the real backstop "
                          "ended are in every k up to the multiplier).",
@@ -661,19 +696,19 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                          _cut_targets(cap, **not_stuck, **{OUTCOME: "!halted"}), unit="percentunit", width=10))
         .with_row(Row("Turns the backstop ended").id(20))
         .with_panel(stat_panel(21, "Turns the backstop ended", f"Turns halted at call {h + 1}.",
-                               total(TURNS, backstop)))
+                               recorded(TURNS, backstop)))
         .with_panel(stat_panel(22, "Calls they burned", "Tool calls checked in those turns.",
-                               total(CALLS, backstop)))
+                               recorded(CALLS, backstop)))
         .with_panel(stat_panel(23, "…of which past the soft cap", f"Calls beyond S = {s} in those turns.",
-                               f"{total(CALLS, backstop)} - {s} * {total(TURNS, backstop)}"))
+                               f"{recorded(CALLS, backstop)} - {s} * {recorded(TURNS, backstop)}"))
         .with_panel(stat_panel(24, "Flagged stuck earlier", "Of those turns, how many met the stuck signal before the "
                                "backstop (the repeat signal halts them at S, so normally 0).",
-                               f"{total(f'{FIRST_STUCK}_count', backstop)} or vector(0)"))
+                               f"{recorded(f'{FIRST_STUCK}_count', backstop)} or vector(0)"))
         .with_panel(stat_panel(25, "Calls the stuck signal would have saved",
                                "For those flagged turns: calls made after the stuck signal first held.",
-                               f"({total(CALLS, backstop)} / {total(TURNS, backstop)}) * "
-                               f"{total(f'{FIRST_STUCK}_count', backstop)} - {total(f'{FIRST_STUCK}_sum', backstop)} "
-                               "or vector(0)"))
+                               f"({recorded(CALLS, backstop)} / {recorded(TURNS, backstop)}) * "
+                               f"{recorded(f'{FIRST_STUCK}_count', backstop)} - "
+                               f"{recorded(f'{FIRST_STUCK}_sum', backstop)} or vector(0)"))
         .with_panel(bars(26, "When stuck turns were first flagged",
                          f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
                          [query(first_stuck_mean, legend(THRESHOLD))], width=4, height=4))

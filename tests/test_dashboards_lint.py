@@ -34,11 +34,14 @@ SHADOW_IDS = range(100, 200)
 
 VALID_UNITS = frozenset({"short", "none", "percent", "percentunit", "cps", "ops", "reqps", "s", "ms", "bytes"})
 """Grafana unit ids the boards may use (a subset of Grafana's; a typo is not a unit)."""
-RANGE_FUNCTION = re.compile(r"\b(rate|irate|increase|last_over_time)\(\s*[^\[\]]*\[([^\]]+)\]")
+RANGE_FUNCTION = re.compile(r"\b(rate|irate|increase|last_over_time|sum_over_time)\(\s*[^\[\]]*\[([^\]]+)\]")
 COUNTER = re.compile(r"\b([a-zA-Z_:][\w:]*_total)\b")
 COUNT_WINDOWS = {"$__rate_interval", "$__range", "$__interval"}
 ALLOWED_RANGES = {"rate": {"$__rate_interval"}, "irate": {"$__rate_interval"},
-                  "increase": COUNT_WINDOWS, "last_over_time": COUNT_WINDOWS}
+                  "increase": COUNT_WINDOWS, "last_over_time": COUNT_WINDOWS,
+                  "sum_over_time": {"$__range", "$__interval"}}
+"""Recorded 5-minute tiles are summed over the range or the step's own interval, never over
+``$__rate_interval`` (the interval plus a scrape interval: not a whole number of tiles)."""
 
 PANEL_IDS = {
     HALTS: {1: "row", 2: "stat", 3: "stat", 4: "stat", 5: "stat", 6: "stat", 7: "stat", 10: "row",
@@ -157,13 +160,14 @@ def stable_panel_ids_rule(board):
 
 COUNTED = re.compile(r"increase\((\w+(?:\{[^}]*\})?)\[(\$__\w+)\]\)")
 AGENT_MATCHER = '=~"$agent"'
-AGENT_SCOPED = re.compile(r"\b(turnguard_(?:turn_tool_calls|turn_max_key_repeat|turn_first_stuck_call|loop_detections|"
+AGENT_SCOPED = re.compile(r"\b(turnguard:\w+:increase5m|"
+                          r"turnguard_(?:turn_tool_calls|turn_max_key_repeat|turn_first_stuck_call|loop_detections|"
                           r"escalation_answers|shadow_detections|shadow_turn_tool_calls|turn_results)(?:_total|_bucket|_sum|_count)?)"
                           r"(?![\w=!])(\{[^}]*\})?")
 """A metric name, not the label ``turnguard_turn_tool_calls_bucket`` (the results counter's) that spells the same."""
 SCHEMA_VERSION = 42
-EXPORT_INTERVAL_S = 60
-"""The SDK's default metric export interval (test_dashboards_provisioning checks it against the SDK)."""
+RECORD_TILE = "5m"
+"""The recording rules' tile (rules/turnguard.rules.yaml's group interval)."""
 EXEMPLAR_PANELS = {HALTS: {11, 12}}
 """Panels whose points link to the turn's trace (Tempo): detections and halts over time."""
 
@@ -191,8 +195,8 @@ def agent_variable_rule(board):
     return problems
 
 
-POLICY_SCOPED = re.compile(r"\b(turnguard_\w+)(?:(\{[^}]*\})|(?=\[))")
-"""Every turnguard metric carries ``turnguard_policy`` (DESIGN section 8)."""
+POLICY_SCOPED = re.compile(r"\b(turnguard(?:_\w+|:\w+:increase5m))(?:(\{[^}]*\})|(?=\[))")
+"""Every turnguard metric carries ``turnguard_policy`` (DESIGN section 8), and every record keeps it."""
 POLICY_MATCHERS = ('turnguard_policy=~"$policy"', 'turnguard_policy=~"($policy)(-probe)?"')
 
 
@@ -268,13 +272,37 @@ def test_rows_group_every_panel():
         assert board["panels"][0]["type"] == "row"
 
 
-def test_heatmap_counts_each_step_once_over_at_least_two_export_intervals():
-    """The window is the step ($__interval: no event in two cells) and the panel's minimum
-    interval keeps two samples in it at the SDK's export interval."""
+def test_heatmap_counts_each_step_once_in_whole_recorded_tiles():
+    """The window is the step ($__interval: no event in two cells), over recorded 5-minute tiles."""
     (heatmap,) = [p for p in queries.panels(BOARDS[THRESHOLDS]) if p["type"] == "heatmap"]
     windows = {w for t in heatmap["targets"] for _, w in RANGE_FUNCTION.findall(t["expr"])}
     assert windows == {"$__interval"}
-    assert heatmap["interval"].endswith("s") and float(heatmap["interval"][:-1]) >= 2 * EXPORT_INTERVAL_S
+    assert all("sum_over_time(turnguard:" in t["expr"] for t in heatmap["targets"])
+    assert heatmap["interval"] == RECORD_TILE
+
+
+def tiles_rule(board):
+    """A panel summing recorded tiles over ``$__interval`` has the tile as its minimum interval:
+    Grafana's interval is then a whole number of tiles (5m, 10m, 15m, 30m, 1h...)."""
+    problems = []
+    for panel in _content_panels(board):
+        summed = [t for t in panel.get("targets", []) if re.search(r"sum_over_time\(turnguard:[^\[]*\[\$__interval\]",
+                                                                      t.get("expr", ""))]
+        if summed and panel.get("interval") != RECORD_TILE:
+            problems.append(f"panel {panel['id']}: sums records over $__interval with min interval "
+                            f"{panel.get('interval')!r}, not {RECORD_TILE}")
+    return problems
+
+
+def test_panels_summing_records_per_step_step_in_whole_tiles():
+    board = BOARDS[THRESHOLDS]
+    stepped = [p for p in _content_panels(board)
+               if any("[$__interval]" in t["expr"] and "turnguard:" in t["expr"] for t in p["targets"])]
+    assert {p["id"] for p in stepped} == {2, 3, 105}
+    assert tiles_rule(board) == []
+    broken = copy.deepcopy(board)
+    next(p for p in _content_panels(broken) if p["id"] == 105)["interval"] = "1m"
+    assert tiles_rule(broken) == ["panel 105: sums records over $__interval with min interval '1m', not 5m"]
 
 
 def test_heatmap_reads_prometheus_buckets_as_they_are():
