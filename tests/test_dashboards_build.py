@@ -23,7 +23,8 @@ from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 from turnguard.config import GuardConfig  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
 
-BUCKET_MATCHER = re.compile(r"(\w+)_bucket\{[^}]*le=~`([^`(]+)\(")
+BUCKET_MATCHER = re.compile(r"\bturnguard[_:](\w+?)_bucket(?::increase5m)?\{[^}]*le=~`([^`(]+)\(")
+"""A bucket selector, raw (``turnguard_x_bucket``) or recorded (``turnguard:x_bucket:increase5m``): x and le."""
 
 
 def test_committed_json_matches_a_fresh_build():
@@ -77,14 +78,15 @@ def test_a_different_guard_config_moves_the_what_if_buckets(tmp_path):
 def test_every_bucket_a_panel_queries_is_an_edge_the_guard_exports(soft_cap, multiplier, d):
     """A ``le`` that is not a bucket edge matches no series: the panel would be silently empty."""
     config = GuardConfig(soft_cap=soft_cap, hard_multiplier=multiplier, stuck_repeat_threshold=d)
-    edges = {build.TOOL_CALLS: buckets.tool_call_edges(config), build.MAX_REPEAT: buckets.repeat_edges(config)}
+    edges = {build.TOOL_CALLS.removeprefix("turnguard_"): buckets.tool_call_edges(config),
+             build.MAX_REPEAT.removeprefix("turnguard_"): buckets.repeat_edges(config)}
     board = build.threshold_validation_dashboard(build.CapSettings.from_config(config))
     queried = [(m.group(1), float(m.group(2).replace("\\", "")))
                for q in queries.panel_queries(json.loads(build.render(board))) for m in BUCKET_MATCHER.finditer(q.expr)]
     assert {metric for metric, _ in queried} == set(edges)
     for metric, le in queried:
         assert le in edges[metric], f"{metric} has no bucket le={le:g}"
-    assert (build.TOOL_CALLS, config.hard_cap) in queried  # the backstop band's edge
+    assert (build.TOOL_CALLS.removeprefix("turnguard_"), config.hard_cap) in queried  # the backstop band's edge
 
 
 def test_a_fractional_multiplier_keeps_bands_ordered():

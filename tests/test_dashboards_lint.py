@@ -4,7 +4,9 @@ The Go linter cannot be installed here, so its relevant rules are re-stated belo
 the comments), applied to the committed JSON, and each is shown to catch the mistake it is for.
 Exceptions, stated here rather than in a ``.lint`` file: counts are ``build.counted`` (``increase``
 and, for a series born in the window, ``last_over_time``, over ``$__range``, ``$__rate_interval``
-or the heatmap's ``$__interval``; the bare counter after ``offset`` tells the two apart), and
+or the heatmap's ``$__interval``; the bare counter after ``offset`` tells the two apart) or, on the
+threshold-validation board, recorded tiles summed by ``sum_over_time`` over ``$__range`` or
+``$__interval``, and
 ``rate``/``irate`` must use ``$__rate_interval``; the job/instance rules are left out because
 OpenTelemetry-sourced series get ``job`` from ``service.name``, which
 the boards must not assume.

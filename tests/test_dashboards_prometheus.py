@@ -16,6 +16,12 @@ extrapolation): the queries are evaluated at the last sample of the fleet, with 
 are left-open, so a sample on the window's start is outside it and increase() would extrapolate:
 the Prometheus 3 routes run without the warm-up (every series born inside the window, counted
 exactly from zero). Range panels are also run as Grafana would draw them (a range query).
+
+The threshold-validation board reads the recording rules' series, so each Prometheus loads the
+shipped rules file with its tiling shortened (``test_rules``): the 5-minute tile becomes 1 s and
+the 1-minute lag 5 s, and nothing else changes (record names, labels, expressions, alerts). Its
+queries are evaluated at a record's timestamp once the rules have evaluated past the fleet's last
+sample, over a range of whole tiles starting between the warm-up and the fleet (``records``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -85,6 +92,9 @@ class FleetRun:
     tally: Any
     """The fleet's ``fleet.Tally`` (the probe fleet's ``ProbeTruth``)."""
     window: Window
+    records: Window
+    """The records holding the fleet: from half a tile before the first whose tile starts at or after
+    ``window.start`` to the first whose tile ends at or after ``window.end`` (a record's timestamp)."""
     config: tg.GuardConfig
     draw_interval_s: float
     """The $__rate_interval a range query is drawn with (samples in each window)."""
@@ -126,7 +136,8 @@ class Push:
         self.provider = sdk_metrics.MeterProvider(metric_readers=[self.reader])
 
     def flush(self, prometheus: chain.Prometheus) -> float:
-        """Export now; the points' timestamp once Prometheus holds every series of the export."""
+        """Export now; the points' timestamp once Prometheus holds every series of the export (within
+        the rules' lag: a record evaluated before its samples landed would miss them for good)."""
         assert self.reader.force_flush(30_000)
         (nanos,) = self.exporter.times
         at, expected = nanos // 1_000_000 / 1000, self.exporter.series  # Prometheus keeps milliseconds
@@ -136,7 +147,54 @@ class Push:
             return bool(found) and int(found[0]["value"][1]) == expected
 
         chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
+        assert time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
         return at
+
+
+TILE_S, LAG_S = 1, 5
+"""The recording rules' tile and lag here: the shipped 5 minutes and 1 minute, shortened."""
+RULES_FILE = "turnguard.rules.yaml"
+
+
+def _shortened_rules() -> str:
+    """The shipped rules file with only its tiling changed: the group interval and the tile's
+    offsets (``offset 1m`` is the lag, ``offset 6m`` the lag plus the tile)."""
+    header, groups = chain.RULES.read_text().split("\ngroups:\n")
+    shortened = re.sub(r"\binterval: 5m\b", f"interval: {TILE_S}s", groups)
+    shortened = re.sub(r"\boffset 6m\b", f"offset {LAG_S + TILE_S}s", shortened)
+    shortened = re.sub(r"\boffset 1m\b", f"offset {LAG_S}s", shortened)
+    assert shortened.count(f"interval: {TILE_S}s") == 1
+    assert shortened.count(f"offset {LAG_S}s") == 2 * len(build.RECORDED) == 2 * shortened.count("- record:")
+    return f"{header}\ngroups:\n{shortened}"
+
+
+def _prometheus(binary: str, workdir: Path, config: str, flags: list[str]) -> chain.Prometheus:
+    """A Prometheus running ``config`` and the shortened rules."""
+    (workdir / RULES_FILE).write_text(_shortened_rules())
+    return chain.Prometheus(binary, workdir, f"{config}rule_files: [{RULES_FILE}]\n", flags)
+
+
+def _records(prometheus: chain.Prometheus, window: Window) -> Window:
+    """Waits for the first evaluation whose tile ends at or after ``window.end``; returns the records
+    from the first whose tile starts at or after ``window.start`` up to it, and checks that the group
+    missed no evaluation in between (a missed tile would be lost, as in production)."""
+    record, tile_ms, lag_ms = build.RECORDED[build.TURNS], TILE_S * 1000, LAG_S * 1000
+    end_ms, start_ms = round(window.end * 1000), round(window.start * 1000)
+
+    def stamps(at: float, reach: str) -> list[int]:
+        matrix = prometheus.api("query", query=f"{record}[{reach}]", time=f"{at:.3f}")["result"]
+        return sorted({round(float(ts) * 1000) for s in matrix for ts, _ in s["values"]})
+
+    def evaluated() -> int | None:
+        after = [ts for ts in stamps(time.time(), "1m") if ts - lag_ms >= end_ms]
+        return after[0] if after else None
+
+    last = chain.wait_until("the rules to evaluate past the fleet", evaluated, prometheus.exited)
+    first = last - (last - lag_ms - tile_ms - start_ms) // tile_ms * tile_ms
+    held = stamps(last / 1000, f"{last - first + tile_ms // 2}ms")
+    assert held == list(range(held[0], last + 1, tile_ms)), (
+        f"the recording group skipped evaluations: {held}")
+    return Window((first - tile_ms // 2) / 1000, last / 1000)
 
 
 def _pull(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet.Tally]) -> FleetRun:
@@ -148,7 +206,7 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet
     stack.callback(thread.join, timeout=5)
     stack.callback(server.server_close)
     stack.callback(server.shutdown)
-    prometheus = chain.Prometheus(chain.prometheus2(), workdir, _scrape_config(f"127.0.0.1:{port}"))
+    prometheus = _prometheus(chain.prometheus2(), workdir, _scrape_config(f"127.0.0.1:{port}"), [])
     stack.callback(prometheus.stop)
 
     def last_scrape() -> float | None:
@@ -168,14 +226,16 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet
     start = scrape_after(time.time())
     tally = run(provider)
     end = scrape_after(time.time())
-    return FleetRun("pull-prometheus2", prometheus, tally, Window(start, end), _config(), 4 * SCRAPE_INTERVAL_S)
+    window = Window(start, end)
+    return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window), _config(),
+                    4 * SCRAPE_INTERVAL_S)
 
 
 def _push(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], Any], *, prometheus3: bool,
           collector: bool) -> FleetRun:
     binary = chain.prometheus3() if prometheus3 else chain.prometheus2()
     flags = ["--web.enable-otlp-receiver"] if prometheus3 and not collector else []
-    prometheus = chain.Prometheus(binary, workdir, "global: {evaluation_interval: 1s}\n", flags)
+    prometheus = _prometheus(binary, workdir, "global: {evaluation_interval: 1s}\n", flags)
     stack.callback(prometheus.stop)
     if collector:
         otelcol = chain.Collector(chain.collector(), workdir, prometheus_remote_write=prometheus.remote_write_url)
@@ -193,7 +253,8 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], Any],
     tally = run(push.provider)
     end = push.flush(prometheus)
     route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
-    return FleetRun(route, prometheus, tally, Window(start, end), _config(), end - start)
+    window = Window(start, end)
+    return FleetRun(route, prometheus, tally, window, _records(prometheus, window), _config(), end - start)
 
 
 def _scrape_config(target: str) -> str:
@@ -554,8 +615,8 @@ def _grafana_values(window: Window, rate_interval_ms: int | None = None) -> dict
     default, rate and heatmap windows as long as it)."""
     ms = window.ms if rate_interval_ms is None else rate_interval_ms
     return {"__range": f"{window.ms}ms", "__rate_interval": f"{ms}ms", "__rate_interval_ms": str(ms),
-            "__interval": f"{ms}ms", "datasource": "prometheus", build.AGENT_VARIABLE: ".*",
-            build.POLICY_VARIABLE: ".*"}
+            "__interval": f"{ms}ms", "__interval_ms": str(ms), "datasource": "prometheus",
+            build.AGENT_VARIABLE: ".*", build.POLICY_VARIABLE: ".*"}
 
 
 COLLECTOR_PANELS = {(H, p.build().id_val) for p in build.collector_panels()}
@@ -563,8 +624,17 @@ COLLECTOR_PANELS = {(H, p.build().id_val) for p in build.collector_panels()}
 FLEET_QUERIES = [q for q in ALL_QUERIES if (q.board_uid, q.panel_id) not in COLLECTOR_PANELS]
 
 
+def _window(fleet_run: FleetRun, expr: str) -> Window:
+    """The records' window for a query of recorded series, the raw samples' for the others."""
+    return fleet_run.records if RECORDED.search(expr) else fleet_run.window
+
+
+RECORDED = re.compile(r"\bturnguard:\w+:increase5m\b")
+RATE = re.compile(r"\$__(rate_)?interval_ms\b")
+
+
 def _instant(fleet_run: FleetRun, expr: str, **values: str) -> dict[Key, float]:
-    window = fleet_run.window
+    window = _window(fleet_run, expr)
     data = fleet_run.prometheus.api("query", query=queries.resolve(expr, {**_grafana_values(window), **values}),
                                     time=f"{window.end:.3f}")
     return _result(data)
@@ -573,14 +643,14 @@ def _instant(fleet_run: FleetRun, expr: str, **values: str) -> dict[Key, float]:
 @pytest.mark.parametrize("panel_query", FLEET_QUERIES, ids=_id)
 def test_panel_query_returns_what_the_fleet_implies(fleet_run, panel_query):
     """Evaluated once over the whole fleet window (as a one-point panel would be): exact."""
-    allowed = {"__range", "__rate_interval", "__rate_interval_ms", "__interval", build.AGENT_VARIABLE,
-               build.POLICY_VARIABLE}
+    allowed = {"__range", "__rate_interval", "__rate_interval_ms", "__interval", "__interval_ms",
+               build.AGENT_VARIABLE, build.POLICY_VARIABLE}
     assert queries.macros(panel_query.expr) <= allowed, panel_query.expr
     expected = EXPECTED[(panel_query.board_uid, panel_query.panel_id, panel_query.ref_id)](Truth(fleet_run))
-    is_rate = "__rate_interval_ms" in panel_query.expr
     is_count = panel_query.panel_id not in _RATIO_PANELS.get(panel_query.board_uid, ())
-    _assert_matches(_instant(fleet_run, panel_query.expr), expected, counts=is_count,
-                    scale=fleet_run.window.seconds if is_rate else 1, what=f"{_id(panel_query)} {panel_query.title!r}")
+    scale = _window(fleet_run, panel_query.expr).seconds if RATE.search(panel_query.expr) else 1
+    _assert_matches(_instant(fleet_run, panel_query.expr), expected, counts=is_count, scale=scale,
+                    what=f"{_id(panel_query)} {panel_query.title!r}")
 
 
 def test_the_window_holds_series_from_before_it_and_series_born_inside_it(fleet_run):
@@ -626,7 +696,7 @@ RANGE_QUERIES = [q for q in FLEET_QUERIES if not q.instant]
 @pytest.mark.parametrize("panel_query", RANGE_QUERIES, ids=_id)
 def test_range_panel_draws_the_fleets_series(fleet_run, panel_query):
     """As Grafana draws it: a range query over the window, each step's window holding samples."""
-    window, interval = fleet_run.window, fleet_run.draw_interval_s
+    window, interval = _window(fleet_run, panel_query.expr), fleet_run.draw_interval_s
     expr = queries.resolve(panel_query.expr, _grafana_values(window, round(interval * 1000)))
     step = max(SCRAPE_INTERVAL_S, window.seconds / 20)
     # drawn up to a step past the last sample, as a dashboard ending "now" is
