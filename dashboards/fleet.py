@@ -150,12 +150,17 @@ def make_fleet(config: tg.GuardConfig | None = None, **providers: Any) -> Fleet:
     return Fleet(adaptive, explicit, tally)
 
 
-def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4) -> Tally:
-    """Run every turn of ``mix`` (interleaved, deterministic for ``seed``); returns the tally."""
+def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4, *, sample: Callable[[], object] | None = None,
+              sample_every: int = 250) -> Tally:
+    """Run every turn of ``mix`` (interleaved, deterministic for ``seed``); returns the tally.
+    ``sample`` is called after every ``sample_every`` turns: a test lets the metrics so far reach
+    its server, so the fleet's series grow over several samples, not in one step."""
     rng = random.Random(seed)
     plan = [kind for kind, count in mix.counts().items() for _ in range(count)]
     rng.shuffle(plan)
     for index, kind in enumerate(plan):
+        if sample is not None and index and index % sample_every == 0:
+            sample()
         guard = fleet.explicit if kind is Kind.EXPLICIT else fleet.adaptive
         agent = EXPLICIT_AGENT if kind is Kind.EXPLICIT else AGENTS[index % len(AGENTS)]
         answers = FAILING_ANSWERS.get(kind)

@@ -197,7 +197,11 @@ def _records(prometheus: chain.Prometheus, window: Window) -> Window:
     return Window((first - tile_ms // 2) / 1000, last / 1000)
 
 
-def _pull(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet.Tally]) -> FleetRun:
+Run = Callable[[Any, Callable[[], object]], Any]
+"""Runs a fleet on a meter provider, calling the second argument now and then to land a sample."""
+
+
+def _pull(stack: contextlib.ExitStack, workdir: Path, run: Run) -> FleetRun:
     registry = prometheus_client.CollectorRegistry()
     provider = sdk_metrics.MeterProvider(metric_readers=[prometheus_exporter.PrometheusMetricReader(registry=registry)])
     stack.callback(provider.shutdown)
@@ -224,14 +228,14 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], fleet
     scrape_after(0)
     fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=provider), WARM_UP, WARM_UP_SEED)
     start = scrape_after(time.time())
-    tally = run(provider)
+    tally = run(provider, lambda: scrape_after(time.time()))
     end = scrape_after(time.time())
     window = Window(start, end)
     return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window), _config(),
                     4 * SCRAPE_INTERVAL_S)
 
 
-def _push(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], Any], *, prometheus3: bool,
+def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, *, prometheus3: bool,
           collector: bool) -> FleetRun:
     binary = chain.prometheus3() if prometheus3 else chain.prometheus2()
     flags = ["--web.enable-otlp-receiver"] if prometheus3 and not collector else []
@@ -250,7 +254,12 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Callable[[Any], Any],
     else:
         fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=push.provider), WARM_UP, WARM_UP_SEED)
         start = push.flush(prometheus)
-    tally = run(push.provider)
+
+    def sample() -> None:
+        push.flush(prometheus)
+        time.sleep(TILE_S)  # the next sample in another tile
+
+    tally = run(push.provider, sample)
     end = push.flush(prometheus)
     route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
     window = Window(start, end)
@@ -283,8 +292,8 @@ def fleet_run(request, tmp_path_factory) -> Iterable[FleetRun]:
         stack.callback(quiet.setLevel, quiet.level)
         quiet.setLevel(logging.CRITICAL)  # the fleet's flaky plugin raises on purpose
 
-        def run(provider: Any) -> fleet.Tally:
-            return fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=provider))
+        def run(provider: Any, sample: Callable[[], object]) -> fleet.Tally:
+            return fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=provider), sample=sample)
 
         yield ROUTES[request.param](stack, workdir, run)
 
@@ -653,6 +662,19 @@ def test_panel_query_returns_what_the_fleet_implies(fleet_run, panel_query):
                     what=f"{_id(panel_query)} {panel_query.title!r}")
 
 
+def test_the_threshold_boards_records_hold_the_fleet_in_several_tiles(fleet_run):
+    """The fleet's samples land a few times while it runs, so its events fall into several of the
+    recording rules' tiles, which the threshold-validation board's exact counts add up."""
+    record, records = build.RECORDED[build.TURNS], fleet_run.records
+    matrix = fleet_run.prometheus.api("query", query=f"{record}[{records.ms}ms]", time=f"{records.end:.3f}")
+    per_tile = Counter()
+    for series in matrix["result"]:
+        for ts, value in series["values"]:
+            per_tile[ts] += float(value)
+    assert sum(1 for v in per_tile.values() if v > 0) >= 3, per_tile
+    assert sum(per_tile.values()) == len(Truth(fleet_run).turns)
+
+
 def test_the_window_holds_series_from_before_it_and_series_born_inside_it(fleet_run):
     """No series is created in advance: the new ones are what increase() alone would miss."""
     at_start = fleet_run.prometheus.query(f"count({build.TURNS})", fleet_run.window.start)
@@ -722,7 +744,7 @@ def probe_run(tmp_path_factory) -> Iterable[FleetRun]:
     the window), its late results reported an hour later as a CI run would."""
     workdir = tmp_path_factory.mktemp("probe-fleet")
     with contextlib.ExitStack() as stack:
-        def run(provider: Any) -> pf.ProbeTruth:
+        def run(provider: Any, sample: Callable[[], object]) -> pf.ProbeTruth:
             return pf.run_probe_fleet(tg.Guard(pf.probe_config(disable_plugins=("recorder",)), environ={},
                                                meter_provider=provider))
 
