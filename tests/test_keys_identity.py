@@ -7,7 +7,10 @@ import collections
 import decimal
 import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +41,22 @@ def digest(args: Any, mode: str = "canonical", name: str = "tool") -> bytes:
     return Keyer(mode, b"s" * 32).digest(name, args)
 
 
+SIPHASH = {m: Keyer(m, hash="siphash") for m in MODES}
+"""The keyers of a guard without ``digest_key`` where the interpreter's hash seed is random."""
+
+
 def same_call(a: Any, b: Any, mode: str, name_a: str = "tool", name_b: str = "tool") -> bool:
-    """Whether the identity bytes agree, checked against the live digests (so both must agree)."""
+    """Whether the identity bytes agree, checked against the live digests of both hashes (so all
+    must agree)."""
     same = identity_bytes(name_a, a, mode) == identity_bytes(name_b, b, mode)
     assert same == (digest(a, mode, name_a) == digest(b, mode, name_b))
+    assert same == (SIPHASH[mode].digest(name_a, a) == SIPHASH[mode].digest(name_b, b))
     return same
+
+
+def siphash_of(data: bytes) -> bytes:
+    """What ``Keyer(hash="siphash")`` makes of identity bytes: the interpreter's keyed hash, 8 bytes."""
+    return hash(data).to_bytes(8, "little", signed=True)
 
 
 # -- plain JSON: the same digests as before ------------------------------------------------------
@@ -322,6 +336,52 @@ def test_the_live_digest_hashes_the_identity_bytes(mode):
         for name in ("read_file", "re\x00ad", "\ud800"):
             expected = hashlib.blake2b(identity_bytes(name, value, mode), digest_size=8, key=secret).digest()
             assert keyer.digest(name, value) == expected
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_a_secret_the_digest_is_the_interpreters_keyed_hash_of_the_identity_bytes(mode):
+    keyer = SIPHASH[mode]
+    for value in [*_population(7, 200), "ls -la", "true", '"quoted"', b"ls -la", "ls \ud800", "\x02t", ""]:
+        for name in ("read_file", "re\x00ad", "\ud800"):
+            assert keyer.digest(name, value) == siphash_of(identity_bytes(name, value, mode)), (name, value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_siphash_digest_stays_right_past_the_tool_names_a_keyer_keeps(mode):
+    keyer = SIPHASH[mode]
+    for i in range(1500):
+        for args in (f"ls {i}", {"i": i}):
+            assert keyer.digest(f"tool{i}", args) == siphash_of(identity_bytes(f"tool{i}", args, mode))
+
+
+def test_a_guard_without_a_secret_keys_with_siphash_only_where_the_hash_seed_is_random():
+    """PYTHONHASHSEED fixes the seed (anyone can compute the digests): then BLAKE2b under the
+    random per-process secret; with a secret, always BLAKE2b (digests agree across processes)."""
+    probe = "import turnguard as tg; print(tg.Guard(tg.GuardConfig(), environ={}).keyer.hash)"
+    seen = {}
+    for seed in ("random", "0", "1234", None):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+        if seed is not None:
+            env["PYTHONHASHSEED"] = seed
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        seen[seed] = done.stdout.strip()
+    assert seen == {"random": "siphash", None: "siphash", "0": "blake2b", "1234": "blake2b"}
+    assert Keyer("canonical", b"secret").hash == "blake2b"
+    with pytest.raises(ValueError, match="siphash"):
+        Keyer("canonical", b"secret", hash="siphash")
+    with pytest.raises(ValueError, match="blake2b"):
+        Keyer("canonical", hash="md5")
+
+
+def test_siphash_digests_differ_between_processes():
+    """The seed is per process: the same call gets another digest in another process, like the
+    per-process BLAKE2b secret (a durable turn needs ``digest_key``)."""
+    probe = "from turnguard.keys import Keyer; print(Keyer(hash='siphash').digest('bash', 'ls -la').hex())"
+    env = {**os.environ, "PYTHONHASHSEED": "random"}
+    digests = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                              env=env).stdout.strip() for _ in range(3)}
+    assert len(digests) == 3 and all(len(d) == 16 for d in digests)
 
 
 @pytest.mark.parametrize("mode", MODES)

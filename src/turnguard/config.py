@@ -120,7 +120,8 @@ class GuardConfig:
     max_tracked_keys: int = 65536
     """Bound on distinct keys counted per turn; keys first seen past it are not counted."""
     digest_key: str | None = None
-    """Secret for call-key digests; ``None``: a random per-process secret."""
+    """Secret for call-key digests (keyed BLAKE2b: the same digests in every process); ``None``: a
+    per-process secret (the interpreter's randomly seeded SipHash, see ``turnguard.keys``)."""
     capture_content: bool = False
     """Opt in to exporting tool arguments and results in telemetry."""
     disable_plugins: tuple[str, ...] = ()

@@ -31,8 +31,11 @@ Nothing here raises because of the arguments: dict keys that do not compare, obj
 ``__repr__``, ``__eq__``, ``__hash__`` or attributes raise, cycles, nesting of any depth and odd
 types all get a deterministic identity (one that does not depend on memory addresses).
 
-The digest is a keyed BLAKE2b (an HMAC-equivalent keyed hash) with a per-process random secret
-unless one is configured, so that a digest cannot be reversed by hashing guessed arguments.
+The digest is a keyed 64-bit hash of the identity bytes, so that a digest cannot be reversed by
+hashing guessed arguments: BLAKE2b (an HMAC-equivalent keyed hash) under the configured secret;
+without one, the interpreter's own SipHash of the bytes (``hash(bytes)``), keyed by the seed it
+drew at random for this process (BLAKE2b under a random per-process secret where the seed is
+fixed by ``PYTHONHASHSEED``). Both are per-process secrets; SipHash costs a third as much.
 
 This module is on the hot path (every ``check_call``): the common cases (a dict of JSON values,
 text that is not JSON) take one C-level encoder call and one hash update, from a hash state that
@@ -44,8 +47,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import secrets
+import struct
+import sys
 from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring as _quote
 from math import isfinite
@@ -280,22 +286,50 @@ def canonical_text(value: Any) -> str:
 # -- the keyer ---------------------------------------------------------------------------------------
 
 
+HASHES = ("blake2b", "siphash")
+"""The keyed hashes a keyer can take (``Keyer(hash=...)``)."""
+
+
+def _seeded_siphash() -> bool:
+    """Whether ``hash()`` of bytes is a 64-bit SipHash keyed by a seed drawn at random for this
+    process: then it is the per-process secret keyed hash a guard without ``digest_key`` needs."""
+    info = sys.hash_info
+    return (info.algorithm.startswith("siphash") and info.hash_bits == 64 and bool(sys.flags.hash_randomization)
+            and os.environ.get("PYTHONHASHSEED", "random") == "random")
+
+
+DEFAULT_HASH = "siphash" if _seeded_siphash() else "blake2b"
+"""The hash of a keyer without a secret: the interpreter's SipHash when its seed is random (about a
+third of BLAKE2b's cost on short arguments), else BLAKE2b under ``_PROCESS_SECRET``."""
+_pack_hash = struct.Struct("<q").pack
+_hash = hash
+
+
 class Keyer:
-    """Computes call keys for one guard (one key mode, one digest secret)."""
+    """Computes call keys for one guard (one key mode, one digest secret).
 
-    __slots__ = ("_blank", "_canonical", "_named", "_texts", "digest", "mode")
+    The digest is a keyed 64-bit hash of ``identity_bytes``: BLAKE2b under the secret when one is
+    given (digests then agree across processes: durable turns, a fleet's records); without one, a
+    per-process secret hash (``DEFAULT_HASH``), whose digests mean nothing in another process."""
 
-    def __init__(self, mode: str = "canonical", secret: bytes | str | None = None) -> None:
+    __slots__ = ("_blank", "_canonical", "_named", "_texts", "digest", "hash", "mode")
+
+    def __init__(self, mode: str = "canonical", secret: bytes | str | None = None, *, hash: str | None = None) -> None:
         if mode not in KEY_MODES:
             raise ValueError(f"key_mode must be one of {KEY_MODES}, got {mode!r}")
-        self.mode = mode
+        if hash is None:
+            hash = "blake2b" if secret else DEFAULT_HASH
+        elif hash not in HASHES or (hash == "siphash" and secret):
+            raise ValueError(f"hash must be one of {HASHES} (siphash only without a secret), got {hash!r}")
+        self.mode, self.hash = mode, hash
         if isinstance(secret, str):
             secret = secret.encode()
         self._blank = hashlib.blake2b(digest_size=DIGEST_SIZE, key=(secret or _PROCESS_SECRET)[:64])
         self._canonical = _BODIES[mode]
         self._named: dict[str, Any] = {}
-        """By tool name: a hash state that has taken the secret and the name's part. Copying it
-        skips re-keying and hashing the name on every call."""
+        """By tool name: what the name's part leaves for each call to do. BLAKE2b: a hash state that
+        has taken the secret and the name (copying it skips re-keying and hashing the name);
+        SipHash: the name's bytes."""
         self._texts: dict[str, Any] = {}
         """The same, past the text marker too (canonical mode's text)."""
         self.digest: Callable[[str, Any], bytes] = (
@@ -303,26 +337,32 @@ class Keyer:
         """``digest(name, args)``: the keyed digest of ``identity_bytes(name, args, mode)``."""
 
     def _states(self, name: str) -> tuple[Any, Any]:
-        """The hash states for tool ``name`` (kept for the first ``_NAME_CACHE_LIMIT`` names)."""
-        named = self._blank.copy()
-        named.update(name_bytes(name))
-        text = named.copy()
-        text.update(_TEXT)
+        """The name's states (see ``_named``; kept for the first ``_NAME_CACHE_LIMIT`` names)."""
+        if self.hash == "siphash":
+            named: Any = name_bytes(name)
+            text: Any = named + _TEXT
+        else:
+            named = self._blank.copy()
+            named.update(name_bytes(name))
+            text = named.copy()
+            text.update(_TEXT)
         if len(self._named) < _NAME_CACHE_LIMIT:
             self._named[name], self._texts[name] = named, text
         return named, text
 
     def _general(self) -> Callable[[str, Any], bytes]:
-        """The digest of any call: the hash of ``identity_bytes``, computed in two updates."""
-        blank, body = self._blank, self._canonical
+        """The digest of any call: the hash of ``identity_bytes``, computed in two parts."""
+        blank, body, siphash = self._blank, self._canonical, self.hash == "siphash"
 
         def general(name: str, args: Any) -> bytes:
-            h = blank.copy()
-            h.update(name_bytes(name))
             try:
                 data = body(args)
             except Exception:  # a bytes-like that refuses its buffer (as identity_bytes)
                 data = _token_bytes(b"x", _utf8(_type_name(type(args))))
+            if siphash:
+                return _pack_hash(_hash(name_bytes(name) + data))
+            h = blank.copy()
+            h.update(name_bytes(name))
             h.update(data)
             return h.digest()
 
@@ -335,6 +375,7 @@ class Keyer:
         named, texts, states, general = self._named.get, self._texts.get, self._states, self._general()
         maybe_json, word_starts, words, space, encode_chunks, join = (
             _MAYBE_JSON, _WORD_STARTS, _JSON_WORDS, _JSON_SPACE, _encode_chunks, _join)
+        siphash, pack, hashed = self.hash == "siphash", _pack_hash, _hash
 
         def digest(name: str, args: Any) -> bytes:
             cls = type(args)
@@ -342,12 +383,15 @@ class Keyer:
                 first = args[:1]
                 if (first not in maybe_json or (first in word_starts and args.rstrip(space) not in words)) \
                         and type(name) is str:  # text that cannot be JSON (a shell command, a path)
-                    h = (texts(name) or states(name)[1]).copy()
                     try:
-                        h.update(args.encode())
+                        data = args.encode()
                     except UnicodeEncodeError:
                         pass
                     else:
+                        if siphash:
+                            return pack(hashed((texts(name) or states(name)[1]) + data))
+                        h = (texts(name) or states(name)[1]).copy()
+                        h.update(data)
                         return h.digest()
             elif cls is dict and type(name) is str:
                 try:  # a dict of JSON values
@@ -355,6 +399,8 @@ class Keyer:
                 except Exception:  # not plain JSON, or lone surrogates
                     pass
                 else:
+                    if siphash:
+                        return pack(hashed((named(name) or states(name)[0]) + data))
                     h = (named(name) or states(name)[0]).copy()
                     h.update(data)
                     return h.digest()
@@ -365,6 +411,7 @@ class Keyer:
     def _bytes_digest(self) -> Callable[[str, Any], bytes]:
         named, states, general, encode_chunks, join = (
             self._named.get, self._states, self._general(), _encode_chunks, _join)
+        siphash, pack, hashed = self.hash == "siphash", _pack_hash, _hash
 
         def digest(name: str, args: Any) -> bytes:
             if type(name) is str:
@@ -379,6 +426,8 @@ class Keyer:
                 except Exception:  # lone surrogates, or not plain JSON
                     data = b"\x02"
                 if data[:1] != b"\x02":  # (text that starts with 0x02 has its own token)
+                    if siphash:
+                        return pack(hashed((named(name) or states(name)[0]) + data))
                     h = (named(name) or states(name)[0]).copy()
                     h.update(data)
                     return h.digest()
