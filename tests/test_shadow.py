@@ -253,7 +253,7 @@ def test_a_raising_shadow_policy_is_its_own_would_be_halt_and_never_the_hosts(mo
     guard, heard = shadow_guard({"open": {"fail_mode": "open"}, "closed": {}}, fail_mode="closed")
     plugin = guard.pm.get_plugin("shadow")
     for policy in plugin.policies:
-        monkeypatch.setattr(policy.dispatcher, "check_call", (("broken", broken, False),))
+        monkeypatch.setattr(policy.dispatcher, "check_call", (("broken", broken, False, None),))
     with guard.turn() as turn:
         verdicts = drive(turn, [distinct_call(i) for i in range(3)])
     assert turn.halted is None and all(v.action is tg.Action.ALLOW for v in verdicts)

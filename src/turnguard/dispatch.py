@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import pluggy
 
+from turnguard.firing import NEVER, Quiet
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import ALLOW, Action, LoopDetectedEvent, Verdict
 from turnguard.plugins import DEFAULT_PLUGINS
@@ -54,13 +55,60 @@ HOT_OBSERVERS: Mapping[str, tuple[str, ...]] = {
 PASSTHROUGH = (KeyboardInterrupt, SystemExit)
 """What a plugin may raise through the guard; any other ``BaseException`` is a plugin error."""
 
-Impl = tuple[str, Callable[..., Any], bool]
-"""(plugin name, function taking the hook's positional arguments, gets the ledger itself)."""
+Impl = tuple[str, Callable[..., Any], bool, Callable[[Ledger], Quiet] | None]
+"""(plugin name, function taking the hook's positional arguments, gets the ledger itself, the
+plugin's ``quiet_rule`` or ``None``)."""
 Bound = tuple[tuple[str, Callable[..., Any], Any], ...]
 """A hook's implementations for one turn: (plugin name, function, the ``turn`` it receives)."""
 Observer = tuple[str, Callable[..., Any], tuple[str, ...]]
 """(plugin name, function, the keyword arguments it accepts)."""
 _POLICY_MODULES = frozenset(DEFAULT_PLUGINS.values())
+
+
+class QuietRegion:
+    """Where one turn's check hooks may be skipped (``turnguard.firing.Quiet``): while the
+    ledger's ``tool_calls <= calls``, ``streak_length < streak`` and ``max_key_repeat < repeat``, a
+    check calls only ``call`` (the hooks without a rule); while ``stop_count < stop_count``, an
+    outcome calls only ``outcome``. The callers test the counts inline (they run on every call)
+    and call ``asked_again`` when the first test fails."""
+
+    __slots__ = ("_dispatcher", "_ledger", "_reask", "_view", "call", "calls", "outcome", "repeat", "stop_count",
+                 "streak")
+
+    def __init__(self, dispatcher: Dispatcher, ledger: Ledger, view: LedgerView) -> None:
+        self._dispatcher, self._ledger, self._view = dispatcher, ledger, view
+        self.ask()
+
+    def ask(self) -> None:
+        """Each plugin's ``quiet_rule(ledger)``, combined (the least of each count); a rule that
+        fails or answers something else than a ``Quiet`` counts as none (its plugin is called on
+        every check)."""
+        d, ledger = self._dispatcher, self._ledger
+        said = {rule: _quiet_of(rule, ledger) for *_, rule in (*d.check_call, *d.check_outcome) if rule is not None}
+
+        def split(impls: tuple[Impl, ...], count: Callable[[Quiet], float]) -> tuple[float, tuple[Impl, ...]]:
+            rules = [said.get(impl[3]) if impl[3] is not None else None for impl in impls]
+            least = min((count(q) for q in rules if q is not None), default=NEVER)
+            return least, tuple(impl for impl, q in zip(impls, rules, strict=True) if q is None)
+
+        self.calls, awake_call = split(d.check_call, lambda q: q.calls)
+        self.streak = split(d.check_call, lambda q: q.streak)[0]
+        self.repeat = split(d.check_call, lambda q: q.repeat)[0]
+        self.stop_count, awake_outcome = split(d.check_outcome, lambda q: q.stop_count)
+        self.call = d.bound(awake_call, ledger, self._view)
+        self.outcome = d.bound(awake_outcome, ledger, self._view)
+        self._reask = self.calls >= ledger._tool_calls
+        """Ask again once ``tool_calls`` passes ``calls``; not when the region just named lies
+        behind the turn already (it would be asked on every call)."""
+
+    def asked_again(self) -> bool:
+        """A check outside the region: past its ``calls``, ask again (once per region). Whether
+        the check is inside the region named now."""
+        ledger = self._ledger
+        if ledger._tool_calls <= self.calls or not self._reask:
+            return False
+        self.ask()
+        return ledger._tool_calls <= self.calls and ledger._streak < self.streak and ledger._max_repeat < self.repeat
 
 
 class BoundChecks(NamedTuple):
@@ -90,7 +138,8 @@ def compile_hook(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...], *,
         fn = impl.function
         if names != order:
             fn = _adapter(fn, tuple(order.index(n) for n in names))
-        impls.append((impl.plugin_name, fn, is_policy_module(impl.plugin)))
+        rule = getattr(impl.plugin, "quiet_rule", None)
+        impls.append((impl.plugin_name, fn, is_policy_module(impl.plugin), rule if callable(rule) else None))
     return tuple(impls)
 
 
@@ -153,7 +202,11 @@ class Dispatcher:
     @staticmethod
     def bound(impls: tuple[Impl, ...], ledger: Ledger, view: LedgerView) -> Bound:
         """``impls`` for one turn: (plugin name, function, the ledger or ``view``)."""
-        return tuple((name, fn, ledger if trusted else view) for name, fn, trusted in impls)
+        return tuple((name, fn, ledger if trusted else view) for name, fn, trusted, _ in impls)
+
+    def quiet(self, ledger: Ledger, view: LedgerView | None = None) -> QuietRegion:
+        """Where ``ledger``'s turn may skip hooks (``QuietRegion``)."""
+        return QuietRegion(self, ledger, view if view is not None else LedgerView(ledger))
 
     def observers(self, hook: str) -> tuple[Observer, ...]:
         """A keyword-called hook's implementations, looked up once."""
@@ -259,6 +312,15 @@ class Dispatcher:
                 self.report_error(plugin_name, hook, exc, report)
                 failed = True
         return failed
+
+
+def _quiet_of(rule: Callable[[Ledger], Quiet], ledger: Ledger) -> Quiet | None:
+    try:
+        said = rule(ledger)
+    except Exception:  # a broken rule only costs speed: its plugin is called every time
+        log.warning("turnguard: a quiet_rule raised; its plugin is called on every check", exc_info=True)
+        return None
+    return said if isinstance(said, Quiet) else None
 
 
 NOTHING: tuple[Verdict, tuple[()]] = (ALLOW, ())

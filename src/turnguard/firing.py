@@ -80,6 +80,25 @@ class Triggers:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Quiet:
+    """Where a policy's live check hooks answer ``None`` whatever else the turn holds, in the
+    ledger's counts: ``turnguard_check_call`` while ``tool_calls <= calls``, ``streak_length <
+    streak`` and ``max_key_repeat < repeat``; ``turnguard_check_outcome`` while ``stop_count <
+    stop_count``.
+
+    A policy module says it with ``quiet_rule(turn)``, given the turn's ``Ledger``: at the turn's
+    start, and again once ``tool_calls`` passes ``calls`` (so a policy can name the region that
+    fits the turn as it is then; every region it names must hold for any turn). The dispatcher
+    does not call its hooks there, which is most calls of most turns (``Dispatcher.quiet``). A
+    plugin that says nothing is called on every check."""
+
+    calls: float = NEVER
+    streak: float = NEVER
+    repeat: float = NEVER
+    stop_count: float = NEVER
+
+
 class Firing(NamedTuple):
     """What one policy can still do on one turn.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pluggy
@@ -247,8 +247,9 @@ class Turn:
         self._call_observers = dispatch.bound(dispatch.call_observers, ledger, view)
         self._outcome_observers = dispatch.bound(dispatch.outcome_observers, ledger, view)
         self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
-        self._count_call = ledger.count_call
-        self._record_outcome = ledger.record_outcome
+        self._quiet = dispatch.quiet(ledger, view)
+        """Where the plugins cannot fire (``turnguard.firing.Quiet``): they are not called there."""
+        self.check_call, self.record_outcome = _hot_paths(self)
         if self._notify("turnguard_turn_started", turn=view):
             self._observer_halt("turnguard_turn_started", ALLOW)
 
@@ -286,8 +287,8 @@ class Turn:
             failed = self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict) or failed
         return self._observer_halt("turnguard_cycle_checked", verdict) if failed else verdict
 
-    # check_call and record_outcome are the hot path: the plugin loop is inlined (no per-call
-    # argument tuple, no extra frame); anything but "every plugin returned None" goes to _combine.
+    # check_call and record_outcome are the hot path: each turn has them as closures (_hot_paths,
+    # below the class); these methods say what they do and reach the turn's own.
 
     def check_call(self, call: ToolCall) -> Verdict:
         """Before executing ``call``: count it and decide. Do not execute it on HALT.
@@ -295,38 +296,18 @@ class Turn:
         Identical calls checked while earlier ones of their streak still wait for an outcome
         (one model response's batch) count those as failures for the stop level: in an
         unattended turn at most ``streak_stop_at`` of them run."""
-        if type(call) is not ToolCall:
-            _require_call(call)
-        key = call._key
-        # computed here, once; record_outcome and the plugins reuse it
-        digest = self._digest(call.name, call.args) if key is None or key[1] is not self._keyer else key[0]
-        self._acquire()  # acquire/release bound once: cheaper than `with` on the hot path
-        try:
-            if self._halt is not None:
-                return self._halt
-            seq = self._count_call(digest, call.name)
-            awaiting = self._awaiting
-            # key[-2]/key[-1]: this turn's token and check number (a key stored by Keyer.key_of has neither)
-            if key is not None and key[-2] is self._token and awaiting.get(key[-1]) is call:
-                self._reused = True  # checked again before its outcome: the key keeps its first check
-            else:
-                store_key(call, (digest, self._keyer, self._token, seq))
-            awaiting[seq] = call
-            if not seq & 1023:  # every 1,024th check: is the waiting list too long?
-                self._give_up_waiting()
-            found = None
-            for name, fn, turn in self._check_call:
-                try:
-                    verdict = fn(turn, call)
-                except PASSTHROUGH:
-                    raise
-                except BaseException as exc:  # isolate every plugin
-                    verdict = self._dispatch.failed(name, "turnguard_check_call", exc, self.view)
-                if verdict is not None:
-                    found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-            verdict, events = NOTHING if found is None else self._combine("turnguard_check_call", found)
-        finally:
-            self._release()
+        return self.check_call(call)
+
+    def record_outcome(self, call: ToolCall, outcome: Outcome | str) -> Verdict:
+        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+
+        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+        latched HALT once the turn is halted); it is reported as a host error."""
+        return self.record_outcome(call, outcome)
+
+    def _call_checked(self, call: ToolCall, verdict: Verdict, events: Any) -> Verdict:
+        """After a check, outside the lock: the detections' and ``turnguard_call_checked``'s observers."""
         failed = self._after(events) if events else False
         for name, fn, turn in self._call_observers:
             try:
@@ -338,46 +319,8 @@ class Turn:
                 failed = True
         return self._observer_halt("turnguard_call_checked", verdict) if failed else verdict
 
-    def record_outcome(self, call: ToolCall, outcome: Outcome | str) -> Verdict:
-        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
-
-        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
-        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
-        latched HALT once the turn is halted); it is reported as a host error."""
-        if type(call) is not ToolCall:
-            _require_call(call)
-        if type(outcome) is not Outcome:
-            outcome = Outcome.parse(outcome)
-        self._acquire()
-        try:
-            key = call._key
-            awaiting = self._awaiting
-            if key is not None and key[-2] is self._token and awaiting.pop(key[-1], None) is call:
-                seq = key[-1]  # (the waiting list holds each check's own call: what it popped is this one)
-                if self._reused:
-                    self._next_check_of(call, key)
-            else:
-                seq, call = self._claim(call)
-            if seq:
-                self._record_outcome(seq, outcome)
-                if self._halt is not None:
-                    verdict, events = self._halt, ()
-                else:
-                    found = None
-                    for name, fn, turn in self._check_outcome:
-                        try:
-                            verdict = fn(turn, call, outcome)
-                        except PASSTHROUGH:
-                            raise
-                        except BaseException as exc:  # isolate every plugin
-                            verdict = self._dispatch.failed(name, "turnguard_check_outcome", exc, self.view)
-                        if verdict is not None:
-                            found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-                    verdict, events = NOTHING if found is None else self._combine("turnguard_check_outcome", found)
-        finally:
-            self._release()
-        if not seq:
-            return self._ignored(call, outcome)
+    def _outcome_recorded(self, call: ToolCall, outcome: Outcome, verdict: Verdict, events: Any) -> Verdict:
+        """After an outcome, outside the lock: the detections' and ``turnguard_outcome_recorded``'s observers."""
         failed = self._after(events) if events else False
         if self._outcome_observers and self._observe_outcome(call, outcome, verdict):
             failed = True
@@ -527,7 +470,8 @@ class Turn:
         items = list(self._awaiting.items())
         for seq, _ in items[:MAX_AWAITING]:
             self.ledger.abandon(seq)
-        self._awaiting = dict(items[MAX_AWAITING:])
+        self._awaiting.clear()  # in place: the hot paths hold this dict
+        self._awaiting.update(items[MAX_AWAITING:])
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
         key = call._key
@@ -579,6 +523,112 @@ class Turn:
             if self._halt is None:
                 self._halt = Verdict(Action.HALT, None, f"turnguard: a plugin failed in {hook} (fail_mode=closed)")
             return self._halt
+
+
+def _hot_paths(turn: Turn) -> tuple[Callable[[ToolCall], Verdict], Callable[[ToolCall, Outcome | str], Verdict]]:
+    """``turn``'s ``check_call`` and ``record_outcome``: closures, so that what they read on
+    every call is a local cell, not an attribute of the turn (a tenth of a shell command's cost;
+    ``benchmarks/bench_core.py``). Anything but "no plugin had anything to say" takes the turn's
+    methods (``_combine``, ``_claim``, ``_ignored``, the observers')."""
+    check_call, record_outcome = _checker(turn), _recorder(turn)
+    check_call.__doc__, record_outcome.__doc__ = Turn.check_call.__doc__, Turn.record_outcome.__doc__
+    return check_call, record_outcome
+
+
+def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
+    ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
+    digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
+    count, every_call, call_observers = ledger.count_call, turn._check_call, turn._call_observers
+
+    def check_call(call: ToolCall) -> Verdict:
+        if type(call) is not ToolCall:
+            _require_call(call)
+        key = call._key
+        # computed here, once; record_outcome and the plugins reuse it
+        digest = digest_of(call.name, call.args) if key is None or key[1] is not keyer else key[0]
+        acquire()  # acquire/release bound once: cheaper than `with` on the hot path
+        try:
+            if turn._halt is not None:
+                return turn._halt
+            seq = count(digest, call.name)
+            # key[-2]/key[-1]: this turn's token and check number (a key stored by Keyer.key_of has neither)
+            if key is not None and key[-2] is token and awaiting.get(key[-1]) is call:
+                turn._reused = True  # checked again before its outcome: the key keeps its first check
+            else:
+                store_key(call, (digest, keyer, token, seq))
+            awaiting[seq] = call
+            if not seq & 1023:  # every 1,024th check: is the waiting list too long?
+                turn._give_up_waiting()
+            if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                    and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
+                impls = quiet.call  # the plugins that cannot fire here are not called
+                if not impls and not call_observers:
+                    return ALLOW
+            else:
+                impls = every_call
+            found: tuple[tuple[str, Any], ...] = ()
+            for name, fn, arg in impls:  # Turn._decide_inline's loop, inlined: a shadow's hook runs on every call
+                try:
+                    verdict = fn(arg, call)
+                except PASSTHROUGH:
+                    raise
+                except BaseException as exc:  # isolate every plugin
+                    verdict = turn._dispatch.failed(name, "turnguard_check_call", exc, turn.view)
+                if verdict is not None:
+                    found += ((name, verdict),)
+            verdict, events = turn._combine("turnguard_check_call", list(found)) if found else NOTHING
+        finally:
+            release()
+        return turn._call_checked(call, verdict, events)
+
+    return check_call
+
+
+def _recorder(turn: Turn) -> Callable[[ToolCall, Outcome | str], Verdict]:
+    ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
+    token, acquire, release, record = turn._token, turn._acquire, turn._release, ledger.record_outcome
+    every_outcome, outcome_observers = turn._check_outcome, turn._outcome_observers
+
+    def record_outcome(call: ToolCall, outcome: Outcome | str) -> Verdict:
+        if type(call) is not ToolCall:
+            _require_call(call)
+        if type(outcome) is not Outcome:
+            outcome = Outcome.parse(outcome)
+        acquire()
+        try:
+            key = call._key
+            if key is not None and key[-2] is token and awaiting.pop(key[-1], None) is call:
+                seq = key[-1]  # (the waiting list holds each check's own call: what it popped is this one)
+                if turn._reused:
+                    turn._next_check_of(call, key)
+            else:
+                seq, call = turn._claim(call)
+            if seq:
+                record(seq, outcome)
+                if turn._halt is not None:
+                    verdict, events = turn._halt, ()
+                else:
+                    impls = quiet.outcome if ledger._stop_peak < quiet.stop_count else every_outcome
+                    if not impls and not outcome_observers:
+                        return ALLOW
+                    found: tuple[tuple[str, Any], ...] = ()
+                    for name, fn, arg in impls:  # as in check_call
+                        try:
+                            verdict = fn(arg, call, outcome)
+                        except PASSTHROUGH:
+                            raise
+                        except BaseException as exc:  # isolate every plugin
+                            verdict = turn._dispatch.failed(name, "turnguard_check_outcome", exc, turn.view)
+                        if verdict is not None:
+                            found += ((name, verdict),)
+                    verdict, events = turn._combine("turnguard_check_outcome", list(found)) if found else NOTHING
+        finally:
+            release()
+        if not seq:
+            return turn._ignored(call, outcome)
+        return turn._outcome_recorded(call, outcome, verdict, events)
+
+    return record_outcome
 
 
 def _require_call(call: Any) -> None:

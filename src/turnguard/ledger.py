@@ -324,7 +324,7 @@ class Ledger:
         """Count a checked call; returns its sequence number (``checks``), which its outcome is
         recorded under (``record_outcome``)."""
         self._tool_calls += 1
-        self._seq += 1
+        seq = self._seq = self._seq + 1
         counts = self._counts
         seen = counts.get(digest)
         if seen is not None:
@@ -356,7 +356,7 @@ class Ledger:
             self._last_key = digest
             self._last_tool = tool_name
             self._streak = 1
-            self._next = self._seq  # _new_streak, inlined: most calls start a streak
+            self._next = seq  # _new_streak, inlined: most calls start a streak
             if self._stop_peak:  # the stop count's peak bounds both counts: 0 means nothing to reset
                 self._failing = 0
                 self._settled = 0
@@ -365,7 +365,7 @@ class Ledger:
                 self._early.clear()
             if self._fired:
                 self._fired.clear()
-        return self._seq
+        return seq
 
     def _new_streak(self, first: int) -> None:
         """The current streak starts at check ``first``: earlier calls' outcomes are not its own."""

@@ -84,13 +84,15 @@ def _digest_with(keyer: Keyer) -> Callable[[ToolCall], bytes]:
 class ShadowRun:
     """One shadow policy on one live turn: its ledger, its bound checks, its latched would-be halt."""
 
-    __slots__ = ("checks", "halt", "ledger", "policy")
+    __slots__ = ("checks", "halt", "ledger", "policy", "quiet")
 
     def __init__(self, policy: ShadowPolicy, turn: LedgerView) -> None:
         self.policy = policy
         self.ledger = Ledger(policy.config, turn_id=turn.turn_id, conversation_id=turn.conversation_id,
                              agent_name=turn.agent_name, promptable=turn.promptable)
         self.checks = policy.dispatcher.bind(self.ledger)
+        self.quiet = policy.dispatcher.quiet(self.ledger)
+        """Where this shadow's policies cannot fire: they are not called there (as on the live turn)."""
         self.halt: Verdict | None = None
 
 
@@ -112,7 +114,7 @@ class TurnShadows:
     def drop_halted(self) -> None:
         self.active = tuple(
             (run, run.ledger, run.policy.own_digest, run.ledger.count_call, run.checks.call,
-             run.ledger.record_outcome, run.checks.outcome)
+             run.ledger.record_outcome, run.checks.outcome, run.quiet)
             for run in self.runs if run.halt is None
         )
 
@@ -191,8 +193,13 @@ class ShadowPlugin:
         digest = key[0] if key is not None else self._digest(call)
         name = call.name
         try:
-            for run, _, own_digest, count, checks, _, _ in state.active:
+            for run, ledger, own_digest, count, checks, _, _, quiet in state.active:
                 count(digest if own_digest is None else own_digest(call), name)
+                if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                        and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
+                    checks = quiet.call  # (Turn's check_call does the same)
+                    if not checks:
+                        continue
                 found = None
                 for plugin, fn, arg in checks:  # Dispatcher.collect, inlined: this runs on every call
                     try:
@@ -223,8 +230,12 @@ class ShadowPlugin:
         key = call._key
         seq = key[3] if key is not None and len(key) > 3 else turn.checks  # the live check it belongs to
         try:
-            for run, _, _, _, _, record, checks in state.active:
+            for run, ledger, _, _, _, record, checks, quiet in state.active:
                 record(seq, outcome)
+                if ledger._stop_peak < quiet.stop_count:
+                    checks = quiet.outcome
+                    if not checks:
+                        continue
                 found = None
                 for plugin, fn, arg in checks:  # Dispatcher.collect, inlined
                     try:

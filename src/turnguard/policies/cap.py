@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from turnguard.firing import Firing, Triggers, TurnFacts
+from turnguard.firing import Firing, Quiet, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
@@ -55,6 +55,14 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
             ),
         )
     return None
+
+
+def quiet_rule(turn: Ledger) -> Quiet:
+    """Where the hook above answers ``None`` (``turnguard.firing.Quiet``): up to the cap, and
+    past the soft cap up to the backstop while no call has been repeated ``stuck_at`` times."""
+    if turn._tool_calls <= turn._cap_quiet_until or turn.cap_mode != "adaptive":
+        return Quiet(calls=turn._cap_quiet_until)
+    return Quiet(calls=turn._hard_cap, repeat=turn._stuck_at)
 
 
 def firing_rule(config: GuardConfig) -> CapFiring:

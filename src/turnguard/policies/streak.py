@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from turnguard.firing import Firing, Triggers, TurnFacts
+from turnguard.firing import NEVER, Firing, Quiet, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
 from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
@@ -92,6 +92,14 @@ def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> V
         Threshold.STREAK, action, Level.STOP, stop_at, call=call,
         message=f"turnguard: {call.name} {what} {stop_at} times in a row with identical arguments",
     )
+
+
+def quiet_rule(turn: Ledger) -> Quiet:
+    """Where the hooks above answer ``None`` (``turnguard.firing.Quiet``): the call hook while
+    the streak is shorter than either level (the batched stop count counts only the streak's
+    earlier calls), the outcome hook while the stop count is under the stop level."""
+    warn_at, stop_at = turn._warn_at or NEVER, turn._stop_at or NEVER
+    return Quiet(streak=min(warn_at, stop_at), stop_count=stop_at)
 
 
 def firing_rule(config: GuardConfig) -> StreakFiring:

@@ -1,0 +1,185 @@
+"""Hooks are not called where their policy cannot fire (``turnguard.firing.Quiet``), and that
+changes no verdict: a guard whose policies say where they are quiet and one whose policies say
+nothing (every hook called on every check) agree on every turn, shadows included."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+import turnguard as tg
+from turnguard.firing import Quiet
+from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard.policies import cap, streak
+
+OUTCOMES = (tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED, tg.Outcome.UNKNOWN)
+
+
+def random_config(rng: random.Random) -> dict[str, Any]:
+    """Thresholds small enough that random turns cross every one of them."""
+    config: dict[str, Any] = {
+        "soft_cap": rng.choice([3, 8, 20]),
+        "hard_multiplier": rng.choice([2, 3]),
+        "stuck_repeat_threshold": rng.choice([2, 3, 6]),
+        "streak_warn_at": rng.choice([0, 2, 3, 5]),
+        "streak_stop_at": rng.choice([0, 2, 4, 8]),
+        "streak_stop_on": rng.choice(["error", "any"]),
+        "stuck_signal": rng.choice(["repeat", "stale_repeat"]),
+        "remind_model": rng.random() < 0.3,
+    }
+    if config["streak_warn_at"] and config["streak_stop_at"]:
+        config["streak_warn_at"] = min(config["streak_warn_at"], config["streak_stop_at"])
+    if rng.random() < 0.25:
+        config["max_tool_calls_per_turn"] = rng.choice([0, 5, 15])
+    return config
+
+
+def observed(verdict: tg.Verdict) -> tuple[Any, ...]:
+    """What a verdict says, without the ids that differ between two guards."""
+    event = verdict.event
+    facts = None if event is None else (event.level, event.limit, event.tool_calls, event.cycles,
+                                        event.max_key_repeat, event.streak_length, event.failing_streak_length)
+    return verdict.action, verdict.threshold, verdict.message, facts
+
+
+def play(guard: tg.Guard, seed: int, promptable: bool) -> list[Any]:
+    """One random turn (repeats, streaks, parallel batches, retries, answers, outcomes out of
+    order); what the host saw, and the summary."""
+    rng = random.Random(seed)
+    seen: list[Any] = []
+    with guard.turn(promptable=promptable) as turn:
+        for _ in range(rng.randrange(5, 60)):
+            seen.append(observed(turn.begin_cycle()))
+            keys = [rng.choice("AAB" if rng.random() < 0.6 else "ABCDEFGH") for _ in range(rng.choice([1, 1, 1, 3]))]
+            calls = [tg.ToolCall("bash", f"run {k}") for k in keys]
+            for c in calls:
+                verdict = turn.check_call(c)
+                seen.append(observed(verdict))
+                if verdict.action is tg.Action.ASK and verdict.event is not None and rng.random() < 0.7:
+                    seen.append(observed(turn.resolve(verdict.event, rng.choice(["continue", "redirect"]))))
+            order = list(calls)
+            rng.shuffle(order)
+            for c in order:
+                verdict = turn.record_outcome(c, rng.choice(OUTCOMES))
+                seen.append(observed(verdict))
+                if verdict.action is tg.Action.ASK and verdict.event is not None:
+                    seen.append(observed(turn.resolve(verdict.event, rng.choice(["continue", "redirect", "stop"]))))
+            if rng.random() < 0.05:
+                turn.retry()
+            if turn.halted is not None:
+                break
+    summary = turn.summary
+    return [*seen, summary.tool_calls, summary.halted, summary.threshold, summary.max_key_repeat]
+
+
+def without_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (cap, streak):
+        monkeypatch.delattr(module, "quiet_rule")
+
+
+@pytest.mark.parametrize("promptable", [True, False])
+def test_skipping_quiet_policies_changes_no_verdict_on_random_turns(monkeypatch, promptable):
+    rng = random.Random(11)
+    configs = [random_config(rng) for _ in range(60)]
+    quiet = [tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS, **c), environ={}) for c in configs]
+    with monkeypatch.context() as m:
+        without_rules(m)
+        every = [tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS, **c), environ={}) for c in configs]
+    assert all(g.turn()._quiet.call == () for g in quiet)  # the built-ins all say where they are quiet
+    assert all(len(g.turn()._quiet.call) == 2 for g in every)  # cap and streak: called every time
+    for i, (a, b) in enumerate(zip(quiet, every, strict=True)):
+        for seed in range(12):
+            assert play(a, 100 * i + seed, promptable) == play(b, 100 * i + seed, promptable), (configs[i], seed)
+
+
+def test_skipping_quiet_policies_changes_no_shadow_verdict(monkeypatch):
+    rng = random.Random(5)
+    shadows = {f"s{i}": random_config(rng) for i in range(3)}
+    live = {"soft_cap": 10, "streak_warn_at": 0, "streak_stop_at": 0, "stuck_repeat_threshold": 50}
+
+    def guard() -> tg.Guard:
+        ended: list[Any] = []
+
+        class Heard:
+            @tg.hookimpl
+            def turnguard_shadow_turn_ended(self, policy, summary):
+                ended.append((policy, summary.tool_calls, summary.halted, summary.threshold))
+
+        config = tg.GuardConfig(disable_plugins=("otel", "recorder"), shadow=shadows, **live)
+        made = tg.Guard(config, plugins={"heard": Heard()}, environ={})
+        made.heard = ended  # type: ignore[attr-defined]
+        return made
+
+    quiet = guard()
+    with monkeypatch.context() as m:
+        without_rules(m)
+        every = guard()
+    for seed in range(40):
+        play(quiet, seed, False)
+        play(every, seed, False)
+    assert quiet.heard == every.heard and any(halted for _, _, halted, _ in quiet.heard)
+
+
+class Counting:
+    """A third-party policy that counts how often each of its hooks is called."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.outcomes: list[int] = []
+
+    @tg.hookimpl
+    def turnguard_check_call(self, turn, call):
+        self.calls.append(turn.tool_calls)
+
+    @tg.hookimpl
+    def turnguard_check_outcome(self, turn, call, outcome):
+        self.outcomes.append(turn.tool_calls)
+
+
+def drive(plugin: object, calls: int = 8) -> None:
+    guard = tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS), plugins={"counting": plugin}, environ={})
+    with guard.turn() as turn:
+        for i in range(calls):
+            call = tg.ToolCall("read_file", {"path": f"f{i}"})
+            turn.check_call(call)
+            turn.record_outcome(call, "ok")
+
+
+def test_a_plugin_that_says_nothing_is_called_on_every_check():
+    plugin = Counting()
+    drive(plugin)
+    assert plugin.calls == list(range(1, 9)) and plugin.outcomes == list(range(1, 9))
+
+
+def test_a_plugin_is_called_only_outside_the_region_its_rule_names():
+    class Ruled(Counting):
+        def quiet_rule(self, turn):
+            return Quiet(calls=3, stop_count=1)  # quiet on the first 3 checks; its outcome hook always
+
+    plugin = Ruled()
+    drive(plugin)
+    assert plugin.calls == [4, 5, 6, 7, 8] and plugin.outcomes == []
+
+
+@pytest.mark.parametrize("rule", [lambda turn: 1 / 0, lambda turn: "quiet", lambda turn: None])
+def test_a_rule_that_fails_or_answers_no_quiet_leaves_its_plugin_called_every_time(rule):
+    class Broken(Counting):
+        quiet_rule = staticmethod(rule)
+
+    plugin = Broken()
+    drive(plugin)
+    assert plugin.calls == list(range(1, 9)) and plugin.outcomes == list(range(1, 9))
+
+
+def test_the_cap_names_a_new_region_past_the_soft_cap_so_long_turns_stay_quiet():
+    guard = tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS), environ={})
+    turn = guard.turn()
+    assert turn._quiet.calls == 100
+    for i in range(150):
+        call = tg.ToolCall("bash", f"ls {i}")
+        turn.check_call(call)
+        turn.record_outcome(call, "ok")
+    region = turn._quiet
+    assert (region.calls, region.repeat, region.streak, region.call) == (1000, 6, 5, ())
