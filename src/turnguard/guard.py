@@ -306,6 +306,15 @@ class Turn:
         latched HALT once the turn is halted); it is reported as a host error."""
         return self.record_outcome(call, outcome)
 
+    def _key_again(self, call: ToolCall, key: tuple[Any, ...], digest: bytes, seq: int) -> None:
+        """A checked call that carries a key already: this turn's, still waiting for its outcome
+        (checked again: the key keeps its first check), or another's (``key[-2]``/``key[-1]``: the
+        turn's token and check number; a key stored by ``Keyer.key_of`` has neither)."""
+        if key[-2] is self._token and self._awaiting.get(key[-1]) is call:
+            self._reused = True
+        else:
+            store_key(call, (digest, self._keyer, self._token, seq))
+
     def _call_checked(self, call: ToolCall, verdict: Verdict, events: Any) -> Verdict:
         """After a check, outside the lock: the detections' and ``turnguard_call_checked``'s observers."""
         failed = self._after(events) if events else False
@@ -551,11 +560,10 @@ def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
             if turn._halt is not None:
                 return turn._halt
             seq = count(digest, call.name)
-            # key[-2]/key[-1]: this turn's token and check number (a key stored by Keyer.key_of has neither)
-            if key is not None and key[-2] is token and awaiting.get(key[-1]) is call:
-                turn._reused = True  # checked again before its outcome: the key keeps its first check
-            else:
+            if key is None:
                 store_key(call, (digest, keyer, token, seq))
+            else:
+                turn._key_again(call, key, digest, seq)
             awaiting[seq] = call
             if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                 turn._give_up_waiting()
@@ -567,7 +575,7 @@ def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
             else:
                 impls = every_call
             found: tuple[tuple[str, Any], ...] = ()
-            for name, fn, arg in impls:  # Turn._decide_inline's loop, inlined: a shadow's hook runs on every call
+            for name, fn, arg in impls:  # the plugin loop, inlined: a shadow's hook runs on every call
                 try:
                     verdict = fn(arg, call)
                 except PASSTHROUGH:
@@ -576,7 +584,12 @@ def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
                     verdict = turn._dispatch.failed(name, "turnguard_check_call", exc, turn.view)
                 if verdict is not None:
                     found += ((name, verdict),)
-            verdict, events = turn._combine("turnguard_check_call", list(found)) if found else NOTHING
+            if found:
+                verdict, events = turn._combine("turnguard_check_call", list(found))
+            elif call_observers:
+                verdict, events = NOTHING
+            else:
+                return ALLOW
         finally:
             release()
         return turn._call_checked(call, verdict, events)
@@ -621,7 +634,12 @@ def _recorder(turn: Turn) -> Callable[[ToolCall, Outcome | str], Verdict]:
                             verdict = turn._dispatch.failed(name, "turnguard_check_outcome", exc, turn.view)
                         if verdict is not None:
                             found += ((name, verdict),)
-                    verdict, events = turn._combine("turnguard_check_outcome", list(found)) if found else NOTHING
+                    if found:
+                        verdict, events = turn._combine("turnguard_check_outcome", list(found))
+                    elif outcome_observers:
+                        verdict, events = NOTHING
+                    else:
+                        return ALLOW
         finally:
             release()
         if not seq:

@@ -98,10 +98,11 @@ class ShadowRun:
 
 class TurnShadows:
     """Every shadow's run on one live turn, and the reporting hooks as they were when it opened.
-    ``active`` holds the runs without a would-be halt (the only ones still evaluated), each with
-    what the per-call loop reads, unpacked in one step."""
+    ``active`` holds the runs without a would-be halt (the only ones still evaluated) with their
+    ledgers; ``calls`` and ``outcomes`` the same runs with what each per-call loop reads,
+    unpacked in one step."""
 
-    __slots__ = ("active", "detected", "ended", "found", "pending", "runs")
+    __slots__ = ("active", "calls", "detected", "ended", "found", "outcomes", "pending", "runs")
 
     def __init__(self, runs: list[ShadowRun], detected: tuple[Observer, ...], ended: tuple[Observer, ...]) -> None:
         self.runs = runs
@@ -112,11 +113,16 @@ class TurnShadows:
         self.drop_halted()
 
     def drop_halted(self) -> None:
-        self.active = tuple(
-            (run, run.ledger, run.policy.own_digest, run.ledger.count_call, run.checks.call,
-             run.ledger.record_outcome, run.checks.outcome, run.quiet)
-            for run in self.runs if run.halt is None
-        )
+        active = [run for run in self.runs if run.halt is None]
+        self.active = tuple((run, run.ledger) for run in active)
+        self.calls = tuple((run, run.ledger, run.policy.own_digest, run.ledger.count_call, run.checks.call, run.quiet)
+                           for run in active)
+        self.outcomes = tuple((run, run.ledger, run.ledger.record_outcome, run.checks.outcome, run.quiet)
+                              for run in active)
+
+    def stop(self) -> None:
+        """Evaluate no shadow any more on this turn."""
+        self.active = self.calls = self.outcomes = ()
 
     def apply_pending(self) -> None:
         """Apply queued retries and answers to every run still evaluated."""
@@ -169,7 +175,7 @@ class ShadowPlugin:
         if state.pending:
             state.apply_pending()
         try:
-            for run, ledger, *_ in state.active:
+            for run, ledger in state.active:
                 ledger.begin_cycle()
                 found = run.policy.dispatcher.collect("turnguard_check_cycle", run.checks.cycle, ())
                 if found:
@@ -193,7 +199,7 @@ class ShadowPlugin:
         digest = key[0] if key is not None else self._digest(call)
         name = call.name
         try:
-            for run, ledger, own_digest, count, checks, _, _, quiet in state.active:
+            for run, ledger, own_digest, count, checks, quiet in state.calls:
                 count(digest if own_digest is None else own_digest(call), name)
                 if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
                         and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
@@ -227,10 +233,12 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        key = call._key
-        seq = key[3] if key is not None and len(key) > 3 else turn.checks  # the live check it belongs to
         try:
-            for run, ledger, _, _, _, record, checks, quiet in state.active:
+            seq = call._key[3]  # the live check it belongs to
+        except (TypeError, IndexError):  # no check number (a host's own plugin manager): the latest check
+            seq = turn.checks
+        try:
+            for run, ledger, record, checks, quiet in state.outcomes:
                 record(seq, outcome)
                 if ledger._stop_peak < quiet.stop_count:
                     checks = quiet.outcome
@@ -313,7 +321,7 @@ def _decided(run: ShadowRun, hook: str, found: list[tuple[str, Any]], state: Tur
 def _give_up(state: TurnShadows, exc: BaseException) -> None:
     """Something outside the policies failed: stop evaluating shadows for this turn (logged)."""
     log.error("turnguard shadow plugin failed (%s); shadows stop for this turn", type(exc).__qualname__)
-    state.active = ()
+    state.stop()
 
 
 def _reason(run: ShadowRun, live: TurnSummary) -> str:
