@@ -17,6 +17,10 @@ the ``Ledger`` itself (they read its fields on the hot path); every other plugin
 read-only ``LedgerView``. ``Dispatcher.bind`` makes the per-turn tuples of (plugin name,
 function, turn argument) that the callers loop over.
 
+Where a plugin says its hooks cannot fire (``quiet_rule``, ``turnguard.firing.Quiet``),
+``Dispatcher.quiet`` gives the ``QuietRegion`` that ``Turn`` and the shadows test on every call
+before calling anything: most calls of most turns call no policy at all.
+
 Typical use (this is what ``calibrate.replay`` does)::
 
     dispatcher = Dispatcher(pm, fail_mode=config.fail_mode, log_errors=False)
