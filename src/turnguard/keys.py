@@ -378,7 +378,7 @@ class Keyer:
         siphash, pack, hashed = self.hash == "siphash", _pack_hash, _hash
 
         def digest(name: str, args: Any) -> bytes:
-            cls = type(args)
+            cls, state = type(args), None
             if cls is str:
                 first = args[:1]
                 if (first not in maybe_json or (first in word_starts and args.rstrip(space) not in words)) \
@@ -388,23 +388,21 @@ class Keyer:
                     except UnicodeEncodeError:
                         pass
                     else:
-                        if siphash:
-                            return pack(hashed((texts(name) or states(name)[1]) + data))
-                        h = (texts(name) or states(name)[1]).copy()
-                        h.update(data)
-                        return h.digest()
+                        state = texts(name) or states(name)[1]
             elif cls is dict and type(name) is str:
                 try:  # a dict of JSON values
                     data = join(encode_chunks(args, 0)).encode()
                 except Exception:  # not plain JSON, or lone surrogates
                     pass
                 else:
-                    if siphash:
-                        return pack(hashed((named(name) or states(name)[0]) + data))
-                    h = (named(name) or states(name)[0]).copy()
-                    h.update(data)
-                    return h.digest()
-            return general(name, args)
+                    state = named(name) or states(name)[0]
+            if state is None:
+                return general(name, args)
+            if siphash:
+                return pack(hashed(state + data))
+            h = state.copy()
+            h.update(data)
+            return h.digest()
 
         return digest
 
