@@ -108,8 +108,8 @@ def coding_mix(seed: int) -> list[tuple[str, Any, tg.Outcome]]:
     return calls[:MIX_CALLS]
 
 
-def _guard() -> tg.Guard:
-    return tg.Guard(tg.GuardConfig(disable_plugins=TELEMETRY_OFF), environ={})
+def _guard(digest_key: str | None = None) -> tg.Guard:
+    return tg.Guard(tg.GuardConfig(disable_plugins=TELEMETRY_OFF, digest_key=digest_key), environ={})
 
 
 def guard_batch(guard: tg.Guard, calls: list[tg.ToolCall]) -> float:
@@ -166,10 +166,12 @@ def _floor_batch(key: Callable[[str, Any], bytes], calls: list[tg.ToolCall]) -> 
     return elapsed / len(calls)
 
 
-def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int) -> dict[str, float]:
-    """Median seconds per call for the guard and each floor. Their batches are interleaved on the
-    same arguments, so a change in machine load affects all of them alike."""
-    guard = _guard()
+def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int,
+             guard: tg.Guard | None = None) -> dict[str, float]:
+    """Median seconds per call for the guard (the default one unless given) and each floor. Their
+    batches are interleaved on the same arguments, so a change in machine load affects all of them
+    alike."""
+    guard = guard if guard is not None else _guard()
     floors = {name: make_floor() for name, make_floor in FLOORS.items()}
     samples: dict[str, list[float]] = {"guard": [], **{name: [] for name in floors}}
     for b in range(batches):
@@ -265,6 +267,10 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         elif case == "shell string":
             row["target"], row["met"] = f"<= {TARGET_SHELL_RATIO:g}x floor", ratio <= TARGET_SHELL_RATIO
         rows.append(row)
+    keyed = per_call("bash", _shell, 1000, max(3, 40 // 4) if quick else 40, guard=_guard(digest_key="k"))
+    rows.append({"benchmark": "core", "case": "check_call + record_outcome, shell string, digest_key set (BLAKE2b)",
+                 "value": keyed["guard"] * 1e6, "unit": "us/call", "floor": keyed["strict"] * 1e6,
+                 "ratio": keyed["guard"] / keyed["strict"]})
     mix = mix_per_call(8 if quick else 30)
     ours, floor = mix["guard"], mix["strict"]
     rows.append({"benchmark": "core", "case": "check_call + record_outcome, coding-agent mix (ToolCall per call)",
