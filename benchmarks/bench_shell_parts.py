@@ -11,9 +11,7 @@ one that adds up. No target: the parts say what a change to the hot path could s
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import sys
 import threading
 import time
@@ -116,14 +114,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
              "unit": "us/call"} for case, part in PARTS]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20 batches instead of 100")
-    args = parser.parse_args(argv)
-    for row in run(quick=args.quick):
-        print(json.dumps(row))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    import run
+
+    sys.exit(run.main(["shell_parts", *sys.argv[1:]]))

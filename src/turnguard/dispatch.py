@@ -89,30 +89,33 @@ class QuietRegion:
         every check)."""
         d, ledger = self._dispatcher, self._ledger
         said = {rule: _quiet_of(rule, ledger) for *_, rule in (*d.check_call, *d.check_outcome) if rule is not None}
-
-        def split(impls: tuple[Impl, ...], count: Callable[[Quiet], float]) -> tuple[float, tuple[Impl, ...]]:
-            rules = [said.get(impl[3]) if impl[3] is not None else None for impl in impls]
-            least = min((count(q) for q in rules if q is not None), default=NEVER)
-            return least, tuple(impl for impl, q in zip(impls, rules, strict=True) if q is None)
-
-        self.calls, awake_call = split(d.check_call, lambda q: q.calls)
-        self.streak = split(d.check_call, lambda q: q.streak)[0]
-        self.repeat = split(d.check_call, lambda q: q.repeat)[0]
-        self.stop_count, awake_outcome = split(d.check_outcome, lambda q: q.stop_count)
+        on_call = [said.get(impl[3]) for impl in d.check_call]
+        on_outcome = [said.get(impl[3]) for impl in d.check_outcome]
+        quiet_call = [q for q in on_call if q is not None]
+        self.calls = min((q.calls for q in quiet_call), default=NEVER)
+        self.streak = min((q.streak for q in quiet_call), default=NEVER)
+        self.repeat = min((q.repeat for q in quiet_call), default=NEVER)
+        self.stop_count = min((q.stop_count for q in on_outcome if q is not None), default=NEVER)
+        awake_call = tuple(impl for impl, q in zip(d.check_call, on_call, strict=True) if q is None)
+        awake_outcome = tuple(impl for impl, q in zip(d.check_outcome, on_outcome, strict=True) if q is None)
         self.call = d.bound(awake_call, ledger, self._view)
         self.outcome = d.bound(awake_outcome, ledger, self._view)
         self._reask = self.calls >= ledger._tool_calls
         """Ask again once ``tool_calls`` passes ``calls``; not when the region just named lies
         behind the turn already (it would be asked on every call)."""
 
+    def holds(self) -> bool:
+        """Whether the ledger's counts are inside the region for a check (the callers inline this)."""
+        ledger = self._ledger
+        return ledger._tool_calls <= self.calls and ledger._streak < self.streak and ledger._max_repeat < self.repeat
+
     def asked_again(self) -> bool:
         """A check outside the region: past its ``calls``, ask again (once per region). Whether
         the check is inside the region named now."""
-        ledger = self._ledger
-        if ledger._tool_calls <= self.calls or not self._reask:
+        if self._ledger._tool_calls <= self.calls or not self._reask:
             return False
         self.ask()
-        return ledger._tool_calls <= self.calls and ledger._streak < self.streak and ledger._max_repeat < self.repeat
+        return self.holds()
 
 
 class BoundChecks(NamedTuple):
