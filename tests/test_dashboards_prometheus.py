@@ -142,8 +142,13 @@ class Push:
         (nanos,) = self.exporter.times
         at, expected = nanos // 1_000_000 / 1000, self.exporter.series  # Prometheus keeps milliseconds
 
+        # Every series has this export's sample (counting series alone, an older sample would do).
+        # timestamp() drops the metric name: kept as a label, so _sum and _count stay apart.
+        fresh = (f'count(timestamp(label_replace({{__name__=~"turnguard_.+"}}, "tg_name", "$1", "__name__", "(.+)"))'
+                 f' >= {at - 0.0005:.4f})')
+
         def landed() -> bool:
-            found = prometheus.query('count({__name__=~"turnguard_.+"})', at)
+            found = prometheus.query(fresh, at)
             return bool(found) and int(found[0]["value"][1]) == expected
 
         chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
