@@ -179,10 +179,12 @@ def _prometheus(binary: str, workdir: Path, config: str, flags: list[str]) -> ch
     return chain.Prometheus(binary, workdir, f"{config}rule_files: [{RULES_FILE}]\n", flags)
 
 
-def _records(prometheus: chain.Prometheus, window: Window) -> Window:
+def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[float]) -> Window:
     """Waits for the first evaluation whose tile ends at or after ``window.end``; returns the records
     from the first whose tile starts at or after ``window.start`` up to it, and checks that the group
-    missed no evaluation in between (a missed tile would be lost, as in production)."""
+    missed no evaluation in between (a missed tile would be lost, as in production) and that every
+    sample the fleet ``landed`` after the window's start falls in one of those tiles (a sample in
+    the tile before would be left out of the records, an undercount the panels could not explain)."""
     record, tile_ms, lag_ms = build.RECORDED[build.TURNS], TILE_S * 1000, LAG_S * 1000
     end_ms, start_ms = round(window.end * 1000), round(window.start * 1000)
 
@@ -199,6 +201,9 @@ def _records(prometheus: chain.Prometheus, window: Window) -> Window:
     held = stamps(last / 1000, f"{last - first + tile_ms // 2}ms")
     assert held == list(range(held[0], last + 1, tile_ms)), (
         f"the recording group skipped evaluations: {held}")
+    tiles = ((first - lag_ms - tile_ms) / 1000, (last - lag_ms) / 1000)
+    outside = [at for at in landed if not tiles[0] < at <= tiles[1]]
+    assert not outside, f"samples at {outside} landed outside the records' tiles {tiles}"
     return Window((first - tile_ms // 2) / 1000, last / 1000)
 
 
@@ -233,11 +238,12 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Run) -> FleetRun:
     scrape_after(0)
     fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=provider), WARM_UP, WARM_UP_SEED)
     start = scrape_after(time.time())
-    tally = run(provider, lambda: scrape_after(time.time()))
+    landed: list[float] = []
+    tally = run(provider, lambda: landed.append(scrape_after(time.time())))
     end = scrape_after(time.time())
     window = Window(start, end)
-    return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window), _config(),
-                    4 * SCRAPE_INTERVAL_S)
+    return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window, [*landed, end]),
+                    _config(), 4 * SCRAPE_INTERVAL_S)
 
 
 def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, *, prometheus3: bool,
@@ -259,16 +265,19 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, *, prometheus3: 
     else:
         fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=push.provider), WARM_UP, WARM_UP_SEED)
         start = push.flush(prometheus)
+        time.sleep(TILE_S)  # the fleet's first sample in a tile after the one holding the warm-up's
+    landed: list[float] = []
 
     def sample() -> None:
-        push.flush(prometheus)
+        landed.append(push.flush(prometheus))
         time.sleep(TILE_S)  # the next sample in another tile
 
     tally = run(push.provider, sample)
     end = push.flush(prometheus)
     route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
     window = Window(start, end)
-    return FleetRun(route, prometheus, tally, window, _records(prometheus, window), _config(), end - start)
+    return FleetRun(route, prometheus, tally, window, _records(prometheus, window, [*landed, end]), _config(),
+                    end - start)
 
 
 def _scrape_config(target: str) -> str:
