@@ -140,7 +140,8 @@ def turn_spans(path: Path) -> int:
                for span in scope["spans"] if span["name"].startswith("invoke_agent"))
 
 
-def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tmp_path):
+def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="turnguard.telemetry")  # a failed export, and the breaker's drops
     collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
     try:
         telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
@@ -148,13 +149,19 @@ def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tm
                                        "OTEL_SERVICE_NAME": "turnguard-chain", "OTEL_METRIC_EXPORT_INTERVAL": "600000",
                                        # every span of the fleet fits the queue: a loaded machine may not
                                        # export as fast as the fleet ends spans, and a full queue drops them
-                                       "OTEL_BSP_MAX_QUEUE_SIZE": "100000", "OTEL_BLRP_MAX_QUEUE_SIZE": "100000"})
+                                       "OTEL_BSP_MAX_QUEUE_SIZE": "100000", "OTEL_BLRP_MAX_QUEUE_SIZE": "100000",
+                                       # nor answer an export within the default 10 s: a timed-out export
+                                       # opens the breaker, which drops the next batches (by design)
+                                       "OTEL_EXPORTER_OTLP_TIMEOUT": "60000"})
         recorded = tmp_path / "turns.jsonl"
         config = tg.GuardConfig(load_entrypoints=False, recorder_path=str(recorded))
         with quiet_fleet():
             tally = fleet.run_fleet(fleet.make_fleet(config, **telemetry.providers()), MIX)
         assert telemetry.force_flush(30_000)
         telemetry.shutdown()
+        failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+                    and r.name.startswith(("turnguard.telemetry", "opentelemetry"))]
+        assert not failures, f"exports failed, so spans were dropped: {failures}\n{collector.log_tail()}"
         chain.wait_until("every turn span in the Collector's file",
                          lambda: turn_spans(collector.otlp_file) == len(tally.turns), collector.exited, timeout=60)
     finally:
