@@ -31,6 +31,7 @@ from keys_cases import (
     cyclic_dict,
     hostile_values,
 )
+from turnguard import keys
 from turnguard.keys import Keyer, byte_identity, canonical_bytes, identity_bytes, name_bytes
 
 MODES = ("canonical", "bytes")
@@ -54,9 +55,15 @@ def same_call(a: Any, b: Any, mode: str, name_a: str = "tool", name_b: str = "to
     return same
 
 
-def siphash_of(data: bytes) -> bytes:
-    """What ``Keyer(hash="siphash")`` makes of identity bytes: the interpreter's keyed hash, 8 bytes."""
-    return hash(data).to_bytes(8, "little", signed=True)
+def siphash_of(name: Any, data: bytes) -> bytes:
+    """What ``Keyer(hash="siphash")`` makes of a call's identity bytes: the interpreter's keyed
+    hash of the pair (the name's part with a text's 0x01, the rest), 8 bytes."""
+    head = name_bytes(name)
+    assert data.startswith(head)
+    rest = data[len(head):]
+    if rest.startswith(b"\x01"):
+        head, rest = head + b"\x01", rest[1:]
+    return hash((head, rest)).to_bytes(8, "little", signed=True)
 
 
 # -- plain JSON: the same digests as before ------------------------------------------------------
@@ -343,7 +350,7 @@ def test_without_a_secret_the_digest_is_the_interpreters_keyed_hash_of_the_ident
     keyer = SIPHASH[mode]
     for value in [*_population(7, 200), "ls -la", "true", '"quoted"', b"ls -la", "ls \ud800", "\x02t", ""]:
         for name in ("read_file", "re\x00ad", "\ud800"):
-            assert keyer.digest(name, value) == siphash_of(identity_bytes(name, value, mode)), (name, value)
+            assert keyer.digest(name, value) == siphash_of(name, identity_bytes(name, value, mode)), (name, value)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -351,7 +358,35 @@ def test_the_siphash_digest_stays_right_past_the_tool_names_a_keyer_keeps(mode):
     keyer = SIPHASH[mode]
     for i in range(1500):
         for args in (f"ls {i}", {"i": i}):
-            assert keyer.digest(f"tool{i}", args) == siphash_of(identity_bytes(f"tool{i}", args, mode))
+            assert keyer.digest(f"tool{i}", args) == siphash_of(f"tool{i}", identity_bytes(f"tool{i}", args, mode))
+
+
+TEXTS = ["ls -la", "", " ", "x", "true", "true ", "tru", "nulls", "5", "-", "{", "[1", '"q', "caf\u00e9", "\u00ff",
+         "\u4e2d\u6587", "\U0001f600", "\x01ls", "\x02t", "\x7f", "a\x00b", "grep -rn 'def f' src/ | head -20",
+         "x" * 5000]
+"""Text arguments around every edge of the ASCII shortcut: JSON-looking, non-ASCII in each width, markers."""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hashing_ascii_text_in_place_keys_it_as_its_encoded_bytes(mode, monkeypatch):
+    """A guard keys an ASCII text without encoding it; one where ``hash(str)`` might differ from
+    ``hash(bytes)`` encodes every text: both give every call the same digest."""
+    in_place = Keyer(mode, hash="siphash")
+    monkeypatch.setattr(keys, "_ASCII_AS_BYTES", False)
+    encoded = Keyer(mode, hash="siphash")
+    for text in [*TEXTS, *(t.upper() for t in TEXTS), *(f"{t} {i}" for i, t in enumerate(TEXTS))]:
+        for name in ("bash", "re\x00ad", "n\u00e9"):
+            assert in_place.digest(name, text) == encoded.digest(name, text), (name, text)
+            assert in_place.digest(name, text) == siphash_of(name, identity_bytes(name, text, mode)), (name, text)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_text_and_a_str_subclass_holding_it_are_one_call_under_siphash(mode):
+    class Text(str):
+        pass
+
+    for text in TEXTS:
+        assert SIPHASH[mode].digest("bash", text) == SIPHASH[mode].digest("bash", Text(text)), text
 
 
 def test_a_guard_without_a_secret_keys_with_siphash_only_where_the_hash_seed_is_random():

@@ -308,9 +308,9 @@ class Turn:
 
     def _key_again(self, call: ToolCall, key: tuple[Any, ...], digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
-        (checked again: the key keeps its first check), or another's (``key[-2]``/``key[-1]``: the
+        (checked again: the key keeps its first check), or another's (``key[2]``/``key[3]``: the
         turn's token and check number; a key stored by ``Keyer.key_of`` has neither)."""
-        if key[-2] is self._token and self._awaiting.get(key[-1]) is call:
+        if key[2] is self._token and self._awaiting.get(key[3]) is call:
             self._reused = True
         else:
             store_key(call, (digest, self._keyer, self._token, seq))
@@ -484,7 +484,7 @@ class Turn:
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
         key = call._key
-        checked_here = key is not None and key[-2] is self._token
+        checked_here = key is not None and key[2] is self._token
         reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
         failed = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
                               reason=reason.value)
@@ -610,8 +610,8 @@ def _recorder(turn: Turn) -> Callable[[ToolCall, Outcome | str], Verdict]:
         acquire()
         try:
             key = call._key
-            if key is not None and key[-2] is token and awaiting.pop(key[-1], None) is call:
-                seq = key[-1]  # (the waiting list holds each check's own call: what it popped is this one)
+            if key is not None and key[2] is token and awaiting.pop(key[3], None) is call:
+                seq = key[3]  # (the waiting list holds each check's own call: what it popped is this one)
                 if turn._reused:
                     turn._next_check_of(call, key)
             else:

@@ -33,9 +33,12 @@ types all get a deterministic identity (one that does not depend on memory addre
 
 The digest is a keyed 64-bit hash of the identity bytes, so that a digest cannot be reversed by
 hashing guessed arguments: BLAKE2b (an HMAC-equivalent keyed hash) under the configured secret;
-without one, the interpreter's own SipHash of the bytes (``hash(bytes)``), keyed by the seed it
-drew at random for this process (BLAKE2b under a random per-process secret where the seed is
-fixed by ``PYTHONHASHSEED``). Both are per-process secrets; SipHash costs a third as much.
+without one, the interpreter's own SipHash, keyed by the seed it drew at random for this process
+(BLAKE2b under a random per-process secret where the seed is fixed by ``PYTHONHASHSEED``). Both
+are per-process secrets; SipHash costs a third as much. SipHash takes the identity bytes in two
+parts, the name's (with a text's ``0x01``) and the rest, as the hash of the pair
+(``siphash_of``): the name's part is hashed once per keyer, and an ASCII text's rest is the
+text itself, hashed where it lies (``hash(str)`` of ASCII is ``hash()`` of its bytes).
 
 This module is on the hot path (every ``check_call``): the common cases (a dict of JSON values,
 text that is not JSON) take one C-level encoder call and one hash update, from a hash state that
@@ -115,6 +118,13 @@ else:  # pragma: no cover
 
 _join = "".join
 store_key = ToolCall.__dict__["_key"].__set__
+"""Sets ``call._key`` on the frozen ``ToolCall``: always the 4-tuple ``(digest, keyer, turn token,
+check number)`` (read by position: a constant non-negative index is the interpreter's fast one)."""
+
+
+def unchecked_key(digest: bytes, keyer: Any) -> tuple[bytes, Any, None, int]:
+    """The key of a call keyed outside any turn's check: no turn's token, check number 0."""
+    return (digest, keyer, None, 0)
 """Set a ``ToolCall``'s cached key: the slot's own setter (the dataclass is frozen, and this is
 cheaper than ``object.__setattr__`` on the hot path)."""
 
@@ -305,6 +315,27 @@ _pack_hash = struct.Struct("<q").pack
 _hash = hash
 
 
+def siphash_of(name_part: bytes, rest: bytes) -> bytes:
+    """The SipHash digest of the identity bytes ``name_part + rest`` (``name_part`` is
+    ``name_bytes``): the hash of the pair (name part, rest), with a text's ``0x01`` moved into
+    the name part. The pair's hash mixes its items' keyed hashes, one-to-one in the rest's for a
+    given name part: as unpredictable as SipHash itself, and no more colliding. Every keyer path
+    splits the bytes this way, so equal identity bytes get one digest whichever path keys them."""
+    if rest[:1] == _TEXT:
+        return _pack_hash(_hash((name_part + _TEXT, rest[1:])))
+    return _pack_hash(_hash((name_part, rest)))
+
+
+def _ascii_hashes_as_bytes() -> bool:
+    """Whether ``hash()`` of ASCII text is that of its bytes here (CPython's is: both hash the
+    same buffer), so that a text's rest can be hashed without encoding it."""
+    probes = ("", "a", "ls -la", "grep -rn 'def f' src/ | head -20", "x" * 300)
+    return all(_hash(text) == _hash(text.encode()) for text in probes)
+
+
+_ASCII_AS_BYTES = _ascii_hashes_as_bytes()
+
+
 class Keyer:
     """Computes call keys for one guard (one key mode, one digest secret).
 
@@ -360,7 +391,7 @@ class Keyer:
             except Exception:  # a bytes-like that refuses its buffer (as identity_bytes)
                 data = _token_bytes(b"x", _utf8(_type_name(type(args))))
             if siphash:
-                return _pack_hash(_hash(name_bytes(name) + data))
+                return siphash_of(name_bytes(name), data)
             h = blank.copy()
             h.update(name_bytes(name))
             h.update(data)
@@ -376,6 +407,15 @@ class Keyer:
         maybe_json, word_starts, words, space, encode_chunks, join = (
             _MAYBE_JSON, _WORD_STARTS, _JSON_WORDS, _JSON_SPACE, _encode_chunks, _join)
         siphash, pack, hashed = self.hash == "siphash", _pack_hash, _hash
+
+        def ascii_text(name: str, args: Any) -> bytes:
+            """SipHash of an ASCII text that cannot be JSON (most shell commands and paths): the
+            text itself is the pair's rest (``siphash_of``); anything else takes ``digest``."""
+            if type(args) is str and args.isascii() and type(name) is str:
+                first = args[:1]
+                if first not in maybe_json or (first in word_starts and args.rstrip(space) not in words):
+                    return pack(hashed((texts(name) or states(name)[1], args)))
+            return digest(name, args)
 
         def digest(name: str, args: Any) -> bytes:
             cls, state = type(args), None
@@ -398,18 +438,18 @@ class Keyer:
                     state = named(name) or states(name)[0]
             if state is None:
                 return general(name, args)
-            if siphash:
-                return pack(hashed(state + data))
+            if siphash:  # the text's 0x01 is in its state: the rest is the text's UTF-8, or the JSON
+                return pack(hashed((state, data)))
             h = state.copy()
             h.update(data)
             return h.digest()
 
-        return digest
+        return ascii_text if siphash and _ASCII_AS_BYTES else digest
 
     def _bytes_digest(self) -> Callable[[str, Any], bytes]:
         named, states, general, encode_chunks, join = (
             self._named.get, self._states, self._general(), _encode_chunks, _join)
-        siphash, pack, hashed = self.hash == "siphash", _pack_hash, _hash
+        siphash = self.hash == "siphash"
 
         def digest(name: str, args: Any) -> bytes:
             if type(name) is str:
@@ -425,7 +465,7 @@ class Keyer:
                     data = b"\x02"
                 if data[:1] != b"\x02":  # (text that starts with 0x02 has its own token)
                     if siphash:
-                        return pack(hashed((named(name) or states(name)[0]) + data))
+                        return siphash_of(named(name) or states(name)[0], data)
                     h = (named(name) or states(name)[0]).copy()
                     h.update(data)
                     return h.digest()
@@ -435,12 +475,12 @@ class Keyer:
 
     def key_of(self, call: Any) -> bytes:
         """The digest of a ``ToolCall``, computed once and cached on the call for this keyer
-        (as ``call._key``: the pair ``(digest, keyer)``, the cheapest record to build per call)."""
+        (as ``call._key``, with no turn's token: ``unchecked_key``)."""
         cached = call._key
         if cached is not None and cached[1] is self:
             return cached[0]
         digest = self.digest(call.name, call.args)
-        store_key(call, (digest, self))
+        store_key(call, (digest, self, None, 0))
         return digest
 
 

@@ -69,7 +69,8 @@ def new_event_id() -> str:
     return f"{_event_prefix}{next(_event_numbers):016x}"
 
 
-_ERROR = Outcome.ERROR  # enum members looked up once: class attribute access costs on the hot path
+_OK = Outcome.OK  # enum members looked up once: class attribute access costs on the hot path
+_ERROR = Outcome.ERROR
 _DENIED = Outcome.DENIED
 _ABANDONED = _DENIED
 """How a call whose outcome will never come (``Ledger.abandon``) settles: neither a failure nor a reset."""
@@ -78,7 +79,7 @@ _ABANDONED = _DENIED
 _FACTS = (
     "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
     "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news", "_settled",
-    "_seq", "_next", "_stop_peak",
+    "_seq", "_next", "_stop_peak", "_ok",
 )
 """The scalar facts ``Ledger.fork`` copies (the dicts and the set are copied separately)."""
 
@@ -117,6 +118,7 @@ class Ledger:
         "_max_stale",
         "_news",
         "_next",
+        "_ok",
         "_outcomes",
         "_overflowed",
         "_promptable",
@@ -167,7 +169,9 @@ class Ledger:
         self._last_tool: str | None = None
         self._streak = 0
         self._failing = 0
-        self._outcomes = dict.fromkeys((o.value for o in Outcome), 0)
+        self._ok = 0
+        self._outcomes = dict.fromkeys((o.value for o in Outcome if o is not _OK), 0)
+        """The other outcomes' counts, by value (``OK``'s is ``_ok``: most outcomes are)."""
         self._detections = 0
         self._retries = 0
         self._first_stuck = 0
@@ -308,7 +312,18 @@ class Ledger:
 
     def outcomes(self, outcome: Outcome) -> int:
         """How many outcomes of this kind were recorded."""
-        return self._outcomes[Outcome.parse(outcome).value]
+        outcome = Outcome.parse(outcome)
+        return self._ok if outcome is _OK else self._outcomes[outcome.value]
+
+    def outcome_counts(self) -> dict[str, int]:
+        """How many outcomes of each kind were recorded, by value (``"ok"``, ``"error"``, ...)."""
+        return {_OK.value: self._ok, **self._outcomes}
+
+    def restore_outcome_counts(self, counts: dict[str, int]) -> None:
+        """Set the counts ``outcome_counts`` gave (a turn restored from a snapshot)."""
+        counts = {Outcome(k).value: int(n) for k, n in counts.items()}
+        self._ok = counts.pop(_OK.value, 0)
+        self._outcomes = {o.value: counts.get(o.value, 0) for o in Outcome if o is not _OK}
 
     def repeats_of(self, digest: bytes) -> int:
         """How many times the key with this digest has been counted in the turn."""
@@ -414,7 +429,19 @@ class Ledger:
         ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it; with ``streak_stop_on="any"``
         the settled count counts every outcome but ``DENIED``. An outcome that arrives before an
         earlier call's waits for it; one of an earlier streak's call changes no streak."""
-        self._outcomes[outcome._value_] += 1
+        if outcome is _OK:
+            self._ok += 1
+            if seq == self._next:  # the common case (the next call of the streak succeeded): _settle, inlined
+                self._next = seq + 1
+                self._failing = 0
+                if self._stop_any:
+                    self._settled += 1
+                    self._stop_peak = self._settled
+                if self._early:
+                    self._settle_waiting()
+                return
+        else:
+            self._outcomes[outcome._value_] += 1
         if seq != self._next:
             if seq > self._next:  # an earlier call of the streak has no outcome yet: this one waits
                 self._early[seq] = outcome

@@ -76,7 +76,7 @@ def snapshot(turn: Turn, pending: Verdict | None = None) -> dict[str, Any]:
             facts[name.lstrip("_")] = value.hex() if value is not None else None
         for name in _COUNTERS:
             facts[name.lstrip("_")] = {digest.hex(): n for digest, n in getattr(ledger, name).items()}
-        facts["outcomes"] = dict(ledger._outcomes)
+        facts["outcomes"] = ledger.outcome_counts()
         facts["early"] = {str(seq): outcome.value for seq, outcome in ledger._early.items()}
         facts["fired"] = sorted([list(pair) for pair in ledger._fired])
         awaiting = [[seq, call.name, call.call_id, call._key[0].hex()] for seq, call in turn._awaiting.items()]
@@ -178,7 +178,7 @@ def _restore(turn: Turn, state: Mapping[str, Any]) -> None:
             setattr(ledger, name, bytes.fromhex(value) if value is not None else None)
         for name in _COUNTERS:
             setattr(ledger, name, {bytes.fromhex(d): int(n) for d, n in facts[name.lstrip("_")].items()})
-        ledger._outcomes = {Outcome(k).value: int(n) for k, n in facts["outcomes"].items()}
+        ledger.restore_outcome_counts(facts["outcomes"])
         ledger._early = {int(seq): Outcome(value) for seq, value in facts["early"].items()}
         ledger._fired = {(str(a), str(b)) for a, b in facts["fired"]}
         ledger._started_at = time.monotonic() - float(state["turn"]["elapsed_s"])

@@ -26,7 +26,7 @@ from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.config import MAX_CALLS, GuardConfig
 from turnguard.dispatch import Bound, Dispatcher, Impl
-from turnguard.keys import Keyer, store_key
+from turnguard.keys import Keyer, store_key, unchecked_key
 from turnguard.ledger import Ledger
 from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import plugin_manager, policies_only
@@ -130,7 +130,7 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
 def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
     """The ``ToolCall`` the hooks receive, its key already set to the replay's digest."""
     tc = ToolCall(call.tool, call.args)
-    store_key(tc, (digest, keyer))
+    store_key(tc, unchecked_key(digest, keyer))
     return tc
 
 
