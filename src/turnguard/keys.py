@@ -411,8 +411,8 @@ class Keyer:
         def ascii_text(name: str, args: Any) -> bytes:
             """SipHash of an ASCII text that cannot be JSON (most shell commands and paths): the
             text itself is the pair's rest (``siphash_of``); anything else takes ``digest``."""
-            if type(args) is str and args.isascii() and type(name) is str:
-                first = args[:1]
+            if type(args) is str and args and args.isascii() and type(name) is str:
+                first = args[0]  # (not args[:1]: on 3.11 a slice is built per call)
                 if first not in maybe_json or (first in word_starts and args.rstrip(space) not in words):
                     return pack(hashed((texts(name) or states(name)[1], args)))
             return digest(name, args)
