@@ -7,7 +7,7 @@ import pytest
 import turnguard as tg
 from conftest import distinct_call, drive
 from turnguard.keys import Keyer
-from turnguard.ledger import Ledger
+from turnguard.ledger import VIEW_FACTS, Ledger
 from turnguard.plugins import NON_POLICY_PLUGINS
 
 
@@ -195,3 +195,16 @@ def test_the_provisional_stop_count_counts_waiting_calls_as_failures_up_to_the_t
     assert ledger.provisional_stop_count() == 4  # 5 earlier calls waiting, counted up to 4
     ledger.record_outcome(4, tg.Outcome.OK)  # a known success: only the call after it can fail
     assert ledger.provisional_stop_count() == 1
+
+
+def test_a_fork_holds_every_fact_of_the_ledger_it_was_taken_from():
+    ledger = Ledger(tg.GuardConfig())
+    outcomes = [tg.Outcome.OK, tg.Outcome.ERROR, tg.Outcome.DENIED, tg.Outcome.UNKNOWN]
+    for i, k in enumerate((1, 2, 2, 3, 3, 3, 1, 4, 4)):
+        ledger.record_outcome(ledger.count_call(key(k), f"t{k}"), outcomes[i % 4])
+    ledger.count_call(key(5), "t5")  # still waiting
+    fork = ledger.fork(tg.GuardConfig(soft_cap=50))
+    for name in VIEW_FACTS:
+        if name not in ("config", "soft_cap", "hard_cap", "cap_quiet_until"):  # what the fork's config sets
+            assert getattr(fork, name) == getattr(ledger, name), name
+    assert [fork.outcomes(o) for o in tg.Outcome] == [ledger.outcomes(o) for o in tg.Outcome] == [3, 2, 2, 2]

@@ -11,6 +11,7 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY
+from turnguard.ledger import VIEW_FACTS
 
 KEY = "durable-turns-test-key"
 
@@ -67,6 +68,25 @@ def test_a_resumed_turn_gives_the_verdicts_of_the_turn_that_never_stopped(prompt
         state = json.loads(json.dumps(first.snapshot()))  # through JSON, as a checkpointer stores it
         resumed = guard().resume(state)
         assert before + play(resumed, steps[cut:]) == expected, f"cut after step {cut}"
+
+
+def facts(turn: tg.Turn) -> dict:
+    """What a plugin can read of the turn (its view), but the monotonic start, which moves."""
+    view = turn.view
+    return {**{name: getattr(view, name) for name in VIEW_FACTS if name != "started_at"},
+            **{f"outcomes {o.value}": view.outcomes(o) for o in tg.Outcome}}
+
+
+def test_a_resumed_turn_holds_the_facts_of_the_turn_it_was_taken_from():
+    steps = script()
+    for cut in range(len(steps) + 1):
+        first = guard().turn()
+        play(first, steps[:cut])
+        resumed = guard().resume(json.loads(json.dumps(first.snapshot())))
+        assert facts(resumed) == facts(first), f"cut after step {cut}"
+        play(first, steps[cut:])
+        play(resumed, steps[cut:])
+        assert facts(resumed) == facts(first), f"cut after step {cut}, then the rest"
 
 
 def test_the_snapshot_is_versioned_json_with_digests_and_never_the_arguments():
