@@ -201,6 +201,20 @@ def test_calls_that_reach_the_hooks_unkeyed_are_keyed_as_the_live_guard_keys_the
     assert heard.of("twin")[0].key_digest is None  # nothing cached on the call, nothing invented
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed outside a turn"])
+def test_outcomes_that_reach_the_hooks_from_a_hosts_own_manager_settle_the_latest_check(keyed):
+    guard, heard = shadow_guard({"twin": {"streak_warn_at": 0, "streak_stop_at": 3}}, digest_key="k")
+    ledger = Ledger(guard.config)  # no Turn: the calls carry no live check number
+    guard.pm.hook.turnguard_turn_started(turn=ledger)
+    for _ in range(3):
+        call = tg.ToolCall("build", {"target": "all"})
+        digest = guard.keyer.key_of(call) if keyed else guard.keyer.digest(call.name, call.args)
+        ledger.record_outcome(ledger.count_call(digest, "build"), tg.Outcome.ERROR)
+        guard.pm.hook.turnguard_check_call(turn=ledger, call=call)
+        guard.pm.hook.turnguard_check_outcome(turn=ledger, call=call, outcome=tg.Outcome.ERROR)
+    assert [(e.tool_calls, e.failing_streak_length) for e in heard.of("twin")] == [(3, 3)]
+
+
 def test_retry_rolls_the_shadow_ledgers_back():
     guard, heard = shadow_guard({"twin": {}})
     with guard.turn() as turn:

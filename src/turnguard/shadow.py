@@ -233,10 +233,10 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        try:
-            seq = call._key[3]  # the live check it belongs to
-        except (TypeError, IndexError):  # no check number (a host's own plugin manager): the latest check
-            seq = turn.checks
+        key = call._key
+        # the live check it belongs to; none (a host's own plugin manager, a call keyed outside a
+        # turn: keys.unchecked_key): the latest check
+        seq = key[3] if key is not None and key[3] else turn.checks
         try:
             for run, ledger, record, checks, quiet in state.outcomes:
                 record(seq, outcome)
