@@ -118,15 +118,15 @@ else:  # pragma: no cover
 
 _join = "".join
 store_key = ToolCall.__dict__["_key"].__set__
-"""Sets ``call._key`` on the frozen ``ToolCall``: always the 4-tuple ``(digest, keyer, turn token,
-check number)`` (read by position: a constant non-negative index is the interpreter's fast one)."""
+"""Set a ``ToolCall``'s cached key: the slot's own setter (the dataclass is frozen, and this is
+cheaper than ``object.__setattr__`` on the hot path). The key is always the 4-tuple ``(digest,
+keyer, turn token, check number)``, read by position (a constant non-negative index is the
+interpreter's fast one)."""
 
 
 def unchecked_key(digest: bytes, keyer: Any) -> tuple[bytes, Any, None, int]:
     """The key of a call keyed outside any turn's check: no turn's token, check number 0."""
     return (digest, keyer, None, 0)
-"""Set a ``ToolCall``'s cached key: the slot's own setter (the dataclass is frozen, and this is
-cheaper than ``object.__setattr__`` on the hot path)."""
 
 _TEXT = b"\x01"
 """Starts a text's canonical form (see the module docstring)."""
@@ -318,8 +318,9 @@ _hash = hash
 def siphash_of(name_part: bytes, rest: bytes) -> bytes:
     """The SipHash digest of the identity bytes ``name_part + rest`` (``name_part`` is
     ``name_bytes``): the hash of the pair (name part, rest), with a text's ``0x01`` moved into
-    the name part. The pair's hash mixes its items' keyed hashes, one-to-one in the rest's for a
-    given name part: as unpredictable as SipHash itself, and no more colliding. Every keyer path
+    the name part. The pair's hash (CPython's xxHash-style mix of its items' keyed hashes) is
+    one-to-one in the rest's for a given name part: as unpredictable as SipHash itself, and no
+    more colliding. Every keyer path
     splits the bytes this way, so equal identity bytes get one digest whichever path keys them."""
     if rest[:1] == _TEXT:
         return _pack_hash(_hash((name_part + _TEXT, rest[1:])))
@@ -480,7 +481,7 @@ class Keyer:
         if cached is not None and cached[1] is self:
             return cached[0]
         digest = self.digest(call.name, call.args)
-        store_key(call, (digest, self, None, 0))
+        store_key(call, unchecked_key(digest, self))
         return digest
 
 
