@@ -13,6 +13,11 @@ from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 
+MAX_ID_LENGTH = 256
+"""The one length limit, in characters, for turn ids, result tokens and every string turnguard
+exports (span names, attributes, log records, metric labels): a longer one is cut or refused, so
+nothing a model or a host sends can grow an export or a report without bound."""
+
 
 def direct_init(cls: type[_T]) -> type[_T]:
     """Give a frozen, slotted dataclass an ``__init__`` that sets each field through its slot's
