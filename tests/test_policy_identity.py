@@ -104,3 +104,23 @@ def test_the_turn_span_names_the_policy_and_the_thresholds_in_force(otel):
         n.POLICY_STUCK_SIGNAL: "stale_repeat", n.POLICY_STREAK_WARN_AT: 3, n.POLICY_STREAK_STOP_AT: 6,
         n.POLICY_STREAK_STOP_ON: "any", n.POLICY_MAX_CYCLES: 30,
     }
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"soft_cap": 40, "hard_multiplier": 2.5}, {n.CAP_MODE: "adaptive", n.LOOP_SOFT_CAP: 40, n.LOOP_HARD_CAP: 100}),
+    ({"max_tool_calls_per_turn": 30}, {n.CAP_MODE: "explicit", n.LOOP_HARD_CAP: 30}),
+    ({"soft_cap": 0}, {n.CAP_MODE: "disabled"}),
+])
+def test_the_turn_span_carries_every_limit_and_the_turns_times(otel, options, expected):
+    """The facts a recorder line has (policy, limits, start and end), on the Collector's spans:
+    caps absent where the mode has none, ``max_cycles`` 0 when unbounded."""
+    g = guard(otel, name="p", **options)
+    with g.turn(agent_name="a") as turn:
+        turn.check_call(tg.ToolCall("read", {}))
+    span = otel.span("invoke_agent a")
+    attrs = span.attributes
+    limits = {k: attrs[k] for k in (n.CAP_MODE, n.LOOP_SOFT_CAP, n.LOOP_HARD_CAP) if k in attrs}
+    assert limits == expected
+    assert (attrs[n.POLICY], attrs[n.POLICY_STUCK_REPEAT], attrs[n.POLICY_STREAK_WARN_AT],
+            attrs[n.POLICY_STREAK_STOP_AT], attrs[n.POLICY_MAX_CYCLES]) == ("p", 6, 5, 8, 0)
+    assert 0 < span.start_time < span.end_time

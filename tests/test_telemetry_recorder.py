@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -418,3 +419,54 @@ def test_a_file_system_without_locks_still_gets_every_line(tmp_path, monkeypatch
     path = tmp_path / "turns.jsonl"
     end_turns(make_guard(path, streak_warn_at=0), 0, 3)
     assert_whole_records(path, ["turn-0", "turn-1", "turn-2"])
+
+
+LIMIT_CASES = {
+    "adaptive": ({"soft_cap": 40, "hard_multiplier": 2.5, "stuck_repeat_threshold": 4, "streak_warn_at": 3,
+                  "streak_stop_at": 7, "max_cycles_per_turn": 9},
+                 {"cap_mode": "adaptive", "soft_cap": 40, "hard_cap": 100, "stuck_repeat_threshold": 4,
+                  "streak_warn_at": 3, "streak_stop_at": 7, "max_cycles": 9}),
+    "explicit": ({"max_tool_calls_per_turn": 30, "soft_cap": 40},
+                 {"cap_mode": "explicit", "soft_cap": None, "hard_cap": 30, "stuck_repeat_threshold": 6,
+                  "streak_warn_at": 5, "streak_stop_at": 8, "max_cycles": 0}),
+    "disabled": ({"soft_cap": 0, "streak_warn_at": 0, "streak_stop_at": 0},
+                 {"cap_mode": "disabled", "soft_cap": None, "hard_cap": None, "stuck_repeat_threshold": 6,
+                  "streak_warn_at": 0, "streak_stop_at": 0, "max_cycles": 0}),
+}
+
+
+@pytest.mark.parametrize("case", LIMIT_CASES)
+def test_each_line_names_its_policy_the_limits_in_force_and_when_it_ran(tmp_path, case):
+    options, limits = LIMIT_CASES[case]
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path, name=f"policy-{case}", **options)
+    before = time.time()
+    with guard.turn() as turn:
+        time.sleep(0.05)
+        c = tg.ToolCall("read", {})
+        turn.check_call(c)
+        turn.record_outcome(c, "ok")
+    after = time.time()
+    (line,) = read_lines(path)
+    assert line["policy"] == f"policy-{case}"
+    assert line["limits"] == limits
+    assert before <= line["started_at"] < line["ended_at"] <= after
+    assert line["ended_at"] - line["started_at"] >= 0.05
+
+
+def test_a_probe_turns_line_carries_the_probes_name_and_limits(tmp_path):
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path, name="prod", soft_cap=50, probe={"rate": 1.0, "hard_multiplier": 20,
+                                                              "streak_stop_at": 12})
+    with guard.turn() as turn:
+        turn.check_call(tg.ToolCall("read", {}))
+    (line,) = read_lines(path)
+    assert line["cohort"] == "probe" and line["policy"] == "prod-probe"
+    assert line["limits"]["hard_cap"] == 1000 and line["limits"]["soft_cap"] == 50
+    assert line["limits"]["streak_stop_at"] == 12 and line["limits"]["streak_warn_at"] == 5
+
+
+def test_lines_without_the_new_keys_are_still_written_by_turn_line():
+    """``turn_line`` without policy or limits leaves the keys out (older recordings have none)."""
+    data = json.loads(_turn_line(0, 0))
+    assert not {"policy", "limits", "started_at", "ended_at"} & data.keys()

@@ -124,7 +124,8 @@ class OtelPlugin(SpanReporter):
 
 def policy_attributes(config: GuardConfig) -> dict[str, Any]:
     """The policy's name and the thresholds in force, for the turn span (the caps are added there
-    per turn: ``turnguard.loop.soft_cap`` / ``hard_cap``)."""
+    per turn: ``turnguard.loop.soft_cap`` / ``hard_cap``; ``turnguard.loop.max_cycles`` is 0 when
+    unbounded)."""
     attrs: dict[str, Any] = {
         n.POLICY: config.name,
         n.POLICY_STUCK_REPEAT: config.stuck_repeat_threshold,
@@ -132,9 +133,8 @@ def policy_attributes(config: GuardConfig) -> dict[str, Any]:
         n.POLICY_STREAK_WARN_AT: config.streak_warn_at,
         n.POLICY_STREAK_STOP_AT: config.streak_stop_at,
         n.POLICY_STREAK_STOP_ON: config.streak_stop_on,
+        n.POLICY_MAX_CYCLES: config.max_cycles_per_turn,
     }
-    if config.max_cycles_per_turn:
-        attrs[n.POLICY_MAX_CYCLES] = config.max_cycles_per_turn
     return attrs
 
 

@@ -5,7 +5,10 @@ Each line is the corpus format (``source``, ``id``, ``calls[{tool, args, outcome
 ``resolved``, ``cohort``, ``ended_by``) with the call's keyed key digest in ``args`` instead of its arguments,
 so ``turnguard calibrate`` can replay the turn (identical calls have identical digests) while the
 file holds no tool arguments. Extra keys: ``agent``, ``conversation_id``, ``tool_calls`` (the
-true count), ``calls_dropped`` and ``escalations`` (the users' answers).
+true count), ``calls_dropped``, ``escalations`` (the users' answers), and what calibrate needs to
+know which limits could have cut the turn and when it ran: ``policy`` (the ``GuardConfig.name``
+in force: the probe's on a probe turn), ``limits`` (``turn_limits``) and ``started_at`` /
+``ended_at`` (Unix seconds).
 
 Writes are whole-line appends: the line is built in memory and written with one ``os.write`` on
 an ``O_APPEND`` descriptor under an exclusive ``flock``, so concurrent writers (threads or
@@ -28,6 +31,7 @@ import json
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -208,8 +212,12 @@ class Recorder:
             record = self._turns.pop(turn, None)
         if record is None:
             record = _TurnRecord()
+        ended_at = time.time()
+        config = turn.config
         with record.lock:
-            line = turn_line(summary, record.calls, dropped=record.dropped, escalations=record.escalations)
+            line = turn_line(summary, record.calls, dropped=record.dropped, escalations=record.escalations,
+                             policy=config.name, limits=turn_limits(config),
+                             started_at=ended_at - summary.duration_s, ended_at=ended_at)
         self.write(line)
 
     @hookimpl
@@ -280,14 +288,35 @@ def ended_by(summary: TurnSummary) -> str:
     return str(summary.threshold) if summary.threshold is not None else summary.reason
 
 
+def turn_limits(config: GuardConfig) -> dict[str, Any]:
+    """The limits a turn ran under (the recorder line's ``limits``): ``hard_cap`` is the effective
+    one (N when explicit, S x m when adaptive, ``None`` when disabled), ``soft_cap`` S (adaptive
+    only), ``max_cycles`` 0 when unbounded."""
+    mode = config.cap_mode
+    return {
+        "cap_mode": mode,
+        "soft_cap": config.soft_cap if mode == "adaptive" else None,
+        "hard_cap": config.hard_cap,
+        "stuck_repeat_threshold": config.stuck_repeat_threshold,
+        "streak_warn_at": config.streak_warn_at,
+        "streak_stop_at": config.streak_stop_at,
+        "max_cycles": config.max_cycles_per_turn,
+    }
+
+
 def turn_line(
     summary: TurnSummary,
     calls: list[_Call],
     *,
     dropped: int = 0,
     escalations: list[dict[str, Any]] | None = None,
+    policy: str | None = None,
+    limits: dict[str, Any] | None = None,
+    started_at: float | None = None,
+    ended_at: float | None = None,
 ) -> bytes:
-    """One corpus-format JSON line (with its newline) for a finished turn."""
+    """One corpus-format JSON line (with its newline) for a finished turn (``policy``, ``limits``
+    and the times are left out when not given)."""
     data: dict[str, Any] = {
         "source": SOURCE,
         "id": summary.turn_id,
@@ -302,6 +331,8 @@ def turn_line(
         "calls_dropped": dropped,
         "escalations": escalations or [],
     }
+    extra = (("policy", policy), ("limits", limits), ("started_at", started_at), ("ended_at", ended_at))
+    data.update((key, value) for key, value in extra if value is not None)
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str)  # ASCII: valid whatever the names
     return (text + "\n").encode("ascii")
 
