@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 
 import pytest
 
 import turnguard as tg
 from conftest import core_guard, distinct_call
+from turnguard import hookspecs
 from turnguard.ledger import VIEW_FACTS, Ledger, LedgerView
-
-CHECK_HOOKS = ("turnguard_check_cycle", "turnguard_check_call", "turnguard_check_outcome")
-OBSERVER_HOOKS = ("turnguard_turn_started", "turnguard_cycle_checked", "turnguard_call_checked",
-                  "turnguard_outcome_recorded", "turnguard_loop_detected", "turnguard_retry")
+from turnguard.plugins import NON_POLICY_PLUGINS
 
 
 class Grabber:
@@ -93,6 +92,13 @@ def test_a_view_cannot_be_rebound_to_another_ledger(view):
     assert view.tool_calls == 1
 
 
+def test_the_view_is_no_sandbox_the_garbage_collector_reaches_the_ledger(view):
+    """What ``LedgerView``'s docstring says a plugin in the same process can do."""
+    import gc
+
+    assert [r for r in gc.get_referents(view) if isinstance(r, Ledger)] == [view_ledger(view)]
+
+
 def test_a_plugin_cannot_disable_the_caps_through_what_it_receives():
     class Saboteur:
         @tg.hookimpl
@@ -110,7 +116,40 @@ def test_a_plugin_cannot_disable_the_caps_through_what_it_receives():
     assert [v.action for v in verdicts][-1] is tg.Action.HALT and turn.ledger.tool_calls == 4
 
 
-# -- failures -------------------------------------------------------------------------------------
+# -- failures: every hook of hookspecs.py ------------------------------------------------------------
+
+HOOKS = tuple(name for name, spec in vars(hookspecs).items() if hasattr(spec, f"{hookspecs.PROJECT_NAME}_spec"))
+"""Every hook turnguard declares: the cases below are generated from it, so a new hook has a case
+or fails ``test_every_hook_of_the_contract_has_a_case``."""
+
+STEPS = ("begin_cycle", "check_call", "record_outcome", "record_outcome_again", "resolve", "check_after_retry")
+"""``drive_every_hook``'s host calls that return a verdict, in order."""
+
+HALTS_FROM: dict[str, str | None] = {
+    "turnguard_configure": "begin_cycle",  # no call under way: every turn of the guard starts halted
+    "turnguard_turn_started": "begin_cycle",
+    "turnguard_check_cycle": "begin_cycle",
+    "turnguard_cycle_checked": "begin_cycle",
+    "turnguard_check_call": "check_call",
+    "turnguard_call_checked": "check_call",
+    "turnguard_loop_detected": "check_call",
+    "turnguard_shadow_detected": "check_call",
+    "turnguard_check_outcome": "record_outcome",
+    "turnguard_outcome_recorded": "record_outcome",
+    "turnguard_outcome_ignored": "record_outcome_again",
+    "turnguard_escalation_resolved": "resolve",
+    "turnguard_retry": "check_after_retry",
+    "turnguard_turn_ended": None,
+    "turnguard_shadow_turn_ended": None,
+    "turnguard_turn_result": None,
+    "turnguard_plugin_error": None,
+}
+"""For each hook, the first host call that a failure there halts under ``fail_mode="closed"``;
+``None``: the hook has no call to halt (the turn is over, or the failure being reported decides)."""
+
+EVERY_HOOK_FIRES = {"disable_plugins": tuple(p for p in NON_POLICY_PLUGINS if p != "shadow"),
+                    "load_entrypoints": False, "streak_warn_at": 1, "shadow": {"eager": {"streak_warn_at": 1}}}
+"""Core policies and a shadow, both detecting on the first call: every hook fires in ``drive_every_hook``."""
 
 
 class Raising:
@@ -124,6 +163,8 @@ class Raising:
 
 
 class Errors:
+    """What ``turnguard_plugin_error`` reported, and which hooks were called at all."""
+
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
 
@@ -132,59 +173,141 @@ class Errors:
         self.seen.append((plugin, hook, type(error).__name__))
 
 
-def drive_all_hooks(turn: tg.Turn) -> list[tg.Verdict]:
-    """One of each host call, in order; the verdicts of those that return one."""
-    verdicts = [turn.begin_cycle()]
-    call = tg.ToolCall("bash", "make", call_id="t1")
-    verdicts.append(turn.check_call(call))
-    verdicts.append(turn.record_outcome(call, tg.Outcome.OK))
-    turn.retry()
-    verdicts.append(turn.check_call(tg.ToolCall("bash", "make test")))
-    return verdicts
-
-
 class Custom(BaseException):
     """Not an ``Exception``: a plugin raising it must not escape the guard either."""
 
 
-@pytest.mark.parametrize("hook", [*CHECK_HOOKS, *OBSERVER_HOOKS])
-@pytest.mark.parametrize("error", [RuntimeError("bug"), Custom("odd"), GeneratorExit()])
-def test_any_exception_from_a_plugin_is_isolated_and_reported(hook, error):
-    errors = Errors()
-    guard = core_guard(streak_warn_at=1)  # every call is detected: loop_detected runs too
-    guard.register(Raising(hook, error), name="raising")
-    guard.register(errors, name="errors")
-    verdicts = drive_all_hooks(guard.turn())
-    assert all(v.action is not tg.Action.HALT for v in verdicts)
-    assert errors.seen and all(seen == ("raising", hook, type(error).__name__) for seen in errors.seen)
+@dataclass
+class Run:
+    verdicts: dict[str, tg.Verdict]
+    summary: tg.TurnSummary
+    accepted: bool
+
+    def actions(self) -> list[tg.Action]:
+        return [self.verdicts[step].action for step in STEPS]
+
+    def facts(self) -> tuple[object, ...]:
+        """What the host saw, apart from ids and times."""
+        s = self.summary
+        return ([(v.action, v.threshold) for v in self.verdicts.values()], s.reason, s.tool_calls, s.cycles,
+                s.halted, self.accepted)
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(2)])
-@pytest.mark.parametrize("hook", ["turnguard_check_call", "turnguard_call_checked", "turnguard_retry"])
-def test_keyboard_interrupt_and_system_exit_propagate(hook, error):
-    guard = core_guard()
-    guard.register(Raising(hook, error), name="raising")
-    with pytest.raises(type(error)):
-        drive_all_hooks(guard.turn())
-
-
-HALTING_CALL = {
-    "turnguard_turn_started": 0, "turnguard_cycle_checked": 0, "turnguard_check_cycle": 0,
-    "turnguard_check_call": 1, "turnguard_call_checked": 1, "turnguard_loop_detected": 1,
-    "turnguard_check_outcome": 2, "turnguard_outcome_recorded": 2, "turnguard_retry": 3,
-}
-"""For each hook, the first of ``drive_all_hooks``'s verdicts that a failure there halts."""
-
-
-@pytest.mark.parametrize("hook", [*CHECK_HOOKS, *OBSERVER_HOOKS])
-def test_failing_closed_a_failing_plugin_halts_the_call_it_failed_on(hook):
-    guard = core_guard(fail_mode="closed", streak_warn_at=1)
-    guard.register(Raising(hook, RuntimeError("bug")), name="raising")
+def drive_every_hook(fail_mode: str, plugins: dict[str, object]) -> Run:
+    """A guard built with ``plugins`` and one turn that makes every hook fire: each host call
+    once, a duplicate outcome, an answer, a retry, the end and a late result."""
+    guard = tg.Guard(tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode=fail_mode), plugins=plugins, environ={})
     turn = guard.turn()
-    verdicts = drive_all_hooks(turn)
-    first = HALTING_CALL[hook]
-    assert [v.action for v in verdicts] == [tg.Action.ALLOW] * first + [tg.Action.HALT] * (len(verdicts) - first)
-    assert turn.halted is not None and "bug" not in turn.halted.message  # no exception text without capture_content
+    verdicts = {"begin_cycle": turn.begin_cycle()}
+    call = tg.ToolCall("bash", "make", call_id="t1")
+    verdicts["check_call"] = turn.check_call(call)
+    verdicts["record_outcome"] = turn.record_outcome(call, tg.Outcome.OK)
+    verdicts["record_outcome_again"] = turn.record_outcome(call, tg.Outcome.OK)
+    event = verdicts["check_call"].event or turn.view.detect("test", tg.Action.ASK, tg.Level.WARN, 1).event
+    verdicts["resolve"] = turn.resolve(event, "continue")
+    turn.retry()
+    verdicts["check_after_retry"] = turn.check_call(tg.ToolCall("bash", "make test"))
+    summary = turn.end()
+    return Run(verdicts, summary, guard.report_result(turn.turn_id, True))
+
+
+def failing_in(hook: str, error: BaseException) -> dict[str, object]:
+    """Plugins for a failure in ``hook``: the raising plugin (and, for ``turnguard_plugin_error``,
+    a plugin failing where no call halts, so that there is an error to report)."""
+    plugins: dict[str, object] = {"errors": Errors(), "raising": Raising(hook, error)}
+    if hook == "turnguard_plugin_error":
+        plugins["trigger"] = Raising("turnguard_turn_ended", RuntimeError("trigger"))
+    return plugins
+
+
+@pytest.fixture(scope="module")
+def undisturbed() -> dict[str, Run]:
+    """What the host sees without a failing plugin, under each fail mode."""
+    return {mode: drive_every_hook(mode, {}) for mode in ("open", "closed")}
+
+
+def test_every_hook_of_the_contract_has_a_case():
+    assert set(HALTS_FROM) == set(HOOKS) and len(HOOKS) == 17
+
+
+def test_the_driver_makes_every_hook_fire():
+    heard: list[str] = []
+
+    class Everything:
+        pass
+
+    for hook in HOOKS:
+        def impl(*, _hook=hook):
+            heard.append(_hook)
+
+        setattr(Everything, hook, staticmethod(tg.hookimpl(specname=hook)(impl)))
+    drive_every_hook("open", {"everything": Everything(), "trigger": Raising("turnguard_turn_ended", RuntimeError())})
+    assert set(heard) == set(HOOKS)
+
+
+ERRORS = [RuntimeError("bug"), Custom("odd"), GeneratorExit()]
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_failing_open_a_plugin_that_raises_in_any_hook_changes_nothing_but_is_reported(hook, error, undisturbed,
+                                                                                      caplog):
+    plugins = failing_in(hook, error)
+    with caplog.at_level(logging.ERROR, logger="turnguard"):
+        run = drive_every_hook("open", plugins)
+    assert run.facts() == undisturbed["open"].facts()
+    assert f"'raising' raised {type(error).__qualname__} in {hook}" in caplog.text
+    seen = plugins["errors"].seen
+    if hook == "turnguard_plugin_error":  # a failing reporter is logged; the other reporters still hear
+        assert seen == [("trigger", "turnguard_turn_ended", "RuntimeError")]
+    else:
+        assert seen and all(s == ("raising", hook, type(error).__name__) for s in seen)
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_failing_closed_a_plugin_that_raises_halts_the_call_it_failed_on(hook, error, undisturbed, caplog):
+    plugins = failing_in(hook, error)
+    with caplog.at_level(logging.ERROR, logger="turnguard"):
+        run = drive_every_hook("closed", plugins)
+    assert f"'raising' raised {type(error).__qualname__} in {hook}" in caplog.text
+    first = HALTS_FROM[hook]
+    if first is None:  # nothing to halt: the turn and the result stand as they would have
+        assert run.facts() == undisturbed["closed"].facts()
+        return
+    expected = undisturbed["closed"].actions()
+    at = STEPS.index(first)
+    assert run.actions() == expected[:at] + [tg.Action.HALT] * (len(STEPS) - at)
+    halt = run.verdicts[first]
+    assert halt.message.endswith(f"failed in {hook} (fail_mode=closed)") and "bug" not in halt.message
+    assert run.summary.halted and run.summary.reason == "halted"
+    assert plugins["errors"].seen[0] == ("raising", hook, type(error).__name__)
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(2)], ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+def test_keyboard_interrupt_and_system_exit_propagate_from_every_hook(hook, error, fail_mode):
+    with pytest.raises(type(error)):
+        drive_every_hook(fail_mode, failing_in(hook, error))
+
+
+def test_a_plugin_registered_later_is_isolated_in_the_shadow_reports_too():
+    errors = Errors()
+    guard = tg.Guard(tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode="closed"), plugins={"errors": errors}, environ={})
+    assert guard.turn().check_call(tg.ToolCall("bash", "make")).action is not tg.Action.HALT
+    guard.register(Raising("turnguard_shadow_detected", RuntimeError("late")), name="late")
+    assert guard.turn().check_call(tg.ToolCall("bash", "make")).action is tg.Action.HALT
+    assert errors.seen == [("late", "turnguard_shadow_detected", "RuntimeError")]
+
+
+def test_a_plugin_that_fails_to_configure_under_fail_closed_halts_the_turns_opened_after():
+    guard = tg.Guard(tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode="closed"), environ={})
+    before = guard.turn()
+    guard.register(Raising("turnguard_configure", RuntimeError("set-up")), name="late")
+    assert before.check_call(tg.ToolCall("bash", "make")).action is not tg.Action.HALT
+    after = guard.turn()
+    assert after.halted is not None and after.check_call(tg.ToolCall("bash", "make")).action is tg.Action.HALT
 
 
 def test_a_plugins_exception_text_is_logged_only_with_capture_content(caplog):
@@ -198,3 +321,13 @@ def test_a_plugins_exception_text_is_logged_only_with_capture_content(caplog):
         assert "leaky" in caplog.text and "ValueError" in caplog.text
         assert (secret in caplog.text) is capture
         assert secret not in verdict.message
+
+
+@pytest.mark.parametrize("hook", ["turnguard_configure", "turnguard_turn_started"])
+def test_failing_closed_a_resumed_turn_keeps_the_halt_its_opening_caused(hook):
+    config = tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode="closed")
+    turn = tg.Guard(config, environ={}).turn()
+    turn.check_call(tg.ToolCall("bash", "make"))
+    resumed = tg.Guard(config, plugins={"raising": Raising(hook, RuntimeError("bug"))}, environ={}).resume(
+        turn.snapshot())
+    assert resumed.check_call(tg.ToolCall("bash", "make test")).action is tg.Action.HALT

@@ -240,7 +240,8 @@ def test_the_live_users_continue_resets_the_shadow_streaks():
     assert [e.tool_calls for e in heard.live] == [3, 6] == [e.tool_calls for e in heard.of("twin")]
 
 
-def test_a_raising_reporter_breaks_neither_the_host_nor_the_other_reporters():
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+def test_a_raising_reporter_never_stops_the_other_reporters_and_halts_the_live_call_only_failing_closed(fail_mode):
     class Broken:
         @tg.hookimpl
         def turnguard_shadow_detected(self, event):
@@ -252,12 +253,16 @@ def test_a_raising_reporter_breaks_neither_the_host_nor_the_other_reporters():
 
     heard = Heard()
     tight = {"soft_cap": 1, "stuck_repeat_threshold": 2}
-    config = tg.GuardConfig(**LIVE_ONLY, fail_mode="closed", shadow={"tight": tight})
+    config = tg.GuardConfig(**LIVE_ONLY, fail_mode=fail_mode, shadow={"tight": tight})
     guard = tg.Guard(config, plugins={"broken": Broken(), "heard": heard}, environ={})
     with guard.turn() as turn:
         verdicts = drive(turn, [distinct_call(1)] * 3)
-    assert turn.halted is None and all(v.action is not tg.Action.HALT for v in verdicts)
     assert heard.of("tight") and "tight" in heard.ended
+    if fail_mode == "open":
+        assert turn.halted is None and all(v.action is not tg.Action.HALT for v in verdicts)
+    else:  # as any observer's failure: the call it was heard on halts
+        assert verdicts[-1] is turn.halted and len(verdicts) == heard.of("tight")[0].tool_calls
+        assert turn.halted.message.endswith("failed in turnguard_shadow_detected (fail_mode=closed)")
 
 
 def test_a_raising_shadow_policy_is_its_own_would_be_halt_and_never_the_hosts(monkeypatch):

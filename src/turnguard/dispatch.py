@@ -309,8 +309,15 @@ class Dispatcher:
 
     def notify(self, hook: str, report: LedgerView | None = None, **kwargs: Any) -> bool:
         """Call a keyword observer hook, each implementation isolated; ``True`` when one failed."""
+        return self.notify_each(hook, self.observers(hook), report, kwargs)
+
+    def notify_each(self, hook: str, observers: tuple[Observer, ...], report: LedgerView | None,
+                    kwargs: Mapping[str, Any]) -> bool:
+        """``notify`` for the given implementations of ``hook`` (a subset, or the ones of another
+        moment): each isolated, a failure logged and reported; ``True`` when one failed. What a
+        failure does beyond that (``fail_mode="closed"``: halt the call) is the caller's."""
         failed = False
-        for plugin_name, fn, argnames in self.observers(hook):
+        for plugin_name, fn, argnames in observers:
             try:
                 fn(**{n: kwargs[n] for n in argnames})
             except PASSTHROUGH:

@@ -10,7 +10,8 @@ ALLOW and is reported through ``turnguard_outcome_ignored`` (a host error).
 Plugins are called through the guard's ``Dispatcher`` (``turnguard.dispatch``): each in
 isolation, the most severe verdict wins, ties go to the first detection in hook order, a HALT
 latches until the turn ends. Under ``fail_mode="closed"`` a plugin that fails, check or
-observer, halts the call it failed on.
+observer, halts the call it failed on; one that fails in ``turnguard_configure`` halts every
+turn opened afterwards (``turnguard.hookspecs`` says what each hook without a call does).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Guard:
         if plugins:
             self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
         self.dispatcher = self._dispatcher()  # a wrapper on a check hook is refused here, not when a turn opens
+        self._setup_failed: Verdict | None = None
+        """Under ``fail_mode="closed"``, the HALT every turn starts with once a plugin failed to configure."""
         self._configure(self.pm.hook.turnguard_configure.get_hookimpls())
         self.cohort = Cohort.LIVE
         """The cohort of the turns this guard opens itself (a probe guard's are ``probe``)."""
@@ -106,14 +109,13 @@ class Guard:
     def _configure(self, impls: Any) -> None:
         """``turnguard_configure`` for each implementation, isolated: a plugin that raises here is
         logged and reported, never fatal to ``Guard()`` (the hook is historic in spirit: plugins
-        registered later through ``Guard.register`` get it too)."""
-        for impl in reversed(impls):
-            try:
-                impl.function(**{n: self.config for n in impl.argnames})
-            except PASSTHROUGH:
-                raise
-            except BaseException as exc:  # a plugin's set-up must not break the host
-                self.dispatcher.report_error(impl.plugin_name, "turnguard_configure", exc)
+        registered later through ``Guard.register`` get it too). Under ``fail_mode="closed"`` no
+        call is under way to halt: every turn this guard opens afterwards starts halted."""
+        observers = tuple((impl.plugin_name, impl.function, tuple(impl.argnames)) for impl in reversed(impls))
+        failed = self.dispatcher.notify_each("turnguard_configure", observers, None, {"config": self.config})
+        if failed and self.dispatcher.fail_closed and self._setup_failed is None:
+            self._setup_failed = Verdict(Action.HALT, None,
+                                         "turnguard: a plugin failed in turnguard_configure (fail_mode=closed)")
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register a plugin (takes effect for turns opened afterwards: register plugins through
@@ -232,7 +234,7 @@ class Turn:
         self._digest = guard.keyer.digest
         self._lock = threading.RLock()
         self._acquire, self._release = self._lock.acquire, self._lock.release
-        self._halt: Verdict | None = None
+        self._halt: Verdict | None = guard._setup_failed
         self._ended: TurnSummary | None = None
         self._token = object()
         """Marks the keys this turn stored on its calls (``call._key[2]``): a bare object, so a
@@ -282,10 +284,10 @@ class Turn:
                 return self._halt
             self.ledger.begin_cycle()
             verdict, events = self._decide("turnguard_check_cycle", self._check_cycle, ())
-        failed = self._after(events) if events else False
-        if self._observe_cycle:
-            failed = self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict) or failed
-        return self._observer_halt("turnguard_cycle_checked", verdict) if failed else verdict
+        failed = self._after(events) if events else None
+        if self._observe_cycle and self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict):
+            failed = failed or "turnguard_cycle_checked"
+        return self._observer_halt(failed, verdict) if failed else verdict
 
     # check_call and record_outcome are the hot path: each turn has them as closures (_hot_paths,
     # below the class); these methods say what they do and reach the turn's own.
@@ -317,7 +319,7 @@ class Turn:
 
     def _call_checked(self, call: ToolCall, verdict: Verdict, events: Any) -> Verdict:
         """After a check, outside the lock: the detections' and ``turnguard_call_checked``'s observers."""
-        failed = self._after(events) if events else False
+        failed = self._after(events) if events else None
         for name, fn, turn in self._call_observers:
             try:
                 fn(turn, call, verdict)
@@ -325,15 +327,15 @@ class Turn:
                 raise
             except BaseException as exc:  # observers never break the host
                 self._dispatch.report_error(name, "turnguard_call_checked", exc, self.view)
-                failed = True
-        return self._observer_halt("turnguard_call_checked", verdict) if failed else verdict
+                failed = failed or "turnguard_call_checked"
+        return self._observer_halt(failed, verdict) if failed else verdict
 
     def _outcome_recorded(self, call: ToolCall, outcome: Outcome, verdict: Verdict, events: Any) -> Verdict:
         """After an outcome, outside the lock: the detections' and ``turnguard_outcome_recorded``'s observers."""
-        failed = self._after(events) if events else False
+        failed = self._after(events) if events else None
         if self._outcome_observers and self._observe_outcome(call, outcome, verdict):
-            failed = True
-        return self._observer_halt("turnguard_outcome_recorded", verdict) if failed else verdict
+            failed = failed or "turnguard_outcome_recorded"
+        return self._observer_halt(failed, verdict) if failed else verdict
 
     def _observe_outcome(self, call: ToolCall, outcome: Outcome, verdict: Verdict) -> bool:
         """``turnguard_outcome_recorded``, positionally, each observer isolated; ``True`` when one failed."""
@@ -512,12 +514,13 @@ class Turn:
             self._halt = best
         return best, events
 
-    def _after(self, events: Any) -> bool:
-        """``turnguard_loop_detected`` for each event; ``True`` when an observer failed."""
+    def _after(self, events: Any) -> str | None:
+        """``turnguard_loop_detected`` for each event; its name when an observer failed (the
+        hook a fail-closed halt names), else ``None``."""
         failed = False
         for event in events:
             failed = self._notify("turnguard_loop_detected", turn=self.view, event=event) or failed
-        return failed
+        return "turnguard_loop_detected" if failed else None
 
     def _notify(self, hook: str, **kwargs: Any) -> bool:
         """Call an observer hook, each implementation isolated; ``True`` when one failed."""

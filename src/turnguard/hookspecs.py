@@ -5,14 +5,22 @@ Hooks are called with keyword arguments; an implementation may accept any subset
 counts, max repeat, streaks, cycles, ``config`` and identifiers, plus ``turn.detect(...)`` to
 build a verdict with a ``LoopDetectedEvent``; no mutator, no private field. (Only turnguard's
 own policy modules get the ``Ledger`` itself, for speed.) One view per turn: key per-turn state
-by it.
+by it. The view keeps a plugin from changing the counts by mistake; it is not a sandbox (see
+``LedgerView``).
 
 Check hooks (``turnguard_check_*``) are decision hooks: every implementation is called, each in
-isolation (one that raises is reported and, by default, ignored; under ``fail_mode="closed"`` it
-halts the call), and the most severe verdict wins. Observer hooks return nothing; under
-``fail_mode="closed"`` an observer that raises halts the call it was observing. Wrappers are not
-supported on check hooks. ``KeyboardInterrupt`` and ``SystemExit`` raised by a plugin propagate;
-any other exception is a plugin error.
+isolation, and the most severe verdict wins. Observer hooks return nothing. Every hook, check or
+observer, is called through the guard's dispatcher (``turnguard.dispatch``), so a plugin that
+raises is treated one way whichever hook it raised in: it is logged and reported through
+``turnguard_plugin_error``; under ``fail_mode="open"`` (the default) nothing else happens; under
+``fail_mode="closed"`` the host call it happened in returns HALT, and the turn stays halted.
+The hooks with no call to halt say in their docstrings what ``fail_mode="closed"`` does there:
+``turnguard_configure`` (every turn the guard opens afterwards starts halted),
+``turnguard_turn_ended`` and ``turnguard_shadow_turn_ended`` (the turn is over: its summary
+stands), ``turnguard_turn_result`` (the result stands) and ``turnguard_plugin_error`` (a failing
+reporter is only logged; the failure it reported decides). Wrappers are not supported on check
+hooks. ``KeyboardInterrupt`` and ``SystemExit`` raised by a plugin propagate from every hook; any
+other exception (``BaseException`` included) is a plugin error.
 
 Locking: the check hooks, and ``turnguard_shadow_detected`` and ``turnguard_plugin_error`` when
 called from a check hook, run while the guard holds the turn's (re-entrant) lock, one call at a
@@ -40,7 +48,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 @hookspec(historic=True)
 def turnguard_configure(config: GuardConfig) -> None:
     """Called once per guard with its configuration, for each plugin in isolation (one that
-    raises is reported, never fatal); a plugin added later with ``Guard.register`` gets it then."""
+    raises is reported, never fatal); a plugin added later with ``Guard.register`` gets it then.
+
+    No call is under way: under ``fail_mode="closed"`` a plugin that raises here makes every turn
+    the guard opens afterwards start halted (a plugin that could not set itself up is not
+    trusted to guard); under ``"open"`` it stays in, reported."""
 
 
 @hookspec
@@ -104,7 +116,10 @@ def turnguard_retry(turn: LedgerView) -> None:
 
 @hookspec
 def turnguard_turn_ended(turn: LedgerView, summary: TurnSummary) -> None:
-    """The turn closed; ``summary`` says how (reason, counts, the threshold that ended it)."""
+    """The turn closed; ``summary`` says how (reason, counts, the threshold that ended it).
+
+    Nothing is left to halt: an observer that raises here is reported under either
+    ``fail_mode``, and the summary ``Turn.end`` returns stands."""
 
 
 @hookspec
@@ -124,7 +139,11 @@ def turnguard_outcome_recorded(turn: LedgerView, call: ToolCall, outcome: Outcom
 
 @hookspec
 def turnguard_plugin_error(turn: LedgerView | None, plugin: str, hook: str, error: BaseException) -> None:
-    """Observer: a plugin raised in ``hook``; the guard isolated it (``fail_mode`` decided how)."""
+    """Observer: a plugin raised in ``hook``; the guard isolated it (``fail_mode`` decided how).
+
+    An implementation that raises here is logged, never reported through this hook again (no
+    recursion), and the other implementations are still called; under either ``fail_mode`` it
+    changes no verdict: the failure it was reporting already decided the call's."""
 
 
 @hookspec
@@ -132,14 +151,16 @@ def turnguard_shadow_detected(turn: LedgerView, policy: str, event: LoopDetected
     """Observer: shadow policy ``policy`` (a name of ``GuardConfig.shadow``) would have fired on
     the live turn ``turn``; ``event`` carries the shadow's own counts and the action it would
     have taken. Nothing was acted on. Called in the thread of the call, while the guard holds
-    the turn's (re-entrant) lock: keep it quick, and do not wait on other threads there."""
+    the turn's (re-entrant) lock: keep it quick, and do not wait on other threads there. Under
+    ``fail_mode="closed"`` an implementation that raises halts that live call."""
 
 
 @hookspec
 def turnguard_shadow_turn_ended(turn: LedgerView, policy: str, summary: TurnSummary) -> None:
     """Observer: the live turn ``turn`` closed; ``summary`` is what shadow policy ``policy``
     made of it (``halted``/``threshold``: its would-be halt; ``tool_calls``: the calls it saw
-    before that halt, or all of them)."""
+    before that halt, or all of them). As for ``turnguard_turn_ended``, an implementation that
+    raises here is reported and the live turn's summary stands."""
 
 
 @hookspec
@@ -147,4 +168,7 @@ def turnguard_turn_result(turn_id: str, summary: TurnSummary | None, resolved: b
     """Observer: a task result was reported after the turn ended (``status`` ``accepted``:
     ``summary`` is the turn's, as it ended), or a result was ignored (``duplicate``, ``unknown``,
     ``expired``, ``after_shutdown``, ``invalid``; ``summary`` is the turn's when it is known). A
-    result reported before the turn ended is ``summary.resolved`` at ``turnguard_turn_ended``."""
+    result reported before the turn ended is ``summary.resolved`` at ``turnguard_turn_ended``.
+
+    No call is under way: an implementation that raises is reported under either ``fail_mode``,
+    and the result stands (``report_result`` returns whether it was taken)."""

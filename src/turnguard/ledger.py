@@ -649,9 +649,15 @@ class LedgerView:
 
     Facts only (``VIEW_FACTS`` and the query methods ``outcomes``, ``repeats_of``,
     ``fired_in_streak``, ``provisional_stop_count``), plus ``detect`` to build a verdict. No
-    mutator, no underscored field, no attribute can be set: a plugin cannot reset the counts the
-    caps read. A ``Turn`` makes one view and passes it to every hook: hashable by identity,
-plugins key per-turn state by it. The view holds the ledger; the ledger does not hold the view.
+    mutator, no underscored field, no attribute can be set, and the view cannot be rebound: a
+    plugin that uses what it is given cannot reset the counts the caps read, by mistake or by
+    design. It is not a sandbox: code in the same process can reach the ledger behind a view
+    (``gc.get_referents(view)`` returns it, as the interpreter lets any code reach any object)
+    and change it. Run only plugins you trust as much as the host's own code; the view makes the
+    read-only contract explicit and an accidental write impossible.
+
+    A ``Turn`` makes one view and passes it to every hook: hashable by identity, plugins key
+    per-turn state by it. The view holds the ledger; the ledger does not hold the view.
     """
 
     __slots__ = ("__weakref__", "_ledger")

@@ -6,7 +6,10 @@ its own ``Ledger`` per live turn, fed from the observer hooks (the calls, outcom
 requests, retries and the user's answers the live turn saw). What a shadow would have done is
 reported through ``turnguard_shadow_detected`` (every would-be detection) and
 ``turnguard_shadow_turn_ended`` (a ``TurnSummary`` per shadow per turn); the telemetry plugin
-turns them into ``turnguard.shadow.*`` metrics. A shadow never changes a verdict.
+turns them into ``turnguard.shadow.*`` metrics. A shadow never changes a verdict. The reporting
+hooks are observer hooks like any other, called through a ``Dispatcher`` over the live manager:
+one that raises is logged and reported through ``turnguard_plugin_error``, and under the live
+``fail_mode="closed"`` a failing ``turnguard_shadow_detected`` halts the live call it was heard on.
 
 How it runs: the per-call work is done in the check hooks (``turnguard_check_call`` and the
 others), which the guard calls positionally under the turn's lock, and which always return
@@ -46,7 +49,7 @@ from typing import Any
 import pluggy
 
 from turnguard.config import GuardConfig
-from turnguard.dispatch import PASSTHROUGH, Dispatcher, Observer, observer_impls
+from turnguard.dispatch import PASSTHROUGH, Dispatcher
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer
 from turnguard.ledger import Ledger, LedgerView
@@ -57,6 +60,9 @@ from turnguard.plugins import policies_only
 log = logging.getLogger("turnguard")
 _HALT = Action.HALT
 _RESETTING_ANSWERS = frozenset({Answer.CONTINUE.value, Answer.REDIRECT.value})
+_REPORT_FAILED = Verdict(_HALT, None, "turnguard: a plugin failed in turnguard_shadow_detected (fail_mode=closed)")
+"""What a check hook answers when a ``turnguard_shadow_detected`` observer failed under the live
+``fail_mode="closed"``: the live call halts, as for a failing observer of any other hook."""
 
 
 class ShadowPolicy:
@@ -97,19 +103,18 @@ class ShadowRun:
 
 
 class TurnShadows:
-    """Every shadow's run on one live turn, and the reporting hooks as they were when it opened.
-    ``active`` holds the runs without a would-be halt (the only ones still evaluated) with their
-    ledgers; ``calls`` and ``outcomes`` the same runs with what each per-call loop reads,
-    unpacked in one step."""
+    """Every shadow's run on one live turn, and the live manager's dispatcher as it was when the
+    turn opened (``reporter``: the reporting hooks go through it). ``active`` holds the runs
+    without a would-be halt (the only ones still evaluated) with their ledgers; ``calls`` and
+    ``outcomes`` the same runs with what each per-call loop reads, unpacked in one step."""
 
-    __slots__ = ("active", "calls", "detected", "ended", "found", "outcomes", "pending", "runs")
+    __slots__ = ("active", "calls", "found", "outcomes", "pending", "reporter", "runs")
 
-    def __init__(self, runs: list[ShadowRun], detected: tuple[Observer, ...], ended: tuple[Observer, ...]) -> None:
+    def __init__(self, runs: list[ShadowRun], reporter: Dispatcher | None) -> None:
         self.runs = runs
         self.found: list[tuple[str, LoopDetectedEvent]] = []
         self.pending: list[Callable[[Ledger], None]] = []
-        self.detected = detected
-        self.ended = ended
+        self.reporter = reporter
         self.drop_halted()
 
     def drop_halted(self) -> None:
@@ -142,18 +147,34 @@ class ShadowPlugin:
         own plugin manager rather than a ``Turn``, which keys every call first)."""
         self._pm = pm
         """The live manager: its ``turnguard_shadow_*`` observers hear about would-be detections."""
+        self._live = config
+        self._reporter: tuple[tuple[object, ...], Dispatcher] | None = None
+        """The live manager's plugins (compared by identity: a plugin need not be hashable) and
+        the dispatcher built over them."""
         self._turns: dict[int, TurnShadows] = {}
 
     # -- per-turn state -------------------------------------------------------------------------
 
-    def _observers(self, hook: str) -> tuple[Observer, ...]:
-        return observer_impls(self._pm, hook) if self._pm is not None else ()
+    def _reporting(self) -> Dispatcher | None:
+        """A dispatcher over the live manager, under the live ``fail_mode``: the reporting hooks
+        go through it as every observer hook goes through the guard's (isolated, logged, reported
+        through ``turnguard_plugin_error``). Rebuilt when the manager's plugins changed (a plugin
+        ``Guard.register``-ed later hears about the turns opened after it)."""
+        if self._pm is None:
+            return None
+        plugins = tuple(plugin for _, plugin in self._pm.list_name_plugin())
+        cached = self._reporter
+        if cached is None or len(cached[0]) != len(plugins) or any(
+                a is not b for a, b in zip(cached[0], plugins, strict=True)):
+            live = self._live
+            self._reporter = (plugins, Dispatcher(self._pm, fail_mode=live.fail_mode,
+                                                  capture_content=live.capture_content))
+        return self._reporter[1]
 
     @hookimpl
     def turnguard_turn_started(self, turn: LedgerView) -> None:
         runs = [ShadowRun(p, turn) for p in self.policies]
-        state = TurnShadows(runs, self._observers("turnguard_shadow_detected"),
-                            self._observers("turnguard_shadow_turn_ended"))
+        state = TurnShadows(runs, self._reporting())
         key = id(turn)
         self._turns[key] = state
         weakref.finalize(turn, self._turns.pop, key, None)  # a turn never ended must not leak its shadows
@@ -162,7 +183,8 @@ class ShadowPlugin:
 
     # The per-call work runs in the check hooks, which the guard calls positionally under the
     # turn's lock: the shadows see each call in the order the live ledger counted it (parallel
-    # calls included) at no observer-dispatch cost. They always return None: a shadow never acts.
+    # calls included) at no observer-dispatch cost. They return None (a shadow never acts), but
+    # for a reporting observer that failed under the live fail_mode="closed": that halts the call.
     # The call and outcome hooks inline ``Dispatcher.decide``'s loop: one more call per shadow
     # per hook is about 0.1 µs, which the shadows' budget (under twice the live guard's cost)
     # does not have. Would-be detections are reported from there too (rare; the lock is re-entrant).
@@ -185,7 +207,7 @@ class ShadowPlugin:
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
-            self._flush(turn)
+            return self._reported(turn)
         return None
 
     @hookimpl
@@ -223,7 +245,7 @@ class ShadowPlugin:
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
-            self._flush(turn)
+            return self._reported(turn)
         return None
 
     @hookimpl
@@ -261,7 +283,7 @@ class ShadowPlugin:
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
-            self._flush(turn)
+            return self._reported(turn)
         return None
 
     # A retry or an answer reaches the plugin outside the turn's lock: it is queued and applied
@@ -293,17 +315,29 @@ class ShadowPlugin:
             state.apply_pending()
         summaries = [(run.policy.name, run.ledger.summary(reason=_reason(run, summary), halt=run.halt))
                      for run in state.runs]
-        for name, shadow_summary in summaries:
-            _call_each(state.ended, turn=turn, policy=name, summary=shadow_summary)
+        if state.reporter is not None:
+            for name, shadow_summary in summaries:
+                state.reporter.notify("turnguard_shadow_turn_ended", turn, turn=turn, policy=name,
+                                      summary=shadow_summary)
 
-    def _flush(self, turn: LedgerView) -> None:
-        """Report the would-be detections noted since the last report (in the order they came)."""
+    def _reported(self, turn: LedgerView) -> Verdict | None:
+        """Report the would-be detections from a check hook: what the hook answers."""
+        return _REPORT_FAILED if self._flush(turn) else None
+
+    def _flush(self, turn: LedgerView) -> bool:
+        """Report the would-be detections noted since the last report (in the order they came):
+        ``True`` when a reporter failed under the live ``fail_mode="closed"`` (the call halts)."""
         state = self._turns.get(id(turn))
         if state is None or not state.found:
-            return
+            return False
         found, state.found = state.found, []
+        reporter = state.reporter
+        if reporter is None:
+            return False
+        failed = False
         for name, event in found:
-            _call_each(state.detected, turn=turn, policy=name, event=event)
+            failed = reporter.notify("turnguard_shadow_detected", turn, turn=turn, policy=name, event=event) or failed
+        return failed and reporter.fail_closed
 
 
 def _decided(run: ShadowRun, hook: str, found: list[tuple[str, Any]], state: TurnShadows) -> None:
@@ -328,17 +362,6 @@ def _reason(run: ShadowRun, live: TurnSummary) -> str:
     if run.halt is not None:
         return "halted"
     return "live_halted" if live.reason == "halted" else live.reason
-
-
-def _call_each(observers: tuple[Observer, ...], **kwargs: Any) -> None:
-    """Each reporting observer in isolation: a broken one must not stop the others or the host."""
-    for plugin_name, fn, argnames in observers:
-        try:
-            fn(**{n: kwargs[n] for n in argnames})
-        except PASSTHROUGH:
-            raise
-        except BaseException as exc:
-            log.error("turnguard plugin %r raised %s in a shadow report", plugin_name, type(exc).__qualname__)
 
 
 def plugin_for(config: GuardConfig, *, plugin_manager: pluggy.PluginManager | None = None,

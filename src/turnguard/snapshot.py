@@ -186,7 +186,7 @@ def _restore(turn: Turn, state: Mapping[str, Any]) -> None:
             call = ToolCall(name, None, call_id)  # the outcome finds it by call_id
             store_key(call, (bytes.fromhex(digest), turn._keyer, turn._token, int(seq)))
             turn._awaiting[int(seq)] = call
-        turn._halt = _verdict(state["halt"])
+        turn._halt = _verdict(state["halt"]) or turn._halt  # (or the fail-closed halt of its opening)
 
 
 def _verdict_data(verdict: Verdict | None) -> dict[str, Any] | None:
