@@ -21,6 +21,7 @@ from turnguard.calibrate.inputs import MAX_LINE_BYTES, InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text
 from turnguard.calibrate.run import Progress, StrictError, calibrate, input_sizes
 from turnguard.calibrate.stats import RunStats
+from turnguard.calibrate.streams import expand_inputs, missing_backups
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, output_width
 
@@ -78,7 +79,9 @@ def build_parser(prog: str = "turnguard calibrate") -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The calibrate flags, on ``p`` (the ``turnguard`` command's subparser, or our own)."""
-    p.add_argument("files", nargs="+", metavar="FILE", help="input files, any mix of formats")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="input files, any mix of formats; a directory or a quoted glob stands for its files, and a "
+                        "rotated Collector file with its backups is read as one stream, oldest first")
     grid = p.add_argument_group("grid (comma-separated values)")
     grid.add_argument("--soft-caps", type=_csv(g.parse_ints), default=g.DEFAULT_SOFT_CAPS,
                       help="soft caps S (default: %(default)s)")
@@ -168,10 +171,12 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
 
     enabled = {"auto": None, "always": True, "never": False}[args.progress]
     try:
-        size = sum(input_sizes(args.files))
+        files = expand_inputs(args.files)
+        _say_missing_backups(files, stderr)
+        size = sum(input_sizes(files))
         jobs = args.jobs or _auto_jobs(size)
         progress = Progress(size, stderr, enabled=enabled)
-        stats = calibrate(args.files, policies, on_problem=on_problem, strict=args.strict, jobs=jobs,
+        stats = calibrate(files, policies, on_problem=on_problem, strict=args.strict, jobs=jobs,
                           group=not args.no_grouping, progress=progress, max_line_bytes=args.max_line_bytes)
     except StrictError as exc:
         print(f"turnguard calibrate: stopped: {exc}", file=stderr)
@@ -187,6 +192,15 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
               f"({stats.problems:,} input problems); nothing to report", file=stderr)
         return 1
     return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold, width=output_width(args.wide))
+
+
+def _say_missing_backups(files: Sequence[Path], stderr: TextIO) -> None:
+    """A file given without the rotated backups beside it: the report would leave them out."""
+    for live, backups in missing_backups(files).items():
+        shown = ", ".join(p.name for p in backups[:3]) + (f" and {len(backups) - 3:,} more" if len(backups) > 3 else "")
+        print(f"turnguard calibrate: note: {live} has {len(backups):,} rotated backup(s) beside it that are not read "
+              f"({shown}); give its directory, or a glob such as '{live.parent / (live.stem + '*')}', to read "
+              "them all as one stream", file=stderr)
 
 
 def outputs_problem(*paths: str | None) -> str | None:

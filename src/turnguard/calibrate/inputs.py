@@ -164,10 +164,13 @@ class LineSource:
 
 def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink, *,
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RecordedTurn]:
-    """Every turn of every file, in file order; each file's format is detected per line."""
+    """Every turn of every file, in file order, the files one stream (a turn's spans may be in
+    two files of a rotated set: ``streams.py``); each file's format is detected per line."""
+    spans = OtlpAssembler(on_problem)
     for path in paths:
         with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
-            yield from read_source(source, on_problem)
+            yield from read_source(source, on_problem, spans)
+    yield from spans.finish()
 
 
 RESULT_KEY = "result_for"
@@ -183,10 +186,17 @@ def is_otlp_line(line: bytes) -> bool:
     return OTLP_MARKER in line
 
 
-def read_source(source: LineSource, on_problem: ProblemSink) -> Iterator[RecordedTurn]:
-    """The turns of one file: corpus lines and OTLP lines may even be mixed in one file."""
+def read_source(source: LineSource, on_problem: ProblemSink,
+                spans: OtlpAssembler | None = None) -> Iterator[RecordedTurn]:
+    """The turns of one file: corpus lines and OTLP lines may even be mixed in one file. With
+    ``spans``, an assembler shared by the files of one stream, tool spans still waiting for their
+    turn span at the end of the file wait on (the caller finishes it); without, they are released
+    at the end of this file."""
     label = source.path
-    spans = OtlpAssembler(label, on_problem)
+    own = spans is None
+    if spans is None:
+        spans = OtlpAssembler(on_problem)
+    spans.path = label
     try:
         for lineno, line in source:
             if is_otlp_line(line):
@@ -204,7 +214,8 @@ def read_source(source: LineSource, on_problem: ProblemSink) -> Iterator[Recorde
                 yield turn
     except (OSError, EOFError, zlib.error) as exc:
         on_problem(InputProblem(label, 0, f"file ends badly: {exc}"))
-    yield from spans.finish()
+    if own:
+        yield from spans.finish()
 
 
 UNREADABLE: Any = object()
@@ -406,6 +417,7 @@ def _any_value(value: Any) -> Any:
 
 @dataclass(slots=True)
 class _Pending:
+    path: str
     lineno: int
     calls: list[tuple[int, RecordedCall]] = field(default_factory=list)
 
@@ -418,11 +430,13 @@ class OtlpAssembler:
 
     Child spans end, and are exported, before their turn span: calls wait here, keyed by their
     parent, until it arrives, so memory holds only the turns in flight (at most
-    ``MAX_WAITING_CALLS`` calls). Calls whose turn span never arrives are reported, then replayed
-    as a turn of their own at the end of the file (or when the bound is reached).
+    ``MAX_WAITING_CALLS`` calls). One assembler reads the files of one stream in order (``path``
+    is the file being read), so a turn whose spans straddle a rotation is one turn. Calls whose
+    turn span never arrives are reported, then replayed as a turn of their own at the end of the
+    stream (or when the bound is reached).
     """
 
-    def __init__(self, path: str, on_problem: ProblemSink) -> None:
+    def __init__(self, on_problem: ProblemSink, path: str = "") -> None:
         self.path = path
         self.on_problem = on_problem
         self._pending: dict[str, _Pending] = {}
@@ -457,20 +471,20 @@ class OtlpAssembler:
         self._waiting -= len(pending.calls)
         self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
                                   f"{MAX_WAITING_CALLS:,} waited for their turn spans (replayed as a turn of "
-                                  "their own)")
-        return self._turn(key.partition(":")[2], pending, {}, pending.lineno)
+                                  "their own)", pending.path)
+        return self._turn(key.partition(":")[2], pending, {}, pending.lineno, pending.path)
 
     def finish(self) -> Iterator[RecordedTurn]:
-        """End of file: calls whose turn span never came are reported and still replayed."""
+        """End of the stream: calls whose turn span never came are reported and still replayed."""
         for key, pending in list(self._pending.items()):
             self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} without their turn span "
-                                      "(replayed as a turn of their own)")
-            yield self._turn(key.partition(":")[2], pending, {}, pending.lineno)
+                                      "(replayed as a turn of their own)", pending.path)
+            yield self._turn(key.partition(":")[2], pending, {}, pending.lineno, pending.path)
         self._pending.clear()
         self._waiting = 0
 
-    def _bad(self, lineno: int, message: str) -> None:
-        self.on_problem(InputProblem(self.path, lineno, message))
+    def _bad(self, lineno: int, message: str, path: str | None = None) -> None:
+        self.on_problem(InputProblem(self.path if path is None else path, lineno, message))
 
     def _span(self, span: Any, lineno: int) -> RecordedTurn | None:
         if not isinstance(span, dict) or not isinstance(span.get("name"), str):
@@ -491,8 +505,9 @@ class OtlpAssembler:
             by_parent = self._pending.pop(f"span:{span_id}", None)
             self._waiting -= len(by_parent.calls) if by_parent else 0
             if by_parent is not None:
-                pending = by_parent if pending is None else _Pending(pending.lineno, pending.calls + by_parent.calls)
-        return self._turn(turn_id, pending or _Pending(lineno), attrs, lineno)
+                pending = by_parent if pending is None else _Pending(pending.path, pending.lineno,
+                                                                     pending.calls + by_parent.calls)
+        return self._turn(turn_id, pending or _Pending(self.path, lineno), attrs, lineno)
 
     def _call(self, span: dict[str, Any], name: str, attrs: dict[str, Any], lineno: int) -> None:
         tool = attrs.get(names.GEN_AI_TOOL_NAME) or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
@@ -516,14 +531,15 @@ class OtlpAssembler:
             return
         pending = self._pending.get(key)
         if pending is None:
-            pending = self._pending[key] = _Pending(lineno)
+            pending = self._pending[key] = _Pending(self.path, lineno)
         if len(pending.calls) >= MAX_TURN_CALLS:
             self._bad(lineno, f"tool span {name!r}: its turn already has {MAX_TURN_CALLS:,} calls (the limit); skipped")
             return
         pending.calls.append((index, RecordedCall(tool, None, digest, outcome)))
         self._waiting += 1
 
-    def _turn(self, turn_id: str, pending: _Pending, attrs: dict[str, Any], lineno: int) -> RecordedTurn:
+    def _turn(self, turn_id: str, pending: _Pending, attrs: dict[str, Any], lineno: int,
+              path: str | None = None) -> RecordedTurn:
         calls = sorted(pending.calls, key=lambda pair: pair[0])
         cycles = attrs.get(names.TURN_CYCLES)
         if cycles is not None and not _count_in_range(cycles, 0):
@@ -539,7 +555,7 @@ class OtlpAssembler:
             resolved=resolved,
             ended_by=_str_or_none(attrs.get(names.TURN_OUTCOME)),
             source=_str_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
-            origin=f"{self.path}:{lineno}",
+            origin=f"{self.path if path is None else path}:{lineno}",
             cohort=cohort if cohort in COHORTS else None,
         )
 

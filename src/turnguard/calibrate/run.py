@@ -157,13 +157,16 @@ class _Counter:
 def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes, results) -> RunStats:
     cal = Calibrator(policies, group=group, results=results)
     done = 0
+    spans = OtlpAssembler(on_problem)  # one stream: a turn may straddle two files of a rotated set
     for path, size in zip(paths, sizes, strict=True):
         with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
-            for i, turn in enumerate(read_source(source, on_problem)):
+            for i, turn in enumerate(read_source(source, on_problem, spans)):
                 cal.add(turn)
                 if not i & 63:
                     progress.update(done + source.position(), cal.stats.calls, cal.stats.turns)
         done += size
+    for turn in spans.finish():
+        cal.add(turn)
     progress.update(done, cal.stats.calls, cal.stats.turns, force=True)
     return cal.stats
 
@@ -279,6 +282,7 @@ def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) 
     chunk: list[Any] = []
     size_of_chunk = 0
     done = 0
+    spans = OtlpAssembler(on_problem)  # one stream across the files (streams.py)
     for path, size in zip(paths, sizes, strict=True):
         label = str(path)
         ranges = _ranges(label, size)
@@ -290,7 +294,7 @@ def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) 
             position[0] = done
             continue
         with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
-            spans = OtlpAssembler(label, on_problem)
+            spans.path = label
             for lineno, line in source:
                 if is_otlp_line(line):
                     obj = parse_line(line, label, lineno, on_problem)
@@ -306,9 +310,9 @@ def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) 
                     yield chunk
                     chunk = []
                     size_of_chunk = 0
-            chunk.extend(("turn", t) for t in spans.finish())
         done += size
         position[0] = done
+    chunk.extend(("turn", t) for t in spans.finish())
     if chunk:
         yield chunk
 

@@ -1,0 +1,112 @@
+"""Which files make up a calibration's input, and in which order.
+
+The Collector's file exporter rotates its file (``rotation: max_megabytes ...``): the full file is
+renamed to a backup beside it, ``<name>-<UTC time>.<ext>`` (``otlp-2026-12-01T10-00-00.000.jsonl``
+for ``otlp.jsonl``: the naming of the lumberjack library the exporter uses), and a new file is
+started. A turn's tool spans may be in a backup and its turn span in the next file, so the files
+of one rotated set are one stream: read oldest backup first, the live file last, through one span
+assembler (``inputs.OtlpAssembler``), never as separate files.
+
+``expand_inputs`` turns the command line's arguments into files: a directory stands for the files
+in it, a quoted glob (``'otlp*.jsonl'``) for the files it matches, a file for itself; files of one
+rotated set are put in rotation order wherever they were named. ``missing_backups`` names the
+backups beside a given file that were not given (the command says so: a report on the live file
+alone leaves out most of the turns).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from turnguard.calibrate.inputs import InputError
+
+BACKUP = re.compile(r"^(?P<prefix>.+)-(?P<time>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3})(?P<ext>\.[^.]*)?(?P<gz>\.gz)?$")
+"""A rotated backup's name: the live file's name without its extension, ``-``, the rotation time
+(``2006-01-02T15-04-05.000``, which sorts in time order), the extension (and ``.gz`` when
+compressed afterwards)."""
+GLOB_CHARS = frozenset("*?[")
+
+
+def rotation_of(path: Path) -> tuple[str, str]:
+    """``(live file's name, rotation time)`` of a backup; ``(name, "")`` for any other file
+    (a live file sorts after its backups: ``""`` is read last, see ``_order_key``)."""
+    found = BACKUP.match(path.name)
+    if found is None:
+        return path.name, ""
+    return found["prefix"] + (found["ext"] or ""), found["time"]
+
+
+def _order_key(path: Path) -> tuple[int, str]:
+    _, time = rotation_of(path)
+    return (1, "") if not time else (0, time)
+
+
+def expand_inputs(arguments: Sequence[str | Path]) -> list[Path]:
+    """The input files the arguments name, each once, rotated sets in rotation order.
+
+    A directory gives its regular files (not hidden ones, not its subdirectories); an argument
+    that is not an existing path but holds ``*``, ``?`` or ``[`` is a glob; anything else is a
+    file. ``InputError`` names an argument that gives no readable file."""
+    files: list[Path] = []
+    for argument in arguments:
+        files.extend(_files_of(str(argument)))
+    return in_stream_order(_unique(files))
+
+
+def _files_of(argument: str) -> list[Path]:
+    path = Path(argument)
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.is_file())
+        if not found:
+            raise InputError(f"{argument}: a directory without input files")
+        return found
+    if not os.path.lexists(argument) and GLOB_CHARS & set(argument):
+        matched = sorted(Path(p) for p in glob.glob(argument) if os.path.isfile(p))
+        if not matched:
+            raise InputError(f"{argument}: no file matches")
+        return matched
+    return [path]
+
+
+def _unique(files: Iterable[Path]) -> list[Path]:
+    seen: set[str] = set()
+    out = []
+    for f in files:
+        key = os.path.realpath(f)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+def in_stream_order(files: Sequence[Path]) -> list[Path]:
+    """``files`` with each rotated set (a live file and its backups, in one directory) in rotation
+    order, at the place of the set's first file; other files keep their order."""
+    groups: dict[tuple[str, str], list[Path]] = {}
+    for f in files:
+        groups.setdefault((os.path.dirname(os.path.abspath(f)), rotation_of(f)[0]), []).append(f)
+    return [f for group in groups.values() for f in sorted(group, key=_order_key)]
+
+
+def missing_backups(files: Sequence[Path]) -> dict[Path, list[Path]]:
+    """For each live file given, the rotated backups beside it that were not given."""
+    given = {os.path.realpath(f) for f in files}
+    out: dict[Path, list[Path]] = {}
+    for f in files:
+        name, time = rotation_of(f)
+        if time:
+            continue
+        folder = f.parent
+        try:
+            beside = [p for p in folder.iterdir() if p.is_file() and p.name != f.name]
+        except OSError:
+            continue
+        left = sorted((p for p in beside if rotation_of(p) == (name, rotation_of(p)[1]) and rotation_of(p)[1]
+                       and os.path.realpath(p) not in given), key=_order_key)
+        if left:
+            out[f] = left
+    return out

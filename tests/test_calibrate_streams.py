@@ -1,0 +1,147 @@
+"""Rotated Collector files are one stream: a file and its backups, a glob or a directory are read
+oldest first through one span assembler, so a turn whose spans straddle a rotation is one turn,
+wherever the files are cut and in whatever order they are named."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from collector_lines import collector_lines, run_turns
+from turnguard.calibrate import cli
+from turnguard.calibrate.inputs import InputError, read_turns
+from turnguard.calibrate.streams import expand_inputs, in_stream_order, missing_backups, rotation_of
+
+TIMES = ("2026-11-30T23-59-59.999", "2026-12-01T08-00-00.000", "2026-12-01T10-30-00.250")
+
+
+def backup(name: str, time: str) -> str:
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}-{time}.{ext}" if dot else f"{name}-{time}"
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    """Collector lines of 40 turns of 3 to 60 calls (some halted), a few spans per line, so that
+    most turns' spans spread over several lines."""
+    rng = random.Random(5)
+    specs = []
+    for t in range(40):
+        n = rng.randint(3, 60)
+        repeat = rng.random() < 0.3
+        specs.append((f"turn-{t}", [("read", {"p": 1 if repeat and i > 20 else i}, "error" if repeat else "ok")
+                                    for i in range(n)]))
+    spans = run_turns(specs, soft_cap=10, hard_multiplier=4).spans()
+    batches, i = [], 0
+    while i < len(spans):
+        k = rng.randint(1, 9)
+        batches.append(spans[i:i + k])
+        i += k
+    return collector_lines(batches)
+
+
+def figures(*arguments: str | Path, jobs: int = 1) -> tuple[dict, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main([*map(str, arguments), "--json", "-", "--jobs", str(jobs), "--soft-caps", "10", "--multipliers",
+                     "2,4", "--stuck-repeats", "3", "--no-peers", "--explicit-caps", "20"], stdout=out, stderr=err)
+    assert code == 0, err.getvalue()
+    result = json.loads(out.getvalue())
+    for key in ("inputs", "replays"):
+        result.pop(key)
+    return result, err.getvalue()
+
+
+def write_rotated(folder: Path, lines: list[str], cuts: list[int], name: str = "otlp.jsonl") -> list[Path]:
+    """``lines`` cut at ``cuts`` into backups (oldest first) and the live file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = [lines[a:b] for a, b in zip([0, *cuts], [*cuts, len(lines)], strict=True)]
+    paths = [folder / backup(name, t) for t in TIMES[: len(parts) - 1]] + [folder / name]
+    for path, part in zip(paths, parts, strict=True):
+        path.write_text("".join(line + "\n" for line in part))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def whole(lines: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    path = tmp_path_factory.mktemp("whole") / "all.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    result, err = figures(path)
+    assert result["turns"] == 40 and result["problems"] == 0, err
+    return result
+
+
+def test_a_directory_a_glob_and_files_in_any_order_read_a_rotated_set_as_one_stream(lines, whole, tmp_path):
+    paths = write_rotated(tmp_path / "otel", lines, [len(lines) // 4, len(lines) // 2, 3 * len(lines) // 4])
+    shuffled = [paths[2], paths[3], paths[0], paths[1]]
+    for arguments in ([tmp_path / "otel"], [str(tmp_path / "otel" / "otlp*.jsonl")], shuffled):
+        result, err = figures(*arguments)
+        assert result == whole, arguments
+        assert "note:" not in err
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_turn_straddling_any_rotation_is_one_turn(lines, whole, tmp_path, seed):
+    """Cut the stream at random lines (a cut in a turn's spans is the usual case): every reading
+    gives the figures of the uncut file, serially and with worker processes."""
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(lines)), rng.randint(1, 3)))
+    write_rotated(tmp_path, lines, cuts)
+    for jobs in (1, 2):
+        result, _ = figures(tmp_path, jobs=jobs)
+        assert result == whole, (cuts, jobs)
+
+
+def test_gzipped_backups_are_part_of_the_stream(lines, whole, tmp_path):
+    paths = write_rotated(tmp_path, lines, [len(lines) // 3])
+    zipped = paths[0].with_name(paths[0].name + ".gz")
+    zipped.write_bytes(gzip.compress(paths[0].read_bytes()))
+    paths[0].unlink()
+    assert in_stream_order([paths[1], zipped]) == [zipped, paths[1]]
+    assert figures(tmp_path)[0] == whole
+
+
+def test_the_live_file_alone_is_read_and_the_backups_left_out_are_named(lines, tmp_path):
+    paths = write_rotated(tmp_path, lines, [len(lines) // 2])
+    result, err = figures(paths[-1])
+    assert result["turns"] < 40
+    assert f"note: {paths[-1]} has 1 rotated backup(s) beside it that are not read ({paths[0].name})" in err
+    assert missing_backups(paths) == {}
+
+
+def test_rotation_names_sort_in_time_order_the_live_file_last_and_sets_apart(tmp_path):
+    names = ["otlp.jsonl", backup("otlp.jsonl", TIMES[2]), "other.jsonl", backup("otlp.jsonl", TIMES[0]),
+             backup("other.jsonl", TIMES[1]), backup("otlp.jsonl", TIMES[1]), "turns.jsonl"]
+    ordered = [p.name for p in in_stream_order([tmp_path / n for n in names])]
+    assert ordered == [*(backup("otlp.jsonl", t) for t in TIMES), "otlp.jsonl", backup("other.jsonl", TIMES[1]),
+                       "other.jsonl", "turns.jsonl"]
+    assert rotation_of(Path(backup("traces", TIMES[0]))) == ("traces", TIMES[0])
+    assert rotation_of(Path("otlp-final.jsonl")) == ("otlp-final.jsonl", "")
+
+
+def test_an_argument_that_names_no_file_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for argument, message in ((tmp_path / "empty", "a directory without input files"),
+                              (str(tmp_path / "none*.jsonl"), "no file matches")):
+        with pytest.raises(InputError, match=message):
+            expand_inputs([argument])
+    err = io.StringIO()
+    assert cli.main([str(tmp_path / "empty")], stdout=io.StringIO(), stderr=err) == 2
+    assert "a directory without input files" in err.getvalue()
+
+
+def test_a_file_named_twice_is_read_once(lines, whole, tmp_path):
+    path = tmp_path / "otlp.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    assert expand_inputs([path, tmp_path, str(tmp_path / "*.jsonl")]) == [path]
+
+
+def test_read_turns_joins_the_files_it_is_given(lines, tmp_path):
+    paths = write_rotated(tmp_path, lines, [len(lines) // 2])
+    problems: list = []
+    turns = list(read_turns(paths, problems.append))
+    assert problems == [] and len(turns) == 40
