@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import tomllib
+import unicodedata
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -85,13 +86,21 @@ def _short(value: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True)
 class GuardConfig:
-    """Thresholds and switches of a guard. Defaults are the two seeds' values."""
+    """Thresholds and switches of a guard. Defaults are the two seeds' values.
+
+    A configuration remembers which options its caller set (``given``): keyword arguments, the
+    keys of a mapping, TOML table or ``TURNGUARD_*`` variables it was loaded from, and what
+    ``replace`` changed. A whole ``GuardConfig`` given as a probe's configuration means those
+    options over the main configuration, so a probe differs from it only where the operator
+    said so.
+    """
 
     name: str = "default"
     """The policy's name: ``turnguard.policy`` on every metric point and span, so a threshold change
-    under a new name is a new series, not a mix (bounded like tool names, at most 64 characters)."""
+    under a new name is a new series, not a mix (bounded like tool names, at most 64 characters, no
+    control characters or surrogates: ``NAME_ACCEPTED``)."""
     max_tool_calls_per_turn: int | None = None
     """Explicit hard cap N (call N+1 halts). ``None``: the adaptive cap. ``<= 0``: no cap."""
     soft_cap: int = 100
@@ -137,8 +146,9 @@ class GuardConfig:
 
     probe: Any = None
     """A probe cohort (``turnguard.Probe(rate, config)``): that share of turns is guarded live by
-    ``config``, this configuration running beside it as a shadow. Also a mapping
-    ``{"rate": 0.01, <options>}`` whose options apply over this configuration (``probe_settings``)."""
+    ``config``'s options over this configuration (only the ones its caller set, ``given``), this
+    configuration running beside it as a shadow. Also a mapping ``{"rate": 0.01, <options>}``,
+    the same (``probe_settings``)."""
 
     def __post_init__(self) -> None:
         # Lists are accepted where tuples are stored (TOML and hosts hand over lists).
@@ -179,18 +189,27 @@ class GuardConfig:
         configuration (without its shadows) with those options changed."""
         if not self.shadow:
             return ()
-        base = dataclasses.replace(self, shadow=())
+        base = _replace(self, {"shadow": ()})
         return tuple((name, _shadow_config(name, value, base)) for name, value in self.shadow)
 
     def probe_settings(self) -> Probe | None:
-        """The probe cohort, its configuration resolved: options given as a mapping apply over this
-        configuration (without its probe and shadows). A probe configuration that kept this one's
-        name is named ``<name>-probe``, so its figures are a series of their own."""
+        """The probe cohort, its configuration resolved: the options it was given (a mapping's, or
+        those a whole ``GuardConfig``'s caller set, ``given``) apply over this configuration
+        (without its probe and shadows); every other option is this one's. A probe configuration
+        that kept this one's name is named ``<name>-probe``, so its figures are a series of their
+        own."""
         return _probe_settings(self)
 
     def replace(self, **changes: Any) -> GuardConfig:
-        """A copy with ``changes`` applied (validated)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` applied (validated); they join the options it was given."""
+        return _replace(self, changes)
+
+    @property
+    def given(self) -> frozenset[str]:
+        """The options this configuration's caller set (see the class docstring); a
+        configuration built some other way (``dataclasses.replace``, unpickled from an older
+        version) counts every option as given."""
+        return getattr(self, "_given", _field_names())
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -207,7 +226,7 @@ class GuardConfig:
             if name not in names:
                 raise UnknownOptionError(str(key), value, names)
             values[name] = value
-        return dataclasses.replace(base, **values) if base else cls(**values)
+        return _replace(base, values) if base else cls(**values)
 
     @classmethod
     def from_env(
@@ -324,7 +343,19 @@ _NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", "TURNGUARD_TELEMETRY_SHU
 
 @functools.cache
 def _field_names() -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(GuardConfig))
+    return frozenset(_field_order())
+
+
+@functools.cache
+def _field_order() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(GuardConfig))
+
+
+def _replace(config: GuardConfig, changes: Mapping[str, Any]) -> GuardConfig:
+    """``dataclasses.replace``, keeping what ``config`` was given and adding ``changes``."""
+    copy = dataclasses.replace(config, **changes)
+    object.__setattr__(copy, "_given", config.given | changes.keys())
+    return copy
 
 
 def _find_toml(search: str | os.PathLike[str] | None) -> Path | None:
@@ -418,16 +449,36 @@ def _init_checking_names(init: Any) -> Any:
         if len(args) > len(names):
             raise ConfigError("<positional>", args, f"at most {len(names)} positional options")
         init(self, *args, **kwargs)
+        object.__setattr__(self, "_given", frozenset((*_field_order()[:len(args)], *kwargs)))
 
     return __init__
 
 
 MAX_NAME_LENGTH = 64
+NAME_ACCEPTED = (f"a non-empty string of at most {MAX_NAME_LENGTH} characters, without control characters "
+                 "or surrogates")
+_REFUSED_IN_NAMES = frozenset({"Cc", "Cs"})
+"""Unicode categories a policy or shadow name may not hold: control characters (tab, newline, NUL,
+...) and surrogates, which no telemetry backend can encode or show."""
+
+
+def valid_name(name: Any) -> bool:
+    """Whether ``name`` can name a policy or a shadow (``NAME_ACCEPTED``): it is exported on every
+    metric point and span, so it must encode and print everywhere."""
+    if not isinstance(name, str):
+        return False
+    name = str.__str__(name)
+    if not name.strip() or len(name) > MAX_NAME_LENGTH:
+        return False
+    return (name.isascii() and name.isprintable()) or not any(
+        unicodedata.category(ch) in _REFUSED_IN_NAMES for ch in name)
 
 
 def _validate(c: GuardConfig) -> None:
-    if not isinstance(c.name, str) or not c.name.strip() or len(c.name) > MAX_NAME_LENGTH:
-        raise ConfigError("name", c.name, f"a non-empty string of at most {MAX_NAME_LENGTH} characters")
+    if isinstance(c.name, str) and type(c.name) is not str:
+        object.__setattr__(c, "name", str.__str__(c.name))  # the text, not a subclass's behaviour
+    if not valid_name(c.name):
+        raise ConfigError("name", c.name, NAME_ACCEPTED)
     _validate_counts(c)
     _validate_cap(c)
     if c.streak_warn_at and c.streak_stop_at and c.streak_warn_at > c.streak_stop_at:
@@ -495,13 +546,13 @@ def _validate_shadow(c: GuardConfig) -> None:
     """Every shadow is a uniquely named pair whose configuration is valid and has no shadows of
     its own; mappings are resolved once here so that a bad option fails at construction."""
     names: set[str] = set()
-    base = dataclasses.replace(c, shadow=()) if c.shadow else c
+    base = _replace(c, {"shadow": ()}) if c.shadow else c
     for pair in c.shadow:
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise ConfigError("shadow", pair, _SHADOW_ACCEPTED)
         name, value = pair
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError("shadow", name, "a non-empty string naming the shadow policy")
+        if not valid_name(name):
+            raise ConfigError("shadow", name, f"a name for the shadow policy: {NAME_ACCEPTED}")
         if name in names:
             raise ConfigError(f"shadow.{name}", value, "one configuration per shadow name (this name is repeated)")
         names.add(name)
@@ -511,7 +562,9 @@ def _validate_shadow(c: GuardConfig) -> None:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Probe:
     """A probe cohort: ``rate`` (0 to 1) of the turns are guarded live by ``config``, the main
-    configuration running beside it as a shadow (``turnguard.probe`` has the sampling)."""
+    configuration running beside it as a shadow (``turnguard.probe`` has the sampling). Under a
+    main configuration, ``config`` stands for the options its caller set (``GuardConfig.given``:
+    ``Probe(0.01, GuardConfig(hard_multiplier=20))`` changes the multiplier and nothing else)."""
 
     rate: float
     config: GuardConfig
@@ -526,12 +579,16 @@ class Probe:
         if self.config.probe is not None:
             raise ConfigError("probe.config.probe", self.config.probe, "no probe inside a probe configuration")
 
-    def selects(self, conversation_id: str | None, turn_id: str) -> bool:
-        """Whether the turn is a probe turn (hashed from the conversation id, else the turn id)."""
+    def selects(self, conversation_id: object, turn_id: object) -> bool:
+        """Whether the turn is a probe turn (hashed from the conversation id, else the turn id:
+        ``turnguard.probe.selects``)."""
         return selects(self.rate, conversation_id, turn_id)
 
 
 def _probe_settings(c: GuardConfig) -> Probe | None:
+    """The probe with its configuration resolved: the options it was given (a mapping's keys, or
+    what a whole ``GuardConfig``'s caller set: ``GuardConfig.given``) over ``c`` without its probe
+    and shadows, named ``<name>-probe`` unless it names itself otherwise."""
     probe = c.probe
     if probe is None:
         return None
@@ -543,19 +600,21 @@ def _probe_settings(c: GuardConfig) -> Probe | None:
         for key in ("probe", "shadow"):
             if key in options:
                 raise ConfigError(f"probe.{key}", options[key], f"no {key} inside a probe configuration")
-        try:
-            config = GuardConfig.from_mapping(options, base=dataclasses.replace(c, probe=None, shadow=()))
-        except ConfigError as exc:
-            raise ConfigError(f"probe.{exc.key}", exc.value, exc.accepted) from None
-        probe = Probe(rate, config)
-    elif not isinstance(probe, Probe):
+    elif isinstance(probe, Probe):
+        if probe.config.shadow:
+            raise ConfigError("probe.config.shadow", probe.config.shadow, "no shadows inside a probe configuration "
+                              "(the main configuration's shadows run on probe turns too)")
+        rate = probe.rate
+        options = {key: getattr(probe.config, key) for key in probe.config.given if key not in ("probe", "shadow")}
+    else:
         raise ConfigError("probe", probe, "a turnguard.Probe(rate, config) or a mapping {'rate': ..., <options>}")
-    if probe.config.shadow:
-        raise ConfigError("probe.config.shadow", probe.config.shadow, "no shadows inside a probe configuration "
-                          "(the main configuration's shadows run on probe turns too)")
-    if probe.config.name == c.name:
-        probe = Probe(probe.rate, probe.config.replace(name=f"{c.name[:MAX_NAME_LENGTH - 6]}-probe"))
-    return probe
+    try:
+        config = GuardConfig.from_mapping(options, base=_replace(c, {"probe": None, "shadow": ()}))
+    except ConfigError as exc:
+        raise ConfigError(f"probe.{exc.key}", exc.value, exc.accepted) from None
+    if config.name == c.name:
+        config = config.replace(name=f"{c.name[:MAX_NAME_LENGTH - 6]}-probe")
+    return Probe(rate, config)
 
 
 def _shadow_config(name: str, value: Any, base: GuardConfig) -> GuardConfig:

@@ -8,7 +8,9 @@ that its would-be detections are recorded where they would have fired while the 
 
 Sampling hashes the conversation id, else the turn id (BLAKE2b: the same answer in every
 process and on every run), so a conversation stays in one cohort and the cost is one hash per
-turn, nothing per call.
+turn, nothing per call. A string or an integer id is hashed as its text (``12345`` and
+``"12345"`` land in one cohort); an id of any other type (``None``, a UUID object, ...) leaves
+the choice to the turn id.
 """
 
 from __future__ import annotations
@@ -36,14 +38,31 @@ def sample_point(key: str) -> float:
 _PERSON = b"turnguard-probe"
 
 
-def selects(rate: float, conversation_id: str | None, turn_id: str) -> bool:
-    """Whether a turn is in the probe cohort at ``rate`` (by its conversation, so a conversation
-    stays in one cohort)."""
+def sample_text(value: object) -> str | None:
+    """The text an id is sampled on: a string's own (a subclass's, without calling its methods),
+    an integer's decimal digits (``bool`` is not an id); ``None`` for anything else."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return int.__repr__(value)
+        except ValueError:  # more digits than the interpreter converts (sys.get_int_max_str_digits)
+            return None
+    return None
+
+
+def selects(rate: float, conversation_id: object, turn_id: object) -> bool:
+    """Whether a turn is in the probe cohort at ``rate``: by its conversation's id (so a
+    conversation stays in one cohort), else by its turn id (``sample_text`` says which ids count);
+    a turn with neither is live."""
     if rate <= 0:
         return False
     if rate >= 1:
         return True
-    return sample_point(conversation_id if conversation_id is not None else turn_id) < rate
+    key = sample_text(conversation_id)
+    if key is None:
+        key = sample_text(turn_id)
+    return key is not None and sample_point(key) < rate
 
 
 COHORTS: tuple[str, ...] = tuple(c.value for c in Cohort)
