@@ -5,14 +5,14 @@
 #   ./dev.sh bench    run the benchmarks and print figures and ratios
 #   ./dev.sh lint     ruff
 #   ./dev.sh run ARGS run the turnguard CLI
-#   ./dev.sh collector  build the Collector from its builder manifest (src/turnguard/assets/collector/) (once; cached) and print its path
+#   ./dev.sh collector  build the Collector from its builder manifest (builder-config.yaml) (once; cached) and print its path
 #   ./dev.sh prometheus build Prometheus 3 from its Go module (once; cached) and print its path
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$PWD
 VENV=${TG_VENV:-.venv}
 CACHE=${TG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/turnguard}
-MANIFEST=src/turnguard/assets/collector/builder-config.yaml
+MANIFEST=builder-config.yaml
 # Go builds the test components only; never fetch another toolchain, and find the machine's Go
 # even where PATH lacks it.
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=${GOFLAGS:--buildvcs=false}

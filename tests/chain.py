@@ -23,10 +23,9 @@ from typing import Any
 
 import pytest
 
-from turnguard import assets
-
-ASSETS = Path(assets.__file__).resolve().parent
-COLLECTOR_CONFIG = ASSETS / "collector" / "collector-config.yaml"
+ASSETS = Path(__file__).resolve().parents[1]
+"""The repository's top level, where the deployable files live (``turnguard assets DIR`` writes them)."""
+COLLECTOR_CONFIG = ASSETS / "collector-config.yaml"
 RULES = ASSETS / "rules" / "turnguard.rules.yaml"
 
 

@@ -1,15 +1,20 @@
-"""``turnguard assets DIR``: the deployable files, from the installed package.
+"""``turnguard assets DIR``: the deployable files, one copy at the repository's top level.
 
-From the checkout's package (its resources) and from a wheel built from the checkout and installed
-in a fresh virtual environment (what an operator who ran ``pip install turnguard`` has).
+From a checkout (the package finds the top-level files), from a wheel built through the sdist and
+installed in a fresh virtual environment (what an operator who ran ``pip install turnguard`` has),
+and from an editable install (which must follow the checkout's files as they are edited).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,11 +24,12 @@ from turnguard import assets, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {
-    "collector/collector-config.yaml", "collector/builder-config.yaml",
+    "collector-config.yaml", "builder-config.yaml",
     "dashboards/turnguard-halts.json", "dashboards/turnguard-threshold-validation.json",
-    "provisioning/dashboards/turnguard.yaml", "provisioning/datasources/turnguard.yaml",
+    "dashboards/provisioning/dashboards/turnguard.yaml", "dashboards/provisioning/datasources/turnguard.yaml",
     "prometheus/prometheus.yml", "rules/turnguard.rules.yaml", "rules/turnguard.rules.test.yaml",
 }
+"""Every deployable file, by its path in the repository and in the directory ``turnguard assets`` writes."""
 
 
 def tree(directory: Path) -> dict[str, bytes]:
@@ -34,8 +40,29 @@ def shipped() -> dict[str, bytes]:
     return {str(path): entry.read_bytes() for path, entry in assets.files().items()}
 
 
+def repository(root: Path = ROOT) -> dict[str, bytes]:
+    return {path: (root / path).read_bytes() for path in EXPECTED}
+
+
 def test_the_package_ships_every_deployable_file():
     assert {str(p) for p in assets.files()} == EXPECTED
+
+
+def test_the_assets_are_the_repositorys_top_level_files():
+    assert shipped() == repository()
+
+
+def test_every_file_in_the_asset_folders_is_an_asset():
+    """Nothing lies beside the assets that the wheel would carry and ``turnguard assets`` not write."""
+    paths = (p for entry in assets.ENTRIES for p in [ROOT / entry, *(ROOT / entry).rglob("*")])
+    found = {p.relative_to(ROOT).as_posix() for p in paths if p.is_file() and "__pycache__" not in p.parts}
+    assert found == EXPECTED
+
+
+def test_the_wheel_carries_exactly_the_asset_entries_inside_the_package():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    forced = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert forced == {entry: f"turnguard/assets/{entry}" for entry in assets.ENTRIES}
 
 
 def test_assets_writes_every_file_as_shipped(tmp_path, capsys):
@@ -48,13 +75,13 @@ def test_assets_writes_every_file_as_shipped(tmp_path, capsys):
 
 def test_assets_never_overwrites_an_edited_copy_without_force(tmp_path, capsys):
     assert cli.main(["assets", str(tmp_path)]) == 0
-    edited = tmp_path / "collector" / "collector-config.yaml"
+    edited = tmp_path / "collector-config.yaml"
     edited.write_text("# my edits\n")
     capsys.readouterr()
     assert cli.main(["assets", str(tmp_path)]) == 1
     assert "would overwrite" in capsys.readouterr().err and edited.read_text() == "# my edits\n"
     assert cli.main(["assets", str(tmp_path), "--force"]) == 0
-    assert edited.read_bytes() == shipped()["collector/collector-config.yaml"]
+    assert edited.read_bytes() == shipped()["collector-config.yaml"]
 
 
 def test_assets_reports_a_directory_it_cannot_write(tmp_path, capsys):
@@ -62,6 +89,17 @@ def test_assets_reports_a_directory_it_cannot_write(tmp_path, capsys):
     blocker.write_text("")
     assert cli.main(["assets", str(blocker / "deploy")]) == 1
     assert "turnguard assets:" in capsys.readouterr().err
+
+
+def test_assets_says_where_it_looked_when_the_files_are_missing(tmp_path, monkeypatch, capsys):
+    package = tmp_path / "src" / "turnguard" / "assets"
+    package.mkdir(parents=True)
+    (tmp_path / "collector-config.yaml").write_text("")  # a partial checkout is not one
+    monkeypatch.setattr(assets, "__file__", str(package / "__init__.py"))
+    assert cli.main(["assets", str(tmp_path / "deploy")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("turnguard assets: turnguard's assets are missing") and str(package) in err
+    assert not (tmp_path / "deploy").exists()
 
 
 def test_the_written_prometheus_config_finds_the_written_rules(tmp_path):
@@ -73,19 +111,88 @@ def test_the_written_prometheus_config_finds_the_written_rules(tmp_path):
     assert "SUCCESS: 1 rule files found" in result.stdout
 
 
-@pytest.mark.slow
-def test_a_wheel_installed_in_a_fresh_environment_writes_the_same_files(tmp_path):
-    source, wheels = tmp_path / "source", tmp_path / "wheels"  # a copy: pip builds in the source tree
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(source)],
+# -- installed: a wheel built through the sdist, and an editable install --------------------------
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A copy of the checkout (pip and build write into the tree they build)."""
+    copy = tmp_path_factory.mktemp("source") / "turnguard"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def dists(source, tmp_path_factory) -> dict[str, Path]:
+    """The sdist, and the wheel built from it (``python -m build``'s default: what a release uploads)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "-q", "--outdir", str(out), str(source)],
                    check=True, timeout=600, capture_output=True)
-    (wheel,) = wheels.glob("turnguard-*.whl")
-    env = tmp_path / "env"
+    (sdist,), (wheel,) = out.glob("turnguard-*.tar.gz"), out.glob("turnguard-*.whl")
+    return {"sdist": sdist, "wheel": wheel}
+
+
+@pytest.fixture(scope="module")
+def python(dists, tmp_path_factory) -> Path:
+    """A fresh virtual environment with the wheel's dependencies (each test installs what it tests)."""
+    env = tmp_path_factory.mktemp("env")
     venv.create(env, with_pip=True)
-    subprocess.run([env / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-                   check=True, timeout=600, capture_output=True)
-    out = tmp_path / "deploy"
-    result = subprocess.run([env / "bin" / "turnguard", "assets", str(out)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path)
+    install(env / "bin" / "python", dists["wheel"])
+    return env / "bin" / "python"
+
+
+def isolated() -> dict[str, str]:
+    """This process's environment without the path that would put the checkout's package first."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+def install(python: Path, *args: str | Path) -> None:
+    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--force-reinstall", *args],
+                   check=True, timeout=600, capture_output=True, env=isolated())
+
+
+def assets_root(python: Path) -> Path:
+    script = "from turnguard import assets; print(assets.root())"
+    return Path(subprocess.run([python, "-c", script], check=True, capture_output=True, text=True, timeout=60,
+                               env=isolated(), cwd=python.parent).stdout.strip())
+
+
+def run_assets(python: Path, out: Path) -> dict[str, bytes]:
+    result = subprocess.run([python.parent / "turnguard", "assets", str(out)], capture_output=True, text=True,
+                            timeout=120, cwd=out.parent, env=isolated())
     assert result.returncode == 0, result.stderr
-    assert tree(out) == shipped() and set(tree(out)) == EXPECTED
+    return tree(out)
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_the_assets_at_the_top_level(dists):
+    with tarfile.open(dists["sdist"]) as sdist:
+        top, *_ = sdist.getnames()[0].split("/")
+        members = {m.name.removeprefix(f"{top}/"): m for m in sdist.getmembers() if m.isfile()}
+        assert set(members) >= EXPECTED
+        assert {path: sdist.extractfile(members[path]).read() for path in EXPECTED} == repository()
+        assert not {name for name in members if name.startswith("src/turnguard/assets/")} - {
+            "src/turnguard/assets/__init__.py"}, "a second copy of the assets in the package sources"
+
+
+@pytest.mark.slow
+def test_a_wheel_installed_in_a_fresh_environment_writes_the_repositorys_files(dists, python, tmp_path):
+    with zipfile.ZipFile(dists["wheel"]) as wheel:
+        packaged = {n.removeprefix("turnguard/assets/") for n in wheel.namelist() if n.startswith("turnguard/assets/")}
+    assert packaged == EXPECTED | {"__init__.py"}
+    install(python, dists["wheel"])
+    assert assets_root(python).is_relative_to(python.parents[1] / "lib"), "not the installed package's files"
+    assert run_assets(python, tmp_path / "deploy") == repository()
+
+
+@pytest.mark.slow
+def test_an_editable_install_writes_the_checkouts_files_as_edited(source, python, tmp_path):
+    install(python, "--no-deps", "-e", source)
+    assert assets_root(python) == source
+    rules = source / "rules" / "turnguard.rules.yaml"
+    rules.write_bytes(rules.read_bytes() + b"# an edit after the install\n")
+    try:
+        written, expected = run_assets(python, tmp_path / "deploy"), repository(source)
+    finally:
+        rules.write_bytes((ROOT / "rules" / "turnguard.rules.yaml").read_bytes())
+    assert written == expected and written["rules/turnguard.rules.yaml"].endswith(b"after the install\n")

@@ -14,7 +14,6 @@ import io
 import json
 import logging
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,16 +24,14 @@ import pytest
 import chain
 from conftest import optional_dependency
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 optional_dependency("opentelemetry.exporter.otlp.proto.http")
 
-from dashboards import build, fleet, queries  # noqa: E402
-
+import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
 from turnguard import cli  # noqa: E402
+from turnguard.boards import build, queries  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]

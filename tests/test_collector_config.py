@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 
 from conftest import optional_dependency
-from turnguard import assets
 
 yaml = optional_dependency("yaml")
 
-CONFIG_PATH = Path(assets.__file__).resolve().parent / "collector" / "collector-config.yaml"
+CONFIG_PATH = Path(__file__).resolve().parents[1] / "collector-config.yaml"
 SECTIONS = ("receivers", "processors", "exporters", "connectors", "extensions")
 
 CURRENT_TYPES: dict[str, frozenset[str]] = {

@@ -1,25 +1,21 @@
-"""dashboards/build.py: the committed JSON is what the code builds, and the build follows the config."""
+"""turnguard.boards.build: the committed JSON is what the code builds, and the build follows the config."""
 
 from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import optional_dependency
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 optional_dependency("grafana_foundation_sdk")
 
-from dashboards import build, queries  # noqa: E402
 from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
 from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa: E402
 from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
+from turnguard.boards import build, queries  # noqa: E402
 from turnguard.config import GuardConfig  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
 
@@ -30,8 +26,8 @@ BUCKET_MATCHER = re.compile(r"\bturnguard[_:](\w+?)_bucket(?::increase5m)?\{[^}]
 def test_committed_json_matches_a_fresh_build():
     for name, text in build.build_all().items():
         committed = build.OUT / name
-        assert committed.exists(), f"{name} is not committed: run python dashboards/build.py"
-        assert committed.read_text() == text, f"{name} is stale: run python dashboards/build.py"
+        assert committed.exists(), f"{name} is not committed: run python -m turnguard.boards.build"
+        assert committed.read_text() == text, f"{name} is stale: run python -m turnguard.boards.build"
 
 
 def test_every_committed_board_is_built_by_the_code():

@@ -1,20 +1,14 @@
-"""dashboards/fleet.py: the simulated fleet really has the mix the dashboard proof relies on."""
+"""tests/fleet.py: the simulated fleet really has the mix the dashboard proof relies on."""
 
 from __future__ import annotations
 
 import logging
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dashboards import fleet  # noqa: E402
-
-import turnguard as tg  # noqa: E402
+import fleet
+import turnguard as tg
 
 Kind = fleet.Kind
 

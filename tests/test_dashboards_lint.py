@@ -17,17 +17,12 @@ from __future__ import annotations
 import copy
 import json
 import re
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dashboards import queries  # noqa: E402
+from turnguard.boards import queries
 
 BOARD_DIR = queries.BOARDS
 BOARDS = queries.boards(BOARD_DIR)

@@ -30,7 +30,6 @@ import contextlib
 import logging
 import math
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -43,8 +42,6 @@ import pytest
 import chain
 from conftest import optional_dependency
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 optional_dependency("grafana_foundation_sdk")
 sdk_metrics = optional_dependency("opentelemetry.sdk.metrics")
 sdk_export = optional_dependency("opentelemetry.sdk.metrics.export")
@@ -52,10 +49,10 @@ otlp_metrics = optional_dependency("opentelemetry.exporter.otlp.proto.http.metri
 prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
 prometheus_client = optional_dependency("prometheus_client")
 
-from dashboards import build, fleet, queries  # noqa: E402
-from dashboards import probe_fleet as pf  # noqa: E402
-
+import fleet  # noqa: E402
+import probe_fleet as pf  # noqa: E402
 import turnguard as tg  # noqa: E402
+from turnguard.boards import build, queries  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -749,7 +746,7 @@ _RATIO_PANELS = {H: (4, 6, 32), T: (3, 12, 13, 26, 102)}
 """Panels whose values are ratios, shares or quantiles (compared to float precision, not exactly)."""
 
 
-# -- the probe cohort: the worked example with known truth (dashboards/probe_fleet.py) -------------
+# -- the probe cohort: the worked example with known truth (tests/probe_fleet.py) ------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
-"""The provisioning assets (src/turnguard/assets/provisioning/): what Grafana needs to load the
+"""The provisioning assets (dashboards/provisioning/): what Grafana needs to load the
 boards and their data sources from files."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,12 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 optional_dependency("grafana_foundation_sdk")
 
-from dashboards import build, queries  # noqa: E402
+from turnguard.boards import build, queries  # noqa: E402
 
-PROVISIONING = queries.BOARDS.parent / "provisioning"
+PROVISIONING = queries.BOARDS / "provisioning"
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,10 @@
-"""dashboards/queries.py: reading panels and queries back, and resolving Grafana's macros."""
+"""turnguard.boards.queries: reading panels and queries back, and resolving Grafana's macros."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dashboards import queries  # noqa: E402
+from turnguard.boards import queries
 
 
 def test_macros_finds_variables_in_every_grafana_spelling():

@@ -10,21 +10,17 @@ against the rules file's ``by (...)`` lists, not the builder's intent.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 import chain
 from conftest import optional_dependency
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from dashboards import build, queries  # noqa: E402
+from turnguard.boards import build, queries  # noqa: E402
 
 BOARD = queries.boards()[build.THRESHOLDS_UID]
 KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",

@@ -27,16 +27,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turnguard.terminal",),
     ("turnguard.calibrate",),
     ("turnguard.integrations",),
-    ("turnguard.demo", "turnguard.assets"),
+    ("turnguard.demo", "turnguard.assets", "turnguard.boards"),
     ("turnguard.cli",),
     ("turnguard.__main__",),
 )
 """Lowest first. The core: facts (model, keys, config, ledger), the hook contract and what a policy
 tells calibrate (firing), the policies, the plugin registry, the guard, the shadows built on it;
 then the public facade ``turnguard`` (the core's names), reporting (telemetry), the text layout
-of the command line's output (terminal), calibration, the framework adapters, the demo and the
-deployable files (assets), and the command line. A module belongs to the layer of the longest name
-above that is it or a package holding it (``turnguard`` itself is the facade only, not every module of the package)."""
+of the command line's output (terminal), calibration, the framework adapters, the demo, the
+deployable files (assets) and the board generator (boards), and the command line. A module belongs
+to the layer of the longest name above that is it or a package holding it (``turnguard`` itself is
+the facade only, not every module of the package)."""
 
 def module_files() -> dict[str, Path]:
     files = {}

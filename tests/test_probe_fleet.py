@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import io
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dashboards import probe_fleet as pf  # noqa: E402
-
-import turnguard as tg  # noqa: E402
-from turnguard.calibrate import cli  # noqa: E402
-from turnguard.calibrate.evidence import wilson_interval  # noqa: E402
-from turnguard.telemetry import names as n  # noqa: E402
+import probe_fleet as pf
+import turnguard as tg
+from turnguard.calibrate import cli
+from turnguard.calibrate.evidence import wilson_interval
+from turnguard.telemetry import names as n
 
 W = pf.Work
 

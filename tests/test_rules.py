@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,12 +14,10 @@ import pytest
 import chain
 from conftest import optional_dependency
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from dashboards import build  # noqa: E402
+from turnguard.boards import build  # noqa: E402
 
 RULES_DIR = chain.RULES.parent
 TESTS = RULES_DIR / "turnguard.rules.test.yaml"

@@ -16,7 +16,7 @@ from typing import Any
 
 from turnguard import assets
 
-BOARDS = Path(assets.__file__).resolve().parent / "dashboards"
+BOARDS = assets.root() / "dashboards"
 MACRO = re.compile(r"\$\{([A-Za-z_]\w*)(?::\w+)?\}|\$([A-Za-z_]\w*)")
 """``$name`` or ``${name}`` / ``${name:format}``; ``$1`` is a regex group reference (label_replace), not a variable."""
 

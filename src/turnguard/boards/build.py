@@ -1,8 +1,8 @@
 """turnguard's Grafana dashboards, as code (grafana-foundation-sdk, Grafana 11 schema).
 
-    python dashboards/build.py                 # regenerate the committed JSON (src/turnguard/assets/dashboards/)
-    python dashboards/build.py --check         # exit 1 if the committed JSON is stale
-    python dashboards/build.py --soft-cap 200 --hard-multiplier 8 --out /tmp/boards
+    python -m turnguard.boards.build             # regenerate the committed JSON (dashboards/)
+    python -m turnguard.boards.build --check     # exit 1 if the committed JSON is stale
+    python -m turnguard.boards.build --soft-cap 200 --hard-multiplier 8 --out /tmp/boards
 
 Two boards: **Halts** (what fired, where, how often, what users answered) and **Threshold
 validation** (is the 10x backstop right: how turns spread against S and S x m, what a lower
@@ -68,8 +68,8 @@ from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
 
 HERE = Path(__file__).resolve().parent
-OUT = Path(assets.__file__).resolve().parent / "dashboards"
-"""Where the JSON lives: the package's assets (``turnguard assets DIR`` writes it out)."""
+OUT = assets.root() / "dashboards"
+"""Where the JSON lives: the assets' ``dashboards/`` (``turnguard assets DIR`` writes it out)."""
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 HALTS_UID = "turnguard-halts"
 THRESHOLDS_UID = "turnguard-threshold-validation"
@@ -350,6 +350,12 @@ def over_time(pid: int, title: str, description: str, targets: Sequence[Dataquer
     return panel
 
 
+def _with_panels(board: Dashboard, panels: Sequence[object]) -> Dashboard:
+    for panel in panels:
+        board = board.with_panel(panel)
+    return board
+
+
 def _base(uid: str, title: str, description: str, tags: Sequence[str]) -> Dashboard:
     agents = (
         QueryVariable(AGENT_VARIABLE).label("Agent").datasource(DATASOURCE)
@@ -383,9 +389,30 @@ def policy_changes() -> AnnotationQuery:
 # -- Halts ---------------------------------------------------------------------------------------
 
 
+def overview_panels() -> list[object]:
+    """Panels of the halts board's overview row: the time range's counts and shares."""
+    halted = sel(**{OUTCOME: "halted"})
+    answered_continue = sel(**{ANSWER: "continue"})
+    return [
+        stat_panel(2, "Turns", "Agent turns that ended in the time range.", total(TURNS)),
+        stat_panel(3, "Turns halted",
+                   "Turns that ended because turnguard halted them (any threshold, or a user's stop).",
+                   total(TURNS, halted)),
+        stat_panel(4, "Halted share", "Turns halted / turns ended.",
+                   f"{total(TURNS, halted)} / {total(TURNS)}", "percentunit"),
+        stat_panel(5, "Detections", "Every time a threshold fired, acted on or only observed.",
+                   total(DETECTIONS)),
+        stat_panel(6, "Asks answered \"continue\"",
+                   "Share of turnguard's questions the user answered \"continue\": the false-positive "
+                   "rate.", f"{total(ANSWERS, answered_continue)} / {total(ANSWERS)}", "percentunit"),
+        stat_panel(7, "Plugin errors",
+                   "turnguard plugins that raised; the guard isolated them (fail_mode).",
+                   f"{total(PLUGIN_ERRORS)} or vector(0)"),
+    ]
+
+
 def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     """What fired, where, how often, and what users answered."""
-    halted = sel(**{OUTCOME: "halted"})
     halt_action = sel(**{ACTION: "halt"})
     answered_continue = sel(**{ANSWER: "continue"})
     action_attendance = (
@@ -397,25 +424,12 @@ def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
         f'"attendance", "unattended", "{PROMPTABLE}", "false"))'
     )
     fp_rate = f"{total(ANSWERS, answered_continue, by=(THRESHOLD,))} / {total(ANSWERS, by=(THRESHOLD,))}"
-    board = (
+    board = _with_panels(
         _base(HALTS_UID, "turnguard: halts",
               "What turnguard detected and did to agent turns, where, and what users answered when asked.",
-              ["turnguard", "agents"])
-        .with_row(Row("Overview").id(1))
-        .with_panel(stat_panel(2, "Turns", "Agent turns that ended in the time range.", total(TURNS)))
-        .with_panel(stat_panel(3, "Turns halted",
-                               "Turns that ended because turnguard halted them (any threshold, or a user's stop).",
-                               total(TURNS, halted)))
-        .with_panel(stat_panel(4, "Halted share", "Turns halted / turns ended.",
-                               f"{total(TURNS, halted)} / {total(TURNS)}", "percentunit"))
-        .with_panel(stat_panel(5, "Detections", "Every time a threshold fired, acted on or only observed.",
-                               total(DETECTIONS)))
-        .with_panel(stat_panel(6, "Asks answered \"continue\"",
-                               "Share of turnguard's questions the user answered \"continue\": the false-positive "
-                               "rate.", f"{total(ANSWERS, answered_continue)} / {total(ANSWERS)}", "percentunit"))
-        .with_panel(stat_panel(7, "Plugin errors",
-                               "turnguard plugins that raised; the guard isolated them (fail_mode).",
-                               f"{total(PLUGIN_ERRORS)} or vector(0)"))
+              ["turnguard", "agents"]).with_row(Row("Overview").id(1)), overview_panels())
+    board = (
+        board
         .with_row(Row("Detections").id(10))
         .with_panel(over_time(11, "Detections by threshold and level", "Detections per second.",
                               [query(per_second(DETECTIONS, by=(THRESHOLD, LEVEL)), legend(THRESHOLD, LEVEL),
@@ -451,9 +465,7 @@ def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                               [query(per_second(TURNS, by=(OUTCOME,)), legend(OUTCOME), instant=False)]))
         .with_row(Row("Collector: is the telemetry arriving?").id(50))
     )
-    for panel in collector_panels():
-        board = board.with_panel(panel)
-    return board
+    return _with_panels(board, collector_panels())
 
 
 def collector_panels() -> list[object]:
@@ -643,16 +655,57 @@ def shadow_policy_panels(cap: CapSettings) -> list[object]:
     ]
 
 
+def tool_calls_heatmap(cap: CapSettings) -> heatmap.Panel:
+    """The threshold-validation board's first panel: adaptive-cap turns per bucket of tool calls."""
+    s, h = cap.soft_cap, cap.hard_cap
+    return (
+        heatmap.Panel().id(2).title(f"Tool calls per turn (soft cap {s}, backstop {h})")
+        .description(f"Turns per bucket of tool calls. Rows at {s} (S) and {h} (the backstop) are the cap's "
+                     "edges: turns above S continued only while not stuck; the row above the backstop holds the "
+                     "turns it ended.")
+        .datasource(DATASOURCE).unit("short").height(9).span(12).calculate(False).interval(RECORD_TILE)
+        .rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
+        .y_axis(YAxisConfig().unit("short").axis_label(f"tool calls per turn (S = {s}, backstop = {h})"))
+        .with_target(query(recorded(f"{TOOL_CALLS}_bucket", sel(**{CAP_MODE: "adaptive"}), by=("le",),
+                                    window="$__interval"), "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
+    )
+
+
+def backstop_panels(cap: CapSettings) -> list[object]:
+    """Panels of the threshold-validation row on the turns the backstop ended: what they cost, and
+    whether the stuck signal had flagged them first."""
+    s, h = cap.soft_cap, cap.hard_cap
+    backstop = sel(**{THRESHOLD: LoopThreshold.HARD_BACKSTOP})
+    first_stuck_mean = (
+        f"{recorded(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {recorded(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
+    )
+    return [
+        stat_panel(21, "Turns the backstop ended", f"Turns halted at call {h + 1}.",
+                   recorded(TURNS, backstop)),
+        stat_panel(22, "Calls they burned", "Tool calls checked in those turns.",
+                   recorded(CALLS, backstop)),
+        stat_panel(23, "…of which past the soft cap", f"Calls beyond S = {s} in those turns.",
+                   f"{recorded(CALLS, backstop)} - {s} * {recorded(TURNS, backstop)}"),
+        stat_panel(24, "Flagged stuck earlier", "Of those turns, how many met the stuck signal before the "
+                   "backstop (the repeat signal halts them at S, so normally 0).",
+                   f"{recorded(f'{FIRST_STUCK}_count', backstop)} or vector(0)"),
+        stat_panel(25, "Calls the stuck signal would have saved",
+                   "For those flagged turns: calls made after the stuck signal first held.",
+                   f"({recorded(CALLS, backstop)} / {recorded(TURNS, backstop)}) * "
+                   f"{recorded(f'{FIRST_STUCK}_count', backstop)} - "
+                   f"{recorded(f'{FIRST_STUCK}_sum', backstop)} or vector(0)"),
+        bars(26, "When stuck turns were first flagged",
+             f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
+             [query(first_stuck_mean, legend(THRESHOLD))], width=4, height=4),
+    ]
+
+
 def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     """Is the backstop multiplier right? Turns against S and S x m, and what other caps would do."""
     s, h, d = cap.soft_cap, cap.hard_cap, cap.stuck_repeat_threshold
     adaptive = {CAP_MODE: "adaptive"}
     not_stuck = {CAP_MODE: "adaptive", STUCK: "false"}
     ended = {**adaptive, OUTCOME: "!halted"}
-    backstop = sel(**{THRESHOLD: LoopThreshold.HARD_BACKSTOP})
-    first_stuck_mean = (
-        f"{recorded(f'{FIRST_STUCK}_sum', by=(THRESHOLD,))} / {recorded(f'{FIRST_STUCK}_count', by=(THRESHOLD,))}"
-    )
     quantiles = [
         query(f"histogram_quantile({q}, {recorded(f'{TOOL_CALLS}_bucket', sel(**ended), ('le',), '$__interval')})",
               f"p{round(q * 100)}", chr(ord("A") + i), instant=False)
@@ -661,20 +714,10 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     board = (
         _base(THRESHOLDS_UID, "turnguard: threshold validation",
               f"Production turns against the adaptive cap (soft cap S = {s}, backstop S×{cap.hard_multiplier:g} = "
-              f"{h}, stuck at {d} repeats). Rebuild with dashboards/build.py if your GuardConfig differs.",
+              f"{h}, stuck at {d} repeats). Rebuild with python -m turnguard.boards.build if your GuardConfig differs.",
               ["turnguard", "agents", "calibration"])
         .with_row(Row(f"Tool calls per turn against the cap (S = {s}, backstop = {h})").id(1))
-        .with_panel(
-            heatmap.Panel().id(2).title(f"Tool calls per turn (soft cap {s}, backstop {h})")
-            .description(f"Turns per bucket of tool calls. Rows at {s} (S) and {h} (the backstop) are the cap's "
-                         "edges: turns above S continued only while not stuck; the row above the backstop holds the "
-                         "turns it ended.")
-            .datasource(DATASOURCE).unit("short").height(9).span(12).calculate(False).interval(RECORD_TILE)
-            .rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
-            .y_axis(YAxisConfig().unit("short").axis_label(f"tool calls per turn (S = {s}, backstop = {h})"))
-            .with_target(query(recorded(f"{TOOL_CALLS}_bucket", sel(**adaptive), by=("le",), window="$__interval"),
-                               "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
-        )
+        .with_panel(tool_calls_heatmap(cap))
         .with_panel(over_time(3, "Tool calls per turn: percentiles vs S and the backstop",
                               "Turns that were not halted (a halted turn ends at its threshold, so a few runaways "
                               f"would put p99 on the backstop). Dashed lines: the soft cap S = {s} (orange) and the "
@@ -695,23 +738,10 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                          "backstop would have killed.",
                          _cut_targets(cap, **not_stuck, **{OUTCOME: "!halted"}), unit="percentunit", width=10))
         .with_row(Row("Turns the backstop ended").id(20))
-        .with_panel(stat_panel(21, "Turns the backstop ended", f"Turns halted at call {h + 1}.",
-                               recorded(TURNS, backstop)))
-        .with_panel(stat_panel(22, "Calls they burned", "Tool calls checked in those turns.",
-                               recorded(CALLS, backstop)))
-        .with_panel(stat_panel(23, "…of which past the soft cap", f"Calls beyond S = {s} in those turns.",
-                               f"{recorded(CALLS, backstop)} - {s} * {recorded(TURNS, backstop)}"))
-        .with_panel(stat_panel(24, "Flagged stuck earlier", "Of those turns, how many met the stuck signal before the "
-                               "backstop (the repeat signal halts them at S, so normally 0).",
-                               f"{recorded(f'{FIRST_STUCK}_count', backstop)} or vector(0)"))
-        .with_panel(stat_panel(25, "Calls the stuck signal would have saved",
-                               "For those flagged turns: calls made after the stuck signal first held.",
-                               f"({recorded(CALLS, backstop)} / {recorded(TURNS, backstop)}) * "
-                               f"{recorded(f'{FIRST_STUCK}_count', backstop)} - "
-                               f"{recorded(f'{FIRST_STUCK}_sum', backstop)} or vector(0)"))
-        .with_panel(bars(26, "When stuck turns were first flagged",
-                         f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
-                         [query(first_stuck_mean, legend(THRESHOLD))], width=4, height=4))
+    )
+    board = _with_panels(board, backstop_panels(cap))
+    board = (
+        board
         .with_row(Row(f"Repeats against the stuck threshold (D = {d})").id(30))
         .with_panel(bars(31, f"Long turns (past S = {s}): max key repeat vs D = {d}, by how the turn ended",
                          f"Turns that made more than S = {s} calls only (turnguard.turn.past_soft_cap). Productive "
@@ -719,13 +749,9 @@ def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
                          "or above it; runaways the backstop ended never repeat enough to be flagged.",
                          _repeat_targets(cap), width=24, height=10))
     )
-    board = board.with_row(Row("Probe cohort: what happens past the live thresholds").id(40))
-    for panel in probe_panels(cap):
-        board = board.with_panel(panel)
-    board = board.with_row(Row("Shadow policies").id(SHADOW_PANEL_IDS[0]))
-    for panel in shadow_policy_panels(cap):
-        board = board.with_panel(panel)
-    return board
+    board = _with_panels(board.with_row(Row("Probe cohort: what happens past the live thresholds").id(40)),
+                         probe_panels(cap))
+    return _with_panels(board.with_row(Row("Shadow policies").id(SHADOW_PANEL_IDS[0])), shadow_policy_panels(cap))
 
 
 # -- output --------------------------------------------------------------------------------------
@@ -762,7 +788,7 @@ def build_all(cap: CapSettings = DEFAULTS) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT,
-                        help="directory for the JSON files (default: src/turnguard/assets/dashboards/)")
+                        help="directory for the JSON files (default: dashboards/)")
     parser.add_argument("--soft-cap", type=int, default=DEFAULTS.soft_cap)
     parser.add_argument("--hard-multiplier", type=float, default=DEFAULTS.hard_multiplier)
     parser.add_argument("--stuck-repeat-threshold", type=int, default=DEFAULTS.stuck_repeat_threshold)
@@ -780,7 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stale = [name for name, text in built.items()
                  if not (args.out / name).exists() or (args.out / name).read_text() != text]
         for name in stale:
-            print(f"{args.out / name} is stale: run python dashboards/build.py", file=sys.stderr)
+            print(f"{args.out / name} is stale: run python -m turnguard.boards.build", file=sys.stderr)
         return 1 if stale else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in built.items():

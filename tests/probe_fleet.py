@@ -122,7 +122,7 @@ def probe_config(**options: Any) -> tg.GuardConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python dashboards/probe_fleet.py TURNS.jsonl``: run the fleet, recording its turns."""
+    """``python tests/probe_fleet.py TURNS.jsonl``: run the fleet, recording its turns."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Run the probe fleet, recording its turns for turnguard calibrate.")

@@ -1,1 +1,0 @@
-"""turnguard's Grafana dashboards: built by ``build.py``, proven with the fleet in ``fleet.py``."""
