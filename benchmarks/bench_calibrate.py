@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_calibrate.py [--calls 1000000] [--jobs 2] [--keep FILE]
     .venv/bin/python benchmarks/run.py calibrate [--quick]
 
-Writes a corpus-format JSONL file of generated turns (``turnguard.calibrate.synthetic``: short
+Writes a corpus-format JSONL file of generated turns (``tools/synthetic.py``: short
 healthy turns, long productive turns past the soft caps, stuck turns with runs of identical
 failing calls, runaway turns that vary their arguments for thousands of calls), runs the real
 command on it in a subprocess with a grid of at least 50 policies, and reports tool calls of input
@@ -22,8 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from turnguard.calibrate.synthetic import write_corpus
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from synthetic import write_corpus
 
 GRID_FLAGS = ["--soft-caps", "20,50,100,200", "--multipliers", "2,3,5,10,20", "--stuck-repeats", "3,6,10"]
 TARGET = 200_000

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_CORPUS, corpus_files
-from turnguard.calibrate.synthetic import SMALL, write_corpus
+from synthetic import SMALL, write_corpus
 from turnguard.cli import main
 
 CORPUS = SHARED_CORPUS

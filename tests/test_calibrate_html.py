@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from synthetic import SMALL, records
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid, dedupe
 from turnguard.calibrate.html import render
 from turnguard.calibrate.inputs import corpus_turn
-from turnguard.calibrate.synthetic import SMALL, records
 
 CHARTS = ("chart-halts", "chart-saved", "chart-asks", "chart-positions", "chart-distribution")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from synthetic import SMALL, records, write_corpus
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.inputs import InputProblem
 from turnguard.calibrate.run import Progress, StrictError, calibrate
-from turnguard.calibrate.synthetic import SMALL, records, write_corpus
 from turnguard.telemetry import names
 
 POLICIES = build_grid(GridSpec(soft_caps=(5, 20), stuck_repeats=(3, 6), explicit_caps=(15,)))

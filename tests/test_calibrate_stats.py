@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from synthetic import SMALL, records
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.inputs import corpus_turn
 from turnguard.calibrate.replay import TurnResult
 from turnguard.calibrate.stats import MAX_IDS, ModeStats, RunStats
-from turnguard.calibrate.synthetic import SMALL, records
 
 GRID = GridSpec(soft_caps=(5, 20), stuck_repeats=(3,), explicit_caps=(15,))
 

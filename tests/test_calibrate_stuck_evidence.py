@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+import stuck_evidence as ev
 from conftest import SHARED_CORPUS, corpus_files
-from turnguard.calibrate import stuck_evidence as ev
 from turnguard.calibrate.inputs import read_turns
 
 CORPUS = SHARED_CORPUS

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+import stuck_evidence as ev
 import turnguard as tg
 from conftest import CORE_ONLY, corpus_files, drive
-from turnguard.calibrate import stuck_evidence as ev
 from turnguard.calibrate.inputs import read_turns
 
 

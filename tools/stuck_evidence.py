@@ -2,9 +2,9 @@
 alternatives, on recorded turns and on generated long turns, through ``turnguard calibrate``'s
 own engine (``engine.Calibrator``: the live ledger and policy hooks).
 
-    python -m turnguard.calibrate.stuck_evidence --write-long-turns long-turns.jsonl
-    python -m turnguard.calibrate.stuck_evidence ../shared/corpus/*.jsonl long-turns.jsonl
-    python -m turnguard.calibrate.stuck_evidence --profiles ../shared/corpus/*.jsonl long-turns.jsonl
+    python tools/stuck_evidence.py --write-long-turns long-turns.jsonl
+    python tools/stuck_evidence.py ../shared/corpus/*.jsonl long-turns.jsonl
+    python tools/stuck_evidence.py --profiles ../shared/corpus/*.jsonl long-turns.jsonl
 
 The recorded corpus has no turn past 59 calls, so the adaptive cap is compared there with the
 calibration grid's smallest soft cap (``S=20``); generated turns (``long_turns``) run 100 to
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.inputs import RecordedTurn, read_turns
+from turnguard.calibrate.inputs import InputError, RecordedTurn, read_turns
 from turnguard.config import GuardConfig
 from turnguard.profiles import PROFILES
 
@@ -309,7 +309,7 @@ def _read(paths: Sequence[str]) -> list[RecordedTurn]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m turnguard.calibrate.stuck_evidence",
+    parser = argparse.ArgumentParser(prog="python tools/stuck_evidence.py",
                                      description="The stuck-signal evidence table (README, stuck-signals section).")
     parser.add_argument("files", nargs="*", metavar="FILE",
                         help="corpus-format JSONL; files named *long-turns* are the generated set")
@@ -318,6 +318,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profiles", action="store_true",
                         help="compare tg.PROFILES and the recommended profile's neighbours instead")
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except (InputError, OSError) as exc:  # a bad path is one line, not a traceback
+        print(f"stuck_evidence: {_reason(exc)}", file=sys.stderr)
+        return 2
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.write_long_turns:
         print(f"wrote {write_long_turns(args.write_long_turns, args.seed)} turns to {args.write_long_turns}")
         return 0
