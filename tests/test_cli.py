@@ -74,11 +74,13 @@ def test_plugins_lists_the_loaded_plugins(capsys, monkeypatch):
     status, out, _ = run(capsys, "plugins")
     assert status == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["plugin", "source", "hooks"]
-    assert any(line.split()[:2] == ["cap", "built-in"] and "turnguard_check_call" in line for line in lines)
+    assert lines[0].split() == ["plugin", "source", "status", "hooks"]
+    assert any(line.split()[:3] == ["cap", "built-in", "loaded"] and "turnguard_check_call" in line for line in lines)
+    assert any(line.split() == ["otel", "built-in", "disabled", "-"] for line in lines)
     status, out, _ = run(capsys, "plugins", "--json")
     names = {row["name"]: row for row in json.loads(out)}
-    assert set(names) == {"cap", "streak", "cycles"}
+    assert {n for n, row in names.items() if row["status"] == "loaded"} == {"cap", "streak", "cycles"}
+    assert {n for n, row in names.items() if row["status"] == "disabled"} == set(NON_POLICY_PLUGINS)
     assert names["cycles"]["hooks"] == ["turnguard_check_cycle"]
 
 
@@ -140,6 +142,8 @@ BAD_CONFIGURATIONS = [
     ({}, "soft_cap = 'many'\n", "turnguard.toml: 'soft_cap'"),
     ({}, "sof_cap = 5\n", "turnguard.toml: unknown option 'sof_cap': did you mean 'soft_cap'?"),
     ({}, "soft_cap = \n", "turnguard.toml"),
+    ({"TURNGUARD_LOAD_PLUGINS": "bogus"}, None, "'TURNGUARD_LOAD_PLUGINS': got 'bogus'"),
+    ({"TURNGUARD_REMIND_MODEL": "maybe"}, None, "'TURNGUARD_REMIND_MODEL': got 'maybe'; expected a boolean"),
 ]
 
 

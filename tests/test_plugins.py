@@ -14,7 +14,8 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
-from turnguard.plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS, describe, entrypoint_selection
+from turnguard import plugins
+from turnguard.plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS, PluginStatus, describe, entrypoint_selection
 
 NO_TELEMETRY = NON_POLICY_PLUGINS
 DANGEROUS = tg.ToolCall("bash", "rm -rf /")
@@ -40,6 +41,12 @@ class DangerousCommands:
         if call.name == "bash" and "rm -rf" in str(call.args):
             return turn.detect("dangerous_command", tg.Action.HALT, tg.Level.STOP, 1, call=call)
         return None
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a new process would: no plugin problem said yet."""
+    monkeypatch.setattr(plugins, "_SAID", set())
 
 
 @pytest.fixture
@@ -85,7 +92,8 @@ def test_a_third_party_policy_registered_in_code_halts_on_its_own_rule():
     verdict = turn.check_call(DANGEROUS)
     assert (verdict.action, verdict.threshold) == (tg.Action.HALT, "dangerous_command")
     assert turn.check_call(distinct_call(2)) is verdict
-    assert {"name": "dangerous", "source": "code", "hooks": ["turnguard_check_call"]} in describe(guard.pm)
+    assert {"name": "dangerous", "source": "code", "status": "loaded", "hooks": ["turnguard_check_call"]} in describe(
+        guard.pm)
 
 
 def test_a_third_party_policy_loads_from_a_real_entry_point(site):
@@ -95,17 +103,28 @@ def test_a_third_party_policy_loads_from_a_real_entry_point(site):
     assert (verdict.action, verdict.threshold, verdict.message) == (
         tg.Action.HALT, "dangerous_command", "example policy: refusing rm -rf")
     row = next(r for r in describe(guard.pm) if r["name"] == "example")
-    assert row == {"name": "example", "source": "turnguard-example 1.0", "hooks": ["turnguard_check_call"]}
+    assert row == {"name": "example", "source": "turnguard-example 1.0", "status": "loaded",
+                   "hooks": ["turnguard_check_call"]}
 
 
 @pytest.mark.parametrize(("value", "loaded"), [("0", False), ("none", False), ("", False), ("off", False),
-                                               ("example", True), ("other,example", True), ("other", False),
-                                               ("1", True), ("all", True)])
+                                               ("example", True), ("example, other", True), ("other", False),
+                                               ("1", True), ("all", True), ("TRUE", True), ("No", False)])
 def test_turnguard_load_plugins_selects_entry_points(site, value, loaded):
     site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    site("turnguard-other", "other", "tg_other_policy", "")
     guard = guard_with_entrypoints({"TURNGUARD_LOAD_PLUGINS": value})
     assert (guard.pm.get_plugin("example") is not None) is loaded
     assert (guard.turn().check_call(DANGEROUS).action is tg.Action.HALT) is loaded
+
+
+@pytest.mark.parametrize("value", ["bogus", "ture", "example,bogus", "exampel", "yes please"])
+def test_turnguard_load_plugins_naming_no_installed_plugin_is_a_configuration_error(site, value):
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    with pytest.raises(tg.ConfigError) as error:
+        guard_with_entrypoints({"TURNGUARD_LOAD_PLUGINS": value})
+    message = str(error.value)
+    assert message.startswith(f"'TURNGUARD_LOAD_PLUGINS': got {value!r}; expected ") and "(example)" in message
 
 
 def test_the_real_environment_variable_turns_entry_point_loading_off(site, monkeypatch):
@@ -127,7 +146,8 @@ def test_a_builtin_can_be_blocked_by_name():
     turn = guard.turn(promptable=True)
     verdicts = drive(turn, [tg.ToolCall("bash", "make")] * 20, tg.Outcome.ERROR)
     assert all(v.event is None for v in verdicts)  # no streak detector
-    assert "streak" not in [r["name"] for r in describe(guard.pm)]
+    row = next(r for r in describe(guard.pm) if r["name"] == "streak")
+    assert row == {"name": "streak", "source": "built-in", "status": "disabled", "hooks": []}
 
 
 def test_blocking_through_the_environment():
@@ -144,13 +164,41 @@ def test_an_entry_point_plugin_can_be_blocked_by_name(site):
     assert guard.turn().check_call(DANGEROUS).action is tg.Action.ALLOW
 
 
-def test_a_broken_entry_point_is_logged_and_left_out(site, caplog):
-    site("turnguard-broken", "broken", "tg_broken_policy", "raise RuntimeError('cannot import me')\n")
+BROKEN_SOURCES = {
+    "raises": "raise RuntimeError('cannot import me')\n",
+    "syntax": "def broken(:\n",
+    "missing-import": "import tg_no_such_module_anywhere\n",
+    "long-message": "raise ValueError('line one\\nline two ' + 'x' * 5000)\n",
+}
+
+
+@pytest.mark.parametrize("source", list(BROKEN_SOURCES.values()), ids=list(BROKEN_SOURCES))
+def test_a_broken_entry_point_is_said_once_per_process_in_one_line_and_listed_as_failed(site, caplog, source):
+    site("turnguard-broken", "broken", "tg_broken_policy", source)
     site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
     with caplog.at_level(logging.ERROR, logger="turnguard"):
-        guard = guard_with_entrypoints()
-    assert guard.pm.get_plugin("broken") is None and guard.pm.get_plugin("example") is not None
-    assert "broken" in caplog.text and "cannot import me" in caplog.text
+        guards = [guard_with_entrypoints() for _ in range(3)]
+    assert all(g.pm.get_plugin("broken") is None and g.pm.get_plugin("example") is not None for g in guards)
+    said = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(said) == 1 and said[0].exc_info is None  # no traceback, not once per Guard
+    line = said[0].getMessage()
+    assert "\n" not in line and "'broken'" in line and len(line) < 300
+    row = next(r for r in describe(guards[-1].pm) if r["name"] == "broken")
+    assert (row["source"], row["status"], row["hooks"]) == ("turnguard-broken 1.0", PluginStatus.FAILED, [])
+    assert row["why"] in line
+
+
+def test_disabling_a_plugin_that_is_not_installed_warns_once_per_process_and_lists_it_not_found(site, caplog):
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    with caplog.at_level(logging.WARNING, logger="turnguard"):
+        guards = [guard_with_entrypoints(disable_plugins=(*NO_TELEMETRY, "retired", "example")) for _ in range(3)]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "'retired'" in warned[0] and "not installed" in warned[0]
+    rows = {r["name"]: r for r in describe(guards[-1].pm)}
+    assert rows["retired"] == {"name": "retired", "source": "-", "status": "not found", "hooks": []}
+    assert rows["example"] == {"name": "example", "source": "turnguard-example 1.0", "status": "disabled",
+                               "hooks": []}
+    assert guards[-1].turn().check_call(DANGEROUS).action is tg.Action.ALLOW
 
 
 def test_an_entry_point_implementing_an_unknown_hook_is_left_out(site, caplog):
@@ -159,6 +207,8 @@ def test_an_entry_point_implementing_an_unknown_hook_is_left_out(site, caplog):
     with caplog.at_level(logging.ERROR, logger="turnguard"):
         guard = guard_with_entrypoints()
     assert guard.pm.get_plugin("typo") is None and "turnguard_chek_call" in caplog.text
+    row = next(r for r in describe(guard.pm) if r["name"] == "typo")
+    assert row["status"] == "failed" and "turnguard_chek_call" in row["why"]
     assert guard.turn().check_call(distinct_call(1)).action is tg.Action.ALLOW
 
 
@@ -194,7 +244,11 @@ def test_a_factory_plugin_that_fails_to_start_is_left_out(monkeypatch, caplog):
     monkeypatch.setitem(plugins.FACTORY_PLUGINS, "flaky", f"{__name__}:_failing_factory")
     with caplog.at_level(logging.WARNING, logger="turnguard"):
         guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+        tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
     assert guard.pm.get_plugin("flaky") is None and "flaky" in caplog.text
+    assert len(caplog.records) == 1 and caplog.records[0].exc_info is None
+    assert {"name": "flaky", "source": "built-in", "status": "failed", "why": "RuntimeError: cannot start",
+            "hooks": []} in describe(guard.pm)
     monkeypatch.setitem(plugins.FACTORY_PLUGINS, "missing", "turnguard_no_such_module:plugin_for")
     assert tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).pm.get_plugin("missing") is None
 
@@ -212,7 +266,7 @@ def test_entrypoint_selection(value, selection):
 def test_describe_lists_name_source_and_hooks():
     guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
     rows = {r["name"]: r for r in describe(guard.pm)}
-    assert rows["cap"] == {"name": "cap", "source": "built-in", "hooks": ["turnguard_check_call"]}
+    assert rows["cap"] == {"name": "cap", "source": "built-in", "status": "loaded", "hooks": ["turnguard_check_call"]}
     assert rows["streak"]["hooks"] == ["turnguard_check_call", "turnguard_check_outcome"]
     assert rows["cycles"]["hooks"] == ["turnguard_check_cycle"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import multiprocessing
 import os
 import threading
@@ -141,6 +142,27 @@ def test_an_unwritable_path_never_breaks_the_turn(tmp_path, caplog):
     with guard.turn() as turn:
         assert turn.check_call(tg.ToolCall("x", 1)).action is tg.Action.ALLOW
     assert "could not append" in caplog.text
+
+
+def test_a_failing_disk_is_warned_about_once_a_minute_not_once_a_turn(tmp_path, caplog, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder yet")
+    guard = make_guard(blocker / "turns.jsonl")
+    with caplog.at_level(logging.INFO, logger="turnguard.telemetry"):
+        for _ in range(300):
+            guard.turn().end()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "could not append" in warnings[0]
+        monkeypatch.setattr(rec, "WARN_EVERY_S", 0.05)
+        time.sleep(0.1)
+        for _ in range(3):
+            guard.turn().end()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 2 and "300 failed appends since the last warning" in warnings[1]
+        blocker.unlink()
+        guard.turn().end()
+    assert len(read_lines(blocker / "turns.jsonl")) == 304  # every line kept was written once it could be
+    assert "appending to" in caplog.records[-1].getMessage() and caplog.records[-1].levelno == logging.INFO
 
 
 def _turn_line(i: int, calls: int) -> bytes:

@@ -7,8 +7,15 @@ To add one, write those two functions and add it to ``SUBCOMMANDS`` (see the end
 Every subcommand behaves alike: no flag abbreviations, an unknown flag reported by the
 subcommand's own parser, and the configuration loaded once, the same way, before it runs
 (``GuardConfig.load``: ``--config`` or ``$TURNGUARD_CONFIG`` or ``./turnguard.toml`` /
-``./pyproject.toml``, then ``TURNGUARD_*``), handed over as ``args.guard_config``; a bad value
-ends every command with the same message and exit status 2.
+``./pyproject.toml``, then ``TURNGUARD_*``, and ``TURNGUARD_LOAD_PLUGINS`` checked against the
+installed entry points), handed over as ``args.guard_config``; a bad value ends every command with
+the same message and exit status 2.
+
+Exit status: 0 done; 1 the command ran and failed (calibrate's bad input under ``--strict``, turns
+the demo could not record, files ``assets`` refused to replace, an output that failed while being
+written); 2 it could not start (a bad flag, configuration, input, or an output that cannot be
+written, all checked before any work). Every failure is said in one line on stderr, prefixed
+``turnguard COMMAND:``, never as a traceback.
 """
 
 from __future__ import annotations
@@ -94,7 +101,10 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     recorder_path = None if args.no_record else args.record
     if recorder_path:
-        os.makedirs(os.path.dirname(os.path.abspath(recorder_path)), exist_ok=True)
+        problem = writable_file(recorder_path)
+        if problem:
+            print(f"turnguard demo: cannot write the turns file {recorder_path}: {problem}", file=sys.stderr)
+            return 2
     from turnguard.telemetry.setup import TelemetryConfigError
 
     try:
@@ -122,9 +132,30 @@ def _demo(args: argparse.Namespace) -> int:
             rows.append((name, result.summary.tool_calls, f"{d.threshold} ({d.level})", at, action, d.message))
     table(rows, ("scenario", "calls", "fired", "at", "action", "why"), out, width=output_width(args.wide),
           right=(1,), wrap=(2, 4))
-    if recorder_path:
-        out.write(f"\nturns recorded in {recorder_path}\n")
+    if not recorder_path:
+        return 0
+    lost = sum(result.unrecorded for result in results)
+    if lost:
+        print(f"turnguard demo: {lost} of {len(results)} turns could not be written to {recorder_path} "
+              "(the recorder's warning says why)", file=sys.stderr)
+        return 1
+    out.write(f"\nturns recorded in {recorder_path}\n")
     return 0
+
+
+def writable_file(path: str) -> str | None:
+    """Why ``path`` cannot be appended to (its folders are made first), or ``None`` when it can:
+    the turns file is checked before any turn runs, not found unwritable turn after turn."""
+    try:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except FileExistsError:  # makedirs: a part of the folder path is a file
+        return "a part of its folder path is a file"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 # -- plugins --------------------------------------------------------------------------------------
@@ -146,8 +177,9 @@ def _plugins(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table([(r["name"], r["source"], ", ".join(r["hooks"])) for r in rows], ("plugin", "source", "hooks"),
-          sys.stdout, width=output_width(args.wide), wrap=(1,))
+    table([(r["name"], r["source"], f"{r['status']}: {r['why']}" if "why" in r else r["status"],
+            ", ".join(r["hooks"]) or "-") for r in rows], ("plugin", "source", "status", "hooks"),
+          sys.stdout, width=output_width(args.wide), wrap=(1, 2))
     return 0
 
 
@@ -177,8 +209,14 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def load_config(args: argparse.Namespace) -> tuple[GuardConfig, dict[str, str]]:
-    """The configuration every subcommand runs with, and where each value came from."""
-    return GuardConfig.load_with_sources(getattr(args, "config", None))
+    """The configuration every subcommand runs with, and where each value came from; a
+    ``TURNGUARD_LOAD_PLUGINS`` naming no installed plugin is refused here too."""
+    from turnguard.plugins import LOAD_PLUGINS_ENV, check_selection
+
+    config, sources = GuardConfig.load_with_sources(getattr(args, "config", None))
+    if config.load_entrypoints:
+        check_selection(os.environ.get(LOAD_PLUGINS_ENV))
+    return config, sources
 
 
 # -- calibrate (turnguard.calibrate.cli) ------------------------------------------------------------
@@ -284,7 +322,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"turnguard {args.command}: {exc}", file=sys.stderr)
         return 2
-    return SUBCOMMANDS[args.command].run(args)
+    stdout = sys.stdout
+    sys.stdout = _Output(stdout)
+    try:
+        status = SUBCOMMANDS[args.command].run(args)
+        sys.stdout.flush()
+    except OutputFailed as failed:
+        _discard_stdout(stdout)
+        if not isinstance(failed.error, BrokenPipeError):  # (a reader that went away, `| head`: nothing to say)
+            print(f"turnguard {args.command}: cannot write to standard output: {_why(failed.error)}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the environment failed the command (a full disk, a file gone): one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"turnguard {args.command}: {where}{_why(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = stdout
+    return status
+
+
+class OutputFailed(Exception):
+    """Writing standard output failed (``error``): not an ``OSError``, so that a command's own
+    handling of its files does not take it for one of theirs."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _Output:
+    """Standard output while a command runs: a failed write or flush is an ``OutputFailed``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise OutputFailed(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise OutputFailed(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _discard_stdout(stdout: TextIO) -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush at exit cannot fail
+    again with a traceback (Python's advice for a broken pipe)."""
+    try:
+        fd = stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _subparser(root: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -327,8 +327,12 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigFileError(str(path), exc.strerror or str(exc), "a readable TOML file") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(str(path), f"not UTF-8 text (byte {exc.start})", "a UTF-8 TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError(str(path), str(exc), "a valid TOML file") from exc
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigFileError(str(path), "nested too deeply", "a valid TOML file") from None
     if path.name == "pyproject.toml":
         data = data.get("tool", {}).get("turnguard", {})
     elif "turnguard" in data and isinstance(data["turnguard"], Mapping):
@@ -370,7 +374,7 @@ def _find_toml(search: str | os.PathLike[str] | None) -> Path | None:
         try:
             if "turnguard" in tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}):
                 return pyproject
-        except (OSError, tomllib.TOMLDecodeError):
+        except (OSError, ValueError, RecursionError):  # (tomllib's errors and UnicodeDecodeError are ValueErrors)
             return None
     return None
 

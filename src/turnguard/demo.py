@@ -165,6 +165,8 @@ class ScenarioResult:
     summary: TurnSummary
     executed_calls: int
     """Calls the host executed (a halted call is not executed)."""
+    unrecorded: int = 0
+    """Lines the guard's recorder could not write (``GuardConfig.recorder_path``; 0 without one)."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -222,7 +224,9 @@ def run_scenario(
             if _note(turn, turn.record_outcome(tool_call, step.outcome), detections, answers):
                 break
     assert turn.summary is not None
-    return ScenarioResult(scenario, tuple(detections), turn.summary, executed)
+    recorder = guard.pm.get_plugin("recorder")
+    unrecorded = recorder.pending + recorder.lines_lost if recorder is not None else 0
+    return ScenarioResult(scenario, tuple(detections), turn.summary, executed, unrecorded)
 
 
 def _note(turn: Turn, verdict: Verdict, detections: list[Detection], answers: list[Answer]) -> bool:

@@ -59,6 +59,9 @@ turns cannot grow memory without bound)."""
 MAX_PENDING_BYTES = 8 * 1024 * 1024
 """Lines that could not be written yet (a full disk) are kept up to this many bytes; past it the
 oldest are dropped, with a warning."""
+WARN_EVERY_S = 60.0
+"""While appends fail (a full disk), one warning per this many seconds says so, with how many
+failed since the last one: not a line per turn."""
 HALTED_OUTCOME = Outcome.DENIED.value
 """The outcome recorded for a call turnguard halted (a policy refused it), unless the host reports one."""
 
@@ -134,6 +137,9 @@ class Recorder:
         self._write_lock = threading.Lock()
         self.lines_lost = 0
         """Lines dropped because more than ``MAX_PENDING_BYTES`` waited for the disk."""
+        self._unsaid = 0
+        """Failed appends since the last warning (``WARN_EVERY_S``)."""
+        self._failing = False
         _LIVE.add(self)
 
     def _record(self, turn: Ledger) -> _TurnRecord:
@@ -257,22 +263,39 @@ class Recorder:
                 append_line(self.path, line)
             except OSError as exc:
                 self._bound_pending()
-                log.warning("turnguard recorder: could not append to %s (%d line(s) kept for the next write): %s",
-                            self.path, len(self._pending), exc)
+                self._warn(exc)
                 return False
             self._pending.popleft()
             self._pending_bytes -= len(line)
+        if self._failing:
+            log.info("turnguard recorder: appending to %s again", self.path)
+            self._failing, self._unsaid = False, 0
         return True
+
+    def _warn(self, exc: OSError) -> None:
+        """An append failed: a warning, at most one per ``WARN_EVERY_S``."""
+        self._failing = True
+        self._unsaid += 1
+        now = time.monotonic()
+        last = _WARNED_AT.get(self.path)
+        if last is not None and now - last < WARN_EVERY_S:
+            return
+        _WARNED_AT[self.path] = now
+        since = f"; {self._unsaid} failed appends since the last warning" if self._unsaid > 1 else ""
+        log.warning("turnguard recorder: could not append to %s (%d line(s) kept for the next write, %d dropped%s): "
+                    "%s", self.path, len(self._pending), self.lines_lost, since, exc)
+        self._unsaid = 0
 
     def _bound_pending(self) -> None:
         while self._pending_bytes > MAX_PENDING_BYTES and len(self._pending) > 1:
             self._pending_bytes -= len(self._pending.popleft())
-            self.lines_lost += 1
-            log.warning("turnguard recorder: more than %d bytes wait for %s; the oldest line is dropped",
-                        MAX_PENDING_BYTES, self.path)
+            self.lines_lost += 1  # (said by the next warning)
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_WARNED_AT: dict[str, float] = {}
+"""When a failed append to each path was last warned about: one pace per path and process,
+however many guards (a probe's, one per demo scenario) record there."""
 
 
 @atexit.register

@@ -1,0 +1,215 @@
+"""Every ``turnguard`` subcommand against hostile inputs, run as a user runs it (``python -m
+turnguard`` in a fresh process): unusable configuration files, bad settings, broken and missing
+plugins, paths that cannot be written or read, an output that fails. Each run must end with the
+documented exit status and say what went wrong in one line prefixed ``turnguard COMMAND:``,
+never in a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from turnguard import cli
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+COMMANDS: dict[str, list[str]] = {
+    "demo": ["demo", "soft-stuck", "--no-record"],
+    "plugins": ["plugins"],
+    "config": ["config"],
+    "calibrate": ["calibrate", "{corpus}", "--jobs", "1", "--progress", "never"],
+    "calibrate-merge": ["calibrate-merge", "{result}"],
+    "assets": ["assets", "{fresh}/deploy"],
+}
+"""How each subcommand runs when nothing is wrong (``{corpus}``: a recorded turn, ``{result}``: a
+``calibrate --json`` result, ``{fresh}``: an empty folder)."""
+
+
+@dataclass(frozen=True)
+class Done:
+    status: int
+    out: str
+    err: str
+
+    @property
+    def lines(self) -> list[str]:
+        return self.err.splitlines()
+
+
+@dataclass(frozen=True)
+class Case:
+    """A hostile input: extra environment, files to put in the working folder, and the outcome."""
+
+    env: dict[str, str]
+    files: dict[str, bytes | None]  # None: a folder
+    status: int
+    says: str = ""
+    """Text the command's one line holds (lower case compared)."""
+    stdout_to: str | None = None
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("inputs")
+    corpus = root / "turns.jsonl"
+    corpus.write_text(json.dumps({"id": "t", "calls": [{"tool": "a", "args": 1, "outcome": "ok"}]}) + "\n")
+    result = root / "result.json"
+    assert cli.main(["calibrate", str(corpus), "--json", str(result), "--progress", "never"]) == 0
+    broken = root / "site"
+    (broken / "tg_broken_plugin-1.0.dist-info").mkdir(parents=True)
+    (broken / "tg_broken_plugin.py").write_text("raise RuntimeError('cannot import me')\n")
+    (broken / "tg_broken_plugin-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: tg-broken-plugin\nVersion: 1.0\n")
+    (broken / "tg_broken_plugin-1.0.dist-info" / "entry_points.txt").write_text(
+        "[turnguard]\nbroken = tg_broken_plugin\n")
+    return {"corpus": str(corpus), "result": str(result), "site": str(broken)}
+
+
+def run_command(argv: list[str], cwd: Path, env: dict[str, str], stdout_to: str | None = None) -> Done:
+    """``python -m turnguard ARGV`` in ``cwd`` with only ``env`` beyond the basics (no TURNGUARD_*
+    or OTEL_* of the machine running the tests)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TURNGUARD_", "OTEL_", "PYTHON"))}
+    path = os.pathsep.join(p for p in (env.pop("PYTHONPATH", ""), str(SRC)) if p)
+    full = {**base, "HOME": str(cwd), "PYTHONPATH": path, **env}
+    command = [sys.executable, "-m", "turnguard", *argv]
+    if stdout_to is None:
+        done = subprocess.run(command, cwd=cwd, env=full, timeout=120, capture_output=True, text=True)
+        return Done(done.returncode, done.stdout, done.stderr)
+    with open(stdout_to, "w") as out:
+        done = subprocess.run(command, cwd=cwd, env=full, timeout=120, stdout=out, stderr=subprocess.PIPE, text=True)
+    return Done(done.returncode, "", done.stderr)
+
+
+NOT_UTF8 = b"soft_cap = 3\n# caf\xe9 au lait\n"
+DEEP = b"x = " + b"[" * 50_000 + b"]" * 50_000 + b"\n"
+
+CONFIGURATION_CASES: dict[str, Case] = {
+    "a turnguard.toml that is not UTF-8": Case({}, {"turnguard.toml": NOT_UTF8}, 2, "not utf-8"),
+    "a TOML file that does not parse": Case({"TURNGUARD_CONFIG": "bad.toml"}, {"bad.toml": b"soft_cap = [\n"}, 2,
+                                            "bad.toml"),
+    "a TOML file nested too deeply": Case({"TURNGUARD_CONFIG": "deep.toml"}, {"deep.toml": DEEP}, 2, "deep"),
+    "a configuration path that is a folder": Case({"TURNGUARD_CONFIG": "folder"}, {"folder": None}, 2,
+                                                  "is a directory"),
+    "a configuration path through a file": Case({"TURNGUARD_CONFIG": "afile/turnguard.toml"}, {"afile": b"x"}, 2,
+                                                "not a directory"),
+    "a bad boolean setting": Case({"TURNGUARD_CAPTURE_CONTENT": "bogus"}, {}, 2, "turnguard_capture_content"),
+    "a plugin selection naming no installed plugin": Case({"TURNGUARD_LOAD_PLUGINS": "bogus"}, {}, 2,
+                                                          "turnguard_load_plugins"),
+}
+"""Hostile inputs every command shares (the configuration is loaded alike before any runs)."""
+
+
+def prepare(root: Path, case: Case) -> None:
+    for name, content in case.files.items():
+        path = root / name
+        if content is None:
+            path.mkdir()
+        else:
+            path.write_bytes(content)
+
+
+def argv_of(command: str, inputs: dict[str, str], fresh: Path) -> list[str]:
+    return [a.format(fresh=fresh, **inputs) for a in COMMANDS[command]]
+
+
+def assert_fails_cleanly(done: Done, command: str, case: Case) -> None:
+    assert "Traceback" not in done.err, done.err
+    assert done.status == case.status, done.err
+    if case.status == 0:
+        return
+    said = [line for line in done.lines if line.startswith(f"turnguard {command}: ")]
+    assert len(said) == 1 and said == done.lines[-1:], done.err
+    assert case.says.lower() in said[0].lower(), said[0]
+
+
+def test_every_subcommand_is_in_the_matrix():
+    assert set(COMMANDS) == set(cli.SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("case", list(CONFIGURATION_CASES))
+def test_every_command_fails_cleanly_on_a_hostile_configuration(command, case, inputs, tmp_path):
+    hostile = CONFIGURATION_CASES[case]
+    prepare(tmp_path, hostile)
+    done = run_command(argv_of(command, inputs, tmp_path), tmp_path, dict(hostile.env))
+    assert_fails_cleanly(done, command, hostile)
+    assert len(done.lines) == 1, done.err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_says_in_one_line_that_its_output_cannot_be_written(command, inputs, tmp_path):
+    done = run_command(argv_of(command, inputs, tmp_path), tmp_path, {}, stdout_to="/dev/full")
+    assert_fails_cleanly(done, command, Case({}, {}, 1, "cannot write to standard output: no space left"))
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_broken_plugin_is_said_once_and_the_command_still_runs(command, inputs, tmp_path):
+    done = run_command(argv_of(command, inputs, tmp_path), tmp_path, {"PYTHONPATH": inputs["site"]})
+    assert (done.status, "Traceback" in done.err) == (0, False), done.err
+    builds_a_guard = command in ("demo", "plugins")
+    expected = ["turnguard: entry-point plugin 'broken' left out: RuntimeError: cannot import me"]
+    assert done.lines == (expected if builds_a_guard else []), done.err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_disabling_a_plugin_that_is_not_installed_warns_once_per_process(command, inputs, tmp_path):
+    done = run_command(argv_of(command, inputs, tmp_path), tmp_path, {"TURNGUARD_DISABLE_PLUGINS": "retired"})
+    assert (done.status, "Traceback" in done.err) == (0, False), done.err
+    warned = 1 if command in ("demo", "plugins") else 0  # (demo builds a guard per scenario: said once)
+    assert len(done.lines) == warned and all("'retired' is not installed" in line for line in done.lines)
+
+
+def test_plugins_lists_a_broken_plugin_as_failed_and_a_missing_one_as_not_found(inputs, tmp_path):
+    env = {"PYTHONPATH": inputs["site"], "TURNGUARD_DISABLE_PLUGINS": "retired"}
+    done = run_command(["plugins", "--json"], tmp_path, env)
+    assert done.status == 0
+    rows = {r["name"]: r for r in json.loads(done.out)}
+    assert (rows["broken"]["status"], rows["broken"]["why"]) == ("failed", "RuntimeError: cannot import me")
+    assert rows["retired"]["status"] == "not found"
+
+
+PATH_CASES: dict[str, tuple[list[str], Case]] = {
+    "demo: turns file in an unwritable place": (
+        ["demo", "soft-stuck", "--record", "/proc/turnguard-test/turns.jsonl"], Case({}, {}, 2, "cannot write")),
+    "demo: turns file through a file": (
+        ["demo", "soft-stuck", "--record", "afile/turns.jsonl"], Case({}, {"afile": b"x"}, 2, "afile/turns.jsonl")),
+    "demo: turns file is a folder": (
+        ["demo", "soft-stuck", "--record", "folder"], Case({}, {"folder": None}, 2, "is a directory")),
+    "calibrate: input missing": (["calibrate", "nosuch.jsonl"], Case({}, {}, 2, "nosuch.jsonl")),
+    "calibrate: input through a file": (["calibrate", "afile/turns.jsonl"], Case({}, {"afile": b"x"}, 2, "afile")),
+    "calibrate: input is a folder": (["calibrate", "folder"], Case({}, {"folder": None}, 2, "folder")),
+    "calibrate: --json through a file": (
+        ["calibrate", "{corpus}", "--json", "afile/r.json"], Case({}, {"afile": b"x"}, 2, "afile/r.json")),
+    "calibrate: --html in an unwritable place": (
+        ["calibrate", "{corpus}", "--html", "/proc/turnguard-test/r.html"], Case({}, {}, 2, "r.html")),
+    "calibrate-merge: input missing": (["calibrate-merge", "nosuch.json"], Case({}, {}, 2, "nosuch.json")),
+    "calibrate-merge: input is a folder": (["calibrate-merge", "folder"], Case({}, {"folder": None}, 2, "folder")),
+    "calibrate-merge: input not UTF-8": (["calibrate-merge", "r.json"], Case({}, {"r.json": NOT_UTF8}, 2, "r.json")),
+    "calibrate-merge: --json through a file": (
+        ["calibrate-merge", "{result}", "--json", "afile/m.json"], Case({}, {"afile": b"x"}, 2, "afile/m.json")),
+}
+"""Each command's own paths, where they cannot be read or written: said before any work (2)."""
+
+
+@pytest.mark.parametrize("case", list(PATH_CASES))
+def test_every_command_fails_cleanly_on_a_path_it_cannot_use(case, inputs, tmp_path):
+    argv, hostile = PATH_CASES[case]
+    prepare(tmp_path, hostile)
+    command = argv[0]
+    done = run_command([a.format(**inputs) for a in argv], tmp_path, dict(hostile.env))
+    assert_fails_cleanly(done, command, hostile)
+    assert len(done.lines) == 1, done.err
+
+
+def test_the_demo_says_when_turns_could_not_be_written_after_all(tmp_path):
+    done = run_command(["demo", "--record", "/dev/full"], tmp_path, {})
+    assert "Traceback" not in done.err and done.status == 1
+    *warned, said = done.lines
+    assert said.startswith("turnguard demo: 7 of 7 turns could not be written to /dev/full")
+    assert len(warned) == 1 and "could not append to /dev/full" in warned[0]  # one warning, not one per turn
