@@ -29,7 +29,7 @@ from turnguard.calibrate.replay import (
     cycle_starts,
     replay_turn,
 )
-from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect
+from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect, halt_ended
 from turnguard.config import GuardConfig
 from turnguard.firing import FiringRule, TurnFacts
 from turnguard.keys import Keyer, is_json_text
@@ -86,13 +86,18 @@ class Calibrator:
         modes = stats.modes
         effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs
         main = None
+        cohort = turn.cohort or "unrecorded"
+        cut = cohort if halt_ended(turn.ended_by) else None
+        if cut is not None:
+            stats.halt_ended[cut] = stats.halt_ended.get(cut, 0) + 1
+        source = "attended" if cohort == "live" and turn.continued else cohort
         for idx, mode, result in self.fired(turn):
             if idx == self._default and mode == "unattended":
                 main = result
             if result.halt_call or result.asks:
                 key = id(result)
                 effect = effects[key] if key in effects else effects.setdefault(key, halt_effect(result, n))
-                modes[idx][mode].add_effect(turn_id, resolved, result, effect)
+                modes[idx][mode].add_effect(turn_id, resolved, result, effect, cut, source)
         if turn.cohort == PROBE:
             stats.probe.add(n, resolved, main)
         elif turn.cohort == LIVE:

@@ -16,7 +16,14 @@ from string import Template
 from typing import Any
 
 from turnguard.calibrate.evidence_report import evidence_html
-from turnguard.calibrate.report import THRESHOLD_ORDER, default_unresolved, rows, thresholds_text
+from turnguard.calibrate.report import (
+    THRESHOLD_ORDER,
+    censoring_text,
+    default_unresolved,
+    resolved_text,
+    rows,
+    thresholds_text,
+)
 from turnguard.calibrate.stats import RunStats
 
 COLORS = {
@@ -26,7 +33,9 @@ COLORS = {
     "streak": "#2f7ebd",
     "cycle_cap": "#3a9a5b",
     "plugin_error": "#777777",
+    "censored": "#c8c8c8",
 }
+CENSORED = "censored"
 FP_COLOR = "#111111"
 ROW_H = 16
 CHAR_W = 7.0
@@ -92,11 +101,13 @@ def _legend(items: list[tuple[str, str]]) -> str:
 
 
 def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, str]], marker_key: str | None,
-           title: str, caption: str) -> str:
-    """Horizontal bars, one per policy, stacked by ``segments`` (key, color)."""
+           title: str, caption: str, texts: list[str] | None = None) -> str:
+    """Horizontal bars, one per policy, stacked by ``segments`` (key, color), each labelled with
+    ``texts`` (by default its total)."""
     values = [sum(r["_seg"].get(k, 0) for k, _ in segments) for r in data]
-    texts = [f"{total:,}" + (f" ({r[marker_key]:,} resolved)" if marker_key and r.get(marker_key) else "")
-             for r, total in zip(data, values, strict=True)]
+    if texts is None:
+        texts = [f"{total:,}" + (f" ({r[marker_key]:,} resolved)" if marker_key and r.get(marker_key) else "")
+                 for r, total in zip(data, values, strict=True)]
     label_w = label_width(data)
     plot_w = 500
     width = round(label_w + plot_w + max(map(text_width, [*texts, "0"])) + 12)
@@ -139,13 +150,17 @@ def _num(v: float) -> str:
 
 def halts_chart(data: list[dict[str, Any]]) -> str:
     for r in data:
-        r["_seg"] = dict(r["by_threshold"])
-    seen = [k for k in THRESHOLD_ORDER if any(r["_seg"].get(k) for r in data)]
+        r["_seg"] = {**r["by_threshold"], CENSORED: r["censored"]}
+    order = (*THRESHOLD_ORDER, CENSORED)
+    seen = [k for k in order if any(r["_seg"].get(k) for r in data)]
     legend = _legend([(k, COLORS[k]) for k in seen] + [("resolved turns among them", FP_COLOR)])
-    return _hbars("chart-halts", data, [(k, COLORS[k]) for k in THRESHOLD_ORDER], "halted_resolved",
-                  "Turns halted (unattended), by threshold",
+    return _hbars("chart-halts", data, [(k, COLORS[k]) for k in order], "halted_resolved",
+                  "Turns halted (unattended), by threshold, and turns censored",
                   "Stacked by the threshold that fired; the black line under a bar is the resolved turns it "
-                  "halts (the false-positive proxy).") + legend
+                  "halts among those recorded to their own end (the false-positive proxy); grey: turns censored for "
+                  "the row (their recording ends at a halt of their own before its threshold: not known either way).",
+                  texts=[f"{r['halted']:,}" + (f" ({r['halted_resolved']:,} resolved)" if r["halted_resolved"] else "")
+                         + (f" + {r['censored']:,} censored" if r["censored"] else "") for r in data]) + legend
 
 
 def saved_chart(data: list[dict[str, Any]]) -> str:
@@ -298,15 +313,20 @@ def grid_thresholds(stats: RunStats) -> list[tuple[str, float, str]]:
 
 def table_html(data: list[dict[str, Any]]) -> str:
     head = ("<tr><th class='l'>policy</th><th class='l'>cap</th><th class='l'>streak</th><th>halted</th>"
-            "<th class='l'>by threshold</th><th>resolved halted</th><th>unresolved halted</th><th>calls saved</th>"
+            "<th>censored</th><th class='l'>by threshold</th><th>halts with a recorded future</th>"
+            "<th>resolved halted</th><th>unresolved halted</th><th>calls saved</th>"
             "<th>median halt call</th><th>median position</th><th>attended asks</th><th>turns asked</th></tr>")
     body = []
     for r in data:
         cls = "default" if r["default"] else r["family"]
+        censored = ", ".join(f"{c} {n:,}" for c, n in sorted(r["censored_by_cohort"].items()) if n)
+        sources = ", ".join(f"{c} {n:,}" for c, n in sorted(r["evidence_by_source"].items()) if n)
         body.append(
             f"<tr class='{cls}'><td class='l'>{esc(r['name'])}</td><td class='l'>{esc(r['cap'])}</td>"
             f"<td class='l'>{esc(r['streak'])}</td><td>{r['halted']:,}</td>"
-            f"<td class='l'>{esc(thresholds_text(r['by_threshold']))}</td><td>{r['halted_resolved']:,}</td>"
+            f"<td title='{esc(censored)}'>{r['censored']:,}</td>"
+            f"<td class='l'>{esc(thresholds_text(r['by_threshold']))}</td>"
+            f"<td title='{esc(sources)}'>{r['evidence_halts']:,}</td><td>{esc(resolved_text(r))}</td>"
             f"<td>{r['halted_unresolved']:,}</td><td>{r['saved_unresolved']:,}</td>"
             f"<td>{'-' if r['median_halt_call'] is None else r['median_halt_call']}</td>"
             f"<td>{esc(r['median_position'])}</td><td>{r['asks']:,}</td><td>{r['turns_with_asks']:,}</td>"
@@ -337,7 +357,8 @@ def render(stats: RunStats) -> str:
     data = rows(stats)
     summary = (f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
                f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown), {len(data)} policies, "
-               f"{stats.problems:,} input problems. Inputs: {', '.join(stats.inputs) or '-'}.")
+               f"{stats.problems:,} input problems. Inputs: {', '.join(stats.inputs) or '-'}."
+               + (f" {censoring_text(stats.halt_ended)}" if stats.halt_ended else ""))
     charts = "\n".join([
         halts_chart(data), saved_chart(data), asks_chart(data), position_chart(data),
         distribution_chart(stats, grid_thresholds(stats)),

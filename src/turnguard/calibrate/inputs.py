@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from turnguard.model import Outcome
+from turnguard.model import MAX_ID_LENGTH, Outcome
 from turnguard.probe import COHORTS
 from turnguard.telemetry import names
 
@@ -44,20 +44,65 @@ class RecordedCall(NamedTuple):
     """The model request (1-based) that issued the call, when recorded."""
 
 
+CAP_MODES = ("explicit", "adaptive", "disabled")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The limits a turn ran under, as the recorder line's ``limits`` and the turn span's
+    attributes give them: ``hard_cap`` is the effective one (N when explicit, S x m when adaptive,
+    ``None`` when disabled); ``max_cycles`` 0 when unbounded. A limit not recorded is ``None``."""
+
+    cap_mode: str
+    soft_cap: int | None = None
+    hard_cap: int | None = None
+    stuck_repeat_threshold: int | None = None
+    streak_warn_at: int | None = None
+    streak_stop_at: int | None = None
+    max_cycles: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in LIMIT_KEYS}
+
+
+LIMIT_KEYS = ("cap_mode", "soft_cap", "hard_cap", "stuck_repeat_threshold", "streak_warn_at", "streak_stop_at",
+              "max_cycles")
+MAX_LIMIT = 2**62
+"""The largest limit value read (``config.MAX_CALLS``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RecordedTurn:
-    """One recorded agent turn, as the replay needs it."""
+    """One recorded agent turn, as the replay needs it, and what the recording says about how it
+    ran: the policy and limits in force, when it ran, its true call count."""
 
     id: str
     calls: tuple[RecordedCall, ...]
     cycles: int | None = None
     resolved: bool | None = None
     ended_by: str | None = None
+    """The threshold that halted the turn, or the reason it ended (``completed``, ``error``, a
+    host's own reason); ``None`` when not recorded."""
     source: str | None = None
     origin: str = ""
     """Where the turn came from (``file:line``), for messages."""
     cohort: str | None = None
     """``"live"`` or ``"probe"`` (guarded by a probe configuration), ``None`` when not recorded."""
+    policy: str | None = None
+    """The ``GuardConfig.name`` in force (the probe's on a probe turn), when recorded."""
+    limits: Limits | None = None
+    started_at: float | None = None
+    """Unix seconds, when recorded (with ``ended_at``)."""
+    ended_at: float | None = None
+    tool_calls: int | None = None
+    """The turn's true number of calls when recorded (the recorder keeps at most 10,000 of them)."""
+    continued: bool = False
+    """An attended ask of the turn was answered "continue" (the recorder's ``escalations``)."""
+
+    @property
+    def needed_calls(self) -> int:
+        """The calls the turn made (or asked for, for the one a halt denied)."""
+        return max(len(self.calls), self.tool_calls or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,27 +327,123 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
             calls.append(call)
     cycles = obj.get("cycles")
     if cycles is not None and not _count_in_range(cycles, 0):
-        bad(f"'cycles' must be an integer from 0 to {MAX_TURN_CYCLES:,}, got {_shown(cycles)}")
+        bad(f"'cycles' must be an integer from 0 to {MAX_TURN_CYCLES:,}, got {shown(cycles)}")
         return None
     resolved = obj.get("resolved")
     if resolved is not None and not isinstance(resolved, bool):
-        bad(f"'resolved' must be true, false or null, got {_shown(resolved)}")
+        bad(f"'resolved' must be true, false or null, got {shown(resolved)}")
         return None
     cohort = obj.get("cohort")
     if cohort is not None and cohort not in COHORTS:
         bad(f"'cohort' must be one of {', '.join(COHORTS)} or null, got {cohort!r}")
         return None
-    turn_id = obj.get("id", obj.get("turn_id"))
+    origin = f"{path}:{lineno}"
     return RecordedTurn(
-        id=str(turn_id) if turn_id is not None else f"{path}:{lineno}",
+        id=_turn_id(obj.get("id", obj.get("turn_id")), origin, bad),
         calls=tuple(calls),
         cycles=cycles,
         resolved=resolved,
-        ended_by=_str_or_none(obj.get("ended_by")),
-        source=_str_or_none(obj.get("source")),
-        origin=f"{path}:{lineno}",
+        ended_by=_bounded_text(obj.get("ended_by"), "ended_by", bad),
+        source=_bounded_text(obj.get("source"), "source", bad),
+        origin=origin,
         cohort=cohort,
+        **recorded_facts(obj, bad),
     )
+
+
+def _turn_id(value: Any, origin: str, bad: Callable[[str], None]) -> str:
+    """A turn's id: a string or an integer of at most ``MAX_ID_LENGTH`` characters; anything
+    else is reported, and the turn replayed under its origin (``file:line``)."""
+    if value is None:
+        return origin
+    if type(value) is int and value.bit_length() <= MAX_ID_BITS:
+        return str(value)
+    if type(value) is str and len(value) <= MAX_ID_LENGTH:
+        return value
+    what = (f"{len(value):,} characters" if type(value) is str else f"an integer of more than {MAX_ID_LENGTH} digits"
+            if type(value) is int else json_type(value))
+    bad(f"the turn id must be a string or an integer of at most {MAX_ID_LENGTH} characters, got {what} "
+        f"(replayed as {origin})")
+    return origin
+
+
+MAX_ID_BITS = 800
+"""Integers of at most this many bits have fewer than ``MAX_ID_LENGTH`` digits (and ``str`` of a
+larger one could even raise: Python limits int-to-text conversion to 4,300 digits)."""
+
+
+def _bounded_text(value: Any, key: str, bad: Callable[[str], None]) -> str | None:
+    """A short text field (``ended_by``, ``source``, ``policy``): at most ``MAX_ID_LENGTH``
+    characters, else reported and left out."""
+    if value is None:
+        return None
+    if type(value) is not str:
+        value = shown(value, MAX_ID_LENGTH + 1)
+    if len(value) > MAX_ID_LENGTH:
+        bad(f"{key!r} is longer than {MAX_ID_LENGTH} characters ({len(value):,}); left out")
+        return None
+    return value
+
+
+def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str, Any]:
+    """What a recorder line says about how its turn ran (``policy``, ``limits``, ``started_at``,
+    ``ended_at``, ``tool_calls``, a "continue" among its ``escalations``): each key that is
+    present but malformed is reported and left out, the turn still read. Older lines have none."""
+    facts: dict[str, Any] = {"policy": _bounded_text(obj.get("policy"), "policy", bad)}
+    raw = obj.get("limits")
+    if raw is not None:
+        limits = _limits(raw)
+        if isinstance(limits, str):
+            bad(f"'limits': {limits}; left out")
+        else:
+            facts["limits"] = limits
+    times = _times(obj.get("started_at"), obj.get("ended_at"))
+    if isinstance(times, str):
+        bad(f"'started_at' / 'ended_at': {times}; left out")
+    elif times is not None:
+        facts["started_at"], facts["ended_at"] = times
+    count = obj.get("tool_calls")
+    if count is not None:
+        if type(count) is int and 0 <= count <= MAX_LIMIT:
+            facts["tool_calls"] = count
+        else:
+            bad(f"'tool_calls' must be a whole number from 0, got {shown(count)}; left out")
+    escalations = obj.get("escalations")
+    if type(escalations) is list:
+        facts["continued"] = any(type(e) is dict and e.get("answer") == "continue" for e in escalations)
+    return facts
+
+
+def _limits(raw: Any) -> Limits | str:
+    """``Limits`` from a recorder line's ``limits`` object, or what is wrong with it."""
+    if type(raw) is not dict:
+        return f"expected an object, got {json_type(raw)}"
+    mode = raw.get("cap_mode")
+    if mode not in CAP_MODES:
+        return f"'cap_mode' must be one of {', '.join(CAP_MODES)}, got {shown(mode)}"
+    values: dict[str, Any] = {"cap_mode": mode}
+    for key in LIMIT_KEYS[1:]:
+        value = raw.get(key)
+        if value is not None and not (type(value) is int and 0 <= value <= MAX_LIMIT):
+            return f"{key!r} must be a whole number from 0 or null, got {shown(value)}"
+        values[key] = value
+    return Limits(**values)
+
+
+MAX_TIME = 1e11
+"""Unix seconds past this (the year 5138) are not a time a turn ran at."""
+
+
+def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
+    """``(started_at, ended_at)``, ``None`` when neither is recorded, or what is wrong."""
+    if started is None and ended is None:
+        return None
+    for value in (started, ended):
+        if type(value) not in (int, float) or not 0 <= value <= MAX_TIME:
+            return f"Unix seconds expected (both), got {shown(started)} and {shown(ended)}"
+    if ended < started:
+        return f"the turn ends ({ended}) before it starts ({started})"
+    return float(started), float(ended)
 
 
 def _plain_calls(raw_calls: list[Any]) -> list[RecordedCall] | None:
@@ -340,10 +481,10 @@ def _corpus_call(raw: Any) -> RecordedCall | str:
     if outcome is None:
         outcome = _outcome(value)
         if outcome is None:
-            return f"unknown outcome {_shown(value)} (expected ok, error, denied or unknown)"
+            return f"unknown outcome {shown(value)} (expected ok, error, denied or unknown)"
     cycle = raw.get("cycle")
     if cycle is not None and not _count_in_range(cycle, 1):
-        return f"'cycle' must be an integer from 1 to {MAX_TURN_CYCLES:,}, got {_shown(cycle)}"
+        return f"'cycle' must be an integer from 1 to {MAX_TURN_CYCLES:,}, got {shown(cycle)}"
     return RecordedCall(tool, raw.get("args") if digest is None else None, digest, outcome, cycle)
 
 
@@ -361,10 +502,15 @@ def _count_in_range(value: Any, minimum: int, maximum: int = MAX_TURN_CYCLES) ->
     return type(value) is int and minimum <= value <= maximum
 
 
-def _shown(value: Any, width: int = 40) -> str:
-    """``repr(value)`` cut to ``width`` characters (a huge number in a message stays short)."""
+def shown(value: Any, width: int = 40) -> str:
+    """``repr(value)`` cut to ``width`` characters (a huge number or text in a message stays short,
+    and costs no more than its shown part)."""
     if type(value) is int and value.bit_length() > 128:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    if type(value) is str and len(value) > width:
+        return repr(value[:width])[: width - 3] + f"... ({len(value):,} characters)"
+    if isinstance(value, (dict, list)) and len(value) > width:
+        return f"{json_type(value)} of {len(value):,} items"
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -376,10 +522,6 @@ def _outcome(value: Any) -> Outcome | None:
         return Outcome.parse(value)
     except ValueError:
         return None
-
-
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 # -- OTLP JSON (the Collector's file exporter) ----------------------------------------------------
@@ -441,6 +583,7 @@ class OtlpAssembler:
         self.on_problem = on_problem
         self._pending: dict[str, _Pending] = {}
         self._waiting = 0
+        self._span_times: tuple[float, float] | None = None
 
     def add(self, obj: dict[str, Any], lineno: int) -> Iterator[RecordedTurn]:
         """Take one exported line; yield the turns it completes."""
@@ -472,6 +615,7 @@ class OtlpAssembler:
         self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
                                   f"{MAX_WAITING_CALLS:,} waited for their turn spans (replayed as a turn of "
                                   "their own)", pending.path)
+        self._span_times = None
         return self._turn(key.partition(":")[2], pending, {}, pending.lineno, pending.path)
 
     def finish(self) -> Iterator[RecordedTurn]:
@@ -479,6 +623,7 @@ class OtlpAssembler:
         for key, pending in list(self._pending.items()):
             self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} without their turn span "
                                       "(replayed as a turn of their own)", pending.path)
+            self._span_times = None
             yield self._turn(key.partition(":")[2], pending, {}, pending.lineno, pending.path)
         self._pending.clear()
         self._waiting = 0
@@ -497,10 +642,15 @@ class OtlpAssembler:
             return None
         if names.TURN_ID not in attrs:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
-        turn_id = str(attrs[names.TURN_ID])
+        turn_id = attrs[names.TURN_ID]
+        span_id = span.get("spanId")
+        if not _short_text(turn_id) or not (span_id is None or _short_text(span_id)):
+            self._bad(lineno, f"turn span {shown(name)}: {names.TURN_ID} and spanId must be texts of at most "
+                              f"{MAX_ID_LENGTH} characters; skipped")
+            return None
+        self._span_times = span_times(span)
         pending = self._pending.pop(f"turn:{turn_id}", None)
         self._waiting -= len(pending.calls) if pending else 0
-        span_id = span.get("spanId")
         if span_id:
             by_parent = self._pending.pop(f"span:{span_id}", None)
             self._waiting -= len(by_parent.calls) if by_parent else 0
@@ -520,6 +670,8 @@ class OtlpAssembler:
         key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
         problem = (
             "neither a parentSpanId nor a turn id" if key is None
+            else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
+            if not all(v is None or _short_text(v) for v in (tool, digest, turn_id, parent))
             else "no tool name" if not isinstance(tool, str) or not tool
             else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
             else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
@@ -543,8 +695,8 @@ class OtlpAssembler:
         calls = sorted(pending.calls, key=lambda pair: pair[0])
         cycles = attrs.get(names.TURN_CYCLES)
         if cycles is not None and not _count_in_range(cycles, 0):
-            self._bad(lineno, f"turn {_shown(turn_id)}: {names.TURN_CYCLES} must be an integer from 0 to "
-                              f"{MAX_TURN_CYCLES:,}, got {_shown(cycles)} (replayed as one request)")
+            self._bad(lineno, f"turn {shown(turn_id)}: {names.TURN_CYCLES} must be an integer from 0 to "
+                              f"{MAX_TURN_CYCLES:,}, got {shown(cycles)} (replayed as one request)")
             cycles = None
         resolved = span_resolved(attrs.get(TURN_RESOLVED))
         cohort = attrs.get(TURN_COHORT)
@@ -553,11 +705,61 @@ class OtlpAssembler:
             calls=tuple(call for _, call in calls),
             cycles=cycles,
             resolved=resolved,
-            ended_by=_str_or_none(attrs.get(names.TURN_OUTCOME)),
-            source=_str_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
+            ended_by=span_ended_by(attrs),
+            source=_short_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
             origin=f"{self.path if path is None else path}:{lineno}",
             cohort=cohort if cohort in COHORTS else None,
+            **span_facts(attrs, self._span_times),
         )
+
+
+def _short_text(value: Any) -> bool:
+    return type(value) is str and len(value) <= MAX_ID_LENGTH
+
+
+def _short_or_none(value: Any) -> str | None:
+    return value if _short_text(value) else None
+
+
+def span_ended_by(attrs: dict[str, Any]) -> str | None:
+    """What ended the turn, as a recorder line says it: the threshold that halted it
+    (``turnguard.loop.threshold``), else the reason it ended (``turnguard.turn.outcome``)."""
+    threshold = _short_or_none(attrs.get(names.LOOP_THRESHOLD))
+    if threshold and threshold != names.NO_THRESHOLD:
+        return threshold
+    return _short_or_none(attrs.get(names.TURN_OUTCOME))
+
+
+SPAN_LIMITS = (("soft_cap", names.LOOP_SOFT_CAP), ("hard_cap", names.LOOP_HARD_CAP),
+               ("stuck_repeat_threshold", names.POLICY_STUCK_REPEAT), ("streak_warn_at", names.POLICY_STREAK_WARN_AT),
+               ("streak_stop_at", names.POLICY_STREAK_STOP_AT), ("max_cycles", names.POLICY_MAX_CYCLES))
+"""``Limits`` fields and the turn span attributes that carry them."""
+
+
+def span_times(span: dict[str, Any]) -> tuple[float, float] | None:
+    """A span's start and end, Unix seconds (OTLP JSON gives nanoseconds as decimal text)."""
+    try:
+        start, end = int(span["startTimeUnixNano"]) / 1e9, int(span["endTimeUnixNano"]) / 1e9
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (start, end) if 0 < start <= end <= MAX_TIME else None
+
+
+def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict[str, Any]:
+    """What a turn span says about how its turn ran (``RecordedTurn``'s policy, limits, times and
+    true call count); an attribute out of range is left out."""
+    facts: dict[str, Any] = {"policy": _short_or_none(attrs.get(names.POLICY))}
+    mode = attrs.get(names.CAP_MODE)
+    if mode in CAP_MODES:
+        facts["limits"] = Limits(mode, **{key: _limit(attrs.get(attr)) for key, attr in SPAN_LIMITS})
+    if times is not None:
+        facts["started_at"], facts["ended_at"] = times
+    facts["tool_calls"] = _limit(attrs.get(names.TURN_TOOL_CALLS))
+    return facts
+
+
+def _limit(value: Any) -> int | None:
+    return value if type(value) is int and 0 <= value <= MAX_LIMIT else None
 
 
 TURN_RESOLVED = "turnguard.turn.resolved"

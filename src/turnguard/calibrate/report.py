@@ -50,6 +50,7 @@ def rows(stats: RunStats) -> list[dict[str, Any]]:
     out = []
     for info, modes in zip(stats.policies, stats.modes, strict=True):
         u, a = modes["unattended"], modes["attended"]
+        censored = u.censored(stats.halt_ended)
         out.append({
             "name": info["name"],
             "default": bool(info["default"]),
@@ -64,6 +65,12 @@ def rows(stats: RunStats) -> list[dict[str, Any]]:
             "unresolved_ids": list(u.unresolved_ids),
             "saved_unresolved": u.saved_unresolved,
             "halted_unknown": u.halted_unknown,
+            "censored": sum(censored.values()),
+            "censored_by_cohort": censored,
+            "halted_censored": sum(u.halted_censored.values()),
+            "saved_censored": u.saved_censored,
+            "evidence_halts": u.evidence_halts,
+            "evidence_by_source": dict(u.evidence),
             "median_halt_call": median_of(u.halt_calls),
             "median_position": median_decile(u.halt_deciles),
             "halt_deciles": list(u.halt_deciles),
@@ -81,8 +88,9 @@ COLUMNS = (
     ("cap", "cap", "<"),
     ("streak", "streak", "<"),
     ("halted", "halted", ">"),
+    ("censored", "censored", ">"),
     ("by threshold", "thresholds", "<"),
-    ("resolved", "halted_resolved", ">"),
+    ("resolved", "resolved_text", ">"),
     ("unresolved", "halted_unresolved", ">"),
     ("saved", "saved_unresolved", ">"),
     ("at call", "median_halt_call", ">"),
@@ -92,8 +100,8 @@ COLUMNS = (
 
 
 FIGURES = ("halted", "by_threshold", "halted_resolved", "resolved_ids", "halted_unresolved", "unresolved_ids",
-           "saved_unresolved",
-           "halted_unknown", "halt_calls", "asks", "turns_with_asks", "attended_halted")
+           "saved_unresolved", "halted_unknown", "censored_by_cohort", "halted_censored", "saved_censored",
+           "evidence_by_source", "halt_calls", "asks", "turns_with_asks", "attended_halted")
 
 
 NARROW_DROPS = ("cap", "streak")
@@ -126,9 +134,15 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
         f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
         f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown); {stats.problems:,} input problems; "
         f"{len(stats.policies)} policies; * = the default configuration.", width)
+    if stats.halt_ended:
+        out += wrap_text(censoring_text(stats.halt_ended), width)
     out += wrap_text(
-        "halted: turns halted unattended; resolved (the false-positive proxy) / unresolved: of those; saved: calls "
-        "the unresolved halts save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
+        "halted: turns halted unattended; censored: turns whose recording ends at a halt of their own before this "
+        "row's threshold (what the row would do to them is not recorded: neither halted nor not); resolved (the "
+        "false-positive proxy) / unresolved: of the halted turns whose recording goes on to their own end (probe "
+        "turns, attended 'continue' answers, rows stricter than the live policy; '?': this row has no such halt, its "
+        "false-positive rate is not in the recording: read the probe evidence); saved: calls the unresolved halts "
+        "save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
         width)
     figures, narrowed = _figures_table(data, width, color)
     if narrowed:
@@ -170,9 +184,23 @@ def _figures_table(data: list[dict[str, Any]], width: int, color: bool) -> tuple
     return lines, narrowed
 
 
+def censoring_text(halt_ended: dict[str, int]) -> str:
+    """The run's censoring in words: how many turns end at a halt of their own, by cohort."""
+    total = sum(halt_ended.values())
+    parts = ", ".join(f"{n:,} {c}" for c, n in sorted(halt_ended.items()) if n)
+    return (f"{total:,} turns end at a halt of their own in the recording ({parts}): each is censored there, so a row "
+            "that would not halt it before that point counts it as censored, and a halt of it is no false-positive "
+            "evidence.")
+
+
+def resolved_text(r: dict[str, Any]) -> str:
+    """The false-positive proxy of a row, ``?`` when none of its halts has a recorded future."""
+    return "?" if r["halted"] and not r["evidence_halts"] else str(r["halted_resolved"])
+
+
 def _figure_cells(r: dict[str, Any]) -> list[str]:
     """One policy's row, a text per ``COLUMNS`` entry (``-`` for a figure it does not have)."""
-    r = {**r, "thresholds": thresholds_text(r["by_threshold"]),
+    r = {**r, "thresholds": thresholds_text(r["by_threshold"]), "resolved_text": resolved_text(r),
          "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
          "name": ("* " if r["default"] else "  ") + r["name"]}
     return [("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS]

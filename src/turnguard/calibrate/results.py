@@ -30,8 +30,10 @@ from turnguard.calibrate.inputs import (
     ProblemSink,
     attributes,
     parse_line,
+    shown,
     span_resolved,
 )
+from turnguard.model import MAX_ID_LENGTH
 
 RESULT_EVENT = "turnguard.turn.result"
 """The log record of a late result."""
@@ -73,20 +75,27 @@ def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
                 if RESULT_KEY in obj:
                     _record(obj, label, lineno, on_problem, keep)
                 elif LOGS_KEY in obj:
-                    _logs(obj, label, lineno, keep)
+                    _logs(obj, label, lineno, on_problem, keep)
     return results
 
 
 def _record(obj: dict[str, Any], path: str, lineno: int, on_problem: ProblemSink, keep: Any) -> None:
     turn_id, resolved = obj.get(RESULT_KEY), obj.get("resolved")
-    if not isinstance(turn_id, str) or not turn_id or not isinstance(resolved, bool):
-        on_problem(InputProblem(path, lineno, f"a result record needs {RESULT_KEY!r} (a turn id) and 'resolved' "
-                                              f"(true or false), got {RESULT_KEY}={turn_id!r}, resolved={resolved!r}"))
+    if not _turn_id(turn_id) or not isinstance(resolved, bool):
+        on_problem(InputProblem(path, lineno, f"a result record needs {RESULT_KEY!r} (a turn id of at most "
+                                              f"{MAX_ID_LENGTH} characters) and 'resolved' (true or false), got "
+                                              f"{RESULT_KEY}={shown(turn_id)}, resolved={shown(resolved)}"))
         return
     keep(turn_id, resolved, path, lineno)
 
 
-def _logs(obj: dict[str, Any], path: str, lineno: int, keep: Any) -> None:
+def _turn_id(value: Any) -> bool:
+    """A late result's turn id: a non-empty text of at most ``MAX_ID_LENGTH`` characters (the
+    limit turn ids and result tokens share), so that no record can grow the results' memory."""
+    return type(value) is str and 0 < len(value) <= MAX_ID_LENGTH
+
+
+def _logs(obj: dict[str, Any], path: str, lineno: int, on_problem: ProblemSink, keep: Any) -> None:
     """``turnguard.turn.result`` records of an OTLP logs document (other records are not ours)."""
     for resource in _list(obj.get(LOGS_KEY)):
         for scope in _list(resource.get("scopeLogs") if isinstance(resource, dict) else None):
@@ -97,7 +106,12 @@ def _logs(obj: dict[str, Any], path: str, lineno: int, keep: Any) -> None:
                 if record.get("eventName", attrs.get("event.name")) != RESULT_EVENT:
                     continue
                 turn_id, resolved = attrs.get("turnguard.turn.id"), span_resolved(attrs.get("turnguard.turn.resolved"))
-                if isinstance(turn_id, str) and turn_id and resolved is not None:
+                if turn_id is None:
+                    continue  # not about a turn
+                if not _turn_id(turn_id):
+                    on_problem(InputProblem(path, lineno, f"a {RESULT_EVENT} record without a turn id of at most "
+                                                          f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored"))
+                elif resolved is not None:
                     keep(turn_id, resolved, path, lineno)
 
 

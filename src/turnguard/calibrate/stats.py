@@ -14,9 +14,12 @@ from typing import Any
 
 from turnguard.calibrate.evidence import ProbeEvidence
 from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative_position
+from turnguard.model import Threshold
 
 MAX_IDS = 50
-FORMAT = "turnguard-calibrate/1"
+FORMAT = "turnguard-calibrate/2"
+"""Version 2 adds what the recording cannot tell (censored counts, survival); results of version 1
+are refused: run the parts again."""
 MODES = ("unattended", "attended")
 
 
@@ -26,6 +29,22 @@ def _add_hist(hist: dict[int, int], key: int, n: int = 1) -> None:
 
 HaltEffect = tuple[str, int, int]
 """A halt's threshold label, the calls it saved and the tenth of the turn it landed in."""
+
+
+HALT_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error"})
+"""``ended_by`` values of a turn whose recording ends at a halt of its own (live or probe): what it
+would have done past the halt is not recorded (right-censored there)."""
+COHORT_KEYS = ("live", "probe", "unrecorded")
+"""How censored counts are split: the turn's cohort, ``unrecorded`` when the recording has none."""
+SOURCES = ("probe", "attended", "live", "unrecorded")
+"""Where a halt's evidence comes from (a turn whose recording goes on past the halt): a probe
+turn, a live turn whose attended ask was answered "continue", another live turn (the row is
+stricter than the live policy), a recording without a cohort (corpus files)."""
+
+
+def halt_ended(ended_by: str | None) -> bool:
+    """Whether a turn's recording ends at a halt of its own (``HALT_ENDS``)."""
+    return ended_by in HALT_ENDS
 
 
 def halt_effect(result: TurnResult, calls: int) -> HaltEffect | None:
@@ -57,13 +76,25 @@ class ModeStats:
     turns_with_asks: int = 0
     asks_resolved: int = 0
     """Asks seen in turns that were resolved (the user was interrupted on a good run)."""
+    halted_censored: dict[str, int] = field(default_factory=dict)
+    """By cohort (``COHORT_KEYS``): halts of turns whose recording ends at a halt of their own, at
+    or after this one: what they would have done without any halt is not recorded, so they are
+    neither resolved nor unresolved halts (no false-positive evidence)."""
+    saved_censored: int = 0
+    """The recorded calls those halts come before."""
+    evidence: dict[str, int] = field(default_factory=dict)
+    """By source (``SOURCES``): the halts whose turn's recording goes on past them to its own end,
+    the only ones whose result says whether the halt was a false positive."""
 
     def add(self, turn_id: str, calls: int, resolved: bool | None, result: TurnResult) -> None:
         self.add_effect(turn_id, resolved, result, halt_effect(result, calls))
 
-    def add_effect(self, turn_id: str, resolved: bool | None, result: TurnResult, effect: HaltEffect | None) -> None:
+    def add_effect(self, turn_id: str, resolved: bool | None, result: TurnResult, effect: HaltEffect | None,
+                   cut: str | None = None, source: str = "unrecorded") -> None:
         """``add`` with the halt's figures computed once (``halt_effect``): every policy of a
-        replay group shares the same result."""
+        replay group shares the same result. ``cut``: the cohort key of a turn whose recording
+        ends at a halt of its own (``None``: it ended on its own); ``source``: where the turn's
+        recorded future comes from (``SOURCES``)."""
         asks = result.asks
         if asks:
             self.asks += len(asks)
@@ -76,6 +107,14 @@ class ModeStats:
         self.halted += 1
         by_threshold = self.by_threshold
         by_threshold[label] = by_threshold.get(label, 0) + 1
+        halt_calls = self.halt_calls
+        halt_calls[result.halt_call] = halt_calls.get(result.halt_call, 0) + 1
+        self.halt_deciles[tenth] += 1
+        if cut is not None:
+            _add_hist(self.halted_censored, cut)
+            self.saved_censored += saved
+            return
+        _add_hist(self.evidence, source)
         if resolved is True:
             self.halted_resolved += 1
             if len(self.resolved_ids) < MAX_IDS:
@@ -88,24 +127,41 @@ class ModeStats:
         else:
             self.halted_unknown += 1
             self.saved_unknown += saved
-        halt_calls = self.halt_calls
-        halt_calls[result.halt_call] = halt_calls.get(result.halt_call, 0) + 1
-        self.halt_deciles[tenth] += 1
+
+    @property
+    def evidence_halts(self) -> int:
+        """Halts whose turn was recorded to its own end (resolved, unresolved or of unknown result)."""
+        return self.halted_resolved + self.halted_unresolved + self.halted_unknown
+
+    def censored(self, halt_ended: dict[str, int]) -> dict[str, int]:
+        """By cohort: the turns whose recording ends at a halt of their own (``halt_ended``, the
+        run's counts) that this policy does not halt within the recording: whether it would have
+        halted them is not recorded (censored), so they are neither halted nor not halted."""
+        return {c: n - self.halted_censored.get(c, 0) for c, n in halt_ended.items()}
 
     def merge(self, other: ModeStats) -> None:
         for name in _MODE_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for k, v in other.by_threshold.items():
-            _add_hist(self.by_threshold, k, v)
+        for hist in ("by_threshold", "halted_censored", "evidence"):
+            for k, v in getattr(other, hist).items():
+                _add_hist(getattr(self, hist), k, v)
         self.resolved_ids.extend(other.resolved_ids[: MAX_IDS - len(self.resolved_ids)])
         self.unresolved_ids.extend(other.unresolved_ids[: MAX_IDS - len(self.unresolved_ids)])
         for k, v in other.halt_calls.items():
             _add_hist(self.halt_calls, k, v)
         self.halt_deciles = [a + b for a, b in zip(self.halt_deciles, other.halt_deciles, strict=True)]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, halt_ended: dict[str, int] | None = None) -> dict[str, Any]:
+        censored = self.censored(halt_ended or {})
         return {
             "halted": self.halted,
+            "censored": sum(censored.values()),
+            "censored_by_cohort": censored,
+            "halted_censored": sum(self.halted_censored.values()),
+            "halted_censored_by_cohort": dict(sorted(self.halted_censored.items())),
+            "saved_censored": self.saved_censored,
+            "evidence_halts": self.evidence_halts,
+            "evidence_by_source": dict(sorted(self.evidence.items())),
             "by_threshold": dict(sorted(self.by_threshold.items())),
             "halted_resolved": self.halted_resolved,
             "resolved_ids": list(self.resolved_ids),
@@ -127,6 +183,8 @@ class ModeStats:
         for name in _MODE_COUNTS:
             setattr(s, name, int(data[name]))
         s.by_threshold = {str(k): int(v) for k, v in data["by_threshold"].items()}
+        s.halted_censored = {str(k): int(v) for k, v in data["halted_censored_by_cohort"].items()}
+        s.evidence = {str(k): int(v) for k, v in data["evidence_by_source"].items()}
         s.resolved_ids = [str(i) for i in data["resolved_ids"]]
         s.unresolved_ids = [str(i) for i in data.get("unresolved_ids", [])]
         s.halt_calls = {int(k): int(v) for k, v in data["halt_calls"].items()}
@@ -137,7 +195,7 @@ class ModeStats:
 
 
 _MODE_COUNTS = ("halted", "halted_resolved", "halted_unresolved", "saved_unresolved", "halted_unknown",
-                "saved_unknown", "asks", "turns_with_asks", "asks_resolved")
+                "saved_unknown", "asks", "turns_with_asks", "asks_resolved", "saved_censored")
 """``ModeStats``'s plain counters: summed by ``merge``, read back by ``from_json``."""
 
 
@@ -160,6 +218,8 @@ class RunStats:
     inputs: list[str] = field(default_factory=list)
     probe: ProbeEvidence = field(default_factory=lambda: ProbeEvidence(None, None, None))
     """Probe turns against the default policy's thresholds (``evidence.py``)."""
+    halt_ended: dict[str, int] = field(default_factory=dict)
+    """By cohort (``COHORT_KEYS``): turns whose recording ends at a halt of their own."""
 
     @classmethod
     def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
@@ -202,6 +262,8 @@ class RunStats:
             _add_hist(self.calls_per_turn_resolved, k, v)
         self.inputs.extend(i for i in other.inputs if i not in self.inputs)
         self.probe.merge(other.probe)
+        for k, v in other.halt_ended.items():
+            _add_hist(self.halt_ended, k, v)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -215,8 +277,9 @@ class RunStats:
             "replays": self.replays,
             "calls_per_turn": {str(k): v for k, v in sorted(self.calls_per_turn.items())},
             "calls_per_turn_resolved": {str(k): v for k, v in sorted(self.calls_per_turn_resolved.items())},
+            "halt_ended": dict(sorted(self.halt_ended.items())),
             "policies": [
-                {**p, **{m: modes[m].to_json() for m in MODES}}
+                {**p, **{m: modes[m].to_json(self.halt_ended) for m in MODES}}
                 for p, modes in zip(self.policies, self.modes, strict=True)
             ],
             "probe": self.probe.to_json(),
@@ -240,6 +303,7 @@ class RunStats:
             calls_per_turn={int(k): int(v) for k, v in data["calls_per_turn"].items()},
             calls_per_turn_resolved={int(k): int(v) for k, v in data["calls_per_turn_resolved"].items()},
             inputs=[str(i) for i in data.get("inputs", [])],
+            halt_ended={str(k): int(v) for k, v in data["halt_ended"].items()},
             probe=ProbeEvidence.from_json(data["probe"]) if "probe" in data else ProbeEvidence.for_policy(
                 next((p["params"] for p in policies if p["default"]), None)),
         )

@@ -1,0 +1,178 @@
+"""What a recording says about how each turn ran: the policy and limits in force, when it ran, what
+ended it, its true call count. Read alike from the recorder's lines and the Collector's spans of
+the same turns (both written by a real guard), bounded on hostile input, and absent (``None``) in
+older recordings, which stay readable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import turnguard as tg
+from collector_lines import collector_lines
+from turnguard.calibrate.inputs import InputProblem, Limits, read_turns
+from turnguard.model import MAX_ID_LENGTH
+from turnguard.telemetry.testing import InMemoryTelemetry
+
+PROBE = {"rate": 0.5, "hard_multiplier": 4, "stuck_repeat_threshold": 9}
+
+
+def read(path: Path) -> tuple[dict, list[str]]:
+    problems: list[InputProblem] = []
+    turns = {t.id: t for t in read_turns([path], problems.append)}
+    return turns, [str(p) for p in problems]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, tg.TurnSummary]]:
+    """The same 30 turns (some halted at the backstop, some by the streak stop, some cancelled)
+    through a guard with a probe, the recorder and the OpenTelemetry plugin."""
+    folder = tmp_path_factory.mktemp("recorded")
+    telemetry = InMemoryTelemetry()
+    config = tg.GuardConfig(name="prod", soft_cap=10, hard_multiplier=3, recorder_path=str(folder / "turns.jsonl"),
+                            probe=PROBE, load_entrypoints=False, disable_plugins=("shadow",))
+    guard = tg.Guard(config, environ={}, **telemetry.providers())
+    summaries = {}
+    for t in range(30):
+        turn = guard.turn(turn_id=f"t{t}", promptable=False)
+        n = 5 + 3 * t
+        for i in range(n):
+            call = tg.ToolCall("run", {"i": 0 if t % 4 == 0 else i})
+            if turn.check_call(call).halted or turn.record_outcome(call, "error").halted:
+                break
+        summaries[f"t{t}"] = turn.end("cancelled" if t % 7 == 3 else "completed")
+    telemetry.tracer_provider.force_flush()
+    otlp = folder / "otlp.jsonl"
+    spans = telemetry.spans()
+    otlp.write_text("\n".join(collector_lines(spans[i:i + 50] for i in range(0, len(spans), 50))) + "\n")
+    return folder / "turns.jsonl", otlp, summaries
+
+
+def test_lines_and_spans_say_the_same_policy_limits_end_and_times(recorded):
+    lines, spans, summaries = recorded
+    from_lines, problems_lines = read(lines)
+    from_spans, problems_spans = read(spans)
+    assert problems_lines == problems_spans == []
+    assert set(from_lines) == set(from_spans) == set(summaries)
+    cohorts = set()
+    for turn_id, summary in summaries.items():
+        a, b = from_lines[turn_id], from_spans[turn_id]
+        cohorts.add(a.cohort)
+        probe = a.cohort == "probe"
+        limits = Limits("adaptive", 10, 40 if probe else 30, 9 if probe else 6, 5, 8, 0)
+        assert (a.policy, a.limits) == (b.policy, b.limits) == ("prod-probe" if probe else "prod", limits)
+        assert a.cohort == b.cohort == summary.cohort
+        expected_end = str(summary.threshold) if summary.threshold else summary.reason
+        assert a.ended_by == b.ended_by == expected_end
+        assert a.tool_calls == b.tool_calls == summary.tool_calls == len(a.calls) == len(b.calls)
+        assert a.needed_calls == summary.tool_calls
+        assert a.started_at <= a.ended_at and b.started_at <= b.ended_at
+        assert abs(a.started_at - b.started_at) < 1.0 and abs(a.ended_at - b.ended_at) < 1.0
+    assert cohorts == {"live", "probe"}
+    ends = {t.ended_by for t in from_lines.values()}
+    assert {"hard_backstop", "streak", "cancelled", "completed"} <= ends
+
+
+def test_a_recording_without_these_facts_still_reads(tmp_path):
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps({"id": "old", "calls": [{"tool": "a", "args": "x", "outcome": "ok"}]}) + "\n")
+    turns, problems = read(path)
+    t = turns["old"]
+    assert problems == []
+    assert (t.policy, t.limits, t.started_at, t.ended_at, t.tool_calls, t.continued) == (None,) * 5 + (False,)
+
+
+LINE = {"id": "x", "calls": [{"tool": "a", "args": "x", "outcome": "ok"}]}
+GOOD_LIMITS = {"cap_mode": "adaptive", "soft_cap": 100, "hard_cap": 1000, "stuck_repeat_threshold": 6,
+               "streak_warn_at": 5, "streak_stop_at": 8, "max_cycles": 0}
+
+
+@pytest.mark.parametrize(("extra", "message", "left_out"), [
+    ({"limits": [1]}, "'limits': expected an object, got an array", "limits"),
+    ({"limits": {**GOOD_LIMITS, "cap_mode": "soft"}}, "'cap_mode' must be one of", "limits"),
+    ({"limits": {**GOOD_LIMITS, "hard_cap": -1}}, "'hard_cap' must be a whole number", "limits"),
+    ({"limits": {**GOOD_LIMITS, "soft_cap": 10 ** 40}}, "'soft_cap' must be a whole number", "limits"),
+    ({"limits": {**GOOD_LIMITS, "streak_stop_at": 2.5}}, "'streak_stop_at' must be a whole number", "limits"),
+    ({"started_at": 10.0, "ended_at": 5.0}, "ends (5.0) before it starts", "started_at"),
+    ({"started_at": "noon", "ended_at": 5.0}, "Unix seconds expected", "started_at"),
+    ({"started_at": 1.0}, "Unix seconds expected", "started_at"),
+    ({"ended_at": float("inf"), "started_at": 1.0}, "Unix seconds expected", "ended_at"),
+    ({"policy": "p" * (MAX_ID_LENGTH + 1)}, "'policy' is longer than 256 characters", "policy"),
+    ({"tool_calls": -3}, "'tool_calls' must be a whole number", "tool_calls"),
+    ({"tool_calls": True}, "'tool_calls' must be a whole number", "tool_calls"),
+])
+def test_a_malformed_fact_is_reported_and_left_out_and_the_turn_kept(tmp_path, extra, message, left_out):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({**LINE, **extra, "policy": extra.get("policy", "p")}, allow_nan=True) + "\n")
+    turns, problems = read(path)
+    assert len(problems) == 1 and message in problems[0], problems
+    assert getattr(turns["x"], left_out) is None
+    assert len(turns["x"].calls) == 1
+
+
+@pytest.mark.parametrize("turn_id", ["i" * (MAX_ID_LENGTH + 1), "i" * 16_000_000, 10 ** 300, [1, 2], {"a": 1}])
+def test_a_turn_id_past_the_limit_is_reported_and_replaced_by_the_turns_origin(tmp_path, turn_id):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({**LINE, "id": turn_id}) + "\n")
+    turns, problems = read(path)
+    assert list(turns) == [f"{path}:1"]
+    assert len(problems) == 1 and f"at most {MAX_ID_LENGTH} characters" in problems[0]
+    assert len(problems[0]) < 400  # the message shows a bounded part of the value
+
+
+def test_an_id_at_the_limit_is_kept(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({**LINE, "id": "i" * MAX_ID_LENGTH}) + "\n"
+                    + json.dumps({**LINE, "id": 10 ** 200}) + "\n")
+    turns, problems = read(path)
+    assert problems == [] and set(turns) == {"i" * MAX_ID_LENGTH, str(10 ** 200)}
+
+
+def test_an_attended_continue_is_remembered(tmp_path):
+    path = tmp_path / "t.jsonl"
+    escalations = [{"threshold": "streak", "level": "warn", "answer": "stop", "at_call": 5},
+                   {"threshold": "streak", "level": "stop", "answer": "continue", "at_call": 8}]
+    path.write_text(json.dumps({**LINE, "escalations": escalations}) + "\n"
+                    + json.dumps({**LINE, "id": "y", "escalations": escalations[:1]}) + "\n")
+    turns, _ = read(path)
+    assert turns["x"].continued and not turns["y"].continued
+
+
+def test_late_results_with_ids_past_the_limit_are_reported_and_not_kept(tmp_path):
+    from turnguard.calibrate.results import late_results
+    path = tmp_path / "r.jsonl"
+    long_id = "r" * (MAX_ID_LENGTH + 1)
+    logs = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"eventName": "turnguard.turn.result", "attributes": [
+            {"key": "turnguard.turn.id", "value": {"stringValue": "s" * 5_000_000}},
+            {"key": "turnguard.turn.resolved", "value": {"boolValue": True}}]}]}]}]}
+    path.write_text("\n".join([json.dumps({"result_for": long_id, "resolved": True}), json.dumps(logs),
+                               json.dumps({"result_for": "ok-id", "resolved": False})]) + "\n")
+    problems: list[InputProblem] = []
+    assert late_results([path], problems.append) == {"ok-id": False}
+    assert len(problems) == 2 and all(f"at most {MAX_ID_LENGTH} characters" in str(p) for p in problems)
+    assert all(len(str(p)) < 400 for p in problems)
+
+
+@pytest.mark.parametrize("field", ["tool", "digest", "parent", "turn"])
+def test_otlp_spans_with_ids_or_names_past_the_limit_are_reported_and_skipped(tmp_path, field):
+    long = "z" * (MAX_ID_LENGTH + 1)
+
+    def attr(key, value):
+        return {"key": key, "value": {"intValue": str(value)} if isinstance(value, int) else {"stringValue": value}}
+
+    call = {"spanId": "c1", "parentSpanId": long if field == "parent" else "t1", "name": "execute_tool run",
+            "attributes": [attr("gen_ai.tool.name", long if field == "tool" else "run"),
+                           attr("turnguard.call.index", 1), attr("turnguard.call.outcome", "ok"),
+                           attr("turnguard.call.key_digest", long if field == "digest" else "d")]}
+    turn = {"spanId": "t1", "name": "invoke_agent a",
+            "attributes": [attr("turnguard.turn.id", long if field == "turn" else "t")]}
+    path = tmp_path / "o.jsonl"
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [call, turn]}]}]}) + "\n")
+    turns, problems = read(path)
+    assert any(f"{MAX_ID_LENGTH} characters" in p for p in problems), problems
+    assert all(len(p) < 600 for p in problems)
+    assert all(len(t.id) <= MAX_ID_LENGTH and all(len(c.tool) <= MAX_ID_LENGTH for c in t.calls)
+               for t in turns.values())
