@@ -104,9 +104,10 @@ FIGURES = ("halted", "by_threshold", "halted_resolved", "resolved_ids", "halted_
            "evidence_by_source", "halt_calls", "asks", "turns_with_asks", "attended_halted")
 
 
-NARROW_DROPS = ("cap", "streak")
-"""Columns left out when the table would not fit the width: the policy's name already says what
-differs from the default (``--wide`` shows them)."""
+NARROW_DROPS = (("cap", "streak"), ("at",))
+"""Columns left out, stage by stage, when the table would not fit the width: the policy's name
+already says what differs from the default, and the median halt call says about where the halts
+land (``--wide`` shows them all)."""
 WRAPPING = ("policy", "by threshold", "asks (turns)", "at call")
 
 
@@ -144,9 +145,10 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
         "false-positive rate is not in the recording: read the probe evidence); saved: calls the unresolved halts "
         "save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
         width)
-    figures, narrowed = _figures_table(data, width, color)
+    figures, narrowed = _figures_table(data, width, color, censoring=bool(stats.halt_ended))
     if narrowed:
-        out.append("The cap and streak columns are left out to fit the terminal: --wide shows them.")
+        named = ", ".join(narrowed[:-1]) + " and " + narrowed[-1] if len(narrowed) > 1 else narrowed[0]
+        out.append(f"The {named} columns are left out to fit the terminal: --wide shows them.")
     out += ["", *figures]
     if folded:
         out += ["", "Same figures as the row named first (folded):"]
@@ -167,11 +169,13 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
     return "\n".join(out) + "\n"
 
 
-def _figures_table(data: list[dict[str, Any]], width: int, color: bool) -> tuple[list[str], bool]:
-    """The policies' figures, and whether ``NARROW_DROPS`` were left out: every column when they
-    fit ``width``, else without those and with the wordy columns wrapped."""
+def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
+                   censoring: bool = True) -> tuple[list[str], list[str]]:
+    """The policies' figures, and the ``NARROW_DROPS`` left out: every column when they fit
+    ``width``, else without those and with the wordy columns wrapped. ``censoring``: whether the
+    run has censored turns (else their column, all zeros, is left out)."""
     cells = [_figure_cells(r) for r in data]
-    columns, narrowed = _figure_columns(cells, width)
+    columns, narrowed = _figure_columns(cells, width, censoring)
     header = [COLUMNS[i][0] for i in columns]
     rows_of_cells = [[c[i] for i in columns] for c in cells]
     right = [k for k, i in enumerate(columns) if COLUMNS[i][2] == ">"]
@@ -206,14 +210,27 @@ def _figure_cells(r: dict[str, Any]) -> list[str]:
     return [("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS]
 
 
-def _figure_columns(cells: list[list[str]], width: int) -> tuple[list[int], bool]:
-    """The ``COLUMNS`` shown: all when they fit ``width`` unwrapped, else all but ``NARROW_DROPS``
-    (and ``True``)."""
-    columns = list(range(len(COLUMNS)))
-    full = sum(max([len(COLUMNS[i][0]), *(len(c[i]) for c in cells)]) for i in columns) + 2 * (len(columns) - 1)
-    if full <= width:
-        return columns, False
-    return [i for i in columns if COLUMNS[i][0] not in NARROW_DROPS], True
+def _figure_columns(cells: list[list[str]], width: int, censoring: bool) -> tuple[list[int], list[str]]:
+    """The ``COLUMNS`` shown and the ones left out to fit: all when they fit ``width`` unwrapped,
+    else without the ``NARROW_DROPS`` stages needed for the table to fit once wrapped."""
+    columns = [i for i in range(len(COLUMNS)) if censoring or COLUMNS[i][0] != "censored"]
+
+    def total(shown: list[int], floor: bool) -> int:
+        """The table's width: unwrapped, or with the wrapping columns at their longest word."""
+        def size(text: str, i: int) -> int:
+            wraps = floor and COLUMNS[i][0] in WRAPPING
+            return max(map(len, text.split()), default=0) if wraps else len(text)
+        return sum(max(size(COLUMNS[i][0], i), *(size(c[i], i) for c in cells)) for i in shown) + 2 * (len(shown) - 1)
+
+    if total(columns, False) <= width:
+        return columns, []
+    dropped: list[str] = []
+    for stage in NARROW_DROPS:
+        columns = [i for i in columns if COLUMNS[i][0] not in stage]
+        dropped += stage
+        if total(columns, True) <= width:
+            break
+    return columns, dropped
 
 
 def default_unresolved(data: list[dict[str, Any]]) -> tuple[list[str], int]:
