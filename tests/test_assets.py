@@ -7,8 +7,10 @@ and from an editable install (which must follow the checkout's files as they are
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -79,7 +81,7 @@ def test_assets_never_overwrites_an_edited_copy_without_force(tmp_path, capsys):
     edited.write_text("# my edits\n")
     capsys.readouterr()
     assert cli.main(["assets", str(tmp_path)]) == 1
-    assert "would overwrite" in capsys.readouterr().err and edited.read_text() == "# my edits\n"
+    assert "use --force" in capsys.readouterr().err and edited.read_text() == "# my edits\n"
     assert cli.main(["assets", str(tmp_path), "--force"]) == 0
     assert edited.read_bytes() == shipped()["collector-config.yaml"]
 
@@ -87,8 +89,177 @@ def test_assets_never_overwrites_an_edited_copy_without_force(tmp_path, capsys):
 def test_assets_reports_a_directory_it_cannot_write(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert cli.main(["assets", str(blocker / "deploy")]) == 1
-    assert "turnguard assets:" in capsys.readouterr().err
+    assert cli.main(["assets", str(blocker / "deploy")]) == 2
+    assert capsys.readouterr().err == f"turnguard assets: {blocker} is not a folder; nothing written\n"
+
+
+# -- staying in DIR: links, and failures part-way -------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, bytes | str | None]]:
+    """Everything under ``root`` (links not followed): path -> (kind, bytes or link target)."""
+    found: dict[str, tuple[str, bytes | str | None]] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            found[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            found[rel] = ("dir", None)
+        else:
+            found[rel] = ("file", path.read_bytes())
+    return found
+
+
+@pytest.fixture
+def place(tmp_path) -> dict[str, Path]:
+    """DIR (``deploy``) and a folder outside it with a file an attacker would like overwritten."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.yaml").write_bytes(b"operator's own file\n")
+    return {"dir": tmp_path / "deploy", "outside": outside, "root": tmp_path}
+
+
+def link(at: Path, to: Path) -> None:
+    at.parent.mkdir(parents=True, exist_ok=True)
+    at.symlink_to(to)
+
+
+LINK_SHAPES = {
+    "dangling link at a target": lambda p: link(p["dir"] / "collector-config.yaml", p["outside"] / "new.yaml"),
+    "link at a target to a file outside": lambda p: link(p["dir"] / "builder-config.yaml",
+                                                          p["outside"] / "precious.yaml"),
+    "link at a folder to a folder outside": lambda p: link(p["dir"] / "rules", p["outside"]),
+    "link at an intermediate folder": lambda p: link(p["dir"] / "dashboards" / "provisioning", p["outside"]),
+    "dangling link at an intermediate folder": lambda p: link(p["dir"] / "dashboards", p["outside"] / "gone"),
+    "DIR itself a link to a folder": lambda p: link(p["dir"], p["outside"]),
+    "DIR itself a dangling link": lambda p: link(p["dir"], p["outside"] / "gone"),
+}
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["", "--force"])
+@pytest.mark.parametrize("shape", list(LINK_SHAPES))
+def test_assets_never_writes_through_a_link_and_names_it(place, shape, force, capsys):
+    LINK_SHAPES[shape](place)
+    before = snapshot(place["root"])
+    status = cli.main(["assets", str(place["dir"]), *(["--force"] if force else [])])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "is a symbolic link" in err and err.endswith("nothing written\n")
+    linked = next(p for p in [place["dir"], *place["dir"].rglob("*")] if p.is_symlink())
+    assert f"{linked} is a symbolic link" in err
+    assert snapshot(place["root"]) == before  # not a byte written, inside DIR or out
+
+
+def test_assets_replaces_a_hard_linked_file_without_writing_into_the_other_name(place):
+    assets.write(place["dir"])
+    target = place["dir"] / "prometheus" / "prometheus.yml"
+    target.unlink()
+    os.link(place["outside"] / "precious.yaml", target)
+    assets.write(place["dir"], overwrite=True)
+    assert (place["outside"] / "precious.yaml").read_bytes() == b"operator's own file\n"
+    assert target.read_bytes() == shipped()["prometheus/prometheus.yml"]
+
+
+def test_assets_keeps_the_mode_of_a_file_it_replaces(place):
+    assets.write(place["dir"])
+    target = place["dir"] / "rules" / "turnguard.rules.yaml"
+    target.chmod(0o600)
+    assets.write(place["dir"], overwrite=True)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+class HalfWritten:
+    """A file whose write stores half of what it is given, then finds the disk full."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+
+    def write(self, data: bytes) -> int:
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
+FAILING_STEPS = {
+    "making a folder": ("mkdir", lambda args: "dir_fd" in args[1]),
+    "creating the new file": ("open", lambda args: bool(args[0][1] & os.O_CREAT)),
+    "writing it": ("fdopen", lambda args: True),
+    "moving the old one aside": ("rename", lambda args: str(args[0][1]).endswith(".old")),
+    "renaming the new one into place": ("rename", lambda args: str(args[0][0]).endswith(".new")),
+}
+"""Where a write can fail for each file: (the ``os`` function, which of its calls)."""
+
+
+def fail_at(monkeypatch, step: str, index: int) -> None:
+    """The ``index``-th call of ``step``'s kind fails with ENOSPC (``fdopen``: half way through the write)."""
+    name, matches = FAILING_STEPS[step]
+    real, seen = getattr(os, name), []
+
+    def failing(*args, **kwargs):
+        if not matches((args, kwargs)):
+            return real(*args, **kwargs)
+        seen.append(args)
+        if len(seen) != index + 1:
+            return real(*args, **kwargs)
+        if name == "fdopen":
+            return HalfWritten(real(*args, **kwargs))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(args[0]))
+
+    monkeypatch.setattr(os, name, failing)
+    return seen
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["fresh", "--force over a copy"])
+@pytest.mark.parametrize("step", list(FAILING_STEPS))
+@pytest.mark.parametrize("index", range(len(EXPECTED)))
+def test_a_failure_at_any_file_leaves_dir_as_it_was(place, monkeypatch, capsys, index, step, existing):
+    if existing:
+        assets.write(place["dir"])
+        for path in (place["dir"] / "rules").iterdir():
+            path.write_bytes(b"# the operator's edits\n")
+    before = snapshot(place["root"])
+    seen = fail_at(monkeypatch, step, index)
+    status = cli.main(["assets", str(place["dir"]), *(["--force"] if existing else [])])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    if len(seen) <= index:  # fewer steps of this kind than files (folders; nothing set aside when fresh)
+        assert status == 0 and snapshot(place["root"]) != before
+        return
+    assert status == 1 and err.count("\n") == 1 and "No space left on device (nothing left behind)" in err, err
+    assert snapshot(place["root"]) == before
+    assert len(seen) == index + 1  # nothing was tried after the failure
+
+
+def test_a_disk_that_fills_part_way_leaves_dir_as_it_was(tiny_disk, capsys):
+    before = snapshot(tiny_disk)
+    assert cli.main(["assets", str(tiny_disk / "deploy")]) == 1
+    assert "No space left on device (nothing left behind)" in capsys.readouterr().err
+    assert snapshot(tiny_disk) == before
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 96 kB tmpfs: the first assets fit, the last board does not (needs root; under CI it must
+    be there, so it fails rather than skips)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        message = f"cannot mount a tmpfs (root needed): {done.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def test_assets_says_where_it_looked_when_the_files_are_missing(tmp_path, monkeypatch, capsys):

@@ -61,6 +61,7 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     corpus.write_text(json.dumps({"id": "t", "calls": [{"tool": "a", "args": 1, "outcome": "ok"}]}) + "\n")
     result = root / "result.json"
     assert cli.main(["calibrate", str(corpus), "--json", str(result), "--progress", "never"]) == 0
+    (root / "linked").symlink_to(root)
     broken = root / "site"
     (broken / "tg_broken_plugin-1.0.dist-info").mkdir(parents=True)
     (broken / "tg_broken_plugin.py").write_text("raise RuntimeError('cannot import me')\n")
@@ -68,7 +69,7 @@ def inputs(tmp_path_factory) -> dict[str, str]:
         "Metadata-Version: 2.1\nName: tg-broken-plugin\nVersion: 1.0\n")
     (broken / "tg_broken_plugin-1.0.dist-info" / "entry_points.txt").write_text(
         "[turnguard]\nbroken = tg_broken_plugin\n")
-    return {"corpus": str(corpus), "result": str(result), "site": str(broken)}
+    return {"corpus": str(corpus), "result": str(result), "site": str(broken), "linked": str(root / "linked")}
 
 
 def run_command(argv: list[str], cwd: Path, env: dict[str, str], stdout_to: str | None = None) -> Done:
@@ -193,6 +194,10 @@ PATH_CASES: dict[str, tuple[list[str], Case]] = {
     "calibrate-merge: input not UTF-8": (["calibrate-merge", "r.json"], Case({}, {"r.json": NOT_UTF8}, 2, "r.json")),
     "calibrate-merge: --json through a file": (
         ["calibrate-merge", "{result}", "--json", "afile/m.json"], Case({}, {"afile": b"x"}, 2, "afile/m.json")),
+    "assets: DIR through a file": (["assets", "afile/deploy"], Case({}, {"afile": b"x"}, 2, "afile is not a folder")),
+    "assets: DIR is a file": (["assets", "afile"], Case({}, {"afile": b"x"}, 2, "afile is not a folder")),
+    "assets: DIR in an unwritable place": (["assets", "/proc/turnguard-test"], Case({}, {}, 2, "cannot make")),
+    "assets: DIR a link": (["assets", "{linked}"], Case({}, {}, 2, "is a symbolic link")),
 }
 """Each command's own paths, where they cannot be read or written: said before any work (2)."""
 

@@ -263,7 +263,14 @@ def _assets(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     try:
         written = assets.write(directory, overwrite=args.force)
-    except (FileExistsError, OSError) as exc:
+    except assets.UnsafeTarget as exc:  # checked before writing anything
+        print(f"turnguard assets: {exc}; nothing written", file=sys.stderr)
+        return 2
+    except assets.WriteFailed as exc:
+        undone = f"could not undo {'; '.join(exc.left)}" if exc.left else "nothing left behind"
+        print(f"turnguard assets: {exc.filename or directory}: {exc.strerror} ({undone})", file=sys.stderr)
+        return 1
+    except OSError as exc:  # files that exist (without --force), or the package's assets missing
         print(f"turnguard assets: {exc}", file=sys.stderr)
         return 1
     print(f"{directory}/")
