@@ -28,7 +28,7 @@ OBSERVER_HOOKS = {
     "turnguard_outcome_ignored": ["turn", "call", "outcome", "reason"],
     "turnguard_shadow_detected": ["turn", "policy", "event"],
     "turnguard_shadow_turn_ended": ["turn", "policy", "summary"],
-    "turnguard_turn_result": ["turn_id", "summary", "resolved", "status"],
+    "turnguard_turn_result": ["turn_id", "summary", "resolved", "status", "labels"],
 }
 
 

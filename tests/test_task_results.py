@@ -51,7 +51,7 @@ def test_a_result_after_the_end_reaches_the_recent_turn_once():
     (lambda g, t: g.report_result(t.turn_id, True), S.DUPLICATE),
     (lambda g, t: g.report_result("no-such-turn", True), S.UNKNOWN),
     (lambda g, t: g.report_result(t.turn_id, "yes"), S.INVALID),
-    (lambda g, t: g.report_result(None, True), S.UNKNOWN),
+    (lambda g, t: g.report_result(None, True), S.INVALID_ID),
 ])
 def test_every_other_report_is_ignored_counted_and_never_raises(report, status):
     g = guard()

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
+import turnguard as tg
 from turnguard import Threshold
 from turnguard.telemetry import names as n
+from turnguard.telemetry.metrics import Instruments
 
 GENAI_CONVENTION_NAMES = {
     "gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.type",
@@ -55,3 +59,37 @@ def test_no_name_is_a_namespace_of_another_attribute():
 def test_threshold_values_match_the_telemetry_contract():
     assert {t.value for t in Threshold} == {"explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap"}
     assert n.NO_THRESHOLD not in {t.value for t in Threshold}
+
+
+class RecordingMeter:
+    """A meter that notes the name of every instrument created on it (a real SDK meter behind)."""
+
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
+        self.created: list[str] = []
+
+    def __getattr__(self, attr: str) -> Any:
+        create = getattr(self.meter, attr)
+        if not attr.startswith("create_"):
+            return create
+
+        def record(name: str, *args: Any, **kwargs: Any) -> Any:
+            self.created.append(name)
+            return create(name, *args, **kwargs)
+        return record
+
+
+def documented_metrics() -> list[str]:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "telemetry.md").read_text(encoding="utf-8")
+    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `(turnguard\.[a-z_.]+)`", section, flags=re.MULTILINE)
+
+
+def test_the_docs_metric_table_lists_every_instrument_turnguard_creates_once():
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    meter = RecordingMeter(MeterProvider().get_meter("test"))
+    Instruments(meter, tg.GuardConfig())
+    documented = documented_metrics()
+    assert sorted(documented) == sorted(set(documented))  # one row each
+    assert set(documented) == set(meter.created) == set(n.METRIC_ATTRIBUTES)

@@ -26,10 +26,12 @@ import pluggy
 
 from turnguard.config import ConfigError, GuardConfig, Probe
 from turnguard.dispatch import NOTHING, PASSTHROUGH, Dispatcher
+from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, store_key
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import (
     ALLOW,
+    MAX_ID_LENGTH,
     Action,
     Answer,
     IgnoredOutcome,
@@ -39,6 +41,7 @@ from turnguard.model import (
     ToolCall,
     TurnSummary,
     Verdict,
+    id_text,
 )
 from turnguard.plugins import plugin_manager
 from turnguard.probe import Cohort
@@ -93,7 +96,8 @@ class Guard:
         self._configure(self.pm.hook.turnguard_configure.get_hookimpls())
         self.cohort = Cohort.LIVE
         """The cohort of the turns this guard opens itself (a probe guard's are ``probe``)."""
-        self.results = ResultBook()
+        self.results = ResultBook(edges=(self.config.soft_cap, self.config.hard_cap),
+                                  digest_key=self.config.digest_key)
         """Recently ended turns for late results, and the count of each ``ResultStatus``."""
         self._probe = self.config.probe_settings()
         self._probe_guard: Guard | None = None
@@ -102,6 +106,7 @@ class Guard:
                                       environ=environ, **providers)
             self._probe_guard.cohort = Cohort.PROBE
             self._probe_guard.results = self.results
+            self._probe_guard.register(MainHalts(self.results, self.config.name), name=MainHalts.NAME)
 
     def _dispatcher(self) -> Dispatcher:
         return Dispatcher(self.pm, fail_mode=self.config.fail_mode, capture_content=self.config.capture_content)
@@ -154,16 +159,25 @@ class Guard:
             guard, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id
         )
 
-    def report_result(self, turn_id: str, resolved: bool) -> bool:
+    def report_result(self, turn_id: Any, resolved: bool) -> bool:
         """Report whether an ended turn's task succeeded (a user's verdict, a CI run later on):
-        ``True`` when it reached a recently ended turn without a result. A result for a turn that
-        has one, an unknown or expired turn, a non-bool, or one after ``shutdown()`` is ignored and
+        ``True`` when taken. ``turn_id`` is the id of a turn this guard (or its probe) ended, or a
+        ``turn.result_token`` from any guard in any process with the same ``digest_key``: it is
+        reported as the turn's own guard would report it. A second result for a turn (the first
+        stands), an unknown or expired turn, a non-bool, an id that is no string or integer, a
+        token that is garbled, truncated or forged, or a result after ``shutdown()`` is ignored and
         counted (``results.counts``, the ``turnguard.turn.results`` metric), never raised."""
-        status, entry = self.results.report(turn_id, resolved, closed=self._closed)
-        owner = entry.guard if entry is not None else self
-        owner.dispatcher.notify("turnguard_turn_result", None, turn_id=str(turn_id),
+        status, entry, labels = self.results.report(turn_id, resolved, closed=self._closed)
+        owner = entry.guard if entry is not None and entry.guard is not None else self
+        if labels is not None:
+            reported_id = labels.turn_id
+        else:
+            text = id_text(turn_id)
+            reported_id = text[:MAX_ID_LENGTH] if text is not None and status is not ResultStatus.INVALID_TOKEN else ""
+        owner.dispatcher.notify("turnguard_turn_result", None, turn_id=reported_id,
                                 summary=entry.summary if entry is not None else None,
-                                resolved=resolved if isinstance(resolved, bool) else None, status=status.value)
+                                resolved=resolved if type(resolved) is bool else None, status=status.value,
+                                labels=labels)
         return status is ResultStatus.ACCEPTED
 
     def shutdown(self) -> None:
@@ -182,6 +196,23 @@ class Guard:
 
         guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
         return resume(guard, state, lambda **identity: Turn(guard, **identity))
+
+
+class MainHalts:
+    """On a probe guard: notes where the main configuration (the shadow named after it) would have
+    halted each probe turn, in the results book, so that the turn's late result (and its token)
+    carry it as ``turnguard.probe.main_threshold``."""
+
+    NAME = "turnguard-main-halts"
+
+    def __init__(self, results: ResultBook, main: str) -> None:
+        self.results = results
+        self.main = main
+
+    @hookimpl
+    def turnguard_shadow_turn_ended(self, turn: LedgerView, policy: str, summary: TurnSummary) -> None:
+        if policy == self.main and summary.halted:
+            self.results.main_halted(turn.turn_id, str(summary.threshold), summary.tool_calls)
 
 
 PROBE_INHERITS = ("digest_key", "recorder_path")
@@ -405,9 +436,25 @@ class Turn:
                 summary = dataclasses.replace(summary, resolved=self._resolved)
             self._ended = summary
             self._awaiting.clear()  # outcomes after the end are strays: the calls are not kept alive
-        self.guard.results.ended(summary, self.guard)
+        self.guard.results.ended(summary, self.guard, self.config.name)
         self._notify("turnguard_turn_ended", turn=self.view, summary=summary)
         return summary
+
+    @property
+    def result_token(self) -> str | None:
+        """Once the turn has ended, its result token (``None`` before, and for a turn whose id does
+        not fit in one): ``guard.report_result(token, resolved)`` on any guard with the same
+        ``digest_key``, in any process, reports the turn's result as this guard would. ASCII, at
+        most ``MAX_ID_LENGTH`` characters, versioned; the turn id and its labels (cohort, policy,
+        call count, what ended it, agent), never arguments (``turnguard.task_results``)."""
+        summary = self._ended
+        if summary is None:
+            return None
+        if self._result_token is None:
+            self._result_token = self.guard.results.token_for(summary, self.config.name)
+        return self._result_token
+
+    _result_token: str | None = None
 
     def report_result(self, resolved: bool) -> bool:
         """Report whether the turn's task succeeded, before or after it ends (then it is
@@ -424,8 +471,8 @@ class Turn:
             return self.guard.report_result(self.turn_id, resolved)
         if status is not ResultStatus.ACCEPTED:
             self.guard.results.count(status)
-            self._notify("turnguard_turn_result", turn_id=self.turn_id, summary=None,
-                         resolved=resolved if isinstance(resolved, bool) else None, status=status.value)
+            self._notify("turnguard_turn_result", turn_id=id_text(self.turn_id) or "", summary=None,
+                         resolved=resolved if isinstance(resolved, bool) else None, status=status.value, labels=None)
         return status is ResultStatus.ACCEPTED
 
     def snapshot(self, pending: Verdict | None = None) -> dict[str, Any]:

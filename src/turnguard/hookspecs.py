@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from turnguard.config import GuardConfig
     from turnguard.ledger import LedgerView
     from turnguard.model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
+    from turnguard.task_results import ResultLabels
 
 PROJECT_NAME = "turnguard"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -164,11 +165,15 @@ def turnguard_shadow_turn_ended(turn: LedgerView, policy: str, summary: TurnSumm
 
 
 @hookspec
-def turnguard_turn_result(turn_id: str, summary: TurnSummary | None, resolved: bool | None, status: str) -> None:
+def turnguard_turn_result(turn_id: str, summary: TurnSummary | None, resolved: bool | None, status: str,
+                          labels: ResultLabels | None) -> None:
     """Observer: a task result was reported after the turn ended (``status`` ``accepted``:
-    ``summary`` is the turn's, as it ended), or a result was ignored (``duplicate``, ``unknown``,
-    ``expired``, ``after_shutdown``, ``invalid``; ``summary`` is the turn's when it is known). A
-    result reported before the turn ended is ``summary.resolved`` at ``turnguard_turn_ended``.
+    ``summary`` is the turn's, as it ended; ``None`` for a turn another process ran, reported with
+    its result token), or a result was ignored (``duplicate``, ``unknown``, ``expired``,
+    ``after_shutdown``, ``invalid``, ``invalid_id``, ``invalid_token``; ``summary`` is the turn's
+    when it is known). ``labels`` (``turnguard.task_results.ResultLabels``) are the facts the
+    result is reported with, from the summary or the token, whenever the turn is known. A result
+    reported before the turn ended is ``summary.resolved`` at ``turnguard_turn_ended``.
 
     No call is under way: an implementation that raises is reported under either ``fail_mode``,
     and the result stands (``report_result`` returns whether it was taken)."""

@@ -19,6 +19,21 @@ exports (span names, attributes, log records, metric labels): a longer one is cu
 nothing a model or a host sends can grow an export or a report without bound."""
 
 
+def id_text(value: object) -> str | None:
+    """The text of an id a host hands over: a string's own (a subclass's, without calling its
+    methods), an integer's decimal digits (``bool`` is no id); ``None`` for anything else. It
+    never raises: probe sampling and task results key turns by it, so ``12345`` and ``"12345"``
+    are one id."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return int.__repr__(value)
+        except ValueError:  # more digits than the interpreter converts (sys.get_int_max_str_digits)
+            return None
+    return None
+
+
 def direct_init(cls: type[_T]) -> type[_T]:
     """Give a frozen, slotted dataclass an ``__init__`` that sets each field through its slot's
     own setter: the generated one goes through ``object.__setattr__`` per field, which costs on

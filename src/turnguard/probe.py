@@ -18,6 +18,8 @@ from __future__ import annotations
 import enum
 import hashlib
 
+from turnguard.model import id_text
+
 
 class Cohort(enum.StrEnum):
     """Which configuration guarded a turn live (``TurnSummary.cohort``, ``turnguard.turn.cohort``)."""
@@ -38,17 +40,8 @@ def sample_point(key: str) -> float:
 _PERSON = b"turnguard-probe"
 
 
-def sample_text(value: object) -> str | None:
-    """The text an id is sampled on: a string's own (a subclass's, without calling its methods),
-    an integer's decimal digits (``bool`` is not an id); ``None`` for anything else."""
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return int.__repr__(value)
-        except ValueError:  # more digits than the interpreter converts (sys.get_int_max_str_digits)
-            return None
-    return None
+sample_text = id_text
+"""The text an id is sampled on (``turnguard.model.id_text``): ``None`` for an id that has none."""
 
 
 def selects(rate: float, conversation_id: object, turn_id: object) -> bool:

@@ -1,26 +1,57 @@
-"""Task results: whether a turn's task succeeded, reported by the host during or after the turn.
+"""Task results: whether a turn's task succeeded, reported by the host during or after the turn,
+in this process or in any other.
 
 ``turn.report_result(resolved)`` before the turn ends, ``guard.report_result(turn_id, resolved)``
 afterwards (a thumbs-up, a CI run an hour later). A late result needs the turn it is about, so
-the guard remembers its recently ended turns here (``ResultBook``): at most ``MAX_RECENT_TURNS`` (then the oldest
-is forgotten, as *expired*), and the ids of at most as many expired ones (then they are
-*unknown*). Every report gets a ``ResultStatus``; only ``ACCEPTED`` changes anything, the others
-are counted and ignored, never raised.
+the guard remembers its recently ended turns here (``ResultBook``): at most ``MAX_RECENT_TURNS``
+(then the oldest is forgotten, as *expired*), and the ids of at most as many expired ones (then
+they are *unknown*). A turn id counts by its text (``model.id_text``: ``12345`` is ``"12345"``).
+
+A result from another process comes with the turn's *result token* (``turn.result_token``,
+``result_token``): a short ASCII string holding the turn id and the labels its late result is
+reported with (``ResultLabels``), so any guard can report it as the turn's own guard would. Every
+report gets a ``ResultStatus``; only ``ACCEPTED`` changes anything, the others are counted and
+ignored, never raised: a report's id and token are untrusted input.
+
+The token, version 1: ``tg1.<turn id>.<cohort>.<policy>.<tool calls>.<edge S>.<edge H>.
+<threshold>.<reason>.<agent>.<main threshold>.<check>``. Each text field keeps ``A-Z a-z 0-9 _ -``
+and writes every other character as ``%XX`` per UTF-8 byte (a lone surrogate as its three bytes,
+so every id comes back exactly); an empty field is "none", ``~`` the empty string and ``*`` a
+label that did not fit. ``edge S`` / ``edge H`` are the soft cap and backstop the turn's
+histogram edges come from (its call bucket is computed from them, so it is the bucket the turn's
+own guard reports). ``check`` is 16 hex digits of BLAKE2b over the rest, keyed by the guard's
+``digest_key`` when it has one: a token is taken only by a guard with the same key (or, like its
+own, none), so a garbled or truncated token is refused, and with a key a forged one too. A token
+is at most ``MAX_ID_LENGTH`` characters: when the labels do not fit, the agent name goes first,
+then the end reason, the policy name, the main threshold and the threshold (each then reported as
+the overflow value, ``_other``); a turn whose id alone does not fit has no token (``None``).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import hashlib
+import hmac
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
+
+from turnguard.model import MAX_ID_LENGTH, id_text
 
 if TYPE_CHECKING:
     from turnguard.model import TurnSummary
 
 MAX_RECENT_TURNS = 10_000
 """Ended turns a late result can still reach (a summary each: a few hundred bytes)."""
+MAX_COUNT = 2**62
+"""The largest call count or cap a token may carry (``config.MAX_CALLS``)."""
+TOKEN_VERSION = "tg1"
+TOKEN_PATTERN = re.compile(r"tg[0-9]+\.")
+"""How a report's id reads as a result token (of any version) rather than a plain turn id."""
 
 
 class ResultStatus(enum.StrEnum):
@@ -28,7 +59,7 @@ class ResultStatus(enum.StrEnum):
 
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
-    """The turn already has a result (the first one stands)."""
+    """The turn already has a result (the first one stands; also for a turn id that ended twice)."""
     UNKNOWN = "unknown"
     """No such turn among the recent ones (never seen, or forgotten long ago)."""
     EXPIRED = "expired"
@@ -36,23 +67,64 @@ class ResultStatus(enum.StrEnum):
     AFTER_SHUTDOWN = "after_shutdown"
     INVALID = "invalid"
     """``resolved`` was not a bool."""
+    INVALID_ID = "invalid_id"
+    """The id was neither a string nor an integer (a list, a dict, an object)."""
+    INVALID_TOKEN = "invalid_token"
+    """A string that reads as a result token and is not one this guard takes: garbled, truncated,
+    too long, of another version, or checked with another ``digest_key`` (forged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResultLabels:
+    """What a late result is reported with: the turn and the facts its labels need (the results
+    counter's, the ``turnguard.turn.result`` event's, the recorder's result record's); from a turn
+    this process ended, or from a result token (``remote``). ``dropped`` names the labels a token
+    had no room for (their value here is ``None``). Nothing here is an argument or a result."""
+
+    turn_id: str
+    cohort: str
+    policy: str | None
+    tool_calls: int
+    threshold: str | None
+    """The threshold that halted the turn, or ``None``."""
+    reason: str | None
+    """How it ended: ``completed``, ``halted``, ``error`` or the host's reason."""
+    agent_name: str | None
+    main_threshold: str | None
+    """On a probe turn, where the main configuration would have halted it (``None``: nowhere)."""
+    edge_soft_cap: int
+    edge_hard_cap: int | None
+    """The soft cap and backstop the turn's histogram edges come from."""
+    dropped: frozenset[str] = frozenset()
+    remote: bool = False
 
 
 @dataclass(slots=True)
 class Ended:
-    """A recently ended turn: its summary, the guard whose plugins saw it, its result so far."""
+    """A recently ended turn: its summary (``None`` for one known from a token), the guard whose
+    plugins saw it, its result so far, its policy's name and, on a probe turn, where the main
+    configuration would have halted it (threshold, call)."""
 
-    summary: TurnSummary
+    summary: TurnSummary | None
     guard: Any
     resolved: bool | None
+    policy: str = ""
+    main: tuple[str, int] | None = None
+    labels: ResultLabels | None = None
 
 
 class ResultBook:
     """The recently ended turns, for late results, and how many results got each status;
-    thread-safe, bounded (``limit`` turns, and as many expired ids)."""
+    thread-safe, bounded (``limit`` turns, and as many expired ids).
 
-    def __init__(self, limit: int = MAX_RECENT_TURNS) -> None:
+    ``edges`` are the (soft cap, backstop) of the guard's histogram edges and ``digest_key`` its
+    key: the tokens this book makes and takes carry the one and are checked with the other."""
+
+    def __init__(self, limit: int = MAX_RECENT_TURNS, *, edges: tuple[int, int | None] = (100, 1000),
+                 digest_key: str | None = None) -> None:
         self.limit = limit
+        self.edges = edges
+        self.digest_key = digest_key
         self.counts: dict[ResultStatus, int] = dict.fromkeys(ResultStatus, 0)
         """Results reported, by status (in the turn and later)."""
         self._ended: OrderedDict[str, Ended] = OrderedDict()
@@ -66,35 +138,202 @@ class ResultBook:
         with self._lock:
             self.counts[status] += 1
 
-    def ended(self, summary: TurnSummary, guard: Any) -> None:
-        """Remember a turn that just ended (with the result it got before ending, if any)."""
+    def ended(self, summary: TurnSummary, guard: Any, policy: str = "") -> None:
+        """Remember a turn that just ended (with the result it got before ending, if any). A turn
+        id that ends again (a double resume, a host reusing ids) keeps the first result it got."""
+        key = id_text(summary.turn_id)
         with self._lock:
-            if summary.resolved is not None:
+            resolved = summary.resolved
+            old = self._ended.get(key) if key is not None else None
+            if old is not None and old.resolved is not None:
+                if resolved is not None:
+                    self.counts[ResultStatus.DUPLICATE] += 1
+                resolved = old.resolved
+            elif resolved is not None:
                 self.counts[ResultStatus.ACCEPTED] += 1
-            turn_id = summary.turn_id
-            self._expired.pop(turn_id, None)
-            self._ended[turn_id] = Ended(summary, guard, summary.resolved)
-            self._ended.move_to_end(turn_id)
-            while len(self._ended) > self.limit:
-                old, _ = self._ended.popitem(last=False)
-                self._expired[old] = None
-                if len(self._expired) > self.limit:
-                    self._expired.popitem(last=False)
+            if key is not None:  # an id with no text cannot be reported later
+                self._remember(key, Ended(summary, guard, resolved, policy))
 
-    def report(self, turn_id: Any, resolved: Any, *, closed: bool = False) -> tuple[ResultStatus, Ended | None]:
-        """Take a late result: its status, and the turn's entry when it is known."""
+    def main_halted(self, turn_id: Any, threshold: str, call: int) -> None:
+        """The main configuration (a probe turn's shadow named after it) would have halted the
+        turn that just ended: where, for its late result."""
+        key = id_text(turn_id)
         with self._lock:
-            entry = self._ended.get(turn_id) if isinstance(turn_id, str) else None
-            if closed:
-                status = ResultStatus.AFTER_SHUTDOWN
-            elif not isinstance(resolved, bool):
-                status = ResultStatus.INVALID
-            elif entry is None:
-                status = ResultStatus.EXPIRED if turn_id in self._expired else ResultStatus.UNKNOWN
-            elif entry.resolved is not None:
-                status = ResultStatus.DUPLICATE
-            else:
-                entry.resolved = resolved
-                status = ResultStatus.ACCEPTED
+            entry = self._ended.get(key) if key is not None else None
+            if entry is not None and entry.summary is not None:
+                entry.main = (threshold, call)
+
+    def report(self, turn_id: Any, resolved: Any, *,
+               closed: bool = False) -> tuple[ResultStatus, Ended | None, ResultLabels | None]:
+        """Take a late result (``turn_id``: a turn id or a result token): its status, the turn's
+        entry when it is known, and the labels to report it with. Never raises."""
+        text = id_text(turn_id)
+        labels = None
+        if text is not None and TOKEN_PATTERN.match(text) and text not in self._ended:
+            labels = read_token(text, self.digest_key)  # outside the lock: pure, bounded work
+        with self._lock:
+            status, entry = self._take(text, resolved, labels, closed)
             self.counts[status] += 1
-            return status, entry
+        if entry is not None and labels is None:
+            labels = entry.labels
+            if labels is None and entry.summary is not None:
+                labels = self.labels_of(entry.summary, entry.policy, entry.main)
+        return status, entry, labels
+
+    def _take(self, text: str | None, resolved: Any, labels: ResultLabels | None,
+              closed: bool) -> tuple[ResultStatus, Ended | None]:
+        if closed:
+            return ResultStatus.AFTER_SHUTDOWN, None
+        if type(resolved) is not bool:
+            return ResultStatus.INVALID, None
+        if text is None:
+            return ResultStatus.INVALID_ID, None
+        entry = self._ended.get(text)
+        if entry is None and TOKEN_PATTERN.match(text):
+            if labels is None:
+                return ResultStatus.INVALID_TOKEN, None
+            entry = self._ended.get(labels.turn_id)
+            if entry is None:  # a turn another process ran: known from here on by its token
+                self._expired.pop(labels.turn_id, None)
+                entry = self._remember(labels.turn_id, Ended(None, None, resolved, labels.policy or "",
+                                                             labels=labels))
+                return ResultStatus.ACCEPTED, entry
+        if entry is None:
+            return (ResultStatus.EXPIRED if text in self._expired else ResultStatus.UNKNOWN), None
+        if entry.resolved is not None:
+            return ResultStatus.DUPLICATE, entry
+        entry.resolved = resolved
+        return ResultStatus.ACCEPTED, entry
+
+    def _remember(self, key: str, entry: Ended) -> Ended:
+        self._expired.pop(key, None)
+        self._ended[key] = entry
+        self._ended.move_to_end(key)
+        while len(self._ended) > self.limit:
+            old, _ = self._ended.popitem(last=False)
+            self._expired[old] = None
+            if len(self._expired) > self.limit:
+                self._expired.popitem(last=False)
+        return entry
+
+    # -- labels and tokens -------------------------------------------------------------------
+
+    def labels_of(self, summary: TurnSummary, policy: str, main: tuple[str, int] | None) -> ResultLabels:
+        """The labels of a turn this process ended under ``policy`` (``main``: where the main
+        configuration would have halted it, on a probe turn)."""
+        main_threshold = main[0] if str(summary.cohort) == "probe" and main is not None else None
+        return ResultLabels(
+            turn_id=id_text(summary.turn_id) or "", cohort=str(summary.cohort), policy=policy,
+            tool_calls=summary.tool_calls, threshold=id_text(summary.threshold),
+            reason=id_text(summary.reason), agent_name=id_text(summary.agent_name), main_threshold=main_threshold,
+            edge_soft_cap=max(self.edges[0], 0), edge_hard_cap=self.edges[1])
+
+    def token_for(self, summary: TurnSummary, policy: str) -> str | None:
+        """The result token of a turn that ended here (``None``: its id has no text or does not fit)."""
+        key = id_text(summary.turn_id)
+        if key is None:
+            return None
+        with self._lock:
+            entry = self._ended.get(key)
+            main = entry.main if entry is not None and entry.summary is summary else None
+        return result_token(self.labels_of(summary, policy, main), self.digest_key)
+
+
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_NONE, _EMPTY, _DROPPED = "", "~", "*"
+_TEXT_FIELD = re.compile(r"(?:[A-Za-z0-9_-]|%[0-9A-F]{2})+")
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,18}")
+_DROP_ORDER = ("agent_name", "reason", "policy", "main_threshold", "threshold")
+"""The labels a token drops, first to last, until it fits."""
+_PARTS = 12
+
+
+def _escape(text: str | None) -> str:
+    if text is None:
+        return _NONE
+    if not text:
+        return _EMPTY
+    if text.isascii() and _SAFE.issuperset(text):
+        return text
+    return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+                   for c in text)
+
+
+def _unescape(field: str) -> str | None:
+    """A text field's value; ``ValueError`` for anything a token could not hold."""
+    if field in (_NONE, _DROPPED):
+        return None
+    if field == _EMPTY:
+        return ""
+    if not _TEXT_FIELD.fullmatch(field):
+        raise ValueError("not a text field")
+    return unquote_to_bytes(field).decode("utf-8", "surrogatepass")
+
+
+def _number(field: str, *, optional: bool = False) -> int | None:
+    if optional and field == _NONE:
+        return None
+    if not _NUMBER.fullmatch(field) or int(field) > MAX_COUNT:
+        raise ValueError("not a count")
+    return int(field)
+
+
+@functools.lru_cache(maxsize=16)
+def _check_key(digest_key: str | None) -> bytes:
+    if digest_key is None:
+        return b""
+    return hashlib.blake2b(digest_key.encode("utf-8", "surrogatepass"), digest_size=32,
+                           person=b"tg-token-key").digest()
+
+
+def _check(body: str, digest_key: str | None) -> str:
+    return hashlib.blake2b(body.encode("ascii"), digest_size=8, key=_check_key(digest_key),
+                           person=b"tg-result-tok1").hexdigest()
+
+
+def result_token(labels: ResultLabels, digest_key: str | None = None) -> str | None:
+    """``labels`` as a version-1 token (see the module docstring), checked with ``digest_key``;
+    ``None`` when even the turn id and the counts do not fit in ``MAX_ID_LENGTH`` characters."""
+    fields = {
+        "policy": _escape(labels.policy), "threshold": _escape(labels.threshold), "reason": _escape(labels.reason),
+        "agent_name": _escape(labels.agent_name), "main_threshold": _escape(labels.main_threshold),
+    }
+    head = (TOKEN_VERSION, _escape(labels.turn_id), _escape(labels.cohort))
+    counts = (str(labels.tool_calls), str(labels.edge_soft_cap),
+              _NONE if labels.edge_hard_cap is None else str(labels.edge_hard_cap))
+    for drop in (None, *_DROP_ORDER):
+        if drop is not None:
+            fields[drop] = _DROPPED
+        body = ".".join((*head, fields["policy"], *counts, fields["threshold"], fields["reason"],
+                         fields["agent_name"], fields["main_threshold"]))
+        if len(body) + 17 <= MAX_ID_LENGTH:
+            return f"{body}.{_check(body, digest_key)}"
+    return None
+
+
+def read_token(token: str, digest_key: str | None = None) -> ResultLabels | None:
+    """The labels a result token holds, or ``None`` for anything that is not a whole, unaltered
+    version-1 token checked with ``digest_key``. Never raises."""
+    if len(token) > MAX_ID_LENGTH or not token.isascii():
+        return None
+    body, _, check = token.rpartition(".")
+    parts = token.split(".")
+    if len(parts) != _PARTS or parts[0] != TOKEN_VERSION or not hmac.compare_digest(check, _check(body, digest_key)):
+        return None
+    _, turn_id, cohort, policy, calls, soft_cap, hard_cap, threshold, reason, agent, main, _ = parts
+    try:
+        labels = ResultLabels(
+            turn_id=_unescape(turn_id) or "", cohort=_unescape(cohort) or "", policy=_unescape(policy),
+            tool_calls=_number(calls) or 0, threshold=_unescape(threshold), reason=_unescape(reason),
+            agent_name=_unescape(agent), main_threshold=_unescape(main), edge_soft_cap=_number(soft_cap) or 0,
+            edge_hard_cap=_number(hard_cap, optional=True) or None, remote=True,
+            dropped=frozenset(name for name, field in zip(("policy", "threshold", "reason", "agent_name",
+                                                           "main_threshold"),
+                                                          (policy, threshold, reason, agent, main), strict=True)
+                              if field == _DROPPED),
+        )
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not labels.turn_id or not labels.cohort:
+        return None
+    return labels

@@ -9,6 +9,7 @@ still wins.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,12 +48,19 @@ def tool_call_edges(config: GuardConfig) -> tuple[float, ...]:
     The explicit cap N, the adaptive backstop H and the stuck threshold's first possible call are
     added too, so each threshold's boundary is exact.
     """
-    s = soft_cap_of(config)
+    return tool_call_edges_for(config.soft_cap, config.hard_cap)
+
+
+@functools.lru_cache(maxsize=64)
+def tool_call_edges_for(soft_cap: int, hard_cap: int | None) -> tuple[float, ...]:
+    """``tool_call_edges`` of a configuration with this soft cap and backstop (a result token
+    carries the two, so another process reports the turn's own call bucket)."""
+    s = soft_cap if soft_cap > 0 else DEFAULT_SOFT_CAP
     edges: set[int] = set(one_two_five(s))
     edges.update(s * k for k in range(1, MAX_MULTIPLE + 1))
     edges.update(s * k for k in ABOVE_MULTIPLES)
-    if config.hard_cap:
-        edges.add(config.hard_cap)
+    if hard_cap:
+        edges.add(hard_cap)
     return _strict(edges)
 
 

@@ -2,7 +2,9 @@
 
 Tool and agent names come from the host (and, through it, from the model), so a metric labelled
 by them could grow without bound. ``BoundedValues`` admits the first ``limit`` distinct values
-and maps every later one to ``names.OVERFLOW_VALUE``; a value once admitted stays admitted.
+and maps every later one to ``names.OVERFLOW_VALUE``; a value once admitted stays admitted. Each
+value is first made exportable (``telemetry.text.export_text``: encodable, bounded in length), so
+the bound counts what reaches the metric.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import threading
 
 from turnguard.telemetry.names import OVERFLOW_VALUE
+from turnguard.telemetry.text import export_text
 
 
 class BoundedValues:
@@ -24,8 +27,10 @@ class BoundedValues:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def fold(self, value: str) -> str:
-        """``value`` itself while it is (or fits among) the admitted values, else the overflow value."""
+    def fold(self, value: object) -> str:
+        """``value``'s exported text while it is (or fits among) the admitted values, else the
+        overflow value."""
+        value = export_text(value)
         seen = self._seen
         if value in seen:
             return value

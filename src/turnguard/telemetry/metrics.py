@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from turnguard import __version__
+from turnguard.probe import COHORTS
 from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
 from turnguard.telemetry.cardinality import BoundedValues
+from turnguard.telemetry.text import export_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 
     from turnguard.config import GuardConfig
     from turnguard.model import LoopDetectedEvent, TurnSummary
+    from turnguard.task_results import ResultLabels
 
 
 def _histogram(
@@ -102,12 +105,13 @@ class Instruments:
         self.plugins = BoundedValues(n.PLUGIN_NAME_LIMIT)
         self.hooks = BoundedValues(n.HOOK_LIMIT)
         self.error_types = BoundedValues(n.ERROR_TYPE_LIMIT)
+        self.call_buckets = BoundedValues(n.CALLS_BUCKET_LIMIT)
 
     # -- what each hook records ------------------------------------------------------------------
 
     def scope(self, policy: str) -> dict[str, Any]:
         """The attributes every point of one guard carries: its policy name, bounded."""
-        return {n.POLICY: self.policies.fold(str(policy))}
+        return {n.POLICY: self.policies.fold(policy)}
 
     def loop_detected(self, event: LoopDetectedEvent, scope: dict[str, Any], context: Context | None = None) -> None:
         """``context`` (the offending call's span) makes the point's exemplar link to its trace."""
@@ -117,8 +121,8 @@ class Instruments:
         attrs: dict[str, Any] = {
             **scope,
             n.LOOP_THRESHOLD: self.threshold(event.threshold),
-            n.LOOP_LEVEL: str(event.level),
-            n.ESCALATION_ANSWER: answer,
+            n.LOOP_LEVEL: export_text(event.level),
+            n.ESCALATION_ANSWER: export_text(answer),
         }
         if event.agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
@@ -129,32 +133,49 @@ class Instruments:
             1,
             {
                 **scope,
-                n.PLUGIN_NAME: self.plugins.fold(str(plugin)),
-                n.PLUGIN_HOOK: self.hooks.fold(str(hook)),
+                n.PLUGIN_NAME: self.plugins.fold(plugin),
+                n.PLUGIN_HOOK: self.hooks.fold(hook),
                 n.ERROR_TYPE: self.error_types.fold(type(error).__qualname__),
             },
         )
 
     def outcome_ignored(self, tool_name: str, agent_name: str | None, reason: str, scope: dict[str, Any]) -> None:
-        attrs = {**scope, n.GEN_AI_TOOL_NAME: self.tools.fold(tool_name), n.HOST_ERROR: reason}
-        if agent_name:
+        attrs = {**scope, n.GEN_AI_TOOL_NAME: self.tools.fold(tool_name), n.HOST_ERROR: export_text(reason)}
+        if agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(agent_name)
         self.host_errors.add(1, attrs)
 
-    def turn_result(self, summary: TurnSummary | None, resolved: bool | None, status: str,
-                    scope: dict[str, Any], main_halt: MainHalt | None = None) -> None:
-        """One reported result; a known turn adds its cohort, call bucket and ending threshold (a
-        probe turn also where the main configuration would have halted it: ``main_halt``)."""
+    def turn_result(self, labels: ResultLabels | None, resolved: bool | None, status: str,
+                    scope: dict[str, Any]) -> None:
+        """One reported result; a known turn adds its policy, cohort, call bucket and ending
+        threshold (a probe turn also where the main configuration would have halted it), each
+        bounded like any label: from a token (untrusted), a value past a bound, or one the token
+        had no room for, is the overflow value."""
         attrs: dict[str, Any] = {**scope, n.RESULT_STATUS: status, n.TURN_RESOLVED: n.RESOLVED_LABELS[resolved]}
-        if summary is not None:
-            attrs[n.TURN_COHORT] = str(summary.cohort)
-            attrs[n.TURN_CALLS_BUCKET] = calls_bucket(self.tool_call_edges, summary.tool_calls)
-            attrs[n.LOOP_THRESHOLD] = self.threshold(summary.threshold)
-            if summary.cohort == "probe":
-                attrs[n.PROBE_MAIN_THRESHOLD] = self.threshold(main_halt.threshold if main_halt else None)
-            if summary.agent_name is not None:
-                attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
+        if labels is not None:
+            attrs.update(self.result_labels(labels))
         self.turn_results.add(1, attrs)
+
+    def result_labels(self, labels: ResultLabels) -> dict[str, Any]:
+        """The labels of a late result (the results counter's and, but the bucket, its event's)."""
+        dropped = labels.dropped
+        cohort = labels.cohort if labels.cohort in COHORTS else n.OVERFLOW_VALUE
+        edges = (buckets.tool_call_edges_for(labels.edge_soft_cap, labels.edge_hard_cap) if labels.remote
+                 else self.tool_call_edges)
+        attrs: dict[str, Any] = {
+            n.POLICY: n.OVERFLOW_VALUE if labels.policy is None else self.policies.fold(labels.policy),
+            n.TURN_COHORT: cohort,
+            n.TURN_CALLS_BUCKET: self.call_buckets.fold(calls_bucket(edges, labels.tool_calls)),
+            n.LOOP_THRESHOLD: n.OVERFLOW_VALUE if "threshold" in dropped else self.threshold(labels.threshold),
+        }
+        if cohort == "probe":
+            attrs[n.PROBE_MAIN_THRESHOLD] = (n.OVERFLOW_VALUE if "main_threshold" in dropped
+                                             else self.threshold(labels.main_threshold))
+        if "agent_name" in dropped:
+            attrs[n.GEN_AI_AGENT_NAME] = n.OVERFLOW_VALUE
+        elif labels.agent_name is not None:
+            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(labels.agent_name)
+        return attrs
 
     def shadow_detected(self, policy: str, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
         attrs = self.detection_metric_attributes(event, scope)
@@ -191,14 +212,14 @@ class Instruments:
     # -- bounded attributes ----------------------------------------------------------------------
 
     def threshold(self, value: Any) -> str:
-        return n.NO_THRESHOLD if value is None else self.thresholds.fold(str(value))
+        return n.NO_THRESHOLD if value is None else self.thresholds.fold(value)
 
     def detection_metric_attributes(self, event: LoopDetectedEvent, scope: dict[str, Any]) -> dict[str, Any]:
         """A (shadow) detection counter's attributes: ``scope`` and what fired, with the names bounded."""
         attrs: dict[str, Any] = {
             **scope,
             n.LOOP_THRESHOLD: self.threshold(event.threshold),
-            n.LOOP_LEVEL: str(event.level),
+            n.LOOP_LEVEL: export_text(event.level),
             n.LOOP_ACTION: n.ACTION_LABELS[event.action],
             n.CAP_MODE: event.cap_mode,
             n.TURN_PROMPTABLE: event.promptable,
@@ -213,8 +234,8 @@ class Instruments:
         """The attributes a (shadow) turn histogram shares: ``scope`` and how the turn ended, with the
         names bounded."""
         reason = summary.reason
-        if reason not in n.BUILTIN_TURN_OUTCOMES:
-            reason = self.reasons.fold(str(reason))
+        if type(reason) is not str or reason not in n.BUILTIN_TURN_OUTCOMES:
+            reason = self.reasons.fold(reason)
         attrs: dict[str, Any] = {
             **scope,
             n.TURN_COHORT: str(summary.cohort),

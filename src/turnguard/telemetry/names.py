@@ -41,7 +41,8 @@ TURN_CALLS_BUCKET = "turnguard.turn.tool_calls_bucket"
 """On the results counter: the upper edge of the turn's tool-call bucket (the histogram's edges:
 ``"1000"`` = 1000 calls or fewer, ``"+Inf"`` past the last), so late results line up with it."""
 RESULT_STATUS = "turnguard.result.status"
-"""accepted | duplicate | unknown | expired | after_shutdown | invalid (``tg.ResultStatus``)."""
+"""accepted | duplicate | unknown | expired | after_shutdown | invalid | invalid_id | invalid_token
+(``tg.ResultStatus``)."""
 TURN_RESULT_EVENT = "turnguard.turn.result"
 """Log event of a result reported after the turn ended."""
 RESOLVED_LABELS = {True: "true", False: "false", None: "unknown"}
@@ -136,6 +137,9 @@ THRESHOLD_LIMIT = 100
 """Threshold names (``turnguard.loop.threshold``): the built-in ones and any a third-party policy adds."""
 HOOK_LIMIT = 100
 """Hook names on ``turnguard.plugin.errors``."""
+CALLS_BUCKET_LIMIT = 1_000
+"""``turnguard.turn.tool_calls_bucket`` values on the results counter: a result token carries the
+soft cap and backstop its bucket edges come from, untrusted, so its buckets are bounded too."""
 MAX_OPEN_TURNS = 10_000
 """Turns the span reporter tracks at once per plugin; past it the oldest is abandoned (its spans end,
 marked ``turnguard.turn.outcome=abandoned``), so a host that opens turns and never ends them cannot

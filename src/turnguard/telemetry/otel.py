@@ -14,9 +14,7 @@ in ``names``. Tool arguments are exported (``gen_ai.tool.call.arguments``) only 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import weakref
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
@@ -24,16 +22,17 @@ from opentelemetry._logs import get_logger_provider
 
 from turnguard import __version__
 from turnguard.hookspecs import hookimpl
-from turnguard.task_results import MAX_RECENT_TURNS
 from turnguard.telemetry import names as n
 from turnguard.telemetry.events import EventLog
 from turnguard.telemetry.metrics import Instruments, MainHalt, instruments_for
 from turnguard.telemetry.spans import SpanReporter
+from turnguard.telemetry.text import export_text
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
     from turnguard.ledger import Ledger
     from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary
+    from turnguard.task_results import ResultLabels
 
 
 class OtelPlugin(SpanReporter):
@@ -54,10 +53,8 @@ class OtelPlugin(SpanReporter):
         self.main_policy = config.shadow_configs()[0][0] if config.shadow else None
         """On a probe guard, the main configuration's shadow (``probe_guard_config`` puts it first)."""
         self._main_halts: weakref.WeakKeyDictionary[Any, MainHalt] = weakref.WeakKeyDictionary()
-        """Open probe turns the main configuration would have halted (the shadow reports end first)."""
-        self._ended_main_halts: OrderedDict[str, MainHalt] = OrderedDict()
-        """The same for recently ended probe turns, for their late results (bounded like ``ResultBook``)."""
-        self._lock = threading.Lock()
+        """Open probe turns the main configuration would have halted (the shadow reports end first;
+        a late result has it in its ``ResultLabels``)."""
 
     @hookimpl
     def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
@@ -67,7 +64,7 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
-        answer = str(response)
+        answer = export_text(response)
         self.instruments.escalation_resolved(event, answer, self.in_turn(turn))
         self.events.escalation_resolved(event, answer, self.turn_span(turn))
 
@@ -77,18 +74,20 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_outcome_ignored(self, turn: Ledger, call: ToolCall, reason: str) -> None:
-        self.instruments.outcome_ignored(call.name, turn.agent_name, str(reason), self.scope)
+        self.instruments.outcome_ignored(call.name, turn.agent_name, reason, self.scope)
 
     # -- shadow policies: what they would have done ---------------------------------------------
 
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
-        self.instruments.shadow_detected(str(policy), event, self.in_turn(turn))
-        self.events.shadow_detected(str(policy), event, self.turn_span(turn))
+        name = export_text(policy)
+        self.instruments.shadow_detected(name, event, self.in_turn(turn))
+        self.events.shadow_detected(name, event, self.turn_span(turn))
 
     @hookimpl
     def turnguard_shadow_turn_ended(self, turn: Ledger, policy: str, summary: TurnSummary) -> None:
-        self.instruments.shadow_turn_ended(str(policy), dataclasses.replace(summary, cohort=turn.cohort), self.scope)
+        self.instruments.shadow_turn_ended(export_text(policy), dataclasses.replace(summary, cohort=turn.cohort),
+                                           self.scope)
         if summary.halted and policy == self.main_policy and turn.cohort == "probe":
             self._main_halts[turn] = MainHalt(str(summary.threshold), summary.tool_calls)
 
@@ -97,25 +96,15 @@ class OtelPlugin(SpanReporter):
         soft_cap = turn.soft_cap
         past_soft_cap = soft_cap is not None and summary.tool_calls > soft_cap
         main_halt = self._main_halts.pop(turn, None) if summary.cohort == "probe" else None
-        if main_halt is not None:
-            with self._lock:
-                self._ended_main_halts[summary.turn_id] = main_halt
-                if len(self._ended_main_halts) > MAX_RECENT_TURNS:
-                    self._ended_main_halts.popitem(last=False)
         self.instruments.turn_ended(summary, self.scope, past_soft_cap=past_soft_cap,
                                     context=exemplar_context(self.turn_span(turn)), main_halt=main_halt)
         self.end_turn(turn, summary)
 
     @hookimpl
-    def turnguard_turn_result(self, turn_id: str, summary: TurnSummary | None, resolved: bool | None,
-                              status: str) -> None:
-        main_halt = None
-        if summary is not None and summary.cohort == "probe":
-            with self._lock:
-                main_halt = self._ended_main_halts.get(summary.turn_id)
-        self.instruments.turn_result(summary, resolved, status, self.scope, main_halt)
-        if status == "accepted" and summary is not None:
-            self.events.turn_result(turn_id, summary, bool(resolved), self.config.name)
+    def turnguard_turn_result(self, resolved: bool | None, status: str, labels: ResultLabels | None) -> None:
+        self.instruments.turn_result(labels, resolved, status, self.scope)
+        if status == "accepted" and labels is not None:
+            self.events.turn_result(labels, bool(resolved))
 
     def in_turn(self, turn: Ledger) -> dict[str, Any]:
         """``scope`` with the turn's cohort: the attributes of a point about one turn."""

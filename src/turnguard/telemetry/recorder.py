@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from turnguard.config import GuardConfig
     from turnguard.ledger import Ledger
     from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary, Verdict
+    from turnguard.task_results import ResultLabels
 
 log = logging.getLogger("turnguard.telemetry")
 
@@ -227,11 +228,11 @@ class Recorder:
         self.write(line)
 
     @hookimpl
-    def turnguard_turn_result(self, turn_id: str, summary: TurnSummary | None, resolved: bool | None,
-                              status: str) -> None:
-        """A result that came after the turn's line: a result record (``calibrate/results.py``)."""
-        if status == "accepted" and summary is not None:
-            self.write(result_line(summary, bool(resolved)))
+    def turnguard_turn_result(self, resolved: bool | None, status: str, labels: ResultLabels | None) -> None:
+        """A result that came after the turn's line (from this process or, with the turn's result
+        token, from another): a result record (``calibrate/results.py``)."""
+        if status == "accepted" and labels is not None:
+            self.write(result_line(labels, bool(resolved)))
 
     def write(self, line: bytes) -> None:
         """Append ``line`` after any lines still waiting for the disk, creating the folder on first
@@ -360,10 +361,21 @@ def turn_line(
     return (text + "\n").encode("ascii")
 
 
-def result_line(summary: TurnSummary, resolved: bool) -> bytes:
-    """A late result record for ``turnguard calibrate``: ``{"result_for": <turn id>, "resolved": ...}``."""
-    data = {"source": SOURCE, "result_for": summary.turn_id, "resolved": resolved, "cohort": str(summary.cohort),
-            "ended_by": ended_by(summary), "tool_calls": summary.tool_calls}
+def result_line(labels: ResultLabels, resolved: bool) -> bytes:
+    """A late result record for ``turnguard calibrate``: ``{"result_for": <turn id>, "resolved":
+    ...}``, with what the turn's labels say (``policy``, ``cohort``, ``ended_by``, ``tool_calls``;
+    a label a result token had no room for is left out) and ``from_token`` (reported in another
+    process than the turn's)."""
+    data: dict[str, Any] = {"source": SOURCE, "result_for": labels.turn_id, "resolved": resolved,
+                            "cohort": labels.cohort, "tool_calls": labels.tool_calls}
+    dropped = labels.dropped
+    if "policy" not in dropped and labels.policy is not None:
+        data["policy"] = labels.policy
+    if labels.threshold is not None:
+        data["ended_by"] = labels.threshold
+    elif "threshold" not in dropped and "reason" not in dropped and labels.reason is not None:
+        data["ended_by"] = labels.reason
+    data["from_token"] = labels.remote
     return (json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode("ascii")
 
 

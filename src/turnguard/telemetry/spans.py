@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import cached_digest, canonical_text
-from turnguard.model import Action, Outcome
+from turnguard.model import MAX_ID_LENGTH, Action, Outcome
 from turnguard.telemetry import names as n
 from turnguard.telemetry.names import (  # the per-call names, bound once (no module lookup per call)
     ACTION_LABELS,
@@ -40,6 +40,7 @@ from turnguard.telemetry.names import (  # the per-call names, bound once (no mo
     VERDICT_ACTION,
     VERDICT_THRESHOLD,
 )
+from turnguard.telemetry.text import export_text
 
 if TYPE_CHECKING:
     from turnguard.ledger import Ledger
@@ -49,6 +50,8 @@ _ALLOW, _HALT, _ERROR = Action.ALLOW, Action.HALT, Outcome.ERROR
 _INTERNAL = SpanKind.INTERNAL
 _TOOL_SPAN_PREFIX = f"{OP_EXECUTE_TOOL} "
 _ERROR_STATUS = Status(StatusCode.ERROR)
+_PLAIN_TOOL_NAME = MAX_ID_LENGTH - len(_TOOL_SPAN_PREFIX)
+"""The longest tool name that makes a span name within the bound as it is (ASCII ones)."""
 
 
 class _CallSpan:
@@ -113,24 +116,25 @@ class _Deciding(threading.local):
 
 
 def content_text(args: Any) -> str:
-    """Tool arguments as exported with ``capture_content``: text as given, anything else as JSON."""
+    """Tool arguments as exported with ``capture_content``: text as given, anything else as JSON
+    (cut to ``MAX_ID_LENGTH`` characters, like every exported string)."""
     if isinstance(args, str):
-        return args
+        return export_text(args)
     if isinstance(args, (bytes, bytearray, memoryview)):
-        return bytes(args).decode("utf-8", "replace")
-    return canonical_text(args)
+        return export_text(bytes(args[: 4 * MAX_ID_LENGTH]).decode("utf-8", "replace"))
+    return export_text(canonical_text(args))
 
 
 def summary_attributes(summary: TurnSummary) -> dict[str, Any]:
     """The turn span's attributes at its end: how the turn ended and its counts."""
     attrs: dict[str, Any] = {
-        n.TURN_OUTCOME: summary.reason,
+        n.TURN_OUTCOME: export_text(summary.reason),
         n.TURN_TOOL_CALLS: summary.tool_calls,
         n.TURN_CYCLES: summary.cycles,
         n.TURN_MAX_KEY_REPEAT: summary.max_key_repeat,
         n.TURN_STUCK: summary.stuck,
         n.TURN_DETECTIONS: summary.detections,
-        n.LOOP_THRESHOLD: str(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
+        n.LOOP_THRESHOLD: export_text(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
         n.TURN_RESOLVED: n.RESOLVED_LABELS[summary.resolved],
     }
     if summary.first_stuck_call:
@@ -143,7 +147,7 @@ def turn_attributes(turn: Ledger, *, host: bool, policy: dict[str, Any] | None =
     a ``host`` span already has its GenAI names."""
     attrs: dict[str, Any] = {
         **(policy or {}),
-        n.TURN_ID: turn.turn_id,
+        n.TURN_ID: export_text(turn.turn_id),
         n.TURN_COHORT: turn.cohort,
         n.TURN_PROMPTABLE: turn.promptable,
         n.CAP_MODE: turn.cap_mode,
@@ -154,10 +158,8 @@ def turn_attributes(turn: Ledger, *, host: bool, policy: dict[str, Any] | None =
         attrs[n.LOOP_HARD_CAP] = turn.hard_cap
     if not host:
         attrs[n.GEN_AI_OPERATION_NAME] = n.OP_INVOKE_AGENT
-        if turn.agent_name:
-            attrs[n.GEN_AI_AGENT_NAME] = turn.agent_name
-        if turn.conversation_id:
-            attrs[n.GEN_AI_CONVERSATION_ID] = turn.conversation_id
+        optional = ((n.GEN_AI_AGENT_NAME, turn.agent_name), (n.GEN_AI_CONVERSATION_ID, turn.conversation_id))
+        attrs.update((key, text) for key, value in optional if value is not None and (text := export_text(value)))
     return attrs
 
 
@@ -196,9 +198,9 @@ class SpanReporter:
                 current.set_attributes(turn_attributes(turn, host=True, policy=self.policy))
             state = _TurnState(current, owned=False)
         else:
-            agent = turn.agent_name
+            agent = export_text(turn.agent_name) if turn.agent_name is not None else ""
             span = self.tracer.start_span(
-                f"{n.OP_INVOKE_AGENT} {agent}" if agent else n.OP_INVOKE_AGENT,
+                export_text(f"{n.OP_INVOKE_AGENT} {agent}") if agent else n.OP_INVOKE_AGENT,
                 kind=SpanKind.INTERNAL,
                 attributes=turn_attributes(turn, host=False, policy=self.policy),
             )
@@ -273,13 +275,20 @@ class SpanReporter:
             parent = context  # the host's current span (an agent step) is the parent
         else:
             parent = state.context
-        name = attrs[GEN_AI_TOOL_NAME] = call.name
+        name = call.name
+        if type(name) is str and name.isascii() and len(name) <= _PLAIN_TOOL_NAME:
+            attrs[GEN_AI_TOOL_NAME] = name
+            span_name = _TOOL_SPAN_PREFIX + name
+        else:  # model text: made encodable and bounded (``telemetry.text``)
+            attrs[GEN_AI_TOOL_NAME] = export_text(name)
+            span_name = export_text(_TOOL_SPAN_PREFIX + str.__str__(name))
         attrs[GEN_AI_OPERATION_NAME] = OP_EXECUTE_TOOL
-        if call.call_id is not None:
-            attrs[GEN_AI_TOOL_CALL_ID] = call.call_id
+        call_id = call.call_id
+        if call_id is not None:
+            attrs[GEN_AI_TOOL_CALL_ID] = export_text(call_id)
         if self.capture_content:
             attrs[GEN_AI_TOOL_CALL_ARGUMENTS] = content_text(call.args)
-        return _CallSpan(None, True, _TOOL_SPAN_PREFIX + name, attrs, parent, time_ns())
+        return _CallSpan(None, True, span_name, attrs, parent, time_ns())
 
     def _call_span(self, state: _TurnState, turn: Ledger, call: ToolCall) -> _CallSpan:
         """The call's span; made now if the check hook did not run for it (e.g. the plugin was
@@ -319,7 +328,7 @@ class SpanReporter:
             extra[VERDICT_ACTION] = ACTION_LABELS[action]
             entry.action = action
         if threshold is not None:
-            extra[VERDICT_THRESHOLD] = str(threshold)
+            extra[VERDICT_THRESHOLD] = export_text(threshold)
         if action is _HALT:  # the host will not execute it: the span ends here
             state.calls.pop(call, None)
             span = self._started(entry, extra)
@@ -350,7 +359,7 @@ class SpanReporter:
             if verdict.event is not None or action > entry.action:
                 attrs[VERDICT_ACTION] = ACTION_LABELS[max(action, entry.action)]
                 if verdict.threshold is not None:
-                    attrs[VERDICT_THRESHOLD] = str(verdict.threshold)
+                    attrs[VERDICT_THRESHOLD] = export_text(verdict.threshold)
         error = outcome is _ERROR and entry.owned
         if error:
             attrs[ERROR_TYPE] = ERROR_TYPE_OTHER

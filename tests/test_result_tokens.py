@@ -1,0 +1,315 @@
+"""Results from any process: ``turn.result_token`` carries the turn id and its labels, and
+``guard.report_result(token, resolved)`` on any guard, in any process, reports the result as the
+turn's own guard would (the same results point, the same event, a recorder record calibrate
+joins). Tokens and ids are untrusted: whatever they are, ``report_result`` counts and ignores
+them, never raises."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import turnguard as tg
+from conftest import drive
+from turnguard.calibrate import cli
+from turnguard.model import MAX_ID_LENGTH
+from turnguard.task_results import TOKEN_VERSION, ResultLabels, read_token, result_token
+from turnguard.telemetry import names as n
+from turnguard.telemetry.testing import InMemoryTelemetry
+
+S = tg.ResultStatus
+SRC = Path(__file__).resolve().parent.parent / "src"
+SECRET = "SECRET-ARGUMENT-7731"
+
+
+def make_guard(otel: InMemoryTelemetry | None = None, **config: Any) -> tg.Guard:
+    options = {"load_entrypoints": False, "disable_plugins": () if otel else ("otel",), **config}
+    return tg.Guard(tg.GuardConfig(**options), environ={}, **(otel.providers() if otel else {}))
+
+
+def run_turn(guard: tg.Guard, calls: int, **kwargs: Any) -> tg.Turn:
+    with guard.turn(**kwargs) as turn:
+        for i in range(calls):
+            if turn.check_call(tg.ToolCall("read", {"path": SECRET, "i": i})).halted:
+                break
+    return turn
+
+
+def result_point(otel: InMemoryTelemetry, status: str = "accepted") -> dict[str, Any]:
+    (point,) = [p for p in otel.points(n.METRIC_TURN_RESULTS[0]) if p.attributes[n.RESULT_STATUS] == status]
+    return dict(point.attributes)
+
+
+def event_attributes(otel: InMemoryTelemetry) -> dict[str, Any]:
+    (record,) = otel.logs(n.TURN_RESULT_EVENT)
+    return dict(record.attributes)
+
+
+# -- the token ---------------------------------------------------------------------------------
+
+def test_a_turn_has_a_token_once_it_ended_and_the_token_holds_no_arguments():
+    guard = make_guard(name="prod")
+    with guard.turn(agent_name="coder") as turn:
+        drive(turn, [tg.ToolCall("read", {"path": SECRET})])
+        assert turn.result_token is None
+    token = turn.result_token
+    assert isinstance(token, str) and token.isascii() and len(token) <= MAX_ID_LENGTH
+    assert token.startswith(TOKEN_VERSION + ".") and turn.turn_id in token
+    assert SECRET not in token and "read" not in token.split(".")
+    assert turn.result_token is token  # made once
+    labels = read_token(token)
+    assert (labels.turn_id, labels.cohort, labels.policy, labels.tool_calls, labels.reason, labels.agent_name) == (
+        turn.turn_id, "live", "prod", 1, "completed", "coder")
+
+
+@pytest.mark.parametrize("text", ["plain", "", "dots.and~tildes*stars%", "é ü", "\udc80lone", "😀", "a/b c"])
+def test_every_label_comes_back_exactly(text):
+    labels = ResultLabels(turn_id=text or "t", cohort="probe", policy=text, tool_calls=2**62, threshold=text,
+                          reason=text, agent_name=text, main_threshold=text, edge_soft_cap=0, edge_hard_cap=None)
+    token = result_token(labels, "key")
+    assert token is not None and token.isascii() and len(token) <= MAX_ID_LENGTH
+    assert read_token(token, "key") == dataclasses.replace(labels, remote=True)
+    assert read_token(token, None) is None and read_token(token, "other") is None
+
+
+def test_labels_that_do_not_fit_are_dropped_agent_first_and_reported_as_the_overflow_value(otel):
+    origin = make_guard(otel)
+    turn = run_turn(origin, 3, agent_name="a" * 200, turn_id="t" * 40)
+    token = turn.result_token
+    assert len(token) <= MAX_ID_LENGTH and read_token(token).dropped == {"agent_name"}
+    receiver_otel = InMemoryTelemetry()
+    assert make_guard(receiver_otel).report_result(token, True) is True
+    assert result_point(receiver_otel)[n.GEN_AI_AGENT_NAME] == n.OVERFLOW_VALUE
+    assert event_attributes(receiver_otel)[n.GEN_AI_AGENT_NAME] == n.OVERFLOW_VALUE
+    assert result_point(receiver_otel)[n.POLICY] == "default"  # the rest kept
+
+
+def test_a_turn_whose_id_alone_does_not_fit_has_no_token_and_reports_by_id():
+    guard = make_guard()
+    turn = run_turn(guard, 1, turn_id="x" * (MAX_ID_LENGTH - 30))
+    assert turn.result_token is None
+    assert guard.report_result(turn.turn_id, True) is True
+    non_ascii = run_turn(guard, 1, turn_id="é" * 40)  # 6 characters each in a token
+    assert non_ascii.result_token is None
+
+
+# -- the same late result from any process ----------------------------------------------------
+
+RECEIVER = textwrap.dedent("""
+    import json, sys
+    import turnguard as tg
+    from turnguard.telemetry.testing import InMemoryTelemetry
+    token, record, digest_key = sys.argv[1], sys.argv[2], sys.argv[3] or None
+    otel = InMemoryTelemetry()
+    guard = tg.Guard(tg.GuardConfig(name="ci", soft_cap=7, load_entrypoints=False, recorder_path=record,
+                                    digest_key=digest_key), environ={}, **otel.providers())
+    taken = [guard.report_result(token, True), guard.report_result(token, False)]
+    points = [dict(p.attributes) | {"value": p.value} for p in otel.points("turnguard.turn.results")]
+    events = [dict(r.attributes) for r in otel.logs("turnguard.turn.result")]
+    print(json.dumps({"taken": taken, "points": points, "events": events,
+                      "counts": {s.value: c for s, c in guard.results.counts.items() if c}}))
+""")
+
+
+def report_elsewhere(token: str, record: Path, digest_key: str | None = None) -> dict[str, Any]:
+    """``report_result(token, True)`` then ``(token, False)`` in another OS process, on a guard of
+    another configuration, with the real SDK's in-memory readers; what it reported."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run([sys.executable, "-c", RECEIVER, token, str(record), digest_key or ""], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+PROBE = {"name": "prod", "soft_cap": 20, "hard_multiplier": 5, "probe": {"rate": 1.0, "hard_multiplier": 10}}
+
+
+@pytest.mark.parametrize("config, calls", [({"name": "prod", "soft_cap": 20, "hard_multiplier": 5}, 500),
+                                           (PROBE, 150), (PROBE, 30)], ids=["live-backstop", "probe-past-main",
+                                                                            "probe-short"])
+def test_a_token_reported_in_another_process_gives_the_same_point_and_event(tmp_path, config, calls):
+    otel = InMemoryTelemetry()
+    origin = make_guard(otel, recorder_path=str(tmp_path / "turns.jsonl"), **config)
+    here, there = (run_turn(origin, calls, agent_name="coder") for _ in range(2))
+    assert here.summary.cohort == there.summary.cohort
+    assert origin.report_result(here.turn_id, True) is True  # the in-process late result
+    remote = report_elsewhere(there.result_token, tmp_path / "ci.jsonl")
+    assert remote["taken"] == [True, False] and remote["counts"] == {"accepted": 1, "duplicate": 1}
+    accepted = [p for p in remote["points"] if p[n.RESULT_STATUS] == "accepted"]
+    assert [p.pop("value") for p in accepted] == [1]
+    assert accepted == [result_point(otel)]  # the same labels: policy, cohort, bucket, thresholds, agent
+    (event,) = remote["events"]
+    local = event_attributes(otel)
+    assert event.pop(n.TURN_ID) == there.turn_id and local.pop(n.TURN_ID) == here.turn_id
+    assert event == local
+    if here.summary.cohort == "probe":
+        assert local[n.PROBE_MAIN_THRESHOLD] == ("hard_backstop" if calls > 100 else "none")
+
+
+def test_calibrate_joins_a_late_result_from_another_process_to_its_turn(tmp_path):
+    origin = make_guard(recorder_path=str(tmp_path / "turns.jsonl"), max_tool_calls_per_turn=20)
+    turns = [run_turn(origin, 30) for _ in range(3)]
+    for turn in turns[:2]:
+        report_elsewhere(turn.result_token, tmp_path / "ci.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "ci.jsonl").read_text().splitlines()]
+    assert [(r["result_for"], r["resolved"], r["from_token"], r["policy"], r["ended_by"]) for r in records] == [
+        (t.turn_id, True, True, "default", "explicit") for t in turns[:2]]
+    out = io.StringIO()
+    assert cli.main([str(tmp_path / "turns.jsonl"), str(tmp_path / "ci.jsonl"), "--json", "-"], stdout=out,
+                    stderr=io.StringIO()) == 0
+    data = json.loads(out.getvalue())
+    assert (data["turns"], data["resolved"], data["problems"]) == (3, 2, 0)
+
+
+def test_a_token_is_taken_only_with_the_digest_key_it_was_checked_with(tmp_path):
+    origin = make_guard(digest_key="fleet-secret")
+    token = run_turn(origin, 2).result_token
+    assert report_elsewhere(token, tmp_path / "a.jsonl")["counts"] == {"invalid_token": 2}  # no key there
+    assert report_elsewhere(token, tmp_path / "b.jsonl", "other")["counts"] == {"invalid_token": 2}
+    assert report_elsewhere(token, tmp_path / "c.jsonl", "fleet-secret")["counts"] == {"accepted": 1,
+                                                                                       "duplicate": 1}
+
+
+# -- in this process -------------------------------------------------------------------------
+
+def test_a_plain_turn_id_keeps_working_and_a_token_back_home_is_the_same_turn():
+    guard = make_guard()
+    by_id, by_token = run_turn(guard, 2), run_turn(guard, 2)
+    assert guard.report_result(by_id.turn_id, True) is True
+    assert guard.report_result(by_id.result_token, True) is False  # the same turn: the first result stands
+    assert guard.report_result(by_token.result_token, False) is True
+    assert guard.report_result(by_token.turn_id, True) is False
+    assert guard.results.counts[S.ACCEPTED] == 2 and guard.results.counts[S.DUPLICATE] == 2
+
+
+def test_another_guard_in_this_process_takes_a_token(otel):
+    turn = run_turn(make_guard(name="agent-side"), 3)
+    other = make_guard(otel, name="reporter")
+    assert other.report_result(turn.result_token, True) is True
+    assert result_point(otel)[n.POLICY] == "agent-side"
+
+
+def test_a_turn_id_that_ends_twice_keeps_its_first_result():
+    guard = make_guard()
+    first = run_turn(guard, 1, turn_id="reused")
+    assert guard.report_result("reused", True) is True
+    second = run_turn(guard, 2, turn_id="reused")
+    assert guard.report_result("reused", False) is False
+    assert guard.report_result(second.result_token, False) is False
+    with guard.turn(turn_id="reused") as third:
+        third.report_result(False)  # in the turn: on its summary, but the id's first result stands
+    assert guard.report_result(first.result_token, False) is False
+    assert guard.results.counts[S.ACCEPTED] == 1 and guard.results.counts[S.DUPLICATE] == 4
+
+
+def test_integer_turn_ids_are_reported_by_their_text():
+    guard = make_guard()
+    turn = run_turn(guard, 1, turn_id=12345)
+    assert guard.report_result("12345", True) is True and guard.report_result(12345, True) is False
+    assert read_token(turn.result_token).turn_id == "12345"
+
+
+def test_token_labels_pass_the_receiving_guards_bounds(otel):
+    receiver = make_guard(otel)
+    receiver.report_result(run_turn(make_guard(), 1).result_token, True)  # the instruments exist now
+    from turnguard.telemetry.metrics import instruments_for
+    instruments = instruments_for(otel.meter_provider, receiver.config)
+    instruments.agents.limit = len(instruments.agents) + 2
+    instruments.policies.limit = len(instruments.policies) + 2
+    for i in range(6):
+        forged = ResultLabels(turn_id=f"forged-{i}", cohort="beta" if i % 2 else "probe", policy=f"policy-{i}",
+                              tool_calls=10**i, threshold=f"threshold-{i}", reason=f"reason-{i}",
+                              agent_name=f"agent-{i}", main_threshold=f"main-{i}", edge_soft_cap=3 + i,
+                              edge_hard_cap=None)
+        assert receiver.report_result(result_token(forged), True) is True
+    points = [p.attributes for p in otel.points(n.METRIC_TURN_RESULTS[0])]
+    assert {p[n.TURN_COHORT] for p in points} == {"live", "probe", n.OVERFLOW_VALUE}
+    assert n.OVERFLOW_VALUE in {p[n.GEN_AI_AGENT_NAME] for p in points if n.GEN_AI_AGENT_NAME in p}
+    assert n.OVERFLOW_VALUE in {p[n.POLICY] for p in points}
+    assert all(n.TURN_ID not in p for p in points)
+
+
+# -- hostile input: never raised, always counted ------------------------------------------------
+
+class Raising:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("eq")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str")
+
+    __repr__ = __format__ = __bool__ = __str__  # type: ignore[assignment]
+
+
+class RaisingText(str):
+    def __hash__(self) -> int:
+        raise RuntimeError("hash")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("eq")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str")
+
+    startswith = encode = isascii = __len__ = __str__  # type: ignore[assignment]
+
+
+def mutations(token: str, rng: random.Random) -> list[str]:
+    """Garbled, truncated, extended, re-versioned and oversized versions of a real token."""
+    found = [token[:i] for i in range(len(token))]
+    for i in range(len(token)):
+        found.append(token[:i] + rng.choice("0aZ.%~*-_\udc80é") + token[i + 1:])
+    found += [token + ".x", token + "0", "tg2" + token[3:], "tg1." + "a" * 10_000, token.replace(".", "..", 1),
+              token[:-16] + "0" * 16, token.upper(), token + "\x00", "tg1.%ZZ" + token[7:], "tg1." * 12]
+    return [m for m in found if m != token]
+
+
+HOSTILE_IDS: list[Any] = [None, [1], {"a": 1}, {1}, Raising("id"), RaisingText("turn"), 1.5, float("nan"), b"bytes",
+                          10**5000, True, object(), "x" * 16_000_000, "", "\udc80", ("t",)]
+HOSTILE_RESULTS: list[Any] = [None, 1, "true", Raising("resolved"), [True], float("nan")]
+
+
+def test_report_result_never_raises_and_counts_every_hostile_report(otel):
+    guard = make_guard(otel, recorder_path=None)
+    turn = run_turn(guard, 2)
+    rng = random.Random(19)
+    reports = [(turn_id, True) for turn_id in HOSTILE_IDS]
+    reports += [(turn.turn_id, resolved) for resolved in HOSTILE_RESULTS]
+    reports += [(text, True) for text in mutations(turn.result_token, rng)]
+    reports += [("tg1." + "".join(rng.choice("abc.%09~*") for _ in range(rng.randrange(200))), False)
+                for _ in range(300)]
+    before = sum(guard.results.counts.values())
+    for turn_id, resolved in reports:
+        assert guard.report_result(turn_id, resolved) is False
+    counts = guard.results.counts
+    assert sum(counts.values()) - before == len(reports)
+    assert counts[S.ACCEPTED] == 0 and turn.summary.resolved is None
+    assert counts[S.INVALID_ID] >= 10 and counts[S.INVALID_TOKEN] >= len(turn.result_token) and counts[S.INVALID] >= 6
+    total = sum(p.value for p in otel.points(n.METRIC_TURN_RESULTS[0]))
+    assert total == len(reports)
+    assert not otel.points(n.METRIC_PLUGIN_ERRORS[0])  # no observer failed on them either
+    assert guard.report_result(turn.result_token, True) is True  # the real one still works
+
+
+@pytest.mark.parametrize("turn_id", [[1], {"a": 1}, Raising("id"), RaisingText("t")], ids=["list", "dict", "raising",
+                                                                                           "raising-str"])
+def test_an_unhashable_or_raising_id_is_counted_as_invalid(turn_id):
+    guard = make_guard()
+    assert guard.report_result(turn_id, True) is False
+    expected = S.UNKNOWN if isinstance(turn_id, str) else S.INVALID_ID
+    assert guard.results.counts[expected] == 1
