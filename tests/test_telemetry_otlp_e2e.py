@@ -246,3 +246,39 @@ def test_demo_records_turns_and_exports_otlp_when_the_endpoint_is_set(receiver, 
     ]
     assert events == ["soft_stuck"]
     assert n.METRIC_TURN_TOOL_CALLS[0] in {m.name for _, m in receiver.metrics()}
+
+
+def test_model_text_with_lone_surrogates_exports_whole_over_otlp_http(receiver):
+    """The audit's case over the wire: 40 turns whose tool and agent names, conversation and call
+    ids and end reasons hold lone surrogates (as ``json.loads`` gives them) all arrive, with their
+    detections, late results and metrics; the clean batch after them too (no breaker opened)."""
+    telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                                   "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                   "OTEL_METRIC_EXPORT_INTERVAL": "600000"})
+    lone = [json.loads(f'"\\u{0xDC80 + i:04x}"') for i in range(40)]
+    try:
+        guard = tg.Guard(config(), **telemetry.providers())
+        for i, bad in enumerate(lone):
+            with guard.turn(agent_name=f"agent{bad}", conversation_id=f"conv{bad}") as turn:
+                for k in range(3):  # one identical call three times: a streak warning
+                    call = tg.ToolCall(f"tool{bad}", {"i": i}, call_id=f"call{bad}{k}")
+                    turn.check_call(call)
+                    turn.record_outcome(call, tg.Outcome.ERROR)
+                turn.end(f"reason{bad}")
+            assert guard.report_result(turn.result_token, True)
+        assert telemetry.force_flush(10_000)
+        with guard.turn(agent_name="clean") as turn:
+            turn.check_call(tg.ToolCall("read", {}))
+        assert telemetry.force_flush(10_000)
+    finally:
+        telemetry.shutdown()
+    spans = [span for _, span in receiver.spans()]
+    assert len([s for s in spans if s.name.startswith("invoke_agent agent")]) == 40
+    assert len([s for s in spans if s.name.startswith("execute_tool tool")]) == 120
+    assert {s.name for s in spans} >= {"invoke_agent agent\ufffd", "execute_tool tool\ufffd", "invoke_agent clean"}
+    logs = [record for _, record in receiver.logs()]
+    assert len([r for r in logs if r.event_name == n.LOOP_DETECTED_EVENT]) == 40
+    results = [attributes(r.attributes) for r in logs if r.event_name == n.TURN_RESULT_EVENT]
+    assert len(results) == 40 and {a[n.TURN_OUTCOME] for a in results} == {"reason\ufffd"}
+    tool_calls = [m for _, m in receiver.metrics() if m.name == n.METRIC_TURN_TOOL_CALLS[0]][-1]
+    assert sum(p.count for p in tool_calls.histogram.data_points) == 41
