@@ -13,7 +13,9 @@ import contextlib
 import io
 import json
 import logging
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +41,7 @@ pytestmark = [pytest.mark.slow]
 STRICT_GATES = ("exporter.prometheusremotewritexporter.removeTopLevelHTTPSettings,"
                 "exporter.prometheusremotewrite.DisableResourceToTelemetryConversion")
 """Alpha gates that turn the deprecated prometheus_remote_write settings into start-up errors."""
+SRC = Path(__file__).resolve().parent.parent / "src"
 SECTIONS = ("receivers", "processors", "exporters", "extensions", "connectors")
 MIX = fleet.FleetMix(short=40, long=8, soft_stuck=8, runaway=3, failing_unattended=8, ask_continue=6, ask_stop=6,
                      ask_late_continue=4, explicit=6)
@@ -133,8 +136,17 @@ def turn_spans(path: Path) -> int:
     if not path.exists():
         return 0
     return sum(1 for line in path.read_text().splitlines() if line.strip()
-               for resource in json.loads(line)["resourceSpans"] for scope in resource["scopeSpans"]
+               for resource in json.loads(line).get("resourceSpans", ()) for scope in resource["scopeSpans"]
                for span in scope["spans"] if span["name"].startswith("invoke_agent"))
+
+
+def result_records(path: Path) -> int:
+    """The ``turnguard.turn.result`` log records (late results) in the Collector's file."""
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.strip()
+               for resource in json.loads(line).get("resourceLogs", ()) for scope in resource["scopeLogs"]
+               for record in scope["logRecords"] if record.get("eventName") == "turnguard.turn.result")
 
 
 def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tmp_path, caplog):
@@ -166,6 +178,66 @@ def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tm
     from_collector, from_recorder = calibrate_json(collector.otlp_file), calibrate_json(recorded)
     assert from_collector["turns"] == len(tally.turns) == MIX.turns
     assert from_collector == from_recorder
+
+
+REPORTER = """
+import sys
+import turnguard as tg
+from turnguard.telemetry import configure
+endpoint, record, *reports = sys.argv[1:]
+telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                               "OTEL_SERVICE_NAME": "ci-verdicts", "OTEL_EXPORTER_OTLP_TIMEOUT": "60000"})
+guard = tg.Guard(tg.GuardConfig(name="ci", soft_cap=7, load_entrypoints=False, recorder_path=record),
+                 **telemetry.providers())
+taken = [guard.report_result(token, verdict == "true") for token, verdict in zip(reports[::2], reports[1::2])]
+assert telemetry.force_flush(30_000)
+telemetry.shutdown()
+print(sum(taken))
+"""
+
+
+def test_late_results_from_another_process_reach_calibrate_through_the_collectors_file(otelcol, tmp_path):
+    """Results reported in this process by turn id and in another OS process by result token
+    travel as turnguard.turn.result log records through the Collector's file exporter, and
+    calibrate on that file joins each to its turn: the same counts as the recorders' files."""
+    collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
+    try:
+        telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                       "OTEL_METRIC_EXPORT_INTERVAL": "600000", "OTEL_EXPORTER_OTLP_TIMEOUT": "60000"})
+        recorded = tmp_path / "turns.jsonl"
+        guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, recorder_path=str(recorded), soft_cap=10,
+                                        hard_multiplier=3), **telemetry.providers())
+        turns = []
+        for i in range(12):
+            with guard.turn(agent_name="coder") as turn:
+                for k in range(5 + 4 * i):  # the longer ones reach the backstop (30)
+                    if turn.check_call(tg.ToolCall("read", {"k": k})).halted:
+                        break
+            turns.append(turn)
+        here = [guard.report_result(t.turn_id, True) for t in turns[:3]]
+        assert telemetry.force_flush(30_000)
+        telemetry.shutdown()
+        verdicts = [(t.result_token, "true" if i < 3 else "false") for i, t in enumerate(turns[3:8])]
+        verdicts.append(verdicts[0])  # a duplicate: the first result stands
+        there = subprocess.run(
+            [sys.executable, "-c", REPORTER, collector.otlp_http, str(tmp_path / "ci.jsonl"),
+             *(part for pair in verdicts for part in pair)],
+            capture_output=True, text=True, timeout=120, check=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+        assert here == [True] * 3 and there.stdout.split() == ["5"]
+        chain.wait_until("every turn span and late result in the Collector's file",
+                         lambda: (turn_spans(collector.otlp_file), result_records(collector.otlp_file)) == (12, 8),
+                         collector.exited, timeout=60)
+    finally:
+        collector.stop()
+    from_collector = calibrate_json(collector.otlp_file)
+    assert (from_collector["turns"], from_collector["resolved"], from_collector["unresolved"]) == (12, 6, 2)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["calibrate", str(recorded), str(tmp_path / "ci.jsonl"), "--json", "-"]) == 0
+    from_recorders = json.loads(out.getvalue())
+    from_recorders.pop("inputs")
+    assert from_collector == from_recorders
 
 
 # -- the Collector's own metrics on the halts board -------------------------------------------------

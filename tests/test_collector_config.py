@@ -208,10 +208,13 @@ def test_traces_are_written_as_otlp_json_lines_for_calibration(config):
     assert expand(settings["path"]).endswith(".jsonl")
 
 
-def test_only_spans_reach_the_calibration_file(config):
-    """``turnguard calibrate`` reads ``resourceSpans`` lines; log or metric lines would be bad input."""
-    for signal in ("metrics", "logs"):
-        assert "file" not in pipeline_exporter_types(config, signal).values(), signal
+def test_spans_and_log_records_reach_the_calibration_file_and_metrics_do_not(config):
+    """``turnguard calibrate`` reads ``resourceSpans`` lines (the turns) and ``resourceLogs`` lines
+    (their late results, ``turnguard.turn.result``) from one file; metric lines would be bad input."""
+    traces = {e for e, t in pipeline_exporter_types(config, "traces").items() if t == "file"}
+    logs = {e for e, t in pipeline_exporter_types(config, "logs").items() if t == "file"}
+    assert traces and logs == traces, (traces, logs)
+    assert "file" not in pipeline_exporter_types(config, "metrics").values()
 
 
 def test_every_endpoint_comes_from_an_env_var_with_a_default(config):
