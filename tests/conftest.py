@@ -7,6 +7,9 @@ import asyncio
 import importlib
 import importlib.util
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -204,3 +207,22 @@ def run_example(project, capsys) -> Callable[..., str]:
         return capsys.readouterr().out
 
     return run
+
+
+@pytest.fixture(scope="session")
+def source(tmp_path_factory) -> Path:
+    """A copy of the checkout as it is (pip and build write into the tree they build)."""
+    copy = tmp_path_factory.mktemp("source") / "turnguard"
+    shutil.copytree(Path(__file__).resolve().parents[1], copy,
+                    ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__", "site"))
+    return copy
+
+
+@pytest.fixture(scope="session")
+def dists(source, tmp_path_factory) -> dict[str, Path]:
+    """The sdist, and the wheel built from it (``python -m build``'s default: what a release uploads)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "-q", "--outdir", str(out), str(source)],
+                   check=True, timeout=600, capture_output=True)
+    (sdist,), (wheel,) = out.glob("turnguard-*.tar.gz"), out.glob("turnguard-*.whl")
+    return {"sdist": sdist, "wheel": wheel}

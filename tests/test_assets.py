@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
 import subprocess
-import sys
 import tarfile
 import tomllib
 import venv
@@ -282,25 +280,7 @@ def test_the_written_prometheus_config_finds_the_written_rules(tmp_path):
     assert "SUCCESS: 1 rule files found" in result.stdout
 
 
-# -- installed: a wheel built through the sdist, and an editable install --------------------------
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
-    """A copy of the checkout (pip and build write into the tree they build)."""
-    copy = tmp_path_factory.mktemp("source") / "turnguard"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"))
-    return copy
-
-
-@pytest.fixture(scope="module")
-def dists(source, tmp_path_factory) -> dict[str, Path]:
-    """The sdist, and the wheel built from it (``python -m build``'s default: what a release uploads)."""
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "-q", "--outdir", str(out), str(source)],
-                   check=True, timeout=600, capture_output=True)
-    (sdist,), (wheel,) = out.glob("turnguard-*.tar.gz"), out.glob("turnguard-*.whl")
-    return {"sdist": sdist, "wheel": wheel}
+# -- installed: a wheel built through the sdist, and an editable install (conftest: source, dists) --
 
 
 @pytest.fixture(scope="module")
