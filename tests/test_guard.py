@@ -111,6 +111,93 @@ def test_retry_rolls_the_count_back_to_the_cycle_start_and_clears_repeats_and_st
     assert all(v.action is tg.Action.ALLOW for v in verdicts) and turn.ledger.tool_calls == 115
 
 
+def _halt_at_backstop(turn: tg.Turn) -> None:
+    turn.begin_cycle()
+    verdicts = drive(turn, [distinct_call(i) for i in range(1001)])
+    assert verdicts[-1].threshold is tg.Threshold.HARD_BACKSTOP and len(verdicts) == 1001
+
+
+def _halt_explicit(turn: tg.Turn) -> None:
+    turn.begin_cycle()
+    assert drive(turn, [distinct_call(i) for i in range(4)])[-1].threshold is tg.Threshold.EXPLICIT
+
+
+def _halt_streak(turn: tg.Turn) -> None:
+    turn.begin_cycle()
+    for _ in range(8):
+        turn.check_call(REPEATED)
+        verdict = turn.record_outcome(REPEATED, tg.Outcome.ERROR)
+    assert verdict.threshold is tg.Threshold.STREAK and verdict.action is tg.Action.HALT
+
+
+def _halt_cycles(turn: tg.Turn) -> None:
+    for i in range(3):
+        turn.begin_cycle()
+        drive(turn, [distinct_call(i)])
+    assert turn.begin_cycle().threshold is tg.Threshold.CYCLE_CAP
+
+
+def _halt_by_the_user(turn: tg.Turn) -> None:
+    turn.begin_cycle()
+    asked = None
+    for _ in range(5):
+        asked = turn.check_call(REPEATED)
+        turn.record_outcome(REPEATED, tg.Outcome.OK)
+    assert asked.action is tg.Action.ASK
+    assert turn.resolve(asked, "stop").action is tg.Action.HALT
+
+
+def _halt_by_the_host(turn: tg.Turn) -> None:
+    turn.begin_cycle()
+    drive(turn, [distinct_call(i) for i in range(3)])
+    turn.halt(turn.view.detect("host", tg.Action.ASK, tg.Level.STOP, 1))
+
+
+HALTS = {
+    "backstop": ({}, False, _halt_at_backstop),
+    "explicit": ({"max_tool_calls_per_turn": 3}, False, _halt_explicit),
+    "streak": ({}, False, _halt_streak),
+    "cycle cap": ({"max_cycles_per_turn": 3}, False, _halt_cycles),
+    "the user's stop": ({}, True, _halt_by_the_user),
+    "the host's halt": ({}, False, _halt_by_the_host),
+}
+
+
+@pytest.mark.parametrize("kind", list(HALTS))
+def test_a_retry_after_a_halt_keeps_the_halted_turns_counts(kind):
+    """A halted turn is over: a retry there does not roll its counts back (a turn halted at the
+    backstop ending with ``tool_calls=0`` would be a turn the probe and the boards never saw)."""
+    options, promptable, halt = HALTS[kind]
+    turn = core_guard(**options).turn(promptable=promptable)
+    halt(turn)
+    before = (turn.ledger.tool_calls, turn.ledger.max_key_repeat, turn.ledger.streak_length, turn.ledger.retries)
+    turn.retry()
+    assert (turn.ledger.tool_calls, turn.ledger.max_key_repeat, turn.ledger.streak_length,
+            turn.ledger.retries) == before
+    assert turn.check_call(distinct_call(5000)).action is tg.Action.HALT
+    summary = turn.end()
+    assert summary.halted and summary.tool_calls == before[0] > 0
+
+
+def test_a_retry_after_a_probe_turns_halt_keeps_its_shadows_counts_too():
+    heard = []
+
+    class Shadows:
+        @tg.hookimpl
+        def turnguard_shadow_turn_ended(self, policy, summary):
+            heard.append((policy, summary.tool_calls, summary.halted))
+
+    config = tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False, name="main",
+                            max_tool_calls_per_turn=5,
+                            probe=tg.Probe(1.0, tg.GuardConfig(max_tool_calls_per_turn=8, name="lenient")))
+    turn = tg.Guard(config, plugins={"shadows": Shadows()}, environ={}).turn()
+    turn.begin_cycle()
+    assert drive(turn, [distinct_call(i) for i in range(9)])[-1].threshold is tg.Threshold.EXPLICIT
+    turn.retry()
+    assert turn.end().tool_calls == 9
+    assert heard == [("main", 6, True)]  # the main configuration's would-be halt at call 6 stands
+
+
 def test_retry_is_reported_to_observers():
     seen = []
 

@@ -1,6 +1,6 @@
 """Outcomes tied to their call: a differential test of ``Turn`` against a reference written from
 DESIGN §3.3, and the behaviours it pins down (parallel batches, late, duplicate and stray
-outcomes, identical calls in one model response).
+outcomes, identical calls in one model response, a streak that another call of the batch ended).
 
 The reference recomputes everything from scratch after each operation (lists of calls per streak,
 outcomes by call), so it shares no code and no incremental state with the ledger.
@@ -32,6 +32,9 @@ class Streak:
     key: str
     calls: list[int] = field(default_factory=list)
     fired: set[str] = field(default_factory=set)
+    closed: bool = False
+    """Ended by an answer or a retry: its outcomes count nowhere (another call ending it does not
+    close it: its outcomes still settle its stop level)."""
 
 
 class Reference:
@@ -97,15 +100,18 @@ class Reference:
         if self.halted:
             return (*self.halted, "latched")
         streak = self.streak_of[index]
-        if streak is not self.current or not self.stop_at or "stop" in streak.fired:
+        if streak.closed or not self.stop_at or "stop" in streak.fired:
             return tg.Action.ALLOW, None, None
         if max(self._counts(streak, len(streak.calls), unknown_fails=False), default=0) >= self.stop_at:
             return self._latch(self._stop(streak))
         return tg.Action.ALLOW, None, None
 
     def reset(self) -> None:
-        """``resolve(.., "continue")`` or ``retry()``: the next call starts a new streak."""
+        """``resolve(.., "continue")`` or ``retry()``: the next call starts a new streak, and no
+        earlier streak counts any more."""
         self.current = None
+        for streak in self.streaks:
+            streak.closed = True
 
     def facts(self) -> tuple[int, int]:
         """(streak_length, failing_streak_length): the failing count over the calls in check order,
@@ -177,7 +183,8 @@ def run_random_turn(seed: int, *, promptable: bool, stop_on: str) -> int:
         rng.shuffle(waiting)
         if rng.random() < 0.15 and waiting:  # re-sent before some outcomes came: they come late
             turn.retry()
-            ref.reset()
+            if not ref.halted:  # a halted turn is over: a retry changes nothing there
+                ref.reset()
             compare_facts()
         while waiting:
             report(waiting.pop())
@@ -450,3 +457,82 @@ def test_outcomes_reported_from_threads_settle_in_check_order():
         thread.join()
     assert (turn.ledger.streak_length, turn.ledger.failing_streak_length, turn.ledger.stop_count) == (9, 3, 5)
     assert turn.ledger.awaiting_in_streak == 0
+
+
+# -- a streak that another call of the same response ended ----------------------------------------
+
+
+def _eight_then_other(promptable: bool = False, **options) -> tuple[tg.Turn, list[tg.ToolCall]]:
+    turn = core_guard(**options).turn(promptable=promptable)
+    turn.begin_cycle()
+    calls = batch(turn, "A" * 8, prefix="a")
+    other = call_of("B", call_id="b")
+    assert turn.check_call(other).action is tg.Action.ALLOW
+    return turn, [*calls, other]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_eight_failures_then_another_call_in_one_response_stop_at_the_report_completing_them(seed):
+    """The outcomes arrive after all nine checks, in any order: the report after which the eight
+    failures are all in, in check order, halts (``streak``), as the calls run one at a time would
+    have halted at the eighth failure."""
+    turn, calls = _eight_then_other()
+    order = list(range(9))
+    random.Random(seed).shuffle(order)
+    outcomes = {i: tg.Outcome.ERROR for i in range(8)} | {8: rng_outcome(seed)}
+    arrived: set[int] = set()
+    for i in order:
+        verdict = turn.record_outcome(calls[i], outcomes[i])
+        arrived.add(i)
+        complete = set(range(8)) <= arrived
+        if complete and turn.halted is verdict:
+            break
+        assert verdict.action is tg.Action.ALLOW, (order, i)
+    assert complete and verdict.action is tg.Action.HALT and verdict.threshold is tg.Threshold.STREAK
+    event = verdict.event
+    assert (event.level, event.failing_streak_length, event.streak_length, event.tool_name) == (
+        tg.Level.STOP, 8, 8, "build")
+    assert event.key_digest == tg.keys.cached_digest(calls[0]).hex()
+
+
+def rng_outcome(seed: int) -> tg.Outcome:
+    return random.Random(-seed).choice(list(tg.Outcome))
+
+
+def test_the_ended_streaks_stop_asks_once_when_attended_and_the_current_streak_is_untouched():
+    turn, calls = _eight_then_other(promptable=True)
+    verdicts = [turn.record_outcome(call, tg.Outcome.ERROR) for call in reversed(calls)]
+    assert [v.action for v in verdicts] == [tg.Action.ALLOW] * 8 + [tg.Action.ASK]
+    assert verdicts[-1].event.level is tg.Level.STOP and turn.halted is None
+    assert (turn.ledger.streak_length, turn.ledger.failing_streak_length) == (1, 1)  # B's own streak
+    more = call_of("B", call_id="b2")
+    turn.check_call(more)
+    assert turn.record_outcome(more, tg.Outcome.ERROR).action is tg.Action.ALLOW  # B's 2nd failure
+
+
+@pytest.mark.parametrize("stop_on", ["error", "any"])
+def test_a_success_among_the_eight_lets_the_ended_streak_go_unstopped(stop_on):
+    turn, calls = _eight_then_other(streak_stop_on=stop_on)
+    outcomes = [tg.Outcome.ERROR] * 3 + [tg.Outcome.OK] + [tg.Outcome.ERROR] * 4 + [tg.Outcome.OK]
+    verdicts = [turn.record_outcome(calls[i], outcomes[i]) for i in (8, 7, 6, 5, 4, 3, 2, 1, 0)]
+    expected = tg.Action.HALT if stop_on == "any" else tg.Action.ALLOW  # "any" counts the success too
+    assert verdicts[-1].action is expected and all(v.action is tg.Action.ALLOW for v in verdicts[:-1])
+
+
+@pytest.mark.parametrize("ender", ["retry", "resolve"])
+def test_a_streak_ended_by_an_answer_or_a_retry_does_not_stop_later(ender):
+    turn, calls = _eight_then_other(promptable=True)
+    if ender == "retry":
+        turn.retry()
+    else:
+        turn.resolve(turn.ledger.detect("streak", tg.Action.ASK, tg.Level.WARN, 5), "continue")
+    assert all(turn.record_outcome(call, tg.Outcome.ERROR).action is tg.Action.ALLOW for call in calls)
+
+
+def test_ended_streaks_kept_are_bounded():
+    from turnguard.ledger import MAX_ENDED_STREAKS
+
+    turn = core_guard(soft_cap=0).turn()
+    for i in range(MAX_ENDED_STREAKS + 50):
+        assert turn.check_call(call_of("AB"[i % 2], call_id=f"x{i}")).action is tg.Action.ALLOW
+    assert len(turn.ledger._ended) == MAX_ENDED_STREAKS

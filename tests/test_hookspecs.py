@@ -29,6 +29,9 @@ OBSERVER_HOOKS = {
     "turnguard_shadow_detected": ["turn", "policy", "event"],
     "turnguard_shadow_turn_ended": ["turn", "policy", "summary"],
     "turnguard_turn_result": ["turn_id", "summary", "resolved", "status", "labels"],
+    "turnguard_turn_suspended": ["turn", "summary"],
+    "turnguard_turn_snapshot": ["turn"],
+    "turnguard_turn_resumed": ["turn", "state"],
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("turnguard.model", "turnguard.probe"),
+    ("turnguard.model", "turnguard.probe", "turnguard.state"),
     ("turnguard.keys",),
     ("turnguard.config", "turnguard.profiles"),
     ("turnguard.ledger", "turnguard.task_results"),

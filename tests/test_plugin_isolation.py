@@ -122,7 +122,8 @@ HOOKS = tuple(name for name, spec in vars(hookspecs).items() if hasattr(spec, f"
 """Every hook turnguard declares: the cases below are generated from it, so a new hook has a case
 or fails ``test_every_hook_of_the_contract_has_a_case``."""
 
-STEPS = ("begin_cycle", "check_call", "record_outcome", "record_outcome_again", "resolve", "check_after_retry")
+STEPS = ("begin_cycle", "check_call", "record_outcome", "record_outcome_again", "resolve", "check_after_retry",
+         "check_after_resume")
 """``drive_every_hook``'s host calls that return a verdict, in order."""
 
 HALTS_FROM: dict[str, str | None] = {
@@ -139,6 +140,9 @@ HALTS_FROM: dict[str, str | None] = {
     "turnguard_outcome_ignored": "record_outcome_again",
     "turnguard_escalation_resolved": "resolve",
     "turnguard_retry": "check_after_retry",
+    "turnguard_turn_resumed": "check_after_resume",  # the plugin could not take its state back
+    "turnguard_turn_snapshot": None,  # the snapshot goes on without that plugin's state
+    "turnguard_turn_suspended": None,
     "turnguard_turn_ended": None,
     "turnguard_shadow_turn_ended": None,
     "turnguard_turn_result": None,
@@ -195,7 +199,8 @@ class Run:
 
 def drive_every_hook(fail_mode: str, plugins: dict[str, object]) -> Run:
     """A guard built with ``plugins`` and one turn that makes every hook fire: each host call
-    once, a duplicate outcome, an answer, a retry, the end and a late result."""
+    once, a duplicate outcome, an answer, a retry, a suspension and a resume, the end and a late
+    result."""
     guard = tg.Guard(tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode=fail_mode), plugins=plugins, environ={})
     turn = guard.turn()
     verdicts = {"begin_cycle": turn.begin_cycle()}
@@ -207,6 +212,8 @@ def drive_every_hook(fail_mode: str, plugins: dict[str, object]) -> Run:
     verdicts["resolve"] = turn.resolve(event, "continue")
     turn.retry()
     verdicts["check_after_retry"] = turn.check_call(tg.ToolCall("bash", "make test"))
+    turn = guard.resume(turn.suspend())
+    verdicts["check_after_resume"] = turn.check_call(tg.ToolCall("bash", "make lint"))
     summary = turn.end()
     return Run(verdicts, summary, guard.report_result(turn.turn_id, True))
 
@@ -227,7 +234,7 @@ def undisturbed() -> dict[str, Run]:
 
 
 def test_every_hook_of_the_contract_has_a_case():
-    assert set(HALTS_FROM) == set(HOOKS) and len(HOOKS) == 17
+    assert set(HALTS_FROM) == set(HOOKS) and len(HOOKS) == 20
 
 
 def test_the_driver_makes_every_hook_fire():

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -94,7 +95,7 @@ def test_the_snapshot_is_versioned_json_with_digests_and_never_the_arguments():
     play(turn, script()[:8])
     state = turn.snapshot()
     text = json.dumps(state)
-    assert state["version"] == 1
+    assert state["version"] == 2
     assert "f1.py" not in text and "suite-7f3a" not in text and KEY not in text
     assert all(len(d) == 16 for d in state["facts"]["counts"])  # 8-byte digests, as hex
 
@@ -164,9 +165,10 @@ def test_the_turn_resumes_in_another_process_and_goes_on_to_the_same_stop(tmp_pa
 
 def test_a_guard_with_another_digest_key_refuses_the_snapshot():
     state = guard().turn().snapshot()
-    with pytest.raises(tg.SnapshotError, match="another digest key"):
+    with pytest.raises(tg.SnapshotError, match="another digest key") as refused:
         guard(digest_key="another").resume(state)
-    with pytest.raises(tg.SnapshotError, match="per-process secret"):
+    assert refused.value.field == "key_check"
+    with pytest.raises(tg.SnapshotError, match="another digest key"):
         tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).resume(state)
 
 
@@ -203,8 +205,9 @@ def test_what_is_not_a_snapshot_of_a_known_version_is_refused_with_a_clear_error
 def test_a_snapshot_with_malformed_facts_is_refused():
     state = guard().turn().snapshot()
     state["facts"]["counts"] = {"not-hex": 1}
-    with pytest.raises(tg.SnapshotError, match="malformed"):
+    with pytest.raises(tg.SnapshotError, match=r"facts\.counts\.not-hex") as refused:
         guard().resume(state)
+    assert refused.value.field == "facts.counts.not-hex"
     assert isinstance(tg.SnapshotError("x"), ValueError)
 
 
@@ -222,3 +225,197 @@ def test_a_probe_turn_resumes_in_the_probe_cohort_under_the_probe_configuration(
     assert resumed.end().cohort == "probe"
     with pytest.raises(tg.SnapshotError, match="max_tool_calls_per_turn"):
         guard().resume(state)  # no probe here: the live configuration would decide otherwise
+
+
+# -- durable turns: resumed in any process with the default configuration ----------------------------
+
+RESUME_ELSEWHERE = textwrap.dedent("""
+    import json, sys
+    import turnguard as tg
+    guard = tg.Guard()  # the default configuration
+    try:
+        turn = guard.resume(json.load(open(sys.argv[1])))
+    except tg.SnapshotError as exc:
+        print(json.dumps({"refused": str(exc), "field": exc.field}))
+        raise SystemExit(0)
+    out = {"turn_id": turn.turn_id}
+    waiting = tg.ToolCall("run_tests", {"target": "suite-7f3a"})  # the host's new object, no call_id
+    out["waiting"] = [turn.record_outcome(waiting, "error").action.label]
+    for i in range(10):
+        call = tg.ToolCall("run_tests", {"target": "suite-7f3a"}, call_id=f"later{i}")
+        if turn.check_call(call).action is tg.Action.HALT:
+            break
+        verdict = turn.record_outcome(call, "error")
+        out["waiting"].append(verdict.action.label)
+        if verdict.action is tg.Action.HALT:
+            out["halt"] = [str(verdict.threshold), verdict.event.failing_streak_length, verdict.event.tool_calls]
+            break
+    out["summary"] = [turn.end().tool_calls, turn.summary.turn_id]
+    print(json.dumps(out))
+""")
+
+
+def resume_in_another_process(tmp_path, state: dict) -> dict:
+    path = tmp_path / "turn.json"
+    path.write_text(json.dumps(state))
+    done = subprocess.run([sys.executable, "-c", RESUME_ELSEWHERE, str(path)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+def five_failures_and_one_waiting(turn: tg.Turn) -> None:
+    for i in range(5):
+        call = tg.ToolCall("run_tests", {"target": "suite-7f3a"}, call_id=f"c{i}")
+        turn.check_call(call)
+        turn.record_outcome(call, "error")
+    turn.check_call(tg.ToolCall("run_tests", {"target": "suite-7f3a"}))  # waiting, without a call_id
+
+
+def test_a_durable_turn_resumes_in_another_process_with_the_default_configuration(tmp_path):
+    turn = tg.Guard().turn(durable=True)
+    five_failures_and_one_waiting(turn)
+    out = resume_in_another_process(tmp_path, turn.suspend())
+    assert out["turn_id"] == turn.turn_id  # another process: the turn keeps its id
+    assert out["halt"] == ["streak", 8, 8] and out["summary"] == [8, turn.turn_id]
+
+
+def test_a_turn_not_opened_durable_is_refused_elsewhere_naming_durable_and_digest_key(tmp_path):
+    turn = tg.Guard().turn()
+    five_failures_and_one_waiting(turn)
+    out = resume_in_another_process(tmp_path, turn.snapshot())
+    assert "durable=True" in out["refused"] and "digest_key" in out["refused"] and out["field"] == "key_check"
+
+
+def test_a_durable_turn_keys_its_calls_with_its_own_key_which_its_snapshot_carries():
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    one, two, plain = guard.turn(durable=True), guard.turn(durable=True), guard.turn()
+    digests = []
+    for turn in (one, two, plain):
+        call = tg.ToolCall("read_file", {"path": "a.py"})
+        turn.check_call(call)
+        digests.append(tg.keys.cached_digest(call))
+    assert len(set(digests)) == 3  # each durable turn's key is its own, and not the process's
+    state = one.snapshot()
+    assert state["keying"] == "turn" and len(bytes.fromhex(state["turn_key"])) == 32
+    assert plain.snapshot()["keying"] == "process" and "turn_key" not in plain.snapshot()
+    assert "a.py" not in json.dumps(state)
+
+
+def test_a_durable_turn_of_a_guard_with_digest_key_is_keyed_by_it_and_carries_no_key():
+    turn = guard().turn(durable=True)
+    call = tg.ToolCall("read_file", {"path": "a.py"})
+    turn.check_call(call)
+    assert tg.keys.cached_digest(call) == guard().keyer.digest("read_file", {"path": "a.py"})
+    state = turn.snapshot()
+    assert state["keying"] == "digest_key" and "turn_key" not in state and KEY not in json.dumps(state)
+    assert guard().resume(state).durable
+    with pytest.raises(tg.SnapshotError, match="another digest key"):
+        tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).resume(state)
+
+
+def test_an_altered_turn_key_is_refused():
+    state = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).turn(durable=True).snapshot()
+    state["turn_key"] = "00" * 32
+    with pytest.raises(tg.SnapshotError, match="turn_key") as refused:
+        tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).resume(state)
+    assert refused.value.field == "turn_key"
+
+
+def test_a_durable_probe_turn_resumes_elsewhere_in_the_probe_cohort(tmp_path):
+    probe = {"probe": tg.Probe(1.0, tg.GuardConfig(hard_multiplier=20))}
+    turn = tg.Guard(tg.GuardConfig(**probe), environ={}).turn(durable=True)
+    five_failures_and_one_waiting(turn)
+    state = turn.suspend()
+    assert state["turn"]["cohort"] == "probe"
+    program = textwrap.dedent("""
+        import json, sys
+        import turnguard as tg
+        guard = tg.Guard(tg.GuardConfig(probe=tg.Probe(1.0, tg.GuardConfig(hard_multiplier=20))))
+        print(guard.resume(json.load(open(sys.argv[1]))).end().cohort)
+    """)
+    path = tmp_path / "turn.json"
+    path.write_text(json.dumps(state))
+    done = subprocess.run([sys.executable, "-c", program, str(path)], capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert done.stdout.split() == ["probe"]
+
+
+# -- one snapshot resumed twice ----------------------------------------------------------------------
+
+
+def test_a_second_resume_in_the_same_guard_gets_a_new_id_and_records_where_it_came_from():
+    g = guard()
+    turn = g.turn()
+    play(turn, script()[:5])
+    state = turn.suspend()
+    first, second = g.resume(state), g.resume(state)
+    assert first.turn_id == turn.turn_id and first.view.resumed_from is None
+    assert second.turn_id != turn.turn_id and second.view.resumed_from == turn.turn_id
+    first.end()
+    third = g.resume(state)  # the first continuation ended: still taken
+    assert third.turn_id not in (turn.turn_id, second.turn_id) and third.end().resumed_from == turn.turn_id
+    assert second.end().resumed_from == turn.turn_id
+
+
+def test_a_resumed_turn_suspended_again_resumes_under_the_same_id():
+    g = guard()
+    turn = g.turn()
+    play(turn, script()[:5])
+    again = g.resume(turn.suspend())
+    play(again, script()[5:9])
+    last = g.resume(again.suspend())
+    assert last.turn_id == turn.turn_id and last.end().resumed_from is None
+
+
+def test_the_same_snapshot_resumed_in_two_processes_keeps_its_id_in_both(tmp_path):
+    turn = tg.Guard().turn(durable=True)
+    five_failures_and_one_waiting(turn)
+    state = turn.suspend()
+    ids = {resume_in_another_process(tmp_path, state)["turn_id"] for _ in range(2)}
+    assert ids == {turn.turn_id}
+
+
+# -- version 1 -----------------------------------------------------------------------------------------
+
+V1 = Path(__file__).parent / "data" / "snapshot_v1.json"
+"""A version 1 snapshot, written by turnguard at 6f7efd2 (before version 2): a turn of the guard
+``guard()`` builds, conversation ``conv-v1``: a cycle, four reads, five failures of run_tests, then
+two more run_tests checked and waiting (``t5``, and one without a call_id)."""
+
+
+def v1_prefix() -> list[tuple[str, dict, str, str]]:
+    steps = [("cycle", "", {}, "")]
+    steps += [("call", "read_file", {"path": f"f{i}.py"}, "ok") for i in range(4)]
+    return steps + [("call", "run_tests", {"target": "suite-7f3a"}, "error")] * 5
+
+
+def test_a_version_1_snapshot_resumes_its_shadows_start_afresh_and_the_turn_says_so():
+    state = json.loads(V1.read_text())
+    assert state["version"] == 1
+    shadows = {"shadow": {"lenient": {"streak_stop_at": 10}}, "disable_plugins": ("otel", "recorder")}
+    resumed = guard(**shadows).resume(state)
+    assert resumed.turn_id and resumed.view.fresh_state == ("shadow",)
+    verdicts = [resumed.record_outcome(tg.ToolCall("run_tests", None, call_id="t5"), "error"),
+                resumed.record_outcome(tg.ToolCall("run_tests", {"target": "suite-7f3a"}), "error")]
+    last = tg.ToolCall("run_tests", {"target": "suite-7f3a"})
+    verdicts += [resumed.check_call(last), resumed.record_outcome(last, "error")]
+    assert [v.action for v in verdicts] == [tg.Action.ALLOW] * 3 + [tg.Action.HALT]  # failures 6, 7, 8
+    assert verdicts[-1].event.failing_streak_length == 8
+    summary = resumed.end()
+    assert summary.fresh_state == ("shadow",) and summary.tool_calls == 12
+
+
+def test_a_version_2_snapshot_of_a_guard_without_shadows_says_which_plugins_start_afresh():
+    state = guard().turn().snapshot()
+    resumed = guard(shadow={"lenient": {"streak_stop_at": 10}}, disable_plugins=("otel", "recorder")).resume(state)
+    assert resumed.end().fresh_state == ("shadow",)
+    with_shadows = guard(shadow={"lenient": {"streak_stop_at": 10}}, disable_plugins=("otel", "recorder"))
+    assert with_shadows.resume(with_shadows.turn().snapshot()).end().fresh_state == ()
+
+
+def test_a_setting_added_after_the_snapshot_was_taken_resumes_at_its_default():
+    state = guard().turn().snapshot()
+    del state["config"]["remind_model"]  # as if the snapshot predated the setting
+    guard().resume(state).end()
+    with pytest.raises(tg.SnapshotError, match="remind_model"):
+        guard(remind_model=True).resume(state)

@@ -27,7 +27,7 @@ import pluggy
 from turnguard.config import ConfigError, GuardConfig, Probe
 from turnguard.dispatch import NOTHING, PASSTHROUGH, Dispatcher
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer, store_key
+from turnguard.keys import Keyer, store_key, turn_keyer
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import (
     ALLOW,
@@ -45,6 +45,7 @@ from turnguard.model import (
 )
 from turnguard.plugins import plugin_manager
 from turnguard.probe import Cohort
+from turnguard.snapshot import Lineage, cohort_of, resume, snapshot
 from turnguard.task_results import ResultBook, ResultStatus
 
 _HALT = Action.HALT
@@ -53,6 +54,8 @@ MAX_AWAITING = 4096
 every 1,024 checks), the oldest this many are given up (their streak goes on as if they had been
 denied, and a late outcome for one is ignored)."""
 _SHED_AT = 2 * MAX_AWAITING
+SUSPENDED = "suspended"
+"""The end reason of a turn put aside to be resumed (``Turn.suspend``): not reported as a turn here."""
 
 
 class Guard:
@@ -99,6 +102,8 @@ class Guard:
         self.results = ResultBook(edges=(self.config.soft_cap, self.config.hard_cap),
                                   digest_key=self.config.digest_key)
         """Recently ended turns for late results, and the count of each ``ResultStatus``."""
+        self.lineage = Lineage()
+        """The turn ids this guard's snapshots and resumes used (a second resume of one snapshot forks)."""
         self._probe = self.config.probe_settings()
         self._probe_guard: Guard | None = None
         if self._probe is not None and self._probe.rate > 0:
@@ -107,6 +112,7 @@ class Guard:
             self._probe_guard.cohort = Cohort.PROBE
             self._probe_guard.results = self.results
             self._probe_guard.register(MainHalts(self.results, self.config.name), name=MainHalts.NAME)
+            self._probe_guard.lineage = self.lineage
 
     def _dispatcher(self) -> Dispatcher:
         return Dispatcher(self.pm, fail_mode=self.config.fail_mode, capture_content=self.config.capture_content)
@@ -146,17 +152,25 @@ class Guard:
         agent_name: str | None = None,
         promptable: bool = False,
         turn_id: str | None = None,
+        durable: bool = False,
     ) -> Turn:
         """Open a turn; use it as a context manager (leaving the block ends it). With a probe
         configured, a deterministic share of turns (by conversation, else turn id) is opened under
-        the probe configuration (``turn.summary.cohort == "probe"``)."""
+        the probe configuration (``turn.summary.cohort == "probe"``).
+
+        ``durable=True``: the turn's snapshot resumes in any process (``Guard.resume``), with the
+        default configuration: without ``digest_key``, the turn keys its calls under a key of its
+        own (BLAKE2b), which its snapshot carries. Other turns key calls with the process's own
+        secret, a third of the cost, and resume only there (or wherever the same ``digest_key``
+        is set)."""
         guard = self
         if self._probe_guard is not None:
             turn_id = turn_id or uuid.uuid4().hex
             if self._probe.selects(conversation_id, turn_id):  # type: ignore[union-attr]
                 guard = self._probe_guard
         return Turn(
-            guard, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id
+            guard, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id,
+            durable=durable,
         )
 
     def report_result(self, turn_id: Any, resolved: bool) -> bool:
@@ -190,12 +204,14 @@ class Guard:
 
     def resume(self, state: Any) -> Turn:
         """Continue the turn ``state`` (a ``Turn.snapshot()``) was taken from, with the verdicts it
-        would have given had it never stopped (a probe turn under the probe configuration);
-        ``tg.SnapshotError`` when this guard cannot."""
-        from turnguard.snapshot import cohort_of, resume
+        would have given had it never stopped, its shadows' included (a probe turn under the probe
+        configuration); ``tg.SnapshotError`` naming what is wrong when this guard cannot.
 
+        The turn keeps its id, unless this guard holds a turn of that id already (the same
+        snapshot resumed twice, or a turn that went on after it): then it gets an id of its own
+        and ``summary.resumed_from`` names the snapshot's."""
         guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
-        return resume(guard, state, lambda **identity: Turn(guard, **identity))
+        return resume(guard, state, lambda **restored: Turn(guard, **restored))
 
 
 class MainHalts:
@@ -247,22 +263,29 @@ class Turn:
         self,
         guard: Guard,
         *,
-        conversation_id: str | None,
-        agent_name: str | None,
-        promptable: bool,
-        turn_id: str | None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        promptable: bool = False,
+        turn_id: str | None = None,
+        durable: bool = False,
+        ledger: Ledger | None = None,
+        keyer: Keyer | None = None,
     ) -> None:
         self.guard = guard
-        self.config = guard.config
-        self.ledger = ledger = Ledger(
-            guard.config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name,
-            promptable=promptable, cohort=guard.cohort,
-        )
+        self.config = config = guard.config
+        if ledger is None:
+            ledger = Ledger(config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name,
+                            promptable=promptable, cohort=guard.cohort)
+        self.ledger = ledger
+        self.durable = bool(durable)
+        """Whether the turn's snapshot resumes in any process (``Guard.turn(durable=True)``)."""
+        if keyer is None:
+            keyer = turn_keyer(config.key_mode) if durable and not config.digest_key else guard.keyer
         self._resolved: bool | None = None
         self.view = view = LedgerView(ledger)
         """The read-only view of the ledger that plugins receive as ``turn``."""
-        self._keyer = guard.keyer
-        self._digest = guard.keyer.digest
+        self._keyer = keyer
+        self._digest = keyer.digest
         self._lock = threading.RLock()
         self._acquire, self._release = self._lock.acquire, self._lock.release
         self._halt: Verdict | None = guard._setup_failed
@@ -274,6 +297,11 @@ class Turn:
         """Checked calls without an outcome yet, by sequence number (in check order)."""
         self._reused = False
         """Whether one ``ToolCall`` object was checked again while it still waited for an outcome."""
+        self._restored: dict[int, ToolCall] | None = None
+        """Calls without a ``call_id`` that were waiting when the turn's snapshot was taken (a
+        resumed turn): their outcome is matched by the call's identity (``_claim_restored``)."""
+        self._tracked = False
+        """Whether the guard's ``lineage`` knows this turn's id (snapshotted or resumed)."""
         self._dispatch = dispatch = guard.dispatcher
         self._fail_closed = dispatch.fail_closed
         self._check_cycle, self._check_call, self._check_outcome = dispatch.bind(ledger, view)
@@ -385,9 +413,13 @@ class Turn:
         """The current model request is being re-sent: roll its calls back, clear repeats and streaks.
 
         Call ``begin_cycle()`` again before re-sending (the re-sent request counts as a cycle).
-        Outcomes still to come for the rolled-back calls are accepted and change no streak.
+        Outcomes still to come for the rolled-back calls are accepted and change no streak. A
+        halted turn is over: a retry changes nothing there (its counts stand, as its summary and
+        the figures built on it report them).
         """
         with self._lock:
+            if self._halt is not None:
+                return
             self.ledger.rollback_cycle()
         if self._notify("turnguard_retry", turn=self.view):
             self._observer_halt("turnguard_retry", ALLOW)
@@ -425,20 +457,54 @@ class Turn:
             return self._halt
 
     def end(self, reason: str = "completed") -> TurnSummary:
-        """Close the turn (idempotent); observers get a ``TurnSummary``."""
+        """Close the turn (idempotent); observers get a ``TurnSummary``. ``reason="suspended"``
+        puts the turn aside instead (see ``suspend``)."""
         with self._lock:
             if self._ended is not None:
                 return self._ended
-            if self._halt is not None and reason == "completed":
-                reason = "halted"
-            summary = self.ledger.summary(reason=reason, halt=self._halt)
-            if self._resolved is not None:
-                summary = dataclasses.replace(summary, resolved=self._resolved)
-            self._ended = summary
-            self._awaiting.clear()  # outcomes after the end are strays: the calls are not kept alive
+            summary = self._close(reason)
+        self._report_end(summary)
+        return summary
+
+    def suspend(self, pending: Verdict | None = None) -> dict[str, Any]:
+        """Put the turn aside to be resumed (``Guard.resume``, here or in another process: open it
+        with ``durable=True`` for that): returns its snapshot (``snapshot(pending)``) and closes it
+        as ``suspended``, in one step. A suspended turn is not an ended one: no turn is reported
+        here (no ``turnguard_turn_ended``, so no turn metric point, no recorder line, no slot for
+        a late result; ``turnguard_turn_suspended`` instead); the turn that resumes it reports it,
+        once, when it ends. ``ValueError`` when the turn has ended otherwise already."""
+        with self._lock:
+            ended = self._ended
+            if ended is not None and ended.reason != SUSPENDED:
+                raise ValueError(f"the turn has ended ({ended.reason}): there is nothing to suspend")
+            state = self.snapshot(pending)
+            summary = self._close(SUSPENDED) if ended is None else None
+        if summary is not None:
+            self._report_end(summary)
+        return state
+
+    def _close(self, reason: str) -> TurnSummary:
+        """The turn's summary, kept as how it ended (under the lock)."""
+        if self._halt is not None and reason == "completed":
+            reason = "halted"
+        summary = self.ledger.summary(reason=reason, halt=self._halt)
+        if self._resolved is not None:
+            summary = dataclasses.replace(summary, resolved=self._resolved)
+        self._ended = summary
+        self._awaiting.clear()  # outcomes after the end are strays: the calls are not kept alive
+        self._restored = None
+        return summary
+
+    def _report_end(self, summary: TurnSummary) -> None:
+        """Tell the guard and the observers how the turn closed (outside the lock)."""
+        suspended = summary.reason == SUSPENDED
+        if self._tracked:
+            self.guard.lineage.ended(self.turn_id, suspended=suspended)
+        if suspended:
+            self._notify("turnguard_turn_suspended", turn=self.view, summary=summary)
+            return
         self.guard.results.ended(summary, self.guard, self.config.name)
         self._notify("turnguard_turn_ended", turn=self.view, summary=summary)
-        return summary
 
     @property
     def result_token(self) -> str | None:
@@ -448,7 +514,7 @@ class Turn:
         most ``MAX_ID_LENGTH`` characters, versioned; the turn id and its labels (cohort, policy,
         call count, what ended it, agent), never arguments (``turnguard.task_results``)."""
         summary = self._ended
-        if summary is None:
+        if summary is None or summary.reason == SUSPENDED:  # put aside: the turn that finishes it has one
             return None
         if self._result_token is None:
             self._result_token = self.guard.results.token_for(summary, self.config.name)
@@ -476,10 +542,10 @@ class Turn:
         return status is ResultStatus.ACCEPTED
 
     def snapshot(self, pending: Verdict | None = None) -> dict[str, Any]:
-        """The turn's state as versioned JSON data, for ``Guard.resume`` in any process
-        (``pending``: an ASK the host is still waiting on the user for; see ``turnguard.snapshot``)."""
-        from turnguard.snapshot import snapshot
-
+        """The turn's state as versioned JSON data, for ``Guard.resume`` (``pending``: an ASK the
+        host is still waiting on the user for; see ``turnguard.snapshot``). It resumes in any
+        process when the turn is ``durable``, else only here or where the same ``digest_key`` is
+        set. Taking one does not end the turn: ``suspend`` does both."""
         return snapshot(self, pending)
 
     def raise_for(self, verdict: Verdict) -> Verdict:
@@ -512,7 +578,27 @@ class Turn:
                 if self._reused:
                     self._next_check_of(checked, checked._key)
                 return seq, checked
+        if self._restored:
+            return self._claim_restored(call)
         return 0, call
+
+    def _claim_restored(self, call: ToolCall) -> tuple[int, ToolCall]:
+        """A waiting call of the snapshot this turn resumed, without a ``call_id``, that ``call``
+        reports: its own check, when ``call`` is the object checked before the snapshot (the same
+        process: its key names the check), else the earliest with its name and digest (the host's
+        new object for that call); as ``_claim``."""
+        restored, key = self._restored, call._key
+        seq = key[3] if key is not None and key[2] is not self._token else 0
+        checked = restored.get(seq)  # type: ignore[union-attr]
+        if checked is None or checked.name != call.name or checked._key[0] != key[0]:
+            digest = key[0] if key is not None and key[1] is self._keyer else self._digest(call.name, call.args)
+            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[0] == digest  # type: ignore[union-attr]
+                        and self._awaiting.get(s) is c), 0)
+        if not seq or self._awaiting.get(seq) is not restored.get(seq):  # type: ignore[union-attr]
+            return 0, call
+        checked = restored.pop(seq)  # type: ignore[union-attr]
+        del self._awaiting[seq]
+        return seq, checked
 
     def _next_check_of(self, call: ToolCall, key: tuple[Any, ...]) -> None:
         """``call`` was checked more than once: its key now points at its next waiting check."""
@@ -667,11 +753,11 @@ def _recorder(turn: Turn) -> Callable[[ToolCall, Outcome | str], Verdict]:
             else:
                 seq, call = turn._claim(call)
             if seq:
-                record(seq, outcome)
+                ended_stop = record(seq, outcome)  # true: an ended streak's stop count was reached
                 if turn._halt is not None:
                     verdict, events = turn._halt, ()
                 else:
-                    impls = quiet.outcome if ledger._stop_peak < quiet.stop_count else every_outcome
+                    impls = quiet.outcome if ledger._stop_peak < quiet.stop_count and not ended_stop else every_outcome
                     if not impls and not outcome_observers:
                         return ALLOW
                     found: tuple[tuple[str, Any], ...] = ()

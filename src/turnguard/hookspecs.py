@@ -124,6 +124,31 @@ def turnguard_turn_ended(turn: LedgerView, summary: TurnSummary) -> None:
 
 
 @hookspec
+def turnguard_turn_suspended(turn: LedgerView, summary: TurnSummary) -> None:
+    """The turn was put aside (``Turn.suspend``: its snapshot is to be resumed, here or in another
+    process), not ended: ``summary.reason`` is ``suspended``. Release what the turn holds (spans,
+    records) without reporting it as a turn: the process that finishes it reports it once, at
+    ``turnguard_turn_ended``. ``turnguard_turn_ended`` is not called for it here."""
+
+
+@hookspec
+def turnguard_turn_snapshot(turn: LedgerView) -> object | None:
+    """A plugin's per-turn state for the turn's snapshot (``Turn.snapshot``), as JSON data, or
+    ``None`` when it has none. Runs under the turn's lock, so the state agrees with the ledger's
+    facts. What a plugin returns is given back to it at ``turnguard_turn_resumed``."""
+
+
+@hookspec
+def turnguard_turn_resumed(turn: LedgerView, state: object | None) -> None:
+    """The turn ``turn`` continues a snapshot (``Guard.resume``; ``turnguard_turn_started`` came
+    first, with the restored facts): ``state`` is what this plugin returned for it at
+    ``turnguard_turn_snapshot``, or ``None`` when the snapshot holds none (a version 1 snapshot, or
+    the plugin was not there); then the turn's ``fresh_state`` names the plugin. Runs under the
+    turn's lock. Raise ``turnguard.SnapshotError`` (naming the field) to refuse a state the plugin
+    cannot continue: the resume fails with it; any other exception is a plugin error."""
+
+
+@hookspec
 def turnguard_cycle_checked(turn: LedgerView, verdict: Verdict) -> None:
     """Observer: a model request was decided (the combined verdict)."""
 

@@ -344,7 +344,7 @@ class Keyer:
     given (digests then agree across processes: durable turns, a fleet's records); without one, a
     per-process secret hash (``DEFAULT_HASH``), whose digests mean nothing in another process."""
 
-    __slots__ = ("_blank", "_canonical", "_named", "_texts", "digest", "hash", "mode")
+    __slots__ = ("_blank", "_canonical", "_named", "_texts", "digest", "hash", "mode", "turn_key")
 
     def __init__(self, mode: str = "canonical", secret: bytes | str | None = None, *, hash: str | None = None) -> None:
         if mode not in KEY_MODES:
@@ -354,6 +354,8 @@ class Keyer:
         elif hash not in HASHES or (hash == "siphash" and secret):
             raise ValueError(f"hash must be one of {HASHES} (siphash only without a secret), got {hash!r}")
         self.mode, self.hash = mode, hash
+        self.turn_key: bytes | None = None
+        """The key of the durable turn this keyer is for (``turn_keyer``); ``None`` for a guard's keyer."""
         if isinstance(secret, str):
             secret = secret.encode()
         self._blank = hashlib.blake2b(digest_size=DIGEST_SIZE, key=(secret or _PROCESS_SECRET)[:64])
@@ -483,6 +485,22 @@ class Keyer:
         digest = self.digest(call.name, call.args)
         store_key(call, unchecked_key(digest, self))
         return digest
+
+
+TURN_KEY_SIZE = 32
+"""Bytes of a durable turn's own digest key."""
+
+
+def turn_keyer(mode: str, key: bytes | None = None) -> Keyer:
+    """The keyer of one durable turn (``guard.turn(durable=True)``): BLAKE2b under a key of the
+    turn's own, drawn here or read back from its snapshot, which carries it. A process holding the
+    snapshot gets the same digests without sharing any setting (the host's checkpointer holds the
+    turn's messages already: the key tells it nothing new), and no other turn's digests are
+    keyed by it."""
+    key = secrets.token_bytes(TURN_KEY_SIZE) if key is None else bytes(key)
+    keyer = Keyer(mode, key)
+    keyer.turn_key = key
+    return keyer
 
 
 def cached_digest(call: Any) -> bytes | None:

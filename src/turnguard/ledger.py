@@ -18,8 +18,13 @@ rolled back), and ``record_outcome(seq, outcome)`` credits the outcome to that c
 defined on check order: a call belongs to the streak that was current when it was checked, and
 the failing count of a streak is computed over its calls in check order, whatever order their
 outcomes arrive in (an outcome that arrives before an earlier call's waits for it). An outcome
-of a call from an earlier streak (ended by another key, ``resolve`` or ``retry``) counts in
-``outcomes()`` and nowhere else.
+of a call from a streak ended by ``resolve`` or ``retry`` counts in ``outcomes()`` and nowhere else.
+
+A streak that another key ends while calls of it still wait for their outcome (identical calls
+then a different one, in one model response) is kept as an ``EndedStreak`` until they come: they
+settle there, in check order, and its stop level fires at the outcome that completes it
+(``ended_stop``), as it would have had the calls run one at a time. ``resolve`` and ``retry``
+end every streak for good.
 
 Two facts are kept only when the configuration asks for them, so the default path pays one
 branch: the ``stale_repeat`` stuck signal's count (``max_stale_repeat``: a key's repeats since
@@ -37,8 +42,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from turnguard.keys import cached_digest
+from turnguard import state as st
+from turnguard.keys import DIGEST_SIZE, cached_digest
 from turnguard.model import Action, Level, LoopDetectedEvent, Outcome, Threshold, ToolCall, TurnSummary, Verdict
+from turnguard.state import Fields
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
@@ -69,6 +76,7 @@ def new_event_id() -> str:
     return f"{_event_prefix}{next(_event_numbers):016x}"
 
 
+_STREAK_STOP = (str(Threshold.STREAK), str(Level.STOP))
 _OK = Outcome.OK  # enum members looked up once: class attribute access costs on the hot path
 _ERROR = Outcome.ERROR
 _DENIED = Outcome.DENIED
@@ -106,12 +114,15 @@ class Ledger:
         "_cycles",
         "_detections",
         "_early",
+        "_ended",
         "_failing",
         "_fired",
         "_first_stuck",
+        "_fresh_state",
         "_hard_cap",
         "_last_key",
         "_last_tool",
+        "_late",
         "_looped",
         "_max_keys",
         "_max_repeat",
@@ -122,6 +133,7 @@ class Ledger:
         "_outcomes",
         "_overflowed",
         "_promptable",
+        "_resumed_from",
         "_retries",
         "_seq",
         "_settled",
@@ -148,9 +160,13 @@ class Ledger:
         agent_name: str | None = None,
         promptable: bool = False,
         cohort: str = "live",
+        resumed_from: str | None = None,
+        fresh_state: tuple[str, ...] = (),
     ) -> None:
         self._config = config
         self._cohort = str(cohort)
+        self._resumed_from = resumed_from
+        self._fresh_state = fresh_state
         self._turn_id = turn_id or uuid.uuid4().hex
         self._conversation_id = conversation_id
         self._agent_name = agent_name
@@ -187,6 +203,8 @@ class Ledger:
         self._early: dict[int, Outcome] = {}
         self._stop_peak = 0
         self._fired: set[tuple[str, str]] = set()
+        self._ended: list[EndedStreak] = []  # streaks ended with calls still waiting (EndedStreak)
+        self._late: EndedStreak | None = None  # ended_stop
         self._stuck_at = config.stuck_repeat_threshold
         self._warn_at = config.streak_warn_at
         self._stop_at = config.streak_stop_at
@@ -206,6 +224,15 @@ class Ledger:
     conversation_id: str | None = _field("_conversation_id")
 
     agent_name: str | None = _field("_agent_name")
+
+    resumed_from: str | None = _field(
+        "_resumed_from",
+        "The turn id of the snapshot this turn was forked from (resumed twice in one guard), or ``None``.",
+    )
+
+    fresh_state: tuple[str, ...] = _field(
+        "_fresh_state", "The plugins whose per-turn state started afresh at a resume (the snapshot had none for them)."
+    )
 
     promptable: bool = _field(
         "_promptable", "Whether a person is watching (attended): detections reach the user rather than halt."
@@ -319,12 +346,6 @@ class Ledger:
         """How many outcomes of each kind were recorded, by value (``"ok"``, ``"error"``, ...)."""
         return {_OK.value: self._ok, **self._outcomes}
 
-    def restore_outcome_counts(self, counts: dict[str, int]) -> None:
-        """Set the counts ``outcome_counts`` gave (a turn restored from a snapshot)."""
-        counts = {Outcome(k).value: int(n) for k, n in counts.items()}
-        self._ok = counts.pop(_OK.value, 0)
-        self._outcomes = {o.value: counts.get(o.value, 0) for o in Outcome if o is not _OK}
-
     def repeats_of(self, digest: bytes) -> int:
         """How many times the key with this digest has been counted in the turn."""
         return self._counts.get(digest, 0)
@@ -368,6 +389,8 @@ class Ledger:
         if digest == self._last_key:
             self._streak += 1
         else:
+            if self._next != seq:  # calls of the streak this one ends still wait for their outcome
+                self._end_streak(seq)
             self._last_key = digest
             self._last_tool = tool_name
             self._streak = 1
@@ -381,6 +404,20 @@ class Ledger:
             if self._fired:
                 self._fired.clear()
         return seq
+
+    def _end_streak(self, seq: int) -> None:
+        """The current streak ends at check ``seq`` with calls still waiting for their outcome:
+        kept (``EndedStreak``) so that they settle in it and its stop level can still fire, as
+        it would have had the calls run one at a time. Not when its stop level cannot fire (off,
+        or fired already)."""
+        if not self._stop_at or (_STREAK_STOP in self._fired):
+            return
+        ended = EndedStreak(self._next, seq - 1, self._streak, self._failing, self._settled, self._stop_peak,
+                            self._early, self._last_key, self._last_tool)
+        if len(self._ended) >= MAX_ENDED_STREAKS:
+            del self._ended[0]
+        self._ended.append(ended)
+        self._early = {}
 
     def _new_streak(self, first: int) -> None:
         """The current streak starts at check ``first``: earlier calls' outcomes are not its own."""
@@ -422,13 +459,16 @@ class Ledger:
         if stale >= self._stuck_at and not self._first_stuck:
             self._first_stuck = self._tool_calls
 
-    def record_outcome(self, seq: int, outcome: Outcome) -> None:
+    def record_outcome(self, seq: int, outcome: Outcome) -> bool | None:
         """The outcome of check ``seq`` (each check's once: the guard ignores any other report).
 
         It settles that call in its streak, in check order: ``ERROR`` extends the failing count,
         ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset it; with ``streak_stop_on="any"``
         the settled count counts every outcome but ``DENIED``. An outcome that arrives before an
-        earlier call's waits for it; one of an earlier streak's call changes no streak."""
+        earlier call's waits for it. A call of a streak that another key ended settles in that
+        streak (``EndedStreak``): true is returned when that brought its stop count to
+        ``streak_stop_at`` (``ended_stop``), so that the outcome hooks are asked even where the
+        current streak is quiet. A call of a streak ended by ``retry``/``resolve`` changes no streak."""
         if outcome is _OK:
             self._ok += 1
             if seq == self._next:  # the common case (the next call of the streak succeeded): _settle, inlined
@@ -445,7 +485,9 @@ class Ledger:
         if seq != self._next:
             if seq > self._next:  # an earlier call of the streak has no outcome yet: this one waits
                 self._early[seq] = outcome
-            return
+            elif self._ended:  # a call of a streak another key ended
+                return self._settle_ended(seq, outcome)
+            return None
         self._next = seq + 1  # the sequential case: _settle, inlined
         if outcome is _ERROR:
             self._failing += 1
@@ -468,6 +510,29 @@ class Ledger:
                 self._settle_waiting()
         elif seq > self._next:
             self._early[seq] = _ABANDONED
+        elif self._ended:
+            self._settle_ended(seq, _ABANDONED)
+
+    def _settle_ended(self, seq: int, outcome: Outcome) -> bool:
+        """Settle check ``seq`` in the ended streak that holds it (if one does)."""
+        self._late = None
+        for ended in self._ended:
+            if ended.next <= seq <= ended.last:
+                break
+        else:
+            return False
+        reached = ended.settle(seq, outcome, self._stop_any, self._stop_at)
+        if reached or ended.next > ended.last:  # its stop level fires now, or it is settled: done with it
+            self._ended.remove(ended)
+        if reached:
+            self._late = ended
+        return reached
+
+    @property
+    def ended_stop(self) -> EndedStreak | None:
+        """The ended streak (another key was checked while calls of it still waited) whose stop
+        count the latest outcome of it brought to ``streak_stop_at``, until that detection is noted."""
+        return self._late
 
     def _settle(self, outcome: Outcome) -> None:
         """Settle the streak's next call with ``outcome`` (``record_outcome`` inlines this)."""
@@ -510,11 +575,15 @@ class Ledger:
         return min(limit, count + (self._settled if any_outcome else self._failing))
 
     def reset_streak(self) -> None:
-        """Forget the current streak (the user answered an ASK): the next call starts afresh."""
+        """Forget the current streak, and the ended ones still settling (the user answered an
+        ASK, or the request is re-sent): the next call starts afresh."""
         self._last_key = None
         self._last_tool = None
         self._streak = 0
         self._new_streak(self._seq + 1)
+        if self._ended:
+            self._ended = []
+        self._late = None
 
     def rollback_cycle(self) -> None:
         """The current model request is re-sent: discard its calls, clear repeats and streaks."""
@@ -534,7 +603,11 @@ class Ledger:
         """A detection was made (``event``: which, so that each level fires once per streak)."""
         self._detections += 1
         if event is not None:
-            self._fired.add((str(event.threshold), str(event.level)))
+            fired = (str(event.threshold), str(event.level))
+            if fired == _STREAK_STOP and self._late is not None:
+                self._late = None  # the ended streak's stop: it is no longer kept, nothing to note
+                return
+            self._fired.add(fired)
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
         """A copy of these facts under another configuration, for replay tools (``turnguard
@@ -571,7 +644,86 @@ class Ledger:
         twin._outcomes = dict(self._outcomes)
         twin._early = dict(self._early)
         twin._fired = set(self._fired)
+        twin._ended = [ended.copy() for ended in self._ended]
         return twin
+
+    # -- state (snapshots) ----------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """The facts as JSON data, for a turn's snapshot; ``from_state`` reads them back. Key
+        repeats are digests (hex), never arguments."""
+        facts: dict[str, Any] = {name: getattr(self, f"_{name}") for name in _STATE_COUNTS}
+        facts.update({name: getattr(self, f"_{name}") for name in _STATE_FLAGS})
+        facts.update({name: _hex(getattr(self, f"_{name}")) for name in _STATE_DIGESTS})
+        facts["last_tool"] = self._last_tool
+        facts["counts"] = {digest.hex(): n for digest, n in self._counts.items()}
+        facts["since_new"] = {digest.hex(): n for digest, n in self._since_new.items()}
+        facts["outcomes"] = self.outcome_counts()
+        facts["early"] = _early_state(self._early)
+        facts["fired"] = sorted([list(pair) for pair in self._fired])
+        if self._ended:
+            facts["ended"] = [ended.state() for ended in self._ended]
+        return facts
+
+    @classmethod
+    def from_state(cls, config: GuardConfig, state: Any, *, path: str = "facts", elapsed_s: float = 0.0,
+                   **identity: Any) -> Ledger:
+        """A ledger holding the facts ``state()`` gave, under ``config`` and with ``identity``
+        (this class's keywords: ``turn_id``, ...), its turn ``elapsed_s`` seconds old. Every field
+        is checked (type, range, the bounds a live ledger keeps, such as ``max_tracked_keys``): a
+        bad one is a ``SnapshotError`` naming it (``facts.counts``)."""
+        ledger = cls(config, **identity)
+        ledger._restore(Fields(state, path))
+        ledger._started_at = time.monotonic() - elapsed_s
+        return ledger
+
+    def _restore(self, f: Fields) -> None:
+        seq = self._seq = f.integer("seq")
+        calls = self._tool_calls = f.integer("tool_calls", 0, seq)
+        self._cycles = f.integer("cycles")
+        self._cycle_start = f.integer("cycle_start", 0, calls)
+        self._detections = f.integer("detections")
+        self._retries = f.integer("retries")
+        self._counts = _digest_counts(f, "counts", self._max_keys, calls)
+        self._max_repeat = f.integer("max_repeat", max(self._counts.values(), default=0), calls)
+        self._overflowed = f.boolean("overflowed")
+        self._first_stuck = f.integer("first_stuck", 0, calls)
+        self._since_new = _digest_counts(f, "since_new", self._max_keys + 1, calls)
+        self._max_stale = f.integer("max_stale", 0, calls)
+        self._looped = f.boolean("looped")
+        self._news = f.digest("news", DIGEST_SIZE, optional=True)
+        self._restore_streak(f, seq, calls)
+        self._restore_outcomes(f.object("outcomes"), seq)
+        f.done()
+
+    def _restore_streak(self, f: Fields, seq: int, calls: int) -> None:
+        self._last_key = f.digest("last_key", DIGEST_SIZE, optional=True)
+        self._last_tool = f.text("last_tool", optional=True)
+        streak = self._streak = f.integer("streak", 0, calls)
+        if (self._last_key is None) != (streak == 0):
+            st.refuse(f.at("streak"), "0 exactly when last_key is null (no current streak)", streak)
+        self._next = f.integer("next", 1, seq + 1)
+        self._failing = f.integer("failing", 0, streak)
+        self._settled = f.integer("settled", 0, streak)
+        self._stop_peak = f.integer("stop_peak", 0, streak)
+        self._early = _early_outcomes(f, "early", self._next + 1, seq)
+        fired = f.items("fired", MAX_FIRED)
+        self._fired = {_fired_pair(f"{f.at('fired')}[{i}]", pair) for i, pair in enumerate(fired)}
+        records = f.items("ended", MAX_ENDED_STREAKS, default=[])
+        self._ended = []
+        low = 1
+        for i, data in enumerate(records):
+            ended = EndedStreak.from_state(Fields(data, f"{f.at('ended')}[{i}]"), low, seq - 1, calls)
+            self._ended.append(ended)
+            low = ended.last + 1
+
+    def _restore_outcomes(self, f: Fields, seq: int) -> None:
+        counts = {o.value: f.integer(o.value, 0, seq, default=0) for o in Outcome}
+        f.done()
+        if sum(counts.values()) > seq:
+            st.refuse(f.path, f"counts adding up to at most the {seq} calls checked", counts)
+        self._ok = counts.pop(_OK.value)
+        self._outcomes = counts
 
     # -- building verdicts ---------------------------------------------------------------------
 
@@ -584,9 +736,12 @@ class Ledger:
         *,
         call: ToolCall | None = None,
         message: str = "",
+        streak: EndedStreak | None = None,
     ) -> Verdict:
-        """A verdict whose ``LoopDetectedEvent`` records this ledger's counts now."""
+        """A verdict whose ``LoopDetectedEvent`` records this ledger's counts now (the streak's:
+        ``streak``'s, an ended streak's, when given)."""
         digest = cached_digest(call) if call is not None else None
+        length, failing = (self._streak, self._failing) if streak is None else (streak.length, streak.failing)
         event = LoopDetectedEvent(
             threshold=threshold,
             action=action,
@@ -595,8 +750,8 @@ class Ledger:
             tool_calls=self._tool_calls,
             cycles=self._cycles,
             max_key_repeat=self._max_repeat,
-            streak_length=self._streak,
-            failing_streak_length=self._failing,
+            streak_length=length,
+            failing_streak_length=failing,
             soft_cap=self.soft_cap,
             hard_cap=self.hard_cap,
             tool_name=call.name if call is not None else None,
@@ -631,11 +786,125 @@ class Ledger:
             detections=self._detections,
             duration_s=time.monotonic() - self.started_at,
             cohort=self._cohort,
+            resumed_from=self._resumed_from,
+            fresh_state=self._fresh_state,
         )
 
 
+_STATE_COUNTS = (
+    "seq", "tool_calls", "cycles", "cycle_start", "detections", "retries", "max_repeat", "first_stuck",
+    "max_stale", "streak", "next", "failing", "settled", "stop_peak",
+)
+_STATE_FLAGS = ("overflowed", "looped")
+_STATE_DIGESTS = ("last_key", "news")
+MAX_FIRED = 64
+"""Detections one streak can note (a threshold and a level each) that a snapshot may hold."""
+MAX_ENDED_STREAKS = 1024
+"""Ended streaks still settling that a ledger keeps (``EndedStreak``): past it, the oldest is given
+up (its late outcomes then change no streak). A batch holds more only when it alternates keys, whose
+streaks of one or two calls cannot reach the stop level anyway."""
+
+
+def _hex(digest: bytes | None) -> str | None:
+    return digest.hex() if digest is not None else None
+
+
+def _early_state(early: dict[int, Outcome]) -> dict[str, str]:
+    return {str(seq): outcome.value for seq, outcome in early.items()}
+
+
+def _digest_counts(f: Fields, name: str, limit: int, most: int) -> dict[bytes, int]:
+    """A table of digests (hex) to counts from 1 to ``most``, at most ``limit`` of them."""
+    path = f.at(name)
+    return {st.digest(f"{path}.{key}", key, DIGEST_SIZE): st.integer(f"{path}.{key}", n, 1, most)  # type: ignore[misc]
+            for key, n in f.mapping(name, limit).items()}
+
+
+def _early_outcomes(f: Fields, name: str, low: int, high: int) -> dict[int, Outcome]:
+    """Outcomes waiting for an earlier call's, by check number (written as decimal text) from
+    ``low`` to ``high``."""
+    path = f.at(name)
+    early = {}
+    for key, value in f.mapping(name, max(high - low + 1, 0)).items():
+        seq = int(key) if key.isdigit() and key == str(int(key)) else -1
+        if not low <= seq <= high:
+            st.refuse(f"{path}.{key}", f"keyed by a check number from {low} to {high}", key)
+        early[seq] = Outcome(st.choice(f"{path}.{key}", value, _OUTCOME_VALUES))
+    return early
+
+
+_OUTCOME_VALUES = tuple(o.value for o in Outcome)
+
+
+def _fired_pair(path: str, pair: Any) -> tuple[str, str]:
+    if not isinstance(pair, list | tuple) or len(pair) != 2:
+        st.refuse(path, "a [threshold, level] pair", pair)
+    return st.text(path, pair[0], nonempty=True), st.choice(path, pair[1], tuple(level.value for level in Level))
+
+
+class EndedStreak:
+    """A streak another key ended while calls of it still waited for their outcome (identical
+    calls of one model response, then a different one): its checks ``next`` to ``last`` settle
+    here, in check order, as the ledger's current streak settles its own, so its stop level fires
+    at the outcome that completes ``streak_stop_at`` failures, as had the calls run one at a time."""
+
+    __slots__ = ("digest", "early", "failing", "last", "length", "next", "peak", "settled", "tool")
+
+    def __init__(self, next: int, last: int, length: int, failing: int, settled: int, peak: int,
+                 early: dict[int, Outcome], digest: bytes | None, tool: str | None) -> None:
+        self.next, self.last, self.length = next, last, length
+        self.failing, self.settled, self.peak = failing, settled, peak
+        self.early, self.digest, self.tool = early, digest, tool
+
+    def settle(self, seq: int, outcome: Outcome, stop_any: bool, stop_at: int) -> bool:
+        """Settle check ``seq``'s outcome; true when the stop count reached ``stop_at`` now."""
+        if seq != self.next:
+            self.early[seq] = outcome
+            return False
+        before = self.peak
+        self._settle_next(outcome, stop_any)
+        early = self.early
+        while self.next in early:
+            self._settle_next(early.pop(self.next), stop_any)
+        return before < stop_at <= self.peak
+
+    def _settle_next(self, outcome: Outcome, stop_any: bool) -> None:
+        self.next += 1
+        if outcome is _ERROR:
+            self.failing += 1
+            if not stop_any and self.failing > self.peak:
+                self.peak = self.failing
+        elif outcome is not _DENIED:
+            self.failing = 0
+        if stop_any and outcome is not _DENIED:
+            self.settled += 1
+            self.peak = self.settled
+
+    def copy(self) -> EndedStreak:
+        return EndedStreak(self.next, self.last, self.length, self.failing, self.settled, self.peak,
+                           dict(self.early), self.digest, self.tool)
+
+    def state(self) -> dict[str, Any]:
+        return {"next": self.next, "last": self.last, "length": self.length, "failing": self.failing,
+                "settled": self.settled, "peak": self.peak, "early": _early_state(self.early),
+                "digest": _hex(self.digest), "tool": self.tool}
+
+    @classmethod
+    def from_state(cls, f: Fields, low: int, high: int, calls: int) -> EndedStreak:
+        """Read back from ``state()``: checks from ``low`` to ``high``, at most ``calls`` long."""
+        first = f.integer("next", low, high)
+        last = f.integer("last", first, high)
+        length = f.integer("length", 1, calls)
+        ended = cls(first, last, length, f.integer("failing", 0, length), f.integer("settled", 0, length),
+                    f.integer("peak", 0, length), _early_outcomes(f, "early", first + 1, last),
+                    f.digest("digest", DIGEST_SIZE), f.text("tool", nonempty=True))
+        f.done()
+        return ended
+
+
 VIEW_FACTS = (
-    "config", "turn_id", "cohort", "conversation_id", "agent_name", "promptable", "cap_mode", "soft_cap", "hard_cap",
+    "config", "turn_id", "cohort", "conversation_id", "agent_name", "resumed_from", "fresh_state", "promptable",
+    "cap_mode", "soft_cap", "hard_cap",
     "started_at", "tool_calls", "checks", "cycles", "calls_this_cycle", "cap_quiet_until", "max_key_repeat",
     "max_stale_repeat", "distinct_keys", "keys_overflowed", "streak_length", "failing_streak_length",
     "settled_streak_length", "stop_count", "awaiting_in_streak", "streak_digest", "last_tool_name",

@@ -254,6 +254,13 @@ class TurnSummary:
     or ``None``; a later result goes to ``Guard.report_result``."""
     cohort: str = "live"
     """``live``, or ``probe`` when the turn was guarded by the probe configuration (``tg.Probe``)."""
+    resumed_from: str | None = None
+    """The turn id of the snapshot this turn was resumed from when it got an id of its own (the
+    same snapshot resumed a second time by one guard: a fork); ``None`` otherwise."""
+    fresh_state: tuple[str, ...] = ()
+    """What started afresh when the turn was resumed: the names of the plugins (``shadow``) whose
+    per-turn state the snapshot did not carry (a version 1 snapshot), so their evidence (shadow
+    and probe detections) counts from the resume on."""
 
 
 class LoopDetected(Exception):

@@ -42,6 +42,7 @@ nothing of shadows; the ``shadow`` built-in plugin (``plugins.FACTORY_PLUGINS``)
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -51,11 +52,13 @@ import pluggy
 from turnguard.config import GuardConfig
 from turnguard.dispatch import PASSTHROUGH, Dispatcher
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer
+from turnguard.keys import Keyer, turn_keyer
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, Answer, LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 from turnguard.plugins import plugin_manager as policy_manager
 from turnguard.plugins import policies_only
+from turnguard.snapshot import deciding_settings, read_verdict, verdict_data
+from turnguard.state import Fields
 
 log = logging.getLogger("turnguard")
 _HALT = Action.HALT
@@ -74,8 +77,7 @@ class ShadowPolicy:
         self.name = name
         self.config = config
         same_keys = config.key_mode == live.key_mode and config.digest_key == live.digest_key
-        self.own_digest: Callable[[ToolCall], bytes] | None = None if same_keys else _digest_with(
-            Keyer(config.key_mode, config.digest_key))
+        self.own_digest: Callable[[ToolCall], bytes] | None = None if same_keys else _own_digest(config)
         """``None``: the live call's digest is this shadow's; else how this shadow keys a call."""
         pm = policy_manager(policies_only(config), environ={})
         self.dispatcher = Dispatcher(pm, fail_mode=config.fail_mode, capture_content=live.capture_content,
@@ -87,6 +89,33 @@ def _digest_with(keyer: Keyer) -> Callable[[ToolCall], bytes]:
     return lambda call: keyer.digest(call.name, call.args)
 
 
+_TURN_KEYERS_KEPT = 64
+
+
+def _own_digest(config: GuardConfig) -> Callable[[ToolCall], bytes]:
+    """How a shadow with a key mode or secret of its own keys a call: under its ``digest_key``,
+    else, on a durable turn, under that turn's own key (in the shadow's key mode: its digests then
+    mean the same in the process that resumes the turn), else under its process's own secret."""
+    fixed = Keyer(config.key_mode, config.digest_key)
+    if config.digest_key:
+        return _digest_with(fixed)
+    keyers: dict[bytes, Keyer] = {}
+
+    def digest(call: ToolCall) -> bytes:
+        key = call._key
+        turn_key = getattr(key[1], "turn_key", None) if key is not None else None
+        if turn_key is None:
+            return fixed.digest(call.name, call.args)
+        keyer = keyers.get(turn_key)
+        if keyer is None:
+            if len(keyers) >= _TURN_KEYERS_KEPT:
+                keyers.clear()
+            keyer = keyers[turn_key] = turn_keyer(config.key_mode, turn_key)
+        return keyer.digest(call.name, call.args)
+
+    return digest
+
+
 class ShadowRun:
     """One shadow policy on one live turn: its ledger, its bound checks, its latched would-be halt."""
 
@@ -94,12 +123,25 @@ class ShadowRun:
 
     def __init__(self, policy: ShadowPolicy, turn: LedgerView) -> None:
         self.policy = policy
-        self.ledger = Ledger(policy.config, turn_id=turn.turn_id, conversation_id=turn.conversation_id,
-                             agent_name=turn.agent_name, promptable=turn.promptable)
-        self.checks = policy.dispatcher.bind(self.ledger)
-        self.quiet = policy.dispatcher.quiet(self.ledger)
+        self.restore(Ledger(policy.config, **_identity(turn)), None)
+
+    def restore(self, ledger: Ledger, halt: Verdict | None) -> None:
+        """Evaluate the shadow on ``ledger`` from now on (a new turn's, or one read back from a snapshot)."""
+        self.ledger = ledger
+        self.checks = self.policy.dispatcher.bind(ledger)
+        self.quiet = self.policy.dispatcher.quiet(ledger)
         """Where this shadow's policies cannot fire: they are not called there (as on the live turn)."""
-        self.halt: Verdict | None = None
+        self.halt = halt
+
+    def state(self) -> dict[str, Any]:
+        return {"config": deciding_settings(self.policy.config), "facts": self.ledger.state(),
+                "halt": verdict_data(self.halt)}
+
+
+def _identity(turn: LedgerView, **extra: Any) -> dict[str, Any]:
+    """A shadow ledger's identity: the live turn's."""
+    return {"turn_id": turn.turn_id, "conversation_id": turn.conversation_id, "agent_name": turn.agent_name,
+            "promptable": turn.promptable, **extra}
 
 
 class TurnShadows:
@@ -108,13 +150,14 @@ class TurnShadows:
     without a would-be halt (the only ones still evaluated) with their ledgers; ``calls`` and
     ``outcomes`` the same runs with what each per-call loop reads, unpacked in one step."""
 
-    __slots__ = ("active", "calls", "found", "outcomes", "pending", "reporter", "runs")
+    __slots__ = ("active", "calls", "found", "outcomes", "pending", "reporter", "runs", "stopped")
 
     def __init__(self, runs: list[ShadowRun], reporter: Dispatcher | None) -> None:
         self.runs = runs
         self.found: list[tuple[str, LoopDetectedEvent]] = []
         self.pending: list[Callable[[Ledger], None]] = []
         self.reporter = reporter
+        self.stopped = False
         self.drop_halted()
 
     def drop_halted(self) -> None:
@@ -127,6 +170,7 @@ class TurnShadows:
 
     def stop(self) -> None:
         """Evaluate no shadow any more on this turn."""
+        self.stopped = True
         self.active = self.calls = self.outcomes = ()
 
     def apply_pending(self) -> None:
@@ -261,8 +305,7 @@ class ShadowPlugin:
         seq = key[3] if key is not None and key[3] else turn.checks
         try:
             for run, ledger, record, checks, quiet in state.outcomes:
-                record(seq, outcome)
-                if ledger._stop_peak < quiet.stop_count:
+                if not record(seq, outcome) and ledger._stop_peak < quiet.stop_count:  # (as Turn's)
                     checks = quiet.outcome
                     if not checks:
                         continue
@@ -302,6 +345,53 @@ class ShadowPlugin:
         state = self._turns.get(id(turn))
         if state is not None:
             state.pending.append(Ledger.reset_streak)
+
+    # -- durable turns: the shadows' state travels in the turn's snapshot ------------------------
+
+    @hookimpl
+    def turnguard_turn_snapshot(self, turn: LedgerView) -> dict[str, Any] | None:
+        """Each shadow's facts and would-be halt (by shadow name), with its deciding settings:
+        under the turn's lock, after the queued retries and answers are applied."""
+        state = self._turns.get(id(turn))
+        if state is None:
+            return None
+        if state.pending:
+            state.apply_pending()
+        return {"stopped": state.stopped, "runs": {run.policy.name: run.state() for run in state.runs}}
+
+    @hookimpl
+    def turnguard_turn_resumed(self, turn: LedgerView, state: Any) -> None:
+        """Each shadow goes on from the state the snapshot holds for it, checked field by field
+        (``plugins.shadow.*``). A shadow the snapshot has no state for, or one whose settings
+        changed since, starts afresh: its summary's ``fresh_state`` says so."""
+        shadows = self._turns.get(id(turn))
+        if shadows is None:
+            return
+        f = Fields(state, "plugins.shadow") if state is not None else None
+        runs = f.mapping("runs", len(shadows.runs) + 1024) if f is not None else {}
+        elapsed = time.monotonic() - turn.started_at
+        for run in shadows.runs:
+            name = run.policy.name
+            g = Fields(runs[name], f"plugins.shadow.runs.{name}") if name in runs else None
+            if g is None or g.get("config") != deciding_settings(run.policy.config):
+                run.restore(Ledger(run.policy.config, **_identity(turn, fresh_state=("shadow",))), None)
+                continue
+            ledger = Ledger.from_state(run.policy.config, g.get("facts"), path=g.at("facts"), elapsed_s=elapsed,
+                                       **_identity(turn))
+            run.restore(ledger, read_verdict(g.get("halt"), g.at("halt")))
+            g.done()
+        if f is not None and f.boolean("stopped"):
+            shadows.stop()
+        else:
+            shadows.drop_halted()
+        if f is not None:
+            f.done()
+
+    @hookimpl
+    def turnguard_turn_suspended(self, turn: LedgerView) -> None:
+        """Put aside: the shadows' state is in the snapshot, their summaries come when the turn ends."""
+        self._flush(turn)
+        self._turns.pop(id(turn), None)
 
     @hookimpl(tryfirst=True)
     def turnguard_turn_ended(self, turn: LedgerView, summary: TurnSummary) -> None:

@@ -14,7 +14,10 @@ Outcomes count in check order (``Ledger.record_outcome``). Identical calls check
 outcomes of the earlier ones (a parallel batch in one model response) count those still waiting
 as failures: the stop level fires at the check of the call that, run one at a time, would have
 come after ``streak_stop_at`` failures, so in an unattended turn at most ``streak_stop_at`` of
-them run. (Replays are sequential: ``firing_rule`` needs no batch case.)
+them run. A streak that another call of the same response ends still settles its calls'
+outcomes when they come (``Ledger.ended_stop``): eight identical failing calls then a different
+one stop at the report that completes the eight failures in check order, as one at a time.
+(Replays are sequential: ``firing_rule`` needs no batch case.)
 """
 
 from __future__ import annotations
@@ -84,14 +87,15 @@ def _batched(turn: Ledger, call: ToolCall) -> Verdict | None:
 @hookimpl
 def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
     stop_at = turn._stop_at
-    if turn._stop_peak < stop_at or not stop_at or _STOP in turn._fired:
+    ended = turn._late
+    if ended is None and (turn._stop_peak < stop_at or not stop_at or _STOP in turn._fired):
         return None
     what = "was called" if turn._stop_any else "failed"
     action = Action.ASK if turn.promptable else Action.HALT
-    return turn.detect(
-        Threshold.STREAK, action, Level.STOP, stop_at, call=call,
-        message=f"turnguard: {call.name} {what} {stop_at} times in a row with identical arguments",
-    )
+    message = f"turnguard: {call.name} {what} {stop_at} times in a row with identical arguments"
+    if ended is not None:  # a streak another call of the same response ended: its outcomes came after
+        message += " (the calls of one response, whose outcomes came after the next call was checked)"
+    return turn.detect(Threshold.STREAK, action, Level.STOP, stop_at, call=call, message=message, streak=ended)
 
 
 def quiet_rule(turn: Ledger) -> Quiet:

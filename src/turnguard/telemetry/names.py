@@ -46,7 +46,11 @@ RESULT_STATUS = "turnguard.result.status"
 TURN_RESULT_EVENT = "turnguard.turn.result"
 """Log event of a result reported after the turn ended."""
 RESOLVED_LABELS = {True: "true", False: "false", None: "unknown"}
-TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | <host reason> | abandoned (spans only)
+TURN_RESUMED_FROM = "turnguard.turn.resumed_from"
+"""On the turn span: the turn id of the snapshot a resumed turn was forked from (a second resume)."""
+TURN_FRESH_STATE = "turnguard.turn.fresh_state"
+"""On the turn span: the plugins whose per-turn state restarted at a resume (a version 1 snapshot)."""
+TURN_OUTCOME = "turnguard.turn.outcome"  # completed | halted | error | suspended | <host reason> | abandoned (spans)
 TURN_PROMPTABLE = "turnguard.turn.promptable"
 TURN_STUCK = "turnguard.turn.stuck"
 TURN_PAST_SOFT_CAP = "turnguard.turn.past_soft_cap"

@@ -101,6 +101,13 @@ class OtelPlugin(SpanReporter):
         self.end_turn(turn, summary)
 
     @hookimpl
+    def turnguard_turn_suspended(self, turn: Ledger, summary: TurnSummary) -> None:
+        """Put aside to be resumed: its span ends (``turnguard.turn.outcome`` ``suspended``), no
+        metric point (the process that finishes the turn records it, once)."""
+        self._main_halts.pop(turn, None)
+        self.end_turn(turn, summary)
+
+    @hookimpl
     def turnguard_turn_result(self, resolved: bool | None, status: str, labels: ResultLabels | None) -> None:
         self.instruments.turn_result(labels, resolved, status, self.scope)
         if status == "accepted" and labels is not None:

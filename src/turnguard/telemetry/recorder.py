@@ -228,6 +228,12 @@ class Recorder:
         self.write(line)
 
     @hookimpl
+    def turnguard_turn_suspended(self, turn: Ledger) -> None:
+        """Put aside to be resumed: no line here (the process that finishes the turn writes it)."""
+        with self._lock:
+            self._turns.pop(turn, None)
+
+    @hookimpl
     def turnguard_turn_result(self, resolved: bool | None, status: str, labels: ResultLabels | None) -> None:
         """A result that came after the turn's line (from this process or, with the turn's result
         token, from another): a result record (``calibrate/results.py``)."""
@@ -355,7 +361,8 @@ def turn_line(
         "calls_dropped": dropped,
         "escalations": escalations or [],
     }
-    extra = (("policy", policy), ("limits", limits), ("started_at", started_at), ("ended_at", ended_at))
+    extra = (("policy", policy), ("limits", limits), ("started_at", started_at), ("ended_at", ended_at),
+             ("resumed_from", summary.resumed_from), ("fresh_state", list(summary.fresh_state) or None))
     data.update((key, value) for key, value in extra if value is not None)
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str)  # ASCII: valid whatever the names
     return (text + "\n").encode("ascii")

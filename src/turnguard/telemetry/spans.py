@@ -152,6 +152,10 @@ def turn_attributes(turn: Ledger, *, host: bool, policy: dict[str, Any] | None =
         n.TURN_PROMPTABLE: turn.promptable,
         n.CAP_MODE: turn.cap_mode,
     }
+    if turn.resumed_from is not None:
+        attrs[n.TURN_RESUMED_FROM] = turn.resumed_from
+    if turn.fresh_state:
+        attrs[n.TURN_FRESH_STATE] = list(turn.fresh_state)
     if turn.soft_cap is not None:
         attrs[n.LOOP_SOFT_CAP] = turn.soft_cap
     if turn.hard_cap is not None:
