@@ -137,3 +137,67 @@ def test_end_reports_how_the_run_finished():
     halted.end(TurnHalted(tg.Verdict(tg.Action.HALT, tg.Threshold.EXPLICIT)))
     failed.end(RuntimeError("the model provider is down"))
     assert [d.turn.summary.reason for d in (ok, halted, failed)] == ["completed", "halted", "error"]
+
+
+# -- a question holds the calls after it -------------------------------------------------------
+
+
+def test_a_deferred_question_holds_later_calls_unchecked_until_it_is_answered():
+    driver = open_turn(tg.Guard(), ask="approval", promptable=None)
+    *ran, asked = [driver.before(call) for call in identical(5)]
+    assert [d.step for d in ran] == [Step.RUN] * 4 and asked.step is Step.ASK
+    driver.defer(asked.verdict)
+    held = [driver.before(call) for call in identical(3)]
+    assert {d.step for d in held} == {Step.HOLD} and {d.verdict for d in held} == {asked.verdict}
+    assert driver.turn.ledger.tool_calls == 5  # held calls are not counted
+    driver.answer(asked.verdict, "continue", None, before=True)
+    assert driver.question is None and driver.before(identical(1)[0]).step is Step.RUN
+
+
+def test_a_thread_checking_while_another_is_asking_waits_for_the_answer():
+    import threading
+    import time
+
+    order = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        order.append("asked")
+        time.sleep(0.2)
+        order.append("answered")
+        return "stop"
+
+    driver = open_turn(tg.Guard(), ask=ask, promptable=None)
+    calls = identical(6)
+    for call in calls[:4]:
+        driver.check(call)
+    asking = threading.Thread(target=driver.check, args=(calls[4],))
+    asking.start()
+    while not order:
+        time.sleep(0.01)
+    decision = driver.check(calls[5])
+    order.append(decision.step)
+    asking.join()
+    assert order == ["asked", "answered", Step.HALT]
+
+
+def test_a_task_checking_while_another_awaits_the_answer_waits_for_it():
+    order = []
+
+    async def ask(verdict: tg.Verdict) -> str:
+        order.append("asked")
+        await asyncio.sleep(0.05)
+        order.append("answered")
+        return "stop"
+
+    async def scenario() -> None:
+        driver = open_turn(tg.Guard(), ask=ask, promptable=None)
+        calls = identical(6)
+        for call in calls[:4]:
+            await driver.acheck(call)
+        asking = asyncio.create_task(driver.acheck(calls[4]))
+        await asyncio.sleep(0)
+        order.append((await driver.acheck(calls[5])).step)
+        assert (await asking).step is Step.REFUSE
+
+    asyncio.run(scenario())
+    assert order == ["asked", "answered", Step.HALT]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,9 @@ class Step(enum.Enum):
     """The user refused: do not execute the call; the run halts."""
     HALT = "halt"
     """Do not execute the call; stop the run."""
+    HOLD = "hold"
+    """Do not execute the call yet: a question asked before it is still unanswered. The call waits
+    for the answer (the framework's route defers it with the question) and is checked after it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +107,27 @@ class RunDriver:
     def __init__(self, turn: Turn, *, ask: Ask | None = None) -> None:
         self.turn = turn
         self.ask = ask
+        self.question: Verdict | None = None
+        """The ASK put to the user through the framework's own route and not answered yet: calls
+        after it are held (``Step.HOLD``), not checked."""
+        self._asking = threading.RLock()
+        """Held while a synchronous callback is asked: other threads' calls wait for the answer."""
+        self._answered: asyncio.Event | None = None
+        """Set while an async callback is asked; tasks checking calls meanwhile wait on it."""
 
     # -- raw checks (ASK left to the adapter) -------------------------------------------------
 
     def before(self, call: ToolCall) -> Decision:
-        """Before executing ``call``."""
+        """Before executing ``call``; ``Step.HOLD`` (the call is not checked) while ``question`` waits."""
+        question = self.question
+        if question is not None:
+            return Decision(Step.HOLD, question)
         return self._map(self.turn.check_call(call))
+
+    def defer(self, verdict: Verdict) -> None:
+        """The adapter put ``verdict`` (an ASK) to the user through its framework's route: until
+        ``answer()``, later calls are held with it."""
+        self.question = verdict
 
     def after(self, call: ToolCall, outcome: Outcome) -> Decision:
         """After executing ``call``."""
@@ -125,21 +144,45 @@ class RunDriver:
         decision = self._map(self.turn.begin_cycle())
         return await self.aask_user(decision.verdict, None, before=False) if decision.step is Step.ASK else decision
 
+    # A question holds the calls after it: a call checked while the user is being asked (another
+    # thread's or task's call of the same batch) waits for the answer, then is checked.
+
     def check(self, call: ToolCall) -> Decision:
-        decision = self.before(call)
-        return self.ask_user(decision.verdict, call, before=True) if decision.step is Step.ASK else decision
+        with self._asking:
+            decision = self.before(call)
+            return self.ask_user(decision.verdict, call, before=True) if decision.step is Step.ASK else decision
 
     def outcome(self, call: ToolCall, outcome: Outcome) -> Decision:
-        decision = self.after(call, outcome)
-        return self.ask_user(decision.verdict, call, before=False) if decision.step is Step.ASK else decision
+        with self._asking:
+            decision = self.after(call, outcome)
+            return self.ask_user(decision.verdict, call, before=False) if decision.step is Step.ASK else decision
 
     async def acheck(self, call: ToolCall) -> Decision:
+        await self.unasked()
         decision = self.before(call)
-        return await self.aask_user(decision.verdict, call, before=True) if decision.step is Step.ASK else decision
+        if decision.step is not Step.ASK:
+            return decision
+        return await self._asked(self.aask_user(decision.verdict, call, before=True))
 
     async def aoutcome(self, call: ToolCall, outcome: Outcome) -> Decision:
+        await self.unasked()
         decision = self.after(call, outcome)
-        return await self.aask_user(decision.verdict, call, before=False) if decision.step is Step.ASK else decision
+        if decision.step is not Step.ASK:
+            return decision
+        return await self._asked(self.aask_user(decision.verdict, call, before=False))
+
+    async def unasked(self) -> None:
+        """Return once no async question of this run is waiting for the user."""
+        while (answered := self._answered) is not None:
+            await answered.wait()
+
+    async def _asked(self, asking: Awaitable[Decision]) -> Decision:
+        self._answered = answered = asyncio.Event()
+        try:
+            return await asking
+        finally:
+            self._answered = None
+            answered.set()
 
     # -- the ASK route -----------------------------------------------------------------------
 
@@ -166,6 +209,7 @@ class RunDriver:
 
     def answer(self, verdict: Verdict, answer: AskResult, call: ToolCall | None, *, before: bool) -> Decision:
         """Apply the user's answer: continue/redirect go on, stop halts (a refused call is DENIED)."""
+        self.question = None
         resolved = self.turn.resolve(verdict, answer)
         if resolved.action is Action.HALT:
             if before and call is not None:
