@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -289,6 +290,57 @@ def test_an_interrupt_does_not_end_the_turn_and_the_resume_ends_it_once(ran, too
     turn_ends.assert_ended("completed")
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tool_that_raises_with_no_error_handler_ends_the_turn_without_watch(ran, turn_ends, mode):
+    """The documented basic setup (no ``watch``): the exception passes through the middleware's own
+    tool wrapper, which ends the turn."""
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        raise OSError(f"{path}: disk gone")
+
+    model = calls_then_done([("read_file", {"path": "a.py"})])
+    agent = create_agent(model, [read_file], middleware=[TurnGuardMiddleware(turn_ends.guard())])
+    with pytest.raises(OSError, match="disk gone"):
+        invoke(agent, ask_user("read it"), LIMIT, mode=mode)
+    summary = turn_ends.assert_ended("error")
+    assert summary.tool_calls == 1 and ran == ["a.py"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tool_error_a_middleware_outside_recovers_keeps_the_turn_open_and_guarded(ran, turn_ends, mode):
+    """``ToolRetryMiddleware`` outside turnguard's wrapper catches the tool's exception and retries
+    it (then answers with an error message): the run goes on, so the turn does too, and counts
+    each retry; the streak stops the identical failing retries at the eighth, and the halt is not
+    swallowed by the retrying middleware either."""
+    from langchain.agents.middleware import ToolRetryMiddleware
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        raise OSError(f"{path}: disk gone")
+
+    middleware = [ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False), TurnGuardMiddleware(
+        turn_ends.guard())]
+    agent = create_agent(forever("read_file", {"path": "a.py"}), [read_file], middleware=middleware)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        invoke(agent, ask_user("read it"), LIMIT, mode=mode)
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert len(ran) == 8
+    summary = turn_ends.assert_ended("halted")
+    assert summary.tool_calls == 8
+
+
+def invoke(agent, payload, config, *, mode: str):
+    """``agent.invoke`` or, with ``mode="async"``, ``agent.ainvoke`` run to its end."""
+    if mode == "async":
+        return asyncio.run(agent.ainvoke(payload, config))
+    return agent.invoke(payload, config)
+
+
 # -- identical calls in one response (the core's rule for a parallel batch) ----------------------
 
 
@@ -339,11 +391,15 @@ class Model(GenericFakeChatModel):
         return self
 
 
-phase, db = sys.argv[1], sys.argv[2]
+phase, db, shape = sys.argv[1], sys.argv[2], sys.argv[3]
 first = 0 if phase == "start" else 5  # the model's script goes on where the first process left it
 calls = [{"name": "read_file", "args": {"path": "missing.py"}, "id": f"call-{i}", "type": "tool_call"}
          for i in range(first, 30)]
-model = Model(messages=iter([AIMessage(content="", tool_calls=[c]) for c in calls]))
+if shape == "batch":  # one response of 10 identical calls (the first process's, resumed by the second)
+    responses = [AIMessage(content="", tool_calls=calls[:10])] if phase == "start" else [AIMessage("done")]
+else:
+    responses = [AIMessage(content="", tool_calls=[c]) for c in calls]
+model = Model(messages=iter(responses))
 ran = []
 
 
@@ -357,36 +413,181 @@ def read_file(path: str) -> str:
 read_file.handle_tool_error = True
 config = tg.GuardConfig(digest_key="shared-by-both-processes", max_tool_calls_per_turn=7,
                         disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
-middleware = TurnGuardMiddleware(tg.Guard(config, environ={}), ask="interrupt")
+exit_behavior = "end" if shape == "batch" else "error"
+middleware = TurnGuardMiddleware(tg.Guard(config, environ={}), ask="interrupt", exit_behavior=exit_behavior)
 with SqliteSaver.from_conn_string(db) as saver:
     agent = middleware.watch(create_agent(model, [read_file], middleware=[middleware], checkpointer=saver))
     thread = {"configurable": {"thread_id": "t-1"}, "recursion_limit": 1000}
     start = {"messages": [{"role": "user", "content": "read it"}]}
     try:
         out = agent.invoke(start if phase == "start" else Command(resume="continue"), thread)
-        print(json.dumps({"ran": len(ran), "asked": [i.value["turnguard"] for i in out.get("__interrupt__", [])]}))
+        print(json.dumps({"ran": len(ran), "asked": [i.value["turnguard"] for i in out.get("__interrupt__", [])],
+                          "last": out["messages"][-1].content}))
     except TurnGuardHalted as stop:
         print(json.dumps({"ran": len(ran), "halted": str(stop)}))
 '''
 
 
-def test_a_turn_interrupted_for_an_ask_goes_on_in_a_fresh_process_with_the_same_checkpointer(tmp_path):
-    """Process 1 runs 4 failing calls and is interrupted at the 5th (the warn level); process 2
-    resumes the thread with ``Command(resume="continue")``: the resumed turn still holds the first
-    4 calls, so the explicit cap of 7 stops the 8th call of the turn after 3 more, not 7."""
+@pytest.fixture
+def two_processes(tmp_path):
+    """``run(phase, shape)``: a phase of ``RESUMABLE_AGENT`` in a fresh Python process, the
+    checkpoints in one SQLite file."""
     optional_dependency("langgraph.checkpoint.sqlite")
     program, db = tmp_path / "agent.py", tmp_path / "checkpoints.sqlite"
     program.write_text(RESUMABLE_AGENT, encoding="utf-8")
 
-    def run(phase: str) -> dict:
-        command = [sys.executable, str(program), phase, str(db)]
+    def run(phase: str, shape: str = "serial") -> dict:
+        command = [sys.executable, str(program), phase, str(db), shape]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.strip().splitlines()[-1])
 
+    return run
+
+
+def test_a_turn_interrupted_for_an_ask_goes_on_in_a_fresh_process_with_the_same_checkpointer(two_processes):
+    """Process 1 runs 4 failing calls and is interrupted at the 5th (the warn level); process 2
+    resumes the thread with ``Command(resume="continue")``: the resumed turn still holds the first
+    4 calls, so the explicit cap of 7 stops the 8th call of the turn after 3 more, not 7."""
+    run = two_processes
     first = run("start")
     assert first["ran"] == 4
     assert [(a["threshold"], a["level"]) for a in first["asked"]] == [("streak", "warn")]
     second = run("resume")
     assert second["ran"] == 3  # call 5 (answered "continue"), 6 and 7
     assert "threshold explicit (stop, limit 7); 8 tool calls" in second["halted"]
+
+
+# -- parallel calls with ask="interrupt": one step, many tool messages --------------------------
+
+
+def batches(per_response: int, responses: int) -> ToolCallingFakeModel:
+    """``responses`` model responses of ``per_response`` distinct calls each, then "done"."""
+    messages = []
+    for r in range(responses):
+        calls = [{"name": "read_file", "args": {"path": f"f{r}-{k}.py"}, "id": f"call-{r}-{k}", "type": "tool_call"}
+                 for k in range(per_response)]
+        messages.append(AIMessage(content="", tool_calls=calls))
+    return ToolCallingFakeModel(messages=iter([*messages, AIMessage("done")]))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("per_response", [2, 3, 10])
+def test_parallel_calls_with_interrupt_write_one_snapshot_per_step(ran, tools, per_response, mode):
+    """Each tool message of a parallel batch carries the turn's snapshot; LangGraph takes the
+    newest of them (the state key's reducer) instead of refusing two values in one step."""
+    middleware = TurnGuardMiddleware(tg.Guard(), ask="interrupt")
+    agent = create_agent(batches(per_response, 3), tools, middleware=[middleware], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"p-{per_response}-{mode}"}, **LIMIT}
+    state = invoke(agent, ask_user("read them"), config, mode=mode)
+    assert state["messages"][-1].content == "done"
+    assert len(ran) == 3 * per_response
+    assert "turnguard_snapshot" not in state  # private: kept by the checkpointer, not output
+    kept = agent.get_state(config).values["turnguard_snapshot"]
+    assert kept["facts"]["seq"] == 3 * per_response  # the snapshot after the last batch's last call
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("per_response", [2, 3, 10])
+def test_a_question_in_a_parallel_batch_pauses_it_once_and_the_answer_resumes_it(ran, tools, per_response, mode):
+    """Identical calls in one response: the fifth asks. The batch pauses on one interrupt (where an
+    interrupt per tool call would leave LangGraph several, which one resume value cannot answer),
+    none of it runs while the user is asked, and "continue" runs all of it."""
+    agent = create_agent(one_batch("read_file", {"path": "a.py"}, per_response), tools,
+                         middleware=[TurnGuardMiddleware(tg.Guard(), ask="interrupt")], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"q-{per_response}-{mode}"}, **LIMIT}
+    paused = invoke(agent, ask_user("poll a.py"), config, mode=mode)
+    if per_response < 5:  # no question: the batch ran
+        assert "__interrupt__" not in paused and len(ran) == per_response
+        return
+    (pending,) = paused["__interrupt__"]
+    assert pending.value["turnguard"]["level"] == "warn" and ran == []
+    state = invoke(agent, Command(resume="continue"), config, mode=mode)
+    while "__interrupt__" in state:  # every fifth identical call asks again
+        state = invoke(agent, Command(resume="continue"), config, mode=mode)
+    assert state["messages"][-1].content == "done"
+    assert len(ran) == per_response
+
+
+# -- a question holds the rest of its batch, on every route -------------------------------------
+
+REFUSE_EVERYTHING = {"defaults": {}, "warn-off": {"streak_warn_at": 0}}
+"""The first question of a batch of identical failing calls: the warn level at the 5th call, or
+(warn off) the stop level at the 9th, which the 8 waiting before it count toward."""
+
+
+@pytest.fixture
+def failing_tools(ran):
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        raise ToolException(f"{path}: no such file")
+
+    read_file.handle_tool_error = True
+    return [read_file]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("config", REFUSE_EVERYTHING.values(), ids=REFUSE_EVERYTHING.keys())
+def test_a_callback_question_holds_the_calls_after_it_until_the_user_refuses(ran, failing_tools, config, mode):
+    """30 identical failing calls in one response, run in parallel (threads, or tasks) while the
+    callback takes its time: the calls after the one asked about wait for the answer, so only
+    those before it ran, and the user's "stop" refuses the rest."""
+    before = 4 if config == {} else 8
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(len(ran))
+        time.sleep(0.2)  # the other calls of the batch are checked meanwhile
+        return "stop"
+
+    async def aask(verdict: tg.Verdict) -> str:
+        asked.append(len(ran))
+        await asyncio.sleep(0.2)
+        return "stop"
+
+    middleware = TurnGuardMiddleware(tg.Guard(tg.GuardConfig(**config)), ask=ask if mode == "sync" else aask)
+    agent = create_agent(one_batch("read_file", {"path": "a.py"}, 30), failing_tools, middleware=[middleware])
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        invoke(agent, ask_user("read it"), LIMIT, mode=mode)
+    assert len(asked) == 1
+    assert len(ran) == before
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("config", REFUSE_EVERYTHING.values(), ids=REFUSE_EVERYTHING.keys())
+def test_an_interrupt_holds_the_whole_batch_and_a_refusal_runs_none_of_it(ran, failing_tools, config, mode):
+    guard = tg.Guard(tg.GuardConfig(**config))
+    agent = create_agent(one_batch("read_file", {"path": "a.py"}, 30), failing_tools,
+                         middleware=[TurnGuardMiddleware(guard, ask="interrupt")], checkpointer=InMemorySaver())
+    thread = {"configurable": {"thread_id": "refused"}, **LIMIT}
+    paused = invoke(agent, ask_user("read it"), thread, mode=mode)
+    assert len(paused["__interrupt__"]) == 1 and ran == []
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        invoke(agent, Command(resume="stop"), thread, mode=mode)
+    assert ran == []
+
+
+def test_with_exit_behavior_end_a_refused_batch_is_answered_and_the_run_ends(ran, failing_tools):
+    guard = tg.Guard()
+    middleware = TurnGuardMiddleware(guard, ask="interrupt", exit_behavior="end")
+    agent = create_agent(one_batch("read_file", {"path": "a.py"}, 30), failing_tools, middleware=[middleware],
+                         checkpointer=InMemorySaver())
+    thread = {"configurable": {"thread_id": "refused-end"}, **LIMIT}
+    invoke(agent, ask_user("read it"), thread, mode="sync")
+    state = invoke(agent, Command(resume="stop"), thread, mode="sync")
+    answered = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert len(answered) == 30 and all(m.status == "error" and "Not executed" in m.content for m in answered)
+    assert "stopped by the user" in state["messages"][-1].content and ran == []
+
+
+def test_a_parallel_batch_interrupted_for_an_ask_goes_on_in_a_fresh_process(two_processes):
+    """Process 1: one response of 10 identical calls; the 5th asks, so none runs. Process 2 answers
+    "continue": the turn re-checks the batch from the checkpointed snapshot, the first 7 calls run
+    and the explicit cap of 7 stops the 8th (the other three are answered, not executed)."""
+    first = two_processes("start", "batch")
+    assert first["ran"] == 0 and [a["level"] for a in first["asked"]] == ["warn"]
+    second = two_processes("resume", "batch")
+    assert second["ran"] == 7
+    assert "threshold explicit (stop, limit 7); 8 tool calls" in second["last"]

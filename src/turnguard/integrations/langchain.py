@@ -8,11 +8,15 @@ middleware=[middleware]))``. ``before_agent`` opens the turn, ``before_model`` i
 ``wrap_tool_call`` checks each call before the tool runs and records its outcome (an exception, or
 a ``ToolMessage`` with ``status="error"``, is ``ERROR``), ``after_agent`` ends the turn.
 
-A run can also die where no middleware hook runs: a tool raising with no error handler, LangGraph's
-own ``recursion_limit``, a cancelled ``ainvoke``. ``watch(agent)`` binds a callback handler that
-sees the graph run fail and ends its turn with the reason (``error`` or ``cancelled``); without it
-such a turn stays open until ``MAX_OPEN_TURNS`` later turns end it as ``abandoned`` (a cancellation
-that lands in a tool call is seen by the middleware itself).
+A tool that raises with no error handler ends the run, and its exception passes through
+``wrap_tool_call``, which ends the turn (``error``) there, unless another middleware's tool wrapper
+is outside turnguard's (listed before it), which may still catch it (``ToolRetryMiddleware``): then
+the turn goes on, or ends where ``watch`` sees the run fail. A run can also die where no middleware
+hook runs: LangGraph's own ``recursion_limit``, a model that raises, a cancelled ``ainvoke``.
+``watch(agent)`` binds a callback handler that sees the graph run fail and ends its turn with the
+reason (``error`` or ``cancelled``); without it such a turn stays open until ``MAX_OPEN_TURNS``
+later turns end it as ``abandoned`` (a cancellation that lands in a tool call is seen by the
+middleware itself).
 
 HALT: ``exit_behavior="error"`` (the default) raises ``TurnGuardHalted`` (a ``turnguard.LoopDetected``);
 ``exit_behavior="end"`` answers the halted call with an error ``ToolMessage`` instead of running it
@@ -20,20 +24,27 @@ and ends the run before the next model request with an ``AIMessage`` naming the 
 counts, like LangChain's own ``ToolCallLimitMiddleware(exit_behavior="end")``.
 
 ASK: ``ask="interrupt"`` uses LangGraph's human-in-the-loop ``interrupt()`` (the agent needs a
-checkpointer, as ``HumanInTheLoopMiddleware`` does): the run pauses with an interrupt whose value
-holds ``{"turnguard": {...}}``, and ``agent.invoke(Command(resume="continue"), config)`` answers it
-(``"stop"``/``"redirect"``, an ``Answer``, or ``{"answer": ...}`` work too). A callable ``ask``
-answers inline. With ``ask="interrupt"`` the turn's snapshot (``Turn.snapshot()``) goes into the
-graph state before each model request and with each tool message, so the checkpointer keeps it: a
-``Command(resume=...)`` from another process with the same checkpointer continues the same turn
-(its counts, streaks and pending question) when both guards share ``GuardConfig(digest_key=...)``;
-otherwise the resumed run starts a new turn (logged). ``promptable`` defaults to whether ``ask`` is
-set; with neither route the fallback applies (a warning is observed, a stop halts). A REMIND
-(``GuardConfig(remind_model=True)``) is appended to the call's ``ToolMessage`` text.
+checkpointer, as ``HumanInTheLoopMiddleware`` does). The model's calls are checked in
+``after_model``, in order, before any of them runs (as ``HumanInTheLoopMiddleware`` asks): a
+question pauses the whole batch on one interrupt whose value holds ``{"turnguard": {...}}``, and
+``agent.invoke(Command(resume="continue"), config)`` answers it (``"stop"``/``"redirect"``, an
+``Answer``, or ``{"answer": ...}`` work too): "continue" goes on checking the batch (a later
+question pauses it again), "stop" runs none of it. A stop-level question raised by an outcome
+pauses before the next model request. A callable ``ask`` answers inline; the calls of the batch
+that other threads or tasks check meanwhile wait for its answer. With ``ask="interrupt"`` the
+turn's snapshot (``Turn.snapshot()``) goes into the graph state with each model request, the
+batch's checks and each tool message (parallel tool messages of one step: the newest snapshot is
+kept), so the checkpointer keeps it: a ``Command(resume=...)`` from another process with the same
+checkpointer continues the same turn (its counts, streaks and pending question) when both guards
+share ``GuardConfig(digest_key=...)``; otherwise the resumed run starts a new turn (logged).
+``promptable`` defaults to whether ``ask`` is set; with neither route the fallback applies (a
+warning is observed, a stop halts). A REMIND (``GuardConfig(remind_model=True)``) is appended to
+the call's ``ToolMessage`` text.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections import OrderedDict
@@ -44,6 +55,7 @@ from uuid import UUID
 from langchain.agents.middleware.types import AgentMiddleware, AgentState, PrivateStateAttr, hook_config
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
+from langgraph._internal._constants import CONFIG_KEY_READ_STATE
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
@@ -63,7 +75,7 @@ from turnguard.integrations._common import (
     open_turn,
     with_reminder,
 )
-from turnguard.model import Outcome, ToolCall, Verdict
+from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
 from turnguard.snapshot import SnapshotError
 from turnguard.snapshot import pending as snapshot_pending
 
@@ -99,7 +111,9 @@ class TurnGuardState(AgentState[Any]):
     ``ask="interrupt"`` its snapshot, which the checkpointer keeps so another process can resume it."""
 
     turnguard_turn: NotRequired[Annotated[str, PrivateStateAttr]]
-    turnguard_snapshot: NotRequired[Annotated[dict[str, Any] | None, _newest, PrivateStateAttr]]
+    # LangGraph takes the reducer from the last ``Annotated`` item only: ``_newest`` must stay last
+    # (parallel tool calls each write a snapshot in one step).
+    turnguard_snapshot: NotRequired[Annotated[dict[str, Any] | None, PrivateStateAttr, _newest]]
 
 
 class _Run:
@@ -109,6 +123,10 @@ class _Run:
         self.driver = driver
         self.asked: dict[str, tuple[Verdict, ToolCall]] = {}
         self.asked_after: Verdict | None = None
+        self.planned: dict[str, tuple[ToolCall, Decision]] = {}
+        """Calls of the model's last response checked in ``after_model`` (``ask="interrupt"``), by id."""
+        self.paused: dict[str, ToolCall] = {}
+        """Calls whose tool interrupted the graph itself (LangGraph re-runs it on resume), by id."""
         self.graph_runs: set[UUID] = set()
         """The LangGraph runs (an invocation, then each resume) this turn has been driven from."""
 
@@ -207,7 +225,15 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         run = self._run(state)
         if run is None:
-            return None
+            # A halted run that goes on (a middleware outside this one caught turnguard's halt in a
+            # tool call): it stops here, where no other middleware's tool wrapper can catch it.
+            with self._lock:
+                halted = self._halted.get(_turn_key(state) or "")
+            if halted is None:
+                return None
+            if self.exit_behavior == "error":
+                raise TurnGuardHalted(halted)
+            return {"jump_to": "end", "messages": [AIMessage(content=describe(halted))]}
         halted = run.driver.turn.halted
         if halted is not None:  # exit_behavior="end": the halted call was answered; end the run
             return self._end(run, halted)
@@ -229,6 +255,43 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         return self.before_model(state, runtime)
 
+    @hook_config(can_jump_to=["end"])
+    def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """With ``ask="interrupt"``, check the model's calls here, in order, before any of them runs:
+        a question is one interrupt of this node and the whole batch waits for the answer (an
+        interrupt in each parallel tool call would pause it with many, and let the other calls run
+        meanwhile). A refusal stops the run before any call of the batch runs."""
+        if self.ask != INTERRUPT:
+            return None
+        run = self._run(state)
+        if run is None or run.driver.turn.halted is not None:
+            return None
+        calls = _unanswered_calls(state)
+        for tc in calls:
+            key = str(tc.get("id"))
+            if key in run.planned:  # this node ran again, resumed after one of its interrupts
+                continue
+            if key in run.asked:
+                verdict, call = run.asked[key]
+            else:
+                call = make_call(tc.get("name"), tc.get("args"), tc.get("id"))
+                decision = run.driver.before(call)
+                if decision.step is not Step.ASK:
+                    run.planned[key] = (call, decision)
+                    continue
+                verdict = decision.verdict
+                run.asked[key] = (verdict, call)
+            answer = interrupt({INTERRUPT_KEY: _payload(verdict)})  # raises until resumed
+            del run.asked[key]
+            decision = run.driver.answer(verdict, _answer(answer), call, before=True)
+            if decision.step is not Step.RUN:
+                return self._refuse_batch(run, decision, calls)
+            run.planned[key] = (call, decision)
+        return self._persisted(run)
+
+    async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return self.after_model(state, runtime)
+
     # -- tools ---------------------------------------------------------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
@@ -237,14 +300,18 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             halted = self._unguarded(request)
             return handler(request) if halted is None else self._refused(request, halted)
         call, decision = self._check(run, request)
-        if decision.step is Step.ASK:
-            decision = run.driver.ask_user(decision.verdict, call, before=True)
+        if decision is None:
+            decision = run.driver.check(call)
         if decision.step is not Step.RUN:
             return _not_executed(request, self._halt(run, decision))
         try:
             result = handler(request)
+        except GraphBubbleUp:  # the tool interrupted the graph itself: it runs again on resume
+            run.paused[str(call.call_id)] = call
+            raise
         except Exception as exc:
             self._after(run, call, Outcome.ERROR, cause=exc)
+            self._died(run, exc, asynchronous=False)
             raise
         except BaseException as exc:  # KeyboardInterrupt: no error handler catches it; the run ends
             self._ended(run, exc)
@@ -258,14 +325,18 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             halted = self._unguarded(request)
             return await handler(request) if halted is None else self._refused(request, halted)
         call, decision = self._check(run, request)
-        if decision.step is Step.ASK:
-            decision = await run.driver.aask_user(decision.verdict, call, before=True)
+        if decision is None:
+            decision = await run.driver.acheck(call)
         if decision.step is not Step.RUN:
             return _not_executed(request, self._halt(run, decision))
         try:
             result = await handler(request)
+        except GraphBubbleUp:  # the tool interrupted the graph itself: it runs again on resume
+            run.paused[str(call.call_id)] = call
+            raise
         except Exception as exc:
             await self._aafter(run, call, Outcome.ERROR, cause=exc)
+            self._died(run, exc, asynchronous=True)
             raise
         except BaseException as exc:  # the run was cancelled while the tool ran
             self._ended(run, exc)
@@ -275,17 +346,27 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _check(self, run: _Run, request: Any) -> tuple[ToolCall, Decision]:
+    def _check(self, run: _Run, request: Any) -> tuple[ToolCall, Decision | None]:
+        """The call, and its decision when it was made already (planned in ``after_model``, or the
+        call is re-run after an interrupt); ``None``: the caller checks it (``RunDriver.check``)."""
         tc = request.tool_call
         call_id = tc.get("id")
         key = str(call_id)
+        if key in run.planned:
+            return run.planned.pop(key)
+        paused = run.paused.pop(key, None)
+        if paused is not None:  # counted when it first ran; its outcome is still to come
+            return paused, Decision(Step.RUN, ALLOW)
         if call_id is not None and key in run.asked:
             # Resumed after an interrupt: the call was counted when it was first checked.
             verdict, call = run.asked[key]
         else:
             call = make_call(tc.get("name"), tc.get("args"), call_id)
+            if self.ask != INTERRUPT:
+                return call, None
+            # A call after_model did not plan (a tool node entered another way): asked in its tool.
             decision = run.driver.before(call)
-            if decision.step is not Step.ASK or self.ask != INTERRUPT:
+            if decision.step is not Step.ASK:
                 return call, decision
             verdict = decision.verdict
             run.asked[key] = (verdict, call)
@@ -296,29 +377,34 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def _after(
         self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
     ) -> Any:
-        decision = self._recorded(run, call, outcome)
-        if decision is not None and decision.step is Step.ASK:
-            decision = run.driver.ask_user(decision.verdict, call, before=False)
+        decision = self._recorded(run, call, outcome) if self.ask == INTERRUPT else run.driver.outcome(call, outcome)
         self._halt_unless_run(run, decision, cause)
         return result
 
     async def _aafter(
         self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
     ) -> Any:
-        decision = self._recorded(run, call, outcome)
-        if decision is not None and decision.step is Step.ASK:
-            decision = await run.driver.aask_user(decision.verdict, call, before=False)
+        if self.ask == INTERRUPT:
+            decision = self._recorded(run, call, outcome)
+        else:
+            decision = await run.driver.aoutcome(call, outcome)
         self._halt_unless_run(run, decision, cause)
         return result
 
     def _recorded(self, run: _Run, call: ToolCall, outcome: Outcome) -> Decision | None:
-        """The decision on the outcome; ``None`` when, with ``ask="interrupt"``, its question waits
+        """The decision on the outcome, with ``ask="interrupt"``; ``None`` when its question waits
         for the next model request (``run.asked_after``)."""
         decision = run.driver.after(call, outcome)
-        if decision.step is Step.ASK and self.ask == INTERRUPT:
+        if decision.step is Step.ASK:
             run.asked_after = decision.verdict
             return None
         return decision
+
+    def _died(self, run: _Run, exc: Exception, *, asynchronous: bool) -> None:
+        """A tool raised and no error handler turned it into a message: unless a middleware outside
+        this one may still recover it, the exception ends the run here, and so the turn."""
+        if run.driver.turn.summary is None and _outermost(self, asynchronous):
+            self._ended(run, exc)
 
     def _halt_unless_run(self, run: _Run, decision: Decision | None, cause: Exception | None) -> None:
         if decision is not None and decision.step is not Step.RUN:
@@ -332,6 +418,15 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             self._ended(run, halted)
             raise halted from cause
         return decision.verdict
+
+    def _refuse_batch(self, run: _Run, decision: Decision, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        """The user refused a call of the batch: none of it runs, and the run ends."""
+        for tc in calls:
+            run.planned.pop(str(tc.get("id")), None)
+        verdict = self._halt(run, decision)  # raises with exit_behavior="error"
+        update = self._end(run, verdict)
+        update["messages"] = [*(_not_executed_call(tc, verdict) for tc in calls), *update["messages"]]
+        return update
 
     def _refused(self, request: Any, halted: Verdict) -> ToolMessage:
         if self.exit_behavior == "error":
@@ -420,6 +515,39 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             return self._halted.get(_turn_key(request.state) or "")
 
 
+def _outermost(middleware: TurnGuardMiddleware, asynchronous: bool) -> bool:
+    """Whether ``middleware``'s tool wrapper is the outermost one of the tool node running it (no
+    other middleware's ``wrap_tool_call`` around it could catch what it raises); ``True`` when the
+    node is not found (nothing else would see the exception)."""
+    try:
+        node = get_config()["configurable"][CONFIG_KEY_READ_STATE].args[0].bound
+        wrapper = node._awrap_tool_call if asynchronous and node._awrap_tool_call else node._wrap_tool_call
+    except (RuntimeError, KeyError, AttributeError, IndexError, TypeError):
+        return True
+    return getattr(_first_wrapper(wrapper), "__self__", middleware) is middleware
+
+
+def _first_wrapper(wrapper: Any) -> Any:
+    """The outermost of ``create_agent``'s composed tool wrappers (each ``composed`` closes over
+    ``outer`` and ``inner``), unwrapped from its tracing decorator."""
+    while getattr(wrapper, "__name__", None) == "composed" and wrapper.__closure__:
+        cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__, strict=True))
+        wrapper = cells["outer"].cell_contents
+    return inspect.unwrap(wrapper)
+
+
+def _unanswered_calls(state: Any) -> list[dict[str, Any]]:
+    """The tool calls of the last model response that no tool message answers yet."""
+    messages = state.get("messages") if isinstance(state, dict) else getattr(state, "messages", None)
+    answered: set[str] = set()
+    for message in reversed(messages or ()):
+        if isinstance(message, ToolMessage):
+            answered.add(message.tool_call_id)
+        elif isinstance(message, AIMessage):
+            return [tc for tc in message.tool_calls if tc.get("id") is None or tc.get("id") not in answered]
+    return []
+
+
 def _node_run_id() -> UUID | None:
     """The id of the current node's run (the parent of the runs its callbacks would start)."""
     try:
@@ -435,10 +563,14 @@ def _turn_key(state: Any) -> str | None:
 
 def _not_executed(request: Any, verdict: Verdict) -> ToolMessage:
     """``exit_behavior="end"``: the halted call is answered with an error instead of running."""
+    return _not_executed_call(request.tool_call, verdict)
+
+
+def _not_executed_call(tool_call: dict[str, Any], verdict: Verdict) -> ToolMessage:
     return ToolMessage(
         content=f"Not executed: {describe(verdict)}",
-        tool_call_id=request.tool_call.get("id") or "",
-        name=request.tool_call.get("name"),
+        tool_call_id=tool_call.get("id") or "",
+        name=tool_call.get("name"),
         status="error",
     )
 
