@@ -312,6 +312,64 @@ def test_a_consumer_that_stops_reading_ends_the_turn_as_cancelled(read_file, tur
     turn_ends.assert_ended("cancelled")
 
 
+class FailingSteps(ScriptedSteps):
+    """Plays its steps, then its model fails (the provider went away) on the next request."""
+
+    def play(self, prompt, response) -> str:
+        if self.requests >= self.fail_after:
+            raise ConnectionError("the model is unreachable")
+        return super().play(prompt, response)
+
+
+class FailingToolModel(FailingSteps, llm.Model):
+    fail_after = 2
+
+    def execute(self, prompt, stream, response, conversation):
+        yield self.play(prompt, response)
+
+
+class FailingAsyncToolModel(FailingSteps, llm.AsyncModel):
+    fail_after = 2
+
+    async def execute(self, prompt, stream, response, conversation):
+        yield self.play(prompt, response)
+
+
+def read_through(guarded) -> None:
+    """A host reading the chain itself: each response's chunks, as they stream."""
+    for response in guarded.responses():
+        for _chunk in response:
+            pass
+
+
+@pytest.mark.parametrize("read", [lambda g: g.text(), read_through], ids=["text", "responses"])
+def test_a_model_that_raises_mid_chain_ends_the_turn_with_error_as_the_exception_leaves(read_file, turn_ends, read):
+    guarded = chain(turn_ends.guard(), FailingToolModel("failing", distinct_steps(5)), "read", tools=[read_file])
+    with pytest.raises(ConnectionError):
+        read(guarded)
+    summary = turn_ends.assert_ended("error")  # now, not at garbage collection, and resolved=False
+    assert summary.tool_calls == 2
+
+
+def test_an_async_model_that_raises_mid_chain_ends_the_turn_with_error(read_file, turn_ends):
+    model = FailingAsyncToolModel("failing", distinct_steps(5))
+    with pytest.raises(ConnectionError):
+        asyncio.run(chain(turn_ends.guard(), model, "read", tools=[read_file]).atext())
+    assert turn_ends.assert_ended("error").tool_calls == 2
+
+
+def test_a_consumer_that_stops_in_the_middle_of_a_response_ends_the_turn_as_cancelled(read_file, turn_ends):
+    class Chatty(ScriptedSteps, llm.Model):
+        def execute(self, prompt, stream, response, conversation):
+            yield from ("one ", "two ", "three")
+
+    stream = chain(turn_ends.guard(), Chatty("chatty", []), "talk", tools=[read_file]).responses()
+    for _chunk in next(stream):
+        break
+    stream.close()
+    turn_ends.assert_ended("cancelled")
+
+
 # -- identical calls in one response (the core's rule for a parallel batch) ----------------------
 
 

@@ -9,7 +9,9 @@ llm 0.36 has no tool-call hook, so the guard rides on ``chain(before_call=, afte
 - ``chain(guard, model_or_conversation, prompt, ...)`` returns a ``GuardedChain`` whose
   ``responses()``/``text()`` (``aresponses()``/``atext()`` for async models, whose ``ask`` may be
   async) also count each model request as a cycle (llm creates a chain's
-  responses lazily, so the check runs before the request is sent) and end the turn.
+  responses lazily, so the check runs before the request is sent) and end the turn: ``error``
+  (``resolved=False``) when the model raises, as its exception leaves the response being read;
+  ``cancelled`` when the reading stops early.
 - HALT raises ``TurnGuardHalted`` from the callback, which ends llm's chain (llm only turns
   ``CancelToolCall`` into a tool result; any other exception stops the chain). ASK goes to the
   ``ask`` callback, the same route llm's own ``--ta`` approval takes (a ``before_call``); a "stop"
@@ -116,7 +118,7 @@ class GuardedChain:
         try:
             for response in self.chain.responses():
                 self.callbacks.begin_cycle()  # the response is lazy: its request is not sent yet
-                yield response
+                yield _watched(response, self.callbacks)
         except BaseException as exc:
             self.callbacks.end(exc)
             raise
@@ -130,7 +132,7 @@ class GuardedChain:
         try:
             async for response in self.chain.responses():
                 self.callbacks.begin_cycle()
-                yield response
+                yield _watched(response, self.callbacks)
         except BaseException as exc:
             self.callbacks.end(exc)
             raise
@@ -138,6 +140,45 @@ class GuardedChain:
 
     async def atext(self) -> str:
         return "".join([await response.text() async for response in self.aresponses()])
+
+
+def _watched(response: Any, callbacks: ChainGuard) -> Any:
+    """``response``, its model's stream set to end the turn with the exception it raises, when it
+    raises it: the consumer reads the response (and meets the exception) outside the chain's
+    generator, which would otherwise only be closed later, as if the reading had stopped.
+
+    llm has no hook for a failed response: this wraps the stream each response drives its model
+    through (``_iter_events``; ``_generator`` for an async one), once per response."""
+    if isinstance(response, llm.AsyncResponse):
+        ensure = response._ensure_async_generator
+
+        def ensure_watched() -> None:
+            if not hasattr(response, "_generator"):
+                ensure()
+                response._generator = _aended_on_failure(response._generator, callbacks)
+
+        response._ensure_async_generator = ensure_watched
+    else:
+        events = response._iter_events
+        response._iter_events = lambda: _ended_on_failure(events(), callbacks)
+    return response
+
+
+def _ended_on_failure(chunks: Iterator[Any], callbacks: ChainGuard) -> Iterator[Any]:
+    try:
+        yield from chunks
+    except Exception as exc:
+        callbacks.end(exc)
+        raise
+
+
+async def _aended_on_failure(chunks: AsyncIterator[Any], callbacks: ChainGuard) -> AsyncIterator[Any]:
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as exc:
+        callbacks.end(exc)
+        raise
 
 
 def chain(
