@@ -23,7 +23,12 @@ from google.adk.runners import InMemoryRunner  # noqa: E402
 from google.genai import types  # noqa: E402
 
 import turnguard as tg  # noqa: E402
-from turnguard.integrations.google_adk import TurnGuardPlugin, confirmation_requests, halt_of  # noqa: E402
+from turnguard.integrations.google_adk import (  # noqa: E402
+    TurnGuardPlugin,
+    confirmation_answer,
+    confirmation_requests,
+    halt_of,
+)
 
 UNBOUNDED = RunConfig(max_llm_calls=0)
 """ADK's own budget (500 model calls) raised so that turnguard is what stops these runs."""
@@ -358,3 +363,99 @@ def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ra
     plugin = TurnGuardPlugin(tg.Guard(tg.GuardConfig(streak_warn_at=0)), ask=ask)
     Session(scripted([batch]), [read_file], [plugin]).send("read it")
     assert asked == [tg.Level.STOP]
+
+
+@pytest.mark.parametrize("close", ["aclose", "break"])
+def test_run_async_closed_early_by_the_host_ends_the_turn_as_cancelled(read_file, turn_ends, close):
+    """ADK treats an early close as a clean completion (``after_run_callback`` runs); the turn says
+    what it was: cancelled, as a closed stream is in the other adapters."""
+
+    async def scenario() -> None:
+        model = one_call_each(("read_file", {"path": f"f{i}.py"}) for i in range(10))
+        session = Session(model, [read_file], [TurnGuardPlugin(turn_ends.guard())])
+        created = await session.runner.session_service.create_session(app_name=session.runner.app_name, user_id="u")
+        events = session.runner.run_async(user_id="u", session_id=created.id, run_config=UNBOUNDED,
+                                          new_message=types.Content(role="user", parts=[types.Part(text="go")]))
+        async for _ in events:
+            break
+        if close == "aclose":
+            await events.aclose()
+            assert [s.reason for s in turn_ends.summaries] == ["cancelled"]  # ended by the close itself
+
+    asyncio.run(scenario())
+    turn_ends.assert_ended("cancelled")
+
+
+# -- a question holds the rest of its batch, on every route -------------------------------------
+
+FIRST_QUESTION = {"defaults": ({}, 4), "warn-off": ({"streak_warn_at": 0}, 8)}
+"""Guard options, and how many of a batch of identical failing calls come before its first
+question: the warn level at the 5th call, or (warn off) the stop level at the 9th (the 8th
+failure has run just before it)."""
+
+BATCH_OF_30 = [("read_file", {"path": "missing.py"})] * 30
+
+
+def answered(session: Session, events: list, confirmed: bool) -> list:
+    return asyncio.run(session.asend(confirmation_answer(events, confirmed)))
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_confirmation_holds_its_batch_and_a_refusal_runs_none_of_it(ran, read_file, turn_ends, options, before):
+    plugin = TurnGuardPlugin(turn_ends.guard(tg.GuardConfig(**options)), ask="confirmation")
+    session = Session(scripted([BATCH_OF_30]), [read_file], [plugin])
+    events = session.send("read it")
+    assert len(ran) == before  # the calls after the question are paused with it
+    requests = confirmation_requests(events)
+    held = [r.args["toolConfirmation"]["payload"]["turnguard"]["held"] for r in requests]
+    assert held == [False] + [True] * (29 - before) and turn_ends.summaries == []
+    answered(session, events, confirmed=False)
+    assert "stopped by the user" in session.final_text() and len(ran) == before
+    assert turn_ends.assert_ended("halted").tool_calls == before + 1
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_held_call_confirmed_without_its_question_is_the_users_stop(ran, read_file, options, before):
+    session = Session(scripted([BATCH_OF_30]), [read_file],
+                      [TurnGuardPlugin(tg.Guard(tg.GuardConfig(**options)), ask="confirmation")])
+    question, *held = confirmation_requests(session.send("read it"))
+
+    def reply(request, confirmed: bool) -> types.Part:
+        return types.Part(function_response=types.FunctionResponse(name=request.name, id=request.id,
+                                                                   response={"confirmed": confirmed}))
+
+    parts = [reply(question, False), *(reply(r, True) for r in held)]
+    asyncio.run(session.asend(types.Content(role="user", parts=parts)))
+    assert "stopped by the user" in session.final_text() and len(ran) == before
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_confirmed_question_releases_its_batch_up_to_the_next_question(ran, read_file, options, before):
+    """Confirmed, the held calls are checked in order and run; the next question cannot pause a
+    batch ADK is already resuming (it asks for no confirmation there), so from it on the batch does
+    not run: the model is told, and the question waits for the next call."""
+    session = Session(scripted([BATCH_OF_30]), [read_file],
+                      [TurnGuardPlugin(tg.Guard(tg.GuardConfig(**options)), ask="confirmation")])
+    events = answered(session, session.send("read it"), confirmed=True)
+    assert confirmation_requests(events) == [] and session.final_text() == "done"
+    responses = [p.function_response.response for e in events for p in e.content.parts or () if p.function_response]
+    told = [r for r in responses if "the user is asked at the next call" in str(r.get("error", ""))]
+    assert len(ran) > before + 1 and len(ran) + len(told) == 30
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_callback_question_holds_the_calls_after_it_until_the_user_refuses(ran, read_file, options, before):
+    """ADK runs a response's calls as concurrent tasks: while the async callback takes its time,
+    the calls after the one asked about (or after the failure that asks) wait for the answer."""
+    asked = []
+
+    async def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict)
+        await asyncio.sleep(0.2)
+        return "stop"
+
+    session = Session(scripted([BATCH_OF_30]), [read_file], [TurnGuardPlugin(tg.Guard(tg.GuardConfig(**options)),
+                                                                            ask=ask)])
+    session.send("read it")
+    assert len(asked) == 1 and len(ran) == before
+    assert "stopped by the user" in session.final_text()

@@ -21,19 +21,27 @@ the tool runs, ``after_tool`` / ``on_tool_error`` record its outcome, ``after_ru
   pauses with an ``adk_request_confirmation`` call whose ``toolConfirmation.payload`` holds
   ``{"turnguard": {...}}``, and the user's ``ToolConfirmation`` (a ``FunctionResponse`` to it in
   the next ``run_async``, which ADK resumes as the same invocation, so the same turn) answers:
-  ``confirmed`` is "continue", not confirmed is "stop". A stop-level ASK (recorded after a call
-  ran) is asked on the next call. A callable ``ask`` answers inline. ``promptable`` defaults to
-  whether ``ask`` is set; without a route the fallback applies (a warning is observed, a stop halts).
+  ``confirmed`` is "continue", not confirmed is "stop". The calls of the batch after it pause with
+  it, unchecked, each with a confirmation marked ``"held"``: ``confirmation_answer(events,
+  confirmed)`` answers them all alike. After a "stop" none of them runs; after a "continue" each is
+  checked as ADK re-runs it, up to the next question, which ADK cannot pause a resuming batch for:
+  that call and the rest answer "Not executed" and the question comes with the next call. A
+  stop-level ASK (recorded after a call ran) is asked on the next call. A callable ``ask`` answers
+  inline (the calls checked meanwhile wait for its answer). ``promptable`` defaults to whether
+  ``ask`` is set; without a route the fallback applies (a warning is observed, a stop halts).
 - REMIND (``GuardConfig(remind_model=True)``) is added to a dict result as ``"turnguard"`` and
   appended to a text result.
-- A cancellation that lands in a tool call is reported by ADK (``on_tool_error`` with
-  ``CancelledError``); one that lands in a model request is not, so the plugin also ends a turn
-  still open when the asyncio task that ran it finishes (``cancelled`` if the task was).
+- ``run_async`` closed early by the host (``aclose()``, or a ``break`` out of it) ends the turn
+  ``cancelled`` (ADK itself calls it a clean completion). A cancellation that lands in a tool call
+  is reported by ADK (``on_tool_error`` with ``CancelledError``); one that lands in a model request
+  is not, so the plugin also ends a turn still open when the asyncio task that ran it finishes
+  (``cancelled``: the run neither completed nor failed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -76,6 +84,9 @@ class _Run:
     """Calls checked and not finished, by function call id."""
     asked: dict[str, tuple[Verdict, ToolCall]] = field(default_factory=dict)
     """Calls waiting on the user's confirmation, by function call id."""
+    held: dict[str, ToolCall] = field(default_factory=dict)
+    """Calls paused with the question (not checked yet): their confirmation, once the question is
+    answered, lets them be checked and run."""
     ask_next: Verdict | None = None
     """A stop-level ASK raised by an outcome: the next call asks the user."""
     reminders: dict[str, str] = field(default_factory=dict)
@@ -128,8 +139,8 @@ class TurnGuardPlugin(BasePlugin):
     async def after_run_callback(self, *, invocation_context: Any) -> None:
         key = invocation_context.invocation_id
         run = self._runs.get(key)
-        if run is not None and not run.asked:  # a paused invocation goes on when the user answers
-            self._end(key, None)
+        if run is not None and not run.asked and not run.held:  # paused: goes on when the user answers
+            self._end(key, _closing_early())
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
         self._end(invocation_context.invocation_id, error)
@@ -138,6 +149,7 @@ class TurnGuardPlugin(BasePlugin):
         run = self._run(callback_context)
         if run is None:
             return None
+        run.held.clear()  # held calls whose confirmation never came back: the model goes on without them
         halted = run.driver.turn.halted
         if halted is None:
             decision = await run.driver.acycle()
@@ -159,15 +171,15 @@ class TurnGuardPlugin(BasePlugin):
             decision = run.driver.answer(verdict, answer, call, before=True)
         else:
             call = make_call(getattr(tool, "name", None), dict(tool_args), call_id)
-            decision = run.driver.before(call)
-            if decision.step is Step.RUN and run.ask_next is not None:
-                decision = Decision(Step.ASK, run.ask_next)
-            run.ask_next = None
-            if decision.step is Step.ASK:
-                if self.ask == CONFIRMATION and call_id is not None:
-                    run.asked[call_id] = (decision.verdict, call)
-                    return _request_confirmation(tool_context, decision.verdict)
-                decision = await run.driver.aask_user(decision.verdict, call, before=True)
+            if call_id is not None and run.held.pop(call_id, None) is not None:  # resumed: held with the question
+                decision = self._released(run, call, tool_context.tool_confirmation)
+            else:
+                decision = await self._check(run, call)
+            if isinstance(decision, dict):  # not executed: the model is told
+                return decision
+            if decision is None:  # put to the user: the question, or a call held with it
+                held = call_id in run.held
+                return _request_confirmation(tool_context, run.driver.question, held=held)  # type: ignore[arg-type]
         if decision.step is not Step.RUN:
             return _not_executed(decision.verdict)
         if call_id is not None:
@@ -175,6 +187,46 @@ class TurnGuardPlugin(BasePlugin):
             if decision.reminder:
                 run.reminders[call_id] = decision.reminder
         return None
+
+    def _released(self, run: _Run, call: ToolCall, confirmation: Any) -> Decision | dict[str, Any]:
+        """A call held with the question, resumed: a confirmed one is checked now that the question
+        is answered (it is answered first; still waiting, it was not confirmed: the user's stop). A
+        second question cannot pause the resuming batch (ADK asks for no confirmation there): that
+        call and the rest of the batch do not run, and the question is asked on the next call."""
+        if confirmation is None or not confirmation.confirmed:
+            return {"error": "Not executed: the user declined it."}
+        question = run.driver.question
+        if question is not None:
+            for call_id, (verdict, asked) in list(run.asked.items()):
+                del run.asked[call_id]
+                return _not_executed(run.driver.answer(verdict, "stop", asked, before=True).verdict)
+        if run.ask_next is not None:
+            return _not_executed(run.ask_next, yet=True)
+        decision = run.driver.before(call)
+        if decision.step is not Step.ASK:
+            return decision
+        run.driver.after(call, Outcome.DENIED)
+        run.ask_next = decision.verdict
+        return _not_executed(decision.verdict, yet=True)
+
+    async def _check(self, run: _Run, call: ToolCall) -> Decision | None:
+        """The decision on ``call``; ``None`` when it is put to the user through a confirmation (the
+        call turnguard asks about, or one held with it)."""
+        if self.ask != CONFIRMATION or call.call_id is None:
+            return await run.driver.acheck(call)
+        decision = run.driver.before(call)
+        if decision.step is Step.RUN and run.ask_next is not None:
+            decision = Decision(Step.ASK, run.ask_next)
+        if decision.step is not Step.HOLD:
+            run.ask_next = None
+        if decision.step is Step.HOLD:
+            run.held[call.call_id] = call
+            return None
+        if decision.step is Step.ASK:
+            run.asked[call.call_id] = (decision.verdict, call)
+            run.driver.defer(decision.verdict)
+            return None
+        return decision
 
     async def after_tool_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, result: Any
@@ -217,12 +269,12 @@ class TurnGuardPlugin(BasePlugin):
     async def _outcome(self, run: _Run, call: ToolCall, outcome: Outcome) -> None:
         """Record the outcome; a HALT (or the user's stop) latches and ends the run at the next model
         request."""
+        if self.ask != CONFIRMATION:
+            await run.driver.aoutcome(call, outcome)
+            return
         decision = run.driver.after(call, outcome)
         if decision.step is Step.ASK:
-            if self.ask == CONFIRMATION:
-                run.ask_next = decision.verdict
-                return
-            await run.driver.aask_user(decision.verdict, call, before=False)
+            run.ask_next = decision.verdict
 
     def _run(self, context: Any) -> _Run | None:
         with self._lock:
@@ -250,13 +302,22 @@ class TurnGuardPlugin(BasePlugin):
             keys.add(key)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """A turn still open when the task that drove it finishes was neither completed nor failed
+        by the run (ADK reports those): the host stopped driving it, so it ends ``cancelled``."""
         with self._lock:
             keys = self._by_task.pop(task, set())
-        exc: BaseException | None = asyncio.CancelledError() if task.cancelled() else task.exception()
         for key in keys:
             run = self._runs.get(key)
-            if run is not None and not run.asked:
-                self._end(key, exc)
+            if run is not None and not run.asked and not run.held:
+                self._end(key, asyncio.CancelledError())
+
+
+def _closing_early() -> BaseException | None:
+    """The ``GeneratorExit`` (or the caller's early-close cancellation) ADK's runner is closing
+    ``run_async`` with when it calls ``after_run_callback``: it runs the callback from a ``finally``
+    while the host's early close is in flight, and treats that as a clean completion."""
+    in_flight = sys.exc_info()[1]
+    return in_flight if isinstance(in_flight, GeneratorExit | asyncio.CancelledError) else None
 
 
 def _final(verdict: Verdict) -> LlmResponse:
@@ -267,8 +328,9 @@ def _final(verdict: Verdict) -> LlmResponse:
     )
 
 
-def _not_executed(verdict: Verdict) -> dict[str, Any]:
-    return {"error": f"Not executed: {describe(verdict)}"}
+def _not_executed(verdict: Verdict, *, yet: bool = False) -> dict[str, Any]:
+    """The call's answer in place of its result; ``yet``: the user is asked on the next call."""
+    return {"error": f"Not executed: {describe(verdict)}{' (the user is asked at the next call)' if yet else ''}"}
 
 
 def halt_of(events: Any) -> dict[str, Any] | None:
@@ -280,9 +342,11 @@ def halt_of(events: Any) -> dict[str, Any] | None:
     return None
 
 
-def _request_confirmation(tool_context: Any, verdict: Verdict) -> dict[str, Any]:
-    """Pause the invocation on ADK's tool confirmation; the call does not run."""
-    tool_context.request_confirmation(hint=describe(verdict), payload={PAYLOAD_KEY: ask_payload(verdict)})
+def _request_confirmation(tool_context: Any, verdict: Verdict, *, held: bool = False) -> dict[str, Any]:
+    """Pause the invocation on ADK's tool confirmation; the call does not run (yet). A call ``held``
+    with the question carries the question's payload, marked ``held``."""
+    payload = {PAYLOAD_KEY: {**ask_payload(verdict), "held": held}}
+    tool_context.request_confirmation(hint=describe(verdict), payload=payload)
     tool_context.actions.skip_summarization = True  # wait for the user, not for the model
     return {"error": f"Not executed yet: the user is asked first. {describe(verdict)}"}
 
@@ -302,3 +366,12 @@ def confirmation_requests(events: Any) -> list[Any]:
             if call.name == "adk_request_confirmation" and PAYLOAD_KEY in (confirmation.get("payload") or {}):
                 found.append(call)
     return found
+
+
+def confirmation_answer(events: Any, confirmed: bool) -> types.Content:
+    """The user's answer to turnguard's question as the message that resumes the invocation
+    (``run_async(..., new_message=...)``): one confirmation response for each call turnguard
+    paused in ``events``, the call it asked about and the calls held with it."""
+    answer = {"confirmed": confirmed}
+    responses = [types.FunctionResponse(name=c.name, id=c.id, response=answer) for c in confirmation_requests(events)]
+    return types.Content(role="user", parts=[types.Part(function_response=r) for r in responses])
