@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -478,3 +479,114 @@ def test_a_turn_state_from_a_guard_with_another_digest_key_is_refused(ran):
 def test_turn_state_is_none_when_turnguard_asked_nothing(ran):
     agent = agent_with(scripted([("read_file", {"path": "a.py"})]), TurnGuardCapability(tg.Guard()), ran, fail=False)
     assert turn_state(agent.run_sync("read a.py")) is None
+
+
+# -- a deferred approval puts the turn aside; the resumed run ends it once ----------------------
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["history-only", "with-turn-state"])
+def test_a_deferred_run_and_its_resume_are_one_turn_ended_once(ran, turn_ends, with_state):
+    calls = [("read_file", {"path": "a.py"})] * 7
+    agent = agent_with(scripted(calls), TurnGuardCapability(turn_ends.guard(), ask=APPROVAL), ran, fail=False,
+                       output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("poll a.py")
+    assert isinstance(first.output, DeferredToolRequests) and len(ran) == 4
+    assert turn_ends.summaries == []  # put aside, not ended: no summary, no metric point
+    (ours,) = approval_requests(first.output)
+    resumed = agent.run_sync(
+        message_history=first.all_messages(),
+        deferred_tool_results=first.output.build_results(approvals={ours.tool_call_id: True}),
+        metadata={"turnguard": turn_state(first)} if with_state else None,
+    )
+    assert resumed.output == "done" and len(ran) == 7
+    assert turn_ends.assert_ended("completed").tool_calls == 7
+
+
+# -- a question holds the rest of its batch, on every route -------------------------------------
+
+FIRST_QUESTION = {"defaults": ({}, 4), "warn-off": ({"streak_warn_at": 0}, 8)}
+"""Guard options, and how many of a batch of identical failing calls come before its first
+question: the warn level at the 5th call, or (warn off) the stop level at the 9th, which the 8
+waiting before it count toward."""
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_deferred_question_holds_its_batch_and_a_denial_runs_none_of_it(ran, turn_ends, options, before):
+    capability = TurnGuardCapability(turn_ends.guard(tg.GuardConfig(**options)), ask=APPROVAL)
+    agent = agent_with(one_batch("read_file", {"path": "a.py"}, 30), capability, ran, fail=True,
+                       output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("read a.py")
+    assert len(ran) == before  # the calls after the question were deferred with it
+    ours = approval_requests(first.output)
+    assert len(ours) == 30 - before
+    assert [first.output.metadata[c.tool_call_id]["turnguard"]["held"] for c in ours] == [False] + [True] * (
+        29 - before)
+    denied = first.output.build_results(approvals={c.tool_call_id: False for c in ours})
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        agent.run_sync(message_history=first.all_messages(), deferred_tool_results=denied)
+    assert len(ran) == before
+    assert turn_ends.assert_ended("halted").tool_calls == before + 1
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_held_call_approved_without_its_question_is_the_users_stop(ran, options, before):
+    """The question is answered first (its call comes first in the batch): a held call approved
+    while its question was denied does not run."""
+    capability = TurnGuardCapability(tg.Guard(tg.GuardConfig(**options)), ask=APPROVAL)
+    agent = agent_with(one_batch("read_file", {"path": "a.py"}, 30), capability, ran, fail=True,
+                       output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("read a.py")
+    question, *held = approval_requests(first.output)
+    answers = {question.tool_call_id: False, **{c.tool_call_id: True for c in held}}
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        agent.run_sync(message_history=first.all_messages(),
+                       deferred_tool_results=first.output.build_results(approvals=answers))
+    assert len(ran) == before
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_an_approved_question_releases_its_batch_up_to_the_next_question(ran, options, before):
+    """Approved inline, the held calls are checked in order and run; the next question (the streak
+    asks again) cannot pause a batch that is already resuming, so from it on the batch does not
+    run: the model is told, and the question waits for the model's next call."""
+    seen = []
+
+    def approve(ctx, requests: DeferredToolRequests) -> DeferredToolResults:
+        ours = approval_requests(requests)
+        seen.append((len(ran), len(ours)))
+        return requests.build_results(approvals={c.tool_call_id: True for c in ours})
+
+    def respond(messages, info: AgentInfo) -> ModelResponse:
+        returns = [p for m in messages for p in getattr(m, "parts", ()) if p.part_kind == "tool-return"]
+        if returns:
+            told.extend(p.content for p in returns if str(p.content).startswith("Not executed"))
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart("read_file", {"path": "a.py"}, tool_call_id=f"c{k}")
+                                    for k in range(30)])
+
+    told = []
+    capability = TurnGuardCapability(tg.Guard(tg.GuardConfig(**options)), ask=APPROVAL)
+    handler = HandleDeferredToolCalls(handler=approve)
+    agent = agent_with(FunctionModel(respond), capability, ran, fail=True, also=[handler])
+    assert agent.run_sync("read a.py").output == "done"
+    assert seen == [(before, 30 - before)]
+    assert len(ran) + len(told) == 30 and len(ran) > before + 1  # the held calls ran up to the next question
+    assert all("the user is asked at the next call" in t for t in told)
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_callback_question_holds_the_calls_after_it_until_the_user_refuses(ran, options, before):
+    """pydantic-ai runs a response's calls as concurrent tasks: while the async callback takes its
+    time, the calls after the one asked about wait for the answer instead of running."""
+    asked = []
+
+    async def ask(verdict: tg.Verdict) -> str:
+        asked.append(verdict)
+        await asyncio.sleep(0.2)
+        return "stop"
+
+    capability = TurnGuardCapability(tg.Guard(tg.GuardConfig(**options)), ask=ask)
+    agent = agent_with(one_batch("read_file", {"path": "a.py"}, 30), capability, ran, fail=True)
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        agent.run_sync("read a.py")
+    assert len(asked) == 1 and len(ran) == before

@@ -13,19 +13,27 @@ HALT raises ``TurnGuardHalted``, an ``AgentRunError`` (pydantic-ai's run-stoppin
 ``UsageLimitExceeded``) and a ``turnguard.LoopDetected``. ASK goes through pydantic-ai's deferred
 tool approval when ``ask="approval"``: the call raises ``ApprovalRequired`` (metadata under
 ``"turnguard"``), so a ``HandleDeferredToolCalls`` capability or a ``DeferredToolRequests`` output
-reaches the user; approving the call answers "continue", denying it answers "stop". With a
-callable ``ask`` the callback answers inline. ``promptable`` defaults to whether ``ask`` is set.
+reaches the user; approving the call answers "continue", denying it answers "stop". The calls of
+the batch after it are deferred with it, unchecked (``metadata["turnguard"]["held"]``;
+``approval_requests`` returns them with the question): answer them alike. After a "stop" none of
+them runs; after a "continue" each is checked as it runs, up to the next question, which cannot
+pause a batch that is already resuming: that call and the rest of the batch answer "Not
+executed" and the question comes with the model's next call. With a callable ``ask`` the callback
+answers inline (the calls checked meanwhile wait for its answer). ``promptable`` defaults to
+whether ``ask`` is set.
 
-A run ended by a ``DeferredToolRequests`` output can resume in another process: store
-``turn_state(result)`` (the turn's snapshot, JSON) beside ``result.all_messages()`` and pass it back
-as run metadata, ``agent.run(message_history=..., deferred_tool_results=...,
-metadata={"turnguard": state})``: the resumed run continues the same turn (both guards need the
-same ``GuardConfig(digest_key=...)``).
+A run ended by a ``DeferredToolRequests`` output with turnguard's calls puts its turn aside (it is
+not ended): the run that resumes it (``message_history=``, ``deferred_tool_results=``) continues
+it, and the turn ends once. In another process, store ``turn_state(result)`` (the turn's snapshot,
+JSON) beside ``result.all_messages()`` and pass it back as run metadata,
+``agent.run(message_history=..., deferred_tool_results=..., metadata={"turnguard": state})`` (both
+guards need the same ``GuardConfig(digest_key=...)``).
 A REMIND (``GuardConfig(remind_model=True)``) is appended to the call's text result.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -43,10 +51,11 @@ from turnguard.integrations._common import (
     TurnHalted,
     ask_payload,
     checked_ask,
+    describe,
     open_turn,
     with_reminder,
 )
-from turnguard.model import Outcome, ToolCall, Verdict
+from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
 from turnguard.snapshot import SnapshotError
 from turnguard.snapshot import pending as pending_verdict
 
@@ -65,10 +74,12 @@ class TurnGuardHalted(TurnHalted, AgentRunError):
 
 
 @dataclass
-class _Pending:
-    verdict: Verdict
-    call: ToolCall
+class _PutAside:
+    """A run that ended with turnguard's deferred calls: the turn the resumed run continues."""
+
     driver: RunDriver
+    questions: dict[str, ToolCall]
+    held: set[str]
 
 
 @dataclass
@@ -79,11 +90,14 @@ class TurnGuardCapability(AbstractCapability[Any]):
     ask: Ask | Literal["approval"] | None = None
     promptable: bool | None = None
     _driver: RunDriver | None = field(default=None, init=False, repr=False)
-    _pending: dict[str, _Pending] = field(default_factory=dict, init=False, repr=False)
+    _questions: dict[str, ToolCall] = field(default_factory=dict, init=False, repr=False)
+    """Calls turnguard asked the user about (deferred for approval) and not answered, by call id."""
+    _held: set[str] = field(default_factory=set, init=False, repr=False)
+    """Calls deferred with the question, unchecked: checked once it is approved."""
     _ask_next: Verdict | None = field(default=None, init=False, repr=False)
-    _parked: dict[str, _Pending] = field(default_factory=dict, init=False, repr=False)
-    """Questions a finished run left open (shared by the per-run copies): the resumed run reports the
-    user's answer to the turn that asked. Bounded: the oldest unanswered are dropped."""
+    _parked: OrderedDict[str, _PutAside] = field(default_factory=OrderedDict, init=False, repr=False)
+    """Runs that ended with turnguard's deferred calls, by each of those calls' ids (shared by the
+    per-run copies): a resumed run in this process continues their turn. Bounded: oldest dropped."""
 
     def __post_init__(self) -> None:
         checked_ask(self.ask, APPROVAL)
@@ -107,27 +121,19 @@ class TurnGuardCapability(AbstractCapability[Any]):
         except BaseException as exc:
             driver.end(exc)
             raise
-        if self._pending and isinstance(getattr(result, "output", None), DeferredToolRequests):
-            # The user answers in a resumed run (a new run, so a new turn): keep the question.
-            self._parked.update(self._pending)
-            for stale in list(self._parked)[:-MAX_PARKED]:
-                del self._parked[stale]
-            self._attach_state(driver, result.output)
-            driver.turn.end("deferred")
+        if (self._questions or self._held) and isinstance(getattr(result, "output", None), DeferredToolRequests):
+            self._put_aside(driver, result.output)  # the user answers in a resumed run: the same turn
         else:
             driver.end()
         return result
 
     async def before_model_request(self, ctx: Any, request_context: Any) -> Any:
         driver = self._open(ctx)
-        for call_id, pending in list(self._pending.items()):
-            # An approval that did not come back approved was denied by the user.
-            del self._pending[call_id]
-            TurnGuardHalted.stop(pending.driver.answer(pending.verdict, "stop", pending.call, before=True))
-        for call_id in _answered_ids(ctx, self._parked):
-            # Denied when resumed: the call never reached wrap_tool_execute.
-            parked = self._parked.pop(call_id)
-            TurnGuardHalted.stop(parked.driver.answer(parked.verdict, "stop", None, before=True))
+        for call_id, call in list(self._questions.items()):
+            # A question that did not come back approved was denied by the user.
+            del self._questions[call_id]
+            TurnGuardHalted.stop(driver.answer(driver.question or ALLOW, "stop", call, before=True))
+        self._held.clear()  # held calls the user denied: the model goes on without them
         TurnGuardHalted.stop(await driver.acycle())
         return request_context
 
@@ -136,27 +142,20 @@ class TurnGuardCapability(AbstractCapability[Any]):
     async def wrap_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any, handler: Any) -> Any:
         call_id = call.tool_call_id
         driver = self._open(ctx)
-        pending = self._pending.pop(call_id, None)
-        parked = self._parked.pop(call_id, None)
-        if pending is not None and ctx.tool_call_approved:
-            # The user approved the call turnguard asked about in this run: "continue".
-            tool_call = pending.call
-            driver.answer(pending.verdict, "continue", tool_call, before=True)
-            reminder = None
+        reminder = None
+        if ctx.tool_call_approved and call_id in self._questions:
+            # The user approved the call turnguard asked about: "continue" (it was counted when asked).
+            tool_call = self._questions.pop(call_id)
+            TurnGuardHalted.stop(driver.answer(driver.question or ALLOW, "continue", tool_call, before=True))
         else:
-            if parked is not None and ctx.tool_call_approved:
-                # Approved in a resumed run: the answer belongs to the turn that asked.
-                parked.driver.answer(parked.verdict, "continue", None, before=True)
             tool_call = ToolCall(call.tool_name, args, call_id)
-            decision = driver.before(tool_call)
-            if decision.step is Step.RUN and self._ask_next is not None:  # set only with APPROVAL
-                decision = Decision(Step.ASK, self._ask_next)
-            self._ask_next = None
-            if decision.step is Step.ASK:
-                if self.ask == APPROVAL:
-                    self._pending[call_id] = _Pending(decision.verdict, tool_call, driver)
-                    raise ApprovalRequired(metadata={METADATA_KEY: ask_payload(decision.verdict)})
-                decision = await driver.aask_user(decision.verdict, tool_call, before=True)
+            if ctx.tool_call_approved and call_id in self._held:
+                self._held.discard(call_id)
+                decision = self._released(driver, tool_call)
+                if isinstance(decision, str):  # not executed: the model is told
+                    return decision
+            else:
+                decision = await self._check(driver, tool_call)
             TurnGuardHalted.stop(decision)
             reminder = decision.reminder
         try:
@@ -171,70 +170,121 @@ class TurnGuardCapability(AbstractCapability[Any]):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _open(self, ctx: Any) -> RunDriver:
-        if self._driver is None:
-            state = (getattr(ctx, "metadata", None) or {}).get(METADATA_KEY)
-            if state is not None:
-                self._driver = self._resumed(state)
-                return self._driver
-            agent = getattr(ctx, "agent", None)
-            self._driver = open_turn(
-                self.guard,
-                ask=self.ask,
-                promptable=self.promptable,
-                conversation_id=getattr(ctx, "conversation_id", None),
-                agent_name=getattr(agent, "name", None),
-            )
-        return self._driver
+    async def _check(self, driver: RunDriver, call: ToolCall) -> Decision:
+        """The decision on a call about to run; with ``ask="approval"`` a question (or a call held
+        with one) is deferred to the user (``ApprovalRequired``, raised)."""
+        if self.ask != APPROVAL:
+            return await driver.acheck(call)  # the callback (or the fallback) answers inline
+        decision = driver.before(call)
+        if decision.step is Step.HOLD:
+            self._held.add(call.call_id)  # type: ignore[arg-type]
+            raise ApprovalRequired(metadata={METADATA_KEY: {**ask_payload(decision.verdict), "held": True}})
+        if decision.step is Step.RUN and self._ask_next is not None:
+            decision = Decision(Step.ASK, self._ask_next)
+        self._ask_next = None
+        if decision.step is Step.ASK:
+            self._questions[call.call_id] = call  # type: ignore[index]
+            driver.defer(decision.verdict)
+            raise ApprovalRequired(metadata={METADATA_KEY: {**ask_payload(decision.verdict), "held": False}})
+        return decision
 
-    def _resumed(self, state: Any) -> RunDriver:
-        """The driver of a turn another run left deferred (``turn_state``), its questions pending again."""
-        if not isinstance(state, dict):
-            kind = type(state).__name__
-            raise SnapshotError(f"run metadata {METADATA_KEY!r} must be a turn_state() dict, got {kind}")
-        driver = RunDriver(self.guard.resume(state), ask=None if isinstance(self.ask, str) else self.ask)
-        verdict = pending_verdict(state)
-        asked = (state.get(ASKED_KEY) or {}).get("asked") or {}
-        if verdict is not None and isinstance(asked, dict):
-            for call_id, name in asked.items():
-                # Already counted before it was asked about: the answer resolves it, its outcome follows.
-                self._pending[call_id] = _Pending(verdict, ToolCall(name, None, call_id), driver)
-        return driver
-
-    def _attach_state(self, driver: RunDriver, requests: DeferredToolRequests) -> None:
-        """Put the turn's snapshot on each call turnguard asked about, for ``turn_state``."""
-        asked = {call_id: p.call.name for call_id, p in self._pending.items() if p.driver is driver}
-        if not asked:
-            return
-        verdict = next(p.verdict for p in self._pending.values() if p.driver is driver)
-        state = driver.turn.snapshot(pending=verdict)
-        state[ASKED_KEY] = {"asked": asked}
-        for call_id in asked:
-            entry = requests.metadata.setdefault(call_id, {}).setdefault(METADATA_KEY, {})
-            entry[STATE_KEY] = state
+    def _released(self, driver: RunDriver, call: ToolCall) -> Decision | str:
+        """A held call the user approved: checked now that its question is answered. Its question
+        still waiting means it was not approved (an approved one runs first): the user's stop. A
+        second question cannot pause the resuming batch: that call and the rest of the batch do not
+        run (the model is told) and the question is asked on the model's next call."""
+        if driver.question is not None:
+            for question_id, question in list(self._questions.items()):
+                del self._questions[question_id]
+                TurnGuardHalted.stop(driver.answer(driver.question, "stop", question, before=True))
+        if self._ask_next is not None:  # a question waits for the next call: the rest of the batch too
+            return f"Not executed: {describe(self._ask_next)} (the user is asked at the next call)"
+        decision = driver.before(call)
+        if decision.step is not Step.ASK:
+            return decision
+        driver.after(call, Outcome.DENIED)
+        self._ask_next = decision.verdict
+        return f"Not executed: {describe(decision.verdict)} (the user is asked at the next call)"
 
     async def _outcome(
         self, driver: RunDriver, call: ToolCall, outcome: Outcome, cause: Exception | None = None
     ) -> None:
+        if self.ask != APPROVAL:
+            TurnGuardHalted.stop(await driver.aoutcome(call, outcome), cause)
+            return
         decision = driver.after(call, outcome)
         if decision.step is Step.ASK:
-            if self.ask == APPROVAL:
-                self._ask_next = decision.verdict  # the model's next call waits for the user
-                return
-            decision = await driver.aask_user(decision.verdict, call, before=False)
+            self._ask_next = decision.verdict  # the model's next call waits for the user
+            return
         TurnGuardHalted.stop(decision, cause)
 
+    def _open(self, ctx: Any) -> RunDriver:
+        if self._driver is None:
+            state = (getattr(ctx, "metadata", None) or {}).get(METADATA_KEY)
+            aside = self._unpark(ctx)
+            if state is not None:
+                self._driver = self._resumed(state)
+            elif aside is not None:
+                self._driver, self._questions, self._held = aside.driver, aside.questions, aside.held
+            else:
+                agent = getattr(ctx, "agent", None)
+                self._driver = open_turn(
+                    self.guard,
+                    ask=self.ask,
+                    promptable=self.promptable,
+                    conversation_id=getattr(ctx, "conversation_id", None),
+                    agent_name=getattr(agent, "name", None),
+                )
+        return self._driver
 
-def _answered_ids(ctx: Any, parked: dict[str, _Pending]) -> list[str]:
-    """Parked calls that have a tool return in this run's history (so they were answered)."""
-    if not parked:
-        return []
-    found = []
-    for message in getattr(ctx, "messages", None) or ():
-        for part in getattr(message, "parts", ()):
-            if getattr(part, "part_kind", None) == "tool-return" and part.tool_call_id in parked:
-                found.append(part.tool_call_id)
-    return found
+    def _put_aside(self, driver: RunDriver, requests: DeferredToolRequests) -> None:
+        """The run ended with turnguard's deferred calls: put the turn's snapshot on each (for
+        ``turn_state``) and keep the turn for the run that resumes it in this process."""
+        state = driver.turn.snapshot(pending=driver.question)
+        state[ASKED_KEY] = {"asked": {i: c.name for i, c in self._questions.items()}, "held": sorted(self._held)}
+        aside = _PutAside(driver, dict(self._questions), set(self._held))
+        for call_id in [*self._questions, *self._held]:
+            entry = requests.metadata.setdefault(call_id, {}).setdefault(METADATA_KEY, {})
+            entry[STATE_KEY] = state
+            self._parked[call_id] = aside
+        while len(self._parked) > MAX_PARKED:
+            self._parked.popitem(last=False)
+
+    def _unpark(self, ctx: Any) -> _PutAside | None:
+        """The turn put aside by the run whose deferred calls this run's history ends with."""
+        found = None
+        for call_id in _last_response_call_ids(ctx):
+            found = self._parked.pop(call_id, None) or found
+        if found is not None:
+            for call_id in [k for k, v in self._parked.items() if v is found]:
+                del self._parked[call_id]
+        return found
+
+    def _resumed(self, state: Any) -> RunDriver:
+        """The driver of a turn another run left deferred (``turn_state``), its question pending again."""
+        if not isinstance(state, dict):
+            kind = type(state).__name__
+            raise SnapshotError(f"run metadata {METADATA_KEY!r} must be a turn_state() dict, got {kind}")
+        ours = state.get(ASKED_KEY) or {}
+        asked, held = ours.get("asked") or {}, ours.get("held") or []
+        if not isinstance(asked, dict) or not isinstance(held, list):
+            raise SnapshotError(f"turn_state()[{ASKED_KEY!r}] must hold an 'asked' mapping and a 'held' list")
+        driver = RunDriver(self.guard.resume(state), ask=None if isinstance(self.ask, str) else self.ask)
+        verdict = pending_verdict(state)
+        if verdict is not None:
+            driver.defer(verdict)
+            # Already counted before it was asked about: the answer resolves it, its outcome follows.
+            self._questions = {str(i): ToolCall(str(name), None, str(i)) for i, name in asked.items()}
+            self._held = {str(i) for i in held}
+        return driver
+
+
+def _last_response_call_ids(ctx: Any) -> list[str]:
+    """The tool call ids of the last model response in the run's history."""
+    for message in reversed(getattr(ctx, "messages", None) or ()):
+        if getattr(message, "kind", None) == "response":
+            return [part.tool_call_id for part in getattr(message, "parts", ()) if part.part_kind == "tool-call"]
+    return []
 
 
 def turn_state(result: Any) -> dict[str, Any] | None:
@@ -252,5 +302,7 @@ def turn_state(result: Any) -> dict[str, Any] | None:
 
 
 def approval_requests(requests: DeferredToolRequests) -> Sequence[Any]:
-    """The deferred calls that turnguard (not the tool itself) asked the user about."""
+    """The deferred calls that turnguard (not the tool itself) put to the user: the call it asks
+    about and the calls of its batch held with it (``metadata["turnguard"]["held"]``). Answer them
+    alike: approving lets the batch go on (the held calls are checked then), denying stops the run."""
     return [call for call in requests.approvals if METADATA_KEY in (requests.metadata.get(call.tool_call_id) or {})]
