@@ -18,7 +18,13 @@ from agents.exceptions import AgentsException, MaxTurnsExceeded  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
 import turnguard as tg  # noqa: E402
-from turnguard.integrations.openai_agents import TurnGuardHalted, TurnGuardRunHooks, run, run_sync  # noqa: E402
+from turnguard.integrations.openai_agents import (  # noqa: E402
+    TurnGuardHalted,
+    TurnGuardRunHooks,
+    approval_requests,
+    run,
+    run_sync,
+)
 
 NO_EXPORT = RunConfig(tracing_disabled=True)
 """The SDK's default trace exporter would try to reach OpenAI; these runs stay local."""
@@ -366,7 +372,72 @@ def test_with_approvals_the_batch_is_checked_as_planned_and_the_ninth_asks(ran, 
     agent = make_agent(one_batch("read_file", {"path": "a.py"}, 10), fail=True)
     guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
     paused = run_sync(guard, agent, "read a.py", ask="approval", run_config=NO_EXPORT)
-    assert [item.call_id for item in paused.interruptions] == ["call-8"]
+    assert [item.call_id for item in approval_requests(paused)] == ["call-8"]
+    assert [item.call_id for item in paused.interruptions] == ["call-8", "call-9"]  # the tenth waits with it
+    assert len(ran) == 8
+
+
+# -- a question holds the rest of its batch, on every route -------------------------------------
+
+FIRST_QUESTION = {"defaults": ({}, 4), "warn-off": ({"streak_warn_at": 0}, 8)}
+"""Guard options, and how many of a batch of identical failing calls come before its first
+question: the warn level at the 5th call, or (warn off) the stop level at the 9th, which the 8
+waiting before it count toward."""
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_an_approval_question_holds_its_batch_and_a_rejection_runs_none_of_it(ran, make_agent, turn_ends,
+                                                                               options, before):
+    agent = make_agent(one_batch("read_file", {"path": "a.py"}, 30), fail=True)
+    guard = turn_ends.guard(tg.GuardConfig(**options))
+    paused = run_sync(guard, agent, "read a.py", ask="approval", run_config=NO_EXPORT)
+    assert len(ran) == before  # the calls after the question wait with it
+    (question,) = approval_requests(paused)
+    assert len(paused.interruptions) == 30 - before
+    state = paused.to_state()
+    state.reject(question)
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        run_sync(guard, agent, state, ask="approval", run_config=NO_EXPORT)
+    assert len(ran) == before
+    assert turn_ends.assert_ended("halted").tool_calls == before + 1
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_approving_each_question_runs_the_held_calls_checked_in_order(ran, make_agent, turn_ends, options, before):
+    """Each answer releases the calls held with the question; turnguard checks them in order, and
+    the next question holds the rest again: one turn, every call run once, and no call ran while a
+    question was waiting."""
+    agent = make_agent(one_batch("read_file", {"path": "a.py"}, 30), fail=True)
+    guard = turn_ends.guard(tg.GuardConfig(**options))
+    result = run_sync(guard, agent, "read a.py", ask="approval", run_config=NO_EXPORT)
+    paused_at = []
+    while result.interruptions:
+        (question,) = approval_requests(result)
+        paused_at.append(len(ran))
+        assert len(result.interruptions) == 30 - len(ran)  # the question and every call after it
+        state = result.to_state()
+        state.approve(question)
+        result = run_sync(guard, agent, state, ask="approval", run_config=NO_EXPORT)
+    assert result.final_output == "done" and len(ran) == 30
+    assert paused_at[0] == before and len(paused_at) > 1
+    assert turn_ends.assert_ended("completed").tool_calls == 30
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_callback_question_holds_the_calls_after_it_until_the_user_refuses(ran, make_agent, options, before):
+    """The SDK runs a response's calls as concurrent tasks: while the async callback takes its
+    time, the calls after the one asked about wait for the answer instead of running."""
+    asked = []
+
+    async def ask(verdict: tg.Verdict) -> str:
+        asked.append(len(ran))
+        await asyncio.sleep(0.2)
+        return "stop"
+
+    agent = make_agent(one_batch("read_file", {"path": "a.py"}, 30), fail=True)
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        run_sync(tg.Guard(tg.GuardConfig(**options)), agent, "read a.py", ask=ask, run_config=NO_EXPORT)
+    assert len(asked) == 1 and len(ran) == before
 
 
 # -- a turn that survives the process: the SDK's RunState and turn_state, two processes ---------
@@ -435,3 +506,76 @@ def test_a_turn_interrupted_for_approval_goes_on_in_a_fresh_process_from_the_run
     second = run_phase("resume")
     assert second["ran"] == 2  # call 5 (approved) and 6
     assert "threshold explicit (stop, limit 6); 7 tool calls" in second["halted"]
+
+
+# -- resume_state: a run restored from its string keeps turnguard's observation ------------------
+
+OBSERVED_RESUME = '''
+import asyncio, json, sys
+from pathlib import Path
+from agents import Agent, RunConfig, function_tool, set_tracing_disabled
+from agents.testing import ScriptedModel, assistant_message, function_call
+import turnguard as tg
+from turnguard.integrations.openai_agents import (TurnGuardHalted, approval_requests, resume_state, run,
+                                                  state_string)
+
+phase, folder = sys.argv[1], Path(sys.argv[2])
+set_tracing_disabled(True)  # as hosts with other backends run it: no span records the failures
+first = 9 if phase == "resume" else 0  # the model's script goes on where the first process left it
+steps = [[function_call("read_file", {"path": "a.py"}, call_id=f"call-{i}")] for i in range(first, 30)]
+ran = []
+
+
+@function_tool(failure_error_function=lambda ctx, error: f"cannot read: {error}")
+def read_file(path: str) -> str:
+    """Read a file."""
+    ran.append(path)
+    raise FileNotFoundError(path)
+
+
+agent = Agent(name="coder", model=ScriptedModel([*steps, [assistant_message("done")]]), tools=[read_file])
+config = tg.GuardConfig(streak_warn_at=0, digest_key="shared-by-both-processes",
+                        disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
+guard = tg.Guard(config, environ={})
+options = {"ask": "approval", "max_turns": 100}
+
+
+async def main():
+    if phase == "resume":
+        state = await resume_state(guard, agent, (folder / "run.txt").read_text())
+    else:
+        result = await run(guard, agent, "read a.py", **options)
+        if phase == "start":
+            (folder / "run.txt").write_text(state_string(result))
+            return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions]}
+        state = result.to_state()  # "both": the control, resumed in the same process
+        del ran[:]
+    for item in approval_requests(state):
+        state.approve(item)
+    result = await run(guard, agent, state, **options)
+    return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions]}
+
+
+print(json.dumps(asyncio.run(main())))
+'''
+
+
+def test_a_run_resumed_from_its_string_in_a_fresh_process_keeps_failures_and_approvals(tmp_path):
+    """Tracing off and a tool with its own failure function: only turnguard's observed copy of the
+    agent sees the failures, and only its tools ask turnguard before running. Process 1 runs 8
+    failing calls; the stop level asks at the 9th. Process 2 restores the run from its string with
+    ``resume_state`` and approves: the restored run is still observed, so it goes on exactly as the
+    same run resumed in one process does (8 more failures after the approved call ask again at
+    the 18th; an unobserved run would have run the remaining 21 unasked)."""
+    program = tmp_path / "agent.py"
+    program.write_text(OBSERVED_RESUME, encoding="utf-8")
+
+    def run_phase(phase: str) -> dict:
+        done = subprocess.run([sys.executable, str(program), phase, str(tmp_path)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run_phase("start") == {"ran": 8, "asked": ["call-8"]}
+    resumed = run_phase("resume")
+    assert resumed == run_phase("both") == {"ran": 9, "asked": ["call-17"]}

@@ -23,13 +23,21 @@ and ends the turn however the run finishes (``completed``, ``halted``, ``error``
   ``MaxTurnsExceeded``) and a ``turnguard.LoopDetected``; the tool body does not run.
 - ASK: ``ask="approval"`` uses the SDK's own approvals. The observed tools' ``needs_approval``
   checks each call when the SDK plans the model's batch (in order, before any of it runs, as the
-  core's rule for a parallel batch expects); a call turnguard asks about interrupts the run
-  (``result.interruptions`` holds its ``ToolApprovalItem``), and ``state.approve(item)`` ("continue")
-  or ``state.reject(item)`` ("stop") followed by ``run(guard, agent, state, ask="approval")``
-  resumes it as the same turn. The tool's own ``needs_approval`` is asked first; a call it sends to
-  the user is checked in ``on_tool_start`` once approved. A stop-level ASK (raised by an outcome)
-  is asked on the model's next call. A callable ``ask`` answers inline (sync or async). Without a
-  route the fallback applies (a warning is observed, a stop halts).
+  core's rule for a parallel batch expects); a call turnguard asks about interrupts the run, and
+  the calls planned after it are interrupted with it, unchecked (a question holds the rest of its
+  batch). ``approval_requests(result)`` is turnguard's question: ``state.approve(item)``
+  ("continue") or ``state.reject(item)`` ("stop"), then ``run(guard, agent, state,
+  ask="approval")`` resumes it as the same turn; leave the held calls undecided: after a
+  "continue" turnguard checks them in order and approves them, up to the next question, which
+  holds the rest again (after a "stop" none runs). The tool's own ``needs_approval`` is asked
+  first; a call it sends to the user is checked in ``on_tool_start`` once approved. A stop-level
+  ASK (raised by an outcome) is asked on the model's next call. A callable ``ask`` answers inline
+  (sync or async; the calls of the batch checked meanwhile wait for its answer). Without a route
+  the fallback applies (a warning is observed, a stop halts).
+- Another process: store ``state_string(result)`` (the SDK's ``RunState`` string with the turn's
+  state in it) and restore it with ``resume_state(guard, agent, string)``, which rebuilds the run
+  on turnguard's observed copy of ``agent`` (``RunState.from_string(agent, ...)`` alone rebuilds it
+  on ``agent`` itself: no failure reports, no approvals); answer it, then ``run`` it.
 - REMIND (``GuardConfig(remind_model=True)``) cannot be injected: run hooks cannot change a tool's
   output (a per-tool output guardrail could); the reminder is recorded, not shown to the model.
 """
@@ -40,11 +48,12 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, RunConfig, RunHooks, Runner
+from agents import Agent, FunctionTool, RunConfig, RunHooks, Runner, RunState
 from agents.exceptions import AgentsException
 from agents.tool import default_tool_error_function
 from agents.tracing import get_current_span
@@ -101,7 +110,12 @@ class TurnGuardRunHooks(RunHooks[Any]):
         """Calls checked when the SDK planned them (``ask="approval"``), by call id."""
         self._asked: dict[str, tuple[Verdict, ToolCall]] = {}
         """Calls interrupted for the user's approval, by call id."""
+        self._held: set[str] = set()
+        """Calls interrupted with the question, unchecked: turnguard decides them once it is answered."""
         self._ask_next: Verdict | None = None
+        self._observed: dict[int, Agent[Any]] = {}
+        """The observed copy of each agent given to ``observe`` (one per source agent, so a resumed
+        ``RunState`` and the run share it)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -135,22 +149,63 @@ class TurnGuardRunHooks(RunHooks[Any]):
         """A copy of ``agent`` (and of the agents it hands off to) whose function tools report each
         failure their failure function handled to these hooks (and, with ``ask="approval"``, check
         each call when the SDK plans it); ``agent`` itself is left as it is."""
-        plan = self._plan if self.ask == APPROVAL else None
-        return _observed_agent(agent, self._note_failure, plan, {})
+        if id(agent) not in self._observed:
+            plan = self._plan if self.ask == APPROVAL else None
+            self._observed[id(agent)] = _observed_agent(agent, self._note_failure, plan, {})
+        return self._observed[id(agent)]
 
     async def _plan(self, tool_name: str, params: Any, call_id: str) -> bool:
-        """``needs_approval`` of an observed tool: check the call now; True asks the user."""
-        call = make_call(tool_name, params, call_id)
+        """``needs_approval`` of an observed tool: check the call now; True interrupts the run for
+        the user (the call turnguard asks about, or one held with it)."""
+        return self._planned_step(make_call(tool_name, params, call_id)) is not Step.RUN
+
+    def _planned_step(self, call: ToolCall) -> Step:
+        """Check a call the SDK plans: ``Step.ASK`` it is asked about (the question), ``Step.HOLD``
+        it waits with the question, ``Step.RUN`` it goes on (a HALT is enforced when it would start)."""
+        call_id = str(call.call_id)
         decision = self._open(None).before(call)
+        if decision.step is Step.HOLD:
+            self._held.add(call_id)
+            return Step.HOLD
         if decision.step is Step.RUN and self._ask_next is not None:
             decision = Decision(Step.ASK, self._ask_next)
         self._ask_next = None
         self._calls[call_id] = call
         self._planned[call_id] = decision
         if decision.step is not Step.ASK:
-            return False  # a HALT is enforced when the call would start
+            return Step.RUN
         self._asked[call_id] = (decision.verdict, call)
-        return True
+        self._open(None).defer(decision.verdict)
+        return Step.ASK
+
+    def _release(self, state: Any, interruptions: Any) -> bool:
+        """After a run interrupted with held calls: once the question is answered, turnguard decides
+        them, in order (each checked: approved to run, or the next question, which holds the rest);
+        ``True`` when it approved any (the run goes on). A question neither approved (it would have
+        started) nor still waiting was rejected: the user's stop."""
+        driver = self.driver
+        if driver is None or not self._held:
+            return False
+        waiting = {getattr(item, "call_id", None): item for item in interruptions}
+        if driver.question is not None:
+            rejected = [call_id for call_id in self._asked if call_id not in waiting]
+            for call_id in rejected:
+                verdict, call = self._asked.pop(call_id)
+                self._planned.pop(call_id, None)
+                self._calls.pop(call_id, None)
+                TurnGuardHalted.stop(driver.answer(verdict, "stop", call, before=True))
+            return False
+        approved = False
+        for call_id, item in waiting.items():
+            if call_id not in self._held:
+                continue
+            self._held.discard(call_id)
+            name = getattr(item, "tool_name", None) or getattr(item, "name", None)
+            step = self._planned_step(make_call(name, _params(getattr(item.raw_item, "arguments", None)), call_id))
+            if step is Step.RUN:
+                state.approve(item)
+                approved = True
+        return approved
 
     def _note_failure(self, call_id: str | None) -> None:
         if call_id is not None:
@@ -195,6 +250,10 @@ class TurnGuardRunHooks(RunHooks[Any]):
             asked = self._asked.pop(call_id, None)
             # It starts, so an asked call was approved: the user's "continue".
             decision = planned if asked is None else driver.answer(asked[0], "continue", asked[1], before=True)
+        elif call_id is not None and call_id in self._held:  # a held call the user approved themselves
+            self._held.discard(call_id)
+            call = self._calls[call_id] = _call(context, tool)
+            decision = await self._held_start(driver, call)
         else:
             call = _call(context, tool)
             if call.call_id is not None:
@@ -219,6 +278,18 @@ class TurnGuardRunHooks(RunHooks[Any]):
             TurnGuardHalted.stop(decision)
             return
         TurnGuardHalted.stop(await driver.aoutcome(call, outcome))
+
+    async def _held_start(self, driver: RunDriver, call: ToolCall) -> Decision:
+        """A held call starting because the user approved it: its question still waiting was not
+        approved (an approved one starts first): the user's stop. Otherwise it is checked now; an
+        ASK cannot pause a call that is starting, so the no-route fallback answers it."""
+        for call_id, (verdict, asked) in list(self._asked.items()):
+            del self._asked[call_id]
+            self._planned.pop(call_id, None)
+            self._calls.pop(call_id, None)
+            TurnGuardHalted.stop(driver.answer(verdict, "stop", asked, before=True))
+        decision = driver.before(call)
+        return driver.fallback(decision.verdict) if decision.step is Step.ASK else decision
 
     def _failed_call(self, call_id: str | None, result: Any) -> bool:
         if call_id is not None and call_id in self._failed:
@@ -265,9 +336,10 @@ async def run(
     """``Runner.run`` under turnguard: the run is one turn, ended however the run finishes.
 
     A run interrupted for approvals (turnguard's, with ``ask="approval"``, or a tool's own) keeps its
-    turn open: pass the ``RunState`` with your answers back to ``run`` and the turn goes on. To
-    resume in another process, store ``turn_state(result)`` beside ``state.to_string()`` and pass it
-    back as ``turn_state=`` (both guards need the same ``GuardConfig(digest_key=...)``).
+    turn open: pass the ``RunState`` with your answers back to ``run`` and the turn goes on (the calls
+    turnguard held with its question are decided by turnguard once you answered it). To resume in
+    another process, store ``state_string(result)`` and restore it with ``resume_state`` (or store
+    ``turn_state(result)`` beside the SDK's ``to_string()`` and pass it back as ``turn_state=``).
 
     ``conversation_id`` defaults to ``Runner.run``'s ``conversation_id`` or ``RunConfig.group_id``.
     """
@@ -288,6 +360,11 @@ async def run(
         )
     try:
         result = await Runner.run(agent, input, hooks=guarded, run_config=config, **runner_kwargs)
+        while result.interruptions:  # calls held with a question that was answered: turnguard decides
+            state = result.to_state()
+            if not guarded._release(state, result.interruptions):
+                break
+            result = await Runner.run(agent, state, hooks=guarded, run_config=config, **runner_kwargs)
     except BaseException as exc:
         guarded.end(_unwrap(exc))
         raise
@@ -305,15 +382,30 @@ async def run(
 
 def turn_state(result: Any) -> dict[str, Any] | None:
     """The JSON state of the turn an interrupted ``run`` left open (``Turn.snapshot()`` with the
-    calls turnguard asked about), for ``run(..., turn_state=...)`` in another process."""
+    calls turnguard asked about and held), for ``run(..., turn_state=...)`` in another process."""
     for item in getattr(result, "interruptions", None) or ():
         hooks = _PARKED.get(getattr(item, "call_id", None) or "")
         if hooks is not None and hooks.driver is not None:
-            asked = list(hooks._asked.items())
-            state = hooks.driver.turn.snapshot(pending=asked[0][1][0] if asked else None)
-            state[ADAPTER_KEY] = {"asked": [call_id for call_id, _ in asked]}
+            state = hooks.driver.turn.snapshot(pending=hooks.driver.question)
+            state[ADAPTER_KEY] = {"asked": list(hooks._asked), "held": sorted(hooks._held)}
             return state
     return None
+
+
+def approval_requests(result: Any) -> list[Any]:
+    """The interruptions of an interrupted ``run`` (its result, or a ``RunState``) that turnguard
+    asks the user about: approve one (``state.approve(item)``) for "continue", reject it for "stop".
+    The calls it holds with its question are interruptions too: leave them undecided, turnguard
+    decides them once you answered (approved, a held call is checked when it starts; rejected, it
+    does not run)."""
+    found = []
+    interruptions = getattr(result, "get_interruptions", None)
+    for item in interruptions() if callable(interruptions) else getattr(result, "interruptions", None) or ():
+        call_id = getattr(item, "call_id", None) or ""
+        hooks = _PARKED.get(call_id)
+        if hooks is not None and call_id in hooks._asked:
+            found.append(item)
+    return found
 
 
 ADAPTER_KEY = "openai_agents"
@@ -323,20 +415,69 @@ def _from_turn_state(
     guard: Guard, state: dict[str, Any], *, ask: Any, promptable: bool | None, inner: RunHooks[Any] | None
 ) -> TurnGuardRunHooks:
     """Hooks continuing a turn another process left open (``turn_state``)."""
-    from turnguard.snapshot import pending
+    from turnguard.snapshot import SnapshotError, pending
 
     hooks = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=inner)
     turn = guard.resume(state)
     hooks.driver = RunDriver(turn, ask=None if isinstance(hooks.ask, str) else hooks.ask)
     verdict = pending(state)
-    names = {entry[2]: entry[1] for entry in state.get("awaiting", ())}
-    for call_id in (state.get(ADAPTER_KEY) or {}).get("asked", ()):
-        if verdict is not None and call_id in names:
-            call = ToolCall(names[call_id], None, call_id)  # its outcome is matched by call_id
-            hooks._asked[call_id] = (verdict, call)
-            hooks._planned[call_id] = Decision(Step.ASK, verdict)
-            hooks._calls[call_id] = call
+    ours = state.get(ADAPTER_KEY) or {}
+    if not isinstance(ours, dict):
+        raise SnapshotError(f"turn_state()[{ADAPTER_KEY!r}] must be a mapping, got {type(ours).__name__}")
+    if verdict is None:
+        return hooks
+    hooks.driver.defer(verdict)
+    for call_id in ours.get("asked") or ():
+        call = ToolCall("tool", None, str(call_id))  # its outcome is matched by call_id
+        hooks._asked[str(call_id)] = (verdict, call)
+        hooks._planned[str(call_id)] = Decision(Step.ASK, verdict)
+        hooks._calls[str(call_id)] = call
+    hooks._held = {str(call_id) for call_id in ours.get("held") or ()}
     return hooks
+
+
+STATE_STRING_KEY = "turnguard"
+"""The key of the turn's state inside a ``state_string`` (the SDK's ``RunState`` JSON)."""
+
+
+def state_string(result: Any, **to_string_options: Any) -> str:
+    """An interrupted ``run`` as one string to store: the SDK's ``result.to_state().to_string()``
+    (``to_string_options`` go to it) with the turn's state (``turn_state``) inside, for
+    ``resume_state`` in this process or another."""
+    data = json.loads(result.to_state().to_string(**to_string_options))
+    data[STATE_STRING_KEY] = turn_state(result)
+    return json.dumps(data)
+
+
+async def resume_state(
+    guard: Guard,
+    agent: Agent[Any],
+    state_string: str,
+    *,
+    ask: Ask | str | None = APPROVAL,
+    promptable: bool | None = None,
+    hooks: RunHooks[Any] | None = None,
+    turn_state: dict[str, Any] | None = None,
+    **from_string_options: Any,
+) -> Any:
+    """The ``RunState`` a guarded run left in ``state_string`` (``state_string(result)``, or the
+    SDK's own ``to_string()`` with ``turn_state=``), restored for ``run`` to resume as the same turn.
+
+    ``RunState.from_string(agent, ...)`` alone rebuilds the run on ``agent`` itself, without the copy
+    turnguard observes (its failure reports, its approvals): this restores it on that copy. Answer
+    its interruptions on the returned state (``approval_requests``), then
+    ``await run(guard, agent, state)``. ``from_string_options`` go to ``RunState.from_string``."""
+    data = json.loads(state_string)
+    stored = data.pop(STATE_STRING_KEY, None) if isinstance(data, dict) else None
+    turn = turn_state if turn_state is not None else stored
+    if turn is not None:
+        guarded = _from_turn_state(guard, turn, ask=ask, promptable=promptable, inner=hooks)
+    else:
+        guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=hooks)
+    restored = await RunState.from_string(guarded.observe(agent), json.dumps(data), **from_string_options)
+    for item in restored.get_interruptions():
+        _PARKED[getattr(item, "call_id", None) or ""] = guarded
+    return restored
 
 
 def _resumed(input: Any) -> TurnGuardRunHooks | None:
@@ -408,6 +549,16 @@ def _observed_tool(tool: Any, failed: Callable[[str | None], None], plan: Plan |
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+def _params(arguments: Any) -> Any:
+    """A function call's arguments as ``needs_approval`` gets them (parsed JSON), else as they are."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
 
 
 def _unwrap(exc: BaseException) -> BaseException:
