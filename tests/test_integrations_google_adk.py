@@ -459,3 +459,21 @@ def test_a_callback_question_holds_the_calls_after_it_until_the_user_refuses(ran
     session.send("read it")
     assert len(asked) == 1 and len(ran) == before
     assert "stopped by the user" in session.final_text()
+
+
+class UnreachableLlm(ScriptedLlm):
+    """A model whose provider goes away after its first answer."""
+
+    async def generate_content_async(self, llm_request, stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        if self.requests:
+            raise ConnectionError("the model is unreachable")
+        async for response in super().generate_content_async(llm_request, stream):
+            yield response
+
+
+def test_a_model_that_raises_ends_the_turn_with_error(read_file, turn_ends):
+    model = UnreachableLlm(model="unreachable", steps=iter([[("read_file", {"path": "a.py"})]]))
+    session = Session(model, [read_file], [TurnGuardPlugin(turn_ends.guard())])
+    with pytest.raises(ConnectionError):
+        session.send("read it")
+    assert turn_ends.assert_ended("error").tool_calls == 1

@@ -334,6 +334,44 @@ def test_a_tool_error_a_middleware_outside_recovers_keeps_the_turn_open_and_guar
     assert summary.tool_calls == 8
 
 
+class UnreachableAfter(ToolCallingFakeModel):
+    """The fake chat model, whose provider goes away after ``answers`` responses."""
+
+    answers: int = 1
+
+    def _generate(self, *args, **kwargs):
+        if self.answers <= 0:
+            raise ConnectionError("the model is unreachable")
+        self.answers -= 1
+        return super()._generate(*args, **kwargs)
+
+    async def _agenerate(self, *args, **kwargs):
+        return self._generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_model_that_raises_ends_the_turn_with_error_without_watch(ran, tools, turn_ends, mode):
+    model = UnreachableAfter(messages=iter([call("read_file", {"path": "a.py"}, 0), AIMessage("done")]))
+    agent = create_agent(model, tools, middleware=[TurnGuardMiddleware(turn_ends.guard())])
+    with pytest.raises(ConnectionError):
+        invoke(agent, ask_user("read it"), LIMIT, mode=mode)
+    assert turn_ends.assert_ended("error").tool_calls == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_model_error_a_middleware_outside_recovers_keeps_the_turn_going(ran, tools, turn_ends, mode):
+    """``ModelRetryMiddleware`` outside turnguard's model wrapper answers the failed request with a
+    message of its own: the run completes, and the turn with it, once."""
+    from langchain.agents.middleware import ModelRetryMiddleware
+
+    model = UnreachableAfter(messages=iter([call("read_file", {"path": "a.py"}, 0), AIMessage("done")]))
+    retry = ModelRetryMiddleware(max_retries=1, initial_delay=0, jitter=False)
+    agent = create_agent(model, tools, middleware=[retry, TurnGuardMiddleware(turn_ends.guard())])
+    state = invoke(agent, ask_user("read it"), LIMIT, mode=mode)
+    assert "failed" in state["messages"][-1].content
+    assert turn_ends.assert_ended("completed").tool_calls == 1
+
+
 def invoke(agent, payload, config, *, mode: str):
     """``agent.invoke`` or, with ``mode="async"``, ``agent.ainvoke`` run to its end."""
     if mode == "async":

@@ -579,3 +579,11 @@ def test_a_run_resumed_from_its_string_in_a_fresh_process_keeps_failures_and_app
     assert run_phase("start") == {"ran": 8, "asked": ["call-8"]}
     resumed = run_phase("resume")
     assert resumed == run_phase("both") == {"ran": 9, "asked": ["call-17"]}
+
+
+def test_a_model_that_raises_ends_the_turn_with_error(ran, make_agent, turn_ends):
+    model = ScriptedModel([[function_call("read_file", {"path": "a.py"}, call_id="call-0")],
+                           ConnectionError("the model is unreachable")])
+    with pytest.raises(ConnectionError):
+        run_sync(turn_ends.guard(), make_agent(model, fail=False), "read a.py", run_config=NO_EXPORT)
+    assert turn_ends.assert_ended("error").tool_calls == 1

@@ -590,3 +590,15 @@ def test_a_callback_question_holds_the_calls_after_it_until_the_user_refuses(ran
     with pytest.raises(TurnGuardHalted, match="stopped by the user"):
         agent.run_sync("read a.py")
     assert len(asked) == 1 and len(ran) == before
+
+
+def test_a_model_that_raises_ends_the_turn_with_error(ran, turn_ends):
+    def respond(messages, info: AgentInfo) -> ModelResponse:
+        if _tool_returns(messages):
+            raise ConnectionError("the model is unreachable")
+        return ModelResponse(parts=[ToolCallPart("read_file", {"path": "a.py"}, tool_call_id="c0")])
+
+    agent = agent_with(FunctionModel(respond), TurnGuardCapability(turn_ends.guard()), ran, fail=False)
+    with pytest.raises(ConnectionError):
+        agent.run_sync("read a.py")
+    assert turn_ends.assert_ended("error").tool_calls == 1

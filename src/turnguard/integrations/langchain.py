@@ -8,11 +8,12 @@ middleware=[middleware]))``. ``before_agent`` opens the turn, ``before_model`` i
 ``wrap_tool_call`` checks each call before the tool runs and records its outcome (an exception, or
 a ``ToolMessage`` with ``status="error"``, is ``ERROR``), ``after_agent`` ends the turn.
 
-A tool that raises with no error handler ends the run, and its exception passes through
-``wrap_tool_call``, which ends the turn (``error``) there, unless another middleware's tool wrapper
-is outside turnguard's (listed before it), which may still catch it (``ToolRetryMiddleware``): then
-the turn goes on, or ends where ``watch`` sees the run fail. A run can also die where no middleware
-hook runs: LangGraph's own ``recursion_limit``, a model that raises, a cancelled ``ainvoke``.
+A tool that raises with no error handler, or a model that raises, ends the run, and the exception
+passes through ``wrap_tool_call`` / ``wrap_model_call``, which end the turn (``error``) there,
+unless another middleware's wrapper is outside turnguard's (listed before it), which may still
+catch it (``ToolRetryMiddleware``, ``ModelRetryMiddleware``, ``ModelFallbackMiddleware``): then the
+turn goes on, or ends where ``watch`` sees the run fail. A run can also die where no middleware
+hook runs: LangGraph's own ``recursion_limit``, a cancelled ``ainvoke``.
 ``watch(agent)`` binds a callback handler that sees the graph run fail and ends its turn with the
 reason (``error`` or ``cancelled``); without it such a turn stays open until ``MAX_OPEN_TURNS``
 later turns end it as ``abandoned`` (a cancellation that lands in a tool call is seen by the
@@ -55,7 +56,7 @@ from uuid import UUID
 from langchain.agents.middleware.types import AgentMiddleware, AgentState, PrivateStateAttr, hook_config
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
-from langgraph._internal._constants import CONFIG_KEY_READ_STATE
+from langgraph._internal._constants import CONFIG_KEY_CALL
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
@@ -292,6 +293,31 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         return self.after_model(state, runtime)
 
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        try:
+            return handler(request)
+        except GraphBubbleUp:
+            raise
+        except Exception as exc:
+            self._model_failed(request.state, exc, asynchronous=False)
+            raise
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        try:
+            return await handler(request)
+        except GraphBubbleUp:
+            raise
+        except Exception as exc:
+            self._model_failed(request.state, exc, asynchronous=True)
+            raise
+
+    def _model_failed(self, state: Any, exc: Exception, *, asynchronous: bool) -> None:
+        """The model raised: unless a middleware outside this one may still recover it (a retry, a
+        fallback model), the exception ends the run here, and so the turn (``error``)."""
+        run = self._run(state)
+        if run is not None and run.driver.turn.summary is None and _outermost(self, asynchronous, tool=False):
+            self._ended(run, exc)
+
     # -- tools ---------------------------------------------------------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
@@ -403,7 +429,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def _died(self, run: _Run, exc: Exception, *, asynchronous: bool) -> None:
         """A tool raised and no error handler turned it into a message: unless a middleware outside
         this one may still recover it, the exception ends the run here, and so the turn."""
-        if run.driver.turn.summary is None and _outermost(self, asynchronous):
+        if run.driver.turn.summary is None and _outermost(self, asynchronous, tool=True):
             self._ended(run, exc)
 
     def _halt_unless_run(self, run: _Run, decision: Decision | None, cause: Exception | None) -> None:
@@ -515,24 +541,37 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             return self._halted.get(_turn_key(request.state) or "")
 
 
-def _outermost(middleware: TurnGuardMiddleware, asynchronous: bool) -> bool:
-    """Whether ``middleware``'s tool wrapper is the outermost one of the tool node running it (no
-    other middleware's ``wrap_tool_call`` around it could catch what it raises); ``True`` when the
-    node is not found (nothing else would see the exception)."""
-    try:
-        node = get_config()["configurable"][CONFIG_KEY_READ_STATE].args[0].bound
-        wrapper = node._awrap_tool_call if asynchronous and node._awrap_tool_call else node._wrap_tool_call
-    except (RuntimeError, KeyError, AttributeError, IndexError, TypeError):
+def _outermost(middleware: TurnGuardMiddleware, asynchronous: bool, *, tool: bool) -> bool:
+    """Whether ``middleware``'s tool (or model) wrapper is the outermost one of the graph node
+    running it: no other middleware's ``wrap_tool_call`` (``wrap_model_call``) around it could
+    catch what it raises. ``True`` when the node's wrappers are not found (the exception is taken
+    to end the run, as it does with no other middleware)."""
+    try:  # the running task (LangGraph's call helper holds a weak reference to it), and its node
+        task = get_config()["configurable"][CONFIG_KEY_CALL].args[0]()
+        node = task.proc.steps[0]
+        if tool:
+            wrapper = node._awrap_tool_call if asynchronous and node._awrap_tool_call else node._wrap_tool_call
+        else:  # create_agent's model node closes over its composed model-call handler
+            function = node.afunc if asynchronous else node.func
+            name = "awrap_model_call_handler" if asynchronous else "wrap_model_call_handler"
+            wrapper = _cells(function)[name].cell_contents
+    except (RuntimeError, KeyError, AttributeError, IndexError, TypeError, ValueError):
         return True
     return getattr(_first_wrapper(wrapper), "__self__", middleware) is middleware
 
 
+def _cells(function: Any) -> dict[str, Any]:
+    return dict(zip(function.__code__.co_freevars, function.__closure__ or (), strict=True))
+
+
+_OUTER_CELL = {"composed": "outer", "normalized_single": "single_handler"}
+"""``create_agent``'s composing closures, and the cell of each that holds the outer wrapper."""
+
+
 def _first_wrapper(wrapper: Any) -> Any:
-    """The outermost of ``create_agent``'s composed tool wrappers (each ``composed`` closes over
-    ``outer`` and ``inner``), unwrapped from its tracing decorator."""
-    while getattr(wrapper, "__name__", None) == "composed" and wrapper.__closure__:
-        cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__, strict=True))
-        wrapper = cells["outer"].cell_contents
+    """The outermost of ``create_agent``'s composed wrappers, unwrapped from its tracing decorator."""
+    while getattr(wrapper, "__name__", None) in _OUTER_CELL and wrapper.__closure__:
+        wrapper = _cells(wrapper)[_OUTER_CELL[wrapper.__name__]].cell_contents
     return inspect.unwrap(wrapper)
 
 
