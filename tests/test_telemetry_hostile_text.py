@@ -16,6 +16,7 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 import turnguard as tg
+from turnguard.config import valid_name
 from turnguard.model import MAX_ID_LENGTH, id_text
 from turnguard.telemetry import names as n
 from turnguard.telemetry.testing import InMemoryTelemetry
@@ -82,9 +83,10 @@ class Thresholds:
 def run_turns(otel: InMemoryTelemetry, text: Any) -> None:
     """Every path that exports host text, with ``text`` in each place it can go."""
     name = text if isinstance(text, str) else "tool"
+    policy = str.__str__(text)[:64] if isinstance(text, str) and valid_name(text[:64]) else "pé-😀"
     guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",), capture_content=True,
                                     streak_warn_at=3, streak_stop_at=5, soft_cap=20, hard_multiplier=2,
-                                    shadow={"alt": {"streak_warn_at": 2}}),
+                                    name=policy, shadow={f"{policy[:60]}-alt": {"streak_warn_at": 2}}),
                      environ={}, **otel.providers())
     if isinstance(text, str):
         guard.register(Thresholds(text), name=str.__str__(text))
@@ -148,6 +150,7 @@ def test_every_signal_encodes_through_otlp_whatever_the_text(text, caplog):
     assert otel.logs(n.LOOP_DETECTED_EVENT)
     assert bool(otel.logs(n.TURN_RESULT_EVENT)) == (id_text(text) is not None)  # an id with no text: no result
     assert otel.points(n.METRIC_HOST_ERRORS[0]) and otel.points(n.METRIC_DETECTIONS[0])
+    assert otel.points(n.METRIC_SHADOW_DETECTIONS[0]) and otel.logs(n.SHADOW_DETECTED_EVENT)
     if isinstance(text, str):
         assert otel.points(n.METRIC_PLUGIN_ERRORS[0])
         expected = export_text(text)

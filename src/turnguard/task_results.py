@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
-from turnguard.model import MAX_ID_LENGTH, id_text
+from turnguard.model import MAX_ID_LENGTH, direct_init, id_text
 
 if TYPE_CHECKING:
     from turnguard.model import TurnSummary
@@ -74,6 +74,7 @@ class ResultStatus(enum.StrEnum):
     too long, of another version, or checked with another ``digest_key`` (forged)."""
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class ResultLabels:
     """What a late result is reported with: the turn and the facts its labels need (the results
@@ -174,10 +175,8 @@ class ResultBook:
         with self._lock:
             status, entry = self._take(text, resolved, labels, closed)
             self.counts[status] += 1
-        if entry is not None and labels is None:
-            labels = entry.labels
-            if labels is None and entry.summary is not None:
-                labels = self.labels_of(entry.summary, entry.policy, entry.main)
+        if entry is not None:  # a turn known here is reported with what is known here
+            labels = entry.labels if entry.summary is None else self.labels_of(entry.summary, entry.policy, entry.main)
         return status, entry, labels
 
     def _take(self, text: str | None, resolved: Any, labels: ResultLabels | None,
@@ -241,6 +240,7 @@ class ResultBook:
 
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _NONE, _EMPTY, _DROPPED = "", "~", "*"
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 _TEXT_FIELD = re.compile(r"(?:[A-Za-z0-9_-]|%[0-9A-F]{2})+")
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,18}")
 _DROP_ORDER = ("agent_name", "reason", "policy", "main_threshold", "threshold")
@@ -253,7 +253,7 @@ def _escape(text: str | None) -> str:
         return _NONE
     if not text:
         return _EMPTY
-    if text.isascii() and _SAFE.issuperset(text):
+    if _PLAIN.fullmatch(text):
         return text
     return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
                    for c in text)
@@ -265,6 +265,8 @@ def _unescape(field: str) -> str | None:
         return None
     if field == _EMPTY:
         return ""
+    if _PLAIN.fullmatch(field):
+        return field
     if not _TEXT_FIELD.fullmatch(field):
         raise ValueError("not a text field")
     return unquote_to_bytes(field).decode("utf-8", "surrogatepass")
@@ -279,16 +281,17 @@ def _number(field: str, *, optional: bool = False) -> int | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _check_key(digest_key: str | None) -> bytes:
-    if digest_key is None:
-        return b""
-    return hashlib.blake2b(digest_key.encode("utf-8", "surrogatepass"), digest_size=32,
-                           person=b"tg-token-key").digest()
+def _check_state(digest_key: str | None) -> Any:
+    """A BLAKE2b state keyed for ``digest_key`` (copied per token: the key is set up once)."""
+    key = b"" if digest_key is None else hashlib.blake2b(
+        digest_key.encode("utf-8", "surrogatepass"), digest_size=32, person=b"tg-token-key").digest()
+    return hashlib.blake2b(digest_size=8, key=key, person=b"tg-result-tok1")
 
 
 def _check(body: str, digest_key: str | None) -> str:
-    return hashlib.blake2b(body.encode("ascii"), digest_size=8, key=_check_key(digest_key),
-                           person=b"tg-result-tok1").hexdigest()
+    state = _check_state(digest_key).copy()
+    state.update(body.encode("ascii"))
+    return state.hexdigest()
 
 
 def result_token(labels: ResultLabels, digest_key: str | None = None) -> str | None:
