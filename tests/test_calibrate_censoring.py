@@ -15,11 +15,12 @@ import pytest
 
 from planted_fleet import LIVE, S, run_fleet
 from turnguard.calibrate import cli
+from turnguard.calibrate.counts import COHORT_KEYS
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.inputs import read_turns
 from turnguard.calibrate.report import table
-from turnguard.calibrate.stats import COHORT_KEYS, RunStats, halt_ended
+from turnguard.calibrate.stats import RunStats, halt_ended
 from turnguard.config import GuardConfig
 
 GRID = ["--soft-caps", "10,20", "--multipliers", "5,10,15,20,30", "--stuck-repeats", "3,6,9", "--streaks",

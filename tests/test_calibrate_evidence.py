@@ -13,9 +13,16 @@ import pytest
 import turnguard as tg
 from conftest import CORE_ONLY, drive
 from turnguard.calibrate import cli
-from turnguard.calibrate.evidence import MULTIPLES, Passed, ProbeEvidence, recommendation, wilson_interval
+from turnguard.calibrate.advice import Context
+from turnguard.calibrate.advice import recommendation as advise
+from turnguard.calibrate.evidence import MULTIPLES, Passed, ProbeEvidence, wilson_interval
 from turnguard.calibrate.inputs import read_turns
+from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.stats import RunStats
+
+
+def recommendation(e: ProbeEvidence, tolerance: float = 0.10) -> list[str]:
+    return advise(e, Context(tolerance, Recording()))
 
 
 @pytest.mark.parametrize(("successes", "trials", "low", "high"), [
@@ -151,25 +158,26 @@ def test_the_stuck_row_counts_turns_the_main_config_would_halt_as_stuck_where_th
     assert stuck["calls_past"] == len(calls) - halt_call + 1
 
 
-def test_the_recommendation_names_the_counts_and_the_interval(result):
-    backstop, stuck = result["recommendation"]
+def test_the_recommendation_names_the_counts_the_interval_and_the_decision(result):
+    backstop, stuck = result["recommendation"][:2]
     low, high = wilson_interval(3, 4)
-    assert backstop.startswith("On 8 probe turns, 5 passed 10x and 3 of them were resolved")
-    assert f"{low:.0%}-{high:.0%}" in backstop and "interval is wide" in backstop
-    assert "raising it to 20x would have let them finish" in backstop
-    assert f"{4200 - 1000:,} more calls" in backstop  # the calls between 10x and 20x of the 5 turns
+    assert backstop.startswith("On 8 probe turns, 5 passed 10x (3 resolved, 1 unresolved, 1 without a result")
+    assert f"{low:.0%}-{high:.0%}" in backstop and "it is wide" in backstop
+    assert "above the tolerance of 10%" in backstop
     assert stuck.startswith("1 probe turn would have been halted as stuck (D=6)")
+    ten = result["passed_multiple"]["10"]
+    assert (ten["decision"], ten["why"], ten["tolerance"]) == ("above", "decided", 0.1)
 
 
 def test_the_table_and_html_show_the_same_figures(probe_file: Path, tmp_path: Path, result):
     page = tmp_path / "report.html"
-    code, out, err = calibrate(str(probe_file), *GRID, "--html", str(page))
+    code, out, err = calibrate(str(probe_file), *GRID, "--html", str(page), "--wide")
     assert code == 0, err
     text = out[out.index("Probe evidence"):]
-    assert "8 probe turns (5 resolved, 2 unresolved, 1 unknown; 2 live turns" in text
+    assert "8 probe turns (5 resolved, 2 unresolved, 1 unknown; 0 ended at a halt of the probe's own; 2 live" in text
     row = next(r for r in text.splitlines() if r.strip().startswith("10x S")).split()
     low, high = wilson_interval(3, 4)
-    assert row[-6:] == ["5", "3", "1", "1", f"{low:.0%}-{high:.0%}", "4,200"]
+    assert row[3:] == ["5", "3", "1", "1", f"{low:.0%}-{high:.0%}", "above", "10%", "4,200"]
     assert result["recommendation"][0] in " ".join(line.strip() for line in text.splitlines())
     html = page.read_text()
     assert "id='probe-evidence'" in html and "4,200" in html
@@ -217,17 +225,31 @@ def test_no_probe_turn_past_the_backstop_says_there_is_no_evidence_yet():
     e = ProbeEvidence(100, 10, 6)
     e.add(50, True, None)
     assert recommendation(e)[0].startswith("On 1 probe turn, none passed 10x (S=100, 1,000 calls): no evidence")
+    assert "keep" not in recommendation(e)[0]
 
 
-def test_none_resolved_past_the_backstop_says_keep_it():
+def test_none_resolved_past_the_backstop_says_keep_it_once_the_interval_is_below_the_tolerance():
+    e = ProbeEvidence(100, 10, 6)
+    for _ in range(40):
+        e.add(1500, False, None)
+    advice = recommendation(e)[0]
+    low, high = wilson_interval(0, 40)
+    assert high < 0.10
+    assert "40 passed 10x (0 resolved, 40 unresolved" in advice
+    assert f"{low:.0%}-{high:.0%}" in advice and "keep 10x" in advice and "20,000 calls" in advice
+    assert "wide" not in advice
+
+
+def test_too_few_turns_to_decide_say_how_many_more():
+    """12 turns, none resolved: 0%-24%, not below 10% yet; at a share of 0 the Wilson interval
+    excludes 10% from 35 turns on (score test: 1.96^2 x 0.1 x 0.9 / 0.1^2 = 34.6)."""
     e = ProbeEvidence(100, 10, 6)
     for _ in range(12):
         e.add(1500, False, None)
     advice = recommendation(e)[0]
-    low, high = wilson_interval(0, 12)
-    assert "12 passed 10x and none of the 12 with a result was resolved" in advice
-    assert f"{low:.0%}-{high:.0%}" in advice and "keep 10x" in advice and "6,000 calls" in advice
-    assert "wide" not in advice
+    assert "not decided against the tolerance of 10%: about 23 more probe turns past 10x" in advice
+    assert "keep" not in advice
+    assert wilson_interval(0, 34)[1] > 0.1 > wilson_interval(0, 35)[1]
 
 
 def test_evidence_json_round_trips_and_rejects_inconsistent_counts():
@@ -235,7 +257,7 @@ def test_evidence_json_round_trips_and_rejects_inconsistent_counts():
     e.add(2100, True, None)
     assert ProbeEvidence.from_json(e.to_json()).to_json() == e.to_json()
     with pytest.raises(ValueError, match="inconsistent"):
-        Passed.from_json({"turns": 1, "resolved": 2, "unresolved": 0, "calls_past": 0})
+        Passed.from_json({"turns": 1, "resolved": 2, "unresolved": 0, "censored": 0, "calls_past": 0})
 
 
 def test_evidence_measured_against_different_configurations_does_not_merge():
@@ -243,13 +265,13 @@ def test_evidence_measured_against_different_configurations_does_not_merge():
         ProbeEvidence(100, 10, 6).merge(ProbeEvidence(50, 10, 6))
 
 
-def test_old_results_without_probe_evidence_still_read(probe_file: Path):
+def test_results_of_the_first_format_are_refused(probe_file: Path):
     code, out, _ = calibrate(str(probe_file), *GRID, "--json", "-")
     assert code == 0
     data = json.loads(out)
-    del data["probe"]
-    stats = RunStats.from_json(data)
-    assert stats.probe.turns == 0 and stats.probe.soft_cap == 100
+    data["format"] = "turnguard-calibrate/1"
+    with pytest.raises(ValueError, match="expected format 'turnguard-calibrate/2'"):
+        RunStats.from_json(data)
 
 
 def otlp_turn_line(turn_id: str, calls: int, attrs: dict) -> str:

@@ -49,14 +49,16 @@ def test_calibrate_counts_the_probe_turns_past_10x_and_their_results_exactly(rec
     long, runaways = probe(truth, W.LONG), probe(truth, W.RUNAWAY)
     assert evidence["turns"] == sum(v for (c, _), v in truth.turns.items() if c == "probe")
     ten = evidence["passed_multiple"]["10"]
-    assert (ten["turns"], ten["resolved"], ten["unresolved"], ten["unknown"]) == (
-        len(long) + len(runaways), len(long), len(runaways), 0)
+    # The runaways were halted by the probe's own 20x: censored there, neither resolved nor unresolved.
+    assert (ten["turns"], ten["resolved"], ten["unresolved"], ten["censored"], ten["unknown"]) == (
+        len(long) + len(runaways), len(long), 0, len(runaways), 0)
     # The recorder lists the call a halt refused as well (a runaway: 2,001 calls at 20x).
     assert ten["calls_past"] == sum(s.tool_calls - 1000 for s in long + runaways)
     twenty = evidence["passed_multiple"]["20"]
-    assert (twenty["turns"], twenty["resolved"]) == (len(runaways), 0)
-    assert ten["resolved_interval"] == pytest.approx(list(wilson_interval(len(long), len(long) + len(runaways))),
-                                                     abs=1e-6)
+    assert (twenty["turns"], twenty["resolved"], twenty["censored"]) == (len(runaways), 0, len(runaways))
+    assert twenty["censored_at_cap"] == {"threshold": "hard_backstop", "cap": 2000}
+    n = len(long) + len(runaways)
+    assert ten["resolved_interval"] == pytest.approx([wilson_interval(len(long), n)[0], 1.0], abs=1e-6)
 
 
 def test_calibrate_counts_the_probe_turns_the_seeds_d_would_have_halted(recorded):
@@ -69,8 +71,10 @@ def test_calibrate_counts_the_probe_turns_the_seeds_d_would_have_halted(recorded
 
 def test_the_recommendation_says_raise_10x_and_d(recorded):
     _, evidence = recorded
-    backstop, stuck = evidence["recommendation"]
-    assert "raising it to 20x would have let them finish" in backstop
+    backstop, stuck = evidence["recommendation"][:2]
+    assert "above the tolerance of 10%" in backstop
+    assert "raise the probe's cap to see past 20x" in backstop  # never "20x would have let them finish"
+    assert "20x would" not in backstop
     assert "raise D or try stuck_signal='stale_repeat'" in stuck
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from turnguard.calibrate import grid as g
+from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
 from turnguard.calibrate.html import render
 from turnguard.calibrate.inputs import MAX_LINE_BYTES, InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text
@@ -71,6 +72,13 @@ def _line_limit(text: str) -> int:
 MAX_LINE_LIMIT = 1 << 30
 
 
+def _tolerance(text: str) -> float:
+    try:
+        return valid_tolerance(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share strictly between 0 and 1, got {text!r}") from None
+
+
 def build_parser(prog: str = "turnguard calibrate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, allow_abbrev=False)
     add_arguments(p)
@@ -110,6 +118,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--config", metavar="TOML", help="base configuration, the default row (default: as "
                       "'turnguard config' loads it: $TURNGUARD_CONFIG, ./turnguard.toml or ./pyproject.toml, then "
                       "TURNGUARD_* variables)")
+    grid.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
+                      help="the share of the turns past a threshold that would have succeeded which you accept "
+                           "losing to it: each probe row says whether the evidence decides against it "
+                           f"(default: {DEFAULT_TOLERANCE})")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with charts")
@@ -141,7 +153,8 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     if args.files[:1] == ["merge"] and not Path("merge").exists():
-        return merge_results(args.files[1:], args.json, args.html, stdout, stderr, width=output_width(args.wide))
+        return merge_results(args.files[1:], args.json, args.html, stdout, stderr, width=output_width(args.wide),
+                             tolerance=args.tolerance)
     try:
         base = getattr(args, "guard_config", None) or GuardConfig.load(args.config)
     except ConfigError as exc:
@@ -176,8 +189,11 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         size = sum(input_sizes(files))
         jobs = args.jobs or _auto_jobs(size)
         progress = Progress(size, stderr, enabled=enabled)
+        probe = base.probe_settings()
         stats = calibrate(files, policies, on_problem=on_problem, strict=args.strict, jobs=jobs,
-                          group=not args.no_grouping, progress=progress, max_line_bytes=args.max_line_bytes)
+                          group=not args.no_grouping, progress=progress, max_line_bytes=args.max_line_bytes,
+                          tolerance=args.tolerance or DEFAULT_TOLERANCE,
+                          probe_rate=None if probe is None else probe.rate)
     except StrictError as exc:
         print(f"turnguard calibrate: stopped: {exc}", file=stderr)
         return 1
@@ -259,16 +275,18 @@ def add_merge_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", metavar="RESULT.json")
     p.add_argument("--json", metavar="FILE", help="write the merged results as JSON ('-' for stdout)")
     p.add_argument("--html", metavar="FILE", help="write the merged HTML report")
+    p.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
+                   help="decide the probe rows against this tolerance (default: the first result's)")
     add_wide_argument(p)
 
 
 def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     return merge_results(args.results, args.json, args.html, stdout or sys.stdout, stderr or sys.stderr,
-                         width=output_width(args.wide))
+                         width=output_width(args.wide), tolerance=args.tolerance)
 
 
 def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | None, stdout: TextIO,
-                  stderr: TextIO, *, width: int = DEFAULT_WIDTH) -> int:
+                  stderr: TextIO, *, width: int = DEFAULT_WIDTH, tolerance: float | None = None) -> int:
     if not paths:
         print("turnguard calibrate merge: give the --json results to merge", file=stderr)
         return 2
@@ -288,4 +306,6 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
             print(f"turnguard calibrate-merge: {path}: {exc}", file=stderr)
             return 2
     assert merged is not None
+    if tolerance is not None:
+        merged.tolerance = tolerance
     return _emit(merged, json_path, html_path, stdout, stderr, width=width)

@@ -98,8 +98,9 @@ class Calibrator:
                 key = id(result)
                 effect = effects[key] if key in effects else effects.setdefault(key, halt_effect(result, n))
                 modes[idx][mode].add_effect(turn_id, resolved, result, effect, cut, source)
+        stats.recording.add(turn, cohort)
         if turn.cohort == PROBE:
-            stats.probe.add(n, resolved, main)
+            stats.probe.add(turn.needed_calls, resolved, main, turn.ended_by if cut is not None else None)
         elif turn.cohort == LIVE:
             stats.probe.live_turns += 1
 

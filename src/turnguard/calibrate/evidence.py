@@ -3,10 +3,12 @@
 A probe turn (``cohort: "probe"`` in the recorder's lines, ``turnguard.turn.cohort`` on OTLP turn
 spans) was guarded live by a more lenient configuration, so it shows what happens past the
 thresholds the main configuration would have stopped it at. For each multiple ``k x S`` of the
-main soft cap (``MULTIPLES``) and for the stuck threshold D (the main configuration replayed on
-the turn would have halted it as ``soft_stuck``), this counts the probe turns that passed it, how
-many of them were resolved, unresolved or of unknown result, and the calls they made past it
-(what raising the threshold costs). The resolved share gets a 95% Wilson score interval.
+main soft cap (``MULTIPLES``), for the stuck threshold D and for the streak stop (the main
+configuration replayed on the turn would have halted it as ``soft_stuck`` / ``streak``), this
+counts the probe turns that passed it, how many were resolved, unresolved, of unknown result, or
+censored: halted later by the probe's own thresholds, so that whether they would have succeeded
+is not recorded; and the calls they made past it (what raising the threshold costs). The
+decision against a tolerance (``decision.py``) reads these counts.
 
 Everything is a counter, so partial runs merge exactly and memory does not grow with the turns.
 """
@@ -17,19 +19,26 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from turnguard.calibrate.counts import MAX_COUNT, count
 from turnguard.probe import Cohort
 
 if TYPE_CHECKING:
     from turnguard.calibrate.replay import TurnResult
 
-MULTIPLES = (2, 3, 5, 10, 20)
-"""The multiples of S whose passing turns are counted (the grid's backstop multipliers)."""
+LOOP_DETECTORS = frozenset({"soft_stuck", "streak"})
+"""The probe's own halts that say the turn was looping (it failed under the probe's policy); any
+other halt (``hard_backstop``, ``explicit``, ``cycle_cap``: a length limit) cuts a turn that might
+have gone on to succeed: censored."""
+MULTIPLES = (2, 3, 5, 10, 15, 20, 30)
+"""The multiples of S whose passing turns are counted (the grid's backstop multipliers and the
+raises an operator weighs: 15x, 20x, 30x), with the main configuration's own multiplier when it is
+a whole number."""
 PROBE = Cohort.PROBE.value
 LIVE = Cohort.LIVE.value
 Z95 = 1.959963984540054
 """The standard normal quantile for a two-sided 95% interval."""
 FEW = 10
-"""Below this many turns with a known result, the recommendation says the interval is wide."""
+"""Below this many turns with a known fate, the recommendation says the interval is wide."""
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
@@ -57,25 +66,38 @@ class Passed:
     turns: int = 0
     resolved: int = 0
     unresolved: int = 0
+    censored: int = 0
+    """Turns the probe halted later at a length limit of its own (its backstop, explicit or cycle
+    cap) whose task was not reported done: whether they would have succeeded is not recorded."""
     calls_past: int = 0
     """Calls these turns made past the threshold: what letting them run past it cost."""
 
     @property
     def unknown(self) -> int:
-        return self.turns - self.resolved - self.unresolved
+        """Turns that ended on their own without a result."""
+        return self.turns - self.resolved - self.unresolved - self.censored
 
     @property
     def known(self) -> int:
-        return self.resolved + self.unresolved
+        """Turns with a known fate: resolved, unresolved, or censored (a fate bounded both ways)."""
+        return self.resolved + self.unresolved + self.censored
 
     def interval(self) -> tuple[float, float]:
-        """95% interval of the resolved share among the turns with a known result."""
-        return wilson_interval(self.resolved, self.known)
+        """95% interval of the share that would have succeeded, among the turns with a known fate:
+        the Wilson interval's low end with the censored turns counted as failures, its high end
+        with them counted as successes (with none censored: the plain Wilson interval)."""
+        n = self.known
+        return wilson_interval(self.resolved, n)[0], wilson_interval(self.resolved + self.censored, n)[1]
 
-    def add(self, resolved: bool | None, calls_past: int) -> None:
+    def add(self, resolved: bool | None, calls_past: int, censored: bool = False) -> None:
+        """One probe turn past the threshold; ``censored``: its recording ends at a halt of its own."""
         self.turns += 1
-        self.resolved += resolved is True
-        self.unresolved += resolved is False
+        if resolved is True:
+            self.resolved += 1
+        elif censored:
+            self.censored += 1
+        elif resolved is False:
+            self.unresolved += 1
         self.calls_past += calls_past
 
     def merge(self, other: Passed) -> None:
@@ -89,31 +111,45 @@ class Passed:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Passed:
-        passed = cls(**{name: int(data[name]) for name in _PASSED_COUNTS})
-        if passed.known > passed.turns or min(passed.turns, passed.resolved, passed.unresolved, passed.calls_past) < 0:
+        passed = cls(**{name: count(data[name]) for name in _PASSED_COUNTS})
+        if passed.known > passed.turns:
             raise ValueError(f"inconsistent probe evidence counts: {data!r}")
         return passed
 
 
-_PASSED_COUNTS = ("turns", "resolved", "unresolved", "calls_past")
+_PASSED_COUNTS = ("turns", "resolved", "unresolved", "censored", "calls_past")
 
 
 @dataclass
 class ProbeEvidence:
-    """Probe turns against the main configuration's ``soft_cap`` S, ``multiplier`` m and stuck
-    threshold D (the run's default policy; ``None`` when it has no adaptive cap)."""
+    """Probe turns against the main configuration's ``soft_cap`` S, ``multiplier`` m, stuck
+    threshold D and streak stop (the run's default policy; all ``None`` without an adaptive cap)."""
 
     soft_cap: int | None
     multiplier: float | None
     stuck_repeat: int | None
+    streak_stop: int | None = None
     turns: int = 0
     resolved: int = 0
     unresolved: int = 0
     calls: int = 0
     live_turns: int = 0
-    multiples: dict[int, Passed] = field(default_factory=lambda: {k: Passed() for k in MULTIPLES})
+    censored: int = 0
+    """Probe turns whose recording ends at a halt of the probe's own thresholds."""
+    past_main: int = 0
+    """Probe turns the main configuration would have halted."""
+    calls_past_main: int = 0
+    """The calls those turns made from the one the main configuration would have halted on: what
+    the probe cost, beside what the main configuration would have spent."""
+    multiples: dict[int, Passed] = field(default_factory=dict)
     stuck: Passed = field(default_factory=Passed)
     """Turns the main configuration would have halted as ``soft_stuck`` (past S, stuck at D)."""
+    streak: Passed = field(default_factory=Passed)
+    """Turns the main configuration would have halted at its streak stop (unattended)."""
+
+    def __post_init__(self) -> None:
+        if not self.multiples and self.soft_cap is not None:
+            self.multiples = {k: Passed() for k in multiples_for(self.multiplier)}
 
     @classmethod
     def for_policy(cls, params: dict[str, Any] | None) -> ProbeEvidence:
@@ -121,136 +157,100 @@ class ProbeEvidence:
         params = params or {}
         if params.get("cap_mode") != "adaptive":
             return cls(None, None, None)
-        return cls(int(params["soft_cap"]), float(params["multiplier"]), int(params["stuck_repeat"]))
+        stop = params.get("streak_stop_at")
+        return cls(int(params["soft_cap"]), float(params["multiplier"]), int(params["stuck_repeat"]),
+                   int(stop) if stop else None)
+
+    @property
+    def main(self) -> tuple[Any, ...]:
+        return (self.soft_cap, self.multiplier, self.stuck_repeat, self.streak_stop)
 
     @property
     def unknown(self) -> int:
         return self.turns - self.resolved - self.unresolved
 
-    def add(self, calls: int, resolved: bool | None, main: TurnResult | None) -> None:
+    def add(self, calls: int, resolved: bool | None, main: TurnResult | None, halted_by: str | None = None) -> None:
         """One probe turn of ``calls`` calls; ``main``: the main configuration's unattended replay
-        of it (``None`` when it cannot fire on the turn)."""
+        of it (``None`` when it cannot fire on the turn); ``halted_by``: the probe's own threshold
+        that halted it, if one did. In the rows, a turn the probe halted at a length limit
+        (anything but ``LOOP_DETECTORS``) is censored there; one its loop detectors halted (``soft_stuck``,
+        ``streak``) failed under the probe's policy, which raising the main threshold would not
+        change: it counts by its result."""
         self.turns += 1
         self.calls += calls
         self.resolved += resolved is True
         self.unresolved += resolved is False
+        self.censored += halted_by is not None
+        censored = halted_by is not None and halted_by not in LOOP_DETECTORS
+        if main is not None and main.halt_call:
+            self.past_main += 1
+            self.calls_past_main += max(0, calls - main.halt_call + 1)
         if self.soft_cap is None:
             return
         for k, passed in self.multiples.items():
             limit = self.soft_cap * k
             if calls > limit:
-                passed.add(resolved, calls - limit)
-        if main is not None and main.halt_call and main.threshold == "soft_stuck":
-            self.stuck.add(resolved, calls - main.halt_call + 1)
+                passed.add(resolved, calls - limit, censored)
+        if main is not None and main.halt_call:
+            row = {"soft_stuck": self.stuck, "streak": self.streak}.get(main.threshold or "")
+            if row is not None:
+                row.add(resolved, calls - main.halt_call + 1, censored)
+
+    def rows(self) -> list[tuple[str, Passed]]:
+        """``(key, row)`` for each threshold: ``"<k>"`` for the multiples, then ``"stuck"`` and
+        ``"streak"``."""
+        return [*((str(k), p) for k, p in self.multiples.items()), ("stuck", self.stuck), ("streak", self.streak)]
 
     def merge(self, other: ProbeEvidence) -> None:
-        if (self.soft_cap, self.multiplier, self.stuck_repeat) != (other.soft_cap, other.multiplier,
-                                                                   other.stuck_repeat):
+        if self.main != other.main or set(self.multiples) != set(other.multiples):
             raise ValueError("cannot merge probe evidence measured against different main configurations")
         for name in _EVIDENCE_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, passed in self.multiples.items():
             passed.merge(other.multiples[k])
         self.stuck.merge(other.stuck)
+        self.streak.merge(other.streak)
 
     def to_json(self) -> dict[str, Any]:
+        """The counts (``decision.py`` adds what they decide)."""
         return {
             "soft_cap": self.soft_cap,
             "multiplier": self.multiplier,
             "stuck_repeat": self.stuck_repeat,
+            "streak_stop": self.streak_stop,
             **{name: getattr(self, name) for name in _EVIDENCE_COUNTS},
             "unknown": self.unknown,
             "passed_multiple": {str(k): p.to_json() for k, p in self.multiples.items()},
             "passed_stuck": self.stuck.to_json(),
-            "recommendation": recommendation(self),
+            "passed_streak": self.streak.to_json(),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProbeEvidence:
-        soft_cap, multiplier, stuck = data["soft_cap"], data["multiplier"], data["stuck_repeat"]
-        evidence = cls(None if soft_cap is None else int(soft_cap), None if multiplier is None else float(multiplier),
-                       None if stuck is None else int(stuck))
+        soft_cap, multiplier, stuck, stop = (data["soft_cap"], data["multiplier"], data["stuck_repeat"],
+                                             data["streak_stop"])
+        if multiplier is not None and (type(multiplier) not in (int, float) or not 0 < multiplier <= MAX_COUNT):
+            raise ValueError(f"the probe evidence's multiplier must be a positive number, got {multiplier!r:.40}")
+        evidence = cls(None if soft_cap is None else count(soft_cap), None if multiplier is None else float(multiplier),
+                       None if stuck is None else count(stuck), None if stop is None else count(stop))
         for name in _EVIDENCE_COUNTS:
-            setattr(evidence, name, int(data[name]))
-        evidence.multiples = {k: Passed.from_json(data["passed_multiple"][str(k)]) for k in MULTIPLES}
+            setattr(evidence, name, count(data[name]))
+        if evidence.resolved + evidence.unresolved > evidence.turns or evidence.censored > evidence.turns:
+            raise ValueError("inconsistent probe evidence counts: more results than probe turns")
+        multiples = data["passed_multiple"]
+        if soft_cap is not None and set(multiples) != {str(k) for k in evidence.multiples}:
+            raise ValueError(f"the probe evidence's multiples are not those of x{multiplier}: {sorted(multiples)}")
+        evidence.multiples = {k: Passed.from_json(multiples[str(k)]) for k in evidence.multiples}
         evidence.stuck = Passed.from_json(data["passed_stuck"])
+        evidence.streak = Passed.from_json(data["passed_streak"])
         return evidence
 
 
-_EVIDENCE_COUNTS = ("turns", "resolved", "unresolved", "calls", "live_turns")
+def multiples_for(multiplier: float | None) -> tuple[int, ...]:
+    """``MULTIPLES``, with the main configuration's own multiplier when it is a whole number."""
+    extra = {int(multiplier)} if multiplier is not None and float(multiplier).is_integer() else set()
+    return tuple(sorted({*MULTIPLES, *extra}))
 
 
-def _share(passed: Passed) -> str:
-    low, high = passed.interval()
-    return f"95% interval of the resolved share {low:.0%}-{high:.0%}"
-
-
-def _probe_turns(n: int) -> str:
-    return f"{n:,} probe turn" + ("" if n == 1 else "s")
-
-
-def _few(passed: Passed) -> str:
-    return f"; only {passed.known:,} with a result, so the interval is wide" if passed.known < FEW else ""
-
-
-def _multiple(m: float) -> str:
-    return f"{m:g}x"
-
-
-def backstop_advice(e: ProbeEvidence) -> str:
-    """The backstop ``m x S`` in words, from the probe turns that passed it."""
-    assert e.soft_cap is not None and e.multiplier is not None
-    m, s = e.multiplier, e.soft_cap
-    passed = e.multiples.get(int(m)) if float(m).is_integer() else None
-    head = f"On {_probe_turns(e.turns)}"
-    if passed is None:
-        return (f"{head}: the backstop {_multiple(m)} is not one of the measured multiples "
-                f"({', '.join(map(_multiple, MULTIPLES))}); read the rows beside it.")
-    if passed.turns == 0:
-        return (f"{head}, none passed {_multiple(m)} (S={s:,}, {int(m * s):,} calls): no evidence about the "
-                f"backstop yet; keep {_multiple(m)} and let the probe run until turns reach it.")
-    if passed.known == 0:
-        return (f"{head}, {passed.turns:,} passed {_multiple(m)} but none has a result: report results "
-                "(turn.report_result / guard.report_result) to judge the backstop.")
-    few = _few(passed)
-    if passed.resolved == 0:
-        return (f"{head}, {passed.turns:,} passed {_multiple(m)} and none of the {passed.known:,} with a result "
-                f"was resolved ({_share(passed)}{few}): keep {_multiple(m)}; letting them run on cost "
-                f"{passed.calls_past:,} calls past it for nothing.")
-    higher = [k for k in MULTIPLES if k > m]
-    target = next((k for k in higher if e.multiples[k].resolved == 0), None)
-    said = (f"{head}, {passed.turns:,} passed {_multiple(m)} and {passed.resolved:,} of them "
-            f"{'was' if passed.resolved == 1 else 'were'} resolved (of {passed.known:,} with a result; "
-            f"{_share(passed)}{few}): the backstop halts turns that would have succeeded")
-    if target is None:
-        return f"{said}, even past {_multiple(max(MULTIPLES))}; raise it beyond that or probe with a higher one."
-    cost = passed.calls_past - e.multiples[target].calls_past
-    return (f"{said}; raising it to {target}x would have let them finish, at {cost:,} more calls on the "
-            f"{passed.turns:,} turns past {_multiple(m)}.")
-
-
-def stuck_advice(e: ProbeEvidence) -> str:
-    """The stuck threshold D in words, from the probe turns the main configuration would have
-    halted as ``soft_stuck``."""
-    passed, d = e.stuck, e.stuck_repeat
-    if passed.turns == 0:
-        return (f"No probe turn would have been halted as stuck (D={d}, past S={e.soft_cap:,}): no evidence "
-                f"about D yet; keep D={d}.")
-    if passed.known == 0:
-        return f"{_probe_turns(passed.turns)} would have been halted as stuck (D={d}), none has a result yet."
-    said = (f"{_probe_turns(passed.turns)} would have been halted as stuck (D={d}) and {passed.resolved:,} of the "
-            f"{passed.known:,} with a result {'was' if passed.resolved == 1 else 'were'} resolved "
-            f"({_share(passed)}{_few(passed)})")
-    if passed.resolved == 0:
-        return f"{said}: keep D={d}; going on cost {passed.calls_past:,} calls past the would-be halt."
-    return (f"{said}: D={d} halts turns that would have succeeded; raise D or try stuck_signal='stale_repeat' "
-            f"(it spares edit-and-rerun), at {passed.calls_past:,} calls past the would-be halts.")
-
-
-def recommendation(e: ProbeEvidence) -> list[str]:
-    """What the evidence says about the backstop and about D, in words (empty: no probe turns)."""
-    if e.turns == 0:
-        return []
-    if e.soft_cap is None:
-        return [f"{e.turns:,} probe turns, but the main configuration has no adaptive cap: nothing to compare."]
-    return [backstop_advice(e), stuck_advice(e)]
+_EVIDENCE_COUNTS = ("turns", "resolved", "unresolved", "calls", "live_turns", "censored", "past_main",
+                    "calls_past_main")

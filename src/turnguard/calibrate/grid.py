@@ -100,6 +100,7 @@ class Policy:
             "multiplier": c.hard_multiplier if c.cap_mode == "adaptive" else None,
             "stuck_repeat": c.stuck_repeat_threshold if c.cap_mode == "adaptive" else None,
             "streak": f"{c.streak_warn_at}/{c.streak_stop_at}" + ("" if c.streak_stop_on == "error" else " any"),
+            "streak_stop_at": c.streak_stop_at,
             "cycles": c.max_cycles_per_turn,
             "key_mode": c.key_mode,
             "extras": [e.label for e in self.extras],

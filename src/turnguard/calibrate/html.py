@@ -24,7 +24,7 @@ from turnguard.calibrate.report import (
     rows,
     thresholds_text,
 )
-from turnguard.calibrate.stats import RunStats
+from turnguard.calibrate.stats import RunStats, default_limits
 
 COLORS = {
     "explicit": "#7b4fa0",
@@ -365,4 +365,6 @@ def render(stats: RunStats) -> str:
     ])
     template = Template(resources.files("turnguard.calibrate").joinpath("report.html").read_text(encoding="utf-8"))
     return template.substitute(summary=esc(summary), charts=charts, table=table_html(data),
-                               fps=fp_html(data) + evidence_html(stats.probe))
+                               fps=fp_html(data) + evidence_html(stats.probe, stats.context(), turns=stats.turns,
+                                                                 calls=stats.calls,
+                                                                 default_limits=default_limits(stats.default_params)))

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from turnguard.calibrate.evidence_report import evidence_text
-from turnguard.calibrate.stats import RunStats
+from turnguard.calibrate.stats import RunStats, default_limits
 from turnguard.terminal import DEFAULT_WIDTH, layout, wrap_items, wrap_text
 
 THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
@@ -165,7 +165,8 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
             shown = ids[:8] + ([f"... ({count} in all)"] if count > len(ids[:8]) else [])
             out += wrap_items("  ", [*shown[:-1], shown[-1] + ":"], width)
             out += wrap_items("    ", names, width, "; ")
-    out += evidence_text(stats.probe, width=width)
+    out += evidence_text(stats.probe, stats.context(), width=width, turns=stats.turns, calls=stats.calls,
+                         default_limits=default_limits(stats.default_params))
     return "\n".join(out) + "\n"
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from turnguard.calibrate.decision import DEFAULT_TOLERANCE
 from turnguard.calibrate.engine import Calibrator, policy_info
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import (
@@ -95,9 +96,13 @@ def calibrate(
     group: bool = True,
     progress: Progress | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    tolerance: float = DEFAULT_TOLERANCE,
+    probe_rate: float | None = None,
 ) -> RunStats:
     """Replay every turn of ``paths`` under every policy; problems go to ``on_problem`` (and
-    raise ``StrictError`` under ``strict``); lines longer than ``max_line_bytes`` are problems."""
+    raise ``StrictError`` under ``strict``); lines longer than ``max_line_bytes`` are problems.
+    ``tolerance`` and ``probe_rate`` (the configured probe's) are what the probe evidence is read
+    against."""
     counted = _Counter(on_problem, strict)
     sizes = input_sizes(paths)
     progress = progress or Progress(sum(sizes), enabled=False)
@@ -112,6 +117,7 @@ def calibrate(
         progress.close()
     stats.problems = counted.count
     stats.inputs = [str(p) for p in paths]
+    stats.tolerance, stats.probe_rate = tolerance, probe_rate
     return stats
 
 

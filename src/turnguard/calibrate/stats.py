@@ -12,9 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from turnguard.calibrate.advice import Context, assess, recommendation
+from turnguard.calibrate.counts import call_count_key, cohort_key, count, histogram, shown
+from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
 from turnguard.calibrate.evidence import ProbeEvidence
+from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative_position
-from turnguard.model import Threshold
+from turnguard.model import MAX_ID_LENGTH, Threshold
 
 MAX_IDS = 50
 FORMAT = "turnguard-calibrate/2"
@@ -34,8 +38,6 @@ HaltEffect = tuple[str, int, int]
 HALT_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error"})
 """``ended_by`` values of a turn whose recording ends at a halt of its own (live or probe): what it
 would have done past the halt is not recorded (right-censored there)."""
-COHORT_KEYS = ("live", "probe", "unrecorded")
-"""How censored counts are split: the turn's cohort, ``unrecorded`` when the recording has none."""
 SOURCES = ("probe", "attended", "live", "unrecorded")
 """Where a halt's evidence comes from (a turn whose recording goes on past the halt): a probe
 turn, a live turn whose attended ask was answered "continue", another live turn (the row is
@@ -179,19 +181,51 @@ class ModeStats:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModeStats:
+        """One mode of a ``--json`` result, checked like any input: counts are whole numbers in
+        range, ids within ``MAX_ID_LENGTH``, and the counts add up (``ValueError`` when not)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a mode's figures must be an object, got {shown(data)}")
         s = cls()
         for name in _MODE_COUNTS:
-            setattr(s, name, int(data[name]))
-        s.by_threshold = {str(k): int(v) for k, v in data["by_threshold"].items()}
-        s.halted_censored = {str(k): int(v) for k, v in data["halted_censored_by_cohort"].items()}
-        s.evidence = {str(k): int(v) for k, v in data["evidence_by_source"].items()}
-        s.resolved_ids = [str(i) for i in data["resolved_ids"]]
-        s.unresolved_ids = [str(i) for i in data.get("unresolved_ids", [])]
-        s.halt_calls = {int(k): int(v) for k, v in data["halt_calls"].items()}
-        s.halt_deciles = [int(v) for v in data["halt_deciles"]]
-        if len(s.halt_deciles) != 11:
+            setattr(s, name, count(data[name], name))
+        s.by_threshold = histogram(data["by_threshold"], "by_threshold", _label)
+        s.halted_censored = histogram(data["halted_censored_by_cohort"], "halted_censored_by_cohort", cohort_key)
+        s.evidence = histogram(data["evidence_by_source"], "evidence_by_source", _source)
+        s.resolved_ids = _ids(data["resolved_ids"], "resolved_ids")
+        s.unresolved_ids = _ids(data["unresolved_ids"], "unresolved_ids")
+        s.halt_calls = histogram(data["halt_calls"], "halt_calls", call_count_key)
+        deciles = data["halt_deciles"]
+        if not isinstance(deciles, list) or len(deciles) != 11:
             raise ValueError("halt_deciles must have 11 entries")
+        s.halt_deciles = [count(v, "halt_deciles") for v in deciles]
+        halted = s.halted
+        if not (sum(s.by_threshold.values()) == sum(s.halt_calls.values()) == sum(s.halt_deciles) == halted
+                == s.evidence_halts + sum(s.halted_censored.values()) and sum(s.evidence.values()) == s.evidence_halts):
+            raise ValueError("inconsistent figures: the halts by threshold, call, tenth, evidence and censoring do not "
+                             f"add up to the {shown(halted)} halted")
+        if len(s.resolved_ids) > min(MAX_IDS, s.halted_resolved) or len(s.unresolved_ids) > min(MAX_IDS,
+                                                                                                 s.halted_unresolved):
+            raise ValueError("inconsistent figures: more ids than halts")
         return s
+
+
+def _label(key: Any) -> str:
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_ID_LENGTH:
+        raise ValueError(f"a threshold label must be a text of at most {MAX_ID_LENGTH} characters, got {shown(key)}")
+    return key
+
+
+def _source(key: Any) -> str:
+    if key not in SOURCES:
+        raise ValueError(f"an evidence source must be one of {', '.join(SOURCES)}, got {shown(key)}")
+    return key
+
+
+def _ids(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or len(value) > MAX_IDS or not all(
+            isinstance(i, str) and len(i) <= MAX_ID_LENGTH for i in value):
+        raise ValueError(f"{what} must be a list of at most {MAX_IDS} ids of at most {MAX_ID_LENGTH} characters")
+    return list(value)
 
 
 _MODE_COUNTS = ("halted", "halted_resolved", "halted_unresolved", "saved_unresolved", "halted_unknown",
@@ -220,6 +254,12 @@ class RunStats:
     """Probe turns against the default policy's thresholds (``evidence.py``)."""
     halt_ended: dict[str, int] = field(default_factory=dict)
     """By cohort (``COHORT_KEYS``): turns whose recording ends at a halt of their own."""
+    recording: Recording = field(default_factory=Recording)
+    """The policies, limits and times the turns were recorded with (``recording.py``)."""
+    tolerance: float = DEFAULT_TOLERANCE
+    """What the probe rows are decided against (``decision.py``)."""
+    probe_rate: float | None = None
+    """The probe's configured rate (the base configuration's), to scale its cost to the fleet."""
 
     @classmethod
     def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
@@ -231,6 +271,14 @@ class RunStats:
     def unknown(self) -> int:
         """Turns whose recording does not say whether the task was solved."""
         return self.turns - self.resolved - self.unresolved
+
+    @property
+    def default_params(self) -> dict[str, Any] | None:
+        return next((p["params"] for p in self.policies if p["default"]), None)
+
+    def context(self) -> Context:
+        """What the probe rows are read against."""
+        return Context(self.tolerance, self.recording, self.probe_rate)
 
     def add_turn(self, calls: int, resolved: bool | None) -> None:
         self.turns += 1
@@ -250,60 +298,127 @@ class RunStats:
         for mine, theirs in zip(self.modes, other.modes, strict=True):
             for m in MODES:
                 mine[m].merge(theirs[m])
-        self.turns += other.turns
-        self.calls += other.calls
-        self.resolved += other.resolved
-        self.unresolved += other.unresolved
-        self.problems += other.problems
-        self.replays += other.replays
-        for k, v in other.calls_per_turn.items():
-            _add_hist(self.calls_per_turn, k, v)
-        for k, v in other.calls_per_turn_resolved.items():
-            _add_hist(self.calls_per_turn_resolved, k, v)
+        for name in _RUN_COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for hist in ("calls_per_turn", "calls_per_turn_resolved", "halt_ended"):
+            for k, v in getattr(other, hist).items():
+                _add_hist(getattr(self, hist), k, v)
         self.inputs.extend(i for i in other.inputs if i not in self.inputs)
         self.probe.merge(other.probe)
-        for k, v in other.halt_ended.items():
-            _add_hist(self.halt_ended, k, v)
+        self.recording.merge(other.recording)
+
+    def probe_json(self) -> dict[str, Any]:
+        """The probe evidence: its counts, each row's decision against the tolerance beside its
+        interval, and the recommendation in words."""
+        data = self.probe.to_json()
+        ctx = self.context()
+        decisions = assess(self.probe, ctx) if self.probe.soft_cap is not None else {}
+        for key, decision in decisions.items():
+            row = data["passed_multiple"][key] if key not in ("stuck", "streak") else data[f"passed_{key}"]
+            row.update(decision.to_json())
+        data["tolerance"] = self.tolerance
+        data["configured_rate"] = self.probe_rate
+        data["recommendation"] = recommendation(self.probe, ctx, turns=self.turns, calls=self.calls,
+                                                default_limits=default_limits(self.default_params))
+        return data
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "inputs": list(self.inputs),
-            "turns": self.turns,
-            "calls": self.calls,
-            "resolved": self.resolved,
-            "unresolved": self.unresolved,
-            "problems": self.problems,
-            "replays": self.replays,
+            **{name: getattr(self, name) for name in _RUN_COUNTS},
             "calls_per_turn": {str(k): v for k, v in sorted(self.calls_per_turn.items())},
             "calls_per_turn_resolved": {str(k): v for k, v in sorted(self.calls_per_turn_resolved.items())},
             "halt_ended": dict(sorted(self.halt_ended.items())),
+            "tolerance": self.tolerance,
+            "recording": self.recording.to_json(),
             "policies": [
                 {**p, **{m: modes[m].to_json(self.halt_ended) for m in MODES}}
                 for p, modes in zip(self.policies, self.modes, strict=True)
             ],
-            "probe": self.probe.to_json(),
+            "probe": self.probe_json(),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunStats:
+        """A ``--json`` result, checked like any input (``ValueError`` naming what is wrong)."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a turnguard calibrate --json result (expected format {FORMAT!r})")
-        policies = [{k: p[k] for k in ("name", "default", "family", "params")} for p in data["policies"]]
-        modes = [{m: ModeStats.from_json(p[m]) for m in MODES} for p in data["policies"]]
-        return cls(
-            policies=policies,
-            modes=modes,
-            turns=int(data["turns"]),
-            calls=int(data["calls"]),
-            resolved=int(data["resolved"]),
-            unresolved=int(data["unresolved"]),
-            problems=int(data["problems"]),
-            replays=int(data.get("replays", 0)),
-            calls_per_turn={int(k): int(v) for k, v in data["calls_per_turn"].items()},
-            calls_per_turn_resolved={int(k): int(v) for k, v in data["calls_per_turn_resolved"].items()},
-            inputs=[str(i) for i in data.get("inputs", [])],
-            halt_ended={str(k): int(v) for k, v in data["halt_ended"].items()},
-            probe=ProbeEvidence.from_json(data["probe"]) if "probe" in data else ProbeEvidence.for_policy(
-                next((p["params"] for p in policies if p["default"]), None)),
-        )
+        raw = data["policies"]
+        if not isinstance(raw, list) or not raw:
+            raise ValueError("'policies' must be a non-empty list")
+        policies = [_policy_info(p) for p in raw]
+        stats = cls(policies=policies, modes=[{m: ModeStats.from_json(p[m]) for m in MODES} for p in raw],
+                    **{name: count(data[name], name) for name in _RUN_COUNTS},
+                    calls_per_turn=histogram(data["calls_per_turn"], "calls_per_turn", call_count_key),
+                    calls_per_turn_resolved=histogram(data["calls_per_turn_resolved"], "calls_per_turn_resolved",
+                                                      call_count_key),
+                    inputs=_inputs(data["inputs"]),
+                    halt_ended=histogram(data["halt_ended"], "halt_ended", cohort_key),
+                    recording=Recording.from_json(data["recording"]),
+                    tolerance=valid_tolerance(data["tolerance"]),
+                    probe_rate=_rate(data["probe"].get("configured_rate") if isinstance(data["probe"], dict) else None),
+                    probe=ProbeEvidence.from_json(data["probe"]))
+        stats.check()
+        return stats
+
+    def check(self) -> None:
+        """``ValueError`` when the counts do not add up (a tampered or truncated result)."""
+        problems = []
+        if self.resolved + self.unresolved > self.turns:
+            problems.append("more results than turns")
+        if sum(self.calls_per_turn.values()) != self.turns or sum(
+                k * v for k, v in self.calls_per_turn.items()) != self.calls:
+            problems.append("the calls per turn do not add up to the turns and calls")
+        if sum(self.calls_per_turn_resolved.values()) != self.resolved or any(
+                v > self.calls_per_turn.get(k, 0) for k, v in self.calls_per_turn_resolved.items()):
+            problems.append("the resolved turns' calls are not among the turns'")
+        if sum(self.halt_ended.values()) > self.turns:
+            problems.append("more turns ended at a halt than turns")
+        for info, modes in zip(self.policies, self.modes, strict=True):
+            for m in MODES:
+                mode = modes[m]
+                cut = mode.halted_censored.items()
+                if mode.halted > self.turns or any(v > self.halt_ended.get(c, 0) for c, v in cut):
+                    problems.append(f"{info['name']} ({m}) halts more turns than there are")
+        if self.probe.turns + self.probe.live_turns > self.turns:
+            problems.append("more probe and live turns than turns")
+        if problems:
+            raise ValueError("inconsistent figures: " + "; ".join(problems[:3]))
+
+
+_RUN_COUNTS = ("turns", "calls", "resolved", "unresolved", "problems", "replays")
+
+
+def _policy_info(p: Any) -> dict[str, Any]:
+    if not isinstance(p, dict) or not isinstance(p.get("name"), str) or not isinstance(p.get("default"), bool) or \
+            not isinstance(p.get("family"), str) or not isinstance(p.get("params"), dict):
+        raise ValueError(f"a policy needs a name, default, family and params: {shown(p)}")
+    if len(p["name"]) > 4 * MAX_ID_LENGTH:
+        raise ValueError(f"a policy name must be at most {4 * MAX_ID_LENGTH} characters")
+    return {k: p[k] for k in ("name", "default", "family", "params")}
+
+
+def _inputs(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(i, str) and len(i) <= 4096 for i in value):
+        raise ValueError("'inputs' must be a list of file names")
+    return list(value)
+
+
+def _rate(value: Any) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not 0 <= value <= 1:
+        raise ValueError(f"the probe's configured rate must be from 0 to 1, got {shown(value)}")
+    return float(value)
+
+
+def default_limits(params: dict[str, Any] | None) -> dict[str, object] | None:
+    """The default policy's limits in the recording's words (``inputs.Limits`` fields)."""
+    if params is None:
+        return None
+    limits = {"cap_mode": params.get("cap_mode"), "hard_cap": params.get("hard_cap"),
+              "streak_stop_at": params.get("streak_stop_at")}
+    if params.get("cap_mode") == "adaptive":
+        limits |= {"soft_cap": params.get("soft_cap"), "stuck_repeat_threshold": params.get("stuck_repeat")}
+    return limits
