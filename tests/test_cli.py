@@ -160,7 +160,7 @@ def test_every_command_rejects_a_bad_configuration_with_the_same_message(
     for name in cli.SUBCOMMANDS:
         status, out, err = run(capsys, *argv_for(name, command_inputs))
         assert status == 2 and out == "", name
-        prefix = f"turnguard {name}: "
+        prefix = f"turnguard {cli.SUBCOMMANDS[name].called}: "
         assert err.startswith(prefix) and err.count("\n") == 1, err
         messages[name] = err.removeprefix(prefix)
     assert len(set(messages.values())) == 1, messages
@@ -187,7 +187,7 @@ def test_no_flag_of_any_command_may_be_abbreviated(capsys, command_inputs, name)
             cli.main([*argv_for(name, command_inputs), option[:-1], "1"])
         assert exit_.value.code == 2
         err = capsys.readouterr().err
-        assert f"turnguard {name}: error: unrecognized arguments: {option[:-1]}" in err, option
+        assert f"turnguard {cli.SUBCOMMANDS[name].called}: error: unrecognized arguments: {option[:-1]}" in err, option
 
 
 def test_soft_cap_is_not_taken_for_soft_caps(capsys, command_inputs):
@@ -202,8 +202,9 @@ def test_an_unknown_flag_is_reported_by_the_commands_own_parser(capsys, command_
         cli.main([*argv_for(name, command_inputs), "--no-such-flag"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"usage: turnguard {name} ")
-    assert err.rstrip().endswith(f"turnguard {name}: error: unrecognized arguments: --no-such-flag")
+    called = cli.SUBCOMMANDS[name].called
+    assert err.startswith(f"usage: turnguard {called} ")
+    assert err.rstrip().endswith(f"turnguard {called}: error: unrecognized arguments: --no-such-flag")
 
 
 def test_an_unknown_flag_before_any_command_is_the_root_parsers(capsys):

@@ -124,7 +124,8 @@ def assert_fails_cleanly(done: Done, command: str, case: Case) -> None:
     assert done.status == case.status, done.err
     if case.status == 0:
         return
-    said = [line for line in done.lines if line.startswith(f"turnguard {command}: ")]
+    called = cli.SUBCOMMANDS[command].called if command in cli.SUBCOMMANDS else command
+    said = [line for line in done.lines if line.startswith(f"turnguard {called}: ")]
     assert len(said) == 1 and said == done.lines[-1:], done.err
     assert case.says.lower() in said[0].lower(), said[0]
 

@@ -40,6 +40,13 @@ class Subcommand:
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    title: str = ""
+    """What the command is called in its usage line and messages, when not ``name`` (``calibrate
+    merge``, typed as two words, is the ``calibrate-merge`` subcommand)."""
+
+    @property
+    def called(self) -> str:
+        return self.title or self.name
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str], out: TextIO, *, width: int = DEFAULT_WIDTH,
@@ -292,8 +299,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                    "--json results)", _calibrate_arguments, _calibrate),
         Subcommand("assets", "write the Collector config and builder manifest, Grafana boards and provisioning, "
                    "Prometheus config and rules to DIR", _assets_arguments, _assets),
-        Subcommand("calibrate-merge", "merge the --json results of calibrate runs over parts of the input",
-                   _calibrate_merge_arguments, _calibrate_merge),
+        Subcommand("calibrate-merge", "merge the --json results of calibrate runs over parts of the input "
+                   "(also 'calibrate merge')", _calibrate_merge_arguments, _calibrate_merge, "calibrate merge"),
     )
 }
 """Subcommands by name, in ``--help`` order. Add new ones here."""
@@ -307,14 +314,22 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("--version", action="version", version=f"turnguard {__version__}")
     subs = root.add_subparsers(dest="command", metavar="COMMAND")
     for sub in SUBCOMMANDS.values():
-        p = subs.add_parser(sub.name, help=sub.help, description=sub.help, allow_abbrev=False)
+        p = subs.add_parser(sub.name, help=sub.help, description=sub.help, allow_abbrev=False,
+                            prog=f"turnguard {sub.called}")
         sub.arguments(p)
     return root
+
+
+TWO_WORD_COMMANDS = {("calibrate", "merge"): "calibrate-merge"}
+"""Commands typed as two words, and the subcommand each is: argparse cannot nest ``merge`` under a
+``calibrate`` that takes files as positional arguments, so the two words are read as one first."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     root = parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if tuple(argv[:2]) in TWO_WORD_COMMANDS:
+        argv = [TWO_WORD_COMMANDS[tuple(argv[:2])], *argv[2:]]  # (a file named merge: ./merge)
     args, unknown = root.parse_known_args(argv)
     before = argv[: argv.index(args.command)] if args.command else argv
     if any(u in before for u in unknown):
@@ -327,21 +342,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.guard_config, args.guard_config_sources = load_config(args)
     except ConfigError as exc:
-        print(f"turnguard {args.command}: {exc}", file=sys.stderr)
+        print(f"turnguard {SUBCOMMANDS[args.command].called}: {exc}", file=sys.stderr)
         return 2
+    return _run(SUBCOMMANDS[args.command], args)
+
+
+def _run(command: Subcommand, args: argparse.Namespace) -> int:
+    """Run ``command``; a failure of its environment (standard output, a file) is one line."""
     stdout = sys.stdout
     sys.stdout = _Output(stdout)
     try:
-        status = SUBCOMMANDS[args.command].run(args)
+        status = command.run(args)
         sys.stdout.flush()
     except OutputFailed as failed:
         _discard_stdout(stdout)
         if not isinstance(failed.error, BrokenPipeError):  # (a reader that went away, `| head`: nothing to say)
-            print(f"turnguard {args.command}: cannot write to standard output: {_why(failed.error)}", file=sys.stderr)
+            print(f"turnguard {command.called}: cannot write to standard output: {_why(failed.error)}",
+                  file=sys.stderr)
         return 1
     except OSError as exc:  # the environment failed the command (a full disk, a file gone): one line
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"turnguard {args.command}: {where}{_why(exc)}", file=sys.stderr)
+        print(f"turnguard {command.called}: {where}{_why(exc)}", file=sys.stderr)
         return 1
     finally:
         sys.stdout = stdout

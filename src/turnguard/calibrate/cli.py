@@ -1,4 +1,4 @@
-"""``turnguard calibrate FILES...`` and ``turnguard calibrate-merge RESULTS...``.
+"""``turnguard calibrate FILES...`` and ``turnguard calibrate merge RESULTS...`` (also ``calibrate-merge``).
 
 ``main(argv)`` / ``merge_main(argv)`` return the exit status: 0 on success, 1 when ``--strict``
 met a bad input or when no turn could be read at all, 2 on a usage error (bad flag or
@@ -143,18 +143,15 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["merge"] and not Path("merge").exists():
+    if argv[:1] == ["merge"]:  # (a file named merge: ./merge)
         return merge_main(argv[1:], stdout=stdout, stderr=stderr)
     return run(build_parser().parse_args(argv), stdout=stdout, stderr=stderr)
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    """Run ``turnguard calibrate`` with parsed flags (``files[0] == "merge"``: the merge)."""
+    """Run ``turnguard calibrate`` with parsed flags (``turnguard calibrate merge`` is ``run_merge``)."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    if args.files[:1] == ["merge"] and not Path("merge").exists():
-        return merge_results(args.files[1:], args.json, args.html, stdout, stderr, width=output_width(args.wide),
-                             tolerance=args.tolerance)
     try:
         base = getattr(args, "guard_config", None) or GuardConfig.load(args.config)
     except ConfigError as exc:
@@ -262,7 +259,7 @@ def merge_main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = Non
     """Merge ``--json`` results of runs over parts of the input (same flags) into one."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    p = argparse.ArgumentParser(prog="turnguard calibrate-merge", description=MERGE_DESCRIPTION, allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="turnguard calibrate merge", description=MERGE_DESCRIPTION, allow_abbrev=False)
     add_merge_arguments(p)
     return run_merge(p.parse_args(argv), stdout=stdout, stderr=stderr)
 
@@ -292,7 +289,7 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
         return 2
     unwritable = outputs_problem(json_path, html_path)
     if unwritable:
-        print(f"turnguard calibrate-merge: {unwritable}", file=stderr)
+        print(f"turnguard calibrate merge: {unwritable}", file=stderr)
         return 2
     merged: RunStats | None = None
     for path in paths:
@@ -303,7 +300,7 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
             else:
                 merged.merge(part)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"turnguard calibrate-merge: {path}: {exc}", file=stderr)
+            print(f"turnguard calibrate merge: {path}: {exc}", file=stderr)
             return 2
     assert merged is not None
     if tolerance is not None:
