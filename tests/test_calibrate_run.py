@@ -165,7 +165,7 @@ def test_progress_bar_is_drawn_on_a_terminal_only(tmp_path: Path) -> None:
     terminal, pipe = _Terminal(), io.StringIO()
     for stream in (terminal, pipe):
         calibrate([path], POLICIES, on_problem=lambda p: None, progress=Progress(size, stream, delay=0, interval=0))
-    assert "calibrate [" in terminal.getvalue() and "100%" in terminal.getvalue()
+    assert "calibrate: " in terminal.getvalue() and "100%" in terminal.getvalue()
     assert terminal.getvalue().endswith("\n")
     assert pipe.getvalue() == ""
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import multiprocessing
 import os
 import sys
-import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -52,38 +52,40 @@ class StrictError(InputError):
 
 
 class Progress:
-    """A one-line progress bar on ``stream``; drawn only when it is a terminal."""
+    """Calibrate's progress on ``stream``, drawn only when it is a terminal: a ``tqdm`` bar (the
+    ``cli`` extra) fitted to the terminal's width and redrawn when it changes, with the bytes read,
+    the turns and calls so far, the rate and the time left. Without tqdm installed none is drawn
+    (``available``)."""
 
     def __init__(self, total_bytes: int, stream: TextIO | None = None, *, enabled: bool | None = None,
                  delay: float = 0.5, interval: float = 0.2) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.delay, self.interval = delay, interval
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.enabled = (self.stream.isatty() if enabled is None else enabled) and available()
         self.total = max(total_bytes, 1)
-        self.started = time.monotonic()
-        self._last = 0.0
-        self.drawn = False
+        self._bar: Any = None
+        if self.enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, file=self.stream, desc="calibrate", unit="B", unit_scale=True,
+                             unit_divisor=1024, dynamic_ncols=True, delay=delay, mininterval=interval)
 
     def update(self, done_bytes: int, calls: int, turns: int, *, force: bool = False) -> None:
-        if not self.enabled:
+        bar = self._bar
+        if bar is None:
             return
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
-            return
-        self._last = now
-        if now - self.started < self.delay:
-            return  # quick runs draw nothing
-        frac = min(1.0, done_bytes / self.total)
-        rate = calls / max(now - self.started, 1e-9)
-        bar = "#" * int(frac * 30)
-        self.stream.write(f"\rcalibrate [{bar:<30}] {frac:4.0%} {turns:,} turns {calls:,} calls {rate:,.0f} calls/s ")
-        self.stream.flush()
-        self.drawn = True
+        bar.set_postfix_str(f"{bar.format_sizeof(turns)} turns, {bar.format_sizeof(calls)} calls", refresh=False)
+        bar.update(min(done_bytes, self.total) - bar.n)
+        if force:
+            bar.refresh()
 
     def close(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def available() -> bool:
+    """Whether a progress bar can be drawn (tqdm, from the ``cli`` extra, is installed)."""
+    return importlib.util.find_spec("tqdm") is not None
 
 
 def calibrate(
