@@ -28,6 +28,9 @@ AGENTS = ("coder", "reviewer", "support")
 TOOLS = ("read_file", "grep", "edit_file", "run_tests", "search_kb", "http_get", "shell", "book_flight")
 EXPLICIT_AGENT = "batch-bot"
 EXPLICIT_CAP = 50
+CYCLE_AGENT = "chatty-bot"
+CYCLE_CAP = 12
+"""A guard with ``max_cycles_per_turn``: its halts are of a model request, which no tool call tripped."""
 SHADOWS: dict[str, dict[str, Any]] = {
     "stale_repeat": {"stuck_signal": "stale_repeat"},
     "stop_on_any": {"streak_stop_on": "any"},
@@ -50,11 +53,12 @@ class Kind(enum.Enum):
     ASK_STOP = "ask_stop"  # attended, identical failing call: asked at 5, user says stop
     ASK_LATE_CONTINUE = "ask_late_continue"  # attended, first ask unanswered, asked again at 8 failures: continue
     EXPLICIT = "explicit"  # a guard with max_tool_calls_per_turn=50
+    CYCLE_CAP = "cycle_cap"  # a guard with max_cycles_per_turn=12: model requests until the cap halts one
 
 
 @dataclass(frozen=True)
 class FleetMix:
-    """How many turns of each kind; the default is the proof's mix (1,012 turns)."""
+    """How many turns of each kind; the default is the proof's mix (1,027 turns)."""
 
     short: int = 600
     long: int = 120
@@ -65,6 +69,7 @@ class FleetMix:
     ask_stop: int = 40
     ask_late_continue: int = 20
     explicit: int = 30
+    cycle_cap: int = 15
 
     def counts(self) -> dict[Kind, int]:
         return {kind: getattr(self, kind.value) for kind in Kind}
@@ -136,18 +141,28 @@ class Fleet:
 
     adaptive: tg.Guard
     explicit: tg.Guard
+    cycles: tg.Guard
     tally: Tally
+
+    def guard(self, kind: Kind) -> tuple[tg.Guard, str | None]:
+        """The guard a kind of turn runs under, and its agent (``None``: any of ``AGENTS``)."""
+        if kind is Kind.EXPLICIT:
+            return self.explicit, EXPLICIT_AGENT
+        if kind is Kind.CYCLE_CAP:
+            return self.cycles, CYCLE_AGENT
+        return self.adaptive, None
 
 
 def make_fleet(config: tg.GuardConfig | None = None, **providers: Any) -> Fleet:
-    """Two guards (the adaptive default and an explicit cap) reporting into ``providers``."""
+    """Three guards (the adaptive default, an explicit cap, a cycle cap) reporting into ``providers``."""
     config = config or tg.GuardConfig(load_entrypoints=False, shadow=SHADOWS)
     tally = Tally()
     adaptive = tg.Guard(config, plugins={"fleet-tally": tally, "flaky": FlakyPlugin()}, **providers)
     explicit = tg.Guard(
         config.replace(max_tool_calls_per_turn=EXPLICIT_CAP), plugins={"fleet-tally": tally}, **providers
     )
-    return Fleet(adaptive, explicit, tally)
+    cycles = tg.Guard(config.replace(max_cycles_per_turn=CYCLE_CAP), plugins={"fleet-tally": tally}, **providers)
+    return Fleet(adaptive, explicit, cycles, tally)
 
 
 def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4, *, sample: Callable[[], object] | None = None,
@@ -161,8 +176,8 @@ def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4, *, sample
     for index, kind in enumerate(plan):
         if sample is not None and index and index % sample_every == 0:
             sample()
-        guard = fleet.explicit if kind is Kind.EXPLICIT else fleet.adaptive
-        agent = EXPLICIT_AGENT if kind is Kind.EXPLICIT else AGENTS[index % len(AGENTS)]
+        guard, agent = fleet.guard(kind)
+        agent = agent or AGENTS[index % len(AGENTS)]
         answers = FAILING_ANSWERS.get(kind)
         promptable = index % 2 == 0 if answers is None else bool(answers)
         turn_id = f"{seed}-{index}"
@@ -292,11 +307,22 @@ def _explicit(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> None
             return
 
 
+def _cycle_cap(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> None:
+    """Model requests of a few calls each, past the cycle cap: the request over it is halted."""
+    for cycle in range(2 * config.max_cycles_per_turn):
+        if turn.begin_cycle().action is tg.Action.HALT:
+            return
+        for call in _distinct("search_kb", rng.randint(1, 3), start=10 * cycle):
+            _step(turn, call)
+    raise AssertionError("a turn outran the cycle cap")
+
+
 _DRIVERS: dict[Kind, Driver] = {
     Kind.SHORT: _short,
     Kind.LONG: _long,
     Kind.SOFT_STUCK: _soft_stuck,
     Kind.RUNAWAY: _runaway,
     Kind.EXPLICIT: _explicit,
+    Kind.CYCLE_CAP: _cycle_cap,
     **{kind: functools.partial(_failing, answers=answers) for kind, answers in FAILING_ANSWERS.items()},
 }

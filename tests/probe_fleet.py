@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,8 @@ class ProbeTruth:
     resolved: Counter[tuple[str, Work]] = field(default_factory=Counter)
     calls: Counter[tuple[str, Work]] = field(default_factory=Counter)
     summaries: list[tuple[Work, tg.TurnSummary]] = field(default_factory=list)
+    reported: dict[str, bool] = field(default_factory=dict)
+    """Per turn (its id): the result the host reported, in the turn or later."""
     main_halts: dict[str, tg.TurnSummary] = field(default_factory=dict)
     """Per probe turn the main configuration would have halted (its id): that turn run alone under
     the main configuration, so its ``threshold`` and ``tool_calls`` are where the live policy would
@@ -73,8 +76,10 @@ def _calls(work: Work, rng: random.Random, tag: int) -> list[tg.ToolCall]:
     return [tg.ToolCall("http_get", {"url": f"https://x/{tag}/{i}"}) for i in range(5000)]
 
 
-def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = 3) -> ProbeTruth:
-    """Run the mix through ``guard`` (its configuration's probe samples the turns)."""
+def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = 3, *,
+                    sample: Callable[[], object] | None = None, sample_every: int = 250) -> ProbeTruth:
+    """Run the mix through ``guard`` (its configuration's probe samples the turns); ``sample`` is
+    called every ``sample_every`` turns and before the late results (a test lands the metrics)."""
     rng = random.Random(seed)
     work = [Work.SHORT] * mix.short + [Work.LONG] * mix.long + [Work.EDIT_RERUN] * mix.edit_rerun
     work += [Work.RUNAWAY] * mix.runaway
@@ -84,6 +89,8 @@ def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = 3) 
                     environ={})
     late: list[tuple[str, bool]] = []
     for i, kind in enumerate(work):
+        if sample is not None and i and i % sample_every == 0:
+            sample()
         calls = _calls(kind, rng, i)
         turn = guard.turn(turn_id=f"probe-fleet-{seed}-{i}", agent_name="coder")
         done = _drive(turn, calls) and kind is not Work.RUNAWAY
@@ -97,11 +104,14 @@ def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = 3) 
         truth.resolved[key] += done
         truth.calls[key] += turn.summary.tool_calls
         truth.summaries.append((kind, turn.summary))
+        truth.reported[turn.turn_id] = done
         if turn.summary.cohort == "probe":
             alone = main.turn(turn_id=turn.turn_id, agent_name="coder")
             _drive(alone, calls)
             if alone.end().halted:
                 truth.main_halts[turn.turn_id] = alone.summary
+    if sample is not None:
+        sample()
     for turn_id, done in late:
         guard.report_result(turn_id, done)
     return truth

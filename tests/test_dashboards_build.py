@@ -1,9 +1,14 @@
-"""turnguard.boards.build: the committed JSON is what the code builds, and the build follows the config."""
+"""turnguard.boards: the committed JSON is what the code builds, the build follows the configuration, and
+``turnguard assets DIR --config`` renders it for the operator's."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -15,12 +20,24 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
 from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa: E402
 from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
-from turnguard.boards import build, queries  # noqa: E402
+from turnguard import assets, cli  # noqa: E402
+from turnguard.boards import build, queries, thresholds  # noqa: E402
+from turnguard.boards import promql as q  # noqa: E402
+from turnguard.boards.settings import CapSettings  # noqa: E402
 from turnguard.config import GuardConfig  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
 
-BUCKET_MATCHER = re.compile(r"\bturnguard[_:](\w+?)_bucket(?::increase5m)?\{[^}]*le=~`([^`(]+)\(")
-"""A bucket selector, raw (``turnguard_x_bucket``) or recorded (``turnguard:x_bucket:increase5m``): x and le."""
+SRC = Path(__file__).resolve().parents[1] / "src"
+BUCKET_MATCHER = re.compile(r"\bturnguard[_:](\w+?)_bucket(?::increase5m)?\{[^}]*le=~([`\"])([^`\"]+)\2")
+"""A bucket selector, raw (``turnguard_x_bucket``) or recorded (``turnguard:x_bucket:increase5m``): x and its
+``le`` matcher (one edge, or several ``|``-separated, each as ``<edge>(\\.0)?``)."""
+
+
+def bucket_edges(board: dict) -> list[tuple[str, float]]:
+    """(histogram, edge) for every edge every bucket selector of ``board`` matches."""
+    return [(m.group(1), float(edge.split("(")[0].replace("\\", "")))
+            for pq in queries.panel_queries(board) for m in BUCKET_MATCHER.finditer(pq.expr)
+            for edge in m.group(3).split("|")]
 
 
 def test_committed_json_matches_a_fresh_build():
@@ -56,12 +73,14 @@ def test_boards_round_trip_through_the_sdk_models(name):
 
 
 def test_a_different_guard_config_moves_the_what_if_buckets(tmp_path):
-    assert build.main(["--out", str(tmp_path), "--soft-cap", "250", "--hard-multiplier", "8",
-                       "--stuck-repeat-threshold", "4"]) == 0
+    config = tmp_path / "turnguard.toml"
+    config.write_text("soft_cap = 250\nhard_multiplier = 8\nstuck_repeat_threshold = 4\n")
+    assert build.main(["--out", str(tmp_path), "--config", str(config)]) == 0
     board = json.loads((tmp_path / build.FILES[build.THRESHOLDS_UID]).read_text())
-    exprs = {(q.panel_id, q.ref_id): q.expr for q in queries.panel_queries(board)}
+    exprs = {(pq.panel_id, pq.ref_id): pq.expr for pq in queries.panel_queries(board)}
     assert "le=~`500(\\.0)?`" in exprs[(12, "A")]  # 2 x 250
-    assert "le=~`5000(\\.0)?`" in exprs[(12, "E")]  # 20 x 250
+    assert "le=~`1250(\\.0)?`" in exprs[(12, "C")]  # 5 x 250, the last k at or below the backstop (8x)
+    assert (12, "D") not in exprs  # 10 x 250 is past it: live turns say nothing there
     assert "le=~`2000(\\.0)?`" in exprs[(4, "F")]  # past the backstop 250 x 8
     assert "- 250 *" in exprs[(23, "A")]
     assert "le=~`2(\\.0)?`" in exprs[(31, "A")]  # below D - 1 = 3
@@ -74,42 +93,41 @@ def test_a_different_guard_config_moves_the_what_if_buckets(tmp_path):
 def test_every_bucket_a_panel_queries_is_an_edge_the_guard_exports(soft_cap, multiplier, d):
     """A ``le`` that is not a bucket edge matches no series: the panel would be silently empty."""
     config = GuardConfig(soft_cap=soft_cap, hard_multiplier=multiplier, stuck_repeat_threshold=d)
-    edges = {build.TOOL_CALLS.removeprefix("turnguard_"): buckets.tool_call_edges(config),
-             build.MAX_REPEAT.removeprefix("turnguard_"): buckets.repeat_edges(config)}
-    board = build.threshold_validation_dashboard(build.CapSettings.from_config(config))
-    queried = [(m.group(1), float(m.group(2).replace("\\", "")))
-               for q in queries.panel_queries(json.loads(build.render(board))) for m in BUCKET_MATCHER.finditer(q.expr)]
+    edges = {q.TOOL_CALLS.removeprefix("turnguard_"): buckets.tool_call_edges(config),
+             q.MAX_REPEAT.removeprefix("turnguard_"): buckets.repeat_edges(config)}
+    board = thresholds.threshold_validation_dashboard(CapSettings.from_config(config))
+    queried = bucket_edges(json.loads(build.render(board)))
     assert {metric for metric, _ in queried} == set(edges)
     for metric, le in queried:
         assert le in edges[metric], f"{metric} has no bucket le={le:g}"
-    assert (build.TOOL_CALLS.removeprefix("turnguard_"), config.hard_cap) in queried  # the backstop band's edge
+    assert (q.TOOL_CALLS.removeprefix("turnguard_"), config.hard_cap) in queried  # the backstop band's edge
 
 
 def test_a_fractional_multiplier_keeps_bands_ordered():
-    cap = build.CapSettings(soft_cap=100, hard_multiplier=2.5, stuck_repeat_threshold=6)
+    cap = CapSettings(soft_cap=100, hard_multiplier=2.5, stuck_repeat_threshold=6)
     assert cap.bands() == [(0, 100), (100, 200), (200, 250), (250, None)]
 
 
 def test_shadow_policy_panels_land_in_their_own_row_with_reserved_ids(monkeypatch):
     from grafana_foundation_sdk.builders import stat
 
-    shipped = len(build.shadow_policy_panels(build.DEFAULTS))
-    panel = stat.Panel().id(build.SHADOW_PANEL_IDS[1]).title("Shadow halts").unit("short")
-    monkeypatch.setattr(build, "shadow_policy_panels", lambda cap: [panel])
-    board = json.loads(build.render(build.threshold_validation_dashboard()))
+    shipped = len(thresholds.shadow_policy_panels(build.DEFAULTS))
+    panel = stat.Panel().id(thresholds.SHADOW_PANEL_IDS[1]).title("Shadow halts").unit("short")
+    monkeypatch.setattr(thresholds, "shadow_policy_panels", lambda cap: [panel])
+    board = json.loads(build.render(thresholds.threshold_validation_dashboard()))
     rows = [p for p in board["panels"] if p["type"] == "row"]
-    assert rows[-1]["title"] == "Shadow policies" and rows[-1]["id"] == build.SHADOW_PANEL_IDS[0]
-    assert board["panels"][-1]["id"] == build.SHADOW_PANEL_IDS[1]
+    assert rows[-1]["title"] == "Shadow policies" and rows[-1]["id"] == thresholds.SHADOW_PANEL_IDS[0]
+    assert board["panels"][-1]["id"] == thresholds.SHADOW_PANEL_IDS[1]
     committed = json.loads((build.OUT / build.FILES[build.THRESHOLDS_UID]).read_text())
-    shadow_ids = [p["id"] for p in queries.panels(committed) if p["id"] in build.SHADOW_PANEL_IDS]
+    shadow_ids = [p["id"] for p in queries.panels(committed) if p["id"] in thresholds.SHADOW_PANEL_IDS]
     assert shadow_ids == [p["id"] for p in committed["panels"][-len(shadow_ids):]]  # the row comes last
-    assert shadow_ids[0] == build.SHADOW_PANEL_IDS[0] and len(shadow_ids) == 1 + shipped
+    assert shadow_ids[0] == thresholds.SHADOW_PANEL_IDS[0] and len(shadow_ids) == 1 + shipped
 
 
 @pytest.mark.parametrize("edge", [1, 100, 200, 1000, 2000, 250.5])
 def test_bucket_matcher_accepts_both_exporters_formats_of_an_edge(edge):
     """The Python pull exporter writes ``le="200.0"``, the Collector's remote write ``le="200"``."""
-    matcher = re.search(r"le=~`([^`]*)`", build.le_sel(edge)).group(1)
+    matcher = re.search(r"le=~`([^`]*)`", q.le_sel(edge)).group(1)
     python_format = f"{float(edge)}"
     go_format = f"{edge:g}" if float(edge).is_integer() else repr(float(edge))
     assert re.fullmatch(matcher, python_format) and re.fullmatch(matcher, go_format)
@@ -117,11 +135,94 @@ def test_bucket_matcher_accepts_both_exporters_formats_of_an_edge(edge):
         assert not re.fullmatch(matcher, f"{neighbour:g}") and not re.fullmatch(matcher, f"{float(neighbour)}")
 
 
-@pytest.mark.parametrize("bad", [["--soft-cap", "0"], ["--soft-cap", "-5"], ["--hard-multiplier", "0.5"],
-                                 ["--stuck-repeat-threshold", "zero"]])
-def test_build_refuses_thresholds_it_cannot_chart(tmp_path, bad, capsys):
+@pytest.mark.parametrize("bad", ["soft_cap = 'many'", "hard_multiplier = 0.5", "stuck_repeat_threshold = 'zero'",
+                                 "soft_cap = [", "no_such_option = 1"])
+def test_build_refuses_a_configuration_it_cannot_load(tmp_path, bad, capsys):
+    config = tmp_path / "turnguard.toml"
+    config.write_text(bad + "\n")
+    out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:
-        build.main(["--out", str(tmp_path), *bad])
+        build.main(["--out", str(out), "--config", str(config)])
     assert exit_info.value.code == 2
-    assert not list(tmp_path.iterdir())
+    assert not out.exists()
     assert "error:" in capsys.readouterr().err
+
+
+# -- turnguard assets DIR --config: the boards rendered for the operator's configuration ----------------
+
+
+def _written(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+SHIPPED = {path.as_posix(): entry.read_bytes() for path, entry in assets.files().items()}
+RULES = "rules/turnguard.rules.yaml"
+
+
+def test_assets_without_a_config_writes_the_shipped_files_byte_for_byte(tmp_path, monkeypatch, capsys):
+    (tmp_path / "turnguard.toml").write_text("soft_cap = 250\n")  # found by the search, not asked for
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["assets", "deploy"]) == 0
+    assert _written(tmp_path / "deploy") == SHIPPED
+
+
+def test_assets_for_the_default_configuration_is_the_shipped_files(tmp_path, capsys):
+    config = tmp_path / "turnguard.toml"
+    config.write_text("# every option at its default\n")
+    assert cli.main(["assets", str(tmp_path / "deploy"), "--config", str(config)]) == 0
+    assert _written(tmp_path / "deploy") == SHIPPED
+
+
+def test_assets_renders_the_boards_for_the_configuration_and_its_probe(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "turnguard.toml"
+    config.write_text('name = "prod"\nsoft_cap = 200\nhard_multiplier = 8\nmax_cycles_per_turn = 40\n'
+                      "[probe]\nrate = 0.02\nhard_multiplier = 20\nstreak_stop_at = 16\n")
+    monkeypatch.setenv("TURNGUARD_STUCK_REPEAT_THRESHOLD", "5")  # as GuardConfig loads it: TOML, then TURNGUARD_*
+    assert cli.main(["assets", str(tmp_path / "deploy"), "--config", str(config)]) == 0
+    written = _written(tmp_path / "deploy")
+    assert set(written) == set(SHIPPED)
+    assert {name for name in written if written[name] != SHIPPED[name]} == {  # the halts board has no threshold
+        "dashboards/turnguard-threshold-validation.json"}
+    board = json.loads(written["dashboards/turnguard-threshold-validation.json"])
+    assert board == json.loads(build.for_config(GuardConfig.load(config, environ={
+        "TURNGUARD_STUCK_REPEAT_THRESHOLD": "5"}))[build.FILES[build.THRESHOLDS_UID]])
+    texts = json.dumps(board, ensure_ascii=False)
+    assert "backstop S×8 = 1600" in texts and "D = 5" in texts
+    exprs = [pq.expr for pq in queries.panel_queries(board) if pq.panel_id == 44]
+    assert all('"cycle_cap"' in e and '"streak"' in e for e in exprs if "turnguard_probe_main_threshold" in e)
+    past = next(p for p in queries.panels(board) if p["id"] == 41)
+    names = past["fieldConfig"]["overrides"][0]["properties"][0]["value"][0]["options"]
+    assert "censored" in names["20"]["text"] and "censored" not in names["10"]["text"]  # the probe's cap: 20 x 200
+
+
+def test_the_rules_are_written_as_shipped_for_every_configuration():
+    """The rules read the thresholds from the labels: one file serves every configuration."""
+    probe = {"rate": 0.1, "hard_multiplier": 9}
+    for config in (GuardConfig(soft_cap=250), GuardConfig(hard_multiplier=4, probe=probe)):
+        assert build.assets_for(config)[PurePosixPath(RULES)] == SHIPPED[RULES]
+
+
+def test_assets_with_a_config_names_the_extra_it_needs_when_it_is_missing(tmp_path):
+    config = tmp_path / "turnguard.toml"
+    config.write_text("soft_cap = 200\n")
+    blocker = ("import sys\nclass Blocked:\n    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.partition('.')[0] == 'grafana_foundation_sdk':\n"
+               "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+               "sys.meta_path.insert(0, Blocked())\nfrom turnguard import cli\n"
+               "sys.exit(cli.main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", blocker, "assets", str(tmp_path / "deploy"), "--config", str(config)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and 'pip install "turnguard[dashboards]"' in done.stderr, done.stderr
+    assert not (tmp_path / "deploy").exists()
+    plain = subprocess.run([sys.executable, "-c", blocker, "assets", str(tmp_path / "plain")], capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert plain.returncode == 0 and _written(tmp_path / "plain") == SHIPPED  # the shipped files need no extra
+
+
+def test_assets_refuses_a_configuration_it_cannot_load(tmp_path, capsys):
+    config = tmp_path / "turnguard.toml"
+    config.write_text("hard_multiplier = 0.5\n")
+    assert cli.main(["assets", str(tmp_path / "deploy"), "--config", str(config)]) == 2
+    assert "hard_multiplier" in capsys.readouterr().err
+    assert not (tmp_path / "deploy").exists()

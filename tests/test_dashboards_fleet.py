@@ -91,6 +91,13 @@ def test_explicit_cap_and_a_raising_plugin(tally):
     assert (plugin, hook, error) == ("flaky", "turnguard_check_call", "RuntimeError") and count > 0
 
 
+def test_cycle_cap_turns_are_halted_on_a_model_request_no_tool_tripped(tally):
+    capped = _by_kind(tally, Kind.CYCLE_CAP)
+    assert capped and all(s.reason == "halted" and str(s.threshold) == "cycle_cap" for s in capped)
+    halts = [e for e in tally.detections if str(e.threshold) == "cycle_cap" and e.action is tg.Action.HALT]
+    assert len(halts) == len(capped) and all(e.tool_name is None for e in halts)
+
+
 def test_fleet_is_deterministic_for_a_seed(quiet):
     small = fleet.FleetMix(short=30, long=3, soft_stuck=3, runaway=0, failing_unattended=3, ask_continue=3,
                            ask_stop=3, ask_late_continue=3, explicit=3)

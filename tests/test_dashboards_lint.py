@@ -10,6 +10,15 @@ threshold-validation board, recorded tiles summed by ``sum_over_time`` over ``$_
 ``rate``/``irate`` must use ``$__rate_interval``; the job/instance rules are left out because
 OpenTelemetry-sourced series get ``job`` from ``service.name``, which
 the boards must not assume.
+
+The project's own rules follow, each stated for every panel, so that a panel added later is held to
+them too: counting from zero, the agent, policy and cohort variables (no panel mixes the live and
+probe cohorts by leaving the cohort out), 0 instead of "No data", a figure built on per-turn
+distributions saying that halted turns are censored in it, percentiles beside the halted share,
+halts named by what stopped them (never "runaway"), the backstop's halts beside the probe's resolved
+share, every resolved share with its interval, its decision against the tolerance variable and the
+evidence still needed, a probe row for every threshold in force, and no live figure past the live
+backstop. They run on the committed boards and on boards rendered for other configurations.
 """
 
 from __future__ import annotations
@@ -22,7 +31,11 @@ from typing import Any
 
 import pytest
 
+from conftest import optional_dependency
 from turnguard.boards import queries
+from turnguard.config import GuardConfig
+
+DEFAULT_CONFIG = GuardConfig()
 
 BOARD_DIR = queries.BOARDS
 BOARDS = queries.boards(BOARD_DIR)
@@ -47,11 +60,14 @@ PANEL_IDS = {
             42: "timeseries", 50: "row", 51: "stat", 52: "timeseries", 53: "timeseries", 54: "timeseries"},
     THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
                  13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",
-                 26: "bargauge", 30: "row", 31: "bargauge", 40: "row", 41: "bargauge", 42: "bargauge", 43: "bargauge",
-                 44: "bargauge", 45: "bargauge", 46: "bargauge",
+                 26: "bargauge", 27: "stat", 30: "row", 31: "bargauge", 40: "row", 41: "table", 43: "bargauge",
+                 44: "table", 47: "bargauge",
                  100: "row", 101: "bargauge", 102: "bargauge", 103: "bargauge", 104: "bargauge", 105: "timeseries"},
 }
-"""The stable panel ids (links and annotations point at them): renumbering is a breaking change."""
+"""The stable panel ids (links and annotations point at them): renumbering is a breaking change. Retired,
+never to be reused: threshold validation 42 and 45 (their counts are columns of 41 and 44), 46 (the
+calls past each threshold, a column of 44)."""
+RETIRED = {THRESHOLDS: {42, 45, 46}}
 
 
 def _content_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
@@ -149,6 +165,9 @@ def stable_panel_ids_rule(board):
     for pid, kind in pinned.items():
         if actual.get(pid) != kind:
             problems.append(f"panel id {pid} should be a {kind}, is {actual.get(pid)!r}")
+    reused = set(actual) & RETIRED.get(board["uid"], set())
+    if reused:
+        problems.append(f"retired panel ids {sorted(reused)} reused")
     extra = set(actual) - set(pinned) - (set(SHADOW_IDS) if board["uid"] == THRESHOLDS else set())
     if extra:
         problems.append(f"unpinned panel ids {sorted(extra)}: add them to PANEL_IDS (never renumber)")
@@ -233,7 +252,240 @@ def exemplars_and_annotations_rule(board):
     return problems
 
 
-RULES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+# -- censoring, cohorts, probe rows, intervals: the classes of defect issue 19 names ----------------------
+
+
+COHORT_SCOPED = re.compile(r"\b(turnguard:(?:turns|turn_tool_calls_bucket|turn_tool_calls_sum|"
+                           r"turn_max_key_repeat_bucket|turn_max_key_repeat_count|turn_first_stuck_call_sum|turn_first_stuck_call_count|"
+                           r"turn_results|loop_detections|escalation_answers|shadow_turns|shadow_turn_tool_calls_sum|"
+                           r"shadow_detections):increase5m|"
+                           r"turnguard_(?:turn_tool_calls|turn_max_key_repeat|turn_first_stuck_call|loop_detections|"
+                           r"escalation_answers|shadow_detections|shadow_turn_tool_calls|turn_results)"
+                           r"(?:_total|_bucket|_sum|_count)?)(?![\w=!])(\{[^}]*\})?")
+"""Every series that carries ``turnguard_turn_cohort`` (raw or recorded)."""
+COHORT_MATCHERS = {'turnguard_turn_cohort=~"$cohort"': "the variable", 'turnguard_turn_cohort="probe"': "probe",
+                   'turnguard_turn_cohort="live"': "live", 'turnguard_turn_cohort=~"live|probe"': "both"}
+BOTH_COHORTS_SAID = "both cohorts"
+
+
+def _selectors(board, pattern=COHORT_SCOPED):
+    for panel in _content_panels(board):
+        for target in panel.get("targets", []):
+            for metric, selector in pattern.findall(target.get("expr", "")):
+                yield panel, target, metric, selector or ""
+
+
+def cohort_variable_rule(board):
+    """A ``cohort`` variable (live by default, never All), and every cohort-carrying selector names a
+    cohort: the variable's, probe or live; both cohorts only where the panel says so."""
+    problems = []
+    found = [v for v in board["templating"]["list"] if v.get("name") == "cohort"]
+    if not found:
+        return ["no cohort variable"]
+    variable = found[0]
+    values = {o.get("value") for o in variable.get("options", [])}
+    if (variable.get("type") != "custom" or values != {"live", "probe"} or variable.get("includeAll")
+            or variable.get("multi") or variable.get("current", {}).get("value") != "live"):
+        problems.append(f"the cohort variable must offer live and probe, default live, no All: {variable}")
+    for panel, target, metric, selector in _selectors(board):
+        named = [kind for matcher, kind in COHORT_MATCHERS.items() if matcher in selector]
+        if len(named) != 1:
+            problems.append(f"panel {panel['id']} {target['refId']}: {metric} names no cohort (mixes them)")
+        elif named == ["both"] and BOTH_COHORTS_SAID not in panel["description"]:
+            problems.append(f"panel {panel['id']}: reads both cohorts without saying so")
+    return problems
+
+
+def saved_defaults_rule(board):
+    """The policy and agent variables save All as their default, and list the cohort's values only."""
+    problems = []
+    for name in ("policy", "agent"):
+        variable = next((v for v in board["templating"]["list"] if v.get("name") == name), {})
+        if variable.get("current", {}).get("value") not in ("$__all", ["$__all"]):
+            problems.append(f"the {name} variable saves {variable.get('current')!r}, not All")
+        if '$cohort' not in json.dumps(variable.get("query")):
+            problems.append(f"the {name} variable lists values of every cohort")
+    return problems
+
+
+def no_value_rule(board):
+    """Where nothing happened a panel says so (0 for a count), never Grafana's "No data"."""
+    return [f"panel {p['id']} ({p['title']}): no noValue" for p in _content_panels(board)
+            if not p.get("fieldConfig", {}).get("defaults", {}).get("noValue")]
+
+
+DISTRIBUTION = re.compile(r"histogram_quantile|turnguard[_:]turn_(?:tool_calls|max_key_repeat)_bucket")
+"""A per-turn distribution (how many calls or repeats turns made): a halted turn is censored in it."""
+CENSORED = "censored"
+
+
+def censoring_said_rule(board):
+    """A figure built from per-turn distributions depends on halted turns, censored at their halt: it
+    says so."""
+    return [f"panel {p['id']} ({p['title']}): reads a per-turn distribution and does not say "
+            f"{CENSORED!r} in its description"
+            for p in _content_panels(board)
+            if any(DISTRIBUTION.search(t.get("expr", "")) for t in p.get("targets", []))
+            and CENSORED not in p["description"]]
+
+
+def halted_share_beside_percentiles_rule(board):
+    """A percentile of the turns that were not halted is drawn beside the halted share."""
+    problems = []
+    for panel in _content_panels(board):
+        targets = panel.get("targets", [])
+        if any("histogram_quantile" in t.get("expr", "") for t in targets):
+            beside = [t for t in targets if 'turnguard_turn_outcome="halted"' in t.get("expr", "")
+                      and "halted share" in t.get("legendFormat", "")]
+            if not beside:
+                problems.append(f"panel {panel['id']}: percentiles without the halted share beside them")
+    return problems
+
+
+def _texts(board):
+    for panel in queries.panels(board):
+        yield panel["id"], panel.get("title", "")
+        yield panel["id"], panel.get("description", "")
+        for target in panel.get("targets", []):
+            yield panel["id"], target.get("legendFormat", "")
+        yield panel["id"], json.dumps(panel.get("fieldConfig", {}))
+
+
+def no_runaway_claims_rule(board):
+    """A halt says what stopped the turn ("halted at the backstop"), never what it was doing."""
+    return [f"panel {pid}: says 'runaway': {text[:80]!r}" for pid, text in _texts(board)
+            if "runaway" in text.lower()]
+
+
+BACKSTOP_HALTS = 'turnguard_loop_threshold="hard_backstop"'
+PROBE_BACKSTOP = re.compile(r'turnguard_probe_main_threshold=~?"[^"]*hard_backstop')
+
+
+def _rows(board):
+    """Row title -> the content panels under it (in the order the board lists them)."""
+    rows, current = {}, None
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = panel["title"]
+            rows[current] = list(panel.get("panels", []))
+        elif current is not None:
+            rows[current].append(panel)
+    return rows
+
+
+def backstop_beside_probe_rule(board):
+    """Panels of the backstop's halts sit beside the probe's resolved share of such turns, with its
+    interval: a halt at the backstop is not a runaway until the probe says so."""
+    problems = []
+    for title, panels in _rows(board).items():
+        about_backstop = [p for p in panels if p.get("targets")
+                          and all(BACKSTOP_HALTS in t.get("expr", "") for t in p["targets"])]
+        beside = [p for p in panels if any(PROBE_BACKSTOP.search(t.get("expr", "")) for t in p.get("targets", []))
+                  and any(t.get("legendFormat") == "95% low" for t in p["targets"])]
+        if about_backstop and not beside:
+            problems.append(f"row {title!r}: backstop halts (panels {[p['id'] for p in about_backstop]}) without "
+                            "the probe's resolved share and interval beside them")
+    return problems
+
+
+RESOLVED_SHARE = re.compile(r'turnguard_turn_resolved="true".*\)\s*/\s*\(')
+EVIDENCE_COLUMNS = ("95% low", "95% high", "decision", "more probe turns", "time at this rate")
+
+
+def interval_beside_share_rule(board):
+    """A share of resolved turns never shows alone: its 95% interval, the decision against the tolerance
+    (which reads the ``tolerance`` variable) and the evidence still needed are beside it."""
+    problems = []
+    for panel in _content_panels(board):
+        targets = panel.get("targets", [])
+        legends = {t.get("legendFormat") for t in targets}
+        shares = [t for t in targets if RESOLVED_SHARE.search(t.get("expr", "")) and t.get("legendFormat") not in
+                  EVIDENCE_COLUMNS]
+        if shares and not set(EVIDENCE_COLUMNS) <= legends:
+            problems.append(f"panel {panel['id']}: a resolved share without {sorted(set(EVIDENCE_COLUMNS) - legends)}")
+        for target in targets:
+            if target.get("legendFormat") in ("decision", "more probe turns") and "$tolerance" not in target["expr"]:
+                problems.append(f"panel {panel['id']} {target['refId']}: does not read $tolerance")
+    return problems
+
+
+def tolerance_variable_rule(board):
+    """A board that decides against a tolerance lets the operator set it (default 0.10)."""
+    decides = "$tolerance" in json.dumps([t for p in _content_panels(board) for t in p.get("targets", [])])
+    found = [v for v in board["templating"]["list"] if v.get("name") == "tolerance"]
+    if not decides:
+        return [] if not found else ["a tolerance variable nothing reads"]
+    if not found or found[0].get("type") != "textbox" or found[0].get("query") != "0.10":
+        return [f"no textbox variable tolerance defaulting to 0.10: {found}"]
+    return []
+
+
+ZERO_ROW = re.compile(r'label_replace\(vector\(0\), "turnguard_probe_main_threshold", "(\w+)", "", ""\)')
+MAIN_MATCHER = re.compile(r'turnguard_probe_main_threshold=~"([\w|]+)"')
+
+
+def in_force(config):
+    """The thresholds that can halt a turn under ``config``: each must have its probe row."""
+    mode = config.cap_mode
+    return ({"hard_backstop", "soft_stuck"} if mode == "adaptive" else set()) | (
+        {"explicit"} if mode == "explicit" else set()) | ({"streak"} if config.streak_stop_at else set()) | (
+        {"cycle_cap"} if config.max_cycles_per_turn else set())
+
+
+def probe_row_per_threshold_rule(board, config=None):
+    """Each query of a probe table by threshold has a row, 0 where nothing happened, for every
+    threshold the configuration has in force, and no other."""
+    wanted = in_force(config or DEFAULT_CONFIG)
+    problems = []
+    tables = [p for p in _content_panels(board) if p["type"] == "table"
+              and any("turnguard_probe_main_threshold" in t.get("expr", "") for t in p.get("targets", []))]
+    if board["uid"] == THRESHOLDS and not tables:
+        problems.append("no probe evidence table by threshold")
+    for panel in tables:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            zero = set(ZERO_ROW.findall(expr))
+            matched = {v for m in MAIN_MATCHER.findall(expr) for v in m.split("|")}
+            if zero != wanted or matched - wanted:
+                problems.append(f"panel {panel['id']} {target['refId']}: rows {sorted(zero)} (matching "
+                                f"{sorted(matched)}), the thresholds in force are {sorted(wanted)}")
+    return problems
+
+
+BUCKET_EDGE = re.compile(r"turnguard[_:]turn_tool_calls_bucket(?::increase5m)?\{([^}]*)\}")
+LE = re.compile(r"le=~[`\"]([^`\"]*)[`\"]")
+
+
+def live_figures_within_the_live_cap_rule(board, config=None):
+    """No figure of the live cohort reads past the live backstop: every live turn that got there was
+    halted at it, so all a bucket past it holds is the censoring."""
+    config = config or DEFAULT_CONFIG
+    # the adaptive panels read adaptive turns: without an adaptive cap they are built on the default one
+    hard_cap = (config if config.cap_mode == "adaptive" else DEFAULT_CONFIG).hard_cap or 0
+    problems = []
+    for panel in _content_panels(board):
+        for target in panel.get("targets", []):
+            for selector in BUCKET_EDGE.findall(target.get("expr", "")):
+                if 'turnguard_turn_cohort=~"$cohort"' not in selector:
+                    continue
+                edges = [int(e) for e in re.findall(r"(\d+)\(", " ".join(LE.findall(selector)))]
+                if any(e > hard_cap for e in edges):
+                    problems.append(f"panel {panel['id']} {target['refId']}: a live bucket past {hard_cap}: {edges}")
+    return problems
+
+
+def override_units_rule(board):
+    """Units set per column or per query are Grafana units too."""
+    problems = []
+    for panel in _content_panels(board):
+        for override in panel.get("fieldConfig", {}).get("overrides", []):
+            for prop in override.get("properties", []):
+                if prop.get("id") == "unit" and prop.get("value") not in VALID_UNITS:
+                    problems.append(f"panel {panel['id']}: override unit {prop.get('value')!r}")
+    return problems
+
+
+RULES: dict[str, Callable[..., list[str]]] = {
     "template-datasource-rule": template_datasource_rule,
     "panel-datasource-rule": panel_datasource_rule,
     "panel-units-rule": panel_units_rule,
@@ -248,7 +500,21 @@ RULES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "policy-variable": policy_variable_rule,
     "current-schema": current_schema_rule,
     "exemplars-and-annotations": exemplars_and_annotations_rule,
+    "cohort-variable": cohort_variable_rule,
+    "saved-defaults": saved_defaults_rule,
+    "no-value": no_value_rule,
+    "censoring-said": censoring_said_rule,
+    "halted-share-beside-percentiles": halted_share_beside_percentiles_rule,
+    "no-runaway-claims": no_runaway_claims_rule,
+    "backstop-beside-probe": backstop_beside_probe_rule,
+    "interval-beside-share": interval_beside_share_rule,
+    "tolerance-variable": tolerance_variable_rule,
+    "probe-row-per-threshold": probe_row_per_threshold_rule,
+    "live-figures-within-the-live-cap": live_figures_within_the_live_cap_rule,
+    "override-units": override_units_rule,
 }
+CONFIGURED = frozenset({"probe-row-per-threshold", "live-figures-within-the-live-cap"})
+"""Rules that check a board against the configuration it was built for."""
 
 
 # -- the committed boards pass every rule -----------------------------------------------------------
@@ -398,6 +664,87 @@ def _interval_noise(board):
     next(v for v in board["templating"]["list"] if v["type"] == "datasource")["auto_count"] = 30
 
 
+def _panel(board, pid):
+    return next(p for p in _content_panels(board) if p["id"] == pid)
+
+
+def _target(board, pid, legend):
+    return next(t for t in _panel(board, pid)["targets"] if t.get("legendFormat") == legend)
+
+
+def _mix_cohorts(board):
+    target = _first_content(board)["targets"][0]
+    target["expr"] = target["expr"].replace(',turnguard_turn_cohort=~"$cohort"', "")
+
+
+def _cohort_all(board):
+    next(v for v in board["templating"]["list"] if v["name"] == "cohort")["includeAll"] = True
+
+
+def _save_one_policy(board):
+    next(v for v in board["templating"]["list"] if v["name"] == "policy")["current"] = {"text": "prod",
+                                                                                         "value": "prod"}
+
+
+def _no_value_dropped(board):
+    del _first_content(board)["fieldConfig"]["defaults"]["noValue"]
+
+
+def _censoring_unsaid(board):
+    panel = _panel(board, 3)
+    panel["description"] = panel["description"].replace("censored", "left out")
+
+
+def _percentiles_alone(board):
+    panel = _panel(board, 3)
+    panel["targets"] = [t for t in panel["targets"] if "histogram_quantile" in t["expr"]]
+
+
+def _call_them_runaways(board):
+    _panel(board, 21)["title"] = "Runaways the backstop ended"
+
+
+def _backstop_alone(board):
+    for row in board["panels"]:
+        row.get("panels", []).clear()
+    board["panels"] = [p for p in board["panels"] if p.get("id") != 27]
+
+
+def _share_without_interval(board):
+    panel = _panel(board, 27)
+    panel["targets"] = [t for t in panel["targets"] if t["legendFormat"] != "95% low"]
+
+
+def _tolerance_dropped(board):
+    board["templating"]["list"] = [v for v in board["templating"]["list"] if v["name"] != "tolerance"]
+
+
+def _streak_row_dropped(board):
+    target = _target(board, 44, "turns")
+    target["expr"] = target["expr"].replace(' or label_replace(vector(0), "turnguard_probe_main_threshold", '
+                                            '"streak", "", "")', "")
+
+
+def _live_past_the_backstop(board):
+    for target in _panel(board, 12)["targets"]:
+        target["expr"] = target["expr"].replace("le=~`1000(", "le=~`2000(")
+
+
+def _override_typo(board):
+    override = _panel(board, 44)["fieldConfig"]["overrides"][1]
+    next(p for p in override["properties"] if p["id"] == "unit")["value"] = "percentage"
+
+
+def _both_cohorts_unsaid(board):
+    panel = _panel(board, 47)
+    panel["description"] = panel["description"].replace("both cohorts", "every turn")
+
+
+def _fixed_tolerance(board):
+    target = _target(board, 44, "decision")
+    target["expr"] = target["expr"].replace("$tolerance", "0.1")
+
+
 BREAKAGES = {
     "template-datasource-rule": _break_datasource_label,
     "panel-datasource-rule": _break_panel_datasource,
@@ -413,23 +760,73 @@ BREAKAGES = {
     "policy-variable": _unscoped_policy,
     "current-schema": _old_schema,
     "exemplars-and-annotations": _no_exemplars,
+    "cohort-variable": _mix_cohorts,
+    "saved-defaults": _save_one_policy,
+    "no-value": _no_value_dropped,
+    "censoring-said": _censoring_unsaid,
+    "halted-share-beside-percentiles": _percentiles_alone,
+    "no-runaway-claims": _call_them_runaways,
+    "backstop-beside-probe": _backstop_alone,
+    "interval-beside-share": _share_without_interval,
+    "tolerance-variable": _tolerance_dropped,
+    "probe-row-per-threshold": _streak_row_dropped,
+    "live-figures-within-the-live-cap": _live_past_the_backstop,
+    "override-units": _override_typo,
 }
-MORE_BREAKAGES = {
-    "panel-units-rule": _misspell_unit,
-    "target-rate-interval-rule": _rate_over_range,
-    "stable-panel-ids": _renumber,
-    "current-schema": _interval_noise,
-    "policy-variable": _policy_variable_dropped,
-}
+MORE_BREAKAGES = [
+    ("panel-units-rule", _misspell_unit),
+    ("target-rate-interval-rule", _rate_over_range),
+    ("stable-panel-ids", _renumber),
+    ("current-schema", _interval_noise),
+    ("policy-variable", _policy_variable_dropped),
+    ("cohort-variable", _cohort_all),
+    ("cohort-variable", _both_cohorts_unsaid),
+    ("interval-beside-share", _fixed_tolerance),
+]
+ON_THE_THRESHOLD_BOARD = {_censoring_unsaid, _percentiles_alone, _call_them_runaways, _backstop_alone,
+                          _share_without_interval, _tolerance_dropped, _streak_row_dropped, _live_past_the_backstop,
+                          _override_typo, _both_cohorts_unsaid, _fixed_tolerance}
+"""Breakages of panels only the threshold-validation board has."""
 
 
-@pytest.mark.parametrize(("rule", "breakage"), [*BREAKAGES.items(), *MORE_BREAKAGES.items()],
+@pytest.mark.parametrize(("rule", "breakage"), [*BREAKAGES.items(), *MORE_BREAKAGES],
                          ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_rule_catches_a_broken_board(rule, breakage):
-    board = copy.deepcopy(BOARDS[HALTS])
+    board = copy.deepcopy(BOARDS[THRESHOLDS if breakage in ON_THE_THRESHOLD_BOARD else HALTS])
     breakage(board)
     assert RULES[rule](board), f"{rule} missed {breakage.__name__}"
 
 
 def test_every_rule_has_a_breakage():
     assert set(BREAKAGES) == set(RULES)
+
+
+OTHER_CONFIGURATIONS = {
+    "S=250 x8 D=4": {"soft_cap": 250, "hard_multiplier": 8, "stuck_repeat_threshold": 4},
+    "fractional multiplier": {"hard_multiplier": 2.5},
+    "a cycle cap": {"max_cycles_per_turn": 30},
+    "no streak stop": {"streak_stop_at": 0, "streak_warn_at": 0},
+    "an explicit cap": {"max_tool_calls_per_turn": 300},
+    "a probe at 20x": {"probe": {"rate": 0.05, "hard_multiplier": 20, "streak_stop_at": 16}},
+    "a named probe with a cycle cap": {"name": "prod", "max_cycles_per_turn": 40,
+                                       "probe": {"rate": 0.1, "name": "canary", "hard_multiplier": 30}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_CONFIGURATIONS))
+def test_boards_rendered_for_another_configuration_pass_every_rule(name):
+    optional_dependency("grafana_foundation_sdk")
+    from turnguard.boards import build
+
+    config = GuardConfig(**OTHER_CONFIGURATIONS[name])
+    for text in build.for_config(config).values():
+        board = json.loads(text)
+        for rule_name, rule in RULES.items():
+            problems = rule(board, config) if rule_name in CONFIGURED else rule(board)
+            assert problems == [], f"{name}: {rule_name}"
+
+
+def test_a_board_for_one_configuration_fails_another_ones_probe_rows():
+    """The committed board has no row for a cycle cap: a configuration with one needs its own board."""
+    assert probe_row_per_threshold_rule(BOARDS[THRESHOLDS], GuardConfig(max_cycles_per_turn=30))
+    assert live_figures_within_the_live_cap_rule(BOARDS[THRESHOLDS], GuardConfig(hard_multiplier=5))

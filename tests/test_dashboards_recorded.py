@@ -20,7 +20,7 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard.boards import build, queries  # noqa: E402
+from turnguard.boards import build, promql, queries  # noqa: E402
 
 BOARD = queries.boards()[build.THRESHOLDS_UID]
 KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
@@ -114,8 +114,8 @@ def test_the_board_reads_every_record_and_every_record_label_it_selects_on():
     assert read == set(build.RECORDED.values())
     heatmap = next(q for q in queries.panel_queries(BOARD) if q.panel_id == 2)
     (selection,) = selections(heatmap.expr)
-    assert selection == Selection(build.RECORDED[f"{build.TOOL_CALLS}_bucket"],
-                                  frozenset({build.CAP_MODE, build.POLICY, build.AGENT}), frozenset({"le"}))
+    matched = frozenset({promql.CAP_MODE, promql.POLICY, promql.AGENT, promql.COHORT})
+    assert selection == Selection(build.RECORDED[f"{promql.TOOL_CALLS}_bucket"], matched, frozenset({"le"}))
 
 
 def _label_uses() -> list[tuple[str, str]]:

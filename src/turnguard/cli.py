@@ -259,7 +259,29 @@ def _calibrate_merge(args: argparse.Namespace) -> int:
 def _assets_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", metavar="DIR", help="where to write them (created if missing)")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
+    parser.add_argument("--config", metavar="TOML", dest="config",
+                        help="render the boards for this turnguard.toml or pyproject.toml (its thresholds and probe, "
+                             "TURNGUARD_* applied) instead of writing the shipped ones; needs the dashboards extra")
     add_wide_argument(parser)
+
+
+DASHBOARDS_EXTRA = 'pip install "turnguard[dashboards]"'
+
+
+def _rendered_assets(args: argparse.Namespace) -> dict[Any, bytes] | None:
+    """With ``--config``: every asset, the boards rendered for the configuration as it loaded."""
+    if not args.config:
+        return None
+    try:
+        from turnguard.boards.build import assets_for
+    except ImportError as exc:
+        raise MissingExtra(f"--config renders the boards with grafana-foundation-sdk ({exc.name or exc}), "
+                           f"from the dashboards extra: {DASHBOARDS_EXTRA}") from None
+    return assets_for(args.guard_config)
+
+
+class MissingExtra(Exception):
+    """An optional dependency a command needs is not installed (the message names the extra)."""
 
 
 def _assets(args: argparse.Namespace) -> int:
@@ -269,7 +291,10 @@ def _assets(args: argparse.Namespace) -> int:
 
     directory = Path(args.directory)
     try:
-        written = assets.write(directory, overwrite=args.force)
+        written = assets.write(directory, overwrite=args.force, contents=_rendered_assets(args))
+    except MissingExtra as exc:
+        print(f"turnguard assets: {exc}", file=sys.stderr)
+        return 2
     except assets.UnsafeTarget as exc:  # checked before writing anything
         print(f"turnguard assets: {exc}; nothing written", file=sys.stderr)
         return 2

@@ -32,6 +32,8 @@ class PanelQuery:
     expr: str
     instant: bool
     format: str
+    legend: str = ""
+    """The target's legend format (a table column's name)."""
 
 
 def boards(directory: Path = BOARDS) -> dict[str, dict[str, Any]]:
@@ -61,6 +63,7 @@ def panel_queries(board: Mapping[str, Any]) -> Iterator[PanelQuery]:
                 expr=target.get("expr", ""),
                 instant=bool(target.get("instant")) and not target.get("range"),
                 format=target.get("format", "time_series"),
+                legend=target.get("legendFormat", ""),
             )
 
 

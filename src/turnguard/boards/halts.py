@@ -1,0 +1,137 @@
+"""The **Halts** board: what fired, where, how often, what users answered, and whether the Collector
+is delivering. It reads the raw series (short ranges, no recording lag), of the cohort the
+``cohort`` variable picks (``live`` by default)."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+
+from turnguard.boards import promql as q
+from turnguard.boards.panels import bars, base, legend, over_time, query, ref, stat_panel, with_panels
+from turnguard.boards.settings import DEFAULTS, CapSettings
+
+UID = "turnguard-halts"
+NO_TOOL = "(no tool: a model request, e.g. the cycle cap)"
+"""The top-tools panel's name for halts that no tool call tripped (the cycle cap halts a model request)."""
+
+
+def overview_panels() -> list[object]:
+    """Panels of the overview row: the time range's counts and shares."""
+    halted = q.sel(**{q.OUTCOME: "halted"})
+    answered_continue = q.sel(**{q.ANSWER: "continue"})
+    return [
+        stat_panel(2, "Turns", "Agent turns that ended in the time range.", q.total(q.TURNS)),
+        stat_panel(3, "Turns halted",
+                   "Turns that ended because turnguard halted them (any threshold, or a user's stop).",
+                   q.total(q.TURNS, halted)),
+        stat_panel(4, "Halted share", "Turns halted / turns ended.",
+                   f"{q.total(q.TURNS, halted)} / {q.total(q.TURNS)}", "percentunit"),
+        stat_panel(5, "Detections", "Every time a threshold fired, acted on or only observed.",
+                   q.total(q.DETECTIONS)),
+        stat_panel(6, "Asks answered \"continue\"",
+                   "Share of turnguard's questions the user answered \"continue\": the false-positive "
+                   "rate.", f"{q.total(q.ANSWERS, answered_continue)} / {q.total(q.ANSWERS)}", "percentunit"),
+        stat_panel(7, "Plugin errors",
+                   "turnguard plugins that raised; the guard isolated them (fail_mode). Every cohort.",
+                   q.total(q.PLUGIN_ERRORS)),
+    ]
+
+
+def detection_panels() -> list[object]:
+    halt_action = q.sel(**{q.ACTION: "halt"})
+    action_attendance = (
+        'sum by (action, attendance) (label_replace(label_replace(label_replace(label_replace('
+        f'{q.counted(q.DETECTIONS)}, '
+        f'"action", "observed", "{q.ACTION}", "allow"), '
+        f'"action", "$1", "{q.ACTION}", "(remind|ask|halt)"), '
+        f'"attendance", "attended", "{q.PROMPTABLE}", "true"), '
+        f'"attendance", "unattended", "{q.PROMPTABLE}", "false"))'
+    )
+    return [
+        over_time(11, "Detections by threshold and level", "Detections per second.",
+                  [query(q.per_second(q.DETECTIONS, by=(q.THRESHOLD, q.LEVEL)), legend(q.THRESHOLD, q.LEVEL),
+                         instant=False, exemplar=True)]),
+        over_time(12, "Halts by threshold", "Detections whose action was halt, per second.",
+                  [query(q.per_second(q.DETECTIONS, halt_action, by=(q.THRESHOLD,)), legend(q.THRESHOLD),
+                         instant=False, exemplar=True)]),
+        bars(13, "What turnguard did, attended vs unattended",
+             "Detections by action (observed = recorded, not acted on) and by whether a person was "
+             "watching the turn (promptable).",
+             [query(action_attendance, "{{action}} · {{attendance}}")], width=24, height=7),
+    ]
+
+
+def where_panels() -> list[object]:
+    halt_action = q.sel(**{q.ACTION: "halt"})
+    halts = q.total(q.DETECTIONS, halt_action, by=(q.TOOL,))
+    by_tool = f'label_replace({halts}, "{q.TOOL}", "{NO_TOOL}", "{q.TOOL}", "")'
+    return [
+        bars(21, "Top agents by halts", "Halting detections per agent (top 10).",
+             [query(f"topk(10, {q.total(q.DETECTIONS, halt_action, by=(q.AGENT,))})", legend(q.AGENT))]),
+        bars(22, "Top tools by halts",
+             "Halting detections per tool: the call that tripped the threshold (top 10). A halt no tool call "
+             f"tripped (the cycle cap halts a model request) is listed as {NO_TOOL}.",
+             [query(f"topk(10, {by_tool})", legend(q.TOOL))]),
+    ]
+
+
+def escalation_panels() -> list[object]:
+    answered_continue = q.sel(**{q.ANSWER: "continue"})
+    fp_rate = (f"{q.total(q.ANSWERS, answered_continue, by=(q.THRESHOLD,))} / "
+               f"{q.total(q.ANSWERS, by=(q.THRESHOLD,))}")
+    return [
+        bars(31, "Answers by threshold",
+             "Users' answers to turnguard's questions (ASK), by the threshold that asked.",
+             [query(q.total(q.ANSWERS, by=(q.THRESHOLD, q.ANSWER)), legend(q.THRESHOLD, q.ANSWER, sep=": "))], width=8),
+        bars(32, "False-positive rate by threshold",
+             "Share of asks answered \"continue\": the user judged the turn fine.",
+             [query(fp_rate, legend(q.THRESHOLD))], unit="percentunit", width=8),
+        over_time(33, "Answers over time", "Answers per second.",
+                  [query(q.per_second(q.ANSWERS, by=(q.ANSWER,)), legend(q.ANSWER), instant=False)], width=8),
+    ]
+
+
+def turn_panels() -> list[object]:
+    return [
+        bars(41, "Turns by how they ended",
+             "Turns by outcome and the threshold that ended them (none: it ended on its own).",
+             [query(q.total(q.TURNS, by=(q.OUTCOME, q.THRESHOLD)), legend(q.OUTCOME, q.THRESHOLD))]),
+        over_time(42, "Turns ending, by outcome", "Turns ended per second.",
+                  [query(q.per_second(q.TURNS, by=(q.OUTCOME,)), legend(q.OUTCOME), instant=False)]),
+    ]
+
+
+def collector_panels() -> list[object]:
+    """The Collector's own metrics, so "no data" (a broken pipeline) and "no halts" look different."""
+    failed = [query(q.per_second(metric, by=("exporter",)), f"{{{{exporter}}}} {signal.replace('_', ' ')}", ref(i),
+                    instant=False) for i, (signal, metric) in enumerate(q.OTELCOL_SEND_FAILED.items())]
+    return [
+        stat_panel(51, "Metric points the Collector failed to export",
+                   "Over the time range, every exporter: remote-write failures show here, not as fewer halts.",
+                   q.total(q.OTELCOL_SEND_FAILED["metric_points"])),
+        over_time(52, "Metric points received: accepted vs refused",
+                  "Per second, by receiver. Refused points were turned away (memory limiter, bad data) and are lost.",
+                  [query(q.per_second(q.OTELCOL_ACCEPTED, by=("receiver",)), "{{receiver}} accepted", "A",
+                         instant=False),
+                   query(q.per_second(q.OTELCOL_REFUSED, by=("receiver",)), "{{receiver}} refused", "B",
+                         instant=False)], width=7),
+        over_time(53, "Failed exports, by exporter",
+                  "Items per second an exporter could not send (after its retries): the backend is down or refusing.",
+                  failed, width=7),
+        over_time(54, "Export queue fill, by exporter", "Queue size over capacity: near 1, new data is dropped.",
+                  [query(f"max by (exporter) ({q.OTELCOL_QUEUE_SIZE} / {q.OTELCOL_QUEUE_CAPACITY})", "{{exporter}}",
+                         instant=False)], unit="percentunit", width=6),
+    ]
+
+
+def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
+    """What fired, where, how often, and what users answered."""
+    board = base(UID, "turnguard: halts",
+                 "What turnguard detected and did to agent turns, where, and what users answered when asked. "
+                 "The cohort variable picks live (the default) or probe turns.", ["turnguard", "agents"])
+    for row, title, panels in ((1, "Overview", overview_panels()), (10, "Detections", detection_panels()),
+                               (20, "Where", where_panels()), (30, "Escalations", escalation_panels()),
+                               (40, "Turns", turn_panels()),
+                               (50, "Collector: is the telemetry arriving?", collector_panels())):
+        board = with_panels(board.with_row(Row(title).id(row)), panels)
+    return board

@@ -1,0 +1,378 @@
+"""Plumbing of the boards' Prometheus tests: a fleet's metrics sent to a real Prometheus the ways a
+deployment sends them (``ROUTES``), the recording rules evaluated on a shortened tile, and every
+panel query read back as Grafana would send it (macros and variables resolved).
+
+Routes: scraped from the Python pull exporter (Debian's Prometheus 2.42); over OTLP to the Collector
+built from the shipped manifest, running the shipped config, remote-writing to Prometheus 2.42 and
+to Prometheus 3; and over OTLP straight into Prometheus 3's native receiver.
+
+No series is created in advance. Exact counts need both window edges on samples (no
+extrapolation): the queries are evaluated at the last sample of the fleet, with ``$__range`` (and
+``$__rate_interval``) reaching back to the last sample before it. Prometheus 3's range selectors
+are left-open, so a sample on the window's start is outside it and increase() would extrapolate:
+the Prometheus 3 routes run without a warm-up (every series born inside the window, counted
+exactly from zero).
+
+The threshold-validation board reads the recording rules' series, so each Prometheus loads the
+shipped rules file with its tiling shortened (``_shortened_rules``): the 5-minute tile becomes 1 s
+and the 1-minute lag 10 s, and nothing else changes. Its queries are evaluated at a record's
+timestamp once the rules have evaluated past the fleet's last sample, over a range of whole tiles
+(``_records``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import chain
+from conftest import optional_dependency
+
+sdk_metrics = optional_dependency("opentelemetry.sdk.metrics")
+sdk_export = optional_dependency("opentelemetry.sdk.metrics.export")
+otlp_metrics = optional_dependency("opentelemetry.exporter.otlp.proto.http.metric_exporter")
+prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
+prometheus_client = optional_dependency("prometheus_client")
+
+import turnguard as tg  # noqa: E402
+from turnguard.boards import build, queries  # noqa: E402
+from turnguard.boards import promql as q  # noqa: E402
+
+SCRAPE_INTERVAL_S = 2
+JOB = "turnguard-fleet"
+
+
+@dataclass(frozen=True)
+class Window:
+    """Both edges are sample timestamps: increase() over it is exact."""
+
+    start: float
+    end: float
+
+    @property
+    def ms(self) -> int:
+        return round((self.end - self.start) * 1000)
+
+    @property
+    def seconds(self) -> float:
+        return self.ms / 1000
+
+
+@dataclass
+class FleetRun:
+    route: str
+    prometheus: chain.Prometheus
+    tally: Any
+    """The fleet's ``fleet.Tally`` (the probe fleet's ``ProbeTruth``)."""
+    window: Window
+    records: Window
+    """The records holding the fleet: from half a tile before the first whose tile starts at or after
+    ``window.start`` to the first whose tile ends at or after ``window.end`` (a record's timestamp)."""
+    config: tg.GuardConfig
+    draw_interval_s: float
+    """The $__rate_interval a range query is drawn with (samples in each window)."""
+
+
+class CountingExporter(sdk_export.MetricExporter):
+    """The OTLP exporter, noting each export's Prometheus series and the points' timestamp."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(preferred_temporality=None, preferred_aggregation=None)
+        self.otlp = otlp_metrics.OTLPMetricExporter(endpoint=endpoint)
+        self.series = 0
+        self.times: set[int] = set()
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> Any:
+        self.series, self.times = 0, set()
+        for resource in metrics_data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    for point in metric.data.data_points:
+                        self.times.add(point.time_unix_nano)
+                        bounds = getattr(point, "explicit_bounds", None)
+                        self.series += 1 if bounds is None else len(bounds) + 3  # buckets, +Inf, _sum, _count
+        return self.otlp.export(metrics_data, timeout_millis=timeout_millis)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        self.otlp.shutdown()
+
+
+class Push:
+    """An SDK pushing over OTLP when the test says (a reader whose own interval never comes)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.exporter = CountingExporter(endpoint)
+        self.reader = sdk_export.PeriodicExportingMetricReader(self.exporter, export_interval_millis=10**9)
+        self.provider = sdk_metrics.MeterProvider(metric_readers=[self.reader])
+
+    def flush(self, prometheus: chain.Prometheus) -> float:
+        """Export now; the points' timestamp once Prometheus holds every series of the export (within
+        the rules' lag: a record evaluated before its samples landed would miss them for good)."""
+        assert self.reader.force_flush(30_000)
+        (nanos,) = self.exporter.times
+        at, expected = nanos // 1_000_000 / 1000, self.exporter.series  # Prometheus keeps milliseconds
+
+        # Every series has this export's sample (counting series alone, an older sample would do).
+        # timestamp() drops the metric name: kept as a label, so _sum and _count stay apart.
+        fresh = (f'count(timestamp(label_replace({{__name__=~"turnguard_.+"}}, "tg_name", "$1", "__name__", "(.+)"))'
+                 f' >= {at - 0.0005:.4f})')
+
+        def landed() -> bool:
+            found = prometheus.query(fresh, at)
+            return bool(found) and int(found[0]["value"][1]) == expected
+
+        chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
+        assert time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
+        return at
+
+
+
+TILE_S, LAG_S = 1, 10
+"""The recording rules' tile and lag here: the shipped 5 minutes and 1 minute, shortened."""
+RULES_FILE = "turnguard.rules.yaml"
+
+
+def _shortened_rules() -> str:
+    """The shipped rules file with only its tiling changed: the group interval and the tile's
+    offsets (``offset 1m`` is the lag, ``offset 6m`` the lag plus the tile)."""
+    header, groups = chain.RULES.read_text().split("\ngroups:\n")
+    shortened = re.sub(r"\binterval: 5m\b", f"interval: {TILE_S}s", groups)
+    shortened = re.sub(r"\boffset 6m\b", f"offset {LAG_S + TILE_S}s", shortened)
+    shortened = re.sub(r"\boffset 1m\b", f"offset {LAG_S}s", shortened)
+    assert shortened.count(f"interval: {TILE_S}s") == 1
+    assert shortened.count(f"offset {LAG_S}s") == 2 * len(build.RECORDED) == 2 * shortened.count("- record:")
+    return f"{header}\ngroups:\n{shortened}"
+
+
+def _prometheus(binary: str, workdir: Path, config: str, flags: list[str]) -> chain.Prometheus:
+    """A Prometheus running ``config`` and the shortened rules."""
+    (workdir / RULES_FILE).write_text(_shortened_rules())
+    return chain.Prometheus(binary, workdir, f"{config}rule_files: [{RULES_FILE}]\n", flags)
+
+
+def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[float]) -> Window:
+    """Waits for the first evaluation whose tile ends at or after ``window.end``; returns the records
+    from the first whose tile starts at or after ``window.start`` up to it, and checks that the group
+    missed no evaluation in between (a missed tile would be lost, as in production) and that every
+    sample the fleet ``landed`` after the window's start falls in one of those tiles (a sample in
+    the tile before would be left out of the records, an undercount the panels could not explain)."""
+    record, tile_ms, lag_ms = build.RECORDED[build.TURNS], TILE_S * 1000, LAG_S * 1000
+    end_ms, start_ms = round(window.end * 1000), round(window.start * 1000)
+
+    def stamps(at: float, reach: str) -> list[int]:
+        matrix = prometheus.api("query", query=f"{record}[{reach}]", time=f"{at:.3f}")["result"]
+        return sorted({round(float(ts) * 1000) for s in matrix for ts, _ in s["values"]})
+
+    def evaluated() -> int | None:
+        after = [ts for ts in stamps(time.time(), "1m") if ts - lag_ms >= end_ms]
+        return after[0] if after else None
+
+    last = chain.wait_until("the rules to evaluate past the fleet", evaluated, prometheus.exited)
+    first = last - (last - lag_ms - tile_ms - start_ms) // tile_ms * tile_ms
+    held = stamps(last / 1000, f"{last - first + tile_ms // 2}ms")
+    assert held == list(range(held[0], last + 1, tile_ms)), (
+        f"the recording group skipped evaluations: {held}")
+    tiles = ((first - lag_ms - tile_ms) / 1000, (last - lag_ms) / 1000)
+    outside = [at for at in landed if not tiles[0] < at <= tiles[1]]
+    assert not outside, f"samples at {outside} landed outside the records' tiles {tiles}"
+    return Window((first - tile_ms // 2) / 1000, last / 1000)
+
+
+Run = Callable[[Any, Callable[[], object]], Any]
+"""Runs a fleet on a meter provider, calling the second argument now and then to land a sample."""
+WarmUp = Callable[[Any], object] | None
+"""Traffic run on the meter provider before the window (the Prometheus 2 routes), or none."""
+
+
+def _pull(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.GuardConfig, warm_up: WarmUp) -> FleetRun:
+    registry = prometheus_client.CollectorRegistry()
+    provider = sdk_metrics.MeterProvider(metric_readers=[prometheus_exporter.PrometheusMetricReader(registry=registry)])
+    stack.callback(provider.shutdown)
+    port = chain.free_port()
+    server, thread = prometheus_client.start_http_server(port, addr="127.0.0.1", registry=registry)
+    stack.callback(thread.join, timeout=5)
+    stack.callback(server.server_close)
+    stack.callback(server.shutdown)
+    prometheus = _prometheus(chain.prometheus2(), workdir, _scrape_config(f"127.0.0.1:{port}"), [])
+    stack.callback(prometheus.stop)
+
+    def last_scrape() -> float | None:
+        # timestamp() of a bare selector is the sample's own time (of any other expression: "now")
+        up = prometheus.api("query", query=f'up{{job="{JOB}"}}')["result"]
+        if not up or up[0]["value"][1] != "1":
+            return None
+        result = prometheus.api("query", query=f'timestamp(up{{job="{JOB}"}})')["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def scrape_after(moment: float) -> float:
+        return chain.wait_until(f"a scrape after {moment}", lambda: (ts := last_scrape()) and ts > moment and ts,
+                                prometheus.exited, timeout=60)
+
+    scrape_after(0)
+    if warm_up is not None:
+        warm_up(provider)
+    start = scrape_after(time.time())
+    landed: list[float] = []
+    tally = run(provider, lambda: landed.append(scrape_after(time.time())))
+    end = scrape_after(time.time())
+    window = Window(start, end)
+    return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window, [*landed, end]),
+                    config, 4 * SCRAPE_INTERVAL_S)
+
+
+def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.GuardConfig, warm_up: WarmUp, *,
+          prometheus3: bool, collector: bool) -> FleetRun:
+    binary = chain.prometheus3() if prometheus3 else chain.prometheus2()
+    flags = ["--web.enable-otlp-receiver"] if prometheus3 and not collector else []
+    prometheus = _prometheus(binary, workdir, "global: {evaluation_interval: 1s}\n", flags)
+    stack.callback(prometheus.stop)
+    if collector:
+        otelcol = chain.Collector(chain.collector(), workdir, prometheus_remote_write=prometheus.remote_write_url)
+        stack.callback(otelcol.stop)
+        endpoint = f"{otelcol.otlp_http}/v1/metrics"
+    else:
+        endpoint = prometheus.otlp_metrics_url
+    push = Push(endpoint)
+    stack.callback(push.provider.shutdown)
+    if prometheus3 or warm_up is None:  # left-open ranges: every series is born inside the window
+        start = time.time() - 1
+    else:
+        warm_up(push.provider)
+        start = push.flush(prometheus)
+        time.sleep(TILE_S)  # the fleet's first sample in a tile after the one holding the warm-up's
+    landed: list[float] = []
+
+    def sample() -> None:
+        landed.append(push.flush(prometheus))
+        time.sleep(TILE_S)  # the next sample in another tile
+
+    tally = run(push.provider, sample)
+    end = push.flush(prometheus)
+    route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
+    window = Window(start, end)
+    return FleetRun(route, prometheus, tally, window, _records(prometheus, window, [*landed, end]), config,
+                    end - start)
+
+
+def _scrape_config(target: str) -> str:
+    return (f"global: {{scrape_interval: {SCRAPE_INTERVAL_S}s, evaluation_interval: {SCRAPE_INTERVAL_S}s}}\n"
+            f"scrape_configs:\n  - job_name: {JOB}\n    static_configs: [{{targets: ['{target}']}}]\n")
+
+
+ROUTES: dict[str, Callable[..., FleetRun]] = {
+    "pull-prometheus2": _pull,
+    "collector-prometheus2": lambda *a: _push(*a, prometheus3=False, collector=True),
+    "collector-prometheus3": lambda *a: _push(*a, prometheus3=True, collector=True),
+    "otlp-prometheus3": lambda *a: _push(*a, prometheus3=True, collector=False),
+}
+"""How the fleet's metrics reach Prometheus: pull exporter, the Collector's remote write, native OTLP.
+Each is called ``(stack, workdir, run, config, warm_up)``."""
+
+
+# -- reading the panels back ------------------------------------------------------------------------
+
+
+Key = frozenset[tuple[str, Any]]
+Expected = dict[Key, float]
+
+
+def key(**labels: Any) -> Key:
+    return frozenset(labels.items())
+
+
+def group(rows: Iterable[dict[str, str]], by: tuple[str, ...]) -> Expected:
+    """Rows counted by the values of the ``by`` labels (a PromQL ``sum by``)."""
+    return dict(Counter(frozenset((label, row[label]) for label in by) for row in rows))
+
+
+def ratio(top: Expected, bottom: Expected) -> Expected:
+    return {k: top.get(k, 0) / v for k, v in bottom.items() if v}
+
+
+def scalar(value: float) -> Expected:
+    return {key(): value}
+
+
+def by_row(label: str, values: Mapping[str, float]) -> Expected:
+    """One series per row of a table (``label="value"``)."""
+    return {key(**{label: row}): value for row, value in values.items()}
+
+
+def query_id(panel_query: queries.PanelQuery) -> str:
+    return f"{panel_query.board_uid}:{panel_query.panel_id}:{panel_query.ref_id}"
+
+
+def result(data: dict[str, Any]) -> dict[Key, float]:
+    if data["resultType"] == "scalar":
+        return {key(): float(data["result"][1])}
+    out = {}
+    for series in data["result"]:
+        labels = {k: (float(v) if k == "le" else v) for k, v in series["metric"].items() if k != "__name__"}
+        out[frozenset(labels.items())] = float(series["value"][1])
+    return out
+
+
+def assert_matches(got: dict[Key, float], expected: Expected, *, counts: bool, scale: float, what: str) -> None:
+    """Exact for counts, to float precision otherwise; NaN (not estimable, nothing to divide) must be
+    NaN, a missing series is 0."""
+    for k in set(got) | set(expected):
+        value, want = got.get(k, 0.0) * scale, expected.get(k, 0)
+        label = f"{what} {dict(k) or ''}: got {value!r}, the fleet implies {want!r}"
+        if isinstance(want, float) and math.isnan(want):
+            assert k in got and math.isnan(value), label
+        elif counts and scale == 1:
+            assert value == want, label
+        else:
+            assert value == pytest.approx(want, rel=1e-9, abs=1e-9), label
+
+
+TOLERANCE = "0.10"
+"""The tolerance variable's default (the threshold board's)."""
+
+
+def grafana_values(window: Window, rate_interval_ms: int | None = None) -> dict[str, str]:
+    """What Grafana would substitute, for a dashboard time range equal to ``window`` (and, by
+    default, rate and heatmap windows as long as it), with the variables at their saved defaults."""
+    ms = window.ms if rate_interval_ms is None else rate_interval_ms
+    return {"__range": f"{window.ms}ms", "__range_s": repr(window.seconds), "__rate_interval": f"{ms}ms",
+            "__rate_interval_ms": str(ms), "__interval": f"{ms}ms", "__interval_ms": str(ms),
+            "datasource": "prometheus", q.AGENT_VARIABLE: ".*", q.POLICY_VARIABLE: ".*", q.COHORT_VARIABLE: q.LIVE,
+            q.TOLERANCE_VARIABLE: TOLERANCE}
+
+
+MACROS = {"__range", "__range_s", "__rate_interval", "__rate_interval_ms", "__interval", "__interval_ms",
+          q.AGENT_VARIABLE, q.POLICY_VARIABLE, q.COHORT_VARIABLE, q.TOLERANCE_VARIABLE}
+"""Every macro and variable a panel query may use (each has a value in ``grafana_values``)."""
+RECORDED = re.compile(r"\bturnguard:\w+:increase5m\b")
+RATE = re.compile(r"\$__(rate_)?interval_ms\b")
+
+
+def window_of(run: FleetRun, expr: str) -> Window:
+    """The records' window for a query of recorded series, the raw samples' for the others."""
+    return run.records if RECORDED.search(expr) else run.window
+
+
+def instant(run: FleetRun, expr: str, **values: str) -> dict[Key, float]:
+    """``expr`` as Grafana would send it, at the end of its window."""
+    window = window_of(run, expr)
+    data = run.prometheus.api("query", query=queries.resolve(expr, {**grafana_values(window), **values}),
+                              time=f"{window.end:.3f}")
+    return result(data)
+
+
+def fleet_queries(*uids: str) -> list[queries.PanelQuery]:
+    """Every query of the committed boards (``uids``: only theirs)."""
+    boards = queries.boards(build.OUT)
+    return [pq for uid, board in boards.items() if not uids or uid in uids for pq in queries.panel_queries(board)]
