@@ -449,10 +449,21 @@ def read_file(path: str) -> str:
 
 
 read_file.handle_tool_error = True
-config = tg.GuardConfig(digest_key="shared-by-both-processes", max_tool_calls_per_turn=7,
+config = tg.GuardConfig(max_tool_calls_per_turn=7,  # the defaults otherwise: no key shared by the processes
                         disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
 exit_behavior = "end" if shape == "batch" else "error"
-middleware = TurnGuardMiddleware(tg.Guard(config, environ={}), ask="interrupt", exit_behavior=exit_behavior)
+ended = []
+
+
+class Ends:
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary):
+        ended.append(summary.reason)
+
+
+guard = tg.Guard(config, environ={})
+guard.register(Ends(), "ends")
+middleware = TurnGuardMiddleware(guard, ask="interrupt", exit_behavior=exit_behavior)
 with SqliteSaver.from_conn_string(db) as saver:
     agent = middleware.watch(create_agent(model, [read_file], middleware=[middleware], checkpointer=saver))
     thread = {"configurable": {"thread_id": "t-1"}, "recursion_limit": 1000}
@@ -460,9 +471,9 @@ with SqliteSaver.from_conn_string(db) as saver:
     try:
         out = agent.invoke(start if phase == "start" else Command(resume="continue"), thread)
         print(json.dumps({"ran": len(ran), "asked": [i.value["turnguard"] for i in out.get("__interrupt__", [])],
-                          "last": out["messages"][-1].content}))
+                          "last": out["messages"][-1].content, "ended": ended}))
     except TurnGuardHalted as stop:
-        print(json.dumps({"ran": len(ran), "halted": str(stop)}))
+        print(json.dumps({"ran": len(ran), "halted": str(stop), "ended": ended}))
 '''
 
 
@@ -486,14 +497,16 @@ def two_processes(tmp_path):
 def test_a_turn_interrupted_for_an_ask_goes_on_in_a_fresh_process_with_the_same_checkpointer(two_processes):
     """Process 1 runs 4 failing calls and is interrupted at the 5th (the warn level); process 2
     resumes the thread with ``Command(resume="continue")``: the resumed turn still holds the first
-    4 calls, so the explicit cap of 7 stops the 8th call of the turn after 3 more, not 7."""
+    4 calls, so the explicit cap of 7 stops the 8th call of the turn after 3 more, not 7. Neither
+    process shares a key with the other (the turn is durable), and only the second reports it."""
     run = two_processes
     first = run("start")
-    assert first["ran"] == 4
+    assert first["ran"] == 4 and first["ended"] == []  # paused: not reported by the first process
     assert [(a["threshold"], a["level"]) for a in first["asked"]] == [("streak", "warn")]
     second = run("resume")
     assert second["ran"] == 3  # call 5 (answered "continue"), 6 and 7
     assert "threshold explicit (stop, limit 7); 8 tool calls" in second["halted"]
+    assert second["ended"] == ["halted"]  # the process that finished the turn reported it, once
 
 
 # -- parallel calls with ask="interrupt": one step, many tool messages --------------------------
@@ -625,7 +638,45 @@ def test_a_parallel_batch_interrupted_for_an_ask_goes_on_in_a_fresh_process(two_
     "continue": the turn re-checks the batch from the checkpointed snapshot, the first 7 calls run
     and the explicit cap of 7 stops the 8th (the other three are answered, not executed)."""
     first = two_processes("start", "batch")
-    assert first["ran"] == 0 and [a["level"] for a in first["asked"]] == ["warn"]
+    assert first["ran"] == 0 and [a["level"] for a in first["asked"]] == ["warn"] and first["ended"] == []
     second = two_processes("resume", "batch")
     assert second["ran"] == 7
     assert "threshold explicit (stop, limit 7); 8 tool calls" in second["last"]
+    assert second["ended"] == ["halted"]
+
+
+# -- a paused run this process drops is put aside, not reported ----------------------------------
+
+
+class Closes:
+    """How turns close: ended (reported) or suspended (put aside for whoever resumes them)."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+        self.suspended: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.ended.append(summary.turn_id)
+
+    @tg.hookimpl
+    def turnguard_turn_suspended(self, turn, summary) -> None:
+        self.suspended.append(summary.turn_id)
+
+
+def test_a_paused_run_dropped_past_the_bound_is_suspended_and_its_resume_reports_it_once(ran, tools, monkeypatch):
+    import turnguard.integrations.langchain as adapter
+
+    monkeypatch.setattr(adapter, "MAX_OPEN_TURNS", 1)
+    closes, guard = Closes(), tg.Guard()
+    guard.register(closes, "closes")
+    middleware = TurnGuardMiddleware(guard, ask="interrupt")
+    agents = [create_agent(calls_then_done([("read_file", {"path": path})] * 7), tools, middleware=[middleware],
+                           checkpointer=InMemorySaver()) for path in ("a.py", "b.py")]
+    threads = [{"configurable": {"thread_id": name}, **LIMIT} for name in ("first", "second")]
+    for agent, thread in zip(agents, threads, strict=True):
+        assert agent.invoke(ask_user("poll"), thread)["__interrupt__"]  # the second drops the first
+    assert len(closes.suspended) == 1 and closes.ended == []
+    state = agents[0].invoke(Command(resume="continue"), threads[0])  # resumed from the checkpoint
+    assert state["messages"][-1].content == "done" and len(ran) == 4 + 4 + 3
+    assert len(closes.ended) == 1  # the turn put aside, reported once, by the run that finished it

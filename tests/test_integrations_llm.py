@@ -391,3 +391,29 @@ def test_ten_identical_calls_in_one_attended_response_ask_the_stop_level_once(ra
     model = ScriptedToolModel("scripted", [[("read_file", {"path": "missing.py"})] * 10])
     chain(tg.Guard(tg.GuardConfig(streak_warn_at=0)), model, "read it", tools=[read_file], ask=ask).text()
     assert asked == [tg.Level.STOP]
+
+
+# -- a question holds the rest of its batch --------------------------------------------------------
+
+FIRST_QUESTION = {"defaults": ({}, 4), "warn-off": ({"streak_warn_at": 0}, 8)}
+"""Guard options, and how many of a batch of identical failing calls come before its first
+question: the warn level at the 5th call, or (warn off) the stop level after the 8th failure."""
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_question_holds_the_calls_after_it_until_the_user_refuses(ran, read_file, options, before, asynchronous):
+    asked = []
+
+    def ask(verdict: tg.Verdict) -> str:
+        asked.append(len(ran))
+        return "stop"
+
+    batch = [[("read_file", {"path": "missing.py"})] * 30]
+    guard = tg.Guard(tg.GuardConfig(**options))
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        if asynchronous:
+            asyncio.run(chain(guard, ScriptedAsyncToolModel("s", batch), "read", tools=[read_file], ask=ask).atext())
+        else:
+            chain(guard, ScriptedToolModel("s", batch), "read", tools=[read_file], ask=ask).text()
+    assert asked == [before] and len(ran) == before

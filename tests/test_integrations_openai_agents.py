@@ -464,9 +464,19 @@ def read_file(path: str) -> str:
 
 
 agent = Agent(name="coder", model=ScriptedModel([*steps, [assistant_message("done")]]), tools=[read_file])
-config = tg.GuardConfig(digest_key="shared-by-both-processes", max_tool_calls_per_turn=6,
+config = tg.GuardConfig(max_tool_calls_per_turn=6,  # the defaults otherwise: no key shared by the processes
                         disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
 guard = tg.Guard(config, environ={})
+ended = []
+
+
+class Ends:
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary):
+        ended.append(summary.reason)
+
+
+guard.register(Ends(), "ends")
 options = {"ask": "approval", "max_turns": 50, "run_config": RunConfig(tracing_disabled=True)}
 
 
@@ -475,14 +485,14 @@ async def main():
         result = await run(guard, agent, "poll a.py", **options)
         (folder / "run.json").write_text(result.to_state().to_string())
         (folder / "turn.json").write_text(json.dumps(turn_state(result)))
-        return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions]}
+        return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions], "ended": ended}
     state = await RunState.from_string(agent, (folder / "run.json").read_text())
     state.approve(state.get_interruptions()[0])
     try:
         await run(guard, agent, state, turn_state=json.loads((folder / "turn.json").read_text()), **options)
     except TurnGuardHalted as stop:
-        return {"ran": len(ran), "halted": str(stop)}
-    return {"ran": len(ran)}
+        return {"ran": len(ran), "halted": str(stop), "ended": ended}
+    return {"ran": len(ran), "ended": ended}
 
 
 print(json.dumps(asyncio.run(main())))
@@ -502,10 +512,11 @@ def test_a_turn_interrupted_for_approval_goes_on_in_a_fresh_process_from_the_run
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    assert run_phase("start") == {"ran": 4, "asked": ["call-4"]}
+    assert run_phase("start") == {"ran": 4, "asked": ["call-4"], "ended": []}  # paused: not reported
     second = run_phase("resume")
     assert second["ran"] == 2  # call 5 (approved) and 6
     assert "threshold explicit (stop, limit 6); 7 tool calls" in second["halted"]
+    assert second["ended"] == ["halted"]  # the process that finished the turn reported it, once
 
 
 # -- resume_state: a run restored from its string keeps turnguard's observation ------------------
@@ -534,9 +545,19 @@ def read_file(path: str) -> str:
 
 
 agent = Agent(name="coder", model=ScriptedModel([*steps, [assistant_message("done")]]), tools=[read_file])
-config = tg.GuardConfig(streak_warn_at=0, digest_key="shared-by-both-processes",
+config = tg.GuardConfig(streak_warn_at=0,  # the defaults otherwise: no key shared by the processes
                         disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
 guard = tg.Guard(config, environ={})
+ended = []
+
+
+class Ends:
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary):
+        ended.append(summary.reason)
+
+
+guard.register(Ends(), "ends")
 options = {"ask": "approval", "max_turns": 100}
 
 
@@ -547,13 +568,13 @@ async def main():
         result = await run(guard, agent, "read a.py", **options)
         if phase == "start":
             (folder / "run.txt").write_text(state_string(result))
-            return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions]}
+            return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions], "ended": ended}
         state = result.to_state()  # "both": the control, resumed in the same process
         del ran[:]
     for item in approval_requests(state):
         state.approve(item)
     result = await run(guard, agent, state, **options)
-    return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions]}
+    return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions], "ended": ended}
 
 
 print(json.dumps(asyncio.run(main())))
@@ -576,9 +597,9 @@ def test_a_run_resumed_from_its_string_in_a_fresh_process_keeps_failures_and_app
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    assert run_phase("start") == {"ran": 8, "asked": ["call-8"]}
+    assert run_phase("start") == {"ran": 8, "asked": ["call-8"], "ended": []}
     resumed = run_phase("resume")
-    assert resumed == run_phase("both") == {"ran": 9, "asked": ["call-17"]}
+    assert resumed == run_phase("both") == {"ran": 9, "asked": ["call-17"], "ended": []}
 
 
 def test_a_model_that_raises_ends_the_turn_with_error(ran, make_agent, turn_ends):
@@ -587,3 +608,34 @@ def test_a_model_that_raises_ends_the_turn_with_error(ran, make_agent, turn_ends
     with pytest.raises(ConnectionError):
         run_sync(turn_ends.guard(), make_agent(model, fail=False), "read a.py", run_config=NO_EXPORT)
     assert turn_ends.assert_ended("error").tool_calls == 1
+
+
+def test_a_paused_run_dropped_past_the_bound_is_suspended_not_reported(make_agent, monkeypatch):
+    """Past ``MAX_PARKED`` interrupted runs (or when a later run's interruptions reuse its call
+    ids, as these scripted runs do), the older is put aside: another process may resume it from
+    its state and report it; this one does not."""
+    import turnguard.integrations.openai_agents as adapter
+
+    monkeypatch.setattr(adapter, "MAX_PARKED", 1)
+    closes, guard = Closes(), tg.Guard()
+    guard.register(closes, "closes")
+    for path in ("a.py", "b.py", "c.py"):
+        agent = make_agent(calls_then_done([("read_file", {"path": path})] * 7), fail=False)
+        assert run_sync(guard, agent, "poll", ask="approval", max_turns=50, run_config=NO_EXPORT).interruptions
+    assert len(closes.suspended) == 2 and closes.ended == []
+
+
+class Closes:
+    """How turns close: ended (reported) or suspended (put aside for whoever resumes them)."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+        self.suspended: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.ended.append(summary.turn_id)
+
+    @tg.hookimpl
+    def turnguard_turn_suspended(self, turn, summary) -> None:
+        self.suspended.append(summary.turn_id)

@@ -384,9 +384,19 @@ def respond(messages, info):
     return ModelResponse(parts=[TextPart("done")])
 
 
-config = tg.GuardConfig(digest_key="shared-by-both-processes", max_tool_calls_per_turn=6,
+config = tg.GuardConfig(max_tool_calls_per_turn=6,  # the defaults otherwise: no key shared by the processes
                         disable_plugins=("otel", "recorder", "shadow"), load_entrypoints=False)
 guard = tg.Guard(config, environ={})
+ended = []
+
+
+class Ends:
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary):
+        ended.append(summary.reason)
+
+
+guard.register(Ends(), "ends")
 agent = Agent(FunctionModel(respond), capabilities=[TurnGuardCapability(guard, ask=APPROVAL)],
               output_type=[str, DeferredToolRequests])
 ran = []
@@ -404,7 +414,7 @@ if phase == "start":
     (folder / "turn.json").write_text(json.dumps(turn_state(result)))
     asked = [call.tool_call_id for call in result.output.approvals]
     (folder / "asked.json").write_text(json.dumps(asked))
-    print(json.dumps({"ran": len(ran), "asked": asked}))
+    print(json.dumps({"ran": len(ran), "asked": asked, "ended": ended}))
 else:
     history = ModelMessagesTypeAdapter.validate_json((folder / "messages.json").read_bytes())
     answer = phase == "approve"
@@ -414,9 +424,9 @@ else:
         out = agent.run_sync(message_history=history, deferred_tool_results=results,
                              metadata={"turnguard": state} if use_state else None)
         deferred = isinstance(out.output, DeferredToolRequests)
-        print(json.dumps({"ran": len(ran), "output": "deferred" if deferred else out.output}))
+        print(json.dumps({"ran": len(ran), "output": "deferred" if deferred else out.output, "ended": ended}))
     except TurnGuardHalted as stop:
-        print(json.dumps({"ran": len(ran), "halted": str(stop)}))
+        print(json.dumps({"ran": len(ran), "halted": str(stop), "ended": ended}))
 '''
 
 
@@ -441,10 +451,11 @@ def test_a_deferred_turn_goes_on_in_a_fresh_process_from_the_message_history_and
     the message history and the turn's state, approves: the turn still holds the first 5 calls, so
     the explicit cap of 6 stops the turn's 7th call after 2 more."""
     first = two_processes("start")
-    assert first == {"ran": 4, "asked": ["call-4"]}
+    assert first == {"ran": 4, "asked": ["call-4"], "ended": []}  # put aside: not reported here
     second = two_processes("approve")
     assert second["ran"] == 2  # call 4 (approved) and call 5
     assert "threshold explicit (stop, limit 6); 7 tool calls" in second["halted"]
+    assert second["ended"] == ["halted"]  # the process that finished the turn reported it, once
 
 
 def test_without_the_turn_state_the_resumed_run_starts_a_new_turn(two_processes):
@@ -452,13 +463,14 @@ def test_without_the_turn_state_the_resumed_run_starts_a_new_turn(two_processes)
     stops it (the new turn's own streak asks again at its 5th call)."""
     two_processes("start")
     second = two_processes("approve", "without-state")
-    assert second == {"ran": 4, "output": "deferred"}
+    assert second == {"ran": 4, "output": "deferred", "ended": []}
 
 
 def test_a_denial_in_a_fresh_process_stops_the_resumed_turn_as_the_users_answer(two_processes):
     two_processes("start")
     second = two_processes("deny")
-    assert second == {"ran": 0, "halted": second["halted"]} and "stopped by the user" in second["halted"]
+    assert second == {"ran": 0, "halted": second["halted"], "ended": ["halted"]}
+    assert "stopped by the user" in second["halted"]
 
 
 def test_a_turn_state_from_a_guard_with_another_digest_key_is_refused(ran):
@@ -602,3 +614,74 @@ def test_a_model_that_raises_ends_the_turn_with_error(ran, turn_ends):
     with pytest.raises(ConnectionError):
         agent.run_sync("read a.py")
     assert turn_ends.assert_ended("error").tool_calls == 1
+
+
+class Closes:
+    """How turns close: ended (reported) or suspended (put aside for whoever resumes them)."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+        self.suspended: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.ended.append(summary.turn_id)
+
+    @tg.hookimpl
+    def turnguard_turn_suspended(self, turn, summary) -> None:
+        self.suspended.append(summary.turn_id)
+
+
+def test_a_deferred_run_dropped_past_the_bound_is_suspended_not_reported(ran, monkeypatch):
+    import turnguard.integrations.pydantic_ai as adapter
+
+    monkeypatch.setattr(adapter, "MAX_PARKED", 1)
+    closes, guard = Closes(), tg.Guard()
+    guard.register(closes, "closes")
+    capability = TurnGuardCapability(guard, ask=APPROVAL)
+    for _ in range(3):  # past the bound, and reusing the call ids of the run before (scripted ids)
+        agent = agent_with(scripted([("read_file", {"path": "a.py"})] * 7), capability, ran, fail=False,
+                           output_type=[str, DeferredToolRequests])
+        assert isinstance(agent.run_sync("poll a.py").output, DeferredToolRequests)
+    assert len(closes.suspended) == 2 and closes.ended == []
+
+
+def test_a_tools_own_deferred_approval_puts_the_turn_aside_too(turn_ends):
+    """A run paused on the tool's own approval is one turn with its resume, as turnguard's are."""
+    agent = Agent(scripted([("delete_file", {"path": "a.py"})]), capabilities=[TurnGuardCapability(turn_ends.guard())],
+                  output_type=[str, DeferredToolRequests])
+    deleted = []
+
+    @agent.tool_plain(requires_approval=True)
+    def delete_file(path: str) -> str:
+        deleted.append(path)
+        return "deleted"
+
+    first = agent.run_sync("clean up")
+    assert isinstance(first.output, DeferredToolRequests) and approval_requests(first.output) == []
+    assert turn_ends.summaries == [] and turn_state(first) is not None
+    resumed = agent.run_sync(message_history=first.all_messages(),
+                             deferred_tool_results=first.output.build_results(approve_all=True))
+    assert resumed.output == "done" and deleted == ["a.py"]
+    assert turn_ends.assert_ended("completed").tool_calls == 1
+
+
+def test_an_instrumented_deferred_run_and_its_resume_record_no_turn_state(ran, otel):
+    """A durable turn's state carries the key its call digests are made with (and the digests are
+    on the detection events): neither the deferred output nor the resumed run's metadata, which
+    pydantic-ai records on its run spans, holds it."""
+    from pydantic_ai.capabilities import Instrumentation
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    guard = tg.Guard(tg.GuardConfig(), **otel.providers())
+    instrumented = Instrumentation(InstrumentationSettings(tracer_provider=otel.tracer_provider))
+    agent = agent_with(scripted([("read_file", {"path": "a.py"})] * 7), TurnGuardCapability(guard, ask=APPROVAL), ran,
+                       fail=False, also=[instrumented], output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("poll a.py")
+    state = turn_state(first)
+    assert state is not None and state["turn_key"]
+    resumed = agent.run_sync(message_history=first.all_messages(), metadata={"turnguard": state},
+                             deferred_tool_results=first.output.build_results(approve_all=True))
+    assert resumed.output == "done"
+    recorded = json.dumps([dict(s.attributes) for s in otel.spans()], default=str)
+    assert state["turn_key"] not in recorded and "turn_key" not in recorded

@@ -274,12 +274,24 @@ def open_turn(
     promptable: bool | None,
     conversation_id: str | None = None,
     agent_name: str | None = None,
+    durable: bool = False,
 ) -> RunDriver:
     """Open the run's turn. ``ask`` is the callback, or the name of the framework's own route (which
-    the adapter drives itself); ``promptable`` defaults to whether there is a way to reach the user."""
+    the adapter drives itself); ``promptable`` defaults to whether there is a way to reach the user.
+    ``durable``: the adapter persists the run (a checkpoint, a run state, deferred calls), so the
+    turn's snapshot must resume in another process with the default configuration."""
     attended = (ask is not None) if promptable is None else bool(promptable)
-    turn = guard.turn(conversation_id=conversation_id, agent_name=agent_name, promptable=attended)
+    turn = guard.turn(conversation_id=conversation_id, agent_name=agent_name, promptable=attended, durable=durable)
     return RunDriver(turn, ask=None if isinstance(ask, str) else ask)
+
+
+def put_aside(turn: Turn, pending: Verdict | None = None) -> dict[str, Any] | None:
+    """Close a paused run's turn this process will not finish as ``suspended`` (not reported here:
+    the process that resumes it reports it, once); its snapshot, or ``None`` if it had ended."""
+    try:
+        return turn.suspend(pending)
+    except ValueError:  # it ended meanwhile (another path finished it): nothing to put aside
+        return None
 
 
 def checked_ask(ask: Ask | str | None, route: str) -> Ask | str | None:

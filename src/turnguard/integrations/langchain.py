@@ -36,8 +36,10 @@ that other threads or tasks check meanwhile wait for its answer. With ``ask="int
 turn's snapshot (``Turn.snapshot()``) goes into the graph state with each model request, the
 batch's checks and each tool message (parallel tool messages of one step: the newest snapshot is
 kept), so the checkpointer keeps it: a ``Command(resume=...)`` from another process with the same
-checkpointer continues the same turn (its counts, streaks and pending question) when both guards
-share ``GuardConfig(digest_key=...)``; otherwise the resumed run starts a new turn (logged).
+checkpointer continues the same turn (its counts, streaks and pending question) with the default
+configuration (the turn is opened ``durable``); a snapshot this guard cannot resume starts a new
+turn (logged). A paused run this process drops (past ``MAX_OPEN_TURNS``) is put aside as
+``suspended``, not reported: the process that resumes it reports it, once.
 ``promptable`` defaults to whether ``ask`` is set; with neither route the fallback applies (a
 warning is observed, a stop halts). A REMIND (``GuardConfig(remind_model=True)``) is appended to
 the call's ``ToolMessage`` text.
@@ -74,6 +76,7 @@ from turnguard.integrations._common import (
     describe,
     make_call,
     open_turn,
+    put_aside,
     with_reminder,
 )
 from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
@@ -130,6 +133,11 @@ class _Run:
         """Calls whose tool interrupted the graph itself (LangGraph re-runs it on resume), by id."""
         self.graph_runs: set[UUID] = set()
         """The LangGraph runs (an invocation, then each resume) this turn has been driven from."""
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the run is paused on an interrupt (turnguard's question, or its tool's own)."""
+        return bool(self.asked or self.asked_after is not None or self.paused)
 
 
 class RunEndHandler(BaseCallbackHandler):
@@ -194,7 +202,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         thread, agent_name = _run_identity(runtime)
         driver = open_turn(
-            self.guard, ask=self.ask, promptable=self.promptable, conversation_id=thread, agent_name=agent_name
+            self.guard, ask=self.ask, promptable=self.promptable, conversation_id=thread, agent_name=agent_name,
+            durable=self.ask == INTERRUPT,  # its snapshot is checkpointed: any process may resume it
         )
         key = driver.turn.turn_id
         run = _Run(driver)
@@ -204,7 +213,10 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             while len(self._runs) > MAX_OPEN_TURNS:
                 _, stale = self._runs.popitem(last=False)
                 self._forget(stale)
-                stale.driver.turn.end("abandoned")
+                if stale.waiting:  # paused on turnguard's question: resumable here or elsewhere
+                    put_aside(stale.driver.turn, stale.asked_after)
+                else:
+                    stale.driver.turn.end("abandoned")
         return {"turnguard_turn": key}
 
     async def abefore_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -487,8 +499,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     def _restored(self, state: Any, key: str) -> _Run | None:
         """The turn of a run this process has not seen, continued from the checkpointed snapshot
-        (a resume in a fresh process). A snapshot this guard cannot continue (another digest key:
-        set ``GuardConfig(digest_key=...)`` for durable turns) is logged and a new turn opened."""
+        (a resume in a fresh process, or after this one dropped it). A snapshot this guard cannot
+        continue (``tg.SnapshotError``: another ``digest_key``, a damaged state) is logged and a new
+        turn opened."""
         snapshot = state.get(SNAPSHOT_KEY) if isinstance(state, dict) else getattr(state, SNAPSHOT_KEY, None)
         if not snapshot:
             return None
@@ -497,7 +510,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             pending = snapshot_pending(snapshot)
         except SnapshotError as exc:
             _log.warning("turnguard: the checkpointed turn cannot be resumed here (%s); a new turn starts", exc)
-            turn = open_turn(self.guard, ask=self.ask, promptable=self.promptable).turn
+            turn = open_turn(self.guard, ask=self.ask, promptable=self.promptable, durable=True).turn
             pending = None
         run = _Run(RunDriver(turn, ask=None if isinstance(self.ask, str) else self.ask))
         run.asked_after = pending

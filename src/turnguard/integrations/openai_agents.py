@@ -69,13 +69,15 @@ from turnguard.integrations._common import (
     end_reason,
     make_call,
     open_turn,
+    put_aside,
 )
 from turnguard.model import Outcome, ToolCall, Verdict
 
 APPROVAL = "approval"
 """``ask=APPROVAL``: reach the user through the SDK's tool approvals (``needs_approval``, ``RunState``)."""
 MAX_PARKED = 1024
-"""Runs interrupted for turnguard's question, waiting to be resumed (oldest dropped past it)."""
+"""Interrupted runs waiting to be resumed in this process; past it the oldest is put aside as
+``suspended`` (not reported here: a process that resumes it from its state reports it)."""
 _PARKED: OrderedDict[str, TurnGuardRunHooks] = OrderedDict()
 """The hooks of interrupted runs by the call id they asked about: the resumed run is the same turn."""
 
@@ -127,6 +129,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
                 promptable=self.promptable,
                 conversation_id=self.conversation_id,
                 agent_name=getattr(agent, "name", None),
+                durable=True,  # an interrupted run's state may resume in another process
             )
         return self.driver
 
@@ -370,11 +373,7 @@ async def run(
         raise
     interruptions = getattr(result, "interruptions", None)
     if interruptions:  # the user answers (turnguard's question or the tool's own) in a resumed run
-        for item in interruptions:
-            _PARKED[getattr(item, "call_id", None) or ""] = guarded
-        while len(_PARKED) > MAX_PARKED:
-            _, stale = _PARKED.popitem(last=False)
-            stale.end()
+        _park(guarded, interruptions)
         return result
     guarded.end()
     return result
@@ -475,9 +474,26 @@ async def resume_state(
     else:
         guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=hooks)
     restored = await RunState.from_string(guarded.observe(agent), json.dumps(data), **from_string_options)
-    for item in restored.get_interruptions():
-        _PARKED[getattr(item, "call_id", None) or ""] = guarded
+    _park(guarded, restored.get_interruptions())
     return restored
+
+
+def _park(hooks: TurnGuardRunHooks, interruptions: Any) -> None:
+    """Keep an interrupted run's hooks for the run that resumes it, by its interruptions' call ids.
+    A run no longer reachable (past ``MAX_PARKED``, or its call ids taken by a later run) is put
+    aside: never resumed here, it may be resumed from its state in another process."""
+    displaced = []
+    for item in interruptions:
+        key = getattr(item, "call_id", None) or ""
+        previous = _PARKED.pop(key, None)
+        _PARKED[key] = hooks
+        if previous is not None and previous is not hooks:
+            displaced.append(previous)
+    while len(_PARKED) > MAX_PARKED:
+        displaced.append(_PARKED.popitem(last=False)[1])
+    for stale in displaced:
+        if stale.driver is not None and all(parked is not stale for parked in _PARKED.values()):
+            put_aside(stale.driver.turn, stale.driver.question)
 
 
 def _resumed(input: Any) -> TurnGuardRunHooks | None:

@@ -22,17 +22,21 @@ executed" and the question comes with the model's next call. With a callable ``a
 answers inline (the calls checked meanwhile wait for its answer). ``promptable`` defaults to
 whether ``ask`` is set.
 
-A run ended by a ``DeferredToolRequests`` output with turnguard's calls puts its turn aside (it is
-not ended): the run that resumes it (``message_history=``, ``deferred_tool_results=``) continues
-it, and the turn ends once. In another process, store ``turn_state(result)`` (the turn's snapshot,
-JSON) beside ``result.all_messages()`` and pass it back as run metadata,
-``agent.run(message_history=..., deferred_tool_results=..., metadata={"turnguard": state})`` (both
-guards need the same ``GuardConfig(digest_key=...)``).
+A run ended by a ``DeferredToolRequests`` output (turnguard's calls or the tools' own) puts its
+turn aside (it is not ended): the run that resumes it (``message_history=``,
+``deferred_tool_results=``) continues it, and the turn ends once. In another process, store
+``turn_state(result)`` (the turn's snapshot, JSON) beside ``result.all_messages()`` and pass it
+back as run metadata, ``agent.run(message_history=..., deferred_tool_results=...,
+metadata={"turnguard": state})``: turns are opened ``durable``, so that works with the default
+configuration. The state carries the key the turn's call digests are made with, so it is kept out
+of what an instrumented run records: not on the deferred output, and taken out of the resumed
+run's metadata when the run starts.
 A REMIND (``GuardConfig(remind_model=True)``) is appended to the call's text result.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,6 +57,7 @@ from turnguard.integrations._common import (
     checked_ask,
     describe,
     open_turn,
+    put_aside,
     with_reminder,
 )
 from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
@@ -63,8 +68,9 @@ APPROVAL = "approval"
 """``ask=APPROVAL``: reach the user through pydantic-ai's deferred tool approval."""
 METADATA_KEY = "turnguard"
 """The key of turnguard's entry in a deferred call's metadata and in a resumed run's metadata."""
-STATE_KEY = "turn"
-"""A deferred call's ``metadata["turnguard"]["turn"]``: the turn's snapshot (``turn_state``)."""
+_STATES: dict[int, dict[str, Any]] = {}
+"""The turn state of each deferred output this process made (by the output's id, while it lives):
+kept off the output, whose metadata an instrumented run records on its span (``turn_state``)."""
 ASKED_KEY = "pydantic_ai"
 MAX_PARKED = 1024
 
@@ -121,8 +127,8 @@ class TurnGuardCapability(AbstractCapability[Any]):
         except BaseException as exc:
             driver.end(exc)
             raise
-        if (self._questions or self._held) and isinstance(getattr(result, "output", None), DeferredToolRequests):
-            self._put_aside(driver, result.output)  # the user answers in a resumed run: the same turn
+        if isinstance(getattr(result, "output", None), DeferredToolRequests):
+            self._put_aside(driver, result.output)  # answered in a resumed run: the same turn
         else:
             driver.end()
         return result
@@ -220,12 +226,15 @@ class TurnGuardCapability(AbstractCapability[Any]):
 
     def _open(self, ctx: Any) -> RunDriver:
         if self._driver is None:
-            state = (getattr(ctx, "metadata", None) or {}).get(METADATA_KEY)
+            # Taken out of the run's metadata, which an instrumented run records on its span: the
+            # state of a durable turn carries the key its calls' digests are made with.
+            metadata = getattr(ctx, "metadata", None)
+            state = metadata.pop(METADATA_KEY, None) if isinstance(metadata, dict) else None
             aside = self._unpark(ctx)
-            if state is not None:
-                self._driver = self._resumed(state)
-            elif aside is not None:
+            if aside is not None:  # put aside in this process: the live turn (the state is its snapshot)
                 self._driver, self._questions, self._held = aside.driver, aside.questions, aside.held
+            elif state is not None:
+                self._driver = self._resumed(state)
             else:
                 agent = getattr(ctx, "agent", None)
                 self._driver = open_turn(
@@ -234,21 +243,31 @@ class TurnGuardCapability(AbstractCapability[Any]):
                     promptable=self.promptable,
                     conversation_id=getattr(ctx, "conversation_id", None),
                     agent_name=getattr(agent, "name", None),
+                    durable=True,  # a deferred run's turn may resume in another process
                 )
         return self._driver
 
     def _put_aside(self, driver: RunDriver, requests: DeferredToolRequests) -> None:
-        """The run ended with turnguard's deferred calls: put the turn's snapshot on each (for
-        ``turn_state``) and keep the turn for the run that resumes it in this process."""
+        """The run ended with deferred calls (turnguard's, or the tools' own): put the turn's
+        snapshot on each (for ``turn_state``) and keep the turn for the run that resumes it in this
+        process. A run no longer reachable (past ``MAX_PARKED``, or its call ids taken by a later
+        run) is put aside as ``suspended`` (not reported here)."""
         state = driver.turn.snapshot(pending=driver.question)
         state[ASKED_KEY] = {"asked": {i: c.name for i, c in self._questions.items()}, "held": sorted(self._held)}
+        _STATES[id(requests)] = state
+        weakref.finalize(requests, _STATES.pop, id(requests), None)
         aside = _PutAside(driver, dict(self._questions), set(self._held))
-        for call_id in [*self._questions, *self._held]:
-            entry = requests.metadata.setdefault(call_id, {}).setdefault(METADATA_KEY, {})
-            entry[STATE_KEY] = state
-            self._parked[call_id] = aside
+        displaced = []
+        for call in [*requests.approvals, *requests.calls]:
+            previous = self._parked.pop(call.tool_call_id, None)
+            self._parked[call.tool_call_id] = aside
+            if previous is not None:  # a call id a later run reused: the earlier run is unreachable here
+                displaced.append(previous)
         while len(self._parked) > MAX_PARKED:
-            self._parked.popitem(last=False)
+            displaced.append(self._parked.popitem(last=False)[1])
+        for stale in displaced:
+            if all(parked is not stale for parked in self._parked.values()):
+                put_aside(stale.driver.turn, stale.driver.question)
 
     def _unpark(self, ctx: Any) -> _PutAside | None:
         """The turn put aside by the run whose deferred calls this run's history ends with."""
@@ -288,21 +307,18 @@ def _last_response_call_ids(ctx: Any) -> list[str]:
 
 
 def turn_state(result: Any) -> dict[str, Any] | None:
-    """The JSON state of the turn a deferred run left open (``Turn.snapshot()`` with the calls
-    turnguard asked about), for ``metadata={"turnguard": state}`` on the resumed run; ``None`` when
-    turnguard asked nothing."""
+    """The JSON state of the turn a deferred run put aside (``Turn.snapshot()`` with the calls
+    turnguard asked about and held), for ``metadata={"turnguard": state}`` on the resumed run in
+    another process; ``None`` when the run was not deferred."""
     requests = getattr(result, "output", result)
     if not isinstance(requests, DeferredToolRequests):
         return None
-    for entry in requests.metadata.values():
-        state = (entry or {}).get(METADATA_KEY, {}).get(STATE_KEY)
-        if state is not None:
-            return state
-    return None
+    return _STATES.get(id(requests))
 
 
 def approval_requests(requests: DeferredToolRequests) -> Sequence[Any]:
     """The deferred calls that turnguard (not the tool itself) put to the user: the call it asks
     about and the calls of its batch held with it (``metadata["turnguard"]["held"]``). Answer them
     alike: approving lets the batch go on (the held calls are checked then), denying stops the run."""
-    return [call for call in requests.approvals if METADATA_KEY in (requests.metadata.get(call.tool_call_id) or {})]
+    ours = [(call, (requests.metadata.get(call.tool_call_id) or {}).get(METADATA_KEY)) for call in requests.approvals]
+    return [call for call, entry in ours if isinstance(entry, dict) and "threshold" in entry]
