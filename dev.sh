@@ -95,7 +95,7 @@ ensure_go_components() { # the real Collector and Prometheus 3 the chain tests r
 cmd=${1:-help}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  demo) ensure_python cli; exec "$VENV/bin/turnguard" demo "$@" ;;
+  demo) ensure_python otlp; exec "$VENV/bin/turnguard" demo "$@" ;;
   run) ensure_python cli; exec "$VENV/bin/turnguard" "$@" ;;
   test) ensure_system; ensure_python dev; ensure_go_components; exec "$VENV/bin/python" -m pytest "$@" ;;
   bench) ensure_python dev; exec "$VENV/bin/python" benchmarks/run.py "$@" ;;

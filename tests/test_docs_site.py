@@ -210,5 +210,6 @@ def test_the_readme_opens_with_install_the_two_commands_and_the_loop_within_30_l
     end = lines.index("```", lines.index("```python", loop))
     opening = "\n".join(lines[:loop])
     assert end < 30
-    assert "`pip install turnguard`" in opening and '`pip install "turnguard[cli]"`' in opening
+    assert "`pip install turnguard`" in opening and '`pip install "turnguard[otlp]"`' in opening
+    assert "`turnguard demo`" in opening  # what a pip user can run at once
     assert "./dev.sh demo" in opening and "./dev.sh test" in opening

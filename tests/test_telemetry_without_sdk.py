@@ -54,7 +54,7 @@ def test_configure_without_the_sdk_names_the_extra_to_install(hidden, missing):
     assert result.returncode == 0, result.stderr
     kind, name, message = result.stdout.strip().split("|")
     assert kind == "ModuleNotFoundError" and name == missing
-    assert 'pip install "turnguard[cli]"' in message and missing in message
+    assert 'pip install "turnguard[otlp]"' in message and missing in message
 
 
 def test_the_library_alone_guards_a_turn_and_its_telemetry_is_a_no_op():

@@ -270,7 +270,7 @@ def _require_sdk() -> None:
         if not found:
             raise ModuleNotFoundError(
                 f"turnguard.telemetry.configure() needs the OpenTelemetry SDK and the OTLP exporters "
-                f'({module} is not installed): pip install "turnguard[cli]"',
+                f'({module} is not installed): pip install "turnguard[otlp]"',
                 name=module,
             )
 
