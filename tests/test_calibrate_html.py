@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from planted_fleet import LIVE, run_fleet
 from synthetic import SMALL, records
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid, dedupe
 from turnguard.calibrate.html import render
-from turnguard.calibrate.inputs import corpus_turn
+from turnguard.calibrate.inputs import corpus_turn, read_turns
+from turnguard.calibrate.results import late_results
+from turnguard.config import GuardConfig
 
 CHARTS = ("chart-halts", "chart-saved", "chart-asks", "chart-positions", "chart-distribution")
 
@@ -159,5 +162,51 @@ def test_in_chromium_no_chart_label_overlaps_another_or_leaves_its_chart(crowded
     shown.write_text(crowded_page, encoding="utf-8")
     shot = Path(os.environ.get("REPORT_SCREENSHOT", tmp_path / "report.png"))
     done = subprocess.run([*flags, "--window-size=1300,3000", f"--screenshot={shot}", shown.as_uri()],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and shot.stat().st_size > 20_000, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def survival_page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fleet with live halts at its backstop and a probe past it: the survival chart is drawn."""
+
+    fleet = run_fleet(tmp_path_factory.mktemp("survival") / "turns.jsonl")
+    policies = build_grid(GridSpec(soft_caps=(20,), multipliers=(10, 20), stuck_repeats=(6,), streaks=((5, 8),),
+                                   explicit_caps=(), key_modes=("canonical",), base=GuardConfig(**LIVE)))
+    stats = Calibrator(policies, results=late_results([fleet.path], print)).add_all(read_turns([fleet.path], print))
+    return render(stats)
+
+
+def test_the_survival_chart_has_its_curve_band_and_both_caps(survival_page: str) -> None:
+    tags = parse(survival_page)
+    assert any(t == "svg" and a.get("id") == "chart-survival" for t, a in tags)
+    assert sum(1 for t, a in tags if t == "polygon" and a.get("class") == "band") == 1
+    assert sum(1 for t, a in tags if t == "polyline" and a.get("class") == "curve") == 1
+    caps = [a for t, a in tags if t == "line" and a.get("class") == "cap"]
+    assert len(caps) == 2
+    assert "live cap 200" in survival_page and "probe cap 400" in survival_page
+    assert "not estimable: past the highest cap turns ran under (400 calls)" in survival_page
+
+
+@pytest.mark.chromium
+def test_in_chromium_the_survival_chart_renders_and_no_label_overlaps(survival_page: str, tmp_path: Path) -> None:
+    chromium = _chromium()
+    probe = tmp_path / "probe.html"
+    page = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", survival_page)
+    probe.write_text(page.replace("</body>", LAYOUT_PROBE + "</body>"), encoding="utf-8")
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'<pre id="layout-problems">(.*?)</pre>', dom.stdout, re.S)
+    assert found, "the measuring script did not run"
+    assert json.loads(html.unescape(found.group(1))) == []
+    rendered = parse(dom.stdout)
+    assert any(t == "svg" and a.get("id") == "chart-survival" for t, a in rendered)
+    assert sum(1 for t, a in rendered if t == "line" and a.get("class") == "cap") == 2
+    shown = tmp_path / "report.html"
+    shown.write_text(survival_page, encoding="utf-8")
+    shot = tmp_path / "survival.png"
+    done = subprocess.run([*flags, "--window-size=1300,4000", f"--screenshot={shot}", shown.as_uri()],
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 0 and shot.stat().st_size > 20_000, done.stderr[-2000:]

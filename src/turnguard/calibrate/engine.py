@@ -99,6 +99,7 @@ class Calibrator:
                 effect = effects[key] if key in effects else effects.setdefault(key, halt_effect(result, n))
                 modes[idx][mode].add_effect(turn_id, resolved, result, effect, cut, source)
         stats.recording.add(turn, cohort)
+        stats.survival.add(turn.needed_calls, turn.ended_by)
         if turn.cohort == PROBE:
             stats.probe.add(turn.needed_calls, resolved, main, turn.ended_by if cut is not None else None)
         elif turn.cohort == LIVE:

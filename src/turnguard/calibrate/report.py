@@ -13,6 +13,7 @@ from typing import Any
 
 from turnguard.calibrate.evidence_report import evidence_text
 from turnguard.calibrate.stats import RunStats, default_limits
+from turnguard.calibrate.survival_report import survival_text
 from turnguard.terminal import DEFAULT_WIDTH, layout, wrap_items, wrap_text
 
 THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
@@ -167,6 +168,8 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
             out += wrap_items("    ", names, width, "; ")
     out += evidence_text(stats.probe, stats.context(), width=width, turns=stats.turns, calls=stats.calls,
                          default_limits=default_limits(stats.default_params))
+    if stats.survival.censored:
+        out += survival_text(stats.survival_json(), width)
     return "\n".join(out) + "\n"
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnguard.calibrate.advice import Context, assess, recommendation
-from turnguard.calibrate.counts import call_count_key, cohort_key, count, histogram, shown
+from turnguard.calibrate.advice import Context, assess, probe_hard_cap, recommendation
+from turnguard.calibrate.counts import COHORT_KEYS, call_count_key, cohort_key, count, histogram, shown
 from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
 from turnguard.calibrate.evidence import ProbeEvidence
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative_position
+from turnguard.calibrate.survival import Survival, estimate
 from turnguard.model import MAX_ID_LENGTH, Threshold
 
 MAX_IDS = 50
@@ -260,6 +261,8 @@ class RunStats:
     """What the probe rows are decided against (``decision.py``)."""
     probe_rate: float | None = None
     """The probe's configured rate (the base configuration's), to scale its cost to the fleet."""
+    survival: Survival = field(default_factory=Survival)
+    """The turns' call counts as events and censorings (``survival.py``)."""
 
     @classmethod
     def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
@@ -306,6 +309,30 @@ class RunStats:
         self.inputs.extend(i for i in other.inputs if i not in self.inputs)
         self.probe.merge(other.probe)
         self.recording.merge(other.recording)
+        self.survival.merge(other.survival)
+
+    def horizon(self) -> tuple[int | None, str]:
+        """How far the survival estimate reaches: the highest cap any recorded turn ran under
+        (``"limits"``), or, when a turn ran without one or no limits were recorded, the largest
+        call count observed (``"data"``); ``None`` without turns."""
+        caps = [lim.hard_cap for cohort in COHORT_KEYS for lim, _ in self.recording.limits_of(cohort)]
+        if caps and None not in caps:
+            return max(c for c in caps if c is not None), "limits"
+        largest = self.survival.largest()
+        return (largest or None), "data"
+
+    def caps(self) -> dict[str, int | None]:
+        """The live cap (the one most live turns ran under) and the probe's highest, when recorded."""
+        live = self.recording.limits_of("live")
+        return {"live": live[0][0].hard_cap if live else None, "probe": probe_hard_cap(self.recording)}
+
+    def survival_json(self) -> dict[str, Any]:
+        """The survival histograms and the estimate read from them."""
+        params = self.default_params or {}
+        base = params.get("hard_cap") if params.get("cap_mode") == "adaptive" else None
+        horizon, source = self.horizon()
+        return {**self.survival.to_json(),
+                **estimate(self.survival, base, params.get("multiplier") if base else None, horizon, source)}
 
     def probe_json(self) -> dict[str, Any]:
         """The probe evidence: its counts, each row's decision against the tolerance beside its
@@ -337,6 +364,7 @@ class RunStats:
                 for p, modes in zip(self.policies, self.modes, strict=True)
             ],
             "probe": self.probe_json(),
+            "survival": self.survival_json(),
         }
 
     @classmethod
@@ -358,7 +386,8 @@ class RunStats:
                     recording=Recording.from_json(data["recording"]),
                     tolerance=valid_tolerance(data["tolerance"]),
                     probe_rate=_rate(data["probe"].get("configured_rate") if isinstance(data["probe"], dict) else None),
-                    probe=ProbeEvidence.from_json(data["probe"]))
+                    probe=ProbeEvidence.from_json(data["probe"]),
+                    survival=Survival.from_json(data["survival"]))
         stats.check()
         return stats
 
@@ -383,6 +412,8 @@ class RunStats:
                     problems.append(f"{info['name']} ({m}) halts more turns than there are")
         if self.probe.turns + self.probe.live_turns > self.turns:
             problems.append("more probe and live turns than turns")
+        if self.survival.turns + self.survival.unknown_end != self.turns:
+            problems.append("the survival histograms do not hold every turn")
         if problems:
             raise ValueError("inconsistent figures: " + "; ".join(problems[:3]))
 

@@ -1,0 +1,233 @@
+"""How many calls turns need: a product-limit (Kaplan-Meier) estimate over both cohorts.
+
+A turn that ended on its own (``completed``, or a host's reason of its own) is an *event* at its
+call count: it needed exactly that many. One halted by any threshold, ``cancelled``, ``error`` or
+``abandoned`` is *censored* there: it needed at least that many (the call a halt refused counts,
+as the recorder lists it). Live turns carry the curve to the live cap, probe turns beyond it, to
+the probe's own cap, and never past that: the curve is not estimable where no turn was watched.
+
+``S(n)`` is the share of turns that need more than ``n`` calls:
+
+    S(n) = prod over event counts t <= n of (1 - d_t / r_t)
+
+(``d_t`` turns finishing at ``t``, ``r_t`` still running just before it), with Greenwood's
+variance ``S(n)^2 * sum d / (r (r - d))`` and a 95% interval on the log-log scale, which stays
+inside [0, 1]: ``S^exp(+-1.96 sqrt(sum d/(r(r-d))) / log S)`` (Kalbfleisch & Prentice; checked
+against the Freireich 6-MP data's published values). The threshold questions are conditional:
+of the turns that reach ``b`` calls (the backstop), the share that finish by ``k`` is
+``1 - S(k)/S(b)`` (the same interval on ``S(k)/S(b)``, whose variance sums over ``(b, k]``), and
+raising the backstop from ``b`` to ``k`` costs ``sum_{n=b}^{k-1} S(n)/S(b)`` calls per turn that
+reaches ``b`` (the restricted mean).
+
+Censoring by the stuck and streak thresholds is informative: those turns were looping, not a random
+sample of the turns still running, so the estimate leans toward turns finishing; the report says so.
+Everything is a histogram by call count, so partial runs merge exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnguard.calibrate.counts import call_count_key, count, histogram
+from turnguard.calibrate.evidence import Z95
+from turnguard.model import Threshold
+
+CENSORING_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error", "cancelled", "error",
+                            "abandoned"})
+"""``ended_by`` values that censor a turn at its call count (any other recorded end is an event)."""
+CENSOR_GROUPS = {"hard_backstop": "cap", "explicit": "cap", "cycle_cap": "cap", "soft_stuck": "stuck",
+                 "streak": "streak", "cancelled": "cancelled", "error": "error"}
+"""How censored turns are counted in the report (any other censoring end: ``other``)."""
+FACTORS = (1.5, 2.0, 3.0)
+"""The backstop multiples asked about, as factors of the default's own (x10: 15x, 20x, 30x)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The estimate at one event count ``t``: turns at risk, finishing, ``S(t)`` and the Greenwood sum."""
+
+    t: int
+    at_risk: int
+    events: int
+    survival: float
+    greenwood: float
+
+
+def loglog_interval(s: float, greenwood: float, z: float = Z95) -> tuple[float, float] | None:
+    """The log-log 95% interval of a survival ``s`` with Greenwood sum ``greenwood`` (``None``
+    where it is not defined: ``s`` is 0 or 1, or the sum is infinite)."""
+    if not 0 < s < 1 or not math.isfinite(greenwood):
+        return None
+    theta = z * math.sqrt(greenwood) / math.log(s)  # negative: log s < 0
+    return s ** math.exp(-theta), s ** math.exp(theta)
+
+
+@dataclass
+class Survival:
+    """The turns' call counts as events and censorings, and the estimate read from them."""
+
+    events: dict[int, int] = field(default_factory=dict)
+    censored: dict[int, int] = field(default_factory=dict)
+    censored_by: dict[str, int] = field(default_factory=dict)
+    unknown_end: int = 0
+    """Turns recorded without how they ended: left out of the estimate."""
+
+    def add(self, calls: int, ended_by: str | None) -> None:
+        if ended_by is None:
+            self.unknown_end += 1
+            return
+        if ended_by in CENSORING_ENDS:
+            self.censored[calls] = self.censored.get(calls, 0) + 1
+            group = CENSOR_GROUPS.get(ended_by, "other")
+            self.censored_by[group] = self.censored_by.get(group, 0) + 1
+        else:
+            self.events[calls] = self.events.get(calls, 0) + 1
+
+    def merge(self, other: Survival) -> None:
+        for mine, theirs in ((self.events, other.events), (self.censored, other.censored),
+                             (self.censored_by, other.censored_by)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        self.unknown_end += other.unknown_end
+
+    @property
+    def turns(self) -> int:
+        return sum(self.events.values()) + sum(self.censored.values())
+
+    def steps(self) -> list[Step]:
+        """The estimate at each event count, in order (counts between them keep the last one's)."""
+        r = self.turns
+        s, v = 1.0, 0.0
+        out = []
+        for t in sorted({*self.events, *self.censored}):
+            d = self.events.get(t, 0)
+            if d:
+                s *= 1 - d / r
+                v = v + d / (r * (r - d)) if r > d else math.inf
+                out.append(Step(t, r, d, s, v))
+            r -= d + self.censored.get(t, 0)
+        return out
+
+    def at_risk(self, n: int) -> int:
+        """Turns observed to need at least ``n`` calls (their count is ``n`` or more)."""
+        return sum(v for k, v in self.events.items() if k >= n) + sum(v for k, v in self.censored.items() if k >= n)
+
+    def largest(self) -> int:
+        """The largest call count observed (0: no turn)."""
+        return max([0, *self.events, *self.censored])
+
+    @staticmethod
+    def at(steps: list[Step], n: int) -> tuple[float, float]:
+        """``S(n)`` and its Greenwood sum from ``steps``."""
+        i = bisect_right([s.t for s in steps], n)
+        return (1.0, 0.0) if i == 0 else (steps[i - 1].survival, steps[i - 1].greenwood)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events_at": {str(k): v for k, v in sorted(self.events.items())},
+                "censored_at": {str(k): v for k, v in sorted(self.censored.items())},
+                "censored_by": dict(sorted(self.censored_by.items())), "unknown_end": self.unknown_end}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Survival:
+        if not isinstance(data, dict):
+            raise ValueError("'survival' must be an object")
+        return cls(histogram(data["events_at"], "survival.events_at", call_count_key),
+                   histogram(data["censored_at"], "survival.censored_at", call_count_key),
+                   histogram(data["censored_by"], "survival.censored_by", _group),
+                   count(data["unknown_end"], "survival.unknown_end"))
+
+
+def _group(key: Any) -> str:
+    if key not in {*CENSOR_GROUPS.values(), "other"}:
+        raise ValueError(f"unknown censoring group {key!r:.40}")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class FinishBy:
+    """Of the turns that reach ``base`` calls, what happens by ``calls``."""
+
+    multiple: float
+    calls: int
+    estimable: bool
+    why: str | None = None
+    """Why not estimable: ``past_cap`` (past the highest cap turns ran under) or ``no_turns``."""
+    share: float | None = None
+    """The share that finish by ``calls``: ``1 - S(calls)/S(base)``."""
+    interval: tuple[float, float] | None = None
+    at_risk: int = 0
+    extra_calls: float | None = None
+    """Calls per turn that reaches ``base`` that a backstop at ``calls`` would add (restricted mean)."""
+    extra_calls_per_turn: float | None = None
+    """The same per turn of the whole recording (times ``S(base)``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        rounded = None if self.interval is None else [round(x, 6) for x in self.interval]
+        return {"multiple": self.multiple, "calls": self.calls, "estimable": self.estimable, "why": self.why,
+                "share": None if self.share is None else round(self.share, 6), "interval": rounded,
+                "at_risk": self.at_risk,
+                "extra_calls_per_turn_reaching": None if self.extra_calls is None else round(self.extra_calls, 3),
+                "extra_calls_per_turn": None if self.extra_calls_per_turn is None else round(self.extra_calls_per_turn,
+                                                                                             3)}
+
+
+def restricted_mean(steps: list[Step], start: int, end: int) -> float:
+    """``sum_{n=start}^{end-1} S(n)``: the calls between ``start`` and ``end`` a turn makes on average."""
+    total, n = 0.0, start
+    s, _ = Survival.at(steps, start)
+    for step in steps:
+        if step.t <= start:
+            continue
+        if step.t >= end:
+            break
+        total += s * (step.t - n)
+        n, s = step.t, step.survival
+    return total + s * (end - n)
+
+
+def finish_by(survival: Survival, steps: list[Step], base: int, multiple: float, calls: int,
+              horizon: int) -> FinishBy:
+    """Of the turns that reach ``base``, the share that finish by ``calls`` and what it costs."""
+    at_risk = survival.at_risk(calls)
+    if calls > horizon:
+        return FinishBy(multiple, calls, False, "past_cap", at_risk=at_risk)
+    s_base, v_base = Survival.at(steps, base)
+    if s_base <= 0 or survival.at_risk(base + 1) == 0:
+        return FinishBy(multiple, calls, False, "no_turns", at_risk=at_risk)
+    s_k, v_k = Survival.at(steps, calls)
+    conditional = s_k / s_base
+    interval = loglog_interval(conditional, v_k - v_base)
+    extra = restricted_mean(steps, base, calls) / s_base
+    return FinishBy(multiple, calls, True, None, 1 - conditional,
+                    None if interval is None else (1 - interval[1], 1 - interval[0]), at_risk, extra,
+                    extra * s_base)
+
+
+INFORMATIVE = ("Censoring by the stuck and streak thresholds is informative, not independent: those turns were "
+               "looping, not a random sample of the turns still running, so the estimate leans toward turns "
+               "finishing; read it with the probe rows.")
+
+
+def estimate(survival: Survival, base: int | None, multiplier: float | None, horizon: int | None,
+             horizon_from: str) -> dict[str, Any]:
+    """The report's figures: ``S(base)``, and for each of ``FACTORS`` x the multiplier the share of
+    the turns reaching ``base`` that finish by then, up to ``horizon`` and never past it."""
+    steps = survival.steps()
+    out: dict[str, Any] = {"turns": survival.turns, "events": sum(survival.events.values()),
+                           "censored": sum(survival.censored.values()), "censored_by": dict(survival.censored_by),
+                           "unknown_end": survival.unknown_end, "horizon": horizon, "horizon_from": horizon_from,
+                           "informative_censoring": INFORMATIVE, "from_calls": base, "reach": None, "finish_by": []}
+    if base is None or multiplier is None or horizon is None or not survival.turns:
+        return out
+    s, v = Survival.at(steps, base)
+    interval = loglog_interval(s, v)
+    out["reach"] = {"survival": round(s, 6), "interval": None if interval is None else [round(x, 6) for x in interval],
+                    "at_risk": survival.at_risk(base + 1)}
+    soft = base / multiplier
+    for factor in FACTORS:
+        k = multiplier * factor
+        out["finish_by"].append(finish_by(survival, steps, base, k, round(k * soft), horizon).to_json())
+    return out

@@ -1,0 +1,187 @@
+"""The product-limit (Kaplan-Meier) estimate of how many calls turns need: checked against the
+published values for the Freireich 6-MP leukaemia data, then read from recordings (which ends are
+events and which censor a turn), never past the highest cap turns ran under, and merged exactly.
+
+The 6-MP figures are those of R's ``survfit(Surv(time, status) ~ 1, conf.type = "log-log")`` as
+printed in survival-analysis texts (Kleinbaum & Klein, *Survival Analysis*, the 6-MP group of
+Freireich et al. 1963), and lifelines 0.30.3 gives the same (checked once, outside the project:
+its ``KaplanMeierFitter`` and ``restricted_mean_survival_time``; lifelines pulls pandas, scipy and
+matplotlib, too much for a development dependency when published values exist)."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+
+from planted_fleet import LIVE, S, Work, run_fleet
+from turnguard.calibrate import cli
+from turnguard.calibrate.survival import FACTORS, Survival, estimate, finish_by, loglog_interval, restricted_mean
+
+# 6-MP group: remission times in weeks, + = censored.
+SIX_MP = [(6, 1), (6, 1), (6, 1), (6, 0), (7, 1), (9, 0), (10, 1), (10, 0), (11, 0), (13, 1), (16, 1), (17, 0),
+          (19, 0), (20, 0), (22, 1), (23, 1), (25, 0), (32, 0), (32, 0), (34, 0), (35, 0)]
+PUBLISHED = [  # time, at risk, events, S(t), lower, upper (log-log 95%)
+    (6, 21, 3, 0.857, 0.620, 0.952),
+    (7, 17, 1, 0.807, 0.563, 0.923),
+    (10, 15, 1, 0.753, 0.503, 0.889),
+    (13, 12, 1, 0.690, 0.432, 0.849),
+    (16, 11, 1, 0.627, 0.368, 0.805),
+    (22, 7, 1, 0.538, 0.268, 0.747),
+    (23, 6, 1, 0.448, 0.188, 0.680),
+]
+
+
+def six_mp() -> Survival:
+    s = Survival()
+    for t, event in SIX_MP:
+        s.add(t, "completed" if event else "cancelled")
+    return s
+
+
+def test_the_estimate_and_its_log_log_interval_match_the_published_6mp_values():
+    steps = six_mp().steps()
+    assert [(s.t, s.at_risk, s.events) for s in steps] == [row[:3] for row in PUBLISHED]
+    for step, (_, _, _, surv, low, high) in zip(steps, PUBLISHED, strict=True):
+        assert step.survival == pytest.approx(surv, abs=5e-4)
+        assert loglog_interval(step.survival, step.greenwood) == pytest.approx((low, high), abs=5e-4)
+
+
+def test_the_restricted_mean_matches_lifelines():
+    steps = six_mp().steps()
+    assert restricted_mean(steps, 0, 23) == pytest.approx(17.909244, abs=1e-6)
+    assert restricted_mean(steps, 0, 35) == pytest.approx(23.287395, abs=1e-6)
+
+
+def test_finishing_by_k_among_those_reaching_b_is_the_conditional_estimate():
+    s = six_mp()
+    steps = s.steps()
+    f = finish_by(s, steps, 10, 2.3, 23, horizon=35)
+    assert f.share == pytest.approx(1 - 0.448179 / 0.752941, abs=1e-5)
+    s10 = Survival.at(steps, 10)[0]
+    assert s10 == pytest.approx(0.752941, abs=1e-6)
+    assert f.extra_calls == pytest.approx(restricted_mean(steps, 10, 23) / s10, abs=1e-9)
+    low, high = f.interval
+    assert 0 < low < f.share < high < 1
+    # From before the first event, the conditional is the plain estimate, with the same interval.
+    plain = finish_by(s, steps, 1, 2.3, 23, horizon=35)
+    interval = loglog_interval(0.448179, steps[-1].greenwood)
+    assert plain.share == pytest.approx(1 - 0.448179, abs=1e-5)
+    assert plain.interval == pytest.approx((1 - interval[1], 1 - interval[0]), abs=1e-5)
+
+
+def test_nothing_is_estimated_past_the_horizon():
+    s = six_mp()
+    assert not finish_by(s, s.steps(), 10, 4.0, 36, horizon=35).estimable
+    assert finish_by(s, s.steps(), 10, 4.0, 36, horizon=35).why == "past_cap"
+    assert finish_by(s, s.steps(), 10, 3.5, 35, horizon=35).estimable
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_recordings_never_get_an_estimate_past_their_cap(seed):
+    rng = random.Random(seed)
+    s = Survival()
+    cap = rng.choice([150, 200, 300])
+    for _ in range(rng.randint(1, 400)):
+        n = rng.randint(1, cap + 1)
+        s.add(n, "hard_backstop" if n == cap + 1 else rng.choice(["completed", "completed", "streak", "error"]))
+    est = estimate(s, 100, 10.0, cap, "limits")
+    for f in est["finish_by"]:
+        assert f["estimable"] == (f["calls"] <= cap) or f["why"] == "no_turns"
+        if f["estimable"]:
+            assert 0 <= f["share"] <= 1 and f["extra_calls_per_turn_reaching"] <= f["calls"] - 100
+            if f["interval"] is not None:
+                assert 0 <= f["interval"][0] <= f["share"] <= f["interval"][1] <= 1
+    assert [f["multiple"] for f in est["finish_by"]] == [10 * x for x in FACTORS]
+
+
+# -- from recordings ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("km")
+    f = run_fleet(folder / "turns.jsonl")
+    config = folder / "turnguard.toml"
+    config.write_text("".join(f"{k} = {v}\n" for k, v in LIVE.items()))
+    return f, config
+
+
+def survival_of(fleet, *flags: str) -> dict:
+    _, config = fleet
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main([*flags, "--config", str(config), "--soft-caps", str(S), "--multipliers", "10",
+                     "--stuck-repeats", "6", "--streaks", "5:8", "--no-peers", "--explicit-caps", "100",
+                     "--key-modes", "canonical", "--json", "-"], stdout=out, stderr=err) == 0, err.getvalue()
+    return json.loads(out.getvalue())["survival"]
+
+
+def test_completed_turns_are_events_and_halted_ones_are_censored_at_their_count(fleet):
+    f, _ = fleet
+    est = survival_of(fleet, str(f.path))
+    events, censored = {}, {}
+    for t in f.of():
+        hist = censored if t.summary.halted else events
+        hist[str(t.summary.tool_calls)] = hist.get(str(t.summary.tool_calls), 0) + 1
+    assert est["events_at"] == dict(sorted(events.items(), key=lambda kv: int(kv[0])))
+    assert est["censored_at"] == dict(sorted(censored.items(), key=lambda kv: int(kv[0])))
+    by = {"hard_backstop": "cap", "soft_stuck": "stuck", "streak": "streak"}
+    expected: dict[str, int] = {}
+    for t in f.of():
+        if t.summary.halted:
+            expected[by[str(t.summary.threshold)]] = expected.get(by[str(t.summary.threshold)], 0) + 1
+    assert est["censored_by"] == dict(sorted(expected.items()))
+    assert "informative" in est["informative_censoring"]
+
+
+def test_the_estimate_reaches_the_probes_cap_and_not_past_it(fleet):
+    f, _ = fleet
+    est = survival_of(fleet, str(f.path))
+    assert (est["horizon"], est["horizon_from"], est["from_calls"]) == (20 * S, "limits", 10 * S)
+    by = {x["multiple"]: x for x in est["finish_by"]}
+    assert by[15.0]["estimable"] and by[20.0]["estimable"] and not by[30.0]["estimable"]
+    assert by[30.0]["why"] == "past_cap" and by[30.0]["share"] is None
+    # Planted: of the probe turns past 10x, the long ones finish by 20x; the share is a KM of both cohorts.
+    long_done = sum(1 for t in f.of("probe", Work.LONG))
+    assert long_done > 0 and 0 < by[20.0]["share"] < 1
+
+
+def test_survival_merges_and_workers_agree(fleet, tmp_path):
+    f, _ = fleet
+    whole = survival_of(fleet, str(f.path))
+    lines = f.path.read_text().splitlines(keepends=True)
+    parts = []
+    for i in range(2):
+        part = tmp_path / f"p{i}.jsonl"
+        part.write_text("".join(lines[i::2]))
+        out = tmp_path / f"p{i}.json"
+        config = fleet[1]
+        assert cli.main([str(part), "--config", str(config), "--soft-caps", str(S), "--multipliers", "10",
+                         "--stuck-repeats", "6", "--streaks", "5:8", "--no-peers", "--explicit-caps", "100",
+                         "--key-modes", "canonical", "--json", str(out)], stdout=io.StringIO(),
+                        stderr=io.StringIO()) == 0
+        parts.append(str(out))
+    merged = io.StringIO()
+    assert cli.main(["merge", *parts, "--json", "-"], stdout=merged, stderr=io.StringIO()) == 0
+    assert json.loads(merged.getvalue())["survival"] == whole
+    assert survival_of(fleet, str(f.path), "--jobs", "2") == whole
+
+
+def test_the_report_prints_the_estimate_with_its_caveat(fleet):
+    f, config = fleet
+    out = io.StringIO()
+    assert cli.main([str(f.path), "--config", str(config), "--wide"], stdout=out, stderr=io.StringIO()) == 0
+    text = " ".join(out.getvalue().split())
+    assert "How many calls turns need (Kaplan-Meier, both cohorts" in text
+    assert "by 30x (600 calls): not estimable: past the highest cap turns ran under (400 calls)" in text
+    assert "Censoring by the stuck and streak thresholds is informative, not independent" in text
+
+
+def test_a_recording_without_limits_reaches_only_as_far_as_its_longest_turn():
+    s = Survival()
+    for n in (5, 50, 120, 201):
+        s.add(n, "completed" if n < 201 else "hard_backstop")
+    est = estimate(s, 100, 10.0, s.largest(), "data")
+    assert est["horizon"] == 201 and est["horizon_from"] == "data"
