@@ -38,7 +38,7 @@ def rows(out: str) -> dict[str, list[list[str]]]:
 
 def test_demo_shows_what_fired_where_and_why(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    status, out, _ = run(capsys, "demo", "--no-record")
+    status, out, _ = run(capsys, "demo", "--no-record", "--wide")  # (one line per row: fitting is tested apart)
     assert status == 0
     table = rows(out)
     assert list(table) == list(SCENARIOS)

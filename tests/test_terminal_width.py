@@ -1,4 +1,4 @@
-"""Every command's output fits 100 columns by default, the terminal's width when it is wider, and
+"""Every command's output fits 80 columns by default, the terminal's width when it is wider, and
 is not fitted with ``--wide``; so do every command's ``--help`` and calibrate's progress bar. The
 inputs are chosen to be wide: the shared corpus (long turn ids, 46 policies), probe turns (the
 evidence section), a recorded fleet with a probe (censored turns, late results, probe evidence),
@@ -72,9 +72,10 @@ def widest(lines: list[str]) -> int:
     return max(map(len, lines))
 
 
-@pytest.mark.parametrize("terminal", ["40", "100"])
-def test_every_command_fits_100_columns_by_default(capsys, monkeypatch, wide_inputs, terminal) -> None:
-    monkeypatch.setenv("COLUMNS", terminal)  # a terminal this wide, or narrower: 100 all the same
+@pytest.mark.parametrize("terminal", ["40", "80"])
+def test_every_command_fits_80_columns_by_default(capsys, monkeypatch, wide_inputs, terminal) -> None:
+    monkeypatch.setenv("COLUMNS", terminal)  # a terminal this wide, or narrower: 80 all the same
+    assert DEFAULT_WIDTH == 80
     for name, argv in commands(wide_inputs).items():
         lines = output(capsys, argv)
         assert widest(lines) <= DEFAULT_WIDTH, (name, max(lines, key=len))
@@ -163,7 +164,7 @@ def test_a_wider_terminal_gets_wider_output(capsys, monkeypatch, wide_inputs) ->
 
 
 def test_wide_does_not_fit_and_loses_nothing(capsys, monkeypatch, wide_inputs) -> None:
-    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("COLUMNS", str(DEFAULT_WIDTH))
     for name, argv in commands(wide_inputs).items():
         fitted, wide = output(capsys, argv), output(capsys, [*argv, "--wide"])
         if name in ("demo", "calibrate", "plugins"):
@@ -185,12 +186,12 @@ def test_wide_does_not_fit_and_loses_nothing(capsys, monkeypatch, wide_inputs) -
             assert named(fitted) == named(wide), name
 
 
-def test_the_default_without_a_terminal_is_100_columns(tmp_path) -> None:
+def test_the_default_without_a_terminal_is_80_columns(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     done = subprocess.run([sys.executable, "-m", "turnguard", "demo", "--no-record"], capture_output=True, text=True,
                           timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 0
-    assert 90 < widest(done.stdout.splitlines()) <= DEFAULT_WIDTH
+    assert 70 < widest(done.stdout.splitlines()) <= DEFAULT_WIDTH
 
 
 @pytest.mark.parametrize("width", [20, 40, 60, 100])

@@ -1,7 +1,9 @@
 """Plain-text tables that fit a terminal: the width every ``turnguard`` command prints to.
 
-Output fits ``DEFAULT_WIDTH`` (100) columns, or the terminal's width when it is wider
-(``shutil.get_terminal_size``, which also honours ``$COLUMNS``); ``--wide`` lifts the limit. A
+Output fits ``DEFAULT_WIDTH`` (80) columns, the classic terminal's and what a pipe or a file gets,
+or the terminal's width when it is wider (``shutil.get_terminal_size``, which also honours
+``$COLUMNS``); ``--wide`` lifts the limit. Narrower terminals get 80 all the same: below it, tables
+of numbers break into a word per line. A
 table too wide for it wraps its wrappable columns at spaces (a cell may take several lines), and
 a free-text last column that still does not fit moves to indented lines under its row.
 """
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_WIDTH = 100
+DEFAULT_WIDTH = 80
 UNLIMITED = 1 << 30
 GAP = "  "
 MIN_BESIDE = 24
@@ -25,7 +27,7 @@ MIN_BROKEN = 16
 
 
 def output_width(wide: bool = False) -> int:
-    """Columns to fit: unlimited with ``wide``, else the terminal's width but at least 100."""
+    """Columns to fit: unlimited with ``wide``, else the terminal's width but at least 80."""
     if wide:
         return UNLIMITED
     return max(DEFAULT_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
@@ -97,14 +99,17 @@ def layout(header: Sequence[str], rows: Sequence[Sequence[str]], width: int, *, 
 
     ``right``: the columns aligned right (numbers). ``wrap``: the columns that may wrap at spaces,
     the widest first, down to their longest word. ``breakable``: wrapping columns whose words may
-    break too (paths, long reprs), down to ``MIN_BROKEN``. ``free_last``: the last column is prose;
-    when it cannot sit beside its row at least ``MIN_BESIDE`` wide, it is printed under the row.
+    break too (paths, long reprs), down to ``MIN_BROKEN``. Any other column whose header is wider
+    than its values may wrap the header at its spaces, down to its widest value (``calls past``
+    over ``3,530``). ``free_last``: the last column is prose; when it cannot sit beside its row at
+    least ``MIN_BESIDE`` wide, it is printed under the row.
     """
     n = len(header)
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(header[i]), *(len(r[i]) for r in cells)]) for i in range(n)]
     floors = [_floor(i, header, cells, widths, wrap, breakable) for i in range(n)]
-    wrap = [*wrap, *(i for i in breakable if i not in wrap)]
+    headed = [i for i in range(n) if i not in wrap and i not in breakable and floors[i] < widths[i]]
+    wrap = [*wrap, *(i for i in breakable if i not in wrap), *headed]
     under = False
     if free_last and _total(widths, n) > width:
         beside = width - _total(widths, n - 1) - len(GAP)
@@ -124,12 +129,12 @@ def _total(widths: list[int], columns: int) -> int:
 def _floor(i: int, header: Sequence[str], cells: list[list[str]], widths: list[int], wrap: Sequence[int],
            breakable: Sequence[int]) -> int:
     """How narrow column ``i`` may become: ``MIN_BROKEN`` if its words may break, its longest word
-    if it wraps, else its full width."""
+    if it wraps, else its widest value (its header wraps at spaces, its values never)."""
     if i in breakable:
         return min(widths[i], MIN_BROKEN)
     if i in wrap:
         return max([_longest_word(header[i]), *(_longest_word(r[i]) for r in cells)])
-    return widths[i]
+    return max([_longest_word(header[i]), *(len(r[i]) for r in cells)])
 
 
 def _shrink(widths: list[int], floors: list[int], cells: list[list[str]], wrap: Sequence[int], shown: int,

@@ -11,7 +11,7 @@ from typing import Any
 from turnguard.calibrate.advice import Context, assess, recommendation
 from turnguard.calibrate.decision import Decision
 from turnguard.calibrate.evidence import ProbeEvidence
-from turnguard.terminal import fit_table
+from turnguard.terminal import DEFAULT_WIDTH, fit_table
 
 
 def decision_text(d: Decision) -> str:
@@ -54,7 +54,7 @@ HEADERS = (("threshold", "threshold"), ("passed", "passed"), ("resolved", "resol
            ("95% succeed", "interval"), ("decides", "decides"), ("calls past", "calls_past"))
 
 
-def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = 100, turns: int = 0, calls: int = 0,
+def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = DEFAULT_WIDTH, turns: int = 0, calls: int = 0,
                   default_limits: dict[str, object] | None = None) -> list[str]:
     """Lines for the terminal report, ``width`` columns at most (none when the input holds no probe turn)."""
     if e.turns == 0:

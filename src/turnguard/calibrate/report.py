@@ -109,6 +109,9 @@ NARROW_DROPS = (("cap", "streak"), ("at",))
 """Columns left out, stage by stage, when the table would not fit the width: the policy's name
 already says what differs from the default, and the median halt call says about where the halts
 land (``--wide`` shows them all)."""
+UNDER = "by threshold"
+"""The wordy column that goes on an indented line under its row when, even with the
+``NARROW_DROPS`` left out, the table would not fit beside it (80 columns, a censored column)."""
 WRAPPING = ("policy", "by threshold", "asks (turns)", "at call")
 
 
@@ -149,7 +152,7 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
     figures, narrowed = _figures_table(data, width, color, censoring=bool(stats.halt_ended))
     if narrowed:
         named = ", ".join(narrowed[:-1]) + " and " + narrowed[-1] if len(narrowed) > 1 else narrowed[0]
-        out.append(f"The {named} columns are left out to fit the terminal: --wide shows them.")
+        out += wrap_text(f"The {named} columns are left out to fit the terminal: --wide shows them.", width)
     out += ["", *figures]
     if folded:
         out += ["", "Same figures as the row named first (folded):"]
@@ -161,7 +164,8 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
         out += wrap_items("  ", ids + ([f"... ({more} more)"] if more > 0 else []), width)
     fps = _fp_groups(every_row)
     if fps:
-        out += ["", "Resolved turns halted (the false-positive proxy), by the policies that halt them:"]
+        out += ["", *wrap_text("Resolved turns halted (the false-positive proxy), by the policies that halt them:",
+                               width)]
         for ids, names, count in fps:
             shown = ids[:8] + ([f"... ({count} in all)"] if count > len(ids[:8]) else [])
             out += wrap_items("  ", [*shown[:-1], shown[-1] + ":"], width)
@@ -179,12 +183,12 @@ def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
     ``width``, else without those and with the wordy columns wrapped. ``censoring``: whether the
     run has censored turns (else their column, all zeros, is left out)."""
     cells = [_figure_cells(r) for r in data]
-    columns, narrowed = _figure_columns(cells, width, censoring)
+    columns, narrowed, under = _figure_columns(cells, width, censoring)
     header = [COLUMNS[i][0] for i in columns]
     rows_of_cells = [[c[i] for i in columns] for c in cells]
     right = [k for k, i in enumerate(columns) if COLUMNS[i][2] == ">"]
-    wrap = [k for k, h in enumerate(header) if h in WRAPPING]
-    fitted = layout(header, rows_of_cells, width, right=right, wrap=wrap)
+    wrap = [k for k, h in enumerate(header) if h in WRAPPING and not (under and h == UNDER)]
+    fitted = layout(header, rows_of_cells, width, right=right, wrap=wrap, free_last=under)
     lines = fitted.header(header)
     for r, c in zip(data, rows_of_cells, strict=True):
         row = fitted.row(c)
@@ -214,25 +218,39 @@ def _figure_cells(r: dict[str, Any]) -> list[str]:
     return [("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS]
 
 
-def _figure_columns(cells: list[list[str]], width: int, censoring: bool) -> tuple[list[int], list[str]]:
-    """The ``COLUMNS`` shown and the ones left out to fit: all when they fit ``width`` unwrapped,
-    else without the ``NARROW_DROPS`` stages needed for the table to fit once wrapped."""
+def _figure_columns(cells: list[list[str]], width: int, censoring: bool) -> tuple[list[int], list[str], bool]:
+    """The ``COLUMNS`` shown, the ones left out to fit, and whether ``UNDER`` goes under its row
+    (then it is the last shown): all beside when they fit ``width`` unwrapped, else without the
+    ``NARROW_DROPS`` stages needed for the table to fit once wrapped; failing that, with ``UNDER``
+    under the row and the fewest stages left out that make the rest fit."""
     columns = [i for i in range(len(COLUMNS)) if censoring or COLUMNS[i][0] != "censored"]
+    beside, dropped = _beside(cells, width, columns)
+    if _width(cells, beside, True) <= width or UNDER not in (COLUMNS[i][0] for i in columns):
+        return beside, dropped, False
+    under = next(i for i in columns if COLUMNS[i][0] == UNDER)
+    rest, dropped = _beside(cells, width, [i for i in columns if i != under])
+    return [*rest, under], dropped, True
 
-    def total(shown: list[int], floor: bool) -> int:
-        """The table's width: unwrapped, or with the wrapping columns at their longest word."""
-        def size(text: str, i: int) -> int:
-            wraps = floor and COLUMNS[i][0] in WRAPPING
-            return max(map(len, text.split()), default=0) if wraps else len(text)
-        return sum(max(size(COLUMNS[i][0], i), *(size(c[i], i) for c in cells)) for i in shown) + 2 * (len(shown) - 1)
 
-    if total(columns, False) <= width:
+def _width(cells: list[list[str]], shown: list[int], floor: bool) -> int:
+    """The table's width: unwrapped, or with the wrapping columns at their longest word."""
+    def size(text: str, i: int) -> int:
+        wraps = floor and COLUMNS[i][0] in WRAPPING
+        return max(map(len, text.split()), default=0) if wraps else len(text)
+    return sum(max(size(COLUMNS[i][0], i), *(size(c[i], i) for c in cells)) for i in shown) + 2 * (len(shown) - 1)
+
+
+def _beside(cells: list[list[str]], width: int, columns: list[int]) -> tuple[list[int], list[str]]:
+    """``columns`` as they are when they fit ``width`` unwrapped, else without the ``NARROW_DROPS``
+    stages needed for them to fit once wrapped (all of them when none is enough)."""
+
+    if _width(cells, columns, False) <= width:
         return columns, []
     dropped: list[str] = []
     for stage in NARROW_DROPS:
         columns = [i for i in columns if COLUMNS[i][0] not in stage]
         dropped += stage
-        if total(columns, True) <= width:
+        if _width(cells, columns, True) <= width:
             break
     return columns, dropped
 
