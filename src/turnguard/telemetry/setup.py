@@ -42,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, overload
 from urllib.parse import unquote
 
 PROTOCOLS = ("http/protobuf", "grpc")
@@ -332,20 +332,36 @@ def _exporter(s: ExportSettings) -> Any:
     headers = dict(s.headers) or None
     if s.protocol == "grpc":
         insecure = s.endpoint.startswith("http://")
-        if s.signal == "traces":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        elif s.signal == "metrics":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as OTLPSpanExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as OTLPSpanExporter
-        return OTLPSpanExporter(endpoint=s.endpoint, insecure=insecure, headers=headers, timeout=s.timeout_s)
-    if s.signal == "traces":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Exporter
-    elif s.signal == "metrics":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Exporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as Exporter
-    return Exporter(endpoint=s.endpoint, headers=headers, timeout=s.timeout_s)
+        return _grpc_exporter(s.signal)(endpoint=s.endpoint, insecure=insecure, headers=headers, timeout=s.timeout_s)
+    return _http_exporter(s.signal)(endpoint=s.endpoint, headers=headers, timeout=s.timeout_s)
+
+
+def _grpc_exporter(signal: str) -> Callable[..., Any]:
+    if signal == "traces":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter
+    if signal == "metrics":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+
+    return OTLPLogExporter
+
+
+def _http_exporter(signal: str) -> Callable[..., Any]:
+    if signal == "traces":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter
+    if signal == "metrics":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+    return OTLPLogExporter
 
 
 def _console(signal: str) -> Any:
@@ -402,6 +418,10 @@ MAX_MS = 24 * 3600 * 1000
 is a ``TelemetryConfigError``, not an overflow in a timer."""
 
 
+@overload
+def _ms(env: Mapping[str, str], var: str, default: int) -> int: ...
+@overload
+def _ms(env: Mapping[str, str], var: str, default: None) -> int | None: ...
 def _ms(env: Mapping[str, str], var: str, default: int | None) -> int | None:
     """A whole number of milliseconds from 0 to ``MAX_MS`` (a fraction is cut), or ``default``."""
     value = _number(env, var, float, 0, MAX_MS, f"a number of milliseconds from 0 to {MAX_MS}")

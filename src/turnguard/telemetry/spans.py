@@ -43,6 +43,8 @@ from turnguard.telemetry.names import (  # the per-call names, bound once (no mo
 from turnguard.telemetry.text import export_text
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
     from turnguard.ledger import Ledger
     from turnguard.model import LoopDetectedEvent, ToolCall, TurnSummary, Verdict
 
@@ -105,7 +107,9 @@ def _is_tool_span(span: trace.Span) -> bool:
     if isinstance(name, str) and (name == n.OP_EXECUTE_TOOL or name.startswith(_TOOL_SPAN_PREFIX)):
         return True
     attributes = getattr(span, "attributes", None)
-    return bool(attributes) and attributes.get(n.GEN_AI_OPERATION_NAME) == n.OP_EXECUTE_TOOL
+    if not attributes:
+        return False
+    return attributes.get(n.GEN_AI_OPERATION_NAME) == n.OP_EXECUTE_TOOL
 
 
 class _Deciding(threading.local):
@@ -271,6 +275,7 @@ class SpanReporter:
             attrs[STREAK_LENGTH] = streak
         context = get_current()
         current = trace.get_current_span(context) if context else None  # an empty context holds no span
+        parent: Context | None
         if current is not None and current.get_span_context().is_valid:
             if _is_tool_span(current):
                 if current.is_recording():
@@ -307,6 +312,7 @@ class SpanReporter:
         span = entry.span
         if span is None:
             attrs = entry.attributes
+            assert attrs is not None  # kept until the span starts
             if extra:
                 attrs.update(extra)
             span = entry.span = self.tracer.start_span(
@@ -339,6 +345,7 @@ class SpanReporter:
             if entry.owned:
                 span.end()
         elif entry.span is None:
+            assert entry.attributes is not None  # kept until the span starts
             entry.attributes.update(extra)
         elif entry.span.is_recording():
             entry.span.set_attributes(extra)
@@ -353,7 +360,11 @@ class SpanReporter:
         if entry is None:
             return
         span = entry.span
-        attrs = entry.attributes if span is None else {}  # deferred: the outcome joins the check's dict
+        if span is None:  # deferred: the outcome joins the check's dict
+            attrs = entry.attributes
+            assert attrs is not None  # kept until the span starts
+        else:
+            attrs = {}
         attrs[CALL_OUTCOME] = OUTCOME_VALUES[outcome]
         failing = entry.failing
         if failing is not None:  # the guard decided this outcome: what it found
@@ -381,7 +392,7 @@ class SpanReporter:
     @hookimpl
     def turnguard_cycle_checked(self, turn: Ledger, verdict: Verdict) -> None:
         state = self._turns.get(turn)
-        if state is not None and state.tracing:
+        if state is not None and state.tracing and state.span is not None:  # tracing: a span records
             state.span.set_attribute(n.TURN_CYCLES, turn.cycles)
 
     # -- the spans other signals are reported in -------------------------------------------------

@@ -32,7 +32,8 @@ class InMemoryTelemetry:
         if cardinality_limit:
             limits = {Counter: cardinality_limit, Histogram: cardinality_limit}
             try:
-                self.metric_reader = InMemoryMetricReader(cardinality_limits=limits)
+                # SDK >= 1.45 has the keyword; mypy reads the installed SDK's signature, which may be older.
+                self.metric_reader = InMemoryMetricReader(cardinality_limits=limits)  # type: ignore[call-arg,unused-ignore]
             except TypeError:  # SDK < 1.45 (google-adk pins <= 1.44) has no cardinality limit to raise
                 self.metric_reader = InMemoryMetricReader()
         else:

@@ -1,0 +1,33 @@
+"""tools/typecheck.py, the type check ``./dev.sh lint`` runs (mypy over src/ and the docs' blocks):
+every block is checked, and an error in one is named by its page and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typecheck
+from test_docs_examples import BLOCKS, Block
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_block_of_every_page_gets_a_module_of_its_own():
+    names = [typecheck.module_name(block) for block in BLOCKS]
+    assert len(set(names)) == len(BLOCKS) > 0
+    assert all(name.isidentifier() for name in names)
+
+
+def test_a_type_error_in_a_block_is_named_by_its_page_and_line(tmp_path):
+    wrong = Block(ROOT / "docs" / "page.md", 10, "import os\n\nlimit: int = os.getcwd()\n")
+    right = Block(ROOT / "README.md", 3, "import os\n\nhere: str = os.getcwd()\n")
+    status, out, _ = typecheck.check([wrong, right], [], ["--cache-dir", str(tmp_path)])
+    assert status == 1
+    (error,) = [line for line in out.splitlines() if ": error:" in line]
+    assert error.startswith("docs/page.md:13: error: Incompatible types in assignment") and "[assignment]" in error
+    assert "README.md" not in out and str(tmp_path) not in out
+
+
+def test_blocks_without_errors_pass(tmp_path):
+    block = Block(ROOT / "README.md", 3, "import os\n\nhere: str = os.getcwd()\n")
+    status, out, _ = typecheck.check([block], [], ["--cache-dir", str(tmp_path)])
+    assert status == 0 and "Success" in out

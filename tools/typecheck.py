@@ -1,0 +1,68 @@
+"""Type-check the package and every Python block of README.md and docs/*.md with mypy.
+
+``./dev.sh lint`` runs it (so does CI). The blocks are the ones tests/test_docs_examples.py runs,
+found by its own code; each is written to a module of its own, and mypy's messages about a block
+name the page and line a reader sees. mypy's settings are in pyproject.toml ([tool.mypy]).
+
+    python tools/typecheck.py [mypy options...]
+
+Exits with mypy's status: 0 when it reports no error.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_docs_examples import BLOCKS, Block  # noqa: E402  (the tests' own block finder)
+
+PACKAGE = ROOT / "src" / "turnguard"
+
+
+def module_name(block: Block) -> str:
+    """A module name of its own for the block: its page's path and its line."""
+    page = block.page.relative_to(ROOT).as_posix()
+    return re.sub(r"\W", "_", page).lower() + f"_{block.line}"
+
+
+def readers_lines(output: str, directory: Path, written: dict[str, Block]) -> str:
+    """mypy's output with each block's file and line replaced by the page's (the fence's line + n)."""
+    pattern = re.compile(rf"^{re.escape(str(directory) + '/')}(?P<file>[^:]+):(?P<line>\d+):", re.M)
+
+    def page_line(match: re.Match[str]) -> str:
+        block = written[match["file"]]
+        return f"{block.page.relative_to(ROOT).as_posix()}:{block.line + int(match['line'])}:"
+
+    return pattern.sub(page_line, output)
+
+
+def check(blocks: Sequence[Block], paths: Sequence[Path], options: Sequence[str] = ()) -> tuple[int, str, str]:
+    """mypy over ``paths`` and ``blocks`` with the project's settings: (exit status, stdout, stderr),
+    the blocks' lines named as on their pages."""
+    with tempfile.TemporaryDirectory(prefix="turnguard-docs-blocks-") as tmp:
+        directory = Path(tmp).resolve()
+        written = {module_name(block) + ".py": block for block in blocks}
+        for name, block in written.items():
+            (directory / name).write_text(block.source, encoding="utf-8")
+        command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *options,
+                   *map(str, paths), *(str(directory / name) for name in sorted(written))]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        return result.returncode, readers_lines(result.stdout, directory, written), result.stderr
+
+
+def main(options: list[str]) -> int:
+    status, out, err = check(BLOCKS, [PACKAGE], options)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
