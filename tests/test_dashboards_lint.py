@@ -212,7 +212,7 @@ def agent_variable_rule(board):
 
 
 POLICY_SCOPED = re.compile(r"\b(turnguard(?:_\w+|:\w+:increase5m))(?:(\{[^}]*\})|(?=\[))")
-"""Every turnguard metric carries ``turnguard_policy`` (DESIGN section 8), and every record keeps it."""
+"""Every turnguard metric carries ``turnguard_policy`` (``GuardConfig.name``), and every record keeps it."""
 POLICY_MATCHERS = ('turnguard_policy=~"$policy"', 'turnguard_policy=~"($policy)(-probe)?"')
 
 

@@ -1,5 +1,5 @@
 """The simulated scenarios: the generators make the turns they promise, and the real guard
-stops each where the design says."""
+stops each where the rules say (docs/usage.md "What fires")."""
 
 from __future__ import annotations
 

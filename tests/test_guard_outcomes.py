@@ -1,6 +1,7 @@
 """Outcomes tied to their call: a differential test of ``Turn`` against a reference written from
-DESIGN §3.3, and the behaviours it pins down (parallel batches, late, duplicate and stray
-outcomes, identical calls in one model response, a streak that another call of the batch ended).
+the streak rules (docs/usage.md, "Parallel batches"), and the behaviours it pins down (parallel
+batches, late, duplicate and stray outcomes, identical calls in one model response, a streak that
+another call of the batch ended).
 
 The reference recomputes everything from scratch after each operation (lists of calls per streak,
 outcomes by call), so it shares no code and no incremental state with the ledger.
@@ -38,7 +39,7 @@ class Streak:
 
 
 class Reference:
-    """DESIGN §3.3 as plain lists: streaks on check order, each outcome its own call's."""
+    """The streak rules as plain lists: streaks on check order, each outcome its own call's."""
 
     def __init__(self, *, promptable: bool, warn_at: int, stop_at: int, stop_on: str) -> None:
         self.promptable, self.warn_at, self.stop_at, self.any = promptable, warn_at, stop_at, stop_on == "any"

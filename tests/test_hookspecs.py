@@ -1,4 +1,4 @@
-"""The plugin contract: the hooks of DESIGN §4, documented, under the project name."""
+"""The plugin contract: the hooks of docs/usage.md's hook table, documented, under the project name."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pluggy
 import turnguard as tg
 from turnguard import hookspecs
 
-DESIGN_HOOKS = {
+LIFECYCLE_HOOKS = {
     "turnguard_configure": ["config"],
     "turnguard_turn_started": ["turn"],
     "turnguard_check_cycle": ["turn"],
@@ -39,9 +39,9 @@ def specs() -> dict[str, object]:
     return {n: f for n, f in vars(hookspecs).items() if n.startswith("turnguard_") and callable(f)}
 
 
-def test_every_hook_of_the_design_and_the_observer_hooks_are_specified_with_their_arguments():
+def test_every_lifecycle_and_check_hook_and_every_observer_hook_is_specified_with_its_arguments():
     found = {name: list(inspect.signature(fn).parameters) for name, fn in specs().items()}
-    assert found == {**DESIGN_HOOKS, **OBSERVER_HOOKS}
+    assert found == {**LIFECYCLE_HOOKS, **OBSERVER_HOOKS}
 
 
 def test_every_spec_has_a_docstring():
@@ -53,7 +53,7 @@ def test_the_project_name_is_turnguard_and_the_markers_are_exported():
     assert tg.hookimpl is hookspecs.hookimpl and tg.hookspec is hookspecs.hookspec
     pm = pluggy.PluginManager("turnguard")
     pm.add_hookspecs(hookspecs)
-    assert set(DESIGN_HOOKS) | set(OBSERVER_HOOKS) <= {n for n in dir(pm.hook) if n.startswith("turnguard_")}
+    assert set(LIFECYCLE_HOOKS) | set(OBSERVER_HOOKS) <= {n for n in dir(pm.hook) if n.startswith("turnguard_")}
 
 
 def test_configure_is_historic():

@@ -1,4 +1,5 @@
-"""Call identity (DESIGN §3.1): canonical keys, byte keys, and bad arguments that never raise."""
+"""Call identity (docs/usage.md "What is keyed alike"): canonical keys, byte keys, and bad arguments
+that never raise."""
 
 from __future__ import annotations
 

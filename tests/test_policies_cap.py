@@ -1,4 +1,4 @@
-"""The tool-call cap (DESIGN §3.2, first seed): every table row and its boundaries."""
+"""The tool-call cap (first seed; docs/usage.md "What fires"): every rule and its boundaries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cycle cap (DESIGN §3.4, second seed): model requests per turn; 0 is unbounded."""
+"""The cycle cap (second seed; docs/usage.md "What fires"): model requests per turn; 0 is unbounded."""
 
 from __future__ import annotations
 

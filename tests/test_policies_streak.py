@@ -1,4 +1,4 @@
-"""Identical-call streaks (DESIGN §3.3, second seed): warn and stop levels, attended and not."""
+"""Identical-call streaks (second seed; docs/usage.md "What fires"): warn and stop levels, attended and not."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A ``Dispatcher`` holds, for one ``pluggy.PluginManager``, each check hook's implementations in
 call order (adapted to positional arguments), the hot-path observers, the keyword observers
-(looked up once), the fail mode, and DESIGN §3.5's ``combine`` rule. ``Turn``, the shadow
+(looked up once), the fail mode, and the ``combine`` rule. ``Turn``, the shadow
 policies (``turnguard.shadow``) and ``turnguard calibrate``'s replay all call plugins through
 it, so a plugin that raises gets one treatment everywhere:
 
@@ -253,7 +253,7 @@ class Dispatcher:
 
     def combine(self, hook: str, found: list[tuple[str, Any]], ledger: Ledger,
                 report: LedgerView | None = None) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
-        """DESIGN §3.5 over the (plugin name, answer) pairs of one check, in hook order: the most
+        """The combining rule over the (plugin name, answer) pairs of one check, in hook order: the most
         severe verdict wins; ties go to the first, except that a detection beats a bare verdict
         (its threshold and event must show). An answer that is not a ``Verdict`` with an
         ``Action`` is a plugin error. Each detection is noted in the ledger; returns the winner
