@@ -345,7 +345,7 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-TWO_WORD_COMMANDS = {("calibrate", "merge"): "calibrate-merge"}
+TWO_WORD_COMMANDS: dict[tuple[str, ...], str] = {("calibrate", "merge"): "calibrate-merge"}
 """Commands typed as two words, and the subcommand each is: argparse cannot nest ``merge`` under a
 ``calibrate`` that takes files as positional arguments, so the two words are read as one first."""
 

@@ -59,7 +59,9 @@ HOT_OBSERVERS: Mapping[str, tuple[str, ...]] = {
 PASSTHROUGH = (KeyboardInterrupt, SystemExit)
 """What a plugin may raise through the guard; any other ``BaseException`` is a plugin error."""
 
-Impl = tuple[str, Callable[..., Any], bool, Callable[[Ledger], Quiet] | None]
+QuietRule = Callable[[Ledger], Quiet]
+"""A plugin's ``quiet_rule`` (``turnguard.firing.Quiet``)."""
+Impl = tuple[str, Callable[..., Any], bool, QuietRule | None]
 """(plugin name, function taking the hook's positional arguments, gets the ledger itself, the
 plugin's ``quiet_rule`` or ``None``)."""
 Bound = tuple[tuple[str, Callable[..., Any], Any], ...]
@@ -88,7 +90,9 @@ class QuietRegion:
         fails or answers something else than a ``Quiet`` counts as none (its plugin is called on
         every check)."""
         d, ledger = self._dispatcher, self._ledger
-        said = {rule: _quiet_of(rule, ledger) for *_, rule in (*d.check_call, *d.check_outcome) if rule is not None}
+        said: dict[QuietRule | None, Quiet | None] = {
+            rule: _quiet_of(rule, ledger) for *_, rule in (*d.check_call, *d.check_outcome) if rule is not None
+        }
         on_call = [said.get(impl[3]) for impl in d.check_call]
         on_outcome = [said.get(impl[3]) for impl in d.check_outcome]
         quiet_call = [q for q in on_call if q is not None]
