@@ -112,9 +112,10 @@ def _guard(digest_key: str | None = None) -> tg.Guard:
     return tg.Guard(tg.GuardConfig(disable_plugins=TELEMETRY_OFF, digest_key=digest_key), environ={})
 
 
-def guard_batch(guard: tg.Guard, calls: list[tg.ToolCall]) -> float:
-    """Seconds per call of check_call + record_outcome over ``calls``, in a new turn."""
-    turn = guard.turn()
+def guard_batch(guard: tg.Guard, calls: list[tg.ToolCall], durable: bool = False) -> float:
+    """Seconds per call of check_call + record_outcome over ``calls``, in a new turn (``durable``:
+    one opened with ``durable=True``, which keys its calls under a key of its own)."""
+    turn = guard.turn(durable=durable)
     check, record, ok = turn.check_call, turn.record_outcome, tg.Outcome.OK
     gc.disable()
     start = _clock()
@@ -167,7 +168,7 @@ def _floor_batch(key: Callable[[str, Any], bytes], calls: list[tg.ToolCall]) -> 
 
 
 def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int,
-             guard: tg.Guard | None = None) -> dict[str, float]:
+             guard: tg.Guard | None = None, durable: bool = False) -> dict[str, float]:
     """Median seconds per call for the guard (the default one unless given) and each floor. Their
     batches are interleaved on the same arguments, so a change in machine load affects all of them
     alike."""
@@ -176,7 +177,7 @@ def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int
     samples: dict[str, list[float]] = {"guard": [], **{name: [] for name in floors}}
     for b in range(batches):
         args = [make(b * per_batch + i) for i in range(per_batch)]
-        samples["guard"].append(guard_batch(guard, [tg.ToolCall(tool, a) for a in args]))
+        samples["guard"].append(guard_batch(guard, [tg.ToolCall(tool, a) for a in args], durable))
         for name, key in floors.items():
             samples[name].append(_floor_batch(key, [tg.ToolCall(tool, a) for a in args]))
     return {name: statistics.median(values) for name, values in samples.items()}
@@ -271,6 +272,10 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     rows.append({"benchmark": "core", "case": "check_call + record_outcome, shell string, digest_key set (BLAKE2b)",
                  "value": keyed["guard"] * 1e6, "unit": "us/call", "floor": keyed["strict"] * 1e6,
                  "ratio": keyed["guard"] / keyed["strict"]})
+    durable = per_call("bash", _shell, 1000, 10 if quick else 40, durable=True)
+    rows.append({"benchmark": "core", "case": "check_call + record_outcome, shell string, durable turn (own key)",
+                 "value": durable["guard"] * 1e6, "unit": "us/call", "floor": durable["strict"] * 1e6,
+                 "ratio": durable["guard"] / durable["strict"]})
     mix = mix_per_call(8 if quick else 30)
     ours, floor = mix["guard"], mix["strict"]
     rows.append({"benchmark": "core", "case": "check_call + record_outcome, coding-agent mix (ToolCall per call)",

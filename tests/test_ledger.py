@@ -208,3 +208,91 @@ def test_a_fork_holds_every_fact_of_the_ledger_it_was_taken_from():
         if name not in ("config", "soft_cap", "hard_cap", "cap_quiet_until"):  # what the fork's config sets
             assert getattr(fork, name) == getattr(ledger, name), name
     assert [fork.outcomes(o) for o in tg.Outcome] == [ledger.outcomes(o) for o in tg.Outcome] == [3, 2, 2, 2]
+
+
+# -- state: a snapshot's facts in and out ------------------------------------------------------------
+
+
+def ledger_history(seed: int, config: tg.GuardConfig) -> Ledger:
+    """A ledger after a random history: batches whose outcomes arrive shuffled (some never),
+    another key ending streaks whose calls still wait, rollbacks, answers, cycles."""
+    import random
+
+    rng = random.Random(seed)
+    ledger = Ledger(config, turn_id=f"t{seed}")
+    waiting: list[int] = []
+    for _ in range(rng.randint(1, 40)):
+        step = rng.random()
+        if step < 0.1:
+            ledger.begin_cycle()
+        elif step < 0.14:
+            ledger.rollback_cycle()
+        elif step < 0.17:
+            ledger.reset_streak()
+        elif step < 0.65:
+            waiting.append(ledger.count_call(key(rng.choice((1, 1, 1, 2, 3))), "build"))
+        elif waiting:
+            rng.shuffle(waiting)
+            ledger.record_outcome(waiting.pop(), rng.choice(list(tg.Outcome)))
+    return ledger
+
+
+STATE_CONFIGS = [tg.GuardConfig(streak_stop_at=3, streak_warn_at=2),
+                 tg.GuardConfig(stuck_signal="stale_repeat", streak_stop_on="any", max_tracked_keys=2)]
+
+
+@pytest.mark.parametrize("config", STATE_CONFIGS, ids=["repeat", "stale, any, 2 keys"])
+def test_state_and_from_state_give_back_every_fact_and_the_same_future(config):
+    import json
+
+    for seed in range(200):
+        ledger = ledger_history(seed, config)
+        state = json.loads(json.dumps(ledger.state()))
+        back = Ledger.from_state(config, state, turn_id=ledger.turn_id)
+        assert back.state() == ledger.state(), seed
+        for name in VIEW_FACTS:
+            if name != "started_at":
+                assert getattr(back, name) == getattr(ledger, name), (seed, name)
+        for seq in range(1, ledger.checks + 3):  # the same outcomes settle both the same way
+            one, two = ledger.record_outcome(seq, tg.Outcome.ERROR), back.record_outcome(seq, tg.Outcome.ERROR)
+            assert one == two and ledger.state() == back.state(), (seed, seq)
+
+
+def test_ended_streaks_are_part_of_the_state():
+    config = tg.GuardConfig(streak_stop_at=3, streak_warn_at=2)
+    ledger = Ledger(config)
+    for _ in range(3):
+        ledger.count_call(b"a" * 8, "build")
+    ledger.count_call(b"b" * 8, "test")
+    assert [e["last"] for e in ledger.state()["ended"]] == [3]
+    back = Ledger.from_state(config, ledger.state())
+    assert back.record_outcome(3, tg.Outcome.ERROR) is False and back.record_outcome(2, tg.Outcome.ERROR) is False
+    assert back.record_outcome(1, tg.Outcome.ERROR) is True and back.ended_stop.failing == 3
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seq", 1.5), ("seq", "3"), ("seq", True), ("seq", -1), ("seq", 2**60), ("tool_calls", 99), ("streak", None),
+    ("overflowed", 1), ("last_key", "xyz"), ("counts", [1]), ("counts", {"00" * 8: 0}), ("counts", {"00" * 8: True}),
+    ("next", 0), ("failing", 7), ("early", {"1.5": "error"}), ("early", {"2": "broken"}), ("fired", [["x"]]),
+    ("outcomes", {"ok": -1}), ("outcomes", {"maybe": 1}), ("ended", [{"next": 1}]), ("cycle_start", 5),
+])
+def test_a_bad_fact_is_a_snapshot_error_naming_it(field, value):
+    ledger = Ledger(tg.GuardConfig())
+    for k in (1, 2, 2):
+        ledger.record_outcome(ledger.count_call(key(k), "t"), tg.Outcome.ERROR)
+    state = {**ledger.state(), field: value}
+    with pytest.raises(tg.SnapshotError) as refused:
+        Ledger.from_state(tg.GuardConfig(), state)
+    assert refused.value.field.startswith(f"facts.{field}"), refused.value.field
+    missing = {k: v for k, v in ledger.state().items() if k != field}
+    if field != "ended":
+        with pytest.raises(tg.SnapshotError, match=f"facts.{field}"):
+            Ledger.from_state(tg.GuardConfig(), missing)
+
+
+def test_more_keys_than_the_live_bound_is_refused():
+    big = Ledger(tg.GuardConfig(max_tracked_keys=10))
+    for i in range(10):
+        big.count_call(key(i), "t")
+    with pytest.raises(tg.SnapshotError, match=r"facts\.counts"):
+        Ledger.from_state(tg.GuardConfig(max_tracked_keys=9), big.state())

@@ -215,3 +215,71 @@ def test_a_probe_run_recorded_gives_calibrate_its_probe_evidence(tmp_path: Path)
     resolved = sum(i % 2 == 0 for i in range(len(probe)))
     assert (passed["turns"], passed["resolved"], passed["unresolved"], passed["calls_past"]) == (
         len(probe), resolved, len(probe) - resolved, 500 * len(probe))
+
+
+# -- a probe turn resumed from its snapshot keeps the main configuration's evidence -----------------
+
+REPEATED_AT = (10, 20, 30, 40, 45, 60)
+"""One call made six times (the stuck threshold), five of them before the cut at call 50."""
+
+
+class ShadowEnds:
+    """Each would-be detection with the shadow's count and the live call it came at, and each
+    shadow summary."""
+
+    def __init__(self) -> None:
+        self.detected: list[tuple[str, str, int, int]] = []
+        self.ended: list[tuple[str, int, bool, str]] = []
+
+    @tg.hookimpl
+    def turnguard_shadow_detected(self, turn, policy, event):
+        self.detected.append((policy, str(event.threshold), event.tool_calls, turn.tool_calls))
+
+    @tg.hookimpl
+    def turnguard_shadow_turn_ended(self, policy, summary):
+        self.ended.append((policy, summary.tool_calls, summary.halted, str(summary.threshold)))
+
+
+def probe_guard(heard: ShadowEnds) -> tg.Guard:
+    lenient = tg.GuardConfig(hard_multiplier=20, stuck_repeat_threshold=12)
+    config = tg.GuardConfig(name="main", probe=tg.Probe(1.0, lenient), **NO_TELEMETRY)
+    return tg.Guard(config, plugins={"heard": heard}, environ={})
+
+
+def probe_calls(total: int, repeats: tuple[int, ...]) -> list[tg.ToolCall]:
+    repeated = tg.ToolCall("bash", "npm run build")
+    return [repeated if i in repeats else distinct_call(i) for i in range(1, total + 1)]
+
+
+@pytest.mark.parametrize(("total", "repeats", "expected"), [
+    (1100, (), ("main", "hard_backstop", 1001, 1001)),
+    (150, REPEATED_AT, ("main", "soft_stuck", 101, 101)),
+])
+def test_a_probe_turn_resumed_at_call_50_records_the_main_policys_detection_where_it_fires(total, repeats, expected):
+    calls = probe_calls(total, repeats)
+    whole_heard, resumed_heard = ShadowEnds(), ShadowEnds()
+    with probe_guard(whole_heard).turn(durable=True) as whole:
+        assert all(v.action is tg.Action.ALLOW for v in drive(whole, calls))
+    first = probe_guard(resumed_heard).turn(durable=True)
+    drive(first, calls[:50])
+    state = json.loads(json.dumps(first.suspend()))
+    resumed = probe_guard(resumed_heard).resume(state)  # another guard, as another process has
+    assert all(v.action is tg.Action.ALLOW for v in drive(resumed, calls[50:]))
+    summary = resumed.end()
+    assert summary.cohort == "probe" and summary.tool_calls == total and summary.fresh_state == ()
+    assert whole_heard.detected == [expected]
+    assert resumed_heard.detected == whole_heard.detected
+    assert resumed_heard.ended == whole_heard.ended == [("main", expected[2], True, expected[1])]
+
+
+def test_a_probe_turn_resumed_from_a_snapshot_without_shadow_state_counts_afresh_and_says_so():
+    calls = probe_calls(1100, ())
+    heard = ShadowEnds()
+    first = probe_guard(heard).turn(durable=True)
+    drive(first, calls[:50])
+    state = json.loads(json.dumps(first.suspend()))
+    del state["plugins"]  # what a version 1 snapshot holds
+    resumed = probe_guard(heard).resume(state)
+    drive(resumed, calls[50:])
+    assert resumed.end().fresh_state == ("shadow",)
+    assert heard.detected == [("main", "hard_backstop", 1001, 1051)]  # the shadow counted from the resume

@@ -419,3 +419,102 @@ def test_a_setting_added_after_the_snapshot_was_taken_resumes_at_its_default():
     guard().resume(state).end()
     with pytest.raises(tg.SnapshotError, match="remind_model"):
         guard(remind_model=True).resume(state)
+
+
+SHADOW_PROGRAM = textwrap.dedent("""
+    import json, sys
+    import turnguard as tg
+    heard = []
+    class Heard:
+        @tg.hookimpl
+        def turnguard_shadow_detected(self, policy, event):
+            heard.append([policy, str(event.threshold), str(event.level), event.tool_calls])
+    shadow = {"bytes": tg.GuardConfig(key_mode="bytes", streak_warn_at=2, streak_stop_at=3)}
+    guard = tg.Guard(tg.GuardConfig(shadow=shadow), plugins={"heard": Heard()})
+    turn = guard.resume(json.load(open(sys.argv[1])))
+    for i in range(4):
+        call = tg.ToolCall("bash", '{"b": 1, "a": 2}', call_id=f"late{i}")
+        turn.check_call(call)
+        turn.record_outcome(call, "error")
+    turn.end()
+    print(json.dumps(heard))
+""")
+
+
+def test_a_shadow_that_keys_calls_its_own_way_keeps_its_evidence_across_processes(tmp_path):
+    """A shadow in another key mode keys a durable turn's calls under the turn's own key too: its
+    streak goes on in the process that resumes the turn."""
+
+    class Heard:
+        def __init__(self) -> None:
+            self.said: list[list] = []
+
+        @tg.hookimpl
+        def turnguard_shadow_detected(self, policy, event):
+            self.said.append([policy, str(event.threshold), str(event.level), event.tool_calls])
+
+    shadow = {"bytes": tg.GuardConfig(key_mode="bytes", streak_warn_at=2, streak_stop_at=3)}
+    heard = {"whole": Heard(), "first": Heard()}
+    whole, first = (tg.Guard(tg.GuardConfig(shadow=shadow), plugins={"heard": heard[name]}).turn(durable=True)
+                    for name in ("whole", "first"))
+
+    def failing(turn: tg.Turn, ids: range) -> None:
+        for i in ids:
+            call = tg.ToolCall("bash", '{"b": 1, "a": 2}', call_id=f"late{i}" if i >= 2 else f"c{i}")
+            turn.check_call(call)
+            turn.record_outcome(call, "error")
+
+    failing(whole, range(6))
+    failing(first, range(2))
+    path = tmp_path / "turn.json"
+    path.write_text(json.dumps(first.suspend()))
+    done = subprocess.run([sys.executable, "-c", SHADOW_PROGRAM, str(path)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert heard["whole"].said == [["bytes", "streak", "warn", 2], ["bytes", "streak", "stop", 3]]
+    assert heard["first"].said + json.loads(done.stdout) == heard["whole"].said
+
+
+def test_a_waiting_call_without_an_id_is_matched_after_a_resume_by_the_call_itself():
+    """The host's new object for a call that waited without a ``call_id`` settles it; the original
+    object (the same process) settles its own check; a duplicate of a call checked after the
+    resume is still a duplicate, not the waiting call's outcome."""
+    g = guard()
+    turn = g.turn()
+    first, second = tg.ToolCall("run", {"t": 1}), tg.ToolCall("run", {"t": 1})
+    turn.check_call(first)
+    turn.check_call(second)
+    turn.check_call(tg.ToolCall("ls", "-l"))
+    resumed = guard().resume(turn.suspend())
+    after = tg.ToolCall("ls", "-l")
+    resumed.check_call(after)
+    resumed.record_outcome(after, "ok")
+    assert resumed.record_outcome(after, "ok") is tg.guard.ALLOW and resumed.ledger.outcomes("ok") == 1
+    assert [seq for seq in resumed._awaiting] == [1, 2, 3]  # the duplicate took no waiting call
+    resumed.record_outcome(second, "error")  # the original object: its own check, the 2nd
+    assert list(resumed._awaiting) == [1, 3]
+    resumed.record_outcome(tg.ToolCall("run", {"t": 1}), "error")  # a new object: the earliest, the 1st
+    resumed.record_outcome(tg.ToolCall("ls", "-l"), "ok")
+    assert not resumed._awaiting and resumed.ledger.outcomes("error") == 2
+    assert resumed.record_outcome(tg.ToolCall("run", {"t": 1}), "error").action is tg.Action.ALLOW  # a stray now
+    assert resumed.ledger.outcomes("error") == 2
+
+
+def test_a_shadow_started_afresh_at_a_resume_counts_the_calls_after_it():
+    """A version 1 snapshot's shadows start afresh; their streaks settle the outcomes of the calls
+    checked after the resume (numbered as the live turn numbers them)."""
+    said = []
+
+    class Heard:
+        @tg.hookimpl
+        def turnguard_shadow_detected(self, policy, event):
+            said.append((policy, str(event.level), event.tool_calls, event.failing_streak_length))
+
+    config = tg.GuardConfig(digest_key=KEY, shadow={"eager": {"streak_warn_at": 2, "streak_stop_at": 3}},
+                            disable_plugins=("otel", "recorder"), load_entrypoints=False)
+    resumed = tg.Guard(config, plugins={"heard": Heard()}, environ={}).resume(json.loads(V1.read_text()))
+    for i in range(3):
+        call = tg.ToolCall("lint", {"path": "a.py"}, call_id=f"after{i}")
+        resumed.check_call(call)
+        resumed.record_outcome(call, "error")
+    assert said == [("eager", "warn", 2, 1), ("eager", "stop", 3, 3)] and resumed.halted is None
+    assert resumed.end().fresh_state == ("shadow",)

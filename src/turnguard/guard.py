@@ -586,19 +586,22 @@ class Turn:
         """A waiting call of the snapshot this turn resumed, without a ``call_id``, that ``call``
         reports: its own check, when ``call`` is the object checked before the snapshot (the same
         process: its key names the check), else the earliest with its name and digest (the host's
-        new object for that call); as ``_claim``."""
-        restored, key = self._restored, call._key
-        seq = key[3] if key is not None and key[2] is not self._token else 0
-        checked = restored.get(seq)  # type: ignore[union-attr]
-        if checked is None or checked.name != call.name or checked._key[0] != key[0]:
-            digest = key[0] if key is not None and key[1] is self._keyer else self._digest(call.name, call.args)
-            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[0] == digest  # type: ignore[union-attr]
-                        and self._awaiting.get(s) is c), 0)
-        if not seq or self._awaiting.get(seq) is not restored.get(seq):  # type: ignore[union-attr]
+        new object for that call); as ``_claim``. An object this turn checked is not one of them."""
+        restored, awaiting, key = self._restored or {}, self._awaiting, call._key
+        if key is not None and key[2] is self._token:
+            return 0, call  # checked here: its outcome came already (a duplicate)
+        for seq, checked in list(restored.items()):
+            if awaiting.get(seq) is not checked:  # given up since (MAX_AWAITING)
+                del restored[seq]
+        seq = key[3] if key is not None else 0
+        own = restored.get(seq)
+        if own is None or own.name != call.name or own._key[0] != key[0]:
+            digest = self._digest(call.name, call.args)
+            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[0] == digest), 0)
+        if not seq:
             return 0, call
-        checked = restored.pop(seq)  # type: ignore[union-attr]
-        del self._awaiting[seq]
-        return seq, checked
+        del awaiting[seq]
+        return seq, restored.pop(seq)
 
     def _next_check_of(self, call: ToolCall, key: tuple[Any, ...]) -> None:
         """``call`` was checked more than once: its key now points at its next waiting check."""

@@ -162,6 +162,7 @@ class Ledger:
         cohort: str = "live",
         resumed_from: str | None = None,
         fresh_state: tuple[str, ...] = (),
+        checks: int = 0,
     ) -> None:
         self._config = config
         self._cohort = str(cohort)
@@ -198,8 +199,8 @@ class Ledger:
         self._news: bytes | None = None
         self._stop_any = config.streak_stop_on == "any"
         self._settled = 0
-        self._seq = 0
-        self._next = 1
+        self._seq = checks  # checks counted elsewhere before (a shadow started afresh in a resumed turn)
+        self._next = checks + 1
         self._early: dict[int, Outcome] = {}
         self._stop_peak = 0
         self._fired: set[tuple[str, str]] = set()
@@ -479,7 +480,7 @@ class Ledger:
                     self._stop_peak = self._settled
                 if self._early:
                     self._settle_waiting()
-                return
+                return None
         else:
             self._outcomes[outcome._value_] += 1
         if seq != self._next:
@@ -500,6 +501,7 @@ class Ledger:
             self._stop_peak = self._settled
         if self._early:
             self._settle_waiting()
+        return None
 
     def abandon(self, seq: int) -> None:
         """The outcome of check ``seq`` will never come (the guard stopped waiting for it): it
@@ -693,15 +695,17 @@ class Ledger:
         self._looped = f.boolean("looped")
         self._news = f.digest("news", DIGEST_SIZE, optional=True)
         self._restore_streak(f, seq, calls)
-        self._restore_outcomes(f.object("outcomes"), seq)
+        self._restore_outcomes(f.object("outcomes"))
         f.done()
 
     def _restore_streak(self, f: Fields, seq: int, calls: int) -> None:
         self._last_key = f.digest("last_key", DIGEST_SIZE, optional=True)
-        self._last_tool = f.text("last_tool", optional=True)
+        self._last_tool = f.text("last_tool", optional=True, nonempty=True)
         streak = self._streak = f.integer("streak", 0, calls)
         if (self._last_key is None) != (streak == 0):
             st.refuse(f.at("streak"), "0 exactly when last_key is null (no current streak)", streak)
+        if (self._last_key is None) != (self._last_tool is None):
+            st.refuse(f.at("last_tool"), "null exactly when last_key is null", self._last_tool)
         self._next = f.integer("next", 1, seq + 1)
         self._failing = f.integer("failing", 0, streak)
         self._settled = f.integer("settled", 0, streak)
@@ -717,11 +721,10 @@ class Ledger:
             self._ended.append(ended)
             low = ended.last + 1
 
-    def _restore_outcomes(self, f: Fields, seq: int) -> None:
-        counts = {o.value: f.integer(o.value, 0, seq, default=0) for o in Outcome}
+    def _restore_outcomes(self, f: Fields) -> None:
+        """The outcome totals: counters, which nothing else is derived from."""
+        counts = {o.value: f.integer(o.value, default=0) for o in Outcome}
         f.done()
-        if sum(counts.values()) > seq:
-            st.refuse(f.path, f"counts adding up to at most the {seq} calls checked", counts)
         self._ok = counts.pop(_OK.value)
         self._outcomes = counts
 

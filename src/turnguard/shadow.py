@@ -49,6 +49,7 @@ from typing import Any
 
 import pluggy
 
+from turnguard import state as st
 from turnguard.config import GuardConfig
 from turnguard.dispatch import PASSTHROUGH, Dispatcher
 from turnguard.hookspecs import hookimpl
@@ -136,6 +137,18 @@ class ShadowRun:
     def state(self) -> dict[str, Any]:
         return {"config": deciding_settings(self.policy.config), "facts": self.ledger.state(),
                 "halt": verdict_data(self.halt)}
+
+
+def _restore_run(run: ShadowRun, f: Fields, turn: LedgerView, stopped: bool) -> None:
+    """``run`` goes on from its state in a snapshot (``ShadowRun.state``)."""
+    ledger = Ledger.from_state(run.policy.config, f.get("facts"), path=f.at("facts"),
+                               elapsed_s=time.monotonic() - turn.started_at, **_identity(turn))
+    halt = read_verdict(f.get("halt"), f.at("halt"))
+    f.done()
+    if halt is None and not stopped and ledger.checks != turn.checks:
+        st.refuse(f.at("facts.seq"), f"the live turn's check count, {turn.checks} (a shadow sees every check "
+                  "until its would-be halt)", ledger.checks)
+    run.restore(ledger, halt)
 
 
 def _identity(turn: LedgerView, **extra: Any) -> dict[str, Any]:
@@ -367,25 +380,22 @@ class ShadowPlugin:
         shadows = self._turns.get(id(turn))
         if shadows is None:
             return
-        f = Fields(state, "plugins.shadow") if state is not None else None
-        runs = f.mapping("runs", len(shadows.runs) + 1024) if f is not None else {}
-        elapsed = time.monotonic() - turn.started_at
+        f = Fields(state if state is not None else {"stopped": False, "runs": {}}, "plugins.shadow")
+        stopped = f.boolean("stopped")
+        runs = f.mapping("runs", len(shadows.runs) + 1024)
+        f.done()
         for run in shadows.runs:
             name = run.policy.name
             g = Fields(runs[name], f"plugins.shadow.runs.{name}") if name in runs else None
             if g is None or g.get("config") != deciding_settings(run.policy.config):
-                run.restore(Ledger(run.policy.config, **_identity(turn, fresh_state=("shadow",))), None)
-                continue
-            ledger = Ledger.from_state(run.policy.config, g.get("facts"), path=g.at("facts"), elapsed_s=elapsed,
-                                       **_identity(turn))
-            run.restore(ledger, read_verdict(g.get("halt"), g.at("halt")))
-            g.done()
-        if f is not None and f.boolean("stopped"):
+                fresh = Ledger(run.policy.config, **_identity(turn, fresh_state=("shadow",), checks=turn.checks))
+                run.restore(fresh, None)  # numbered as the live checks: their outcomes come by those numbers
+            else:
+                _restore_run(run, g, turn, stopped)
+        if stopped:
             shadows.stop()
         else:
             shadows.drop_halted()
-        if f is not None:
-            f.done()
 
     @hookimpl
     def turnguard_turn_suspended(self, turn: LedgerView) -> None:

@@ -51,7 +51,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from turnguard import state as st
 from turnguard.config import GuardConfig
@@ -65,7 +65,8 @@ from turnguard.task_results import MAX_RECENT_TURNS
 if TYPE_CHECKING:
     from turnguard.keys import Keyer
 
-Guard = Turn = Any  # turnguard.guard calls in here; naming its classes would make an import cycle
+Guard: TypeAlias = Any  # turnguard.guard calls in here; naming its classes would make an import cycle
+Turn: TypeAlias = Any
 
 __all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "cohort_of", "deciding_settings", "pending", "read_verdict",
            "resume", "snapshot", "verdict_data"]
@@ -253,21 +254,22 @@ class _Restored:
 
 def _read(guard: Guard, state: Any) -> _Restored:
     if not isinstance(state, Mapping) or state.get("kind") != KIND:
-        raise SnapshotError("not a turnguard turn snapshot (pass what turn.snapshot() returned)", "kind")
+        raise SnapshotError(f"not a turnguard turn snapshot: its field 'kind' must be {KIND!r} (pass what "
+                            "turn.snapshot() returned)", "kind")
     version = state.get("version")
     if type(version) is not int or version not in READS:
-        raise SnapshotError(f"snapshot version {version!r} is not one this turnguard reads (versions "
-                            f"{', '.join(map(str, READS))})", "version")
+        raise SnapshotError(f"the snapshot's field 'version' is {st.shown(version)}, not one this turnguard reads "
+                            f"(versions {', '.join(map(str, READS))})", "version")
     f = Fields(state, "")
     f.get("kind")
     f.get("version")
+    identity = _identity(f.object("turn"), version)
     _check_config(guard.config, f.get("config"))
     keyer = _keyer(guard, f, version)
-    identity = _identity(f.object("turn"), version)
     facts = f.get("facts")
     if not isinstance(facts, Mapping):
         st.refuse("facts", "an object", facts)
-    awaiting = _awaiting(f, st.integer("facts.seq", facts.get("seq")) if "seq" in facts else 0)
+    awaiting = _awaiting(f, Fields(facts, "facts").integer("seq"))
     halt = read_verdict(f.get("halt"), "halt")
     if halt is not None and halt.action is not Action.HALT:
         st.refuse("halt.action", "halt (the latched verdict)", halt.action.label)
@@ -289,8 +291,9 @@ def _check_config(config: GuardConfig, theirs: Any) -> None:
     differing = sorted(str(k) for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)
                        or isinstance(ours.get(k), bool) is not isinstance(theirs.get(k), bool))  # 1 is not True
     if differing:
-        detail = ", ".join(f"{k}: snapshot {st.shown(theirs.get(k))}, guard {ours.get(k)!r}" for k in differing)
-        raise SnapshotError(f"the snapshot was taken under another configuration ({detail})", f"config.{differing[0]}")
+        detail = "; ".join(f"config.{k} is {st.shown(theirs.get(k))} in the snapshot, {ours.get(k)!r} here"
+                           for k in differing)
+        raise SnapshotError(f"the snapshot was taken under another configuration: {detail}", f"config.{differing[0]}")
 
 
 def _defaults() -> dict[str, Any]:
@@ -308,7 +311,8 @@ def _keyer(guard: Guard, f: Fields, version: int) -> Keyer:
     if keying == "turn":
         keyer = turn_keyer(guard.config.key_mode, f.digest("turn_key", TURN_KEY_SIZE))
         if _key_check(keyer) != check:
-            raise SnapshotError("the snapshot's turn_key does not give its key_check (the key was altered)", "turn_key")
+            raise SnapshotError("the snapshot's field 'turn_key' does not give its key_check (the key was altered)",
+                                "turn_key")
         return keyer
     if _key_check(guard.keyer) == check:
         return guard.keyer
@@ -321,7 +325,8 @@ def _keyer(guard: Guard, f: Fields, version: int) -> Keyer:
                "the process that took it (a per-process secret) and mean nothing here; open turns that must resume "
                "in another process with guard.turn(durable=True), or give every guard the same "
                "GuardConfig(digest_key=...)")
-    raise SnapshotError(f"this guard cannot continue the snapshot: {why}", "key_check")
+    raise SnapshotError(f"this guard cannot continue the snapshot (its field 'key_check' does not match): {why}",
+                        "key_check")
 
 
 def _identity(f: Fields, version: int) -> dict[str, Any]:
