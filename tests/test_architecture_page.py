@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-from test_layering import LAYERS
 
 import turnguard as tg
+from test_layering import LAYERS
 from turnguard import plugins
 
 ROOT = Path(__file__).resolve().parent.parent
