@@ -139,7 +139,7 @@ class PolicyRules:
         self.cap: FiringRule = cap.firing_rule(config)
         """The rule whose halts are known exactly (``Firing.halt_call``): plans that differ only
         there share what they have in common."""
-        others = (streak.firing_rule(config), cycles.firing_rule(config), *policy.extras)
+        others: tuple[FiringRule, ...] = (streak.firing_rule(config), cycles.firing_rule(config), *policy.extras)
         self.others: tuple[FiringRule, ...] = others if shared is None else shared.setdefault(others, others)
         """The other rules (equal ones shared through ``shared``: grids vary the cap most, and
         ``plan``'s memo then reads the others once per turn)."""

@@ -237,6 +237,7 @@ def _name(cfg: GuardConfig, base: GuardConfig) -> str:
     """Only what differs from the default configuration (the adaptive cap's settings only
     without an explicit cap)."""
     parts = []
+    shown: tuple[tuple[tuple[str, ...], str], ...]
     if cfg.max_tool_calls_per_turn is not None:
         parts.append(f"explicit {cfg.max_tool_calls_per_turn}")
         shown = _NAME_PARTS

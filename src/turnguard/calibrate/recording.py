@@ -124,7 +124,7 @@ class Recording:
                 untimed=count(data["turns_without_times"]))
         r.first_started, r.last_ended = time_or_none(data["first_started"]), time_or_none(data["last_ended"])
         if (r.first_started is None) != (r.last_ended is None) or (
-                r.first_started is not None and r.last_ended < r.first_started):
+                r.first_started is not None and r.last_ended is not None and r.last_ended < r.first_started):
             raise ValueError("the recording's first start and last end do not make a time span")
         policies = data["policies"]
         if not isinstance(policies, list) or len(policies) > MAX_POLICIES:

@@ -29,11 +29,13 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from turnguard.calibrate.counts import call_count_key, count, histogram
 from turnguard.calibrate.evidence import Z95
 from turnguard.model import Threshold
+
+K = TypeVar("K")
 
 CENSORING_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error", "cancelled", "error",
                             "abandoned"})
@@ -87,10 +89,9 @@ class Survival:
             self.events[calls] = self.events.get(calls, 0) + 1
 
     def merge(self, other: Survival) -> None:
-        for mine, theirs in ((self.events, other.events), (self.censored, other.censored),
-                             (self.censored_by, other.censored_by)):
-            for k, v in theirs.items():
-                mine[k] = mine.get(k, 0) + v
+        _add(self.events, other.events)
+        _add(self.censored, other.censored)
+        _add(self.censored_by, other.censored_by)
         self.unknown_end += other.unknown_end
 
     @property
@@ -138,6 +139,11 @@ class Survival:
                    histogram(data["censored_at"], "survival.censored_at", call_count_key),
                    histogram(data["censored_by"], "survival.censored_by", _group),
                    count(data["unknown_end"], "survival.unknown_end"))
+
+
+def _add(mine: dict[K, int], theirs: dict[K, int]) -> None:
+    for k, v in theirs.items():
+        mine[k] = mine.get(k, 0) + v
 
 
 def _group(key: Any) -> str:

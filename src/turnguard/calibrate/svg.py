@@ -40,7 +40,7 @@ def lanes(items: list[tuple[float, str]], lo: float, hi: float) -> list[tuple[fl
     label that would leave ``hi`` is drawn to the left of its x."""
     ends: list[float] = []
     spans: list[tuple[float, float, int]] = []  # (start, end, lane) of the labels placed so far
-    placed = []
+    placed: list[tuple[float, str, str, int]] = []
     for x, label in sorted(items):
         w = text_width(label)
         start, anchor = (x + 2, "start") if x + 2 + w <= hi else (max(lo, x - 2 - w), "end")
