@@ -141,7 +141,7 @@ def test_an_attended_continue_is_remembered(tmp_path):
 
 
 def test_late_results_with_ids_past_the_limit_are_reported_and_not_kept(tmp_path):
-    from turnguard.calibrate.results import late_results
+    from turnguard.calibrate.results import late_results, result_key
     path = tmp_path / "r.jsonl"
     long_id = "r" * (MAX_ID_LENGTH + 1)
     logs = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
@@ -151,7 +151,7 @@ def test_late_results_with_ids_past_the_limit_are_reported_and_not_kept(tmp_path
     path.write_text("\n".join([json.dumps({"result_for": long_id, "resolved": True}), json.dumps(logs),
                                json.dumps({"result_for": "ok-id", "resolved": False})]) + "\n")
     problems: list[InputProblem] = []
-    assert late_results([path], problems.append) == {"ok-id": False}
+    assert late_results([path], problems.append) == {result_key("ok-id"): False}
     assert len(problems) == 2 and all(f"at most {MAX_ID_LENGTH} characters" in str(p) for p in problems)
     assert all(len(str(p)) < 400 for p in problems)
 

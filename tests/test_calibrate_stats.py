@@ -7,6 +7,7 @@ import json
 import pytest
 
 from synthetic import SMALL, records
+from turnguard.calibrate.bounds import ids_per_policy
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.inputs import corpus_turn
@@ -49,10 +50,16 @@ def test_from_json_refuses_what_is_not_a_result(bad: dict) -> None:
 
 
 def test_resolved_ids_are_bounded_but_counted() -> None:
-    stats = ModeStats()
+    stats = ModeStats(max_ids=MAX_IDS)
     for i in range(MAX_IDS + 30):
         stats.add(f"t{i}", 10, True, TurnResult(4, "streak"))
     assert stats.halted_resolved == MAX_IDS + 30 and len(stats.resolved_ids) == MAX_IDS
+
+
+@pytest.mark.parametrize(("policies", "kept"), [(1, 50), (200, 50), (400, 25), (2000, 5)])
+def test_a_large_grid_keeps_fewer_ids_per_policy(policies: int, kept: int) -> None:
+    """Ids over the whole grid are bounded (at most 10,000, each at most 256 characters)."""
+    assert ids_per_policy(policies) == kept
 
 
 def test_saved_calls_and_positions() -> None:

@@ -70,6 +70,9 @@ def _line_limit(text: str) -> int:
 
 
 MAX_LINE_LIMIT = 1 << 30
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+"""The largest ``--json`` result ``calibrate merge`` reads (a real one is a few MB: its figures are
+bounded by the grid, never by the turns)."""
 
 
 def _tolerance(text: str) -> float:
@@ -294,6 +297,8 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
     merged: RunStats | None = None
     for path in paths:
         try:
+            if os.path.getsize(path) > MAX_RESULT_BYTES:
+                raise ValueError(f"larger than {MAX_RESULT_BYTES:,} bytes: not a calibrate --json result")
             part = RunStats.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
             if merged is None:
                 merged = part

@@ -29,6 +29,7 @@ from turnguard.calibrate.replay import (
     cycle_starts,
     replay_turn,
 )
+from turnguard.calibrate.results import result_key
 from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect, halt_ended
 from turnguard.config import GuardConfig
 from turnguard.firing import FiringRule, TurnFacts
@@ -51,12 +52,12 @@ class Calibrator:
     """Accumulates the results of every policy on every turn it is given (one process)."""
 
     def __init__(self, policies: list[Policy], *, group: bool = True,
-                 results: Mapping[str, bool] | None = None) -> None:
+                 results: Mapping[int, bool] | None = None) -> None:
         if not policies:
             raise ValueError("the grid is empty")
         self.policies = policies
         self.late_results = results or {}
-        """Late task results by turn id (``results.late_results``), for turns recorded without one."""
+        """Late task results by ``results.result_key`` of the turn id, for turns recorded without one."""
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
@@ -81,7 +82,7 @@ class Calibrator:
         stats = self.stats
         turn_id, resolved = turn.id, turn.resolved
         if resolved is None and self.late_results:
-            resolved = self.late_results.get(turn_id)
+            resolved = self.late_results.get(result_key(turn_id))
         stats.add_turn(n, resolved)
         modes = stats.modes
         effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs

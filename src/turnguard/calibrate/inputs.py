@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from turnguard.calibrate import bounds
 from turnguard.model import MAX_ID_LENGTH, Outcome
 from turnguard.probe import COHORTS
 from turnguard.telemetry import names
@@ -117,18 +118,29 @@ class InputProblem:
         return f"{self.path}:{self.line}: {self.message}"
 
 
-MAX_LINE_BYTES = 32 * 1024 * 1024
+MAX_LINE_BYTES = bounds.MAX_LINE_BYTES
 """The longest line read (without its newline); a longer one is reported and skipped, reading at
 most this much of it at a time. The recorder writes at most 10,000 calls per line (under 1 MB);
-the Collector's file exporter writes one export batch per line."""
+the Collector's file exporter writes one export batch per line. Every other bound derives from it
+(``bounds.py``)."""
 MAX_TURN_CYCLES = 100_000
 """The most model requests a turn (``cycles``) or a call's ``cycle`` number may give: the replay
 does work for each request, so a larger value is a reported problem, not a hang."""
-MAX_TURN_CALLS = 1_000_000
-"""The most tool calls a turn may hold (100 times the recorder's per-turn limit)."""
-MAX_WAITING_CALLS = 1_000_000
-"""The most OTLP tool spans held while their turn spans have not arrived; past it the turn
-waiting longest is reported and replayed as it is, so memory stays bounded on any input."""
+MAX_TURN_CALLS = bounds.MAX_TURN_CALLS
+"""The most tool calls a turn may hold at any line limit (100 times the recorder's per-turn
+limit); at a given ``--max-line-bytes`` at most ``Bounds.turn_calls`` (131,072 at the default)."""
+MAX_WAITING_CALLS = bounds.MAX_TURN_CALLS
+"""The most OTLP tool spans held while their turn spans have not arrived (at a given
+``--max-line-bytes``, at most ``Bounds.waiting_calls``); past it the turn waiting longest is
+reported and replayed as it is, so memory stays bounded on any input."""
+
+
+def turn_calls_limit(max_line_bytes: int) -> int:
+    return min(MAX_TURN_CALLS, bounds.Bounds(max_line_bytes).turn_calls)
+
+
+def waiting_calls_limit(max_line_bytes: int) -> int:
+    return min(MAX_WAITING_CALLS, bounds.Bounds(max_line_bytes).waiting_calls)
 
 
 class InputError(Exception):
@@ -211,7 +223,7 @@ def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink, *,
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RecordedTurn]:
     """Every turn of every file, in file order, the files one stream (a turn's spans may be in
     two files of a rotated set: ``streams.py``); each file's format is detected per line."""
-    spans = OtlpAssembler(on_problem)
+    spans = OtlpAssembler(on_problem, max_line_bytes=max_line_bytes)
     for path in paths:
         with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
             yield from read_source(source, on_problem, spans)
@@ -237,24 +249,24 @@ def read_source(source: LineSource, on_problem: ProblemSink,
     ``spans``, an assembler shared by the files of one stream, tool spans still waiting for their
     turn span at the end of the file wait on (the caller finishes it); without, they are released
     at the end of this file."""
-    label = source.path
+    label, limit = source.path, source.max_line_bytes
     own = spans is None
     if spans is None:
-        spans = OtlpAssembler(on_problem)
+        spans = OtlpAssembler(on_problem, max_line_bytes=limit)
     spans.path = label
     try:
         for lineno, line in source:
             if is_otlp_line(line):
-                obj = parse_line(line, label, lineno, on_problem)
+                obj = parse_line(line, label, lineno, on_problem, limit)
                 if obj is not UNREADABLE:
                     if isinstance(obj, dict) and "resourceSpans" in obj:
                         yield from spans.add(obj, lineno)
                     else:
-                        turn = corpus_turn(obj, label, lineno, on_problem)
+                        turn = corpus_turn(obj, label, lineno, on_problem, limit)
                         if turn is not None:
                             yield turn
                 continue
-            turn = corpus_line(line, label, lineno, on_problem)
+            turn = corpus_line(line, label, lineno, on_problem, limit)
             if turn is not None:
                 yield turn
     except (OSError, EOFError, zlib.error) as exc:
@@ -267,11 +279,22 @@ UNREADABLE: Any = object()
 """What ``parse_line`` returns for a line that holds no JSON value (JSON ``null`` is ``None``)."""
 
 
-def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> Any:
+def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Any:
     """The JSON value of a line, or ``UNREADABLE``: a blank line, or one reported as not JSON
-    (nesting too deep for the parser included)."""
+    (nesting too deep for the parser included), or as too costly to parse: its parsed form,
+    estimated from its structure (``bounds.parsed_size``), would take more than
+    ``bounds.PARSE_FACTOR`` x ``max_line_bytes``."""
     if _blank(line):
         return UNREADABLE
+    if len(line) > bounds.ESTIMATE_FROM:
+        size, budget = bounds.parsed_size(line), bounds.PARSE_FACTOR * max_line_bytes
+        if size > budget:
+            on_problem(InputProblem(path, lineno, f"too many JSON values to read within the memory bound: about "
+                                                  f"{size / 2**20:,.0f} MiB once parsed, more than "
+                                                  f"{bounds.PARSE_FACTOR} x --max-line-bytes ({budget / 2**20:,.0f} "
+                                                  "MiB); skipped"))
+            return UNREADABLE
     try:
         return json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -282,10 +305,11 @@ def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> 
     return UNREADABLE
 
 
-def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink) -> RecordedTurn | None:
+def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
+                max_line_bytes: int = MAX_LINE_BYTES) -> RecordedTurn | None:
     """One corpus-format line as a turn (blank lines are skipped, anything else is reported)."""
-    obj = parse_line(line, path, lineno, on_problem)
-    return None if obj is UNREADABLE else corpus_turn(obj, path, lineno, on_problem)
+    obj = parse_line(line, path, lineno, on_problem, max_line_bytes)
+    return None if obj is UNREADABLE else corpus_turn(obj, path, lineno, on_problem, max_line_bytes)
 
 
 def _blank(line: bytes) -> bool:
@@ -298,7 +322,8 @@ def _blank(line: bytes) -> bool:
 _OUTCOMES = {o.value: o for o in Outcome}
 
 
-def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> RecordedTurn | None:
+def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink,
+                max_line_bytes: int = MAX_LINE_BYTES) -> RecordedTurn | None:
     """A corpus/recorder line as a turn, or ``None`` after reporting why it cannot be one."""
 
     def bad(message: str) -> None:
@@ -313,8 +338,10 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink) -> Re
     if not isinstance(raw_calls, list):
         bad("'calls' is missing or not a list")
         return None
-    if len(raw_calls) > MAX_TURN_CALLS:
-        bad(f"{len(raw_calls):,} calls: more than the limit of {MAX_TURN_CALLS:,} per turn")
+    limit = turn_calls_limit(max_line_bytes)
+    if len(raw_calls) > limit:
+        bad(f"{len(raw_calls):,} calls: more than the limit of {limit:,} per turn (--max-line-bytes / "
+            f"{bounds.BYTES_PER_CALL})")
         return None
     calls = _plain_calls(raw_calls)
     if calls is None:
@@ -578,9 +605,13 @@ class OtlpAssembler:
     stream (or when the bound is reached).
     """
 
-    def __init__(self, on_problem: ProblemSink, path: str = "") -> None:
+    def __init__(self, on_problem: ProblemSink, path: str = "", *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.path = path
         self.on_problem = on_problem
+        self.max_waiting = waiting_calls_limit(max_line_bytes)
+        self.max_calls = turn_calls_limit(max_line_bytes)
+        self._tools: dict[str, str] = {}
+        """Tool names seen, each kept once (a waiting call holds the shared text)."""
         self._pending: dict[str, _Pending] = {}
         self._waiting = 0
         self._span_times: tuple[float, float] | None = None
@@ -605,7 +636,7 @@ class OtlpAssembler:
                     turn = self._span(span, lineno)
                     if turn is not None:
                         yield turn
-                    if self._waiting > MAX_WAITING_CALLS:
+                    if self._waiting > self.max_waiting:
                         yield self._release_oldest()
 
     def _release_oldest(self) -> RecordedTurn:
@@ -613,7 +644,7 @@ class OtlpAssembler:
         del self._pending[key]
         self._waiting -= len(pending.calls)
         self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
-                                  f"{MAX_WAITING_CALLS:,} waited for their turn spans (replayed as a turn of "
+                                  f"{self.max_waiting:,} waited for their turn spans (replayed as a turn of "
                                   "their own)", pending.path)
         self._span_times = None
         return self._turn(key.partition(":")[2], pending, {}, pending.lineno, pending.path)
@@ -684,9 +715,11 @@ class OtlpAssembler:
         pending = self._pending.get(key)
         if pending is None:
             pending = self._pending[key] = _Pending(self.path, lineno)
-        if len(pending.calls) >= MAX_TURN_CALLS:
-            self._bad(lineno, f"tool span {name!r}: its turn already has {MAX_TURN_CALLS:,} calls (the limit); skipped")
+        if len(pending.calls) >= self.max_calls:
+            self._bad(lineno, f"tool span {name!r}: its turn already has {self.max_calls:,} calls (the limit); skipped")
             return
+        if len(self._tools) < MAX_SHARED_TOOLS:
+            tool = self._tools.setdefault(tool, tool)
         pending.calls.append((index, RecordedCall(tool, None, digest, outcome)))
         self._waiting += 1
 
@@ -711,6 +744,10 @@ class OtlpAssembler:
             cohort=cohort if cohort in COHORTS else None,
             **span_facts(attrs, self._span_times),
         )
+
+
+MAX_SHARED_TOOLS = 10_000
+"""Tool names an assembler keeps one copy of (the telemetry's own bound on tool names)."""
 
 
 def _short_text(value: Any) -> bool:

@@ -33,6 +33,21 @@ def median_of(hist: dict[int, int]) -> int | None:
     return None  # pragma: no cover - unreachable
 
 
+def median_halt(hist: dict[int, list[int]]) -> int | str | None:
+    """The median halt call of a bucketed histogram (``stats.add_halt_call``): the call itself
+    when its bucket's halts all fell on one call, else the bucket's range (``"960-1023"``)."""
+    total = sum(v[0] for v in hist.values())
+    if not total:
+        return None
+    seen = 0
+    for key in sorted(hist):
+        n, lo, hi = hist[key]
+        seen += n
+        if seen * 2 >= total:
+            return lo if lo == hi else f"{lo}-{hi}"
+    return None  # pragma: no cover - unreachable
+
+
 def median_decile(deciles: list[int]) -> str:
     """The tenth of the turn the median halt lands in (``median_of`` over the tenths)."""
     i = median_of(dict(enumerate(deciles)))
@@ -72,10 +87,10 @@ def rows(stats: RunStats) -> list[dict[str, Any]]:
             "saved_censored": u.saved_censored,
             "evidence_halts": u.evidence_halts,
             "evidence_by_source": dict(u.evidence),
-            "median_halt_call": median_of(u.halt_calls),
+            "median_halt_call": median_halt(u.halt_calls),
             "median_position": median_decile(u.halt_deciles),
             "halt_deciles": list(u.halt_deciles),
-            "halt_calls": dict(u.halt_calls),
+            "halt_calls": {k: list(v) for k, v in u.halt_calls.items()},
             "asks": a.asks,
             "turns_with_asks": a.turns_with_asks,
             "asks_resolved": a.asks_resolved,

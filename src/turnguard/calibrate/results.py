@@ -16,11 +16,13 @@ without late results cost one fast pass.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from turnguard.calibrate.bounds import BYTES_PER_RESULT, Bounds
 from turnguard.calibrate.inputs import (
     LOGS_KEY,
     MAX_LINE_BYTES,
@@ -39,27 +41,37 @@ RESULT_EVENT = "turnguard.turn.result"
 """The log record of a late result."""
 MARKERS = (f'"{RESULT_KEY}"'.encode(), f'"{LOGS_KEY}"'.encode())
 MAX_LATE_RESULTS = 1_000_000
-"""Results kept (about 100 bytes each); past it a problem is reported and the rest ignored."""
+"""Results kept at most at any line limit; at a given ``--max-line-bytes``, ``Bounds.late_results``
+(its 64th part: 524,288 at the default; each costs about 64 bytes). Past it a problem is reported
+and the rest ignored."""
+
+
+def result_key(turn_id: str) -> int:
+    """What a result is kept under: an 8-byte BLAKE2b of the turn id (ids are up to 256
+    characters; two of a million ids share a key with a chance of about 3 in 100 million)."""
+    return int.from_bytes(hashlib.blake2b(turn_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 BLOCK = 1 << 16
 """The scan's read size: small, so the scan adds nothing to a run's peak memory."""
 
 
 def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
-                 max_line_bytes: int = MAX_LINE_BYTES) -> dict[str, bool]:
-    """Turn id -> the first late result reported for it, from every input."""
-    results: dict[str, bool] = {}
+                 max_line_bytes: int = MAX_LINE_BYTES) -> dict[int, bool]:
+    """``result_key(turn id)`` -> the first late result reported for it, from every input."""
+    results: dict[int, bool] = {}
     full = [False]
+    most = min(MAX_LATE_RESULTS, Bounds(max_line_bytes).late_results)
 
     def keep(turn_id: str, resolved: bool, path: str, lineno: int) -> None:
-        if turn_id in results:
+        key = result_key(turn_id)
+        if key in results:
             return
-        if len(results) >= MAX_LATE_RESULTS:
+        if len(results) >= most:
             if not full[0]:
                 full[0] = True
-                on_problem(InputProblem(path, lineno, f"more than {MAX_LATE_RESULTS:,} late results: "
-                                                      "the rest are ignored"))
+                on_problem(InputProblem(path, lineno, f"more than {most:,} late results (--max-line-bytes / "
+                                                      f"{BYTES_PER_RESULT}): the rest are ignored"))
             return
-        results[turn_id] = resolved
+        results[key] = resolved
 
     for path in paths:
         if not _may_hold_results(path):
@@ -69,7 +81,7 @@ def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
             for lineno, line in source:
                 if not any(m in line for m in MARKERS):
                     continue
-                obj = parse_line(line, label, lineno, lambda p: None)  # the replay reports bad JSON
+                obj = parse_line(line, label, lineno, lambda p: None, max_line_bytes)  # the replay reports it
                 if not isinstance(obj, dict):
                     continue
                 if RESULT_KEY in obj:

@@ -165,7 +165,7 @@ class _Counter:
 def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes, results) -> RunStats:
     cal = Calibrator(policies, group=group, results=results)
     done = 0
-    spans = OtlpAssembler(on_problem)  # one stream: a turn may straddle two files of a rotated set
+    spans = OtlpAssembler(on_problem, max_line_bytes=max_line_bytes)  # one stream across a rotated set
     for path, size in zip(paths, sizes, strict=True):
         with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
             for i, turn in enumerate(read_source(source, on_problem, spans)):
@@ -185,7 +185,7 @@ _worker: Calibrator | None = None
 _max_line_bytes = MAX_LINE_BYTES
 
 
-def _init(policies: list[Policy], group: bool, max_line_bytes: int, results: dict[str, bool]) -> None:
+def _init(policies: list[Policy], group: bool, max_line_bytes: int, results: dict[int, bool]) -> None:
     global _worker, _max_line_bytes
     gc.set_threshold(*GC_THRESHOLD)
     _worker = Calibrator(policies, group=group, results=results)
@@ -207,7 +207,7 @@ def _work(chunk: list[Any]) -> tuple[RunStats, list[InputProblem]]:
             _read_range(cal, problems, *item[1:])
         else:
             _, path, lineno, line = item
-            turn = corpus_line(line, path, lineno, problems.append)
+            turn = corpus_line(line, path, lineno, problems.append, _max_line_bytes)
             if turn is not None:
                 cal.add(turn)
     return cal.stats, problems
@@ -239,7 +239,7 @@ def _read_range(cal: Calibrator, problems: list[InputProblem], path: str, start:
             if line is None:
                 sink(too_long(path, lineno, size, limit))
             else:
-                turn = corpus_line(line, path, lineno, sink)
+                turn = corpus_line(line, path, lineno, sink, limit)
                 if turn is not None:
                     add(turn)
             lineno += 1
@@ -290,7 +290,7 @@ def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) 
     chunk: list[Any] = []
     size_of_chunk = 0
     done = 0
-    spans = OtlpAssembler(on_problem)  # one stream across the files (streams.py)
+    spans = OtlpAssembler(on_problem, max_line_bytes=max_line_bytes)  # one stream across the files
     for path, size in zip(paths, sizes, strict=True):
         label = str(path)
         ranges = _ranges(label, size)
@@ -305,7 +305,7 @@ def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) 
             spans.path = label
             for lineno, line in source:
                 if is_otlp_line(line):
-                    obj = parse_line(line, label, lineno, on_problem)
+                    obj = parse_line(line, label, lineno, on_problem, max_line_bytes)
                     if isinstance(obj, dict) and "resourceSpans" in obj:
                         chunk.extend(("turn", t) for t in spans.add(obj, lineno))
                     elif obj is not UNREADABLE:

@@ -1,9 +1,11 @@
 """The figures a calibration run accumulates, and how partial runs merge.
 
 Everything here is a counter or a histogram keyed by small integers, so memory grows with the grid
-and the longest turn, never with the number of turns; the ids of resolved turns a policy halted
-(the false-positive proxy), and of the unresolved ones it halted, are kept up to ``MAX_IDS`` per
-policy, with the full counts beside.
+and the longest turn, never with the number of turns (``bounds.py``): halt calls past 64 are
+counted in buckets of 1/8 of an octave, each remembering its lowest and highest call; the ids of
+resolved turns a policy halted (the false-positive proxy), and of the unresolved ones it halted,
+are kept up to ``bounds.ids_per_policy`` per policy (50 in grids of up to 200), with the full
+counts beside, in the unattended mode (the one the report names them for).
 ``to_json``/``from_json`` round-trip exactly, so split runs merge into the figures of one run.
 """
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnguard.calibrate.advice import Context, assess, probe_hard_cap, recommendation
+from turnguard.calibrate.bounds import MAX_IDS, halt_bucket, ids_per_policy
 from turnguard.calibrate.counts import COHORT_KEYS, call_count_key, cohort_key, count, histogram, shown
 from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
 from turnguard.calibrate.evidence import ProbeEvidence
@@ -21,7 +24,6 @@ from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative
 from turnguard.calibrate.survival import Survival, estimate
 from turnguard.model import MAX_ID_LENGTH, Threshold
 
-MAX_IDS = 50
 FORMAT = "turnguard-calibrate/2"
 """Version 2 adds what the recording cannot tell (censored counts, survival); results of version 1
 are refused: run the parts again."""
@@ -71,8 +73,11 @@ class ModeStats:
     saved_unresolved: int = 0
     halted_unknown: int = 0
     saved_unknown: int = 0
-    halt_calls: dict[int, int] = field(default_factory=dict)
-    """Histogram of the call index each halt prevented."""
+    halt_calls: dict[int, list[int]] = field(default_factory=dict)
+    """Histogram of the call index each halt prevented: by ``bounds.halt_bucket``, ``[halts, lowest
+    call, highest call]`` (a bucket whose halts all fell on one call says so exactly)."""
+    max_ids: int = 0
+    """Ids of halted turns kept (0 in the attended mode: the report names the unattended ones)."""
     halt_deciles: list[int] = field(default_factory=lambda: [0] * 11)
     """Where halts land: tenths of the turn (index 10: after its last call)."""
     asks: int = 0
@@ -110,8 +115,7 @@ class ModeStats:
         self.halted += 1
         by_threshold = self.by_threshold
         by_threshold[label] = by_threshold.get(label, 0) + 1
-        halt_calls = self.halt_calls
-        halt_calls[result.halt_call] = halt_calls.get(result.halt_call, 0) + 1
+        add_halt_call(self.halt_calls, result.halt_call)
         self.halt_deciles[tenth] += 1
         if cut is not None:
             _add_hist(self.halted_censored, cut)
@@ -120,12 +124,12 @@ class ModeStats:
         _add_hist(self.evidence, source)
         if resolved is True:
             self.halted_resolved += 1
-            if len(self.resolved_ids) < MAX_IDS:
+            if len(self.resolved_ids) < self.max_ids:
                 self.resolved_ids.append(turn_id)
         elif resolved is False:
             self.halted_unresolved += 1
             self.saved_unresolved += saved
-            if len(self.unresolved_ids) < MAX_IDS:
+            if len(self.unresolved_ids) < self.max_ids:
                 self.unresolved_ids.append(turn_id)
         else:
             self.halted_unknown += 1
@@ -148,10 +152,11 @@ class ModeStats:
         for hist in ("by_threshold", "halted_censored", "evidence"):
             for k, v in getattr(other, hist).items():
                 _add_hist(getattr(self, hist), k, v)
-        self.resolved_ids.extend(other.resolved_ids[: MAX_IDS - len(self.resolved_ids)])
-        self.unresolved_ids.extend(other.unresolved_ids[: MAX_IDS - len(self.unresolved_ids)])
-        for k, v in other.halt_calls.items():
-            _add_hist(self.halt_calls, k, v)
+        self.resolved_ids.extend(other.resolved_ids[: max(0, self.max_ids - len(self.resolved_ids))])
+        self.unresolved_ids.extend(other.unresolved_ids[: max(0, self.max_ids - len(self.unresolved_ids))])
+        for k, (n, lo, hi) in other.halt_calls.items():
+            mine = self.halt_calls.get(k)
+            self.halt_calls[k] = [n, lo, hi] if mine is None else [mine[0] + n, min(mine[1], lo), max(mine[2], hi)]
         self.halt_deciles = [a + b for a, b in zip(self.halt_deciles, other.halt_deciles, strict=True)]
 
     def to_json(self, halt_ended: dict[str, int] | None = None) -> dict[str, Any]:
@@ -173,7 +178,7 @@ class ModeStats:
             "saved_unresolved": self.saved_unresolved,
             "halted_unknown": self.halted_unknown,
             "saved_unknown": self.saved_unknown,
-            "halt_calls": {str(k): v for k, v in sorted(self.halt_calls.items())},
+            "halt_calls": {str(k): list(v) for k, v in sorted(self.halt_calls.items())},
             "halt_deciles": list(self.halt_deciles),
             "asks": self.asks,
             "turns_with_asks": self.turns_with_asks,
@@ -194,20 +199,48 @@ class ModeStats:
         s.evidence = histogram(data["evidence_by_source"], "evidence_by_source", _source)
         s.resolved_ids = _ids(data["resolved_ids"], "resolved_ids")
         s.unresolved_ids = _ids(data["unresolved_ids"], "unresolved_ids")
-        s.halt_calls = histogram(data["halt_calls"], "halt_calls", call_count_key)
+        s.halt_calls = _halt_calls(data["halt_calls"])
         deciles = data["halt_deciles"]
         if not isinstance(deciles, list) or len(deciles) != 11:
             raise ValueError("halt_deciles must have 11 entries")
         s.halt_deciles = [count(v, "halt_deciles") for v in deciles]
-        halted = s.halted
-        if not (sum(s.by_threshold.values()) == sum(s.halt_calls.values()) == sum(s.halt_deciles) == halted
+        halted, at_calls = s.halted, sum(v[0] for v in s.halt_calls.values())
+        if not (sum(s.by_threshold.values()) == at_calls == sum(s.halt_deciles) == halted
                 == s.evidence_halts + sum(s.halted_censored.values()) and sum(s.evidence.values()) == s.evidence_halts):
             raise ValueError("inconsistent figures: the halts by threshold, call, tenth, evidence and censoring do not "
                              f"add up to the {shown(halted)} halted")
-        if len(s.resolved_ids) > min(MAX_IDS, s.halted_resolved) or len(s.unresolved_ids) > min(MAX_IDS,
-                                                                                                 s.halted_unresolved):
+        if len(s.resolved_ids) > s.halted_resolved or len(s.unresolved_ids) > s.halted_unresolved:
             raise ValueError("inconsistent figures: more ids than halts")
         return s
+
+
+def add_halt_call(hist: dict[int, list[int]], call: int) -> None:
+    key = halt_bucket(call)
+    entry = hist.get(key)
+    if entry is None:
+        hist[key] = [1, call, call]
+    else:
+        entry[0] += 1
+        if call < entry[1]:
+            entry[1] = call
+        elif call > entry[2]:
+            entry[2] = call
+
+
+def _halt_calls(data: Any) -> dict[int, list[int]]:
+    """A result's halt-call histogram: ``{bucket: [halts, lowest, highest]}``, each call in its bucket."""
+    if not isinstance(data, dict):
+        raise ValueError(f"halt_calls must be an object, got {shown(data)}")
+    out = {}
+    for key, value in data.items():
+        bucket = call_count_key(key)
+        if not isinstance(value, list) or len(value) != 3:
+            raise ValueError(f"halt_calls[{shown(key)}] must be [halts, lowest call, highest call]")
+        n, lo, hi = (count(v, "halt_calls") for v in value)
+        if not n or lo > hi or halt_bucket(lo) != bucket or halt_bucket(hi) != bucket:
+            raise ValueError(f"halt_calls[{shown(key)}]: {shown(value)} is not a bucket of halt calls")
+        out[bucket] = [n, lo, hi]
+    return out
 
 
 def _label(key: Any) -> str:
@@ -267,8 +300,9 @@ class RunStats:
     @classmethod
     def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
         default = next((p["params"] for p in policies if p["default"]), None)
-        return cls(policies=policies, modes=[{m: ModeStats() for m in MODES} for _ in policies],
-                   probe=ProbeEvidence.for_policy(default))
+        ids = ids_per_policy(len(policies))
+        return cls(policies=policies, modes=[{"unattended": ModeStats(max_ids=ids), "attended": ModeStats()}
+                                             for _ in policies], probe=ProbeEvidence.for_policy(default))
 
     @property
     def unknown(self) -> int:
@@ -376,7 +410,14 @@ class RunStats:
         if not isinstance(raw, list) or not raw:
             raise ValueError("'policies' must be a non-empty list")
         policies = [_policy_info(p) for p in raw]
-        stats = cls(policies=policies, modes=[{m: ModeStats.from_json(p[m]) for m in MODES} for p in raw],
+        modes = [{m: ModeStats.from_json(p[m]) for m in MODES} for p in raw]
+        ids = ids_per_policy(len(policies))
+        for mode in modes:
+            mode["unattended"].max_ids = ids
+            if any(len(m.resolved_ids) > m.max_ids or len(m.unresolved_ids) > m.max_ids for m in mode.values()):
+                raise ValueError(f"more ids than a grid of {len(policies)} policies keeps ({ids} per policy, none "
+                                 "attended)")
+        stats = cls(policies=policies, modes=modes,
                     **{name: count(data[name], name) for name in _RUN_COUNTS},
                     calls_per_turn=histogram(data["calls_per_turn"], "calls_per_turn", call_count_key),
                     calls_per_turn_resolved=histogram(data["calls_per_turn_resolved"], "calls_per_turn_resolved",

@@ -1,0 +1,101 @@
+"""What bounds calibrate's memory on any input: every limit derives from ``--max-line-bytes``.
+
+Peak memory above the baseline (the same command on a one-line input) stays within
+``MEMORY_FACTOR`` x ``--max-line-bytes`` (measured by ``benchmarks/bench_calibrate_memory.py`` on
+hostile inputs), because at any moment calibrate holds at most:
+
+- one line (at most ``max_line_bytes``) and its parsed form, which is estimated from the line's
+  JSON structure before parsing and refused past ``parse_bytes`` (a line of 70,000 calls with
+  200-deep arguments would parse to 50 times its size);
+- one turn, of at most ``turn_calls`` calls, and the tool spans waiting for their turn spans, at
+  most ``waiting_calls``;
+- the late results, at most ``late_results`` (their ids are hashed to 8 bytes: an id's length
+  costs nothing once checked, and ids are at most ``model.MAX_ID_LENGTH`` characters);
+- the figures: counters and histograms whose keys are call counts (at most ``turn_calls`` of them)
+  or halt calls bucketed to 1/8 of an octave past 64 (``halt_bucket``), and ids of halted turns, at
+  most ``ids_per_policy`` per policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_LINE_BYTES = 32 * 1024 * 1024
+"""The default ``--max-line-bytes``."""
+MEMORY_FACTOR = 8
+"""The documented bound: peak memory above the baseline, in ``--max-line-bytes``."""
+PARSE_FACTOR = 4
+"""A line's parsed form may take at most this many ``--max-line-bytes``."""
+MAX_TURN_CALLS = 1_000_000
+"""The most calls per turn at any ``--max-line-bytes`` (100 times the recorder's per-line limit)."""
+BYTES_PER_CALL = 256
+"""About what one call of the turn in hand costs while it is replayed (its record, its key, the
+``ToolCall`` the hooks receive, the ledger's counts): ``turn_calls`` is the limit over this."""
+BYTES_PER_WAITING_CALL = 512
+"""About what a tool span waiting for its turn span costs at most (its call record, a tool name and a
+digest of up to 256 characters each, its place in the waiting table)."""
+BYTES_PER_RESULT = 64
+"""A late result kept (a dict entry of an 8-byte hash and a flag): ``late_results`` fit 1 x the limit."""
+IDS_IN_ALL = 10_000
+"""Ids of halted turns kept over the whole grid (each policy keeps ``ids_per_policy``)."""
+MAX_IDS = 50
+EXACT_HALT_CALLS = 64
+"""Halt calls up to this are kept exactly; past it, in buckets of 1/8 of an octave (at most 6%)."""
+ESTIMATE_FROM = 64 * 1024
+"""Lines longer than this get their parsed size estimated before parsing (shorter ones cannot
+exceed any bound)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Every input bound of one run, from its ``--max-line-bytes``."""
+
+    max_line_bytes: int = MAX_LINE_BYTES
+
+    @property
+    def parse_bytes(self) -> int:
+        return PARSE_FACTOR * self.max_line_bytes
+
+    @property
+    def turn_calls(self) -> int:
+        return max(1000, min(MAX_TURN_CALLS, self.max_line_bytes // BYTES_PER_CALL))
+
+    @property
+    def waiting_calls(self) -> int:
+        return max(1000, min(MAX_TURN_CALLS, self.max_line_bytes // BYTES_PER_WAITING_CALL))
+
+    @property
+    def late_results(self) -> int:
+        return max(1000, self.max_line_bytes // BYTES_PER_RESULT)
+
+
+def ids_per_policy(policies: int) -> int:
+    """Ids of halted turns kept per policy and kind (resolved, unresolved): ``MAX_IDS``, fewer in
+    grids of more than ``IDS_IN_ALL / MAX_IDS`` policies (at least 5)."""
+    return max(5, min(MAX_IDS, IDS_IN_ALL // max(1, policies)))
+
+
+def parsed_size(line: bytes) -> int:
+    """An upper estimate of the memory ``json.loads(line)`` takes, from the line's structure: a
+    dict per ``{`` (184 bytes, and 24 per ``:``), a list per ``[`` (96), a string per pair of
+    quotes (52), a number or pointer per ``,`` (40), and the text itself. Measured against
+    ``json.loads`` on every shape of line (calls, OTLP spans, numbers, strings, empty and nested
+    containers): never below the real size, at most about three times it."""
+    return (len(line) + 184 * line.count(b"{") + 24 * line.count(b":") + 96 * line.count(b"[")
+            + 26 * line.count(b'"') + 40 * line.count(b","))
+
+
+def halt_bucket(call: int) -> int:
+    """The key a halt call is counted under: itself up to ``EXACT_HALT_CALLS``, else the lower
+    edge of its 1/8-octave bucket (so a histogram of halt calls has at most about 500 keys)."""
+    if call <= EXACT_HALT_CALLS:
+        return call
+    exponent = call.bit_length() - 1
+    step = 1 << max(0, exponent - 3)
+    return call - call % step if step > 1 else call
+
+
+def memory_bound(max_line_bytes: int) -> int:
+    """The documented bound on peak memory above the baseline, in bytes."""
+    return MEMORY_FACTOR * max_line_bytes
+
