@@ -40,6 +40,7 @@ import operator
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from turnguard import state as st
@@ -942,6 +943,177 @@ class LedgerView:
         else:
             raise TypeError("a LedgerView is bound to its ledger once")
 
+    # -- the facts (``VIEW_FACTS``): the ledger's, read through -------------------------------
+
+    @property
+    def config(self) -> GuardConfig:
+        """The configuration the turn is guarded by."""
+        return _ledger_of(self).config
+
+    @property
+    def turn_id(self) -> str:
+        """The turn's id."""
+        return _ledger_of(self).turn_id
+
+    @property
+    def cohort(self) -> str:
+        """``live``, or ``probe`` when the probe configuration guards the turn (``tg.Probe``)."""
+        return _ledger_of(self).cohort
+
+    @property
+    def conversation_id(self) -> str | None:
+        """The host's conversation id, if it gave one."""
+        return _ledger_of(self).conversation_id
+
+    @property
+    def agent_name(self) -> str | None:
+        """The host's agent name, if it gave one."""
+        return _ledger_of(self).agent_name
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The turn id of the snapshot this turn was forked from (resumed twice in one guard), or ``None``."""
+        return _ledger_of(self).resumed_from
+
+    @property
+    def fresh_state(self) -> tuple[str, ...]:
+        """The plugins whose per-turn state started afresh at a resume (the snapshot had none for them)."""
+        return _ledger_of(self).fresh_state
+
+    @property
+    def promptable(self) -> bool:
+        """Whether a person is watching (attended): detections reach the user rather than halt."""
+        return _ledger_of(self).promptable
+
+    @property
+    def cap_mode(self) -> str:
+        """``explicit``, ``adaptive`` or ``disabled``."""
+        return _ledger_of(self).cap_mode
+
+    @property
+    def soft_cap(self) -> int | None:
+        """S under the adaptive cap, else ``None``."""
+        return _ledger_of(self).soft_cap
+
+    @property
+    def hard_cap(self) -> int | None:
+        """N (explicit) or S * m (adaptive): past it the turn halts whatever it does."""
+        return _ledger_of(self).hard_cap
+
+    @property
+    def started_at(self) -> float:
+        """When the turn opened (``time.monotonic()``)."""
+        return _ledger_of(self).started_at
+
+    @property
+    def tool_calls(self) -> int:
+        """Calls checked in the turn, including the current one."""
+        return _ledger_of(self).tool_calls
+
+    @property
+    def checks(self) -> int:
+        """Calls checked in the turn, rolled back or not: the sequence number of the latest."""
+        return _ledger_of(self).checks
+
+    @property
+    def cycles(self) -> int:
+        """Model requests begun in the turn (a re-sent request counts again)."""
+        return _ledger_of(self).cycles
+
+    @property
+    def calls_this_cycle(self) -> int:
+        """Calls checked since the current model request began."""
+        return _ledger_of(self).calls_this_cycle
+
+    @property
+    def cap_quiet_until(self) -> int | float:
+        """The cap cannot fire while ``tool_calls`` is at most this (N, S, or infinity if off)."""
+        return _ledger_of(self).cap_quiet_until
+
+    @property
+    def max_key_repeat(self) -> int:
+        """The largest number of times any one key has been seen in the turn."""
+        return _ledger_of(self).max_key_repeat
+
+    @property
+    def max_stale_repeat(self) -> int:
+        """The ``stale_repeat`` signal's count (0 unless that signal is configured): the largest
+        number of times one key was seen with no never-seen-before key in between, so a re-run
+        after an edit (a new key) starts afresh while a loop of 1 to k calls keeps counting."""
+        return _ledger_of(self).max_stale_repeat
+
+    @property
+    def distinct_keys(self) -> int:
+        """Distinct call keys counted in the turn (at most ``max_tracked_keys``)."""
+        return _ledger_of(self).distinct_keys
+
+    @property
+    def keys_overflowed(self) -> bool:
+        """True once a key went uncounted because ``max_tracked_keys`` was reached."""
+        return _ledger_of(self).keys_overflowed
+
+    @property
+    def streak_length(self) -> int:
+        """Consecutive checked calls with the current key."""
+        return _ledger_of(self).streak_length
+
+    @property
+    def failing_streak_length(self) -> int:
+        """Consecutive identical calls of the current streak whose outcome was ``ERROR``."""
+        return _ledger_of(self).failing_streak_length
+
+    @property
+    def settled_streak_length(self) -> int:
+        """Consecutive identical calls of the current streak whose outcome was anything but
+        ``DENIED`` (kept when ``streak_stop_on="any"``; 0 otherwise)."""
+        return _ledger_of(self).settled_streak_length
+
+    @property
+    def stop_count(self) -> int:
+        """The stop level's count for the current streak (``failing_streak_length``, or with
+        ``streak_stop_on="any"`` ``settled_streak_length``), the largest it has been in the
+        streak: it reaches ``streak_stop_at`` once per streak."""
+        return _ledger_of(self).stop_count
+
+    @property
+    def awaiting_in_streak(self) -> int:
+        """Calls of the current streak, before the latest, whose outcome has not come yet (0 in
+        a sequential run: each outcome came before the next call)."""
+        return _ledger_of(self).awaiting_in_streak
+
+    @property
+    def streak_digest(self) -> bytes | None:
+        """The current streak's call key digest (``None`` before the first call)."""
+        return _ledger_of(self).streak_digest
+
+    @property
+    def last_tool_name(self) -> str | None:
+        """The tool name of the latest checked call (``None`` before the first call)."""
+        return _ledger_of(self).last_tool_name
+
+    @property
+    def first_stuck_call(self) -> int:
+        """The call at which the configured stuck signal first reached ``stuck_repeat_threshold``
+        (0: never)."""
+        return _ledger_of(self).first_stuck_call
+
+    @property
+    def detections(self) -> int:
+        """Detections noted in the turn."""
+        return _ledger_of(self).detections
+
+    @property
+    def retries(self) -> int:
+        """``retry()`` calls in the turn."""
+        return _ledger_of(self).retries
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the configured stuck signal holds (``stuck_signal``, ``stuck_repeat_threshold``)."""
+        return _ledger_of(self).stuck
+
+    # -- queries -------------------------------------------------------------------------------
+
     def outcomes(self, outcome: Outcome) -> int:
         """How many outcomes of this kind were recorded."""
         return _ledger_of(self).outcomes(outcome)
@@ -959,8 +1131,18 @@ class LedgerView:
         return _ledger_of(self).provisional_stop_count()
 
     @functools.wraps(Ledger.detect)
-    def detect(self, *args: Any, **kwargs: Any) -> Verdict:
-        return _ledger_of(self).detect(*args, **kwargs)
+    def detect(
+        self,
+        threshold: Threshold | str,
+        action: Action,
+        level: Level,
+        limit: int,
+        *,
+        call: ToolCall | None = None,
+        message: str = "",
+        streak: EndedStreak | None = None,
+    ) -> Verdict:
+        return _ledger_of(self).detect(threshold, action, level, limit, call=call, message=message, streak=streak)
 
     def __repr__(self) -> str:
         ledger = _ledger_of(self)
@@ -968,15 +1150,6 @@ class LedgerView:
 
 
 _slot = LedgerView.__dict__["_ledger"]
-_bind, _ledger_of = _slot.__set__, _slot.__get__
-del LedgerView._ledger  # the slot's descriptor, kept above: no attribute of a view reaches the ledger
-
-
-def _fact(name: str) -> property:
-    read = operator.attrgetter(name)
-    return property(lambda view: read(_ledger_of(view)), doc=getattr(Ledger, name).__doc__)
-
-
-for _name in VIEW_FACTS:
-    setattr(LedgerView, _name, _fact(_name))
-del _name
+_bind: Callable[[LedgerView, Ledger], None] = _slot.__set__
+_ledger_of: Callable[[LedgerView], Ledger] = _slot.__get__
+delattr(LedgerView, "_ledger")  # the slot's descriptor, kept above: no attribute of a view reaches the ledger
