@@ -39,6 +39,7 @@ from conftest import optional_dependency
 
 sdk_metrics = optional_dependency("opentelemetry.sdk.metrics")
 sdk_export = optional_dependency("opentelemetry.sdk.metrics.export")
+sdk_resources = optional_dependency("opentelemetry.sdk.resources")
 otlp_metrics = optional_dependency("opentelemetry.exporter.otlp.proto.http.metric_exporter")
 prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
 prometheus_client = optional_dependency("prometheus_client")
@@ -80,6 +81,8 @@ class FleetRun:
     config: tg.GuardConfig
     draw_interval_s: float
     """The $__rate_interval a range query is drawn with (samples in each window)."""
+    workdir: Path | None = None
+    """Where the run's servers (and the fleet's recorder, if it records) keep their files."""
 
 
 class CountingExporter(sdk_export.MetricExporter):
@@ -112,26 +115,42 @@ class CountingExporter(sdk_export.MetricExporter):
 class Push:
     """An SDK pushing over OTLP when the test says (a reader whose own interval never comes)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, instance: str | None = None) -> None:
+        self.endpoint = endpoint
         self.exporter = CountingExporter(endpoint)
         self.reader = sdk_export.PeriodicExportingMetricReader(self.exporter, export_interval_millis=10**9)
-        self.provider = sdk_metrics.MeterProvider(metric_readers=[self.reader])
+        resource = sdk_resources.Resource.create({"service.instance.id": instance} if instance else {})
+        self.provider = sdk_metrics.MeterProvider(metric_readers=[self.reader], resource=resource)
+        self.others: list[Push] = []
+
+    def another(self) -> Any:
+        """The meter provider of another process (a service instance of its own), pushed with this one."""
+        other = Push(self.endpoint, instance=f"another-process-{len(self.others) + 1}")
+        self.others.append(other)
+        return other.provider
+
+    def shutdown(self) -> None:
+        for push in (*self.others, self):
+            push.provider.shutdown()
 
     def flush(self, prometheus: chain.Prometheus) -> float:
-        """Export now; the points' timestamp once Prometheus holds every series of the export (within
-        the rules' lag: a record evaluated before its samples landed would miss them for good)."""
+        """Export now (the other processes' first); the points' timestamp once Prometheus holds every
+        series of the export (within the rules' lag: a record evaluated before its samples landed
+        would miss them for good)."""
+        for other in self.others:
+            other.flush(prometheus)
         assert self.reader.force_flush(30_000)
         (nanos,) = self.exporter.times
         at, expected = nanos // 1_000_000 / 1000, self.exporter.series  # Prometheus keeps milliseconds
 
-        # Every series has this export's sample (counting series alone, an older sample would do).
-        # timestamp() drops the metric name: kept as a label, so _sum and _count stay apart.
-        fresh = (f'count(timestamp(label_replace({{__name__=~"turnguard_.+"}}, "tg_name", "$1", "__name__", "(.+)"))'
-                 f' >= {at - 0.0005:.4f})')
+        # Every series has this export's sample: the series with a sample at exactly that millisecond
+        # (a range selector keeps the metric names; counting series alone, an older sample would do,
+        # and timestamp() of anything but a bare selector is the evaluation time, not the sample's).
+        fresh = '{__name__=~"turnguard_.+"}[1ms]'
 
         def landed() -> bool:
-            found = prometheus.query(fresh, at)
-            return bool(found) and int(found[0]["value"][1]) == expected
+            found = prometheus.api("query", query=fresh, time=f"{at:.3f}")["result"]
+            return len(found) == expected
 
         chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
         assert time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
@@ -190,8 +209,9 @@ def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[floa
     return Window((first - tile_ms // 2) / 1000, last / 1000)
 
 
-Run = Callable[[Any, Callable[[], object]], Any]
-"""Runs a fleet on a meter provider, calling the second argument now and then to land a sample."""
+Run = Callable[[Any, Callable[[], object], Callable[[], Any]], Any]
+"""Runs a fleet on a meter provider, calling the second argument now and then to land a sample; the
+third makes the meter provider of another process (the push routes' is pushed beside it)."""
 WarmUp = Callable[[Any], object] | None
 """Traffic run on the meter provider before the window (the Prometheus 2 routes), or none."""
 
@@ -225,7 +245,7 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
         warm_up(provider)
     start = scrape_after(time.time())
     landed: list[float] = []
-    tally = run(provider, lambda: landed.append(scrape_after(time.time())))
+    tally = run(provider, lambda: landed.append(scrape_after(time.time())), lambda: provider)
     end = scrape_after(time.time())
     window = Window(start, end)
     return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window, [*landed, end]),
@@ -245,7 +265,7 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
     else:
         endpoint = prometheus.otlp_metrics_url
     push = Push(endpoint)
-    stack.callback(push.provider.shutdown)
+    stack.callback(push.shutdown)
     if prometheus3 or warm_up is None:  # left-open ranges: every series is born inside the window
         start = time.time() - 1
     else:
@@ -258,12 +278,12 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
         landed.append(push.flush(prometheus))
         time.sleep(TILE_S)  # the next sample in another tile
 
-    tally = run(push.provider, sample)
+    tally = run(push.provider, sample, push.another)
     end = push.flush(prometheus)
     route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
     window = Window(start, end)
     return FleetRun(route, prometheus, tally, window, _records(prometheus, window, [*landed, end]), config,
-                    end - start)
+                    end - start, workdir)
 
 
 def _scrape_config(target: str) -> str:

@@ -1,7 +1,8 @@
-"""What the boards' probe evidence must show, computed the plain way in Python (never from the
-boards' own PromQL): the Wilson interval by calibrate's ``wilson_interval``, the decision by
-comparing it with the tolerance, the probe turns still needed by searching for the first count
-whose interval excludes the tolerance, and the product-limit estimate by walking the buckets."""
+"""What the boards' probe evidence must show, computed in Python, never from the boards' own
+PromQL: the probe rows as ``turnguard calibrate`` counts and decides them (``evidence.Passed``,
+``decision.decide``: the board must agree with it), the plain Wilson interval and a brute-force
+search for the turns still needed (to check the closed form both use), and the product-limit
+estimate by walking the buckets."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from turnguard.calibrate.evidence import Z95, wilson_interval
+from turnguard.calibrate.decision import decide
+from turnguard.calibrate.evidence import LOOP_DETECTORS, Z95, Passed, wilson_interval
+from turnguard.calibrate.survival import CENSORING_ENDS
 
 ABOVE, UNDECIDED, WITHIN = 1, 0, -1
 
@@ -58,6 +62,11 @@ def more_turns(resolved: int, known: int, tolerance: float, *, limit: int = 10**
     return hi - known
 
 
+def finished(reason: str) -> bool:
+    """Whether a turn that ended for ``reason`` finished (an event), as calibrate's survival counts it."""
+    return reason not in CENSORING_ENDS
+
+
 def finished_by(turns: Iterable[tuple[int, bool]], edges: Sequence[float], start: float, end: float) -> float:
     """``1 - S(end)/S(start)`` by the product-limit rule over the bucket edges between ``start`` and
     ``end``: ``turns`` are (calls, completed); a turn that completed in a bucket finished there, any
@@ -82,10 +91,38 @@ class ProbeFact:
     calls: int
     resolved: bool | None
     """Its result, in the turn or reported later (``None``: none yet)."""
-    halted_by_probe: bool
+    ended_by: str | None
+    """The probe's own threshold that halted it (``None``: it ended on its own)."""
     main_threshold: str
     """Where the main configuration would have halted it (``none``: nowhere)."""
     calls_past_main: int = 0
+
+    @property
+    def censored(self) -> bool:
+        """Halted at a length limit of the probe's (calibrate's rule, ``evidence.LOOP_DETECTORS``)."""
+        return self.ended_by is not None and self.ended_by not in LOOP_DETECTORS
+
+
+def passed(facts: Iterable[ProbeFact]) -> Passed:
+    """The facts as calibrate counts a probe row."""
+    row = Passed()
+    for f in facts:
+        row.add(f.resolved, f.calls_past_main, f.censored)
+    return row
+
+
+DECISIONS = {"above": ABOVE, "within": WITHIN, "undecided": UNDECIDED, "no_evidence": math.nan}
+
+
+def decided(row: Passed, tolerance: float, range_s: float) -> tuple[float, float, float]:
+    """(decision, more turns, seconds they take) as the board shows calibrate's ``decide``."""
+    d = decide(row, tolerance, range_s / 86_400)
+    if d.verdict in ("above", "within"):
+        return DECISIONS[d.verdict], 0, 0.0
+    if d.verdict == "no_evidence":
+        return math.nan, math.nan, math.nan
+    more = math.inf if d.more_turns is None else d.more_turns
+    return UNDECIDED, more, more * range_s / row.known
 
 
 def threshold_table(facts: Iterable[ProbeFact], thresholds: Sequence[str], tolerance: float,
@@ -95,18 +132,14 @@ def threshold_table(facts: Iterable[ProbeFact], thresholds: Sequence[str], toler
     facts = list(facts)
     for threshold in thresholds:
         rows = [f for f in facts if f.main_threshold == threshold]
-        resolved = sum(1 for f in rows if f.resolved is True)
-        unresolved = sum(1 for f in rows if f.resolved is False)
-        known = resolved + unresolved
-        low, high = wilson_interval(resolved, known)
-        more = more_turns(resolved, known, tolerance)
-        values = {"turns": len(rows), "resolved": resolved, "unresolved": unresolved,
-                  "unknown": sum(1 for f in rows if f.resolved is None),
-                  "halted by the probe": sum(1 for f in rows if f.halted_by_probe),
-                  "resolved share": share(resolved, known), "95% low": low, "95% high": high,
-                  "decision": decision(resolved, known, tolerance), "more probe turns": more,
-                  "time at this rate": more * range_s / known if known else math.nan,
-                  "calls past it": sum(f.calls_past_main for f in rows)}
+        row = passed(rows)
+        low, high = row.interval()
+        verdict, more, seconds = decided(row, tolerance, range_s)
+        values = {"turns": len(rows), "resolved": row.resolved, "unresolved": row.unresolved,
+                  "censored": row.censored, "unknown": row.unknown,
+                  "resolved share": share(row.resolved, row.known), "95% low": low, "95% high": high,
+                  "decision": verdict, "more probe turns": more, "time at this rate": seconds,
+                  "calls past it": row.calls_past}
         for column, value in values.items():
             table.setdefault(column, {})[threshold] = value
     return table
@@ -118,10 +151,25 @@ def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: i
     facts = list(facts)
     for k in multiples:
         rows = [f for f in facts if f.calls > k * soft_cap]
-        values = {"turns": len(rows), "resolved": sum(1 for f in rows if f.resolved is True),
-                  "unresolved": sum(1 for f in rows if f.resolved is False),
-                  "unknown": sum(1 for f in rows if f.resolved is None),
-                  "halted by the probe": sum(1 for f in rows if f.halted_by_probe)}
+        row = passed(rows)
+        values = {"turns": len(rows), "resolved": row.resolved, "unresolved": row.unresolved,
+                  "censored": row.censored, "unknown": row.unknown}
         for column, value in values.items():
             table.setdefault(column, {})[str(k)] = value
     return table
+
+
+def probe_facts(truth: Any) -> list[ProbeFact]:
+    """Every probe turn of a ``probe_fleet.ProbeTruth`` as the probe rows see it: where the main
+    configuration, run alone on the same calls, would have halted it, and the result the host
+    reported (in the turn, later, or from another process)."""
+    out = []
+    for _, s in truth.summaries:
+        if s.cohort != "probe":
+            continue
+        main = truth.main_halts.get(s.turn_id)
+        out.append(ProbeFact(calls=s.tool_calls, resolved=truth.reported[s.turn_id],
+                             ended_by=str(s.threshold) if s.reason == "halted" else None,
+                             main_threshold=str(main.threshold) if main else "none",
+                             calls_past_main=s.tool_calls - main.tool_calls if main else 0))
+    return out

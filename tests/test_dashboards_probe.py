@@ -11,6 +11,8 @@ against the tolerance must be the planted truth's.
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -41,6 +43,7 @@ from turnguard.boards import promql as q  # noqa: E402
 from turnguard.boards.evidence import km_multiples  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
 from turnguard.boards.thresholds import BACKSTOP_MULTIPLES  # noqa: E402
+from turnguard.calibrate import cli as calibrate_cli  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -54,31 +57,28 @@ PROBE_PANELS = {PROBE_TABLE, PAST_TABLE, BESIDE_BACKSTOP}
 """Panels that read the probe cohort whatever the cohort variable says."""
 
 
-@pytest.fixture(scope="module")
-def probe_run(tmp_path_factory) -> Iterable[FleetRun]:
-    """The probe fleet over OTLP through the shipped Collector into Prometheus 3."""
-    workdir = tmp_path_factory.mktemp("probe-fleet")
-    config = pf.probe_config(disable_plugins=("recorder",))
+PROBE_ROUTES = ("collector-prometheus2", "collector-prometheus3")
+RECORDED = ("turns.jsonl", "elsewhere.jsonl")
+"""The recorder's files: the fleet's guard's, and the other process's (its late results)."""
+"""The shipped Collector into Debian's Prometheus 2.42 and into Prometheus 3."""
+
+
+@pytest.fixture(scope="module", params=PROBE_ROUTES)
+def probe_run(request, tmp_path_factory) -> Iterable[FleetRun]:
+    """The probe fleet over OTLP through the shipped Collector into Prometheus; the results from
+    another process come from a guard of their own, exporting as a service instance of its own."""
+    workdir = tmp_path_factory.mktemp(f"probe-fleet-{request.param}")
+    config = pf.probe_config(recorder_path=str(workdir / RECORDED[0]))
     with contextlib.ExitStack() as stack:
-        def run(provider: Any, sample: Callable[[], object]) -> pf.ProbeTruth:
-            return pf.run_probe_fleet(tg.Guard(config, environ={}, meter_provider=provider), sample=sample)
+        def run(provider: Any, sample: Callable[[], object], another: Callable[[], Any]) -> pf.ProbeTruth:
+            def elsewhere(pairs: list[tuple[str, bool]]) -> object:
+                other = config.replace(recorder_path=str(workdir / RECORDED[1]))
+                return pf.in_another_guard(other, meter_provider=another())(pairs)
 
-        yield ROUTES["collector-prometheus3"](stack, workdir, run, config, None)
+            return pf.run_probe_fleet(tg.Guard(config, environ={}, meter_provider=provider), sample=sample,
+                                      report_elsewhere=elsewhere)
 
-
-def facts(truth: pf.ProbeTruth) -> list[oracle.ProbeFact]:
-    """Every probe turn as the probe tables see it: where the main configuration, run alone on the
-    same calls, would have halted it, and the result the host reported."""
-    out = []
-    for _, s in truth.summaries:
-        if s.cohort != "probe":
-            continue
-        main = truth.main_halts.get(s.turn_id)
-        out.append(oracle.ProbeFact(calls=s.tool_calls, resolved=truth.reported[s.turn_id],
-                                    halted_by_probe=s.reason == "halted",
-                                    main_threshold=str(main.threshold) if main else "none",
-                                    calls_past_main=s.tool_calls - main.tool_calls if main else 0))
-    return out
+        yield ROUTES[request.param](stack, workdir, run, config, None)
 
 
 def _settings(run: FleetRun) -> CapSettings:
@@ -87,29 +87,29 @@ def _settings(run: FleetRun) -> CapSettings:
 
 def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float = 0.10) -> Expected:
     truth: pf.ProbeTruth = run.tally
-    cap = _settings(run)
+    cap, probed = _settings(run), oracle.probe_facts(run.tally)
     if panel_query.panel_id in (PROBE_TABLE, BESIDE_BACKSTOP):
         rows = [t.value for t in cap.thresholds]
-        table = oracle.threshold_table(facts(truth), rows, tolerance, run.records.seconds)[panel_query.legend]
+        table = oracle.threshold_table(probed, rows, tolerance, run.records.seconds)[panel_query.legend]
         if panel_query.panel_id == BESIDE_BACKSTOP:
             table = {"hard_backstop": table["hard_backstop"]}
         return by_row(q.MAIN_THRESHOLD, table)
     if panel_query.panel_id == PAST_TABLE:
-        return by_row("multiple", oracle.past_table(facts(truth), BACKSTOP_MULTIPLES, cap.soft_cap)[panel_query.legend])
+        return by_row("multiple", oracle.past_table(probed, BACKSTOP_MULTIPLES, cap.soft_cap)[panel_query.legend])
     k = km_multiples(cap)[ord(panel_query.ref_id) - ord("A")]
     edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
-    turns = [(s.tool_calls, s.reason == "completed") for _, s in truth.summaries if s.cap_mode == "adaptive"]
+    turns = [(s.tool_calls, oracle.finished(s.reason)) for _, s in truth.summaries if s.cap_mode == "adaptive"]
     return scalar(oracle.finished_by(turns, edges, cap.hard_cap, k * cap.soft_cap))
 
 
 EVIDENCE = [pq for pq in QUERIES if pq.panel_id in PROBE_PANELS | BOTH_COHORTS]
-COUNTS = ("turns", "resolved", "unresolved", "unknown", "halted by the probe", "calls past it")
+COUNTS = ("turns", "resolved", "unresolved", "censored", "unknown", "calls past it")
 
 
 def test_the_probe_fleet_has_turns_past_every_k_and_every_threshold(probe_run):
     truth: pf.ProbeTruth = probe_run.tally
     assert _settings(probe_run).soft_cap == pf.SOFT_CAP
-    probed = facts(truth)
+    probed = oracle.probe_facts(truth)
     assert all(any(f.calls > k * pf.SOFT_CAP for f in probed) for k in BACKSTOP_MULTIPLES)
     for threshold in _settings(probe_run).thresholds:
         if threshold.value != "streak":
@@ -134,6 +134,68 @@ def test_the_decision_and_the_evidence_still_needed_follow_the_tolerance(probe_r
         got = instant(probe_run, panel_query.expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
         assert_matches(got, _expected(probe_run, panel_query, tolerance), counts=False, scale=1,
                        what=f"{query_id(panel_query)} {panel_query.legend!r} at tolerance {tolerance}")
+
+
+def test_the_turns_still_needed_are_the_first_count_whose_interval_decides(probe_run):
+    """The closed form the board and calibrate share, against a search over the interval itself."""
+    thresholds = [t.value for t in _settings(probe_run).thresholds]
+    rows = oracle.threshold_table(oracle.probe_facts(probe_run.tally), thresholds, 0.5, probe_run.records.seconds)
+    checked = 0
+    for tolerance in (0.02, 0.3, 0.6, 0.95):
+        for threshold in rows["turns"]:
+            row = oracle.passed(f for f in oracle.probe_facts(probe_run.tally) if f.main_threshold == threshold)
+            _, more, _ = oracle.decided(row, tolerance, 1.0)
+            if row.censored == 0 and row.known and math.isfinite(more) and more > 0:
+                assert more == oracle.more_turns(row.resolved, row.known, tolerance), (threshold, tolerance)
+                checked += 1
+    assert checked
+
+
+TOLERANCES = (0.05, 0.1, 0.3, 0.5, 0.7, 0.9)
+DECISION = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "decision")
+
+
+def _decisions(run: FleetRun, tolerance: float) -> dict[str, float]:
+    got = instant(run, DECISION.expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
+    return {dict(k)[q.MAIN_THRESHOLD]: v for k, v in got.items()}
+
+
+@pytest.mark.parametrize("tolerance", TOLERANCES)
+def test_each_thresholds_decision_on_the_board_agrees_with_the_planted_truth(probe_run, tolerance):
+    """Never the wrong way: above (1) only where more than the tolerance of the turns the threshold
+    halts would have succeeded, within (-1) only where fewer would (the truth: ``probe_fleet.TRUTH``)."""
+    for threshold, decision in _decisions(probe_run, tolerance).items():
+        right = 1 if pf.TRUTH[threshold] > tolerance else -1
+        assert decision in (right, 0), (threshold, tolerance, decision, pf.TRUTH[threshold])
+
+
+def test_the_planted_evidence_decides_10x_d_and_the_streak_stop(probe_run):
+    """At the default tolerance the board says raise all three (80%, 33% and 25% of their halts would
+    have succeeded); at 50% the streak stop is within, at 70% D is; the backstop is never within, even
+    at 90% where the truth is (80%): the very long productive turns and the runaways were both halted
+    at the probe's own 20x, so the evidence cannot tell them apart."""
+    assert _decisions(probe_run, 0.1) == {"hard_backstop": 1, "soft_stuck": 1, "streak": 1}
+    assert _decisions(probe_run, 0.5)["streak"] == -1
+    assert _decisions(probe_run, 0.7)["soft_stuck"] == -1
+    assert _decisions(probe_run, 0.9)["hard_backstop"] == 0
+    more = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "more probe turns")
+    at_90 = instant(probe_run, more.expr, **{q.TOLERANCE_VARIABLE: "0.9"})
+    assert at_90[key(**{q.MAIN_THRESHOLD: "hard_backstop"})] == math.inf  # more turns never decide it
+
+
+def test_the_results_from_another_process_reach_the_board(probe_run):
+    """A third of the results came by token from a guard that never saw the turns: the probe rows
+    count them (no turn is left unknown), and so does the results record, exactly."""
+    truth: pf.ProbeTruth = probe_run.tally
+    unknown = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "unknown")
+    assert all(v == 0 for v in instant(probe_run, unknown.expr).values())
+    probed = {s.turn_id for _, s in truth.summaries if s.cohort == "probe"}
+    from_elsewhere = sum(1 for turn_id in truth.elsewhere if turn_id in probed)
+    assert from_elsewhere > 0
+    # the other process's own series (its service instance), raw: its counter's last value
+    elsewhere = (f'sum(last_over_time({q.RESULTS}{{{q.COHORT}="{q.PROBE}",{q.RESULT_STATUS}="accepted",'
+                 f'instance=~"another-process-.*"}}[$__range]))')
+    assert instant(probe_run, elsewhere) == scalar(from_elsewhere)
 
 
 def _values(result: dict) -> list[float]:
@@ -168,3 +230,63 @@ def test_the_policy_variable_picks_a_policy_and_its_probe(probe_run):
     assert all(v == 0 for v in instant(probe_run, turns.expr, **{q.POLICY_VARIABLE: "renamed"}).values())
     live = sum(v for (cohort, _), v in truth.turns.items() if cohort == "live")
     assert instant(probe_run, q.total(q.TURNS), **{q.POLICY_VARIABLE: policy}) == {key(): live}
+
+
+# -- the board and calibrate, on the same turns -------------------------------------------------------
+
+
+CALIBRATE_ROWS = {"hard_backstop": "10", "soft_stuck": "stuck", "streak": "streak"}
+"""Calibrate's probe row for each of the board's (its backstop row: the probe turns past 10x S)."""
+VERDICTS = {"above": 1, "within": -1, "undecided": 0}
+
+
+def _calibrate(run: FleetRun, tolerance: float) -> dict:
+    out = io.StringIO()
+    paths = [str(run.workdir / name) for name in RECORDED]
+    code = calibrate_cli.main([*paths, "--soft-caps", "100", "--multipliers", "10", "--stuck-repeats", "6",
+                               "--streaks", "5:8", "--no-peers", "--explicit-caps", "100", "--key-modes", "canonical",
+                               "--tolerance", repr(tolerance), "--json", "-"], stdout=out, stderr=io.StringIO())
+    assert code == 0
+    return json.loads(out.getvalue())
+
+
+def _column(run: FleetRun, legend: str, tolerance: float) -> dict[str, float]:
+    target = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == legend)
+    got = instant(run, target.expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
+    return {dict(k)[q.MAIN_THRESHOLD]: v for k, v in got.items()}
+
+
+@pytest.mark.parametrize("tolerance", (0.1, 0.5, 0.9))
+def test_the_board_decides_each_threshold_as_calibrate_does_on_the_same_turns(probe_run, tolerance):
+    """The recorder wrote the same turns the board counts (the other process's results in a file of
+    its own): calibrate's counts, interval, decision and probe turns still needed are the board's."""
+    probe = _calibrate(probe_run, tolerance)["probe"]
+    columns = {legend: _column(probe_run, legend, tolerance)
+               for legend in ("resolved", "unresolved", "censored", "unknown", "95% low", "95% high", "decision",
+                              "more probe turns")}
+    for threshold, key_ in CALIBRATE_ROWS.items():
+        row = probe["passed_multiple"][key_] if key_ == "10" else probe[f"passed_{key_}"]
+        got = {legend: values[threshold] for legend, values in columns.items()}
+        assert [got[c] for c in ("resolved", "unresolved", "censored", "unknown")] == [
+            row["resolved"], row["unresolved"], row["censored"], row["unknown"]], (threshold, row)
+        assert [got["95% low"], got["95% high"]] == pytest.approx(row["resolved_interval"], abs=1e-6)
+        assert got["decision"] == VERDICTS[row["decision"]], (threshold, tolerance, row["decision"])
+        if row["decision"] == "undecided":
+            assert got["more probe turns"] == (row["more_turns"] or math.inf), (threshold, tolerance, row)
+
+
+def test_the_boards_product_limit_estimate_is_calibrates(probe_run):
+    """Past the backstop nobody is censored inside a bucket here (the live turns at 1,001 calls, the
+    probe's at its cap of 2,001: each at the start of one), so the bucketed estimate is calibrate's
+    exact one; both say 30x is past the probe's cap."""
+    finish_by = {row["multiple"]: row for row in _calibrate(probe_run, 0.1)["survival"]["finish_by"]}
+    cap = _settings(probe_run)
+    survival = [pq for pq in EVIDENCE if pq.panel_id == SURVIVAL]
+    for target, k in zip(survival, km_multiples(cap), strict=True):
+        (got,) = instant(probe_run, target.expr).values()
+        row = finish_by[k]
+        if row["estimable"]:
+            assert got == pytest.approx(row["share"], abs=1e-6), (k, row)
+        else:
+            assert math.isnan(got) and row["why"] == "past_cap", (k, row)
+    assert not finish_by[30]["estimable"] and finish_by[20]["estimable"]

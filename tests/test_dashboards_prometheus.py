@@ -83,7 +83,7 @@ def fleet_run(request, tmp_path_factory) -> Iterable[FleetRun]:
         stack.callback(quiet.setLevel, quiet.level)
         quiet.setLevel(logging.CRITICAL)  # the fleet's flaky plugin raises on purpose
 
-        def run(provider: Any, sample: Callable[[], object]) -> fleet.Tally:
+        def run(provider: Any, sample: Callable[[], object], another: Callable[[], Any]) -> fleet.Tally:
             return fleet.run_fleet(fleet.make_fleet(_config(), meter_provider=provider), sample=sample)
 
         def warm_up(provider: Any) -> object:
@@ -237,7 +237,7 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
     def finished_by(k: int) -> Callable[[Truth], Expected]:
         edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
         return lambda t: scalar(oracle.finished_by(
-            ((s.tool_calls, s.reason == "completed") for _, s in t.turn_rows(**ADAPTIVE)), edges, cap.hard_cap,
+            ((s.tool_calls, oracle.finished(s.reason)) for _, s in t.turn_rows(**ADAPTIVE)), edges, cap.hard_cap,
             k * cap.soft_cap))
 
     def first_stuck_mean(t: Truth) -> Expected:

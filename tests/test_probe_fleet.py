@@ -1,86 +1,162 @@
-"""The worked example with known truth: a fleet whose long productive turns need more than 10x S,
-run with a probe cohort; what ``turnguard calibrate`` and the telemetry count must be what the
-fleet did (its ``ProbeTruth``), exactly."""
+"""The worked example with known truth, through ``turnguard calibrate``: a fleet with a probe cohort
+and the hard cases (productive turns that need more than the probe's cap, retry streaks that
+succeed after 9 to 12 identical failures, stuck turns, results reported after the turn by its own
+guard and, by result token, from another process); what calibrate counts must be what the fleet
+did, exactly, and what it decides against each tolerance must agree with the planted truth
+(``probe_fleet.TRUTH``) and with the board's arithmetic (``evidence_oracle``)."""
 
 from __future__ import annotations
 
 import io
 import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+import evidence_oracle as oracle
 import probe_fleet as pf
 import turnguard as tg
 from turnguard.calibrate import cli
-from turnguard.calibrate.evidence import wilson_interval
 from turnguard.telemetry import names as n
 
 W = pf.Work
+TOLERANCES = (0.05, 0.1, 0.3, 0.5, 0.7, 0.9)
+ROWS = {"hard_backstop": "10", "soft_stuck": "stuck", "streak": "streak"}
+"""Calibrate's probe row for each live threshold (its backstop row is the probe turns past 10x S)."""
+ELSEWHERE = """
+import json, sys
+import turnguard as tg
+
+pairs, recorded = json.load(open(sys.argv[1])), sys.argv[2]
+guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, recorder_path=recorded, disable_plugins=["otel"]), environ={})
+taken = [guard.report_result(token, done) for token, done in pairs]
+print(sum(taken), len(taken))
+"""
+"""Another process: a guard that never saw the turns reports their results by token, recording them."""
+
+
+def another_process(workdir: Path) -> Callable[[list[tuple[str, bool]]], None]:
+    def report(pairs: list[tuple[str, bool]]) -> None:
+        (workdir / "pairs.json").write_text(json.dumps(pairs))
+        done = subprocess.run([sys.executable, "-c", ELSEWHERE, str(workdir / "pairs.json"),
+                               str(workdir / "elsewhere.jsonl")], capture_output=True, text=True, timeout=120,
+                              check=True)
+        assert done.stdout.split() == [str(len(pairs))] * 2, done.stdout + done.stderr  # every one taken
+    return report
+
+
+def calibrate(paths: list[Path], tolerance: float) -> dict:
+    out = io.StringIO()
+    code = cli.main([*map(str, paths), "--soft-caps", "100", "--multipliers", "10", "--stuck-repeats", "6",
+                     "--streaks", "5:8", "--no-peers", "--explicit-caps", "100", "--key-modes", "canonical",
+                     "--tolerance", repr(tolerance), "--json", "-"], stdout=out, stderr=io.StringIO())
+    assert code == 0
+    return json.loads(out.getvalue())["probe"]
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[pf.ProbeTruth, dict]:
-    path = tmp_path_factory.mktemp("probe-fleet") / "turns.jsonl"
-    guard = tg.Guard(pf.probe_config(disable_plugins=("otel",), recorder_path=str(path)), environ={})
-    truth = pf.run_probe_fleet(guard)
-    out = io.StringIO()
-    code = cli.main([str(path), "--soft-caps", "100", "--multipliers", "10", "--stuck-repeats", "6", "--streaks",
-                     "5:8", "--no-peers", "--explicit-caps", "100", "--key-modes", "canonical", "--json", "-"],
-                    stdout=out, stderr=io.StringIO())
-    assert code == 0
-    return truth, json.loads(out.getvalue())["probe"]
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[pf.ProbeTruth, dict[float, dict]]:
+    workdir = tmp_path_factory.mktemp("probe-fleet")
+    guard = tg.Guard(pf.probe_config(disable_plugins=("otel",), recorder_path=str(workdir / "turns.jsonl")),
+                     environ={})
+    truth = pf.run_probe_fleet(guard, report_elsewhere=another_process(workdir))
+    paths = [workdir / "turns.jsonl", workdir / "elsewhere.jsonl"]
+    return truth, {q: calibrate(paths, q) for q in TOLERANCES}
+
+
+def rows(truth: pf.ProbeTruth) -> dict[str, list[oracle.ProbeFact]]:
+    """Calibrate's rows, from the fleet: past 10x S, and where the main configuration halts as stuck
+    or at the streak stop."""
+    probed = oracle.probe_facts(truth)
+    return {"10": [f for f in probed if f.calls > 10 * pf.SOFT_CAP],
+            "stuck": [f for f in probed if f.main_threshold == "soft_stuck"],
+            "streak": [f for f in probed if f.main_threshold == "streak"]}
 
 
 def probe(truth: pf.ProbeTruth, *kinds: pf.Work) -> list[tg.TurnSummary]:
     return [s for kind, s in truth.summaries if s.cohort == "probe" and kind in kinds]
 
 
-def test_the_fleet_has_what_the_question_needs(recorded):
+def test_the_fleet_has_every_hard_case_in_both_cohorts(recorded):
     truth, _ = recorded
-    for kind in (W.LONG, W.EDIT_RERUN, W.RUNAWAY):
-        assert truth.turns[("probe", kind)] > 0 and truth.turns[("live", kind)] > 0
-        assert truth.resolved[("live", kind)] == 0  # live, 10x and the seed's D stop them all
-    assert truth.resolved[("probe", W.LONG)] == truth.turns[("probe", W.LONG)]  # 20x lets them finish
-    assert truth.resolved[("probe", W.EDIT_RERUN)] == truth.turns[("probe", W.EDIT_RERUN)]
+    for kind in pf.MAIN_HALTS:
+        assert truth.turns[("probe", kind)] > 0 and truth.turns[("live", kind)] > 0, kind
+        assert truth.resolved[("live", kind)] == 0  # the live thresholds halt every one of them
+    for kind in (W.LONG, W.EDIT_RERUN, W.RETRY):  # the probe lets them finish
+        assert truth.resolved[("probe", kind)] == truth.turns[("probe", kind)], kind
+    assert {(s.reason, str(s.threshold)) for s in probe(truth, W.VERY_LONG, W.RUNAWAY)} == {("halted", "hard_backstop")}
+    assert {str(s.threshold) for s in probe(truth, W.FAILING)} == {"streak"}
+    assert {str(s.threshold) for s in probe(truth, W.STUCK)} == {"soft_stuck"}
+    elsewhere = set(truth.elsewhere)
+    assert any(s.turn_id in elsewhere for s in probe(truth, W.LONG, W.VERY_LONG, W.RUNAWAY, W.RETRY))
 
 
-def test_calibrate_counts_the_probe_turns_past_10x_and_their_results_exactly(recorded):
-    truth, evidence = recorded
-    long, runaways = probe(truth, W.LONG), probe(truth, W.RUNAWAY)
-    assert evidence["turns"] == sum(v for (c, _), v in truth.turns.items() if c == "probe")
-    ten = evidence["passed_multiple"]["10"]
-    # The runaways were halted by the probe's own 20x: censored there, neither resolved nor unresolved.
-    assert (ten["turns"], ten["resolved"], ten["unresolved"], ten["censored"], ten["unknown"]) == (
-        len(long) + len(runaways), len(long), 0, len(runaways), 0)
-    # The recorder lists the call a halt refused as well (a runaway: 2,001 calls at 20x).
-    assert ten["calls_past"] == sum(s.tool_calls - 1000 for s in long + runaways)
-    twenty = evidence["passed_multiple"]["20"]
-    assert (twenty["turns"], twenty["resolved"], twenty["censored"]) == (len(runaways), 0, len(runaways))
+@pytest.mark.parametrize("row", sorted(ROWS.values()))
+def test_calibrate_counts_each_row_as_the_fleet_did(recorded, row):
+    """Exact, the late results from another process joined by turn id (none left unknown)."""
+    truth, runs = recorded
+    want = oracle.passed(rows(truth)[row])
+    got = runs[0.1]["passed_multiple"][row] if row == "10" else runs[0.1][f"passed_{row}"]
+    assert (got["turns"], got["resolved"], got["unresolved"], got["censored"], got["unknown"]) == (
+        want.turns, want.resolved, want.unresolved, want.censored, want.unknown)
+    assert got["unknown"] == 0 and got["turns"] > 0
+    assert got["resolved_interval"] == pytest.approx(list(want.interval()), abs=1e-6)
+
+
+@pytest.mark.parametrize("tolerance", TOLERANCES)
+def test_calibrates_decisions_are_the_boards_arithmetic(recorded, tolerance):
+    """The board's decision and evidence still needed (``evidence_oracle.decided``) are calibrate's."""
+    truth, runs = recorded
+    for row, facts_of_row in rows(truth).items():
+        got = runs[tolerance]["passed_multiple"][row] if row == "10" else runs[tolerance][f"passed_{row}"]
+        verdict, more, _ = oracle.decided(oracle.passed(facts_of_row), tolerance, 86_400)
+        want = oracle.DECISIONS[got["decision"]]
+        assert want == verdict or (math.isnan(want) and math.isnan(verdict)), (row, tolerance, got["decision"])
+        if got["decision"] == "undecided":
+            assert (got["more_turns"] or float("inf")) == more, (row, tolerance, got)
+
+
+@pytest.mark.parametrize("tolerance", TOLERANCES)
+def test_each_rows_decision_agrees_with_the_planted_truth(recorded, tolerance):
+    """Never the wrong way: above only where more than the tolerance of the halted turns would have
+    succeeded, within only where fewer would."""
+    _, runs = recorded
+    for threshold, row in ROWS.items():
+        got = (runs[tolerance]["passed_multiple"][row] if row == "10" else runs[tolerance][f"passed_{row}"])["decision"]
+        right = "above" if pf.TRUTH[threshold] > tolerance else "within"
+        assert got in (right, "undecided"), (threshold, tolerance, got, pf.TRUTH[threshold])
+
+
+def test_the_planted_evidence_decides_every_threshold_at_the_default_tolerance(recorded):
+    _, runs = recorded
+    at = runs[0.1]
+    assert [at["passed_multiple"]["10"]["decision"], at["passed_stuck"]["decision"],
+            at["passed_streak"]["decision"]] == ["above"] * 3
+    assert at["passed_streak"] and runs[0.5]["passed_streak"]["decision"] == "within"  # 25% < 50%
+    assert runs[0.7]["passed_stuck"]["decision"] == "within"  # 33% < 70%
+
+
+def test_the_backstop_is_never_called_enough_past_the_probes_cap(recorded):
+    """At 90% the truth (80%) is within, but the very long productive turns and the runaways were
+    both halted at the probe's own 20x: the evidence cannot tell them apart, so it does not decide."""
+    _, runs = recorded
+    ten = runs[0.9]["passed_multiple"]["10"]
+    assert ten["decision"] == "undecided" and ten["why"] == "censored" and ten["censored"] > 0
+    twenty = runs[0.1]["passed_multiple"]["20"]
     assert twenty["censored_at_cap"] == {"threshold": "hard_backstop", "cap": 2000}
-    n = len(long) + len(runaways)
-    assert ten["resolved_interval"] == pytest.approx([wilson_interval(len(long), n)[0], 1.0], abs=1e-6)
-
-
-def test_calibrate_counts_the_probe_turns_the_seeds_d_would_have_halted(recorded):
-    truth, evidence = recorded
-    edits = probe(truth, W.EDIT_RERUN)
-    stuck = evidence["passed_stuck"]
-    assert (stuck["turns"], stuck["resolved"], stuck["unresolved"]) == (len(edits), len(edits), 0)
-    assert stuck["calls_past"] == sum(s.tool_calls - pf.SOFT_CAP for s in edits)
-
-
-def test_the_recommendation_says_raise_10x_and_d(recorded):
-    _, evidence = recorded
-    backstop, stuck = evidence["recommendation"][:2]
-    assert "above the tolerance of 10%" in backstop
-    assert "raise the probe's cap to see past 20x" in backstop  # never "20x would have let them finish"
+    backstop = runs[0.1]["recommendation"][0]
+    assert "above the tolerance of 10%" in backstop and "raise the probe's cap to see past 20x" in backstop
     assert "20x would" not in backstop
-    assert "raise D or try stuck_signal='stale_repeat'" in stuck
 
 
-def test_the_telemetry_counts_the_same_probe_turns_and_results(otel):
-    guard = tg.Guard(pf.probe_config(disable_plugins=("recorder",)), environ={}, **otel.providers())
-    truth = pf.run_probe_fleet(guard)
+def test_the_telemetry_counts_the_probe_turns_and_results_from_both_processes(otel):
+    config = pf.probe_config(disable_plugins=("recorder",))
+    truth = pf.run_probe_fleet(tg.Guard(config, environ={}, **otel.providers()),
+                               report_elsewhere=pf.in_another_guard(config, **otel.providers()))
     past = resolved_past = 0
     for point in otel.points(n.METRIC_TURN_TOOL_CALLS[0]):
         if point.attributes[n.TURN_COHORT] != "probe":
@@ -94,6 +170,5 @@ def test_the_telemetry_counts_the_same_probe_turns_and_results(otel):
         if (a[n.RESULT_STATUS], a.get(n.TURN_COHORT), a[n.TURN_RESOLVED]) == ("accepted", "probe", "true") and (
                 a[n.TURN_CALLS_BUCKET] == "+Inf" or float(a[n.TURN_CALLS_BUCKET]) > 1000):
             resolved_past += point.value
-    long = [s for s in probe(truth, W.LONG, W.RUNAWAY)]
-    assert past == len([s for s in long if s.tool_calls > 1000])
-    assert resolved_past == truth.resolved[("probe", W.LONG)]
+    assert past == len(probe(truth, W.LONG, W.VERY_LONG, W.RUNAWAY))
+    assert resolved_past == truth.resolved[("probe", W.LONG)] > 0

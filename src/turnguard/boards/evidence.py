@@ -5,21 +5,29 @@ product-limit (Kaplan-Meier) estimate of how many calls the turns that reach the
 
 The arithmetic matches ``turnguard calibrate``'s (``turnguard.calibrate.evidence``):
 
-- **Wilson score interval** (95%) of the resolved share among the probe turns with a known result
-  (resolved / (resolved + unresolved); unknown apart), written as
-  ``(R + z²/2 ± z·sqrt(R·U/n + z²/4)) / (n + z²)``, clamped to [0, 1]; (0, 1) with no result.
-- **Decision** against the tolerance q (the ``tolerance`` variable: the share of halted turns that
-  would have succeeded the operator accepts): ``above`` when the interval's low end is over q (the
-  threshold halts too many productive turns), ``within`` when its high end is under q, else
-  ``undecided``. A turn the probe halted itself counts as not resolved (it was not): ``within``
-  holds as far as the probe sees, up to its own limits, and its table says how many it halted.
-- **More probe turns**: the Wilson interval excludes q exactly when ``n·(p-q)² > z²·q(1-q)`` (it is
-  the score test's inversion), so at the current share p the evidence decides once n passes
-  ``z²·q(1-q)/(p-q)²``; the panel shows how many more turns with a result that is, and how long they
-  take at the rate they came in over the dashboard's range. No end when p = q.
+- **Fates**: a probe turn is resolved (its task succeeded: reported in the turn or later),
+  censored (the probe halted it at a length limit of its own, its backstop, explicit or cycle cap,
+  and no result says it succeeded: it might have), unresolved (the other failures, the probe's own
+  stuck and streak halts among them: they failed under the probe's policy), or unknown (no result).
+- **Interval** (95%) of the share that would have succeeded among the N turns with a known fate:
+  Wilson's low end with the censored turns counted as failures, its high end with them counted as
+  successes (``(x + z²/2 ± z·sqrt(x - x²/N + z²/4)) / (N + z²)``, clamped to [0, 1]); (0, 1) with
+  no fate known.
+- **Decision** against the tolerance q (the ``tolerance`` variable: the share of the turns a
+  threshold halts that would have succeeded which the operator accepts): ``above`` when the low
+  end is over q (the threshold halts too many turns that would have succeeded), ``within`` when the
+  high end is under q, else ``undecided``.
+- **More probe turns**: a Wilson bound at share p over N turns is past q exactly when
+  ``N·(p-q)² > z²·q(1-q)`` (the score test it inverts), so the evidence decides once N passes
+  ``z²·q(1-q)/(p-q)²`` at the low end's share (when it is above q) or the high end's (below q); the
+  panel shows how many more turns with a known fate that is, and how long they take at the rate
+  they came in over the dashboard's range. No number decides it when q lies between the two (the
+  censored turns could go either way: raise the probe's cap), or when the share is q.
 - **Kaplan-Meier** from the tool-call histogram's recorded buckets, over both cohorts: a turn that
-  ended ``completed`` finished in its bucket; any other (halted by any threshold, cancelled, an
-  error) is censored there and leaves the turns at risk from its bucket on. ``1 - S(kS)/S(H)`` is
+  ended on its own (``completed``, or a host's reason of its own) finished in its bucket; one halted
+  by any threshold, ``cancelled`` or an ``error`` is censored there and leaves the turns at risk from
+  its bucket on (calibrate's rule, on exact call counts: where no turn is censored inside a bucket,
+  the two estimates are the same). ``1 - S(kS)/S(H)`` is
   the share of turns that reach the backstop H that would have finished by k×S; where no turn was
   seen that far (past the probe's own cap, or without a probe) the estimate is NaN: not estimable.
 """
@@ -28,7 +36,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from turnguard.boards import promql as q
 from turnguard.boards.settings import CapSettings
@@ -52,72 +60,115 @@ class Decision(enum.IntEnum):
 
 
 DECISION_TEXT = {
-    Decision.ABOVE: "above the tolerance: it halts productive turns",
-    Decision.UNDECIDED: "undecided: needs more probe turns",
-    Decision.WITHIN: "within the tolerance, as far as the probe sees (up to its own limits)",
+    Decision.ABOVE: "above the tolerance: it halts turns that would have succeeded (raise it)",
+    Decision.UNDECIDED: "undecided",
+    Decision.WITHIN: "within the tolerance (keep it)",
 }
 
 
 # -- Wilson, the decision and the evidence still needed --------------------------------------------
 #
-# Each takes R (resolved turns) and N (turns with a known result), PromQL vectors with the same
-# labels; every figure is written so that each appears as few times as it can (PromQL has no let).
+# Each takes R (resolved turns), RC (resolved or censored) and N (turns with a known fate: resolved,
+# unresolved or censored), PromQL vectors with the same labels, and is written so that each appears
+# as few times as it can (PromQL has no let).
 
 
 def share(resolved: str, known: str) -> str:
-    """The resolved share among the turns with a known result (NaN without one)."""
+    """The resolved share among the turns with a known fate (NaN without one)."""
     return f"({resolved} / {known})"
 
 
-def _wilson(resolved: str, known: str, sign: str) -> str:
-    spread = f"sqrt({resolved} - {resolved} ^ 2 / clamp_min({known}, 1) + {Z2 / 4!r})"
-    return f"(({resolved} + {Z2 / 2!r} {sign} {Z95!r} * {spread}) / ({known} + {Z2!r}))"
+def _wilson(successes: str, known: str, sign: str) -> str:
+    spread = f"sqrt({successes} - {successes} ^ 2 / clamp_min({known}, 1) + {Z2 / 4!r})"
+    return f"(({successes} + {Z2 / 2!r} {sign} {Z95!r} * {spread}) / ({known} + {Z2!r}))"
 
 
 def wilson_low(resolved: str, known: str) -> str:
-    """The 95% Wilson interval's low end: 0 with no resolved turn (and with no result at all)."""
+    """The 95% interval's low end: Wilson's, the censored turns counted as failures (0 with no
+    resolved turn, and with no fate known)."""
     return f"clamp_min({_wilson(resolved, known, '-')}, 0)"
 
 
-def wilson_high(resolved: str, known: str) -> str:
-    """The 95% Wilson interval's high end: 1 with no unresolved turn (and with no result at all)."""
-    return f"clamp_max({_wilson(resolved, known, '+')}, 1)"
+def wilson_high(resolved_or_censored: str, known: str) -> str:
+    """Its high end: Wilson's, the censored turns counted as successes (1 with every fate known a
+    success or censored, and with none known)."""
+    return f"clamp_max({_wilson(resolved_or_censored, known, '+')}, 1)"
 
 
 def _score(tolerance: str) -> str:
     return f"{Z2!r} * {tolerance} * (1 - {tolerance})"
 
 
-def decision(resolved: str, known: str, tolerance: str = TOLERANCE) -> str:
-    """``Decision`` per series: the interval excludes the tolerance q exactly when
-    ``|R - q·N| > sqrt(z²·q(1-q)·N)`` (the score test it inverts); the sign says on which side."""
-    distance = f"({resolved} - {tolerance} * {known})"
-    return f"(sgn({distance}) * (abs({distance}) > bool sqrt({_score(tolerance)} * {known})))"
+def decision(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE) -> str:
+    """``Decision`` per series (NaN with no fate known). A Wilson bound of ``x`` of ``N`` is past the
+    tolerance q exactly when ``|x - q·N| > sqrt(z²·q(1-q)·N)`` (the score test it inverts): above
+    when the low end is, within when the high end is."""
+    bound = f"sqrt({_score(tolerance)} * {known})"
+    above = f"({resolved} - {tolerance} * {known} > bool {bound})"
+    within = f"({tolerance} * {known} - {resolved_or_censored} > bool {bound})"
+    return f"(({above} - {within}) / ({known} / {known}))"
 
 
-def more_turns(resolved: str, known: str, tolerance: str = TOLERANCE) -> str:
-    """Probe turns with a result still needed to decide at the current share p = R/N: the interval
-    excludes q once N passes ``z²·q(1-q)/(p-q)²``, so ``floor(z²·q(1-q)·N²/(R-q·N)²) + 1 - N``, which is
-    0 or less once decided (clamped to 0); NaN with no result yet, +Inf when p = q."""
-    needed = f"floor({_score(tolerance)} * {known} ^ 2 / ({resolved} - {tolerance} * {known}) ^ 2)"
-    return f"clamp_min({needed} + 1 - {known}, 0)"
+def _needed(successes: str, known: str, tolerance: str) -> str:
+    """``floor(z²·q(1-q)·N² / (x - q·N)²) + 1 - N``: the turns still needed at the share x/N."""
+    return f"(floor({_score(tolerance)} * {known} ^ 2 / ({successes} - {tolerance} * {known}) ^ 2) + 1 - {known})"
 
 
-def time_needed(resolved: str, known: str, tolerance: str = TOLERANCE) -> str:
-    """Seconds those turns take at the rate turns with a result came in over the dashboard's range."""
-    return f"({more_turns(resolved, known, tolerance)} * $__range_s / {known})"
+def more_turns(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE) -> str:
+    """Probe turns with a known fate still needed to decide: at the low end's share when it is above
+    q, the high end's when it is below (0 once decided); +Inf when the tolerance lies between them
+    (the censored turns could go either way: no number of turns at these shares decides, raise the
+    probe's cap; or the share is the tolerance); NaN with no fate known."""
+    low = f"({_needed(resolved, known, tolerance)} and ({resolved} - {tolerance} * {known} > 0))"
+    rc = resolved_or_censored
+    high = f"({_needed(rc, known, tolerance)} and ({rc} - {tolerance} * {known} < 0))"
+    return f"clamp_min({low} or {high} or ({known} / {known} * Inf), 0)"
+
+
+def time_needed(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE) -> str:
+    """Seconds those turns take at the rate turns with a known fate came in over the range."""
+    return f"({more_turns(resolved, resolved_or_censored, known, tolerance)} * $__range_s / {known})"
 
 
 # -- the probe turns each live threshold would have halted --------------------------------------------
 
 
-def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
-    """Per column, a vector by ``turnguard_probe_main_threshold`` with one row for each of ``rows``
-    (0 where nothing happened): the probe turns the main configuration would have halted there.
+LENGTH_LIMITS = (Threshold.HARD_BACKSTOP, Threshold.EXPLICIT, Threshold.CYCLE_CAP)
+"""The probe's own halts that cut a turn that might have gone on to succeed: a probe turn one of them
+halted, with no result saying it succeeded, is censored there (calibrate's ``LOOP_DETECTORS`` are
+the others: a turn the probe halted as stuck or streaking failed under the probe's policy)."""
+LENGTH_LIMITED = "~" + "|".join(t.value for t in LENGTH_LIMITS)
+NOT_LENGTH_LIMITED = "!" + LENGTH_LIMITED
 
-    A result counts whether it came in the turn (the turns' record) or later (an accepted late
+
+def fates(turns: Callable[..., str], late: Callable[..., str], fill: Callable[[str], str]) -> dict[str, str]:
+    """The probe turns' fates, as calibrate counts them (``evidence.Passed``): resolved (in the turn
+    or by a late result), censored (halted at a length limit of the probe's, not resolved),
+    unresolved (the others whose result was false), unknown (the others without a result); and the
+    sums the interval reads, RC = resolved + censored and N = resolved + unresolved + censored.
+    ``turns(**labels)`` and ``late(**labels)`` select the turns' and the late results' records,
+    ``fill`` aggregates a selection into the table's rows.
+
+    A result is counted whether it came in the turn (the turns' record) or later (an accepted late
     result): the two records are summed together (their series never share a label set: only a
     result has a ``turnguard_result_status``)."""
+    res, limit = q.RESOLVED, q.THRESHOLD
+    true, false, known = {res: "true"}, {res: "false"}, {res: "~true|false"}
+    limited, other = {limit: LENGTH_LIMITED}, {limit: NOT_LENGTH_LIMITED}
+    not_true = {res: "~false|unknown"}
+    return {
+        "resolved": fill(f"{turns(**true)} or {late(**true)}"),
+        "unresolved": fill(f"{turns(**other, **false)} or {late(**other, **false)}"),
+        "censored": f"({fill(turns(**limited, **not_true))} - {fill(late(**limited, **true))})",
+        "unknown": f"({fill(turns(**other, **{res: 'unknown'}))} - {fill(late(**other))})",
+        "RC": fill(f"{turns(**true)} or {turns(**limited, **not_true)} or {late(**other, **true)}"),
+        "N": fill(f"{turns(**known)} or {turns(**limited, **{res: 'unknown'})} or {late(**other, **known)}"),
+    }
+
+
+def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
+    """Per column, a vector by ``turnguard_probe_main_threshold`` with one row for each of ``rows``
+    (0 where nothing happened): the probe turns the main configuration would have halted there."""
     thresholds = [t.value for t in rows]
     where = {q.COHORT: q.PROBE, q.POLICY: q.PROBE_POLICY, q.MAIN_THRESHOLD: q.values_regex(thresholds)}
     by = (q.MAIN_THRESHOLD,)
@@ -131,23 +182,18 @@ def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
     def fill(expr: str) -> str:
         return q.filled(f"sum by ({q.MAIN_THRESHOLD}) ({expr})", q.MAIN_THRESHOLD, thresholds)
 
-    resolved = fill(f"{turns(**{q.RESOLVED: 'true'})} or {late(**{q.RESOLVED: 'true'})}")
-    known = fill(f"{turns(**{q.RESOLVED: '~true|false'})} or {late(**{q.RESOLVED: '~true|false'})}")
-    unresolved = fill(f"{turns(**{q.RESOLVED: 'false'})} or {late(**{q.RESOLVED: 'false'})}")
+    f = fates(turns, late, fill)
     calls_past = q.filled(q.recorded(q.CALLS_PAST_MAIN, q.sel(**{k: v for k, v in where.items() if k != q.COHORT}),
                                      by=by), q.MAIN_THRESHOLD, thresholds)
     return {
         "turns": fill(turns()),
-        "resolved": resolved,
-        "unresolved": unresolved,
-        "unknown": f"({fill(turns(**{q.RESOLVED: 'unknown'}))} - {fill(late())})",
-        "halted by the probe": fill(turns(**{q.OUTCOME: "halted"})),
-        "resolved share": share(resolved, known),
-        "95% low": wilson_low(resolved, known),
-        "95% high": wilson_high(resolved, known),
-        "decision": decision(resolved, known),
-        "more probe turns": more_turns(resolved, known),
-        "time at this rate": time_needed(resolved, known),
+        **{name: f[name] for name in ("resolved", "unresolved", "censored", "unknown")},
+        "resolved share": share(f["resolved"], f["N"]),
+        "95% low": wilson_low(f["resolved"], f["N"]),
+        "95% high": wilson_high(f["RC"], f["N"]),
+        "decision": decision(f["resolved"], f["RC"], f["N"]),
+        "more probe turns": more_turns(f["resolved"], f["RC"], f["N"]),
+        "time at this rate": time_needed(f["resolved"], f["RC"], f["N"]),
         "calls past it": calls_past,
     }
 
@@ -184,6 +230,10 @@ def _edges(cap: CapSettings) -> tuple[float, ...]:
 
 
 KM_TURNS = {q.COHORT: q.BOTH_COHORTS, q.POLICY: q.PROBE_POLICY, q.CAP_MODE: "adaptive"}
+CENSORING_OUTCOMES = ("halted", "error", "cancelled", "abandoned", "plugin_error")
+"""The ends that censor a turn at its call count (calibrate's ``survival.CENSORING_ENDS``): any other
+outcome, ``completed`` or a host's reason of its own, is the turn finishing (``FINISHED`` matches them)."""
+FINISHED = "!~" + "|".join(CENSORING_OUTCOMES)
 """Both cohorts (live turns carry the curve to the live backstop, probe turns past it), the picked
 policies with their probes, adaptive-cap turns."""
 INTEGER_LE = "`([0-9]+)(\\.0)?`"
@@ -214,7 +264,7 @@ def finished_by(cap: CapSettings, k: int) -> str:
     ``S(e)/S(e') = beyond / (beyond + finished) = 1 / (1 + finished / beyond)``. The product over the
     buckets is ``exp(-sum(ln(1 + finished / beyond)))``: one vector by ``le``, no per-bucket query."""
     edges = [e for e in _edges(cap) if cap.hard_cap <= e <= k * cap.soft_cap]
-    completed = {q.OUTCOME: "completed"}
+    completed = {q.OUTCOME: FINISHED}
     total = f"scalar({q.zero_or(q.recorded(q.TURNS, q.sel(**KM_TURNS)))})"
     beyond = f"({total} - {_by_edge(edges[1:])})"
     finished = f"({_by_edge(edges[1:], **completed)} - {_shifted(_by_edge(edges[:-1], **completed), edges)})"

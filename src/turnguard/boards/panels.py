@@ -29,11 +29,13 @@ from grafana_foundation_sdk.models.common import (
     LegendPlacement,
     VizOrientation,
 )
+from grafana_foundation_sdk.models.dashboard import DashboardRangeMapOptions as RangeOptions
 from grafana_foundation_sdk.models.dashboard import DashboardSpecialValueMapOptions as SpecialOptions
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     DataTransformerConfig,
     DynamicConfigValue,
+    RangeMap,
     SpecialValueMap,
     SpecialValueMatch,
     Threshold,
@@ -132,13 +134,21 @@ def over_time(pid: int, title: str, description: str, targets: Sequence[Dataquer
     return panel
 
 
-def mapped(texts: Mapping[int | str, str], nan: str | None = None) -> list[object]:
-    """Value mappings: each value shown as its text, and NaN (nothing to divide) as ``nan``."""
+INFINITE = 1e300
+"""The range mapping of +Inf starts here (Grafana has no special value for it)."""
+
+
+def mapped(texts: Mapping[int | str, str], nan: str | None = None, infinite: str | None = None) -> list[object]:
+    """Value mappings: each value shown as its text, NaN (nothing to divide) as ``nan``, +Inf (no
+    end) as ``infinite``."""
     mappings: list[object] = [ValueMap(options={str(k): ValueMappingResult(text=t, index=i)
                                                 for i, (k, t) in enumerate(texts.items())})] if texts else []
     if nan is not None:
         mappings.append(SpecialValueMap(options=SpecialOptions(match=SpecialValueMatch.NA_N,
                                                                result=ValueMappingResult(text=nan))))
+    if infinite is not None:
+        mappings.append(RangeMap(options=RangeOptions(from_val=INFINITE, to=None,
+                                                      result=ValueMappingResult(text=infinite))))
     return mappings
 
 

@@ -106,9 +106,12 @@ configuration reports as ``<name>-probe``)."""
 
 
 def sel(**labels: str) -> str:
-    """A label selector; a value starting with ``!`` means "not equal", with ``~`` "matches the regex"."""
+    """A label selector; a value starting with ``!`` means "not equal", ``~`` "matches the regex",
+    ``!~`` "does not match it"."""
 
     def matcher(k: str, v: str) -> str:
+        if v.startswith("!~"):
+            return f'{k}!~"{v[2:]}"'
         if v.startswith("!"):
             return f'{k}!="{v[1:]}"'
         return f'{k}=~"{v[1:]}"' if v.startswith("~") else f'{k}="{v}"'

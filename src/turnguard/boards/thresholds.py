@@ -51,6 +51,9 @@ ADAPTIVE = {q.CAP_MODE: "adaptive"}
 PROBE_TURNS = {q.COHORT: q.PROBE, q.POLICY: q.PROBE_POLICY}
 CENSORED = "censored"
 """The word every figure that depends on censored turns says (the lint checks it)."""
+NO_FATE = "no probe turn with a known fate yet"
+NEVER = ("never at these shares: the censored turns could go either way (raise the probe's cap), or the share is "
+         "the tolerance")
 
 
 def lower_multiples(cap: CapSettings) -> list[int]:
@@ -217,14 +220,13 @@ def backstop_evidence(cap: CapSettings) -> object:
                   [query(columns[name], name, ref(i)) for i, name in enumerate(BESIDE_THE_BACKSTOP)],
                   unit="percentunit", width=12)
     decision, more, time = (ref(BESIDE_THE_BACKSTOP.index(name)) for name in BESIDE_THE_BACKSTOP[3:])
-    no_result = "no probe turn with a result yet"
     return (panel
             .override_by_query(decision, [DynamicConfigValue("unit", "none"), DynamicConfigValue(
-                "mappings", mapped({int(k): v for k, v in evidence.DECISION_TEXT.items()}, nan=no_result))])
+                "mappings", mapped({int(k): v for k, v in evidence.DECISION_TEXT.items()}, nan=NO_FATE))])
             .override_by_query(more, [DynamicConfigValue("unit", "short"),
-                                      DynamicConfigValue("mappings", mapped({}, nan=no_result))])
+                                      DynamicConfigValue("mappings", mapped({}, nan=NO_FATE, infinite=NEVER))])
             .override_by_query(time, [DynamicConfigValue("unit", "s"),
-                                      DynamicConfigValue("mappings", mapped({}, nan=no_result))]))
+                                      DynamicConfigValue("mappings", mapped({}, nan=NO_FATE, infinite=NEVER))]))
 
 
 # -- repeats against D -----------------------------------------------------------------------------
@@ -269,8 +271,10 @@ def _late_buckets(cap: CapSettings, above: int) -> str:
 def past_rows(cap: CapSettings) -> dict[str, str]:
     """Per column, a vector by ``multiple`` (one row per k): probe turns that made more than k×S calls,
     and what became of them (a result reported in the turn, or later on the results counter)."""
-    columns: dict[str, dict[str, str]] = {name: {} for name in ("turns", "resolved", "unresolved", "unknown",
-                                                                 "halted by the probe")}
+    columns: dict[str, dict[str, str]] = {name: {} for name in ("turns", "resolved", "unresolved", "censored",
+                                                                 "unknown")}
+    true, limited, other = {q.RESOLVED: "true"}, {q.THRESHOLD: evidence.LENGTH_LIMITED}, {
+        q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
     for k in BACKSTOP_MULTIPLES:
         edge, row = k * cap.soft_cap, str(k)
 
@@ -282,10 +286,11 @@ def past_rows(cap: CapSettings) -> dict[str, str]:
             return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **labels)))
 
         columns["turns"][row] = past()
-        columns["resolved"][row] = f"({past(**{q.RESOLVED: 'true'})} + {late(**{q.RESOLVED: 'true'})})"
-        columns["unresolved"][row] = f"({past(**{q.RESOLVED: 'false'})} + {late(**{q.RESOLVED: 'false'})})"
-        columns["unknown"][row] = f"({past(**{q.RESOLVED: 'unknown'})} - {late()})"
-        columns["halted by the probe"][row] = past(**{q.OUTCOME: "halted"})
+        columns["resolved"][row] = f"({past(**true)} + {late(**true)})"
+        false, not_true = {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
+        columns["unresolved"][row] = f"({past(**other, **false)} + {late(**other, **false)})"
+        columns["censored"][row] = f"({past(**limited, **not_true)} - {late(**limited, **true)})"
+        columns["unknown"][row] = f"({past(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"
     return {name: q.rows("multiple", per_row) for name, per_row in columns.items()}
 
 
@@ -323,25 +328,28 @@ def probe_row(cap: CapSettings) -> list[object]:
     return [
         table_panel(44, "Probe evidence by live threshold: would the turns it halts have succeeded?",
                     f"One row per threshold the main configuration has in force. Turns of {probe} that the main "
-                    "configuration, running beside them, would have halted there; what became of them under the "
-                    "probe (resolved, unresolved, unknown: no result yet; halted by the probe itself: "
-                    f"{CENSORED} at its own limits, it cannot see past them); the resolved share with its 95% "
-                    "Wilson interval; whether that decides against the Tolerance variable (above: the threshold "
-                    "halts more productive turns than you accept; within; undecided); if undecided, how many "
-                    "more probe turns with a result it needs at the current share and how long that takes at "
-                    "the rate they came in; and the calls they made past the threshold (the cost of raising it).",
+                    "configuration, running beside them, would have halted there, and what became of them under "
+                    "the probe: resolved; unresolved; censored (halted at a length limit of the probe's own, its "
+                    f"backstop, explicit or cycle cap, and not resolved: {CENSORED} there, they might have "
+                    "succeeded); unknown (no result yet). The share resolved, and its 95% Wilson interval with "
+                    "the censored turns counted as failures for its low end and as successes for its high end; "
+                    "whether that decides against the Tolerance variable (above: the threshold halts more turns "
+                    "that would have succeeded than you accept; within; undecided); if undecided, how many more "
+                    "probe turns with a known fate it needs and how long they take at the rate they came in "
+                    "(never, when the censored turns could go either way: raise the probe's cap); and the calls "
+                    "they made past the threshold (the cost of raising it).",
                     q.MAIN_THRESHOLD, evidence_columns, evidence.PROBE_COLUMN_UNITS, height=9,
                     row_names=threshold_row_names(cap),
                     mappings={"decision": mapped({int(k): v for k, v in evidence.DECISION_TEXT.items()},
-                                                 nan="no probe turn with a result yet"),
-                              "more probe turns": mapped({}, nan="no probe turn with a result yet"),
-                              "time at this rate": mapped({}, nan="no probe turn with a result yet")}),
+                                                 nan=NO_FATE),
+                              "more probe turns": mapped({}, nan=NO_FATE, infinite=NEVER),
+                              "time at this rate": mapped({}, nan=NO_FATE, infinite=NEVER)}),
         table_panel(41, "Probe turns past k×S",
                     f"Turns of {probe} that made more than k×S calls (S = {cap.soft_cap}; the live backstop is "
                     f"{cap.hard_multiplier:g}×S) and what became of them, counts only: the resolved share, its "
                     "interval and the decision are per threshold in the evidence table (its backstop row is the "
                     "probe turns past the backstop the main configuration would have halted). A probe turn "
-                    f"halted by the probe is {CENSORED} at its cap: past it, nothing is seen.",
+                    f"halted at a length limit of the probe's is {CENSORED} there: past it, nothing is seen.",
                     "multiple", past_rows(cap), {}, width=16, height=8, row_names=past_row_names(cap)),
         bars(43, "Attended \"continue\" answers, by threshold",
              "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
