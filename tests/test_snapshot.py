@@ -518,3 +518,23 @@ def test_a_shadow_started_afresh_at_a_resume_counts_the_calls_after_it():
         resumed.record_outcome(call, "error")
     assert said == [("eager", "warn", 2, 1), ("eager", "stop", 3, 3)] and resumed.halted is None
     assert resumed.end().fresh_state == ("shadow",)
+
+
+def test_more_waiting_calls_than_a_live_turn_keeps_are_refused_naming_awaiting():
+    from turnguard.guard import MAX_AWAITING
+    from turnguard.snapshot import MAX_WAITING
+
+    assert MAX_WAITING == 2 * MAX_AWAITING + 1024  # a live turn looks every 1,024 checks past twice the bound
+    g = guard(soft_cap=0)
+    turn = g.turn()
+    for i in range(40):
+        turn.check_call(tg.ToolCall("read", {"p": i}))
+    state = turn.snapshot()
+    entry = state["awaiting"][0]
+    state["facts"]["seq"] = state["facts"]["tool_calls"] = MAX_WAITING + 1
+    state["awaiting"] = [[i + 1, *entry[1:]] for i in range(MAX_WAITING + 1)]
+    with pytest.raises(tg.SnapshotError, match="awaiting") as refused:
+        guard(soft_cap=0).resume(state)
+    assert refused.value.field == "awaiting"
+    state["awaiting"] = state["awaiting"][:MAX_WAITING]
+    assert len(guard(soft_cap=0).resume(state)._awaiting) == MAX_WAITING
