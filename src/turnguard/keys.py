@@ -64,7 +64,8 @@ from typing import Any
 from turnguard.model import ToolCall
 
 try:  # the C accelerator: one call encodes a whole value, without json.dumps's per-call setup
-    from json.encoder import c_make_encoder as _c_make_encoder
+    # (typeshed does not declare CPython's C encoder: mypy is wrong that it is missing)
+    from json.encoder import c_make_encoder as _c_make_encoder  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - every CPython build has it
     _c_make_encoder = None
 
@@ -95,7 +96,8 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_scan_json = json.JSONDecoder(parse_constant=_refuse_constant).scan_once
+# (every JSONDecoder has scan_once, set by its __init__; typeshed does not declare it)
+_scan_json = json.JSONDecoder(parse_constant=_refuse_constant).scan_once  # type: ignore[attr-defined]
 """``json.loads``'s own scanner, strict: ``NaN`` and ``Infinity`` are refused like any non-JSON."""
 
 if _c_make_encoder is not None:
@@ -111,7 +113,9 @@ else:  # pragma: no cover
     _python_encoder = json.JSONEncoder(
         sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
     )
-    _encode = _python_encoder.encode
+
+    def _encode(value: Any) -> str:
+        return _python_encoder.encode(value)
 
     def _encode_chunks(value: Any, _level: int) -> list[str]:
         return [_python_encoder.encode(value)]
@@ -740,8 +744,8 @@ def _finish(frame: _Open, type_name: str) -> Part:
         return _tagged("r", [(type_name, len(type_name)), (frame.extra, len(frame.extra))])
     # "a" (dataclass fields) and "o" (object state): the type, then each name and its value
     parts: list[Part] = [(type_name, len(type_name))]
-    for name, part in zip(frame.extra, done, strict=True):
-        parts += ((name, len(name)), part)
+    for name, value in zip(frame.extra, done, strict=True):
+        parts += ((name, len(name)), value)
     return _tagged(kind, parts)
 
 
@@ -768,7 +772,8 @@ def _leaf_or_open(value: Any) -> tuple[Part | None, _Open | None, str]:
 def _encode_tree(root: Any) -> Part:
     leaf, frame, type_name = _leaf_or_open(root)
     if frame is None:
-        return leaf  # type: ignore[return-value]
+        assert leaf is not None  # _leaf_or_open gives a leaf or an open container
+        return leaf
     stack: list[tuple[_Open, str]] = [(frame, type_name)]
     depth = {id(root): 0}
     while True:
@@ -788,7 +793,8 @@ def _encode_tree(root: Any) -> Part:
             continue
         leaf, opened, child_type = _leaf_or_open(child)
         if opened is None:
-            frame.done.append(leaf)  # type: ignore[arg-type]
+            assert leaf is not None  # _leaf_or_open gives a leaf or an open container
+            frame.done.append(leaf)
         else:
             depth[id(child)] = len(stack)
             stack.append((opened, child_type))

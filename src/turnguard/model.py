@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-_T = TypeVar("_T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T", bound="DataclassInstance")
 
 MAX_ID_LENGTH = 256
 """The one length limit, in characters, for turn ids, result tokens and every string turnguard
@@ -38,7 +41,7 @@ def direct_init(cls: type[_T]) -> type[_T]:
     """Give a frozen, slotted dataclass an ``__init__`` that sets each field through its slot's
     own setter: the generated one goes through ``object.__setattr__`` per field, which costs on
     the paths that build a verdict or an event per detection. Same parameters and defaults."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)
     namespace: dict[str, Any] = {}
     params, body = [], []
     for f in fields:
@@ -54,7 +57,7 @@ def direct_init(cls: type[_T]) -> type[_T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__annotations__ = {**{f.name: f.type for f in fields}, "return": None}
     init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]  # on purpose: the generated __init__ replaces the dataclass's
     return cls
 
 

@@ -152,10 +152,10 @@ def _shrink(widths: list[int], floors: list[int], cells: list[list[str]], wrap: 
         widths[max(shrinkable, key=lambda i: widths[i])] -= 1
 
 
-def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int, **options: Sequence[int] | bool
-              ) -> list[str]:
+def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int, *, right: Sequence[int] = (),
+              wrap: Sequence[int] = (), free_last: bool = False, breakable: Sequence[int] = ()) -> list[str]:
     """``rows`` under ``header`` and a rule, as lines fitted by ``layout`` (same options)."""
-    fitted = layout(header, rows, width, **options)  # type: ignore[arg-type]
+    fitted = layout(header, rows, width, right=right, wrap=wrap, free_last=free_last, breakable=breakable)
     out = fitted.header(header)
     for row in rows:
         out += fitted.row(row)
