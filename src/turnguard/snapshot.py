@@ -348,7 +348,8 @@ def _identity(f: Fields, version: int) -> dict[str, Any]:
 
 def _awaiting(f: Fields, seq: int) -> list[tuple[int, str, str | None, bytes]]:
     """The waiting calls: each a check number up to the snapshot's ``facts.seq``, in check order."""
-    entries, low = [], 1
+    entries: list[tuple[int, str, str | None, bytes]] = []
+    low = 1
     for i, entry in enumerate(f.items("awaiting", MAX_WAITING)):
         path = f"awaiting[{i}]"
         if not isinstance(entry, list | tuple) or len(entry) != 4:
@@ -358,7 +359,7 @@ def _awaiting(f: Fields, seq: int) -> list[tuple[int, str, str | None, bytes]]:
                         st.text(f"{path}[2]", entry[2], optional=True),
                         st.digest(f"{path}[3]", entry[3], DIGEST_SIZE)))
         low = number + 1
-    return entries  # type: ignore[return-value]
+    return entries
 
 
 def read_verdict(data: Any, path: str) -> Verdict | None:

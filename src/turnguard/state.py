@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, overload
 
 MAX_COUNT = 2**53
 """The largest count a snapshot may hold (a JSON number is exact up to here)."""
@@ -64,8 +64,12 @@ def text(path: str, value: Any, *, optional: bool = False, nonempty: bool = Fals
     return value
 
 
+@overload
+def digest(path: str, value: Any, size: int, *, optional: Literal[False] = False) -> bytes: ...
+@overload
+def digest(path: str, value: Any, size: int, *, optional: bool) -> bytes | None: ...
 def digest(path: str, value: Any, size: int, *, optional: bool = False) -> bytes | None:
-    """``size`` bytes written as lower-case hex."""
+    """``size`` bytes written as lower-case hex (``None`` only when ``optional``)."""
     if value is None and optional:
         return None
     if type(value) is str and len(value) == 2 * size:
@@ -132,6 +136,10 @@ class Fields:
         value = self.get(name, default)
         return value if value is default else text(self.at(name), value, optional=optional, nonempty=nonempty)
 
+    @overload
+    def digest(self, name: str, size: int, *, optional: Literal[False] = False) -> bytes: ...
+    @overload
+    def digest(self, name: str, size: int, *, optional: bool) -> bytes | None: ...
     def digest(self, name: str, size: int, *, optional: bool = False) -> bytes | None:
         return digest(self.at(name), self.get(name), size, optional=optional)
 
