@@ -145,3 +145,13 @@ def test_read_turns_joins_the_files_it_is_given(lines, tmp_path):
     problems: list = []
     turns = list(read_turns(paths, problems.append))
     assert problems == [] and len(turns) == 40
+
+
+def test_the_benchmarks_collector_files_read_as_one_stream_of_their_turns(tmp_path):
+    """tools/synthetic.py's rotated OTLP set (the speed benchmark's input) holds its turns whole."""
+    from synthetic import write_otlp
+
+    turns, calls, files = write_otlp(str(tmp_path), max_calls=6000, file_bytes=1 << 20)
+    assert len(files) > 2 and files[-1].endswith("otlp.jsonl")
+    result, err = figures(tmp_path)
+    assert (result["turns"], result["calls"], result["problems"]) == (turns, calls, 0), err

@@ -125,3 +125,113 @@ def write_corpus(path: str, *, count: int | None = None, max_calls: int | None =
             turns += 1
             calls += len(record["calls"])
     return turns, calls
+
+
+# -- the same turns as the Collector's file exporter writes turnguard's spans ----------------------
+
+RESOURCE = {"attributes": [{"key": "service.name", "value": {"stringValue": "agent"}},
+                           {"key": "service.instance.id", "value": {"stringValue": "3f2a6b9e-5c1d-4e8f-9a7b"}},
+                           {"key": "telemetry.sdk.language", "value": {"stringValue": "python"}},
+                           {"key": "telemetry.sdk.name", "value": {"stringValue": "opentelemetry"}},
+                           {"key": "telemetry.sdk.version", "value": {"stringValue": "1.44.0"}}]}
+SCOPE = {"name": "turnguard", "version": "0.9.0"}
+
+
+def _attr(key: str, value: object) -> dict:
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def _digest(tool: str, args: str) -> str:
+    import hashlib
+
+    return hashlib.blake2b(f"{tool}\0{args}".encode(), digest_size=8).hexdigest()
+
+
+def turn_spans(record: dict, rng: random.Random, clock: list[int]) -> list[dict]:
+    """A record's spans as turnguard's OpenTelemetry plugin makes them: an ``execute_tool`` span per
+    call (ended before its turn's), then the ``invoke_agent`` turn span."""
+    trace, root = f"{rng.getrandbits(128):032x}", f"{rng.getrandbits(64):016x}"
+    start = clock[0]
+    spans, seen, streak, last = [], {}, 0, None
+    for i, call in enumerate(record["calls"], 1):
+        digest = _digest(call["tool"], call["args"])
+        seen[digest] = seen.get(digest, 0) + 1
+        streak = streak + 1 if digest == last else 1
+        last = digest
+        attrs = [_attr("turnguard.call.index", i), _attr("turnguard.call.key_digest", digest),
+                 _attr("gen_ai.tool.name", call["tool"]), _attr("gen_ai.operation.name", "execute_tool"),
+                 _attr("turnguard.call.outcome", call["outcome"])]
+        if seen[digest] > 1:
+            attrs.append(_attr("turnguard.call.repeat", seen[digest]))
+        if streak > 1:
+            attrs.append(_attr("turnguard.streak.length", streak))
+        clock[0] += 1_000_000
+        spans.append({"traceId": trace, "spanId": f"{rng.getrandbits(64):016x}", "parentSpanId": root, "flags": 256,
+                      "name": f"execute_tool {call['tool']}", "kind": 1, "startTimeUnixNano": str(clock[0]),
+                      "endTimeUnixNano": str(clock[0] + 500_000), "attributes": attrs, "status": {}})
+    n = len(record["calls"])
+    turn = [_attr("gen_ai.operation.name", "invoke_agent"), _attr("gen_ai.agent.name", "coder"),
+            _attr("turnguard.turn.id", record["id"]), _attr("turnguard.turn.cohort", "live"),
+            _attr("turnguard.turn.promptable", False), _attr("turnguard.cap.mode", "adaptive"),
+            _attr("turnguard.policy", "default"), _attr("turnguard.loop.soft_cap", 100),
+            _attr("turnguard.loop.hard_cap", 1000), _attr("turnguard.loop.stuck_repeat_threshold", 6),
+            _attr("turnguard.loop.stuck_signal", "repeat"), _attr("turnguard.streak.warn_at", 5),
+            _attr("turnguard.streak.stop_at", 8), _attr("turnguard.streak.stop_on", "error"),
+            _attr("turnguard.loop.max_cycles", 0), _attr("turnguard.turn.outcome", "completed"),
+            _attr("turnguard.turn.tool_calls", n), _attr("turnguard.turn.cycles", record["cycles"]),
+            _attr("turnguard.turn.max_key_repeat", max(seen.values(), default=0)),
+            _attr("turnguard.turn.stuck", False), _attr("turnguard.turn.detections", 0),
+            _attr("turnguard.loop.threshold", "none"),
+            _attr("turnguard.turn.resolved", {True: "true", False: "false", None: "unknown"}[record["resolved"]])]
+    clock[0] += 1_000_000
+    spans.append({"traceId": trace, "spanId": root, "flags": 256, "name": "invoke_agent coder", "kind": 1,
+                  "startTimeUnixNano": str(start), "endTimeUnixNano": str(clock[0]), "attributes": turn, "status": {}})
+    return spans
+
+
+def write_otlp(folder: str, *, max_calls: int, seed: int = 7, mix: Mix = Mix(), batch: int = 512,
+               file_bytes: int = 100 * 1024 * 1024) -> tuple[int, int, list[str]]:
+    """Write generated turns as the Collector's file exporter writes their spans (one OTLP JSON
+    document of ``batch`` spans per line, as the SDK's batch processor exports them), rotated as
+    the exporter rotates (backups ``otlp-<time>.jsonl`` of ``file_bytes``, the live ``otlp.jsonl``
+    last). Returns (turns, calls, files written, oldest first)."""
+    import os
+
+    rng = random.Random(seed + 1)
+    clock = [1_764_633_600_000_000_000]
+    pending: list[dict] = []
+    files: list[str] = []
+    out = None
+    turns = calls = 0
+
+    def flush() -> None:
+        nonlocal out
+        if out is None or out.tell() >= file_bytes:
+            if out is not None:
+                out.close()
+            name = f"otlp-2026-12-01T{len(files) // 60:02d}-{len(files) % 60:02d}-00.000.jsonl"
+            files.append(os.path.join(folder, name))
+            out = open(files[-1], "w", encoding="utf-8")  # noqa: SIM115 - closed here or at the end
+        line = {"resourceSpans": [{"resource": RESOURCE, "scopeSpans": [{"scope": SCOPE, "spans": pending[:batch]}],
+                                   "schemaUrl": "https://opentelemetry.io/schemas/1.28.0"}]}
+        out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        del pending[:batch]
+
+    for record in records(seed=seed, mix=mix, max_calls=max_calls):
+        pending.extend(turn_spans(record, rng, clock))
+        turns += 1
+        calls += len(record["calls"])
+        while len(pending) >= batch:
+            flush()
+    while pending:
+        flush()
+    assert out is not None
+    out.close()
+    live = os.path.join(folder, "otlp.jsonl")
+    os.replace(files[-1], live)
+    files[-1] = live
+    return turns, calls, files
