@@ -404,6 +404,22 @@ def test_panel_query_returns_what_the_fleet_implies(fleet_run, panel_query):
                    what=f"{query_id(panel_query)} {panel_query.title!r}")
 
 
+COUNTS = [pq for pq in FLEET_QUERIES if pq.instant and not is_ratio(pq)]
+
+
+@pytest.mark.parametrize("panel_query", COUNTS, ids=query_id)
+def test_a_count_shows_0_where_nothing_happened(fleet_run, panel_query):
+    """A count that is one figure shows 0 for an agent with no turn, not an empty result ("No data");
+    a count by label has no rows then (the panel's ``noValue`` says 0). Figures without an agent label
+    (plugin errors, the Collector's) are left as they are."""
+    normal = instant(fleet_run, panel_query.expr)
+    nobody = instant(fleet_run, panel_query.expr, **{q.AGENT_VARIABLE: "nobody"})
+    if set(normal) == {key()} and '=~"$agent"' in panel_query.expr:
+        assert nobody == {key(): 0.0}, f"{query_id(panel_query)} {panel_query.title!r}: {nobody}"
+    else:
+        assert all(v == 0 or math.isnan(v) for v in nobody.values()) or '=~"$agent"' not in panel_query.expr
+
+
 def test_the_threshold_boards_records_hold_the_fleet_in_several_tiles(fleet_run):
     """The fleet's samples land a few times while it runs, so its events fall into several of the
     recording rules' tiles, which the threshold-validation board's exact counts add up."""

@@ -198,7 +198,8 @@ def backstop_row(cap: CapSettings) -> list[object]:
                    "backstop (the repeat signal halts them at S, so normally 0).", flagged),
         stat_panel(25, "Calls the stuck signal would have saved",
                    "For those flagged turns: calls made after the stuck signal first held.",
-                   f"({calls} / {turns}) * {flagged} - {q.zero_or(q.recorded(f'{q.FIRST_STUCK}_sum', backstop))}"),
+                   f"{calls} * {flagged} / clamp_min({turns}, 1) - "
+                   f"{q.zero_or(q.recorded(f'{q.FIRST_STUCK}_sum', backstop))}"),
         bars(26, "When stuck turns were first flagged",
              f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
              [query(first_stuck_mean, legend(q.THRESHOLD))], width=4, height=4),
