@@ -7,7 +7,17 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 
 from turnguard.boards import promql as q
-from turnguard.boards.panels import bars, base, legend, over_time, query, ref, stat_panel, with_panels
+from turnguard.boards.panels import (
+    PanelBuilder,
+    bars,
+    base,
+    legend,
+    over_time,
+    query,
+    ref,
+    stat_panel,
+    with_panels,
+)
 from turnguard.boards.settings import DEFAULTS, CapSettings
 
 UID = "turnguard-halts"
@@ -15,7 +25,7 @@ NO_TOOL = "(no tool: a model request, e.g. the cycle cap)"
 """The top-tools panel's name for halts that no tool call tripped (the cycle cap halts a model request)."""
 
 
-def overview_panels() -> list[object]:
+def overview_panels() -> list[PanelBuilder]:
     """Panels of the overview row: the time range's counts and shares."""
     halted = q.sel(**{q.OUTCOME: "halted"})
     answered_continue = q.sel(**{q.ANSWER: "continue"})
@@ -37,7 +47,7 @@ def overview_panels() -> list[object]:
     ]
 
 
-def detection_panels() -> list[object]:
+def detection_panels() -> list[PanelBuilder]:
     halt_action = q.sel(**{q.ACTION: "halt"})
     action_attendance = (
         'sum by (action, attendance) (label_replace(label_replace(label_replace(label_replace('
@@ -61,7 +71,7 @@ def detection_panels() -> list[object]:
     ]
 
 
-def where_panels() -> list[object]:
+def where_panels() -> list[PanelBuilder]:
     halt_action = q.sel(**{q.ACTION: "halt"})
     halts = q.total(q.DETECTIONS, halt_action, by=(q.TOOL,))
     by_tool = f'label_replace({halts}, "{q.TOOL}", "{NO_TOOL}", "{q.TOOL}", "")'
@@ -75,7 +85,7 @@ def where_panels() -> list[object]:
     ]
 
 
-def escalation_panels() -> list[object]:
+def escalation_panels() -> list[PanelBuilder]:
     answered_continue = q.sel(**{q.ANSWER: "continue"})
     fp_rate = (f"{q.total(q.ANSWERS, answered_continue, by=(q.THRESHOLD,))} / "
                f"{q.total(q.ANSWERS, by=(q.THRESHOLD,))}")
@@ -91,7 +101,7 @@ def escalation_panels() -> list[object]:
     ]
 
 
-def turn_panels() -> list[object]:
+def turn_panels() -> list[PanelBuilder]:
     return [
         bars(41, "Turns by how they ended",
              "Turns by outcome and the threshold that ended them (none: it ended on its own).",
@@ -101,7 +111,7 @@ def turn_panels() -> list[object]:
     ]
 
 
-def collector_panels() -> list[object]:
+def collector_panels() -> list[PanelBuilder]:
     """The Collector's own metrics, so "no data" (a broken pipeline) and "no halts" look different."""
     failed = [query(q.per_second(metric, by=("exporter",)), f"{{{{exporter}}}} {signal.replace('_', ' ')}", ref(i),
                     instant=False) for i, (signal, metric) in enumerate(q.OTELCOL_SEND_FAILED.items())]

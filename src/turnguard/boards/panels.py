@@ -20,6 +20,7 @@ from grafana_foundation_sdk.builders.dashboard import (
     ThresholdsConfig,
 )
 from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models.common import (
     BarGaugeDisplayMode,
     BigValueColorMode,
@@ -35,12 +36,14 @@ from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     DataTransformerConfig,
     DynamicConfigValue,
+    Panel,
     RangeMap,
     SpecialValueMap,
     SpecialValueMatch,
     Threshold,
     ThresholdsMode,
     ValueMap,
+    ValueMapping,
     ValueMappingResult,
     VariableOption,
     VariableRefresh,
@@ -50,6 +53,8 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from turnguard.boards import promql as q
 
+PanelBuilder = Builder[Panel]
+"""What the panel functions return (any kind of panel), for ``with_panels``."""
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 NO_COUNT = "0"
 """What a count shows when nothing happened."""
@@ -138,10 +143,11 @@ INFINITE = 1e300
 """The range mapping of +Inf starts here (Grafana has no special value for it)."""
 
 
-def mapped(texts: Mapping[int | str, str], nan: str | None = None, infinite: str | None = None) -> list[object]:
+def mapped(texts: Mapping[int, str] | Mapping[str, str], nan: str | None = None, infinite: str | None = None,
+           ) -> list[ValueMapping]:
     """Value mappings: each value shown as its text, NaN (nothing to divide) as ``nan``, +Inf (no
     end) as ``infinite``."""
-    mappings: list[object] = [ValueMap(options={str(k): ValueMappingResult(text=t, index=i)
+    mappings: list[ValueMapping] = [ValueMap(options={str(k): ValueMappingResult(text=t, index=i)
                                                 for i, (k, t) in enumerate(texts.items())})] if texts else []
     if nan is not None:
         mappings.append(SpecialValueMap(options=SpecialOptions(match=SpecialValueMatch.NA_N,
@@ -154,7 +160,7 @@ def mapped(texts: Mapping[int | str, str], nan: str | None = None, infinite: str
 
 def table_panel(pid: int, title: str, description: str, key: str, columns: Mapping[str, str],
                 units: Mapping[str, str], width: int = 24, height: int = 8, *, row_names: Mapping[str, str],
-                mappings: Mapping[str, list[object]] | None = None) -> table.Panel:
+                mappings: Mapping[str, list[ValueMapping]] | None = None) -> table.Panel:
     """A table of one row per value of ``key``: each of ``columns`` (name -> a vector by ``key``) an
     instant query, merged on ``key``; counts unless ``units`` says otherwise."""
     targets = [query(expr, name, ref(i)).format(PromQueryFormat.TABLE)
@@ -234,7 +240,7 @@ def policy_changes() -> AnnotationQuery:
     )
 
 
-def with_panels(board: Dashboard, panels: Sequence[object]) -> Dashboard:
+def with_panels(board: Dashboard, panels: Sequence[PanelBuilder]) -> Dashboard:
     for panel in panels:
         board = board.with_panel(panel)
     return board

@@ -24,6 +24,7 @@ from turnguard.boards import evidence
 from turnguard.boards import promql as q
 from turnguard.boards.panels import (
     DATASOURCE,
+    PanelBuilder,
     bars,
     base,
     legend,
@@ -95,7 +96,7 @@ def tool_calls_heatmap(cap: CapSettings) -> heatmap.Panel:
     )
 
 
-def percentiles(cap: CapSettings) -> object:
+def percentiles(cap: CapSettings) -> PanelBuilder:
     """p50/p90/p99 of the turns that ended on their own, with the halted share beside them."""
     s, h = cap.soft_cap, cap.hard_cap
     ended = {**ADAPTIVE, q.OUTCOME: "!halted"}
@@ -138,7 +139,7 @@ def _band_targets(cap: CapSettings) -> list[Dataquery]:
     return targets
 
 
-def calls_row(cap: CapSettings) -> list[object]:
+def calls_row(cap: CapSettings) -> list[PanelBuilder]:
     return [
         tool_calls_heatmap(cap),
         percentiles(cap),
@@ -158,7 +159,7 @@ def _cut_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
                   ref(i)) for i, k in enumerate(lower_multiples(cap))]
 
 
-def lower_backstop_row(cap: CapSettings) -> list[object]:
+def lower_backstop_row(cap: CapSettings) -> list[PanelBuilder]:
     not_stuck = {**ADAPTIVE, q.STUCK: "false"}
     return [
         stat_panel(11, "Turns not stuck", "Adaptive-cap turns in which no call repeated D times.",
@@ -177,7 +178,7 @@ def lower_backstop_row(cap: CapSettings) -> list[object]:
 # -- turns halted at the backstop ----------------------------------------------------------------------
 
 
-def backstop_row(cap: CapSettings) -> list[object]:
+def backstop_row(cap: CapSettings) -> list[PanelBuilder]:
     """The turns halted at the backstop: what they cost, whether the stuck signal had flagged them, and
     beside them what the probe cohort says such turns would have done."""
     s, h = cap.soft_cap, cap.hard_cap
@@ -211,7 +212,7 @@ BESIDE_THE_BACKSTOP = ("resolved share", "95% low", "95% high", "decision", "mor
 """The probe evidence shown beside the backstop's halts (its row of the evidence table)."""
 
 
-def backstop_evidence(cap: CapSettings) -> object:
+def backstop_evidence(cap: CapSettings) -> PanelBuilder:
     columns = evidence.probe_rows(cap, (Threshold.HARD_BACKSTOP,))
     panel = stats(27, "Probe: resolved share of the turns the backstop would have halted",
                   "Probe turns the live backstop would have halted, that went on under the probe: the share whose "
@@ -252,7 +253,7 @@ def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
     return targets
 
 
-def repeats_row(cap: CapSettings) -> list[object]:
+def repeats_row(cap: CapSettings) -> list[PanelBuilder]:
     s, d = cap.soft_cap, cap.stuck_repeat_threshold
     return [bars(31, f"Long turns (past S = {s}): max key repeat vs D = {d}, by how the turn ended",
                  f"Turns that made more than S = {s} calls only (turnguard.turn.past_soft_cap). Productive long "
@@ -279,10 +280,10 @@ def past_rows(cap: CapSettings) -> dict[str, str]:
     for k in BACKSTOP_MULTIPLES:
         edge, row = k * cap.soft_cap, str(k)
 
-        def past(edge: int = edge, **labels: str) -> str:
+        def past(edge: int = edge, /, **labels: str) -> str:
             return f"({_turns(**PROBE_TURNS, **labels)} - {_cumulative(edge, **PROBE_TURNS, **labels)})"
 
-        def late(edge: int = edge, **labels: str) -> str:
+        def late(edge: int = edge, /, **labels: str) -> str:
             accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", q.CALLS_BUCKET: _late_buckets(cap, edge)}
             return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **labels)))
 
@@ -321,7 +322,7 @@ def threshold_row_names(cap: CapSettings) -> dict[str, str]:
     return names
 
 
-def probe_row(cap: CapSettings) -> list[object]:
+def probe_row(cap: CapSettings) -> list[PanelBuilder]:
     continued = q.sel(**{q.ANSWER: "continue"})
     probe = (f"the probe ({cap.probe.name}, {cap.probe.rate:g} of turns)" if cap.probe else
              "the probe cohort (GuardConfig(probe=...))")
@@ -360,7 +361,7 @@ def probe_row(cap: CapSettings) -> list[object]:
     ]
 
 
-def survival_panel(cap: CapSettings) -> object:
+def survival_panel(cap: CapSettings) -> PanelBuilder:
     """Kaplan-Meier: of the turns that reach the backstop, the share that would finish by k×S."""
     targets = []
     for i, (k, expr) in enumerate(evidence.km_targets(cap)):
@@ -387,7 +388,7 @@ def survival_panel(cap: CapSettings) -> object:
 # -- shadow policies ------------------------------------------------------------------------------
 
 
-def shadow_policy_panels(cap: CapSettings) -> list[object]:
+def shadow_policy_panels(cap: CapSettings) -> list[PanelBuilder]:
     """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``): what each shadow policy
     (``GuardConfig.shadow``, evaluated on live traffic without acting) would have done, next to
     what the live policy did. A shadow's turn "halted" is its would-be halt."""

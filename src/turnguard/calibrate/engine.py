@@ -250,6 +250,12 @@ class _Group:
     cap_call: float | None
     family: GroupKey | None
 
+    def capped(self) -> tuple[GroupKey, float]:
+        """A family member's family and cap call (``_groups`` sets both or neither)."""
+        family, cap_call = self.family, self.cap_call
+        assert family is not None and cap_call is not None
+        return family, cap_call
+
 
 class _TurnReplays:
     """The replays of one turn's groups, sharing what they can.
@@ -286,14 +292,15 @@ class _TurnReplays:
                 self.results[key] = shared
                 continue
             result = self.results[key] = self._replay(g, self._prefix_ledger(g), self._snapshots_for(g, groups))
-            self.donors.setdefault(g.family, []).append((g.cap_call, result))
+            family, cap_call = g.capped()
+            self.donors.setdefault(family, []).append((cap_call, result))
         return self.results
 
     def _shared(self, key: GroupKey, g: _Group) -> TurnResult | None:
         """The group's result from its family, when it has one: a replay that halted before both
         caps (for another reason), or a replay from the state another one left at this cap."""
-        at = g.cap_call
-        donor = next((r for c, r in self.donors.get(g.family, ()) if 0 < r.halt_call < min(c, at)), None)
+        family, at = g.capped()
+        donor = next((r for c, r in self.donors.get(family, ()) if 0 < r.halt_call < min(c, at)), None)
         if donor is not None:
             return donor
         snap = self.snapshots.pop(key, None)
@@ -307,9 +314,10 @@ class _TurnReplays:
         """The states this replay is to hand to the others of its family whose cap comes first
         (0-based call index before which each is taken)."""
         wanted: dict[int, list[Snapshot]] | None = None
-        for other in self.families[g.family]:
-            c = groups[other].cap_call
-            if other not in self.results and other not in self.snapshots and g.first_call <= c < g.cap_call:
+        family, cap_call = g.capped()
+        for other in self.families[family]:
+            c = groups[other].capped()[1]
+            if other not in self.results and other not in self.snapshots and g.first_call <= c < cap_call:
                 snap = self.snapshots[other] = Snapshot(groups[other].policy.config, groups[other].promptable)
                 wanted = wanted or {}
                 wanted.setdefault(int(c) - 1, []).append(snap)

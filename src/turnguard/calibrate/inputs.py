@@ -712,6 +712,7 @@ class OtlpAssembler:
         if problem:
             self._bad(lineno, f"tool span {name!r}: {problem}")
             return
+        assert key is not None and isinstance(index, int) and outcome is not None  # (no problem above)
         pending = self._pending.get(key)
         if pending is None:
             pending = self._pending[key] = _Pending(self.path, lineno)

@@ -12,7 +12,7 @@ counts beside, in the unattended mode (the one the report names them for).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from turnguard.calibrate.advice import Context, assess, probe_hard_cap, recommendation
 from turnguard.calibrate.bounds import MAX_IDS, halt_bucket, ids_per_policy
@@ -28,9 +28,10 @@ FORMAT = "turnguard-calibrate/2"
 """Version 2 adds what the recording cannot tell (censored counts, survival); results of version 1
 are refused: run the parts again."""
 MODES = ("unattended", "attended")
+K = TypeVar("K")
 
 
-def _add_hist(hist: dict[int, int], key: int, n: int = 1) -> None:
+def _add_hist(hist: dict[K, int], key: K, n: int = 1) -> None:
     hist[key] = hist.get(key, 0) + n
 
 
