@@ -21,6 +21,7 @@ MAIN: dict[str, Any] = {
     "streak_stop_on": "any", "max_cycles_per_turn": 30, "key_mode": "bytes", "remind_model": True,
     "fail_mode": "closed", "max_tracked_keys": 1000, "digest_key": "main-secret", "capture_content": True,
     "disable_plugins": ("recorder",), "load_entrypoints": False, "recorder_path": "/var/tmp/tg/main.jsonl",
+    "stateful_tools": ("ci_status", "job_status"), "streak_exempt_tools": ("wait_for",), "recorder_results": True,
 }
 """A main configuration with every option away from its default."""
 PROBE_VALUE: dict[str, Any] = {
@@ -29,6 +30,7 @@ PROBE_VALUE: dict[str, Any] = {
     "streak_stop_on": "error", "max_cycles_per_turn": 60, "key_mode": "canonical", "remind_model": False,
     "fail_mode": "open", "max_tracked_keys": 2000, "digest_key": "probe-secret", "capture_content": False,
     "disable_plugins": ("otel",), "load_entrypoints": True, "recorder_path": "/var/tmp/tg/probe.jsonl",
+    "stateful_tools": ("*",), "streak_exempt_tools": ("sleep",), "recorder_results": False,
 }
 """What a probe sets each option to, one at a time (each differs from MAIN's)."""
 NOT_IN_A_PROBE = ("shadow", "probe")

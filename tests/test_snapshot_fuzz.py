@@ -32,7 +32,8 @@ def guard(**options: Any) -> tg.Guard:
 
 
 GUARDS = {"durable": lambda: guard(), "keyed": lambda: guard(digest_key=KEY),
-          "probe": lambda: guard(probe=PROBE), "v1": lambda: tg.Guard(tg.GuardConfig(
+          "probe": lambda: guard(probe=PROBE), "polling": lambda: guard(stateful_tools=("run",)),
+          "v1": lambda: tg.Guard(tg.GuardConfig(
               digest_key=KEY, disable_plugins=("otel", "recorder"), load_entrypoints=False, shadow=SHADOWS),
               environ={})}
 
@@ -97,8 +98,35 @@ def real_snapshots() -> dict[str, tuple[str, dict]]:
     turn = GUARDS["probe"]().turn(durable=True)
     play(turn, 3, 45)
     made["probe"] = ("probe", turn.snapshot())
+    made["polling"] = ("polling", polling_snapshot())
     made["version 1"] = ("v1", json.loads(V1.read_text()))
     return {name: (g, json.loads(json.dumps(state))) for name, (g, state) in made.items()}
+
+
+def polling_snapshot() -> dict:
+    """A turn with a stateful tool (``run``): (call, result) repeats, a restart, results settling
+    in the current streak and in one another call ended, calls whose repeat waits for the outcome."""
+    turn = GUARDS["polling"]().turn(durable=True)
+    turn.begin_cycle()
+    for i, result in enumerate(["a", "a", "b"]):
+        run = tg.ToolCall("run", {"t": 1}, call_id=f"p{i}")
+        turn.check_call(run)
+        turn.record_outcome(run, tg.Outcome.ERROR, result=result)
+    batch = [tg.ToolCall("run", {"t": 1}, call_id=f"b{i}") for i in range(3)]
+    for call in batch:
+        turn.check_call(call)
+    turn.record_outcome(batch[2], tg.Outcome.ERROR, result="c")
+    turn.check_call(tg.ToolCall("ls", "a b", call_id="ls"))  # ends the streak: it settles where it was kept
+    more = [tg.ToolCall("run", {"t": 2}, call_id=f"m{i}") for i in range(3)]
+    for call in more:
+        turn.check_call(call)
+    turn.record_outcome(more[0], tg.Outcome.OK, result="x")
+    turn.record_outcome(more[2], tg.Outcome.OK, result="y")
+    state = turn.snapshot()
+    facts = state["facts"]
+    assert facts["polled"] and facts["results"] and facts["baseline"] and facts["restarts"]
+    assert facts["ended"][0]["results"] and any(len(key) == 32 for key in facts["counts"])
+    return state
 
 
 SNAPSHOTS = real_snapshots()

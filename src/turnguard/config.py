@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from turnguard.keys import KEY_MODES
+from turnguard.model import ALL_TOOLS
 from turnguard.probe import selects
 
 STUCK_SIGNALS: tuple[str, ...] = ("repeat", "stale_repeat")
@@ -149,11 +150,26 @@ class GuardConfig:
     ``config``'s options over this configuration (only the ones its caller set, ``given``), this
     configuration running beside it as a shadow. Also a mapping ``{"rate": 0.01, <options>}``,
     the same (``probe_settings``)."""
+    stateful_tools: tuple[str, ...] = ()
+    """Tools that poll (a CI status, a job, a task board): for these, an identical call whose result
+    (``Turn.record_outcome(..., result=)``) differs from the previous identical call's is progress,
+    and the stuck signal counts (call, result) pairs. ``"*"`` names every tool (measured to catch
+    fewer degenerate runs: ``docs/polling.md``). Stored sorted, each name once."""
+    streak_exempt_tools: tuple[str, ...] = ()
+    """Tools taken out of the identical-call streak (where results cannot be given); never out of
+    the caps or the stuck signal. Stored sorted, each name once."""
+    recorder_results: bool = False
+    """The recorder keeps the result digest of every call whose result the host passes (each is
+    keyed); off, only the ``stateful_tools``' results, keyed anyway, are kept."""
 
     def __post_init__(self) -> None:
         # Lists are accepted where tuples are stored (TOML and hosts hand over lists).
         if isinstance(self.disable_plugins, list):
             object.__setattr__(self, "disable_plugins", tuple(self.disable_plugins))
+        for key in _TOOL_LIST_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(t, str) for t in value):
+                object.__setattr__(self, key, tuple(sorted({str.__str__(t) for t in value})))
         if isinstance(self.shadow, list):
             object.__setattr__(self, "shadow", tuple(self.shadow))
         elif isinstance(self.shadow, Mapping):
@@ -387,7 +403,9 @@ _INT_FIELDS = (
     "max_cycles_per_turn",
     "max_tracked_keys",
 )
-_BOOL_FIELDS = ("remind_model", "capture_content", "load_entrypoints")
+_BOOL_FIELDS = ("remind_model", "capture_content", "load_entrypoints", "recorder_results")
+_TOOL_LIST_FIELDS = ("stateful_tools", "streak_exempt_tools")
+
 _CHOICES = {
     "stuck_signal": STUCK_SIGNALS,
     "streak_stop_on": STREAK_STOP_ON,
@@ -421,7 +439,7 @@ def _parse_env(var: str, key: str, text: str) -> Any:
             return float(text)
         except ValueError:
             raise ConfigError(var, text, "a number >= 1") from None
-    if key == "disable_plugins":
+    if key == "disable_plugins" or key in _TOOL_LIST_FIELDS:
         return tuple(p.strip() for p in text.split(",") if p.strip())
     if key in ("shadow", "probe"):
         raise ConfigError(var, text, f"{key} set in code or TOML, not in the environment")
@@ -539,8 +557,24 @@ def _validate_kinds(c: GuardConfig) -> None:
             raise ConfigError(key, value, "a string or None")
     if not isinstance(c.disable_plugins, tuple) or not all(isinstance(p, str) for p in c.disable_plugins):
         raise ConfigError("disable_plugins", c.disable_plugins, "a tuple of plugin names")
+    _validate_tools(c)
     if not isinstance(c.shadow, tuple):
         raise ConfigError("shadow", c.shadow, "a tuple of (name, GuardConfig or mapping) pairs")
+
+
+def _validate_tools(c: GuardConfig) -> None:
+    """The tool lists: tuples of non-empty tool names (``"*"``, every tool, in ``stateful_tools`` only)."""
+    for key in _TOOL_LIST_FIELDS:
+        value = getattr(c, key)
+        accepted = "a list of tool names" + (' (or "*": every tool)' if key == "stateful_tools" else "")
+        if not isinstance(value, tuple):
+            raise ConfigError(key, value, accepted + (", not one string" if isinstance(value, str) else ""))
+        for name in value:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(key, name, accepted + ": each a non-empty string")
+    if ALL_TOOLS in c.streak_exempt_tools:
+        raise ConfigError("streak_exempt_tools", ALL_TOOLS, "tool names (to turn the streak off for every tool, "
+                          "set streak_warn_at=0 and streak_stop_at=0)")
 
 
 _SHADOW_ACCEPTED = "(name, GuardConfig or mapping of options) pairs, or a mapping of name to either"

@@ -30,6 +30,7 @@ from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, store_key, turn_keyer
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import (
+    ALL_TOOLS,
     ALLOW,
     MAX_ID_LENGTH,
     Action,
@@ -99,6 +100,8 @@ class Guard:
         self._configure(self.pm.hook.turnguard_configure.get_hookimpls())
         self.cohort = Cohort.LIVE
         """The cohort of the turns this guard opens itself (a probe guard's are ``probe``)."""
+        self.result_tools = result_tools(self.config)
+        """The tools whose results a turn keys (``"*"``: every tool's); empty in most guards."""
         self.results = ResultBook(edges=(self.config.soft_cap, self.config.hard_cap),
                                   digest_key=self.config.digest_key)
         """Recently ended turns for late results, and the count of each ``ResultStatus``."""
@@ -231,6 +234,14 @@ class MainHalts:
             self.results.main_halted(turn.turn_id, str(summary.threshold), summary.tool_calls)
 
 
+def result_tools(config: GuardConfig) -> frozenset[str]:
+    """The tools whose results a turn under ``config`` keys: its own ``stateful_tools`` and its
+    shadows' (``"*"``: every tool), or every tool when the recorder keeps result digests."""
+    if config.recorder_results:
+        return frozenset((ALL_TOOLS,))
+    return frozenset(config.stateful_tools).union(*(c.stateful_tools for _, c in config.shadow_configs()))
+
+
 PROBE_INHERITS = ("digest_key", "recorder_path")
 """Settings a probe configuration takes from the main one when it leaves them ``None``."""
 
@@ -304,6 +315,8 @@ class Turn:
         """Whether the guard's ``lineage`` knows this turn's id (snapshotted or resumed)."""
         self._dispatch = dispatch = guard.dispatcher
         self._fail_closed = dispatch.fail_closed
+        self._keyed_results = bool(ledger._named or guard.result_tools)
+        """Whether this turn looks at results (its stateful tools, its shadows', the recorder's)."""
         self._check_cycle, self._check_call, self._check_outcome = dispatch.bind(ledger, view)
         self._call_observers = dispatch.bound(dispatch.call_observers, ledger, view)
         self._outcome_observers = dispatch.bound(dispatch.outcome_observers, ledger, view)
@@ -359,13 +372,20 @@ class Turn:
         unattended turn at most ``streak_stop_at`` of them run."""
         return self.check_call(call)
 
-    def record_outcome(self, call: ToolCall, outcome: Outcome | str) -> Verdict:
+    def record_outcome(self, call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
         """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
 
         ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
         call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
-        latched HALT once the turn is halted); it is reported as a host error."""
-        return self.record_outcome(call, outcome)
+        latched HALT once the turn is halted); it is reported as a host error.
+
+        ``result``: what the call returned (any value: the tool's text, or the part that matters,
+        such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
+        at once, with the call keying rules, and only its digest is kept: an identical call whose
+        result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
+        unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
+        value itself is never kept, exported, recorded or put in a snapshot."""
+        return self.record_outcome(call, outcome, result)
 
     def _key_again(self, call: ToolCall, key: tuple[Any, ...], digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -586,7 +606,10 @@ class Turn:
         """A waiting call of the snapshot this turn resumed, without a ``call_id``, that ``call``
         reports: its own check, when ``call`` is the object checked before the snapshot (the same
         process: its key names the check), else the earliest with its name and digest (the host's
-        new object for that call); as ``_claim``. An object this turn checked is not one of them."""
+        new object for that call); as ``_claim``. An object this turn checked is not one of them, nor
+        a report with a ``call_id`` (``_claim`` looked for its id already)."""
+        if call.call_id is not None:
+            return 0, call
         restored, awaiting, key = self._restored or {}, self._awaiting, call._key
         if key is not None and key[2] is self._token:
             return 0, call  # checked here: its outcome came already (a duplicate)
@@ -619,6 +642,44 @@ class Turn:
             self.ledger.abandon(seq)
         self._awaiting.clear()  # in place: the hot paths hold this dict
         self._awaiting.update(items[MAX_AWAITING:])
+
+    def _claim_and_record(self, call: ToolCall, outcome: Outcome, result: Any) -> tuple[int, ToolCall, bool | None]:
+        """The hot path's other way (under the lock): the check ``call`` reports (``_claim``; at
+        once when it is the object checked, as on the hot path) and its outcome recorded; (0,
+        ``call``, None) for a report no check waits for. In a turn where results count
+        (``_keyed_results``) every outcome comes here, with its result (``_record_result``)."""
+        key = call._key
+        if key is not None and key[2] is self._token and self._awaiting.get(key[3]) is call:
+            seq = key[3]
+            del self._awaiting[seq]
+            if self._reused:
+                self._next_check_of(call, key)
+        else:
+            seq, call = self._claim(call)
+        if not seq:
+            return 0, call, None
+        if self._keyed_results:
+            return seq, call, self._record_result(seq, call, outcome, result)
+        return seq, call, self.ledger.record_outcome(seq, outcome)
+
+    def _record_result(self, seq: int, call: ToolCall, outcome: Outcome, result: Any) -> bool | None:
+        """``Ledger.record_outcome`` where results count: the result of a tool whose results are
+        keyed here (``Guard.result_tools``) becomes its digest, kept on the call's key
+        (``keys.cached_result``: for the recorder and the shadows), and a stateful tool's call is
+        recorded with it (``Ledger.record_polled``)."""
+        name, key, digest = call.name, call._key, None
+        if result is not None:
+            tools = self.guard.result_tools
+            if ALL_TOOLS in tools or name in tools:
+                digest = self._digest(name, result)
+        if digest is not None:
+            store_key(call, (key[0], key[1], key[2], key[3], digest))
+        elif len(key) > 4:  # the result of an earlier check of this object
+            store_key(call, key[:4])
+        ledger = self.ledger
+        if ledger._named and ledger.polls(name):
+            return ledger.record_polled(seq, outcome, digest)
+        return ledger.record_outcome(seq, outcome)
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
         key = call._key
@@ -673,7 +734,7 @@ class Turn:
             return self._halt
 
 
-def _hot_paths(turn: Turn) -> tuple[Callable[[ToolCall], Verdict], Callable[[ToolCall, Outcome | str], Verdict]]:
+def _hot_paths(turn: Turn) -> tuple[Callable[[ToolCall], Verdict], Callable[..., Verdict]]:
     """``turn``'s ``check_call`` and ``record_outcome``: closures, so that what they read on
     every call is a local cell, not an attribute of the turn (a tenth of a shell command's cost;
     ``benchmarks/bench_core.py``). Anything but "no plugin had anything to say" takes the turn's
@@ -686,7 +747,8 @@ def _hot_paths(turn: Turn) -> tuple[Callable[[ToolCall], Verdict], Callable[[Too
 def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
     ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
     digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
-    count, every_call, call_observers = ledger.count_call, turn._check_call, turn._call_observers
+    count = ledger.count_named if ledger._named else ledger.count_call  # tools the configuration names
+    every_call, call_observers = turn._check_call, turn._call_observers
 
     def check_call(call: ToolCall) -> Verdict:
         if type(call) is not ToolCall:
@@ -736,12 +798,15 @@ def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
     return check_call
 
 
-def _recorder(turn: Turn) -> Callable[[ToolCall, Outcome | str], Verdict]:
+def _recorder(turn: Turn) -> Callable[..., Verdict]:
     ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
-    token, acquire, release, record = turn._token, turn._acquire, turn._release, ledger.record_outcome
+    acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
     every_outcome, outcome_observers = turn._check_outcome, turn._outcome_observers
+    # Where results count (stateful tools, the recorder's or a shadow's), every outcome takes
+    # _claim_and_record: a token no key holds sends it there. Most turns never look at a result.
+    token = object() if turn._keyed_results else turn._token
 
-    def record_outcome(call: ToolCall, outcome: Outcome | str) -> Verdict:
+    def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
         if type(call) is not ToolCall:
             _require_call(call)
         if type(outcome) is not Outcome:
@@ -753,10 +818,10 @@ def _recorder(turn: Turn) -> Callable[[ToolCall, Outcome | str], Verdict]:
                 seq = key[3]  # (the waiting list holds each check's own call: what it popped is this one)
                 if turn._reused:
                     turn._next_check_of(call, key)
-            else:
-                seq, call = turn._claim(call)
-            if seq:
                 ended_stop = record(seq, outcome)  # true: an ended streak's stop count was reached
+            else:
+                seq, call, ended_stop = turn._claim_and_record(call, outcome, result)
+            if seq:
                 if turn._halt is not None:
                     verdict, events = turn._halt, ()
                 else:

@@ -123,9 +123,10 @@ else:  # pragma: no cover
 _join = "".join
 store_key = ToolCall.__dict__["_key"].__set__
 """Set a ``ToolCall``'s cached key: the slot's own setter (the dataclass is frozen, and this is
-cheaper than ``object.__setattr__`` on the hot path). The key is always the 4-tuple ``(digest,
-keyer, turn token, check number)``, read by position (a constant non-negative index is the
-interpreter's fast one)."""
+cheaper than ``object.__setattr__`` on the hot path). The key is the 4-tuple ``(digest, keyer,
+turn token, check number)``, read by position (a constant non-negative index is the
+interpreter's fast one); once an outcome with a kept result is recorded, a fifth item holds the
+result's digest (``cached_result``)."""
 
 
 def unchecked_key(digest: bytes, keyer: Any) -> tuple[bytes, Any, None, int]:
@@ -507,6 +508,14 @@ def turn_keyer(mode: str, key: bytes | None = None) -> Keyer:
     return keyer
 
 
+def cached_result(call: Any) -> bytes | None:
+    """The digest of the result recorded with ``call``'s outcome, when the guard keyed it (a
+    ``stateful_tools`` tool's, or every tool's with ``recorder_results``); ``None`` otherwise. The
+    result itself is never kept."""
+    key = call._key
+    return key[4] if key is not None and len(key) > 4 else None
+
+
 def cached_digest(call: Any) -> bytes | None:
     """The digest the guard deciding on ``call`` cached on it (``None`` before any guard keyed it);
     for plugins that report a call (spans, records) or count it (shadows)."""
@@ -800,5 +809,5 @@ def _encode_tree(root: Any) -> Part:
             stack.append((opened, child_type))
 
 
-__all__ = ["DIGEST_SIZE", "KEY_MODES", "Keyer", "cached_digest", "canonical_text", "identity_bytes", "is_json_text",
-           "name_bytes", "store_key"]
+__all__ = ["DIGEST_SIZE", "KEY_MODES", "Keyer", "cached_digest", "cached_result", "canonical_text", "identity_bytes",
+           "is_json_text", "name_bytes", "store_key"]

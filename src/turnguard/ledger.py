@@ -45,7 +45,19 @@ from typing import TYPE_CHECKING, Any
 
 from turnguard import state as st
 from turnguard.keys import DIGEST_SIZE, cached_digest
-from turnguard.model import Action, Level, LoopDetectedEvent, Outcome, Threshold, ToolCall, TurnSummary, Verdict
+from turnguard.model import (
+    ALL_TOOLS,
+    MAX_RESTART_TOOLS,
+    OTHER_TOOLS,
+    Action,
+    Level,
+    LoopDetectedEvent,
+    Outcome,
+    Threshold,
+    ToolCall,
+    TurnSummary,
+    Verdict,
+)
 from turnguard.state import Fields
 
 if TYPE_CHECKING:
@@ -88,7 +100,7 @@ _ABANDONED = _DENIED
 _FACTS = (
     "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
     "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news", "_settled",
-    "_seq", "_next", "_stop_peak", "_ok",
+    "_seq", "_next", "_stop_peak", "_ok", "_baseline",
 )
 """The scalar facts ``Ledger.fork`` copies (the dicts and the set are copied separately)."""
 
@@ -105,6 +117,8 @@ class Ledger:
     __slots__ = (
         "__weakref__",
         "_agent_name",
+        "_all_stateful",
+        "_baseline",
         "_cap_mode",
         "_cap_quiet_until",
         "_cohort",
@@ -116,6 +130,7 @@ class Ledger:
         "_detections",
         "_early",
         "_ended",
+        "_exempt",
         "_failing",
         "_fired",
         "_first_stuck",
@@ -128,12 +143,17 @@ class Ledger:
         "_max_keys",
         "_max_repeat",
         "_max_stale",
+        "_named",
         "_news",
         "_next",
         "_ok",
         "_outcomes",
         "_overflowed",
+        "_polled",
         "_promptable",
+        "_raised",
+        "_restarts",
+        "_results",
         "_resumed_from",
         "_retries",
         "_seq",
@@ -142,6 +162,7 @@ class Ledger:
         "_soft_cap",
         "_stale",
         "_started_at",
+        "_stateful",
         "_stop_any",
         "_stop_at",
         "_stop_peak",
@@ -207,11 +228,30 @@ class Ledger:
         self._fired: set[tuple[str, str]] = set()
         self._ended: list[EndedStreak] = []  # streaks ended with calls still waiting (EndedStreak)
         self._late: EndedStreak | None = None  # ended_stop
+        self._cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self._hard_cap)
+        self._settings(config)
+
+    def _settings(self, config: GuardConfig) -> None:
+        """The thresholds the policies read on the hot path, and the facts kept for the tools the
+        configuration names (``stateful_tools``, ``streak_exempt_tools``)."""
         self._stuck_at = config.stuck_repeat_threshold
         self._warn_at = config.streak_warn_at
         self._stop_at = config.streak_stop_at
         self._max_keys = config.max_tracked_keys
-        self._cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self._hard_cap)
+        self._stateful = frozenset(config.stateful_tools)
+        self._all_stateful = ALL_TOOLS in self._stateful
+        self._exempt = frozenset(config.streak_exempt_tools)
+        self._named = bool(self._stateful or self._exempt)
+        """Whether the configuration names tools: the guard counts calls with ``count_named``."""
+        self._polled: dict[int, tuple[bytes, int]] = {}
+        """Stateful tools' calls whose repeat waits for their outcome: check -> (digest, call number)."""
+        self._results: dict[int, bytes] = {}
+        """Result digests of the current streak's calls whose outcome waits for an earlier one's."""
+        self._baseline: bytes | None = None
+        """The latest result settled in the current streak (a stateful tool's)."""
+        self._restarts: dict[str, int] = {}
+        self._raised = False
+        """The latest ``record_polled`` brought the stuck signal to ``stuck_repeat_threshold``."""
 
     # -- read-only facts -----------------------------------------------------------------------
 
@@ -411,11 +451,13 @@ class Ledger:
         """The current streak ends at check ``seq`` with calls still waiting for their outcome:
         kept (``EndedStreak``) so that they settle in it and its stop level can still fire, as
         it would have had the calls run one at a time. Not when its stop level cannot fire (off,
-        or fired already)."""
-        if not self._stop_at or (_STREAK_STOP in self._fired):
-            return
+        or fired already, but for a stateful tool's)."""
+        results, self._results = self._results, {}
+        stopped = _STREAK_STOP in self._fired
+        if not self._stop_at or (stopped and not self.polls(self._last_tool)):  # type: ignore[arg-type]
+            return  # (a stateful tool's may restart at a changed result: its stop can fire again)
         ended = EndedStreak(self._next, seq - 1, self._streak, self._failing, self._settled, self._stop_peak,
-                            self._early, self._last_key, self._last_tool)
+                            self._early, self._last_key, self._last_tool, self._baseline, results, stopped)
         if len(self._ended) >= MAX_ENDED_STREAKS:
             del self._ended[0]
         self._ended.append(ended)
@@ -432,7 +474,7 @@ class Ledger:
         if self._fired:
             self._fired.clear()
 
-    def _count_stale(self, digest: bytes, seen: int) -> None:
+    def _count_stale(self, digest: bytes, seen: int, at: int = 0) -> None:
         """The ``stale_repeat`` count of a key seen before (``seen > 1``; a key first seen now is
         news, handled in ``count_call``): its occurrences since the last call whose key was never
         seen before ("news"), plus one, once the news call itself has come round again, for keys
@@ -442,7 +484,7 @@ class Ledger:
         test``) gets no such credit: the news (the edit) never recurs.
 
         The table holds only keys seen since the last news (cleared at each news: amortized O(1)
-        per call)."""
+        per call). ``at``: the call it counts (0: the latest, ``tool_calls``)."""
         since = self._since_new
         raw = since.get(digest, 0) + 1
         since[digest] = raw
@@ -451,15 +493,158 @@ class Ledger:
             counts = self._counts
             credited = max((n + 1 for key, n in since.items() if counts.get(key, 0) > n), default=0)
             if credited > self._max_stale:
-                self._raise_stale(credited)
+                self._raise_stale(credited, at)
         stale = raw + 1 if self._looped and seen > raw else raw
         if stale > self._max_stale:
-            self._raise_stale(stale)
+            self._raise_stale(stale, at)
 
-    def _raise_stale(self, stale: int) -> None:
+    def _raise_stale(self, stale: int, at: int = 0) -> None:
         self._max_stale = stale
         if stale >= self._stuck_at and not self._first_stuck:
-            self._first_stuck = self._tool_calls
+            self._first_stuck = at or self._tool_calls
+
+    # -- tools the configuration names (stateful_tools, streak_exempt_tools) -------------------
+
+    def polls(self, tool_name: str) -> bool:
+        """Whether ``tool_name`` is one of the configuration's ``stateful_tools``."""
+        return self._all_stateful or tool_name in self._stateful
+
+    def count_named(self, digest: bytes, tool_name: str) -> int:
+        """``count_call`` in a turn whose configuration names tools. A stateful tool's call joins
+        its streak now and has its repeat counted when its outcome comes (``record_polled``: the
+        (call, result) pair is the key); an exempt tool's call is counted but joins no streak, and
+        ends the one it interrupts, as any other call does."""
+        if self._all_stateful or tool_name in self._stateful:
+            seq = self._count_polled_call(digest, tool_name)
+        else:
+            seq = self.count_call(digest, tool_name)
+        if tool_name in self._exempt:
+            self._last_key = None
+            self._last_tool = None
+            self._streak = 0
+            self._new_streak(seq + 1)
+            self._results = {}
+        return seq
+
+    def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
+        """``count_call`` for a stateful tool, but for its repeat (counted with its result)."""
+        self._tool_calls += 1
+        seq = self._seq = self._seq + 1
+        polled = self._polled
+        polled[seq] = (digest, self._tool_calls)
+        if len(polled) > MAX_POLLED:  # outcomes that never came: the oldest counts without a result
+            self._count_polled(next(iter(polled)), None)
+        if digest == self._last_key:
+            self._streak += 1
+        else:
+            if self._next != seq:
+                self._end_streak(seq)
+            self._last_key = digest
+            self._last_tool = tool_name
+            self._streak = 1
+            self._new_streak(seq)
+            self._baseline = None
+        return seq
+
+    def record_polled(self, seq: int, outcome: Outcome, result: bytes | None) -> bool | None:
+        """``record_outcome`` for a stateful tool's call, with its result's digest (``None``: not
+        given). Its repeat is counted now, keyed by (call, result), or by the call alone when no
+        result was given or the outcome is ``DENIED`` (the tool did not run). In its streak, in
+        check order, a result that differs from the latest one there is progress: the streak
+        restarts at this call, both counts with it (``result_restarts``). True when the outcome
+        hooks must be asked wherever the counts are: an ended streak's stop (``record_outcome``),
+        or the stuck signal reached now (the cap decides at the outcome, ``stuck_raised``)."""
+        if outcome is _DENIED:
+            result = None
+        self._raised = self._count_polled(seq, result)
+        due = False
+        if result is not None:
+            if seq == self._next:
+                due = self._apply_result(seq, result)
+            elif seq > self._next:
+                self._results[seq] = result
+            else:
+                for ended in self._ended:
+                    if ended.next <= seq <= ended.last:
+                        ended.results[seq] = result
+                        break
+        return self.record_outcome(seq, outcome) or due or self._raised
+
+    def _count_polled(self, seq: int, result: bytes | None) -> bool:
+        """Count the repeat of stateful check ``seq`` (``count_call``'s table, bound and stuck
+        signal); true when the stuck signal's count reached ``stuck_repeat_threshold`` now."""
+        pending = self._polled.pop(seq, None)
+        if pending is None:  # rolled back, or counted already
+            return False
+        digest, at = pending
+        key = digest if result is None else digest + result
+        before = self._max_stale if self._stale else self._max_repeat
+        counts = self._counts
+        seen = counts.get(key)
+        if seen is not None:
+            seen += 1
+            counts[key] = seen
+        elif len(counts) < self._max_keys:
+            counts[key] = seen = 1
+        else:
+            self._overflowed = True
+            seen = 1
+        if seen > self._max_repeat:
+            self._max_repeat = seen
+            if seen == self._stuck_at and not self._first_stuck and not self._stale:
+                self._first_stuck = at
+        if self._stale:
+            if seen == 1:  # a new (call, result) is news
+                since = self._since_new
+                since.clear()
+                since[key] = 1
+                self._looped = False
+                self._news = key
+                if not self._max_stale:
+                    self._raise_stale(1, at)
+            else:
+                self._count_stale(key, seen, at)
+        return before < self._stuck_at <= (self._max_stale if self._stale else self._max_repeat)
+
+    stuck_raised: bool = _field(
+        "_raised",
+        """Whether the outcome just recorded brought the stuck signal to ``stuck_repeat_threshold``
+        (a stateful tool's call, whose repeat is counted with its result).""",
+    )
+
+    def _apply_result(self, seq: int, result: bytes) -> bool:
+        """Check ``seq``'s result settles in the current streak: one that differs from the
+        streak's latest restarts the streak there. True when the streak it ends had reached its
+        stop count unreported (in this report): it is kept as ``ended_stop`` for the streak policy."""
+        baseline, self._baseline = self._baseline, result
+        if baseline is None or result == baseline:
+            return False
+        kept = self._seq - seq + 1
+        due = bool(self._stop_at) and self._stop_peak >= self._stop_at and _STREAK_STOP not in self._fired
+        if due:
+            self._late = EndedStreak(seq, seq - 1, self._streak - kept, self._failing, self._settled, self._stop_peak,
+                                     {}, self._last_key, self._last_tool, stopped=True)
+        self._streak = kept
+        self._failing = self._settled = self._stop_peak = 0
+        if self._fired:
+            self._fired.clear()
+        self._restarted(self._last_tool)  # type: ignore[arg-type]
+        return due
+
+    def _restarted(self, tool: str, times: int = 1) -> None:
+        restarts = self._restarts
+        if tool not in restarts and len(restarts) >= MAX_RESTART_TOOLS:
+            tool = OTHER_TOOLS
+        restarts[tool] = restarts.get(tool, 0) + times
+
+    @property
+    def result_restarts(self) -> int:
+        """Streak restarts by a changed result (stateful tools) in the turn."""
+        return sum(self._restarts.values())
+
+    def restarts_by_tool(self) -> dict[str, int]:
+        """``result_restarts`` by tool name (at most ``MAX_RESTART_TOOLS`` names; ``_other``)."""
+        return dict(self._restarts)
 
     def record_outcome(self, seq: int, outcome: Outcome) -> bool | None:
         """The outcome of check ``seq`` (each check's once: the guard ignores any other report).
@@ -480,7 +665,7 @@ class Ledger:
                     self._settled += 1
                     self._stop_peak = self._settled
                 if self._early:
-                    self._settle_waiting()
+                    return self._settle_waiting()
                 return None
         else:
             self._outcomes[outcome._value_] += 1
@@ -501,12 +686,15 @@ class Ledger:
             self._settled += 1
             self._stop_peak = self._settled
         if self._early:
-            self._settle_waiting()
+            return self._settle_waiting()
         return None
 
     def abandon(self, seq: int) -> None:
         """The outcome of check ``seq`` will never come (the guard stopped waiting for it): it
-        settles as neither a failure nor a reset, so its streak's later outcomes can count."""
+        settles as neither a failure nor a reset, so its streak's later outcomes can count (a
+        stateful tool's call counts its repeat without a result)."""
+        if self._polled:
+            self._count_polled(seq, None)
         if seq == self._next:
             self._settle(_ABANDONED)
             if self._early:
@@ -524,8 +712,11 @@ class Ledger:
                 break
         else:
             return False
+        restarts = ended.restarts
         reached = ended.settle(seq, outcome, self._stop_any, self._stop_at)
-        if reached or ended.next > ended.last:  # its stop level fires now, or it is settled: done with it
+        if ended.restarts != restarts:
+            self._restarted(ended.tool, ended.restarts - restarts)  # type: ignore[arg-type]
+        if ended.next > ended.last:  # settled: done with it
             self._ended.remove(ended)
         if reached:
             self._late = ended
@@ -550,10 +741,17 @@ class Ledger:
             self._settled += 1
             self._stop_peak = self._settled
 
-    def _settle_waiting(self) -> None:
-        early = self._early
+    def _settle_waiting(self) -> bool | None:
+        """Settle the outcomes that waited for the one just settled. True when a stateful tool's
+        streak reached its stop count and then restarted at a changed result, all in this report
+        (its stop is due now: ``ended_stop``)."""
+        early, results = self._early, self._results
+        due = None
         while self._next in early:
+            if results and self._next in results:
+                due = self._apply_result(self._next, results.pop(self._next)) or due
             self._settle(early.pop(self._next))
+        return due
 
     def _worst_stop(self, last: int) -> int:
         """The stop count after check ``last`` if the calls of the streak waiting for an outcome
@@ -587,6 +785,9 @@ class Ledger:
         if self._ended:
             self._ended = []
         self._late = None
+        if self._results:
+            self._results = {}
+        self._baseline = None
 
     def rollback_cycle(self) -> None:
         """The current model request is re-sent: discard its calls, clear repeats and streaks."""
@@ -600,6 +801,8 @@ class Ledger:
         self._max_stale = 0
         self._looped = False
         self._news = None
+        self._polled.clear()
+        self._raised = False
         self.reset_streak()
 
     def note_detection(self, event: LoopDetectedEvent | None = None) -> None:
@@ -608,8 +811,9 @@ class Ledger:
         if event is not None:
             fired = (str(event.threshold), str(event.level))
             if fired == _STREAK_STOP and self._late is not None:
-                self._late = None  # the ended streak's stop: it is no longer kept, nothing to note
-                return
+                self._late = None  # an ended streak's stop, or a restarted one's
+                if not (self._stop_at and self._stop_peak >= self._stop_at):
+                    return  # (the current streak's own is due too, in the same report: noted with it)
             self._fired.add(fired)
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
@@ -627,10 +831,12 @@ class Ledger:
             or (config.stuck_signal == "stale_repeat") != self._stale
             or (config.streak_stop_on == "any") != self._stop_any
             or (stuck != self._stuck_at and reached >= min(stuck, self._stuck_at))
+            or frozenset(config.stateful_tools) != self._stateful
+            or frozenset(config.streak_exempt_tools) != self._exempt
         ):
             raise ValueError(
-                "fork(): the facts so far depend on stuck_repeat_threshold, stuck_signal, streak_stop_on "
-                "or max_tracked_keys"
+                "fork(): the facts so far depend on stuck_repeat_threshold, stuck_signal, streak_stop_on, "
+                "max_tracked_keys, stateful_tools or streak_exempt_tools"
             )
         twin = Ledger(
             config,
@@ -648,6 +854,9 @@ class Ledger:
         twin._early = dict(self._early)
         twin._fired = set(self._fired)
         twin._ended = [ended.copy() for ended in self._ended]
+        twin._polled = dict(self._polled)
+        twin._results = dict(self._results)
+        twin._restarts = dict(self._restarts)
         return twin
 
     # -- state (snapshots) ----------------------------------------------------------------------
@@ -666,7 +875,19 @@ class Ledger:
         facts["fired"] = sorted([list(pair) for pair in self._fired])
         if self._ended:
             facts["ended"] = [ended.state() for ended in self._ended]
+        self._polling_state(facts)
         return facts
+
+    def _polling_state(self, facts: dict[str, Any]) -> None:
+        """The stateful tools' facts, each only when it holds something (version 2's rule)."""
+        if self._polled:
+            facts["polled"] = {str(seq): [digest.hex(), at] for seq, (digest, at) in self._polled.items()}
+        if self._results:
+            facts["results"] = _results_state(self._results)
+        if self._baseline is not None:
+            facts["baseline"] = self._baseline.hex()
+        if self._restarts:
+            facts["restarts"] = dict(self._restarts)
 
     @classmethod
     def from_state(cls, config: GuardConfig, state: Any, *, path: str = "facts", elapsed_s: float = 0.0,
@@ -687,17 +908,35 @@ class Ledger:
         self._cycle_start = f.integer("cycle_start", 0, calls)
         self._detections = f.integer("detections")
         self._retries = f.integer("retries")
-        self._counts = _digest_counts(f, "counts", self._max_keys, calls)
+        self._counts = _digest_counts(f, "counts", self._max_keys, calls, pairs=True)
         self._max_repeat = f.integer("max_repeat", max(self._counts.values(), default=0), calls)
         self._overflowed = f.boolean("overflowed")
         self._first_stuck = f.integer("first_stuck", 0, calls)
-        self._since_new = _digest_counts(f, "since_new", self._max_keys + 1, calls)
+        self._since_new = _digest_counts(f, "since_new", self._max_keys + 1, calls, pairs=True)
         self._max_stale = f.integer("max_stale", 0, calls)
         self._looped = f.boolean("looped")
-        self._news = f.digest("news", DIGEST_SIZE, optional=True)
+        news = f.get("news")
+        self._news = st.digest(f.at("news"), news, _key_size(news), optional=True)
         self._restore_streak(f, seq, calls)
         self._restore_outcomes(f.object("outcomes"))
+        self._restore_polling(f, seq, calls)
         f.done()
+
+    def _restore_polling(self, f: Fields, seq: int, calls: int) -> None:
+        path = f.at("polled")
+        self._polled = {}
+        for key, value in f.mapping("polled", MAX_POLLED, default={}).items():
+            check = _check_number(f"{path}.{key}", key, 1, seq)
+            if not isinstance(value, list) or len(value) != 2:
+                st.refuse(f"{path}.{key}", "a [digest, call number] pair", value)
+            self._polled[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE),  # type: ignore[assignment]
+                                   st.integer(f"{path}.{key}[1]", value[1], 1, calls))
+        self._polled = dict(sorted(self._polled.items()))
+        self._results = _result_digests(f, "results", self._next + 1, seq)
+        self._baseline = f.digest("baseline", DIGEST_SIZE, optional=True) if "baseline" in f else None
+        path = f.at("restarts")
+        self._restarts = {st.text(f"{path}.{tool}", tool, nonempty=True): st.integer(f"{path}.{tool}", n, 1)
+                          for tool, n in f.mapping("restarts", MAX_RESTART_TOOLS + 1, default={}).items()}
 
     def _restore_streak(self, f: Fields, seq: int, calls: int) -> None:
         self._last_key = f.digest("last_key", DIGEST_SIZE, optional=True)
@@ -771,6 +1010,11 @@ class Ledger:
         return Verdict(action, threshold, message, event)
 
     def summary(self, *, reason: str, halt: Verdict | None) -> TurnSummary:
+        """How the turn ended. Calls of stateful tools still without an outcome (halted at their
+        check, or never reported) count their repeat now, without a result, as they would have at
+        their check had the tool not been listed."""
+        while self._polled:
+            self._count_polled(next(iter(self._polled)), None)
         return TurnSummary(
             turn_id=self.turn_id,
             conversation_id=self.conversation_id,
@@ -792,6 +1036,7 @@ class Ledger:
             cohort=self._cohort,
             resumed_from=self._resumed_from,
             fresh_state=self._fresh_state,
+            result_restarts=tuple(sorted(self._restarts.items())),
         )
 
 
@@ -801,6 +1046,9 @@ _STATE_COUNTS = (
 )
 _STATE_FLAGS = ("overflowed", "looped")
 _STATE_DIGESTS = ("last_key", "news")
+MAX_POLLED = 2 * 4096 + 1024
+"""Stateful tools' calls a ledger keeps waiting for their outcome to count their repeat (the calls a
+live turn waits for, ``guard.MAX_AWAITING``); past it the oldest counts without a result."""
 MAX_FIRED = 64
 """Detections one streak can note (a threshold and a level each) that a snapshot may hold."""
 MAX_ENDED_STREAKS = 1024
@@ -817,11 +1065,35 @@ def _early_state(early: dict[int, Outcome]) -> dict[str, str]:
     return {str(seq): outcome.value for seq, outcome in early.items()}
 
 
-def _digest_counts(f: Fields, name: str, limit: int, most: int) -> dict[bytes, int]:
-    """A table of digests (hex) to counts from 1 to ``most``, at most ``limit`` of them."""
+def _key_size(text: Any) -> int:
+    """The size of a counted key written as hex: a call's digest, or a (call, result) pair's two."""
+    return 2 * DIGEST_SIZE if isinstance(text, str) and len(text) == 4 * DIGEST_SIZE else DIGEST_SIZE
+
+
+def _digest_counts(f: Fields, name: str, limit: int, most: int, *, pairs: bool = False) -> dict[bytes, int]:
+    """A table of digests (hex) to counts from 1 to ``most``, at most ``limit`` of them (``pairs``:
+    a key may be a (call, result) pair's two digests)."""
     path = f.at(name)
-    return {st.digest(f"{path}.{key}", key, DIGEST_SIZE): st.integer(f"{path}.{key}", n, 1, most)  # type: ignore[misc]
-            for key, n in f.mapping(name, limit).items()}
+    return {st.digest(f"{path}.{key}", key, _key_size(key) if pairs else DIGEST_SIZE):  # type: ignore[misc]
+            st.integer(f"{path}.{key}", n, 1, most) for key, n in f.mapping(name, limit).items()}
+
+
+def _check_number(path: str, key: str, low: int, high: int) -> int:
+    seq = int(key) if key.isdigit() and key == str(int(key)) else -1
+    if not low <= seq <= high:
+        st.refuse(path, f"keyed by a check number from {low} to {high}", key)
+    return seq
+
+
+def _results_state(results: dict[int, bytes]) -> dict[str, str]:
+    return {str(seq): digest.hex() for seq, digest in results.items()}
+
+
+def _result_digests(f: Fields, name: str, low: int, high: int) -> dict[int, bytes]:
+    """Result digests waiting to settle, by check number from ``low`` to ``high`` (absent: none)."""
+    path = f.at(name)
+    return {_check_number(f"{path}.{key}", key, low, high): st.digest(f"{path}.{key}", value, DIGEST_SIZE)  # type: ignore[misc]
+            for key, value in f.mapping(name, max(high - low + 1, 0), default={}).items()}
 
 
 def _early_outcomes(f: Fields, name: str, low: int, high: int) -> dict[int, Outcome]:
@@ -850,29 +1122,52 @@ class EndedStreak:
     """A streak another key ended while calls of it still waited for their outcome (identical
     calls of one model response, then a different one): its checks ``next`` to ``last`` settle
     here, in check order, as the ledger's current streak settles its own, so its stop level fires
-    at the outcome that completes ``streak_stop_at`` failures, as had the calls run one at a time."""
+    at the outcome that completes ``streak_stop_at`` failures, as had the calls run one at a time.
+    A stateful tool's streak restarts here too at a changed result (``results``, ``baseline``)."""
 
-    __slots__ = ("digest", "early", "failing", "last", "length", "next", "peak", "settled", "tool")
+    __slots__ = ("baseline", "digest", "early", "failing", "last", "length", "next", "peak", "restarts", "results",
+                 "settled", "stopped", "tool")
 
     def __init__(self, next: int, last: int, length: int, failing: int, settled: int, peak: int,
-                 early: dict[int, Outcome], digest: bytes | None, tool: str | None) -> None:
+                 early: dict[int, Outcome], digest: bytes | None, tool: str | None, baseline: bytes | None = None,
+                 results: dict[int, bytes] | None = None, stopped: bool = False) -> None:
         self.next, self.last, self.length = next, last, length
         self.failing, self.settled, self.peak = failing, settled, peak
         self.early, self.digest, self.tool = early, digest, tool
+        self.baseline = baseline
+        self.results: dict[int, bytes] = {} if results is None else results
+        """Result digests of its calls not settled yet, by check."""
+        self.stopped = stopped
+        """Its stop level fired (since its latest restart)."""
+        self.restarts = 0
 
     def settle(self, seq: int, outcome: Outcome, stop_any: bool, stop_at: int) -> bool:
         """Settle check ``seq``'s outcome; true when the stop count reached ``stop_at`` now."""
         if seq != self.next:
             self.early[seq] = outcome
             return False
-        before = self.peak
-        self._settle_next(outcome, stop_any)
+        reached = self._settle_next(outcome, stop_any, stop_at)
         early = self.early
         while self.next in early:
-            self._settle_next(early.pop(self.next), stop_any)
-        return before < stop_at <= self.peak
+            reached = self._settle_next(early.pop(self.next), stop_any, stop_at) or reached
+        return reached
 
-    def _settle_next(self, outcome: Outcome, stop_any: bool) -> None:
+    def _settle_next(self, outcome: Outcome, stop_any: bool, stop_at: int) -> bool:
+        result = self.results.pop(self.next, None) if self.results else None
+        if result is not None:
+            if self.baseline is not None and result != self.baseline:  # progress: restart here
+                self.length = self.last - self.next + 1
+                self.failing = self.settled = self.peak = 0
+                self.stopped = False
+                self.restarts += 1
+            self.baseline = result
+        self._count_next(outcome, stop_any)
+        if self.stopped or not stop_at or self.peak < stop_at:
+            return False
+        self.stopped = True
+        return True
+
+    def _count_next(self, outcome: Outcome, stop_any: bool) -> None:
         self.next += 1
         if outcome is _ERROR:
             self.failing += 1
@@ -885,13 +1180,22 @@ class EndedStreak:
             self.peak = self.settled
 
     def copy(self) -> EndedStreak:
-        return EndedStreak(self.next, self.last, self.length, self.failing, self.settled, self.peak,
-                           dict(self.early), self.digest, self.tool)
+        twin = EndedStreak(self.next, self.last, self.length, self.failing, self.settled, self.peak,
+                           dict(self.early), self.digest, self.tool, self.baseline, dict(self.results), self.stopped)
+        twin.restarts = self.restarts
+        return twin
 
     def state(self) -> dict[str, Any]:
-        return {"next": self.next, "last": self.last, "length": self.length, "failing": self.failing,
+        data = {"next": self.next, "last": self.last, "length": self.length, "failing": self.failing,
                 "settled": self.settled, "peak": self.peak, "early": _early_state(self.early),
                 "digest": _hex(self.digest), "tool": self.tool}
+        if self.baseline is not None:
+            data["baseline"] = self.baseline.hex()
+        if self.results:
+            data["results"] = _results_state(self.results)
+        if self.stopped:
+            data["stopped"] = True
+        return data
 
     @classmethod
     def from_state(cls, f: Fields, low: int, high: int, calls: int) -> EndedStreak:
@@ -901,7 +1205,9 @@ class EndedStreak:
         length = f.integer("length", 1, calls)
         ended = cls(first, last, length, f.integer("failing", 0, length), f.integer("settled", 0, length),
                     f.integer("peak", 0, length), _early_outcomes(f, "early", first + 1, last),
-                    f.digest("digest", DIGEST_SIZE), f.text("tool", nonempty=True))
+                    f.digest("digest", DIGEST_SIZE), f.text("tool", nonempty=True),
+                    f.digest("baseline", DIGEST_SIZE, optional=True) if "baseline" in f else None,
+                    _result_digests(f, "results", first, last), f.boolean("stopped", default=False))
         f.done()
         return ended
 
@@ -912,7 +1218,7 @@ VIEW_FACTS = (
     "started_at", "tool_calls", "checks", "cycles", "calls_this_cycle", "cap_quiet_until", "max_key_repeat",
     "max_stale_repeat", "distinct_keys", "keys_overflowed", "streak_length", "failing_streak_length",
     "settled_streak_length", "stop_count", "awaiting_in_streak", "streak_digest", "last_tool_name",
-    "first_stuck_call", "detections", "retries", "stuck",
+    "first_stuck_call", "detections", "retries", "stuck", "result_restarts", "stuck_raised",
 )
 """The ledger's properties a ``LedgerView`` shows."""
 
@@ -921,13 +1227,13 @@ class LedgerView:
     """What hooks receive as ``turn``: the ledger's facts, read-only.
 
     Facts only (``VIEW_FACTS`` and the query methods ``outcomes``, ``repeats_of``,
-    ``fired_in_streak``, ``provisional_stop_count``), plus ``detect`` to build a verdict. No
-    mutator, no underscored field, no attribute can be set, and the view cannot be rebound: a
-    plugin that uses what it is given cannot reset the counts the caps read, by mistake or by
-    design. It is not a sandbox: code in the same process can reach the ledger behind a view
-    (``gc.get_referents(view)`` returns it, as the interpreter lets any code reach any object)
-    and change it. Run only plugins you trust as much as the host's own code; the view makes the
-    read-only contract explicit and an accidental write impossible.
+    ``fired_in_streak``, ``provisional_stop_count``, ``polls``, ``restarts_by_tool``), plus
+    ``detect`` to build a verdict. No mutator, no underscored field, no attribute can be set, and
+    the view cannot be rebound: a plugin that uses what it is given cannot reset the counts the caps
+    read, by mistake or by design. It is not a sandbox: code in the same process can reach the
+    ledger behind a view (``gc.get_referents(view)`` returns it, as the interpreter lets any code
+    reach any object) and change it. Run only plugins you trust as much as the host's own code; the
+    view makes the read-only contract explicit and an accidental write impossible.
 
     A ``Turn`` makes one view and passes it to every hook: hashable by identity, plugins key
     per-turn state by it. The view holds the ledger; the ledger does not hold the view.
@@ -1112,7 +1418,25 @@ class LedgerView:
         """Whether the configured stuck signal holds (``stuck_signal``, ``stuck_repeat_threshold``)."""
         return _ledger_of(self).stuck
 
+    @property
+    def result_restarts(self) -> int:
+        """Streak restarts by a changed result (``stateful_tools``) in the turn."""
+        return _ledger_of(self).result_restarts
+
+    @property
+    def stuck_raised(self) -> bool:
+        """Whether the outcome just recorded brought the stuck signal to ``stuck_repeat_threshold``."""
+        return _ledger_of(self).stuck_raised
+
     # -- queries -------------------------------------------------------------------------------
+
+    def polls(self, tool_name: str) -> bool:
+        """Whether ``tool_name`` is one of the configuration's ``stateful_tools``."""
+        return _ledger_of(self).polls(tool_name)
+
+    def restarts_by_tool(self) -> dict[str, int]:
+        """``result_restarts`` by tool name."""
+        return _ledger_of(self).restarts_by_tool()
 
     def outcomes(self, outcome: Outcome) -> int:
         """How many outcomes of this kind were recorded."""

@@ -21,6 +21,14 @@ MAX_ID_LENGTH = 256
 exports (span names, attributes, log records, metric labels): a longer one is cut or refused, so
 nothing a model or a host sends can grow an export or a report without bound."""
 
+ALL_TOOLS = "*"
+"""In ``GuardConfig.stateful_tools``: every tool."""
+OTHER_TOOLS = "_other"
+"""Where ``TurnSummary.result_restarts`` counts the tools past ``MAX_RESTART_TOOLS`` (as telemetry
+folds names past its bound)."""
+MAX_RESTART_TOOLS = 256
+"""Tools a turn counts streak restarts for by name (``TurnSummary.result_restarts``)."""
+
 
 def id_text(value: object) -> str | None:
     """The text of an id a host hands over: a string's own (a subclass's, without calling its
@@ -264,6 +272,9 @@ class TurnSummary:
     """What started afresh when the turn was resumed: the names of the plugins (``shadow``) whose
     per-turn state the snapshot did not carry (a version 1 snapshot), so their evidence (shadow
     and probe detections) counts from the resume on."""
+    result_restarts: tuple[tuple[str, int], ...] = ()
+    """(tool name, count) by tool name: how often a call of a ``stateful_tools`` tool restarted its
+    identical-call streak with a changed result (progress), in the turn."""
 
 
 class LoopDetected(Exception):

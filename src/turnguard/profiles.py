@@ -5,6 +5,11 @@ the smallest change from them that, on the recorded corpus and the generated lon
 resolved run but the degenerate ``jib-4035`` and catches every run of 8 or more identical calls in
 a row (docs/stuck-signals.md, "Profiles", has the table and the command that produced it;
 ``tests/test_profiles.py`` asserts it).
+
+No profile lists a polling tool (``stateful_tools``): which tools poll is the host's to say, on top
+of a profile (``PROFILES["recommended"].replace(stateful_tools=("ci_status",))``); under
+``recommended`` an unlisted tool polled eight times with identical arguments halts an unattended
+turn whatever it returns (docs/polling.md).
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ guard's detections (``tests/test_shadow.py`` checks it):
   has the live key mode and digest secret; otherwise the shadow keys the call itself.
 - Outcomes are credited in check order, as the live ledger credits them (``Ledger.record_outcome``
   with the live call's sequence number): a shadow sees a parallel batch as the live guard does.
+  A shadow's ``stateful_tools`` get the result digest the live turn kept on the call
+  (``keys.cached_result``; the live guard keys the results its shadows' stateful tools need).
 - Each shadow configuration's policies run through their own ``Dispatcher`` (a policies-only
   plugin manager, ``plugins.policies_only``), combined by its rule: a policy that raises is
   logged and ignored, or, under the shadow's own ``fail_mode="closed"``, is that shadow's
@@ -53,7 +55,7 @@ from turnguard import state as st
 from turnguard.config import GuardConfig
 from turnguard.dispatch import PASSTHROUGH, Dispatcher
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer, turn_keyer
+from turnguard.keys import Keyer, cached_result, turn_keyer
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, Answer, LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 from turnguard.plugins import plugin_manager as policy_manager
@@ -157,13 +159,40 @@ def _identity(turn: LedgerView, **extra: Any) -> dict[str, Any]:
             "promptable": turn.promptable, **extra}
 
 
+def _counter(ledger: Ledger) -> Callable[[bytes, str], int]:
+    """How a shadow's ledger counts a call (``count_named`` when its configuration names tools)."""
+    return ledger.count_named if ledger._named else ledger.count_call
+
+
+def _recorder(ledger: Ledger, state: TurnShadows) -> Callable[[int, Outcome], bool | None]:
+    """How a shadow's ledger records an outcome: ``record_outcome``, or with ``stateful_tools`` a
+    ``PolledRecorder`` (the others pay nothing for it)."""
+    return PolledRecorder(ledger, state).record if ledger._stateful else ledger.record_outcome
+
+
+class PolledRecorder:
+    """Records outcomes in a shadow's ledger whose configuration has ``stateful_tools``: a call of
+    one of them with the result digest the live turn kept on it (``keys.cached_result``)."""
+
+    __slots__ = ("ledger", "state")
+
+    def __init__(self, ledger: Ledger, state: TurnShadows) -> None:
+        self.ledger, self.state = ledger, state
+
+    def record(self, seq: int, outcome: Outcome) -> bool | None:
+        call = self.state.call
+        if call is None or not self.ledger.polls(call.name):
+            return self.ledger.record_outcome(seq, outcome)
+        return self.ledger.record_polled(seq, outcome, cached_result(call))
+
+
 class TurnShadows:
     """Every shadow's run on one live turn, and the live manager's dispatcher as it was when the
     turn opened (``reporter``: the reporting hooks go through it). ``active`` holds the runs
     without a would-be halt (the only ones still evaluated) with their ledgers; ``calls`` and
     ``outcomes`` the same runs with what each per-call loop reads, unpacked in one step."""
 
-    __slots__ = ("active", "calls", "found", "outcomes", "pending", "reporter", "runs", "stopped")
+    __slots__ = ("active", "call", "calls", "found", "outcomes", "pending", "reporter", "runs", "stopped")
 
     def __init__(self, runs: list[ShadowRun], reporter: Dispatcher | None) -> None:
         self.runs = runs
@@ -171,14 +200,16 @@ class TurnShadows:
         self.pending: list[Callable[[Ledger], None]] = []
         self.reporter = reporter
         self.stopped = False
+        self.call: ToolCall | None = None
+        """The call whose outcome is being recorded."""
         self.drop_halted()
 
     def drop_halted(self) -> None:
         active = [run for run in self.runs if run.halt is None]
         self.active = tuple((run, run.ledger) for run in active)
-        self.calls = tuple((run, run.ledger, run.policy.own_digest, run.ledger.count_call, run.checks.call, run.quiet)
+        self.calls = tuple((run, run.ledger, run.policy.own_digest, _counter(run.ledger), run.checks.call, run.quiet)
                            for run in active)
-        self.outcomes = tuple((run, run.ledger, run.ledger.record_outcome, run.checks.outcome, run.quiet)
+        self.outcomes = tuple((run, run.ledger, _recorder(run.ledger, self), run.checks.outcome, run.quiet)
                               for run in active)
 
     def stop(self) -> None:
@@ -316,6 +347,7 @@ class ShadowPlugin:
         # the live check it belongs to; none (a host's own plugin manager, a call keyed outside a
         # turn: keys.unchecked_key): the latest check
         seq = key[3] if key is not None and key[3] else turn.checks
+        state.call = call  # (for the shadows with stateful tools: PolledRecorder)
         try:
             for run, ledger, record, checks, quiet in state.outcomes:
                 if not record(seq, outcome) and ledger._stop_peak < quiet.stop_count:  # (as Turn's)

@@ -9,7 +9,11 @@
   call that tells whether the resuming guard keys calls the same way; ``turn_key``: a durable
   turn's own digest key (hex), when it has one;
 - ``facts``: the ledger's facts (``Ledger.state``: counts, key repeats as digests, streaks,
-  cycles, outcome totals, the levels that fired, the ended streaks still settling);
+  cycles, outcome totals, the levels that fired, the ended streaks still settling; with
+  ``stateful_tools``, written only when they hold something: ``polled``, the stateful calls
+  whose repeat waits for their outcome, ``results`` and ``baseline``, result digests not
+  settled yet and the streak's latest, ``restarts`` by tool; a repeat's key may then be a
+  (call, result) pair's two digests);
 - ``awaiting``: the calls still waiting for their outcome, ``[check number, tool name, call_id,
   digest]`` in check order;
 - ``halt`` and ``pending``: a latched HALT, and an escalation the host is waiting on the user for;
@@ -39,8 +43,8 @@ state lost. The top level is open to hosts and adapters, which may keep their ow
 beside turnguard's (under names turnguard does not use); a plugin's section is its own, and one
 for a plugin the resuming guard does not have is dropped.
 
-The snapshot never holds tool arguments or the guard's digest key: key repeats are digests, as
-in telemetry.
+The snapshot never holds tool arguments, tool results or the guard's digest key: key repeats and
+results are digests, as in telemetry.
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ READS = (1, 2)
 """The versions ``resume`` reads."""
 KIND = "turnguard.turn"
 NOT_DECIDING = frozenset(
-    {"name", "digest_key", "capture_content", "disable_plugins", "load_entrypoints", "recorder_path", "shadow", "probe"}
+    {"name", "digest_key", "capture_content", "disable_plugins", "load_entrypoints", "recorder_path",
+     "recorder_results", "shadow", "probe"}
 )
 """GuardConfig settings that do not decide a turn's verdicts (reporting, plugin wiring, the shadows,
 whose state is theirs, and the probe, whose cohort the snapshot names); every other setting must

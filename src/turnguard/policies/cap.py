@@ -3,6 +3,10 @@
 Explicit ``max_tool_calls_per_turn=N``: call N+1 halts (``explicit``). Unset: past the soft cap S
 the turn continues only while it is not stuck (``soft_stuck``), and never past S * m
 (``hard_backstop``). The cap is always on, whatever other detectors are enabled.
+
+A ``stateful_tools`` tool's call has its repeat counted when its outcome (and result) is
+recorded, so the stuck verdict it brings about past S is taken there (``turnguard_check_outcome``):
+the turn halts after that call rather than before the next.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import TYPE_CHECKING
 from turnguard.firing import Firing, Quiet, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
-from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
+from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
@@ -42,24 +46,44 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
             ),
         )
     if turn.stuck:  # the configured stuck signal (``GuardConfig.stuck_signal``) holds
-        signal = turn.config.stuck_signal
-        if signal == "repeat":
-            how = f"one call was repeated {turn.max_key_repeat} times"
-        else:
-            how = f"one call was repeated {turn.max_stale_repeat} times with nothing new in between"
-        return turn.detect(
-            Threshold.SOFT_STUCK, Action.HALT, Level.STOP, turn.soft_cap, call=call,
-            message=(
-                f"turnguard: stuck past the soft cap: call {n} > {turn.soft_cap} and {how} "
-                f"(stuck at {turn.config.stuck_repeat_threshold}, signal {signal})"
-            ),
-        )
+        return _stuck(turn, call, n)
     return None
 
 
+def _stuck(turn: Ledger, call: ToolCall, n: int) -> Verdict:
+    signal = turn.config.stuck_signal
+    if signal == "repeat":
+        how = f"one call was repeated {turn.max_key_repeat} times"
+    else:
+        how = f"one call was repeated {turn.max_stale_repeat} times with nothing new in between"
+    if turn._named:
+        how += " (a stateful tool's calls counted with their results)"
+    return turn.detect(
+        Threshold.SOFT_STUCK, Action.HALT, Level.STOP, turn.soft_cap, call=call,
+        message=(
+            f"turnguard: stuck past the soft cap: call {n} > {turn.soft_cap} and {how} "
+            f"(stuck at {turn.config.stuck_repeat_threshold}, signal {signal})"
+        ),
+    )
+
+
+@hookimpl
+def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
+    """A stateful tool's outcome that made the turn stuck past the soft cap (its repeat is counted
+    with its result, so only now) halts there; nothing else can make the cap fire at an outcome."""
+    if not turn._raised:
+        return None
+    n = turn._tool_calls
+    if turn._cap_mode != "adaptive" or n <= turn._cap_quiet_until or n > turn._hard_cap or not turn.stuck:
+        return None
+    return _stuck(turn, call, n)
+
+
 def quiet_rule(turn: Ledger) -> Quiet:
-    """Where the hook above answers ``None`` (``turnguard.firing.Quiet``): up to the cap, and
-    past the soft cap up to the backstop while no call has been repeated ``stuck_at`` times."""
+    """Where the call hook above answers ``None`` (``turnguard.firing.Quiet``): up to the cap, and
+    past the soft cap up to the backstop while no call has been repeated ``stuck_at`` times. The
+    outcome hook answers only where ``record_polled`` says so (the guard then asks every outcome
+    hook), so it is quiet everywhere else (``stop_count`` never reached)."""
     if turn._tool_calls <= turn._cap_quiet_until or turn.cap_mode != "adaptive":
         return Quiet(calls=turn._cap_quiet_until)
     return Quiet(calls=turn._hard_cap, repeat=turn._stuck_at)

@@ -95,6 +95,10 @@ class Instruments:
             meter, n.METRIC_PROBE_CALLS_PAST_MAIN,
             "Calls probe turns made past the main configuration's would-be halt, by its threshold.",
         )
+        self.result_restarts = _counter(
+            meter, n.METRIC_STREAK_RESULT_RESTARTS,
+            "Streaks of stateful tools restarted by a changed result (progress), by tool.",
+        )
         self.tool_call_edges = tool_call_edges
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
         self.policies = BoundedValues(n.POLICY_LIMIT)
@@ -208,6 +212,16 @@ class Instruments:
         self.turn_max_key_repeat.record(summary.max_key_repeat, attrs)
         if summary.first_stuck_call:
             self.turn_first_stuck_call.record(summary.first_stuck_call, attrs)
+        if summary.result_restarts:
+            self.streak_restarts(summary, scope)
+
+    def streak_restarts(self, summary: TurnSummary, scope: dict[str, Any]) -> None:
+        """The turn's streak restarts by a changed result, per tool (bounded names)."""
+        base: dict[str, Any] = {**scope, n.TURN_COHORT: str(summary.cohort)}
+        if summary.agent_name is not None:
+            base[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
+        for tool, count in summary.result_restarts:
+            self.result_restarts.add(count, {**base, n.GEN_AI_TOOL_NAME: self.tools.fold(tool)})
 
     # -- bounded attributes ----------------------------------------------------------------------
 

@@ -165,6 +165,9 @@ METRIC_TURN_RESULTS = ("turnguard.turn.results", "{result}")
 METRIC_PROBE_CALLS_PAST_MAIN = ("turnguard.probe.calls_past_main_threshold", "{tool_call}")
 """Per probe turn the main configuration would have halted: the calls it made past that halt (the
 cost of raising the threshold), by ``turnguard.probe.main_threshold``."""
+METRIC_STREAK_RESULT_RESTARTS = ("turnguard.streak.result_restarts", "{restart}")
+"""Identical-call streaks of ``stateful_tools`` restarted by a changed result (progress), by tool:
+which listed tools really poll (counted when the turn ends)."""
 METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call}")
 """Per shadow policy and turn: the calls it saw before its would-be halt (or all of them)."""
 
@@ -186,6 +189,7 @@ RESULT_METRIC_ATTRIBUTES = (POLICY, RESULT_STATUS, TURN_RESOLVED, TURN_COHORT, T
 """The turn's facts (cohort, bucket, the threshold that ended it, agent) only when the turn is known;
 ``turnguard.probe.main_threshold`` only for a known probe turn."""
 PROBE_CALLS_PAST_MAIN_ATTRIBUTES = (POLICY, PROBE_MAIN_THRESHOLD, GEN_AI_AGENT_NAME)
+RESULT_RESTART_METRIC_ATTRIBUTES = (POLICY, TURN_COHORT, GEN_AI_TOOL_NAME, GEN_AI_AGENT_NAME)
 SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
 SHADOW_TURN_METRIC_ATTRIBUTES = (SHADOW_POLICY, *_TURN_ATTRIBUTES)
 """``turnguard.turn.outcome`` there is the shadow's: ``halted`` (its would-be halt), the live
@@ -202,6 +206,7 @@ METRIC_ATTRIBUTES = {
     METRIC_HOST_ERRORS[0]: HOST_ERROR_METRIC_ATTRIBUTES,
     METRIC_SHADOW_DETECTIONS[0]: SHADOW_DETECTION_METRIC_ATTRIBUTES,
     METRIC_SHADOW_TURN_TOOL_CALLS[0]: SHADOW_TURN_METRIC_ATTRIBUTES,
+    METRIC_STREAK_RESULT_RESTARTS[0]: RESULT_RESTART_METRIC_ATTRIBUTES,
     METRIC_TURN_RESULTS[0]: RESULT_METRIC_ATTRIBUTES,
     METRIC_PROBE_CALLS_PAST_MAIN[0]: PROBE_CALLS_PAST_MAIN_ATTRIBUTES,
 }

@@ -1,14 +1,16 @@
 """The local recorder: one JSON line per finished turn, in the corpus format, for calibration.
 
 Enabled by ``GuardConfig(recorder_path=...)`` (``turnguard demo`` writes ``.turnguard/turns.jsonl``).
-Each line is the corpus format (``source``, ``id``, ``calls[{tool, args, outcome}]``, ``cycles``,
-``resolved``, ``cohort``, ``ended_by``) with the call's keyed key digest in ``args`` instead of its arguments,
-so ``turnguard calibrate`` can replay the turn (identical calls have identical digests) while the
-file holds no tool arguments. Extra keys: ``agent``, ``conversation_id``, ``tool_calls`` (the
-true count), ``calls_dropped``, ``escalations`` (the users' answers), and what calibrate needs to
-know which limits could have cut the turn and when it ran: ``policy`` (the ``GuardConfig.name``
-in force: the probe's on a probe turn), ``limits`` (``turn_limits``) and ``started_at`` /
-``ended_at`` (Unix seconds).
+Each line is the corpus format (``source``, ``id``, ``calls[{tool, args, outcome, result}]``,
+``cycles``, ``resolved``, ``cohort``, ``ended_by``) with the call's keyed key digest in ``args``
+instead of its arguments, so ``turnguard calibrate`` can replay the turn (identical calls have
+identical digests) while the file holds no tool arguments; ``result`` (only when known) is the
+keyed digest of the result the host passed, for the ``stateful_tools`` (whose results are keyed
+anyway) or, with ``GuardConfig(recorder_results=True)``, for every tool: never the result itself.
+Extra keys: ``agent``, ``conversation_id``, ``tool_calls`` (the true count), ``calls_dropped``,
+``escalations`` (the users' answers), and what calibrate needs to know which limits could have
+cut the turn and when it ran: ``policy`` (the ``GuardConfig.name`` in force: the probe's on a
+probe turn), ``limits`` (``turn_limits``) and ``started_at`` / ``ended_at`` (Unix seconds).
 
 Writes are whole-line appends: the line is built in memory and written with one ``os.write`` on
 an ``O_APPEND`` descriptor under an exclusive ``flock``, so concurrent writers (threads or
@@ -72,6 +74,8 @@ class _Call:
     tool: str
     digest: str
     outcome: str = Outcome.UNKNOWN.value
+    result: str | None = None
+    """The result's keyed digest (hex), when the guard keyed it (``keys.cached_result``)."""
 
 
 @dataclass(slots=True)
@@ -195,10 +199,14 @@ class Recorder:
         record = self._turns.get(turn)
         if record is None:
             return
+        key = call._key  # keys.cached_result, inlined
+        result = key[4].hex() if key is not None and len(key) > 4 else None
         with record.lock:
             at = record.index.pop(call, None)
             if at is not None:
-                record.calls[at].outcome = outcome.value
+                entry = record.calls[at]
+                entry.outcome = outcome.value
+                entry.result = result
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
@@ -350,7 +358,8 @@ def turn_line(
     data: dict[str, Any] = {
         "source": SOURCE,
         "id": summary.turn_id,
-        "calls": [{"tool": c.tool, "args": c.digest, "outcome": c.outcome} for c in calls],
+        "calls": [{"tool": c.tool, "args": c.digest, "outcome": c.outcome} if c.result is None else
+                  {"tool": c.tool, "args": c.digest, "outcome": c.outcome, "result": c.result} for c in calls],
         "cycles": summary.cycles,
         "resolved": summary.resolved,
         "cohort": str(summary.cohort),
