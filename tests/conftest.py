@@ -160,6 +160,37 @@ def turn_ends(otel) -> TurnEnds:
     return TurnEnds(otel)
 
 
+POLLING = tg.PROFILES["recommended"].replace(stateful_tools=("ci_status",))
+"""The recommended profile with ``ci_status`` listed as a polling tool (docs/polling.md): the
+adapters' tests poll it with the framework's own results."""
+POLLS = 12
+
+
+def ci_statuses(changing: bool) -> list[str]:
+    """What a CI status tool answers to ``POLLS`` identical polls: a run that moves (queued, running
+    10%, ... passed: at most three answers alike in a row), or one that says ``running`` each time."""
+    if not changing:
+        return ["running"] * POLLS
+    return ["queued"] * 2 + [f"running {10 * (i // 3 + 1)}%" for i in range(POLLS - 3)] + ["passed"]
+
+
+def assert_polled(turn_ends: TurnEnds, changing: bool, polled: int) -> None:
+    """A run that polled ``ci_status`` under ``POLLING``: a moving run completes (every poll ran, the
+    framework's results restarted the streak, the restarts counter says so); an unchanged one halts
+    at its eighth poll."""
+    from turnguard.telemetry import names
+
+    summary = turn_ends.summaries[-1]
+    if changing:
+        assert polled == POLLS and not summary.halted
+        assert dict(summary.result_restarts) == {"ci_status": len(set(ci_statuses(True))) - 1}
+        points = turn_ends.otel.points(names.METRIC_STREAK_RESULT_RESTARTS[0])
+        assert [(p.attributes[names.GEN_AI_TOOL_NAME], p.value) for p in points] == [
+            ("ci_status", len(set(ci_statuses(True))) - 1)]
+    else:
+        assert polled == 8 and summary.threshold == tg.Threshold.STREAK
+
+
 def cancel_once_started(run: Callable[[asyncio.Event], Awaitable[object]]) -> None:
     """Run ``run(started)`` as a task, cancel it once it sets ``started``, and expect the cancellation
     to reach the caller (what a host does to an async agent run it gives up on)."""

@@ -8,7 +8,16 @@ from collections.abc import AsyncGenerator, Iterable
 
 import pytest
 
-from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
+from conftest import (
+    POLLING,
+    POLLS,
+    STOPPED_AT_THE_EIGHTH_FAILURE,
+    assert_polled,
+    cancel_once_started,
+    ci_statuses,
+    optional_dependency,
+    wait_forever,
+)
 
 optional_dependency("google.adk")
 
@@ -477,3 +486,22 @@ def test_a_model_that_raises_ends_the_turn_with_error(read_file, turn_ends):
     with pytest.raises(ConnectionError):
         session.send("read it")
     assert turn_ends.assert_ended("error").tool_calls == 1
+
+
+@pytest.mark.parametrize("changing", [True, False])
+def test_a_polling_tools_response_is_its_result_and_a_changed_one_is_progress(changing, turn_ends):
+    answers, polled = iter(ci_statuses(changing)), []
+
+    def ci_status(run: int) -> dict:
+        """The CI run's status."""
+        polled.append(run)
+        return {"status": next(answers)}
+
+    session = Session(one_call_each([("ci_status", {"run": 42})] * POLLS), [ci_status],
+                      [TurnGuardPlugin(turn_ends.guard(POLLING))])
+    events = session.send("wait for CI")
+    if changing:
+        assert session.final_text() == "done" and halt_of(events) is None
+    else:
+        assert halt_of(events)["threshold"] == "streak"
+    assert_polled(turn_ends, changing, len(polled))

@@ -11,7 +11,16 @@ import time
 
 import pytest
 
-from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
+from conftest import (
+    POLLING,
+    POLLS,
+    STOPPED_AT_THE_EIGHTH_FAILURE,
+    assert_polled,
+    cancel_once_started,
+    ci_statuses,
+    optional_dependency,
+    wait_forever,
+)
 
 optional_dependency("langchain.agents")
 
@@ -680,3 +689,27 @@ def test_a_paused_run_dropped_past_the_bound_is_suspended_and_its_resume_reports
     state = agents[0].invoke(Command(resume="continue"), threads[0])  # resumed from the checkpoint
     assert state["messages"][-1].content == "done" and len(ran) == 4 + 4 + 3
     assert len(closes.ended) == 1  # the turn put aside, reported once, by the run that finished it
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("changing", [True, False])
+def test_a_polling_tools_message_content_is_its_result_and_a_changed_one_is_progress(changing, asynchronous,
+                                                                                    turn_ends):
+    answers, polled = iter(ci_statuses(changing)), []
+
+    @tool
+    def ci_status(run: int) -> str:
+        """The CI run's status."""
+        polled.append(run)
+        return next(answers)
+
+    model = calls_then_done([("ci_status", {"run": 42})] * POLLS)  # each message has its own id
+    agent = create_agent(model, [ci_status], middleware=[TurnGuardMiddleware(turn_ends.guard(POLLING))])
+    run = agent.ainvoke if asynchronous else agent.invoke
+    if changing:
+        state = asyncio.run(run(ask_user("wait for CI"), LIMIT)) if asynchronous else run(ask_user("wait"), LIMIT)
+        assert state["messages"][-1].content == "done"
+    else:
+        with pytest.raises(TurnGuardHalted):
+            asyncio.run(run(ask_user("wait for CI"), LIMIT)) if asynchronous else run(ask_user("wait"), LIMIT)
+    assert_polled(turn_ends, changing, len(polled))

@@ -11,7 +11,16 @@ import sys
 
 import pytest
 
-from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
+from conftest import (
+    POLLING,
+    POLLS,
+    STOPPED_AT_THE_EIGHTH_FAILURE,
+    assert_polled,
+    cancel_once_started,
+    ci_statuses,
+    optional_dependency,
+    wait_forever,
+)
 
 optional_dependency("llm")
 
@@ -417,3 +426,29 @@ def test_a_question_holds_the_calls_after_it_until_the_user_refuses(ran, read_fi
         else:
             chain(guard, ScriptedToolModel("s", batch), "read", tools=[read_file], ask=ask).text()
     assert asked == [before] and len(ran) == before
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("changing", [True, False])
+def test_a_polling_tool_results_output_is_its_result_and_a_changed_one_is_progress(changing, asynchronous,
+                                                                                   turn_ends):
+    answers, polled = iter(ci_statuses(changing)), []
+
+    def ci_status(run: int) -> str:
+        """The CI run's status."""
+        polled.append(run)
+        return next(answers)
+
+    steps = [("ci_status", {"run": 42})] * POLLS
+    model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("scripted", steps)
+    guarded = chain(turn_ends.guard(POLLING), model, "wait for CI", tools=[ci_status])
+
+    def run() -> str:
+        return asyncio.run(guarded.atext()) if asynchronous else guarded.text()
+
+    if changing:
+        assert run() == "done"
+    else:
+        with pytest.raises(TurnGuardHalted):
+            run()
+    assert_polled(turn_ends, changing, len(polled))

@@ -9,7 +9,16 @@ import sys
 
 import pytest
 
-from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
+from conftest import (
+    POLLING,
+    POLLS,
+    STOPPED_AT_THE_EIGHTH_FAILURE,
+    assert_polled,
+    cancel_once_started,
+    ci_statuses,
+    optional_dependency,
+    wait_forever,
+)
 
 optional_dependency("agents")
 
@@ -639,3 +648,23 @@ class Closes:
     @tg.hookimpl
     def turnguard_turn_suspended(self, turn, summary) -> None:
         self.suspended.append(summary.turn_id)
+
+
+@pytest.mark.parametrize("changing", [True, False])
+def test_a_polling_tools_output_is_its_result_and_a_changed_one_is_progress(changing, turn_ends):
+    answers, polled = iter(ci_statuses(changing)), []
+
+    @function_tool
+    def ci_status(run: int) -> str:
+        """The CI run's status."""
+        polled.append(run)
+        return next(answers)
+
+    agent = Agent(name="waiter", model=calls_then_done([("ci_status", {"run": 42})] * POLLS), tools=[ci_status])
+    guard = turn_ends.guard(POLLING)
+    if changing:
+        assert run_sync(guard, agent, "wait for CI", max_turns=100, run_config=NO_EXPORT).final_output == "done"
+    else:
+        with pytest.raises(TurnGuardHalted):
+            run_sync(guard, agent, "wait for CI", max_turns=100, run_config=NO_EXPORT)
+    assert_polled(turn_ends, changing, len(polled))

@@ -9,7 +9,16 @@ import sys
 
 import pytest
 
-from conftest import STOPPED_AT_THE_EIGHTH_FAILURE, cancel_once_started, optional_dependency, wait_forever
+from conftest import (
+    POLLING,
+    POLLS,
+    STOPPED_AT_THE_EIGHTH_FAILURE,
+    assert_polled,
+    cancel_once_started,
+    ci_statuses,
+    optional_dependency,
+    wait_forever,
+)
 
 optional_dependency("pydantic_ai")
 
@@ -685,3 +694,42 @@ def test_an_instrumented_deferred_run_and_its_resume_record_no_turn_state(ran, o
     assert resumed.output == "done"
     recorded = json.dumps([dict(s.attributes) for s in otel.spans()], default=str)
     assert state["turn_key"] not in recorded and "turn_key" not in recorded
+
+
+@pytest.mark.parametrize("changing", [True, False])
+def test_a_polling_tools_return_value_is_its_result_and_a_changed_one_is_progress(changing, turn_ends):
+    answers, polled = iter(ci_statuses(changing)), []
+    model = scripted([("ci_status", {"run": 42})] * POLLS)
+    agent = Agent(model, capabilities=[TurnGuardCapability(turn_ends.guard(POLLING))])
+
+    @agent.tool_plain
+    def ci_status(run: int) -> dict:
+        polled.append(run)
+        return {"run": run, "status": next(answers)}
+
+    if changing:
+        assert agent.run_sync("wait for the CI run", usage_limits=NO_REQUEST_LIMIT).output == "done"
+    else:
+        with pytest.raises(TurnGuardHalted):
+            agent.run_sync("wait for the CI run", usage_limits=NO_REQUEST_LIMIT)
+    assert_polled(turn_ends, changing, len(polled))
+
+
+@pytest.mark.parametrize("changing", [True, False])
+def test_a_polling_tool_that_fails_while_pending_makes_progress_when_its_error_changes(changing, turn_ends):
+    answers, polled = iter([f"pending, {n if changing else 5} ahead" for n in range(POLLS, 0, -1)]), []
+    model = scripted([("ci_status", {"run": 42})] * POLLS)
+    agent = Agent(model, capabilities=[TurnGuardCapability(turn_ends.guard(POLLING))])
+
+    @agent.tool_plain
+    def ci_status(run: int) -> str:
+        polled.append(run)
+        raise ToolFailed(next(answers))
+
+    if changing:
+        assert agent.run_sync("wait for the CI run", usage_limits=NO_REQUEST_LIMIT).output == "done"
+        assert len(polled) == POLLS and dict(turn_ends.summaries[-1].result_restarts) == {"ci_status": POLLS - 1}
+    else:
+        with pytest.raises(TurnGuardHalted):
+            agent.run_sync("wait for the CI run", usage_limits=NO_REQUEST_LIMIT)
+        assert len(polled) == 8

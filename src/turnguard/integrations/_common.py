@@ -129,9 +129,10 @@ class RunDriver:
         ``answer()``, later calls are held with it."""
         self.question = verdict
 
-    def after(self, call: ToolCall, outcome: Outcome) -> Decision:
-        """After executing ``call``."""
-        return self._map(self.turn.record_outcome(call, outcome))
+    def after(self, call: ToolCall, outcome: Outcome, result: Any = None) -> Decision:
+        """After executing ``call``; ``result``: what the framework handed back for it (the
+        stateful tools' results count: ``Turn.record_outcome``)."""
+        return self._map(self.turn.record_outcome(call, outcome, result))
 
     # -- checks with the ASK resolved through the callback ------------------------------------
 
@@ -152,9 +153,9 @@ class RunDriver:
             decision = self.before(call)
             return self.ask_user(decision.verdict, call, before=True) if decision.step is Step.ASK else decision
 
-    def outcome(self, call: ToolCall, outcome: Outcome) -> Decision:
+    def outcome(self, call: ToolCall, outcome: Outcome, result: Any = None) -> Decision:
         with self._asking:
-            decision = self.after(call, outcome)
+            decision = self.after(call, outcome, result)
             return self.ask_user(decision.verdict, call, before=False) if decision.step is Step.ASK else decision
 
     async def acheck(self, call: ToolCall) -> Decision:
@@ -164,9 +165,9 @@ class RunDriver:
             return decision
         return await self._asked(self.aask_user(decision.verdict, call, before=True))
 
-    async def aoutcome(self, call: ToolCall, outcome: Outcome) -> Decision:
+    async def aoutcome(self, call: ToolCall, outcome: Outcome, result: Any = None) -> Decision:
         await self.unasked()
-        decision = self.after(call, outcome)
+        decision = self.after(call, outcome, result)
         if decision.step is not Step.ASK:
             return decision
         return await self._asked(self.aask_user(decision.verdict, call, before=False))
@@ -252,6 +253,15 @@ CANCELLED = "cancelled"
 """The turn's end reason when the run was cancelled (a task cancelled, Ctrl-C, a generator closed)."""
 ERROR = "error"
 """The turn's end reason when the run died on an exception that is not turnguard's."""
+
+
+def error_result(exc: BaseException) -> str:
+    """A failed call's result, as its outcome is recorded with: the error's type and message (a
+    status tool that reports "pending, 3 ahead" as an error makes progress when that changes)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # an error whose __str__ raises
+        return type(exc).__name__
 
 
 def end_reason(exc: BaseException | None) -> str:

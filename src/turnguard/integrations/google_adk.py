@@ -61,6 +61,7 @@ from turnguard.integrations._common import (
     ask_payload,
     checked_ask,
     describe,
+    error_result,
     make_call,
     open_turn,
     with_reminder,
@@ -232,20 +233,22 @@ class TurnGuardPlugin(BasePlugin):
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, result: Any
     ) -> Any:
         failed = isinstance(result, dict) and "error" in result
-        reminder = await self._settle(tool_context, Outcome.ERROR if failed else Outcome.OK)
+        reminder = await self._settle(tool_context, Outcome.ERROR if failed else Outcome.OK, result=result)
         return _remind(result, reminder) if reminder else None
 
     async def on_tool_error_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, error: BaseException
     ) -> None:
-        await self._settle(tool_context, Outcome.ERROR, error)
+        await self._settle(tool_context, Outcome.ERROR, error, result=error_result(error))
         return None  # the error goes on to the other plugins and, unhandled, ends the invocation
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _settle(self, tool_context: Any, outcome: Outcome, error: BaseException | None = None) -> str | None:
+    async def _settle(self, tool_context: Any, outcome: Outcome, error: BaseException | None = None, *,
+                      result: Any = None) -> str | None:
         """Record the outcome of the call turnguard checked for this tool call (nothing if it checked
-        none) and return the REMIND text waiting for its result; a cancelled tool ends the run."""
+        none), with its ``result`` (the tool's response, or the error), and return the REMIND text
+        waiting for its result; a cancelled tool ends the run."""
         found = self._checked(tool_context)
         if found is None:
             return None
@@ -254,7 +257,7 @@ class TurnGuardPlugin(BasePlugin):
             run.driver.turn.record_outcome(call, Outcome.UNKNOWN)
             self._end(tool_context.invocation_id, error)
             return None
-        await self._outcome(run, call, outcome)
+        await self._outcome(run, call, outcome, result)
         return reminder
 
     def _checked(self, tool_context: Any) -> tuple[_Run, ToolCall, str | None] | None:
@@ -266,13 +269,13 @@ class TurnGuardPlugin(BasePlugin):
             return None
         return run, call, run.reminders.pop(tool_context.function_call_id, None)
 
-    async def _outcome(self, run: _Run, call: ToolCall, outcome: Outcome) -> None:
+    async def _outcome(self, run: _Run, call: ToolCall, outcome: Outcome, result: Any) -> None:
         """Record the outcome; a HALT (or the user's stop) latches and ends the run at the next model
         request."""
         if self.ask != CONFIRMATION:
-            await run.driver.aoutcome(call, outcome)
+            await run.driver.aoutcome(call, outcome, result)
             return
-        decision = run.driver.after(call, outcome)
+        decision = run.driver.after(call, outcome, result)
         if decision.step is Step.ASK:
             run.ask_next = decision.verdict
 

@@ -74,6 +74,7 @@ from turnguard.integrations._common import (
     ask_payload,
     checked_ask,
     describe,
+    error_result,
     make_call,
     open_turn,
     put_aside,
@@ -348,7 +349,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             run.paused[str(call.call_id)] = call
             raise
         except Exception as exc:
-            self._after(run, call, Outcome.ERROR, cause=exc)
+            self._after(run, call, Outcome.ERROR, cause=exc, outcome_result=error_result(exc))
             self._died(run, exc, asynchronous=False)
             raise
         except BaseException as exc:  # KeyboardInterrupt: no error handler catches it; the run ends
@@ -373,7 +374,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             run.paused[str(call.call_id)] = call
             raise
         except Exception as exc:
-            await self._aafter(run, call, Outcome.ERROR, cause=exc)
+            await self._aafter(run, call, Outcome.ERROR, cause=exc, outcome_result=error_result(exc))
             self._died(run, exc, asynchronous=True)
             raise
         except BaseException as exc:  # the run was cancelled while the tool ran
@@ -413,26 +414,32 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         return call, run.driver.answer(verdict, _answer(answer), call, before=True)
 
     def _after(
-        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
+        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None,
+        outcome_result: Any = None,
     ) -> Any:
-        decision = self._recorded(run, call, outcome) if self.ask == INTERRUPT else run.driver.outcome(call, outcome)
+        """Record the outcome, with what the tool returned (``_result``; ``outcome_result``: the error's)."""
+        recorded = _result(result) if outcome_result is None else outcome_result
+        decision = (self._recorded(run, call, outcome, recorded) if self.ask == INTERRUPT
+                    else run.driver.outcome(call, outcome, recorded))
         self._halt_unless_run(run, decision, cause)
         return result
 
     async def _aafter(
-        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None
+        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None,
+        outcome_result: Any = None,
     ) -> Any:
+        recorded = _result(result) if outcome_result is None else outcome_result
         if self.ask == INTERRUPT:
-            decision = self._recorded(run, call, outcome)
+            decision = self._recorded(run, call, outcome, recorded)
         else:
-            decision = await run.driver.aoutcome(call, outcome)
+            decision = await run.driver.aoutcome(call, outcome, recorded)
         self._halt_unless_run(run, decision, cause)
         return result
 
-    def _recorded(self, run: _Run, call: ToolCall, outcome: Outcome) -> Decision | None:
+    def _recorded(self, run: _Run, call: ToolCall, outcome: Outcome, result: Any) -> Decision | None:
         """The decision on the outcome, with ``ask="interrupt"``; ``None`` when its question waits
         for the next model request (``run.asked_after``)."""
-        decision = run.driver.after(call, outcome)
+        decision = run.driver.after(call, outcome, result)
         if decision.step is Step.ASK:
             run.asked_after = decision.verdict
             return None
@@ -650,6 +657,12 @@ def _outcome(result: Any) -> Outcome:
     if isinstance(result, ToolMessage):
         return Outcome.ERROR if result.status == "error" else Outcome.OK
     return Outcome.UNKNOWN  # a Command: the tool steered the graph; success is not known
+
+
+def _result(result: Any) -> Any:
+    """What a tool returned, for the stateful tools' progress: a ``ToolMessage``'s content (not
+    the message, whose ids differ every call); ``None`` for a ``Command`` (no result)."""
+    return result.content if isinstance(result, ToolMessage) else None
 
 
 def _payload(verdict: Verdict) -> dict[str, Any]:

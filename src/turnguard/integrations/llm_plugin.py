@@ -72,16 +72,16 @@ class ChainGuard:
         self._checked(tool_call, self.driver.check(self._start(tool_call)))
 
     def after_call(self, tool: Any, tool_call: Any, result: Any) -> None:
-        call, outcome = self._finish(tool_call, result)
-        TurnGuardHalted.stop(self.driver.outcome(call, outcome))
+        call, outcome, output = self._finish(tool_call, result)
+        TurnGuardHalted.stop(self.driver.outcome(call, outcome, output))
 
     async def abefore_call(self, tool: Any, tool_call: Any) -> None:
         """``before_call`` for async chains: an async ``ask`` callback is awaited."""
         self._checked(tool_call, await self.driver.acheck(self._start(tool_call)))
 
     async def aafter_call(self, tool: Any, tool_call: Any, result: Any) -> None:
-        call, outcome = self._finish(tool_call, result)
-        TurnGuardHalted.stop(await self.driver.aoutcome(call, outcome))
+        call, outcome, output = self._finish(tool_call, result)
+        TurnGuardHalted.stop(await self.driver.aoutcome(call, outcome, output))
 
     def _start(self, tool_call: Any) -> ToolCall:
         self._calls[id(tool_call)] = call = _call(tool_call)
@@ -92,12 +92,15 @@ class ChainGuard:
         if decision.reminder:
             self._reminders[id(tool_call)] = decision.reminder
 
-    def _finish(self, tool_call: Any, result: Any) -> tuple[ToolCall, Outcome]:
+    def _finish(self, tool_call: Any, result: Any) -> tuple[ToolCall, Outcome, Any]:
+        """The checked call, its outcome and its result (the tool result's ``output``, as the tool
+        gave it: before a reminder is added to what the model reads)."""
         call = self._calls.pop(id(tool_call), None) or _call(tool_call)
         reminder = self._reminders.pop(id(tool_call), None)
-        if reminder and isinstance(getattr(result, "output", None), str):
-            result.output = with_reminder(result.output, reminder)  # what the model reads next
-        return call, Outcome.ERROR if getattr(result, "exception", None) is not None else Outcome.OK
+        output = getattr(result, "output", None)
+        if reminder and isinstance(output, str):
+            result.output = with_reminder(output, reminder)  # what the model reads next
+        return call, Outcome.ERROR if getattr(result, "exception", None) is not None else Outcome.OK, output
 
     def end(self, exc: BaseException | None = None) -> None:
         self.driver.end(exc)

@@ -274,13 +274,13 @@ class TurnGuardRunHooks(RunHooks[Any]):
         if self.inner is not None:
             await self.inner.on_tool_end(context, agent, tool, result)
         if self.ask == APPROVAL:
-            decision = driver.after(call, outcome)
+            decision = driver.after(call, outcome, result)
             if decision.step is Step.ASK:  # the stop level: the model's next call asks the user
                 self._ask_next = decision.verdict
                 return
             TurnGuardHalted.stop(decision)
             return
-        TurnGuardHalted.stop(await driver.aoutcome(call, outcome))
+        TurnGuardHalted.stop(await driver.aoutcome(call, outcome, result))  # the tool's output: its result
 
     async def _held_start(self, driver: RunDriver, call: ToolCall) -> Decision:
         """A held call starting because the user approved it: its question still waiting was not

@@ -56,6 +56,7 @@ from turnguard.integrations._common import (
     ask_payload,
     checked_ask,
     describe,
+    error_result,
     open_turn,
     put_aside,
     with_reminder,
@@ -169,9 +170,9 @@ class TurnGuardCapability(AbstractCapability[Any]):
         except (ApprovalRequired, CallDeferred):
             raise
         except Exception as exc:
-            await self._outcome(driver, tool_call, Outcome.ERROR, cause=exc)
+            await self._outcome(driver, tool_call, Outcome.ERROR, error_result(exc), cause=exc)
             raise
-        await self._outcome(driver, tool_call, Outcome.OK)
+        await self._outcome(driver, tool_call, Outcome.OK, result)  # the tool's return value: its result
         return with_reminder(result, reminder)
 
     # -- internals -----------------------------------------------------------------------------
@@ -213,12 +214,12 @@ class TurnGuardCapability(AbstractCapability[Any]):
         return f"Not executed: {describe(decision.verdict)} (the user is asked at the next call)"
 
     async def _outcome(
-        self, driver: RunDriver, call: ToolCall, outcome: Outcome, cause: Exception | None = None
+        self, driver: RunDriver, call: ToolCall, outcome: Outcome, result: Any, cause: Exception | None = None
     ) -> None:
         if self.ask != APPROVAL:
-            TurnGuardHalted.stop(await driver.aoutcome(call, outcome), cause)
+            TurnGuardHalted.stop(await driver.aoutcome(call, outcome, result), cause)
             return
-        decision = driver.after(call, outcome)
+        decision = driver.after(call, outcome, result)
         if decision.step is Step.ASK:
             self._ask_next = decision.verdict  # the model's next call waits for the user
             return
