@@ -699,16 +699,7 @@ class OtlpAssembler:
         turn_id = attrs.get(names.TURN_ID)
         parent = span.get("parentSpanId")
         key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
-        problem = (
-            "neither a parentSpanId nor a turn id" if key is None
-            else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
-            if not all(v is None or _short_text(v) for v in (tool, digest, turn_id, parent))
-            else "no tool name" if not isinstance(tool, str) or not tool
-            else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
-            else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
-            else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
-            else None
-        )
+        problem = _call_problem(key, tool, index, digest, (turn_id, parent), outcome, raw_outcome)
         if problem:
             self._bad(lineno, f"tool span {name!r}: {problem}")
             return
@@ -813,3 +804,18 @@ def span_resolved(value: Any) -> bool | None:
 
 TURN_COHORT = "turnguard.turn.cohort"
 """``"live"`` or ``"probe"`` on a turn span (any other value: not recorded)."""
+
+
+def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, ids: tuple[Any, Any], outcome: Outcome | None,
+                  raw_outcome: Any) -> str | None:
+    """What makes a tool span unreadable (``ids``: its turn id and parent span id), or ``None``."""
+    return (
+        "neither a parentSpanId nor a turn id" if key is None
+        else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
+        if not all(v is None or _short_text(v) for v in (tool, digest, *ids))
+        else "no tool name" if not isinstance(tool, str) or not tool
+        else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
+        else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
+        else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
+        else None
+    )
