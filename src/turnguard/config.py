@@ -16,10 +16,10 @@ import math
 import os
 import tomllib
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from turnguard.keys import KEY_MODES
 from turnguard.model import ALL_TOOLS
@@ -87,6 +87,13 @@ def _short(value: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+ShadowPolicies: TypeAlias = (
+    "Mapping[str, GuardConfig | Mapping[str, Any]] | Sequence[tuple[str, GuardConfig | Mapping[str, Any]]]"
+)
+"""What ``GuardConfig.shadow`` takes: shadow policies by name, as a mapping or as (name, policy) pairs,
+each a ``GuardConfig`` or a mapping of options; it keeps them as a tuple of pairs."""
+
+
 @dataclasses.dataclass(frozen=True)
 class GuardConfig:
     """Thresholds and switches of a guard. Defaults are the two seeds' values.
@@ -140,7 +147,7 @@ class GuardConfig:
     """Load third-party plugins from the ``turnguard`` entry-point group."""
     recorder_path: str | None = None
     """Write one JSON line per finished turn here (the local recorder); ``None``: off."""
-    shadow: tuple[Any, ...] = ()
+    shadow: ShadowPolicies = ()
     """Other configurations evaluated side by side on live traffic without acting: (name,
     ``GuardConfig`` or mapping of options) pairs; a mapping of options is applied on top of this
     configuration (see ``shadow_configs``). Given as a mapping, a list or a tuple of pairs."""
@@ -206,7 +213,9 @@ class GuardConfig:
         if not self.shadow:
             return ()
         base = _replace(self, {"shadow": ()})
-        return tuple((name, _shadow_config(name, value, base)) for name, value in self.shadow)
+        shadow = self.shadow
+        assert isinstance(shadow, tuple)  # (pairs, once made: ``__post_init__``, validated)
+        return tuple((name, _shadow_config(name, value, base)) for name, value in shadow)
 
     def probe_settings(self) -> Probe | None:
         """The probe cohort, its configuration resolved: the options it was given (a mapping's, or
@@ -340,7 +349,7 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
     """The options a TOML file sets: ``[tool.turnguard]`` of a ``pyproject.toml``; a
     ``turnguard.toml``'s ``[turnguard]`` table or its top level."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data: Mapping[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigFileError(str(path), exc.strerror or str(exc), "a readable TOML file") from exc
     except UnicodeDecodeError as exc:
@@ -674,4 +683,5 @@ def _shadow_config(name: str, value: Any, base: GuardConfig) -> GuardConfig:
 
 
 
+# On purpose: the dataclass's own __init__, wrapped (mypy refuses assigning over a method at all).
 GuardConfig.__init__ = _init_checking_names(GuardConfig.__init__)  # type: ignore[method-assign]

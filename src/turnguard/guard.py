@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pluggy
@@ -167,10 +167,12 @@ class Guard:
         secret, a third of the cost, and resume only there (or wherever the same ``digest_key``
         is set)."""
         guard = self
-        if self._probe_guard is not None:
+        probe, probe_guard = self._probe, self._probe_guard
+        if probe_guard is not None:
+            assert probe is not None  # (a probe guard is made for a probe)
             turn_id = turn_id or uuid.uuid4().hex
-            if self._probe.selects(conversation_id, turn_id):  # type: ignore[union-attr]
-                guard = self._probe_guard
+            if probe.selects(conversation_id, turn_id):
+                guard = probe_guard
         return Turn(
             guard, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id,
             durable=durable,
@@ -323,7 +325,9 @@ class Turn:
         self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
         self._quiet = dispatch.quiet(ledger, view)
         """Where the plugins cannot fire (``turnguard.firing.Quiet``): they are not called there."""
-        self.check_call, self.record_outcome = _hot_paths(self)
+        # The turn's closures stand in for the two methods on the instance, with their signatures
+        # (mypy compares them with the unbound methods, and refuses assigning over a method at all).
+        self.check_call, self.record_outcome = _hot_paths(self)  # type: ignore[method-assign,assignment]
         if self._notify("turnguard_turn_started", turn=view):
             self._observer_halt("turnguard_turn_started", ALLOW)
 
@@ -447,9 +451,8 @@ class Turn:
     def resolve(self, event: LoopDetectedEvent | Verdict, answer: Answer | str) -> Verdict:
         """The user's answer to an ASK: ``continue`` or ``redirect`` reset the streak so it does
         not fire again on the next call; ``stop`` latches HALT. Every answer is reported."""
-        if isinstance(event, Verdict):
-            event = event.event
-        if not isinstance(event, LoopDetectedEvent):
+        asked = event.event if isinstance(event, Verdict) else event
+        if not isinstance(asked, LoopDetectedEvent):
             raise TypeError("resolve() takes the LoopDetectedEvent (verdict.event) of the ASK being answered")
         try:
             answer = Answer(str(answer).lower())
@@ -458,11 +461,11 @@ class Turn:
         with self._lock:
             if answer is Answer.STOP:
                 if self._halt is None:
-                    self._halt = Verdict(Action.HALT, event.threshold, "turnguard: stopped by the user", event)
+                    self._halt = Verdict(Action.HALT, asked.threshold, "turnguard: stopped by the user", asked)
             else:
                 self.ledger.reset_streak()
             verdict = self._halt or ALLOW
-        if self._notify("turnguard_escalation_resolved", turn=self.view, event=event, response=answer.value):
+        if self._notify("turnguard_escalation_resolved", turn=self.view, event=asked, response=answer.value):
             return self._observer_halt("turnguard_escalation_resolved", verdict)
         return verdict
 
@@ -807,6 +810,8 @@ def _recorder(turn: Turn) -> Callable[..., Verdict]:
     token = object() if turn._keyed_results else turn._token
 
     def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
+        verdict: Verdict
+        events: Sequence[LoopDetectedEvent]
         if type(call) is not ToolCall:
             _require_call(call)
         if type(outcome) is not Outcome:
@@ -822,8 +827,9 @@ def _recorder(turn: Turn) -> Callable[..., Verdict]:
             else:
                 seq, call, ended_stop = turn._claim_and_record(call, outcome, result)
             if seq:
-                if turn._halt is not None:
-                    verdict, events = turn._halt, ()
+                halt = turn._halt
+                if halt is not None:
+                    verdict, events = halt, ()
                 else:
                     impls = quiet.outcome if ledger._stop_peak < quiet.stop_count and not ended_stop else every_outcome
                     if not impls and not outcome_observers:
@@ -831,13 +837,13 @@ def _recorder(turn: Turn) -> Callable[..., Verdict]:
                     found: tuple[tuple[str, Any], ...] = ()
                     for name, fn, arg in impls:  # as in check_call
                         try:
-                            verdict = fn(arg, call, outcome)
+                            answer = fn(arg, call, outcome)
                         except PASSTHROUGH:
                             raise
                         except BaseException as exc:  # isolate every plugin
-                            verdict = turn._dispatch.failed(name, "turnguard_check_outcome", exc, turn.view)
-                        if verdict is not None:
-                            found += ((name, verdict),)
+                            answer = turn._dispatch.failed(name, "turnguard_check_outcome", exc, turn.view)
+                        if answer is not None:
+                            found += ((name, answer),)
                     if found:
                         verdict, events = turn._combine("turnguard_check_outcome", list(found))
                     elif outcome_observers:

@@ -64,11 +64,10 @@ if TYPE_CHECKING:
     from turnguard.config import GuardConfig
 
 def _quiet_until(cap_mode: str, soft_cap: int | None, hard_cap: int | None) -> int | float:
-    if cap_mode == "explicit":
-        return hard_cap  # type: ignore[return-value]
-    if cap_mode == "adaptive":
-        return soft_cap  # type: ignore[return-value]
-    return float("inf")
+    """Up to where the cap cannot fire: N (explicit), S (adaptive), everywhere when it is off (the
+    mode's own limit is set in its mode)."""
+    limit = hard_cap if cap_mode == "explicit" else soft_cap if cap_mode == "adaptive" else None
+    return float("inf") if limit is None else limit
 
 
 def _seed_event_ids() -> None:
@@ -454,7 +453,7 @@ class Ledger:
         or fired already, but for a stateful tool's)."""
         results, self._results = self._results, {}
         stopped = _STREAK_STOP in self._fired
-        if not self._stop_at or (stopped and not self.polls(self._last_tool)):  # type: ignore[arg-type]
+        if not self._stop_at or (stopped and not self.polls(self._last_tool)):
             return  # (a stateful tool's may restart at a changed result: its stop can fire again)
         ended = EndedStreak(self._next, seq - 1, self._streak, self._failing, self._settled, self._stop_peak,
                             self._early, self._last_key, self._last_tool, self._baseline, results, stopped)
@@ -505,7 +504,7 @@ class Ledger:
 
     # -- tools the configuration names (stateful_tools, streak_exempt_tools) -------------------
 
-    def polls(self, tool_name: str) -> bool:
+    def polls(self, tool_name: str | None) -> bool:
         """Whether ``tool_name`` is one of the configuration's ``stateful_tools``."""
         return self._all_stateful or tool_name in self._stateful
 
@@ -628,10 +627,12 @@ class Ledger:
         self._failing = self._settled = self._stop_peak = 0
         if self._fired:
             self._fired.clear()
-        self._restarted(self._last_tool)  # type: ignore[arg-type]
+        self._restarted(self._last_tool)
         return due
 
-    def _restarted(self, tool: str, times: int = 1) -> None:
+    def _restarted(self, tool: str | None, times: int = 1) -> None:
+        if tool is None:  # (a streak's calls have a tool: not reached)
+            return
         restarts = self._restarts
         if tool not in restarts and len(restarts) >= MAX_RESTART_TOOLS:
             tool = OTHER_TOOLS
@@ -715,7 +716,7 @@ class Ledger:
         restarts = ended.restarts
         reached = ended.settle(seq, outcome, self._stop_any, self._stop_at)
         if ended.restarts != restarts:
-            self._restarted(ended.tool, ended.restarts - restarts)  # type: ignore[arg-type]
+            self._restarted(ended.tool, ended.restarts - restarts)
         if ended.next > ended.last:  # settled: done with it
             self._ended.remove(ended)
         if reached:
@@ -929,7 +930,7 @@ class Ledger:
             check = _check_number(f"{path}.{key}", key, 1, seq)
             if not isinstance(value, list) or len(value) != 2:
                 st.refuse(f"{path}.{key}", "a [digest, call number] pair", value)
-            self._polled[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE),  # type: ignore[assignment]
+            self._polled[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE),
                                    st.integer(f"{path}.{key}[1]", value[1], 1, calls))
         self._polled = dict(sorted(self._polled.items()))
         self._results = _result_digests(f, "results", self._next + 1, seq)
@@ -1074,7 +1075,7 @@ def _digest_counts(f: Fields, name: str, limit: int, most: int, *, pairs: bool =
     """A table of digests (hex) to counts from 1 to ``most``, at most ``limit`` of them (``pairs``:
     a key may be a (call, result) pair's two digests)."""
     path = f.at(name)
-    return {st.digest(f"{path}.{key}", key, _key_size(key) if pairs else DIGEST_SIZE):  # type: ignore[misc]
+    return {st.digest(f"{path}.{key}", key, _key_size(key) if pairs else DIGEST_SIZE):
             st.integer(f"{path}.{key}", n, 1, most) for key, n in f.mapping(name, limit).items()}
 
 
@@ -1092,7 +1093,7 @@ def _results_state(results: dict[int, bytes]) -> dict[str, str]:
 def _result_digests(f: Fields, name: str, low: int, high: int) -> dict[int, bytes]:
     """Result digests waiting to settle, by check number from ``low`` to ``high`` (absent: none)."""
     path = f.at(name)
-    return {_check_number(f"{path}.{key}", key, low, high): st.digest(f"{path}.{key}", value, DIGEST_SIZE)  # type: ignore[misc]
+    return {_check_number(f"{path}.{key}", key, low, high): st.digest(f"{path}.{key}", value, DIGEST_SIZE)
             for key, value in f.mapping(name, max(high - low + 1, 0), default={}).items()}
 
 
@@ -1420,12 +1421,13 @@ class LedgerView:
 
     @property
     def result_restarts(self) -> int:
-        """Streak restarts by a changed result (``stateful_tools``) in the turn."""
+        """Streak restarts by a changed result (stateful tools) in the turn."""
         return _ledger_of(self).result_restarts
 
     @property
     def stuck_raised(self) -> bool:
-        """Whether the outcome just recorded brought the stuck signal to ``stuck_repeat_threshold``."""
+        """Whether the outcome just recorded brought the stuck signal to ``stuck_repeat_threshold``
+        (a stateful tool's call, whose repeat is counted with its result)."""
         return _ledger_of(self).stuck_raised
 
     # -- queries -------------------------------------------------------------------------------

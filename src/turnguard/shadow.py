@@ -12,9 +12,10 @@ one that raises is logged and reported through ``turnguard_plugin_error``, and u
 ``fail_mode="closed"`` a failing ``turnguard_shadow_detected`` halts the live call it was heard on.
 
 How it runs: the per-call work is done in the check hooks (``turnguard_check_call`` and the
-others), which the guard calls positionally under the turn's lock, and which always return
-``None``; so the shadows see every call in the order the live ledger counted it (parallel calls
-included) and cost no observer dispatch. Would-be detections are reported from there (they are
+others), which the guard calls positionally under the turn's lock, and which return ``None``
+(a HALT only when a report failed under ``fail_mode="closed"``, above); so the shadows see every
+call in the order the live ledger counted it (parallel calls included) and cost no observer
+dispatch. Would-be detections are reported from there (they are
 rare; the turn's lock is re-entrant). A retry or a user's answer arrives through the observer
 hooks, outside the lock: it is queued and applied by the next check, before it counts anything.
 
@@ -255,9 +256,9 @@ class ShadowPlugin:
         if cached is None or len(cached[0]) != len(plugins) or any(
                 a is not b for a, b in zip(cached[0], plugins, strict=True)):
             live = self._live
-            self._reporter = (plugins, Dispatcher(self._pm, fail_mode=live.fail_mode,
-                                                  capture_content=live.capture_content))
-        return self._reporter[1]
+            cached = self._reporter = (plugins, Dispatcher(self._pm, fail_mode=live.fail_mode,
+                                                           capture_content=live.capture_content))
+        return cached[1]
 
     @hookimpl
     def turnguard_turn_started(self, turn: LedgerView) -> None:
@@ -278,7 +279,7 @@ class ShadowPlugin:
     # does not have. Would-be detections are reported from there too (rare; the lock is re-entrant).
 
     @hookimpl
-    def turnguard_check_cycle(self, turn: LedgerView) -> None:
+    def turnguard_check_cycle(self, turn: LedgerView) -> Verdict | None:
         state = self._turns.get(id(turn))
         if state is None:
             return None
@@ -299,7 +300,7 @@ class ShadowPlugin:
         return None
 
     @hookimpl
-    def turnguard_check_call(self, turn: LedgerView, call: ToolCall) -> None:
+    def turnguard_check_call(self, turn: LedgerView, call: ToolCall) -> Verdict | None:
         state = self._turns.get(id(turn))
         if state is None:
             return None
@@ -337,7 +338,7 @@ class ShadowPlugin:
         return None
 
     @hookimpl
-    def turnguard_check_outcome(self, turn: LedgerView, call: ToolCall, outcome: Outcome) -> None:
+    def turnguard_check_outcome(self, turn: LedgerView, call: ToolCall, outcome: Outcome) -> Verdict | None:
         state = self._turns.get(id(turn))
         if state is None:
             return None

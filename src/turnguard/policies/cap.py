@@ -25,23 +25,25 @@ if TYPE_CHECKING:
 @hookimpl
 def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     n = turn._tool_calls  # hot path: the built-in reads the ledger's fields, not its properties
-    if n <= turn._cap_quiet_until or (
-        n <= turn._hard_cap and turn._max_repeat < turn._stuck_at
-    ):  # under the cap, or past the soft cap and not stuck under any signal (every stuck signal's
-        # count is bounded by the repeats: a stale repeat is a repeat); the common cases, first
+    if n <= turn._cap_quiet_until:  # under the cap (always, when it is off): the common case, first
+        return None
+    hard_cap = turn._hard_cap
+    assert hard_cap is not None  # on, and past where it is quiet: N, or S * m
+    if n <= hard_cap and turn._max_repeat < turn._stuck_at:
+        # past the soft cap and not stuck under any signal (every stuck signal's count is bounded
+        # by the repeats: a stale repeat is a repeat)
         return None
     mode = turn.cap_mode
     if mode == "explicit":
-        limit = turn.hard_cap
         return turn.detect(
-            Threshold.EXPLICIT, Action.HALT, Level.STOP, limit, call=call,
-            message=f"turnguard: tool-call cap reached: call {n} exceeds max_tool_calls_per_turn={limit}",
+            Threshold.EXPLICIT, Action.HALT, Level.STOP, hard_cap, call=call,
+            message=f"turnguard: tool-call cap reached: call {n} exceeds max_tool_calls_per_turn={hard_cap}",
         )
-    if n > turn.hard_cap:
+    if n > hard_cap:
         return turn.detect(
-            Threshold.HARD_BACKSTOP, Action.HALT, Level.STOP, turn.hard_cap, call=call,
+            Threshold.HARD_BACKSTOP, Action.HALT, Level.STOP, hard_cap, call=call,
             message=(
-                f"turnguard: hard backstop: call {n} exceeds {turn.hard_cap} "
+                f"turnguard: hard backstop: call {n} exceeds {hard_cap} "
                 f"({turn.soft_cap} x {turn.config.hard_multiplier:g}), whatever the turn is doing"
             ),
         )
@@ -58,10 +60,12 @@ def _stuck(turn: Ledger, call: ToolCall, n: int) -> Verdict:
         how = f"one call was repeated {turn.max_stale_repeat} times with nothing new in between"
     if turn._named:
         how += " (a stateful tool's calls counted with their results)"
+    soft_cap = turn.soft_cap
+    assert soft_cap is not None  # stuck past the soft cap: the adaptive cap's S
     return turn.detect(
-        Threshold.SOFT_STUCK, Action.HALT, Level.STOP, turn.soft_cap, call=call,
+        Threshold.SOFT_STUCK, Action.HALT, Level.STOP, soft_cap, call=call,
         message=(
-            f"turnguard: stuck past the soft cap: call {n} > {turn.soft_cap} and {how} "
+            f"turnguard: stuck past the soft cap: call {n} > {soft_cap} and {how} "
             f"(stuck at {turn.config.stuck_repeat_threshold}, signal {signal})"
         ),
     )
@@ -74,7 +78,11 @@ def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> V
     if not turn._raised:
         return None
     n = turn._tool_calls
-    if turn._cap_mode != "adaptive" or n <= turn._cap_quiet_until or n > turn._hard_cap or not turn.stuck:
+    if turn._cap_mode != "adaptive" or n <= turn._cap_quiet_until:
+        return None
+    hard_cap = turn._hard_cap
+    assert hard_cap is not None  # adaptive: S * m
+    if n > hard_cap or not turn.stuck:
         return None
     return _stuck(turn, call, n)
 
@@ -86,7 +94,9 @@ def quiet_rule(turn: Ledger) -> Quiet:
     hook), so it is quiet everywhere else (``stop_count`` never reached)."""
     if turn._tool_calls <= turn._cap_quiet_until or turn.cap_mode != "adaptive":
         return Quiet(calls=turn._cap_quiet_until)
-    return Quiet(calls=turn._hard_cap, repeat=turn._stuck_at)
+    hard_cap = turn._hard_cap
+    assert hard_cap is not None  # adaptive: S * m
+    return Quiet(calls=hard_cap, repeat=turn._stuck_at)
 
 
 def firing_rule(config: GuardConfig) -> CapFiring:
