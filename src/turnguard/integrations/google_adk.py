@@ -165,6 +165,7 @@ class TurnGuardPlugin(BasePlugin):
             return None
         call_id = tool_context.function_call_id
         asked = run.asked.pop(call_id, None) if call_id is not None else None
+        decision: Decision | dict[str, Any] | None
         if asked is not None:  # resumed: the user answered the confirmation turnguard asked for
             verdict, call = asked
             confirmation = tool_context.tool_confirmation
@@ -179,8 +180,9 @@ class TurnGuardPlugin(BasePlugin):
             if isinstance(decision, dict):  # not executed: the model is told
                 return decision
             if decision is None:  # put to the user: the question, or a call held with it
-                held = call_id in run.held
-                return _request_confirmation(tool_context, run.driver.question, held=held)  # type: ignore[arg-type]
+                held, question = call_id in run.held, run.driver.question
+                assert question is not None  # (_check put one to the user)
+                return _request_confirmation(tool_context, question, held=held)
         if decision.step is not Step.RUN:
             return _not_executed(decision.verdict)
         if call_id is not None:

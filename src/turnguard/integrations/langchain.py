@@ -58,6 +58,7 @@ from uuid import UUID
 from langchain.agents.middleware.types import AgentMiddleware, AgentState, PrivateStateAttr, hook_config
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import ToolCall as ModelToolCall
 from langgraph._internal._constants import CONFIG_KEY_CALL
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
@@ -224,8 +225,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         return self.before_agent(state, runtime)
 
     def after_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        key = _turn_key(state)
         with self._lock:
-            run = self._runs.pop(_turn_key(state), None)
+            run = self._runs.pop(key, None) if key is not None else None
             if run is not None:
                 self._forget(run)
         if run is not None:
@@ -464,7 +466,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             raise halted from cause
         return decision.verdict
 
-    def _refuse_batch(self, run: _Run, decision: Decision, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    def _refuse_batch(self, run: _Run, decision: Decision, calls: list[ModelToolCall]) -> dict[str, Any]:
         """The user refused a call of the batch: none of it runs, and the run ends."""
         for tc in calls:
             run.planned.pop(str(tc.get("id")), None)
@@ -484,9 +486,11 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     def _run(self, state: Any) -> _Run | None:
         key = _turn_key(state)
+        if key is None:
+            return None
         with self._lock:
             run = self._runs.get(key)
-            if run is None and key is not None:
+            if run is None:
                 run = self._restored(state, key)
             if run is not None:
                 self._note_graph_run(run, key)
@@ -527,7 +531,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
     def _note_graph_run(self, run: _Run, key: str) -> None:
         """Remember which graph run drives the turn now (a resume is a new graph run): the parent
         of the current node's run, when ``watch`` follows the runs."""
-        graph_run = self.run_end_handler.parents.get(_node_run_id())  # type: ignore[arg-type]
+        node = _node_run_id()
+        graph_run = self.run_end_handler.parents.get(node) if node is not None else None
         if graph_run is not None and graph_run not in run.graph_runs:
             run.graph_runs.add(graph_run)
             self._by_graph_run[graph_run] = key
@@ -595,7 +600,7 @@ def _first_wrapper(wrapper: Any) -> Any:
     return inspect.unwrap(wrapper)
 
 
-def _unanswered_calls(state: Any) -> list[dict[str, Any]]:
+def _unanswered_calls(state: Any) -> list[ModelToolCall]:
     """The tool calls of the last model response that no tool message answers yet."""
     messages = state.get("messages") if isinstance(state, dict) else getattr(state, "messages", None)
     answered: set[str] = set()
@@ -625,7 +630,7 @@ def _not_executed(request: Any, verdict: Verdict) -> ToolMessage:
     return _not_executed_call(request.tool_call, verdict)
 
 
-def _not_executed_call(tool_call: dict[str, Any], verdict: Verdict) -> ToolMessage:
+def _not_executed_call(tool_call: ModelToolCall, verdict: Verdict) -> ToolMessage:
     return ToolMessage(
         content=f"Not executed: {describe(verdict)}",
         tool_call_id=tool_call.get("id") or "",

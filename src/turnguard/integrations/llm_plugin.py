@@ -27,7 +27,7 @@ plugin, and llm 0.36 defines no tool-call hook to implement, hence the separate 
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import llm
@@ -160,7 +160,8 @@ def _watched(response: Any, callbacks: ChainGuard) -> Any:
                 ensure()
                 response._generator = _aended_on_failure(response._generator, callbacks)
 
-        response._ensure_async_generator = ensure_watched
+        # (a wrapper of llm's own method, on this response only: mypy refuses assigning over a method)
+        response._ensure_async_generator = ensure_watched  # type: ignore[method-assign]
     else:
         events = response._iter_events
         response._iter_events = lambda: _ended_on_failure(events(), callbacks)
@@ -175,7 +176,7 @@ def _ended_on_failure(chunks: Iterator[Any], callbacks: ChainGuard) -> Iterator[
         raise
 
 
-async def _aended_on_failure(chunks: AsyncIterator[Any], callbacks: ChainGuard) -> AsyncIterator[Any]:
+async def _aended_on_failure(chunks: AsyncIterator[Any], callbacks: ChainGuard) -> AsyncGenerator[Any, None]:
     try:
         async for chunk in chunks:
             yield chunk
@@ -211,6 +212,8 @@ def chain(
         agent_name=getattr(getattr(conversation, "model", None), "model_id", None),
     )
     chain_kwargs.setdefault("chain_limit", 0)
+    before: Callable[..., Any]
+    after: Callable[..., Any]
     if isinstance(conversation, llm.AsyncConversation):
         before, after = callbacks.abefore_call, callbacks.aafter_call
     else:
@@ -238,7 +241,7 @@ def register_commands(cli: Any) -> None:
         missing = [name for name in tools if name not in registered]
         if missing:
             raise click.ClickException(f"Tool(s) {', '.join(missing)} not found. Available: {', '.join(registered)}")
-        overrides = {} if max_tool_calls is None else {"max_tool_calls_per_turn": max_tool_calls}
+        overrides: dict[str, Any] = {} if max_tool_calls is None else {"max_tool_calls_per_turn": max_tool_calls}
         config = GuardConfig.load(**overrides)  # turnguard.toml / pyproject / TURNGUARD_* apply
         guarded_chain = chain(Guard(config), model, prompt, tools=[registered[name] for name in tools])
         try:

@@ -53,7 +53,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, RunConfig, RunHooks, Runner, RunState
+from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, RunHooks, Runner, RunState
 from agents.exceptions import AgentsException
 from agents.tool import default_tool_error_function
 from agents.tracing import get_current_span
@@ -81,7 +81,7 @@ MAX_PARKED = 1024
 _PARKED: OrderedDict[str, TurnGuardRunHooks] = OrderedDict()
 """The hooks of interrupted runs by the call id they asked about: the resumed run is the same turn."""
 
-_DEFAULT_ERROR_TEXT = default_tool_error_function(None, None)  # type: ignore[arg-type]
+_DEFAULT_ERROR_TEXT = default_tool_error_function(RunContextWrapper(context=None), Exception())
 
 
 class TurnGuardHalted(TurnHalted, AgentsException):
@@ -192,10 +192,10 @@ class TurnGuardRunHooks(RunHooks[Any]):
         waiting = {getattr(item, "call_id", None): item for item in interruptions}
         if driver.question is not None:
             rejected = [call_id for call_id in self._asked if call_id not in waiting]
-            for call_id in rejected:
-                verdict, call = self._asked.pop(call_id)
-                self._planned.pop(call_id, None)
-                self._calls.pop(call_id, None)
+            for asked_id in rejected:
+                verdict, call = self._asked.pop(asked_id)
+                self._planned.pop(asked_id, None)
+                self._calls.pop(asked_id, None)
                 TurnGuardHalted.stop(driver.answer(verdict, "stop", call, before=True))
             return False
         approved = False
@@ -249,7 +249,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
         driver = self._open(agent)
         call_id = getattr(context, "tool_call_id", None)
         planned = self._planned.pop(call_id, None) if call_id is not None else None
-        if planned is not None:  # checked when the SDK planned it
+        if call_id is not None and planned is not None:  # checked when the SDK planned it
             asked = self._asked.pop(call_id, None)
             # It starts, so an asked call was approved: the user's "continue".
             decision = planned if asked is None else driver.answer(asked[0], "continue", asked[1], before=True)
@@ -269,7 +269,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
         driver = self._open(agent)
         call_id = getattr(context, "tool_call_id", None)
-        call = self._calls.pop(call_id, None) or _call(context, tool)
+        call = (self._calls.pop(call_id, None) if call_id is not None else None) or _call(context, tool)
         outcome = Outcome.ERROR if self._failed_call(call_id, result) else Outcome.OK
         if self.inner is not None:
             await self.inner.on_tool_end(context, agent, tool, result)
@@ -550,7 +550,8 @@ def _observed_tool(tool: Any, failed: Callable[[str | None], None], plan: Plan |
         failed(getattr(context, "tool_call_id", None))
         handled(function_tool, error, input_json, context)
 
-    invoker._on_handled_error = on_handled_error
+    # (the SDK's invoker has this attribute, read above; its declared type, a Callable, does not say so)
+    invoker._on_handled_error = on_handled_error  # type: ignore[attr-defined]
     if plan is not None:
         own = tool.needs_approval
 
@@ -578,7 +579,7 @@ def _params(arguments: Any) -> Any:
 
 
 def _unwrap(exc: BaseException) -> BaseException:
-    cause = exc
+    cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, TurnHalted):
         cause = cause.__cause__
     return cause or exc

@@ -162,7 +162,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 if isinstance(decision, str):  # not executed: the model is told
                     return decision
             else:
-                decision = await self._check(driver, tool_call)
+                decision = await self._check(driver, tool_call, call_id)
             TurnGuardHalted.stop(decision)
             reminder = decision.reminder
         try:
@@ -177,20 +177,21 @@ class TurnGuardCapability(AbstractCapability[Any]):
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _check(self, driver: RunDriver, call: ToolCall) -> Decision:
-        """The decision on a call about to run; with ``ask="approval"`` a question (or a call held
-        with one) is deferred to the user (``ApprovalRequired``, raised)."""
+    async def _check(self, driver: RunDriver, call: ToolCall, call_id: str) -> Decision:
+        """The decision on a call about to run (``call_id``: pydantic-ai's id of it); with
+        ``ask="approval"`` a question (or a call held with one) is deferred to the user
+        (``ApprovalRequired``, raised)."""
         if self.ask != APPROVAL:
             return await driver.acheck(call)  # the callback (or the fallback) answers inline
         decision = driver.before(call)
         if decision.step is Step.HOLD:
-            self._held.add(call.call_id)  # type: ignore[arg-type]
+            self._held.add(call_id)
             raise ApprovalRequired(metadata={METADATA_KEY: {**ask_payload(decision.verdict), "held": True}})
         if decision.step is Step.RUN and self._ask_next is not None:
             decision = Decision(Step.ASK, self._ask_next)
         self._ask_next = None
         if decision.step is Step.ASK:
-            self._questions[call.call_id] = call  # type: ignore[index]
+            self._questions[call_id] = call
             driver.defer(decision.verdict)
             raise ApprovalRequired(metadata={METADATA_KEY: {**ask_payload(decision.verdict), "held": False}})
         return decision
