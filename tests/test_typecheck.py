@@ -52,3 +52,10 @@ def test_a_warm_cache_still_names_the_page_and_line(tmp_path):
     for _ in range(2):
         status, out, _ = typecheck.check([block], [], options, tmp_path / "blocks")
         assert status == 1 and out.startswith("docs/page.md:13: error:") and str(tmp_path) not in out
+
+
+def test_lint_and_ci_run_the_type_check():
+    """The gate is ``./dev.sh lint`` (CI's first step), not a test: mypy's first run takes minutes."""
+    lint = [line for line in (ROOT / "dev.sh").read_text().splitlines() if line.strip().startswith("lint)")]
+    assert len(lint) == 1 and "ruff\" check;" in lint[0] and lint[0].rstrip().endswith("tools/typecheck.py ;;")
+    assert "./dev.sh lint" in (ROOT / ".ci" / "run").read_text().splitlines()
