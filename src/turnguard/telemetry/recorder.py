@@ -10,7 +10,9 @@ anyway) or, with ``GuardConfig(recorder_results=True)``, for every tool: never t
 Extra keys: ``agent``, ``conversation_id``, ``tool_calls`` (the true count), ``calls_dropped``,
 ``escalations`` (the users' answers), and what calibrate needs to know which limits could have
 cut the turn and when it ran: ``policy`` (the ``GuardConfig.name`` in force: the probe's on a
-probe turn), ``limits`` (``turn_limits``) and ``started_at`` / ``ended_at`` (Unix seconds).
+probe turn), ``limits`` (``turn_limits``) and ``started_at`` / ``ended_at`` (Unix seconds); when
+not 0, ``calls_unrecorded`` (calls of the turn the line neither lists nor counts in
+``calls_dropped``) and ``escalations_dropped``.
 
 Writes are whole-line appends: the line is built in memory and written with one ``os.write`` on
 an ``O_APPEND`` descriptor under an exclusive ``flock``, so concurrent writers (threads or
@@ -23,6 +25,11 @@ interpreter exit), so no finished turn is lost to a disk that was full for a whi
 bounded: at most ``MAX_RECORDED_CALLS`` calls are kept per turn; later calls are counted in
 ``calls_dropped`` (and in ``tool_calls``) only; at most ``MAX_OPEN_TURNS`` turns are collected at
 once.
+
+A turn suspended and resumed (``Turn.suspend``, ``Guard.resume``) is one turn: its record travels
+in the snapshot (``plugins.recorder``, ``recorder_state``), so the process that finishes it writes
+the line of the whole turn. A snapshot without that section (taken by a guard without a recorder)
+leaves the calls before it unlisted: the line says how many in ``calls_unrecorded``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import cached_digest
 from turnguard.model import Action, Outcome
+from turnguard.telemetry import recorder_state
+from turnguard.telemetry.recorder_state import Carried
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
@@ -56,6 +65,8 @@ SOURCE = "turnguard"
 MAX_RECORDED_CALLS = 10_000
 """Calls kept per turn: ten times the default hard backstop (1000), so a default-configured turn
 is always recorded whole. Past it, calls are counted (``calls_dropped``) but not listed."""
+MAX_RECORDED_ESCALATIONS = MAX_RECORDED_CALLS
+"""Users' answers kept per turn; past it they are counted (``escalations_dropped``) but not listed."""
 MAX_OPEN_TURNS = 10_000
 """Turns collected at once; past it the oldest is dropped unwritten (a host that never ends its
 turns cannot grow memory without bound)."""
@@ -87,6 +98,12 @@ class _TurnRecord:
     cycle_mark: tuple[int, int] = (0, 0)
     """(len(calls), dropped) when the current model request began: where a retry rolls back to."""
     escalations: list[dict[str, Any]] = field(default_factory=list)
+    escalations_dropped: int = 0
+    restored: dict[int, int] = field(default_factory=dict)
+    """Calls that waited for an outcome when the turn's snapshot was taken: check number ->
+    position in ``calls`` (the resumed turn hands their outcomes over on calls of its own)."""
+    started_at: float | None = None
+    """When the turn opened (Unix seconds), for a turn resumed from a snapshot."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -179,6 +196,8 @@ class Recorder:
             kept, record.dropped = record.cycle_mark
             del record.calls[kept:]
             record.index = {call: at for call, at in record.index.items() if at < kept}
+            if record.restored:
+                record.restored = {seq: at for seq, at in record.restored.items() if at < kept}
 
     @hookimpl
     def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
@@ -203,6 +222,8 @@ class Recorder:
         result = key[4].hex() if key is not None and len(key) > 4 else None
         with record.lock:
             at = record.index.pop(call, None)
+            if at is None and record.restored:  # a call that waited across the snapshot: its check number
+                at = record.restored.pop(key[3], None) if key is not None and len(key) > 3 else None
             if at is not None:
                 entry = record.calls[at]
                 entry.outcome = outcome.value
@@ -212,6 +233,9 @@ class Recorder:
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
         record = self._record(turn)
         with record.lock:
+            if len(record.escalations) >= MAX_RECORDED_ESCALATIONS:
+                record.escalations_dropped += 1
+                return
             record.escalations.append(
                 {
                     "threshold": str(event.threshold),
@@ -228,12 +252,45 @@ class Recorder:
         if record is None:
             record = _TurnRecord()
         ended_at = time.time()
+        started_at = ended_at - summary.duration_s  # (the time it ran here; a resumed turn opened earlier)
         config = turn.config
         with record.lock:
+            if record.started_at is not None:
+                started_at = min(record.started_at, started_at)
+            unrecorded = summary.tool_calls - len(record.calls) - record.dropped
             line = turn_line(summary, record.calls, dropped=record.dropped, escalations=record.escalations,
-                             policy=config.name, limits=turn_limits(config),
-                             started_at=ended_at - summary.duration_s, ended_at=ended_at)
+                             policy=config.name, limits=turn_limits(config), started_at=started_at,
+                             ended_at=ended_at, unrecorded=max(unrecorded, 0),
+                             escalations_dropped=record.escalations_dropped)
         self.write(line)
+
+    @hookimpl
+    def turnguard_turn_snapshot(self, turn: Ledger) -> dict[str, Any] | None:
+        """The turn's record so far, for the process that finishes the turn (``recorder_state``)."""
+        record = self._turns.get(turn)
+        if record is None:
+            return None
+        with record.lock:
+            return recorder_state.write(_carried(record, turn))
+
+    @hookimpl
+    def turnguard_turn_resumed(self, turn: Ledger, state: Any) -> None:
+        """The resumed turn's record goes on from the snapshot's, checked field by field
+        (``plugins.recorder.*``). Without one (a guard without a recorder took the snapshot) it
+        starts empty: the line counts the calls before the resume in ``calls_unrecorded``."""
+        if state is None:
+            return
+        carried = recorder_state.read(state, checks=turn.checks, max_calls=self.max_calls,
+                                      max_escalations=MAX_RECORDED_ESCALATIONS)
+        record = self._record(turn)
+        with record.lock:
+            record.calls = [_Call(tool, digest, outcome, result) for tool, digest, outcome, result in carried.calls]
+            record.index.clear()
+            record.dropped, record.cycle_mark = carried.dropped, carried.cycle_mark
+            record.restored = dict(carried.awaiting or {})
+            record.escalations = list(carried.escalations or [])
+            record.escalations_dropped = carried.escalations_dropped
+            record.started_at = carried.started_at
 
     @hookimpl
     def turnguard_turn_suspended(self, turn: Ledger) -> None:
@@ -321,6 +378,22 @@ def _flush_at_exit() -> None:
             recorder.flush()
 
 
+def _carried(record: _TurnRecord, turn: Ledger) -> Carried:
+    """``record`` as a snapshot carries it: the calls still waiting by their check number (a
+    call's key names the check; one whose key another check replaced is left unmatched)."""
+    waiting = dict(record.restored)
+    for call, at in record.index.items():
+        key = call._key
+        seq = key[3] if key is not None and len(key) > 3 else None
+        if type(seq) is int and 0 < seq <= turn.checks:
+            waiting.setdefault(seq, at)
+    started_at = record.started_at
+    if started_at is None:
+        started_at = time.time() - (time.monotonic() - turn.started_at)
+    return Carried(started_at, [(c.tool, c.digest, c.outcome, c.result) for c in record.calls], record.dropped,
+                   record.cycle_mark, waiting, record.escalations, record.escalations_dropped)
+
+
 def ended_by(summary: TurnSummary) -> str:
     """The threshold that ended the turn, or the reason it ended (``completed``, ``error``, ...)."""
     return str(summary.threshold) if summary.threshold is not None else summary.reason
@@ -352,9 +425,12 @@ def turn_line(
     limits: dict[str, Any] | None = None,
     started_at: float | None = None,
     ended_at: float | None = None,
+    unrecorded: int = 0,
+    escalations_dropped: int = 0,
 ) -> bytes:
     """One corpus-format JSON line (with its newline) for a finished turn (``policy``, ``limits``
-    and the times are left out when not given)."""
+    and the times are left out when not given; ``calls_unrecorded`` and ``escalations_dropped``
+    when 0)."""
     data: dict[str, Any] = {
         "source": SOURCE,
         "id": summary.turn_id,
@@ -371,7 +447,8 @@ def turn_line(
         "escalations": escalations or [],
     }
     extra = (("policy", policy), ("limits", limits), ("started_at", started_at), ("ended_at", ended_at),
-             ("resumed_from", summary.resumed_from), ("fresh_state", list(summary.fresh_state) or None))
+             ("resumed_from", summary.resumed_from), ("fresh_state", list(summary.fresh_state) or None),
+             ("calls_unrecorded", unrecorded or None), ("escalations_dropped", escalations_dropped or None))
     data.update((key, value) for key, value in extra if value is not None)
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str)  # ASCII: valid whatever the names
     return (text + "\n").encode("ascii")
