@@ -28,6 +28,8 @@ EXPECTED = {
     "dashboards/turnguard-halts.json", "dashboards/turnguard-threshold-validation.json",
     "dashboards/provisioning/dashboards/turnguard.yaml", "dashboards/provisioning/datasources/turnguard.yaml",
     "prometheus/prometheus.yml", "rules/turnguard.rules.yaml", "rules/turnguard.rules.test.yaml",
+    "prometheus/prometheus-start-times.yml", "rules/turnguard.start-times.rules.yaml",
+    "rules/turnguard.start-times.rules.test.yaml",
 }
 """Every deployable file, by its path in the repository and in the directory ``turnguard assets`` writes."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from turnguard.boards import rules
 from turnguard.telemetry import names as n
 
 
@@ -178,23 +179,8 @@ def per_second(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
 
 RECORD_TILE = "5m"
 """The recording rules' tile (rules/turnguard.rules.yaml): each record counts one 5-minute stretch."""
-RECORDED = {
-    TURNS: "turnguard:turns:increase5m",
-    f"{TOOL_CALLS}_bucket": "turnguard:turn_tool_calls_bucket:increase5m",
-    CALLS: "turnguard:turn_tool_calls_sum:increase5m",
-    f"{MAX_REPEAT}_bucket": "turnguard:turn_max_key_repeat_bucket:increase5m",
-    f"{MAX_REPEAT}_count": "turnguard:turn_max_key_repeat_count:increase5m",
-    f"{FIRST_STUCK}_sum": "turnguard:turn_first_stuck_call_sum:increase5m",
-    f"{FIRST_STUCK}_count": "turnguard:turn_first_stuck_call_count:increase5m",
-    RESULTS: "turnguard:turn_results:increase5m",
-    CALLS_PAST_MAIN: "turnguard:probe_calls_past_main_threshold:increase5m",
-    DETECTIONS: "turnguard:loop_detections:increase5m",
-    ANSWERS: "turnguard:escalation_answers:increase5m",
-    SHADOW_TURNS: "turnguard:shadow_turns:increase5m",
-    SHADOW_CALLS: "turnguard:shadow_turn_tool_calls_sum:increase5m",
-    SHADOW_DETECTIONS: "turnguard:shadow_detections:increase5m",
-}
-"""Raw series -> the recording rule that tiles it (the rules file defines each, by the labels the
+RECORDED = rules.RECORDED
+"""Raw series -> the recording rule that counts it (``turnguard.boards.rules`` defines each, by the labels the
 threshold-validation board reads)."""
 
 
