@@ -115,8 +115,9 @@ class Process:
 class Prometheus(Process):
     """A Prometheus on loopback: remote-write (and, on 3.x, OTLP) receiver, ``config`` as its YAML."""
 
-    def __init__(self, binary: str, workdir: Path, config: str, flags: Sequence[str] = ()) -> None:
-        self.port = free_port()
+    def __init__(self, binary: str, workdir: Path, config: str, flags: Sequence[str] = (),
+                 port: int | None = None) -> None:
+        self.port = port or free_port()  # a restart takes the port its clients write to
         self.url = f"http://127.0.0.1:{self.port}"
         (workdir / "prometheus.yml").write_text(config)
         super().__init__("prometheus", [

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ optional_dependency("opentelemetry.exporter.otlp.proto.http")
 import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
 from turnguard import cli  # noqa: E402
-from turnguard.boards import build, queries  # noqa: E402
+from turnguard.boards import build, queries, rules  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
@@ -341,3 +342,117 @@ def test_halts_reach_prometheus_with_exemplars_naming_the_halted_calls_span(otel
         prometheus.stop()
     spans = span_ids(collector.otlp_file)
     assert exemplars and all(spans.get(e["span_id"]) == e["trace_id"] for e in exemplars), exemplars
+
+
+# -- a Prometheus outage mid-fleet: the records count every turn once -----------------------------------
+
+OUTAGE_TILING = rules.Tiling(tile=2, lag=10)
+"""The shipped rules with their tiling shortened: a 2-second tile, a 10-second lag."""
+LOOKBACK_S, OUTAGE_S = 15, 35
+"""Prometheus's lookback delta here (5 minutes by default) and the outage, longer than it: after it no
+series has a sample within the lookback of the records' tile, as after a 10-minute outage in production."""
+PHASE = fleet.FleetMix(short=24, long=3, soft_stuck=3, runaway=2, failing_unattended=3, ask_continue=2, ask_stop=2,
+                       ask_late_continue=2, explicit=3)
+WARM_UP_AGENT = "warm-up"
+AUDITED = "turnguard:turns:audited"
+BY = (build.AGENT, build.OUTCOME, build.THRESHOLD)
+
+
+def _outage_rules(workdir: Path) -> str:
+    """The shortened rules, and the audited form (the tile's two ends) recorded beside them for comparison."""
+    (workdir / "turnguard.rules.yaml").write_text(rules.render(OUTAGE_TILING))
+    m, t = build.TURNS, OUTAGE_TILING
+    lag, start = rules.duration(t.lag), rules.duration(t.lag + t.tile)
+    audited = f"sum by ({', '.join(BY)}) (({m} offset {lag} - {m} offset {start}) >= 0 or {m} offset {lag})"
+    (workdir / "audited.rules.yaml").write_text(yaml.safe_dump({"groups": [{
+        "name": "audited", "interval": rules.duration(OUTAGE_TILING.tile),
+        "rules": [{"record": AUDITED, "expr": audited}]}]}))
+    return "global: {evaluation_interval: 1s}\nrule_files: [turnguard.rules.yaml, audited.rules.yaml]\n"
+
+
+def _counted(prometheus: chain.Prometheus, record: str, since: float) -> tuple[float, Counter[tuple[str, ...]]]:
+    """The last evaluation, and what ``record`` counted since ``since`` up to it, by agent, outcome and threshold."""
+    last = prometheus.query(f"timestamp({rules.HEARTBEAT})", time.time())
+    assert last, "no evaluation of the records yet"
+    at = float(last[0]["value"][1])
+    span = rules.duration(at - since)
+    found = prometheus.query(f'sum by ({", ".join(BY)}) (sum_over_time({record}{{{build.AGENT}!="{WARM_UP_AGENT}"}}'
+                             f'[{span}])) != 0', at)
+    return at, Counter({tuple(s["metric"].get(k, "") for k in BY): round(float(s["value"][1])) for s in found})
+
+
+def _truth(tally: fleet.Tally) -> Counter[tuple[str, ...]]:
+    return Counter((t.summary.agent_name or "", t.summary.reason,
+                    str(t.summary.threshold) if t.summary.threshold is not None else "none")
+                   for t in tally.turns if t.summary.agent_name != WARM_UP_AGENT)
+
+
+@pytest.mark.parametrize("binary", ["prometheus2", "prometheus3"])
+def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, tmp_path, binary):
+    """Turns before, during and after a 35-second outage of Prometheus (its lookback shortened to 15 s,
+    so the outage is a real gap), through the shipped Collector: the records count each turn once,
+    by agent, outcome and threshold. The audited form, beside them, is wrong: it never counts the
+    tiles whose evaluations the outage missed, and counts a series' whole value again where no sample
+    is within the lookback of its tile's start (how far the Collector's retries refill the gap decides
+    which way it errs)."""
+    start_prometheus = getattr(chain, binary)
+    config = _outage_rules(tmp_path)
+    flags = [f"--query.lookback-delta={LOOKBACK_S}s"]
+    prometheus = chain.Prometheus(start_prometheus(), tmp_path, config, flags)
+    collector = telemetry = None
+    try:
+        collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=prometheus.remote_write_url)
+        telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                       "OTEL_SERVICE_NAME": "turnguard-outage", "OTEL_METRIC_EXPORT_INTERVAL": "1000"})
+        fl = fleet.make_fleet(tg.GuardConfig(load_entrypoints=False), **telemetry.providers())
+        with tg.Guard(tg.GuardConfig(load_entrypoints=False), **telemetry.providers()).turn(agent_name=WARM_UP_AGENT):
+            pass  # the store's first record counts each series from its first sample: these, not the fleet's
+        chain.wait_until("the records' first state", lambda: prometheus.query(rules.HEARTBEAT, time.time()),
+                         prometheus.exited, timeout=60)
+        since = time.time()
+        with quiet_fleet():
+            fleet.run_fleet(fl, PHASE, seed=11)
+            before = _truth(fl.tally)
+            chain.wait_until("the records of the turns before the outage",
+                             lambda: _counted(prometheus, build.RECORDED[build.TURNS], since)[1] == before,
+                             prometheus.exited, timeout=90)
+            prometheus.stop()
+            down = time.time()
+            fleet.run_fleet(fl, PHASE, seed=12)
+            time.sleep(max(0.0, down + OUTAGE_S - time.time()))
+            prometheus = chain.Prometheus(start_prometheus(), tmp_path, config, flags, port=prometheus.port)
+            up = time.time()
+            fleet.run_fleet(fl, PHASE, seed=13)
+        assert telemetry.force_flush(30_000)
+        truth = _truth(fl.tally)
+        assert sum(truth.values()) == 3 * PHASE.turns
+
+        seen: list[Counter[tuple[str, ...]]] = []
+
+        def counted() -> Counter[tuple[str, ...]] | None:
+            seen.append(_counted(prometheus, build.RECORDED[build.TURNS], since)[1])
+            return seen[-1] if seen[-1] == truth else None
+
+        try:  # the Collector's retries deliver what queued up in the outage when they next try
+            chain.wait_until("the records to hold every turn", counted, prometheus.exited, timeout=180)
+        except AssertionError as exc:
+            last = seen[-1] if seen else Counter()
+            raise AssertionError(f"{exc}: missing {truth - last}, extra {last - truth}") from None
+        settled = time.time()
+        chain.wait_until("three more evaluations", lambda: _counted(prometheus, build.RECORDED[build.TURNS], since)[0]
+                         - OUTAGE_TILING.lag > settled + 3 * OUTAGE_TILING.tile, prometheus.exited, timeout=60)
+        recorded = _counted(prometheus, build.RECORDED[build.TURNS], since)[1]
+        _, audited = _counted(prometheus, AUDITED, since)
+        evaluations = prometheus.query(f"count_over_time({rules.HEARTBEAT}[{rules.duration(up - down)}])", up)
+    finally:
+        if telemetry is not None:
+            telemetry.shutdown()
+        if collector is not None:
+            collector.stop()
+        prometheus.stop()
+    assert recorded == truth, f"later evaluations changed it: missing {truth - recorded}, extra {recorded - truth}"
+    assert not evaluations, "the records were evaluated during the outage: no outage"
+    print(f"\n{binary}: {sum(truth.values())} turns; the records counted {sum(recorded.values())}, "
+          f"the audited form {sum(audited.values())}")
+    assert audited != truth, "the outage did not show: the audited form counted every turn once too"
