@@ -70,7 +70,8 @@ def test_strict_exits_1_on_a_bad_line_and_lenient_counts_it(
     assert "1 input problems" in " ".join(captured.out.split()) and f"{bad}:81:" in captured.err
 
 
-@pytest.mark.parametrize("argv", [["--soft-caps", "x"], ["--streaks", "9:3"], ["--key-modes", "sha1"]])
+@pytest.mark.parametrize("argv", [["--soft-caps", "x"], ["--streaks", "9:3"], ["--key-modes", "sha1"],
+                                  ["--stateful-tools", ";"], ["--stateful-tools", "a;;b"]])
 def test_bad_grid_flags_exit_2(corpus: Path, argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["calibrate", str(corpus), *argv])
@@ -259,3 +260,33 @@ def test_the_default_row_is_the_configuration_turnguard_config_loads(
     assert main(["calibrate", str(path), *SMALL_GRID, "--config", str(other), "--json", "-"]) == 0
     policies = json.loads(capsys.readouterr().out)["policies"]
     assert next(p["params"] for p in policies if p["default"])["soft_cap"] == 80  # the variable still wins
+
+
+def test_the_recorders_result_digests_are_replayed_for_the_stateful_tools_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A live guard listing ``ci_status`` records its results; calibrate tries the recommended
+    profile with no tool listed and with it listed: the moving CI run is halted only without."""
+    import turnguard as tg
+
+    recorded = tmp_path / "turns.jsonl"
+    live = tg.Guard(tg.GuardConfig(stateful_tools=("ci_status",), recorder_path=str(recorded),
+                                   disable_plugins=("otel", "shadow"), load_entrypoints=False), environ={})
+    for answers in ([f"running {i // 3}" for i in range(30)], ["running"] * 30):
+        with live.turn() as turn:
+            for answer in answers:
+                call = tg.ToolCall("ci_status", {"run": 42})
+                turn.check_call(call)
+                turn.record_outcome(call, "ok", result=answer)
+    lines = [json.loads(line) for line in recorded.read_text().splitlines()]
+    assert all(len(c["result"]) == 16 for line in lines for c in line["calls"])  # digests, never the text
+    (tmp_path / "turnguard.toml").write_text('stuck_signal = "stale_repeat"\nstreak_stop_on = "any"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", str(recorded), "--soft-caps", "100", "--multipliers", "10", "--stuck-repeats", "6",
+                 "--streaks", "5:8", "--explicit-caps", "0", "--stuck-signals", "stale_repeat", "--streak-stop-on",
+                 "any", "--key-modes", "canonical", "--no-peers", "--stateful-tools", "none;ci_status",
+                 "--json", "-"]) == 0
+    policies = {p["name"]: p for p in json.loads(capsys.readouterr().out)["policies"]}
+    assert policies["default"]["unattended"]["halted"] == 2
+    assert policies["stateful ci_status"]["unattended"]["halted"] == 1
+    assert policies["stateful ci_status"]["params"]["stateful_tools"] == ["ci_status"]

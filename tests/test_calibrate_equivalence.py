@@ -138,3 +138,40 @@ def test_text_that_is_not_json_is_told_apart_alike_by_both_key_modes() -> None:
     # JSON text is why the rule stops there: canonical mode reads the value, bytes mode the text.
     assert identity_bytes("t", '{"a": 1}') == identity_bytes("t", '{"a":1}')
     assert identity_bytes("t", '{"a": 1}', "bytes") != identity_bytes("t", '{"a":1}', "bytes")
+
+
+def turns_with_results(count: int, seed: int) -> list:
+    """The generated turns with a result digest on every call: runs of one result, then another
+    (progress), a few without one."""
+    rng = random.Random(seed)
+    problems: list = []
+    out = []
+    for i, record in enumerate(records(count, seed=seed, mix=SMALL)):
+        result = "r0"
+        for call in record["calls"]:
+            if rng.random() < 0.25:
+                result = rng.choice(("r0", "r1", "r2", None))
+            call["result"] = result
+        out.append(corpus_turn(record, "gen", i, problems.append))
+    assert not problems and any(c.result for t in out for c in t.calls)
+    return out
+
+
+def test_grouped_run_equals_replaying_every_policy_with_stateful_tools() -> None:
+    """Policies naming tools replay alone where their counts by call let them fire; elsewhere
+    they are skipped: the figures are those of replaying every one on every turn."""
+    spec = GridSpec(soft_caps=(5, 20), multipliers=(10,), stuck_repeats=(2, 4), streaks=((2, 3), (5, 8)),
+                    explicit_caps=(15,), stuck_signals=("repeat", "stale_repeat"), stop_on=("any",),
+                    key_modes=("canonical",), stateful_tools=((), ("read_file", "mvn"), ("*",)), peers=False,
+                    cross=True)
+    policies = [*build_grid(spec), Policy("exempt", tg.GuardConfig(streak_exempt_tools=("mvn",), soft_cap=5))]
+    assert sum(bool(p.config.stateful_tools) for p in policies) > len(policies) // 2
+    sample = turns_with_results(50, seed=5)
+    grouped = Calibrator(policies, group=True)
+    grouped.add_all(sample)
+    data = grouped.stats.to_json()
+    data.pop("replays")
+    assert data == figures(policies, sample, group=False)
+    by_name = {p["name"]: p["unattended"]["halted"] for p in data["policies"]}
+    assert any(by_name[p.name] != by_name[p.name.replace(" stateful *", "")]
+               for p in policies if p.name.endswith("stateful *")), "results never changed a figure"

@@ -74,3 +74,24 @@ def test_flag_values_parse() -> None:
     assert parse_floats("2,2.5") == (2, 2.5)
     assert parse_streaks("5:8,3,0:0") == ((5, 8), (3, 0), (0, 0))
     assert parse_key_modes("bytes") == ("bytes",)
+
+
+def test_stateful_tools_lists_parse_and_each_is_a_row_of_its_own():
+    from turnguard.calibrate.grid import GridSpec, build_grid, parse_tool_sets
+
+    assert parse_tool_sets("none; ci_status,job_status ;*;none") == ((), ("ci_status", "job_status"), ("*",))
+    for bad in ("", ";", "a;;b", " , "):
+        with pytest.raises(ValueError, match="'none' for no tool"):
+            parse_tool_sets(bad)
+    spec = GridSpec(soft_caps=(100,), multipliers=(10,), stuck_repeats=(6,), streaks=(), explicit_caps=(),
+                    cycle_caps=(), stuck_signals=(), stop_on=(), key_modes=(), peers=False,
+                    stateful_tools=((), ("ci_status",), ("*",)))
+    policies = build_grid(spec)
+    assert [p.name for p in policies] == ["default", "stateful ci_status", "stateful *"]
+    assert [p.config.stateful_tools for p in policies] == [(), ("ci_status",), ("*",)]
+    assert policies[2].describe()["stateful_tools"] == ["*"] and spec.size == 1 + 1 + 3
+    crossed = build_grid(GridSpec(soft_caps=(20, 100), multipliers=(10,), stuck_repeats=(6,), streaks=((5, 8),),
+                                  explicit_caps=(), stuck_signals=("repeat",), stop_on=("error",),
+                                  key_modes=("canonical",), peers=False, cross=True,
+                                  stateful_tools=((), ("*",))))
+    assert sorted(p.name for p in crossed) == ["S=20", "S=20 stateful *", "default", "stateful *"]

@@ -41,7 +41,18 @@ CONFIGS = {
     "stale repeat signal": {"soft_cap": 6, "hard_multiplier": 4, "stuck_repeat_threshold": 3,
                             "stuck_signal": "stale_repeat"},
     "stop on any outcome": {"streak_warn_at": 3, "streak_stop_at": 4, "streak_stop_on": "any"},
+    "stateful tools": {"stateful_tools": ("read", "run"), "soft_cap": 6, "hard_multiplier": 3,
+                       "stuck_repeat_threshold": 3, "streak_warn_at": 3, "streak_stop_at": 4},
+    "stateful, stale, stop on any": {"stateful_tools": ("read",), "soft_cap": 6, "hard_multiplier": 4,
+                                     "stuck_repeat_threshold": 3, "stuck_signal": "stale_repeat",
+                                     "streak_warn_at": 3, "streak_stop_at": 3, "streak_stop_on": "any"},
+    "every tool stateful": {"stateful_tools": ("*",), "soft_cap": 5, "stuck_repeat_threshold": 2,
+                            "streak_warn_at": 2, "streak_stop_at": 3},
+    "exempt, stateful": {"streak_exempt_tools": ("grep", "run"), "stateful_tools": ("run",), "soft_cap": 6,
+                         "stuck_repeat_threshold": 3, "streak_warn_at": 2, "streak_stop_at": 3},
 }
+RESULTS = (None, "r1", "r1", "r2", "done")
+"""Recorded result digests (text that is not JSON: the live guard keys it as itself)."""
 
 
 def random_turn(rng: random.Random, n: int) -> RecordedTurn:
@@ -51,10 +62,12 @@ def random_turn(rng: random.Random, n: int) -> RecordedTurn:
             ("grep", "grep x\n"), ("grep", "grep y\n"), ("run", {"t": [1, 2]}), ("edit", "e")]
     for _ in range(rng.randint(0, 30)):
         tool, args = rng.choice(pool)
+        result = rng.choice(RESULTS)
         for _ in range(rng.choice((1, 1, 1, 2, 4, 7))):
             outcome = rng.choices(list(tg.Outcome), (0.3, 0.5, 0.1, 0.1))[0]
-            cycle = None
-            calls.append(RecordedCall(tool, args, None, outcome, cycle))
+            if rng.random() < 0.3:
+                result = rng.choice(RESULTS)
+            calls.append(RecordedCall(tool, args, None, outcome, None, result))
     cycles = rng.choice((None, 0, len(calls), len(calls) + 2, max(1, len(calls) // 3)))
     return RecordedTurn(f"r{n}", tuple(calls), cycles, rng.choice((True, False, None)))
 
@@ -83,7 +96,7 @@ def live_steps(config: tg.GuardConfig, policy: Policy, turn: RecordedTurn, promp
             call = tg.ToolCall(rc.tool, rc.args)
             if note(i + 1, "call", t.check_call(call), t):
                 return steps
-            if note(i + 1, "outcome", t.record_outcome(call, rc.outcome), t):
+            if note(i + 1, "outcome", t.record_outcome(call, rc.outcome, result=rc.result), t):
                 return steps
     return steps
 

@@ -50,3 +50,17 @@ def test_the_research_tools_are_not_in_the_installed_package():
     tools = {p.name for p in TOOLS.glob("*.py")}
     assert {"stuck_evidence.py", "synthetic.py"} <= tools
     assert not [p for p in src.rglob("*.py") if p.name in tools]
+
+
+@pytest.mark.parametrize("args, path", [
+    (["nosuch.jsonl"], "nosuch.jsonl"),
+    (["nosuch-polling-turns.jsonl"], "nosuch-polling-turns.jsonl"),
+    (["--write-polling-turns", "no-such-dir/polling-turns.jsonl"], "no-such-dir/polling-turns.jsonl"),
+    (["--write-polling-turns", "a-directory"], "a-directory"),
+], ids=["missing", "missing-polling-turns", "unwritable", "write-onto-directory"])
+def test_polling_evidence_names_a_bad_path_in_one_line_and_exits_2(tmp_path, args, path):
+    (tmp_path / "a-directory").mkdir()
+    result = run_tool("polling_evidence.py", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"polling_evidence: {path}: ") and "Traceback" not in line

@@ -114,6 +114,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--streak-stop-on", type=_csv(lambda t: g.parse_choices(t, STREAK_STOP_ON, "stop-on values")),
                       default=g.DEFAULT_STOP_ON,
                       help="what the streak stop level counts: error (failures), any (default: both)")
+    grid.add_argument("--stateful-tools", type=_csv(g.parse_tool_sets), default=g.DEFAULT_STATEFUL_TOOLS,
+                      metavar="LISTS", help="stateful_tools values to try, separated by ';' (tools by ','; 'none': "
+                      "no tool, '*': every tool); the calls' recorded result digests are replayed (default: the "
+                      "base configuration's only)")
     grid.add_argument("--no-peers", action="store_true", help="leave out the peers' rules")
     grid.add_argument("--cross", action="store_true",
                       help="the full cross product of every axis (default: the cap axes crossed, "
@@ -164,7 +168,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         soft_caps=args.soft_caps, multipliers=args.multipliers, stuck_repeats=args.stuck_repeats,
         streaks=args.streaks, explicit_caps=args.explicit_caps, cycle_caps=args.cycle_caps,
         key_modes=args.key_modes, stuck_signals=args.stuck_signals, stop_on=args.streak_stop_on,
-        peers=not args.no_peers, cross=args.cross, base=base,
+        stateful_tools=args.stateful_tools, peers=not args.no_peers, cross=args.cross, base=base,
     )
     try:
         policies = g.build_grid(spec)

@@ -211,10 +211,11 @@ class Calibrator:
             keys, f = found
             memo = memos.setdefault(id(f), {})
             for mode, promptable in MODES:
-                if not group:
+                if not group or (rules.named and _can_fire(rules, f, promptable)):
                     key: GroupKey = (idx, mode)
                     groups[key] = _Group(cp, promptable, 1, None, None)
-                elif rules.triggers[promptable].quiet(f) or (plan := rules.plan(f, promptable, memo)) is None:
+                elif rules.named or rules.triggers[promptable].quiet(f) or (
+                        plan := rules.plan(f, promptable, memo)) is None:
                     continue
                 else:
                     key = (id(keys), *plan.signature[1:])  # key modes that keyed this turn alike share replays
@@ -223,6 +224,19 @@ class Calibrator:
                         groups[key] = _Group(cp, promptable, plan.first_call, plan.cap_call, family)
                 members.append((idx, mode, key))
         return groups, members
+
+
+def _can_fire(rules: PolicyRules, f: TurnFacts, promptable: bool) -> bool:
+    """Whether a policy naming tools (``stateful_tools``, ``streak_exempt_tools``) can fire on a turn
+    whose counts by call are ``f``. Its own counts, by (call, result) and with restarts, are at
+    most those, so a plan on them that cannot fire holds for it; nothing else does (it replays
+    alone, from the first call). The ``stale_repeat`` count is not monotone under a finer
+    identity: only its bound, the repeats, is used."""
+    if rules.triggers[promptable].quiet(f):
+        return False
+    if f.reach_stale is not None:
+        f = dataclasses.replace(f, reach_stale=None)
+    return rules.plan(f, promptable) is not None
 
 
 _Stale = tuple[GuardConfig, int, int]

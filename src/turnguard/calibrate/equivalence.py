@@ -132,7 +132,7 @@ class PolicyRules:
     """The firing rules of one policy's checks (read once per policy, not per turn): the cap, the
     streak and the cycle cap, then its extra rules."""
 
-    __slots__ = ("cap", "others", "prefix", "triggers")
+    __slots__ = ("cap", "named", "others", "prefix", "triggers")
 
     def __init__(self, policy: Policy, shared: dict[tuple[FiringRule, ...], tuple[FiringRule, ...]] | None = None):
         config = policy.config
@@ -144,6 +144,9 @@ class PolicyRules:
         """The other rules (equal ones shared through ``shared``: grids vary the cap most, and
         ``plan``'s memo then reads the others once per turn)."""
         self.prefix = (config.key_mode, config.max_tracked_keys, config.fail_mode)
+        self.named = bool(config.stateful_tools or config.streak_exempt_tools)
+        """The policy names tools: its counts are by (call, result), with restarts, and a plan on
+        the counts by call only bounds them (``engine``: it replays alone where it can fire)."""
         rules = (self.cap, *others)
         self.triggers = tuple(Triggers.lowest([r.triggers(promptable) for r in rules]) for promptable in (False, True))
         """By ``promptable``: the least counts at which any of the rules can fire."""

@@ -29,6 +29,8 @@ DEFAULT_CYCLE_CAPS = (0,)
 DEFAULT_KEY_MODES = KEY_MODES
 DEFAULT_STUCK_SIGNALS = STUCK_SIGNALS
 DEFAULT_STOP_ON = STREAK_STOP_ON
+DEFAULT_STATEFUL_TOOLS: tuple[tuple[str, ...], ...] = ()
+"""No ``stateful_tools`` variant unless asked (``--stateful-tools``): the grid is the base's."""
 PEER_CAP = 100
 PEER_IDENTICAL = 5
 MAX_POLICIES = 2000
@@ -103,6 +105,7 @@ class Policy:
             "streak_stop_at": c.streak_stop_at,
             "cycles": c.max_cycles_per_turn,
             "key_mode": c.key_mode,
+            "stateful_tools": list(c.stateful_tools),
             "extras": [e.label for e in self.extras],
         }
 
@@ -130,6 +133,8 @@ class GridSpec:
     key_modes: tuple[str, ...] = DEFAULT_KEY_MODES
     stuck_signals: tuple[str, ...] = DEFAULT_STUCK_SIGNALS
     stop_on: tuple[str, ...] = DEFAULT_STOP_ON
+    stateful_tools: tuple[tuple[str, ...], ...] = DEFAULT_STATEFUL_TOOLS
+    """``stateful_tools`` values to try (each a tuple of tool names; ``("*",)``: every tool)."""
     peers: bool = True
     cross: bool = False
     """``False``: the cap axes crossed, every other axis varied alone around the default.
@@ -141,12 +146,15 @@ class GridSpec:
         """How many policies ``build_grid`` considers (before duplicates are removed)."""
         n = 1 + (2 if self.peers else 0)
         if self.cross:
-            return n + math.prod(map(len, (self.soft_caps, self.multipliers, self.stuck_repeats, self.stuck_signals,
-                                           self.streaks, self.stop_on, self.cycle_caps, self.key_modes))) \
-                + math.prod(map(len, (self.explicit_caps, self.streaks, self.stop_on, self.key_modes)))
+            tools = max(1, len(self.stateful_tools))
+            return n + tools * (math.prod(map(len, (
+                self.soft_caps, self.multipliers, self.stuck_repeats, self.stuck_signals, self.streaks, self.stop_on,
+                self.cycle_caps, self.key_modes))) + math.prod(map(len, (
+                    self.explicit_caps, self.streaks, self.stop_on, self.key_modes))))
         caps = len(self.soft_caps) * len(self.stuck_repeats)
         return (n + caps * len(self.multipliers) + caps * len(self.stuck_signals)
-                + sum(map(len, (self.stop_on, self.streaks, self.cycle_caps, self.key_modes, self.explicit_caps))))
+                + sum(map(len, (self.stop_on, self.streaks, self.cycle_caps, self.key_modes, self.explicit_caps,
+                                self.stateful_tools))))
 
 
 def build_grid(spec: GridSpec) -> list[Policy]:
@@ -160,18 +168,7 @@ def build_grid(spec: GridSpec) -> list[Policy]:
     )
     candidates: list[Policy] = [Policy("default", base, is_default=True)]
     if spec.cross:
-        for s, m, d, sig, (w, st), on, n, k in itertools.product(
-            spec.soft_caps, spec.multipliers, spec.stuck_repeats, spec.stuck_signals, spec.streaks, spec.stop_on,
-            spec.cycle_caps, spec.key_modes,
-        ):
-            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d, stuck_signal=sig,
-                               streak_warn_at=w, streak_stop_at=st, streak_stop_on=on, max_cycles_per_turn=n,
-                               key_mode=k)
-            candidates.append(Policy(_name(cfg, base), cfg))
-        for cap, (w, st), on, k in itertools.product(spec.explicit_caps, spec.streaks, spec.stop_on, spec.key_modes):
-            cfg = base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st, streak_stop_on=on,
-                               key_mode=k)
-            candidates.append(Policy(_name(cfg, base), cfg))
+        candidates += _crossed(spec, base)
     else:
         for s, m, d in itertools.product(spec.soft_caps, spec.multipliers, spec.stuck_repeats):
             cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d)
@@ -195,6 +192,9 @@ def build_grid(spec: GridSpec) -> list[Policy]:
         for cap in spec.explicit_caps:
             cfg = base.replace(max_tool_calls_per_turn=cap)
             candidates.append(Policy(_name(cfg, base), cfg))
+        for tools in spec.stateful_tools:
+            cfg = base.replace(stateful_tools=tools)
+            candidates.append(Policy(_name(cfg, base), cfg))
     if spec.peers:
         quiet = base.replace(streak_warn_at=0, streak_stop_at=0)
         candidates.append(Policy(f"peer: explicit cap {PEER_CAP} only",
@@ -203,6 +203,25 @@ def build_grid(spec: GridSpec) -> list[Policy]:
                                  quiet.replace(max_tool_calls_per_turn=0),
                                  (IdenticalCallsRule(PEER_IDENTICAL),), family="peer"))
     return dedupe(candidates)
+
+
+def _crossed(spec: GridSpec, base: GuardConfig) -> list[Policy]:
+    """``--cross``: every axis crossed (the ``stateful_tools`` values too, when given)."""
+    out = []
+    for tools in spec.stateful_tools or (base.stateful_tools,):
+        for s, m, d, sig, (w, st), on, n, k in itertools.product(
+            spec.soft_caps, spec.multipliers, spec.stuck_repeats, spec.stuck_signals, spec.streaks, spec.stop_on,
+            spec.cycle_caps, spec.key_modes,
+        ):
+            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d, stuck_signal=sig,
+                               streak_warn_at=w, streak_stop_at=st, streak_stop_on=on, max_cycles_per_turn=n,
+                               key_mode=k, stateful_tools=tools)
+            out.append(Policy(_name(cfg, base), cfg))
+        for cap, (w, st), on, k in itertools.product(spec.explicit_caps, spec.streaks, spec.stop_on, spec.key_modes):
+            cfg = base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st, streak_stop_on=on,
+                               key_mode=k, stateful_tools=tools)
+            out.append(Policy(_name(cfg, base), cfg))
+    return out
 
 
 def dedupe(policies: list[Policy]) -> list[Policy]:
@@ -247,6 +266,8 @@ def _name(cfg: GuardConfig, base: GuardConfig) -> str:
         values = [getattr(cfg, f) for f in fields]
         if values != [getattr(base, f) for f in fields]:
             parts.append(text.format(*values))
+    if cfg.stateful_tools != base.stateful_tools:
+        parts.append(f"stateful {','.join(cfg.stateful_tools) or 'none'}")
     return " ".join(parts) or "default"
 
 
@@ -288,6 +309,19 @@ def parse_streaks(text: str) -> tuple[tuple[int, int], ...]:
     if not out:
         raise ValueError(f"expected warn:stop pairs such as 5:8, got {text!r}")
     return tuple(out)
+
+
+def parse_tool_sets(text: str) -> tuple[tuple[str, ...], ...]:
+    """``"none;ci_status,job_status;*"`` -> ``((), ("ci_status", "job_status"), ("*",))``: the
+    ``stateful_tools`` values to try, separated by ``;`` (``none``: no tool)."""
+    sets = []
+    for part in text.split(";"):
+        names = tuple(sorted({n.strip() for n in part.split(",") if n.strip()}))
+        if not names:
+            raise ValueError(f"expected tool lists separated by ';' ('none' for no tool, '*' for every tool), "
+                             f"got {text!r}")
+        sets.append(() if names == ("none",) else names)
+    return tuple(dict.fromkeys(sets))
 
 
 def parse_choices(text: str, choices: tuple[str, ...], what: str) -> tuple[str, ...]:

@@ -43,6 +43,9 @@ class RecordedCall(NamedTuple):
     outcome: Outcome = Outcome.UNKNOWN
     cycle: int | None = None
     """The model request (1-based) that issued the call, when recorded."""
+    result: str | None = None
+    """A digest of the call's result, when recorded (the corpus's ``result``, the recorder's):
+    equal digests, equal results. What ``stateful_tools`` policies replay with."""
 
 
 CAP_MODES = ("explicit", "adaptive", "disabled")
@@ -474,22 +477,26 @@ def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
 
 
 def _plain_calls(raw_calls: list[Any]) -> list[RecordedCall] | None:
-    """The common shape, every call exactly ``{"tool", "args", "outcome"}`` with a known outcome,
-    read in one comprehension; ``None`` sends the line through the checked path (which says what
-    is wrong, if anything is)."""
+    """The common shape, every call exactly ``{"tool", "args", "outcome"}`` with a known outcome
+    (and maybe a ``result`` digest), read in one comprehension; ``None`` sends the line through the
+    checked path (which says what is wrong, if anything is)."""
     make, outcomes = tuple.__new__, _OUTCOMES
     try:
-        calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None))
-                 for r in raw_calls if type(r) is dict and len(r) == 3]
+        calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None, r.get("result")))
+                 for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3]
         tools = set(map(_TOOL, calls))  # a few names: checked once each
+        results = set(map(_RESULT, calls))
     except (KeyError, TypeError):  # TypeError: also an unhashable tool name (the checked path says so)
         return None
     if len(calls) != len(raw_calls) or not all(type(t) is str and t for t in tools):
+        return None
+    if not all(r is None or _short_text(r) for r in results):
         return None
     return calls
 
 
 _TOOL = operator.itemgetter(0)  # RecordedCall.tool
+_RESULT = operator.itemgetter(5)  # RecordedCall.result
 
 
 def _corpus_call(raw: Any) -> RecordedCall | str:
@@ -512,7 +519,10 @@ def _corpus_call(raw: Any) -> RecordedCall | str:
     cycle = raw.get("cycle")
     if cycle is not None and not _count_in_range(cycle, 1):
         return f"'cycle' must be an integer from 1 to {MAX_TURN_CYCLES:,}, got {shown(cycle)}"
-    return RecordedCall(tool, raw.get("args") if digest is None else None, digest, outcome, cycle)
+    result = raw.get("result")
+    if result is not None and not _short_text(result):
+        return f"'result' must be a digest (text of at most {MAX_ID_LENGTH} characters) or null, got {shown(result)}"
+    return RecordedCall(tool, raw.get("args") if digest is None else None, digest, outcome, cycle, result)
 
 
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",

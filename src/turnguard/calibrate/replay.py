@@ -25,11 +25,12 @@ import pluggy
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.config import MAX_CALLS, GuardConfig
-from turnguard.dispatch import Bound, Dispatcher, Impl
+from turnguard.dispatch import Bound, BoundChecks, Dispatcher, Impl
 from turnguard.keys import Keyer, store_key, unchecked_key
-from turnguard.ledger import Ledger
+from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import plugin_manager, policies_only
+from turnguard.policies import cap
 
 Impls = tuple[Impl, ...]
 UNREACHED = MAX_CALLS
@@ -78,10 +79,20 @@ class CompiledPolicy:
         self.dispatcher = Dispatcher(policy_manager(policy), fail_mode=self.config.fail_mode, log_errors=False)
         self.check_cycle: Impls = self.dispatcher.check_cycle
         self.check_call: Impls = self.dispatcher.check_call
-        self.check_outcome: Impls = self.dispatcher.check_outcome
+        self.check_outcome: Impls = tuple(
+            impl for impl in self.dispatcher.check_outcome
+            if self.config.stateful_tools or impl[1] is not cap.turnguard_check_outcome)
+        """The outcome hooks; the cap's answers only at a stateful tool's outcome (``stuck_raised``):
+        without stateful tools it is left out (one call per replayed call saved)."""
         self.prefix_config = self.config.replace(stuck_repeat_threshold=UNREACHED)
         """For a ``SharedPrefix`` that policies fork from before their stuck threshold is reached:
         a threshold no turn reaches shapes no fact, so it forks into any of them."""
+
+    def bind(self, ledger: Ledger) -> BoundChecks:
+        """The check hooks for one replay's ``ledger`` (``Dispatcher.bind``, the outcome hooks as above)."""
+        view, bound = LedgerView(ledger), self.dispatcher.bound
+        return BoundChecks(bound(self.check_cycle, ledger, view), bound(self.check_call, ledger, view),
+                           bound(self.check_outcome, ledger, view))
 
 
 def policy_manager(policy: Policy) -> pluggy.PluginManager:
@@ -138,11 +149,24 @@ def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts
             end: int) -> None:
     """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
     count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
+    if ledger._named:
+        count = ledger.count_named
+    polled = ledger.polls if ledger._stateful else None
     for call, digest, cycles in zip(turn.calls[begin:end], digests[begin:end], starts[begin:end], strict=True):
         for _ in range(cycles):
             cycle()
         count(digest, call[0])  # call.tool
-        outcome(ledger.checks, call[3])  # call.outcome, for the call just counted
+        if polled is None or not polled(call[0]):
+            outcome(ledger.checks, call[3])  # call.outcome, for the call just counted
+        else:
+            record_polled(ledger, call)
+
+
+def record_polled(ledger: Ledger, call: RecordedCall) -> bool | None:
+    """The outcome of a stateful tool's call just counted, with its recorded result digest
+    (``Ledger.record_polled``): a changed result is progress, as in the live turn."""
+    result = call.result
+    return ledger.record_polled(ledger.checks, call.outcome, None if result is None else result.encode())
 
 
 class SharedPrefix:
@@ -206,24 +230,24 @@ def replay_turn(
 ) -> TurnResult:
     """Replay one turn under one policy until it ends or halts.
 
-    ``calls`` holds the ``ToolCall`` objects the hooks receive (``None`` entries are made when
-    needed). Before call ``first_check`` (see ``equivalence.earliest_call``) only the ledger
-    records the turn: no check there can change the result. ``ledger``, when given, already
-    holds the facts of those first ``first_check - 1`` calls (``SharedPrefix``, or a snapshot of
-    another replay), and ``asks_before`` the asks made before them.
+    ``calls`` holds the ``ToolCall`` objects the hooks receive (made when needed). Before call
+    ``first_check`` (``equivalence.earliest_call``) only the ledger records the turn: no check there
+    can change the result. ``ledger``, when given, holds the facts of those first calls already
+    (``SharedPrefix``, or another replay's snapshot), ``asks_before`` the asks made before them.
 
     ``snapshots`` asks for the state before given calls (0-based index: before that call's model
     requests), forked into other policies' configurations (``Snapshot``): a policy whose checks
     agree with this one's before that call continues from there instead of replaying it all.
     """
     recorded = turn.calls
-    n = len(recorded)
-    skip = min(first_check - 1, n)
+    skip = min(first_check - 1, n := len(recorded))
     if ledger is None:
         ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
         advance(ledger, turn, digests, starts, 0, skip)
     asks: list[int] = list(asks_before)
-    check_cycle, check_call, check_outcome = policy.dispatcher.bind(ledger)
+    check_cycle, check_call, check_outcome = policy.bind(ledger)
+    count, polled = (ledger.count_named if ledger._named else ledger.count_call,  # the tools the policy names
+                     ledger.polls if ledger._stateful else None)
     for i in range(skip, n + 1):
         if snapshots and i in snapshots:
             _take(snapshots.pop(i), ledger, asks)
@@ -236,13 +260,15 @@ def replay_turn(
         call = calls[i]
         if call is None:
             call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
-        digest = digests[i]
-        ledger.count_call(digest, call.name)
+        count(digests[i], call.name)
         verdict = _decide(policy, "turnguard_check_call", check_call, (call,), ledger) if check_call else None
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
             return TurnResult(i + 1, _label(verdict), tuple(asks))
         outcome = recorded[i].outcome
-        ledger.record_outcome(ledger.checks, outcome)
+        if polled is None or not polled(call.name):
+            ledger.record_outcome(ledger.checks, outcome)
+        else:
+            record_polled(ledger, recorded[i])
         verdict = (_decide(policy, "turnguard_check_outcome", check_outcome, (call, outcome), ledger)
                    if check_outcome else None)
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
@@ -315,6 +341,7 @@ __all__ = [
     "cycle_starts",
     "decile",
     "policy_manager",
+    "record_polled",
     "relative_position",
     "replay_turn",
     "tool_call",
