@@ -15,6 +15,7 @@ import pytest
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
 from turnguard import plugins
+from turnguard.hookspecs import PROJECT_NAME
 from turnguard.plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS, PluginStatus, describe, entrypoint_selection
 
 NO_TELEMETRY = NON_POLICY_PLUGINS
@@ -266,9 +267,25 @@ def test_entrypoint_selection(value, selection):
 def test_describe_lists_name_source_and_hooks():
     guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
     rows = {r["name"]: r for r in describe(guard.pm)}
-    assert rows["cap"] == {"name": "cap", "source": "built-in", "status": "loaded", "hooks": ["turnguard_check_call"]}
+    # the cap takes a stateful tool's stuck verdict at its outcome (issue 23), so it has an outcome hook
+    assert rows["cap"] == {"name": "cap", "source": "built-in", "status": "loaded",
+                           "hooks": ["turnguard_check_call", "turnguard_check_outcome"]}
     assert rows["streak"]["hooks"] == ["turnguard_check_call", "turnguard_check_outcome"]
     assert rows["cycles"]["hooks"] == ["turnguard_check_cycle"]
+
+
+def _marked_hooks(plugin: object) -> list[str]:
+    """The names of ``plugin``'s attributes marked as turnguard hook implementations."""
+    return sorted(name for name in dir(plugin)
+                  if getattr(getattr(plugin, name, None), f"{PROJECT_NAME}_impl", None) is not None)
+
+
+def test_describe_lists_exactly_the_hooks_each_loaded_plugin_implements():
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False), environ={})
+    rows = [r for r in describe(guard.pm) if r["status"] is PluginStatus.LOADED]
+    assert {r["name"] for r in rows} >= set(DEFAULT_PLUGINS)
+    for row in rows:
+        assert row["hooks"] == _marked_hooks(guard.pm.get_plugin(row["name"])), row["name"]
 
 
 # -- a host that already has a pluggy plugin system (the README's example) --------------------------
