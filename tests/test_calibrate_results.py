@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from collector_lines import collector_lines, run_turns
 from turnguard.calibrate import cli
 from turnguard.calibrate import results as r
 from turnguard.calibrate.inputs import InputProblem
@@ -129,3 +130,29 @@ def test_results_are_bounded_and_the_overflow_is_one_problem(tmp_path: Path, mon
     problems: list[InputProblem] = []
     assert r.late_results([path], problems.append) == {r.result_key(f"t{i}"): True for i in range(3)}
     assert len(problems) == 1 and "more than 3 late results" in problems[0].message
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_the_collectors_file_of_spans_and_log_records_reads_as_its_spans_and_their_results(tmp_path: Path,
+                                                                                            jobs: str):
+    """The Collector's file exporter writes span lines and log lines into one file (the shipped
+    config's traces and logs pipelines): a log line, first or between span lines, is neither a
+    turn nor a problem, and the file gives the figures of its spans with the same results apart."""
+    specs = [(f"t{i}", [("read", {"k": k % (3 + i)}, "ok") for k in range(40 + 30 * i)]) for i in range(4)]
+    spans = run_turns(specs).spans()
+    span_lines = collector_lines(spans[i:i + 25] for i in range(0, len(spans), 25))
+    assert len(span_lines) > 3
+    first = logs_line([(r.RESULT_EVENT, {"turnguard.turn.id": "t0", "turnguard.turn.resolved": True}),
+                       ("turnguard.loop_detected", {"turnguard.turn.id": "t1"})])
+    between = logs_line([(r.RESULT_EVENT, {"turnguard.turn.id": "t2", "turnguard.turn.resolved": False})])
+    mixed = write(tmp_path / "otlp.jsonl", [first, *span_lines[:2], between, *span_lines[2:]])
+    code, together, err = calibrate(str(mixed), "--jobs", jobs)
+    assert code == 0 and err == "" and together["problems"] == 0
+    assert (together["turns"], together["resolved"], together["unresolved"]) == (4, 1, 1)
+    spans_only = write(tmp_path / "spans.jsonl", span_lines)
+    results = write(tmp_path / "results.jsonl", [result("t0", True), result("t2", False)])
+    code, apart, _ = calibrate(str(spans_only), str(results), "--jobs", jobs)
+    assert code == 0
+    together.pop("inputs")
+    apart.pop("inputs")
+    assert together == apart
