@@ -3,7 +3,7 @@
 The dashboards are proven against what this fleet does: every kind of turn an operator should
 see on them (short and long productive turns, turns stuck past the soft cap, runaways the
 backstop ends, failing streaks attended and unattended, asks answered "continue" and "stop", an
-explicit cap, a plugin that raises). The fleet is deterministic for a seed, so running it twice
+explicit cap, a plugin that raises, tools that poll). The fleet is deterministic for a seed, so running it twice
 produces the same metric series (the Prometheus test relies on that).
 
 ``Tally`` is the ground truth, taken from the guard's own observer hooks (not from the
@@ -31,6 +31,8 @@ EXPLICIT_CAP = 50
 CYCLE_AGENT = "chatty-bot"
 CYCLE_CAP = 12
 """A guard with ``max_cycles_per_turn``: its halts are of a model request, which no tool call tripped."""
+POLL_TOOLS = ("ci_status", "job_status")
+"""Tools the polling turns call identically while their answer changes (the polling guard's ``stateful_tools``)."""
 SHADOWS: dict[str, dict[str, Any]] = {
     "stale_repeat": {"stuck_signal": "stale_repeat"},
     "stop_on_any": {"streak_stop_on": "any"},
@@ -54,11 +56,12 @@ class Kind(enum.Enum):
     ASK_LATE_CONTINUE = "ask_late_continue"  # attended, first ask unanswered, asked again at 8 failures: continue
     EXPLICIT = "explicit"  # a guard with max_tool_calls_per_turn=50
     CYCLE_CAP = "cycle_cap"  # a guard with max_cycles_per_turn=12: model requests until the cap halts one
+    POLLING = "polling"  # a guard with stateful_tools: one status call polled while its answer changes
 
 
 @dataclass(frozen=True)
 class FleetMix:
-    """How many turns of each kind; the default is the proof's mix (1,027 turns)."""
+    """How many turns of each kind; the default is the proof's mix (1,047 turns)."""
 
     short: int = 600
     long: int = 120
@@ -70,6 +73,7 @@ class FleetMix:
     ask_late_continue: int = 20
     explicit: int = 30
     cycle_cap: int = 15
+    polling: int = 20
 
     def counts(self) -> dict[Kind, int]:
         return {kind: getattr(self, kind.value) for kind in Kind}
@@ -142,6 +146,7 @@ class Fleet:
     adaptive: tg.Guard
     explicit: tg.Guard
     cycles: tg.Guard
+    polling: tg.Guard
     tally: Tally
 
     def guard(self, kind: Kind) -> tuple[tg.Guard, str | None]:
@@ -150,11 +155,14 @@ class Fleet:
             return self.explicit, EXPLICIT_AGENT
         if kind is Kind.CYCLE_CAP:
             return self.cycles, CYCLE_AGENT
+        if kind is Kind.POLLING:
+            return self.polling, None
         return self.adaptive, None
 
 
 def make_fleet(config: tg.GuardConfig | None = None, **providers: Any) -> Fleet:
-    """Three guards (the adaptive default, an explicit cap, a cycle cap) reporting into ``providers``."""
+    """Four guards (the adaptive default, an explicit cap, a cycle cap, polling tools listed as
+    ``stateful_tools``) reporting into ``providers``."""
     config = config or tg.GuardConfig(load_entrypoints=False, shadow=SHADOWS)
     tally = Tally()
     adaptive = tg.Guard(config, plugins={"fleet-tally": tally, "flaky": FlakyPlugin()}, **providers)
@@ -162,7 +170,8 @@ def make_fleet(config: tg.GuardConfig | None = None, **providers: Any) -> Fleet:
         config.replace(max_tool_calls_per_turn=EXPLICIT_CAP), plugins={"fleet-tally": tally}, **providers
     )
     cycles = tg.Guard(config.replace(max_cycles_per_turn=CYCLE_CAP), plugins={"fleet-tally": tally}, **providers)
-    return Fleet(adaptive, explicit, cycles, tally)
+    polling = tg.Guard(config.replace(stateful_tools=POLL_TOOLS), plugins={"fleet-tally": tally}, **providers)
+    return Fleet(adaptive, explicit, cycles, polling, tally)
 
 
 def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4, *, sample: Callable[[], object] | None = None,
@@ -317,6 +326,25 @@ def _cycle_cap(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> Non
     raise AssertionError("a turn outran the cycle cap")
 
 
+def poll_answers(rng: random.Random) -> list[str]:
+    """What one status call answers, poll after poll: a new state every 1 to 3 polls (never 5 alike in
+    a row, the streak's warn level), 4 to 9 states."""
+    states = [f"running {10 * i}%" for i in range(rng.randint(3, 8))] + ["passed"]
+    return [state for state in states for _ in range(rng.randint(1, 3))]
+
+
+def _polling(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> None:
+    """A status call polled while its answer changes (each change restarts its streak), then done."""
+    turn.begin_cycle()
+    poll = tg.ToolCall(rng.choice(POLL_TOOLS), {"run": rng.randint(1, 10**6)})
+    for answer in poll_answers(rng):
+        if turn.check_call(poll).action is tg.Action.HALT:
+            raise AssertionError(f"a poll whose answer changes was halted: {poll}")
+        turn.record_outcome(poll, "ok", result={"state": answer})
+    for call in _distinct("read_file", 2):
+        _step(turn, call)
+
+
 _DRIVERS: dict[Kind, Driver] = {
     Kind.SHORT: _short,
     Kind.LONG: _long,
@@ -324,5 +352,6 @@ _DRIVERS: dict[Kind, Driver] = {
     Kind.RUNAWAY: _runaway,
     Kind.EXPLICIT: _explicit,
     Kind.CYCLE_CAP: _cycle_cap,
+    Kind.POLLING: _polling,
     **{kind: functools.partial(_failing, answers=answers) for kind, answers in FAILING_ANSWERS.items()},
 }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 from collections import Counter
 
 import pytest
@@ -108,3 +110,22 @@ def test_fleet_is_deterministic_for_a_seed(quiet):
 
     assert signature(7) == signature(7)
     assert signature(7) != signature(8)
+
+
+def test_polling_turns_restart_their_streak_at_each_new_answer(tally):
+    """Each polling turn's restarts are its status call's changes of answer (the guard's own count,
+    checked against the answers the driver planned), and nothing else in the fleet restarts."""
+    polling = _by_kind(tally, Kind.POLLING)
+    assert polling and all(s.reason == "completed" for s in polling)
+    assert all(len(s.result_restarts) == 1 and s.result_restarts[0][0] in fleet.POLL_TOOLS for s in polling)
+    assert {s.result_restarts[0][0] for s in polling} == set(fleet.POLL_TOOLS)
+    others = [t.summary for t in tally.turns if t.kind is not Kind.POLLING]
+    assert not any(s.result_restarts for s in others)
+    rng = random.Random(5)
+    tool, _ = rng.choice(fleet.POLL_TOOLS), rng.randint(1, 10**6)  # the driver's draws before the answers
+    answers = fleet.poll_answers(rng)
+    changes = sum(1 for a, b in itertools.pairwise(answers) if a != b)
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, stateful_tools=fleet.POLL_TOOLS))
+    with guard.turn() as turn:
+        fleet._polling(turn, random.Random(5), guard.config)
+    assert turn.summary.result_restarts == ((tool, changes),) and changes >= 3

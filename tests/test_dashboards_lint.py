@@ -56,7 +56,7 @@ ALLOWED_RANGES = {"rate": {"$__rate_interval"}, "irate": {"$__rate_interval"},
 PANEL_IDS = {
     HALTS: {1: "row", 2: "stat", 3: "stat", 4: "stat", 5: "stat", 6: "stat", 7: "stat", 10: "row",
             11: "timeseries", 12: "timeseries", 13: "bargauge", 20: "row", 21: "bargauge", 22: "bargauge",
-            30: "row", 31: "bargauge", 32: "bargauge", 33: "timeseries", 40: "row", 41: "bargauge",
+            23: "bargauge", 30: "row", 31: "bargauge", 32: "bargauge", 33: "timeseries", 40: "row", 41: "bargauge",
             42: "timeseries", 50: "row", 51: "stat", 52: "timeseries", 53: "timeseries", 54: "timeseries"},
     THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
                  13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",

@@ -1,6 +1,6 @@
 """The proof: every query of every panel, run against a real Prometheus fed by a simulated fleet.
 
-A fleet of 1,027 turns with a known mix (``tests/fleet.py``) runs through the real guard and its
+A fleet of 1,047 turns with a known mix (``tests/fleet.py``) runs through the real guard and its
 OpenTelemetry plugin, and its metrics reach Prometheus the four ways a deployment sends them
 (``board_runs.ROUTES``: the pull exporter into Debian's Prometheus 2.42; OTLP to the Collector built
 from the shipped manifest, running the shipped config, remote-writing to Prometheus 2.42 and to
@@ -173,6 +173,14 @@ class Truth:
     def answers_of(self, answer: str) -> list[dict[str, str]]:
         return [a for a in self.answers if a[q.ANSWER] == answer]
 
+    def restarts(self) -> Expected:
+        """Streak restarts by a changed result, by tool (the guard's own count per turn)."""
+        restarts: Counter[Key] = Counter()
+        for _, s in self.turns:
+            for tool, count in s.result_restarts:
+                restarts[key(**{q.TOOL: tool})] += count
+        return dict(restarts)
+
     def halts(self, by: str) -> Expected:
         return group((d for d in self.detections if d[q.ACTION] == "halt"), (by,))
 
@@ -275,6 +283,9 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         (H, 21, "A"): lambda t: t.halts(q.AGENT),
         (H, 22, "A"): lambda t: {key(**{q.TOOL: dict(k)[q.TOOL] or halts.NO_TOOL}): v
                                  for k, v in t.halts(q.TOOL).items()},
+        (H, 23, "A"): lambda t: t.restarts(),
+        (H, 23, "B"): lambda t: group((d for d in t.detections if d[q.ACTION] == "halt" and d[q.THRESHOLD] == "streak"),
+                                      (q.TOOL,)),
         (H, 31, "A"): lambda t: group(t.answers, (q.THRESHOLD, q.ANSWER)),
         (H, 32, "A"): lambda t: ratio(group(t.answers_of("continue"), (q.THRESHOLD,)),
                                       group(t.answers, (q.THRESHOLD,))),
@@ -354,7 +365,7 @@ def test_the_fleet_is_large_and_landed_in_prometheus(fleet_run):
     assert len(fleet_run.tally.turns) >= 1000
     names = fleet_run.prometheus.api("label/__name__/values")
     for metric in (f"{q.TOOL_CALLS}_bucket", f"{q.MAX_REPEAT}_count", f"{q.FIRST_STUCK}_sum",
-                   q.DETECTIONS, q.ANSWERS, q.PLUGIN_ERRORS, q.SHADOW_DETECTIONS, q.SHADOW_TURNS):
+                   q.DETECTIONS, q.ANSWERS, q.PLUGIN_ERRORS, q.SHADOW_DETECTIONS, q.SHADOW_TURNS, q.RESULT_RESTARTS):
         assert metric in names, f"{metric} not in Prometheus: {sorted(n for n in names if 'turnguard' in n)}"
 
 

@@ -77,12 +77,28 @@ def where_panels() -> list[PanelBuilder]:
     by_tool = f'label_replace({halts}, "{q.TOOL}", "{NO_TOOL}", "{q.TOOL}", "")'
     return [
         bars(21, "Top agents by halts", "Halting detections per agent (top 10).",
-             [query(f"topk(10, {q.total(q.DETECTIONS, halt_action, by=(q.AGENT,))})", legend(q.AGENT))]),
+             [query(f"topk(10, {q.total(q.DETECTIONS, halt_action, by=(q.AGENT,))})", legend(q.AGENT))], width=8),
         bars(22, "Top tools by halts",
              "Halting detections per tool: the call that tripped the threshold (top 10). A halt no tool call "
              f"tripped (the cycle cap halts a model request) is listed as {NO_TOOL}.",
-             [query(f"topk(10, {by_tool})", legend(q.TOOL))]),
+             [query(f"topk(10, {by_tool})", legend(q.TOOL))], width=8),
+        polling_panel(),
     ]
+
+
+def polling_panel() -> PanelBuilder:
+    """Which tools poll: the streaks a changed result restarted, beside the streak's halts, by tool."""
+    streak_halts = q.sel(**{q.ACTION: "halt", q.THRESHOLD: "streak"})
+    return bars(23, "Which tools poll: streaks restarted by a new result, beside the streak's halts",
+                "Per tool (top 10): identical-call streaks of a tool listed in stateful_tools that a changed result "
+                "restarted (the call polled and the answer moved on: progress, not a loop), and the turns the "
+                "identical-call streak halted at a call of that tool. A listed tool with no restarts was never "
+                "called twice alike, or never answered differently; a tool with streak halts and no restarts that "
+                "does poll needs listing (and its results passed to record_outcome).",
+                [query(f"topk(10, {q.total(q.RESULT_RESTARTS, by=(q.TOOL,))})", f"{legend(q.TOOL)}: restarted",
+                       "A"),
+                 query(f"topk(10, {q.total(q.DETECTIONS, streak_halts, by=(q.TOOL,))})",
+                       f"{legend(q.TOOL)}: streak halts", "B")], width=8)
 
 
 def escalation_panels() -> list[PanelBuilder]:

@@ -49,6 +49,8 @@ SHADOW_TURNS = f"{SHADOW_TOOL_CALLS}_count"
 SHADOW_CALLS = f"{SHADOW_TOOL_CALLS}_sum"
 RESULTS = counter(n.METRIC_TURN_RESULTS)
 CALLS_PAST_MAIN = counter(n.METRIC_PROBE_CALLS_PAST_MAIN)
+RESULT_RESTARTS = counter(n.METRIC_STREAK_RESULT_RESTARTS)
+"""Streaks of ``stateful_tools`` a changed result restarted, by tool (counted when the turn ends)."""
 OTELCOL_ACCEPTED = "otelcol_receiver_accepted_metric_points_total"
 OTELCOL_REFUSED = "otelcol_receiver_refused_metric_points_total"
 OTELCOL_SEND_FAILED = {signal: f"otelcol_exporter_send_failed_{signal}_total"
