@@ -115,46 +115,50 @@ class CountingExporter(sdk_export.MetricExporter):
 class Push:
     """An SDK pushing over OTLP when the test says (a reader whose own interval never comes)."""
 
-    def __init__(self, endpoint: str, instance: str | None = None) -> None:
+    def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.exporter = CountingExporter(endpoint)
         self.reader = sdk_export.PeriodicExportingMetricReader(self.exporter, export_interval_millis=10**9)
-        resource = sdk_resources.Resource.create({"service.instance.id": instance} if instance else {})
-        self.provider = sdk_metrics.MeterProvider(metric_readers=[self.reader], resource=resource)
-        self.others: list[Push] = []
-
-    def another(self) -> Any:
-        """The meter provider of another process (a service instance of its own), pushed with this one."""
-        other = Push(self.endpoint, instance=f"another-process-{len(self.others) + 1}")
-        self.others.append(other)
-        return other.provider
+        self.provider = sdk_metrics.MeterProvider(metric_readers=[self.reader])
 
     def shutdown(self) -> None:
-        for push in (*self.others, self):
-            push.provider.shutdown()
+        self.provider.shutdown()
 
     def flush(self, prometheus: chain.Prometheus) -> float:
-        """Export now (the other processes' first); the points' timestamp once Prometheus holds every
-        series of the export (within the rules' lag: a record evaluated before its samples landed
-        would miss them for good)."""
-        for other in self.others:
-            other.flush(prometheus)
+        """Export now; the points' timestamp once Prometheus holds every series of the export."""
         assert self.reader.force_flush(30_000)
         (nanos,) = self.exporter.times
-        at, expected = nanos // 1_000_000 / 1000, self.exporter.series  # Prometheus keeps milliseconds
-
-        # Every series has this export's sample: the series with a sample at exactly that millisecond
-        # (a range selector keeps the metric names; counting series alone, an older sample would do,
-        # and timestamp() of anything but a bare selector is the evaluation time, not the sample's).
-        fresh = '{__name__=~"turnguard_.+"}[1ms]'
-
-        def landed() -> bool:
-            found = prometheus.api("query", query=fresh, time=f"{at:.3f}")["result"]
-            return len(found) == expected
-
-        chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
-        assert time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
+        at = nanos // 1_000_000 / 1000  # Prometheus keeps milliseconds
+        wait_landed(prometheus, at, self.exporter.series)
         return at
+
+
+def wait_landed(prometheus: chain.Prometheus, at: float, expected: int) -> None:
+    """Waits until Prometheus holds every series of an export whose points are at ``at`` (within the
+    rules' lag: a record evaluated before its samples landed would miss them for good)."""
+    # Every series has this export's sample: the series with a sample at exactly that millisecond
+    # (a range selector keeps the metric names; counting series alone, an older sample would do,
+    # and timestamp() of anything but a bare selector is the evaluation time, not the sample's).
+    fresh = '{__name__=~"turnguard_.+"}[1ms]'
+
+    def landed() -> bool:
+        found = prometheus.api("query", query=fresh, time=f"{at:.3f}")["result"]
+        return len(found) == expected
+
+    chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
+    assert time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Another OS process's way to this Prometheus: the OTLP endpoint it exports to (``None``: no
+    route for it, as with the pull exporter, which nothing would scrape in a short-lived process),
+    the service instance it exports as, and ``exported``, to call with what it exported
+    (``late_results``' answer: ``series``, ``at``), which waits until that landed."""
+
+    endpoint: str | None
+    instance: str
+    exported: Callable[[Mapping[str, Any]], object]
 
 
 
@@ -205,9 +209,9 @@ def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[floa
     return Window((first - tile_ms // 2) / 1000, last / 1000)
 
 
-Run = Callable[[Any, Callable[[], object], Callable[[], Any]], Any]
+Run = Callable[[Any, Callable[[], object], Callable[[], Elsewhere]], Any]
 """Runs a fleet on a meter provider, calling the second argument now and then to land a sample; the
-third makes the meter provider of another process (the push routes' is pushed beside it)."""
+third gives another OS process its way to the same Prometheus (``Elsewhere``)."""
 WarmUp = Callable[[Any], object] | None
 """Traffic run on the meter provider before the window (the Prometheus 2 routes), or none."""
 
@@ -241,7 +245,9 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
         warm_up(provider)
     start = scrape_after(time.time())
     landed: list[float] = []
-    tally = run(provider, lambda: landed.append(scrape_after(time.time())), lambda: provider)
+    others = iter(range(1, 1000))
+    tally = run(provider, lambda: landed.append(scrape_after(time.time())),
+                lambda: Elsewhere(None, f"another-process-{next(others)}", lambda exported: None))
     end = scrape_after(time.time())
     window = Window(start, end)
     return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window, [*landed, end]),
@@ -279,7 +285,12 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
         landed.append(push.flush(prometheus))
         time.sleep(TILE_S)  # the next sample in another tile
 
-    tally = run(push.provider, sample, push.another)
+    def exported(answer: Mapping[str, Any]) -> None:
+        wait_landed(prometheus, answer["at"], answer["series"])
+        landed.append(answer["at"])
+
+    others = iter(range(1, 1000))
+    tally = run(push.provider, sample, lambda: Elsewhere(endpoint, f"another-process-{next(others)}", exported))
     end = push.flush(prometheus)
     route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
     window = Window(start, end)

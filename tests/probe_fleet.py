@@ -18,7 +18,8 @@ configuration (the seed's, S = 100). Every turn reports whether its task succeed
 would: when the turn finished its work, at once in the turn (``turn.report_result``), otherwise
 after the turn, half by the guard that ran it (``guard.report_result(turn_id, ...)``) and half from
 another process (a CI verdict), with the turn's ``result_token`` on a guard that never saw the turn
-(``report_elsewhere``). A result is only a result if the task completed.
+(``report_elsewhere``: ``in_another_process`` runs one, ``tests/late_results.py``). A result is only
+a result if the task completed.
 
 ``TRUTH`` is the planted share, per threshold, of the turns it halts that would have succeeded with
 no limit at all; ``run_probe_fleet`` returns the ``ProbeTruth``: what each turn did, the counts an
@@ -165,6 +166,22 @@ def in_another_guard(config: tg.GuardConfig, **options: Any) -> ReportElsewhere:
     return report
 
 
+def in_another_process(recorder_path: str | None = None, *, otlp_endpoint: str | None = None, instance: str = "",
+                       exported: Callable[[dict[str, Any]], object] | None = None) -> ReportElsewhere:
+    """A process of its own (``tests/late_results.py``) taking the results by token on a guard of the
+    fleet's configuration, recording them to ``recorder_path`` and exporting its metrics once to
+    ``otlp_endpoint`` as the service instance ``instance``; ``exported`` gets what it exported."""
+    def report(pairs: list[tuple[str, bool]]) -> None:
+        import late_results
+
+        answer = late_results.in_another_process({"results": pairs, "recorder_path": recorder_path,
+                                                  "otlp_endpoint": otlp_endpoint, "instance": instance})
+        assert answer["taken"] == len(pairs), answer
+        if exported is not None:
+            exported(answer)
+    return report
+
+
 def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = SEED, *,
                     report_elsewhere: ReportElsewhere | None = None, sample: Callable[[], object] | None = None,
                     sample_every: int = 250) -> ProbeTruth:
@@ -226,14 +243,14 @@ def probe_config(**options: Any) -> tg.GuardConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """``python tests/probe_fleet.py TURNS.jsonl``: run the fleet, recording its turns (the results
-    from elsewhere are recorded by a guard of their own, to ``TURNS.jsonl.elsewhere``)."""
+    from another process are recorded by that process's guard, to ``TURNS.jsonl.elsewhere``)."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Run the probe fleet, recording its turns for turnguard calibrate.")
     parser.add_argument("path", help="where the recorder writes (JSONL, appended)")
     args = parser.parse_args(argv)
     config = probe_config(disable_plugins=("otel",), recorder_path=args.path)
-    elsewhere = in_another_guard(config.replace(recorder_path=args.path + ".elsewhere"))
+    elsewhere = in_another_process(args.path + ".elsewhere")
     truth = run_probe_fleet(tg.Guard(config, environ={}), report_elsewhere=elsewhere)
     for (cohort, work), turns in sorted(truth.turns.items(), key=lambda item: (item[0][0], item[0][1].value)):
         print(f"{cohort:5} {work.value:10} {turns:4} turns, {truth.resolved[(cohort, work)]:4} resolved")

@@ -21,6 +21,7 @@ import pytest
 
 from board_runs import (
     ROUTES,
+    Elsewhere,
     Expected,
     FleetRun,
     assert_matches,
@@ -44,6 +45,9 @@ from turnguard.boards.evidence import km_multiples  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
 from turnguard.boards.thresholds import BACKSTOP_MULTIPLES  # noqa: E402
 from turnguard.calibrate import cli as calibrate_cli  # noqa: E402
+from turnguard.calibrate.decision import decide  # noqa: E402
+from turnguard.calibrate.evidence import Passed  # noqa: E402
+from turnguard.calibrate.recording import SECONDS_PER_DAY  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -66,15 +70,15 @@ RECORDED = ("turns.jsonl", "elsewhere.jsonl")
 @pytest.fixture(scope="module", params=PROBE_ROUTES)
 def probe_run(request, tmp_path_factory) -> Iterable[FleetRun]:
     """The probe fleet over OTLP through the shipped Collector into Prometheus; the results from
-    another process come from a guard of their own, exporting as a service instance of its own."""
+    another process come from another OS process (``tests/late_results.py``), whose guard never saw
+    the turns, exporting as a service instance of its own and recording to a file of its own."""
     workdir = tmp_path_factory.mktemp(f"probe-fleet-{request.param}")
     config = pf.probe_config(recorder_path=str(workdir / RECORDED[0]))
     with contextlib.ExitStack() as stack:
-        def run(provider: Any, sample: Callable[[], object], another: Callable[[], Any]) -> pf.ProbeTruth:
-            def elsewhere(pairs: list[tuple[str, bool]]) -> object:
-                other = config.replace(recorder_path=str(workdir / RECORDED[1]))
-                return pf.in_another_guard(other, meter_provider=another())(pairs)
-
+        def run(provider: Any, sample: Callable[[], object], another: Callable[[], Elsewhere]) -> pf.ProbeTruth:
+            other = another()
+            elsewhere = pf.in_another_process(str(workdir / RECORDED[1]), otlp_endpoint=other.endpoint,
+                                              instance=other.instance, exported=other.exported)
             return pf.run_probe_fleet(tg.Guard(config, environ={}, meter_provider=provider), sample=sample,
                                       report_elsewhere=elsewhere)
 
@@ -256,16 +260,25 @@ def _column(run: FleetRun, legend: str, tolerance: float) -> dict[str, float]:
     return {dict(k)[q.MAIN_THRESHOLD]: v for k, v in got.items()}
 
 
+def _calibrate_row(probe: dict, threshold: str) -> dict:
+    key_ = CALIBRATE_ROWS[threshold]
+    return probe["passed_multiple"][key_] if key_ == "10" else probe[f"passed_{key_}"]
+
+
 @pytest.mark.parametrize("tolerance", (0.1, 0.5, 0.9))
 def test_the_board_decides_each_threshold_as_calibrate_does_on_the_same_turns(probe_run, tolerance):
     """The recorder wrote the same turns the board counts (the other process's results in a file of
-    its own): calibrate's counts, interval, decision and probe turns still needed are the board's."""
-    probe = _calibrate(probe_run, tolerance)["probe"]
+    its own): calibrate's counts, interval, decision and probe turns still needed are the board's,
+    and both say how long those turns take at the same rate, the turns with a known fate over the
+    time observed (the board's: the dashboard's range; calibrate's: the recording's span)."""
+    report = _calibrate(probe_run, tolerance)
+    probe, days = report["probe"], report["recording"]["days"]
     columns = {legend: _column(probe_run, legend, tolerance)
                for legend in ("resolved", "unresolved", "censored", "unknown", "95% low", "95% high", "decision",
-                              "more probe turns")}
-    for threshold, key_ in CALIBRATE_ROWS.items():
-        row = probe["passed_multiple"][key_] if key_ == "10" else probe[f"passed_{key_}"]
+                              "more probe turns", "time at this rate")}
+    needing = 0
+    for threshold in CALIBRATE_ROWS:
+        row = _calibrate_row(probe, threshold)
         got = {legend: values[threshold] for legend, values in columns.items()}
         assert [got[c] for c in ("resolved", "unresolved", "censored", "unknown")] == [
             row["resolved"], row["unresolved"], row["censored"], row["unknown"]], (threshold, row)
@@ -273,6 +286,34 @@ def test_the_board_decides_each_threshold_as_calibrate_does_on_the_same_turns(pr
         assert got["decision"] == VERDICTS[row["decision"]], (threshold, tolerance, row["decision"])
         if row["decision"] == "undecided":
             assert got["more probe turns"] == (row["more_turns"] or math.inf), (threshold, tolerance, row)
+        if row["why"] == "needs_turns":
+            needing += 1
+            known = row["resolved"] + row["unresolved"] + row["censored"]
+            assert got["time at this rate"] == pytest.approx(
+                row["more_turns"] * probe_run.records.seconds / known, rel=1e-9), (threshold, tolerance)
+            assert row["more_days"] == round(row["more_turns"] * days / known, 3), (threshold, tolerance, row)
+            # calibrate's own decision on the board's counts, over the board's range: the board's time
+            passed = Passed(turns=round(sum(got[c] for c in ("resolved", "unresolved", "censored", "unknown"))),
+                            resolved=round(got["resolved"]), unresolved=round(got["unresolved"]),
+                            censored=round(got["censored"]))
+            theirs = decide(passed, tolerance, probe_run.records.seconds / SECONDS_PER_DAY)
+            assert theirs.more_turns == got["more probe turns"], (threshold, tolerance, theirs)
+            assert theirs.more_days * SECONDS_PER_DAY == pytest.approx(got["time at this rate"], rel=1e-9)
+    if tolerance == 0.5:
+        assert needing, "no row needs more turns at 50%: the time columns went unchecked"
+
+
+@pytest.mark.parametrize("tolerance", TOLERANCES)
+def test_calibrate_on_the_same_turns_decides_as_the_planted_truth(probe_run, tolerance):
+    """calibrate's decision for 10x, D and the streak stop, on the turns the board counted, never
+    contradicts the planted share (``probe_fleet.TRUTH``), and at 10% it says raise all three."""
+    probe = _calibrate(probe_run, tolerance)["probe"]
+    for threshold in CALIBRATE_ROWS:
+        verdict = _calibrate_row(probe, threshold)["decision"]
+        right = "above" if pf.TRUTH[threshold] > tolerance else "within"
+        assert verdict in (right, "undecided"), (threshold, tolerance, verdict, pf.TRUTH[threshold])
+        if tolerance == 0.1:
+            assert verdict == "above", threshold
 
 
 def test_the_boards_product_limit_estimate_is_calibrates(probe_run):
