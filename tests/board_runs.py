@@ -27,7 +27,7 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,8 @@ class FleetRun:
     """The $__rate_interval a range query is drawn with (samples in each window)."""
     workdir: Path | None = None
     """Where the run's servers (and the fleet's recorder, if it records) keep their files."""
+    outages: Sequence[tuple[float, float]] = ()
+    """The telemetry gaps the fleet made: when Prometheus went down, and when it was back."""
 
 
 class CountingExporter(sdk_export.MetricExporter):
@@ -124,18 +126,24 @@ class Push:
     def shutdown(self) -> None:
         self.provider.shutdown()
 
-    def flush(self, prometheus: chain.Prometheus) -> float:
-        """Export now; the points' timestamp once Prometheus holds every series of the export."""
+    def export(self) -> float:
+        """Export now; the points' timestamp (Prometheus keeps milliseconds)."""
         assert self.reader.force_flush(30_000)
         (nanos,) = self.exporter.times
-        at = nanos // 1_000_000 / 1000  # Prometheus keeps milliseconds
-        wait_landed(prometheus, at, self.exporter.series)
+        return nanos // 1_000_000 / 1000
+
+    def flush(self, prometheus: chain.Prometheus, late: bool = False) -> float:
+        """Export now; the points' timestamp once Prometheus holds every series of the export."""
+        at = self.export()
+        wait_landed(prometheus, at, self.exporter.series, late=late)
         return at
 
 
-def wait_landed(prometheus: chain.Prometheus, at: float, expected: int) -> None:
-    """Waits until Prometheus holds every series of an export whose points are at ``at`` (within the
-    rules' lag: a record evaluated before its samples landed would miss them for good)."""
+def wait_landed(prometheus: chain.Prometheus, at: float, expected: int, *, late: bool = False) -> None:
+    """Waits until Prometheus holds every series of an export whose points are at ``at``, within the
+    rules' lag (its records' states see it at its own time; one landing later is counted in the
+    record after), unless it may land ``late`` (behind what the Collector's retries deliver after a
+    telemetry gap)."""
     # Every series has this export's sample: the series with a sample at exactly that millisecond
     # (a range selector keeps the metric names; counting series alone, an older sample would do,
     # and timestamp() of anything but a bare selector is the evaluation time, not the sample's).
@@ -145,8 +153,8 @@ def wait_landed(prometheus: chain.Prometheus, at: float, expected: int) -> None:
         found = prometheus.api("query", query=fresh, time=f"{at:.3f}")["result"]
         return len(found) == expected
 
-    chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited)
-    assert time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
+    chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited, timeout=120 if late else 30)
+    assert late or time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
 
 
 @dataclass(frozen=True)
@@ -209,9 +217,66 @@ def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[floa
     return Window((first - tile_ms // 2) / 1000, last / 1000)
 
 
-Run = Callable[[Any, Callable[[], object], Callable[[], Elsewhere]], Any]
-"""Runs a fleet on a meter provider, calling the second argument now and then to land a sample; the
-third gives another OS process its way to the same Prometheus (``Elsewhere``)."""
+OUTAGE_S, LOOKBACK_S = 35, 15
+"""A telemetry gap (``Samples.gap``): Prometheus down this long, its lookback delta shortened to that
+(5 minutes by default), so that after the gap no series has a sample within the lookback of the
+records' tile, as after a 10-minute outage in production."""
+
+
+class Samples:
+    """Lands the fleet's samples: called, it exports now and waits until Prometheus holds them (then
+    a tile passes, so the next sample is in another). ``gap()`` makes a telemetry gap: Prometheus
+    goes down for at least ``OUTAGE_S`` (its rules miss their evaluations); the first sample after
+    it only exports (the Collector's remote write gives up on it after its 5-second timeout: the
+    next export carries the cumulative counts on); the next sample, or another process's export,
+    restarts Prometheus on its port and store and waits for what lands then, however late the
+    Collector's retries deliver it. (A process that exports once and exits while the store is down
+    loses those points on the board: the Collector drops them; its file keeps the spans and logs.)"""
+
+    def __init__(self, prometheus: chain.Prometheus, land: Callable[[chain.Prometheus, bool], float], *,
+                 export: Callable[[], object] | None = None,
+                 restart: Callable[[int], chain.Prometheus] | None = None) -> None:
+        """``land``: export and wait until it landed (the points' time; ``True``: it may land late);
+        ``export``: export only; ``restart``: a Prometheus like the first on that port (none: the
+        route has no gaps)."""
+        self.prometheus, self._land, self._export, self._restart = prometheus, land, export, restart
+        self.landed: list[float] = []
+        self.outages: list[tuple[float, float]] = []
+        self._down: float | None = None
+        self._missed = False
+        self.late = False
+        """A gap just ended: the next landing may come behind the Collector's retries."""
+
+    def __call__(self) -> None:
+        if self._down is not None and not self._missed:
+            self._missed = True
+            if self._export is not None:
+                self._export()  # to a store that is down: not waited for
+            return
+        self.up()
+        self.landed.append(self._land(self.prometheus, self.late))
+        self.late = False
+        time.sleep(TILE_S)
+
+    def gap(self) -> None:
+        assert self._restart is not None, "this route has no telemetry gap"
+        self.prometheus.stop()
+        self._down, self._missed = time.time(), False
+
+    def up(self) -> None:
+        """Ends a gap (after ``OUTAGE_S``): Prometheus restarted on the same port and store."""
+        if self._down is None or self._restart is None:
+            return
+        time.sleep(max(0.0, self._down + OUTAGE_S - time.time()))
+        self.prometheus = self._restart(self.prometheus.port)
+        self.outages.append((self._down, time.time()))
+        self._down, self.late = None, True
+
+
+Run = Callable[[Any, Samples, Callable[[], Elsewhere]], Any]
+"""Runs a fleet on a meter provider, calling the second argument now and then to land a sample (and,
+where the route has one, its ``gap()`` for a telemetry gap); the third gives another OS process its
+way to the same Prometheus (``Elsewhere``)."""
 WarmUp = Callable[[Any], object] | None
 """Traffic run on the meter provider before the window (the Prometheus 2 routes), or none."""
 
@@ -244,21 +309,24 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
     if warm_up is not None:
         warm_up(provider)
     start = scrape_after(time.time())
-    landed: list[float] = []
+    samples = Samples(prometheus, lambda _, late: scrape_after(time.time()))
     others = iter(range(1, 1000))
-    tally = run(provider, lambda: landed.append(scrape_after(time.time())),
-                lambda: Elsewhere(None, f"another-process-{next(others)}", lambda exported: None))
+    tally = run(provider, samples, lambda: Elsewhere(None, f"another-process-{next(others)}", lambda exported: None))
     end = scrape_after(time.time())
     window = Window(start, end)
-    return FleetRun("pull-prometheus2", prometheus, tally, window, _records(prometheus, window, [*landed, end]),
-                    config, 4 * SCRAPE_INTERVAL_S)
+    return FleetRun("pull-prometheus2", prometheus, tally, window,
+                    _records(prometheus, window, [*samples.landed, end]), config, 4 * SCRAPE_INTERVAL_S)
 
 
 def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.GuardConfig, warm_up: WarmUp, *,
-          prometheus3: bool, collector: bool) -> FleetRun:
+          prometheus3: bool, collector: bool, gaps: bool = False) -> FleetRun:
+    """``gaps``: the fleet may make a telemetry gap (``Samples.gap``; Prometheus's lookback shortened
+    to ``LOOKBACK_S`` for the whole run, so that the gap is a real one)."""
     binary = chain.prometheus3() if prometheus3 else chain.prometheus2()
     flags = ["--web.enable-otlp-receiver"] if prometheus3 and not collector else []
-    prometheus = _prometheus(binary, workdir, "global: {evaluation_interval: 1s}\n", flags)
+    flags += [f"--query.lookback-delta={LOOKBACK_S}s"] if gaps else []
+    global_config = "global: {evaluation_interval: 1s}\n"
+    prometheus = _prometheus(binary, workdir, global_config, flags)
     stack.callback(prometheus.stop)
     if collector:
         otelcol = chain.Collector(chain.collector(), workdir, prometheus_remote_write=prometheus.remote_write_url)
@@ -279,23 +347,27 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
         warm_up(push.provider)
         start = push.flush(prometheus)
         time.sleep(TILE_S)  # the fleet's first sample in a tile after the one holding the warm-up's
-    landed: list[float] = []
 
-    def sample() -> None:
-        landed.append(push.flush(prometheus))
-        time.sleep(TILE_S)  # the next sample in another tile
+    def restart(port: int) -> chain.Prometheus:
+        return chain.Prometheus(binary, workdir, f"{global_config}rule_files: [{RULES_FILE}]\n", flags, port=port)
+
+    samples = Samples(prometheus, push.flush, export=push.export, restart=restart if gaps else None)
+    stack.callback(lambda: samples.prometheus.stop())
 
     def exported(answer: Mapping[str, Any]) -> None:
-        wait_landed(prometheus, answer["at"], answer["series"])
-        landed.append(answer["at"])
+        samples.up()
+        wait_landed(samples.prometheus, answer["at"], answer["series"], late=samples.late)
+        samples.landed.append(answer["at"])
 
     others = iter(range(1, 1000))
-    tally = run(push.provider, sample, lambda: Elsewhere(endpoint, f"another-process-{next(others)}", exported))
-    end = push.flush(prometheus)
+    tally = run(push.provider, samples, lambda: Elsewhere(endpoint, f"another-process-{next(others)}", exported))
+    samples.up()
+    prometheus = samples.prometheus
+    end = push.flush(prometheus, samples.late)
     route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
     window = Window(start, end)
-    return FleetRun(route, prometheus, tally, window, _records(prometheus, window, [*landed, end]), config,
-                    end - start, workdir)
+    return FleetRun(route, prometheus, tally, window, _records(prometheus, window, [*samples.landed, end]), config,
+                    end - start, workdir, samples.outages)
 
 
 def _scrape_config(target: str) -> str:
@@ -305,12 +377,12 @@ def _scrape_config(target: str) -> str:
 
 ROUTES: dict[str, Callable[..., FleetRun]] = {
     "pull-prometheus2": _pull,
-    "collector-prometheus2": lambda *a: _push(*a, prometheus3=False, collector=True),
-    "collector-prometheus3": lambda *a: _push(*a, prometheus3=True, collector=True),
-    "otlp-prometheus3": lambda *a: _push(*a, prometheus3=True, collector=False),
+    "collector-prometheus2": lambda *a, **k: _push(*a, prometheus3=False, collector=True, **k),
+    "collector-prometheus3": lambda *a, **k: _push(*a, prometheus3=True, collector=True, **k),
+    "otlp-prometheus3": lambda *a, **k: _push(*a, prometheus3=True, collector=False, **k),
 }
 """How the fleet's metrics reach Prometheus: pull exporter, the Collector's remote write, native OTLP.
-Each is called ``(stack, workdir, run, config, warm_up)``."""
+Each is called ``(stack, workdir, run, config, warm_up)``; the push routes take ``gaps=True`` too."""
 
 
 # -- reading the panels back ------------------------------------------------------------------------

@@ -184,11 +184,13 @@ def in_another_process(recorder_path: str | None = None, *, otlp_endpoint: str |
 
 def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = SEED, *,
                     report_elsewhere: ReportElsewhere | None = None, sample: Callable[[], object] | None = None,
-                    sample_every: int = 250) -> ProbeTruth:
+                    sample_every: int = 250, gap: Callable[[], object] | None = None) -> ProbeTruth:
     """Run the mix through ``guard`` (its configuration's probe samples the turns); ``sample`` is
     called every ``sample_every`` turns and before and after the late results (a test lands the
-    metrics); ``report_elsewhere`` takes the results from another process (default: a guard of the
-    same configuration in this process, that never saw the turns)."""
+    metrics); ``gap`` halfway through the turns, just after a sample (a test makes a telemetry gap
+    there: the turns after it are exported while the store is down); ``report_elsewhere`` takes
+    the results from another process (default: a guard of the same configuration in this process,
+    that never saw the turns)."""
     rng = random.Random(seed)
     work = mix.work()
     rng.shuffle(work)
@@ -200,6 +202,10 @@ def run_probe_fleet(guard: tg.Guard, mix: ProbeMix = ProbeMix(), seed: int = SEE
     for i, kind in enumerate(work):
         if sample is not None and i and i % sample_every == 0:
             sample()
+        if gap is not None and i == len(work) // 2:
+            if sample is not None:
+                sample()
+            gap()
         steps = _steps(kind, rng, i)
         turn = guard.turn(turn_id=f"probe-fleet-{seed}-{i}", agent_name="coder")
         done = _drive(turn, steps) and kind is not Work.RUNAWAY

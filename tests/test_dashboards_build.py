@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 
 from conftest import optional_dependency
 
+yaml = optional_dependency("yaml")
+
 optional_dependency("grafana_foundation_sdk")
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
@@ -21,7 +24,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa:
 from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
 from turnguard import assets, cli  # noqa: E402
-from turnguard.boards import build, queries, thresholds  # noqa: E402
+from turnguard.boards import build, queries, rules, thresholds  # noqa: E402
 from turnguard.boards import promql as q  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
 from turnguard.config import GuardConfig  # noqa: E402
@@ -33,11 +36,17 @@ BUCKET_MATCHER = re.compile(r"\bturnguard[_:](\w+?)_bucket(?::increase5m)?\{[^}]
 ``le`` matcher (one edge, or several ``|``-separated, each as ``<edge>(\\.0)?``)."""
 
 
+BUCKETS_OF = {"turn_tool_calls_fate": "turn_tool_calls"}
+"""Records that keep another histogram's buckets (``rules.fates``: the tool-call buckets by fate)."""
+
+
 def bucket_edges(board: dict) -> list[tuple[str, float]]:
-    """(histogram, edge) for every edge every bucket selector of ``board`` matches."""
-    return [(m.group(1), float(edge.split("(")[0].replace("\\", "")))
-            for pq in queries.panel_queries(board) for m in BUCKET_MATCHER.finditer(pq.expr)
-            for edge in m.group(3).split("|")]
+    """(histogram, edge) for every edge every bucket selector of ``board`` matches (``+Inf``, the
+    bucket every histogram has, left out)."""
+    found = [(BUCKETS_OF.get(m.group(1), m.group(1)), float(edge.split("(")[0].replace("\\", "")))
+             for pq in queries.panel_queries(board) for m in BUCKET_MATCHER.finditer(pq.expr)
+             for edge in m.group(3).split("|")]
+    return [(metric, le) for metric, le in found if le != math.inf]
 
 
 def test_committed_json_matches_a_fresh_build():
@@ -195,11 +204,60 @@ def test_assets_renders_the_boards_for_the_configuration_and_its_probe(tmp_path,
     assert "censored" in names["20"]["text"] and "censored" not in names["10"]["text"]  # the probe's cap: 20 x 200
 
 
-def test_the_rules_are_written_as_shipped_for_every_configuration():
-    """The rules read the thresholds from the labels: one file serves every configuration."""
-    probe = {"rate": 0.1, "hard_multiplier": 9}
-    for config in (GuardConfig(soft_cap=250), GuardConfig(hard_multiplier=4, probe=probe)):
-        assert build.assets_for(config)[PurePosixPath(RULES)] == SHIPPED[RULES]
+UNUSUAL = {"soft_cap": 137, "hard_multiplier": 9, "stuck_repeat_threshold": 9, "streak_warn_at": 4,
+           "streak_stop_at": 13, "max_cycles_per_turn": 41,
+           "probe": {"rate": 0.03, "hard_multiplier": 23, "streak_stop_at": 29, "stuck_repeat_threshold": 11}}
+"""A configuration whose every threshold is a number none of the rules' own constants (windows, ratios)
+is: any of them in a rule came from the configuration."""
+
+
+def _thresholds(config: GuardConfig, *, small: bool) -> set[int]:
+    """The call counts the configuration (its probe too) fixes: S, the backstop, the bucket edges the
+    survival estimate needs; with ``small``, its repeat, failure and request counts too."""
+    probe = config.probe_settings()
+    found: set[int] = set()
+    for c in (config, *((probe.config,) if probe else ())):
+        found |= {c.soft_cap, c.hard_cap or 0, *(c.soft_cap * k for k in (15, 20, 30))}
+        if small:
+            found |= {c.stuck_repeat_threshold, c.streak_warn_at, c.streak_stop_at, c.max_cycles_per_turn}
+    return found - {0}
+
+
+def _rule_numbers(text: str) -> set[int]:
+    """The integers in the rules' expressions, annotations and labels (not in the header's prose)."""
+    exprs = " ".join(r["expr"] + str(r.get("annotations", "")) + str(r.get("labels", ""))
+                     for g in yaml.safe_load(text)["groups"] for r in g["rules"])
+    assert not re.search(r"\ble\s*=", exprs)
+    return {int(n) for n in re.findall(r"(?<![\w.])(\d+)(?![\w.])", exprs)}
+
+
+@pytest.mark.parametrize("options", [{}, {"soft_cap": 250}, {"hard_multiplier": 4, "probe": {"rate": 0.1,
+                                                                                              "hard_multiplier": 12}},
+                                     UNUSUAL], ids=["default", "S=250", "x4 with a probe", "unusual"])
+def test_the_rules_are_rendered_for_every_configuration_with_none_of_its_thresholds(options):
+    """``--config`` renders the rules with their generator, for the configuration as GuardConfig loads
+    it, probe included; they read every threshold from the labels and keep every bucket, so the
+    rendering is the shipped files byte for byte and holds none of the configuration's numbers (the
+    boards' figures for those numbers come from the board rendered beside them)."""
+    config = GuardConfig(**options)
+    written = build.assets_for(config)
+    generated = {PurePosixPath(path.as_posix()): text.encode() for path, text in rules.written(Path()).items()}
+    assert generated and all(written[path] == text == SHIPPED[path.as_posix()] for path, text in generated.items())
+    files = [path for path in generated if path.name in rules.FILES.values()]
+    assert len(files) == 2
+    for path in files:
+        clash = _rule_numbers(written[path].decode()) & _thresholds(config, small=options is UNUSUAL)
+        assert not clash, (path, sorted(clash))
+
+
+def test_the_rendering_check_sees_a_threshold_or_a_bucket_in_a_rule(monkeypatch):
+    config = GuardConfig(**UNUSUAL)
+    hard_coded = {"record": "turnguard:hard_coded", "expr": f"sum(turnguard:turns:increase5m) > {config.hard_cap}"}
+    monkeypatch.setattr(rules, "DERIVED", [*rules.DERIVED, hard_coded])
+    assert _rule_numbers(rules.render()) & _thresholds(config, small=True) == {config.hard_cap}
+    monkeypatch.setattr(rules, "DERIVED", [*rules.DERIVED, {"record": "b", "expr": 'x{le="+Inf"}'}])
+    with pytest.raises(AssertionError):
+        _rule_numbers(rules.render())
 
 
 def test_assets_with_a_config_names_the_extra_it_needs_when_it_is_missing(tmp_path):

@@ -27,6 +27,7 @@ import copy
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +35,9 @@ import pytest
 from conftest import optional_dependency
 from turnguard.boards import queries
 from turnguard.config import GuardConfig
+from turnguard.telemetry import names as n
+
+yaml = optional_dependency("yaml")
 
 DEFAULT_CONFIG = GuardConfig()
 
@@ -176,11 +180,33 @@ def stable_panel_ids_rule(board):
 
 COUNTED = re.compile(r"increase\((\w+(?:\{[^}]*\})?)\[(\$__\w+)\]\)")
 AGENT_MATCHER = '=~"$agent"'
-AGENT_SCOPED = re.compile(r"\b(turnguard:\w+:increase5m|"
-                          r"turnguard_(?:turn_tool_calls|turn_max_key_repeat|turn_first_stuck_call|loop_detections|"
-                          r"escalation_answers|shadow_detections|shadow_turn_tool_calls|turn_results)(?:_total|_bucket|_sum|_count)?)"
-                          r"(?![\w=!])(\{[^}]*\})?")
-"""A metric name, not the label ``turnguard_turn_tool_calls_bucket`` (the results counter's) that spells the same."""
+RULES_FILE = Path(__file__).resolve().parents[1] / "rules" / "turnguard.rules.yaml"
+
+
+def _records_by() -> dict[str, set[str]]:
+    """Each record of the shipped rules file -> the labels it keeps (its outer ``sum by``)."""
+    found = {}
+    for rule in (r for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"] if "record" in r):
+        by = re.match(r"\s*sum by \(([^)]*)\)", rule["expr"])
+        found[rule["record"]] = {name.strip() for name in by.group(1).split(",")} if by else set()
+    return found
+
+
+def carrying(attribute: str) -> re.Pattern[str]:
+    """A selector of any series that carries ``attribute``'s label: a raw metric that exports it
+    (``names.METRIC_ATTRIBUTES``) or a record of the rules file that keeps it, with its matchers.
+    Not the label ``turnguard_turn_tool_calls_bucket`` (the results counter's) that spells a metric."""
+    label = attribute.replace(".", "_")
+    raw = [metric.replace(".", "_") for metric, keys in n.METRIC_ATTRIBUTES.items() if attribute in keys]
+    records = [record for record, by in _records_by().items() if label in by]
+    metrics = "|".join(map(re.escape, sorted(raw, key=len, reverse=True)))
+    names = "|".join([*map(re.escape, sorted(records, key=len, reverse=True)),
+                      f"(?:{metrics})(?:_total|_bucket|_sum|_count)?"])
+    return re.compile(rf"(?<![\w:])({names})(?![\w:=!])(\{{[^}}]*\}})?")
+
+
+AGENT_MATCHER = '=~"$agent"'
+AGENT_SCOPED = carrying(n.GEN_AI_AGENT_NAME)
 SCHEMA_VERSION = 42
 RECORD_TILE = "5m"
 """The recording rules' tile (rules/turnguard.rules.yaml's group interval)."""
@@ -255,13 +281,7 @@ def exemplars_and_annotations_rule(board):
 # -- censoring, cohorts, probe rows, intervals: the classes of defect issue 19 names ----------------------
 
 
-COHORT_SCOPED = re.compile(r"\b(turnguard:(?:turns|turn_tool_calls_bucket|turn_tool_calls_sum|"
-                           r"turn_max_key_repeat_bucket|turn_max_key_repeat_count|turn_first_stuck_call_sum|turn_first_stuck_call_count|"
-                           r"turn_results|loop_detections|escalation_answers|shadow_turns|shadow_turn_tool_calls_sum|"
-                           r"shadow_detections):increase5m|"
-                           r"turnguard_(?:turn_tool_calls|turn_max_key_repeat|turn_first_stuck_call|loop_detections|"
-                           r"escalation_answers|shadow_detections|shadow_turn_tool_calls|turn_results)"
-                           r"(?:_total|_bucket|_sum|_count)?)(?![\w=!])(\{[^}]*\})?")
+COHORT_SCOPED = carrying(n.TURN_COHORT)
 """Every series that carries ``turnguard_turn_cohort`` (raw or recorded)."""
 COHORT_MATCHERS = {'turnguard_turn_cohort=~"$cohort"': "the variable", 'turnguard_turn_cohort="probe"': "probe",
                    'turnguard_turn_cohort="live"': "live", 'turnguard_turn_cohort=~"live|probe"': "both"}
@@ -474,6 +494,31 @@ def live_figures_within_the_live_cap_rule(board, config=None):
     return problems
 
 
+ESTIMATE = re.compile(r"\b(?:exp|ln|histogram_quantile)\(")
+TOOL_CALL_BUCKETS = re.compile(r"turnguard[_:]turn_tool_calls(?:_fate)?_bucket(?::increase5m)?\{([^}]*)\}")
+PAST_THE_PROBE_CAP = "past the probe's cap"
+
+
+def estimates_within_the_probe_cap_rule(board, config=None):
+    """No estimate (a product-limit share, a quantile) reads a tool-call bucket past the probe's own
+    cap: no probe turn passes it, so past it there is only censoring, and a bucket the cap cuts reads
+    as if every turn in it finished. Such a figure is named as past the probe's cap and reads no
+    bucket (with no probe in the configuration the board cannot know the cap)."""
+    probe = (config or DEFAULT_CONFIG).probe_settings()
+    cap = probe.config.hard_cap if probe is not None else None
+    problems = []
+    for panel in _content_panels(board) if cap is not None else []:
+        for target in panel.get("targets", []):
+            expr, name = target.get("expr", ""), target.get("legendFormat", "")
+            edges = [int(e) for selector in TOOL_CALL_BUCKETS.findall(expr)
+                     for e in re.findall(r"(\d+)\(", " ".join(LE.findall(selector)))]
+            if ESTIMATE.search(expr) and any(e > cap for e in edges):
+                problems.append(f"panel {panel['id']} {target['refId']}: an estimate past the probe's cap {cap}")
+            if PAST_THE_PROBE_CAP in name and edges:
+                problems.append(f"panel {panel['id']} {target['refId']}: {name!r} reads buckets {edges}")
+    return problems
+
+
 def override_units_rule(board):
     """Units set per column or per query are Grafana units too."""
     problems = []
@@ -511,9 +556,11 @@ RULES: dict[str, Callable[..., list[str]]] = {
     "tolerance-variable": tolerance_variable_rule,
     "probe-row-per-threshold": probe_row_per_threshold_rule,
     "live-figures-within-the-live-cap": live_figures_within_the_live_cap_rule,
+    "estimates-within-the-probe-cap": estimates_within_the_probe_cap_rule,
     "override-units": override_units_rule,
 }
-CONFIGURED = frozenset({"probe-row-per-threshold", "live-figures-within-the-live-cap"})
+CONFIGURED = frozenset({"probe-row-per-threshold", "live-figures-within-the-live-cap",
+                        "estimates-within-the-probe-cap"})
 """Rules that check a board against the configuration it was built for."""
 
 
@@ -745,6 +792,12 @@ def _fixed_tolerance(board):
     target["expr"] = target["expr"].replace("$tolerance", "0.1")
 
 
+def _estimate_past_the_probe_cap(board):
+    """The product-limit shares read from the buckets whatever the probe's cap (the committed board's,
+    built without a probe), on a board built for a probe whose cap is below 20x."""
+    _panel(board, 47)["targets"] = copy.deepcopy(_panel(BOARDS[THRESHOLDS], 47)["targets"])
+
+
 BREAKAGES = {
     "template-datasource-rule": _break_datasource_label,
     "panel-datasource-rule": _break_panel_datasource,
@@ -771,6 +824,7 @@ BREAKAGES = {
     "tolerance-variable": _tolerance_dropped,
     "probe-row-per-threshold": _streak_row_dropped,
     "live-figures-within-the-live-cap": _live_past_the_backstop,
+    "estimates-within-the-probe-cap": _estimate_past_the_probe_cap,
     "override-units": _override_typo,
 }
 MORE_BREAKAGES = [
@@ -792,13 +846,28 @@ ON_THE_THRESHOLD_BOARD = {_censoring_unsaid, _percentiles_alone, _call_them_runa
 @pytest.mark.parametrize(("rule", "breakage"), [*BREAKAGES.items(), *MORE_BREAKAGES],
                          ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_rule_catches_a_broken_board(rule, breakage):
-    board = copy.deepcopy(BOARDS[THRESHOLDS if breakage in ON_THE_THRESHOLD_BOARD else HALTS])
+    config = BUILT_FOR.get(breakage)
+    if config is None:
+        board = copy.deepcopy(BOARDS[THRESHOLDS if breakage in ON_THE_THRESHOLD_BOARD else HALTS])
+    else:
+        optional_dependency("grafana_foundation_sdk")
+        from turnguard.boards import build
+
+        board = json.loads(build.for_config(config)[build.FILES[build.THRESHOLDS_UID]])
+        assert RULES[rule](board, config) == [], f"{rule} fails the unbroken board"
     breakage(board)
-    assert RULES[rule](board), f"{rule} missed {breakage.__name__}"
+    problems = RULES[rule](board) if config is None else RULES[rule](board, config)
+    assert problems, f"{rule} missed {breakage.__name__}"
 
 
 def test_every_rule_has_a_breakage():
     assert set(BREAKAGES) == set(RULES)
+
+
+A_LOW_PROBE_CAP = GuardConfig(probe={"rate": 0.1, "hard_multiplier": 17.5})
+"""A probe whose cap (1,750 calls) lies inside a bucket, below 20x: the board cannot see to 20x."""
+BUILT_FOR = {_estimate_past_the_probe_cap: A_LOW_PROBE_CAP}
+"""Breakages shown on a board built for a configuration of their own (the committed one has no probe)."""
 
 
 OTHER_CONFIGURATIONS = {
@@ -808,6 +877,7 @@ OTHER_CONFIGURATIONS = {
     "no streak stop": {"streak_stop_at": 0, "streak_warn_at": 0},
     "an explicit cap": {"max_tool_calls_per_turn": 300},
     "a probe at 20x": {"probe": {"rate": 0.05, "hard_multiplier": 20, "streak_stop_at": 16}},
+    "a probe at 17.5x": {"probe": {"rate": 0.1, "hard_multiplier": 17.5}},
     "a named probe with a cycle cap": {"name": "prod", "max_cycles_per_turn": 40,
                                        "probe": {"rate": 0.1, "name": "canary", "hard_multiplier": 30}},
 }
@@ -830,3 +900,15 @@ def test_a_board_for_one_configuration_fails_another_ones_probe_rows():
     """The committed board has no row for a cycle cap: a configuration with one needs its own board."""
     assert probe_row_per_threshold_rule(BOARDS[THRESHOLDS], GuardConfig(max_cycles_per_turn=30))
     assert live_figures_within_the_live_cap_rule(BOARDS[THRESHOLDS], GuardConfig(hard_multiplier=5))
+
+
+def test_every_derived_record_of_the_rules_is_read_by_a_board():
+    """A derived record (``rules.DERIVED``: computed from the counting records for the boards) that no
+    panel reads costs an evaluation every tile for nothing; each is read, with the variables' matchers."""
+    from turnguard.boards import rules
+
+    exprs = [pq.expr for board in BOARDS.values() for pq in queries.panel_queries(board)]
+    for record in (r["record"] for r in rules.DERIVED):
+        assert record in _records_by(), f"{record} is not in the shipped rules file"
+        reading = [e for e in exprs if record in e]
+        assert reading, f"no panel reads {record}"

@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 
 from board_runs import (
+    OUTAGE_S,
     ROUTES,
     Elsewhere,
     Expected,
     FleetRun,
+    Samples,
     assert_matches,
     by_row,
     fleet_queries,
@@ -39,7 +41,7 @@ optional_dependency("grafana_foundation_sdk")
 import evidence_oracle as oracle  # noqa: E402
 import probe_fleet as pf  # noqa: E402
 import turnguard as tg  # noqa: E402
-from turnguard.boards import build, queries  # noqa: E402
+from turnguard.boards import build, queries, rules  # noqa: E402
 from turnguard.boards import promql as q  # noqa: E402
 from turnguard.boards.evidence import km_multiples  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
@@ -75,14 +77,14 @@ def probe_run(request, tmp_path_factory) -> Iterable[FleetRun]:
     workdir = tmp_path_factory.mktemp(f"probe-fleet-{request.param}")
     config = pf.probe_config(recorder_path=str(workdir / RECORDED[0]))
     with contextlib.ExitStack() as stack:
-        def run(provider: Any, sample: Callable[[], object], another: Callable[[], Elsewhere]) -> pf.ProbeTruth:
+        def run(provider: Any, samples: Samples, another: Callable[[], Elsewhere]) -> pf.ProbeTruth:
             other = another()
             elsewhere = pf.in_another_process(str(workdir / RECORDED[1]), otlp_endpoint=other.endpoint,
                                               instance=other.instance, exported=other.exported)
-            return pf.run_probe_fleet(tg.Guard(config, environ={}, meter_provider=provider), sample=sample,
-                                      report_elsewhere=elsewhere)
+            return pf.run_probe_fleet(tg.Guard(config, environ={}, meter_provider=provider), sample=samples,
+                                      gap=samples.gap, report_elsewhere=elsewhere)
 
-        yield ROUTES[request.param](stack, workdir, run, config, None)
+        yield ROUTES[request.param](stack, workdir, run, config, None, gaps=True)
 
 
 def _settings(run: FleetRun) -> CapSettings:
@@ -108,6 +110,17 @@ def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float =
 
 EVIDENCE = [pq for pq in QUERIES if pq.panel_id in PROBE_PANELS | BOTH_COHORTS]
 COUNTS = ("turns", "resolved", "unresolved", "censored", "unknown", "calls past it")
+
+
+def test_the_fleet_went_through_a_telemetry_gap(probe_run):
+    """Halfway through the turns Prometheus was down longer than its lookback: no evaluation of the
+    rules in between, the turns of the gap exported to the Collector meanwhile, and the board's
+    figures (every other test here) are still the fleet's, and calibrate's."""
+    ((down, up),) = probe_run.outages
+    assert up - down >= OUTAGE_S
+    assert probe_run.window.start < down < up < probe_run.window.end
+    heartbeat = f"count_over_time({rules.HEARTBEAT}[{round((up - down) * 1000) - 2000}ms])"
+    assert not probe_run.prometheus.query(heartbeat, up - 1), "the rules were evaluated during the gap"
 
 
 def test_the_probe_fleet_has_turns_past_every_k_and_every_threshold(probe_run):
@@ -331,3 +344,24 @@ def test_the_boards_product_limit_estimate_is_calibrates(probe_run):
         else:
             assert math.isnan(got) and row["why"] == "past_cap", (k, row)
     assert not finish_by[30]["estimable"] and finish_by[20]["estimable"]
+
+
+def test_the_board_rendered_for_the_fleets_configuration_stops_at_the_probes_cap(probe_run):
+    """``turnguard assets --config`` knows the probe's cap (20x here): its product-limit row at 30x
+    is named as past it and reads nothing (NaN, "not estimable"); the rows below it are the committed
+    board's, which reads the buckets whatever the cap (and finds nobody past it)."""
+    cap = CapSettings.from_config(probe_run.config)
+    assert cap.probe is not None and cap.probe.hard_cap == 20 * pf.SOFT_CAP
+    board = json.loads(build.for_config(probe_run.config)[build.FILES[T]])
+    rendered = [pq for pq in queries.panel_queries(board) if pq.panel_id == SURVIVAL]
+    committed = [pq for pq in EVIDENCE if pq.panel_id == SURVIVAL]
+    ks = km_multiples(cap)
+    assert ks == [15, 20, 30] and len(rendered) == len(committed) == 3
+    for k, mine, theirs in zip(ks, rendered, committed, strict=True):
+        (got,) = instant(probe_run, mine.expr).values()
+        if k * cap.soft_cap > cap.probe.hard_cap:
+            assert "past the probe's cap" in mine.legend and math.isnan(got), (k, mine.legend)
+            assert "turnguard" not in mine.expr
+        else:
+            assert "past the probe's cap" not in mine.legend
+            assert got == pytest.approx(next(iter(instant(probe_run, theirs.expr).values())), rel=1e-12)

@@ -20,7 +20,7 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard.boards import build, promql, queries  # noqa: E402
+from turnguard.boards import build, promql, queries, rules  # noqa: E402
 
 BOARD = queries.boards()[build.THRESHOLDS_UID]
 KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
@@ -111,7 +111,7 @@ def test_every_threshold_board_query_reads_records_with_the_labels_it_needs():
 def test_the_board_reads_every_record_and_every_record_label_it_selects_on():
     """The scan sees the selectors (a scanner that found nothing would pass anything)."""
     read = {s.series for q in queries.panel_queries(BOARD) for s in selections(q.expr)}
-    assert read == set(build.RECORDED.values())
+    assert read == {*build.RECORDED.values(), *(r["record"] for r in rules.DERIVED)}
     heatmap = next(q for q in queries.panel_queries(BOARD) if q.panel_id == 2)
     (selection,) = selections(heatmap.expr)
     matched = frozenset({promql.CAP_MODE, promql.POLICY, promql.AGENT, promql.COHORT})

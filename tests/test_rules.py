@@ -167,13 +167,17 @@ def _by(expr: str) -> list[str]:
 
 def test_every_record_is_the_one_counting_form_of_its_raw_series(variant):
     """The group: each raw series' state, then every counting record (exactly ``counted`` of the raw
-    series the board maps to it), the derived records, the alerts, and the count of states; every 5 minutes."""
+    series the board maps to it), the derived records (``rules.DERIVED``, read by the boards), the
+    alerts, and the count of states; every 5 minutes."""
     (group, collector) = loaded(variant)["groups"]
     assert group["interval"] == build.RECORD_TILE == rules.duration(variant.tile)
+    derived = {r["record"]: r["expr"] for r in rules.DERIVED}
     kinds = [("count" if r.get("record") in rules.RECORDED.values() else "alert" if "alert" in r
+              else "derived" if r["record"] in derived
               else "state" if r["record"].endswith(":tile_end") else "heartbeat") for r in group["rules"]]
-    assert kinds == sorted(kinds, key=["state", "count", "alert", "heartbeat"].index)
+    assert kinds == sorted(kinds, key=["state", "count", "derived", "alert", "heartbeat"].index)
     exprs = {r["record"]: r["expr"] for r in group["rules"] if "record" in r}
+    assert {record: exprs[record] for record in derived} == derived
     assert build.RECORDED == rules.RECORDED
     for c in rules.COUNTS:
         assert exprs[c.record] == rules.counted(c.metric, c.by, variant), c.record

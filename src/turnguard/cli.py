@@ -260,8 +260,9 @@ def _assets_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", metavar="DIR", help="where to write them (created if missing)")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
     parser.add_argument("--config", metavar="TOML", dest="config",
-                        help="render the boards for this turnguard.toml or pyproject.toml (its thresholds and probe, "
-                             "TURNGUARD_* applied) instead of writing the shipped ones; needs the dashboards extra")
+                        help="render the boards and rules for this turnguard.toml or pyproject.toml (its "
+                             "thresholds and probe, TURNGUARD_* applied) instead of writing the shipped ones; needs "
+                             "the dashboards extra")
     add_wide_argument(parser)
 
 

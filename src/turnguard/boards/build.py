@@ -27,7 +27,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from turnguard import assets
-from turnguard.boards import halts, thresholds
+from turnguard.boards import halts, rules, thresholds
 from turnguard.boards.halts import collector_panels
 from turnguard.boards.promql import (
     ACTION,
@@ -136,11 +136,15 @@ def for_config(config: GuardConfig) -> dict[str, str]:
 
 
 def assets_for(config: GuardConfig) -> dict[PurePosixPath, bytes]:
-    """Every file ``turnguard assets`` writes, for ``config``: the shipped files with the boards built
-    for it. The rules hold no threshold (they read them from the labels), so they ship as they are."""
+    """Every file ``turnguard assets`` writes, for ``config``: the shipped files, with the boards built
+    for it and the rules (their unit tests, the Prometheus configs that load them) rendered by their
+    generator. The rules hold no threshold: they read each from the labels (the threshold that
+    halted a turn, the one the main configuration would have halted a probe turn at) and keep every
+    bucket, so one rendering serves every configuration and the boards pick what theirs needs."""
     contents = {path: entry.read_bytes() for path, entry in assets.files().items()}
-    for name, text in for_config(config).items():
-        path = PurePosixPath(OUT.name, name)
+    rendered = {PurePosixPath(OUT.name, name): text for name, text in for_config(config).items()}
+    rendered.update({PurePosixPath(path.as_posix()): text for path, text in rules.written(Path()).items()})
+    for path, text in rendered.items():
         if path not in contents:
             raise FileNotFoundError(f"the shipped assets have no {path}")
         contents[path] = text.encode()

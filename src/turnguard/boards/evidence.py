@@ -23,13 +23,14 @@ The arithmetic matches ``turnguard calibrate``'s (``turnguard.calibrate.evidence
   panel shows how many more turns with a known fate that is, and how long they take at the rate
   they came in over the dashboard's range. No number decides it when q lies between the two (the
   censored turns could go either way: raise the probe's cap), or when the share is q.
-- **Kaplan-Meier** from the tool-call histogram's recorded buckets, over both cohorts: a turn that
-  ended on its own (``completed``, or a host's reason of its own) finished in its bucket; one halted
-  by any threshold, ``cancelled`` or an ``error`` is censored there and leaves the turns at risk from
-  its bucket on (calibrate's rule, on exact call counts: where no turn is censored inside a bucket,
-  the two estimates are the same). ``1 - S(kS)/S(H)`` is
-  the share of turns that reach the backstop H that would have finished by k×S; where no turn was
-  seen that far (past the probe's own cap, or without a probe) the estimate is NaN: not estimable.
+- **Kaplan-Meier** from the tool-call histogram's buckets as the recording rules keep them by fate
+  (``rules.fates``: a derived record in the rules' group), over both cohorts: a turn that ended on
+  its own (``completed``, or a host's reason of its own) finished in its bucket; one halted by any
+  threshold, ``cancelled`` or an ``error`` is censored there and leaves the turns at risk from its
+  bucket on (calibrate's rule, on exact call counts: where no turn is censored inside a bucket, the
+  two estimates are the same). ``1 - S(kS)/S(H)`` is the share of turns that reach the backstop H
+  that would have finished by k×S; past the probe's own cap, or where no turn was seen that far
+  (without a probe, nothing is seen past H), the estimate is NaN: not estimable.
 """
 
 from __future__ import annotations
@@ -230,20 +231,20 @@ def _edges(cap: CapSettings) -> tuple[float, ...]:
 
 
 KM_TURNS = {q.COHORT: q.BOTH_COHORTS, q.POLICY: q.PROBE_POLICY, q.CAP_MODE: "adaptive"}
-CENSORING_OUTCOMES = ("halted", "error", "cancelled", "abandoned", "plugin_error")
-"""The ends that censor a turn at its call count (calibrate's ``survival.CENSORING_ENDS``): any other
-outcome, ``completed`` or a host's reason of its own, is the turn finishing (``FINISHED`` matches them)."""
-FINISHED = "!~" + "|".join(CENSORING_OUTCOMES)
 """Both cohorts (live turns carry the curve to the live backstop, probe turns past it), the picked
 policies with their probes, adaptive-cap turns."""
+FINISHED = {q.FATE: "finished"}
+"""The turns that ended on their own (``rules.fates``: any end but ``rules.CENSORING_OUTCOMES``)."""
 INTEGER_LE = "`([0-9]+)(\\.0)?`"
 """An integer bucket edge however the exporter wrote it (``1100`` or ``1100.0``): ``$1`` is the integer."""
+ALL_TURNS = {"le": "~\\\\+Inf"}
+"""The ``+Inf`` bucket: every turn."""
 
 
 def _by_edge(edges: Sequence[float], **labels: str) -> str:
     """Cumulative turns per bucket edge (a vector by ``le``, written as an integer), 0 where none."""
     matcher = "|".join(f"{int(e)}(\\\\.0)?" for e in edges)
-    buckets_ = q.recorded(f"{q.TOOL_CALLS}_bucket", q.sel(**KM_TURNS, **labels, le=f"~{matcher}"), by=("le",))
+    buckets_ = q.fates(q.sel(**KM_TURNS, **labels, le=f"~{matcher}"), by=("le",))
     return q.filled(f'label_replace({buckets_}, "le", "$1", "le", {INTEGER_LE})', "le", [str(int(e)) for e in edges])
 
 
@@ -255,19 +256,31 @@ def _shifted(expr: str, edges: Sequence[float]) -> str:
     return expr
 
 
+def estimable(cap: CapSettings, k: int) -> bool:
+    """Whether some turn can be seen as far as k×S: not past the probe's own cap, which no probe
+    turn passes (with no probe configured here the board cannot say, and reads what is there)."""
+    return cap.probe_sees_past(k * cap.soft_cap - 1) is not False
+
+
+NOT_ESTIMABLE = "vector(NaN)"
+
+
 def finished_by(cap: CapSettings, k: int) -> str:
     """``1 - S(k×S) / S(H)``: of the turns that reach the backstop H, the share that would finish by
-    k×S calls, from the recorded buckets between H and k×S (NaN where not estimable).
+    k×S calls, from the ``fates`` record's buckets between H and k×S (NaN where not estimable: no
+    turn seen that far, or k×S past the probe's cap, where a bucket the cap splits would read as
+    every turn in it finishing).
 
     Per bucket (e', e] past H: ``beyond`` = turns seen past e, ``finished`` = turns that completed in
     it; the turns at risk in it are both (the ones censored in it left at its start), and
     ``S(e)/S(e') = beyond / (beyond + finished) = 1 / (1 + finished / beyond)``. The product over the
     buckets is ``exp(-sum(ln(1 + finished / beyond)))``: one vector by ``le``, no per-bucket query."""
+    if not estimable(cap, k):
+        return NOT_ESTIMABLE
     edges = [e for e in _edges(cap) if cap.hard_cap <= e <= k * cap.soft_cap]
-    completed = {q.OUTCOME: FINISHED}
-    total = f"scalar({q.zero_or(q.recorded(q.TURNS, q.sel(**KM_TURNS)))})"
+    total = f"scalar({q.zero_or(q.fates(q.sel(**KM_TURNS, **ALL_TURNS)))})"
     beyond = f"({total} - {_by_edge(edges[1:])})"
-    finished = f"({_by_edge(edges[1:], **completed)} - {_shifted(_by_edge(edges[:-1], **completed), edges)})"
+    finished = f"({_by_edge(edges[1:], **FINISHED)} - {_shifted(_by_edge(edges[:-1], **FINISHED), edges)})"
     return f"1 - exp(-sum(ln(1 + {finished} / {beyond})))"
 
 

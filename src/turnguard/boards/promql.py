@@ -197,6 +197,18 @@ def sum_over(metric: str, selector: str = "", window: str = "$__range") -> str:
     return f"sum_over_time({RECORDED[metric]}{scoped(metric, selector)}[{window}])"
 
 
+FATES = rules.FATES_RECORD
+"""The tool-call buckets by ``fate`` (finished or censored at the call count): a derived record
+(``rules.DERIVED``) keeping the policy, agent, cohort and cap mode of the histogram it sums."""
+FATE = rules.FATE
+
+
+def fates(selector: str = "", by: Sequence[str] = (), window: str = "$__range") -> str:
+    """The ``FATES`` record summed over ``window``, the board variables' matchers added as for the
+    tool-call histogram it comes from."""
+    return f"sum{_by(by)} (sum_over_time({FATES}{scoped(TOOL_CALLS, selector)}[{window}]))"
+
+
 def recorded_per_second(metric: str, selector: str = "", by: Sequence[str] = ()) -> str:
     """Events per second over each step's own ``$__interval`` (a panel reading records sets its min
     interval to the tile, so the interval is a multiple of it and no tile is counted twice)."""

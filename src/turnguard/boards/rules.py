@@ -292,7 +292,30 @@ def export_failing(window: float = 15 * 60) -> dict:
 # -- the file ----------------------------------------------------------------------------------------
 
 
-DERIVED: list[dict] = []
+CENSORING_OUTCOMES = ("halted", "error", "cancelled", "abandoned", "plugin_error")
+"""The ends that censor a turn at its call count (calibrate's ``survival.CENSORING_ENDS``): any other
+outcome, ``completed`` or a host's reason of its own, is the turn finishing."""
+FATE = "fate"
+FATES_RECORD = "turnguard:turn_tool_calls_fate_bucket:increase5m"
+"""The tool-call histogram's record by how each turn ended (``fate``: ``finished`` or ``censored``)."""
+
+
+def fates() -> dict:
+    """The tiles' tool-call buckets, by whether the turn finished or was censored at its count: what a
+    product-limit (Kaplan-Meier) estimate reads. Config-free (every ``le`` kept); the board picks the
+    buckets its configuration needs (past the backstop, never past the probe's cap)."""
+    bucket, censoring = RECORDED[f"{TOOL_CALLS}_bucket"], "|".join(CENSORING_OUTCOMES)
+    by = ", ".join(("le", POLICY, AGENT, COHORT, CAP_MODE, FATE))
+    return {"record": FATES_RECORD,
+            "comment": "Derived from the bucket record of the same evaluation: turns per bucket, finished (ended on "
+                       "their own) or censored (halted, cancelled, failed) at their call count.",
+            "expr": (f"sum by ({by}) (\n"
+                     f'  label_replace({bucket}{{{OUTCOME}!~"{censoring}"}}, "{FATE}", "finished", "", "")\n'
+                     f'  or label_replace({bucket}{{{OUTCOME}=~"{censoring}"}}, "{FATE}", "censored", "", "")\n'
+                     f")")}
+
+
+DERIVED: list[dict] = [fates()]
 """Records computed from the counting records (ratios, intervals): in the group after them, before the alerts."""
 
 

@@ -374,12 +374,14 @@ def survival_panel(cap: CapSettings) -> PanelBuilder:
                 else "the probe's own cap")
     return (
         bars(47, f"Of the turns that reach the backstop ({cap.hard_cap} calls), the share that would finish by k×S",
-             "A product-limit (Kaplan-Meier) estimate over both cohorts from the tool-call histogram's recorded "
-             "buckets: a turn that completed finished in its bucket; a turn halted by any threshold, cancelled or "
-             f"failed is {CENSORED} there and leaves the turns at risk. Live turns carry it to the live backstop, "
-             f"probe turns past it, up to {cap_note} and never beyond: where no turn was seen that far it is not "
-             "estimable. Censoring by the stuck and streak thresholds is informative (those turns were likelier "
-             "to fail), not independent, so read it as an estimate for turns like the ones that went on.",
+             "A product-limit (Kaplan-Meier) estimate over both cohorts, 1 - S(k×S)/S(backstop), from the "
+             "tool-call histogram's buckets as the recording rules keep them by fate: a turn that completed "
+             f"finished in its bucket; a turn halted by any threshold, cancelled or failed is {CENSORED} there "
+             "and leaves the turns at risk. What it can see: live turns carry it to the live backstop, probe "
+             f"turns past it, up to {cap_note} and never beyond; past that cap, or where no turn was seen that "
+             "far, it is not estimable (raise the probe's cap to see further). Censoring by the stuck and streak "
+             "thresholds is informative (those turns were likelier to fail), not independent, so read it as an "
+             "estimate for turns like the ones that went on.",
              targets, unit="percentunit", width=24, height=6)
         .mappings(mapped({}, nan="not estimable: no turn was seen that far"))
     )
