@@ -101,9 +101,8 @@ def test_a_line_longer_than_the_limit_and_many_ranges_is_one_problem_whoever_rea
     assert results[0][1] == [(long_at + 1, True)]
 
 
-def test_a_range_inside_a_long_line_reads_no_further_than_its_own_end(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from turnguard.calibrate import engine, run
+def test_a_range_inside_a_long_line_reads_no_further_than_its_own_end(tmp_path: Path) -> None:
+    from turnguard.calibrate import parallel
 
     path = tmp_path / "long.jsonl"
     path.write_bytes(b'{"calls": [' + b" " * 5_000_000 + b"]}\n")
@@ -115,11 +114,10 @@ def test_a_range_inside_a_long_line_reads_no_further_than_its_own_end(tmp_path: 
             read[0] += len(line)
             return line
 
-    monkeypatch.setattr(run, "open", lambda p, mode: Counting(p, "r"), raising=False)
-    cal = engine.Calibrator(POLICIES)
     problems: list[InputProblem] = []
-    run._read_range(cal, problems, str(path), 1_000_000, 1_002_000, 2)
-    assert (cal.stats.turns, problems) == (0, [])
+    with Counting(str(path), "r") as f:
+        lines = list(parallel.range_lines(f, 1_000_000, 1_002_000, 2, str(path), problems.append, 10_000_000))
+    assert (lines, problems) == ([], [])
     assert read[0] <= 2_001  # not the 4 MB left of the line
 
 

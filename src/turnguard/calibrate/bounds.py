@@ -85,6 +85,11 @@ def parsed_size(line: bytes) -> int:
             + 26 * line.count(b'"') + 40 * line.count(b","))
 
 
+MAX_PARSED_PER_BYTE = 185
+"""``parsed_size(line)`` is at most this many times ``len(line)`` (each byte counts once, at most
+184 for a ``{``, plus the text itself): a line this much under the budget needs no estimate."""
+
+
 def halt_bucket(call: int) -> int:
     """The key a halt call is counted under: itself up to ``EXACT_HALT_CALLS``, else the lower
     edge of its 1/8-octave bucket (so a histogram of halt calls has at most about 500 keys)."""

@@ -372,6 +372,8 @@ class _TurnReplays:
 def _plain_text_args(turn: RecordedTurn) -> bool:
     """Every call has a recorded digest or text arguments that are not JSON (a shell command):
     both key modes key such text as itself, so they see the same repeats (``keys.is_json_text``)."""
+    if None not in map(_DIGEST, turn.calls):
+        return True
     for call in turn.calls:
         if call[2] is not None:  # call.digest
             continue
@@ -389,4 +391,5 @@ def _has_binary_args(turn: RecordedTurn) -> bool:
 
 _BINARY = (bytes, bytearray, memoryview)
 _ARGS = operator.itemgetter(1)  # RecordedCall.args
+_DIGEST = operator.itemgetter(2)  # RecordedCall.digest
 _OUTCOME = operator.itemgetter(3)  # RecordedCall.outcome

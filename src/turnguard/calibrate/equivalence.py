@@ -61,6 +61,13 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
     error = Outcome.ERROR
     if len(digests) != len(outcomes):
         raise ValueError("one outcome per key")
+    cycle_calls = []
+    for slot, n in enumerate(starts):
+        cycle_calls.extend([slot + 1] * n)
+    if len(set(digests)) == len(digests):  # no call repeats (most calls of long turns): the loop's answer, in C
+        failing = (outcomes.index(error) + 1,) if error in outcomes else ()
+        first = (1,) if digests else ()
+        return TurnFacts(len(digests), len(cycle_calls), first, first, failing, tuple(cycle_calls), len(digests))
     for k, digest, outcome in zip(itertools.count(1), digests, outcomes):
         seen = counts[digest] = get(digest, 0) + 1
         if seen > most_seen:
@@ -81,9 +88,6 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
             if errors > most_failing:
                 most_failing = errors
                 reach_failing.append(k)
-    cycle_calls = []
-    for slot, n in enumerate(starts):
-        cycle_calls.extend([slot + 1] * n)
     return TurnFacts(len(digests), len(cycle_calls), tuple(reach_repeat), tuple(reach_run), tuple(reach_failing),
                      tuple(cycle_calls), len(counts))
 

@@ -30,25 +30,29 @@ def call_key(tool: str, args: Any, digest: str | None, mode: str) -> bytes:
 
 
 def call_keys(calls: Sequence[RecordedCall], mode: str) -> list[bytes]:
-    """Each call's ledger key under ``mode`` (``call_key``). Under ``canonical``, identical
-    JSON-object text is canonicalized once per turn (stuck turns repeat one call many times) and
-    its repeats share the key; everything else is cheaper to key again than to look up."""
-    if mode != "canonical":
-        return [identity_bytes(c[0], c[1], mode) if c[2] is None else call_key(c[0], c[1], c[2], mode)
-                for c in calls]
+    """Each call's ledger key under ``mode`` (``call_key``). A tool's part of a recorded digest's
+    key is made once per turn (a turn has few tools). Under ``canonical``, identical JSON-object
+    text is canonicalized once per turn (stuck turns repeat one call many times) and its repeats
+    share the key; everything else is cheaper to key again than to look up."""
+    prefixes: dict[str, bytes] = {}
     memo: dict[tuple[str, str], bytes] = {}
     keys: list[bytes] = []
-    append, get = keys.append, memo.get
+    append, get, canonical = keys.append, memo.get, mode == "canonical"
     for call in calls:
         tool, args, digest = call[0], call[1], call[2]
-        if digest is not None or type(args) is not str or args[:1] != "{":
-            append(call_key(tool, args, digest, mode))
-            continue
-        pair = (tool, args)
-        key = get(pair)
-        if key is None:
-            key = memo[pair] = identity_bytes(tool, args, mode)
-        append(key)
+        if digest is not None:
+            prefix = prefixes.get(tool)
+            if prefix is None:
+                prefix = prefixes[tool] = _RECORDED + name_bytes(tool)
+            append(prefix + digest.encode("utf-8", "surrogatepass"))
+        elif not canonical or type(args) is not str or args[:1] != "{":
+            append(identity_bytes(tool, args, mode))
+        else:
+            pair = (tool, args)
+            key = get(pair)
+            if key is None:
+                key = memo[pair] = identity_bytes(tool, args, mode)
+            append(key)
     return keys
 
 

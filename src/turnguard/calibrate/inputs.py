@@ -19,12 +19,13 @@ import json
 import operator
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from turnguard.calibrate import bounds
+from turnguard.calibrate import bounds, span_decoding
+from turnguard.calibrate.attributes import attributes
 from turnguard.model import MAX_ID_LENGTH, Outcome
 from turnguard.probe import COHORTS
 from turnguard.telemetry import names
@@ -259,23 +260,36 @@ def read_source(source: LineSource, on_problem: ProblemSink,
     spans.path = label
     try:
         for lineno, line in source:
-            if is_otlp_line(line):
-                obj = parse_line(line, label, lineno, on_problem, limit)
-                if obj is not UNREADABLE:
-                    if isinstance(obj, dict) and "resourceSpans" in obj:
-                        yield from spans.add(obj, lineno)
-                    else:
-                        turn = corpus_turn(obj, label, lineno, on_problem, limit)
-                        if turn is not None:
-                            yield turn
-                continue
-            turn = corpus_line(line, label, lineno, on_problem, limit)
-            if turn is not None:
-                yield turn
+            yield from read_line(line, label, lineno, on_problem, limit, spans)
     except (OSError, EOFError, zlib.error) as exc:
         on_problem(InputProblem(label, 0, f"file ends badly: {exc}"))
     if own:
         yield from spans.finish()
+
+
+def read_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink, max_line_bytes: int,
+              spans: OtlpAssembler) -> Iterator[Any]:
+    """The turns one line gives: a corpus line's turn, or those an OTLP line completes in
+    ``spans`` (decoded by msgspec when it can, ``span_decoding``; else parsed by ``json``)."""
+    if not is_otlp_line(line):
+        turn = corpus_line(line, path, lineno, on_problem, max_line_bytes)
+        if turn is not None:
+            yield turn
+        return
+    if too_costly(line, max_line_bytes) is None:
+        document = span_decoding.decode(line)
+        if document is not None:
+            yield from spans.add_decoded(document, lineno)
+            return
+    obj = parse_line(line, path, lineno, on_problem, max_line_bytes)
+    if obj is UNREADABLE:
+        return
+    if isinstance(obj, dict) and "resourceSpans" in obj:
+        yield from spans.add(obj, lineno)
+        return
+    turn = corpus_turn(obj, path, lineno, on_problem, max_line_bytes)
+    if turn is not None:
+        yield turn
 
 
 UNREADABLE: Any = object()
@@ -290,14 +304,14 @@ def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
     ``bounds.PARSE_FACTOR`` x ``max_line_bytes``."""
     if _blank(line):
         return UNREADABLE
-    if len(line) > bounds.ESTIMATE_FROM:
-        size, budget = bounds.parsed_size(line), bounds.PARSE_FACTOR * max_line_bytes
-        if size > budget:
-            on_problem(InputProblem(path, lineno, f"too many JSON values to read within the memory bound: about "
-                                                  f"{size / 2**20:,.0f} MiB once parsed, more than "
-                                                  f"{bounds.PARSE_FACTOR} x --max-line-bytes ({budget / 2**20:,.0f} "
-                                                  "MiB); skipped"))
-            return UNREADABLE
+    size = too_costly(line, max_line_bytes)
+    if size is not None:
+        budget = bounds.PARSE_FACTOR * max_line_bytes
+        on_problem(InputProblem(path, lineno, f"too many JSON values to read within the memory bound: about "
+                                              f"{size / 2**20:,.0f} MiB once parsed, more than "
+                                              f"{bounds.PARSE_FACTOR} x --max-line-bytes ({budget / 2**20:,.0f} "
+                                              "MiB); skipped"))
+        return UNREADABLE
     try:
         return json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -306,6 +320,15 @@ def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
         message = "not readable: JSON nested too deeply"
     on_problem(InputProblem(path, lineno, message))
     return UNREADABLE
+
+
+def too_costly(line: bytes, max_line_bytes: int) -> int | None:
+    """The estimated parsed size of a line too costly to parse (``parse_line``), else ``None``."""
+    budget = bounds.PARSE_FACTOR * max_line_bytes
+    if len(line) <= bounds.ESTIMATE_FROM or bounds.MAX_PARSED_PER_BYTE * len(line) <= budget:
+        return None  # (within the bound whatever the line holds)
+    size = bounds.parsed_size(line)
+    return size if size > budget else None
 
 
 def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
@@ -564,41 +587,93 @@ def _outcome(value: Any) -> Outcome | None:
 # -- OTLP JSON (the Collector's file exporter) ----------------------------------------------------
 
 
-def attributes(items: Any) -> dict[str, Any]:
-    """OTLP JSON ``[{"key": k, "value": {"stringValue": ...}}]`` as a plain dict."""
-    out: dict[str, Any] = {}
-    if not isinstance(items, list):
-        return out
-    for item in items:
-        if isinstance(item, dict) and isinstance(item.get("key"), str):
-            out[item["key"]] = _any_value(item.get("value"))
-    return out
-
-
-def _any_value(value: Any) -> Any:
-    if not isinstance(value, dict):
-        return None
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "intValue" in value:  # int64 is a string in OTLP JSON
-        try:
-            return int(value["intValue"])
-        except (TypeError, ValueError):
-            return None
-    if "boolValue" in value:
-        return bool(value["boolValue"])
-    if "doubleValue" in value:
-        return value["doubleValue"]
-    if "arrayValue" in value:
-        return [_any_value(v) for v in (value["arrayValue"] or {}).get("values", [])]
-    return None
-
-
 @dataclass(slots=True)
 class _Pending:
     path: str
     lineno: int
     calls: list[tuple[int, RecordedCall]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTurn:
+    """A turn span read by a worker process (``OtlpAssembler(hold=True)``): its calls and facts,
+    kept until the parent says which calls of earlier byte ranges belong to it (``build``)."""
+
+    turn_id: str
+    own: list[tuple[int, RecordedCall]]
+    """The calls that waited under the turn id (``turn:<id>``)."""
+    children: list[tuple[int, RecordedCall]]
+    """The calls that waited under its span id (``span:<id>``)."""
+    facts: dict[str, Any]
+
+    def build(self, own_before: Sequence[tuple[int, RecordedCall]] = (),
+              children_before: Sequence[tuple[int, RecordedCall]] = ()) -> RecordedTurn:
+        """The turn, with the calls under each key that earlier ranges left waiting first (the
+        order one reader would have appended them in)."""
+        calls = [*own_before, *self.own, *children_before, *self.children]
+        return _recorded_turn(self.turn_id, calls, self.facts)
+
+
+_INDEX = operator.itemgetter(0)
+
+
+def _recorded_turn(turn_id: str, calls: list[tuple[int, RecordedCall]], facts: dict[str, Any]) -> RecordedTurn:
+    calls.sort(key=_INDEX)  # stable: calls of one index keep their order
+    return RecordedTurn(id=turn_id, calls=tuple(call for _, call in calls), **facts)
+
+
+MAX_SHARED_TOOLS = 10_000
+"""Tool names an assembler keeps one copy of (the telemetry's own bound on tool names)."""
+
+
+_CALL_DEFAULTS = tuple(RecordedCall._field_defaults[f] for f in RecordedCall._fields[4:])
+"""``RecordedCall``'s fields after ``outcome`` at their defaults (a span call sets the first four)."""
+_SPAN_OUTCOMES: dict[str, Outcome | None] = {}
+"""``turnguard.call.outcome`` texts read so far and what they mean (at most ``MAX_SHARED_TOOLS``)."""
+
+
+def _short_string(v: Any) -> str | None:
+    """A decoded attribute value's ``stringValue`` when it is a text of 1 to ``MAX_ID_LENGTH``
+    characters (and so what the attribute reads as)."""
+    text = v.stringValue if v is not None else None
+    return text if type(text) is str and 0 < len(text) <= MAX_ID_LENGTH else None
+
+
+_READ_BY_CALLS = frozenset((names.CALL_INDEX, names.CALL_KEY_DIGEST, names.GEN_AI_TOOL_NAME, names.CALL_OUTCOME,
+                            names.TURN_ID))
+
+
+def _plugin_call(attributes: list[Any]) -> tuple[Any, Any, Any, Any, None] | None:
+    """A decoded span's (index, tool, digest, outcome, turn id) values when its attributes are in
+    the order turnguard's plugin writes a tool span's (``call.index``, ``call.key_digest``,
+    ``gen_ai.tool.name``, another, ``call.outcome``, then others, none of them read): what the
+    attributes' dict would give, without making it. ``None`` for any other span."""
+    if len(attributes) < 5:
+        return None
+    a0, a1, a2, a3, a4 = attributes[0], attributes[1], attributes[2], attributes[3], attributes[4]
+    if (a0.key != names.CALL_INDEX or a1.key != names.CALL_KEY_DIGEST or a2.key != names.GEN_AI_TOOL_NAME
+            or a4.key != names.CALL_OUTCOME or a3.key in _READ_BY_CALLS):
+        return None
+    for later in attributes[5:] if len(attributes) > 5 else ():
+        if later.key in _READ_BY_CALLS:
+            return None
+    return a0.value, a2.value, a1.value, a4.value, None
+
+
+def span_outcome(raw: Any) -> Outcome | None:
+    """A tool span's ``turnguard.call.outcome`` (``unfinished``: unknown); ``None``: not an outcome."""
+    if type(raw) is str:
+        found = _SPAN_OUTCOMES.get(raw, False)
+        if found is not False:
+            return found  # type: ignore[return-value]
+    outcome = Outcome.UNKNOWN if raw == names.CALL_UNFINISHED else _outcome(raw)
+    if type(raw) is str and len(_SPAN_OUTCOMES) < MAX_SHARED_TOOLS:
+        _SPAN_OUTCOMES[raw] = outcome
+    return outcome
+
+
+for _text in (*(o.value for o in Outcome), names.CALL_UNFINISHED):
+    span_outcome(_text)  # the usual texts, known from the start (add_decoded's short path reads them)
 
 
 class OtlpAssembler:
@@ -613,9 +688,16 @@ class OtlpAssembler:
     is the file being read), so a turn whose spans straddle a rotation is one turn. Calls whose
     turn span never arrives are reported, then replayed as a turn of their own at the end of the
     stream (or when the bound is reached).
+
+    A line comes parsed by the ``json`` module (``add``) or decoded by msgspec (``add_decoded``);
+    both give each span's fields to the same ``_call`` and ``_turn_span``. With ``hold`` (a worker
+    reading one byte range of a file, ``run.py``), a turn span gives a ``HeldTurn`` instead of a
+    turn, and ``emitted`` / ``leftovers()`` say what the parent needs to join the ranges exactly
+    (``take_range``).
     """
 
-    def __init__(self, on_problem: ProblemSink, path: str = "", *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, on_problem: ProblemSink, path: str = "", *, max_line_bytes: int = MAX_LINE_BYTES,
+                 hold: bool = False) -> None:
         self.path = path
         self.on_problem = on_problem
         self.max_waiting = waiting_calls_limit(max_line_bytes)
@@ -624,10 +706,16 @@ class OtlpAssembler:
         """Tool names seen, each kept once (a waiting call holds the shared text)."""
         self._pending: dict[str, _Pending] = {}
         self._waiting = 0
-        self._span_times: tuple[float, float] | None = None
+        self.hold = hold
+        self.emitted: list[tuple[str, str | None, int, int]] = []
+        """With ``hold``: per turn span, its keys and how many calls waited under each here."""
+        self.most_waiting = 0
+        """With ``hold``: the most calls that waited at once after a span."""
+        self.released = False
+        """A turn was released because too many calls waited (``_release_oldest``)."""
 
-    def add(self, obj: dict[str, Any], lineno: int) -> Iterator[RecordedTurn]:
-        """Take one exported line; yield the turns it completes."""
+    def add(self, obj: dict[str, Any], lineno: int) -> Iterator[Any]:
+        """Take one exported line (parsed by ``json``); yield the turns it completes."""
         resource_spans = obj.get("resourceSpans")
         if not isinstance(resource_spans, list):
             self._bad(lineno, "'resourceSpans' is not a list")
@@ -646,73 +734,141 @@ class OtlpAssembler:
                     turn = self._span(span, lineno)
                     if turn is not None:
                         yield turn
-                    if self._waiting > self.max_waiting:
+                    if self._waiting > self.most_waiting and self._most_waiting():
                         yield self._release_oldest()
+
+    def add_decoded(self, document: Any, lineno: int) -> Iterator[Any]:
+        """``add`` for a line decoded by ``span_decoding.decode``: the same spans in the same order,
+        only the attributes a span's kind reads converted. A tool span as the plugin writes it is
+        read on a short path (``_plugin_call``, ``_usual_call``); any other goes through ``_call``."""
+        value = span_decoding.value
+        call_index, turn_key = names.CALL_INDEX, names.TURN_ID
+        for rs in document.resourceSpans:
+            for ss in rs.scopeSpans:
+                for span in ss.spans:
+                    if not span.attributes:
+                        continue  # neither a tool span nor a turn span
+                    fields = _plugin_call(span.attributes)
+                    if fields is None:
+                        raw = {a.key: a.value for a in span.attributes}
+                        if call_index not in raw:
+                            if turn_key in raw:
+                                turn = self._turn_span(span.name, {k: value(v) for k, v in raw.items()}, span.spanId,
+                                                       span.startTimeUnixNano, span.endTimeUnixNano, lineno)
+                                if turn is not None:
+                                    yield turn
+                            continue
+                        fields = (raw[call_index], raw.get(names.GEN_AI_TOOL_NAME), raw.get(names.CALL_KEY_DIGEST),
+                                  raw.get(names.CALL_OUTCOME), raw.get(turn_key))
+                    if not self._usual_call(*fields, span.parentSpanId, lineno):
+                        index, tool, digest, outcome, turn_id = map(value, fields)
+                        self._call(span.name, tool, index, digest, outcome, turn_id, span.parentSpanId, lineno)
+                    if self._waiting > self.most_waiting and self._most_waiting():
+                        yield self._release_oldest()
+
+    def _usual_call(self, at: Any, t: Any, d: Any, o: Any, turn_id: Any, parent: str | None, lineno: int) -> bool:
+        """Take a decoded tool span whose ``_call`` checks would all pass: text tool, digest and
+        outcome, an ``intValue`` index from 1, a parent, no turn id of its own (``False``: not
+        taken, ``_call`` reads it)."""
+        tool, digest = _short_string(t), _short_string(d)
+        index = at.intValue if at is not None and at.stringValue is span_decoding.UNSET else None
+        outcome = _SPAN_OUTCOMES.get(o.stringValue) if o is not None and type(o.stringValue) is str else None
+        if not (tool and digest and outcome is not None and turn_id is None and parent and len(parent) <= MAX_ID_LENGTH
+                and type(index) is str and index.isdecimal() and len(index) < 19):
+            return False
+        number = int(index)
+        key = "span:" + parent
+        pending = self._pending.get(key)
+        if number < 1 or (pending is not None and len(pending.calls) >= self.max_calls):
+            return False
+        if pending is None:
+            pending = self._pending[key] = _Pending(self.path, lineno)
+        if len(self._tools) < MAX_SHARED_TOOLS:
+            tool = self._tools.setdefault(tool, tool)
+        pending.calls.append((number, tuple.__new__(RecordedCall, (tool, None, digest, outcome, *_CALL_DEFAULTS))))
+        self._waiting += 1
+        return True
+
+    def _most_waiting(self) -> bool:
+        """Note a new most of waiting calls; ``True`` when past the bound (the oldest is released)."""
+        self.most_waiting = self._waiting
+        return self._waiting > self.max_waiting
 
     def _release_oldest(self) -> RecordedTurn:
         key, pending = next(iter(self._pending.items()))
         del self._pending[key]
         self._waiting -= len(pending.calls)
+        self.released = True
+        self.most_waiting = min(self.most_waiting, self.max_waiting)  # past it, every span checks the bound
         self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
                                   f"{self.max_waiting:,} waited for their turn spans (replayed as a turn of "
                                   "their own)", pending.path)
-        self._span_times = None
-        return self._turn(key.partition(":")[2], pending, {}, pending.lineno, pending.path)
+        return self._orphan(key, pending)
 
     def finish(self) -> Iterator[RecordedTurn]:
         """End of the stream: calls whose turn span never came are reported and still replayed."""
         for key, pending in list(self._pending.items()):
             self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} without their turn span "
                                       "(replayed as a turn of their own)", pending.path)
-            self._span_times = None
-            yield self._turn(key.partition(":")[2], pending, {}, pending.lineno, pending.path)
+            yield self._orphan(key, pending)
         self._pending.clear()
         self._waiting = 0
+
+    def _orphan(self, key: str, pending: _Pending) -> RecordedTurn:
+        turn_id = key.partition(":")[2]
+        return _recorded_turn(turn_id, pending.calls, self._facts(turn_id, {}, pending.lineno, pending.path, None))
 
     def _bad(self, lineno: int, message: str, path: str | None = None) -> None:
         self.on_problem(InputProblem(self.path if path is None else path, lineno, message))
 
-    def _span(self, span: Any, lineno: int) -> RecordedTurn | None:
+    def _span(self, span: Any, lineno: int) -> Any:
         if not isinstance(span, dict) or not isinstance(span.get("name"), str):
             self._bad(lineno, "span without a name")
             return None
         name = span["name"]
         attrs = attributes(span.get("attributes"))
         if names.CALL_INDEX in attrs:
-            self._call(span, name, attrs, lineno)
+            self._call(name, attrs.get(names.GEN_AI_TOOL_NAME), attrs[names.CALL_INDEX],
+                       attrs.get(names.CALL_KEY_DIGEST), attrs.get(names.CALL_OUTCOME), attrs.get(names.TURN_ID),
+                       span.get("parentSpanId"), lineno)
             return None
         if names.TURN_ID not in attrs:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
+        return self._turn_span(name, attrs, span.get("spanId"), span.get("startTimeUnixNano"),
+                               span.get("endTimeUnixNano"), lineno)
+
+    def _turn_span(self, name: str, attrs: dict[str, Any], span_id: Any, start: Any, end: Any,
+                   lineno: int) -> Any:
         turn_id = attrs[names.TURN_ID]
-        span_id = span.get("spanId")
         if not _short_text(turn_id) or not (span_id is None or _short_text(span_id)):
             self._bad(lineno, f"turn span {shown(name)}: {names.TURN_ID} and spanId must be texts of at most "
                               f"{MAX_ID_LENGTH} characters; skipped")
             return None
-        self._span_times = span_times(span)
-        pending = self._pending.pop(f"turn:{turn_id}", None)
-        self._waiting -= len(pending.calls) if pending else 0
-        if span_id:
-            by_parent = self._pending.pop(f"span:{span_id}", None)
-            self._waiting -= len(by_parent.calls) if by_parent else 0
-            if by_parent is not None:
-                pending = by_parent if pending is None else _Pending(pending.path, pending.lineno,
-                                                                     pending.calls + by_parent.calls)
-        return self._turn(turn_id, pending or _Pending(self.path, lineno), attrs, lineno)
+        own_key, child_key = f"turn:{turn_id}", f"span:{span_id}" if span_id else None
+        own = self._pending.pop(own_key, None)
+        children = self._pending.pop(child_key, None) if child_key else None
+        self._waiting -= (len(own.calls) if own else 0) + (len(children.calls) if children else 0)
+        facts = self._facts(turn_id, attrs, lineno, None, span_times(start, end))
+        if self.hold:
+            self.emitted.append((own_key, child_key, len(own.calls) if own else 0,
+                                 len(children.calls) if children else 0))
+            return HeldTurn(turn_id, own.calls if own else [], children.calls if children else [], facts)
+        calls = own.calls if own else []
+        if children is not None:
+            calls = calls + children.calls
+        return _recorded_turn(turn_id, calls, facts)
 
-    def _call(self, span: dict[str, Any], name: str, attrs: dict[str, Any], lineno: int) -> None:
-        tool = attrs.get(names.GEN_AI_TOOL_NAME) or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
-        index = attrs.get(names.CALL_INDEX)
-        digest = attrs.get(names.CALL_KEY_DIGEST)
-        raw_outcome = attrs.get(names.CALL_OUTCOME)
-        outcome = Outcome.UNKNOWN if raw_outcome == names.CALL_UNFINISHED else _outcome(raw_outcome)
-        turn_id = attrs.get(names.TURN_ID)
-        parent = span.get("parentSpanId")
+    def _call(self, name: str, tool: Any, index: Any, digest: Any, raw_outcome: Any, turn_id: Any, parent: Any,
+              lineno: int) -> None:
+        """One tool span's fields (its attributes as read); reported and skipped when unusable."""
+        tool = tool or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
+        outcome = span_outcome(raw_outcome)
         key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
-        problem = _call_problem(key, tool, index, digest, (turn_id, parent), outcome, raw_outcome)
-        if problem:
-            self._bad(lineno, f"tool span {name!r}: {problem}")
-            return
+        if not _usable_call(key, tool, index, digest, turn_id, parent, outcome):
+            problem = _call_problem(key, tool, index, digest, turn_id, parent, raw_outcome, outcome)
+            if problem:
+                self._bad(lineno, f"tool span {name!r}: {problem}")
+                return
         assert key is not None and isinstance(index, int) and outcome is not None  # (no problem above)
         pending = self._pending.get(key)
         if pending is None:
@@ -722,34 +878,105 @@ class OtlpAssembler:
             return
         if len(self._tools) < MAX_SHARED_TOOLS:
             tool = self._tools.setdefault(tool, tool)
-        pending.calls.append((index, RecordedCall(tool, None, digest, outcome)))
+        pending.calls.append((index, tuple.__new__(RecordedCall, (tool, None, digest, outcome, *_CALL_DEFAULTS))))
         self._waiting += 1
 
-    def _turn(self, turn_id: str, pending: _Pending, attrs: dict[str, Any], lineno: int,
-              path: str | None = None) -> RecordedTurn:
-        calls = sorted(pending.calls, key=lambda pair: pair[0])
+    def _facts(self, turn_id: str, attrs: dict[str, Any], lineno: int, path: str | None,
+               times: tuple[float, float] | None) -> dict[str, Any]:
+        """What a turn span says about its turn (``RecordedTurn``'s fields but its calls),
+        reported when out of range."""
         cycles = attrs.get(names.TURN_CYCLES)
         if cycles is not None and not _count_in_range(cycles, 0):
             self._bad(lineno, f"turn {shown(turn_id)}: {names.TURN_CYCLES} must be an integer from 0 to "
-                              f"{MAX_TURN_CYCLES:,}, got {shown(cycles)} (replayed as one request)")
+                              f"{MAX_TURN_CYCLES:,}, got {shown(cycles)} (replayed as one request)", path)
             cycles = None
-        resolved = span_resolved(attrs.get(TURN_RESOLVED))
         cohort = attrs.get(TURN_COHORT)
-        return RecordedTurn(
-            id=turn_id,
-            calls=tuple(call for _, call in calls),
-            cycles=cycles,
-            resolved=resolved,
-            ended_by=span_ended_by(attrs),
-            source=_short_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
-            origin=f"{self.path if path is None else path}:{lineno}",
-            cohort=cohort if cohort in COHORTS else None,
-            **span_facts(attrs, self._span_times),
-        )
+        return {
+            "cycles": cycles,
+            "resolved": span_resolved(attrs.get(TURN_RESOLVED)),
+            "ended_by": span_ended_by(attrs),
+            "source": _short_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
+            "origin": f"{self.path if path is None else path}:{lineno}",
+            "cohort": cohort if cohort in COHORTS else None,
+            **span_facts(attrs, times),
+        }
+
+    # -- joining byte ranges read by worker processes (run.py) ------------------------------------
+
+    def leftovers(self) -> list[tuple[str, str, int, list[tuple[int, RecordedCall]]]]:
+        """With ``hold``, at the end of a range: the calls still waiting, by key, oldest key first."""
+        return [(key, p.path, p.lineno, p.calls) for key, p in self._pending.items()]
+
+    def take_range(self, emitted: Sequence[tuple[str, str | None, int, int]],
+                   leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]], most_waiting: int
+                   ) -> dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] | None:
+        """Join a range that a holding assembler read (its ``emitted``, ``leftovers()`` and
+        ``most_waiting``) to the stream read so far, as if this assembler had read it: the calls
+        waiting here that its turn spans take (by position in ``emitted``: the calls under the turn
+        id, then under the span id), its leftovers waiting on. ``None``, changing nothing, when
+        reading it here could have given other turns: more calls would have waited than the bound
+        at some point, or a turn would have reached its call limit; the caller then reads the
+        range itself."""
+        if not self._joins_alike(emitted, leftovers, most_waiting):
+            return None
+        stitched: dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] = {}
+        for i, (own, child, _, _) in enumerate(emitted):
+            own_before = self._pending.pop(own, None)
+            children_before = self._pending.pop(child, None) if child is not None else None
+            if own_before is not None or children_before is not None:
+                stitched[i] = (own_before.calls if own_before else [], children_before.calls if children_before else [])
+                self._waiting -= sum(len(p.calls) for p in (own_before, children_before) if p is not None)
+        for key, path, lineno, calls in leftovers:
+            mine = self._pending.get(key)
+            if mine is None:
+                self._pending[key] = _Pending(path, lineno, list(calls))
+            else:
+                mine.calls.extend(calls)
+            self._waiting += len(calls)
+        return stitched
+
+    def _joins_alike(self, emitted: Sequence[tuple[str, str | None, int, int]],
+                     leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]], most_waiting: int
+                     ) -> bool:
+        """Whether this assembler would have read the range alike: never more calls waiting than
+        the bound, and no turn past its call limit with the calls waiting here added."""
+        if self._waiting + most_waiting > self.max_waiting:
+            return False
+        taken: dict[str, int] = {}
+        for own, child, n_own, n_children in emitted:
+            for key, n in ((own, n_own), (child, n_children)):
+                if key is not None and key in self._pending and key not in taken:
+                    taken[key] = n
+        if any(len(self._pending[key].calls) + n > self.max_calls for key, n in taken.items()):
+            return False
+        return not any(key in self._pending and key not in taken
+                       and len(self._pending[key].calls) + len(calls) > self.max_calls
+                       for key, _, _, calls in leftovers)
 
 
-MAX_SHARED_TOOLS = 10_000
-"""Tool names an assembler keeps one copy of (the telemetry's own bound on tool names)."""
+def _usable_call(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any,
+                 outcome: Outcome | None) -> bool:
+    """A shortcut for ``not _call_problem(...)``: every usual field in range (when not, the
+    problem, if any, is worked out)."""
+    return (type(index) is int and index >= 1 and type(tool) is str and 0 < len(tool) <= MAX_ID_LENGTH
+            and type(digest) is str and 0 < len(digest) <= MAX_ID_LENGTH and outcome is not None and key is not None
+            and (turn_id is None or _short_text(turn_id)) and (parent is None or _short_text(parent)))
+
+
+def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any, raw_outcome: Any,
+                  outcome: Outcome | None) -> str | None:
+    """What makes a tool span unusable, the first thing of these; ``None``: nothing."""
+    return (
+        "neither a parentSpanId nor a turn id" if key is None
+        else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
+        if not all(v is None or _short_text(v) for v in (tool, digest, turn_id, parent))
+        else "no tool name" if not isinstance(tool, str) or not tool
+        else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
+        else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
+        else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
+        else None
+    )
+
 
 
 def _short_text(value: Any) -> bool:
@@ -775,11 +1002,11 @@ SPAN_LIMITS = (("soft_cap", names.LOOP_SOFT_CAP), ("hard_cap", names.LOOP_HARD_C
 """``Limits`` fields and the turn span attributes that carry them."""
 
 
-def span_times(span: dict[str, Any]) -> tuple[float, float] | None:
+def span_times(start_ns: Any, end_ns: Any) -> tuple[float, float] | None:
     """A span's start and end, Unix seconds (OTLP JSON gives nanoseconds as decimal text)."""
     try:
-        start, end = int(span["startTimeUnixNano"]) / 1e9, int(span["endTimeUnixNano"]) / 1e9
-    except (KeyError, TypeError, ValueError):
+        start, end = int(start_ns) / 1e9, int(end_ns) / 1e9
+    except (TypeError, ValueError, OverflowError):
         return None
     return (start, end) if 0 < start <= end <= MAX_TIME else None
 
@@ -814,18 +1041,3 @@ def span_resolved(value: Any) -> bool | None:
 
 TURN_COHORT = "turnguard.turn.cohort"
 """``"live"`` or ``"probe"`` on a turn span (any other value: not recorded)."""
-
-
-def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, ids: tuple[Any, Any], outcome: Outcome | None,
-                  raw_outcome: Any) -> str | None:
-    """What makes a tool span unreadable (``ids``: its turn id and parent span id), or ``None``."""
-    return (
-        "neither a parentSpanId nor a turn id" if key is None
-        else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
-        if not all(v is None or _short_text(v) for v in (tool, digest, *ids))
-        else "no tool name" if not isinstance(tool, str) or not tool
-        else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
-        else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
-        else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
-        else None
-    )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,51 +54,80 @@ BLOCK = 1 << 16
 """The scan's read size: small, so the scan adds nothing to a run's peak memory."""
 
 
+Event = tuple[int, int | None, bool | str]
+"""What a line gives: ``(line, result_key(turn id), resolved)`` for a result, ``(line, None,
+message)`` for a problem."""
+
+
 def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
                  max_line_bytes: int = MAX_LINE_BYTES) -> dict[int, bool]:
     """``result_key(turn id)`` -> the first late result reported for it, from every input."""
-    results: dict[int, bool] = {}
-    full = [False]
-    most = min(MAX_LATE_RESULTS, Bounds(max_line_bytes).late_results)
-
-    def keep(turn_id: str, resolved: bool, path: str, lineno: int) -> None:
-        key = result_key(turn_id)
-        if key in results:
-            return
-        if len(results) >= most:
-            if not full[0]:
-                full[0] = True
-                on_problem(InputProblem(path, lineno, f"more than {most:,} late results (--max-line-bytes / "
-                                                      f"{BYTES_PER_RESULT}): the rest are ignored"))
-            return
-        results[key] = resolved
-
+    book = ResultBook(on_problem, max_line_bytes)
     for path in paths:
-        if not _may_hold_results(path):
-            continue
-        with LineSource(path, None, max_line_bytes=max_line_bytes) as source:  # the replay reports long lines
-            label = source.path
-            for lineno, line in source:
-                if not any(m in line for m in MARKERS):
-                    continue
-                obj = parse_line(line, label, lineno, lambda p: None, max_line_bytes)  # the replay reports it
-                if not isinstance(obj, dict):
-                    continue
-                if RESULT_KEY in obj:
-                    _record(obj, label, lineno, on_problem, keep)
-                elif LOGS_KEY in obj:
-                    _logs(obj, label, lineno, on_problem, keep)
-    return results
+        if may_hold_results(path):
+            book.add(str(path), file_results(path, max_line_bytes))
+    return book.results
 
 
-def _record(obj: dict[str, Any], path: str, lineno: int, on_problem: ProblemSink, keep: Any) -> None:
-    turn_id, resolved = obj.get(RESULT_KEY), obj.get("resolved")
-    if not _turn_id(turn_id) or not isinstance(resolved, bool):
-        on_problem(InputProblem(path, lineno, f"a result record needs {RESULT_KEY!r} (a turn id of at most "
-                                              f"{MAX_ID_LENGTH} characters) and 'resolved' (true or false), got "
-                                              f"{RESULT_KEY}={shown(turn_id)}, resolved={shown(resolved)}"))
+class ResultBook:
+    """The results kept, in the order they are read (the first for a turn wins), up to the bound."""
+
+    def __init__(self, on_problem: ProblemSink, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.on_problem = on_problem
+        self.results: dict[int, bool] = {}
+        self.most = min(MAX_LATE_RESULTS, Bounds(max_line_bytes).late_results)
+        self._full = False
+
+    def add(self, path: str, events: Iterable[Event], first_line: int = 1) -> None:
+        """Take a file's (or a part's) events; their lines count from ``first_line``."""
+        results, shift = self.results, first_line - 1
+        for lineno, key, what in events:
+            if key is None:
+                self.on_problem(InputProblem(path, lineno + shift, str(what)))
+            elif key not in results:
+                if len(results) < self.most:
+                    results[key] = bool(what)
+                elif not self._full:
+                    self._full = True
+                    self.on_problem(InputProblem(path, lineno + shift, f"more than {self.most:,} late results "
+                                                                       f"(--max-line-bytes / {BYTES_PER_RESULT}): "
+                                                                       "the rest are ignored"))
+
+
+def file_results(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Event]:
+    """The events of every line of one file (gzip or not), as they are read."""
+    events: list[Event] = []
+    with LineSource(path, None, max_line_bytes=max_line_bytes) as source:  # the replay reports long lines
+        for lineno, line in source:
+            line_results(line, lineno, events, max_line_bytes)
+            if events:
+                yield from events
+                events.clear()
+
+
+def line_results(line: bytes, lineno: int, events: list[Event], max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    """Append the events of one line: a result record's, or those of an OTLP logs document's
+    ``turnguard.turn.result`` records; lines without a marker are not parsed."""
+    if not any(m in line for m in MARKERS):
         return
-    keep(turn_id, resolved, path, lineno)
+    obj = parse_line(line, "", lineno, lambda p: None, max_line_bytes)  # the replay reports it
+    if not isinstance(obj, dict):
+        return
+    if RESULT_KEY in obj:
+        _record(obj, lineno, events)
+    elif LOGS_KEY in obj:
+        _logs(obj, lineno, events)
+
+
+def _record(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
+    turn_id: Any = obj.get(RESULT_KEY)
+    resolved = obj.get("resolved")
+    if not _turn_id(turn_id) or not isinstance(resolved, bool):
+        events.append((lineno, None, f"a result record needs {RESULT_KEY!r} (a turn id of at most {MAX_ID_LENGTH} "
+                                     f"characters) and 'resolved' (true or false), got {RESULT_KEY}={shown(turn_id)}, "
+                                     f"resolved={shown(resolved)}"))
+        return
+    events.append((lineno, result_key(turn_id), resolved))
 
 
 def _turn_id(value: Any) -> bool:
@@ -107,7 +136,7 @@ def _turn_id(value: Any) -> bool:
     return type(value) is str and 0 < len(value) <= MAX_ID_LENGTH
 
 
-def _logs(obj: dict[str, Any], path: str, lineno: int, on_problem: ProblemSink, keep: Any) -> None:
+def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
     """``turnguard.turn.result`` records of an OTLP logs document (other records are not ours)."""
     for resource in _list(obj.get(LOGS_KEY)):
         for scope in _list(resource.get("scopeLogs") if isinstance(resource, dict) else None):
@@ -121,17 +150,17 @@ def _logs(obj: dict[str, Any], path: str, lineno: int, on_problem: ProblemSink, 
                 if turn_id is None:
                     continue  # not about a turn
                 if not _turn_id(turn_id):
-                    on_problem(InputProblem(path, lineno, f"a {RESULT_EVENT} record without a turn id of at most "
-                                                          f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored"))
+                    events.append((lineno, None, f"a {RESULT_EVENT} record without a turn id of at most "
+                                                 f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored"))
                 elif resolved is not None:
-                    keep(turn_id, resolved, path, lineno)
+                    events.append((lineno, result_key(turn_id), resolved))
 
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _may_hold_results(path: str | Path) -> bool:
+def may_hold_results(path: str | Path) -> bool:
     """Whether a marker occurs anywhere in the (decompressed) file: a block scan, no parsing."""
     longest = max(map(len, MARKERS))
     try:

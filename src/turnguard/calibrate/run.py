@@ -1,9 +1,8 @@
 """Running a calibration over files: serially, or over worker processes, with a progress bar.
 
-With ``jobs > 1`` the parent reads the files and hands chunks of corpus lines (parsed in the
-workers) and of turns rebuilt from OTLP spans (the assembler needs one reader) to worker
-processes, at most ``2 * jobs`` chunks in flight, so memory stays bounded; each worker returns
-the ``RunStats`` of its chunk and the parent merges them (the same merge as ``calibrate merge``).
+With ``jobs > 1`` the workers read the files in byte ranges and replay their turns, and the
+parent joins the ranges in stream order, so that the figures, and the problems and their order,
+are those of one process (``parallel.py``).
 """
 
 from __future__ import annotations
@@ -11,40 +10,27 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
-import multiprocessing
 import os
 import sys
-from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from turnguard.calibrate.decision import DEFAULT_TOLERANCE
-from turnguard.calibrate.engine import Calibrator, policy_info
+from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import (
     MAX_LINE_BYTES,
-    OTLP_MARKER,
-    SKIP_BLOCK,
-    UNREADABLE,
     InputError,
     InputProblem,
     LineSource,
     OtlpAssembler,
     ProblemSink,
-    bounded_lines,
-    corpus_line,
-    is_otlp_line,
-    parse_line,
     read_source,
-    too_long,
 )
+from turnguard.calibrate.parallel import calibrate_in_workers
 from turnguard.calibrate.results import late_results
 from turnguard.calibrate.stats import RunStats
-
-CHUNK_LINES = 2000
-CHUNK_BYTES = 1 << 20
-"""A chunk for a worker ends at this many lines or bytes, whichever comes first."""
 
 
 class StrictError(InputError):
@@ -108,13 +94,13 @@ def calibrate(
     counted = _Counter(on_problem, strict)
     sizes = input_sizes(paths)
     progress = progress or Progress(sum(sizes), enabled=False)
-    results = late_results(paths, counted, max_line_bytes=max_line_bytes)
     try:
         with rare_collections():
             if jobs <= 1:
+                results = late_results(paths, counted, max_line_bytes=max_line_bytes)
                 stats = _serial(paths, sizes, policies, counted, group, progress, max_line_bytes, results)
             else:
-                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes, results)
+                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes)
     finally:
         progress.close()
     stats.problems = counted.count
@@ -179,173 +165,17 @@ def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes,
     return cal.stats
 
 
-# -- worker processes -------------------------------------------------------------------------------
-
-_worker: Calibrator | None = None
-_max_line_bytes = MAX_LINE_BYTES
-
-
-def _init(policies: list[Policy], group: bool, max_line_bytes: int, results: dict[int, bool]) -> None:
-    global _worker, _max_line_bytes
-    gc.set_threshold(*GC_THRESHOLD)
-    _worker = Calibrator(policies, group=group, results=results)
-    _max_line_bytes = max_line_bytes
+RANGE_BYTES = 8 << 20
+"""With worker processes, plain files are cut into byte ranges of this size (at most a quarter
+of ``--max-line-bytes``, at least 64 KiB: a worker holds a few ranges' turns at a time)."""
 
 
-def _work(chunk: list[Any]) -> tuple[RunStats, list[InputProblem]]:
-    """Replay one chunk: ``("line", path, lineno, bytes)`` or ``("turn", RecordedTurn)`` items,
-    or a single ``("range", path, start, end, first_lineno)``: the lines starting in that byte
-    range of a plain corpus file, read by the worker itself."""
-    assert _worker is not None
-    cal = _worker
-    cal.stats = RunStats.empty(cal.stats.policies)
-    problems: list[InputProblem] = []
-    for item in chunk:
-        if item[0] == "turn":
-            cal.add(item[1])
-        elif item[0] == "range":
-            _read_range(cal, problems, *item[1:])
-        else:
-            _, path, lineno, line = item
-            turn = corpus_line(line, path, lineno, problems.append, _max_line_bytes)
-            if turn is not None:
-                cal.add(turn)
-    return cal.stats, problems
+def range_bytes(max_line_bytes: int) -> int:
+    return min(RANGE_BYTES, max(64 << 10, max_line_bytes // 4))
 
 
-def _read_range(cal: Calibrator, problems: list[InputProblem], path: str, start: int, end: int,
-                lineno: int) -> None:
-    with open(path, "rb") as f:
-        position = 0
-        if start:  # the line that began before this range belongs to the previous one
-            f.seek(start - 1)
-            position = start - 1
-            while position < end:  # a line longer than the range: nothing starts in it, stop at its end
-                block = f.readline(min(SKIP_BLOCK, end - position))
-                if not block:
-                    break
-                position += len(block)
-                if block.endswith(b"\n"):
-                    break
-            if position >= end:
-                return
-        add = cal.add
-        sink = problems.append
-        limit = _max_line_bytes
-        for line, size in bounded_lines(f.readline, limit):
-            if position >= end:
-                break
-            position += size
-            if line is None:
-                sink(too_long(path, lineno, size, limit))
-            else:
-                turn = corpus_line(line, path, lineno, sink, limit)
-                if turn is not None:
-                    add(turn)
-            lineno += 1
-
-
-RANGE_BYTES = 2 << 20
-"""Plain corpus files are cut into byte ranges of this size, each read by a worker itself."""
-
-
-def _ranges(path: str, size: int) -> Iterator[tuple[str, str, int, int, int]] | None:
-    """Byte-range tasks for a plain corpus file (with each range's first line number), or
-    ``None`` for a file the parent must read (gzip, or holding OTLP lines). The file is first
-    searched for OTLP lines; the tasks are then made as the workers take them (counting lines
-    as they go), so the workers start after one quick pass, not two."""
-    with open(path, "rb") as f:
-        if f.read(2) == b"\x1f\x8b" or _holds(f, OTLP_MARKER):
-            return None
-    return _range_tasks(path, size)
-
-
-def _holds(f: Any, marker: bytes) -> bool:
-    f.seek(0)
-    tail = b""
-    while block := f.read(RANGE_BYTES):
-        if marker in block or marker in tail + block[: len(marker)]:
-            return True
-        tail = block[-len(marker):]
-    return False
-
-
-def _range_tasks(path: str, size: int) -> Iterator[tuple[str, str, int, int, int]]:
-    newlines = 0
-    with open(path, "rb") as f:
-        start, ended_line = 0, False
-        while start < size:
-            block = f.read(RANGE_BYTES)
-            if not block:
-                break
-            # First line of this range: after the first newline at or past start - 1.
-            before = newlines - (1 if start and ended_line else 0)
-            yield ("range", path, start, start + len(block), before + (2 if start else 1))
-            newlines += block.count(b"\n")
-            ended_line = block.endswith(b"\n")
-            start += len(block)
-
-
-def _chunks(paths, sizes, on_problem, position: list[int], max_line_bytes: int) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    size_of_chunk = 0
-    done = 0
-    spans = OtlpAssembler(on_problem, max_line_bytes=max_line_bytes)  # one stream across the files
-    for path, size in zip(paths, sizes, strict=True):
-        label = str(path)
-        ranges = _ranges(label, size)
-        if ranges is not None:
-            for task in ranges:
-                position[0] = done + task[2]
-                yield [task]
-            done += size
-            position[0] = done
-            continue
-        with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
-            spans.path = label
-            for lineno, line in source:
-                if is_otlp_line(line):
-                    obj = parse_line(line, label, lineno, on_problem, max_line_bytes)
-                    if isinstance(obj, dict) and "resourceSpans" in obj:
-                        chunk.extend(("turn", t) for t in spans.add(obj, lineno))
-                    elif obj is not UNREADABLE:
-                        chunk.append(("line", label, lineno, line))
-                else:
-                    chunk.append(("line", label, lineno, line))
-                size_of_chunk += len(line)
-                if len(chunk) >= CHUNK_LINES or size_of_chunk >= CHUNK_BYTES:
-                    position[0] = done + source.position()
-                    yield chunk
-                    chunk = []
-                    size_of_chunk = 0
-        done += size
-        position[0] = done
-    chunk.extend(("turn", t) for t in spans.finish())
-    if chunk:
-        yield chunk
-
-
-def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_line_bytes, results) -> RunStats:
-    stats = RunStats.empty([policy_info(p) for p in policies])
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    ctx = multiprocessing.get_context(method)
-    position = [0]
-    pending: deque[Any] = deque()
-
-    def collect(result: Any) -> None:
-        part, problems = result.get()
-        for problem in problems:
-            on_problem(problem)
-        stats.merge(part)
-        progress.update(position[0], stats.calls, stats.turns)
-
-    with ctx.Pool(jobs, initializer=_init, initargs=(policies, group, max_line_bytes, results)) as pool:
-        for chunk in _chunks(paths, sizes, on_problem, position, max_line_bytes):
-            pending.append(pool.apply_async(_work, (chunk,)))
-            while len(pending) >= 2 * jobs:
-                collect(pending.popleft())
-        while pending:
-            collect(pending.popleft())
-    progress.update(position[0], stats.calls, stats.turns, force=True)
-    return stats
-
+def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_line_bytes) -> RunStats:
+    return calibrate_in_workers(paths, sizes, policies, on_problem=on_problem, group=group, jobs=jobs,
+                                max_line_bytes=max_line_bytes, range_bytes=range_bytes(max_line_bytes),
+                                gc_threshold=GC_THRESHOLD,
+                                progress=lambda done, stats: progress.update(done, stats.calls, stats.turns))

@@ -1,0 +1,191 @@
+"""The fast reading of the Collector's span lines: msgspec's typed JSON decoder, when installed.
+
+A Collector line holds one export batch (hundreds of spans of about 600 bytes each), and of each
+span calibrate reads a few fields and attributes. The standard ``json`` module builds every object
+of the line as a dict; msgspec (the ``cli`` extra) decodes straight into the few typed fields
+declared here and skips the rest (ids, times, events, links, resources) without building them:
+about three times less work per span.
+
+It is a fast path, never a second reading: ``decode`` gives the document only for a line whose
+every field read has the type the plain reading expects and whose JSON the ``json`` module reads
+identically; anything else (a field of another type, JSON that ``json`` would refuse or read
+differently) gives ``None``, and the line is read by the plain path, which says what is wrong with
+it. ``value`` converts an attribute value exactly as ``attributes.any_value`` does. What each side
+gives is compared on random and hostile lines in ``tests/test_calibrate_span_decoding.py``.
+Without msgspec, ``AVAILABLE`` is false and every line takes the plain path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from turnguard.calibrate.attributes import array_value, int_value
+
+try:
+    import msgspec
+    from msgspec import UnsetType
+except ImportError:  # the library works without the cli extra: every line is read by the json module
+    msgspec = None  # type: ignore[assignment]
+
+UNSET: Any = getattr(msgspec, "UNSET", None)
+AVAILABLE = msgspec is not None
+
+if msgspec is not None:
+    class AnyValue(msgspec.Struct, gc=False):
+        """OTLP JSON's ``AnyValue``: which of its fields is present decides the value (``UNSET``:
+        absent; ``None``: JSON null). Other kinds (``kvlistValue``, ``bytesValue``) read as ``None``
+        in both readings, so they are skipped."""
+
+        stringValue: str | UnsetType | None = UNSET
+        intValue: str | int | float | bool | UnsetType | None = UNSET
+        boolValue: bool | UnsetType | None = UNSET
+        doubleValue: int | float | UnsetType | None = UNSET
+        arrayValue: msgspec.Raw | UnsetType = UNSET
+        """Kept as its JSON text, parsed only when read (``attributes.array_value``)."""
+
+    class KeyValue(msgspec.Struct, gc=False):
+        key: str
+        value: AnyValue | None = None
+
+    class Span(msgspec.Struct, gc=False):
+        name: str
+        spanId: str | None = None
+        parentSpanId: str | None = None
+        startTimeUnixNano: str | int | None = None
+        endTimeUnixNano: str | int | None = None
+        attributes: list[KeyValue] | None = None
+
+    class ScopeSpans(msgspec.Struct, gc=False):
+        spans: list[Span]
+
+    class ResourceSpans(msgspec.Struct, gc=False):
+        scopeSpans: list[ScopeSpans]
+
+    class Document(msgspec.Struct, gc=False):
+        """One Collector line: ``{"resourceSpans": [{"scopeSpans": [{"spans": [...]}]}]}``."""
+
+        resourceSpans: list[ResourceSpans]
+
+    _DECODER: Any = msgspec.json.Decoder(Document)
+    _FAILED: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def decode(line: bytes) -> Any:
+    """The line's ``Document``, or ``None``: msgspec missing, a field read of a type the plain
+    reading would treat otherwise, or JSON that the ``json`` module might read differently.
+
+    What is refused before decoding: text that is not UTF-8 (msgspec does not check the strings
+    it skips; ``json`` refuses the line). What msgspec refuses itself, and ``json`` would still
+    read: ``NaN``/``Infinity``, numbers out of a float's range, lone surrogates in escapes, a
+    byte-order mark. Nesting: msgspec is called ``EXTRA_FRAMES`` frames deeper than ``json`` is,
+    so it gives up on deep nesting first (``agrees_on_depth``). Both keep the last of duplicate
+    keys."""
+    if not _usable():
+        return None
+    if not line.isascii():
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    try:
+        return _deeper(line, EXTRA_FRAMES)
+    except _FAILED:
+        return None
+
+
+EXTRA_FRAMES = 8
+"""Python frames between ``decode`` and msgspec: where Python frames count against the recursion
+limit (CPython 3.11), this leaves msgspec fewer levels of nesting than ``json.loads`` gets from
+the plain reading's call (``inputs.parse_line``, three frames of its own)."""
+
+
+def _deeper(line: bytes, frames: int) -> Any:
+    return _deeper(line, frames - 1) if frames else _DECODER.decode(line)
+
+
+_checked: list[bool] = []
+
+
+def _usable() -> bool:
+    """msgspec is installed and gives up on nesting no later than ``json`` (checked once)."""
+    if not _checked:
+        _checked.append(AVAILABLE and agrees_on_depth())
+    return _checked[0]
+
+
+def agrees_on_depth() -> bool:
+    """Whether every nesting ``decode`` reads, ``json.loads`` reads too, called as the plain
+    reading calls it: the deepest line each reads, found by bisection (a few milliseconds). When
+    not (another interpreter's recursion accounting), the fast path is not used."""
+    for shape in (_nested_skipped, _nested_arrays):
+        if _deepest(lambda line: _from_parse_line(line, 2), shape) < _deepest(_decodes, shape):
+            return False
+    return True
+
+
+def _from_parse_line(line: bytes, frames: int) -> bool:
+    """``json.loads`` of the line from as deep as the plain reading calls it (and a frame more)."""
+    if frames:
+        return _from_parse_line(line, frames - 1)
+    try:
+        json.loads(line)
+    except RecursionError:
+        return False
+    return True
+
+
+def _decodes(line: bytes) -> bool:
+    try:
+        return _deeper(line, EXTRA_FRAMES) is not None
+    except _FAILED:
+        return False
+
+
+def _deepest(reads: Callable[[bytes], bool], shape: Callable[[int], bytes]) -> int:
+    low, high = 1, 64
+    while high < 1 << 20 and reads(shape(high)):
+        low, high = high, high * 2
+    while low < high:
+        middle = (low + high + 1) // 2
+        if reads(shape(middle)):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _nested_skipped(depth: int) -> bytes:
+    """A span line whose one skipped field nests ``depth`` arrays."""
+    return b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x","x":' + b"[" * depth + b"]" * depth + b"}]}]}]}"
+
+
+def _nested_arrays(depth: int) -> bytes:
+    """A span line with an attribute of arrays in arrays ``depth`` deep."""
+    inner = b'{"arrayValue":{"values":[' * depth + b'{"stringValue":"a"}' + b"]}}" * depth
+    return (b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x","attributes":[{"key":"k","value":' + inner
+            + b"}]}]}]}]}")
+
+
+def value(v: Any) -> Any:
+    """An attribute's value as ``attributes.any_value`` gives it from the parsed JSON (an array
+    is parsed from its text by ``json``, then read by ``attributes.array_value``)."""
+    if v is None:
+        return None
+    s = v.stringValue
+    if s is not UNSET:
+        return s
+    i = v.intValue
+    if i is not UNSET:
+        return int_value(i)
+    b = v.boolValue
+    if b is not UNSET:
+        return bool(b)
+    d = v.doubleValue
+    if d is not UNSET:
+        return d
+    a = v.arrayValue
+    if a is not UNSET:
+        return array_value(json.loads(bytes(a)))
+    return None
