@@ -72,9 +72,10 @@ def test_a_resumed_turn_gives_the_verdicts_of_the_turn_that_never_stopped(prompt
 
 
 def facts(turn: tg.Turn) -> dict:
-    """What a plugin can read of the turn (its view), but the monotonic start, which moves."""
+    """What a plugin can read of the turn (its view), but its start (monotonic and wall clock), which
+    the resume moves by the time between the snapshot and the resume."""
     view = turn.view
-    return {**{name: getattr(view, name) for name in VIEW_FACTS if name != "started_at"},
+    return {**{name: getattr(view, name) for name in VIEW_FACTS if name not in ("started_at", "opened_ns")},
             **{f"outcomes {o.value}": view.outcomes(o) for o in tg.Outcome}}
 
 

@@ -146,6 +146,7 @@ class Ledger:
         "_news",
         "_next",
         "_ok",
+        "_opened_ns",
         "_outcomes",
         "_overflowed",
         "_polled",
@@ -197,6 +198,7 @@ class Ledger:
         self._soft_cap = config.soft_cap if cap_mode == "adaptive" else None
         self._hard_cap = config.hard_cap
         self._started_at = time.monotonic()
+        self._opened_ns = time.time_ns()
         self._tool_calls = 0
         self._cycles = 0
         self._cycle_start = 0
@@ -288,6 +290,10 @@ class Ledger:
     )
 
     started_at: float = _field("_started_at")
+
+    opened_ns: int = _field(
+        "_opened_ns", "When the turn opened, Unix ns, read once (a resumed turn's: the resume less the time it ran)."
+    )
 
     tool_calls: int = _field("_tool_calls", "Calls checked in the turn, including the current one.")
 
@@ -847,6 +853,7 @@ class Ledger:
             promptable=self.promptable if promptable is None else promptable,
         )
         twin._started_at = self._started_at
+        twin._opened_ns = self._opened_ns
         for name in _FACTS:
             setattr(twin, name, getattr(self, name))
         twin._counts = dict(self._counts)
@@ -900,6 +907,7 @@ class Ledger:
         ledger = cls(config, **identity)
         ledger._restore(Fields(state, path))
         ledger._started_at = time.monotonic() - elapsed_s
+        ledger._opened_ns = time.time_ns() - round(elapsed_s * 1e9)
         return ledger
 
     def _restore(self, f: Fields) -> None:
@@ -1215,7 +1223,7 @@ class EndedStreak:
 
 VIEW_FACTS = (
     "config", "turn_id", "cohort", "conversation_id", "agent_name", "resumed_from", "fresh_state", "promptable",
-    "cap_mode", "soft_cap", "hard_cap",
+    "cap_mode", "soft_cap", "hard_cap", "opened_ns",
     "started_at", "tool_calls", "checks", "cycles", "calls_this_cycle", "cap_quiet_until", "max_key_repeat",
     "max_stale_repeat", "distinct_keys", "keys_overflowed", "streak_length", "failing_streak_length",
     "settled_streak_length", "stop_count", "awaiting_in_streak", "streak_digest", "last_tool_name",
@@ -1311,6 +1319,11 @@ class LedgerView:
     def started_at(self) -> float:
         """When the turn opened (``time.monotonic()``)."""
         return _ledger_of(self).started_at
+
+    @property
+    def opened_ns(self) -> int:
+        """When the turn opened, Unix ns, read once (a resumed turn's: the resume less the time it ran)."""
+        return _ledger_of(self).opened_ns
 
     @property
     def tool_calls(self) -> int:

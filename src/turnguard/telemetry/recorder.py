@@ -50,6 +50,7 @@ from turnguard.hookspecs import hookimpl
 from turnguard.keys import cached_digest
 from turnguard.model import Action, Outcome
 from turnguard.telemetry import recorder_state
+from turnguard.telemetry.clock import turn_end_ns, turn_start_ns, unix_s
 from turnguard.telemetry.recorder_state import Carried
 
 if TYPE_CHECKING:
@@ -251,8 +252,8 @@ class Recorder:
             record = self._turns.pop(turn, None)
         if record is None:
             record = _TurnRecord()
-        ended_at = time.time()
-        started_at = ended_at - summary.duration_s  # (the time it ran here; a resumed turn opened earlier)
+        # the turn span's instants (clock.py); a resumed turn opened earlier: record.started_at
+        started_at, ended_at = unix_s(turn_start_ns(turn)), unix_s(turn_end_ns(turn, summary))
         config = turn.config
         with record.lock:
             if record.started_at is not None:
@@ -389,7 +390,7 @@ def _carried(record: _TurnRecord, turn: Ledger) -> Carried:
             waiting.setdefault(seq, at)
     started_at = record.started_at
     if started_at is None:
-        started_at = time.time() - (time.monotonic() - turn.started_at)
+        started_at = unix_s(turn_start_ns(turn))
     return Carried(started_at, [(c.tool, c.digest, c.outcome, c.result) for c in record.calls], record.dropped,
                    record.cycle_mark, waiting, record.escalations, record.escalations_dropped)
 

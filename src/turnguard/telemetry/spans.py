@@ -21,6 +21,7 @@ from turnguard.hookspecs import hookimpl
 from turnguard.keys import cached_digest, canonical_text
 from turnguard.model import MAX_ID_LENGTH, Action, Outcome
 from turnguard.telemetry import names as n
+from turnguard.telemetry.clock import turn_end_ns, turn_start_ns
 from turnguard.telemetry.names import (  # the per-call names, bound once (no module lookup per call)
     ACTION_LABELS,
     CALL_INDEX,
@@ -211,6 +212,7 @@ class SpanReporter:
                 export_text(f"{n.OP_INVOKE_AGENT} {agent}") if agent else n.OP_INVOKE_AGENT,
                 kind=SpanKind.INTERNAL,
                 attributes=turn_attributes(turn, host=False, policy=self.policy),
+                start_time=turn_start_ns(turn),
             )
             state = _TurnState(span, owned=True)
         turns = self._turns
@@ -427,14 +429,17 @@ class SpanReporter:
         with self._lock:
             state = self._turns.pop(turn, None)
         if state is not None:
-            self._close(state, summary_attributes(summary), error=summary.reason == "error")
+            self._close(state, summary_attributes(summary), error=summary.reason == "error",
+                        end_ns=turn_end_ns(turn, summary))
 
-    def _close(self, state: _TurnState, attrs: dict[str, Any], *, error: bool = False) -> None:
-        """End the turn's open call spans (``unfinished``) and, if it is ours, the turn span."""
+    def _close(self, state: _TurnState, attrs: dict[str, Any], *, error: bool = False,
+               end_ns: int | None = None) -> None:
+        """End the turn's open call spans (``unfinished``) and, if it is ours, the turn span, at
+        ``end_ns`` (the recorder line's end too; ``None``: now)."""
         leftovers, state.calls = state.calls, {}
         for entry in leftovers.values():
             if entry.owned:
-                self._started(entry, {n.CALL_OUTCOME: n.CALL_UNFINISHED}).end()
+                self._started(entry, {n.CALL_OUTCOME: n.CALL_UNFINISHED}).end(end_time=end_ns)
         span = state.span
         if span is None:
             return
@@ -444,4 +449,4 @@ class SpanReporter:
                 span.set_status(_ERROR_STATUS)
             span.set_attributes(attrs)
         if state.owned:
-            span.end()
+            span.end(end_time=end_ns)
