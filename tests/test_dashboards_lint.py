@@ -2,9 +2,9 @@
 
 The Go linter cannot be installed here, so its relevant rules are re-stated below (rule names in
 the comments), applied to the committed JSON, and each is shown to catch the mistake it is for.
-Exceptions, stated here rather than in a ``.lint`` file: counts are ``build.counted`` (``increase``
-and, for a series born in the window, ``last_over_time``, over ``$__range``, ``$__rate_interval``
-or the heatmap's ``$__interval``; the bare counter after ``offset`` tells the two apart) or, on the
+Exceptions, stated here rather than in a ``.lint`` file: counts are ``promql.counted`` (the last
+sample in ``$__range``, ``$__rate_interval`` or the heatmap's ``$__interval`` less the last one up to
+a day before it: no ``increase``, no bare counter after ``offset``) or, on the
 threshold-validation board, recorded tiles summed by ``sum_over_time`` over ``$__range`` or
 ``$__interval``, and
 ``rate``/``irate`` must use ``$__rate_interval``; the job/instance rules are left out because
@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from conftest import optional_dependency
-from turnguard.boards import queries
+from turnguard.boards import promql, queries
 from turnguard.config import GuardConfig
 from turnguard.telemetry import names as n
 
@@ -48,13 +48,15 @@ SHADOW_IDS = range(100, 200)
 
 VALID_UNITS = frozenset({"short", "none", "percent", "percentunit", "cps", "ops", "reqps", "s", "ms", "bytes"})
 """Grafana unit ids the boards may use (a subset of Grafana's; a typo is not a unit)."""
-RANGE_FUNCTION = re.compile(r"\b(rate|irate|increase|last_over_time|sum_over_time)\(\s*[^\[\]]*\[([^\]]+)\]")
+RANGE_FUNCTION = re.compile(r"\b(rate|irate|increase|(?:last|min|max|sum)_over_time|resets)\(\s*[^\[\]]*\[([^\]]+)\]")
 COUNTER = re.compile(r"\b([a-zA-Z_:][\w:]*_total)\b")
 COUNT_WINDOWS = {"$__rate_interval", "$__range", "$__interval"}
 ALLOWED_RANGES = {"rate": {"$__rate_interval"}, "irate": {"$__rate_interval"},
-                  "increase": COUNT_WINDOWS, "last_over_time": COUNT_WINDOWS,
+                  "increase": COUNT_WINDOWS, "min_over_time": COUNT_WINDOWS, "max_over_time": COUNT_WINDOWS,
+                  "resets": COUNT_WINDOWS, "last_over_time": COUNT_WINDOWS | {promql.COUNTED_LOOKBACK},
                   "sum_over_time": {"$__range", "$__interval"}}
-"""Recorded 5-minute tiles are summed over the range or the step's own interval, never over
+"""A count's windows (``promql.counted``'s ``before`` looks a day back from the window's start).
+Recorded 5-minute tiles are summed over the range or the step's own interval, never over
 ``$__rate_interval`` (the interval plus a scrape interval: not a whole number of tiles)."""
 
 PANEL_IDS = {
@@ -135,10 +137,10 @@ def target_counter_agg_rule(board):
     problems = []
     for q in queries.panel_queries(board):
         for match in COUNTER.finditer(q.expr):
-            after = q.expr[match.end():]
-            offset_only = re.match(r"\{[^}]*\} offset \$__\w+", after) or after.startswith(" offset $__")
-            if not re.search(r"\b(rate|irate|increase|last_over_time)\(\s*$", q.expr[: match.start()]) \
-                    and not offset_only:
+            # promql.counted reads a counter's samples with these (its last, least and greatest
+            # value in the window and the day before it, its resets) instead of increase()
+            if not re.search(r"\b(rate|irate|increase|(last|min|max)_over_time|resets)\(\s*$",
+                             q.expr[: match.start()]):
                 problems.append(f"panel {q.panel_id} {q.ref_id}: counter {match.group(1)} not in rate/increase")
     return problems
 
@@ -178,7 +180,10 @@ def stable_panel_ids_rule(board):
     return problems
 
 
-COUNTED = re.compile(r"increase\((\w+(?:\{[^}]*\})?)\[(\$__\w+)\]\)")
+COUNTED = re.compile(r"last_over_time\((\w+(?:\{[^}]*\})?)\[(\$__\w+)\]\)")
+"""A raw counter's last sample in a dashboard window: ``promql.counted``'s ``now``."""
+INSTANT_OFFSET = re.compile(r"(?<![\w\]])(\w+(?:\{[^}]*\})?) offset \$__\w+")
+"""A bare series after ``offset``: looks back only the lookback delta (5 minutes) before the window."""
 AGENT_MATCHER = '=~"$agent"'
 RULES_FILE = Path(__file__).resolve().parents[1] / "rules" / "turnguard.rules.yaml"
 
@@ -215,13 +220,20 @@ EXEMPLAR_PANELS = {HALTS: {11, 12}}
 
 
 def count_from_zero_rule(board):
-    """Every increase() is build.counted's: a series born in the window counts from zero."""
+    """Every count is ``promql.counted``'s: a series born in the window counts from zero, one silent
+    for longer than the lookback delta before it (a gap) counts from its last sample, not again
+    from zero. ``increase()`` drops a new series' first sample; ``m offset $__range`` sees a sample
+    only 5 minutes back."""
     problems = []
     for q in queries.panel_queries(board):
+        if "increase(" in q.expr:
+            problems.append(f"panel {q.panel_id} {q.ref_id}: increase() drops a new series' first sample")
+        for series in INSTANT_OFFSET.findall(q.expr):
+            problems.append(f"panel {q.panel_id} {q.ref_id}: {series} offset: a gap reads as a new series")
         for series, window in COUNTED.findall(q.expr):
-            fallback = f"last_over_time({series}[{window}]) unless {series} offset {window}"
-            if f"and {series} offset {window}" not in q.expr or fallback not in q.expr:
-                problems.append(f"panel {q.panel_id} {q.ref_id}: increase({series}[{window}]) drops a new series")
+            before = f"last_over_time({series}[{promql.COUNTED_LOOKBACK}] offset {window}) or 0 * "
+            if before not in q.expr or f"resets({series}[{window}])" not in q.expr:
+                problems.append(f"panel {q.panel_id} {q.ref_id}: {series} over {window} is not promql.counted")
     return problems
 
 
@@ -657,7 +669,7 @@ def _fixed_rate_window(board):
 
 def _rate_over_range(board):
     target = _first_content(board)["targets"][0]
-    target["expr"] = target["expr"].replace("increase(", "rate(", 1)
+    target["expr"] = "sum(rate(turnguard_loop_detections_total[$__range]))"
 
 
 def _bare_counter(board):
@@ -683,6 +695,19 @@ def _renumber(board):
 
 def _plain_increase(board):
     _first_content(board)["targets"][0]["expr"] = "sum(increase(turnguard_turn_tool_calls_count[$__range]))"
+
+
+def _instant_lookback(board):
+    """The form the Halts board had: ``increase`` where a sample is 5 minutes before the window."""
+    series = "turnguard_loop_detections_total"
+    _first_content(board)["targets"][0]["expr"] = (f"sum((increase({series}[$__range]) and {series} offset $__range)"
+                                                   f" or (last_over_time({series}[$__range]) unless {series} offset "
+                                                   "$__range))")
+
+
+def _no_day_before(board):
+    """The last sample alone (no ``before``): a series' whole history, every window."""
+    _first_content(board)["targets"][0]["expr"] = "sum(last_over_time(turnguard_loop_detections_total[$__range]))"
 
 
 def _unscoped_agent(board):
@@ -836,6 +861,8 @@ MORE_BREAKAGES = [
     ("cohort-variable", _cohort_all),
     ("cohort-variable", _both_cohorts_unsaid),
     ("interval-beside-share", _fixed_tolerance),
+    ("count-from-zero", _instant_lookback),
+    ("count-from-zero", _no_day_before),
 ]
 ON_THE_THRESHOLD_BOARD = {_censoring_unsaid, _percentiles_alone, _call_them_runaways, _backstop_alone,
                           _share_without_interval, _tolerance_dropped, _streak_row_dropped, _live_past_the_backstop,

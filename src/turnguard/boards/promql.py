@@ -151,17 +151,29 @@ def le_sel(edge: float, **labels: str) -> str:
 # -- counting -------------------------------------------------------------------------------------
 
 
-def counted(metric: str, selector: str = "", window: str = "$__range") -> str:
-    """Per series, the events counted in ``window``, a series born inside it counted from zero.
+COUNTED_LOOKBACK = "1d"
+"""How far before a window ``counted`` looks for a series' last sample: a series silent longer than
+this before the window (a gap, a stopped exporter) counts as new there, its whole value again."""
 
-    ``increase()`` starts at a series' first sample and needs two: a series created in the window
-    (an agent's first backstop halt is a new series, born at 1) would count 0, or nothing. A series
-    with no sample before the window (none at ``offset window``) counts its whole value, since a
-    cumulative series starts at zero; the others count their ``increase()``, resets handled as
-    Prometheus does."""
+
+def counted(metric: str, selector: str = "", window: str = "$__range") -> str:
+    """Per series, the events that became visible in ``window``: the rules' counting form
+    (``rules.counted``) on the raw samples, so a gap counts each event once and history never twice.
+
+    ``now`` is the series' last sample in the window, ``before`` its last one up to a day before it
+    (an instant ``offset`` would look back only 5 minutes: after a longer gap a series would count
+    its whole history again, as new), or 0 for a series with none: a new series counts from zero,
+    as a cumulative series starts there (``increase()`` would miss a series born at 1, or count it
+    0). Gained = ``now - before``; after a reset (a value below ``before``, or a drop in the window)
+    the run after it counts from zero, plus the growth before it that the window's peak shows.
+    Exact, integer counts: no extrapolation to the window's edges."""
     m = f"{metric}{scoped(metric, selector)}"
-    return (f"(increase({m}[{window}]) and {m} offset {window}) "
-            f"or (last_over_time({m}[{window}]) unless {m} offset {window})")
+    now = f"last_over_time({m}[{window}])"
+    before = f"(last_over_time({m}[{COUNTED_LOOKBACK}] offset {window}) or 0 * {now})"
+    low, peak = f"min_over_time({m}[{window}])", f"max_over_time({m}[{window}])"
+    reset = f"({low} < {before} or resets({m}[{window}]) > 0)"
+    return (f"({now} - {before}) unless {reset} "
+            f"or ({now} + clamp_min({peak} - {before}, 0) * ({peak} > bool {now})) and {reset}")
 
 
 def _by(by: Sequence[str]) -> str:
