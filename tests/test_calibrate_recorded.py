@@ -12,6 +12,7 @@ import pytest
 
 import turnguard as tg
 from collector_lines import collector_lines
+from turnguard.calibrate import span_decoding
 from turnguard.calibrate.inputs import InputProblem, Limits, read_turns
 from turnguard.model import MAX_ID_LENGTH
 from turnguard.telemetry.testing import InMemoryTelemetry
@@ -69,7 +70,7 @@ def test_lines_and_spans_say_the_same_policy_limits_end_and_times(recorded):
         assert a.tool_calls == b.tool_calls == summary.tool_calls == len(a.calls) == len(b.calls)
         assert a.needed_calls == summary.tool_calls
         assert a.started_at <= a.ended_at and b.started_at <= b.ended_at
-        assert abs(a.started_at - b.started_at) < 1.0 and abs(a.ended_at - b.ended_at) < 1.0
+        assert (a.started_at, a.ended_at) == (b.started_at, b.ended_at)  # one reading of the clock each
     assert cohorts == {"live", "probe"}
     ends = {t.ended_by for t in from_lines.values()}
     assert {"hard_backstop", "streak", "cancelled", "completed"} <= ends
@@ -138,6 +139,36 @@ def test_an_attended_continue_is_remembered(tmp_path):
                     + json.dumps({**LINE, "id": "y", "escalations": escalations[:1]}) + "\n")
     turns, _ = read(path)
     assert turns["x"].continued and not turns["y"].continued
+
+
+@pytest.mark.parametrize("reading", ["msgspec", "json"])
+@pytest.mark.parametrize("answer", ["continue", "redirect", "stop", None])
+def test_an_attended_answer_reads_alike_from_the_line_and_the_turn_span(tmp_path, monkeypatch, answer, reading):
+    if reading == "json":  # the plain reading (without msgspec, or for a line it does not take)
+        monkeypatch.setattr(span_decoding, "_usable", lambda: False)
+    else:
+        assert span_decoding.decode(b'{"resourceSpans": []}') is not None
+    telemetry = InMemoryTelemetry()
+    guard = tg.Guard(tg.GuardConfig(recorder_path=str(tmp_path / "turns.jsonl"), load_entrypoints=False,
+                                    disable_plugins=("shadow",)), environ={}, **telemetry.providers())
+    with guard.turn(turn_id="t", promptable=True) as turn:
+        asked = 0
+        for _ in range(6):  # the same failing call: the streak asks at 5
+            call = tg.ToolCall("run", {"cmd": "make"})
+            verdict = turn.check_call(call)
+            verdict = verdict if verdict.action is tg.Action.ASK else turn.record_outcome(call, "error")
+            if verdict.action is tg.Action.ASK:
+                asked += 1
+                if answer is not None:
+                    turn.resolve(verdict, answer)
+                    break
+    assert asked
+    telemetry.tracer_provider.force_flush()
+    otlp = tmp_path / "otlp.jsonl"
+    otlp.write_text("\n".join(collector_lines([telemetry.spans()])) + "\n")
+    (from_line, problems_line), (from_span, problems_span) = read(tmp_path / "turns.jsonl"), read(otlp)
+    assert problems_line == problems_span == []
+    assert from_line["t"].continued == from_span["t"].continued == (answer == "continue")
 
 
 def test_late_results_with_ids_past_the_limit_are_reported_and_not_kept(tmp_path):

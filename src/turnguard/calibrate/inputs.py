@@ -792,7 +792,8 @@ class OtlpAssembler:
                         if call_index not in raw:
                             if turn_key in raw:
                                 turn = self._turn_span(span.name, {k: value(v) for k, v in raw.items()}, span.spanId,
-                                                       span.startTimeUnixNano, span.endTimeUnixNano, lineno)
+                                                       span.startTimeUnixNano, span.endTimeUnixNano, lineno,
+                                                       span_decoding.events(span.events))
                                 if turn is not None:
                                     yield turn
                             continue
@@ -900,10 +901,10 @@ class OtlpAssembler:
         if names.TURN_ID not in attrs:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
         return self._turn_span(name, attrs, span.get("spanId"), span.get("startTimeUnixNano"),
-                               span.get("endTimeUnixNano"), lineno)
+                               span.get("endTimeUnixNano"), lineno, span.get("events"))
 
     def _turn_span(self, name: str, attrs: dict[str, Any], span_id: Any, start: Any, end: Any,
-                   lineno: int) -> Any:
+                   lineno: int, events: Any = None) -> Any:
         turn_id = attrs[names.TURN_ID]
         if not _short_text(turn_id) or not (span_id is None or _short_text(span_id)):
             self._bad(lineno, f"turn span {shown(name)}: {names.TURN_ID} and spanId must be texts of at most "
@@ -914,6 +915,7 @@ class OtlpAssembler:
         children = self._pending.pop(child_key, None) if child_key else None
         self._waiting -= (len(own.calls) if own else 0) + (len(children.calls) if children else 0)
         facts = self._facts(turn_id, attrs, lineno, None, span_times(start, end))
+        facts["continued"] = span_continued(events)
         if self.hold:
             self.emitted.append((own_key, child_key, len(own.calls) if own else 0,
                                  len(children.calls) if children else 0))
@@ -1074,6 +1076,14 @@ def span_times(start_ns: Any, end_ns: Any) -> tuple[float, float] | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return (start, end) if 0 < start <= end <= MAX_TIME else None
+
+
+def span_continued(events: Any) -> bool:
+    """Whether an attended ask of the turn was answered "continue": a ``turnguard.escalation_resolved``
+    event among its turn span's ``events`` (the recorder line's ``escalations``)."""
+    return isinstance(events, list) and any(
+        isinstance(e, dict) and e.get("name") == names.ESCALATION_RESOLVED_EVENT
+        and attributes(e.get("attributes")).get(names.ESCALATION_ANSWER) == "continue" for e in events)
 
 
 def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A Collector line holds one export batch (hundreds of spans of about 600 bytes each), and of each
 span calibrate reads a few fields and attributes. The standard ``json`` module builds every object
 of the line as a dict; msgspec (the ``cli`` extra) decodes straight into the few typed fields
-declared here and skips the rest (ids, times, events, links, resources) without building them:
+declared here and skips the rest (ids, times, links, resources; a span's events are kept as their
+JSON text, parsed for turn spans only) without building them:
 about three times less work per span.
 
 It is a fast path, never a second reading: ``decode`` gives the document only for a line whose
@@ -56,6 +57,8 @@ if msgspec is not None:
         startTimeUnixNano: str | int | None = None
         endTimeUnixNano: str | int | None = None
         attributes: list[KeyValue] | None = None
+        events: msgspec.Raw | UnsetType = UNSET
+        """Kept as its JSON text, parsed only for a turn span (``events``)."""
 
     class ScopeSpans(msgspec.Struct, gc=False):
         spans: list[Span]
@@ -70,6 +73,17 @@ if msgspec is not None:
 
     _DECODER: Any = msgspec.json.Decoder(Document)
     _FAILED: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def events(raw: Any) -> Any:
+    """A decoded span's ``events`` as the plain reading gives them (``None`` when absent, or
+    nested past what ``json`` reads here)."""
+    if raw is UNSET:
+        return None
+    try:
+        return json.loads(bytes(raw))
+    except (ValueError, RecursionError):
+        return None
 
 
 def decode(line: bytes) -> Any:
