@@ -259,7 +259,18 @@ class Samples:
         time.sleep(TILE_S)
 
     def gap(self) -> None:
+        """Prometheus down, once its rules have evaluated past the last sample that landed (a gap
+        before the window's first record would leave its records no state to chain from; a fleet
+        runs to its middle faster than the rules' lag on a quiet machine)."""
         assert self._restart is not None, "this route has no telemetry gap"
+        due = (self.landed[-1] if self.landed else time.time()) + LAG_S + TILE_S
+        evaluated = f"timestamp({rules.HEARTBEAT})"
+
+        def past_it() -> bool:
+            found = self.prometheus.api("query", query=evaluated)["result"]
+            return bool(found) and float(found[0]["value"][1]) >= due
+
+        chain.wait_until(f"the rules to evaluate past {due}", past_it, self.prometheus.exited, timeout=60)
         self.prometheus.stop()
         self._down, self._missed = time.time(), False
 

@@ -329,6 +329,46 @@ def test_calibrate_on_the_same_turns_decides_as_the_planted_truth(probe_run, tol
             assert verdict == "above", threshold
 
 
+PLANTED_DECISIONS = {
+    0.05: ("above", "above", "above"),
+    0.1: ("above", "above", "above"),
+    0.3: ("needs turns", "needs turns", "needs turns"),
+    0.5: ("censored", "needs turns", "within"),
+    0.7: ("censored", "within", "within"),
+    0.9: ("censored", "within", "within"),
+}
+"""Per tolerance, the answer for 10x, D and the streak stop (planted: 80%, 33%, 25% of their halts
+would have succeeded): a direction where the interval excludes the tolerance, the right one; else
+undecided, either for want of turns (near a share: more turns would decide it) or because the
+censored turns could go either way (the backstop past 50%: the very long productive turns and the
+runaways were both halted at the probe's own 20x)."""
+
+
+def _answer(decision: float | str, more: float | None, why: str | None = None) -> str:
+    if decision in (1, "above"):
+        return "above"
+    if decision in (-1, "within"):
+        return "within"
+    return "needs turns" if why == "needs_turns" or (why is None and math.isfinite(more or math.inf)) else "censored"
+
+
+@pytest.mark.parametrize("tolerance", TOLERANCES)
+def test_each_intervals_decision_on_the_board_and_in_calibrate_is_the_planted_truths(probe_run, tolerance):
+    """The board (through the telemetry gap, the other process's results included) and calibrate on
+    the same turns give each threshold the same answer at each tolerance, and it is the planted
+    truth's: a decided row points the way the planted share does, and the rows left undecided are
+    the ones whose interval still holds the tolerance."""
+    board, more = _decisions(probe_run, tolerance), _column(probe_run, "more probe turns", tolerance)
+    probe = _calibrate(probe_run, tolerance)["probe"]
+    on_board = tuple(_answer(board[t], more[t]) for t in CALIBRATE_ROWS)
+    rows = [_calibrate_row(probe, t) for t in CALIBRATE_ROWS]
+    in_calibrate = tuple(_answer(row["decision"], row["more_turns"], row["why"]) for row in rows)
+    assert on_board == in_calibrate == PLANTED_DECISIONS[tolerance], (tolerance, on_board, in_calibrate)
+    for threshold, answer in zip(CALIBRATE_ROWS, on_board, strict=True):
+        if answer in ("above", "within"):
+            assert (answer == "above") == (pf.TRUTH[threshold] > tolerance), (threshold, tolerance)
+
+
 def test_the_boards_product_limit_estimate_is_calibrates(probe_run):
     """Past the backstop nobody is censored inside a bucket here (the live turns at 1,001 calls, the
     probe's at its cap of 2,001: each at the start of one), so the bucketed estimate is calibrate's
