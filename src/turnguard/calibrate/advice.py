@@ -196,8 +196,10 @@ def cost_advice(e: ProbeEvidence, ctx: Context, turns: int, calls: int) -> str |
     rate = ctx.probe_rate if ctx.probe_rate is not None else observed
     said = (f"The probe cost {e.calls_past_main:,} calls past where the main configuration would have halted "
             f"{e.past_main:,} of its {_turns(e.turns)} ({per_turn:,.1f} per probe turn)")
+    untold = (f" At least: for {_turns(e.main_untold)} the recording lists too few calls to tell whether the main "
+              "configuration would have halted them (recorded in part or cut short)." if e.main_untold else "")
     if rate is None or not turns or not calls:
-        return said + "."
+        return said + "." + untold
     which = (f"the configured rate of {rate:.1%}" + (f" (observed {observed:.1%})" if observed is not None else "")
              if ctx.probe_rate is not None else f"the observed rate of {rate:.1%} (no probe in --config)")
     share = rate * per_turn / (calls / turns)
@@ -206,7 +208,7 @@ def cost_advice(e: ProbeEvidence, ctx: Context, turns: int, calls: int) -> str |
     if days:
         per_day = rate * per_turn * turns / days
         said += f", about {per_day:,.0f} calls a day at the observed {turns / days:,.0f} turns a day"
-    return said + "."
+    return said + "." + untold
 
 
 def limits_notes(e: ProbeEvidence, recording: Recording, default_limits: dict[str, object] | None) -> list[str]:

@@ -33,6 +33,7 @@ from turnguard.calibrate.results import result_key
 from turnguard.calibrate.stats import HaltEffect, RunStats, halt_effect, halt_ended
 from turnguard.config import GuardConfig
 from turnguard.firing import FiringRule, TurnFacts
+from turnguard.guard import SUSPENDED
 from turnguard.keys import Keyer, is_json_text
 from turnguard.ledger import Ledger
 from turnguard.model import Outcome, ToolCall
@@ -78,8 +79,11 @@ class Calibrator:
         return self.stats
 
     def add(self, turn: RecordedTurn) -> None:
-        n = len(turn.calls)
         stats = self.stats
+        if turn.ended_by == SUSPENDED:
+            stats.suspended_parts += 1  # a part of a turn: the span that ends the turn counts it
+            return
+        n = turn.needed_calls  # the true count: halts save calls the recording may not list
         turn_id, resolved = turn.id, turn.resolved
         if resolved is None and self.late_results:
             resolved = self.late_results.get(result_key(turn_id))
@@ -88,21 +92,21 @@ class Calibrator:
         effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs
         main = None
         cohort = turn.cohort or "unrecorded"
-        cut = cohort if halt_ended(turn.ended_by) else None
-        if cut is not None:
-            stats.halt_ended[cut] = stats.halt_ended.get(cut, 0) + 1
+        at_halt = halt_ended(turn.ended_by)
+        cut, short = _censoring(stats, turn, cohort, at_halt)
         source = "attended" if cohort == "live" and turn.continued else cohort
-        for idx, mode, result in self.fired(turn):
+        for idx, mode, result in [] if turn.in_part else self.fired(turn):
             if idx == self._default and mode == "unattended":
                 main = result
             if result.halt_call or result.asks:
                 key = id(result)
                 effect = effects[key] if key in effects else effects.setdefault(key, halt_effect(result, n))
-                modes[idx][mode].add_effect(turn_id, resolved, result, effect, cut, source)
+                modes[idx][mode].add_effect(turn_id, resolved, result, effect, cut, source, short)
         stats.recording.add(turn, cohort)
-        stats.survival.add(turn.needed_calls, turn.ended_by)
+        stats.survival.add(n, turn.ended_by)
         if turn.cohort == PROBE:
-            stats.probe.add(turn.needed_calls, resolved, main, turn.ended_by if cut is not None else None)
+            stats.probe.add(n, resolved, main, turn.ended_by if at_halt else None,
+                            untold=turn.in_part or turn.cut_short)
         elif turn.cohort == LIVE:
             stats.probe.live_turns += 1
 
@@ -224,6 +228,22 @@ class Calibrator:
                         groups[key] = _Group(cp, promptable, plan.first_call, plan.cap_call, family)
                 members.append((idx, mode, key))
         return groups, members
+
+
+def _censoring(stats: RunStats, turn: RecordedTurn, cohort: str, at_halt: bool) -> tuple[str | None, str | None]:
+    """Count the turn in the run's censoring by cohort (at most one of ``halt_ended``, ``cut_short``
+    and ``recorded_in_part``) and say which applies to its replay: (``cut``, ``short``), the cohort
+    key when its recording ends at a halt of its own, or its listed calls stop before its end."""
+    if turn.in_part:
+        stats.add_in_part(turn.id, cohort)
+        return None, None
+    if at_halt:
+        stats.halt_ended[cohort] = stats.halt_ended.get(cohort, 0) + 1
+        return cohort, None
+    if turn.cut_short:
+        stats.cut_short[cohort] = stats.cut_short.get(cohort, 0) + 1
+        return None, cohort
+    return None, None
 
 
 def _can_fire(rules: PolicyRules, f: TurnFacts, promptable: bool) -> bool:

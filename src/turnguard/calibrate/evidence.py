@@ -141,6 +141,11 @@ class ProbeEvidence:
     calls_past_main: int = 0
     """The calls those turns made from the one the main configuration would have halted on: what
     the probe cost, beside what the main configuration would have spent."""
+    main_untold: int = 0
+    """Probe turns whose listed calls stop (or start) where the main configuration's replay cannot
+    tell whether it would have halted them: recorded in part, or cut short before any halt of
+    it. They count in the multiples' rows (by their true call count), never in the stuck and
+    streak rows nor in ``past_main``."""
     multiples: dict[int, Passed] = field(default_factory=dict)
     stuck: Passed = field(default_factory=Passed)
     """Turns the main configuration would have halted as ``soft_stuck`` (past S, stuck at D)."""
@@ -169,19 +174,23 @@ class ProbeEvidence:
     def unknown(self) -> int:
         return self.turns - self.resolved - self.unresolved
 
-    def add(self, calls: int, resolved: bool | None, main: TurnResult | None, halted_by: str | None = None) -> None:
+    def add(self, calls: int, resolved: bool | None, main: TurnResult | None, halted_by: str | None = None,
+            untold: bool = False) -> None:
         """One probe turn of ``calls`` calls; ``main``: the main configuration's unattended replay
         of it (``None`` when it cannot fire on the turn); ``halted_by``: the probe's own threshold
         that halted it, if one did. In the rows, a turn the probe halted at a length limit
         (anything but ``LOOP_DETECTORS``) is censored there; one its loop detectors halted (``soft_stuck``,
         ``streak``) failed under the probe's policy, which raising the main threshold would not
-        change: it counts by its result."""
+        change: it counts by its result. ``untold``: the turn's recording cannot tell the main
+        configuration's replay past ``main`` (``main_untold``)."""
         self.turns += 1
         self.calls += calls
         self.resolved += resolved is True
         self.unresolved += resolved is False
         self.censored += halted_by is not None
         censored = halted_by is not None and halted_by not in LOOP_DETECTORS
+        if untold and not (main is not None and main.halt_call):
+            self.main_untold += 1
         if main is not None and main.halt_call:
             self.past_main += 1
             self.calls_past_main += max(0, calls - main.halt_call + 1)
@@ -234,8 +243,9 @@ class ProbeEvidence:
         evidence = cls(None if soft_cap is None else count(soft_cap), None if multiplier is None else float(multiplier),
                        None if stuck is None else count(stuck), None if stop is None else count(stop))
         for name in _EVIDENCE_COUNTS:
-            setattr(evidence, name, count(data[name]))
-        if evidence.resolved + evidence.unresolved > evidence.turns or evidence.censored > evidence.turns:
+            setattr(evidence, name, count(data.get(name, 0) if name in _ADDED_COUNTS else data[name]))
+        if evidence.resolved + evidence.unresolved > evidence.turns or evidence.censored > evidence.turns or \
+                evidence.past_main + evidence.main_untold > evidence.turns:
             raise ValueError("inconsistent probe evidence counts: more results than probe turns")
         multiples = data["passed_multiple"]
         if soft_cap is not None and set(multiples) != {str(k) for k in evidence.multiples}:
@@ -253,4 +263,6 @@ def multiples_for(multiplier: float | None) -> tuple[int, ...]:
 
 
 _EVIDENCE_COUNTS = ("turns", "resolved", "unresolved", "calls", "live_turns", "censored", "past_main",
-                    "calls_past_main")
+                    "calls_past_main", "main_untold")
+_ADDED_COUNTS = frozenset({"main_untold"})
+"""Counts added after the format's first results: absent there, read as 0."""

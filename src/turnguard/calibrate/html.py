@@ -18,6 +18,7 @@ from typing import Any
 from turnguard.calibrate.evidence_report import evidence_html
 from turnguard.calibrate.report import (
     THRESHOLD_ORDER,
+    censoring,
     censoring_text,
     default_unresolved,
     resolved_text,
@@ -110,7 +111,8 @@ def halts_chart(data: list[dict[str, Any]]) -> str:
                   "Turns halted (unattended), by threshold, and turns censored",
                   "Stacked by the threshold that fired; the black line under a bar is the resolved turns it "
                   "halts among those recorded to their own end (the false-positive proxy); grey: turns censored for "
-                  "the row (their recording ends at a halt of their own before its threshold: not known either way).",
+                  "the row (their recording ends at a halt of their own, or their listed calls stop, before its "
+                  "threshold, or they are recorded in part: not known either way).",
                   texts=[f"{r['halted']:,}" + (f" ({r['halted_resolved']:,} resolved)" if r["halted_resolved"] else "")
                          + (f" + {r['censored']:,} censored" if r["censored"] else "") for r in data]) + legend
 
@@ -310,7 +312,7 @@ def render(stats: RunStats) -> str:
     summary = (f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
                f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown), {len(data)} policies, "
                f"{stats.problems:,} input problems. Inputs: {', '.join(stats.inputs) or '-'}."
-               + (f" {censoring_text(stats.halt_ended)}" if stats.halt_ended else ""))
+               + (f" {censoring_text(stats)}" if censoring(stats) else ""))
     charts = "\n".join([
         halts_chart(data), saved_chart(data), asks_chart(data), position_chart(data),
         distribution_chart(stats, grid_thresholds(stats)),

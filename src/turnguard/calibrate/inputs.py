@@ -103,11 +103,31 @@ class RecordedTurn:
     """The turn's true number of calls when recorded (the recorder keeps at most 10,000 of them)."""
     continued: bool = False
     """An attended ask of the turn was answered "continue" (the recorder's ``escalations``)."""
+    calls_dropped: int = 0
+    """Calls the turn made after its listed ones, only counted (the recorder's ``calls_dropped``
+    past 10,000 calls; tool spans missing after the turn's first ones): its recording stops early."""
+    calls_unrecorded: int = 0
+    """Calls of the turn missing before its listed ones (the recorder's ``calls_unrecorded``: a
+    turn resumed from a snapshot without the recorder's section; a resumed turn's tool spans, or
+    any without the turn's first call): the listed calls are the turn's tail."""
 
     @property
     def needed_calls(self) -> int:
         """The calls the turn made (or asked for, for the one a halt denied)."""
-        return max(len(self.calls), self.tool_calls or 0)
+        return max(len(self.calls) + self.calls_dropped + self.calls_unrecorded, self.tool_calls or 0)
+
+    @property
+    def in_part(self) -> bool:
+        """The listed calls are not the turn's start (``calls_unrecorded``, or fewer listed and
+        dropped calls than ``tool_calls``: a resumed turn recorded before the recorder counted
+        them): replaying them would replay another turn."""
+        return self.calls_unrecorded > 0 or (self.tool_calls or 0) > len(self.calls) + self.calls_dropped
+
+    @property
+    def cut_short(self) -> bool:
+        """The listed calls are the turn's first ones, but not all of them (``calls_dropped``):
+        what a threshold would do past the last listed call is not recorded."""
+        return self.calls_dropped > 0 and not self.in_part
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +460,8 @@ def _bounded_text(value: Any, key: str, bad: Callable[[str], None]) -> str | Non
 
 def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str, Any]:
     """What a recorder line says about how its turn ran (``policy``, ``limits``, ``started_at``,
-    ``ended_at``, ``tool_calls``, a "continue" among its ``escalations``): each key that is
+    ``ended_at``, ``tool_calls``, ``calls_dropped``, ``calls_unrecorded``, a "continue" among its
+    ``escalations``): each key that is
     present but malformed is reported and left out, the turn still read. Older lines have none."""
     facts: dict[str, Any] = {"policy": _bounded_text(obj.get("policy"), "policy", bad)}
     raw = obj.get("limits")
@@ -455,12 +476,13 @@ def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str,
         bad(f"'started_at' / 'ended_at': {times}; left out")
     elif times is not None:
         facts["started_at"], facts["ended_at"] = times
-    count = obj.get("tool_calls")
-    if count is not None:
-        if type(count) is int and 0 <= count <= MAX_LIMIT:
-            facts["tool_calls"] = count
-        else:
-            bad(f"'tool_calls' must be a whole number from 0, got {shown(count)}; left out")
+    for key in ("tool_calls", "calls_dropped", "calls_unrecorded"):
+        count = obj.get(key)
+        if count is not None:
+            if type(count) is int and 0 <= count <= MAX_LIMIT:
+                facts[key] = count
+            else:
+                bad(f"{key!r} must be a whole number from 0, got {shown(count)}; left out")
     escalations = obj.get("escalations")
     if type(escalations) is list:
         facts["continued"] = any(type(e) is dict and e.get("answer") == "continue" for e in escalations)
@@ -618,8 +640,9 @@ _INDEX = operator.itemgetter(0)
 
 
 def _recorded_turn(turn_id: str, calls: list[tuple[int, RecordedCall]], facts: dict[str, Any]) -> RecordedTurn:
+    """The turn of a turn span's facts and its tool spans' calls (``span_listing``)."""
     calls.sort(key=_INDEX)  # stable: calls of one index keep their order
-    return RecordedTurn(id=turn_id, calls=tuple(call for _, call in calls), **facts)
+    return RecordedTurn(id=turn_id, **span_listing(calls, facts.get("tool_calls")), **facts)
 
 
 MAX_SHARED_TOOLS = 10_000
@@ -1097,6 +1120,31 @@ def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict
         facts["started_at"], facts["ended_at"] = times
     facts["tool_calls"] = _limit(attrs.get(names.TURN_TOOL_CALLS))
     return facts
+
+
+def span_listing(indexed: list[tuple[int, RecordedCall]], tool_calls: int | None) -> dict[str, Any]:
+    """A turn's tool spans, sorted by ``turnguard.call.index``, as the ``RecordedTurn`` fields
+    ``calls``, ``calls_dropped`` and ``calls_unrecorded``. The calls numbered 1, 2, ... without a
+    gap are the turn's first ones, listed; from the first missing number (spans lost, sampled or
+    past the per-turn bound) or the first number given twice (a retried request's calls: which
+    one the turn kept is not recorded) on, the calls are dropped and counted with those the turn
+    span counts past them (``tool_calls``): the recording stops there, as a recorder line's past
+    10,000 calls. Without the turn's first call (a resumed turn's spans, or lost ones) every span
+    is kept and the calls it lacks are unrecorded: the turn is recorded in part."""
+    n = len(indexed)
+    total = max(tool_calls or 0, indexed[-1][0] if indexed else 0)
+    numbers = list(map(_INDEX, indexed))
+    if not numbers or numbers[0] != 1:
+        return {"calls": tuple(map(_CALL, indexed)), "calls_unrecorded": max(0, total - n)}
+    if numbers == list(range(1, n + 1)):
+        return {"calls": tuple(map(_CALL, indexed)), "calls_dropped": total - n}
+    listed = next(i for i, number in enumerate(numbers) if number != i + 1)
+    if numbers[listed] == listed:  # the number before is given twice: neither of its calls is known to be the turn's
+        listed -= 1
+    return {"calls": tuple(map(_CALL, indexed[:listed])), "calls_dropped": total - listed}
+
+
+_CALL = operator.itemgetter(1)
 
 
 def _limit(value: Any) -> int | None:

@@ -110,6 +110,8 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
     With per-call ``cycle`` numbers they are used as recorded. With only a total (the corpus
     format), calls are spread evenly over the requests, and when there are more requests than
     calls the last request comes after the last call (the final answer). Unknown: one request.
+    A turn whose recording stops early (``calls_dropped``) is spread over all its calls, and the
+    requests after its last listed call are not placed: they come among calls not recorded.
     """
     n = len(turn.calls)
     starts = [0] * (n + 1)
@@ -120,12 +122,14 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
             if cycle > current:
                 starts[i] += cycle - current
                 current = cycle
-        if turn.cycles is not None and turn.cycles > current:
+        if turn.cycles is not None and turn.cycles > current and not turn.calls_dropped:
             starts[n] += turn.cycles - current
         return starts
     total = turn.cycles if turn.cycles is not None else 1
     if total <= 0:
         return starts
+    if turn.calls_dropped:
+        return _spread_cut(starts, total, n + turn.calls_dropped)
     if n == 0:
         starts[0] = total
         return starts
@@ -135,6 +139,20 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
     for j in range(spread):
         starts[(j * n) // spread] += 1
     starts[n] += total - spread
+    return starts
+
+
+def _spread_cut(starts: list[int], total: int, calls: int) -> list[int]:
+    """``cycle_starts``'s even spread of ``total`` requests over a turn of ``calls`` calls, placed
+    only before the listed ones (``len(starts) - 1``): the same requests before each listed call
+    as the whole turn's recording places there. At most ``total`` steps (``MAX_TURN_CYCLES``)."""
+    n = len(starts) - 1
+    spread = total - 1 if total > calls else total
+    for j in range(spread):
+        at = (j * calls) // spread
+        if at >= n:
+            break
+        starts[at] += 1
     return starts
 
 

@@ -66,7 +66,7 @@ def rows(stats: RunStats) -> list[dict[str, Any]]:
     out = []
     for info, modes in zip(stats.policies, stats.modes, strict=True):
         u, a = modes["unattended"], modes["attended"]
-        censored = u.censored(stats.halt_ended)
+        censored = stats.censored(u)
         out.append({
             "name": info["name"],
             "default": bool(info["default"]),
@@ -137,34 +137,24 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
     ``fold``: a policy whose figures equal an earlier row's is listed under the table instead
     of getting a row of its own (the thresholds it varies made no difference on this input).
     """
-    data = every_row = rows(stats)
-    folded: dict[str, list[str]] = {}
-    if fold:
-        first: dict[str, str] = {}
-        kept = []
-        for r in data:
-            key = repr([r[k] for k in FIGURES])
-            if key in first:
-                folded.setdefault(first[key], []).append(r["name"])
-            else:
-                first[key] = r["name"]
-                kept.append(r)
-        data = kept
+    every_row = rows(stats)
+    data, folded = _folded(every_row) if fold else (every_row, {})
     out = wrap_text(
         f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
         f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown); {stats.problems:,} input problems; "
         f"{len(stats.policies)} policies; * = the default configuration.", width)
-    if stats.halt_ended:
-        out += wrap_text(censoring_text(stats.halt_ended), width)
+    if censoring(stats):
+        out += wrap_text(censoring_text(stats), width)
     out += wrap_text(
-        "halted: turns halted unattended; censored: turns whose recording ends at a halt of their own before this "
-        "row's threshold (what the row would do to them is not recorded: neither halted nor not); resolved (the "
+        "halted: turns halted unattended; censored: turns whose recording ends at a halt of their own or whose listed "
+        "calls stop before this row's threshold, and turns recorded in part (what the row would do to them is not "
+        "recorded: neither halted nor not); resolved (the "
         "false-positive proxy) / unresolved: of the halted turns whose recording goes on to their own end (probe "
         "turns, attended 'continue' answers, rows stricter than the live policy; '?': this row has no such halt, its "
         "false-positive rate is not in the recording: read the probe evidence); saved: calls the unresolved halts "
         "save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
         width)
-    figures, narrowed = _figures_table(data, width, color, censoring=bool(stats.halt_ended))
+    figures, narrowed = _figures_table(data, width, color, censoring=censoring(stats))
     if narrowed:
         named = ", ".join(narrowed[:-1]) + " and " + narrowed[-1] if len(narrowed) > 1 else narrowed[0]
         out += wrap_text(f"The {named} columns are left out to fit the terminal: --wide shows them.", width)
@@ -173,6 +163,10 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
         out += ["", "Same figures as the row named first (folded):"]
         for name, names in folded.items():
             out += wrap_items(f"  {name}: ", names, width)
+    if stats.in_part_ids:
+        more = sum(stats.recorded_in_part.values()) - len(stats.in_part_ids)
+        out += ["", "Turns recorded in part (not replayed):"]
+        out += wrap_items("  ", stats.in_part_ids + ([f"... ({more} more)"] if more > 0 else []), width)
     ids, more = default_unresolved(every_row)
     if ids:
         out += ["", "Unresolved turns the default halts:"]
@@ -190,6 +184,22 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
     if stats.survival.censored:
         out += survival_text(stats.survival_json(), width)
     return "\n".join(out) + "\n"
+
+
+def _folded(data: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The rows whose figures no earlier row has, and by the name of such a row the later rows
+    with its figures."""
+    folded: dict[str, list[str]] = {}
+    first: dict[str, str] = {}
+    kept = []
+    for r in data:
+        key = repr([r[k] for k in FIGURES])
+        if key in first:
+            folded.setdefault(first[key], []).append(r["name"])
+        else:
+            first[key] = r["name"]
+            kept.append(r)
+    return kept, folded
 
 
 def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
@@ -211,13 +221,39 @@ def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
     return lines, narrowed
 
 
-def censoring_text(halt_ended: dict[str, int]) -> str:
-    """The run's censoring in words: how many turns end at a halt of their own, by cohort."""
-    total = sum(halt_ended.values())
-    parts = ", ".join(f"{n:,} {c}" for c, n in sorted(halt_ended.items()) if n)
-    return (f"{total:,} turns end at a halt of their own in the recording ({parts}): each is censored there, so a row "
-            "that would not halt it before that point counts it as censored, and a halt of it is no false-positive "
-            "evidence.")
+def censoring(stats: RunStats) -> bool:
+    """Whether the run has turns whose recording stops before their end (a censored column)."""
+    return bool(stats.halt_ended or stats.cut_short or stats.recorded_in_part)
+
+
+def censoring_text(stats: RunStats) -> str:
+    """The run's censoring in words: how many turns end at a halt of their own, list only their
+    first calls or are recorded in part, by cohort ("" when none)."""
+    out = []
+    if stats.halt_ended:
+        total, parts, one = _by_cohort(stats.halt_ended)
+        out.append(f"{total} {'ends' if one else 'end'} at a halt of {'its' if one else 'their'} own in the recording "
+                   f"({parts}): each is censored there, so a row that would not halt it before that point counts it "
+                   "as censored, and a halt of it is no false-positive evidence.")
+    if stats.cut_short:
+        total, parts, one = _by_cohort(stats.cut_short)
+        out.append(f"{total} {'lists only its' if one else 'list only their'} first calls ({parts}; the recorder "
+                   "lists at most 10,000 per turn, or tool spans are missing): a row that does not halt one within "
+                   "them counts it as censored.")
+    if stats.recorded_in_part:
+        total, parts, one = _by_cohort(stats.recorded_in_part)
+        out.append(f"{total} {'is' if one else 'are'} recorded in part ({parts}; the calls listed are not the turn's "
+                   "first ones: a turn resumed without its earlier calls, tool spans missing): not replayed, censored "
+                   "for every row; their call counts, ends and results still count in the survival and probe "
+                   "figures.")
+    return " ".join(out)
+
+
+def _by_cohort(counts: dict[str, int]) -> tuple[str, str, bool]:
+    """``("N turns", "n1 live, n2 probe", N == 1)``."""
+    total = sum(counts.values())
+    return (f"{total:,} {'turn' if total == 1 else 'turns'}",
+            ", ".join(f"{n:,} {c}" for c, n in sorted(counts.items()) if n), total == 1)
 
 
 def resolved_text(r: dict[str, Any]) -> str:

@@ -94,16 +94,21 @@ class ModeStats:
     evidence: dict[str, int] = field(default_factory=dict)
     """By source (``SOURCES``): the halts whose turn's recording goes on past them to its own end,
     the only ones whose result says whether the halt was a false positive."""
+    halted_cut_short: dict[str, int] = field(default_factory=dict)
+    """By cohort: halts within the listed calls of turns whose listing stops before their end
+    (``RunStats.cut_short``). The turn went on to its own end, so these halts are evidence like
+    any other; the turns of ``cut_short`` this row does not halt are censored."""
 
     def add(self, turn_id: str, calls: int, resolved: bool | None, result: TurnResult) -> None:
         self.add_effect(turn_id, resolved, result, halt_effect(result, calls))
 
     def add_effect(self, turn_id: str, resolved: bool | None, result: TurnResult, effect: HaltEffect | None,
-                   cut: str | None = None, source: str = "unrecorded") -> None:
+                   cut: str | None = None, source: str = "unrecorded", short: str | None = None) -> None:
         """``add`` with the halt's figures computed once (``halt_effect``): every policy of a
         replay group shares the same result. ``cut``: the cohort key of a turn whose recording
         ends at a halt of its own (``None``: it ended on its own); ``source``: where the turn's
-        recorded future comes from (``SOURCES``)."""
+        recorded future comes from (``SOURCES``); ``short``: the cohort key of a turn whose
+        listed calls stop before its end (``RunStats.cut_short``)."""
         asks = result.asks
         if asks:
             self.asks += len(asks)
@@ -122,6 +127,8 @@ class ModeStats:
             _add_hist(self.halted_censored, cut)
             self.saved_censored += saved
             return
+        if short is not None:
+            _add_hist(self.halted_cut_short, short)
         _add_hist(self.evidence, source)
         if resolved is True:
             self.halted_resolved += 1
@@ -141,16 +148,28 @@ class ModeStats:
         """Halts whose turn was recorded to its own end (resolved, unresolved or of unknown result)."""
         return self.halted_resolved + self.halted_unresolved + self.halted_unknown
 
-    def censored(self, halt_ended: dict[str, int]) -> dict[str, int]:
-        """By cohort: the turns whose recording ends at a halt of their own (``halt_ended``, the
-        run's counts) that this policy does not halt within the recording: whether it would have
-        halted them is not recorded (censored), so they are neither halted nor not halted."""
-        return {c: n - self.halted_censored.get(c, 0) for c, n in halt_ended.items()}
+    def censored(self, halt_ended: dict[str, int], cut_short: dict[str, int] | None = None,
+                 in_part: dict[str, int] | None = None) -> dict[str, int]:
+        """By cohort: the turns whose recording stops before their own end (the run's counts:
+        ``halt_ended``, at a halt of their own; ``cut_short``, their listed calls stop early) that
+        this policy does not halt within the recording, and the turns recorded in part
+        (``in_part``, not replayed): whether it would have halted them is not recorded (censored),
+        so they are neither halted nor not halted."""
+        return _by_cause(self, halt_ended, cut_short or {}, in_part or {})
+
+    def censored_by_cause(self, halt_ended: dict[str, int], cut_short: dict[str, int] | None = None,
+                          in_part: dict[str, int] | None = None) -> dict[str, int]:
+        """``censored``, summed by why the recording cannot tell (``CENSORING_CAUSES``)."""
+        return {
+            "halt_ended": sum(n - self.halted_censored.get(c, 0) for c, n in halt_ended.items()),
+            "cut_short": sum(n - self.halted_cut_short.get(c, 0) for c, n in (cut_short or {}).items()),
+            "recorded_in_part": sum((in_part or {}).values()),
+        }
 
     def merge(self, other: ModeStats) -> None:
         for name in _MODE_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for hist in ("by_threshold", "halted_censored", "evidence"):
+        for hist in ("by_threshold", "halted_censored", "evidence", "halted_cut_short"):
             for k, v in getattr(other, hist).items():
                 _add_hist(getattr(self, hist), k, v)
         self.resolved_ids.extend(other.resolved_ids[: max(0, self.max_ids - len(self.resolved_ids))])
@@ -160,12 +179,15 @@ class ModeStats:
             self.halt_calls[k] = [n, lo, hi] if mine is None else [mine[0] + n, min(mine[1], lo), max(mine[2], hi)]
         self.halt_deciles = [a + b for a, b in zip(self.halt_deciles, other.halt_deciles, strict=True)]
 
-    def to_json(self, halt_ended: dict[str, int] | None = None) -> dict[str, Any]:
-        censored = self.censored(halt_ended or {})
+    def to_json(self, halt_ended: dict[str, int] | None = None, cut_short: dict[str, int] | None = None,
+                in_part: dict[str, int] | None = None) -> dict[str, Any]:
+        censored = self.censored(halt_ended or {}, cut_short, in_part)
         return {
             "halted": self.halted,
             "censored": sum(censored.values()),
             "censored_by_cohort": censored,
+            "censored_by_cause": self.censored_by_cause(halt_ended or {}, cut_short, in_part),
+            "halted_cut_short_by_cohort": dict(sorted(self.halted_cut_short.items())),
             "halted_censored": sum(self.halted_censored.values()),
             "halted_censored_by_cohort": dict(sorted(self.halted_censored.items())),
             "saved_censored": self.saved_censored,
@@ -198,6 +220,8 @@ class ModeStats:
         s.by_threshold = histogram(data["by_threshold"], "by_threshold", _label)
         s.halted_censored = histogram(data["halted_censored_by_cohort"], "halted_censored_by_cohort", cohort_key)
         s.evidence = histogram(data["evidence_by_source"], "evidence_by_source", _source)
+        s.halted_cut_short = histogram(data.get("halted_cut_short_by_cohort", {}), "halted_cut_short_by_cohort",
+                                       cohort_key)
         s.resolved_ids = _ids(data["resolved_ids"], "resolved_ids")
         s.unresolved_ids = _ids(data["unresolved_ids"], "unresolved_ids")
         s.halt_calls = _halt_calls(data["halt_calls"])
@@ -212,7 +236,27 @@ class ModeStats:
                              f"add up to the {shown(halted)} halted")
         if len(s.resolved_ids) > s.halted_resolved or len(s.unresolved_ids) > s.halted_unresolved:
             raise ValueError("inconsistent figures: more ids than halts")
+        if sum(s.halted_cut_short.values()) > s.evidence_halts:
+            raise ValueError("inconsistent figures: more halts of turns cut short than halts with evidence")
         return s
+
+
+CENSORING_CAUSES = ("halt_ended", "cut_short", "recorded_in_part")
+"""Why a recording cannot tell what a row does to a turn (``censored_by_cause``): it ends at a halt
+of its own; its listed calls stop before its end; it is recorded in part (not replayed)."""
+
+
+def _by_cause(mode: ModeStats, halt_ended: dict[str, int], cut_short: dict[str, int],
+              in_part: dict[str, int]) -> dict[str, int]:
+    """``ModeStats.censored``: by cohort, every cause summed."""
+    out: dict[str, int] = {}
+    for c, n in halt_ended.items():
+        _add_hist(out, c, n - mode.halted_censored.get(c, 0))
+    for c, n in cut_short.items():
+        _add_hist(out, c, n - mode.halted_cut_short.get(c, 0))
+    for c, n in in_part.items():
+        _add_hist(out, c, n)
+    return out
 
 
 def add_halt_call(hist: dict[int, list[int]], call: int) -> None:
@@ -288,7 +332,18 @@ class RunStats:
     probe: ProbeEvidence = field(default_factory=lambda: ProbeEvidence(None, None, None))
     """Probe turns against the default policy's thresholds (``evidence.py``)."""
     halt_ended: dict[str, int] = field(default_factory=dict)
-    """By cohort (``COHORT_KEYS``): turns whose recording ends at a halt of their own."""
+    """By cohort (``COHORT_KEYS``): turns replayed whose recording ends at a halt of their own."""
+    cut_short: dict[str, int] = field(default_factory=dict)
+    """By cohort: turns replayed that ended on their own but whose listed calls stop before their
+    end (``RecordedTurn.cut_short``): a row that does not halt one within them censors it."""
+    recorded_in_part: dict[str, int] = field(default_factory=dict)
+    """By cohort: turns whose listed calls are not the turn's start (``RecordedTurn.in_part``):
+    not replayed, censored for every row; their call count, end and result still count."""
+    in_part_ids: list[str] = field(default_factory=list)
+    """The first ``MAX_IDS`` of them, to name them."""
+    suspended_parts: int = 0
+    """Turn spans ending a part of a turn (``suspended``): not turns (the span that ends the turn
+    counts it, as the recorder writes its line only then)."""
     recording: Recording = field(default_factory=Recording)
     """The policies, limits and times the turns were recorded with (``recording.py``)."""
     tolerance: float = DEFAULT_TOLERANCE
@@ -318,6 +373,16 @@ class RunStats:
         """What the probe rows are read against."""
         return Context(self.tolerance, self.recording, self.probe_rate)
 
+    def censored(self, mode: ModeStats) -> dict[str, int]:
+        """``mode``'s censored turns by cohort, from this run's counts."""
+        return mode.censored(self.halt_ended, self.cut_short, self.recorded_in_part)
+
+    def add_in_part(self, turn_id: str, cohort: str) -> None:
+        """A turn recorded in part (not replayed)."""
+        _add_hist(self.recorded_in_part, cohort)
+        if len(self.in_part_ids) < MAX_IDS:
+            self.in_part_ids.append(turn_id)
+
     def add_turn(self, calls: int, resolved: bool | None) -> None:
         self.turns += 1
         self.calls += calls
@@ -338,9 +403,11 @@ class RunStats:
                 mine[m].merge(theirs[m])
         for name in _RUN_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for hist in ("calls_per_turn", "calls_per_turn_resolved", "halt_ended"):
+        for hist in ("calls_per_turn", "calls_per_turn_resolved", *_BY_COHORT):
             for k, v in getattr(other, hist).items():
                 _add_hist(getattr(self, hist), k, v)
+        self.in_part_ids.extend(other.in_part_ids[: max(0, MAX_IDS - len(self.in_part_ids))])
+        self.suspended_parts += other.suspended_parts
         self.inputs.extend(i for i in other.inputs if i not in self.inputs)
         self.probe.merge(other.probe)
         self.recording.merge(other.recording)
@@ -392,10 +459,14 @@ class RunStats:
             "calls_per_turn": {str(k): v for k, v in sorted(self.calls_per_turn.items())},
             "calls_per_turn_resolved": {str(k): v for k, v in sorted(self.calls_per_turn_resolved.items())},
             "halt_ended": dict(sorted(self.halt_ended.items())),
+            "cut_short": dict(sorted(self.cut_short.items())),
+            "recorded_in_part": dict(sorted(self.recorded_in_part.items())),
+            "recorded_in_part_ids": list(self.in_part_ids),
+            "suspended_parts": self.suspended_parts,
             "tolerance": self.tolerance,
             "recording": self.recording.to_json(),
             "policies": [
-                {**p, **{m: modes[m].to_json(self.halt_ended) for m in MODES}}
+                {**p, **{m: modes[m].to_json(self.halt_ended, self.cut_short, self.recorded_in_part) for m in MODES}}
                 for p, modes in zip(self.policies, self.modes, strict=True)
             ],
             "probe": self.probe_json(),
@@ -425,6 +496,10 @@ class RunStats:
                                                       call_count_key),
                     inputs=_inputs(data["inputs"]),
                     halt_ended=histogram(data["halt_ended"], "halt_ended", cohort_key),
+                    cut_short=histogram(data.get("cut_short", {}), "cut_short", cohort_key),
+                    recorded_in_part=histogram(data.get("recorded_in_part", {}), "recorded_in_part", cohort_key),
+                    in_part_ids=_ids(data.get("recorded_in_part_ids", []), "recorded_in_part_ids"),
+                    suspended_parts=count(data.get("suspended_parts", 0), "suspended_parts"),
                     recording=Recording.from_json(data["recording"]),
                     tolerance=valid_tolerance(data["tolerance"]),
                     probe_rate=_rate(data["probe"].get("configured_rate") if isinstance(data["probe"], dict) else None),
@@ -444,14 +519,13 @@ class RunStats:
         if sum(self.calls_per_turn_resolved.values()) != self.resolved or any(
                 v > self.calls_per_turn.get(k, 0) for k, v in self.calls_per_turn_resolved.items()):
             problems.append("the resolved turns' calls are not among the turns'")
-        if sum(self.halt_ended.values()) > self.turns:
-            problems.append("more turns ended at a halt than turns")
-        for info, modes in zip(self.policies, self.modes, strict=True):
-            for m in MODES:
-                mode = modes[m]
-                cut = mode.halted_censored.items()
-                if mode.halted > self.turns or any(v > self.halt_ended.get(c, 0) for c, v in cut):
-                    problems.append(f"{info['name']} ({m}) halts more turns than there are")
+        if sum(sum(getattr(self, name).values()) for name in _BY_COHORT) > self.turns:
+            problems.append("more turns ended at a halt, cut short or recorded in part than turns")
+        if len(self.in_part_ids) > sum(self.recorded_in_part.values()):
+            problems.append("more ids of turns recorded in part than turns recorded in part")
+        problems += [f"{info['name']} ({m}) halts more turns than there are"
+                     for info, modes in zip(self.policies, self.modes, strict=True) for m in MODES
+                     if not self._halts_fit(modes[m])]
         if self.probe.turns + self.probe.live_turns > self.turns:
             problems.append("more probe and live turns than turns")
         if self.survival.turns + self.survival.unknown_end != self.turns:
@@ -459,8 +533,16 @@ class RunStats:
         if problems:
             raise ValueError("inconsistent figures: " + "; ".join(problems[:3]))
 
+    def _halts_fit(self, mode: ModeStats) -> bool:
+        """Whether ``mode`` halts no more turns than the run has, of every kind it counts apart."""
+        return mode.halted <= self.turns and all(
+            v <= self.halt_ended.get(c, 0) for c, v in mode.halted_censored.items()) and all(
+            v <= self.cut_short.get(c, 0) for c, v in mode.halted_cut_short.items())
+
 
 _RUN_COUNTS = ("turns", "calls", "resolved", "unresolved", "problems", "replays")
+_BY_COHORT = ("halt_ended", "cut_short", "recorded_in_part")
+"""``RunStats``' counts by cohort of the turns whose recording stops before their end (disjoint)."""
 
 
 def _policy_info(p: Any) -> dict[str, Any]:
