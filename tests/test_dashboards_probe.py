@@ -20,18 +20,22 @@ from typing import Any
 import pytest
 
 from board_runs import (
+    LOOKBACK_S,
     OUTAGE_S,
     ROUTES,
     Elsewhere,
     Expected,
     FleetRun,
     Samples,
+    Window,
     assert_matches,
     by_row,
     fleet_queries,
+    grafana_values,
     instant,
     key,
     query_id,
+    result,
     scalar,
 )
 from conftest import optional_dependency
@@ -121,6 +125,35 @@ def test_the_fleet_went_through_a_telemetry_gap(probe_run):
     assert probe_run.window.start < down < up < probe_run.window.end
     heartbeat = f"count_over_time({rules.HEARTBEAT}[{round((up - down) * 1000) - 2000}ms])"
     assert not probe_run.prometheus.query(heartbeat, up - 1), "the rules were evaluated during the gap"
+
+
+def test_the_halts_boards_counts_split_inside_the_gap_add_up_to_the_fleet(probe_run):
+    """The Halts board's count (``promql.total``, raw series) over the run, and over its two halves
+    split inside the gap, where no series has a sample within the lookback delta: the second half
+    counts from each series' last sample before the gap, so the halves add up to every turn once
+    (an instant ``offset`` there saw no sample and counted every series' history again)."""
+    ((down, up),) = probe_run.outages
+    middle, window = (down + up) / 2, probe_run.window
+    assert middle - down > LOOKBACK_S and up - middle > LOOKBACK_S
+    fresh = f"count_over_time({q.TURNS}[{LOOKBACK_S}s])"
+    assert not probe_run.prometheus.query(fresh, middle), "a sample within the lookback of the split"
+
+    def counted(start: float, end: float) -> float:
+        values = {**grafana_values(Window(start, end)), q.COHORT_VARIABLE: "live|probe"}
+        data = probe_run.prometheus.api("query", query=queries.resolve(q.total(q.TURNS), values), time=f"{end:.3f}")
+        return sum(_values(result(data)))
+
+    truth: pf.ProbeTruth = probe_run.tally
+    every = sum(truth.turns.values())
+    assert counted(window.start, window.end) == every
+    second = counted(middle, window.end)
+    assert counted(window.start, middle) + second == every
+    # the instant lookback form, over the second half: it re-counts what came before the gap
+    m, w = q.TURNS, f"{round((window.end - middle) * 1000)}ms"
+    instant_lookback = (f"sum((increase({m}[{w}]) and {m} offset {w}) "
+                        f"or (last_over_time({m}[{w}]) unless {m} offset {w}))")
+    (old,) = probe_run.prometheus.query(instant_lookback, window.end)
+    assert float(old["value"][1]) >= every > second, (old, second)
 
 
 def test_the_probe_fleet_has_turns_past_every_k_and_every_threshold(probe_run):
