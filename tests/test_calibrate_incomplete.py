@@ -510,3 +510,43 @@ def test_a_suspended_turns_spans_make_one_turn_recorded_in_part(tmp_path) -> Non
     data = run_json([path], tmp_path / "c.toml")
     assert (data["turns"], data["calls"], data["suspended_parts"]) == (1, 7, 1)
     assert data["recorded_in_part_ids"] == ["paused"]
+
+
+def test_tool_spans_whose_turn_span_is_lost_are_a_turn_cut_short_never_one_that_ended(otlp, tmp_path) -> None:
+    """Without its turn span (lost with its export batch) a turn's tool spans say neither how many
+    calls it made nor how it ended: replayed on them, a row that does not halt it there counts it
+    censored, and its end is unknown to the survival estimate."""
+    lines = [json.loads(line) for line in otlp["whole"].read_text().splitlines()]
+    lost = set()
+    for doc in lines:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                keep = []
+                for span in ss["spans"]:
+                    attrs = {a["key"]: a["value"] for a in span.get("attributes", [])}
+                    turn_id = attrs.get("turnguard.turn.id", {}).get("stringValue")
+                    if turn_id is not None and "turnguard.call.index" not in attrs and int(turn_id[1:]) % 3 == 0:
+                        lost.add(turn_id)
+                        continue
+                    keep.append(span)
+                ss["spans"] = keep
+    path = tmp_path / "lost.jsonl"
+    path.write_text("".join(json.dumps(doc) + "\n" for doc in lines))
+    (tmp_path / "c.toml").write_text("soft_cap = 10\nhard_multiplier = 5\n")
+    config = tmp_path / "c.toml"
+    one = run_cli(path, "--config", config, *GRID, "--json", "-", "--jobs", "1")
+    two = run_cli(path, "--config", config, *GRID, "--json", "-", "--jobs", "2")
+    assert one[0] == two[0] == 0 and one[1] == two[1]
+    data = json.loads(one[1])
+    assert sum(data["cut_short"].values()) == len(lost) and data["survival"]["unknown_end"] == len(lost)
+    policies = build_grid(GridSpec(**SPEC, base=GuardConfig.load(str(config))))
+    cal = Calibrator(policies, group=False)
+    whole = list(read_turns([otlp["whole"]], print))
+    for idx, p in enumerate(data["policies"]):
+        for mode in MODES:
+            results = [cal.results(t)[idx].get(mode) for t in whole]
+            not_halted = sum(1 for t, r in zip(whole, results, strict=True) if t.id not in lost
+                             and not halt_ended(t.ended_by) and not (r is not None and r.halted))
+            m = p[mode]
+            assert data["turns"] - m["halted"] - m["censored"] == not_halted, (p["name"], mode)
+            assert m["censored_by_cause"]["cut_short"] + sum(m["halted_cut_short_by_cohort"].values()) == len(lost)

@@ -110,6 +110,9 @@ class RecordedTurn:
     """Calls of the turn missing before its listed ones (the recorder's ``calls_unrecorded``: a
     turn resumed from a snapshot without the recorder's section; a resumed turn's tool spans, or
     any without the turn's first call): the listed calls are the turn's tail."""
+    end_unknown: bool = False
+    """The recording says neither how many calls the turn made nor how it ended (tool spans whose
+    turn span never came): it may have gone on past its last listed call."""
 
     @property
     def needed_calls(self) -> int:
@@ -125,9 +128,10 @@ class RecordedTurn:
 
     @property
     def cut_short(self) -> bool:
-        """The listed calls are the turn's first ones, but not all of them (``calls_dropped``):
-        what a threshold would do past the last listed call is not recorded."""
-        return self.calls_dropped > 0 and not self.in_part
+        """The listed calls are the turn's first ones, but not all of them (``calls_dropped``) or
+        maybe not all (``end_unknown``): what a threshold would do past the last listed call is
+        not recorded."""
+        return (self.calls_dropped > 0 or self.end_unknown) and not self.in_part
 
 
 @dataclass(frozen=True, slots=True)
@@ -905,7 +909,9 @@ class OtlpAssembler:
 
     def _orphan(self, key: str, pending: _Pending) -> RecordedTurn:
         turn_id = key.partition(":")[2]
-        return _recorded_turn(turn_id, pending.calls, self._facts(turn_id, {}, pending.lineno, pending.path, None))
+        facts = self._facts(turn_id, {}, pending.lineno, pending.path, None)
+        facts["end_unknown"] = True  # without the turn span, the calls after the last one here are not known
+        return _recorded_turn(turn_id, pending.calls, facts)
 
     def _bad(self, lineno: int, message: str, path: str | None = None) -> None:
         self.on_problem(InputProblem(self.path if path is None else path, lineno, message))

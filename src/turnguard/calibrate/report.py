@@ -238,8 +238,8 @@ def censoring_text(stats: RunStats) -> str:
     if stats.cut_short:
         total, parts, one = _by_cohort(stats.cut_short)
         out.append(f"{total} {'lists only its' if one else 'list only their'} first calls ({parts}; the recorder "
-                   "lists at most 10,000 per turn, or tool spans are missing): a row that does not halt one within "
-                   "them counts it as censored.")
+                   "lists at most 10,000 per turn, or tool spans or the turn span are missing): a row that does not "
+                   "halt one within them counts it as censored.")
     if stats.recorded_in_part:
         total, parts, one = _by_cohort(stats.recorded_in_part)
         out.append(f"{total} {'is' if one else 'are'} recorded in part ({parts}; the calls listed are not the turn's "
