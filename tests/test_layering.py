@@ -1,11 +1,14 @@
 """The package's modules form layers: a module imports only from its own layer or the ones below,
 and the imports between modules have no cycle. Every import counts: at module level, inside a
 function, or under ``TYPE_CHECKING`` (a type-only dependency is still one: it ties the two
-modules' meanings together)."""
+modules' meanings together), and so does a module named in a string (``"module:attr"``, as
+entry points and factory registries write them, or a whole module name, as ``import_module``
+takes it): it is imported at run time all the same."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -22,8 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turnguard.plugins",),
     ("turnguard.dispatch", "turnguard.guard", "turnguard.snapshot"),
     ("turnguard.shadow",),
-    ("turnguard",),
     ("turnguard.telemetry",),
+    ("turnguard",),
     ("turnguard.terminal",),
     ("turnguard.calibrate",),
     ("turnguard.integrations",),
@@ -32,12 +35,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turnguard.__main__",),
 )
 """Lowest first. The core: facts (model, keys, config, ledger), the hook contract and what a policy
-tells calibrate (firing), the policies, the plugin registry, the guard, the shadows built on it;
-then the public facade ``turnguard`` (the core's names), reporting (telemetry), the text layout
-of the command line's output (terminal), calibration, the framework adapters, the demo, the
-deployable files (assets) and the board generator (boards), and the command line. A module belongs
-to the layer of the longest name above that is it or a package holding it (``turnguard`` itself is
-the facade only, not every module of the package)."""
+tells calibrate (firing), the policies, the plugin registry, the guard, the shadows built on it,
+reporting (telemetry: plugins that only observe); then the public facade ``turnguard`` (the core's
+names; it registers the shadow and telemetry plugins with the registry below them), the text
+layout of the command line's output (terminal), calibration, the framework adapters, the demo,
+the deployable files (assets) and the board generator (boards), and the command line. A module
+belongs to the layer of the longest name above that is it or a package holding it (``turnguard``
+itself is the facade only, not every module of the package)."""
 
 def module_files() -> dict[str, Path]:
     files = {}
@@ -50,12 +54,35 @@ def module_files() -> dict[str, Path]:
 MODULES = module_files()
 
 
+NAMED_IN_A_STRING = re.compile(r"(turnguard(?:\.\w+)*)(:[\w.]+)?")
+"""A string naming a module of the package: ``"turnguard.x.y"`` or ``"turnguard.x:attr"``."""
+
+
+def string_imports(tree: ast.AST) -> set[str]:
+    """The package's modules named by a string constant anywhere in ``tree`` (a dict value, an
+    ``import_module`` argument, a default): ``"module:attr"``, or a dotted module name. Not a
+    logger's name (``logging.getLogger("turnguard.telemetry")``: no module is loaded by it), nor
+    the bare project name ``"turnguard"`` (the logger, the entry-point group)."""
+    loggers = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "getLogger"
+               for arg in node.args}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in loggers:
+            named = NAMED_IN_A_STRING.fullmatch(node.value)
+            if named and (named.group(2) or "." in node.value) and named.group(1) in MODULES:
+                found.add(named.group(1))
+    return found
+
+
 def imported_modules(module: str, path: Path) -> set[str]:
     """The package's modules ``module`` imports anywhere in its source: ``from a import b`` names
-    module ``a.b`` when that is a module, else ``a``."""
+    module ``a.b`` when that is a module, else ``a``; a module named in a string
+    (``string_imports``) counts too."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: set[str] = string_imports(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.partition(".")[0] == "turnguard")
         elif isinstance(node, ast.ImportFrom):
@@ -107,8 +134,10 @@ def test_no_module_imports_from_a_higher_layer() -> None:
     assert not upward, "imports from a higher layer: " + ", ".join(f"{a} -> {b}" for a, b in sorted(upward))
 
 
-def cycles() -> list[list[str]]:
-    """Every strongly connected set of more than one module (Tarjan's algorithm)."""
+def cycles(graph: dict[str, set[str]] | None = None) -> list[list[str]]:
+    """Every strongly connected set of more than one module of ``graph`` (default: the
+    package's; Tarjan's algorithm)."""
+    graph = GRAPH if graph is None else graph
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -119,7 +148,7 @@ def cycles() -> list[list[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for target in GRAPH.get(node, ()):
+        for target in graph.get(node, ()):
             if target not in index:
                 visit(target)
                 low[node] = min(low[node], low[target])
@@ -136,7 +165,7 @@ def cycles() -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for node in GRAPH:
+    for node in graph:
         if node not in index:
             visit(node)
     return found
@@ -153,8 +182,35 @@ def test_no_import_cycle() -> None:
     ("from turnguard import Guard\n", {"turnguard"}),
     ("from . import names\n", {"turnguard.telemetry.names"}),
     ("from ..keys import Keyer\n", {"turnguard.keys"}),
+    ("FACTORIES = {'shadow': 'turnguard.shadow:plugin_for'}\n", {"turnguard.shadow"}),
+    ("import importlib\nimportlib.import_module('turnguard.calibrate.replay')\n", {"turnguard.calibrate.replay"}),
+    ("def f(target='turnguard.cli:main'):\n    pass\n", {"turnguard.cli"}),
+    ("MODULES = ('turnguard.policies.cap',)\n", {"turnguard.policies.cap"}),
 ])
 def test_imports_are_found_wherever_they_hide(tmp_path: Path, source: str, expected: set[str]) -> None:
     path = tmp_path / "probe.py"
     path.write_text(source, encoding="utf-8")
     assert imported_modules("turnguard.telemetry.probe", path) == expected
+
+
+@pytest.mark.parametrize("source", [
+    "import logging\nlog = logging.getLogger('turnguard.calibrate')\n",
+    "GROUP = 'turnguard'\n",
+    "NAME = 'turnguard.loop.soft_cap'\n",  # a telemetry attribute, no module
+    "TEXT = 'see turnguard.shadow:plugin_for'\n",  # prose, not a target
+])
+def test_strings_that_load_no_module_are_no_import(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text(source, encoding="utf-8")
+    assert imported_modules("turnguard.telemetry.probe", path) == set()
+
+
+def test_a_registry_that_names_an_upper_module_in_a_string_is_an_upward_import(tmp_path: Path) -> None:
+    """What ``plugins.py`` once held: ``"turnguard.shadow:plugin_for"``, loaded by ``import_module``
+    below the module it names (and the shadows import the registry back: a cycle at run time)."""
+    path = tmp_path / "plugins.py"
+    path.write_text("FACTORY_PLUGINS = {'shadow': 'turnguard.shadow:plugin_for'}\n", encoding="utf-8")
+    targets = imported_modules("turnguard.plugins", path)
+    assert "turnguard.shadow" in targets and layer_of("turnguard.shadow") > layer_of("turnguard.plugins")
+    graph = {**GRAPH, "turnguard.plugins": targets}
+    assert any({"turnguard.plugins", "turnguard.shadow"} <= set(c) for c in cycles(graph))

@@ -291,6 +291,27 @@ def test_failing_closed_a_plugin_that_raises_halts_the_call_it_failed_on(hook, e
     assert plugins["errors"].seen[0] == ("raising", hook, type(error).__name__)
 
 
+@pytest.mark.parametrize("hook", [hook for hook in HOOKS if HALTS_FROM[hook] is not None])
+def test_failing_closed_the_halt_names_the_plugin_and_the_hook_for_checks_and_observers_alike(hook):
+    """One treatment (``Dispatcher.failed``): the same stand-in HALT wherever the plugin failed."""
+    run = drive_every_hook("closed", failing_in(hook, RuntimeError("bug")))
+    halt = run.verdicts[HALTS_FROM[hook]]
+    assert halt.message == f"turnguard: plugin 'raising' failed in {hook} (fail_mode=closed)"
+    assert (halt.threshold, halt.event) == (None, None)
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+def test_each_failure_is_logged_once_and_reported_once(hook, fail_mode, caplog):
+    plugins = failing_in(hook, RuntimeError("bug"))
+    with caplog.at_level(logging.ERROR, logger="turnguard"):
+        drive_every_hook(fail_mode, plugins)
+    logged = [r for r in caplog.records if "'raising' raised" in r.getMessage()]
+    reported = [s for s in plugins["errors"].seen if s[0] == "raising"]
+    assert logged
+    assert len(reported) == (0 if hook == "turnguard_plugin_error" else len(logged))
+
+
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(2)], ids=lambda e: type(e).__name__)
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])

@@ -242,7 +242,7 @@ def test_a_wrapper_on_a_check_hook_is_refused_when_registered():
 def test_a_factory_plugin_that_fails_to_start_is_left_out(monkeypatch, caplog):
     import turnguard.plugins as plugins
 
-    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "flaky", f"{__name__}:_failing_factory")
+    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "flaky", _failing_factory)
     with caplog.at_level(logging.WARNING, logger="turnguard"):
         guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
         tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
@@ -250,12 +250,48 @@ def test_a_factory_plugin_that_fails_to_start_is_left_out(monkeypatch, caplog):
     assert len(caplog.records) == 1 and caplog.records[0].exc_info is None
     assert {"name": "flaky", "source": "built-in", "status": "failed", "why": "RuntimeError: cannot start",
             "hooks": []} in describe(guard.pm)
-    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "missing", "turnguard_no_such_module:plugin_for")
-    assert tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={}).pm.get_plugin("missing") is None
+
+
+def test_a_factory_plugin_whose_module_cannot_be_imported_is_left_out(monkeypatch, caplog):
+    """The built-ins above the guard import their module when first built (``turnguard/__init__.py``):
+    one that cannot be imported is left out as one that fails to start is, never the guard's end."""
+    import turnguard.plugins as plugins
+
+    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "missing", _unimportable_factory)
+    with caplog.at_level(logging.WARNING, logger="turnguard"):
+        guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    assert guard.pm.get_plugin("missing") is None
+    assert guard.turn().check_call(distinct_call(1)).action is tg.Action.ALLOW
+    row = next(r for r in describe(guard.pm) if r["name"] == "missing")
+    assert row["status"] == "failed" and row["why"].startswith("ModuleNotFoundError")
 
 
 def _failing_factory(config, **providers):
     raise RuntimeError("cannot start")
+
+
+def _unimportable_factory(config, **providers):
+    import turnguard_no_such_module  # type: ignore[import-not-found]  # noqa: F401
+
+    raise AssertionError("unreachable")
+
+
+def test_the_built_ins_above_the_guard_are_registered_by_the_package_in_hook_order():
+    """``plugins`` names them; their modules (above it) give the factories, from ``turnguard``."""
+    from turnguard import shadow
+
+    assert tuple(plugins.FACTORY_PLUGINS)[:3] == plugins.NON_POLICY_PLUGINS == ("otel", "recorder", "shadow")
+    assert all(callable(plugins.FACTORY_PLUGINS[name]) for name in plugins.NON_POLICY_PLUGINS)
+    assert plugins.FACTORY_PLUGINS["shadow"] is shadow.plugin_for
+    guard = tg.Guard(tg.GuardConfig(shadow={"s": {}}, recorder_path=None, load_entrypoints=False), environ={})
+    order = [name for name, _ in reversed(guard.pm.list_name_plugin()) if name in plugins.NON_POLICY_PLUGINS]
+    assert order == ["otel", "shadow"]  # the recorder has nothing to do without a path
+
+
+def test_a_factory_must_be_callable():
+    with pytest.raises(TypeError, match="must be callable"):
+        plugins.register_factory("shadow", "turnguard.shadow:plugin_for")  # type: ignore[arg-type]
+    assert callable(plugins.FACTORY_PLUGINS["shadow"])
 
 
 @pytest.mark.parametrize(("value", "selection"), [(None, None), ("all", None), ("0", frozenset()),

@@ -10,6 +10,7 @@ import pytest
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
 from turnguard import shadow as shadow_module
+from turnguard.dispatch import Impl
 from turnguard.ledger import Ledger
 from turnguard.plugins import NON_POLICY_PLUGINS
 
@@ -272,7 +273,7 @@ def test_a_raising_shadow_policy_is_its_own_would_be_halt_and_never_the_hosts(mo
     guard, heard = shadow_guard({"open": {"fail_mode": "open"}, "closed": {}}, fail_mode="closed")
     plugin = guard.pm.get_plugin("shadow")
     for policy in plugin.policies:
-        monkeypatch.setattr(policy.dispatcher, "check_call", (("broken", broken, False, None),))
+        monkeypatch.setattr(policy.dispatcher, "check_call", (Impl("broken", broken, False, None),))
     with guard.turn() as turn:
         verdicts = drive(turn, [distinct_call(i) for i in range(3)])
     assert turn.halted is None and all(v.action is tg.Action.ALLOW for v in verdicts)

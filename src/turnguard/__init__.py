@@ -1,8 +1,15 @@
 """turnguard: bound an AI agent's turn without killing its productive long turns.
 
-The public API is re-exported here; everything else is private to the package.
+The public API is re-exported here; everything else is private to the package. This module, the
+top of the package's core, also registers the built-in plugins whose modules sit above the guard
+(the shadows, telemetry) with the plugin registry below it (``plugins.register_factory``): no
+lower module names an upper one.
 """
 
+from typing import Any
+
+from turnguard import plugins as _plugins
+from turnguard import shadow as _shadow
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig, Probe
 from turnguard.guard import Guard, Turn
 from turnguard.hookspecs import hookimpl, hookspec
@@ -54,3 +61,23 @@ __all__ = [
     "hookspec",
 ]
 __version__ = "0.1.0"
+
+
+def _otel_plugin(config: GuardConfig, **providers: Any) -> object | None:
+    """The ``otel`` built-in: telemetry is imported when a guard first needs it (one that cannot
+    be imported is left out, as a plugin that fails to start is)."""
+    from turnguard.telemetry import otel
+
+    return otel.plugin_for(config, scope_version=__version__, **providers)
+
+
+def _recorder_plugin(config: GuardConfig, **providers: Any) -> object | None:
+    """The ``recorder`` built-in (imported as ``otel`` is)."""
+    from turnguard.telemetry import recorder
+
+    return recorder.plugin_for(config, **providers)
+
+
+_plugins.register_factory("otel", _otel_plugin)
+_plugins.register_factory("recorder", _recorder_plugin)
+_plugins.register_factory("shadow", _shadow.plugin_for)

@@ -2,20 +2,26 @@
 
 A ``Dispatcher`` holds, for one ``pluggy.PluginManager``, each check hook's implementations in
 call order (adapted to positional arguments), the hot-path observers, the keyword observers
-(looked up once), the fail mode, and the ``combine`` rule. ``Turn``, the shadow
-policies (``turnguard.shadow``) and ``turnguard calibrate``'s replay all call plugins through
-it, so a plugin that raises gets one treatment everywhere:
+(looked up once), the fail mode, and the ``combine`` rule. ``Turn``, the shadow policies
+(``turnguard.shadow``), durable turns' snapshots (``turnguard.snapshot``) and ``turnguard
+calibrate``'s replay all call plugins through its loops, one per way of calling (the hooks' arity,
+and whether their answers count): ``collect0``/``collect1``/``collect2`` for the check hooks,
+``notify2``/``notify3`` for the hot-path observers, ``call_each`` for every hook called by keyword
+(``notify``). No other module loops over plugins (``tests/test_plugin_loops.py``). So a plugin
+that raises gets one treatment everywhere (``Dispatcher.failed``):
 
 - it is logged (the exception type and the plugin name; its text, which can hold tool
-  arguments, only with ``capture_content``) and reported through ``turnguard_plugin_error``;
-- under ``fail_mode="open"`` it is ignored, under ``"closed"`` it stands for a HALT
-  (``Dispatcher.failed``);
+  arguments, only with ``capture_content``) and reported through ``turnguard_plugin_error``
+  (a reporter that raises is only logged: the failure it reported decides);
+- under ``fail_mode="open"`` nothing else happens; under ``"closed"`` it stands for a HALT
+  naming the plugin and the hook: among a check's answers, or, from an observer, the HALT the
+  caller latches (the host call it failed on halts);
 - any ``BaseException`` but ``KeyboardInterrupt``/``SystemExit`` (which propagate) counts.
 
 Which ``turn`` a plugin receives: the built-in policy modules (``plugins.DEFAULT_PLUGINS``) get
 the ``Ledger`` itself (they read its fields on the hot path); every other plugin gets its
-read-only ``LedgerView``. ``Dispatcher.bind`` makes the per-turn tuples of (plugin name,
-function, turn argument) that the callers loop over.
+read-only ``LedgerView``. ``Dispatcher.bind`` makes the per-turn ``BoundImpl`` tuples (plugin
+name, function, turn argument) that the loops take.
 
 Where a plugin says its hooks cannot fire (``quiet_rule``, ``turnguard.firing.Quiet``),
 ``Dispatcher.quiet`` gives the ``QuietRegion`` that ``Turn`` and the shadows test on every call
@@ -32,7 +38,7 @@ Typical use (this is what ``calibrate.replay`` does)::
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -56,18 +62,51 @@ HOT_OBSERVERS: Mapping[str, tuple[str, ...]] = {
     "turnguard_outcome_recorded": ("turn", "call", "outcome", "verdict"),
 }
 """Observer hooks of the hot path, called positionally like the check hooks (no keyword dicts)."""
+PLUGIN_ERROR = "turnguard_plugin_error"
+"""The hook that hears of every failure (but its own)."""
 PASSTHROUGH = (KeyboardInterrupt, SystemExit)
 """What a plugin may raise through the guard; any other ``BaseException`` is a plugin error."""
 
 QuietRule = Callable[[Ledger], Quiet]
 """A plugin's ``quiet_rule`` (``turnguard.firing.Quiet``)."""
-Impl = tuple[str, Callable[..., Any], bool, QuietRule | None]
-"""(plugin name, function taking the hook's positional arguments, gets the ledger itself, the
-plugin's ``quiet_rule`` or ``None``)."""
-Bound = tuple[tuple[str, Callable[..., Any], Any], ...]
-"""A hook's implementations for one turn: (plugin name, function, the ``turn`` it receives)."""
-Observer = tuple[str, Callable[..., Any], tuple[str, ...]]
-"""(plugin name, function, the keyword arguments it accepts)."""
+
+
+class Impl(NamedTuple):
+    """One implementation of a positionally called hook, compiled once per dispatcher."""
+
+    plugin: str
+    fn: Callable[..., Any]
+    """Takes the hook's arguments positionally, in ``CHECK_HOOKS``/``HOT_OBSERVERS`` order."""
+    trusted: bool
+    """Whether it gets the ledger itself (a built-in policy module) rather than the turn's view."""
+    quiet_rule: QuietRule | None
+    """The plugin's ``quiet_rule``, or ``None``."""
+
+
+class BoundImpl(NamedTuple):
+    """An ``Impl`` for one turn: what the loops call, as ``fn(turn, ...)``."""
+
+    plugin: str
+    fn: Callable[..., Any]
+    turn: Any
+    """The ``Ledger`` (trusted) or its ``LedgerView``."""
+
+
+Bound = tuple[BoundImpl, ...]
+"""A hook's implementations for one turn, in call order."""
+
+
+class Observer(NamedTuple):
+    """One implementation of a hook called by keyword."""
+
+    plugin: str
+    fn: Callable[..., Any]
+    argnames: tuple[str, ...]
+    """The hook's arguments it accepts (pluggy matches them by name)."""
+
+
+Found = tuple[tuple[str, Any], ...]
+"""A check's answers that were not ``None``: (plugin name, answer), in hook order."""
 _POLICY_MODULES = frozenset(DEFAULT_PLUGINS.values())
 
 
@@ -91,10 +130,11 @@ class QuietRegion:
         every check)."""
         d, ledger = self._dispatcher, self._ledger
         said: dict[QuietRule | None, Quiet | None] = {
-            rule: _quiet_of(rule, ledger) for *_, rule in (*d.check_call, *d.check_outcome) if rule is not None
+            impl.quiet_rule: _quiet_of(impl.quiet_rule, ledger)
+            for impl in (*d.check_call, *d.check_outcome) if impl.quiet_rule is not None
         }
-        on_call = [said.get(impl[3]) for impl in d.check_call]
-        on_outcome = [said.get(impl[3]) for impl in d.check_outcome]
+        on_call = [said.get(impl.quiet_rule) for impl in d.check_call]
+        on_outcome = [said.get(impl.quiet_rule) for impl in d.check_outcome]
         quiet_call = [q for q in on_call if q is not None]
         self.calls = min((q.calls for q in quiet_call), default=NEVER)
         self.streak = min((q.streak for q in quiet_call), default=NEVER)
@@ -123,7 +163,7 @@ class QuietRegion:
 
 
 class BoundChecks(NamedTuple):
-    """One turn's check hooks: (plugin name, function, turn argument) in call order."""
+    """One turn's check hooks, in call order."""
 
     cycle: Bound
     call: Bound
@@ -150,7 +190,7 @@ def compile_hook(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...], *,
         if names != order:
             fn = _adapter(fn, tuple(order.index(n) for n in names))
         rule = getattr(impl.plugin, "quiet_rule", None)
-        impls.append((impl.plugin_name, fn, is_policy_module(impl.plugin), rule if callable(rule) else None))
+        impls.append(Impl(impl.plugin_name, fn, is_policy_module(impl.plugin), rule if callable(rule) else None))
     return tuple(impls)
 
 
@@ -158,10 +198,11 @@ def _adapter(fn: Callable[..., Any], index: tuple[int, ...]) -> Callable[..., An
     return lambda *args: fn(*(args[i] for i in index))
 
 
-def observer_impls(pm: pluggy.PluginManager, hook: str) -> tuple[Observer, ...]:
-    """A keyword-called hook's implementations in call order."""
+def observer_impls(pm: pluggy.PluginManager, hook: str, plugin: object | None = None) -> tuple[Observer, ...]:
+    """A keyword-called hook's implementations in call order (only ``plugin``'s, when given)."""
     impls = reversed(getattr(pm.hook, hook).get_hookimpls())
-    return tuple((impl.plugin_name, impl.function, tuple(impl.argnames)) for impl in impls)
+    return tuple(Observer(impl.plugin_name, impl.function, tuple(impl.argnames)) for impl in impls
+                 if plugin is None or impl.plugin is plugin)
 
 
 def describe_error(plugin: str, hook: str, exc: BaseException, capture_content: bool) -> str:
@@ -212,8 +253,8 @@ class Dispatcher:
 
     @staticmethod
     def bound(impls: tuple[Impl, ...], ledger: Ledger, view: LedgerView) -> Bound:
-        """``impls`` for one turn: (plugin name, function, the ledger or ``view``)."""
-        return tuple((name, fn, ledger if trusted else view) for name, fn, trusted, _ in impls)
+        """``impls`` for one turn: each with the ledger (trusted) or ``view``."""
+        return tuple(BoundImpl(impl.plugin, impl.fn, ledger if impl.trusted else view) for impl in impls)
 
     def quiet(self, ledger: Ledger, view: LedgerView | None = None) -> QuietRegion:
         """Where ``ledger``'s turn may skip hooks (``QuietRegion``)."""
@@ -226,36 +267,131 @@ class Dispatcher:
             impls = self._observers[hook] = observer_impls(self.pm, hook)
         return impls
 
+    # -- the plugin loops -----------------------------------------------------------------------
+    # One per arity: a fixed number of arguments costs no tuple per call (the hot path runs
+    # these on every call a plugin is awake for). ``report``: the turn to name in
+    # ``turnguard_plugin_error`` (``None``: none, e.g. a shadow's own policies).
+
+    def collect0(self, hook: str, impls: Bound, report: LedgerView | None) -> Found:
+        """Call each check implementation as ``fn(turn)`` in isolation: the answers that were not
+        ``None`` (a failure's stand-in included, ``failed``), in hook order."""
+        found: Found = ()
+        for impl in impls:
+            try:
+                answer = impl.fn(impl.turn)
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # isolate every plugin
+                answer = self.failed(impl.plugin, hook, exc, report)
+            if answer is not None:
+                found += ((impl.plugin, answer),)
+        return found
+
+    def collect1(self, hook: str, impls: Bound, report: LedgerView | None, a: Any) -> Found:
+        """``collect0`` for a check hook of one more argument: ``fn(turn, a)``."""
+        found: Found = ()
+        for impl in impls:
+            try:
+                answer = impl.fn(impl.turn, a)
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # isolate every plugin
+                answer = self.failed(impl.plugin, hook, exc, report)
+            if answer is not None:
+                found += ((impl.plugin, answer),)
+        return found
+
+    def collect2(self, hook: str, impls: Bound, report: LedgerView | None, a: Any, b: Any) -> Found:
+        """``collect0`` for a check hook of two more arguments: ``fn(turn, a, b)``."""
+        found: Found = ()
+        for impl in impls:
+            try:
+                answer = impl.fn(impl.turn, a, b)
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # isolate every plugin
+                answer = self.failed(impl.plugin, hook, exc, report)
+            if answer is not None:
+                found += ((impl.plugin, answer),)
+        return found
+
+    def notify2(self, hook: str, impls: Bound, report: LedgerView | None, a: Any, b: Any) -> Verdict | None:
+        """Call each observer as ``fn(turn, a, b)`` in isolation (what it returns is ignored): the
+        first failure's stand-in (``failed``: a HALT under ``fail_mode="closed"``), else ``None``."""
+        failure = None
+        for impl in impls:
+            try:
+                impl.fn(impl.turn, a, b)
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # observers never break the host
+                stand_in = self.failed(impl.plugin, hook, exc, report)
+                failure = stand_in if failure is None else failure
+        return failure
+
+    def notify3(self, hook: str, impls: Bound, report: LedgerView | None, a: Any, b: Any, c: Any) -> Verdict | None:
+        """``notify2`` for an observer of one more argument: ``fn(turn, a, b, c)``."""
+        failure = None
+        for impl in impls:
+            try:
+                impl.fn(impl.turn, a, b, c)
+            except PASSTHROUGH:
+                raise
+            except BaseException as exc:  # observers never break the host
+                stand_in = self.failed(impl.plugin, hook, exc, report)
+                failure = stand_in if failure is None else failure
+        return failure
+
+    def call_each(self, hook: str, observers: Sequence[Observer], report: LedgerView | None,
+                  kwargs: Mapping[str, Any], *, own: Mapping[str, Mapping[str, Any]] | None = None,
+                  refusals: tuple[type[BaseException], ...] = ()) -> tuple[dict[str, Any], Verdict | None]:
+        """Call each implementation of a keyword hook in isolation, with the ``kwargs`` it accepts:
+        (the answers that were not ``None``, by plugin name; the first failure's stand-in, as
+        ``notify2``). ``own``: arguments whose value is each plugin's own (argument name -> plugin
+        name -> value; ``None`` for a plugin it does not name). ``refusals``: exceptions a plugin
+        raises to refuse (``turnguard.SnapshotError`` at a resume): they propagate."""
+        passthrough: tuple[type[BaseException], ...] = (*PASSTHROUGH, *refusals) if refusals else PASSTHROUGH
+        answers: dict[str, Any] = {}
+        failure = None
+        for observer in observers:
+            values = kwargs if own is None else {**kwargs, **{n: v.get(observer.plugin) for n, v in own.items()}}
+            try:
+                answer = observer.fn(**{n: values[n] for n in observer.argnames})
+            except passthrough:
+                raise
+            except BaseException as exc:  # observers never break the host
+                stand_in = self.failed(observer.plugin, hook, exc, report)
+                failure = stand_in if failure is None else failure
+                continue
+            if answer is not None:
+                answers[observer.plugin] = answer
+        return answers, failure
+
+    def notify(self, hook: str, report: LedgerView | None = None, **kwargs: Any) -> Verdict | None:
+        """Call a keyword observer hook, each implementation isolated: the first failure's
+        stand-in (a HALT under ``fail_mode="closed"``), else ``None``. What the stand-in does
+        (halt the call it failed on) is the caller's."""
+        return self.call_each(hook, self.observers(hook), report, kwargs)[1]
+
     # -- deciding -----------------------------------------------------------------------------
 
     def decide(self, hook: str, impls: Bound, args: tuple[Any, ...], ledger: Ledger,
                report: LedgerView | None = None) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
-        """Call each implementation as ``fn(turn, *args)`` in isolation and ``combine`` what they
-        returned: (the winner or ``None``, every event). ``report``: the turn to name in
-        ``turnguard_plugin_error`` (``None``: failures are only logged). Callers on the hot path
-        (``Turn.check_call``) inline ``collect`` and call ``combine`` themselves."""
-        found = self.collect(hook, impls, args, report)
-        if found is None:
+        """Call each implementation as ``fn(turn, *args)`` (``collect0``..``collect2``) and
+        ``combine`` what they returned: (the winner or ``None``, every event). ``report``: the
+        turn to name in ``turnguard_plugin_error`` (``None``: failures are only logged). Callers
+        on the hot path (``Turn.check_call``) call ``collect1`` and ``combine`` themselves."""
+        if not args:
+            found = self.collect0(hook, impls, report)
+        elif len(args) == 1:
+            found = self.collect1(hook, impls, report, args[0])
+        else:
+            found = self.collect2(hook, impls, report, *args)
+        if not found:
             return None, []
         return self.combine(hook, found, ledger, report)
 
-    def collect(self, hook: str, impls: Bound, args: tuple[Any, ...],
-                report: LedgerView | None = None) -> list[tuple[str, Any]] | None:
-        """Call each implementation as ``fn(turn, *args)`` in isolation: the (plugin name, answer)
-        pairs that were not ``None``, in hook order, or ``None`` when every one was."""
-        found = None
-        for name, fn, turn in impls:
-            try:
-                verdict = fn(turn, *args)
-            except PASSTHROUGH:
-                raise
-            except BaseException as exc:  # isolate every plugin
-                verdict = self.failed(name, hook, exc, report)
-            if verdict is not None:
-                found = [(name, verdict)] if found is None else [*found, (name, verdict)]
-        return found
-
-    def combine(self, hook: str, found: list[tuple[str, Any]], ledger: Ledger,
+    def combine(self, hook: str, found: Found, ledger: Ledger,
                 report: LedgerView | None = None) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
         """The combining rule over the (plugin name, answer) pairs of one check, in hook order: the most
         severe verdict wins; ties go to the first, except that a detection beats a bare verdict
@@ -287,49 +423,23 @@ class Dispatcher:
     # -- failures -----------------------------------------------------------------------------
 
     def failed(self, name: str, hook: str, exc: BaseException, report: LedgerView | None = None) -> Verdict | None:
-        """A plugin raised (or answered something else than a verdict) in ``hook``: logged,
-        reported, and replaced by what ``fail_mode`` says: ``None`` (open) or a HALT (closed)."""
-        self.report_error(name, hook, exc, report)
-        if self.fail_closed:
-            return Verdict(Action.HALT, None, f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed)")
-        return None
-
-    def report_error(self, name: str, hook: str, exc: BaseException, report: LedgerView | None = None) -> None:
-        """Log a plugin's failure and tell the ``turnguard_plugin_error`` observers (each isolated;
-        a failing reporter is only logged)."""
+        """The one treatment of a plugin that raised (or answered something else than a verdict)
+        in ``hook``: logged, reported through ``turnguard_plugin_error``, and replaced by what
+        ``fail_mode`` says: ``None`` (open) or a HALT naming the plugin and the hook (closed).
+        A ``turnguard_plugin_error`` implementation that raises is only logged (``None``): the
+        failure it was told of decides."""
         if self.log_errors:
             text = describe_error(name, hook, exc, self.capture_content)
             if self.label:
                 text = f"{text} ({self.label})"
             log.error(text, exc_info=exc if self.capture_content else None)
-        for plugin_name, fn, argnames in self.observers("turnguard_plugin_error"):
-            kwargs = {"turn": report, "plugin": name, "hook": hook, "error": exc}
-            try:
-                fn(**{n: kwargs[n] for n in argnames})
-            except PASSTHROUGH:
-                raise
-            except BaseException as bad:  # the error reporter itself must not break the host
-                log.error(describe_error(plugin_name, "turnguard_plugin_error", bad, self.capture_content))
-
-    def notify(self, hook: str, report: LedgerView | None = None, **kwargs: Any) -> bool:
-        """Call a keyword observer hook, each implementation isolated; ``True`` when one failed."""
-        return self.notify_each(hook, self.observers(hook), report, kwargs)
-
-    def notify_each(self, hook: str, observers: tuple[Observer, ...], report: LedgerView | None,
-                    kwargs: Mapping[str, Any]) -> bool:
-        """``notify`` for the given implementations of ``hook`` (a subset, or the ones of another
-        moment): each isolated, a failure logged and reported; ``True`` when one failed. What a
-        failure does beyond that (``fail_mode="closed"``: halt the call) is the caller's."""
-        failed = False
-        for plugin_name, fn, argnames in observers:
-            try:
-                fn(**{n: kwargs[n] for n in argnames})
-            except PASSTHROUGH:
-                raise
-            except BaseException as exc:  # observers never break the host
-                self.report_error(plugin_name, hook, exc, report)
-                failed = True
-        return failed
+        if hook == PLUGIN_ERROR:
+            return None
+        self.call_each(PLUGIN_ERROR, self.observers(PLUGIN_ERROR), report,
+                       {"turn": report, "plugin": name, "hook": hook, "error": exc})
+        if self.fail_closed:
+            return Verdict(Action.HALT, None, f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed)")
+        return None
 
 
 def _quiet_of(rule: Callable[[Ledger], Quiet], ledger: Ledger) -> Quiet | None:

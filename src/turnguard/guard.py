@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import pluggy
 
 from turnguard.config import ConfigError, GuardConfig, Probe
-from turnguard.dispatch import NOTHING, PASSTHROUGH, Dispatcher
+from turnguard.dispatch import NOTHING, Dispatcher, Found, Observer, observer_impls
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, store_key, turn_keyer
 from turnguard.ledger import Ledger, LedgerView
@@ -97,7 +97,7 @@ class Guard:
         self.dispatcher = self._dispatcher()  # a wrapper on a check hook is refused here, not when a turn opens
         self._setup_failed: Verdict | None = None
         """Under ``fail_mode="closed"``, the HALT every turn starts with once a plugin failed to configure."""
-        self._configure(self.pm.hook.turnguard_configure.get_hookimpls())
+        self._configure(self.dispatcher.observers("turnguard_configure"))
         self.cohort = Cohort.LIVE
         """The cohort of the turns this guard opens itself (a probe guard's are ``probe``)."""
         self.result_tools = result_tools(self.config)
@@ -120,16 +120,14 @@ class Guard:
     def _dispatcher(self) -> Dispatcher:
         return Dispatcher(self.pm, fail_mode=self.config.fail_mode, capture_content=self.config.capture_content)
 
-    def _configure(self, impls: Any) -> None:
+    def _configure(self, observers: tuple[Observer, ...]) -> None:
         """``turnguard_configure`` for each implementation, isolated: a plugin that raises here is
         logged and reported, never fatal to ``Guard()`` (the hook is historic in spirit: plugins
         registered later through ``Guard.register`` get it too). Under ``fail_mode="closed"`` no
         call is under way to halt: every turn this guard opens afterwards starts halted."""
-        observers = tuple((impl.plugin_name, impl.function, tuple(impl.argnames)) for impl in reversed(impls))
-        failed = self.dispatcher.notify_each("turnguard_configure", observers, None, {"config": self.config})
-        if failed and self.dispatcher.fail_closed and self._setup_failed is None:
-            self._setup_failed = Verdict(Action.HALT, None,
-                                         "turnguard: a plugin failed in turnguard_configure (fail_mode=closed)")
+        failure = self.dispatcher.call_each("turnguard_configure", observers, None, {"config": self.config})[1]
+        if failure is not None and self._setup_failed is None:
+            self._setup_failed = failure
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register a plugin (takes effect for turns opened afterwards: register plugins through
@@ -143,7 +141,7 @@ class Guard:
         except pluggy.PluginValidationError:
             self.pm.unregister(plugin)
             raise
-        self._configure([i for i in self.pm.hook.turnguard_configure.get_hookimpls() if i.plugin is plugin])
+        self._configure(observer_impls(self.pm, "turnguard_configure", plugin))
         if self._probe_guard is not None:
             self._probe_guard.register(plugin, name=name)
         return registered
@@ -269,6 +267,18 @@ def _default_manager(config: GuardConfig, providers: dict[str, Any], environ: Ma
     return plugin_manager(config, providers=providers, environ=environ)
 
 
+class CheckCall(Protocol):
+    """The type of ``Turn.check_call``."""
+
+    def __call__(self, call: ToolCall) -> Verdict: ...
+
+
+class RecordOutcome(Protocol):
+    """The type of ``Turn.record_outcome``."""
+
+    def __call__(self, call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict: ...
+
+
 class Turn:
     """One agent turn. All methods are thread-safe and never raise because of tool arguments."""
 
@@ -316,7 +326,6 @@ class Turn:
         self._tracked = False
         """Whether the guard's ``lineage`` knows this turn's id (snapshotted or resumed)."""
         self._dispatch = dispatch = guard.dispatcher
-        self._fail_closed = dispatch.fail_closed
         self._keyed_results = bool(ledger._named or guard.result_tools)
         """Whether this turn looks at results (its stateful tools, its shadows', the recorder's)."""
         self._check_cycle, self._check_call, self._check_outcome = dispatch.bind(ledger, view)
@@ -325,11 +334,8 @@ class Turn:
         self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
         self._quiet = dispatch.quiet(ledger, view)
         """Where the plugins cannot fire (``turnguard.firing.Quiet``): they are not called there."""
-        # The turn's closures stand in for the two methods on the instance, with their signatures
-        # (mypy compares them with the unbound methods, and refuses assigning over a method at all).
-        self.check_call, self.record_outcome = _hot_paths(self)  # type: ignore[method-assign,assignment]
-        if self._notify("turnguard_turn_started", turn=view):
-            self._observer_halt("turnguard_turn_started", ALLOW)
+        self.check_call, self.record_outcome = _checker(self), _recorder(self)
+        self._latch_failure(self._notify("turnguard_turn_started", turn=view), ALLOW)
 
     # -- identity --------------------------------------------------------------------------
 
@@ -360,36 +366,37 @@ class Turn:
                 return self._halt
             self.ledger.begin_cycle()
             verdict, events = self._decide("turnguard_check_cycle", self._check_cycle, ())
-        failed = self._after(events) if events else None
-        if self._observe_cycle and self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict):
-            failed = failed or "turnguard_cycle_checked"
-        return self._observer_halt(failed, verdict) if failed else verdict
+        failure = self._after(events) if events else None
+        if self._observe_cycle:
+            observed = self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict)
+            failure = observed if failure is None else failure
+        return verdict if failure is None else self._latch_failure(failure, verdict)
 
-    # check_call and record_outcome are the hot path: each turn has them as closures (_hot_paths,
-    # below the class); these methods say what they do and reach the turn's own.
+    # check_call and record_outcome are the hot path: each turn's own closures (_checker and
+    # _recorder, below the class), set when the turn opens, so that what they read on every call
+    # is a local cell, not an attribute of the turn. Their docstrings are the closures' own
+    # (tests/test_guard_hot_paths.py checks that the two texts agree).
 
-    def check_call(self, call: ToolCall) -> Verdict:
-        """Before executing ``call``: count it and decide. Do not execute it on HALT.
+    check_call: CheckCall
+    """Before executing ``call``: count it and decide. Do not execute it on HALT.
 
-        Identical calls checked while earlier ones of their streak still wait for an outcome
-        (one model response's batch) count those as failures for the stop level: in an
-        unattended turn at most ``streak_stop_at`` of them run."""
-        return self.check_call(call)
+    Identical calls checked while earlier ones of their streak still wait for an outcome
+    (one model response's batch) count those as failures for the stop level: in an
+    unattended turn at most ``streak_stop_at`` of them run."""
 
-    def record_outcome(self, call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
-        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+    record_outcome: RecordOutcome
+    """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
 
-        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
-        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
-        latched HALT once the turn is halted); it is reported as a host error.
+    ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+    call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+    latched HALT once the turn is halted); it is reported as a host error.
 
-        ``result``: what the call returned (any value: the tool's text, or the part that matters,
-        such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
-        at once, with the call keying rules, and only its digest is kept: an identical call whose
-        result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
-        unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
-        value itself is never kept, exported, recorded or put in a snapshot."""
-        return self.record_outcome(call, outcome, result)
+    ``result``: what the call returned (any value: the tool's text, or the part that matters,
+    such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
+    at once, with the call keying rules, and only its digest is kept: an identical call whose
+    result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
+    unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
+    value itself is never kept, exported, recorded or put in a snapshot."""
 
     def _key_again(self, call: ToolCall, key: tuple[Any, ...], digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -402,36 +409,20 @@ class Turn:
 
     def _call_checked(self, call: ToolCall, verdict: Verdict, events: Any) -> Verdict:
         """After a check, outside the lock: the detections' and ``turnguard_call_checked``'s observers."""
-        failed = self._after(events) if events else None
-        for name, fn, turn in self._call_observers:
-            try:
-                fn(turn, call, verdict)
-            except PASSTHROUGH:
-                raise
-            except BaseException as exc:  # observers never break the host
-                self._dispatch.report_error(name, "turnguard_call_checked", exc, self.view)
-                failed = failed or "turnguard_call_checked"
-        return self._observer_halt(failed, verdict) if failed else verdict
+        failure = self._after(events) if events else None
+        if self._call_observers:
+            observed = self._dispatch.notify2("turnguard_call_checked", self._call_observers, self.view, call, verdict)
+            failure = observed if failure is None else failure
+        return verdict if failure is None else self._latch_failure(failure, verdict)
 
     def _outcome_recorded(self, call: ToolCall, outcome: Outcome, verdict: Verdict, events: Any) -> Verdict:
         """After an outcome, outside the lock: the detections' and ``turnguard_outcome_recorded``'s observers."""
-        failed = self._after(events) if events else None
-        if self._outcome_observers and self._observe_outcome(call, outcome, verdict):
-            failed = failed or "turnguard_outcome_recorded"
-        return self._observer_halt(failed, verdict) if failed else verdict
-
-    def _observe_outcome(self, call: ToolCall, outcome: Outcome, verdict: Verdict) -> bool:
-        """``turnguard_outcome_recorded``, positionally, each observer isolated; ``True`` when one failed."""
-        failed = False
-        for name, fn, turn in self._outcome_observers:
-            try:
-                fn(turn, call, outcome, verdict)
-            except PASSTHROUGH:
-                raise
-            except BaseException as exc:  # observers never break the host
-                self._dispatch.report_error(name, "turnguard_outcome_recorded", exc, self.view)
-                failed = True
-        return failed
+        failure = self._after(events) if events else None
+        if self._outcome_observers:
+            observed = self._dispatch.notify3("turnguard_outcome_recorded", self._outcome_observers, self.view,
+                                              call, outcome, verdict)
+            failure = observed if failure is None else failure
+        return verdict if failure is None else self._latch_failure(failure, verdict)
 
     def retry(self) -> None:
         """The current model request is being re-sent: roll its calls back, clear repeats and streaks.
@@ -445,8 +436,7 @@ class Turn:
             if self._halt is not None:
                 return
             self.ledger.rollback_cycle()
-        if self._notify("turnguard_retry", turn=self.view):
-            self._observer_halt("turnguard_retry", ALLOW)
+        self._latch_failure(self._notify("turnguard_retry", turn=self.view), ALLOW)
 
     def resolve(self, event: LoopDetectedEvent | Verdict, answer: Answer | str) -> Verdict:
         """The user's answer to an ASK: ``continue`` or ``redirect`` reset the streak so it does
@@ -465,9 +455,8 @@ class Turn:
             else:
                 self.ledger.reset_streak()
             verdict = self._halt or ALLOW
-        if self._notify("turnguard_escalation_resolved", turn=self.view, event=asked, response=answer.value):
-            return self._observer_halt("turnguard_escalation_resolved", verdict)
-        return verdict
+        failure = self._notify("turnguard_escalation_resolved", turn=self.view, event=asked, response=answer.value)
+        return self._latch_failure(failure, verdict)
 
     def halt(self, verdict: Verdict, message: str | None = None) -> Verdict:
         """The host halts the turn itself on a detection (e.g. an ASK with nobody to ask):
@@ -688,9 +677,9 @@ class Turn:
         key = call._key
         checked_here = key is not None and key[2] is self._token
         reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
-        failed = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
-                              reason=reason.value)
-        return self._observer_halt("turnguard_outcome_ignored", self._halt or ALLOW) if failed else self._halt or ALLOW
+        failure = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
+                               reason=reason.value)
+        return self._latch_failure(failure, self._halt or ALLOW)
 
     def _decide(
         self, hook: str, impls: Any, args: tuple[Any, ...]
@@ -704,7 +693,7 @@ class Turn:
         return best, events
 
     def _combine(
-        self, hook: str, found: list[tuple[str, Any]]
+        self, hook: str, found: Found
     ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
         """``Dispatcher.combine`` for this turn; a HALT latches."""
         best, events = self._dispatch.combine(hook, found, self.ledger, self.view)
@@ -714,46 +703,50 @@ class Turn:
             self._halt = best
         return best, events
 
-    def _after(self, events: Any) -> str | None:
-        """``turnguard_loop_detected`` for each event; its name when an observer failed (the
-        hook a fail-closed halt names), else ``None``."""
-        failed = False
+    def _after(self, events: Any) -> Verdict | None:
+        """``turnguard_loop_detected`` for each event: the first failure's stand-in, if any."""
+        failure = None
         for event in events:
-            failed = self._notify("turnguard_loop_detected", turn=self.view, event=event) or failed
-        return "turnguard_loop_detected" if failed else None
+            observed = self._notify("turnguard_loop_detected", turn=self.view, event=event)
+            failure = observed if failure is None else failure
+        return failure
 
-    def _notify(self, hook: str, **kwargs: Any) -> bool:
-        """Call an observer hook, each implementation isolated; ``True`` when one failed."""
+    def _notify(self, hook: str, **kwargs: Any) -> Verdict | None:
+        """Call an observer hook, each implementation isolated: the first failure's stand-in
+        (``Dispatcher.failed``: a HALT under ``fail_mode="closed"``), else ``None``."""
         return self._dispatch.notify(hook, self.view, **kwargs)
 
-    def _observer_halt(self, hook: str, verdict: Verdict) -> Verdict:
-        """An observer failed in ``hook``: under ``fail_mode="closed"`` the turn halts, from the
-        call it failed on (returns the latched HALT); otherwise ``verdict`` stands."""
-        if not self._fail_closed:
+    def _latch_failure(self, failure: Verdict | None, verdict: Verdict) -> Verdict:
+        """What the host gets from a call whose observers may have failed: ``verdict``, unless
+        ``failure`` is a failure's stand-in (a HALT, under ``fail_mode="closed"``): then the turn
+        halts, from the call it failed on, and the latched HALT is returned."""
+        if failure is None:
             return verdict
         with self._lock:
             if self._halt is None:
-                self._halt = Verdict(Action.HALT, None, f"turnguard: a plugin failed in {hook} (fail_mode=closed)")
+                self._halt = failure
             return self._halt
 
 
-def _hot_paths(turn: Turn) -> tuple[Callable[[ToolCall], Verdict], Callable[..., Verdict]]:
-    """``turn``'s ``check_call`` and ``record_outcome``: closures, so that what they read on
-    every call is a local cell, not an attribute of the turn (a tenth of a shell command's cost;
-    ``benchmarks/bench_core.py``). Anything but "no plugin had anything to say" takes the turn's
-    methods (``_combine``, ``_claim``, ``_ignored``, the observers')."""
-    check_call, record_outcome = _checker(turn), _recorder(turn)
-    check_call.__doc__, record_outcome.__doc__ = Turn.check_call.__doc__, Turn.record_outcome.__doc__
-    return check_call, record_outcome
+# ``turn``'s ``check_call`` and ``record_outcome`` are closures, so that what they read on every
+# call is a local cell, not an attribute of the turn (a tenth of a shell command's cost;
+# ``benchmarks/bench_core.py``). Anything but "no plugin had anything to say" takes the turn's
+# methods (``_combine``, ``_claim``, ``_ignored``, the observers').
 
 
-def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
+def _checker(turn: Turn) -> CheckCall:
     ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
     digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
     count = ledger.count_named if ledger._named else ledger.count_call  # tools the configuration names
     every_call, call_observers = turn._check_call, turn._call_observers
+    collect, view = turn._dispatch.collect1, turn.view
 
     def check_call(call: ToolCall) -> Verdict:
+        """Before executing ``call``: count it and decide. Do not execute it on HALT.
+
+        Identical calls checked while earlier ones of their streak still wait for an outcome
+        (one model response's batch) count those as failures for the stop level: in an
+        unattended turn at most ``streak_stop_at`` of them run."""
         if type(call) is not ToolCall:
             _require_call(call)
         key = call._key
@@ -778,18 +771,9 @@ def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
                     return ALLOW
             else:
                 impls = every_call
-            found: tuple[tuple[str, Any], ...] = ()
-            for name, fn, arg in impls:  # the plugin loop, inlined: a shadow's hook runs on every call
-                try:
-                    verdict = fn(arg, call)
-                except PASSTHROUGH:
-                    raise
-                except BaseException as exc:  # isolate every plugin
-                    verdict = turn._dispatch.failed(name, "turnguard_check_call", exc, turn.view)
-                if verdict is not None:
-                    found += ((name, verdict),)
+            found = collect("turnguard_check_call", impls, view, call) if impls else ()
             if found:
-                verdict, events = turn._combine("turnguard_check_call", list(found))
+                verdict, events = turn._combine("turnguard_check_call", found)
             elif call_observers:
                 verdict, events = NOTHING
             else:
@@ -801,15 +785,28 @@ def _checker(turn: Turn) -> Callable[[ToolCall], Verdict]:
     return check_call
 
 
-def _recorder(turn: Turn) -> Callable[..., Verdict]:
+def _recorder(turn: Turn) -> RecordOutcome:
     ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
     acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
     every_outcome, outcome_observers = turn._check_outcome, turn._outcome_observers
+    collect, view = turn._dispatch.collect2, turn.view
     # Where results count (stateful tools, the recorder's or a shadow's), every outcome takes
     # _claim_and_record: a token no key holds sends it there. Most turns never look at a result.
     token = object() if turn._keyed_results else turn._token
 
     def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
+        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+
+        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+        latched HALT once the turn is halted); it is reported as a host error.
+
+        ``result``: what the call returned (any value: the tool's text, or the part that matters,
+        such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
+        at once, with the call keying rules, and only its digest is kept: an identical call whose
+        result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
+        unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
+        value itself is never kept, exported, recorded or put in a snapshot."""
         verdict: Verdict
         events: Sequence[LoopDetectedEvent]
         if type(call) is not ToolCall:
@@ -834,18 +831,9 @@ def _recorder(turn: Turn) -> Callable[..., Verdict]:
                     impls = quiet.outcome if ledger._stop_peak < quiet.stop_count and not ended_stop else every_outcome
                     if not impls and not outcome_observers:
                         return ALLOW
-                    found: tuple[tuple[str, Any], ...] = ()
-                    for name, fn, arg in impls:  # as in check_call
-                        try:
-                            answer = fn(arg, call, outcome)
-                        except PASSTHROUGH:
-                            raise
-                        except BaseException as exc:  # isolate every plugin
-                            answer = turn._dispatch.failed(name, "turnguard_check_outcome", exc, turn.view)
-                        if answer is not None:
-                            found += ((name, answer),)
+                    found = collect("turnguard_check_outcome", impls, view, call, outcome) if impls else ()
                     if found:
-                        verdict, events = turn._combine("turnguard_check_outcome", list(found))
+                        verdict, events = turn._combine("turnguard_check_outcome", found)
                     elif outcome_observers:
                         verdict, events = NOTHING
                     else:

@@ -50,19 +50,28 @@ over the streak's). Plugins given to ``Guard(plugins=)`` or ``Guard.register`` r
 ties); entry-point plugins run after them."""
 
 PluginFactory = Callable[..., Any]
-FACTORY_PLUGINS: dict[str, str] = {
-    "otel": "turnguard.telemetry.otel:plugin_for",
-    "recorder": "turnguard.telemetry.recorder:plugin_for",
-    "shadow": "turnguard.shadow:plugin_for",
-}
-"""Built-in plugins that hold state per guard, none of them a policy (they report, record, or
-evaluate other configurations without acting): ``module:factory(config, plugin_manager=pm,
-**providers)``, where ``pm`` is the manager being built (for a plugin that calls hooks itself);
-a factory may return ``None`` when the plugin has nothing to do under ``config``."""
+"""``factory(config, plugin_manager=pm, **providers)``: a built-in plugin for one guard, where
+``pm`` is the manager being built (for a plugin that calls hooks itself); it may return ``None``
+when the plugin has nothing to do under ``config``."""
 
-NON_POLICY_PLUGINS: tuple[str, ...] = tuple(FACTORY_PLUGINS)
-"""The built-in plugins that are not policies: disable these (``policies_only``) and what is
-left of the built-ins decides and nothing else."""
+NON_POLICY_PLUGINS: tuple[str, ...] = ("otel", "recorder", "shadow")
+"""The built-in plugins that are not policies, in hook order: they hold state per guard and
+report, record, or evaluate other configurations without acting. Disable these
+(``policies_only``) and what is left of the built-ins decides and nothing else."""
+
+FACTORY_PLUGINS: dict[str, PluginFactory | None] = dict.fromkeys(NON_POLICY_PLUGINS)
+"""Each non-policy built-in's ``PluginFactory``. Their modules sit above this one (the shadows
+above the guard, telemetry above the shadows), so this module only names them: the package
+registers each factory from above (``register_factory``, in ``turnguard/__init__.py``, which runs
+before any of its modules is used). A name without a factory is skipped."""
+
+
+def register_factory(name: str, factory: PluginFactory) -> None:
+    """Build the built-in plugin ``name`` with ``factory`` in every manager made from now on
+    (registered from the modules above this one, which this one never imports)."""
+    if not callable(factory):
+        raise TypeError(f"the factory of the built-in plugin {name!r} must be callable, got {type(factory).__name__}")
+    FACTORY_PLUGINS[name] = factory
 
 
 def policies_only(config: GuardConfig) -> GuardConfig:
@@ -127,10 +136,10 @@ def plugin_manager(
     pm.add_hookspecs(hookspecs)
     for name in config.disable_plugins:
         pm.set_blocked(name)
-    for name, target in reversed(FACTORY_PLUGINS.items()):
-        if pm.is_blocked(name):
+    for name, factory in reversed(FACTORY_PLUGINS.items()):
+        if factory is None or pm.is_blocked(name):
             continue
-        plugin = _create(name, target, config, {**(providers or {}), "plugin_manager": pm})
+        plugin = _create(name, factory, config, {**(providers or {}), "plugin_manager": pm})
         if plugin is not None:
             pm.register(plugin, name=name)
     if config.load_entrypoints:
@@ -180,23 +189,12 @@ def _check_pending(pm: pluggy.PluginManager) -> None:
             pm.unregister(exc.plugin)
 
 
-def _create(name: str, target: str, config: GuardConfig, providers: Mapping[str, Any]) -> object | None:
-    """Build a factory plugin; one that is not installed or fails is left out (and logged)."""
-    module, _, attr = target.partition(":")
-    try:
-        factory: PluginFactory = getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module.startswith(exc.name):
-            log.debug("turnguard: built-in plugin %r not available (%s)", name, exc)
-            return None
-        _left_out(providers["plugin_manager"], name, "built-in", _reason(exc), "built-in plugin", exc)
-        return None
-    except Exception as exc:  # a broken optional plugin must not stop the guard
-        _left_out(providers["plugin_manager"], name, "built-in", _reason(exc), "built-in plugin", exc)
-        return None
+def _create(name: str, factory: PluginFactory, config: GuardConfig, providers: Mapping[str, Any]) -> object | None:
+    """Build a factory plugin; one that cannot be imported (a factory imports its module when
+    first called) or fails to start is left out (and logged): it must not stop the guard."""
     try:
         return factory(config, **dict(providers))
-    except Exception as exc:  # nor one that fails to start
+    except Exception as exc:  # a broken built-in plugin must not stop the guard
         _left_out(providers["plugin_manager"], name, "built-in", _reason(exc), "built-in plugin", exc)
         return None
 

@@ -37,9 +37,11 @@ guard's detections (``tests/test_shadow.py`` checks it):
   logged and ignored, or, under the shadow's own ``fail_mode="closed"``, is that shadow's
   would-be HALT; it never reaches the live verdict.
 
-Cost: per shadow, a ledger update and its policy functions per call; no keying, no dispatch
+Cost: per shadow, a ledger update and its policy functions per call (through its dispatcher's
+loop, where its quiet region lets them fire); no keying, no pluggy dispatch
 (``benchmarks/bench_shadow.py`` measures it). This module sits above the guard: the guard knows
-nothing of shadows; the ``shadow`` built-in plugin (``plugins.FACTORY_PLUGINS``) is this.
+nothing of shadows; the package registers ``plugin_for`` as the ``shadow`` built-in plugin
+(``plugins.register_factory``, from ``turnguard/__init__.py``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import pluggy
 
 from turnguard import state as st
 from turnguard.config import GuardConfig
-from turnguard.dispatch import PASSTHROUGH, Dispatcher
+from turnguard.dispatch import PASSTHROUGH, Dispatcher, Found
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, cached_result, turn_keyer
 from turnguard.ledger import Ledger, LedgerView
@@ -67,9 +69,6 @@ from turnguard.state import Fields
 log = logging.getLogger("turnguard")
 _HALT = Action.HALT
 _RESETTING_ANSWERS = frozenset({Answer.CONTINUE.value, Answer.REDIRECT.value})
-_REPORT_FAILED = Verdict(_HALT, None, "turnguard: a plugin failed in turnguard_shadow_detected (fail_mode=closed)")
-"""What a check hook answers when a ``turnguard_shadow_detected`` observer failed under the live
-``fail_mode="closed"``: the live call halts, as for a failing observer of any other hook."""
 
 
 class ShadowPolicy:
@@ -208,10 +207,10 @@ class TurnShadows:
     def drop_halted(self) -> None:
         active = [run for run in self.runs if run.halt is None]
         self.active = tuple((run, run.ledger) for run in active)
-        self.calls = tuple((run, run.ledger, run.policy.own_digest, _counter(run.ledger), run.checks.call, run.quiet)
-                           for run in active)
-        self.outcomes = tuple((run, run.ledger, _recorder(run.ledger, self), run.checks.outcome, run.quiet)
-                              for run in active)
+        self.calls = tuple((run, run.ledger, run.policy.own_digest, _counter(run.ledger), run.checks.call, run.quiet,
+                            run.policy.dispatcher.collect1) for run in active)
+        self.outcomes = tuple((run, run.ledger, _recorder(run.ledger, self), run.checks.outcome, run.quiet,
+                               run.policy.dispatcher.collect2) for run in active)
 
     def stop(self) -> None:
         """Evaluate no shadow any more on this turn."""
@@ -274,9 +273,9 @@ class ShadowPlugin:
     # turn's lock: the shadows see each call in the order the live ledger counted it (parallel
     # calls included) at no observer-dispatch cost. They return None (a shadow never acts), but
     # for a reporting observer that failed under the live fail_mode="closed": that halts the call.
-    # The call and outcome hooks inline ``Dispatcher.decide``'s loop: one more call per shadow
-    # per hook is about 0.1 µs, which the shadows' budget (under twice the live guard's cost)
-    # does not have. Would-be detections are reported from there too (rare; the lock is re-entrant).
+    # Each shadow's policies are called through its dispatcher's loops (``collect0``..``collect2``,
+    # bound once per turn in ``TurnShadows``). Would-be detections are reported from there too
+    # (rare; the lock is re-entrant).
 
     @hookimpl
     def turnguard_check_cycle(self, turn: LedgerView) -> Verdict | None:
@@ -288,7 +287,7 @@ class ShadowPlugin:
         try:
             for run, ledger in state.active:
                 ledger.begin_cycle()
-                found = run.policy.dispatcher.collect("turnguard_check_cycle", run.checks.cycle, ())
+                found = run.policy.dispatcher.collect0("turnguard_check_cycle", run.checks.cycle, None)
                 if found:
                     _decided(run, "turnguard_check_cycle", found, state)
         except PASSTHROUGH:
@@ -296,7 +295,7 @@ class ShadowPlugin:
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
-            return self._reported(turn)
+            return self._flush(turn)
         return None
 
     @hookimpl
@@ -310,31 +309,22 @@ class ShadowPlugin:
         digest = key[0] if key is not None else self._digest(call)
         name = call.name
         try:
-            for run, ledger, own_digest, count, checks, quiet in state.calls:
+            for run, ledger, own_digest, count, checks, quiet, collect in state.calls:
                 count(digest if own_digest is None else own_digest(call), name)
                 if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
                         and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
                     checks = quiet.call  # (Turn's check_call does the same)
                     if not checks:
                         continue
-                found = None
-                for plugin, fn, arg in checks:  # Dispatcher.collect, inlined: this runs on every call
-                    try:
-                        verdict = fn(arg, call)
-                    except PASSTHROUGH:
-                        raise
-                    except BaseException as exc:  # a shadow never acts, not even by failing
-                        verdict = run.policy.dispatcher.failed(plugin, "turnguard_check_call", exc)
-                    if verdict is not None:
-                        found = [(plugin, verdict)] if found is None else [*found, (plugin, verdict)]
-                if found is not None:
+                found = collect("turnguard_check_call", checks, None, call)  # a shadow never acts, even failing
+                if found:
                     _decided(run, "turnguard_check_call", found, state)
         except PASSTHROUGH:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
-            return self._reported(turn)
+            return self._flush(turn)
         return None
 
     @hookimpl
@@ -350,29 +340,20 @@ class ShadowPlugin:
         seq = key[3] if key is not None and key[3] else turn.checks
         state.call = call  # (for the shadows with stateful tools: PolledRecorder)
         try:
-            for run, ledger, record, checks, quiet in state.outcomes:
+            for run, ledger, record, checks, quiet, collect in state.outcomes:
                 if not record(seq, outcome) and ledger._stop_peak < quiet.stop_count:  # (as Turn's)
                     checks = quiet.outcome
                     if not checks:
                         continue
-                found = None
-                for plugin, fn, arg in checks:  # Dispatcher.collect, inlined
-                    try:
-                        verdict = fn(arg, call, outcome)
-                    except PASSTHROUGH:
-                        raise
-                    except BaseException as exc:  # a shadow never acts, not even by failing
-                        verdict = run.policy.dispatcher.failed(plugin, "turnguard_check_outcome", exc)
-                    if verdict is not None:
-                        found = [(plugin, verdict)] if found is None else [*found, (plugin, verdict)]
-                if found is not None:
+                found = collect("turnguard_check_outcome", checks, None, call, outcome)
+                if found:
                     _decided(run, "turnguard_check_outcome", found, state)
         except PASSTHROUGH:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
         if state.found:
-            return self._reported(turn)
+            return self._flush(turn)
         return None
 
     # A retry or an answer reaches the plugin outside the turn's lock: it is queued and applied
@@ -453,27 +434,25 @@ class ShadowPlugin:
                 state.reporter.notify("turnguard_shadow_turn_ended", turn, turn=turn, policy=name,
                                       summary=shadow_summary)
 
-    def _reported(self, turn: LedgerView) -> Verdict | None:
-        """Report the would-be detections from a check hook: what the hook answers."""
-        return _REPORT_FAILED if self._flush(turn) else None
-
-    def _flush(self, turn: LedgerView) -> bool:
+    def _flush(self, turn: LedgerView) -> Verdict | None:
         """Report the would-be detections noted since the last report (in the order they came):
-        ``True`` when a reporter failed under the live ``fail_mode="closed"`` (the call halts)."""
+        the stand-in of the first reporter that failed (``Dispatcher.failed``: under the live
+        ``fail_mode="closed"`` a HALT, the live call's answer: it halts), else ``None``."""
         state = self._turns.get(id(turn))
         if state is None or not state.found:
-            return False
+            return None
         found, state.found = state.found, []
         reporter = state.reporter
         if reporter is None:
-            return False
-        failed = False
+            return None
+        failure = None
         for name, event in found:
-            failed = reporter.notify("turnguard_shadow_detected", turn, turn=turn, policy=name, event=event) or failed
-        return failed and reporter.fail_closed
+            observed = reporter.notify("turnguard_shadow_detected", turn, turn=turn, policy=name, event=event)
+            failure = observed if failure is None else failure
+        return failure
 
 
-def _decided(run: ShadowRun, hook: str, found: list[tuple[str, Any]], state: TurnShadows) -> None:
+def _decided(run: ShadowRun, hook: str, found: Found, state: TurnShadows) -> None:
     """A shadow's policies answered: combined by the shadow's dispatcher (as the live guard
     combines), each detection noted in ``state.found``; a HALT latches and takes the run out of
     ``state.active`` for the calls after this."""

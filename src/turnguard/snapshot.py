@@ -59,10 +59,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from turnguard import state as st
 from turnguard.config import GuardConfig
-from turnguard.dispatch import PASSTHROUGH
 from turnguard.keys import DIGEST_SIZE, TURN_KEY_SIZE, store_key, turn_keyer
 from turnguard.ledger import Ledger
-from turnguard.model import Action, Level, LoopDetectedEvent, Threshold, ToolCall, Verdict
+from turnguard.model import ALLOW, Action, Level, LoopDetectedEvent, Threshold, ToolCall, Verdict
 from turnguard.state import Fields, SnapshotError
 from turnguard.task_results import MAX_RECENT_TURNS
 
@@ -168,7 +167,7 @@ def resume(guard: Guard, state: Any, open_turn: Callable[..., Turn]) -> Turn:
         raise
     turn = open_turn(ledger=ledger, keyer=restored.keyer, durable=identity["durable"])
     turn._tracked = True
-    refused, failed = None, False
+    refused, failure = None, None
     with turn._lock:
         waiting = {}
         for seq, name, call_id, digest in restored.awaiting:
@@ -181,14 +180,14 @@ def resume(guard: Guard, state: Any, open_turn: Callable[..., Turn]) -> Turn:
         turn._halt = restored.halt or turn._halt  # (or the fail-closed halt of its opening)
         turn._resolved = identity.get("resolved")
         try:
-            failed = _resume_plugins(turn, restored.plugins)
+            failure = _resume_plugins(turn, restored.plugins)
         except SnapshotError as exc:
             refused = exc
     if refused is not None:
         turn.end("suspended")  # put aside unreported: the snapshot stays the turn's to resume
         raise refused
-    if failed:  # a plugin could not take its state back: under fail_mode="closed" the turn halts
-        turn._observer_halt("turnguard_turn_resumed", Verdict(Action.ALLOW))
+    if failure is not None:  # a plugin could not take its state back: under fail_mode="closed" the turn halts
+        turn._latch_failure(failure, ALLOW)
     return turn
 
 
@@ -281,7 +280,7 @@ def _read(guard: Guard, state: Any) -> _Restored:
     read_verdict(f.get("pending"), "pending")
     plugins = f.mapping("plugins", 1024, default={}) if version >= 2 else {}
     # (no f.done() here: the top level is open to hosts, which keep their own data beside turnguard's)
-    names = [name for name, _, _ in guard.dispatcher.observers("turnguard_turn_snapshot")]
+    names = [observer.plugin for observer in guard.dispatcher.observers("turnguard_turn_snapshot")]
     fresh = tuple(dict.fromkeys(name for name in names if name not in plugins))
     return _Restored(identity, keyer, facts, awaiting, halt, plugins, fresh)
 
@@ -441,32 +440,16 @@ def _plain(value: Any) -> Any:
 
 
 def _plugin_states(turn: Turn) -> dict[str, Any]:
-    """``turnguard_turn_snapshot``'s answers by plugin name (a plugin that raises is reported and left out)."""
-    states = {}
-    for name, fn, argnames in turn._dispatch.observers("turnguard_turn_snapshot"):
-        try:
-            value = fn(**{n: turn.view for n in argnames})
-        except PASSTHROUGH:
-            raise
-        except BaseException as exc:  # a plugin's state is its own: the snapshot goes on without it
-            turn._dispatch.report_error(name, "turnguard_turn_snapshot", exc, turn.view)
-            continue
-        if value is not None:
-            states[name] = value
-    return states
+    """``turnguard_turn_snapshot``'s answers by plugin name: a plugin that raises is reported and
+    left out (its state is its own: the snapshot goes on without it, whatever the fail mode)."""
+    hook = "turnguard_turn_snapshot"
+    return turn._dispatch.call_each(hook, turn._dispatch.observers(hook), turn.view, {"turn": turn.view})[0]
 
 
-def _resume_plugins(turn: Turn, states: Mapping[str, Any]) -> bool:
-    """``turnguard_turn_resumed`` for each plugin with its state: ``True`` when one failed (reported);
-    a ``SnapshotError`` refuses the resume."""
-    failed = False
-    for name, fn, argnames in turn._dispatch.observers("turnguard_turn_resumed"):
-        kwargs = {"turn": turn.view, "state": states.get(name)}
-        try:
-            fn(**{n: kwargs[n] for n in argnames})
-        except (SnapshotError, *PASSTHROUGH):
-            raise
-        except BaseException as exc:  # another failure is the plugin's own: reported, the turn goes on
-            turn._dispatch.report_error(name, "turnguard_turn_resumed", exc, turn.view)
-            failed = True
-    return failed
+def _resume_plugins(turn: Turn, states: Mapping[str, Any]) -> Verdict | None:
+    """``turnguard_turn_resumed`` for each plugin with its own state: the first failure's stand-in
+    (reported; a HALT under ``fail_mode="closed"``), else ``None``; a ``SnapshotError`` refuses
+    the resume."""
+    hook = "turnguard_turn_resumed"
+    return turn._dispatch.call_each(hook, turn._dispatch.observers(hook), turn.view, {"turn": turn.view},
+                                    own={"state": states}, refusals=(SnapshotError,))[1]

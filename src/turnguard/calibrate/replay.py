@@ -81,7 +81,7 @@ class CompiledPolicy:
         self.check_call: Impls = self.dispatcher.check_call
         self.check_outcome: Impls = tuple(
             impl for impl in self.dispatcher.check_outcome
-            if self.config.stateful_tools or impl[1] is not cap.turnguard_check_outcome)
+            if self.config.stateful_tools or impl.fn is not cap.turnguard_check_outcome)
         """The outcome hooks; the cap's answers only at a stateful tool's outcome (``stuck_raised``):
         without stateful tools it is left out (one call per replayed call saved)."""
         self.prefix_config = self.config.replace(stuck_repeat_threshold=UNREACHED)

@@ -13,7 +13,6 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from turnguard import __version__
 from turnguard.probe import COHORTS
 from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
@@ -284,14 +283,15 @@ _instruments_lock = threading.Lock()
 _instruments_by_provider: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
 
 
-def instruments_for(meter_provider: Any, config: GuardConfig) -> Instruments:
-    """The shared ``Instruments`` of ``meter_provider`` (created on first use)."""
+def instruments_for(meter_provider: Any, config: GuardConfig, scope_version: str | None = None) -> Instruments:
+    """The shared ``Instruments`` of ``meter_provider`` (created on first use, under the
+    instrumentation scope ``turnguard`` of ``scope_version``)."""
     with _instruments_lock:
         try:
             found = _instruments_by_provider.get(meter_provider)
         except TypeError:  # not weak-referenceable: instruments (and bounds) per guard then
-            return Instruments(meter_provider.get_meter(n.SCOPE, __version__), config)
+            return Instruments(meter_provider.get_meter(n.SCOPE, scope_version), config)
         if found is None:
-            found = Instruments(meter_provider.get_meter(n.SCOPE, __version__), config)
+            found = Instruments(meter_provider.get_meter(n.SCOPE, scope_version), config)
             _instruments_by_provider[meter_provider] = found
         return found

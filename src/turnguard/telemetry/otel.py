@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics, trace
 from opentelemetry._logs import get_logger_provider
 
-from turnguard import __version__
 from turnguard.hookspecs import hookimpl
 from turnguard.telemetry import names as n
 from turnguard.telemetry.events import EventLog
@@ -140,17 +139,19 @@ def plugin_for(
     tracer_provider: Any = None,
     meter_provider: Any = None,
     logger_provider: Any = None,
+    scope_version: str | None = None,
     **_: Any,
 ) -> OtelPlugin:
-    """The plugin for one guard; providers default to the (possibly no-op) globals."""
+    """The plugin for one guard; providers default to the (possibly no-op) globals.
+    ``scope_version``: the instrumentation scope's version (turnguard's, given by the package)."""
     tracer_provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     meter_provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
     logger_provider = logger_provider if logger_provider is not None else get_logger_provider()
     return OtelPlugin(
         config,
-        tracer_provider.get_tracer(n.SCOPE, __version__),
-        logger_provider.get_logger(n.SCOPE, __version__),
-        instruments_for(meter_provider, config),
+        tracer_provider.get_tracer(n.SCOPE, scope_version),
+        logger_provider.get_logger(n.SCOPE, scope_version),
+        instruments_for(meter_provider, config, scope_version),
     )
 
 
