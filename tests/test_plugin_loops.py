@@ -179,8 +179,8 @@ def test_the_dispatcher_writes_one_loop_per_way_of_calling():
     loops = _dispatcher_loops()
     assert set(loops) == {"collect0", "collect1", "collect2", "notify2", "notify3", "call_each"}
     for name, loop in loops.items():
-        calls = [n for n in ast.walk(loop) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                 and n.func.attr == "fn"]
+        calls = [n for n in ast.walk(loop) if isinstance(n, ast.Call)
+                 and (n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)) == "fn"]
         assert len(calls) == 1, name
         if name != "call_each":
             assert len(calls[0].args) == 1 + int(name[-1]), f"{name} calls fn with the turn and {name[-1]} more"

@@ -276,69 +276,69 @@ class Dispatcher:
         """Call each check implementation as ``fn(turn)`` in isolation: the answers that were not
         ``None`` (a failure's stand-in included, ``failed``), in hook order."""
         found: Found = ()
-        for impl in impls:
+        for plugin, fn, turn in impls:
             try:
-                answer = impl.fn(impl.turn)
+                answer = fn(turn)
             except PASSTHROUGH:
                 raise
             except BaseException as exc:  # isolate every plugin
-                answer = self.failed(impl.plugin, hook, exc, report)
+                answer = self.failed(plugin, hook, exc, report)
             if answer is not None:
-                found += ((impl.plugin, answer),)
+                found += ((plugin, answer),)
         return found
 
     def collect1(self, hook: str, impls: Bound, report: LedgerView | None, a: Any) -> Found:
         """``collect0`` for a check hook of one more argument: ``fn(turn, a)``."""
         found: Found = ()
-        for impl in impls:
+        for plugin, fn, turn in impls:
             try:
-                answer = impl.fn(impl.turn, a)
+                answer = fn(turn, a)
             except PASSTHROUGH:
                 raise
             except BaseException as exc:  # isolate every plugin
-                answer = self.failed(impl.plugin, hook, exc, report)
+                answer = self.failed(plugin, hook, exc, report)
             if answer is not None:
-                found += ((impl.plugin, answer),)
+                found += ((plugin, answer),)
         return found
 
     def collect2(self, hook: str, impls: Bound, report: LedgerView | None, a: Any, b: Any) -> Found:
         """``collect0`` for a check hook of two more arguments: ``fn(turn, a, b)``."""
         found: Found = ()
-        for impl in impls:
+        for plugin, fn, turn in impls:
             try:
-                answer = impl.fn(impl.turn, a, b)
+                answer = fn(turn, a, b)
             except PASSTHROUGH:
                 raise
             except BaseException as exc:  # isolate every plugin
-                answer = self.failed(impl.plugin, hook, exc, report)
+                answer = self.failed(plugin, hook, exc, report)
             if answer is not None:
-                found += ((impl.plugin, answer),)
+                found += ((plugin, answer),)
         return found
 
     def notify2(self, hook: str, impls: Bound, report: LedgerView | None, a: Any, b: Any) -> Verdict | None:
         """Call each observer as ``fn(turn, a, b)`` in isolation (what it returns is ignored): the
         first failure's stand-in (``failed``: a HALT under ``fail_mode="closed"``), else ``None``."""
         failure = None
-        for impl in impls:
+        for plugin, fn, turn in impls:
             try:
-                impl.fn(impl.turn, a, b)
+                fn(turn, a, b)
             except PASSTHROUGH:
                 raise
             except BaseException as exc:  # observers never break the host
-                stand_in = self.failed(impl.plugin, hook, exc, report)
+                stand_in = self.failed(plugin, hook, exc, report)
                 failure = stand_in if failure is None else failure
         return failure
 
     def notify3(self, hook: str, impls: Bound, report: LedgerView | None, a: Any, b: Any, c: Any) -> Verdict | None:
         """``notify2`` for an observer of one more argument: ``fn(turn, a, b, c)``."""
         failure = None
-        for impl in impls:
+        for plugin, fn, turn in impls:
             try:
-                impl.fn(impl.turn, a, b, c)
+                fn(turn, a, b, c)
             except PASSTHROUGH:
                 raise
             except BaseException as exc:  # observers never break the host
-                stand_in = self.failed(impl.plugin, hook, exc, report)
+                stand_in = self.failed(plugin, hook, exc, report)
                 failure = stand_in if failure is None else failure
         return failure
 
