@@ -842,7 +842,11 @@ class OtlpAssembler:
         if found is None:
             return False
         index, digest, tool, outcome = found
-        number = int(index)
+        return self._pend_call(parent, int(index), tool, digest, outcome, lineno)
+
+    def _pend_call(self, parent: str, number: int, tool: str, digest: str, outcome: Outcome, lineno: int) -> bool:
+        """Hold a checked tool span's call for its turn span (``False``: its index or the turn's
+        bound refuses it, nothing changed): the end of both fast paths."""
         key = "span:" + parent
         pending = self._pending.get(key)
         if number < 1 or (pending is not None and len(pending.calls) >= self.max_calls):
@@ -869,18 +873,7 @@ class OtlpAssembler:
         if not (tool and digest and outcome is not None and turn_id is None and parent and len(parent) <= MAX_ID_LENGTH
                 and type(index) is str and index.isdecimal() and len(index) < 19):
             return False
-        number = int(index)
-        key = "span:" + parent
-        pending = self._pending.get(key)
-        if number < 1 or (pending is not None and len(pending.calls) >= self.max_calls):
-            return False
-        if pending is None:
-            pending = self._pending[key] = _Pending(self.path, lineno)
-        if len(self._tools) < MAX_SHARED_TOOLS:
-            tool = self._tools.setdefault(tool, tool)
-        pending.calls.append((number, tuple.__new__(RecordedCall, (tool, None, digest, outcome, *_CALL_DEFAULTS))))
-        self._waiting += 1
-        return True
+        return self._pend_call(parent, int(index), tool, digest, outcome, lineno)
 
     def _most_waiting(self) -> bool:
         """Note a new most of waiting calls; ``True`` when past the bound (the oldest is released)."""
