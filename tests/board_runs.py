@@ -227,11 +227,10 @@ class Samples:
     """Lands the fleet's samples: called, it exports now and waits until Prometheus holds them (then
     a tile passes, so the next sample is in another). ``gap()`` makes a telemetry gap: Prometheus
     goes down for at least ``OUTAGE_S`` (its rules miss their evaluations); the first sample after
-    it only exports (the Collector's remote write gives up on it after its 5-second timeout: the
-    next export carries the cumulative counts on); the next sample, or another process's export,
-    restarts Prometheus on its port and store and waits for what lands then, however late the
-    Collector's retries deliver it. (A process that exports once and exits while the store is down
-    loses those points on the board: the Collector drops them; its file keeps the spans and logs.)"""
+    it only exports (the Collector's remote write holds it and retries, for up to 10 minutes); the
+    next sample, or another process's export, restarts Prometheus on its port and store and waits
+    for what lands then, however late the Collector's retries deliver it. (A process that exports
+    once and exits while the store is down reaches the board the same way: its export is held.)"""
 
     def __init__(self, prometheus: chain.Prometheus, land: Callable[[chain.Prometheus, bool], float], *,
                  export: Callable[[], object] | None = None,

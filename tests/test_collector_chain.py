@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -265,12 +266,15 @@ def _export_failure_alert() -> str:
                 if r.get("alert") == "TurnguardCollectorExportFailing")
 
 
-@pytest.mark.parametrize("healthy", [True, False], ids=["remote-write-up", "remote-write-down"])
+@pytest.mark.parametrize("healthy", [True, False], ids=["remote-write-up", "remote-write-refused"])
 def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp_path, healthy):
+    """The broken pipeline is a remote write that Prometheus refuses (a wrong path, e.g. Cortex's
+    push path: 404, never retried). An unreachable Prometheus shows the same way only once the
+    remote write's retries give up, 10 minutes on (a one-shot process's outage test checks that)."""
     prometheus = chain.Prometheus(chain.prometheus2(), tmp_path, "")
     collector = None
     try:
-        sink = prometheus.remote_write_url if healthy else f"http://127.0.0.1:{chain.free_port()}/api/v1/write"
+        sink = prometheus.remote_write_url if healthy else f"{prometheus.url}/api/v1/push"
         collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=sink)
         prometheus.reload(_scrape(collector.telemetry_target))
         telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
@@ -456,3 +460,90 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
     print(f"\n{binary}: {sum(truth.values())} turns; the records counted {sum(recorded.values())}, "
           f"the audited form {sum(audited.values())}")
     assert audited != truth, "the outage did not show: the audited form counted every turn once too"
+
+
+# -- a one-shot process's export during an outage: held and retried, not dropped ---------------------
+
+ONE_SHOT_OUTAGE_S = 10
+"""How long Prometheus stays down after the one-shot process exported: past exporterhelper's 5-second
+default push timeout, which used to end the remote write's retries and drop the export."""
+
+
+HELD_OUTAGE_S = 600
+"""The Prometheus outage the shipped config's remote write is meant to ride out (docs/deployment.md)."""
+
+
+def _go_seconds(duration: str) -> float:
+    """A Go duration as the Collector's config writes it (``10m``, ``1m30s``, ``500ms``), in seconds."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", str(duration))
+    assert parts and duration, f"not a duration this test reads: {duration!r}"
+    h, m, sec, ms = (int(x or 0) for x in parts.groups())
+    return 3600 * h + 60 * m + sec + ms / 1000
+
+
+def test_the_remote_writes_push_timeout_does_not_cut_its_retries_short(config):
+    """prometheus_remote_write retries inside its push, under exporterhelper's ``timeout`` (5 s when
+    unset): that deadline, not ``retry_on_failure.max_elapsed_time``, would end an outage's retries.
+    Both must cover the outage the docs promise; each HTTP request keeps its own shorter bound."""
+    exporter = config["exporters"]["prometheus_remote_write"]
+    retry = exporter["retry_on_failure"]
+    assert retry.get("enabled", True) and exporter.get("remote_write_queue", {}).get("enabled", True)
+    push, retried = _go_seconds(exporter["timeout"]), _go_seconds(retry["max_elapsed_time"])
+    assert push >= retried >= HELD_OUTAGE_S, (push, retried)
+    assert _go_seconds(exporter["http"].get("timeout", "5s")) < HELD_OUTAGE_S
+
+
+def _exporter_points(collector: chain.Collector, outcome: str) -> float:
+    """``otelcol_exporter_<outcome>_metric_points`` of the remote write, from the Collector's own metrics."""
+    text = chain.http_get(f"http://{collector.telemetry_target}/metrics").decode()
+    name = f"otelcol_exporter_{outcome}_metric_points_total{{"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and 'exporter="prometheus_remote_write"' in line)
+
+
+def test_a_one_shot_processs_late_results_reach_prometheus_after_an_outage(otelcol, tmp_path):
+    """Another OS process reports late results by result token while Prometheus is down, and exits
+    as soon as the Collector took its export. Prometheus comes back on the same store and port 10 s
+    later: the Collector's queue held the export and its retries deliver it, so the results counter
+    shows each result (none sent or dropped meanwhile)."""
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False))
+    turns = []
+    for _ in range(3):
+        with guard.turn(agent_name="coder") as turn:
+            turn.check_call(tg.ToolCall("read", {}))
+        turns.append(turn)
+    verdicts = [(turns[0].result_token, "true"), (turns[1].result_token, "true"), (turns[2].result_token, "false")]
+    prometheus = chain.Prometheus(chain.prometheus3(), tmp_path, "global: {evaluation_interval: 1s}\n")
+    collector = None
+    try:
+        collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=prometheus.remote_write_url)
+        prometheus.stop()
+        there = subprocess.run(
+            [sys.executable, "-c", REPORTER, collector.otlp_http, str(tmp_path / "ci.jsonl"),
+             *(part for pair in verdicts for part in pair)],
+            capture_output=True, text=True, timeout=120, check=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+        exited = time.time()
+        assert there.stdout.split() == ["3"], there.stderr
+        time.sleep(max(0.0, exited + ONE_SHOT_OUTAGE_S - time.time()))
+        during = {outcome: _exporter_points(collector, outcome) for outcome in ("sent", "send_failed")}
+        prometheus = chain.Prometheus(chain.prometheus3(), tmp_path, "global: {evaluation_interval: 1s}\n",
+                                      port=prometheus.port)
+        query = f'sum by (turnguard_turn_resolved) ({rules.RESULTS}{{turnguard_result_status="accepted"}})'
+
+        def counted() -> dict[str, float] | None:
+            found = {s["metric"].get("turnguard_turn_resolved", ""): float(s["value"][1])
+                     for s in prometheus.query(query, time.time())}
+            return found or None
+
+        try:
+            found = chain.wait_until("the late results in Prometheus", counted, prometheus.exited, timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the remote write's points by the end of the outage: {during}, "
+                                 f"dropped by now: {_exporter_points(collector, 'send_failed')}") from None
+        dropped = _exporter_points(collector, "send_failed")
+    finally:
+        if collector is not None:
+            collector.stop()
+        prometheus.stop()
+    assert during == {"sent": 0, "send_failed": 0}, f"the outage was no outage, or it dropped the export: {during}"
+    assert (found, dropped) == ({"true": 2, "false": 1}, 0)
