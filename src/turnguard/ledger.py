@@ -40,7 +40,7 @@ import operator
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from turnguard import state as st
@@ -94,6 +94,8 @@ _ERROR = Outcome.ERROR
 _DENIED = Outcome.DENIED
 _ABANDONED = _DENIED
 """How a call whose outcome will never come (``Ledger.abandon``) settles: neither a failure nor a reset."""
+_OTHER_OUTCOMES = tuple(o.value for o in Outcome if o is not _OK)
+"""The outcomes a ledger counts by value (``OK``'s count is a field of its own)."""
 
 
 _FACTS = (
@@ -210,7 +212,7 @@ class Ledger:
         self._streak = 0
         self._failing = 0
         self._ok = 0
-        self._outcomes = dict.fromkeys((o.value for o in Outcome if o is not _OK), 0)
+        self._outcomes = dict.fromkeys(_OTHER_OUTCOMES, 0)
         """The other outcomes' counts, by value (``OK``'s is ``_ok``: most outcomes are)."""
         self._detections = 0
         self._retries = 0
@@ -451,6 +453,22 @@ class Ledger:
             if self._fired:
                 self._fired.clear()
         return seq
+
+    def count_settled(self, digests: Sequence[bytes], tools: Sequence[str], outcomes: Sequence[Outcome],
+                      cycles: Sequence[int]) -> bool:
+        """For replay tools (``turnguard calibrate``): ``begin_cycle`` ``cycles[i]`` times, then
+        ``count_call`` and at once ``record_outcome`` for each call, in one pass with the facts
+        held in locals (a replay counts most of a turn this way, without checks). Only where that
+        is the plain case: no tools named, the ``repeat`` signal, no outcome waiting; ``False``
+        (nothing done) otherwise, and the caller counts call by call."""
+        if self._named or self._stale or self._early or self._ended or self._next != self._seq + 1:
+            return False
+        (self._tool_calls, self._cycles, self._cycle_start, self._max_repeat, self._first_stuck, self._overflowed,
+         self._last_key, self._last_tool, self._streak, self._failing, self._settled, self._stop_peak,
+         self._ok) = _count_settled(self, digests, tools, outcomes, cycles)
+        self._seq += len(digests)
+        self._next = self._seq + 1
+        return True
 
     def _end_streak(self, seq: int) -> None:
         """The current streak ends at check ``seq`` with calls still waiting for their outcome:
@@ -1064,6 +1082,64 @@ MAX_ENDED_STREAKS = 1024
 """Ended streaks still settling that a ledger keeps (``EndedStreak``): past it, the oldest is given
 up (its late outcomes then change no streak). A batch holds more only when it alternates keys, whose
 streaks of one or two calls cannot reach the stop level anyway."""
+
+
+
+_Settled = tuple[int, int, int, int, int, bool, bytes | None, str | None, int, int, int, int, int]
+"""The scalar facts ``_count_settled`` leaves, in ``Ledger.count_settled``'s order."""
+
+
+def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str], outcomes: Sequence[Outcome],
+                   cycles: Sequence[int]) -> _Settled:
+    """``Ledger.count_settled``'s pass: ``begin_cycle``, ``count_call`` (the ``repeat`` signal, no
+    tool named) and ``record_outcome`` (the streak's next call) inlined; the scalar facts after it."""
+    calls, cycle, cycle_start = ledger._tool_calls, ledger._cycles, ledger._cycle_start
+    counts, max_keys, overflowed = ledger._counts, ledger._max_keys, ledger._overflowed
+    max_repeat, first_stuck, stuck_at = ledger._max_repeat, ledger._first_stuck, ledger._stuck_at
+    last_key, last_tool, streak = ledger._last_key, ledger._last_tool, ledger._streak
+    failing, settled, stop_peak, ok = ledger._failing, ledger._settled, ledger._stop_peak, ledger._ok
+    stop_any, other, fired, get = ledger._stop_any, ledger._outcomes, ledger._fired, counts.get
+    for digest, tool, outcome, begun in zip(digests, tools, outcomes, cycles, strict=True):
+        if begun:
+            cycle += begun
+            cycle_start = calls
+        calls += 1
+        seen = get(digest)
+        if seen is not None:
+            seen += 1
+            counts[digest] = seen
+        elif len(counts) < max_keys:
+            counts[digest] = seen = 1
+        else:
+            overflowed, seen = True, 1
+        if seen > max_repeat:
+            max_repeat = seen
+            if seen == stuck_at and not first_stuck:
+                first_stuck = calls
+        if digest == last_key:
+            streak += 1
+        else:
+            last_key, last_tool, streak = digest, tool, 1
+            if stop_peak:
+                failing = settled = stop_peak = 0
+            if fired:
+                fired.clear()
+        if outcome is _OK:
+            ok += 1
+            failing = 0
+        else:
+            other[outcome._value_] += 1
+            if outcome is _ERROR:
+                failing += 1
+                if not stop_any and failing > stop_peak:
+                    stop_peak = failing
+            elif outcome is not _DENIED:
+                failing = 0
+        if stop_any and outcome is not _DENIED:
+            settled += 1
+            stop_peak = settled
+    return (calls, cycle, cycle_start, max_repeat, first_stuck, overflowed, last_key, last_tool, streak, failing,
+            settled, stop_peak, ok)
 
 
 def _hex(digest: bytes | None) -> str | None:

@@ -36,6 +36,8 @@ Impls = tuple[Impl, ...]
 UNREACHED = MAX_CALLS
 """A stuck threshold no turn reaches."""
 _CYCLE = operator.itemgetter(4)  # RecordedCall.cycle
+_TOOL = operator.itemgetter(0)  # RecordedCall.tool
+_OUTCOME = operator.itemgetter(3)  # RecordedCall.outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +168,15 @@ def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
 def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int], begin: int,
             end: int) -> None:
     """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
+    calls = turn.calls[begin:end]
+    if ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)), list(map(_OUTCOME, calls)),
+                            starts[begin:end]):
+        return
     count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
     if ledger._named:
         count = ledger.count_named
     polled = ledger.polls if ledger._stateful else None
-    for call, digest, cycles in zip(turn.calls[begin:end], digests[begin:end], starts[begin:end], strict=True):
+    for call, digest, cycles in zip(calls, digests[begin:end], starts[begin:end], strict=True):
         for _ in range(cycles):
             cycle()
         count(digest, call[0])  # call.tool
