@@ -334,10 +334,9 @@ def test_json_the_json_module_reads_otherwise_or_refuses_is_never_read_fast(chan
     document = span_decoding.decode(data)
     if document is not None:  # read fast: then exactly the spans json reads
         spans = [s for rs in expected["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
-        decoded = [s for rs in document.resourceSpans for ss in rs.scopeSpans for s in ss.spans]
-        assert [s["name"] for s in spans] == [s.name for s in decoded]
+        assert [s["name"] for s in spans] == [s.name for s, _, _ in document]
         assert [inputs.attributes(s.get("attributes")) for s in spans] == [
-            {a.key: span_decoding.value(a.value) for a in s.attributes or []} for s in decoded]
+            {a.key: span_decoding.value(a.value) for a in span_decoding.attributes_of(s) or []} for s in document]
 
 
 @pytest.mark.parametrize("shape", ["skipped", "arrays"])
@@ -488,3 +487,151 @@ def test_no_number_or_array_in_a_span_crashes_either_reading(tmp_path: Path, pla
     plain()
     assert assembled(path)[:2] == fast
     assert [t.id for t in fast[0]] == ["t1"]
+
+
+# -- the tool-span template (attributes read by one match) ------------------------------------------
+
+TEMPLATE_KEYS = (names.CALL_INDEX, names.CALL_KEY_DIGEST, names.GEN_AI_TOOL_NAME, names.GEN_AI_OPERATION_NAME,
+                 names.CALL_OUTCOME)
+TEXTS = ["a536c1fded42c1e9", "find", "x", "d" * 256, "d" * 257, "", "a b", "a/b", "A~{}[]#!", "caf\u00e9",
+         "\u20ac", "\U0001f600", "ok", "OK", "error", "unfinished", "exploded", "ok ", "-1", "007"]
+"""Texts for a value: plain, at and past the length bound, empty, non-ASCII, outcome texts."""
+
+
+def _json_text(text: str, rng: random.Random) -> str:
+    """``text`` as a JSON string, often spelled with escapes that read as the same text."""
+    if rng.random() < 0.9:
+        return json.dumps(text, ensure_ascii=rng.random() < 0.5)
+    spelled = "".join(rng.choice((c, f"\\u{ord(c):04x}", f"\\u{ord(c):04X}")) if ord(c) < 0x10000
+                      and c not in '"\\' else json.dumps(c)[1:-1] for c in text)
+    return '"' + spelled.replace("/", rng.choice(("/", "\\/"))) + '"'
+
+
+def _value_text(kind: str, value: str, rng: random.Random) -> str:
+    return "{" + json.dumps(kind) + ":" + _json_text(value, rng) + "}"
+
+
+def _plugin_pairs(rng: random.Random) -> list[list[str]]:
+    """The plugin's five attributes as ``[key, value]`` JSON texts, values drawn from ``TEXTS``."""
+    def pick(usual: str) -> str:
+        return usual if rng.random() < 0.85 else rng.choice(TEXTS)
+
+    index = str(rng.randint(1, 300)) if rng.random() < 0.85 else rng.choice(
+        ["0", "007", "9" * 18, "9" * 19, "-2", "+3", "\u0663", "1.0", " 4", "x", ""])
+    values = [("intValue", index), ("stringValue", pick(f"{rng.getrandbits(64):016x}")),
+              ("stringValue", pick(rng.choice(("find", "cat", "python")))), ("stringValue", pick("execute_tool")),
+              ("stringValue", pick(rng.choice(("ok", "error", "unfinished"))))]
+    return [[_json_text(key, rng) if rng.random() < 0.1 else json.dumps(key), _value_text(kind, value, rng)]
+            for key, (kind, value) in zip(TEMPLATE_KEYS, values, strict=True)]
+
+
+def _other_value(rng: random.Random) -> str:
+    return rng.choice(['{"intValue":3}', '{"intValue":"3","stringValue":"3"}', '{"stringValue":5}',
+                       '{"stringValue":null}', '{}', 'null', '{"boolValue":true}', '{"doubleValue":2.5}',
+                       '{"arrayValue":{"values":[{"stringValue":"a"}]}}', '{"stringValue":"a","stringValue":"b"}',
+                       '{"intValue":"1","intValue":"2"}', '{"stringValue":"ok","extra":[1,{"a":2}]}'])
+
+
+ATTRIBUTE_CHANGES: list[Callable[[list[list[str]], random.Random], None]] = [
+    lambda pairs, rng: None,
+    lambda pairs, rng: pairs.reverse(),
+    lambda pairs, rng: rng.shuffle(pairs),
+    lambda pairs, rng: pairs.pop(rng.randrange(len(pairs))),
+    lambda pairs, rng: pairs.append(rng.choice(pairs)[:]),
+    lambda pairs, rng: pairs.append([json.dumps(rng.choice(TEMPLATE_KEYS)), _other_value(rng)]),
+    lambda pairs, rng: pairs.append(['"turnguard.call.repeat"', '{"intValue":"2"}']),
+    lambda pairs, rng: pairs.insert(rng.randrange(len(pairs)), ['"x"', _other_value(rng)]),
+    lambda pairs, rng: pairs[rng.randrange(len(pairs))].__setitem__(1, _other_value(rng)),
+    lambda pairs, rng: pairs[rng.randrange(len(pairs))].__setitem__(0, json.dumps(rng.choice(TEMPLATE_KEYS))),
+    lambda pairs, rng: pairs[rng.randrange(len(pairs))].__setitem__(0, '"' + names.TURN_ID + '"'),
+    lambda pairs, rng: pairs[rng.randrange(len(pairs))].__setitem__(0, '"turnguard.call.index "'),
+    lambda pairs, rng: pairs.__setitem__(slice(None), []),
+]
+"""Changes to the plugin's attributes: orders, missing, duplicate, extra and unknown attributes,
+values of other kinds or types, keys spelled otherwise."""
+
+
+def _attributes_text(pairs: list[list[str]], rng: random.Random) -> str:
+    """The attributes as JSON text: compact (as the Collector writes them) or not, with the
+    object's fields in their usual order or another, with extra fields or doubled ones."""
+    space = (lambda: rng.choice((" ", "\t", "\n ", ""))) if rng.random() < 0.2 else (lambda: "")
+    items = []
+    for key, value in pairs:
+        fields = [f'"key"{space()}:{space()}{key}', f'"value":{space()}{value}']
+        if rng.random() < 0.05:
+            fields.reverse()
+        if rng.random() < 0.05:
+            fields.append(rng.choice(['"key":"other"', '"value":{"stringValue":"again"}', '"more":[1,[2]]']))
+        items.append("{" + f",{space()}".join(fields) + "}")
+    return "[" + space() + f",{space()}".join(items) + space() + "]"
+
+
+def attribute_texts(seed: int, n: int) -> Iterator[str]:
+    """Generated attribute arrays of every shape: most in the plugin's layout, changed in one or
+    two ways, spelled compactly or not."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        pairs = _plugin_pairs(rng)
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            if pairs:
+                rng.choice(ATTRIBUTE_CHANGES)(pairs, rng)
+        yield _attributes_text(pairs, rng)
+
+
+def _template_reading(found: Any) -> list[dict]:
+    index, digest, tool, outcome = (g.decode() for g in found.groups())
+    values = [("intValue", index), ("stringValue", digest), ("stringValue", tool),
+              ("stringValue", names.OP_EXECUTE_TOOL), ("stringValue", outcome)]
+    return [{"key": key, "value": {kind: value}} for key, (kind, value) in zip(TEMPLATE_KEYS, values, strict=True)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed: int) -> None:
+    """What a match's groups say is exactly the parsed JSON, and what the typed decoding gives."""
+    matched = 0
+    for text in attribute_texts(seed, 3000):
+        data = text.encode("utf-8", "surrogatepass")
+        found = span_decoding.TOOL_ATTRIBUTES.fullmatch(data)
+        if found is None:
+            continue
+        matched += 1
+        assert json.loads(data) == _template_reading(found), text
+        line = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"n","attributes":' + data + b"}]}]}]}"
+        [decoded] = span_decoding.decode(line)
+        assert decoded[2] is not None
+        typed = span_decoding.attributes_of(decoded)
+        assert [(a.key, span_decoding.value(a.value)) for a in typed] == [
+            (a["key"], inputs.attributes([a])[a["key"]]) for a in json.loads(data)]
+    assert 100 < matched < 2900  # both sides of the template were exercised
+
+
+def _template_stream(seed: int) -> list[str]:
+    """Collector lines whose tool spans carry generated attributes, with their turn spans."""
+    rng = random.Random(seed)
+    lines, texts = [], attribute_texts(seed, 600)
+    for turn in range(40):
+        parent = rng.choice([f"{turn:016x}"] * 6 + ["", "p" * 257])
+        spans = ['{"name":"execute_tool t","parentSpanId":' + json.dumps(parent) + ',"attributes":' + next(texts) + "}"
+                 for _ in range(15)]
+        spans.append('{"name":"invoke_agent a","spanId":"' + f"{turn:016x}" + '","attributes":[{"key":"'
+                      + names.TURN_ID + f'","value":{{"stringValue":"t{turn}"}}}}]}}')
+        for i in range(0, len(spans), 4):
+            lines.append('{"resourceSpans":[{"scopeSpans":[{"spans":[' + ",".join(spans[i:i + 4]) + "]}]}]}")
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tool_spans_of_every_attribute_shape_give_the_plain_readings_turns(
+    tmp_path: Path, plain: Callable[[], None], seed: int
+) -> None:
+    """The template, its refusals and the typed path behind them: the turns, problems and
+    waiting calls the json module's reading gives."""
+    lines = _template_stream(seed)
+    path = tmp_path / "otlp.jsonl"
+    path.write_bytes(b"".join(line.encode("utf-8", "surrogatepass") + b"\n" for line in lines))
+    fast_turns, fast_problems, decoded = assembled(path)
+    plain()
+    plain_turns, plain_problems, none = assembled(path)
+    assert decoded > len(lines) // 3 and none == 0  # (a value of another JSON type sends its line to json)
+    assert sum(len(t.calls) for t in fast_turns) > 80 and fast_problems
+    assert (fast_turns, fast_problems) == (plain_turns, plain_problems)

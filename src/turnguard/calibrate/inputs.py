@@ -734,6 +734,8 @@ def span_outcome(raw: Any) -> Outcome | None:
 
 for _text in (*(o.value for o in Outcome), names.CALL_UNFINISHED):
     span_outcome(_text)  # the usual texts, known from the start (add_decoded's short path reads them)
+_TEMPLATE_OUTCOMES = {text.encode(): outcome for text, outcome in _SPAN_OUTCOMES.items() if outcome is not None}
+"""The usual outcome texts as bytes (``OtlpAssembler._take_template``; another text takes the longer way)."""
 
 
 class OtlpAssembler:
@@ -797,40 +799,58 @@ class OtlpAssembler:
                     if self._waiting > self.most_waiting and self._most_waiting():
                         yield self._release_oldest()
 
-    def add_decoded(self, document: Any, lineno: int) -> Iterator[Any]:
+    def add_decoded(self, spans: list[span_decoding.DecodedSpan], lineno: int) -> Iterator[Any]:
         """``add`` for a line decoded by ``span_decoding.decode``: the same spans in the same order,
         only the attributes a span's kind reads converted. A tool span as the plugin writes it is
-        read on a short path (``_plugin_call``, ``_usual_call``); any other goes through ``_call``."""
+        taken from its template match (``_take_template``), or read on a short path
+        (``_plugin_call``, ``_usual_call``); any other goes through ``_call``."""
         value = span_decoding.value
         call_index, turn_key = names.CALL_INDEX, names.TURN_ID
-        take = self._take_plugin_span
-        for rs in document.resourceSpans:
-            for ss in rs.scopeSpans:
-                for span in ss.spans:
-                    if not span.attributes:
-                        continue  # neither a tool span nor a turn span
-                    if take(span.attributes, span.parentSpanId, lineno):
-                        if self._waiting > self.most_waiting and self._most_waiting():
-                            yield self._release_oldest()
-                        continue
-                    fields = _plugin_call(span.attributes)
-                    if fields is None:
-                        raw = {a.key: a.value for a in span.attributes}
-                        if call_index not in raw:
-                            if turn_key in raw:
-                                turn = self._turn_span(span.name, {k: value(v) for k, v in raw.items()}, span.spanId,
-                                                       span.startTimeUnixNano, span.endTimeUnixNano, lineno,
-                                                       span_decoding.events(span.events))
-                                if turn is not None:
-                                    yield turn
-                            continue
-                        fields = (raw[call_index], raw.get(names.GEN_AI_TOOL_NAME), raw.get(names.CALL_KEY_DIGEST),
-                                  raw.get(names.CALL_OUTCOME), raw.get(turn_key))
-                    if not self._usual_call(*fields, span.parentSpanId, lineno):
-                        index, tool, digest, outcome, turn_id = map(value, fields)
-                        self._call(span.name, tool, index, digest, outcome, turn_id, span.parentSpanId, lineno)
+        template, take = self._take_template, self._take_plugin_span
+        for decoded in spans:
+            span, attributes, found = decoded
+            if found is not None:
+                if template(found, span.parentSpanId, lineno):
                     if self._waiting > self.most_waiting and self._most_waiting():
                         yield self._release_oldest()
+                    continue
+                attributes = span_decoding.attributes_of(decoded)
+            if not attributes:
+                continue  # neither a tool span nor a turn span
+            if take(attributes, span.parentSpanId, lineno):
+                if self._waiting > self.most_waiting and self._most_waiting():
+                    yield self._release_oldest()
+                continue
+            fields = _plugin_call(attributes)
+            if fields is None:
+                raw = {a.key: a.value for a in attributes}
+                if call_index not in raw:
+                    if turn_key in raw:
+                        turn = self._turn_span(span.name, {k: value(v) for k, v in raw.items()}, span.spanId,
+                                               span.startTimeUnixNano, span.endTimeUnixNano, lineno,
+                                               span_decoding.events(span.events))
+                        if turn is not None:
+                            yield turn
+                    continue
+                fields = (raw[call_index], raw.get(names.GEN_AI_TOOL_NAME), raw.get(names.CALL_KEY_DIGEST),
+                          raw.get(names.CALL_OUTCOME), raw.get(turn_key))
+            if not self._usual_call(*fields, span.parentSpanId, lineno):
+                index, tool, digest, outcome, turn_id = map(value, fields)
+                self._call(span.name, tool, index, digest, outcome, turn_id, span.parentSpanId, lineno)
+            if self._waiting > self.most_waiting and self._most_waiting():
+                yield self._release_oldest()
+
+    def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
+        """Take a tool span whose attributes matched ``span_decoding.TOOL_ATTRIBUTES`` (the match
+        checked their types and lengths) when the rest of ``_take_plugin_span``'s checks pass
+        (``False``: not taken, nothing changed)."""
+        if not parent or len(parent) > MAX_ID_LENGTH:
+            return False
+        index, digest, tool, text = found.groups()
+        outcome = _TEMPLATE_OUTCOMES.get(text)
+        if outcome is None:
+            return False
+        return self._pend_call(parent, int(index), tool.decode(), digest.decode(), outcome, lineno)
 
     def _take_plugin_span(self, attributes: list[Any], parent: str | None, lineno: int) -> bool:
         """``_plugin_call`` and ``_usual_call`` in one, for the hot path: take a decoded tool span in

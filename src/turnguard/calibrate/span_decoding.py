@@ -5,24 +5,30 @@ span calibrate reads a few fields and attributes. The standard ``json`` module b
 of the line as a dict; msgspec (the ``cli`` extra) decodes straight into the few typed fields
 declared here and skips the rest (ids, times, links, resources; a span's events are kept as their
 JSON text, parsed for turn spans only) without building them:
-about three times less work per span.
+about three times less work per span. A span's attributes are kept as their JSON text too: a tool
+span's, as the plugin writes them, are read by one match of ``TOOL_ATTRIBUTES`` (no object per
+attribute); any others are decoded as typed ``KeyValue`` lists before the line is used.
 
 It is a fast path, never a second reading: ``decode`` gives the document only for a line whose
 every field read has the type the plain reading expects and whose JSON the ``json`` module reads
 identically; anything else (a field of another type, JSON that ``json`` would refuse or read
 differently) gives ``None``, and the line is read by the plain path, which says what is wrong with
 it. ``value`` converts an attribute value exactly as ``attributes.any_value`` does. What each side
-gives is compared on random and hostile lines in ``tests/test_calibrate_span_decoding.py``.
+gives (the template's reading too) is compared on random and hostile lines in
+``tests/test_calibrate_span_decoding.py``.
 Without msgspec, ``AVAILABLE`` is false and every line takes the plain path.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from turnguard.calibrate.attributes import array_value, int_value
+from turnguard.model import MAX_ID_LENGTH
+from turnguard.telemetry import names
 
 try:
     import msgspec
@@ -56,7 +62,8 @@ if msgspec is not None:
         parentSpanId: str | None = None
         startTimeUnixNano: str | int | None = None
         endTimeUnixNano: str | int | None = None
-        attributes: list[KeyValue] | None = None
+        attributes: msgspec.Raw = msgspec.Raw(b"null")
+        """Kept as its JSON text: read by ``TOOL_ATTRIBUTES`` or decoded as ``list[KeyValue]``."""
         events: msgspec.Raw | UnsetType = UNSET
         """Kept as its JSON text, parsed only for a turn span (``events``)."""
 
@@ -72,6 +79,7 @@ if msgspec is not None:
         resourceSpans: list[ResourceSpans]
 
     _DECODER: Any = msgspec.json.Decoder(Document)
+    _ATTRIBUTES: Any = msgspec.json.Decoder(list[KeyValue] | None)
     _FAILED: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
@@ -86,8 +94,14 @@ def events(raw: Any) -> Any:
         return None
 
 
-def decode(line: bytes) -> Any:
-    """The line's ``Document``, or ``None``: msgspec missing, a field read of a type the plain
+DecodedSpan = tuple[Any, Any, Any]
+"""``(span, attributes, found)``: a ``Span``, and either its attributes decoded (a list of
+``KeyValue``, or ``None``) with ``found`` ``None``, or ``None`` with ``found`` the match of
+``TOOL_ATTRIBUTES`` (the attributes are then decoded only if asked: ``attributes_of``)."""
+
+
+def decode(line: bytes) -> list[DecodedSpan] | None:
+    """The line's spans in order (``DecodedSpan``), or ``None``: msgspec missing, a field read of a type the plain
     reading would treat otherwise, or JSON that the ``json`` module might read differently.
 
     What is refused before decoding: text that is not UTF-8 (msgspec does not check the strings
@@ -116,7 +130,52 @@ the plain reading's call (``inputs.parse_line``, three frames of its own)."""
 
 
 def _deeper(line: bytes, frames: int) -> Any:
-    return _deeper(line, frames - 1) if frames else _DECODER.decode(line)
+    return _deeper(line, frames - 1) if frames else _spans(_DECODER.decode(line))
+
+
+def _spans(document: Any) -> list[DecodedSpan]:
+    """Every span of the document with its attributes read: by the template, else decoded (which
+    may refuse the line, before any of its spans is used)."""
+    match, typed = _TOOL_MATCH, _ATTRIBUTES.decode
+    found: list[DecodedSpan] = []
+    add = found.append
+    for rs in document.resourceSpans:
+        for ss in rs.scopeSpans:
+            for span in ss.spans:
+                raw = span.attributes
+                m = match(raw)
+                add((span, None, m) if m is not None else (span, typed(raw), None))
+    return found
+
+
+def attributes_of(decoded: DecodedSpan) -> list[Any] | None:
+    """A decoded span's attributes as ``list[KeyValue]`` (``None``: absent or null), decoded now
+    when the template read them (JSON it matched always decodes)."""
+    span, attributes, found = decoded
+    return attributes if found is None else _ATTRIBUTES.decode(span.attributes)
+
+
+_TEXT = rb'([ !#-\[\]-~]{1,%d})' % MAX_ID_LENGTH
+"""A JSON string's content without escapes, printable ASCII (so its length in bytes is its
+length in characters), 1 to ``MAX_ID_LENGTH`` of them: the value as it reads."""
+
+
+def _pair(key: str, value: bytes) -> bytes:
+    return rb'\{"key":"' + re.escape(key.encode()) + rb'","value":\{' + value + rb'\}\}'
+
+
+TOOL_ATTRIBUTES = re.compile(rb"\[" + rb",".join((
+    _pair(names.CALL_INDEX, rb'"intValue":"([0-9]{1,18})"'),
+    _pair(names.CALL_KEY_DIGEST, b'"stringValue":"' + _TEXT + b'"'),
+    _pair(names.GEN_AI_TOOL_NAME, b'"stringValue":"' + _TEXT + b'"'),
+    _pair(names.GEN_AI_OPERATION_NAME, b'"stringValue":"' + re.escape(names.OP_EXECUTE_TOOL.encode()) + b'"'),
+    _pair(names.CALL_OUTCOME, b'"stringValue":"([a-z]{1,16})"'),
+)) + rb"\]")
+"""A tool span's attributes exactly as turnguard's plugin writes them and the Collector's file
+exporter prints them (compact, in this order, no escapes); groups: the index's digits, the key
+digest, the tool name, the outcome's text. Anything else (escapes, non-ASCII, whitespace, other
+or more attributes, another order, other types) does not match and is decoded by msgspec."""
+_TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
 
 
 _checked: list[bool] = []
