@@ -635,3 +635,39 @@ def test_tool_spans_of_every_attribute_shape_give_the_plain_readings_turns(
     assert decoded > len(lines) // 3 and none == 0  # (a value of another JSON type sends its line to json)
     assert sum(len(t.calls) for t in fast_turns) > 80 and fast_problems
     assert (fast_turns, fast_problems) == (plain_turns, plain_problems)
+
+
+def _tool_span(parent: str, index: int, tool: str = "find") -> str:
+    return ('{"name":"execute_tool ' + tool + '","parentSpanId":"' + parent + '","attributes":[{"key":"'
+            + names.CALL_INDEX + f'","value":{{"intValue":"{index}"}}}},{{"key":"{names.CALL_KEY_DIGEST}",'
+            f'"value":{{"stringValue":"d{index % 3}"}}}},{{"key":"{names.GEN_AI_TOOL_NAME}","value":'
+            f'{{"stringValue":"{tool}"}}}},{{"key":"{names.GEN_AI_OPERATION_NAME}","value":{{"stringValue":'
+            f'"execute_tool"}}}},{{"key":"{names.CALL_OUTCOME}","value":{{"stringValue":"ok"}}}}]}}')
+
+
+def _turn_span(span_id: str, turn_id: str) -> str:
+    return ('{"name":"invoke_agent a","spanId":"' + span_id + '","attributes":[{"key":"' + names.TURN_ID
+            + f'","value":{{"stringValue":"{turn_id}"}}}}]}}')
+
+
+@pytest.mark.parametrize("waiting", [3, 1000])
+def test_sibling_spans_after_their_turn_span_wait_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       plain: Callable[[], None], waiting: int) -> None:
+    """Tool spans of a parent whose turn span has come (or whose calls were released past the
+    waiting bound) start a new wait: never added to the calls already given away."""
+    monkeypatch.setattr("turnguard.calibrate.inputs.waiting_calls_limit", lambda max_line_bytes: waiting)
+    spans = [_tool_span("p1", 1), _tool_span("p1", 2), _tool_span("p2", 1), _tool_span("p1", 3), _turn_span("p1", "t1"),
+             _tool_span("p1", 1, "cat"), _tool_span("p1", 2, "cat"), _tool_span("p1", 3), _tool_span("p1", 4),
+             _turn_span("p1", "t2"), _tool_span("p1", 1), _tool_span("p2", 2), _turn_span("p2", "t3")]
+    path = tmp_path / "otlp.jsonl"
+    lines = ['{"resourceSpans":[{"scopeSpans":[{"spans":[' + ",".join(spans[i:i + 3]) + "]}]}]}"
+             for i in range(0, len(spans), 3)]
+    path.write_text("\n".join(lines) + "\n")
+    fast = assembled(path)
+    plain()
+    assert fast[:2] == assembled(path)[:2]
+    assert fast[2] == len(lines)
+    if waiting == 1000:
+        assert [len(t.calls) for t in fast[0]] == [3, 4, 2, 1] and len(fast[1]) == 1
+    else:
+        assert any("waited longest" in p for p in fast[1])

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 from turnguard.calibrate.engine import Calibrator, policy_info
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import (
+    READ_BUFFER,
     SKIP_BLOCK,
     HeldTurn,
     InputError,
@@ -127,14 +128,15 @@ def scan_range(path: str, start: int, end: int, max_line_bytes: int) -> tuple[in
         position = start
         while position < end and (block := f.read(min(SCAN_BLOCK, end - position))):
             newlines += _count_newlines(block)
-            marked = marked or _marked(tail + block)
+            marked = marked or _marked(block) or _marked(tail + block[:longest])
             tail, last = block[-longest:], block[-1:]
             position += len(block)
         while not marked and last != b"\n" and (block := f.readline(SKIP_BLOCK)):  # the rest of its last line
-            marked = _marked(tail + block)
+            marked = _marked(block) or _marked(tail + block[:longest])
             tail, last = block[-longest:], block[-1:]
-        events: list[Event] = []
-        if marked:
+    events: list[Event] = []
+    if marked:
+        with open(path, "rb", buffering=READ_BUFFER) as f:
             for lineno, line in range_lines(f, start, end, 1, path, None, max_line_bytes):
                 line_results(line, lineno, events, max_line_bytes)
     with open(path, "rb") as f:
@@ -169,7 +171,7 @@ def read_range(path: str, start: int, end: int, lineno: int, max_line_bytes: int
     spans = OtlpAssembler(problems.append, path, max_line_bytes=max_line_bytes, hold=True)
     items: list[RecordedTurn | HeldTurn] = []
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb", buffering=READ_BUFFER) as f:
             for number, line in range_lines(f, start, end, lineno, path, problems.append, max_line_bytes):
                 items.extend(read_line(line, path, number, problems.append, max_line_bytes, spans))
     except OSError as exc:
@@ -427,7 +429,7 @@ class Stream:
             with LineSource(path, self._problem, max_line_bytes=limit) as source:
                 self._chunked(read_source(source, self._problem, self.spans), turns, slot.position)
         else:
-            with open(path, "rb") as f:
+            with open(path, "rb", buffering=READ_BUFFER) as f:
                 for number, line in range_lines(f, *span, path, self._problem, limit):
                     self._chunked(read_line(line, path, number, self._problem, limit, self.spans), turns,
                                   slot.position)
