@@ -175,3 +175,33 @@ def test_grouped_run_equals_replaying_every_policy_with_stateful_tools() -> None
     by_name = {p["name"]: p["unattended"]["halted"] for p in data["policies"]}
     assert any(by_name[p.name] != by_name[p.name.replace(" stateful *", "")]
                for p in policies if p.name.endswith("stateful *")), "results never changed a figure"
+
+
+def test_the_cap_says_the_same_in_both_modes_so_one_plan_serves_both() -> None:
+    """``engine._groups`` plans a policy once for both modes where its other rules say the same in
+    both: that holds only while the cap's firing ignores ``promptable``, and the shortcut must give
+    the groups and members that planning each mode on its own gives."""
+    policies = build_grid(GRIDS["axes"]) + build_grid(GRIDS["cross"])
+    cal = Calibrator(policies)
+    checked = 0
+    for turn in turns(120, seed=5):
+        keyed = cal._keyed(turn, [c.outcome for c in turn.calls], cycle_starts(turn))
+        for rules in cal.rules:
+            for _, f in keyed.values():
+                assert rules.cap.firing(f, True) == rules.cap.firing(f, False)
+        groups, members = cal._groups(keyed)
+        expected = []
+        for idx, (cp, rules) in enumerate(zip(cal.compiled, cal.rules, strict=True)):
+            if cp.config.key_mode not in keyed:
+                continue  # quiet under a coarser identity
+            keys, f = keyed[cp.config.key_mode]
+            for mode, promptable in (("unattended", False), ("attended", True)):
+                plan = None if rules.triggers[promptable].quiet(f) else rules.plan(f, promptable)
+                if plan is not None:
+                    key = (id(keys), *plan.signature[1:])
+                    expected.append((idx, mode, key))
+                    g = groups[key]
+                    assert (g.first_call, g.cap_call) == (plan.first_call, plan.cap_call)
+                    checked += promptable
+        assert members == expected
+    assert checked > 100, "too few attended plans: the test would check little"

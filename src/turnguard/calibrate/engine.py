@@ -16,7 +16,7 @@ import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from turnguard.calibrate.equivalence import PolicyRules, grid_triggers, stale_reach, turn_facts
+from turnguard.calibrate.equivalence import Plan, PolicyRules, grid_triggers, stale_reach, turn_facts
 from turnguard.calibrate.evidence import LIVE, PROBE
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.identity import call_keys
@@ -214,20 +214,39 @@ class Calibrator:
                 continue
             keys, f = found
             memo = memos.setdefault(id(f), {})
+            unattended: tuple[Any, GroupKey | None] | None = None  # (what the other rules say, the plan's key)
             for mode, promptable in MODES:
                 if not group or (rules.named and _can_fire(rules, f, promptable)):
                     key: GroupKey = (idx, mode)
                     groups[key] = _Group(cp, promptable, 1, None, None)
-                elif rules.named or rules.triggers[promptable].quiet(f) or (
-                        plan := rules.plan(f, promptable, memo)) is None:
+                elif rules.named or rules.triggers[promptable].quiet(f):
                     continue
                 else:
-                    key = (id(keys), *plan.signature[1:])  # key modes that keyed this turn alike share replays
-                    if key not in groups:
-                        family = None if plan.cap_call is None else (id(keys), *plan.family[1:])
-                        groups[key] = _Group(cp, promptable, plan.first_call, plan.cap_call, family)
+                    others = rules.others_on(f, promptable, memo)
+                    if unattended is not None and unattended[0] == others:
+                        planned = unattended[1]  # the same plan (``PolicyRules.plan_at``)
+                    else:
+                        planned = _plan_group(groups, id(keys), cp, promptable,
+                                              rules.plan_at(f, others, rules.cap.firing(f, promptable)))
+                        unattended = (others, planned)
+                    if planned is None:
+                        continue
+                    key = planned
                 members.append((idx, mode, key))
         return groups, members
+
+
+def _plan_group(groups: dict[GroupKey, _Group], keying: int, cp: CompiledPolicy, promptable: bool,
+                plan: Plan | None) -> GroupKey | None:
+    """The key of the group ``plan`` replays in (made if new), or ``None``: the policy cannot fire.
+    ``keying`` is the turn's keys' id: key modes that keyed this turn alike share replays."""
+    if plan is None:
+        return None
+    key = (keying, *plan.signature[1:])
+    if key not in groups:
+        family = None if plan.cap_call is None else (keying, *plan.family[1:])
+        groups[key] = _Group(cp, promptable, plan.first_call, plan.cap_call, family)
+    return key
 
 
 def _censoring(stats: RunStats, turn: RecordedTurn, cohort: str, at_halt: bool) -> tuple[str | None, str | None]:

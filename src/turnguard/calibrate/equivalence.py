@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 from turnguard.calibrate.grid import Policy
 from turnguard.config import GuardConfig
-from turnguard.firing import FiringRule, Triggers, TurnFacts
+from turnguard.firing import Firing, FiringRule, Triggers, TurnFacts
 from turnguard.ledger import Ledger
 from turnguard.model import Outcome
 from turnguard.policies import cap, cycles, streak
@@ -158,14 +158,23 @@ class PolicyRules:
     def plan(self, f: TurnFacts, promptable: bool, memo: dict[tuple[int, bool], _Others] | None = None) -> Plan | None:
         """What the policy can do on a turn with facts ``f``; ``None``: nothing. ``memo`` keeps
         what the rules other than the cap say on ``f``, for the policies that share them."""
+        return self.plan_at(f, self.others_on(f, promptable, memo), self.cap.firing(f, promptable))
+
+    def others_on(self, f: TurnFacts, promptable: bool, memo: dict[tuple[int, bool], _Others] | None) -> _Others:
+        """What the rules other than the cap say on ``f``, kept in ``memo`` (see ``plan``)."""
         key = (id(self.others), promptable)
         found = memo.get(key) if memo is not None else None
         if found is None:
             found = self._others(f, promptable)
             if memo is not None:
                 memo[key] = found
-        parts, first, identity_free = found
-        at_cap = self.cap.firing(f, promptable)
+        return found
+
+    def plan_at(self, f: TurnFacts, others: _Others, at_cap: Firing | None) -> Plan | None:
+        """``plan`` from what the other rules (``others_on``) and the cap say on ``f``. The cap's
+        answer does not depend on ``promptable`` (``cap.CapFiring``): where the other rules say
+        the same in both modes, so does the plan (``engine``: one plan for both modes)."""
+        parts, first, identity_free = others
         if at_cap is None:
             return None if not parts else Plan((*self.prefix, None, *parts), first, math.inf, identity_free)
         return Plan((*self.prefix, at_cap.part, *parts), min(first, at_cap.first_call), at_cap.halt_call,
