@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import importlib.metadata
 import logging
 import os
 import threading
@@ -159,6 +158,8 @@ def plugin_manager(
 def installed_entrypoints() -> dict[str, str]:
     """The installed entry points of the ``turnguard`` group: name -> the distribution (``name
     version``) that declares it."""
+    import importlib.metadata  # here: importing it costs ~0.1 s at start-up, and most runs scan for none
+
     found: dict[str, str] = {}
     for ep in importlib.metadata.entry_points(group=ENTRYPOINT_GROUP):
         dist = getattr(ep, "dist", None)

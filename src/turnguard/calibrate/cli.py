@@ -17,7 +17,6 @@ from typing import TextIO
 
 from turnguard.calibrate import grid as g
 from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
-from turnguard.calibrate.html import render
 from turnguard.calibrate.inputs import MAX_LINE_BYTES, InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text
 from turnguard.calibrate.run import Progress, StrictError, calibrate, input_sizes
@@ -256,6 +255,8 @@ def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout:
         if json_path:
             Path(json_path).write_text(to_json_text(stats), encoding="utf-8")
     if html_path:
+        from turnguard.calibrate.html import render  # (only for --html: its import is start-up cost)
+
         Path(html_path).write_text(render(stats), encoding="utf-8")
         print(f"turnguard calibrate: wrote {html_path}", file=stderr)
     return 0
