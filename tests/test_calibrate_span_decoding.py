@@ -650,12 +650,14 @@ def _turn_span(span_id: str, turn_id: str) -> str:
             + f'","value":{{"stringValue":"{turn_id}"}}}}]}}')
 
 
-@pytest.mark.parametrize("waiting", [3, 1000])
+@pytest.mark.parametrize(("waiting", "calls"), [(3, 1000), (1000, 1000), (1000, 2)])
 def test_sibling_spans_after_their_turn_span_wait_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       plain: Callable[[], None], waiting: int) -> None:
+                                                       plain: Callable[[], None], waiting: int, calls: int) -> None:
     """Tool spans of a parent whose turn span has come (or whose calls were released past the
-    waiting bound) start a new wait: never added to the calls already given away."""
+    waiting bound) start a new wait: never added to the calls already given away; a turn's call
+    limit holds in a run of siblings."""
     monkeypatch.setattr("turnguard.calibrate.inputs.waiting_calls_limit", lambda max_line_bytes: waiting)
+    monkeypatch.setattr("turnguard.calibrate.inputs.turn_calls_limit", lambda max_line_bytes: calls)
     spans = [_tool_span("p1", 1), _tool_span("p1", 2), _tool_span("p2", 1), _tool_span("p1", 3), _turn_span("p1", "t1"),
              _tool_span("p1", 1, "cat"), _tool_span("p1", 2, "cat"), _tool_span("p1", 3), _tool_span("p1", 4),
              _turn_span("p1", "t2"), _tool_span("p1", 1), _tool_span("p2", 2), _turn_span("p2", "t3")]
@@ -667,7 +669,9 @@ def test_sibling_spans_after_their_turn_span_wait_anew(tmp_path: Path, monkeypat
     plain()
     assert fast[:2] == assembled(path)[:2]
     assert fast[2] == len(lines)
-    if waiting == 1000:
-        assert [len(t.calls) for t in fast[0]] == [3, 4, 2, 1] and len(fast[1]) == 1
-    else:
+    if waiting == 3:
         assert any("waited longest" in p for p in fast[1])
+    elif calls == 2:
+        assert [len(t.calls) for t in fast[0]] == [2, 2, 2, 1] and any("(the limit)" in p for p in fast[1])
+    else:
+        assert [len(t.calls) for t in fast[0]] == [3, 4, 2, 1] and len(fast[1]) == 1

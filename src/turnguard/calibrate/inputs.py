@@ -811,43 +811,83 @@ class OtlpAssembler:
     def add_decoded(self, spans: list[span_decoding.DecodedSpan], lineno: int) -> Iterator[Any]:
         """``add`` for a line decoded by ``span_decoding.decode``: the same spans in the same order,
         only the attributes a span's kind reads converted. A tool span as the plugin writes it is
-        taken from its template match (``_take_template``), or read on a short path
-        (``_plugin_call``, ``_usual_call``); any other goes through ``_call``."""
-        value = span_decoding.value
-        call_index, turn_key = names.CALL_INDEX, names.TURN_ID
-        template, take = self._take_template, self._take_plugin_span
-        for decoded in spans:
-            span, attributes, found = decoded
-            if found is not None:
-                if template(found, span.parentSpanId, lineno):
-                    if self._waiting > self.most_waiting and self._most_waiting():
-                        yield self._release_oldest()
-                    continue
-                attributes = span_decoding.attributes_of(decoded)
-            if not attributes:
-                continue  # neither a tool span nor a turn span
-            if take(attributes, span.parentSpanId, lineno):
-                if self._waiting > self.most_waiting and self._most_waiting():
-                    yield self._release_oldest()
-                continue
-            fields = _plugin_call(attributes)
-            if fields is None:
-                raw = {a.key: a.value for a in attributes}
-                if call_index not in raw:
-                    if turn_key in raw:
-                        turn = self._turn_span(span.name, {k: value(v) for k, v in raw.items()}, span.spanId,
-                                               span.startTimeUnixNano, span.endTimeUnixNano, lineno,
-                                               span_decoding.events(span.events))
-                        if turn is not None:
-                            yield turn
-                    continue
-                fields = (raw[call_index], raw.get(names.GEN_AI_TOOL_NAME), raw.get(names.CALL_KEY_DIGEST),
-                          raw.get(names.CALL_OUTCOME), raw.get(turn_key))
-            if not self._usual_call(*fields, span.parentSpanId, lineno):
-                index, tool, digest, outcome, turn_id = map(value, fields)
-                self._call(span.name, tool, index, digest, outcome, turn_id, span.parentSpanId, lineno)
-            if self._waiting > self.most_waiting and self._most_waiting():
+        taken from its template match (``_take_siblings``, ``_take_template``); any other is read
+        from its decoded attributes (``_typed_span``)."""
+        template, siblings = self._take_template, self._take_siblings
+        i, end = 0, len(spans)
+        while i < end:
+            i, due = siblings(spans, i)
+            if due:
                 yield self._release_oldest()
+                continue
+            if i == end:
+                break
+            decoded = spans[i]
+            i += 1
+            span, attributes, found = decoded
+            if found is not None and template(found, span.parentSpanId, lineno):
+                tool_span = True
+            else:
+                turn, tool_span = self._typed_span(
+                    span, attributes if found is None else span_decoding.attributes_of(decoded), lineno)
+                if turn is not None:
+                    yield turn
+            if tool_span and self._waiting > self.most_waiting and self._most_waiting():
+                yield self._release_oldest()
+
+    def _typed_span(self, span: Any, attributes: list[Any] | None, lineno: int) -> tuple[Any, bool]:
+        """A decoded span the template did not take: the turn its turn span gives, and whether it
+        is a tool span. One in the plugin's layout is read on a short path (``_take_plugin_span``,
+        ``_plugin_call``, ``_usual_call``); any other goes through ``_call``."""
+        if not attributes:
+            return None, False  # neither a tool span nor a turn span
+        if self._take_plugin_span(attributes, span.parentSpanId, lineno):
+            return None, True
+        value, call_index, turn_key = span_decoding.value, names.CALL_INDEX, names.TURN_ID
+        fields = _plugin_call(attributes)
+        if fields is None:
+            raw = {a.key: a.value for a in attributes}
+            if call_index not in raw:
+                if turn_key not in raw:
+                    return None, False
+                return self._turn_span(span.name, {k: value(v) for k, v in raw.items()}, span.spanId,
+                                       span.startTimeUnixNano, span.endTimeUnixNano, lineno,
+                                       span_decoding.events(span.events)), False
+            fields = (raw[call_index], raw.get(names.GEN_AI_TOOL_NAME), raw.get(names.CALL_KEY_DIGEST),
+                      raw.get(names.CALL_OUTCOME), raw.get(turn_key))
+        if not self._usual_call(*fields, span.parentSpanId, lineno):
+            index, tool, digest, outcome, turn_id = map(value, fields)
+            self._call(span.name, tool, index, digest, outcome, turn_id, span.parentSpanId, lineno)
+        return None, True
+
+    def _take_siblings(self, spans: list[span_decoding.DecodedSpan], i: int) -> tuple[int, bool]:
+        """Take the spans from ``spans[i]`` on that the template matched and that are siblings of
+        the last call held, each as ``_take_template`` would, in one loop; stop at any other.
+        ``(the first span not taken, whether the waiting bound now releases a turn)``."""
+        parent, calls = self._last_parent, self._last_calls
+        if parent is None:
+            return i, False
+        tools, limit, bound = self._tool_texts, self.max_calls, self.max_waiting
+        waiting, most, end = self._waiting, self.most_waiting, len(spans)
+        due = False
+        while i < end:
+            span, _, found = spans[i]
+            if found is None or span.parentSpanId != parent:
+                break
+            index, digest, raw_tool, text = found.groups()
+            outcome, tool, number = _TEMPLATE_OUTCOMES.get(text), tools.get(raw_tool), int(index)
+            if outcome is None or tool is None or number < 1 or len(calls) >= limit:
+                break
+            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, *_CALL_DEFAULTS))))
+            waiting += 1
+            i += 1
+            if waiting > most:
+                most = waiting
+                if waiting > bound:
+                    due = True
+                    break
+        self._waiting, self.most_waiting = waiting, most
+        return i, due
 
     def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
         """Take a tool span whose attributes matched ``span_decoding.TOOL_ATTRIBUTES`` (the match
