@@ -10,12 +10,14 @@ import zlib
 import pytest
 
 import turnguard as tg
+from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import earliest_call, turn_facts
 from turnguard.calibrate.grid import IdenticalCallsRule, Policy
 from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import (
     CompiledPolicy,
+    Managers,
     SharedPrefix,
     Step,
     TurnResult,
@@ -23,6 +25,7 @@ from turnguard.calibrate.replay import (
     policy_manager,
     replay_turn,
 )
+from turnguard.dispatch import Impl
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer
 from turnguard.ledger import Ledger
@@ -50,7 +53,16 @@ CONFIGS = {
                             "streak_warn_at": 2, "streak_stop_at": 3},
     "exempt, stateful": {"streak_exempt_tools": ("grep", "run"), "stateful_tools": ("run",), "soft_cap": 6,
                          "stuck_repeat_threshold": 3, "streak_warn_at": 2, "streak_stop_at": 3},
+    "streak plugin off": {"disable_plugins": ("streak",), "soft_cap": 6, "stuck_repeat_threshold": 3,
+                          "streak_warn_at": 2, "streak_stop_at": 3},
+    "cap plugin off": {"disable_plugins": ("cap",), "soft_cap": 4, "hard_multiplier": 2,
+                       "streak_warn_at": 2, "streak_stop_at": 3},
+    "cap and cycles off": {"disable_plugins": ("cycles", "cap"), "max_cycles_per_turn": 3, "soft_cap": 4,
+                           "streak_warn_at": 3, "streak_stop_at": 4},
 }
+SHARED: Managers = {}
+"""The plugin managers every replayed policy of this module shares (as a ``Calibrator``'s do), so
+the comparisons with the live guard check the sharing too."""
 RESULTS = (None, "r1", "r1", "r2", "done")
 """Recorded result digests (text that is not JSON: the live guard keys it as itself)."""
 
@@ -103,7 +115,7 @@ def live_steps(config: tg.GuardConfig, policy: Policy, turn: RecordedTurn, promp
 
 def replay_policy(config: tg.GuardConfig, extras=()) -> tuple[Policy, CompiledPolicy]:
     policy = Policy("p", config, tuple(extras))
-    return policy, CompiledPolicy(policy, Keyer(config.key_mode))
+    return policy, CompiledPolicy(policy, Keyer(config.key_mode), SHARED)
 
 
 def replayed_steps(compiled: CompiledPolicy, turn: RecordedTurn, promptable: bool) -> tuple[TurnResult, list[Step]]:
@@ -120,6 +132,30 @@ def test_policy_manager_is_the_live_guards_plugin_set() -> None:
                     environ={})
     replay = policy_manager(Policy("p", tg.GuardConfig()))
     assert [n for n, _ in replay.list_name_plugin()] == [n for n, _ in live.pm.list_name_plugin()]
+
+
+def test_policies_share_a_manager_only_where_they_block_the_same_plugins() -> None:
+    policies = [Policy(name, tg.GuardConfig(load_entrypoints=False, **options)) for name, options in CONFIGS.items()]
+    policies += [Policy("extra", tg.GuardConfig(), (IdenticalCallsRule(5),)),
+                 Policy("extra too", tg.GuardConfig(), (IdenticalCallsRule(5),))]
+    calibrator = Calibrator(policies)
+    managers = {}
+    for policy, compiled in zip(policies, calibrator.compiled, strict=True):
+        alone = CompiledPolicy(policy, Keyer(policy.config.key_mode))
+        assert [n for n, _ in compiled.dispatcher.pm.list_name_plugin()] == [
+            n for n, _ in alone.dispatcher.pm.list_name_plugin()]
+        for hook in ("check_cycle", "check_call", "check_outcome"):
+            assert list(map(_impl, getattr(compiled, hook))) == list(map(_impl, getattr(alone, hook)))
+        managers.setdefault(compiled.dispatcher.pm, []).append(policy.name)
+    blocked_sets = {frozenset(p.config.disable_plugins) for p in policies if not p.extras}
+    assert len(managers) == len(blocked_sets) + 2  # each policy with extra rules has its own
+    assert [names for names in managers.values() if "extra" in names or "extra too" in names] == [["extra"],
+                                                                                                 ["extra too"]]
+
+
+def _impl(impl: Impl) -> tuple[object, ...]:
+    """What a compiled hook implementation is, whichever instance of an extra rule it is bound to."""
+    return impl.plugin, getattr(impl.fn, "__func__", impl.fn), impl.trusted, impl.quiet_rule
 
 
 @pytest.mark.parametrize("promptable", [False, True], ids=["unattended", "attended"])

@@ -23,6 +23,7 @@ from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.inputs import RecordedTurn
 from turnguard.calibrate.replay import (
     CompiledPolicy,
+    Managers,
     SharedPrefix,
     Snapshot,
     TurnResult,
@@ -61,7 +62,8 @@ class Calibrator:
         """Late task results by ``results.result_key`` of the turn id, for turns recorded without one."""
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
-        self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode]) for p in policies]
+        managers: Managers = {}
+        self.compiled = [CompiledPolicy(p, self.keyers[p.config.key_mode], managers) for p in policies]
         shared: dict[tuple[FiringRule, ...], tuple[FiringRule, ...]] = {}
         self.rules = [PolicyRules(p, shared) for p in policies]
         self.triggers = {

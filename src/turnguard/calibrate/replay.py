@@ -29,7 +29,7 @@ from turnguard.dispatch import Bound, BoundChecks, Dispatcher, Impl
 from turnguard.keys import Keyer, store_key, unchecked_key
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, ToolCall, Verdict
-from turnguard.plugins import plugin_manager, policies_only
+from turnguard.plugins import FACTORY_PLUGINS, plugin_manager, policies_only
 from turnguard.policies import cap
 
 Impls = tuple[Impl, ...]
@@ -74,11 +74,12 @@ class CompiledPolicy:
     __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "dispatcher", "keyer", "policy",
                  "prefix_config")
 
-    def __init__(self, policy: Policy, keyer: Keyer) -> None:
+    def __init__(self, policy: Policy, keyer: Keyer, managers: Managers | None = None) -> None:
         self.policy = policy
         self.config = policies_only(policy.config)
         self.keyer = keyer
-        self.dispatcher = Dispatcher(policy_manager(policy), fail_mode=self.config.fail_mode, log_errors=False)
+        self.dispatcher = Dispatcher(policy_manager(policy, managers), fail_mode=self.config.fail_mode,
+                                     log_errors=False)
         self.check_cycle: Impls = self.dispatcher.check_cycle
         self.check_call: Impls = self.dispatcher.check_call
         self.check_outcome: Impls = tuple(
@@ -97,10 +98,25 @@ class CompiledPolicy:
                            bound(self.check_outcome, ledger, view))
 
 
-def policy_manager(policy: Policy) -> pluggy.PluginManager:
+Managers = dict[frozenset[str], pluggy.PluginManager]
+"""Plugin managers by the plugins a configuration blocks, shared by the policies they serve."""
+
+
+def policy_manager(policy: Policy, managers: Managers | None = None) -> pluggy.PluginManager:
     """The live guard's plugin manager for ``policy`` (policies only: no telemetry, no recorder),
-    with the policy's extra rules registered like third-party plugins."""
-    pm = plugin_manager(policies_only(policy.config), environ={})
+    with the policy's extra rules registered like third-party plugins.
+
+    With ``managers``, policies without extra rules share one manager per set of blocked plugins:
+    such a manager holds only the policy modules, which read every setting from the ledger, so it
+    serves them all (building one costs about a millisecond, a grid has dozens of policies and
+    every calibrate worker builds them)."""
+    config = policies_only(policy.config)
+    if managers is not None and not policy.extras and set(FACTORY_PLUGINS) <= set(config.disable_plugins):
+        key = frozenset(config.disable_plugins)
+        if key not in managers:
+            managers[key] = plugin_manager(config, environ={})
+        return managers[key]
+    pm = plugin_manager(config, environ={})
     for i, rule in enumerate(policy.extras):
         pm.register(rule.plugin(), name=f"calibrate-extra-{i}")
     return pm
