@@ -78,8 +78,8 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def otlp_row(quick: bool = False, folder: str | None = None) -> dict:
-    """The same grid over the Collector's file exporter output of generated turns: a rotated set of
-    three files (two 100 MB backups and the live file; ``--quick``: one small file) read as one
+    """The same grid over the Collector's file exporter output of generated turns: a rotated set
+    (100 MB backups and the live file; ``--quick``: one small file) read as one
     stream from its directory, after a first read puts it in the page cache; ``folder``: keep the
     set there (made when absent)."""
     calls = 50_000 if quick else 500_000

@@ -511,18 +511,42 @@ def _value_text(kind: str, value: str, rng: random.Random) -> str:
     return "{" + json.dumps(kind) + ":" + _json_text(value, rng) + "}"
 
 
+UNREAD_KEYS = (names.CALL_REPEAT, names.STREAK_LENGTH, names.FAILING_STREAK_LENGTH, names.ERROR_TYPE)
+"""What the plugin writes on a tool span only when it says something (a count past 1, a failure),
+and calibrate does not read."""
+PLUGIN_ORDER = (names.CALL_INDEX, names.CALL_KEY_DIGEST, names.CALL_REPEAT, names.STREAK_LENGTH,
+                names.GEN_AI_TOOL_NAME, names.GEN_AI_OPERATION_NAME, names.CALL_OUTCOME,
+                names.FAILING_STREAK_LENGTH, names.ERROR_TYPE)
+"""Every attribute the plugin writes on its own tool span, in its order."""
+COUNTS = ["2", "17", "0", "007", "9" * 18, "9" * 19, "-2", "1.0", "x", ""]
+
+
 def _plugin_pairs(rng: random.Random) -> list[list[str]]:
-    """The plugin's five attributes as ``[key, value]`` JSON texts, values drawn from ``TEXTS``."""
+    """The plugin's attributes as ``[key, value]`` JSON texts, values drawn from ``TEXTS``: its
+    five, with the counts and the failure's attributes it adds when they say something."""
     def pick(usual: str) -> str:
         return usual if rng.random() < 0.85 else rng.choice(TEXTS)
 
+    def count() -> tuple[str, str]:
+        return "intValue", str(rng.randint(2, 300)) if rng.random() < 0.85 else rng.choice(COUNTS)
+
     index = str(rng.randint(1, 300)) if rng.random() < 0.85 else rng.choice(
         ["0", "007", "9" * 18, "9" * 19, "-2", "+3", "\u0663", "1.0", " 4", "x", ""])
-    values = [("intValue", index), ("stringValue", pick(f"{rng.getrandbits(64):016x}")),
-              ("stringValue", pick(rng.choice(("find", "cat", "python")))), ("stringValue", pick("execute_tool")),
-              ("stringValue", pick(rng.choice(("ok", "error", "unfinished"))))]
-    return [[_json_text(key, rng) if rng.random() < 0.1 else json.dumps(key), _value_text(kind, value, rng)]
-            for key, (kind, value) in zip(TEMPLATE_KEYS, values, strict=True)]
+    outcome = pick(rng.choice(("ok", "error", "unfinished")))
+    values = {names.CALL_INDEX: ("intValue", index),
+              names.CALL_KEY_DIGEST: ("stringValue", pick(f"{rng.getrandbits(64):016x}")),
+              names.GEN_AI_TOOL_NAME: ("stringValue", pick(rng.choice(("find", "cat", "python")))),
+              names.GEN_AI_OPERATION_NAME: ("stringValue", pick("execute_tool")),
+              names.CALL_OUTCOME: ("stringValue", outcome)}
+    if rng.random() < 0.3:
+        values[names.CALL_REPEAT] = count()
+    if rng.random() < 0.3:
+        values[names.STREAK_LENGTH] = count()
+    if (outcome == "error" and rng.random() < 0.7) or rng.random() < 0.05:
+        values[names.FAILING_STREAK_LENGTH] = count()
+        values[names.ERROR_TYPE] = "stringValue", "_OTHER" if rng.random() < 0.85 else rng.choice(TEXTS)
+    return [[_json_text(key, rng) if rng.random() < 0.1 else json.dumps(key), _value_text(*values[key], rng)]
+            for key in PLUGIN_ORDER if key in values]
 
 
 def _other_value(rng: random.Random) -> str:
@@ -539,7 +563,8 @@ ATTRIBUTE_CHANGES: list[Callable[[list[list[str]], random.Random], None]] = [
     lambda pairs, rng: pairs.pop(rng.randrange(len(pairs))),
     lambda pairs, rng: pairs.append(rng.choice(pairs)[:]),
     lambda pairs, rng: pairs.append([json.dumps(rng.choice(TEMPLATE_KEYS)), _other_value(rng)]),
-    lambda pairs, rng: pairs.append(['"turnguard.call.repeat"', '{"intValue":"2"}']),
+    lambda pairs, rng: pairs.insert(rng.randrange(len(pairs) + 1), [json.dumps(rng.choice(UNREAD_KEYS)), rng.choice(
+        ('{"intValue":"2"}', '{"stringValue":"_OTHER"}'))]),
     lambda pairs, rng: pairs.insert(rng.randrange(len(pairs)), ['"x"', _other_value(rng)]),
     lambda pairs, rng: pairs[rng.randrange(len(pairs))].__setitem__(1, _other_value(rng)),
     lambda pairs, rng: pairs[rng.randrange(len(pairs))].__setitem__(0, json.dumps(rng.choice(TEMPLATE_KEYS))),
@@ -587,22 +612,26 @@ def _template_reading(found: Any) -> list[dict]:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed: int) -> None:
-    """What a match's groups say is exactly the parsed JSON, and what the typed decoding gives."""
-    matched = 0
+    """What a match's groups say is exactly the parsed JSON's read attributes, the others are
+    those the plugin adds, in its order, and the typed decoding gives the same."""
+    matched = unread = 0
     for text in attribute_texts(seed, 3000):
         data = text.encode("utf-8", "surrogatepass")
         found = span_decoding.TOOL_ATTRIBUTES.fullmatch(data)
         if found is None:
             continue
         matched += 1
-        assert json.loads(data) == _template_reading(found), text
+        parsed = json.loads(data)
+        assert [a for a in parsed if a["key"] not in UNREAD_KEYS] == _template_reading(found), text
+        assert [a["key"] for a in parsed] == [k for k in PLUGIN_ORDER if k in {a["key"] for a in parsed}], text
+        unread += len(parsed) - len(TEMPLATE_KEYS)
         line = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"n","attributes":' + data + b"}]}]}]}"
         [decoded] = span_decoding.decode(line)
         assert decoded[2] is not None
         typed = span_decoding.attributes_of(decoded)
         assert [(a.key, span_decoding.value(a.value)) for a in typed] == [
             (a["key"], inputs.attributes([a])[a["key"]]) for a in json.loads(data)]
-    assert 100 < matched < 2900  # both sides of the template were exercised
+    assert 100 < matched < 2900 and unread > 100  # both sides of the template, and its unread attributes
 
 
 def _template_stream(seed: int) -> list[str]:

@@ -156,19 +156,22 @@ def turn_spans(record: dict, rng: random.Random, clock: list[int]) -> list[dict]
     call (ended before its turn's), then the ``invoke_agent`` turn span."""
     trace, root = f"{rng.getrandbits(128):032x}", f"{rng.getrandbits(64):016x}"
     start = clock[0]
-    spans, seen, streak, last = [], {}, 0, None
+    spans, seen, streak, failing, last = [], {}, 0, 0, None
     for i, call in enumerate(record["calls"], 1):
         digest = _digest(call["tool"], call["args"])
         seen[digest] = seen.get(digest, 0) + 1
         streak = streak + 1 if digest == last else 1
         last = digest
-        attrs = [_attr("turnguard.call.index", i), _attr("turnguard.call.key_digest", digest),
-                 _attr("gen_ai.tool.name", call["tool"]), _attr("gen_ai.operation.name", "execute_tool"),
-                 _attr("turnguard.call.outcome", call["outcome"])]
-        if seen[digest] > 1:
+        attrs = [_attr("turnguard.call.index", i), _attr("turnguard.call.key_digest", digest)]
+        if seen[digest] > 1:  # the plugin leaves a count out at its default (1), in this order
             attrs.append(_attr("turnguard.call.repeat", seen[digest]))
         if streak > 1:
             attrs.append(_attr("turnguard.streak.length", streak))
+        attrs += [_attr("gen_ai.tool.name", call["tool"]), _attr("gen_ai.operation.name", "execute_tool"),
+                  _attr("turnguard.call.outcome", call["outcome"])]
+        failing = failing + 1 if call["outcome"] == "error" and streak > 1 else int(call["outcome"] == "error")
+        if call["outcome"] == "error":  # a failed call: its failing streak and error type follow
+            attrs += [_attr("turnguard.streak.failing_length", failing), _attr("error.type", "_OTHER")]
         clock[0] += 1_000_000
         spans.append({"traceId": trace, "spanId": f"{rng.getrandbits(64):016x}", "parentSpanId": root, "flags": 256,
                       "name": f"execute_tool {call['tool']}", "kind": 1, "startTimeUnixNano": str(clock[0]),

@@ -164,17 +164,30 @@ def _pair(key: str, value: bytes) -> bytes:
     return rb'\{"key":"' + re.escape(key.encode()) + rb'","value":\{' + value + rb'\}\}'
 
 
-TOOL_ATTRIBUTES = re.compile(rb"\[" + rb",".join((
-    _pair(names.CALL_INDEX, rb'"intValue":"([0-9]{1,18})"'),
-    _pair(names.CALL_KEY_DIGEST, b'"stringValue":"' + _TEXT + b'"'),
-    _pair(names.GEN_AI_TOOL_NAME, b'"stringValue":"' + _TEXT + b'"'),
-    _pair(names.GEN_AI_OPERATION_NAME, b'"stringValue":"' + re.escape(names.OP_EXECUTE_TOOL.encode()) + b'"'),
-    _pair(names.CALL_OUTCOME, b'"stringValue":"([a-z]{1,16})"'),
-)) + rb"\]")
+def _unread(key: str, value: bytes) -> bytes:
+    """An attribute the plugin writes only when it says something (absent: its default), and that
+    calibrate does not read: matched as it is written, taken by no group."""
+    return rb"(?:," + _pair(key, value) + rb")?"
+
+
+_COUNT = rb'"intValue":"[0-9]{1,18}"'
+TOOL_ATTRIBUTES = re.compile(
+    rb"\[" + _pair(names.CALL_INDEX, rb'"intValue":"([0-9]{1,18})"')
+    + b"," + _pair(names.CALL_KEY_DIGEST, b'"stringValue":"' + _TEXT + b'"')
+    + _unread(names.CALL_REPEAT, _COUNT) + _unread(names.STREAK_LENGTH, _COUNT)
+    + b"," + _pair(names.GEN_AI_TOOL_NAME, b'"stringValue":"' + _TEXT + b'"')
+    + b"," + _pair(names.GEN_AI_OPERATION_NAME, b'"stringValue":"' + re.escape(names.OP_EXECUTE_TOOL.encode()) + b'"')
+    + b"," + _pair(names.CALL_OUTCOME, b'"stringValue":"([a-z]{1,16})"')
+    + _unread(names.FAILING_STREAK_LENGTH, _COUNT)
+    + _unread(names.ERROR_TYPE, b'"stringValue":"' + re.escape(names.ERROR_TYPE_OTHER.encode()) + b'"')
+    + rb"\]")
 """A tool span's attributes exactly as turnguard's plugin writes them and the Collector's file
-exporter prints them (compact, in this order, no escapes); groups: the index's digits, the key
-digest, the tool name, the outcome's text. Anything else (escapes, non-ASCII, whitespace, other
-or more attributes, another order, other types) does not match and is decoded by msgspec."""
+exporter prints them (compact, in this order, no escapes): the index, the key digest, the repeat
+and streak counts when past 1, the tool name, the operation, the outcome, and for a failed call
+its failing streak and ``error.type``. Groups: the index's digits, the key digest, the tool name,
+the outcome's text (the counts and the error type are not read). Anything else (escapes,
+non-ASCII, whitespace, other or more attributes, another order, other types) does not match and
+is decoded by msgspec."""
 _TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
 
 
