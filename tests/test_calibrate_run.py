@@ -4,9 +4,11 @@ grow with the number of turns, and the progress bar appears on a terminal only."
 from __future__ import annotations
 
 import gc
+import gzip
 import io
 import json
 import os
+import random
 import tracemalloc
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 from synthetic import SMALL, records, write_corpus
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.inputs import InputProblem
+from turnguard.calibrate.parallel import TAIL_SPLIT, plan
 from turnguard.calibrate.run import Progress, StrictError, calibrate
 from turnguard.telemetry import names
 
@@ -51,6 +54,40 @@ def test_worker_processes_give_the_figures_of_one_process(mixed_input: list[Path
     assert stats["turns"] == 401 and stats["problems"] == 1
     assert problems == [f"{mixed_input[0]}:101: not JSON: Expecting property name enclosed in double quotes: "
                         "line 1 column 2 (char 1)"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_plan_reads_every_byte_once_in_stream_order_and_finer_at_the_end(tmp_path: Path, seed: int) -> None:
+    """Whatever the files' sizes, the ranges and jobs: every byte of every plain file is in one
+    range, in order; gzip files are whole; the stream's last ``jobs`` ranges' bytes (up to a gzip
+    file) are in ranges cut ``TAIL_SPLIT`` times finer, so that the workers finish together."""
+    rng = random.Random(seed)
+    range_bytes, jobs = rng.choice((7, 100, 4096)), rng.choice((1, 2, 3))
+    paths, sizes = [], []
+    for i in range(rng.randint(1, 4)):
+        path = tmp_path / f"f{i}"
+        if rng.random() < 0.2:
+            path.write_bytes(gzip.compress(b"x" * rng.randint(0, 5000)))
+        else:
+            path.write_bytes(b"x" * rng.choice((0, 1, range_bytes, rng.randint(1, 20 * range_bytes))))
+        paths.append(path)
+        sizes.append(path.stat().st_size)
+    tasks = plan(paths, sizes, range_bytes, jobs)
+    for path, size in zip(paths, sizes, strict=True):
+        mine = [(kind, start, end) for kind, label, start, end in tasks if label == str(path)]
+        if path.read_bytes()[:2] == b"\x1f\x8b":
+            assert mine == [("file", 0, size)]
+        else:
+            assert [start for _, start, _ in mine] == [0, *(end for _, _, end in mine[:-1])][:len(mine)]
+            assert (mine[-1][2] if mine else 0) == size and all(start < end for _, start, end in mine)
+    assert [label for _, label, _, _ in tasks] == sorted((t[1] for t in tasks), key=lambda p: paths.index(Path(p)))
+    finer, left = max(1, range_bytes // TAIL_SPLIT), jobs * range_bytes if jobs > 1 else 0
+    for kind, _, start, end in reversed(tasks):
+        if kind == "file" or left <= 0:
+            break
+        assert end - start <= finer
+        left -= end - start
+    assert all(end - start <= range_bytes for kind, _, start, end in tasks if kind == "range")
 
 
 def serial_and_in_ranges(path: Path, monkeypatch: pytest.MonkeyPatch, **options: int) -> list[tuple[dict, list]]:

@@ -67,8 +67,28 @@ class WorkerFailed(RuntimeError):
     """A worker process raised, or stopped without saying why."""
 
 
-def plan(paths: Sequence[str | Path], sizes: Sequence[int], range_bytes: int) -> list[Task]:
-    """The tasks of a run in stream order: byte ranges of the plain files, gzip files whole."""
+TAIL_SPLIT = 4
+"""The ranges in the stream's last ``jobs`` ranges' bytes are cut this many times finer, so that
+the workers finish together: at the end, a worker still replaying a whole range while the others
+are done costs up to a range's time."""
+
+
+def plan(paths: Sequence[str | Path], sizes: Sequence[int], range_bytes: int, jobs: int = 1) -> list[Task]:
+    """The tasks of a run in stream order: byte ranges of the plain files (finer at the end,
+    ``TAIL_SPLIT``), gzip files whole."""
+    tasks = _whole_ranges(paths, sizes, range_bytes)
+    if jobs <= 1:
+        return tasks
+    tail: list[Task] = []
+    left, piece = jobs * range_bytes, max(1, range_bytes // TAIL_SPLIT)
+    while tasks and tasks[-1][0] == "range" and left > 0:
+        _, label, start, end = tasks.pop()
+        left -= end - start
+        tail[:0] = [("range", label, a, min(end, a + piece)) for a in range(start, end, piece)]
+    return tasks + tail
+
+
+def _whole_ranges(paths: Sequence[str | Path], sizes: Sequence[int], range_bytes: int) -> list[Task]:
     tasks: list[Task] = []
     for path, size in zip(paths, sizes, strict=True):
         label = str(path)
@@ -487,7 +507,7 @@ def calibrate_in_workers(paths: Sequence[str | Path], sizes: Sequence[int], poli
                          on_problem: ProblemSink, group: bool, jobs: int, max_line_bytes: int, range_bytes: int,
                          gc_threshold: tuple[int, int, int], progress: Callable[[int, RunStats], None]) -> RunStats:
     """``run.calibrate`` with ``jobs`` worker processes (see the module's docstring)."""
-    tasks = plan(paths, sizes, range_bytes)
+    tasks = plan(paths, sizes, range_bytes, jobs)
     stats = RunStats.empty([policy_info(p) for p in policies])
     workers = Workers(jobs, Setup(policies, group, max_line_bytes, gc_threshold))
     finished = False
