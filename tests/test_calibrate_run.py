@@ -8,16 +8,21 @@ import gzip
 import io
 import json
 import os
+import queue
 import random
+import threading
 import tracemalloc
+from collections import deque
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from synthetic import SMALL, records, write_corpus
+from synthetic import SMALL, records, write_corpus, write_otlp
+from turnguard.calibrate import parallel
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.inputs import InputProblem
-from turnguard.calibrate.parallel import TAIL_SPLIT, plan
+from turnguard.calibrate.parallel import AHEAD, TAIL_SPLIT, plan
 from turnguard.calibrate.run import Progress, StrictError, calibrate
 from turnguard.telemetry import names
 
@@ -88,6 +93,96 @@ def test_the_plan_reads_every_byte_once_in_stream_order_and_finer_at_the_end(tmp
         assert end - start <= finer
         left -= end - start
     assert all(end - start <= range_bytes for kind, _, start, end in tasks if kind == "range")
+
+
+class ThreadWorkers:
+    """``parallel.Workers`` with threads running the real ``serve`` loop, counting the ranges each
+    worker holds: from the read sent until the range's figures are back (or it is dropped)."""
+
+    def __init__(self, jobs: int, setup: parallel.Setup) -> None:
+        self.outbox: queue.Queue[Any] = queue.Queue()
+        self.inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(jobs)]
+        self.load = [0] * jobs
+        self.holding, self.most, self.joins = [0] * jobs, 0, {}
+        self.threads = [threading.Thread(target=parallel.serve, args=(inbox, _Tagged(self.outbox, w), setup),
+                                         daemon=True) for w, inbox in enumerate(self.inboxes)]
+        for thread in self.threads:
+            thread.start()
+        HELD.append(self)
+
+    def send(self, worker: int, command: tuple[Any, ...]) -> None:
+        if command[0] == "read":
+            self.holding[worker] += 1
+            self.most = max(self.most, self.holding[worker])
+        elif command[0] == "drop":
+            self.holding[worker] -= 1
+        elif command[0] == "join":
+            self.joins[command[2]] = worker
+        self.inboxes[worker].put(command)
+
+    def idlest(self) -> int:
+        return min(range(len(self.load)), key=self.load.__getitem__)
+
+    def answer(self) -> tuple[Any, ...]:
+        worker, message = self.outbox.get(timeout=60)
+        assert message[0] != "failed", message[2]
+        if (message[0] == "read" and message[4] is not None) or (message[0] == "replayed" and
+                                                                  self.joins.pop(message[1], None) is not None):
+            self.holding[worker] -= 1
+        return message
+
+    def close(self, *, wait: bool) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+class _Tagged:
+    def __init__(self, box: queue.Queue[Any], worker: int) -> None:
+        self.box, self.worker = box, worker
+
+    def put(self, message: Any) -> None:
+        self.box.put((self.worker, message))
+
+
+HELD: list[ThreadWorkers] = []
+
+
+def test_a_worker_holds_at_most_ahead_ranges_until_their_figures_are_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory bound of ``--jobs``: a range's turns stay in its worker from its reading until
+    its replay is done, and no worker is ever given more than ``AHEAD`` of them at once, however
+    the worker orders its commands; the figures are those of one process."""
+    paths = write_otlp(str(tmp_path), max_calls=12_000, mix=SMALL, file_bytes=3 << 20)[2]
+    expected = calibrate(paths, POLICIES, on_problem=lambda p: None, jobs=1).to_json()
+    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 20_000)
+    monkeypatch.setattr(parallel, "Workers", ThreadWorkers)
+    HELD.clear()
+    got = calibrate(paths, POLICIES, on_problem=lambda p: None, jobs=2).to_json()
+    for figures in (expected, got):
+        figures.pop("replays")
+    assert got == expected
+    [workers] = HELD
+    assert workers.most == AHEAD and workers.holding == [0, 0] and not workers.joins
+
+
+def test_a_worker_reads_before_it_replays_and_keeps_every_other_order() -> None:
+    """A read goes before the replays (joins, turns, drops) waiting ahead of it, since the stream's
+    joins wait on reads; it never goes before the results it needs, a scan or the end, and the
+    rest keep the order they were sent in."""
+    inbox: queue.Queue[Any] = queue.Queue()
+    sent = [("scan", 0), ("results", 1), ("join", 2), ("turns", 3), ("read", 4), ("drop", 5), ("read", 6),
+            ("results", 7), ("read", 8), ("join", 9), None, ("read", 10)]
+    for command in sent:
+        inbox.put(command)
+    backlog: deque[Any] = deque()
+    taken = []
+    while (command := parallel.next_command(inbox, backlog)) is not None:
+        taken.append(command[1])
+    assert taken == [0, 1, 4, 6, 2, 3, 5, 7, 8, 9]
+    assert list(backlog) == [("read", 10)]
 
 
 def serial_and_in_ranges(path: Path, monkeypatch: pytest.MonkeyPatch, **options: int) -> list[tuple[dict, list]]:

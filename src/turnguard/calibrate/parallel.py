@@ -25,6 +25,7 @@ import gc
 import multiprocessing
 import queue
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,14 +231,15 @@ class Setup:
 
 
 def serve(inbox: Any, outbox: Any, setup: Setup) -> None:
-    """A worker's loop: one command at a time from ``inbox``, its answer to ``outbox``; ``None``
-    ends it."""
+    """A worker's loop: one command at a time from ``inbox`` (reads first, ``next_command``), its
+    answer to ``outbox``; ``None`` ends it."""
     gc.set_threshold(*setup.gc_threshold)
     limit = setup.max_line_bytes
     calibrator: Calibrator | None = None
     held: dict[int, list[RecordedTurn | HeldTurn]] = {}
     try:
-        while (command := inbox.get()) is not None:
+        backlog: deque[Any] = deque()
+        while (command := next_command(inbox, backlog)) is not None:
             kind, ident = command[0], command[1]
             if kind == "scan":
                 _, _, path, start, end = command
@@ -265,6 +267,30 @@ def serve(inbox: Any, outbox: Any, setup: Setup) -> None:
                 outbox.put(("replayed", ident, _replayed(calibrator, command[2])))
     except BaseException:  # whatever it is, the parent reports it and stops the run
         outbox.put(("failed", None, traceback.format_exc()))
+
+
+REPLAYS = frozenset(("join", "turns", "drop"))
+
+
+def next_command(inbox: Any, backlog: deque[Any]) -> Any:
+    """The worker's next command, in the order sent except that a read goes before the replays
+    waiting ahead of it: the parent joins ranges in stream order, so a range read late keeps the
+    other workers waiting, while a replay late keeps nobody waiting. ``backlog`` holds what was
+    taken from ``inbox`` and not yet run."""
+    while True:
+        try:
+            backlog.append(inbox.get_nowait())
+        except queue.Empty:
+            break
+    if not backlog:
+        return inbox.get()
+    for i, command in enumerate(backlog):
+        if command is None or command[0] not in REPLAYS:
+            if i and command is not None and command[0] == "read":
+                del backlog[i]
+                return command
+            break
+    return backlog.popleft()
 
 
 # -- what the parent does ---------------------------------------------------------------------------
@@ -369,6 +395,9 @@ class Stream:
         self.slot_count = self.merged = 0
         self.reads: dict[int, tuple[Summary | None, list[InputProblem], RunStats | None]] = {}
         self.owner: dict[int, int] = {}
+        """By task: the worker reading it, until it is joined."""
+        self.replaying: dict[int, int] = {}
+        """By slot: the worker replaying a range it read, until the figures are back."""
         self.next_task = self.frontier = 0
         self.after = _positions(tasks)
         self._current: _Slot | None = None
@@ -413,6 +442,9 @@ class Stream:
             _, index, stats = message
             slot = self.slots[index]
             slot.stats, slot.pending = stats, False
+            worker = self.replaying.pop(index, None)
+            if worker is not None:
+                self.workers.load[worker] -= 1
 
     def _join(self, i: int) -> bool:
         """Join task ``i`` to the stream (``False``: its reading is not back yet)."""
@@ -428,13 +460,14 @@ class Stream:
         if summary is None:
             slot.problems, slot.stats = problems, stats
             return True
-        self.workers.load[worker] -= 1
         stitched = None if summary[3] else self.spans.take_range(summary[0], summary[1], summary[2])
         if stitched is None:  # one reader could have read it otherwise: read it here
+            self.workers.load[worker] -= 1
             self.workers.send(worker, ("drop", i))
             self._read_here(path, (start, end, self.first_lines[i]), slot)
             return True
         slot.problems, slot.pending = problems, True
+        self.replaying[slot.index] = worker
         self.workers.send(worker, ("join", i, slot.index, stitched))
         return True
 
