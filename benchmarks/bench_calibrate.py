@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_calibrate.py [--calls 1000000] [--jobs 2] [--keep FILE]
     .venv/bin/python benchmarks/bench_calibrate.py --otlp DIR [--repeat 3]   # the OTLP row only
+    .venv/bin/python benchmarks/bench_calibrate.py --otlp DIR --workers      # where workers' time goes
     .venv/bin/python benchmarks/run.py calibrate [--quick]
 
 Writes a corpus-format JSONL file of generated turns (``tools/synthetic.py``: short
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -144,6 +146,53 @@ def decode_only(files: list[str], jobs: int, range_bytes: int = 8 << 20) -> floa
     return time.perf_counter() - started
 
 
+PHASES = ("scan_range", "read_range", "_replayed")
+"""What a worker does (``calibrate/parallel.py``): pass 1 on a range, pass 2's reading, a replay."""
+
+
+def worker_times(folder: str, jobs: int = 2) -> dict[str, Any]:
+    """Where each worker's time goes in one run of the OTLP row's command on ``folder``: the seconds
+    in each phase (``PHASES``), waiting, and when it ended, from wrappers of the phase functions in
+    this process (the workers are forked from it, so they run the wrappers)."""
+    import contextlib
+    import io
+
+    from turnguard.calibrate import parallel
+    from turnguard.cli import main as cli
+
+    with tempfile.TemporaryDirectory(prefix="turnguard-bench-workers-") as logs:
+        started = time.perf_counter()
+        originals = {name: getattr(parallel, name) for name in PHASES}
+
+        def timed(name: str, f: Any) -> Any:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return f(*args, **kwargs)
+                finally:
+                    with open(os.path.join(logs, str(os.getpid())), "a", encoding="utf-8") as log:
+                        log.write(f"{name} {t - started} {time.perf_counter() - started}\n")
+            return run
+
+        for name, f in originals.items():
+            setattr(parallel, name, timed(name, f))
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                cli(["calibrate", folder, *GRID_FLAGS, "--jobs", str(jobs), "--progress", "never"])
+        finally:
+            for name, f in originals.items():
+                setattr(parallel, name, f)
+        wall = time.perf_counter() - started
+        workers = []
+        for log in sorted(os.listdir(logs)):
+            with open(os.path.join(logs, log), encoding="utf-8") as f:
+                rows = sorted((float(a), float(b), n) for n, a, b in (line.split() for line in f))
+            phases = {name: sum(b - a for a, b, n in rows if n == name) for name in PHASES}
+            workers.append({**phases, "waiting": rows[-1][1] - rows[0][0] - sum(phases.values()),
+                            "first": rows[0][0], "last": rows[-1][1]})
+    return {"wall": wall, "workers": workers}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=1_000_000)
@@ -152,7 +201,15 @@ def main() -> int:
     p.add_argument("--keep", metavar="FILE", help="write the generated corpus here (and reuse it if present)")
     p.add_argument("--otlp", metavar="DIR", help="measure the OTLP row instead, on the Collector set kept in DIR "
                                                  "(written there when DIR holds none)")
+    p.add_argument("--workers", action="store_true", help="with --otlp: where each worker's time goes instead")
     args = p.parse_args()
+    if args.otlp and args.workers:
+        for _ in range(args.repeat):
+            found = worker_times(args.otlp)
+            print(f"{found['wall']:.2f} s in all (imports before it not counted); per worker: " + "; ".join(
+                f"start {w['first']:.2f} s, " + ", ".join(f"{n.strip('_')} {w[n]:.2f} s" for n in PHASES)
+                + f", waiting {w['waiting']:.2f} s, end {w['last']:.2f} s" for w in found["workers"]))
+        return 0
     if args.otlp:
         os.makedirs(args.otlp, exist_ok=True)
         for _ in range(args.repeat):
