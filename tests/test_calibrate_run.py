@@ -120,8 +120,7 @@ class ThreadWorkers:
             self.joins[command[2]] = worker
         self.inboxes[worker].put(command)
 
-    def idlest(self) -> int:
-        return min(range(len(self.load)), key=self.load.__getitem__)
+    idlest = parallel.Workers.idlest
 
     def answer(self) -> tuple[Any, ...]:
         worker, message = self.outbox.get(timeout=60)
