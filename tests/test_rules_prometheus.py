@@ -10,7 +10,10 @@ their history again.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -54,12 +57,17 @@ def servers(tmp_path) -> Iterator[Callable[..., chain.Prometheus]]:
         server.stop()
 
 
+def _environ(prometheus: chain.Prometheus, instance: str) -> dict[str, str]:
+    """A process's telemetry settings: it exports every second (and when a test flushes)."""
+    return {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": prometheus.otlp_metrics_url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "agents",
+            "OTEL_RESOURCE_ATTRIBUTES": f"service.instance.id={instance}",
+            "OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none"}
+
+
 def _telemetry(prometheus: chain.Prometheus, instance: str):
-    return configure(environ={"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": prometheus.otlp_metrics_url,
-                              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "agents",
-                              "OTEL_RESOURCE_ATTRIBUTES": f"service.instance.id={instance}",
-                              "OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_TRACES_EXPORTER": "none",
-                              "OTEL_LOGS_EXPORTER": "none"})
+    return configure(environ=_environ(prometheus, instance))
 
 
 def _turns(telemetry, agent: str, count: int) -> None:
@@ -69,24 +77,24 @@ def _turns(telemetry, agent: str, count: int) -> None:
             turn.check_call(tg.ToolCall("read_file", {"path": f"f{i}"}))
 
 
-def _recorded(prometheus: chain.Prometheus, agent: str) -> float | None:
-    """What the records counted for ``agent`` up to the last evaluation, once it is 6 tiles past now."""
+def _recorded(prometheus: chain.Prometheus, agent: str, record: str = RECORD) -> float | None:
+    """What ``record`` counted for ``agent`` up to the last evaluation, once it is 6 tiles past now."""
     now = time.time()
     last = prometheus.query(f"timestamp({rules.HEARTBEAT})", now)
     if not last or float(last[0]["value"][1]) - TILING.lag < now - 30:
         return None
     at = float(last[0]["value"][1])
-    found = prometheus.query(f'sum(sum_over_time({RECORD}{{gen_ai_agent_name="{agent}"}}[{int(at - SINCE) + 60}s]))',
+    found = prometheus.query(f'sum(sum_over_time({record}{{gen_ai_agent_name="{agent}"}}[{int(at - SINCE) + 60}s]))',
                              at)
     return float(found[0]["value"][1]) if found else 0.0
 
 
-def _settled(prometheus: chain.Prometheus, agent: str, expected: float) -> float:
-    """The records' count for ``agent`` once it equals ``expected`` (or the last seen, after a minute)."""
+def _settled(prometheus: chain.Prometheus, agent: str, expected: float, record: str = RECORD) -> float:
+    """``record``'s count for ``agent`` once it equals ``expected`` (or the last seen, after a minute)."""
     seen: list[float | None] = []
 
     def done() -> bool:
-        seen.append(_recorded(prometheus, agent))
+        seen.append(_recorded(prometheus, agent, record))
         return seen[-1] == expected
 
     with contextlib.suppress(AssertionError):  # the caller compares: its message names the count
@@ -110,7 +118,7 @@ def test_the_store_keeps_a_start_as_0_and_the_records_see_a_restart_back_to_the_
     chain.wait_until("the first process's 5", lambda: _first_values(prometheus, "restarted")[-1:] == [5.0],
                      prometheus.exited)
     time.sleep(3 * TILING.tile)
-    first.shutdown()
+    assert first.shutdown(30_000), "the first process's last export did not finish"  # as a process exits
     second = _telemetry(prometheus, "host-1")
     try:
         _turns(second, "restarted", 5)
@@ -154,6 +162,51 @@ def test_an_emptied_store_does_not_count_the_history_of_running_processes_again(
     # the start is older than the first record's fresh window (3 tiles), so the records count from that sample
     assert held[0] == 0.0 and held[1] >= 7.0, held
     assert (old, new) == (3.0, 4.0)
+
+
+ONE_SHOT = """
+import sys
+import turnguard as tg
+from turnguard.telemetry import configure
+
+telemetry = configure()
+guard = tg.Guard(tg.GuardConfig(load_entrypoints=False), **telemetry.providers())
+with guard.turn(agent_name="one-shot", turn_id=sys.argv[1]) as turn:
+    turn.check_call(tg.ToolCall("read_file", {"path": "f"}))
+assert guard.report_result(turn.result_token, True)
+if sys.argv[2] == "flush":
+    assert telemetry.force_flush()
+"""
+"""A process that does one turn, reports its result late by its token, and exits: it flushes first
+(as a serverless host does after each call) or leaves that to the exit hook."""
+
+
+def test_series_flushed_as_they_start_are_counted_from_their_starts(servers):
+    """New series whose only export comes right after they start: a one-shot process's (one turn,
+    its result reported late by token, then exit, flushing first or by the exit hook) and a
+    long-lived host's that flushes after each call (a serverless host). The store keeps each start's
+    0 only if it is a millisecond older than the sample, else the records count that sample as nothing."""
+    prometheus = servers()
+    running = _telemetry(prometheus, "host-1")
+    try:
+        _turns(running, "long-lived", 1)
+        assert running.force_flush(10_000)
+        chain.wait_until("the store's first record", lambda: prometheus.query(rules.HEARTBEAT, time.time()),
+                         prometheus.exited, timeout=60)
+        for i, ending in enumerate(("flush", "exit")):
+            env = {**os.environ, **_environ(prometheus, f"job-{i}")}
+            done = subprocess.run([sys.executable, "-c", ONE_SHOT, f"job-{i}", ending], env=env,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+        for i in range(5):
+            _turns(running, f"call-{i}", 1)
+            assert running.force_flush(10_000)
+        turns = _settled(prometheus, "one-shot", 2.0)
+        results = _settled(prometheus, "one-shot", 2.0, rules.RESULTS_RECORD)
+        per_call = [_settled(prometheus, f"call-{i}", 1.0) for i in range(5)]
+    finally:
+        running.shutdown()
+    assert (turns, results, per_call) == (2.0, 2.0, [1.0] * 5)
 
 
 def test_without_the_flag_the_store_keeps_no_start(servers):

@@ -437,11 +437,13 @@ Where the records err here, and why (the store cannot tell an old count from a n
     (low); several resets in one tile lose the runs between the first and the last (low).""",
     START_TIMES: """\
 Where the records err here, and why (each series' start is a 0 the store keeps when the start is
-after the series' last sample and at most an hour older than the newest sample):
+after the series' last sample, before the sample in milliseconds and at most an hour older than
+the newest sample; turnguard's configure() moves a start in its sample's millisecond one back):
   - a series with no before counts from its start's 0 if the store kept it within {back}, else
     from its first sample: a series seen again after more than {back}, or old counters from a
     source that joins later, count only what they gain (low, never high); a series whose 0 was
-    not kept (born over an hour before its first sample arrived) loses its first sample (low);
+    not kept (born over an hour before its first sample arrived, or exported in the millisecond it
+    started by a host whose exporter does not move the start) loses its first sample (low);
   - a store that begins with old counters: its first record counts a series from its start's 0
     if it started within {fresh} of that record's end, so a series started up to {fresh} before the
     store also counts what it did before (high, once); every other series from its first sample;

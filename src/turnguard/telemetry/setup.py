@@ -29,6 +29,10 @@ up after ``shutdown_timeout_ms`` (default ``DEFAULT_SHUTDOWN_TIMEOUT_MS``, 1.5 s
 an export still waiting on a dead or silent collector to its daemon thread. ``configure()`` runs
 it at interpreter exit in place of the SDK's own unbounded exit hooks, so a process whose
 collector is down exits within that bound whether or not it calls ``shutdown()``.
+
+The metrics exporter is wrapped so that every cumulative point's start is at least a millisecond
+before its sample (``turnguard.telemetry.starts``): Prometheus 3 keeps a series' start as a 0 only
+then, and a one-shot process's series are exported in the millisecond they start.
 """
 
 from __future__ import annotations
@@ -239,11 +243,14 @@ def _meter_provider(resource: Any, metrics_: ExportSettings, env: Mapping[str, s
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
+    from turnguard.telemetry.starts import SeparateStartsExporter
+
     readers = []
     exporter = _exporter(metrics_)
     if exporter is not None:
         interval = _ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
-        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval))
+        readers.append(PeriodicExportingMetricReader(SeparateStartsExporter(exporter),
+                                                     export_interval_millis=interval))
     return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
 
 
