@@ -142,7 +142,7 @@ def test_series_flushed_in_the_millisecond_they_start_reach_the_exporter_a_milli
     assert all(p.start_time_unix_nano // MS < p.time_unix_nano // MS for p in points)
 
 
-def test_the_wrapped_exporters_temporality_is_the_readers():
+def test_the_wrapped_exporters_preferred_temporality_is_kept():
     captured = Captured(DELTA)
     provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(SeparateStartsExporter(captured),
                                                                            export_interval_millis=3_600_000)],
