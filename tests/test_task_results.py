@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
 from turnguard.calibrate import cli
-from turnguard.task_results import ResultBook
+from turnguard.task_results import MAX_RECENT_TURNS, Remembered, ResultBook
 from turnguard.telemetry import names as n
 
 S = tg.ResultStatus
@@ -142,3 +144,87 @@ def test_the_recorder_writes_results_and_calibrate_reads_them_back(tmp_path: Pat
     data = json.loads(out.getvalue())
     assert (data["turns"], data["resolved"], data["unresolved"]) == (3, 1, 1)
     assert data["problems"] == 0
+
+
+# -- the first result stands, however long ago its turn left the book ---------------------------
+
+def reporters(g: tg.Guard, **config) -> list[tg.Guard]:
+    """Where a turn's result may come from: the guard that ran it, another of the same key."""
+    return [g, guard(**config)]
+
+
+@pytest.mark.parametrize(("digest_key", "where"), [(None, 0), ("fleet-secret", 1)],
+                         ids=["keyless-own-guard", "keyed-another-guard"])
+def test_round_robin_tokens_over_more_turns_than_the_book_holds_are_taken_once(digest_key, where):
+    g = guard(digest_key=digest_key)
+    turns = [ended_turn(g, 0) for _ in range(MAX_RECENT_TURNS + 1)]
+    tokens = [t.result_token for t in turns]
+    to = reporters(g, digest_key=digest_key)[where]
+    taken = [to.report_result(token, i % 2 == 0) for i in range(3) for token in tokens]
+    assert taken == [True] * len(tokens) + [False] * 2 * len(tokens)
+    assert to.results.counts[S.ACCEPTED] == len(tokens) and to.results.counts[S.DUPLICATE] == 2 * len(tokens)
+
+
+@pytest.mark.parametrize("first", ["in-turn", "by-id", "by-token"])
+@pytest.mark.parametrize("then", ["by-id", "by-token", "by-token-elsewhere", "ended-again"])
+def test_a_turn_that_left_the_book_keeps_its_first_result(first, then):
+    g = guard()
+    g.results = book = ResultBook(limit=3)
+    with g.turn(turn_id="t-first") as turn:
+        if first == "in-turn":
+            turn.report_result(True)
+    token = turn.result_token
+    if first == "by-id":
+        assert g.report_result("t-first", True) is True
+    elif first == "by-token":
+        assert g.report_result(token, True) is True
+    others = [ended_turn(g, 1) for _ in range(2 * book.limit + 1)]  # it leaves the book, then its expired ids
+    assert all(g.report_result(t.turn_id, True) for t in others[-book.limit:])
+    before = dict(book.counts)
+    if then == "by-id":
+        assert g.report_result("t-first", False) is False
+    elif then == "by-token":
+        assert g.report_result(token, False) is False
+    elif then == "ended-again":  # a host reusing the id, its first result long gone from the book
+        with g.turn(turn_id="t-first") as again:
+            again.report_result(False)
+        assert g.report_result("t-first", False) is False and g.report_result(again.result_token, False) is False
+    else:
+        other = guard()
+        other.results = elsewhere = ResultBook(limit=3)
+        assert other.report_result(token, True) is True  # a book of its own: it never saw the first
+        for t in others:
+            other.report_result(t.result_token, True)
+        assert other.report_result(token, False) is False
+        assert elsewhere.counts[S.DUPLICATE] == 1
+        return
+    assert book.counts[S.ACCEPTED] == before[S.ACCEPTED]
+    assert book.counts[S.DUPLICATE] > before[S.DUPLICATE]
+
+
+def test_results_are_remembered_for_at_least_the_bound_and_memory_stays_bounded():
+    g = guard()
+    g.results = book = ResultBook(limit=2, remembered=64)
+    turns = [ended_turn(g, 0) for _ in range(64 * 5)]
+    tokens = [t.result_token for t in turns]
+    assert all(g.report_result(token, True) for token in tokens)
+    recent = tokens[-64:]  # the last `remembered` results are all still there, in any order
+    assert not any(g.report_result(token, False) for token in reversed(recent))
+    assert 64 <= len(book._results) <= 128
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 64, 1000])
+def test_remembered_holds_the_last_limit_digests_and_at_most_twice_as_many(limit):
+    seen = Remembered(limit)
+    digests = [random.Random(i * 7919 + limit).getrandbits(64) for i in range(10 * limit)] + [0, 2**64 - 1]
+    for i, digest in enumerate(digests):
+        seen.add(digest)
+        assert digest in seen
+        if limit <= 64 or i % (limit // 4) == 0:
+            assert all(d in seen for d in digests[max(0, i + 1 - limit):i + 1])
+        assert len(seen) <= 2 * limit
+    assert sum(d in seen for d in digests) <= 2 * limit
+    slots = 16
+    while slots < 2 * limit:
+        slots *= 2
+    assert sys.getsizeof(seen._newer) + sys.getsizeof(seen._older) <= 2 * (slots * 8 + 100)

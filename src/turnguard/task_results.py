@@ -6,6 +6,9 @@ afterwards (a thumbs-up, a CI run an hour later). A late result needs the turn i
 the guard remembers its recently ended turns here (``ResultBook``): at most ``MAX_RECENT_TURNS``
 (then the oldest is forgotten, as *expired*), and the ids of at most as many expired ones (then
 they are *unknown*). A turn id counts by its text (``model.id_text``: ``12345`` is ``"12345"``).
+The first result for a turn stands: the book also remembers an 8-byte digest of each turn id that
+got a result (``Remembered``: at least the last ``MAX_REMEMBERED_RESULTS``), so a second one is
+*duplicate* long after the turn itself was forgotten.
 
 A result from another process comes with the turn's *result token* (``turn.result_token``,
 ``result_token``): a short ASCII string holding the turn id and the labels its late result is
@@ -34,7 +37,9 @@ import functools
 import hashlib
 import hmac
 import re
+import secrets
 import threading
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,6 +52,10 @@ if TYPE_CHECKING:
 
 MAX_RECENT_TURNS = 10_000
 """Ended turns a late result can still reach (a summary each: a few hundred bytes)."""
+MAX_REMEMBERED_RESULTS = 2**17
+"""Results the book remembers by an 8-byte digest of their turn id (at least the last 131,072, at
+most twice as many; 16 to 32 bytes each), so that a second result for a turn is ``duplicate`` long
+after the turn left the book: at most 4 MiB."""
 MAX_COUNT = 2**62
 """The largest call count or cap a token may carry (``config.MAX_CALLS``)."""
 TOKEN_VERSION = "tg1"
@@ -59,7 +68,8 @@ class ResultStatus(enum.StrEnum):
 
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
-    """The turn already has a result (the first one stands; also for a turn id that ended twice)."""
+    """The turn already has a result (the first one stands; also for a turn id that ended twice,
+    and after the turn left the book: ``MAX_REMEMBERED_RESULTS``)."""
     UNKNOWN = "unknown"
     """No such turn among the recent ones (never seen, or forgotten long ago)."""
     EXPIRED = "expired"
@@ -114,6 +124,69 @@ class Ended:
     labels: ResultLabels | None = None
 
 
+class Remembered:
+    """Whether a 64-bit digest was added, for at least the last ``limit`` ones added and at most
+    twice as many (then the oldest are forgotten): two open-addressing tables of 8-byte slots, the
+    newer one filling up to ``limit`` digests at half load, then the older one dropped. A digest
+    costs 16 to 32 bytes, whatever it digests, and the tables grow only as digests come. Not
+    thread-safe (the book's lock guards it)."""
+
+    __slots__ = ("_count", "_newer", "_older", "limit")
+
+    _FIRST_SLOTS = 16
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        self.limit = limit
+        self._newer = array("Q", [0]) * self._FIRST_SLOTS
+        self._older: array[int] | None = None
+        self._count = 0
+
+    def __contains__(self, digest: int) -> bool:
+        digest = digest or 1  # 0 marks an empty slot
+        return _holds(self._newer, digest) or (self._older is not None and _holds(self._older, digest))
+
+    def add(self, digest: int) -> None:
+        digest = digest or 1
+        if digest in self:
+            return
+        if self._count >= self.limit:  # the newer table is full: it becomes the older one
+            self._older, self._newer, self._count = self._newer, array("Q", [0]) * self._FIRST_SLOTS, 0
+        elif 2 * (self._count + 1) > len(self._newer):
+            grown = array("Q", [0]) * (2 * len(self._newer))
+            for kept in self._newer:
+                if kept:
+                    _put(grown, kept)
+            self._newer = grown
+        _put(self._newer, digest)
+        self._count += 1
+
+    def __len__(self) -> int:
+        """Digests remembered (those of the older table included)."""
+        return self._count + (0 if self._older is None else sum(1 for kept in self._older if kept))
+
+
+def _holds(table: array[int], digest: int) -> bool:
+    mask = len(table) - 1
+    at = digest & mask
+    while True:
+        kept = table[at]
+        if kept == digest:
+            return True
+        if not kept:
+            return False
+        at = (at + 1) & mask
+
+
+def _put(table: array[int], digest: int) -> None:
+    mask = len(table) - 1
+    at = digest & mask
+    while table[at]:
+        at = (at + 1) & mask
+    table[at] = digest
+
+
 class ResultBook:
     """The recently ended turns, for late results, and how many results got each status;
     thread-safe, bounded (``limit`` turns, and as many expired ids).
@@ -122,7 +195,7 @@ class ResultBook:
     key: the tokens this book makes and takes carry the one and are checked with the other."""
 
     def __init__(self, limit: int = MAX_RECENT_TURNS, *, edges: tuple[int, int | None] = (100, 1000),
-                 digest_key: str | None = None) -> None:
+                 digest_key: str | None = None, remembered: int = MAX_REMEMBERED_RESULTS) -> None:
         self.limit = limit
         self.edges = edges
         self.digest_key = digest_key
@@ -130,6 +203,9 @@ class ResultBook:
         """Results reported, by status (in the turn and later)."""
         self._ended: OrderedDict[str, Ended] = OrderedDict()
         self._expired: OrderedDict[str, None] = OrderedDict()
+        self._results = Remembered(remembered)
+        """The turn ids that got a result (``_digest``), however long ago their turn left the book."""
+        self._secret = secrets.token_bytes(16)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -151,7 +227,12 @@ class ResultBook:
                     self.counts[ResultStatus.DUPLICATE] += 1
                 resolved = old.resolved
             elif resolved is not None:
-                self.counts[ResultStatus.ACCEPTED] += 1
+                if key is not None and self._digest(key) in self._results:
+                    self.counts[ResultStatus.DUPLICATE] += 1  # its id's first result came long ago
+                else:
+                    self.counts[ResultStatus.ACCEPTED] += 1
+                    if key is not None:
+                        self._results.add(self._digest(key))
             if key is not None:  # an id with no text cannot be reported later
                 self._remember(key, Ended(summary, guard, resolved, policy))
 
@@ -191,18 +272,30 @@ class ResultBook:
         if entry is None and TOKEN_PATTERN.match(text):
             if labels is None:
                 return ResultStatus.INVALID_TOKEN, None
-            entry = self._ended.get(labels.turn_id)
-            if entry is None:  # a turn another process ran: known from here on by its token
-                self._expired.pop(labels.turn_id, None)
-                entry = self._remember(labels.turn_id, Ended(None, None, resolved, labels.policy or "",
-                                                             labels=labels))
+            text = labels.turn_id
+            entry = self._ended.get(text)
+            if entry is None and self._digest(text) not in self._results:
+                # a turn another process ran (or one that left the book): known from here on by its token
+                self._expired.pop(text, None)
+                self._results.add(self._digest(text))
+                entry = self._remember(text, Ended(None, None, resolved, labels.policy or "", labels=labels))
                 return ResultStatus.ACCEPTED, entry
         if entry is None:
+            if self._digest(text) in self._results:  # its turn left the book, its result stands
+                return ResultStatus.DUPLICATE, None
             return (ResultStatus.EXPIRED if text in self._expired else ResultStatus.UNKNOWN), None
-        if entry.resolved is not None:
+        digest = self._digest(text)
+        if entry.resolved is not None or digest in self._results:  # (an id that ended again)
             return ResultStatus.DUPLICATE, entry
         entry.resolved = resolved
+        self._results.add(digest)
         return ResultStatus.ACCEPTED, entry
+
+    def _digest(self, key: str) -> int:
+        """The 8 bytes ``_results`` remembers a turn id by (keyed by a secret of the book's own)."""
+        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8, key=self._secret,
+                                 person=b"tg-result-seen")
+        return int.from_bytes(digest.digest(), "little")
 
     def _remember(self, key: str, entry: Ended) -> Ended:
         self._expired.pop(key, None)
