@@ -5,6 +5,7 @@
 - ``results``: ``[[result token, resolved], ...]``, each reported with ``guard.report_result`` on a
   guard of the probe fleet's configuration that never saw the turns (a process of its own);
 - ``recorder_path``: where that guard records the results (``null``: no recorder);
+- ``digest_key``: the fleet's key (optional; ``null``: none), so that the tokens' labels are trusted;
 - ``otlp_endpoint``: an OTLP/HTTP metrics endpoint (``null``: no telemetry), exported to once,
   after the last result, as the service instance ``instance``.
 
@@ -30,7 +31,7 @@ def report(request: dict[str, Any]) -> dict[str, Any]:
     import probe_fleet as pf
 
     endpoint = request.get("otlp_endpoint")
-    options: dict[str, Any] = {"recorder_path": request.get("recorder_path")}
+    options: dict[str, Any] = {"recorder_path": request.get("recorder_path"), "digest_key": request.get("digest_key")}
     if endpoint is None:
         options["disable_plugins"] = ("otel",)
         pf.in_another_guard(pf.probe_config(**options))(request["results"])

@@ -38,6 +38,10 @@ from typing import Any
 import turnguard as tg
 
 SOFT_CAP = 100
+FLEET_KEY = "probe-fleet-key"
+"""The ``digest_key`` the fleet and its other process share where that process's metrics must carry
+the turns' own labels: a keyless token is anyone's, and its policy and agent count as ``_token``
+in a process that never showed them."""
 PROBE = {"rate": 0.1, "hard_multiplier": 20, "stuck_signal": "stale_repeat", "streak_stop_at": 16}
 """The probe: one turn in ten, a 20x backstop, the stale signal and a streak stop at 16 (more lenient
 on every threshold)."""
@@ -167,15 +171,18 @@ def in_another_guard(config: tg.GuardConfig, **options: Any) -> ReportElsewhere:
 
 
 def in_another_process(recorder_path: str | None = None, *, otlp_endpoint: str | None = None, instance: str = "",
-                       exported: Callable[[dict[str, Any]], object] | None = None) -> ReportElsewhere:
+                       exported: Callable[[dict[str, Any]], object] | None = None,
+                       digest_key: str | None = None) -> ReportElsewhere:
     """A process of its own (``tests/late_results.py``) taking the results by token on a guard of the
-    fleet's configuration, recording them to ``recorder_path`` and exporting its metrics once to
-    ``otlp_endpoint`` as the service instance ``instance``; ``exported`` gets what it exported."""
+    fleet's configuration (with ``digest_key``), recording them to ``recorder_path`` and exporting its
+    metrics once to ``otlp_endpoint`` as the service instance ``instance``; ``exported`` gets what it
+    exported."""
     def report(pairs: list[tuple[str, bool]]) -> None:
         import late_results
 
         answer = late_results.in_another_process({"results": pairs, "recorder_path": recorder_path,
-                                                  "otlp_endpoint": otlp_endpoint, "instance": instance})
+                                                  "otlp_endpoint": otlp_endpoint, "instance": instance,
+                                                  "digest_key": digest_key})
         assert answer["taken"] == len(pairs), answer
         if exported is not None:
             exported(answer)

@@ -77,14 +77,16 @@ RECORDED = ("turns.jsonl", "elsewhere.jsonl")
 def probe_run(request, tmp_path_factory) -> Iterable[FleetRun]:
     """The probe fleet over OTLP through the shipped Collector into Prometheus; the results from
     another process come from another OS process (``tests/late_results.py``), whose guard never saw
-    the turns, exporting as a service instance of its own and recording to a file of its own."""
+    the turns, exporting as a service instance of its own and recording to a file of its own. The
+    two share the fleet's ``digest_key``: the tokens' labels are trusted, as a fleet's should be."""
     workdir = tmp_path_factory.mktemp(f"probe-fleet-{request.param}")
-    config = pf.probe_config(recorder_path=str(workdir / RECORDED[0]))
+    config = pf.probe_config(recorder_path=str(workdir / RECORDED[0]), digest_key=pf.FLEET_KEY)
     with contextlib.ExitStack() as stack:
         def run(provider: Any, samples: Samples, another: Callable[[], Elsewhere]) -> pf.ProbeTruth:
             other = another()
             elsewhere = pf.in_another_process(str(workdir / RECORDED[1]), otlp_endpoint=other.endpoint,
-                                              instance=other.instance, exported=other.exported)
+                                              instance=other.instance, exported=other.exported,
+                                              digest_key=config.digest_key)
             return pf.run_probe_fleet(tg.Guard(config, environ={}, meter_provider=provider), sample=samples,
                                       gap=samples.gap, report_elsewhere=elsewhere)
 

@@ -23,8 +23,10 @@ import turnguard as tg
 from conftest import drive
 from turnguard.calibrate import cli
 from turnguard.model import MAX_ID_LENGTH
-from turnguard.task_results import TOKEN_VERSION, ResultLabels, read_token, result_token
+from turnguard.task_results import MAX_RECENT_TURNS, TOKEN_VERSION, ResultBook, ResultLabels, read_token, result_token
 from turnguard.telemetry import names as n
+from turnguard.telemetry.cardinality import BoundedValues
+from turnguard.telemetry.metrics import BUILTIN_THRESHOLDS, Instruments, instruments_for
 from turnguard.telemetry.testing import InMemoryTelemetry
 
 S = tg.ResultStatus
@@ -133,20 +135,24 @@ def report_elsewhere(token: str, record: Path, digest_key: str | None = None) ->
 PROBE = {"name": "prod", "soft_cap": 20, "hard_multiplier": 5, "probe": {"rate": 1.0, "hard_multiplier": 10}}
 
 
+@pytest.mark.parametrize("digest_key", ["fleet-secret", None], ids=["keyed", "keyless"])
 @pytest.mark.parametrize("config, calls", [({"name": "prod", "soft_cap": 20, "hard_multiplier": 5}, 500),
                                            (PROBE, 150), (PROBE, 30)], ids=["live-backstop", "probe-past-main",
                                                                             "probe-short"])
-def test_a_token_reported_in_another_process_gives_the_same_point_and_event(tmp_path, config, calls):
+def test_a_token_reported_in_another_process_gives_the_same_point_and_event(tmp_path, config, calls, digest_key):
     otel = InMemoryTelemetry()
-    origin = make_guard(otel, recorder_path=str(tmp_path / "turns.jsonl"), **config)
+    origin = make_guard(otel, recorder_path=str(tmp_path / "turns.jsonl"), digest_key=digest_key, **config)
     here, there = (run_turn(origin, calls, agent_name="coder") for _ in range(2))
     assert here.summary.cohort == there.summary.cohort
     assert origin.report_result(here.turn_id, True) is True  # the in-process late result
-    remote = report_elsewhere(there.result_token, tmp_path / "ci.jsonl")
+    remote = report_elsewhere(there.result_token, tmp_path / "ci.jsonl", digest_key)
     assert remote["taken"] == [True, False] and remote["counts"] == {"accepted": 1, "duplicate": 1}
     accepted = [p for p in remote["points"] if p[n.RESULT_STATUS] == "accepted"]
     assert [p.pop("value") for p in accepted] == [1]
-    assert accepted == [result_point(otel)]  # the same labels: policy, cohort, bucket, thresholds, agent
+    expected = result_point(otel)  # the same labels: policy, cohort, bucket, thresholds, agent
+    if digest_key is None:  # anyone's token: what the receiver ("ci", S=7, no turn yet) does not show is _token
+        expected |= {n.POLICY: n.TOKEN_VALUE, n.GEN_AI_AGENT_NAME: n.TOKEN_VALUE, n.TURN_CALLS_BUCKET: n.TOKEN_VALUE}
+    assert accepted == [expected]
     (event,) = remote["events"]
     local = event_attributes(otel)
     assert event.pop(n.TURN_ID) == there.turn_id and local.pop(n.TURN_ID) == here.turn_id
@@ -191,11 +197,28 @@ def test_a_plain_turn_id_keeps_working_and_a_token_back_home_is_the_same_turn():
     assert guard.results.counts[S.ACCEPTED] == 2 and guard.results.counts[S.DUPLICATE] == 2
 
 
-def test_another_guard_in_this_process_takes_a_token(otel):
-    turn = run_turn(make_guard(name="agent-side"), 3)
-    other = make_guard(otel, name="reporter")
+@pytest.mark.parametrize("digest_key", ["fleet-secret", None], ids=["keyed", "keyless"])
+def test_another_guard_in_this_process_takes_a_token(otel, digest_key):
+    turn = run_turn(make_guard(name="agent-side", digest_key=digest_key), 3, agent_name="coder")
+    other = make_guard(otel, name="reporter", digest_key=digest_key)
     assert other.report_result(turn.result_token, True) is True
-    assert result_point(otel)[n.POLICY] == "agent-side"
+    point = result_point(otel)
+    shown = "agent-side" if digest_key else n.TOKEN_VALUE  # keyless: the provider never showed it
+    assert (point[n.POLICY], point[n.GEN_AI_AGENT_NAME]) == (shown, "coder" if digest_key else n.TOKEN_VALUE)
+    assert (point[n.TURN_CALLS_BUCKET], point[n.LOOP_THRESHOLD], point[n.TURN_COHORT]) == ("5", "none", "live")
+
+
+def test_a_keyless_token_keeps_the_labels_its_receiver_shows_already(otel):
+    """A keyless token is anyone's; its labels count when the metrics show those values already:
+    here, another guard on the same provider ran the turn (a host's replica, the reporter in the
+    agents' process), so its policy, agent, bucket and threshold are all shown."""
+    origin = make_guard(otel, name="agent-side", max_tool_calls_per_turn=30)
+    turn = run_turn(origin, 40, agent_name="coder")
+    reporter = make_guard(otel, name="reporter")
+    assert reporter.report_result(turn.result_token, True) is True
+    point = result_point(otel)
+    assert (point[n.POLICY], point[n.GEN_AI_AGENT_NAME], point[n.TURN_CALLS_BUCKET], point[n.LOOP_THRESHOLD]) == (
+        "agent-side", "coder", "50", "explicit")
 
 
 def test_a_turn_id_that_ends_twice_keeps_its_first_result():
@@ -218,24 +241,108 @@ def test_integer_turn_ids_are_reported_by_their_text():
     assert read_token(turn.result_token).turn_id == "12345"
 
 
-def test_token_labels_pass_the_receiving_guards_bounds(otel):
-    receiver = make_guard(otel)
-    receiver.report_result(run_turn(make_guard(), 1).result_token, True)  # the instruments exist now
-    from turnguard.telemetry.metrics import instruments_for
+def test_keyed_token_labels_pass_the_receiving_guards_bounds(otel):
+    """With a key a token is the fleet's own: its labels are admitted like the turns' own, within
+    the same bounds (a value past one is _other)."""
+    receiver = make_guard(otel, digest_key="fleet-secret")
+    receiver.report_result(run_turn(make_guard(digest_key="fleet-secret"), 1).result_token, True)
     instruments = instruments_for(otel.meter_provider, receiver.config)
     instruments.agents.limit = len(instruments.agents) + 2
     instruments.policies.limit = len(instruments.policies) + 2
     for i in range(6):
-        forged = ResultLabels(turn_id=f"forged-{i}", cohort="beta" if i % 2 else "probe", policy=f"policy-{i}",
+        labels = ResultLabels(turn_id=f"keyed-{i}", cohort="beta" if i % 2 else "probe", policy=f"policy-{i}",
                               tool_calls=10**i, threshold=f"threshold-{i}", reason=f"reason-{i}",
                               agent_name=f"agent-{i}", main_threshold=f"main-{i}", edge_soft_cap=3 + i,
                               edge_hard_cap=None)
-        assert receiver.report_result(result_token(forged), True) is True
+        assert receiver.report_result(result_token(labels, "fleet-secret"), True) is True
     points = [p.attributes for p in otel.points(n.METRIC_TURN_RESULTS[0])]
     assert {p[n.TURN_COHORT] for p in points} == {"live", "probe", n.OVERFLOW_VALUE}
-    assert n.OVERFLOW_VALUE in {p[n.GEN_AI_AGENT_NAME] for p in points if n.GEN_AI_AGENT_NAME in p}
-    assert n.OVERFLOW_VALUE in {p[n.POLICY] for p in points}
+    assert {p[n.GEN_AI_AGENT_NAME] for p in points if n.GEN_AI_AGENT_NAME in p} == {"agent-0", "agent-1",
+                                                                                  n.OVERFLOW_VALUE}
+    assert n.OVERFLOW_VALUE in {p[n.POLICY] for p in points} and "threshold-5" in {p[n.LOOP_THRESHOLD] for p in points}
     assert all(n.TURN_ID not in p for p in points)
+
+
+# -- keyless tokens are anyone's: they never decide what the boards show, nor what the book holds ----
+
+def bounded_sets(instruments: Instruments) -> dict[str, frozenset[str]]:
+    """Every bounded label set of ``instruments``, by attribute, as it is now."""
+    found = {name: frozenset(values._seen) for name, values in vars(instruments).items()
+             if isinstance(values, BoundedValues)}
+    assert len(found) >= 10  # every one of them: policies, agents, thresholds, buckets, tools, reasons...
+    return found
+
+
+def forged_labels(rng: random.Random, i: int, turn_ids: list[str]) -> ResultLabels:
+    """Any labels: new values, built-in ones, values the receiver shows, a real turn's id."""
+    def text(kind: str) -> str | None:
+        return rng.choice([None, "", f"{kind}-{i}", f"{kind}-{rng.randrange(10**9)}", "explicit", "coder",
+                           "default", "hard_backstop", "+Inf", "_other", "é\udc80" * rng.randrange(3), "x" * 90])
+    return ResultLabels(
+        turn_id=rng.choice(turn_ids) if turn_ids and i % 7 == 0 else f"forged-{i}-{rng.randrange(10**6)}",
+        cohort=rng.choice(["live", "probe", "beta", f"c{i}"]), policy=text("policy"),
+        tool_calls=rng.choice([0, 1, i, rng.randrange(2**62)]), threshold=text("threshold"), reason=text("reason"),
+        agent_name=text("agent"), main_threshold=text("main"), edge_soft_cap=rng.choice([0, 1, 3 + i, 100]),
+        edge_hard_cap=rng.choice([None, 7 + i, 1000]))
+
+
+def test_forged_tokens_in_any_number_with_any_labels_leave_every_label_set_untouched(otel):
+    host = make_guard(otel, max_tool_calls_per_turn=30, name="prod")
+    ours = [run_turn(host, 40, agent_name="coder") for _ in range(3)]  # each halted by "explicit"
+    instruments = instruments_for(otel.meter_provider, host.config)
+    before = bounded_sets(instruments)
+    rng = random.Random(7)
+    shown = set().union(*before.values()) | set(instruments.edge_buckets) | BUILTIN_THRESHOLDS
+    turn_ids = [t.turn_id for t in ours]
+    for i in range(1_200):  # past every bound: 100 thresholds and policies, 1,000 agents and buckets
+        forged = result_token(forged_labels(rng, i, turn_ids))
+        if forged is not None:
+            host.report_result(forged, bool(i % 2))
+    assert bounded_sets(instruments) == before
+    for point in otel.points(n.METRIC_TURN_RESULTS[0]):
+        for key in (n.POLICY, n.GEN_AI_AGENT_NAME, n.LOOP_THRESHOLD, n.PROBE_MAIN_THRESHOLD, n.TURN_CALLS_BUCKET):
+            assert point.attributes.get(key, "none") in shown | {n.TOKEN_VALUE, n.OVERFLOW_VALUE, n.NO_THRESHOLD}
+    after = run_turn(host, 40, agent_name="coder")  # the host's own labels are still its own
+    assert after.summary.threshold == "explicit"
+    detections = {p.attributes[n.LOOP_THRESHOLD] for p in otel.points(n.METRIC_DETECTIONS[0])}
+    assert detections == {"explicit"}
+    assert all(host.report_result(t.turn_id, True) for t in [*ours, after])
+    results = [p.attributes for p in otel.points(n.METRIC_TURN_RESULTS[0]) if p.attributes[n.POLICY] == "prod"
+               and p.attributes[n.RESULT_STATUS] == "accepted" and p.attributes.get(n.GEN_AI_AGENT_NAME) == "coder"
+               and p.attributes[n.LOOP_THRESHOLD] == "explicit" and p.attributes[n.TURN_CALLS_BUCKET] == "50"]
+    assert results
+
+
+@pytest.mark.parametrize("limit", [3, MAX_RECENT_TURNS])
+def test_forged_tokens_never_push_the_hosts_own_turns_out_of_the_book(limit):
+    host = make_guard()
+    if limit != MAX_RECENT_TURNS:
+        host.results = ResultBook(limit=limit)
+    ours = [run_turn(host, 1) for _ in range(limit)]
+    held = list(host.results._ended)
+    rng = random.Random(limit)
+    turn_ids = [t.turn_id for t in ours]
+    fresh = [result_token(forged_labels(rng, i, [])) for i in range(1, limit + 2)]  # more than the book holds
+    naming_ours = [result_token(forged_labels(rng, 7 * i, turn_ids)) for i in range(20)]
+    taken = [host.report_result(token, True) for token in fresh + naming_ours]
+    assert sum(taken) > limit  # taken (anyone's token is), but elsewhere than the book
+    assert list(host.results._ended) == held
+    assert [host.report_result(t.turn_id, False) for t in ours] == [True] * limit
+    assert all(t.summary.resolved is None for t in ours)
+
+
+def test_a_keyless_token_naming_a_turn_of_this_guard_is_that_turn_only_when_it_is_its_token():
+    host = make_guard()
+    turn = run_turn(host, 2, agent_name="coder")
+    genuine = read_token(turn.result_token)
+    forged = [result_token(dataclasses.replace(genuine, remote=False, trusted=True, **other))
+              for other in ({"agent_name": "intruder"}, {"tool_calls": 99}, {"threshold": "explicit"},
+                            {"cohort": "probe"})]
+    # anyone's result for that id, reported on its own labels, apart from the turn (then duplicates)
+    assert [host.report_result(token, False) for token in forged] == [True, False, False, False]
+    assert turn.summary.resolved is None and len(host.results) == 1
+    assert host.report_result(turn.turn_id, True) is True  # the turn's own result is still the host's
+    assert host.report_result(turn.result_token, True) is False
 
 
 # -- hostile input: never raised, always counted ------------------------------------------------

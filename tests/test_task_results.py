@@ -210,7 +210,7 @@ def test_results_are_remembered_for_at_least_the_bound_and_memory_stays_bounded(
     assert all(g.report_result(token, True) for token in tokens)
     recent = tokens[-64:]  # the last `remembered` results are all still there, in any order
     assert not any(g.report_result(token, False) for token in reversed(recent))
-    assert 64 <= len(book._results) <= 128
+    assert 64 <= len(book._token_results) <= 128 and len(book._results) == book.limit  # the last in the book
 
 
 @pytest.mark.parametrize("limit", [1, 2, 5, 64, 1000])

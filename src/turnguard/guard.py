@@ -180,12 +180,14 @@ class Guard:
         """Report whether an ended turn's task succeeded (a user's verdict, a CI run later on):
         ``True`` when taken. ``turn_id`` is the id of a turn this guard (or its probe) ended, or a
         ``turn.result_token`` from any guard in any process with the same ``digest_key``: it is
-        reported as the turn's own guard would report it. A second result for a turn (the first
-        stands), an unknown or expired turn, a non-bool, an id that is no string or integer, a
-        token that is garbled, truncated or forged, or a result after ``shutdown()`` is ignored and
-        counted (``results.counts``, the ``turnguard.turn.results`` metric), never raised."""
+        reported as the turn's own guard would report it (without a key, anyone can make a token:
+        its labels show only values the metrics show already, ``_token`` otherwise, and a token's
+        result never takes the place of a turn this guard ran). A second result for a turn (the
+        first stands), an unknown or expired turn, a non-bool, an id that is no string or integer,
+        a token that is garbled, truncated or forged, or a result after ``shutdown()`` is ignored
+        and counted (``results.counts``, the ``turnguard.turn.results`` metric), never raised."""
         status, entry, labels = self.results.report(turn_id, resolved, closed=self._closed)
-        owner = entry.guard if entry is not None and entry.guard is not None else self
+        owner = entry.guard if entry is not None else self
         if labels is not None:
             reported_id = labels.turn_id
         else:

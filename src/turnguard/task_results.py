@@ -14,7 +14,10 @@ A result from another process comes with the turn's *result token* (``turn.resul
 ``result_token``): a short ASCII string holding the turn id and the labels its late result is
 reported with (``ResultLabels``), so any guard can report it as the turn's own guard would. Every
 report gets a ``ResultStatus``; only ``ACCEPTED`` changes anything, the others are counted and
-ignored, never raised: a report's id and token are untrusted input.
+ignored, never raised: a report's id and token are untrusted input. A token's result never enters
+the book of this process's own turns (so no number of tokens pushes one of them out): the turn is
+remembered by its digest alone, apart from the host's own results (``Remembered``, one for each).
+A token naming a turn in the book is that turn's only when it is the very token the turn has.
 
 The token, version 1: ``tg1.<turn id>.<cohort>.<policy>.<tool calls>.<edge S>.<edge H>.
 <threshold>.<reason>.<agent>.<main threshold>.<check>``. Each text field keeps ``A-Z a-z 0-9 _ -``
@@ -24,8 +27,10 @@ label that did not fit. ``edge S`` / ``edge H`` are the soft cap and backstop th
 histogram edges come from (its call bucket is computed from them, so it is the bucket the turn's
 own guard reports). ``check`` is 16 hex digits of BLAKE2b over the rest, keyed by the guard's
 ``digest_key`` when it has one: a token is taken only by a guard with the same key (or, like its
-own, none), so a garbled or truncated token is refused, and with a key a forged one too. A token
-is at most ``MAX_ID_LENGTH`` characters: when the labels do not fit, the agent name goes first,
+own, none), so a garbled or truncated token is refused, and with a key a forged one too. Without
+a key anyone can make a token, with any labels: its labels are not ``trusted``, and telemetry
+shows of them only values it shows already (``telemetry.metrics.Instruments.result_labels``). A
+token is at most ``MAX_ID_LENGTH`` characters: when the labels do not fit, the agent name goes first,
 then the end reason, the policy name, the main threshold and the threshold (each then reported as
 the overflow value, ``_other``); a turn whose id alone does not fit has no token (``None``).
 """
@@ -55,7 +60,8 @@ MAX_RECENT_TURNS = 10_000
 MAX_REMEMBERED_RESULTS = 2**17
 """Results the book remembers by an 8-byte digest of their turn id (at least the last 131,072, at
 most twice as many; 16 to 32 bytes each), so that a second result for a turn is ``duplicate`` long
-after the turn left the book: at most 4 MiB."""
+after the turn left the book: at most 4 MiB, for the host's own results and, apart, as much for
+results taken by token."""
 MAX_COUNT = 2**62
 """The largest call count or cap a token may carry (``config.MAX_CALLS``)."""
 TOKEN_VERSION = "tg1"
@@ -108,20 +114,22 @@ class ResultLabels:
     """The soft cap and backstop the turn's histogram edges come from."""
     dropped: frozenset[str] = frozenset()
     remote: bool = False
+    trusted: bool = True
+    """``False`` for a token taken without a ``digest_key``: anyone could have made it, so its labels
+    may name values no turn ever had (the boards show only values they show already)."""
 
 
 @dataclass(slots=True)
 class Ended:
-    """A recently ended turn: its summary (``None`` for one known from a token), the guard whose
-    plugins saw it, its result so far, its policy's name and, on a probe turn, where the main
-    configuration would have halted it (threshold, call)."""
+    """A recently ended turn of this process: its summary, the guard whose plugins saw it, its
+    result so far, its policy's name and, on a probe turn, where the main configuration would have
+    halted it (threshold, call)."""
 
-    summary: TurnSummary | None
+    summary: TurnSummary
     guard: Any
     resolved: bool | None
     policy: str = ""
     main: tuple[str, int] | None = None
-    labels: ResultLabels | None = None
 
 
 class Remembered:
@@ -204,7 +212,12 @@ class ResultBook:
         self._ended: OrderedDict[str, Ended] = OrderedDict()
         self._expired: OrderedDict[str, None] = OrderedDict()
         self._results = Remembered(remembered)
-        """The turn ids that got a result (``_digest``), however long ago their turn left the book."""
+        """The turn ids of this process's turns that got a result (``_digest``), however long ago
+        their turn left the book."""
+        self._token_results = Remembered(remembered)
+        """The turn ids results came for by token, for turns not in the book (another process's,
+        or forgotten here): apart, so that tokens, which anyone may make without a key, never
+        push out what the host's own results are remembered by."""
         self._secret = secrets.token_bytes(16)
         self._lock = threading.Lock()
 
@@ -242,7 +255,7 @@ class ResultBook:
         key = id_text(turn_id)
         with self._lock:
             entry = self._ended.get(key) if key is not None else None
-            if entry is not None and entry.summary is not None:
+            if entry is not None:
                 entry.main = (threshold, call)
 
     def report(self, turn_id: Any, resolved: Any, *,
@@ -256,8 +269,8 @@ class ResultBook:
         with self._lock:
             status, entry = self._take(text, resolved, labels, closed)
             self.counts[status] += 1
-        if entry is not None:  # a turn known here is reported with what is known here
-            labels = entry.labels if entry.summary is None else self.labels_of(entry.summary, entry.policy, entry.main)
+        if entry is not None:  # a turn of this process is reported with what is known here
+            labels = self.labels_of(entry.summary, entry.policy, entry.main)
         return status, entry, labels
 
     def _take(self, text: str | None, resolved: Any, labels: ResultLabels | None,
@@ -272,24 +285,31 @@ class ResultBook:
         if entry is None and TOKEN_PATTERN.match(text):
             if labels is None:
                 return ResultStatus.INVALID_TOKEN, None
-            text = labels.turn_id
+            token, text = text, labels.turn_id
             entry = self._ended.get(text)
-            if entry is None and self._digest(text) not in self._results:
-                # a turn another process ran (or one that left the book): known from here on by its token
-                self._expired.pop(text, None)
-                self._results.add(self._digest(text))
-                entry = self._remember(text, Ended(None, None, resolved, labels.policy or "", labels=labels))
-                return ResultStatus.ACCEPTED, entry
+            if entry is not None and not hmac.compare_digest(token, self._token_of(entry)):
+                entry = None  # not that turn's own token: another turn of its id's, or made up
+            if entry is None:  # a turn another process ran, or one that left the book
+                digest = self._digest(text)
+                if digest in self._results or digest in self._token_results:
+                    return ResultStatus.DUPLICATE, None
+                self._token_results.add(digest)  # never the book: a token may be anyone's
+                return ResultStatus.ACCEPTED, None
         if entry is None:
-            if self._digest(text) in self._results:  # its turn left the book, its result stands
+            digest = self._digest(text)
+            if digest in self._results or digest in self._token_results:  # its result stands
                 return ResultStatus.DUPLICATE, None
             return (ResultStatus.EXPIRED if text in self._expired else ResultStatus.UNKNOWN), None
         digest = self._digest(text)
         if entry.resolved is not None or digest in self._results:  # (an id that ended again)
-            return ResultStatus.DUPLICATE, entry
+            return ResultStatus.DUPLICATE, entry  # (a token's result for the id does not count here)
         entry.resolved = resolved
         self._results.add(digest)
         return ResultStatus.ACCEPTED, entry
+
+    def _token_of(self, entry: Ended) -> str:
+        """The token of a turn in the book, as its own guard made it (``""``: it has none)."""
+        return result_token(self.labels_of(entry.summary, entry.policy, entry.main), self.digest_key) or ""
 
     def _digest(self, key: str) -> int:
         """The 8 bytes ``_results`` remembers a turn id by (keyed by a secret of the book's own)."""
@@ -297,7 +317,7 @@ class ResultBook:
                                  person=b"tg-result-seen")
         return int.from_bytes(digest.digest(), "little")
 
-    def _remember(self, key: str, entry: Ended) -> Ended:
+    def _remember(self, key: str, entry: Ended) -> None:
         self._expired.pop(key, None)
         self._ended[key] = entry
         self._ended.move_to_end(key)
@@ -306,7 +326,6 @@ class ResultBook:
             self._expired[old] = None
             if len(self._expired) > self.limit:
                 self._expired.popitem(last=False)
-        return entry
 
     # -- labels and tokens -------------------------------------------------------------------
 
@@ -422,7 +441,7 @@ def read_token(token: str, digest_key: str | None = None) -> ResultLabels | None
             turn_id=_unescape(turn_id) or "", cohort=_unescape(cohort) or "", policy=_unescape(policy),
             tool_calls=_number(calls) or 0, threshold=_unescape(threshold), reason=_unescape(reason),
             agent_name=_unescape(agent), main_threshold=_unescape(main), edge_soft_cap=_number(soft_cap) or 0,
-            edge_hard_cap=_number(hard_cap, optional=True) or None, remote=True,
+            edge_hard_cap=_number(hard_cap, optional=True) or None, remote=True, trusted=digest_key is not None,
             dropped=frozenset(name for name, field in zip(("policy", "threshold", "reason", "agent_name",
                                                            "main_threshold"),
                                                           (policy, threshold, reason, agent, main), strict=True)

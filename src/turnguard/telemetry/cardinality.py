@@ -42,5 +42,11 @@ class BoundedValues:
             seen.add(value)
             return value
 
+    def known(self, value: object) -> str | None:
+        """``value``'s exported text when it was admitted already, else ``None``; it admits nothing
+        (for values from untrusted input, which must not decide what is shown)."""
+        value = export_text(value)
+        return value if value in self._seen else None
+
     def __len__(self) -> int:
         return len(self._seen)

@@ -13,6 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from turnguard.model import Threshold
 from turnguard.probe import COHORTS
 from turnguard.telemetry import buckets
 from turnguard.telemetry import names as n
@@ -20,7 +21,7 @@ from turnguard.telemetry.cardinality import BoundedValues
 from turnguard.telemetry.text import export_text
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from opentelemetry import metrics
     from opentelemetry.context import Context
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from turnguard.config import GuardConfig
     from turnguard.model import LoopDetectedEvent, TurnSummary
     from turnguard.task_results import ResultLabels
+
+
+BUILTIN_THRESHOLDS = frozenset(t.value for t in Threshold)
+"""The thresholds turnguard's own policies give (a closed set; a third-party policy may add more)."""
 
 
 def _histogram(
@@ -99,6 +104,8 @@ class Instruments:
             "Streaks of stateful tools restarted by a changed result (progress), by tool.",
         )
         self.tool_call_edges = tool_call_edges
+        self.edge_buckets = frozenset(f"{edge:g}" for edge in tool_call_edges) | {"+Inf"}
+        """The ``turnguard.turn.tool_calls_bucket`` values of this provider's own edges: a closed set."""
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
         self.policies = BoundedValues(n.POLICY_LIMIT)
         self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
@@ -152,33 +159,63 @@ class Instruments:
                     scope: dict[str, Any]) -> None:
         """One reported result; a known turn adds its policy, cohort, call bucket and ending
         threshold (a probe turn also where the main configuration would have halted it), each
-        bounded like any label: from a token (untrusted), a value past a bound, or one the token
-        had no room for, is the overflow value."""
+        bounded like any label: a value past a bound, or one the token had no room for, is the
+        overflow value; from a token taken without a key, a value not shown already is ``_token``."""
         attrs: dict[str, Any] = {**scope, n.RESULT_STATUS: status, n.TURN_RESOLVED: n.RESOLVED_LABELS[resolved]}
         if labels is not None:
             attrs.update(self.result_labels(labels))
         self.turn_results.add(1, attrs)
 
     def result_labels(self, labels: ResultLabels) -> dict[str, Any]:
-        """The labels of a late result (the results counter's and, but the bucket, its event's)."""
+        """The labels of a late result (the results counter's and, but the bucket, its event's).
+
+        A token taken without a ``digest_key`` (``labels.trusted`` false) could be anyone's, with
+        any labels: it admits no value to a bound. Its cohort, thresholds and call bucket are taken
+        when they are among the values turnguard gives (``live``/``probe``, the built-in thresholds,
+        the buckets of this provider's edges) or shown already, its policy and agent when shown
+        already; any other value is ``_token``. So no number of forged tokens changes which values
+        the boards show, and a real one still counts where its turn's labels are known here."""
         dropped = labels.dropped
         cohort = labels.cohort if labels.cohort in COHORTS else n.OVERFLOW_VALUE
         edges = (buckets.tool_call_edges_for(labels.edge_soft_cap, labels.edge_hard_cap) if labels.remote
                  else self.tool_call_edges)
+        bucket = calls_bucket(edges, labels.tool_calls)
+        policy: Callable[[Any], str]
+        agent: Callable[[Any], str]
+        threshold: Callable[[Any], str]
+        if labels.trusted:
+            policy, agent, threshold = self.policies.fold, self.agents.fold, self.threshold
+            bucket = self.call_buckets.fold(bucket)
+        else:
+            policy, agent, threshold = self._shown(self.policies), self._shown(self.agents), self._shown_threshold
+            if bucket not in self.edge_buckets:
+                bucket = self.call_buckets.known(bucket) or n.TOKEN_VALUE
         attrs: dict[str, Any] = {
-            n.POLICY: n.OVERFLOW_VALUE if labels.policy is None else self.policies.fold(labels.policy),
+            n.POLICY: n.OVERFLOW_VALUE if labels.policy is None else policy(labels.policy),
             n.TURN_COHORT: cohort,
-            n.TURN_CALLS_BUCKET: self.call_buckets.fold(calls_bucket(edges, labels.tool_calls)),
-            n.LOOP_THRESHOLD: n.OVERFLOW_VALUE if "threshold" in dropped else self.threshold(labels.threshold),
+            n.TURN_CALLS_BUCKET: bucket,
+            n.LOOP_THRESHOLD: n.OVERFLOW_VALUE if "threshold" in dropped else threshold(labels.threshold),
         }
         if cohort == "probe":
             attrs[n.PROBE_MAIN_THRESHOLD] = (n.OVERFLOW_VALUE if "main_threshold" in dropped
-                                             else self.threshold(labels.main_threshold))
+                                             else threshold(labels.main_threshold))
         if "agent_name" in dropped:
             attrs[n.GEN_AI_AGENT_NAME] = n.OVERFLOW_VALUE
         elif labels.agent_name is not None:
-            attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(labels.agent_name)
+            attrs[n.GEN_AI_AGENT_NAME] = agent(labels.agent_name)
         return attrs
+
+    @staticmethod
+    def _shown(values: BoundedValues) -> Callable[[Any], str]:
+        """A value as an untrusted token's label: shown already, else ``_token`` (admitting nothing)."""
+        return lambda value: values.known(value) or n.TOKEN_VALUE
+
+    def _shown_threshold(self, value: Any) -> str:
+        if value is None:
+            return n.NO_THRESHOLD
+        if value in BUILTIN_THRESHOLDS:
+            return str(value)
+        return self.thresholds.known(value) or n.TOKEN_VALUE
 
     def shadow_detected(self, policy: str, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
         attrs = self.detection_metric_attributes(event, scope)

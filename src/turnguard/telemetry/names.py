@@ -124,6 +124,10 @@ NO_THRESHOLD = "none"
 """The value of ``turnguard.loop.threshold`` on a turn metric when nothing ended the turn."""
 OVERFLOW_VALUE = "_other"
 """What a tool or agent name beyond the cardinality bound is folded into."""
+TOKEN_VALUE = "_token"
+"""On a late result from a result token taken without a ``digest_key`` (anyone can make one): a
+label whose value the metrics do not show already (a policy, agent, threshold or call bucket no
+turn of this process had), so that untrusted tokens never decide which values are shown."""
 
 # -- limits ----------------------------------------------------------------------------------
 # Cardinality bounds on metric attribute values (distinct values per meter provider): past one,
