@@ -4,10 +4,14 @@ bounded memory; every other report ignored and counted, never raised; and where 
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import io
 import json
 import random
 import sys
+import tracemalloc
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,15 @@ import pytest
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
 from turnguard.calibrate import cli
-from turnguard.task_results import MAX_RECENT_TURNS, Remembered, ResultBook
+from turnguard.model import MAX_ID_LENGTH, TurnSummary, cut_text
+from turnguard.task_results import (
+    _TEXT_FIELDS,
+    MAX_KEPT_ITEMS,
+    MAX_RECENT_TURNS,
+    Remembered,
+    ResultBook,
+    kept_summary,
+)
 from turnguard.telemetry import names as n
 
 S = tg.ResultStatus
@@ -228,3 +240,154 @@ def test_remembered_holds_the_last_limit_digests_and_at_most_twice_as_many(limit
     while slots < 2 * limit:
         slots *= 2
     assert sys.getsizeof(seen._newer) + sys.getsizeof(seen._older) <= 2 * (slots * 8 + 100)
+
+
+# -- what the book keeps of a turn is bounded, whatever its ids and names ---------------------------
+
+MIB = 2**20
+HUGE = ["x" * MIB, "é" * MIB, "\U0001f600" * MIB, "\udc80" * MIB]
+"""Text of a mebibyte of characters, of each width a string can have (a lone surrogate too)."""
+TEXT_BYTES = 4 * MAX_ID_LENGTH + 100
+"""The most a kept text takes: 256 characters of up to 4 bytes each, and the string's header."""
+ENTRY_BYTES = 1024
+"""What the book keeps per turn besides its texts: the summary, the entry, the book's slot."""
+
+
+def deep_size(value: object, seen: set[int] | None = None) -> int:
+    """``sys.getsizeof`` of ``value`` and of every object it holds (a dataclass's fields, a tuple's items)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen or value is None or isinstance(value, (bool, type)):
+        return 0
+    seen.add(id(value))
+    size = sys.getsizeof(value)
+    if dataclasses.is_dataclass(value):
+        size += sum(deep_size(getattr(value, f.name), seen) for f in dataclasses.fields(value))
+    elif isinstance(value, (tuple, list, frozenset, set)):
+        size += sum(deep_size(item, seen) for item in value)
+    return size
+
+
+def huge_summary(text: str) -> TurnSummary:
+    """A summary with ``text`` in every field that can hold text, a tuple of many of them in every
+    tuple field: whatever a host, a model or a plugin could put there, and any field added later."""
+    values = {}
+    for f in dataclasses.fields(TurnSummary):
+        kind = str(f.type)
+        if "tuple[tuple" in kind:
+            values[f.name] = tuple((f"{text}{i}", i) for i in range(300))
+        elif "tuple" in kind:
+            values[f.name] = tuple(f"{text}{i}" for i in range(300))
+        elif "str" in kind:
+            values[f.name] = text
+        elif "bool" in kind:
+            values[f.name] = False
+        elif "float" in kind:
+            values[f.name] = 1.0
+        else:
+            values[f.name] = 1
+    return TurnSummary(**values)
+
+
+@pytest.mark.parametrize("text", HUGE, ids=["ascii", "latin", "emoji", "surrogate"])
+def test_a_kept_summary_is_bounded_in_every_field(text):
+    summary = huge_summary(text)
+    kept = kept_summary(summary)
+    tuples = sum(isinstance(getattr(summary, name), tuple) for name in _TEXT_FIELDS)
+    texts = len(_TEXT_FIELDS) - tuples + tuples * MAX_KEPT_ITEMS  # a text in each field, or a tuple of them
+    assert deep_size(kept) <= texts * TEXT_BYTES + ENTRY_BYTES  # under 20 kB, whatever a host or model sends
+    for f in dataclasses.fields(TurnSummary):
+        value = getattr(kept, f.name)
+        if isinstance(value, str):
+            assert len(value) <= MAX_ID_LENGTH and value == cut_text(getattr(summary, f.name))
+        elif isinstance(value, tuple):
+            assert len(value) <= MAX_KEPT_ITEMS
+    assert (kept.tool_calls, kept.halted, kept.resolved, kept.duration_s) == (1, False, False, 1.0)
+    assert kept.result_restarts[:2] == ((cut_text(text + "0"), 0), (cut_text(text + "1"), 1))
+
+
+def test_a_summary_within_the_bounds_is_kept_as_it_is():
+    g = guard()
+    plain = ended_turn(g, 3, agent_name="coder", conversation_id=12345, turn_id=10**200).summary
+    assert kept_summary(plain) is plain
+    enum_threshold = dataclasses.replace(plain, threshold=tg.Threshold.EXPLICIT, fresh_state=("shadow",),
+                                         result_restarts=(("ci", 2),))
+    assert kept_summary(enum_threshold) is enum_threshold
+    conversation = uuid.uuid4()
+    with_uuid = dataclasses.replace(plain, conversation_id=conversation)
+    assert kept_summary(with_uuid) is with_uuid
+    long_int = dataclasses.replace(plain, turn_id=10**300, conversation_id=b"b" * MIB, agent_name=HostObject())
+    kept = kept_summary(long_int)
+    assert (kept.turn_id, kept.conversation_id) == (cut_text(str(10**300)), cut_text(str(b"b" * MIB)))
+    assert kept.agent_name == "<HostObject>"
+
+
+class HostObject:
+    """An object a host might hand over as an id: huge, and whose text fails."""
+
+    payload = "p" * MIB
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize("text", HUGE[:3], ids=["ascii", "latin", "emoji"])
+def test_turns_with_huge_ids_add_a_bounded_entry_each(text):
+    g = guard()
+    ended_turn(g, 1, turn_id="warm-up", agent_name="a", conversation_id="c")
+    gc.collect()
+    turns = 100
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(turns):
+            with g.turn(turn_id=f"{i}{text}", conversation_id=f"{i}{text}", agent_name=f"{i}{text}") as turn:
+                drive(turn, [distinct_call(0)])
+                turn.end(f"{i}{text}")
+            del turn
+            if i % 10 == 0:
+                gc.collect()
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(g.results) == turns + 1
+    bound = 4 * TEXT_BYTES + ENTRY_BYTES  # four texts cut (ids, agent, reason): 5.5 kB; 3 to 5 kB measured
+    assert used / turns <= bound, f"{used / turns:.0f} bytes per ended turn, more than {bound}"
+
+
+def test_a_turn_with_a_huge_id_is_still_reported_by_it_exactly():
+    g = guard()
+    g.results = ResultBook(limit=4)
+    same_start = ["x" * MIB + "a", "x" * MIB + "b", "x" * (MAX_ID_LENGTH - 1) + "\u2026"]  # one is another's cut
+    turns = [ended_turn(g, 1, turn_id=turn_id) for turn_id in same_start]
+    assert [t.result_token for t in turns[:2]] == [None, None]  # no room in a token: reported by id
+    assert g.report_result(same_start[0], True) is True and g.report_result(same_start[0], True) is False
+    assert g.report_result(same_start[1], False) is True
+    assert g.report_result(same_start[2], False) is True
+    assert g.report_result("x" * MIB + "c", True) is False and g.results.counts[S.UNKNOWN] == 1
+    for _ in range(4):
+        ended_turn(g, 1)
+    assert g.report_result(same_start[1], True) is False  # its first result stands, gone from the book
+    assert all((isinstance(key, bytes) and len(key) == 16) or len(key) <= MAX_ID_LENGTH
+               for key in [*g.results._ended, *g.results._expired])
+
+
+def test_the_late_result_of_a_huge_id_reports_it_cut_as_exported(otel):
+    g = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",)), environ={},
+                 **otel.providers())
+    seen: list[tuple[str, tg.TurnSummary | None]] = []
+
+    class Results:
+        @tg.hookimpl
+        def turnguard_turn_result(self, turn_id, summary):
+            seen.append((turn_id, summary))
+
+    g.register(Results())
+    huge = "é" * MIB
+    with g.turn(turn_id=huge, agent_name=huge) as turn:
+        turn.check_call(tg.ToolCall("read", {}))
+    assert g.report_result(huge, True) is True
+    ((turn_id, summary),) = seen
+    assert turn_id == summary.turn_id == summary.agent_name == cut_text(huge)
+    (record,) = otel.logs(n.TURN_RESULT_EVENT)
+    assert record.attributes[n.TURN_ID] == cut_text(huge)

@@ -47,7 +47,7 @@ from turnguard.model import (
 from turnguard.plugins import plugin_manager
 from turnguard.probe import Cohort
 from turnguard.snapshot import Lineage, cohort_of, resume, snapshot
-from turnguard.task_results import ResultBook, ResultStatus
+from turnguard.task_results import Ended, ResultBook, ResultStatus
 
 _HALT = Action.HALT
 MAX_AWAITING = 4096
@@ -517,7 +517,7 @@ class Turn:
         if suspended:
             self._notify("turnguard_turn_suspended", turn=self.view, summary=summary)
             return
-        self.guard.results.ended(summary, self.guard, self.config.name)
+        self._book_entry = self.guard.results.ended(summary, self.guard, self.config.name)
         self._notify("turnguard_turn_ended", turn=self.view, summary=summary)
 
     @property
@@ -531,10 +531,12 @@ class Turn:
         if summary is None or summary.reason == SUSPENDED:  # put aside: the turn that finishes it has one
             return None
         if self._result_token is None:
-            self._result_token = self.guard.results.token_for(summary, self.config.name)
+            self._result_token = self.guard.results.token_for(self._book_entry)
         return self._result_token
 
     _result_token: str | None = None
+    _book_entry: Ended | None = None
+    """What the results book keeps of the turn once it ended (``ResultBook.ended``)."""
 
     def report_result(self, resolved: bool) -> bool:
         """Report whether the turn's task succeeded, before or after it ends (then it is

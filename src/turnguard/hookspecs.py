@@ -193,14 +193,17 @@ def turnguard_shadow_turn_ended(turn: LedgerView, policy: str, summary: TurnSumm
 def turnguard_turn_result(turn_id: str, summary: TurnSummary | None, resolved: bool | None, status: str,
                           labels: ResultLabels | None) -> None:
     """Observer: a task result was reported after the turn ended (``status`` ``accepted``:
-    ``summary`` is the turn's, as it ended; ``None`` for a result reported with a result token for
-    a turn this guard does not hold: another process's, or one it forgot), or a result was ignored
+    ``summary`` is the turn's as it ended, as the guard keeps it for late results: any text longer
+    than ``MAX_ID_LENGTH`` characters cut, as exported text is, and its tuples to their first items,
+    ``task_results.kept_summary``; ``None`` for a result reported with a result token for a turn
+    this guard does not hold: another process's, or one it forgot), or a result was ignored
     (``duplicate``, ``unknown``, ``expired``, ``after_shutdown``, ``invalid``, ``invalid_id``,
-    ``invalid_token``; ``summary`` is the turn's when it is known). ``labels``
-    (``turnguard.task_results.ResultLabels``) are the facts the result is reported with, from the
-    summary or the token, whenever the turn is known (``labels.trusted`` is false for a token
-    taken without a ``digest_key``: anyone could make it, with any labels). A result reported
-    before the turn ended is ``summary.resolved`` at ``turnguard_turn_ended``.
+    ``invalid_token``; ``summary`` is the turn's when it is known). ``turn_id`` is the turn's id,
+    cut like the summary's. ``labels`` (``turnguard.task_results.ResultLabels``) are the facts the
+    result is reported with, from the summary or the token, whenever the turn is known
+    (``labels.trusted`` is false for a token taken without a ``digest_key``: anyone could make it,
+    with any labels). A result reported before the turn ended is ``summary.resolved`` at
+    ``turnguard_turn_ended``.
 
     No call is under way: an implementation that raises is reported under either ``fail_mode``,
     and the result stands (``report_result`` returns whether it was taken)."""

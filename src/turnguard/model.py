@@ -21,6 +21,16 @@ MAX_ID_LENGTH = 256
 exports (span names, attributes, log records, metric labels): a longer one is cut or refused, so
 nothing a model or a host sends can grow an export or a report without bound."""
 
+CUT_MARK = "\u2026"
+"""The last character of a string cut to ``MAX_ID_LENGTH`` (an ellipsis)."""
+
+
+def cut_text(text: str) -> str:
+    """``text`` within ``MAX_ID_LENGTH`` characters: a longer one is cut, its last character
+    becoming ``CUT_MARK`` (as every exported string is, ``telemetry.text.export_text``)."""
+    return text if len(text) <= MAX_ID_LENGTH else text[: MAX_ID_LENGTH - 1] + CUT_MARK
+
+
 ALL_TOOLS = "*"
 """In ``GuardConfig.stateful_tools``: every tool."""
 OTHER_TOOLS = "_other"

@@ -5,10 +5,14 @@ in this process or in any other.
 afterwards (a thumbs-up, a CI run an hour later). A late result needs the turn it is about, so
 the guard remembers its recently ended turns here (``ResultBook``): at most ``MAX_RECENT_TURNS``
 (then the oldest is forgotten, as *expired*), and the ids of at most as many expired ones (then
-they are *unknown*). A turn id counts by its text (``model.id_text``: ``12345`` is ``"12345"``).
-The first result for a turn stands: the book also remembers an 8-byte digest of each turn id that
-got a result (``Remembered``: at least the last ``MAX_REMEMBERED_RESULTS``), so a second one is
-*duplicate* long after the turn itself was forgotten.
+they are *unknown*). A turn id counts by its text (``model.id_text``: ``12345`` is ``"12345"``),
+exactly: one longer than ``MAX_ID_LENGTH`` characters is kept as a 16-byte digest of it. What the
+book keeps of a turn is bounded whatever the host's ids and names (``kept_summary``: each cut to
+``MAX_ID_LENGTH`` characters, as exported text is), so an entry is a few hundred bytes, about 5 kB
+when the turn id, conversation id, agent name and end reason are each a mebibyte, and under 20 kB
+whatever the summary holds. The first result for a turn stands: the book also remembers an 8-byte
+digest of each turn id that got a result (``Remembered``: at least the last
+``MAX_REMEMBERED_RESULTS``), so a second one is *duplicate* long after the turn was forgotten.
 
 A result from another process comes with the turn's *result token* (``turn.result_token``,
 ``result_token``): a short ASCII string holding the turn id and the labels its late result is
@@ -37,26 +41,27 @@ the overflow value, ``_other``); a turn whose id alone does not fit has no token
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import hashlib
 import hmac
+import operator
 import re
 import secrets
 import threading
+import uuid
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from turnguard.model import MAX_ID_LENGTH, direct_init, id_text
-
-if TYPE_CHECKING:
-    from turnguard.model import TurnSummary
+from turnguard.model import MAX_ID_LENGTH, TurnSummary, cut_text, direct_init, id_text
 
 MAX_RECENT_TURNS = 10_000
-"""Ended turns a late result can still reach (a summary each: a few hundred bytes)."""
+"""Ended turns a late result can still reach (a summary each, ``kept_summary``: a few hundred bytes,
+under 20 kB whatever the ids)."""
 MAX_REMEMBERED_RESULTS = 2**17
 """Results the book remembers by an 8-byte digest of their turn id (at least the last 131,072, at
 most twice as many; 16 to 32 bytes each), so that a second result for a turn is ``duplicate`` long
@@ -121,9 +126,9 @@ class ResultLabels:
 
 @dataclass(slots=True)
 class Ended:
-    """A recently ended turn of this process: its summary, the guard whose plugins saw it, its
-    result so far, its policy's name and, on a probe turn, where the main configuration would have
-    halted it (threshold, call)."""
+    """A recently ended turn of this process: its summary (``kept_summary``), the guard whose
+    plugins saw it, its result so far, its policy's name and, on a probe turn, where the main
+    configuration would have halted it (threshold, call); every text in it is bounded."""
 
     summary: TurnSummary
     guard: Any
@@ -209,8 +214,9 @@ class ResultBook:
         self.digest_key = digest_key
         self.counts: dict[ResultStatus, int] = dict.fromkeys(ResultStatus, 0)
         """Results reported, by status (in the turn and later)."""
-        self._ended: OrderedDict[str, Ended] = OrderedDict()
-        self._expired: OrderedDict[str, None] = OrderedDict()
+        self._ended: OrderedDict[str | bytes, Ended] = OrderedDict()
+        """By ``_key``: the turn id, or a digest of one too long to keep."""
+        self._expired: OrderedDict[str | bytes, None] = OrderedDict()
         self._results = Remembered(remembered)
         """The turn ids of this process's turns that got a result (``_digest``), however long ago
         their turn left the book."""
@@ -228,10 +234,12 @@ class ResultBook:
         with self._lock:
             self.counts[status] += 1
 
-    def ended(self, summary: TurnSummary, guard: Any, policy: str = "") -> None:
-        """Remember a turn that just ended (with the result it got before ending, if any). A turn
-        id that ends again (a double resume, a host reusing ids) keeps the first result it got."""
-        key = id_text(summary.turn_id)
+    def ended(self, summary: TurnSummary, guard: Any, policy: str = "") -> Ended | None:
+        """Remember a turn that just ended (with the result it got before ending, if any): its
+        entry (``None`` for an id with no text: it cannot be reported later). A turn id that ends
+        again (a double resume, a host reusing ids) keeps the first result it got."""
+        key = _key(id_text(summary.turn_id))
+        entry = Ended(kept_summary(summary), guard, None, cut_text(policy)) if key is not None else None
         with self._lock:
             resolved = summary.resolved
             old = self._ended.get(key) if key is not None else None
@@ -246,61 +254,64 @@ class ResultBook:
                     self.counts[ResultStatus.ACCEPTED] += 1
                     if key is not None:
                         self._results.add(self._digest(key))
-            if key is not None:  # an id with no text cannot be reported later
-                self._remember(key, Ended(summary, guard, resolved, policy))
+            if key is not None and entry is not None:
+                entry.resolved = resolved
+                self._remember(key, entry)
+        return entry
 
     def main_halted(self, turn_id: Any, threshold: str, call: int) -> None:
         """The main configuration (a probe turn's shadow named after it) would have halted the
         turn that just ended: where, for its late result."""
-        key = id_text(turn_id)
+        key = _key(id_text(turn_id))
         with self._lock:
             entry = self._ended.get(key) if key is not None else None
             if entry is not None:
-                entry.main = (threshold, call)
+                entry.main = (cut_text(threshold), call)
 
     def report(self, turn_id: Any, resolved: Any, *,
                closed: bool = False) -> tuple[ResultStatus, Ended | None, ResultLabels | None]:
         """Take a late result (``turn_id``: a turn id or a result token): its status, the turn's
         entry when it is known, and the labels to report it with. Never raises."""
         text = id_text(turn_id)
+        key = _key(text)
         labels = None
-        if text is not None and TOKEN_PATTERN.match(text) and text not in self._ended:
+        if text is not None and TOKEN_PATTERN.match(text) and key not in self._ended:
             labels = read_token(text, self.digest_key)  # outside the lock: pure, bounded work
         with self._lock:
-            status, entry = self._take(text, resolved, labels, closed)
+            status, entry = self._take(text, key, resolved, labels, closed)
             self.counts[status] += 1
         if entry is not None:  # a turn of this process is reported with what is known here
             labels = self.labels_of(entry.summary, entry.policy, entry.main)
         return status, entry, labels
 
-    def _take(self, text: str | None, resolved: Any, labels: ResultLabels | None,
+    def _take(self, text: str | None, key: str | bytes | None, resolved: Any, labels: ResultLabels | None,
               closed: bool) -> tuple[ResultStatus, Ended | None]:
         if closed:
             return ResultStatus.AFTER_SHUTDOWN, None
         if type(resolved) is not bool:
             return ResultStatus.INVALID, None
-        if text is None:
+        if text is None or key is None:
             return ResultStatus.INVALID_ID, None
-        entry = self._ended.get(text)
+        entry = self._ended.get(key)
         if entry is None and TOKEN_PATTERN.match(text):
             if labels is None:
                 return ResultStatus.INVALID_TOKEN, None
-            token, text = text, labels.turn_id
-            entry = self._ended.get(text)
-            if entry is not None and not hmac.compare_digest(token, self._token_of(entry)):
+            key = _key(labels.turn_id) or ""
+            entry = self._ended.get(key)
+            if entry is not None and not hmac.compare_digest(text, self._token_of(entry)):
                 entry = None  # not that turn's own token: another turn of its id's, or made up
             if entry is None:  # a turn another process ran, or one that left the book
-                digest = self._digest(text)
+                digest = self._digest(key)
                 if digest in self._results or digest in self._token_results:
                     return ResultStatus.DUPLICATE, None
                 self._token_results.add(digest)  # never the book: a token may be anyone's
                 return ResultStatus.ACCEPTED, None
         if entry is None:
-            digest = self._digest(text)
+            digest = self._digest(key)
             if digest in self._results or digest in self._token_results:  # its result stands
                 return ResultStatus.DUPLICATE, None
-            return (ResultStatus.EXPIRED if text in self._expired else ResultStatus.UNKNOWN), None
-        digest = self._digest(text)
+            return (ResultStatus.EXPIRED if key in self._expired else ResultStatus.UNKNOWN), None
+        digest = self._digest(key)
         if entry.resolved is not None or digest in self._results:  # (an id that ended again)
             return ResultStatus.DUPLICATE, entry  # (a token's result for the id does not count here)
         entry.resolved = resolved
@@ -311,13 +322,13 @@ class ResultBook:
         """The token of a turn in the book, as its own guard made it (``""``: it has none)."""
         return result_token(self.labels_of(entry.summary, entry.policy, entry.main), self.digest_key) or ""
 
-    def _digest(self, key: str) -> int:
-        """The 8 bytes ``_results`` remembers a turn id by (keyed by a secret of the book's own)."""
-        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8, key=self._secret,
-                                 person=b"tg-result-seen")
-        return int.from_bytes(digest.digest(), "little")
+    def _digest(self, key: str | bytes) -> int:
+        """The 8 bytes ``Remembered`` keeps a turn id by (``_key``'s; keyed by a secret of the book's own)."""
+        data = b"d" + key if isinstance(key, bytes) else b"s" + key.encode("utf-8", "surrogatepass")
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=self._secret,
+                                              person=b"tg-result-seen").digest(), "little")
 
-    def _remember(self, key: str, entry: Ended) -> None:
+    def _remember(self, key: str | bytes, entry: Ended) -> None:
         self._expired.pop(key, None)
         self._ended[key] = entry
         self._ended.move_to_end(key)
@@ -339,15 +350,73 @@ class ResultBook:
             reason=id_text(summary.reason), agent_name=id_text(summary.agent_name), main_threshold=main_threshold,
             edge_soft_cap=max(self.edges[0], 0), edge_hard_cap=self.edges[1])
 
-    def token_for(self, summary: TurnSummary, policy: str) -> str | None:
-        """The result token of a turn that ended here (``None``: its id has no text or does not fit)."""
-        key = id_text(summary.turn_id)
-        if key is None:
+    def token_for(self, entry: Ended | None) -> str | None:
+        """The result token of a turn that ended here, by the entry ``ended`` gave it (``None``: its
+        id has no text, or does not fit in a token); the same however long ago the turn left the book."""
+        if entry is None:
             return None
         with self._lock:
-            entry = self._ended.get(key)
-            main = entry.main if entry is not None and entry.summary is summary else None
-        return result_token(self.labels_of(summary, policy, main), self.digest_key)
+            main = entry.main
+        return result_token(self.labels_of(entry.summary, entry.policy, main), self.digest_key)
+
+
+def kept_summary(summary: TurnSummary) -> TurnSummary:
+    """``summary`` as the book keeps it, for a late result: every text in it (turn, conversation and
+    agent ids, end reason, threshold, the snapshot's id, ...) within ``MAX_ID_LENGTH`` characters,
+    cut as exported text is, and every tuple (the fresh plugins, the per-tool streak restarts) to
+    its first ``MAX_KEPT_ITEMS``, so that a host's or a model's text never grows the book. The
+    summary itself when nothing needs cutting (nearly always)."""
+    changes: dict[str, Any] = {}
+    for name, value in zip(_TEXT_FIELDS, _text_values(summary), strict=True):
+        kind = value.__class__
+        if value is None or (kind is str and len(value) <= MAX_ID_LENGTH) or (kind is tuple and not value):
+            continue  # nearly every value
+        kept = _kept(value)
+        if kept is not value:
+            changes[name] = kept
+    return dataclasses.replace(summary, **changes) if changes else summary
+
+
+MAX_KEPT_ITEMS = 4
+"""The items a kept summary's tuples keep (``fresh_state``, ``result_restarts``: a few, nearly always)."""
+_TEXT_FIELDS = tuple(f.name for f in dataclasses.fields(TurnSummary)
+                     if f.type not in ("int", "float", "bool", "bool | None"))
+"""The fields of a summary that may hold a host's text (any field but a count, a time or a flag:
+one added later is bounded too)."""
+_text_values = operator.attrgetter(*_TEXT_FIELDS)
+
+
+def _kept(value: Any) -> Any:
+    """A value of a summary as the book keeps it: a string (a subclass's too, untouched), an
+    integer or bytes within ``MAX_ID_LENGTH`` characters as it is, a longer one as its text, cut; a
+    tuple's first ``MAX_KEPT_ITEMS`` items, each kept; a UUID as it is; any other value (a host's
+    object of any size) as its text, cut."""
+    if isinstance(value, str):
+        return value if str.__len__(value) <= MAX_ID_LENGTH else cut_text(str.__str__(value))
+    if isinstance(value, tuple):
+        if not value:
+            return value
+        items = tuple(_kept(item) for item in value[:MAX_KEPT_ITEMS])
+        return value if len(value) <= MAX_KEPT_ITEMS and all(map(operator.is_, items, value)) else items
+    if value is None or value.__class__ in (bool, float, uuid.UUID) or (
+            value.__class__ is bytes and len(value) <= MAX_ID_LENGTH):
+        return value
+    text = id_text(value)
+    if text is not None:
+        return value if len(text) <= MAX_ID_LENGTH else cut_text(text)
+    try:
+        text = str(value)
+    except Exception:  # a host object whose text fails: its type names it
+        text = None
+    return cut_text(str.__str__(text)) if isinstance(text, str) else f"<{type(value).__qualname__}>"
+
+
+def _key(text: str | None) -> str | bytes | None:
+    """What the book knows a turn id by: its text, or, past ``MAX_ID_LENGTH`` characters, 16 bytes
+    of BLAKE2b over it (so a long id still reaches its turn exactly, at a bounded cost)."""
+    if text is None or len(text) <= MAX_ID_LENGTH:
+        return text
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16, person=b"tg-long-turn-id").digest()
 
 
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")

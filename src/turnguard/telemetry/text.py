@@ -12,10 +12,9 @@ its type's name). ASCII strings within the bound, nearly every one, are returned
 
 from __future__ import annotations
 
-from turnguard.model import MAX_ID_LENGTH
+from turnguard.model import CUT_MARK, MAX_ID_LENGTH, cut_text
 
-CUT_MARK = "\u2026"
-"""The last character of a string cut to ``MAX_ID_LENGTH`` (an ellipsis)."""
+__all__ = ["CUT_MARK", "export_text"]
 
 
 def export_text(value: object) -> str:
@@ -28,8 +27,7 @@ def export_text(value: object) -> str:
         text = str.__str__(value)  # a subclass's text, without calling its methods
     else:
         text = _text_of(value)
-    if len(text) > MAX_ID_LENGTH:
-        text = text[: MAX_ID_LENGTH - 1] + CUT_MARK
+    text = cut_text(text)
     if text.isascii():
         return text
     try:
