@@ -95,12 +95,32 @@ ensure_go_components() { # the real Collector and Prometheus 3 the chain tests r
   if path=$(ensure_prometheus3); then export TG_PROMETHEUS3=$path; fi
 }
 
+ensure_agents() { # the coding-agent CLIs the end-to-end hook tests drive, pinned by tests/coding_agents/
+  [ -n "${TG_AGENTS_DIR:-}" ] && return 0
+  local pins=tests/coding_agents dir work
+  dir="$CACHE/agents-$(sha256sum "$pins/package-lock.json" | cut -c1-16)"
+  if [ ! -d "$dir/node_modules/.bin" ]; then
+    command -v npm >/dev/null 2>&1 || { echo "dev.sh: npm not found: the coding-agent tests will skip" >&2; return 0; }
+    mkdir -p "$CACHE"
+    work=$(mktemp -d "$CACHE/.agents-install.XXXXXX")
+    cp "$pins/package.json" "$pins/package-lock.json" "$work/"
+    echo "dev.sh: installing the coding-agent CLIs in $dir (npm ci, ~860 MB)" >&2
+    # No install scripts (they would build or fetch what the tests never use) but Claude Code's, which
+    # links its native binary into place.
+    (cd "$work" && npm ci --ignore-scripts --no-audit --no-fund && node node_modules/@anthropic-ai/claude-code/install.cjs) \
+      >"$work/install.log" 2>&1 ||
+      { echo "dev.sh: npm ci failed, see $work/install.log" >&2; return 0; }
+    rm -rf "$dir" && mv "$work" "$dir"
+  fi
+  export TG_AGENTS_DIR=$dir
+}
+
 cmd=${1:-help}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   demo) ensure_python otlp; exec "$VENV/bin/turnguard" demo "$@" ;;
   run) ensure_python cli; exec "$VENV/bin/turnguard" "$@" ;;
-  test) ensure_system; ensure_python dev; ensure_go_components; exec "$VENV/bin/python" -m pytest "$@" ;;
+  test) ensure_system; ensure_python dev; ensure_agents; ensure_go_components; exec "$VENV/bin/python" -m pytest "$@" ;;
   bench) ensure_python dev; exec "$VENV/bin/python" benchmarks/run.py "$@" ;;
   lint) ensure_python dev; "$VENV/bin/ruff" check; exec "$VENV/bin/python" tools/typecheck.py ;;
   collector) ensure_collector ;;
