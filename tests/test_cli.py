@@ -116,6 +116,8 @@ MINIMAL_ARGS = {
     "calibrate": ["{corpus}"],
     "calibrate-merge": ["{result}"],
     "assets": ["{result}.assets"],
+    "install": ["claude-code", "--dry-run"],
+    "uninstall": ["claude-code", "--dry-run"],
 }
 """Arguments with which each subcommand runs successfully (the others need none)."""
 

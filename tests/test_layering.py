@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turnguard.terminal",),
     ("turnguard.calibrate",),
     ("turnguard.integrations",),
+    ("turnguard.agents",),
     ("turnguard.demo", "turnguard.assets", "turnguard.boards"),
     ("turnguard.cli",),
     ("turnguard.__main__",),
@@ -38,7 +39,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 tells calibrate (firing), the policies, the plugin registry, the guard, the shadows built on it,
 reporting (telemetry: plugins that only observe); then the public facade ``turnguard`` (the core's
 names; it registers the shadow and telemetry plugins with the registry below them), the text
-layout of the command line's output (terminal), calibration, the framework adapters, the demo,
+layout of the command line's output (terminal), calibration, the framework adapters, the
+coding-agent hooks, the demo,
 the deployable files (assets) and the board generator (boards), and the command line. A module
 belongs to the layer of the longest name above that is it or a package holding it (``turnguard``
 itself is the facade only, not every module of the package)."""

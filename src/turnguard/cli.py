@@ -312,6 +312,34 @@ def _assets(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- install, uninstall: coding agents' hooks (``turnguard hook AGENT``, which the agent runs, is
+# answered in ``main`` before any parsing: it reads its configuration per event, and fails open) --
+
+
+def _install_arguments(parser: argparse.ArgumentParser) -> None:
+    from turnguard.agents.install import install_arguments
+
+    install_arguments(parser)
+
+
+def _install(args: argparse.Namespace) -> int:
+    from turnguard.agents.install import run_install
+
+    return run_install(args)
+
+
+def _uninstall_arguments(parser: argparse.ArgumentParser) -> None:
+    from turnguard.agents.install import uninstall_arguments
+
+    uninstall_arguments(parser)
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    from turnguard.agents.install import run_uninstall
+
+    return run_uninstall(args)
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -325,6 +353,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                    "--json results)", _calibrate_arguments, _calibrate),
         Subcommand("assets", "write the Collector config and builder manifest, Grafana boards and provisioning, "
                    "Prometheus config and rules to DIR", _assets_arguments, _assets),
+        Subcommand("install", "guard a coding agent: merge turnguard's hooks into its settings (claude-code, "
+                   "codex, gemini)", _install_arguments, _install),
+        Subcommand("uninstall", "take turnguard's hooks out of a coding agent's settings again",
+                   _uninstall_arguments, _uninstall),
         Subcommand("calibrate-merge", "merge the --json results of calibrate runs over parts of the input "
                    "(also 'calibrate merge')", _calibrate_merge_arguments, _calibrate_merge, "calibrate merge"),
     )
@@ -352,8 +384,12 @@ TWO_WORD_COMMANDS: dict[tuple[str, ...], str] = {("calibrate", "merge"): "calibr
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    root = parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["hook"]:  # before every tool call of an agent: no parser, no configuration here
+        from turnguard.agents.hook import main as hook_main
+
+        return hook_main(argv[1:])
+    root = parser()
     if tuple(argv[:2]) in TWO_WORD_COMMANDS:
         argv = [TWO_WORD_COMMANDS[tuple(argv[:2])], *argv[2:]]  # (a file named merge: ./merge)
     args, unknown = root.parse_known_args(argv)

@@ -367,7 +367,10 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
 
 CONFIG_ENV = "TURNGUARD_CONFIG"
 """A TOML file ``GuardConfig.load`` reads when it is given no path."""
-_NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT", CONFIG_ENV})
+_NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT", CONFIG_ENV,
+                              "TURNGUARD_STATE_DIR", "TURNGUARD_ATTENDED"})
+"""``TURNGUARD_*`` variables that are not options: plugin loading, the telemetry shutdown bound, the
+configuration file, and the coding-agent hooks' state directory and attended override."""
 
 
 @functools.cache

@@ -1,0 +1,119 @@
+"""Claude Code's command hooks (tested with 2.1.328).
+
+Events: ``UserPromptSubmit`` opens a turn (``prompt_id`` names it), ``PreToolUse`` checks a call
+(``tool_use_id``), ``PostToolUse`` / ``PostToolUseFailure`` report it (a failure with
+``is_interrupt`` is an unknown outcome), ``PostToolBatch`` closes a model step: a checked call
+without a post event by then was refused (a permission, or a hook), which is a denied outcome.
+``Stop`` ends the turn, ``SessionEnd`` the session. A subagent's calls (the ``Agent``/Task tool)
+carry the session's and the prompt's ids and count in the turn of the prompt that started it: the
+person pays for both. A background subagent's report comes back as a prompt of its own
+(``<task-notification>``): Claude Code makes it a turn, and so does turnguard. Claude Code has no
+event before a model request, so ``max_cycles_per_turn`` cannot act here.
+
+Answers: a reminder is ``additionalContext`` (the model reads it); a question is
+``permissionDecision: "ask"`` (Claude Code's own permission prompt, interactive sessions only);
+a halt at ``PreToolUse`` is ``permissionDecision: "deny"`` with the reason the model reads, and
+``continue: false``, which ends the run (``claude -p`` reports ``terminal_reason: hook_stopped``).
+A halt with an outcome gives the model the reason (``decision: "block"`` and ``additionalContext``)
+and stops the run: from ``PostToolUse`` itself, and after a failure (``PostToolUseFailure``, which
+cannot stop a run) from the step's ``PostToolBatch``, before the next model request.
+
+Interactive or headless: Claude Code tells its hooks in ``CLAUDE_CODE_SESSION_ATTENDED`` (``0``
+under ``claude -p``), and how it was started in ``CLAUDE_CODE_ENTRYPOINT`` (``cli`` is the
+interactive terminal, ``sdk-cli`` is ``claude -p``), read when the first is not set.
+``TURNGUARD_ATTENDED=1|0`` overrides both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, text_field
+
+KINDS = {
+    "UserPromptSubmit": Kind.TURN_START,
+    "PreToolUse": Kind.TOOL_CHECK,
+    "PostToolUse": Kind.TOOL_OUTCOME,
+    "PostToolUseFailure": Kind.TOOL_OUTCOME,
+    "PostToolBatch": Kind.STEP_END,
+    "Stop": Kind.TURN_END,
+    "StopFailure": Kind.TURN_END,
+    "SessionEnd": Kind.SESSION_END,
+}
+INTERACTIVE_ENTRYPOINTS = frozenset({"cli"})
+
+
+class ClaudeCode:
+    agent = "claude-code"
+    context_at_check = True
+
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
+        name = text_field(payload, "hook_event_name", required=True)
+        assert name is not None
+        kind = KINDS.get(name, Kind.IGNORED)
+        session = text_field(payload, "session_id", required=kind is not Kind.IGNORED) or ""
+        common: dict[str, Any] = {"kind": kind, "name": name, "session_id": session,
+                                  "turn_ref": text_field(payload, "prompt_id"), "cwd": text_field(payload, "cwd")}
+        if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
+            common.update(tool_name=text_field(payload, "tool_name", required=True),
+                          tool_input=payload.get("tool_input"), call_id=text_field(payload, "tool_use_id"))
+        if kind is Kind.STEP_END:
+            common["batch"] = _batch(payload.get("tool_calls"))
+        if kind is Kind.TOOL_OUTCOME:
+            if name == "PostToolUse":
+                common.update(outcome="ok", result=payload.get("tool_response"))
+            else:
+                interrupted = payload.get("is_interrupt") is True
+                common.update(outcome="unknown" if interrupted else "error", result=payload.get("error"))
+        if name == "StopFailure":
+            common["reason"] = "error"
+        return AgentEvent(**common)
+
+    def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
+        said = environ.get("CLAUDE_CODE_SESSION_ATTENDED")
+        if said in ("0", "1") and not environ.get("TURNGUARD_ATTENDED"):
+            return said == "1"
+        return attended_from_env(environ, "CLAUDE_CODE_ENTRYPOINT", INTERACTIVE_ENTRYPOINTS)
+
+    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
+        if decision.kind == "allow" or event is None:
+            return HookAnswer({})
+        name = event.name
+        if event.kind is Kind.TOOL_CHECK:
+            if decision.kind == "remind":
+                return HookAnswer(_specific(name, additionalContext=decision.message))
+            if decision.kind == "ask":
+                return HookAnswer(_specific(name, permissionDecision="ask",
+                                            permissionDecisionReason=decision.message))
+            return HookAnswer({**_specific(name, permissionDecision="deny", permissionDecisionReason=decision.message),
+                               "continue": False, "stopReason": decision.message})
+        if event.kind is Kind.TOOL_OUTCOME:
+            if decision.kind != "halt":
+                return HookAnswer(_specific(name, additionalContext=decision.message))
+            answer = {"decision": "block", "reason": decision.message,
+                      **_specific(name, additionalContext=decision.message)}
+            if name == "PostToolUse":  # (from PostToolUseFailure Claude Code does not stop: its PostToolBatch does)
+                answer.update({"continue": False, "stopReason": decision.message})
+            return HookAnswer(answer)
+        if event.kind is Kind.STEP_END and decision.kind == "halt":
+            return HookAnswer({"continue": False, "stopReason": decision.message})
+        return HookAnswer({})
+
+    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
+        return HookAnswer(None, 2, reason)  # exit 2 blocks a tool call or a prompt, stderr its reason
+
+
+def _batch(calls: Any) -> tuple[tuple[str, Any, str | None], ...]:
+    if not isinstance(calls, list):
+        return ()
+    return tuple((c["tool_name"], c.get("tool_input"), c.get("tool_use_id") if isinstance(c.get("tool_use_id"), str)
+                  else None) for c in calls if isinstance(c, dict) and isinstance(c.get("tool_name"), str)
+                 and c["tool_name"])
+
+
+def _specific(name: str, **fields: Any) -> dict[str, Any]:
+    return {"hookSpecificOutput": {"hookEventName": name, **fields}}
+
+
+PROTOCOL = ClaudeCode()

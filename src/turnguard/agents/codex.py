@@ -1,0 +1,131 @@
+"""Codex's command hooks (tested with 0.169.0).
+
+Events: ``UserPromptSubmit`` opens a turn (``turn_id`` names it; ``codex exec resume`` starts a new
+one), ``PreModelRequest`` counts a model request (``max_cycles_per_turn``), ``PreToolUse`` checks a
+call (``tool_use_id``: the model's ``call_id``), ``PostToolUse`` reports it, ``Stop`` ends the
+turn, ``SessionEnd`` the session. A refused call gets no ``PostToolUse``; it stays without an
+outcome, which never counts as a failure.
+
+``PostToolUse`` carries the command's output only, not whether it failed: the outcome is read from
+the session's transcript (``transcript_path``), whose ``item_completed`` record of the call holds
+its ``exit_code`` (0 is a success) or its ``status``. A call the transcript does not show yet is an
+unknown outcome.
+
+Answers: a reminder is ``additionalContext`` (a developer message the model reads); a halt is
+``permissionDecision: "deny"`` with the reason the model reads (Codex accepts no ``continue:
+false`` there: it would run the call), and every later call of the turn is denied alike. Codex
+cannot be stopped by a hook in the middle of a turn, and its hooks cannot ask the person: turnguard
+takes Codex sessions as unattended (``TURNGUARD_ATTENDED=1`` does not change that), so what would
+be a question is a halt. A halt with an outcome replaces the call's output with the reason.
+A cycle-cap halt at ``PreModelRequest`` cannot stop the request (Codex ignores the answer): the
+next call is denied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, text_field
+
+KINDS = {
+    "UserPromptSubmit": Kind.TURN_START,
+    "PreModelRequest": Kind.MODEL_REQUEST,
+    "PreToolUse": Kind.TOOL_CHECK,
+    "PostToolUse": Kind.TOOL_OUTCOME,
+    "Stop": Kind.TURN_END,
+    "SessionEnd": Kind.SESSION_END,
+}
+TRANSCRIPT_TAIL = 512 * 1024
+"""How much of the transcript's end is searched for a call's record."""
+TRANSCRIPT_TRIES = (0.0, 0.02, 0.05)
+"""Waits before each search (Codex writes the record about when it runs the hook)."""
+
+
+class Codex:
+    agent = "codex"
+    context_at_check = True
+
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
+        name = text_field(payload, "hook_event_name", required=True)
+        assert name is not None
+        kind = KINDS.get(name, Kind.IGNORED)
+        common: dict[str, Any] = {
+            "kind": kind, "name": name, "turn_ref": text_field(payload, "turn_id"), "cwd": text_field(payload, "cwd"),
+            "session_id": text_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
+        }
+        if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
+            common.update(tool_name=text_field(payload, "tool_name", required=True),
+                          tool_input=payload.get("tool_input"), call_id=text_field(payload, "tool_use_id"))
+        if kind is Kind.TOOL_OUTCOME:
+            common.update(outcome=outcome_from_transcript(text_field(payload, "transcript_path"), common["call_id"]),
+                          result=payload.get("tool_response"))
+        return AgentEvent(**common)
+
+    def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
+        return False
+
+    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
+        if decision.kind == "allow" or event is None:
+            return HookAnswer({})
+        name = event.name
+        if event.kind is Kind.TOOL_CHECK:
+            if decision.kind == "remind":
+                return HookAnswer(_specific(name, additionalContext=decision.message))
+            return HookAnswer(_specific(name, permissionDecision="deny", permissionDecisionReason=decision.message))
+        if event.kind is Kind.TOOL_OUTCOME:
+            if decision.kind == "halt":
+                return HookAnswer({"decision": "block", "reason": decision.message})
+            return HookAnswer(_specific(name, additionalContext=decision.message))
+        return HookAnswer({})
+
+    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
+        return HookAnswer(None, 2, reason)
+
+
+def outcome_from_transcript(path: str | None, call_id: str | None) -> str:
+    """``ok`` / ``error`` from the transcript's record of the call, ``unknown`` without one."""
+    if not path or not call_id or not os.path.isfile(path):
+        return "unknown"
+    needle = f'"id":"{call_id}"'.encode()
+    for wait in TRANSCRIPT_TRIES:
+        if wait:
+            time.sleep(wait)
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - TRANSCRIPT_TAIL))
+                tail = f.read()
+        except OSError:
+            return "unknown"
+        for line in reversed(tail.splitlines()):
+            if needle in line and b'"item_completed"' in line:
+                outcome = _completed(line)
+                if outcome is not None:
+                    return outcome
+    return "unknown"
+
+
+def _completed(line: bytes) -> str | None:
+    try:
+        item = json.loads(line)["payload"]["item"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(item, dict):
+        return None
+    code = item.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return "ok" if code == 0 else "error"
+    status = item.get("status")
+    if status in ("failed", "declined"):
+        return "denied" if status == "declined" else "error"
+    return "ok" if status == "completed" else None
+
+
+def _specific(name: str, **fields: Any) -> dict[str, Any]:
+    return {"hookSpecificOutput": {"hookEventName": name, **fields}}
+
+
+PROTOCOL = Codex()

@@ -1,0 +1,168 @@
+"""What an agent's hook event means to a turn, whatever agent sent it, and what a hook answers.
+
+Each agent's module (a ``Protocol``) reads its own events into an ``AgentEvent`` and writes a
+``Decision`` as a ``HookAnswer`` in its own schema; the driver (``hook``) works on these alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from typing import Protocol as TypingProtocol
+
+MAX_STDIN_BYTES = 8 * 1024 * 1024
+"""A hook reads at most this much of stdin: a larger event is refused (and the agent allowed)."""
+
+
+class Kind(enum.Enum):
+    """What an event does to the session's turn."""
+
+    TURN_START = "turn_start"
+    """The person submitted a prompt: a turn opens (the same turn again when the agent says so)."""
+    MODEL_REQUEST = "model_request"
+    """A model request is about to be sent (``Turn.begin_cycle``)."""
+    TOOL_CHECK = "tool_check"
+    """A tool call is about to run (``Turn.check_call``)."""
+    TOOL_OUTCOME = "tool_outcome"
+    """A tool call ran, failed or was refused (``Turn.record_outcome``)."""
+    STEP_END = "step_end"
+    """Every call of a model step has resolved (Claude Code's ``PostToolBatch``): a checked call
+    with no outcome by now was refused (by a permission or a hook)."""
+    TURN_END = "turn_end"
+    """The agent stopped: the turn ends."""
+    SESSION_END = "session_end"
+    """The session closed: its turn ends and its state is removed."""
+    IGNORED = "ignored"
+    """An event turnguard has nothing to do with (answered with an empty allow)."""
+
+
+class BadEvent(ValueError):
+    """The event cannot be read (not JSON, too large, a field missing or of the wrong type)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """One hook event, read: the fields a turn needs, whichever agent sent them."""
+
+    kind: Kind
+    name: str
+    """The agent's own name for the event (``PreToolUse``, ``BeforeTool``...), for answers."""
+    session_id: str
+    turn_ref: str | None = None
+    """The agent's own id of the turn (Codex's ``turn_id``, Claude Code's ``prompt_id``), if any."""
+    tool_name: str | None = None
+    tool_input: Any = None
+    call_id: str | None = None
+    outcome: str | None = None
+    """``ok``, ``error``, ``denied`` or ``unknown`` (``turnguard.Outcome`` values)."""
+    result: Any = None
+    cwd: str | None = None
+    reason: str = "completed"
+    """How the turn ended (``TURN_END``)."""
+    batch: tuple[tuple[str, Any, str | None], ...] = ()
+    """``STEP_END``: the step's calls, (tool name, input, call id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookAnswer:
+    """What the hook process prints and exits with."""
+
+    output: dict[str, Any] | None = field(default_factory=dict)
+    """Printed as JSON on stdout (``None``: nothing printed)."""
+    exit_code: int = 0
+    stderr: str = ""
+
+    def stdout_text(self) -> str:
+        return "" if self.output is None else json.dumps(self.output, ensure_ascii=False) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the agent should do with the event.
+
+    ``allow``: go on. ``remind``: go on, and give the model ``message``. ``ask``: ask the person
+    before the call runs. ``halt``: the call does not run (``at_check``) or the turn must end
+    after it (an outcome's halt): the model reads ``message``, and the agent's run is stopped where
+    its protocol allows it.
+    """
+
+    kind: str
+    message: str = ""
+    at_check: bool = True
+
+    @classmethod
+    def allow(cls) -> Decision:
+        return _ALLOW
+
+    @classmethod
+    def remind(cls, message: str) -> Decision:
+        return cls("remind", message)
+
+    @classmethod
+    def ask(cls, message: str) -> Decision:
+        return cls("ask", message)
+
+    @classmethod
+    def halt(cls, message: str, *, at_check: bool = True) -> Decision:
+        return cls("halt", message, at_check)
+
+
+_ALLOW = Decision("allow")
+
+
+class Protocol(TypingProtocol):
+    """One agent's hook protocol."""
+
+    agent: str
+    context_at_check: bool
+    """Whether the model reads context given when a call is checked (else a reminder goes with the
+    call's outcome)."""
+
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
+        """The event; ``events.BadEvent`` when a field turnguard needs is missing or wrong."""
+
+    def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
+        """Whether a person can be asked in this session (interactive) or not (headless)."""
+
+    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
+        """``decision`` in the agent's schema (``event`` is ``None`` when it could not be read)."""
+
+    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
+        """A block because turnguard failed under ``fail_mode="closed"``."""
+
+
+def attended_from_env(environ: Mapping[str, str], entrypoint_var: str, interactive: frozenset[str]) -> bool:
+    """``TURNGUARD_ATTENDED`` (``1``/``0``) when set, else whether ``entrypoint_var`` names an
+    interactive start."""
+    override = environ.get("TURNGUARD_ATTENDED", "").strip().lower()
+    if override in ("1", "true", "yes"):
+        return True
+    if override in ("0", "false", "no"):
+        return False
+    return environ.get(entrypoint_var, "") in interactive
+
+
+def text_field(payload: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+    """``payload[name]`` when it is a non-empty string; ``BadEvent`` when required and it is not."""
+    value = payload.get(name)
+    if isinstance(value, str) and value:
+        return value
+    if required:
+        raise BadEvent(f"the event has no {name!r} string")
+    return None
+
+
+def read_payload(raw: bytes) -> dict[str, Any]:
+    """The event object from the hook's stdin bytes; ``BadEvent`` saying why when it is not one."""
+    if len(raw) > MAX_STDIN_BYTES:
+        raise BadEvent(f"the event is larger than {MAX_STDIN_BYTES} bytes")
+    try:
+        payload = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BadEvent(f"the event is not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not isinstance(payload, dict):
+        raise BadEvent(f"the event is JSON {type(payload).__name__}, not an object")
+    return payload

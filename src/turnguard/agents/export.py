@@ -1,0 +1,246 @@
+"""Telemetry and the recorder's line for hook turns, made after the turn by a detached process.
+
+A hook answers within a tool call's latency, so it neither imports the OpenTelemetry SDK nor
+waits for an export. Instead each event adds a line to the turn's journal (what was checked,
+keyed; what came back; the answers; when), and the hook that ends the turn hands the journal
+over: it writes it whole into the outbox (``hooks/outbox/``) and starts ``python -m
+turnguard.agents.export`` detached. That process replays each journal through a guard with the
+full configuration and its observers (the OpenTelemetry plugin, configured from the standard
+``OTEL_*`` variables, and the recorder), on the journal's clock, so spans, ``LoopDetectedEvent``
+records, metrics and the recorder's line are those a Python host running the same turn would
+have made, with ``gen_ai.agent.name`` the agent's name. It then flushes, and removes the journal.
+
+Nothing is lost when a process dies: a journal leaves the outbox only after its export; one left
+by a dead exporter is taken by the next (at least once: a turn can be reported twice if an
+exporter dies between its flush and the removal). The journal holds key digests, never arguments
+or results.
+
+The recorder writes hook turns to ``recorder_path`` when set, else to ``turns.jsonl`` in the state
+directory (``store.state_root``), the input of ``turnguard calibrate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from turnguard.agents.store import SessionStore, state_root
+
+OUTBOX = "outbox"
+STALE_S = 30.0
+"""An outbox journal older than this, and not locked, was left by an exporter that died."""
+
+
+def outbox_dir(root: Path) -> Path:
+    return root / "hooks" / OUTBOX
+
+
+def hand_over(store: SessionStore, config: Any, agent: str, data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Write the ended turn's journal into the outbox and start the exporter (the caller holds
+    the session's lock; the exporter runs after the hook has answered)."""
+    journal = data.get("journal") or []
+    if not journal or journal[0][0] != "o":
+        return
+    root = state_root(dict(environ))
+    box = outbox_dir(root)
+    box.mkdir(parents=True, exist_ok=True, mode=0o700)
+    item = {"agent": agent, "session": data.get("session", ""), "cwd": data.get("cwd"), "journal": journal}
+    name = f"{time.time_ns():020d}-{journal[0][2]}.json"
+    tmp = box / f".{name}.tmp"
+    tmp.write_text(json.dumps(item, separators=(",", ":")), encoding="utf-8")
+    os.replace(tmp, box / name)
+    start_exporter(environ)
+
+
+def start_exporter(environ: Mapping[str, str]) -> None:
+    """``python -m turnguard.agents.export`` in a session of its own, its output in the state
+    directory's ``hooks/export.log``; the hook does not wait for it."""
+    root = state_root(dict(environ))
+    log = open(root / "hooks" / "export.log", "ab")  # noqa: SIM115 (handed to the child)
+    try:
+        subprocess.Popen([sys.executable, "-m", "turnguard.agents.export"], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=log, start_new_session=True, close_fds=True, env=dict(environ))
+    finally:
+        log.close()
+
+
+# -- the exporter process ---------------------------------------------------------------------------
+
+
+class ReplayClock:
+    """The journal's time, for the modules that read the clock while a turn runs."""
+
+    def __init__(self) -> None:
+        self.now_ns = time.time_ns()
+
+    def time_ns(self) -> int:
+        return self.now_ns
+
+    def monotonic(self) -> float:
+        return self.now_ns / 1e9
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[ReplayClock]:
+        """Turns, shadows and spans read this clock inside the block (this process does nothing else)."""
+        from turnguard import ledger, shadow
+        from turnguard.telemetry import spans
+
+        clock = SimpleNamespace(time_ns=self.time_ns, monotonic=self.monotonic)
+        saved = (ledger.time, shadow.time, spans.time_ns)
+        ledger.time, shadow.time, spans.time_ns = clock, clock, self.time_ns  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            ledger.time, shadow.time, spans.time_ns = saved
+
+
+def replay(guard: Any, item: dict[str, Any], clock: ReplayClock) -> Any:
+    """Run the journal's turn through ``guard``: the same calls in the same order, so the same
+    verdicts; returns the turn's summary (``None`` for a journal cut at ``hook.MAX_JOURNAL``)."""
+    from turnguard.model import ToolCall
+
+    journal = item["journal"]
+    if ["x"] in journal:
+        return None
+    _, opened, turn_id, attended = journal[0]
+    clock.now_ns = opened
+    turn = guard.turn(conversation_id=item.get("session") or None, agent_name=item["agent"],
+                      promptable=bool(attended), turn_id=turn_id)
+    checked: dict[Any, list[Any]] = {}
+    verdicts: dict[int, Any] = {}
+    for at, entry in enumerate(journal):
+        kind = entry[0]
+        if at == 0:
+            continue
+        clock.now_ns = entry[1]
+        if kind == "m":
+            turn.begin_cycle()
+        elif kind == "c":
+            _, _, name, digest, call_id = entry
+            call = ToolCall(name, digest, call_id=call_id)
+            checked.setdefault(call_id or (name, digest), []).append(call)
+            verdicts[at] = turn.check_call(call)
+        elif kind == "r":
+            _, _, name, digest, call_id, outcome, result = entry
+            waiting = checked.get(call_id or (name, digest))
+            call = waiting.pop(0) if waiting else ToolCall(name, digest, call_id=call_id)
+            verdicts[at] = turn.record_outcome(call, outcome, result)
+        elif kind == "a":
+            asked = verdicts.get(entry[3])
+            if asked is not None and asked.event is not None:
+                turn.resolve(asked.event, entry[2])
+        elif kind == "e":
+            return turn.end(entry[2])
+    return turn.end("completed")
+
+
+def export_outbox(environ: Mapping[str, str]) -> int:
+    """Replay and export every journal in the outbox; returns how many were exported."""
+    root = state_root(dict(environ))
+    box = outbox_dir(root)
+    telemetry = _telemetry(environ)
+    guards: dict[str, Any] = {}
+    done = 0
+    clock = ReplayClock()
+    try:
+        with clock.installed():
+            for path in sorted(box.glob("*.json")):
+                with _claimed(path) as item:
+                    if item is None:
+                        continue
+                    try:
+                        replay(_guard_for(guards, item, root, environ), item, clock)
+                    except Exception as exc:  # a journal this exporter cannot replay is kept aside, not retried
+                        print(f"turnguard export: {path.name}: {type(exc).__name__}: {exc}; kept as .failed",
+                              file=sys.stderr)
+                        with contextlib.suppress(OSError):
+                            os.replace(path, path.with_suffix(".failed"))
+                        continue
+                    done += 1
+    finally:
+        if telemetry is not None:
+            telemetry.shutdown()
+    return done
+
+
+def _guard_for(guards: dict[str, Any], item: dict[str, Any], root: Path, environ: Mapping[str, str]) -> Any:
+    """The full guard of the project the turn ran in (its ``turnguard.toml``), one per project."""
+    from turnguard.config import GuardConfig
+    from turnguard.guard import Guard
+
+    search = _search(item.get("cwd"))
+    guard = guards.get(search)
+    if guard is None:
+        config = GuardConfig.load(environ=environ, search=search)
+        if config.recorder_path is None:
+            config = config.replace(recorder_path=str(root / "turns.jsonl"))
+        guard = guards[search] = Guard(config, environ=environ)
+    return guard
+
+
+@contextlib.contextmanager
+def _claimed(path: Path) -> Iterator[dict[str, Any] | None]:
+    """The journal at ``path``, locked for this exporter, removed when the block ends well;
+    ``None`` when another exporter has it or it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        yield None
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                item = json.loads(f.read())
+        except (OSError, ValueError):
+            item = None
+        if not isinstance(item, dict) or not os.path.exists(path):
+            yield None
+            return
+        yield item
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def _search(cwd: Any) -> str:
+    return cwd if isinstance(cwd, str) and os.path.isdir(cwd) else "."
+
+
+def _telemetry(environ: Mapping[str, str]) -> Any:
+    """OTLP export when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variable is set (else none)."""
+    if not any(k.startswith("OTEL_EXPORTER_OTLP_") and k.endswith("ENDPOINT") for k in environ):
+        return None
+    from turnguard.telemetry import configure
+
+    return configure(service_name=environ.get("OTEL_SERVICE_NAME") or "turnguard-hooks", set_global=True,
+                     environ=environ, shutdown_timeout_ms=None if "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT" in environ
+                     else 15_000)
+
+
+def main() -> int:
+    try:
+        count = export_outbox(os.environ)
+    except Exception as exc:  # the log says why; the journals stay for the next exporter
+        print(f"turnguard export: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"turnguard export: {count} turn(s) exported", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""Gemini CLI's command hooks (tested with 0.61.0).
+
+Events: ``BeforeAgent`` opens a turn, ``BeforeModel`` counts a model request
+(``max_cycles_per_turn``), ``BeforeTool`` checks a call, ``AfterTool`` reports it, ``AfterAgent``
+ends the turn, ``SessionEnd`` the session. Gemini CLI passes no call id: an outcome belongs to the
+earliest waiting call with the same tool and arguments (identical parallel calls are alike anyway).
+A failure is a ``tool_response`` with an ``error``, or a shell call whose output ends with a
+non-zero ``Exit Code: N``.
+
+Answers: a reminder is ``additionalContext``, which Gemini CLI gives the model from ``AfterTool``
+only: one due at a check goes with that call's outcome. A halt is ``decision: "deny"`` with the
+reason the model reads and ``continue: false``, which stops the run (from ``BeforeTool``,
+``AfterTool`` and ``BeforeModel``). Gemini CLI's hooks cannot ask the person: turnguard takes its
+sessions as unattended unless ``TURNGUARD_ATTENDED=1``, and then a question is put to the model
+as a reminder to ask the person, the call allowed.
+
+Gemini CLI has a loop detector of its own (on by default): it stops a run after a few identical
+calls, before turnguard's streak stop; ``{"model": {"disableLoopDetection": true}}`` in its
+settings leaves identical calls to turnguard.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, text_field
+
+KINDS = {
+    "BeforeAgent": Kind.TURN_START,
+    "BeforeModel": Kind.MODEL_REQUEST,
+    "BeforeTool": Kind.TOOL_CHECK,
+    "AfterTool": Kind.TOOL_OUTCOME,
+    "AfterAgent": Kind.TURN_END,
+    "SessionEnd": Kind.SESSION_END,
+}
+ASK_PREFIX = "Ask the user before going on. "
+_EXIT_CODE = re.compile(r"\bExit Code: (-?\d+)")
+
+
+class Gemini:
+    agent = "gemini"
+    context_at_check = False
+
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
+        name = text_field(payload, "hook_event_name", required=True)
+        assert name is not None
+        kind = KINDS.get(name, Kind.IGNORED)
+        common: dict[str, Any] = {
+            "kind": kind, "name": name, "cwd": text_field(payload, "cwd"),
+            "session_id": text_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
+        }
+        if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
+            common.update(tool_name=text_field(payload, "tool_name", required=True),
+                          tool_input=payload.get("tool_input"))
+        if kind is Kind.TOOL_OUTCOME:
+            response = payload.get("tool_response")
+            common.update(outcome=outcome_of(response), result=result_of(response))
+        return AgentEvent(**common)
+
+    def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
+        return attended_from_env(environ, "TURNGUARD_ATTENDED", frozenset())
+
+    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
+        if decision.kind == "allow" or event is None:
+            return HookAnswer({})
+        name = event.name
+        if decision.kind == "halt":
+            answer: dict[str, Any] = {"continue": False, "stopReason": decision.message}
+            if event.kind in (Kind.TOOL_CHECK, Kind.MODEL_REQUEST):
+                answer.update(decision="deny", reason=decision.message)
+            elif event.kind is Kind.TOOL_OUTCOME:
+                answer.update(_specific(name, additionalContext=decision.message))
+            return HookAnswer(answer)
+        if event.kind is Kind.TOOL_OUTCOME:
+            text = decision.message if decision.kind == "remind" else ASK_PREFIX + decision.message
+            return HookAnswer(_specific(name, additionalContext=text))
+        return HookAnswer({})
+
+    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
+        return HookAnswer(None, 2, reason)
+
+
+def outcome_of(response: Any) -> str:
+    if not isinstance(response, dict):
+        return "ok"
+    if response.get("error"):
+        return "error"
+    content = response.get("llmContent")
+    if isinstance(content, str):
+        codes = _EXIT_CODE.findall(content)
+        if codes and codes[-1] != "0":
+            return "error"
+    return "ok"
+
+
+def result_of(response: Any) -> Any:
+    """The call's result as the person sees it (``returnDisplay``): the text the model gets also
+    names the shell's process group, new on every call, which would make every poll progress."""
+    if isinstance(response, dict) and isinstance(response.get("returnDisplay"), str):
+        return response["returnDisplay"]
+    return response
+
+
+def _specific(name: str, **fields: Any) -> dict[str, Any]:
+    return {"hookSpecificOutput": {"hookEventName": name, **fields}}
+
+
+PROTOCOL = Gemini()

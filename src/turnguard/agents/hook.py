@@ -1,0 +1,402 @@
+"""``turnguard hook AGENT``: answer one hook event of a coding agent, then exit.
+
+The turn lives in the session's store as a durable snapshot (``Guard.turn(durable=True)``): each
+event resumes it under the session's lock, does what the event says (``Turn.check_call`` before a
+tool, ``record_outcome`` after it, ``begin_cycle`` before a model request, ``end`` at the stop),
+and puts it aside again (``Turn.suspend``). So the verdicts are those of one process running the
+turn, whatever the processes and their order. The guard here decides only: telemetry and the
+recorder are left out of this path and fed afterwards from the turn's journal (``export``), so
+no tool call waits for an exporter or imports the OpenTelemetry SDK.
+
+A hook never blocks its agent by failing: bad input, a broken store or a bug allows the event
+(exit 0) and says why in one line on stderr, or blocks it under ``fail_mode="closed"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from turnguard.agents.events import AgentEvent, BadEvent, Decision, HookAnswer, Kind, Protocol, read_payload
+from turnguard.agents.store import SessionStore, StoreError, state_root
+
+PROTOCOLS: dict[str, str] = {
+    "claude-code": "turnguard.agents.claude_code",
+    "codex": "turnguard.agents.codex",
+    "gemini": "turnguard.agents.gemini",
+}
+"""Agent name (as in ``turnguard hook AGENT`` and ``gen_ai.agent.name``) -> its module, imported
+only when that agent's hook runs."""
+MAX_JOURNAL = 50_000
+"""Journal entries kept per turn for telemetry; past it the turn is decided as ever but not
+exported (the exporter counts it as a host error)."""
+HALT_NOTE = "turnguard halted this turn"
+
+
+def main(argv: list[str], stdin: Any = None, stdout: Any = None, stderr: Any = None,
+         environ: Mapping[str, str] | None = None) -> int:
+    """The command: ``argv`` is ``[AGENT]``. Reads stdin, prints the answer, returns the exit code."""
+    stdin = sys.stdin.buffer if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
+    environ = os.environ if environ is None else environ
+    if len(argv) != 1 or argv[0] not in PROTOCOLS:
+        stderr.write(f"turnguard hook: usage: turnguard hook {{{','.join(PROTOCOLS)}}} (the event on stdin)\n")
+        return 2
+    try:
+        raw = stdin.read(MAX_READ)
+    except (OSError, ValueError) as exc:
+        raw = b""
+        answer = fail(protocol_for(argv[0]), None, f"cannot read stdin: {exc}", environ)
+    else:
+        answer = run(argv[0], raw, environ)
+    try:
+        stdout.write(answer.stdout_text())
+        stdout.flush()
+    except (OSError, ValueError):
+        pass
+    if answer.stderr:
+        try:
+            stderr.write(answer.stderr.rstrip("\n") + "\n")
+            stderr.flush()
+        except (OSError, ValueError):
+            pass
+    return answer.exit_code
+
+
+MAX_READ = 8 * 1024 * 1024 + 1
+
+
+def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = None) -> HookAnswer:
+    """The answer to one event: never raises (a failure is the fail-mode's answer). ``cwd``: where
+    the agent ran the hook (this process's own when ``None``), for an event that names none."""
+    protocol = protocol_for(agent)
+    event: AgentEvent | None = None
+    hook: Hook | None = None
+    try:
+        event = protocol.read(read_payload(raw), environ)
+        if event.kind is Kind.IGNORED:
+            return protocol.answer(event, Decision.allow())
+        hook = Hook(protocol, environ, event.cwd or cwd)
+        return hook.handle(event)
+    except Exception as exc:  # a hook never takes its agent down
+        from turnguard.config import ConfigError
+
+        if isinstance(exc, BadEvent):
+            why = f"bad event: {exc}"
+        elif isinstance(exc, StoreError):
+            why = f"session state: {exc.strerror or exc}"
+        elif isinstance(exc, ConfigError):
+            why = f"configuration: {exc}"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        closed = hook.config.fail_mode == "closed" if hook is not None and hook.config is not None else None
+        return fail(protocol, event, why, environ, closed=closed)
+
+
+def protocol_for(agent: str) -> Protocol:
+    protocol: Protocol = importlib.import_module(PROTOCOLS[agent]).PROTOCOL
+    return protocol
+
+
+def fail(protocol: Protocol, event: AgentEvent | None, why: str, environ: Mapping[str, str],
+         closed: bool | None = None) -> HookAnswer:
+    """What a failure answers: allow (``fail_mode="open"``, the default) or block (``closed``),
+    with one line on stderr; counted in the state directory's ``hooks/errors.log``. Before the
+    configuration could be read, ``TURNGUARD_FAIL_MODE`` decides."""
+    if closed is None:
+        closed = environ.get("TURNGUARD_FAIL_MODE", "").strip().lower() == "closed"
+    note_error(environ, protocol.agent, why)
+    verb = "blocked (fail_mode=closed)" if closed else "allowed"
+    line = f"turnguard hook {protocol.agent}: {why[:500]}; {verb}"
+    answer = protocol.failure(event, line) if closed else protocol.answer(event, Decision.allow())
+    return HookAnswer(answer.output, answer.exit_code, line)
+
+
+def note_error(environ: Mapping[str, str], agent: str, why: str) -> None:
+    """One line per failure in ``hooks/errors.log`` (appended whole: lines of parallel hooks
+    never mix), which the exporter reports as host errors. Best effort."""
+    try:
+        root = state_root(dict(environ)) / "hooks"
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        line = f"{time.time():.3f}\t{agent}\t{why[:200]!r}\n".encode("utf-8", "backslashreplace")
+        fd = os.open(root / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+@dataclass(slots=True)
+class Hook:
+    """One event's work: the guard, the session's store, and the turn in between."""
+
+    protocol: Protocol
+    environ: Mapping[str, str]
+    cwd: str | None
+
+    def __post_init__(self) -> None:
+        from turnguard.config import GuardConfig
+        from turnguard.plugins import policies_only
+
+        search = self.cwd if self.cwd and os.path.isdir(self.cwd) else "."
+        self.config = GuardConfig.load(environ=self.environ, search=search)
+        self.live_config = policies_only(self.config).replace(load_entrypoints=self.config.load_entrypoints)
+        self.store = SessionStore(state_root(dict(self.environ)), self.protocol.agent)
+        self._guard: Any = None
+
+    config: Any = None
+    live_config: Any = None
+    store: Any = None
+    _guard: Any = None
+
+    @property
+    def guard(self) -> Any:
+        if self._guard is None:
+            from turnguard.guard import Guard
+
+            self._guard = Guard(self.live_config, environ=self.environ)
+        return self._guard
+
+    def handle(self, event: AgentEvent) -> HookAnswer:
+        with self.store.locked(event.session_id) as session:
+            data = session.data
+            if event.kind is Kind.TURN_START:
+                answer = self._start(data, event)
+                self.store.clean()
+            elif event.kind in (Kind.TURN_END, Kind.SESSION_END):
+                answer = self._end(data, event)
+            else:
+                answer = self._step(data, event)
+            if event.kind is Kind.SESSION_END:
+                session.remove()
+            else:
+                session.save()
+        return answer
+
+    # -- the turn's lifecycle -----------------------------------------------------------------
+
+    def _start(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
+        if data.get("turn") is not None:
+            if event.turn_ref is not None and data.get("ref") == event.turn_ref:
+                return self.protocol.answer(event, Decision.allow())  # the agent goes on with the same turn
+            self._close(data, "interrupted")
+        self._open(data, event)
+        return self.protocol.answer(event, Decision.allow())
+
+    def _open(self, data: dict[str, Any], event: AgentEvent) -> Any:
+        attended = self.protocol.attended(event, self.environ)
+        turn = self.guard.turn(conversation_id=event.session_id, agent_name=self.protocol.agent,
+                               promptable=attended, durable=True)
+        data["ref"] = event.turn_ref
+        data["session"] = event.session_id
+        data["cwd"] = event.cwd
+        data["journal"] = [["o", time.time_ns(), turn.turn_id, attended]]
+        for transient in ("ask", "waiting", "remind"):
+            data.pop(transient, None)
+        return turn
+
+    def _resume(self, data: dict[str, Any], event: AgentEvent) -> Any:
+        """The session's turn: resumed from its snapshot, or opened when the agent started one
+        turnguard did not see (hooks installed mid-session, a lost prompt event, another turn id)."""
+        state = data.get("turn")
+        ref = data.get("ref")
+        if state is not None and (event.turn_ref is None or ref is None or ref == event.turn_ref):
+            return self.guard.resume(state)
+        if state is not None:
+            self._close(data, "interrupted")
+        return self._open(data, event)
+
+    def _end(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
+        if data.get("turn") is not None:
+            self._close(data, event.reason)
+        return self.protocol.answer(event, Decision.allow())
+
+    def _close(self, data: dict[str, Any], reason: str) -> None:
+        """End the session's turn and hand its journal to the exporter."""
+        turn = self.guard.resume(data["turn"])
+        ask = data.get("ask")
+        if ask is not None:
+            self._answer(turn, data, "stop")
+        turn.end(reason)
+        journal = data.get("journal") or []
+        journal.append(["e", time.time_ns(), reason])
+        from turnguard.agents import export
+
+        export.hand_over(self.store, self.config, self.protocol.agent, data, self.environ)
+        data["turn"] = None
+        data["journal"] = []
+        for transient in ("ask", "waiting", "remind"):
+            data.pop(transient, None)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def _step(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
+        turn = self._resume(data, event)
+        decision = Decision.allow()
+        if event.kind is Kind.MODEL_REQUEST:
+            verdict = turn.begin_cycle()
+            self._journal(data["journal"], ["m", time.time_ns()])
+            decision = self._decision(verdict, turn, at_check=True)
+        elif event.kind is Kind.TOOL_CHECK:
+            decision = self._check(turn, data, event)
+        elif event.kind is Kind.TOOL_OUTCOME:
+            assert event.tool_name is not None and event.outcome is not None
+            decision = self._outcome(turn, data, event.tool_name, event.tool_input, event.call_id, event.outcome,
+                                     event.result)
+        elif event.kind is Kind.STEP_END:
+            waiting = data.get("waiting") or {}
+            for name, tool_input, call_id in event.batch:
+                if call_id is not None and call_id in waiting:
+                    self._outcome(turn, data, name, tool_input, call_id, "denied", None)
+            if turn.halted is not None:
+                decision = Decision.halt(turn.halted.message or HALT_NOTE, at_check=False)
+        decision = self._deliver(data, event, decision)
+        data["turn"] = turn.suspend()
+        return self.protocol.answer(event, decision)
+
+    def _deliver(self, data: dict[str, Any], event: AgentEvent, decision: Decision) -> Decision:
+        """A reminder for an agent that gives the model no context at a check goes with the next
+        outcome's answer instead."""
+        if self.protocol.context_at_check:
+            return decision
+        if event.kind is Kind.TOOL_CHECK and decision.kind == "remind":
+            data["remind"] = decision.message
+            return Decision.allow()
+        if event.kind is Kind.TOOL_OUTCOME and "remind" in data:
+            message = data.pop("remind")
+            if decision.kind == "allow":
+                return Decision.remind(message)
+            return Decision(decision.kind, f"{message}\n{decision.message}", decision.at_check)
+        return decision
+
+    def _check(self, turn: Any, data: dict[str, Any], event: AgentEvent) -> Decision:
+        from turnguard.model import ToolCall
+
+        assert event.tool_name is not None
+        ask = data.get("ask")
+        if ask is not None and ask.get("call") is not None:
+            self._answer(turn, data, "redirect")  # the person refused the asked call; the agent went on
+            ask = None
+        call = ToolCall(event.tool_name, event.tool_input, call_id=event.call_id)
+        verdict = turn.check_call(call)
+        if event.call_id is not None:
+            data.setdefault("waiting", {})[event.call_id] = 1
+        self._journal(data["journal"], ["c", time.time_ns(), event.tool_name, self._digest(event.tool_name,
+                                        event.tool_input), event.call_id])
+        decision = self._decision(verdict, turn, at_check=True)
+        if decision.kind == "ask":
+            data["ask"] = {"verdict": _verdict_data(verdict), "call": event.call_id or "",
+                           "at": len(data["journal"]) - 1}
+        elif ask is not None and decision.kind in ("allow", "remind"):
+            ask["call"] = event.call_id or ""  # an ASK that came with an outcome: asked now, before this call
+            decision = Decision.ask(ask["verdict"]["message"])
+        return decision
+
+    def _outcome(self, turn: Any, data: dict[str, Any], name: str, tool_input: Any, call_id: str | None,
+                 outcome: str, result: Any) -> Decision:
+        from turnguard.model import ToolCall
+
+        waiting = data.get("waiting")
+        if waiting and call_id is not None:
+            waiting.pop(call_id, None)
+        ask = data.get("ask")
+        if ask is not None and ask.get("call") is not None and ask["call"] == (call_id or ""):
+            self._answer(turn, data, "stop" if outcome == "denied" else "continue")
+        call = ToolCall(name, tool_input, call_id=call_id)
+        keyed_result = name in self.guard.result_tools or "*" in self.guard.result_tools
+        verdict = turn.record_outcome(call, outcome, result if keyed_result else None)
+        self._journal(data["journal"], [
+            "r", time.time_ns(), name, self._digest(name, tool_input), call_id, outcome,
+            self._digest("", result) if keyed_result and result is not None else None,
+        ])
+        decision = self._decision(verdict, turn, at_check=False)
+        if decision.kind == "ask":
+            data["ask"] = {"verdict": _verdict_data(verdict), "call": None, "at": len(data["journal"]) - 1}
+            return Decision.remind(verdict.message)
+        return decision
+
+    def _answer(self, turn: Any, data: dict[str, Any], answer: str) -> None:
+        """The person's answer to the pending question, told to the turn (and the journal)."""
+        from turnguard.snapshot import read_verdict
+
+        ask = data.pop("ask")
+        verdict = read_verdict(ask["verdict"], "ask")
+        if verdict is not None and verdict.event is not None:
+            turn.resolve(verdict.event, answer)
+            self._journal(data["journal"], ["a", time.time_ns(), answer, ask["at"]])
+
+    def _decision(self, verdict: Any, turn: Any, *, at_check: bool) -> Decision:
+        from turnguard.model import Action
+
+        action = verdict.action
+        if action is Action.ALLOW:
+            return Decision.allow()
+        if action is Action.REMIND:
+            return Decision.remind(verdict.message)
+        if action is Action.ASK and turn.promptable:
+            return Decision.ask(verdict.message)
+        return Decision.halt(verdict.message or HALT_NOTE, at_check=at_check)
+
+    def _digest(self, name: str, value: Any) -> str:
+        from turnguard.keys import identity_bytes
+
+        return hashlib.blake2b(identity_bytes(name, value, self.config.key_mode), digest_size=8).hexdigest()
+
+    @staticmethod
+    def _journal(journal: list[Any], entry: list[Any]) -> None:
+        if len(journal) < MAX_JOURNAL:
+            journal.append(entry)
+        elif journal[-1] != ["x"]:
+            journal.append(["x"])  # cut: the exporter leaves this turn out and counts it
+
+
+def plugins_installed(directory: Any) -> bool:
+    """Whether any distribution declares a ``turnguard`` entry point: the answer of the last scan,
+    kept in ``directory/entrypoints.json`` with the modification times of the import path's
+    folders (installing or removing a distribution changes its folder's), scanned again when they
+    differ. Scanning every distribution's metadata costs a hook more than the rest of its work."""
+    import json
+
+    key = [[p, _mtime_ns(p)] for p in sys.path if p]
+    cache = directory / "entrypoints.json"
+    try:
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+        if saved.get("key") == key and isinstance(saved.get("installed"), bool):
+            return bool(saved["installed"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    from turnguard.plugins import installed_entrypoints
+
+    installed = bool(installed_entrypoints())
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = directory / f".entrypoints.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"key": key, "installed": installed}), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return installed
+
+
+def _mtime_ns(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _verdict_data(verdict: Any) -> dict[str, Any]:
+    from turnguard.snapshot import verdict_data
+
+    data = verdict_data(verdict)
+    assert data is not None
+    return data

@@ -1,0 +1,162 @@
+"""Each session's turn state between hook processes: one JSON file per session, locked, replaced whole.
+
+Every hook event is a fresh process, and an agent runs the hooks of parallel tool calls at once.
+So a session's state is read, changed and written under an exclusive ``flock`` on a lock file
+beside it (parallel hooks take turns; a killed holder's lock is released by the kernel), and
+written to a temporary file that then replaces the state (``os.replace``): a hook killed at any
+point leaves the last state written whole. Two sessions never share a file. Files of sessions not
+touched for ``MAX_AGE_S`` are removed when a turn starts; a state larger than ``MAX_STATE_BYTES``
+is refused (the hook fails open), which the live bounds of a turn keep far away.
+
+Where: ``$TURNGUARD_STATE_DIR``, else ``$XDG_STATE_HOME/turnguard``, else
+``~/.local/state/turnguard``; the sessions of an agent under ``hooks/AGENT/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MAX_STATE_BYTES = 16 * 1024 * 1024
+MAX_AGE_S = 7 * 24 * 3600
+LOCK_TIMEOUT_S = 20.0
+"""How long a hook waits for the session's lock before it gives up (and fails open)."""
+STATE_VERSION = 1
+
+
+class StoreError(OSError):
+    """The session's state cannot be read, locked or written (the hook fails open, saying why)."""
+
+
+def state_root(environ: dict[str, str] | os._Environ[str] | None = None) -> Path:
+    """The user's turnguard state directory (see the module's docstring)."""
+    env = os.environ if environ is None else environ
+    explicit = env.get("TURNGUARD_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = env.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path(env.get("HOME") or Path.home()) / ".local" / "state"
+    return base / "turnguard"
+
+
+def session_file_name(session_id: str) -> str:
+    """A file name for any session id (ids are the agent's: never trusted as a path)."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class SessionStore:
+    """The sessions of one agent under ``root/hooks/AGENT``."""
+
+    def __init__(self, root: Path, agent: str) -> None:
+        self.directory = root / "hooks" / agent
+
+    def path(self, session_id: str) -> Path:
+        return self.directory / f"{session_file_name(session_id)}.json"
+
+    @contextlib.contextmanager
+    def locked(self, session_id: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[Session]:
+        """The session's state, held exclusively until the block ends; ``Session.save`` writes it."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.directory / f"{session_file_name(session_id)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StoreError(exc.errno, f"cannot open the session lock in {self.directory}: {exc.strerror}") from None
+        try:
+            _lock(fd, timeout_s)
+            yield Session(self.path(session_id), session_id)
+        finally:
+            os.close(fd)  # releases the lock
+
+    def clean(self, now: float | None = None, max_age_s: float = MAX_AGE_S) -> int:
+        """Remove the files of sessions untouched for ``max_age_s`` (and temporary files a killed
+        hook left); returns how many files went. Never raises: a file in use stays."""
+        now = time.time() if now is None else now
+        removed = 0
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return 0
+        for entry in entries:
+            try:
+                old = now - entry.stat().st_mtime > (60 if entry.name.startswith(".") else max_age_s)
+                if old and entry.is_file():
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                continue
+        return removed
+
+
+def _lock(fd: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.0005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise StoreError(0, f"the session's lock was held for more than {timeout_s:g} s") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+
+class Session:
+    """One session's state while its lock is held: ``data`` read on first use, ``save`` to write."""
+
+    def __init__(self, path: Path, session_id: str) -> None:
+        self.path = path
+        self.session_id = session_id
+        self._data: dict[str, Any] | None = None
+
+    @property
+    def data(self) -> dict[str, Any]:
+        if self._data is None:
+            self._data = self._read()
+        return self._data
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(MAX_STATE_BYTES + 1)
+        except FileNotFoundError:
+            return {"version": STATE_VERSION}
+        except OSError as exc:
+            raise StoreError(exc.errno, f"cannot read {self.path}: {exc.strerror}") from None
+        if len(raw) > MAX_STATE_BYTES:
+            raise StoreError(0, f"{self.path} is larger than {MAX_STATE_BYTES} bytes")
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise StoreError(0, f"{self.path} is not JSON") from None
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            raise StoreError(0, f"{self.path} is not a turnguard session state of version {STATE_VERSION}")
+        return data
+
+    def save(self) -> None:
+        """Write the state whole: to a temporary file, then ``os.replace`` over the last one."""
+        text = json.dumps(self.data, separators=(",", ":"), ensure_ascii=False)
+        body = text.encode("utf-8", "surrogatepass")
+        if len(body) > MAX_STATE_BYTES:
+            raise StoreError(0, f"the session's state would be larger than {MAX_STATE_BYTES} bytes")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(body)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StoreError(exc.errno, f"cannot write {self.path}: {exc.strerror}") from None
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._data = {"version": STATE_VERSION}

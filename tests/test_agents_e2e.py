@@ -1,0 +1,251 @@
+"""The real coding agents, guarded by ``turnguard install``, against a scripted model on 127.0.0.1.
+
+Each test installs turnguard's hooks into a fresh project the way a user would (``turnguard
+install AGENT``), runs the agent headless (``claude -p``, ``codex exec``, ``gemini -p``) on a
+scripted model, and checks what ran (each scripted shell call appends a line to a file in the
+project), what the model was sent, and what the recorder wrote once the exporter replayed the
+turn. The CLIs are pinned in ``tests/coding_agents/package.json`` (``./dev.sh test`` installs
+them); under CI a missing one fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import chain
+from coding_agents import clis
+from coding_agents.model_server import Agent, Call, ModelRequest, ModelServer, Reply, shell
+
+AGENTS: tuple[Agent, ...] = ("claude", "codex", "gemini")
+NAME = {"claude": "claude-code", "codex": "codex", "gemini": "gemini"}
+"""The agent's name for turnguard (``turnguard install NAME``, ``gen_ai.agent.name``)."""
+SHELL_TOOL = {"claude": "Bash", "codex": "Bash", "gemini": "run_shell_command"}
+"""The shell tool's name as the hooks see it."""
+GEMINI_OWN_LOOP_DETECTION_OFF = {"model": {"disableLoopDetection": True}}
+"""Gemini CLI stops a run after a few identical calls by itself: off, to see turnguard's stop."""
+STREAK_REASON = "failed 8 times in a row"
+
+
+@dataclass
+class Guarded:
+    """A project with turnguard installed for ``agent``, its own state directory and recorder."""
+
+    agent: Agent
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def project(self) -> Path:
+        return self.root / "project"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def recorder(self) -> Path:
+        return self.root / "turns.jsonl"
+
+    def lines(self, name: str = "calls.txt") -> list[str]:
+        path = self.project / name
+        return path.read_text().splitlines() if path.exists() else []
+
+    def append(self, text: str, name: str = "calls.txt") -> str:
+        """A shell command that records that it ran."""
+        return f"echo {text} >> {self.project / name}"
+
+    def run(self, script: Any, prompt: str = "Do the scripted work.", home: Path | None = None,
+            **options: Any) -> tuple[clis.AgentRun, ModelServer]:
+        if self.agent == "gemini":
+            options.setdefault("settings", GEMINI_OWN_LOOP_DETECTION_OFF)
+        with ModelServer(script) as server:
+            run = clis.run(self.agent, self.project, server.url, prompt, env=self.env, timeout=240,
+                           home=home, **options)
+        assert not run.timed_out, run.describe()
+        assert server.errors == [], server.errors
+        return run, server
+
+    def turns(self, count: int, timeout: float = 90) -> list[dict[str, Any]]:
+        """The recorder's lines once ``count`` turns were exported (the exporter runs detached)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.recorder.read_text().splitlines() if self.recorder.exists() else []
+            if len(lines) >= count and not list((self.state / "hooks" / "outbox").glob("*.json")):
+                return [json.loads(line) for line in lines]
+            if time.monotonic() > deadline:
+                log = self.state / "hooks" / "export.log"
+                raise AssertionError(f"{len(lines)} of {count} turns recorded; export log: "
+                                     f"{log.read_text() if log.exists() else '-'}")
+            time.sleep(0.2)
+
+
+def install(agent: Agent, project: Path, home: Path) -> None:
+    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex")}
+    done = subprocess.run([sys.executable, "-m", "turnguard", "install", NAME[agent], "--project"], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(params=AGENTS)
+def guarded(request: pytest.FixtureRequest, tmp_path: Path) -> Guarded:
+    agent: Agent = request.param
+    clis.require(agent)
+    guarded = Guarded(agent, tmp_path)
+    guarded.project.mkdir()
+    guarded.env.update(TURNGUARD_STATE_DIR=str(guarded.state), TURNGUARD_RECORDER_PATH=str(guarded.recorder))
+    install(agent, guarded.project, tmp_path / "install-home")
+    return guarded
+
+
+def repeat(call: Call, times: int, then: str = "I give up.") -> Any:
+    """The model asks for ``call`` at each step, ``times`` steps, then ends with ``then``."""
+    def script(request: ModelRequest) -> Reply:
+        return call if request.step < times else then
+    return script
+
+
+def reason_reached_the_agent(run: clis.AgentRun, server: ModelServer, reason: str) -> bool:
+    """The reason is in what the model was sent, what the agent printed, or the session's
+    transcript (a run stopped at once has no next request: the reason is in its conversation)."""
+    if server.seen(reason) or reason in run.stdout or reason in run.stderr:
+        return True
+    return any(reason in p.read_text(errors="replace") for p in run.home.rglob("*.jsonl") if p.is_file())
+
+
+def test_identical_failing_calls_halt_at_the_eighth_failure_and_the_run_ends(guarded: Guarded) -> None:
+    run, server = guarded.run(repeat(shell(guarded.agent, guarded.append("ran") + "; exit 1"), 12))
+    assert len(guarded.lines()) == 8, run.describe()
+    assert run.returncode == 0, run.describe()
+    if guarded.agent == "codex":  # a hook cannot stop Codex mid-turn: every later call is refused instead
+        assert len(server.main_requests) == 13
+        assert all(STREAK_REASON in r.text() for r in server.main_requests[9:])
+    else:  # stopped before the model was asked again
+        assert len(server.main_requests) == 8, run.describe()
+    assert reason_reached_the_agent(run, server, STREAK_REASON)
+    (turn,) = guarded.turns(1)
+    assert (turn["agent"], turn["ended_by"], turn["tool_calls"]) == (NAME[guarded.agent], "streak", 8)
+    assert [c["outcome"] for c in turn["calls"]] == ["error"] * 8
+
+
+def test_distinct_calls_complete_and_nothing_fires(guarded: Guarded) -> None:
+    replies: list[Reply] = [[shell(guarded.agent, guarded.append(f"{10 * step + i}")) for i in range(10)]
+                            for step in range(15)]
+    run, server = guarded.run(lambda request: replies[request.step] if request.step < 15 else "All 150 done.")
+    assert sorted(map(int, guarded.lines())) == list(range(150)), run.describe()
+    assert run.returncode == 0 and run.text == "All 150 done.", run.describe()
+    assert not server.seen("turnguard")
+    (turn,) = guarded.turns(1)
+    assert (turn["tool_calls"], turn["ended_by"]) == (150, "completed")
+    assert {c["outcome"] for c in turn["calls"]} == {"ok"}
+
+
+@pytest.mark.parametrize("source", ["environment", "turnguard.toml"])
+def test_an_explicit_cap_of_20_lets_exactly_20_calls_run(guarded: Guarded, source: str) -> None:
+    if source == "environment":
+        guarded.env["TURNGUARD_MAX_TOOL_CALLS_PER_TURN"] = "20"
+    else:
+        (guarded.project / "turnguard.toml").write_text("max_tool_calls_per_turn = 20\n")
+    run, server = guarded.run(lambda r: shell(guarded.agent, guarded.append(str(r.step))) if r.step < 25 else "Done.")
+    assert guarded.lines() == [str(i) for i in range(20)], run.describe()
+    (turn,) = guarded.turns(1)
+    assert (turn["ended_by"], turn["tool_calls"]) == ("explicit", 20)
+
+
+def test_a_polling_tool_runs_while_its_result_changes_and_halts_once_it_settles(guarded: Guarded) -> None:
+    guarded.env["TURNGUARD_STATEFUL_TOOLS"] = SHELL_TOOL[guarded.agent]
+    poll = guarded.project / "poll.sh"
+    poll.write_text(f'cd {guarded.project}; n=$(($(cat n 2>/dev/null || echo 0) + 1)); echo $n > n; '
+                    f'echo ran >> calls.txt; [ $n -le 20 ] && echo "pending $n" || echo "pending 20"; exit 1\n')
+    run, server = guarded.run(repeat(shell(guarded.agent, f"sh {poll}"), 40))
+    ran = len(guarded.lines())
+    assert 21 <= ran <= 28, run.describe()
+    (turn,) = guarded.turns(1)
+    assert turn["ended_by"] == "streak" and turn["tool_calls"] == ran
+
+
+def test_parallel_calls_of_one_response_are_counted_exactly(guarded: Guarded) -> None:
+    reads = [shell(guarded.agent, c) for c in ("ls", "pwd", f"cat {guarded.project / 'poll.sh'} || true")]
+    (guarded.project / "poll.sh").write_text("x\n")
+    run, server = guarded.run([reads, reads, reads, "Read them all."])
+    assert run.text == "Read them all.", run.describe()
+    (turn,) = guarded.turns(1)
+    assert (turn["tool_calls"], turn["ended_by"]) == (9, "completed")
+    with_state = list((guarded.state / "hooks" / NAME[guarded.agent]).glob("*.json"))
+    assert all(json.loads(p.read_text()).get("turn") is None for p in with_state)
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+def test_two_sessions_at_once_never_share_counts_and_a_resumed_session_starts_a_new_turn(
+        tmp_path: Path, agent: Agent) -> None:
+    clis.require(agent)
+    projects = [Guarded(agent, tmp_path / name) for name in ("a", "b")]
+    for g in projects:
+        g.project.mkdir(parents=True)
+        g.env.update(TURNGUARD_STATE_DIR=str(tmp_path / "state"), TURNGUARD_RECORDER_PATH=str(tmp_path / "turns.jsonl"))
+        install(agent, g.project, tmp_path / "install-home")
+    runs: dict[str, clis.AgentRun] = {}
+
+    def six_failures(g: Guarded) -> None:  # 12 identical failing calls shared would halt at 8
+        runs[g.root.name] = g.run(repeat(shell(agent, "echo x; exit 1"), 6))[0]
+
+    threads = [threading.Thread(target=six_failures, args=(g,)) for g in projects]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    turns = projects[0].turns(2)
+    assert sorted((t["tool_calls"], t["ended_by"]) for t in turns) == [(6, "completed"), (6, "completed")]
+    assert len({t["conversation_id"] for t in turns}) == 2
+    first = runs["a"]
+    assert first.session_id
+    resumed, _ = projects[0].run(repeat(shell(agent, "echo x; exit 1"), 3), prompt="Go on.", home=first.home,
+                                 resume=first.session_id)
+    assert resumed.returncode == 0, resumed.describe()
+    turns = projects[0].turns(3)
+    assert turns[-1]["conversation_id"] == first.session_id
+    assert (turns[-1]["tool_calls"], turns[-1]["ended_by"]) == (3, "completed")
+
+
+def test_hook_turns_reach_the_collector_file(tmp_path: Path) -> None:
+    """Spans, the loop event and the turn's span attributes of a halted Claude Code turn reach the
+    shipped Collector's file (the input of ``turnguard calibrate``), exported after the turn."""
+    clis.require("claude")
+    otelcol = chain.collector()
+    g = Guarded("claude", tmp_path)
+    g.project.mkdir()
+    install("claude", g.project, tmp_path / "install-home")
+    collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
+    try:
+        g.env.update(TURNGUARD_STATE_DIR=str(g.state), TURNGUARD_RECORDER_PATH=str(g.recorder),
+                     OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_http, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        g.run(repeat(shell("claude", "echo x; exit 1"), 12))
+        g.turns(1)
+        events = chain.wait_until("the loop event in the Collector's file",
+                                  lambda: _loop_events(collector.otlp_file) or None, collector.exited, timeout=60)
+    finally:
+        collector.stop()
+    assert [(e["turnguard.loop.threshold"], e["turnguard.loop.level"], e["gen_ai.agent.name"]) for e in events
+            if e["turnguard.loop.level"] == "stop"] == [("streak", "stop", "claude-code")]
+
+
+def _loop_events(path: Path) -> list[dict[str, Any]]:
+    found = []
+    lines = path.read_text().splitlines() if path.exists() else []
+    for line in lines:
+        for resource in json.loads(line).get("resourceLogs", []):
+            for scope in resource.get("scopeLogs", []):
+                for record in scope.get("logRecords", []):
+                    attrs = {a["key"]: next(iter(a["value"].values()), None) for a in record.get("attributes", [])}
+                    if record.get("eventName") == "turnguard.loop_detected" or "turnguard.loop.threshold" in attrs:
+                        found.append(attrs)
+    return found
