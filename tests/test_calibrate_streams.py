@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import random
 from pathlib import Path
 
@@ -155,3 +156,77 @@ def test_the_benchmarks_collector_files_read_as_one_stream_of_their_turns(tmp_pa
     assert len(files) > 2 and files[-1].endswith("otlp.jsonl")
     result, err = figures(tmp_path)
     assert (result["turns"], result["calls"], result["problems"]) == (turns, calls, 0), err
+
+
+class Listings:
+    """Counts the directory listings made while it is installed (``os.scandir``, ``os.listdir``,
+    ``Path.iterdir``, which ``glob`` and ``pathlib`` list through)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        for owner, name in ((os, "scandir"), (os, "listdir"), (Path, "iterdir")):
+            monkeypatch.setattr(owner, name, self._counted(getattr(owner, name)))
+
+    def _counted(self, function):
+        def counted(*args, **kwargs):
+            self.count += 1
+            return function(*args, **kwargs)
+        return counted
+
+
+CORPUS_LINE = json.dumps({"id": "t", "calls": [{"tool": "read", "args": {"p": 1}, "outcome": "ok"}], "cycles": 1})
+
+
+def one_line_files(folder: Path, n: int, *, backups: int = 0) -> list[Path]:
+    """``n`` one-line corpus files in ``folder`` (and ``backups`` rotated backups of the first)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"turns-{i:05}.jsonl" for i in range(n)]
+    paths += [folder / backup(paths[0].name, t) for t in TIMES[:backups]]
+    for path in paths:
+        path.write_text(CORPUS_LINE + "\n")
+    return paths
+
+
+def listings_of(monkeypatch: pytest.MonkeyPatch, arguments: list[str]) -> int:
+    with monkeypatch.context() as patch:
+        listings = Listings(patch)
+        out, err = io.StringIO(), io.StringIO()
+        assert cli.main([*arguments, "--json", "-", "--jobs", "1", "--soft-caps", "10", "--multipliers", "2",
+                         "--stuck-repeats", "3", "--no-peers", "--explicit-caps", "20"], stdout=out, stderr=err) == 0
+        return listings.count
+
+
+@pytest.mark.parametrize("named", ["directory", "glob", "each file"])
+def test_the_folders_are_listed_a_fixed_number_of_times_whatever_the_number_of_files(tmp_path, monkeypatch, named):
+    """Reading a folder of n files (given as the folder, a glob or each file by name, with or
+    without backups beside one) lists each folder a fixed number of times, not once per file:
+    3,000 one-line files took 53 s when the backups were looked for by listing the folder again
+    for every file."""
+    counts = []
+    for n in (20, 80):
+        folder = tmp_path / f"n{n}"
+        paths = one_line_files(folder, n, backups=2)
+        arguments = {"directory": [str(folder)], "glob": [str(folder / "turns-*.jsonl")],
+                     "each file": [str(p) for p in paths if not rotation_of(p)[1]]}[named]
+        counts.append(listings_of(monkeypatch, arguments))
+    assert counts[0] == counts[1] <= 3, counts
+
+
+def test_files_in_several_folders_list_each_folder_a_fixed_number_of_times(tmp_path, monkeypatch):
+    counts = []
+    for folders in (2, 6):
+        paths = [p for k in range(folders) for p in one_line_files(tmp_path / f"{folders}" / f"f{k}", 10)]
+        counts.append(listings_of(monkeypatch, [str(p) for p in paths]))
+    assert counts[1] <= 3 * counts[0], counts
+    assert counts[1] <= 2 * 6, counts
+
+
+def test_missing_backups_lists_a_folder_once_for_all_its_files(tmp_path, monkeypatch):
+    paths = one_line_files(tmp_path, 50, backups=3)
+    live = [p for p in paths if not rotation_of(p)[1]]
+    with monkeypatch.context() as patch:
+        listings = Listings(patch)
+        missing = missing_backups(live)
+    assert listings.count == 1
+    assert missing == {live[0]: sorted(paths[50:], key=lambda p: rotation_of(p)[1])}
+    assert missing_backups(paths) == {}

@@ -34,9 +34,13 @@ GLOB_CHARS = frozenset("*?[")
 def rotation_of(path: Path) -> tuple[str, str]:
     """``(live file's name, rotation time)`` of a backup; ``(name, "")`` for any other file
     (a live file sorts after its backups: ``""`` is read last, see ``_order_key``)."""
-    found = BACKUP.match(path.name)
+    return _rotation(path.name)
+
+
+def _rotation(name: str) -> tuple[str, str]:
+    found = BACKUP.match(name)
     if found is None:
-        return path.name, ""
+        return name, ""
     return found["prefix"] + (found["ext"] or ""), found["time"]
 
 
@@ -93,20 +97,42 @@ def in_stream_order(files: Sequence[Path]) -> list[Path]:
 
 
 def missing_backups(files: Sequence[Path]) -> dict[Path, list[Path]]:
-    """For each live file given, the rotated backups beside it that were not given."""
+    """For each live file given, the rotated backups beside it that were not given. Each folder is
+    listed once, its backups indexed by live file, so thousands of files in one folder cost one
+    listing, not one per file."""
     given = {os.path.realpath(f) for f in files}
+    backups: dict[str, dict[str, list[str]]] = {}
     out: dict[Path, list[Path]] = {}
     for f in files:
         name, time = rotation_of(f)
         if time:
             continue
-        folder = f.parent
-        try:
-            beside = [p for p in folder.iterdir() if p.is_file() and p.name != f.name]
-        except OSError:
-            continue
-        left = sorted((p for p in beside if rotation_of(p) == (name, rotation_of(p)[1]) and rotation_of(p)[1]
-                       and os.path.realpath(p) not in given), key=_order_key)
+        folder = os.path.abspath(f.parent)
+        if folder not in backups:
+            backups[folder] = _backups_in(folder)
+        beside = (f.parent / n for n in backups[folder].get(name, ()) if n != f.name)
+        left = sorted((p for p in beside if os.path.realpath(p) not in given), key=_order_key)
         if left:
             out[f] = left
     return out
+
+
+def _backups_in(folder: str) -> dict[str, list[str]]:
+    """The names of the rotated backups (regular files) in ``folder``, by their live file's name."""
+    found: dict[str, list[str]] = {}
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name, time = _rotation(entry.name)
+                if time and _is_file(entry):
+                    found.setdefault(name, []).append(entry.name)
+    except OSError:
+        pass
+    return found
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
