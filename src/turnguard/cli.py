@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from turnguard.config import ConfigError, GuardConfig
-from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, fit_table, output_width
+from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, fit_table, output_width, shown
 
 DEFAULT_RECORDER_PATH = ".turnguard/turns.jsonl"
 
@@ -87,7 +87,7 @@ def _configure_telemetry() -> Any:
 
         return configure(service_name=os.environ.get("OTEL_SERVICE_NAME") or "turnguard-demo", set_global=True)
     except ImportError as exc:
-        print(f"turnguard: OTLP export not available ({exc})", file=sys.stderr)
+        say(f"turnguard: OTLP export not available ({exc})")
         return None
 
 
@@ -103,21 +103,20 @@ def _demo(args: argparse.Namespace) -> int:
 
     unknown = [n for n in args.scenarios if n not in SCENARIOS]
     if unknown:
-        print(f"turnguard demo: unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}",
-              file=sys.stderr)
+        say(f"turnguard demo: unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
         return 2
     recorder_path = None if args.no_record else args.record
     if recorder_path:
         problem = writable_file(recorder_path)
         if problem:
-            print(f"turnguard demo: cannot write the turns file {recorder_path}: {problem}", file=sys.stderr)
+            say(f"turnguard demo: cannot write the turns file {recorder_path}: {problem}")
             return 2
     from turnguard.telemetry.setup import TelemetryConfigError
 
     try:
         telemetry = _configure_telemetry()
     except TelemetryConfigError as exc:
-        print(f"turnguard demo: {exc}", file=sys.stderr)
+        say(f"turnguard demo: {exc}")
         return 2
     try:
         base = args.guard_config.replace(recorder_path=recorder_path)
@@ -143,11 +142,16 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
     lost = sum(result.unrecorded for result in results)
     if lost:
-        print(f"turnguard demo: {lost} of {len(results)} turns could not be written to {recorder_path} "
-              "(the recorder's warning says why)", file=sys.stderr)
+        say(f"turnguard demo: {lost} of {len(results)} turns could not be written to {recorder_path} "
+            "(the recorder's warning says why)")
         return 1
-    out.write(f"\nturns recorded in {recorder_path}\n")
+    out.write(f"\nturns recorded in {shown(recorder_path)}\n")
     return 0
+
+
+def say(message: str) -> None:
+    """A message on one line of stderr, the file names in it printable (``terminal.shown``)."""
+    print(shown(message), file=sys.stderr)
 
 
 def writable_file(path: str) -> str | None:
@@ -208,7 +212,7 @@ def _config(args: argparse.Namespace) -> int:
     import dataclasses
 
     config, sources = args.guard_config, args.guard_config_sources
-    rows = [(f.name, repr(getattr(config, f.name)), sources[f.name]) for f in dataclasses.fields(config)]
+    rows = [(f.name, repr(getattr(config, f.name)), shown(sources[f.name])) for f in dataclasses.fields(config)]
     rows.append(("cap_mode", repr(config.cap_mode), "derived"))
     table(rows, ("option", "value", "from"), sys.stdout, width=output_width(args.wide), breakable=(1, 2),
           free_last=False)
@@ -294,21 +298,21 @@ def _assets(args: argparse.Namespace) -> int:
     try:
         written = assets.write(directory, overwrite=args.force, contents=_rendered_assets(args))
     except MissingExtra as exc:
-        print(f"turnguard assets: {exc}", file=sys.stderr)
+        say(f"turnguard assets: {exc}")
         return 2
     except assets.UnsafeTarget as exc:  # checked before writing anything
-        print(f"turnguard assets: {exc}; nothing written", file=sys.stderr)
+        say(f"turnguard assets: {exc}; nothing written")
         return 2
     except assets.WriteFailed as exc:
         undone = f"could not undo {'; '.join(exc.left)}" if exc.left else "nothing left behind"
-        print(f"turnguard assets: {exc.filename or directory}: {exc.strerror} ({undone})", file=sys.stderr)
+        say(f"turnguard assets: {exc.filename or directory}: {exc.strerror} ({undone})")
         return 1
     except OSError as exc:  # files that exist (without --force), or the package's assets missing
-        print(f"turnguard assets: {exc}", file=sys.stderr)
+        say(f"turnguard assets: {exc}")
         return 1
-    print(f"{directory}/")
+    print(f"{shown(directory)}/")
     for path in written:
-        print(f"  {path.relative_to(directory).as_posix()}")
+        print(f"  {shown(path.relative_to(directory).as_posix())}")
     return 0
 
 
@@ -404,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.guard_config, args.guard_config_sources = load_config(args)
     except ConfigError as exc:
-        print(f"turnguard {SUBCOMMANDS[args.command].called}: {exc}", file=sys.stderr)
+        say(f"turnguard {SUBCOMMANDS[args.command].called}: {exc}")
         return 2
     return _run(SUBCOMMANDS[args.command], args)
 
@@ -419,12 +423,11 @@ def _run(command: Subcommand, args: argparse.Namespace) -> int:
     except OutputFailed as failed:
         _discard_stdout(stdout)
         if not isinstance(failed.error, BrokenPipeError):  # (a reader that went away, `| head`: nothing to say)
-            print(f"turnguard {command.called}: cannot write to standard output: {_why(failed.error)}",
-                  file=sys.stderr)
+            say(f"turnguard {command.called}: cannot write to standard output: {_why(failed.error)}")
         return 1
     except OSError as exc:  # the environment failed the command (a full disk, a file gone): one line
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"turnguard {command.called}: {where}{_why(exc)}", file=sys.stderr)
+        say(f"turnguard {command.called}: {where}{_why(exc)}")
         return 1
     finally:
         sys.stdout = stdout

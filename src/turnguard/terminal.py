@@ -6,12 +6,20 @@ or the terminal's width when it is wider (``shutil.get_terminal_size``, which al
 of numbers break into a word per line. A
 table too wide for it wraps its wrappable columns at spaces (a cell may take several lines), and
 a free-text last column that still does not fit moves to indented lines under its row.
+
+Text that came from outside (a file name, a turn's id) is printed through ``shown``: a file name
+that is not UTF-8 reaches Python with its bytes as lone surrogates (PEP 383), which no UTF-8
+output can encode, and a control character in a name would break a one-line message or reach the
+terminal as an escape sequence.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import textwrap
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +45,23 @@ def add_wide_argument(parser: Any) -> None:
     """The ``--wide`` flag every command that prints a table has."""
     parser.add_argument("--wide", action="store_true",
                         help=f"do not fit the output to {DEFAULT_WIDTH} columns (or the terminal's width)")
+
+
+def shown(text: str | os.PathLike[str] | bytes) -> str:
+    """``text`` (a path, a message naming one) as any output can carry it, on one line: a byte that
+    is not UTF-8 (a lone surrogate of ``os.fsdecode``) as ``\\xff``, any other lone surrogate as
+    ``\\ud800``, a control character as ``\\n``, ``\\x1b``, ..."""
+    text = os.fsdecode(text)
+    if text.isascii() and text.isprintable():
+        return text
+    with contextlib.suppress(UnicodeEncodeError):  # (a surrogate no file name decodes to: escaped below)
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _ESCAPED else ch
+                   for ch in text)
+
+
+_ESCAPED = frozenset({"Cc", "Cs"})
+"""Unicode categories ``shown`` writes as escapes: control characters and surrogates."""
 
 
 def wrap_items(prefix: str, items: Sequence[str], width: int, sep: str = ", ") -> list[str]:

@@ -23,7 +23,7 @@ from turnguard.calibrate.run import Progress, StrictError, calibrate, input_size
 from turnguard.calibrate.stats import RunStats
 from turnguard.calibrate.streams import expand_inputs, missing_backups
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
-from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, output_width
+from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, output_width, shown
 
 MAX_SHOWN_PROBLEMS = 100
 AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     try:
         base = getattr(args, "guard_config", None) or GuardConfig.load(args.config)
     except ConfigError as exc:
-        print(f"turnguard calibrate: {exc}", file=stderr)
+        say(f"turnguard calibrate: {exc}", stderr)
         return 2
     spec = g.GridSpec(
         soft_caps=args.soft_caps, multipliers=args.multipliers, stuck_repeats=args.stuck_repeats,
@@ -172,18 +172,18 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     try:
         policies = g.build_grid(spec)
     except ConfigError as exc:
-        print(f"turnguard calibrate: grid: {exc}", file=stderr)
+        say(f"turnguard calibrate: grid: {exc}", stderr)
         return 2
     unwritable = outputs_problem(args.json, args.html)
     if unwritable:
-        print(f"turnguard calibrate: {unwritable}", file=stderr)
+        say(f"turnguard calibrate: {unwritable}", stderr)
         return 2
-    shown = [0]
+    problems = [0]
 
     def on_problem(problem: InputProblem) -> None:
-        shown[0] += 1
-        if shown[0] <= MAX_SHOWN_PROBLEMS:
-            print(f"turnguard calibrate: {problem}", file=stderr)
+        problems[0] += 1
+        if problems[0] <= MAX_SHOWN_PROBLEMS:
+            say(f"turnguard calibrate: {problem}", stderr)
 
     enabled = {"auto": None, "always": True, "never": False}[args.progress]
     try:
@@ -198,28 +198,33 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
                           tolerance=args.tolerance or DEFAULT_TOLERANCE,
                           probe_rate=None if probe is None else probe.rate)
     except StrictError as exc:
-        print(f"turnguard calibrate: stopped: {exc}", file=stderr)
+        say(f"turnguard calibrate: stopped: {exc}", stderr)
         return 1
     except (InputError, OSError) as exc:
-        print(f"turnguard calibrate: {exc}", file=stderr)
+        say(f"turnguard calibrate: {exc}", stderr)
         return 2
-    if shown[0] > MAX_SHOWN_PROBLEMS:
-        print(f"turnguard calibrate: ... and {shown[0] - MAX_SHOWN_PROBLEMS:,} more input problems "
-              f"({shown[0]:,} in all)", file=stderr)
+    if problems[0] > MAX_SHOWN_PROBLEMS:
+        say(f"turnguard calibrate: ... and {problems[0] - MAX_SHOWN_PROBLEMS:,} more input problems "
+            f"({problems[0]:,} in all)", stderr)
     if not stats.turns:
-        print(f"turnguard calibrate: no turn could be read from {', '.join(map(str, args.files))} "
-              f"({stats.problems:,} input problems); nothing to report", file=stderr)
+        say(f"turnguard calibrate: no turn could be read from {', '.join(map(str, args.files))} "
+            f"({stats.problems:,} input problems); nothing to report", stderr)
         return 1
     return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold, width=output_width(args.wide))
+
+
+def say(message: str, stderr: TextIO) -> None:
+    """A message on one line of ``stderr``, the file names in it printable (``terminal.shown``)."""
+    print(shown(message), file=stderr)
 
 
 def _say_missing_backups(files: Sequence[Path], stderr: TextIO) -> None:
     """A file given without the rotated backups beside it: the report would leave them out."""
     for live, backups in missing_backups(files).items():
-        shown = ", ".join(p.name for p in backups[:3]) + (f" and {len(backups) - 3:,} more" if len(backups) > 3 else "")
-        print(f"turnguard calibrate: note: {live} has {len(backups):,} rotated backup(s) beside it that are not read "
-              f"({shown}); give its directory, or a glob such as '{live.parent / (live.stem + '*')}', to read "
-              "them all as one stream", file=stderr)
+        names = ", ".join(p.name for p in backups[:3]) + (f" and {len(backups) - 3:,} more" if len(backups) > 3 else "")
+        say(f"turnguard calibrate: note: {live} has {len(backups):,} rotated backup(s) beside it that are not read "
+            f"({names}); give its directory, or a glob such as '{live.parent / (live.stem + '*')}', to read "
+            "them all as one stream", stderr)
 
 
 def outputs_problem(*paths: str | None) -> str | None:
@@ -257,8 +262,8 @@ def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout:
     if html_path:
         from turnguard.calibrate.html import render  # (only for --html: its import is start-up cost)
 
-        Path(html_path).write_text(render(stats), encoding="utf-8")
-        print(f"turnguard calibrate: wrote {html_path}", file=stderr)
+        Path(html_path).write_text(render(stats), encoding="utf-8", errors="backslashreplace")
+        say(f"turnguard calibrate: wrote {html_path}", stderr)
     return 0
 
 
@@ -293,11 +298,11 @@ def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr:
 def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | None, stdout: TextIO,
                   stderr: TextIO, *, width: int = DEFAULT_WIDTH, tolerance: float | None = None) -> int:
     if not paths:
-        print("turnguard calibrate merge: give the --json results to merge", file=stderr)
+        say("turnguard calibrate merge: give the --json results to merge", stderr)
         return 2
     unwritable = outputs_problem(json_path, html_path)
     if unwritable:
-        print(f"turnguard calibrate merge: {unwritable}", file=stderr)
+        say(f"turnguard calibrate merge: {unwritable}", stderr)
         return 2
     merged: RunStats | None = None
     for path in paths:
@@ -310,7 +315,7 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
             else:
                 merged.merge(part)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"turnguard calibrate merge: {path}: {exc}", file=stderr)
+            say(f"turnguard calibrate merge: {path}: {exc}", stderr)
             return 2
     assert merged is not None
     if tolerance is not None:

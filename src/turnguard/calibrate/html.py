@@ -28,6 +28,7 @@ from turnguard.calibrate.report import (
 from turnguard.calibrate.stats import RunStats, default_limits
 from turnguard.calibrate.survival_report import survival_chart
 from turnguard.calibrate.svg import LANE_H, label_width, lanes, spaced, text_width
+from turnguard.terminal import shown
 
 COLORS = {
     "explicit": "#7b4fa0",
@@ -44,7 +45,9 @@ ROW_H = 16
 
 
 def esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """``value`` as HTML text; an id or a file name that holds lone surrogates or control characters
+    is shown with escapes (``terminal.shown``), so the page always encodes."""
+    return html.escape(shown(str(value)), quote=True)
 
 
 def _legend(items: list[tuple[str, str]]) -> str:

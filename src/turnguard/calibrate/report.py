@@ -14,7 +14,7 @@ from typing import Any
 from turnguard.calibrate.evidence_report import evidence_text
 from turnguard.calibrate.stats import RunStats, default_limits
 from turnguard.calibrate.survival_report import survival_text
-from turnguard.terminal import DEFAULT_WIDTH, layout, wrap_items, wrap_text
+from turnguard.terminal import DEFAULT_WIDTH, layout, shown, wrap_items, wrap_text
 
 THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
 BOLD, RESET = "\x1b[1m", "\x1b[0m"
@@ -166,18 +166,18 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
     if stats.in_part_ids:
         more = sum(stats.recorded_in_part.values()) - len(stats.in_part_ids)
         out += ["", "Turns recorded in part (not replayed):"]
-        out += wrap_items("  ", stats.in_part_ids + ([f"... ({more} more)"] if more > 0 else []), width)
+        out += wrap_items("  ", [*map(shown, stats.in_part_ids), *([f"... ({more} more)"] if more > 0 else [])], width)
     ids, more = default_unresolved(every_row)
     if ids:
         out += ["", "Unresolved turns the default halts:"]
-        out += wrap_items("  ", ids + ([f"... ({more} more)"] if more > 0 else []), width)
+        out += wrap_items("  ", [*map(shown, ids), *([f"... ({more} more)"] if more > 0 else [])], width)
     fps = _fp_groups(every_row)
     if fps:
         out += ["", *wrap_text("Resolved turns halted (the false-positive proxy), by the policies that halt them:",
                                width)]
         for ids, names, count in fps:
-            shown = ids[:8] + ([f"... ({count} in all)"] if count > len(ids[:8]) else [])
-            out += wrap_items("  ", [*shown[:-1], shown[-1] + ":"], width)
+            listed = [*map(shown, ids[:8]), *([f"... ({count} in all)"] if count > len(ids[:8]) else [])]
+            out += wrap_items("  ", [*listed[:-1], listed[-1] + ":"], width)
             out += wrap_items("    ", names, width, "; ")
     out += evidence_text(stats.probe, stats.context(), width=width, turns=stats.turns, calls=stats.calls,
                          default_limits=default_limits(stats.default_params))

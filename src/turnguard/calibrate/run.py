@@ -31,6 +31,7 @@ from turnguard.calibrate.inputs import (
 from turnguard.calibrate.parallel import calibrate_in_workers
 from turnguard.calibrate.results import late_results
 from turnguard.calibrate.stats import RunStats
+from turnguard.terminal import shown
 
 
 class StrictError(InputError):
@@ -104,7 +105,7 @@ def calibrate(
     finally:
         progress.close()
     stats.problems = counted.count
-    stats.inputs = [str(p) for p in paths]
+    stats.inputs = [shown(p) for p in paths]
     stats.tolerance, stats.probe_rate = tolerance, probe_rate
     return stats
 
