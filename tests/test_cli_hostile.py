@@ -100,6 +100,8 @@ CONFIGURATION_CASES: dict[str, Case] = {
     "a configuration path through a file": Case({"TURNGUARD_CONFIG": "afile/turnguard.toml"}, {"afile": b"x"}, 2,
                                                 "not a directory"),
     "a bad boolean setting": Case({"TURNGUARD_CAPTURE_CONTENT": "bogus"}, {}, 2, "turnguard_capture_content"),
+    "a digest key holding a byte that is not UTF-8": Case({"TURNGUARD_DIGEST_KEY": os.fsdecode(b"secret\xff")}, {}, 2,
+                                                         "turnguard_digest_key"),
     "a plugin selection naming no installed plugin": Case({"TURNGUARD_LOAD_PLUGINS": "bogus"}, {}, 2,
                                                           "turnguard_load_plugins"),
 }

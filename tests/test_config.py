@@ -4,7 +4,10 @@ a ConfigError naming the key for every bad input."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
+from pathlib import Path
 
 import pytest
 
@@ -293,3 +296,48 @@ def test_a_file_that_cannot_be_read_or_parsed_is_named_once_with_why(tmp_path, t
         tg.GuardConfig.load(path, environ={})
     message = str(caught.value)
     assert message.startswith(f"{path}: ") and message.count(str(path)) == 1 and said in message
+
+
+NOT_UTF8 = "key\udcff"
+"""An environment variable's value holding the byte 0xff: Python keeps it as a lone surrogate."""
+ENV_OPTIONS = [f.name for f in dataclasses.fields(tg.GuardConfig) if f.name not in ("shadow", "probe")]
+
+
+@pytest.mark.parametrize("option", ENV_OPTIONS)
+def test_a_variable_holding_a_byte_that_is_not_utf8_is_refused_at_load_or_works_throughout(option, tmp_path):
+    """Whatever ``TURNGUARD_<OPTION>`` a byte that is not UTF-8 reaches: a ``ConfigError`` at load
+    naming the variable, or a guard that runs, records, snapshots, resumes and reports a turn with
+    it (``TURNGUARD_DIGEST_KEY`` was accepted, then failed the first call keyed)."""
+    from turnguard.telemetry.testing import InMemoryTelemetry
+
+    var = f"TURNGUARD_{option.upper()}"
+    value = os.path.join(str(tmp_path), NOT_UTF8) if option == "recorder_path" else NOT_UTF8
+    try:
+        config = tg.GuardConfig.load(environ={var: value}, search=None)
+    except tg.ConfigError as exc:
+        assert var in str(exc), str(exc)
+        assert NOT_UTF8 not in str(exc) or option != "digest_key"  # a secret is never shown
+        return
+    config = config.replace(recorder_path=config.recorder_path or str(tmp_path / "turns.jsonl"),
+                            stateful_tools=config.stateful_tools or (NOT_UTF8,))
+    telemetry = InMemoryTelemetry()
+    guard = tg.Guard(config, **telemetry.providers())
+    turn = guard.turn(durable=True, conversation_id=NOT_UTF8, agent_name=NOT_UTF8)
+    for i in range(3):
+        call = tg.ToolCall(NOT_UTF8, {"a": NOT_UTF8}, call_id=f"c{i}")
+        turn.check_call(call)
+        turn.record_outcome(call, tg.Outcome.ERROR, result=NOT_UTF8)
+    state = json.loads(json.dumps(turn.suspend()))
+    resumed = tg.Guard(config, **telemetry.providers()).resume(state)
+    summary = resumed.end()
+    assert summary.tool_calls == 3
+    assert resumed.result_token is not None
+    assert guard.report_result(resumed.turn_id, True) in (True, False)
+    assert Path(config.recorder_path).read_bytes().count(b"\n") >= 1
+
+
+def test_a_digest_key_that_is_not_text_is_a_config_error_from_code_too():
+    for key in ("\ud800", "a\udcff"):
+        with pytest.raises(tg.ConfigError, match="'digest_key': got a secret \\(not shown\\)"):
+            tg.GuardConfig(digest_key=key)
+    assert tg.GuardConfig(digest_key="caf\u00e9 \u65e5\u672c").digest_key == "caf\u00e9 \u65e5\u672c"

@@ -138,7 +138,8 @@ class GuardConfig:
     """Bound on distinct keys counted per turn; keys first seen past it are not counted."""
     digest_key: str | None = None
     """Secret for call-key digests (keyed BLAKE2b: the same digests in every process); ``None``: a
-    per-process secret (the interpreter's randomly seeded SipHash, see ``turnguard.keys``)."""
+    per-process secret (the interpreter's randomly seeded SipHash, see ``turnguard.keys``). UTF-8
+    text: a ``TURNGUARD_DIGEST_KEY`` holding a byte that is not UTF-8 is a ``ConfigError``."""
     capture_content: bool = False
     """Opt in to exporting tool arguments and results in telemetry."""
     disable_plugins: tuple[str, ...] = ()
@@ -567,6 +568,8 @@ def _validate_kinds(c: GuardConfig) -> None:
         value = getattr(c, key)
         if value is not None and not isinstance(value, str):
             raise ConfigError(key, value, "a string or None")
+    if c.digest_key is not None:
+        _validate_secret("digest_key", c.digest_key)
     if not isinstance(c.disable_plugins, tuple) or not all(isinstance(p, str) for p in c.disable_plugins):
         raise ConfigError("disable_plugins", c.disable_plugins, "a tuple of plugin names")
     _validate_tools(c)
@@ -587,6 +590,26 @@ def _validate_tools(c: GuardConfig) -> None:
     if ALL_TOOLS in c.streak_exempt_tools:
         raise ConfigError("streak_exempt_tools", ALL_TOOLS, "tool names (to turn the streak off for every tool, "
                           "set streak_warn_at=0 and streak_stop_at=0)")
+
+
+class _Withheld:
+    """A secret in an error message: what is wrong with it, never its text."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"a secret (not shown) {self.why}"
+
+
+def _validate_secret(key: str, value: str) -> None:
+    """A secret is hashed as UTF-8 bytes: one that cannot be (a byte of an environment variable that
+    is not UTF-8 reaches Python as a lone surrogate) is refused here, not at the first call keyed."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        what = "a byte that is not UTF-8" if "\udc80" <= value[exc.start] <= "\udcff" else "a lone surrogate"
+        raise ConfigError(key, _Withheld(f"whose character {exc.start + 1} is {what}"), "UTF-8 text") from None
 
 
 _SHADOW_ACCEPTED = "(name, GuardConfig or mapping of options) pairs, or a mapping of name to either"
