@@ -256,9 +256,16 @@ def test_the_console_script_is_declared():
     assert [ep.value for ep in scripts] == ["turnguard.cli:main"]
 
 
-@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1"])
-def test_demo_refuses_an_unusable_otlp_timeout_instead_of_crashing_or_ignoring_it(capsys, monkeypatch, value):
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", value)
+@pytest.mark.parametrize(("var", "value"), [
+    *(("OTEL_EXPORTER_OTLP_TIMEOUT", value) for value in ("inf", "1e400", "nan", "-1", "0")),
+    ("OTEL_METRIC_EXPORT_INTERVAL", "0"),
+    ("OTEL_BSP_SCHEDULE_DELAY", "0"), ("OTEL_BLRP_SCHEDULE_DELAY", "0.5"), ("OTEL_BSP_MAX_QUEUE_SIZE", str(10**30)),
+    ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "-1"), ("OTEL_EXPORTER_OTLP_COMPRESSION", "zip"),
+    ("OTEL_METRICS_EXEMPLAR_FILTER", "x"),
+])
+def test_demo_refuses_an_unusable_otel_setting_in_one_line_naming_it(capsys, monkeypatch, var, value):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv(var, value)
     status, out, err = run(capsys, "demo", "soft-stuck", "--no-record")
     assert (status, out) == (2, "")
-    assert err.startswith("turnguard demo: OTEL_EXPORTER_OTLP_TIMEOUT=") and "Traceback" not in err
+    assert err.startswith(f"turnguard demo: {var}") and err.count("\n") == 1 and "Traceback" not in err

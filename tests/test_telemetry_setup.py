@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 from opentelemetry import metrics, trace
@@ -17,6 +22,7 @@ from turnguard.telemetry.breaker import BreakerSpanExporter
 from turnguard.telemetry.metrics import instruments_for
 from turnguard.telemetry.setup import resolve
 
+SRC = Path(__file__).resolve().parent.parent / "src"
 LOCAL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "200"}
 
 
@@ -71,8 +77,8 @@ def test_headers_are_parsed_and_url_decoded_per_signal_overriding():
 def test_timeout_is_milliseconds():
     assert resolve("traces", {"OTEL_EXPORTER_OTLP_TIMEOUT": "1500"}).timeout_s == 1.5
     assert resolve("traces", {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "250"}).timeout_s == 0.25
-    both = {"OTEL_EXPORTER_OTLP_TIMEOUT": "1500", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "0"}
-    assert resolve("traces", both).timeout_s == 0  # the per-signal value wins when set, 0 included
+    both = {"OTEL_EXPORTER_OTLP_TIMEOUT": "1500", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1"}
+    assert resolve("traces", both).timeout_s == 0.001  # the per-signal value wins when set
 
 
 @pytest.mark.parametrize(
@@ -187,7 +193,94 @@ def test_a_duration_variable_out_of_range_is_a_telemetry_config_error_naming_it(
         configure(environ={**LOCAL, var: value})
 
 
-@pytest.mark.parametrize(("value", "seconds"), [("0", 0), ("86400000", 86400), ("2500.9", 2.5), ("1e3", 1)])
+@pytest.mark.parametrize(("value", "seconds"), [("1", 0.001), ("86400000", 86400), ("2500.9", 2.5), ("1e3", 1)])
 def test_durations_up_to_a_day_are_taken_as_milliseconds(value, seconds):
     settings = resolve("traces", {"OTEL_EXPORTER_OTLP_TIMEOUT": value})
     assert settings.timeout_s == seconds
+
+
+NUMERIC_VARS = [*DURATION_VARS, *(f"{prefix}{what}" for prefix in ("OTEL_BSP_", "OTEL_BLRP_")
+                                  for what in ("MAX_QUEUE_SIZE", "MAX_EXPORT_BATCH_SIZE"))]
+"""Every number ``configure()`` reads from an ``OTEL_*`` variable."""
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.parametrize("value", ["0", "0.0", "0.5", "-1", "-0", "x", "", "1e400", "1e30", str(10**30), "nan",
+                                   "-inf", "0x10", "1_000"])
+@pytest.mark.parametrize("var", NUMERIC_VARS)
+def test_every_numeric_otel_variable_gives_providers_or_a_telemetry_config_error_naming_it(var, value, protocol,
+                                                                                          monkeypatch):
+    """0, a fraction below one, negative, non-numeric and huge values: ``configure()`` builds working
+    providers or raises ``TelemetryConfigError`` naming the variable, never a bare ``ValueError`` or
+    ``OverflowError`` from the SDK (``OTEL_METRIC_EXPORT_INTERVAL=0`` and ``OTEL_BSP_SCHEDULE_DELAY=0``
+    were). The SDK reads some variables itself, so the process environment holds them too."""
+    env = {**LOCAL, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, var: value}
+    for name, text in env.items():
+        monkeypatch.setenv(name, text)
+    try:
+        telemetry = configure(environ=env)
+    except TelemetryConfigError as exc:
+        assert str(exc).startswith(f"{var}="), str(exc)
+        return
+    assert not value.strip() or float(value) >= 1, "a value below 1 was taken"
+    telemetry.shutdown()
+
+
+@pytest.mark.parametrize("var", NUMERIC_VARS)
+def test_the_smallest_and_largest_accepted_values_build_working_providers(var, monkeypatch, configured):
+    largest = {"MAX_QUEUE_SIZE": "2147483647", "MAX_EXPORT_BATCH_SIZE": "2048"}.get(var.split("_", 2)[2], "86400000")
+    for value in ("1", largest):
+        monkeypatch.setenv(var, value)
+        configured(environ={**LOCAL, var: value})
+    with pytest.raises(TelemetryConfigError, match=f"^{var}="):
+        configure(environ={**LOCAL, var: str(int(largest) + 1)})
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "-1"), ("OTEL_ATTRIBUTE_COUNT_LIMIT", "x"),
+    ("OTEL_SPAN_EVENT_COUNT_LIMIT", "1.5"), ("OTEL_LINK_ATTRIBUTE_COUNT_LIMIT", "1e400"),
+    ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "-5"), ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "nan"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "zip"), ("OTEL_EXPORTER_OTLP_LOGS_COMPRESSION", "0"),
+    ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "brotli"), ("OTEL_METRICS_EXEMPLAR_FILTER", "sometimes"),
+])
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_a_value_the_sdk_refuses_for_a_variable_it_reads_itself_names_that_variable(var, value, protocol,
+                                                                                  monkeypatch):
+    env = {**LOCAL, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, var: value}
+    for name, text in env.items():
+        monkeypatch.setenv(name, text)
+    threads = set(threading.enumerate())
+    with pytest.raises(TelemetryConfigError, match=var) as caught:
+        configure(environ=env)
+    assert not isinstance(caught.value.__cause__, TelemetryConfigError)
+    assert set(threading.enumerate()) <= threads  # refused before any processor or reader started
+
+
+def test_an_sdk_that_refuses_a_variable_as_it_is_imported_is_a_telemetry_config_error_in_a_fresh_process(tmp_path):
+    """The SDK reads the span limits when ``opentelemetry.sdk.trace`` is first imported."""
+    code = ("from turnguard.telemetry import configure, TelemetryConfigError\n"
+            "try:\n    configure()\nexcept TelemetryConfigError as exc:\n    print(exc)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TURNGUARD_"))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, **LOCAL, "OTEL_SPAN_EVENT_COUNT_LIMIT": "-3", "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.startswith("OTEL_SPAN_EVENT_COUNT_LIMIT='-3': the OpenTelemetry SDK refused it"), done.stdout
+
+
+@pytest.mark.parametrize(("argument", "value"), [("timeout_ms", 0), ("timeout_ms", -1), ("timeout_ms", True),
+                                                 ("timeout_ms", 86_400_001), ("timeout_ms", 2.5)])
+def test_a_timeout_argument_out_of_range_is_a_telemetry_config_error(argument, value):
+    with pytest.raises(TelemetryConfigError, match=f"^{argument}="):
+        configure(environ=LOCAL, **{argument: value})
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/json'"),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL='http/json'"),
+    ({"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "loki:3100"}, "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: OTLP endpoint"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector"}, "OTEL_EXPORTER_OTLP_ENDPOINT: OTLP endpoint"),
+])
+def test_a_protocol_or_endpoint_names_the_variable_it_came_from(env, named):
+    with pytest.raises(TelemetryConfigError) as caught:
+        configure(environ=env)
+    assert str(caught.value).startswith(named), str(caught.value)

@@ -17,7 +17,11 @@ Variables read (an explicit argument wins over the variable):
 - ``OTEL_{TRACES,METRICS,LOGS}_EXPORTER``: ``otlp`` (default), ``console`` or ``none``.
 - ``OTEL_METRIC_EXPORT_INTERVAL`` (ms, default 60000); the batch processors'
   ``OTEL_BSP_*``/``OTEL_BLRP_*`` ``SCHEDULE_DELAY`` (ms), ``MAX_QUEUE_SIZE`` and
-  ``MAX_EXPORT_BATCH_SIZE``.
+  ``MAX_EXPORT_BATCH_SIZE``; ``OTEL_METRICS_EXEMPLAR_FILTER``.
+
+Every duration is 1 ms to a day, every size 1 to 2**31 - 1: a value the SDK would refuse is a
+``TelemetryConfigError`` naming the variable, and so is one the SDK refuses among the variables it
+reads itself (limits, compression: ``_refused``), before any export thread starts.
 
 The OTLP span and log exporters sit behind a circuit breaker (``turnguard.telemetry.breaker``):
 after a failed export, batches are dropped unencoded for 1 s, doubling up to 30 s, so a dead
@@ -38,14 +42,15 @@ then, and a one-shot process's series are exported in the millisecond they start
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import importlib.util
 import logging
-import math
 import os
+import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, overload
 from urllib.parse import unquote
 
@@ -196,28 +201,19 @@ def configure(
         return _disabled()
     _require_sdk()
     if shutdown_timeout_ms is None:
-        shutdown_timeout_ms = _ms(env, SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_MS)
+        shutdown_timeout_ms = _ms(env, SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_MS, least=0)
     elif isinstance(shutdown_timeout_ms, bool) or not 0 <= shutdown_timeout_ms <= MAX_MS:
         raise TelemetryConfigError(f"shutdown_timeout_ms={shutdown_timeout_ms!r}: expected 0 to {MAX_MS} ms")
-    resource = _resource(env, service_name, resource_attributes)
     settings = tuple(
         resolve(signal, env, endpoint=endpoint, protocol=protocol, headers=headers, timeout_ms=timeout_ms)
         for signal in SIGNALS
     )
-    traces, metrics_, logs = settings
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    from turnguard.telemetry.breaker import BreakerLogRecordExporter, BreakerSpanExporter
-
-    # No SDK exit hooks (each waits up to 30 s on a dead collector): ours, bounded, replaces them.
-    tracer_provider = _batched(TracerProvider(resource=resource, shutdown_on_exit=False), "add_span_processor",
-                               traces, BreakerSpanExporter, BatchSpanProcessor, env, "OTEL_BSP_", 5000)
-    meter_provider = _meter_provider(resource, metrics_, env)
-    logger_provider = _batched(LoggerProvider(resource=resource, shutdown_on_exit=False), "add_log_record_processor",
-                               logs, BreakerLogRecordExporter, BatchLogRecordProcessor, env, "OTEL_BLRP_", 1000)
+    span_batch, log_batch = _batch(env, "OTEL_BSP_", 5000), _batch(env, "OTEL_BLRP_", 1000)
+    interval = _ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
+    with _sdk_refusals(env):  # (the SDK reads variables of its own, some as it is imported)
+        resource = _resource(env, service_name, resource_attributes)
+        tracer_provider, meter_provider, logger_provider = _providers(resource, settings, env, span_batch, log_batch,
+                                                                      interval)
     telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings, int(shutdown_timeout_ms))
     with _LIVE_LOCK:
         _LIVE.append(telemetry)
@@ -238,33 +234,108 @@ def _resource(env: Mapping[str, str], service_name: str | None, resource_attribu
     return Resource.create(attributes)
 
 
-def _meter_provider(resource: Any, metrics_: ExportSettings, env: Mapping[str, str]) -> Any:
-    """A meter provider with a periodic reader for the metrics exporter, if there is one."""
+def _providers(resource: Any, settings: tuple[ExportSettings, ...], env: Mapping[str, str], span_batch: dict[str, Any],
+               log_batch: dict[str, Any], interval_ms: int) -> tuple[Any, Any, Any]:
+    """The three SDK providers, each exporting through its signal's exporter (an OTLP span or log
+    exporter behind the circuit breaker, with a batch processor; a periodic reader for metrics).
+
+    What reads ``OTEL_*`` variables of its own (the exporters: compression; the providers:
+    attribute and event limits) is built before any processor or reader starts a thread: a value
+    the SDK refuses is a ``TelemetryConfigError`` naming it (``_refused``), nothing left running."""
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from turnguard.telemetry.breaker import BreakerLogRecordExporter, BreakerSpanExporter
     from turnguard.telemetry.starts import SeparateStartsExporter
 
-    readers = []
-    exporter = _exporter(metrics_)
-    if exporter is not None:
-        interval = _ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
-        readers.append(PeriodicExportingMetricReader(SeparateStartsExporter(exporter),
-                                                     export_interval_millis=interval))
-    return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    exemplar_filter = _exemplar_filter(env)
+    built: list[Any] = []
+    try:
+        span_exporter, metric_exporter, log_exporter = (_kept(built, _exporter(s)) for s in settings)
+        # No SDK exit hooks (each waits up to 30 s on a dead collector): ours, bounded, replaces them.
+        tracer_provider = _kept(built, TracerProvider(resource=resource, shutdown_on_exit=False))
+        logger_provider = _kept(built, LoggerProvider(resource=resource, shutdown_on_exit=False))
+    except BaseException:
+        _shut(built)
+        raise
+    traces, _, logs = settings
+    if span_exporter is not None:
+        spans = BreakerSpanExporter(span_exporter) if traces.exporter == "otlp" else span_exporter
+        tracer_provider.add_span_processor(BatchSpanProcessor(spans, **span_batch))
+    if log_exporter is not None:
+        records = BreakerLogRecordExporter(log_exporter) if logs.exporter == "otlp" else log_exporter
+        logger_provider.add_log_record_processor(BatchLogRecordProcessor(records, **log_batch))
+    readers = [] if metric_exporter is None else [
+        PeriodicExportingMetricReader(SeparateStartsExporter(metric_exporter), export_interval_millis=interval_ms)]
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False,
+                                   exemplar_filter=exemplar_filter)
+    return tracer_provider, meter_provider, logger_provider
 
 
-def _batched(provider: Any, add: str, settings: ExportSettings, breaker: Any, processor: Any,
-             env: Mapping[str, str], prefix: str, delay_ms: int) -> Any:
-    """``provider`` with a batch ``processor`` (added by its ``add`` method) for the signal's
-    exporter, an OTLP one behind ``breaker``; none when the signal exports nowhere. Queue and batch
-    sizes come from the ``prefix`` variables."""
-    exporter = _exporter(settings)
-    if exporter is not None:
-        if settings.exporter == "otlp":
-            exporter = breaker(exporter)
-        getattr(provider, add)(processor(exporter, **_batch(env, prefix, delay_ms)))
-    return provider
+def _kept(built: list[Any], thing: Any) -> Any:
+    if thing is not None:
+        built.append(thing)
+    return thing
+
+
+def _shut(built: list[Any]) -> None:
+    """Close what was built before the SDK refused a setting (an exporter's session or channel)."""
+    for thing in built:
+        try:
+            thing.shutdown()
+        except Exception:  # (closing a half-built SDK: nothing to add to the refusal)
+            log.debug("turnguard telemetry: closing %s failed", type(thing).__name__, exc_info=True)
+
+
+EXEMPLAR_FILTERS = ("trace_based", "always_on", "always_off")
+"""``OTEL_METRICS_EXEMPLAR_FILTER``'s values (the SDK's default first)."""
+
+
+def _exemplar_filter(env: Mapping[str, str]) -> Any:
+    """``OTEL_METRICS_EXEMPLAR_FILTER``, read here: the SDK reads it after the metric reader's
+    thread started, and refuses an unknown value with a ``ValueError`` that does not name it."""
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, AlwaysOnExemplarFilter, TraceBasedExemplarFilter
+
+    name = env.get("OTEL_METRICS_EXEMPLAR_FILTER", "").strip() or EXEMPLAR_FILTERS[0]
+    filters: dict[str, Callable[[], Any]] = dict(zip(
+        EXEMPLAR_FILTERS, (TraceBasedExemplarFilter, AlwaysOnExemplarFilter, AlwaysOffExemplarFilter), strict=True))
+    if name not in filters:
+        raise TelemetryConfigError(f"OTEL_METRICS_EXEMPLAR_FILTER={name!r}: expected one of {EXEMPLAR_FILTERS}")
+    return filters[name]()
+
+
+@contextlib.contextmanager
+def _sdk_refusals(env: Mapping[str, str]) -> Iterator[None]:
+    """A value the SDK refuses inside the block is a ``TelemetryConfigError`` (``_refused``)."""
+    try:
+        yield
+    except (ImportError, TelemetryConfigError):
+        raise
+    except Exception as exc:
+        raise _refused(exc, env) from exc
+
+
+def _refused(exc: Exception, env: Mapping[str, str]) -> TelemetryConfigError:
+    """A value the SDK refused while reading ``OTEL_*`` variables itself, as a
+    ``TelemetryConfigError`` naming the variable: the one its message names, else the one whose
+    value it quotes (``float('')`` of a blank timeout), else every ``OTEL_*`` variable set."""
+    said = str(exc) or type(exc).__name__
+    values = {var: text for var, text in {**os.environ, **env}.items() if var.startswith("OTEL_")}
+    named = set(_OTEL_NAME.findall(said)) & values.keys() or {
+        var for var, text in values.items() if not var.endswith("_HEADERS") and repr(text) in said}
+    if len(named) == 1:
+        var = named.pop()
+        shown = "" if var.endswith("_HEADERS") else f"={values[var]!r}"  # (headers hold tokens)
+        return TelemetryConfigError(f"{var}{shown}: the OpenTelemetry SDK refused it: {said}")
+    return TelemetryConfigError(f"the OpenTelemetry SDK refused its settings ({type(exc).__name__}: {said}); the "
+                                f"OTEL_* variables set: {', '.join(sorted(values)) or 'none'}")
+
+
+_OTEL_NAME = re.compile(r"\bOTEL_[A-Z0-9_]+\b")
 
 
 def _require_sdk() -> None:
@@ -306,29 +377,41 @@ def resolve(
     exporter = (env.get(f"OTEL_{upper}_EXPORTER") or "otlp").strip().lower()
     if exporter not in EXPORTERS:
         raise TelemetryConfigError(f"OTEL_{upper}_EXPORTER={exporter!r}: expected one of {EXPORTERS}")
-    proto = (protocol or env.get(f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-             or "http/protobuf").strip().lower()
+    source, proto = _first(("protocol", protocol), *_vars(env, f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL",
+                                                       "OTEL_EXPORTER_OTLP_PROTOCOL"))
+    proto = (proto or "http/protobuf").strip().lower()
     if proto not in PROTOCOLS:
-        raise TelemetryConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={proto!r}: expected one of {PROTOCOLS}")
+        raise TelemetryConfigError(f"{source}={proto!r}: expected one of {PROTOCOLS}")
     own = env.get(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
     if endpoint is not None or not own:
-        base = (endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                or (DEFAULT_GRPC_ENDPOINT if proto == "grpc" else DEFAULT_HTTP_ENDPOINT)).strip()
+        source, base = _first(("endpoint", endpoint), *_vars(env, "OTEL_EXPORTER_OTLP_ENDPOINT"))
+        base = (base or (DEFAULT_GRPC_ENDPOINT if proto == "grpc" else DEFAULT_HTTP_ENDPOINT)).strip()
         url = base if proto == "grpc" else base.rstrip("/") + f"/v1/{signal}"
     else:
-        url = own.strip()
+        source, url = f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT", own.strip()
     if "://" not in url:
         raise TelemetryConfigError(
-            f"OTLP endpoint {url!r} for {signal}: expected a URL such as {DEFAULT_HTTP_ENDPOINT}"
+            f"{source}: OTLP endpoint {url!r} for {signal}: expected a URL such as {DEFAULT_HTTP_ENDPOINT}"
         )
     header_map = _pairs(env.get("OTEL_EXPORTER_OTLP_HEADERS", ""), "OTEL_EXPORTER_OTLP_HEADERS")
     header_map.update(_pairs(env.get(f"OTEL_EXPORTER_OTLP_{upper}_HEADERS", ""), f"OTEL_EXPORTER_OTLP_{upper}_HEADERS"))
     header_map.update(headers or {})
     if timeout_ms is None:
         timeout_ms = _ms(env, f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT", None)
-        if timeout_ms is None:  # the per-signal variable wins whenever it is set, 0 included
+        if timeout_ms is None:  # the per-signal variable wins whenever it is set
             timeout_ms = _ms(env, "OTEL_EXPORTER_OTLP_TIMEOUT", DEFAULT_TIMEOUT_MS)
+    elif isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 1 <= timeout_ms <= MAX_MS:
+        raise TelemetryConfigError(f"timeout_ms={timeout_ms!r}: expected 1 to {MAX_MS} ms")
     return ExportSettings(signal, exporter, proto, url, tuple(sorted(header_map.items())), timeout_ms / 1000)
+
+
+def _vars(env: Mapping[str, str], *names: str) -> list[tuple[str, str | None]]:
+    return [(name, env.get(name)) for name in names]
+
+
+def _first(*candidates: tuple[str, str | None]) -> tuple[str, str | None]:
+    """The first ``(where, value)`` with a value (an argument, then variables), else ``("default", None)``."""
+    return next(((where, value) for where, value in candidates if value), ("default", None))
 
 
 def _exporter(s: ExportSettings) -> Any:
@@ -393,9 +476,9 @@ def _disabled() -> Telemetry:
     return Telemetry(NoOpTracerProvider(), NoOpMeterProvider(), NoOpLoggerProvider())
 
 
-def _batch(env: Mapping[str, str], prefix: str, delay_ms: int) -> dict[str, int]:
+def _batch(env: Mapping[str, str], prefix: str, delay_ms: int) -> dict[str, Any]:
     """A batch processor's settings: ``<prefix>SCHEDULE_DELAY``, ``MAX_QUEUE_SIZE``, ``MAX_EXPORT_BATCH_SIZE``."""
-    settings: dict[str, int] = {"schedule_delay_millis": _ms(env, prefix + "SCHEDULE_DELAY", delay_ms)}
+    settings: dict[str, Any] = {"schedule_delay_millis": _ms(env, prefix + "SCHEDULE_DELAY", delay_ms)}
     queue = _count(env, prefix + "MAX_QUEUE_SIZE")
     batch = _count(env, prefix + "MAX_EXPORT_BATCH_SIZE")
     if queue is not None:
@@ -415,23 +498,28 @@ def _flag(env: Mapping[str, str], var: str) -> bool:
 
 
 def _count(env: Mapping[str, str], var: str) -> int | None:
-    """A positive whole number of items (a queue or batch size), or ``None`` when unset."""
-    value = _number(env, var, int, 1, math.inf, "a positive integer")
+    """A whole number of items (a queue or batch size) from 1 to ``MAX_COUNT``, or ``None`` when unset."""
+    value = _number(env, var, int, 1, MAX_COUNT, f"a whole number from 1 to {MAX_COUNT}")
     return None if value is None else int(value)
 
 
+MAX_COUNT = 2**31 - 1
+"""The largest queue or batch size an ``OTEL_*`` variable may give (the range the specification asks
+SDKs to support): the SDK sizes a ``deque`` with it, which a larger number overflows."""
 MAX_MS = 24 * 3600 * 1000
 """The longest duration an ``OTEL_*`` variable may give (a day): a larger one, ``inf`` or ``nan``
 is a ``TelemetryConfigError``, not an overflow in a timer."""
 
 
 @overload
-def _ms(env: Mapping[str, str], var: str, default: int) -> int: ...
+def _ms(env: Mapping[str, str], var: str, default: int, *, least: int = 1) -> int: ...
 @overload
-def _ms(env: Mapping[str, str], var: str, default: None) -> int | None: ...
-def _ms(env: Mapping[str, str], var: str, default: int | None) -> int | None:
-    """A whole number of milliseconds from 0 to ``MAX_MS`` (a fraction is cut), or ``default``."""
-    value = _number(env, var, float, 0, MAX_MS, f"a number of milliseconds from 0 to {MAX_MS}")
+def _ms(env: Mapping[str, str], var: str, default: None, *, least: int = 1) -> int | None: ...
+def _ms(env: Mapping[str, str], var: str, default: int | None, *, least: int = 1) -> int | None:
+    """A whole number of milliseconds from ``least`` to ``MAX_MS`` (a fraction is cut), or ``default``.
+    An ``OTEL_*`` duration is at least 1 ms: the SDK refuses a schedule delay or an export interval
+    of 0 and cannot send an export within 0 ms."""
+    value = _number(env, var, float, least, MAX_MS, f"a number of milliseconds from {least} to {MAX_MS}")
     return default if value is None else int(value)
 
 
