@@ -151,3 +151,70 @@ def test_the_wrapped_exporters_preferred_temporality_is_kept():
     provider.force_flush()
     provider.shutdown()
     assert [m.data.aggregation_temporality for data in captured.exports for m, _ in _points(data)] == [DELTA]
+
+
+EDGES = [None, 0, 1, MS - 1, MS, MS + 1, 2 * MS - 1, 2 * MS, AT, AT + MS, -1, -MS, 1.5, float(AT), True, "123",
+         2**63, 2**64 - 1]
+"""Start and sample times at the edges: missing, unknown (0), in the epoch's first milliseconds,
+ordinary, negative, not whole nanoseconds, not numbers, the top of OTLP's fixed64."""
+
+
+def _encodable(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+
+
+def _encode(data: MetricsData) -> bytes:
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    return encode_metrics(data).SerializeToString()
+
+
+@pytest.mark.parametrize("at", [1, MS // 2, MS - 1])
+def test_a_sample_in_the_epochs_first_millisecond_keeps_its_start_and_its_batch_encodes(at):
+    """The millisecond before would be negative: the whole batch failed to encode."""
+    points = [_number(at, at), _number(AT, AT, value=2)]
+    out = _points(separate_starts(_data(_sum(points))))
+    assert out[0][1] is points[0]
+    assert out[1][1].start_time_unix_nano == (AT // MS - 1) * MS
+    _encode(separate_starts(_data(_sum(points))))
+
+
+@pytest.mark.parametrize("field", ["time_unix_nano", "start_time_unix_nano"])
+def test_a_point_missing_a_time_passes_through_unchanged(field):
+    point = dataclasses.replace(_number(AT, AT), **{field: None})
+    data = _data(_sum([point, _number(AT, AT, value=2)]))
+    out = _points(separate_starts(data))
+    assert out[0][1] is point and out[1][1].start_time_unix_nano == (AT // MS - 1) * MS
+
+
+def test_any_start_and_sample_time_never_gives_a_negative_start_nor_breaks_the_batch():
+    """Random points of cumulative sums and histograms with times from ``EDGES`` (and near them):
+    a point is moved only when both times are whole nanoseconds, the start known and in or after
+    its sample's millisecond, and the millisecond before is not before the epoch; every other point
+    is the same object; and a batch whose times OTLP can carry still encodes."""
+    rng = random.Random(33)
+    near = [*EDGES, *(v + d for v in (MS, AT) for d in (-2, -1, 1, 2))]
+    for _ in range(400):
+        made = []
+        for i in range(rng.randint(1, 5)):
+            start, at = rng.choice(near), rng.choice(near)
+            point = _number(AT, AT, value=i) if rng.random() < 0.6 else _histogram(AT, AT)
+            made.append(dataclasses.replace(point, start_time_unix_nano=start, time_unix_nano=at))
+        sums = [p for p in made if isinstance(p, NumberDataPoint)]
+        histograms = [p for p in made if isinstance(p, HistogramDataPoint)]
+        metrics = [_sum(sums)] if sums else []
+        if histograms:
+            metrics.append(Metric("turn", "", "1", HistogramData(histograms, CUMULATIVE)))
+        data = _data(*metrics)
+        out = [p for _, p in _points(separate_starts(data))]
+        assert len(out) == len(made)
+        for old, new in zip([*sums, *histograms], out, strict=True):
+            start, at = old.start_time_unix_nano, old.time_unix_nano
+            judged = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, at)) and start > 0
+            if judged and at >= MS and start // MS >= at // MS:
+                assert new.start_time_unix_nano == (at // MS - 1) * MS >= 0
+                assert dataclasses.replace(new, start_time_unix_nano=start) == old
+            else:
+                assert new is old, (start, at)
+        if all(_encodable(p.start_time_unix_nano) and _encodable(p.time_unix_nano) for p in made):
+            _encode(separate_starts(data))

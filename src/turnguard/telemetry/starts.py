@@ -13,7 +13,7 @@ moving the start there keeps the 0 and states nothing false.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeGuard
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -31,12 +31,25 @@ _CUMULATIVE = (Sum, Histogram, ExponentialHistogram)
 
 
 def _cumulative(metric: Any) -> bool:
-    data = metric.data
-    return isinstance(data, _CUMULATIVE) and data.aggregation_temporality == AggregationTemporality.CUMULATIVE
+    data = getattr(metric, "data", None)
+    return (isinstance(data, _CUMULATIVE) and data.aggregation_temporality == AggregationTemporality.CUMULATIVE
+            and dataclasses.is_dataclass(metric) and isinstance(data.data_points, (list, tuple)))
+
+
+def _whole(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _needs_moving(point: Any) -> bool:
-    return bool(point.start_time_unix_nano) and point.start_time_unix_nano // MS >= point.time_unix_nano // MS
+    """Whether ``point``'s start is in or after its sample's millisecond and can move a millisecond
+    back. A point this cannot judge is left as it is: a time that is missing or not a whole number
+    of nanoseconds, a start of 0 (unknown), or a sample in the epoch's first millisecond, whose
+    millisecond before would be a negative time (which no OTLP encoder writes)."""
+    start = getattr(point, "start_time_unix_nano", None)
+    at = getattr(point, "time_unix_nano", None)
+    if not _whole(start) or not _whole(at) or start <= 0 or at < MS:
+        return False
+    return start // MS >= at // MS and dataclasses.is_dataclass(point) and not isinstance(point, type)
 
 
 def _point(point: Any) -> Any:
@@ -54,7 +67,8 @@ def _metric(metric: Any) -> Any:
 
 def separate_starts(data: MetricsData) -> MetricsData:
     """``data`` with each cumulative point's start at least a millisecond before its sample: the
-    same object when none needs moving (nearly every export), else rebuilt around the moved points."""
+    same object when none needs moving (nearly every export), else rebuilt around the moved points.
+    Never a negative start; a point whose times it cannot judge passes through unchanged."""
     metrics = [m for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics if _cumulative(m)]
     if not any(_needs_moving(p) for m in metrics for p in m.data.data_points):
         return data
