@@ -197,6 +197,7 @@ class ScriptedPlugin:
     def register_models(self, register):
         register(ScriptedToolModel("scripted-stuck", stuck_steps()))
         register(ScriptedToolModel("scripted-reader", distinct_steps(150)))
+        register(FailingToolModel("scripted-failing", distinct_steps(5)))
 
     @llm.hookimpl
     def register_tools(self, register):
@@ -226,10 +227,50 @@ def test_llm_guarded_command_stops_a_stuck_chain(ran, scripted_plugin, tmp_path,
     assert len(ran) == 8
 
 
-def test_llm_guarded_command_rejects_an_unknown_tool(scripted_plugin, tmp_path, monkeypatch):
+CANNOT_START: dict[str, tuple[list[str], dict[str, str], dict[str, bytes], str]] = {
+    "an unknown model": (["-m", "nosuchmodel"], {}, {}, "Unknown model: nosuchmodel"),
+    "an unknown tool": (["-T", "no_such_tool"], {}, {}, "no_such_tool not found"),
+    "a bad TURNGUARD_* value": ([], {"TURNGUARD_SOFT_CAP": "many"}, {}, "TURNGUARD_SOFT_CAP"),
+    "a TURNGUARD_* variable that names no option": ([], {"TURNGUARD_SOFTCAP": "5"}, {}, "TURNGUARD_SOFTCAP"),
+    "a digest key that is not UTF-8": ([], {"TURNGUARD_DIGEST_KEY": os.fsdecode(b"k\xff")}, {},
+                                       "TURNGUARD_DIGEST_KEY"),
+    "a plugin selection naming no plugin": ([], {"TURNGUARD_LOAD_PLUGINS": "bogus"}, {}, "TURNGUARD_LOAD_PLUGINS"),
+    "a turnguard.toml that does not parse": ([], {}, {"turnguard.toml": b"soft_cap = [\n"}, "turnguard.toml"),
+    "a turnguard.toml that is not UTF-8": ([], {}, {"turnguard.toml": b"# caf\xe9\n"}, "not UTF-8"),
+    "a TURNGUARD_CONFIG naming no file": ([], {"TURNGUARD_CONFIG": "missing.toml"}, {}, "missing.toml"),
+    "a cap too large to count": (["--max-tool-calls", str(2**70)], {}, {}, "max_tool_calls_per_turn"),
+}
+"""What keeps ``llm guarded`` from starting: extra arguments, environment, files in the working
+folder, and what the one line must say."""
+
+
+@pytest.mark.parametrize("case", list(CANNOT_START))
+def test_llm_guarded_says_in_one_line_why_it_cannot_start_with_exit_status_2(case, ran, scripted_plugin, tmp_path,
+                                                                              monkeypatch):
+    """Through llm's own click command line: one ``Error:`` line as llm's commands say theirs, no
+    traceback, exit status 2 (docs/usage.md: could not start), and no tool run."""
+    arguments, env, files, says = CANNOT_START[case]
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(cli, ["guarded", "x", "-m", "scripted-stuck", "-T", "no_such_tool"])
-    assert result.exit_code == 1 and "no_such_tool" in result.output
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["guarded", "read it", "-m", "scripted-stuck", "-T", "read_file", *arguments])
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and says in lines[0], result.output
+    assert "Traceback" not in result.output and ran == []
+
+
+def test_llm_guarded_says_in_one_line_that_the_model_failed_with_exit_status_1(scripted_plugin, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LLM_RAISE_ERRORS", raising=False)
+    result = CliRunner().invoke(cli, ["guarded", "read it", "-m", "scripted-failing", "-T", "read_file"])
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == "Error: the model is unreachable" and "Traceback" not in result.output
 
 
 def test_installed_as_an_llm_plugin_through_the_entry_point_group():

@@ -20,22 +20,26 @@ llm 0.36 has no tool-call hook, so the guard rides on ``chain(before_call=, afte
 
 As a plugin it adds ``llm guarded PROMPT -m MODEL -T TOOL`` (a guarded tool chain on the command
 line, configured like any turnguard host: ``turnguard.toml``, ``[tool.turnguard]``, ``TURNGUARD_*``;
-exit status 2 when turnguard stops it). llm's ``prompt`` command cannot be given callbacks by a
-plugin, and llm 0.36 defines no tool-call hook to implement, hence the separate command.
+exit status 2 when turnguard stops it, or when it cannot start: an unknown model or tool, a bad
+setting, each said in one line as llm's own commands say theirs; 1 when the model fails). llm's
+``prompt`` command cannot be given callbacks by a plugin, and llm 0.36 defines no tool-call hook
+to implement, hence the separate command.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import llm
 
-from turnguard.config import GuardConfig
+from turnguard.config import ConfigError, GuardConfig
 from turnguard.guard import Guard
 from turnguard.integrations._common import Ask, Decision, RunDriver, TurnHalted, make_call, open_turn, with_reminder
 from turnguard.model import Outcome, ToolCall
+from turnguard.terminal import shown
 
 
 class TurnGuardHalted(TurnHalted):
@@ -229,6 +233,12 @@ def chain(
 def register_commands(cli: Any) -> None:
     import click
 
+    class CannotStart(click.ClickException):
+        """What keeps ``llm guarded`` from starting (a model, a tool, a turnguard setting): said in one
+        line, as llm's own commands say theirs, with the exit status of a bad setting."""
+
+        exit_code = 2
+
     @cli.command(name="guarded")
     @click.argument("prompt")
     @click.option("-m", "--model", "model_id", help="Model to use")
@@ -236,14 +246,20 @@ def register_commands(cli: Any) -> None:
     @click.option("--max-tool-calls", type=int, default=None, help="Explicit per-turn tool-call cap (call N+1 halts)")
     def guarded(prompt: str, model_id: str | None, tools: tuple[str, ...], max_tool_calls: int | None) -> None:
         """Run PROMPT as a tool chain under turnguard (unattended: a stuck chain is stopped)."""
-        model = llm.get_model(model_id)
+        try:
+            model = llm.get_model(model_id)
+        except llm.UnknownModelError as exc:
+            raise CannotStart(str(exc.args[0]) if exc.args else "Unknown model") from None
         registered = llm.get_tools()
         missing = [name for name in tools if name not in registered]
         if missing:
-            raise click.ClickException(f"Tool(s) {', '.join(missing)} not found. Available: {', '.join(registered)}")
+            raise CannotStart(f"Tool(s) {', '.join(missing)} not found. Available: {', '.join(registered)}")
         overrides: dict[str, Any] = {} if max_tool_calls is None else {"max_tool_calls_per_turn": max_tool_calls}
-        config = GuardConfig.load(**overrides)  # turnguard.toml / pyproject / TURNGUARD_* apply
-        guarded_chain = chain(Guard(config), model, prompt, tools=[registered[name] for name in tools])
+        try:
+            guard = Guard(GuardConfig.load(**overrides))  # turnguard.toml / pyproject / TURNGUARD_* apply
+        except ConfigError as exc:
+            raise CannotStart(shown(f"turnguard: {exc}")) from None
+        guarded_chain = chain(guard, model, prompt, tools=[registered[name] for name in tools])
         try:
             for response in guarded_chain.responses():
                 for chunk in response:
@@ -252,3 +268,7 @@ def register_commands(cli: Any) -> None:
         except TurnGuardHalted as stop:
             click.echo(f"\n{stop}", err=True)
             sys.exit(2)
+        except Exception as exc:  # the model or a tool failed: one line, as `llm prompt` says it
+            if os.environ.get("LLM_RAISE_ERRORS"):
+                raise
+            raise click.ClickException(shown(str(exc) or type(exc).__name__)) from None
