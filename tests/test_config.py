@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -341,3 +342,107 @@ def test_a_digest_key_that_is_not_text_is_a_config_error_from_code_too():
         with pytest.raises(tg.ConfigError, match="'digest_key': got a secret \\(not shown\\)"):
             tg.GuardConfig(digest_key=key)
     assert tg.GuardConfig(digest_key="caf\u00e9 \u65e5\u672c").digest_key == "caf\u00e9 \u65e5\u672c"
+
+
+def _typo_distance(a: str, b: str) -> int:
+    """Edits between ``a`` and ``b`` (insert, delete, substitute, swap neighbours), computed plainly."""
+    a, b = a.lower().replace("-", "_"), b.lower().replace("-", "_")
+    d = [[max(i, j) if min(i, j) == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[-1][-1]
+
+
+def _typos(word: str) -> set[str]:
+    """Every one-edit typo of ``word``: a letter left out, doubled, replaced, or two swapped."""
+    out = set()
+    for i in range(len(word)):
+        out.add(word[:i] + word[i + 1:])
+        out.add(word[:i] + word[i] + word[i:])
+        out.add(word[:i] + ("x" if word[i] != "x" else "q") + word[i + 1:])
+        if i + 1 < len(word):
+            out.add(word[:i] + word[i + 1] + word[i] + word[i + 2:])
+    return out - {word}
+
+
+ENV_NAMES = sorted({f"TURNGUARD_{f.name.upper()}" for f in dataclasses.fields(tg.GuardConfig)}
+                   | {"TURNGUARD_CONFIG", "TURNGUARD_LOAD_PLUGINS", "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT"})
+OPTION_NAMES = sorted(f.name for f in dataclasses.fields(tg.GuardConfig))
+
+
+def _suggestion(load, typo: str) -> str | None:
+    with pytest.raises(tg.ConfigError) as caught:
+        load(typo)
+    assert isinstance(caught.value, tg.config.UnknownOptionError), str(caught.value)
+    return caught.value.suggestions[0] if caught.value.suggestions else None
+
+
+@pytest.mark.parametrize("layer", ["env", "toml"])
+def test_every_one_edit_typo_of_a_name_suggests_a_name_one_edit_away(layer, tmp_path):
+    """``TURNGUARD_CONFIGG`` suggested ``TURNGUARD_NAME``: the shared ``TURNGUARD_`` made every name
+    look alike to difflib. For every variable or option name and eight of its one-edit typos (that
+    name nothing: a letter left out, doubled, replaced, two swapped), the suggestion is a name the
+    fewest edits away: one."""
+    if layer == "env":
+        names, prefix = ENV_NAMES, "TURNGUARD_"
+
+        def load(typo):
+            tg.GuardConfig.load(environ={typo: "1"}, search=None)
+    else:
+        names, prefix = OPTION_NAMES, ""
+
+        def load(typo):
+            tg.GuardConfig.from_mapping({typo: 1})
+    checked, rng = 0, random.Random(11)
+    for name in names:
+        typos = sorted(_typos(name.removeprefix(prefix)))
+        for typo in rng.sample(typos, min(8, len(typos))):
+            typo = prefix + typo.upper() if prefix else typo
+            if typo.lower().replace("-", "_") in {n.lower() for n in names} or not typo.startswith(prefix):
+                continue
+            meant = _suggestion(load, typo)
+            assert meant is not None, typo
+            assert _typo_distance(typo, meant) == 1, (typo, meant)
+            checked += 1
+    assert checked > 150
+
+
+@pytest.mark.parametrize(("typed", "meant"), [
+    ("TURNGUARD_CONFIGG", "TURNGUARD_CONFIG"), ("TURNGUARD_CONFIGURATION", "TURNGUARD_CONFIG"),
+    ("TURNGUARD_SOFTCAP", "TURNGUARD_SOFT_CAP"), ("TURNGUARD_LOAD_PLUGIN", "TURNGUARD_LOAD_PLUGINS"),
+    ("TURNGUARD_MAX_TOOL_CALLS", "TURNGUARD_MAX_TOOL_CALLS_PER_TURN"),
+    ("TURNGUARD_SHUTDOWN_TIMEOUT", "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT"), ("TURNGUARD_FOO", None),
+    ("TURNGUARD_PATH", None), ("TURNGUARD_XYZZY", None), ("TURNGUARD_", None),
+])
+def test_a_mistyped_variable_suggests_the_closest_one_or_none(typed, meant):
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(environ={typed: "1"}, search=None)
+    message = str(caught.value)
+    if meant is None:
+        assert "did you mean" not in message, message
+    else:
+        assert message == f"unknown option {typed!r}: did you mean {meant!r}?", message
+
+
+@pytest.mark.parametrize("word", ["fraction", "share", "ratio", "percent", "probability", "sample-rate"])
+def test_a_probe_table_with_another_word_for_rate_names_the_key_and_suggests_rate(word, tmp_path):
+    path = tmp_path / "turnguard.toml"
+    path.write_text(f"[probe]\n{word} = 0.1\nhard_multiplier = 20\n")
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(environ={}, search=tmp_path)
+    assert str(caught.value) == f"{path}: unknown option 'probe.{word}': did you mean 'rate'?"
+
+
+@pytest.mark.parametrize(("probe", "said"), [
+    ({"rate": 0.1, "hard_multipler": 20}, "unknown option 'probe.hard_multipler': did you mean 'hard_multiplier'?"),
+    ({"rate": 0.1, "zzz": 1}, "unknown option 'probe.zzz'; expected one of "),
+    ({"hard_multiplier": 20}, "'probe.rate': got nothing (the key is missing); expected a number from 0 to 1"),
+    ({"fraction": 0.1, "rate": 0.1}, "unknown option 'probe.fraction': did you mean 'rate'?"),
+])
+def test_an_unknown_key_in_a_probe_table_is_named_before_a_missing_rate(probe, said):
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig(probe=probe)
+    assert str(caught.value).startswith(said), str(caught.value)

@@ -61,11 +61,17 @@ class ConfigError(ValueError):
 
 
 class UnknownOptionError(ConfigError):
-    """A key that names no option, with the closest option names (``suggestions``)."""
+    """A key that names no option, with the closest option names (``suggestions``, ``closest``).
 
-    def __init__(self, key: str, value: Any, known: Iterable[str], *, source: str | None = None) -> None:
+    ``prefix`` is what the key and the known names share and is no part of a typo (``TURNGUARD_``,
+    ``probe.``); ``aliases`` maps words people use for an option to it (``fraction``: ``rate``)."""
+
+    def __init__(self, key: str, value: Any, known: Iterable[str], *, source: str | None = None, prefix: str = "",
+                 aliases: Mapping[str, str] | None = None) -> None:
         known = sorted(known)
-        self.suggestions = tuple(difflib.get_close_matches(key, known, n=3, cutoff=0.6))
+        typed = key.removeprefix(prefix)
+        alias = (aliases or {}).get(_normal(typed))
+        self.suggestions = (alias,) if alias in known else closest(typed, known, prefix=prefix)
         super().__init__(key, value, f"one of {', '.join(known)}", source=source)
 
     def __str__(self) -> str:
@@ -73,6 +79,41 @@ class UnknownOptionError(ConfigError):
         if self.suggestions:
             return f"{where}unknown option {self.key!r}: did you mean {self.suggestions[0]!r}?"
         return f"{where}unknown option {self.key!r}; expected {self.accepted}"
+
+
+def closest(typed: str, known: Iterable[str], *, prefix: str = "", n: int = 3) -> tuple[str, ...]:
+    """The ``known`` names nearest to ``typed`` by edit distance (insertions, deletions, substitutions,
+    swaps of two neighbours; case, ``-`` and ``_`` aside, ``prefix`` left out of both), among the
+    ones close enough to be a typo of it: one edit away, or ``difflib``'s similarity at least 0.6."""
+    word = _normal(typed.removeprefix(prefix))
+    ranked = []
+    for name in known:
+        other = _normal(name.removeprefix(prefix))
+        distance = _edits(word, other)
+        similarity = difflib.SequenceMatcher(None, word, other).ratio()
+        if distance <= 1 or similarity >= 0.6:
+            ranked.append((distance, -similarity, name))
+    return tuple(name for *_, name in sorted(ranked)[:n])
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
+def _edits(a: str, b: str) -> int:
+    """The optimal-string-alignment distance between ``a`` and ``b`` (Damerau-Levenshtein without
+    edits of a swapped pair): what a typo costs."""
+    before: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y))
+            if i > 1 and j > 1 and x == b[j - 2] and a[i - 2] == y:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        before, previous = previous, current
+    return previous[-1]
 
 
 class ConfigFileError(ConfigError):
@@ -339,7 +380,8 @@ def _env_values(environ: Mapping[str, str], strict: bool) -> dict[str, Any]:
         key = var[len(ENV_PREFIX):].lower()
         if key not in names:
             if strict:
-                raise UnknownOptionError(var, text, (ENV_PREFIX + n.upper() for n in names))
+                raise UnknownOptionError(var, text, (*(ENV_PREFIX + n.upper() for n in names), *_NON_OPTION_VARS),
+                                         prefix=ENV_PREFIX)
             log.warning("turnguard: ignoring %s: not a turnguard option", var)
             continue
         values[key] = _parse_env(var, key, text)
@@ -658,6 +700,20 @@ class Probe:
         return selects(self.rate, conversation_id, turn_id)
 
 
+PROBE_ALIASES = {word: "rate" for word in ("fraction", "share", "ratio", "percent", "percentage", "probability",
+                                            "sample", "sampling", "sample_rate", "sampling_rate", "probe_rate")}
+"""Words a probe table may use for its ``rate`` (an unknown key among them suggests it)."""
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "nothing (the key is missing)"
+
+
+MISSING: Any = _Missing()
+"""A required key that is not there, as a ``ConfigError``'s value."""
+
+
 def _probe_settings(c: GuardConfig) -> Probe | None:
     """The probe with its configuration resolved: the options it was given (a mapping's keys, or
     what a whole ``GuardConfig``'s caller set: ``GuardConfig.given``) over ``c`` without its probe
@@ -667,8 +723,12 @@ def _probe_settings(c: GuardConfig) -> Probe | None:
         return None
     if isinstance(probe, tuple):
         options = dict(probe)
+        known = {"rate", *_field_names()}
+        for key in options:
+            if not isinstance(key, str) or key.replace("-", "_") not in known:
+                raise UnknownOptionError(f"probe.{key}", options[key], known, prefix="probe.", aliases=PROBE_ALIASES)
         if "rate" not in options:
-            raise ConfigError("probe.rate", None, "a number from 0 to 1 (the share of turns probed)")
+            raise ConfigError("probe.rate", MISSING, "a number from 0 to 1 (the share of turns probed)")
         rate = options.pop("rate")
         for key in ("probe", "shadow"):
             if key in options:
