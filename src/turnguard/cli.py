@@ -24,12 +24,21 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from turnguard.config import ConfigError, GuardConfig
-from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, fit_table, output_width, shown
+from turnguard.terminal import (
+    DEFAULT_WIDTH,
+    STDOUT,
+    STDOUT_HELP,
+    add_wide_argument,
+    fit_table,
+    output_width,
+    shown,
+)
 
 DEFAULT_RECORDER_PATH = ".turnguard/turns.jsonl"
 
@@ -67,7 +76,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                         help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}")
     parser.add_argument("--record", default=DEFAULT_RECORDER_PATH, metavar="PATH",
-                        help=f"write one JSON line per turn here (default: {DEFAULT_RECORDER_PATH})")
+                        help=f"write one JSON line per turn here (default: {DEFAULT_RECORDER_PATH}; {STDOUT_HELP})")
     parser.add_argument("--no-record", action="store_true", help="do not write the turns file")
     add_wide_argument(parser)
     _config_argument(parser)
@@ -99,13 +108,21 @@ def _shutdown_telemetry(telemetry: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from turnguard.demo import SCENARIOS, run_all
+    from turnguard.demo import SCENARIOS
 
     unknown = [n for n in args.scenarios if n not in SCENARIOS]
     if unknown:
         say(f"turnguard demo: unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
         return 2
-    recorder_path = None if args.no_record else args.record
+    if not args.no_record and args.record == STDOUT:  # the turns file, then copied to standard output
+        with tempfile.TemporaryDirectory(prefix="turnguard-demo-") as folder:
+            return _run_demo(args, os.path.join(folder, "turns.jsonl"), to_stdout=True)
+    return _run_demo(args, None if args.no_record else args.record)
+
+
+def _run_demo(args: argparse.Namespace, recorder_path: str | None, *, to_stdout: bool = False) -> int:
+    from turnguard.demo import run_all
+
     if recorder_path:
         problem = writable_file(recorder_path)
         if problem:
@@ -124,6 +141,23 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         _shutdown_telemetry(telemetry)
     out = sys.stdout
+    lost = sum(result.unrecorded for result in results) if recorder_path else 0
+    if to_stdout and recorder_path:
+        with open(recorder_path, encoding="utf-8", errors="backslashreplace") as turns:
+            out.write(turns.read())
+    else:
+        _demo_table(results, out, output_width(args.wide))
+    if lost:
+        where = "standard output" if to_stdout else recorder_path
+        say(f"turnguard demo: {lost} of {len(results)} turns could not be written to {where} "
+            "(the recorder's warning says why)")
+        return 1
+    if recorder_path and not to_stdout:
+        out.write(f"\nturns recorded in {shown(recorder_path)}\n")
+    return 0
+
+
+def _demo_table(results: Sequence[Any], out: TextIO, width: int) -> None:
     rows = []
     for result in results:
         name = result.scenario.name
@@ -136,17 +170,7 @@ def _demo(args: argparse.Namespace) -> int:
             if d.action.label == "allow":
                 action = "allow (observed)"
             rows.append((name, result.summary.tool_calls, f"{d.threshold} ({d.level})", at, action, d.message))
-    table(rows, ("scenario", "calls", "fired", "at", "action", "why"), out, width=output_width(args.wide),
-          right=(1,), wrap=(2, 4))
-    if not recorder_path:
-        return 0
-    lost = sum(result.unrecorded for result in results)
-    if lost:
-        say(f"turnguard demo: {lost} of {len(results)} turns could not be written to {recorder_path} "
-            "(the recorder's warning says why)")
-        return 1
-    out.write(f"\nturns recorded in {shown(recorder_path)}\n")
-    return 0
+    table(rows, ("scenario", "calls", "fired", "at", "action", "why"), out, width=width, right=(1,), wrap=(2, 4))
 
 
 def say(message: str) -> None:
@@ -261,7 +285,8 @@ def _calibrate_merge(args: argparse.Namespace) -> int:
 
 
 def _assets_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("directory", metavar="DIR", help="where to write them (created if missing)")
+    parser.add_argument("directory", metavar="DIR", help="where to write them (created if missing; not '-': they "
+                        "are several files)")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
     parser.add_argument("--config", metavar="TOML", dest="config",
                         help="render the boards and rules for this turnguard.toml or pyproject.toml (its "
@@ -294,6 +319,10 @@ def _assets(args: argparse.Namespace) -> int:
 
     from turnguard import assets
 
+    if args.directory == STDOUT:
+        say("turnguard assets: DIR is '-', standard output, which cannot hold the files and folders the assets "
+            "are: give a directory")
+        return 2
     directory = Path(args.directory)
     try:
         written = assets.write(directory, overwrite=args.force, contents=_rendered_assets(args))

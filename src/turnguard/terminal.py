@@ -34,6 +34,12 @@ MIN_BROKEN = 16
 """The narrowest a column whose words may break (``breakable``) is made."""
 
 
+STDOUT = "-"
+"""An output path that means standard output: every command's output options take it, in place of
+the table the command prints."""
+STDOUT_HELP = "'-': standard output, in place of the table"
+
+
 def output_width(wide: bool = False) -> int:
     """Columns to fit: unlimited with ``wide``, else the terminal's width but at least 80."""
     if wide:

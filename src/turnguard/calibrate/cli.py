@@ -23,7 +23,7 @@ from turnguard.calibrate.run import Progress, StrictError, calibrate, input_size
 from turnguard.calibrate.stats import RunStats
 from turnguard.calibrate.streams import expand_inputs, missing_backups
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
-from turnguard.terminal import DEFAULT_WIDTH, add_wide_argument, output_width, shown
+from turnguard.terminal import DEFAULT_WIDTH, STDOUT, STDOUT_HELP, add_wide_argument, output_width, shown
 
 MAX_SHOWN_PROBLEMS = 100
 AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
@@ -129,8 +129,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "losing to it: each probe row says whether the evidence decides against it "
                            f"(default: {DEFAULT_TOLERANCE})")
     out = p.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
-    out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with charts")
+    out.add_argument("--json", metavar="FILE", help=f"write the results as JSON ({STDOUT_HELP})")
+    out.add_argument("--html", metavar="FILE", help=f"write a self-contained HTML report with charts ({STDOUT_HELP})")
     add_wide_argument(out)
     out.add_argument("--fold", action="store_true",
                      help="list policies whose figures equal an earlier row's under the table, not as rows")
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     except ConfigError as exc:
         say(f"turnguard calibrate: grid: {exc}", stderr)
         return 2
-    unwritable = outputs_problem(args.json, args.html)
+    unwritable = outputs_problem(json=args.json, html=args.html)
     if unwritable:
         say(f"turnguard calibrate: {unwritable}", stderr)
         return 2
@@ -227,11 +227,15 @@ def _say_missing_backups(files: Sequence[Path], stderr: TextIO) -> None:
             "them all as one stream", stderr)
 
 
-def outputs_problem(*paths: str | None) -> str | None:
-    """Why one of the output ``paths`` cannot be written, or ``None``: checked before the replay by
-    opening each for appending (a file that did not exist is removed again)."""
-    for path in paths:
-        if not path or path == "-":
+def outputs_problem(**outputs: str | None) -> str | None:
+    """Why one of the ``outputs`` (by flag name) cannot be written, or ``None``: checked before the
+    replay by opening each file for appending (a file that did not exist is removed again). One of
+    them at most may be ``-``, standard output."""
+    to_stdout = [f"--{flag}" for flag, path in outputs.items() if path == STDOUT]
+    if len(to_stdout) > 1:
+        return f"only one of {' and '.join(to_stdout)} can be '-': there is one standard output"
+    for path in outputs.values():
+        if not path or path == STDOUT:
             continue
         existed = os.path.lexists(path)
         try:
@@ -253,18 +257,25 @@ def _auto_jobs(size: int) -> int:
 
 def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout: TextIO, stderr: TextIO, *,
           fold: bool = False, width: int = DEFAULT_WIDTH) -> int:
-    if json_path == "-":
-        stdout.write(to_json_text(stats))
-    else:
+    """The table on ``stdout``, unless an output is ``-`` and takes its place; the outputs."""
+    if STDOUT not in (json_path, html_path):
         stdout.write(table(stats, color=stdout.isatty(), fold=fold, width=width))
-        if json_path:
-            Path(json_path).write_text(to_json_text(stats), encoding="utf-8")
+    if json_path:
+        _write(json_path, to_json_text(stats), stdout)
     if html_path:
         from turnguard.calibrate.html import render  # (only for --html: its import is start-up cost)
 
-        Path(html_path).write_text(render(stats), encoding="utf-8", errors="backslashreplace")
-        say(f"turnguard calibrate: wrote {html_path}", stderr)
+        _write(html_path, render(stats), stdout)
+        if html_path != STDOUT:
+            say(f"turnguard calibrate: wrote {html_path}", stderr)
     return 0
+
+
+def _write(path: str, text: str, stdout: TextIO) -> None:
+    if path == STDOUT:
+        stdout.write(text)
+    else:
+        Path(path).write_text(text, encoding="utf-8", errors="backslashreplace")
 
 
 def merge_main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
@@ -283,8 +294,8 @@ MERGE_DESCRIPTION = ("Merge the --json results of calibrate runs over parts of t
 
 def add_merge_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", metavar="RESULT.json")
-    p.add_argument("--json", metavar="FILE", help="write the merged results as JSON ('-' for stdout)")
-    p.add_argument("--html", metavar="FILE", help="write the merged HTML report")
+    p.add_argument("--json", metavar="FILE", help=f"write the merged results as JSON ({STDOUT_HELP})")
+    p.add_argument("--html", metavar="FILE", help=f"write the merged HTML report ({STDOUT_HELP})")
     p.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
                    help="decide the probe rows against this tolerance (default: the first result's)")
     add_wide_argument(p)
@@ -300,7 +311,7 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
     if not paths:
         say("turnguard calibrate merge: give the --json results to merge", stderr)
         return 2
-    unwritable = outputs_problem(json_path, html_path)
+    unwritable = outputs_problem(json=json_path, html=html_path)
     if unwritable:
         say(f"turnguard calibrate merge: {unwritable}", stderr)
         return 2
