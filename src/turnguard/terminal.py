@@ -40,6 +40,12 @@ the table the command prints."""
 STDOUT_HELP = "'-': standard output, in place of the table"
 
 
+def color_allowed(stream: Any) -> bool:
+    """Whether ``stream`` may get ANSI escapes (bold): a terminal, and no ``NO_COLOR`` set to a
+    non-empty value (https://no-color.org: then no escape at all, bold included)."""
+    return not os.environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
+
+
 def output_width(wide: bool = False) -> int:
     """Columns to fit: unlimited with ``wide``, else the terminal's width but at least 80."""
     if wide:

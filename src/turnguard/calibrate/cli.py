@@ -23,7 +23,15 @@ from turnguard.calibrate.run import Progress, StrictError, calibrate, input_size
 from turnguard.calibrate.stats import RunStats
 from turnguard.calibrate.streams import expand_inputs, missing_backups
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
-from turnguard.terminal import DEFAULT_WIDTH, STDOUT, STDOUT_HELP, add_wide_argument, output_width, shown
+from turnguard.terminal import (
+    DEFAULT_WIDTH,
+    STDOUT,
+    STDOUT_HELP,
+    add_wide_argument,
+    color_allowed,
+    output_width,
+    shown,
+)
 
 MAX_SHOWN_PROBLEMS = 100
 AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
@@ -259,7 +267,7 @@ def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout:
           fold: bool = False, width: int = DEFAULT_WIDTH) -> int:
     """The table on ``stdout``, unless an output is ``-`` and takes its place; the outputs."""
     if STDOUT not in (json_path, html_path):
-        stdout.write(table(stats, color=stdout.isatty(), fold=fold, width=width))
+        stdout.write(table(stats, color=color_allowed(stdout), fold=fold, width=width))
     if json_path:
         _write(json_path, to_json_text(stats), stdout)
     if html_path:
