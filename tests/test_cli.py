@@ -26,7 +26,7 @@ def rows(out: str) -> dict[str, list[list[str]]]:
     last: list[str] = []
     lines = out.splitlines()
     for line in lines[next(i for i, text in enumerate(lines) if text.startswith("---")) + 1:]:
-        if not line.strip() or line.startswith("turns recorded"):
+        if not line.strip() or line.startswith("turns appended"):
             continue
         if line.startswith("    "):  # the row's "why", under it when it does not fit beside
             last[5:] = [" ".join([*last[5:], line.strip()])]
@@ -269,3 +269,18 @@ def test_demo_refuses_an_unusable_otel_setting_in_one_line_naming_it(capsys, mon
     status, out, err = run(capsys, "demo", "soft-stuck", "--no-record")
     assert (status, out) == (2, "")
     assert err.startswith(f"turnguard demo: {var}") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_demo_record_appends_to_the_turns_file_as_its_help_says(capsys, tmp_path):
+    """Run after run, the turns file keeps every run's turns (calibrate reads them all): the help and
+    the closing line say "append", never "write"."""
+    record = tmp_path / "turns.jsonl"
+    record.write_text('{"id": "earlier"}\n')
+    for _ in range(2):
+        status, out, _ = run(capsys, "demo", "soft-stuck", "runaway", "--record", str(record))
+        assert status == 0 and out.rstrip().endswith(f"turns appended to {record}")
+    lines = record.read_text().splitlines()
+    assert lines[0] == '{"id": "earlier"}' and len(lines) == 5
+    assert len({json.loads(line)["id"] for line in lines}) == 5
+    option = next(a for a in cli._subparser(cli.parser(), "demo")._actions if "--record" in a.option_strings)
+    assert option.help.startswith("append one JSON line per turn") and "write" not in option.help

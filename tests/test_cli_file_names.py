@@ -139,7 +139,7 @@ def test_demo_names_its_turns_file(name, tmp_path, capsys):
     assert cli.main(["demo", "soft-stuck", "--record", record]) == 0
     out, _ = capsys.readouterr()
     assert_clean(out)
-    assert f"turns recorded in {shown(record)}" in out
+    assert f"turns appended to {shown(record)}" in out
     assert Path(record).read_bytes().count(b"\n") == 1
 
 

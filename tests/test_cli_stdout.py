@@ -59,7 +59,7 @@ def output_options() -> set[tuple[str, str]]:
     found = set()
     for name in cli.SUBCOMMANDS:
         for action in cli._subparser(root, name)._actions:
-            writes = (action.help or "").lower().startswith(("write", "where to write"))
+            writes = (action.help or "").lower().startswith(("write", "append", "where to write"))
             if writes and not isinstance(action, argparse._StoreTrueAction):
                 found.add((name, action.option_strings[0] if action.option_strings else action.dest))
     return found

@@ -76,8 +76,9 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                         help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}")
     parser.add_argument("--record", default=DEFAULT_RECORDER_PATH, metavar="PATH",
-                        help=f"write one JSON line per turn here (default: {DEFAULT_RECORDER_PATH}; {STDOUT_HELP})")
-    parser.add_argument("--no-record", action="store_true", help="do not write the turns file")
+                        help="append one JSON line per turn to this file, after the turns earlier runs left there "
+                             f"(calibrate reads them all) (default: {DEFAULT_RECORDER_PATH}; {STDOUT_HELP})")
+    parser.add_argument("--no-record", action="store_true", help="do not record the turns")
     add_wide_argument(parser)
     _config_argument(parser)
 
@@ -153,7 +154,7 @@ def _run_demo(args: argparse.Namespace, recorder_path: str | None, *, to_stdout:
             "(the recorder's warning says why)")
         return 1
     if recorder_path and not to_stdout:
-        out.write(f"\nturns recorded in {shown(recorder_path)}\n")
+        out.write(f"\nturns appended to {shown(recorder_path)}\n")
     return 0
 
 
