@@ -446,3 +446,63 @@ def test_an_unknown_key_in_a_probe_table_is_named_before_a_missing_rate(probe, s
     with pytest.raises(tg.ConfigError) as caught:
         tg.GuardConfig(probe=probe)
     assert str(caught.value).startswith(said), str(caught.value)
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    """``files`` (relative paths) under ``root``; the deepest folder ``a/b/c`` is made and returned."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    deepest = root / "a" / "b" / "c"
+    deepest.mkdir(parents=True, exist_ok=True)
+    return deepest
+
+
+@pytest.mark.parametrize(("files", "found", "soft_cap"), [
+    ({"a/turnguard.toml": "soft_cap = 1\n"}, "a/turnguard.toml", 1),
+    ({"a/b/c/turnguard.toml": "soft_cap = 3\n", "a/turnguard.toml": "soft_cap = 1\n"}, "a/b/c/turnguard.toml", 3),
+    ({"a/turnguard.toml": "soft_cap = 1\n", "a/b/pyproject.toml": "[tool.turnguard]\nsoft_cap = 2\n"},
+     "a/b/pyproject.toml", 2),
+    ({"a/turnguard.toml": "soft_cap = 1\n", "a/b/pyproject.toml": "[project]\nname = 'x'\n"}, "a/turnguard.toml", 1),
+    ({"a/pyproject.toml": "[tool.turnguard]\nsoft_cap = 2\n", "a/turnguard.toml": "soft_cap = 1\n"},
+     "a/turnguard.toml", 1),
+    ({"a/pyproject.toml": "[tool.ruff]\nline-length = 1\n", "pyproject.toml": "[tool.turnguard]\nsoft_cap = 4\n"},
+     "pyproject.toml", 4),
+    ({"a/b/turnguard.toml/x": ""}, None, 100),  # a folder named turnguard.toml is no file
+    ({"a/b/pyproject.toml": "[project\nname = 'broken, not ours'\n", "a/turnguard.toml": "soft_cap = 1\n"},
+     "a/turnguard.toml", 1),
+])
+def test_load_looks_upward_from_the_folder_and_stops_at_the_first_configuration(files, found, soft_cap, tmp_path,
+                                                                               monkeypatch):
+    deepest = _tree(tmp_path, files)
+    config, sources = tg.GuardConfig.load_with_sources(search=deepest, environ={})
+    assert config.soft_cap == soft_cap
+    assert sources["soft_cap"] == (str(tmp_path / found) if found else "default")
+    monkeypatch.chdir(deepest)  # the default search: the current folder
+    assert tg.GuardConfig.load(environ={}).soft_cap == soft_cap
+
+
+def test_a_broken_pyproject_naming_turnguard_on_the_way_up_is_reported_not_passed_over(tmp_path):
+    deepest = _tree(tmp_path, {"a/b/pyproject.toml": "[tool.turnguard]\nsoft_cap = \n",
+                               "a/turnguard.toml": "soft_cap = 1\n"})
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(search=deepest, environ={})
+    assert str(caught.value).startswith(str(tmp_path / "a" / "b" / "pyproject.toml"))
+
+
+def test_turnguard_config_and_search_none_win_over_the_files_above(tmp_path):
+    deepest = _tree(tmp_path, {"a/turnguard.toml": "soft_cap = 1\n", "elsewhere.toml": "soft_cap = 9\n"})
+    assert tg.GuardConfig.load(search=deepest, environ={"TURNGUARD_CONFIG": str(tmp_path / "elsewhere.toml")}
+                               ).soft_cap == 9
+    assert tg.GuardConfig.load(search=None, environ={}).soft_cap == 100
+
+
+def test_every_command_uses_the_configuration_above_its_folder(tmp_path, monkeypatch, capsys):
+    from turnguard import cli
+
+    deepest = _tree(tmp_path, {"a/pyproject.toml": "[tool.turnguard]\nsoft_cap = 42\n"})
+    monkeypatch.chdir(deepest)
+    assert cli.main(["config", "--wide"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("soft_cap"))
+    assert row.split()[1:] == ["42", str(tmp_path / "a" / "pyproject.toml")]

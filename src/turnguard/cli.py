@@ -6,10 +6,10 @@ To add one, write those two functions and add it to ``SUBCOMMANDS`` (see the end
 
 Every subcommand behaves alike: no flag abbreviations, an unknown flag reported by the
 subcommand's own parser, and the configuration loaded once, the same way, before it runs
-(``GuardConfig.load``: ``--config`` or ``$TURNGUARD_CONFIG`` or ``./turnguard.toml`` /
-``./pyproject.toml``, then ``TURNGUARD_*``, and ``TURNGUARD_LOAD_PLUGINS`` checked against the
-installed entry points), handed over as ``args.guard_config``; a bad value ends every command with
-the same message and exit status 2.
+(``GuardConfig.load``: ``--config`` or ``$TURNGUARD_CONFIG`` or the nearest ``turnguard.toml`` /
+``pyproject.toml`` with ``[tool.turnguard]`` from the current folder up, then ``TURNGUARD_*``, and
+``TURNGUARD_LOAD_PLUGINS`` checked against the installed entry points), handed over as
+``args.guard_config``; a bad value ends every command with the same message and exit status 2.
 
 Exit status: 0 done; 1 the command ran and failed (calibrate's bad input under ``--strict``, turns
 the demo could not record, files ``assets`` refused to replace, an output that failed while being
@@ -222,10 +222,14 @@ def _plugins(args: argparse.Namespace) -> int:
 # -- config ---------------------------------------------------------------------------------------
 
 
+CONFIG_FOUND = ("$TURNGUARD_CONFIG, else the first turnguard.toml, or pyproject.toml with [tool.turnguard], in the "
+                "current folder or the nearest one above it")
+"""Where a command finds its configuration without ``--config`` (``GuardConfig.load``)."""
+
+
 def _config_argument(parser: argparse.ArgumentParser, *aliases: str) -> None:
     parser.add_argument("--config", *aliases, metavar="TOML", dest="config",
-                        help="a turnguard.toml or pyproject.toml (default: $TURNGUARD_CONFIG, else ./turnguard.toml "
-                             "or ./pyproject.toml with [tool.turnguard])")
+                        help=f"a turnguard.toml or pyproject.toml (default: {CONFIG_FOUND})")
 
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -333,7 +333,8 @@ class GuardConfig:
         **overrides: Any,
     ) -> GuardConfig:
         """Defaults < TOML (``path``, else ``$TURNGUARD_CONFIG``, else ``turnguard.toml`` or a
-        ``pyproject.toml`` with ``[tool.turnguard]`` in ``search``) < environment < ``overrides``."""
+        ``pyproject.toml`` with ``[tool.turnguard]`` in ``search`` or the nearest folder above it
+        that has one; ``search=None``: no file) < environment < ``overrides``."""
         return cls.load_with_sources(path, environ=environ, search=search, **overrides)[0]
 
     @classmethod
@@ -434,20 +435,33 @@ def _replace(config: GuardConfig, changes: Mapping[str, Any]) -> GuardConfig:
 
 
 def _find_toml(search: str | os.PathLike[str] | None) -> Path | None:
+    """The configuration file for a program run in ``search``: in that folder or the nearest one
+    above it, the first ``turnguard.toml``, or ``pyproject.toml`` with a ``[tool.turnguard]`` table
+    (a ``pyproject.toml`` without one is passed over), as ruff and pytest find theirs. A
+    ``pyproject.toml`` that does not parse is taken when it names ``tool.turnguard``, so that
+    ``load`` says what is wrong with it instead of reading a file further up."""
     if search is None:
         return None
     folder = Path(search)
-    own = folder / "turnguard.toml"
-    if own.is_file():
-        return own
-    pyproject = folder / "pyproject.toml"
-    if pyproject.is_file():
+    for place in (folder, *folder.absolute().parents):  # (the folder as given: ./turnguard.toml is shown so)
         try:
-            if "turnguard" in tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}):
+            own = place / "turnguard.toml"
+            if own.is_file():
+                return own
+            pyproject = place / "pyproject.toml"
+            if pyproject.is_file() and _configures_turnguard(pyproject):
                 return pyproject
-        except (OSError, ValueError, RecursionError):  # (tomllib's errors and UnicodeDecodeError are ValueErrors)
-            return None
+        except OSError:  # a folder on the way that cannot be looked into: go on above it
+            continue
     return None
+
+
+def _configures_turnguard(pyproject: Path) -> bool:
+    text = pyproject.read_bytes()
+    try:
+        return "turnguard" in tomllib.loads(text.decode("utf-8")).get("tool", {})
+    except (ValueError, RecursionError):  # (tomllib's errors and UnicodeDecodeError are ValueErrors)
+        return b"tool.turnguard" in text
 
 
 _INT_FIELDS = (

@@ -130,8 +130,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the full cross product of every axis (default: the cap axes crossed, "
                            "each other axis varied alone around the default)")
     grid.add_argument("--config", metavar="TOML", help="base configuration, the default row (default: as "
-                      "'turnguard config' loads it: $TURNGUARD_CONFIG, ./turnguard.toml or ./pyproject.toml, then "
-                      "TURNGUARD_* variables)")
+                      "'turnguard config' loads it: $TURNGUARD_CONFIG, else the nearest turnguard.toml or "
+                      "pyproject.toml with [tool.turnguard] from the current folder up, then TURNGUARD_* variables)")
     grid.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
                       help="the share of the turns past a threshold that would have succeeded which you accept "
                            "losing to it: each probe row says whether the evidence decides against it "
