@@ -27,7 +27,7 @@ from turnguard.calibrate.report import (
 )
 from turnguard.calibrate.stats import RunStats, default_limits
 from turnguard.calibrate.survival_report import survival_chart
-from turnguard.calibrate.svg import LANE_H, label_width, lanes, spaced, text_width
+from turnguard.calibrate.svg import LANE_H, axis_ticks, label_width, lanes, spaced, text_width
 from turnguard.terminal import shown
 
 COLORS = {
@@ -67,11 +67,12 @@ def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, 
     label_w = label_width(data)
     plot_w = 500
     width = round(label_w + plot_w + max(map(text_width, [*texts, "0"])) + 12)
-    top = max([*values, 1])
+    axis = axis_ticks(max(values, default=0))
+    top = axis[-1][0]
     height = ROW_H * len(data) + 30
     parts = [f'<svg id="{chart_id}" class="chart" role="img" aria-label="{esc(title)}" width="{width}" '
              f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
-    ticks = [(label_w + plot_w * i / 4, _num(top * i / 4)) for i in range(5)]
+    ticks = [(label_w + plot_w * value / top, label) for value, label in axis]
     for x, _ in ticks:
         parts.append(f'<line class="grid" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 20}"/>')
     for x, label in spaced(ticks, 0, width):
@@ -98,10 +99,6 @@ def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, 
         parts.append(f'<text class="value" x="{x + 4:.1f}" y="{y + 11}">{texts[row]}</text>')
     parts.append(f'<line class="axis" x1="{label_w:.1f}" y1="0" x2="{label_w:.1f}" y2="{height - 20}"/></svg>')
     return (f'<h2>{esc(title)}</h2><figure>{"".join(parts)}<figcaption>{esc(caption)}</figcaption></figure>')
-
-
-def _num(v: float) -> str:
-    return f"{v:,.0f}" if v >= 10 or v == int(v) else f"{v:.1f}"
 
 
 def halts_chart(data: list[dict[str, Any]]) -> str:
@@ -191,13 +188,14 @@ def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]
     top = 8 + LANE_H * (max((lane for *_, lane in placed), default=-1) + 1) + 6
     height = top + plot_h + bottom
     edges, bins = _bins(hist, res, xmax)
-    ymax = max([v[0] for v in bins.values()] + [1])
+    axis = axis_ticks(max((v[0] for v in bins.values()), default=0))
+    ymax = axis[-1][0]
     parts = [f'<svg id="chart-distribution" class="chart" role="img" aria-label="tool calls per turn" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
-    for i in range(5):
-        y = top + plot_h * (1 - i / 4)
+    for value, label in axis:
+        y = top + plot_h * (1 - value / ymax)
         parts.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(ymax * i / 4)}</text>')
+        parts.append(f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     for b, (n, nr) in sorted(bins.items()):
         x0, x1 = sx(edges[b]), sx(edges[b + 1])
         h = plot_h * n / ymax

@@ -3,6 +3,8 @@ overlaps another or leaves its chart (a headless-Chromium test measures them).""
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from typing import Any
 
 CHAR_W = 7.0
@@ -57,3 +59,22 @@ def lanes(items: list[tuple[float, str]], lo: float, hi: float) -> list[tuple[fl
     return placed
 
 
+
+
+MAX_STEPS = 5
+"""The most intervals an axis is cut into (an axis of whole numbers up to 3 has fewer)."""
+
+
+def axis_ticks(top: float, *, whole: bool = True) -> list[tuple[float, str]]:
+    """An axis from 0 to at least ``top`` as ``(value, label)`` ticks at round steps: 1, 2 or 5
+    times a power of ten, at most ``MAX_STEPS`` of them; at least 1 on an axis of whole numbers
+    (counts), so that it has no tick between two integers. The last tick is the axis' end: a
+    chart scales its marks to it, so each tick stands where its label says. Values are computed
+    in decimal, so a label is ``0.3``, never ``0.30000000000000004``."""
+    span = Decimal(repr(float(top))) if top > 0 else Decimal(1)
+    power = Decimal(10) ** math.floor(math.log10(span / MAX_STEPS))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power * MAX_STEPS >= span)
+    if whole:
+        step = max(step, Decimal(1))
+    count = math.ceil(span / step)
+    return [(float(k * step), f"{(k * step).normalize():,f}") for k in range(count + 1)]
