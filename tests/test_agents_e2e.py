@@ -155,7 +155,7 @@ def test_an_explicit_cap_of_20_lets_exactly_20_calls_run(guarded: Guarded, sourc
         guarded.env["TURNGUARD_MAX_TOOL_CALLS_PER_TURN"] = "20"
     else:
         (guarded.project / "turnguard.toml").write_text("max_tool_calls_per_turn = 20\n")
-    run, server = guarded.run(lambda r: shell(guarded.agent, guarded.append(str(r.step))) if r.step < 25 else "Done.")
+    run, _server = guarded.run(lambda r: shell(guarded.agent, guarded.append(str(r.step))) if r.step < 25 else "Done.")
     assert guarded.lines() == [str(i) for i in range(20)], run.describe()
     (turn,) = guarded.turns(1)
     assert (turn["ended_by"], turn["tool_calls"]) == ("explicit", 20)
@@ -166,7 +166,7 @@ def test_a_polling_tool_runs_while_its_result_changes_and_halts_once_it_settles(
     poll = guarded.project / "poll.sh"
     poll.write_text(f'cd {guarded.project}; n=$(($(cat n 2>/dev/null || echo 0) + 1)); echo $n > n; '
                     f'echo ran >> calls.txt; [ $n -le 20 ] && echo "pending $n" || echo "pending 20"; exit 1\n')
-    run, server = guarded.run(repeat(shell(guarded.agent, f"sh {poll}"), 40))
+    run, _server = guarded.run(repeat(shell(guarded.agent, f"sh {poll}"), 40))
     ran = len(guarded.lines())
     assert 21 <= ran <= 28, run.describe()
     (turn,) = guarded.turns(1)
@@ -176,7 +176,7 @@ def test_a_polling_tool_runs_while_its_result_changes_and_halts_once_it_settles(
 def test_parallel_calls_of_one_response_are_counted_exactly(guarded: Guarded) -> None:
     reads = [shell(guarded.agent, c) for c in ("ls", "pwd", f"cat {guarded.project / 'poll.sh'} || true")]
     (guarded.project / "poll.sh").write_text("x\n")
-    run, server = guarded.run([reads, reads, reads, "Read them all."])
+    run, _server = guarded.run([reads, reads, reads, "Read them all."])
     assert run.text == "Read them all.", run.describe()
     (turn,) = guarded.turns(1)
     assert (turn["tool_calls"], turn["ended_by"]) == (9, "completed")

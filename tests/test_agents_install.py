@@ -8,7 +8,9 @@ import argparse
 import json
 import os
 import random
+import shlex
 import stat
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -65,10 +67,12 @@ def turnguard_commands(settings: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_the_command_names_this_interpreter_and_is_recognised_however_it_is_spelled() -> None:
-    assert ins.hook_command("codex", "/a b/python") == "'/a b/python' -m turnguard hook codex"
-    assert ins.hook_command("gemini").split()[0] == __import__("shlex").quote(__import__("sys").executable)
+    client = str(Path(ins.__file__).with_name("client.py"))
+    assert ins.hook_command("codex", "/a b/python") == shlex.join(["/a b/python", "-S", client, "codex"])
+    assert shlex.split(ins.hook_command("gemini"))[:2] == [sys.executable, "-S"]
     for command in ("'/a b/python' -m turnguard hook codex", "turnguard hook gemini", "/usr/bin/turnguard hook x",
-                    "python3 -m turnguard hook claude-code"):
+                    "python3 -m turnguard hook claude-code", ins.hook_command("codex", "/a b/python"),
+                    "/usr/bin/python3 -S '/x y/site-packages/turnguard/agents/client.py' gemini"):
         assert ins.is_turnguard_command(command), command
     for command in ("turnguard-hook", "echo myturnguard hook", "turnguard hooks", "turnguard demo", None, 3):
         assert not ins.is_turnguard_command(command), command

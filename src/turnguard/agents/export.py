@@ -166,6 +166,8 @@ def export_outbox(environ: Mapping[str, str]) -> int:
                             os.replace(path, path.with_suffix(".failed"))
                         continue
                     done += 1
+            if (root / "hooks" / "errors.log").exists():
+                _report_failures(root, next(iter(guards.values()), None) or _guard_for(guards, {}, root, environ))
     finally:
         if telemetry is not None:
             telemetry.shutdown()
@@ -185,6 +187,28 @@ def _guard_for(guards: dict[str, Any], item: dict[str, Any], root: Path, environ
             config = config.replace(recorder_path=str(root / "turns.jsonl"))
         guard = guards[search] = Guard(config, environ=environ)
     return guard
+
+
+def _report_failures(root: Path, guard: Any) -> None:
+    """The hooks' failures since the last export (``hooks/errors.log``, one line each) counted in
+    ``turnguard.host.errors`` (``turnguard.host_error="hook_failed"``, by agent)."""
+    log = root / "hooks" / "errors.log"
+    taken = log.with_name(f"errors.log.{os.getpid()}")
+    try:
+        os.replace(log, taken)  # the hooks append to a new log from now on
+        lines = taken.read_text(encoding="utf-8", errors="replace").splitlines()
+        os.unlink(taken)
+    except OSError:
+        return
+    otel = guard.pm.get_plugin("otel")
+    if otel is None:
+        return
+    from turnguard.telemetry.names import HOOK_FAILED
+
+    for line in lines:
+        fields = line.split("\t")
+        if len(fields) >= 2:
+            otel.instruments.outcome_ignored("-", fields[1], HOOK_FAILED, otel.scope)
 
 
 @contextlib.contextmanager
