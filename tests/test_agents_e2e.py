@@ -50,11 +50,11 @@ class Guarded:
 
     @property
     def state(self) -> Path:
-        return self.root / "state"
+        return Path(self.env.get("TURNGUARD_STATE_DIR", self.root / "state"))
 
     @property
     def recorder(self) -> Path:
-        return self.root / "turns.jsonl"
+        return Path(self.env.get("TURNGUARD_RECORDER_PATH", self.root / "turns.jsonl"))
 
     def lines(self, name: str = "calls.txt") -> list[str]:
         path = self.project / name
@@ -96,15 +96,20 @@ def install(agent: Agent, project: Path, home: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def guard_project(agent: Agent, root: Path, **env: str) -> Guarded:
+    """A new project under ``root`` with turnguard installed for ``agent`` (``env``: the agent's)."""
+    clis.require(agent)
+    guarded = Guarded(agent, root)
+    guarded.project.mkdir(parents=True)
+    guarded.env.update({"TURNGUARD_STATE_DIR": str(guarded.state), "TURNGUARD_RECORDER_PATH": str(guarded.recorder),
+                        **env})
+    install(agent, guarded.project, root / "install-home")
+    return guarded
+
+
 @pytest.fixture(params=AGENTS)
 def guarded(request: pytest.FixtureRequest, tmp_path: Path) -> Guarded:
-    agent: Agent = request.param
-    clis.require(agent)
-    guarded = Guarded(agent, tmp_path)
-    guarded.project.mkdir()
-    guarded.env.update(TURNGUARD_STATE_DIR=str(guarded.state), TURNGUARD_RECORDER_PATH=str(guarded.recorder))
-    install(agent, guarded.project, tmp_path / "install-home")
-    return guarded
+    return guard_project(request.param, tmp_path)
 
 
 def repeat(call: Call, times: int, then: str = "I give up.") -> Any:
@@ -143,7 +148,7 @@ def test_distinct_calls_complete_and_nothing_fires(guarded: Guarded) -> None:
     run, server = guarded.run(lambda request: replies[request.step] if request.step < 15 else "All 150 done.")
     assert sorted(map(int, guarded.lines())) == list(range(150)), run.describe()
     assert run.returncode == 0 and run.text == "All 150 done.", run.describe()
-    assert not server.seen("turnguard")
+    assert not server.seen("turnguard: ")  # no message of turnguard's reached the model
     (turn,) = guarded.turns(1)
     assert (turn["tool_calls"], turn["ended_by"]) == (150, "completed")
     assert {c["outcome"] for c in turn["calls"]} == {"ok"}
@@ -158,7 +163,7 @@ def test_an_explicit_cap_of_20_lets_exactly_20_calls_run(guarded: Guarded, sourc
     run, _server = guarded.run(lambda r: shell(guarded.agent, guarded.append(str(r.step))) if r.step < 25 else "Done.")
     assert guarded.lines() == [str(i) for i in range(20)], run.describe()
     (turn,) = guarded.turns(1)
-    assert (turn["ended_by"], turn["tool_calls"]) == ("explicit", 20)
+    assert (turn["ended_by"], turn["tool_calls"]) == ("explicit", 21)  # call 21 was checked, and refused
 
 
 def test_a_polling_tool_runs_while_its_result_changes_and_halts_once_it_settles(guarded: Guarded) -> None:
@@ -187,12 +192,8 @@ def test_parallel_calls_of_one_response_are_counted_exactly(guarded: Guarded) ->
 @pytest.mark.parametrize("agent", ["claude", "codex"])
 def test_two_sessions_at_once_never_share_counts_and_a_resumed_session_starts_a_new_turn(
         tmp_path: Path, agent: Agent) -> None:
-    clis.require(agent)
-    projects = [Guarded(agent, tmp_path / name) for name in ("a", "b")]
-    for g in projects:
-        g.project.mkdir(parents=True)
-        g.env.update(TURNGUARD_STATE_DIR=str(tmp_path / "state"), TURNGUARD_RECORDER_PATH=str(tmp_path / "turns.jsonl"))
-        install(agent, g.project, tmp_path / "install-home")
+    shared = {"TURNGUARD_STATE_DIR": str(tmp_path / "state"), "TURNGUARD_RECORDER_PATH": str(tmp_path / "turns.jsonl")}
+    projects = [guard_project(agent, tmp_path / name, **shared) for name in ("a", "b")]
     runs: dict[str, clis.AgentRun] = {}
 
     def six_failures(g: Guarded) -> None:  # 12 identical failing calls shared would halt at 8
@@ -208,7 +209,8 @@ def test_two_sessions_at_once_never_share_counts_and_a_resumed_session_starts_a_
     assert len({t["conversation_id"] for t in turns}) == 2
     first = runs["a"]
     assert first.session_id
-    resumed, _ = projects[0].run(repeat(shell(agent, "echo x; exit 1"), 3), prompt="Go on.", home=first.home,
+    again = shell(agent, "echo x; exit 1")  # the conversation holds the 6 before: count this run's requests
+    resumed, _ = projects[0].run(lambda r: again if r.index < 3 else "Stopping.", prompt="Go on.", home=first.home,
                                  resume=first.session_id)
     assert resumed.returncode == 0, resumed.describe()
     turns = projects[0].turns(3)
@@ -219,15 +221,11 @@ def test_two_sessions_at_once_never_share_counts_and_a_resumed_session_starts_a_
 def test_hook_turns_reach_the_collector_file(tmp_path: Path) -> None:
     """Spans, the loop event and the turn's span attributes of a halted Claude Code turn reach the
     shipped Collector's file (the input of ``turnguard calibrate``), exported after the turn."""
-    clis.require("claude")
     otelcol = chain.collector()
-    g = Guarded("claude", tmp_path)
-    g.project.mkdir()
-    install("claude", g.project, tmp_path / "install-home")
+    g = guard_project("claude", tmp_path)
     collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
     try:
-        g.env.update(TURNGUARD_STATE_DIR=str(g.state), TURNGUARD_RECORDER_PATH=str(g.recorder),
-                     OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_http, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        g.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_http, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
         g.run(repeat(shell("claude", "echo x; exit 1"), 12))
         g.turns(1)
         events = chain.wait_until("the loop event in the Collector's file",
@@ -249,3 +247,42 @@ def _loop_events(path: Path) -> list[dict[str, Any]]:
                     if record.get("eventName") == "turnguard.loop_detected" or "turnguard.loop.threshold" in attrs:
                         found.append(attrs)
     return found
+
+
+def test_a_subagents_calls_count_in_the_turn_of_the_prompt_that_started_it(tmp_path: Path) -> None:
+    """Claude Code's subagent (the ``Agent`` tool) runs inside the parent's turn: its calls carry the
+    parent's session and prompt ids, and the person pays for both."""
+    g = guard_project("claude", tmp_path)
+    task = {"description": "sub", "prompt": "SUBTASK: append two lines", "subagent_type": "general-purpose",
+            "run_in_background": False}
+
+    def script(request: ModelRequest) -> Reply:
+        if "SUBTASK" in request.user_text():
+            return shell("claude", g.append("sub")) if request.step < 2 else "sub done"
+        return [Call("Agent", task), shell("claude", g.append("parent")), "all done"][min(request.step, 2)]
+
+    run, _server = g.run(script, allowed_tools=("Bash", "Agent"))
+    assert sorted(g.lines()) == ["parent", "sub", "sub"], run.describe()
+    (turn,) = g.turns(1)
+    assert turn["tool_calls"] == 4 and [c["tool"] for c in turn["calls"]].count("Agent") == 1
+
+
+def test_gemini_clis_own_loop_detector_stops_identical_calls_before_turnguards_streak(tmp_path: Path) -> None:
+    """With Gemini CLI's own detector on (its default) it ends 12 identical failing calls first;
+    turnguard records the turn and does not halt it."""
+    g = guard_project("gemini", tmp_path)
+    run, _ = g.run(repeat(shell("gemini", g.append("ran") + "; exit 1"), 12), settings={})
+    assert 1 <= len(g.lines()) < 8, run.describe()
+    (turn,) = g.turns(1)
+    assert turn["ended_by"] == "completed" and turn["tool_calls"] == len(g.lines())
+
+
+@pytest.mark.parametrize("agent", ["codex", "gemini"])
+def test_a_cycle_cap_counts_the_agents_model_requests(tmp_path: Path, agent: Agent) -> None:
+    """Gemini CLI's ``BeforeModel`` halt stops the run at the 4th request; Codex ignores an answer to
+    ``PreModelRequest``, so its next call is refused instead. (Claude Code has no model event.)"""
+    g = guard_project(agent, tmp_path, TURNGUARD_MAX_CYCLES_PER_TURN="3")
+    run, _server = g.run(lambda r: shell(agent, g.append(str(r.step))) if r.step < 6 else "Done.")
+    assert g.lines() == ["0", "1", "2"], run.describe()
+    (turn,) = g.turns(1)
+    assert (turn["ended_by"], turn["cycles"]) == ("cycle_cap", 4)

@@ -210,10 +210,26 @@ class Hook:
         state = data.get("turn")
         ref = data.get("ref")
         if state is not None and (event.turn_ref is None or ref is None or ref == event.turn_ref):
-            return self.guard.resume(state)
-        if state is not None:
+            turn = self._resumed(data)
+            if turn is not None:
+                return turn
+        elif state is not None:
             self._close(data, "interrupted")
         return self._open(data, event)
+
+    def _resumed(self, data: dict[str, Any]) -> Any:
+        """The turn of the session's snapshot; ``None`` (the snapshot dropped, the failure noted)
+        when this configuration cannot resume it: the configuration changed in the middle of a
+        turn, or the file was damaged. The session then goes on with a new turn."""
+        from turnguard.snapshot import SnapshotError
+
+        try:
+            return self.guard.resume(data["turn"])
+        except SnapshotError as exc:
+            note_error(self.environ, self.protocol.agent, f"the turn's snapshot was dropped: {exc}")
+            data["turn"] = None
+            data["journal"] = []
+            return None
 
     def _end(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
         if data.get("turn") is not None:
@@ -222,7 +238,9 @@ class Hook:
 
     def _close(self, data: dict[str, Any], reason: str) -> None:
         """End the session's turn and hand its journal to the exporter."""
-        turn = self.guard.resume(data["turn"])
+        turn = self._resumed(data)
+        if turn is None:
+            return
         ask = data.get("ask")
         if ask is not None:
             self._answer(turn, data, "stop")
