@@ -225,7 +225,9 @@ def test_hook_turns_reach_the_collector_file(tmp_path: Path) -> None:
     g = guard_project("claude", tmp_path)
     collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
     try:
-        g.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_http, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        # (Claude Code passes no OTEL_* variable to its hooks: turnguard reads them with its prefix)
+        g.env.update(TURNGUARD_OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_http,
+                     TURNGUARD_OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
         g.run(repeat(shell("claude", "echo x; exit 1"), 12))
         g.turns(1)
         events = chain.wait_until("the loop event in the Collector's file",

@@ -376,7 +376,7 @@ def _env_values(environ: Mapping[str, str], strict: bool) -> dict[str, Any]:
     names = _field_names()
     values: dict[str, Any] = {}
     for var, text in environ.items():
-        if not var.startswith(ENV_PREFIX) or var in _NON_OPTION_VARS:
+        if not var.startswith(ENV_PREFIX) or var in _NON_OPTION_VARS or var.startswith(OTEL_PASSTHROUGH):
             continue
         key = var[len(ENV_PREFIX):].lower()
         if key not in names:
@@ -411,6 +411,9 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
 
 CONFIG_ENV = "TURNGUARD_CONFIG"
 """A TOML file ``GuardConfig.load`` reads when it is given no path."""
+OTEL_PASSTHROUGH = "TURNGUARD_OTEL_"
+"""``TURNGUARD_OTEL_X`` is ``OTEL_X`` for the coding agents' hooks (Claude Code passes no ``OTEL_*``
+variable to its hooks); not an option."""
 _NON_OPTION_VARS = frozenset({"TURNGUARD_LOAD_PLUGINS", "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT", CONFIG_ENV,
                               "TURNGUARD_STATE_DIR", "TURNGUARD_ATTENDED"})
 """``TURNGUARD_*`` variables that are not options: plugin loading, the telemetry shutdown bound, the

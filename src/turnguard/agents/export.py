@@ -245,8 +245,21 @@ def _search(cwd: Any) -> str:
     return cwd if isinstance(cwd, str) and os.path.isdir(cwd) else "."
 
 
+def otel_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with each ``TURNGUARD_OTEL_X`` as ``OTEL_X`` where that is not set: Claude Code
+    gives its hooks no ``OTEL_*`` variable, so they reach turnguard's exporter under its prefix."""
+    from turnguard.config import OTEL_PASSTHROUGH
+
+    env = dict(environ)
+    for name, value in environ.items():
+        if name.startswith(OTEL_PASSTHROUGH):
+            env.setdefault(name[len("TURNGUARD_"):], value)
+    return env
+
+
 def _telemetry(environ: Mapping[str, str]) -> Any:
     """OTLP export when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variable is set (else none)."""
+    environ = otel_environ(environ)
     if not any(k.startswith("OTEL_EXPORTER_OTLP_") and k.endswith("ENDPOINT") for k in environ):
         return None
     from turnguard.telemetry import configure
