@@ -46,6 +46,7 @@ INTERACTIVE_ENTRYPOINTS = frozenset({"cli"})
 
 class ClaudeCode:
     agent = "claude-code"
+    can_ask = True
     context_at_check = True
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:

@@ -47,6 +47,7 @@ TRANSCRIPT_TRIES = (0.0, 0.02, 0.05)
 
 class Codex:
     agent = "codex"
+    can_ask = False
     context_at_check = True
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:

@@ -76,7 +76,7 @@ class HookAnswer:
     stderr: str = ""
 
     def stdout_text(self) -> str:
-        return "" if self.output is None else json.dumps(self.output, ensure_ascii=False) + "\n"
+        return "" if self.output is None else json.dumps(self.output) + "\n"  # ASCII: any text can be written
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,8 @@ class Protocol(TypingProtocol):
     context_at_check: bool
     """Whether the model reads context given when a call is checked (else a reminder goes with the
     call's outcome)."""
+    can_ask: bool
+    """Whether a hook can put a question to the person (else, attended, it goes to the model)."""
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
         """The event; ``events.BadEvent`` when a field turnguard needs is missing or wrong."""

@@ -21,7 +21,6 @@ settings leaves identical calls to turnguard.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,12 +34,11 @@ KINDS = {
     "AfterAgent": Kind.TURN_END,
     "SessionEnd": Kind.SESSION_END,
 }
-ASK_PREFIX = "Ask the user before going on. "
-_EXIT_CODE = re.compile(r"\bExit Code: (-?\d+)")
 
 
 class Gemini:
     agent = "gemini"
+    can_ask = False
     context_at_check = False
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
@@ -74,8 +72,7 @@ class Gemini:
                 answer.update(_specific(name, additionalContext=decision.message))
             return HookAnswer(answer)
         if event.kind is Kind.TOOL_OUTCOME:
-            text = decision.message if decision.kind == "remind" else ASK_PREFIX + decision.message
-            return HookAnswer(_specific(name, additionalContext=text))
+            return HookAnswer(_specific(name, additionalContext=decision.message))
         return HookAnswer({})
 
     def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
@@ -89,10 +86,27 @@ def outcome_of(response: Any) -> str:
         return "error"
     content = response.get("llmContent")
     if isinstance(content, str):
-        codes = _EXIT_CODE.findall(content)
-        if codes and codes[-1] != "0":
+        code = trailer(content).get("Exit Code")
+        if code is not None and code.strip() not in ("0", ""):
             return "error"
     return "ok"
+
+
+def trailer(content: str) -> dict[str, str]:
+    """The lines Gemini CLI writes after a shell command's output (``Exit Code: 1``, ``Process Group
+    PGID: 9445``...), read from the end: a command that prints such text itself is not taken at
+    its word unless it ends its output with it."""
+    lines = content.rstrip().removesuffix("</untrusted_context>").rstrip().splitlines()
+    found: dict[str, str] = {}
+    for line in reversed(lines):
+        key, sep, value = line.partition(": ")
+        if not sep or key not in TRAILER_KEYS or key in found:
+            break
+        found[key] = value
+    return found
+
+
+TRAILER_KEYS = frozenset({"Error", "Exit Code", "Signal", "Background PIDs", "Process Group PGID"})
 
 
 def result_of(response: Any) -> Any:

@@ -37,6 +37,8 @@ MAX_JOURNAL = 50_000
 """Journal entries kept per turn for telemetry; past it the turn is decided as ever but not
 exported (the exporter counts it as a host error)."""
 HALT_NOTE = "turnguard halted this turn"
+ASK_MODEL = "Ask the user before going on. "
+"""Before a question put to the model, in an attended session of an agent whose hooks cannot ask."""
 
 
 def main(argv: list[str], stdin: Any = None, stdout: Any = None, stderr: Any = None,
@@ -149,8 +151,10 @@ class Hook:
 
         search = self.cwd if self.cwd and os.path.isdir(self.cwd) else "."
         self.config = GuardConfig.load(environ=self.environ, search=search)
-        self.live_config = policies_only(self.config).replace(load_entrypoints=self.config.load_entrypoints)
-        self.store = SessionStore(state_root(dict(self.environ)), self.protocol.agent)
+        root = state_root(dict(self.environ))
+        scan = self.config.load_entrypoints and plugins_installed(root / "hooks")
+        self.live_config = policies_only(self.config).replace(load_entrypoints=scan)
+        self.store = SessionStore(root, self.protocol.agent)
         self._guard: Any = None
 
     config: Any = None
@@ -189,7 +193,7 @@ class Hook:
             if event.turn_ref is not None and data.get("ref") == event.turn_ref:
                 return self.protocol.answer(event, Decision.allow())  # the agent goes on with the same turn
             self._close(data, "interrupted")
-        self._open(data, event)
+        data["turn"] = self._open(data, event).suspend()
         return self.protocol.answer(event, Decision.allow())
 
     def _open(self, data: dict[str, Any], event: AgentEvent) -> Any:
@@ -261,6 +265,7 @@ class Hook:
         turn = self._resume(data, event)
         decision = Decision.allow()
         if event.kind is Kind.MODEL_REQUEST:
+            self._settle_refused(turn, data)
             verdict = turn.begin_cycle()
             self._journal(data["journal"], ["m", time.time_ns()])
             decision = self._decision(verdict, turn, at_check=True)
@@ -271,15 +276,23 @@ class Hook:
             decision = self._outcome(turn, data, event.tool_name, event.tool_input, event.call_id, event.outcome,
                                      event.result)
         elif event.kind is Kind.STEP_END:
-            waiting = data.get("waiting") or {}
-            for name, tool_input, call_id in event.batch:
-                if call_id is not None and call_id in waiting:
-                    self._outcome(turn, data, name, tool_input, call_id, "denied", None)
+            self._settle_refused(turn, data, {call_id for _, _, call_id in event.batch})
             if turn.halted is not None:
                 decision = Decision.halt(turn.halted.message or HALT_NOTE, at_check=False)
         decision = self._deliver(data, event, decision)
         data["turn"] = turn.suspend()
         return self.protocol.answer(event, decision)
+
+    def _settle_refused(self, turn: Any, data: dict[str, Any], step: set[str | None] | None = None) -> None:
+        """The calls of the last model step that got no outcome: the agent refused them (a
+        permission, or a hook), which is a denial. Said when the step is over: at the agent's next
+        model request, or Claude Code's ``PostToolBatch`` (``step``: the ids of its calls; a
+        background subagent's calls may still be running beside them)."""
+        waiting = data.get("waiting") or []
+        refused = [w for w in waiting if step is None or w[2] in step]
+        data["waiting"] = [w for w in waiting if w not in refused]
+        for name, tool_input, call_id in refused:
+            self._outcome(turn, data, name, tool_input, call_id, "denied", None)
 
     def _deliver(self, data: dict[str, Any], event: AgentEvent, decision: Decision) -> Decision:
         """A reminder for an agent that gives the model no context at a check goes with the next
@@ -306,8 +319,8 @@ class Hook:
             ask = None
         call = ToolCall(event.tool_name, event.tool_input, call_id=event.call_id)
         verdict = turn.check_call(call)
-        if event.call_id is not None:
-            data.setdefault("waiting", {})[event.call_id] = 1
+        data.setdefault("waiting", []).append(
+            [event.tool_name, None if event.call_id is not None else event.tool_input, event.call_id])
         self._journal(data["journal"], ["c", time.time_ns(), event.tool_name, self._digest(event.tool_name,
                                         event.tool_input), event.call_id])
         decision = self._decision(verdict, turn, at_check=True)
@@ -323,9 +336,11 @@ class Hook:
                  outcome: str, result: Any) -> Decision:
         from turnguard.model import ToolCall
 
-        waiting = data.get("waiting")
-        if waiting and call_id is not None:
-            waiting.pop(call_id, None)
+        waiting = data.get("waiting") or []
+        for i, (other, other_input, other_id) in enumerate(waiting):
+            if (other_id == call_id) if call_id is not None else (other == name and other_input == tool_input):
+                del waiting[i]
+                break
         ask = data.get("ask")
         if ask is not None and ask.get("call") is not None and ask["call"] == (call_id or ""):
             self._answer(turn, data, "stop" if outcome == "denied" else "continue")
@@ -361,13 +376,15 @@ class Hook:
         if action is Action.REMIND:
             return Decision.remind(verdict.message)
         if action is Action.ASK and turn.promptable:
-            return Decision.ask(verdict.message)
+            if self.protocol.can_ask:
+                return Decision.ask(verdict.message)
+            return Decision.remind(ASK_MODEL + verdict.message)  # put to the model: the agent cannot ask
         return Decision.halt(verdict.message or HALT_NOTE, at_check=at_check)
 
     def _digest(self, name: str, value: Any) -> str:
         from turnguard.keys import identity_bytes
 
-        return hashlib.blake2b(identity_bytes(name, value, self.config.key_mode), digest_size=8).hexdigest()
+        return "#" + hashlib.blake2b(identity_bytes(name, value, self.config.key_mode), digest_size=8).hexdigest()
 
     @staticmethod
     def _journal(journal: list[Any], entry: list[Any]) -> None:

@@ -63,13 +63,26 @@ class SessionStore:
     @contextlib.contextmanager
     def locked(self, session_id: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[Session]:
         """The session's state, held exclusively until the block ends; ``Session.save`` writes it."""
+        lock = self.directory / f"{session_file_name(session_id)}.lock"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise StoreError(exc.errno, f"cannot open the session lock in {self.directory}: "
+                                            f"{exc.strerror}") from None
+            try:
+                _lock(fd, max(0.0, deadline - time.monotonic()), timeout_s)
+            except BaseException:
+                os.close(fd)
+                raise
+            if _same_file(fd, lock):
+                break
+            os.close(fd)  # ``clean`` removed it between our open and our lock: take the new one
         try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.directory / f"{session_file_name(session_id)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StoreError(exc.errno, f"cannot open the session lock in {self.directory}: {exc.strerror}") from None
-        try:
-            _lock(fd, timeout_s)
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # in use: ``clean`` goes by this time
             yield Session(self.path(session_id), session_id)
         finally:
             os.close(fd)  # releases the lock
@@ -87,14 +100,40 @@ class SessionStore:
             try:
                 old = now - entry.stat().st_mtime > (60 if entry.name.startswith(".") else max_age_s)
                 if old and entry.is_file():
-                    os.unlink(entry.path)
-                    removed += 1
+                    removed += _remove_lock(entry.path) if entry.name.endswith(".lock") else _unlink(entry.path)
             except OSError:
                 continue
         return removed
 
 
-def _lock(fd: int, timeout_s: float) -> None:
+def _unlink(path: str) -> int:
+    os.unlink(path)
+    return 1
+
+
+def _remove_lock(path: str) -> int:
+    """A session's lock file, unless a hook holds it: removed while held here, so a hook that
+    opened it meanwhile finds it gone once it has the lock, and opens the new one (``locked``)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    else:
+        os.unlink(path)
+        return 1
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except OSError:
+        return False
+
+
+def _lock(fd: int, timeout_s: float, said_s: float | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     delay = 0.0005
     while True:
@@ -103,7 +142,7 @@ def _lock(fd: int, timeout_s: float) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise StoreError(0, f"the session's lock was held for more than {timeout_s:g} s") from None
+                raise StoreError(0, f"the session's lock was held for more than {said_s or timeout_s:g} s") from None
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 
@@ -130,15 +169,23 @@ class Session:
             return {"version": STATE_VERSION}
         except OSError as exc:
             raise StoreError(exc.errno, f"cannot read {self.path}: {exc.strerror}") from None
-        if len(raw) > MAX_STATE_BYTES:
-            raise StoreError(0, f"{self.path} is larger than {MAX_STATE_BYTES} bytes")
         try:
-            data = json.loads(raw)
+            data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
         except ValueError:
-            raise StoreError(0, f"{self.path} is not JSON") from None
+            data = None
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-            raise StoreError(0, f"{self.path} is not a turnguard session state of version {STATE_VERSION}")
+            self._set_aside()
+            what = (f"larger than {MAX_STATE_BYTES} bytes" if len(raw) > MAX_STATE_BYTES
+                    else f"not a turnguard session state of version {STATE_VERSION}")
+            raise StoreError(0, f"{self.path} is {what} (set aside as {self.path.name}.bad; the session goes on "
+                                f"with a new turn)")
         return data
+
+    def _set_aside(self) -> None:
+        """A state this version cannot read goes out of the way (kept for a look), so that the
+        session's next event starts afresh instead of failing on it again."""
+        with contextlib.suppress(OSError):
+            os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
 
     def save(self) -> None:
         """Write the state whole: to a temporary file, then ``os.replace`` over the last one."""

@@ -1,0 +1,1021 @@
+"""``turnguard hook AGENT``: the answers Claude Code, Codex and Gemini CLI get to their hook events.
+
+Each test drives one agent session the way that agent's CLI does (``agent_events``: the payloads
+of ``/work/notes/agent-events.md``), mostly in-process through ``hook.run``, and through hook
+processes where the process boundary is the point (concurrency, SIGKILL, stdin, exit codes,
+resource limits): ``python -m turnguard hook AGENT`` itself, and, where a test needs hundreds of
+them or must kill them mid-work, the same command's ``__main__`` in processes forked from an
+interpreter that has imported turnguard already (``agent_events.ForkServer``).
+
+The verdicts must be those of one guard running the turn: the streak stop at the 8th identical
+failure when unattended, the warn level's question at the 5th identical call when attended, an
+explicit cap's halt at call N+1, progress for a stateful tool's changed result, nothing for
+distinct calls; and the exporter's recorder line must say what the live hooks did. A turn's end
+hands its journal to the outbox: most tests export it in this process (``export_now``), the
+``live_env`` ones wait for the detached exporter the hook started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_events import (
+    AGENTS,
+    SHELL_TOOL,
+    TIMEOUT_S,
+    Events,
+    ForkServer,
+    Session,
+    Step,
+    asks,
+    check_halts,
+    hook_env,
+    hook_process,
+    is_allow,
+    outbox,
+    outcome_halts,
+    recorded,
+    session_data,
+    tool_calls,
+    wait_for_export,
+)
+from turnguard.agents import codex, export, gemini, hook
+from turnguard.agents.events import MAX_STDIN_BYTES, HookAnswer
+from turnguard.agents.store import SessionStore, state_root
+
+STOP_AT = 8
+WARN_AT = 5
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The test's hook environment. A turn's end hands its journal to the outbox but starts no
+    exporter process (``export_now`` exports in this process): the ``live_env`` tests start the
+    real one."""
+    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
+    return hook_env(tmp_path)
+
+
+@pytest.fixture
+def live_env(tmp_path: Path) -> Any:
+    """The test's hook environment with the real detached exporter; none outlives the test."""
+    environ = hook_env(tmp_path)
+    yield environ
+    wait_for_export(environ)
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    server = ForkServer(tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
+
+
+def export_now(env: dict[str, str]) -> list[dict[str, Any]]:
+    """Export the outbox in this process (what the detached exporter does); the recorder's lines."""
+    export.export_outbox(env)
+    assert not any(outbox(env).glob("*.json")), "every journal exported"
+    return recorded(env)
+
+
+def only_line(env: dict[str, str], *, live: bool = False) -> dict[str, Any]:
+    """The recorder's one line: once the detached exporter is done (``live``), else exported here."""
+    if live:
+        wait_for_export(env)
+    lines = recorded(env) if live else export_now(env)
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def fail_until_halted(session: Session, limit: int = 40, command: str = "make test") -> int:
+    """Identical failing calls until an outcome's answers halt; returns that call's number (every
+    earlier answer must be the empty allow)."""
+    for n in range(1, limit + 1):
+        step = session.call(command, failed=True)
+        if not all(is_allow(a) for a in step.answers()):
+            assert is_allow(step.pre), (n, step)
+            assert outcome_halts(session.agent, step), (n, step)
+            return n
+    raise AssertionError(f"no halt in {limit} identical failing calls")
+
+
+# -- 1. the streak stop ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_eighth_identical_failure_halts_an_unattended_turn(agent: str, live_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    env = live_env
+    s = Session(agent, env, tmp_path)
+    assert is_allow(s.start())
+    for n in range(1, STOP_AT):
+        step = s.call("make test", failed=True)
+        assert all(is_allow(a) for a in step.answers()), (n, step)
+    eighth = s.call("make test", failed=True)
+    assert is_allow(eighth.pre)
+    assert outcome_halts(agent, eighth), eighth
+    if agent == "claude-code":  # PostToolUseFailure cannot stop a run: its step's PostToolBatch does
+        assert "continue" not in eighth.post.output
+    assert check_halts(agent, s.check("make test")), "the 9th identical call must be denied"
+    assert check_halts(agent, s.check("ls")), "every later call of a halted turn is denied alike"
+    assert is_allow(s.stop())
+    line = only_line(env, live=True)  # the detached exporter's replay of the turn's journal
+    assert (line["agent"], line["ended_by"], line["tool_calls"]) == (agent, "streak", STOP_AT)
+    assert [c["outcome"] for c in line["calls"]] == ["error"] * STOP_AT
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_streak_of_identical_failures_is_broken_by_a_success(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for _ in range(STOP_AT - 1):
+        assert all(is_allow(a) for a in s.call("make test", failed=True).answers())
+    assert all(is_allow(a) for a in s.call("make test", failed=False).answers())
+    assert fail_until_halted(s) == STOP_AT, "a success starts the failure streak again"
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_streak_needs_identical_arguments(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for n in range(2 * STOP_AT + 1):
+        step = s.call(f"make test-{n % 2}", failed=True)  # two calls alternating: never 8 in a row
+        assert all(is_allow(a) for a in step.answers()), (n, step)
+
+
+def test_claude_interrupted_calls_are_unknown_and_never_stop(env: dict[str, str], tmp_path: Path) -> None:
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    for n in range(STOP_AT + 1):
+        call_id = s.events.call_id()
+        post = s.events.post({"command": "make test"}, call_id, failed=True)
+        post["is_interrupt"] = True  # the person pressed Esc: not the command's failure
+        answers = [s.send(s.events.pre({"command": "make test"}, call_id)), s.send(post)]
+        assert all(is_allow(a) for a in answers), (n, answers)
+    assert s.snapshot()["turn"]["facts"]["outcomes"]["error"] == 0
+
+
+@pytest.mark.parametrize("case", ["file missing", "no transcript_path", "no record of the call"])
+def test_codex_outcome_without_a_transcript_record_is_unknown_and_never_stops(
+        case: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session("codex", env, tmp_path)
+    s.start()
+    if case == "file missing":
+        s.events.transcribing = False
+    for n in range(STOP_AT + 1):
+        call_id = s.events.call_id()
+        tool_input = {"command": "make test"}
+        pre = s.events.pre(tool_input, call_id)
+        post = s.events.post(tool_input, call_id, failed=True, output="failing\n", transcribe=False)
+        if case == "no transcript_path":
+            del pre["transcript_path"], post["transcript_path"]
+        answers = [s.send(pre), s.send(post)]
+        assert all(is_allow(a) for a in answers), (n, answers)
+    outcomes = s.snapshot()["turn"]["facts"]["outcomes"]
+    assert outcomes["unknown"] == STOP_AT + 1 and outcomes["error"] == 0
+
+
+@pytest.mark.parametrize(("record", "outcome"), [
+    ({"exit_code": 1}, "error"),
+    ({"exit_code": 2}, "error"),
+    ({"exit_code": 0}, "ok"),
+    ({"status": "declined"}, "denied"),
+    ({"status": "failed"}, "error"),
+    ({"status": "completed"}, "ok"),
+])
+def test_codex_outcome_is_read_from_the_calls_item_completed_record(
+        record: dict[str, Any], outcome: str, tmp_path: Path) -> None:
+    events = Events("codex", tmp_path)
+    events.prompt()
+    mine, other = "call_1", "call_10"  # one id the prefix of the other
+    events.pre({"command": "x"}, mine)
+    events.complete(other, {"command": "x"}, exit_code=0 if outcome != "ok" else 1)
+    events.complete(mine, {"command": "x"}, **record)
+    payload = events.post({"command": "x"}, mine, failed=False, transcribe=False)
+    assert codex.PROTOCOL.read(payload, {}).outcome == outcome
+
+
+def test_codex_record_of_another_call_is_not_this_calls_outcome(tmp_path: Path) -> None:
+    events = Events("codex", tmp_path)
+    events.prompt()
+    events.complete("call_10", {"command": "x"}, exit_code=1)
+    events.complete("xcall_1", {"command": "x"}, exit_code=1)
+    payload = events.post({"command": "x"}, "call_1", failed=True, transcribe=False)
+    assert codex.PROTOCOL.read(payload, {}).outcome == "unknown"
+
+
+@pytest.mark.parametrize(("response", "outcome"), [
+    ({"llmContent": "<untrusted_context>\nOutput: failing\nExit Code: 1\nProcess Group PGID: 9445\n"
+                    "</untrusted_context>", "returnDisplay": "failing"}, "error"),
+    ({"llmContent": "<untrusted_context>\nOutput: (empty)\nExit Code: 127\nProcess Group PGID: 9445\n"
+                    "</untrusted_context>", "returnDisplay": ""}, "error"),
+    ({"llmContent": "<untrusted_context>\nOutput: (empty)\nProcess Group PGID: 9348\n</untrusted_context>",
+      "returnDisplay": ""}, "ok"),
+    ({"llmContent": "", "returnDisplay": "", "error": {"message": "boom", "type": "execution_failed"}}, "error"),
+    # a command that succeeded printing text that looks like a failure's trailer
+    ({"llmContent": "<untrusted_context>\nOutput: step 3: Exit Code: 1\nProcess Group PGID: 9348\n"
+                    "</untrusted_context>", "returnDisplay": "step 3: Exit Code: 1"}, "ok"),
+    ({"llmContent": "<untrusted_context>\nOutput: Exit Code: 1\nretrying\nExit Code: 1\ndone\n"
+                    "Process Group PGID: 9348\n</untrusted_context>",
+      "returnDisplay": "Exit Code: 1\nretrying\nExit Code: 1\ndone"}, "ok"),
+])
+def test_gemini_outcome_is_the_shell_calls_exit_code(response: dict[str, Any], outcome: str, tmp_path: Path) -> None:
+    events = Events("gemini", tmp_path)
+    payload = events.post({"command": "x"}, None, failed=False)
+    payload["tool_response"] = response
+    assert gemini.PROTOCOL.read(payload, {}).outcome == outcome
+
+
+def test_gemini_successful_calls_that_print_exit_code_text_never_stop(env: dict[str, str], tmp_path: Path) -> None:
+    s = Session("gemini", env, tmp_path)
+    s.start()
+    for n in range(STOP_AT + 2):
+        step = s.call("grep -h 'Exit Code' build.log", failed=False, output="step 3: Exit Code: 1")
+        assert all(is_allow(a) for a in step.answers()), (n, step)
+
+
+# -- 2. the explicit cap ----------------------------------------------------------------------------------
+
+
+def run_to_cap(s: Session, cap: int, *, outcomes: bool = True) -> None:
+    for n in range(1, cap + 1):
+        step = s.call(f"cat part-{n}.txt", failed=False) if outcomes else Step(s.check(f"cat part-{n}.txt"))
+        assert all(is_allow(a) for a in step.answers()), (n, step)
+    assert check_halts(s.agent, s.check(f"cat part-{cap + 1}.txt")), f"call {cap + 1} must be denied"
+    assert check_halts(s.agent, s.check(f"cat part-{cap + 2}.txt"))
+
+
+@pytest.mark.parametrize("cap", [20, 1])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_explicit_cap_from_the_environment_denies_call_n_plus_1(agent: str, cap: int, env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    env["TURNGUARD_MAX_TOOL_CALLS_PER_TURN"] = str(cap)
+    s = Session(agent, env, tmp_path)
+    s.start()
+    run_to_cap(s, cap)
+    live_count = s.tool_calls()
+    s.stop()
+    line = only_line(env)
+    assert (line["agent"], line["ended_by"], line["tool_calls"]) == (agent, "explicit", live_count)
+    assert live_count in (cap, cap + 1)
+
+
+@pytest.mark.parametrize(("file", "text"), [("turnguard.toml", "max_tool_calls_per_turn = 20\n"),
+                                            ("pyproject.toml", "[tool.turnguard]\nmax_tool_calls_per_turn = 20\n")])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_explicit_cap_from_the_configuration_in_the_events_cwd(
+        agent: str, file: str, text: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    (s.events.project / file).write_text(text)
+    s.start()
+    run_to_cap(s, 20, outcomes=False)
+
+
+# -- 3. distinct calls ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_distinct_calls_never_fire(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    ev = s.events
+    for first in range(0, 150, 3):  # model steps of three calls each, as parallel read-only calls come
+        calls = [({"command": f"pytest tests/test_{n}.py"}, ev.call_id(), n % 2 == 0) for n in range(first, first + 3)]
+        answers = [s.send(ev.pre(tool_input, call_id)) for tool_input, call_id, _ in calls]
+        answers += [s.send(ev.post(tool_input, call_id, failed=failed, output="1 failed"))
+                    for tool_input, call_id, failed in calls]
+        answers.append(s.send(ev.batch([(ev.tool, i, c, "Exit code 1\n1 failed") for i, c, _ in calls])))
+        assert all(a is None or is_allow(a) for a in answers), (first, answers)
+    assert s.tool_calls() == 150
+
+
+# -- 4. stateful tools --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("agent", "which"), [(a, "the tool's name") for a in AGENTS] + [("claude-code", "*")])
+def test_stateful_tool_progresses_while_its_result_changes_then_halts_when_it_stops_changing(
+        agent: str, which: str, env: dict[str, str], tmp_path: Path) -> None:
+    env["TURNGUARD_STATEFUL_TOOLS"] = SHELL_TOOL[agent] if which != "*" else "*"
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for n in range(1, 21):
+        step = s.call("./deploy --status", failed=True, output=f"pending: {n} of 40 done")
+        assert all(is_allow(a) for a in step.answers()), (n, step)
+    halt_at = 20 + STOP_AT - 1  # the 20th result and the 7 unchanged after it: 8 identical failures
+    for n in range(21, halt_at + 1):
+        step = s.call("./deploy --status", failed=True, output="pending: 20 of 40 done")
+        if n < halt_at:
+            assert all(is_allow(a) for a in step.answers()), (n, step)
+    assert outcome_halts(agent, step), step
+    if which == "*":
+        return
+    s.stop()
+    line = only_line(env)
+    assert (line["ended_by"], line["tool_calls"]) == ("streak", halt_at)
+    assert [c["outcome"] for c in line["calls"]] == ["error"] * halt_at
+
+
+# -- 5. concurrency -------------------------------------------------------------------------------------------
+
+
+PROCESS_ROUNDS = 20
+THREAD_ROUNDS = 20
+
+
+def test_concurrent_hook_processes_count_every_call_exactly(forks: ForkServer, env: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    """Ten hook processes at once on one turn, round after round (the agents' sessions in turn)."""
+    sessions = {agent: Events(agent, tmp_path / agent) for agent in AGENTS}
+    for agent, events in sessions.items():
+        assert forks.run(agent, [json.dumps(events.prompt()).encode()], env)[0].status == 0
+    for round_ in range(PROCESS_ROUNDS):
+        agent = AGENTS[round_ % 3]
+        events = sessions[agent]
+        batch = [json.dumps(events.pre({"command": f"cat r{round_}-f{i}.txt"}, events.call_id())).encode()
+                 for i in range(10)]
+        exits = forks.run(agent, batch, env)
+        assert [(e.status, e.stdout, e.stderr) for e in exits] == [(0, b"{}\n", b"")] * 10, round_
+        assert tool_calls(env, agent, events.session_id) == 10 * (round_ // 3 + 1), round_
+
+
+def test_concurrent_real_hook_commands_count_every_call_exactly(env: dict[str, str], tmp_path: Path) -> None:
+    """The same with ten fresh interpreters running the command itself (the entry points scanned too,
+    as installed)."""
+    agent = "claude-code"
+    events = Events(agent, tmp_path)
+    env = {k: v for k, v in env.items() if k != "TURNGUARD_LOAD_PLUGINS"}
+    assert hook_process(agent, json.dumps(events.prompt()).encode(), env).returncode == 0
+    procs = [subprocess.Popen([sys.executable, "-m", "turnguard", "hook", agent], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(10)]
+    for i, p in enumerate(procs):  # every event written before any answer is read: the ten run at once
+        assert p.stdin is not None
+        p.stdin.write(json.dumps(events.pre({"command": f"cat f{i}.txt"}, events.call_id())).encode())
+        p.stdin.close()
+    results = []
+    for p in procs:
+        assert p.stdout is not None and p.stderr is not None
+        results.append((p.wait(TIMEOUT_S), p.stdout.read(), p.stderr.read()))
+        p.stdout.close()
+        p.stderr.close()
+    assert results == [(0, b"{}\n", b"")] * 10
+    assert tool_calls(env, agent, events.session_id) == 10
+
+
+def test_concurrent_threads_in_one_process_count_every_call_exactly(env: dict[str, str], tmp_path: Path) -> None:
+    """Ten threads calling ``hook.run`` at once on a new session (each takes the lock on a
+    descriptor of its own), round after round."""
+    for round_ in range(THREAD_ROUNDS):
+        agent = AGENTS[round_ % 3]
+        events = Events(agent, tmp_path / f"r{round_}")
+        events.turn_id = f"turn-{round_}"
+        payloads = [json.dumps(events.pre({"command": f"cat t{i}.txt"}, events.call_id())).encode()
+                    for i in range(10)]
+        answers: list[Any] = [None] * 10
+        start = threading.Barrier(10)
+
+        def one(i: int, agent: str = agent, payloads: list[bytes] = payloads, start: Any = start,
+                answers: list[Any] = answers) -> None:
+            start.wait()
+            answers[i] = hook.run(agent, payloads[i], env)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT_S)
+        assert all(a is not None and is_allow(a) for a in answers), (round_, answers)
+        assert tool_calls(env, agent, events.session_id) == 10, round_
+
+
+# -- 6. sessions and turns ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_two_sessions_never_share_counts_or_a_halt(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    a, b = Session(agent, env, tmp_path / "a"), Session(agent, env, tmp_path / "b")
+    a.start()
+    b.start()
+    for n in range(1, STOP_AT):
+        for s in (a, b):
+            assert all(is_allow(x) for x in s.call("make test", failed=True).answers()), (s.session_id, n)
+        assert a.tool_calls() == b.tool_calls() == n
+    assert outcome_halts(agent, a.call("make test", failed=True))
+    assert a.tool_calls() == STOP_AT and b.tool_calls() == STOP_AT - 1
+    b_check = b.check("ls")  # b is untouched by a's halt
+    assert is_allow(b_check)
+    assert check_halts(agent, a.check("ls"))
+    assert b.tool_calls() == STOP_AT
+
+
+def test_the_same_session_id_of_two_agents_is_two_sessions(env: dict[str, str], tmp_path: Path) -> None:
+    claude = Session("claude-code", env, tmp_path / "c", session_id="shared-id")
+    codex_ = Session("codex", env, tmp_path / "x", session_id="shared-id")
+    claude.start()
+    codex_.start()
+    assert fail_until_halted(claude) == STOP_AT
+    assert is_allow(codex_.check("make test"))
+    assert codex_.tool_calls() == 1
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_the_open_turns_prompt_again_keeps_its_counts(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for _ in range(5):
+        s.call("make test", failed=True)
+    assert is_allow(s.start(turn_id=s.events.turn_id))
+    assert s.tool_calls() == 5
+    assert fail_until_halted(s) == STOP_AT - 5
+    assert not (outbox(env).is_dir() and any(outbox(env).glob("*.json"))) and recorded(env) == []
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_new_turn_starts_from_zero_and_the_old_one_ends_interrupted(agent: str, env: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for _ in range(5):
+        s.call("make test", failed=True)
+    assert is_allow(s.start())
+    for n in range(1, STOP_AT):
+        assert all(is_allow(a) for a in s.call("make test", failed=True).answers()), n
+        assert s.tool_calls() == n
+    line = only_line(env)
+    assert (line["agent"], line["ended_by"], line["tool_calls"]) == (agent, "interrupted", 5)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_turn_without_tool_calls_is_recorded_too(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    assert is_allow(s.start())
+    s.send(s.events.model_request())
+    assert is_allow(s.stop())
+    lines = export_now(env)
+    assert len(lines) == 1, f"one recorder line for the turn (it made no tool call), not {lines}"
+    assert (lines[0]["agent"], lines[0]["ended_by"], lines[0]["tool_calls"]) == (agent, "completed", 0)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_session_end_ends_the_turn_and_forgets_the_session(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for _ in range(3):
+        s.call("make test", failed=True)
+    assert is_allow(s.send(s.events.session_end()))
+    assert not SessionStore(state_root(env), agent).path(s.session_id).exists()
+    line = only_line(env)
+    assert (line["agent"], line["tool_calls"]) == (agent, 3)
+
+
+# -- 7. SIGKILL at any moment ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_hook_killed_at_any_moment_leaves_a_state_that_resumes(agent: str, forks: ForkServer, env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    rng = random.Random(20261205)
+    events = Events(agent, tmp_path)
+    assert is_allow(hook.run(agent, json.dumps(events.prompt()).encode(), env))
+    path = SessionStore(state_root(env), agent).path(events.session_id)
+    completed = killed = 0
+    for n in range(15):
+        payload = json.dumps(events.pre({"command": f"cat k{n}.txt"}, events.call_id())).encode()
+        pid = forks.start(agent, payload, env)
+        time.sleep(rng.uniform(0.0, 0.060))
+        os.kill(pid, signal.SIGKILL)
+        ended = forks.wait(pid)
+        if ended.status == -signal.SIGKILL:
+            killed += 1
+        else:
+            assert (ended.status, ended.stdout, ended.stderr) == (0, b"{}\n", b"")
+            completed += 1
+        state = json.loads(path.read_bytes())  # whole: the last state written, or the one before it
+        assert isinstance(state, dict) and state["version"] == 1 and isinstance(state.get("turn", {}), dict | None)
+        following = hook.run(agent, json.dumps(events.pre({"command": f"ls {n}"}, events.call_id())).encode(), env)
+        assert is_allow(following), (n, following)
+        completed += 1
+    assert completed <= tool_calls(env, agent, events.session_id) <= completed + killed
+
+
+# -- 8. bad input and broken state ---------------------------------------------------------------------------------
+
+
+def tool_event(agent: str, root: Path) -> dict[str, Any]:
+    events = Events(agent, root, session_id="bad-input-session")
+    events.prompt()
+    return events.pre({"command": "make test"}, events.call_id())
+
+
+def without(key: str) -> Any:
+    def change(event: dict[str, Any]) -> bytes:
+        event.pop(key)
+        return json.dumps(event).encode()
+    return change
+
+
+def setting(key: str, value: Any) -> Any:
+    def change(event: dict[str, Any]) -> bytes:
+        event[key] = value
+        return json.dumps(event).encode()
+    return change
+
+
+BAD_EVENTS: dict[str, Any] = {
+    "empty": lambda e: b"",
+    "whitespace": lambda e: b" \n\t\n",
+    "not JSON": lambda e: b"{hook_event_name: PreToolUse",
+    "truncated JSON": lambda e: json.dumps(e).encode()[:-7],
+    "JSON array": lambda e: json.dumps([e]).encode(),
+    "JSON number": lambda e: b"5",
+    "JSON string": lambda e: b'"PreToolUse"',
+    "JSON null": lambda e: b"null",
+    "invalid UTF-8": lambda e: json.dumps(e).encode().replace(b"make test", b"make \xff\xfe test"),
+    "NUL bytes": lambda e: b"\x00" * 64,
+    "nested too deeply": lambda e: b"[" * 100_000 + b"]" * 100_000,
+    "larger than 8 MiB": lambda e: setting("padding", "x" * MAX_STDIN_BYTES)(e),
+    "missing hook_event_name": without("hook_event_name"),
+    "missing session_id": without("session_id"),
+    "missing tool_name": without("tool_name"),
+    "tool_name is a number": setting("tool_name", 5),
+    "tool_name is empty": setting("tool_name", ""),
+    "tool_name is null": setting("tool_name", None),
+    "session_id is a list": setting("session_id", ["s"]),
+    "session_id is empty": setting("session_id", ""),
+    "hook_event_name is a number": setting("hook_event_name", 5),
+}
+
+
+def assert_failed_open(agent: str, status: int, stdout: bytes, stderr: bytes) -> None:
+    assert status == 0, (status, stdout, stderr)
+    assert stdout == b"{}\n", stdout  # exactly one JSON object: the empty allow
+    lines = stderr.decode("utf-8", "replace").splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"turnguard hook {agent}: "), stderr
+    assert b"Traceback" not in stdout + stderr
+
+
+def assert_failed_closed(agent: str, status: int, stdout: bytes, stderr: bytes) -> None:
+    assert status == 2, (status, stdout, stderr)
+    assert stdout == b"", stdout
+    lines = stderr.decode("utf-8", "replace").splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"turnguard hook {agent}: "), stderr
+    assert "closed" in lines[0] and b"Traceback" not in stderr
+
+
+def errors_logged(env: dict[str, str]) -> list[str]:
+    path = Path(env["TURNGUARD_STATE_DIR"]) / "hooks" / "errors.log"
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("kind", list(BAD_EVENTS))
+@pytest.mark.parametrize("agent", AGENTS)
+def test_bad_event_fails_open_or_closed_with_one_line_on_stderr(agent: str, kind: str, forks: ForkServer,
+                                                                 env: dict[str, str], tmp_path: Path) -> None:
+    raw = BAD_EVENTS[kind](tool_event(agent, tmp_path))
+    [opened] = forks.run(agent, [raw], env)
+    assert_failed_open(agent, opened.status, opened.stdout, opened.stderr)
+    assert len(errors_logged(env)) == 1
+    [closed] = forks.run(agent, [raw], {**env, "TURNGUARD_FAIL_MODE": "closed"})
+    assert_failed_closed(agent, closed.status, closed.stdout, closed.stderr)
+
+
+REAL_COMMAND_CASES = [("claude-code", "empty"), ("codex", "not JSON"), ("gemini", "JSON array"),
+                      ("claude-code", "invalid UTF-8"), ("codex", "larger than 8 MiB"),
+                      ("gemini", "missing session_id")]
+"""Kinds of bad input through ``python -m turnguard hook`` itself (every kind, for every agent,
+goes through a forked hook process above: a fresh interpreter costs a quarter of a second)."""
+
+
+@pytest.mark.parametrize(("agent", "kind"), REAL_COMMAND_CASES)
+def test_bad_event_through_the_real_command(agent: str, kind: str, tmp_path: Path) -> None:
+    env = hook_env(tmp_path)
+    raw = BAD_EVENTS[kind](tool_event(agent, tmp_path))
+    done = hook_process(agent, raw, env)
+    assert_failed_open(agent, done.returncode, done.stdout, done.stderr)
+    if kind in ("larger than 8 MiB", "missing session_id"):
+        done = hook_process(agent, raw, {**env, "TURNGUARD_FAIL_MODE": "closed"})
+        assert_failed_closed(agent, done.returncode, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_unknown_events_and_unknown_fields_are_answered_quietly(agent: str, forks: ForkServer, env: dict[str, str],
+                                                                tmp_path: Path) -> None:
+    event = tool_event(agent, tmp_path)
+    unknown = [{**event, "hook_event_name": "SomethingNew"}, {"hook_event_name": "Notification"},
+               {"hook_event_name": "SessionStart", "source": "startup", "session_id": 5}]
+    extra = {**event, "brand_new_field": {"nested": [1, 2]}, "effort": "max", "tool_use_ids": None}
+    exits = forks.run(agent, [json.dumps(e).encode() for e in [*unknown, extra]], env)
+    assert [(e.status, e.stdout, e.stderr) for e in exits] == [(0, b"{}\n", b"")] * 4
+    assert tool_calls(env, agent, event["session_id"]) == 1  # the event with extra fields counted its call
+    assert errors_logged(env) == []
+
+
+@pytest.mark.parametrize("what", ["a bad value in the cwd's turnguard.toml", "an unknown TURNGUARD_ variable"])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_configuration_error_fails_open_or_closed(agent: str, what: str, forks: ForkServer, env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    event = tool_event(agent, tmp_path)
+    if what.startswith("a bad value"):
+        (Path(event["cwd"]) / "turnguard.toml").write_text("streak_stop_at = 'eight'\n")
+    else:
+        env["TURNGUARD_STREAK_STOP"] = "4"  # a typo of TURNGUARD_STREAK_STOP_AT
+    [opened] = forks.run(agent, [json.dumps(event).encode()], env)
+    assert_failed_open(agent, opened.status, opened.stdout, opened.stderr)
+    assert "configuration" in opened.stderr.decode()
+    [closed] = forks.run(agent, [json.dumps(event).encode()], {**env, "TURNGUARD_FAIL_MODE": "closed"})
+    assert_failed_closed(agent, closed.status, closed.stdout, closed.stderr)
+
+
+def write_state(env: dict[str, str], agent: str, session_id: str, body: bytes) -> Path:
+    path = SessionStore(state_root(env), agent).path(session_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(body)
+    return path
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("garbage", [b"\x00\xff garbage", b'{"version": 1, "turn": ', b"[]", b'{"version": 99}',
+                                     b'{"version": 1, "turn": {"version": 2, "kind": "nonsense"}}'])
+def test_a_corrupt_session_state_is_allowed_and_logged(agent: str, garbage: bytes, env: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    event = tool_event(agent, tmp_path)
+    write_state(env, agent, event["session_id"], garbage)
+    answer = hook.run(agent, json.dumps(event).encode(), env)
+    assert answer.output == {} and answer.exit_code == 0  # allowed: failed open, or went on with a new turn
+    assert answer.stderr == "" or (answer.stderr.startswith(f"turnguard hook {agent}: ")
+                                   and "\n" not in answer.stderr.strip()), answer.stderr
+    assert len(errors_logged(env)) == 1
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_corrupt_session_state_fails_open_in_a_hook_process(agent: str, forks: ForkServer, env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    event = tool_event(agent, tmp_path)
+    write_state(env, agent, event["session_id"], b"\x89PNG\r\n\x1a\n not a state")
+    [opened] = forks.run(agent, [json.dumps(event).encode()], env)
+    assert_failed_open(agent, opened.status, opened.stdout, opened.stderr)
+    assert len(errors_logged(env)) == 1
+    [recovered] = forks.run(agent, [json.dumps(event).encode()], env)  # the bad state was set aside
+    assert (recovered.status, recovered.stderr) == (0, b""), recovered
+    write_state(env, agent, event["session_id"], b"\x89PNG\r\n\x1a\n not a state")
+    [closed] = forks.run(agent, [json.dumps(event).encode()], {**env, "TURNGUARD_FAIL_MODE": "closed"})
+    assert_failed_closed(agent, closed.status, closed.stdout, closed.stderr)
+
+
+def test_a_corrupt_session_state_through_the_real_command(env: dict[str, str], tmp_path: Path) -> None:
+    event = tool_event("claude-code", tmp_path)
+    write_state(env, "claude-code", event["session_id"], b"\x89PNG\r\n\x1a\n not a state")
+    done = hook_process("claude-code", json.dumps(event).encode(), env)
+    assert_failed_open("claude-code", done.returncode, done.stdout, done.stderr)
+    assert len(errors_logged(env)) == 1
+
+
+@pytest.mark.parametrize("how", ["garbage state", "another configuration", "another state version"])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_session_whose_state_cannot_resume_is_guarded_again_from_the_next_turn(
+        agent: str, how: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for _ in range(3):
+        s.call("make test", failed=True)
+    if how == "garbage state":
+        write_state(env, agent, s.session_id, b"\x00garbage")
+    elif how == "another configuration":
+        (s.events.project / "turnguard.toml").write_text("streak_warn_at = 3\nstreak_stop_at = 4\n")
+    else:  # written by a later turnguard
+        data = s.snapshot()
+        data["version"] = 2
+        write_state(env, agent, s.session_id, json.dumps(data).encode())
+    s.call("make test", failed=True)  # this turn may go unguarded (it fails open)
+    start = s.start()
+    assert is_allow(start), f"the next turn must open normally: {start}"
+    assert fail_until_halted(s) == (4 if how == "another configuration" else STOP_AT)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_state_directory_that_is_a_file_fails_open(agent: str, forks: ForkServer, tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("I am a file\n")
+    env = hook_env(tmp_path)
+    raw = json.dumps(tool_event(agent, tmp_path)).encode()
+    [opened] = forks.run(agent, [raw], env)
+    assert_failed_open(agent, opened.status, opened.stdout, opened.stderr)
+    assert "Not a directory" in opened.stderr.decode()
+    if agent == "claude-code":
+        done = hook_process(agent, raw, env)
+        assert_failed_open(agent, done.returncode, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_session_folder_that_is_a_file_fails_open_and_is_logged(agent: str, env: dict[str, str],
+                                                                  tmp_path: Path) -> None:
+    folder = Path(env["TURNGUARD_STATE_DIR"]) / "hooks" / agent
+    folder.parent.mkdir(parents=True)
+    folder.write_text("I am a file\n")
+    answer = hook.run(agent, json.dumps(tool_event(agent, tmp_path)).encode(), env)
+    assert answer.output == {} and answer.exit_code == 0 and answer.stderr.startswith(f"turnguard hook {agent}: ")
+    assert len(errors_logged(env)) == 1
+
+
+def small_files(limit: int) -> Any:
+    def preexec() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return preexec
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_full_disk_fails_open_keeps_the_last_state_and_is_logged(agent: str, env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    s.call("make test", failed=True)
+    path = SessionStore(state_root(env), agent).path(s.session_id)
+    before = path.read_bytes()
+    assert len(before) > 1024
+    payload = s.events.pre({"command": "make test"}, s.events.call_id())
+    done = hook_process(agent, json.dumps(payload).encode(), env, preexec_fn=small_files(1024))
+    assert_failed_open(agent, done.returncode, done.stdout, done.stderr)
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+    assert len(errors_logged(env)) == 1
+    assert is_allow(s.send(payload))  # space again: the call is counted on the state that was kept
+    assert s.tool_calls() == 2
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_halt_for_any_tool_name_reaches_the_agent_as_one_json_object(agent: str, forks: ForkServer,
+                                                                      env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    name = "mcp__files__read\ud800"  # a lone surrogate: valid JSON (\ud800), not encodable as UTF-8
+    for n in range(1, STOP_AT):
+        call_id = s.events.call_id()
+        answers = [s.send(s.events.pre({"path": "a"}, call_id, tool=name)),
+                   s.send(s.events.post({"path": "a"}, call_id, failed=True, tool=name))]
+        assert all(is_allow(a) for a in answers), (n, answers)
+    call_id = s.events.call_id()
+    assert is_allow(s.send(s.events.pre({"path": "a"}, call_id, tool=name)))
+    eighth = s.events.post({"path": "a"}, call_id, failed=True, tool=name)
+    ninth = s.events.pre({"path": "a"}, s.events.call_id(), tool=name)
+    for payload in (eighth, ninth):  # the 8th failure's answer, then the 9th call's, each from a hook process
+        [done] = forks.run(agent, [json.dumps(payload).encode()], env)
+        assert done.status == 0 and b"Traceback" not in done.stderr, done
+        assert done.stdout.count(b"\n") == 1 and done.stdout.startswith(b"{"), f"not one JSON object: {done}"
+    assert check_halts(agent, HookAnswer(json.loads(done.stdout))), done
+
+
+# -- 9. attended sessions ------------------------------------------------------------------------------------------
+
+
+def test_attended_claude_asks_at_the_fifth_identical_call_and_records_continue(live_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    env = {**live_env, "CLAUDE_CODE_SESSION_ATTENDED": "1"}
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    for n in range(1, WARN_AT):
+        assert all(is_allow(a) for a in s.call("make test", failed=True).answers()), n
+    fifth = s.call("make test", failed=True)
+    assert asks(fifth.pre), fifth.pre
+    assert is_allow(fifth.post) and is_allow(fifth.batch)
+    for n in range(WARN_AT + 1, STOP_AT + 1):  # "continue" started the streak again: no halt at the 8th
+        assert all(is_allow(a) for a in s.call("make test", failed=True).answers()), n
+    s.stop()
+    line = only_line(env, live=True)
+    assert line["escalations"] == [{"threshold": "streak", "level": "warn", "answer": "continue", "at_call": WARN_AT}]
+    assert line["ended_by"] == "completed"
+
+
+def test_attended_claude_asks_the_stop_level_question_at_the_next_check(env: dict[str, str], tmp_path: Path) -> None:
+    env.update(CLAUDE_CODE_SESSION_ATTENDED="1", TURNGUARD_STREAK_WARN_AT="0")
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    for n in range(1, STOP_AT):
+        assert all(is_allow(a) for a in s.call("make test", failed=True).answers()), n
+    eighth = s.call("make test", failed=True)
+    assert eighth.post.output.get("hookSpecificOutput", {}).get("additionalContext")
+    assert "decision" not in eighth.post.output and is_allow(eighth.batch), "asked, not halted"
+    ninth = s.call("make test", failed=True)
+    assert asks(ninth.pre), ninth.pre
+    s.stop()
+    line = only_line(env)
+    assert line["escalations"] == [{"threshold": "streak", "level": "stop", "answer": "continue", "at_call": STOP_AT}]
+
+
+def test_attended_claude_refused_question_is_not_recorded_as_continue(env: dict[str, str], tmp_path: Path) -> None:
+    env["CLAUDE_CODE_SESSION_ATTENDED"] = "1"
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    for _ in range(1, WARN_AT):
+        s.call("make test", failed=True)
+    refused = s.denied("make test")  # the person said no at the prompt: the call never ran
+    assert asks(refused.pre)
+    s.stop()
+    [escalation] = only_line(env)["escalations"]
+    assert (escalation["level"], escalation["at_call"]) == ("warn", WARN_AT)
+    assert escalation["answer"] in ("stop", "redirect"), "a refusal is not a 'continue'"
+
+
+@pytest.mark.parametrize("settings", [
+    {"CLAUDE_CODE_SESSION_ATTENDED": "1"},
+    {"CLAUDE_CODE_ENTRYPOINT": "cli"},
+    {"CLAUDE_CODE_SESSION_ATTENDED": "0", "TURNGUARD_ATTENDED": "1"},
+    {"TURNGUARD_ATTENDED": "1", "CLAUDE_CODE_ENTRYPOINT": "sdk-cli"},
+])
+def test_claude_attended_sessions_ask(settings: dict[str, str], env: dict[str, str], tmp_path: Path) -> None:
+    env.update(settings)
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    for _ in range(1, WARN_AT):
+        s.call("make test", failed=True)
+    assert asks(s.check("make test"))
+
+
+@pytest.mark.parametrize("settings", [
+    {"CLAUDE_CODE_SESSION_ATTENDED": "0"},
+    {"CLAUDE_CODE_SESSION_ATTENDED": "0", "CLAUDE_CODE_ENTRYPOINT": "cli"},
+    {"CLAUDE_CODE_SESSION_ATTENDED": "1", "TURNGUARD_ATTENDED": "0"},
+    {"CLAUDE_CODE_ENTRYPOINT": "sdk-cli"},
+    {},
+])
+def test_claude_unattended_sessions_never_ask_and_halt(settings: dict[str, str], env: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    env.update(settings)
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    assert fail_until_halted(s) == STOP_AT
+
+
+def test_codex_is_unattended_whatever_turnguard_attended_says(env: dict[str, str], tmp_path: Path) -> None:
+    env["TURNGUARD_ATTENDED"] = "1"
+    s = Session("codex", env, tmp_path)
+    s.start()
+    assert fail_until_halted(s) == STOP_AT
+
+
+@pytest.mark.parametrize("level", ["warn", "stop"])
+def test_attended_gemini_puts_the_question_to_the_model(level: str, env: dict[str, str], tmp_path: Path) -> None:
+    env["TURNGUARD_ATTENDED"] = "1"
+    if level == "stop":
+        env["TURNGUARD_STREAK_WARN_AT"] = "0"
+    s = Session("gemini", env, tmp_path)
+    s.start()
+    due = WARN_AT if level == "warn" else STOP_AT
+    told: list[str] = []
+    for n in range(1, due + 2):
+        step = s.call("make test", failed=True)
+        assert step.pre.output.get("continue") is not False, (n, step)
+        context = (step.post.output.get("hookSpecificOutput") or {}).get("additionalContext", "")
+        if context.startswith(hook.ASK_MODEL):
+            told.append(f"call {n}")
+    assert told and told[0] in (f"call {due}", f"call {due + 1}"), \
+        f"the model must be asked to ask the person by the {level} level's next outcome; told at {told}"
+
+
+# -- 10. refused calls ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["FDFDFDFDFFFF", "DDDDFFFFFFFF", "FFFFFFFDF", "FFFDDDDFFFFF"])
+def test_claude_denied_calls_are_recorded_denied_and_never_count_as_failures(
+        pattern: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    halt_at = [i for i, p in enumerate(pattern, 1) if p == "F"][STOP_AT - 1]
+    for n, p in enumerate(pattern, 1):
+        step = s.call("make test", failed=True) if p == "F" else s.denied("make test")
+        if n < halt_at:
+            assert all(is_allow(a) for a in step.answers()), (n, pattern, step)
+    assert outcome_halts("claude-code", step), step
+    s.stop()
+    line = only_line(env)
+    assert [c["outcome"] for c in line["calls"]] == ["error" if p == "F" else "denied" for p in pattern]
+    assert (line["ended_by"], line["tool_calls"]) == ("streak", len(pattern))
+
+
+@pytest.mark.parametrize("agent", ["codex", "gemini"])
+def test_calls_refused_without_an_outcome_never_count_as_failures(agent: str, env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    pattern = "FRFRFRFRFFFF"
+    for n, p in enumerate(pattern, 1):
+        if p == "F":
+            step = s.call("make test", failed=True, model_request=True)
+        else:  # checked, then refused elsewhere (the sandbox, another hook): no outcome event at all
+            s.send(s.events.model_request())
+            step = Step(s.check("make test"))
+        if n < len(pattern):
+            assert all(is_allow(a) for a in step.answers()), (n, step)
+    assert outcome_halts(agent, step), "the 8th failure halts"
+
+
+# -- 11. the exporter --------------------------------------------------------------------------------------------------
+
+
+def journal_digests(env: dict[str, str], agent: str, session_id: str) -> list[str]:
+    return [e[3] for e in session_data(env, agent, session_id)["journal"] if e[0] == "c"]
+
+
+def numeric_digest_commands(count: int) -> list[str]:
+    """Distinct commands whose journal digests read as one JSON number (they overflow to infinity)."""
+    from turnguard.keys import identity_bytes
+
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        command = f"cat part-{n}.log"
+        digest = hashlib.blake2b(identity_bytes("Bash", {"command": command}, "canonical"), digest_size=8).hexdigest()
+        if re.fullmatch(r"[1-9][0-9]*e[0-9]{3,}", digest):
+            found.append(command)
+        n += 1
+    return found
+
+
+def test_the_exporter_replays_distinct_calls_as_distinct_whatever_their_digests(env: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    commands = numeric_digest_commands(STOP_AT)
+    for command in commands:
+        assert all(is_allow(a) for a in s.call(command, failed=True).answers())
+    digests = journal_digests(env, "claude-code", s.session_id)
+    assert len(set(digests)) == STOP_AT and all(float(d.lstrip("#")) == float("inf") for d in digests)
+    s.stop()
+    line = only_line(env)
+    assert (line["ended_by"], line["tool_calls"]) == ("completed", STOP_AT), "the live hooks never halted"
+    assert len({c["args"] for c in line["calls"]}) == STOP_AT
+
+
+def test_a_journal_left_by_a_dead_exporter_is_exported_and_removed(env: dict[str, str], tmp_path: Path) -> None:
+    s = Session("claude-code", env, tmp_path)  # (``env``: the exporter died before it started)
+    s.start()
+    assert fail_until_halted(s) == STOP_AT
+    s.stop()
+    left = list(outbox(env).glob("*.json"))
+    assert len(left) == 1 and recorded(env) == []
+    done = subprocess.run([sys.executable, "-m", "turnguard.agents.export"], env=env, capture_output=True,
+                          timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    assert list(outbox(env).glob("*.json")) == []
+    line = only_line(env, live=True)
+    assert (line["agent"], line["ended_by"], line["tool_calls"]) == ("claude-code", "streak", STOP_AT)
+
+
+def test_the_next_turns_exporter_takes_a_journal_left_behind(live_env: dict[str, str], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    env = live_env
+    with monkeypatch.context() as m:
+        m.setattr(export, "start_exporter", lambda environ: None)
+        s = Session("gemini", env, tmp_path)
+        s.start()
+        s.call("make test", failed=True)
+        s.stop()
+    s.start()
+    s.call("ls", failed=False)
+    s.stop()
+    wait_for_export(env)
+    assert sorted(line["tool_calls"] for line in recorded(env)) == [1, 1]
+    assert {line["agent"] for line in recorded(env)} == {"gemini"}
+
+
+CORRUPT_JOURNALS: dict[str, bytes] = {
+    "empty file": b"",
+    "not JSON": b"\x00\x01garbage",
+    "truncated": b'{"agent":"claude-code","session":"s","cwd":null,"journal":[["o",1,"t',
+    "JSON array": b"[]",
+    "empty object": b"{}",
+    "journal not a list": b'{"agent":"claude-code","session":"s","cwd":null,"journal":"x"}',
+    "empty journal": b'{"agent":"claude-code","session":"s","cwd":null,"journal":[]}',
+    "short opening entry": b'{"agent":"claude-code","session":"s","cwd":null,"journal":[["o"]]}',
+    "bad entry": b'{"agent":"claude-code","session":"s","cwd":null,"journal":[["o",1,"abc",false],["c",2]]}',
+    "no agent": b'{"session":"s","cwd":null,"journal":[["o",1,"abc",false],["e",2,"completed"]]}',
+}
+
+
+@pytest.mark.parametrize("corrupt", list(CORRUPT_JOURNALS))
+def test_a_corrupt_outbox_file_does_not_stop_the_others(corrupt: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session("codex", env, tmp_path)
+    s.start()
+    s.call("make test", failed=True)
+    s.stop()
+    box = outbox(env)
+    (box / f"{0:020d}-corrupt.json").write_bytes(CORRUPT_JOURNALS[corrupt])  # first in the exporter's order
+    [good] = [p for p in box.glob("*.json") if "corrupt" not in p.name]
+    try:
+        export.export_outbox(env)
+        error = None
+    except Exception as exc:  # (said in the assertion: the point is what became of the good journal)
+        error = exc
+    assert not good.exists(), f"the valid journal was left in the outbox; the exporter: {error!r}"
+    assert [(line["agent"], line["tool_calls"]) for line in recorded(env)] == [("codex", 1)]
