@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, text_field
+from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, common_fields
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -50,15 +50,8 @@ class ClaudeCode:
     context_at_check = True
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
-        name = text_field(payload, "hook_event_name", required=True)
-        assert name is not None
-        kind = KINDS.get(name, Kind.IGNORED)
-        session = text_field(payload, "session_id", required=kind is not Kind.IGNORED) or ""
-        common: dict[str, Any] = {"kind": kind, "name": name, "session_id": session,
-                                  "turn_ref": text_field(payload, "prompt_id"), "cwd": text_field(payload, "cwd")}
-        if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
-            common.update(tool_name=text_field(payload, "tool_name", required=True),
-                          tool_input=payload.get("tool_input"), call_id=text_field(payload, "tool_use_id"))
+        common = common_fields(payload, KINDS, turn_ref="prompt_id", call_id="tool_use_id")
+        kind, name = common["kind"], common["name"]
         if kind is Kind.STEP_END:
             common["batch"] = _batch(payload.get("tool_calls"))
         if kind is Kind.TOOL_OUTCOME:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, text_field
+from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, common_fields, text_field
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -51,16 +51,8 @@ class Codex:
     context_at_check = True
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
-        name = text_field(payload, "hook_event_name", required=True)
-        assert name is not None
-        kind = KINDS.get(name, Kind.IGNORED)
-        common: dict[str, Any] = {
-            "kind": kind, "name": name, "turn_ref": text_field(payload, "turn_id"), "cwd": text_field(payload, "cwd"),
-            "session_id": text_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
-        }
-        if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
-            common.update(tool_name=text_field(payload, "tool_name", required=True),
-                          tool_input=payload.get("tool_input"), call_id=text_field(payload, "tool_use_id"))
+        common = common_fields(payload, KINDS, turn_ref="turn_id", call_id="tool_use_id")
+        kind = common["kind"]
         if kind is Kind.TOOL_OUTCOME:
             common.update(outcome=outcome_from_transcript(text_field(payload, "transcript_path"), common["call_id"]),
                           result=payload.get("tool_response"))

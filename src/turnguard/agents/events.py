@@ -157,6 +157,25 @@ def text_field(payload: dict[str, Any], name: str, *, required: bool = False) ->
     return None
 
 
+def common_fields(payload: dict[str, Any], kinds: Mapping[str, Kind], *, turn_ref: str | None = None,
+                  call_id: str | None = None) -> dict[str, Any]:
+    """The ``AgentEvent`` fields every agent sends alike: the event's name and kind (``kinds``, by
+    name), the session, the working directory, the turn's id (the field ``turn_ref``), and for a
+    tool event the tool's name, its input and the call's id (the field ``call_id``)."""
+    name = text_field(payload, "hook_event_name", required=True)
+    assert name is not None
+    kind = kinds.get(name, Kind.IGNORED)
+    fields: dict[str, Any] = {
+        "kind": kind, "name": name, "cwd": text_field(payload, "cwd"),
+        "session_id": text_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
+        "turn_ref": text_field(payload, turn_ref) if turn_ref else None,
+    }
+    if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
+        fields.update(tool_name=text_field(payload, "tool_name", required=True), tool_input=payload.get("tool_input"),
+                      call_id=text_field(payload, call_id) if call_id else None)
+    return fields
+
+
 def read_payload(raw: bytes) -> dict[str, Any]:
     """The event object from the hook's stdin bytes; ``BadEvent`` saying why when it is not one."""
     if len(raw) > MAX_STDIN_BYTES:

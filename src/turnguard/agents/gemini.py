@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, text_field
+from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, common_fields
 
 KINDS = {
     "BeforeAgent": Kind.TURN_START,
@@ -42,16 +42,8 @@ class Gemini:
     context_at_check = False
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
-        name = text_field(payload, "hook_event_name", required=True)
-        assert name is not None
-        kind = KINDS.get(name, Kind.IGNORED)
-        common: dict[str, Any] = {
-            "kind": kind, "name": name, "cwd": text_field(payload, "cwd"),
-            "session_id": text_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
-        }
-        if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
-            common.update(tool_name=text_field(payload, "tool_name", required=True),
-                          tool_input=payload.get("tool_input"))
+        common = common_fields(payload, KINDS)
+        kind = common["kind"]
         if kind is Kind.TOOL_OUTCOME:
             response = payload.get("tool_response")
             common.update(outcome=outcome_of(response), result=result_of(response))

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,9 +166,7 @@ class Hook:
     @property
     def guard(self) -> Any:
         if self._guard is None:
-            from turnguard.guard import Guard
-
-            self._guard = Guard(self.live_config, environ=self.environ)
+            self._guard = guard_for(self.live_config, self.environ)
         return self._guard
 
     def handle(self, event: AgentEvent) -> HookAnswer:
@@ -392,6 +391,31 @@ class Hook:
             journal.append(entry)
         elif journal[-1] != ["x"]:
             journal.append(["x"])  # cut: the exporter leaves this turn out and counts it
+
+
+GUARDS: dict[Any, Any] = {}
+"""Guards by configuration (and the plugin selection), for a process that answers many events:
+the long-lived server. A guard opens and resumes any number of turns; building its plugin
+manager costs more than the rest of an event."""
+MAX_GUARDS = 8
+_GUARDS_LOCK = threading.Lock()
+
+
+def guard_for(config: Any, environ: Mapping[str, str]) -> Any:
+    from turnguard.guard import Guard
+
+    key = (config, environ.get("TURNGUARD_LOAD_PLUGINS"))
+    try:
+        hash(key)
+    except TypeError:  # a setting of a third party's that cannot be a key: a guard of its own
+        return Guard(config, environ=environ)
+    with _GUARDS_LOCK:
+        guard = GUARDS.get(key)
+        if guard is None:
+            if len(GUARDS) >= MAX_GUARDS:
+                GUARDS.pop(next(iter(GUARDS)))
+            guard = GUARDS[key] = Guard(config, environ=environ)
+    return guard
 
 
 def plugins_installed(directory: Any) -> bool:
