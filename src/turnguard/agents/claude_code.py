@@ -95,7 +95,10 @@ class ClaudeCode:
         return HookAnswer({})
 
     def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
-        return HookAnswer(None, 2, reason)  # exit 2 blocks a tool call or a prompt, stderr its reason
+        return HookAnswer(None, 2, reason)
+
+    def ran(self, event: AgentEvent, call_id: str | None) -> bool:
+        return False  # exit 2 blocks a tool call or a prompt, stderr its reason
 
 
 def _batch(calls: Any) -> tuple[tuple[str, Any, str | None], ...]:

@@ -29,6 +29,8 @@ ANSWER_TIMEOUT_S = 25.0
 installed) before answering in a process of its own."""
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FRAME = struct.Struct(">I")
+MAX_SOCKET_PATH = 100
+"""A Unix socket's path must fit in 104 bytes (macOS; 108 on Linux)."""
 
 
 def socket_path() -> str:
@@ -44,8 +46,21 @@ def socket_path() -> str:
                         "utf-8", "surrogateescape"))
         except OSError:
             continue
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return os.path.join(base, f"turnguard-{os.getuid()}", f"{stamp.hexdigest()[:16]}.sock")
+    name = os.path.join(f"turnguard-{os.getuid()}", f"{stamp.hexdigest()[:16]}.sock")
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir(), "/tmp"):
+        if base and os.path.isabs(base) and len(os.path.join(base, name)) <= MAX_SOCKET_PATH:
+            return os.path.join(base, name)
+    return os.path.join("/tmp", name)
+
+
+def private_folder(path: str) -> None:
+    """The socket's folder, made only this user's; ``OSError`` when it is someone else's or open
+    to others (the events would be theirs to read or answer)."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.lstat(folder)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(folder) or os.path.islink(folder):
+        raise OSError(f"{folder} is not a folder only this user can enter")
 
 
 def frame(data: bytes) -> bytes:
@@ -75,6 +90,7 @@ def ask_server(path: str, agent: str, event: bytes) -> dict[str, object]:
     if config and not os.path.isabs(config):
         environ["TURNGUARD_CONFIG"] = os.path.abspath(config)
     header = json.dumps({"agent": agent, "cwd": os.getcwd(), "env": environ}).encode("utf-8", "surrogateescape")
+    private_folder(path)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(ANSWER_TIMEOUT_S)
         sock.connect(path)
@@ -90,7 +106,7 @@ def start_server(path: str) -> None:
     """``python -m turnguard.agents serve PATH`` in a session of its own (it exits at once when
     another server holds the socket)."""
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        private_folder(path)
         subprocess.Popen([sys.executable, "-m", "turnguard.agents", "serve", path], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                          close_fds=True)

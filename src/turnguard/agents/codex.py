@@ -52,9 +52,10 @@ class Codex:
 
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
         common = common_fields(payload, KINDS, turn_ref="turn_id", call_id="tool_use_id")
+        common["transcript"] = text_field(payload, "transcript_path")
         kind = common["kind"]
         if kind is Kind.TOOL_OUTCOME:
-            common.update(outcome=outcome_from_transcript(text_field(payload, "transcript_path"), common["call_id"]),
+            common.update(outcome=outcome_from_transcript(common["transcript"], common["call_id"]),
                           result=payload.get("tool_response"))
         return AgentEvent(**common)
 
@@ -78,13 +79,19 @@ class Codex:
     def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
         return HookAnswer(None, 2, reason)
 
+    def ran(self, event: AgentEvent, call_id: str | None) -> bool:
+        """Codex runs the post-tool hooks of parallel calls in processes of their own, and one may
+        come after the next ``PreModelRequest``: a call the transcript shows completed ran."""
+        return outcome_from_transcript(event.transcript, call_id, tries=(0.0,)) != "unknown"
 
-def outcome_from_transcript(path: str | None, call_id: str | None) -> str:
+
+def outcome_from_transcript(path: str | None, call_id: str | None,
+                            tries: tuple[float, ...] = TRANSCRIPT_TRIES) -> str:
     """``ok`` / ``error`` from the transcript's record of the call, ``unknown`` without one."""
     if not path or not call_id or not os.path.isfile(path):
         return "unknown"
     needle = f'"id":"{call_id}"'.encode()
-    for wait in TRANSCRIPT_TRIES:
+    for wait in tries:
         if wait:
             time.sleep(wait)
         try:

@@ -62,6 +62,8 @@ class AgentEvent:
     cwd: str | None = None
     reason: str = "completed"
     """How the turn ended (``TURN_END``)."""
+    transcript: str | None = None
+    """The session's transcript file, where the agent's post events lack what it holds (Codex)."""
     batch: tuple[tuple[str, Any, str | None], ...] = ()
     """``STEP_END``: the step's calls, (tool name, input, call id)."""
 
@@ -134,6 +136,10 @@ class Protocol(TypingProtocol):
 
     def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
         """A block because turnguard failed under ``fail_mode="closed"``."""
+
+    def ran(self, event: AgentEvent, call_id: str | None) -> bool:
+        """Whether the agent ran the call ``call_id``, though its post event has not come (``False``
+        where the agent does not say: a call without one by the next model request was refused)."""
 
 
 def attended_from_env(environ: Mapping[str, str], entrypoint_var: str, interactive: frozenset[str]) -> bool:

@@ -70,6 +70,9 @@ class Gemini:
     def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
         return HookAnswer(None, 2, reason)
 
+    def ran(self, event: AgentEvent, call_id: str | None) -> bool:
+        return False
+
 
 def outcome_of(response: Any) -> str:
     if not isinstance(response, dict):

@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,7 +264,7 @@ class Hook:
         turn = self._resume(data, event)
         decision = Decision.allow()
         if event.kind is Kind.MODEL_REQUEST:
-            self._settle_refused(turn, data)
+            self._settle_refused(turn, data, ran=lambda call_id: self.protocol.ran(event, call_id))
             verdict = turn.begin_cycle()
             self._journal(data["journal"], ["m", time.time_ns()])
             decision = self._decision(verdict, turn, at_check=True)
@@ -282,13 +282,15 @@ class Hook:
         data["turn"] = turn.suspend()
         return self.protocol.answer(event, decision)
 
-    def _settle_refused(self, turn: Any, data: dict[str, Any], step: set[str | None] | None = None) -> None:
+    def _settle_refused(self, turn: Any, data: dict[str, Any], step: set[str | None] | None = None,
+                        ran: Callable[[str | None], bool] | None = None) -> None:
         """The calls of the last model step that got no outcome: the agent refused them (a
         permission, or a hook), which is a denial. Said when the step is over: at the agent's next
         model request, or Claude Code's ``PostToolBatch`` (``step``: the ids of its calls; a
-        background subagent's calls may still be running beside them)."""
+        background subagent's calls may still be running beside them). ``ran``: whether the agent
+        says a call ran (its post event, in a hook process of its own, may come after the request)."""
         waiting = data.get("waiting") or []
-        refused = [w for w in waiting if step is None or w[2] in step]
+        refused = [w for w in waiting if (step is None or w[2] in step) and not (ran and ran(w[2]))]
         data["waiting"] = [w for w in waiting if w not in refused]
         for name, tool_input, call_id in refused:
             self._outcome(turn, data, name, tool_input, call_id, "denied", None)

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from turnguard.agents.client import frame, read_frame
+from turnguard.agents.client import frame, private_folder, read_frame
 from turnguard.agents.hook import run
 
 IDLE_S = 600.0
@@ -66,7 +66,7 @@ class Server(socketserver.ThreadingUnixStreamServer):
 
 def serve(path: str, idle_s: float = IDLE_S) -> int:
     """Serve on ``path`` until idle; 0 at once when another server holds it."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    private_folder(path)
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

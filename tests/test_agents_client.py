@@ -1,0 +1,114 @@
+"""The command ``turnguard install`` writes: ``python -S .../agents/client.py AGENT``, which asks the
+long-lived local server and falls back to ``python -m turnguard hook AGENT`` in a process of its
+own. Whatever answers, the answer and the session's state are the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from turnguard.agents import client
+from turnguard.agents.store import SessionStore, state_root
+
+CLIENT = [sys.executable, "-S", client.__file__, "claude-code"]
+
+
+def event(name: str, i: int = 0, session: str = "s") -> bytes:
+    payload = {"hook_event_name": name, "session_id": session, "prompt_id": "p", "cwd": "/"}
+    if name != "UserPromptSubmit":
+        payload.update(tool_name="Bash", tool_input={"command": "make"}, tool_use_id=f"t{i}")
+    if name == "PostToolUseFailure":
+        payload["error"] = "Exit code 2"
+    return json.dumps(payload).encode()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    return {**os.environ, "TURNGUARD_STATE_DIR": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(runtime),
+            "TURNGUARD_RECORDER_PATH": str(tmp_path / "turns.jsonl")}
+
+
+def ask(data: bytes, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(CLIENT, input=data, env=env, capture_output=True, timeout=60, check=False)
+
+
+def socket_of(env: dict[str, str]) -> Path:
+    code = "from turnguard.agents import client; print(client.socket_path())"
+    return Path(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                               check=True).stdout.strip())
+
+
+def wait_for(path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no server socket at {path}"
+        time.sleep(0.05)
+
+
+def streak_answers(env: dict[str, str]) -> list[dict[str, object]]:
+    """Eight identical failing calls, through the client: the answers to each outcome."""
+    assert ask(event("UserPromptSubmit"), env).returncode == 0
+    answers = []
+    for i in range(8):
+        assert json.loads(ask(event("PreToolUse", i), env).stdout) == {}
+        done = ask(event("PostToolUseFailure", i), env)
+        assert done.returncode == 0, done.stderr
+        answers.append(json.loads(done.stdout))
+    return answers
+
+
+def test_the_client_starts_a_server_and_its_answers_are_the_hooks(env: dict[str, str]) -> None:
+    answers = streak_answers(env)
+    assert answers[:7] == [{}] * 7 and answers[7]["decision"] == "block"
+    wait_for(socket_of(env))
+    direct = subprocess.run([sys.executable, "-m", "turnguard", "hook", "claude-code"], input=event("PreToolUse", 9),
+                            env=env, capture_output=True, timeout=60, check=True)
+    through = ask(event("PreToolUse", 10), env)
+    assert json.loads(through.stdout) == json.loads(direct.stdout)
+    assert json.loads(through.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
+
+
+def test_a_server_killed_between_events_loses_nothing(env: dict[str, str]) -> None:
+    assert ask(event("UserPromptSubmit"), env).returncode == 0
+    path = socket_of(env)
+    for i in range(4):
+        ask(event("PreToolUse", i), env)
+        ask(event("PostToolUseFailure", i), env)
+    wait_for(path)
+    killed = subprocess.run(["pkill", "-KILL", "-f", f"turnguard.agents serve {path}"], check=False)
+    assert killed.returncode == 0, "the server was running"
+    for i in range(4, 8):
+        assert json.loads(ask(event("PreToolUse", i), env).stdout) == {}
+        last = ask(event("PostToolUseFailure", i), env)
+    assert json.loads(last.stdout)["decision"] == "block"  # the 8th failure, counted across the death
+    with SessionStore(state_root(env), "claude-code").locked("s") as session:
+        assert session.data["turn"]["facts"]["tool_calls"] == 8
+
+
+def test_a_long_temporary_folder_still_gets_a_socket_path_that_fits(env: dict[str, str], tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    env = {**env, "TMPDIR": str(deep)}
+    env.pop("XDG_RUNTIME_DIR")
+    path = socket_of(env)
+    assert len(str(path)) <= client.MAX_SOCKET_PATH
+    streak_answers(env)
+    wait_for(path)
+
+
+def test_a_socket_folder_open_to_others_is_never_used_and_every_event_is_answered(
+        env: dict[str, str], tmp_path: Path) -> None:
+    path = socket_of(env)
+    path.parent.mkdir(mode=0o777)
+    path.parent.chmod(0o777)
+    answers = streak_answers(env)
+    assert answers[7]["decision"] == "block"
+    assert not path.exists()
