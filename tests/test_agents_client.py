@@ -112,3 +112,37 @@ def test_a_socket_folder_open_to_others_is_never_used_and_every_event_is_answere
     answers = streak_answers(env)
     assert answers[7]["decision"] == "block"
     assert not path.exists()
+
+
+def test_turnguard_result_reports_the_last_turn_once_with_the_agents_labels(env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    from turnguard.telemetry.receiver import OtlpReceiver, attributes
+
+    def accepted(rx: OtlpReceiver) -> list[dict[str, object]]:
+        records = [attributes(record.attributes) for _, record in rx.logs()]
+        return [a for a in records if a.get("turnguard.turn.resolved") is True]
+
+    command = [sys.executable, "-m", "turnguard", "result", "claude-code", "resolved"]
+    none = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert none.returncode == 1 and "no ended claude-code turn" in none.stderr
+    streak_answers(env)
+    assert ask(event("Stop"), env).returncode == 0
+    kept = Path(env["TURNGUARD_STATE_DIR"]) / "hooks" / "results" / "claude-code"
+    wait_for_any(kept)
+    with OtlpReceiver() as rx:
+        otlp = {**env, "TURNGUARD_OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+                "TURNGUARD_OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        done = subprocess.run(command, env=otlp, capture_output=True, text=True, timeout=60, check=False)
+        assert (done.returncode, done.stdout) == (0, "claude-code: resolved\n"), done.stderr
+        assert rx.wait_for(lambda r: bool(accepted(r)))
+        (labels,) = accepted(rx)
+    assert (labels["gen_ai.agent.name"], labels["turnguard.loop.threshold"]) == ("claude-code", "streak")
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 1 and "already" in again.stderr
+
+
+def wait_for_any(folder: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not (folder.is_dir() and any(folder.glob("*.json"))):
+        assert time.monotonic() < deadline, f"no result token kept in {folder}"
+        time.sleep(0.1)

@@ -378,6 +378,18 @@ def _uninstall(args: argparse.Namespace) -> int:
     return run_uninstall(args)
 
 
+def _result_arguments(parser: argparse.ArgumentParser) -> None:
+    from turnguard.agents.result import arguments
+
+    arguments(parser)
+
+
+def _result(args: argparse.Namespace) -> int:
+    from turnguard.agents.result import run
+
+    return run(args)
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -395,6 +407,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                    "codex, gemini)", _install_arguments, _install),
         Subcommand("uninstall", "take turnguard's hooks out of a coding agent's settings again",
                    _uninstall_arguments, _uninstall),
+        Subcommand("result", "report whether a coding agent's last turn did its task (resolved, unresolved)",
+                   _result_arguments, _result),
         Subcommand("calibrate-merge", "merge the --json results of calibrate runs over parts of the input "
                    "(also 'calibrate merge')", _calibrate_merge_arguments, _calibrate_merge, "calibrate merge"),
     )

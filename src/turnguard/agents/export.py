@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -105,7 +106,7 @@ class ReplayClock:
 
 def replay(guard: Any, item: dict[str, Any], clock: ReplayClock) -> Any:
     """Run the journal's turn through ``guard``: the same calls in the same order, so the same
-    verdicts; returns the turn's summary (``None`` for a journal cut at ``hook.MAX_JOURNAL``)."""
+    verdicts; returns the ended turn (``None`` for a journal cut at ``hook.MAX_JOURNAL``)."""
     from turnguard.model import ToolCall
 
     journal = item["journal"]
@@ -139,15 +140,16 @@ def replay(guard: Any, item: dict[str, Any], clock: ReplayClock) -> Any:
             if asked is not None and asked.event is not None:
                 turn.resolve(asked.event, entry[2])
         elif kind == "e":
-            return turn.end(entry[2])
-    return turn.end("completed")
+            break
+    turn.end(entry[2] if journal[-1][0] == "e" else "completed")
+    return turn
 
 
 def export_outbox(environ: Mapping[str, str]) -> int:
     """Replay and export every journal in the outbox; returns how many were exported."""
     root = state_root(dict(environ))
     box = outbox_dir(root)
-    telemetry = _telemetry(environ)
+    telemetry = telemetry_from_env(environ)
     guards: dict[str, Any] = {}
     done = 0
     clock = ReplayClock()
@@ -158,7 +160,7 @@ def export_outbox(environ: Mapping[str, str]) -> int:
                     if item is None:
                         continue
                     try:
-                        replay(_guard_for(guards, item, root, environ), item, clock)
+                        turn = replay(_guard_for(guards, item, root, environ), item, clock)
                     except Exception as exc:  # a journal this exporter cannot replay is kept aside, not retried
                         print(f"turnguard export: {path.name}: {type(exc).__name__}: {exc}; kept as .failed",
                               file=sys.stderr)
@@ -166,12 +168,57 @@ def export_outbox(environ: Mapping[str, str]) -> int:
                             os.replace(path, path.with_suffix(".failed"))
                         continue
                     done += 1
+                    if turn is not None:
+                        keep_token(root, item, turn.result_token)
             if (root / "hooks" / "errors.log").exists():
                 _report_failures(root, next(iter(guards.values()), None) or _guard_for(guards, {}, root, environ))
     finally:
         if telemetry is not None:
             telemetry.shutdown()
     return done
+
+
+RESULTS = "results"
+"""Under ``hooks/``: each session's last ended turn's result token, for ``turnguard result``."""
+
+
+def results_config(config: Any, root: Path) -> Any:
+    """``config`` with the hooks' own ``digest_key`` (``hooks/results.key``, made once, readable by
+    this user only) where it sets none: the exporter's result tokens are then checked with a key
+    by ``turnguard result``, so their labels (the agent, the threshold) are shown as they are."""
+    if config.digest_key is not None:
+        return config
+    path = root / "hooks" / "results.key"
+    try:
+        key = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        key = ""
+    if len(key) != 64:
+        key = secrets.token_hex(32)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(key)
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            key = path.read_text(encoding="ascii").strip() or key  # another process made it first
+    return config.replace(digest_key=key)
+
+
+def keep_token(root: Path, item: dict[str, Any], token: str | None) -> None:
+    """The turn's result token in ``hooks/results/AGENT/SESSION.json`` (the session's last turn),
+    so ``turnguard result AGENT resolved|unresolved`` can report how its task went."""
+    if token is None:
+        return
+    from turnguard.agents.store import session_file_name
+
+    folder = root / "hooks" / RESULTS / str(item["agent"])
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = folder / f"{session_file_name(str(item.get('session') or ''))}.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"token": token, "session": item.get("session")}), encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def _guard_for(guards: dict[str, Any], item: dict[str, Any], root: Path, environ: Mapping[str, str]) -> Any:
@@ -182,7 +229,7 @@ def _guard_for(guards: dict[str, Any], item: dict[str, Any], root: Path, environ
     search = _search(item.get("cwd"))
     guard = guards.get(search)
     if guard is None:
-        config = GuardConfig.load(environ=environ, search=search)
+        config = results_config(GuardConfig.load(environ=environ, search=search), root)
         if config.recorder_path is None:
             config = config.replace(recorder_path=str(root / "turns.jsonl"))
         guard = guards[search] = Guard(config, environ=environ)
@@ -257,7 +304,7 @@ def otel_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _telemetry(environ: Mapping[str, str]) -> Any:
+def telemetry_from_env(environ: Mapping[str, str]) -> Any:
     """OTLP export when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variable is set (else none)."""
     environ = otel_environ(environ)
     if not any(k.startswith("OTEL_EXPORTER_OTLP_") and k.endswith("ENDPOINT") for k in environ):
