@@ -140,6 +140,11 @@ def test_identical_failing_calls_halt_at_the_eighth_failure_and_the_run_ends(gua
     (turn,) = guarded.turns(1)
     assert (turn["agent"], turn["ended_by"], turn["tool_calls"]) == (NAME[guarded.agent], "streak", 8)
     assert [c["outcome"] for c in turn["calls"]] == ["error"] * 8
+    report = guarded.root / "calibrate.json"  # the recorder's line is calibrate's input
+    calibrate = [sys.executable, "-m", "turnguard", "calibrate", str(guarded.recorder), "--json", str(report)]
+    done = subprocess.run(calibrate, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(report.read_text())["turns"] == 1
 
 
 def test_distinct_calls_complete_and_nothing_fires(guarded: Guarded) -> None:
