@@ -257,3 +257,15 @@ def dists(source, tmp_path_factory) -> dict[str, Path]:
                    check=True, timeout=600, capture_output=True)
     (sdist,), (wheel,) = out.glob("turnguard-*.tar.gz"), out.glob("turnguard-*.whl")
     return {"sdist": sdist, "wheel": wheel}
+
+
+def kept_result_token(state: Path, agent: str = "claude-code") -> Path:
+    """A coding agent's ended turn in the hooks' state directory ``state``, as the exporter keeps
+    it, for ``turnguard result``."""
+    import turnguard as tg
+    from turnguard.agents import export
+
+    with tg.Guard(export.results_config(tg.GuardConfig(), state)).turn(agent_name=agent) as turn:
+        pass
+    export.keep_token(state, {"agent": agent, "session": "s"}, turn.result_token)
+    return state

@@ -44,7 +44,7 @@ def cli(capsys: pytest.CaptureFixture[str], verb: str, *argv: str) -> tuple[int,
     args = parser.parse_args(list(argv))
     status = (ins.run_install if verb == "install" else ins.run_uninstall)(args)
     out, err = capsys.readouterr()
-    return status, out, err
+    return status, out.replace("\n  ", " "), err  # (messages are wrapped to the terminal: unwrapped here)
 
 
 def settings_file(agent: str, root: Path, scope: str = "project") -> Path:
@@ -230,7 +230,7 @@ def test_a_reinstall_with_another_interpreter_still_restores_the_original(where,
     assert cli(capsys, "install", "claude-code")[0] == 0
     monkeypatch.setattr(ins.sys, "executable", "/elsewhere/python")
     assert cli(capsys, "install", "claude-code")[0] == 0
-    assert "/elsewhere/python -m turnguard hook" in path.read_text()
+    assert ins.hook_command("claude-code", "/elsewhere/python") in path.read_text()
     assert cli(capsys, "uninstall", "claude-code")[0] == 0
     assert path.read_text() == '{"model": "opus"}'
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import turnguard as tg
+from conftest import kept_result_token
 from turnguard import cli
 from turnguard.demo import SCENARIOS
 from turnguard.plugins import NON_POLICY_PLUGINS
@@ -126,13 +126,7 @@ MINIMAL_ARGS = {
 
 @pytest.fixture
 def command_inputs(tmp_path, capsys, monkeypatch):
-    from turnguard.agents import export
-
-    state = tmp_path / "state"
-    monkeypatch.setenv("TURNGUARD_STATE_DIR", str(state))  # a coding agent's ended turn, for `result`
-    with tg.Guard(export.results_config(tg.GuardConfig(), state)).turn(agent_name="claude-code") as turn:
-        pass
-    export.keep_token(state, {"agent": "claude-code", "session": "s"}, turn.result_token)
+    monkeypatch.setenv("TURNGUARD_STATE_DIR", str(kept_result_token(tmp_path / "state")))  # for `result`
     corpus = tmp_path / "turns.jsonl"
     corpus.write_text(json.dumps({"id": "t", "calls": [{"tool": "a", "args": 1, "outcome": "ok"}]}) + "\n")
     result = tmp_path / "result.json"

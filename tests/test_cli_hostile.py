@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import kept_result_token
 from turnguard import cli
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -26,6 +27,9 @@ COMMANDS: dict[str, list[str]] = {
     "calibrate": ["calibrate", "{corpus}", "--jobs", "1", "--progress", "never"],
     "calibrate-merge": ["calibrate-merge", "{result}"],
     "assets": ["assets", "{fresh}/deploy"],
+    "install": ["install", "claude-code", "--dry-run"],
+    "uninstall": ["uninstall", "claude-code", "--dry-run"],
+    "result": ["result", "claude-code", "resolved", "--state-dir", "{state}"],
 }
 """How each subcommand runs when nothing is wrong (``{corpus}``: a recorded turn, ``{result}``: a
 ``calibrate --json`` result, ``{fresh}``: an empty folder)."""
@@ -118,7 +122,8 @@ def prepare(root: Path, case: Case) -> None:
 
 
 def argv_of(command: str, inputs: dict[str, str], fresh: Path) -> list[str]:
-    return [a.format(fresh=fresh, **inputs) for a in COMMANDS[command]]
+    state = kept_result_token(fresh / "state") if command == "result" else fresh  # (a turn takes one result)
+    return [a.format(fresh=fresh, state=state, **inputs) for a in COMMANDS[command]]
 
 
 def assert_fails_cleanly(done: Done, command: str, case: Case) -> None:
@@ -156,7 +161,7 @@ def test_every_command_says_in_one_line_that_its_output_cannot_be_written(comman
 def test_a_broken_plugin_is_said_once_and_the_command_still_runs(command, inputs, tmp_path):
     done = run_command(argv_of(command, inputs, tmp_path), tmp_path, {"PYTHONPATH": inputs["site"]})
     assert (done.status, "Traceback" in done.err) == (0, False), done.err
-    builds_a_guard = command in ("demo", "plugins")
+    builds_a_guard = command in ("demo", "plugins", "result")
     expected = ["turnguard: entry-point plugin 'broken' left out: RuntimeError: cannot import me"]
     assert done.lines == (expected if builds_a_guard else []), done.err
 
@@ -165,7 +170,7 @@ def test_a_broken_plugin_is_said_once_and_the_command_still_runs(command, inputs
 def test_disabling_a_plugin_that_is_not_installed_warns_once_per_process(command, inputs, tmp_path):
     done = run_command(argv_of(command, inputs, tmp_path), tmp_path, {"TURNGUARD_DISABLE_PLUGINS": "retired"})
     assert (done.status, "Traceback" in done.err) == (0, False), done.err
-    warned = 1 if command in ("demo", "plugins") else 0  # (demo builds a guard per scenario: said once)
+    warned = 1 if command in ("demo", "plugins", "result") else 0  # (demo builds a guard per scenario: said once)
     assert len(done.lines) == warned and all("'retired' is not installed" in line for line in done.lines)
 
 

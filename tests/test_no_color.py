@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from conftest import kept_result_token
 from turnguard import cli
 
 LINE = json.dumps({"id": "t1", "calls": [{"tool": "read", "args": {"p": 1}, "outcome": "error"}] * 9, "cycles": 1})
@@ -23,12 +24,14 @@ class Terminal(io.StringIO):
 
 
 @pytest.fixture
-def files(tmp_path) -> dict[str, str]:
+def files(tmp_path, monkeypatch) -> dict[str, str]:
+    monkeypatch.chdir(tmp_path)  # (install and uninstall read the project's settings: none here)
     corpus = tmp_path / "turns.jsonl"
     corpus.write_text(LINE + "\n")
     result = tmp_path / "result.json"
     assert cli.main(["calibrate", str(corpus), "--json", str(result), "--jobs", "1"]) == 0
-    return {"corpus": str(corpus), "result": str(result), "fresh": str(tmp_path / "assets")}
+    return {"corpus": str(corpus), "result": str(result), "fresh": str(tmp_path / "assets"),
+            "state": str(kept_result_token(tmp_path / "state"))}
 
 
 COMMANDS = {
@@ -38,6 +41,9 @@ COMMANDS = {
     "calibrate": ["calibrate", "{corpus}", "--jobs", "1", "--progress", "always"],
     "calibrate-merge": ["calibrate", "merge", "{result}"],
     "assets": ["assets", "{fresh}"],
+    "install": ["install", "claude-code", "--dry-run"],
+    "uninstall": ["uninstall", "claude-code", "--dry-run"],
+    "result": ["result", "claude-code", "resolved", "--state-dir", "{state}"],
 }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import planted_fleet
-from conftest import corpus_files
+from conftest import corpus_files, kept_result_token
 from turnguard import cli
 from turnguard.calibrate.run import Progress
 from turnguard.terminal import DEFAULT_WIDTH, fit_table
@@ -30,7 +30,10 @@ PROBE = [{"id": f"probe-{i}-" + "x" * 40, "cohort": "probe", "resolved": i % 2 =
 
 
 @pytest.fixture
-def wide_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+def wide_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    monkeypatch.chdir(tmp_path)  # (install and uninstall edit the project's and HOME's agent settings)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path / ".codex-home"))
     probe = tmp_path / "probe.jsonl"
     probe.write_text("".join(json.dumps(t) + "\n" for t in PROBE))
     config = tmp_path / "turnguard.toml"
@@ -43,7 +46,7 @@ def wide_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str,
     planted_fleet.run_fleet(fleet)
     capsys.readouterr()
     return {"probe": str(probe), "config": str(config), "result": str(result), "assets": str(tmp_path / "deploy"),
-            "fleet": str(fleet)}
+            "fleet": str(fleet), "state": str(tmp_path / "state")}
 
 
 def commands(inputs: dict[str, str]) -> dict[str, list[str]]:
@@ -59,6 +62,9 @@ def commands(inputs: dict[str, str]) -> dict[str, list[str]]:
         "calibrate-merge": ["calibrate-merge", inputs["result"]],
         "calibrate merge": ["calibrate", "merge", inputs["result"]],
         "assets": ["assets", "--force", inputs["assets"]],
+        "install": ["install", "codex"],  # (in the fixture's folder: the longest notes of the three)
+        "uninstall": ["uninstall", "codex"],
+        "result": ["result", "claude-code", "resolved", "--state-dir", str(kept_result_token(Path(inputs["state"])))],
     }
 
 
@@ -166,7 +172,13 @@ def test_a_wider_terminal_gets_wider_output(capsys, monkeypatch, wide_inputs) ->
 def test_wide_does_not_fit_and_loses_nothing(capsys, monkeypatch, wide_inputs) -> None:
     monkeypatch.setenv("COLUMNS", str(DEFAULT_WIDTH))
     for name, argv in commands(wide_inputs).items():
-        fitted, wide = output(capsys, argv), output(capsys, [*argv, "--wide"])
+        fitted = output(capsys, argv)
+        undo = {"install": "uninstall", "uninstall": "install"}.get(name)
+        if undo:  # it changed the agent's settings: undone, so that the wide run does the same
+            output(capsys, [undo, *argv[1:]])
+        if name == "result":  # a turn takes one result: another turn for the wide run
+            kept_result_token(Path(wide_inputs["state"]))
+        wide = output(capsys, [*argv, "--wide"])
         if name in ("demo", "calibrate", "plugins"):
             assert widest(wide) > 170, name
         words = set(" ".join(wide).split())

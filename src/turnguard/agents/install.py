@@ -40,6 +40,7 @@ import shlex
 import stat
 import sys
 import tempfile
+import textwrap
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
@@ -710,6 +711,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                        help="the user's settings: $CLAUDE_CONFIG_DIR or ~/.claude, $CODEX_HOME or ~/.codex, "
                             "~/.gemini")
     parser.set_defaults(scope=Scope.PROJECT.value)
+    from turnguard.terminal import add_wide_argument
+
+    add_wide_argument(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the changes as a diff and write nothing")
 
 
@@ -737,16 +741,25 @@ def _diff(change: Change, cwd: Path) -> Iterator[str]:
         yield line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
 
 
-def _dry_run(verb: str, changes: tuple[Change, ...], cwd: Path) -> None:
+def _say(text: str, wide: bool = False) -> None:
+    """A line of what was done, wrapped to the terminal (at least 80 columns; not with ``--wide``),
+    paths unbroken."""
+    from turnguard.terminal import output_width
+
+    print(textwrap.fill(text, width=output_width(wide), subsequent_indent="  ", break_long_words=False,
+                        break_on_hyphens=False))
+
+
+def _dry_run(verb: str, changes: tuple[Change, ...], cwd: Path, wide: bool) -> None:
     for change in changes:
         shown = _shown(change.path, cwd)
         if change.before == change.after:
-            print(f"turnguard {verb}: {shown}: {change.what} (dry run)")
+            _say(f"turnguard {verb}: {shown}: {change.what} (dry run)", wide)
             continue
         doing = "would remove" if change.after is None else "would write"
-        print(f"turnguard {verb}: {doing} {shown}: {change.what}")
+        _say(f"turnguard {verb}: {doing} {shown}: {change.what}", wide)
         sys.stdout.write("".join(_diff(change, cwd)))
-    print(f"turnguard {verb}: dry run, nothing written")
+    _say(f"turnguard {verb}: dry run, nothing written", wide)
 
 
 def _run(verb: str, args: argparse.Namespace, plan: Callable[..., tuple[Change, ...]]) -> int:
@@ -757,7 +770,7 @@ def _run(verb: str, args: argparse.Namespace, plan: Callable[..., tuple[Change, 
         print(f"turnguard {verb}: {_shown(exc.path, cwd)}: {exc.reason}", file=sys.stderr)
         return 2
     if args.dry_run:
-        _dry_run(verb, changes, cwd)
+        _dry_run(verb, changes, cwd, args.wide)
         return 0
     for change in changes:
         try:
@@ -766,12 +779,12 @@ def _run(verb: str, args: argparse.Namespace, plan: Callable[..., tuple[Change, 
             print(f"turnguard {verb}: {_shown(change.path, cwd)}: cannot write it: {exc.strerror or exc}",
                   file=sys.stderr)
             return 1
-        print(f"turnguard {verb}: {_shown(change.path, cwd)}: {change.what}")
+        _say(f"turnguard {verb}: {_shown(change.path, cwd)}: {change.what}", args.wide)
     spec = AGENT_HOOKS[args.agent]
     if verb == "install" and any(c.before != c.after for c in changes):
         notes = (spec.trust, spec.project_trust if args.scope == Scope.PROJECT.value else "")
         for note in filter(None, notes):
-            print(f"turnguard install: note: {note}")
+            _say(f"turnguard install: note: {note}", args.wide)
     return 0
 
 
