@@ -41,8 +41,9 @@ KINDS = {
 }
 TRANSCRIPT_TAIL = 512 * 1024
 """How much of the transcript's end is searched for a call's record."""
-TRANSCRIPT_TRIES = (0.0, 0.02, 0.05)
-"""Waits before each search (Codex writes the record about when it runs the hook)."""
+TRANSCRIPT_TRIES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
+"""Waits before each search (Codex writes the record about when it runs the hook; on a busy
+machine later): under a second in all, and only while the record is not there."""
 
 
 class Codex:
