@@ -37,8 +37,6 @@ from typing import Any
 from turnguard.agents.store import SessionStore, state_root
 
 OUTBOX = "outbox"
-STALE_S = 30.0
-"""An outbox journal older than this, and not locked, was left by an exporter that died."""
 
 
 def outbox_dir(root: Path) -> Path:

@@ -24,7 +24,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, BadEvent, Decision, HookAnswer, Kind, Protocol, read_payload
+from turnguard.agents.events import (
+    MAX_STDIN_BYTES,
+    AgentEvent,
+    BadEvent,
+    Decision,
+    HookAnswer,
+    Kind,
+    Protocol,
+    read_payload,
+)
 from turnguard.agents.store import SessionStore, StoreError, state_root
 
 PROTOCOLS: dict[str, str] = {
@@ -73,7 +82,8 @@ def main(argv: list[str], stdin: Any = None, stdout: Any = None, stderr: Any = N
     return answer.exit_code
 
 
-MAX_READ = 8 * 1024 * 1024 + 1
+MAX_READ = MAX_STDIN_BYTES + 1
+"""One byte past the largest event: a larger one is seen as larger, not cut to look whole."""
 
 
 def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = None) -> HookAnswer:
