@@ -629,6 +629,78 @@ def test_an_interrupt_holds_the_whole_batch_and_a_refusal_runs_none_of_it(ran, f
     assert ran == []
 
 
+
+class Answers:
+    """Each question the turn had answered, in order: its call count, level, and the answer applied."""
+
+    def __init__(self) -> None:
+        self.resolved: list[tuple[int, str, str]] = []
+
+    @tg.hookimpl
+    def turnguard_escalation_resolved(self, turn, event, response) -> None:
+        self.resolved.append((event.tool_calls, str(event.level), str(response)))
+
+
+def batch_questions(config: tg.GuardConfig, n: int) -> list[tuple[int, str]]:
+    """The reference: the questions the core raises on ``n`` identical calls checked in order before
+    any runs (as ``after_model`` checks a batch), each answered "continue"."""
+    asked = []
+    with tg.Guard(config).turn(promptable=True) as turn:
+        for k in range(n):
+            verdict = turn.check_call(tg.ToolCall("read_file", {"path": "a.py"}, call_id=f"call-{k}"))
+            if verdict.action is tg.Action.ASK:
+                asked.append((verdict.event.tool_calls, str(verdict.event.level)))
+                turn.resolve(verdict.event, "continue")
+    return asked
+
+
+def interrupted_batch(failing_tools, config: dict, n: int, thread: str, answers: Answers):
+    guard = tg.Guard(tg.GuardConfig(**config), plugins={"answers": answers})
+    agent = create_agent(one_batch("read_file", {"path": "a.py"}, n), failing_tools,
+                         middleware=[TurnGuardMiddleware(guard, ask="interrupt")], checkpointer=InMemorySaver())
+    return agent, {"configurable": {"thread_id": thread}, **LIMIT}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("n", [12, 30, 61])
+@pytest.mark.parametrize("config", REFUSE_EVERYTHING.values(), ids=REFUSE_EVERYTHING.keys())
+def test_every_question_of_a_batch_is_interrupted_for_and_takes_its_own_answer(ran, failing_tools, config, n, mode):
+    """LangGraph re-runs ``after_model`` from its start on each resume and hands its interrupts
+    their resume values by position: each question of the batch must still reach the user (one
+    interrupt each, where the core raises it) and be answered by the value given to it."""
+    answers = Answers()
+    agent, thread = interrupted_batch(failing_tools, config, n, f"each-{n}-{mode}", answers)
+    state, given = invoke(agent, ask_user("read it"), thread, mode=mode), []
+    while "__interrupt__" in state and ran == []:  # the batch's questions, before any of it runs
+        assert len(state["__interrupt__"]) == 1  # one interrupt per question
+        given.append(("continue", "redirect")[len(given) % 2])
+        state = invoke(agent, Command(resume=given[-1]), thread, mode=mode)
+    expected = batch_questions(tg.GuardConfig(**config), n)
+    assert len(expected) >= n // 10 and len(given) == len(expected)
+    assert [(calls, level, answer) for calls, level, answer in answers.resolved[:len(given)]] == [
+        (calls, level, answer) for (calls, level), answer in zip(expected, given, strict=True)]
+    assert len(ran) == n  # every call was let go on, so the whole batch ran
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("config", REFUSE_EVERYTHING.values(), ids=REFUSE_EVERYTHING.keys())
+def test_a_stop_to_any_question_of_a_batch_refuses_all_of_it(ran, failing_tools, config, mode):
+    """The k-th answer is the k-th question's: "stop" to any one of them, after "continue" to those
+    before it, halts the run there and none of the batch runs."""
+    expected = batch_questions(tg.GuardConfig(**config), 30)
+    for k in range(1, len(expected) + 1):
+        answers = Answers()
+        agent, thread = interrupted_batch(failing_tools, config, 30, f"stop-{k}-{mode}", answers)
+        state = invoke(agent, ask_user("read it"), thread, mode=mode)
+        for _ in range(k - 1):
+            state = invoke(agent, Command(resume="continue"), thread, mode=mode)
+        assert len(state["__interrupt__"]) == 1
+        with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+            invoke(agent, Command(resume="stop"), thread, mode=mode)
+        assert ran == []
+        assert answers.resolved == [(calls, level, "continue") for calls, level in expected[:k - 1]] + [
+            (*expected[k - 1], "stop")]
+
 def test_with_exit_behavior_end_a_refused_batch_is_answered_and_the_run_ends(ran, failing_tools):
     guard = tg.Guard()
     middleware = TurnGuardMiddleware(guard, ask="interrupt", exit_behavior="end")

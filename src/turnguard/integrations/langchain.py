@@ -30,7 +30,8 @@ checkpointer, as ``HumanInTheLoopMiddleware`` does). The model's calls are check
 question pauses the whole batch on one interrupt whose value holds ``{"turnguard": {...}}``, and
 ``agent.invoke(Command(resume="continue"), config)`` answers it (``"stop"``/``"redirect"``, an
 ``Answer``, or ``{"answer": ...}`` work too): "continue" goes on checking the batch (a later
-question pauses it again), "stop" runs none of it. A stop-level question raised by an outcome
+question pauses it again: each question of the batch is asked, and each resume answers the one it
+was given to), "stop" runs none of it. A stop-level question raised by an outcome
 pauses before the next model request. A callable ``ask`` answers inline; the calls of the batch
 that other threads or tasks check meanwhile wait for its answer. With ``ask="interrupt"`` the
 turn's snapshot (``Turn.snapshot()``) goes into the graph state with each model request, the
@@ -131,6 +132,11 @@ class _Run:
         self.asked_after: Verdict | None = None
         self.planned: dict[str, tuple[ToolCall, Decision]] = {}
         """Calls of the model's last response checked in ``after_model`` (``ask="interrupt"``), by id."""
+        self.answered: dict[str, Verdict] = {}
+        """The questions ``after_model`` asked about the batch and got answers to, by call id, in
+        the order asked: LangGraph re-runs the node from its start on each resume and hands its
+        ``interrupt()`` calls their resume values by position, so a re-run asks them again, in
+        place (each takes back its own answer at once), before the next question takes the new one."""
         self.paused: dict[str, ToolCall] = {}
         """Calls whose tool interrupted the graph itself (LangGraph re-runs it on resume), by id."""
         self.graph_runs: set[UUID] = set()
@@ -286,6 +292,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         for tc in calls:
             key = str(tc.get("id"))
             if key in run.planned:  # this node ran again, resumed after one of its interrupts
+                replayed = run.answered.get(key)
+                if replayed is not None:  # its answer is the resume value at this position
+                    interrupt({INTERRUPT_KEY: _payload(replayed)})
                 continue
             if key in run.asked:
                 verdict, call = run.asked[key]
@@ -299,10 +308,13 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
                 run.asked[key] = (verdict, call)
             answer = interrupt({INTERRUPT_KEY: _payload(verdict)})  # raises until resumed
             del run.asked[key]
+            run.answered[key] = verdict
             decision = run.driver.answer(verdict, _answer(answer), call, before=True)
             if decision.step is not Step.RUN:
+                run.answered.clear()
                 return self._refuse_batch(run, decision, calls)
             run.planned[key] = (call, decision)
+        run.answered.clear()  # the node is done: the next batch's questions start at position 0
         return self._persisted(run)
 
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
