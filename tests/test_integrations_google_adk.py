@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 from collections.abc import AsyncGenerator, Iterable
 
 import pytest
@@ -29,6 +30,7 @@ from google.adk.models.base_llm import BaseLlm  # noqa: E402
 from google.adk.models.llm_response import LlmResponse  # noqa: E402
 from google.adk.plugins.reflect_retry_tool_plugin import ReflectAndRetryToolPlugin  # noqa: E402
 from google.adk.runners import InMemoryRunner  # noqa: E402
+from google.adk.tools.tool_context import ToolContext  # noqa: E402
 from google.genai import types  # noqa: E402
 
 import turnguard as tg  # noqa: E402
@@ -505,3 +507,103 @@ def test_a_polling_tools_response_is_its_result_and_a_changed_one_is_progress(ch
     else:
         assert halt_of(events)["threshold"] == "streak"
     assert_polled(turn_ends, changing, len(polled))
+
+
+# -- a refusal holds whatever order or grouping the answers come in ------------------------------
+
+
+def ordered_groupings(items: list[int]) -> list[list[list[int]]]:
+    """Every way to send ``items`` as a sequence of messages: each ordered partition, each message's
+    answers in one order (ADK re-runs a message's calls in the order they were made)."""
+    if not items:
+        return [[]]
+    found = []
+    for mask in range(1, 2 ** len(items)):
+        first = [x for k, x in enumerate(items) if mask >> k & 1]
+        rest = [x for k, x in enumerate(items) if not mask >> k & 1]
+        found.extend([first, *tail] for tail in ordered_groupings(rest))
+    return found
+
+
+class Ends:
+    def __init__(self) -> None:
+        self.summaries: list[tg.TurnSummary] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.summaries.append(summary)
+
+
+def answered_in_messages(options: dict, n: int, groups: list[list[int]], confirmed: list[bool]) -> tuple:
+    """One response of ``n`` identical failing calls under ``ask="confirmation"``; the confirmations
+    it pauses on (the question first) answered in ``groups``, one message each. The ids of the calls
+    that ran, the id of the call each confirmation paused, and the turns' summaries."""
+    ran, ends = [], Ends()
+
+    def read_file(path: str, tool_context: ToolContext) -> dict:
+        """Read a file."""
+        ran.append(tool_context.function_call_id)
+        return {"error": f"{path}: no such file"}
+
+    guard = tg.Guard(tg.GuardConfig(**options), plugins={"ends": ends})
+    session = Session(scripted([[("read_file", {"path": "missing.py"})] * n]), [read_file],
+                      [TurnGuardPlugin(guard, ask="confirmation")])
+    requests = confirmation_requests(session.send("read it"))
+    paused = [r.args["originalFunctionCall"]["id"] for r in requests]
+    assert len(requests) == len(confirmed)
+    for group in groups:
+        parts = [types.Part(function_response=types.FunctionResponse(
+            name=requests[k].name, id=requests[k].id, response={"confirmed": confirmed[k]})) for k in group]
+        asyncio.run(session.asend(types.Content(role="user", parts=parts)))
+    return ran, paused, ends.summaries
+
+
+def assert_refusals_hold(ran: list, paused: list, summaries: list, groups: list, confirmed: list, before: int):
+    """A refused call never runs; a refused question (or a held call confirmed in the first answer,
+    without its question: the user's stop) runs none of the batch; every call that ran was checked
+    in the invocation's one turn, no more than the stop level lets run after the question's answer."""
+    assert not {paused[k] for k, yes in enumerate(confirmed) if not yes} & set(ran)
+    stopped = not confirmed[0] or (0 not in groups[0] and any(confirmed[k] for k in groups[0]))
+    assert summaries and summaries[0].tool_calls >= len(ran)
+    assert [s.tool_calls for s in summaries[1:]] == [0] * (len(summaries) - 1)
+    if stopped:
+        assert len(ran) == before and [s.reason for s in summaries] == ["halted"]
+    assert len(ran) <= 2 * before + 1
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+@pytest.mark.parametrize("held", [1, 2, 3])
+def test_refusals_hold_in_every_order_and_grouping_of_the_answers(options, before, held):
+    """The question and the ``held`` calls paused with it, refused or confirmed in every
+    combination (three held: all refused), answered in every order and grouping of messages (ADK
+    resumes the invocation at each message, its model asked again in between)."""
+    pending = list(range(held + 1))
+    answers = [list(a) for a in itertools.product([False, True], repeat=held + 1)] if held < 3 else [[False] * 4]
+    cases = [(g, a) for g in ordered_groupings(pending) for a in answers]
+    for groups, confirmed in cases:
+        ran, paused, summaries = answered_in_messages(options, before + 1 + held, groups, confirmed)
+        assert_refusals_hold(ran, paused, summaries, groups, confirmed, before)
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+@pytest.mark.parametrize("n", [10, 30])
+def test_each_refusal_in_its_own_message_question_first_runs_nothing_more(options, before, n):
+    """The audit's case: every confirmation refused in its own message, the question first (with
+    ``streak_warn_at=0`` and 10 calls, the held call used to run in a new turn that completed)."""
+    pending = list(range(n - before))
+    ran, _, summaries = answered_in_messages(options, n, [[k] for k in pending], [False] * len(pending))
+    assert len(ran) == before and [s.reason for s in summaries] == ["halted"]
+    assert summaries[0].tool_calls == before + 1
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+@pytest.mark.parametrize("seed", range(3))
+def test_refusals_hold_in_a_large_batch_answered_in_random_messages(options, before, seed):
+    rng = random.Random(seed)
+    pending = list(range(30 - before))
+    confirmed = [rng.random() < 0.5 for _ in pending]
+    order = rng.sample(pending, len(pending))
+    cuts = sorted(rng.sample(range(1, len(order)), rng.randint(0, 5)))
+    groups = [sorted(order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
+    ran, paused, summaries = answered_in_messages(options, 30, groups, confirmed)
+    assert_refusals_hold(ran, paused, summaries, groups, confirmed, before)

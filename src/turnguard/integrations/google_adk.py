@@ -26,7 +26,11 @@ the tool runs, ``after_tool`` / ``on_tool_error`` record its outcome, ``after_ru
   confirmed)`` answers them all alike. After a "stop" none of them runs; after a "continue" each is
   checked as ADK re-runs it, up to the next question, which ADK cannot pause a resuming batch for:
   that call and the rest answer "Not executed" and the question comes with the next call. A
-  stop-level ASK (recorded after a call ran) is asked on the next call. A callable ``ask`` answers
+  stop-level ASK (recorded after a call ran) is asked on the next call. Answers that come one by
+  one, in several messages (ADK resumes the invocation at each and asks the model again): a
+  refused call never runs, a held call whose confirmation comes after the model was asked again
+  does not run (the run went on without it), a halted invocation stays halted whatever answer
+  resumes it, and a call paused in an ended turn runs in no later one. A callable ``ask`` answers
   inline (the calls checked meanwhile wait for its answer). ``promptable`` defaults to whether
   ``ask`` is set; without a route the fallback applies (a warning is observed, a stop halts).
 - REMIND (``GuardConfig(remind_model=True)``) is added to a dict result as ``"turnguard"`` and
@@ -73,7 +77,19 @@ CONFIRMATION = "confirmation"
 PAYLOAD_KEY = "turnguard"
 MAX_OPEN_TURNS = 1024
 """Invocations held open at once (running, or paused on a confirmation); past it the oldest is
-ended as ``abandoned``."""
+ended as ``abandoned``. As many ended invocations are remembered (``_Ended``)."""
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """What an invocation's ended turn leaves for a later resume of it (ADK resumes an invocation
+    whenever a confirmation of one of its calls comes back, in any later message)."""
+
+    halt: Verdict | None
+    """The HALT the turn latched (the user's stop included): it holds for the rest of the
+    invocation, so a resume runs no call and asks the model nothing."""
+    paused: frozenset[str]
+    """The calls the turn paused on a confirmation: they belonged to it and run in no other."""
 
 
 @dataclass
@@ -88,6 +104,14 @@ class _Run:
     held: dict[str, ToolCall] = field(default_factory=dict)
     """Calls paused with the question (not checked yet): their confirmation, once the question is
     answered, lets them be checked and run."""
+    paused: set[str] = field(default_factory=set)
+    """Every call turnguard paused on a confirmation in this turn (asked about or held), by function
+    call id, answered or not: ADK re-runs one whenever its confirmation comes back, in any later
+    message. One held still when the model is asked again (``before_model`` lets it go) no longer
+    runs: the run went on without it."""
+    closed: frozenset[str] = frozenset()
+    """Calls paused in an earlier turn of this invocation (it ended before they were answered):
+    none of them runs in this one."""
     ask_next: Verdict | None = None
     """A stop-level ASK raised by an outcome: the next call asks the user."""
     reminders: dict[str, str] = field(default_factory=dict)
@@ -110,6 +134,7 @@ class TurnGuardPlugin(BasePlugin):
         self.ask = checked_ask(ask, CONFIRMATION)
         self.promptable = promptable
         self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._ended: OrderedDict[str, _Ended] = OrderedDict()
         self._by_task: weakref.WeakKeyDictionary[asyncio.Task[Any], set[str]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
@@ -118,8 +143,11 @@ class TurnGuardPlugin(BasePlugin):
     async def before_run_callback(self, *, invocation_context: Any) -> None:
         key = invocation_context.invocation_id
         with self._lock:
+            ended = self._ended.get(key)
             if key in self._runs:  # resumed after a confirmation: the same invocation, the same turn
                 self._runs.move_to_end(key)
+            elif ended is not None and ended.halt is not None:  # resumed after its turn halted: stays so
+                self._ended.move_to_end(key)
             else:
                 agent = getattr(invocation_context, "agent", None)
                 session = getattr(invocation_context, "session", None)
@@ -130,9 +158,10 @@ class TurnGuardPlugin(BasePlugin):
                     conversation_id=getattr(session, "id", None),
                     agent_name=getattr(agent, "name", None),
                 )
-                self._runs[key] = _Run(driver)
+                self._runs[key] = _Run(driver, closed=ended.paused if ended is not None else frozenset())
                 while len(self._runs) > MAX_OPEN_TURNS:
-                    _, stale = self._runs.popitem(last=False)
+                    stale_key, stale = self._runs.popitem(last=False)
+                    self._remember(stale_key, stale)
                     stale.driver.turn.end("abandoned")
         self._watch_task(key)
         return None
@@ -149,7 +178,8 @@ class TurnGuardPlugin(BasePlugin):
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> LlmResponse | None:
         run = self._run(callback_context)
         if run is None:
-            return None
+            halt = self._halt_of(callback_context)
+            return None if halt is None else _final(halt)
         run.held.clear()  # held calls whose confirmation never came back: the model goes on without them
         halted = run.driver.turn.halted
         if halted is None:
@@ -162,10 +192,13 @@ class TurnGuardPlugin(BasePlugin):
     async def before_tool_callback(self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any) -> Any:
         run = self._run(tool_context)
         if run is None:
-            return None
+            halt = self._halt_of(tool_context)
+            return None if halt is None else _not_executed(halt)
         call_id = tool_context.function_call_id
         asked = run.asked.pop(call_id, None) if call_id is not None else None
         decision: Decision | dict[str, Any] | None
+        if call_id is not None and call_id in run.closed:  # paused by a turn that has ended
+            return {"error": "Not executed: the turn it was paused in has ended."}
         if asked is not None:  # resumed: the user answered the confirmation turnguard asked for
             verdict, call = asked
             confirmation = tool_context.tool_confirmation
@@ -175,6 +208,8 @@ class TurnGuardPlugin(BasePlugin):
             call = make_call(getattr(tool, "name", None), dict(tool_args), call_id)
             if call_id is not None and run.held.pop(call_id, None) is not None:  # resumed: held with the question
                 decision = self._released(run, call, tool_context.tool_confirmation)
+            elif call_id is not None and call_id in run.paused:  # its confirmation came after the model went on
+                return {"error": "Not executed: the run went on without it."}
             else:
                 decision = await self._check(run, call)
             if isinstance(decision, dict):  # not executed: the model is told
@@ -224,9 +259,11 @@ class TurnGuardPlugin(BasePlugin):
             run.ask_next = None
         if decision.step is Step.HOLD:
             run.held[call.call_id] = call
+            run.paused.add(call.call_id)
             return None
         if decision.step is Step.ASK:
             run.asked[call.call_id] = (decision.verdict, call)
+            run.paused.add(call.call_id)
             run.driver.defer(decision.verdict)
             return None
         return decision
@@ -285,11 +322,31 @@ class TurnGuardPlugin(BasePlugin):
         with self._lock:
             return self._runs.get(context.invocation_id)
 
+    def _halt_of(self, context: Any) -> Verdict | None:
+        """The HALT an ended turn of this invocation latched, if any (a resume after it)."""
+        with self._lock:
+            ended = self._ended.get(context.invocation_id)
+        return ended.halt if ended is not None else None
+
     def _end(self, key: str, exc: BaseException | None) -> None:
         with self._lock:
             run = self._runs.pop(key, None)
         if run is not None:
             run.driver.end(exc)
+            with self._lock:
+                self._remember(key, run)
+
+    def _remember(self, key: str, run: _Run) -> None:
+        """Keep what a later resume of the ended invocation needs (under the lock): its halt and the
+        calls it paused; the oldest are forgotten past ``MAX_OPEN_TURNS``."""
+        halt, paused = run.driver.turn.halted, run.paused | run.closed
+        if halt is None and not paused:
+            self._ended.pop(key, None)
+            return
+        self._ended[key] = _Ended(halt, frozenset(paused))
+        self._ended.move_to_end(key)
+        while len(self._ended) > MAX_OPEN_TURNS:
+            self._ended.popitem(last=False)
 
     def _watch_task(self, key: str) -> None:
         """End the invocation's turn, if still open, when the task that ran it finishes."""
