@@ -533,15 +533,15 @@ def test_a_turn_interrupted_for_approval_goes_on_in_a_fresh_process_from_the_run
 OBSERVED_RESUME = '''
 import asyncio, json, sys
 from pathlib import Path
-from agents import Agent, RunConfig, function_tool, set_tracing_disabled
+from agents import Agent, RunConfig, RunState, function_tool, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message, function_call
 import turnguard as tg
 from turnguard.integrations.openai_agents import (TurnGuardHalted, approval_requests, resume_state, run,
-                                                  state_string)
+                                                  state_string, turn_state)
 
 phase, folder = sys.argv[1], Path(sys.argv[2])
 set_tracing_disabled(True)  # as hosts with other backends run it: no span records the failures
-first = 9 if phase == "resume" else 0  # the model's script goes on where the first process left it
+first = 9 if phase in ("resume", "sdk") else 0  # the model's script goes on where the first process left it
 steps = [[function_call("read_file", {"path": "a.py"}, call_id=f"call-{i}")] for i in range(first, 30)]
 ran = []
 
@@ -573,10 +573,20 @@ options = {"ask": "approval", "max_turns": 100}
 async def main():
     if phase == "resume":
         state = await resume_state(guard, agent, (folder / "run.txt").read_text())
+    elif phase == "sdk":  # the SDK's own string and restore, the turn's state stored beside it
+        state = await RunState.from_string(agent, (folder / "sdk.txt").read_text())
+        turn = json.loads((folder / "turn.json").read_text())
+        for item in state.get_interruptions():
+            if item.call_id in turn["openai_agents"]["asked"]:
+                state.approve(item)
+        result = await run(guard, agent, state, turn_state=turn, **options)
+        return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions], "ended": ended}
     else:
         result = await run(guard, agent, "read a.py", **options)
         if phase == "start":
             (folder / "run.txt").write_text(state_string(result))
+            (folder / "sdk.txt").write_text(result.to_state().to_string())
+            (folder / "turn.json").write_text(json.dumps(turn_state(result)))
             return {"ran": len(ran), "asked": [item.call_id for item in result.interruptions], "ended": ended}
         state = result.to_state()  # "both": the control, resumed in the same process
         del ran[:]
@@ -609,6 +619,8 @@ def test_a_run_resumed_from_its_string_in_a_fresh_process_keeps_failures_and_app
     assert run_phase("start") == {"ran": 8, "asked": ["call-8"], "ended": []}
     resumed = run_phase("resume")
     assert resumed == run_phase("both") == {"ran": 9, "asked": ["call-17"], "ended": []}
+    # the SDK's own RunState.from_string(agent, ...) with turn_state=: run rebuilds it on the copy
+    assert run_phase("sdk") == resumed
 
 
 def test_a_model_that_raises_ends_the_turn_with_error(ran, make_agent, turn_ends):

@@ -37,7 +37,10 @@ and ends the turn however the run finishes (``completed``, ``halted``, ``error``
 - Another process: store ``state_string(result)`` (the SDK's ``RunState`` string with the turn's
   state in it) and restore it with ``resume_state(guard, agent, string)``, which rebuilds the run
   on turnguard's observed copy of ``agent`` (``RunState.from_string(agent, ...)`` alone rebuilds it
-  on ``agent`` itself: no failure reports, no approvals); answer it, then ``run`` it.
+  on ``agent`` itself: no failure reports, no approvals); answer it, then ``run`` it. ``run`` also
+  rebuilds a ``RunState`` the SDK restored on ``agent`` on the copy (``observed_state``), so
+  ``turn_state=`` beside the SDK's own string works too; hooks passed to ``Runner.run`` directly
+  need ``RunState.from_string(hooks.observe(agent), ...)`` (or ``await hooks.observed_state``).
 - REMIND (``GuardConfig(remind_model=True)``) cannot be injected: run hooks cannot change a tool's
   output (a per-tool output guardrail could); the reminder is recorded, not shown to the model.
 """
@@ -118,6 +121,8 @@ class TurnGuardRunHooks(RunHooks[Any]):
         self._observed: dict[int, Agent[Any]] = {}
         """The observed copy of each agent given to ``observe`` (one per source agent, so a resumed
         ``RunState`` and the run share it)."""
+        self._copies: dict[int, Agent[Any]] = {}
+        """Every observed copy (handoff targets' too), by id."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -154,8 +159,21 @@ class TurnGuardRunHooks(RunHooks[Any]):
         each call when the SDK plans it); ``agent`` itself is left as it is."""
         if id(agent) not in self._observed:
             plan = self._plan if self.ask == APPROVAL else None
-            self._observed[id(agent)] = _observed_agent(agent, self._note_failure, plan, {})
+            seen: dict[int, Agent[Any]] = {}
+            self._observed[id(agent)] = _observed_agent(agent, self._note_failure, plan, seen)
+            self._copies.update((id(copy), copy) for copy in seen.values())
         return self._observed[id(agent)]
+
+    async def observed_state(self, agent: Agent[Any], state: Any) -> Any:
+        """``state`` (a ``RunState``; anything else is returned as it is) on the observed copy of
+        ``agent``. One restored by the SDK's own ``RunState.from_string(agent, ...)`` runs on
+        ``agent`` itself, whose tools neither report their handled failures nor ask turnguard: it
+        is rebuilt on the copy (through its JSON, its context object and approvals kept)."""
+        current = getattr(state, "_current_agent", None)
+        if not isinstance(state, RunState) or current is None or id(current) in self._copies:
+            return state
+        data = state.to_json(context_serializer=lambda _context: {})  # the context object is kept below
+        return await RunState.from_json(self.observe(agent), data, context_override=state._context)
 
     async def _plan(self, tool_name: str, params: Any, call_id: str) -> bool:
         """``needs_approval`` of an observed tool: check the call now; True interrupts the run for
@@ -341,8 +359,13 @@ async def run(
     A run interrupted for approvals (turnguard's, with ``ask="approval"``, or a tool's own) keeps its
     turn open: pass the ``RunState`` with your answers back to ``run`` and the turn goes on (the calls
     turnguard held with its question are decided by turnguard once you answered it). To resume in
-    another process, store ``state_string(result)`` and restore it with ``resume_state`` (or store
-    ``turn_state(result)`` beside the SDK's ``to_string()`` and pass it back as ``turn_state=``).
+    another process, store ``state_string(result)`` and restore it with ``resume_state``: it
+    rebuilds the run on turnguard's observed copy of ``agent`` (whose tools report their handled
+    failures and ask turnguard before running) and carries the turn's state. The SDK's own
+    ``RunState.from_string(agent, ...)`` rebuilds it on ``agent`` itself, which does neither: ``run``
+    rebuilds such a state on the copy (a round trip through its JSON, keeping its context object);
+    pass the turn's state with it as ``turn_state=turn_state(result)``, stored beside the SDK's
+    ``to_string()``, or the run is a new turn.
 
     ``conversation_id`` defaults to ``Runner.run``'s ``conversation_id`` or ``RunConfig.group_id``.
     """
@@ -356,6 +379,7 @@ async def run(
         guarded = TurnGuardRunHooks(
             guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks
         )
+    input = await guarded.observed_state(agent, input)
     agent = guarded.observe(agent)
     if hasattr(config, "tool_error_formatter"):  # older SDKs: the span error and default text remain
         config = dataclasses.replace(
