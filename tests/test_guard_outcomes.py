@@ -525,9 +525,16 @@ def test_a_streak_ended_by_an_answer_or_a_retry_does_not_stop_later(ender):
     turn, calls = _eight_then_other(promptable=True)
     if ender == "retry":
         turn.retry()
-    else:
-        turn.resolve(turn.ledger.detect("streak", tg.Action.ASK, tg.Level.WARN, 5), "continue")
+    else:  # the answer to the eight calls' own warning (asked at the fifth)
+        turn.resolve(turn.ledger.detect("streak", tg.Action.ASK, tg.Level.WARN, 5, call=calls[0]), "continue")
     assert all(turn.record_outcome(call, tg.Outcome.ERROR).action is tg.Action.ALLOW for call in calls)
+
+
+def test_an_answer_about_another_call_leaves_the_ended_streak_stopping():
+    turn, calls = _eight_then_other(promptable=True)
+    turn.resolve(turn.ledger.detect("streak", tg.Action.ASK, tg.Level.WARN, 5, call=calls[-1]), "continue")
+    verdicts = [turn.record_outcome(call, tg.Outcome.ERROR).action for call in calls[:8]]
+    assert verdicts == [tg.Action.ALLOW] * 7 + [tg.Action.ASK]
 
 
 def test_ended_streaks_kept_are_bounded():

@@ -7,16 +7,22 @@ scratch after every operation, and shares no code or incremental state with the 
   and ends the one it interrupts); a ``stateful_tools`` call whose result differs from the latest
   result given earlier in its streak starts a new segment there (progress), but a result counts
   only once every earlier call of the streak has its outcome (check order), and a ``DENIED``
-  call's result is no result (the tool did not run);
+  call's result is no result (the tool did not run); at a check, a call whose outcome has not
+  come counts as a failure without a result, and the calls behind it count as they went, with
+  their results;
 - the warn level fires at the check whose position in its segment is ``streak_warn_at``; the
   stop level fires once per segment: at a check, when the calls before it in its segment would
   reach ``streak_stop_at`` had every outcome still missing been a failure, or at the report after
   which the segment's settled calls reach it;
+- ``resolve`` ends the current streak (its later outcomes change nothing) and those of the call
+  the answered detection was about; streaks other calls ended go on settling theirs; ``retry``
+  ends every streak;
 - the stuck signal's count is the largest number of times one key was counted: other tools' calls
   at their check, a stateful tool's at its outcome as (call, result), or (call) without a result.
 
 Random turns mix stateful and other tools, results given, missing and repeated, parallel batches
-with outcomes in any order, retries, answers, strays and resumes from a snapshot.
+with outcomes in any order, outcomes that never come, retries, answers given while other
+streaks still wait for outcomes, strays and resumes from a snapshot.
 """
 
 from __future__ import annotations
@@ -78,14 +84,12 @@ class Reference:
         """(start position, stop count after each call) of each segment of the streak's first
         ``upto`` calls; without ``unknown_fails`` only up to the first call without an outcome."""
         segments: list[tuple[int, list[int]]] = [(0, [])]
-        count, baseline, settled = 0, None, True
+        count, baseline = 0, None
         for position, index in enumerate(streak.calls[:upto]):
             call = self.calls[index]
-            if call.outcome is None:
-                if not unknown_fails:
-                    break
-                settled = False
-            if settled and call.result is not None:
+            if call.outcome is None and not unknown_fails:
+                break
+            if call.result is not None:
                 if baseline is not None and call.result != baseline:
                     segments.append((position, []))
                     count = 0
@@ -151,10 +155,14 @@ class Reference:
                 fired = True
         return self._stop() if fired else (tg.Action.ALLOW, None, None)
 
-    def reset(self, *, retry: bool) -> None:
+    def reset(self, *, retry: bool, key: tuple[str, str] | None = None) -> None:
+        """A retry ends every streak; an answer the current one, and those of the call it was about (``key``)."""
+        if self.current is not None:
+            self.current.closed = True
         self.current = None
         for streak in self.streaks:
-            streak.closed = True
+            if retry or streak.key == key:
+                streak.closed = True
         if retry:
             self.counts.clear()
             self.max_repeat = 0
@@ -200,6 +208,8 @@ class RandomTurn:
         self.waiting: list[int] = []
         self.asks: list[tg.Verdict] = []
         self.operations = 0
+        self.lost = rng.choice([0.0, 0.0, 0.05, 0.2])
+        """The share of outcomes that never come."""
 
     def compare(self, verdict: tg.Verdict, expected: tuple) -> None:
         assert observed(verdict, expected[2]) == expected, (self.seed, self.operations)
@@ -246,26 +256,36 @@ class RandomTurn:
                 if not self.ref.halted:
                     self.ref.reset(retry=True)
             while self.waiting:
-                self.report(self.waiting.pop())
+                index = self.waiting.pop()
+                if rng.random() < self.lost:  # its outcome never comes
+                    continue
+                self.report(index)
                 if rng.random() < 0.1:  # a duplicate, or an outcome for a call never checked
                     self.report(self.stray())
                 if rng.random() < 0.05:
                     self.resume()
-            while self.asks:
-                event = self.asks.pop().event
-                if rng.random() < 0.5 and self.turn.halted is None:
-                    self.turn.resolve(event, "continue")
-                    self.ref.reset(retry=False)
+                if rng.random() < 0.3:  # an answer while other calls still wait
+                    self.answer()
+            self.answer()
         return self.operations
 
+    def answer(self) -> None:
+        while self.asks:
+            event = self.asks.pop().event
+            if self.rng.random() < 0.5 and self.turn.halted is None:
+                self.turn.resolve(event, "continue")
+                about = [c for c in self.calls if c._key is not None and c._key[0].hex() == event.key_digest]
+                self.ref.reset(retry=False, key=(about[0].name, about[0].args["target"]) if about else None)
+
     def stray(self) -> int:
-        """A call reported again, or -1: one never checked. After a resume, a call without a
-        ``call_id`` is matched by its name and arguments (``Turn._claim_restored``): a second
-        report of one would be taken for an identical call still waiting, so only calls with an
-        id are reported twice then."""
+        """A call reported already (or one whose outcome was lost: it comes late), or -1: one
+        never checked. After a resume, a call without a ``call_id`` is matched by its name and
+        arguments (``Turn._claim_restored``): a second report of one would be taken for an
+        identical call still waiting, so only calls with an id are reported twice then."""
         if self.rng.random() < 0.3:
             return -1
-        candidates = [i for i, c in enumerate(self.calls) if not self.resumed or c.call_id is not None]
+        candidates = [i for i, c in enumerate(self.calls)
+                      if i not in self.waiting and (not self.resumed or c.call_id is not None)]
         return self.rng.choice(candidates) if candidates else -1
 
     resumed = False

@@ -28,7 +28,7 @@ from turnguard.config import ConfigError, GuardConfig, Probe
 from turnguard.dispatch import NOTHING, Dispatcher, Found, Observer, observer_impls
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, store_key, turn_keyer
-from turnguard.ledger import Ledger, LedgerView
+from turnguard.ledger import Ledger, LedgerView, answered_digest
 from turnguard.model import (
     ALL_TOOLS,
     ALLOW,
@@ -455,7 +455,7 @@ class Turn:
                 if self._halt is None:
                     self._halt = Verdict(Action.HALT, asked.threshold, "turnguard: stopped by the user", asked)
             else:
-                self.ledger.reset_streak()
+                self.ledger.reset_streak(answered_digest(asked))
             verdict = self._halt or ALLOW
         failure = self._notify("turnguard_escalation_resolved", turn=self.view, event=asked, response=answer.value)
         return self._latch_failure(failure, verdict)

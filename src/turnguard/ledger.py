@@ -88,6 +88,36 @@ def new_event_id() -> str:
     return f"{_event_prefix}{next(_event_numbers):016x}"
 
 
+def answered_digest(event: LoopDetectedEvent) -> bytes | None:
+    """The digest of the call an answered detection was about (``None``: it names none)."""
+    try:
+        return bytes.fromhex(event.key_digest) if event.key_digest else None
+    except (TypeError, ValueError):
+        return None
+
+
+def count_outcome(outcome: Outcome, failing: int, settled: int, peak: int, stop_any: bool) -> tuple[int, int, int]:
+    """The streak's settling rule, in one place: how the next call of a streak, in check order,
+    moves the stop level's counts (``failing``, ``settled`` and the stop count's ``peak``).
+    ``ERROR`` extends the failing count, ``DENIED`` leaves it as it is, ``OK``/``UNKNOWN`` reset
+    it; with ``streak_stop_on="any"`` (``stop_any``) the settled count counts every outcome but
+    ``DENIED`` and is the stop count. Every settling goes through here: the ledger's current
+    streak (``Ledger._settle``), an ended one (``EndedStreak``), a replay's prefix
+    (``Ledger.count_settled``) and calibrate's turn facts (``equivalence.turn_facts``). The hot
+    path keeps one inlined copy, for ``OK`` in ``Ledger.record_outcome``
+    (``tests/test_streak_settling.py`` holds it equal)."""
+    if outcome is _ERROR:
+        failing += 1
+        if not stop_any and failing > peak:
+            peak = failing
+    elif outcome is not _DENIED:
+        failing = 0
+    if stop_any and outcome is not _DENIED:
+        settled += 1
+        peak = settled
+    return failing, settled, peak
+
+
 _STREAK_STOP = (str(Threshold.STREAK), str(Level.STOP))
 _OK = Outcome.OK  # enum members looked up once: class attribute access costs on the hot path
 _ERROR = Outcome.ERROR
@@ -683,7 +713,7 @@ class Ledger:
         current streak is quiet. A call of a streak ended by ``retry``/``resolve`` changes no streak."""
         if outcome is _OK:
             self._ok += 1
-            if seq == self._next:  # the common case (the next call of the streak succeeded): _settle, inlined
+            if seq == self._next:  # the common case (the next call of the streak succeeded): count_outcome(OK), inlined
                 self._next = seq + 1
                 self._failing = 0
                 if self._stop_any:
@@ -700,16 +730,7 @@ class Ledger:
             elif self._ended:  # a call of a streak another key ended
                 return self._settle_ended(seq, outcome)
             return None
-        self._next = seq + 1  # the sequential case: _settle, inlined
-        if outcome is _ERROR:
-            self._failing += 1
-            if not self._stop_any and self._failing > self._stop_peak:
-                self._stop_peak = self._failing
-        elif outcome is not _DENIED:
-            self._failing = 0
-        if self._stop_any and outcome is not _DENIED:
-            self._settled += 1
-            self._stop_peak = self._settled
+        self._settle(outcome)
         if self._early:
             return self._settle_waiting()
         return None
@@ -754,17 +775,10 @@ class Ledger:
         return self._late
 
     def _settle(self, outcome: Outcome) -> None:
-        """Settle the streak's next call with ``outcome`` (``record_outcome`` inlines this)."""
+        """Settle the current streak's next call with ``outcome`` (``count_outcome``)."""
         self._next += 1
-        if outcome is _ERROR:
-            self._failing += 1
-            if not self._stop_any and self._failing > self._stop_peak:
-                self._stop_peak = self._failing
-        elif outcome is not _DENIED:
-            self._failing = 0
-        if self._stop_any and outcome is not _DENIED:
-            self._settled += 1
-            self._stop_peak = self._settled
+        self._failing, self._settled, self._stop_peak = count_outcome(
+            outcome, self._failing, self._settled, self._stop_peak, self._stop_any)
 
     def _settle_waiting(self) -> bool | None:
         """Settle the outcomes that waited for the one just settled. True when a stateful tool's
@@ -780,12 +794,14 @@ class Ledger:
 
     def _worst_stop(self, last: int) -> int:
         """The stop count after check ``last`` if the calls of the streak waiting for an outcome
-        up to it all failed: counted backwards from ``last``, stopping at a known reset or at
-        ``streak_stop_at`` (so the cost is bounded by the threshold, not the streak)."""
+        up to it all failed, and the calls whose outcome is known counted as they went, with their
+        results (a stateful tool's changed result restarts the count there): counted backwards
+        from ``last``, stopping at a known reset, a restart or ``streak_stop_at`` (so the cost is
+        bounded by the threshold, not the streak)."""
         limit = self._stop_at
         if not limit:
             return 0
-        early = self._early
+        early, results = self._early, self._results
         any_outcome = self._stop_any
         count = 0
         seq = last
@@ -797,18 +813,45 @@ class Ledger:
                     return count
             elif outcome is not _DENIED:  # a known OK/UNKNOWN: the error count restarts after it
                 return count
+            if results and seq in results and self._restarts_at(seq):
+                return count
             seq -= 1
         return min(limit, count + (self._settled if any_outcome else self._failing))
 
-    def reset_streak(self) -> None:
-        """Forget the current streak, and the ended ones still settling (the user answered an
-        ASK, or the request is re-sent): the next call starts afresh."""
+    def provisional_streak_length(self) -> int:
+        """``streak_length`` with the results of the streak's calls that wait for an earlier
+        call's outcome counted where they stand (check order): the streak restarts at the latest
+        call whose result changed, as it would have had the calls run one at a time."""
+        results = self._results
+        if not results:
+            return self._streak
+        before, restart = self._baseline, 0
+        for seq in sorted(results):
+            result = results[seq]
+            if before is not None and result != before:
+                restart = seq
+            before = result
+        return self._seq - restart + 1 if restart else self._streak
+
+    def _restarts_at(self, seq: int) -> bool:
+        """Whether waiting check ``seq``'s result differs from the latest result before it in the
+        streak (a waiting call's, else the settled ``baseline``): the streak restarts there."""
+        results = self._results
+        earlier = [s for s in results if s < seq]
+        before = results[max(earlier)] if earlier else self._baseline
+        return before is not None and before != results[seq]
+
+    def reset_streak(self, answered: bytes | None = None) -> None:
+        """Forget the current streak (the user answered an ASK): the next call starts afresh, and
+        outcomes still to come for its calls change no streak; so for the ended streaks of the
+        key the answer was about (``answered``, a digest). Other streaks that another key ended
+        while calls of theirs still wait go on settling those outcomes (``EndedStreak``)."""
         self._last_key = None
         self._last_tool = None
         self._streak = 0
         self._new_streak(self._seq + 1)
-        if self._ended:
-            self._ended = []
+        if answered is not None and self._ended:
+            self._ended = [ended for ended in self._ended if ended.digest != answered]
         self._late = None
         if self._results:
             self._results = {}
@@ -829,6 +872,8 @@ class Ledger:
         self._polled.clear()
         self._raised = False
         self.reset_streak()
+        if self._ended:  # the re-sent request's calls are discarded, with every streak
+            self._ended = []
 
     def note_detection(self, event: LoopDetectedEvent | None = None) -> None:
         """A detection was made (``event``: which, so that each level fires once per streak)."""
@@ -1091,14 +1136,14 @@ _Settled = tuple[int, int, int, int, int, bool, bytes | None, str | None, int, i
 
 def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str], outcomes: Sequence[Outcome],
                    cycles: Sequence[int]) -> _Settled:
-    """``Ledger.count_settled``'s pass: ``begin_cycle``, ``count_call`` (the ``repeat`` signal, no
-    tool named) and ``record_outcome`` (the streak's next call) inlined; the scalar facts after it."""
+    """``Ledger.count_settled``'s pass: ``begin_cycle`` and ``count_call`` (the ``repeat`` signal, no
+    tool named) inlined, each outcome settled by ``count_outcome``; the scalar facts after it."""
     calls, cycle, cycle_start = ledger._tool_calls, ledger._cycles, ledger._cycle_start
     counts, max_keys, overflowed = ledger._counts, ledger._max_keys, ledger._overflowed
     max_repeat, first_stuck, stuck_at = ledger._max_repeat, ledger._first_stuck, ledger._stuck_at
     last_key, last_tool, streak = ledger._last_key, ledger._last_tool, ledger._streak
     failing, settled, stop_peak, ok = ledger._failing, ledger._settled, ledger._stop_peak, ledger._ok
-    stop_any, other, fired, get = ledger._stop_any, ledger._outcomes, ledger._fired, counts.get
+    stop_any, other, fired, get, settle = ledger._stop_any, ledger._outcomes, ledger._fired, counts.get, count_outcome
     for digest, tool, outcome, begun in zip(digests, tools, outcomes, cycles, strict=True):
         if begun:
             cycle += begun
@@ -1126,18 +1171,9 @@ def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str
                 fired.clear()
         if outcome is _OK:
             ok += 1
-            failing = 0
         else:
             other[outcome._value_] += 1
-            if outcome is _ERROR:
-                failing += 1
-                if not stop_any and failing > stop_peak:
-                    stop_peak = failing
-            elif outcome is not _DENIED:
-                failing = 0
-        if stop_any and outcome is not _DENIED:
-            settled += 1
-            stop_peak = settled
+        failing, settled, stop_peak = settle(outcome, failing, settled, stop_peak, stop_any)
     return (calls, cycle, cycle_start, max_repeat, first_stuck, overflowed, last_key, last_tool, streak, failing,
             settled, stop_peak, ok)
 
@@ -1254,15 +1290,7 @@ class EndedStreak:
 
     def _count_next(self, outcome: Outcome, stop_any: bool) -> None:
         self.next += 1
-        if outcome is _ERROR:
-            self.failing += 1
-            if not stop_any and self.failing > self.peak:
-                self.peak = self.failing
-        elif outcome is not _DENIED:
-            self.failing = 0
-        if stop_any and outcome is not _DENIED:
-            self.settled += 1
-            self.peak = self.settled
+        self.failing, self.settled, self.peak = count_outcome(outcome, self.failing, self.settled, self.peak, stop_any)
 
     def copy(self) -> EndedStreak:
         twin = EndedStreak(self.next, self.last, self.length, self.failing, self.settled, self.peak,

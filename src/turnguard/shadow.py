@@ -46,6 +46,7 @@ nothing of shadows; the package registers ``plugin_for`` as the ``shadow`` built
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -59,7 +60,7 @@ from turnguard.config import GuardConfig
 from turnguard.dispatch import PASSTHROUGH, Dispatcher, Found
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, cached_result, turn_keyer
-from turnguard.ledger import Ledger, LedgerView
+from turnguard.ledger import Ledger, LedgerView, answered_digest
 from turnguard.model import Action, Answer, LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 from turnguard.plugins import plugin_manager as policy_manager
 from turnguard.plugins import policies_only
@@ -366,12 +367,13 @@ class ShadowPlugin:
             state.pending.append(Ledger.rollback_cycle)
 
     @hookimpl
-    def turnguard_escalation_resolved(self, turn: LedgerView, response: str) -> None:
+    def turnguard_escalation_resolved(self, turn: LedgerView, event: LoopDetectedEvent, response: str) -> None:
         if response not in _RESETTING_ANSWERS:
             return
         state = self._turns.get(id(turn))
         if state is not None:
-            state.pending.append(Ledger.reset_streak)
+            # (a shadow keying calls its own way has other digests: its ended streaks all go on)
+            state.pending.append(functools.partial(Ledger.reset_streak, answered=answered_digest(event)))
 
     # -- durable turns: the shadows' state travels in the turn's snapshot ------------------------
 

@@ -2,7 +2,7 @@
 
 A replay is expensive; most policies of a grid behave identically on most turns. What each
 policy can do on a turn is said by the policy itself (``firing_rule`` in ``policies/cap.py``,
-``streak.py``, ``cycles.py``; ``grid.IdenticalCallsRule`` for the extra rules), from the turn's
+``streak.py``, ``cycles.py``; ``identical.py`` for the extra rules), from the turn's
 ``TurnFacts``: upper bounds of the ledger's counts over the whole turn. Here they are combined
 into a ``Plan`` per policy, turn and mode: its ``signature`` keeps only what can still change a
 verdict (equal signatures give identical replays), and ``None`` means no verdict other than ALLOW
@@ -41,7 +41,7 @@ from typing import NamedTuple
 from turnguard.calibrate.grid import Policy
 from turnguard.config import GuardConfig
 from turnguard.firing import Firing, FiringRule, Triggers, TurnFacts
-from turnguard.ledger import Ledger
+from turnguard.ledger import Ledger, count_outcome
 from turnguard.model import Outcome
 from turnguard.policies import cap, cycles, streak
 
@@ -58,7 +58,7 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
     get = counts.get
     last = None
     run = errors = most_seen = most_run = most_failing = 0
-    error = Outcome.ERROR
+    error, settle = Outcome.ERROR, count_outcome
     if len(digests) != len(outcomes):
         raise ValueError("one outcome per key")
     cycle_calls = []
@@ -83,11 +83,10 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
             if not most_run:
                 most_run = 1
                 reach_run.append(k)
-        if outcome is error:
-            errors += 1
-            if errors > most_failing:
-                most_failing = errors
-                reach_failing.append(k)
+        errors = settle(outcome, errors, 0, 0, False)[0]  # the ledger's rule: the failing count in check order
+        if errors > most_failing:
+            most_failing = errors
+            reach_failing.append(k)
     return TurnFacts(len(digests), len(cycle_calls), tuple(reach_repeat), tuple(reach_run), tuple(reach_failing),
                      tuple(cycle_calls), len(counts))
 

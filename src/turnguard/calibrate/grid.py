@@ -4,7 +4,8 @@ A ``Policy`` is a name, a ``GuardConfig`` and optional extra rules (plugins regi
 built-ins in the replay guard). The peers' simpler rules are policies too: an explicit cap of 100
 with nothing else (the released qwen-code contract), and halting on the 5th consecutive identical
 call (qwen-code's and gemini-cli's consecutive-identical detectors), which needs the extra rule
-``HaltOnIdenticalCalls`` because turnguard's own streak warning never halts.
+``HaltOnIdenticalCalls`` (``turnguard.policies.identical``) because turnguard's own streak
+warning never halts.
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ import math
 from dataclasses import dataclass, field
 
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
-from turnguard.firing import Firing, Triggers, TurnFacts
-from turnguard.hookspecs import hookimpl
 from turnguard.keys import KEY_MODES
-from turnguard.ledger import Ledger
-from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
+from turnguard.policies.identical import IdenticalCallsRule
 
 DEFAULT_SOFT_CAPS = (20, 50, 100)
 DEFAULT_MULTIPLIERS = (2, 3, 5, 10, 20)
@@ -36,45 +34,6 @@ PEER_IDENTICAL = 5
 MAX_POLICIES = 2000
 """The most policies one run compares (every turn is replayed under each): a larger grid is a
 ``ConfigError`` raised before any policy is built."""
-
-
-class HaltOnIdenticalCalls:
-    """Extra rule: HALT on the ``n``-th consecutive identical call, attended or not (the peers'
-    rule; turnguard's own streak only warns there). Reads the ledger's streak like the built-ins."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    @hookimpl
-    def turnguard_check_call(self, turn: Ledger, call: ToolCall) -> Verdict | None:
-        if turn.streak_length >= self.n:
-            return turn.detect(
-                Threshold.STREAK, Action.HALT, Level.STOP, self.n, call=call,
-                message=f"peer rule: {call.name} called {turn.streak_length} times in a row",
-            )
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class IdenticalCallsRule:
-    """The data of ``HaltOnIdenticalCalls`` (policies stay plain, hashable data)."""
-
-    n: int
-
-    @property
-    def label(self) -> str:
-        return f"halt@{self.n} identical"
-
-    def plugin(self) -> HaltOnIdenticalCalls:
-        return HaltOnIdenticalCalls(self.n)
-
-    def triggers(self, promptable: bool) -> Triggers:
-        """The rule's ``turnguard.firing.FiringRule``: a run of ``n`` identical calls, attended or not."""
-        return Triggers(run=self.n)
-
-    def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
-        n = self.n
-        return Firing(("identical", n), facts.reach_run[n - 1]) if n <= facts.max_run else None
 
 
 ExtraRule = IdenticalCallsRule

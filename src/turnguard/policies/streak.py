@@ -10,13 +10,15 @@ a REMIND with a message the host may inject into the model's input. Each level f
 streak, when its count reaches the threshold; ``Turn.resolve`` resets the streak so it can fire
 again.
 
-Outcomes count in check order (``Ledger.record_outcome``). Identical calls checked before the
-outcomes of the earlier ones (a parallel batch in one model response) count those still waiting
-as failures: the stop level fires at the check of the call that, run one at a time, would have
-come after ``streak_stop_at`` failures, so in an unattended turn at most ``streak_stop_at`` of
-them run. A streak that another call of the same response ends still settles its calls'
-outcomes when they come (``Ledger.ended_stop``): eight identical failing calls then a different
-one stop at the report that completes the eight failures in check order, as one at a time.
+Outcomes count in check order (``Ledger.record_outcome``, by ``ledger.count_outcome``). Identical
+calls checked before the outcomes of the earlier ones (a parallel batch in one model response, or
+behind a call whose outcome never comes) count those still waiting as failures, and those known
+as they went, with their results (``Ledger.provisional_stop_count``): the stop level fires at
+the check of the call that, run one at a time, would have come after ``streak_stop_at``
+failures, so in an unattended turn at most ``streak_stop_at`` of them run. A streak that another
+call of the same response ends still settles its calls' outcomes when they come
+(``Ledger.ended_stop``): eight identical failing calls then a different one stop at the report
+that completes the eight failures in check order, as one at a time.
 (Replays are sequential: ``firing_rule`` needs no batch case.)
 """
 
@@ -79,7 +81,7 @@ def _batched(turn: Ledger, call: ToolCall) -> Verdict | None:
                      f"{waiting} of them still without an outcome: had they run one at a time, "
                      f"{stop_at} identical failures would have stopped it"),
         )
-    if turn._streak == warn_at and warn_at:
+    if warn_at and turn.provisional_streak_length() == warn_at:
         return _warn(turn, call, warn_at)
     return None
 
