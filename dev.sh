@@ -7,6 +7,7 @@
 #   ./dev.sh run ARGS run the turnguard CLI
 #   ./dev.sh collector  build the Collector from its builder manifest (builder-config.yaml) (once; cached) and print its path
 #   ./dev.sh prometheus build Prometheus 3 from its Go module (once; cached) and print its path
+# Every command first installs the repository's git hooks (.githooks/, git config core.hooksPath).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$PWD
@@ -115,8 +116,21 @@ ensure_agents() { # the coding-agent CLIs the end-to-end hook tests drive, pinne
   export TG_AGENTS_DIR=$dir
 }
 
+ensure_hooks() { # the repository's git hooks (.githooks/commit-msg: subjects <= 72 characters), on any command
+  local current
+  git rev-parse --is-inside-work-tree >/dev/null 2>&1 || return 0
+  current=$(git config --local --get core.hooksPath || true)
+  [ "$current" = .githooks ] && return 0
+  if [ -n "$current" ]; then
+    echo "dev.sh: core.hooksPath is $current; not replaced (git config core.hooksPath .githooks installs ours)" >&2
+    return 0
+  fi
+  git config --local core.hooksPath .githooks && echo "dev.sh: installed the git hooks (core.hooksPath = .githooks)" >&2
+}
+
 cmd=${1:-help}
 [ $# -gt 0 ] && shift
+command -v git >/dev/null 2>&1 && ensure_hooks
 case "$cmd" in
   demo) ensure_python otlp; exec "$VENV/bin/turnguard" demo "$@" ;;
   run) ensure_python cli; exec "$VENV/bin/turnguard" "$@" ;;
