@@ -41,6 +41,32 @@ if TYPE_CHECKING:
     from turnguard.model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
     from turnguard.task_results import ResultLabels
 
+__all__ = [
+    "PROJECT_NAME",
+    "hookimpl",
+    "hookspec",
+    "turnguard_call_checked",
+    "turnguard_check_call",
+    "turnguard_check_cycle",
+    "turnguard_check_outcome",
+    "turnguard_configure",
+    "turnguard_cycle_checked",
+    "turnguard_escalation_resolved",
+    "turnguard_loop_detected",
+    "turnguard_outcome_ignored",
+    "turnguard_outcome_recorded",
+    "turnguard_plugin_error",
+    "turnguard_retry",
+    "turnguard_shadow_detected",
+    "turnguard_shadow_turn_ended",
+    "turnguard_turn_ended",
+    "turnguard_turn_result",
+    "turnguard_turn_resumed",
+    "turnguard_turn_snapshot",
+    "turnguard_turn_started",
+    "turnguard_turn_suspended",
+]
+
 PROJECT_NAME = "turnguard"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

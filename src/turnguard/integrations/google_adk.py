@@ -72,6 +72,8 @@ from turnguard.integrations._common import (
 )
 from turnguard.model import Outcome, ToolCall, Verdict
 
+__all__ = ["TurnGuardPlugin", "confirmation_answer", "confirmation_requests", "halt_of"]
+
 CONFIRMATION = "confirmation"
 """``ask=CONFIRMATION``: reach the user through ADK's tool confirmation (``request_confirmation``)."""
 PAYLOAD_KEY = "turnguard"

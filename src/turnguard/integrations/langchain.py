@@ -86,6 +86,8 @@ from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
 from turnguard.snapshot import SnapshotError
 from turnguard.snapshot import pending as snapshot_pending
 
+__all__ = ["RunEndHandler", "TurnGuardHalted", "TurnGuardMiddleware"]
+
 INTERRUPT = "interrupt"
 """``ask=INTERRUPT``: reach the user through LangGraph's ``interrupt()`` / ``Command(resume=...)``."""
 INTERRUPT_KEY = "turnguard"

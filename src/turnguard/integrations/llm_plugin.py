@@ -41,6 +41,8 @@ from turnguard.integrations._common import Ask, Decision, RunDriver, TurnHalted,
 from turnguard.model import Outcome, ToolCall
 from turnguard.terminal import shown
 
+__all__ = ["ChainGuard", "GuardedChain", "TurnGuardHalted", "chain"]
+
 
 class TurnGuardHalted(TurnHalted):
     """turnguard stopped the chain; a ``turnguard.LoopDetected`` whose message names threshold and counts."""

@@ -76,6 +76,17 @@ from turnguard.integrations._common import (
 )
 from turnguard.model import Outcome, ToolCall, Verdict
 
+__all__ = [
+    "TurnGuardHalted",
+    "TurnGuardRunHooks",
+    "approval_requests",
+    "resume_state",
+    "run",
+    "run_sync",
+    "state_string",
+    "turn_state",
+]
+
 APPROVAL = "approval"
 """``ask=APPROVAL``: reach the user through the SDK's tool approvals (``needs_approval``, ``RunState``)."""
 MAX_PARKED = 1024

@@ -65,6 +65,8 @@ from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
 from turnguard.snapshot import SnapshotError
 from turnguard.snapshot import pending as pending_verdict
 
+__all__ = ["TurnGuardCapability", "TurnGuardHalted", "approval_requests", "turn_state"]
+
 APPROVAL = "approval"
 """``ask=APPROVAL``: reach the user through pydantic-ai's deferred tool approval."""
 METADATA_KEY = "turnguard"
