@@ -36,13 +36,19 @@ def test_verdicts_and_events_are_frozen():
     assert tg.Verdict(tg.Action.HALT).halted
 
 
-def test_tool_calls_accept_any_arguments_and_compare_by_content():
-    assert tg.ToolCall("t", {"a": 1}, call_id="x") == tg.ToolCall("t", {"a": 1}, call_id="x")
-    assert tg.ToolCall("t", {"a": 1}) != tg.ToolCall("t", {"a": 2})
+def test_tool_calls_accept_any_arguments_and_are_frozen():
     assert tg.ToolCall("t").args is None
-    assert len({tg.ToolCall("t", {"unhashable": []}), tg.ToolCall("t", {"unhashable": []})}) == 2
+    assert tg.ToolCall("t", {"unhashable": []}).args == {"unhashable": []}
     with pytest.raises(dataclasses.FrozenInstanceError):
         tg.ToolCall("t").name = "u"  # type: ignore[misc]
+
+
+def test_a_tool_call_equals_and_hashes_as_itself_only():
+    call, twin = tg.ToolCall("t", {"a": []}, call_id="x"), tg.ToolCall("t", {"a": []}, call_id="x")
+    assert call == call and hash(call) == hash(call)
+    assert call != twin and len({call, twin}) == 2
+    assert {call: 1, twin: 2}[call] == 1
+
 
 
 def test_loop_detected_carries_its_verdict():

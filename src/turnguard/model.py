@@ -154,6 +154,11 @@ class ToolCall:
     The guard computes the call's key once, in ``check_call``, and keeps it on the call (with
     which check of which turn it was) so that ``record_outcome`` for the same object neither
     canonicalizes the arguments again nor searches for the call it belongs to.
+
+    Equality and hash are the object's identity: two ``ToolCall`` objects are two calls, even
+    with the same name, arguments and ``call_id`` (a model may issue one call twice in a
+    parallel batch, and each gets its own outcome, span and recorder line). Compare ``name``,
+    ``args`` and ``call_id`` to compare what two calls ask for.
     """
 
     name: str
@@ -170,15 +175,6 @@ class ToolCall:
         _set_args(self, args)
         _set_call_id(self, call_id)
         _set_key(self, None)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ToolCall):
-            return NotImplemented
-        return (self.name, self.call_id) == (other.name, other.call_id) and (
-            self.args is other.args or self.args == other.args
-        )
-
-    __hash__ = object.__hash__
 
 
 _set_name = ToolCall.__dict__["name"].__set__
