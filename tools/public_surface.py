@@ -72,15 +72,21 @@ def declared_all(path: Path) -> list[str] | None:
 
 
 def bound_names(path: Path) -> set[str]:
-    """The names a module binds at its top level: definitions, assignments and imports."""
+    """The names a module binds at its top level (in ``if``/``try`` blocks too): definitions,
+    assignments and imports; not the names bound inside its functions and classes."""
     names: set[str] = set()
-    for node in ast.walk(parsed(path)):
+    statements = list(parsed(path).body)
+    while statements:
+        node = statements.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
+            statements += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                           *(s for h in getattr(node, "handlers", []) for s in h.body)]
+        else:
+            names.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
     return names
 
 
