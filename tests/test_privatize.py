@@ -21,6 +21,7 @@ def package(tmp_path) -> tuple[Path, Path]:
         "guard.py": "import time\nclass Guard: ...\n",
         "shadow.py": "def plugin_for(config):\n    policy = 1\n    return policy\n",
         "ledger.py": "X = 1\n",
+        "snapshot.py": "X = 1\n",
         "telemetry/__init__.py": '__all__ = ["configure"]\ndef configure(): ...\n',
         "telemetry/names.py": 'POLICY = "turnguard.shadow.policy"\n',
         "calibrate/__init__.py": "",
@@ -41,6 +42,7 @@ def test_a_package_without_public_modules_moves_whole_and_other_internal_modules
         "turnguard.guard": "turnguard._guard",
         "turnguard.ledger": "turnguard._ledger",
         "turnguard.shadow": "turnguard._shadow",
+        "turnguard.snapshot": "turnguard._snapshot",
         "turnguard.telemetry.names": "turnguard.telemetry._names",
         "turnguard.assets": "turnguard._assets",
     }
@@ -66,6 +68,7 @@ def test_a_package_without_public_modules_moves_whole_and_other_internal_modules
     ("import turnguard as tg\ntg.guard.Guard, tg.Guard, tg.shadow.policy",
      "import turnguard as tg\ntg._guard.Guard, tg.Guard, tg.shadow.policy"),
     ("tg.guard without the import", "tg.guard without the import"),
+    ('P = ("turnguard.snapshot", {"probe": 1})', 'P = ("turnguard.snapshot", {"probe": 1})'),
 ], ids=lambda text: text[:40])
 def test_references_to_moved_modules_are_rewritten_and_nothing_else(package, before, after):
     src, reference = package

@@ -31,6 +31,9 @@ SRC = public_surface.SRC
 PKG = public_surface.FACADE
 SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".txt", ".sh", ".json", ".html"}
 KEEP = {"CHANGELOG.md"}
+PROTECTED = ('("turnguard.snapshot", {"probe": 1})',)
+"""Text that looks like a module reference but is data: the snapshot format's probe call (its
+digest is every snapshot's ``key_check``), kept to the letter."""
 DOTTED = re.compile(r"(?<![\w.])turnguard(?:\.[A-Za-z_]\w*)+(?:\.\*)?")
 PATH = re.compile(r"(?<![\w.])turnguard((?:/[A-Za-z_][\w-]*)+(?:\.py)?)")
 
@@ -143,8 +146,14 @@ def unique_stems(moved: dict[str, str], src: Path) -> dict[str, str]:
 
 
 def rewrite(text: str, moved: dict[str, str], unique: dict[str, str], src: Path) -> str:
+    kept = {f"\0{i}\0": literal for i, literal in enumerate(PROTECTED)}
+    for mark, literal in kept.items():
+        text = text.replace(literal, mark)
     text = rewrite_from_imports(text, moved)
-    return rewrite_bare_files(rewrite_paths(rewrite_dotted(text, moved, src), moved), unique)
+    text = rewrite_bare_files(rewrite_paths(rewrite_dotted(text, moved, src), moved), unique)
+    for mark, literal in kept.items():
+        text = text.replace(mark, literal)
+    return text
 
 
 def tracked_files(root: Path) -> list[Path]:
