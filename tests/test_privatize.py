@@ -52,6 +52,7 @@ def test_a_package_without_public_modules_moves_whole_and_other_internal_modules
     ("from turnguard.guard import Guard", "from turnguard._guard import Guard"),
     ("from turnguard.telemetry import names, configure", "from turnguard.telemetry import _names as names, configure"),
     ("from turnguard import guard as g", "from turnguard import _guard as g"),
+    ('"import sys\\nfrom turnguard import guard\\n"', '"import sys\\nfrom turnguard import _guard as guard\\n"'),
     ('mock.patch("turnguard.guard.time.monotonic")', 'mock.patch("turnguard._guard.time.monotonic")'),
     ("python -m turnguard.calibrate.run", "python -m turnguard._calibrate.run"),
     ('import_module(f"turnguard.calibrate.{name}")', 'import_module(f"turnguard._calibrate.{name}")'),

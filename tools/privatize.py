@@ -7,7 +7,8 @@ Internal is what ``tools/public_surface.py`` says is not public (the facade, hoo
 and the integrations are). A package holding no public module is renamed whole
 (``turnguard/calibrate/`` -> ``turnguard/_calibrate/``), any other internal module alone
 (``turnguard/guard.py`` -> ``turnguard/_guard.py``, ``turnguard/telemetry/otel.py`` ->
-``turnguard/telemetry/_otel.py``). Then, in every tracked text file but CHANGELOG.md (a record):
+``turnguard/telemetry/_otel.py``). Then, in every tracked text file but CHANGELOG.md (a record),
+this script and its test:
 dotted references that name a renamed module or a name bound in one (``turnguard.guard``,
 ``turnguard.firing.Quiet``, ``from turnguard import plugins``), paths (``src/turnguard/guard.py``,
 ``turnguard/assets/...`` in pyproject.toml) and bare file names that are unique in the package
@@ -30,7 +31,7 @@ ROOT = public_surface.ROOT
 SRC = public_surface.SRC
 PKG = public_surface.FACADE
 SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".txt", ".sh", ".json", ".html"}
-KEEP = {"CHANGELOG.md"}
+KEEP = {"CHANGELOG.md", "privatize.py", "test_privatize.py"}
 PROTECTED = ('("turnguard.snapshot", {"probe": 1})',)
 """Text that looks like a module reference but is data: the snapshot format's probe call (its
 digest is every snapshot's ``key_check``), kept to the letter."""
@@ -89,7 +90,7 @@ def one_chain(chain: str, moved: dict[str, str], src: Path) -> str:
     return new_name(chain, moved)
 
 
-FROM_IMPORT = re.compile(r"(?<![\w.])from (turnguard(?:\.\w+)*) import (\([^)]*\)|[\w ,]+)")
+FROM_IMPORT = re.compile(r"(?:(?<![\w.])|(?<=\\n))from (turnguard(?:\.\w+)*) import (\([^)]*\)|[\w ,]+)")
 IMPORTED = re.compile(r"(\w+)(\s+as\s+\w+)?")
 
 
