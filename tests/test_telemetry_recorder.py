@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -148,13 +149,14 @@ def test_a_failing_disk_is_warned_about_once_a_minute_not_once_a_turn(tmp_path, 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder yet")
     guard = make_guard(blocker / "turns.jsonl")
+    now = [1_000.0]
+    monkeypatch.setattr(rec, "time", SimpleNamespace(monotonic=lambda: now[0]))  # its clock, not the machine's
     with caplog.at_level(logging.INFO, logger="turnguard.telemetry"):
         for _ in range(300):
             guard.turn().end()
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "could not append" in warnings[0]
-        monkeypatch.setattr(rec, "WARN_EVERY_S", 0.05)
-        time.sleep(0.1)
+        now[0] += rec.WARN_EVERY_S  # a minute later
         for _ in range(3):
             guard.turn().end()
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
