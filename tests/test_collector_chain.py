@@ -242,6 +242,60 @@ def test_late_results_from_another_process_reach_calibrate_through_the_collector
     assert from_collector == from_recorders
 
 
+def _spans(path: Path) -> list[dict[str, Any]]:
+    return [span for line in path.read_text().splitlines() if line.strip()
+            for resource in json.loads(line).get("resourceSpans", ()) for scope in resource["scopeSpans"]
+            for span in scope["spans"]]
+
+
+def _attrs(span: dict[str, Any]) -> dict[str, Any]:
+    def value(v: dict[str, Any]) -> Any:
+        if "arrayValue" in v:
+            return [value(x) for x in v["arrayValue"].get("values", ())]
+        return next(iter(v.values()), None)
+    return {a["key"]: value(a["value"]) for a in span.get("attributes", ())}
+
+
+def test_the_collectors_file_carries_the_recorders_result_digests_and_tool_lists(otelcol, tmp_path):
+    """What calibrate needs to replay polling from the Collector's file as from the recorder's: each
+    tool span's ``turnguard.call.result_digest`` is the recorder line's ``result`` of that call, and
+    the turn span names the ``stateful_tools`` and ``streak_exempt_tools`` the line's ``limits`` do."""
+    collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
+    try:
+        telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                       "OTEL_METRIC_EXPORT_INTERVAL": "600000", "OTEL_EXPORTER_OTLP_TIMEOUT": "60000"})
+        recorded = tmp_path / "turns.jsonl"
+        guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, recorder_path=str(recorded),
+                                        stateful_tools=("ci_status",), streak_exempt_tools=("sleep",)),
+                         **telemetry.providers())
+        for i in range(3):
+            with guard.turn(agent_name="ci") as turn:
+                calls = [("ci_status", "queued"), ("ci_status", "queued"), ("ci_status", f"done-{i}"),
+                         ("sleep", "ok"), ("read", "text")]
+                for tool, answer in calls:
+                    c = tg.ToolCall(tool, {"job": i})
+                    turn.check_call(c)
+                    turn.record_outcome(c, tg.Outcome.OK, result={"state": answer})
+        assert telemetry.force_flush(30_000)
+        telemetry.shutdown()
+        chain.wait_until("every turn span in the Collector's file", lambda: turn_spans(collector.otlp_file) == 3,
+                         collector.exited, timeout=60)
+    finally:
+        collector.stop()
+    spans = _spans(collector.otlp_file)
+    turns = {_attrs(s)["turnguard.turn.id"]: s for s in spans if s["name"].startswith("invoke_agent")}
+    for line in map(json.loads, recorded.read_text().splitlines()):
+        turn = turns[line["id"]]
+        calls = sorted((_attrs(s) for s in spans if s.get("parentSpanId") == turn["spanId"]),
+                       key=lambda a: int(a["turnguard.call.index"]))
+        assert [a.get("turnguard.call.result_digest") for a in calls] == [c.get("result") for c in line["calls"]]
+        assert len({c.get("result") for c in line["calls"][:3]}) == 2  # the polled answer changed once
+        limits = _attrs(turn)
+        assert (limits["turnguard.loop.stateful_tools"], limits["turnguard.streak.exempt_tools"]) == (
+            line["limits"]["stateful_tools"], line["limits"]["streak_exempt_tools"]) == (["ci_status"], ["sleep"])
+
+
 # -- the Collector's own metrics on the halts board -------------------------------------------------
 
 

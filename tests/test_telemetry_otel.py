@@ -408,6 +408,41 @@ def test_content_is_exported_only_when_opted_in(otel):
         assert all(SECRET_ARG not in str(v) for v in record.attributes.values())
 
 
+SECRET_RESULT = "SECRET-RESULT-5b1d"
+
+
+def test_a_stateful_tools_span_carries_the_recorders_result_digest_never_the_result(otel, tmp_path):
+    """Both sources replay polling alike: the span's ``turnguard.call.result_digest`` is the recorder
+    line's ``result`` for the same call; a tool whose result the guard does not key has neither."""
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(otel, stateful_tools=("ci_status",), recorder_path=str(path))
+    with guard.turn() as turn:
+        for tool, answer in (("ci_status", "running"), ("ci_status", SECRET_RESULT), ("read_file", "text")):
+            c = tg.ToolCall(tool, {"job": 1})
+            turn.check_call(c)
+            turn.record_outcome(c, tg.Outcome.OK, result={"state": answer})
+    (line,) = [json.loads(text) for text in path.read_text().splitlines()]
+    spans = sorted((s for s in otel.spans() if s.name.startswith("execute_tool")),
+                   key=lambda s: s.attributes[n.CALL_INDEX])
+    assert [s.attributes.get(n.CALL_RESULT_DIGEST) for s in spans] == [c.get("result") for c in line["calls"]]
+    first, second, plain = (s.attributes.get(n.CALL_RESULT_DIGEST) for s in spans)
+    assert first and second and first != second and plain is None
+    assert all(SECRET_RESULT not in str(v) for s in otel.spans() for v in s.attributes.values())
+
+
+def test_the_turn_span_names_the_tool_lists_in_force(otel):
+    with make_guard(otel, stateful_tools=("ci_status", "poll"), streak_exempt_tools=("sleep",)).turn() as turn:
+        turn.check_call(call())
+    attrs = otel.span("invoke_agent").attributes
+    assert (tuple(attrs[n.POLICY_STATEFUL_TOOLS]), tuple(attrs[n.POLICY_STREAK_EXEMPT_TOOLS])) == (
+        ("ci_status", "poll"), ("sleep",))
+    otel.clear()
+    with make_guard(otel).turn() as turn:
+        turn.check_call(call())
+    attrs = otel.span("invoke_agent").attributes
+    assert (tuple(attrs[n.POLICY_STATEFUL_TOOLS]), tuple(attrs[n.POLICY_STREAK_EXEMPT_TOOLS])) == ((), ())
+
+
 # -- escalations and plugin errors ----------------------------------------------------------------------
 
 

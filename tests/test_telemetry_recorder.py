@@ -449,13 +449,17 @@ LIMIT_CASES = {
     "adaptive": ({"soft_cap": 40, "hard_multiplier": 2.5, "stuck_repeat_threshold": 4, "streak_warn_at": 3,
                   "streak_stop_at": 7, "max_cycles_per_turn": 9},
                  {"cap_mode": "adaptive", "soft_cap": 40, "hard_cap": 100, "stuck_repeat_threshold": 4,
-                  "streak_warn_at": 3, "streak_stop_at": 7, "max_cycles": 9}),
-    "explicit": ({"max_tool_calls_per_turn": 30, "soft_cap": 40},
+                  "streak_warn_at": 3, "streak_stop_at": 7, "max_cycles": 9, "stateful_tools": [],
+                  "streak_exempt_tools": []}),
+    "explicit": ({"max_tool_calls_per_turn": 30, "soft_cap": 40, "stateful_tools": ("ci_status", "poll"),
+                  "streak_exempt_tools": ("sleep",)},
                  {"cap_mode": "explicit", "soft_cap": None, "hard_cap": 30, "stuck_repeat_threshold": 6,
-                  "streak_warn_at": 5, "streak_stop_at": 8, "max_cycles": 0}),
-    "disabled": ({"soft_cap": 0, "streak_warn_at": 0, "streak_stop_at": 0},
+                  "streak_warn_at": 5, "streak_stop_at": 8, "max_cycles": 0, "stateful_tools": ["ci_status", "poll"],
+                  "streak_exempt_tools": ["sleep"]}),
+    "disabled": ({"soft_cap": 0, "streak_warn_at": 0, "streak_stop_at": 0, "stateful_tools": ("*",)},
                  {"cap_mode": "disabled", "soft_cap": None, "hard_cap": None, "stuck_repeat_threshold": 6,
-                  "streak_warn_at": 0, "streak_stop_at": 0, "max_cycles": 0}),
+                  "streak_warn_at": 0, "streak_stop_at": 0, "max_cycles": 0, "stateful_tools": ["*"],
+                  "streak_exempt_tools": []}),
 }
 
 

@@ -70,6 +70,10 @@ CALL_INDEX = "turnguard.call.index"
 CALL_KEY_DIGEST = "turnguard.call.key_digest"
 CALL_REPEAT = "turnguard.call.repeat"
 CALL_OUTCOME = "turnguard.call.outcome"
+CALL_RESULT_DIGEST = "turnguard.call.result_digest"
+"""The keyed digest (hex) of the result the host passed with the outcome, when the guard keyed it (a
+``stateful_tools`` tool's, or every tool's with ``recorder_results``): the recorder line's ``result``,
+never the result itself. Absent when not keyed."""
 STREAK_LENGTH = "turnguard.streak.length"
 FAILING_STREAK_LENGTH = "turnguard.streak.failing_length"
 VERDICT_ACTION = "turnguard.verdict.action"
@@ -98,6 +102,10 @@ POLICY_STREAK_STOP_AT = "turnguard.streak.stop_at"
 POLICY_STREAK_STOP_ON = "turnguard.streak.stop_on"
 POLICY_MAX_CYCLES = "turnguard.loop.max_cycles"
 """The thresholds in force, on turn spans beside ``turnguard.loop.soft_cap`` / ``hard_cap``."""
+POLICY_STATEFUL_TOOLS = "turnguard.loop.stateful_tools"
+POLICY_STREAK_EXEMPT_TOOLS = "turnguard.streak.exempt_tools"
+"""The tool lists in force (``GuardConfig.stateful_tools``, ``streak_exempt_tools``), on turn spans:
+string arrays, empty when none is listed (``"*"``: every tool)."""
 SHADOW_POLICY = "turnguard.shadow.policy"
 """The name of a shadow policy (``GuardConfig.shadow``) on its would-be detections and turns."""
 SHADOW_DETECTED_EVENT = "turnguard.shadow.loop_detected"
@@ -220,6 +228,6 @@ METRIC_ATTRIBUTES = {
 ``turnguard.policy`` is on every point (the shadow metrics' is the live policy's, beside the shadow's name)."""
 FORBIDDEN_METRIC_ATTRIBUTES = frozenset(
     {GEN_AI_CONVERSATION_ID, GEN_AI_TOOL_CALL_ID, GEN_AI_TOOL_CALL_ARGUMENTS, GEN_AI_TOOL_CALL_RESULT, TURN_ID,
-     LOOP_EVENT_ID, CALL_KEY_DIGEST}
+     LOOP_EVENT_ID, CALL_KEY_DIGEST, CALL_RESULT_DIGEST}
 )
 """Never on a metric point: per-conversation/per-call identifiers and content."""

@@ -8,7 +8,8 @@ and a host that has an SDK gets turnguard's telemetry with no extra code.
 Each signal has its module: ``spans`` (the turn and call spans, the per-call hooks), ``events``
 (log records) and ``metrics`` (instruments shared per meter provider); every name and limit is
 in ``names``. Tool arguments are exported (``gen_ai.tool.call.arguments``) only with
-``GuardConfig(capture_content=True)``; results are never passed to the guard.
+``GuardConfig(capture_content=True)``; a result the host passes with an outcome is exported as its
+keyed digest only (``turnguard.call.result_digest``), when the guard keyed it.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class OtelPlugin(SpanReporter):
 def policy_attributes(config: GuardConfig) -> dict[str, Any]:
     """The policy's name and the thresholds in force, for the turn span (the caps are added there
     per turn: ``turnguard.loop.soft_cap`` / ``hard_cap``; ``turnguard.loop.max_cycles`` is 0 when
-    unbounded)."""
+    unbounded), and the tool lists that change how calls count (the recorder line's ``limits`` has
+    the same, so calibrate can tell when ``--config`` is not what the turns ran under)."""
     attrs: dict[str, Any] = {
         n.POLICY: config.name,
         n.POLICY_STUCK_REPEAT: config.stuck_repeat_threshold,
@@ -129,6 +131,8 @@ def policy_attributes(config: GuardConfig) -> dict[str, Any]:
         n.POLICY_STREAK_STOP_AT: config.streak_stop_at,
         n.POLICY_STREAK_STOP_ON: config.streak_stop_on,
         n.POLICY_MAX_CYCLES: config.max_cycles_per_turn,
+        n.POLICY_STATEFUL_TOOLS: [export_text(tool) for tool in config.stateful_tools],
+        n.POLICY_STREAK_EXEMPT_TOOLS: [export_text(tool) for tool in config.streak_exempt_tools],
     }
     return attrs
 

@@ -403,7 +403,8 @@ def ended_by(summary: TurnSummary) -> str:
 def turn_limits(config: GuardConfig) -> dict[str, Any]:
     """The limits a turn ran under (the recorder line's ``limits``): ``hard_cap`` is the effective
     one (N when explicit, S x m when adaptive, ``None`` when disabled), ``soft_cap`` S (adaptive
-    only), ``max_cycles`` 0 when unbounded."""
+    only), ``max_cycles`` 0 when unbounded, and the tool lists that change how calls count
+    (``stateful_tools``, ``streak_exempt_tools``: lists, empty when none is listed)."""
     mode = config.cap_mode
     return {
         "cap_mode": mode,
@@ -413,6 +414,8 @@ def turn_limits(config: GuardConfig) -> dict[str, Any]:
         "streak_warn_at": config.streak_warn_at,
         "streak_stop_at": config.streak_stop_at,
         "max_cycles": config.max_cycles_per_turn,
+        "stateful_tools": list(config.stateful_tools),
+        "streak_exempt_tools": list(config.streak_exempt_tools),
     }
 
 

@@ -18,7 +18,7 @@ from opentelemetry.context import get_current
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import cached_digest, canonical_text
+from turnguard.keys import cached_digest, cached_result, canonical_text
 from turnguard.model import MAX_ID_LENGTH, Action, Outcome
 from turnguard.telemetry import names as n
 from turnguard.telemetry.clock import turn_end_ns, turn_start_ns
@@ -28,6 +28,7 @@ from turnguard.telemetry.names import (  # the per-call names, bound once (no mo
     CALL_KEY_DIGEST,
     CALL_OUTCOME,
     CALL_REPEAT,
+    CALL_RESULT_DIGEST,
     ERROR_TYPE,
     ERROR_TYPE_OTHER,
     FAILING_STREAK_LENGTH,
@@ -368,6 +369,9 @@ class SpanReporter:
         else:
             attrs = {}
         attrs[CALL_OUTCOME] = OUTCOME_VALUES[outcome]
+        result = cached_result(call)
+        if result is not None:  # the recorder line's ``result``: the digest, never the result
+            attrs[CALL_RESULT_DIGEST] = result.hex()
         failing = entry.failing
         if failing is not None:  # the guard decided this outcome: what it found
             if failing:
