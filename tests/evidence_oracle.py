@@ -14,7 +14,7 @@ from typing import Any
 
 from turnguard.calibrate.decision import decide
 from turnguard.calibrate.evidence import LOOP_DETECTORS, Z95, Passed, wilson_interval
-from turnguard.calibrate.survival import CENSORING_ENDS
+from turnguard.calibrate.survival import CENSORING_ENDS, loglog_interval
 
 ABOVE, UNDECIDED, WITHIN = 1, 0, -1
 
@@ -83,6 +83,58 @@ def finished_by(turns: Iterable[tuple[int, bool]], edges: Sequence[float], start
         survival *= 1 - finished / at_risk
     return 1 - survival
 
+
+
+EXACT = 0.05
+"""The one-sided exact binomial bound where the estimate is 0 or 1: ``1 - 0.05^(1/N)``."""
+
+
+def survival_row(turns: Iterable[tuple[int, bool]], edges: Sequence[float], start: float, end: float
+                 ) -> dict[str, float]:
+    """One row of the survival table: ``finished_by`` with its 95% interval (calibrate's log-log one
+    from Greenwood's sum where the share is strictly between 0 and 1, the exact binomial bound over
+    the turns whose fate by ``end`` is known where it is 0 or 1), the turns past ``start`` and past
+    ``end``."""
+    turns = list(turns)
+    cut = [e for e in edges if start <= e <= end]
+    survival, greenwood, finishing = 1.0, 0.0, 0
+    for low, high in itertools.pairwise(cut):
+        beyond = sum(1 for calls, _ in turns if calls > high)
+        finished = sum(1 for calls, completed in turns if completed and low < calls <= high)
+        at_risk = beyond + finished
+        if at_risk == 0:
+            survival = math.nan
+            break
+        survival *= 1 - finished / at_risk
+        greenwood += finished / (at_risk * beyond) if beyond else math.inf
+        finishing += finished
+    seen = sum(1 for calls, _ in turns if calls > end)
+    row = {"finish by k×S": 1 - survival, "at risk past the backstop": sum(1 for calls, _ in turns if calls > start),
+           "seen past k×S": seen}
+    if math.isnan(survival):
+        return {**row, "95% low": math.nan, "95% high": math.nan}
+    if survival == 1:
+        return {**row, "95% low": 0.0, "95% high": 1 - EXACT ** (1 / seen) if seen else 1.0}
+    if survival == 0:
+        return {**row, "95% low": EXACT ** (1 / finishing), "95% high": 1.0}
+    interval = loglog_interval(survival, greenwood)
+    assert interval is not None
+    return {**row, "95% low": 1 - interval[1], "95% high": 1 - interval[0]}
+
+
+def survival_table(turns: Iterable[tuple[int, bool]], edges: Sequence[float], start: float,
+                   ends: dict[str, float | None]) -> dict[str, dict[str, float]]:
+    """Per column, per row (``ends``: row -> the row's end, ``None`` where not estimable: NaN but the
+    turns past ``start``), what the survival table must show."""
+    turns = list(turns)
+    out: dict[str, dict[str, float]] = {}
+    for row, end in ends.items():
+        values = (survival_row(turns, edges, start, end) if end is not None else
+                  {"finish by k×S": math.nan, "95% low": math.nan, "95% high": math.nan, "seen past k×S": math.nan,
+                   "at risk past the backstop": sum(1 for calls, _ in turns if calls > start)})
+        for column, value in values.items():
+            out.setdefault(column, {})[row] = value
+    return out
 
 @dataclass(frozen=True)
 class ProbeFact:

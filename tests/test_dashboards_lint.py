@@ -63,11 +63,12 @@ PANEL_IDS = {
     HALTS: {1: "row", 2: "stat", 3: "stat", 4: "stat", 5: "stat", 6: "stat", 7: "stat", 10: "row",
             11: "timeseries", 12: "timeseries", 13: "bargauge", 20: "row", 21: "bargauge", 22: "bargauge",
             23: "bargauge", 30: "row", 31: "bargauge", 32: "bargauge", 33: "timeseries", 40: "row", 41: "bargauge",
-            42: "timeseries", 50: "row", 51: "stat", 52: "timeseries", 53: "timeseries", 54: "timeseries"},
+            42: "timeseries", 50: "row", 51: "stat", 52: "timeseries", 53: "timeseries", 54: "timeseries",
+            60: "row", 61: "bargauge", 62: "bargauge"},
     THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
                  13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",
                  26: "bargauge", 27: "stat", 30: "row", 31: "bargauge", 40: "row", 41: "table", 43: "bargauge",
-                 44: "table", 47: "bargauge",
+                 44: "table", 47: "table",
                  100: "row", 101: "bargauge", 102: "bargauge", 103: "bargauge", 104: "bargauge", 105: "timeseries"},
 }
 """The stable panel ids (links and annotations point at them): renumbering is a breaking change. Retired,
@@ -296,7 +297,9 @@ def exemplars_and_annotations_rule(board):
 COHORT_SCOPED = carrying(n.TURN_COHORT)
 """Every series that carries ``turnguard_turn_cohort`` (raw or recorded)."""
 COHORT_MATCHERS = {'turnguard_turn_cohort=~"$cohort"': "the variable", 'turnguard_turn_cohort="probe"': "probe",
-                   'turnguard_turn_cohort="live"': "live", 'turnguard_turn_cohort=~"live|probe"': "both"}
+                   'turnguard_turn_cohort="live"': "live", 'turnguard_turn_cohort=~"live|probe"': "both",
+                   'turnguard_turn_cohort=""': "no turn"}
+"""``no turn``: results that reached no turn (unknown, expired, invalid) carry no cohort."""
 BOTH_COHORTS_SAID = "both cohorts"
 
 
@@ -441,6 +444,25 @@ def interval_beside_share_rule(board):
     return problems
 
 
+PRODUCT_LIMIT = "1 - exp(-sum(ln("
+SURVIVAL_COLUMNS = ("95% low", "95% high", "at risk past the backstop")
+
+
+def survival_interval_rule(board):
+    """A product-limit share never shows alone (a bare 0% or 100% says nothing about how many turns
+    it rests on): its 95% interval and the turns at risk are beside it, each reading the buckets too."""
+    problems = []
+    for panel in _content_panels(board):
+        targets = panel.get("targets", [])
+        if not any(PRODUCT_LIMIT in t.get("expr", "") for t in targets):
+            continue
+        legends = {t.get("legendFormat"): t.get("expr", "") for t in targets}
+        missing = [c for c in SURVIVAL_COLUMNS if "turnguard" not in legends.get(c, "")]
+        if missing:
+            problems.append(f"panel {panel['id']}: a product-limit share without {missing}")
+    return problems
+
+
 def tolerance_variable_rule(board):
     """A board that decides against a tolerance lets the operator set it (default 0.10)."""
     decides = "$tolerance" in json.dumps([t for p in _content_panels(board) for t in p.get("targets", [])])
@@ -565,6 +587,7 @@ RULES: dict[str, Callable[..., list[str]]] = {
     "no-runaway-claims": no_runaway_claims_rule,
     "backstop-beside-probe": backstop_beside_probe_rule,
     "interval-beside-share": interval_beside_share_rule,
+    "survival-interval": survival_interval_rule,
     "tolerance-variable": tolerance_variable_rule,
     "probe-row-per-threshold": probe_row_per_threshold_rule,
     "live-figures-within-the-live-cap": live_figures_within_the_live_cap_rule,
@@ -787,6 +810,11 @@ def _share_without_interval(board):
     panel["targets"] = [t for t in panel["targets"] if t["legendFormat"] != "95% low"]
 
 
+def _survival_alone(board):
+    panel = _panel(board, 47)
+    panel["targets"] = [t for t in panel["targets"] if t["legendFormat"] != "95% high"]
+
+
 def _tolerance_dropped(board):
     board["templating"]["list"] = [v for v in board["templating"]["list"] if v["name"] != "tolerance"]
 
@@ -846,6 +874,7 @@ BREAKAGES = {
     "no-runaway-claims": _call_them_runaways,
     "backstop-beside-probe": _backstop_alone,
     "interval-beside-share": _share_without_interval,
+    "survival-interval": _survival_alone,
     "tolerance-variable": _tolerance_dropped,
     "probe-row-per-threshold": _streak_row_dropped,
     "live-figures-within-the-live-cap": _live_past_the_backstop,
@@ -866,7 +895,7 @@ MORE_BREAKAGES = [
 ]
 ON_THE_THRESHOLD_BOARD = {_censoring_unsaid, _percentiles_alone, _call_them_runaways, _backstop_alone,
                           _share_without_interval, _tolerance_dropped, _streak_row_dropped, _live_past_the_backstop,
-                          _override_typo, _both_cohorts_unsaid, _fixed_tolerance}
+                          _override_typo, _both_cohorts_unsaid, _fixed_tolerance, _survival_alone}
 """Breakages of panels only the threshold-validation board has."""
 
 

@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -73,6 +74,10 @@ RECORDED = ("turns.jsonl", "elsewhere.jsonl")
 """The shipped Collector into Debian's Prometheus 2.42 and into Prometheus 3."""
 
 
+REFUSED = {"tg1.not-a-token": "invalid_token", "a-turn-nobody-ran": "unknown"}
+"""Reports the fleet's guard gets before its turns (report -> its status): they reach no turn."""
+
+
 @pytest.fixture(scope="module", params=PROBE_ROUTES)
 def probe_run(request, tmp_path_factory) -> Iterable[FleetRun]:
     """The probe fleet over OTLP through the shipped Collector into Prometheus; the results from
@@ -87,8 +92,10 @@ def probe_run(request, tmp_path_factory) -> Iterable[FleetRun]:
             elsewhere = pf.in_another_process(str(workdir / RECORDED[1]), otlp_endpoint=other.endpoint,
                                               instance=other.instance, exported=other.exported,
                                               digest_key=config.digest_key)
-            return pf.run_probe_fleet(tg.Guard(config, environ={}, meter_provider=provider), sample=samples,
-                                      gap=samples.gap, report_elsewhere=elsewhere)
+            guard = tg.Guard(config, environ={}, meter_provider=provider)
+            for bogus in REFUSED:  # results that reach no turn: the results panel's third channel
+                guard.report_result(bogus, True)
+            return pf.run_probe_fleet(guard, sample=samples, gap=samples.gap, report_elsewhere=elsewhere)
 
         yield ROUTES[request.param](stack, workdir, run, config, None, gaps=True)
 
@@ -108,14 +115,15 @@ def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float =
         return by_row(q.MAIN_THRESHOLD, table)
     if panel_query.panel_id == PAST_TABLE:
         return by_row("multiple", oracle.past_table(probed, BACKSTOP_MULTIPLES, cap.soft_cap)[panel_query.legend])
-    k = km_multiples(cap)[ord(panel_query.ref_id) - ord("A")]
     edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
     turns = [(s.tool_calls, oracle.finished(s.reason)) for _, s in truth.summaries if s.cap_mode == "adaptive"]
-    return scalar(oracle.finished_by(turns, edges, cap.hard_cap, k * cap.soft_cap))
+    ends = {str(k): float(k * cap.soft_cap) for k in km_multiples(cap)}  # the committed board has no probe cap
+    return by_row("multiple", oracle.survival_table(turns, edges, cap.hard_cap, ends)[panel_query.legend])
 
 
 EVIDENCE = [pq for pq in QUERIES if pq.panel_id in PROBE_PANELS | BOTH_COHORTS]
-COUNTS = ("turns", "resolved", "unresolved", "censored", "unknown", "calls past it")
+COUNTS = ("turns", "resolved", "unresolved", "censored", "unknown", "calls past it", "at risk past the backstop",
+          "seen past k×S")
 
 
 def test_the_fleet_went_through_a_telemetry_gap(probe_run):
@@ -254,12 +262,32 @@ def _values(result: dict) -> list[float]:
     return [v for v in result.values() if not math.isnan(v)]
 
 
+def test_the_results_panels_show_each_channel_and_status_and_the_turns_left_without_one(probe_run):
+    """The halts board's results row on the live cohort: results given with the turn by value, late
+    ones (this guard's and the other process's, by token) accepted, the refused reports that reached
+    no turn by status, and per agent the share of ended turns no result reached."""
+    truth: pf.ProbeTruth = probe_run.tally
+    live = [s for _, s in truth.summaries if s.cohort == "live"]
+    late = [s for s in live if s.resolved is None and s.turn_id in truth.reported]
+    panels = {(pq.panel_id, pq.ref_id): pq.expr for pq in fleet_queries(build.HALTS_UID) if pq.panel_id in (61, 62)}
+    in_turn = Counter("true" if s.resolved else "false" for s in live if s.resolved is not None)
+    assert instant(probe_run, panels[(61, "A")]) == {key(**{q.RESOLVED: v}): n for v, n in in_turn.items()}
+    assert late and instant(probe_run, panels[(61, "B")]) == {key(**{q.RESULT_STATUS: "accepted"}): len(late)}
+    assert instant(probe_run, panels[(61, "C")]) == {key(**{q.RESULT_STATUS: v}): 1 for v in REFUSED.values()}
+    agents = Counter(s.agent_name for s in live)
+    without = Counter(s.agent_name for s in live if s.resolved is None and s.turn_id not in truth.reported)
+    assert instant(probe_run, panels[(62, "A")]) == pytest.approx(
+        {key(**{q.AGENT: a}): without[a] / n for a, n in agents.items()})
+
+
 @pytest.mark.parametrize("panel_query", [pq for pq in fleet_queries() if pq.panel_id not in PROBE_PANELS | BOTH_COHORTS
                                          or pq.board_uid != T], ids=query_id)
 def test_a_live_panel_never_shows_a_probe_turn(probe_run, panel_query):
     """Every panel that does not name its cohort reads the cohort variable: pointed at a cohort no turn
     has, it shows nothing of the fleet (a panel that mixed the cohorts would still count probe turns)."""
     got = instant(probe_run, panel_query.expr, **{q.COHORT_VARIABLE: "nobody"})
+    if f'{q.COHORT}=""' in panel_query.expr:  # results that reached no turn have no cohort: never a probe turn
+        got = {k: v for k, v in got.items() if dict(k).get(q.RESULT_STATUS) not in REFUSED.values()}
     assert not any(v != 0 for v in _values(got)), f"{query_id(panel_query)} {panel_query.title!r}: {got}"
 
 
@@ -404,20 +432,31 @@ def test_each_intervals_decision_on_the_board_and_in_calibrate_is_the_planted_tr
             assert (answer == "above") == (pf.TRUTH[threshold] > tolerance), (threshold, tolerance)
 
 
+def _survival(run: FleetRun, board_queries: list[queries.PanelQuery]) -> dict[str, dict[str, float]]:
+    """The survival table as Prometheus answers it: column -> row (k) -> value."""
+    return {pq.legend: {dict(k)["multiple"]: v for k, v in instant(run, pq.expr).items()}
+            for pq in board_queries if pq.panel_id == SURVIVAL}
+
+
 def test_the_boards_product_limit_estimate_is_calibrates(probe_run):
     """Past the backstop nobody is censored inside a bucket here (the live turns at 1,001 calls, the
-    probe's at its cap of 2,001: each at the start of one), so the bucketed estimate is calibrate's
-    exact one; both say 30x is past the probe's cap."""
+    probe's at its cap of 2,001: each at the start of one), so the bucketed estimate and its interval
+    are calibrate's exact ones; both say 30x is past the probe's cap. No share shows without its
+    interval: a row with none finishing has the exact bound over the turns seen past it."""
     finish_by = {row["multiple"]: row for row in _calibrate(probe_run, 0.1)["survival"]["finish_by"]}
+    table = _survival(probe_run, EVIDENCE)
     cap = _settings(probe_run)
-    survival = [pq for pq in EVIDENCE if pq.panel_id == SURVIVAL]
-    for target, k in zip(survival, km_multiples(cap), strict=True):
-        (got,) = instant(probe_run, target.expr).values()
-        row = finish_by[k]
+    for k in km_multiples(cap):
+        row, got = finish_by[k], {column: values[str(k)] for column, values in table.items()}
         if row["estimable"]:
-            assert got == pytest.approx(row["share"], abs=1e-6), (k, row)
+            assert got["finish by k×S"] == pytest.approx(row["share"], abs=1e-6), (k, row)
+            if row["interval"] is not None:
+                assert [got["95% low"], got["95% high"]] == pytest.approx(row["interval"], abs=1e-6), (k, row)
+            else:
+                assert got["95% low"] <= got["finish by k×S"] <= got["95% high"] and got["95% low"] < got["95% high"]
         else:
-            assert math.isnan(got) and row["why"] == "past_cap", (k, row)
+            assert math.isnan(got["finish by k×S"]) and row["why"] == "past_cap", (k, row)
+        assert got["95% low"] <= got["95% high"] or math.isnan(got["finish by k×S"])
     assert not finish_by[30]["estimable"] and finish_by[20]["estimable"]
 
 
@@ -428,15 +467,18 @@ def test_the_board_rendered_for_the_fleets_configuration_stops_at_the_probes_cap
     cap = CapSettings.from_config(probe_run.config)
     assert cap.probe is not None and cap.probe.hard_cap == 20 * pf.SOFT_CAP
     board = json.loads(build.for_config(probe_run.config)[build.FILES[T]])
-    rendered = [pq for pq in queries.panel_queries(board) if pq.panel_id == SURVIVAL]
-    committed = [pq for pq in EVIDENCE if pq.panel_id == SURVIVAL]
+    panel = next(p for p in queries.panels(board) if p["id"] == SURVIVAL)
+    names = {o["matcher"]["options"]: o for o in panel["fieldConfig"]["overrides"]}["row"]["properties"][0]["value"]
+    row_names = names[0]["options"]
+    mine, theirs = _survival(probe_run, queries.panel_queries(board)), _survival(probe_run, EVIDENCE)
     ks = km_multiples(cap)
-    assert ks == [15, 20, 30] and len(rendered) == len(committed) == 3
-    for k, mine, theirs in zip(ks, rendered, committed, strict=True):
-        (got,) = instant(probe_run, mine.expr).values()
+    assert ks == [15, 20, 30] and set(mine) == set(theirs) and len(mine) == 5
+    for k in ks:
+        name = row_names[str(k)]["text"]
         if k * cap.soft_cap > cap.probe.hard_cap:
-            assert "past the probe's cap" in mine.legend and math.isnan(got), (k, mine.legend)
-            assert "turnguard" not in mine.expr
+            assert "past the probe's cap" in name, (k, name)
+            assert all(math.isnan(mine[c][str(k)]) for c in mine if c != "at risk past the backstop"), mine
         else:
-            assert "past the probe's cap" not in mine.legend
-            assert got == pytest.approx(next(iter(instant(probe_run, theirs.expr).values())), rel=1e-12)
+            assert "past the probe's cap" not in name
+            for column in mine:
+                assert mine[column][str(k)] == pytest.approx(theirs[column][str(k)], rel=1e-12), (k, column)

@@ -56,7 +56,7 @@ import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
 from turnguard.boards import build, halts, queries  # noqa: E402
 from turnguard.boards import promql as q  # noqa: E402
-from turnguard.boards.evidence import km_multiples  # noqa: E402
+from turnguard.boards.evidence import estimable, km_multiples  # noqa: E402
 from turnguard.boards.settings import DEFAULTS, CapSettings  # noqa: E402
 from turnguard.boards.thresholds import BACKSTOP_MULTIPLES, lower_multiples  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
@@ -242,11 +242,11 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         return oracle.threshold_table(t.probe_facts(), [th.value for th in cap.thresholds], float(TOLERANCE),
                                       t.range_s)
 
-    def finished_by(k: int) -> Callable[[Truth], Expected]:
+    def survival_table(t: Truth) -> dict[str, dict[str, float]]:
         edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
-        return lambda t: scalar(oracle.finished_by(
-            ((s.tool_calls, oracle.finished(s.reason)) for _, s in t.turn_rows(**ADAPTIVE)), edges, cap.hard_cap,
-            k * cap.soft_cap))
+        ends = {str(k): float(k * cap.soft_cap) if estimable(cap, k) else None for k in km_multiples(cap)}
+        return oracle.survival_table(((s.tool_calls, oracle.finished(s.reason)) for _, s in t.turn_rows(**ADAPTIVE)),
+                                     edges, cap.hard_cap, ends)
 
     def first_stuck_mean(t: Truth) -> Expected:
         calls: Counter[Key] = Counter()
@@ -291,6 +291,13 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
                                       group(t.answers, (q.THRESHOLD,))),
         (H, 33, "A"): lambda t: group(t.answers, (q.ANSWER,)),
         (H, 41, "A"): lambda t: group((labels for labels, _ in t.turns), (q.OUTCOME, q.THRESHOLD)),
+        # this fleet reports no result after its turns: none after the turn, none reaching no turn
+        (H, 61, "A"): lambda t: group(({q.RESOLVED: _bool(s.resolved)} for _, s in t.turns if s.resolved is not None),
+                                      (q.RESOLVED,)),
+        (H, 61, "B"): lambda t: {},
+        (H, 61, "C"): lambda t: {},
+        (H, 62, "A"): lambda t: ratio(group((labels for labels, s in t.turns if s.resolved is None), (q.AGENT,)),
+                                      group((labels for labels, _ in t.turns), (q.AGENT,))),
         (H, 42, "A"): lambda t: group((labels for labels, _ in t.turns), (q.OUTCOME,)),
         (T, 2, "A"): lambda t: t.cumulative(buckets.tool_call_edges(t.config), lambda s: s.tool_calls, **ADAPTIVE),
         (T, 3, "A"): quantile(0.5),
@@ -311,7 +318,7 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         **table(41, "multiple", lambda t: oracle.past_table(t.probe_facts(), BACKSTOP_MULTIPLES, cap.soft_cap)),
         (T, 43, "A"): lambda t: group(t.answers_of("continue"), (q.THRESHOLD,)),
         **table(44, q.MAIN_THRESHOLD, thresholds_table),
-        **{(T, 47, ref(i)): finished_by(k) for i, k in enumerate(km_multiples(cap))},
+        **table(47, "multiple", survival_table),
         # shadow policies: the live policy's figures (A) next to each shadow's (B), from the guard's own hooks
         (T, 101, "A"): lambda t: group(halted_rows(t.turns), (q.THRESHOLD,)),
         (T, 101, "B"): lambda t: group(halted_rows(t.shadow_turns), (*policy, q.THRESHOLD)),
@@ -343,9 +350,9 @@ EXPECTED = _expectations(DEFAULTS, ALL_QUERIES)
 COLLECTOR_PANELS = {(H, p.build().id_val) for p in halts.collector_panels()}
 """The Collector's own metrics: proven in test_collector_chain.py, where a Collector is scraped."""
 FLEET_QUERIES = [pq for pq in ALL_QUERIES if (pq.board_uid, pq.panel_id) not in COLLECTOR_PANELS]
-RATIO_PANELS = {H: (4, 6, 32), T: (3, 12, 13, 26, 27, 47, 102)}
+RATIO_PANELS = {H: (4, 6, 32, 62), T: (3, 12, 13, 26, 27, 47, 102)}
 """Panels whose values are ratios, shares or quantiles (compared to float precision, not exactly)."""
-RATIO_COLUMNS = ("resolved share", "95% low", "95% high", "time at this rate")
+RATIO_COLUMNS = ("resolved share", "95% low", "95% high", "time at this rate", "finish by k×S")
 """Columns of the probe tables that are ratios or durations."""
 
 

@@ -29,7 +29,8 @@ VARIANTS = {"portable": rules.PORTABLE, "start-times": rules.START_TIMES}
 RULES_DIR = chain.RULES.parent
 PROMETHEUS_DIR = chain.ASSETS / "prometheus"
 ALERTS = {"TurnguardHaltRateSpike", "TurnguardBackstopHalts", "TurnguardFalseHaltBudgetBurnFast",
-          "TurnguardFalseHaltBudgetBurnSlow", "TurnguardCollectorExportFailing", "TurnguardProbeResolvedPastBackstop"}
+          "TurnguardFalseHaltBudgetBurnSlow", "TurnguardCollectorExportFailing", "TurnguardProbeResolvedPastBackstop",
+          "TurnguardResultsStopped", "TurnguardInvalidResultTokens"}
 GROUP = "turnguard_loop_threshold"
 RECORD = rules.RECORDED[rules.TURNS]
 

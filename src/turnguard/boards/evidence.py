@@ -265,6 +265,23 @@ def estimable(cap: CapSettings, k: int) -> bool:
 NOT_ESTIMABLE = "vector(NaN)"
 
 
+def _km_parts(cap: CapSettings, k: int) -> tuple[str, str]:
+    """Per bucket (e', e] between H and k×S, vectors by ``le``: ``finished`` (turns that completed in
+    it) and ``beyond`` (turns seen past e)."""
+    edges = [e for e in _edges(cap) if cap.hard_cap <= e <= k * cap.soft_cap]
+    total = f"scalar({q.zero_or(q.fates(q.sel(**KM_TURNS, **ALL_TURNS)))})"
+    beyond = f"({total} - {_by_edge(edges[1:])})"
+    finished = f"({_by_edge(edges[1:], **FINISHED)} - {_shifted(_by_edge(edges[:-1], **FINISHED), edges)})"
+    return finished, beyond
+
+
+def _hazard(cap: CapSettings, k: int) -> str:
+    """``L = -ln(S(k×S)/S(H)) = sum(ln(1 + finished / beyond))`` over the buckets: 0 when no turn
+    finished there, +Inf when every turn at risk in some bucket did, NaN when a bucket had none at risk."""
+    finished, beyond = _km_parts(cap, k)
+    return f"sum(ln(1 + {finished} / {beyond}))"
+
+
 def finished_by(cap: CapSettings, k: int) -> str:
     """``1 - S(k×S) / S(H)``: of the turns that reach the backstop H, the share that would finish by
     k×S calls, from the ``fates`` record's buckets between H and k×S (NaN where not estimable: no
@@ -277,12 +294,77 @@ def finished_by(cap: CapSettings, k: int) -> str:
     buckets is ``exp(-sum(ln(1 + finished / beyond)))``: one vector by ``le``, no per-bucket query."""
     if not estimable(cap, k):
         return NOT_ESTIMABLE
-    edges = [e for e in _edges(cap) if cap.hard_cap <= e <= k * cap.soft_cap]
+    return f"1 - exp(-{_hazard(cap, k)})"
+
+
+EXACT_ONE_SIDED = 0.05
+"""Zero events (or all events) in N turns: the exact binomial bound at 95%, ``1 - 0.05^(1/N)``
+(about 3/N), one-sided, since the other end is the estimate itself."""
+
+
+def _past(edge: float) -> str:
+    """Turns seen past ``edge`` calls, both cohorts (a scalar's single series)."""
     total = f"scalar({q.zero_or(q.fates(q.sel(**KM_TURNS, **ALL_TURNS)))})"
-    beyond = f"({total} - {_by_edge(edges[1:])})"
-    finished = f"({_by_edge(edges[1:], **FINISHED)} - {_shifted(_by_edge(edges[:-1], **FINISHED), edges)})"
-    return f"1 - exp(-sum(ln(1 + {finished} / {beyond})))"
+    return f"({total} - sum({_by_edge([edge])}))"
+
+
+def seen_past(cap: CapSettings, k: int) -> str:
+    """Turns seen past k×S calls (still running there: at risk at k×S)."""
+    return _past(k * cap.soft_cap)
+
+
+def reach_backstop(cap: CapSettings) -> str:
+    """Turns seen past the backstop H: the turns the estimate is about (at risk past H)."""
+    return _past(cap.hard_cap)
+
+
+def finished_by_bounds(cap: CapSettings, k: int) -> tuple[str, str]:
+    """The 95% interval of ``finished_by``, never a bare 0 or 1 without one: on the log-log scale
+    (calibrate's ``survival.loglog_interval``, Greenwood's sum ``V = sum(d / (r (r - d)))`` over the
+    buckets, r = finished + beyond, d = finished) where the estimate is strictly between 0 and 1;
+    exact where it is not: with no turn finishing, ``[0, 1 - 0.05^(1/N)]`` over the N turns seen past
+    k×S (the turns whose fate by then is known); with every turn at risk finishing, ``[0.05^(1/N), 1]``
+    over the N that finished (none was seen past k×S). NaN where the estimate is."""
+    if not estimable(cap, k):
+        return NOT_ESTIMABLE, NOT_ESTIMABLE
+    finished, beyond = _km_parts(cap, k)
+    hazard = _hazard(cap, k)
+    greenwood = f"sum({finished} / (({beyond} + {finished}) * {beyond}))"
+    spread = f"({Z95!r} * sqrt({greenwood}) / {hazard})"
+    inside = f"({hazard} > 0 < Inf)"
+    none_finished, all_finished = f"({hazard} == 0)", f"(({hazard} == bool Inf) == 1)"
+    seen = seen_past(cap, k)
+    finishing = f"sum({finished})"
+    exact_high = f"(1 - {EXACT_ONE_SIDED!r} ^ (1 / {seen}))"
+    exact_low = f"({EXACT_ONE_SIDED!r} ^ (1 / {finishing}))"
+    nan = f"({hazard} != {hazard})"
+    low = (f"(1 - exp(-{hazard} * exp(-{spread}))) and {inside} or 0 * {none_finished} "
+           f"or {exact_low} and {all_finished} or {nan}")
+    high = (f"(1 - exp(-{hazard} * exp({spread}))) and {inside} or {exact_high} and {none_finished} "
+            f"or {all_finished} or {nan}")
+    return low, high
 
 
 def km_targets(cap: CapSettings) -> list[tuple[int, str]]:
     return [(k, finished_by(cap, k)) for k in km_multiples(cap)]
+
+
+def km_rows(cap: CapSettings) -> dict[str, str]:
+    """Per column, a vector by ``multiple`` (one row per k of ``km_multiples``): the share that would
+    finish by k×S, its 95% interval, and the turns it rests on (past the backstop; seen past k×S)."""
+    columns: dict[str, dict[str, str]] = {name: {} for name in KM_COLUMN_UNITS}
+    reach = reach_backstop(cap)
+    for k in km_multiples(cap):
+        row = str(k)
+        low, high = finished_by_bounds(cap, k)
+        columns["finish by k×S"][row] = finished_by(cap, k)
+        columns["95% low"][row] = low
+        columns["95% high"][row] = high
+        columns["at risk past the backstop"][row] = reach
+        columns["seen past k×S"][row] = seen_past(cap, k) if estimable(cap, k) else NOT_ESTIMABLE
+    return {name: q.rows("multiple", per_row) for name, per_row in columns.items()}
+
+
+KM_COLUMN_UNITS = {"finish by k×S": "percentunit", "95% low": "percentunit", "95% high": "percentunit",
+                   "at risk past the backstop": "short", "seen past k×S": "short"}
+"""The survival table's columns, in order, and their units."""

@@ -127,6 +127,41 @@ def turn_panels() -> list[PanelBuilder]:
     ]
 
 
+NO_TURN = ""
+"""The cohort of a result that reached no turn (unknown, expired, invalid token or id): it has none."""
+
+
+def results_panels() -> list[PanelBuilder]:
+    """Task results: how they arrive and what becomes of them, and the turns left without one, so a
+    broken reporter or a mismatched ``digest_key`` shows before the probe evidence goes quiet."""
+    with_turn = q.sel(**{q.RESOLVED: "~true|false"})
+    accepted, unknown = q.sel(**{q.RESULT_STATUS: "accepted"}), q.sel(**{q.RESOLVED: "unknown"})
+    no_turn = q.sel(**{q.COHORT: NO_TURN})
+    turns = q.total(q.TURNS, by=(q.AGENT,))
+    without = q.total(q.TURNS, unknown, by=(q.AGENT,))
+    late = q.total(q.RESULTS, accepted, by=(q.AGENT,))
+    return [
+        bars(61, "Task results by channel and status",
+             "Results reported with the turn (turn.report_result, by whether the task was resolved), and after "
+             "it (guard.report_result with the turn id or its result token), by what became of them: accepted, "
+             "duplicate (the turn had one: the first stands), and, reaching no turn of this cohort, unknown (no "
+             "such turn), expired (ended too long ago), invalid token (another digest_key, cut short, forged), "
+             "invalid id or value. Only accepted results count; the others are lost.",
+             [query(q.total(q.TURNS, with_turn, by=(q.RESOLVED,)), f"with the turn: resolved={legend(q.RESOLVED)}",
+                    "A"),
+              query(q.total(q.RESULTS, by=(q.RESULT_STATUS,)), f"after the turn: {legend(q.RESULT_STATUS)}", "B"),
+              query(q.total(q.RESULTS, no_turn, by=(q.RESULT_STATUS,)), f"no turn: {legend(q.RESULT_STATUS)}",
+                    "C")], width=12, height=8),
+        bars(62, "Ended turns with no result, by agent",
+             "Per agent that ended turns in the time range, the share of them that have no task result: none with the "
+             "turn, less the results accepted after it (late results of turns that ended before the range "
+             "count too, so a share can read low, never below 0). Near 1 for an agent that reports results: its "
+             "reporter is broken or its results reach no guard (see the statuses beside it).",
+             [query(f"clamp_min(({without} or 0 * {turns}) - ({late} or 0 * {turns}), 0) / ({turns} > 0)",
+                    legend(q.AGENT))],
+             unit="percentunit", width=12, height=8),
+    ]
+
 def collector_panels() -> list[PanelBuilder]:
     """The Collector's own metrics, so "no data" (a broken pipeline) and "no halts" look different."""
     failed = [query(q.per_second(metric, by=("exporter",)), f"{{{{exporter}}}} {signal.replace('_', ' ')}", ref(i),
@@ -158,6 +193,7 @@ def halts_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
     for row, title, panels in ((1, "Overview", overview_panels()), (10, "Detections", detection_panels()),
                                (20, "Where", where_panels()), (30, "Escalations", escalation_panels()),
                                (40, "Turns", turn_panels()),
-                               (50, "Collector: is the telemetry arriving?", collector_panels())):
+                               (50, "Collector: is the telemetry arriving?", collector_panels()),
+                               (60, "Task results: are they arriving?", results_panels())):
         board = with_panels(board.with_row(Row(title).id(row)), panels)
     return board

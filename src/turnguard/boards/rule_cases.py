@@ -423,6 +423,49 @@ ALERTING = (
 )
 
 
+def results_stopped_alert(agent: str, turns: int) -> Mapping[str, Mapping[str, str]]:
+    return {"exp_labels": {"severity": "ticket", "gen_ai_agent_name": agent}, "exp_annotations": {
+        "summary": f"No task result for agent {agent} in an hour ({turns} turns ended)",
+        "description": "This agent reported results earlier today and none since: its reporter (turn.report_result, "
+                       "guard.report_result, a CI job with the result token) stopped or its results reach no guard. "
+                       "Without results the probe evidence and calibrate cannot tell productive turns from failed "
+                       "ones. The halts board's \"Task results\" row shows which status they get."}}
+
+
+def invalid_tokens_alert(count: int) -> Mapping[str, Mapping[str, str]]:
+    return {"exp_labels": {"severity": "ticket"}, "exp_annotations": {
+        "summary": f"{count} result tokens refused in an hour",
+        "description": "Tokens that do not read as this guard's: a digest_key that differs between the process that "
+                       "ran the turn and the one that reports (refused as forged), tokens cut short or rewritten on "
+                       "the way, or forged ones. Their results are lost. The halts board's \"Task results\" row "
+                       "shows them beside the accepted ones."}}
+
+
+def _turns_of(agent: str, resolved: str) -> str:
+    return TURNS + f'{{gen_ai_agent_name="{agent}", turnguard_turn_resolved="{resolved}"}}'
+
+
+def _results(status: str, agent: str = "ci") -> str:
+    return RESULTS + f'{{gen_ai_agent_name="{agent}", turnguard_result_status="{status}"}}'
+
+
+RESULT_ALERTING = (
+    Alerting("an agent whose results stop (with the turn and late) while its turns go on opens a ticket; an "
+             "agent that never reported one, and one that ends few turns, do not",
+             (Input(_turns_of("ci", "unknown"), "0+1x240"), Input(_turns_of("ci", "true"), "0+1x60 60x180"),
+              Input(_results("accepted"), "0+1x90 90x150"),
+              Input(_turns_of("chat", "unknown"), "0+2x240"),
+              Input(_turns_of("nightly", "unknown"), "0+0.1x240"), Input(_turns_of("nightly", "false"), "0x240")),
+             (("TurnguardResultsStopped", 100, ()), ("TurnguardResultsStopped", 120, ()),
+              ("TurnguardResultsStopped", 200, (results_stopped_alert("ci", 60),)))),
+    Alerting("refused result tokens rising past a tenth of the late reports open a ticket; a few among many "
+             "accepted do not",
+             (Input(_results("accepted"), "0+5x200"), Input(_results("invalid_token"), "0+0.2x60 12+2x140")),
+             (("TurnguardInvalidResultTokens", 55, ()),
+              ("TurnguardInvalidResultTokens", 180, (invalid_tokens_alert(120),)))),
+)
+"""The task-results alerts' cases (``rules.result_alerts``)."""
+
 # -- rendering ---------------------------------------------------------------------------------------
 
 
@@ -476,7 +519,7 @@ def unit_tests(rules_file: str, start_times: bool, record: str, duration: Callab
         if case.why:
             lines += [f"  # {line}" for line in _wrap(case.why)]
         lines += _counting_test(case, start_times, record, duration)
-    for alerting in ALERTING:
+    for alerting in (*ALERTING, *RESULT_ALERTING):
         lines += _alerting_test(alerting, start_times)
     return "\n".join(lines) + "\n"
 

@@ -255,6 +255,52 @@ def alerts() -> list[dict]:
     ]
 
 
+# -- alerts on the task results: are they arriving, and are they the turns' own? ---------------------
+
+WITH_RESULT = f'{{{RESOLVED}=~"true|false"}}'
+ACCEPTED = f'{{{RESULT_STATUS}="accepted"}}'
+INVALID_TOKEN = f'{{{RESULT_STATUS}="invalid_token"}}'
+RESULTS_LEAST_TURNS = 20
+"""Turns an agent must end in the hour before its silence counts: a quiet agent is not a broken reporter."""
+
+
+def results_arrived(seconds: float) -> str:
+    """Agents with a task result in the last ``seconds``: reported with the turn (its histogram's
+    ``resolved``) or after it (an accepted late result)."""
+    return (f"({last(TURNS_RECORD, WITH_RESULT, seconds, (AGENT,))} > 0"
+            f" or {last(RESULTS_RECORD, ACCEPTED, seconds, (AGENT,))} > 0)")
+
+
+def result_alerts() -> list[dict]:
+    """Task results that stop arriving (a broken reporter, a result token that no longer reaches a
+    guard) and result tokens that are refused (another ``digest_key``, truncated or forged tokens)."""
+    turns_1h = last(TURNS_RECORD, "", HOUR, (AGENT,))
+    invalid_1h, reports_1h = last(RESULTS_RECORD, INVALID_TOKEN, HOUR), last(RESULTS_RECORD, "", HOUR)
+    return [
+        {"alert": "TurnguardResultsStopped",
+         "comment": "An agent that reported task results in the last day ended turns in the last hour with none.",
+         "expr": (f"{turns_1h} >= {RESULTS_LEAST_TURNS}\nunless on({AGENT}) {results_arrived(HOUR)}\n"
+                  f"and on({AGENT}) {results_arrived(DAY)}"),
+         "labels": {"severity": "ticket"},
+         "annotations": {
+             "summary": "No task result for agent {{ $labels." + AGENT + " }} in an hour ({{ $value }} turns ended)",
+             "description": "This agent reported results earlier today and none since: its reporter (turn."
+                            "report_result, guard.report_result, a CI job with the result token) stopped or its "
+                            "results reach no guard. Without results the probe evidence and calibrate cannot tell "
+                            "productive turns from failed ones. The halts board's \"Task results\" row shows "
+                            "which status they get."}},
+        {"alert": "TurnguardInvalidResultTokens",
+         "comment": "Result tokens refused (invalid_token): more than 10% of the late reports in the hour, 5 or more.",
+         "expr": f"{invalid_1h} >= 5\nand\n{invalid_1h} > 0.1 * {reports_1h}",
+         "labels": {"severity": "ticket"},
+         "annotations": {
+             "summary": "{{ $value }} result tokens refused in an hour",
+             "description": "Tokens that do not read as this guard's: a digest_key that differs between the "
+                            "process that ran the turn and the one that reports (refused as forged), tokens cut "
+                            "short or rewritten on the way, or forged ones. Their results are lost. The halts "
+                            "board's \"Task results\" row shows them beside the accepted ones."}},
+    ]
+
 UPTIME = "otelcol_process_uptime_seconds_total"
 
 
@@ -324,7 +370,8 @@ def groups(t: Tiling = Tiling()) -> list[dict]:
     records = [{"record": c.record, "expr": counted(c.metric, c.by, t)} for c in COUNTS] + DERIVED
     heartbeat = {"record": HEARTBEAT, "expr": 'count({__name__=~"turnguard:.+:tile_end"})'}
     return [
-        {"name": "turnguard", "interval": duration(t.tile), "rules": [*states, *records, *alerts(), heartbeat]},
+        {"name": "turnguard", "interval": duration(t.tile),
+         "rules": [*states, *records, *alerts(), *result_alerts(), heartbeat]},
         {"name": "turnguard-collector", "rules": [export_failing()]},
     ]
 

@@ -362,29 +362,33 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
 
 
 def survival_panel(cap: CapSettings) -> PanelBuilder:
-    """Kaplan-Meier: of the turns that reach the backstop, the share that would finish by k×S."""
-    targets = []
-    for i, (k, expr) in enumerate(evidence.km_targets(cap)):
+    """Kaplan-Meier: of the turns that reach the backstop, the share that would finish by k×S, with
+    its 95% interval and the turns it rests on (never a bare 0% or 100%)."""
+    names = {}
+    for k in evidence.km_multiples(cap):
         edge = k * cap.soft_cap
-        name = f"by {k}×S ({edge} calls)"
+        names[str(k)] = f"by {k}×S ({edge} calls)"
         if cap.probe_sees_past(edge - 1) is False:
-            name += ": past the probe's cap, not estimable"
-        targets.append(query(expr, name, ref(i)))
+            names[str(k)] += ": past the probe's cap, not estimable"
     cap_note = (f"the probe's own cap ({cap.probe.hard_cap} calls)" if cap.probe and cap.probe.hard_cap
                 else "the probe's own cap")
-    return (
-        bars(47, f"Of the turns that reach the backstop ({cap.hard_cap} calls), the share that would finish by k×S",
-             "A product-limit (Kaplan-Meier) estimate over both cohorts, 1 - S(k×S)/S(backstop), from the "
-             "tool-call histogram's buckets as the recording rules keep them by fate: a turn that completed "
-             f"finished in its bucket; a turn halted by any threshold, cancelled or failed is {CENSORED} there "
-             "and leaves the turns at risk. What it can see: live turns carry it to the live backstop, probe "
-             f"turns past it, up to {cap_note} and never beyond; past that cap, or where no turn was seen that "
-             "far, it is not estimable (raise the probe's cap to see further). Censoring by the stuck and streak "
-             "thresholds is informative (those turns were likelier to fail), not independent, so read it as an "
-             "estimate for turns like the ones that went on.",
-             targets, unit="percentunit", width=24, height=6)
-        .mappings(mapped({}, nan="not estimable: no turn was seen that far"))
-    )
+    not_estimable = mapped({}, nan="not estimable: no turn was seen that far")
+    units = {name: unit for name, unit in evidence.KM_COLUMN_UNITS.items() if unit != "short"}
+    return table_panel(
+        47, f"Of the turns that reach the backstop ({cap.hard_cap} calls), the share that would finish by k×S",
+        "A product-limit (Kaplan-Meier) estimate over both cohorts, 1 - S(k×S)/S(backstop), from the "
+        "tool-call histogram's buckets as the recording rules keep them by fate: a turn that completed "
+        f"finished in its bucket; a turn halted by any threshold, cancelled or failed is {CENSORED} there "
+        "and leaves the turns at risk. Its 95% interval: on the log-log scale (Greenwood's variance), and "
+        "exact where the estimate is 0 or 1 (no turn finished: at most 1 - 0.05^(1/N), about 3/N, over the N "
+        "turns seen past k×S; every turn at risk finished: at least 0.05^(1/N) over the N that finished). "
+        "The turns it rests on: those seen past the backstop, and those still running at k×S. What it can "
+        f"see: live turns carry it to the live backstop, probe turns past it, up to {cap_note} and never "
+        "beyond; past that cap, or where no turn was seen that far, it is not estimable (raise the probe's "
+        "cap to see further). Censoring by the stuck and streak thresholds is informative (those turns were "
+        "likelier to fail), not independent, so read it as an estimate for turns like the ones that went on.",
+        "multiple", evidence.km_rows(cap), units, height=6, row_names=names,
+        mappings={name: not_estimable for name in evidence.KM_COLUMN_UNITS if name != "at risk past the backstop"})
 
 
 # -- shadow policies ------------------------------------------------------------------------------
