@@ -202,6 +202,88 @@ def test_a_failing_write_leaves_the_last_state(store: SessionStore, monkeypatch:
     assert [p.name for p in store.directory.iterdir() if p.name.endswith(".tmp")] == []
 
 
+@pytest.fixture
+def served(tmp_path: Path) -> SessionStore:
+    """The same directory's store as the long-lived server has it (``Written``: swaps, remembers)."""
+    return SessionStore(tmp_path / "state", "claude-code", st.Written())
+
+
+def temporary_files(store: SessionStore) -> list[str]:
+    return [p.name for p in store.directory.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+def test_swap_exchanges_two_files_in_one_step(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("new")
+    b.write_text("old")
+    if not st._swap(a, b):
+        pytest.skip("this file system cannot exchange files")
+    assert (a.read_text(), b.read_text()) == ("old", "new")
+    assert st._swap(tmp_path / "c", b) is False  # nothing to exchange with: the caller replaces
+
+
+def test_the_servers_store_writes_whole_states_and_leaves_no_temporary_file(store: SessionStore,
+                                                                           served: SessionStore) -> None:
+    for n in range(1, 4):
+        save(served, "s1", n=n)
+        assert json.loads(store.path("s1").read_bytes())["n"] == n
+        assert load(store, "s1")["n"] == n
+    assert temporary_files(store) == []
+
+
+@pytest.mark.parametrize("swap", ["fails", "cannot"])
+def test_a_failing_or_impossible_swap_still_leaves_a_whole_state(served: SessionStore, swap: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    save(served, "s1", n=1)
+    before = served.path("s1").read_bytes()
+
+    def failing(new: Any, path: Any) -> bool:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(st, "_SWAP", [failing if swap == "fails" else (lambda new, path: False)])
+    if swap == "fails":
+        with pytest.raises(StoreError, match="cannot write"):
+            save(served, "s1", n=2)
+        assert served.path("s1").read_bytes() == before
+        assert load(served, "s1")["n"] == 1
+    else:
+        save(served, "s1", n=2)
+        assert load(SessionStore(served.directory.parent.parent, "claude-code"), "s1")["n"] == 2
+    assert temporary_files(served) == []
+
+
+def test_the_servers_store_reads_a_state_again_once_another_process_wrote_it(
+        store: SessionStore, served: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    save(served, "s1", n=1)
+    monkeypatch.setattr(st.Session, "_read", lambda self: pytest.fail("read the file it wrote itself"))
+    assert load(served, "s1")["n"] == 1
+    monkeypatch.undo()
+    save(served, "s1", n=2)
+    save(store, "s1", n=3)  # a hook process of its own (the client's fallback)
+    assert load(served, "s1")["n"] == 3
+    store.path("s1").write_text(json.dumps({"version": STATE_VERSION, "n": 44}))  # in place, another size
+    assert load(served, "s1")["n"] == 44
+
+
+def test_the_servers_store_forgets_a_removed_or_cleaned_session(served: SessionStore) -> None:
+    save(served, "s1", n=1)
+    with served.locked("s1") as session:
+        session.remove()
+    assert load(served, "s1") == {"version": STATE_VERSION}
+    save(served, "s2", n=1)
+    served.path("s2").unlink()  # ``clean``
+    assert load(served, "s2") == {"version": STATE_VERSION}
+
+
+def test_a_state_changed_but_not_saved_is_not_remembered(served: SessionStore) -> None:
+    save(served, "s1", n=1)
+    with pytest.raises(RuntimeError), served.locked("s1") as session:
+        session.data["n"] = 2
+        raise RuntimeError("the event failed before its state was saved")
+    assert load(served, "s1")["n"] == 1
+
+
 def test_a_state_is_read_back_as_written(store: SessionStore) -> None:
     data = {"turn": None, "journal": [["o", 1, "t", False]], "text": "ünïcödé \ud800 👍", "n": 2**60}
     save(store, "s1", **data)

@@ -86,9 +86,11 @@ MAX_READ = MAX_STDIN_BYTES + 1
 """One byte past the largest event: a larger one is seen as larger, not cut to look whole."""
 
 
-def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = None) -> HookAnswer:
+def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = None,
+        memo: Memo | None = None) -> HookAnswer:
     """The answer to one event: never raises (a failure is the fail-mode's answer). ``cwd``: where
-    the agent ran the hook (this process's own when ``None``), for an event that names none."""
+    the agent ran the hook (this process's own when ``None``), for an event that names none;
+    ``memo``: what a long-lived process keeps between events."""
     protocol = protocol_for(agent)
     event: AgentEvent | None = None
     hook: Hook | None = None
@@ -96,7 +98,7 @@ def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = No
         event = protocol.read(read_payload(raw), environ)
         if event.kind is Kind.IGNORED:
             return protocol.answer(event, Decision.allow())
-        hook = Hook(protocol, environ, event.cwd or cwd)
+        hook = Hook(protocol, environ, event.cwd or cwd, memo)
         return hook.handle(event)
     except Exception as exc:  # a hook never takes its agent down
         from turnguard.config import ConfigError
@@ -148,6 +150,23 @@ def note_error(environ: Mapping[str, str], agent: str, why: str) -> None:
         pass
 
 
+@dataclass(frozen=True, slots=True)
+class Memo:
+    """What a process that answers many events (the long-lived server) keeps between them: the
+    settings of each folder, and the state it last wrote to each session's file. Neither changes
+    an answer: each is used only while the files it came from are unchanged."""
+
+    configs: Any
+    written: Any
+
+    @classmethod
+    def new(cls) -> Memo:
+        from turnguard.agents.configs import Configs
+        from turnguard.agents.store import Written
+
+        return cls(Configs(), Written())
+
+
 @dataclass(slots=True)
 class Hook:
     """One event's work: the guard, the session's store, and the turn in between."""
@@ -155,17 +174,20 @@ class Hook:
     protocol: Protocol
     environ: Mapping[str, str]
     cwd: str | None
+    memo: Memo | None = None
 
     def __post_init__(self) -> None:
-        from turnguard.config import GuardConfig
-        from turnguard.plugins import policies_only
+        from turnguard.agents import configs
 
         search = self.cwd if self.cwd and os.path.isdir(self.cwd) else "."
-        self.config = GuardConfig.load(environ=self.environ, search=search)
         root = state_root(dict(self.environ))
-        scan = self.config.load_entrypoints and plugins_installed(root / "hooks")
-        self.live_config = policies_only(self.config).replace(load_entrypoints=scan)
-        self.store = SessionStore(root, self.protocol.agent)
+        if self.memo is not None:
+            settings = self.memo.configs.get(self.environ, search, root / "hooks")
+        else:
+            settings = configs.read(self.environ, search, root / "hooks")
+        self.config = settings.config
+        self.live_config = settings.live
+        self.store = SessionStore(root, self.protocol.agent, self.memo.written if self.memo is not None else None)
         self._guard: Any = None
 
     config: Any = None
@@ -428,41 +450,6 @@ def guard_for(config: Any, environ: Mapping[str, str]) -> Any:
                 GUARDS.pop(next(iter(GUARDS)))
             guard = GUARDS[key] = Guard(config, environ=environ)
     return guard
-
-
-def plugins_installed(directory: Any) -> bool:
-    """Whether any distribution declares a ``turnguard`` entry point: the answer of the last scan,
-    kept in ``directory/entrypoints.json`` with the modification times of the import path's
-    folders (installing or removing a distribution changes its folder's), scanned again when they
-    differ. Scanning every distribution's metadata costs a hook more than the rest of its work."""
-    import json
-
-    key = [[p, _mtime_ns(p)] for p in sys.path if p]
-    cache = directory / "entrypoints.json"
-    try:
-        saved = json.loads(cache.read_text(encoding="utf-8"))
-        if saved.get("key") == key and isinstance(saved.get("installed"), bool):
-            return bool(saved["installed"])
-    except (OSError, ValueError, AttributeError):
-        pass
-    from turnguard.plugins import installed_entrypoints
-
-    installed = bool(installed_entrypoints())
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = directory / f".entrypoints.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"key": key, "installed": installed}), encoding="utf-8")
-        os.replace(tmp, cache)
-    except OSError:
-        pass
-    return installed
-
-
-def _mtime_ns(path: str) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
 
 
 def _verdict_data(verdict: Any) -> dict[str, Any]:

@@ -5,8 +5,9 @@ environment) and the event's bytes, answered with the exit code, stdout and stde
 ``turnguard hook AGENT`` would give (``hook.run`` with the client's environment, so each event
 reads its own configuration and state directory). The server keeps nothing a session needs: the
 state is in the session's file, under the session's lock, as for the in-process hook, so its
-death loses nothing. One server per socket (a lock beside it); it exits after ``IDLE_S`` without
-events.
+death loses nothing. What it remembers (``hook.Memo``: each folder's settings, the state it last
+wrote to each session's file) it uses only while the files it came from are unchanged. One
+server per socket (a lock beside it); it exits after ``IDLE_S`` without events.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 import time
 
 from turnguard.agents.client import frame, private_folder, read_frame
-from turnguard.agents.hook import run
+from turnguard.agents.hook import Memo, run
 
 IDLE_S = 600.0
 
@@ -40,7 +41,7 @@ class _Handler(socketserver.StreamRequestHandler):
         except (OSError, ValueError, KeyError, TypeError):
             return  # the client answers in a process of its own
         answer = run(agent, event, {str(k): str(v) for k, v in env.items()},
-                     cwd=header.get("cwd") if isinstance(header.get("cwd"), str) else None)
+                     cwd=header.get("cwd") if isinstance(header.get("cwd"), str) else None, memo=self.server.memo)
         body = json.dumps({"exit": answer.exit_code, "stdout": answer.stdout_text(), "stderr": answer.stderr})
         with contextlib.suppress(OSError):
             self.wfile.write(frame(body.encode("utf-8", "surrogateescape")))
@@ -52,6 +53,7 @@ class Server(socketserver.ThreadingUnixStreamServer):
 
     def __init__(self, path: str) -> None:
         self.last = time.monotonic()
+        self.memo = Memo.new()
         super().__init__(path, _Handler)
         os.chmod(path, 0o600)
 

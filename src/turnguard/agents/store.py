@@ -8,6 +8,15 @@ point leaves the last state written whole. Two sessions never share a file. File
 touched for ``MAX_AGE_S`` are removed when a turn starts; a state larger than ``MAX_STATE_BYTES``
 is refused (the hook fails open), which the live bounds of a turn keep far away.
 
+No ``fsync``: the state survives the death of any process (a kill at any point, the server's
+included), which is what a hook's guarantee is about; a power loss within the kernel's writeback
+delay may lose the last states of a session, which then goes on with a new turn (the damaged
+file set aside, the hook failing open). A flush to disk at every tool call would cost more than
+the rest of the event. The long-lived server (``Written``) also swaps the new file in with Linux's
+``renameat2(RENAME_EXCHANGE)`` where it can: still one atomic step, but ext4 starts no writeback
+of the new file then, as it does for a rename over an existing file (milliseconds on a busy disk),
+and it reads a session's file again only when it changed since it wrote it.
+
 Where: ``$TURNGUARD_STATE_DIR``, else ``$XDG_STATE_HOME/turnguard``, else
 ``~/.local/state/turnguard``; the sessions of an agent under ``hooks/AGENT/``.
 """
@@ -19,8 +28,10 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +65,9 @@ def session_file_name(session_id: str) -> str:
 class SessionStore:
     """The sessions of one agent under ``root/hooks/AGENT``."""
 
-    def __init__(self, root: Path, agent: str) -> None:
+    def __init__(self, root: Path, agent: str, written: Written | None = None) -> None:
         self.directory = root / "hooks" / agent
+        self.written = written
 
     def path(self, session_id: str) -> Path:
         return self.directory / f"{session_file_name(session_id)}.json"
@@ -83,7 +95,7 @@ class SessionStore:
         try:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # in use: ``clean`` goes by this time
-            yield Session(self.path(session_id), session_id)
+            yield Session(self.path(session_id), session_id, self.written)
         finally:
             os.close(fd)  # releases the lock
 
@@ -147,18 +159,63 @@ def _lock(fd: int, timeout_s: float, said_s: float | None = None) -> None:
             delay = min(delay * 2, 0.02)
 
 
+Identity = tuple[int, int, int, int, int]
+"""A file's device, inode, size, modification and change times: any write by another process
+changes one of them (a replaced file is a new inode)."""
+
+
+def _identity(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class Written:
+    """The state a long-lived process (the server) last wrote to each session's file, with the
+    file's identity then: the next event of the session, under its lock, takes it instead of
+    reading and parsing the file when the file is still that one. Bounded; thread-safe."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._states: OrderedDict[Path, tuple[Identity, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, path: Path) -> dict[str, Any] | None:
+        """The state written to ``path``, if it is still there (given away: the caller changes it)."""
+        with self._lock:
+            kept = self._states.pop(path, None)
+        if kept is None:
+            return None
+        try:
+            same = _identity(os.stat(path)) == kept[0]
+        except OSError:
+            return None
+        return kept[1] if same else None
+
+    def put(self, path: Path, identity: Identity, data: dict[str, Any]) -> None:
+        with self._lock:
+            self._states[path] = (identity, data)
+            self._states.move_to_end(path)
+            while len(self._states) > self.limit:
+                self._states.popitem(last=False)
+
+    def drop(self, path: Path) -> None:
+        with self._lock:
+            self._states.pop(path, None)
+
+
 class Session:
     """One session's state while its lock is held: ``data`` read on first use, ``save`` to write."""
 
-    def __init__(self, path: Path, session_id: str) -> None:
+    def __init__(self, path: Path, session_id: str, written: Written | None = None) -> None:
         self.path = path
         self.session_id = session_id
+        self.written = written
         self._data: dict[str, Any] | None = None
 
     @property
     def data(self) -> dict[str, Any]:
         if self._data is None:
-            self._data = self._read()
+            kept = self.written.take(self.path) if self.written is not None else None
+            self._data = kept if kept is not None else self._read()
         return self._data
 
     def _read(self) -> dict[str, Any]:
@@ -188,22 +245,75 @@ class Session:
             os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
 
     def save(self) -> None:
-        """Write the state whole: to a temporary file, then ``os.replace`` over the last one."""
-        text = json.dumps(self.data, separators=(",", ":"), ensure_ascii=False)
+        """Write the state whole: to a temporary file, then put in place of the last one in one
+        step (``os.replace``, or the server's swap). ``data`` is not to be changed after it."""
+        data = self.data
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         body = text.encode("utf-8", "surrogatepass")
         if len(body) > MAX_STATE_BYTES:
             raise StoreError(0, f"the session's state would be larger than {MAX_STATE_BYTES} bytes")
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             with open(tmp, "wb") as f:
                 f.write(body)
-            os.replace(tmp, self.path)
+            if self.written is not None and _swap(tmp, self.path):
+                os.unlink(tmp)  # the last state, swapped out
+            else:
+                os.replace(tmp, self.path)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise StoreError(exc.errno, f"cannot write {self.path}: {exc.strerror}") from None
+        if self.written is not None:
+            with contextlib.suppress(OSError):
+                self.written.put(self.path, _identity(os.stat(self.path)), data)  # (a rename changes its ctime)
 
     def remove(self) -> None:
+        if self.written is not None:
+            self.written.drop(self.path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self._data = {"version": STATE_VERSION}
+
+
+_SWAP: list[Callable[[Path, Path], bool]] = []
+
+
+def _swap(new: Path, path: Path) -> bool:
+    """Exchange ``new`` and ``path`` atomically (both stay, swapped); ``False`` where this system
+    cannot (not Linux, an old kernel or C library, a file system without it, no ``path`` yet): the
+    caller replaces instead. ``OSError`` when it failed otherwise."""
+    if not _SWAP:
+        _SWAP.append(_exchange_function())
+    return _SWAP[0](new, path)
+
+
+def _exchange_function() -> Callable[[Path, Path], bool]:
+    def unable(new: Path, path: Path) -> bool:
+        return False
+
+    try:
+        import ctypes
+        import errno
+        import sys
+
+        if not sys.platform.startswith("linux"):
+            return unable
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (ImportError, OSError, AttributeError):
+        return unable
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    renameat2.restype = ctypes.c_int
+    at_fdcwd, rename_exchange = -100, 2
+    cannot = {errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV}
+
+    def exchange(new: Path, path: Path) -> bool:
+        if renameat2(at_fdcwd, os.fsencode(new), at_fdcwd, os.fsencode(path), rename_exchange) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err in cannot:
+            return False
+        raise OSError(err, os.strerror(err), str(path))
+
+    return exchange
