@@ -12,14 +12,16 @@ server's own round trip (the event sent over its socket from a running process; 
 most 5 ms), and ``python -m turnguard hook claude-code``, the hook without a server (the
 client's fallback), against the same floor (no target: what the server saves).
 
-Parallel: 10 hook processes started at once on one turn, then their outcomes, for many rounds;
-every round the turn must count exactly 10 more calls (the session's lock serializes them).
-Target: exact in every round.
+Parallel: 10 installed-command processes started at once on one turn with a ``PreToolUse`` each,
+then their outcomes (sent to the server from this process), for many rounds; every round the turn
+must count exactly 10 more calls (the session's lock serializes them) and every answer must be
+the empty allow. Target: exact in every round.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,69 +65,88 @@ IN_PROCESS = [sys.executable, "-m", "turnguard", "hook", "claude-code"]
 
 
 def round_trips(hook: list[str], events: int, env: dict[str, str]) -> tuple[list[float], list[float]]:
-    """``hook``'s PreToolUse round trips and the floor's, interleaved call by call."""
+    """``hook``'s PreToolUse round trips and the floor's, interleaved call by call (the turn's
+    other events through the installed command)."""
     floor = [sys.executable, "-c", FLOOR_CODE]
     hooks: list[float] = []
     floors: list[float] = []
     i = 0
     while len(hooks) < events:
-        _run(hook, _event("UserPromptSubmit", 0, prompt="go"), env)
+        _run(CLIENT, _event("UserPromptSubmit", 0, prompt="go"), env)
         for _ in range(50):
             i += 1
             pre = _event("PreToolUse", i)
             floors.append(_run(floor, pre, env))
             hooks.append(_run(hook, pre, env))
-            _run(hook, _event("PostToolUse", i), env)
-        _run(hook, _event("Stop", 0), env)
+            _run(CLIENT, _event("PostToolUse", i), env)
+        _run(CLIENT, _event("Stop", 0), env)
     return hooks[:events], floors[:events]
 
 
 def server_round_trips(events: int, env: dict[str, str]) -> list[float]:
     """The server's answer time for PreToolUse events sent from this running process."""
     path = client.socket_path()
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
+    with _environ(env):
         ask = client.ask_server
         ask(path, "claude-code", _event("UserPromptSubmit", 0, session="server", prompt="go"))
         spent = []
         for i in range(events):
+            if i and i % 50 == 0:
+                ask(path, "claude-code", _event("Stop", 0, session="server"))
+                ask(path, "claude-code", _event("UserPromptSubmit", 0, session="server", prompt="go"))
             start = time.perf_counter()
             ask(path, "claude-code", _event("PreToolUse", i, session="server"))
             spent.append(time.perf_counter() - start)
             ask(path, "claude-code", _event("PostToolUse", i, session="server"))
         return spent
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def parallel_rounds(rounds: int, env: dict[str, str], width: int = 10) -> int:
-    """Rounds whose count was exact (the turn's ``tool_calls`` read from the session's snapshot)."""
+    """Rounds whose count was exact (the turn's ``tool_calls`` read from the session's snapshot)
+    and whose every answer was the empty allow. The ``PreToolUse`` events go through the installed
+    command, ``width`` processes at once; each call's ``PostToolUse`` then goes to the server
+    straight from this process (it is not what is measured, and ``width`` more processes per
+    round would double the run)."""
     from turnguard.agents.store import SessionStore, state_root
 
-    hook = CLIENT
     store = SessionStore(state_root(env), "claude-code")
-    subprocess.run(hook, input=_event("UserPromptSubmit", 0, session="par", prompt="go"), env=env,
-                   capture_output=True, check=True)
+    path = client.socket_path()
+    _run(CLIENT, _event("UserPromptSubmit", 0, session="par", prompt="go"), env)
     exact = 0
-    for r in range(rounds):
-        ids = range(r * width, (r + 1) * width)
-        procs = [subprocess.Popen(hook, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=env) for _ in ids]
-        for p, i in zip(procs, ids, strict=True):
-            assert p.stdin is not None
-            p.stdin.write(_event("PreToolUse", i, session="par", tool_input={"command": f"x {i}"}))
-            p.stdin.close()
-        for p in procs:
-            p.wait()
-        with store.locked("par") as session:
-            calls = session.data["turn"]["facts"]["tool_calls"]
-        exact += calls == (r + 1) * width
-        for i in ids:
-            subprocess.run(hook, input=_event("PostToolUse", i, session="par"), env=env, capture_output=True,
-                           check=True)
+    with _environ(env):
+        for r in range(rounds):
+            ids = range(r * width, (r + 1) * width)
+            procs = [subprocess.Popen(CLIENT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, env=env) for _ in ids]
+            for p, i in zip(procs, ids, strict=True):
+                assert p.stdin is not None
+                p.stdin.write(_event("PreToolUse", i, session="par", tool_input={"command": f"x {i}"}))
+                p.stdin.close()
+            answers = []
+            for p in procs:
+                assert p.stdout is not None
+                with p.stdout:
+                    answers.append((p.stdout.read(), p.wait()))
+            with store.locked("par") as session:
+                calls = session.data["turn"]["facts"]["tool_calls"]
+            exact += calls == (r + 1) * width and answers == [(b"{}\n", 0)] * width
+            for i in ids:
+                client.ask_server(path, "claude-code", _event("PostToolUse", i, session="par",
+                                                              tool_input={"command": f"x {i}"}))
     return exact
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """``env`` as this process's environment (what ``client.ask_server`` sends the server)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -146,3 +146,30 @@ def wait_for_any(folder: Path, timeout: float = 60) -> None:
     while not (folder.is_dir() and any(folder.glob("*.json"))):
         assert time.monotonic() < deadline, f"no result token kept in {folder}"
         time.sleep(0.1)
+
+
+def test_the_request_header_carries_the_agent_folder_and_environment_exactly(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TG_ODD", "a=b \udcff ü")
+    monkeypatch.setenv("TURNGUARD_CONFIG", "conf/turnguard.toml")
+    agent, cwd, env = client.read_header(client.header("codex"))
+    assert (agent, cwd) == ("codex", str(tmp_path))
+    assert env["TURNGUARD_CONFIG"] == str(tmp_path / "conf" / "turnguard.toml")  # the server runs elsewhere
+    assert {**env, "TURNGUARD_CONFIG": "conf/turnguard.toml"} == dict(os.environ)
+
+
+def imported(argv: list[str], data: bytes, env: dict[str, str]) -> set[str]:
+    done = subprocess.run([sys.executable, "-S", "-X", "importtime", *argv], input=data, env=env,
+                          capture_output=True, timeout=60, check=False)
+    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines()
+            if line.startswith("import time:") and "|" in line} - {"imported package"}
+
+
+def test_the_client_loads_only_a_socket_and_a_hash_besides_os(env: dict[str, str]) -> None:
+    """Each module more costs every tool call (``json`` or ``socket``: more than starting Python)."""
+    streak_answers(env)
+    wait_for(socket_of(env))
+    bare = imported(["-c", "from __future__ import annotations; import os, sys"], b"", env)
+    extra = imported(CLIENT[2:], event("PreToolUse", 9), env) - bare
+    assert extra <= {"_socket", "_sha256", "_sha2", "hashlib"} and "_socket" in extra, extra

@@ -1,11 +1,14 @@
 """The command an agent runs at each hook event: ``python -S .../turnguard/agents/client.py AGENT``.
 
 A hook is a new process per event, before every tool call. Importing turnguard costs several
-times what starting Python does, so this file imports only the standard library (it is run by
-path, with ``-S``: not even site-packages) and hands the event to a long-lived local process
-(``server``) over a Unix socket, which answers as ``turnguard hook AGENT`` would. The server
-starts on demand, keeps no state of its own (each session's state is in its file, as for the
-in-process hook), and exits after ``server.IDLE_S`` without events; its death loses nothing.
+times what starting Python does, so this file is run by path, with ``-S`` (not even
+site-packages), and hands the event to a long-lived local process (``server``) over a Unix socket,
+which answers as ``turnguard hook AGENT`` would. It imports only what a bare interpreter has
+loaded already and two small C modules (``_socket``, a SHA-256): no ``json``, ``socket`` or
+``subprocess`` (each costs more than starting the interpreter does), so the header and the answer
+are frames of bytes, not JSON. The server starts on demand, keeps no state of its own (each
+session's state is in its file, as for the in-process hook), and exits after ``server.IDLE_S``
+without events; its death loses nothing.
 
 When the server cannot answer (not started yet, gone, too slow, or broken), this event is
 answered by ``python -m turnguard hook AGENT`` in a process of its own, and a server is started
@@ -14,30 +17,41 @@ for the next ones: every event gets turnguard's answer either way.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import socket
-import struct
-import subprocess
 import sys
-import tempfile
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # (importing ``typing`` costs a hook more than the rest of this file)
+    from typing import Any
 
 MAX_EVENT = 8 * 1024 * 1024 + 1
 ANSWER_TIMEOUT_S = 25.0
 """How long the client waits for the server's answer (the agents' hook timeouts are 30 s as
 installed) before answering in a process of its own."""
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_FRAME = struct.Struct(">I")
 MAX_SOCKET_PATH = 100
 """A Unix socket's path must fit in 104 bytes (macOS; 108 on Linux)."""
+LENGTH_BYTES = 4
+MAX_HEADER = 1024 * 1024
+
+
+def _sha256() -> Any:
+    """A SHA-256 object from the interpreter's own small module when it has one: ``hashlib``
+    loads OpenSSL, a few milliseconds per hook."""
+    for name in ("_sha256", "_sha2", "hashlib"):  # CPython 3.11; 3.12 and later; any
+        try:
+            return __import__(name).sha256()
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("no SHA-256")
 
 
 def socket_path() -> str:
     """The server's socket for this interpreter and this turnguard's code: another installation,
     or the code changed on disk, gets a server of its own. In a folder only this user may enter,
     with a short path (a socket's path has a length limit)."""
-    stamp = hashlib.sha256(sys.executable.encode("utf-8", "surrogateescape"))
+    stamp = _sha256()
+    stamp.update(sys.executable.encode("utf-8", "surrogateescape"))
     for folder in (PACKAGE, os.path.join(PACKAGE, "agents"), os.path.join(PACKAGE, "policies")):
         try:
             for name in sorted(os.listdir(folder)):
@@ -47,7 +61,7 @@ def socket_path() -> str:
         except OSError:
             continue
     name = os.path.join(f"turnguard-{os.getuid()}", f"{stamp.hexdigest()[:16]}.sock")
-    for base in (os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir(), "/tmp"):
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), _temporary_folder(), "/tmp"):
         if base and os.path.isabs(base) and len(os.path.join(base, name)) <= MAX_SOCKET_PATH:
             return os.path.join(base, name)
     return os.path.join("/tmp", name)
@@ -63,18 +77,27 @@ def private_folder(path: str) -> None:
         raise OSError(f"{folder} is not a folder only this user can enter")
 
 
+def _temporary_folder() -> str | None:
+    """``tempfile.gettempdir``'s first choice, without importing it."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        folder = os.environ.get(name)
+        if folder and os.path.isdir(folder):
+            return os.path.abspath(folder)
+    return None
+
+
 def frame(data: bytes) -> bytes:
     """``data`` with its length before it (4 bytes, big-endian)."""
-    return _FRAME.pack(len(data)) + data
+    return len(data).to_bytes(LENGTH_BYTES, "big") + data
 
 
 def read_frame(stream: object, limit: int = MAX_EVENT) -> bytes:
     """One length-prefixed frame from a binary file object; ``OSError`` when it is cut short."""
     read = stream.read  # type: ignore[attr-defined]
-    head = read(_FRAME.size)
-    if len(head) != _FRAME.size:
+    head = read(LENGTH_BYTES)
+    if len(head) != LENGTH_BYTES:
         raise OSError("the frame's length was cut short")
-    (size,) = _FRAME.unpack(head)
+    size = int.from_bytes(head, "big")
     if size > limit:
         raise OSError(f"a frame of {size} bytes is larger than {limit}")
     body = read(size)
@@ -83,28 +106,72 @@ def read_frame(stream: object, limit: int = MAX_EVENT) -> bytes:
     return bytes(body)
 
 
-def ask_server(path: str, agent: str, event: bytes) -> dict[str, object]:
-    """The server's answer to ``event``; ``OSError`` (or ``ValueError``) when it has none."""
-    environ = dict(os.environ)
-    config = environ.get("TURNGUARD_CONFIG")
+def header(agent: str) -> bytes:
+    """The request's first frame: the agent, this folder, then each ``NAME=VALUE`` of the
+    environment, apart by NUL bytes (which none of them can hold)."""
+    environ = dict(os.environb)
+    config = environ.get(b"TURNGUARD_CONFIG")
     if config and not os.path.isabs(config):
-        environ["TURNGUARD_CONFIG"] = os.path.abspath(config)
-    header = json.dumps({"agent": agent, "cwd": os.getcwd(), "env": environ}).encode("utf-8", "surrogateescape")
+        environ[b"TURNGUARD_CONFIG"] = os.path.abspath(config)
+    return b"\0".join([agent.encode(), os.getcwdb(), *(k + b"=" + v for k, v in environ.items())])
+
+
+def read_header(data: bytes) -> tuple[str, str, dict[str, str]]:
+    """``header``'s agent, folder and environment (as ``os.environ`` would hold them)."""
+    agent, cwd, *pairs = data.split(b"\0")
+    environ = {}
+    for pair in pairs:
+        name, sep, value = pair.partition(b"=")
+        if not sep:
+            raise ValueError("a variable without a value")
+        environ[name.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    return agent.decode("utf-8", "surrogateescape"), cwd.decode("utf-8", "surrogateescape"), environ
+
+
+class _Reader:
+    """``read(n)`` over a socket: exactly ``n`` bytes, or fewer when it closed."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+
+    def read(self, size: int) -> bytes:
+        parts = []
+        while size > 0:
+            part = self.sock.recv(min(size, 1 << 20))
+            if not part:
+                break
+            parts.append(part)
+            size -= len(part)
+        return b"".join(parts)
+
+
+Answer = tuple[int, bytes, bytes]
+"""The exit code, stdout and stderr of ``turnguard hook AGENT``."""
+
+
+def ask_server(path: str, agent: str, event: bytes) -> Answer:
+    """The server's answer to ``event``; ``OSError`` (or ``ValueError``) when it has none."""
+    import _socket
+
+    request = frame(header(agent)) + frame(event)
     private_folder(path)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         sock.settimeout(ANSWER_TIMEOUT_S)
         sock.connect(path)
-        sock.sendall(frame(header) + frame(event))
-        with sock.makefile("rb") as stream:
-            answer = json.loads(read_frame(stream))
-    if not isinstance(answer, dict) or not isinstance(answer.get("exit"), int):
-        raise ValueError("the server's answer is not one")
-    return answer
+        sock.sendall(request)
+        reader = _Reader(sock)
+        code, stdout, stderr = read_frame(reader, 16), read_frame(reader), read_frame(reader)
+    finally:
+        sock.close()
+    return int(code), stdout, stderr
 
 
 def start_server(path: str) -> None:
     """``python -m turnguard.agents serve PATH`` in a session of its own (it exits at once when
     another server holds the socket)."""
+    import subprocess
+
     try:
         private_folder(path)
         subprocess.Popen([sys.executable, "-m", "turnguard.agents", "serve", path], stdin=subprocess.DEVNULL,
@@ -114,12 +181,13 @@ def start_server(path: str) -> None:
         pass
 
 
-def answer_here(agent: str, event: bytes) -> dict[str, object]:
+def answer_here(agent: str, event: bytes) -> Answer:
     """The answer of ``python -m turnguard hook AGENT`` run for this event alone."""
+    import subprocess
+
     done = subprocess.run([sys.executable, "-m", "turnguard", "hook", agent], input=event, capture_output=True,
                           check=False)
-    return {"exit": done.returncode, "stdout": done.stdout.decode("utf-8", "replace"),
-            "stderr": done.stderr.decode("utf-8", "replace")}
+    return done.returncode, done.stdout, done.stderr
 
 
 def main(argv: list[str]) -> int:
@@ -129,16 +197,16 @@ def main(argv: list[str]) -> int:
     event = sys.stdin.buffer.read(MAX_EVENT)
     path = socket_path()
     try:
-        answer = ask_server(path, argv[0], event)
+        code, stdout, stderr = ask_server(path, argv[0], event)
     except (OSError, ValueError):
         start_server(path)
-        answer = answer_here(argv[0], event)
-    sys.stdout.write(str(answer.get("stdout") or ""))
-    sys.stdout.flush()
-    if answer.get("stderr"):
-        sys.stderr.write(str(answer["stderr"]))
-    code = answer["exit"]
-    return code if isinstance(code, int) else 0
+        code, stdout, stderr = answer_here(argv[0], event)
+    sys.stdout.buffer.write(stdout)
+    sys.stdout.buffer.flush()
+    if stderr:
+        sys.stderr.buffer.write(stderr)
+        sys.stderr.buffer.flush()
+    return code
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The long-lived local process that answers hook events for ``client.py`` (started on demand).
 
-Each connection is one event: a JSON header (the agent, the client's working directory and
-environment) and the event's bytes, answered with the exit code, stdout and stderr that
+Each connection is one event: a header (the agent, the client's working directory and
+environment: ``client.header``) and the event's bytes, answered with the exit code, stdout and
+stderr (three frames) that
 ``turnguard hook AGENT`` would give (``hook.run`` with the client's environment, so each event
 reads its own configuration and state directory). The server keeps nothing a session needs: the
 state is in the session's file, under the session's lock, as for the in-process hook, so its
@@ -14,15 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import socketserver
 import sys
 import threading
 import time
 
-from turnguard.agents.client import frame, private_folder, read_frame
-from turnguard.agents.hook import Memo, run
+from turnguard.agents.client import MAX_HEADER, frame, private_folder, read_frame, read_header
+from turnguard.agents.hook import PROTOCOLS, Memo, run
 
 IDLE_S = 600.0
 
@@ -33,18 +33,17 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         self.server.touch()
         try:
-            header = json.loads(read_frame(self.rfile, 1024 * 1024))
+            agent, cwd, env = read_header(read_frame(self.rfile, MAX_HEADER))
             event = read_frame(self.rfile)
-            agent, env = header["agent"], header["env"]
-            if not isinstance(agent, str) or not isinstance(env, dict):
-                raise ValueError("a bad request")
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError):
             return  # the client answers in a process of its own
-        answer = run(agent, event, {str(k): str(v) for k, v in env.items()},
-                     cwd=header.get("cwd") if isinstance(header.get("cwd"), str) else None, memo=self.server.memo)
-        body = json.dumps({"exit": answer.exit_code, "stdout": answer.stdout_text(), "stderr": answer.stderr})
+        if agent not in PROTOCOLS:
+            return  # (and says how to use it)
+        answer = run(agent, event, env, cwd=cwd or None, memo=self.server.memo)
+        reply = b"".join(frame(part.encode("utf-8", "surrogateescape"))
+                         for part in (str(answer.exit_code), answer.stdout_text(), answer.stderr))
         with contextlib.suppress(OSError):
-            self.wfile.write(frame(body.encode("utf-8", "surrogateescape")))
+            self.wfile.write(reply)
         self.server.touch()
 
 
