@@ -293,3 +293,51 @@ def test_a_cycle_cap_counts_the_agents_model_requests(tmp_path: Path, agent: Age
     assert g.lines() == ["0", "1", "2"], run.describe()
     (turn,) = g.turns(1)
     assert (turn["ended_by"], turn["cycles"]) == ("cycle_cap", 4)
+
+
+ASKED = "Do you want to proceed?"
+"""Claude Code's own permission question (2.1.328)."""
+
+
+def test_interactive_claude_code_asks_the_person_and_goes_by_the_answer(tmp_path: Path) -> None:
+    """The real interactive CLI in a terminal (tmux): the streak's warn level in an attended
+    session is Claude Code's own permission question, with turnguard's reason. "Yes" runs the call
+    and the streak starts again; "No" refuses it, Claude Code interrupts the turn, and turnguard
+    ends it as the streak's halt when the person's next prompt comes. The answers reach the
+    recorder as the turn's escalations."""
+    g = guard_project("claude", tmp_path)
+    enough = "That is enough, stop."
+
+    def script(request: ModelRequest) -> Reply:
+        if enough in request.user_text():
+            return "Stopped."
+        return shell("claude", g.append("ran") + "; exit 1") if request.step < 30 else "I give up."
+
+    with ModelServer(script) as server:
+        terminal = clis.claude_interactive(g.project, server.url, clis.new_home(g.project), env=g.env)
+        try:
+            terminal.wait_for(lambda screen: "Claude Code v" in screen and "❯" in screen, "prompt box")
+            terminal.type("Do the scripted work.")
+            terminal.press("Enter")
+            first = terminal.wait_for(lambda screen: ASKED in screen, "permission question")
+            assert "turnguard: Bash called 5 times in a row" in first
+            assert len(g.lines()) == 4  # the 5th call waits for the person
+            terminal.press("Enter")  # 1. Yes
+            second = terminal.wait_for(lambda screen: ASKED in screen and len(g.lines()) == 9,
+                                       "second question, at the 5th call since the answer")
+            assert "turnguard: Bash called 5 times in a row" in second
+            asked_at = len(server.main_requests)
+            terminal.press("Escape")  # No
+            terminal.wait_for(lambda screen: "Interrupted" in screen and ASKED not in screen, "interrupted turn")
+            assert (len(g.lines()), len(server.main_requests)) == (9, asked_at)  # refused; the model not asked again
+            terminal.type(enough)
+            terminal.press("Enter")
+            terminal.wait_for(lambda screen: "Stopped." in screen, "the next turn's answer")
+        finally:
+            terminal.close()
+        assert server.errors == [], server.errors
+    refused, nothing = g.turns(2)
+    assert [(e["level"], e["answer"], e["at_call"]) for e in refused["escalations"]] == [
+        ("warn", "continue", 5), ("warn", "stop", 10)]
+    assert (refused["tool_calls"], refused["ended_by"]) == (10, "streak")  # the person stopped it there
+    assert (nothing["tool_calls"], nothing["ended_by"]) == (0, "completed")

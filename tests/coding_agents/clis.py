@@ -166,6 +166,27 @@ def run_claude(project: Path, url: str, prompt: str, *, env: Mapping[str, str] |
     return execute("claude", argv, project, base_env(home, agent_env), home, timeout)
 
 
+def claude_interactive(project: Path, url: str, home: Path, *, env: Mapping[str, str] | None = None) -> Any:
+    """The interactive ``claude`` in a terminal (``tmux.Terminal``), past every first-run screen:
+    onboarding done and the project trusted (``~/.claude.json``), the API key of the environment
+    approved there (else it asks whether to use it), and the permission mode ``default`` (the
+    ``auto`` mode, the default, asks a classifier of Anthropic's servers, which the scripted model
+    server is not). Shell commands are allowed by the project's settings, so the only permission
+    question is one a hook asks for."""
+    from coding_agents.tmux import Terminal
+
+    write_json(home / ".claude.json", {
+        "hasCompletedOnboarding": True, "theme": "dark",
+        "customApiKeyResponses": {"approved": [API_KEY[-20:]], "rejected": []},
+        "projects": {str(project): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}})
+    settings = project / ".claude" / "settings.json"
+    current = json.loads(settings.read_text(encoding="utf-8")) if settings.exists() else {}
+    write_json(settings, {**current, "permissions": {"allow": ["Bash"], "defaultMode": "default"}})
+    agent_env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": API_KEY, "DISABLE_AUTOUPDATER": "1",
+                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "TERM": "xterm-256color", **(env or {})}
+    return Terminal([str(require("claude"))], project, base_env(home, agent_env), home / "tmux.sock")
+
+
 def codex_config(url: str, project: Path) -> str:
     """``config.toml`` for a provider on the scripted server (no retries: a failure shows at once),
     hooks on, analytics off, and ``project`` trusted (so its ``.codex/`` layer loads too)."""
