@@ -12,10 +12,11 @@ server's own round trip (the event sent over its socket from a running process; 
 most 5 ms), and ``python -m turnguard hook claude-code``, the hook without a server (the
 client's fallback), against the same floor (no target: what the server saves).
 
-Parallel: 10 installed-command processes started at once on one turn with a ``PreToolUse`` each,
-then their outcomes (sent to the server from this process), for many rounds; every round the turn
-must count exactly 10 more calls (the session's lock serializes them) and every answer must be
-the empty allow. Target: exact in every round.
+Parallel: 10 client processes (forked from this one: ``client.main``, the installed command
+once its interpreter has started) at once on one turn with a ``PreToolUse`` each, then their
+outcomes (sent to the server from this process), for many rounds, 50 rounds a turn; every round
+the turn must count exactly 10 more calls (the session's lock serializes them) and every answer
+must be the empty allow. Target: exact in every round.
 """
 
 from __future__ import annotations
@@ -101,39 +102,71 @@ def server_round_trips(events: int, env: dict[str, str]) -> list[float]:
         return spent
 
 
+ROUNDS_PER_TURN = 50
+"""Rounds of one turn: 500 distinct calls, under the backstop (10x the soft cap of 100), which
+would halt a turn of all the rounds at its 1,001st call."""
+
+
 def parallel_rounds(rounds: int, env: dict[str, str], width: int = 10) -> int:
     """Rounds whose count was exact (the turn's ``tool_calls`` read from the session's snapshot)
-    and whose every answer was the empty allow. The ``PreToolUse`` events go through the installed
-    command, ``width`` processes at once; each call's ``PostToolUse`` then goes to the server
-    straight from this process (it is not what is measured, and ``width`` more processes per
-    round would double the run)."""
+    and whose every answer was the empty allow. Each round's ``width`` ``PreToolUse`` events go to
+    ``width`` client processes at once, forked from this one (``client.main``, as the installed
+    command runs it once its interpreter has started: the start is the round trip's row, and
+    10,000 of them took most of a run). Each call's ``PostToolUse``, and each turn's prompt and
+    stop, go to the server straight from this process."""
     from turnguard.agents.store import SessionStore, state_root
 
     store = SessionStore(state_root(env), "claude-code")
     path = client.socket_path()
-    _run(CLIENT, _event("UserPromptSubmit", 0, session="par", prompt="go"), env)
     exact = 0
     with _environ(env):
         for r in range(rounds):
+            turn = f"p{r - r % ROUNDS_PER_TURN}"
+            if r % ROUNDS_PER_TURN == 0:
+                client.ask_server(path, "claude-code", _event("Stop", 0, session="par"))
+                client.ask_server(path, "claude-code", _event("UserPromptSubmit", 0, session="par", prompt="go",
+                                                              prompt_id=turn))
             ids = range(r * width, (r + 1) * width)
-            procs = [subprocess.Popen(CLIENT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, env=env) for _ in ids]
-            for p, i in zip(procs, ids, strict=True):
-                assert p.stdin is not None
-                p.stdin.write(_event("PreToolUse", i, session="par", tool_input={"command": f"x {i}"}))
-                p.stdin.close()
-            answers = []
-            for p in procs:
-                assert p.stdout is not None
-                with p.stdout:
-                    answers.append((p.stdout.read(), p.wait()))
+            started = [_forked_client(_event("PreToolUse", i, session="par", prompt_id=turn)) for i in ids]
+            answers = [_answer(*child) for child in started]
             with store.locked("par") as session:
                 calls = session.data["turn"]["facts"]["tool_calls"]
-            exact += calls == (r + 1) * width and answers == [(b"{}\n", 0)] * width
+            exact += calls == (r % ROUNDS_PER_TURN + 1) * width and answers == [(b"{}\n", 0)] * width
             for i in ids:
-                client.ask_server(path, "claude-code", _event("PostToolUse", i, session="par",
-                                                              tool_input={"command": f"x {i}"}))
+                client.ask_server(path, "claude-code", _event("PostToolUse", i, session="par", prompt_id=turn))
     return exact
+
+
+def _forked_client(event: bytes) -> tuple[int, int]:
+    """A process running ``client.main(["claude-code"])`` with ``event`` on its stdin: its pid and
+    the read end of its stdout."""
+    event_r, event_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            os.dup2(event_r, 0)
+            os.dup2(out_w, 1)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            for fd in (event_r, event_w, out_r, out_w, null):
+                os.close(fd)
+            code = client.main(["claude-code"])
+            sys.stdout.flush()
+        finally:
+            os._exit(code)
+    os.close(event_r)
+    os.close(out_w)
+    with open(event_w, "wb") as f:
+        f.write(event)
+    return pid, out_r
+
+
+def _answer(pid: int, out: int) -> tuple[bytes, int]:
+    with open(out, "rb") as f:
+        stdout = f.read()
+    return stdout, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 @contextlib.contextmanager
