@@ -472,3 +472,16 @@ def test_the_sessions_of_each_agent_are_apart(tmp_path: Path) -> None:
         save(s, "same-id", n=n)
     assert [load(s, "same-id")["n"] for s in stores] == [0, 1, 2]
     assert len({s.path("same-id") for s in stores}) == 3
+
+
+def test_the_servers_memory_of_states_is_bounded_in_sessions_and_bytes(tmp_path: Path) -> None:
+    written = st.Written(limit=3, max_bytes=3000)
+    served = SessionStore(tmp_path / "state", "claude-code", written)
+    for i in range(5):
+        save(served, f"s{i}", pad="x" * 500)
+    assert [p.name for p in written._states] == [served.path(f"s{i}").name for i in (2, 3, 4)]
+    save(served, "big", pad="x" * 2500)  # with the newest one, over the bytes: only it stays
+    assert [p.name for p in written._states] == [served.path("big").name]
+    save(served, "huge", pad="x" * 4000)  # larger than the bound alone: not kept
+    assert [p.name for p in written._states] == [served.path("big").name]
+    assert load(served, "huge")["pad"] == "x" * 4000

@@ -171,17 +171,20 @@ def _identity(st: os.stat_result) -> Identity:
 class Written:
     """The state a long-lived process (the server) last wrote to each session's file, with the
     file's identity then: the next event of the session, under its lock, takes it instead of
-    reading and parsing the file when the file is still that one. Bounded; thread-safe."""
+    reading and parsing the file when the file is still that one. Bounded in sessions and in
+    the states' size as written (the oldest go first); thread-safe."""
 
-    def __init__(self, limit: int = 256) -> None:
+    def __init__(self, limit: int = 256, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
         self._states: OrderedDict[Path, tuple[Identity, dict[str, Any]]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def take(self, path: Path) -> dict[str, Any] | None:
         """The state written to ``path``, if it is still there (given away: the caller changes it)."""
         with self._lock:
-            kept = self._states.pop(path, None)
+            kept = self._pop(path)
         if kept is None:
             return None
         try:
@@ -192,14 +195,23 @@ class Written:
 
     def put(self, path: Path, identity: Identity, data: dict[str, Any]) -> None:
         with self._lock:
+            self._pop(path)
+            if identity[2] > self.max_bytes:
+                return
             self._states[path] = (identity, data)
-            self._states.move_to_end(path)
-            while len(self._states) > self.limit:
-                self._states.popitem(last=False)
+            self._bytes += identity[2]
+            while len(self._states) > self.limit or self._bytes > self.max_bytes:
+                self._pop(next(iter(self._states)))
 
     def drop(self, path: Path) -> None:
         with self._lock:
-            self._states.pop(path, None)
+            self._pop(path)
+
+    def _pop(self, path: Path) -> tuple[Identity, dict[str, Any]] | None:
+        kept = self._states.pop(path, None)
+        if kept is not None:
+            self._bytes -= kept[0][2]
+        return kept
 
 
 class Session:
