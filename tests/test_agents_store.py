@@ -485,3 +485,25 @@ def test_the_servers_memory_of_states_is_bounded_in_sessions_and_bytes(tmp_path:
     save(served, "huge", pad="x" * 4000)  # larger than the bound alone: not kept
     assert [p.name for p in written._states] == [served.path("big").name]
     assert load(served, "huge")["pad"] == "x" * 4000
+
+
+def test_a_swapped_state_is_saved_even_when_the_old_one_cannot_be_removed(
+        served: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    save(served, "s1", n=1)
+
+    def exchange(new: Path, path: Path) -> bool:  # (in three steps: any system)
+        os.rename(path, f"{new}.x")
+        os.rename(new, path)
+        os.rename(f"{new}.x", new)
+        return True
+
+    monkeypatch.setattr(st, "_SWAP", [exchange])
+
+    def cannot(path: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "unlink", cannot)
+    save(served, "s1", n=2)  # no StoreError: the new state is in place
+    monkeypatch.undo()
+    assert load(SessionStore(served.directory.parent.parent, "claude-code"), "s1")["n"] == 2
+    assert len(temporary_files(served)) == 1  # the old state, for ``clean``

@@ -268,14 +268,16 @@ class Session:
         try:
             with open(tmp, "wb") as f:
                 f.write(body)
-            if self.written is not None and _swap(tmp, self.path):
-                os.unlink(tmp)  # the last state, swapped out
-            else:
+            swapped = self.written is not None and _swap(tmp, self.path)
+            if not swapped:
                 os.replace(tmp, self.path)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise StoreError(exc.errno, f"cannot write {self.path}: {exc.strerror}") from None
+        if swapped:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # the last state, swapped out (else ``clean`` takes it)
         if self.written is not None:
             with contextlib.suppress(OSError):
                 self.written.put(self.path, _identity(os.stat(self.path)), data)  # (a rename changes its ctime)
