@@ -662,65 +662,7 @@ _SPAN_OUTCOMES: dict[str, Outcome | None] = {}
 """``turnguard.call.outcome`` texts read so far and what they mean (at most ``MAX_SHARED_TOOLS``)."""
 
 
-def _short_string(v: Any) -> str | None:
-    """A decoded attribute value's ``stringValue`` when it is a text of 1 to ``MAX_ID_LENGTH``
-    characters (and so what the attribute reads as)."""
-    text = v.stringValue if v is not None else None
-    return text if type(text) is str and 0 < len(text) <= MAX_ID_LENGTH else None
-
-
-_READ_BY_CALLS = frozenset((names.CALL_INDEX, names.CALL_KEY_DIGEST, names.GEN_AI_TOOL_NAME, names.CALL_OUTCOME,
-                            names.TURN_ID))
-_CALL_INDEX, _CALL_KEY_DIGEST, _TOOL_NAME, _CALL_OUTCOME = (names.CALL_INDEX, names.CALL_KEY_DIGEST,
-                                                            names.GEN_AI_TOOL_NAME, names.CALL_OUTCOME)
-_UNSET = span_decoding.UNSET
 _new_call = tuple.__new__
-
-
-def _plugin_call(attributes: list[Any]) -> tuple[Any, Any, Any, Any, None] | None:
-    """A decoded span's (index, tool, digest, outcome, turn id) values when its attributes are in
-    the order turnguard's plugin writes a tool span's (``call.index``, ``call.key_digest``,
-    ``gen_ai.tool.name``, another, ``call.outcome``, then others, none of them read): what the
-    attributes' dict would give, without making it. ``None`` for any other span."""
-    if len(attributes) < 5:
-        return None
-    a0, a1, a2, a3, a4 = attributes[0], attributes[1], attributes[2], attributes[3], attributes[4]
-    if (a0.key != names.CALL_INDEX or a1.key != names.CALL_KEY_DIGEST or a2.key != names.GEN_AI_TOOL_NAME
-            or a4.key != names.CALL_OUTCOME or a3.key in _READ_BY_CALLS):
-        return None
-    for later in attributes[5:] if len(attributes) > 5 else ():
-        if later.key in _READ_BY_CALLS:
-            return None
-    return a0.value, a2.value, a1.value, a4.value, None
-
-
-def _plugin_layout(attributes: list[Any]) -> bool:
-    """The attribute keys are in the order ``_plugin_call`` reads."""
-    if len(attributes) < 5:
-        return False
-    a0, a1, a2, a3, a4 = attributes[0], attributes[1], attributes[2], attributes[3], attributes[4]
-    if (a0.key != _CALL_INDEX or a1.key != _CALL_KEY_DIGEST or a2.key != _TOOL_NAME or a4.key != _CALL_OUTCOME
-            or a3.key in _READ_BY_CALLS):
-        return False
-    return len(attributes) == 5 or not any(later.key in _READ_BY_CALLS for later in attributes[5:])
-
-
-def _plugin_values(attributes: list[Any]) -> tuple[str, str, str, Outcome] | None:
-    """``_plugin_call``'s fields, checked as ``_usual_call`` checks them: the index's decimal text,
-    the digest, the tool and the outcome; ``None`` for a span either would refuse."""
-    if not _plugin_layout(attributes):
-        return None
-    at, d, t, o = attributes[0].value, attributes[1].value, attributes[2].value, attributes[4].value
-    if at is None or d is None or t is None or o is None or at.stringValue is not _UNSET:
-        return None
-    index, digest, tool, text = at.intValue, d.stringValue, t.stringValue, o.stringValue
-    if type(index) is not str or type(digest) is not str or type(tool) is not str or type(text) is not str:
-        return None
-    outcome = _SPAN_OUTCOMES.get(text)
-    if (outcome is None or not 0 < len(tool) <= MAX_ID_LENGTH or not 0 < len(digest) <= MAX_ID_LENGTH
-            or len(index) >= 19 or not index.isdecimal()):
-        return None
-    return index, digest, tool, outcome
 
 
 def span_outcome(raw: Any) -> Outcome | None:
@@ -736,7 +678,7 @@ def span_outcome(raw: Any) -> Outcome | None:
 
 
 for _text in (*(o.value for o in Outcome), names.CALL_UNFINISHED):
-    span_outcome(_text)  # the usual texts, known from the start (add_decoded's short path reads them)
+    span_outcome(_text)  # the usual texts, known from the start (the template's path reads them)
 _TEMPLATE_OUTCOMES = {text.encode(): outcome for text, outcome in _SPAN_OUTCOMES.items() if outcome is not None}
 """The usual outcome texts as bytes (``OtlpAssembler._take_template``; another text takes the longer way)."""
 
@@ -809,10 +751,9 @@ class OtlpAssembler:
                         yield self._release_oldest()
 
     def add_decoded(self, spans: list[span_decoding.DecodedSpan], lineno: int) -> Iterator[Any]:
-        """``add`` for a line decoded by ``span_decoding.decode``: the same spans in the same order,
-        only the attributes a span's kind reads converted. A tool span as the plugin writes it is
-        taken from its template match (``_take_siblings``, ``_take_template``); any other is read
-        from its decoded attributes (``_typed_span``)."""
+        """``add`` for a line decoded by ``span_decoding.decode``: the same spans in the same order.
+        A tool span as the plugin writes it is taken from its template match (``_take_siblings``,
+        ``_take_template``); any other is read as ``add`` reads it (``span_decoding.plain``)."""
         template, siblings = self._take_template, self._take_siblings
         i, end = 0, len(spans)
         while i < end:
@@ -824,41 +765,13 @@ class OtlpAssembler:
                 break
             decoded = spans[i]
             i += 1
-            span, attributes, found = decoded
-            if found is not None and template(found, span.parentSpanId, lineno):
-                tool_span = True
-            else:
-                turn, tool_span = self._typed_span(
-                    span, attributes if found is None else span_decoding.attributes_of(decoded), lineno)
+            span, _, found = decoded
+            if found is None or not template(found, span.parentSpanId, lineno):
+                turn = self._span(span_decoding.plain(decoded), lineno)
                 if turn is not None:
                     yield turn
-            if tool_span and self._waiting > self.most_waiting and self._most_waiting():
+            if self._waiting > self.most_waiting and self._most_waiting():
                 yield self._release_oldest()
-
-    def _typed_span(self, span: Any, attributes: list[Any] | None, lineno: int) -> tuple[Any, bool]:
-        """A decoded span the template did not take: the turn its turn span gives, and whether it
-        is a tool span. One in the plugin's layout is read on a short path (``_take_plugin_span``,
-        ``_plugin_call``, ``_usual_call``); any other goes through ``_call``."""
-        if not attributes:
-            return None, False  # neither a tool span nor a turn span
-        if self._take_plugin_span(attributes, span.parentSpanId, lineno):
-            return None, True
-        value, call_index, turn_key = span_decoding.value, names.CALL_INDEX, names.TURN_ID
-        fields = _plugin_call(attributes)
-        if fields is None:
-            raw = {a.key: a.value for a in attributes}
-            if call_index not in raw:
-                if turn_key not in raw:
-                    return None, False
-                return self._turn_span(span.name, {k: value(v) for k, v in raw.items()}, span.spanId,
-                                       span.startTimeUnixNano, span.endTimeUnixNano, lineno,
-                                       span_decoding.events(span.events)), False
-            fields = (raw[call_index], raw.get(names.GEN_AI_TOOL_NAME), raw.get(names.CALL_KEY_DIGEST),
-                      raw.get(names.CALL_OUTCOME), raw.get(turn_key))
-        if not self._usual_call(*fields, span.parentSpanId, lineno):
-            index, tool, digest, outcome, turn_id = map(value, fields)
-            self._call(span.name, tool, index, digest, outcome, turn_id, span.parentSpanId, lineno)
-        return None, True
 
     def _take_siblings(self, spans: list[span_decoding.DecodedSpan], i: int) -> tuple[int, bool]:
         """Take the spans from ``spans[i]`` on that the template matched and that are siblings of
@@ -891,8 +804,9 @@ class OtlpAssembler:
 
     def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
         """Take a tool span whose attributes matched ``span_decoding.TOOL_ATTRIBUTES`` (the match
-        checked their types and lengths) when the rest of ``_take_plugin_span``'s checks pass
-        (``False``: not taken, nothing changed)."""
+        checked their types and lengths) when its outcome is a usual one, its parent a short text,
+        its index from 1 and its turn below its bound, as ``_call`` checks them (``False``: not
+        taken, nothing changed; ``_span`` reads it and says what is wrong)."""
         index, digest, raw_tool, text = found.groups()
         outcome = _TEMPLATE_OUTCOMES.get(text)
         if outcome is None or not parent or len(parent) > MAX_ID_LENGTH:
@@ -912,21 +826,9 @@ class OtlpAssembler:
         self._waiting += 1
         return True
 
-    def _take_plugin_span(self, attributes: list[Any], parent: str | None, lineno: int) -> bool:
-        """``_plugin_call`` and ``_usual_call`` in one, for the hot path: take a decoded tool span in
-        the plugin's layout whose checks all pass (``False``: not taken, and nothing changed; the
-        caller reads the span the longer way, which says what it is)."""
-        if not parent or len(parent) > MAX_ID_LENGTH:
-            return False
-        found = _plugin_values(attributes)
-        if found is None:
-            return False
-        index, digest, tool, outcome = found
-        return self._pend_call(parent, int(index), tool, digest, outcome, lineno)
-
     def _pend_call(self, parent: str, number: int, tool: str, digest: str, outcome: Outcome, lineno: int) -> bool:
         """Hold a checked tool span's call for its turn span (``False``: its index or the turn's
-        bound refuses it, nothing changed): the end of both fast paths."""
+        bound refuses it, nothing changed)."""
         key = "span:" + parent
         pending = self._pending.get(key)
         if number < 1 or (pending is not None and len(pending.calls) >= self.max_calls):
@@ -943,18 +845,6 @@ class OtlpAssembler:
         self._waiting += 1
         self._last_parent, self._last_calls = parent, pending.calls
         return True
-
-    def _usual_call(self, at: Any, t: Any, d: Any, o: Any, turn_id: Any, parent: str | None, lineno: int) -> bool:
-        """Take a decoded tool span whose ``_call`` checks would all pass: text tool, digest and
-        outcome, an ``intValue`` index from 1, a parent, no turn id of its own (``False``: not
-        taken, ``_call`` reads it)."""
-        tool, digest = _short_string(t), _short_string(d)
-        index = at.intValue if at is not None and at.stringValue is span_decoding.UNSET else None
-        outcome = _SPAN_OUTCOMES.get(o.stringValue) if o is not None and type(o.stringValue) is str else None
-        if not (tool and digest and outcome is not None and turn_id is None and parent and len(parent) <= MAX_ID_LENGTH
-                and type(index) is str and index.isdecimal() and len(index) < 19):
-            return False
-        return self._pend_call(parent, int(index), tool, digest, outcome, lineno)
 
     def _most_waiting(self) -> bool:
         """Note a new most of waiting calls; ``True`` when past the bound (the oldest is released)."""

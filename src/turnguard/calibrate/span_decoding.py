@@ -7,14 +7,14 @@ declared here and skips the rest (ids, times, links, resources; a span's events 
 JSON text, parsed for turn spans only) without building them:
 about three times less work per span. A span's attributes are kept as their JSON text too: a tool
 span's, as the plugin writes them, are read by one match of ``TOOL_ATTRIBUTES`` (no object per
-attribute); any others are decoded as typed ``KeyValue`` lists before the line is used.
+attribute); any others (turn spans, tool spans of another layout) are parsed by ``json`` before
+the line is used, and read as the plain reading reads them.
 
 It is a fast path, never a second reading: ``decode`` gives the document only for a line whose
 every field read has the type the plain reading expects and whose JSON the ``json`` module reads
 identically; anything else (a field of another type, JSON that ``json`` would refuse or read
 differently) gives ``None``, and the line is read by the plain path, which says what is wrong with
-it. ``value`` converts an attribute value exactly as ``attributes.any_value`` does. What each side
-gives (the template's reading too) is compared on random and hostile lines in
+it. What each side gives is compared on random and hostile lines in
 ``tests/test_calibrate_span_decoding.py``.
 Without msgspec, ``AVAILABLE`` is false and every line takes the plain path.
 """
@@ -26,7 +26,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from turnguard.calibrate.attributes import array_value, int_value
 from turnguard.model import MAX_ID_LENGTH
 from turnguard.telemetry import names
 
@@ -40,22 +39,6 @@ UNSET: Any = getattr(msgspec, "UNSET", None)
 AVAILABLE = msgspec is not None
 
 if msgspec is not None:
-    class AnyValue(msgspec.Struct, gc=False):
-        """OTLP JSON's ``AnyValue``: which of its fields is present decides the value (``UNSET``:
-        absent; ``None``: JSON null). Other kinds (``kvlistValue``, ``bytesValue``) read as ``None``
-        in both readings, so they are skipped."""
-
-        stringValue: str | UnsetType | None = UNSET
-        intValue: str | int | float | bool | UnsetType | None = UNSET
-        boolValue: bool | UnsetType | None = UNSET
-        doubleValue: int | float | UnsetType | None = UNSET
-        arrayValue: msgspec.Raw | UnsetType = UNSET
-        """Kept as its JSON text, parsed only when read (``attributes.array_value``)."""
-
-    class KeyValue(msgspec.Struct, gc=False):
-        key: str
-        value: AnyValue | None = None
-
     class Span(msgspec.Struct, gc=False):
         name: str
         spanId: str | None = None
@@ -63,7 +46,7 @@ if msgspec is not None:
         startTimeUnixNano: str | int | None = None
         endTimeUnixNano: str | int | None = None
         attributes: msgspec.Raw = msgspec.Raw(b"null")
-        """Kept as its JSON text: read by ``TOOL_ATTRIBUTES`` or decoded as ``list[KeyValue]``."""
+        """Kept as its JSON text: read by ``TOOL_ATTRIBUTES``, else parsed by ``json``."""
         events: msgspec.Raw | UnsetType = UNSET
         """Kept as its JSON text, parsed only for a turn span (``events``)."""
 
@@ -79,7 +62,6 @@ if msgspec is not None:
         resourceSpans: list[ResourceSpans]
 
     _DECODER: Any = msgspec.json.Decoder(Document)
-    _ATTRIBUTES: Any = msgspec.json.Decoder(list[KeyValue] | None)
     _FAILED: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
@@ -95,9 +77,8 @@ def events(raw: Any) -> Any:
 
 
 DecodedSpan = tuple[Any, Any, Any]
-"""``(span, attributes, found)``: a ``Span``, and either its attributes decoded (a list of
-``KeyValue``, or ``None``) with ``found`` ``None``, or ``None`` with ``found`` the match of
-``TOOL_ATTRIBUTES`` (the attributes are then decoded only if asked: ``attributes_of``)."""
+"""``(span, attributes, found)``: a ``Span``, and either its attributes parsed by ``json`` with
+``found`` ``None``, or ``None`` with ``found`` the match of ``TOOL_ATTRIBUTES``."""
 
 
 def decode(line: bytes) -> list[DecodedSpan] | None:
@@ -134,9 +115,9 @@ def _deeper(line: bytes, frames: int) -> Any:
 
 
 def _spans(document: Any) -> list[DecodedSpan]:
-    """Every span of the document with its attributes read: by the template, else decoded (which
+    """Every span of the document with its attributes read: by the template, else parsed (which
     may refuse the line, before any of its spans is used)."""
-    match, typed = _TOOL_MATCH, _ATTRIBUTES.decode
+    match, typed = _TOOL_MATCH, _parsed
     found: list[DecodedSpan] = []
     add = found.append
     for rs in document.resourceSpans:
@@ -148,11 +129,19 @@ def _spans(document: Any) -> list[DecodedSpan]:
     return found
 
 
-def attributes_of(decoded: DecodedSpan) -> list[Any] | None:
-    """A decoded span's attributes as ``list[KeyValue]`` (``None``: absent or null), decoded now
-    when the template read them (JSON it matched always decodes)."""
+def _parsed(raw: Any) -> Any:
+    try:
+        return json.loads(bytes(raw))
+    except ValueError as exc:
+        raise msgspec.DecodeError(str(exc)) from exc
+
+
+def plain(decoded: DecodedSpan) -> dict[str, Any]:
+    """A decoded span as the ``json`` module gives it, with the fields calibrate reads."""
     span, attributes, found = decoded
-    return attributes if found is None else _ATTRIBUTES.decode(span.attributes)
+    return {"name": span.name, "attributes": attributes if found is None else json.loads(bytes(span.attributes)),
+            "spanId": span.spanId, "parentSpanId": span.parentSpanId, "startTimeUnixNano": span.startTimeUnixNano,
+            "endTimeUnixNano": span.endTimeUnixNano, "events": events(span.events)}
 
 
 _TEXT = rb'([ !#-\[\]-~]{1,%d})' % MAX_ID_LENGTH
@@ -187,7 +176,7 @@ and streak counts when past 1, the tool name, the operation, the outcome, and fo
 its failing streak and ``error.type``. Groups: the index's digits, the key digest, the tool name,
 the outcome's text (the counts and the error type are not read). Anything else (escapes,
 non-ASCII, whitespace, other or more attributes, another order, other types) does not match and
-is decoded by msgspec."""
+is parsed by ``json``."""
 _TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
 
 
@@ -252,26 +241,3 @@ def _nested_arrays(depth: int) -> bytes:
     inner = b'{"arrayValue":{"values":[' * depth + b'{"stringValue":"a"}' + b"]}}" * depth
     return (b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x","attributes":[{"key":"k","value":' + inner
             + b"}]}]}]}]}")
-
-
-def value(v: Any) -> Any:
-    """An attribute's value as ``attributes.any_value`` gives it from the parsed JSON (an array
-    is parsed from its text by ``json``, then read by ``attributes.array_value``)."""
-    if v is None:
-        return None
-    s = v.stringValue
-    if s is not UNSET:
-        return s
-    i = v.intValue
-    if i is not UNSET:
-        return int_value(i)
-    b = v.boolValue
-    if b is not UNSET:
-        return bool(b)
-    d = v.doubleValue
-    if d is not UNSET:
-        return d
-    a = v.arrayValue
-    if a is not UNSET:
-        return array_value(json.loads(bytes(a)))
-    return None
