@@ -118,10 +118,10 @@ def _otlp_measured(folder: str, files: list[str], jobs: int = 2) -> dict:
 
 def _decode_lines(task: tuple[str, int, int]) -> int:
     """Decode the lines that start in bytes ``start..end-1`` of a file; their count."""
-    from turnguard.calibrate import span_decoding
+    from turnguard.calibrate import collector
 
     path, start, end = task
-    decode = span_decoding.decode
+    decode = collector.decode
     n = 0
     with open(path, "rb") as f:
         if start:

@@ -11,10 +11,10 @@ from itertools import pairwise
 
 import pytest
 
+from turnguard.calibrate.corpus import corpus_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.html import render
-from turnguard.calibrate.inputs import corpus_turn
 from turnguard.calibrate.svg import MAX_STEPS, axis_ticks
 
 ROUND_STEPS = {Decimal(m) for m in (1, 2, 5)}

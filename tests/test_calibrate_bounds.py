@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from turnguard.calibrate import bounds, cli
-from turnguard.calibrate import inputs as inputs_module
+from turnguard.calibrate import bounds, cli, records
 from turnguard.calibrate.bounds import Bounds, halt_bucket, parsed_size
-from turnguard.calibrate.inputs import InputProblem, Limits, RecordedTurn, read_turns
+from turnguard.calibrate.inputs import read_turns
 from turnguard.calibrate.recording import MAX_POLICIES, Recording
+from turnguard.calibrate.records import InputProblem, Limits, RecordedTurn
 from turnguard.calibrate.replay import TurnResult
 from turnguard.calibrate.results import late_results
 from turnguard.calibrate.stats import ModeStats, add_halt_call
@@ -59,7 +59,7 @@ def test_a_line_too_costly_to_parse_is_refused_without_parsing_it(tmp_path, monk
                     + "\n")
     parsed = []
     real = json.loads
-    monkeypatch.setattr(inputs_module.json, "loads", lambda text: parsed.append(len(text)) or real(text))
+    monkeypatch.setattr(records.json, "loads", lambda text: parsed.append(len(text)) or real(text))
     problems: list[InputProblem] = []
     turns = list(read_turns([path], problems.append, max_line_bytes=limit))
     assert [t.id for t in turns] == ["ok"]

@@ -181,7 +181,7 @@ def test_a_200_mb_line_is_skipped_with_bounded_memory(tmp_path: Path) -> None:
         runs[name] = (json.loads(done.stdout), int(done.stderr.splitlines()[-1]))
     (huge, huge_rss), (_, small_rss) = runs["huge"], runs["small"]
     assert (huge["turns"], huge["problems"]) == (2, 1)
-    from turnguard.calibrate.inputs import MAX_LINE_BYTES
+    from turnguard.calibrate.records import MAX_LINE_BYTES
 
     assert huge_rss - small_rss < 3 * MAX_LINE_BYTES  # not the 200 MB line (x4 when it was parsed)
 

@@ -17,8 +17,8 @@ from turnguard.calibrate import cli
 from turnguard.calibrate.advice import Context, assess, recommendation
 from turnguard.calibrate.decision import MAX_MORE, decide, turns_to_decide
 from turnguard.calibrate.evidence import Z95, Passed, ProbeEvidence, wilson_interval
-from turnguard.calibrate.inputs import Limits, RecordedTurn
 from turnguard.calibrate.recording import Recording
+from turnguard.calibrate.records import Limits, RecordedTurn
 
 
 def passed(resolved: int, unresolved: int, censored: int = 0, unknown: int = 0) -> Passed:

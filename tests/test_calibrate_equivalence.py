@@ -10,10 +10,10 @@ import pytest
 
 import turnguard as tg
 from synthetic import SMALL, records
+from turnguard.calibrate.corpus import corpus_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import signature, turn_facts
 from turnguard.calibrate.grid import GridSpec, Policy, build_grid
-from turnguard.calibrate.inputs import corpus_turn
 from turnguard.calibrate.replay import cycle_starts
 from turnguard.keys import identity_bytes, is_json_text
 

@@ -16,10 +16,11 @@ import pytest
 
 from planted_fleet import LIVE, run_fleet
 from synthetic import SMALL, records
+from turnguard.calibrate.corpus import corpus_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid, dedupe
 from turnguard.calibrate.html import render
-from turnguard.calibrate.inputs import corpus_turn, read_turns
+from turnguard.calibrate.inputs import read_turns
 from turnguard.calibrate.results import late_results
 from turnguard.config import GuardConfig
 

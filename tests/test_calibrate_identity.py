@@ -9,7 +9,7 @@ import pytest
 
 from keys_cases import DISTINCT_PAIRS, hostile_values
 from turnguard.calibrate.identity import call_key, call_keys
-from turnguard.calibrate.inputs import RecordedCall
+from turnguard.calibrate.records import RecordedCall
 from turnguard.keys import Keyer
 from turnguard.model import Outcome
 

@@ -30,7 +30,8 @@ from planted_fleet import LIVE, Work, run_fleet
 from turnguard.calibrate import cli
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.inputs import RecordedCall, RecordedTurn, read_turns
+from turnguard.calibrate.inputs import read_turns
+from turnguard.calibrate.records import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import cycle_starts
 from turnguard.calibrate.stats import halt_ended
 from turnguard.config import GuardConfig

@@ -14,8 +14,9 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 import turnguard as tg
-from turnguard.calibrate import inputs
-from turnguard.calibrate.inputs import InputProblem, RecordedCall, read_turns
+from turnguard.calibrate import records
+from turnguard.calibrate.inputs import read_turns
+from turnguard.calibrate.records import InputProblem, RecordedCall
 from turnguard.telemetry import names
 from turnguard.telemetry.testing import InMemoryTelemetry
 
@@ -221,7 +222,7 @@ def test_formats_mix_freely_in_one_run(tmp_path: Path) -> None:
 # -- hostile input: every field that sizes work is bounded, every skipped line is counted -------
 
 GOOD_CALL = {"tool": "read", "args": {"p": 1}, "outcome": "ok"}
-TOO_BIG = inputs.MAX_TURN_CYCLES + 1
+TOO_BIG = records.MAX_TURN_CYCLES + 1
 
 
 def corpus_with(tmp_path: Path, *bad: str) -> Path:
@@ -249,7 +250,7 @@ def test_a_work_sizing_count_out_of_range_or_of_the_wrong_type_is_a_reported_pro
 
 @pytest.mark.parametrize("field", ["cycles", "cycle"])
 def test_the_largest_accepted_count_is_the_documented_limit(tmp_path: Path, field: str) -> None:
-    top = inputs.MAX_TURN_CYCLES
+    top = records.MAX_TURN_CYCLES
     call = {**GOOD_CALL, "cycle": top} if field == "cycle" else GOOD_CALL
     (_, turn, _), problems = read([corpus_with(tmp_path, json.dumps({"id": "top", "calls": [call], "cycles": top}))])
     assert problems == [] and turn.id == "top" and turn.cycles == top
@@ -257,7 +258,7 @@ def test_the_largest_accepted_count_is_the_documented_limit(tmp_path: Path, fiel
 
 def test_a_turn_with_more_calls_than_the_limit_is_a_reported_problem(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inputs, "MAX_TURN_CALLS", 3)
+    monkeypatch.setattr(records, "MAX_TURN_CALLS", 3)
     at_limit = json.dumps({"id": "three", "calls": [GOOD_CALL] * 3})
     over = json.dumps({"id": "four", "calls": [GOOD_CALL] * 4})
     turns, problems = read([corpus_with(tmp_path, at_limit, over)])
@@ -279,7 +280,7 @@ def test_an_otlp_turn_cycles_attribute_out_of_range_is_reported_and_the_turn_kep
 
 def test_otlp_calls_past_the_per_turn_limit_are_reported_not_accumulated(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inputs, "MAX_TURN_CALLS", 2)
+    monkeypatch.setattr(records, "MAX_TURN_CALLS", 2)
     lines = [collector_line([tool_span(f"b{i}", "aaaa", i)]) for i in range(1, 5)]
     lines.append(collector_line([span("invoke_agent coder", "aaaa", None, {names.TURN_ID: "T"})]))
     path = tmp_path / "collector.json"
@@ -334,18 +335,18 @@ def test_a_line_longer_than_the_limit_is_skipped_and_one_at_the_limit_is_read(tm
 
     at, over = line_of(limit, "at"), line_of(limit + 1, "over")
     path = tmp_path / "long.jsonl"
-    path.write_bytes(b"\n".join([at, over, over + b" " * 3 * inputs.SKIP_BLOCK, at]) + (b"\n" if limit > 1 else b""))
+    path.write_bytes(b"\n".join([at, over, over + b" " * 3 * records.SKIP_BLOCK, at]) + (b"\n" if limit > 1 else b""))
     problems: list[InputProblem] = []
     turns = list(read_turns([path], problems.append, max_line_bytes=max(limit, len(at))))
     if len(at) > limit:  # a limit below the smallest turn: nothing fits
         return
     assert [t.id for t in turns] == ["at", "at"]
     assert [(p.line, "longer than the limit" in p.message) for p in problems] == [(2, True), (3, True)]
-    assert f": {limit + 1 + 3 * inputs.SKIP_BLOCK + 1:,} bytes with its newline" in problems[1].message
+    assert f": {limit + 1 + 3 * records.SKIP_BLOCK + 1:,} bytes with its newline" in problems[1].message
 
 
 def test_the_default_limit_reads_a_line_at_it_and_skips_one_past_it(tmp_path: Path) -> None:
-    limit = inputs.MAX_LINE_BYTES
+    limit = records.MAX_LINE_BYTES
     head = b'{"id": "big", "calls": ['
     path = tmp_path / "big.jsonl"
     with path.open("wb") as f:
@@ -357,7 +358,7 @@ def test_the_default_limit_reads_a_line_at_it_and_skips_one_past_it(tmp_path: Pa
 
 
 def test_a_line_far_past_the_limit_is_skipped_holding_at_most_the_limit_of_it(tmp_path: Path) -> None:
-    limit = inputs.MAX_LINE_BYTES
+    limit = records.MAX_LINE_BYTES
     path = tmp_path / "huge.jsonl"
     with path.open("wb") as f:
         f.write(b'{"id": "huge", "calls": [' + b" " * (4 * limit) + b"]}\n")
@@ -374,7 +375,7 @@ def test_a_line_far_past_the_limit_is_skipped_holding_at_most_the_limit_of_it(tm
 
 
 def test_otlp_calls_waiting_for_their_turn_spans_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inputs, "MAX_WAITING_CALLS", 3)
+    monkeypatch.setattr(records, "MAX_WAITING_CALLS", 3)
     lines = [collector_line([tool_span(f"c{t}{i}", f"p{t}", i) for i in (1, 2)]) for t in range(3)]
     lines.append(collector_line([span("invoke_agent coder", "p2", None, {names.TURN_ID: "T2"})]))
     path = tmp_path / "collector.json"

@@ -20,7 +20,7 @@ import pytest
 import probe_fleet as pf
 import turnguard as tg
 from collector_lines import collector_lines, log_lines
-from turnguard.calibrate import cli, span_decoding
+from turnguard.calibrate import cli, collector
 from turnguard.telemetry.testing import InMemoryTelemetry
 
 MIX = pf.ProbeMix(short=140, long=8, very_long=4, edit_rerun=12, stuck=16, retry=24, failing=40, runaway=4)
@@ -80,11 +80,11 @@ def test_the_fleet_holds_every_hard_case(fleet: Path) -> None:
 def test_workers_reading_byte_ranges_say_what_one_json_reader_says(
     fleet: Path, monkeypatch: pytest.MonkeyPatch, range_bytes: int
 ) -> None:
-    monkeypatch.setattr(span_decoding, "_usable", lambda: False)
+    monkeypatch.setattr(collector, "_usable", lambda: False)
     one = figures([str(fleet), "--jobs", "1"])
     monkeypatch.undo()
     monkeypatch.setattr("turnguard.calibrate.run.range_bytes", lambda limit: range_bytes)
     for jobs in (1, 2):
         assert figures([str(fleet), "--jobs", str(jobs)]) == one, jobs
-    monkeypatch.setattr(span_decoding, "_usable", lambda: False)
+    monkeypatch.setattr(collector, "_usable", lambda: False)
     assert figures([str(fleet), "--jobs", "2"]) == one

@@ -12,8 +12,9 @@ import pytest
 
 import turnguard as tg
 from collector_lines import collector_lines
-from turnguard.calibrate import span_decoding
-from turnguard.calibrate.inputs import InputProblem, Limits, read_turns
+from turnguard.calibrate import collector
+from turnguard.calibrate.inputs import read_turns
+from turnguard.calibrate.records import InputProblem, Limits
 from turnguard.model import MAX_ID_LENGTH
 from turnguard.telemetry.testing import InMemoryTelemetry
 
@@ -145,9 +146,9 @@ def test_an_attended_continue_is_remembered(tmp_path):
 @pytest.mark.parametrize("answer", ["continue", "redirect", "stop", None])
 def test_an_attended_answer_reads_alike_from_the_line_and_the_turn_span(tmp_path, monkeypatch, answer, reading):
     if reading == "json":  # the plain reading (without msgspec, or for a line it does not take)
-        monkeypatch.setattr(span_decoding, "_usable", lambda: False)
+        monkeypatch.setattr(collector, "_usable", lambda: False)
     else:
-        assert span_decoding.decode(b'{"resourceSpans": []}') is not None
+        assert collector.decode(b'{"resourceSpans": []}') is not None
     telemetry = InMemoryTelemetry()
     guard = tg.Guard(tg.GuardConfig(recorder_path=str(tmp_path / "turns.jsonl"), load_entrypoints=False,
                                     disable_plugins=("shadow",)), environ={}, **telemetry.providers())

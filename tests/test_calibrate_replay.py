@@ -14,7 +14,7 @@ from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import earliest_call, turn_facts
 from turnguard.calibrate.grid import IdenticalCallsRule, Policy
 from turnguard.calibrate.identity import call_keys
-from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard.calibrate.records import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import (
     CompiledPolicy,
     Managers,

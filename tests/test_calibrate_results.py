@@ -13,7 +13,7 @@ import pytest
 from collector_lines import collector_lines, run_turns
 from turnguard.calibrate import cli
 from turnguard.calibrate import results as r
-from turnguard.calibrate.inputs import InputProblem
+from turnguard.calibrate.records import InputProblem
 
 
 def turn(turn_id: str, calls: int, resolved: bool | None = None, cohort: str = "probe") -> str:

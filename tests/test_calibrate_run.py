@@ -21,8 +21,8 @@ import pytest
 from synthetic import SMALL, records, write_corpus, write_otlp
 from turnguard.calibrate import parallel
 from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.inputs import InputProblem
 from turnguard.calibrate.parallel import AHEAD, TAIL_SPLIT, plan
+from turnguard.calibrate.records import InputProblem
 from turnguard.calibrate.run import Progress, StrictError, calibrate
 from turnguard.telemetry import names
 

@@ -1,4 +1,4 @@
-"""The fast reading of Collector lines (msgspec, ``span_decoding``) gives what the plain reading
+"""The fast reading of Collector lines (msgspec, ``collector.decode``) gives what the plain reading
 (the ``json`` module) gives, on every line: the same turns, problems and waiting calls, whether a
 line is well formed, odd or hostile; and so the same figures, byte for byte, with one process or
 worker processes reading byte ranges, with or without msgspec installed."""
@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 
 from synthetic import SMALL, records, turn_spans
-from turnguard.calibrate import cli, inputs, parallel, span_decoding
-from turnguard.calibrate.inputs import LineSource, OtlpAssembler, read_source
+from turnguard.calibrate import cli, collector, parallel
+from turnguard.calibrate import records as record_types
+from turnguard.calibrate.collector import OtlpAssembler
+from turnguard.calibrate.inputs import read_source
+from turnguard.calibrate.records import LineSource
 from turnguard.telemetry import names
 
-pytestmark = pytest.mark.skipif(not span_decoding.AVAILABLE, reason="msgspec (the cli extra) is not installed")
+pytestmark = pytest.mark.skipif(not collector.AVAILABLE, reason="msgspec (the cli extra) is not installed")
 
 GRID = ["--soft-caps", "5,20", "--multipliers", "2,4", "--stuck-repeats", "3,6", "--explicit-caps", "15"]
 
@@ -252,27 +255,27 @@ def changed_lines(lines: list[str], seed: int) -> Iterator[bytes]:
 @pytest.fixture
 def plain(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     """Call to read every line with the json module (as without msgspec) from then on."""
-    return lambda: monkeypatch.setattr(span_decoding, "_usable", lambda: False)
+    return lambda: monkeypatch.setattr(collector, "_usable", lambda: False)
 
 
-def assembled(path: Path, *, max_line_bytes: int = inputs.MAX_LINE_BYTES) -> tuple[list, list[str], int]:
+def assembled(path: Path, *, max_line_bytes: int = record_types.MAX_LINE_BYTES) -> tuple[list, list[str], int]:
     """What one reader gives for a file: its turns, its problems, and how often msgspec read a line."""
     problems: list[str] = []
     decoded = [0]
-    real = span_decoding.decode
+    real = collector.decode
 
     def counting(line: bytes) -> Any:
         found = real(line)
         decoded[0] += found is not None
         return found
 
-    span_decoding.decode = counting  # type: ignore[assignment]
+    collector.decode = counting  # type: ignore[assignment]
     try:
         spans = OtlpAssembler(lambda p: problems.append(str(p)), max_line_bytes=max_line_bytes)
         with LineSource(path, lambda p: problems.append(str(p)), max_line_bytes=max_line_bytes) as source:
             turns = [*read_source(source, lambda p: problems.append(str(p)), spans), *spans.finish()]
     finally:
-        span_decoding.decode = real  # type: ignore[assignment]
+        collector.decode = real  # type: ignore[assignment]
     return turns, problems, decoded[0]
 
 
@@ -315,7 +318,7 @@ def test_a_field_of_another_json_type_sends_the_line_to_the_plain_reading(change
     obj = json.loads(stream_lines(2, turns=3, logs=False, corpus=False)[0])
     for span in obj["resourceSpans"][0]["scopeSpans"][0]["spans"]:
         FALLBACK_CHANGES[change](span, random.Random(0))
-    assert span_decoding.decode(json.dumps(obj).encode()) is None
+    assert collector.decode(json.dumps(obj).encode()) is None
 
 
 @pytest.mark.parametrize("change", range(len(TEXT_CHANGES) + len(BYTE_CHANGES)))
@@ -329,28 +332,28 @@ def test_json_the_json_module_reads_otherwise_or_refuses_is_never_read_fast(chan
     try:
         expected = json.loads(data)
     except (ValueError, RecursionError):
-        assert span_decoding.decode(data) is None
+        assert collector.decode(data) is None
         return
-    document = span_decoding.decode(data)
+    document = collector.decode(data)
     if document is not None:  # read fast: then exactly the spans json reads
         spans = [s for rs in expected["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
         assert [s["name"] for s in spans] == [s.name for s, _, _ in document]
-        assert [inputs.attributes(s.get("attributes")) for s in spans] == [
-            inputs.attributes(span_decoding.plain(s)["attributes"]) for s in document]
+        assert [collector.attributes(s.get("attributes")) for s in spans] == [
+            collector.attributes(collector.plain(s)["attributes"]) for s in document]
 
 
 @pytest.mark.parametrize("shape", ["skipped", "arrays"])
 def test_nesting_msgspec_reads_the_json_module_reads_too(shape: str) -> None:
     """Near the interpreter's limit the two parsers give up at different depths: the fast path
     is called deeper, so that it gives up first (a line json refuses is never read fast)."""
-    make = span_decoding._nested_skipped if shape == "skipped" else span_decoding._nested_arrays
-    deepest = span_decoding._deepest(lambda line: span_decoding.decode(line) is not None, make)
+    make = collector._nested_skipped if shape == "skipped" else collector._nested_arrays
+    deepest = collector._deepest(lambda line: collector.decode(line) is not None, make)
     for depth in range(deepest - 5, deepest + 40):
         line = make(depth)
         try:
             json.loads(line)
         except RecursionError:
-            assert span_decoding.decode(line) is None, depth
+            assert collector.decode(line) is None, depth
     assert deepest > 100
 
 
@@ -420,8 +423,8 @@ def test_ranges_the_parent_must_read_again_give_the_same_figures(
     path = tmp_path / "otlp.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     monkeypatch.setattr("turnguard.calibrate.run.range_bytes", lambda max_line_bytes: 1500)
-    monkeypatch.setattr("turnguard.calibrate.inputs.waiting_calls_limit", lambda max_line_bytes: waiting)
-    monkeypatch.setattr("turnguard.calibrate.inputs.turn_calls_limit", lambda max_line_bytes: calls)
+    monkeypatch.setattr("turnguard.calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
+    monkeypatch.setattr("turnguard.calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
     joins: list[bool] = []
     take_range, read_here = OtlpAssembler.take_range, parallel.Stream._read_here
 
@@ -447,7 +450,7 @@ def test_without_msgspec_the_command_reads_with_json_and_says_the_same(tmp_path:
     """The library and the command work without the cli extra: the same output, byte for byte."""
     folder = rotated(tmp_path / "set", [line.encode() for line in stream_lines(11)], [40, 90])
     command = [*GRID, "--jobs", "2", "--json", "-", "--progress", "never", str(folder)]
-    script = ("import sys; sys.modules['msgspec'] = None; from turnguard.calibrate import span_decoding as d; "
+    script = ("import sys; sys.modules['msgspec'] = None; from turnguard.calibrate import collector as d; "
               "assert not d.AVAILABLE; from turnguard.cli import main; sys.exit(main(['calibrate', *sys.argv[1:]]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     without = subprocess.run([sys.executable, "-c", script, *command], capture_output=True, env=env, check=True)
@@ -617,7 +620,7 @@ def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed
     matched = unread = 0
     for text in attribute_texts(seed, 3000):
         data = text.encode("utf-8", "surrogatepass")
-        found = span_decoding.TOOL_ATTRIBUTES.fullmatch(data)
+        found = collector.TOOL_ATTRIBUTES.fullmatch(data)
         if found is None:
             continue
         matched += 1
@@ -626,9 +629,9 @@ def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed
         assert [a["key"] for a in parsed] == [k for k in PLUGIN_ORDER if k in {a["key"] for a in parsed}], text
         unread += len(parsed) - len(TEMPLATE_KEYS)
         line = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"n","attributes":' + data + b"}]}]}]}"
-        [decoded] = span_decoding.decode(line)
+        [decoded] = collector.decode(line)
         assert decoded[2] is not None
-        assert span_decoding.plain(decoded)["attributes"] == json.loads(data)
+        assert collector.plain(decoded)["attributes"] == json.loads(data)
     assert 100 < matched < 2900 and unread > 100  # both sides of the template, and its unread attributes
 
 
@@ -683,8 +686,8 @@ def test_sibling_spans_after_their_turn_span_wait_anew(tmp_path: Path, monkeypat
     """Tool spans of a parent whose turn span has come (or whose calls were released past the
     waiting bound) start a new wait: never added to the calls already given away; a turn's call
     limit holds in a run of siblings."""
-    monkeypatch.setattr("turnguard.calibrate.inputs.waiting_calls_limit", lambda max_line_bytes: waiting)
-    monkeypatch.setattr("turnguard.calibrate.inputs.turn_calls_limit", lambda max_line_bytes: calls)
+    monkeypatch.setattr("turnguard.calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
+    monkeypatch.setattr("turnguard.calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
     spans = [_tool_span("p1", 1), _tool_span("p1", 2), _tool_span("p2", 1), _tool_span("p1", 3), _turn_span("p1", "t1"),
              _tool_span("p1", 1, "cat"), _tool_span("p1", 2, "cat"), _tool_span("p1", 3), _tool_span("p1", 4),
              _turn_span("p1", "t2"), _tool_span("p1", 1), _tool_span("p2", 2), _turn_span("p2", "t3")]

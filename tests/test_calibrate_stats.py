@@ -8,9 +8,9 @@ import pytest
 
 from synthetic import SMALL, records
 from turnguard.calibrate.bounds import ids_per_policy
+from turnguard.calibrate.corpus import corpus_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.inputs import corpus_turn
 from turnguard.calibrate.replay import TurnResult
 from turnguard.calibrate.stats import MAX_IDS, ModeStats, RunStats
 

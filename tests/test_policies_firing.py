@@ -19,7 +19,7 @@ import turnguard as tg
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import stale_reach, turn_facts
 from turnguard.calibrate.grid import IdenticalCallsRule, Policy
-from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard.calibrate.records import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import TurnResult, cycle_starts
 from turnguard.firing import Firing, FiringRule
 from turnguard.policies import cap, cycles, streak

@@ -17,11 +17,11 @@ from typing import TextIO
 
 from turnguard.calibrate import grid as g
 from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
-from turnguard.calibrate.inputs import MAX_LINE_BYTES, InputError, InputProblem
+from turnguard.calibrate.inputs import expand_inputs, missing_backups
+from turnguard.calibrate.records import MAX_LINE_BYTES, InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text
 from turnguard.calibrate.run import Progress, StrictError, calibrate, input_sizes
 from turnguard.calibrate.stats import RunStats
-from turnguard.calibrate.streams import expand_inputs, missing_backups
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 from turnguard.terminal import (
     DEFAULT_WIDTH,

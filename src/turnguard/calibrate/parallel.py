@@ -31,21 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from turnguard.calibrate.collector import HeldTurn, OtlpAssembler
 from turnguard.calibrate.engine import Calibrator, policy_info
 from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.inputs import (
+from turnguard.calibrate.inputs import read_line, read_source
+from turnguard.calibrate.records import (
     READ_BUFFER,
     SKIP_BLOCK,
-    HeldTurn,
     InputError,
     InputProblem,
     LineSource,
-    OtlpAssembler,
     ProblemSink,
     RecordedTurn,
     bounded_lines,
-    read_line,
-    read_source,
     too_long,
 )
 from turnguard.calibrate.results import MARKERS, Event, ResultBook, file_results, line_results

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnguard.calibrate.counts import COHORT_KEYS, count
-from turnguard.calibrate.inputs import CAP_MODES, LIMIT_KEYS, MAX_TIME, Limits, RecordedTurn
+from turnguard.calibrate.records import CAP_MODES, LIMIT_KEYS, MAX_TIME, Limits, RecordedTurn
 from turnguard.model import MAX_ID_LENGTH
 
 MAX_POLICIES = 100

@@ -23,18 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from turnguard.calibrate.bounds import BYTES_PER_RESULT, Bounds
-from turnguard.calibrate.inputs import (
-    LOGS_KEY,
-    MAX_LINE_BYTES,
-    RESULT_KEY,
-    InputProblem,
-    LineSource,
-    ProblemSink,
-    attributes,
-    parse_line,
-    shown,
-    span_resolved,
-)
+from turnguard.calibrate.collector import attributes, span_resolved
+from turnguard.calibrate.corpus import LOGS_KEY, RESULT_KEY
+from turnguard.calibrate.records import MAX_LINE_BYTES, InputProblem, LineSource, ProblemSink, parse_line, shown
 from turnguard.model import MAX_ID_LENGTH
 
 RESULT_EVENT = "turnguard.turn.result"

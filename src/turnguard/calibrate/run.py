@@ -16,19 +16,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from turnguard.calibrate.collector import OtlpAssembler
 from turnguard.calibrate.decision import DEFAULT_TOLERANCE
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.inputs import (
-    MAX_LINE_BYTES,
-    InputError,
-    InputProblem,
-    LineSource,
-    OtlpAssembler,
-    ProblemSink,
-    read_source,
-)
+from turnguard.calibrate.inputs import read_source
 from turnguard.calibrate.parallel import calibrate_in_workers
+from turnguard.calibrate.records import MAX_LINE_BYTES, InputError, InputProblem, LineSource, ProblemSink
 from turnguard.calibrate.results import late_results
 from turnguard.calibrate.stats import RunStats
 from turnguard.terminal import shown
