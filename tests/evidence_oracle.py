@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.calibrate.decision import decide
+from turnguard.calibrate.advice import decide
 from turnguard.calibrate.evidence import LOOP_DETECTORS, Z95, Passed, wilson_interval
 from turnguard.calibrate.survival import CENSORING_ENDS, loglog_interval
 

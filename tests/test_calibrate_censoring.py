@@ -15,7 +15,7 @@ import pytest
 
 from planted_fleet import LIVE, S, run_fleet
 from turnguard.calibrate import cli
-from turnguard.calibrate.counts import COHORT_KEYS
+from turnguard.calibrate.bounds import COHORT_KEYS
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
 from turnguard.calibrate.inputs import read_turns

@@ -14,8 +14,7 @@ import pytest
 
 from planted_fleet import LIVE, MIX, PROBE, S, Work, run_fleet
 from turnguard.calibrate import cli
-from turnguard.calibrate.advice import Context, assess, recommendation
-from turnguard.calibrate.decision import MAX_MORE, decide, turns_to_decide
+from turnguard.calibrate.advice import MAX_MORE, Context, assess, decide, recommendation, turns_to_decide
 from turnguard.calibrate.evidence import Z95, Passed, ProbeEvidence, wilson_interval
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.records import Limits, RecordedTurn

@@ -52,7 +52,7 @@ from turnguard.boards.evidence import km_multiples  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
 from turnguard.boards.thresholds import BACKSTOP_MULTIPLES  # noqa: E402
 from turnguard.calibrate import cli as calibrate_cli  # noqa: E402
-from turnguard.calibrate.decision import decide  # noqa: E402
+from turnguard.calibrate.advice import decide  # noqa: E402
 from turnguard.calibrate.evidence import Passed  # noqa: E402
 from turnguard.calibrate.recording import SECONDS_PER_DAY  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402

@@ -1,19 +1,119 @@
-"""The probe evidence read against the tolerance and the recording's own limits, in words.
+"""What a probe row decides against the operator's tolerance, and what it would take to decide.
 
-``assess`` decides each probe row (``decision.decide``) with what the recording says: how long it
+The tolerance ``q`` (``--tolerance``, default 0.10) is the share of the turns past a threshold
+that would have succeeded which the operator accepts losing to it. A row's interval
+(``Passed.interval``: Wilson, with censored turns counted as failures for its low end and as
+successes for its high end) decides:
+
+- ``above``: its low end is above ``q``: the threshold halts too many turns that would have
+  succeeded (raise it);
+- ``within``: its high end is below ``q``: it halts at most that share (keep it);
+- ``undecided`` otherwise, with why: ``needs_turns`` (at the current share, ``more_turns`` more
+  probe turns past the threshold with a known fate decide it; ``more_days`` is how long they take
+  at the observed traffic), ``censored`` (the turns the probe's own thresholds halted could go
+  either way: more turns at the same shares never decide it; raise the probe's cap), or
+  ``at_tolerance`` (the share is the tolerance: the data are consistent with it);
+- ``no_evidence``: no probe turn past the threshold has a known fate.
+
+The number of turns inverts the score test the Wilson interval is built from: the interval at
+share ``p`` over ``n`` turns excludes ``q`` exactly when ``n (p - q)^2 > z^2 q (1 - q)``, so the
+smallest such ``n`` is ``floor(z^2 q (1 - q) / (p - q)^2) + 1`` (unlike the normal
+approximation ``z^2 p (1 - p) / (p - q)^2`` it does not vanish at ``p = 0``).
+
+The probe evidence read against the tolerance and the recording's own limits, in words (``assess``,
+``recommendation``), and shown (``evidence_text``, ``evidence_html``).
+
+``assess`` decides each probe row (``decide``) with what the recording says: how long it
 spans (the traffic rate) and the probe's own caps (a row at or above them is censored there: no
 probe turn can be seen past it). ``recommendation`` says what that means for the backstop, D and
 the streak stop, never calling a threshold enough when the evidence could not see past it, and
 what the probe costs the fleet.
+
+The probe evidence (``evidence.ProbeEvidence``) as rows, as terminal text and as HTML: counts
+always beside any share, and beside each interval what it decides against the tolerance, so a
+share of 2 turns never reads like one of 2,000 and an undecided row never reads like a decided one.
 """
 
 from __future__ import annotations
 
+import html
+import math
+import textwrap
 from dataclasses import dataclass
+from typing import Any
 
-from turnguard.calibrate.decision import Decision, decide
-from turnguard.calibrate.evidence import FEW, Passed, ProbeEvidence
+from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence
 from turnguard.calibrate.recording import Recording
+from turnguard.terminal import DEFAULT_WIDTH, fit_table
+
+DEFAULT_TOLERANCE = 0.10
+VERDICTS = ("above", "within", "undecided", "no_evidence")
+REASONS = ("decided", "needs_turns", "censored", "at_tolerance", "no_evidence")
+MAX_MORE = 10**9
+"""Past this many more turns the share is, for any fleet, the tolerance itself (``at_tolerance``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A row's interval against the tolerance."""
+
+    tolerance: float
+    low: float
+    high: float
+    verdict: str
+    why: str
+    more_turns: int | None = None
+    more_days: float | None = None
+    censored_at_cap: tuple[str, int] | None = None
+    """``(threshold, cap)``: the row is at or above the probe's own cap, which no probe turn passes."""
+
+    def to_json(self) -> dict[str, Any]:
+        days = None if self.more_days is None else round(self.more_days, 3)
+        return {"tolerance": self.tolerance, "decision": self.verdict, "why": self.why,
+                "more_turns": self.more_turns, "more_days": days,
+                "censored_at_cap": None if self.censored_at_cap is None else
+                {"threshold": self.censored_at_cap[0], "cap": self.censored_at_cap[1]}}
+
+
+def turns_to_decide(p: float, q: float, z: float = Z95) -> int | None:
+    """The fewest turns at share ``p`` whose Wilson interval excludes ``q`` (``None``: ``p == q``,
+    or more than ``MAX_MORE``)."""
+    if p == q:
+        return None
+    needed = math.floor(z * z * q * (1 - q) / ((p - q) ** 2)) + 1
+    return needed if needed <= MAX_MORE else None
+
+
+def decide(passed: Passed, tolerance: float, days: float | None = None,
+           censored_at_cap: tuple[str, int] | None = None) -> Decision:
+    """``passed``'s decision against ``tolerance``; ``days``: how long the recording spans (for
+    ``more_days``: the turns past the threshold arrive at ``passed.known / days`` a day)."""
+    n = passed.known
+    low, high = passed.interval()
+    if n == 0:
+        return Decision(tolerance, low, high, "no_evidence", "no_evidence", censored_at_cap=censored_at_cap)
+    if low > tolerance:
+        return Decision(tolerance, low, high, "above", "decided", censored_at_cap=censored_at_cap)
+    if high < tolerance:
+        return Decision(tolerance, low, high, "within", "decided", censored_at_cap=censored_at_cap)
+    p_low, p_high = passed.resolved / n, (passed.resolved + passed.censored) / n
+    share = p_low if p_low > tolerance else p_high if p_high < tolerance else None
+    if share is None:
+        why = "censored" if p_low < p_high else "at_tolerance"
+        return Decision(tolerance, low, high, "undecided", why, censored_at_cap=censored_at_cap)
+    needed = turns_to_decide(share, tolerance)
+    if needed is None:
+        return Decision(tolerance, low, high, "undecided", "at_tolerance", censored_at_cap=censored_at_cap)
+    more = max(1, needed - n)
+    more_days = more / (n / days) if days else None
+    return Decision(tolerance, low, high, "undecided", "needs_turns", more, more_days, censored_at_cap)
+
+
+def valid_tolerance(value: float) -> float:
+    """A tolerance strictly between 0 and 1 (``ValueError`` otherwise)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1:
+        raise ValueError(f"the tolerance is a share strictly between 0 and 1, got {value!r:.40}")
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,3 +343,102 @@ def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int
     if cost:
         out.append(cost)
     return out + limits_notes(e, ctx.recording, default_limits)
+
+
+def decision_text(d: Decision) -> str:
+    """A row's decision in a few words (the table's ``decides`` column)."""
+    if d.censored_at_cap is not None:
+        return f"censored (cap {d.censored_at_cap[1]:,})"
+    if d.verdict == "above":
+        return f"above {d.tolerance:.0%}"
+    if d.verdict == "within":
+        return f"within {d.tolerance:.0%}"
+    if d.verdict == "no_evidence":
+        return "no evidence"
+    if d.why == "needs_turns":
+        when = f" ({d.more_days:,.1f} d)" if d.more_days is not None else ""
+        return f"{d.more_turns:,} more{when}"
+    return "censored" if d.why == "censored" else "at tolerance"
+
+
+def evidence_rows(e: ProbeEvidence, ctx: Context) -> list[dict[str, Any]]:
+    """One row per threshold: each multiple of S, then D and the streak stop."""
+    if e.soft_cap is None:
+        return []
+    decisions = assess(e, ctx)
+    labels = {**{str(k): f"{k}x S ({k * e.soft_cap:,})" for k in e.multiples},
+              "stuck": f"D={e.stuck_repeat} past S", "streak": f"streak stop {e.streak_stop}"}
+    out = []
+    for key, p in e.rows():
+        if key == "streak" and not e.streak_stop:
+            continue
+        d = decisions[key]
+        out.append({"threshold": labels[key], "passed": p.turns, "resolved": p.resolved, "unresolved": p.unresolved,
+                    "censored": p.censored, "unknown": p.unknown,
+                    "interval": "-" if not p.known else f"{d.low:.0%}-{d.high:.0%}", "decides": decision_text(d),
+                    "calls_past": p.calls_past})
+    return out
+
+
+HEADERS = (("threshold", "threshold"), ("passed", "passed"), ("resolved", "resolved"),
+           ("unresolved", "unresolved"), ("censored", "censored"), ("unknown", "unknown"),
+           ("95% succeed", "interval"), ("decides", "decides"), ("calls past", "calls_past"))
+
+
+def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = DEFAULT_WIDTH, turns: int = 0, calls: int = 0,
+                  default_limits: dict[str, object] | None = None) -> list[str]:
+    """Lines for the terminal report, ``width`` columns at most (none when the input holds no probe turn)."""
+    if e.turns == 0:
+        return []
+    out = ["", *textwrap.wrap(
+        f"Probe evidence: {e.turns:,} probe turns ({e.resolved:,} resolved, {e.unresolved:,} unresolved, "
+        f"{e.unknown:,} unknown; {e.censored:,} ended at a halt of the probe's own; {e.live_turns:,} live turns beside "
+        "them), against the default's " + ("thresholds:" if e.soft_cap is not None else "(no adaptive cap)."), width)]
+    rows = evidence_rows(e, ctx)
+    if rows:
+        shown = [(h, key) for h, key in HEADERS if key not in ("censored", "unknown") or any(r[key] for r in rows)]
+        header = [h for h, _ in shown]
+        cells = [[_cell(r[key]) for _, key in shown] for r in rows]
+        right = [i for i, (_, key) in enumerate(shown) if key not in ("threshold", "decides")]
+        wrap = [i for i, (_, key) in enumerate(shown) if key in ("threshold", "interval", "decides")]
+        out += ["  " + line for line in fit_table(header, cells, width - 2, right=right, wrap=wrap)]
+        out += textwrap.wrap(
+            "passed: probe turns past the threshold; resolved / unresolved / unknown: their results (a turn the "
+            "probe's own loop detectors halted failed under it: unresolved); censored: halted later at a length limit "
+            f"of the probe's own, its backstop or another cap (their fate past it is not recorded); 95% succeed: the "
+            f"Wilson interval of the share that would have succeeded (censored turns counted as failures for its low "
+            f"end, as successes for its high end); decides: against the tolerance of {ctx.tolerance:.0%} "
+            "(--tolerance), or how many more probe turns past it with a known fate would decide it, and how long "
+            "they take at the observed traffic; calls past: the calls they made past it.", width, initial_indent="  ",
+            subsequent_indent="  ")
+    for advice in recommendation(e, ctx, turns=turns, calls=calls, default_limits=default_limits):
+        out += textwrap.wrap(advice, width, initial_indent="  ", subsequent_indent="    ")
+    return out
+
+
+def _cell(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def evidence_html(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int = 0,
+                  default_limits: dict[str, object] | None = None) -> str:
+    """The HTML report's section (empty when the input holds no probe turn)."""
+    if e.turns == 0:
+        return ""
+    esc = html.escape
+    left = ["<th class='l'>", "<td class='l'>"]
+    head = "".join((left[0] if i == 0 else "<th>") + esc(h) + "</th>" for i, (h, _) in enumerate(HEADERS))
+    body = "".join(
+        "<tr>" + "".join((left[1] if i == 0 else "<td>") + esc(_cell(r[key])) + "</td>"
+                         for i, (_, key) in enumerate(HEADERS)) + "</tr>"
+        for r in evidence_rows(e, ctx))
+    table = f"<table id='probe-evidence'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" if body else ""
+    advice = "".join(f"<li>{esc(line)}</li>" for line in recommendation(e, ctx, turns=turns, calls=calls,
+                                                                         default_limits=default_limits))
+    return (f"<h2 id='probe'>Probe evidence</h2><p>{e.turns:,} probe turns ({e.resolved:,} resolved, "
+            f"{e.unresolved:,} unresolved, {e.unknown:,} unknown; {e.censored:,} ended at a halt of the probe's own) "
+            f"and {e.live_turns:,} live turns, against the default configuration's thresholds. The interval is the "
+            "95% Wilson interval of the share of the turns past the threshold that would have succeeded, the turns "
+            "the probe's own thresholds halted counted as failures for its low end and as successes for its high end; "
+            f"each row says what it decides against the tolerance of {ctx.tolerance:.0%}.</p>{table}"
+            f"<ul id='probe-advice'>{advice}</ul>")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from turnguard.calibrate import grid as g
-from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
+from turnguard.calibrate.advice import DEFAULT_TOLERANCE, valid_tolerance
 from turnguard.calibrate.inputs import expand_inputs, missing_backups
 from turnguard.calibrate.records import MAX_LINE_BYTES, InputError, InputProblem
 from turnguard.calibrate.report import table, to_json_text

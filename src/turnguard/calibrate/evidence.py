@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from turnguard.calibrate.counts import MAX_COUNT, count
+from turnguard.calibrate.bounds import MAX_COUNT, count
 from turnguard.probe import Cohort
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
-from turnguard.calibrate.evidence_report import evidence_html
+from turnguard.calibrate.advice import evidence_html
 from turnguard.calibrate.report import (
     THRESHOLD_ORDER,
     censoring,
@@ -26,7 +26,7 @@ from turnguard.calibrate.report import (
     thresholds_text,
 )
 from turnguard.calibrate.stats import RunStats, default_limits
-from turnguard.calibrate.survival_report import survival_chart
+from turnguard.calibrate.survival import survival_chart
 from turnguard.calibrate.svg import LANE_H, axis_ticks, label_width, lanes, spaced, text_width
 from turnguard.terminal import shown
 

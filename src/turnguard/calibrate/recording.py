@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnguard.calibrate.counts import COHORT_KEYS, count
+from turnguard.calibrate.bounds import COHORT_KEYS, count
 from turnguard.calibrate.records import CAP_MODES, LIMIT_KEYS, MAX_TIME, Limits, RecordedTurn
 from turnguard.model import MAX_ID_LENGTH
 

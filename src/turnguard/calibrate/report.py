@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from turnguard.calibrate.evidence_report import evidence_text
+from turnguard.calibrate.advice import evidence_text
 from turnguard.calibrate.stats import RunStats, default_limits
-from turnguard.calibrate.survival_report import survival_text
+from turnguard.calibrate.survival import survival_text
 from turnguard.terminal import DEFAULT_WIDTH, layout, shown, wrap_items, wrap_text
 
 THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")

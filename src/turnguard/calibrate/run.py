@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from turnguard.calibrate.advice import DEFAULT_TOLERANCE
 from turnguard.calibrate.collector import OtlpAssembler
-from turnguard.calibrate.decision import DEFAULT_TOLERANCE
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import read_source

@@ -14,10 +14,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from turnguard.calibrate.advice import Context, assess, probe_hard_cap, recommendation
-from turnguard.calibrate.bounds import MAX_IDS, halt_bucket, ids_per_policy
-from turnguard.calibrate.counts import COHORT_KEYS, call_count_key, cohort_key, count, histogram, shown
-from turnguard.calibrate.decision import DEFAULT_TOLERANCE, valid_tolerance
+from turnguard.calibrate.advice import (
+    DEFAULT_TOLERANCE,
+    Context,
+    assess,
+    probe_hard_cap,
+    recommendation,
+    valid_tolerance,
+)
+from turnguard.calibrate.bounds import (
+    COHORT_KEYS,
+    MAX_IDS,
+    call_count_key,
+    cohort_key,
+    count,
+    halt_bucket,
+    histogram,
+    ids_per_policy,
+    shown,
+)
 from turnguard.calibrate.evidence import ProbeEvidence
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative_position
