@@ -36,6 +36,19 @@ def test_table_marks_the_default_and_shows_each_policy(corpus: Path, capsys: pyt
     assert any(r.startswith("  S=5 x2 D=3") for r in rows)
 
 
+def test_the_table_comes_right_after_the_summary_and_its_legend_after_it(
+    corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["calibrate", str(corpus), *SMALL_GRID, "--wide"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy "))
+    assert lines[header - 1] == "" and lines[0].startswith("80 turns, ")
+    assert all(not line.startswith("halted: ") for line in lines[:header])
+    legend = next(i for i, line in enumerate(lines) if line.startswith("halted: turns halted unattended"))
+    last_row = max(i for i, line in enumerate(lines) if line.startswith("* default "))
+    assert legend > last_row
+
+
 def test_json_result_and_the_merge_command_agree_with_one_run(
     corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,8 +1,28 @@
 """``turnguard calibrate``: replay recorded turns through turnguard's own policies under a grid of
 thresholds, and report what each policy would have done (docs/calibration.md).
 
-Modules: ``inputs`` (readers), ``grid`` (policies), ``replay`` (one turn under one policy through
-the live ledger and hooks), ``equivalence`` (which policies share a replay), ``engine`` (the loop),
-``stats`` (figures and merging), ``run`` (files, workers, progress), ``report``/``html`` (output),
-``cli`` (the commands).
+Modules, from the input to the report:
+
+- ``inputs``: the files a calibration reads, in stream order, and each line sent to its format's reader
+- ``records``: what the readers give (``RecordedTurn``) and the bounded line reading both formats share
+- ``corpus``: the recorder's format (corpus-format JSONL), one turn per line
+- ``collector``: the Collector's format (OTLP JSON spans), turns rebuilt from their spans
+- ``results``: late task results (result records, ``turnguard.turn.result`` logs) joined to their turns
+- ``bounds``: the memory bound every input limit derives from, and the checked counts of a result
+- ``grid``: the policies a run compares (the configurations of the grid)
+- ``identity``: a recorded call's ledger key, as the live guard keys it
+- ``equivalence``: which policies share one replay of a turn, and which cannot fire on it
+- ``replay``: one turn under one policy, through the live ledger and policy hooks
+- ``engine``: the loop: key each turn, skip what cannot fire, replay the rest, count
+- ``run``: files, progress and the choice of one process or many
+- ``parallel``: worker processes reading byte ranges, joined as one reader would have read them
+- ``stats``: the figures a run accumulates, and how partial runs merge
+- ``recording``: what the recording says about the policies in force and the traffic
+- ``evidence``: what probe turns did past the main configuration's thresholds
+- ``advice``: a probe row's decision against the tolerance, the advice, and both shown
+- ``survival``: how many calls turns need (Kaplan-Meier), in words and as a chart
+- ``report``: the terminal table (first, its legend after) and the ``--json`` result
+- ``html``: the self-contained HTML report
+- ``svg``: text placed in the HTML report's charts
+- ``cli``: the ``calibrate`` and ``calibrate merge`` commands
 """

@@ -130,9 +130,21 @@ UNDER = "by threshold"
 WRAPPING = ("policy", "by threshold", "asks (turns)", "at call")
 
 
+LEGEND = (
+    "halted: turns halted unattended; censored: turns whose recording ends at a halt of their own or whose listed "
+    "calls stop before this row's threshold, and turns recorded in part (what the row would do to them is not "
+    "recorded: neither halted nor not); resolved (the false-positive proxy) / unresolved: of the halted turns whose "
+    "recording goes on to their own end (probe turns, attended 'continue' answers, rows stricter than the live "
+    "policy; '?': this row has no such halt, its false-positive rate is not in the recording: read the probe "
+    "evidence); saved: calls the unresolved halts save; at call, at: median halt call and tenth of the turn; asks: "
+    "attended asks (turns).")
+"""What the table's columns say, printed under it."""
+
+
 def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: int = DEFAULT_WIDTH) -> str:
-    """The terminal table, with a summary line above it and the false-positive ids below, all
-    within ``width`` columns where the words allow (``terminal.output_width``).
+    """The terminal table, with a summary line above it and below it what its columns say, the
+    run's censoring, the ids of the turns it names and the evidence, all within ``width`` columns
+    where the words allow (``terminal.output_width``).
 
     ``fold``: a policy whose figures equal an earlier row's is listed under the table instead
     of getting a row of its own (the thresholds it varies made no difference on this input).
@@ -143,22 +155,14 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
         f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
         f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown); {stats.problems:,} input problems; "
         f"{len(stats.policies)} policies; * = the default configuration.", width)
-    if censoring(stats):
-        out += wrap_text(censoring_text(stats), width)
-    out += wrap_text(
-        "halted: turns halted unattended; censored: turns whose recording ends at a halt of their own or whose listed "
-        "calls stop before this row's threshold, and turns recorded in part (what the row would do to them is not "
-        "recorded: neither halted nor not); resolved (the "
-        "false-positive proxy) / unresolved: of the halted turns whose recording goes on to their own end (probe "
-        "turns, attended 'continue' answers, rows stricter than the live policy; '?': this row has no such halt, its "
-        "false-positive rate is not in the recording: read the probe evidence); saved: calls the unresolved halts "
-        "save; at call, at: median halt call and tenth of the turn; asks: attended asks (turns).",
-        width)
     figures, narrowed = _figures_table(data, width, color, censoring=censoring(stats))
+    out += ["", *figures, ""]
     if narrowed:
         named = ", ".join(narrowed[:-1]) + " and " + narrowed[-1] if len(narrowed) > 1 else narrowed[0]
         out += wrap_text(f"The {named} columns are left out to fit the terminal: --wide shows them.", width)
-    out += ["", *figures]
+    out += wrap_text(LEGEND, width)
+    if censoring(stats):
+        out += wrap_text(censoring_text(stats), width)
     if folded:
         out += ["", "Same figures as the row named first (folded):"]
         for name, names in folded.items():
