@@ -120,7 +120,7 @@ def decode(line: bytes) -> list[DecodedSpan] | None:
 EXTRA_FRAMES = 8
 """Python frames between ``decode`` and msgspec: where Python frames count against the recursion
 limit (CPython 3.11), this leaves msgspec fewer levels of nesting than ``json.loads`` gets from
-the plain reading's call (``inputs.parse_line``, three frames of its own)."""
+the plain reading's call (``records.parse_line``, three frames of its own)."""
 
 
 def _deeper(line: bytes, frames: int) -> Any:
@@ -130,7 +130,7 @@ def _deeper(line: bytes, frames: int) -> Any:
 def _spans(document: Any) -> list[DecodedSpan]:
     """Every span of the document with its attributes read: by the template, else parsed (which
     may refuse the line, before any of its spans is used)."""
-    match, typed = _TOOL_MATCH, _parsed
+    match, parsed = _TOOL_MATCH, _parsed
     found: list[DecodedSpan] = []
     add = found.append
     for rs in document.resourceSpans:
@@ -138,7 +138,7 @@ def _spans(document: Any) -> list[DecodedSpan]:
             for span in ss.spans:
                 raw = span.attributes
                 m = match(raw)
-                add((span, None, m) if m is not None else (span, typed(raw), None))
+                add((span, None, m) if m is not None else (span, parsed(raw), None))
     return found
 
 
@@ -402,8 +402,9 @@ class OtlpAssembler:
     turn span never arrives are reported, then replayed as a turn of their own at the end of the
     stream (or when the bound is reached).
 
-    A line comes parsed by the ``json`` module (``add``) or decoded by msgspec (``add_decoded``);
-    both give each span's fields to the same ``_call`` and ``_turn_span``. With ``hold`` (a worker
+    A line comes parsed by the ``json`` module (``add``) or decoded by msgspec (``add_decoded``):
+    both read each span with ``_span``, but for the tool spans the template matched, which
+    ``add_decoded`` takes with the same checks (``_take_template``). With ``hold`` (a worker
     reading one byte range of a file, ``run.py``), a turn span gives a ``HeldTurn`` instead of a
     turn, and ``emitted`` / ``leftovers()`` say what the parent needs to join the ranges exactly
     (``take_range``).

@@ -9,7 +9,7 @@ renamed to a backup beside it, ``<name>-<UTC time>.<ext>`` (``otlp-2026-12-01T10
 for ``otlp.jsonl``: the naming of the lumberjack library the exporter uses), and a new file is
 started. A turn's tool spans may be in a backup and its turn span in the next file, so the files
 of one rotated set are one stream: read oldest backup first, the live file last, through one span
-assembler (``inputs.OtlpAssembler``), never as separate files.
+assembler (``collector.OtlpAssembler``), never as separate files.
 
 ``expand_inputs`` turns the command line's arguments into files: a directory stands for the files
 in it, a quoted glob (``'otlp*.jsonl'``) for the files it matches, a file for itself; files of one
