@@ -41,6 +41,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from turnguard import state as st
@@ -493,9 +494,12 @@ class Ledger:
         (nothing done) otherwise, and the caller counts call by call."""
         if self._named or self._stale or self._early or self._ended or self._next != self._seq + 1:
             return False
-        (self._tool_calls, self._cycles, self._cycle_start, self._max_repeat, self._first_stuck, self._overflowed,
-         self._last_key, self._last_tool, self._streak, self._failing, self._settled, self._stop_peak,
-         self._ok) = _count_settled(self, digests, tools, outcomes, cycles)
+        after = _count_settled(self, digests, tools, outcomes, cycles)
+        self._tool_calls, self._cycles, self._cycle_start = after.tool_calls, after.cycles, after.cycle_start
+        self._max_repeat, self._first_stuck, self._overflowed = after.max_repeat, after.first_stuck, after.overflowed
+        self._last_key, self._last_tool, self._streak = after.last_key, after.last_tool, after.streak
+        self._failing, self._settled, self._stop_peak = after.failing, after.settled, after.stop_peak
+        self._ok = after.ok
         self._seq += len(digests)
         self._next = self._seq + 1
         return True
@@ -1130,12 +1134,28 @@ streaks of one or two calls cannot reach the stop level anyway."""
 
 
 
-_Settled = tuple[int, int, int, int, int, bool, bytes | None, str | None, int, int, int, int, int]
-"""The scalar facts ``_count_settled`` leaves, in ``Ledger.count_settled``'s order."""
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The scalar facts ``_count_settled`` leaves, named as the ``Ledger`` fields they go to
+    (without the underscore)."""
+
+    tool_calls: int
+    cycles: int
+    cycle_start: int
+    max_repeat: int
+    first_stuck: int
+    overflowed: bool
+    last_key: bytes | None
+    last_tool: str | None
+    streak: int
+    failing: int
+    settled: int
+    stop_peak: int
+    ok: int
 
 
 def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str], outcomes: Sequence[Outcome],
-                   cycles: Sequence[int]) -> _Settled:
+                   cycles: Sequence[int]) -> Settled:
     """``Ledger.count_settled``'s pass: ``begin_cycle`` and ``count_call`` (the ``repeat`` signal, no
     tool named) inlined, each outcome settled by ``count_outcome``; the scalar facts after it."""
     calls, cycle, cycle_start = ledger._tool_calls, ledger._cycles, ledger._cycle_start
@@ -1174,8 +1194,8 @@ def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str
         else:
             other[outcome._value_] += 1
         failing, settled, stop_peak = settle(outcome, failing, settled, stop_peak, stop_any)
-    return (calls, cycle, cycle_start, max_repeat, first_stuck, overflowed, last_key, last_tool, streak, failing,
-            settled, stop_peak, ok)
+    return Settled(calls, cycle, cycle_start, max_repeat, first_stuck, overflowed, last_key, last_tool, streak,
+                   failing, settled, stop_peak, ok)
 
 
 def _hex(digest: bytes | None) -> str | None:
