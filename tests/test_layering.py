@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turnguard.hookspecs", "turnguard.firing"),
     ("turnguard.policies",),
     ("turnguard.plugins",),
-    ("turnguard.dispatch", "turnguard.guard", "turnguard.snapshot"),
+    ("turnguard.dispatch", "turnguard.driver", "turnguard.guard", "turnguard.snapshot"),
     ("turnguard.shadow",),
     ("turnguard.telemetry",),
     ("turnguard",),

@@ -9,6 +9,7 @@ from conftest import distinct_call, drive
 from turnguard.keys import Keyer
 from turnguard.ledger import VIEW_FACTS, Ledger
 from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard.policies import cap
 
 
 def key(i: int) -> bytes:
@@ -111,7 +112,7 @@ def test_past_the_bound_the_backstop_still_bounds_the_turn():
 def test_summary_reports_how_the_turn_went(ledger):
     for k in (1, 1, 1, 1, 1, 1, 2):
         ledger.count_call(key(k), "t")
-    summary = ledger.summary(reason="completed", halt=None)
+    summary = ledger.summary(reason="completed", halt=None, stuck=cap.summary_stuck(ledger))
     assert (summary.tool_calls, summary.max_key_repeat, summary.first_stuck_call, summary.distinct_keys) == (7, 6, 6, 2)
     assert summary.stuck and not summary.halted and summary.threshold is None and summary.cap_mode == "adaptive"
     assert (summary.conversation_id, summary.agent_name, summary.reason) == ("c1", "coder", "completed")

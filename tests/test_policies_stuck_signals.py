@@ -9,6 +9,7 @@ import turnguard as tg
 from conftest import distinct_call, drive, first_detection
 from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS
 from turnguard.ledger import Ledger
+from turnguard.policies import cap
 
 
 def key(i: int) -> bytes:
@@ -87,9 +88,9 @@ def test_a_double_rerun_after_an_edit_gets_no_credit():
 def test_the_stale_count_is_a_running_max_and_first_stuck_follows_it():
     ledger = stale_ledger(stuck_repeat_threshold=3)
     count(ledger, [1, 1, 2, 1, 3, 1, 1])  # 1 x2; news; 1; news; 1 x2 -> stale 2 at most
-    assert ledger.max_stale_repeat == 2 and ledger.first_stuck_call == 0 and not ledger.stuck
+    assert ledger.max_stale_repeat == 2 and ledger.first_stuck_call == 0 and not cap.stuck(ledger)
     count(ledger, [1])
-    assert ledger.max_stale_repeat == 3 and ledger.first_stuck_call == 8 and ledger.stuck
+    assert ledger.max_stale_repeat == 3 and ledger.first_stuck_call == 8 and cap.stuck(ledger)
 
 
 def test_the_seed_signal_ledger_keeps_no_stale_facts():

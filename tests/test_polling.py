@@ -14,6 +14,7 @@ import pytest
 import turnguard as tg
 from conftest import CORE_ONLY, core_guard
 from turnguard.keys import cached_result
+from turnguard.policies import cap
 
 OK, ERROR, DENIED = tg.Outcome.OK, tg.Outcome.ERROR, tg.Outcome.DENIED
 HALT, ALLOW, ASK = tg.Action.HALT, tg.Action.ALLOW, tg.Action.ASK
@@ -138,7 +139,7 @@ def test_the_stuck_signal_counts_call_and_result_pairs_and_stale_repeat_takes_a_
             call = tg.ToolCall("poll", {})
             assert turn.check_call(call).action is ALLOW
             assert turn.record_outcome(call, OK, result=f"step {i // 5}").action is ALLOW
-        assert turn.ledger.max_key_repeat == 5 and not turn.ledger.stuck
+        assert turn.ledger.max_key_repeat == 5 and not cap.stuck(turn.ledger)
         assert turn.ledger.max_stale_repeat == (5 if signal == "stale_repeat" else 0)
 
 

@@ -26,6 +26,7 @@ import pluggy
 
 from turnguard.config import ConfigError, GuardConfig, Probe
 from turnguard.dispatch import NOTHING, Dispatcher, Found, Observer, observer_impls
+from turnguard.driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver, summarize
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, store_key, turn_keyer
 from turnguard.ledger import Ledger, LedgerView, answered_digest
@@ -330,12 +331,13 @@ class Turn:
         self._dispatch = dispatch = guard.dispatcher
         self._keyed_results = bool(ledger._named or guard.result_tools)
         """Whether this turn looks at results (its stateful tools, its shadows', the recorder's)."""
-        self._check_cycle, self._check_call, self._check_outcome = dispatch.bind(ledger, view)
+        self._driver = driver = Driver(dispatch, ledger, view, report=view)
+        """Counts, tests the quiet region, collects and combines (``turnguard.driver``)."""
+        self._quiet = driver.quiet
+        """Where the plugins cannot fire (``turnguard.firing.Quiet``): they are not called there."""
         self._call_observers = dispatch.bound(dispatch.call_observers, ledger, view)
         self._outcome_observers = dispatch.bound(dispatch.outcome_observers, ledger, view)
         self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
-        self._quiet = dispatch.quiet(ledger, view)
-        """Where the plugins cannot fire (``turnguard.firing.Quiet``): they are not called there."""
         self.check_call, self.record_outcome = _checker(self), _recorder(self)
         self._latch_failure(self._notify("turnguard_turn_started", turn=view), ALLOW)
 
@@ -366,8 +368,8 @@ class Turn:
         with self._lock:
             if self._halt is not None:
                 return self._halt
-            self.ledger.begin_cycle()
-            verdict, events = self._decide("turnguard_check_cycle", self._check_cycle, ())
+            found = self._driver.cycle()
+            verdict, events = self._combine(CHECK_CYCLE, found) if found else NOTHING
         failure = self._after(events) if events else None
         if self._observe_cycle:
             observed = self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict)
@@ -501,7 +503,7 @@ class Turn:
         """The turn's summary, kept as how it ended (under the lock)."""
         if self._halt is not None and reason == "completed":
             reason = "halted"
-        summary = self.ledger.summary(reason=reason, halt=self._halt)
+        summary = summarize(self.ledger, reason, self._halt)
         if self._resolved is not None:
             summary = dataclasses.replace(summary, resolved=self._resolved)
         self._ended = summary
@@ -672,10 +674,7 @@ class Turn:
             store_key(call, (key[0], key[1], key[2], key[3], digest))
         elif len(key) > 4:  # the result of an earlier check of this object
             store_key(call, key[:4])
-        ledger = self.ledger
-        if ledger._named and ledger.polls(name):
-            return ledger.record_polled(seq, outcome, digest)
-        return ledger.record_outcome(seq, outcome)
+        return self._driver.record(seq, name, outcome, digest)
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
         key = call._key
@@ -685,22 +684,11 @@ class Turn:
                                reason=reason.value)
         return self._latch_failure(failure, self._halt or ALLOW)
 
-    def _decide(
-        self, hook: str, impls: Any, args: tuple[Any, ...]
-    ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
-        """Call every implementation (under the lock) and combine what they returned."""
-        best, events = self._dispatch.decide(hook, impls, args, self.ledger, self.view)
-        if best is None:
-            return (ALLOW, events) if events else NOTHING
-        if best.action is _HALT:
-            self._halt = best
-        return best, events
-
     def _combine(
         self, hook: str, found: Found
     ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
-        """``Dispatcher.combine`` for this turn; a HALT latches."""
-        best, events = self._dispatch.combine(hook, found, self.ledger, self.view)
+        """``Driver.combine`` for this turn; a HALT latches."""
+        best, events = self._driver.combine(hook, found)
         if best is None:
             return ALLOW, events
         if best.action is _HALT:
@@ -739,11 +727,10 @@ class Turn:
 
 
 def _checker(turn: Turn) -> CheckCall:
-    ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
+    driver, awaiting = turn._driver, turn._awaiting
     digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
-    count = ledger.count_named if ledger._named else ledger.count_call  # tools the configuration names
-    every_call, call_observers = turn._check_call, turn._call_observers
-    collect, view = turn._dispatch.collect1, turn.view
+    count, call_impls, collect, view = driver.count, driver.call_impls, driver.collect1, turn.view
+    call_observers = turn._call_observers
 
     def check_call(call: ToolCall) -> Verdict:
         """Before executing ``call``: count it and decide. Do not execute it on HALT.
@@ -768,16 +755,15 @@ def _checker(turn: Turn) -> CheckCall:
             awaiting[seq] = call
             if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                 turn._give_up_waiting()
-            if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                    and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
-                impls = quiet.call  # the plugins that cannot fire here are not called
-                if not impls and not call_observers:
+            impls = call_impls()  # the plugins that cannot fire here are not called
+            if impls:
+                found = collect(CHECK_CALL, impls, view, call)
+                if found:
+                    verdict, events = turn._combine(CHECK_CALL, found)
+                elif call_observers:
+                    verdict, events = NOTHING
+                else:
                     return ALLOW
-            else:
-                impls = every_call
-            found = collect("turnguard_check_call", impls, view, call) if impls else ()
-            if found:
-                verdict, events = turn._combine("turnguard_check_call", found)
             elif call_observers:
                 verdict, events = NOTHING
             else:
@@ -790,10 +776,10 @@ def _checker(turn: Turn) -> CheckCall:
 
 
 def _recorder(turn: Turn) -> RecordOutcome:
-    ledger, quiet, awaiting = turn.ledger, turn._quiet, turn._awaiting
-    acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
-    every_outcome, outcome_observers = turn._check_outcome, turn._outcome_observers
-    collect, view = turn._dispatch.collect2, turn.view
+    driver, awaiting = turn._driver, turn._awaiting
+    acquire, release, record = turn._acquire, turn._release, turn.ledger.record_outcome
+    outcome_impls, outcome_observers = driver.outcome_impls, turn._outcome_observers
+    collect, view = driver.collect2, turn.view
     # Where results count (stateful tools, the recorder's or a shadow's), every outcome takes
     # _claim_and_record: a token no key holds sends it there. Most turns never look at a result.
     token = object() if turn._keyed_results else turn._token
@@ -824,20 +810,20 @@ def _recorder(turn: Turn) -> RecordOutcome:
                 seq = key[3]  # (the waiting list holds each check's own call: what it popped is this one)
                 if turn._reused:
                     turn._next_check_of(call, key)
-                ended_stop = record(seq, outcome)  # true: an ended streak's stop count was reached
+                due = record(seq, outcome)  # true: an ended streak's stop count was reached
             else:
-                seq, call, ended_stop = turn._claim_and_record(call, outcome, result)
+                seq, call, due = turn._claim_and_record(call, outcome, result)
             if seq:
                 halt = turn._halt
                 if halt is not None:
                     verdict, events = halt, ()
                 else:
-                    impls = quiet.outcome if ledger._stop_peak < quiet.stop_count and not ended_stop else every_outcome
+                    impls = outcome_impls(due)
                     if not impls and not outcome_observers:
                         return ALLOW
-                    found = collect("turnguard_check_outcome", impls, view, call, outcome) if impls else ()
+                    found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()
                     if found:
-                        verdict, events = turn._combine("turnguard_check_outcome", found)
+                        verdict, events = turn._combine(CHECK_OUTCOME, found)
                     elif outcome_observers:
                         verdict, events = NOTHING
                     else:

@@ -413,9 +413,11 @@ class Ledger:
     retries: int = _field("_retries")
 
     @property
-    def stuck(self) -> bool:
-        """Whether the configured stuck signal holds (``stuck_signal``, ``stuck_repeat_threshold``)."""
-        return (self._max_stale if self._stale else self._max_repeat) >= self._stuck_at
+    def stuck_count(self) -> int:
+        """The configured stuck signal's count (``stuck_signal``): ``max_stale_repeat`` under
+        ``stale_repeat``, else ``max_key_repeat``. Whether it makes the turn stuck is the cap's
+        rule (``turnguard.policies.cap.stuck``)."""
+        return self._max_stale if self._stale else self._max_repeat
 
     def outcomes(self, outcome: Outcome) -> int:
         """How many outcomes of this kind were recorded."""
@@ -1085,12 +1087,16 @@ class Ledger:
         )
         return Verdict(action, threshold, message, event)
 
-    def summary(self, *, reason: str, halt: Verdict | None) -> TurnSummary:
-        """How the turn ended. Calls of stateful tools still without an outcome (halted at their
-        check, or never reported) count their repeat now, without a result, as they would have at
-        their check had the tool not been listed."""
+    def settle_polled(self) -> None:
+        """Calls of stateful tools still without an outcome (halted at their check, or never
+        reported) count their repeat now, without a result, as they would have at their check had
+        the tool not been listed (before a summary)."""
         while self._polled:
             self._count_polled(next(iter(self._polled)), None)
+
+    def summary(self, *, reason: str, halt: Verdict | None, stuck: bool) -> TurnSummary:
+        """How the turn ended (call ``settle_polled`` first). ``stuck``: the cap's answer
+        (``turnguard.policies.cap.summary_stuck``), a decision the ledger does not make."""
         return TurnSummary(
             turn_id=self.turn_id,
             conversation_id=self.conversation_id,
@@ -1106,7 +1112,7 @@ class Ledger:
             halted=halt is not None,
             threshold=halt.threshold if halt is not None else None,
             cap_mode=self.cap_mode,
-            stuck=self.cap_mode == "adaptive" and self.stuck,
+            stuck=stuck,
             detections=self._detections,
             duration_s=time.monotonic() - self.started_at,
             cohort=self._cohort,
@@ -1351,7 +1357,7 @@ VIEW_FACTS = (
     "started_at", "tool_calls", "checks", "cycles", "calls_this_cycle", "cap_quiet_until", "max_key_repeat",
     "max_stale_repeat", "distinct_keys", "keys_overflowed", "streak_length", "failing_streak_length",
     "settled_streak_length", "stop_count", "awaiting_in_streak", "streak_digest", "last_tool_name",
-    "first_stuck_call", "detections", "retries", "stuck", "result_restarts", "stuck_raised",
+    "first_stuck_call", "detections", "retries", "stuck_count", "result_restarts", "stuck_raised",
 )
 """The ledger's properties a ``LedgerView`` shows."""
 
@@ -1552,9 +1558,11 @@ class LedgerView:
         return _ledger_of(self).retries
 
     @property
-    def stuck(self) -> bool:
-        """Whether the configured stuck signal holds (``stuck_signal``, ``stuck_repeat_threshold``)."""
-        return _ledger_of(self).stuck
+    def stuck_count(self) -> int:
+        """The configured stuck signal's count (``stuck_signal``): ``max_stale_repeat`` under
+        ``stale_repeat``, else ``max_key_repeat``. Whether it makes the turn stuck is the cap's
+        rule (``turnguard.policies.cap.stuck``)."""
+        return _ledger_of(self).stuck_count
 
     @property
     def result_restarts(self) -> int:

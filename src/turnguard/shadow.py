@@ -58,6 +58,7 @@ import pluggy
 from turnguard import state as st
 from turnguard.config import GuardConfig
 from turnguard.dispatch import PASSTHROUGH, Dispatcher, Found
+from turnguard.driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver, summarize
 from turnguard.hookspecs import hookimpl
 from turnguard.keys import Keyer, cached_result, turn_keyer
 from turnguard.ledger import Ledger, LedgerView, answered_digest
@@ -121,9 +122,9 @@ def _own_digest(config: GuardConfig) -> Callable[[ToolCall], bytes]:
 
 
 class ShadowRun:
-    """One shadow policy on one live turn: its ledger, its bound checks, its latched would-be halt."""
+    """One shadow policy on one live turn: its ledger, its driver, its latched would-be halt."""
 
-    __slots__ = ("checks", "halt", "ledger", "policy", "quiet")
+    __slots__ = ("driver", "halt", "ledger", "policy")
 
     def __init__(self, policy: ShadowPolicy, turn: LedgerView) -> None:
         self.policy = policy
@@ -132,9 +133,8 @@ class ShadowRun:
     def restore(self, ledger: Ledger, halt: Verdict | None) -> None:
         """Evaluate the shadow on ``ledger`` from now on (a new turn's, or one read back from a snapshot)."""
         self.ledger = ledger
-        self.checks = self.policy.dispatcher.bind(ledger)
-        self.quiet = self.policy.dispatcher.quiet(ledger)
-        """Where this shadow's policies cannot fire: they are not called there (as on the live turn)."""
+        self.driver = Driver(self.policy.dispatcher, ledger)
+        """Counts, tests the quiet region and collects, as the live turn's driver does."""
         self.halt = halt
 
     def state(self) -> dict[str, Any]:
@@ -160,40 +160,14 @@ def _identity(turn: LedgerView, **extra: Any) -> dict[str, Any]:
             "promptable": turn.promptable, **extra}
 
 
-def _counter(ledger: Ledger) -> Callable[[bytes, str], int]:
-    """How a shadow's ledger counts a call (``count_named`` when its configuration names tools)."""
-    return ledger.count_named if ledger._named else ledger.count_call
-
-
-def _recorder(ledger: Ledger, state: TurnShadows) -> Callable[[int, Outcome], bool | None]:
-    """How a shadow's ledger records an outcome: ``record_outcome``, or with ``stateful_tools`` a
-    ``PolledRecorder`` (the others pay nothing for it)."""
-    return PolledRecorder(ledger, state).record if ledger._stateful else ledger.record_outcome
-
-
-class PolledRecorder:
-    """Records outcomes in a shadow's ledger whose configuration has ``stateful_tools``: a call of
-    one of them with the result digest the live turn kept on it (``keys.cached_result``)."""
-
-    __slots__ = ("ledger", "state")
-
-    def __init__(self, ledger: Ledger, state: TurnShadows) -> None:
-        self.ledger, self.state = ledger, state
-
-    def record(self, seq: int, outcome: Outcome) -> bool | None:
-        call = self.state.call
-        if call is None or not self.ledger.polls(call.name):
-            return self.ledger.record_outcome(seq, outcome)
-        return self.ledger.record_polled(seq, outcome, cached_result(call))
-
-
 class TurnShadows:
     """Every shadow's run on one live turn, and the live manager's dispatcher as it was when the
     turn opened (``reporter``: the reporting hooks go through it). ``active`` holds the runs
     without a would-be halt (the only ones still evaluated) with their ledgers; ``calls`` and
-    ``outcomes`` the same runs with what each per-call loop reads, unpacked in one step."""
+    ``outcomes`` the same runs with what each per-call loop reads, unpacked in one step;
+    ``results``: whether one of them records a stateful tool's result (``keys.cached_result``)."""
 
-    __slots__ = ("active", "call", "calls", "found", "outcomes", "pending", "reporter", "runs", "stopped")
+    __slots__ = ("active", "calls", "found", "outcomes", "pending", "reporter", "results", "runs", "stopped")
 
     def __init__(self, runs: list[ShadowRun], reporter: Dispatcher | None) -> None:
         self.runs = runs
@@ -201,17 +175,14 @@ class TurnShadows:
         self.pending: list[Callable[[Ledger], None]] = []
         self.reporter = reporter
         self.stopped = False
-        self.call: ToolCall | None = None
-        """The call whose outcome is being recorded."""
         self.drop_halted()
 
     def drop_halted(self) -> None:
         active = [run for run in self.runs if run.halt is None]
         self.active = tuple((run, run.ledger) for run in active)
-        self.calls = tuple((run, run.ledger, run.policy.own_digest, _counter(run.ledger), run.checks.call, run.quiet,
-                            run.policy.dispatcher.collect1) for run in active)
-        self.outcomes = tuple((run, run.ledger, _recorder(run.ledger, self), run.checks.outcome, run.quiet,
-                               run.policy.dispatcher.collect2) for run in active)
+        self.calls = tuple((run, run.driver.call, run.policy.own_digest) for run in active)
+        self.outcomes = tuple((run, run.driver.outcome) for run in active)
+        self.results = any(run.driver.polls is not None for run in active)
 
     def stop(self) -> None:
         """Evaluate no shadow any more on this turn."""
@@ -286,11 +257,10 @@ class ShadowPlugin:
         if state.pending:
             state.apply_pending()
         try:
-            for run, ledger in state.active:
-                ledger.begin_cycle()
-                found = run.policy.dispatcher.collect0("turnguard_check_cycle", run.checks.cycle, None)
+            for run, _ in state.active:
+                found = run.driver.cycle()
                 if found:
-                    _decided(run, "turnguard_check_cycle", found, state)
+                    _decided(run, CHECK_CYCLE, found, state)
         except PASSTHROUGH:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
@@ -308,18 +278,11 @@ class ShadowPlugin:
             state.apply_pending()
         key = call._key  # keys.cached_digest, inlined: this runs on every call
         digest = key[0] if key is not None else self._digest(call)
-        name = call.name
         try:
-            for run, ledger, own_digest, count, checks, quiet, collect in state.calls:
-                count(digest if own_digest is None else own_digest(call), name)
-                if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                        and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
-                    checks = quiet.call  # (Turn's check_call does the same)
-                    if not checks:
-                        continue
-                found = collect("turnguard_check_call", checks, None, call)  # a shadow never acts, even failing
-                if found:
-                    _decided(run, "turnguard_check_call", found, state)
+            for run, drive, own_digest in state.calls:
+                found = drive(digest if own_digest is None else own_digest(call), call)[1]
+                if found:  # a shadow never acts, even failing
+                    _decided(run, CHECK_CALL, found, state)
         except PASSTHROUGH:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
@@ -339,16 +302,12 @@ class ShadowPlugin:
         # the live check it belongs to; none (a host's own plugin manager, a call keyed outside a
         # turn: keys.unchecked_key): the latest check
         seq = key[3] if key is not None and key[3] else turn.checks
-        state.call = call  # (for the shadows with stateful tools: PolledRecorder)
+        result = cached_result(call) if state.results else None  # (for the shadows' stateful tools)
         try:
-            for run, ledger, record, checks, quiet, collect in state.outcomes:
-                if not record(seq, outcome) and ledger._stop_peak < quiet.stop_count:  # (as Turn's)
-                    checks = quiet.outcome
-                    if not checks:
-                        continue
-                found = collect("turnguard_check_outcome", checks, None, call, outcome)
+            for run, drive in state.outcomes:
+                found = drive(seq, call, outcome, result)
                 if found:
-                    _decided(run, "turnguard_check_outcome", found, state)
+                    _decided(run, CHECK_OUTCOME, found, state)
         except PASSTHROUGH:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
@@ -429,7 +388,7 @@ class ShadowPlugin:
             return
         if state.pending:
             state.apply_pending()
-        summaries = [(run.policy.name, run.ledger.summary(reason=_reason(run, summary), halt=run.halt))
+        summaries = [(run.policy.name, summarize(run.ledger, _reason(run, summary), run.halt))
                      for run in state.runs]
         if state.reporter is not None:
             for name, shadow_summary in summaries:
@@ -458,7 +417,7 @@ def _decided(run: ShadowRun, hook: str, found: Found, state: TurnShadows) -> Non
     """A shadow's policies answered: combined by the shadow's dispatcher (as the live guard
     combines), each detection noted in ``state.found``; a HALT latches and takes the run out of
     ``state.active`` for the calls after this."""
-    best, events = run.policy.dispatcher.combine(hook, found, run.ledger)
+    best, events = run.driver.combine(hook, found)
     name = run.policy.name
     state.found.extend((name, event) for event in events)
     if best is not None and best.action is _HALT and run.halt is None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from turnguard.firing import Firing, Quiet, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
-from turnguard.ledger import Ledger
+from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
 
 if TYPE_CHECKING:
@@ -47,9 +47,21 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
                 f"({turn.soft_cap} x {turn.config.hard_multiplier:g}), whatever the turn is doing"
             ),
         )
-    if turn.stuck:  # the configured stuck signal (``GuardConfig.stuck_signal``) holds
+    if stuck(turn):
         return _stuck(turn, call, n)
     return None
+
+
+def stuck(turn: Ledger | LedgerView) -> bool:
+    """The stuck signal's rule: whether the configured signal's count (``stuck_signal``, the
+    ledger's ``stuck_count``) has reached ``stuck_repeat_threshold``."""
+    return turn.stuck_count >= turn.config.stuck_repeat_threshold
+
+
+def summary_stuck(turn: Ledger | LedgerView) -> bool:
+    """What a turn's summary reports as ``stuck``: the adaptive cap's stuck signal holds (an
+    explicit or disabled cap has none)."""
+    return turn.cap_mode == "adaptive" and stuck(turn)
 
 
 def _stuck(turn: Ledger, call: ToolCall, n: int) -> Verdict:
@@ -82,7 +94,7 @@ def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> V
         return None
     hard_cap = turn._hard_cap
     assert hard_cap is not None  # adaptive: S * m
-    if n > hard_cap or not turn.stuck:
+    if n > hard_cap or not stuck(turn):
         return None
     return _stuck(turn, call, n)
 

@@ -1,0 +1,112 @@
+"""One turn driven through its policies: count, quiet-region test, collect, combine, record.
+
+Every evaluation of a configuration on a turn takes the same steps: the ledger counts the call
+(or the model request, or records the outcome), the quiet region (``Dispatcher.quiet``, from each
+policy's ``quiet_rule``) says which check hooks can fire there, the dispatcher's loop collects
+their answers, and ``Dispatcher.combine`` keeps the winner and notes each detection in the
+ledger. A ``Driver`` holds those steps for one ledger, so ``Turn`` (``turnguard.guard``), each
+shadow run (``turnguard.shadow``) and calibrate's replay (``calibrate/replay.py``) drive a turn
+the same way; what differs is only what the caller does with the answer (a live turn latches and
+tells observers, a shadow reports, a replay answers an ASK). The quiet region is tested here, in
+``call_impls`` and ``outcome_impls``; ``Turn``'s hot-path closures keep one inlined copy of
+``call_impls``'s test, held equal to it by ``tests/test_driver.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from turnguard.dispatch import Bound, BoundChecks, Dispatcher, Found, QuietRegion
+from turnguard.ledger import Ledger, LedgerView
+from turnguard.model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
+from turnguard.policies import cap
+
+CHECK_CYCLE = "turnguard_check_cycle"
+CHECK_CALL = "turnguard_check_call"
+CHECK_OUTCOME = "turnguard_check_outcome"
+
+
+class Driver:
+    """One ledger's turn through one dispatcher's check hooks.
+
+    ``report``: the turn named in ``turnguard_plugin_error`` (``None``: a shadow's or a replay's
+    own policies, whose failures reach no live observer). ``checks``: the bound hooks when the
+    caller leaves some out (a replay without stateful tools skips the cap's outcome hook);
+    ``dispatcher.bind`` by default."""
+
+    __slots__ = ("checks", "collect0", "collect1", "collect2", "count", "dispatcher", "ledger", "polls", "quiet",
+                 "report")
+
+    def __init__(self, dispatcher: Dispatcher, ledger: Ledger, view: LedgerView | None = None, *,
+                 report: LedgerView | None = None, checks: BoundChecks | None = None) -> None:
+        view = view if view is not None else LedgerView(ledger)
+        self.dispatcher, self.ledger, self.report = dispatcher, ledger, report
+        self.checks = checks if checks is not None else dispatcher.bind(ledger, view)
+        self.quiet: QuietRegion = dispatcher.quiet(ledger, view)
+        """Where the policies cannot fire: they are not called there."""
+        self.count: Callable[[bytes, str], int] = ledger.count_named if ledger._named else ledger.count_call
+        """How the ledger counts a call (``count_named`` where the configuration names tools)."""
+        self.polls: Callable[[str | None], bool] | None = ledger.polls if ledger._stateful else None
+        """Whether a tool's outcome is recorded with its result (``None``: no stateful tool)."""
+        self.collect0, self.collect1, self.collect2 = dispatcher.collect0, dispatcher.collect1, dispatcher.collect2
+
+    # -- the quiet region: tested here only ------------------------------------------------------
+
+    def call_impls(self) -> Bound:
+        """The check hooks to call for the call just counted: inside the quiet region only the
+        plugins without a ``quiet_rule``, else every one (past the region's ``calls``, it is
+        asked again first)."""
+        ledger, quiet = self.ledger, self.quiet
+        if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
+            return quiet.call
+        return self.checks.call
+
+    def outcome_impls(self, due: bool | None) -> Bound:
+        """The outcome hooks to call for the outcome just recorded: every one once the stop count
+        can have reached a stop level, or when the ledger says the outcome must be looked at
+        (``due``: an ended streak's stop, a stateful tool's repeat that made the turn stuck)."""
+        quiet = self.quiet
+        if self.ledger._stop_peak < quiet.stop_count and not due:
+            return quiet.outcome
+        return self.checks.outcome
+
+    # -- the steps --------------------------------------------------------------------------------
+
+    def cycle(self) -> Found:
+        """A model request: counted, then every cycle hook asked."""
+        self.ledger.begin_cycle()
+        impls = self.checks.cycle
+        return self.collect0(CHECK_CYCLE, impls, self.report) if impls else ()
+
+    def call(self, digest: bytes, call: ToolCall) -> tuple[int, Found]:
+        """A tool call: counted (its sequence number), then the hooks that can fire asked."""
+        seq = self.count(digest, call.name)
+        impls = self.call_impls()
+        return seq, (self.collect1(CHECK_CALL, impls, self.report, call) if impls else ())
+
+    def record(self, seq: int, name: str, outcome: Outcome, result: bytes | None = None) -> bool | None:
+        """Check ``seq``'s outcome credited in check order (``Ledger.record_outcome``; a stateful
+        tool's with its ``result`` digest, ``record_polled``): whether the outcome hooks are due
+        wherever the counts are."""
+        polls = self.polls
+        if polls is not None and polls(name):
+            return self.ledger.record_polled(seq, outcome, result)
+        return self.ledger.record_outcome(seq, outcome)
+
+    def outcome(self, seq: int, call: ToolCall, outcome: Outcome, result: bytes | None = None) -> Found:
+        """An outcome: recorded (``record``), then the hooks that can fire asked."""
+        impls = self.outcome_impls(self.record(seq, call.name, outcome, result))
+        return self.collect2(CHECK_OUTCOME, impls, self.report, call, outcome) if impls else ()
+
+    def combine(self, hook: str, found: Found) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
+        """``Dispatcher.combine`` on this ledger: the winner (``None``: nothing stands), every event."""
+        return self.dispatcher.combine(hook, found, self.ledger, self.report)
+
+
+def summarize(ledger: Ledger, reason: str, halt: Verdict | None) -> TurnSummary:
+    """How ``ledger``'s turn ended: its stateful calls still waiting settled, and ``stuck`` as the
+    cap says (``cap.summary_stuck``: the ledger records facts, the cap decides what is stuck)."""
+    ledger.settle_polled()
+    return ledger.summary(reason=reason, halt=halt, stuck=cap.summary_stuck(ledger))
+
