@@ -1,9 +1,9 @@
 """Replay recorded turns through the live guard's own ledger and policy hooks.
 
-``replay_turn`` drives a ``Ledger`` and the ``Dispatcher`` of a real turnguard plugin manager
-(``turnguard.plugins.plugin_manager``: the same modules, hook order, functions, fail mode and
-``combine`` a ``Turn`` uses, ``turnguard.dispatch``); a HALT latches (so the replay of a policy stops
-at its first halt).
+``replay_turn`` drives a ``Ledger`` through the ``Driver`` a ``Turn`` uses (``turnguard.driver``:
+count, quiet-region test, collect, combine), over the ``Dispatcher`` of a real turnguard plugin
+manager (``turnguard.plugins.plugin_manager``: the same modules, hook order, functions, fail mode
+and ``combine``); a HALT latches (so the replay of a policy stops at its first halt).
 Attended replays answer every ASK with ``continue``, which resets the streak as ``Turn.resolve``
 does: the recorded turn did go on.
 
@@ -18,14 +18,14 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pluggy
 
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.config import MAX_CALLS, GuardConfig
-from turnguard.dispatch import Bound, BoundChecks, Dispatcher, Impl
+from turnguard.dispatch import BoundChecks, Dispatcher, Impl
+from turnguard.driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver
 from turnguard.keys import Keyer, store_key, unchecked_key
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, ToolCall, Verdict
@@ -91,11 +91,17 @@ class CompiledPolicy:
         """For a ``SharedPrefix`` that policies fork from before their stuck threshold is reached:
         a threshold no turn reaches shapes no fact, so it forks into any of them."""
 
-    def bind(self, ledger: Ledger) -> BoundChecks:
+    def bind(self, ledger: Ledger, view: LedgerView | None = None) -> BoundChecks:
         """The check hooks for one replay's ``ledger`` (``Dispatcher.bind``, the outcome hooks as above)."""
-        view, bound = LedgerView(ledger), self.dispatcher.bound
+        view = view if view is not None else LedgerView(ledger)
+        bound = self.dispatcher.bound
         return BoundChecks(bound(self.check_cycle, ledger, view), bound(self.check_call, ledger, view),
                            bound(self.check_outcome, ledger, view))
+
+    def driver(self, ledger: Ledger) -> Driver:
+        """The ``Driver`` of one replay on ``ledger``, with the hooks ``bind`` gives."""
+        view = LedgerView(ledger)
+        return Driver(self.dispatcher, ledger, view, checks=self.bind(ledger, view))
 
 
 Managers = dict[frozenset[str], pluggy.PluginManager]
@@ -205,8 +211,13 @@ def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts
 def record_polled(ledger: Ledger, call: RecordedCall) -> bool | None:
     """The outcome of a stateful tool's call just counted, with its recorded result digest
     (``Ledger.record_polled``): a changed result is progress, as in the live turn."""
+    return ledger.record_polled(ledger.checks, call.outcome, result_digest(call))
+
+
+def result_digest(call: RecordedCall) -> bytes | None:
+    """The recorded result digest of ``call`` as a ledger takes it (``None``: not recorded)."""
     result = call.result
-    return ledger.record_polled(ledger.checks, call.outcome, None if result is None else result.encode())
+    return None if result is None else result.encode()
 
 
 class SharedPrefix:
@@ -233,12 +244,6 @@ class SharedPrefix:
             return self.ledger.fork(config, promptable=promptable)
         except ValueError:
             return None
-
-
-def _decide(policy: CompiledPolicy, hook: str, impls: Bound, args: tuple[Any, ...], ledger: Ledger) -> Verdict | None:
-    """``Dispatcher.decide``: every implementation in isolation, their answers combined by the
-    guard's own rule; ``None`` when none said anything."""
-    return policy.dispatcher.decide(hook, impls, args, ledger)[0]
 
 
 def _answered(verdict: Verdict, call_no: int, stage: str, asks: list[int], ledger: Ledger,
@@ -285,14 +290,13 @@ def replay_turn(
         ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
         advance(ledger, turn, digests, starts, 0, skip)
     asks: list[int] = list(asks_before)
-    check_cycle, check_call, check_outcome = policy.bind(ledger)
-    count, polled = (ledger.count_named if ledger._named else ledger.count_call,  # the tools the policy names
-                     ledger.polls if ledger._stateful else None)
+    driver = policy.driver(ledger)
+    results = driver.polls is not None
     for i in range(skip, n + 1):
         if snapshots and i in snapshots:
             _take(snapshots.pop(i), ledger, asks)
         if starts[i]:
-            halt = _cycles(policy, check_cycle, ledger, starts[i], i + 1, trace)
+            halt = _cycles(driver, starts[i], i + 1, trace)
             if halt is not None:
                 return TurnResult(i + 1, _label(halt), tuple(asks))
         if i == n:
@@ -300,17 +304,13 @@ def replay_turn(
         call = calls[i]
         if call is None:
             call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
-        count(digests[i], call.name)
-        verdict = _decide(policy, "turnguard_check_call", check_call, (call,), ledger) if check_call else None
+        seq, found = driver.call(digests[i], call)
+        verdict = driver.combine(CHECK_CALL, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
             return TurnResult(i + 1, _label(verdict), tuple(asks))
         outcome = recorded[i].outcome
-        if polled is None or not polled(call.name):
-            ledger.record_outcome(ledger.checks, outcome)
-        else:
-            record_polled(ledger, recorded[i])
-        verdict = (_decide(policy, "turnguard_check_outcome", check_outcome, (call, outcome), ledger)
-                   if check_outcome else None)
+        found = driver.outcome(seq, call, outcome, result_digest(recorded[i]) if results else None)
+        verdict = driver.combine(CHECK_OUTCOME, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
             return TurnResult(i + 2, _label(verdict), tuple(asks))
     return TurnResult(0, None, tuple(asks))
@@ -323,12 +323,11 @@ def _take(snapshots: list[Snapshot], ledger: Ledger, asks: list[int]) -> None:
             snap.taken = (ledger.fork(snap.config, promptable=snap.promptable), tuple(asks))
 
 
-def _cycles(policy: CompiledPolicy, check_cycle: Bound, ledger: Ledger, count: int, call_no: int,
-            trace: list[Step] | None) -> Verdict | None:
+def _cycles(driver: Driver, count: int, call_no: int, trace: list[Step] | None) -> Verdict | None:
     """Begin ``count`` model requests before call ``call_no``, each checked; the halting verdict, if any."""
     for _ in range(count):
-        ledger.begin_cycle()
-        verdict = _decide(policy, "turnguard_check_cycle", check_cycle, (), ledger) if check_cycle else None
+        found = driver.cycle()
+        verdict = driver.combine(CHECK_CYCLE, found)[0] if found else None
         if verdict is not None:
             if trace is not None:
                 trace.append(Step(call_no, "cycle", verdict.action, _label(verdict)))
