@@ -727,9 +727,9 @@ class Turn:
 
 
 def _checker(turn: Turn) -> CheckCall:
-    driver, awaiting = turn._driver, turn._awaiting
+    driver, ledger, quiet, awaiting = turn._driver, turn.ledger, turn._quiet, turn._awaiting
     digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
-    count, call_impls, collect, view = driver.count, driver.call_impls, driver.collect1, turn.view
+    count, every_call, collect, view = driver.count, driver.checks.call, driver.collect1, turn.view
     call_observers = turn._call_observers
 
     def check_call(call: ToolCall) -> Verdict:
@@ -755,7 +755,12 @@ def _checker(turn: Turn) -> CheckCall:
             awaiting[seq] = call
             if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                 turn._give_up_waiting()
-            impls = call_impls()  # the plugins that cannot fire here are not called
+            # Driver.call_impls, inlined (the hot path; tests/test_driver.py holds the two equal)
+            if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                    and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
+                impls = quiet.call  # the plugins that cannot fire here are not called
+            else:
+                impls = every_call
             if impls:
                 found = collect(CHECK_CALL, impls, view, call)
                 if found:
@@ -776,9 +781,9 @@ def _checker(turn: Turn) -> CheckCall:
 
 
 def _recorder(turn: Turn) -> RecordOutcome:
-    driver, awaiting = turn._driver, turn._awaiting
-    acquire, release, record = turn._acquire, turn._release, turn.ledger.record_outcome
-    outcome_impls, outcome_observers = driver.outcome_impls, turn._outcome_observers
+    driver, ledger, quiet, awaiting = turn._driver, turn.ledger, turn._quiet, turn._awaiting
+    acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
+    every_outcome, outcome_observers = driver.checks.outcome, turn._outcome_observers
     collect, view = driver.collect2, turn.view
     # Where results count (stateful tools, the recorder's or a shadow's), every outcome takes
     # _claim_and_record: a token no key holds sends it there. Most turns never look at a result.
@@ -818,7 +823,8 @@ def _recorder(turn: Turn) -> RecordOutcome:
                 if halt is not None:
                     verdict, events = halt, ()
                 else:
-                    impls = outcome_impls(due)
+                    # Driver.outcome_impls, inlined (as above)
+                    impls = quiet.outcome if ledger._stop_peak < quiet.stop_count and not due else every_outcome
                     if not impls and not outcome_observers:
                         return ALLOW
                     found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()
