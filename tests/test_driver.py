@@ -85,8 +85,8 @@ def driven(guard: tg.Guard, batches: Any, order: random.Random, promptable: bool
                 seen.append(shown(halt))
                 seqs.append(0)
                 continue
-            seq, found = driver.call(guard.keyer.digest(call.name, call.args), call)
-            seqs.append(seq)
+            found = driver.call(guard.keyer.digest(call.name, call.args), call)
+            seqs.append(ledger.checks)
             seen.append(shown(decide(CHECK_CALL, found)))
         for i in order.sample(range(len(batch)), len(batch)):
             if not seqs[i]:  # halted at its check: a turn ignores its outcome

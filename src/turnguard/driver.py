@@ -8,15 +8,15 @@ ledger. A ``Driver`` holds those steps for one ledger, so ``Turn`` (``turnguard.
 shadow run (``turnguard.shadow``) and calibrate's replay (``calibrate/replay.py``) drive a turn
 the same way; what differs is only what the caller does with the answer (a live turn latches and
 tells observers, a shadow reports, a replay answers an ASK). The quiet region is tested here, in
-``call_impls`` and ``outcome_impls``; ``Turn``'s hot-path closures keep one inlined copy of
-``call_impls``'s test, held equal to it by ``tests/test_driver.py``.
+``call`` and ``outcome``; ``Turn``'s hot-path closures keep one inlined copy of those two tests
+(``benchmarks/run.py core`` showed the method calls), held equal by ``tests/test_driver.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from turnguard.dispatch import Bound, BoundChecks, Dispatcher, Found, QuietRegion
+from turnguard.dispatch import BoundChecks, Dispatcher, Found, QuietRegion
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 from turnguard.policies import cap
@@ -50,28 +50,7 @@ class Driver:
         """Whether a tool's outcome is recorded with its result (``None``: no stateful tool)."""
         self.collect0, self.collect1, self.collect2 = dispatcher.collect0, dispatcher.collect1, dispatcher.collect2
 
-    # -- the quiet region: tested here only ------------------------------------------------------
-
-    def call_impls(self) -> Bound:
-        """The check hooks to call for the call just counted: inside the quiet region only the
-        plugins without a ``quiet_rule``, else every one (past the region's ``calls``, it is
-        asked again first)."""
-        ledger, quiet = self.ledger, self.quiet
-        if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
-            return quiet.call
-        return self.checks.call
-
-    def outcome_impls(self, due: bool | None) -> Bound:
-        """The outcome hooks to call for the outcome just recorded: every one once the stop count
-        can have reached a stop level, or when the ledger says the outcome must be looked at
-        (``due``: an ended streak's stop, a stateful tool's repeat that made the turn stuck)."""
-        quiet = self.quiet
-        if self.ledger._stop_peak < quiet.stop_count and not due:
-            return quiet.outcome
-        return self.checks.outcome
-
-    # -- the steps --------------------------------------------------------------------------------
+    # -- the steps; the quiet region is tested here only ----------------------------------------
 
     def cycle(self) -> Found:
         """A model request: counted, then every cycle hook asked."""
@@ -79,25 +58,43 @@ class Driver:
         impls = self.checks.cycle
         return self.collect0(CHECK_CYCLE, impls, self.report) if impls else ()
 
-    def call(self, digest: bytes, call: ToolCall) -> tuple[int, Found]:
-        """A tool call: counted (its sequence number), then the hooks that can fire asked."""
-        seq = self.count(digest, call.name)
-        impls = self.call_impls()
-        return seq, (self.collect1(CHECK_CALL, impls, self.report, call) if impls else ())
+    def call(self, digest: bytes, call: ToolCall) -> Found:
+        """A tool call: counted (its sequence number is then the ledger's ``checks``), then the
+        hooks that can fire asked: inside the quiet region only the plugins without a
+        ``quiet_rule``, else every one (past the region's ``calls``, it is asked again first)."""
+        ledger, quiet = self.ledger, self.quiet
+        self.count(digest, call.name)
+        if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
+            impls = quiet.call
+            if not impls:
+                return ()
+        else:
+            impls = self.checks.call
+        return self.collect1(CHECK_CALL, impls, self.report, call)
 
     def record(self, seq: int, name: str, outcome: Outcome, result: bytes | None = None) -> bool | None:
         """Check ``seq``'s outcome credited in check order (``Ledger.record_outcome``; a stateful
         tool's with its ``result`` digest, ``record_polled``): whether the outcome hooks are due
-        wherever the counts are."""
+        wherever the counts are (an ended streak's stop, a stateful tool's repeat that made the
+        turn stuck)."""
         polls = self.polls
         if polls is not None and polls(name):
             return self.ledger.record_polled(seq, outcome, result)
         return self.ledger.record_outcome(seq, outcome)
 
     def outcome(self, seq: int, call: ToolCall, outcome: Outcome, result: bytes | None = None) -> Found:
-        """An outcome: recorded (``record``), then the hooks that can fire asked."""
-        impls = self.outcome_impls(self.record(seq, call.name, outcome, result))
-        return self.collect2(CHECK_OUTCOME, impls, self.report, call, outcome) if impls else ()
+        """An outcome: recorded (``record``), then the hooks that can fire asked: every one once
+        the stop count can have reached a stop level, or when the outcome is due."""
+        ledger, quiet = self.ledger, self.quiet
+        due = self.record(seq, call.name, outcome, result)
+        if ledger._stop_peak < quiet.stop_count and not due:
+            impls = quiet.outcome
+            if not impls:
+                return ()
+        else:
+            impls = self.checks.outcome
+        return self.collect2(CHECK_OUTCOME, impls, self.report, call, outcome)
 
     def combine(self, hook: str, found: Found) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
         """``Dispatcher.combine`` on this ledger: the winner (``None``: nothing stands), every event."""

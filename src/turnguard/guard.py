@@ -755,7 +755,7 @@ def _checker(turn: Turn) -> CheckCall:
             awaiting[seq] = call
             if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                 turn._give_up_waiting()
-            # Driver.call_impls, inlined (the hot path; tests/test_driver.py holds the two equal)
+            # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
             if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
                     and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
                 impls = quiet.call  # the plugins that cannot fire here are not called
@@ -823,7 +823,7 @@ def _recorder(turn: Turn) -> RecordOutcome:
                 if halt is not None:
                     verdict, events = halt, ()
                 else:
-                    # Driver.outcome_impls, inlined (as above)
+                    # Driver.outcome's quiet test, inlined (as above)
                     impls = quiet.outcome if ledger._stop_peak < quiet.stop_count and not due else every_outcome
                     if not impls and not outcome_observers:
                         return ALLOW

@@ -280,7 +280,7 @@ class ShadowPlugin:
         digest = key[0] if key is not None else self._digest(call)
         try:
             for run, drive, own_digest in state.calls:
-                found = drive(digest if own_digest is None else own_digest(call), call)[1]
+                found = drive(digest if own_digest is None else own_digest(call), call)
                 if found:  # a shadow never acts, even failing
                     _decided(run, CHECK_CALL, found, state)
         except PASSTHROUGH:

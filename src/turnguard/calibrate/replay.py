@@ -304,12 +304,12 @@ def replay_turn(
         call = calls[i]
         if call is None:
             call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
-        seq, found = driver.call(digests[i], call)
+        found = driver.call(digests[i], call)
         verdict = driver.combine(CHECK_CALL, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
             return TurnResult(i + 1, _label(verdict), tuple(asks))
         outcome = recorded[i].outcome
-        found = driver.outcome(seq, call, outcome, result_digest(recorded[i]) if results else None)
+        found = driver.outcome(ledger.checks, call, outcome, result_digest(recorded[i]) if results else None)
         verdict = driver.combine(CHECK_OUTCOME, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
             return TurnResult(i + 2, _label(verdict), tuple(asks))
