@@ -24,15 +24,17 @@ read-only ``LedgerView``. ``Dispatcher.bind`` makes the per-turn ``BoundImpl`` t
 name, function, turn argument) that the loops take.
 
 Where a plugin says its hooks cannot fire (``quiet_rule``, ``turnguard.firing.Quiet``),
-``Dispatcher.quiet`` gives the ``QuietRegion`` that ``Turn`` and the shadows test on every call
-before calling anything: most calls of most turns call no policy at all.
+``Dispatcher.quiet`` gives the ``QuietRegion`` that the turn driver (``turnguard.driver``) tests on
+every call before calling anything: most calls of most turns call no policy at all.
 
-Typical use (this is what ``calibrate.replay`` does)::
+Typical use::
 
     dispatcher = Dispatcher(pm, fail_mode=config.fail_mode, log_errors=False)
     checks = dispatcher.bind(ledger)              # BoundChecks: .cycle, .call, .outcome
     ledger.count_call(digest, call.name)
     verdict, events = dispatcher.decide("turnguard_check_call", checks.call, (call,), ledger)
+
+``Turn``, the shadows and calibrate's replay take these steps through a ``turnguard.driver.Driver``.
 """
 
 from __future__ import annotations
@@ -114,8 +116,8 @@ class QuietRegion:
     """Where one turn's check hooks may be skipped (``turnguard.firing.Quiet``): while the
     ledger's ``tool_calls <= calls``, ``streak_length < streak`` and ``max_key_repeat < repeat``, a
     check calls only ``call`` (the hooks without a rule); while ``stop_count < stop_count``, an
-    outcome calls only ``outcome``. The callers test the counts inline (they run on every call)
-    and call ``asked_again`` when the first test fails."""
+    outcome calls only ``outcome``. The turn driver tests the counts (``Driver.call``,
+    ``Driver.outcome``) and calls ``asked_again`` when the first test fails."""
 
     __slots__ = ("_dispatcher", "_ledger", "_reask", "_view", "call", "calls", "outcome", "repeat", "stop_count",
                  "streak")
