@@ -86,8 +86,11 @@ class Driver:
     def outcome(self, seq: int, call: ToolCall, outcome: Outcome, result: bytes | None = None) -> Found:
         """An outcome: recorded (``record``), then the hooks that can fire asked: every one once
         the stop count can have reached a stop level, or when the outcome is due."""
-        ledger, quiet = self.ledger, self.quiet
-        due = self.record(seq, call.name, outcome, result)
+        ledger, quiet, polls = self.ledger, self.quiet, self.polls
+        if polls is not None and polls(call.name):  # (``record``, inlined: shadows run this per call)
+            due = ledger.record_polled(seq, outcome, result)
+        else:
+            due = ledger.record_outcome(seq, outcome)
         if ledger._stop_peak < quiet.stop_count and not due:
             impls = quiet.outcome
             if not impls:
