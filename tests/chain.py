@@ -159,15 +159,20 @@ class Prometheus(Process):
 class Collector(Process):
     """The shipped collector-config.yaml, run as-is; only its environment variables point it here."""
 
-    def __init__(self, binary: str, workdir: Path, **endpoints: str) -> None:
-        self.ports = {name: free_port() for name in ("grpc", "http", "health", "telemetry")}
+    def __init__(self, binary: str, workdir: Path, ports: Mapping[str, int] | None = None, **endpoints: str) -> None:
+        """``ports``: a stopped Collector's, to restart it where its clients send (its queue is in ``workdir``)."""
+        self.ports = dict(ports) if ports else {name: free_port() for name in ("grpc", "http", "health", "telemetry",
+                                                                              "queue")}
         self.otlp_file = workdir / "otlp.jsonl"
+        self.queue_dir = workdir / "queue"
         env = {
             "OTELCOL_LISTEN_HOST": "127.0.0.1",
             "OTELCOL_OTLP_GRPC_PORT": str(self.ports["grpc"]),
             "OTELCOL_OTLP_HTTP_PORT": str(self.ports["http"]),
             "OTELCOL_HEALTH_PORT": str(self.ports["health"]),
             "OTELCOL_TELEMETRY_PORT": str(self.ports["telemetry"]),
+            "OTELCOL_QUEUE_PORT": str(self.ports["queue"]),
+            "OTELCOL_QUEUE_DIR": str(self.queue_dir),
             "OTELCOL_CALIBRATE_FILE": str(self.otlp_file),
             "TEMPO_OTLP_GRPC_ENDPOINT": endpoints.pop("tempo", f"127.0.0.1:{free_port()}"),
             "LOKI_OTLP_ENDPOINT": endpoints.pop("loki", f"http://127.0.0.1:{free_port()}/otlp"),

@@ -35,7 +35,7 @@ optional_dependency("opentelemetry.exporter.otlp.proto.http")
 import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
 from turnguard import cli  # noqa: E402
-from turnguard.boards import build, queries, rules  # noqa: E402
+from turnguard.boards import build, promql, queries, rules  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
@@ -323,8 +323,10 @@ def _export_failure_alert() -> str:
 @pytest.mark.parametrize("healthy", [True, False], ids=["remote-write-up", "remote-write-refused"])
 def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp_path, healthy):
     """The broken pipeline is a remote write that Prometheus refuses (a wrong path, e.g. Cortex's
-    push path: 404, never retried). An unreachable Prometheus shows the same way only once the
-    remote write's retries give up, 10 minutes on (a one-shot process's outage test checks that)."""
+    push path: 404, never retried): both legs of the metrics fail it, the remote write and the
+    queue in front of it, which drops it; the agents' receiver refuses nothing either way (the
+    loopback receiver between the legs refuses what the remote write failed). An unreachable
+    Prometheus shows at once as the remote write's failed tries (its queue keeps the points)."""
     prometheus = chain.Prometheus(chain.prometheus2(), tmp_path, "")
     collector = None
     try:
@@ -348,16 +350,18 @@ def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp
 
         row = chain.wait_until("the Collector's metrics in Prometheus", settled, prometheus.exited, timeout=90)
         alert = prometheus.query(_export_failure_alert(), time.time())
+        refused = prometheus.query(f'sum by (receiver) ({promql.OTELCOL_REFUSED})', time.time())
     finally:
         if collector is not None:
             collector.stop()
         prometheus.stop()
-    assert row[(52, "B")] == 0, "no metric point was refused"
+    refusals = {r["metric"]["receiver"]: float(r["value"][1]) for r in refused}
+    assert refusals["otlp"] == 0, "the agents' metric points were refused"
     if healthy:
-        assert row[(51, "A")] == 0 and row[(53, "A")] == 0 and alert == []
+        assert row[(51, "A")] == 0 and row[(53, "A")] == 0 and alert == [] and refusals["otlp/queue"] == 0
     else:
-        assert row[(51, "A")] > 0 and row[(53, "A")] > 0
-        assert [a["metric"]["exporter"] for a in alert] == ["prometheus_remote_write"]
+        assert row[(51, "A")] > 0 and row[(53, "A")] > 0 and refusals["otlp/queue"] > 0
+        assert sorted(a["metric"]["exporter"] for a in alert) == ["otlp_http/queue", "prometheus_remote_write"]
 
 
 # -- exemplars: a halt's point links to the trace of its turn ------------------------------------------
@@ -520,46 +524,54 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
 
 ONE_SHOT_OUTAGE_S = 10
 """How long Prometheus stays down after the one-shot process exported: past exporterhelper's 5-second
-default push timeout, which used to end the remote write's retries and drop the export."""
-
-
-HELD_OUTAGE_S = 600
-"""The Prometheus outage the shipped config's remote write is meant to ride out (docs/deployment.md)."""
+default push timeout, which once ended the remote write's retries and dropped the export."""
 
 
 def _go_seconds(duration: str) -> float:
     """A Go duration as the Collector's config writes it (``10m``, ``1m30s``, ``500ms``), in seconds."""
     parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", str(duration))
+    if str(duration) == "0":
+        return 0
     assert parts and duration, f"not a duration this test reads: {duration!r}"
     h, m, sec, ms = (int(x or 0) for x in parts.groups())
     return 3600 * h + 60 * m + sec + ms / 1000
 
 
-def test_the_remote_writes_push_timeout_does_not_cut_its_retries_short(config):
-    """prometheus_remote_write retries inside its push, under exporterhelper's ``timeout`` (5 s when
-    unset): that deadline, not ``retry_on_failure.max_elapsed_time``, would end an outage's retries.
-    Both must cover the outage the docs promise; each HTTP request keeps its own shorter bound."""
-    exporter = config["exporters"]["prometheus_remote_write"]
-    retry = exporter["retry_on_failure"]
-    assert retry.get("enabled", True) and exporter.get("remote_write_queue", {}).get("enabled", True)
-    push, retried = _go_seconds(exporter["timeout"]), _go_seconds(retry["max_elapsed_time"])
-    assert push >= retried >= HELD_OUTAGE_S, (push, retried)
-    assert _go_seconds(exporter["http"].get("timeout", "5s")) < HELD_OUTAGE_S
+def test_metrics_wait_for_prometheus_in_a_queue_on_disk_that_never_gives_up(config):
+    """prometheus_remote_write has no persistent queue: the metrics pass through otlp_http/queue,
+    whose sending_queue is on a file_storage extension, delivered in order (one consumer) to the
+    loopback receiver feeding the remote write, with retries that never give up. The remote write
+    tries each request once, within the queue's own timeout, so its outcome reaches the queue and
+    nothing else waits on a dead Prometheus (a Collector stopped in an outage exits at once)."""
+    pipelines = config["service"]["pipelines"]
+    assert pipelines["metrics"]["exporters"] == ["otlp_http/queue"]
+    assert pipelines["metrics/remote_write"]["exporters"] == ["prometheus_remote_write"]
+    queue = config["exporters"]["otlp_http/queue"]
+    relay = config["receivers"][pipelines["metrics/remote_write"]["receivers"][0]]["protocols"]["http"]["endpoint"]
+    assert queue["endpoint"] == f"http://{relay}" and relay.startswith("localhost:")
+    sending = queue["sending_queue"]
+    assert sending["storage"] in config["service"]["extensions"] and sending["storage"].startswith("file_storage")
+    assert sending["num_consumers"] == 1 and "batch" not in sending
+    assert queue["retry_on_failure"].get("enabled", True) and _go_seconds(queue["retry_on_failure"]
+                                                                          ["max_elapsed_time"]) == 0
+    remote = config["exporters"]["prometheus_remote_write"]
+    assert remote["retry_on_failure"] == {"enabled": False} and remote["remote_write_queue"] == {"enabled": False}
+    assert max(_go_seconds(remote["timeout"]), _go_seconds(remote["http"]["timeout"])) < _go_seconds(queue["timeout"])
 
 
-def _exporter_points(collector: chain.Collector, outcome: str) -> float:
-    """``otelcol_exporter_<outcome>_metric_points`` of the remote write, from the Collector's own metrics."""
+def _exporter_points(collector: chain.Collector, outcome: str, exporter: str = "prometheus_remote_write") -> float:
+    """``otelcol_exporter_<outcome>_metric_points`` of ``exporter``, from the Collector's own metrics."""
     text = chain.http_get(f"http://{collector.telemetry_target}/metrics").decode()
     name = f"otelcol_exporter_{outcome}_metric_points_total{{"
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and 'exporter="prometheus_remote_write"' in line)
+               if line.startswith(name) and f'exporter="{exporter}"' in line)
 
 
 def test_a_one_shot_processs_late_results_reach_prometheus_after_an_outage(otelcol, tmp_path):
     """Another OS process reports late results by result token while Prometheus is down, and exits
     as soon as the Collector took its export. Prometheus comes back on the same store and port 10 s
-    later: the Collector's queue held the export and its retries deliver it, so the results counter
-    shows each result (none sent or dropped meanwhile)."""
+    later: the Collector's queue held the export (its remote write's tries failing meanwhile) and its
+    retries deliver it, so the results counter shows each result, none dropped."""
     guard = tg.Guard(tg.GuardConfig(load_entrypoints=False))
     turns = []
     for _ in range(3):
@@ -579,7 +591,9 @@ def test_a_one_shot_processs_late_results_reach_prometheus_after_an_outage(otelc
         exited = time.time()
         assert there.stdout.split() == ["3"], there.stderr
         time.sleep(max(0.0, exited + ONE_SHOT_OUTAGE_S - time.time()))
-        during = {outcome: _exporter_points(collector, outcome) for outcome in ("sent", "send_failed")}
+        during = {outcome: _exporter_points(collector, outcome, "otlp_http/queue")
+                  for outcome in ("sent", "send_failed")}
+        tries = _exporter_points(collector, "send_failed")
         prometheus = chain.Prometheus(chain.prometheus3(), tmp_path, "global: {evaluation_interval: 1s}\n",
                                       port=prometheus.port)
         query = f'sum by (turnguard_turn_resolved) ({rules.RESULTS}{{turnguard_result_status="accepted"}})'
@@ -592,12 +606,85 @@ def test_a_one_shot_processs_late_results_reach_prometheus_after_an_outage(otelc
         try:
             found = chain.wait_until("the late results in Prometheus", counted, prometheus.exited, timeout=60)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; the remote write's points by the end of the outage: {during}, "
-                                 f"dropped by now: {_exporter_points(collector, 'send_failed')}") from None
-        dropped = _exporter_points(collector, "send_failed")
+            raise AssertionError(f"{exc}; the queue's points by the end of the outage: {during}, dropped by "
+                                 f"now: {_exporter_points(collector, 'send_failed', 'otlp_http/queue')}") from None
+        dropped = _exporter_points(collector, "send_failed", "otlp_http/queue")
     finally:
         if collector is not None:
             collector.stop()
         prometheus.stop()
-    assert during == {"sent": 0, "send_failed": 0}, f"the outage was no outage, or it dropped the export: {during}"
+    assert tries > 0 and during == {"sent": 0, "send_failed": 0}, f"no outage, or it dropped the export: {during}"
     assert (found, dropped) == ({"true": 2, "false": 1}, 0)
+
+
+# -- a Collector stopped during an outage: its queue on disk, its shutdown bounded -------------------
+
+SHUTDOWN_BOUND_S = 30
+"""How long a stopped Collector may take to exit during an outage: the request in flight (the queue
+exporter's 10-second timeout over the remote write's 5) and exiting, with room to spare. Before the
+queue moved to disk the Collector drained its in-memory queue against the dead Prometheus for ~95 s,
+its receivers already closed."""
+
+
+def _queued(collector: chain.Collector) -> float:
+    """Requests the Collector's metrics queue holds (``otelcol_exporter_queue_size`` of otlp_http/queue)."""
+    text = chain.http_get(f"http://{collector.telemetry_target}/metrics").decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("otelcol_exporter_queue_size{") and 'exporter="otlp_http/queue"' in line)
+
+
+def test_a_collector_restarted_during_an_outage_delivers_what_it_had_queued(otelcol, tmp_path):
+    """A one-shot process reports late results while Prometheus is down and exits; the Collector
+    queues its export on disk, is stopped (it exits promptly, with status 0) and started again on the
+    same directory before Prometheus comes back: the export reaches Prometheus once, none dropped."""
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False))
+    turns = []
+    for _ in range(3):
+        with guard.turn(agent_name="coder") as turn:
+            turn.check_call(tg.ToolCall("read", {}))
+        turns.append(turn)
+    verdicts = [(turns[0].result_token, "true"), (turns[1].result_token, "false"), (turns[2].result_token, "true")]
+    sink = f"http://127.0.0.1:{chain.free_port()}"
+    collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"{sink}/api/v1/write")
+    prometheus = None
+    try:
+        there = subprocess.run(
+            [sys.executable, "-c", REPORTER, collector.otlp_http, str(tmp_path / "ci.jsonl"),
+             *(part for pair in verdicts for part in pair)],
+            capture_output=True, text=True, timeout=120, check=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+        assert there.stdout.split() == ["3"], there.stderr
+        chain.wait_until("the export in the Collector's queue", lambda: _queued(collector) >= 1, collector.exited)
+        stopped = time.monotonic()
+        collector.process.terminate()
+        code = collector.process.wait(timeout=SHUTDOWN_BOUND_S)
+        took = time.monotonic() - stopped
+        collector.stop()
+        assert code == 0, collector.log_tail()
+        assert list(collector.queue_dir.iterdir()), "the queue left nothing on disk"
+
+        collector = chain.Collector(otelcol, tmp_path, ports=collector.ports,
+                                    prometheus_remote_write=f"{sink}/api/v1/write")
+        assert _queued(collector) >= 1, "the restarted Collector lost the queue"
+        prometheus = chain.Prometheus(chain.prometheus2(), tmp_path, "global: {evaluation_interval: 1s}\n",
+                                      port=int(sink.rsplit(":", 1)[1]))
+        query = f'sum by (turnguard_turn_resolved) ({rules.RESULTS}{{turnguard_result_status="accepted"}})'
+
+        def counted() -> dict[str, float] | None:
+            found = {s["metric"].get("turnguard_turn_resolved", ""): float(s["value"][1])
+                     for s in prometheus.query(query, time.time())}
+            return found or None
+
+        found = chain.wait_until("the queued results in Prometheus", counted, prometheus.exited, timeout=90)
+        chain.wait_until("the queue to drain", lambda: _queued(collector) == 0, collector.exited)
+        dropped = _exporter_points(collector, "send_failed", "otlp_http/queue")
+        refusals = [line for line in prometheus.log_tail(100_000).splitlines() if "level=error" in line]
+    finally:
+        collector.stop()
+        if prometheus is not None:
+            prometheus.stop()
+    print(f"\nthe Collector stopped during the outage exited in {took:.1f} s; {dropped:g} points refused")
+    assert found == {"true": 2, "false": 1}
+    # The restart puts the request that was in flight behind the one queued after it: Prometheus
+    # refuses its older samples as out of order, and the later request carried the same counts on.
+    assert all("out of order sample" in line for line in refusals), refusals
+    assert bool(dropped) == bool(refusals), (dropped, refusals)
