@@ -449,11 +449,42 @@ def _truth(tally: fleet.Tally) -> Counter[tuple[str, ...]]:
                    for t in tally.turns if t.summary.agent_name != WARM_UP_AGENT)
 
 
+ONE_SHOT_RESULTS = 3
+"""Late results a one-shot process reports during the outage: its series' only samples are in the gap."""
+
+
+def _report_late_results(collector: chain.Collector) -> None:
+    """Another OS process reports late results by result token and exits (its export queued in the Collector)."""
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False))
+    tokens = []
+    for _ in range(ONE_SHOT_RESULTS):
+        with guard.turn(agent_name="coder") as turn:
+            turn.check_call(tg.ToolCall("read", {}))
+        tokens += [turn.result_token, "true"]
+    there = subprocess.run([sys.executable, "-c", REPORTER, collector.otlp_http, os.devnull, *tokens],
+                           capture_output=True, text=True, timeout=120, check=True,
+                           env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert there.stdout.split() == [str(ONE_SHOT_RESULTS)], there.stderr
+
+
+def _results(prometheus: chain.Prometheus, at: float, since: float) -> dict[str, float]:
+    """Accepted late results: the one-shot process's raw series, every raw series' last value, and the records'
+    sum since ``since`` (every results series is born after the store's first state: counted from zero)."""
+    accepted = '{turnguard_result_status="accepted"}'
+    queries = {"one-shot": f'sum(last_over_time({rules.RESULTS}{{job="ci-verdicts"}}[1h]))',
+               "raw": f"sum(last_over_time({rules.RESULTS}{accepted}[1h]))",
+               "recorded": f"sum(sum_over_time({build.RECORDED[rules.RESULTS]}{accepted}"
+                           f"[{rules.duration(at - since)}]))"}
+    return {name: sum(float(s["value"][1]) for s in prometheus.query(q, at)) for name, q in queries.items()}
+
+
 @pytest.mark.parametrize("binary", ["prometheus2", "prometheus3"])
 def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, tmp_path, binary):
     """Turns before, during and after a 35-second outage of Prometheus (its lookback shortened to 15 s,
     so the outage is a real gap), through the shipped Collector: the records count each turn once,
-    by agent, outcome and threshold. The audited form, beside them, is wrong: it never counts the
+    by agent, outcome and threshold, and the late results of a one-shot process that exported only
+    during the outage (its samples land when the Collector's queue delivers them, long before the
+    records' window). The audited form, beside them, is wrong: it never counts the
     tiles whose evaluations the outage missed, and counts a series' whole value again where no sample
     is within the lookback of its tile's start (how far the Collector's retries refill the gap decides
     which way it errs)."""
@@ -481,6 +512,7 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
                              prometheus.exited, timeout=90)
             prometheus.stop()
             down = time.time()
+            _report_late_results(collector)
             fleet.run_fleet(fl, PHASE, seed=12)
             time.sleep(max(0.0, down + OUTAGE_S - time.time()))
             prometheus = chain.Prometheus(start_prometheus(), tmp_path, config, flags, port=prometheus.port)
@@ -504,8 +536,9 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
         settled = time.time()
         chain.wait_until("three more evaluations", lambda: _counted(prometheus, build.RECORDED[build.TURNS], since)[0]
                          - OUTAGE_TILING.lag > settled + 3 * OUTAGE_TILING.tile, prometheus.exited, timeout=60)
-        recorded = _counted(prometheus, build.RECORDED[build.TURNS], since)[1]
+        at, recorded = _counted(prometheus, build.RECORDED[build.TURNS], since)
         _, audited = _counted(prometheus, AUDITED, since)
+        results = _results(prometheus, at, since)
         evaluations = prometheus.query(f"count_over_time({rules.HEARTBEAT}[{rules.duration(up - down)}])", up)
     finally:
         if telemetry is not None:
@@ -514,6 +547,7 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
             collector.stop()
         prometheus.stop()
     assert recorded == truth, f"later evaluations changed it: missing {truth - recorded}, extra {recorded - truth}"
+    assert results["one-shot"] == ONE_SHOT_RESULTS and results["recorded"] == results["raw"], results
     assert not evaluations, "the records were evaluated during the outage: no outage"
     print(f"\n{binary}: {sum(truth.values())} turns; the records counted {sum(recorded.values())}, "
           f"the audited form {sum(audited.values())}")

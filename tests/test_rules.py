@@ -182,7 +182,7 @@ def test_every_record_is_the_one_counting_form_of_its_raw_series(variant):
     assert build.RECORDED == rules.RECORDED
     for c in rules.COUNTS:
         assert exprs[c.record] == rules.counted(c.metric, c.by, variant), c.record
-        assert exprs[rules.state(c.metric)] == f"{c.metric} offset 1m"
+        assert exprs[rules.state(c.metric)] == f"last_over_time({c.metric}[1h] offset 1m)"
     assert "interval" not in collector and [r["alert"] for r in collector["rules"]] == \
         ["TurnguardCollectorExportFailing"]
 
@@ -379,7 +379,7 @@ def _audited(monkeypatch, directory: Path) -> Path:
     """The shipped rules with the audited counting form and the audited export-failure alert."""
     monkeypatch.setattr(rules, "counted", lambda m, by, t=rules.PORTABLE: AUDITED_FORM.format(m=m, by=", ".join(by)))
     shipped = rules.export_failing()
-    monkeypatch.setattr(rules, "export_failing", lambda: {**shipped, "expr": AUDITED_EXPORT_ALERT})
+    monkeypatch.setattr(rules, "export_failing", lambda **_: {**shipped, "expr": AUDITED_EXPORT_ALERT})
     path = directory / rules.FILES[rules.PORTABLE]
     path.write_text(rules.render(rules.PORTABLE))
     return path

@@ -413,6 +413,23 @@ ALERTING = (
     Alerting("old failures do not page: not in a store that begins with them, not after a 10-minute gap",
              (_failed("40x20 _x10 40x20"), _up("1x20 _x10 1x20"), _uptime("36000+60x20 _x10 37860+60x20")),
              tuple(("TurnguardCollectorExportFailing", m, ()) for m in (5, 10, 15, 20, 35, 40, 45, 50))),
+    Alerting("after a 40-minute outage of the Prometheus that evaluates it, what failed meanwhile pages once it "
+             "is back, once",
+             (_failed("5x20 _x40 905x30"), _up("1x20 _x40 1x30"), _uptime("36000+60x20 _x40 38460+60x30")),
+             (("TurnguardCollectorExportFailing", 15, ()),
+              ("TurnguardCollectorExportFailing", 55, ()),
+              ("TurnguardCollectorExportFailing", 65, (export_alert(900),)),
+              ("TurnguardCollectorExportFailing", 75, (export_alert(900),)),
+              ("TurnguardCollectorExportFailing", 80, ()))),
+    Alerting("a Collector's first failures, in a 40-minute outage of the Prometheus that evaluates it, page once "
+             "it is back",
+             (_failed("_x20 _x40 900x30"), _up("1x20 _x40 1x30"), _uptime("36000+60x20 _x40 38460+60x30")),
+             (("TurnguardCollectorExportFailing", 65, (export_alert(900),)),
+              ("TurnguardCollectorExportFailing", 80, ()))),
+    Alerting("a Collector restarted in a 40-minute outage pages all it failed since, even below the value before",
+             (_failed("500x20 _x40 300x30"), _up("1x20 _x40 1x30"), _uptime("36000+60x20 _x40 1200+60x30")),
+             (("TurnguardCollectorExportFailing", 65, (export_alert(300),)),
+              ("TurnguardCollectorExportFailing", 80, ()))),
     Alerting("a restarted (or new) Collector's failures page, all of them within the window, even when they "
              "come back to the value before",
              (_failed("40x20 40x20"), _up("1x40"),

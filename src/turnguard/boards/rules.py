@@ -110,12 +110,16 @@ class Tiling:
     ``tile``: the group's interval; ``lag``: how far behind the evaluation each record's end lies
     (samples up to that late land in their own record); ``lookback``: how long a series may go
     unseen and still count from where it was left; ``start_times``: the store holds each series'
-    start as a 0 sample (Prometheus 3's created-timestamp zero ingestion)."""
+    start as a 0 sample (Prometheus 3's created-timestamp zero ingestion); ``late``: how far back
+    each evaluation's state looks for a series' last sample, so a sample that lands late (queued in
+    the Collector through a Prometheus outage) is counted whenever it lands: Prometheus's head takes
+    nothing older than about an hour before its newest sample (half its 2-hour block)."""
 
     tile: float = 300
     lag: float = 60
     lookback: float = 86_400
     start_times: bool = False
+    late: float = 3600
 
     @property
     def fresh_window(self) -> float:
@@ -132,14 +136,20 @@ def state(metric: str) -> str:
     return f"turnguard:{metric}:tile_end"
 
 
+def where(metric: str, t: Tiling = Tiling()) -> str:
+    """The state's expression: the series' last sample up to the records' end, however late it landed."""
+    return f"last_over_time({metric}[{duration(t.late)}] offset {duration(t.lag)})"
+
+
 def counted(metric: str, by: Sequence[str], t: Tiling = Tiling()) -> str:
     """The one counting form: per series, what ``metric`` gained since the previous evaluation, summed by ``by``.
 
     ``now`` is the series at the record's end as this evaluation's state recorded it (the state rule
     runs first, so a sample landing between two rules of one evaluation cannot slip between the
-    record and the state); ``before`` the previous state (up to ``lookback`` ago). A value below
-    ``before`` or a drop within the tile is a reset: the run after it counts from zero, plus the
-    growth before it when the tile's peak shows it. A series with no ``before`` counts from zero
+    record and the state; it reads ``late`` back, so a sample that lands late is counted when it
+    lands); ``before`` the previous state (up to ``lookback`` ago). A value below ``before`` or a
+    drop within the tile is a reset: the run after it counts from zero, plus the growth before it
+    when the tile's peak shows it (a late sample has no tile). A series with no ``before`` counts from zero
     (from its start's 0 where the store keeps one), except in a store the rules have not yet left
     any state in, where it counts from its first sample."""
     lag, tile, back = duration(t.lag), duration(t.tile), duration(t.lookback)
@@ -150,10 +160,10 @@ def counted(metric: str, by: Sequence[str], t: Tiling = Tiling()) -> str:
     known = f"last_over_time({HEARTBEAT}[{back}])"
     first = f"{now} - min_over_time({metric}[{back}] offset {lag})" if t.start_times else now
     fresh = f"{now} - min_over_time({metric}[{duration(t.fresh_window)}] offset {lag})"
-    reset = f"({low} < {before} or resets({metric}[{tile}] offset {lag}) > 0)"
+    reset = f"({low} < {before} or {now} < {before} or resets({metric}[{tile}] offset {lag}) > 0)"
     return (f"sum by ({', '.join(by)}) (\n"
             f"  ({now} - {before}) unless {reset}\n"
-            f"  or ({now} + clamp_min({peak} - {before}, 0) * ({peak} > bool {now})) and {reset}\n"
+            f"  or ({now} + (clamp_min({peak} - {before}, 0) * ({peak} > bool {now}) or {now} * 0)) and {reset}\n"
             f"  or ({first} unless {before}) and on() {known}\n"
             f"  or ({fresh} unless {before}) unless on() {known}\n"
             f")")
@@ -304,28 +314,34 @@ def result_alerts() -> list[dict]:
 UPTIME = "otelcol_process_uptime_seconds_total"
 
 
-def export_failing(window: float = 15 * 60) -> dict:
-    """The Collector alert, from its raw counters: failures counted within ``window`` only.
+def export_failing(window: float = 15 * 60, t: Tiling = Tiling()) -> dict:
+    """The Collector alert, from its raw counters: failures first seen within ``window``.
 
     Per series: everything a Collector younger than the window (just started or restarted) has
-    failed; or the whole value of a series first seen in the window while Prometheus was scraping
-    the Collector before it (the failure counter is born at its first failure; a new store or the
-    end of a gap is not a birth);
-    or the growth since a sample at most one lookback delta before the window; or, after a gap,
-    the growth among the window's own samples. A failure seen only before the window does not page."""
-    w = duration(window)
+    failed; or the growth since its last sample before the window, however old (up to the lookback:
+    what it failed while Prometheus was down is seen at once when Prometheus is back, the Prometheus
+    that evaluates this being the one that was down), all of it when it dropped meanwhile (a
+    restart); or the whole value of a series first seen in the window while Prometheus had scraped
+    the Collector before it (the failure counter is born at its first failure, in the window or in a
+    gap; a new store is not a birth); or, in a store new to the series, the growth among the
+    window's own samples. A failure seen only before the window does not page."""
+    w, back = duration(window), duration(t.lookback)
 
     def failed(metric: str, signal: str) -> str:
         young = f"{metric} and on(job, instance) {UPTIME} < {window:g}"
-        born = f"(last_over_time({metric}[{w}]) unless {metric} offset {w}) and on(job) count by (job) (up offset {w})"
-        anchored = f"(last_over_time({metric}[{w}]) - {metric} offset {w}) >= 0"
+        grown = f"(last_over_time({metric}[{w}]) - last_over_time({metric}[{back}] offset {w}))"
+        anchored = f"{grown} >= 0 or last_over_time({metric}[{w}]) and {grown} < 0"
+        born = (f"(last_over_time({metric}[{w}]) unless last_over_time({metric}[{back}] offset {w}))"
+                f" and on(job) count by (job) (last_over_time(up[{back}] offset {w}))")
         within = f"max_over_time({metric}[{w}]) - min_over_time({metric}[{w}])"
-        return (f"label_replace(sum by (job, instance, exporter) (\n  {young}\n  or {born}\n  or {anchored}\n"
+        return (f"label_replace(sum by (job, instance, exporter) (\n  {young}\n  or {anchored}\n  or {born}\n"
                 f"  or {within}\n), \"signal\", \"{signal}\", \"\", \"\") > 0")
 
     return {
         "alert": "TurnguardCollectorExportFailing",
-        "comment": "Telemetry is being lost: the dashboards would show fewer halts, not an error.",
+        "comment": "Telemetry is late or lost: the dashboards would show fewer halts, not an error. The remote "
+                   "write's failures are failed tries (the queue in front keeps the points); otlp_http/queue's "
+                   "and the other exporters' are points dropped.",
         "expr": "\nor\n".join(failed(m, s.replace("_", " ")) for s, m in OTELCOL_SEND_FAILED.items()),
         "labels": {"severity": "page"},
         "annotations": {
@@ -366,13 +382,13 @@ DERIVED: list[dict] = [fates()]
 
 
 def groups(t: Tiling = Tiling()) -> list[dict]:
-    states = [{"record": state(c.metric), "expr": f"{c.metric} offset {duration(t.lag)}"} for c in COUNTS]
+    states = [{"record": state(c.metric), "expr": where(c.metric, t)} for c in COUNTS]
     records = [{"record": c.record, "expr": counted(c.metric, c.by, t)} for c in COUNTS] + DERIVED
     heartbeat = {"record": HEARTBEAT, "expr": 'count({__name__=~"turnguard:.+:tile_end"})'}
     return [
         {"name": "turnguard", "interval": duration(t.tile),
          "rules": [*states, *records, *alerts(), *result_alerts(), heartbeat]},
-        {"name": "turnguard-collector", "rules": [export_failing()]},
+        {"name": "turnguard-collector", "rules": [export_failing(t=t)]},
     ]
 
 
@@ -446,12 +462,13 @@ with it, or without the flag, load {other}.""",
 
 _COUNTING = """\
 Counting. Every {tile} the group first records each raw cumulative series m where it stands at the
-records' end, turnguard:m:tile_end = m offset {lag}; then each record stores, per label set, what
+records' end, turnguard:m:tile_end = last_over_time(m[{late}] offset {lag}) (its last sample however
+late it landed, up to {late}: Prometheus takes no older one); then each record stores, per label set, what
 m gained since the previous evaluation, summed by the labels the boards and alerts read:
   now    = turnguard:m:tile_end                            this evaluation's state (the same read as
                                                          the state's: nothing lands between them)
   before = last_over_time(turnguard:m:tile_end[{back}] offset 1ms)   the previous evaluation's state
-  reset  = min_over_time(m[{tile}] offset {lag}) < before, or resets(m[{tile}] offset {lag}) > 0
+  reset  = min_over_time(m[{tile}] offset {lag}) < before, now < before, or resets(m[{tile}] offset {lag}) > 0
   gained = now - before                                  (no reset)
          = now + the tile's peak - before, if the peak is above now, else now   (after a reset)
          = {first:<46} (no before: a new series)
@@ -462,12 +479,16 @@ Consecutive records chain: sum_over_time() of a record over whole tiles is exact
 series gained (no extrapolation, nothing lost between windows), and
   - a gap up to the lookback, {back} (samples missing, or the evaluations themselves: a Prometheus
     outage), is counted once, in the first record after it: when in the gap is unknown;
-  - a sample later than the lag is counted in the next record instead of its own, never lost;
-  - a series that stops reporting records nothing; back within {back} it counts from where it was;
+  - a sample later than the lag is counted in the first record after it lands, never lost: one
+    the Collector queued through a Prometheus outage, the only sample of a process that exported
+    once and exited during it, counts when it lands (however long after the first evaluation);
+  - a series that stops reporting records 0 for {late}, then nothing; back within {back} it counts
+    from where it was;
   - a counter reset with a stable service.instance.id (a restarted process) is seen as a drop.
 The lag ({lag}) lets samples that arrive late (batched, retried) land in their own record; the
-records run {lag} to {tile_lag} behind the data. Cost: one state series per raw series, and each record
-reads {back} of its states (and, in the start-times file, {back} of its raw series).
+records run {lag} to {tile_lag} behind the data. Cost: one state series per raw series seen in the last
+{late}, each state reads {late} of its raw series, and each record reads {back} of its states (and, in
+the start-times file, {back} of its raw series).
 """
 
 _ERRS = {
@@ -508,16 +529,19 @@ They err as the records: a low count fires late or not at all (TurnguardBackstop
 TurnguardProbeResolvedPastBackstop; the budget and spike ratios either way). A gap's events are
 in the first record after it, so an alert counts them once, at that evaluation, with its window's
 summary. TurnguardCollectorExportFailing reads the Collector's raw counters in its own group and
-counts failures seen within its 15 minutes only: all of a Collector younger than that, growth since
-a sample just before the window, else within it, or a failure series born in it while Prometheus
-was scraping the Collector (not a new store, not the end of a gap); failures from before a gap or
-before the store do not page."""
+pages on failures first seen within its 15 minutes: all of a Collector younger than that, growth
+since the series' last sample before the window however old (up to {back}: what failed while this
+Prometheus was down pages when it is back), all of it after a drop (a restart), a failure series
+born in the window or in a gap of a Collector this store had scraped, else growth within the window;
+failures already seen before the window, or from before the store began, do not page. During an
+outage it cannot page from here: load the turnguard-collector group in a Prometheus that scrapes
+the Collector and is not the one it writes to (docs/deployment.md)."""
 
 
 def header(t: Tiling) -> str:
     other = FILES[PORTABLE if t.start_times else START_TIMES]
     first = "now - min_over_time(m[{back}] offset {lag})" if t.start_times else "now"
-    values = {"tile": duration(t.tile), "lag": duration(t.lag), "back": duration(t.lookback),
+    values = {"tile": duration(t.tile), "lag": duration(t.lag), "back": duration(t.lookback), "late": duration(t.late),
               "fresh": duration(t.fresh_window), "tile_lag": duration(t.tile + t.lag)}
     first = first.format(**values)
     key = START_TIMES if t.start_times else PORTABLE
@@ -525,7 +549,8 @@ def header(t: Tiling) -> str:
              "  python -m turnguard.boards.rules   (src/turnguard/boards/rules.py: edit that, not this file)\n"
              f"Unit tests: promtool test rules {TEST_FILES[key]}")
     return "\n\n".join([intro, _ROUTE[key].format(flag=ZERO_INGESTION, other=other),
-                        _COUNTING.format(first=first, **values).rstrip(), _ERRS[key].format(**values), _ALERTS])
+                        _COUNTING.format(first=first, **values).rstrip(), _ERRS[key].format(**values),
+                        _ALERTS.format(**values)])
 
 
 def prometheus_config(t: Tiling) -> str:
