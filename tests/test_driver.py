@@ -1,6 +1,7 @@
-"""One turn driver: ``Turn``'s hot path keeps an inlined copy of ``Driver``'s quiet-region test,
-and the two must call the same hooks at the same calls and give the same verdicts, on random
-turns (parallel batches, outcomes in any order) under random thresholds."""
+"""One turn driver: ``Turn``'s hot path and the shadows' per-call loops keep inlined copies of
+``Driver``'s quiet-region test, and each must call the same hooks at the same calls (and the turn
+give the same verdicts) as the driver, on random turns (parallel batches, outcomes in any order)
+under random thresholds."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from typing import Any
 import pytest
 
 import turnguard as tg
+import turnguard.shadow
 from test_quiet import OUTCOMES, random_config
 from turnguard.driver import CHECK_CALL, CHECK_OUTCOME, Driver
 from turnguard.firing import Quiet
 from turnguard.hookspecs import hookimpl
 from turnguard.ledger import Ledger
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard.plugins import NON_POLICY_PLUGINS, plugin_manager
 
 
 class Spy:
@@ -41,6 +43,12 @@ def random_turn(rng: random.Random) -> list[list[tuple[str, int, tg.Outcome]]]:
     """Batches of calls (one model response each): few distinct calls, so streaks and repeats form."""
     return [[(rng.choice("ab"), rng.randrange(3), rng.choice(OUTCOMES)) for _ in range(rng.choice([1, 1, 1, 2, 4]))]
             for _ in range(rng.randrange(5, 40))]
+
+
+def random_case(rng: random.Random) -> tuple[dict[str, Any], Quiet, Any, int]:
+    region = Quiet(calls=rng.choice([2, 6, 30]), streak=rng.choice([2, 3, 99]), repeat=rng.choice([2, 4, 99]),
+                   stop_count=rng.choice([1, 2, 99]))
+    return random_config(rng), region, random_turn(rng), rng.randrange(1 << 30)
 
 
 def shown(verdict: tg.Verdict | None) -> tuple[Any, ...]:
@@ -106,13 +114,38 @@ def driven(guard: tg.Guard, batches: Any, order: random.Random, promptable: bool
 def test_the_turns_inlined_quiet_test_calls_what_the_driver_calls(promptable):
     rng = random.Random(32)
     for case in range(150):
-        config = tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS, **random_config(rng))
-        region = Quiet(calls=rng.choice([2, 6, 30]), streak=rng.choice([2, 3, 99]), repeat=rng.choice([2, 4, 99]),
-                       stop_count=rng.choice([1, 2, 99]))
-        batches, seed = random_turn(rng), rng.randrange(1 << 30)
+        options, region, batches, seed = random_case(rng)
+        config = tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS, **options)
         spies = Spy(region), Spy(region)
         guards = [tg.Guard(config, plugins={"spy": spy}, environ={}) for spy in spies]
         theirs = live(guards[0], batches, random.Random(seed), promptable)
         ours = driven(guards[1], batches, random.Random(seed), promptable)
         assert theirs == ours, (case, config, region)
         assert spies[0].heard == spies[1].heard, (case, config, region)
+
+
+@pytest.mark.parametrize("promptable", [False, True])
+def test_the_shadows_inlined_quiet_test_calls_what_the_driver_calls(promptable, monkeypatch):
+    """A shadow configured as the live guard, with a spy among its policies, hears what a spy
+    driven through a ``Driver`` hears (the shadow halts where the live turn does)."""
+    rng = random.Random(33)
+    shadowed: list[Spy] = []
+
+    def with_spy(config: tg.GuardConfig, **kwargs: Any) -> Any:
+        pm = plugin_manager(config, **kwargs)
+        pm.register(shadowed[-1], "spy")
+        return pm
+
+    monkeypatch.setattr(turnguard.shadow, "policy_manager", with_spy)
+    for case in range(150):
+        options, region, batches, seed = random_case(rng)
+        if rng.random() < 0.3:
+            options["stateful_tools"] = ("a",)
+        disabled = tuple(p for p in NON_POLICY_PLUGINS if p != "shadow")
+        config = tg.GuardConfig(disable_plugins=disabled, **options)
+        shadowed.append(Spy(region))
+        live(tg.Guard(config.replace(shadow={"same": {}}), environ={}), batches, random.Random(seed), promptable)
+        spy = Spy(region)
+        driven(tg.Guard(config.replace(disable_plugins=NON_POLICY_PLUGINS), plugins={"spy": spy}, environ={}),
+               batches, random.Random(seed), promptable)
+        assert shadowed[-1].heard == spy.heard, (case, config, region)

@@ -117,7 +117,7 @@ class QuietRegion:
     ledger's ``tool_calls <= calls``, ``streak_length < streak`` and ``max_key_repeat < repeat``, a
     check calls only ``call`` (the hooks without a rule); while ``stop_count < stop_count``, an
     outcome calls only ``outcome``. The turn driver tests the counts (``Driver.call``,
-    ``Driver.outcome``) and calls ``asked_again`` when the first test fails."""
+    ``Driver.outcome``) and calls ``asked_again`` when a check lies outside the region."""
 
     __slots__ = ("_dispatcher", "_ledger", "_reask", "_view", "call", "calls", "outcome", "repeat", "stop_count",
                  "streak")
@@ -150,18 +150,14 @@ class QuietRegion:
         """Ask again once ``tool_calls`` passes ``calls``; not when the region just named lies
         behind the turn already (it would be asked on every call)."""
 
-    def holds(self) -> bool:
-        """Whether the ledger's counts are inside the region for a check (the callers inline this)."""
-        ledger = self._ledger
-        return ledger._tool_calls <= self.calls and ledger._streak < self.streak and ledger._max_repeat < self.repeat
-
     def asked_again(self) -> bool:
-        """A check outside the region: past its ``calls``, ask again (once per region). Whether
-        the check is inside the region named now."""
+        """A check outside the region: past its ``calls``, ask the rules again (once per region).
+        Whether they were asked: the caller then tests the check on the region they named (the
+        quiet test itself is the driver's, ``Driver.call``)."""
         if self._ledger._tool_calls <= self.calls or not self._reask:
             return False
         self.ask()
-        return self.holds()
+        return True
 
 
 class BoundChecks(NamedTuple):

@@ -9,7 +9,8 @@ shadow run (``turnguard.shadow``) and calibrate's replay (``calibrate/replay.py`
 the same way; what differs is only what the caller does with the answer (a live turn latches and
 tells observers, a shadow reports, a replay answers an ASK). The quiet region is tested here, in
 ``call`` and ``outcome``; ``Turn``'s hot-path closures keep one inlined copy of those two tests
-(``benchmarks/run.py core`` showed the method calls), held equal by ``tests/test_driver.py``.
+(``benchmarks/run.py core`` showed the method calls), and so do the shadows' per-call loops
+(``TurnShadows``: ``benchmarks/run.py shadow``), each held equal by ``tests/test_driver.py``.
 """
 
 from __future__ import annotations
@@ -61,16 +62,20 @@ class Driver:
     def call(self, digest: bytes, call: ToolCall) -> Found:
         """A tool call: counted (its sequence number is then the ledger's ``checks``), then the
         hooks that can fire asked: inside the quiet region only the plugins without a
-        ``quiet_rule``, else every one (past the region's ``calls``, it is asked again first)."""
+        ``quiet_rule``, else every one. This is the call-side quiet test: past the region's
+        ``calls``, the rules are asked again (``QuietRegion.asked_again``) and the check tested
+        on the region they name."""
         ledger, quiet = self.ledger, self.quiet
         self.count(digest, call.name)
-        if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
+        while not (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                   and ledger._max_repeat < quiet.repeat):
+            if not quiet.asked_again():  # (asked again: the check is tested on the region named now)
+                impls = self.checks.call
+                break
+        else:
             impls = quiet.call
             if not impls:
                 return ()
-        else:
-            impls = self.checks.call
         return self.collect1(CHECK_CALL, impls, self.report, call)
 
     def record(self, seq: int, name: str, outcome: Outcome, result: bytes | None = None) -> bool | None:

@@ -756,11 +756,13 @@ def _checker(turn: Turn) -> CheckCall:
             if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                 turn._give_up_waiting()
             # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
-            if (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                    and ledger._max_repeat < quiet.repeat) or quiet.asked_again():
-                impls = quiet.call  # the plugins that cannot fire here are not called
+            while not (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                       and ledger._max_repeat < quiet.repeat):
+                if not quiet.asked_again():
+                    impls = every_call
+                    break
             else:
-                impls = every_call
+                impls = quiet.call  # the plugins that cannot fire here are not called
             if impls:
                 found = collect(CHECK_CALL, impls, view, call)
                 if found:

@@ -164,7 +164,9 @@ class TurnShadows:
     """Every shadow's run on one live turn, and the live manager's dispatcher as it was when the
     turn opened (``reporter``: the reporting hooks go through it). ``active`` holds the runs
     without a would-be halt (the only ones still evaluated) with their ledgers; ``calls`` and
-    ``outcomes`` the same runs with what each per-call loop reads, unpacked in one step;
+    ``outcomes`` the same runs with what each per-call loop reads from their drivers, unpacked in
+    one step (the loops inline ``Driver.call`` and ``Driver.outcome``: one method call less per
+    shadow per call; ``tests/test_driver.py`` holds them equal);
     ``results``: whether one of them records a stateful tool's result (``keys.cached_result``)."""
 
     __slots__ = ("active", "calls", "found", "outcomes", "pending", "reporter", "results", "runs", "stopped")
@@ -180,9 +182,12 @@ class TurnShadows:
     def drop_halted(self) -> None:
         active = [run for run in self.runs if run.halt is None]
         self.active = tuple((run, run.ledger) for run in active)
-        self.calls = tuple((run, run.driver.call, run.policy.own_digest) for run in active)
-        self.outcomes = tuple((run, run.driver.outcome) for run in active)
-        self.results = any(run.driver.polls is not None for run in active)
+        drivers = [(run, run.driver) for run in active]
+        self.calls = tuple((run, d.ledger, run.policy.own_digest, d.count, d.checks.call, d.quiet, d.collect1)
+                           for run, d in drivers)
+        self.outcomes = tuple((run, d.ledger, d.polls, d.ledger.record_outcome, d.checks.outcome, d.quiet,
+                               d.collect2) for run, d in drivers)
+        self.results = any(d.polls is not None for _, d in drivers)
 
     def stop(self) -> None:
         """Evaluate no shadow any more on this turn."""
@@ -278,9 +283,21 @@ class ShadowPlugin:
             state.apply_pending()
         key = call._key  # keys.cached_digest, inlined: this runs on every call
         digest = key[0] if key is not None else self._digest(call)
+        name = call.name
         try:
-            for run, drive, own_digest in state.calls:
-                found = drive(digest if own_digest is None else own_digest(call), call)
+            for run, ledger, own_digest, count, every, quiet, collect in state.calls:
+                count(digest if own_digest is None else own_digest(call), name)
+                # Driver.call, inlined (tests/test_driver.py holds the two equal)
+                while not (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
+                           and ledger._max_repeat < quiet.repeat):
+                    if not quiet.asked_again():
+                        impls = every
+                        break
+                else:
+                    impls = quiet.call
+                    if not impls:
+                        continue
+                found = collect(CHECK_CALL, impls, None, call)
                 if found:  # a shadow never acts, even failing
                     _decided(run, CHECK_CALL, found, state)
         except PASSTHROUGH:
@@ -303,9 +320,21 @@ class ShadowPlugin:
         # turn: keys.unchecked_key): the latest check
         seq = key[3] if key is not None and key[3] else turn.checks
         result = cached_result(call) if state.results else None  # (for the shadows' stateful tools)
+        name = call.name
         try:
-            for run, drive in state.outcomes:
-                found = drive(seq, call, outcome, result)
+            for run, ledger, polls, record, every, quiet, collect in state.outcomes:
+                # Driver.outcome, inlined (as above)
+                if polls is not None and polls(name):
+                    due = ledger.record_polled(seq, outcome, result)
+                else:
+                    due = record(seq, outcome)
+                if ledger._stop_peak < quiet.stop_count and not due:
+                    impls = quiet.outcome
+                    if not impls:
+                        continue
+                else:
+                    impls = every
+                found = collect(CHECK_OUTCOME, impls, None, call, outcome)
                 if found:
                     _decided(run, CHECK_OUTCOME, found, state)
         except PASSTHROUGH:
