@@ -4,11 +4,14 @@ wherever the files are cut and in whatever order they are named."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
+import itertools
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +24,14 @@ from turnguard.calibrate.records import InputError
 TIMES = ("2026-11-30T23-59-59.999", "2026-12-01T08-00-00.000", "2026-12-01T10-30-00.250")
 
 
-def backup(name: str, time: str) -> str:
+def backup(name: str, time: str, style: str = "timberjack") -> str:
+    """A backup's name as the pinned Collector's file exporter writes it (``timberjack``, reason
+    ``size``), or with the reason ``time``, the time after the extension (``after-ext``), or as
+    Collectors before v0.130 wrote it (``lumberjack``: no reason)."""
     stem, dot, ext = name.rpartition(".")
-    return f"{stem}-{time}.{ext}" if dot else f"{name}-{time}"
+    stem, ext = (stem, f".{ext}") if dot else (name, "")
+    return {"timberjack": f"{stem}-{time}-size{ext}", "time": f"{stem}-{time}-time{ext}",
+            "after-ext": f"{stem}{ext}-{time}-size", "lumberjack": f"{stem}-{time}{ext}"}[style]
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +128,8 @@ def test_rotation_names_sort_in_time_order_the_live_file_last_and_sets_apart(tmp
     ordered = [p.name for p in in_stream_order([tmp_path / n for n in names])]
     assert ordered == [*(backup("otlp.jsonl", t) for t in TIMES), "otlp.jsonl", backup("other.jsonl", TIMES[1]),
                        "other.jsonl", "turns.jsonl"]
-    assert rotation_of(Path(backup("traces", TIMES[0]))) == ("traces", TIMES[0])
-    assert rotation_of(Path("otlp-final.jsonl")) == ("otlp-final.jsonl", "")
+    assert rotation_of(Path(backup("traces", TIMES[0])))[:2] == ("traces", TIMES[0])
+    assert rotation_of(Path("otlp-final.jsonl"))[:2] == ("otlp-final.jsonl", "")
 
 
 def test_an_argument_that_names_no_file_is_an_error(tmp_path):
@@ -228,5 +236,95 @@ def test_missing_backups_lists_a_folder_once_for_all_its_files(tmp_path, monkeyp
         listings = Listings(patch)
         missing = missing_backups(live)
     assert listings.count == 1
-    assert missing == {live[0]: sorted(paths[50:], key=lambda p: rotation_of(p)[1])}
+    assert missing == {live[0]: sorted(paths[50:], key=lambda p: rotation_of(p).time)}
     assert missing_backups(paths) == {}
+
+
+# -- rotated sets as the pinned Collector names them, given in any order and any directories ---------
+
+
+@pytest.mark.parametrize(("name", "live", "time"), [
+    ("otlp-2026-12-04T19-36-19.852-size.jsonl", "otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("otlp-2026-12-04T19-36-19.852-time.jsonl", "otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("otlp-2026-12-04T19-36-19.852-size.jsonl.gz", "otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("otlp-2026-12-04T19-36-19.852-size.jsonl.zst", "otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("otlp.jsonl-2026-12-04T19-36-19.852-size", "otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("otlp.jsonl-2026-12-04T19-36-19.852-size.gz", "otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("otlp-2026-12-04T19-36-19.852.jsonl", "otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("my-otlp-2026-12-04T19-36-19.852-size.jsonl", "my-otlp.jsonl", "2026-12-04T19-36-19.852"),
+    ("traces-2026-12-04T19-36-19.852-size", "traces", "2026-12-04T19-36-19.852"),
+    ("otlp.jsonl", "otlp.jsonl", ""),
+    ("otlp-final.jsonl", "otlp-final.jsonl", ""),
+    ("turns-2026-12-04.jsonl", "turns-2026-12-04.jsonl", ""),
+])
+def test_a_backups_name_gives_its_live_file_and_rotation_time_in_every_form_the_exporter_writes(name, live, time):
+    assert rotation_of(Path(name)) == (live, time, True)
+
+
+STYLES = ("timberjack", "time", "after-ext", "lumberjack")
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_every_order_of_a_rotated_sets_files_and_folders_reads_oldest_backup_first_live_file_last(tmp_path, style):
+    """Backups in the folder of the live file and in an archive folder, named as files, as their
+    folders or both, in every order: the stream is always the backups by time, then the live file."""
+    live_dir, archive = tmp_path / "live", tmp_path / "archive"
+    live_dir.mkdir(), archive.mkdir()
+    names = [backup("otlp.jsonl", t, style) for t in TIMES]
+    expected = [archive / names[0], archive / names[1], live_dir / names[2], live_dir / "otlp.jsonl"]
+    for path in expected:
+        path.write_text("{}\n")
+    for order in itertools.permutations(expected):
+        assert expand_inputs(list(order)) == expected, order
+    arguments = [live_dir, archive, *expected[1:3]]
+    for order in itertools.permutations(arguments):
+        assert [p.resolve() for p in expand_inputs(list(order))] == [p.resolve() for p in expected], order
+
+
+def test_two_collectors_files_of_one_name_are_two_streams_each_in_its_own_order(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    sets = {}
+    for folder, times in ((a, TIMES[:2]), (b, TIMES[1:])):
+        folder.mkdir()
+        sets[folder] = [folder / backup("otlp.jsonl", t) for t in times] + [folder / "otlp.jsonl"]
+        for path in sets[folder]:
+            path.write_text("{}\n")
+    for order in itertools.permutations([*sets[a], *sets[b]]):
+        read = expand_inputs(list(order))
+        assert [p for p in read if p.parent == a] == sets[a] and [p for p in read if p.parent == b] == sets[b]
+
+
+def test_a_backup_that_cannot_be_placed_in_time_is_named(tmp_path):
+    """A backup's name with no date in it, or a backup beside none of several live files of its
+    name, is refused with its name, not read at a guessed place."""
+    undated = tmp_path / "otlp-2026-13-41T25-00-00.000-size.jsonl"
+    undated.write_text("{}\n")
+    (tmp_path / "otlp.jsonl").write_text("{}\n")
+    with pytest.raises(InputError, match=f"{undated}: cannot place this file in time: .* is no date"):
+        expand_inputs([tmp_path])
+    undated.unlink()
+    for folder in ("a", "b", "archive"):
+        (tmp_path / folder).mkdir()
+    for live in (tmp_path / "a" / "otlp.jsonl", tmp_path / "b" / "otlp.jsonl"):
+        live.write_text("{}\n")
+    orphan = tmp_path / "archive" / backup("otlp.jsonl", TIMES[0])
+    orphan.write_text("{}\n")
+    with pytest.raises(InputError, match=f"{orphan}: cannot place this file in time: .* beside none of them"):
+        expand_inputs([tmp_path / "a", tmp_path / "b", orphan])
+    err = io.StringIO()
+    assert cli.main([str(tmp_path / "a"), str(tmp_path / "b"), str(orphan)], stdout=io.StringIO(), stderr=err) == 2
+    assert "cannot place this file in time" in err.getvalue()
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_a_rotated_set_named_as_the_collector_names_it_reads_as_the_uncut_file_in_any_order(lines, whole, tmp_path,
+                                                                                          style, monkeypatch):
+    """The figures of the uncut file, whatever order the files are named in (the live file first
+    once split two turns at a rotation when the backups' names carried a reason)."""
+    monkeypatch.setattr(sys.modules[__name__], "backup", functools.partial(backup, style=style))
+    paths = write_rotated(tmp_path / "otel", lines, [len(lines) // 4, len(lines) // 2, 3 * len(lines) // 4])
+    for order in ([paths[3], paths[1], paths[0], paths[2]], [paths[2], paths[0], paths[3], paths[1]],
+                  [paths[3], tmp_path / "otel"]):
+        result, err = figures(*order)
+        assert result == whole, (style, order)
+        assert "note:" not in err

@@ -5,8 +5,8 @@ the Collector's, the turns whose turn span has not arrived yet).
 Which files make up a calibration's input, and in which order.
 
 The Collector's file exporter rotates its file (``rotation: max_megabytes ...``): the full file is
-renamed to a backup beside it, ``<name>-<UTC time>.<ext>`` (``otlp-2026-12-01T10-00-00.000.jsonl``
-for ``otlp.jsonl``: the naming of the lumberjack library the exporter uses), and a new file is
+renamed to a backup beside it, ``<name>-<UTC time>.<ext>`` (``otlp-2026-12-01T10-00-00.000-size.jsonl``
+for ``otlp.jsonl``: the naming of the timberjack library the exporter uses, ``ROTATED``), and a new file is
 started. A turn's tool spans may be in a backup and its turn span in the next file, so the files
 of one rotated set are one stream: read oldest backup first, the live file last, through one span
 assembler (``collector.OtlpAssembler``), never as separate files.
@@ -25,8 +25,9 @@ import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from turnguard.calibrate import collector
 from turnguard.calibrate.collector import OtlpAssembler, is_otlp_line
@@ -50,28 +51,48 @@ __all__ = ["InputError", "InputProblem", "Limits", "RecordedCall", "RecordedTurn
 """``RecordedCall``, ``RecordedTurn``, ``Limits``, ``InputProblem`` and ``InputError`` are
 ``records``'s, named here too for the modules that read turns."""
 
-BACKUP = re.compile(r"^(?P<prefix>.+)-(?P<time>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3})(?P<ext>\.[^.]*)?(?P<gz>\.gz)?$")
-"""A rotated backup's name: the live file's name without its extension, ``-``, the rotation time
-(``2006-01-02T15-04-05.000``, which sorts in time order), the extension (and ``.gz`` when
-compressed afterwards)."""
+ROTATED = re.compile(r"^(?P<stem>.+?)-(?P<time>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3})(?:-(?P<reason>[a-z0-9_]+))?"
+                     r"(?P<ext>\.(?!(?:gz|zst)$)[^.]+)?(?P<packed>\.gz|\.zst)?$")
+"""A rotated backup's name, as the Collector's file exporter names it through the timberjack
+library (``backupNameWithResolved``): the live file's name without its extension, ``-``, the
+rotation time (``2006-01-02T15-04-05.000``, UTC unless the exporter's ``localtime``; it sorts in
+time order), ``-`` and the reason (``size`` or ``time``), then the extension
+(``otlp-2026-12-04T19-36-19.852-size.jsonl`` for ``otlp.jsonl``); or the extension first
+(``otlp.jsonl-2026-12-04T19-36-19.852-size``, timberjack's ``AppendTimeAfterExt``); or without a
+reason (``otlp-2026-12-04T19-36-19.852.jsonl``, the lumberjack library of Collectors before
+v0.130); each with ``.gz`` or ``.zst`` when compressed afterwards."""
+TIME_FORMAT = "%Y-%m-%dT%H-%M-%S.%f"
 GLOB_CHARS = frozenset("*?[")
 
 
-def rotation_of(path: Path) -> tuple[str, str]:
-    """``(live file's name, rotation time)`` of a backup; ``(name, "")`` for any other file
-    (a live file sorts after its backups: ``""`` is read last, see ``_order_key``)."""
+class Rotation(NamedTuple):
+    """Where a file stands in its rotated set: the live file's name, and the rotation time of a
+    backup (``""`` for a live file or any other file); ``dated`` is false for a backup's name whose
+    time is no date (``2026-13-01T...``), which cannot be placed in time."""
+
+    live: str
+    time: str
+    dated: bool = True
+
+
+def rotation_of(path: Path) -> Rotation:
+    """The rotated set ``path`` belongs to and its place in it (``ROTATED``)."""
     return _rotation(path.name)
 
 
-def _rotation(name: str) -> tuple[str, str]:
-    found = BACKUP.match(name)
+def _rotation(name: str) -> Rotation:
+    found = ROTATED.match(name)
     if found is None:
-        return name, ""
-    return found["prefix"] + (found["ext"] or ""), found["time"]
+        return Rotation(name, "")
+    try:
+        datetime.strptime(found["time"], TIME_FORMAT)
+    except ValueError:
+        return Rotation(found["stem"] + (found["ext"] or ""), found["time"], dated=False)
+    return Rotation(found["stem"] + (found["ext"] or ""), found["time"])
 
 
 def _order_key(path: Path) -> tuple[int, str]:
-    _, time = rotation_of(path)
+    time = rotation_of(path).time
     return (1, "") if not time else (0, time)
 
 
@@ -114,12 +135,43 @@ def _unique(files: Iterable[Path]) -> list[Path]:
 
 
 def in_stream_order(files: Sequence[Path]) -> list[Path]:
-    """``files`` with each rotated set (a live file and its backups, in one directory) in rotation
-    order, at the place of the set's first file; other files keep their order."""
-    groups: dict[tuple[str, str], list[Path]] = {}
+    """``files`` with each rotated set in rotation order (its backups oldest first, its live file
+    last), at the place of the set's first file; other files keep their order.
+
+    A set is the files of one live file's name, in whatever directories they are (backups moved to
+    an archive folder are still its backups). Live files of one name in several directories are
+    several Collectors' files: each directory's backups go with its own live file. ``InputError``
+    names a file that cannot be placed in time: a backup whose name holds no date, or a backup in
+    a directory of its own when several live files of its name were given."""
+    sets: dict[str, list[Path]] = {}
     for f in files:
-        groups.setdefault((os.path.dirname(os.path.abspath(f)), rotation_of(f)[0]), []).append(f)
-    return [f for group in groups.values() for f in sorted(group, key=_order_key)]
+        sets.setdefault(rotation_of(f).live, []).append(f)
+    return [f for name, group in sets.items() for f in _set_in_order(name, group)]
+
+
+def _set_in_order(name: str, group: list[Path]) -> list[Path]:
+    for f in group:
+        if not rotation_of(f).dated:
+            raise InputError(f"{f}: cannot place this file in time: its name has the form of a rotated backup of "
+                             f"{name}, but {rotation_of(f).time} is no date; rename it or leave it out")
+    lives = [f for f in group if not rotation_of(f).time]
+    if len(lives) <= 1:
+        return sorted(group, key=_order_key)
+    folders: dict[str, list[Path]] = {}
+    for f in group:
+        folders.setdefault(_folder(f), []).append(f)
+    live_folders = {_folder(f) for f in lives}
+    for folder, members in folders.items():
+        if folder not in live_folders:
+            raise InputError(f"{members[0]}: cannot place this file in time: a rotated backup of {name}, but "
+                             f"{len(lives)} live files of that name were given ({', '.join(map(str, lives[:3]))}) "
+                             "and it is beside none of them; calibrate each Collector's files on their own, or "
+                             "put the backups beside their live file")
+    return [f for members in folders.values() for f in sorted(members, key=_order_key)]
+
+
+def _folder(path: Path) -> str:
+    return os.path.dirname(os.path.realpath(path))
 
 
 def missing_backups(files: Sequence[Path]) -> dict[Path, list[Path]]:
@@ -130,7 +182,7 @@ def missing_backups(files: Sequence[Path]) -> dict[Path, list[Path]]:
     backups: dict[str, dict[str, list[str]]] = {}
     out: dict[Path, list[Path]] = {}
     for f in files:
-        name, time = rotation_of(f)
+        name, time, _ = rotation_of(f)
         if time:
             continue
         folder = os.path.abspath(f.parent)
@@ -149,8 +201,8 @@ def _backups_in(folder: str) -> dict[str, list[str]]:
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
-                name, time = _rotation(entry.name)
-                if time and _is_file(entry):
+                name, time, dated = _rotation(entry.name)
+                if time and dated and _is_file(entry):
                     found.setdefault(name, []).append(entry.name)
     except OSError:
         pass
