@@ -111,6 +111,8 @@ def test_console_script_on_the_shared_corpus_without_a_terminal_draws_no_progres
 # -- hostile input and bad outputs ------------------------------------------------------------------
 
 GOOD = json.dumps({"id": "good", "calls": [{"tool": "read", "args": {"p": 1}, "outcome": "ok"}], "cycles": 1})
+GOOD_TOO = GOOD.replace('"good"', '"good-too"')
+"""Another turn (one id read twice is one turn)."""
 
 
 def run_cli(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -163,7 +165,7 @@ def test_every_skipped_line_is_counted_never_a_traceback_with_or_without_strict(
 ) -> None:
     bad = skipped_lines()
     path = tmp_path / "mixed.jsonl"
-    path.write_text("\n".join([GOOD, *bad, GOOD]) + "\n", encoding="latin-1")
+    path.write_text("\n".join([GOOD, *bad, GOOD_TOO]) + "\n", encoding="latin-1")
     result = tmp_path / "r.json"
     done = run_cli("calibrate", str(path), *SMALL_GRID, "--jobs", jobs, "--max-line-bytes", "65536",
                    "--json", str(result), *(["--strict"] if strict else []))
@@ -181,7 +183,7 @@ def test_every_skipped_line_is_counted_never_a_traceback_with_or_without_strict(
 def test_a_200_mb_line_is_skipped_with_bounded_memory(tmp_path: Path) -> None:
     path = tmp_path / "huge.jsonl"
     with path.open("wb") as f:
-        f.write(GOOD.encode() + b"\n" + b'{"calls": [' + b" " * (200 << 20) + b"]}\n" + GOOD.encode() + b"\n")
+        f.write(GOOD.encode() + b"\n" + b'{"calls": [' + b" " * (200 << 20) + b"]}\n" + GOOD_TOO.encode() + b"\n")
     probe = ("import resource, sys; from turnguard.cli import main; status = main(sys.argv[1:]); "
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr); sys.exit(status)")
     runs = {}

@@ -214,6 +214,10 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     if problems[0] > MAX_SHOWN_PROBLEMS:
         say(f"turnguard calibrate: ... and {problems[0] - MAX_SHOWN_PROBLEMS:,} more input problems "
             f"({problems[0]:,} in all)", stderr)
+    if stats.duplicates:
+        say(f"turnguard calibrate: note: {stats.duplicates:,} reading(s) of turns already read (same id, same "
+            "turn: the same file twice, or the recorder's and the Collector's file of one fleet) counted once",
+            stderr)
     if not stats.turns:
         say(f"turnguard calibrate: no turn could be read from {', '.join(map(str, args.files))} "
             f"({stats.problems:,} input problems); nothing to report", stderr)
@@ -314,6 +318,16 @@ def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr:
                          width=output_width(args.wide), tolerance=args.tolerance)
 
 
+def _refuse_overlap(part: RunStats, path: str, counted: dict[str, str]) -> None:
+    """``ValueError`` when ``part`` counted a turn a result already merged counted: their sketches
+    (``duplicates.SKETCH``, the smallest id hashes) share an id. Merging them would count it twice."""
+    shared = next((h for h in part.sketch if h in counted), None)
+    if shared is not None:
+        raise ValueError(f"overlaps {counted[shared]}: both counted the same turns (merge results of disjoint "
+                         "parts of the input; calibrate the files together to count each turn once)")
+    counted.update(dict.fromkeys(part.sketch, path))
+
+
 def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | None, stdout: TextIO,
                   stderr: TextIO, *, width: int = DEFAULT_WIDTH, tolerance: float | None = None) -> int:
     if not paths:
@@ -324,11 +338,13 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
         say(f"turnguard calibrate merge: {unwritable}", stderr)
         return 2
     merged: RunStats | None = None
+    counted: dict[str, str] = {}
     for path in paths:
         try:
             if os.path.getsize(path) > MAX_RESULT_BYTES:
                 raise ValueError(f"larger than {MAX_RESULT_BYTES:,} bytes: not a calibrate --json result")
             part = RunStats.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+            _refuse_overlap(part, path, counted)
             if merged is None:
                 merged = part
             else:

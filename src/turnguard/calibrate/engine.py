@@ -85,6 +85,7 @@ class Calibrator:
         if turn.ended_by == SUSPENDED:
             stats.suspended_parts += 1  # a part of a turn: the span that ends the turn counts it
             return
+        stats.prints.add(turn)
         n = turn.needed_calls  # the true count: halts save calls the recording may not list
         turn_id, resolved = turn.id, turn.resolved
         if resolved is None and self.late_results:

@@ -12,17 +12,25 @@ import gc
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from turnguard.calibrate.advice import DEFAULT_TOLERANCE
 from turnguard.calibrate.collector import OtlpAssembler
+from turnguard.calibrate.duplicates import Admission
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import Policy
 from turnguard.calibrate.inputs import read_source
 from turnguard.calibrate.parallel import calibrate_in_workers
-from turnguard.calibrate.records import MAX_LINE_BYTES, InputError, InputProblem, LineSource, ProblemSink
+from turnguard.calibrate.records import (
+    MAX_LINE_BYTES,
+    InputError,
+    InputProblem,
+    LineSource,
+    ProblemSink,
+    RecordedTurn,
+)
 from turnguard.calibrate.results import late_results
 from turnguard.calibrate.stats import RunStats
 from turnguard.terminal import shown
@@ -98,9 +106,25 @@ def calibrate(
                 stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes)
     finally:
         progress.close()
+    repeated = stats.prints.repeated()
+    if repeated:
+        stats = _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated)
     stats.problems = counted.count
     stats.inputs = [shown(p) for p in paths]
     stats.tolerance, stats.probe_rate = tolerance, probe_rate
+    return stats
+
+
+def _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated) -> RunStats:
+    """The run again, serially, each repeated turn counted once (``duplicates.Admission``): its
+    input problems were reported by the first run, only the repeats' are new."""
+    admit = Admission(repeated, counted)
+    quiet = _Counter(lambda problem: None, strict=False)
+    with rare_collections():
+        results = late_results(paths, quiet, max_line_bytes=max_line_bytes)
+        stats = _serial(paths, sizes, policies, quiet, group, Progress(0, enabled=False), max_line_bytes, results,
+                        admit)
+    stats.duplicates = admit.dropped
     return stats
 
 
@@ -143,19 +167,22 @@ class _Counter:
             raise StrictError(f"{problem} (--strict)")
 
 
-def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes, results) -> RunStats:
+def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes, results,
+            admit: Callable[[RecordedTurn], bool] | None = None) -> RunStats:
     cal = Calibrator(policies, group=group, results=results)
     done = 0
     spans = OtlpAssembler(on_problem, max_line_bytes=max_line_bytes)  # one stream across a rotated set
     for path, size in zip(paths, sizes, strict=True):
         with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
             for i, turn in enumerate(read_source(source, on_problem, spans)):
-                cal.add(turn)
+                if admit is None or admit(turn):
+                    cal.add(turn)
                 if not i & 63:
                     progress.update(done + source.position(), cal.stats.calls, cal.stats.turns)
         done += size
     for turn in spans.finish():
-        cal.add(turn)
+        if admit is None or admit(turn):
+            cal.add(turn)
     progress.update(done, cal.stats.calls, cal.stats.turns, force=True)
     return cal.stats
 

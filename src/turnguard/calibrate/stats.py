@@ -33,6 +33,7 @@ from turnguard.calibrate.bounds import (
     ids_per_policy,
     shown,
 )
+from turnguard.calibrate.duplicates import SKETCH, TurnPrints
 from turnguard.calibrate.evidence import ProbeEvidence
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.replay import TurnResult, calls_saved, decile, relative_position
@@ -367,6 +368,12 @@ class RunStats:
     """The probe's configured rate (the base configuration's), to scale its cost to the fleet."""
     survival: Survival = field(default_factory=Survival)
     """The turns' call counts as events and censorings (``survival.py``)."""
+    duplicates: int = 0
+    """Readings of a turn already counted (same id, same turn), dropped (``duplicates.py``)."""
+    prints: TurnPrints = field(default_factory=TurnPrints)
+    """Every counted turn's id and content hashes, to find repeats (not in ``--json``)."""
+    sketch: list[str] = field(default_factory=list)
+    """A read result's id sketch (``duplicates.SKETCH``); a run's comes from ``prints``."""
 
     @classmethod
     def empty(cls, policies: list[dict[str, Any]]) -> RunStats:
@@ -423,6 +430,9 @@ class RunStats:
                 _add_hist(getattr(self, hist), k, v)
         self.in_part_ids.extend(other.in_part_ids[: max(0, MAX_IDS - len(self.in_part_ids))])
         self.suspended_parts += other.suspended_parts
+        self.duplicates += other.duplicates
+        self.prints.merge(other.prints)
+        self.sketch = sorted({*self.sketch, *other.sketch})[:SKETCH]
         self.inputs.extend(i for i in other.inputs if i not in self.inputs)
         self.probe.merge(other.probe)
         self.recording.merge(other.recording)
@@ -478,6 +488,8 @@ class RunStats:
             "recorded_in_part": dict(sorted(self.recorded_in_part.items())),
             "recorded_in_part_ids": list(self.in_part_ids),
             "suspended_parts": self.suspended_parts,
+            "duplicates": self.duplicates,
+            "turn_sketch": self.id_sketch(),
             "tolerance": self.tolerance,
             "recording": self.recording.to_json(),
             "policies": [
@@ -515,6 +527,8 @@ class RunStats:
                     recorded_in_part=histogram(data.get("recorded_in_part", {}), "recorded_in_part", cohort_key),
                     in_part_ids=_ids(data.get("recorded_in_part_ids", []), "recorded_in_part_ids"),
                     suspended_parts=count(data.get("suspended_parts", 0), "suspended_parts"),
+                    duplicates=count(data.get("duplicates", 0), "duplicates"),
+                    sketch=_sketch(data.get("turn_sketch", [])), prints=TurnPrints(),
                     recording=Recording.from_json(data["recording"]),
                     tolerance=valid_tolerance(data["tolerance"]),
                     probe_rate=_rate(data["probe"].get("configured_rate") if isinstance(data["probe"], dict) else None),
@@ -522,6 +536,10 @@ class RunStats:
                     survival=Survival.from_json(data["survival"]))
         stats.check()
         return stats
+
+    def id_sketch(self) -> list[str]:
+        """The smallest id hashes of the turns counted (``duplicates.SKETCH``)."""
+        return sorted({*self.sketch, *self.prints.sketch()})[:SKETCH]
 
     def check(self) -> None:
         """``ValueError`` when the counts do not add up (a tampered or truncated result)."""
@@ -558,6 +576,13 @@ class RunStats:
 _RUN_COUNTS = ("turns", "calls", "resolved", "unresolved", "problems", "replays")
 _BY_COHORT = ("halt_ended", "cut_short", "recorded_in_part")
 """``RunStats``' counts by cohort of the turns whose recording stops before their end (disjoint)."""
+
+
+def _sketch(value: Any) -> list[str]:
+    if not isinstance(value, list) or len(value) > SKETCH or not all(
+            isinstance(h, str) and len(h) == 16 and all(c in "0123456789abcdef" for c in h) for h in value):
+        raise ValueError(f"'turn_sketch' must be a list of at most {SKETCH} 16-digit hex hashes")
+    return sorted(set(value))
 
 
 def _policy_info(p: Any) -> dict[str, Any]:

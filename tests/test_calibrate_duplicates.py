@@ -1,0 +1,124 @@
+"""The same turn read twice is one turn: from a copy of a file, from the recorder's and the
+Collector's file of one fleet, twice in one file, serially or with workers; a different turn under
+an id already read is a named problem; ``calibrate merge`` refuses results that counted a turn
+twice."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import turnguard as tg
+from collector_lines import collector_lines
+from turnguard.calibrate import cli
+from turnguard.telemetry.testing import InMemoryTelemetry
+
+TURNS = 24
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """24 turns (some halted by the backstop or the streak stop) in the recorder's file, the
+    Collector's file, copies of each, and the recorder's file with every line twice."""
+    folder = tmp_path_factory.mktemp("fleet")
+    telemetry = InMemoryTelemetry()
+    config = tg.GuardConfig(name="prod", soft_cap=10, hard_multiplier=3, recorder_path=str(folder / "turns.jsonl"),
+                            load_entrypoints=False, disable_plugins=("shadow",))
+    guard = tg.Guard(config, environ={}, **telemetry.providers())
+    for t in range(TURNS):
+        turn = guard.turn(turn_id=f"t{t}", promptable=False)
+        for i in range(4 + 2 * t):
+            call = tg.ToolCall("run", {"i": 0 if t % 4 == 0 else i})
+            if turn.check_call(call).halted or turn.record_outcome(call, "error" if t % 3 else "ok").halted:
+                break
+        turn.end("completed")
+    telemetry.tracer_provider.force_flush()
+    spans = telemetry.spans()
+    paths = {"lines": folder / "turns.jsonl", "spans": folder / "otlp.jsonl"}
+    paths["spans"].write_text("\n".join(collector_lines(spans[i:i + 20] for i in range(0, len(spans), 20))) + "\n")
+    copies = folder / "copies"
+    copies.mkdir()
+    for name in ("lines", "spans"):
+        paths[f"{name} copy"] = Path(shutil.copy(paths[name], copies / paths[name].name))
+    twice = folder / "twice.jsonl"
+    twice.write_text("".join(line + "\n" + line + "\n" for line in paths["lines"].read_text().splitlines()))
+    paths["twice"] = twice
+    return paths
+
+
+def run(*arguments: str | Path, jobs: int = 1, strict: bool = False) -> tuple[int, dict, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main([*map(str, arguments), "--json", "-", "--jobs", str(jobs), "--soft-caps", "10", "--multipliers",
+                     "2,3", "--stuck-repeats", "3", "--no-peers", *(["--strict"] if strict else [])],
+                    stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()) if code == 0 else {}, err.getvalue()
+
+
+def figures(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k not in ("inputs", "replays", "duplicates")}
+
+
+@pytest.fixture(scope="module")
+def once(fleet) -> dict:
+    code, result, err = run(fleet["lines"])
+    assert code == 0 and result["turns"] == TURNS and result["duplicates"] == 0 and "note:" not in err, err
+    return result
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("inputs", [("lines", "lines copy"), ("spans", "spans copy"), ("lines", "spans"),
+                                    ("spans", "lines"), ("twice",), ("lines", "spans", "twice", "spans copy")])
+def test_a_turn_read_twice_from_any_files_is_counted_once(fleet, once, inputs, jobs):
+    code, result, err = run(*(fleet[name] for name in inputs), jobs=jobs)
+    assert code == 0, err
+    readings = sum(2 if name == "twice" else 1 for name in inputs)
+    assert result["duplicates"] == (readings - 1) * TURNS
+    assert figures(result) == figures(once)
+    assert f"note: {(readings - 1) * TURNS:,} reading(s) of turns already read" in err
+
+
+def test_a_different_turn_under_an_id_already_read_is_a_named_problem(fleet, once, tmp_path):
+    lines = fleet["lines"].read_text().splitlines()
+    other = json.loads(lines[5])
+    other["calls"] = other["calls"][:2]
+    other["tool_calls"] = 2
+    path = tmp_path / "clash.jsonl"
+    path.write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    for jobs in (1, 2):
+        code, result, err = run(path, jobs=jobs)
+        assert code == 0, err
+        assert f"{path}:{TURNS + 1}: turn 't5': a different turn under the id of the one at {path}:6" in err
+        assert (result["turns"], result["problems"], result["duplicates"]) == (TURNS, 1, 0)
+        assert figures(result) == {**figures(once), "problems": 1}
+    code, _, err = run(path, strict=True)
+    assert code == 1 and "a different turn under the id" in err
+
+
+def merge(*paths: Path) -> tuple[int, dict, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.merge_main([*map(str, paths), "--json", "-"], stdout=out, stderr=err)
+    return code, json.loads(out.getvalue()) if code == 0 else {}, err.getvalue()
+
+
+def test_merge_refuses_results_that_counted_the_same_turns(fleet, once, tmp_path):
+    lines = fleet["lines"].read_text().splitlines()
+    halves = []
+    for i, part in enumerate((lines[: TURNS // 2], lines[TURNS // 2:])):
+        source = tmp_path / f"part{i}.jsonl"
+        source.write_text("\n".join(part) + "\n")
+        code, result, err = run(source)
+        assert code == 0, err
+        halves.append(tmp_path / f"part{i}.json")
+        halves[-1].write_text(json.dumps(result))
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(once))
+    code, merged, err = merge(*halves)
+    assert code == 0, err
+    assert merged["turns"] == TURNS and merged["turn_sketch"] == once["turn_sketch"]
+    for overlapping in ((halves[0], halves[0]), (whole, halves[1]), (halves[1], whole), (*halves, whole)):
+        code, _, err = merge(*overlapping)
+        assert code == 2 and "overlaps" in err and "both counted the same turns" in err, overlapping
