@@ -33,7 +33,7 @@ def id_hash(turn_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(turn_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
 
-_OUTCOME_BYTES = {Outcome.OK: b"\x00ok\x00", Outcome.ERROR: b"\x00error\x00"}
+_OUTCOME_BYTES = {Outcome.OK: "\x00ok\x00", Outcome.ERROR: "\x00error\x00"}
 """A halted call is ``denied`` in the recorder's line and of unknown outcome on its span: both
 are "did not run" here."""
 
@@ -41,9 +41,8 @@ are "did not run" here."""
 def content_hash(turn: RecordedTurn) -> int:
     h = hashlib.blake2b(digest_size=8)
     h.update(turn.needed_calls.to_bytes(8, "big"))
-    for call in turn.calls:
-        h.update(call.tool.encode("utf-8", "surrogatepass"))
-        h.update(_OUTCOME_BYTES.get(call.outcome, b"\x00?\x00"))
+    outcome = _OUTCOME_BYTES.get
+    h.update("".join([c[0] + outcome(c[3], "\x00?\x00") for c in turn.calls]).encode("utf-8", "surrogatepass"))
     return int.from_bytes(h.digest(), "big")
 
 
