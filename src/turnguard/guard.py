@@ -783,10 +783,9 @@ def _checker(turn: Turn) -> CheckCall:
 
 
 def _recorder(turn: Turn) -> RecordOutcome:
-    driver, ledger, quiet, awaiting = turn._driver, turn.ledger, turn._quiet, turn._awaiting
+    driver, ledger, quiet, awaiting, view = turn._driver, turn.ledger, turn._quiet, turn._awaiting, turn.view
     acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
-    every_outcome, outcome_observers = driver.checks.outcome, turn._outcome_observers
-    collect, view = driver.collect2, turn.view
+    every_outcome, outcome_observers, collect = driver.checks.outcome, turn._outcome_observers, driver.collect2
     # Where results count (stateful tools, the recorder's or a shadow's), every outcome takes
     # _claim_and_record: a token no key holds sends it there. Most turns never look at a result.
     token = object() if turn._keyed_results else turn._token

@@ -211,18 +211,23 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     except (InputError, OSError) as exc:
         say(f"turnguard calibrate: {exc}", stderr)
         return 2
-    if problems[0] > MAX_SHOWN_PROBLEMS:
-        say(f"turnguard calibrate: ... and {problems[0] - MAX_SHOWN_PROBLEMS:,} more input problems "
-            f"({problems[0]:,} in all)", stderr)
-    if stats.duplicates:
-        say(f"turnguard calibrate: note: {stats.duplicates:,} reading(s) of turns already read (same id, same "
-            "turn: the same file twice, or the recorder's and the Collector's file of one fleet) counted once",
-            stderr)
+    _say_counted(problems[0], stats.duplicates, stderr)
     if not stats.turns:
         say(f"turnguard calibrate: no turn could be read from {', '.join(map(str, args.files))} "
             f"({stats.problems:,} input problems); nothing to report", stderr)
         return 1
     return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold, width=output_width(args.wide))
+
+
+def _say_counted(problems: int, duplicates: int, stderr: TextIO) -> None:
+    """The input problems not shown one by one, and the turns read more than once."""
+    if problems > MAX_SHOWN_PROBLEMS:
+        say(f"turnguard calibrate: ... and {problems - MAX_SHOWN_PROBLEMS:,} more input problems "
+            f"({problems:,} in all)", stderr)
+    if duplicates:
+        say(f"turnguard calibrate: note: {duplicates:,} reading(s) of turns already read (same id, same "
+            "turn: the same file twice, or the recorder's and the Collector's file of one fleet) counted once",
+            stderr)
 
 
 def say(message: str, stderr: TextIO) -> None:
