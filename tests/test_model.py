@@ -16,7 +16,9 @@ def test_actions_are_ordered_by_severity_and_max_combines_them():
 
 
 def test_threshold_values_are_the_telemetry_contract():
-    assert [t.value for t in tg.Threshold] == ["explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap"]
+    assert [t.value for t in tg.Threshold] == [
+        "explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "cycle_repeat",
+    ]
     assert str(tg.Threshold.SOFT_STUCK) == "soft_stuck" and tg.Threshold.STREAK == "streak"
     assert [str(level) for level in tg.Level] == ["warn", "stop"]
     assert [str(a) for a in tg.Answer] == ["continue", "stop", "redirect"]

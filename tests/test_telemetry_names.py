@@ -57,7 +57,9 @@ def test_no_name_is_a_namespace_of_another_attribute():
 
 
 def test_threshold_values_match_the_telemetry_contract():
-    assert {t.value for t in Threshold} == {"explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap"}
+    assert {t.value for t in Threshold} == {
+        "explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "cycle_repeat",
+    }
     assert n.NO_THRESHOLD not in {t.value for t in Threshold}
 
 

@@ -169,6 +169,13 @@ class GuardConfig:
     outcome but ``DENIED`` (denials neither count nor reset)."""
     max_cycles_per_turn: int = 0
     """Model requests allowed per turn; request N+1 halts. 0: unbounded."""
+    cycle_repeat_warn_at: int = 0
+    """Warn when the turn's last calls repeat a cycle of 2 to ``cycle_repeat_max_period`` calls
+    this many times (A,B,A,B... ; 0 disables; ``recommended``: 5)."""
+    cycle_repeat_stop_at: int = 0
+    """Stop when a cycle has been repeated this many times (0 disables; ``recommended``: 8)."""
+    cycle_repeat_max_period: int = 4
+    """The longest cycle ``cycle_repeat`` looks for, in calls (2 to 16)."""
     key_mode: str = "canonical"
     """``canonical`` (JSON-canonical arguments) or ``bytes`` (as given, the second seed's)."""
     remind_model: bool = False
@@ -474,6 +481,9 @@ _INT_FIELDS = (
     "streak_stop_at",
     "max_cycles_per_turn",
     "max_tracked_keys",
+    "cycle_repeat_warn_at",
+    "cycle_repeat_stop_at",
+    "cycle_repeat_max_period",
 )
 _BOOL_FIELDS = ("remind_model", "capture_content", "load_entrypoints", "recorder_results")
 _TOOL_LIST_FIELDS = ("stateful_tools", "streak_exempt_tools")
@@ -579,10 +589,24 @@ def _validate(c: GuardConfig) -> None:
         raise ConfigError(
             "streak_warn_at", c.streak_warn_at, f"at most streak_stop_at ({c.streak_stop_at}) when both are set"
         )
+    _validate_cycle_repeat(c)
     _validate_kinds(c)
     _validate_shadow(c)
     if c.probe is not None:
         _probe_settings(c)
+
+
+def _validate_cycle_repeat(c: GuardConfig) -> None:
+    """The cycle levels count repetitions (a cycle seen once is no loop) of cycles of 2 to 16 calls."""
+    for key in ("cycle_repeat_warn_at", "cycle_repeat_stop_at"):
+        value = getattr(c, key)
+        if value == 1 or value < 0 or value > MAX_CALLS:
+            raise ConfigError(key, value, f"0 (disabled) or an integer from 2 to {MAX_CALLS}")
+    if not 2 <= c.cycle_repeat_max_period <= 16:
+        raise ConfigError("cycle_repeat_max_period", c.cycle_repeat_max_period, "an integer from 2 to 16")
+    warn, stop = c.cycle_repeat_warn_at, c.cycle_repeat_stop_at
+    if warn and stop and warn > stop:
+        raise ConfigError("cycle_repeat_warn_at", warn, f"at most cycle_repeat_stop_at ({stop}) when both are set")
 
 
 def _validate_counts(c: GuardConfig) -> None:

@@ -157,6 +157,7 @@ class Ledger:
         "_config",
         "_conversation_id",
         "_counts",
+        "_cyc",
         "_cycle_start",
         "_cycles",
         "_detections",
@@ -205,6 +206,12 @@ class Ledger:
         "_turn_id",
         "_warn_at",
     )
+
+    def __new__(cls, config: GuardConfig, **identity: Any) -> Ledger:
+        """A ``CyclingLedger`` where ``cycle_repeat`` is on: the plain ledger pays nothing for it."""
+        if cls is Ledger and (config.cycle_repeat_warn_at or config.cycle_repeat_stop_at):
+            cls = CyclingLedger
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -263,6 +270,8 @@ class Ledger:
         self._ended: list[EndedStreak] = []  # streaks ended with calls still waiting (EndedStreak)
         self._late: EndedStreak | None = None  # ended_stop
         self._cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self._hard_cap)
+        self._cyc: CycleRuns | None = None
+        """The ``cycle_repeat`` facts (a ``CyclingLedger``'s; ``None``: the policy is off)."""
         self._settings(config)
 
     def _settings(self, config: GuardConfig) -> None:
@@ -494,7 +503,7 @@ class Ledger:
         held in locals (a replay counts most of a turn this way, without checks). Only where that
         is the plain case: no tools named, the ``repeat`` signal, no outcome waiting; ``False``
         (nothing done) otherwise, and the caller counts call by call."""
-        if self._named or self._stale or self._early or self._ended or self._next != self._seq + 1:
+        if self._named or self._stale or self._early or self._ended or self._next != self._seq + 1 or self._cyc:
             return False
         after = _count_settled(self, digests, tools, outcomes, cycles)
         self._tool_calls, self._cycles, self._cycle_start = after.tool_calls, after.cycles, after.cycle_start
@@ -998,7 +1007,11 @@ class Ledger:
         self._restore_streak(f, seq, calls)
         self._restore_outcomes(f.object("outcomes"))
         self._restore_polling(f, seq, calls)
+        self._restore_cycles(f, seq)
         f.done()
+
+    def _restore_cycles(self, f: Fields, seq: int) -> None:
+        """A plain ledger holds no cycle facts: a snapshot that has them needs ``cycle_repeat`` on."""
 
     def _restore_polling(self, f: Fields, seq: int, calls: int) -> None:
         path = f.at("polled")
@@ -1624,3 +1637,189 @@ _slot = LedgerView.__dict__["_ledger"]
 _bind: Callable[[LedgerView, Ledger], None] = _slot.__set__
 _ledger_of: Callable[[LedgerView], Ledger] = _slot.__get__
 delattr(LedgerView, "_ledger")  # the slot's descriptor, kept above: no attribute of a view reaches the ledger
+
+
+class CycleRuns:
+    """The ``cycle_repeat`` facts: how long the turn's latest calls have repeated a cycle of each
+    period ``k`` (1 to ``period``): ``runs[k]`` consecutive calls each identical to the call ``k``
+    before it, so a cycle of ``k`` calls seen ``r`` times has ``runs[k] == (r - 1) * k``.
+
+    Calls settle here in check order, at their outcome (``settle``; one that comes before an
+    earlier call's waits for it), so a batch and late outcomes give the counts of the same calls run
+    one at a time. A ``DENIED`` call (it did not run) is not seen at all: it neither counts nor
+    resets. A stateful tool's call is compared with its result (a changed result is progress, so
+    it breaks the cycle). O(``period``) per call, memory bounded by ``period`` and the calls waiting.
+
+    ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
+
+    __slots__ = ("due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs", "stop", "warn")
+
+    def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
+        self.period = period
+        self.warn, self.stop = warn_at - 1, stop_at - 1
+        """The levels as matches per call of the period (-1: off)."""
+        self.ring: list[bytes] = [b""] * period
+        self.pos = self.filled = 0
+        self.runs = [0] * (period + 1)
+        self.next = first
+        self.keys: dict[int, tuple[bytes | None, bool]] = {}
+        """Checked calls waiting to settle: (digest, stateful); a ``None`` digest takes no part."""
+        self.early: dict[int, tuple[Outcome, bytes | None]] = {}
+        self.due: tuple[Level, int, int] | None = None
+
+    def checked(self, seq: int, digest: bytes | None, stateful: bool) -> None:
+        if not self.keys and not self.early:
+            self.next = seq  # (nothing waits: a check skipped by a rollback leaves no gap)
+        self.keys[seq] = (digest, stateful)
+
+    def settle(self, seq: int, outcome: Outcome, result: bytes | None = None) -> bool:
+        """Check ``seq``'s outcome; true when it brought a cycle to a level (``due``)."""
+        self.due = None
+        if seq not in self.keys:
+            return False
+        if seq != self.next:
+            self.early[seq] = (outcome, result)
+            return False
+        self._count(seq, outcome, result)
+        early = self.early
+        while self.next in early:
+            outcome, result = early.pop(self.next)
+            self._count(self.next, outcome, result)
+        return self.due is not None
+
+    def _count(self, seq: int, outcome: Outcome, result: bytes | None) -> None:
+        digest, stateful = self.keys.pop(seq)
+        self.next = seq + 1
+        if outcome is _DENIED or digest is None:
+            return
+        key = digest + result if stateful and result is not None else digest
+        ring, period, pos, runs = self.ring, self.period, self.pos, self.runs
+        for k in range(1, self.filled + 1):
+            runs[k] = runs[k] + 1 if ring[pos - k] == key else 0
+        ring[pos] = key
+        self.pos = pos + 1 if pos + 1 < period else 0
+        if self.filled < period:
+            self.filled += 1
+        warn, stop = self.warn, self.stop
+        for k in range(2, period + 1):
+            r = runs[k]
+            if r and (r == warn * k or r == stop * k) and not any(runs[d] >= r for d in range(1, k) if not k % d):
+                level = Level.STOP if r == stop * k else Level.WARN
+                if self.due is None or level is Level.STOP:
+                    self.due = (level, k, r)
+
+    def reset(self) -> None:
+        """Forget the runs (an answer, a rollback): the calls since count afresh."""
+        self.runs = [0] * (self.period + 1)
+        self.filled = self.pos = 0
+        self.due = None
+
+    def copy(self) -> CycleRuns:
+        twin = CycleRuns(self.period, self.warn + 1, self.stop + 1, self.next)
+        twin.ring, twin.pos, twin.filled, twin.runs = list(self.ring), self.pos, self.filled, list(self.runs)
+        twin.keys, twin.early = dict(self.keys), dict(self.early)
+        return twin
+
+    def state(self) -> dict[str, Any]:
+        ordered = [self.ring[(self.pos - self.filled + i) % self.period] for i in range(self.filled)]
+        return {"next": self.next, "ring": [key.hex() for key in ordered], "runs": self.runs[1:],
+                "waiting": {str(seq): [_hex(d), s] for seq, (d, s) in self.keys.items()},
+                "early": {str(seq): [o.value, _hex(r)] for seq, (o, r) in self.early.items()}}
+
+    def restore(self, f: Fields, seq: int) -> None:
+        """Read back from ``state()`` (each field checked), for checks up to ``seq``."""
+        self.next = f.integer("next", 1, seq + 1)
+        ring = f.items("ring", self.period)
+        path = f.at("ring")
+        keys = [st.digest(f"{path}[{i}]", key, _key_size(key)) for i, key in enumerate(ring)]
+        self.reset()
+        self.filled, self.pos = len(keys), len(keys) % self.period
+        self.ring[:len(keys)] = keys
+        runs = f.items("runs", self.period)
+        if len(runs) != self.period:
+            st.refuse(f.at("runs"), f"{self.period} run lengths (cycle_repeat_max_period)", runs)
+        self.runs = [0, *(st.integer(f"{f.at('runs')}[{i}]", n, 0, seq) for i, n in enumerate(runs))]
+        path = f.at("waiting")
+        self.keys = {}
+        for key, value in f.mapping("waiting", MAX_POLLED).items():
+            check = _check_number(f"{path}.{key}", key, self.next, seq)
+            if not isinstance(value, list) or len(value) != 2:
+                st.refuse(f"{path}.{key}", "a [digest or null, stateful] pair", value)
+            self.keys[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE, optional=True),
+                                st.boolean(f"{path}.{key}[1]", value[1]))
+        self.keys = dict(sorted(self.keys.items()))
+        path = f.at("early")
+        self.early = {}
+        for key, value in f.mapping("early", MAX_POLLED).items():
+            check = _check_number(f"{path}.{key}", key, self.next + 1, seq)
+            if check not in self.keys or not isinstance(value, list) or len(value) != 2:
+                st.refuse(f"{path}.{key}", "a waiting check's [outcome, result digest or null] pair", value)
+            self.early[check] = (Outcome(st.choice(f"{path}.{key}[0]", value[0], _OUTCOME_VALUES)),
+                                 st.digest(f"{path}.{key}[1]", value[1], DIGEST_SIZE, optional=True))
+        f.done()
+
+
+class CyclingLedger(Ledger):
+    """The ledger of a turn under ``cycle_repeat`` (``Ledger(config)`` makes one when the policy is
+    on): the plain ledger's facts and ``CycleRuns``, fed at each check and outcome."""
+
+    __slots__ = ()
+    _cyc: CycleRuns
+
+    def __init__(self, config: GuardConfig, **identity: Any) -> None:
+        super().__init__(config, **identity)
+        self._cyc = CycleRuns(config.cycle_repeat_max_period, config.cycle_repeat_warn_at,
+                              config.cycle_repeat_stop_at, self._seq + 1)
+
+    def count_call(self, digest: bytes, tool_name: str) -> int:
+        seq = super().count_call(digest, tool_name)
+        self._cyc.checked(seq, None if tool_name in self._exempt else digest, False)
+        return seq
+
+    def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
+        seq = super()._count_polled_call(digest, tool_name)
+        self._cyc.checked(seq, None if tool_name in self._exempt else digest, True)
+        return seq
+
+    def record_polled(self, seq: int, outcome: Outcome, result: bytes | None) -> bool | None:
+        due = self._cyc.settle(seq, outcome, result)
+        return super().record_polled(seq, outcome, result) or due
+
+    def record_outcome(self, seq: int, outcome: Outcome) -> bool | None:
+        cyc = self._cyc
+        # (a stateful call's outcome is settled by record_polled, with its result, before it comes here)
+        due = cyc.settle(seq, outcome) if seq in cyc.keys and seq not in cyc.early else False
+        return super().record_outcome(seq, outcome) or due
+
+    def abandon(self, seq: int) -> None:
+        self._cyc.settle(seq, _ABANDONED)
+        super().abandon(seq)
+
+    def reset_streak(self, answered: bytes | None = None) -> None:
+        super().reset_streak(answered)
+        self._cyc.reset()
+
+    def rollback_cycle(self) -> None:
+        super().rollback_cycle()
+        cyc = self._cyc
+        cyc.keys.clear()
+        cyc.early.clear()
+        cyc.next = self._seq + 1
+
+    def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
+        twin = super().fork(config, promptable=promptable)
+        if twin._cyc is not None and config.cycle_repeat_max_period == self._cyc.period:
+            twin._cyc = self._cyc.copy()
+            twin._cyc.warn, twin._cyc.stop = config.cycle_repeat_warn_at - 1, config.cycle_repeat_stop_at - 1
+        return twin
+
+    def state(self) -> dict[str, Any]:
+        facts = super().state()
+        facts["cycle_runs"] = self._cyc.state()
+        return facts
+
+    def _restore_cycles(self, f: Fields, seq: int) -> None:
+        if "cycle_runs" in f:
+            self._cyc.restore(Fields(f.get("cycle_runs"), f.at("cycle_runs")), seq)
+        else:
+            self._cyc.next = seq + 1

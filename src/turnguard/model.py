@@ -130,6 +130,7 @@ class Threshold(enum.StrEnum):
     HARD_BACKSTOP = "hard_backstop"
     STREAK = "streak"
     CYCLE_CAP = "cycle_cap"
+    CYCLE_REPEAT = "cycle_repeat"
 
 
 class Level(enum.StrEnum):

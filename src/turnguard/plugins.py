@@ -43,6 +43,7 @@ DEFAULT_PLUGINS: dict[str, str] = {
     "cap": "turnguard.policies.cap",
     "streak": "turnguard.policies.streak",
     "cycles": "turnguard.policies.cycles",
+    "cycle_repeat": "turnguard.policies.cycle_repeat",
 }
 """Built-in policy modules by name, in hook order among themselves (the cap's detection wins ties
 over the streak's). Plugins given to ``Guard(plugins=)`` or ``Guard.register`` run before them (and win
