@@ -80,7 +80,7 @@ def test_plugins_lists_the_loaded_plugins(capsys, monkeypatch):
     assert any(line.split() == ["otel", "built-in", "disabled", "-"] for line in lines)
     status, out, _ = run(capsys, "plugins", "--json")
     names = {row["name"]: row for row in json.loads(out)}
-    assert {n for n, row in names.items() if row["status"] == "loaded"} == {"cap", "streak", "cycles"}
+    assert {n for n, row in names.items() if row["status"] == "loaded"} == {"cap", "streak", "cycles", "cycle_repeat"}
     assert {n for n, row in names.items() if row["status"] == "disabled"} == set(NON_POLICY_PLUGINS)
     assert names["cycles"]["hooks"] == ["turnguard_check_cycle"]
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 import turnguard as tg
+from conftest import corpus_files
 
 ON = {"cycle_repeat_warn_at": 5, "cycle_repeat_stop_at": 8}
 
@@ -88,9 +90,9 @@ def test_seed_keeps_the_seeds_semantics():
     assert drive(cycle("ab", 45)) == []  # 90 calls: under the soft cap
 
 
-def test_recommended_turns_it_on():
-    rec = tg.PROFILES["recommended"]
-    assert (rec.cycle_repeat_warn_at, rec.cycle_repeat_stop_at, rec.cycle_repeat_max_period) == (5, 8, 4)
+def test_every_shipped_profile_leaves_it_off_until_calibrate_replays_it():
+    for profile in tg.PROFILES.values():
+        assert (profile.cycle_repeat_warn_at, profile.cycle_repeat_stop_at) == (0, 0)
 
 
 def test_denials_neither_count_nor_reset():
@@ -182,3 +184,34 @@ def test_resume_from_a_durable_snapshot_keeps_the_counts():
         resumed.check_call(call)
         verdicts.append(resumed.record_outcome(call, tg.Outcome.OK).action)
     assert verdicts == [tg.Action.ALLOW] * 3 + [tg.Action.HALT]  # call 16, as without the pause
+
+
+def _halt_of(config: tg.GuardConfig, calls: list[dict]) -> tuple[int, str] | None:
+    """Where an unattended live turn of the recorded ``calls`` halts, and by which threshold."""
+    with tg.Guard(config).turn() as turn:
+        for i, recorded in enumerate(calls, 1):
+            call = tg.ToolCall(recorded["tool"], recorded["args"])
+            verdict = turn.check_call(call)
+            if verdict.action is not tg.Action.HALT:
+                outcome = recorded["outcome"] if recorded["outcome"] != "unknown" else "ok"
+                verdict = turn.record_outcome(call, outcome, recorded.get("result"))
+            if verdict.action is tg.Action.HALT:
+                assert verdict.event is not None
+                return i, str(verdict.event.threshold)
+    return None
+
+
+def test_on_the_development_corpus_it_halts_only_unresolved_alternating_runs():
+    """The figures docs/usage.md gives for turning it on over ``recommended``: through the live
+    guard, every recorded run halts where it did, but two unresolved alternating loops."""
+    base = tg.PROFILES["recommended"].replace(load_entrypoints=False)
+    on = base.replace(**ON)
+    changed = []
+    for path in corpus_files():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            run = json.loads(line)
+            before, after = _halt_of(base, run["calls"]), _halt_of(on, run["calls"])
+            if before != after:
+                changed.append((run["resolved"], after))
+    assert len(changed) == 2
+    assert all(resolved is False and after is not None and after[1] == "cycle_repeat" for resolved, after in changed)

@@ -21,8 +21,7 @@ from turnguard.config import GuardConfig
 
 PROFILES: Mapping[str, GuardConfig] = MappingProxyType({
     "seed": GuardConfig(),
-    "recommended": GuardConfig(name="recommended", stuck_signal="stale_repeat", streak_stop_on="any",
-                                cycle_repeat_warn_at=5, cycle_repeat_stop_at=8),
+    "recommended": GuardConfig(name="recommended", stuck_signal="stale_repeat", streak_stop_on="any"),
 })
 """Read-only: name -> ``GuardConfig`` (frozen). Derive with ``PROFILES[name].replace(...)``. A
 profile other than the defaults carries its name as ``GuardConfig.name`` (``turnguard.policy``),

@@ -1,4 +1,4 @@
-"""Alternating loops (issue 34): the turn's latest calls repeat a cycle of 2 to
+"""Alternating loops: the turn's latest calls repeat a cycle of 2 to
 ``cycle_repeat_max_period`` identical calls (read, list, read, list...) ``cycle_repeat_warn_at``
 or ``cycle_repeat_stop_at`` times.
 
