@@ -144,16 +144,28 @@ def test_recorded_policies_are_bounded():
 # -- tampered merges ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def _calibrated(tmp_path_factory: pytest.TempPathFactory, first: int) -> dict:
+    """A result of 40 turns with ids from ``t{first}``: two firsts 40 apart share no turn."""
     path = tmp_path_factory.mktemp("merge") / "t.jsonl"
-    lines = [{"id": f"t{i}", "calls": [{"tool": "a", "args": "x" if i % 2 else f"x{j}", "outcome": "error"}
-                                       for j in range(30)], "resolved": i % 3 == 0, "cohort": "probe" if i % 4 else
-              "live", "ended_by": "completed"} for i in range(40)]
+    lines = [{"id": f"t{first + i}", "calls": [{"tool": "a", "args": "x" if i % 2 else f"x{j}", "outcome": "error"}
+                                               for j in range(30)], "resolved": i % 3 == 0,
+              "cohort": "probe" if i % 4 else "live", "ended_by": "completed"} for i in range(40)]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = io.StringIO()
     assert cli.main([str(path), "--json", "-"], stdout=out, stderr=io.StringIO()) == 0
     return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _calibrated(tmp_path_factory, 0)
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Another fleet's result (no turn in common with ``result``): merges with it, tampered or not,
+    say only what the tampering changed."""
+    return _calibrated(tmp_path_factory, 1000)
 
 
 def merge(tmp_path: Path, *parts: dict) -> tuple[int, str]:
@@ -166,8 +178,8 @@ def merge(tmp_path: Path, *parts: dict) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def test_an_untampered_result_merges(result, tmp_path):
-    assert merge(tmp_path, result, result)[0] == 0
+def test_an_untampered_result_merges(result, other, tmp_path):
+    assert merge(tmp_path, result, other)[0] == 0
 
 
 def _tamper(result: dict, where: str, value: object) -> dict:
@@ -200,9 +212,10 @@ def _tamper(result: dict, where: str, value: object) -> dict:
     ("survival.events_at", {"30": -2}), ("recording.turns_with_times", -1), ("tolerance", 2),
     ("recording.first_started", -5.0),
 ])
-def test_tampered_counts_are_refused_with_what_is_wrong(result, tmp_path, where, value):
-    code, err = merge(tmp_path, result, _tamper(result, where, value))
+def test_tampered_counts_are_refused_with_what_is_wrong(result, other, tmp_path, where, value):
+    code, err = merge(tmp_path, result, _tamper(other, where, value))
     assert code == 2, err
+    assert "overlaps" not in err  # refused for what the tampering changed
     assert "part1.json" in err and "Traceback" not in err
     assert len(err) < 600
 
