@@ -115,7 +115,7 @@ def test_calibrate_merge_shows_its_inputs_and_a_bad_one_printably(name, tmp_path
     result = make(results, name + b".json", b"")
     assert cli.main(["calibrate", str(corpus), "--json", result, "--jobs", "1"]) == 0
     capsys.readouterr()
-    assert cli.main(["calibrate", "merge", result, result, "--json", "-"]) == 0
+    assert cli.main(["calibrate", "merge", result, "--json", "-"]) == 0
     out, _ = capsys.readouterr()
     assert json.loads(out)["inputs"] == [str(corpus)]
     broken = make(results, b"broken-" + name, b"{")
