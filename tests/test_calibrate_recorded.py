@@ -34,7 +34,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     folder = tmp_path_factory.mktemp("recorded")
     telemetry = InMemoryTelemetry()
     config = tg.GuardConfig(name="prod", soft_cap=10, hard_multiplier=3, recorder_path=str(folder / "turns.jsonl"),
-                            probe=PROBE, load_entrypoints=False, disable_plugins=("shadow",))
+                            probe=PROBE, load_entrypoints=False, disable_plugins=("shadow",),
+                            stateful_tools=("poll", "status"), streak_exempt_tools=("fetch",))
     guard = tg.Guard(config, environ={}, **telemetry.providers())
     summaries = {}
     for t in range(30):
@@ -63,7 +64,7 @@ def test_lines_and_spans_say_the_same_policy_limits_end_and_times(recorded):
         a, b = from_lines[turn_id], from_spans[turn_id]
         cohorts.add(a.cohort)
         probe = a.cohort == "probe"
-        limits = Limits("adaptive", 10, 40 if probe else 30, 9 if probe else 6, 5, 8, 0)
+        limits = Limits("adaptive", 10, 40 if probe else 30, 9 if probe else 6, 5, 8, 0, ("poll", "status"), ("fetch",))
         assert (a.policy, a.limits) == (b.policy, b.limits) == ("prod-probe" if probe else "prod", limits)
         assert a.cohort == b.cohort == summary.cohort
         expected_end = str(summary.threshold) if summary.threshold else summary.reason

@@ -518,7 +518,7 @@ UNREAD_KEYS = (names.CALL_REPEAT, names.STREAK_LENGTH, names.FAILING_STREAK_LENG
 """What the plugin writes on a tool span only when it says something (a count past 1, a failure),
 and calibrate does not read."""
 PLUGIN_ORDER = (names.CALL_INDEX, names.CALL_KEY_DIGEST, names.CALL_REPEAT, names.STREAK_LENGTH,
-                names.GEN_AI_TOOL_NAME, names.GEN_AI_OPERATION_NAME, names.CALL_OUTCOME,
+                names.GEN_AI_TOOL_NAME, names.GEN_AI_OPERATION_NAME, names.CALL_OUTCOME, names.CALL_RESULT_DIGEST,
                 names.FAILING_STREAK_LENGTH, names.ERROR_TYPE)
 """Every attribute the plugin writes on its own tool span, in its order."""
 COUNTS = ["2", "17", "0", "007", "9" * 18, "9" * 19, "-2", "1.0", "x", ""]
@@ -541,6 +541,8 @@ def _plugin_pairs(rng: random.Random) -> list[list[str]]:
               names.GEN_AI_TOOL_NAME: ("stringValue", pick(rng.choice(("find", "cat", "python")))),
               names.GEN_AI_OPERATION_NAME: ("stringValue", pick("execute_tool")),
               names.CALL_OUTCOME: ("stringValue", outcome)}
+    if rng.random() < 0.3:
+        values[names.CALL_RESULT_DIGEST] = "stringValue", pick(f"{rng.getrandbits(64):016x}")
     if rng.random() < 0.3:
         values[names.CALL_REPEAT] = count()
     if rng.random() < 0.3:
@@ -607,17 +609,20 @@ def attribute_texts(seed: int, n: int) -> Iterator[str]:
 
 
 def _template_reading(found: Any) -> list[dict]:
-    index, digest, tool, outcome = (g.decode() for g in found.groups())
+    index, digest, tool, outcome, result = (g and g.decode() for g in found.groups())
     values = [("intValue", index), ("stringValue", digest), ("stringValue", tool),
               ("stringValue", names.OP_EXECUTE_TOOL), ("stringValue", outcome)]
-    return [{"key": key, "value": {kind: value}} for key, (kind, value) in zip(TEMPLATE_KEYS, values, strict=True)]
+    read = [{"key": key, "value": {kind: value}} for key, (kind, value) in zip(TEMPLATE_KEYS, values, strict=True)]
+    if result is not None:
+        read.append({"key": names.CALL_RESULT_DIGEST, "value": {"stringValue": result}})
+    return read
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed: int) -> None:
     """What a match's groups say is exactly the parsed JSON's read attributes, the others are
     those the plugin adds, in its order, and the span's plain form gives the parsed JSON."""
-    matched = unread = 0
+    matched = unread = digests = 0
     for text in attribute_texts(seed, 3000):
         data = text.encode("utf-8", "surrogatepass")
         found = collector.TOOL_ATTRIBUTES.fullmatch(data)
@@ -627,12 +632,13 @@ def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed
         parsed = json.loads(data)
         assert [a for a in parsed if a["key"] not in UNREAD_KEYS] == _template_reading(found), text
         assert [a["key"] for a in parsed] == [k for k in PLUGIN_ORDER if k in {a["key"] for a in parsed}], text
-        unread += len(parsed) - len(TEMPLATE_KEYS)
+        unread += sum(a["key"] in UNREAD_KEYS for a in parsed)
+        digests += found.group(5) is not None
         line = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"n","attributes":' + data + b"}]}]}]}"
         [decoded] = collector.decode(line)
         assert decoded[2] is not None
         assert collector.plain(decoded)["attributes"] == json.loads(data)
-    assert 100 < matched < 2900 and unread > 100  # both sides of the template, and its unread attributes
+    assert 100 < matched < 2900 and unread > 100 and digests > 50  # both sides, unread attributes, result digests
 
 
 def _template_stream(seed: int) -> list[str]:

@@ -42,8 +42,10 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from turnguard.calibrate.bounds import COHORT_KEYS
 from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence
 from turnguard.calibrate.recording import Recording
+from turnguard.calibrate.records import TOOL_LIST_KEYS
 from turnguard.terminal import DEFAULT_WIDTH, fit_table
 
 DEFAULT_TOLERANCE = 0.10
@@ -326,6 +328,35 @@ def limits_notes(e: ProbeEvidence, recording: Recording, default_limits: dict[st
             notes.append(f"The default row is not the live policy most live turns ran under ({shown}): give --config "
                          "the live configuration so that the probe rows are read against it.")
     return notes
+
+
+def tool_list_warning(recording: Recording, params: dict[str, Any] | None) -> str | None:
+    """When the recording's tool lists (``stateful_tools``, ``streak_exempt_tools``, as its turns
+    ran under them) are not the default policy's (``--config``'s), in words: the replay would
+    count the recorded calls as the fleet did not. ``None``: they agree, or none is recorded."""
+    if params is None:
+        return None
+    differ = []
+    for key in TOOL_LIST_KEYS:
+        mine = frozenset(params.get(key) or ())
+        turns: dict[frozenset[str], int] = {}
+        for cohort in COHORT_KEYS:
+            for limits, n in recording.limits_of(cohort):
+                tools = getattr(limits, key)
+                if tools is not None and frozenset(tools) != mine:
+                    turns[frozenset(tools)] = turns.get(frozenset(tools), 0) + n
+        if turns:
+            theirs = max(turns, key=lambda tools: turns[tools])
+            ran = _turns(sum(turns.values()), "turn")
+            differ.append(f"{key} {_tools(theirs)} in {ran} (--config: {_tools(mine)})")
+    if not differ:
+        return None
+    return (f"the recording's {'; '.join(differ)}: give --config the live configuration, or the replay counts the "
+            "recorded calls as the fleet did not (polling as repeats, exempt tools in streaks).")
+
+
+def _tools(tools: frozenset[str]) -> str:
+    return ",".join(sorted(tools)) or "none"
 
 
 def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int = 0,

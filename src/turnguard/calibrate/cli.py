@@ -275,6 +275,8 @@ def _auto_jobs(size: int) -> int:
 def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout: TextIO, stderr: TextIO, *,
           fold: bool = False, width: int = DEFAULT_WIDTH) -> int:
     """The table on ``stdout``, unless an output is ``-`` and takes its place; the outputs."""
+    for warning in stats.warnings():
+        say(f"turnguard calibrate: warning: {warning}", stderr)
     if STDOUT not in (json_path, html_path):
         stdout.write(table(stats, color=color_allowed(stdout), fold=fold, width=width))
     if json_path:

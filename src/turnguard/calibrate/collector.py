@@ -35,6 +35,7 @@ from turnguard.calibrate.records import (
     parse_outcome,
     short_text,
     shown,
+    tool_list,
     turn_calls_limit,
     waiting_calls_limit,
 )
@@ -180,14 +181,16 @@ TOOL_ATTRIBUTES = re.compile(
     + b"," + _pair(names.GEN_AI_TOOL_NAME, b'"stringValue":"' + _TEXT + b'"')
     + b"," + _pair(names.GEN_AI_OPERATION_NAME, b'"stringValue":"' + re.escape(names.OP_EXECUTE_TOOL.encode()) + b'"')
     + b"," + _pair(names.CALL_OUTCOME, b'"stringValue":"([a-z]{1,16})"')
+    + rb"(?:," + _pair(names.CALL_RESULT_DIGEST, b'"stringValue":"' + _TEXT + b'"') + rb")?"
     + _unread(names.FAILING_STREAK_LENGTH, _COUNT)
     + _unread(names.ERROR_TYPE, b'"stringValue":"' + re.escape(names.ERROR_TYPE_OTHER.encode()) + b'"')
     + rb"\]")
 """A tool span's attributes exactly as turnguard's plugin writes them and the Collector's file
 exporter prints them (compact, in this order, no escapes): the index, the key digest, the repeat
 and streak counts when past 1, the tool name, the operation, the outcome, and for a failed call
-its failing streak and ``error.type``. Groups: the index's digits, the key digest, the tool name,
-the outcome's text (the counts and the error type are not read). Anything else (escapes,
+the result digest when the guard keyed the result, for a failed call its failing streak and
+``error.type``. Groups: the index's digits, the key digest, the tool name, the outcome's text, the
+result digest or ``None`` (the counts and the error type are not read). Anything else (escapes,
 non-ASCII, whitespace, other or more attributes, another order, other types) does not match and
 is parsed by ``json``."""
 _TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
@@ -362,8 +365,6 @@ MAX_SHARED_TOOLS = 10_000
 """Tool names an assembler keeps one copy of (the telemetry's own bound on tool names)."""
 
 
-_CALL_DEFAULTS = tuple(RecordedCall._field_defaults[f] for f in RecordedCall._fields[4:])
-"""``RecordedCall``'s fields after ``outcome`` at their defaults (a span call sets the first four)."""
 _SPAN_OUTCOMES: dict[str, Outcome | None] = {}
 """``turnguard.call.outcome`` texts read so far and what they mean (at most ``MAX_SHARED_TOOLS``)."""
 
@@ -494,11 +495,12 @@ class OtlpAssembler:
             span, _, found = spans[i]
             if found is None or span.parentSpanId != parent:
                 break
-            index, digest, raw_tool, text = found.groups()
+            index, digest, raw_tool, text, result = found.groups()
             outcome, tool, number = _TEMPLATE_OUTCOMES.get(text), tools.get(raw_tool), int(index)
             if outcome is None or tool is None or number < 1 or len(calls) >= limit:
                 break
-            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, *_CALL_DEFAULTS))))
+            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, None,
+                                                           result and result.decode()))))
             waiting += 1
             i += 1
             if waiting > most:
@@ -514,7 +516,7 @@ class OtlpAssembler:
         checked their types and lengths) when its outcome is a usual one, its parent a short text,
         its index from 1 and its turn below its bound, as ``_call`` checks them (``False``: not
         taken, nothing changed; ``_span`` reads it and says what is wrong)."""
-        index, digest, raw_tool, text = found.groups()
+        index, digest, raw_tool, text, raw_result = found.groups()
         outcome = _TEMPLATE_OUTCOMES.get(text)
         if outcome is None or not parent or len(parent) > MAX_ID_LENGTH:
             return False
@@ -524,16 +526,18 @@ class OtlpAssembler:
             if len(self._tool_texts) < MAX_SHARED_TOOLS:
                 self._tool_texts[raw_tool] = tool
         number = int(index)
+        result = raw_result and raw_result.decode()
         if parent != self._last_parent:
-            return self._pend_call(parent, number, tool, digest.decode(), outcome, lineno)
+            return self._pend_call(parent, number, tool, digest.decode(), outcome, result, lineno)
         calls = self._last_calls
         if number < 1 or len(calls) >= self.max_calls:
             return False
-        calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, *_CALL_DEFAULTS))))
+        calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, None, result))))
         self._waiting += 1
         return True
 
-    def _pend_call(self, parent: str, number: int, tool: str, digest: str, outcome: Outcome, lineno: int) -> bool:
+    def _pend_call(self, parent: str, number: int, tool: str, digest: str, outcome: Outcome, result: str | None,
+                   lineno: int) -> bool:
         """Hold a checked tool span's call for its turn span (``False``: its index or the turn's
         bound refuses it, nothing changed)."""
         key = "span:" + parent
@@ -548,7 +552,7 @@ class OtlpAssembler:
             tool = shared
         elif len(tools) < MAX_SHARED_TOOLS:
             tools[tool] = tool
-        pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, *_CALL_DEFAULTS))))
+        pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, None, result))))
         self._waiting += 1
         self._last_parent, self._last_calls = parent, pending.calls
         return True
@@ -598,7 +602,7 @@ class OtlpAssembler:
         if names.CALL_INDEX in attrs:
             self._call(name, attrs.get(names.GEN_AI_TOOL_NAME), attrs[names.CALL_INDEX],
                        attrs.get(names.CALL_KEY_DIGEST), attrs.get(names.CALL_OUTCOME), attrs.get(names.TURN_ID),
-                       span.get("parentSpanId"), lineno)
+                       span.get("parentSpanId"), lineno, attrs.get(names.CALL_RESULT_DIGEST))
             return None
         if names.TURN_ID not in attrs:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
@@ -629,13 +633,13 @@ class OtlpAssembler:
         return _recorded_turn(turn_id, calls, facts)
 
     def _call(self, name: str, tool: Any, index: Any, digest: Any, raw_outcome: Any, turn_id: Any, parent: Any,
-              lineno: int) -> None:
+              lineno: int, result: Any = None) -> None:
         """One tool span's fields (its attributes as read); reported and skipped when unusable."""
         tool = tool or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
         outcome = span_outcome(raw_outcome)
         key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
-        if not _usable_call(key, tool, index, digest, turn_id, parent, outcome):
-            problem = _call_problem(key, tool, index, digest, turn_id, parent, raw_outcome, outcome)
+        if not _usable_call(key, tool, index, digest, turn_id, parent, outcome, result):
+            problem = _call_problem(key, tool, index, digest, turn_id, parent, raw_outcome, outcome, result)
             if problem:
                 self._bad(lineno, f"tool span {name!r}: {problem}")
                 return
@@ -648,7 +652,7 @@ class OtlpAssembler:
             return
         if len(self._tools) < MAX_SHARED_TOOLS:
             tool = self._tools.setdefault(tool, tool)
-        pending.calls.append((index, tuple.__new__(RecordedCall, (tool, None, digest, outcome, *_CALL_DEFAULTS))))
+        pending.calls.append((index, tuple.__new__(RecordedCall, (tool, None, digest, outcome, None, result))))
         self._waiting += 1
 
     def _facts(self, turn_id: str, attrs: dict[str, Any], lineno: int, path: str | None,
@@ -726,16 +730,17 @@ class OtlpAssembler:
 
 
 def _usable_call(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any,
-                 outcome: Outcome | None) -> bool:
+                 outcome: Outcome | None, result: Any) -> bool:
     """A shortcut for ``not _call_problem(...)``: every usual field in range (when not, the
     problem, if any, is worked out)."""
     return (type(index) is int and index >= 1 and type(tool) is str and 0 < len(tool) <= MAX_ID_LENGTH
             and type(digest) is str and 0 < len(digest) <= MAX_ID_LENGTH and outcome is not None and key is not None
-            and (turn_id is None or short_text(turn_id)) and (parent is None or short_text(parent)))
+            and (turn_id is None or short_text(turn_id)) and (parent is None or short_text(parent))
+            and (result is None or short_text(result)))
 
 
 def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any, raw_outcome: Any,
-                  outcome: Outcome | None) -> str | None:
+                  outcome: Outcome | None, result: Any = None) -> str | None:
     """What makes a tool span unusable, the first thing of these; ``None``: nothing."""
     return (
         "neither a parentSpanId nor a turn id" if key is None
@@ -745,6 +750,8 @@ def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: 
         else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
         else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
         else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
+        else f"{names.CALL_RESULT_DIGEST} must be a text of at most {MAX_ID_LENGTH} characters, got {shown(result)}"
+        if not (result is None or short_text(result))
         else None
     )
 
@@ -766,6 +773,9 @@ SPAN_LIMITS = (("soft_cap", names.LOOP_SOFT_CAP), ("hard_cap", names.LOOP_HARD_C
                ("stuck_repeat_threshold", names.POLICY_STUCK_REPEAT), ("streak_warn_at", names.POLICY_STREAK_WARN_AT),
                ("streak_stop_at", names.POLICY_STREAK_STOP_AT), ("max_cycles", names.POLICY_MAX_CYCLES))
 """``Limits`` fields and the turn span attributes that carry them."""
+SPAN_TOOL_LISTS = (("stateful_tools", names.POLICY_STATEFUL_TOOLS),
+                   ("streak_exempt_tools", names.POLICY_STREAK_EXEMPT_TOOLS))
+"""``Limits``' tool lists and the turn span attributes (string arrays) that carry them."""
 
 
 def span_times(start_ns: Any, end_ns: Any) -> tuple[float, float] | None:
@@ -791,7 +801,9 @@ def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict
     facts: dict[str, Any] = {"policy": _short_or_none(attrs.get(names.POLICY))}
     mode = attrs.get(names.CAP_MODE)
     if mode in CAP_MODES:
-        facts["limits"] = Limits(mode, **{key: _limit(attrs.get(attr)) for key, attr in SPAN_LIMITS})
+        values: dict[str, Any] = {key: _limit(attrs.get(attr)) for key, attr in SPAN_LIMITS}
+        values |= {key: tool_list(attrs.get(attr)) for key, attr in SPAN_TOOL_LISTS}
+        facts["limits"] = Limits(mode, **values)
     if times is not None:
         facts["started_at"], facts["ended_at"] = times
     facts["tool_calls"] = _limit(attrs.get(names.TURN_TOOL_CALLS))

@@ -16,8 +16,10 @@ from turnguard.calibrate.records import (
     LIMIT_KEYS,
     MAX_LIMIT,
     MAX_LINE_BYTES,
+    MAX_LISTED_TOOLS,
     MAX_TIME,
     MAX_TURN_CYCLES,
+    TOOL_LIST_KEYS,
     UNREADABLE,
     InputProblem,
     Limits,
@@ -30,6 +32,7 @@ from turnguard.calibrate.records import (
     parse_outcome,
     short_text,
     shown,
+    tool_list,
     turn_calls_limit,
 )
 from turnguard.model import MAX_ID_LENGTH, Outcome
@@ -187,6 +190,13 @@ def _limits(raw: Any) -> Limits | str:
         if value is not None and not (type(value) is int and 0 <= value <= MAX_LIMIT):
             return f"{key!r} must be a whole number from 0 or null, got {shown(value)}"
         values[key] = value
+    for key in TOOL_LIST_KEYS:
+        value = raw.get(key)
+        if value is not None:
+            values[key] = tool_list(value)
+            if values[key] is None:
+                return (f"{key!r} must be a list of at most {MAX_LISTED_TOOLS:,} tool names (texts of at most "
+                        f"{MAX_ID_LENGTH} characters) or null, got {shown(value)}")
     return Limits(**values)
 
 

@@ -65,6 +65,7 @@ class Policy:
             "cycles": c.max_cycles_per_turn,
             "key_mode": c.key_mode,
             "stateful_tools": list(c.stateful_tools),
+            "streak_exempt_tools": list(c.streak_exempt_tools),
             "extras": [e.label for e in self.extras],
         }
 

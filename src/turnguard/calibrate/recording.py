@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnguard.calibrate.bounds import COHORT_KEYS, count
-from turnguard.calibrate.records import CAP_MODES, LIMIT_KEYS, MAX_TIME, Limits, RecordedTurn
+from turnguard.calibrate.records import CAP_MODES, LIMIT_KEYS, MAX_TIME, TOOL_LIST_KEYS, Limits, RecordedTurn, tool_list
 from turnguard.model import MAX_ID_LENGTH
 
 MAX_POLICIES = 100
@@ -144,9 +144,17 @@ def _policy_seen(item: Any) -> PolicySeen:
     raw = item["limits"]
     limits = None
     if raw is not None:
-        if not isinstance(raw, dict) or set(raw) != set(LIMIT_KEYS) or raw["cap_mode"] not in CAP_MODES:
-            raise ValueError(f"recorded limits must have exactly {', '.join(LIMIT_KEYS)}: {raw!r:.80}")
-        limits = Limits(raw["cap_mode"], **{k: None if raw[k] is None else count(raw[k]) for k in LIMIT_KEYS[1:]})
+        if not isinstance(raw, dict) or set(raw) - set(TOOL_LIST_KEYS) != set(LIMIT_KEYS) or \
+                raw["cap_mode"] not in CAP_MODES:
+            raise ValueError(f"recorded limits must have exactly {', '.join(LIMIT_KEYS)} (and maybe "
+                             f"{', '.join(TOOL_LIST_KEYS)}): {raw!r:.80}")
+        values: dict[str, Any] = {k: None if raw[k] is None else count(raw[k]) for k in LIMIT_KEYS[1:]}
+        for k in TOOL_LIST_KEYS:
+            if raw.get(k) is not None:
+                values[k] = tool_list(raw[k])
+                if values[k] is None:
+                    raise ValueError(f"recorded {k} must be a list of tool names: {raw[k]!r:.80}")
+        limits = Limits(raw["cap_mode"], **values)
     return PolicySeen(item["cohort"], policy, limits, count(item["turns"]), count(item["calls"]))
 
 

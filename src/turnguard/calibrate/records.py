@@ -47,7 +47,9 @@ CAP_MODES = ("explicit", "adaptive", "disabled")
 class Limits:
     """The limits a turn ran under, as the recorder line's ``limits`` and the turn span's
     attributes give them: ``hard_cap`` is the effective one (N when explicit, S x m when adaptive,
-    ``None`` when disabled); ``max_cycles`` 0 when unbounded. A limit not recorded is ``None``."""
+    ``None`` when disabled); ``max_cycles`` 0 when unbounded; the tool lists that change how calls
+    count (``stateful_tools``, ``streak_exempt_tools``), in their recorded order. A limit not
+    recorded is ``None``."""
 
     cap_mode: str
     soft_cap: int | None = None
@@ -56,13 +58,32 @@ class Limits:
     streak_warn_at: int | None = None
     streak_stop_at: int | None = None
     max_cycles: int | None = None
+    stateful_tools: tuple[str, ...] | None = None
+    streak_exempt_tools: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in LIMIT_KEYS}
+        out: dict[str, Any] = {name: getattr(self, name) for name in LIMIT_KEYS}
+        for name in TOOL_LIST_KEYS:
+            tools = getattr(self, name)
+            out[name] = None if tools is None else list(tools)
+        return out
 
 
 LIMIT_KEYS = ("cap_mode", "soft_cap", "hard_cap", "stuck_repeat_threshold", "streak_warn_at", "streak_stop_at",
               "max_cycles")
+"""``Limits``' numbers (and the cap mode)."""
+TOOL_LIST_KEYS = ("stateful_tools", "streak_exempt_tools")
+"""``Limits``' tool lists."""
+MAX_LISTED_TOOLS = 1_000
+"""The most tool names a recorded tool list may hold (a longer one is malformed)."""
+
+
+def tool_list(value: Any) -> tuple[str, ...] | None:
+    """A recorded tool list: a list of at most ``MAX_LISTED_TOOLS`` non-empty texts of at most
+    ``MAX_ID_LENGTH`` characters, as a tuple; ``None`` when it is not one."""
+    if type(value) is not list or len(value) > MAX_LISTED_TOOLS or not all(short_text(t) and t for t in value):
+        return None
+    return tuple(value)
 MAX_LIMIT = 2**62
 """The largest limit value read (``config.MAX_CALLS``)."""
 

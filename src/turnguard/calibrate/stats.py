@@ -20,6 +20,7 @@ from turnguard.calibrate.advice import (
     assess,
     probe_hard_cap,
     recommendation,
+    tool_list_warning,
     valid_tolerance,
 )
 from turnguard.calibrate.bounds import (
@@ -453,6 +454,11 @@ class RunStats:
         live = self.recording.limits_of("live")
         return {"live": live[0][0].hard_cap if live else None, "probe": probe_hard_cap(self.recording)}
 
+    def warnings(self) -> list[str]:
+        """What makes the figures untrustworthy as run: the recording's tool lists not --config's."""
+        warning = tool_list_warning(self.recording, self.default_params)
+        return [] if warning is None else [warning]
+
     def survival_json(self) -> dict[str, Any]:
         """The survival histograms and the estimate read from them."""
         params = self.default_params or {}
@@ -497,7 +503,7 @@ class RunStats:
                 for p, modes in zip(self.policies, self.modes, strict=True)
             ],
             "probe": self.probe_json(),
-            "survival": self.survival_json(),
+            "survival": self.survival_json(),            "warnings": self.warnings(),
         }
 
     @classmethod
