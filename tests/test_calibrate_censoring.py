@@ -140,6 +140,9 @@ def test_a_row_whose_halts_have_no_recorded_future_says_so(tmp_path):
     text = table(stats, width=200)
     default_line = next(line for line in text.splitlines() if line.startswith("* default"))
     assert " ? " in default_line
+    assert " 5 (5) " in default_line  # the censored halts beside the halts, in every row
+    x20_line = next(line for line in text.splitlines() if line.startswith("  x20"))
+    assert " 0 (0) " in x20_line
     assert "5 turns end at a halt of their own in the recording (5 live)" in text
 
 

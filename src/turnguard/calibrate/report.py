@@ -103,7 +103,7 @@ COLUMNS = (
     ("policy", "name", "<"),
     ("cap", "cap", "<"),
     ("streak", "streak", "<"),
-    ("halted", "halted", ">"),
+    ("halted", "halted_text", ">"),
     ("censored", "censored", ">"),
     ("by threshold", "thresholds", "<"),
     ("resolved", "resolved_text", ">"),
@@ -131,7 +131,9 @@ WRAPPING = ("policy", "by threshold", "asks (turns)", "at call")
 
 
 LEGEND = (
-    "halted: turns halted unattended; censored: turns whose recording ends at a halt of their own or whose listed "
+    "halted: turns halted unattended (in brackets, when the run has censored turns: of them, the halts of turns "
+    "whose recording ends at a halt of their own, no false-positive evidence); censored: turns whose recording "
+    "ends at a halt of their own or whose listed "
     "calls stop before this row's threshold, and turns recorded in part (what the row would do to them is not "
     "recorded: neither halted nor not); resolved (the false-positive proxy) / unresolved: of the halted turns whose "
     "recording goes on to their own end (probe turns, attended 'continue' answers, rows stricter than the live "
@@ -211,7 +213,7 @@ def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
     """The policies' figures, and the ``NARROW_DROPS`` left out: every column when they fit
     ``width``, else without those and with the wordy columns wrapped. ``censoring``: whether the
     run has censored turns (else their column, all zeros, is left out)."""
-    cells = [_figure_cells(r) for r in data]
+    cells = [_figure_cells(r, censoring) for r in data]
     columns, narrowed, under = _figure_columns(cells, width, censoring)
     header = [COLUMNS[i][0] for i in columns]
     rows_of_cells = [[c[i] for i in columns] for c in cells]
@@ -265,9 +267,12 @@ def resolved_text(r: dict[str, Any]) -> str:
     return "?" if r["halted"] and not r["evidence_halts"] else str(r["halted_resolved"])
 
 
-def _figure_cells(r: dict[str, Any]) -> list[str]:
-    """One policy's row, a text per ``COLUMNS`` entry (``-`` for a figure it does not have)."""
-    r = {**r, "thresholds": thresholds_text(r["by_threshold"]), "resolved_text": resolved_text(r),
+def _figure_cells(r: dict[str, Any], censoring: bool = False) -> list[str]:
+    """One policy's row, a text per ``COLUMNS`` entry (``-`` for a figure it does not have); with
+    ``censoring``, the halts of turns censored at a halt of their own beside the halts."""
+    halted = f"{r['halted']} ({r['halted_censored']})" if censoring else str(r["halted"])
+    r = {**r, "halted_text": halted, "thresholds": thresholds_text(r["by_threshold"]),
+         "resolved_text": resolved_text(r),
          "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
          "name": ("* " if r["default"] else "  ") + r["name"]}
     return [("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS]
