@@ -35,7 +35,7 @@ optional_dependency("opentelemetry.exporter.otlp.proto.http")
 import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
 from turnguard import cli  # noqa: E402
-from turnguard.boards import build, promql, queries, rules  # noqa: E402
+from turnguard.boards import build, halts, promql, queries, rules  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
@@ -320,18 +320,27 @@ def _export_failure_alert() -> str:
                 if r.get("alert") == "TurnguardCollectorExportFailing")
 
 
-@pytest.mark.parametrize("healthy", [True, False], ids=["remote-write-up", "remote-write-refused"])
-def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp_path, healthy):
-    """The broken pipeline is a remote write that Prometheus refuses (a wrong path, e.g. Cortex's
-    push path: 404, never retried): both legs of the metrics fail it, the remote write and the
-    queue in front of it, which drops it; the agents' receiver refuses nothing either way (the
-    loopback receiver between the legs refuses what the remote write failed). An unreachable
-    Prometheus shows at once as the remote write's failed tries (its queue keeps the points)."""
+PIPELINES = ("remote-write-up", "remote-write-refused", "prometheus-down")
+"""Where the remote write sends: Prometheus's write path; a path Prometheus refuses (Cortex's push
+path: 404, never retried); a port nothing listens on."""
+
+
+def _sink(prometheus: chain.Prometheus, pipeline: str) -> str:
+    return {"remote-write-up": prometheus.remote_write_url, "remote-write-refused": f"{prometheus.url}/api/v1/push",
+            "prometheus-down": f"http://127.0.0.1:{chain.free_port()}/api/v1/write"}[pipeline]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one_and_tries_from_drops(otelcol, tmp_path, pipeline):
+    """A refused remote write (a wrong path) fails both legs of the metrics: the remote write's one try
+    per request and the queue in front of it, which drops the request: panel 51's dropped points. An
+    unreachable Prometheus only fails tries (the queue keeps the points): panel 51's failed tries, no
+    drops, and no refusals on panel 52 though the loopback receiver between the legs refuses each
+    failed try (the panel leaves it out). The agents' receiver refuses nothing either way."""
     prometheus = chain.Prometheus(chain.prometheus2(), tmp_path, "")
     collector = None
     try:
-        sink = prometheus.remote_write_url if healthy else f"{prometheus.url}/api/v1/push"
-        collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=sink)
+        collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=_sink(prometheus, pipeline))
         prometheus.reload(_scrape(collector.telemetry_target))
         telemetry = configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_http,
                                        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -345,8 +354,12 @@ def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp
 
         def settled() -> dict[tuple[int, str], float] | None:
             row = _collector_row(prometheus, time.time())
-            done = row[(52, "A")] > 0 and (healthy or row[(51, "A")] > 0)
-            return row if done else None
+            failing = {"remote-write-up": True, "remote-write-refused": row[(51, "A")] > 0,
+                       "prometheus-down": row[(51, "B")] > 0}[pipeline]
+            refused = prometheus.query(f"sum({promql.OTELCOL_REFUSED}{{receiver=\"{halts.QUEUE_RECEIVER}\"}})",
+                                       time.time())
+            internal = pipeline == "remote-write-up" or sum(float(r["value"][1]) for r in refused) > 0
+            return row if row[(52, "A")] > 0 and failing and internal else None
 
         row = chain.wait_until("the Collector's metrics in Prometheus", settled, prometheus.exited, timeout=90)
         alert = prometheus.query(_export_failure_alert(), time.time())
@@ -356,12 +369,18 @@ def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one(otelcol, tmp
             collector.stop()
         prometheus.stop()
     refusals = {r["metric"]["receiver"]: float(r["value"][1]) for r in refused}
-    assert refusals["otlp"] == 0, "the agents' metric points were refused"
-    if healthy:
-        assert row[(51, "A")] == 0 and row[(53, "A")] == 0 and alert == [] and refusals["otlp/queue"] == 0
-    else:
-        assert row[(51, "A")] > 0 and row[(53, "A")] > 0 and refusals["otlp/queue"] > 0
+    assert refusals["otlp"] == 0 and row[(52, "B")] == 0, "the agents' metric points were refused"
+    dropped = sum(row[(53, ref)] for ref in "ABC")
+    if pipeline == "remote-write-up":
+        assert row[(51, "A")] == row[(51, "B")] == dropped == row[(53, "D")] == 0 and alert == []
+        assert refusals[halts.QUEUE_RECEIVER] == 0
+    elif pipeline == "remote-write-refused":
+        assert row[(51, "A")] > 0 and dropped > 0 and row[(51, "B")] > 0 and row[(53, "D")] > 0
         assert sorted(a["metric"]["exporter"] for a in alert) == ["otlp_http/queue", "prometheus_remote_write"]
+    else:
+        assert row[(51, "A")] == 0 and dropped == 0, "failed tries counted as dropped points"
+        assert row[(51, "B")] > 0 and row[(53, "D")] > 0
+        assert [a["metric"]["exporter"] for a in alert] == ["prometheus_remote_write"]
 
 
 # -- exemplars: a halt's point links to the trace of its turn ------------------------------------------

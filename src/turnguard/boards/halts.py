@@ -16,6 +16,7 @@ from turnguard.boards.panels import (
     query,
     ref,
     stat_panel,
+    stats,
     with_panels,
 )
 from turnguard.boards.settings import DEFAULTS, CapSettings
@@ -162,24 +163,51 @@ def results_panels() -> list[PanelBuilder]:
              unit="percentunit", width=12, height=8),
     ]
 
+REMOTE_WRITE, QUEUE_RECEIVER = "prometheus_remote_write", "otlp/queue"
+"""The metrics' second leg (collector-config.yaml): the remote write tries each request once and the
+disk queue in front of it (``otlp_http/queue``) retries it, so its failures are tries, not losses;
+the loopback receiver between the legs refuses what the remote write failed, so its refusals are
+not the agents' points turned away."""
+
+
 def collector_panels() -> list[PanelBuilder]:
-    """The Collector's own metrics, so "no data" (a broken pipeline) and "no halts" look different."""
-    failed = [query(q.per_second(metric, by=("exporter",)), f"{{{{exporter}}}} {signal.replace('_', ' ')}", ref(i),
-                    instant=False) for i, (signal, metric) in enumerate(q.OTELCOL_SEND_FAILED.items())]
+    """The Collector's own metrics, so "no data" (a broken pipeline) and "no halts" look different.
+
+    A point is lost where an exporter other than the remote write gives up on it (``otlp_http/queue``
+    drops what Prometheus refuses) or where the agents' receiver refuses it; the remote write's
+    failures are tries the disk queue repeats, shown apart; the internal receiver is left out."""
+    dropped, tries = q.sel(exporter=f"!{REMOTE_WRITE}"), q.sel(exporter=REMOTE_WRITE)
+    agents = q.sel(receiver=f"!{QUEUE_RECEIVER}")
+    points = q.OTELCOL_SEND_FAILED["metric_points"]
+    failed = [query(q.per_second(metric, dropped, by=("exporter",)),
+                    f"{{{{exporter}}}} {signal.replace('_', ' ')} dropped", ref(i), instant=False)
+              for i, (signal, metric) in enumerate(q.OTELCOL_SEND_FAILED.items())]
+    failed.append(query(q.per_second(points, tries, by=("exporter",)),
+                        "{{exporter}} failed tries (retried from the disk queue)", ref(len(failed)), instant=False))
     return [
-        stat_panel(51, "Metric points the Collector failed to export",
-                   "Over the time range, every exporter: remote-write failures show here, not as fewer halts.",
-                   q.total(q.OTELCOL_SEND_FAILED["metric_points"])),
-        over_time(52, "Metric points received: accepted vs refused",
-                  "Per second, by receiver. Refused points were turned away (memory limiter, bad data) and are lost.",
-                  [query(q.per_second(q.OTELCOL_ACCEPTED, by=("receiver",)), "{{receiver}} accepted", "A",
+        stats(51, "Metric points the Collector dropped; failed tries",
+              "Over the time range. Dropped: points an exporter gave up on (otlp_http/queue: Prometheus refused "
+              "them), lost to the boards, which show fewer halts, not an error. Failed tries: the remote write's "
+              "tries that failed (Prometheus down or refusing), one per point per try; the disk queue keeps "
+              "those points and retries them, so they land late, not lost.",
+              [query(q.zero_or(q.total(points, dropped)), "dropped", "A"),
+               query(q.zero_or(q.total(points, tries)), "failed tries (retried)", "B")]),
+        over_time(52, "Metric points received from the agents: accepted vs refused",
+                  "Per second, by receiver, the Collector's internal otlp/queue left out (it refuses what a failed "
+                  "try returns, which the disk queue retries). Refused points were turned away (memory limiter, "
+                  "bad data, a full disk queue): the sender may retry them, else they are lost.",
+                  [query(q.per_second(q.OTELCOL_ACCEPTED, agents, by=("receiver",)), "{{receiver}} accepted", "A",
                          instant=False),
-                   query(q.per_second(q.OTELCOL_REFUSED, by=("receiver",)), "{{receiver}} refused", "B",
+                   query(q.per_second(q.OTELCOL_REFUSED, agents, by=("receiver",)), "{{receiver}} refused", "B",
                          instant=False)], width=7),
-        over_time(53, "Failed exports, by exporter",
-                  "Items per second an exporter could not send (after its retries): the backend is down or refusing.",
+        over_time(53, "Dropped exports and failed tries, by exporter",
+                  "Items per second an exporter gave up on (dropped: the backend refused them, or is down and "
+                  "the exporter's retries ran out), and the remote write's failed tries (Prometheus down or "
+                  "refusing; the disk queue retries the points, so a try failing is not a point lost).",
                   failed, width=7),
-        over_time(54, "Export queue fill, by exporter", "Queue size over capacity: near 1, new data is dropped.",
+        over_time(54, "Export queue fill, by exporter",
+                  "Queue size over capacity: near 1, new data is refused (otlp_http/queue, on disk: the agents' "
+                  "exports, refused on panel 52).",
                   [query(f"max by (exporter) ({q.OTELCOL_QUEUE_SIZE} / {q.OTELCOL_QUEUE_CAPACITY})", "{{exporter}}",
                          instant=False)], unit="percentunit", width=6),
     ]
