@@ -142,8 +142,8 @@ class Push:
 def wait_landed(prometheus: chain.Prometheus, at: float, expected: int, *, late: bool = False) -> None:
     """Waits until Prometheus holds every series of an export whose points are at ``at``, within the
     rules' lag (its records' states see it at its own time; one landing later is counted in the
-    record after), unless it may land ``late`` (behind what the Collector's retries deliver after a
-    telemetry gap)."""
+    record after), unless it may land ``late`` (behind what the Collector's disk queue retries after
+    a telemetry gap)."""
     # Every series has this export's sample: the series with a sample at exactly that millisecond
     # (a range selector keeps the metric names; counting series alone, an older sample would do,
     # and timestamp() of anything but a bare selector is the evaluation time, not the sample's).
@@ -227,10 +227,11 @@ class Samples:
     """Lands the fleet's samples: called, it exports now and waits until Prometheus holds them (then
     a tile passes, so the next sample is in another). ``gap()`` makes a telemetry gap: Prometheus
     goes down for at least ``OUTAGE_S`` (its rules miss their evaluations); the first sample after
-    it only exports (the Collector's remote write holds it and retries, for up to 10 minutes); the
-    next sample, or another process's export, restarts Prometheus on its port and store and waits
-    for what lands then, however late the Collector's retries deliver it. (A process that exports
-    once and exits while the store is down reaches the board the same way: its export is held.)"""
+    it only exports (the Collector's disk queue holds it and retries it, with no time limit: the
+    remote write behind the queue tries each request once); the next sample, or another process's
+    export, restarts Prometheus on its port and store and waits for what lands then, however late
+    the queue's next try (within 45 s) delivers it. (A process that exports once and exits while
+    the store is down reaches the board the same way: its export is queued.)"""
 
     def __init__(self, prometheus: chain.Prometheus, land: Callable[[chain.Prometheus, bool], float], *,
                  export: Callable[[], object] | None = None,
