@@ -3,7 +3,7 @@
 #   ./dev.sh demo     run the built-in simulated turns through the real guard (no server needed)
 #   ./dev.sh test     run the whole test suite (installs Debian's prometheus, chromium and tmux if root)
 #   ./dev.sh bench    run the benchmarks and print figures and ratios
-#   ./dev.sh lint     ruff, the duplicates gate (tools/duplicates.py), then mypy over src/ and the docs' Python blocks (tools/typecheck.py)
+#   ./dev.sh lint     ruff, the duplicates gate (tools/similar_code.py), then mypy over src/ and the docs' Python blocks (tools/typecheck.py)
 #   ./dev.sh run ARGS run the turnguard CLI
 #   ./dev.sh collector  build the Collector from its builder manifest (builder-config.yaml) (once; cached) and print its path
 #   ./dev.sh prometheus build Prometheus 3 from its Go module (once; cached) and print its path
@@ -138,7 +138,7 @@ case "$cmd" in
   run) ensure_python cli; exec "$VENV/bin/turnguard" "$@" ;;
   test) ensure_system; ensure_python dev; ensure_agents; ensure_go_components; exec "$VENV/bin/python" -m pytest "$@" ;;
   bench) ensure_python dev; exec "$VENV/bin/python" benchmarks/run.py "$@" ;;
-  lint) ensure_python dev; "$VENV/bin/ruff" check; "$VENV/bin/python" tools/duplicates.py; exec "$VENV/bin/python" tools/typecheck.py ;;
+  lint) ensure_python dev; "$VENV/bin/ruff" check; "$VENV/bin/python" tools/similar_code.py; exec "$VENV/bin/python" tools/typecheck.py ;;
   collector) ensure_collector ;;
   prometheus) ensure_prometheus3 ;;
   *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;

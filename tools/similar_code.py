@@ -1,6 +1,6 @@
 """The duplicates gate of ``./dev.sh lint``: pylint's similarity checker (``symilar``) over ``src/``.
 
-    python tools/duplicates.py [--max N] [PATH ...]     (default: src/, at most MAX_PAIRS)
+    python tools/similar_code.py [--max N] [PATH ...]     (default: src/, at most MAX_PAIRS)
 
 A pair is two places that share at least ``MIN_LINES`` lines, the same to the letter once comments,
 docstrings and imports are left out (pylint's ``duplicate-code`` check, run on its own). The exit
@@ -77,14 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
-        print(f"duplicates.py: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+        print(f"similar_code.py: no such file or directory: {', '.join(missing)}", file=sys.stderr)
         return 2
     found = pairs_in(symilar_report(args.paths or [ROOT / "src"]))
     for pair in found:
         print(pair)
     verdict = "more than" if len(found) > args.max else "within"
     print(f"duplicates: {len(found)} pairs sharing {MIN_LINES}+ lines (pylint symilar), {verdict} the {args.max} "
-          "allowed (tools/duplicates.py MAX_PAIRS)")
+          "allowed (tools/similar_code.py MAX_PAIRS)")
     if len(found) < args.max:
         print(f"duplicates: fewer than allowed: lower MAX_PAIRS to {len(found)}")
     return 1 if len(found) > args.max else 0
