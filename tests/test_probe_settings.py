@@ -22,6 +22,7 @@ MAIN: dict[str, Any] = {
     "fail_mode": "closed", "max_tracked_keys": 1000, "digest_key": "main-secret", "capture_content": True,
     "disable_plugins": ("recorder",), "load_entrypoints": False, "recorder_path": "/var/tmp/tg/main.jsonl",
     "stateful_tools": ("ci_status", "job_status"), "streak_exempt_tools": ("wait_for",), "recorder_results": True,
+    "cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 6, "cycle_repeat_max_period": 3,
 }
 """A main configuration with every option away from its default."""
 PROBE_VALUE: dict[str, Any] = {
@@ -31,6 +32,7 @@ PROBE_VALUE: dict[str, Any] = {
     "fail_mode": "open", "max_tracked_keys": 2000, "digest_key": "probe-secret", "capture_content": False,
     "disable_plugins": ("otel",), "load_entrypoints": True, "recorder_path": "/var/tmp/tg/probe.jsonl",
     "stateful_tools": ("*",), "streak_exempt_tools": ("sleep",), "recorder_results": False,
+    "cycle_repeat_warn_at": 4, "cycle_repeat_stop_at": 9, "cycle_repeat_max_period": 5,
 }
 """What a probe sets each option to, one at a time (each differs from MAIN's)."""
 NOT_IN_A_PROBE = ("shadow", "probe")
