@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -562,3 +563,26 @@ def _serve(workdir: Path) -> None:  # pragma: no cover (runs in the server proce
 
 if __name__ == "__main__":
     _serve(Path(sys.argv[1]))
+
+
+def ten_threads_round(env: dict[str, str], round_: int, folder: Path, run: Callable[[int, str, bytes], Any]) -> None:
+    """Round ``round_`` of ten threads checking ten distinct calls of a new turn at once through
+    ``run(i, agent, payload)``: every answer allows, and the session counts all ten."""
+    agent = AGENTS[round_ % 3]
+    events = Events(agent, folder)
+    events.turn_id = f"turn-{round_}"
+    payloads = [json.dumps(events.pre({"command": f"cat t{i}.txt"}, events.call_id())).encode() for i in range(10)]
+    answers: list[Any] = [None] * 10
+    start = threading.Barrier(10)
+
+    def one(i: int) -> None:
+        start.wait()
+        answers[i] = run(i, agent, payloads[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    assert all(a is not None and is_allow(a) for a in answers), (round_, answers)
+    assert tool_calls(env, agent, events.session_id) == 10, round_

@@ -26,7 +26,6 @@ import resource
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from agent_events import (
     outcome_halts,
     recorded,
     session_data,
+    ten_threads_round,
     tool_calls,
     wait_for_export,
 )
@@ -379,26 +379,7 @@ def test_concurrent_threads_in_one_process_count_every_call_exactly(env: dict[st
     """Ten threads calling ``hook.run`` at once on a new session (each takes the lock on a
     descriptor of its own), round after round."""
     for round_ in range(THREAD_ROUNDS):
-        agent = AGENTS[round_ % 3]
-        events = Events(agent, tmp_path / f"r{round_}")
-        events.turn_id = f"turn-{round_}"
-        payloads = [json.dumps(events.pre({"command": f"cat t{i}.txt"}, events.call_id())).encode()
-                    for i in range(10)]
-        answers: list[Any] = [None] * 10
-        start = threading.Barrier(10)
-
-        def one(i: int, agent: str = agent, payloads: list[bytes] = payloads, start: Any = start,
-                answers: list[Any] = answers) -> None:
-            start.wait()
-            answers[i] = hook.run(agent, payloads[i], env)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(TIMEOUT_S)
-        assert all(a is not None and is_allow(a) for a in answers), (round_, answers)
-        assert tool_calls(env, agent, events.session_id) == 10, round_
+        ten_threads_round(env, round_, tmp_path / f"r{round_}", lambda _, agent, payload: hook.run(agent, payload, env))
 
 
 # -- 6. sessions and turns ---------------------------------------------------------------------------------------

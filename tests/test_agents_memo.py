@@ -6,13 +6,21 @@ a configuration file changed, added or removed applies from the next turn."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent_events import AGENTS, TIMEOUT_S, Events, Step, hook_env, is_allow, outcome_halts, tool_calls
+from agent_events import (
+    AGENTS,
+    Events,
+    Step,
+    hook_env,
+    is_allow,
+    outcome_halts,
+    ten_threads_round,
+    tool_calls,
+)
 from turnguard.agents import export, hook
 from turnguard.agents.events import HookAnswer
 
@@ -63,27 +71,12 @@ def test_a_session_answered_by_the_server_and_hook_processes_in_turn_halts_at_th
 
 def test_threads_of_one_server_count_every_call_exactly(env: dict[str, str], tmp_path: Path) -> None:
     memo = hook.Memo.new()
+
+    def run(i: int, agent: str, payload: bytes) -> HookAnswer:
+        return hook.run(agent, payload, env, memo=memo if i % 3 else None)
+
     for round_ in range(6):
-        agent = AGENTS[round_ % 3]
-        events = Events(agent, tmp_path / f"r{round_}")
-        events.turn_id = f"turn-{round_}"
-        payloads = [json.dumps(events.pre({"command": f"cat t{i}.txt"}, events.call_id())).encode()
-                    for i in range(10)]
-        answers: list[Any] = [None] * 10
-        start = threading.Barrier(10)
-
-        def one(i: int, agent: str = agent, payloads: list[bytes] = payloads, start: Any = start,
-                answers: list[Any] = answers) -> None:
-            start.wait()
-            answers[i] = hook.run(agent, payloads[i], env, memo=memo if i % 3 else None)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(TIMEOUT_S)
-        assert all(a is not None and is_allow(a) for a in answers), (round_, answers)
-        assert tool_calls(env, agent, events.session_id) == 10, round_
+        ten_threads_round(env, round_, tmp_path / f"r{round_}", run)
 
 
 def calls_until_denied(s: Sender, limit: int = 12) -> int | None:
