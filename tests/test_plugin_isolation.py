@@ -12,6 +12,7 @@ import pytest
 import turnguard as tg
 from conftest import core_guard, distinct_call
 from turnguard import hookspecs
+from turnguard.keys import KEY_TOKEN
 from turnguard.ledger import VIEW_FACTS, Ledger, LedgerView
 from turnguard.plugins import NON_POLICY_PLUGINS
 
@@ -105,7 +106,7 @@ def test_a_plugin_cannot_disable_the_caps_through_what_it_receives():
         def turnguard_check_call(self, turn, call):
             for attempt in (lambda: turn.rollback_cycle(), lambda: turn.reset_streak(),
                             lambda: turn._counts.clear(), lambda: setattr(turn, "_tool_calls", 0),
-                            lambda: call._key[2].reset_streak()):
+                            lambda: call._key[KEY_TOKEN].reset_streak()):
                 with contextlib.suppress(AttributeError, TypeError):
                     attempt()
 

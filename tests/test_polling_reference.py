@@ -34,6 +34,7 @@ import pytest
 
 import turnguard as tg
 from conftest import core_guard
+from turnguard.keys import KEY_DIGEST
 
 ERROR, OK, DENIED, UNKNOWN = tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED, tg.Outcome.UNKNOWN
 OUTCOMES = (ERROR, ERROR, ERROR, OK, DENIED, UNKNOWN)
@@ -274,7 +275,7 @@ class RandomTurn:
             event = self.asks.pop().event
             if self.rng.random() < 0.5 and self.turn.halted is None:
                 self.turn.resolve(event, "continue")
-                about = [c for c in self.calls if c._key is not None and c._key[0].hex() == event.key_digest]
+                about = [c for c in self.calls if c._key is not None and c._key[KEY_DIGEST].hex() == event.key_digest]
                 self.ref.reset(retry=False, key=(about[0].name, about[0].args["target"]) if about else None)
 
     def stray(self) -> int:

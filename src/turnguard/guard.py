@@ -28,7 +28,17 @@ from turnguard.config import ConfigError, GuardConfig, Probe
 from turnguard.dispatch import NOTHING, Dispatcher, Found, Observer, observer_impls
 from turnguard.driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver, summarize
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer, store_key, turn_keyer
+from turnguard.keys import (
+    KEY_CHECK,
+    KEY_DIGEST,
+    KEY_KEYER,
+    KEY_RESULT,
+    KEY_TOKEN,
+    CallKey,
+    Keyer,
+    store_key,
+    turn_keyer,
+)
 from turnguard.ledger import Ledger, LedgerView, answered_digest
 from turnguard.model import (
     ALL_TOOLS,
@@ -317,7 +327,7 @@ class Turn:
         self._halt: Verdict | None = guard._setup_failed
         self._ended: TurnSummary | None = None
         self._token = object()
-        """Marks the keys this turn stored on its calls (``call._key[2]``): a bare object, so a
+        """Marks the keys this turn stored on its calls (``call._key[KEY_TOKEN]``): a bare object, so a
         plugin holding a call reaches no part of the turn through it."""
         self._awaiting: dict[int, ToolCall] = {}
         """Checked calls without an outcome yet, by sequence number (in check order)."""
@@ -402,11 +412,11 @@ class Turn:
     unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
     value itself is never kept, exported, recorded or put in a snapshot."""
 
-    def _key_again(self, call: ToolCall, key: tuple[Any, ...], digest: bytes, seq: int) -> None:
+    def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
-        (checked again: the key keeps its first check), or another's (``key[2]``/``key[3]``: the
-        turn's token and check number; a key stored by ``Keyer.key_of`` has neither)."""
-        if key[2] is self._token and self._awaiting.get(key[3]) is call:
+        (checked again: the key keeps its first check), or another's (its token and check number
+        are another turn's; a key stored by ``Keyer.key_of`` has neither)."""
+        if key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
             self._reused = True
         else:
             store_key(call, (digest, self._keyer, self._token, seq))
@@ -608,27 +618,28 @@ class Turn:
         a report with a ``call_id`` (``_claim`` looked for its id already)."""
         if call.call_id is not None:
             return 0, call
-        restored, awaiting, key = self._restored or {}, self._awaiting, call._key
-        if key is not None and key[2] is self._token:
+        restored, awaiting = self._restored or {}, self._awaiting
+        key: CallKey | None = call._key
+        if key is not None and key[KEY_TOKEN] is self._token:
             return 0, call  # checked here: its outcome came already (a duplicate)
         for seq, checked in list(restored.items()):
             if awaiting.get(seq) is not checked:  # given up since (MAX_AWAITING)
                 del restored[seq]
-        seq = key[3] if key is not None else 0
+        seq = key[KEY_CHECK] if key is not None else 0
         own = restored.get(seq)
-        if own is None or own.name != call.name or own._key[0] != key[0]:
+        if own is None or key is None or own.name != call.name or own._key[KEY_DIGEST] != key[KEY_DIGEST]:
             digest = self._digest(call.name, call.args)
-            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[0] == digest), 0)
+            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[KEY_DIGEST] == digest), 0)
         if not seq:
             return 0, call
         del awaiting[seq]
         return seq, restored.pop(seq)
 
-    def _next_check_of(self, call: ToolCall, key: tuple[Any, ...]) -> None:
+    def _next_check_of(self, call: ToolCall, key: CallKey) -> None:
         """``call`` was checked more than once: its key now points at its next waiting check."""
         for seq, checked in self._awaiting.items():
             if checked is call:
-                store_key(call, (key[0], key[1], self._token, seq))
+                store_key(call, (key[KEY_DIGEST], key[KEY_KEYER], self._token, seq))
                 return
 
     def _give_up_waiting(self) -> None:
@@ -646,9 +657,9 @@ class Turn:
         once when it is the object checked, as on the hot path) and its outcome recorded; (0,
         ``call``, None) for a report no check waits for. In a turn where results count
         (``_keyed_results``) every outcome comes here, with its result (``_record_result``)."""
-        key = call._key
-        if key is not None and key[2] is self._token and self._awaiting.get(key[3]) is call:
-            seq = key[3]
+        key: CallKey | None = call._key
+        if key is not None and key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
+            seq = key[KEY_CHECK]
             del self._awaiting[seq]
             if self._reused:
                 self._next_check_of(call, key)
@@ -665,20 +676,21 @@ class Turn:
         keyed here (``Guard.result_tools``) becomes its digest, kept on the call's key
         (``keys.cached_result``: for the recorder and the shadows), and a stateful tool's call is
         recorded with it (``Ledger.record_polled``)."""
-        name, key, digest = call.name, call._key, None
+        name, digest = call.name, None
+        key: CallKey = call._key
         if result is not None:
             tools = self.guard.result_tools
             if ALL_TOOLS in tools or name in tools:
                 digest = self._digest(name, result)
         if digest is not None:
-            store_key(call, (key[0], key[1], key[2], key[3], digest))
-        elif len(key) > 4:  # the result of an earlier check of this object
-            store_key(call, key[:4])
+            store_key(call, (*key[:KEY_RESULT], digest))
+        elif len(key) > KEY_RESULT:  # the result of an earlier check of this object
+            store_key(call, key[:KEY_RESULT])
         return self._driver.record(seq, name, outcome, digest)
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
-        key = call._key
-        checked_here = key is not None and key[2] is self._token
+        key: CallKey | None = call._key
+        checked_here = key is not None and key[KEY_TOKEN] is self._token
         reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
         failure = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
                                reason=reason.value)
@@ -742,7 +754,7 @@ def _checker(turn: Turn) -> CheckCall:
             _require_call(call)
         key = call._key
         # computed here, once; record_outcome and the plugins reuse it
-        digest = digest_of(call.name, call.args) if key is None or key[1] is not keyer else key[0]
+        digest = digest_of(call.name, call.args) if key is None or key[KEY_KEYER] is not keyer else key[KEY_DIGEST]
         acquire()  # acquire/release bound once: cheaper than `with` on the hot path
         try:
             if turn._halt is not None:
@@ -812,8 +824,8 @@ def _recorder(turn: Turn) -> RecordOutcome:
         acquire()
         try:
             key = call._key
-            if key is not None and key[2] is token and awaiting.pop(key[3], None) is call:
-                seq = key[3]  # (the waiting list holds each check's own call: what it popped is this one)
+            if key is not None and key[KEY_TOKEN] is token and awaiting.pop(key[KEY_CHECK], None) is call:
+                seq = key[KEY_CHECK]  # (the waiting list holds each check's own call: what it popped is this one)
                 if turn._reused:
                     turn._next_check_of(call, key)
                 due = record(seq, outcome)  # true: an ended streak's stop count was reached

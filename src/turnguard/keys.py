@@ -59,7 +59,7 @@ from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring as _quote
 from math import isfinite
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeAlias
 
 from turnguard.model import ToolCall
 
@@ -121,15 +121,32 @@ else:  # pragma: no cover
         return [_python_encoder.encode(value)]
 
 _join = "".join
+CallKey: TypeAlias = tuple[Any, ...]
+"""What a guard caches on a ``ToolCall`` (``call._key``) when it keys the call: a plain tuple
+``(digest, keyer, token, check)``, and ``result`` fifth once an outcome with a kept result is
+recorded, read through the named positions below. A plain tuple, not a ``NamedTuple`` or a slotted
+class: the hot path builds one per check, and building either costs about three times a tuple's
+(a tenth of ``check_call`` + ``record_outcome``); a position read through a module constant costs
+what a literal index does."""
+
+KEY_DIGEST = 0
+"""The call's key digest (``key_digest``, as bytes)."""
+KEY_KEYER = 1
+"""The ``Keyer`` that computed the digest: a call keyed by another keyer is keyed again."""
+KEY_TOKEN = 2
+"""The token of the turn whose check stored the key (``None``: keyed outside a check, ``Keyer.key_of``)."""
+KEY_CHECK = 3
+"""That turn's check number of the call (0: none)."""
+KEY_RESULT = 4
+"""The digest of the result recorded with the call's outcome, when one was keyed (``cached_result``);
+absent otherwise (the key is then four long)."""
+
 store_key = ToolCall.__dict__["_key"].__set__
-"""Set a ``ToolCall``'s cached key: the slot's own setter (the dataclass is frozen, and this is
-cheaper than ``object.__setattr__`` on the hot path). The key is the 4-tuple ``(digest, keyer,
-turn token, check number)``, read by position (a constant non-negative index is the
-interpreter's fast one); once an outcome with a kept result is recorded, a fifth item holds the
-result's digest (``cached_result``)."""
+"""Set a ``ToolCall``'s cached key (a ``CallKey``): the slot's own setter (the dataclass is frozen,
+and this is cheaper than ``object.__setattr__`` on the hot path)."""
 
 
-def unchecked_key(digest: bytes, keyer: Any) -> tuple[bytes, Any, None, int]:
+def unchecked_key(digest: bytes, keyer: Any) -> CallKey:
     """The key of a call keyed outside any turn's check: no turn's token, check number 0."""
     return (digest, keyer, None, 0)
 
@@ -484,9 +501,9 @@ class Keyer:
     def key_of(self, call: Any) -> bytes:
         """The digest of a ``ToolCall``, computed once and cached on the call for this keyer
         (as ``call._key``, with no turn's token: ``unchecked_key``)."""
-        cached = call._key
-        if cached is not None and cached[1] is self:
-            return cached[0]
+        cached: CallKey | None = call._key
+        if cached is not None and cached[KEY_KEYER] is self:
+            return cached[KEY_DIGEST]
         digest = self.digest(call.name, call.args)
         store_key(call, unchecked_key(digest, self))
         return digest
@@ -512,15 +529,15 @@ def cached_result(call: Any) -> bytes | None:
     """The digest of the result recorded with ``call``'s outcome, when the guard keyed it (a
     ``stateful_tools`` tool's, or every tool's with ``recorder_results``); ``None`` otherwise. The
     result itself is never kept."""
-    key = call._key
-    return key[4] if key is not None and len(key) > 4 else None
+    key: CallKey | None = call._key
+    return key[KEY_RESULT] if key is not None and len(key) > KEY_RESULT else None
 
 
 def cached_digest(call: Any) -> bytes | None:
     """The digest the guard deciding on ``call`` cached on it (``None`` before any guard keyed it);
     for plugins that report a call (spans, records) or count it (shadows)."""
-    key = call._key
-    return key[0] if key is not None else None
+    key: CallKey | None = call._key
+    return key[KEY_DIGEST] if key is not None else None
 
 
 # -- what JSON does not write: tokens ----------------------------------------------------------------
@@ -809,5 +826,6 @@ def _encode_tree(root: Any) -> Part:
             stack.append((opened, child_type))
 
 
-__all__ = ["DIGEST_SIZE", "KEY_MODES", "Keyer", "cached_digest", "cached_result", "canonical_text", "identity_bytes",
-           "is_json_text", "name_bytes", "store_key"]
+__all__ = ["DIGEST_SIZE", "KEY_CHECK", "KEY_DIGEST", "KEY_KEYER", "KEY_MODES", "KEY_RESULT", "KEY_TOKEN", "CallKey",
+           "Keyer", "cached_digest", "cached_result", "canonical_text", "identity_bytes", "is_json_text", "name_bytes",
+           "store_key"]

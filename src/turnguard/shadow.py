@@ -60,7 +60,7 @@ from turnguard.config import GuardConfig
 from turnguard.dispatch import PASSTHROUGH, Dispatcher, Found
 from turnguard.driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver, summarize
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer, cached_result, turn_keyer
+from turnguard.keys import KEY_CHECK, KEY_DIGEST, KEY_KEYER, CallKey, Keyer, cached_result, turn_keyer
 from turnguard.ledger import Ledger, LedgerView, answered_digest
 from turnguard.model import Action, Answer, LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
 from turnguard.plugins import plugin_manager as policy_manager
@@ -107,8 +107,8 @@ def _own_digest(config: GuardConfig) -> Callable[[ToolCall], bytes]:
     keyers: dict[bytes, Keyer] = {}
 
     def digest(call: ToolCall) -> bytes:
-        key = call._key
-        turn_key = getattr(key[1], "turn_key", None) if key is not None else None
+        key: CallKey | None = call._key
+        turn_key = getattr(key[KEY_KEYER], "turn_key", None) if key is not None else None
         if turn_key is None:
             return fixed.digest(call.name, call.args)
         keyer = keyers.get(turn_key)
@@ -281,8 +281,8 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        key = call._key  # keys.cached_digest, inlined: this runs on every call
-        digest = key[0] if key is not None else self._digest(call)
+        key: CallKey | None = call._key  # keys.cached_digest, inlined: this runs on every call
+        digest = key[KEY_DIGEST] if key is not None else self._digest(call)
         name = call.name
         try:
             for run, ledger, own_digest, count, every, quiet, collect in state.calls:
@@ -315,10 +315,10 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        key = call._key
+        key: CallKey | None = call._key
         # the live check it belongs to; none (a host's own plugin manager, a call keyed outside a
         # turn: keys.unchecked_key): the latest check
-        seq = key[3] if key is not None and key[3] else turn.checks
+        seq = key[KEY_CHECK] if key is not None and key[KEY_CHECK] else turn.checks
         result = cached_result(call) if state.results else None  # (for the shadows' stateful tools)
         name = call.name
         try:

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from turnguard import state as st
 from turnguard.config import GuardConfig
-from turnguard.keys import DIGEST_SIZE, TURN_KEY_SIZE, store_key, turn_keyer
+from turnguard.keys import DIGEST_SIZE, KEY_DIGEST, TURN_KEY_SIZE, store_key, turn_keyer
 from turnguard.ledger import Ledger
 from turnguard.model import ALLOW, Action, Level, LoopDetectedEvent, Threshold, ToolCall, Verdict
 from turnguard.state import Fields, SnapshotError
@@ -121,7 +121,8 @@ def snapshot(turn: Turn, pending: Verdict | None = None) -> dict[str, Any]:
             "keying": keying_of(turn.guard, keyer),
             "key_check": _key_check(keyer),
             "facts": ledger.state(),
-            "awaiting": [[seq, call.name, call.call_id, call._key[0].hex()] for seq, call in turn._awaiting.items()],
+            "awaiting": [[seq, call.name, call.call_id, call._key[KEY_DIGEST].hex()]
+                         for seq, call in turn._awaiting.items()],
             "halt": verdict_data(turn._halt),
             "pending": verdict_data(pending),
         }

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import cached_digest
+from turnguard.keys import KEY_CHECK, KEY_RESULT, CallKey, cached_digest
 from turnguard.model import Action, Outcome
 from turnguard.telemetry import recorder_state
 from turnguard.telemetry.clock import turn_end_ns, turn_start_ns, unix_s
@@ -219,12 +219,12 @@ class Recorder:
         record = self._turns.get(turn)
         if record is None:
             return
-        key = call._key  # keys.cached_result, inlined
-        result = key[4].hex() if key is not None and len(key) > 4 else None
+        key: CallKey | None = call._key  # keys.cached_result, inlined
+        result = key[KEY_RESULT].hex() if key is not None and len(key) > KEY_RESULT else None
         with record.lock:
             at = record.index.pop(call, None)
             if at is None and record.restored:  # a call that waited across the snapshot: its check number
-                at = record.restored.pop(key[3], None) if key is not None and len(key) > 3 else None
+                at = record.restored.pop(key[KEY_CHECK], None) if key is not None else None
             if at is not None:
                 entry = record.calls[at]
                 entry.outcome = outcome.value
@@ -384,8 +384,8 @@ def _carried(record: _TurnRecord, turn: Ledger) -> Carried:
     call's key names the check; one whose key another check replaced is left unmatched)."""
     waiting = dict(record.restored)
     for call, at in record.index.items():
-        key = call._key
-        seq = key[3] if key is not None and len(key) > 3 else None
+        key: CallKey | None = call._key
+        seq = key[KEY_CHECK] if key is not None else None
         if type(seq) is int and 0 < seq <= turn.checks:
             waiting.setdefault(seq, at)
     started_at = record.started_at
