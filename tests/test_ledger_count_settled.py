@@ -12,7 +12,8 @@ import turnguard as tg
 from turnguard.ledger import Ledger
 
 OUTCOMES = (tg.Outcome.OK, tg.Outcome.OK, tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.DENIED, tg.Outcome.UNKNOWN)
-COMPARED = [name for name in Ledger.__slots__ if name not in ("__weakref__", "_started_at", "_opened_ns")]
+COMPARED = [name for cls in Ledger.__mro__ for name in getattr(cls, "__slots__", ())
+            if name not in ("__weakref__", "_started_at", "_opened_ns")]
 
 
 def facts(ledger: Ledger) -> dict[str, object]:

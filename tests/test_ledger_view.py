@@ -16,10 +16,16 @@ from turnguard.ledger import VIEW_FACTS, Ledger, LedgerView
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def ledger_class(name: str) -> type:
+    """The class of the ledger's chain (``Ledger.__mro__``) that declares the fact."""
+    return next(cls for cls in Ledger.__mro__ if name in vars(cls))
+
+
 def ledger_type(name: str) -> str:
     """The fact's declared type on the ledger: its annotation, or its property's return type."""
-    declared = Ledger.__annotations__.get(name)
-    return declared if declared is not None else Ledger.__dict__[name].fget.__annotations__["return"]
+    cls = ledger_class(name)
+    declared = cls.__annotations__.get(name)
+    return declared if declared is not None else vars(cls)[name].fget.__annotations__["return"]
 
 
 def declared_properties(cls: type) -> set[str]:
@@ -36,7 +42,7 @@ def test_each_fact_has_the_ledgers_type_and_documentation(name: str):
     assert fact.fset is None and fact.fdel is None
     assert fact.fget.__annotations__["return"] == ledger_type(name)
     assert fact.__doc__, f"LedgerView.{name} has no docstring"
-    theirs = Ledger.__dict__[name].__doc__
+    theirs = vars(ledger_class(name))[name].__doc__
     if theirs and not theirs.startswith("attrgetter("):  # (a ledger fact without a docstring of its own)
         assert inspect.cleandoc(fact.__doc__) == inspect.cleandoc(theirs)
 

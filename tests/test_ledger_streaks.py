@@ -1,0 +1,86 @@
+"""``Streaks`` (``turnguard.ledger._streaks``) on its own: a checked call joins its streak, and
+outcomes settle there in check order, whatever order they arrive in."""
+
+from __future__ import annotations
+
+import turnguard as tg
+from turnguard.ledger._streaks import Streaks
+
+ERROR, OK, DENIED = tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(8, "big")
+
+
+def streaks(**settings) -> Streaks:
+    return Streaks(tg.GuardConfig(**settings))
+
+
+def test_identical_calls_make_a_streak_and_a_different_one_ends_it():
+    s = streaks()
+    for k in (1, 1, 1, 2):
+        s.count_call(key(k), "t")
+    assert s.streak_length == 1 and s.streak_digest == key(2) and s.checks == 4 and s.tool_calls == 4
+    assert s.max_key_repeat == 3
+
+
+def test_errors_count_denials_keep_and_successes_reset_the_failing_count():
+    s = streaks()
+    lengths = []
+    for outcome in (ERROR, ERROR, DENIED, ERROR, OK):
+        s.record_outcome(s.count_call(key(1), "t"), outcome)
+        lengths.append(s.failing_streak_length)
+    assert lengths == [1, 2, 2, 3, 0] and s.stop_count == 3
+
+
+def test_an_outcome_before_an_earlier_calls_waits_and_settles_in_check_order():
+    s = streaks()
+    first, second = s.count_call(key(1), "t"), s.count_call(key(1), "t")
+    s.record_outcome(second, ERROR)
+    assert s.failing_streak_length == 0 and s.awaiting_in_streak == 1
+    s.record_outcome(first, ERROR)
+    assert s.failing_streak_length == 2 and s.awaiting_in_streak == 0
+
+
+def test_waiting_calls_count_as_failures_in_the_provisional_stop_count_up_to_the_threshold():
+    s = streaks(streak_warn_at=3, streak_stop_at=3)
+    for _ in range(5):
+        s.count_call(key(1), "t")
+    assert s.provisional_stop_count() == 3
+
+
+def test_a_streak_another_key_ended_still_settles_and_reports_its_stop():
+    s = streaks(streak_warn_at=2, streak_stop_at=2)
+    first, second = s.count_call(key(1), "t"), s.count_call(key(1), "t")
+    s.count_call(key(2), "t")
+    assert not s.record_outcome(first, ERROR)
+    assert s.record_outcome(second, ERROR) and s.ended_stop is not None and s.ended_stop.failing == 2
+
+
+def test_a_detection_fires_once_per_streak_and_an_answer_starts_afresh():
+    s = streaks()
+    s.count_call(key(1), "t")
+    s.note_detection(_event(tg.Threshold.STREAK, tg.Level.WARN))
+    assert s.fired_in_streak("streak", "warn") and s.detections == 1
+    assert not s.fired_in_streak("streak", "stop")
+    s.reset_streak()
+    assert not s.fired_in_streak("streak", "warn") and s.streak_length == 0
+    s.count_call(key(1), "t")
+    assert s.streak_length == 1
+
+
+def test_an_abandoned_call_neither_fails_nor_resets():
+    s = streaks()
+    seqs = [s.count_call(key(1), "t") for _ in range(3)]
+    s.record_outcome(seqs[0], ERROR)
+    s.abandon(seqs[1])
+    s.record_outcome(seqs[2], ERROR)
+    assert s.failing_streak_length == 2
+
+
+def _event(threshold: tg.Threshold, level: tg.Level) -> tg.LoopDetectedEvent:
+    return tg.LoopDetectedEvent(threshold=threshold, action=tg.Action.ALLOW, level=level, limit=1, tool_calls=1,
+                                cycles=0, max_key_repeat=1, streak_length=1, failing_streak_length=0, soft_cap=None,
+                                hard_cap=None, tool_name="t", key_digest=None, promptable=False, turn_id="t1",
+                                conversation_id=None, agent_name=None, event_id="e1")
