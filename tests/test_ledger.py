@@ -7,7 +7,7 @@ import pytest
 import turnguard as tg
 from conftest import distinct_call, drive
 from turnguard.keys import Keyer
-from turnguard.ledger import VIEW_FACTS, Ledger
+from turnguard.ledger import VIEW_FACTS, Ledger, LedgerView
 from turnguard.plugins import NON_POLICY_PLUGINS
 from turnguard.policies import cap
 
@@ -152,7 +152,7 @@ def test_a_turn_stops_growing_once_it_tracks_the_bound():
 def test_the_view_plugins_receive_cannot_be_rewritten(name):
     ledger = Ledger(tg.GuardConfig(max_tool_calls_per_turn=3))
     with pytest.raises(AttributeError):
-        setattr(ledger, name, 10**9)
+        setattr(LedgerView(ledger), name, 10**9)
     assert ledger.hard_cap == 3
 
 

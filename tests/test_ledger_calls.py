@@ -1,5 +1,6 @@
-"""``CallCounts`` (``turnguard.ledger._calls``) on its own: calls, model requests, key repeats,
-the stuck signals' counts and the bound on tracked keys, with no streak in sight."""
+"""``CallCounts`` (``turnguard.ledger._calls``): calls, model requests, key repeats, the stuck
+signals' counts and the bound on tracked keys, each key counted by ``count_key`` (defined beside
+``count_call``, which inlines it, in ``ledger._streaks``), with no streak in sight."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 import turnguard as tg
 from turnguard.ledger._calls import CallCounts
+from turnguard.ledger._streaks import Streaks
 
 
 def key(i: int) -> bytes:
@@ -14,7 +16,7 @@ def key(i: int) -> bytes:
 
 
 def counted(keys, **settings) -> CallCounts:
-    counts = CallCounts(tg.GuardConfig(**settings))
+    counts = Streaks(tg.GuardConfig(**settings))
     for at, k in enumerate(keys, 1):
         counts.count_key(key(k), at)
     return counts
@@ -51,15 +53,15 @@ def test_a_loop_coming_round_credits_the_stale_count_as_the_repeat_count_would()
 def test_calls_this_cycle_count_from_the_latest_model_request():
     counts = CallCounts(tg.GuardConfig())
     counts.begin_cycle()
-    counts._tool_calls = 3  # (a check counts the call; CallCounts keeps the number)
+    counts.tool_calls = 3  # (a check counts the call; CallCounts keeps the number)
     counts.begin_cycle()
-    counts._tool_calls = 5
+    counts.tool_calls = 5
     assert counts.cycles == 2 and counts.calls_this_cycle == 2
 
 
 def test_forgetting_the_repeats_rolls_the_calls_back_to_the_cycle_start():
-    counts = counted([1, 1, 1], stuck_repeat_threshold=2)
-    counts._tool_calls = 3
+    counts: CallCounts = counted([1, 1, 1], stuck_repeat_threshold=2)
+    counts.tool_calls = 3
     counts.forget_repeats()
     assert (counts.tool_calls, counts.max_key_repeat, counts.distinct_keys, counts.first_stuck_call) == (0, 0, 0, 0)
     assert counts.retries == 1

@@ -3,7 +3,12 @@ outcomes settle there in check order, whatever order they arrive in."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 import turnguard as tg
+from turnguard.ledger._calls import CallCounts
 from turnguard.ledger._streaks import Streaks
 
 ERROR, OK, DENIED = tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED
@@ -84,3 +89,22 @@ def _event(threshold: tg.Threshold, level: tg.Level) -> tg.LoopDetectedEvent:
                                 cycles=0, max_key_repeat=1, streak_length=1, failing_streak_length=0, soft_cap=None,
                                 hard_cap=None, tool_name="t", key_digest=None, promptable=False, turn_id="t1",
                                 conversation_id=None, agent_name=None, event_id="e1")
+
+
+COUNTS = [name for name in CallCounts.__slots__ if name not in ("__weakref__", "_retries", "_ok", "_outcomes")]
+
+
+@pytest.mark.parametrize("signal", ["repeat", "stale_repeat"])
+@pytest.mark.parametrize("seed", range(20))
+def test_count_calls_inlined_counting_is_count_key(seed, signal):
+    """``count_call`` keeps an inlined copy of ``count_key`` for the hot path: the two count alike."""
+    rng = random.Random(seed)
+    config = tg.GuardConfig(stuck_signal=signal, stuck_repeat_threshold=rng.randint(1, 6),
+                            max_tracked_keys=rng.randint(1, 8))
+    checked, keyed = Streaks(config), Streaks(config)
+    for at in range(1, 60):
+        digest = key(rng.randrange(10))
+        checked.count_call(digest, "t")
+        keyed.tool_calls = at
+        keyed.count_key(digest, at)
+    assert {n: getattr(checked, n) for n in COUNTS} == {n: getattr(keyed, n) for n in COUNTS}

@@ -146,7 +146,7 @@ class QuietRegion:
         awake_outcome = tuple(impl for impl, q in zip(d.check_outcome, on_outcome, strict=True) if q is None)
         self.call = d.bound(awake_call, ledger, self._view)
         self.outcome = d.bound(awake_outcome, ledger, self._view)
-        self._reask = self.calls >= ledger._tool_calls
+        self._reask = self.calls >= ledger.tool_calls
         """Ask again once ``tool_calls`` passes ``calls``; not when the region just named lies
         behind the turn already (it would be asked on every call)."""
 
@@ -154,7 +154,7 @@ class QuietRegion:
         """A check outside the region: past its ``calls``, ask the rules again (once per region).
         Whether they were asked: the caller then tests the check on the region they named (the
         quiet test itself is the driver's, ``Driver.call``)."""
-        if self._ledger._tool_calls <= self.calls or not self._reask:
+        if self._ledger.tool_calls <= self.calls or not self._reask:
             return False
         self.ask()
         return True

@@ -67,8 +67,8 @@ class Driver:
         on the region they name."""
         ledger, quiet = self.ledger, self.quiet
         self.count(digest, call.name)
-        while not (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                   and ledger._max_repeat < quiet.repeat):
+        while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                   and ledger.max_key_repeat < quiet.repeat):
             if not quiet.asked_again():  # (asked again: the check is tested on the region named now)
                 impls = self.checks.call
                 break
@@ -96,7 +96,7 @@ class Driver:
             due = ledger.record_polled(seq, outcome, result)
         else:
             due = ledger.record_outcome(seq, outcome)
-        if ledger._stop_peak < quiet.stop_count and not due:
+        if ledger.stop_count < quiet.stop_count and not due:
             impls = quiet.outcome
             if not impls:
                 return ()

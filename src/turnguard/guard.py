@@ -768,8 +768,8 @@ def _checker(turn: Turn) -> CheckCall:
             if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                 turn._give_up_waiting()
             # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
-            while not (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                       and ledger._max_repeat < quiet.repeat):
+            while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                       and ledger.max_key_repeat < quiet.repeat):
                 if not quiet.asked_again():
                     impls = every_call
                     break
@@ -837,7 +837,7 @@ def _recorder(turn: Turn) -> RecordOutcome:
                     verdict, events = halt, ()
                 else:
                     # Driver.outcome's quiet test, inlined (as above)
-                    impls = quiet.outcome if ledger._stop_peak < quiet.stop_count and not due else every_outcome
+                    impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else every_outcome
                     if not impls and not outcome_observers:
                         return ALLOW
                     found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()

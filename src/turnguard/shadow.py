@@ -288,8 +288,8 @@ class ShadowPlugin:
             for run, ledger, own_digest, count, every, quiet, collect in state.calls:
                 count(digest if own_digest is None else own_digest(call), name)
                 # Driver.call, inlined (tests/test_driver.py holds the two equal)
-                while not (ledger._tool_calls <= quiet.calls and ledger._streak < quiet.streak
-                           and ledger._max_repeat < quiet.repeat):
+                while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                           and ledger.max_key_repeat < quiet.repeat):
                     if not quiet.asked_again():
                         impls = every
                         break
@@ -328,7 +328,7 @@ class ShadowPlugin:
                     due = ledger.record_polled(seq, outcome, result)
                 else:
                     due = record(seq, outcome)
-                if ledger._stop_peak < quiet.stop_count and not due:
+                if ledger.stop_count < quiet.stop_count and not due:
                     impls = quiet.outcome
                     if not impls:
                         continue

@@ -1,7 +1,7 @@
 """Per-turn facts, recorded once for every plugin: counts, key repeats, streaks, cycles.
 
-The ledger decides nothing. Policies read it (through the read-only properties below, which is
-what hooks receive as ``turn``) and return verdicts. Memory is bounded: at most
+The ledger decides nothing. Policies read its facts, declared once in ``ledger._facts``, and
+return verdicts. Memory is bounded: at most
 ``max_tracked_keys`` distinct keys are counted per turn; a key first seen after the table is
 full is treated as seen once each time (its repeats are not counted, ``keys_overflowed`` turns
 true, and the hard backstop still bounds the turn). Streaks compare consecutive keys and are
@@ -9,9 +9,13 @@ unaffected. Each tracked key costs about 80 bytes (an 8-byte digest and its coun
 the default bound of 65,536 keys holds a turn's ledger to about 5 MiB however long it runs
 (``benchmarks/bench_core.py`` measures it over a 1,000,000-call turn).
 
-Hooks receive a ``LedgerView`` (one per turn, made by the ``Turn``): the facts below, read-only, with no mutator
-and no underscored field reachable by attribute. Only the built-in policy modules
-(``turnguard.policies``) get the ledger itself, and read its underscored fields on the hot path.
+Hooks receive a ``LedgerView`` (one per turn, made by the ``Turn``): the facts ``LedgerFacts``
+declares, read-only, with no mutator and no underscored field reachable by attribute; the view is
+made from that one declaration. Only the built-in policy modules (``turnguard.policies``) get the
+ledger itself, and read it through ``PolicyFacts`` (``LedgerFacts`` and the thresholds and streak
+positions their hot paths compare): the facts they read on every call are slots of the ledger
+under those public names (``tool_calls``, ``streak_length``, ``stop_count``...), as fast as a
+private field and named as the view names them.
 
 Outcomes are tied to their call: each checked call gets a sequence number (``checks``, never
 rolled back), and ``record_outcome(seq, outcome)`` credits the outcome to that call. Streaks are
@@ -35,7 +39,9 @@ the last call whose key had never been seen before in the turn) and the settled 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
+import operator
 import os
 import time
 import uuid
@@ -46,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from turnguard import state as st
 from turnguard.keys import DIGEST_SIZE, cached_digest
 from turnguard.ledger._cycles import CycleRuns
+from turnguard.ledger._facts import LedgerFacts, PolicyFacts
 from turnguard.ledger._polled import MAX_POLLED, PolledCalls
 from turnguard.ledger._state import (
     check_number,
@@ -115,9 +122,9 @@ def answered_digest(event: LoopDetectedEvent) -> bytes | None:
 
 
 _FACTS = (
-    "_tool_calls", "_cycles", "_cycle_start", "_max_repeat", "_overflowed", "_last_key", "_last_tool", "_streak",
-    "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news", "_settled",
-    "_seq", "_next", "_stop_peak", "_ok", "_baseline",
+    "tool_calls", "_cycles", "_cycle_start", "max_key_repeat", "_overflowed", "_last_key", "_last_tool",
+    "streak_length", "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news",
+    "_settled", "checks", "next_to_settle", "stop_count", "_ok", "_baseline",
 )
 """The scalar facts ``Ledger.fork`` copies (the dicts and the set are copied separately)."""
 
@@ -130,9 +137,23 @@ class Ledger(PolledCalls):
     ``cycle_repeat``, cycles (``ledger._cycles``, a ``CyclingLedger``); this class adds the turn's
     identity and caps, snapshots, forks and verdicts."""
 
-    __slots__ = ("_agent_name", "_cap_mode", "_cap_quiet_until", "_cohort", "_config", "_conversation_id", "_cyc",
-                 "_fresh_state", "_hard_cap", "_opened_ns", "_promptable", "_resumed_from", "_soft_cap",
-                 "_started_at", "_turn_id")
+    __slots__ = (
+        "_agent_name",
+        "_cap_mode",
+        "_cohort",
+        "_config",
+        "_conversation_id",
+        "_cyc",
+        "_fresh_state",
+        "_opened_ns",
+        "_promptable",
+        "_resumed_from",
+        "_soft_cap",
+        "_started_at",
+        "_turn_id",
+        "cap_quiet_until",
+        "hard_cap",
+    )
 
     def __new__(cls, config: GuardConfig, **identity: Any) -> Ledger:
         """A ``CyclingLedger`` where ``cycle_repeat`` is on: the plain ledger pays nothing for it."""
@@ -165,10 +186,10 @@ class Ledger(PolledCalls):
         self._promptable = bool(promptable)
         self._cap_mode = cap_mode = config.cap_mode
         self._soft_cap = config.soft_cap if cap_mode == "adaptive" else None
-        self._hard_cap = config.hard_cap
+        self.hard_cap = config.hard_cap
         self._started_at = time.monotonic()
         self._opened_ns = time.time_ns()
-        self._cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self._hard_cap)
+        self.cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self.hard_cap)
         self._cyc: CycleRuns | None = None
         """The ``cycle_repeat`` facts (a ``CyclingLedger``'s; ``None``: the policy is off)."""
 
@@ -201,19 +222,18 @@ class Ledger(PolledCalls):
 
     soft_cap: int | None = fact("_soft_cap", "S under the adaptive cap, else ``None``.")
 
-    hard_cap: int | None = fact(
-        "_hard_cap", "N (explicit) or S * m (adaptive): past it the turn halts whatever it does."
-    )
-
     started_at: float = fact("_started_at")
 
     opened_ns: int = fact(
         "_opened_ns", "When the turn opened, Unix ns, read once (a resumed turn's: the resume less the time it ran)."
     )
 
-    cap_quiet_until: int | float = fact(
-        "_cap_quiet_until", "The cap cannot fire while ``tool_calls`` is at most this (N, S, or infinity if off)."
-    )
+    @property
+    def cycle_due(self) -> tuple[Level, int, int] | None:
+        """The ``cycle_repeat`` level the latest outcome brought a cycle to (``CycleRuns.due``);
+        ``None``: none, or the policy is off."""
+        cyc = self._cyc
+        return None if cyc is None else cyc.due
 
     def count_settled(self, digests: Sequence[bytes], tools: Sequence[str], outcomes: Sequence[Outcome],
                       cycles: Sequence[int]) -> bool:
@@ -222,16 +242,17 @@ class Ledger(PolledCalls):
         held in locals (a replay counts most of a turn this way, without checks). Only where that
         is the plain case: no tools named, the ``repeat`` signal, no outcome waiting; ``False``
         (nothing done) otherwise, and the caller counts call by call."""
-        if self._named or self._stale or self._early or self._ended or self._next != self._seq + 1 or self._cyc:
+        if (self._named or self._stale or self._early or self._ended or self.next_to_settle != self.checks + 1
+                or self._cyc):
             return False
         after = _count_settled(self, digests, tools, outcomes, cycles)
-        self._tool_calls, self._cycles, self._cycle_start = after.tool_calls, after.cycles, after.cycle_start
-        self._max_repeat, self._first_stuck, self._overflowed = after.max_repeat, after.first_stuck, after.overflowed
-        self._last_key, self._last_tool, self._streak = after.last_key, after.last_tool, after.streak
-        self._failing, self._settled, self._stop_peak = after.failing, after.settled, after.stop_peak
+        self.tool_calls, self._cycles, self._cycle_start = after.tool_calls, after.cycles, after.cycle_start
+        self.max_key_repeat, self._first_stuck, self._overflowed = after.max_repeat, after.first_stuck, after.overflowed
+        self._last_key, self._last_tool, self.streak_length = after.last_key, after.last_tool, after.streak
+        self._failing, self._settled, self.stop_count = after.failing, after.settled, after.stop_peak
         self._ok = after.ok
-        self._seq += len(digests)
-        self._next = self._seq + 1
+        self.checks += len(digests)
+        self.next_to_settle = self.checks + 1
         return True
 
     def rollback_cycle(self) -> None:
@@ -252,12 +273,12 @@ class Ledger(PolledCalls):
         under either value. Raises ``ValueError`` otherwise.
         """
         stuck = config.stuck_repeat_threshold
-        reached = self._max_stale if self._stale else self._max_repeat
+        reached = self._max_stale if self._stale else self.max_key_repeat
         if (
             config.max_tracked_keys != self._max_keys
             or (config.stuck_signal == "stale_repeat") != self._stale
             or (config.streak_stop_on == "any") != self._stop_any
-            or (stuck != self._stuck_at and reached >= min(stuck, self._stuck_at))
+            or (stuck != self.stuck_at and reached >= min(stuck, self.stuck_at))
             or frozenset(config.stateful_tools) != self._stateful
             or frozenset(config.streak_exempt_tools) != self._exempt
         ):
@@ -290,7 +311,7 @@ class Ledger(PolledCalls):
     def state(self) -> dict[str, Any]:
         """The facts as JSON data, for a turn's snapshot; ``from_state`` reads them back. Key
         repeats are digests (hex), never arguments."""
-        facts: dict[str, Any] = {name: getattr(self, f"_{name}") for name in _STATE_COUNTS}
+        facts: dict[str, Any] = {name: getattr(self, attr) for name, attr in _STATE_COUNTS.items()}
         facts.update({name: getattr(self, f"_{name}") for name in _STATE_FLAGS})
         facts.update({name: hex_or_none(getattr(self, f"_{name}")) for name in _STATE_DIGESTS})
         facts["last_tool"] = self._last_tool
@@ -329,14 +350,14 @@ class Ledger(PolledCalls):
         return ledger
 
     def _restore(self, f: Fields) -> None:
-        seq = self._seq = f.integer("seq")
-        calls = self._tool_calls = f.integer("tool_calls", 0, seq)
+        seq = self.checks = f.integer("seq")
+        calls = self.tool_calls = f.integer("tool_calls", 0, seq)
         self._cycles = f.integer("cycles")
         self._cycle_start = f.integer("cycle_start", 0, calls)
         self._detections = f.integer("detections")
         self._retries = f.integer("retries")
         self._counts = digest_counts(f, "counts", self._max_keys, calls, pairs=True)
-        self._max_repeat = f.integer("max_repeat", max(self._counts.values(), default=0), calls)
+        self.max_key_repeat = f.integer("max_repeat", max(self._counts.values(), default=0), calls)
         self._overflowed = f.boolean("overflowed")
         self._first_stuck = f.integer("first_stuck", 0, calls)
         self._since_new = digest_counts(f, "since_new", self._max_keys + 1, calls, pairs=True)
@@ -363,7 +384,7 @@ class Ledger(PolledCalls):
             self._polled[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE),
                                    st.integer(f"{path}.{key}[1]", value[1], 1, calls))
         self._polled = dict(sorted(self._polled.items()))
-        self._results = result_digests(f, "results", self._next + 1, seq)
+        self._results = result_digests(f, "results", self.next_to_settle + 1, seq)
         self._baseline = f.digest("baseline", DIGEST_SIZE, optional=True) if "baseline" in f else None
         path = f.at("restarts")
         self._restarts = {st.text(f"{path}.{tool}", tool, nonempty=True): st.integer(f"{path}.{tool}", n, 1)
@@ -372,16 +393,16 @@ class Ledger(PolledCalls):
     def _restore_streak(self, f: Fields, seq: int, calls: int) -> None:
         self._last_key = f.digest("last_key", DIGEST_SIZE, optional=True)
         self._last_tool = f.text("last_tool", optional=True, nonempty=True)
-        streak = self._streak = f.integer("streak", 0, calls)
+        streak = self.streak_length = f.integer("streak", 0, calls)
         if (self._last_key is None) != (streak == 0):
             st.refuse(f.at("streak"), "0 exactly when last_key is null (no current streak)", streak)
         if (self._last_key is None) != (self._last_tool is None):
             st.refuse(f.at("last_tool"), "null exactly when last_key is null", self._last_tool)
-        self._next = f.integer("next", 1, seq + 1)
+        self.next_to_settle = f.integer("next", 1, seq + 1)
         self._failing = f.integer("failing", 0, streak)
         self._settled = f.integer("settled", 0, streak)
-        self._stop_peak = f.integer("stop_peak", 0, streak)
-        self._early = early_outcomes(f, "early", self._next + 1, seq)
+        self.stop_count = f.integer("stop_peak", 0, streak)
+        self._early = early_outcomes(f, "early", self.next_to_settle + 1, seq)
         fired = f.items("fired", MAX_FIRED)
         self._fired = {fired_pair(f"{f.at('fired')}[{i}]", pair) for i, pair in enumerate(fired)}
         records = f.items("ended", MAX_ENDED_STREAKS, default=[])
@@ -413,15 +434,15 @@ class Ledger(PolledCalls):
         """A verdict whose ``LoopDetectedEvent`` records this ledger's counts now (the streak's:
         ``streak``'s, an ended streak's, when given)."""
         digest = cached_digest(call) if call is not None else None
-        length, failing = (self._streak, self._failing) if streak is None else (streak.length, streak.failing)
+        length, failing = (self.streak_length, self._failing) if streak is None else (streak.length, streak.failing)
         event = LoopDetectedEvent(
             threshold=threshold,
             action=action,
             level=level,
             limit=int(limit),
-            tool_calls=self._tool_calls,
+            tool_calls=self.tool_calls,
             cycles=self._cycles,
-            max_key_repeat=self._max_repeat,
+            max_key_repeat=self.max_key_repeat,
             streak_length=length,
             failing_streak_length=failing,
             soft_cap=self.soft_cap,
@@ -447,9 +468,9 @@ class Ledger(PolledCalls):
             agent_name=self.agent_name,
             promptable=self.promptable,
             reason=reason,
-            tool_calls=self._tool_calls,
+            tool_calls=self.tool_calls,
             cycles=self._cycles,
-            max_key_repeat=self._max_repeat,
+            max_key_repeat=self.max_key_repeat,
             first_stuck_call=self._first_stuck,
             distinct_keys=len(self._counts),
             keys_overflowed=self._overflowed,
@@ -466,15 +487,14 @@ class Ledger(PolledCalls):
         )
 
 
-_STATE_COUNTS = (
-    "seq", "tool_calls", "cycles", "cycle_start", "detections", "retries", "max_repeat", "first_stuck",
-    "max_stale", "streak", "next", "failing", "settled", "stop_peak",
-)
-
-
+_STATE_COUNTS = {
+    "seq": "checks", "tool_calls": "tool_calls", "cycles": "_cycles", "cycle_start": "_cycle_start",
+    "detections": "_detections", "retries": "_retries", "max_repeat": "max_key_repeat", "first_stuck": "_first_stuck",
+    "max_stale": "_max_stale", "streak": "streak_length", "next": "next_to_settle", "failing": "_failing",
+    "settled": "_settled", "stop_peak": "stop_count",
+}
+"""The counts a snapshot holds: its field name -> the ledger's attribute."""
 _STATE_FLAGS = ("overflowed", "looped")
-
-
 _STATE_DIGESTS = ("last_key", "news")
 
 
@@ -502,11 +522,11 @@ def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str
                    cycles: Sequence[int]) -> Settled:
     """``Ledger.count_settled``'s pass: ``begin_cycle`` and ``count_call`` (the ``repeat`` signal, no
     tool named) inlined, each outcome settled by ``count_outcome``; the scalar facts after it."""
-    calls, cycle, cycle_start = ledger._tool_calls, ledger._cycles, ledger._cycle_start
+    calls, cycle, cycle_start = ledger.tool_calls, ledger._cycles, ledger._cycle_start
     counts, max_keys, overflowed = ledger._counts, ledger._max_keys, ledger._overflowed
-    max_repeat, first_stuck, stuck_at = ledger._max_repeat, ledger._first_stuck, ledger._stuck_at
-    last_key, last_tool, streak = ledger._last_key, ledger._last_tool, ledger._streak
-    failing, settled, stop_peak, ok = ledger._failing, ledger._settled, ledger._stop_peak, ledger._ok
+    max_repeat, first_stuck, stuck_at = ledger.max_key_repeat, ledger._first_stuck, ledger.stuck_at
+    last_key, last_tool, streak = ledger._last_key, ledger._last_tool, ledger.streak_length
+    failing, settled, stop_peak, ok = ledger._failing, ledger._settled, ledger.stop_count, ledger._ok
     stop_any, other, fired, get, settle = ledger._stop_any, ledger._outcomes, ledger._fired, counts.get, count_outcome
     for digest, tool, outcome, begun in zip(digests, tools, outcomes, cycles, strict=True):
         if begun:
@@ -542,28 +562,25 @@ def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str
                    failing, settled, stop_peak, ok)
 
 
-VIEW_FACTS = (
-    "config", "turn_id", "cohort", "conversation_id", "agent_name", "resumed_from", "fresh_state", "promptable",
-    "cap_mode", "soft_cap", "hard_cap", "opened_ns",
-    "started_at", "tool_calls", "checks", "cycles", "calls_this_cycle", "cap_quiet_until", "max_key_repeat",
-    "max_stale_repeat", "distinct_keys", "keys_overflowed", "streak_length", "failing_streak_length",
-    "settled_streak_length", "stop_count", "awaiting_in_streak", "streak_digest", "last_tool_name",
-    "first_stuck_call", "detections", "retries", "stuck_count", "result_restarts", "stuck_raised",
-)
-"""The ledger's properties a ``LedgerView`` shows."""
+VIEW_FACTS = tuple(name for name, value in vars(LedgerFacts).items() if isinstance(value, property))
+"""The facts a ``LedgerView`` shows: ``LedgerFacts``'s properties, in their order there."""
+VIEW_QUERIES = tuple(name for name, value in vars(LedgerFacts).items()
+                     if inspect.isfunction(value) and not name.startswith("_"))
+"""The queries a ``LedgerView`` answers (``detect`` among them): ``LedgerFacts``'s methods."""
 
 
-class LedgerView:
+class LedgerView(LedgerFacts):
     """What hooks receive as ``turn``: the ledger's facts, read-only.
 
-    Facts only (``VIEW_FACTS`` and the query methods ``outcomes``, ``repeats_of``,
-    ``fired_in_streak``, ``provisional_stop_count``, ``polls``, ``restarts_by_tool``), plus
-    ``detect`` to build a verdict. No mutator, no underscored field, no attribute can be set, and
-    the view cannot be rebound: a plugin that uses what it is given cannot reset the counts the caps
-    read, by mistake or by design. It is not a sandbox: code in the same process can reach the
-    ledger behind a view (``gc.get_referents(view)`` returns it, as the interpreter lets any code
-    reach any object) and change it. Run only plugins you trust as much as the host's own code; the
-    view makes the read-only contract explicit and an accidental write impossible.
+    Exactly ``LedgerFacts``: its facts (``VIEW_FACTS``) and queries (``VIEW_QUERIES``: ``outcomes``,
+    ``repeats_of``, ``fired_in_streak``, ``provisional_stop_count``, ``polls``,
+    ``restarts_by_tool``, and ``detect`` to build a verdict), each read through from the ledger,
+    made below from the protocol's declarations. No mutator, no underscored field, no attribute
+    can be set, and the view cannot be rebound: a plugin that uses what it is given cannot reset
+    the counts the caps read, by mistake or by design. It is not a sandbox: code in the same process
+    can reach the ledger behind a view (``gc.get_referents(view)`` returns it, as the interpreter
+    lets any code reach any object) and change it. Run only plugins you trust as much as the host's
+    own code; the view makes the read-only contract explicit and an accidental write impossible.
 
     A ``Turn`` makes one view and passes it to every hook: hashable by identity, plugins key
     per-turn state by it. The view holds the ledger; the ledger does not hold the view.
@@ -579,233 +596,6 @@ class LedgerView:
         else:
             raise TypeError("a LedgerView is bound to its ledger once")
 
-    # -- the facts (``VIEW_FACTS``): the ledger's, read through -------------------------------
-
-    @property
-    def config(self) -> GuardConfig:
-        """The configuration the turn is guarded by."""
-        return _ledger_of(self).config
-
-    @property
-    def turn_id(self) -> str:
-        """The turn's id."""
-        return _ledger_of(self).turn_id
-
-    @property
-    def cohort(self) -> str:
-        """``live``, or ``probe`` when the probe configuration guards the turn (``tg.Probe``)."""
-        return _ledger_of(self).cohort
-
-    @property
-    def conversation_id(self) -> str | None:
-        """The host's conversation id, if it gave one."""
-        return _ledger_of(self).conversation_id
-
-    @property
-    def agent_name(self) -> str | None:
-        """The host's agent name, if it gave one."""
-        return _ledger_of(self).agent_name
-
-    @property
-    def resumed_from(self) -> str | None:
-        """The turn id of the snapshot this turn was forked from (resumed twice in one guard), or ``None``."""
-        return _ledger_of(self).resumed_from
-
-    @property
-    def fresh_state(self) -> tuple[str, ...]:
-        """The plugins whose per-turn state started afresh at a resume (the snapshot had none for them)."""
-        return _ledger_of(self).fresh_state
-
-    @property
-    def promptable(self) -> bool:
-        """Whether a person is watching (attended): detections reach the user rather than halt."""
-        return _ledger_of(self).promptable
-
-    @property
-    def cap_mode(self) -> str:
-        """``explicit``, ``adaptive`` or ``disabled``."""
-        return _ledger_of(self).cap_mode
-
-    @property
-    def soft_cap(self) -> int | None:
-        """S under the adaptive cap, else ``None``."""
-        return _ledger_of(self).soft_cap
-
-    @property
-    def hard_cap(self) -> int | None:
-        """N (explicit) or S * m (adaptive): past it the turn halts whatever it does."""
-        return _ledger_of(self).hard_cap
-
-    @property
-    def started_at(self) -> float:
-        """When the turn opened (``time.monotonic()``)."""
-        return _ledger_of(self).started_at
-
-    @property
-    def opened_ns(self) -> int:
-        """When the turn opened, Unix ns, read once (a resumed turn's: the resume less the time it ran)."""
-        return _ledger_of(self).opened_ns
-
-    @property
-    def tool_calls(self) -> int:
-        """Calls checked in the turn, including the current one."""
-        return _ledger_of(self).tool_calls
-
-    @property
-    def checks(self) -> int:
-        """Calls checked in the turn, rolled back or not: the sequence number of the latest."""
-        return _ledger_of(self).checks
-
-    @property
-    def cycles(self) -> int:
-        """Model requests begun in the turn (a re-sent request counts again)."""
-        return _ledger_of(self).cycles
-
-    @property
-    def calls_this_cycle(self) -> int:
-        """Calls checked since the current model request began."""
-        return _ledger_of(self).calls_this_cycle
-
-    @property
-    def cap_quiet_until(self) -> int | float:
-        """The cap cannot fire while ``tool_calls`` is at most this (N, S, or infinity if off)."""
-        return _ledger_of(self).cap_quiet_until
-
-    @property
-    def max_key_repeat(self) -> int:
-        """The largest number of times any one key has been seen in the turn."""
-        return _ledger_of(self).max_key_repeat
-
-    @property
-    def max_stale_repeat(self) -> int:
-        """The ``stale_repeat`` signal's count (0 unless that signal is configured): the largest
-        number of times one key was seen with no never-seen-before key in between, so a re-run
-        after an edit (a new key) starts afresh while a loop of 1 to k calls keeps counting."""
-        return _ledger_of(self).max_stale_repeat
-
-    @property
-    def distinct_keys(self) -> int:
-        """Distinct call keys counted in the turn (at most ``max_tracked_keys``)."""
-        return _ledger_of(self).distinct_keys
-
-    @property
-    def keys_overflowed(self) -> bool:
-        """True once a key went uncounted because ``max_tracked_keys`` was reached."""
-        return _ledger_of(self).keys_overflowed
-
-    @property
-    def streak_length(self) -> int:
-        """Consecutive checked calls with the current key."""
-        return _ledger_of(self).streak_length
-
-    @property
-    def failing_streak_length(self) -> int:
-        """Consecutive identical calls of the current streak whose outcome was ``ERROR``."""
-        return _ledger_of(self).failing_streak_length
-
-    @property
-    def settled_streak_length(self) -> int:
-        """Consecutive identical calls of the current streak whose outcome was anything but
-        ``DENIED`` (kept when ``streak_stop_on="any"``; 0 otherwise)."""
-        return _ledger_of(self).settled_streak_length
-
-    @property
-    def stop_count(self) -> int:
-        """The stop level's count for the current streak (``failing_streak_length``, or with
-        ``streak_stop_on="any"`` ``settled_streak_length``), the largest it has been in the
-        streak: it reaches ``streak_stop_at`` once per streak."""
-        return _ledger_of(self).stop_count
-
-    @property
-    def awaiting_in_streak(self) -> int:
-        """Calls of the current streak, before the latest, whose outcome has not come yet (0 in
-        a sequential run: each outcome came before the next call)."""
-        return _ledger_of(self).awaiting_in_streak
-
-    @property
-    def streak_digest(self) -> bytes | None:
-        """The current streak's call key digest (``None`` before the first call)."""
-        return _ledger_of(self).streak_digest
-
-    @property
-    def last_tool_name(self) -> str | None:
-        """The tool name of the latest checked call (``None`` before the first call)."""
-        return _ledger_of(self).last_tool_name
-
-    @property
-    def first_stuck_call(self) -> int:
-        """The call at which the configured stuck signal first reached ``stuck_repeat_threshold``
-        (0: never)."""
-        return _ledger_of(self).first_stuck_call
-
-    @property
-    def detections(self) -> int:
-        """Detections noted in the turn."""
-        return _ledger_of(self).detections
-
-    @property
-    def retries(self) -> int:
-        """``retry()`` calls in the turn."""
-        return _ledger_of(self).retries
-
-    @property
-    def stuck_count(self) -> int:
-        """The configured stuck signal's count (``stuck_signal``): ``max_stale_repeat`` under
-        ``stale_repeat``, else ``max_key_repeat``. Whether it makes the turn stuck is the cap's
-        rule (``turnguard.policies.cap.stuck``)."""
-        return _ledger_of(self).stuck_count
-
-    @property
-    def result_restarts(self) -> int:
-        """Streak restarts by a changed result (stateful tools) in the turn."""
-        return _ledger_of(self).result_restarts
-
-    @property
-    def stuck_raised(self) -> bool:
-        """Whether the outcome just recorded brought the stuck signal to ``stuck_repeat_threshold``
-        (a stateful tool's call, whose repeat is counted with its result)."""
-        return _ledger_of(self).stuck_raised
-
-    # -- queries -------------------------------------------------------------------------------
-
-    def polls(self, tool_name: str) -> bool:
-        """Whether ``tool_name`` is one of the configuration's ``stateful_tools``."""
-        return _ledger_of(self).polls(tool_name)
-
-    def restarts_by_tool(self) -> dict[str, int]:
-        """``result_restarts`` by tool name."""
-        return _ledger_of(self).restarts_by_tool()
-
-    def outcomes(self, outcome: Outcome) -> int:
-        """How many outcomes of this kind were recorded."""
-        return _ledger_of(self).outcomes(outcome)
-
-    def repeats_of(self, digest: bytes) -> int:
-        """How many times the key with this digest has been counted in the turn."""
-        return _ledger_of(self).repeats_of(digest)
-
-    def fired_in_streak(self, threshold: Threshold | str, level: Level | str) -> bool:
-        """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
-        return _ledger_of(self).fired_in_streak(threshold, level)
-
-    def provisional_stop_count(self) -> int:
-        """See ``Ledger.provisional_stop_count``."""
-        return _ledger_of(self).provisional_stop_count()
-
-    @functools.wraps(Ledger.detect)
-    def detect(
-        self,
-        threshold: Threshold | str,
-        action: Action,
-        level: Level,
-        limit: int,
-        *,
-        call: ToolCall | None = None,
-        message: str = "",
-        streak: EndedStreak | None = None,
-    ) -> Verdict:
-        return _ledger_of(self).detect(threshold, action, level, limit, call=call, message=message, streak=streak)
-
     def __repr__(self) -> str:
         ledger = _ledger_of(self)
         return f"<turnguard turn {ledger.turn_id} (read-only): {ledger.tool_calls} calls, {ledger.cycles} cycles>"
@@ -815,6 +605,37 @@ _slot = LedgerView.__dict__["_ledger"]
 _bind: Callable[[LedgerView, Ledger], None] = _slot.__set__
 _ledger_of: Callable[[LedgerView], Ledger] = _slot.__get__
 delattr(LedgerView, "_ledger")  # the slot's descriptor, kept above: no attribute of a view reaches the ledger
+
+
+def _read_through(name: str, declared: property) -> property:
+    """The view's fact ``name``: the ledger's, read through, with the declaration's type and doc."""
+    read = operator.attrgetter(name)
+
+    def fact(view: LedgerView) -> Any:
+        return read(_ledger_of(view))
+
+    fact.__name__ = fact.__qualname__ = name
+    fact.__annotations__ = dict(declared.fget.__annotations__) if declared.fget is not None else {}
+    return property(fact, doc=declared.__doc__)
+
+
+def _ask_through(name: str, declared: Callable[..., Any]) -> Callable[..., Any]:
+    """The view's query ``name``: the ledger's, asked through, with the declaration's signature and doc."""
+
+    @functools.wraps(declared)
+    def query(view: LedgerView, *args: Any, **kwargs: Any) -> Any:
+        return getattr(_ledger_of(view), name)(*args, **kwargs)
+
+    query.__signature__ = inspect.signature(declared)  # type: ignore[attr-defined]
+    del query.__wrapped__  # (the declaration's body raises: nothing reaches it through the view)
+    return query
+
+
+for _name in VIEW_FACTS:
+    setattr(LedgerView, _name, _read_through(_name, vars(LedgerFacts)[_name]))
+for _name in VIEW_QUERIES:
+    setattr(LedgerView, _name, _ask_through(_name, vars(LedgerFacts)[_name]))
+del _name
 
 
 class CyclingLedger(Ledger):
@@ -827,7 +648,7 @@ class CyclingLedger(Ledger):
     def __init__(self, config: GuardConfig, **identity: Any) -> None:
         super().__init__(config, **identity)
         self._cyc = CycleRuns(config.cycle_repeat_max_period, config.cycle_repeat_warn_at,
-                              config.cycle_repeat_stop_at, self._seq + 1)
+                              config.cycle_repeat_stop_at, self.checks + 1)
 
     def count_call(self, digest: bytes, tool_name: str) -> int:
         seq = super().count_call(digest, tool_name)
@@ -862,7 +683,7 @@ class CyclingLedger(Ledger):
         cyc = self._cyc
         cyc.keys.clear()
         cyc.early.clear()
-        cyc.next = self._seq + 1
+        cyc.next = self.checks + 1
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
         twin = super().fork(config, promptable=promptable)
@@ -883,5 +704,26 @@ class CyclingLedger(Ledger):
             self._cyc.next = seq + 1
 
 
-__all__ = ["MAX_ENDED_STREAKS", "MAX_FIRED", "MAX_POLLED", "VIEW_FACTS", "CycleRuns", "CyclingLedger", "EndedStreak",
-           "Ledger", "LedgerView", "Settled", "answered_digest", "count_outcome", "new_event_id"]
+if TYPE_CHECKING:
+    def _a_ledger_has_the_policies_facts(ledger: Ledger) -> PolicyFacts:
+        return ledger  # (mypy checks that a Ledger satisfies the protocol)
+
+
+__all__ = [
+    "MAX_ENDED_STREAKS",
+    "MAX_FIRED",
+    "MAX_POLLED",
+    "VIEW_FACTS",
+    "VIEW_QUERIES",
+    "CycleRuns",
+    "CyclingLedger",
+    "EndedStreak",
+    "Ledger",
+    "LedgerFacts",
+    "LedgerView",
+    "PolicyFacts",
+    "Settled",
+    "answered_digest",
+    "count_outcome",
+    "new_event_id",
+]

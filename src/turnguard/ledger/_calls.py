@@ -20,20 +20,37 @@ class CallCounts:
     """The counting facts of a turn: ``Streaks`` builds on them (the ledger's classes form one
     chain, so that each fact is a slot read on the hot path)."""
 
-    __slots__ = ("__weakref__", "_counts", "_cycle_start", "_cycles", "_first_stuck", "_looped", "_max_keys",
-                 "_max_repeat", "_max_stale", "_news", "_ok", "_outcomes", "_overflowed", "_retries", "_since_new",
-                 "_stale", "_stuck_at", "_tool_calls")
+    __slots__ = (
+        "__weakref__",
+        "_counts",
+        "_cycle_start",
+        "_cycles",
+        "_first_stuck",
+        "_looped",
+        "_max_keys",
+        "_max_stale",
+        "_news",
+        "_ok",
+        "_outcomes",
+        "_overflowed",
+        "_retries",
+        "_since_new",
+        "_stale",
+        "max_key_repeat",
+        "stuck_at",
+        "tool_calls",
+    )
 
     def __init__(self, config: GuardConfig) -> None:
-        self._tool_calls = 0
+        self.tool_calls = 0
         self._cycles = 0
         self._cycle_start = 0
         self._counts: dict[bytes, int] = {}
-        self._max_repeat = 0
+        self.max_key_repeat = 0
         self._overflowed = False
         self._first_stuck = 0
         self._max_keys = config.max_tracked_keys
-        self._stuck_at = config.stuck_repeat_threshold
+        self.stuck_at = config.stuck_repeat_threshold
         self._stale = config.stuck_signal == "stale_repeat"
         self._since_new: dict[bytes, int] = {}
         self._max_stale = 0
@@ -44,15 +61,11 @@ class CallCounts:
         self._outcomes = dict.fromkeys(_OTHER_OUTCOMES, 0)
         """The other outcomes' counts, by value (``OK``'s is ``_ok``: most outcomes are)."""
 
-    tool_calls: int = fact("_tool_calls", "Calls checked in the turn, including the current one.")
-
     cycles: int = fact("_cycles", "Model requests begun in the turn (a re-sent request counts again).")
 
     @property
     def calls_this_cycle(self) -> int:
-        return self._tool_calls - self._cycle_start
-
-    max_key_repeat: int = fact("_max_repeat", "The largest number of times any one key has been seen in the turn.")
+        return self.tool_calls - self._cycle_start
 
     max_stale_repeat: int = fact(
         "_max_stale",
@@ -82,7 +95,7 @@ class CallCounts:
         """The configured stuck signal's count (``stuck_signal``): ``max_stale_repeat`` under
         ``stale_repeat``, else ``max_key_repeat``. Whether it makes the turn stuck is the cap's
         rule (``turnguard.policies.cap.stuck``)."""
-        return self._max_stale if self._stale else self._max_repeat
+        return self._max_stale if self._stale else self.max_key_repeat
 
     def outcomes(self, outcome: Outcome) -> int:
         """How many outcomes of this kind were recorded."""
@@ -99,45 +112,15 @@ class CallCounts:
 
     def begin_cycle(self) -> None:
         self._cycles += 1
-        self._cycle_start = self._tool_calls
-
-    def count_key(self, key: bytes, at: int) -> None:
-        """Count one more sighting of ``key`` (a call's digest, or a stateful call's and its
-        result's) for call number ``at``: its repeat, within ``max_tracked_keys``, and the stuck
-        signals' counts. ``Streaks.count_call`` keeps an inlined copy for the hot path."""
-        counts = self._counts
-        seen = counts.get(key)
-        if seen is not None:
-            seen += 1
-            counts[key] = seen
-        elif len(counts) < self._max_keys:
-            counts[key] = seen = 1
-        else:
-            self._overflowed = True  # the documented degradation: this key's repeats go uncounted
-            seen = 1
-        if seen > self._max_repeat:
-            self._max_repeat = seen
-            if seen == self._stuck_at and not self._first_stuck and not self._stale:
-                self._first_stuck = at
-        if self._stale:
-            if seen == 1:  # news: a key first seen now restarts every count at 1
-                since = self._since_new
-                since.clear()
-                since[key] = 1
-                self._looped = False
-                self._news = key
-                if not self._max_stale:
-                    self._raise_stale(1, at)
-            else:
-                self._count_stale(key, seen, at)
+        self._cycle_start = self.tool_calls
 
     def forget_repeats(self) -> None:
         """The current model request is re-sent (``retry``): its calls are discarded and the
         repeats forgotten."""
         self._retries += 1
-        self._tool_calls = self._cycle_start
+        self.tool_calls = self._cycle_start
         self._counts.clear()
-        self._max_repeat = 0
+        self.max_key_repeat = 0
         self._overflowed = False
         self._first_stuck = 0
         self._since_new.clear()
@@ -171,5 +154,5 @@ class CallCounts:
 
     def _raise_stale(self, stale: int, at: int = 0) -> None:
         self._max_stale = stale
-        if stale >= self._stuck_at and not self._first_stuck:
-            self._first_stuck = at or self._tool_calls
+        if stale >= self.stuck_at and not self._first_stuck:
+            self._first_stuck = at or self.tool_calls

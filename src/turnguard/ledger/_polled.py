@@ -35,6 +35,9 @@ class PolledCalls(Streaks):
         self._raised = False
         """The latest ``record_polled`` brought the stuck signal to ``stuck_repeat_threshold``."""
 
+    names_tools: bool = fact(
+        "_named", "Whether the configuration names tools (``stateful_tools``, ``streak_exempt_tools``).")
+
     def count_named(self, digest: bytes, tool_name: str) -> int:
         """``count_call`` in a turn whose configuration names tools. A stateful tool's call joins
         its streak now and has its repeat counted when its outcome comes (``record_polled``: the
@@ -47,28 +50,20 @@ class PolledCalls(Streaks):
         if tool_name in self._exempt:
             self._last_key = None
             self._last_tool = None
-            self._streak = 0
+            self.streak_length = 0
             self._new_streak(seq + 1)
             self._results = {}
         return seq
 
     def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
         """``count_call`` for a stateful tool, but for its repeat (counted with its result)."""
-        self._tool_calls += 1
-        seq = self._seq = self._seq + 1
+        self.tool_calls += 1
+        seq = self.checks = self.checks + 1
         polled = self._polled
-        polled[seq] = (digest, self._tool_calls)
+        polled[seq] = (digest, self.tool_calls)
         if len(polled) > MAX_POLLED:  # outcomes that never came: the oldest counts without a result
             self._count_polled(next(iter(polled)), None)
-        if digest == self._last_key:
-            self._streak += 1
-        else:
-            if self._next != seq:
-                self._end_streak(seq)
-            self._last_key = digest
-            self._last_tool = tool_name
-            self._streak = 1
-            self._new_streak(seq)
+        if self._join(digest, tool_name, seq):
             self._baseline = None
         return seq
 
@@ -85,9 +80,9 @@ class PolledCalls(Streaks):
         self._raised = self._count_polled(seq, result)
         due = False
         if result is not None:
-            if seq == self._next:
+            if seq == self.next_to_settle:
                 due = self._apply_result(seq, result)
-            elif seq > self._next:
+            elif seq > self.next_to_settle:
                 self._results[seq] = result
             else:
                 for ended in self._ended:
@@ -104,9 +99,9 @@ class PolledCalls(Streaks):
             return False
         digest, at = pending
         key = digest if result is None else digest + result
-        before = self._max_stale if self._stale else self._max_repeat
+        before = self._max_stale if self._stale else self.max_key_repeat
         self.count_key(key, at)
-        return before < self._stuck_at <= (self._max_stale if self._stale else self._max_repeat)
+        return before < self.stuck_at <= (self._max_stale if self._stale else self.max_key_repeat)
 
     stuck_raised: bool = fact(
         "_raised",

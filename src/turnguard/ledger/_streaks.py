@@ -60,27 +60,47 @@ class Streaks(CallCounts):
     """The streak facts of a turn, over its counts (``CallCounts``): ``count_call`` counts a
     checked call and joins it to its streak, ``record_outcome`` settles its outcome there."""
 
-    __slots__ = ("_all_stateful", "_baseline", "_detections", "_early", "_ended", "_failing", "_fired",
-                 "_last_key", "_last_tool", "_late", "_next", "_restarts", "_results", "_seq", "_settled",
-                 "_stateful", "_stop_any", "_stop_at", "_stop_peak", "_streak", "_warn_at")
+    __slots__ = (
+        "_all_stateful",
+        "_baseline",
+        "_detections",
+        "_early",
+        "_ended",
+        "_failing",
+        "_fired",
+        "_last_key",
+        "_last_tool",
+        "_late",
+        "_restarts",
+        "_results",
+        "_settled",
+        "_stateful",
+        "_stop_any",
+        "checks",
+        "next_to_settle",
+        "stop_at",
+        "stop_count",
+        "streak_length",
+        "warn_at",
+    )
 
     def __init__(self, config: GuardConfig, checks: int = 0) -> None:
         super().__init__(config)
-        self._seq = checks  # checks counted elsewhere before (a shadow started afresh in a resumed turn)
-        self._next = checks + 1
+        self.checks = checks  # checks counted elsewhere before (a shadow started afresh in a resumed turn)
+        self.next_to_settle = checks + 1
         self._last_key: bytes | None = None
         self._last_tool: str | None = None
-        self._streak = 0
+        self.streak_length = 0
         self._failing = 0
         self._settled = 0
-        self._stop_peak = 0
+        self.stop_count = 0
         self._early: dict[int, Outcome] = {}
         self._fired: set[tuple[str, str]] = set()
         self._ended: list[EndedStreak] = []  # streaks ended with calls still waiting (EndedStreak)
         self._late: EndedStreak | None = None  # ended_stop
         self._stop_any = config.streak_stop_on == "any"
-        self._warn_at = config.streak_warn_at
-        self._stop_at = config.streak_stop_at
+        self.warn_at = config.streak_warn_at
+        self.stop_at = config.streak_stop_at
         self._results: dict[int, bytes] = {}
         """Result digests of the current streak's calls whose outcome waits for an earlier one's."""
         self._baseline: bytes | None = None
@@ -89,8 +109,6 @@ class Streaks(CallCounts):
         self._stateful = frozenset(config.stateful_tools)
         self._all_stateful = ALL_TOOLS in self._stateful
         self._detections = 0
-
-    streak_length: int = fact("_streak", "Consecutive checked calls with the current key.")
 
     failing_streak_length: int = fact(
         "_failing", "Consecutive identical calls of the current streak whose outcome was ``ERROR``."
@@ -102,8 +120,6 @@ class Streaks(CallCounts):
         ``DENIED`` (kept when ``streak_stop_on="any"``; 0 otherwise).""",
     )
 
-    checks: int = fact("_seq", "Calls checked in the turn, rolled back or not: the sequence number of the latest.")
-
     @property
     def awaiting_in_streak(self) -> int:
         """Calls of the current streak, before the latest, whose outcome has not come yet (0 in
@@ -111,21 +127,14 @@ class Streaks(CallCounts):
         if self._last_key is None:
             return 0
         early = self._early
-        return sum(1 for seq in range(self._next, self._seq) if seq not in early)
-
-    stop_count: int = fact(
-        "_stop_peak",
-        """The stop level's count for the current streak (``failing_streak_length``, or with
-        ``streak_stop_on="any"`` ``settled_streak_length``), the largest it has been in the
-        streak: it reaches ``streak_stop_at`` once per streak.""",
-    )
+        return sum(1 for seq in range(self.next_to_settle, self.checks) if seq not in early)
 
     def provisional_stop_count(self) -> int:
         """The stop level's count for the current streak if every earlier call of it still
         waiting for its outcome failed (counted up to ``streak_stop_at``): identical calls of one
         model response are all checked before any outcome, and past this many, had they run one
         at a time, the stop level would have fired before them."""
-        return self._worst_stop(self._seq - 1)
+        return self._worst_stop(self.checks - 1)
 
     def fired_in_streak(self, threshold: Threshold | str, level: Level | str) -> bool:
         """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
@@ -140,8 +149,8 @@ class Streaks(CallCounts):
     def count_call(self, digest: bytes, tool_name: str) -> int:
         """Count a checked call; returns its sequence number (``checks``), which its outcome is
         recorded under (``record_outcome``)."""
-        self._tool_calls += 1
-        seq = self._seq = self._seq + 1
+        self.tool_calls += 1
+        seq = self.checks = self.checks + 1
         counts = self._counts
         seen = counts.get(digest)
         if seen is not None:
@@ -152,10 +161,10 @@ class Streaks(CallCounts):
         else:
             self._overflowed = True  # the documented degradation: this key's repeats go uncounted
             seen = 1
-        if seen > self._max_repeat:
-            self._max_repeat = seen
-            if seen == self._stuck_at and not self._first_stuck and not self._stale:
-                self._first_stuck = self._tool_calls
+        if seen > self.max_key_repeat:
+            self.max_key_repeat = seen
+            if seen == self.stuck_at and not self._first_stuck and not self._stale:
+                self._first_stuck = self.tool_calls
         if self._stale:
             if seen == 1:  # news (most calls), inlined: a key first seen now restarts every count at 1
                 since = self._since_new
@@ -168,23 +177,68 @@ class Streaks(CallCounts):
             else:
                 self._count_stale(digest, seen)
         if digest == self._last_key:
-            self._streak += 1
+            self.streak_length += 1
         else:
-            if self._next != seq:  # calls of the streak this one ends still wait for their outcome
+            if self.next_to_settle != seq:  # calls of the streak this one ends still wait for their outcome
                 self._end_streak(seq)
             self._last_key = digest
             self._last_tool = tool_name
-            self._streak = 1
-            self._next = seq  # _new_streak, inlined: most calls start a streak
-            if self._stop_peak:  # the stop count's peak bounds both counts: 0 means nothing to reset
+            self.streak_length = 1
+            self.next_to_settle = seq  # _new_streak, inlined: most calls start a streak
+            if self.stop_count:  # the stop count's peak bounds both counts: 0 means nothing to reset
                 self._failing = 0
                 self._settled = 0
-                self._stop_peak = 0
+                self.stop_count = 0
             if self._early:
                 self._early.clear()
             if self._fired:
                 self._fired.clear()
         return seq
+
+    def count_key(self, key: bytes, at: int) -> None:
+        """Count one more sighting of ``key`` (a call's digest, or a stateful call's and its
+        result's) for call number ``at`` in the counts (``CallCounts``): its repeat, within
+        ``max_tracked_keys``, and the stuck signals' counts. ``count_call`` keeps an inlined copy
+        for the hot path (here, beside it: ``tests/test_ledger_streaks.py`` holds the two equal)."""
+        counts = self._counts
+        seen = counts.get(key)
+        if seen is not None:
+            seen += 1
+            counts[key] = seen
+        elif len(counts) < self._max_keys:
+            counts[key] = seen = 1
+        else:
+            self._overflowed = True  # the documented degradation: this key's repeats go uncounted
+            seen = 1
+        if seen > self.max_key_repeat:
+            self.max_key_repeat = seen
+            if seen == self.stuck_at and not self._first_stuck and not self._stale:
+                self._first_stuck = at
+        if self._stale:
+            if seen == 1:  # news: a key first seen now restarts every count at 1
+                since = self._since_new
+                since.clear()
+                since[key] = 1
+                self._looped = False
+                self._news = key
+                if not self._max_stale:
+                    self._raise_stale(1, at)
+            else:
+                self._count_stale(key, seen, at)
+
+    def _join(self, digest: bytes, tool_name: str, seq: int) -> bool:
+        """Check ``seq`` joins the current streak, or starts one (true); ``count_call`` keeps an
+        inlined copy for the hot path."""
+        if digest == self._last_key:
+            self.streak_length += 1
+            return False
+        if self.next_to_settle != seq:  # calls of the streak this one ends still wait for their outcome
+            self._end_streak(seq)
+        self._last_key = digest
+        self._last_tool = tool_name
+        self.streak_length = 1
+        self._new_streak(seq)
+        return True
 
     def _end_streak(self, seq: int) -> None:
         """The current streak ends at check ``seq`` with calls still waiting for their outcome:
@@ -193,10 +247,11 @@ class Streaks(CallCounts):
         or fired already, but for a stateful tool's)."""
         results, self._results = self._results, {}
         stopped = _STREAK_STOP in self._fired
-        if not self._stop_at or (stopped and not self.polls(self._last_tool)):
+        if not self.stop_at or (stopped and not self.polls(self._last_tool)):
             return  # (a stateful tool's may restart at a changed result: its stop can fire again)
-        ended = EndedStreak(self._next, seq - 1, self._streak, self._failing, self._settled, self._stop_peak,
-                            self._early, self._last_key, self._last_tool, self._baseline, results, stopped)
+        ended = EndedStreak(self.next_to_settle, seq - 1, self.streak_length, self._failing, self._settled,
+                            self.stop_count, self._early, self._last_key, self._last_tool, self._baseline, results,
+                            stopped)
         if len(self._ended) >= MAX_ENDED_STREAKS:
             del self._ended[0]
         self._ended.append(ended)
@@ -204,10 +259,10 @@ class Streaks(CallCounts):
 
     def _new_streak(self, first: int) -> None:
         """The current streak starts at check ``first``: earlier calls' outcomes are not its own."""
-        self._next = first
+        self.next_to_settle = first
         self._failing = 0
         self._settled = 0
-        self._stop_peak = 0
+        self.stop_count = 0
         if self._early:
             self._early.clear()
         if self._fired:
@@ -224,13 +279,13 @@ class Streaks(CallCounts):
         baseline, self._baseline = self._baseline, result
         if baseline is None or result == baseline:
             return False
-        kept = self._seq - seq + 1
-        due = bool(self._stop_at) and self._stop_peak >= self._stop_at and _STREAK_STOP not in self._fired
+        kept = self.checks - seq + 1
+        due = bool(self.stop_at) and self.stop_count >= self.stop_at and _STREAK_STOP not in self._fired
         if due:
-            self._late = EndedStreak(seq, seq - 1, self._streak - kept, self._failing, self._settled, self._stop_peak,
-                                     {}, self._last_key, self._last_tool, stopped=True)
-        self._streak = kept
-        self._failing = self._settled = self._stop_peak = 0
+            self._late = EndedStreak(seq, seq - 1, self.streak_length - kept, self._failing, self._settled,
+                                     self.stop_count, {}, self._last_key, self._last_tool, stopped=True)
+        self.streak_length = kept
+        self._failing = self._settled = self.stop_count = 0
         if self._fired:
             self._fired.clear()
         self._restarted(self._last_tool)
@@ -265,19 +320,19 @@ class Streaks(CallCounts):
         current streak is quiet. A call of a streak ended by ``retry``/``resolve`` changes no streak."""
         if outcome is _OK:
             self._ok += 1
-            if seq == self._next:  # the common case (the next call of the streak succeeded): count_outcome(OK), inlined
-                self._next = seq + 1
+            if seq == self.next_to_settle:  # the common case (the next call succeeded): count_outcome(OK), inlined
+                self.next_to_settle = seq + 1
                 self._failing = 0
                 if self._stop_any:
                     self._settled += 1
-                    self._stop_peak = self._settled
+                    self.stop_count = self._settled
                 if self._early:
                     return self._settle_waiting()
                 return None
         else:
             self._outcomes[outcome._value_] += 1
-        if seq != self._next:
-            if seq > self._next:  # an earlier call of the streak has no outcome yet: this one waits
+        if seq != self.next_to_settle:
+            if seq > self.next_to_settle:  # an earlier call of the streak has no outcome yet: this one waits
                 self._early[seq] = outcome
             elif self._ended:  # a call of a streak another key ended
                 return self._settle_ended(seq, outcome)
@@ -291,11 +346,11 @@ class Streaks(CallCounts):
         """The outcome of check ``seq`` will never come (the guard stopped waiting for it): it
         settles as neither a failure nor a reset, so its streak's later outcomes can count (a
         stateful tool's call counts its repeat without a result: ``PolledCalls.abandon``)."""
-        if seq == self._next:
+        if seq == self.next_to_settle:
             self._settle(_ABANDONED)
             if self._early:
                 self._settle_waiting()
-        elif seq > self._next:
+        elif seq > self.next_to_settle:
             self._early[seq] = _ABANDONED
         elif self._ended:
             self._settle_ended(seq, _ABANDONED)
@@ -309,7 +364,7 @@ class Streaks(CallCounts):
         else:
             return False
         restarts = ended.restarts
-        reached = ended.settle(seq, outcome, self._stop_any, self._stop_at)
+        reached = ended.settle(seq, outcome, self._stop_any, self.stop_at)
         if ended.restarts != restarts:
             self._restarted(ended.tool, ended.restarts - restarts)
         if ended.next > ended.last:  # settled: done with it
@@ -326,9 +381,9 @@ class Streaks(CallCounts):
 
     def _settle(self, outcome: Outcome) -> None:
         """Settle the current streak's next call with ``outcome`` (``count_outcome``)."""
-        self._next += 1
-        self._failing, self._settled, self._stop_peak = count_outcome(
-            outcome, self._failing, self._settled, self._stop_peak, self._stop_any)
+        self.next_to_settle += 1
+        self._failing, self._settled, self.stop_count = count_outcome(
+            outcome, self._failing, self._settled, self.stop_count, self._stop_any)
 
     def _settle_waiting(self) -> bool | None:
         """Settle the outcomes that waited for the one just settled. True when a stateful tool's
@@ -336,10 +391,10 @@ class Streaks(CallCounts):
         (its stop is due now: ``ended_stop``)."""
         early, results = self._early, self._results
         due = None
-        while self._next in early:
-            if results and self._next in results:
-                due = self._apply_result(self._next, results.pop(self._next)) or due
-            self._settle(early.pop(self._next))
+        while self.next_to_settle in early:
+            if results and self.next_to_settle in results:
+                due = self._apply_result(self.next_to_settle, results.pop(self.next_to_settle)) or due
+            self._settle(early.pop(self.next_to_settle))
         return due
 
     def _worst_stop(self, last: int) -> int:
@@ -348,14 +403,14 @@ class Streaks(CallCounts):
         results (a stateful tool's changed result restarts the count there): counted backwards
         from ``last``, stopping at a known reset, a restart or ``streak_stop_at`` (so the cost is
         bounded by the threshold, not the streak)."""
-        limit = self._stop_at
+        limit = self.stop_at
         if not limit:
             return 0
         early, results = self._early, self._results
         any_outcome = self._stop_any
         count = 0
         seq = last
-        while seq >= self._next:
+        while seq >= self.next_to_settle:
             outcome = early.get(seq)
             if outcome is None or outcome is _ERROR or (any_outcome and outcome is not _DENIED):
                 count += 1
@@ -374,14 +429,14 @@ class Streaks(CallCounts):
         call whose result changed, as it would have had the calls run one at a time."""
         results = self._results
         if not results:
-            return self._streak
+            return self.streak_length
         before, restart = self._baseline, 0
         for seq in sorted(results):
             result = results[seq]
             if before is not None and result != before:
                 restart = seq
             before = result
-        return self._seq - restart + 1 if restart else self._streak
+        return self.checks - restart + 1 if restart else self.streak_length
 
     def _restarts_at(self, seq: int) -> bool:
         """Whether waiting check ``seq``'s result differs from the latest result before it in the
@@ -398,8 +453,8 @@ class Streaks(CallCounts):
         while calls of theirs still wait go on settling those outcomes (``EndedStreak``)."""
         self._last_key = None
         self._last_tool = None
-        self._streak = 0
-        self._new_streak(self._seq + 1)
+        self.streak_length = 0
+        self._new_streak(self.checks + 1)
         if answered is not None and self._ended:
             self._ended = [ended for ended in self._ended if ended.digest != answered]
         self._late = None
@@ -414,7 +469,7 @@ class Streaks(CallCounts):
             fired = (str(event.threshold), str(event.level))
             if fired == _STREAK_STOP and self._late is not None:
                 self._late = None  # an ended streak's stop, or a restarted one's
-                if not (self._stop_at and self._stop_peak >= self._stop_at):
+                if not (self.stop_at and self.stop_count >= self.stop_at):
                     return  # (the current streak's own is due too, in the same report: noted with it)
             self._fired.add(fired)
 

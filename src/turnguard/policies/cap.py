@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from turnguard.firing import Firing, Quiet, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
-from turnguard.ledger import Ledger, LedgerView
+from turnguard.ledger import LedgerFacts, PolicyFacts
 from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
 
 if TYPE_CHECKING:
@@ -23,13 +23,13 @@ if TYPE_CHECKING:
 
 
 @hookimpl
-def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
-    n = turn._tool_calls  # hot path: the built-in reads the ledger's fields, not its properties
-    if n <= turn._cap_quiet_until:  # under the cap (always, when it is off): the common case, first
+def turnguard_check_call(turn: PolicyFacts, call: ToolCall) -> Verdict | None:
+    n = turn.tool_calls  # hot path: slots of the ledger (PolicyFacts)
+    if n <= turn.cap_quiet_until:  # under the cap (always, when it is off): the common case, first
         return None
-    hard_cap = turn._hard_cap
+    hard_cap = turn.hard_cap
     assert hard_cap is not None  # on, and past where it is quiet: N, or S * m
-    if n <= hard_cap and turn._max_repeat < turn._stuck_at:
+    if n <= hard_cap and turn.max_key_repeat < turn.stuck_at:
         # past the soft cap and not stuck under any signal (every stuck signal's count is bounded
         # by the repeats: a stale repeat is a repeat)
         return None
@@ -52,25 +52,25 @@ def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
     return None
 
 
-def stuck(turn: Ledger | LedgerView) -> bool:
+def stuck(turn: LedgerFacts) -> bool:
     """The stuck signal's rule: whether the configured signal's count (``stuck_signal``, the
     ledger's ``stuck_count``) has reached ``stuck_repeat_threshold``."""
     return turn.stuck_count >= turn.config.stuck_repeat_threshold
 
 
-def summary_stuck(turn: Ledger | LedgerView) -> bool:
+def summary_stuck(turn: LedgerFacts) -> bool:
     """What a turn's summary reports as ``stuck``: the adaptive cap's stuck signal holds (an
     explicit or disabled cap has none)."""
     return turn.cap_mode == "adaptive" and stuck(turn)
 
 
-def _stuck(turn: Ledger, call: ToolCall, n: int) -> Verdict:
+def _stuck(turn: PolicyFacts, call: ToolCall, n: int) -> Verdict:
     signal = turn.config.stuck_signal
     if signal == "repeat":
         how = f"one call was repeated {turn.max_key_repeat} times"
     else:
         how = f"one call was repeated {turn.max_stale_repeat} times with nothing new in between"
-    if turn._named:
+    if turn.names_tools:
         how += " (a stateful tool's calls counted with their results)"
     soft_cap = turn.soft_cap
     assert soft_cap is not None  # stuck past the soft cap: the adaptive cap's S
@@ -84,31 +84,31 @@ def _stuck(turn: Ledger, call: ToolCall, n: int) -> Verdict:
 
 
 @hookimpl
-def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
+def turnguard_check_outcome(turn: PolicyFacts, call: ToolCall, outcome: Outcome) -> Verdict | None:
     """A stateful tool's outcome that made the turn stuck past the soft cap (its repeat is counted
     with its result, so only now) halts there; nothing else can make the cap fire at an outcome."""
-    if not turn._raised:
+    if not turn.stuck_raised:
         return None
-    n = turn._tool_calls
-    if turn._cap_mode != "adaptive" or n <= turn._cap_quiet_until:
+    n = turn.tool_calls
+    if turn.cap_mode != "adaptive" or n <= turn.cap_quiet_until:
         return None
-    hard_cap = turn._hard_cap
+    hard_cap = turn.hard_cap
     assert hard_cap is not None  # adaptive: S * m
     if n > hard_cap or not stuck(turn):
         return None
     return _stuck(turn, call, n)
 
 
-def quiet_rule(turn: Ledger) -> Quiet:
+def quiet_rule(turn: PolicyFacts) -> Quiet:
     """Where the call hook above answers ``None`` (``turnguard.firing.Quiet``): up to the cap, and
     past the soft cap up to the backstop while no call has been repeated ``stuck_at`` times. The
     outcome hook answers only where ``record_polled`` says so (the guard then asks every outcome
     hook), so it is quiet everywhere else (``stop_count`` never reached)."""
-    if turn._tool_calls <= turn._cap_quiet_until or turn.cap_mode != "adaptive":
-        return Quiet(calls=turn._cap_quiet_until)
-    hard_cap = turn._hard_cap
+    if turn.tool_calls <= turn.cap_quiet_until or turn.cap_mode != "adaptive":
+        return Quiet(calls=turn.cap_quiet_until)
+    hard_cap = turn.hard_cap
     assert hard_cap is not None  # adaptive: S * m
-    return Quiet(calls=hard_cap, repeat=turn._stuck_at)
+    return Quiet(calls=hard_cap, repeat=turn.stuck_at)
 
 
 def firing_rule(config: GuardConfig) -> CapFiring:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from turnguard.firing import Firing, Quiet, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
-from turnguard.ledger import Ledger
+from turnguard.ledger import PolicyFacts
 from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
 
 if TYPE_CHECKING:
@@ -35,11 +35,11 @@ def reminder(period: int, times: int) -> str:
 
 
 @hookimpl
-def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
-    cyc = turn._cyc
-    if cyc is None or cyc.due is None:
+def turnguard_check_outcome(turn: PolicyFacts, call: ToolCall, outcome: Outcome) -> Verdict | None:
+    due = turn.cycle_due
+    if due is None:
         return None
-    level, period, matches = cyc.due
+    level, period, matches = due
     times = matches // period + 1
     config = turn.config
     if level is Level.STOP:
@@ -56,7 +56,7 @@ def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> V
     return turn.detect(Threshold.CYCLE_REPEAT, action, level, limit, call=call, message=message)
 
 
-def quiet_rule(turn: Ledger) -> Quiet:
+def quiet_rule(turn: PolicyFacts) -> Quiet:
     """Quiet everywhere: the outcome hook is called only where the ledger says a level is due
     (``CycleRuns.due``: the outcome reports it, and the driver then asks every outcome hook)."""
     return Quiet()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from turnguard.firing import Firing, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
-from turnguard.ledger import Ledger
+from turnguard.ledger import PolicyFacts
 from turnguard.model import Action, Level, Threshold, Verdict
 
 if TYPE_CHECKING:
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 @hookimpl
-def turnguard_check_cycle(turn: Ledger) -> Verdict | None:
+def turnguard_check_cycle(turn: PolicyFacts) -> Verdict | None:
     limit = turn.config.max_cycles_per_turn
     if limit and turn.cycles > limit:
         return turn.detect(

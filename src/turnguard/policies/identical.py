@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from turnguard.firing import Firing, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
-from turnguard.ledger import Ledger
+from turnguard.ledger import PolicyFacts
 from turnguard.model import Action, Level, Threshold, ToolCall, Verdict
 
 
@@ -25,7 +25,7 @@ class HaltOnIdenticalCalls:
         self.n = n
 
     @hookimpl
-    def turnguard_check_call(self, turn: Ledger, call: ToolCall) -> Verdict | None:
+    def turnguard_check_call(self, turn: PolicyFacts, call: ToolCall) -> Verdict | None:
         if turn.streak_length >= self.n:
             return turn.detect(
                 Threshold.STREAK, Action.HALT, Level.STOP, self.n, call=call,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from turnguard.firing import NEVER, Firing, Quiet, Triggers, TurnFacts
 from turnguard.hookspecs import hookimpl
-from turnguard.ledger import Ledger
+from turnguard.ledger import PolicyFacts
 from turnguard.model import Action, Level, Outcome, Threshold, ToolCall, Verdict
 
 if TYPE_CHECKING:
@@ -47,16 +47,16 @@ _STOP = (str(Threshold.STREAK), str(Level.STOP))
 
 
 @hookimpl
-def turnguard_check_call(turn: Ledger, call: ToolCall) -> Verdict | None:
-    if turn._next != turn._seq:  # hot path (the ledger's fields): earlier calls of the streak still wait
+def turnguard_check_call(turn: PolicyFacts, call: ToolCall) -> Verdict | None:
+    if turn.next_to_settle != turn.checks:  # hot path (slots of the ledger): earlier calls of the streak still wait
         return _batched(turn, call)
-    warn_at = turn._warn_at
-    if turn._streak != warn_at or not warn_at:
+    warn_at = turn.warn_at
+    if turn.streak_length != warn_at or not warn_at:
         return None
     return _warn(turn, call, warn_at)
 
 
-def _warn(turn: Ledger, call: ToolCall, warn_at: int) -> Verdict:
+def _warn(turn: PolicyFacts, call: ToolCall, warn_at: int) -> Verdict:
     if turn.config.remind_model:
         action = Action.REMIND
         message = reminder(call.name, warn_at)
@@ -66,18 +66,18 @@ def _warn(turn: Ledger, call: ToolCall, warn_at: int) -> Verdict:
     return turn.detect(Threshold.STREAK, action, Level.WARN, warn_at, call=call, message=message)
 
 
-def _batched(turn: Ledger, call: ToolCall) -> Verdict | None:
+def _batched(turn: PolicyFacts, call: ToolCall) -> Verdict | None:
     """A call checked while earlier identical calls of its streak have no outcome yet (one model
     response's batch): those count as failures for the stop level, which fires here, before
     the call runs, if they would have reached it. Had the calls run one at a time, the stop
     level would have fired at the last of them and this one would not have run."""
-    warn_at, stop_at = turn._warn_at, turn._stop_at
-    if stop_at and _STOP not in turn._fired and turn.provisional_stop_count() >= stop_at:
+    warn_at, stop_at = turn.warn_at, turn.stop_at
+    if stop_at and not turn.fired_in_streak(*_STOP) and turn.provisional_stop_count() >= stop_at:
         waiting = turn.awaiting_in_streak
         action = Action.ASK if turn.promptable else Action.HALT
         return turn.detect(
             Threshold.STREAK, action, Level.STOP, stop_at, call=call,
-            message=(f"turnguard: {call.name} called {turn._streak} times in a row with identical arguments, "
+            message=(f"turnguard: {call.name} called {turn.streak_length} times in a row with identical arguments, "
                      f"{waiting} of them still without an outcome: had they run one at a time, "
                      f"{stop_at} identical failures would have stopped it"),
         )
@@ -87,12 +87,12 @@ def _batched(turn: Ledger, call: ToolCall) -> Verdict | None:
 
 
 @hookimpl
-def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> Verdict | None:
-    stop_at = turn._stop_at
-    ended = turn._late
-    if ended is None and (turn._stop_peak < stop_at or not stop_at or _STOP in turn._fired):
+def turnguard_check_outcome(turn: PolicyFacts, call: ToolCall, outcome: Outcome) -> Verdict | None:
+    stop_at = turn.stop_at
+    ended = turn.ended_stop
+    if ended is None and (turn.stop_count < stop_at or not stop_at or turn.fired_in_streak(*_STOP)):
         return None
-    what = "was called" if turn._stop_any else "failed"
+    what = "was called" if turn.config.streak_stop_on == "any" else "failed"
     action = Action.ASK if turn.promptable else Action.HALT
     message = f"turnguard: {call.name} {what} {stop_at} times in a row with identical arguments"
     if ended is not None:  # a streak another call of the same response ended: its outcomes came after
@@ -100,11 +100,11 @@ def turnguard_check_outcome(turn: Ledger, call: ToolCall, outcome: Outcome) -> V
     return turn.detect(Threshold.STREAK, action, Level.STOP, stop_at, call=call, message=message, streak=ended)
 
 
-def quiet_rule(turn: Ledger) -> Quiet:
+def quiet_rule(turn: PolicyFacts) -> Quiet:
     """Where the hooks above answer ``None`` (``turnguard.firing.Quiet``): the call hook while
     the streak is shorter than either level (the batched stop count counts only the streak's
     earlier calls), the outcome hook while the stop count is under the stop level."""
-    warn_at, stop_at = turn._warn_at or NEVER, turn._stop_at or NEVER
+    warn_at, stop_at = turn.warn_at or NEVER, turn.stop_at or NEVER
     return Quiet(streak=min(warn_at, stop_at), stop_count=stop_at)
 
 
