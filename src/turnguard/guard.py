@@ -743,6 +743,7 @@ def _checker(turn: Turn) -> CheckCall:
     digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
     count, every_call, collect, view = driver.count, driver.checks.call, driver.collect1, turn.view
     call_observers = turn._call_observers
+    at_digest, at_keyer = KEY_DIGEST, KEY_KEYER  # the key's positions as cells: a global costs more here
 
     def check_call(call: ToolCall) -> Verdict:
         """Before executing ``call``: count it and decide. Do not execute it on HALT.
@@ -754,7 +755,7 @@ def _checker(turn: Turn) -> CheckCall:
             _require_call(call)
         key = call._key
         # computed here, once; record_outcome and the plugins reuse it
-        digest = digest_of(call.name, call.args) if key is None or key[KEY_KEYER] is not keyer else key[KEY_DIGEST]
+        digest = digest_of(call.name, call.args) if key is None or key[at_keyer] is not keyer else key[at_digest]
         acquire()  # acquire/release bound once: cheaper than `with` on the hot path
         try:
             if turn._halt is not None:
@@ -798,9 +799,9 @@ def _recorder(turn: Turn) -> RecordOutcome:
     driver, ledger, quiet, awaiting, view = turn._driver, turn.ledger, turn._quiet, turn._awaiting, turn.view
     acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
     every_outcome, outcome_observers, collect = driver.checks.outcome, turn._outcome_observers, driver.collect2
-    # Where results count (stateful tools, the recorder's or a shadow's), every outcome takes
-    # _claim_and_record: a token no key holds sends it there. Most turns never look at a result.
+    # Where results count, a token no key holds sends every outcome to _claim_and_record.
     token = object() if turn._keyed_results else turn._token
+    at_token, at_check = KEY_TOKEN, KEY_CHECK  # the key's positions as cells: a global costs more here
 
     def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
         """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
@@ -824,8 +825,8 @@ def _recorder(turn: Turn) -> RecordOutcome:
         acquire()
         try:
             key = call._key
-            if key is not None and key[KEY_TOKEN] is token and awaiting.pop(key[KEY_CHECK], None) is call:
-                seq = key[KEY_CHECK]  # (the waiting list holds each check's own call: what it popped is this one)
+            if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
+                seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
                 if turn._reused:
                     turn._next_check_of(call, key)
                 due = record(seq, outcome)  # true: an ended streak's stop count was reached
