@@ -534,8 +534,8 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
             _report_late_results(collector)
             fleet.run_fleet(fl, PHASE, seed=12)
             time.sleep(max(0.0, down + OUTAGE_S - time.time()))
+            restarting = time.time()  # the new Prometheus may evaluate before it answers ready
             prometheus = chain.Prometheus(start_prometheus(), tmp_path, config, flags, port=prometheus.port)
-            up = time.time()
             fleet.run_fleet(fl, PHASE, seed=13)
         assert telemetry.force_flush(30_000)
         truth = _truth(fl.tally)
@@ -558,7 +558,8 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
         at, recorded = _counted(prometheus, build.RECORDED[build.TURNS], since)
         _, audited = _counted(prometheus, AUDITED, since)
         results = _results(prometheus, at, since)
-        evaluations = prometheus.query(f"count_over_time({rules.HEARTBEAT}[{rules.duration(up - down)}])", up)
+        evaluations = prometheus.query(f"count_over_time({rules.HEARTBEAT}[{rules.duration(restarting - down)}])",
+                                       restarting)
     finally:
         if telemetry is not None:
             telemetry.shutdown()
