@@ -44,6 +44,7 @@ from typing import Any
 
 from turnguard.calibrate.bounds import COHORT_KEYS
 from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence
+from turnguard.calibrate.frontier import Frontier, Scale, frontier
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.records import TOOL_LIST_KEYS
 from turnguard.terminal import DEFAULT_WIDTH, fit_table
@@ -155,6 +156,28 @@ def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int]
     return ("hard_backstop", cap) if cap is not None and int(key) * e.soft_cap >= cap else None
 
 
+def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) -> list[Frontier]:
+    """The recommended value of each probed threshold of the main configuration (``frontier.py``):
+    the backstop multiple (when a whole number), D (under the ``repeat`` signal's counts) and the
+    streak stop (when on)."""
+    if e.soft_cap is None or not e.turns:
+        return []
+    scale = Scale(e.turns, turns, calls)
+    out = []
+    m = e.multiplier
+    if m is not None and float(m).is_integer():
+        cap = probe_hard_cap(ctx.recording)
+        out.append(frontier("backstop", e.ladders["backstop"], int(m), ctx.tolerance, scale,
+                            None if cap is None else -(-cap // e.soft_cap)))
+    if e.stuck_repeat is not None and e.ladders["stuck"].top():
+        out.append(frontier("stuck", e.ladders["stuck"], e.stuck_repeat, ctx.tolerance, scale))
+    if e.streak_stop:
+        stop = probe_streak_stop(ctx.recording)
+        out.append(frontier("streak", e.ladders["streak"], e.streak_stop, ctx.tolerance, scale,
+                            None if stop is None else stop + 1))
+    return out
+
+
 def assess(e: ProbeEvidence, ctx: Context) -> dict[str, Decision]:
     """Each row's decision (keys of ``ProbeEvidence.rows``)."""
     days = ctx.recording.days
@@ -200,8 +223,9 @@ def _when(d: Decision, what: str) -> str:
             "the observed traffic")
 
 
-def backstop_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
-    """The backstop ``m x S`` in words."""
+def backstop_advice(e: ProbeEvidence, decisions: dict[str, Decision], recommended: int | None = None) -> str:
+    """The backstop ``m x S`` in words; ``recommended``: the frontier's multiple, if any (then no
+    "raise the probe's cap": the probe has seen enough below it)."""
     assert e.soft_cap is not None and e.multiplier is not None
     m, s = e.multiplier, e.soft_cap
     what = f"{m:g}x"
@@ -226,6 +250,10 @@ def backstop_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
                 f"{p.calls_past:,} calls past it.")
     if d.verdict == "undecided":
         return f"{said}: {_when(d, what)}."
+    if recommended is not None and recommended > m:
+        return (f"{said}: above the tolerance of {_pct(d.tolerance)}, the backstop halts turns that would have "
+                f"succeeded; past {recommended}x the probe saw few enough succeed: set hard_multiplier = "
+                f"{recommended} (below).")
     return f"{said}: above the tolerance of {_pct(d.tolerance)}, the backstop halts turns that would have " \
            f"succeeded; {_raise_to(e, decisions, m)}"
 
@@ -367,9 +395,12 @@ def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int
     if e.soft_cap is None:
         return [f"{e.turns:,} probe turns, but the main configuration has no adaptive cap: nothing to compare."]
     decisions = assess(e, ctx)
-    out = [backstop_advice(e, decisions), stuck_advice(e, decisions)]
+    found = frontiers(e, ctx, turns, calls)
+    backstop = next((f.recommended for f in found if f.threshold == "backstop"), None)
+    out = [backstop_advice(e, decisions, backstop), stuck_advice(e, decisions)]
     if e.streak_stop:
         out.append(streak_advice(e, decisions))
+    out += [f"Recommended: {f.sentence}" for f in found]
     cost = cost_advice(e, ctx, turns, calls)
     if cost:
         out.append(cost)

@@ -74,6 +74,7 @@ class Calibrator:
         self._default = next((i for i, p in enumerate(policies) if p.is_default), None)
         """The policy probe turns are measured against (``evidence.ProbeEvidence``)."""
         self._stale = _stale_counting(self.compiled)
+        self._repeat_signal = self._default is None or policies[self._default].config.stuck_signal == "repeat"
 
     def add_all(self, turns: Iterable[RecordedTurn]) -> RunStats:
         for turn in turns:
@@ -108,10 +109,18 @@ class Calibrator:
         stats.recording.add(turn, cohort)
         stats.survival.add(n, turn.ended_by)
         if turn.cohort == PROBE:
-            stats.probe.add(n, resolved, main, turn.ended_by if at_halt else None,
-                            untold=turn.in_part or turn.cut_short)
+            untold = turn.in_part or turn.cut_short
+            stats.probe.add(n, resolved, main, turn.ended_by if at_halt else None, untold=untold,
+                            facts=None if untold else self._main_facts(turn), repeat_signal=self._repeat_signal)
         elif turn.cohort == LIVE:
             stats.probe.live_turns += 1
+
+    def _main_facts(self, turn: RecordedTurn) -> TurnFacts | None:
+        """The probe turn's counts under the default policy's keys, for its ladders (``evidence.py``)."""
+        if self._default is None:
+            return None
+        keys = self.keys(turn, self.keyers[self.compiled[self._default].config.key_mode])
+        return turn_facts(keys, list(map(_OUTCOME, turn.calls)), cycle_starts(turn))
 
     def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult]]:
         """Each policy's results on ``turn`` by mode (``"unattended"``, ``"attended"``); a mode is
