@@ -442,6 +442,47 @@ def evidence_rows(e: ProbeEvidence, ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
+FRONTIER_HEADERS = (("threshold", "threshold"), ("value", "value"), ("productive halted", "halted"),
+                    ("95%", "interval"), ("extra calls", "extra"), ("decision", "decision"))
+_DECISIONS = {"within": "within", "above": "above", "undecided": "undecided", "no_evidence": "no evidence",
+              "past_cap": "past the probe's limit"}
+
+
+def frontier_rows(found: list[Frontier]) -> list[dict[str, str]]:
+    """The frontier table: for each threshold the values worth reading, the live one and the
+    recommended one marked."""
+    out = []
+    for f in found:
+        for r in f.shown():
+            marks = [m for m, on in (("live", r.value == f.live), ("recommended", r.value == f.recommended)) if on]
+            value = f"{r.value}x" if f.threshold == "backstop" else str(r.value)
+            extra = "-" if not r.extra_calls else f"{r.extra_calls:+,}" + (
+                f" ({r.extra_share:+.1%})" if r.extra_share is not None else "")
+            out.append({"threshold": f.setting, "value": value + (f" ({', '.join(marks)})" if marks else ""),
+                        "halted": f"{r.productive:,} of {r.at_risk:,}" if r.at_risk else "-",
+                        "interval": f"{r.low:.1%}-{r.high:.1%}" if r.at_risk else "-", "extra": extra,
+                        "decision": _DECISIONS[r.decision]})
+    return out
+
+
+def frontier_text(found: list[Frontier], tolerance: float, width: int) -> list[str]:
+    """The frontier table and its key, for the terminal (none without a frontier)."""
+    rows = frontier_rows(found)
+    if not rows:
+        return []
+    header = [h for h, _ in FRONTIER_HEADERS]
+    cells = [[r[key] for _, key in FRONTIER_HEADERS] for r in rows]
+    out = textwrap.wrap("Recommended values (each threshold alone, from the probe turns):", width)
+    out += ["  " + line for line in fit_table(header, cells, width - 2, right=[2, 3, 4], wrap=[0, 1, 5])]
+    return out + textwrap.wrap(
+        "productive halted: of the probe turns the value would halt with a known fate, those that succeeded (a "
+        "turn the probe halted at a limit of its own counts as not productive: its fate past the limit is not "
+        "recorded); 95%: their share's interval (Wilson; with none productive, the exact binomial bound "
+        f"1-0.025^(1/N)); extra calls: what the turns that never resolve burn under the value beyond the live one "
+        f"(and as a share of the fleet's calls); the recommended value is the smallest whose upper bound is below "
+        f"the tolerance of {tolerance:.0%}.", width, initial_indent="  ", subsequent_indent="  ")
+
+
 HEADERS = (("threshold", "threshold"), ("passed", "passed"), ("resolved", "resolved"),
            ("unresolved", "unresolved"), ("censored", "censored"), ("unknown", "unknown"),
            ("95% succeed", "interval"), ("decides", "decides"), ("calls past", "calls_past"))
@@ -473,6 +514,7 @@ def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = DEFAULT_WIDTH,
             "(--tolerance), or how many more probe turns past it with a known fate would decide it, and how long "
             "they take at the observed traffic; calls past: the calls they made past it.", width, initial_indent="  ",
             subsequent_indent="  ")
+    out += frontier_text(frontiers(e, ctx, turns, calls), ctx.tolerance, width)
     for advice in recommendation(e, ctx, turns=turns, calls=calls, default_limits=default_limits):
         out += textwrap.wrap(advice, width, initial_indent="  ", subsequent_indent="    ")
     return out
@@ -495,6 +537,16 @@ def evidence_html(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int 
                          for i, (_, key) in enumerate(HEADERS)) + "</tr>"
         for r in evidence_rows(e, ctx))
     table = f"<table id='probe-evidence'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" if body else ""
+    fronts = frontier_rows(frontiers(e, ctx, turns, calls))
+    fhead = "".join((left[0] if i < 2 else "<th>") + esc(h) + "</th>" for i, (h, _) in enumerate(FRONTIER_HEADERS))
+    fbody = "".join("<tr>" + "".join((left[1] if i < 2 else "<td>") + esc(r[key]) + "</td>"
+                                     for i, (_, key) in enumerate(FRONTIER_HEADERS)) + "</tr>" for r in fronts)
+    frontier = ("<h3 id='recommended'>Recommended values</h3><p>Each threshold alone: of the probe turns a value "
+                "would halt with a known fate, those that succeeded (95% interval: Wilson; with none, the exact "
+                "binomial bound), and the calls the turns that never resolve burn under it beyond the live value. "
+                f"The recommended value is the smallest whose upper bound is below {ctx.tolerance:.0%}.</p>"
+                f"<table id='probe-frontier'><thead><tr>{fhead}</tr></thead><tbody>{fbody}</tbody></table>"
+                if fronts else "")
     advice = "".join(f"<li>{esc(line)}</li>" for line in recommendation(e, ctx, turns=turns, calls=calls,
                                                                          default_limits=default_limits))
     return (f"<h2 id='probe'>Probe evidence</h2><p>{e.turns:,} probe turns ({e.resolved:,} resolved, "
@@ -502,5 +554,5 @@ def evidence_html(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int 
             f"and {e.live_turns:,} live turns, against the default configuration's thresholds. The interval is the "
             "95% Wilson interval of the share of the turns past the threshold that would have succeeded, the turns "
             "the probe's own thresholds halted counted as failures for its low end and as successes for its high end; "
-            f"each row says what it decides against the tolerance of {ctx.tolerance:.0%}.</p>{table}"
+            f"each row says what it decides against the tolerance of {ctx.tolerance:.0%}.</p>{table}{frontier}"
             f"<ul id='probe-advice'>{advice}</ul>")

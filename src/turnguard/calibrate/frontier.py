@@ -188,7 +188,7 @@ def sentence(f: Frontier, tolerance: float) -> str:
         return f"{name}: no probe turn with a known fate would be halted by any value of it: nothing to recommend yet."
     if f.recommended is not None:
         r = f.rungs[f.recommended - 1]
-        v = _value_text(t, r.value)
+        v = str(r.value)
         if r.productive:
             spared = (f"it halts {r.productive:,} of the {r.at_risk:,} probe turns {_what(t, r.value)} that succeeded "
                       f"({r.productive / r.at_risk:.1%}; {_bound(r)})")
