@@ -168,9 +168,9 @@ def test_the_backstop_advice_stops_asking_to_raise_the_probes_cap_once_within(pl
 
 
 def test_the_reports_show_the_frontier_table(planted):
-    _, _, probe, text, html = planted
-    assert "Recommended values" in text and "recommended)" in text
-    assert "<table id='probe-frontier'>" in html and "recommended" in html
+    design, _, probe, text, html = planted
+    assert "Recommended values" in text and ("(keep)" if design.right else "(set)") in text
+    assert "<table id='probe-frontier'>" in html and ("(keep)" if design.right else "(set)") in html
     rows = probe["frontier"]["backstop"]["rows"]
     assert [r["value"] for r in rows] == sorted(r["value"] for r in rows)
     assert all(set(r) == {"value", "at_risk", "productive", "unknown", "interval", "extra_calls", "extra_share",

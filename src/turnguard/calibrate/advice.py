@@ -444,6 +444,7 @@ def evidence_rows(e: ProbeEvidence, ctx: Context) -> list[dict[str, Any]]:
 
 FRONTIER_HEADERS = (("threshold", "threshold"), ("value", "value"), ("productive halted", "halted"),
                     ("95%", "interval"), ("extra calls", "extra"), ("decision", "decision"))
+_LABELS = {"backstop": "backstop", "stuck": "D", "streak": "streak stop"}
 _DECISIONS = {"within": "within", "above": "above", "undecided": "undecided", "no_evidence": "no evidence",
               "past_cap": "past the probe's limit"}
 
@@ -454,11 +455,12 @@ def frontier_rows(found: list[Frontier]) -> list[dict[str, str]]:
     out = []
     for f in found:
         for r in f.shown():
-            marks = [m for m, on in (("live", r.value == f.live), ("recommended", r.value == f.recommended)) if on]
+            mark = " (keep)" if r.value == f.live == f.recommended else " (live)" if r.value == f.live else \
+                " (set)" if r.value == f.recommended else ""
             value = f"{r.value}x" if f.threshold == "backstop" else str(r.value)
             extra = "-" if not r.extra_calls else f"{r.extra_calls:+,}" + (
                 f" ({r.extra_share:+.1%})" if r.extra_share is not None else "")
-            out.append({"threshold": f.setting, "value": value + (f" ({', '.join(marks)})" if marks else ""),
+            out.append({"threshold": _LABELS[f.threshold], "value": value + mark,
                         "halted": f"{r.productive:,} of {r.at_risk:,}" if r.at_risk else "-",
                         "interval": f"{r.low:.1%}-{r.high:.1%}" if r.at_risk else "-", "extra": extra,
                         "decision": _DECISIONS[r.decision]})
@@ -473,9 +475,10 @@ def frontier_text(found: list[Frontier], tolerance: float, width: int) -> list[s
     header = [h for h, _ in FRONTIER_HEADERS]
     cells = [[r[key] for _, key in FRONTIER_HEADERS] for r in rows]
     out = textwrap.wrap("Recommended values (each threshold alone, from the probe turns):", width)
-    out += ["  " + line for line in fit_table(header, cells, width - 2, right=[2, 3, 4], wrap=[0, 1, 5])]
+    out += ["  " + line for line in fit_table(header, cells, width - 2, right=[2, 3, 4], wrap=[0, 1, 3, 4, 5])]
     return out + textwrap.wrap(
-        "productive halted: of the probe turns the value would halt with a known fate, those that succeeded (a "
+        "(live): the live value; (set): the recommended one; (keep): both. productive halted: of the probe turns "
+        "the value would halt with a known fate, those that succeeded (a "
         "turn the probe halted at a limit of its own counts as not productive: its fate past the limit is not "
         "recorded); 95%: their share's interval (Wilson; with none productive, the exact binomial bound "
         f"1-0.025^(1/N)); extra calls: what the turns that never resolve burn under the value beyond the live one "

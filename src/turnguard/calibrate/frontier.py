@@ -217,6 +217,6 @@ def sentence(f: Frontier, tolerance: float) -> str:
     if t == "backstop" or (f.horizon is not None and last.value + 1 >= f.horizon):
         cap = _value_text(t, f.horizon if f.horizon else last.value)
         return f"{said}; raise the probe's own limit to see past {cap}."
-    more = "; or try stuck_signal='stale_repeat' (it spares edit-and-rerun)" if t == "stuck" else ""
+    more = "; or try stuck_signal='stale_repeat' (it spares turns that edit and rerun a test)" if t == "stuck" else ""
     return (f"{said}, and none reaching more with a known fate: {name} = {last.value + 1} or more spares them, "
             f"but the probe cannot yet say what it would halt{more}.")
