@@ -13,16 +13,18 @@ own: censored) the calls they would make under each value, so that for any value
   recorded, and no value past that limit is judged);
 - the share has a 95% interval: the Wilson interval, except with no productive turn among ``N``
   at risk, where it is the exact binomial (Clopper-Pearson) bound ``1 - 0.025^(1/N)`` (about
-  ``3.7/N``; the one-sided ``3/N`` rule would be a 95% one-sided bound, looser than the rest);
+  ``3.7/N``; the ``3/N`` rule is a one-sided 95% bound, a 90% two-sided one: less strict than the rest);
 - the cost is the calls the never-resolving turns would burn between the live value and ``v``
   (negative: calls saved), as a share of the fleet's calls at the probe's per-turn rate.
 
-The recommended value is the smallest whose upper bound is below ``--tolerance``; when it is the
-live value, "keep". Everything is a histogram keyed by value, so partial runs merge exactly.
+The recommended value is the smallest above 1 whose upper bound is below ``--tolerance`` (a value
+of 1 halts every turn past S, or at its first failure: never a setting); when it is the live value,
+"keep". Everything is a histogram keyed by value (``ladder.py``), so partial runs merge exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -142,7 +144,7 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
         rungs.append(Rung(v, n, fates["resolved"], fates["unknown"], low, high, extra, scale.share(extra), decision))
     recommended = next((r.value for r in rungs if r.decision == "within" and r.value > 1), None)
     f = Frontier(threshold, SETTINGS[threshold], live, recommended, tuple(rungs), "", horizon)
-    return Frontier(threshold, f.setting, live, recommended, f.rungs, sentence(f, tolerance), horizon)
+    return dataclasses.replace(f, sentence=sentence(f, tolerance))
 
 
 def _what(threshold: str, v: int) -> str:
@@ -183,22 +185,32 @@ def _bound(r: Rung) -> str:
 
 def sentence(f: Frontier, tolerance: float) -> str:
     """The frontier in one plain sentence."""
-    name, t = f.setting, f.threshold
     if not any(r.at_risk for r in f.rungs):
-        return f"{name}: no probe turn with a known fate would be halted by any value of it: nothing to recommend yet."
+        return (f"{f.setting}: no probe turn with a known fate would be halted by any value of it: nothing to "
+                "recommend yet.")
     if f.recommended is not None:
-        r = f.rungs[f.recommended - 1]
-        v = str(r.value)
-        if r.productive:
-            spared = (f"it halts {r.productive:,} of the {r.at_risk:,} probe turns {_what(t, r.value)} that succeeded "
-                      f"({r.productive / r.at_risk:.1%}; {_bound(r)})")
-        else:
-            longest = f"; {_longest(t, r.value - 1)}" if f.rungs[r.value - 2].productive and r.value > 1 else ""
-            spared = (f"it spares every productive turn the probe saw (0 of {r.at_risk:,} {_what(t, r.value)}; "
-                      f"{_bound(r)}{longest})")
-        if r.value == f.live:
-            return f"keep {name} = {v}: {spared}."
-        return f"set {name} = {v}: {spared} and {_cost(r)}."
+        return _recommended(f, f.rungs[f.recommended - 1])
+    return _none_within(f, tolerance)
+
+
+def _recommended(f: Frontier, r: Rung) -> str:
+    """Keep or set the recommended value ``r``: what it spares (or halts) and costs."""
+    t = f.threshold
+    if r.productive:
+        spared = (f"it halts {r.productive:,} of the {r.at_risk:,} probe turns {_what(t, r.value)} that succeeded "
+                  f"({r.productive / r.at_risk:.1%}; {_bound(r)})")
+    else:
+        longest = f"; {_longest(t, r.value - 1)}" if r.value > 1 and f.rungs[r.value - 2].productive else ""
+        spared = (f"it spares every productive turn the probe saw (0 of {r.at_risk:,} {_what(t, r.value)}; "
+                  f"{_bound(r)}{longest})")
+    if r.value == f.live:
+        return f"keep {f.setting} = {r.value}: {spared}."
+    return f"set {f.setting} = {r.value}: {spared} and {_cost(r)}."
+
+
+def _none_within(f: Frontier, tolerance: float) -> str:
+    """Why no value is within the tolerance, and what would make one."""
+    name, t = f.setting, f.threshold
     judged = [r for r in f.rungs if r.at_risk and r.decision != "past_cap"]
     if not judged:
         cap = f" ({_value_text(t, f.horizon)})" if f.horizon else ""
@@ -207,10 +219,10 @@ def sentence(f: Frontier, tolerance: float) -> str:
     last = judged[-1]
     zero = next((r for r in judged if not r.productive), None)
     if zero is not None:
-        need = turns_for_zero(tolerance)
+        longest = f"{_longest(t, zero.value - 1)}; " if zero.value > 1 else ""
         return (f"no value of {name} is within the tolerance of {tolerance:.0%} yet: the probe saw no productive "
-                f"turn {_what(t, zero.value)} ({_longest(t, zero.value - 1)}; 0 of {zero.at_risk:,}; "
-                f"{_bound(zero)}); about {need:,} turns at risk there with none productive would bring the bound "
+                f"turn {_what(t, zero.value)} ({longest}0 of {zero.at_risk:,}; {_bound(zero)}); about "
+                f"{turns_for_zero(tolerance):,} turns at risk there with none productive would bring the bound "
                 f"under {tolerance:.0%}: let the probe run.")
     said = (f"no value of {name} up to {_value_text(t, last.value)} is within the tolerance of {tolerance:.0%}: the "
             f"probe saw productive turns {_what(t, last.value)} ({last.productive:,} of {last.at_risk:,})")

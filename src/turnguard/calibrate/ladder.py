@@ -68,10 +68,9 @@ class Ladder:
     def from_json(cls, data: Any) -> Ladder:
         if not isinstance(data, dict):
             raise ValueError("a probe ladder must be an object")
-        ladder = cls({f: histogram(data.get(f, {}), f"ladder {f}", _value) for f in FATES},
-                     histogram(data.get("halt_calls", {}), "ladder halt_calls", _value),
-                     histogram(data.get("end_calls", {}), "ladder end_calls", _value))
-        return ladder
+        return cls({f: histogram(data.get(f, {}), f"ladder {f}", _value) for f in FATES},
+                   histogram(data.get("halt_calls", {}), "ladder halt_calls", _value),
+                   histogram(data.get("end_calls", {}), "ladder end_calls", _value))
 
 
 def _value(key: Any) -> int:
