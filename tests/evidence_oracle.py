@@ -197,15 +197,21 @@ def threshold_table(facts: Iterable[ProbeFact], thresholds: Sequence[str], toler
     return table
 
 
-def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: int) -> dict[str, dict[str, float]]:
-    """Column -> row (k) -> value, as the "probe turns past k×S" table must show them."""
+def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: int,
+               tolerance: float = 0.1) -> dict[str, dict[str, float]]:
+    """Column -> row (k) -> value, as the "probe turns past k×S" table must show them (its frontier
+    columns: calibrate's ``frontier.upper_bound`` of the productive turns seen, against ``tolerance``)."""
+    from turnguard.calibrate.frontier import upper_bound
+
     table: dict[str, dict[str, float]] = {}
     facts = list(facts)
     for k in multiples:
         rows = [f for f in facts if f.calls > k * soft_cap]
         row = passed(rows)
+        high = upper_bound(row.resolved, row.known)[1] if row.known else math.nan
         values = {"turns": len(rows), "resolved": row.resolved, "unresolved": row.unresolved,
-                  "censored": row.censored, "unknown": row.unknown}
+                  "censored": row.censored, "unknown": row.unknown, "productive seen, 95% high": high,
+                  "backstop here spares them": float(high < tolerance) if row.known else math.nan}
         for column, value in values.items():
             table.setdefault(column, {})[str(k)] = value
     return table

@@ -199,6 +199,25 @@ def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
     }
 
 
+EXACT_TWO_SIDED = 0.025
+"""The exact binomial bound with no productive turn among N at risk, ``1 - 0.025^(1/N)`` (two-sided
+95%, calibrate's ``frontier.ALPHA_HALF``)."""
+
+
+def productive_high(resolved: str, known: str) -> str:
+    """The 95% upper bound of the productive share the probe *saw* (the censored turns counted as
+    not productive: calibrate's frontier rule): the exact binomial bound with none resolved, else
+    Wilson's high end (NaN with no fate known)."""
+    exact = f"((1 - {EXACT_TWO_SIDED!r} ^ (1 / {known})) and ({resolved} == 0))"
+    return f"(({exact} or {wilson_high(resolved, known)}) * ({known} / {known}))"
+
+
+def within_seen(resolved: str, known: str, tolerance: str = TOLERANCE) -> str:
+    """1 where that bound is under the tolerance (a backstop here spares the productive turns the
+    probe saw), 0 where it is not, NaN with no fate known."""
+    return f"(({productive_high(resolved, known)} < bool {tolerance}) / ({known} / {known}))"
+
+
 PROBE_COLUMN_UNITS = {"resolved share": "percentunit", "95% low": "percentunit", "95% high": "percentunit",
                       "time at this rate": "s"}
 """The probe table's columns that are not counts."""
