@@ -79,7 +79,7 @@ def finished_by(turns: Iterable[tuple[int, bool]], edges: Sequence[float], start
         finished = sum(1 for calls, completed in turns if completed and low < calls <= high)
         at_risk = beyond + finished
         if at_risk == 0:
-            return math.nan
+            return 1.0 if survival == 0 else math.nan  # after every turn at risk finished, S stays 0
         survival *= 1 - finished / at_risk
     return 1 - survival
 
@@ -103,7 +103,8 @@ def survival_row(turns: Iterable[tuple[int, bool]], edges: Sequence[float], star
         finished = sum(1 for calls, completed in turns if completed and low < calls <= high)
         at_risk = beyond + finished
         if at_risk == 0:
-            survival = math.nan
+            if survival != 0:  # after every turn at risk finished, S stays 0
+                survival = math.nan
             break
         survival *= 1 - finished / at_risk
         greenwood += finished / (at_risk * beyond) if beyond else math.inf

@@ -453,7 +453,7 @@ def interval_beside_share_rule(board):
     return problems
 
 
-PRODUCT_LIMIT = "1 - exp(-sum(ln("
+PRODUCT_LIMIT = "1 - exp(-(max(ln("
 SURVIVAL_COLUMNS = ("95% low", "95% high", "at risk past the backstop")
 
 

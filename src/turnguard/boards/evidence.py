@@ -296,16 +296,19 @@ def _km_parts(cap: CapSettings, k: int) -> tuple[str, str]:
 
 def _hazard(cap: CapSettings, k: int) -> str:
     """``L = -ln(S(k×S)/S(H)) = sum(ln(1 + finished / beyond))`` over the buckets: 0 when no turn
-    finished there, +Inf when every turn at risk in some bucket did, NaN when a bucket had none at risk."""
+    finished there, +Inf when every turn at risk in some bucket did (the buckets after it, with none
+    at risk, change nothing: S is 0 from there on, as calibrate's estimate has it), NaN when a
+    bucket had none at risk before any such (``max`` of the terms passes over NaN)."""
     finished, beyond = _km_parts(cap, k)
-    return f"sum(ln(1 + {finished} / {beyond}))"
+    terms = f"ln(1 + {finished} / {beyond})"
+    return f"(max({terms}) == Inf or sum({terms}))"
 
 
 def finished_by(cap: CapSettings, k: int) -> str:
     """``1 - S(k×S) / S(H)``: of the turns that reach the backstop H, the share that would finish by
     k×S calls, from the ``fates`` record's buckets between H and k×S (NaN where not estimable: no
     turn seen that far, or k×S past the probe's cap, where a bucket the cap splits would read as
-    every turn in it finishing).
+    every turn in it finishing; 1 where every turn at risk finished before k×S, as in calibrate).
 
     Per bucket (e', e] past H: ``beyond`` = turns seen past e, ``finished`` = turns that completed in
     it; the turns at risk in it are both (the ones censored in it left at its start), and
