@@ -133,7 +133,10 @@ def test_a_recorded_digest_that_reads_as_a_number_is_a_digest_not_arguments(flee
     assert [c["args"] for c in numbers["calls"]] == digests
     one = fleet["lines"].parent.parent / "numbers" / "in.jsonl"
     one.parent.mkdir(exist_ok=True)
-    one.write_text(json.dumps(numbers) + "\n")
+    checked = {**numbers, "id": "checked", "calls": [{**c, "cycle": 1} for c in numbers["calls"]]}  # the long path
+    one.write_text(json.dumps(numbers) + "\n" + json.dumps(checked) + "\n")
+    for turn in read_turns([one], pytest.fail):
+        assert [c.digest for c in turn.calls] == digests and {c.args for c in turn.calls} == {None}, turn.id
     result, _ = run(one, fleet["live"])
     d3 = [p["unattended"]["halted"] for p in result["policies"] if p["params"]["stuck_repeat"] == 3]
     assert d3 and set(d3) == {0}

@@ -274,7 +274,15 @@ def _corpus_call(raw: Any, digests: bool = False) -> RecordedCall | str:
     result = raw.get("result")
     if result is not None and not short_text(result):
         return f"'result' must be a digest (text of at most {MAX_ID_LENGTH} characters) or null, got {shown(result)}"
-    args = raw.get("args")
-    if digest is None and digests and type(args) is str:
-        return RecordedCall(tool, None, args, outcome, cycle, result)
-    return RecordedCall(tool, args if digest is None else None, digest, outcome, cycle, result)
+    args, digest = _identity(raw.get("args"), digest, digests)
+    return RecordedCall(tool, args, digest, outcome, cycle, result)
+
+
+def _identity(args: Any, digest: str | None, digests: bool) -> tuple[Any, str | None]:
+    """A call's ``(args, digest)``: a given digest wins; with ``digests`` (``digests_in_args``)
+    text ``args`` is the digest."""
+    if digest is not None:
+        return None, digest
+    if digests and type(args) is str:
+        return None, args
+    return args, None
