@@ -907,7 +907,8 @@ class Ledger:
 
         The facts must not depend on the difference: ``max_tracked_keys``, ``stuck_signal`` and
         ``streak_stop_on`` must be equal, and ``stuck_repeat_threshold`` equal or not yet reached
-        under either value. Raises ``ValueError`` otherwise.
+        under either value; a ledger without cycle runs (``cycle_repeat`` off) forks into one that
+        keeps them only before its first call. Raises ``ValueError`` otherwise.
         """
         stuck = config.stuck_repeat_threshold
         reached = self._max_stale if self._stale else self._max_repeat
@@ -918,10 +919,11 @@ class Ledger:
             or (stuck != self._stuck_at and reached >= min(stuck, self._stuck_at))
             or frozenset(config.stateful_tools) != self._stateful
             or frozenset(config.streak_exempt_tools) != self._exempt
+            or (self._cyc is None and self._seq and (config.cycle_repeat_warn_at or config.cycle_repeat_stop_at))
         ):
             raise ValueError(
                 "fork(): the facts so far depend on stuck_repeat_threshold, stuck_signal, streak_stop_on, "
-                "max_tracked_keys, stateful_tools or streak_exempt_tools"
+                "max_tracked_keys, stateful_tools, streak_exempt_tools or cycle_repeat (kept only where it is on)"
             )
         twin = Ledger(
             config,
@@ -1807,10 +1809,19 @@ class CyclingLedger(Ledger):
         cyc.next = self._seq + 1
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
+        """``Ledger.fork``, the cycle runs carried (their levels those of ``config``); a ``ValueError``
+        where ``config`` looks for other periods and calls were seen."""
+        cyc = self._cyc
+        on = config.cycle_repeat_warn_at or config.cycle_repeat_stop_at
+        if on and config.cycle_repeat_max_period != cyc.period and (cyc.filled or cyc.keys or cyc.early):
+            raise ValueError("fork(): the cycle runs so far depend on cycle_repeat_max_period")
         twin = super().fork(config, promptable=promptable)
-        if twin._cyc is not None and config.cycle_repeat_max_period == self._cyc.period:
-            twin._cyc = self._cyc.copy()
-            twin._cyc.warn, twin._cyc.stop = config.cycle_repeat_warn_at - 1, config.cycle_repeat_stop_at - 1
+        if twin._cyc is not None:
+            if config.cycle_repeat_max_period == cyc.period:
+                twin._cyc = cyc.copy()
+                twin._cyc.warn, twin._cyc.stop = config.cycle_repeat_warn_at - 1, config.cycle_repeat_stop_at - 1
+            else:
+                twin._cyc.next = cyc.next  # (no call seen: nothing else to carry)
         return twin
 
     def state(self) -> dict[str, Any]:

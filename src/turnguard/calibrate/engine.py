@@ -390,7 +390,8 @@ class _TurnReplays:
 
     def _prefix_ledger(self, g: _Group) -> Ledger | None:
         """A ledger holding the calls before the group's first check, forked from a prefix shared
-        per keying and per setting the ledger's facts depend on (``Ledger.fork``); ``None``: the
+        per keying and per setting the ledger's facts depend on (``Ledger.fork``; ``cycle_repeat``'s
+        period, where it is on: its cycle runs); ``None``: the
         replay counts from the first call. A stuck threshold not reached before the fork shapes no
         fact there: those share a prefix whose threshold is never reached (``Ledger.fork`` refuses
         a wrong fork)."""
@@ -401,8 +402,9 @@ class _TurnReplays:
         stuck = config.stuck_repeat_threshold
         reach = facts.reach_repeat
         reached = stuck <= len(reach) and reach[stuck - 1] < first
+        cycling = config.cycle_repeat_max_period if config.cycle_repeat_warn_at or config.cycle_repeat_stop_at else 0
         where = (id(keys), stuck if reached else 0, config.max_tracked_keys, config.stuck_signal,
-                 config.streak_stop_on)
+                 config.streak_stop_on, cycling)
         prefix = self.prefixes.get(where)
         if prefix is None:
             prefix = self.prefixes[where] = SharedPrefix(config if reached else g.policy.prefix_config, self.turn,
