@@ -318,6 +318,7 @@ def threshold_row_names(cap: CapSettings) -> dict[str, str]:
     live = {Threshold.HARD_BACKSTOP: f"backstop ({cap.hard_multiplier:g}×S = {cap.hard_cap} calls)",
             Threshold.SOFT_STUCK: f"stuck (D = {cap.stuck_repeat_threshold} repeats past S)",
             Threshold.STREAK: f"streak stop ({cap.streak_stop_at} identical failures)",
+            Threshold.CYCLE_REPEAT: f"cycle repeat stop ({cap.cycle_repeat_stop_at} repetitions of a cycle)",
             Threshold.CYCLE_CAP: "cycle cap", Threshold.EXPLICIT: "explicit cap"}
     names = {}
     for threshold in cap.thresholds:
