@@ -1654,7 +1654,7 @@ class CycleRuns:
 
     ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
 
-    __slots__ = ("due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs", "stop", "warn")
+    __slots__ = ("_levels", "_stop", "_warn", "due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs")
 
     def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
         self.period = period
@@ -1668,6 +1668,29 @@ class CycleRuns:
         """Checked calls waiting to settle: (digest, stateful); a ``None`` digest takes no part."""
         self.early: dict[int, tuple[Outcome, bytes | None]] = {}
         self.due: tuple[Level, int, int] | None = None
+
+    @property
+    def warn(self) -> int:
+        return self._warn
+
+    @warn.setter
+    def warn(self, value: int) -> None:
+        self._warn = value
+        self._levels = self._level_runs()
+
+    @property
+    def stop(self) -> int:
+        return self._stop
+
+    @stop.setter
+    def stop(self, value: int) -> None:
+        self._stop = value
+        self._levels = self._level_runs()
+
+    def _level_runs(self) -> tuple[frozenset[int], ...]:
+        """By period ``k``: the run lengths at which a level is reached (``warn * k``, ``stop * k``)."""
+        warn, stop = getattr(self, "_warn", -1), getattr(self, "_stop", -1)
+        return tuple(frozenset(n * k for n in (warn, stop) if n > 0) for k in range(self.period + 1))
 
     def checked(self, seq: int, digest: bytes | None, stateful: bool) -> None:
         if not self.keys and not self.early:
@@ -1696,16 +1719,30 @@ class CycleRuns:
             return
         key = digest + result if stateful and result is not None else digest
         ring, period, pos, runs = self.ring, self.period, self.pos, self.runs
-        for k in range(1, self.filled + 1):
-            runs[k] = runs[k] + 1 if ring[pos - k] == key else 0
-        ring[pos] = key
+        filled = self.filled
         self.pos = pos + 1 if pos + 1 < period else 0
-        if self.filled < period:
-            self.filled += 1
-        warn, stop = self.warn, self.stop
+        if filled < period:
+            self.filled = filled + 1
+        if key not in ring:  # (most calls: none of the last ``period`` is this one; a scan in C says so)
+            ring[pos] = key
+            if any(runs):
+                runs[:] = [0] * len(runs)
+            return
+        reached = False
+        levels = self._levels
+        for k in range(1, filled + 1):
+            if ring[pos - k] == key:
+                r = runs[k] = runs[k] + 1
+                reached = reached or r in levels[k]
+            else:
+                runs[k] = 0
+        ring[pos] = key
+        if not reached:
+            return
+        stop = self.stop
         for k in range(2, period + 1):
             r = runs[k]
-            if r and (r == warn * k or r == stop * k) and not any(runs[d] >= r for d in range(1, k) if not k % d):
+            if r in levels[k] and not any(runs[d] >= r for d in range(1, k) if not k % d):
                 level = Level.STOP if r == stop * k else Level.WARN
                 if self.due is None or level is Level.STOP:
                     self.due = (level, k, r)
@@ -1774,8 +1811,11 @@ class CyclingLedger(Ledger):
                               config.cycle_repeat_stop_at, self._seq + 1)
 
     def count_call(self, digest: bytes, tool_name: str) -> int:
-        seq = super().count_call(digest, tool_name)
-        self._cyc.checked(seq, None if tool_name in self._exempt else digest, False)
+        seq = Ledger.count_call(self, digest, tool_name)
+        keys = self._cyc.keys
+        if not keys:
+            self._cyc.next = seq  # (CycleRuns.checked, inlined: this is every call's path)
+        keys[seq] = (None if tool_name in self._exempt else digest, False)
         return seq
 
     def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
@@ -1790,8 +1830,13 @@ class CyclingLedger(Ledger):
     def record_outcome(self, seq: int, outcome: Outcome) -> bool | None:
         cyc = self._cyc
         # (a stateful call's outcome is settled by record_polled, with its result, before it comes here)
-        due = cyc.settle(seq, outcome) if seq in cyc.keys and seq not in cyc.early else False
-        return super().record_outcome(seq, outcome) or due
+        if seq == cyc.next and not cyc.early and seq in cyc.keys:  # in check order: settle, inlined
+            cyc.due = None
+            cyc._count(seq, outcome, None)
+            due = cyc.due is not None
+        else:
+            due = cyc.settle(seq, outcome) if seq in cyc.keys and seq not in cyc.early else False
+        return Ledger.record_outcome(self, seq, outcome) or due
 
     def abandon(self, seq: int) -> None:
         self._cyc.settle(seq, _ABANDONED)
