@@ -1737,10 +1737,14 @@ class CycleRuns:
             else:
                 runs[k] = 0
         ring[pos] = key
-        if not reached:
-            return
-        stop = self.stop
-        for k in range(2, period + 1):
+        if reached:
+            self._reach()
+
+    def _reach(self) -> None:
+        """Name the level a cycle just reached: the shortest period whose run is not a shorter
+        period's (a period-4 run of A,B,A,B is the period-2 cycle's), a stop over a warning."""
+        runs, levels, stop = self.runs, self._levels, self.stop
+        for k in range(2, self.period + 1):
             r = runs[k]
             if r in levels[k] and not any(runs[d] >= r for d in range(1, k) if not k % d):
                 level = Level.STOP if r == stop * k else Level.WARN
