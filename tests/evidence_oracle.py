@@ -79,7 +79,7 @@ def finished_by(turns: Iterable[tuple[int, bool]], edges: Sequence[float], start
         finished = sum(1 for calls, completed in turns if completed and low < calls <= high)
         at_risk = beyond + finished
         if at_risk == 0:
-            return math.nan
+            return 1.0 if survival == 0 else math.nan  # after every turn at risk finished, S stays 0
         survival *= 1 - finished / at_risk
     return 1 - survival
 
@@ -103,7 +103,8 @@ def survival_row(turns: Iterable[tuple[int, bool]], edges: Sequence[float], star
         finished = sum(1 for calls, completed in turns if completed and low < calls <= high)
         at_risk = beyond + finished
         if at_risk == 0:
-            survival = math.nan
+            if survival != 0:  # after every turn at risk finished, S stays 0
+                survival = math.nan
             break
         survival *= 1 - finished / at_risk
         greenwood += finished / (at_risk * beyond) if beyond else math.inf
@@ -197,15 +198,21 @@ def threshold_table(facts: Iterable[ProbeFact], thresholds: Sequence[str], toler
     return table
 
 
-def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: int) -> dict[str, dict[str, float]]:
-    """Column -> row (k) -> value, as the "probe turns past k×S" table must show them."""
+def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: int,
+               tolerance: float = 0.1) -> dict[str, dict[str, float]]:
+    """Column -> row (k) -> value, as the "probe turns past k×S" table must show them (its frontier
+    columns: calibrate's ``frontier.upper_bound`` of the productive turns seen, against ``tolerance``)."""
+    from turnguard.calibrate.frontier import upper_bound
+
     table: dict[str, dict[str, float]] = {}
     facts = list(facts)
     for k in multiples:
         rows = [f for f in facts if f.calls > k * soft_cap]
         row = passed(rows)
+        high = upper_bound(row.resolved, row.known)[1] if row.known else math.nan
         values = {"turns": len(rows), "resolved": row.resolved, "unresolved": row.unresolved,
-                  "censored": row.censored, "unknown": row.unknown}
+                  "censored": row.censored, "unknown": row.unknown, "productive seen, 95% high": high,
+                  "backstop here spares them": float(high < tolerance) if row.known else math.nan}
         for column, value in values.items():
             table.setdefault(column, {})[str(k)] = value
     return table

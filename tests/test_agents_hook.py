@@ -285,6 +285,29 @@ def test_explicit_cap_from_the_configuration_in_the_events_cwd(
     run_to_cap(s, 20, outcomes=False)
 
 
+# -- 2b. alternating loops (cycle_repeat) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_an_alternating_loop_halts_with_the_cycle_repeat_reason(agent: str, env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    """Two calls alternating with unchanged results: the hook reports ``cycle_repeat`` like any
+    threshold, at the outcome of call 16 (the 8th repetition of the cycle), with its reason."""
+    env.update(TURNGUARD_CYCLE_REPEAT_WARN_AT="5", TURNGUARD_CYCLE_REPEAT_STOP_AT="8")
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for n in range(1, 16):
+        step = s.call("git status" if n % 2 else "git diff", failed=False, output="clean")
+        assert all(is_allow(a) for a in step.answers()), (n, step)
+    step = s.call("git diff", failed=False, output="clean")
+    assert outcome_halts(agent, step), step
+    assert "repeat a cycle of 2 identical calls 8 times (cycle_repeat_stop_at=8)" in json.dumps(step.post.output)
+    assert check_halts(agent, s.check("git status")), "every later call of a halted turn is denied"
+    s.stop()
+    line = only_line(env)
+    assert (line["ended_by"], line["tool_calls"]) == ("cycle_repeat", 16)
+
+
 # -- 3. distinct calls ------------------------------------------------------------------------------------
 
 

@@ -238,6 +238,7 @@ def test_the_output_check_keeps_an_existing_file_until_the_new_one_is_written(
     ["--max-line-bytes", "0"], ["--max-line-bytes", "1" + "0" * 30], ["--max-line-bytes", "-5"],
     ["--soft-caps", "1" + "0" * 30], ["--soft-caps", "1" * 5000], ["--explicit-caps", "1" + "0" * 30],
     ["--cycle-caps", "1" + "0" * 30], ["--streaks", "1" + "0" * 30 + ":" + "1" + "0" * 30],
+    ["--cycle-repeats", "1" + "0" * 30],
     ["--multipliers", "1e308"], ["--multipliers", "inf"], ["--multipliers", "nan"], ["--stuck-repeats", "-3"],
     ["--soft-caps", ",".join(map(str, range(1, 80))), "--multipliers", ",".join(map(str, range(1, 30))), "--cross"],
 ])

@@ -9,6 +9,7 @@ import random
 import pytest
 
 import turnguard as tg
+from alternating_turns import alternating_turn
 from synthetic import SMALL, records
 from turnguard.calibrate.corpus import corpus_turn
 from turnguard.calibrate.engine import Calibrator
@@ -51,6 +52,30 @@ def test_grouped_run_equals_replaying_every_policy_on_every_turn(grid: str) -> N
     data.pop("replays")
     assert data == figures(policies, sample, group=False)
     assert sum(p["unattended"]["halted"] > 0 for p in data["policies"]) > len(policies) // 2
+
+
+def test_grouped_run_equals_replaying_every_policy_with_cycle_repeat_rows() -> None:
+    """``cycle_repeat``'s rows (other levels, periods, attended warnings, reminders) group, skip
+    and fork from shared prefixes without changing a figure, on turns full of alternating loops."""
+    spec = GridSpec(soft_caps=(8, 100), multipliers=(3,), stuck_repeats=(4,), streaks=((3, 5), (5, 8)),
+                    explicit_caps=(20,), cycle_repeats=((2, 3), (3, 5), (5, 8), (0, 4), (0, 0)), peers=False,
+                    stop_on=("error",), key_modes=("canonical", "bytes"))
+    base = spec.base
+    policies = [*build_grid(spec),
+                Policy("period 3", base.replace(cycle_repeat_warn_at=3, cycle_repeat_stop_at=5,
+                                                cycle_repeat_max_period=3)),
+                Policy("reminding", base.replace(cycle_repeat_warn_at=3, cycle_repeat_stop_at=5, remind_model=True)),
+                Policy("stateful", base.replace(cycle_repeat_warn_at=3, cycle_repeat_stop_at=5,
+                                                stateful_tools=("read",)))]
+    rng = random.Random(4)
+    sample = [*(alternating_turn(rng, n) for n in range(120)), *turns(40, seed=2)]
+    grouped = Calibrator(policies, group=True)
+    grouped.add_all(sample)
+    data = grouped.stats.to_json()
+    data.pop("replays")
+    assert data == figures(policies, sample, group=False)
+    halted = {p["name"]: p["unattended"]["by_threshold"].get("cycle_repeat", 0) for p in data["policies"]}
+    assert halted["cycle repeat 2/3"] > halted["cycle repeat 5/8"] > 0 and halted["default"] == 0
 
 
 def test_signature_none_means_the_policy_cannot_fire() -> None:

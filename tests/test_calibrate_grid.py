@@ -43,13 +43,27 @@ def test_default_grid_holds_the_seeds_values_the_multipliers_and_the_peers() -> 
 def test_cross_grid_is_the_full_product_and_keeps_every_policy_valid() -> None:
     spec = GridSpec(soft_caps=(10, 100), multipliers=(2, 10), stuck_repeats=(6,), streaks=((5, 8), (3, 5)),
                     explicit_caps=(50,), cycle_caps=(0,), key_modes=("canonical", "bytes"), stuck_signals=("repeat",),
-                    stop_on=("error",), peers=False, cross=True)
+                    stop_on=("error",), cycle_repeats=(), peers=False, cross=True)
     policies = build_grid(spec)
     assert len(policies) == 2 * 2 * 2 * 2 + 2 * 2  # adaptive product + explicit x streaks x keys
     axes = {(c.soft_cap, c.hard_multiplier, (c.streak_warn_at, c.streak_stop_at), c.key_mode)
             for c in (p.config for p in policies) if c.cap_mode == "adaptive"}
     assert axes == set(itertools.product(spec.soft_caps, spec.multipliers, spec.streaks, spec.key_modes))
     assert len({p.name for p in policies}) == len(policies)
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["axes", "cross"])
+def test_cycle_repeat_has_a_row_per_stop_value_around_the_default(cross: bool) -> None:
+    spec = GridSpec(soft_caps=(100,), multipliers=(10,), stuck_repeats=(6,), streaks=((5, 8),), explicit_caps=(),
+                    key_modes=("canonical",), stuck_signals=("repeat",), stop_on=("error",), peers=False, cross=cross)
+    policies = build_grid(spec)
+    rows = {(p.config.cycle_repeat_warn_at, p.config.cycle_repeat_stop_at): p for p in policies}
+    assert set(rows) == {(5, 6), (5, 8), (5, 10), (0, 0)}
+    assert rows[(0, 0)].is_default
+    assert rows[(5, 8)].name == "cycle repeat 5/8" and rows[(5, 8)].describe()["cycle_repeat"] == "5/8"
+    assert {p.config.replace(cycle_repeat_warn_at=0, cycle_repeat_stop_at=0) for p in policies} == {
+        policies[0].config}, "cycle_repeat varies alone"
+    assert len(policies) <= spec.size
 
 
 def test_a_base_configuration_moves_the_default() -> None:
@@ -84,7 +98,7 @@ def test_stateful_tools_lists_parse_and_each_is_a_row_of_its_own():
         with pytest.raises(ValueError, match="'none' for no tool"):
             parse_tool_sets(bad)
     spec = GridSpec(soft_caps=(100,), multipliers=(10,), stuck_repeats=(6,), streaks=(), explicit_caps=(),
-                    cycle_caps=(), stuck_signals=(), stop_on=(), key_modes=(), peers=False,
+                    cycle_caps=(), cycle_repeats=(), stuck_signals=(), stop_on=(), key_modes=(), peers=False,
                     stateful_tools=((), ("ci_status",), ("*",)))
     policies = build_grid(spec)
     assert [p.name for p in policies] == ["default", "stateful ci_status", "stateful *"]
@@ -92,6 +106,6 @@ def test_stateful_tools_lists_parse_and_each_is_a_row_of_its_own():
     assert policies[2].describe()["stateful_tools"] == ["*"] and spec.size == 1 + 1 + 3
     crossed = build_grid(GridSpec(soft_caps=(20, 100), multipliers=(10,), stuck_repeats=(6,), streaks=((5, 8),),
                                   explicit_caps=(), stuck_signals=("repeat",), stop_on=("error",),
-                                  key_modes=("canonical",), peers=False, cross=True,
+                                  key_modes=("canonical",), cycle_repeats=(), peers=False, cross=True,
                                   stateful_tools=((), ("*",))))
     assert sorted(p.name for p in crossed) == ["S=20", "S=20 stateful *", "default", "stateful *"]

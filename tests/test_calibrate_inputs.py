@@ -109,9 +109,10 @@ def test_recorder_output_reads_back_with_the_same_identity(tmp_path: Path) -> No
     assert problems == []
     assert recorded.id == "rec-1" and recorded.cycles == 1
     assert [c.tool for c in recorded.calls] == ["read"] * 3
-    args = [c.args for c in recorded.calls]
-    assert args[0] == args[1] != args[2]
-    assert "p" not in json.dumps(args)  # digests, not the arguments
+    digests = [c.digest for c in recorded.calls]
+    assert digests[0] == digests[1] != digests[2] and all(digests)
+    assert [c.args for c in recorded.calls] == [None] * 3  # read as digests, as a tool span's are
+    assert "p" not in json.dumps(digests)  # digests, not the arguments
     assert all(c.outcome is tg.Outcome.ERROR for c in recorded.calls)
 
 

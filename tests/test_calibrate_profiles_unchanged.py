@@ -10,16 +10,40 @@ from pathlib import Path
 
 import profile_figures
 from conftest import corpus_files
+from turnguard.calibrate.inputs import read_turns
 
 STORED = Path(__file__).parent / "data" / "profile_figures.json"
+CHANGED = {100: (2, 4), 20: (0, 3)}
+"""By soft cap: the turns ``cycle_repeat`` changes under ``recommended``, (unattended, attended)."""
 
 
 def test_every_profile_halts_and_asks_the_recorded_runs_as_before_results_were_replayed():
     files = corpus_files()
     assert all('"result"' in path.read_text(encoding="utf-8")[:100_000] for path in files)  # results are there
     before = json.loads(STORED.read_text(encoding="utf-8"))
-    now = json.loads(json.dumps(profile_figures.figures([str(p) for p in files])))
+    now = json.loads(json.dumps(profile_figures.figures([str(p) for p in files], cycle_repeat=False)))
     assert set(now) == set(before) and len(now) == 4
     for policy in before:
         assert now[policy] == before[policy], policy
     assert sum(len(v["unattended"]) for v in now.values()) > 100  # halts enough to tell a change
+
+
+def test_cycle_repeat_changes_recommended_only_on_unresolved_runs_it_halts_or_asks_about():
+    """``recommended``'s ``cycle_repeat`` (5, 8) against the same profile without it, as calibrate
+    replays the corpus: every other turn is halted and asked about as before; the changed ones are
+    unresolved, halted or asked about by ``cycle_repeat`` (at S=20 the soft cap halts the two loops
+    first)."""
+    files = [str(p) for p in corpus_files()]
+    on, off = profile_figures.figures(files), profile_figures.figures(files, cycle_repeat=False)
+    resolved = {turn.id: turn.resolved for turn in read_turns(files, lambda problem: None)}
+    assert on["seed S=100"] == off["seed S=100"] and on["seed S=20"] == off["seed S=20"]
+    for cap in profile_figures.SOFT_CAPS:
+        policy = f"recommended S={cap}"
+        changed = {}
+        for mode in ("unattended", "attended"):
+            before = {row[0]: row for row in off[policy][mode]}
+            after = {row[0]: row for row in on[policy][mode]}
+            changed[mode] = {turn for turn in before.keys() | after.keys() if before.get(turn) != after.get(turn)}
+            assert all(resolved[turn] is False for turn in changed[mode]), (policy, mode)
+        assert all(row[2] == "cycle_repeat" for row in on[policy]["unattended"] if row[0] in changed["unattended"])
+        assert (len(changed["unattended"]), len(changed["attended"])) == CHANGED[cap], policy

@@ -10,12 +10,14 @@ import zlib
 import pytest
 
 import turnguard as tg
+from alternating_turns import alternating_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import earliest_call, turn_facts
 from turnguard.calibrate.grid import IdenticalCallsRule, Policy
 from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.records import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import (
+    UNREACHED,
     CompiledPolicy,
     Managers,
     SharedPrefix,
@@ -242,6 +244,81 @@ def test_starting_checks_late_from_a_shared_prefix_changes_nothing(name: str) ->
             late = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable,
                                first_check=first, ledger=ledger)
             assert late == full, (name, promptable, turn)
+
+
+CYCLE_REPEAT = {
+    "cycle repeat 5/8": {"cycle_repeat_warn_at": 5, "cycle_repeat_stop_at": 8},
+    "cycle repeat tight, streak too": {"cycle_repeat_warn_at": 2, "cycle_repeat_stop_at": 3, "streak_warn_at": 3,
+                                       "streak_stop_at": 4, "streak_stop_on": "any"},
+    "cycle repeat stop only, period 3": {"cycle_repeat_stop_at": 3, "cycle_repeat_max_period": 3},
+    "cycle repeat reminding": {"cycle_repeat_warn_at": 2, "cycle_repeat_stop_at": 4, "remind_model": True},
+    "cycle repeat, stateful, bytes": {"cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 4, "key_mode": "bytes",
+                                      "stateful_tools": ("read", "run"), "streak_exempt_tools": ("grep",)},
+    "cycle repeat under a small cap": {"cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 5, "soft_cap": 8,
+                                       "hard_multiplier": 3, "stuck_repeat_threshold": 4},
+}
+
+
+@pytest.mark.parametrize("promptable", [False, True], ids=["unattended", "attended"])
+@pytest.mark.parametrize("name", list(CYCLE_REPEAT))
+def test_replay_gives_the_live_cycle_repeat_verdicts_on_alternating_loops(name: str, promptable: bool) -> None:
+    config = tg.GuardConfig(load_entrypoints=False, **CYCLE_REPEAT[name])
+    policy, compiled = replay_policy(config)
+    rng = random.Random(zlib.crc32(name.encode()))
+    fired = 0
+    for n in range(60):
+        turn = alternating_turn(rng, n)
+        expected = live_steps(config, policy, turn, promptable)
+        result, got = replayed_steps(compiled, turn, promptable)
+        assert got == expected, (name, turn)
+        fired += any(s.threshold == "cycle_repeat" for s in expected)
+        halts = [s for s in expected if s.action is tg.Action.HALT]
+        assert result.halt_call == ((halts[0].call + (halts[0].stage == "outcome")) if halts else 0)
+    assert fired > 5, "the alternating turns seldom made cycle_repeat fire: the comparison proves little"
+
+
+@pytest.mark.parametrize("name", list(CYCLE_REPEAT))
+def test_starting_cycle_repeat_checks_late_from_a_shared_prefix_changes_nothing(name: str) -> None:
+    """The prefix is counted under other levels (its runs do not depend on them) and forked."""
+    config = tg.GuardConfig(load_entrypoints=False, **CYCLE_REPEAT[name])
+    policy, compiled = replay_policy(config)
+    other = config.replace(cycle_repeat_warn_at=7, cycle_repeat_stop_at=9, stuck_repeat_threshold=UNREACHED)
+    rng = random.Random(6)
+    late_starts = 0
+    for n in range(80):
+        turn = alternating_turn(rng, n)
+        digests = call_keys(turn.calls, config.key_mode)
+        starts = cycle_starts(turn)
+        facts = turn_facts(digests, [c.outcome for c in turn.calls], starts)
+        for promptable in (False, True):
+            full = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable)
+            first = earliest_call(policy, facts, promptable)
+            ledger = SharedPrefix(other, turn, digests, starts).fork_at(first, config, promptable)
+            late = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable,
+                               first_check=first, ledger=ledger)
+            assert late == full, (name, promptable, turn)
+            late_starts += ledger is not None and 1 < first <= len(turn.calls)
+    assert late_starts > 20
+
+
+def test_fork_carries_the_cycle_runs_or_refuses() -> None:
+    on = tg.GuardConfig(cycle_repeat_warn_at=5, cycle_repeat_stop_at=8)
+    plain, cycling = Ledger(tg.GuardConfig(), turn_id="p"), Ledger(on, turn_id="c")
+    for ledger in (plain, cycling):
+        for name in "ab" * 6:
+            seq = ledger.count_call(name.encode() * 16, name)
+            ledger.record_outcome(seq, tg.Outcome.OK)
+    with pytest.raises(ValueError, match="cycle_repeat"):
+        plain.fork(on)  # its calls' cycle runs were never kept
+    with pytest.raises(ValueError, match="cycle_repeat_max_period"):
+        cycling.fork(on.replace(cycle_repeat_max_period=3))
+    twin = cycling.fork(on.replace(cycle_repeat_stop_at=7))
+    assert cycling.fork(tg.GuardConfig())._cyc is None  # off: nothing to carry
+    assert twin._cyc is not None and twin._cyc.runs == cycling._cyc.runs and twin._cyc.stop == 6
+    for name in "ab":
+        seq = twin.count_call(name.encode() * 16, name)
+        due = twin.record_outcome(seq, tg.Outcome.OK)
+    assert due and twin._cyc.due == (tg.Level.STOP, 2, 12)  # the 7th repetition, at call 14
 
 
 def test_cycle_starts_spread_calls_over_the_recorded_requests() -> None:

@@ -18,7 +18,15 @@ import pytest
 
 from planted_fleet import LIVE, S, Work, run_fleet
 from turnguard.calibrate import cli
-from turnguard.calibrate.survival import FACTORS, Survival, estimate, finish_by, loglog_interval, restricted_mean
+from turnguard.calibrate.survival import (
+    FACTORS,
+    Survival,
+    estimate,
+    finish_by,
+    loglog_interval,
+    restricted_mean,
+    survival_lines,
+)
 
 # 6-MP group: remission times in weeks, + = censored.
 SIX_MP = [(6, 1), (6, 1), (6, 1), (6, 0), (7, 1), (9, 0), (10, 1), (10, 0), (11, 0), (13, 1), (16, 1), (17, 0),
@@ -63,13 +71,12 @@ def test_finishing_by_k_among_those_reaching_b_is_the_conditional_estimate():
     s10 = Survival.at(steps, 10)[0]
     assert s10 == pytest.approx(0.752941, abs=1e-6)
     assert f.extra_calls == pytest.approx(restricted_mean(steps, 10, 23) / s10, abs=1e-9)
-    low, high = f.interval
-    assert 0 < low < f.share < high < 1
+    assert 0 < f.interval.low < f.share < f.interval.high < 1 and not f.interval.exact
     # From before the first event, the conditional is the plain estimate, with the same interval.
     plain = finish_by(s, steps, 1, 2.3, 23, horizon=35)
     interval = loglog_interval(0.448179, steps[-1].greenwood)
     assert plain.share == pytest.approx(1 - 0.448179, abs=1e-5)
-    assert plain.interval == pytest.approx((1 - interval[1], 1 - interval[0]), abs=1e-5)
+    assert (plain.interval.low, plain.interval.high) == pytest.approx((1 - interval[1], 1 - interval[0]), abs=1e-5)
 
 
 def test_nothing_is_estimated_past_the_horizon():
@@ -92,9 +99,69 @@ def test_random_recordings_never_get_an_estimate_past_their_cap(seed):
         assert f["estimable"] == (f["calls"] <= cap) or f["why"] == "no_turns"
         if f["estimable"]:
             assert 0 <= f["share"] <= 1 and f["extra_calls_per_turn_reaching"] <= f["calls"] - 100
-            if f["interval"] is not None:
-                assert 0 <= f["interval"][0] <= f["share"] <= f["interval"][1] <= 1
+            assert 0 <= f["interval"][0] <= f["share"] <= f["interval"][1] <= 1
+            assert f["interval"][0] < f["interval"][1]
     assert [f["multiple"] for f in est["finish_by"]] == [10 * x for x in FACTORS]
+
+
+def _planted(*turns: tuple[int, str, int]) -> Survival:
+    """A survival from ``(calls, ended_by, how many)``."""
+    s = Survival()
+    for calls, ended_by, n in turns:
+        for _ in range(n):
+            s.add(calls, ended_by)
+    return s
+
+
+def test_a_row_with_no_turn_finishing_has_the_exact_bound_over_the_turns_seen_past_it():
+    """Planted truth: 19% of the turns past the backstop (100) finish by 2x (200). This sample of 11
+    past it saw none finish (an 0.81^11 = 10% draw): one was stopped stuck at 150 and ten ran to the
+    cap. Greenwood's variance is 0 there; the exact bound over the 10 seen past 200 covers 19%."""
+    s = _planted((50, "completed", 30), (100, "hard_backstop", 9), (150, "soft_stuck", 1),
+                 (300, "hard_backstop", 10))
+    est = estimate(s, 100, 10.0, 300, "limits")
+    row = {f["multiple"]: f for f in est["finish_by"]}[20.0]
+    assert (row["share"], row["interval_from"], row["exact_over"]) == (0.0, "exact", 10)
+    assert row["interval"] == pytest.approx([0.0, 1 - 0.05 ** (1 / 10)], abs=1e-6)
+    assert row["interval"][0] <= 0.19 <= row["interval"][1]
+    text = " ".join(survival_lines(est))
+    assert "by 20x (200 calls): 0% finish (95% 0%-26%, exact: none finished, over the 10 seen past it)" in text
+
+
+def test_a_row_where_every_turn_finished_has_the_exact_bound_over_those_that_did():
+    s = _planted((50, "completed", 5), (120, "completed", 3), (130, "completed", 4), (120, "streak", 2))
+    est = estimate(s, 100, 10.0, 300, "limits")
+    for row in est["finish_by"]:
+        assert (row["share"], row["interval_from"], row["exact_over"]) == (1.0, "exact", 7), row
+        assert row["interval"] == pytest.approx([0.05 ** (1 / 7), 1.0], abs=1e-6)
+    assert "100% finish (95% 65%-100%, exact: all finished, over the 7 that did)" in " ".join(survival_lines(est))
+
+
+def test_the_share_needing_more_than_the_backstop_is_never_without_its_interval():
+    """No turn finished by the backstop: S = 1, bounded below over the turns seen past it."""
+    est = estimate(_planted((100, "soft_stuck", 4), (250, "completed", 6)), 100, 10.0, 300, "limits")
+    reach = est["reach"]
+    assert (reach["survival"], reach["interval_from"], reach["exact_over"], reach["at_risk"]) == (1.0, "exact", 6, 6)
+    assert reach["interval"] == pytest.approx([0.05 ** (1 / 6), 1.0], abs=1e-6)
+    assert "100.0% of the turns need more than the backstop's 100 calls (95% 60.7%-100.0%, exact" in (
+        " ".join(survival_lines(est)))
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 14, 15, 40, 300])
+def test_the_exact_bound_misses_a_true_share_no_more_than_one_time_in_twenty(n):
+    """For any true share p, a sample of n with none finishing (probability (1-p)^n) gets a bound
+    under p at most 5% of the time."""
+    s = _planted((250, "hard_backstop", n))
+    high = finish_by(s, s.steps(), 100, 2.0, 200, horizon=250).interval.high
+    for p in (i / 1000 for i in range(1, 1000)):
+        assert (1 - p) ** n * (high < p) <= 0.05 + 1e-12
+
+
+def test_no_figure_prints_a_bare_zero_or_hundred_percent():
+    """A share under 0.5% (or over 99.5%) gets the digits it takes not to read 0% (100%)."""
+    s = _planted((150, "completed", 1), (250, "hard_backstop", 999))
+    text = " ".join(survival_lines(estimate(s, 100, 10.0, 300, "limits")))
+    assert "0.1% finish (95% 0.0" in text and " 0% finish" not in text
 
 
 # -- from recordings ------------------------------------------------------------------------------------

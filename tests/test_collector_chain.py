@@ -134,6 +134,23 @@ def calibrate_json(path: Path) -> dict[str, Any]:
     return result
 
 
+def calibrate_text(path: Path, *flags: str) -> str:
+    """``--json`` as calibrate writes it for ``path`` read as ``in.jsonl`` from a folder of its own
+    (a link beside it): two files' outputs then differ only where their turns do."""
+    folder = path.parent / f"as-in-{path.stem}"
+    folder.mkdir()
+    (folder / "in.jsonl").symlink_to(path)
+    out = io.StringIO()
+    cwd = Path.cwd()
+    os.chdir(folder)
+    try:
+        with contextlib.redirect_stdout(out):
+            assert cli.main(["calibrate", "in.jsonl", *flags, "--progress", "never", "--json", "-"]) == 0
+    finally:
+        os.chdir(cwd)
+    return out.getvalue()
+
+
 def turn_spans(path: Path) -> int:
     if not path.exists():
         return 0
@@ -152,6 +169,8 @@ def result_records(path: Path) -> int:
 
 
 def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tmp_path, caplog):
+    """Byte-identical ``--json`` from both files of one fleet, its polling turns replayed with their
+    ``stateful_tools`` and the default grid's D=3 rows included."""
     caplog.set_level(logging.WARNING, logger="turnguard.telemetry")  # a failed export, and the breaker's drops
     collector = chain.Collector(otelcol, tmp_path, prometheus_remote_write=f"http://127.0.0.1:{chain.free_port()}")
     try:
@@ -177,9 +196,14 @@ def test_the_collectors_span_file_calibrates_like_the_recorders_file(otelcol, tm
                          lambda: turn_spans(collector.otlp_file) == len(tally.turns), collector.exited, timeout=60)
     finally:
         collector.stop()
-    from_collector, from_recorder = calibrate_json(collector.otlp_file), calibrate_json(recorded)
-    assert from_collector["turns"] == len(tally.turns) == MIX.turns
-    assert from_collector == from_recorder
+    polling = tmp_path / "polling.toml"
+    polling.write_text(f"stateful_tools = {json.dumps(list(fleet.POLL_TOOLS))}\n")
+    from_collector = calibrate_text(collector.otlp_file, "--config", str(polling))
+    assert from_collector == calibrate_text(recorded, "--config", str(polling))  # byte for byte
+    result = json.loads(from_collector)
+    assert result["turns"] == len(tally.turns) == MIX.turns
+    assert {p["params"]["stuck_repeat"] for p in result["policies"]} >= {3}  # the D=3 rows too
+    assert result["recording"]["policies"], "the turns' limits were read"
 
 
 REPORTER = """
@@ -534,8 +558,8 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
             _report_late_results(collector)
             fleet.run_fleet(fl, PHASE, seed=12)
             time.sleep(max(0.0, down + OUTAGE_S - time.time()))
+            restarting = time.time()  # the new Prometheus may evaluate before it answers ready
             prometheus = chain.Prometheus(start_prometheus(), tmp_path, config, flags, port=prometheus.port)
-            up = time.time()
             fleet.run_fleet(fl, PHASE, seed=13)
         assert telemetry.force_flush(30_000)
         truth = _truth(fl.tally)
@@ -558,7 +582,8 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
         at, recorded = _counted(prometheus, build.RECORDED[build.TURNS], since)
         _, audited = _counted(prometheus, AUDITED, since)
         results = _results(prometheus, at, since)
-        evaluations = prometheus.query(f"count_over_time({rules.HEARTBEAT}[{rules.duration(up - down)}])", up)
+        evaluations = prometheus.query(f"count_over_time({rules.HEARTBEAT}[{rules.duration(restarting - down)}])",
+                                       restarting)
     finally:
         if telemetry is not None:
             telemetry.shutdown()

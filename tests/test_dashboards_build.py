@@ -28,6 +28,7 @@ from turnguard.boards import build, queries, rules, thresholds  # noqa: E402
 from turnguard.boards import promql as q  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
 from turnguard.config import GuardConfig  # noqa: E402
+from turnguard.model import Threshold  # noqa: E402
 from turnguard.telemetry import buckets  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -284,3 +285,18 @@ def test_assets_refuses_a_configuration_it_cannot_load(tmp_path, capsys):
     assert cli.main(["assets", str(tmp_path / "deploy"), "--config", str(config)]) == 2
     assert "hard_multiplier" in capsys.readouterr().err
     assert not (tmp_path / "deploy").exists()
+
+
+def test_the_probe_evidence_has_a_cycle_repeat_row_where_the_policy_stops_turns():
+    """Like the streak stop's: a row when ``cycle_repeat_stop_at`` is in force, named with its value
+    and the probe's, whose queries select the probe turns the main policy would have halted there."""
+    main = GuardConfig(cycle_repeat_warn_at=5, cycle_repeat_stop_at=8, probe={"rate": 0.1, "cycle_repeat_stop_at": 16})
+    cap = CapSettings.from_config(main)
+    assert cap.probe is not None and cap.probe.limit(Threshold.CYCLE_REPEAT) == 16
+    assert thresholds.threshold_row_names(cap)["cycle_repeat"] == (
+        "cycle repeat stop (8 repetitions of a cycle); the probe's: 16")
+    panel = next(p for p in queries.panels(json.loads(build.render(thresholds.threshold_validation_dashboard(cap))))
+                 if p["id"] == 44)
+    assert all("cycle_repeat" in t["expr"] for t in panel["targets"])
+    for off in (GuardConfig(), GuardConfig(cycle_repeat_warn_at=5)):  # a warning alone halts nothing
+        assert "cycle_repeat" not in thresholds.threshold_row_names(CapSettings.from_config(off))

@@ -425,6 +425,9 @@ def backstop_beside_probe_rule(board):
 
 RESOLVED_SHARE = re.compile(r'turnguard_turn_resolved="true".*\)\s*/\s*\(')
 EVIDENCE_COLUMNS = ("95% low", "95% high", "decision", "more probe turns", "time at this rate")
+FRONTIER_COLUMNS = ("productive seen, 95% high", "backstop here spares them")
+"""Panel 41's bound of the productive turns seen and its decision against the tolerance: a bound,
+not a share, and never one without the other (checked below)."""
 
 
 def interval_beside_share_rule(board):
@@ -435,7 +438,13 @@ def interval_beside_share_rule(board):
         targets = panel.get("targets", [])
         legends = {t.get("legendFormat") for t in targets}
         shares = [t for t in targets if RESOLVED_SHARE.search(t.get("expr", "")) and t.get("legendFormat") not in
-                  EVIDENCE_COLUMNS]
+                  EVIDENCE_COLUMNS + FRONTIER_COLUMNS]
+        frontier = legends & set(FRONTIER_COLUMNS)
+        if frontier and frontier != set(FRONTIER_COLUMNS):
+            missing = sorted(set(FRONTIER_COLUMNS) - frontier)
+            problems.append(f"panel {panel['id']}: {sorted(frontier)} without {missing}")
+        if any(t.get("legendFormat") == FRONTIER_COLUMNS[1] and "$tolerance" not in t["expr"] for t in targets):
+            problems.append(f"panel {panel['id']}: {FRONTIER_COLUMNS[1]!r} does not read $tolerance")
         if shares and not set(EVIDENCE_COLUMNS) <= legends:
             problems.append(f"panel {panel['id']}: a resolved share without {sorted(set(EVIDENCE_COLUMNS) - legends)}")
         for target in targets:
@@ -444,7 +453,7 @@ def interval_beside_share_rule(board):
     return problems
 
 
-PRODUCT_LIMIT = "1 - exp(-sum(ln("
+PRODUCT_LIMIT = "1 - exp(-(max(ln("
 SURVIVAL_COLUMNS = ("95% low", "95% high", "at risk past the backstop")
 
 

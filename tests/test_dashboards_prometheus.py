@@ -352,7 +352,8 @@ COLLECTOR_PANELS = {(H, p.build().id_val) for p in halts.collector_panels()}
 FLEET_QUERIES = [pq for pq in ALL_QUERIES if (pq.board_uid, pq.panel_id) not in COLLECTOR_PANELS]
 RATIO_PANELS = {H: (4, 6, 32, 62), T: (3, 12, 13, 26, 27, 47, 102)}
 """Panels whose values are ratios, shares or quantiles (compared to float precision, not exactly)."""
-RATIO_COLUMNS = ("resolved share", "95% low", "95% high", "time at this rate", "finish by k×S")
+RATIO_COLUMNS = ("resolved share", "95% low", "95% high", "time at this rate", "finish by k×S",
+                 "productive seen, 95% high")
 """Columns of the probe tables that are ratios or durations."""
 
 

@@ -76,6 +76,23 @@ def test_unattended_stop_halts_and_the_message_names_threshold_limit_and_counts(
     assert "8 identical in a row, 8 failing" in text
 
 
+def test_an_alternating_loop_halts_every_adapter_with_the_cycle_repeat_threshold_named():
+    """The adapters' shared driver passes ``cycle_repeat`` through like any threshold."""
+    guard = tg.Guard(tg.GuardConfig(cycle_repeat_warn_at=5, cycle_repeat_stop_at=8))
+    driver = open_turn(guard, ask=None, promptable=None)
+    steps = []
+    for i in range(20):
+        call = tg.ToolCall("read_file" if i % 2 else "list_dir", {"path": "a"}, call_id=f"c{i}")
+        assert driver.check(call).step is Step.RUN
+        steps.append(driver.outcome(call, tg.Outcome.OK))
+        if steps[-1].step is not Step.RUN:
+            break
+    assert len(steps) == 16 and steps[-1].step is Step.HALT
+    assert steps[-1].verdict.event.threshold == "cycle_repeat"
+    with pytest.raises(TurnHalted, match=r"threshold cycle_repeat \(stop, limit 8\); 16 tool calls.*repeat a cycle"):
+        TurnHalted.stop(steps[-1])
+
+
 def test_an_ask_without_a_route_observes_the_warning_and_halts_at_the_stop_level():
     driver = open_turn(tg.Guard(), ask=None, promptable=True)
     decisions = drive_failing(driver, 20)

@@ -9,6 +9,10 @@ import pytest
 
 import turnguard as tg
 from conftest import corpus_files
+from turnguard.calibrate.corpus import corpus_turn
+from turnguard.calibrate.engine import Calibrator
+from turnguard.calibrate.grid import Policy
+from turnguard.calibrate.replay import TurnResult
 
 ON = {"cycle_repeat_warn_at": 5, "cycle_repeat_stop_at": 8}
 
@@ -90,9 +94,18 @@ def test_seed_keeps_the_seeds_semantics():
     assert drive(cycle("ab", 45)) == []  # 90 calls: under the soft cap
 
 
-def test_every_shipped_profile_leaves_it_off_until_calibrate_replays_it():
-    for profile in tg.PROFILES.values():
-        assert (profile.cycle_repeat_warn_at, profile.cycle_repeat_stop_at) == (0, 0)
+def test_recommended_turns_it_on_at_the_measured_levels():
+    rec = tg.PROFILES["recommended"]
+    assert (rec.cycle_repeat_warn_at, rec.cycle_repeat_stop_at, rec.cycle_repeat_max_period) == (5, 8, 4)
+
+
+def test_recommended_meets_the_issues_targets():
+    """Unattended A,B halts within 20 calls, attended asks within 12, period 3 halts within 30."""
+    rec = {k: getattr(tg.PROFILES["recommended"], k) for k in ("cycle_repeat_warn_at", "cycle_repeat_stop_at",
+                                                               "stuck_signal", "streak_stop_on")}
+    assert drive(cycle("ab", 20), **rec)[-1] == (16, tg.Action.HALT, tg.Level.STOP)
+    assert drive(cycle("ab", 20), promptable=True, **rec)[0] == (10, tg.Action.ASK, tg.Level.WARN)
+    assert drive(cycle("abc", 20), **rec)[-1] == (24, tg.Action.HALT, tg.Level.STOP)
 
 
 def test_denials_neither_count_nor_reset():
@@ -201,17 +214,23 @@ def _halt_of(config: tg.GuardConfig, calls: list[dict]) -> tuple[int, str] | Non
     return None
 
 
-def test_on_the_development_corpus_it_halts_only_unresolved_alternating_runs():
-    """The figures docs/usage.md gives for turning it on over ``recommended``: through the live
-    guard, every recorded run halts where it did, but two unresolved alternating loops."""
-    base = tg.PROFILES["recommended"].replace(load_entrypoints=False)
-    on = base.replace(**ON)
-    changed = []
+def test_on_the_development_corpus_recommended_halts_only_unresolved_alternating_runs_more():
+    """The figures the docs give for ``recommended``'s ``cycle_repeat``: through the live guard and
+    through calibrate's replay alike, every recorded run halts where it did without it, but two
+    unresolved alternating loops (the resolved runs never repeat a cycle twice)."""
+    on = tg.PROFILES["recommended"].replace(load_entrypoints=False)
+    off = on.replace(cycle_repeat_warn_at=0, cycle_repeat_stop_at=0)
+    calibrator = Calibrator([Policy("off", off, is_default=True), Policy("on", on)])
+    live, replayed = {}, {}
     for path in corpus_files():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
             run = json.loads(line)
-            before, after = _halt_of(base, run["calls"]), _halt_of(on, run["calls"])
+            before, after = _halt_of(off, run["calls"]), _halt_of(on, run["calls"])
             if before != after:
-                changed.append((run["resolved"], after))
-    assert len(changed) == 2
-    assert all(resolved is False and after is not None and after[1] == "cycle_repeat" for resolved, after in changed)
+                live[run["id"]] = (run["resolved"], after)
+            results = calibrator.results(corpus_turn(run, str(path), i, print))
+            halts = [r["unattended"] if "unattended" in r else TurnResult() for r in results]
+            if halts[0] != halts[1]:
+                replayed[run["id"]] = (run["resolved"], (halts[1].halt_call - 1, halts[1].threshold))
+    assert len(live) == 2 and replayed == live
+    assert all(resolved is False and after[1] == "cycle_repeat" for resolved, after in live.values())

@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 import turnguard as tg
+from alternating_turns import alternating_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import stale_reach, turn_facts
 from turnguard.calibrate.grid import IdenticalCallsRule, Policy
 from turnguard.calibrate.records import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import TurnResult, cycle_starts
 from turnguard.firing import Firing, FiringRule
-from turnguard.policies import cap, cycles, streak
+from turnguard.policies import cap, cycle_repeat, cycles, streak
 
 CAP_ONLY = {"streak_warn_at": 0, "streak_stop_at": 0, "max_cycles_per_turn": 0}
 NO_CAP = {"max_tool_calls_per_turn": 0, "streak_warn_at": 0, "streak_stop_at": 0, "max_cycles_per_turn": 0}
@@ -45,6 +46,14 @@ CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "streak warn only": (streak, {**NO_CAP, "streak_warn_at": 3}),
     "cycles 3": (cycles, {**NO_CAP, "max_cycles_per_turn": 3}),
     "cycles 8": (cycles, {**NO_CAP, "max_cycles_per_turn": 8}),
+    "cycle repeat 3/5": (cycle_repeat, {**NO_CAP, "cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 5}),
+    "cycle repeat warn at stop": (cycle_repeat, {**NO_CAP, "cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 3}),
+    "cycle repeat reminding": (cycle_repeat, {**NO_CAP, "cycle_repeat_warn_at": 2, "cycle_repeat_stop_at": 4,
+                                              "remind_model": True}),
+    "cycle repeat stop only": (cycle_repeat, {**NO_CAP, "cycle_repeat_stop_at": 3, "cycle_repeat_max_period": 3}),
+    "cycle repeat warn only": (cycle_repeat, {**NO_CAP, "cycle_repeat_warn_at": 3}),
+    "cycle repeat, stateful": (cycle_repeat, {**NO_CAP, "cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 4,
+                                              "stateful_tools": ("read",)}),
 }
 
 
@@ -104,7 +113,8 @@ def test_a_policys_firing_rule_agrees_with_its_hooks(case: str) -> None:
     module, options = CASES[case]
     config = tg.GuardConfig(load_entrypoints=False, **options)
     rng = random.Random(case)
-    seen = check(module.firing_rule(config), Policy(case, config), [random_turn(rng, n) for n in range(250)])
+    make = alternating_turn if module is cycle_repeat else random_turn
+    seen = check(module.firing_rule(config), Policy(case, config), [make(rng, n) for n in range(250)])
     assert seen["cannot fire"], "no turn where the rule said it cannot fire: the test would check nothing"
     if case != "cap disabled":
         assert seen["fires"], "no turn where the rule said it can fire: the test would check nothing"

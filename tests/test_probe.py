@@ -283,3 +283,22 @@ def test_a_probe_turn_resumed_from_a_snapshot_without_shadow_state_counts_afresh
     drive(resumed, calls[50:])
     assert resumed.end().fresh_state == ("shadow",)
     assert heard.detected == [("main", "hard_backstop", 1001, 1051)]  # the shadow counted from the resume
+
+
+def test_a_probe_with_a_later_cycle_repeat_stop_runs_past_the_main_policys_and_records_where_it_would_halt():
+    """As for the streak stop: the probe's own stop (16 repetitions) lets an A,B loop run past the
+    main policy's (8: call 16), whose would-be halt the shadow records there."""
+    shadows = Shadows()
+    g = tg.Guard(tg.GuardConfig(**NO_TELEMETRY, name="main", cycle_repeat_warn_at=5, cycle_repeat_stop_at=8,
+                                probe={"rate": 1.0, "cycle_repeat_stop_at": 16}),
+                 plugins={"shadows": shadows}, environ={})
+    with g.turn(turn_id="loop") as turn:
+        for i in range(1, 41):
+            call = tg.ToolCall("read" if i % 2 else "list", {"path": "a"})
+            turn.check_call(call)
+            verdict = turn.record_outcome(call, tg.Outcome.OK)
+            if verdict.action is tg.Action.HALT:
+                break
+    assert turn.summary.cohort == "probe"
+    assert (i, verdict.threshold, verdict.event.limit) == (32, tg.Threshold.CYCLE_REPEAT, 16)
+    assert ("main", "cycle_repeat", 16) in shadows.detected

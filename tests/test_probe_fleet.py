@@ -172,3 +172,38 @@ def test_the_telemetry_counts_the_probe_turns_and_results_from_both_processes(ot
             resolved_past += point.value
     assert past == len(probe(truth, W.LONG, W.VERY_LONG, W.RUNAWAY))
     assert resolved_past == truth.resolved[("probe", W.LONG)] > 0
+
+
+def planted_share(threshold: str, value: int) -> float:
+    """The planted design's share, among the turns a value would halt with no other limit, of those
+    that would have succeeded (``probe_fleet.ProbeMix``: the uniform ranges' expected counts; stuck,
+    failing and runaway turns run forever, and past S)."""
+    mix = pf.ProbeMix()
+    forever = mix.stuck + mix.failing + mix.runaway
+    if threshold == "backstop":
+        calls = value * pf.SOFT_CAP
+        productive = (mix.long * min(1, max(0, (1900 - calls) / 800))
+                      + mix.very_long * min(1, max(0, (2600 - calls) / 500)))
+    elif threshold == "stuck":
+        productive = mix.edit_rerun * min(1, max(0, (151 - value) / 76))
+        forever -= mix.runaway
+    else:
+        productive = mix.retry * min(1, max(0, (13 - value) / 4))
+        forever = mix.failing
+    return productive / (productive + forever)
+
+
+@pytest.mark.parametrize("tolerance", TOLERANCES)
+def test_a_recommended_value_is_one_the_planted_truth_calls_safe(recorded, tolerance):
+    """Never a value that halts more productive turns than the tolerance (at most, none: the probe
+    saw too few turns past the backstop and the streak stop at 10%, and no D: its resolved turns
+    repeat up to 150 times, past every stuck turn it let run)."""
+    _, runs = recorded
+    frontier = runs[tolerance]["frontier"]
+    for threshold, got in frontier.items():
+        if got["recommended"] is not None:
+            assert planted_share(threshold, got["recommended"]) < tolerance, (threshold, tolerance, got["sentence"])
+    if tolerance == 0.1:
+        assert [frontier[t]["recommended"] for t in ("backstop", "stuck", "streak")] == [None] * 3
+        assert "let the probe run" in frontier["streak"]["sentence"]
+        assert "the longest failing streak of a productive turn: 12" in frontier["streak"]["sentence"]

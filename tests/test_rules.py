@@ -182,7 +182,10 @@ def test_every_record_is_the_one_counting_form_of_its_raw_series(variant):
     assert build.RECORDED == rules.RECORDED
     for c in rules.COUNTS:
         assert exprs[c.record] == rules.counted(c.metric, c.by, variant), c.record
-        assert exprs[rules.state(c.metric)] == f"last_over_time({c.metric}[1h] offset 1m)"
+        late = f"last_over_time({c.metric}[1h] offset 1m)"
+        young = f"last_over_time({c.metric}[15m] offset 1m) unless on() {rules.settled(variant)}"
+        assert exprs[rules.state(c.metric)] == (
+            f"{late} and on() {rules.settled(variant)}\nor {young}" if variant.start_times else late)
     assert "interval" not in collector and [r["alert"] for r in collector["rules"]] == \
         ["TurnguardCollectorExportFailing"]
 

@@ -133,10 +133,6 @@ def test_the_store_keeps_a_start_as_0_and_the_records_see_a_restart_back_to_the_
     assert counted == 10.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known regression: the records' state is now a series' last sample within the hour (late samples "
-    "count when they land), so a store emptied under running processes counts their history again "
-    "(10 for 3); to be fixed by telling a late first sample from a store's first sample"))
 def test_an_emptied_store_does_not_count_the_history_of_running_processes_again(servers, tmp_path):
     """Turns, then Prometheus stopped, its data deleted, restarted: the process's counters are old.
     The records of the new store count only the turns after it began, for the old series and a new one."""

@@ -62,11 +62,14 @@ class Triggers:
     run: float = NEVER
     failing: float = NEVER
     cycles: float = NEVER
+    repeat: float = NEVER
+    """The repeat count (``TurnFacts.max_repeat``): a cycle repeated ``r`` times has each of its
+    calls seen ``r`` times."""
 
     def quiet(self, f: TurnFacts) -> bool:
         """True when nothing these triggers stand for can fire on a turn with these facts."""
         return f.calls < self.calls and f.max_run < self.run and f.max_failing < self.failing and (
-            f.cycles < self.cycles
+            f.cycles < self.cycles and len(f.reach_repeat) < self.repeat
         )
 
     @staticmethod
@@ -77,6 +80,7 @@ class Triggers:
             min((t.run for t in triggers), default=NEVER),
             min((t.failing for t in triggers), default=NEVER),
             min((t.cycles for t in triggers), default=NEVER),
+            min((t.repeat for t in triggers), default=NEVER),
         )
 
 

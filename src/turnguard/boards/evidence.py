@@ -199,6 +199,25 @@ def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
     }
 
 
+EXACT_TWO_SIDED = 0.025
+"""The exact binomial bound with no productive turn among N at risk, ``1 - 0.025^(1/N)`` (two-sided
+95%, calibrate's ``frontier.ALPHA_HALF``)."""
+
+
+def productive_high(resolved: str, known: str) -> str:
+    """The 95% upper bound of the productive share the probe *saw* (the censored turns counted as
+    not productive: calibrate's frontier rule): the exact binomial bound with none resolved, else
+    Wilson's high end (NaN with no fate known)."""
+    exact = f"((1 - {EXACT_TWO_SIDED!r} ^ (1 / {known})) and ({resolved} == 0))"
+    return f"(({exact} or {wilson_high(resolved, known)}) * ({known} / {known}))"
+
+
+def within_seen(resolved: str, known: str, tolerance: str = TOLERANCE) -> str:
+    """1 where that bound is under the tolerance (a backstop here spares the productive turns the
+    probe saw), 0 where it is not, NaN with no fate known."""
+    return f"(({productive_high(resolved, known)} < bool {tolerance}) / ({known} / {known}))"
+
+
 PROBE_COLUMN_UNITS = {"resolved share": "percentunit", "95% low": "percentunit", "95% high": "percentunit",
                       "time at this rate": "s"}
 """The probe table's columns that are not counts."""
@@ -277,16 +296,19 @@ def _km_parts(cap: CapSettings, k: int) -> tuple[str, str]:
 
 def _hazard(cap: CapSettings, k: int) -> str:
     """``L = -ln(S(k×S)/S(H)) = sum(ln(1 + finished / beyond))`` over the buckets: 0 when no turn
-    finished there, +Inf when every turn at risk in some bucket did, NaN when a bucket had none at risk."""
+    finished there, +Inf when every turn at risk in some bucket did (the buckets after it, with none
+    at risk, change nothing: S is 0 from there on, as calibrate's estimate has it), NaN when a
+    bucket had none at risk before any such (``max`` of the terms passes over NaN)."""
     finished, beyond = _km_parts(cap, k)
-    return f"sum(ln(1 + {finished} / {beyond}))"
+    terms = f"ln(1 + {finished} / {beyond})"
+    return f"(max({terms}) == Inf or sum({terms}))"
 
 
 def finished_by(cap: CapSettings, k: int) -> str:
     """``1 - S(k×S) / S(H)``: of the turns that reach the backstop H, the share that would finish by
     k×S calls, from the ``fates`` record's buckets between H and k×S (NaN where not estimable: no
     turn seen that far, or k×S past the probe's cap, where a bucket the cap splits would read as
-    every turn in it finishing).
+    every turn in it finishing; 1 where every turn at risk finished before k×S, as in calibrate).
 
     Per bucket (e', e] past H: ``beyond`` = turns seen past e, ``finished`` = turns that completed in
     it; the turns at risk in it are both (the ones censored in it left at its start), and

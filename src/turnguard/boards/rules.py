@@ -136,9 +136,23 @@ def state(metric: str) -> str:
     return f"turnguard:{metric}:tile_end"
 
 
+def settled(t: Tiling) -> str:
+    """Present once the store has held the records' state for ``fresh_window`` (and within ``lookback``).
+
+    In the start-times variant a store younger than that (new, emptied, replaced) reads each series
+    over the fresh window only: a running process's start, kept as a 0 long before the store began,
+    must not become its first state, or the records would count its history again."""
+    return f"last_over_time({HEARTBEAT}[{duration(t.lookback)}] offset {duration(t.fresh_window)})"
+
+
 def where(metric: str, t: Tiling = Tiling()) -> str:
-    """The state's expression: the series' last sample up to the records' end, however late it landed."""
-    return f"last_over_time({metric}[{duration(t.late)}] offset {duration(t.lag)})"
+    """The state's expression: the series' last sample up to the records' end, however late it landed
+    (in a store the rules have not yet ``settled`` in, start-times variant: within the fresh window)."""
+    late = f"last_over_time({metric}[{duration(t.late)}] offset {duration(t.lag)})"
+    if not t.start_times:
+        return late
+    fresh = f"last_over_time({metric}[{duration(t.fresh_window)}] offset {duration(t.lag)})"
+    return f"{late} and on() {settled(t)}\nor {fresh} unless on() {settled(t)}"
 
 
 def counted(metric: str, by: Sequence[str], t: Tiling = Tiling()) -> str:
@@ -151,13 +165,14 @@ def counted(metric: str, by: Sequence[str], t: Tiling = Tiling()) -> str:
     drop within the tile is a reset: the run after it counts from zero, plus the growth before it
     when the tile's peak shows it (a late sample has no tile). A series with no ``before`` counts from zero
     (from its start's 0 where the store keeps one), except in a store the rules have not yet left
-    any state in, where it counts from its first sample."""
+    any state in (start-times variant: not yet ``settled`` in), where it counts from its first sample
+    within the fresh window."""
     lag, tile, back = duration(t.lag), duration(t.tile), duration(t.lookback)
     now = state(metric)
     before = f"last_over_time({state(metric)}[{back}] offset 1ms)"
     low = f"min_over_time({metric}[{tile}] offset {lag})"
     peak = f"max_over_time({metric}[{tile}] offset {lag})"
-    known = f"last_over_time({HEARTBEAT}[{back}])"
+    known = settled(t) if t.start_times else f"last_over_time({HEARTBEAT}[{back}])"
     first = f"{now} - min_over_time({metric}[{back}] offset {lag})" if t.start_times else now
     fresh = f"{now} - min_over_time({metric}[{duration(t.fresh_window)}] offset {lag})"
     reset = f"({low} < {before} or {now} < {before} or resets({metric}[{tile}] offset {lag}) > 0)"
@@ -512,9 +527,13 @@ the newest sample; turnguard's configure() moves a start in its sample's millise
     source that joins later, count only what they gain (low, never high); a series whose 0 was
     not kept (born over an hour before its first sample arrived, or exported in the millisecond it
     started by a host whose exporter does not move the start) loses its first sample (low);
-  - a store that begins with old counters: its first record counts a series from its start's 0
-    if it started within {fresh} of that record's end, so a series started up to {fresh} before the
+  - a store that begins with old counters (new, emptied or replaced): for its first {fresh} the
+    states read each series within {fresh} only (a running process's start, kept as a 0 from
+    before the store began, is never a state) and a series with no before counts from its start's 0
+    if it started within {fresh} of the record's end, so a series started up to {fresh} before the
     store also counts what it did before (high, once); every other series from its first sample;
+    a running process whose first sample in the new store lands in the last {lag} of those {fresh}
+    counts its history (high, once);
   - every reset within a tile is seen (its 0); a reset during a gap is seen only when the value
     after it is below the one before (else low, by the value before); the growth before a reset
     is counted when the tile's peak shows it (low otherwise); several resets in one tile lose the

@@ -2,8 +2,9 @@
 
 PromQL cannot compute a bucket edge from a variable, so the what-if panels are built for one
 configuration (``GuardConfig``, as ``turnguard assets --config`` or the defaults give it): its soft
-cap S, backstop multiplier m, stuck threshold D and streak stop, the thresholds it has in force (a
-probe row each), and its probe's own limits, past which the probe sees nothing.
+cap S, backstop multiplier m, stuck threshold D, streak stop and ``cycle_repeat`` stop, the
+thresholds it has in force (a probe row each), and its probe's own limits, past which the probe
+sees nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from turnguard.config import GuardConfig
 from turnguard.model import Threshold
 from turnguard.telemetry import buckets
 
-THRESHOLD_ORDER = (Threshold.HARD_BACKSTOP, Threshold.SOFT_STUCK, Threshold.STREAK, Threshold.CYCLE_CAP,
-                   Threshold.EXPLICIT)
+THRESHOLD_ORDER = (Threshold.HARD_BACKSTOP, Threshold.SOFT_STUCK, Threshold.STREAK, Threshold.CYCLE_REPEAT,
+                   Threshold.CYCLE_CAP, Threshold.EXPLICIT)
 """The order of the probe rows (one per threshold the main configuration has in force)."""
 
 
@@ -23,16 +24,17 @@ def thresholds_in_force(config: GuardConfig) -> tuple[Threshold, ...]:
     """The thresholds that can halt a turn under ``config``, in ``THRESHOLD_ORDER``."""
     mode = config.cap_mode
     on = {Threshold.HARD_BACKSTOP: mode == "adaptive", Threshold.SOFT_STUCK: mode == "adaptive",
-          Threshold.STREAK: config.streak_stop_at > 0, Threshold.CYCLE_CAP: config.max_cycles_per_turn > 0,
-          Threshold.EXPLICIT: mode == "explicit"}
+          Threshold.STREAK: config.streak_stop_at > 0, Threshold.CYCLE_REPEAT: config.cycle_repeat_stop_at > 0,
+          Threshold.CYCLE_CAP: config.max_cycles_per_turn > 0, Threshold.EXPLICIT: mode == "explicit"}
     return tuple(t for t in THRESHOLD_ORDER if on[t])
 
 
 def _limits(config: GuardConfig) -> dict[Threshold, int]:
-    """Per threshold in force: the count it halts past (calls, repeats, failures or requests)."""
+    """Per threshold in force: the count it halts past (calls, repeats, failures, repetitions of a
+    cycle or requests)."""
     values = {Threshold.HARD_BACKSTOP: config.hard_cap, Threshold.SOFT_STUCK: config.stuck_repeat_threshold,
-              Threshold.STREAK: config.streak_stop_at, Threshold.CYCLE_CAP: config.max_cycles_per_turn,
-              Threshold.EXPLICIT: config.hard_cap}
+              Threshold.STREAK: config.streak_stop_at, Threshold.CYCLE_REPEAT: config.cycle_repeat_stop_at,
+              Threshold.CYCLE_CAP: config.max_cycles_per_turn, Threshold.EXPLICIT: config.hard_cap}
     return {t: int(values[t] or 0) for t in thresholds_in_force(config)}
 
 
@@ -60,6 +62,7 @@ class CapSettings:
     hard_multiplier: float
     stuck_repeat_threshold: int
     streak_stop_at: int = GuardConfig.streak_stop_at
+    cycle_repeat_stop_at: int = GuardConfig.cycle_repeat_stop_at
     thresholds: tuple[Threshold, ...] = (Threshold.HARD_BACKSTOP, Threshold.SOFT_STUCK, Threshold.STREAK)
     """The main configuration's thresholds in force: one probe row each."""
     probe: ProbeLimits | None = None
@@ -74,6 +77,7 @@ class CapSettings:
             hard_multiplier=config.hard_multiplier if adaptive else GuardConfig.hard_multiplier,
             stuck_repeat_threshold=config.stuck_repeat_threshold,
             streak_stop_at=config.streak_stop_at,
+            cycle_repeat_stop_at=config.cycle_repeat_stop_at,
             thresholds=thresholds_in_force(config),
             probe=None if probe is None else ProbeLimits(probe.config.name, probe.rate, probe.config.hard_cap,
                                                          tuple(_limits(probe.config).items())),

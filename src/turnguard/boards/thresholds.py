@@ -274,7 +274,7 @@ def past_rows(cap: CapSettings) -> dict[str, str]:
     """Per column, a vector by ``multiple`` (one row per k): probe turns that made more than k×S calls,
     and what became of them (a result reported in the turn, or later on the results counter)."""
     columns: dict[str, dict[str, str]] = {name: {} for name in ("turns", "resolved", "unresolved", "censored",
-                                                                 "unknown")}
+                                                                 "unknown", SEEN_HIGH, SET_HERE)}
     true, limited, other = {q.RESOLVED: "true"}, {q.THRESHOLD: evidence.LENGTH_LIMITED}, {
         q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
     for k in BACKSTOP_MULTIPLES:
@@ -293,7 +293,14 @@ def past_rows(cap: CapSettings) -> dict[str, str]:
         columns["unresolved"][row] = f"({past(**other, **false)} + {late(**other, **false)})"
         columns["censored"][row] = f"({past(**limited, **not_true)} - {late(**limited, **true)})"
         columns["unknown"][row] = f"({past(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"
+        known = f"({columns['resolved'][row]} + {columns['unresolved'][row]} + {columns['censored'][row]})"
+        columns[SEEN_HIGH][row] = evidence.productive_high(columns["resolved"][row], known)
+        columns[SET_HERE][row] = evidence.within_seen(columns["resolved"][row], known)
     return {name: q.rows("multiple", per_row) for name, per_row in columns.items()}
+
+
+SEEN_HIGH, SET_HERE = "productive seen, 95% high", "backstop here spares them"
+"""Panel 41's frontier columns (calibrate's recommended value: the first row that spares them)."""
 
 
 def past_row_names(cap: CapSettings) -> dict[str, str]:
@@ -311,6 +318,7 @@ def threshold_row_names(cap: CapSettings) -> dict[str, str]:
     live = {Threshold.HARD_BACKSTOP: f"backstop ({cap.hard_multiplier:g}×S = {cap.hard_cap} calls)",
             Threshold.SOFT_STUCK: f"stuck (D = {cap.stuck_repeat_threshold} repeats past S)",
             Threshold.STREAK: f"streak stop ({cap.streak_stop_at} identical failures)",
+            Threshold.CYCLE_REPEAT: f"cycle repeat stop ({cap.cycle_repeat_stop_at} repetitions of a cycle)",
             Threshold.CYCLE_CAP: "cycle cap", Threshold.EXPLICIT: "explicit cap"}
     names = {}
     for threshold in cap.thresholds:
@@ -351,8 +359,16 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     f"{cap.hard_multiplier:g}×S) and what became of them, counts only: the resolved share, its "
                     "interval and the decision are per threshold in the evidence table (its backstop row is the "
                     "probe turns past the backstop the main configuration would have halted). A probe turn "
-                    f"halted at a length limit of the probe's is {CENSORED} there: past it, nothing is seen.",
-                    "multiple", past_rows(cap), {}, width=16, height=8, row_names=past_row_names(cap)),
+                    f"halted at a length limit of the probe's is {CENSORED} there: past it, nothing is seen. "
+                    "Productive seen, 95% high: the upper bound of the share of them that succeeded, the censored "
+                    "counted as not productive (the productive turns the probe saw): with none resolved, the exact "
+                    "binomial bound 1 - 0.025^(1/N) over the N with a known fate; a backstop here spares them when "
+                    "that bound is under the Tolerance variable. The first such row below the probe's cap is "
+                    "calibrate's recommended multiple on these rows (calibrate reads every multiple; past the "
+                    "probe's cap, raising it only lets turns that never resolve burn longer).",
+                    "multiple", past_rows(cap), {SEEN_HIGH: "percentunit"}, width=16, height=8,
+                    row_names=past_row_names(cap),
+                    mappings={SET_HERE: mapped({1: "yes", 0: "no"}, nan=NO_FATE)}),
         bars(43, "Attended \"continue\" answers, by threshold",
              "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
              "people saw.", [query(q.recorded(q.ANSWERS, continued, by=(q.THRESHOLD,)), legend(q.THRESHOLD))],

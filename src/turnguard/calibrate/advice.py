@@ -44,6 +44,7 @@ from typing import Any
 
 from turnguard.calibrate.bounds import COHORT_KEYS
 from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence
+from turnguard.calibrate.frontier import Frontier, Scale, frontier
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.records import TOOL_LIST_KEYS
 from turnguard.terminal import DEFAULT_WIDTH, fit_table
@@ -155,6 +156,28 @@ def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int]
     return ("hard_backstop", cap) if cap is not None and int(key) * e.soft_cap >= cap else None
 
 
+def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) -> list[Frontier]:
+    """The recommended value of each probed threshold of the main configuration (``frontier.py``):
+    the backstop multiple (when a whole number), D (under the ``repeat`` signal's counts) and the
+    streak stop (when on)."""
+    if e.soft_cap is None or not e.turns:
+        return []
+    scale = Scale(e.turns, turns, calls)
+    out = []
+    m = e.multiplier
+    if m is not None and float(m).is_integer():
+        cap = probe_hard_cap(ctx.recording)
+        out.append(frontier("backstop", e.ladders["backstop"], int(m), ctx.tolerance, scale,
+                            None if cap is None else -(-cap // e.soft_cap)))
+    if e.stuck_repeat is not None and e.ladders["stuck"].top():
+        out.append(frontier("stuck", e.ladders["stuck"], e.stuck_repeat, ctx.tolerance, scale))
+    if e.streak_stop:
+        stop = probe_streak_stop(ctx.recording)
+        out.append(frontier("streak", e.ladders["streak"], e.streak_stop, ctx.tolerance, scale,
+                            None if stop is None else stop + 1))
+    return out
+
+
 def assess(e: ProbeEvidence, ctx: Context) -> dict[str, Decision]:
     """Each row's decision (keys of ``ProbeEvidence.rows``)."""
     days = ctx.recording.days
@@ -200,8 +223,9 @@ def _when(d: Decision, what: str) -> str:
             "the observed traffic")
 
 
-def backstop_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
-    """The backstop ``m x S`` in words."""
+def backstop_advice(e: ProbeEvidence, decisions: dict[str, Decision], recommended: int | None = None) -> str:
+    """The backstop ``m x S`` in words; ``recommended``: the frontier's multiple, if any (then no
+    "raise the probe's cap": the probe has seen enough below it)."""
     assert e.soft_cap is not None and e.multiplier is not None
     m, s = e.multiplier, e.soft_cap
     what = f"{m:g}x"
@@ -226,6 +250,10 @@ def backstop_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
                 f"{p.calls_past:,} calls past it.")
     if d.verdict == "undecided":
         return f"{said}: {_when(d, what)}."
+    if recommended is not None and recommended > m:
+        return (f"{said}: above the tolerance of {_pct(d.tolerance)}, the backstop halts turns that would have "
+                f"succeeded; past {recommended}x the probe saw few enough succeed: set hard_multiplier = "
+                f"{recommended} (below).")
     return f"{said}: above the tolerance of {_pct(d.tolerance)}, the backstop halts turns that would have " \
            f"succeeded; {_raise_to(e, decisions, m)}"
 
@@ -367,9 +395,12 @@ def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int
     if e.soft_cap is None:
         return [f"{e.turns:,} probe turns, but the main configuration has no adaptive cap: nothing to compare."]
     decisions = assess(e, ctx)
-    out = [backstop_advice(e, decisions), stuck_advice(e, decisions)]
+    found = frontiers(e, ctx, turns, calls)
+    backstop = next((f.recommended for f in found if f.threshold == "backstop"), None)
+    out = [backstop_advice(e, decisions, backstop), stuck_advice(e, decisions)]
     if e.streak_stop:
         out.append(streak_advice(e, decisions))
+    out += [f"Recommended: {f.sentence}" for f in found]
     cost = cost_advice(e, ctx, turns, calls)
     if cost:
         out.append(cost)
@@ -411,6 +442,50 @@ def evidence_rows(e: ProbeEvidence, ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
+FRONTIER_HEADERS = (("threshold", "threshold"), ("value", "value"), ("productive halted", "halted"),
+                    ("95%", "interval"), ("extra calls", "extra"), ("decision", "decision"))
+_LABELS = {"backstop": "backstop", "stuck": "D", "streak": "streak stop"}
+_DECISIONS = {"within": "within", "above": "above", "undecided": "undecided", "no_evidence": "no evidence",
+              "past_cap": "past the probe's limit"}
+
+
+def frontier_rows(found: list[Frontier]) -> list[dict[str, str]]:
+    """The frontier table: for each threshold the values worth reading, the live one and the
+    recommended one marked."""
+    out = []
+    for f in found:
+        for r in f.shown():
+            mark = " (keep)" if r.value == f.live == f.recommended else " (live)" if r.value == f.live else \
+                " (set)" if r.value == f.recommended else ""
+            value = f"{r.value}x" if f.threshold == "backstop" else str(r.value)
+            extra = "-" if not r.extra_calls else f"{r.extra_calls:+,}" + (
+                f" ({r.extra_share:+.1%})" if r.extra_share is not None else "")
+            out.append({"threshold": _LABELS[f.threshold], "value": value + mark,
+                        "halted": f"{r.productive:,} of {r.at_risk:,}" if r.at_risk else "-",
+                        "interval": f"{r.low:.1%}-{r.high:.1%}" if r.at_risk else "-", "extra": extra,
+                        "decision": _DECISIONS[r.decision]})
+    return out
+
+
+def frontier_text(found: list[Frontier], tolerance: float, width: int) -> list[str]:
+    """The frontier table and its key, for the terminal (none without a frontier)."""
+    rows = frontier_rows(found)
+    if not rows:
+        return []
+    header = [h for h, _ in FRONTIER_HEADERS]
+    cells = [[r[key] for _, key in FRONTIER_HEADERS] for r in rows]
+    out = textwrap.wrap("Recommended values (each threshold alone, from the probe turns):", width)
+    out += ["  " + line for line in fit_table(header, cells, width - 2, right=[2, 3, 4], wrap=[0, 1, 3, 4, 5])]
+    return out + textwrap.wrap(
+        "(live): the live value; (set): the recommended one; (keep): both. productive halted: of the probe turns "
+        "the value would halt with a known fate, those that succeeded (a "
+        "turn the probe halted at a limit of its own counts as not productive: its fate past the limit is not "
+        "recorded); 95%: their share's interval (Wilson; with none productive, the exact binomial bound "
+        f"1-0.025^(1/N)); extra calls: what the turns that never resolve burn under the value beyond the live one "
+        f"(and as a share of the fleet's calls); the recommended value is the smallest whose upper bound is below "
+        f"the tolerance of {tolerance:.0%}.", width, initial_indent="  ", subsequent_indent="  ")
+
+
 HEADERS = (("threshold", "threshold"), ("passed", "passed"), ("resolved", "resolved"),
            ("unresolved", "unresolved"), ("censored", "censored"), ("unknown", "unknown"),
            ("95% succeed", "interval"), ("decides", "decides"), ("calls past", "calls_past"))
@@ -442,6 +517,7 @@ def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = DEFAULT_WIDTH,
             "(--tolerance), or how many more probe turns past it with a known fate would decide it, and how long "
             "they take at the observed traffic; calls past: the calls they made past it.", width, initial_indent="  ",
             subsequent_indent="  ")
+    out += frontier_text(frontiers(e, ctx, turns, calls), ctx.tolerance, width)
     for advice in recommendation(e, ctx, turns=turns, calls=calls, default_limits=default_limits):
         out += textwrap.wrap(advice, width, initial_indent="  ", subsequent_indent="    ")
     return out
@@ -464,6 +540,16 @@ def evidence_html(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int 
                          for i, (_, key) in enumerate(HEADERS)) + "</tr>"
         for r in evidence_rows(e, ctx))
     table = f"<table id='probe-evidence'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" if body else ""
+    fronts = frontier_rows(frontiers(e, ctx, turns, calls))
+    fhead = "".join((left[0] if i < 2 else "<th>") + esc(h) + "</th>" for i, (h, _) in enumerate(FRONTIER_HEADERS))
+    fbody = "".join("<tr>" + "".join((left[1] if i < 2 else "<td>") + esc(r[key]) + "</td>"
+                                     for i, (_, key) in enumerate(FRONTIER_HEADERS)) + "</tr>" for r in fronts)
+    frontier = ("<h3 id='recommended'>Recommended values</h3><p>Each threshold alone: of the probe turns a value "
+                "would halt with a known fate, those that succeeded (95% interval: Wilson; with none, the exact "
+                "binomial bound), and the calls the turns that never resolve burn under it beyond the live value. "
+                f"The recommended value is the smallest whose upper bound is below {ctx.tolerance:.0%}.</p>"
+                f"<table id='probe-frontier'><thead><tr>{fhead}</tr></thead><tbody>{fbody}</tbody></table>"
+                if fronts else "")
     advice = "".join(f"<li>{esc(line)}</li>" for line in recommendation(e, ctx, turns=turns, calls=calls,
                                                                          default_limits=default_limits))
     return (f"<h2 id='probe'>Probe evidence</h2><p>{e.turns:,} probe turns ({e.resolved:,} resolved, "
@@ -471,5 +557,5 @@ def evidence_html(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int 
             f"and {e.live_turns:,} live turns, against the default configuration's thresholds. The interval is the "
             "95% Wilson interval of the share of the turns past the threshold that would have succeeded, the turns "
             "the probe's own thresholds halted counted as failures for its low end and as successes for its high end; "
-            f"each row says what it decides against the tolerance of {ctx.tolerance:.0%}.</p>{table}"
+            f"each row says what it decides against the tolerance of {ctx.tolerance:.0%}.</p>{table}{frontier}"
             f"<ul id='probe-advice'>{advice}</ul>")

@@ -113,6 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="explicit max_tool_calls_per_turn values (default: %(default)s)")
     grid.add_argument("--cycle-caps", type=_csv(g.parse_ints), default=g.DEFAULT_CYCLE_CAPS,
                       help="max_cycles_per_turn values, 0 = unbounded (default: %(default)s)")
+    grid.add_argument("--cycle-repeats", type=_csv(g.parse_streaks), default=g.DEFAULT_CYCLE_REPEATS,
+                      help="cycle_repeat levels warn:stop (repetitions of a cycle of 2 to 4 calls), 0 disables "
+                           "a level (default: 5:6, 5:8, 5:10 and off)")
     grid.add_argument("--key-modes", type=_csv(g.parse_key_modes), default=g.DEFAULT_KEY_MODES,
                       help="call identities: canonical, bytes (default: both)")
     grid.add_argument("--stuck-signals", type=_csv(lambda t: g.parse_choices(t, STUCK_SIGNALS, "stuck signals")),
@@ -174,6 +177,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     spec = g.GridSpec(
         soft_caps=args.soft_caps, multipliers=args.multipliers, stuck_repeats=args.stuck_repeats,
         streaks=args.streaks, explicit_caps=args.explicit_caps, cycle_caps=args.cycle_caps,
+        cycle_repeats=args.cycle_repeats,
         key_modes=args.key_modes, stuck_signals=args.stuck_signals, stop_on=args.streak_stop_on,
         stateful_tools=args.stateful_tools, peers=not args.no_peers, cross=args.cross, base=base,
     )

@@ -37,6 +37,7 @@ from turnguard.calibrate.records import (
 )
 from turnguard.model import MAX_ID_LENGTH, Outcome
 from turnguard.probe import COHORTS
+from turnguard.telemetry.recorder import SOURCE as RECORDER_SOURCE
 
 RESULT_KEY = "result_for"
 """The key that makes a corpus-format line a late result record (``calibrate/results.py``)."""
@@ -77,11 +78,12 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink,
         bad(f"{len(raw_calls):,} calls: more than the limit of {limit:,} per turn (--max-line-bytes / "
             f"{bounds.BYTES_PER_CALL})")
         return None
-    calls = _plain_calls(raw_calls)
+    digests = digests_in_args(obj)
+    calls = _plain_calls(raw_calls, digests)
     if calls is None:
         calls = []
         for i, raw in enumerate(raw_calls, 1):
-            call = _corpus_call(raw)
+            call = _corpus_call(raw, digests)
             if isinstance(call, str):
                 bad(f"call {i}: {call}")
                 return None
@@ -212,14 +214,19 @@ def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
     return float(started), float(ended)
 
 
-def _plain_calls(raw_calls: list[Any]) -> list[RecordedCall] | None:
+def _plain_calls(raw_calls: list[Any], digests: bool) -> list[RecordedCall] | None:
     """The common shape, every call exactly ``{"tool", "args", "outcome"}`` with a known outcome
     (and maybe a ``result`` digest), read in one comprehension; ``None`` sends the line through the
-    checked path (which says what is wrong, if anything is)."""
+    checked path (which says what is wrong, if anything is). With ``digests`` (``digests_in_args``)
+    text ``args`` are the calls' digests."""
     make, outcomes = tuple.__new__, _OUTCOMES
     try:
-        calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None, r.get("result")))
-                 for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3]
+        if digests:
+            calls = [make(RecordedCall, (r["tool"], None, r["args"], outcomes[r["outcome"]], None, r.get("result")))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3 and type(r["args"]) is str]
+        else:
+            calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None, r.get("result")))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3]
         tools = set(map(_TOOL, calls))  # a few names: checked once each
         results = set(map(_RESULT, calls))
     except (KeyError, TypeError):  # TypeError: also an unhashable tool name (the checked path says so)
@@ -235,7 +242,16 @@ _TOOL = operator.itemgetter(0)  # RecordedCall.tool
 _RESULT = operator.itemgetter(5)  # RecordedCall.result
 
 
-def _corpus_call(raw: Any) -> RecordedCall | str:
+def digests_in_args(obj: dict[str, Any]) -> bool:
+    """Whether the line's text ``args`` are the calls' key digests: the recorder (``source``
+    ``"turnguard"``) writes the live guard's digest there, never the arguments, so it is the call's
+    identity as the tool span's ``turnguard.call.key_digest`` is. Read as arguments, the
+    ``canonical`` key mode would parse a digest that happens to be JSON text (``7467334316e84052``,
+    a number: ``inf``) and count distinct calls as repeats, where the Collector's file does not."""
+    return obj.get("source") == RECORDER_SOURCE
+
+
+def _corpus_call(raw: Any, digests: bool = False) -> RecordedCall | str:
     if type(raw) is not dict:
         return f"expected an object, got {json_type(raw)}"
     tool = raw.get("tool") or raw.get("name")
@@ -258,4 +274,15 @@ def _corpus_call(raw: Any) -> RecordedCall | str:
     result = raw.get("result")
     if result is not None and not short_text(result):
         return f"'result' must be a digest (text of at most {MAX_ID_LENGTH} characters) or null, got {shown(result)}"
-    return RecordedCall(tool, raw.get("args") if digest is None else None, digest, outcome, cycle, result)
+    args, digest = _identity(raw.get("args"), digest, digests)
+    return RecordedCall(tool, args, digest, outcome, cycle, result)
+
+
+def _identity(args: Any, digest: str | None, digests: bool) -> tuple[Any, str | None]:
+    """A call's ``(args, digest)``: a given digest wins; with ``digests`` (``digests_in_args``)
+    text ``args`` is the digest."""
+    if digest is not None:
+        return None, digest
+    if digests and type(args) is str:
+        return None, args
+    return args, None

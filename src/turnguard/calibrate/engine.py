@@ -74,6 +74,7 @@ class Calibrator:
         self._default = next((i for i, p in enumerate(policies) if p.is_default), None)
         """The policy probe turns are measured against (``evidence.ProbeEvidence``)."""
         self._stale = _stale_counting(self.compiled)
+        self._repeat_signal = self._default is None or policies[self._default].config.stuck_signal == "repeat"
 
     def add_all(self, turns: Iterable[RecordedTurn]) -> RunStats:
         for turn in turns:
@@ -108,10 +109,18 @@ class Calibrator:
         stats.recording.add(turn, cohort)
         stats.survival.add(n, turn.ended_by)
         if turn.cohort == PROBE:
-            stats.probe.add(n, resolved, main, turn.ended_by if at_halt else None,
-                            untold=turn.in_part or turn.cut_short)
+            untold = turn.in_part or turn.cut_short
+            stats.probe.add(n, resolved, main, turn.ended_by if at_halt else None, untold=untold,
+                            facts=None if untold else self._main_facts(turn), repeat_signal=self._repeat_signal)
         elif turn.cohort == LIVE:
             stats.probe.live_turns += 1
+
+    def _main_facts(self, turn: RecordedTurn) -> TurnFacts | None:
+        """The probe turn's counts under the default policy's keys, for its ladders (``evidence.py``)."""
+        if self._default is None:
+            return None
+        keys = self.keys(turn, self.keyers[self.compiled[self._default].config.key_mode])
+        return turn_facts(keys, list(map(_OUTCOME, turn.calls)), cycle_starts(turn))
 
     def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult]]:
         """Each policy's results on ``turn`` by mode (``"unattended"``, ``"attended"``); a mode is
@@ -381,7 +390,8 @@ class _TurnReplays:
 
     def _prefix_ledger(self, g: _Group) -> Ledger | None:
         """A ledger holding the calls before the group's first check, forked from a prefix shared
-        per keying and per setting the ledger's facts depend on (``Ledger.fork``); ``None``: the
+        per keying and per setting the ledger's facts depend on (``Ledger.fork``; ``cycle_repeat``'s
+        period, where it is on: its cycle runs); ``None``: the
         replay counts from the first call. A stuck threshold not reached before the fork shapes no
         fact there: those share a prefix whose threshold is never reached (``Ledger.fork`` refuses
         a wrong fork)."""
@@ -392,8 +402,9 @@ class _TurnReplays:
         stuck = config.stuck_repeat_threshold
         reach = facts.reach_repeat
         reached = stuck <= len(reach) and reach[stuck - 1] < first
+        cycling = config.cycle_repeat_max_period if config.cycle_repeat_warn_at or config.cycle_repeat_stop_at else 0
         where = (id(keys), stuck if reached else 0, config.max_tracked_keys, config.stuck_signal,
-                 config.streak_stop_on)
+                 config.streak_stop_on, cycling)
         prefix = self.prefixes.get(where)
         if prefix is None:
             prefix = self.prefixes[where] = SharedPrefix(config if reached else g.policy.prefix_config, self.turn,

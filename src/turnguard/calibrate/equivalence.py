@@ -2,13 +2,13 @@
 
 A replay is expensive; most policies of a grid behave identically on most turns. What each
 policy can do on a turn is said by the policy itself (``firing_rule`` in ``policies/cap.py``,
-``streak.py``, ``cycles.py``; ``identical.py`` for the extra rules), from the turn's
+``streak.py``, ``cycles.py``, ``cycle_repeat.py``; ``identical.py`` for the extra rules), from the turn's
 ``TurnFacts``: upper bounds of the ledger's counts over the whole turn. Here they are combined
 into a ``Plan`` per policy, turn and mode: its ``signature`` keeps only what can still change a
 verdict (equal signatures give identical replays), and ``None`` means no verdict other than ALLOW
 can occur (the replay is skipped: it would add nothing to the figures). Attended and unattended
-replays of a policy whose streak cannot fire are identical (``promptable`` is read by the streak
-policy only), so they share one signature.
+replays of a policy whose streak and ``cycle_repeat`` cannot fire are identical (``promptable`` is
+read by those two policies only), so they share one signature.
 
 What the engine does with plans, and why it holds:
 
@@ -43,7 +43,7 @@ from turnguard.config import GuardConfig
 from turnguard.firing import Firing, FiringRule, Triggers, TurnFacts
 from turnguard.ledger import Ledger, count_outcome
 from turnguard.model import Outcome
-from turnguard.policies import cap, cycles, streak
+from turnguard.policies import cap, cycle_repeat, cycles, streak
 
 Signature = tuple[object, ...]
 
@@ -133,7 +133,7 @@ class Plan(NamedTuple):
 
 class PolicyRules:
     """The firing rules of one policy's checks (read once per policy, not per turn): the cap, the
-    streak and the cycle cap, then its extra rules."""
+    streak, the cycle cap and ``cycle_repeat``, then its extra rules."""
 
     __slots__ = ("cap", "named", "others", "prefix", "triggers")
 
@@ -142,7 +142,8 @@ class PolicyRules:
         self.cap: FiringRule = cap.firing_rule(config)
         """The rule whose halts are known exactly (``Firing.halt_call``): plans that differ only
         there share what they have in common."""
-        others: tuple[FiringRule, ...] = (streak.firing_rule(config), cycles.firing_rule(config), *policy.extras)
+        others: tuple[FiringRule, ...] = (streak.firing_rule(config), cycles.firing_rule(config),
+                                          cycle_repeat.firing_rule(config), *policy.extras)
         self.others: tuple[FiringRule, ...] = others if shared is None else shared.setdefault(others, others)
         """The other rules (equal ones shared through ``shared``: grids vary the cap most, and
         ``plan``'s memo then reads the others once per turn)."""

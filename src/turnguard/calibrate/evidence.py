@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from turnguard.calibrate.bounds import MAX_COUNT, count
+from turnguard.calibrate.ladder import TOP, Ladder, ladders_from_json, ladders_to_json, new_ladders
 from turnguard.probe import Cohort
 
 if TYPE_CHECKING:
     from turnguard.calibrate.replay import TurnResult
+    from turnguard.firing import TurnFacts
 
 LOOP_DETECTORS = frozenset({"soft_stuck", "streak"})
 """The probe's own halts that say the turn was looping (it failed under the probe's policy); any
@@ -151,6 +153,9 @@ class ProbeEvidence:
     """Turns the main configuration would have halted as ``soft_stuck`` (past S, stuck at D)."""
     streak: Passed = field(default_factory=Passed)
     """Turns the main configuration would have halted at its streak stop (unattended)."""
+    ladders: dict[str, Ladder] = field(default_factory=new_ladders)
+    """By threshold (``ladder.LADDERS``): the probe turns by the largest value that would halt
+    them, for the recommended values (``frontier.py``)."""
 
     def __post_init__(self) -> None:
         if not self.multiples and self.soft_cap is not None:
@@ -175,14 +180,17 @@ class ProbeEvidence:
         return self.turns - self.resolved - self.unresolved
 
     def add(self, calls: int, resolved: bool | None, main: TurnResult | None, halted_by: str | None = None,
-            untold: bool = False) -> None:
+            untold: bool = False, facts: TurnFacts | None = None, repeat_signal: bool = True) -> None:
         """One probe turn of ``calls`` calls; ``main``: the main configuration's unattended replay
         of it (``None`` when it cannot fire on the turn); ``halted_by``: the probe's own threshold
         that halted it, if one did. In the rows, a turn the probe halted at a length limit
         (anything but ``LOOP_DETECTORS``) is censored there; one its loop detectors halted (``soft_stuck``,
         ``streak``) failed under the probe's policy, which raising the main threshold would not
         change: it counts by its result. ``untold``: the turn's recording cannot tell the main
-        configuration's replay past ``main`` (``main_untold``)."""
+        configuration's replay past ``main`` (``main_untold``). ``facts``: the turn's counts under
+        the main configuration's keys, for the D and streak ladders (``None``: the recording cannot
+        tell them); ``repeat_signal``: the main configuration's stuck signal is ``repeat``, the one
+        the D ladder counts."""
         self.turns += 1
         self.calls += calls
         self.resolved += resolved is True
@@ -204,6 +212,23 @@ class ProbeEvidence:
             row = {"soft_stuck": self.stuck, "streak": self.streak}.get(main.threshold or "")
             if row is not None:
                 row.add(resolved, calls - main.halt_call + 1, censored)
+        self._climb(calls, _fate(resolved, censored), facts, repeat_signal)
+
+    def _climb(self, calls: int, fate: str, facts: TurnFacts | None, repeat_signal: bool) -> None:
+        """The turn on each ladder, at the largest value that would halt it, with the calls it
+        makes before each lower value would (the call a halt refuses is not made)."""
+        s = self.soft_cap
+        assert s is not None
+        reach = min(TOP, (calls - 1) // s)
+        self.ladders["backstop"].add(reach, fate, [k * s for k in range(1, reach + 1)], calls)
+        if facts is None:
+            return
+        if repeat_signal and calls > s and facts.reach_repeat:
+            reach = min(TOP, facts.max_repeat)
+            self.ladders["stuck"].add(reach, fate, [max(s + 1, c) - 1 for c in facts.reach_repeat[:reach]], calls)
+        if facts.reach_failing:
+            reach = min(TOP, facts.max_failing)
+            self.ladders["streak"].add(reach, fate, list(facts.reach_failing[:reach]), calls)
 
     def rows(self) -> list[tuple[str, Passed]]:
         """``(key, row)`` for each threshold: ``"<k>"`` for the multiples, then ``"stuck"`` and
@@ -219,6 +244,8 @@ class ProbeEvidence:
             passed.merge(other.multiples[k])
         self.stuck.merge(other.stuck)
         self.streak.merge(other.streak)
+        for key, ladder in self.ladders.items():
+            ladder.merge(other.ladders[key])
 
     def to_json(self) -> dict[str, Any]:
         """The counts (``decision.py`` adds what they decide)."""
@@ -232,6 +259,7 @@ class ProbeEvidence:
             "passed_multiple": {str(k): p.to_json() for k, p in self.multiples.items()},
             "passed_stuck": self.stuck.to_json(),
             "passed_streak": self.streak.to_json(),
+            "ladders": ladders_to_json(self.ladders),
         }
 
     @classmethod
@@ -253,7 +281,14 @@ class ProbeEvidence:
         evidence.multiples = {k: Passed.from_json(multiples[str(k)]) for k in evidence.multiples}
         evidence.stuck = Passed.from_json(data["passed_stuck"])
         evidence.streak = Passed.from_json(data["passed_streak"])
+        evidence.ladders = ladders_from_json(data.get("ladders"))
         return evidence
+
+
+def _fate(resolved: bool | None, censored: bool) -> str:
+    """A probe turn's fate as its rows count it (``Passed.add``)."""
+    return "resolved" if resolved is True else "censored" if censored else (
+        "unresolved" if resolved is False else "unknown")
 
 
 def multiples_for(multiplier: float | None) -> tuple[int, ...]:

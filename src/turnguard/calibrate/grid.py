@@ -24,6 +24,9 @@ DEFAULT_STUCK_REPEATS = (3, 6)
 DEFAULT_STREAKS = ((3, 5), (5, 8), (5, 0), (0, 0))
 DEFAULT_EXPLICIT_CAPS = (30, 50, 100)
 DEFAULT_CYCLE_CAPS = (0,)
+DEFAULT_CYCLE_REPEATS = ((5, 6), (5, 8), (5, 10), (0, 0))
+"""``cycle_repeat`` (warn, stop) pairs: a row per stop value at the warning of 5 (attended, the
+warning asks first: the stop matters unattended), and the policy off."""
 DEFAULT_KEY_MODES = KEY_MODES
 DEFAULT_STUCK_SIGNALS = STUCK_SIGNALS
 DEFAULT_STOP_ON = STREAK_STOP_ON
@@ -63,6 +66,7 @@ class Policy:
             "streak": f"{c.streak_warn_at}/{c.streak_stop_at}" + ("" if c.streak_stop_on == "error" else " any"),
             "streak_stop_at": c.streak_stop_at,
             "cycles": c.max_cycles_per_turn,
+            "cycle_repeat": f"{c.cycle_repeat_warn_at}/{c.cycle_repeat_stop_at}",
             "key_mode": c.key_mode,
             "stateful_tools": list(c.stateful_tools),
             "streak_exempt_tools": list(c.streak_exempt_tools),
@@ -90,6 +94,7 @@ class GridSpec:
     streaks: tuple[tuple[int, int], ...] = DEFAULT_STREAKS
     explicit_caps: tuple[int, ...] = DEFAULT_EXPLICIT_CAPS
     cycle_caps: tuple[int, ...] = DEFAULT_CYCLE_CAPS
+    cycle_repeats: tuple[tuple[int, int], ...] = DEFAULT_CYCLE_REPEATS
     key_modes: tuple[str, ...] = DEFAULT_KEY_MODES
     stuck_signals: tuple[str, ...] = DEFAULT_STUCK_SIGNALS
     stop_on: tuple[str, ...] = DEFAULT_STOP_ON
@@ -107,14 +112,14 @@ class GridSpec:
         n = 1 + (2 if self.peers else 0)
         if self.cross:
             tools = max(1, len(self.stateful_tools))
-            return n + tools * (math.prod(map(len, (
+            return n + len(self.cycle_repeats) + tools * (math.prod(map(len, (
                 self.soft_caps, self.multipliers, self.stuck_repeats, self.stuck_signals, self.streaks, self.stop_on,
                 self.cycle_caps, self.key_modes))) + math.prod(map(len, (
                     self.explicit_caps, self.streaks, self.stop_on, self.key_modes))))
         caps = len(self.soft_caps) * len(self.stuck_repeats)
         return (n + caps * len(self.multipliers) + caps * len(self.stuck_signals)
-                + sum(map(len, (self.stop_on, self.streaks, self.cycle_caps, self.key_modes, self.explicit_caps,
-                                self.stateful_tools))))
+                + sum(map(len, (self.stop_on, self.streaks, self.cycle_caps, self.cycle_repeats, self.key_modes,
+                                self.explicit_caps, self.stateful_tools))))
 
 
 def build_grid(spec: GridSpec) -> list[Policy]:
@@ -146,6 +151,7 @@ def build_grid(spec: GridSpec) -> list[Policy]:
         for n in spec.cycle_caps:
             cfg = base.replace(max_cycles_per_turn=n)
             candidates.append(Policy(_name(cfg, base), cfg))
+        candidates += _cycle_repeats(spec, base)
         for k in spec.key_modes:
             cfg = base.replace(key_mode=k)
             candidates.append(Policy(_name(cfg, base), cfg))
@@ -181,6 +187,16 @@ def _crossed(spec: GridSpec, base: GuardConfig) -> list[Policy]:
             cfg = base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st, streak_stop_on=on,
                                key_mode=k, stateful_tools=tools)
             out.append(Policy(_name(cfg, base), cfg))
+    return out + _cycle_repeats(spec, base)
+
+
+def _cycle_repeats(spec: GridSpec, base: GuardConfig) -> list[Policy]:
+    """``cycle_repeat`` varied alone around the base, in both kinds of grid: it fires on few turns,
+    and crossing it with every other axis would multiply the grid for them."""
+    out = []
+    for w, st in spec.cycle_repeats:
+        cfg = base.replace(cycle_repeat_warn_at=w, cycle_repeat_stop_at=st)
+        out.append(Policy(_name(cfg, base), cfg))
     return out
 
 
@@ -207,6 +223,7 @@ _NAME_PARTS = (
     (("streak_warn_at", "streak_stop_at"), "streak {}/{}"),
     (("streak_stop_on",), "stop on {}"),
     (("max_cycles_per_turn",), "cycles {}"),
+    (("cycle_repeat_warn_at", "cycle_repeat_stop_at"), "cycle repeat {}/{}"),
     (("key_mode",), "key {}"),
 )
 """(config fields, how to show them) for ``_name``: shown when any of the fields differs."""

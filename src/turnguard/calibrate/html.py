@@ -36,6 +36,7 @@ COLORS = {
     "hard_backstop": "#c23b3b",
     "streak": "#2f7ebd",
     "cycle_cap": "#3a9a5b",
+    "cycle_repeat": "#1a9c9c",
     "plugin_error": "#777777",
     "censored": "#c8c8c8",
 }
@@ -104,7 +105,7 @@ def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, 
 def halts_chart(data: list[dict[str, Any]]) -> str:
     for r in data:
         r["_seg"] = {**r["by_threshold"], CENSORED: r["censored"]}
-    order = (*THRESHOLD_ORDER, CENSORED)
+    order = tuple(dict.fromkeys((*THRESHOLD_ORDER, *COLORS)))  # every threshold with a color, censored last
     seen = [k for k in order if any(r["_seg"].get(k) for r in data)]
     legend = _legend([(k, COLORS[k]) for k in seen] + [("resolved turns among them", FP_COLOR)])
     return _hbars("chart-halts", data, [(k, COLORS[k]) for k in order], "halted_resolved",

@@ -18,6 +18,7 @@ from turnguard.calibrate.advice import (
     DEFAULT_TOLERANCE,
     Context,
     assess,
+    frontiers,
     probe_hard_cap,
     recommendation,
     tool_list_warning,
@@ -480,6 +481,7 @@ class RunStats:
         data["configured_rate"] = self.probe_rate
         data["recommendation"] = recommendation(self.probe, ctx, turns=self.turns, calls=self.calls,
                                                 default_limits=default_limits(self.default_params))
+        data["frontier"] = {f.threshold: f.to_json() for f in frontiers(self.probe, ctx, self.turns, self.calls)}
         return data
 
     def to_json(self) -> dict[str, Any]:

@@ -75,6 +75,39 @@ def loglog_interval(s: float, greenwood: float, z: float = Z95) -> tuple[float, 
     return s ** math.exp(-theta), s ** math.exp(theta)
 
 
+EXACT_ONE_SIDED = 0.05
+"""Where the estimate is 0 or 1 Greenwood's variance is 0 and says nothing: the exact binomial
+bound at 95% over the turns whose fate is known, ``1 - 0.05^(1/N)`` (about 3/N), one-sided since
+the other end is the estimate itself (the threshold board's ``evidence.EXACT_ONE_SIDED``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A survival's 95% interval, how it was had, and the turns an exact one rests on."""
+
+    low: float
+    high: float
+    exact: bool
+    known: int | None = None
+    """For an exact one: the turns seen past the point (survival 1) or finishing before it (0)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"interval": [round(self.low, 6), round(self.high, 6)],
+                "interval_from": "exact" if self.exact else "log-log", "exact_over": self.known}
+
+
+def survival_interval(s: float, greenwood: float, survivors: int, finishers: int) -> Interval:
+    """The 95% interval of a survival ``s``, never missing: log-log strictly between 0 and 1; exact
+    at 1 over the ``survivors`` seen past the point (none of them finished: ``[0.05^(1/N), 1]``) and
+    at 0 over the ``finishers`` (every one finished: ``[0, 1 - 0.05^(1/N)]``); ``[0, 1]`` over none."""
+    interval = loglog_interval(s, greenwood)
+    if interval is not None:
+        return Interval(*interval, exact=False)
+    if s >= 1:
+        return Interval(EXACT_ONE_SIDED ** (1 / survivors) if survivors else 0.0, 1.0, True, survivors)
+    return Interval(0.0, 1 - EXACT_ONE_SIDED ** (1 / finishers) if finishers else 1.0, True, finishers)
+
+
 @dataclass
 class Survival:
     """The turns' call counts as events and censorings, and the estimate read from them."""
@@ -119,6 +152,10 @@ class Survival:
                 out.append(Step(t, r, d, s, v))
             r -= d + self.censored.get(t, 0)
         return out
+
+    def events_between(self, low: int, high: int) -> int:
+        """Turns that finished after ``low`` calls and by ``high``."""
+        return sum(v for k, v in self.events.items() if low < k <= high)
 
     def at_risk(self, n: int) -> int:
         """Turns observed to need at least ``n`` calls (their count is ``n`` or more)."""
@@ -171,7 +208,8 @@ class FinishBy:
     """Why not estimable: ``past_cap`` (past the highest cap turns ran under) or ``no_turns``."""
     share: float | None = None
     """The share that finish by ``calls``: ``1 - S(calls)/S(base)``."""
-    interval: tuple[float, float] | None = None
+    interval: Interval | None = None
+    """The share's 95% interval (present whenever the share is)."""
     at_risk: int = 0
     extra_calls: float | None = None
     """Calls per turn that reaches ``base`` that a backstop at ``calls`` would add (restricted mean)."""
@@ -179,9 +217,10 @@ class FinishBy:
     """The same per turn of the whole recording (times ``S(base)``)."""
 
     def to_json(self) -> dict[str, Any]:
-        rounded = None if self.interval is None else [round(x, 6) for x in self.interval]
+        interval = (self.interval.to_json() if self.interval is not None else
+                    {"interval": None, "interval_from": None, "exact_over": None})
         return {"multiple": self.multiple, "calls": self.calls, "estimable": self.estimable, "why": self.why,
-                "share": None if self.share is None else round(self.share, 6), "interval": rounded,
+                "share": None if self.share is None else round(self.share, 6), **interval,
                 "at_risk": self.at_risk,
                 "extra_calls_per_turn_reaching": None if self.extra_calls is None else round(self.extra_calls, 3),
                 "extra_calls_per_turn": None if self.extra_calls_per_turn is None else round(self.extra_calls_per_turn,
@@ -213,11 +252,11 @@ def finish_by(survival: Survival, steps: list[Step], base: int, multiple: float,
         return FinishBy(multiple, calls, False, "no_turns", at_risk=at_risk)
     s_k, v_k = Survival.at(steps, calls)
     conditional = s_k / s_base
-    interval = loglog_interval(conditional, v_k - v_base)
+    kept = survival_interval(conditional, v_k - v_base, survival.at_risk(calls + 1),
+                             survival.events_between(base, calls))
     extra = restricted_mean(steps, base, calls) / s_base
     return FinishBy(multiple, calls, True, None, 1 - conditional,
-                    None if interval is None else (1 - interval[1], 1 - interval[0]), at_risk, extra,
-                    extra * s_base)
+                    Interval(1 - kept.high, 1 - kept.low, kept.exact, kept.known), at_risk, extra, extra * s_base)
 
 
 INFORMATIVE = ("Censoring by the stuck and streak thresholds is informative, not independent: those turns were "
@@ -237,9 +276,9 @@ def estimate(survival: Survival, base: int | None, multiplier: float | None, hor
     if base is None or multiplier is None or horizon is None or not survival.turns:
         return out
     s, v = Survival.at(steps, base)
-    interval = loglog_interval(s, v)
-    out["reach"] = {"survival": round(s, 6), "interval": None if interval is None else [round(x, 6) for x in interval],
-                    "at_risk": survival.at_risk(base + 1)}
+    reach = survival.at_risk(base + 1)
+    interval = survival_interval(s, v, reach, survival.events_between(0, base))
+    out["reach"] = {"survival": round(s, 6), **interval.to_json(), "at_risk": reach}
     soft = base / multiplier
     for factor in FACTORS:
         k = multiplier * factor
@@ -260,6 +299,25 @@ def _ended(est: dict[str, Any]) -> str:
     return f"{est['events']:,} finished, {est['censored']:,} censored" + (f" ({parts})" if parts else "")
 
 
+def percent(x: float, digits: int = 0) -> str:
+    """``x`` as a percentage with as many more digits (up to 3) as it takes never to read 0% or
+    100% for a share that is not exactly that."""
+    text = f"{x:.{digits}%}"
+    while digits < 3 and ((x > 0 and float(text[:-1]) == 0) or (x < 1 and float(text[:-1]) == 100)):
+        digits += 1
+        text = f"{x:.{digits}%}"
+    return text
+
+
+def _band(figure: dict[str, Any], digits: int, exact: str) -> str:
+    """A figure's 95% interval in words; an exact one says the turns it rests on (``exact``: how)."""
+    low, high = figure["interval"]
+    text = f"95% {percent(low, digits)}-{percent(high, digits)}"
+    if figure["interval_from"] == "exact":
+        text += f", exact: {exact.format(n=figure['exact_over'])}"
+    return text
+
+
 def survival_lines(est: dict[str, Any]) -> list[str]:
     """The estimate in sentences (empty without turns)."""
     if not est["turns"]:
@@ -270,9 +328,10 @@ def survival_lines(est: dict[str, Any]) -> list[str]:
     reach, base = est["reach"], est["from_calls"]
     if reach is None:
         return [*out, "The default configuration has no adaptive backstop: no threshold question to answer."]
-    interval = "" if reach["interval"] is None else f", 95% {reach['interval'][0]:.1%}-{reach['interval'][1]:.1%}"
-    out.append(f"{reach['survival']:.1%} of the turns need more than the backstop's {base:,} calls{interval} "
-               f"({reach['at_risk']:,} were seen past it). Of the turns that reach it:")
+    exact = ("no turn finished by it, over the {n:,} seen past it" if reach["survival"] >= 1 else
+             "every turn finished by it, over the {n:,} that did")
+    out.append(f"{percent(reach['survival'], 1)} of the turns need more than the backstop's {base:,} calls "
+               f"({_band(reach, 1, exact)}; {reach['at_risk']:,} were seen past it). Of the turns that reach it:")
     cap = est["horizon"]
     for f in est["finish_by"]:
         label = f"by {f['multiple']:g}x ({f['calls']:,} calls)"
@@ -281,8 +340,10 @@ def survival_lines(est: dict[str, Any]) -> list[str]:
                    "there" if f["why"] == "past_cap" else "not estimable: no turn was seen past the backstop")
             out.append(f"  {label}: {why}.")
             continue
-        band = "" if f["interval"] is None else f" (95% {f['interval'][0]:.0%}-{f['interval'][1]:.0%})"
-        out.append(f"  {label}: {f['share']:.0%} finish{band}, {f['at_risk']:,} still running there; a backstop "
+        exact = ("none finished, over the {n:,} seen past it" if f["share"] <= 0 else
+                 "all finished, over the {n:,} that did")
+        out.append(f"  {label}: {percent(f['share'])} finish ({_band(f, 0, exact)}), {f['at_risk']:,} still "
+                   "running there; a backstop "
                    f"there costs {f['extra_calls_per_turn_reaching']:,.0f} more calls per turn that reaches "
                    f"{base:,} ({f['extra_calls_per_turn']:,.1f} per turn).")
     source = "the caps the turns ran under" if est["horizon_from"] == "limits" else (

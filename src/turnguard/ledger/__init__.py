@@ -270,7 +270,8 @@ class Ledger(PolledCalls):
 
         The facts must not depend on the difference: ``max_tracked_keys``, ``stuck_signal`` and
         ``streak_stop_on`` must be equal, and ``stuck_repeat_threshold`` equal or not yet reached
-        under either value. Raises ``ValueError`` otherwise.
+        under either value; a ledger without cycle runs (``cycle_repeat`` off) forks into one that
+        keeps them only before its first call. Raises ``ValueError`` otherwise.
         """
         stuck = config.stuck_repeat_threshold
         reached = self._max_stale if self._stale else self.max_key_repeat
@@ -281,10 +282,11 @@ class Ledger(PolledCalls):
             or (stuck != self.stuck_at and reached >= min(stuck, self.stuck_at))
             or frozenset(config.stateful_tools) != self._stateful
             or frozenset(config.streak_exempt_tools) != self._exempt
+            or (self._cyc is None and self.checks and (config.cycle_repeat_warn_at or config.cycle_repeat_stop_at))
         ):
             raise ValueError(
                 "fork(): the facts so far depend on stuck_repeat_threshold, stuck_signal, streak_stop_on, "
-                "max_tracked_keys, stateful_tools or streak_exempt_tools"
+                "max_tracked_keys, stateful_tools, streak_exempt_tools or cycle_repeat (kept only where it is on)"
             )
         twin = Ledger(
             config,
@@ -651,8 +653,11 @@ class CyclingLedger(Ledger):
                               config.cycle_repeat_stop_at, self.checks + 1)
 
     def count_call(self, digest: bytes, tool_name: str) -> int:
-        seq = super().count_call(digest, tool_name)
-        self._cyc.checked(seq, None if tool_name in self._exempt else digest, False)
+        seq = Ledger.count_call(self, digest, tool_name)
+        keys = self._cyc.keys
+        if not keys:
+            self._cyc.next = seq  # (CycleRuns.checked, inlined: this is every call's path)
+        keys[seq] = (None if tool_name in self._exempt else digest, False)
         return seq
 
     def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
@@ -667,8 +672,13 @@ class CyclingLedger(Ledger):
     def record_outcome(self, seq: int, outcome: Outcome) -> bool | None:
         cyc = self._cyc
         # (a stateful call's outcome is settled by record_polled, with its result, before it comes here)
-        due = cyc.settle(seq, outcome) if seq in cyc.keys and seq not in cyc.early else False
-        return super().record_outcome(seq, outcome) or due
+        if seq == cyc.next and not cyc.early and seq in cyc.keys:  # in check order: settle, inlined
+            cyc.due = None
+            cyc._count(seq, outcome, None)
+            due = cyc.due is not None
+        else:
+            due = cyc.settle(seq, outcome) if seq in cyc.keys and seq not in cyc.early else False
+        return Ledger.record_outcome(self, seq, outcome) or due
 
     def abandon(self, seq: int) -> None:
         self._cyc.settle(seq, _ABANDONED)
@@ -686,10 +696,19 @@ class CyclingLedger(Ledger):
         cyc.next = self.checks + 1
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
+        """``Ledger.fork``, the cycle runs carried (their levels those of ``config``); a ``ValueError``
+        where ``config`` looks for other periods and calls were seen."""
+        cyc = self._cyc
+        on = config.cycle_repeat_warn_at or config.cycle_repeat_stop_at
+        if on and config.cycle_repeat_max_period != cyc.period and (cyc.filled or cyc.keys or cyc.early):
+            raise ValueError("fork(): the cycle runs so far depend on cycle_repeat_max_period")
         twin = super().fork(config, promptable=promptable)
-        if twin._cyc is not None and config.cycle_repeat_max_period == self._cyc.period:
-            twin._cyc = self._cyc.copy()
-            twin._cyc.warn, twin._cyc.stop = config.cycle_repeat_warn_at - 1, config.cycle_repeat_stop_at - 1
+        if twin._cyc is not None:
+            if config.cycle_repeat_max_period == cyc.period:
+                twin._cyc = cyc.copy()
+                twin._cyc.warn, twin._cyc.stop = config.cycle_repeat_warn_at - 1, config.cycle_repeat_stop_at - 1
+            else:
+                twin._cyc.next = cyc.next  # (no call seen: nothing else to carry)
         return twin
 
     def state(self) -> dict[str, Any]:

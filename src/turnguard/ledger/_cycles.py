@@ -27,7 +27,7 @@ class CycleRuns:
 
     ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
 
-    __slots__ = ("due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs", "stop", "warn")
+    __slots__ = ("_levels", "_stop", "_warn", "due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs")
 
     def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
         self.period = period
@@ -41,6 +41,29 @@ class CycleRuns:
         """Checked calls waiting to settle: (digest, stateful); a ``None`` digest takes no part."""
         self.early: dict[int, tuple[Outcome, bytes | None]] = {}
         self.due: tuple[Level, int, int] | None = None
+
+    @property
+    def warn(self) -> int:
+        return self._warn
+
+    @warn.setter
+    def warn(self, value: int) -> None:
+        self._warn = value
+        self._levels = self._level_runs()
+
+    @property
+    def stop(self) -> int:
+        return self._stop
+
+    @stop.setter
+    def stop(self, value: int) -> None:
+        self._stop = value
+        self._levels = self._level_runs()
+
+    def _level_runs(self) -> tuple[frozenset[int], ...]:
+        """By period ``k``: the run lengths at which a level is reached (``warn * k``, ``stop * k``)."""
+        warn, stop = getattr(self, "_warn", -1), getattr(self, "_stop", -1)
+        return tuple(frozenset(n * k for n in (warn, stop) if n > 0) for k in range(self.period + 1))
 
     def checked(self, seq: int, digest: bytes | None, stateful: bool) -> None:
         if not self.keys and not self.early:
@@ -69,16 +92,34 @@ class CycleRuns:
             return
         key = digest + result if stateful and result is not None else digest
         ring, period, pos, runs = self.ring, self.period, self.pos, self.runs
-        for k in range(1, self.filled + 1):
-            runs[k] = runs[k] + 1 if ring[pos - k] == key else 0
-        ring[pos] = key
+        filled = self.filled
         self.pos = pos + 1 if pos + 1 < period else 0
-        if self.filled < period:
-            self.filled += 1
-        warn, stop = self.warn, self.stop
-        for k in range(2, period + 1):
+        if filled < period:
+            self.filled = filled + 1
+        if key not in ring:  # (most calls: none of the last ``period`` is this one; a scan in C says so)
+            ring[pos] = key
+            if any(runs):
+                runs[:] = [0] * len(runs)
+            return
+        reached = False
+        levels = self._levels
+        for k in range(1, filled + 1):
+            if ring[pos - k] == key:
+                r = runs[k] = runs[k] + 1
+                reached = reached or r in levels[k]
+            else:
+                runs[k] = 0
+        ring[pos] = key
+        if reached:
+            self._reach()
+
+    def _reach(self) -> None:
+        """Name the level a cycle just reached: the shortest period whose run is not a shorter
+        period's (a period-4 run of A,B,A,B is the period-2 cycle's), a stop over a warning."""
+        runs, levels, stop = self.runs, self._levels, self.stop
+        for k in range(2, self.period + 1):
             r = runs[k]
-            if r and (r == warn * k or r == stop * k) and not any(runs[d] >= r for d in range(1, k) if not k % d):
+            if r in levels[k] and not any(runs[d] >= r for d in range(1, k) if not k % d):
                 level = Level.STOP if r == stop * k else Level.WARN
                 if self.due is None or level is Level.STOP:
                     self.due = (level, k, r)
@@ -132,4 +173,5 @@ class CycleRuns:
             self.early[check] = (Outcome(st.choice(f"{path}.{key}[0]", value[0], OUTCOME_VALUES)),
                                  st.digest(f"{path}.{key}[1]", value[1], DIGEST_SIZE, optional=True))
         f.done()
+
 

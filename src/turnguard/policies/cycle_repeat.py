@@ -64,23 +64,36 @@ def quiet_rule(turn: PolicyFacts) -> Quiet:
 
 def firing_rule(config: GuardConfig) -> CycleRepeatFiring:
     """When ``cycle_repeat`` can fire on a turn known in advance (``turnguard.firing``)."""
-    return CycleRepeatFiring(config.cycle_repeat_warn_at, config.cycle_repeat_stop_at)
+    return CycleRepeatFiring(config.cycle_repeat_warn_at, config.cycle_repeat_stop_at, config.remind_model,
+                             config.cycle_repeat_max_period)
 
 
 @dataclass(frozen=True, slots=True)
 class CycleRepeatFiring:
-    """A cycle repeated ``r`` times has one key seen at least ``r`` times: below the least level
-    in the repeat count, the policy cannot fire (a bound; where it may, the replay asks it)."""
+    """Where the policy can change a replay's result: unattended, only the stop level (it halts;
+    the warning is observed or a reminder). Attended, the warning's ASK (answered "continue", it
+    restarts the count, so a stop at or above it never comes) or, with ``remind_model``, the stop's
+    ASK. A cycle repeated ``r`` times has each of its calls seen ``r`` times: below the level in
+    the repeat count the policy cannot fire, and no level is reached before the call where the
+    count reaches it (the ledger's runs do not depend on the levels, so a replay may fork there)."""
 
     warn: int
     stop: int
+    remind: bool
+    period: int
+
+    def level(self, promptable: bool) -> int:
+        """The level that changes a result (0: none)."""
+        if promptable and not self.remind and self.warn:
+            return self.warn
+        return self.stop
 
     def triggers(self, promptable: bool) -> Triggers:
-        return Triggers()  # (no count of ``Triggers`` bounds it: ``firing`` says where)
+        level = self.level(promptable)
+        return Triggers(repeat=level) if level else Triggers()
 
     def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
-        levels = [n for n in (self.stop, self.warn if promptable else 0) if n]
-        if not levels or facts.max_repeat < min(levels):
+        level = self.level(promptable)
+        if not level or facts.max_repeat < level:
             return None
-        least = min(levels)
-        return Firing(("cycle_repeat", self.warn, self.stop, promptable), facts.reach_repeat[least - 1])
+        return Firing(("cycle_repeat", self.period, level, promptable), facts.reach_repeat[level - 1])

@@ -1,0 +1,186 @@
+"""The recommended value per threshold (``calibrate/frontier.py``): the rule on hand-made ladders,
+then on two planted fleets whose right answer is known (``frontier_fleet``), in both directions."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+import frontier_fleet as ff
+from turnguard.calibrate import cli
+from turnguard.calibrate.frontier import Scale, frontier, turns_for_zero, upper_bound
+from turnguard.calibrate.ladder import Ladder, ladders_from_json
+from turnguard.calibrate.stats import RunStats
+
+TOLERANCE = 0.1
+LIVE = {"backstop": 10, "stuck": 6, "streak": 8}
+planted_result: dict[int, dict] = {}
+"""The whole ``--json`` result of each planted run, by its probe part's id."""
+SETTING = {"backstop": "hard_multiplier", "stuck": "stuck_repeat_threshold", "streak": "streak_stop_at"}
+
+
+# -- the rule ----------------------------------------------------------------------------------------
+
+
+def test_with_no_productive_turn_the_bound_is_the_exact_binomial_one():
+    assert upper_bound(0, 40) == (0.0, pytest.approx(1 - 0.025 ** (1 / 40)))
+    assert upper_bound(0, 40)[1] == pytest.approx(0.0881, abs=1e-4)  # about 3.7/N, not 3/N
+    assert turns_for_zero(0.1) == 36 and upper_bound(0, 36)[1] < 0.1 <= upper_bound(0, 35)[1]
+
+
+def ladder(*turns: tuple[int, str, int]) -> Ladder:
+    """Turns as ``(reach, fate, calls)``; a value ``v`` halts one after ``10 v`` calls."""
+    out = Ladder()
+    for reach, fate, calls in turns:
+        out.add(reach, fate, [10 * v for v in range(1, reach + 1)], calls)
+    return out
+
+
+def runaways(n: int, reach: int = 40) -> list[tuple[int, str, int]]:
+    return [(reach, "censored", 10 * reach)] * n
+
+
+def test_the_smallest_value_within_the_tolerance_is_recommended_with_its_cost():
+    turns = [(k, "resolved", 10 * k) for k in (12, 15, 20, 25)] + runaways(40)
+    f = frontier("backstop", ladder(*turns), 10, TOLERANCE, Scale(44, 1000, 20_000), horizon=40)
+    assert f.recommended == 26
+    assert f.rungs[25].at_risk == 40 and f.rungs[25].productive == 0
+    assert f.rungs[25].extra_calls == 40 * (260 - 100)  # the runaways burn 26x instead of 10x
+    assert f.rungs[25].extra_share == pytest.approx(40 * 160 / 44 / 20)
+    assert f.sentence == ("set hard_multiplier = 26: it spares every productive turn the probe saw (0 of 40 past 26x; "
+                          "at most 8.8% at 95%, exact binomial; the longest productive turn passed 25x) and lets turns "
+                          "that never resolve burn 727.3% more calls.")
+
+
+def test_the_live_value_when_it_is_the_smallest_within_is_kept():
+    turns = [(9, "resolved", 95)] * 20 + runaways(40)
+    f = frontier("backstop", ladder(*turns), 10, TOLERANCE, Scale(60, 60, 6000), horizon=40)
+    assert f.recommended == 10 and f.to_json()["keep"] is True
+    assert f.sentence.startswith("keep hard_multiplier = 10: it spares every productive turn the probe saw (0 of 40")
+
+
+def test_a_lower_value_within_the_tolerance_is_recommended_as_saving_calls():
+    f = frontier("stuck", ladder(*runaways(50, 20)), 6, TOLERANCE, Scale(50, 50, 1000))
+    assert f.recommended == 2 and "saves" in f.sentence and f.rungs[1].extra_calls == 50 * (20 - 60)
+
+
+def test_too_few_turns_at_risk_say_how_many_would_decide_not_raise_the_cap():
+    turns = [(12, "resolved", 120)] * 5 + runaways(10)
+    f = frontier("backstop", ladder(*turns), 10, TOLERANCE, Scale(15, 15, 1500), horizon=40)
+    assert f.recommended is None
+    assert "0 of 10" in f.sentence and "about 36 turns at risk" in f.sentence and "let the probe run" in f.sentence
+    assert "raise the probe" not in f.sentence
+
+
+def test_productive_turns_up_to_the_probes_cap_ask_to_raise_it():
+    turns = [(39, "resolved", 395)] * 10 + runaways(40)
+    f = frontier("backstop", ladder(*turns), 10, TOLERANCE, Scale(50, 50, 5000), horizon=40)
+    assert f.recommended is None and "raise the probe's own limit to see past 40x" in f.sentence
+    assert f.rungs[39].decision == "past_cap"
+
+
+def test_ladders_merge_exactly_and_round_trip_through_json():
+    a, b = ladder((3, "resolved", 30), (5, "censored", 50)), ladder((5, "unresolved", 55), (1, "unknown", 12))
+    whole = ladder((3, "resolved", 30), (5, "censored", 50), (5, "unresolved", 55), (1, "unknown", 12))
+    a.merge(b)
+    assert a == whole
+    assert ladders_from_json({"stuck": json.loads(json.dumps(a.to_json()))})["stuck"] == whole
+    with pytest.raises(ValueError, match="ladder value"):
+        Ladder.from_json({"resolved": {"0": 1}})
+
+
+# -- the planted fleets --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[ff.KEEP, ff.RAISE], ids=lambda d: d.name)
+def planted(request, tmp_path_factory) -> tuple[ff.Design, list[ff.Planted], dict, str, str]:
+    folder = tmp_path_factory.mktemp(request.param.name)
+    turns = ff.run(folder / "turns.jsonl", request.param)
+    args = [str(folder / "turns.jsonl"), "--config", str(ff.config_file(folder)), "--soft-caps", str(ff.S),
+            "--multipliers", "10", "--stuck-repeats", "6", "--streaks", "5:8", "--no-peers", "--explicit-caps", "100",
+            "--key-modes", "canonical"]
+    out = [io.StringIO() for _ in range(3)]
+    html = folder / "report.html"
+    assert cli.main([*args, "--json", "-"], stdout=out[0], stderr=out[2]) == 0, out[2].getvalue()
+    assert cli.main([*args, "--html", str(html), "--wide"], stdout=out[1], stderr=out[2]) == 0
+    result = json.loads(out[0].getvalue())
+    planted_result[id(result["probe"])] = result
+    return request.param, turns, result["probe"], out[1].getvalue(), html.read_text()
+
+
+@pytest.mark.parametrize("threshold", sorted(LIVE))
+def test_each_recommended_value_is_within_the_truths_range(planted, threshold):
+    """Between the truth's smallest safe value and the smallest value the probe's turns put within
+    the tolerance, and the live value exactly where it is right."""
+    design, turns, probe, _, _ = planted
+    got = probe["frontier"][threshold]
+    safe, within = ff.truth_safe(turns, threshold, TOLERANCE), ff.smallest_within(turns, threshold, TOLERANCE)
+    assert safe is not None and within is not None
+    assert safe <= got["recommended"] == within, (threshold, safe, got["recommended"], within)
+    if design.right:
+        assert got["recommended"] == LIVE[threshold] and got["keep"] is True
+    else:
+        assert got["recommended"] > LIVE[threshold] and got["keep"] is False
+
+
+@pytest.mark.parametrize("threshold", sorted(LIVE))
+def test_the_sentence_says_keep_or_set_with_the_bound_and_the_cost(planted, threshold):
+    design, turns, probe, text, _ = planted
+    got = probe["frontier"][threshold]
+    v = got["recommended"]
+    row = next(r for r in got["rows"] if r["value"] == v)
+    at_risk = sum(t.seen[threshold] >= v for t in turns)
+    assert row["at_risk"] == at_risk and row["productive"] == 0
+    assert row["interval"][1] == pytest.approx(1 - 0.025 ** (1 / at_risk), abs=1e-6)
+    bound = f"0 of {at_risk}"
+    verb = "keep" if design.right else "set"
+    assert got["sentence"].startswith(f"{verb} {SETTING[threshold]} = {v}: it spares every productive turn the probe "
+                                      f"saw ({bound}")
+    assert f"at most {1 - 0.025 ** (1 / at_risk):.1%} at 95%, exact binomial" in got["sentence"]
+    assert (" more calls" in got["sentence"]) is (not design.right)
+    assert f"Recommended: {got['sentence']}" in probe["recommendation"]
+    assert " ".join(f"Recommended: {got['sentence']}".split()) in " ".join(text.split())
+
+
+def test_the_cost_is_the_calls_never_resolving_turns_burn_past_the_live_value(planted):
+    """Backstop: ``min(calls, v S) - min(calls, 10 S)`` over the turns that never resolve, and as a
+    share of the fleet's calls at the probe's per-turn rate."""
+    _, turns, probe, _, _ = planted
+    got = probe["frontier"]["backstop"]
+    v = got["recommended"]
+    want = sum(min(t.calls, v * ff.S) - min(t.calls, 10 * ff.S) for t in turns if not t.work.productive)
+    row = next(r for r in got["rows"] if r["value"] == v)
+    assert row["extra_calls"] == want
+    result = planted_result[id(probe)]
+    calls = result["calls"]  # the calls made, and the one each halt refused
+    assert result["turns"] == len(turns) and 0 <= calls - sum(t.calls for t in turns) <= len(turns)
+    assert row["extra_share"] == pytest.approx(want / len(turns) / (calls / len(turns)), abs=1e-6)
+
+
+def test_the_backstop_advice_stops_asking_to_raise_the_probes_cap_once_within(planted):
+    design, _, probe, _, _ = planted
+    backstop = probe["recommendation"][0]
+    assert "raise the probe's cap" not in backstop
+    if not design.right:
+        assert "set hard_multiplier = 22 (below)" in backstop
+
+
+def test_the_reports_show_the_frontier_table(planted):
+    design, _, probe, text, html = planted
+    assert "Recommended values" in text and ("(keep)" if design.right else "(set)") in text
+    assert "<table id='probe-frontier'>" in html and ("(keep)" if design.right else "(set)") in html
+    rows = probe["frontier"]["backstop"]["rows"]
+    assert [r["value"] for r in rows] == sorted(r["value"] for r in rows)
+    assert all(set(r) == {"value", "at_risk", "productive", "unknown", "interval", "extra_calls", "extra_share",
+                          "decision"} for r in rows)
+    assert all(r["decision"] == "past_cap" for r in rows if r["value"] >= 40)
+
+
+def test_a_result_read_back_recommends_the_same(planted):
+    """The ladders are counters in ``--json``: a result read back (as ``calibrate merge`` reads its
+    inputs) recommends the same, with the same rows."""
+    _, _, probe, _, _ = planted
+    again = RunStats.from_json(planted_result[id(probe)]).probe_json()
+    assert again["frontier"] == probe["frontier"] and again["ladders"] == probe["ladders"]
