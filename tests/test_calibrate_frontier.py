@@ -9,7 +9,8 @@ import json
 import pytest
 
 import frontier_fleet as ff
-from turnguard.calibrate import cli
+from turnguard.calibrate import cli, survival
+from turnguard.calibrate.evidence import Sided, zero_event_bound
 from turnguard.calibrate.frontier import Scale, frontier, turns_for_zero, upper_bound
 from turnguard.calibrate.ladder import Ladder, ladders_from_json
 from turnguard.calibrate.stats import RunStats
@@ -28,6 +29,23 @@ def test_with_no_productive_turn_the_bound_is_the_exact_binomial_one():
     assert upper_bound(0, 40) == (0.0, pytest.approx(1 - 0.025 ** (1 / 40)))
     assert upper_bound(0, 40)[1] == pytest.approx(0.0881, abs=1e-4)  # about 3.7/N, not 3/N
     assert turns_for_zero(0.1) == 36 and upper_bound(0, 36)[1] < 0.1 <= upper_bound(0, 35)[1]
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 40, 300])
+def test_the_one_exact_zero_event_bound_misses_one_time_in_its_tail(n):
+    """For any true share p, n turns with no event (probability (1-p)^n) put the bound under p at
+    most as often as the bound's tail: 5% one-sided, 2.5% for a two-sided interval's upper end."""
+    for sided in Sided:
+        high = zero_event_bound(n, sided)
+        misses = [(1 - p) ** n for p in (i / 1000 for i in range(1, 1000)) if high < p]
+        assert max(misses) <= sided.value + 1e-12 and max(misses) > sided.value / 2
+    assert zero_event_bound(0, Sided.ONE) == zero_event_bound(0, Sided.TWO) == 1.0
+
+
+def test_the_frontier_is_two_sided_and_the_survival_estimate_one_sided():
+    assert upper_bound(0, 40)[1] == zero_event_bound(40, Sided.TWO)
+    assert survival.survival_interval(0.0, 0.0, 0, 40).high == zero_event_bound(40, Sided.ONE)
+    assert zero_event_bound(40, Sided.ONE) == pytest.approx(3 / 40, rel=0.05)
 
 
 def ladder(*turns: tuple[int, str, int]) -> Ladder:

@@ -201,7 +201,7 @@ def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
 
 EXACT_TWO_SIDED = 0.025
 """The exact binomial bound with no productive turn among N at risk, ``1 - 0.025^(1/N)`` (two-sided
-95%, calibrate's ``frontier.ALPHA_HALF``)."""
+95%, calibrate's ``evidence.zero_event_bound`` with ``Sided.TWO``)."""
 
 
 def productive_high(resolved: str, known: str) -> str:
@@ -321,7 +321,8 @@ def finished_by(cap: CapSettings, k: int) -> str:
 
 EXACT_ONE_SIDED = 0.05
 """Zero events (or all events) in N turns: the exact binomial bound at 95%, ``1 - 0.05^(1/N)``
-(about 3/N), one-sided, since the other end is the estimate itself."""
+(about 3/N), one-sided, since the other end is the estimate itself (calibrate's
+``evidence.zero_event_bound`` with ``Sided.ONE``)."""
 
 
 def _past(edge: float) -> str:

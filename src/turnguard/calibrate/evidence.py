@@ -15,6 +15,7 @@ Everything is a counter, so partial runs merge exactly and memory does not grow 
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,24 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == trials else min(1.0, centre + half)
     return low, high
+
+
+class Sided(enum.Enum):
+    """Which 95% bound an exact zero-event figure is: the value is the tail it leaves out."""
+
+    ONE = 0.05
+    """One-sided: the other end is the estimate itself (``1 - 0.05^(1/N)``, about 3/N)."""
+    TWO = 0.025
+    """The upper end of a two-sided interval (``1 - 0.025^(1/N)``, about 3.7/N)."""
+
+
+def zero_event_bound(trials: int, sided: Sided) -> float:
+    """The exact binomial (Clopper-Pearson) 95% upper bound of a share with no event among
+    ``trials`` (1 with none): where the Wilson or log-log interval says nothing, at 0 events (and,
+    as ``1 - bound``, the lower bound at ``trials`` events of ``trials``)."""
+    if trials < 0:
+        raise ValueError(f"need trials >= 0, got {trials}")
+    return 1 - sided.value ** (1 / trials) if trials else 1.0
 
 
 @dataclass

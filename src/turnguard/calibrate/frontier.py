@@ -13,7 +13,8 @@ own: censored) the calls they would make under each value, so that for any value
   recorded, and no value past that limit is judged);
 - the share has a 95% interval: the Wilson interval, except with no productive turn among ``N``
   at risk, where it is the exact binomial (Clopper-Pearson) bound ``1 - 0.025^(1/N)`` (about
-  ``3.7/N``; the ``3/N`` rule is a one-sided 95% bound, a 90% two-sided one: less strict than the rest);
+  ``3.7/N``): the upper end of a two-sided interval, like the Wilson one beside it
+  (``evidence.zero_event_bound`` with ``Sided.TWO``; the ``3/N`` rule is the one-sided bound);
 - the cost is the calls the never-resolving turns would burn between the live value and ``v``
   (negative: calls saved), as a share of the fleet's calls at the probe's per-turn rate.
 
@@ -29,11 +30,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.calibrate.evidence import wilson_interval
+from turnguard.calibrate.evidence import Sided, wilson_interval, zero_event_bound
 from turnguard.calibrate.ladder import TOP, Ladder
 
-ALPHA_HALF = 0.025
-"""The two-sided 95% interval's tail: the exact zero-event bound is ``1 - ALPHA_HALF^(1/N)``."""
+EXACT = Sided.TWO
+"""The frontier's exact zero-event bound: the upper end of a two-sided 95% interval."""
 SETTINGS = {"backstop": "hard_multiplier", "stuck": "stuck_repeat_threshold", "streak": "streak_stop_at"}
 """The ``GuardConfig`` field each ladder's value sets."""
 SHOWN = {"backstop": (2, 3, 5, 10, 15, 20, 30), "stuck": (3, 4, 6, 8, 12, 16), "streak": (4, 6, 8, 12, 16)}
@@ -44,13 +45,13 @@ def upper_bound(productive: int, at_risk: int) -> tuple[float, float]:
     """The 95% interval of the productive share among ``at_risk`` turns: Wilson, except the exact
     binomial bound at zero productive turns."""
     if at_risk and productive == 0:
-        return 0.0, 1 - ALPHA_HALF ** (1 / at_risk)
+        return 0.0, zero_event_bound(at_risk, EXACT)
     return wilson_interval(productive, at_risk)
 
 
 def turns_for_zero(tolerance: float) -> int:
     """The fewest turns at risk, none productive, whose exact bound is below ``tolerance``."""
-    return math.floor(math.log(ALPHA_HALF) / math.log(1 - tolerance)) + 1
+    return math.floor(math.log(EXACT.value) / math.log(1 - tolerance)) + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from turnguard.calibrate.bounds import call_count_key, count, histogram
-from turnguard.calibrate.evidence import Z95
+from turnguard.calibrate.evidence import Z95, Sided, zero_event_bound
 from turnguard.calibrate.svg import LANE_H, lanes, spaced
 from turnguard.model import Threshold
 
@@ -75,7 +75,7 @@ def loglog_interval(s: float, greenwood: float, z: float = Z95) -> tuple[float, 
     return s ** math.exp(-theta), s ** math.exp(theta)
 
 
-EXACT_ONE_SIDED = 0.05
+EXACT = Sided.ONE
 """Where the estimate is 0 or 1 Greenwood's variance is 0 and says nothing: the exact binomial
 bound at 95% over the turns whose fate is known, ``1 - 0.05^(1/N)`` (about 3/N), one-sided since
 the other end is the estimate itself (the threshold board's ``evidence.EXACT_ONE_SIDED``)."""
@@ -104,8 +104,8 @@ def survival_interval(s: float, greenwood: float, survivors: int, finishers: int
     if interval is not None:
         return Interval(*interval, exact=False)
     if s >= 1:
-        return Interval(EXACT_ONE_SIDED ** (1 / survivors) if survivors else 0.0, 1.0, True, survivors)
-    return Interval(0.0, 1 - EXACT_ONE_SIDED ** (1 / finishers) if finishers else 1.0, True, finishers)
+        return Interval(1 - zero_event_bound(survivors, EXACT), 1.0, True, survivors)
+    return Interval(0.0, zero_event_bound(finishers, EXACT), True, finishers)
 
 
 @dataclass
