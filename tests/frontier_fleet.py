@@ -17,6 +17,12 @@ them (``truth_safe``), and what the probe could see from the turns as the probe 
 Both have runaways (distinct calls forever), turns stuck alternating two calls and calls that fail
 forever: 40 of each, enough for the exact bound with none productive, ``1 - 0.025^(1/40)`` = 8.8%,
 to be under a tolerance of 10%.
+
+Two variants probe the soft cap and the cycle cap, which the main runs do not (they say "not
+probed"): ``SOFT_PROBE`` raises the probe's soft cap to 3 S (10x and D = 6 held, the soft cap's
+values in steps of ``SOFT_STEP`` calls), and ``cycled`` runs each turn as model requests of
+``PER_REQUEST`` calls under a live cycle cap (``CYCLE_LIVE``, right for ``KEEP``) and a probe's
+of ``CYCLE_PROBE`` requests.
 """
 
 from __future__ import annotations
@@ -34,6 +40,20 @@ LIVE = {"soft_cap": S, "hard_multiplier": 10, "stuck_repeat_threshold": 6, "stre
 PROBE = {"rate": 1.0, "hard_multiplier": 40, "stuck_repeat_threshold": 40, "streak_stop_at": 30}
 FOREVER = 10**6
 """The reach of a turn that never stops on its own."""
+SOFT_PROBE = {**PROBE, "soft_cap": 3 * S}
+SOFT_STEP = S // 10
+"""The soft cap ladder's unit (``ladder.soft_step``)."""
+PER_REQUEST = 5
+CYCLE_LIVE = 38
+"""The live cycle cap right for ``KEEP``: its longest productive turn, 190 calls, makes 38 requests."""
+CYCLE_PROBE = 100
+UNITS = {"soft": SOFT_STEP}
+"""The step between a threshold's values where it is not 1."""
+
+
+def cycled(per_request: int = PER_REQUEST) -> tuple[dict, dict, int]:
+    """The live and probe configurations with a cycle cap, and the calls per model request."""
+    return {**LIVE, "max_cycles_per_turn": CYCLE_LIVE}, {**PROBE, "max_cycles_per_turn": CYCLE_PROBE}, per_request
 
 
 class Work(enum.Enum):
@@ -76,7 +96,8 @@ class Planted:
 
     work: Work
     reach: dict[str, int]
-    """By threshold (``backstop``, ``stuck``, ``streak``): the largest value that halts it with no limit."""
+    """By threshold (``backstop``, ``stuck``, ``streak``, ``soft`` in calls, ``cycles``): the largest
+    value that halts it with no limit."""
     calls: int
     """Calls the probe let it make."""
     seen: dict[str, int]
@@ -113,36 +134,49 @@ def _steps(work: Work, design: Design, rng: random.Random, tag: int) -> list[Ste
     return [(tg.ToolCall("mvn", {"goal": f"t{tag}"}), error)] * 60
 
 
-def _reach(work: Work, steps: list[Step], calls: int) -> dict[str, int]:
-    """The largest value of each threshold that halts the first ``calls`` steps (repeat counts and
-    failing streaks as the ledger counts them, each threshold alone)."""
+def _reach(work: Work, steps: list[Step], calls: int, requests: int = 1) -> dict[str, int]:
+    """The largest value of each threshold that halts the first ``calls`` steps, made in
+    ``requests`` model requests (repeat counts and failing streaks as the ledger counts them, each
+    threshold alone; the soft cap with 10x and D = 6 held: a soft cap s halts a turn of more than
+    10 s calls, or one whose most repeated call reaches 6 once past s, in steps of ``SOFT_STEP``)."""
     seen: dict[tuple[str, str], int] = {}
     most = failing = longest = 0
+    stuck_at = None
     last = None
-    for call, outcome in steps[:calls]:
+    for i, (call, outcome) in enumerate(steps[:calls], 1):
         key = (call.name, repr(sorted(call.args.items())))
         seen[key] = seen.get(key, 0) + 1
         most = max(most, seen[key])
+        if most >= LIVE["stuck_repeat_threshold"] and stuck_at is None:
+            stuck_at = i
         failing = (failing if key == last else 0) + 1 if outcome is tg.Outcome.ERROR else 0
         longest = max(longest, failing)
         last = key
-    return {"backstop": (calls - 1) // S, "stuck": most if calls > S else 0, "streak": longest}
+    soft = calls - 1 if stuck_at is not None else (calls - 1) // LIVE["hard_multiplier"]
+    return {"backstop": (calls - 1) // S, "stuck": most if calls > S else 0, "streak": longest,
+            "soft": soft // SOFT_STEP * SOFT_STEP, "cycles": requests - 1}
 
 
-def run(path: Path, design: Design, seed: int = 5) -> list[Planted]:
-    """Run the design's mix through a guard whose probe takes every turn, recording ``path``."""
+def run(path: Path, design: Design, seed: int = 5, live: dict | None = None, probe: dict | None = None,
+        per_request: int | None = None) -> list[Planted]:
+    """Run the design's mix through a guard whose probe takes every turn, recording ``path``;
+    ``per_request``: each model request makes that many calls (``None``: one request)."""
     rng = random.Random(seed)
     work = [w for w, n in MIX.items() for _ in range(n)]
     rng.shuffle(work)
-    config = tg.GuardConfig(name="prod", probe=dict(PROBE), recorder_path=str(path), load_entrypoints=False,
-                            disable_plugins=("otel", "shadow"), **LIVE)
+    config = tg.GuardConfig(name="prod", probe=dict(probe or PROBE), recorder_path=str(path), load_entrypoints=False,
+                            disable_plugins=("otel", "shadow"), **(live or LIVE))
     guard = tg.Guard(config, environ={})
     out = []
     for i, kind in enumerate(work):
         steps = _steps(kind, design, rng, i)
         turn = guard.turn(turn_id=f"{design.name}-{i}", agent_name="coder")
-        made = 0
+        made = requests = 0
         for call, outcome in steps:
+            if per_request and made % per_request == 0:
+                requests += 1
+                if turn.begin_cycle().halted:
+                    break
             if turn.check_call(call).halted:
                 break
             made += 1
@@ -152,17 +186,19 @@ def run(path: Path, design: Design, seed: int = 5) -> list[Planted]:
         turn.report_result(done)
         summary = turn.end()
         forever = {} if kind.productive else {"backstop": FOREVER, "stuck": FOREVER if kind is not Work.RUNAWAY else 1,
-                                              "streak": FOREVER if kind is Work.FAILING else 0}
-        reach = {**_reach(kind, steps, len(steps)), **forever}
-        censored = str(summary.threshold) == "hard_backstop"
-        out.append(Planted(kind, reach, made, _reach(kind, steps, made), done, censored))
+                                              "streak": FOREVER if kind is Work.FAILING else 0, "soft": FOREVER,
+                                              "cycles": FOREVER}
+        reach = {**_reach(kind, steps, len(steps), -(-len(steps) // (per_request or len(steps)))), **forever}
+        censored = str(summary.threshold) in ("hard_backstop", "cycle_cap")
+        out.append(Planted(kind, reach, made, _reach(kind, steps, made, requests or 1), done, censored))
     return out
 
 
 def truth_safe(turns: list[Planted], threshold: str, tolerance: float) -> int | None:
     """The truth's smallest safe value (above 1): the share of the turns it halts that would have
     succeeded, every turn run with no limit, is below ``tolerance``."""
-    for v in range(2, 1000):
+    unit = UNITS.get(threshold, 1)
+    for v in range(2 * unit, 1000 * unit, unit):
         halted = [t for t in turns if t.reach[threshold] >= v]
         if not halted:
             return None
@@ -176,7 +212,8 @@ def smallest_within(turns: list[Planted], threshold: str, tolerance: float) -> i
     (a turn the probe halted at its backstop counts as not done), is below ``tolerance``: the exact
     binomial bound with none done, else Wilson's."""
     z = 1.959963984540054
-    for v in range(2, 257):
+    unit = UNITS.get(threshold, 1)
+    for v in range(2 * unit, 257 * unit, unit):
         halted = [t for t in turns if t.seen[threshold] >= v]
         n, x = len(halted), sum(t.done for t in halted)
         if not n:
@@ -192,9 +229,9 @@ def smallest_within(turns: list[Planted], threshold: str, tolerance: float) -> i
     return None
 
 
-def config_file(folder: Path) -> Path:
+def config_file(folder: Path, live: dict | None = None, probe: dict | None = None) -> Path:
     """The fleet's configuration as ``calibrate --config`` reads it (the default row is the live one)."""
     path = folder / "turnguard.toml"
-    path.write_text("".join(f"{k} = {v}\n" for k, v in LIVE.items())
-                    + "[probe]\n" + "".join(f"{k} = {v!r}\n" for k, v in PROBE.items()))
+    path.write_text("".join(f"{k} = {v}\n" for k, v in (live or LIVE).items())
+                    + "[probe]\n" + "".join(f"{k} = {v!r}\n" for k, v in (probe or PROBE).items()))
     return path

@@ -202,3 +202,101 @@ def test_a_result_read_back_recommends_the_same(planted):
     _, _, probe, _, _ = planted
     again = RunStats.from_json(planted_result[id(probe)]).probe_json()
     assert again["frontier"] == probe["frontier"] and again["ladders"] == probe["ladders"]
+
+
+# -- the soft cap and the cycle cap: probed where the probe runs past them, said plainly where not ----------
+
+
+def test_thresholds_the_probe_does_not_run_past_are_said_not_probed(planted):
+    """The main fleets' probe keeps the soft cap and has no cycle cap, and the live cap is adaptive:
+    each of the three says why no value can be recommended, in the JSON, the table and the HTML."""
+    _, _, probe, text, html = planted
+    why = {"soft": "the probe's soft cap, 20, is not above the live 20",
+           "cycles": "the live cycle cap is unbounded (0)", "explicit": "the live cap is adaptive"}
+    for threshold, reason in why.items():
+        got = probe["frontier"][threshold]
+        assert got["probed"] is False and got["recommended"] is None and got["rows"] == []
+        assert got["sentence"].startswith(f"{got['setting']}: not probed ({reason}")
+        assert got["sentence"].endswith("): no value can be recommended.")
+        assert got["sentence"] in probe["recommendation"]
+    assert all(probe["frontier"][t]["probed"] for t in LIVE)
+    flat = " ".join(text.split())
+    for label in ("soft cap 20 (live)", "cycle cap 0 (live)", "explicit cap - (live)"):
+        assert f"{label} - - - not probed" in flat
+    assert html.count("<td>not probed</td>") == 3
+
+
+PROBED = {"soft": {"live": ff.S, "probe": ff.SOFT_PROBE},
+          "cycles": dict(zip(("live", "probe", "per_request"), ff.cycled(), strict=True))}
+
+
+@pytest.fixture(scope="module", params=[(d, t) for t in PROBED for d in (ff.KEEP, ff.RAISE)],
+                ids=lambda p: f"{p[1]}-{p[0].name}")
+def probed(request, tmp_path_factory) -> tuple[ff.Design, str, list[ff.Planted], dict, str, str]:
+    design, threshold = request.param
+    folder = tmp_path_factory.mktemp(f"{threshold}-{design.name}")
+    given = PROBED[threshold]
+    live = given["live"] if isinstance(given["live"], dict) else None
+    turns = ff.run(folder / "turns.jsonl", design, live=live, probe=given["probe"],
+                   per_request=given.get("per_request"))
+    args = [str(folder / "turns.jsonl"), "--config", str(ff.config_file(folder, live, given["probe"])),
+            "--soft-caps", str(ff.S), "--multipliers", "10", "--stuck-repeats", "6", "--streaks", "5:8", "--no-peers",
+            "--explicit-caps", "100", "--key-modes", "canonical"]
+    out, err = io.StringIO(), io.StringIO()
+    html = folder / "report.html"
+    assert cli.main([*args, "--json", "-"], stdout=out, stderr=err) == 0, err.getvalue()
+    text = io.StringIO()
+    assert cli.main([*args, "--html", str(html), "--wide"], stdout=text, stderr=err) == 0
+    return design, threshold, turns, json.loads(out.getvalue())["probe"], text.getvalue(), html.read_text()
+
+
+LIVE_VALUE = {"soft": ff.S, "cycles": ff.CYCLE_LIVE}
+SETTING.update(soft="soft_cap", cycles="max_cycles_per_turn")
+
+
+def test_the_soft_and_cycle_caps_recommended_are_within_the_truths_range(probed):
+    """Where the probe raises the soft cap (to 3 S) or has a higher cycle cap, the recommended value
+    lies between the truth's smallest safe value and the smallest the probe's turns put within the
+    tolerance; "keep" exactly where the live value is right."""
+    design, threshold, turns, probe, _, _ = probed
+    got = probe["frontier"][threshold]
+    safe, within = ff.truth_safe(turns, threshold, TOLERANCE), ff.smallest_within(turns, threshold, TOLERANCE)
+    assert got["probed"] is True and safe is not None and within is not None
+    assert safe <= got["recommended"] == within, (threshold, safe, got["recommended"], within)
+    assert got["keep"] is design.right and (got["recommended"] == LIVE_VALUE[threshold]) is design.right
+    assert got["horizon"] == (3 * ff.S if threshold == "soft" else ff.CYCLE_PROBE)
+    assert all(r["value"] % ff.UNITS.get(threshold, 1) == 0 for r in got["rows"])
+    assert all(r["decision"] == "past_cap" for r in got["rows"] if r["value"] >= got["horizon"])
+
+
+def test_the_soft_and_cycle_cap_sentences_and_tables(probed):
+    design, threshold, turns, probe, text, html = probed
+    got = probe["frontier"][threshold]
+    v = got["recommended"]
+    at_risk = sum(t.seen[threshold] >= v for t in turns)
+    row = next(r for r in got["rows"] if r["value"] == v)
+    assert row["at_risk"] == at_risk and row["productive"] == 0
+    verb = "keep" if design.right else "set"
+    assert got["sentence"].startswith(f"{verb} {SETTING[threshold]} = {v}: it spares every productive turn the "
+                                      f"probe saw (0 of {at_risk}")
+    assert f"at most {1 - 0.025 ** (1 / at_risk):.1%} at 95%, exact binomial" in got["sentence"]
+    assert f"Recommended: {got['sentence']}" in probe["recommendation"]
+    label = {"soft": "soft cap", "cycles": "cycle cap"}[threshold]
+    mark = "(keep)" if design.right else "(set)"
+    assert f"{label} {v} {mark}" in " ".join(text.split())
+    assert f"<td class='l'>{v} {mark}</td>" in html
+
+
+def test_a_cycle_cap_costs_the_requests_never_resolving_turns_make_past_the_live_one(probed):
+    """The runaways' calls between the live cap's requests and the recommended one's; the recorder
+    gives a turn's request total, not where each began, so calibrate spreads the calls evenly over
+    the requests (a runaway refused its 101st request after 500 calls: 4.95 a request, not 5)."""
+    design, threshold, turns, probe, _, _ = probed
+    if threshold != "cycles":
+        pytest.skip("the cycle cap's cost")
+    got = probe["frontier"]["cycles"]
+    v, per = got["recommended"], ff.PER_REQUEST
+    row = next(r for r in got["rows"] if r["value"] == v)
+    want = sum(min(t.calls, v * per) - min(t.calls, ff.CYCLE_LIVE * per) for t in turns if not t.work.productive)
+    assert row["extra_calls"] == pytest.approx(want, rel=0.02)
+    assert (row["extra_calls"] > 0) is (not design.right)

@@ -44,7 +44,8 @@ from typing import Any
 
 from turnguard.calibrate.bounds import COHORT_KEYS
 from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence
-from turnguard.calibrate.frontier import Frontier, Scale, frontier
+from turnguard.calibrate.frontier import Frontier, Scale, frontier, not_probed
+from turnguard.calibrate.ladder import soft_step
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.records import TOOL_LIST_KEYS
 from turnguard.terminal import DEFAULT_WIDTH, fit_table
@@ -127,6 +128,8 @@ class Context:
     recording: Recording
     probe_rate: float | None = None
     """The probe's configured rate (``--config``), ``None`` when not configured."""
+    main_cycles: int | None = None
+    """The default policy's cycle cap (0: unbounded; ``None``: not known)."""
 
 
 def probe_hard_cap(recording: Recording) -> int | None:
@@ -158,8 +161,9 @@ def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int]
 
 def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) -> list[Frontier]:
     """The recommended value of each probed threshold of the main configuration (``frontier.py``):
-    the backstop multiple (when a whole number), D (under the ``repeat`` signal's counts) and the
-    streak stop (when on)."""
+    the backstop multiple (when a whole number), D (under the ``repeat`` signal's counts), the
+    streak stop (when on), the soft cap and the cycle cap (each where the probe runs past it, else
+    said to be not probed), and the explicit cap (not in force under an adaptive cap)."""
     if e.soft_cap is None or not e.turns:
         return []
     scale = Scale(e.turns, turns, calls)
@@ -175,7 +179,48 @@ def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) ->
         stop = probe_streak_stop(ctx.recording)
         out.append(frontier("streak", e.ladders["streak"], e.streak_stop, ctx.tolerance, scale,
                             None if stop is None else stop + 1))
+    out.append(_soft_frontier(e, ctx, scale))
+    out.append(_cycles_frontier(e, ctx, scale))
+    out.append(not_probed("explicit", None, "the live cap is adaptive, S x m: max_tool_calls_per_turn is not in "
+                          "force, and the soft cap and the backstop multiple stand for it"))
     return out
+
+
+def _soft_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> Frontier:
+    """The soft cap S, the multiple and D held: probed where every probe turn ran under a higher
+    soft cap (or none); judged up to the lowest probe soft cap and its backstop."""
+    assert e.soft_cap is not None
+    s, m = e.soft_cap, e.multiplier
+    limits = [lim for lim, _ in ctx.recording.limits_of("probe")]
+    if not limits or ctx.recording.unlimited_turns("probe"):
+        return not_probed("soft", s, "the probe's turns do not all record the limits they ran under")
+    lowest = min((lim.soft_cap for lim in limits if lim.cap_mode == "adaptive" and lim.soft_cap), default=None)
+    if lowest is not None and lowest <= s:
+        return not_probed("soft", s, f"the probe's soft cap, {lowest:,}, is not above the live {s:,}, so no probe "
+                                     "turn is seen past it")
+    if m is None or any(lim.cap_mode == "explicit" for lim in limits):
+        return not_probed("soft", s, "the probe's turns ran under an explicit cap, not a soft one")
+    caps = [-(-lim.hard_cap // m) for lim in limits if lim.hard_cap is not None]
+    horizon = min([*caps, *([lowest] if lowest is not None else [])], default=None)
+    return frontier("soft", e.ladders["soft"], s, ctx.tolerance, scale, None if horizon is None else int(horizon),
+                    soft_step(s))
+
+
+def _cycles_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> Frontier:
+    """The cycle cap on model requests: probed where the live one is bounded and every probe turn
+    ran under a higher one (or none); judged up to the lowest probe cap."""
+    cap = ctx.main_cycles
+    if cap is None:
+        return not_probed("cycles", None, "the default policy's cycle cap is not known")
+    if cap == 0:
+        return not_probed("cycles", 0, "the live cycle cap is unbounded (0): the probe cannot run past it")
+    probe = [lim.max_cycles for lim, _ in ctx.recording.limits_of("probe")]
+    if not probe or None in probe or ctx.recording.unlimited_turns("probe"):
+        return not_probed("cycles", cap, "the probe's turns do not all record their cycle cap")
+    lowest = min((c for c in probe if c), default=None)
+    if lowest is not None and lowest <= cap:
+        return not_probed("cycles", cap, f"the probe's cycle cap, {lowest:,}, is not above the live {cap:,}")
+    return frontier("cycles", e.ladders["cycles"], cap, ctx.tolerance, scale, lowest)
 
 
 def assess(e: ProbeEvidence, ctx: Context) -> dict[str, Decision]:
@@ -400,7 +445,7 @@ def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int
     out = [backstop_advice(e, decisions, backstop), stuck_advice(e, decisions)]
     if e.streak_stop:
         out.append(streak_advice(e, decisions))
-    out += [f"Recommended: {f.sentence}" for f in found]
+    out += [f"Recommended: {f.sentence}" if f.probed else f.sentence for f in found]
     cost = cost_advice(e, ctx, turns, calls)
     if cost:
         out.append(cost)
@@ -444,9 +489,14 @@ def evidence_rows(e: ProbeEvidence, ctx: Context) -> list[dict[str, Any]]:
 
 FRONTIER_HEADERS = (("threshold", "threshold"), ("value", "value"), ("productive halted", "halted"),
                     ("95%", "interval"), ("extra calls", "extra"), ("decision", "decision"))
-_LABELS = {"backstop": "backstop", "stuck": "D", "streak": "streak stop"}
+_LABELS = {"backstop": "backstop", "stuck": "D", "streak": "streak stop", "soft": "soft cap", "cycles": "cycle cap",
+           "explicit": "explicit cap"}
 _DECISIONS = {"within": "within", "above": "above", "undecided": "undecided", "no_evidence": "no evidence",
               "past_cap": "past the probe's limit"}
+
+
+def _value_cell(f: Frontier, v: int | None) -> str:
+    return "-" if v is None else f"{v}x" if f.threshold == "backstop" else f"{v:,}"
 
 
 def frontier_rows(found: list[Frontier]) -> list[dict[str, str]]:
@@ -454,10 +504,13 @@ def frontier_rows(found: list[Frontier]) -> list[dict[str, str]]:
     recommended one marked."""
     out = []
     for f in found:
+        if not f.probed:
+            out.append({"threshold": _LABELS[f.threshold], "value": _value_cell(f, f.live) + " (live)", "halted": "-",
+                        "interval": "-", "extra": "-", "decision": "not probed"})
         for r in f.shown():
             mark = " (keep)" if r.value == f.live == f.recommended else " (live)" if r.value == f.live else \
                 " (set)" if r.value == f.recommended else ""
-            value = f"{r.value}x" if f.threshold == "backstop" else str(r.value)
+            value = _value_cell(f, r.value)
             extra = "-" if not r.extra_calls else f"{r.extra_calls:+,}" + (
                 f" ({r.extra_share:+.1%})" if r.extra_share is not None else "")
             out.append({"threshold": _LABELS[f.threshold], "value": value + mark,

@@ -18,10 +18,11 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from turnguard.calibrate.bounds import MAX_COUNT, count
-from turnguard.calibrate.ladder import TOP, Ladder, ladders_from_json, ladders_to_json, new_ladders
+from turnguard.calibrate.ladder import TOP, Ladder, ladders_from_json, ladders_to_json, new_ladders, soft_step
 from turnguard.probe import Cohort
 
 if TYPE_CHECKING:
@@ -248,6 +249,31 @@ class ProbeEvidence:
         if facts.reach_failing:
             reach = min(TOP, facts.max_failing)
             self.ladders["streak"].add(reach, fate, list(facts.reach_failing[:reach]), calls)
+        if facts.cycles > 1:
+            reach = min(TOP, facts.cycles - 1)
+            self.ladders["cycles"].add(reach, fate, [c - 1 for c in facts.cycle_calls[1:reach + 1]], calls)
+        if repeat_signal and self.multiplier is not None and self.stuck_repeat is not None:
+            self._climb_soft(calls, fate, facts)
+
+    def _climb_soft(self, calls: int, fate: str, facts: TurnFacts) -> None:
+        """The turn on the soft cap's ladder, the multiple m and D held: a soft cap s halts it at
+        ``m s + 1`` calls, or where its most repeated call reaches D past s (at once past s when that
+        was earlier), whichever comes first."""
+        assert self.multiplier is not None and self.stuck_repeat is not None
+        step, m, d = soft_step(self.soft_cap or 1), self.multiplier, self.stuck_repeat
+        stuck_at = facts.reach_repeat[d - 1] if facts.max_repeat >= d else None
+
+        def halt_call(s: int) -> int | None:
+            """The call soft cap ``s`` refuses (``None``: it does not halt the turn)."""
+            backstop = int(s * Fraction(repr(m))) + 1  # as ``GuardConfig.hard_cap``: no float rounding
+            stuck = max(s + 1, stuck_at) if stuck_at is not None else backstop
+            first = min(backstop, stuck)
+            return first if first <= calls else None
+
+        reach = min(TOP, (calls - 1) // step if stuck_at is not None else int(calls / m / step) + 1)
+        while reach and halt_call(reach * step) is None:
+            reach -= 1
+        self.ladders["soft"].add(reach, fate, [(halt_call(v * step) or calls) - 1 for v in range(1, reach + 1)], calls)
 
     def rows(self) -> list[tuple[str, Passed]]:
         """``(key, row)`` for each threshold: ``"<k>"`` for the multiples, then ``"stuck"`` and

@@ -35,9 +35,11 @@ from turnguard.calibrate.ladder import TOP, Ladder
 
 EXACT = Sided.TWO
 """The frontier's exact zero-event bound: the upper end of a two-sided 95% interval."""
-SETTINGS = {"backstop": "hard_multiplier", "stuck": "stuck_repeat_threshold", "streak": "streak_stop_at"}
+SETTINGS = {"backstop": "hard_multiplier", "stuck": "stuck_repeat_threshold", "streak": "streak_stop_at",
+            "soft": "soft_cap", "cycles": "max_cycles_per_turn", "explicit": "max_tool_calls_per_turn"}
 """The ``GuardConfig`` field each ladder's value sets."""
-SHOWN = {"backstop": (2, 3, 5, 10, 15, 20, 30), "stuck": (3, 4, 6, 8, 12, 16), "streak": (4, 6, 8, 12, 16)}
+SHOWN = {"backstop": (2, 3, 5, 10, 15, 20, 30), "stuck": (3, 4, 6, 8, 12, 16), "streak": (4, 6, 8, 12, 16),
+         "cycles": (5, 10, 20, 30, 50, 100)}
 """Values the frontier table shows beside the live, the recommended and the edges of the evidence."""
 
 
@@ -87,25 +89,34 @@ class Frontier:
 
     threshold: str
     setting: str
-    live: int
+    live: int | None
+    """The live value (``None``: not in force or not recorded)."""
     recommended: int | None
     rungs: tuple[Rung, ...]
     sentence: str
     horizon: int | None = None
     """The probe's own limit in this threshold's values (``None``: not recorded)."""
+    unit: int = 1
+    """The step between the values (the soft cap's ``ladder.soft_step`` calls; 1 for the others)."""
+    probed: bool = True
+    """Whether the probe runs past the live value at all (``False``: no rungs, the sentence says why)."""
+
+    def rung(self, value: int) -> Rung:
+        return self.rungs[value // self.unit - 1]
 
     def shown(self) -> list[Rung]:
         """The rungs the table shows: the usual values, the live, the recommended, the first with
         no productive turn and the last with evidence."""
-        if not self.rungs:
+        if not self.rungs or self.live is None:
             return []
         last = max((r.value for r in self.rungs if r.at_risk), default=0)
         zero = next((r.value for r in self.rungs if r.at_risk and not r.productive), None)
-        picks = {*SHOWN[self.threshold], self.live, last, *(v for v in (self.recommended, zero) if v is not None)}
+        usual = SHOWN.get(self.threshold) or tuple(self.live * k // 2 // self.unit * self.unit for k in (3, 4, 6))
+        picks = {*usual, self.live, last, *(v for v in (self.recommended, zero) if v is not None)}
         return [r for r in self.rungs if r.value in picks and (r.value <= max(last, self.live))]
 
     def to_json(self) -> dict[str, Any]:
-        return {"setting": self.setting, "live": self.live, "recommended": self.recommended,
+        return {"setting": self.setting, "live": self.live, "probed": self.probed, "recommended": self.recommended,
                 "keep": self.recommended == self.live, "horizon": self.horizon, "sentence": self.sentence,
                 "rows": [r.to_json() for r in self.rungs if r.at_risk or r.value == self.live]}
 
@@ -124,18 +135,26 @@ class Scale:
         return extra / self.probe_turns / (self.calls / self.turns)
 
 
+def not_probed(threshold: str, live: int | None, why: str) -> Frontier:
+    """A threshold the probe does not run past (``why``): said plainly, no value recommended."""
+    setting = SETTINGS[threshold]
+    return Frontier(threshold, setting, live, None, (), f"{setting}: not probed ({why}): no value can be recommended.",
+                    probed=False)
+
+
 def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale: Scale,
-             horizon: int | None = None) -> Frontier:
+             horizon: int | None = None, unit: int = 1) -> Frontier:
     """The frontier of one threshold against ``tolerance``; ``horizon``: the probe's own limit
-    (values at or past it are not judged)."""
-    top = max(ladder.top(), live)
-    base = ladder.calls_under(live)
+    (values at or past it are not judged); ``unit``: the ladder's step (``live`` a multiple of it)."""
+    top = max(ladder.top(), live // unit)
+    base = ladder.calls_under(live // unit)
     rungs = []
-    for v in range(1, min(top, TOP) + 1):
-        fates = ladder.at(v)
+    for i in range(1, min(top, TOP) + 1):
+        v = i * unit
+        fates = ladder.at(i)
         n = fates["resolved"] + fates["unresolved"] + fates["censored"]
         low, high = upper_bound(fates["resolved"], n)
-        extra = ladder.calls_under(v) - base
+        extra = ladder.calls_under(i) - base
         if horizon is not None and v >= horizon:
             decision = "past_cap"
         elif not n:
@@ -143,8 +162,8 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
         else:
             decision = "within" if high < tolerance else "above" if low > tolerance else "undecided"
         rungs.append(Rung(v, n, fates["resolved"], fates["unknown"], low, high, extra, scale.share(extra), decision))
-    recommended = next((r.value for r in rungs if r.decision == "within" and r.value > 1), None)
-    f = Frontier(threshold, SETTINGS[threshold], live, recommended, tuple(rungs), "", horizon)
+    recommended = next((r.value for r in rungs if r.decision == "within" and r.value > unit), None)
+    f = Frontier(threshold, SETTINGS[threshold], live, recommended, tuple(rungs), "", horizon, unit)
     return dataclasses.replace(f, sentence=sentence(f, tolerance))
 
 
@@ -154,11 +173,15 @@ def _what(threshold: str, v: int) -> str:
         return f"past {v}x"
     if threshold == "stuck":
         return f"repeating a call {v} or more times past S"
+    if threshold == "soft":
+        return f"halted under a soft cap of {v:,}"
+    if threshold == "cycles":
+        return f"past {v:,} model requests"
     return f"with {v} or more identical failures in a row"
 
 
 def _value_text(threshold: str, v: int) -> str:
-    return f"{v}x" if threshold == "backstop" else str(v)
+    return f"{v}x" if threshold == "backstop" else f"{v:,}"
 
 
 def _longest(threshold: str, v: int) -> str:
@@ -167,6 +190,10 @@ def _longest(threshold: str, v: int) -> str:
         return f"the longest productive turn passed {v}x"
     if threshold == "stuck":
         return f"the most a productive turn repeated a call past S: {v} times"
+    if threshold == "soft":
+        return f"the largest soft cap that halts a productive turn: {v:,}"
+    if threshold == "cycles":
+        return f"the most model requests a productive turn made: {v + 1:,}"
     return f"the longest failing streak of a productive turn: {v}"
 
 
@@ -190,7 +217,7 @@ def sentence(f: Frontier, tolerance: float) -> str:
         return (f"{f.setting}: no probe turn with a known fate would be halted by any value of it: nothing to "
                 "recommend yet.")
     if f.recommended is not None:
-        return _recommended(f, f.rungs[f.recommended - 1])
+        return _recommended(f, f.rung(f.recommended))
     return _none_within(f, tolerance)
 
 
@@ -201,7 +228,8 @@ def _recommended(f: Frontier, r: Rung) -> str:
         spared = (f"it halts {r.productive:,} of the {r.at_risk:,} probe turns {_what(t, r.value)} that succeeded "
                   f"({r.productive / r.at_risk:.1%}; {_bound(r)})")
     else:
-        longest = f"; {_longest(t, r.value - 1)}" if r.value > 1 and f.rungs[r.value - 2].productive else ""
+        below = r.value - f.unit
+        longest = f"; {_longest(t, below)}" if below >= f.unit and f.rung(below).productive else ""
         spared = (f"it spares every productive turn the probe saw (0 of {r.at_risk:,} {_what(t, r.value)}; "
                   f"{_bound(r)}{longest})")
     if r.value == f.live:
@@ -220,16 +248,16 @@ def _none_within(f: Frontier, tolerance: float) -> str:
     last = judged[-1]
     zero = next((r for r in judged if not r.productive), None)
     if zero is not None:
-        longest = f"{_longest(t, zero.value - 1)}; " if zero.value > 1 else ""
+        longest = f"{_longest(t, zero.value - f.unit)}; " if zero.value > f.unit else ""
         return (f"no value of {name} is within the tolerance of {tolerance:.0%} yet: the probe saw no productive "
                 f"turn {_what(t, zero.value)} ({longest}0 of {zero.at_risk:,}; {_bound(zero)}); about "
                 f"{turns_for_zero(tolerance):,} turns at risk there with none productive would bring the bound "
                 f"under {tolerance:.0%}: let the probe run.")
     said = (f"no value of {name} up to {_value_text(t, last.value)} is within the tolerance of {tolerance:.0%}: the "
             f"probe saw productive turns {_what(t, last.value)} ({last.productive:,} of {last.at_risk:,})")
-    if t == "backstop" or (f.horizon is not None and last.value + 1 >= f.horizon):
+    if t == "backstop" or (f.horizon is not None and last.value + f.unit >= f.horizon):
         cap = _value_text(t, f.horizon if f.horizon else last.value)
         return f"{said}; raise the probe's own limit to see past {cap}."
     more = "; or try stuck_signal='stale_repeat' (it spares turns that edit and rerun a test)" if t == "stuck" else ""
-    return (f"{said}, and none reaching more with a known fate: {name} = {last.value + 1} or more spares them, "
+    return (f"{said}, and none reaching more with a known fate: {name} = {last.value + f.unit} or more spares them, "
             f"but the probe cannot yet say what it would halt{more}.")

@@ -395,7 +395,8 @@ class RunStats:
 
     def context(self) -> Context:
         """What the probe rows are read against."""
-        return Context(self.tolerance, self.recording, self.probe_rate)
+        cycles = (self.default_params or {}).get("cycles")
+        return Context(self.tolerance, self.recording, self.probe_rate, cycles if isinstance(cycles, int) else None)
 
     def censored(self, mode: ModeStats) -> dict[str, int]:
         """``mode``'s censored turns by cohort, from this run's counts."""
