@@ -1,9 +1,12 @@
 """A value to set for each probed threshold, what it buys and what it costs.
 
-For a threshold (the backstop multiple, D, the streak stop) every probe turn has a *reach*: the
-largest value that would still halt it (the backstop ``k x S`` halts a turn of more than ``k S``
-calls; D halts a turn past S whose most repeated call reached D; the streak stop one whose failing
-streak reached it), each threshold taken alone. A ``Ladder`` counts the probe turns by reach and
+For a threshold (the backstop multiple, D, the streak stop, the soft cap, the cycle cap) every
+probe turn has a *reach*: the largest value that would still halt it (the backstop ``k x S`` halts a
+turn of more than ``k S`` calls; D halts a turn past S whose most repeated call reached D; the
+streak stop one whose failing streak reached it; a soft cap ``s`` one of more than ``m s`` calls or
+whose most repeated call reached D past ``s``; the cycle cap ``M`` one that began request ``M + 1``),
+each threshold taken alone. A threshold the probe does not run past gets no rungs and says so
+(``not_probed``). A ``Ladder`` counts the probe turns by reach and
 fate, and for the turns that never resolve (unresolved, or halted at a length limit of the probe's
 own: censored) the calls they would make under each value, so that for any value ``v``:
 
