@@ -20,7 +20,8 @@ to be under a tolerance of 10%.
 
 Two variants probe the soft cap and the cycle cap, which the main runs do not (they say "not
 probed"): ``SOFT_PROBE`` raises the probe's soft cap to 3 S (10x and D = 6 held, the soft cap's
-values in steps of ``SOFT_STEP`` calls), and ``cycled`` runs each turn as model requests of
+values in steps of ``SOFT_STEP`` calls), ``EXPLICIT_LIVE`` and ``EXPLICIT_PROBE`` put the live cap
+at 10 S explicitly and the probe's at 40 S, and ``cycled`` runs each turn as model requests of
 ``PER_REQUEST`` calls under a live cycle cap (``CYCLE_LIVE``, right for ``KEEP``) and a probe's
 of ``CYCLE_PROBE`` requests.
 """
@@ -42,12 +43,17 @@ FOREVER = 10**6
 """The reach of a turn that never stops on its own."""
 SOFT_PROBE = {**PROBE, "soft_cap": 3 * S}
 SOFT_STEP = S // 10
-"""The soft cap ladder's unit (``ladder.soft_step``)."""
+"""The soft cap ladder's unit (``ladder.value_step``)."""
+EXPLICIT = 10 * S
+"""The live explicit cap right for ``KEEP`` (its longest productive turn makes 190 calls)."""
+EXPLICIT_STEP = EXPLICIT // 10
+EXPLICIT_LIVE = {k: v for k, v in LIVE.items() if k != "soft_cap"} | {"max_tool_calls_per_turn": EXPLICIT}
+EXPLICIT_PROBE = {"rate": 1.0, "max_tool_calls_per_turn": 4 * EXPLICIT, "streak_stop_at": 30}
 PER_REQUEST = 5
 CYCLE_LIVE = 38
 """The live cycle cap right for ``KEEP``: its longest productive turn, 190 calls, makes 38 requests."""
 CYCLE_PROBE = 100
-UNITS = {"soft": SOFT_STEP}
+UNITS = {"soft": SOFT_STEP, "explicit": EXPLICIT_STEP}
 """The step between a threshold's values where it is not 1."""
 
 
@@ -154,7 +160,8 @@ def _reach(work: Work, steps: list[Step], calls: int, requests: int = 1) -> dict
         last = key
     soft = calls - 1 if stuck_at is not None else (calls - 1) // LIVE["hard_multiplier"]
     return {"backstop": (calls - 1) // S, "stuck": most if calls > S else 0, "streak": longest,
-            "soft": soft // SOFT_STEP * SOFT_STEP, "cycles": requests - 1}
+            "soft": soft // SOFT_STEP * SOFT_STEP, "cycles": requests - 1,
+            "explicit": (calls - 1) // EXPLICIT_STEP * EXPLICIT_STEP}
 
 
 def run(path: Path, design: Design, seed: int = 5, live: dict | None = None, probe: dict | None = None,
@@ -187,9 +194,9 @@ def run(path: Path, design: Design, seed: int = 5, live: dict | None = None, pro
         summary = turn.end()
         forever = {} if kind.productive else {"backstop": FOREVER, "stuck": FOREVER if kind is not Work.RUNAWAY else 1,
                                               "streak": FOREVER if kind is Work.FAILING else 0, "soft": FOREVER,
-                                              "cycles": FOREVER}
+                                              "cycles": FOREVER, "explicit": FOREVER}
         reach = {**_reach(kind, steps, len(steps), -(-len(steps) // (per_request or len(steps)))), **forever}
-        censored = str(summary.threshold) in ("hard_backstop", "cycle_cap")
+        censored = str(summary.threshold) in ("hard_backstop", "cycle_cap", "explicit")
         out.append(Planted(kind, reach, made, _reach(kind, steps, made, requests or 1), done, censored))
     return out
 

@@ -227,6 +227,7 @@ def test_thresholds_the_probe_does_not_run_past_are_said_not_probed(planted):
 
 
 PROBED = {"soft": {"live": ff.S, "probe": ff.SOFT_PROBE},
+          "explicit": {"live": ff.EXPLICIT_LIVE, "probe": ff.EXPLICIT_PROBE},
           "cycles": dict(zip(("live", "probe", "per_request"), ff.cycled(), strict=True))}
 
 
@@ -250,8 +251,9 @@ def probed(request, tmp_path_factory) -> tuple[ff.Design, str, list[ff.Planted],
     return design, threshold, turns, json.loads(out.getvalue())["probe"], text.getvalue(), html.read_text()
 
 
-LIVE_VALUE = {"soft": ff.S, "cycles": ff.CYCLE_LIVE}
-SETTING.update(soft="soft_cap", cycles="max_cycles_per_turn")
+LIVE_VALUE = {"soft": ff.S, "cycles": ff.CYCLE_LIVE, "explicit": ff.EXPLICIT}
+SETTING.update(soft="soft_cap", cycles="max_cycles_per_turn", explicit="max_tool_calls_per_turn")
+HORIZON = {"soft": 3 * ff.S, "cycles": ff.CYCLE_PROBE, "explicit": 4 * ff.EXPLICIT}
 
 
 def test_the_soft_and_cycle_caps_recommended_are_within_the_truths_range(probed):
@@ -264,7 +266,7 @@ def test_the_soft_and_cycle_caps_recommended_are_within_the_truths_range(probed)
     assert got["probed"] is True and safe is not None and within is not None
     assert safe <= got["recommended"] == within, (threshold, safe, got["recommended"], within)
     assert got["keep"] is design.right and (got["recommended"] == LIVE_VALUE[threshold]) is design.right
-    assert got["horizon"] == (3 * ff.S if threshold == "soft" else ff.CYCLE_PROBE)
+    assert got["horizon"] == HORIZON[threshold]
     assert all(r["value"] % ff.UNITS.get(threshold, 1) == 0 for r in got["rows"])
     assert all(r["decision"] == "past_cap" for r in got["rows"] if r["value"] >= got["horizon"])
 
@@ -281,7 +283,7 @@ def test_the_soft_and_cycle_cap_sentences_and_tables(probed):
                                       f"probe saw (0 of {at_risk}")
     assert f"at most {1 - 0.025 ** (1 / at_risk):.1%} at 95%, exact binomial" in got["sentence"]
     assert f"Recommended: {got['sentence']}" in probe["recommendation"]
-    label = {"soft": "soft cap", "cycles": "cycle cap"}[threshold]
+    label = {"soft": "soft cap", "cycles": "cycle cap", "explicit": "explicit cap"}[threshold]
     mark = "(keep)" if design.right else "(set)"
     assert f"{label} {v} {mark}" in " ".join(text.split())
     assert f"<td class='l'>{v} {mark}</td>" in html

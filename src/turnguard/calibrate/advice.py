@@ -45,7 +45,7 @@ from typing import Any
 from turnguard.calibrate.bounds import COHORT_KEYS
 from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence
 from turnguard.calibrate.frontier import Frontier, Scale, frontier, not_probed
-from turnguard.calibrate.ladder import soft_step
+from turnguard.calibrate.ladder import value_step
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.records import TOOL_LIST_KEYS
 from turnguard.terminal import DEFAULT_WIDTH, fit_table
@@ -164,9 +164,11 @@ def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) ->
     the backstop multiple (when a whole number), D (under the ``repeat`` signal's counts), the
     streak stop (when on), the soft cap and the cycle cap (each where the probe runs past it, else
     said to be not probed), and the explicit cap (not in force under an adaptive cap)."""
-    if e.soft_cap is None or not e.turns:
+    if not e.turns or (e.soft_cap is None and e.explicit_cap is None):
         return []
     scale = Scale(e.turns, turns, calls)
+    if e.soft_cap is None:
+        return [_explicit_frontier(e, ctx, scale)]
     out = []
     m = e.multiplier
     if m is not None and float(m).is_integer():
@@ -203,7 +205,21 @@ def _soft_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> Frontier:
     caps = [-(-lim.hard_cap // m) for lim in limits if lim.hard_cap is not None]
     horizon = min([*caps, *([lowest] if lowest is not None else [])], default=None)
     return frontier("soft", e.ladders["soft"], s, ctx.tolerance, scale, None if horizon is None else int(horizon),
-                    soft_step(s))
+                    value_step(s))
+
+
+def _explicit_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> Frontier:
+    """The explicit cap N: probed where every probe turn ran under a higher cap or none; judged up
+    to the lowest probe cap."""
+    n = e.explicit_cap
+    assert n is not None
+    limits = [lim for lim, _ in ctx.recording.limits_of("probe")]
+    if not limits or ctx.recording.unlimited_turns("probe"):
+        return not_probed("explicit", n, "the probe's turns do not all record the limits they ran under")
+    lowest = min((lim.hard_cap for lim in limits if lim.hard_cap is not None), default=None)
+    if lowest is not None and lowest <= n:
+        return not_probed("explicit", n, f"the probe's cap, {lowest:,} calls, is not above the live {n:,}")
+    return frontier("explicit", e.ladders["explicit"], n, ctx.tolerance, scale, lowest, value_step(n))
 
 
 def _cycles_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> Frontier:
@@ -438,7 +454,9 @@ def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int
     if e.turns == 0:
         return []
     if e.soft_cap is None:
-        return [f"{e.turns:,} probe turns, but the main configuration has no adaptive cap: nothing to compare."]
+        found = frontiers(e, ctx, turns, calls)
+        return [f"{e.turns:,} probe turns, but the main configuration has no adaptive cap: no row to compare.",
+                *(f"Recommended: {f.sentence}" if f.probed else f.sentence for f in found)]
     decisions = assess(e, ctx)
     found = frontiers(e, ctx, turns, calls)
     backstop = next((f.recommended for f in found if f.threshold == "backstop"), None)

@@ -22,7 +22,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from turnguard.calibrate.bounds import MAX_COUNT, count
-from turnguard.calibrate.ladder import TOP, Ladder, ladders_from_json, ladders_to_json, new_ladders, soft_step
+from turnguard.calibrate.ladder import TOP, Ladder, ladders_from_json, ladders_to_json, new_ladders, value_step
 from turnguard.probe import Cohort
 
 if TYPE_CHECKING:
@@ -176,6 +176,9 @@ class ProbeEvidence:
     ladders: dict[str, Ladder] = field(default_factory=new_ladders)
     """By threshold (``ladder.LADDERS``): the probe turns by the largest value that would halt
     them, for the recommended values (``frontier.py``)."""
+    explicit_cap: int | None = None
+    """The main configuration's explicit cap N (``None``: not explicit); then only the explicit
+    cap's ladder is counted."""
 
     def __post_init__(self) -> None:
         if not self.multiples and self.soft_cap is not None:
@@ -185,6 +188,8 @@ class ProbeEvidence:
     def for_policy(cls, params: dict[str, Any] | None) -> ProbeEvidence:
         """Evidence against a policy's parameters (``Policy.describe()``)."""
         params = params or {}
+        if params.get("cap_mode") == "explicit":
+            return cls(None, None, None, explicit_cap=int(params["hard_cap"]))
         if params.get("cap_mode") != "adaptive":
             return cls(None, None, None)
         stop = params.get("streak_stop_at")
@@ -193,7 +198,7 @@ class ProbeEvidence:
 
     @property
     def main(self) -> tuple[Any, ...]:
-        return (self.soft_cap, self.multiplier, self.stuck_repeat, self.streak_stop)
+        return (self.soft_cap, self.multiplier, self.stuck_repeat, self.streak_stop, self.explicit_cap)
 
     @property
     def unknown(self) -> int:
@@ -222,6 +227,11 @@ class ProbeEvidence:
         if main is not None and main.halt_call:
             self.past_main += 1
             self.calls_past_main += max(0, calls - main.halt_call + 1)
+        if self.explicit_cap is not None:
+            step = value_step(self.explicit_cap)
+            reach = min(TOP, (calls - 1) // step)
+            self.ladders["explicit"].add(reach, _fate(resolved, censored), [v * step for v in range(1, reach + 1)],
+                                         calls)
         if self.soft_cap is None:
             return
         for k, passed in self.multiples.items():
@@ -260,7 +270,7 @@ class ProbeEvidence:
         ``m s + 1`` calls, or where its most repeated call reaches D past s (at once past s when that
         was earlier), whichever comes first."""
         assert self.multiplier is not None and self.stuck_repeat is not None
-        step, m, d = soft_step(self.soft_cap or 1), self.multiplier, self.stuck_repeat
+        step, m, d = value_step(self.soft_cap or 1), self.multiplier, self.stuck_repeat
         stuck_at = facts.reach_repeat[d - 1] if facts.max_repeat >= d else None
 
         def halt_call(s: int) -> int | None:
@@ -299,6 +309,7 @@ class ProbeEvidence:
             "multiplier": self.multiplier,
             "stuck_repeat": self.stuck_repeat,
             "streak_stop": self.streak_stop,
+            "explicit_cap": self.explicit_cap,
             **{name: getattr(self, name) for name in _EVIDENCE_COUNTS},
             "unknown": self.unknown,
             "passed_multiple": {str(k): p.to_json() for k, p in self.multiples.items()},
@@ -315,6 +326,8 @@ class ProbeEvidence:
             raise ValueError(f"the probe evidence's multiplier must be a positive number, got {multiplier!r:.40}")
         evidence = cls(None if soft_cap is None else count(soft_cap), None if multiplier is None else float(multiplier),
                        None if stuck is None else count(stuck), None if stop is None else count(stop))
+        explicit = data.get("explicit_cap")
+        evidence.explicit_cap = None if explicit is None else count(explicit)
         for name in _EVIDENCE_COUNTS:
             setattr(evidence, name, count(data.get(name, 0) if name in _ADDED_COUNTS else data[name]))
         if evidence.resolved + evidence.unresolved > evidence.turns or evidence.censored > evidence.turns or \

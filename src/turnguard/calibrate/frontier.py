@@ -100,7 +100,7 @@ class Frontier:
     horizon: int | None = None
     """The probe's own limit in this threshold's values (``None``: not recorded)."""
     unit: int = 1
-    """The step between the values (the soft cap's ``ladder.soft_step`` calls; 1 for the others)."""
+    """The step between the values (``ladder.value_step`` calls for the soft and explicit caps; 1 for the others)."""
     probed: bool = True
     """Whether the probe runs past the live value at all (``False``: no rungs, the sentence says why)."""
 
@@ -180,6 +180,8 @@ def _what(threshold: str, v: int) -> str:
         return f"halted under a soft cap of {v:,}"
     if threshold == "cycles":
         return f"past {v:,} model requests"
+    if threshold == "explicit":
+        return f"past {v:,} calls"
     return f"with {v} or more identical failures in a row"
 
 
@@ -197,6 +199,8 @@ def _longest(threshold: str, v: int) -> str:
         return f"the largest soft cap that halts a productive turn: {v:,}"
     if threshold == "cycles":
         return f"the most model requests a productive turn made: {v + 1:,}"
+    if threshold == "explicit":
+        return f"the largest cap that halts a productive turn: {v:,} calls"
     return f"the longest failing streak of a productive turn: {v}"
 
 

@@ -14,16 +14,16 @@ from turnguard.calibrate.bounds import histogram
 TOP = 256
 """The highest value a ladder tells apart: a turn reaching past it counts as reaching it."""
 FATES = ("resolved", "unresolved", "censored", "unknown")
-LADDERS = ("backstop", "stuck", "streak", "soft", "cycles")
+LADDERS = ("backstop", "stuck", "streak", "soft", "cycles", "explicit")
 """The thresholds laddered: the backstop multiple of S, the stuck threshold D, the streak stop,
-the soft cap S (in ``soft_step`` calls, the multiple and D held) and the cycle cap on model
-requests."""
+the soft cap S (in ``value_step`` calls, the multiple and D held), the cycle cap on model
+requests and the explicit cap N (in ``value_step`` calls)."""
 
 
-def soft_step(soft_cap: int) -> int:
-    """The soft cap ladder's unit in calls: a tenth of S when S is a multiple of 10 (values up to
-    25.6 S), else one call."""
-    return soft_cap // 10 if soft_cap % 10 == 0 else 1
+def value_step(live: int) -> int:
+    """A call-count ladder's unit: a tenth of the live value when it is a multiple of 10 (values up
+    to 25.6 times it), else one call."""
+    return live // 10 if live % 10 == 0 else 1
 
 
 @dataclass
