@@ -302,3 +302,14 @@ def test_a_cycle_cap_costs_the_requests_never_resolving_turns_make_past_the_live
     want = sum(min(t.calls, v * per) - min(t.calls, ff.CYCLE_LIVE * per) for t in turns if not t.work.productive)
     assert row["extra_calls"] == pytest.approx(want, rel=0.02)
     assert (row["extra_calls"] > 0) is (not design.right)
+
+
+def test_under_an_explicit_cap_the_streak_stop_is_still_recommended_and_the_cycle_cap_said_not_probed(probed):
+    design, threshold, turns, probe, _, _ = probed
+    if threshold != "explicit":
+        pytest.skip("the explicit cap's fleet")
+    assert set(probe["frontier"]) == {"explicit", "streak", "cycles"}
+    streak = probe["frontier"]["streak"]
+    assert streak["recommended"] == ff.smallest_within(turns, "streak", TOLERANCE) and streak["keep"] is design.right
+    assert probe["frontier"]["cycles"]["probed"] is False
+    assert "the live cycle cap is unbounded (0)" in probe["frontier"]["cycles"]["sentence"]

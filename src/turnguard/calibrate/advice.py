@@ -168,7 +168,7 @@ def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) ->
         return []
     scale = Scale(e.turns, turns, calls)
     if e.soft_cap is None:
-        return [_explicit_frontier(e, ctx, scale)]
+        return [_explicit_frontier(e, ctx, scale), *_streak_frontier(e, ctx, scale), _cycles_frontier(e, ctx, scale)]
     out = []
     m = e.multiplier
     if m is not None and float(m).is_integer():
@@ -177,10 +177,7 @@ def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) ->
                             None if cap is None else -(-cap // e.soft_cap)))
     if e.stuck_repeat is not None and e.ladders["stuck"].top():
         out.append(frontier("stuck", e.ladders["stuck"], e.stuck_repeat, ctx.tolerance, scale))
-    if e.streak_stop:
-        stop = probe_streak_stop(ctx.recording)
-        out.append(frontier("streak", e.ladders["streak"], e.streak_stop, ctx.tolerance, scale,
-                            None if stop is None else stop + 1))
+    out += _streak_frontier(e, ctx, scale)
     out.append(_soft_frontier(e, ctx, scale))
     out.append(_cycles_frontier(e, ctx, scale))
     out.append(not_probed("explicit", None, "the live cap is adaptive, S x m: max_tool_calls_per_turn is not in "
@@ -206,6 +203,15 @@ def _soft_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> Frontier:
     horizon = min([*caps, *([lowest] if lowest is not None else [])], default=None)
     return frontier("soft", e.ladders["soft"], s, ctx.tolerance, scale, None if horizon is None else int(horizon),
                     value_step(s))
+
+
+def _streak_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> list[Frontier]:
+    """The streak stop (when on), judged up to the probe's own."""
+    if not e.streak_stop:
+        return []
+    stop = probe_streak_stop(ctx.recording)
+    return [frontier("streak", e.ladders["streak"], e.streak_stop, ctx.tolerance, scale,
+                     None if stop is None else stop + 1)]
 
 
 def _explicit_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> Frontier:

@@ -188,11 +188,11 @@ class ProbeEvidence:
     def for_policy(cls, params: dict[str, Any] | None) -> ProbeEvidence:
         """Evidence against a policy's parameters (``Policy.describe()``)."""
         params = params or {}
+        stop = params.get("streak_stop_at")
         if params.get("cap_mode") == "explicit":
-            return cls(None, None, None, explicit_cap=int(params["hard_cap"]))
+            return cls(None, None, None, int(stop) if stop else None, explicit_cap=int(params["hard_cap"]))
         if params.get("cap_mode") != "adaptive":
             return cls(None, None, None)
-        stop = params.get("streak_stop_at")
         return cls(int(params["soft_cap"]), float(params["multiplier"]), int(params["stuck_repeat"]),
                    int(stop) if stop else None)
 
@@ -232,6 +232,8 @@ class ProbeEvidence:
             reach = min(TOP, (calls - 1) // step)
             self.ladders["explicit"].add(reach, _fate(resolved, censored), [v * step for v in range(1, reach + 1)],
                                          calls)
+            if facts is not None:
+                self._climb_counts(calls, _fate(resolved, censored), facts)
         if self.soft_cap is None:
             return
         for k, passed in self.multiples.items():
@@ -256,14 +258,18 @@ class ProbeEvidence:
         if repeat_signal and calls > s and facts.reach_repeat:
             reach = min(TOP, facts.max_repeat)
             self.ladders["stuck"].add(reach, fate, [max(s + 1, c) - 1 for c in facts.reach_repeat[:reach]], calls)
+        self._climb_counts(calls, fate, facts)
+        if repeat_signal and self.multiplier is not None and self.stuck_repeat is not None:
+            self._climb_soft(calls, fate, facts)
+
+    def _climb_counts(self, calls: int, fate: str, facts: TurnFacts) -> None:
+        """The turn on the ladders that do not depend on the cap: the streak stop, the cycle cap."""
         if facts.reach_failing:
             reach = min(TOP, facts.max_failing)
             self.ladders["streak"].add(reach, fate, list(facts.reach_failing[:reach]), calls)
         if facts.cycles > 1:
             reach = min(TOP, facts.cycles - 1)
             self.ladders["cycles"].add(reach, fate, [c - 1 for c in facts.cycle_calls[1:reach + 1]], calls)
-        if repeat_signal and self.multiplier is not None and self.stuck_repeat is not None:
-            self._climb_soft(calls, fate, facts)
 
     def _climb_soft(self, calls: int, fate: str, facts: TurnFacts) -> None:
         """The turn on the soft cap's ladder, the multiple m and D held: a soft cap s halts it at
