@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -163,20 +165,27 @@ def _impl(impl: Impl) -> tuple[object, ...]:
 @pytest.mark.parametrize("promptable", [False, True], ids=["unattended", "attended"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_replay_gives_the_live_verdicts_at_the_same_calls(name: str, promptable: bool) -> None:
-    config = tg.GuardConfig(load_entrypoints=False, **CONFIGS[name])
+    steps = replayed_like_live(tg.GuardConfig(load_entrypoints=False, **CONFIGS[name]), name, random_turn, promptable)
+    assert any(steps), "the random turns never made this policy fire: the comparison proves nothing"
+
+
+def replayed_like_live(config: tg.GuardConfig, name: str, make_turn: Callable[[random.Random, int], RecordedTurn],
+                       promptable: bool) -> list[list[Any]]:
+    """Sixty turns of ``make_turn``, each replayed as the live guard ran it: the same verdicts at the
+    same calls, the same halt and asks. The live steps, by turn."""
     policy, compiled = replay_policy(config)
     rng = random.Random(zlib.crc32(name.encode()))
-    fired = 0
+    seen = []
     for n in range(60):
-        turn = random_turn(rng, n)
+        turn = make_turn(rng, n)
         expected = live_steps(config, policy, turn, promptable)
         result, got = replayed_steps(compiled, turn, promptable)
         assert got == expected, (name, turn)
-        fired += bool(expected)
         halts = [s for s in expected if s.action is tg.Action.HALT]
         assert result.halt_call == ((halts[0].call + (halts[0].stage == "outcome")) if halts else 0)
         assert result.asks == tuple(s.call for s in expected if s.action is tg.Action.ASK)
-    assert fired, "the random turns never made this policy fire: the comparison proves nothing"
+        seen.append(expected)
+    return seen
 
 
 def test_peer_rule_halts_live_and_in_replay_at_the_fifth_identical_call() -> None:
@@ -263,17 +272,8 @@ CYCLE_REPEAT = {
 @pytest.mark.parametrize("name", list(CYCLE_REPEAT))
 def test_replay_gives_the_live_cycle_repeat_verdicts_on_alternating_loops(name: str, promptable: bool) -> None:
     config = tg.GuardConfig(load_entrypoints=False, **CYCLE_REPEAT[name])
-    policy, compiled = replay_policy(config)
-    rng = random.Random(zlib.crc32(name.encode()))
-    fired = 0
-    for n in range(60):
-        turn = alternating_turn(rng, n)
-        expected = live_steps(config, policy, turn, promptable)
-        result, got = replayed_steps(compiled, turn, promptable)
-        assert got == expected, (name, turn)
-        fired += any(s.threshold == "cycle_repeat" for s in expected)
-        halts = [s for s in expected if s.action is tg.Action.HALT]
-        assert result.halt_call == ((halts[0].call + (halts[0].stage == "outcome")) if halts else 0)
+    steps = replayed_like_live(config, name, alternating_turn, promptable)
+    fired = sum(any(s.threshold == "cycle_repeat" for s in expected) for expected in steps)
     assert fired > 5, "the alternating turns seldom made cycle_repeat fire: the comparison proves little"
 
 

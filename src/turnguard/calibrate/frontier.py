@@ -170,19 +170,21 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
     return dataclasses.replace(f, sentence=sentence(f, tolerance))
 
 
+WORDS = {
+    "backstop": ("past {v}x", "the longest productive turn passed {v}x"),
+    "stuck": ("repeating a call {v} or more times past S",
+              "the most a productive turn repeated a call past S: {v} times"),
+    "soft": ("halted under a soft cap of {v:,}", "the largest soft cap that halts a productive turn: {v:,}"),
+    "cycles": ("past {v:,} model requests", "the most model requests a productive turn made: {next:,}"),
+    "explicit": ("past {v:,} calls", "the largest cap that halts a productive turn: {v:,} calls"),
+    "streak": ("with {v} or more identical failures in a row", "the longest failing streak of a productive turn: {v}"),
+}
+"""By threshold: the turns value ``v`` halts, and the furthest a productive probe turn went (``v``: the
+largest value that would halt one), in words."""
+
+
 def _what(threshold: str, v: int) -> str:
-    """The turns value ``v`` halts, in words."""
-    if threshold == "backstop":
-        return f"past {v}x"
-    if threshold == "stuck":
-        return f"repeating a call {v} or more times past S"
-    if threshold == "soft":
-        return f"halted under a soft cap of {v:,}"
-    if threshold == "cycles":
-        return f"past {v:,} model requests"
-    if threshold == "explicit":
-        return f"past {v:,} calls"
-    return f"with {v} or more identical failures in a row"
+    return WORDS[threshold][0].format(v=v, next=v + 1)
 
 
 def _value_text(threshold: str, v: int) -> str:
@@ -190,18 +192,7 @@ def _value_text(threshold: str, v: int) -> str:
 
 
 def _longest(threshold: str, v: int) -> str:
-    """The furthest a productive probe turn went, in words (``v``: the largest value that would halt one)."""
-    if threshold == "backstop":
-        return f"the longest productive turn passed {v}x"
-    if threshold == "stuck":
-        return f"the most a productive turn repeated a call past S: {v} times"
-    if threshold == "soft":
-        return f"the largest soft cap that halts a productive turn: {v:,}"
-    if threshold == "cycles":
-        return f"the most model requests a productive turn made: {v + 1:,}"
-    if threshold == "explicit":
-        return f"the largest cap that halts a productive turn: {v:,} calls"
-    return f"the longest failing streak of a productive turn: {v}"
+    return WORDS[threshold][1].format(v=v, next=v + 1)
 
 
 def _cost(r: Rung) -> str:
