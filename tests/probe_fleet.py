@@ -115,6 +115,9 @@ class ProbeTruth:
     """Per probe turn the main configuration would have halted (its id): that turn run alone under
     the main configuration, so its ``threshold`` and ``tool_calls`` are where the live policy would
     have stopped it (the oracle for the probe rows)."""
+    recorded_in: str = ""
+    """Where the fleet's recording is (pytest keeps the last runs' folders): a failing count names it,
+    so calibrate can be run again on the very files."""
 
 
 def _distinct(tool: str, tag: int, n: int) -> list[tg.ToolCall]:

@@ -357,7 +357,8 @@ def test_the_board_decides_each_threshold_as_calibrate_does_on_the_same_turns(pr
         row = _calibrate_row(probe, threshold)
         got = {legend: values[threshold] for legend, values in columns.items()}
         assert [got[c] for c in ("resolved", "unresolved", "censored", "unknown")] == [
-            row["resolved"], row["unresolved"], row["censored"], row["unknown"]], (threshold, row)
+            row["resolved"], row["unresolved"], row["censored"], row["unknown"]], (
+            threshold, row, f"recorded in {probe_run.workdir}")
         assert [got["95% low"], got["95% high"]] == pytest.approx(row["resolved_interval"], abs=1e-6)
         assert got["decision"] == VERDICTS[row["decision"]], (threshold, tolerance, row["decision"])
         if row["decision"] == "undecided":

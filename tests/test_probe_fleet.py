@@ -64,6 +64,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[pf.ProbeTruth, d
     guard = tg.Guard(pf.probe_config(disable_plugins=("otel",), recorder_path=str(workdir / "turns.jsonl")),
                      environ={})
     truth = pf.run_probe_fleet(guard, report_elsewhere=another_process(workdir))
+    truth.recorded_in = str(workdir)
     paths = [workdir / "turns.jsonl", workdir / "elsewhere.jsonl"]
     return truth, {q: calibrate(paths, q) for q in TOLERANCES}
 
@@ -102,7 +103,7 @@ def test_calibrate_counts_each_row_as_the_fleet_did(recorded, row):
     want = oracle.passed(rows(truth)[row])
     got = runs[0.1]["passed_multiple"][row] if row == "10" else runs[0.1][f"passed_{row}"]
     assert (got["turns"], got["resolved"], got["unresolved"], got["censored"], got["unknown"]) == (
-        want.turns, want.resolved, want.unresolved, want.censored, want.unknown)
+        want.turns, want.resolved, want.unresolved, want.censored, want.unknown), f"recorded in {truth.recorded_in}"
     assert got["unknown"] == 0 and got["turns"] > 0
     assert got["resolved_interval"] == pytest.approx(list(want.interval()), abs=1e-6)
 
