@@ -309,6 +309,10 @@ def percent(x: float, digits: int = 0) -> str:
     return text
 
 
+def _seen(n: int) -> str:
+    return f"{n:,} was seen" if n == 1 else f"{n:,} were seen"
+
+
 def _band(figure: dict[str, Any], digits: int, exact: str) -> str:
     """A figure's 95% interval in words; an exact one says the turns it rests on (``exact``: how)."""
     low, high = figure["interval"]
@@ -331,7 +335,7 @@ def survival_lines(est: dict[str, Any]) -> list[str]:
     exact = ("no turn finished by it, over the {n:,} seen past it" if reach["survival"] >= 1 else
              "every turn finished by it, over the {n:,} that did")
     out.append(f"{percent(reach['survival'], 1)} of the turns need more than the backstop's {base:,} calls "
-               f"({_band(reach, 1, exact)}; {reach['at_risk']:,} were seen past it). Of the turns that reach it:")
+               f"({_band(reach, 1, exact)}; {_seen(reach['at_risk'])} past it). Of the turns that reach it:")
     cap = est["horizon"]
     for f in est["finish_by"]:
         label = f"by {f['multiple']:g}x ({f['calls']:,} calls)"
