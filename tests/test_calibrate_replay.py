@@ -237,22 +237,31 @@ def test_a_failing_plugin_is_isolated_as_the_live_guard_does(fail_mode: str) -> 
 def test_starting_checks_late_from_a_shared_prefix_changes_nothing(name: str) -> None:
     """``earliest_call`` + ``SharedPrefix`` (the fast path) against checking every call."""
     config = tg.GuardConfig(load_entrypoints=False, **CONFIGS[name])
-    policy, compiled = replay_policy(config)
     base_policy, _ = replay_policy(tg.GuardConfig(load_entrypoints=False))
-    rng = random.Random(5)
+    started_late(config, base_policy.config, random_turn, random.Random(5), name)
+
+
+def started_late(config: tg.GuardConfig, prefix_config: tg.GuardConfig,
+                 make_turn: Callable[[random.Random, int], RecordedTurn], rng: random.Random, name: str) -> int:
+    """Eighty turns of ``make_turn``, each replayed from its first call and from ``earliest_call`` on
+    a ledger forked from a ``SharedPrefix`` counted under ``prefix_config``: the same result. How
+    many started late."""
+    policy, compiled = replay_policy(config)
+    late_starts = 0
     for n in range(80):
-        turn = random_turn(rng, n)
+        turn = make_turn(rng, n)
         digests = call_keys(turn.calls, config.key_mode)
         starts = cycle_starts(turn)
         facts = turn_facts(digests, [c.outcome for c in turn.calls], starts)
         for promptable in (False, True):
             full = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable)
             first = earliest_call(policy, facts, promptable)
-            prefix = SharedPrefix(base_policy.config, turn, digests, starts)
-            ledger = prefix.fork_at(first, config, promptable)
+            ledger = SharedPrefix(prefix_config, turn, digests, starts).fork_at(first, config, promptable)
             late = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable,
                                first_check=first, ledger=ledger)
             assert late == full, (name, promptable, turn)
+            late_starts += ledger is not None and 1 < first <= len(turn.calls)
+    return late_starts
 
 
 CYCLE_REPEAT = {
@@ -281,24 +290,8 @@ def test_replay_gives_the_live_cycle_repeat_verdicts_on_alternating_loops(name: 
 def test_starting_cycle_repeat_checks_late_from_a_shared_prefix_changes_nothing(name: str) -> None:
     """The prefix is counted under other levels (its runs do not depend on them) and forked."""
     config = tg.GuardConfig(load_entrypoints=False, **CYCLE_REPEAT[name])
-    policy, compiled = replay_policy(config)
     other = config.replace(cycle_repeat_warn_at=7, cycle_repeat_stop_at=9, stuck_repeat_threshold=UNREACHED)
-    rng = random.Random(6)
-    late_starts = 0
-    for n in range(80):
-        turn = alternating_turn(rng, n)
-        digests = call_keys(turn.calls, config.key_mode)
-        starts = cycle_starts(turn)
-        facts = turn_facts(digests, [c.outcome for c in turn.calls], starts)
-        for promptable in (False, True):
-            full = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable)
-            first = earliest_call(policy, facts, promptable)
-            ledger = SharedPrefix(other, turn, digests, starts).fork_at(first, config, promptable)
-            late = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable,
-                               first_check=first, ledger=ledger)
-            assert late == full, (name, promptable, turn)
-            late_starts += ledger is not None and 1 < first <= len(turn.calls)
-    assert late_starts > 20
+    assert started_late(config, other, alternating_turn, random.Random(6), name) > 20
 
 
 def test_fork_carries_the_cycle_runs_or_refuses() -> None:
