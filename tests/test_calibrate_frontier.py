@@ -289,13 +289,13 @@ def test_the_soft_and_cycle_cap_sentences_and_tables(probed):
     assert f"<td class='l'>{v} {mark}</td>" in html
 
 
+@pytest.mark.parametrize("probed", [(d, "cycles") for d in (ff.KEEP, ff.RAISE)], indirect=True,
+                         ids=lambda p: f"{p[1]}-{p[0].name}")
 def test_a_cycle_cap_costs_the_requests_never_resolving_turns_make_past_the_live_one(probed):
     """The runaways' calls between the live cap's requests and the recommended one's; the recorder
     gives a turn's request total, not where each began, so calibrate spreads the calls evenly over
     the requests (a runaway refused its 101st request after 500 calls: 4.95 a request, not 5)."""
-    design, threshold, turns, probe, _, _ = probed
-    if threshold != "cycles":
-        pytest.skip("the cycle cap's cost")
+    design, _, turns, probe, _, _ = probed
     got = probe["frontier"]["cycles"]
     v, per = got["recommended"], ff.PER_REQUEST
     row = next(r for r in got["rows"] if r["value"] == v)
@@ -304,10 +304,10 @@ def test_a_cycle_cap_costs_the_requests_never_resolving_turns_make_past_the_live
     assert (row["extra_calls"] > 0) is (not design.right)
 
 
+@pytest.mark.parametrize("probed", [(d, "explicit") for d in (ff.KEEP, ff.RAISE)], indirect=True,
+                         ids=lambda p: f"{p[1]}-{p[0].name}")
 def test_under_an_explicit_cap_the_streak_stop_is_still_recommended_and_the_cycle_cap_said_not_probed(probed):
-    design, threshold, turns, probe, _, _ = probed
-    if threshold != "explicit":
-        pytest.skip("the explicit cap's fleet")
+    design, _, turns, probe, _, _ = probed
     assert set(probe["frontier"]) == {"explicit", "streak", "cycles"}
     streak = probe["frontier"]["streak"]
     assert streak["recommended"] == ff.smallest_within(turns, "streak", TOLERANCE) and streak["keep"] is design.right
