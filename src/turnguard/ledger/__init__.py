@@ -706,7 +706,7 @@ class CyclingLedger(Ledger):
         if twin._cyc is not None:
             if config.cycle_repeat_max_period == cyc.period:
                 twin._cyc = cyc.copy()
-                twin._cyc.warn, twin._cyc.stop = config.cycle_repeat_warn_at - 1, config.cycle_repeat_stop_at - 1
+                twin._cyc.set_levels(config.cycle_repeat_warn_at, config.cycle_repeat_stop_at)
             else:
                 twin._cyc.next = cyc.next  # (no call seen: nothing else to carry)
         return twin

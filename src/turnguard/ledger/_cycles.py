@@ -27,12 +27,11 @@ class CycleRuns:
 
     ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
 
-    __slots__ = ("_levels", "_stop", "_warn", "due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs")
+    __slots__ = ("_levels", "due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs", "stop", "warn")
 
     def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
         self.period = period
-        self.warn, self.stop = warn_at - 1, stop_at - 1
-        """The levels as matches per call of the period (-1: off)."""
+        self.set_levels(warn_at, stop_at)
         self.ring: list[bytes] = [b""] * period
         self.pos = self.filled = 0
         self.runs = [0] * (period + 1)
@@ -42,28 +41,11 @@ class CycleRuns:
         self.early: dict[int, tuple[Outcome, bytes | None]] = {}
         self.due: tuple[Level, int, int] | None = None
 
-    @property
-    def warn(self) -> int:
-        return self._warn
-
-    @warn.setter
-    def warn(self, value: int) -> None:
-        self._warn = value
-        self._levels = self._level_runs()
-
-    @property
-    def stop(self) -> int:
-        return self._stop
-
-    @stop.setter
-    def stop(self, value: int) -> None:
-        self._stop = value
-        self._levels = self._level_runs()
-
-    def _level_runs(self) -> tuple[frozenset[int], ...]:
-        """By period ``k``: the run lengths at which a level is reached (``warn * k``, ``stop * k``)."""
-        warn, stop = getattr(self, "_warn", -1), getattr(self, "_stop", -1)
-        return tuple(frozenset(n * k for n in (warn, stop) if n > 0) for k in range(self.period + 1))
+    def set_levels(self, warn_at: int, stop_at: int) -> None:
+        """The levels as matches per call of the period (``warn``, ``stop``; -1: off) and, by period
+        ``k``, the run lengths at which one is reached (``warn * k``, ``stop * k``)."""
+        self.warn, self.stop = warn_at - 1, stop_at - 1
+        self._levels = tuple(frozenset(n * k for n in (self.warn, self.stop) if n > 0) for k in range(self.period + 1))
 
     def checked(self, seq: int, digest: bytes | None, stateful: bool) -> None:
         if not self.keys and not self.early:
