@@ -3,10 +3,15 @@ outcome, and a cycle repeated to a level is reported once at its shortest period
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 import turnguard as tg
+from turnguard.ledger import Ledger
 from turnguard.ledger._cycles import CycleRuns
 
-OK, DENIED = tg.Outcome.OK, tg.Outcome.DENIED
+OK, ERROR, DENIED = tg.Outcome.OK, tg.Outcome.ERROR, tg.Outcome.DENIED
 A, B = b"a" * 8, b"b" * 8
 
 
@@ -49,3 +54,30 @@ def test_state_and_restore_give_back_the_same_runs():
         runs.settle(seq, OK)
     twin = runs.copy()
     assert twin.state() == runs.state() and twin.runs == runs.runs
+
+
+def _batches(rng: random.Random) -> list[list[bytes]]:
+    """Model responses of 1 to 4 calls over a few keys, so cycles, streaks and news all come."""
+    keys = [bytes([i]) * 8 for i in range(rng.choice((2, 3, 5)))]
+    return [[rng.choice(keys) for _ in range(rng.choice((1, 1, 1, 2, 4)))] for _ in range(40)]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_ledgers_inlined_settling_counts_as_cycle_runs_settle_does(seed):
+    """The ledger settles the common call inline on its outcome path (``Streaks.record_outcome``):
+    fed the same checks and outcomes, in any order, it holds what ``CycleRuns`` alone holds."""
+    rng = random.Random(seed)
+    config = tg.GuardConfig(cycle_repeat_warn_at=3, cycle_repeat_stop_at=4)
+    ledger = Ledger(config)
+    alone = CycleRuns(config.cycle_repeat_max_period, 3, 4, 1)
+    for batch in _batches(rng):
+        seqs = [ledger.count_call(key, "tool") for key in batch]
+        for seq, key in zip(seqs, batch, strict=True):
+            alone.checked(seq, key)
+        order = list(zip(seqs, [rng.choice((OK, OK, ERROR, DENIED)) for _ in seqs], strict=True))
+        rng.shuffle(order)
+        for seq, outcome in order:
+            due = ledger.record_outcome(seq, outcome)
+            alone.settle(seq, outcome)
+            assert ledger.cycle_due == alone.due and bool(due) >= (alone.due is not None)
+            assert ledger._cyc.state() == alone.state() and ledger._cyc.hot == any(alone.runs)

@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 _OK = Outcome.OK
 _ABANDONED = Outcome.DENIED
+_DENIED = Outcome.DENIED
 """How a call whose outcome will never come (``abandon``) settles: neither a failure nor a reset."""
 
 
@@ -143,7 +144,6 @@ class Ledger(PolledCalls):
         "_cohort",
         "_config",
         "_conversation_id",
-        "_cyc",
         "_fresh_state",
         "_opened_ns",
         "_promptable",
@@ -190,8 +190,6 @@ class Ledger(PolledCalls):
         self._started_at = time.monotonic()
         self._opened_ns = time.time_ns()
         self.cap_quiet_until = _quiet_until(cap_mode, self._soft_cap, self.hard_cap)
-        self._cyc: CycleRuns | None = None
-        """The ``cycle_repeat`` facts (a ``CyclingLedger``'s; ``None``: the policy is off)."""
 
     config: GuardConfig = fact("_config")
 
@@ -652,33 +650,18 @@ class CyclingLedger(Ledger):
         self._cyc = CycleRuns(config.cycle_repeat_max_period, config.cycle_repeat_warn_at,
                               config.cycle_repeat_stop_at, self.checks + 1)
 
-    def count_call(self, digest: bytes, tool_name: str) -> int:
-        seq = Ledger.count_call(self, digest, tool_name)
-        keys = self._cyc.keys
-        if not keys:
-            self._cyc.next = seq  # (CycleRuns.checked, inlined: this is every call's path)
-        keys[seq] = (None if tool_name in self._exempt else digest, False)
-        return seq
-
     def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
         seq = super()._count_polled_call(digest, tool_name)
         self._cyc.checked(seq, None if tool_name in self._exempt else digest, True)
         return seq
 
     def record_polled(self, seq: int, outcome: Outcome, result: bytes | None) -> bool | None:
-        due = self._cyc.settle(seq, outcome, result)
-        return super().record_polled(seq, outcome, result) or due
-
-    def record_outcome(self, seq: int, outcome: Outcome) -> bool | None:
         cyc = self._cyc
-        # (a stateful call's outcome is settled by record_polled, with its result, before it comes here)
-        if seq == cyc.next and not cyc.early and seq in cyc.keys:  # in check order: settle, inlined
-            cyc.due = None
-            cyc._count(seq, outcome, None)
-            due = cyc.due is not None
-        else:
-            due = cyc.settle(seq, outcome) if seq in cyc.keys and seq not in cyc.early else False
-        return Ledger.record_outcome(self, seq, outcome) or due
+        due = cyc.settle(seq, outcome, result)
+        level = cyc.due
+        settled = super().record_polled(seq, outcome, result)  # (its record_outcome finds seq settled)
+        cyc.due = level
+        return settled or due
 
     def abandon(self, seq: int) -> None:
         self._cyc.settle(seq, _ABANDONED)
@@ -690,17 +673,14 @@ class CyclingLedger(Ledger):
 
     def rollback_cycle(self) -> None:
         super().rollback_cycle()
-        cyc = self._cyc
-        cyc.keys.clear()
-        cyc.early.clear()
-        cyc.next = self.checks + 1
+        self._cyc.forget_waiting(self.checks + 1)
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
         """``Ledger.fork``, the cycle runs carried (their levels those of ``config``); a ``ValueError``
         where ``config`` looks for other periods and calls were seen."""
         cyc = self._cyc
         on = config.cycle_repeat_warn_at or config.cycle_repeat_stop_at
-        if on and config.cycle_repeat_max_period != cyc.period and (cyc.filled or cyc.keys or cyc.early):
+        if on and config.cycle_repeat_max_period != cyc.period and (cyc.ring or cyc.waiting):
             raise ValueError("fork(): the cycle runs so far depend on cycle_repeat_max_period")
         twin = super().fork(config, promptable=promptable)
         if twin._cyc is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+from collections import deque
 from typing import Any
 
 from turnguard import state as st
@@ -12,6 +14,7 @@ from turnguard.model import Level, Outcome
 from turnguard.state import Fields
 
 _DENIED = Outcome.DENIED
+_plus = operator.add
 
 
 class CycleRuns:
@@ -27,17 +30,23 @@ class CycleRuns:
 
     ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
 
-    __slots__ = ("_levels", "due", "early", "filled", "keys", "next", "period", "pos", "ring", "runs", "stop", "warn")
+    __slots__ = ("_levels", "_ones", "due", "early", "hot", "next", "period", "ring", "runs", "stateful", "stop",
+                 "waiting", "warn")
 
     def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
         self.period = period
         self.set_levels(warn_at, stop_at)
-        self.ring: list[bytes] = [b""] * period
-        self.pos = self.filled = 0
+        self._ones = (1,) * period
+        self.ring: deque[bytes] = deque(maxlen=period)
+        """The latest ``period`` calls seen, oldest first."""
         self.runs = [0] * (period + 1)
+        self.hot = False
+        """Whether any run is above 0 (most calls find none, and leave the runs as they are)."""
         self.next = first
-        self.keys: dict[int, tuple[bytes | None, bool]] = {}
-        """Checked calls waiting to settle: (digest, stateful); a ``None`` digest takes no part."""
+        self.waiting: deque[bytes | None] = deque()
+        """The digests of checks ``next``, ``next + 1``... waiting to settle (``None``: takes no part)."""
+        self.stateful: set[int] = set()
+        """The checks waiting there that are a stateful tool's (compared with their result)."""
         self.early: dict[int, tuple[Outcome, bytes | None]] = {}
         self.due: tuple[Level, int, int] | None = None
 
@@ -45,55 +54,81 @@ class CycleRuns:
         """The levels as matches per call of the period (``warn``, ``stop``; -1: off) and, by period
         ``k``, the run lengths at which one is reached (``warn * k``, ``stop * k``)."""
         self.warn, self.stop = warn_at - 1, stop_at - 1
-        self._levels = tuple(frozenset(n * k for n in (self.warn, self.stop) if n > 0) for k in range(self.period + 1))
+        self._levels = tuple(frozenset(n * k for n in (self.warn, self.stop) if n > 0 and k)
+                             for k in range(self.period + 1))
 
-    def checked(self, seq: int, digest: bytes | None, stateful: bool) -> None:
-        if not self.keys and not self.early:
+    def checked(self, seq: int, digest: bytes | None, stateful: bool = False) -> None:
+        """Check ``seq`` (the one after the last checked), to settle at its outcome."""
+        if not self.waiting:
             self.next = seq  # (nothing waits: a check skipped by a rollback leaves no gap)
-        self.keys[seq] = (digest, stateful)
+        self.waiting.append(digest)
+        if stateful:
+            self.stateful.add(seq)
 
     def settle(self, seq: int, outcome: Outcome, result: bytes | None = None) -> bool:
-        """Check ``seq``'s outcome; true when it brought a cycle to a level (``due``)."""
+        """Check ``seq``'s outcome; true when it brought a cycle to a level (``due``). An outcome
+        for a check not waiting, or one already reported, changes nothing."""
         self.due = None
-        if seq not in self.keys:
+        ahead = seq - self.next
+        if ahead < 0 or ahead >= len(self.waiting) or seq in self.early:
             return False
-        if seq != self.next:
+        if ahead:
             self.early[seq] = (outcome, result)
             return False
-        self._count(seq, outcome, result)
+        self._settle_next(outcome, result)
         early = self.early
         while self.next in early:
-            outcome, result = early.pop(self.next)
-            self._count(self.next, outcome, result)
+            self._settle_next(*early.pop(self.next))
         return self.due is not None
 
-    def _count(self, seq: int, outcome: Outcome, result: bytes | None) -> None:
-        digest, stateful = self.keys.pop(seq)
+    def _settle_next(self, outcome: Outcome, result: bytes | None) -> None:
+        seq = self.next
         self.next = seq + 1
+        digest = self.waiting.popleft()
+        stateful = seq in self.stateful
+        if stateful:
+            self.stateful.discard(seq)
         if outcome is _DENIED or digest is None:
             return
-        key = digest + result if stateful and result is not None else digest
-        ring, period, pos, runs = self.ring, self.period, self.pos, self.runs
-        filled = self.filled
-        self.pos = pos + 1 if pos + 1 < period else 0
-        if filled < period:
-            self.filled = filled + 1
+        self.see(digest + result if stateful and result is not None else digest)
+
+    def see(self, key: bytes) -> None:
+        """One more call in the sequence the runs count (``key``: its digest, a stateful one's
+        with its result's)."""
+        ring = self.ring
         if key not in ring:  # (most calls: none of the last ``period`` is this one; a scan in C says so)
-            ring[pos] = key
-            if any(runs):
-                runs[:] = [0] * len(runs)
-            return
-        reached = False
+            ring.append(key)
+            if self.hot:
+                self.cool()
+        else:
+            self.repeated(key)
+
+    def repeated(self, key: bytes) -> bool:
+        """``see`` a call that one of the last ``period`` is: each run whose call ``k`` back is this
+        one goes on, the others end. True when a cycle reached a level (``due``)."""
+        ring, runs = self.ring, self.runs
+        if ring.count(key) == self.period:  # one call repeated (the streak's): all runs go on, none a cycle's
+            runs[1:] = map(_plus, runs[1:], self._ones)
+            ring.append(key)
+            return False
         levels = self._levels
-        for k in range(1, filled + 1):
-            if ring[pos - k] == key:
+        reached = False
+        for k, old in enumerate(reversed(ring), 1):
+            if old == key:
                 r = runs[k] = runs[k] + 1
                 reached = reached or r in levels[k]
             else:
                 runs[k] = 0
-        ring[pos] = key
+        ring.append(key)
+        self.hot = True
         if reached:
             self._reach()
+        return self.due is not None
+
+    def cool(self) -> None:
+        """A call that none of the last ``period`` is: every run ends."""
+        self.runs = [0] * (self.period + 1)
+        self.hot = False
 
     def _reach(self) -> None:
         """Name the level a cycle just reached: the shortest period whose run is not a shorter
@@ -108,20 +143,30 @@ class CycleRuns:
 
     def reset(self) -> None:
         """Forget the runs (an answer, a rollback): the calls since count afresh."""
+        self.ring.clear()
         self.runs = [0] * (self.period + 1)
-        self.filled = self.pos = 0
+        self.hot = False
         self.due = None
+
+    def forget_waiting(self, first: int) -> None:
+        """Drop the checks waiting (a rolled-back model request's): the next is ``first``."""
+        self.waiting.clear()
+        self.stateful.clear()
+        self.early.clear()
+        self.next = first
 
     def copy(self) -> CycleRuns:
         twin = CycleRuns(self.period, self.warn + 1, self.stop + 1, self.next)
-        twin.ring, twin.pos, twin.filled, twin.runs = list(self.ring), self.pos, self.filled, list(self.runs)
-        twin.keys, twin.early = dict(self.keys), dict(self.early)
+        twin.ring.extend(self.ring)
+        twin.runs, twin.hot = list(self.runs), self.hot
+        twin.waiting.extend(self.waiting)
+        twin.stateful, twin.early = set(self.stateful), dict(self.early)
         return twin
 
     def state(self) -> dict[str, Any]:
-        ordered = [self.ring[(self.pos - self.filled + i) % self.period] for i in range(self.filled)]
-        return {"next": self.next, "ring": [key.hex() for key in ordered], "runs": self.runs[1:],
-                "waiting": {str(seq): [hex_or_none(d), s] for seq, (d, s) in self.keys.items()},
+        return {"next": self.next, "ring": [key.hex() for key in self.ring], "runs": self.runs[1:],
+                "waiting": {str(self.next + i): [hex_or_none(d), self.next + i in self.stateful]
+                            for i, d in enumerate(self.waiting)},
                 "early": {str(seq): [o.value, hex_or_none(r)] for seq, (o, r) in self.early.items()}}
 
     def restore(self, f: Fields, seq: int) -> None:
@@ -131,29 +176,31 @@ class CycleRuns:
         path = f.at("ring")
         keys = [st.digest(f"{path}[{i}]", key, key_size(key)) for i, key in enumerate(ring)]
         self.reset()
-        self.filled, self.pos = len(keys), len(keys) % self.period
-        self.ring[:len(keys)] = keys
+        self.ring.extend(keys)
         runs = f.items("runs", self.period)
         if len(runs) != self.period:
             st.refuse(f.at("runs"), f"{self.period} run lengths (cycle_repeat_max_period)", runs)
         self.runs = [0, *(st.integer(f"{f.at('runs')}[{i}]", n, 0, seq) for i, n in enumerate(runs))]
+        self.hot = any(self.runs)
         path = f.at("waiting")
-        self.keys = {}
+        waiting: dict[int, tuple[bytes | None, bool]] = {}
         for key, value in f.mapping("waiting", MAX_POLLED).items():
             check = check_number(f"{path}.{key}", key, self.next, seq)
             if not isinstance(value, list) or len(value) != 2:
                 st.refuse(f"{path}.{key}", "a [digest or null, stateful] pair", value)
-            self.keys[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE, optional=True),
-                                st.boolean(f"{path}.{key}[1]", value[1]))
-        self.keys = dict(sorted(self.keys.items()))
+            waiting[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE, optional=True),
+                              st.boolean(f"{path}.{key}[1]", value[1]))
+        if sorted(waiting) != list(range(self.next, self.next + len(waiting))):
+            st.refuse(path, f"the checks from {self.next} on, one after another", sorted(waiting))
+        self.forget_waiting(self.next)
+        for check in sorted(waiting):
+            digest, stateful = waiting[check]
+            self.checked(check, digest, stateful)
         path = f.at("early")
-        self.early = {}
         for key, value in f.mapping("early", MAX_POLLED).items():
             check = check_number(f"{path}.{key}", key, self.next + 1, seq)
-            if check not in self.keys or not isinstance(value, list) or len(value) != 2:
+            if check not in waiting or not isinstance(value, list) or len(value) != 2:
                 st.refuse(f"{path}.{key}", "a waiting check's [outcome, result digest or null] pair", value)
             self.early[check] = (Outcome(st.choice(f"{path}.{key}[0]", value[0], OUTCOME_VALUES)),
                                  st.digest(f"{path}.{key}[1]", value[1], DIGEST_SIZE, optional=True))
         f.done()
-
-

@@ -14,6 +14,7 @@ from turnguard.state import Fields
 
 if TYPE_CHECKING:
     from turnguard.config import GuardConfig
+    from turnguard.ledger._cycles import CycleRuns
 
 
 def count_outcome(outcome: Outcome, failing: int, settled: int, peak: int, stop_any: bool) -> tuple[int, int, int]:
@@ -63,6 +64,7 @@ class Streaks(CallCounts):
     __slots__ = (
         "_all_stateful",
         "_baseline",
+        "_cyc",
         "_detections",
         "_early",
         "_ended",
@@ -87,6 +89,9 @@ class Streaks(CallCounts):
     def __init__(self, config: GuardConfig, checks: int = 0) -> None:
         super().__init__(config)
         self.checks = checks  # checks counted elsewhere before (a shadow started afresh in a resumed turn)
+        self._cyc: CycleRuns | None = None
+        """The cycle runs (``ledger._cycles``), where ``cycle_repeat`` is on: they ride on this
+        class's count and outcome paths, which are every call's, so that when off they cost one test."""
         self.next_to_settle = checks + 1
         self._last_key: bytes | None = None
         self._last_tool: str | None = None
@@ -193,6 +198,9 @@ class Streaks(CallCounts):
                 self._early.clear()
             if self._fired:
                 self._fired.clear()
+        cyc = self._cyc
+        if cyc is not None:
+            cyc.waiting.append(digest)  # (CycleRuns.checked, inlined: checks come one after another)
         return seq
 
     def count_key(self, key: bytes, at: int) -> None:
@@ -317,7 +325,28 @@ class Streaks(CallCounts):
         earlier call's waits for it. A call of a streak that another key ended settles in that
         streak (``EndedStreak``): true is returned when that brought its stop count to
         ``streak_stop_at`` (``ended_stop``), so that the outcome hooks are asked even where the
-        current streak is quiet. A call of a streak ended by ``retry``/``resolve`` changes no streak."""
+        current streak is quiet. A call of a streak ended by ``retry``/``resolve`` changes no streak.
+
+        Under ``cycle_repeat`` the call settles in the cycle runs too (``CycleRuns.settle``); true
+        also when that brought a cycle to a level (``CycleRuns.due``)."""
+        due = None
+        cyc = self._cyc
+        if cyc is not None:
+            if seq == cyc.next and cyc.waiting and not cyc.early and not cyc.stateful:
+                # CycleRuns.settle, inlined for the common call: the next in check order with
+                # none waiting behind it (a test holds the two equal)
+                cyc.due = None
+                cyc.next = seq + 1
+                key = cyc.waiting.popleft()
+                if key is not None and outcome is not _DENIED:
+                    if key not in cyc.ring:  # (CycleRuns.see's common case)
+                        cyc.ring.append(key)
+                        if cyc.hot:
+                            cyc.cool()
+                    elif cyc.repeated(key):
+                        due = True
+            else:
+                due = cyc.settle(seq, outcome) or None
         if outcome is _OK:
             self._ok += 1
             if seq == self.next_to_settle:  # the common case (the next call succeeded): count_outcome(OK), inlined
@@ -327,20 +356,23 @@ class Streaks(CallCounts):
                     self._settled += 1
                     self.stop_count = self._settled
                 if self._early:
-                    return self._settle_waiting()
-                return None
+                    settled = self._settle_waiting()
+                    return due or settled
+                return due
         else:
             self._outcomes[outcome._value_] += 1
         if seq != self.next_to_settle:
             if seq > self.next_to_settle:  # an earlier call of the streak has no outcome yet: this one waits
                 self._early[seq] = outcome
             elif self._ended:  # a call of a streak another key ended
-                return self._settle_ended(seq, outcome)
-            return None
+                settled = self._settle_ended(seq, outcome)
+                return due or settled
+            return due
         self._settle(outcome)
         if self._early:
-            return self._settle_waiting()
-        return None
+            settled = self._settle_waiting()
+            return due or settled
+        return due
 
     def abandon(self, seq: int) -> None:
         """The outcome of check ``seq`` will never come (the guard stopped waiting for it): it
