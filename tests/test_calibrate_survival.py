@@ -21,6 +21,7 @@ from turnguard.calibrate import cli
 from turnguard.calibrate.survival import (
     FACTORS,
     Survival,
+    curve_points,
     estimate,
     finish_by,
     loglog_interval,
@@ -145,6 +146,33 @@ def test_the_share_needing_more_than_the_backstop_is_never_without_its_interval(
     assert reach["interval"] == pytest.approx([0.05 ** (1 / 6), 1.0], abs=1e-6)
     assert "100.0% of the turns need more than the backstop's 100 calls (95% 60.7%-100.0%, exact" in (
         " ".join(survival_lines(est)))
+
+
+def _band_at(points: list[tuple[int, float, float, float]], n: int) -> tuple[float, float]:
+    """The chart's band at ``n`` calls: the last point at or before it (the band is a step curve)."""
+    _, _, low, high = [p for p in points if p[0] <= n][-1]
+    return low, high
+
+
+def test_the_charts_band_is_the_tables_exact_bound_where_no_turn_finished_yet():
+    """Before any turn finishes S is 1 and the log-log band is undefined: the chart draws the table's
+    exact bound over the turns seen past n (narrowing as censored turns leave), not a bare line."""
+    s = _planted((100, "soft_stuck", 4), (180, "hard_backstop", 3), (250, "completed", 6), (300, "hard_backstop", 2))
+    points = curve_points(s, 300)
+    reach = estimate(s, 100, 10.0, 300, "limits")["reach"]
+    assert reach["interval_from"] == "exact"
+    assert _band_at(points, 100) == pytest.approx(tuple(reach["interval"]))
+    assert _band_at(points, 200) == pytest.approx((0.05 ** (1 / 8), 1.0))
+    assert _band_at(points, 0) == pytest.approx((0.05 ** (1 / 15), 1.0))
+    low, high = _band_at(points, 250)
+    assert low < high and loglog_interval(points[-1][1], s.steps()[0].greenwood) == pytest.approx((low, high))
+
+
+def test_the_charts_band_is_the_exact_bound_where_every_turn_finished():
+    s = _planted((50, "completed", 5), (120, "completed", 3), (130, "completed", 4), (120, "streak", 2))
+    points = curve_points(s, 300)
+    assert points[-1][1] == 0.0
+    assert _band_at(points, 200) == pytest.approx((0.0, 1 - 0.05 ** (1 / 12)))
 
 
 @pytest.mark.parametrize("n", [1, 3, 10, 14, 15, 40, 300])

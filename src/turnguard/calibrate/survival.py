@@ -24,8 +24,9 @@ sample of the turns still running, so the estimate leans toward turns finishing;
 Everything is a histogram by call count, so partial runs merge exactly.
 
 The estimate in words for the terminal (``survival_text``) and as an SVG chart (``survival_chart``):
-the curve ``S(n)`` on a logarithmic call axis with its 95% log-log band, drawn up to the highest cap
-turns ran under and never past it, with the live and the probe caps marked.
+the curve ``S(n)`` on a logarithmic call axis with its 95% band (the table's: log-log, exact where
+no turn finished yet or every one did), drawn up to the highest cap turns ran under and never past
+it, with the live and the probe caps marked.
 """
 
 from __future__ import annotations
@@ -367,14 +368,29 @@ def survival_text(est: dict[str, Any], width: int) -> list[str]:
     return out
 
 
-def _curve_points(survival: Survival, top: int) -> list[tuple[int, float, float, float]]:
-    """``(n, S, low, high)`` at every event count up to ``top`` (and at 0 and ``top``)."""
-    points = [(0, 1.0, 1.0, 1.0)]
-    for step in survival.steps():
+def curve_points(survival: Survival, top: int) -> list[tuple[int, float, float, float]]:
+    """``(n, S, low, high)`` at 0, every event count up to ``top``, every censoring before the first
+    event, and ``top``. The band is the table's (``survival_interval``): log-log where ``S`` is strictly
+    between 0 and 1, the exact bound where it is 1 (no turn finished yet: over the turns seen past
+    ``n``) or 0 (over the turns that finished), so a row with no events reads the same in both."""
+    steps = survival.steps()
+    first = steps[0].t if steps else top + 1
+    seen = survival.turns
+    points = []
+    for t in sorted({0, *(c for c in survival.censored if c < first)}):
+        if t > top:
+            break
+        seen -= survival.censored.get(t, 0)
+        band = survival_interval(1.0, 0.0, seen, 0)
+        points.append((t, 1.0, band.low, band.high))
+    finished = 0
+    for step in steps:
         if step.t > top:
             break
-        band = loglog_interval(step.survival, step.greenwood) or (step.survival, step.survival)
-        points.append((step.t, step.survival, band[0], band[1]))
+        finished += step.events
+        past = step.at_risk - step.events - survival.censored.get(step.t, 0)
+        band = survival_interval(step.survival, step.greenwood, past, finished)
+        points.append((step.t, step.survival, band.low, band.high))
     last = points[-1]
     points.append((top, last[1], last[2], last[3]))
     return points
@@ -405,8 +421,8 @@ def _curve(f: _Frame, points: list[tuple[int, float, float, float]]) -> list[str
     lower = " ".join(f"{f.x(b):.1f},{f.y(lo):.1f} {f.x(a):.1f},{f.y(lo):.1f}"
                      for (a, _, lo, _), (b, *_) in reversed(pairs))
     steps = " ".join(f"{f.x(a):.1f},{f.y(s):.1f} {f.x(b):.1f},{f.y(s):.1f}" for (a, s, _, _), (b, *_) in pairs)
-    return [f'<polygon class="band" points="{upper} {lower}" fill="{BAND}" stroke="none"><title>95% log-log '
-            'interval</title></polygon>',
+    return [f'<polygon class="band" points="{upper} {lower}" fill="{BAND}" stroke="none"><title>95% interval '
+            '(log-log; exact where no turn finished, or every one)</title></polygon>',
             f'<polyline class="curve" points="{steps}" fill="none" stroke="{CURVE}" stroke-width="2">'
             '<title>S(n): the share of turns that need more than n calls</title></polyline>']
 
@@ -453,13 +469,14 @@ def survival_chart(survival: Survival, est: dict[str, Any], caps: dict[str, int 
     parts = [f'<svg id="chart-survival" class="chart" role="img" aria-label="share of turns needing more calls" '
              f'width="{frame.width}" height="{height}" viewBox="0 0 {frame.width} {height}" '
              'xmlns="http://www.w3.org/2000/svg">',
-             *_axes(frame), *_curve(frame, _curve_points(survival, horizon)),
+             *_axes(frame), *_curve(frame, curve_points(survival, horizon)),
              *_caps(frame, placed, {label: color for _, label, color in marks}),
              f'<text x="{(frame.left + frame.width - frame.right) / 2}" y="{height - 12}" text-anchor="middle">'
              "tool calls (log scale)</text></svg>"]
     text = "".join(f"<li>{html.escape(line)}</li>" for line in survival_lines(est)[1:])
     return ("<h2 id='survival'>How many calls turns need</h2><figure>" + "".join(parts) +
             "<figcaption>The share of turns that need more than n calls (Kaplan-Meier, live and probe turns "
-            "together), with its 95% log-log band, drawn up to the highest cap turns ran under and not past it; the "
+            "together), with its 95% band (log-log; the exact binomial bound where no turn finished yet, or every "
+            "one did, as in the table), drawn up to the highest cap turns ran under and not past it; the "
             f"dashed lines are the live and the probe caps. {html.escape(_ended(est))}.</figcaption></figure>"
             f"<ul id='survival-figures'>{text}</ul>")
