@@ -68,17 +68,21 @@ PANEL_IDS = {
     THRESHOLDS: {1: "row", 2: "heatmap", 3: "timeseries", 4: "bargauge", 10: "row", 11: "stat", 12: "bargauge",
                  13: "bargauge", 20: "row", 21: "stat", 22: "stat", 23: "stat", 24: "stat", 25: "stat",
                  26: "bargauge", 27: "stat", 30: "row", 31: "bargauge", 40: "row", 41: "table", 43: "bargauge",
-                 44: "table", 47: "table",
+                 44: "table", 47: "table", 48: "text",
                  100: "row", 101: "bargauge", 102: "bargauge", 103: "bargauge", 104: "bargauge", 105: "timeseries"},
 }
 """The stable panel ids (links and annotations point at them): renumbering is a breaking change. Retired,
 never to be reused: threshold validation 42 and 45 (their counts are columns of 41 and 44), 46 (the
 calls past each threshold, a column of 44)."""
 RETIRED = {THRESHOLDS: {42, 45, 46}}
+CONFIGURED_IDS = {THRESHOLDS: {49: "table"}}
+"""Panels only a board built for some configurations has (49: the soft and explicit caps' frontier,
+where the probe runs past them): pinned like the others, absent from the committed board."""
 
 
 def _content_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in queries.panels(board) if p["type"] != "row"]
+    """The panels that show figures (not rows, nor text panels: words only)."""
+    return [p for p in queries.panels(board) if p["type"] not in ("row", "text")]
 
 
 # -- the rules (each returns the problems it finds) -----------------------------------------------
@@ -175,7 +179,10 @@ def stable_panel_ids_rule(board):
     reused = set(actual) & RETIRED.get(board["uid"], set())
     if reused:
         problems.append(f"retired panel ids {sorted(reused)} reused")
-    extra = set(actual) - set(pinned) - (set(SHADOW_IDS) if board["uid"] == THRESHOLDS else set())
+    optional = CONFIGURED_IDS.get(board["uid"], {})
+    problems += [f"panel id {pid} should be a {kind}, is {actual[pid]!r}" for pid, kind in optional.items()
+                 if pid in actual and actual[pid] != kind]
+    extra = set(actual) - set(pinned) - set(optional) - (set(SHADOW_IDS) if board["uid"] == THRESHOLDS else set())
     if extra:
         problems.append(f"unpinned panel ids {sorted(extra)}: add them to PANEL_IDS (never renumber)")
     return problems
@@ -427,7 +434,9 @@ RESOLVED_SHARE = re.compile(r'turnguard_turn_resolved="true".*\)\s*/\s*\(')
 EVIDENCE_COLUMNS = ("95% low", "95% high", "decision", "more probe turns", "time at this rate")
 FRONTIER_COLUMNS = ("productive seen, 95% high", "backstop here spares them")
 """Panel 41's bound of the productive turns seen and its decision against the tolerance: a bound,
-not a share, and never one without the other (checked below)."""
+not a share, and never one without the other (checked below; panel 49's decision is
+``CAP_FRONTIER_SPARES``)."""
+CAP_FRONTIER_SPARES = "value here spares them"
 
 
 def interval_beside_share_rule(board):
@@ -438,13 +447,14 @@ def interval_beside_share_rule(board):
         targets = panel.get("targets", [])
         legends = {t.get("legendFormat") for t in targets}
         shares = [t for t in targets if RESOLVED_SHARE.search(t.get("expr", "")) and t.get("legendFormat") not in
-                  EVIDENCE_COLUMNS + FRONTIER_COLUMNS]
-        frontier = legends & set(FRONTIER_COLUMNS)
-        if frontier and frontier != set(FRONTIER_COLUMNS):
-            missing = sorted(set(FRONTIER_COLUMNS) - frontier)
-            problems.append(f"panel {panel['id']}: {sorted(frontier)} without {missing}")
-        if any(t.get("legendFormat") == FRONTIER_COLUMNS[1] and "$tolerance" not in t["expr"] for t in targets):
-            problems.append(f"panel {panel['id']}: {FRONTIER_COLUMNS[1]!r} does not read $tolerance")
+                  (*EVIDENCE_COLUMNS, *FRONTIER_COLUMNS, CAP_FRONTIER_SPARES)]
+        decisions = legends & {FRONTIER_COLUMNS[1], CAP_FRONTIER_SPARES}
+        if (FRONTIER_COLUMNS[0] in legends) != bool(decisions) or len(decisions) > 1:
+            problems.append(f"panel {panel['id']}: {FRONTIER_COLUMNS[0]!r} needs one decision beside it, has "
+                            f"{sorted(decisions)}")
+        for t in targets:
+            if t.get("legendFormat") in decisions and "$tolerance" not in t["expr"]:
+                problems.append(f"panel {panel['id']}: {t['legendFormat']!r} does not read $tolerance")
         if shares and not set(EVIDENCE_COLUMNS) <= legends:
             problems.append(f"panel {panel['id']}: a resolved share without {sorted(set(EVIDENCE_COLUMNS) - legends)}")
         for target in targets:
@@ -943,6 +953,9 @@ OTHER_CONFIGURATIONS = {
     "an explicit cap": {"max_tool_calls_per_turn": 300},
     "a probe at 20x": {"probe": {"rate": 0.05, "hard_multiplier": 20, "streak_stop_at": 16}},
     "a probe at 17.5x": {"probe": {"rate": 0.1, "hard_multiplier": 17.5}},
+    "a probe raising S": {"probe": {"rate": 0.1, "soft_cap": 300, "hard_multiplier": 20}},
+    "a probed explicit cap": {"max_tool_calls_per_turn": 300,
+                              "probe": {"rate": 0.1, "max_tool_calls_per_turn": 2000}},
     "a named probe with a cycle cap": {"name": "prod", "max_cycles_per_turn": 40,
                                        "probe": {"rate": 0.1, "name": "canary", "hard_multiplier": 30}},
 }

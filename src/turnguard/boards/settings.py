@@ -47,9 +47,21 @@ class ProbeLimits:
     hard_cap: int | None
     """The probe's backstop (adaptive) or explicit cap: no probe turn is seen past it."""
     limits: tuple[tuple[Threshold, int], ...]
+    soft_cap: int | None = None
+    """The probe's soft cap S (``None``: its cap is explicit or disabled)."""
+    stuck_repeat_threshold: int | None = None
+    stuck_signal: str = GuardConfig.stuck_signal
+    """Its stuck signal (its turns' ``stuck`` label is that signal at its D)."""
 
     def limit(self, threshold: Threshold) -> int | None:
         return dict(self.limits).get(threshold)
+
+
+def _probe_limits(config: GuardConfig, rate: float) -> ProbeLimits:
+    return ProbeLimits(config.name, rate, config.hard_cap, tuple(_limits(config).items()),
+                       soft_cap=config.soft_cap if config.cap_mode == "adaptive" else None,
+                       stuck_repeat_threshold=config.stuck_repeat_threshold,
+                       stuck_signal=config.stuck_signal)
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,9 @@ class CapSettings:
     """The main configuration's thresholds in force: one probe row each."""
     probe: ProbeLimits | None = None
     policy: str = GuardConfig.name
+    stuck_signal: str = GuardConfig.stuck_signal
+    explicit_cap: int | None = None
+    """The main configuration's explicit cap N (``None``: its cap is adaptive or disabled)."""
 
     @classmethod
     def from_config(cls, config: GuardConfig) -> CapSettings:
@@ -79,9 +94,10 @@ class CapSettings:
             streak_stop_at=config.streak_stop_at,
             cycle_repeat_stop_at=config.cycle_repeat_stop_at,
             thresholds=thresholds_in_force(config),
-            probe=None if probe is None else ProbeLimits(probe.config.name, probe.rate, probe.config.hard_cap,
-                                                         tuple(_limits(probe.config).items())),
+            probe=None if probe is None else _probe_limits(probe.config, probe.rate),
             policy=config.name,
+            stuck_signal=config.stuck_signal,
+            explicit_cap=config.hard_cap if config.cap_mode == "explicit" else None,
         )
 
     @property

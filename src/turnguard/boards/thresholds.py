@@ -12,7 +12,7 @@ are seen, and none past the probe's own cap).
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import heatmap
+from grafana_foundation_sdk.builders import heatmap, text
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.builders.heatmap import RowsHeatmapOptions, YAxisConfig
 from grafana_foundation_sdk.builders.prometheus import Dataquery
@@ -64,8 +64,9 @@ def lower_multiples(cap: CapSettings) -> list[int]:
 
 
 def _edges(cap: CapSettings) -> tuple[float, ...]:
-    return buckets.tool_call_edges(GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier,
-                                               stuck_repeat_threshold=cap.stuck_repeat_threshold))
+    """The tool-call histogram's edges as the main configuration's guard exports them (its explicit
+    cap N among them when it has one)."""
+    return buckets.tool_call_edges_for(cap.soft_cap, cap.explicit_cap or cap.hard_cap)
 
 
 def _cumulative(edge: float, **labels: str) -> str:
@@ -270,37 +271,45 @@ def _late_buckets(cap: CapSettings, above: int) -> str:
     return "~(" + "|".join([*(f"{e:g}" for e in _edges(cap) if e > above), "\\\\+Inf"]) + ")"
 
 
+SEEN_HIGH, SET_HERE = "productive seen, 95% high", "backstop here spares them"
+"""Panel 41's frontier columns (calibrate's recommended value: the first row that spares them)."""
+PAST_COLUMNS = ("turns", "resolved", "unresolved", "censored", "unknown")
+
+
+def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
+    """Probe turns that made more than ``edge`` calls (a bucket edge), by fate: a result reported in
+    the turn, or later on the results counter (its call bucket places it)."""
+
+    def past(**more: str) -> str:
+        return f"({_turns(**PROBE_TURNS, **labels, **more)} - {_cumulative(edge, **PROBE_TURNS, **labels, **more)})"
+
+    def late(**more: str) -> str:
+        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", q.CALLS_BUCKET: _late_buckets(cap, edge)}
+        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **more)))
+
+    true, false, not_true = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
+    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    return {"turns": past(),
+            "resolved": f"({past(**true)} + {late(**true)})",
+            "unresolved": f"({past(**other, **false)} + {late(**other, **false)})",
+            "censored": f"({past(**limited, **not_true)} - {late(**limited, **true)})",
+            "unknown": f"({past(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"}
+
+
+def _with_frontier(row: dict[str, str], spares: str) -> dict[str, str]:
+    known = f"({row['resolved']} + {row['unresolved']} + {row['censored']})"
+    return {**row, SEEN_HIGH: evidence.productive_high(row["resolved"], known),
+            spares: evidence.within_seen(row["resolved"], known)}
+
+
 def past_rows(cap: CapSettings) -> dict[str, str]:
     """Per column, a vector by ``multiple`` (one row per k): probe turns that made more than k×S calls,
     and what became of them (a result reported in the turn, or later on the results counter)."""
-    columns: dict[str, dict[str, str]] = {name: {} for name in ("turns", "resolved", "unresolved", "censored",
-                                                                 "unknown", SEEN_HIGH, SET_HERE)}
-    true, limited, other = {q.RESOLVED: "true"}, {q.THRESHOLD: evidence.LENGTH_LIMITED}, {
-        q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    columns: dict[str, dict[str, str]] = {name: {} for name in (*PAST_COLUMNS, SEEN_HIGH, SET_HERE)}
     for k in BACKSTOP_MULTIPLES:
-        edge, row = k * cap.soft_cap, str(k)
-
-        def past(edge: int = edge, /, **labels: str) -> str:
-            return f"({_turns(**PROBE_TURNS, **labels)} - {_cumulative(edge, **PROBE_TURNS, **labels)})"
-
-        def late(edge: int = edge, /, **labels: str) -> str:
-            accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", q.CALLS_BUCKET: _late_buckets(cap, edge)}
-            return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **labels)))
-
-        columns["turns"][row] = past()
-        columns["resolved"][row] = f"({past(**true)} + {late(**true)})"
-        false, not_true = {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
-        columns["unresolved"][row] = f"({past(**other, **false)} + {late(**other, **false)})"
-        columns["censored"][row] = f"({past(**limited, **not_true)} - {late(**limited, **true)})"
-        columns["unknown"][row] = f"({past(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"
-        known = f"({columns['resolved'][row]} + {columns['unresolved'][row]} + {columns['censored'][row]})"
-        columns[SEEN_HIGH][row] = evidence.productive_high(columns["resolved"][row], known)
-        columns[SET_HERE][row] = evidence.within_seen(columns["resolved"][row], known)
+        for name, expr in _with_frontier(_past(cap, k * cap.soft_cap), SET_HERE).items():
+            columns[name][str(k)] = expr
     return {name: q.rows("multiple", per_row) for name, per_row in columns.items()}
-
-
-SEEN_HIGH, SET_HERE = "productive seen, 95% high", "backstop here spares them"
-"""Panel 41's frontier columns (calibrate's recommended value: the first row that spares them)."""
 
 
 def past_row_names(cap: CapSettings) -> dict[str, str]:
@@ -312,6 +321,140 @@ def past_row_names(cap: CapSettings) -> dict[str, str]:
             name += f": at or past the probe's cap, {CENSORED} (raise the probe's cap to see past it)"
         names[str(k)] = name
     return names
+
+
+# -- the other caps' frontiers (panel 49) and what the board cannot show (panel 48) -----------------
+
+SPARES = "value here spares them"
+"""Panel 49's decision column, beside ``SEEN_HIGH``: the bound is under the tolerance."""
+FRONTIER_SPREAD = (1.5, 2, 3, 5, 10)
+"""The explicit caps shown beside the live N: the bucket edges nearest these multiples of it."""
+
+
+def _backstop_of(cap: CapSettings, soft: int) -> int:
+    return GuardConfig(soft_cap=soft, hard_multiplier=cap.hard_multiplier).hard_cap or 0
+
+
+def soft_values(cap: CapSettings) -> list[int]:
+    """The soft caps s panel 49 judges, the multiple and D held: k×S (k = 1, 2, 3, 5, 10) where s
+    and its backstop are bucket edges, below the probe's own soft cap and its backstop over m (no
+    probe turn is seen past them). None unless the probe raises S with the main configuration's
+    stuck signal and D: its turns' ``stuck`` label is then the signal a soft cap s would halt on."""
+    p = cap.probe
+    if (p is None or Threshold.HARD_BACKSTOP not in cap.thresholds or p.soft_cap is None
+            or p.soft_cap <= cap.soft_cap or p.stuck_signal != cap.stuck_signal
+            or p.stuck_repeat_threshold != cap.stuck_repeat_threshold):
+        return []
+    edges = set(_edges(cap))
+    return [k * cap.soft_cap for k in (1, 2, 3, 5, 10)
+            if k * cap.soft_cap < p.soft_cap and {k * cap.soft_cap, _backstop_of(cap, k * cap.soft_cap)} <= edges
+            and cap.probe_sees_past(_backstop_of(cap, k * cap.soft_cap))]
+
+
+def explicit_values(cap: CapSettings) -> list[int]:
+    """The explicit caps panel 49 judges: the live N and the bucket edges nearest ``FRONTIER_SPREAD``
+    times it that the probe's turns are seen past. None unless the live cap is explicit and the
+    probe's is higher (or it has none)."""
+    n = cap.explicit_cap
+    if n is None or cap.probe is None or not cap.probe_sees_past(n):
+        return []
+    seen = [int(e) for e in _edges(cap) if e >= n and cap.probe_sees_past(int(e))]
+
+    def nearest(target: float) -> int:
+        return min(seen, key=lambda e: (abs(e - target), e))
+
+    return sorted({n, *(nearest(f * n) for f in FRONTIER_SPREAD)})
+
+
+def _turns_past(cap: CapSettings, edge: int, **labels: str) -> str:
+    return f"({_turns(**PROBE_TURNS, **labels)} - {_cumulative(edge, **PROBE_TURNS, **labels)})"
+
+
+def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
+    """The probe turns a soft cap ``soft`` halts: past its backstop (every result, as in panel 41),
+    and those its stuck signal halts below it, stuck and past ``soft`` (results in the turn only:
+    the results counter has no stuck label, so one reported later leaves such a turn unknown)."""
+    backstop = _backstop_of(cap, soft)
+    past = _past(cap, backstop)
+    stuck = {q.STUCK: "true"}
+
+    def below(**labels: str) -> str:
+        return f"({_turns_past(cap, soft, **stuck, **labels)} - {_turns_past(cap, backstop, **stuck, **labels)})"
+
+    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    false = {q.RESOLVED: "false"}
+    return {"turns": f"({past['turns']} + {below()})",
+            "resolved": f"({past['resolved']} + {below(**{q.RESOLVED: 'true'})})",
+            "unresolved": f"({past['unresolved']} + {below(**other, **false)})",
+            "censored": f"({past['censored']} + {below(**limited, **false)})",
+            "unknown": f"({past['unknown']} + {below(**{q.RESOLVED: 'unknown'})})"}
+
+
+def cap_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
+    """Row key -> column -> expression: panel 49's rows (the soft caps of ``soft_values``, the
+    explicit caps of ``explicit_values``), each with panel 41's frontier columns."""
+    rows = {f"soft:{v}": _with_frontier(_soft_row(cap, v), SPARES) for v in soft_values(cap)}
+    rows |= {f"explicit:{v}": _with_frontier(_past(cap, v), SPARES) for v in explicit_values(cap)}
+    return rows
+
+
+def cap_frontier_names(cap: CapSettings) -> dict[str, str]:
+    names = {}
+    for v in soft_values(cap):
+        live = " (live)" if v == cap.soft_cap else ""
+        names[f"soft:{v}"] = f"soft cap {v}{live}: past {v} and stuck, or past {_backstop_of(cap, v)}"
+    for v in explicit_values(cap):
+        names[f"explicit:{v}"] = f"explicit cap {v}{' (live)' if v == cap.explicit_cap else ''}: past {v} calls"
+    return names
+
+
+def cap_frontier(cap: CapSettings) -> PanelBuilder | None:
+    rows = cap_frontier_rows(cap)
+    if not rows:
+        return None
+    columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
+               for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
+    return table_panel(
+        49, "Probe frontier of the soft and explicit caps",
+        "Per value of the soft cap (the multiple and D held) or the explicit cap: the probe turns it would "
+        "halt, by fate, and panel 41's frontier: the upper bound of the productive share among them (the "
+        f"{CENSORED} counted as not productive; the exact binomial bound 1 - 0.025^(1/N) with none resolved) "
+        "and whether it is under the Tolerance variable (calibrate recommends the smallest such value above "
+        "its first step). A soft cap s halts a turn past its backstop s×m, or past s and stuck: a result "
+        "reported after the turn is placed by its call bucket, so it counts past the backstop only; a stuck "
+        "turn below it whose result came later stays unknown here (`turnguard calibrate` places it). Only "
+        "values the probe's turns are seen past are rows.",
+        "value", columns, {SEEN_HIGH: "percentunit"}, width=24, height=7, row_names=cap_frontier_names(cap),
+        mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
+
+
+CALIBRATE_ONLY = ("Not on this board: D (stuck_repeat_threshold) and the streak stop: the recorded series carry no "
+                  "repeat count or failing streak with the result of a turn reported after it, so their frontier "
+                  "cannot be read here. The cycle cap (max_cycles_per_turn) likewise: no request count is "
+                  "recorded with a late result. Run `turnguard calibrate` on the recorded turns for their "
+                  "recommended values (`probe.frontier.stuck`, `.streak`, `.cycles` in --json).")
+
+
+def _cap_note(cap: CapSettings) -> str:
+    """What the board says about the soft and explicit caps' frontiers when panel 49 has no row for them."""
+    notes = []
+    if Threshold.HARD_BACKSTOP in cap.thresholds and not soft_values(cap):
+        notes.append("The soft cap: not judged here unless the probe raises S with the same stuck signal and D "
+                     "(this board's configuration does not say so); `turnguard calibrate` says whether it is "
+                     "probed (`probe.frontier.soft`).")
+    if cap.explicit_cap is not None and not explicit_values(cap):
+        notes.append("The explicit cap: not judged here unless the probe's cap is higher than the live "
+                     f"{cap.explicit_cap} calls; `turnguard calibrate` says whether it is probed "
+                     "(`probe.frontier.explicit`).")
+    return " ".join(notes)
+
+
+def calibrate_only(cap: CapSettings) -> PanelBuilder:
+    note = _cap_note(cap)
+    return (text.Panel().id(48).title("Frontiers not on this board: run turnguard calibrate").datasource(DATASOURCE)
+            .description("The thresholds whose recommended value the recorded series cannot give.")
+            .content(CALIBRATE_ONLY + (f" {note}" if note else ""))
+            .height(4).span(24))
 
 
 def threshold_row_names(cap: CapSettings) -> dict[str, str]:
@@ -374,6 +517,8 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
              "people saw.", [query(q.recorded(q.ANSWERS, continued, by=(q.THRESHOLD,)), legend(q.THRESHOLD))],
              width=8),
         survival_panel(cap),
+        calibrate_only(cap),
+        *((frontier,) if (frontier := cap_frontier(cap)) is not None else ()),
     ]
 
 
