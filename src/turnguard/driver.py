@@ -45,9 +45,9 @@ class Driver:
         self.checks = checks if checks is not None else dispatcher.bind(ledger, view)
         self.quiet: QuietRegion = dispatcher.quiet(ledger, view)
         """Where the policies cannot fire: they are not called there."""
-        self.count: Callable[[bytes, str], int] = ledger.count_named if ledger._named else ledger.count_call
+        self.count: Callable[[bytes, str], int] = ledger.count_named if ledger.names_tools else ledger.count_call
         """How the ledger counts a call (``count_named`` where the configuration names tools)."""
-        self.polls: Callable[[str | None], bool] | None = ledger.polls if ledger._stateful else None
+        self.polls: Callable[[str | None], bool] | None = ledger.polls if ledger.polls_any else None
         """Whether a tool's outcome is recorded with its result (``None``: no stateful tool)."""
         self.collect0, self.collect1, self.collect2 = dispatcher.collect0, dispatcher.collect1, dispatcher.collect2
 

@@ -195,9 +195,9 @@ def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts
                             starts[begin:end]):
         return
     count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
-    if ledger._named:
+    if ledger.names_tools:
         count = ledger.count_named
-    polled = ledger.polls if ledger._stateful else None
+    polled = ledger.polls if ledger.polls_any else None
     for call, digest, cycles in zip(calls, digests[begin:end], starts[begin:end], strict=True):
         for _ in range(cycles):
             cycle()

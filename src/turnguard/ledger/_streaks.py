@@ -280,6 +280,11 @@ class Streaks(CallCounts):
         """Whether ``tool_name`` is one of the configuration's ``stateful_tools``."""
         return self._all_stateful or tool_name in self._stateful
 
+    @property
+    def polls_any(self) -> bool:
+        """Whether the configuration names ``stateful_tools`` (if not, ``polls`` is false for every tool)."""
+        return bool(self._stateful)
+
     def _apply_result(self, seq: int, result: bytes) -> bool:
         """Check ``seq``'s result settles in the current streak: one that differs from the
         streak's latest restarts the streak there. True when the streak it ends had reached its
