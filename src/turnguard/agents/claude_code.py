@@ -29,7 +29,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, common_fields
+from turnguard.agents.events import (
+    AgentEvent,
+    CommandHooks,
+    Decision,
+    Kind,
+    attended_from_env,
+    common_fields,
+    specific_output,
+)
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -44,7 +52,7 @@ KINDS = {
 INTERACTIVE_ENTRYPOINTS = frozenset({"cli"})
 
 
-class ClaudeCode:
+class ClaudeCode(CommandHooks):
     agent = "claude-code"
     can_ask = True
     context_at_check = True
@@ -70,35 +78,24 @@ class ClaudeCode:
             return said == "1"
         return attended_from_env(environ, "CLAUDE_CODE_ENTRYPOINT", INTERACTIVE_ENTRYPOINTS)
 
-    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
-        if decision.kind == "allow" or event is None:
-            return HookAnswer({})
-        name = event.name
+    def output(self, event: AgentEvent, decision: Decision) -> dict[str, Any]:
+        message = decision.message
+        stop: dict[str, Any] = {"continue": False, "stopReason": message}
         if event.kind is Kind.TOOL_CHECK:
             if decision.kind == "remind":
-                return HookAnswer(_specific(name, additionalContext=decision.message))
+                return specific_output(event, additionalContext=message)
             if decision.kind == "ask":
-                return HookAnswer(_specific(name, permissionDecision="ask",
-                                            permissionDecisionReason=decision.message))
-            return HookAnswer({**_specific(name, permissionDecision="deny", permissionDecisionReason=decision.message),
-                               "continue": False, "stopReason": decision.message})
+                return specific_output(event, permissionDecision="ask", permissionDecisionReason=message)
+            return {**specific_output(event, permissionDecision="deny", permissionDecisionReason=message), **stop}
         if event.kind is Kind.TOOL_OUTCOME:
             if decision.kind != "halt":
-                return HookAnswer(_specific(name, additionalContext=decision.message))
-            answer = {"decision": "block", "reason": decision.message,
-                      **_specific(name, additionalContext=decision.message)}
-            if name == "PostToolUse":  # (from PostToolUseFailure Claude Code does not stop: its PostToolBatch does)
-                answer.update({"continue": False, "stopReason": decision.message})
-            return HookAnswer(answer)
+                return specific_output(event, additionalContext=message)
+            answer = {"decision": "block", "reason": message, **specific_output(event, additionalContext=message)}
+            # (from PostToolUseFailure Claude Code does not stop: its PostToolBatch does)
+            return {**answer, **stop} if event.name == "PostToolUse" else answer
         if event.kind is Kind.STEP_END and decision.kind == "halt":
-            return HookAnswer({"continue": False, "stopReason": decision.message})
-        return HookAnswer({})
-
-    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
-        return HookAnswer(None, 2, reason)
-
-    def ran(self, event: AgentEvent, call_id: str | None) -> bool:
-        return False  # exit 2 blocks a tool call or a prompt, stderr its reason
+            return stop
+        return {}
 
 
 def _batch(calls: Any) -> tuple[tuple[str, Any, str | None], ...]:
@@ -107,10 +104,6 @@ def _batch(calls: Any) -> tuple[tuple[str, Any, str | None], ...]:
     return tuple((c["tool_name"], c.get("tool_input"), c.get("tool_use_id") if isinstance(c.get("tool_use_id"), str)
                   else None) for c in calls if isinstance(c, dict) and isinstance(c.get("tool_name"), str)
                  and c["tool_name"])
-
-
-def _specific(name: str, **fields: Any) -> dict[str, Any]:
-    return {"hookSpecificOutput": {"hookEventName": name, **fields}}
 
 
 PROTOCOL = ClaudeCode()

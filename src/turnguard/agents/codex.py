@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, common_fields, text_field
+from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, common_fields, specific_output, text_field
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -46,7 +46,7 @@ TRANSCRIPT_TRIES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
 machine later): under a second in all, and only while the record is not there."""
 
 
-class Codex:
+class Codex(CommandHooks):
     agent = "codex"
     can_ask = False
     context_at_check = True
@@ -63,22 +63,16 @@ class Codex:
     def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
         return False
 
-    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
-        if decision.kind == "allow" or event is None:
-            return HookAnswer({})
-        name = event.name
+    def output(self, event: AgentEvent, decision: Decision) -> dict[str, Any]:
         if event.kind is Kind.TOOL_CHECK:
             if decision.kind == "remind":
-                return HookAnswer(_specific(name, additionalContext=decision.message))
-            return HookAnswer(_specific(name, permissionDecision="deny", permissionDecisionReason=decision.message))
+                return specific_output(event, additionalContext=decision.message)
+            return specific_output(event, permissionDecision="deny", permissionDecisionReason=decision.message)
         if event.kind is Kind.TOOL_OUTCOME:
             if decision.kind == "halt":
-                return HookAnswer({"decision": "block", "reason": decision.message})
-            return HookAnswer(_specific(name, additionalContext=decision.message))
-        return HookAnswer({})
-
-    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
-        return HookAnswer(None, 2, reason)
+                return {"decision": "block", "reason": decision.message}
+            return specific_output(event, additionalContext=decision.message)
+        return {}
 
     def ran(self, event: AgentEvent, call_id: str | None) -> bool:
         """Codex runs the post-tool hooks of parallel calls in processes of their own, and one may
@@ -123,10 +117,6 @@ def _completed(line: bytes) -> str | None:
     if status in ("failed", "declined"):
         return "denied" if status == "declined" else "error"
     return "ok" if status == "completed" else None
-
-
-def _specific(name: str, **fields: Any) -> dict[str, Any]:
-    return {"hookSpecificOutput": {"hookEventName": name, **fields}}
 
 
 PROTOCOL = Codex()

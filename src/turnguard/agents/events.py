@@ -142,6 +142,33 @@ class Protocol(TypingProtocol):
         where the agent does not say: a call without one by the next model request was refused)."""
 
 
+class CommandHooks:
+    """What the agents' command hooks answer alike: an allow, or an event that could not be read,
+    is an empty answer; a failure under ``fail_mode="closed"`` is exit status 2 with the reason on
+    stderr, which blocks a tool call or a prompt; and the agent does not say which checked calls
+    ran (``ran``). A subclass writes the other decisions in its agent's schema (``output``)."""
+
+    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
+        if decision.kind == "allow" or event is None:
+            return HookAnswer({})
+        return HookAnswer(self.output(event, decision))
+
+    def output(self, event: AgentEvent, decision: Decision) -> dict[str, Any]:
+        """``decision`` (not an allow) as the agent's hook output."""
+        raise NotImplementedError
+
+    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
+        return HookAnswer(None, 2, reason)
+
+    def ran(self, event: AgentEvent, call_id: str | None) -> bool:
+        return False
+
+
+def specific_output(event: AgentEvent, **fields: Any) -> dict[str, Any]:
+    """The event's ``hookSpecificOutput`` holding ``fields`` (a schema the three agents share)."""
+    return {"hookSpecificOutput": {"hookEventName": event.name, **fields}}
+
+
 def attended_from_env(environ: Mapping[str, str], entrypoint_var: str, interactive: frozenset[str]) -> bool:
     """``TURNGUARD_ATTENDED`` (``1``/``0``) when set, else whether ``entrypoint_var`` names an
     interactive start."""

@@ -24,7 +24,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, Decision, HookAnswer, Kind, attended_from_env, common_fields
+from turnguard.agents.events import (
+    AgentEvent,
+    CommandHooks,
+    Decision,
+    Kind,
+    attended_from_env,
+    common_fields,
+    specific_output,
+)
 
 KINDS = {
     "BeforeAgent": Kind.TURN_START,
@@ -36,7 +44,7 @@ KINDS = {
 }
 
 
-class Gemini:
+class Gemini(CommandHooks):
     agent = "gemini"
     can_ask = False
     context_at_check = False
@@ -52,26 +60,17 @@ class Gemini:
     def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
         return attended_from_env(environ, "TURNGUARD_ATTENDED", frozenset())
 
-    def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
-        if decision.kind == "allow" or event is None:
-            return HookAnswer({})
-        name = event.name
+    def output(self, event: AgentEvent, decision: Decision) -> dict[str, Any]:
         if decision.kind == "halt":
             answer: dict[str, Any] = {"continue": False, "stopReason": decision.message}
             if event.kind in (Kind.TOOL_CHECK, Kind.MODEL_REQUEST):
                 answer.update(decision="deny", reason=decision.message)
             elif event.kind is Kind.TOOL_OUTCOME:
-                answer.update(_specific(name, additionalContext=decision.message))
-            return HookAnswer(answer)
+                answer.update(specific_output(event, additionalContext=decision.message))
+            return answer
         if event.kind is Kind.TOOL_OUTCOME:
-            return HookAnswer(_specific(name, additionalContext=decision.message))
-        return HookAnswer({})
-
-    def failure(self, event: AgentEvent | None, reason: str) -> HookAnswer:
-        return HookAnswer(None, 2, reason)
-
-    def ran(self, event: AgentEvent, call_id: str | None) -> bool:
-        return False
+            return specific_output(event, additionalContext=decision.message)
+        return {}
 
 
 def outcome_of(response: Any) -> str:
@@ -110,10 +109,6 @@ def result_of(response: Any) -> Any:
     if isinstance(response, dict) and isinstance(response.get("returnDisplay"), str):
         return response["returnDisplay"]
     return response
-
-
-def _specific(name: str, **fields: Any) -> dict[str, Any]:
-    return {"hookSpecificOutput": {"hookEventName": name, **fields}}
 
 
 PROTOCOL = Gemini()
