@@ -44,6 +44,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import importlib
 import importlib.util
 import logging
 import os
@@ -62,7 +63,8 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_QUEUE = 2048
 DEFAULT_EXPORT_BATCH = 512
-SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto")  # what `pip install turnguard` lacks
+OTLP_PACKAGE = "opentelemetry.exporter.otlp.proto"
+SDK_MODULES = ("opentelemetry.sdk", OTLP_PACKAGE)  # what `pip install turnguard` lacks
 DEFAULT_SHUTDOWN_TIMEOUT_MS = 1500
 SHUTDOWN_TIMEOUT_ENV = "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT"
 """Milliseconds ``Telemetry.shutdown()`` (and the exit hook) waits for the providers to flush."""
@@ -85,6 +87,16 @@ class ExportSettings:
     timeout_s: float
 
 
+PROVIDER_KEYWORDS = ("tracer_provider", "meter_provider", "logger_provider")
+"""``Guard(...)``'s keyword arguments for the SDK providers."""
+
+
+def provider_keywords(holder: Any) -> dict[str, Any]:
+    """``Guard(...)``'s provider keywords from what holds the providers under those names
+    (``Telemetry``, ``testing.InMemoryTelemetry``)."""
+    return {name: getattr(holder, name) for name in PROVIDER_KEYWORDS}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Telemetry:
     """The SDK providers ``configure()`` built; flush or shut them down when the host exits."""
@@ -99,11 +111,7 @@ class Telemetry:
 
     def providers(self) -> dict[str, Any]:
         """Keyword arguments for ``Guard(...)``."""
-        return {
-            "tracer_provider": self.tracer_provider,
-            "meter_provider": self.meter_provider,
-            "logger_provider": self.logger_provider,
-        }
+        return provider_keywords(self)
 
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
         """Export everything buffered now; ``False`` if some provider did not finish in time."""
@@ -422,36 +430,22 @@ def _exporter(s: ExportSettings) -> Any:
     headers = dict(s.headers) or None
     if s.protocol == "grpc":
         insecure = s.endpoint.startswith("http://")
-        return _grpc_exporter(s.signal)(endpoint=s.endpoint, insecure=insecure, headers=headers, timeout=s.timeout_s)
-    return _http_exporter(s.signal)(endpoint=s.endpoint, headers=headers, timeout=s.timeout_s)
+        return _otlp_exporter("grpc", s.signal)(endpoint=s.endpoint, insecure=insecure, headers=headers,
+                                                timeout=s.timeout_s)
+    return _otlp_exporter("http", s.signal)(endpoint=s.endpoint, headers=headers, timeout=s.timeout_s)
 
 
-def _grpc_exporter(signal: str) -> Callable[..., Any]:
-    if signal == "traces":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter
-    if signal == "metrics":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-
-    return OTLPLogExporter
+OTLP_EXPORTERS = {"traces": ("trace_exporter", "OTLPSpanExporter"),
+                  "metrics": ("metric_exporter", "OTLPMetricExporter"),
+                  "logs": ("_log_exporter", "OTLPLogExporter")}
+"""By signal: the module (in ``OTLP_PACKAGE``'s ``grpc`` and ``http`` alike) and
+the class of its OTLP exporter, imported only when one is configured."""
 
 
-def _http_exporter(signal: str) -> Callable[..., Any]:
-    if signal == "traces":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter
-    if signal == "metrics":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-
-    return OTLPLogExporter
+def _otlp_exporter(transport: str, signal: str) -> Callable[..., Any]:
+    module, name = OTLP_EXPORTERS[signal]
+    exporter: Callable[..., Any] = getattr(importlib.import_module(f"{OTLP_PACKAGE}.{transport}.{module}"), name)
+    return exporter
 
 
 def _console(signal: str) -> Any:

@@ -18,6 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from turnguard.telemetry.setup import provider_keywords
+
 
 class InMemoryTelemetry:
     """SDK providers with in-memory exporters and readers, and accessors for what they got."""
@@ -42,11 +44,7 @@ class InMemoryTelemetry:
 
     def providers(self) -> dict[str, Any]:
         """Keyword arguments for ``Guard(...)``."""
-        return {
-            "tracer_provider": self.tracer_provider,
-            "meter_provider": self.meter_provider,
-            "logger_provider": self.logger_provider,
-        }
+        return provider_keywords(self)
 
     def spans(self) -> list[Any]:
         """Finished spans (``ReadableSpan``), in the order they ended."""
