@@ -21,6 +21,7 @@ written, all checked before any work). Every failure is said in one line on stde
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -259,31 +260,18 @@ def load_config(args: argparse.Namespace) -> tuple[GuardConfig, dict[str, str]]:
     return config, sources
 
 
-# -- calibrate (turnguard.calibrate.cli) ------------------------------------------------------------
+# -- subcommands whose module loads only when they run --------------------------------------------
 
 
-def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
-    from turnguard.calibrate.cli import add_arguments
+def _later(module: str, name: str) -> Callable[[Any], Any]:
+    """``module.name``, imported when first called, not with this module: ``turnguard hook AGENT``,
+    which the agent runs before every tool call, is answered in ``main`` before any parsing (it
+    reads its configuration per event, and fails open) and loads no other subcommand's module."""
 
-    add_arguments(parser)
+    def call(arg: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(arg)
 
-
-def _calibrate(args: argparse.Namespace) -> int:
-    from turnguard.calibrate.cli import run
-
-    return run(args)
-
-
-def _calibrate_merge_arguments(parser: argparse.ArgumentParser) -> None:
-    from turnguard.calibrate.cli import add_merge_arguments
-
-    add_merge_arguments(parser)
-
-
-def _calibrate_merge(args: argparse.Namespace) -> int:
-    from turnguard.calibrate.cli import run_merge
-
-    return run_merge(args)
+    return call
 
 
 # -- assets (turnguard.assets) --------------------------------------------------------------------
@@ -350,46 +338,6 @@ def _assets(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- install, uninstall: coding agents' hooks (``turnguard hook AGENT``, which the agent runs, is
-# answered in ``main`` before any parsing: it reads its configuration per event, and fails open) --
-
-
-def _install_arguments(parser: argparse.ArgumentParser) -> None:
-    from turnguard.agents.install import install_arguments
-
-    install_arguments(parser)
-
-
-def _install(args: argparse.Namespace) -> int:
-    from turnguard.agents.install import run_install
-
-    return run_install(args)
-
-
-def _uninstall_arguments(parser: argparse.ArgumentParser) -> None:
-    from turnguard.agents.install import uninstall_arguments
-
-    uninstall_arguments(parser)
-
-
-def _uninstall(args: argparse.Namespace) -> int:
-    from turnguard.agents.install import run_uninstall
-
-    return run_uninstall(args)
-
-
-def _result_arguments(parser: argparse.ArgumentParser) -> None:
-    from turnguard.agents.result import arguments
-
-    arguments(parser)
-
-
-def _result(args: argparse.Namespace) -> int:
-    from turnguard.agents.result import run
-
-    return run(args)
-
-
 # -- the command ----------------------------------------------------------------------------------
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -400,17 +348,22 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         Subcommand("config", "show the configuration loaded from TOML and TURNGUARD_* variables",
                    _config_arguments, _config),
         Subcommand("calibrate", "replay recorded turns against a grid of thresholds ('calibrate merge' merges "
-                   "--json results)", _calibrate_arguments, _calibrate),
+                   "--json results)", _later("turnguard.calibrate.cli", "add_arguments"),
+                   _later("turnguard.calibrate.cli", "run")),
         Subcommand("assets", "write the Collector config and builder manifest, Grafana boards and provisioning, "
                    "Prometheus config and rules to DIR", _assets_arguments, _assets),
         Subcommand("install", "guard a coding agent: merge turnguard's hooks into its settings (claude-code, "
-                   "codex, gemini)", _install_arguments, _install),
+                   "codex, gemini)", _later("turnguard.agents.install", "install_arguments"),
+                   _later("turnguard.agents.install", "run_install")),
         Subcommand("uninstall", "take turnguard's hooks out of a coding agent's settings again",
-                   _uninstall_arguments, _uninstall),
+                   _later("turnguard.agents.install", "uninstall_arguments"),
+                   _later("turnguard.agents.install", "run_uninstall")),
         Subcommand("result", "report whether a coding agent's last turn did its task (resolved, unresolved)",
-                   _result_arguments, _result),
+                   _later("turnguard.agents.result", "arguments"),
+                   _later("turnguard.agents.result", "run")),
         Subcommand("calibrate-merge", "merge the --json results of calibrate runs over parts of the input "
-                   "(also 'calibrate merge')", _calibrate_merge_arguments, _calibrate_merge, "calibrate merge"),
+                   "(also 'calibrate merge')", _later("turnguard.calibrate.cli", "add_merge_arguments"),
+                   _later("turnguard.calibrate.cli", "run_merge"), "calibrate merge"),
     )
 }
 """Subcommands by name, in ``--help`` order. Add new ones here."""
