@@ -22,6 +22,7 @@ is when results are merged: ``calibrate merge`` reads results written elsewhere,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,10 +57,18 @@ def call_count_key(key: Any) -> int:
     return value
 
 
-def cohort_key(key: Any) -> str:
-    if key not in COHORT_KEYS:
-        raise ValueError(f"a cohort must be one of {', '.join(COHORT_KEYS)}, got {shown(key)}")
-    return key
+def key_in(choices: tuple[str, ...], what: str) -> Callable[[Any], str]:
+    """A check of a histogram's keys (``histogram``'s ``keys``): each must be one of ``choices``."""
+
+    def check(key: Any) -> str:
+        if key not in choices:
+            raise ValueError(f"{what} must be one of {', '.join(choices)}, got {shown(key)}")
+        return key
+
+    return check
+
+
+cohort_key = key_in(COHORT_KEYS, "a cohort")
 
 
 def shown(value: Any, width: int = 40) -> str:

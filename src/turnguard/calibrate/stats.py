@@ -33,6 +33,7 @@ from turnguard.calibrate.bounds import (
     halt_bucket,
     histogram,
     ids_per_policy,
+    key_in,
     shown,
 )
 from turnguard.calibrate.duplicates import SKETCH, TurnPrints
@@ -312,10 +313,7 @@ def _label(key: Any) -> str:
     return key
 
 
-def _source(key: Any) -> str:
-    if key not in SOURCES:
-        raise ValueError(f"an evidence source must be one of {', '.join(SOURCES)}, got {shown(key)}")
-    return key
+_source = key_in(SOURCES, "an evidence source")
 
 
 def _ids(value: Any, what: str) -> list[str]:

@@ -39,7 +39,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from turnguard.calibrate.bounds import call_count_key, count, histogram
+from turnguard.calibrate.bounds import call_count_key, count, histogram, key_in
 from turnguard.calibrate.evidence import Z95, Sided, zero_event_bound
 from turnguard.calibrate.svg import LANE_H, lanes, spaced
 from turnguard.model import Threshold
@@ -192,10 +192,7 @@ def _add(mine: dict[K, int], theirs: dict[K, int]) -> None:
         mine[k] = mine.get(k, 0) + v
 
 
-def _group(key: Any) -> str:
-    if key not in {*CENSOR_GROUPS.values(), "other"}:
-        raise ValueError(f"unknown censoring group {key!r:.40}")
-    return key
+_group = key_in((*dict.fromkeys(CENSOR_GROUPS.values()), "other"), "a censoring group")
 
 
 @dataclass(frozen=True, slots=True)
