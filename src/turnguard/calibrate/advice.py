@@ -346,41 +346,46 @@ def _raise_to(e: ProbeEvidence, decisions: dict[str, Decision], m: float) -> str
 
 def stuck_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
     """The stuck threshold D in words."""
-    p, d, dd = e.stuck, decisions["stuck"], e.stuck_repeat
-    if p.turns == 0:
-        return (f"No probe turn would have been halted as stuck (D={dd}, past S={e.soft_cap:,}): no evidence about D "
-                "yet.")
-    if d.verdict == "no_evidence":
-        return f"{_turns(p.turns)} would have been halted as stuck (D={dd}), none has a result yet."
-    said = f"{_turns(p.turns)} would have been halted as stuck (D={dd}): {_fates(p)} ({_interval(p, d)})"
-    if d.verdict == "within":
-        return (f"{said}: within the tolerance of {_pct(d.tolerance)}: keep D={dd}; going on cost "
-                f"{p.calls_past:,} calls past the would-be halts.")
-    if d.verdict == "undecided":
-        return f"{said}: {_when(d, f'D={dd}')}."
-    return (f"{said}: above the tolerance of {_pct(d.tolerance)}: D={dd} halts turns that would have succeeded; "
-            f"raise D or try stuck_signal='stale_repeat' (it spares edit-and-rerun), at {p.calls_past:,} calls past "
-            "the would-be halts.")
+    dd = e.stuck_repeat
+    return _loop_advice(
+        e.stuck, decisions["stuck"], f"halted as stuck (D={dd})", f"D={dd}",
+        none=f"No probe turn would have been halted as stuck (D={dd}, past S={e.soft_cap:,}): no evidence about D "
+             "yet.",
+        within=f"keep D={dd}; going on cost {e.stuck.calls_past:,} calls past the would-be halts",
+        above=f"D={dd} halts turns that would have succeeded; raise D or try stuck_signal='stale_repeat' (it spares "
+              "edit-and-rerun)")
 
 
 def streak_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
     """The streak stop in words."""
-    p, d, stop = e.streak, decisions["streak"], e.streak_stop
+    d, stop = decisions["streak"], e.streak_stop
     if d.censored_at_cap is not None:
         return (f"The probe's own streak stop ({d.censored_at_cap[1]}) is not past the main one ({stop}): no probe "
                 f"turn can be seen past it; raise the probe's streak_stop_at to see past {stop}.")
+    return _loop_advice(
+        e.streak, d, f"halted by the streak stop ({stop})", f"the streak stop {stop}",
+        none=f"No probe turn would have been halted by the streak stop ({stop} identical failures): no evidence "
+             "about it yet.",
+        within=f"keep streak_stop_at={stop}",
+        above="the streak stop halts retries that would have succeeded; raise streak_stop_at")
+
+
+def _loop_advice(p: Passed, d: Decision, halted: str, setting: str, *, none: str, within: str, above: str) -> str:
+    """A loop detector's probe row in words: the turns it would have ``halted`` (said after "would
+    have been"), their fates and the verdict on ``setting``; ``none``: what to say without such a
+    turn; ``within``/``above``: the advice when the share that would have succeeded is within or
+    above the tolerance."""
     if p.turns == 0:
-        return (f"No probe turn would have been halted by the streak stop ({stop} identical failures): no evidence "
-                "about it yet.")
+        return none
     if d.verdict == "no_evidence":
-        return f"{_turns(p.turns)} would have been halted by the streak stop ({stop}), none has a result yet."
-    said = f"{_turns(p.turns)} would have been halted by the streak stop ({stop}): {_fates(p)} ({_interval(p, d)})"
+        return f"{_turns(p.turns)} would have been {halted}, none has a result yet."
+    said = f"{_turns(p.turns)} would have been {halted}: {_fates(p)} ({_interval(p, d)})"
     if d.verdict == "within":
-        return f"{said}: within the tolerance of {_pct(d.tolerance)}: keep streak_stop_at={stop}."
+        return f"{said}: within the tolerance of {_pct(d.tolerance)}: {within}."
     if d.verdict == "undecided":
-        return f"{said}: {_when(d, f'the streak stop {stop}')}."
-    return (f"{said}: above the tolerance of {_pct(d.tolerance)}: the streak stop halts retries that would have "
-            f"succeeded; raise streak_stop_at, at {p.calls_past:,} calls past the would-be halts.")
+        return f"{said}: {_when(d, setting)}."
+    return (f"{said}: above the tolerance of {_pct(d.tolerance)}: {above}, at {p.calls_past:,} calls past the "
+            "would-be halts.")
 
 
 def cost_advice(e: ProbeEvidence, ctx: Context, turns: int, calls: int) -> str | None:
