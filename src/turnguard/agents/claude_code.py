@@ -29,15 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import (
-    AgentEvent,
-    CommandHooks,
-    Decision,
-    Kind,
-    attended_from_env,
-    common_fields,
-    specific_output,
-)
+from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, attended_from_env, common_fields
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -83,14 +75,14 @@ class ClaudeCode(CommandHooks):
         stop: dict[str, Any] = {"continue": False, "stopReason": message}
         if event.kind is Kind.TOOL_CHECK:
             if decision.kind == "remind":
-                return specific_output(event, additionalContext=message)
+                return self.specific(event, additionalContext=message)
             if decision.kind == "ask":
-                return specific_output(event, permissionDecision="ask", permissionDecisionReason=message)
-            return {**specific_output(event, permissionDecision="deny", permissionDecisionReason=message), **stop}
+                return self.specific(event, permissionDecision="ask", permissionDecisionReason=message)
+            return {**self.specific(event, permissionDecision="deny", permissionDecisionReason=message), **stop}
         if event.kind is Kind.TOOL_OUTCOME:
             if decision.kind != "halt":
-                return specific_output(event, additionalContext=message)
-            answer = {"decision": "block", "reason": message, **specific_output(event, additionalContext=message)}
+                return self.specific(event, additionalContext=message)
+            answer = {"decision": "block", "reason": message, **self.specific(event, additionalContext=message)}
             # (from PostToolUseFailure Claude Code does not stop: its PostToolBatch does)
             return {**answer, **stop} if event.name == "PostToolUse" else answer
         if event.kind is Kind.STEP_END and decision.kind == "halt":

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, common_fields, specific_output, text_field
+from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, common_fields, text_field
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -66,12 +66,12 @@ class Codex(CommandHooks):
     def output(self, event: AgentEvent, decision: Decision) -> dict[str, Any]:
         if event.kind is Kind.TOOL_CHECK:
             if decision.kind == "remind":
-                return specific_output(event, additionalContext=decision.message)
-            return specific_output(event, permissionDecision="deny", permissionDecisionReason=decision.message)
+                return self.specific(event, additionalContext=decision.message)
+            return self.specific(event, permissionDecision="deny", permissionDecisionReason=decision.message)
         if event.kind is Kind.TOOL_OUTCOME:
             if decision.kind == "halt":
                 return {"decision": "block", "reason": decision.message}
-            return specific_output(event, additionalContext=decision.message)
+            return self.specific(event, additionalContext=decision.message)
         return {}
 
     def ran(self, event: AgentEvent, call_id: str | None) -> bool:

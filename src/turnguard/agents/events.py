@@ -163,10 +163,10 @@ class CommandHooks:
     def ran(self, event: AgentEvent, call_id: str | None) -> bool:
         return False
 
-
-def specific_output(event: AgentEvent, **fields: Any) -> dict[str, Any]:
-    """The event's ``hookSpecificOutput`` holding ``fields`` (a schema the three agents share)."""
-    return {"hookSpecificOutput": {"hookEventName": event.name, **fields}}
+    @staticmethod
+    def specific(event: AgentEvent, **fields: Any) -> dict[str, Any]:
+        """The event's ``hookSpecificOutput`` holding ``fields`` (a schema the three agents share)."""
+        return {"hookSpecificOutput": {"hookEventName": event.name, **fields}}
 
 
 def attended_from_env(environ: Mapping[str, str], entrypoint_var: str, interactive: frozenset[str]) -> bool:

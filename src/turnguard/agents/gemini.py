@@ -24,15 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import (
-    AgentEvent,
-    CommandHooks,
-    Decision,
-    Kind,
-    attended_from_env,
-    common_fields,
-    specific_output,
-)
+from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, attended_from_env, common_fields
 
 KINDS = {
     "BeforeAgent": Kind.TURN_START,
@@ -66,10 +58,10 @@ class Gemini(CommandHooks):
             if event.kind in (Kind.TOOL_CHECK, Kind.MODEL_REQUEST):
                 answer.update(decision="deny", reason=decision.message)
             elif event.kind is Kind.TOOL_OUTCOME:
-                answer.update(specific_output(event, additionalContext=decision.message))
+                answer.update(self.specific(event, additionalContext=decision.message))
             return answer
         if event.kind is Kind.TOOL_OUTCOME:
-            return specific_output(event, additionalContext=decision.message)
+            return self.specific(event, additionalContext=decision.message)
         return {}
 
 
