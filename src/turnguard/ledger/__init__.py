@@ -53,8 +53,9 @@ from turnguard import state as st
 from turnguard.keys import DIGEST_SIZE, cached_digest
 from turnguard.ledger._cycles import CycleRuns
 from turnguard.ledger._facts import LedgerFacts, PolicyFacts
-from turnguard.ledger._polled import MAX_POLLED, PolledCalls
+from turnguard.ledger._polled import PolledCalls
 from turnguard.ledger._state import (
+    MAX_POLLED,
     check_number,
     digest_counts,
     early_outcomes,

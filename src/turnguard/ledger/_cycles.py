@@ -8,8 +8,7 @@ from typing import Any
 
 from turnguard import state as st
 from turnguard.keys import DIGEST_SIZE
-from turnguard.ledger._polled import MAX_POLLED
-from turnguard.ledger._state import OUTCOME_VALUES, check_number, hex_or_none, key_size
+from turnguard.ledger._state import MAX_POLLED, OUTCOME_VALUES, check_number, hex_or_none, key_size
 from turnguard.model import Level, Outcome
 from turnguard.state import Fields
 

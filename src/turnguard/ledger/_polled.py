@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from turnguard.ledger._state import fact
+from turnguard.ledger._state import MAX_POLLED, fact
 from turnguard.ledger._streaks import Streaks
 from turnguard.model import Outcome
 
@@ -15,9 +15,6 @@ if TYPE_CHECKING:
 
 _DENIED = Outcome.DENIED
 
-MAX_POLLED = 2 * 4096 + 1024
-"""Stateful tools' calls a ledger keeps waiting for their outcome to count their repeat (the calls a
-live turn waits for, ``guard.MAX_AWAITING``); past it the oldest counts without a result."""
 
 
 class PolledCalls(Streaks):

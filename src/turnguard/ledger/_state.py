@@ -12,6 +12,11 @@ from turnguard.keys import DIGEST_SIZE
 from turnguard.model import Level, Outcome
 from turnguard.state import Fields
 
+MAX_POLLED = 2 * 4096 + 1024
+"""Calls a ledger keeps waiting for their outcome, in a stateful tool's repeats and in the cycle
+runs (the calls a live turn waits for, ``guard.MAX_AWAITING``); past it, in the repeats, the oldest
+counts without a result."""
+
 
 def fact(attr: str, doc: str | None = None) -> Any:
     """A read-only fact: a property whose getter is ``operator.attrgetter(attr)`` (C-level; the
