@@ -113,6 +113,17 @@ def test_every_bucket_a_panel_queries_is_an_edge_the_guard_exports(soft_cap, mul
     assert (q.TOOL_CALLS.removeprefix("turnguard_"), config.hard_cap) in queried  # the backstop band's edge
 
 
+def test_every_request_bucket_the_cycle_frontier_queries_is_an_edge_the_guard_exports():
+    """Panel 49's cycle cap rows read the request histogram at the live cap (41: an edge only because
+    it is the cap) and beside it, never past the probe's own cycle cap."""
+    config = GuardConfig(max_cycles_per_turn=41, probe={"rate": 0.1, "max_cycles_per_turn": 400})
+    board = json.loads(build.for_config(config)[build.FILES[build.THRESHOLDS_UID]])
+    queried = {le for metric, le in bucket_edges(board) if metric == q.CYCLES.removeprefix("turnguard_")}
+    assert 41 in queried and queried <= set(buckets.cycle_edges(config)) and max(queried) < 400
+    assert not any(metric == q.CYCLES.removeprefix("turnguard_") for metric, _ in bucket_edges(
+        json.loads(build.for_config(config.replace(probe={"rate": 0.1}))[build.FILES[build.THRESHOLDS_UID]])))
+
+
 def test_a_fractional_multiplier_keeps_bands_ordered():
     cap = CapSettings(soft_cap=100, hard_multiplier=2.5, stuck_repeat_threshold=6)
     assert cap.bands() == [(0, 100), (100, 200), (200, 250), (250, None)]

@@ -1,5 +1,6 @@
-"""Panel 49 (the soft and explicit caps' probe frontier) on a real Prometheus's PromQL: ``promtool
-test rules`` evaluates its queries on the recording rules' series of a planted set of probe turns
+"""Panel 49 (the soft, explicit and cycle caps' probe frontier) on a real Prometheus's PromQL:
+``promtool test rules`` evaluates its queries on the recording rules' series of a planted set of
+probe turns (for the cycle cap, on the raw series the guard exports, recorded by the shipped rules)
 and compares each row with the same rule in plain Python: calibrate's ``frontier.upper_bound`` of
 the productive turns a value would halt, against the tolerance."""
 
@@ -22,9 +23,17 @@ optional_dependency("grafana_foundation_sdk")
 from turnguard.boards import build, queries, rules  # noqa: E402
 from turnguard.boards import promql as q  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
-from turnguard.boards.thresholds import SEEN_HIGH, SPARES, _edges, soft_values  # noqa: E402
+from turnguard.boards.thresholds import (  # noqa: E402
+    SEEN_HIGH,
+    SPARES,
+    _edges,
+    cycle_values,
+    explicit_values,
+    soft_values,
+)
 from turnguard.calibrate.frontier import upper_bound  # noqa: E402
 from turnguard.config import GuardConfig  # noqa: E402
+from turnguard.telemetry.buckets import cycle_edges  # noqa: E402
 
 CONFIG = GuardConfig(probe={"rate": 0.1, "soft_cap": 300, "hard_multiplier": 20})
 CAP = CapSettings.from_config(CONFIG)
@@ -169,5 +178,152 @@ def test_panel_49_is_the_planted_turns_frontier(promtool, tmp_path):
     (tmp_path / "test.yaml").write_text(yaml.safe_dump({
         "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": _series(), "promql_expr_test": tests}]}))
+    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+# -- the cycle cap's rows: raw series through the shipped rules ----------------------------------------
+
+CYCLE_CONFIG = GuardConfig(max_cycles_per_turn=20, probe={"rate": 0.1, "max_cycles_per_turn": 100})
+CYCLE_CAP = CapSettings.from_config(CYCLE_CONFIG)
+PROBE_CAP = 100
+
+
+@dataclass(frozen=True)
+class Requests:
+    """A turn as its request count, the result in it, a result after it and what ended it."""
+
+    cycles: int
+    resolved: bool | None
+    late: bool | None = None
+    ended_by: str = "none"
+    cohort: str = "probe"
+
+
+REQUEST_TURNS = {
+    Requests(15, True): 3,                                      # below every cycle cap
+    Requests(25, True): 2,                                      # productive past 20 only
+    Requests(35, None, late=True): 1,                           # resolved later: no request count, unknown
+    Requests(45, False, ended_by="soft_stuck"): 2,              # failed under the probe's policy
+    Requests(55, None, ended_by="hard_backstop"): 1,            # the probe's backstop, no result in it: unknown
+    Requests(70, False, ended_by="hard_backstop"): 1,           # ... with a false one: censored
+    Requests(85, False): 60,                                    # failed past every value but the last
+    Requests(PROBE_CAP + 1, None, ended_by="cycle_cap"): 4,     # the probe's cycle cap: censored
+    Requests(PROBE_CAP + 1, None, late=True, ended_by="cycle_cap"): 1,   # ... resolved later: placed
+    Requests(PROBE_CAP + 1, None, late=False, ended_by="cycle_cap"): 1,  # ... failed later: censored
+    Requests(90, True, cohort="live"): 5,                       # the live cohort: in no row
+    Requests(PROBE_CAP + 1, None, late=True, ended_by="cycle_cap", cohort="live"): 2,
+}
+"""Planted turns, how many of each."""
+
+
+def _expected_cycles(value: int) -> dict[str, float]:
+    """The rule: probe turns that made more than ``value`` requests; a late result counts only for a
+    turn the probe halted at its own cycle cap (past every value), any other stays as its turn left it."""
+    fates = dict.fromkeys(("resolved", "unresolved", "censored", "unknown"), 0)
+    turns = 0
+    for t, count in REQUEST_TURNS.items():
+        if t.cohort != "probe" or t.cycles <= value:
+            continue
+        turns += count
+        placed = t.ended_by == "cycle_cap"
+        result = t.late if placed and t.resolved is None else t.resolved
+        if result is True:
+            fates["resolved"] += count
+        elif t.ended_by in LIMITS and (result is False or (placed and result is None)):
+            fates["censored"] += count
+        elif result is False:
+            fates["unresolved"] += count
+        else:
+            fates["unknown"] += count
+    known = fates["resolved"] + fates["unresolved"] + fates["censored"]
+    high = upper_bound(fates["resolved"], known)[1] if known else math.nan
+    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan}
+
+
+QUIET, RUN = 20, 40
+"""Minutes each raw series holds 0 (the rules see it start), then minutes at its count."""
+
+
+def _raw(value: int) -> str:
+    return f"0x{QUIET} {value}x{RUN}"
+
+
+def _raw_series() -> list[dict[str, str]]:
+    """The raw cumulative series the guard exports for ``REQUEST_TURNS`` (labels the rules sum away
+    among them), sampled every minute."""
+    edges = [*(f"{e:g}" for e in cycle_edges(CYCLE_CONFIG)), "+Inf"]
+    buckets: dict[str, int] = {}
+    results: dict[str, int] = {}
+    for t, count in REQUEST_TURNS.items():
+        base = {q.POLICY: "default-probe" if t.cohort == "probe" else "default", q.COHORT: t.cohort,
+                q.AGENT: "a", q.THRESHOLD: t.ended_by, "job": "agent", "instance": "i1"}
+        facts = {**base, q.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved],
+                 q.OUTCOME: "halted" if t.ended_by != "none" else "completed", q.CAP_MODE: "adaptive",
+                 q.STUCK: "false"}
+        for le in edges:
+            series = f"{q.CYCLES}_bucket" + _labels_of(**facts, le=le)
+            buckets[series] = buckets.get(series, 0) + count * int(le == "+Inf" or t.cycles <= float(le))
+        if t.late is not None:
+            result = {**base, q.RESOLVED: "true" if t.late else "false", q.RESULT_STATUS: "accepted",
+                      q.CALLS_BUCKET: "+Inf"}
+            series = q.RESULTS + _labels_of(**result)
+            results[series] = results.get(series, 0) + count
+    return [{"series": s, "values": _raw(n)} for s, n in {**buckets, **results}.items()]
+
+
+def _labels_of(**labels: str) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def _cycle_queries() -> list[queries.PanelQuery]:
+    board = json.loads(build.for_config(CYCLE_CONFIG)[build.FILES[build.THRESHOLDS_UID]])
+    return [pq for pq in queries.panel_queries(board) if pq.panel_id == 49]
+
+
+CYCLE_VALUES = {**VALUES, "__range": f"{QUIET + RUN}m", "__range_s": str((QUIET + RUN) * 60)}
+
+
+def test_the_board_judges_cycle_caps_from_the_live_one_below_the_probes():
+    assert cycle_values(CYCLE_CAP) == [20, 30, 40, 60, 80]
+    assert soft_values(CYCLE_CAP) == [] and explicit_values(CYCLE_CAP) == []
+    assert cycle_values(CapSettings.from_config(CYCLE_CONFIG.replace(probe={"rate": 0.1}))) == []  # not past it
+    unbounded = CapSettings.from_config(CYCLE_CONFIG.replace(probe={"rate": 0.1, "max_cycles_per_turn": 0}))
+    assert cycle_values(unbounded) == [20, 30, 40, 60, 100, 200]
+    assert {pq.legend for pq in _cycle_queries()} == {"turns", "resolved", "unresolved", "censored", "unknown",
+                                                      SEEN_HIGH, SPARES}
+
+
+def test_the_planted_request_counts_place_late_results_only_at_the_probes_cycle_cap():
+    """At 20: the two turns resolved in the turn past 20 and the one resolved later at the probe's cap;
+    the turn resolved later at 35 requests and the one at the probe's backstop with no result stay
+    unknown. At 80 only the probe's cap and the 60 failures past 80 are left: a value that spares
+    them, where 20 does not."""
+    at_20, at_80 = _expected_cycles(20), _expected_cycles(80)
+    assert (at_20["resolved"], at_20["unresolved"], at_20["censored"], at_20["unknown"]) == (3, 62, 6, 2)
+    assert (at_80["resolved"], at_80["unresolved"], at_80["censored"], at_80["unknown"]) == (1, 60, 5, 0)
+    assert (at_20[SPARES], at_80[SPARES]) == (0.0, 1.0)
+
+
+def _cycle_samples(column: str) -> list[dict[str, object]]:
+    out = []
+    for value in cycle_values(CYCLE_CAP):
+        figure = _expected_cycles(value)[column]
+        out.append({"labels": f'{{value="cycles:{value}"}}', "value": round(figure * SCALE) if column == SEEN_HIGH
+                    else figure})
+    return out
+
+
+def test_panel_49_is_the_frontier_of_the_planted_request_counts_through_the_rules(promtool, tmp_path):
+    """The raw request histogram and results counter, recorded by the shipped rules (the request
+    histogram's record among them), read by panel 49's cycle cap rows: each column is the rule's."""
+    at = f"{QUIET + RUN}m"
+    tests = [{"expr": queries.resolve(pq.expr, CYCLE_VALUES) if pq.legend != SEEN_HIGH
+              else f"round(({queries.resolve(pq.expr, CYCLE_VALUES)}) * {SCALE:g})",
+              "eval_time": at, "exp_samples": _cycle_samples(pq.legend)} for pq in _cycle_queries()]
+    (tmp_path / chain.RULES.name).write_text(chain.RULES.read_text())
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": [chain.RULES.name], "evaluation_interval": "5m",
+        "tests": [{"interval": "1m", "input_series": _raw_series(), "promql_expr_test": tests}]}))
     done = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -76,8 +76,8 @@ never to be reused: threshold validation 42 and 45 (their counts are columns of 
 calls past each threshold, a column of 44)."""
 RETIRED = {THRESHOLDS: {42, 45, 46}}
 CONFIGURED_IDS = {THRESHOLDS: {49: "table"}}
-"""Panels only a board built for some configurations has (49: the soft and explicit caps' frontier,
-where the probe runs past them): pinned like the others, absent from the committed board."""
+"""Panels only a board built for some configurations has (49: the soft, explicit and cycle caps'
+frontier, where the probe runs past them): pinned like the others, absent from the committed board."""
 
 
 def _content_panels(board: dict[str, Any]) -> list[dict[str, Any]]:
@@ -956,6 +956,10 @@ OTHER_CONFIGURATIONS = {
     "a probe raising S": {"probe": {"rate": 0.1, "soft_cap": 300, "hard_multiplier": 20}},
     "a probed explicit cap": {"max_tool_calls_per_turn": 300,
                               "probe": {"rate": 0.1, "max_tool_calls_per_turn": 2000}},
+    "a probed cycle cap": {"max_cycles_per_turn": 30, "probe": {"rate": 0.1, "max_cycles_per_turn": 200}},
+    "a probe raising S past a cycle cap": {"max_cycles_per_turn": 30,
+                                           "probe": {"rate": 0.1, "soft_cap": 300, "hard_multiplier": 20,
+                                                     "max_cycles_per_turn": 0}},
     "a named probe with a cycle cap": {"name": "prod", "max_cycles_per_turn": 40,
                                        "probe": {"rate": 0.1, "name": "canary", "hard_multiplier": 30}},
 }

@@ -9,6 +9,7 @@ against the rules file's ``by (...)`` lists, not the builder's intent.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -21,8 +22,14 @@ yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
 from turnguard.boards import build, promql, queries, rules  # noqa: E402
+from turnguard.config import GuardConfig  # noqa: E402
 
 BOARD = queries.boards()[build.THRESHOLDS_UID]
+PROBED_CYCLE_CAP = GuardConfig(max_cycles_per_turn=30, probe={"rate": 0.1, "max_cycles_per_turn": 200})
+"""A configuration whose board reads what the committed one does not: the request histogram's record
+(panel 49's cycle cap rows, where the probe runs past the live cycle cap)."""
+CONFIGURED = json.loads(build.for_config(PROBED_CYCLE_CAP)[build.FILES[build.THRESHOLDS_UID]])
+BOARDS = {"committed": BOARD, "a probed cycle cap": CONFIGURED}
 KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
                       "offset", "bool", "atan2", "inf", "nan"})
 TOKEN = re.compile(r"\s*(?:(?P<name>[A-Za-z_:][\w:]*)|(?P<braces>\{[^}]*\})|(?P<range>\[[^\]]*\])"
@@ -104,14 +111,20 @@ def problems(board: dict, recorded: dict[str, frozenset[str]]) -> list[str]:
 RULES_TEXT = chain.RULES.read_text()
 
 
-def test_every_threshold_board_query_reads_records_with_the_labels_it_needs():
-    assert problems(BOARD, record_labels(RULES_TEXT)) == []
+@pytest.mark.parametrize("board", sorted(BOARDS))
+def test_every_threshold_board_query_reads_records_with_the_labels_it_needs(board):
+    assert problems(BOARDS[board], record_labels(RULES_TEXT)) == []
 
 
 def test_the_board_reads_every_record_and_every_record_label_it_selects_on():
-    """The scan sees the selectors (a scanner that found nothing would pass anything)."""
-    read = {s.series for q in queries.panel_queries(BOARD) for s in selections(q.expr)}
-    assert read == {*build.RECORDED.values(), *(r["record"] for r in rules.DERIVED)}
+    """The scan sees the selectors (a scanner that found nothing would pass anything). The committed
+    board reads every record but the request histogram's, which a board with a probed cycle cap reads."""
+    def read(board: dict) -> set[str]:
+        return {s.series for q in queries.panel_queries(board) for s in selections(q.expr)}
+
+    cycles = build.RECORDED[f"{promql.CYCLES}_bucket"]
+    assert read(BOARD) == {*build.RECORDED.values(), *(r["record"] for r in rules.DERIVED)} - {cycles}
+    assert read(CONFIGURED) == read(BOARD) | {cycles}
     heatmap = next(q for q in queries.panel_queries(BOARD) if q.panel_id == 2)
     (selection,) = selections(heatmap.expr)
     matched = frozenset({promql.CAP_MODE, promql.POLICY, promql.AGENT, promql.COHORT})
@@ -119,8 +132,8 @@ def test_the_board_reads_every_record_and_every_record_label_it_selects_on():
 
 
 def _label_uses() -> list[tuple[str, str]]:
-    uses = {(s.series, label) for q in queries.panel_queries(BOARD) for s in selections(q.expr)
-            for label in s.matched | s.grouped}
+    uses = {(s.series, label) for board in BOARDS.values() for q in queries.panel_queries(board)
+            for s in selections(q.expr) for label in s.matched | s.grouped}
     return sorted(uses)
 
 
@@ -133,7 +146,8 @@ def test_dropping_a_label_the_board_reads_from_its_rule_fails_the_check(record, 
     kept = [n.strip() for n in by.group(1).split(",") if n.strip() != label]
     broken = RULES_TEXT.replace(rule, rule.replace(by.group(0), f"sum by ({', '.join(kept)})"))
     assert broken != RULES_TEXT
-    assert any(f"{record} is summed without ['{label}']" in p for p in problems(BOARD, record_labels(broken)))
+    found = [p for board in BOARDS.values() for p in problems(board, record_labels(broken))]
+    assert any(f"{record} is summed without ['{label}']" in p for p in found)
 
 
 def test_a_raw_series_or_an_undefined_record_on_the_board_fails_the_check():

@@ -37,6 +37,8 @@ TOOL_CALLS = histogram(n.METRIC_TURN_TOOL_CALLS)
 TURNS = f"{TOOL_CALLS}_count"
 CALLS = f"{TOOL_CALLS}_sum"
 """Every ended turn records one tool-calls observation: the histogram's count counts turns."""
+CYCLES = histogram(n.METRIC_TURN_CYCLES)
+"""Model requests per turn (the cycle cap's count): its buckets place a probe turn against each cycle cap."""
 MAX_REPEAT = histogram(n.METRIC_TURN_MAX_KEY_REPEAT)
 FIRST_STUCK = histogram(n.METRIC_TURN_FIRST_STUCK_CALL)
 DETECTIONS = counter(n.METRIC_DETECTIONS)

@@ -41,6 +41,7 @@ LEVEL, ACTION, ANSWER, SHADOW_POLICY = (label(a) for a in (n.LOOP_LEVEL, n.LOOP_
                                                            n.SHADOW_POLICY))
 
 TOOL_CALLS = label(n.METRIC_TURN_TOOL_CALLS[0])
+CYCLES = label(n.METRIC_TURN_CYCLES[0])
 MAX_REPEAT = label(n.METRIC_TURN_MAX_KEY_REPEAT[0])
 FIRST_STUCK = label(n.METRIC_TURN_FIRST_STUCK_CALL[0])
 SHADOW_TOOL_CALLS = label(n.METRIC_SHADOW_TURN_TOOL_CALLS[0])
@@ -69,6 +70,8 @@ COUNTS = (
     Count("turnguard:turn_tool_calls_bucket:increase5m", f"{TOOL_CALLS}_bucket",
           ("le", POLICY, AGENT, COHORT, RESOLVED, OUTCOME, THRESHOLD, CAP_MODE, STUCK, MAIN_THRESHOLD)),
     Count("turnguard:turn_tool_calls_sum:increase5m", f"{TOOL_CALLS}_sum", (POLICY, AGENT, COHORT, THRESHOLD)),
+    Count("turnguard:turn_cycles_bucket:increase5m", f"{CYCLES}_bucket",
+          ("le", POLICY, AGENT, COHORT, RESOLVED, THRESHOLD)),
     Count("turnguard:turn_max_key_repeat_bucket:increase5m", f"{MAX_REPEAT}_bucket",
           ("le", POLICY, AGENT, COHORT, THRESHOLD, PAST_SOFT_CAP)),
     Count("turnguard:turn_max_key_repeat_count:increase5m", f"{MAX_REPEAT}_count",

@@ -2,7 +2,7 @@
 
 PromQL cannot compute a bucket edge from a variable, so the what-if panels are built for one
 configuration (``GuardConfig``, as ``turnguard assets --config`` or the defaults give it): its soft
-cap S, backstop multiplier m, stuck threshold D, streak stop and ``cycle_repeat`` stop, the
+cap S, backstop multiplier m, stuck threshold D, streak stop, ``cycle_repeat`` stop and cycle cap, the
 thresholds it has in force (a probe row each), and its probe's own limits, past which the probe
 sees nothing.
 """
@@ -82,6 +82,8 @@ class CapSettings:
     stuck_signal: str = GuardConfig.stuck_signal
     explicit_cap: int | None = None
     """The main configuration's explicit cap N (``None``: its cap is adaptive or disabled)."""
+    cycle_cap: int | None = None
+    """The main configuration's cycle cap M, ``max_cycles_per_turn`` (``None``: unbounded)."""
 
     @classmethod
     def from_config(cls, config: GuardConfig) -> CapSettings:
@@ -98,6 +100,7 @@ class CapSettings:
             policy=config.name,
             stuck_signal=config.stuck_signal,
             explicit_cap=config.hard_cap if config.cap_mode == "explicit" else None,
+            cycle_cap=config.max_cycles_per_turn if config.max_cycles_per_turn > 0 else None,
         )
 
     @property
@@ -118,6 +121,14 @@ class CapSettings:
         if self.probe is None:
             return None
         return self.probe.hard_cap is None or self.probe.hard_cap > calls
+
+    def probe_sees_past_cycles(self, requests: int) -> bool | None:
+        """Whether the probe's cycle cap lets its turns make more than ``requests`` model requests
+        (``None``: no probe configured here)."""
+        if self.probe is None:
+            return None
+        limit = self.probe.limit(Threshold.CYCLE_CAP)
+        return limit is None or limit > requests
 
 
 DEFAULTS = CapSettings.from_config(GuardConfig())

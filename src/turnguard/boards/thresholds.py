@@ -328,7 +328,7 @@ def past_row_names(cap: CapSettings) -> dict[str, str]:
 SPARES = "value here spares them"
 """Panel 49's decision column, beside ``SEEN_HIGH``: the bound is under the tolerance."""
 FRONTIER_SPREAD = (1.5, 2, 3, 5, 10)
-"""The explicit caps shown beside the live N: the bucket edges nearest these multiples of it."""
+"""The explicit and cycle caps shown beside the live one: the bucket edges nearest these multiples of it."""
 
 
 def _backstop_of(cap: CapSettings, soft: int) -> int:
@@ -351,6 +351,15 @@ def soft_values(cap: CapSettings) -> list[int]:
             and cap.probe_sees_past(_backstop_of(cap, k * cap.soft_cap))]
 
 
+def _spread(live: int, seen: list[int]) -> list[int]:
+    """``live`` and the values of ``seen`` nearest ``FRONTIER_SPREAD`` times it."""
+
+    def nearest(target: float) -> int:
+        return min(seen, key=lambda e: (abs(e - target), e))
+
+    return sorted({live, *(nearest(f * live) for f in FRONTIER_SPREAD)})
+
+
 def explicit_values(cap: CapSettings) -> list[int]:
     """The explicit caps panel 49 judges: the live N and the bucket edges nearest ``FRONTIER_SPREAD``
     times it that the probe's turns are seen past. None unless the live cap is explicit and the
@@ -358,12 +367,23 @@ def explicit_values(cap: CapSettings) -> list[int]:
     n = cap.explicit_cap
     if n is None or cap.probe is None or not cap.probe_sees_past(n):
         return []
-    seen = [int(e) for e in _edges(cap) if e >= n and cap.probe_sees_past(int(e))]
+    return _spread(n, [int(e) for e in _edges(cap) if e >= n and cap.probe_sees_past(int(e))])
 
-    def nearest(target: float) -> int:
-        return min(seen, key=lambda e: (abs(e - target), e))
 
-    return sorted({n, *(nearest(f * n) for f in FRONTIER_SPREAD)})
+def _cycle_edges(cap: CapSettings) -> tuple[float, ...]:
+    """The model-request histogram's edges as the main configuration's guard exports them (its cycle
+    cap M among them)."""
+    return buckets.cycle_edges(GuardConfig(max_cycles_per_turn=cap.cycle_cap or 0))
+
+
+def cycle_values(cap: CapSettings) -> list[int]:
+    """The cycle caps panel 49 judges: the live M and the request-histogram edges nearest
+    ``FRONTIER_SPREAD`` times it that the probe's turns are seen past. None unless the live
+    configuration has a cycle cap and the probe's is higher (or unbounded)."""
+    m = cap.cycle_cap
+    if m is None or not cap.probe_sees_past_cycles(m):
+        return []
+    return _spread(m, [int(e) for e in _cycle_edges(cap) if e >= m and cap.probe_sees_past_cycles(int(e))])
 
 
 def _turns_past(cap: CapSettings, edge: int, **labels: str) -> str:
@@ -390,11 +410,42 @@ def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
             "unknown": f"({past['unknown']} + {below(**{q.RESOLVED: 'unknown'})})"}
 
 
+AT_THE_CYCLE_CAP = {q.THRESHOLD: Threshold.CYCLE_CAP.value}
+"""Probe turns the probe's own cycle cap halted: past every value panel 49 judges (each is below it)."""
+OTHER_LENGTH_LIMITS = "~" + "|".join(t.value for t in evidence.LENGTH_LIMITS if t is not Threshold.CYCLE_CAP)
+
+
+def _cycle_row(value: int) -> dict[str, str]:
+    """The probe turns a cycle cap ``value`` halts: those that made more than ``value`` model
+    requests (the request histogram's buckets). A result reported after the turn carries no request
+    count: it counts for the turns the probe halted at its own cycle cap (past every value; the
+    results counter names the threshold that ended the turn), and leaves any other turn unknown."""
+
+    def past(**labels: str) -> str:
+        every = q.zero_or(q.recorded(f"{q.CYCLES}_bucket", q.sel(**PROBE_TURNS, **labels, le="+Inf")))
+        return f"({every} - {q.zero_or(q.recorded(f'{q.CYCLES}_bucket', q.le_sel(value, **PROBE_TURNS, **labels)))})"
+
+    def late(**labels: str) -> str:
+        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", **AT_THE_CYCLE_CAP}
+        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **labels)))
+
+    true, false = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}
+    not_at_cap = {q.THRESHOLD: "!" + Threshold.CYCLE_CAP.value}
+    return {"turns": past(),
+            "resolved": f"({past(**true)} + {late(**true)})",
+            "unresolved": past(**{q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}, **false),
+            "censored": (f"({past(**{q.THRESHOLD: OTHER_LENGTH_LIMITS}, **false)} + "
+                         f"{past(**AT_THE_CYCLE_CAP, **{q.RESOLVED: '~false|unknown'})} - {late(**true)})"),
+            "unknown": past(**not_at_cap, **{q.RESOLVED: "unknown"})}
+
+
 def cap_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
     """Row key -> column -> expression: panel 49's rows (the soft caps of ``soft_values``, the
-    explicit caps of ``explicit_values``), each with panel 41's frontier columns."""
+    explicit caps of ``explicit_values``, the cycle caps of ``cycle_values``), each with panel 41's
+    frontier columns."""
     rows = {f"soft:{v}": _with_frontier(_soft_row(cap, v), SPARES) for v in soft_values(cap)}
     rows |= {f"explicit:{v}": _with_frontier(_past(cap, v), SPARES) for v in explicit_values(cap)}
+    rows |= {f"cycles:{v}": _with_frontier(_cycle_row(v), SPARES) for v in cycle_values(cap)}
     return rows
 
 
@@ -405,38 +456,61 @@ def cap_frontier_names(cap: CapSettings) -> dict[str, str]:
         names[f"soft:{v}"] = f"soft cap {v}{live}: past {v} and stuck, or past {_backstop_of(cap, v)}"
     for v in explicit_values(cap):
         names[f"explicit:{v}"] = f"explicit cap {v}{' (live)' if v == cap.explicit_cap else ''}: past {v} calls"
+    for v in cycle_values(cap):
+        names[f"cycles:{v}"] = f"cycle cap {v}{' (live)' if v == cap.cycle_cap else ''}: past {v} model requests"
     return names
+
+
+FRONTIER_KINDS = {
+    "soft": ("soft", "the soft cap (the multiple and D held)",
+             "A soft cap s halts a turn past its backstop s×m, or past s and stuck: a result reported after the "
+             "turn is placed by its call bucket, so it counts past the backstop only; a stuck turn below it whose "
+             "result came later stays unknown here (`turnguard calibrate` places it)."),
+    "explicit": ("explicit", "the explicit cap",
+                 "An explicit cap N halts a turn past N calls: a result reported after the turn is placed by its "
+                 "call bucket."),
+    "cycles": ("cycle", "the cycle cap (max_cycles_per_turn, model requests per turn)",
+               "A cycle cap c halts a turn that began model request c + 1 (the request histogram's buckets place "
+               "it). A result reported after the turn carries no request count: it counts for the turns the "
+               "probe halted at its own cycle cap (past every value here; the results counter names the "
+               "threshold that ended the turn), and any other turn past c whose result came later stays "
+               "unknown here, as does one halted at the probe's backstop or explicit cap with no result in the "
+               "turn (`turnguard calibrate` places them)."),
+}
+"""Per kind of panel 49's rows: its name in the title, what a value of it is, how its turns are placed."""
+
+
+def _listed(words: list[str], last: str) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {last} {words[-1]}"
 
 
 def cap_frontier(cap: CapSettings) -> PanelBuilder | None:
     rows = cap_frontier_rows(cap)
     if not rows:
         return None
+    kinds = [FRONTIER_KINDS[k] for k in FRONTIER_KINDS if any(key.startswith(f"{k}:") for key in rows)]
     columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
                for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
     return table_panel(
-        49, "Probe frontier of the soft and explicit caps",
-        "Per value of the soft cap (the multiple and D held) or the explicit cap: the probe turns it would "
-        "halt, by fate, and panel 41's frontier: the upper bound of the productive share among them (the "
+        49, f"Probe frontier of the {_listed([k[0] for k in kinds], 'and')} cap{'s' if len(kinds) > 1 else ''}",
+        f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by "
+        "fate, and panel 41's frontier: the upper bound of the productive share among them (the "
         f"{CENSORED} counted as not productive; the exact binomial bound 1 - 0.025^(1/N) with none resolved) "
         "and whether it is under the Tolerance variable (calibrate recommends the smallest such value above "
-        "its first step). A soft cap s halts a turn past its backstop s×m, or past s and stuck: a result "
-        "reported after the turn is placed by its call bucket, so it counts past the backstop only; a stuck "
-        "turn below it whose result came later stays unknown here (`turnguard calibrate` places it). Only "
-        "values the probe's turns are seen past are rows.",
+        f"its first step). {' '.join(k[2] for k in kinds)} Only values the probe's turns are seen past are rows.",
         "value", columns, {SEEN_HIGH: "percentunit"}, width=24, height=7, row_names=cap_frontier_names(cap),
         mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
 
 
 CALIBRATE_ONLY = ("Not on this board: D (stuck_repeat_threshold) and the streak stop: the recorded series carry no "
                   "repeat count or failing streak with the result of a turn reported after it, so their frontier "
-                  "cannot be read here. The cycle cap (max_cycles_per_turn) likewise: no request count is "
-                  "recorded with a late result. Run `turnguard calibrate` on the recorded turns for their "
-                  "recommended values (`probe.frontier.stuck`, `.streak`, `.cycles` in --json).")
+                  "cannot be read here. Run `turnguard calibrate` on the recorded turns for their recommended "
+                  "values (`probe.frontier.stuck`, `.streak` in --json).")
 
 
 def _cap_note(cap: CapSettings) -> str:
-    """What the board says about the soft and explicit caps' frontiers when panel 49 has no row for them."""
+    """What the board says about the soft, explicit and cycle caps' frontiers when panel 49 has no row
+    for them (and, where it has the cycle cap's, which turns it cannot place)."""
     notes = []
     if Threshold.HARD_BACKSTOP in cap.thresholds and not soft_values(cap):
         notes.append("The soft cap: not judged here unless the probe raises S with the same stuck signal and D "
@@ -446,6 +520,14 @@ def _cap_note(cap: CapSettings) -> str:
         notes.append("The explicit cap: not judged here unless the probe's cap is higher than the live "
                      f"{cap.explicit_cap} calls; `turnguard calibrate` says whether it is probed "
                      "(`probe.frontier.explicit`).")
+    if cap.cycle_cap is not None and not cycle_values(cap):
+        notes.append("The cycle cap: not judged here unless the probe's max_cycles_per_turn is higher than the "
+                     f"live {cap.cycle_cap} model requests (or unbounded); `turnguard calibrate` says whether it is "
+                     "probed (`probe.frontier.cycles`).")
+    elif cap.cycle_cap is not None:
+        notes.append("The cycle cap's rows in panel 49 leave unknown a turn whose result came after it, unless the "
+                     "probe halted it at its own cycle cap (no request count comes with a late result); "
+                     "`turnguard calibrate` places every such turn (`probe.frontier.cycles`).")
     return " ".join(notes)
 
 
