@@ -29,9 +29,12 @@ operator must see in ``turnguard calibrate``'s probe evidence and on the thresho
 from __future__ import annotations
 
 import enum
+import io
+import json
+import os
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,6 +258,26 @@ def _tally(truth: ProbeTruth, kind: Work, turn: tg.Turn, done: bool) -> None:
 def probe_config(**options: Any) -> tg.GuardConfig:
     """The fleet's main configuration (the seed's, S=100) with its probe."""
     return tg.GuardConfig(load_entrypoints=False, soft_cap=SOFT_CAP, probe=dict(PROBE), **options)
+
+
+CALIBRATE_GRID = ("--soft-caps", "100", "--multipliers", "10", "--stuck-repeats", "6", "--streaks", "5:8", "--no-peers",
+                  "--explicit-caps", "100", "--key-modes", "canonical")
+"""The grid the fleet's recordings are calibrated on: the main configuration's own values."""
+
+
+def calibrate(paths: Iterable[str | os.PathLike[str]], tolerance: float) -> dict[str, Any]:
+    """``turnguard calibrate --json`` on the fleet's recording, its default row the fleet's main
+    configuration: never the one the machine's ``TURNGUARD_*`` variables or a ``turnguard.toml``
+    above the checkout would give (a stuck signal of its own moves the stuck row, so the counts
+    would be the machine's, not the fleet's)."""
+    from turnguard.calibrate import cli
+
+    args = cli.build_parser().parse_args([*map(str, paths), *CALIBRATE_GRID, "--tolerance", repr(tolerance),
+                                          "--json", "-"])
+    args.guard_config = probe_config().replace(probe=None)
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.run(args, stdout=out, stderr=err) == 0, err.getvalue()
+    return json.loads(out.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:

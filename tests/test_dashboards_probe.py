@@ -11,7 +11,6 @@ against the tolerance must be the planted truth's.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 from collections import Counter
@@ -51,7 +50,6 @@ from turnguard.boards import promql as q  # noqa: E402
 from turnguard.boards.evidence import km_multiples  # noqa: E402
 from turnguard.boards.settings import CapSettings  # noqa: E402
 from turnguard.boards.thresholds import BACKSTOP_MULTIPLES  # noqa: E402
-from turnguard.calibrate import cli as calibrate_cli  # noqa: E402
 from turnguard.calibrate.advice import decide  # noqa: E402
 from turnguard.calibrate.evidence import Passed  # noqa: E402
 from turnguard.calibrate.recording import SECONDS_PER_DAY  # noqa: E402
@@ -321,13 +319,7 @@ VERDICTS = {"above": 1, "within": -1, "undecided": 0}
 
 
 def _calibrate(run: FleetRun, tolerance: float) -> dict:
-    out = io.StringIO()
-    paths = [str(run.workdir / name) for name in RECORDED]
-    code = calibrate_cli.main([*paths, "--soft-caps", "100", "--multipliers", "10", "--stuck-repeats", "6",
-                               "--streaks", "5:8", "--no-peers", "--explicit-caps", "100", "--key-modes", "canonical",
-                               "--tolerance", repr(tolerance), "--json", "-"], stdout=out, stderr=io.StringIO())
-    assert code == 0
-    return json.loads(out.getvalue())
+    return pf.calibrate([run.workdir / name for name in RECORDED], tolerance)
 
 
 def _column(run: FleetRun, legend: str, tolerance: float) -> dict[str, float]:

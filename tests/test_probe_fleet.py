@@ -7,7 +7,6 @@ did, exactly, and what it decides against each tolerance must agree with the pla
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import subprocess
@@ -20,7 +19,6 @@ import pytest
 import evidence_oracle as oracle
 import probe_fleet as pf
 import turnguard as tg
-from turnguard.calibrate import cli
 from turnguard.telemetry import names as n
 
 W = pf.Work
@@ -50,12 +48,7 @@ def another_process(workdir: Path) -> Callable[[list[tuple[str, bool]]], None]:
 
 
 def calibrate(paths: list[Path], tolerance: float) -> dict:
-    out = io.StringIO()
-    code = cli.main([*map(str, paths), "--soft-caps", "100", "--multipliers", "10", "--stuck-repeats", "6",
-                     "--streaks", "5:8", "--no-peers", "--explicit-caps", "100", "--key-modes", "canonical",
-                     "--tolerance", repr(tolerance), "--json", "-"], stdout=out, stderr=io.StringIO())
-    assert code == 0
-    return json.loads(out.getvalue())["probe"]
+    return pf.calibrate(paths, tolerance)["probe"]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +60,19 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[pf.ProbeTruth, d
     truth.recorded_in = str(workdir)
     paths = [workdir / "turns.jsonl", workdir / "elsewhere.jsonl"]
     return truth, {q: calibrate(paths, q) for q in TOLERANCES}
+
+
+def test_calibrate_counts_against_the_fleets_configuration_whatever_the_machine_says(recorded, monkeypatch,
+                                                                                     tmp_path):
+    """A stuck signal and a cycle stop in the environment, and a configuration file where calibrate
+    would look for one, change nothing: the rows are measured against the fleet's main configuration."""
+    truth, runs = recorded
+    monkeypatch.setenv("TURNGUARD_STUCK_SIGNAL", "stale_repeat")
+    monkeypatch.setenv("TURNGUARD_CYCLE_REPEAT_STOP_AT", "8")
+    (tmp_path / "turnguard.toml").write_text('streak_stop_on = "any"\nstreak_exempt_tools = ["http_get"]\n')
+    monkeypatch.chdir(tmp_path)
+    folder = Path(truth.recorded_in)
+    assert calibrate([folder / "turns.jsonl", folder / "elsewhere.jsonl"], 0.1) == runs[0.1]
 
 
 def rows(truth: pf.ProbeTruth) -> dict[str, list[oracle.ProbeFact]]:
