@@ -8,10 +8,16 @@ import itertools
 import pytest
 
 from keys_cases import DISTINCT_PAIRS, hostile_values
-from turnguard.calibrate.identity import call_key, call_keys
 from turnguard.calibrate.records import RecordedCall
+from turnguard.calibrate.replay import call_keys
 from turnguard.keys import Keyer
 from turnguard.model import Outcome
+
+
+def call_key(tool: str, args: object, digest: str | None, mode: str) -> bytes:
+    """One call's key, as ``call_keys`` gives it in a turn."""
+    return call_keys([RecordedCall(tool, args, digest)], mode)[0]
+
 
 # Bad and odd inputs tried: JSON-object text that is respaced, reordered, has trailing data, is
 # broken, nests deeply, holds NaN, huge integers, lone surrogates, duplicate keys; text that only

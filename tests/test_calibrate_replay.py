@@ -16,7 +16,6 @@ from alternating_turns import alternating_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.equivalence import earliest_call, turn_facts
 from turnguard.calibrate.grid import IdenticalCallsRule, Policy
-from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.records import RecordedCall, RecordedTurn
 from turnguard.calibrate.replay import (
     UNREACHED,
@@ -25,6 +24,7 @@ from turnguard.calibrate.replay import (
     SharedPrefix,
     Step,
     TurnResult,
+    call_keys,
     cycle_starts,
     policy_manager,
     replay_turn,

@@ -10,9 +10,8 @@ Modules, from the input to the report:
 - ``results``: late task results (result records, ``turnguard.turn.result`` logs) joined to their turns
 - ``bounds``: the memory bound every input limit derives from, and the checked counts of a result
 - ``grid``: the policies a run compares (the configurations of the grid)
-- ``identity``: a recorded call's ledger key, as the live guard keys it
 - ``equivalence``: which policies share one replay of a turn, and which cannot fire on it
-- ``replay``: one turn under one policy, through the live ledger and policy hooks
+- ``replay``: one turn under one policy, through the live ledger and policy hooks; the calls' ledger keys
 - ``engine``: the loop: key each turn, skip what cannot fire, replay the rest, count
 - ``run``: files, progress and the choice of one process or many
 - ``parallel``: worker processes reading byte ranges, joined as one reader would have read them

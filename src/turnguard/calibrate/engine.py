@@ -1,6 +1,6 @@
 """The calibration loop: key each turn once per key mode, skip what cannot fire, replay the rest.
 
-Per turn, each call's ledger key is computed once per key mode (``identity.call_keys``: the
+Per turn, each call's ledger key is computed once per key mode (``replay.call_keys``: the
 pre-image of the live guard's ``Keyer.digest``) and shared by every policy of that mode, and by
 the other mode too when it partitions the calls alike or no policy of it depends on identity.
 ``equivalence.PolicyRules.plan`` groups the policies that would replay identically; one replay
@@ -19,7 +19,6 @@ from typing import Any
 from turnguard.calibrate.equivalence import Plan, PolicyRules, grid_triggers, stale_reach, turn_facts
 from turnguard.calibrate.evidence import LIVE, PROBE
 from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.identity import call_keys
 from turnguard.calibrate.inputs import RecordedTurn
 from turnguard.calibrate.replay import (
     CompiledPolicy,
@@ -27,6 +26,7 @@ from turnguard.calibrate.replay import (
     SharedPrefix,
     Snapshot,
     TurnResult,
+    call_keys,
     cycle_starts,
     replay_turn,
 )

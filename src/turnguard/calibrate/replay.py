@@ -8,7 +8,7 @@ Attended replays answer every ASK with ``continue``, which resets the streak as 
 does: the recorded turn did go on.
 
 What is not in here: any threshold logic. Which policies may share one replay on a given turn is
-decided in ``equivalence.py``; the per-call keys come from ``turnguard.keys.Keyer``.
+decided in ``equivalence.py``; the per-call keys are the live guard's identity bytes (``call_keys``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from turnguard.calibrate.inputs import RecordedCall, RecordedTurn
 from turnguard.config import MAX_CALLS, GuardConfig
 from turnguard.dispatch import BoundChecks, Dispatcher, Impl
 from turnguard.driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver
-from turnguard.keys import Keyer, store_key, unchecked_key
+from turnguard.keys import Keyer, identity_bytes, name_bytes, store_key, unchecked_key
 from turnguard.ledger import Ledger, LedgerView
 from turnguard.model import Action, ToolCall, Verdict
 from turnguard.plugins import FACTORY_PLUGINS, plugin_manager, policies_only
@@ -369,6 +369,49 @@ def decile(fraction: float) -> int:
     return min(10, math.floor(fraction * 10 + 1e-9))
 
 
+# -- call keys --------------------------------------------------------------------------------------
+
+_RECORDED = b"\xff"
+"""The first byte of a recorded digest's key (``call_keys``), which no identity bytes start with."""
+
+
+def call_keys(calls: Sequence[RecordedCall], mode: str) -> list[bytes]:
+    """Each call's ledger key under ``mode``: the live guard's call identity without the hash.
+
+    The live guard counts ``Keyer.digest(name, args)``, a keyed BLAKE2b of
+    ``keys.identity_bytes(name, args, mode)``; a replay only needs to know which calls are the same,
+    so it counts those bytes themselves (equal bytes, equal digests; distinct bytes are distinct
+    calls, where the 8-byte digest could in principle collide). A recorded digest is already an
+    identity: its key is ``0xFF``, the name's part of the identity bytes (``keys.name_bytes``) and
+    the digest; no identity bytes start with ``0xFF`` (no UTF-8 text does, and an odd name starts
+    with ``0xFE``), so it never equals the key of a call recorded with its arguments.
+
+    A tool's part of a recorded digest's key is made once per turn (a turn has few tools). Under
+    ``canonical``, identical JSON-object text is canonicalized once per turn (stuck turns repeat one
+    call many times) and its repeats share the key; everything else is cheaper to key again than to
+    look up."""
+    prefixes: dict[str, bytes] = {}
+    memo: dict[tuple[str, str], bytes] = {}
+    keys: list[bytes] = []
+    append, get, canonical = keys.append, memo.get, mode == "canonical"
+    for call in calls:
+        tool, args, digest = call[0], call[1], call[2]
+        if digest is not None:
+            prefix = prefixes.get(tool)
+            if prefix is None:
+                prefix = prefixes[tool] = _RECORDED + name_bytes(tool)
+            append(prefix + digest.encode("utf-8", "surrogatepass"))
+        elif not canonical or type(args) is not str or args[:1] != "{":
+            append(identity_bytes(tool, args, mode))
+        else:
+            pair = (tool, args)
+            key = get(pair)
+            if key is None:
+                key = memo[pair] = identity_bytes(tool, args, mode)
+            append(key)
+    return keys
+
+
 __all__ = [
     "CompiledPolicy",
     "SharedPrefix",
@@ -376,6 +419,7 @@ __all__ = [
     "Step",
     "TurnResult",
     "advance",
+    "call_keys",
     "calls_saved",
     "cycle_starts",
     "decile",
