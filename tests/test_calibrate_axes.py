@@ -14,8 +14,7 @@ import pytest
 from turnguard.calibrate.corpus import corpus_turn
 from turnguard.calibrate.engine import Calibrator
 from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.html import render
-from turnguard.calibrate.svg import MAX_STEPS, axis_ticks
+from turnguard.calibrate.html import MAX_STEPS, axis_ticks, render
 
 ROUND_STEPS = {Decimal(m) for m in (1, 2, 5)}
 

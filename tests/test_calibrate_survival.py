@@ -18,10 +18,10 @@ import pytest
 
 from planted_fleet import LIVE, S, Work, run_fleet
 from turnguard.calibrate import cli
+from turnguard.calibrate.html import curve_points
 from turnguard.calibrate.survival import (
     FACTORS,
     Survival,
-    curve_points,
     estimate,
     finish_by,
     loglog_interval,

@@ -19,9 +19,8 @@ Modules, from the input to the report:
 - ``recording``: what the recording says about the policies in force and the traffic
 - ``evidence``: what probe turns did past the main configuration's thresholds
 - ``advice``: a probe row's decision against the tolerance, the advice, and both shown
-- ``survival``: how many calls turns need (Kaplan-Meier), in words and as a chart
+- ``survival``: how many calls turns need (Kaplan-Meier), in words
 - ``report``: the terminal table (first, its legend after) and the ``--json`` result
-- ``html``: the self-contained HTML report
-- ``svg``: text placed in the HTML report's charts
+- ``html``: the self-contained HTML report and its SVG charts
 - ``cli``: the ``calibrate`` and ``calibrate merge`` commands
 """

@@ -3,14 +3,22 @@
 Charts: turns halted per policy (stacked by threshold, the resolved ones marked), calls saved on
 unresolved turns, asks an attended session would have seen, where halts land in their turns (a
 heat map of tenths), and the distribution of tool calls per turn with every cap of the grid
-marked (soft caps, their backstops, explicit caps) on a logarithmic axis.
+marked (soft caps, their backstops, explicit caps) on a logarithmic axis; and how many calls turns
+need (``survival_chart``): the curve ``S(n)`` on a logarithmic call axis with its 95% band (the
+table's: log-log, exact where no turn finished yet or every one did), drawn up to the highest cap
+turns ran under and never past it, with the live and the probe caps marked. Labels are placed
+with a width per character so that none overlaps another or leaves its chart (a headless-Chromium
+test measures them).
 """
 
 from __future__ import annotations
 
 import html
+import itertools
 import math
 from bisect import bisect_right
+from dataclasses import dataclass
+from decimal import Decimal
 from importlib import resources
 from string import Template
 from typing import Any
@@ -26,8 +34,7 @@ from turnguard.calibrate.report import (
     thresholds_text,
 )
 from turnguard.calibrate.stats import RunStats, default_limits
-from turnguard.calibrate.survival import survival_chart
-from turnguard.calibrate.svg import LANE_H, axis_ticks, label_width, lanes, spaced, text_width
+from turnguard.calibrate.survival import Survival, ended, survival_interval, survival_lines
 from turnguard.terminal import shown
 
 COLORS = {
@@ -325,3 +332,199 @@ def render(stats: RunStats) -> str:
                                fps=fp_html(data) + evidence_html(stats.probe, stats.context(), turns=stats.turns,
                                                                  calls=stats.calls,
                                                                  default_limits=default_limits(stats.default_params)))
+
+
+# -- placing text in the charts ---------------------------------------------------------------------
+
+CHAR_W = 7.0
+"""Width of one character of the charts' 11 px sans-serif text, a little over its average: label
+positions are planned with it so that no two labels overlap and none leaves its chart."""
+LANE_H = 12
+LABEL_GAP = 6
+
+
+def text_width(text: str) -> float:
+    return len(text) * CHAR_W
+
+
+def label_width(data: list[dict[str, Any]]) -> float:
+    """The room left of the bars for the longest policy name (bold for the default)."""
+    return max(120.0, *(text_width(r["name"]) * (1.1 if r["default"] else 1) + 12 for r in data)) if data else 120.0
+
+
+def spaced(items: list[tuple[float, str]], lo: float, hi: float, gap: float = LABEL_GAP) -> list[tuple[float, str]]:
+    """The ``(x, label)`` items (sorted by x), centred labels, that fit between ``lo`` and ``hi``
+    without touching the one before: an axis' tick labels."""
+    shown: list[tuple[float, str]] = []
+    end = lo - gap
+    for x, label in sorted(items):
+        half = text_width(label) / 2
+        if x - half >= end + gap and x + half <= hi:
+            shown.append((x, label))
+            end = x + half
+    return shown
+
+
+def lanes(items: list[tuple[float, str]], lo: float, hi: float) -> list[tuple[float, str, str, int]]:
+    """Each ``(x, label)`` placed in the first lane (row) where it overlaps no other label and
+    below every label its line would cross on its way up: ``(x, label, text-anchor, lane)``. A
+    label that would leave ``hi`` is drawn to the left of its x."""
+    ends: list[float] = []
+    spans: list[tuple[float, float, int]] = []  # (start, end, lane) of the labels placed so far
+    placed: list[tuple[float, str, str, int]] = []
+    for x, label in sorted(items):
+        w = text_width(label)
+        start, anchor = (x + 2, "start") if x + 2 + w <= hi else (max(lo, x - 2 - w), "end")
+        below = max((lane for a, b, lane in spans if a - 1 <= x <= b + 1), default=-1)
+        # drawn leftwards, the label must also stay above the earlier lines it spans
+        above = min((lane for px, _, _, lane in placed if start - 1 <= px <= x), default=1 << 30)
+        free = [i for i, e in enumerate(ends) if i > below and start >= e + LABEL_GAP]
+        lane = next((i for i in free if i < above), free[0] if free else max(len(ends), below + 1))
+        while len(ends) <= lane:
+            ends.append(float("-inf"))
+        ends[lane] = start + w
+        spans.append((start, start + w, lane))
+        placed.append((x, label, anchor, lane))
+    return placed
+
+
+
+
+MAX_STEPS = 5
+"""The most intervals an axis is cut into (an axis of whole numbers up to 3 has fewer)."""
+
+
+def axis_ticks(top: float, *, whole: bool = True) -> list[tuple[float, str]]:
+    """An axis from 0 to at least ``top`` as ``(value, label)`` ticks at round steps: 1, 2 or 5
+    times a power of ten, at most ``MAX_STEPS`` of them; at least 1 on an axis of whole numbers
+    (counts), so that it has no tick between two integers. The last tick is the axis' end: a
+    chart scales its marks to it, so each tick stands where its label says. Values are computed
+    in decimal, so a label is ``0.3``, never ``0.30000000000000004``."""
+    span = Decimal(repr(float(top))) if top > 0 else Decimal(1)
+    power = Decimal(10) ** math.floor(math.log10(span / MAX_STEPS))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power * MAX_STEPS >= span)
+    if whole:
+        step = max(step, Decimal(1))
+    count = math.ceil(span / step)
+    return [(float(k * step), f"{(k * step).normalize():,f}") for k in range(count + 1)]
+
+
+# -- the survival chart ----------------------------------------------------------------------------
+
+CURVE = "#2f7ebd"
+BAND = "rgba(47,126,189,0.18)"
+LIVE_CAP, PROBE_CAP = "#c23b3b", "#7b4fa0"
+
+
+def curve_points(survival: Survival, top: int) -> list[tuple[int, float, float, float]]:
+    """``(n, S, low, high)`` at 0, every event count up to ``top``, every censoring before the first
+    event, and ``top``. The band is the table's (``survival_interval``): log-log where ``S`` is strictly
+    between 0 and 1, the exact bound where it is 1 (no turn finished yet: over the turns seen past
+    ``n``) or 0 (over the turns that finished), so a row with no events reads the same in both."""
+    steps = survival.steps()
+    first = steps[0].t if steps else top + 1
+    seen = survival.turns
+    points = []
+    for t in sorted({0, *(c for c in survival.censored if c < first)}):
+        if t > top:
+            break
+        seen -= survival.censored.get(t, 0)
+        band = survival_interval(1.0, 0.0, seen, 0)
+        points.append((t, 1.0, band.low, band.high))
+    finished = 0
+    for step in steps:
+        if step.t > top:
+            break
+        finished += step.events
+        past = step.at_risk - step.events - survival.censored.get(step.t, 0)
+        band = survival_interval(step.survival, step.greenwood, past, finished)
+        points.append((step.t, step.survival, band.low, band.high))
+    last = points[-1]
+    points.append((top, last[1], last[2], last[3]))
+    return points
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """The chart's plot area: a logarithmic call axis up to ``xmax`` and shares from 0 to 1."""
+
+    top: float
+    xmax: float
+    width: int = 900
+    left: int = 60
+    right: int = 20
+    plot_h: int = 240
+
+    def x(self, v: float) -> float:
+        return self.left + (self.width - self.left - self.right) * math.log10(1 + v) / math.log10(1 + self.xmax)
+
+    def y(self, v: float) -> float:
+        return self.top + self.plot_h * (1 - v)
+
+
+def _curve(f: _Frame, points: list[tuple[int, float, float, float]]) -> list[str]:
+    """The band (a polygon along the step curves of its ends) and the step curve itself."""
+    pairs = list(itertools.pairwise(points))
+    upper = " ".join(f"{f.x(a):.1f},{f.y(hi):.1f} {f.x(b):.1f},{f.y(hi):.1f}" for (a, _, _, hi), (b, *_) in pairs)
+    lower = " ".join(f"{f.x(b):.1f},{f.y(lo):.1f} {f.x(a):.1f},{f.y(lo):.1f}"
+                     for (a, _, lo, _), (b, *_) in reversed(pairs))
+    steps = " ".join(f"{f.x(a):.1f},{f.y(s):.1f} {f.x(b):.1f},{f.y(s):.1f}" for (a, s, _, _), (b, *_) in pairs)
+    return [f'<polygon class="band" points="{upper} {lower}" fill="{BAND}" stroke="none"><title>95% interval '
+            '(log-log; exact where no turn finished, or every one)</title></polygon>',
+            f'<polyline class="curve" points="{steps}" fill="none" stroke="{CURVE}" stroke-width="2">'
+            '<title>S(n): the share of turns that need more than n calls</title></polyline>']
+
+
+def _axes(f: _Frame) -> list[str]:
+    parts = []
+    for i in range(5):
+        y = f.y(i / 4)
+        parts.append(f'<line class="grid" x1="{f.left}" y1="{y:.1f}" x2="{f.width - f.right}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="tick" x="{f.left - 6}" y="{y + 4:.1f}" text-anchor="end">{i * 25}%</text>')
+    ticks = [v for v in (1, 10, 100, 1000, 10_000, 100_000, 1_000_000) if v <= f.xmax]
+    for x, label in spaced([(f.x(v), f"{v:,}") for v in ticks], 0, f.width):
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{f.top + f.plot_h + 14}" text-anchor="middle">{label}</text>')
+    bottom = f.top + f.plot_h
+    parts.append(f'<line class="axis" x1="{f.left}" y1="{bottom}" x2="{f.width - f.right}" y2="{bottom}"/>')
+    return parts
+
+
+def _caps(f: _Frame, placed: list[tuple[float, str, str, int]], colors: dict[str, str]) -> list[str]:
+    """A dashed line per cap, from its label's lane down to the axis."""
+    parts = []
+    for x, label, anchor, lane in placed:
+        y, color, text = 8 + LANE_H * lane, colors[label], html.escape(label)
+        parts.append(f'<line class="cap" x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{f.top + f.plot_h}" stroke="{color}" '
+                     f'stroke-width="1.5" stroke-dasharray="4 3"><title>{text}</title></line>')
+        tx = x + 2 if anchor == "start" else x - 2
+        parts.append(f'<text class="cap-label" x="{tx:.1f}" y="{y + 9}" text-anchor="{anchor}" fill="{color}">'
+                     f'{text}</text>')
+    return parts
+
+
+def survival_chart(survival: Survival, est: dict[str, Any], caps: dict[str, int | None]) -> str:
+    """The SVG chart with its heading, caption and figures (empty without turns or a horizon)."""
+    if not est["turns"] or not est["horizon"]:
+        return ""
+    horizon = est["horizon"]
+    xmax = max(horizon, *(c for c in caps.values() if c)) * 1.15
+    probe = _Frame(0, xmax)
+    marks = [(probe.x(c), f"{name} cap {c:,}", color) for name, c, color in
+             (("live", caps.get("live"), LIVE_CAP), ("probe", caps.get("probe"), PROBE_CAP)) if c]
+    placed = lanes([(x, label) for x, label, _ in marks], 0, probe.width)
+    frame = _Frame(8 + LANE_H * (max((lane for *_, lane in placed), default=-1) + 1) + 6, xmax)
+    height = frame.top + frame.plot_h + 50
+    parts = [f'<svg id="chart-survival" class="chart" role="img" aria-label="share of turns needing more calls" '
+             f'width="{frame.width}" height="{height}" viewBox="0 0 {frame.width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg">',
+             *_axes(frame), *_curve(frame, curve_points(survival, horizon)),
+             *_caps(frame, placed, {label: color for _, label, color in marks}),
+             f'<text x="{(frame.left + frame.width - frame.right) / 2}" y="{height - 12}" text-anchor="middle">'
+             "tool calls (log scale)</text></svg>"]
+    text = "".join(f"<li>{html.escape(line)}</li>" for line in survival_lines(est)[1:])
+    return ("<h2 id='survival'>How many calls turns need</h2><figure>" + "".join(parts) +
+            "<figcaption>The share of turns that need more than n calls (Kaplan-Meier, live and probe turns "
+            "together), with its 95% band (log-log; the exact binomial bound where no turn finished yet, or every "
+            "one did, as in the table), drawn up to the highest cap turns ran under and not past it; the "
+            f"dashed lines are the live and the probe caps. {html.escape(ended(est))}.</figcaption></figure>"
+            f"<ul id='survival-figures'>{text}</ul>")
