@@ -10,9 +10,8 @@ import pytest
 
 import frontier_fleet as ff
 from turnguard.calibrate import cli, survival
-from turnguard.calibrate.evidence import Sided, zero_event_bound
+from turnguard.calibrate.evidence import Ladder, Sided, ladders_from_json, zero_event_bound
 from turnguard.calibrate.frontier import Scale, frontier, turns_for_zero, upper_bound
-from turnguard.calibrate.ladder import Ladder, ladders_from_json
 from turnguard.calibrate.stats import RunStats
 
 TOLERANCE = 0.1

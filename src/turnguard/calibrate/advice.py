@@ -43,9 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnguard.calibrate.bounds import COHORT_KEYS
-from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence
+from turnguard.calibrate.evidence import FEW, Z95, Passed, ProbeEvidence, value_step
 from turnguard.calibrate.frontier import Frontier, Scale, frontier, not_probed
-from turnguard.calibrate.ladder import value_step
 from turnguard.calibrate.recording import Recording
 from turnguard.calibrate.records import TOOL_LIST_KEYS
 from turnguard.terminal import DEFAULT_WIDTH, fit_table

@@ -23,7 +23,7 @@ own: censored) the calls they would make under each value, so that for any value
 
 The recommended value is the smallest above 1 whose upper bound is below ``--tolerance`` (a value
 of 1 halts every turn past S, or at its first failure: never a setting); when it is the live value,
-"keep". Everything is a histogram keyed by value (``ladder.py``), so partial runs merge exactly.
+"keep". Everything is a histogram keyed by value (``evidence.Ladder``), so partial runs merge exactly.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.calibrate.evidence import Sided, wilson_interval, zero_event_bound
-from turnguard.calibrate.ladder import TOP, Ladder
+from turnguard.calibrate.evidence import TOP, Ladder, Sided, wilson_interval, zero_event_bound
 
 EXACT = Sided.TWO
 """The frontier's exact zero-event bound: the upper end of a two-sided 95% interval."""
