@@ -50,8 +50,6 @@ from turnguard.calibrate.records import TOOL_LIST_KEYS
 from turnguard.terminal import DEFAULT_WIDTH, fit_table
 
 DEFAULT_TOLERANCE = 0.10
-VERDICTS = ("above", "within", "undecided", "no_evidence")
-REASONS = ("decided", "needs_turns", "censored", "at_tolerance", "no_evidence")
 MAX_MORE = 10**9
 """Past this many more turns the share is, for any fleet, the tolerance itself (``at_tolerance``)."""
 

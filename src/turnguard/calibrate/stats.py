@@ -178,7 +178,8 @@ class ModeStats:
 
     def censored_by_cause(self, halt_ended: dict[str, int], cut_short: dict[str, int] | None = None,
                           in_part: dict[str, int] | None = None) -> dict[str, int]:
-        """``censored``, summed by why the recording cannot tell (``CENSORING_CAUSES``)."""
+        """``censored``, summed by why the recording cannot tell what a row does to a turn: it ends
+        at a halt of its own; its listed calls stop before its end; it is recorded in part."""
         return {
             "halt_ended": sum(n - self.halted_censored.get(c, 0) for c, n in halt_ended.items()),
             "cut_short": sum(n - self.halted_cut_short.get(c, 0) for c, n in (cut_short or {}).items()),
@@ -258,11 +259,6 @@ class ModeStats:
         if sum(s.halted_cut_short.values()) > s.evidence_halts:
             raise ValueError("inconsistent figures: more halts of turns cut short than halts with evidence")
         return s
-
-
-CENSORING_CAUSES = ("halt_ended", "cut_short", "recorded_in_part")
-"""Why a recording cannot tell what a row does to a turn (``censored_by_cause``): it ends at a halt
-of its own; its listed calls stop before its end; it is recorded in part (not replayed)."""
 
 
 def _by_cause(mode: ModeStats, halt_ended: dict[str, int], cut_short: dict[str, int],
