@@ -7,6 +7,7 @@ Modules, from the input to the report:
 - ``records``: what the readers give (``RecordedTurn``) and the bounded line reading both formats share
 - ``corpus``: the recorder's format (corpus-format JSONL), one turn per line
 - ``collector``: the Collector's format (OTLP JSON spans), turns rebuilt from their spans
+- ``duplicates``: the same turn read twice (two copies of a file, both formats of one fleet) counted once
 - ``results``: late task results (result records, ``turnguard.turn.result`` logs) joined to their turns
 - ``bounds``: the memory bound every input limit derives from, and the checked counts of a result
 - ``grid``: the policies a run compares (the configurations of the grid)
@@ -18,6 +19,7 @@ Modules, from the input to the report:
 - ``stats``: the figures a run accumulates, and how partial runs merge
 - ``recording``: what the recording says about the policies in force and the traffic
 - ``evidence``: what probe turns did past the main configuration's thresholds, and how far past (ladders)
+- ``frontier``: a value to set for each probed threshold, what it buys and what it costs
 - ``advice``: a probe row's decision against the tolerance, the advice, and both shown
 - ``survival``: how many calls turns need (Kaplan-Meier), in words
 - ``report``: the terminal table (first, its legend after) and the ``--json`` result
