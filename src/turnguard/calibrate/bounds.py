@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 MAX_COUNT = 2**62
 """The largest count a result may hold: far past any real recording, so a larger one is tampering."""
@@ -44,6 +44,25 @@ def histogram(data: Any, what: str, keys: Any = None) -> dict[Any, int]:
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be an object, got {shown(data)}")
     return {(keys(k) if keys else str(k)): count(v, f"{what}[{shown(k)}]") for k, v in data.items()}
+
+
+K = TypeVar("K")
+
+
+def add_count(hist: dict[K, int], key: K, n: int = 1) -> None:
+    """Count ``n`` more under ``key``."""
+    hist[key] = hist.get(key, 0) + n
+
+
+def add_counts(mine: dict[K, int], theirs: dict[K, int]) -> None:
+    """Merge the histogram ``theirs`` into ``mine``."""
+    for k, n in theirs.items():
+        mine[k] = mine.get(k, 0) + n
+
+
+def histogram_json(hist: dict[int, int]) -> dict[str, int]:
+    """A histogram keyed by numbers as a result holds it (``histogram`` reads it back)."""
+    return {str(k): v for k, v in sorted(hist.items())}
 
 
 def call_count_key(key: Any) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from turnguard.calibrate.bounds import MAX_COUNT, count, histogram
+from turnguard.calibrate.bounds import MAX_COUNT, add_count, add_counts, count, histogram, histogram_json
 from turnguard.probe import Cohort
 
 if TYPE_CHECKING:
@@ -175,19 +175,17 @@ class Ladder:
         reach = min(reach, TOP)
         if reach < 1:
             return
-        _inc(self.fates[fate], reach)
+        add_count(self.fates[fate], reach)
         if fate in ("unresolved", "censored"):
             for v in range(1, reach + 1):
-                _inc(self.halt_calls, v, made[v - 1])
-            _inc(self.end_calls, reach, end)
+                add_count(self.halt_calls, v, made[v - 1])
+            add_count(self.end_calls, reach, end)
 
     def merge(self, other: Ladder) -> None:
         for fate in FATES:
-            for k, n in other.fates[fate].items():
-                _inc(self.fates[fate], k, n)
-        for mine, theirs in ((self.halt_calls, other.halt_calls), (self.end_calls, other.end_calls)):
-            for k, n in theirs.items():
-                _inc(mine, k, n)
+            add_counts(self.fates[fate], other.fates[fate])
+        add_counts(self.halt_calls, other.halt_calls)
+        add_counts(self.end_calls, other.end_calls)
 
     def top(self) -> int:
         return max((k for f in FATES for k in self.fates[f]), default=0)
@@ -201,10 +199,8 @@ class Ladder:
         return self.halt_calls.get(value, 0) + sum(n for k, n in self.end_calls.items() if k < value)
 
     def to_json(self) -> dict[str, Any]:
-        def keyed(h: dict[int, int]) -> dict[str, int]:
-            return {str(k): v for k, v in sorted(h.items())}
-        return {**{f: keyed(self.fates[f]) for f in FATES}, "halt_calls": keyed(self.halt_calls),
-                "end_calls": keyed(self.end_calls)}
+        return {**{f: histogram_json(self.fates[f]) for f in FATES}, "halt_calls": histogram_json(self.halt_calls),
+                "end_calls": histogram_json(self.end_calls)}
 
     @classmethod
     def from_json(cls, data: Any) -> Ladder:
@@ -220,10 +216,6 @@ def _value(key: Any) -> int:
     if not 1 <= value <= TOP or str(value) != key:
         raise ValueError(f"a ladder value must be a whole number from 1 to {TOP}, got {key!r:.40}")
     return value
-
-
-def _inc(h: dict[int, int], key: int, n: int = 1) -> None:
-    h[key] = h.get(key, 0) + n
 
 
 def ladders_to_json(ladders: dict[str, Ladder]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ counts beside, in the unattended mode (the one the report names them for).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from turnguard.calibrate.advice import (
     DEFAULT_TOLERANCE,
@@ -27,11 +27,14 @@ from turnguard.calibrate.advice import (
 from turnguard.calibrate.bounds import (
     COHORT_KEYS,
     MAX_IDS,
+    add_count,
+    add_counts,
     call_count_key,
     cohort_key,
     count,
     halt_bucket,
     histogram,
+    histogram_json,
     ids_per_policy,
     key_in,
     shown,
@@ -47,13 +50,6 @@ FORMAT = "turnguard-calibrate/2"
 """Version 2 adds what the recording cannot tell (censored counts, survival); results of version 1
 are refused: run the parts again."""
 MODES = ("unattended", "attended")
-K = TypeVar("K")
-
-
-def _add_hist(hist: dict[K, int], key: K, n: int = 1) -> None:
-    hist[key] = hist.get(key, 0) + n
-
-
 HaltEffect = tuple[str, int, int]
 """A halt's threshold label, the calls it saved and the tenth of the turn it landed in."""
 
@@ -143,12 +139,12 @@ class ModeStats:
         add_halt_call(self.halt_calls, result.halt_call)
         self.halt_deciles[tenth] += 1
         if cut is not None:
-            _add_hist(self.halted_censored, cut)
+            add_count(self.halted_censored, cut)
             self.saved_censored += saved
             return
         if short is not None:
-            _add_hist(self.halted_cut_short, short)
-        _add_hist(self.evidence, source)
+            add_count(self.halted_cut_short, short)
+        add_count(self.evidence, source)
         if resolved is True:
             self.halted_resolved += 1
             if len(self.resolved_ids) < self.max_ids:
@@ -190,8 +186,7 @@ class ModeStats:
         for name in _MODE_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for hist in ("by_threshold", "halted_censored", "evidence", "halted_cut_short"):
-            for k, v in getattr(other, hist).items():
-                _add_hist(getattr(self, hist), k, v)
+            add_counts(getattr(self, hist), getattr(other, hist))
         self.resolved_ids.extend(other.resolved_ids[: max(0, self.max_ids - len(self.resolved_ids))])
         self.unresolved_ids.extend(other.unresolved_ids[: max(0, self.max_ids - len(self.unresolved_ids))])
         for k, (n, lo, hi) in other.halt_calls.items():
@@ -266,11 +261,11 @@ def _by_cause(mode: ModeStats, halt_ended: dict[str, int], cut_short: dict[str, 
     """``ModeStats.censored``: by cohort, every cause summed."""
     out: dict[str, int] = {}
     for c, n in halt_ended.items():
-        _add_hist(out, c, n - mode.halted_censored.get(c, 0))
+        add_count(out, c, n - mode.halted_censored.get(c, 0))
     for c, n in cut_short.items():
-        _add_hist(out, c, n - mode.halted_cut_short.get(c, 0))
+        add_count(out, c, n - mode.halted_cut_short.get(c, 0))
     for c, n in in_part.items():
-        _add_hist(out, c, n)
+        add_count(out, c, n)
     return out
 
 
@@ -398,17 +393,17 @@ class RunStats:
 
     def add_in_part(self, turn_id: str, cohort: str) -> None:
         """A turn recorded in part (not replayed)."""
-        _add_hist(self.recorded_in_part, cohort)
+        add_count(self.recorded_in_part, cohort)
         if len(self.in_part_ids) < MAX_IDS:
             self.in_part_ids.append(turn_id)
 
     def add_turn(self, calls: int, resolved: bool | None) -> None:
         self.turns += 1
         self.calls += calls
-        _add_hist(self.calls_per_turn, calls)
+        add_count(self.calls_per_turn, calls)
         if resolved is True:
             self.resolved += 1
-            _add_hist(self.calls_per_turn_resolved, calls)
+            add_count(self.calls_per_turn_resolved, calls)
         elif resolved is False:
             self.unresolved += 1
 
@@ -423,8 +418,7 @@ class RunStats:
         for name in _RUN_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for hist in ("calls_per_turn", "calls_per_turn_resolved", *_BY_COHORT):
-            for k, v in getattr(other, hist).items():
-                _add_hist(getattr(self, hist), k, v)
+            add_counts(getattr(self, hist), getattr(other, hist))
         self.in_part_ids.extend(other.in_part_ids[: max(0, MAX_IDS - len(self.in_part_ids))])
         self.suspended_parts += other.suspended_parts
         self.duplicates += other.duplicates
@@ -484,8 +478,8 @@ class RunStats:
             "format": FORMAT,
             "inputs": list(self.inputs),
             **{name: getattr(self, name) for name in _RUN_COUNTS},
-            "calls_per_turn": {str(k): v for k, v in sorted(self.calls_per_turn.items())},
-            "calls_per_turn_resolved": {str(k): v for k, v in sorted(self.calls_per_turn_resolved.items())},
+            "calls_per_turn": histogram_json(self.calls_per_turn),
+            "calls_per_turn_resolved": histogram_json(self.calls_per_turn_resolved),
             "halt_ended": dict(sorted(self.halt_ended.items())),
             "cut_short": dict(sorted(self.cut_short.items())),
             "recorded_in_part": dict(sorted(self.recorded_in_part.items())),

@@ -32,13 +32,11 @@ import math
 import textwrap
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from turnguard.calibrate.bounds import call_count_key, count, histogram, key_in
+from turnguard.calibrate.bounds import add_count, add_counts, call_count_key, count, histogram, histogram_json, key_in
 from turnguard.calibrate.evidence import Z95, Sided, zero_event_bound
 from turnguard.model import Threshold
-
-K = TypeVar("K")
 
 CENSORING_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error", "cancelled", "error",
                             "abandoned"})
@@ -118,16 +116,15 @@ class Survival:
             self.unknown_end += 1
             return
         if ended_by in CENSORING_ENDS:
-            self.censored[calls] = self.censored.get(calls, 0) + 1
-            group = CENSOR_GROUPS.get(ended_by, "other")
-            self.censored_by[group] = self.censored_by.get(group, 0) + 1
+            add_count(self.censored, calls)
+            add_count(self.censored_by, CENSOR_GROUPS.get(ended_by, "other"))
         else:
-            self.events[calls] = self.events.get(calls, 0) + 1
+            add_count(self.events, calls)
 
     def merge(self, other: Survival) -> None:
-        _add(self.events, other.events)
-        _add(self.censored, other.censored)
-        _add(self.censored_by, other.censored_by)
+        add_counts(self.events, other.events)
+        add_counts(self.censored, other.censored)
+        add_counts(self.censored_by, other.censored_by)
         self.unknown_end += other.unknown_end
 
     @property
@@ -167,8 +164,7 @@ class Survival:
         return (1.0, 0.0) if i == 0 else (steps[i - 1].survival, steps[i - 1].greenwood)
 
     def to_json(self) -> dict[str, Any]:
-        return {"events_at": {str(k): v for k, v in sorted(self.events.items())},
-                "censored_at": {str(k): v for k, v in sorted(self.censored.items())},
+        return {"events_at": histogram_json(self.events), "censored_at": histogram_json(self.censored),
                 "censored_by": dict(sorted(self.censored_by.items())), "unknown_end": self.unknown_end}
 
     @classmethod
@@ -179,11 +175,6 @@ class Survival:
                    histogram(data["censored_at"], "survival.censored_at", call_count_key),
                    histogram(data["censored_by"], "survival.censored_by", _group),
                    count(data["unknown_end"], "survival.unknown_end"))
-
-
-def _add(mine: dict[K, int], theirs: dict[K, int]) -> None:
-    for k, v in theirs.items():
-        mine[k] = mine.get(k, 0) + v
 
 
 _group = key_in((*dict.fromkeys(CENSOR_GROUPS.values()), "other"), "a censoring group")
