@@ -81,3 +81,4 @@ def test_the_ledgers_inlined_settling_counts_as_cycle_runs_settle_does(seed):
             alone.settle(seq, outcome)
             assert ledger.cycle_due == alone.due and bool(due) >= (alone.due is not None)
             assert ledger._cyc.state() == alone.state() and ledger._cyc.hot == any(alone.runs)
+            assert ledger._cyc.calm == alone.calm == (not alone.early and not alone.stateful)

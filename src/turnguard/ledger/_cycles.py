@@ -29,8 +29,8 @@ class CycleRuns:
 
     ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
 
-    __slots__ = ("_levels", "_ones", "due", "early", "hot", "next", "period", "ring", "runs", "stateful", "stop",
-                 "waiting", "warn")
+    __slots__ = ("_levels", "_ones", "calm", "due", "early", "hot", "next", "period", "ring", "runs", "stateful",
+                 "stop", "waiting", "warn")
 
     def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
         self.period = period
@@ -47,6 +47,9 @@ class CycleRuns:
         self.stateful: set[int] = set()
         """The checks waiting there that are a stateful tool's (compared with their result)."""
         self.early: dict[int, tuple[Outcome, bytes | None]] = {}
+        self.calm = True
+        """Whether no outcome waits for an earlier one's and no stateful check waits: the next
+        outcome in check order can settle inline (``Streaks.record_outcome``)."""
         self.due: tuple[Level, int, int] | None = None
 
     def set_levels(self, warn_at: int, stop_at: int) -> None:
@@ -63,6 +66,7 @@ class CycleRuns:
         self.waiting.append(digest)
         if stateful:
             self.stateful.add(seq)
+            self.calm = False
 
     def settle(self, seq: int, outcome: Outcome, result: bytes | None = None) -> bool:
         """Check ``seq``'s outcome; true when it brought a cycle to a level (``due``). An outcome
@@ -73,11 +77,13 @@ class CycleRuns:
             return False
         if ahead:
             self.early[seq] = (outcome, result)
+            self.calm = False
             return False
         self._settle_next(outcome, result)
         early = self.early
         while self.next in early:
             self._settle_next(*early.pop(self.next))
+        self.calm = not early and not self.stateful
         return self.due is not None
 
     def _settle_next(self, outcome: Outcome, result: bytes | None) -> None:
@@ -102,14 +108,14 @@ class CycleRuns:
         else:
             self.repeated(key)
 
-    def repeated(self, key: bytes) -> bool:
+    def repeated(self, key: bytes) -> bool | None:
         """``see`` a call that one of the last ``period`` is: each run whose call ``k`` back is this
-        one goes on, the others end. True when a cycle reached a level (``due``)."""
+        one goes on, the others end. True when a cycle reached a level (``due``; ``None``: none did)."""
         ring, runs = self.ring, self.runs
         if ring.count(key) == self.period:  # one call repeated (the streak's): all runs go on, none a cycle's
             runs[1:] = map(_plus, runs[1:], self._ones)
             ring.append(key)
-            return False
+            return None
         levels = self._levels
         reached = False
         for k, old in enumerate(reversed(ring), 1):
@@ -122,7 +128,7 @@ class CycleRuns:
         self.hot = True
         if reached:
             self._reach()
-        return self.due is not None
+        return True if self.due is not None else None
 
     def cool(self) -> None:
         """A call that none of the last ``period`` is: every run ends."""
@@ -152,6 +158,7 @@ class CycleRuns:
         self.waiting.clear()
         self.stateful.clear()
         self.early.clear()
+        self.calm = True
         self.next = first
 
     def copy(self) -> CycleRuns:
@@ -159,7 +166,7 @@ class CycleRuns:
         twin.ring.extend(self.ring)
         twin.runs, twin.hot = list(self.runs), self.hot
         twin.waiting.extend(self.waiting)
-        twin.stateful, twin.early = set(self.stateful), dict(self.early)
+        twin.stateful, twin.early, twin.calm = set(self.stateful), dict(self.early), self.calm
         return twin
 
     def state(self) -> dict[str, Any]:
@@ -202,4 +209,5 @@ class CycleRuns:
                 st.refuse(f"{path}.{key}", "a waiting check's [outcome, result digest or null] pair", value)
             self.early[check] = (Outcome(st.choice(f"{path}.{key}[0]", value[0], OUTCOME_VALUES)),
                                  st.digest(f"{path}.{key}[1]", value[1], DIGEST_SIZE, optional=True))
+        self.calm = not self.early and not self.stateful
         f.done()

@@ -337,9 +337,9 @@ class Streaks(CallCounts):
         due = None
         cyc = self._cyc
         if cyc is not None:
-            if seq == cyc.next and cyc.waiting and not cyc.early and not cyc.stateful:
-                # CycleRuns.settle, inlined for the common call: the next in check order with
-                # none waiting behind it (a test holds the two equal)
+            if seq == cyc.next and cyc.calm:
+                # CycleRuns.settle, inlined for the common call: the next in check order, none
+                # waiting behind it (a test holds the two equal)
                 cyc.due = None
                 cyc.next = seq + 1
                 key = cyc.waiting.popleft()
@@ -348,8 +348,8 @@ class Streaks(CallCounts):
                         cyc.ring.append(key)
                         if cyc.hot:
                             cyc.cool()
-                    elif cyc.repeated(key):
-                        due = True
+                    else:
+                        due = cyc.repeated(key)
             else:
                 due = cyc.settle(seq, outcome) or None
         if outcome is _OK:
