@@ -86,7 +86,6 @@ if TYPE_CHECKING:
 
 _OK = Outcome.OK
 _ABANDONED = Outcome.DENIED
-_DENIED = Outcome.DENIED
 """How a call whose outcome will never come (``abandon``) settles: neither a failure nor a reset."""
 
 

@@ -56,8 +56,7 @@ class CycleRuns:
         """The levels as matches per call of the period (``warn``, ``stop``; -1: off) and, by period
         ``k``, the run lengths at which one is reached (``warn * k``, ``stop * k``)."""
         self.warn, self.stop = warn_at - 1, stop_at - 1
-        self._levels = tuple(frozenset(n * k for n in (self.warn, self.stop) if n > 0 and k)
-                             for k in range(self.period + 1))
+        self._levels = tuple(frozenset(n * k for n in (self.warn, self.stop) if n > 0) for k in range(self.period + 1))
 
     def checked(self, seq: int, digest: bytes | None, stateful: bool = False) -> None:
         """Check ``seq`` (the one after the last checked), to settle at its outcome."""
@@ -115,6 +114,7 @@ class CycleRuns:
         if ring.count(key) == self.period:  # one call repeated (the streak's): all runs go on, none a cycle's
             runs[1:] = map(_plus, runs[1:], self._ones)
             ring.append(key)
+            self.hot = True
             return None
         levels = self._levels
         reached = False

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 _DENIED = Outcome.DENIED
 
 
-
 class PolledCalls(Streaks):
     """The facts of the tools a configuration names, over the streaks (``Streaks``)."""
 
