@@ -282,6 +282,10 @@ class TurnSummary:
     result_restarts: tuple[tuple[str, int], ...] = ()
     """(tool name, count) by tool name: how often a call of a ``stateful_tools`` tool restarted its
     identical-call streak with a changed result (progress), in the turn."""
+    max_failing_streak: int = 0
+    """The longest failing identical-call streak of the turn (the largest stop-level count any
+    streak reached; under ``streak_stop_on="any"``, the settled count): a streak stop at or below
+    it would have halted the turn."""
 
 
 class LoopDetected(Exception):

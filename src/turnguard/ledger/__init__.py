@@ -125,7 +125,7 @@ def answered_digest(event: LoopDetectedEvent) -> bytes | None:
 _FACTS = (
     "tool_calls", "_cycles", "_cycle_start", "max_key_repeat", "_overflowed", "_last_key", "_last_tool",
     "streak_length", "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news",
-    "_settled", "checks", "next_to_settle", "stop_count", "_ok", "_baseline",
+    "_settled", "checks", "next_to_settle", "stop_count", "_ok", "_baseline", "_longest",
 )
 """The scalar facts ``Ledger.fork`` copies (the dicts and the set are copied separately)."""
 
@@ -248,7 +248,7 @@ class Ledger(PolledCalls):
         self.max_key_repeat, self._first_stuck, self._overflowed = after.max_repeat, after.first_stuck, after.overflowed
         self._last_key, self._last_tool, self.streak_length = after.last_key, after.last_tool, after.streak
         self._failing, self._settled, self.stop_count = after.failing, after.settled, after.stop_peak
-        self._ok = after.ok
+        self._longest, self._ok = after.longest, after.ok
         self.checks += len(digests)
         self.next_to_settle = self.checks + 1
         return True
@@ -315,6 +315,8 @@ class Ledger(PolledCalls):
         facts.update({name: getattr(self, f"_{name}") for name in _STATE_FLAGS})
         facts.update({name: hex_or_none(getattr(self, f"_{name}")) for name in _STATE_DIGESTS})
         facts["last_tool"] = self._last_tool
+        if self._longest > self.stop_count:  # (else it is the current streak's: the default)
+            facts["longest"] = self._longest
         facts["counts"] = {digest.hex(): n for digest, n in self._counts.items()}
         facts["since_new"] = {digest.hex(): n for digest, n in self._since_new.items()}
         facts["outcomes"] = self.outcome_counts()
@@ -402,6 +404,7 @@ class Ledger(PolledCalls):
         self._failing = f.integer("failing", 0, streak)
         self._settled = f.integer("settled", 0, streak)
         self.stop_count = f.integer("stop_peak", 0, streak)
+        self._longest = f.integer("longest", self.stop_count + 1, seq, default=0)
         self._early = early_outcomes(f, "early", self.next_to_settle + 1, seq)
         fired = f.items("fired", MAX_FIRED)
         self._fired = {fired_pair(f"{f.at('fired')}[{i}]", pair) for i, pair in enumerate(fired)}
@@ -471,6 +474,7 @@ class Ledger(PolledCalls):
             tool_calls=self.tool_calls,
             cycles=self._cycles,
             max_key_repeat=self.max_key_repeat,
+            max_failing_streak=self.longest_stop_count,
             first_stuck_call=self._first_stuck,
             distinct_keys=len(self._counts),
             keys_overflowed=self._overflowed,
@@ -515,6 +519,7 @@ class Settled:
     failing: int
     settled: int
     stop_peak: int
+    longest: int
     ok: int
 
 
@@ -527,6 +532,7 @@ def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str
     max_repeat, first_stuck, stuck_at = ledger.max_key_repeat, ledger._first_stuck, ledger.stuck_at
     last_key, last_tool, streak = ledger._last_key, ledger._last_tool, ledger.streak_length
     failing, settled, stop_peak, ok = ledger._failing, ledger._settled, ledger.stop_count, ledger._ok
+    longest = ledger._longest
     stop_any, other, fired, get, settle = ledger._stop_any, ledger._outcomes, ledger._fired, counts.get, count_outcome
     for digest, tool, outcome, begun in zip(digests, tools, outcomes, cycles, strict=True):
         if begun:
@@ -550,6 +556,8 @@ def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str
         else:
             last_key, last_tool, streak = digest, tool, 1
             if stop_peak:
+                if stop_peak > longest:
+                    longest = stop_peak
                 failing = settled = stop_peak = 0
             if fired:
                 fired.clear()
@@ -559,7 +567,7 @@ def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str
             other[outcome._value_] += 1
         failing, settled, stop_peak = settle(outcome, failing, settled, stop_peak, stop_any)
     return Settled(calls, cycle, cycle_start, max_repeat, first_stuck, overflowed, last_key, last_tool, streak,
-                   failing, settled, stop_peak, ok)
+                   failing, settled, stop_peak, longest, ok)
 
 
 VIEW_FACTS = tuple(name for name, value in vars(LedgerFacts).items() if isinstance(value, property))

@@ -73,6 +73,7 @@ class Streaks(CallCounts):
         "_last_key",
         "_last_tool",
         "_late",
+        "_longest",
         "_restarts",
         "_results",
         "_settled",
@@ -99,6 +100,8 @@ class Streaks(CallCounts):
         self._failing = 0
         self._settled = 0
         self.stop_count = 0
+        self._longest = 0
+        """The largest stop count a streak of the turn reached before it ended (``longest_stop_count``)."""
         self._early: dict[int, Outcome] = {}
         self._fired: set[tuple[str, str]] = set()
         self._ended: list[EndedStreak] = []  # streaks ended with calls still waiting (EndedStreak)
@@ -144,6 +147,17 @@ class Streaks(CallCounts):
     def fired_in_streak(self, threshold: Threshold | str, level: Level | str) -> bool:
         """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
         return (str(threshold), str(level)) in self._fired
+
+    @property
+    def longest_stop_count(self) -> int:
+        """The largest stop-level count any streak of the turn reached: its longest failing
+        identical-call streak (under ``streak_stop_on="any"``, its longest settled one), the value
+        a streak stop must not exceed to halt it (``TurnSummary.max_failing_streak``)."""
+        return self._longest if self._longest > self.stop_count else self.stop_count
+
+    def _keep_longest(self, count: int) -> None:
+        if count > self._longest:
+            self._longest = count
 
     streak_digest: bytes | None = fact("_last_key")
 
@@ -191,6 +205,8 @@ class Streaks(CallCounts):
             self.streak_length = 1
             self.next_to_settle = seq  # _new_streak, inlined: most calls start a streak
             if self.stop_count:  # the stop count's peak bounds both counts: 0 means nothing to reset
+                if self.stop_count > self._longest:
+                    self._longest = self.stop_count
                 self._failing = 0
                 self._settled = 0
                 self.stop_count = 0
@@ -268,6 +284,7 @@ class Streaks(CallCounts):
     def _new_streak(self, first: int) -> None:
         """The current streak starts at check ``first``: earlier calls' outcomes are not its own."""
         self.next_to_settle = first
+        self._keep_longest(self.stop_count)
         self._failing = 0
         self._settled = 0
         self.stop_count = 0
@@ -298,6 +315,7 @@ class Streaks(CallCounts):
             self._late = EndedStreak(seq, seq - 1, self.streak_length - kept, self._failing, self._settled,
                                      self.stop_count, {}, self._last_key, self._last_tool, stopped=True)
         self.streak_length = kept
+        self._keep_longest(self.stop_count)
         self._failing = self._settled = self.stop_count = 0
         if self._fired:
             self._fired.clear()
@@ -402,6 +420,7 @@ class Streaks(CallCounts):
             return False
         restarts = ended.restarts
         reached = ended.settle(seq, outcome, self._stop_any, self.stop_at)
+        self._keep_longest(ended.top if ended.top > ended.peak else ended.peak)
         if ended.restarts != restarts:
             self._restarted(ended.tool, ended.restarts - restarts)
         if ended.next > ended.last:  # settled: done with it
@@ -519,7 +538,7 @@ class EndedStreak:
     A stateful tool's streak restarts here too at a changed result (``results``, ``baseline``)."""
 
     __slots__ = ("baseline", "digest", "early", "failing", "last", "length", "next", "peak", "restarts", "results",
-                 "settled", "stopped", "tool")
+                 "settled", "stopped", "tool", "top")
 
     def __init__(self, next: int, last: int, length: int, failing: int, settled: int, peak: int,
                  early: dict[int, Outcome], digest: bytes | None, tool: str | None, baseline: bytes | None = None,
@@ -533,6 +552,8 @@ class EndedStreak:
         self.stopped = stopped
         """Its stop level fired (since its latest restart)."""
         self.restarts = 0
+        self.top = peak
+        """The largest stop count it reached, restarts or not (the ledger's ``longest_stop_count``)."""
 
     def settle(self, seq: int, outcome: Outcome, stop_any: bool, stop_at: int) -> bool:
         """Settle check ``seq``'s outcome; true when the stop count reached ``stop_at`` now."""
@@ -549,6 +570,7 @@ class EndedStreak:
         result = self.results.pop(self.next, None) if self.results else None
         if result is not None:
             if self.baseline is not None and result != self.baseline:  # progress: restart here
+                self.top = max(self.top, self.peak)
                 self.length = self.last - self.next + 1
                 self.failing = self.settled = self.peak = 0
                 self.stopped = False
@@ -568,6 +590,7 @@ class EndedStreak:
         twin = EndedStreak(self.next, self.last, self.length, self.failing, self.settled, self.peak,
                            dict(self.early), self.digest, self.tool, self.baseline, dict(self.results), self.stopped)
         twin.restarts = self.restarts
+        twin.top = self.top
         return twin
 
     def state(self) -> dict[str, Any]:
