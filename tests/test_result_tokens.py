@@ -23,8 +23,17 @@ import turnguard as tg
 from conftest import drive
 from turnguard.calibrate import cli
 from turnguard.model import MAX_ID_LENGTH
-from turnguard.task_results import MAX_RECENT_TURNS, TOKEN_VERSION, ResultBook, ResultLabels, read_token, result_token
+from turnguard.task_results import (
+    MAX_RECENT_TURNS,
+    TOKEN_VERSION,
+    ResultBook,
+    ResultLabels,
+    _check,  # a version 1 token's check, as turnguard made it
+    read_token,
+    result_token,
+)
 from turnguard.telemetry import names as n
+from turnguard.telemetry.buckets import COUNT_BUCKETS, count_bucket
 from turnguard.telemetry.cardinality import BoundedValues
 from turnguard.telemetry.metrics import BUILTIN_THRESHOLDS, Instruments, instruments_for
 from turnguard.telemetry.testing import InMemoryTelemetry
@@ -420,3 +429,102 @@ def test_an_unhashable_or_raising_id_is_counted_as_invalid(turn_id):
     assert guard.report_result(turn_id, True) is False
     expected = S.UNKNOWN if isinstance(turn_id, str) else S.INVALID_ID
     assert guard.results.counts[expected] == 1
+
+
+# -- the repeat and failing-streak counts (version 2) -----------------------------------------------
+
+LOOPY_PROBE = {"name": "prod", "soft_cap": 20, "hard_multiplier": 5, "streak_stop_at": 0, "streak_warn_at": 0,
+               "probe": {"rate": 1.0, "hard_multiplier": 10, "stuck_repeat_threshold": 40}}
+"""Every turn a probe turn that may repeat a call up to 40 times past S, with no streak level."""
+
+
+def run_loopy_turn(guard: tg.Guard, repeats: int, failing: int, other: int = 25) -> tg.Turn:
+    """``other`` distinct calls, then ``repeats`` identical ones, the first ``failing`` of them failing."""
+    with guard.turn(agent_name="coder") as turn:
+        for i in range(other):
+            call = tg.ToolCall("read", {"i": i})
+            turn.check_call(call)
+            turn.record_outcome(call, tg.Outcome.OK)
+        for i in range(repeats):
+            same = tg.ToolCall("test", {"path": "a"})
+            turn.check_call(same)
+            turn.record_outcome(same, tg.Outcome.ERROR if i < failing else tg.Outcome.OK)
+    return turn
+
+
+def test_a_token_carries_the_turns_largest_repeat_and_longest_failing_streak():
+    turn = run_loopy_turn(make_guard(**LOOPY_PROBE), repeats=9, failing=7)
+    assert (turn.summary.max_key_repeat, turn.summary.max_failing_streak) == (9, 7)
+    token = turn.result_token
+    assert token.startswith(f"{TOKEN_VERSION}.") and TOKEN_VERSION == "tg2"
+    labels = read_token(token)
+    assert labels is not None and (labels.max_key_repeat, labels.max_failing_streak) == (9, 7)
+
+
+@pytest.mark.parametrize("count, bucket", [(None, "unknown"), (0, "1"), (1, "1"), (16, "16"), (17, "20"), (32, "32"),
+                                           (33, "+Inf"), (10**9, "+Inf")])
+def test_counts_fall_in_fixed_buckets_ending_in_an_overflow_one(count, bucket):
+    assert count_bucket(count) == bucket and bucket in COUNT_BUCKETS
+
+
+def _version_1(labels: ResultLabels, digest_key: str | None = None) -> str:
+    """``labels`` as turnguard made tokens before version 2 (no counts)."""
+    body = ".".join(["tg1", labels.turn_id, labels.cohort, labels.policy or "", str(labels.tool_calls),
+                     str(labels.edge_soft_cap), str(labels.edge_hard_cap or ""), labels.threshold or "",
+                     labels.reason or "", labels.agent_name or "", labels.main_threshold or ""])
+    return f"{body}.{_check(body, digest_key)}"
+
+
+V1 = ResultLabels(turn_id="t-old", cohort="probe", policy="prod-probe", tool_calls=150, threshold=None,
+                  reason="completed", agent_name="coder", main_threshold="hard_backstop", edge_soft_cap=20,
+                  edge_hard_cap=200)
+
+
+@pytest.mark.parametrize("digest_key", ["fleet-secret", None], ids=["keyed", "keyless"])
+def test_a_version_1_token_is_still_taken_its_counts_unknown(otel, digest_key):
+    token = _version_1(V1, digest_key)
+    labels = read_token(token, digest_key)
+    assert labels is not None
+    assert dataclasses.replace(labels, remote=False, trusted=True) == V1
+    assert (labels.max_key_repeat, labels.max_failing_streak) == (None, None)
+    assert read_token(token, "another-key") is None
+    guard = make_guard(otel, **{**PROBE, "digest_key": digest_key})
+    assert guard.report_result(token, True) is True
+    point = result_point(otel)
+    assert (point[n.TURN_MAX_KEY_REPEAT_BUCKET], point[n.TURN_MAX_FAILING_STREAK_BUCKET]) == ("unknown", "unknown")
+    assert point[n.PROBE_MAIN_THRESHOLD] == "hard_backstop"
+    event = event_attributes(otel)
+    assert n.TURN_MAX_KEY_REPEAT not in event and n.TURN_MAX_FAILING_STREAK not in event
+
+
+def test_a_version_1_token_with_a_count_field_too_many_is_refused():
+    token = _version_1(V1)
+    body = token.rpartition(".")[0].replace("tg1", "tg2", 1)
+    assert read_token(f"{body}.{_check(body, None)}") is None  # tg2 needs 14 fields
+
+
+def test_a_live_turns_late_result_carries_no_count_buckets(otel):
+    turn = run_turn(make_guard(), 3)
+    assert make_guard(otel, name="reporter").report_result(turn.result_token, True) is True
+    point = result_point(otel)
+    assert n.TURN_MAX_KEY_REPEAT_BUCKET not in point and n.TURN_MAX_FAILING_STREAK_BUCKET not in point
+
+
+@pytest.mark.parametrize("digest_key", ["fleet-secret", None], ids=["keyed", "keyless"])
+def test_a_late_result_from_another_process_carries_the_probe_turns_buckets(tmp_path, digest_key):
+    """The turn's own guard and a guard of another configuration in another OS process give its
+    late result the same repeat and failing-streak buckets (fixed edges: a closed set, so a keyless
+    token shows them too)."""
+    otel = InMemoryTelemetry()
+    origin = make_guard(otel, digest_key=digest_key, **LOOPY_PROBE)
+    here, there = run_loopy_turn(origin, 12, 12), run_loopy_turn(origin, 35, 18)
+    assert here.summary.cohort == there.summary.cohort == "probe"
+    assert (there.summary.max_key_repeat, there.summary.max_failing_streak) == (35, 18)
+    assert origin.report_result(here.result_token, True) is True
+    local = result_point(otel)
+    assert (local[n.TURN_MAX_KEY_REPEAT_BUCKET], local[n.TURN_MAX_FAILING_STREAK_BUCKET]) == ("12", "12")
+    remote = report_elsewhere(there.result_token, tmp_path / "ci.jsonl", digest_key)
+    (accepted,) = [p for p in remote["points"] if p[n.RESULT_STATUS] == "accepted"]
+    assert (accepted[n.TURN_MAX_KEY_REPEAT_BUCKET], accepted[n.TURN_MAX_FAILING_STREAK_BUCKET]) == ("+Inf", "20")
+    (event,) = remote["events"]
+    assert (event[n.TURN_MAX_KEY_REPEAT], event[n.TURN_MAX_FAILING_STREAK]) == (35, 18)

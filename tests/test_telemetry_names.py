@@ -38,7 +38,7 @@ def test_no_invented_gen_ai_names():
 
 def test_metric_names_units_and_attribute_lists():
     metrics = [v for k, v in vars(n).items() if k.startswith("METRIC_") and isinstance(v, tuple)]
-    assert len(metrics) == 13
+    assert len(metrics) == 14
     for name, unit in metrics:
         assert name.startswith("turnguard.") and re.fullmatch(r"[a-z0-9_.]+", name)
         assert "total" not in name  # exporters add _total

@@ -107,7 +107,8 @@ def test_calls_without_a_detection_emit_spans_only_no_log_or_metric(otel):
         assert otel.logs() == []
         assert list(otel.all_points()) == []
     assert {name for name, _ in otel.all_points()} == {
-        n.METRIC_TURN_TOOL_CALLS[0], n.METRIC_TURN_CYCLES[0], n.METRIC_TURN_MAX_KEY_REPEAT[0]
+        n.METRIC_TURN_TOOL_CALLS[0], n.METRIC_TURN_CYCLES[0], n.METRIC_TURN_MAX_KEY_REPEAT[0],
+        n.METRIC_TURN_MAX_FAILING_STREAK[0],
     }
 
 

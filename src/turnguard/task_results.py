@@ -23,17 +23,22 @@ the book of this process's own turns (so no number of tokens pushes one of them 
 remembered by its digest alone, apart from the host's own results (``Remembered``, one for each).
 A token naming a turn in the book is that turn's only when it is the very token the turn has.
 
-The token, version 1: ``tg1.<turn id>.<cohort>.<policy>.<tool calls>.<edge S>.<edge H>.
-<threshold>.<reason>.<agent>.<main threshold>.<check>``. Each text field keeps ``A-Z a-z 0-9 _ -``
-and writes every other character as ``%XX`` per UTF-8 byte (a lone surrogate as its three bytes,
-so every id comes back exactly); an empty field is "none", ``~`` the empty string and ``*`` a
-label that did not fit. ``edge S`` / ``edge H`` are the soft cap and backstop the turn's
-histogram edges come from (its call bucket is computed from them, so it is the bucket the turn's
-own guard reports). ``check`` is 16 hex digits of BLAKE2b over the rest, keyed by the guard's
-``digest_key`` when it has one: a token is taken only by a guard with the same key (or, like its
-own, none), so a garbled or truncated token is refused, and with a key a forged one too. Without
-a key anyone can make a token, with any labels: its labels are not ``trusted``, and telemetry
-shows of them only values it shows already (``telemetry.metrics.Instruments.result_labels``). A
+The token, version 2: ``tg2.<turn id>.<cohort>.<policy>.<tool calls>.<edge S>.<edge H>.
+<max repeat>.<max failing streak>.<threshold>.<reason>.<agent>.<main threshold>.<check>``;
+version 1 (``tg1``, without the two counts) is still taken, its counts unknown (``None``). Each
+text field keeps ``A-Z a-z 0-9 _ -`` and writes every other character as ``%XX`` per UTF-8 byte
+(a lone surrogate as its three bytes, so every id comes back exactly); an empty field is "none",
+``~`` the empty string and ``*`` a label that did not fit. ``edge S`` / ``edge H`` are the soft
+cap and backstop the turn's histogram edges come from (its call bucket is computed from them, so
+it is the bucket the turn's own guard reports). ``max repeat`` and ``max failing streak`` are the
+turn's largest repeat count of one call and longest failing identical-call streak, so that the
+threshold board can place a late result against D and the streak stop (in fixed buckets:
+``telemetry.buckets.count_bucket``). ``check`` is 16 hex digits of BLAKE2b over the rest, keyed by
+the guard's ``digest_key`` when it has one: a token is taken only by a guard with the same key (or,
+like its own, none), so a garbled or truncated token is refused, and with a key a forged one too.
+Without a key anyone can make a token, with any labels: its labels are not ``trusted``, and
+telemetry shows of them only values it shows already
+(``telemetry.metrics.Instruments.result_labels``). A
 token is at most ``MAX_ID_LENGTH`` characters: when the labels do not fit, the agent name goes first,
 then the end reason, the policy name, the main threshold and the threshold (each then reported as
 the overflow value, ``_other``); a turn whose id alone does not fit has no token (``None``).
@@ -69,7 +74,10 @@ after the turn left the book: at most 4 MiB, for the host's own results and, apa
 results taken by token."""
 MAX_COUNT = 2**62
 """The largest call count or cap a token may carry (``config.MAX_CALLS``)."""
-TOKEN_VERSION = "tg1"
+TOKEN_VERSION = "tg2"
+TOKEN_VERSIONS = ("tg1", "tg2")
+"""The versions a guard takes: version 1 tokens (made before the counts were added) still report,
+their counts unknown."""
 TOKEN_PATTERN = re.compile(r"tg[0-9]+\.")
 """How a report's id reads as a result token (of any version) rather than a plain turn id."""
 
@@ -117,6 +125,10 @@ class ResultLabels:
     edge_soft_cap: int
     edge_hard_cap: int | None
     """The soft cap and backstop the turn's histogram edges come from."""
+    max_key_repeat: int | None = None
+    """The turn's largest repeat count of one call (``None``: unknown, from a version 1 token)."""
+    max_failing_streak: int | None = None
+    """The turn's longest failing identical-call streak (``None``: unknown, from a version 1 token)."""
     dropped: frozenset[str] = frozenset()
     remote: bool = False
     trusted: bool = True
@@ -348,7 +360,8 @@ class ResultBook:
             turn_id=id_text(summary.turn_id) or "", cohort=str(summary.cohort), policy=policy,
             tool_calls=summary.tool_calls, threshold=id_text(summary.threshold),
             reason=id_text(summary.reason), agent_name=id_text(summary.agent_name), main_threshold=main_threshold,
-            edge_soft_cap=max(self.edges[0], 0), edge_hard_cap=self.edges[1])
+            edge_soft_cap=max(self.edges[0], 0), edge_hard_cap=self.edges[1],
+            max_key_repeat=summary.max_key_repeat, max_failing_streak=summary.max_failing_streak)
 
     def token_for(self, entry: Ended | None) -> str | None:
         """The result token of a turn that ended here, by the entry ``ended`` gave it (``None``: its
@@ -426,7 +439,8 @@ _TEXT_FIELD = re.compile(r"(?:[A-Za-z0-9_-]|%[0-9A-F]{2})+")
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,18}")
 _DROP_ORDER = ("agent_name", "reason", "policy", "main_threshold", "threshold")
 """The labels a token drops, first to last, until it fits."""
-_PARTS = 12
+_PARTS = {"tg1": 12, "tg2": 14}
+"""The fields of a token of each version, its check included."""
 
 
 def _escape(text: str | None) -> str:
@@ -475,8 +489,12 @@ def _check(body: str, digest_key: str | None) -> str:
     return state.hexdigest()
 
 
+def _optional(count: int | None) -> str:
+    return _NONE if count is None else str(min(count, MAX_COUNT))
+
+
 def result_token(labels: ResultLabels, digest_key: str | None = None) -> str | None:
-    """``labels`` as a version-1 token (see the module docstring), checked with ``digest_key``;
+    """``labels`` as a version-2 token (see the module docstring), checked with ``digest_key``;
     ``None`` when even the turn id and the counts do not fit in ``MAX_ID_LENGTH`` characters."""
     fields = {
         "policy": _escape(labels.policy), "threshold": _escape(labels.threshold), "reason": _escape(labels.reason),
@@ -484,7 +502,8 @@ def result_token(labels: ResultLabels, digest_key: str | None = None) -> str | N
     }
     head = (TOKEN_VERSION, _escape(labels.turn_id), _escape(labels.cohort))
     counts = (str(labels.tool_calls), str(labels.edge_soft_cap),
-              _NONE if labels.edge_hard_cap is None else str(labels.edge_hard_cap))
+              _NONE if labels.edge_hard_cap is None else str(labels.edge_hard_cap),
+              _optional(labels.max_key_repeat), _optional(labels.max_failing_streak))
     for drop in (None, *_DROP_ORDER):
         if drop is not None:
             fields[drop] = _DROPPED
@@ -497,20 +516,23 @@ def result_token(labels: ResultLabels, digest_key: str | None = None) -> str | N
 
 def read_token(token: str, digest_key: str | None = None) -> ResultLabels | None:
     """The labels a result token holds, or ``None`` for anything that is not a whole, unaltered
-    version-1 token checked with ``digest_key``. Never raises."""
+    token of a version this guard takes (``TOKEN_VERSIONS``) checked with ``digest_key``. Never raises."""
     if len(token) > MAX_ID_LENGTH or not token.isascii():
         return None
     body, _, check = token.rpartition(".")
     parts = token.split(".")
-    if len(parts) != _PARTS or parts[0] != TOKEN_VERSION or not hmac.compare_digest(check, _check(body, digest_key)):
+    if len(parts) != _PARTS.get(parts[0]) or not hmac.compare_digest(check, _check(body, digest_key)):
         return None
-    _, turn_id, cohort, policy, calls, soft_cap, hard_cap, threshold, reason, agent, main, _ = parts
+    if parts[0] == "tg1":  # no counts: unknown
+        parts[7:7] = [_NONE, _NONE]
+    _, turn_id, cohort, policy, calls, soft_cap, hard_cap, repeat, failing, threshold, reason, agent, main, _ = parts
     try:
         labels = ResultLabels(
             turn_id=_unescape(turn_id) or "", cohort=_unescape(cohort) or "", policy=_unescape(policy),
             tool_calls=_number(calls) or 0, threshold=_unescape(threshold), reason=_unescape(reason),
             agent_name=_unescape(agent), main_threshold=_unescape(main), edge_soft_cap=_number(soft_cap) or 0,
-            edge_hard_cap=_number(hard_cap, optional=True) or None, remote=True, trusted=digest_key is not None,
+            edge_hard_cap=_number(hard_cap, optional=True) or None, max_key_repeat=_number(repeat, optional=True),
+            max_failing_streak=_number(failing, optional=True), remote=True, trusted=digest_key is not None,
             dropped=frozenset(name for name, field in zip(("policy", "threshold", "reason", "agent_name",
                                                            "main_threshold"),
                                                           (policy, threshold, reason, agent, main), strict=True)

@@ -9,6 +9,7 @@ still wins.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from typing import TYPE_CHECKING
 
@@ -80,6 +81,33 @@ def repeat_edges(config: GuardConfig) -> tuple[float, ...]:
     d = config.stuck_repeat_threshold
     edges.update((d - 2, d - 1, d, config.streak_warn_at, config.streak_stop_at))
     return _strict(edges)
+
+
+COUNT_EDGES = (*range(1, 17), 20, 24, 32)
+"""Fixed edges for a turn's largest repeat count and longest failing streak as labels of its late
+result (``count_bucket``; the values D and the streak stop are probed at and calibrate's frontier
+shows, each one with its predecessor): the same in every process, whatever its configuration, so a
+result token needs only the counts, and the labels a token can show are a closed set."""
+OVERFLOW_BUCKET = "+Inf"
+UNKNOWN_BUCKET = "unknown"
+"""The bucket of a count not known (a version 1 result token carries none)."""
+COUNT_BUCKETS = frozenset({*(str(e) for e in COUNT_EDGES), OVERFLOW_BUCKET, UNKNOWN_BUCKET})
+"""Every value ``count_bucket`` gives."""
+
+
+def count_bucket(count: int | None) -> str:
+    """The upper edge of the ``COUNT_EDGES`` bucket ``count`` falls in (``"+Inf"`` past 32;
+    ``"unknown"`` for ``None``): a histogram's ``le`` semantics, 0 in the first bucket."""
+    if count is None:
+        return UNKNOWN_BUCKET
+    at = bisect.bisect_left(COUNT_EDGES, count)
+    return OVERFLOW_BUCKET if at == len(COUNT_EDGES) else str(COUNT_EDGES[at])
+
+
+def failing_streak_edges(config: GuardConfig) -> tuple[float, ...]:
+    """Edges for the longest failing streak per turn: ``COUNT_EDGES`` (the late results' buckets),
+    the streak levels and a coarse tail."""
+    return _strict({*COUNT_EDGES, config.streak_warn_at, config.streak_stop_at, 50, 100, 200})
 
 
 def _strict(edges: set[int]) -> tuple[float, ...]:

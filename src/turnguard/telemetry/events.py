@@ -97,6 +97,10 @@ class EventLog:
         }
         if cohort == "probe":
             attrs[n.PROBE_MAIN_THRESHOLD] = text("main_threshold", labels.main_threshold, n.NO_THRESHOLD)
+        if labels.max_key_repeat is not None:
+            attrs[n.TURN_MAX_KEY_REPEAT] = labels.max_key_repeat
+        if labels.max_failing_streak is not None:
+            attrs[n.TURN_MAX_FAILING_STREAK] = labels.max_failing_streak
         agent = text("agent_name", labels.agent_name, None)
         if agent is not None:
             attrs[n.GEN_AI_AGENT_NAME] = agent

@@ -69,6 +69,11 @@ class Instruments:
             meter, n.METRIC_TURN_MAX_KEY_REPEAT,
             "The largest number of times one (tool, arguments) key was seen in a turn.", buckets.repeat_edges(config),
         )
+        self.turn_max_failing_streak = _histogram(
+            meter, n.METRIC_TURN_MAX_FAILING_STREAK,
+            "The longest failing identical-call streak of a turn (its stop-level count).",
+            buckets.failing_streak_edges(config),
+        )
         self.turn_first_stuck_call = _histogram(
             meter, n.METRIC_TURN_FIRST_STUCK_CALL,
             "The call at which a turn first met the stuck signal (turns that met it only).", tool_call_edges,
@@ -173,8 +178,10 @@ class Instruments:
         any labels: it admits no value to a bound. Its cohort, thresholds and call bucket are taken
         when they are among the values turnguard gives (``live``/``probe``, the built-in thresholds,
         the buckets of this provider's edges) or shown already, its policy and agent when shown
-        already; any other value is ``_token``. So no number of forged tokens changes which values
-        the boards show, and a real one still counts where its turn's labels are known here."""
+        already; any other value is ``_token``. A probe turn's repeat and failing-streak buckets come
+        from fixed edges (``buckets.count_bucket``): a closed set, whoever made the token. So no
+        number of forged tokens changes which values the boards show, and a real one still counts
+        where its turn's labels are known here."""
         dropped = labels.dropped
         cohort = labels.cohort if labels.cohort in COHORTS else n.OVERFLOW_VALUE
         edges = (buckets.tool_call_edges_for(labels.edge_soft_cap, labels.edge_hard_cap) if labels.remote
@@ -199,6 +206,8 @@ class Instruments:
         if cohort == "probe":
             attrs[n.PROBE_MAIN_THRESHOLD] = (n.OVERFLOW_VALUE if "main_threshold" in dropped
                                              else threshold(labels.main_threshold))
+            attrs[n.TURN_MAX_KEY_REPEAT_BUCKET] = buckets.count_bucket(labels.max_key_repeat)
+            attrs[n.TURN_MAX_FAILING_STREAK_BUCKET] = buckets.count_bucket(labels.max_failing_streak)
         if "agent_name" in dropped:
             attrs[n.GEN_AI_AGENT_NAME] = n.OVERFLOW_VALUE
         elif labels.agent_name is not None:
@@ -229,7 +238,7 @@ class Instruments:
 
     def turn_ended(self, summary: TurnSummary, scope: dict[str, Any], *, past_soft_cap: bool,
                    context: Context | None = None, main_halt: MainHalt | None = None) -> None:
-        """The four per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
+        """The five per-turn histograms; ``past_soft_cap`` (more calls than S, which only an adaptive
         cap has) lets the threshold-validation board look at long turns alone; ``context`` (the
         turn's span) links the tool-calls point's exemplar to the turn's trace. A probe turn also
         carries where the main configuration would have halted it (``main_halt``; ``none``), and the
@@ -246,6 +255,7 @@ class Instruments:
         self.turn_tool_calls.record(summary.tool_calls, attrs, context=context)
         self.turn_cycles.record(summary.cycles, attrs)
         self.turn_max_key_repeat.record(summary.max_key_repeat, attrs)
+        self.turn_max_failing_streak.record(summary.max_failing_streak, attrs)
         if summary.first_stuck_call:
             self.turn_first_stuck_call.record(summary.first_stuck_call, attrs)
         if summary.result_restarts:

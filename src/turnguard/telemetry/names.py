@@ -40,6 +40,12 @@ have ended that went on to be resolved."""
 TURN_CALLS_BUCKET = "turnguard.turn.tool_calls_bucket"
 """On the results counter: the upper edge of the turn's tool-call bucket (the histogram's edges:
 ``"1000"`` = 1000 calls or fewer, ``"+Inf"`` past the last), so late results line up with it."""
+TURN_MAX_KEY_REPEAT_BUCKET = "turnguard.turn.max_key_repeat_bucket"
+"""On a probe turn's late results: the bucket of the turn's largest repeat count of one call (the
+upper edge of ``buckets.COUNT_EDGES``'s bucket, ``"+Inf"`` past the last, ``"unknown"`` from a
+version 1 token), so the threshold board places the result against D."""
+TURN_MAX_FAILING_STREAK_BUCKET = "turnguard.turn.max_failing_streak_bucket"
+"""Likewise for the turn's longest failing identical-call streak: against the streak stop."""
 RESULT_STATUS = "turnguard.result.status"
 """accepted | duplicate | unknown | expired | after_shutdown | invalid | invalid_id | invalid_token
 (``tg.ResultStatus``)."""
@@ -60,6 +66,7 @@ CAP_MODE = "turnguard.cap.mode"  # explicit | adaptive | disabled
 TURN_TOOL_CALLS = "turnguard.turn.tool_calls"  # span attribute (same name as the histogram)
 TURN_CYCLES = "turnguard.turn.cycles"
 TURN_MAX_KEY_REPEAT = "turnguard.turn.max_key_repeat"
+TURN_MAX_FAILING_STREAK = "turnguard.turn.max_failing_streak"
 TURN_FIRST_STUCK_CALL = "turnguard.turn.first_stuck_call"
 TURN_DETECTIONS = "turnguard.turn.detections"
 
@@ -167,6 +174,8 @@ grow memory without bound."""
 METRIC_TURN_TOOL_CALLS = ("turnguard.turn.tool_calls", "{tool_call}")
 METRIC_TURN_CYCLES = ("turnguard.turn.cycles", "{cycle}")
 METRIC_TURN_MAX_KEY_REPEAT = ("turnguard.turn.max_key_repeat", "{tool_call}")
+METRIC_TURN_MAX_FAILING_STREAK = ("turnguard.turn.max_failing_streak", "{tool_call}")
+"""The longest failing identical-call streak per turn (``TurnSummary.max_failing_streak``)."""
 METRIC_TURN_FIRST_STUCK_CALL = ("turnguard.turn.first_stuck_call", "{tool_call}")
 METRIC_DETECTIONS = ("turnguard.loop.detections", "{detection}")
 METRIC_ESCALATION_ANSWERS = ("turnguard.escalation.answers", "{answer}")
@@ -189,7 +198,7 @@ METRIC_SHADOW_TURN_TOOL_CALLS = ("turnguard.shadow.turn.tool_calls", "{tool_call
 _TURN_ATTRIBUTES = (POLICY, TURN_COHORT, TURN_RESOLVED, GEN_AI_AGENT_NAME, TURN_OUTCOME, LOOP_THRESHOLD, CAP_MODE,
                     TURN_STUCK, TURN_PROMPTABLE)
 TURN_METRIC_ATTRIBUTES = (*_TURN_ATTRIBUTES, TURN_PAST_SOFT_CAP, PROBE_MAIN_THRESHOLD)
-"""On the four per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn;
+"""On the five per-turn histograms; ``turnguard.loop.threshold`` is ``none`` when nothing ended the turn;
 ``turnguard.probe.main_threshold`` on probe turns only."""
 DETECTION_METRIC_ATTRIBUTES = (
     POLICY, TURN_COHORT, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, LOOP_THRESHOLD, LOOP_LEVEL, LOOP_ACTION, CAP_MODE,
@@ -199,9 +208,11 @@ ESCALATION_METRIC_ATTRIBUTES = (POLICY, TURN_COHORT, GEN_AI_AGENT_NAME, LOOP_THR
 PLUGIN_ERROR_METRIC_ATTRIBUTES = (POLICY, PLUGIN_NAME, PLUGIN_HOOK, ERROR_TYPE)
 HOST_ERROR_METRIC_ATTRIBUTES = (POLICY, GEN_AI_AGENT_NAME, GEN_AI_TOOL_NAME, HOST_ERROR)
 RESULT_METRIC_ATTRIBUTES = (POLICY, RESULT_STATUS, TURN_RESOLVED, TURN_COHORT, TURN_CALLS_BUCKET, LOOP_THRESHOLD,
-                            PROBE_MAIN_THRESHOLD, GEN_AI_AGENT_NAME)
+                            PROBE_MAIN_THRESHOLD, TURN_MAX_KEY_REPEAT_BUCKET, TURN_MAX_FAILING_STREAK_BUCKET,
+                            GEN_AI_AGENT_NAME)
 """The turn's facts (cohort, bucket, the threshold that ended it, agent) only when the turn is known;
-``turnguard.probe.main_threshold`` only for a known probe turn."""
+``turnguard.probe.main_threshold`` and the repeat and failing-streak buckets only for a known probe
+turn (the live cohort's results, most of them, keep the counter's cardinality as it was)."""
 PROBE_CALLS_PAST_MAIN_ATTRIBUTES = (POLICY, PROBE_MAIN_THRESHOLD, GEN_AI_AGENT_NAME)
 RESULT_RESTART_METRIC_ATTRIBUTES = (POLICY, TURN_COHORT, GEN_AI_TOOL_NAME, GEN_AI_AGENT_NAME)
 SHADOW_DETECTION_METRIC_ATTRIBUTES = (SHADOW_POLICY, *DETECTION_METRIC_ATTRIBUTES)
@@ -213,6 +224,7 @@ METRIC_ATTRIBUTES = {
     METRIC_TURN_TOOL_CALLS[0]: TURN_METRIC_ATTRIBUTES,
     METRIC_TURN_CYCLES[0]: TURN_METRIC_ATTRIBUTES,
     METRIC_TURN_MAX_KEY_REPEAT[0]: TURN_METRIC_ATTRIBUTES,
+    METRIC_TURN_MAX_FAILING_STREAK[0]: TURN_METRIC_ATTRIBUTES,
     METRIC_TURN_FIRST_STUCK_CALL[0]: TURN_METRIC_ATTRIBUTES,
     METRIC_DETECTIONS[0]: DETECTION_METRIC_ATTRIBUTES,
     METRIC_ESCALATION_ANSWERS[0]: ESCALATION_METRIC_ATTRIBUTES,

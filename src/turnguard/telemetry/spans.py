@@ -138,6 +138,7 @@ def summary_attributes(summary: TurnSummary) -> dict[str, Any]:
         n.TURN_TOOL_CALLS: summary.tool_calls,
         n.TURN_CYCLES: summary.cycles,
         n.TURN_MAX_KEY_REPEAT: summary.max_key_repeat,
+        n.TURN_MAX_FAILING_STREAK: summary.max_failing_streak,
         n.TURN_STUCK: summary.stuck,
         n.TURN_DETECTIONS: summary.detections,
         n.LOOP_THRESHOLD: export_text(summary.threshold) if summary.threshold is not None else n.NO_THRESHOLD,
