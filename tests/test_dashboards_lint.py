@@ -75,9 +75,10 @@ PANEL_IDS = {
 never to be reused: threshold validation 42 and 45 (their counts are columns of 41 and 44), 46 (the
 calls past each threshold, a column of 44)."""
 RETIRED = {THRESHOLDS: {42, 45, 46}}
-CONFIGURED_IDS = {THRESHOLDS: {49: "table"}}
+CONFIGURED_IDS = {THRESHOLDS: {49: "table", 50: "table"}}
 """Panels only a board built for some configurations has (49: the soft, explicit and cycle caps'
-frontier, where the probe runs past them): pinned like the others, absent from the committed board."""
+frontier, where the probe runs past them; 50: D's and the streak stop's, where a probe is
+configured): pinned like the others, absent from the committed board."""
 
 
 def _content_panels(board: dict[str, Any]) -> list[dict[str, Any]]:

@@ -194,7 +194,8 @@ def test_records_keep_only_bounded_labels(variant):
     """No per-process, per-tool or per-conversation label reaches a record: they are summed away."""
     allowed = {"le", build.POLICY, build.AGENT, build.COHORT, build.RESOLVED, build.OUTCOME, build.THRESHOLD,
                build.CAP_MODE, build.STUCK, build.MAIN_THRESHOLD, build.PAST_SOFT_CAP, build.RESULT_STATUS,
-               build.CALLS_BUCKET, build.LEVEL, build.ANSWER, build.SHADOW_POLICY, build.ACTION}
+               build.CALLS_BUCKET, build.LEVEL, build.ANSWER, build.SHADOW_POLICY, build.ACTION,
+               build.REPEAT_BUCKET, build.FAILING_BUCKET}  # (a probe turn's count buckets: a closed set)
     for rule in loaded(variant)["groups"][0]["rules"]:
         if rule.get("record") in rules.RECORDED.values():
             assert set(_by(rule["expr"])) <= allowed, rule["record"]

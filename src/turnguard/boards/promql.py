@@ -40,6 +40,8 @@ CALLS = f"{TOOL_CALLS}_sum"
 CYCLES = histogram(n.METRIC_TURN_CYCLES)
 """Model requests per turn (the cycle cap's count): its buckets place a probe turn against each cycle cap."""
 MAX_REPEAT = histogram(n.METRIC_TURN_MAX_KEY_REPEAT)
+MAX_FAILING = histogram(n.METRIC_TURN_MAX_FAILING_STREAK)
+"""The longest failing identical-call streak per turn: its buckets place a probe turn against each streak stop."""
 FIRST_STUCK = histogram(n.METRIC_TURN_FIRST_STUCK_CALL)
 DETECTIONS = counter(n.METRIC_DETECTIONS)
 ANSWERS = counter(n.METRIC_ESCALATION_ANSWERS)
@@ -80,6 +82,8 @@ RESOLVED = label(n.TURN_RESOLVED)
 RESULT_STATUS = label(n.RESULT_STATUS)
 CALLS_BUCKET = label(n.TURN_CALLS_BUCKET)
 MAIN_THRESHOLD = label(n.PROBE_MAIN_THRESHOLD)
+REPEAT_BUCKET = label(n.TURN_MAX_KEY_REPEAT_BUCKET)
+FAILING_BUCKET = label(n.TURN_MAX_FAILING_STREAK_BUCKET)
 
 AGENT_VARIABLE = "agent"
 POLICY_VARIABLE = "policy"

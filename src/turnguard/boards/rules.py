@@ -37,12 +37,14 @@ POLICY, AGENT, COHORT, RESOLVED = (label(a) for a in (n.POLICY, n.GEN_AI_AGENT_N
 OUTCOME, THRESHOLD, CAP_MODE, STUCK = (label(a) for a in (n.TURN_OUTCOME, n.LOOP_THRESHOLD, n.CAP_MODE, n.TURN_STUCK))
 MAIN_THRESHOLD, PAST_SOFT_CAP = label(n.PROBE_MAIN_THRESHOLD), label(n.TURN_PAST_SOFT_CAP)
 RESULT_STATUS, CALLS_BUCKET = label(n.RESULT_STATUS), label(n.TURN_CALLS_BUCKET)
+REPEAT_BUCKET, FAILING_BUCKET = label(n.TURN_MAX_KEY_REPEAT_BUCKET), label(n.TURN_MAX_FAILING_STREAK_BUCKET)
 LEVEL, ACTION, ANSWER, SHADOW_POLICY = (label(a) for a in (n.LOOP_LEVEL, n.LOOP_ACTION, n.ESCALATION_ANSWER,
                                                            n.SHADOW_POLICY))
 
 TOOL_CALLS = label(n.METRIC_TURN_TOOL_CALLS[0])
 CYCLES = label(n.METRIC_TURN_CYCLES[0])
 MAX_REPEAT = label(n.METRIC_TURN_MAX_KEY_REPEAT[0])
+MAX_FAILING = label(n.METRIC_TURN_MAX_FAILING_STREAK[0])
 FIRST_STUCK = label(n.METRIC_TURN_FIRST_STUCK_CALL[0])
 SHADOW_TOOL_CALLS = label(n.METRIC_SHADOW_TURN_TOOL_CALLS[0])
 TURNS = f"{TOOL_CALLS}_count"
@@ -73,14 +75,17 @@ COUNTS = (
     Count("turnguard:turn_cycles_bucket:increase5m", f"{CYCLES}_bucket",
           ("le", POLICY, AGENT, COHORT, RESOLVED, THRESHOLD)),
     Count("turnguard:turn_max_key_repeat_bucket:increase5m", f"{MAX_REPEAT}_bucket",
-          ("le", POLICY, AGENT, COHORT, THRESHOLD, PAST_SOFT_CAP)),
+          ("le", POLICY, AGENT, COHORT, RESOLVED, THRESHOLD, PAST_SOFT_CAP)),
     Count("turnguard:turn_max_key_repeat_count:increase5m", f"{MAX_REPEAT}_count",
-          (POLICY, AGENT, COHORT, THRESHOLD, PAST_SOFT_CAP)),
+          (POLICY, AGENT, COHORT, RESOLVED, THRESHOLD, PAST_SOFT_CAP)),
+    Count("turnguard:turn_max_failing_streak_bucket:increase5m", f"{MAX_FAILING}_bucket",
+          ("le", POLICY, AGENT, COHORT, RESOLVED, THRESHOLD)),
     Count("turnguard:turn_first_stuck_call_sum:increase5m", f"{FIRST_STUCK}_sum", (POLICY, AGENT, COHORT, THRESHOLD)),
     Count("turnguard:turn_first_stuck_call_count:increase5m", f"{FIRST_STUCK}_count",
           (POLICY, AGENT, COHORT, THRESHOLD)),
     Count("turnguard:turn_results:increase5m", RESULTS,
-          (POLICY, AGENT, COHORT, RESOLVED, RESULT_STATUS, CALLS_BUCKET, THRESHOLD, MAIN_THRESHOLD)),
+          (POLICY, AGENT, COHORT, RESOLVED, RESULT_STATUS, CALLS_BUCKET, THRESHOLD, MAIN_THRESHOLD, REPEAT_BUCKET,
+           FAILING_BUCKET)),
     Count("turnguard:probe_calls_past_main_threshold:increase5m", CALLS_PAST_MAIN, (POLICY, AGENT, MAIN_THRESHOLD)),
     Count("turnguard:loop_detections:increase5m", DETECTIONS, (POLICY, AGENT, COHORT, THRESHOLD, LEVEL)),
     Count("turnguard:escalation_answers:increase5m", ANSWERS, (POLICY, AGENT, COHORT, THRESHOLD, ANSWER)),

@@ -502,10 +502,160 @@ def cap_frontier(cap: CapSettings) -> PanelBuilder | None:
         mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
 
 
-CALIBRATE_ONLY = ("Not on this board: D (stuck_repeat_threshold) and the streak stop: the recorded series carry no "
-                  "repeat count or failing streak with the result of a turn reported after it, so their frontier "
-                  "cannot be read here. Run `turnguard calibrate` on the recorded turns for their recommended "
-                  "values (`probe.frontier.stuck`, `.streak` in --json).")
+# -- D's and the streak stop's frontiers (panel 50) --------------------------------------------------
+
+
+def _repeat_edges(cap: CapSettings) -> set[int]:
+    """The repeat histogram's edges the main configuration's guard exports at least (its streak
+    warn level, not known here, may add one)."""
+    return {int(e) for e in buckets.repeat_edges(GuardConfig(stuck_repeat_threshold=cap.stuck_repeat_threshold,
+                                                            streak_stop_at=cap.streak_stop_at, streak_warn_at=0))}
+
+
+def _counted(values: range, histogram_edges: set[int]) -> list[int]:
+    """The values v of ``values`` both the histogram and the late results' fixed buckets place a
+    turn against: ``v - 1`` an edge of each (a turn reaches v when it is past that edge)."""
+    return [v for v in values if v - 1 in histogram_edges and v - 1 in buckets.COUNT_EDGES]
+
+
+def stuck_values(cap: CapSettings) -> list[int]:
+    """The values of D panel 50 judges: from 2 up to the probe's own D (past it a probe turn past S
+    is halted at its D: not seen), each a repeat count both the repeat histogram and the late
+    results' buckets place a turn against. None unless the main configuration's cap is adaptive
+    with the ``repeat`` stuck signal (the signal calibrate's D frontier counts) and the probe has
+    the same soft cap (the turns' ``past_soft_cap`` is then past the main S)."""
+    p = cap.probe
+    if (p is None or Threshold.SOFT_STUCK not in cap.thresholds or cap.stuck_signal != "repeat"
+            or p.soft_cap != cap.soft_cap):
+        return []
+    top = p.stuck_repeat_threshold if p.stuck_signal == "repeat" and p.stuck_repeat_threshold else None
+    return _counted(range(2, (top or buckets.COUNT_EDGES[-1] + 1) + 1), _repeat_edges(cap))
+
+
+def streak_values(cap: CapSettings) -> list[int]:
+    """The streak stops panel 50 judges: from 2 up to the probe's own (past it no probe turn's
+    failing streak is seen), each placed by the failing-streak histogram and the late results'
+    buckets. None unless the main configuration's streak stop is on and a probe is configured."""
+    p = cap.probe
+    if p is None or Threshold.STREAK not in cap.thresholds:
+        return []
+    top = p.limit(Threshold.STREAK) or buckets.COUNT_EDGES[-1] + 1
+    return _counted(range(2, top + 1), set(buckets.COUNT_EDGES))
+
+
+def _at_least(value: int) -> str:
+    """A regex of the late results' count buckets (``buckets.count_bucket``) of counts ``>= value``."""
+    return "~(" + "|".join([*(str(e) for e in buckets.COUNT_EDGES if e >= value), "\\\\+Inf"]) + ")"
+
+
+def _past_soft_buckets(cap: CapSettings) -> str:
+    """A regex of the results counter's call buckets past S, under the main configuration's edges or
+    the probe's (the same S: the same edges up to it)."""
+    probe_cap = cap.probe.hard_cap if cap.probe is not None else None
+    edges = set(_edges(cap)) | set(buckets.tool_call_edges_for(cap.soft_cap, probe_cap))
+    return "~(" + "|".join([*(f"{e:g}" for e in sorted(edges) if e > cap.soft_cap), "\\\\+Inf"]) + ")"
+
+
+def _reach_row(histogram: str, value: int, turn_labels: dict[str, str], late_labels: dict[str, str]) -> dict[str, str]:
+    """The probe turns whose count (``histogram``: the repeat or failing-streak histogram, whose
+    ``value - 1`` is an edge) reached ``value``, by fate: a result reported in the turn, or later
+    on the results counter (its count bucket places it; a version 1 token's ``unknown`` bucket
+    leaves its turn unknown)."""
+
+    def reached(**more: str) -> str:
+        every = q.zero_or(q.recorded(f"{histogram}_bucket", q.sel(**PROBE_TURNS, **turn_labels, **more, le="+Inf")))
+        below = q.zero_or(q.recorded(f"{histogram}_bucket", q.le_sel(value - 1, **PROBE_TURNS, **turn_labels, **more)))
+        return f"({every} - {below})"
+
+    def late(**more: str) -> str:
+        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", **late_labels}
+        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **more)))
+
+    true, false, not_true = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
+    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    return {"turns": reached(),
+            "resolved": f"({reached(**true)} + {late(**true)})",
+            "unresolved": f"({reached(**other, **false)} + {late(**other, **false)})",
+            "censored": f"({reached(**limited, **not_true)} - {late(**limited, **true)})",
+            "unknown": f"({reached(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"}
+
+
+def count_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
+    """Row key -> column -> expression: panel 50's rows (``stuck:v`` for D = v: probe turns past S
+    whose largest repeat count of one call reached v; ``streak:v`` for a streak stop v: probe turns
+    whose longest failing streak reached v), each with panel 41's frontier columns."""
+    past_s = {q.PAST_SOFT_CAP: "true"}
+    rows = {f"stuck:{v}": _with_frontier(_reach_row(q.MAX_REPEAT, v, past_s, {
+        q.CALLS_BUCKET: _past_soft_buckets(cap), q.REPEAT_BUCKET: _at_least(v)}), SPARES) for v in stuck_values(cap)}
+    rows |= {f"streak:{v}": _with_frontier(_reach_row(q.MAX_FAILING, v, {}, {q.FAILING_BUCKET: _at_least(v)}), SPARES)
+             for v in streak_values(cap)}
+    return rows
+
+
+def count_frontier_names(cap: CapSettings) -> dict[str, str]:
+    names = {}
+    for v in stuck_values(cap):
+        live = " (live)" if v == cap.stuck_repeat_threshold else ""
+        names[f"stuck:{v}"] = f"D = {v}{live}: past S = {cap.soft_cap}, a call repeated {v} or more times"
+    for v in streak_values(cap):
+        live = " (live)" if v == cap.streak_stop_at else ""
+        names[f"streak:{v}"] = f"streak stop {v}{live}: {v} or more identical failures in a row"
+    return names
+
+
+COUNT_KINDS = {
+    "stuck": ("D", "D (stuck_repeat_threshold: a probe turn past S whose most repeated call reached D)"),
+    "streak": ("the streak stop", "the streak stop (streak_stop_at: a probe turn whose longest failing identical-call "
+                                  "streak reached it)"),
+}
+
+
+def count_frontier(cap: CapSettings) -> PanelBuilder | None:
+    rows = count_frontier_rows(cap)
+    if not rows:
+        return None
+    kinds = [COUNT_KINDS[k] for k in COUNT_KINDS if any(key.startswith(f"{k}:") for key in rows)]
+    columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
+               for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
+    return table_panel(
+        50, f"Probe frontier of {_listed([k[0] for k in kinds], 'and')}",
+        f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by fate "
+        "(calibrate's rule, `probe.frontier.stuck` / `.streak`), and panel 41's frontier: the upper bound of "
+        f"the productive share among them (the {CENSORED} counted as not productive; the exact binomial bound "
+        "1 - 0.025^(1/N) with none resolved) and whether it is under the Tolerance variable (calibrate "
+        "recommends the smallest such value above 1). A result reported in the turn is placed by the turn's "
+        "repeat and failing-streak histograms; one reported later by the buckets its late result carries "
+        "(a result token of version 1, made before they were added, carries none: its turn stays unknown "
+        "here, `turnguard calibrate` places it). Only values up to the probe's own D and streak stop are "
+        "rows: past them no probe turn is seen.",
+        "value", columns, {SEEN_HIGH: "percentunit"}, width=24, height=8, row_names=count_frontier_names(cap),
+        mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
+
+
+def _count_note(cap: CapSettings) -> str:
+    """What the board says about D's and the streak stop's frontiers: on panel 50, or why not."""
+    notes = []
+    if Threshold.SOFT_STUCK in cap.thresholds:
+        if stuck_values(cap):
+            notes.append("D (stuck_repeat_threshold): its frontier is panel 50's `D = v` rows.")
+        elif cap.stuck_signal != "repeat":
+            notes.append(f"D: not judged here under the {cap.stuck_signal} stuck signal (the repeat histogram "
+                         "counts the repeat signal's count); `turnguard calibrate` says whether it is probed "
+                         "(`probe.frontier.stuck`).")
+        else:
+            notes.append("D (stuck_repeat_threshold): not judged here unless the board is built with `--config` for a "
+                         "probe with the same soft cap (its turns' past_soft_cap is then past this S); "
+                         "`turnguard calibrate` gives its recommended value (`probe.frontier.stuck`).")
+    if Threshold.STREAK in cap.thresholds:
+        if streak_values(cap):
+            notes.append("The streak stop: its frontier is panel 50's `streak stop v` rows.")
+        else:
+            notes.append("The streak stop: not judged here unless the board is built with `--config` for a probe; "
+                         "`turnguard calibrate` gives its recommended value (`probe.frontier.streak`).")
+    if stuck_values(cap) or streak_values(cap):
+        notes.append("A late result reported with a version 1 result token carries no repeat count or failing "
+                     "streak: its turn stays unknown in panel 50 (`turnguard calibrate` places every turn).")
+    return " ".join(notes)
 
 
 def _cap_note(cap: CapSettings) -> str:
@@ -532,10 +682,12 @@ def _cap_note(cap: CapSettings) -> str:
 
 
 def calibrate_only(cap: CapSettings) -> PanelBuilder:
-    note = _cap_note(cap)
-    return (text.Panel().id(48).title("Frontiers not on this board: run turnguard calibrate").datasource(DATASOURCE)
-            .description("The thresholds whose recommended value the recorded series cannot give.")
-            .content(CALIBRATE_ONLY + (f" {note}" if note else ""))
+    notes = " ".join(note for note in (_count_note(cap), _cap_note(cap)) if note)
+    return (text.Panel().id(48).title("Frontiers this board judges, and where to find the others")
+            .datasource(DATASOURCE)
+            .description("Which thresholds' recommended values the recorded series give (panels 41, 49, 50), and "
+                         "which only `turnguard calibrate` gives.")
+            .content(notes or "Every probed threshold's frontier is on this board (panels 41, 49, 50).")
             .height(4).span(24))
 
 
@@ -601,6 +753,7 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
         survival_panel(cap),
         calibrate_only(cap),
         *((frontier,) if (frontier := cap_frontier(cap)) is not None else ()),
+        *((counts,) if (counts := count_frontier(cap)) is not None else ()),
     ]
 
 

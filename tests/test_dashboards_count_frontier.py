@@ -1,0 +1,198 @@
+"""Panel 50 (D's and the streak stop's probe frontier) on a real Prometheus's PromQL: ``promtool test
+rules`` evaluates its queries on the recording rules' series of a planted set of probe turns, with
+results reported in the turn and later (by version 2 tokens, which carry the turn's repeat and
+failing-streak buckets, and by version 1 ones, which do not), and compares each row with
+calibrate's own rule: its ladders (``evidence.Ladder``: the probe turns by the largest value that
+would halt them, by fate) and ``frontier.upper_bound`` against the tolerance."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import chain
+from conftest import optional_dependency
+
+yaml = optional_dependency("yaml")
+optional_dependency("grafana_foundation_sdk")
+
+from turnguard.boards import build, queries, rules  # noqa: E402
+from turnguard.boards import promql as q  # noqa: E402
+from turnguard.boards.settings import CapSettings  # noqa: E402
+from turnguard.boards.thresholds import SEEN_HIGH, SPARES, _edges, streak_values, stuck_values  # noqa: E402
+from turnguard.calibrate.evidence import Ladder, _fate  # noqa: E402
+from turnguard.calibrate.frontier import upper_bound  # noqa: E402
+from turnguard.config import GuardConfig  # noqa: E402
+from turnguard.telemetry import buckets  # noqa: E402
+
+CONFIG = GuardConfig(probe={"rate": 0.1, "hard_multiplier": 20, "stuck_repeat_threshold": 12, "streak_stop_at": 16})
+CAP = CapSettings.from_config(CONFIG)
+TOLERANCE = 0.1
+LENGTH_LIMITS = {"hard_backstop", "explicit", "cycle_cap"}
+
+
+@dataclass(frozen=True)
+class Turn:
+    calls: int
+    repeat: int
+    """Its largest repeat count of one call."""
+    failing: int
+    """Its longest failing identical-call streak."""
+    resolved: bool | None
+    """The result reported in the turn (``None``: none)."""
+    late: bool | None = None
+    """The result reported after it (``None``: none)."""
+    token: int = 2
+    """The version of the token the late result came with (1: no counts)."""
+    ended_by: str = "none"
+    cohort: str = "probe"
+
+
+TURNS = {
+    Turn(150, 7, 2, False): 3,                                          # failed past S, repeating 7 times
+    Turn(250, 4, 3, True): 2,                                           # productive: D = 4 would halt them
+    Turn(180, 9, 10, None, late=True): 1,                               # resolved later: placed by its buckets
+    Turn(180, 9, 10, None, late=True, token=1): 1,                      # ... by a version 1 token: unknown here
+    Turn(120, 12, 1, False, ended_by="soft_stuck"): 2,                  # the probe's D halted them: failed
+    Turn(90, 8, 12, True): 4,                                           # not past S: streak rows only
+    Turn(2001, 3, 0, None, ended_by="hard_backstop"): 2,                # the probe's backstop: censored
+    Turn(2001, 3, 0, None, late=True, ended_by="hard_backstop"): 1,     # ... resolved later
+    Turn(300, 5, 16, None, late=False, ended_by="streak"): 40,          # the probe's streak stop, failed later
+    Turn(50, 1, 0, True): 5,                                            # short and quiet: in no row
+    Turn(150, 9, 9, True, cohort="live"): 3,                            # the live cohort: in no row
+}
+"""Planted turns, how many of each."""
+
+
+def _ladders() -> dict[str, Ladder]:
+    """Calibrate's D and streak ladders of the probe turns (``ProbeEvidence._climb``'s reaches: D
+    counts turns past S by their largest repeat, the streak stop every turn by its longest failing
+    streak), each with the result the board can see: a version 1 token's late result is not."""
+    ladders = {"stuck": Ladder(), "streak": Ladder()}
+    for t, count in TURNS.items():
+        if t.cohort != "probe":
+            continue
+        seen = t.late if t.resolved is None and t.token == 2 else t.resolved
+        fate = _fate(seen, t.ended_by in LENGTH_LIMITS)
+        for _ in range(count):
+            if t.calls > CAP.soft_cap and t.repeat:
+                ladders["stuck"].add(t.repeat, fate, [0] * t.repeat, t.calls)
+            if t.failing:
+                ladders["streak"].add(t.failing, fate, [0] * t.failing, t.calls)
+    return ladders
+
+
+def _expected(kind: str, value: int) -> dict[str, float]:
+    fates = _ladders()[kind].at(value)
+    turns = sum(fates.values())
+    known = fates["resolved"] + fates["unresolved"] + fates["censored"]
+    high = upper_bound(fates["resolved"], known)[1] if known else math.nan
+    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan}
+
+
+def test_the_board_judges_d_and_the_streak_stop_up_to_the_probes_own():
+    assert stuck_values(CAP) == list(range(2, 12))
+    assert streak_values(CAP) == list(range(2, 17))
+    assert stuck_values(CapSettings.from_config(CONFIG.replace(probe={"rate": 0.1, "soft_cap": 300}))) == []
+    assert stuck_values(CapSettings.from_config(GuardConfig())) == streak_values(CapSettings.from_config(
+        GuardConfig())) == []
+
+
+def test_the_planted_turns_give_both_directions():
+    """D = 4 halts the two productive turns and the one resolved later (by a version 2 token); D = 5
+    only the latter, and at 9 the turn resolved by a version 1 token stays unknown. A streak stop
+    of 12 halts the four productive turns that failed 12 times in a row; 13 halts only the 40 that
+    failed: the first value whose bound is under the tolerance."""
+    assert (_expected("stuck", 4)["resolved"], _expected("stuck", 5)["resolved"]) == (3, 1)
+    assert (_expected("stuck", 9)["unknown"], _expected("stuck", 9)["resolved"]) == (1, 1)
+    assert (_expected("streak", 12)["resolved"], _expected("streak", 13)["resolved"]) == (4, 0)
+    assert (_expected("stuck", 4)[SPARES], _expected("streak", 12)[SPARES], _expected("streak", 13)[SPARES]) == (
+        0.0, 0.0, 1.0)
+
+
+def _labels(**labels: str) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def _series() -> list[dict[str, str]]:
+    """The records one evaluation would leave for ``TURNS`` (one sample each, at 1m)."""
+    counts: dict[str, int] = {}
+
+    def add(series: str, n: int) -> None:
+        counts[series] = counts.get(series, 0) + n
+
+    call_edges = [*_edges(CAP), math.inf]
+    for t, count in TURNS.items():
+        base = {q.POLICY: "default-probe" if t.cohort == "probe" else "default", q.COHORT: t.cohort, q.AGENT: "a",
+                q.THRESHOLD: t.ended_by}
+        facts = {**base, q.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved]}
+        for histogram, value, edges, more in (
+                (q.MAX_REPEAT, t.repeat, buckets.repeat_edges(CONFIG),
+                 {q.PAST_SOFT_CAP: "true" if t.calls > CAP.soft_cap else "false"}),
+                (q.MAX_FAILING, t.failing, buckets.failing_streak_edges(CONFIG), {})):
+            for e in [*edges, math.inf]:
+                le = "+Inf" if e == math.inf else f"{e:g}"
+                add(rules.RECORDED[f"{histogram}_bucket"] + _labels(**facts, **more, le=le), count * int(value <= e))
+        if t.late is not None:
+            bucket = next(e for e in call_edges if t.calls <= e)
+            counted = buckets.count_bucket if t.token == 2 else (lambda _: buckets.count_bucket(None))
+            result = {**base, q.RESOLVED: "true" if t.late else "false", q.RESULT_STATUS: "accepted",
+                      q.MAIN_THRESHOLD: "none", q.CALLS_BUCKET: "+Inf" if bucket == math.inf else f"{bucket:g}",
+                      q.REPEAT_BUCKET: counted(t.repeat), q.FAILING_BUCKET: counted(t.failing)}
+            add(rules.RECORDED[q.RESULTS] + _labels(**result), count)
+    return [{"series": s, "values": f"_ {n}"} for s, n in counts.items()]
+
+
+def _panel_queries() -> list[queries.PanelQuery]:
+    board = json.loads(build.for_config(CONFIG)[build.FILES[build.THRESHOLDS_UID]])
+    return [pq for pq in queries.panel_queries(board) if pq.panel_id == 50]
+
+
+def test_panel_50_has_the_frontier_columns():
+    assert {pq.legend for pq in _panel_queries()} == {"turns", "resolved", "unresolved", "censored", "unknown",
+                                                       SEEN_HIGH, SPARES}
+
+
+VALUES = {"__range": "5m", "__range_s": "300", q.POLICY_VARIABLE: ".*", q.AGENT_VARIABLE: ".*",
+          q.COHORT_VARIABLE: q.LIVE, q.TOLERANCE_VARIABLE: repr(TOLERANCE)}
+SCALE = 1e9
+"""The bound is compared to 9 places (PromQL and Python may differ in the last bit)."""
+
+
+def _exp_samples(column: str) -> list[dict[str, object]]:
+    out = []
+    for kind, values in (("stuck", stuck_values(CAP)), ("streak", streak_values(CAP))):
+        for value in values:
+            figure = _expected(kind, value)[column]
+            if math.isnan(figure):
+                continue
+            shown = round(figure * SCALE) if column == SEEN_HIGH else figure
+            out.append({"labels": f'{{value="{kind}:{value}"}}', "value": shown})
+    return out
+
+
+@pytest.fixture(params=["promtool-2", "promtool-3"])
+def promtool(request) -> str:
+    if request.param == "promtool-2":
+        return chain.promtool()
+    return chain.require(str(Path(chain.prometheus3()).with_name("promtool")), "Prometheus 3's promtool")
+
+
+def _expr(pq: queries.PanelQuery) -> str:
+    expr = queries.resolve(pq.expr, VALUES)
+    return f"round(({expr}) * {SCALE:g})" if pq.legend == SEEN_HIGH else expr
+
+
+def test_panel_50_is_calibrates_frontier_of_the_planted_turns(promtool, tmp_path):
+    tests = [{"expr": _expr(pq), "eval_time": "5m", "exp_samples": _exp_samples(pq.legend)} for pq in _panel_queries()]
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": _series(), "promql_expr_test": tests}]}))
+    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
