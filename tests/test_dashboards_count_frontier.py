@@ -21,14 +21,14 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard.boards import build, queries, rules  # noqa: E402
-from turnguard.boards import promql as q  # noqa: E402
-from turnguard.boards.settings import CapSettings  # noqa: E402
-from turnguard.boards.thresholds import SEEN_HIGH, SPARES, _edges, streak_values, stuck_values  # noqa: E402
-from turnguard.calibrate.evidence import Ladder, _fate  # noqa: E402
-from turnguard.calibrate.frontier import upper_bound  # noqa: E402
-from turnguard.config import GuardConfig  # noqa: E402
-from turnguard.telemetry import buckets  # noqa: E402
+from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import promql as q  # noqa: E402
+from turnguard._boards.settings import CapSettings  # noqa: E402
+from turnguard._boards.thresholds import SEEN_HIGH, SPARES, _edges, streak_values, stuck_values  # noqa: E402
+from turnguard._calibrate.evidence import Ladder, _fate  # noqa: E402
+from turnguard._calibrate.frontier import upper_bound  # noqa: E402
+from turnguard._config import GuardConfig  # noqa: E402
+from turnguard.telemetry import _buckets as buckets  # noqa: E402
 
 CONFIG = GuardConfig(probe={"rate": 0.1, "hard_multiplier": 20, "stuck_repeat_threshold": 12, "streak_stop_at": 16})
 CAP = CapSettings.from_config(CONFIG)

@@ -5,7 +5,7 @@ from the turn's metrics and its late results."""
 from __future__ import annotations
 
 import turnguard as tg
-from turnguard.ledger import Ledger
+from turnguard._ledger import Ledger
 
 ERR, OK = tg.Outcome.ERROR, tg.Outcome.OK
 UNATTENDED = tg.GuardConfig(streak_stop_at=0, streak_warn_at=0)
