@@ -57,7 +57,16 @@ from turnguard.model import (
 )
 from turnguard.plugins import plugin_manager
 from turnguard.probe import Cohort
-from turnguard.snapshot import Lineage, cohort_of, resume, snapshot
+from turnguard.snapshot import (
+    Lineage,
+    SnapshotError,
+    TurnState,
+    cohort_of,
+    plugin_states,
+    restore,
+    resume_plugins,
+    write,
+)
 from turnguard.task_results import Ended, ResultBook, ResultStatus
 
 _HALT = Action.HALT
@@ -227,7 +236,10 @@ class Guard:
         snapshot resumed twice, or a turn that went on after it): then it gets an id of its own
         and ``summary.resumed_from`` names the snapshot's."""
         guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
-        return resume(guard, state, lambda **restored: Turn(guard, **restored))
+        restored = restore(guard, state)
+        turn = Turn(guard, ledger=restored.ledger, keyer=restored.keyer, durable=restored.durable)
+        turn._continue_from(restored)
+        return turn
 
 
 class MainHalts:
@@ -574,7 +586,11 @@ class Turn:
         host is still waiting on the user for; see ``turnguard.snapshot``). It resumes in any
         process when the turn is ``durable``, else only here or where the same ``digest_key`` is
         set. Taking one does not end the turn: ``suspend`` does both."""
-        return snapshot(self, pending)
+        with self._lock:
+            data = write(self._state(), self.config, pending)
+        self.guard.lineage.taken(self.turn_id)
+        self._tracked = True
+        return data
 
     def raise_for(self, verdict: Verdict) -> Verdict:
         """Raise ``LoopDetected`` on HALT; return the verdict otherwise (for hosts that abort by raising)."""
@@ -594,6 +610,40 @@ class Turn:
             self.end("error")
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _state(self) -> TurnState:
+        """What the turn's snapshot holds of it (under the lock)."""
+        awaiting = [(seq, call.name, call.call_id, call._key[KEY_DIGEST]) for seq, call in self._awaiting.items()]
+        return TurnState(self.ledger, self._keyer, self.durable, self._resolved, awaiting, self._halt,
+                         plugin_states(self._dispatch, self.view))
+
+    def _continue_from(self, restored: TurnState) -> None:
+        """Take back what a snapshot held beside the ledger (``Guard.resume``): the calls still
+        waiting for an outcome, the latched halt, a result reported already, the plugins' state. A
+        plugin that refuses its state puts the turn aside (unreported: the snapshot stays the turn's
+        to resume) and raises its ``SnapshotError``."""
+        self._tracked = True
+        refused, failure = None, None
+        with self._lock:
+            waiting = {}
+            for seq, name, call_id, digest in restored.awaiting:
+                call = ToolCall(name, None, call_id)  # its outcome finds it by call_id, or by its digest
+                store_key(call, (digest, self._keyer, self._token, seq))
+                self._awaiting[seq] = call
+                if call_id is None:
+                    waiting[seq] = call
+            self._restored = waiting
+            self._halt = restored.halt or self._halt  # (or the fail-closed halt of its opening)
+            self._resolved = restored.resolved
+            try:
+                failure = resume_plugins(self._dispatch, self.view, restored.plugins)
+            except SnapshotError as exc:
+                refused = exc
+        if refused is not None:
+            self.end(SUSPENDED)
+            raise refused
+        if failure is not None:  # a plugin could not take its state back: under fail_mode="closed" the turn halts
+            self._latch_failure(failure, ALLOW)
 
     def _claim(self, call: ToolCall) -> tuple[int, ToolCall]:
         """The earliest check still waiting for an outcome that ``call`` reports (the same object,
