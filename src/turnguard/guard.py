@@ -339,7 +339,7 @@ class Turn:
         self._halt: Verdict | None = guard._setup_failed
         self._ended: TurnSummary | None = None
         self._token = object()
-        """Marks the keys this turn stored on its calls (``call._key[KEY_TOKEN]``): a bare object, so a
+        """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``): a bare object, so a
         plugin holding a call reaches no part of the turn through it."""
         self._awaiting: dict[int, ToolCall] = {}
         """Checked calls without an outcome yet, by sequence number (in check order)."""
@@ -613,7 +613,7 @@ class Turn:
 
     def _state(self) -> TurnState:
         """What the turn's snapshot holds of it (under the lock)."""
-        awaiting = [(seq, call.name, call.call_id, call._key[KEY_DIGEST]) for seq, call in self._awaiting.items()]
+        awaiting = [(seq, call.name, call.call_id, call.key[KEY_DIGEST]) for seq, call in self._awaiting.items()]
         return TurnState(self.ledger, self._keyer, self.durable, self._resolved, awaiting, self._halt,
                          plugin_states(self._dispatch, self.view))
 
@@ -654,7 +654,7 @@ class Turn:
             if checked is call or (call_id is not None and checked.call_id == call_id):
                 del self._awaiting[seq]
                 if self._reused:
-                    self._next_check_of(checked, checked._key)
+                    self._next_check_of(checked, checked.key)
                 return seq, checked
         if self._restored:
             return self._claim_restored(call)
@@ -669,7 +669,7 @@ class Turn:
         if call.call_id is not None:
             return 0, call
         restored, awaiting = self._restored or {}, self._awaiting
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         if key is not None and key[KEY_TOKEN] is self._token:
             return 0, call  # checked here: its outcome came already (a duplicate)
         for seq, checked in list(restored.items()):
@@ -677,9 +677,9 @@ class Turn:
                 del restored[seq]
         seq = key[KEY_CHECK] if key is not None else 0
         own = restored.get(seq)
-        if own is None or key is None or own.name != call.name or own._key[KEY_DIGEST] != key[KEY_DIGEST]:
+        if own is None or key is None or own.name != call.name or own.key[KEY_DIGEST] != key[KEY_DIGEST]:
             digest = self._digest(call.name, call.args)
-            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[KEY_DIGEST] == digest), 0)
+            seq = next((s for s, c in restored.items() if c.name == call.name and c.key[KEY_DIGEST] == digest), 0)
         if not seq:
             return 0, call
         del awaiting[seq]
@@ -707,7 +707,7 @@ class Turn:
         once when it is the object checked, as on the hot path) and its outcome recorded; (0,
         ``call``, None) for a report no check waits for. In a turn where results count
         (``_keyed_results``) every outcome comes here, with its result (``_record_result``)."""
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         if key is not None and key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
             seq = key[KEY_CHECK]
             del self._awaiting[seq]
@@ -727,7 +727,7 @@ class Turn:
         (``keys.cached_result``: for the recorder and the shadows), and a stateful tool's call is
         recorded with it (``Ledger.record_polled``)."""
         name, digest = call.name, None
-        key: CallKey = call._key
+        key: CallKey = call.key
         if result is not None:
             tools = self.guard.result_tools
             if ALL_TOOLS in tools or name in tools:
@@ -739,7 +739,7 @@ class Turn:
         return self._driver.record(seq, name, outcome, digest)
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         checked_here = key is not None and key[KEY_TOKEN] is self._token
         reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
         failure = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
@@ -803,7 +803,7 @@ def _checker(turn: Turn) -> CheckCall:
         unattended turn at most ``streak_stop_at`` of them run."""
         if type(call) is not ToolCall:
             _require_call(call)
-        key = call._key
+        key = call.key
         # computed here, once; record_outcome and the plugins reuse it
         digest = digest_of(call.name, call.args) if key is None or key[at_keyer] is not keyer else key[at_digest]
         acquire()  # acquire/release bound once: cheaper than `with` on the hot path
@@ -874,7 +874,7 @@ def _recorder(turn: Turn) -> RecordOutcome:
             outcome = Outcome.parse(outcome)
         acquire()
         try:
-            key = call._key
+            key = call.key
             if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
                 seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
                 if turn._reused:
