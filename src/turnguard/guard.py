@@ -115,7 +115,7 @@ class Guard:
         if plugins:
             self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
         self.dispatcher = self._dispatcher()  # a wrapper on a check hook is refused here, not when a turn opens
-        self._setup_failed: Verdict | None = None
+        self.setup_failed: Verdict | None = None
         """Under ``fail_mode="closed"``, the HALT every turn starts with once a plugin failed to configure."""
         self._configure(self.dispatcher.observers("turnguard_configure"))
         self.cohort = Cohort.LIVE
@@ -146,8 +146,8 @@ class Guard:
         registered later through ``Guard.register`` get it too). Under ``fail_mode="closed"`` no
         call is under way to halt: every turn this guard opens afterwards starts halted."""
         failure = self.dispatcher.call_each("turnguard_configure", observers, None, {"config": self.config})[1]
-        if failure is not None and self._setup_failed is None:
-            self._setup_failed = failure
+        if failure is not None and self.setup_failed is None:
+            self.setup_failed = failure
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register a plugin (takes effect for turns opened afterwards: register plugins through
@@ -223,7 +223,7 @@ class Guard:
         """Stop taking results (later ones are counted as ``after_shutdown``); turns still work."""
         self._closed = True
         if self._probe_guard is not None:
-            self._probe_guard._closed = True
+            self._probe_guard.shutdown()
 
     _closed = False
 
@@ -236,10 +236,7 @@ class Guard:
         snapshot resumed twice, or a turn that went on after it): then it gets an id of its own
         and ``summary.resumed_from`` names the snapshot's."""
         guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
-        restored = restore(guard, state)
-        turn = Turn(guard, ledger=restored.ledger, keyer=restored.keyer, durable=restored.durable)
-        turn._continue_from(restored)
-        return turn
+        return Turn(guard, restored=restore(guard, state))
 
 
 class MainHalts:
@@ -316,19 +313,20 @@ class Turn:
         promptable: bool = False,
         turn_id: str | None = None,
         durable: bool = False,
-        ledger: Ledger | None = None,
-        keyer: Keyer | None = None,
+        restored: TurnState | None = None,
     ) -> None:
+        """``restored``: what a snapshot held (``Guard.resume``): the turn continues it."""
         self.guard = guard
         self.config = config = guard.config
-        if ledger is None:
+        if restored is not None:
+            ledger, keyer, durable = restored.ledger, restored.keyer, restored.durable
+        else:
             ledger = Ledger(config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name,
                             promptable=promptable, cohort=guard.cohort)
+            keyer = turn_keyer(config.key_mode) if durable and not config.digest_key else guard.keyer
         self.ledger = ledger
         self.durable = bool(durable)
         """Whether the turn's snapshot resumes in any process (``Guard.turn(durable=True)``)."""
-        if keyer is None:
-            keyer = turn_keyer(config.key_mode) if durable and not config.digest_key else guard.keyer
         self._resolved: bool | None = None
         self.view = view = LedgerView(ledger)
         """The read-only view of the ledger that plugins receive as ``turn``."""
@@ -336,7 +334,7 @@ class Turn:
         self._digest = keyer.digest
         self._lock = threading.RLock()
         self._acquire, self._release = self._lock.acquire, self._lock.release
-        self._halt: Verdict | None = guard._setup_failed
+        self._halt: Verdict | None = guard.setup_failed
         self._ended: TurnSummary | None = None
         self._token = object()
         """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``): a bare object, so a
@@ -351,7 +349,7 @@ class Turn:
         self._tracked = False
         """Whether the guard's ``lineage`` knows this turn's id (snapshotted or resumed)."""
         self._dispatch = dispatch = guard.dispatcher
-        self._keyed_results = bool(ledger._named or guard.result_tools)
+        self._keyed_results = bool(ledger.names_tools or guard.result_tools)
         """Whether this turn looks at results (its stateful tools, its shadows', the recorder's)."""
         self._driver = driver = Driver(dispatch, ledger, view, report=view)
         """Counts, tests the quiet region, collects and combines (``turnguard.driver``)."""
@@ -360,8 +358,10 @@ class Turn:
         self._call_observers = dispatch.bound(dispatch.call_observers, ledger, view)
         self._outcome_observers = dispatch.bound(dispatch.outcome_observers, ledger, view)
         self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
-        self.check_call, self.record_outcome = _checker(self), _recorder(self)
+        self.check_call, self.record_outcome = self._checker(), self._recorder()
         self._latch_failure(self._notify("turnguard_turn_started", turn=view), ALLOW)
+        if restored is not None:
+            self._continue_from(restored)
 
     # -- identity --------------------------------------------------------------------------
 
@@ -399,7 +399,7 @@ class Turn:
         return verdict if failure is None else self._latch_failure(failure, verdict)
 
     # check_call and record_outcome are the hot path: each turn's own closures (_checker and
-    # _recorder, below the class), set when the turn opens, so that what they read on every call
+    # _recorder, below), set when the turn opens, so that what they read on every call
     # is a local cell, not an attribute of the turn. Their docstrings are the closures' own
     # (tests/test_guard_hot_paths.py checks that the two texts agree).
 
@@ -423,6 +423,127 @@ class Turn:
     result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
     unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
     value itself is never kept, exported, recorded or put in a snapshot."""
+
+    # (Attribute loads there would add a tenth to a shell command's check: benchmarks/bench_core.py.)
+    # Anything but "no plugin had anything to say" takes the turn's methods (_combine, _claim,
+    # _ignored, the observers').
+
+    def _checker(self) -> CheckCall:
+        driver, ledger, quiet, awaiting = self._driver, self.ledger, self._quiet, self._awaiting
+        digest_of, keyer, token, acquire, release = self._digest, self._keyer, self._token, self._acquire, self._release
+        count, every_call, collect, view = driver.count, driver.checks.call, driver.collect1, self.view
+        call_observers = self._call_observers
+        at_digest, at_keyer = KEY_DIGEST, KEY_KEYER  # the key's positions as cells: a global costs more here
+
+        def check_call(call: ToolCall) -> Verdict:
+            """Before executing ``call``: count it and decide. Do not execute it on HALT.
+
+            Identical calls checked while earlier ones of their streak still wait for an outcome
+            (one model response's batch) count those as failures for the stop level: in an
+            unattended turn at most ``streak_stop_at`` of them run."""
+            if type(call) is not ToolCall:
+                _require_call(call)
+            key = call.key
+            # computed here, once; record_outcome and the plugins reuse it
+            digest = digest_of(call.name, call.args) if key is None or key[at_keyer] is not keyer else key[at_digest]
+            acquire()  # acquire/release bound once: cheaper than `with` on the hot path
+            try:
+                if self._halt is not None:
+                    return self._halt
+                seq = count(digest, call.name)
+                if key is None:
+                    store_key(call, (digest, keyer, token, seq))
+                else:
+                    self._key_again(call, key, digest, seq)
+                awaiting[seq] = call
+                if not seq & 1023:  # every 1,024th check: is the waiting list too long?
+                    self._give_up_waiting()
+                # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
+                while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                           and ledger.max_key_repeat < quiet.repeat):
+                    if not quiet.asked_again():
+                        impls = every_call
+                        break
+                else:
+                    impls = quiet.call  # the plugins that cannot fire here are not called
+                if impls:
+                    found = collect(CHECK_CALL, impls, view, call)
+                    if found:
+                        verdict, events = self._combine(CHECK_CALL, found)
+                    elif call_observers:
+                        verdict, events = NOTHING
+                    else:
+                        return ALLOW
+                elif call_observers:
+                    verdict, events = NOTHING
+                else:
+                    return ALLOW
+            finally:
+                release()
+            return self._call_checked(call, verdict, events)
+
+        return check_call
+
+    def _recorder(self) -> RecordOutcome:
+        driver, ledger, quiet, awaiting, view = self._driver, self.ledger, self._quiet, self._awaiting, self.view
+        acquire, release, record = self._acquire, self._release, ledger.record_outcome
+        every_outcome, outcome_observers, collect = driver.checks.outcome, self._outcome_observers, driver.collect2
+        # Where results count, a token no key holds sends every outcome to _claim_and_record.
+        token = object() if self._keyed_results else self._token
+        at_token, at_check = KEY_TOKEN, KEY_CHECK  # the key's positions as cells: a global costs more here
+
+        def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
+            """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+
+            ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+            call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+            latched HALT once the turn is halted); it is reported as a host error.
+
+            ``result``: what the call returned (any value: the tool's text, or the part that matters,
+            such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
+            at once, with the call keying rules, and only its digest is kept: an identical call whose
+            result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
+            unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
+            value itself is never kept, exported, recorded or put in a snapshot."""
+            verdict: Verdict
+            events: Sequence[LoopDetectedEvent]
+            if type(call) is not ToolCall:
+                _require_call(call)
+            if type(outcome) is not Outcome:
+                outcome = Outcome.parse(outcome)
+            acquire()
+            try:
+                key = call.key
+                if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
+                    seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
+                    if self._reused:
+                        self._next_check_of(call, key)
+                    due = record(seq, outcome)  # true: an ended streak's stop count was reached
+                else:
+                    seq, call, due = self._claim_and_record(call, outcome, result)
+                if seq:
+                    halt = self._halt
+                    if halt is not None:
+                        verdict, events = halt, ()
+                    else:
+                        # Driver.outcome's quiet test, inlined (as above)
+                        impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else every_outcome
+                        if not impls and not outcome_observers:
+                            return ALLOW
+                        found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()
+                        if found:
+                            verdict, events = self._combine(CHECK_OUTCOME, found)
+                        elif outcome_observers:
+                            verdict, events = NOTHING
+                        else:
+                            return ALLOW
+            finally:
+                release()
+            if not seq:
+                return self._ignored(call, outcome)
+            return self._outcome_recorded(call, outcome, verdict, events)
+
+        return record_outcome
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -780,131 +901,6 @@ class Turn:
             if self._halt is None:
                 self._halt = failure
             return self._halt
-
-
-# ``turn``'s ``check_call`` and ``record_outcome`` are closures, so that what they read on every
-# call is a local cell, not an attribute of the turn (a tenth of a shell command's cost;
-# ``benchmarks/bench_core.py``). Anything but "no plugin had anything to say" takes the turn's
-# methods (``_combine``, ``_claim``, ``_ignored``, the observers').
-
-
-def _checker(turn: Turn) -> CheckCall:
-    driver, ledger, quiet, awaiting = turn._driver, turn.ledger, turn._quiet, turn._awaiting
-    digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
-    count, every_call, collect, view = driver.count, driver.checks.call, driver.collect1, turn.view
-    call_observers = turn._call_observers
-    at_digest, at_keyer = KEY_DIGEST, KEY_KEYER  # the key's positions as cells: a global costs more here
-
-    def check_call(call: ToolCall) -> Verdict:
-        """Before executing ``call``: count it and decide. Do not execute it on HALT.
-
-        Identical calls checked while earlier ones of their streak still wait for an outcome
-        (one model response's batch) count those as failures for the stop level: in an
-        unattended turn at most ``streak_stop_at`` of them run."""
-        if type(call) is not ToolCall:
-            _require_call(call)
-        key = call.key
-        # computed here, once; record_outcome and the plugins reuse it
-        digest = digest_of(call.name, call.args) if key is None or key[at_keyer] is not keyer else key[at_digest]
-        acquire()  # acquire/release bound once: cheaper than `with` on the hot path
-        try:
-            if turn._halt is not None:
-                return turn._halt
-            seq = count(digest, call.name)
-            if key is None:
-                store_key(call, (digest, keyer, token, seq))
-            else:
-                turn._key_again(call, key, digest, seq)
-            awaiting[seq] = call
-            if not seq & 1023:  # every 1,024th check: is the waiting list too long?
-                turn._give_up_waiting()
-            # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
-            while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
-                       and ledger.max_key_repeat < quiet.repeat):
-                if not quiet.asked_again():
-                    impls = every_call
-                    break
-            else:
-                impls = quiet.call  # the plugins that cannot fire here are not called
-            if impls:
-                found = collect(CHECK_CALL, impls, view, call)
-                if found:
-                    verdict, events = turn._combine(CHECK_CALL, found)
-                elif call_observers:
-                    verdict, events = NOTHING
-                else:
-                    return ALLOW
-            elif call_observers:
-                verdict, events = NOTHING
-            else:
-                return ALLOW
-        finally:
-            release()
-        return turn._call_checked(call, verdict, events)
-
-    return check_call
-
-
-def _recorder(turn: Turn) -> RecordOutcome:
-    driver, ledger, quiet, awaiting, view = turn._driver, turn.ledger, turn._quiet, turn._awaiting, turn.view
-    acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
-    every_outcome, outcome_observers, collect = driver.checks.outcome, turn._outcome_observers, driver.collect2
-    # Where results count, a token no key holds sends every outcome to _claim_and_record.
-    token = object() if turn._keyed_results else turn._token
-    at_token, at_check = KEY_TOKEN, KEY_CHECK  # the key's positions as cells: a global costs more here
-
-    def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
-        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
-
-        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
-        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
-        latched HALT once the turn is halted); it is reported as a host error.
-
-        ``result``: what the call returned (any value: the tool's text, or the part that matters,
-        such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
-        at once, with the call keying rules, and only its digest is kept: an identical call whose
-        result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
-        unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
-        value itself is never kept, exported, recorded or put in a snapshot."""
-        verdict: Verdict
-        events: Sequence[LoopDetectedEvent]
-        if type(call) is not ToolCall:
-            _require_call(call)
-        if type(outcome) is not Outcome:
-            outcome = Outcome.parse(outcome)
-        acquire()
-        try:
-            key = call.key
-            if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
-                seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
-                if turn._reused:
-                    turn._next_check_of(call, key)
-                due = record(seq, outcome)  # true: an ended streak's stop count was reached
-            else:
-                seq, call, due = turn._claim_and_record(call, outcome, result)
-            if seq:
-                halt = turn._halt
-                if halt is not None:
-                    verdict, events = halt, ()
-                else:
-                    # Driver.outcome's quiet test, inlined (as above)
-                    impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else every_outcome
-                    if not impls and not outcome_observers:
-                        return ALLOW
-                    found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()
-                    if found:
-                        verdict, events = turn._combine(CHECK_OUTCOME, found)
-                    elif outcome_observers:
-                        verdict, events = NOTHING
-                    else:
-                        return ALLOW
-        finally:
-            release()
-        if not seq:
-            return turn._ignored(call, outcome)
-        return turn._outcome_recorded(call, outcome, verdict, events)
-
-    return record_outcome
 
 
 def _require_call(call: Any) -> None:
