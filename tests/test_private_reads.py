@@ -14,11 +14,11 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 ALLOWED = {
-    ("turnguard/cli.py", "root._actions"): "argparse lists a parser's subparsers nowhere else",
-    ("turnguard/cli.py", "argparse._SubParsersAction"): "the type of that action: argparse has no public name",
-    ("turnguard/telemetry/starts.py", "inner._preferred_temporality"):
+    ("turnguard/_cli.py", "root._actions"): "argparse lists a parser's subparsers nowhere else",
+    ("turnguard/_cli.py", "argparse._SubParsersAction"): "the type of that action: argparse has no public name",
+    ("turnguard/telemetry/_starts.py", "inner._preferred_temporality"):
         "OpenTelemetry's MetricExporter keeps it private; a wrapping exporter must pass it on",
-    ("turnguard/telemetry/starts.py", "inner._preferred_aggregation"): "as _preferred_temporality",
+    ("turnguard/telemetry/_starts.py", "inner._preferred_aggregation"): "as _preferred_temporality",
     ("turnguard/integrations/llm_plugin.py", "response._iter_events"):
         "llm has no hook for a failed response: the stream a Response drives its model through",
     ("turnguard/integrations/llm_plugin.py", "response._generator"): "the same, an AsyncResponse's",
@@ -34,8 +34,8 @@ ALLOWED = {
 """(file under ``src/``, expression) -> why it is read."""
 
 OWN_CLASS = {
-    ("turnguard/ledger/__init__.py", "twin"): "Ledger.fork's copy, a Ledger",
-    ("turnguard/ledger/__init__.py", "ledger"): "Ledger.from_state's and count_settled's Ledger",
+    ("turnguard/_ledger/__init__.py", "twin"): "Ledger.fork's copy, a Ledger",
+    ("turnguard/_ledger/__init__.py", "ledger"): "Ledger.from_state's and count_settled's Ledger",
 }
 """(file, the name read through) -> the instance of the file's own class it names: every field."""
 
