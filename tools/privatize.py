@@ -49,7 +49,7 @@ def renames(src: Path = SRC, reference: Path = public_surface.REFERENCE) -> dict
         parts = module.split(".")
         if len(parts) == 1 or module in holders:
             continue
-        if any(p.startswith("_") for p in parts):
+        if any(p.startswith("_") for p in parts) or public_surface.kept_in_place(module):
             continue
         top = next(i for i in range(2, len(parts) + 1) if ".".join(parts[:i]) not in holders | public)
         old = ".".join(parts[:top])

@@ -27,6 +27,13 @@ REFERENCE = ROOT / "docs" / "reference"
 SURFACE = Path(__file__).resolve().parent / "public_surface.txt"
 FACADE = "turnguard"
 TARGET = re.compile(r"^:::\s+([\w.]+)", re.MULTILINE)
+KEPT_IN_PLACE = {
+    "turnguard.agents": "an installed hook runs turnguard/agents/client.py by its path (`turnguard install` writes "
+                        "it into each agent's settings): moved, the hook would fail, and Claude Code reads a hook's "
+                        "exit status 2 (Python's for a missing file) as \"block this tool call\"",
+}
+"""Internal packages that keep their name: a path outside Python names them (``tools/privatize.py``
+renames every other internal module to ``_name``)."""
 UPDATE = "python tools/public_surface.py --write"
 
 
@@ -127,6 +134,17 @@ def internal_modules(src: Path = SRC, reference: Path = REFERENCE) -> list[str]:
         if path.stem not in ("__init__", "__main__") and dotted not in public:
             found.append(dotted)
     return found
+
+
+def kept_in_place(module: str) -> bool:
+    return any(module == kept or module.startswith(kept + ".") for kept in KEPT_IN_PLACE)
+
+
+def unmarked_internal_modules(src: Path = SRC, reference: Path = REFERENCE) -> list[str]:
+    """Internal modules whose dotted name has no ``_`` part, outside ``KEPT_IN_PLACE``: none, once
+    ``tools/privatize.py`` has run."""
+    return [m for m in internal_modules(src, reference)
+            if not kept_in_place(m) and not any(part.startswith("_") for part in m.split("."))]
 
 
 def main(argv: list[str] | None = None) -> int:
