@@ -40,7 +40,7 @@ OTLP_TARGET = 160_000
 def measure(path: str, jobs: int) -> dict:
     """Run the command on ``path``; wall and CPU seconds, and what the run reports."""
     out = path + ".result.json"
-    command = [sys.executable, "-m", "turnguard.cli", "calibrate", path, *GRID_FLAGS, "--jobs", str(jobs),
+    command = [sys.executable, "-m", "turnguard._cli", "calibrate", path, *GRID_FLAGS, "--jobs", str(jobs),
                "--progress", "never", "--json", out]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -118,7 +118,7 @@ def _otlp_measured(folder: str, files: list[str], jobs: int = 2) -> dict:
 
 def _decode_lines(task: tuple[str, int, int]) -> int:
     """Decode the lines that start in bytes ``start..end-1`` of a file; their count."""
-    from turnguard.calibrate import collector
+    from turnguard._calibrate import collector
 
     path, start, end = task
     decode = collector.decode
@@ -147,7 +147,7 @@ def decode_only(files: list[str], jobs: int, range_bytes: int = 8 << 20) -> floa
 
 
 PHASES = ("scan_range", "read_range", "_replayed")
-"""What a worker does (``calibrate/parallel.py``): pass 1 on a range, pass 2's reading, a replay."""
+"""What a worker does (``_calibrate/parallel.py``): pass 1 on a range, pass 2's reading, a replay."""
 
 
 def worker_times(folder: str, jobs: int = 2) -> dict[str, Any]:
@@ -157,8 +157,8 @@ def worker_times(folder: str, jobs: int = 2) -> dict[str, Any]:
     import contextlib
     import io
 
-    from turnguard.calibrate import parallel
-    from turnguard.cli import main as cli
+    from turnguard._calibrate import parallel
+    from turnguard._cli import main as cli
 
     with tempfile.TemporaryDirectory(prefix="turnguard-bench-workers-") as logs:
         started = time.perf_counter()

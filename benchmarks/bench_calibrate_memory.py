@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_calibrate_memory.py [--max-line-bytes N] [--keep DIR]
     .venv/bin/python benchmarks/run.py calibrate_memory [--quick]
 
-Each input attacks one bound (``turnguard.calibrate.bounds``); each runs the real command in a
+Each input attacks one bound (``turnguard._calibrate.bounds``); each runs the real command in a
 fresh process (``--jobs 1``, the default grid) and its peak resident memory (``wait4``'s
 ``ru_maxrss``) is compared with the same command's on a one-line input, the floor. The target:
 at most 8 x ``--max-line-bytes`` above it on every input (``bounds.MEMORY_FACTOR``). With
@@ -106,7 +106,7 @@ CASES: dict[str, tuple[str, Callable[[Path, int], None]]] = {
 
 def peak_rss(path: Path, limit: int) -> tuple[int, float]:
     """Peak resident bytes of ``turnguard calibrate PATH`` in a process of its own, and its seconds."""
-    command = [sys.executable, "-m", "turnguard.cli", "calibrate", str(path), "--jobs", "1", "--progress", "never",
+    command = [sys.executable, "-m", "turnguard._cli", "calibrate", str(path), "--jobs", "1", "--progress", "never",
                "--max-line-bytes", str(limit), "--json", os.devnull]
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

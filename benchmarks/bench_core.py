@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 import turnguard as tg
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 TELEMETRY_OFF = NON_POLICY_PLUGINS
 _clock = time.process_time

@@ -27,7 +27,7 @@ from typing import Any
 import turnguard as tg
 from bench_core import _shell
 from run import format_rows
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 CALLS_PER_TURN = 50
 TURNS_PER_BATCH = 20

@@ -24,8 +24,8 @@ from typing import Any
 import turnguard as tg
 from bench_core import _small
 from run import format_rows
-from turnguard.plugins import NON_POLICY_PLUGINS
-from turnguard.probe import selects
+from turnguard._plugins import NON_POLICY_PLUGINS
+from turnguard._probe import selects
 
 TELEMETRY_OFF = tuple(p for p in NON_POLICY_PLUGINS if p != "shadow")
 RATE = 0.01

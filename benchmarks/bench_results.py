@@ -25,7 +25,7 @@ from typing import Any
 import turnguard as tg
 from bench_core import _small
 from run import format_rows
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 TARGET_RATIO = 1.05
 CALLS_PER_TURN = 50

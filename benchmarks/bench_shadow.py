@@ -21,7 +21,7 @@ from typing import Any
 
 import turnguard as tg
 from bench_core import _small, guard_batch
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 TELEMETRY_OFF = tuple(p for p in NON_POLICY_PLUGINS if p != "shadow")
 SHADOWS = (

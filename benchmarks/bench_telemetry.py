@@ -58,7 +58,7 @@ from typing import Any
 
 import turnguard as tg
 from turnguard.telemetry import Telemetry, configure
-from turnguard.telemetry.receiver import OtlpReceiver
+from turnguard.telemetry._receiver import OtlpReceiver
 
 CALLS_PER_TURN = 50
 TURNS_PER_CHUNK = 20

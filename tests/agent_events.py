@@ -473,11 +473,11 @@ def _serve(workdir: Path) -> None:  # pragma: no cover (runs in the server proce
     import traceback
 
     import turnguard  # (what a fresh interpreter spends its first quarter second on)
+    import turnguard._guard
     import turnguard.agents.claude_code
     import turnguard.agents.codex
     import turnguard.agents.gemini
     import turnguard.agents.hook
-    import turnguard.guard
 
     numbers = itertools.count()
     started: dict[int, tuple[Path, Path]] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import turnguard as tg
-from turnguard.calibrate.records import RecordedCall, RecordedTurn
+from turnguard._calibrate.records import RecordedCall, RecordedTurn
 
 POOL = [("read", '{"a": 1}'), ("read", {"a": 1}), ("list", "ls src\n"), ("grep", "grep x\n"), ("run", {"t": 1}),
         ("edit", "e1"), ("edit", "e2")]

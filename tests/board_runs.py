@@ -45,8 +45,8 @@ prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
 prometheus_client = optional_dependency("prometheus_client")
 
 import turnguard as tg  # noqa: E402
-from turnguard.boards import build, queries, rules  # noqa: E402
-from turnguard.boards import promql as q  # noqa: E402
+from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import promql as q  # noqa: E402
 
 SCRAPE_INTERVAL_S = 2
 JOB = "turnguard-fleet"

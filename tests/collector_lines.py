@@ -19,7 +19,7 @@ from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 import turnguard as tg
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 

@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 
 import turnguard as tg
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 SHARED_CORPUS = next(
     (p for p in (Path(__file__).resolve().parents[2] / "shared" / "corpus", Path("/work/shared/corpus")) if p.is_dir()),
@@ -78,7 +78,7 @@ def guard() -> tg.Guard:
 @pytest.fixture
 def otel():
     """Real SDK providers exporting to memory; ``Guard(config, **otel.providers())`` reports there."""
-    from turnguard.telemetry.testing import InMemoryTelemetry  # needs the SDK: imported by the tests that use it
+    from turnguard.telemetry._testing import InMemoryTelemetry  # needs the SDK: imported by the tests that use it
 
     telemetry = InMemoryTelemetry()
     yield telemetry
@@ -141,7 +141,7 @@ class TurnEnds:
 
     def assert_ended(self, reason: str) -> tg.TurnSummary:
         """Exactly one turn ended, with ``reason``, in its summary, its span and its metric point."""
-        from turnguard.telemetry import names
+        from turnguard.telemetry import _names as names
 
         assert [s.reason for s in self.summaries] == [reason]
         spans = [s for s in self.otel.spans() if s.name.startswith(names.OP_INVOKE_AGENT)]
@@ -178,7 +178,7 @@ def assert_polled(turn_ends: TurnEnds, changing: bool, polled: int) -> None:
     """A run that polled ``ci_status`` under ``POLLING``: a moving run completes (every poll ran, the
     framework's results restarted the streak, the restarts counter says so); an unchanged one halts
     at its eighth poll."""
-    from turnguard.telemetry import names
+    from turnguard.telemetry import _names as names
 
     summary = turn_ends.summaries[-1]
     if changing:

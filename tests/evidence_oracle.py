@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.calibrate.advice import decide
-from turnguard.calibrate.evidence import LOOP_DETECTORS, Z95, Passed, wilson_interval
-from turnguard.calibrate.survival import CENSORING_ENDS, loglog_interval
+from turnguard._calibrate.advice import decide
+from turnguard._calibrate.evidence import LOOP_DETECTORS, Z95, Passed, wilson_interval
+from turnguard._calibrate.survival import CENSORING_ENDS, loglog_interval
 
 ABOVE, UNDECIDED, WITHIN = 1, 0, -1
 
@@ -202,7 +202,7 @@ def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: i
                tolerance: float = 0.1) -> dict[str, dict[str, float]]:
     """Column -> row (k) -> value, as the "probe turns past k×S" table must show them (its frontier
     columns: calibrate's ``frontier.upper_bound`` of the productive turns seen, against ``tolerance``)."""
-    from turnguard.calibrate.frontier import upper_bound
+    from turnguard._calibrate.frontier import upper_bound
 
     table: dict[str, dict[str, float]] = {}
     facts = list(facts)

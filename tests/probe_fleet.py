@@ -270,7 +270,7 @@ def calibrate(paths: Iterable[str | os.PathLike[str]], tolerance: float) -> dict
     configuration: never the one the machine's ``TURNGUARD_*`` variables or a ``turnguard.toml``
     above the checkout would give (a stuck signal of its own moves the stuck row, so the counts
     would be the machine's, not the fleet's)."""
-    from turnguard.calibrate import cli
+    from turnguard._calibrate import cli
 
     args = cli.build_parser().parse_args([*map(str, paths), *CALIBRATE_GRID, "--tolerance", repr(tolerance),
                                           "--json", "-"])

@@ -15,10 +15,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.inputs import read_turns
-from turnguard.profiles import PROFILES
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import Policy
+from turnguard._calibrate.inputs import read_turns
+from turnguard._profiles import PROFILES
 
 SOFT_CAPS = (100, 20)
 """As shipped, and at the calibration grid's smallest soft cap (the corpus never passes 59 calls)."""

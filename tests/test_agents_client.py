@@ -116,7 +116,7 @@ def test_a_socket_folder_open_to_others_is_never_used_and_every_event_is_answere
 
 def test_turnguard_result_reports_the_last_turn_once_with_the_agents_labels(env: dict[str, str],
                                                                             tmp_path: Path) -> None:
-    from turnguard.telemetry.receiver import OtlpReceiver, attributes
+    from turnguard.telemetry._receiver import OtlpReceiver, attributes
 
     def accepted(rx: OtlpReceiver) -> list[dict[str, object]]:
         records = [attributes(record.attributes) for _, record in rx.logs()]

@@ -933,7 +933,7 @@ def journal_digests(env: dict[str, str], agent: str, session_id: str) -> list[st
 
 def numeric_digest_commands(count: int) -> list[str]:
     """Distinct commands whose journal digests read as one JSON number (they overflow to infinity)."""
-    from turnguard.keys import identity_bytes
+    from turnguard._keys import identity_bytes
 
     found: list[str] = []
     n = 0

@@ -11,7 +11,7 @@ import pytest
 
 import turnguard as tg
 from test_layering import LAYERS
-from turnguard import plugins
+from turnguard import _plugins as plugins
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "architecture.md"

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import chain
-from turnguard import assets, cli
+from turnguard import _assets as assets
+from turnguard import _cli as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {
@@ -64,7 +65,7 @@ def test_every_file_in_the_asset_folders_is_an_asset():
 def test_the_wheel_carries_exactly_the_asset_entries_inside_the_package():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     forced = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
-    assert forced == {entry: f"turnguard/assets/{entry}" for entry in assets.ENTRIES}
+    assert forced == {entry: f"turnguard/_assets/{entry}" for entry in assets.ENTRIES}
 
 
 def test_assets_writes_every_file_as_shipped(tmp_path, capsys):
@@ -305,7 +306,7 @@ def install(python: Path, *args: str | Path) -> None:
 
 
 def assets_root(python: Path) -> Path:
-    script = "from turnguard import assets; print(assets.root())"
+    script = "from turnguard import _assets as assets; print(assets.root())"
     return Path(subprocess.run([python, "-c", script], check=True, capture_output=True, text=True, timeout=60,
                                env=isolated(), cwd=python.parent).stdout.strip())
 
@@ -324,14 +325,14 @@ def test_the_sdist_carries_the_assets_at_the_top_level(dists):
         members = {m.name.removeprefix(f"{top}/"): m for m in sdist.getmembers() if m.isfile()}
         assert set(members) >= EXPECTED
         assert {path: sdist.extractfile(members[path]).read() for path in EXPECTED} == repository()
-        assert not {name for name in members if name.startswith("src/turnguard/assets/")} - {
-            "src/turnguard/assets/__init__.py"}, "a second copy of the assets in the package sources"
+        assert not {name for name in members if name.startswith("src/turnguard/_assets/")} - {
+            "src/turnguard/_assets/__init__.py"}, "a second copy of the assets in the package sources"
 
 
 @pytest.mark.slow
 def test_a_wheel_installed_in_a_fresh_environment_writes_the_repositorys_files(dists, python, tmp_path):
     with zipfile.ZipFile(dists["wheel"]) as wheel:
-        packaged = {n.removeprefix("turnguard/assets/") for n in wheel.namelist() if n.startswith("turnguard/assets/")}
+        packaged = {n.removeprefix("turnguard/_assets/") for n in wheel.namelist() if n.startswith("turnguard/_assets/")}
     assert packaged == EXPECTED | {"__init__.py"}
     install(python, dists["wheel"])
     assert assets_root(python).is_relative_to(python.parents[1] / "lib"), "not the installed package's files"

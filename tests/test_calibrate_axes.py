@@ -11,10 +11,10 @@ from itertools import pairwise
 
 import pytest
 
-from turnguard.calibrate.corpus import corpus_turn
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.html import MAX_STEPS, axis_ticks, render
+from turnguard._calibrate.corpus import corpus_turn
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import GridSpec, build_grid
+from turnguard._calibrate.html import MAX_STEPS, axis_ticks, render
 
 ROUND_STEPS = {Decimal(m) for m in (1, 2, 5)}
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from turnguard.calibrate import bounds, cli, records
-from turnguard.calibrate.bounds import Bounds, halt_bucket, parsed_size
-from turnguard.calibrate.inputs import read_turns
-from turnguard.calibrate.recording import MAX_POLICIES, Recording
-from turnguard.calibrate.records import InputProblem, Limits, RecordedTurn
-from turnguard.calibrate.replay import TurnResult
-from turnguard.calibrate.results import late_results
-from turnguard.calibrate.stats import ModeStats, add_halt_call
+from turnguard._calibrate import bounds, cli, records
+from turnguard._calibrate.bounds import Bounds, halt_bucket, parsed_size
+from turnguard._calibrate.inputs import read_turns
+from turnguard._calibrate.recording import MAX_POLICIES, Recording
+from turnguard._calibrate.records import InputProblem, Limits, RecordedTurn
+from turnguard._calibrate.replay import TurnResult
+from turnguard._calibrate.results import late_results
+from turnguard._calibrate.stats import ModeStats, add_halt_call
 
 SHAPES = {
     "calls": '{"calls":[' + ",".join(['{"tool":"a","args":"","outcome":"ok"}'] * 20000) + "]}",
@@ -227,7 +227,7 @@ def test_counts_that_do_not_add_up_are_refused(result, tmp_path):
 
 
 def test_a_result_file_too_large_to_be_one_is_refused(result, tmp_path, monkeypatch):
-    monkeypatch.setattr("turnguard.calibrate.cli.MAX_RESULT_BYTES", 1000)
+    monkeypatch.setattr("turnguard._calibrate.cli.MAX_RESULT_BYTES", 1000)
     code, err = merge(tmp_path, result)
     assert code == 2 and "larger than" in err
 

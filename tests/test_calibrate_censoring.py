@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from planted_fleet import LIVE, S, run_fleet
-from turnguard.calibrate import cli
-from turnguard.calibrate.bounds import COHORT_KEYS
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.inputs import read_turns
-from turnguard.calibrate.report import table
-from turnguard.calibrate.stats import RunStats, halt_ended
-from turnguard.config import GuardConfig
+from turnguard._calibrate import cli
+from turnguard._calibrate.bounds import COHORT_KEYS
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import GridSpec, build_grid
+from turnguard._calibrate.inputs import read_turns
+from turnguard._calibrate.report import table
+from turnguard._calibrate.stats import RunStats, halt_ended
+from turnguard._config import GuardConfig
 
 GRID = ["--soft-caps", "10,20", "--multipliers", "5,10,15,20,30", "--stuck-repeats", "3,6,9", "--streaks",
         "5:8,5:13,3:0", "--explicit-caps", "100,300", "--cycle-caps", "0,150", "--streak-stop-on", "error,any",

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import SHARED_CORPUS, corpus_files
 from synthetic import SMALL, write_corpus
-from turnguard.cli import main
+from turnguard._cli import main
 
 CORPUS = SHARED_CORPUS
 SMALL_GRID = ["--soft-caps", "5,20", "--multipliers", "2,10", "--stuck-repeats", "3"]
@@ -102,7 +102,7 @@ def test_missing_file_and_bad_merge_input_exit_2(tmp_path: Path, capsys: pytest.
 
 def test_console_script_on_the_shared_corpus_without_a_terminal_draws_no_progress(tmp_path: Path) -> None:
     files = corpus_files()
-    done = subprocess.run([sys.executable, "-m", "turnguard.cli", "calibrate", *map(str, files)],
+    done = subprocess.run([sys.executable, "-m", "turnguard._cli", "calibrate", *map(str, files)],
                           capture_output=True, text=True, timeout=120, check=True)
     assert "648 turns, 10,449 tool calls" in done.stdout
     assert "calibrate [" not in done.stderr and done.stderr == ""
@@ -118,7 +118,7 @@ GOOD_TOO = GOOD.replace('"good"', '"good-too"')
 def run_cli(*argv: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``turnguard ARGV`` in a fresh interpreter (a RecursionError or a crash cannot hide in the
     test's own stack); the timeout only keeps a hang from stalling the suite."""
-    return subprocess.run([sys.executable, "-m", "turnguard.cli", *argv], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "turnguard._cli", *argv], capture_output=True, text=True, timeout=300,
                           cwd=cwd, env=env)
 
 
@@ -184,7 +184,7 @@ def test_a_200_mb_line_is_skipped_with_bounded_memory(tmp_path: Path) -> None:
     path = tmp_path / "huge.jsonl"
     with path.open("wb") as f:
         f.write(GOOD.encode() + b"\n" + b'{"calls": [' + b" " * (200 << 20) + b"]}\n" + GOOD_TOO.encode() + b"\n")
-    probe = ("import resource, sys; from turnguard.cli import main; status = main(sys.argv[1:]); "
+    probe = ("import resource, sys; from turnguard._cli import main; status = main(sys.argv[1:]); "
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr); sys.exit(status)")
     runs = {}
     for name, file in (("small", tmp_path / "small.jsonl"), ("huge", path)):
@@ -196,7 +196,7 @@ def test_a_200_mb_line_is_skipped_with_bounded_memory(tmp_path: Path) -> None:
         runs[name] = (json.loads(done.stdout), int(done.stderr.splitlines()[-1]))
     (huge, huge_rss), (_, small_rss) = runs["huge"], runs["small"]
     assert (huge["turns"], huge["problems"]) == (2, 1)
-    from turnguard.calibrate.records import MAX_LINE_BYTES
+    from turnguard._calibrate.records import MAX_LINE_BYTES
 
     assert huge_rss - small_rss < 3 * MAX_LINE_BYTES  # not the 200 MB line (x4 when it was parsed)
 

@@ -13,11 +13,11 @@ import re
 import pytest
 
 from planted_fleet import LIVE, MIX, PROBE, S, Work, run_fleet
-from turnguard.calibrate import cli
-from turnguard.calibrate.advice import MAX_MORE, Context, assess, decide, recommendation, turns_to_decide
-from turnguard.calibrate.evidence import Z95, Passed, ProbeEvidence, wilson_interval
-from turnguard.calibrate.recording import Recording
-from turnguard.calibrate.records import Limits, RecordedTurn
+from turnguard._calibrate import cli
+from turnguard._calibrate.advice import MAX_MORE, Context, assess, decide, recommendation, turns_to_decide
+from turnguard._calibrate.evidence import Z95, Passed, ProbeEvidence, wilson_interval
+from turnguard._calibrate.recording import Recording
+from turnguard._calibrate.records import Limits, RecordedTurn
 
 
 def passed(resolved: int, unresolved: int, censored: int = 0, unknown: int = 0) -> Passed:

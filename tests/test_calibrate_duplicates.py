@@ -14,8 +14,8 @@ import pytest
 
 import turnguard as tg
 from collector_lines import collector_lines
-from turnguard.calibrate import cli
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard._calibrate import cli
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 TURNS = 24
 

@@ -11,12 +11,12 @@ import pytest
 import turnguard as tg
 from alternating_turns import alternating_turn
 from synthetic import SMALL, records
-from turnguard.calibrate.corpus import corpus_turn
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.equivalence import signature, turn_facts
-from turnguard.calibrate.grid import GridSpec, Policy, build_grid
-from turnguard.calibrate.replay import cycle_starts
-from turnguard.keys import identity_bytes, is_json_text
+from turnguard._calibrate.corpus import corpus_turn
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.equivalence import signature, turn_facts
+from turnguard._calibrate.grid import GridSpec, Policy, build_grid
+from turnguard._calibrate.replay import cycle_starts
+from turnguard._keys import identity_bytes, is_json_text
 
 
 def turns(count: int, seed: int) -> list:

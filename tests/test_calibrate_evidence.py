@@ -12,13 +12,13 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, drive
-from turnguard.calibrate import cli
-from turnguard.calibrate.advice import Context
-from turnguard.calibrate.advice import recommendation as advise
-from turnguard.calibrate.evidence import MULTIPLES, Passed, ProbeEvidence, wilson_interval
-from turnguard.calibrate.inputs import read_turns
-from turnguard.calibrate.recording import Recording
-from turnguard.calibrate.stats import RunStats
+from turnguard._calibrate import cli
+from turnguard._calibrate.advice import Context
+from turnguard._calibrate.advice import recommendation as advise
+from turnguard._calibrate.evidence import MULTIPLES, Passed, ProbeEvidence, wilson_interval
+from turnguard._calibrate.inputs import read_turns
+from turnguard._calibrate.recording import Recording
+from turnguard._calibrate.stats import RunStats
 
 
 def recommendation(e: ProbeEvidence, tolerance: float = 0.10) -> list[str]:
@@ -269,8 +269,8 @@ def test_results_of_the_first_format_are_refused(probe_file: Path):
     code, out, _ = calibrate(str(probe_file), *GRID, "--json", "-")
     assert code == 0
     data = json.loads(out)
-    data["format"] = "turnguard-calibrate/1"
-    with pytest.raises(ValueError, match="expected format 'turnguard-calibrate/2'"):
+    data["format"] = "turnguard-_calibrate/1"
+    with pytest.raises(ValueError, match="expected format 'turnguard-_calibrate/2'"):
         RunStats.from_json(data)
 
 

@@ -1,4 +1,4 @@
-"""The recommended value per threshold (``calibrate/frontier.py``): the rule on hand-made ladders,
+"""The recommended value per threshold (``_calibrate/frontier.py``): the rule on hand-made ladders,
 then on two planted fleets whose right answer is known (``frontier_fleet``), in both directions."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 
 import frontier_fleet as ff
-from turnguard.calibrate import cli, survival
-from turnguard.calibrate.evidence import Ladder, Sided, ladders_from_json, zero_event_bound
-from turnguard.calibrate.frontier import Scale, frontier, turns_for_zero, upper_bound
-from turnguard.calibrate.stats import RunStats
+from turnguard._calibrate import cli, survival
+from turnguard._calibrate.evidence import Ladder, Sided, ladders_from_json, zero_event_bound
+from turnguard._calibrate.frontier import Scale, frontier, turns_for_zero, upper_bound
+from turnguard._calibrate.stats import RunStats
 
 TOLERANCE = 0.1
 LIVE = {"backstop": 10, "stuck": 6, "streak": 8}

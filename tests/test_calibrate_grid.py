@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 import turnguard as tg
-from turnguard.calibrate.grid import (
+from turnguard._calibrate.grid import (
     GridSpec,
     IdenticalCallsRule,
     build_grid,
@@ -91,7 +91,7 @@ def test_flag_values_parse() -> None:
 
 
 def test_stateful_tools_lists_parse_and_each_is_a_row_of_its_own():
-    from turnguard.calibrate.grid import GridSpec, build_grid, parse_tool_sets
+    from turnguard._calibrate.grid import GridSpec, build_grid, parse_tool_sets
 
     assert parse_tool_sets("none; ci_status,job_status ;*;none") == ((), ("ci_status", "job_status"), ("*",))
     for bad in ("", ";", "a;;b", " , "):

@@ -16,13 +16,13 @@ import pytest
 
 from planted_fleet import LIVE, run_fleet
 from synthetic import SMALL, records
-from turnguard.calibrate.corpus import corpus_turn
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import GridSpec, build_grid, dedupe
-from turnguard.calibrate.html import render
-from turnguard.calibrate.inputs import read_turns
-from turnguard.calibrate.results import late_results
-from turnguard.config import GuardConfig
+from turnguard._calibrate.corpus import corpus_turn
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import GridSpec, build_grid, dedupe
+from turnguard._calibrate.html import render
+from turnguard._calibrate.inputs import read_turns
+from turnguard._calibrate.results import late_results
+from turnguard._config import GuardConfig
 
 CHARTS = ("chart-halts", "chart-saved", "chart-asks", "chart-positions", "chart-distribution")
 

@@ -8,10 +8,10 @@ import itertools
 import pytest
 
 from keys_cases import DISTINCT_PAIRS, hostile_values
-from turnguard.calibrate.records import RecordedCall
-from turnguard.calibrate.replay import call_keys
-from turnguard.keys import Keyer
-from turnguard.model import Outcome
+from turnguard._calibrate.records import RecordedCall
+from turnguard._calibrate.replay import call_keys
+from turnguard._keys import Keyer
+from turnguard._model import Outcome
 
 
 def call_key(tool: str, args: object, digest: str | None, mode: str) -> bytes:

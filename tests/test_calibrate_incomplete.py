@@ -27,15 +27,15 @@ import pytest
 import turnguard as tg
 from collector_lines import collector_lines, run_turns
 from planted_fleet import LIVE, Work, run_fleet
-from turnguard.calibrate import cli
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.inputs import read_turns
-from turnguard.calibrate.records import RecordedCall, RecordedTurn
-from turnguard.calibrate.replay import cycle_starts
-from turnguard.calibrate.stats import halt_ended
-from turnguard.config import GuardConfig
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard._calibrate import cli
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import GridSpec, build_grid
+from turnguard._calibrate.inputs import read_turns
+from turnguard._calibrate.records import RecordedCall, RecordedTurn
+from turnguard._calibrate.replay import cycle_starts
+from turnguard._calibrate.stats import halt_ended
+from turnguard._config import GuardConfig
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 GRID = ["--soft-caps", "10,20", "--multipliers", "5,10,20", "--stuck-repeats", "3,6", "--streaks", "5:8,3:0",
         "--explicit-caps", "30,300", "--cycle-caps", "0,40", "--key-modes", "canonical", "--no-peers"]

@@ -14,11 +14,11 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 import turnguard as tg
-from turnguard.calibrate import records
-from turnguard.calibrate.inputs import read_turns
-from turnguard.calibrate.records import InputProblem, RecordedCall
-from turnguard.telemetry import names
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard._calibrate import records
+from turnguard._calibrate.inputs import read_turns
+from turnguard._calibrate.records import InputProblem, RecordedCall
+from turnguard.telemetry import _names as names
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 CORPUS_LINE = {
     "source": "test", "id": "t1",

@@ -20,8 +20,8 @@ import pytest
 import probe_fleet as pf
 import turnguard as tg
 from collector_lines import collector_lines, log_lines
-from turnguard.calibrate import cli, collector
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard._calibrate import cli, collector
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 MIX = pf.ProbeMix(short=140, long=8, very_long=4, edit_rerun=12, stuck=16, retry=24, failing=40, runaway=4)
 GRID = ["--soft-caps", "50,100", "--multipliers", "5,10,20", "--stuck-repeats", "3,6", "--streaks", "5:8,8:16",
@@ -83,7 +83,7 @@ def test_workers_reading_byte_ranges_say_what_one_json_reader_says(
     monkeypatch.setattr(collector, "_usable", lambda: False)
     one = figures([str(fleet), "--jobs", "1"])
     monkeypatch.undo()
-    monkeypatch.setattr("turnguard.calibrate.run.range_bytes", lambda limit: range_bytes)
+    monkeypatch.setattr("turnguard._calibrate.run.range_bytes", lambda limit: range_bytes)
     for jobs in (1, 2):
         assert figures([str(fleet), "--jobs", str(jobs)]) == one, jobs
     monkeypatch.setattr(collector, "_usable", lambda: False)

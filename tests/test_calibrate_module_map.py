@@ -1,11 +1,11 @@
-"""The module map in ``turnguard.calibrate``'s docstring names every module of the package, once."""
+"""The module map in ``turnguard._calibrate``'s docstring names every module of the package, once."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import turnguard.calibrate as calibrate
+import turnguard._calibrate as calibrate
 
 
 def test_the_module_map_lists_every_calibrate_module_once():

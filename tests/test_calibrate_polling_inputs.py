@@ -17,10 +17,10 @@ import pytest
 
 import turnguard as tg
 from collector_lines import collector_lines
-from turnguard.calibrate import cli
-from turnguard.calibrate.inputs import read_turns
-from turnguard.keys import Keyer
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard._calibrate import cli
+from turnguard._calibrate.inputs import read_turns
+from turnguard._keys import Keyer
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 LIVE = {"name": '"prod"', "soft_cap": 6, "hard_multiplier": 3, "stuck_repeat_threshold": 3,
         "stateful_tools": '["poll"]', "streak_exempt_tools": '["sleep"]'}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import profile_figures
 from conftest import corpus_files
-from turnguard.calibrate.inputs import read_turns
+from turnguard._calibrate.inputs import read_turns
 
 STORED = Path(__file__).parent / "data" / "profile_figures.json"
 CHANGED = {100: (2, 4), 20: (0, 3)}

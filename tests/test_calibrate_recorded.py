@@ -12,11 +12,11 @@ import pytest
 
 import turnguard as tg
 from collector_lines import collector_lines
-from turnguard.calibrate import collector
-from turnguard.calibrate.inputs import read_turns
-from turnguard.calibrate.records import InputProblem, Limits
-from turnguard.model import MAX_ID_LENGTH
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard._calibrate import collector
+from turnguard._calibrate.inputs import read_turns
+from turnguard._calibrate.records import InputProblem, Limits
+from turnguard._model import MAX_ID_LENGTH
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 PROBE = {"rate": 0.5, "hard_multiplier": 4, "stuck_repeat_threshold": 9}
 
@@ -174,7 +174,7 @@ def test_an_attended_answer_reads_alike_from_the_line_and_the_turn_span(tmp_path
 
 
 def test_late_results_with_ids_past_the_limit_are_reported_and_not_kept(tmp_path):
-    from turnguard.calibrate.results import late_results, result_key
+    from turnguard._calibrate.results import late_results, result_key
     path = tmp_path / "r.jsonl"
     long_id = "r" * (MAX_ID_LENGTH + 1)
     logs = {"resourceLogs": [{"scopeLogs": [{"logRecords": [

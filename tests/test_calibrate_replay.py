@@ -13,11 +13,11 @@ import pytest
 
 import turnguard as tg
 from alternating_turns import alternating_turn
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.equivalence import earliest_call, turn_facts
-from turnguard.calibrate.grid import IdenticalCallsRule, Policy
-from turnguard.calibrate.records import RecordedCall, RecordedTurn
-from turnguard.calibrate.replay import (
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.equivalence import earliest_call, turn_facts
+from turnguard._calibrate.grid import IdenticalCallsRule, Policy
+from turnguard._calibrate.records import RecordedCall, RecordedTurn
+from turnguard._calibrate.replay import (
     UNREACHED,
     CompiledPolicy,
     Managers,
@@ -29,11 +29,11 @@ from turnguard.calibrate.replay import (
     policy_manager,
     replay_turn,
 )
-from turnguard.dispatch import Impl
+from turnguard._dispatch import Impl
+from turnguard._keys import Keyer
+from turnguard._ledger import Ledger
+from turnguard._plugins import NON_POLICY_PLUGINS
 from turnguard.hookspecs import hookimpl
-from turnguard.keys import Keyer
-from turnguard.ledger import Ledger
-from turnguard.plugins import NON_POLICY_PLUGINS
 
 CONFIGS = {
     "default": {},

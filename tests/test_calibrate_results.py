@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from collector_lines import collector_lines, run_turns
-from turnguard.calibrate import cli
-from turnguard.calibrate import results as r
-from turnguard.calibrate.records import InputProblem
+from turnguard._calibrate import cli
+from turnguard._calibrate import results as r
+from turnguard._calibrate.records import InputProblem
 
 
 def turn(turn_id: str, calls: int, resolved: bool | None = None, cohort: str = "probe") -> str:

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from synthetic import SMALL, records, write_corpus, write_otlp
-from turnguard.calibrate import parallel
-from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.parallel import AHEAD, TAIL_SPLIT, plan
-from turnguard.calibrate.records import InputProblem
-from turnguard.calibrate.run import Progress, StrictError, calibrate
-from turnguard.telemetry import names
+from turnguard._calibrate import parallel
+from turnguard._calibrate.grid import GridSpec, build_grid
+from turnguard._calibrate.parallel import AHEAD, TAIL_SPLIT, plan
+from turnguard._calibrate.records import InputProblem
+from turnguard._calibrate.run import Progress, StrictError, calibrate
+from turnguard.telemetry import _names as names
 
 POLICIES = build_grid(GridSpec(soft_caps=(5, 20), stuck_repeats=(3, 6), explicit_caps=(15,)))
 
@@ -156,7 +156,7 @@ def test_a_worker_holds_at_most_ahead_ranges_until_their_figures_are_back(
     the worker orders its commands; the figures are those of one process."""
     paths = write_otlp(str(tmp_path), max_calls=12_000, mix=SMALL, file_bytes=3 << 20)[2]
     expected = calibrate(paths, POLICIES, on_problem=lambda p: None, jobs=1).to_json()
-    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 20_000)
+    monkeypatch.setattr("turnguard._calibrate.run.RANGE_BYTES", 20_000)
     monkeypatch.setattr(parallel, "Workers", ThreadWorkers)
     HELD.clear()
     got = calibrate(paths, POLICIES, on_problem=lambda p: None, jobs=2).to_json()
@@ -186,7 +186,7 @@ def test_a_worker_reads_before_it_replays_and_keeps_every_other_order() -> None:
 
 def serial_and_in_ranges(path: Path, monkeypatch: pytest.MonkeyPatch, **options: int) -> list[tuple[dict, list]]:
     """(figures, problems) of one process, then of two workers reading ranges of 997 bytes."""
-    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", 997)
+    monkeypatch.setattr("turnguard._calibrate.run.RANGE_BYTES", 997)
     results = []
     for jobs in (1, 2):
         problems: list[InputProblem] = []
@@ -233,7 +233,7 @@ def test_a_line_longer_than_the_limit_and_many_ranges_is_one_problem_whoever_rea
 
 
 def test_a_range_inside_a_long_line_reads_no_further_than_its_own_end(tmp_path: Path) -> None:
-    from turnguard.calibrate import parallel
+    from turnguard._calibrate import parallel
 
     path = tmp_path / "long.jsonl"
     path.write_bytes(b'{"calls": [' + b" " * 5_000_000 + b"]}\n")

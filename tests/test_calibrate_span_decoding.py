@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from synthetic import SMALL, records, turn_spans
-from turnguard.calibrate import cli, collector, parallel
-from turnguard.calibrate import records as record_types
-from turnguard.calibrate.collector import OtlpAssembler
-from turnguard.calibrate.inputs import read_source
-from turnguard.calibrate.records import LineSource
-from turnguard.telemetry import names
+from turnguard._calibrate import cli, collector, parallel
+from turnguard._calibrate import records as record_types
+from turnguard._calibrate.collector import OtlpAssembler
+from turnguard._calibrate.inputs import read_source
+from turnguard._calibrate.records import LineSource
+from turnguard.telemetry import _names as names
 
 pytestmark = pytest.mark.skipif(not collector.AVAILABLE, reason="msgspec (the cli extra) is not installed")
 
@@ -399,8 +399,8 @@ def test_the_figures_are_byte_for_byte_the_same_by_every_reading(
     lines = list(changed_lines(stream_lines(seed + 20), seed)) if seed % 2 else [
         line.encode() for line in stream_lines(seed + 20)]
     folder = rotated(tmp_path / "set", lines, sorted(rng.sample(range(1, len(lines)), 3)))
-    monkeypatch.setattr("turnguard.calibrate.run.RANGE_BYTES", rng.choice((333, 4096)))
-    monkeypatch.setattr("turnguard.calibrate.run.range_bytes", lambda limit: rng.choice((333, 4096)))
+    monkeypatch.setattr("turnguard._calibrate.run.RANGE_BYTES", rng.choice((333, 4096)))
+    monkeypatch.setattr("turnguard._calibrate.run.range_bytes", lambda limit: rng.choice((333, 4096)))
     seen = {}
     for library in ("msgspec", "json"):
         if library == "json":
@@ -422,9 +422,9 @@ def test_ranges_the_parent_must_read_again_give_the_same_figures(
     lines = [line.encode() for line in stream_lines(7, turns=80, logs=True, corpus=False)]
     path = tmp_path / "otlp.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
-    monkeypatch.setattr("turnguard.calibrate.run.range_bytes", lambda max_line_bytes: 1500)
-    monkeypatch.setattr("turnguard.calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
-    monkeypatch.setattr("turnguard.calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
+    monkeypatch.setattr("turnguard._calibrate.run.range_bytes", lambda max_line_bytes: 1500)
+    monkeypatch.setattr("turnguard._calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
+    monkeypatch.setattr("turnguard._calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
     joins: list[bool] = []
     take_range, read_here = OtlpAssembler.take_range, parallel.Stream._read_here
 
@@ -450,11 +450,11 @@ def test_without_msgspec_the_command_reads_with_json_and_says_the_same(tmp_path:
     """The library and the command work without the cli extra: the same output, byte for byte."""
     folder = rotated(tmp_path / "set", [line.encode() for line in stream_lines(11)], [40, 90])
     command = [*GRID, "--jobs", "2", "--json", "-", "--progress", "never", str(folder)]
-    script = ("import sys; sys.modules['msgspec'] = None; from turnguard.calibrate import collector as d; "
-              "assert not d.AVAILABLE; from turnguard.cli import main; sys.exit(main(['calibrate', *sys.argv[1:]]))")
+    script = ("import sys; sys.modules['msgspec'] = None; from turnguard._calibrate import collector as d; "
+              "assert not d.AVAILABLE; from turnguard._cli import main; sys.exit(main(['calibrate', *sys.argv[1:]]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     without = subprocess.run([sys.executable, "-c", script, *command], capture_output=True, env=env, check=True)
-    with_it = subprocess.run([sys.executable, "-m", "turnguard.cli", "calibrate", *command], capture_output=True,
+    with_it = subprocess.run([sys.executable, "-m", "turnguard._cli", "calibrate", *command], capture_output=True,
                              env=env, check=True)
     assert without.stdout == with_it.stdout and without.stderr == with_it.stderr
     assert json.loads(with_it.stdout)["turns"] > 60
@@ -692,8 +692,8 @@ def test_sibling_spans_after_their_turn_span_wait_anew(tmp_path: Path, monkeypat
     """Tool spans of a parent whose turn span has come (or whose calls were released past the
     waiting bound) start a new wait: never added to the calls already given away; a turn's call
     limit holds in a run of siblings."""
-    monkeypatch.setattr("turnguard.calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
-    monkeypatch.setattr("turnguard.calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
+    monkeypatch.setattr("turnguard._calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
+    monkeypatch.setattr("turnguard._calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
     spans = [_tool_span("p1", 1), _tool_span("p1", 2), _tool_span("p2", 1), _tool_span("p1", 3), _turn_span("p1", "t1"),
              _tool_span("p1", 1, "cat"), _tool_span("p1", 2, "cat"), _tool_span("p1", 3), _tool_span("p1", 4),
              _turn_span("p1", "t2"), _tool_span("p1", 1), _tool_span("p2", 2), _turn_span("p2", "t3")]

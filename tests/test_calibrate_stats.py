@@ -7,12 +7,12 @@ import json
 import pytest
 
 from synthetic import SMALL, records
-from turnguard.calibrate.bounds import ids_per_policy
-from turnguard.calibrate.corpus import corpus_turn
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import GridSpec, build_grid
-from turnguard.calibrate.replay import TurnResult
-from turnguard.calibrate.stats import MAX_IDS, ModeStats, RunStats
+from turnguard._calibrate.bounds import ids_per_policy
+from turnguard._calibrate.corpus import corpus_turn
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import GridSpec, build_grid
+from turnguard._calibrate.replay import TurnResult
+from turnguard._calibrate.stats import MAX_IDS, ModeStats, RunStats
 
 GRID = GridSpec(soft_caps=(5, 20), stuck_repeats=(3,), explicit_caps=(15,))
 
@@ -43,7 +43,7 @@ def test_merging_results_of_different_grids_is_refused() -> None:
         a.merge(b)
 
 
-@pytest.mark.parametrize("bad", [{}, {"format": "other/1"}, {"format": "turnguard-calibrate/1"}])
+@pytest.mark.parametrize("bad", [{}, {"format": "other/1"}, {"format": "turnguard-_calibrate/1"}])
 def test_from_json_refuses_what_is_not_a_result(bad: dict) -> None:
     with pytest.raises((ValueError, KeyError)):
         RunStats.from_json(bad)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from collector_lines import collector_lines, run_turns
-from turnguard.calibrate import cli
-from turnguard.calibrate.inputs import expand_inputs, in_stream_order, missing_backups, read_turns, rotation_of
-from turnguard.calibrate.records import InputError
+from turnguard._calibrate import cli
+from turnguard._calibrate.inputs import expand_inputs, in_stream_order, missing_backups, read_turns, rotation_of
+from turnguard._calibrate.records import InputError
 
 TIMES = ("2026-11-30T23-59-59.999", "2026-12-01T08-00-00.000", "2026-12-01T10-30-00.250")
 

@@ -7,7 +7,7 @@ import pytest
 
 import stuck_evidence as ev
 from conftest import SHARED_CORPUS, corpus_files
-from turnguard.calibrate.inputs import read_turns
+from turnguard._calibrate.inputs import read_turns
 
 CORPUS = SHARED_CORPUS
 DEGENERATE = "deepseek-chat-v2/googlecontainertools__jib-4035"

@@ -17,9 +17,9 @@ import random
 import pytest
 
 from planted_fleet import LIVE, S, Work, run_fleet
-from turnguard.calibrate import cli
-from turnguard.calibrate.html import curve_points
-from turnguard.calibrate.survival import (
+from turnguard._calibrate import cli
+from turnguard._calibrate.html import curve_points
+from turnguard._calibrate.survival import (
     FACTORS,
     Survival,
     estimate,

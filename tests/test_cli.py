@@ -8,9 +8,9 @@ import json
 import pytest
 
 from conftest import kept_result_token
-from turnguard import cli
-from turnguard.demo import SCENARIOS
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard import _cli as cli
+from turnguard._demo import SCENARIOS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -256,7 +256,7 @@ def test_version(capsys):
 
 def test_the_console_script_is_declared():
     scripts = importlib.metadata.entry_points(group="console_scripts", name="turnguard")
-    assert [ep.value for ep in scripts] == ["turnguard.cli:main"]
+    assert [ep.value for ep in scripts] == ["turnguard._cli:main"]
 
 
 @pytest.mark.parametrize(("var", "value"), [

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from turnguard import cli
-from turnguard.terminal import shown
+from turnguard import _cli as cli
+from turnguard._terminal import shown
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 GOOD = json.dumps({"id": "t1", "calls": [{"tool": "read", "args": {"p": 1}, "outcome": "error"}] * 9, "cycles": 1})

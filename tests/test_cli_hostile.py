@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import kept_result_token
-from turnguard import cli
+from turnguard import _cli as cli
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 

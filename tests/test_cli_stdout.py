@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from turnguard import cli
+from turnguard import _cli as cli
 
 LINE = json.dumps({"id": "t1", "calls": [{"tool": "read", "args": {"p": 1}, "outcome": "error"}] * 9, "cycles": 1})
 

@@ -64,10 +64,10 @@ def test_no_function_is_more_complex_than_the_limit() -> None:
 def test_the_measures_see_what_they_measure() -> None:
     body = "".join(f"    if x == {i}:\n        return {i}\n" for i in range(MAX_COMPLEXITY))
     method = f"class C:\n    def method(self, x):\n{body.replace('    ', '        ')}        return -1\n"
-    assert complex_functions("probe.py", method) == {"probe.py:method": MAX_COMPLEXITY + 1}
-    assert long_functions("probe.py", method) == {}
+    assert complex_functions("_probe.py", method) == {"_probe.py:method": MAX_COMPLEXITY + 1}
+    assert long_functions("_probe.py", method) == {}
     statements = "".join(f"    x{i} = {i}\n" for i in range(MAX_LINES - 1))
-    assert long_functions("probe.py", f"def f():\n{statements}") == {}
-    assert long_functions("probe.py", f"def f():\n{statements}    return x0\n") == {"probe.py:f": MAX_LINES + 1}
+    assert long_functions("_probe.py", f"def f():\n{statements}") == {}
+    assert long_functions("_probe.py", f"def f():\n{statements}    return x0\n") == {"_probe.py:f": MAX_LINES + 1}
     nested = f"def outer():\n    def inner(x):\n{body.replace('    ', '        ')}        return -1\n    return inner\n"
-    assert complex_functions("probe.py", nested) == {"probe.py:inner": MAX_COMPLEXITY + 1}
+    assert complex_functions("_probe.py", nested) == {"_probe.py:inner": MAX_COMPLEXITY + 1}

@@ -34,8 +34,8 @@ optional_dependency("opentelemetry.exporter.otlp.proto.http")
 
 import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
-from turnguard import cli  # noqa: E402
-from turnguard.boards import build, halts, promql, queries, rules  # noqa: E402
+from turnguard import _cli as cli  # noqa: E402
+from turnguard._boards import build, halts, promql, queries, rules  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]

@@ -309,7 +309,7 @@ def test_a_variable_holding_a_byte_that_is_not_utf8_is_refused_at_load_or_works_
     """Whatever ``TURNGUARD_<OPTION>`` a byte that is not UTF-8 reaches: a ``ConfigError`` at load
     naming the variable, or a guard that runs, records, snapshots, resumes and reports a turn with
     it (``TURNGUARD_DIGEST_KEY`` was accepted, then failed the first call keyed)."""
-    from turnguard.telemetry.testing import InMemoryTelemetry
+    from turnguard.telemetry._testing import InMemoryTelemetry
 
     var = f"TURNGUARD_{option.upper()}"
     value = os.path.join(str(tmp_path), NOT_UTF8) if option == "recorder_path" else NOT_UTF8
@@ -376,7 +376,7 @@ OPTION_NAMES = sorted(f.name for f in dataclasses.fields(tg.GuardConfig))
 def _suggestion(load, typo: str) -> str | None:
     with pytest.raises(tg.ConfigError) as caught:
         load(typo)
-    assert isinstance(caught.value, tg.config.UnknownOptionError), str(caught.value)
+    assert isinstance(caught.value, tg._config.UnknownOptionError), str(caught.value)
     return caught.value.suggestions[0] if caught.value.suggestions else None
 
 
@@ -498,7 +498,7 @@ def test_turnguard_config_and_search_none_win_over_the_files_above(tmp_path):
 
 
 def test_every_command_uses_the_configuration_above_its_folder(tmp_path, monkeypatch, capsys):
-    from turnguard import cli
+    from turnguard import _cli as cli
 
     deepest = _tree(tmp_path, {"a/pyproject.toml": "[tool.turnguard]\nsoft_cap = 42\n"})
     monkeypatch.chdir(deepest)

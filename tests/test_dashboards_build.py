@@ -1,4 +1,4 @@
-"""turnguard.boards: the committed JSON is what the code builds, the build follows the configuration, and
+"""turnguard._boards: the committed JSON is what the code builds, the build follows the configuration, and
 ``turnguard assets DIR --config`` renders it for the operator's."""
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
 from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa: E402
 from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
-from turnguard import assets, cli  # noqa: E402
-from turnguard.boards import build, queries, rules, thresholds  # noqa: E402
-from turnguard.boards import promql as q  # noqa: E402
-from turnguard.boards.settings import CapSettings  # noqa: E402
-from turnguard.config import GuardConfig  # noqa: E402
-from turnguard.model import Threshold  # noqa: E402
-from turnguard.telemetry import buckets  # noqa: E402
+from turnguard import _assets as assets  # noqa: E402
+from turnguard import _cli as cli
+from turnguard._boards import build, queries, rules, thresholds  # noqa: E402
+from turnguard._boards import promql as q  # noqa: E402
+from turnguard._boards.settings import CapSettings  # noqa: E402
+from turnguard._config import GuardConfig  # noqa: E402
+from turnguard._model import Threshold  # noqa: E402
+from turnguard.telemetry import _buckets as buckets  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 BUCKET_MATCHER = re.compile(r"\bturnguard[_:](\w+?)_bucket(?::increase5m)?\{[^}]*le=~([`\"])([^`\"]+)\2")
@@ -53,8 +54,8 @@ def bucket_edges(board: dict) -> list[tuple[str, float]]:
 def test_committed_json_matches_a_fresh_build():
     for name, text in build.build_all().items():
         committed = build.OUT / name
-        assert committed.exists(), f"{name} is not committed: run python -m turnguard.boards.build"
-        assert committed.read_text() == text, f"{name} is stale: run python -m turnguard.boards.build"
+        assert committed.exists(), f"{name} is not committed: run python -m turnguard._boards.build"
+        assert committed.read_text() == text, f"{name} is stale: run python -m turnguard._boards.build"
 
 
 def test_every_committed_board_is_built_by_the_code():
@@ -278,7 +279,7 @@ def test_assets_with_a_config_names_the_extra_it_needs_when_it_is_missing(tmp_pa
     blocker = ("import sys\nclass Blocked:\n    def find_spec(self, name, path=None, target=None):\n"
                "        if name.partition('.')[0] == 'grafana_foundation_sdk':\n"
                "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-               "sys.meta_path.insert(0, Blocked())\nfrom turnguard import cli\n"
+               "sys.meta_path.insert(0, Blocked())\nfrom turnguard import _cli as cli\n"
                "sys.exit(cli.main(sys.argv[1:]))\n")
     done = subprocess.run([sys.executable, "-c", blocker, "assets", str(tmp_path / "deploy"), "--config", str(config)],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)})

@@ -20,10 +20,10 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard.boards import build, queries, rules  # noqa: E402
-from turnguard.boards import promql as q  # noqa: E402
-from turnguard.boards.settings import CapSettings  # noqa: E402
-from turnguard.boards.thresholds import (  # noqa: E402
+from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import promql as q  # noqa: E402
+from turnguard._boards.settings import CapSettings  # noqa: E402
+from turnguard._boards.thresholds import (  # noqa: E402
     SEEN_HIGH,
     SPARES,
     _edges,
@@ -31,9 +31,9 @@ from turnguard.boards.thresholds import (  # noqa: E402
     explicit_values,
     soft_values,
 )
-from turnguard.calibrate.frontier import upper_bound  # noqa: E402
-from turnguard.config import GuardConfig  # noqa: E402
-from turnguard.telemetry.buckets import cycle_edges  # noqa: E402
+from turnguard._calibrate.frontier import upper_bound  # noqa: E402
+from turnguard._config import GuardConfig  # noqa: E402
+from turnguard.telemetry._buckets import cycle_edges  # noqa: E402
 
 CONFIG = GuardConfig(probe={"rate": 0.1, "soft_cap": 300, "hard_multiplier": 20})
 CAP = CapSettings.from_config(CONFIG)

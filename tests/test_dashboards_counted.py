@@ -23,7 +23,7 @@ from conftest import optional_dependency
 
 yaml = optional_dependency("yaml")
 
-from turnguard.boards import promql  # noqa: E402
+from turnguard._boards import promql  # noqa: E402
 
 METRIC = "tg_events_total"
 """A counter no board variable scopes (``counted`` adds no matcher to it)."""

@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 
 from conftest import optional_dependency
-from turnguard.boards import promql, queries
-from turnguard.config import GuardConfig
-from turnguard.telemetry import names as n
+from turnguard._boards import promql, queries
+from turnguard._config import GuardConfig
+from turnguard.telemetry import _names as n
 
 yaml = optional_dependency("yaml")
 
@@ -926,7 +926,7 @@ def test_rule_catches_a_broken_board(rule, breakage):
         board = copy.deepcopy(BOARDS[THRESHOLDS if breakage in ON_THE_THRESHOLD_BOARD else HALTS])
     else:
         optional_dependency("grafana_foundation_sdk")
-        from turnguard.boards import build
+        from turnguard._boards import build
 
         board = json.loads(build.for_config(config)[build.FILES[build.THRESHOLDS_UID]])
         assert RULES[rule](board, config) == [], f"{rule} fails the unbroken board"
@@ -968,7 +968,7 @@ OTHER_CONFIGURATIONS = {
 @pytest.mark.parametrize("name", sorted(OTHER_CONFIGURATIONS))
 def test_boards_rendered_for_another_configuration_pass_every_rule(name):
     optional_dependency("grafana_foundation_sdk")
-    from turnguard.boards import build
+    from turnguard._boards import build
 
     config = GuardConfig(**OTHER_CONFIGURATIONS[name])
     for text in build.for_config(config).values():
@@ -987,7 +987,7 @@ def test_a_board_for_one_configuration_fails_another_ones_probe_rows():
 def test_every_derived_record_of_the_rules_is_read_by_a_board():
     """A derived record (``rules.DERIVED``: computed from the counting records for the boards) that no
     panel reads costs an evaluation every tile for nothing; each is read, with the variables' matchers."""
-    from turnguard.boards import rules
+    from turnguard._boards import rules
 
     exprs = [pq.expr for board in BOARDS.values() for pq in queries.panel_queries(board)]
     for record in (r["record"] for r in rules.DERIVED):

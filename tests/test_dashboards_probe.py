@@ -45,15 +45,15 @@ optional_dependency("grafana_foundation_sdk")
 import evidence_oracle as oracle  # noqa: E402
 import probe_fleet as pf  # noqa: E402
 import turnguard as tg  # noqa: E402
-from turnguard.boards import build, queries, rules  # noqa: E402
-from turnguard.boards import promql as q  # noqa: E402
-from turnguard.boards.evidence import km_multiples  # noqa: E402
-from turnguard.boards.settings import CapSettings  # noqa: E402
-from turnguard.boards.thresholds import BACKSTOP_MULTIPLES  # noqa: E402
-from turnguard.calibrate.advice import decide  # noqa: E402
-from turnguard.calibrate.evidence import Passed  # noqa: E402
-from turnguard.calibrate.recording import SECONDS_PER_DAY  # noqa: E402
-from turnguard.telemetry import buckets  # noqa: E402
+from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import promql as q  # noqa: E402
+from turnguard._boards.evidence import km_multiples  # noqa: E402
+from turnguard._boards.settings import CapSettings  # noqa: E402
+from turnguard._boards.thresholds import BACKSTOP_MULTIPLES  # noqa: E402
+from turnguard._calibrate.advice import decide  # noqa: E402
+from turnguard._calibrate.evidence import Passed  # noqa: E402
+from turnguard._calibrate.recording import SECONDS_PER_DAY  # noqa: E402
+from turnguard.telemetry import _buckets as buckets  # noqa: E402
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 

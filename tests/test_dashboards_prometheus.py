@@ -54,12 +54,12 @@ optional_dependency("grafana_foundation_sdk")
 import evidence_oracle as oracle  # noqa: E402
 import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
-from turnguard.boards import build, halts, queries  # noqa: E402
-from turnguard.boards import promql as q  # noqa: E402
-from turnguard.boards.evidence import estimable, km_multiples  # noqa: E402
-from turnguard.boards.settings import DEFAULTS, CapSettings  # noqa: E402
-from turnguard.boards.thresholds import BACKSTOP_MULTIPLES, lower_multiples  # noqa: E402
-from turnguard.telemetry import buckets  # noqa: E402
+from turnguard._boards import build, halts, queries  # noqa: E402
+from turnguard._boards import promql as q  # noqa: E402
+from turnguard._boards.evidence import estimable, km_multiples  # noqa: E402
+from turnguard._boards.settings import DEFAULTS, CapSettings  # noqa: E402
+from turnguard._boards.thresholds import BACKSTOP_MULTIPLES, lower_multiples  # noqa: E402
+from turnguard.telemetry import _buckets as buckets  # noqa: E402
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 

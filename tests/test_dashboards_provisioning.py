@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard.boards import build, queries  # noqa: E402
+from turnguard._boards import build, queries  # noqa: E402
 
 PROVISIONING = queries.BOARDS / "provisioning"
 

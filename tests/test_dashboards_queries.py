@@ -1,10 +1,10 @@
-"""turnguard.boards.queries: reading panels and queries back, and resolving Grafana's macros."""
+"""turnguard._boards.queries: reading panels and queries back, and resolving Grafana's macros."""
 
 from __future__ import annotations
 
 import pytest
 
-from turnguard.boards import queries
+from turnguard._boards import queries
 
 
 def test_macros_finds_variables_in_every_grafana_spelling():

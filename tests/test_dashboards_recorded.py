@@ -21,8 +21,8 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard.boards import build, promql, queries, rules  # noqa: E402
-from turnguard.config import GuardConfig  # noqa: E402
+from turnguard._boards import build, promql, queries, rules  # noqa: E402
+from turnguard._config import GuardConfig  # noqa: E402
 
 BOARD = queries.boards()[build.THRESHOLDS_UID]
 PROBED_CYCLE_CAP = GuardConfig(max_cycles_per_turn=30, probe={"rate": 0.1, "max_cycles_per_turn": 200})

@@ -22,10 +22,10 @@ yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
 import turnguard as tg  # noqa: E402
-from turnguard.boards import build, evidence, queries  # noqa: E402
-from turnguard.boards import promql as q  # noqa: E402
-from turnguard.boards.settings import CapSettings  # noqa: E402
-from turnguard.calibrate.survival import Survival, estimate  # noqa: E402
+from turnguard._boards import build, evidence, queries  # noqa: E402
+from turnguard._boards import promql as q  # noqa: E402
+from turnguard._boards.settings import CapSettings  # noqa: E402
+from turnguard._calibrate.survival import Survival, estimate  # noqa: E402
 
 CONFIG = tg.GuardConfig(soft_cap=100, load_entrypoints=False)
 """The backstop at 1,000 calls; rows at 15x, 20x and 30x S (no probe cap: every row estimable)."""

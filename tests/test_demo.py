@@ -9,7 +9,7 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY
-from turnguard import demo
+from turnguard import _demo as demo
 
 CORE = tg.GuardConfig(**CORE_ONLY)
 

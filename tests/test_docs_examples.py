@@ -23,7 +23,7 @@ import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from turnguard.telemetry.receiver import OtlpReceiver
+from turnguard.telemetry._receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))

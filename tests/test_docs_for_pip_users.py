@@ -3,7 +3,7 @@ what they add.
 
 A pip user has the wheel: no checkout (``.venv/``, ``./dev.sh``, ``tests/``, ``tools/``,
 ``benchmarks/``, ``src/``), no research data outside the repository (``../shared/``), no
-``python -m turnguard.boards.build`` (the command is ``turnguard assets --config``). A user page may
+``python -m turnguard._boards.build`` (the command is ``turnguard assets --config``). A user page may
 still show a contributor's command, in a block or an inline command introduced by a paragraph
 that says so (``from a clone of the repository``, any case); ``docs/development.md`` and
 ``docs/benchmarks.md`` are the contributors' own pages.
@@ -126,7 +126,7 @@ def test_every_library_an_extra_installs_is_imported_by_a_shipped_module(extra):
 
 
 def test_the_dashboards_extra_is_what_the_board_generator_needs():
-    generator = _imports_in(ROOT / "src" / "turnguard" / "boards")
+    generator = _imports_in(ROOT / "src" / "turnguard" / "_boards")
     third_party = {i.partition(".")[0] for i in generator} - {"turnguard", "__future__"} - set(
         __import__("sys").stdlib_module_names)
     provided = {m.partition(".")[0] for spec in EXTRAS["dashboards"] for m in _modules_of(_requirement(spec))}

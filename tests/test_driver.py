@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 import turnguard as tg
-import turnguard.shadow
+import turnguard._shadow
 from test_quiet import OUTCOMES, random_config
-from turnguard.driver import CHECK_CALL, CHECK_OUTCOME, Driver
-from turnguard.firing import Quiet
+from turnguard._driver import CHECK_CALL, CHECK_OUTCOME, Driver
+from turnguard._firing import Quiet
+from turnguard._ledger import Ledger
+from turnguard._plugins import NON_POLICY_PLUGINS, plugin_manager
 from turnguard.hookspecs import hookimpl
-from turnguard.ledger import Ledger
-from turnguard.plugins import NON_POLICY_PLUGINS, plugin_manager
 
 
 class Spy:
@@ -136,7 +136,7 @@ def test_the_shadows_inlined_quiet_test_calls_what_the_driver_calls(promptable, 
         pm.register(shadowed[-1], "spy")
         return pm
 
-    monkeypatch.setattr(turnguard.shadow, "policy_manager", with_spy)
+    monkeypatch.setattr(turnguard._shadow, "policy_manager", with_spy)
     for case in range(150):
         options, region, batches, seed = random_case(rng)
         if rng.random() < 0.3:

@@ -13,7 +13,7 @@ import pytest
 
 import turnguard as tg
 from conftest import core_guard, distinct_call, drive, with_repeats
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 REPEATED = tg.ToolCall("bash", "npm run build")
 
@@ -488,7 +488,7 @@ def test_under_contention_exactly_call_n_plus_1_halts_and_every_later_call_gets_
 
 
 def test_a_plugin_manager_built_by_the_host_can_be_passed_in():
-    from turnguard.plugins import plugin_manager
+    from turnguard._plugins import plugin_manager
 
     config = tg.GuardConfig(disable_plugins=(*NON_POLICY_PLUGINS, "streak"), load_entrypoints=False)
     pm = plugin_manager(config, environ={})

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import turnguard as tg
 from conftest import core_guard
-from turnguard import guard as guard_module
+from turnguard import _guard as guard_module
 
 GUARD_SOURCE = Path(guard_module.__file__).read_text(encoding="utf-8")
 HOT_PATHS = ("check_call", "record_outcome")
 
 
 def attribute_docs(cls: str) -> dict[str, str]:
-    """The docstrings written under ``cls``'s annotated attributes in guard.py."""
+    """The docstrings written under ``cls``'s annotated attributes in _guard.py."""
     tree = ast.parse(GUARD_SOURCE)
     (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
     docs = {}

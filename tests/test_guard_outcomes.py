@@ -17,7 +17,7 @@ import pytest
 
 import turnguard as tg
 from conftest import core_guard
-from turnguard.guard import MAX_AWAITING
+from turnguard._guard import MAX_AWAITING
 
 KEYS = ("A", "B", "C")
 OUTCOMES = (tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED,
@@ -493,7 +493,7 @@ def test_eight_failures_then_another_call_in_one_response_stop_at_the_report_com
     event = verdict.event
     assert (event.level, event.failing_streak_length, event.streak_length, event.tool_name) == (
         tg.Level.STOP, 8, 8, "build")
-    assert event.key_digest == tg.keys.cached_digest(calls[0]).hex()
+    assert event.key_digest == tg._keys.cached_digest(calls[0]).hex()
 
 
 def rng_outcome(seed: int) -> tg.Outcome:
@@ -538,7 +538,7 @@ def test_an_answer_about_another_call_leaves_the_ended_streak_stopping():
 
 
 def test_ended_streaks_kept_are_bounded():
-    from turnguard.ledger import MAX_ENDED_STREAKS
+    from turnguard._ledger import MAX_ENDED_STREAKS
 
     turn = core_guard(soft_cap=0).turn()
     for i in range(MAX_ENDED_STREAKS + 50):

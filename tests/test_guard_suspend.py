@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import turnguard as tg
-from turnguard.telemetry import names as n
+from turnguard.telemetry import _names as n
 
 SHADOW = {"lenient": {"streak_stop_at": 12}}
 

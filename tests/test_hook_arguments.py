@@ -13,9 +13,9 @@ import turnguard as tg
 from test_hookspecs import LIFECYCLE_HOOKS, OBSERVER_HOOKS, specs
 from test_plugin_isolation import HOOKS, Raising, drive_every_hook
 from turnguard import hookspecs
-from turnguard.dispatch import CHECK_HOOKS, HOT_OBSERVERS, PLUGIN_ERROR
-from turnguard.ledger import LedgerView
-from turnguard.task_results import ResultLabels
+from turnguard._dispatch import CHECK_HOOKS, HOT_OBSERVERS, PLUGIN_ERROR
+from turnguard._ledger import LedgerView
+from turnguard._task_results import ResultLabels
 
 EXPECTED: dict[str, tuple[type, ...]] = {
     "turn": (LedgerView,),

@@ -11,8 +11,8 @@ import time
 import pytest
 
 import turnguard as tg
-from turnguard.keys import Keyer, cached_digest, canonical_bytes
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._keys import Keyer, cached_digest, canonical_bytes
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 KEYER = Keyer()
 
@@ -268,7 +268,7 @@ def test_bad_arguments_never_raise_through_the_turn():
 def test_the_fallback_encoder_writes_what_json_writes(value):
     # a value with one odd part is encoded by the fallback; its JSON parts must read the same, or
     # adding a set to a call's arguments would change the key of everything else in them
-    from turnguard.keys import _encode, _fallback
+    from turnguard._keys import _encode, _fallback
 
     assert _fallback(value) == _encode(value)
 
@@ -301,7 +301,7 @@ IDENTITY_ARGS = [{"a": 1}, {"b": [1, 2], "a": {"c": None}}, "ls -la", '{"b": 1, 
 @pytest.mark.parametrize("mode", ["canonical", "bytes"])
 @pytest.mark.parametrize("args", IDENTITY_ARGS)
 def test_identity_bytes_are_what_the_digest_hashes(mode, args):
-    from turnguard.keys import identity_bytes
+    from turnguard._keys import identity_bytes
 
     secret = b"s" * 32
     expected = hashlib.blake2b(identity_bytes("tool", args, mode), digest_size=8, key=secret).digest()
@@ -309,7 +309,7 @@ def test_identity_bytes_are_what_the_digest_hashes(mode, args):
 
 
 def test_identity_bytes_refuse_an_unknown_mode():
-    from turnguard.keys import identity_bytes
+    from turnguard._keys import identity_bytes
 
     with pytest.raises(ValueError, match="canonical"):
         identity_bytes("tool", {}, "fuzzy")

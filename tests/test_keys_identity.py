@@ -31,8 +31,8 @@ from keys_cases import (
     cyclic_dict,
     hostile_values,
 )
-from turnguard import keys
-from turnguard.keys import Keyer, byte_identity, canonical_bytes, identity_bytes, name_bytes
+from turnguard import _keys as keys
+from turnguard._keys import Keyer, byte_identity, canonical_bytes, identity_bytes, name_bytes
 
 MODES = ("canonical", "bytes")
 FIXTURE = Path(__file__).parent / "data" / "keys_plain_json_digests.json"
@@ -70,7 +70,7 @@ def siphash_of(name: Any, data: bytes) -> bytes:
 
 
 def test_plain_json_and_text_keep_the_digests_they_had():
-    """The fixture holds digests computed by keys.py on main before this change (commit a2a5092)
+    """The fixture holds digests computed by _keys.py on main before this change (commit a2a5092)
     for a fixed secret: plain JSON values, JSON text and plain text, in both modes."""
     rows = json.loads(FIXTURE.read_text())
     assert len(rows) > 500
@@ -127,7 +127,7 @@ def test_equal_values_of_odd_types_are_one_call(mode):
 
 # -- the property: distinct meanings, distinct keys; equal meanings, equal keys ---------------------
 #
-# ``meaning`` is a reference written apart from keys.py: a value's meaning is the JSON that
+# ``meaning`` is a reference written apart from _keys.py: a value's meaning is the JSON that
 # ``json.dumps`` writes for it when it writes one, and otherwise a structural tuple. A top-level
 # str/bytes in canonical mode means the JSON value it holds when it is RFC 8259 JSON text with
 # only JSON whitespace around it, and otherwise its text; in bytes mode it means its bytes.
@@ -412,7 +412,7 @@ def test_a_guard_without_a_secret_keys_with_siphash_only_where_the_hash_seed_is_
 def test_siphash_digests_differ_between_processes():
     """The seed is per process: the same call gets another digest in another process, like the
     per-process BLAKE2b secret (a durable turn needs ``digest_key``)."""
-    probe = "from turnguard.keys import Keyer; print(Keyer(hash='siphash').digest('bash', 'ls -la').hex())"
+    probe = "from turnguard._keys import Keyer; print(Keyer(hash='siphash').digest('bash', 'ls -la').hex())"
     env = {**os.environ, "PYTHONHASHSEED": "random"}
     digests = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                               env=env).stdout.strip() for _ in range(3)}

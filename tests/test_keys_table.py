@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from turnguard.keys import identity_bytes
+from turnguard._keys import identity_bytes
 
 USAGE = Path(__file__).resolve().parents[1] / "docs" / "usage.md"
 HEADER = "| argument | `canonical` (default) | `bytes` |"

@@ -16,23 +16,23 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("turnguard.model", "turnguard.probe", "turnguard.state"),
-    ("turnguard.keys",),
-    ("turnguard.config", "turnguard.profiles"),
-    ("turnguard.ledger", "turnguard.task_results"),
-    ("turnguard.hookspecs", "turnguard.firing"),
-    ("turnguard.policies",),
-    ("turnguard.plugins",),
-    ("turnguard.dispatch", "turnguard.driver", "turnguard.guard", "turnguard.snapshot"),
-    ("turnguard.shadow",),
+    ("turnguard._model", "turnguard._probe", "turnguard._state"),
+    ("turnguard._keys",),
+    ("turnguard._config", "turnguard._profiles"),
+    ("turnguard._ledger", "turnguard._task_results"),
+    ("turnguard.hookspecs", "turnguard._firing"),
+    ("turnguard._policies",),
+    ("turnguard._plugins",),
+    ("turnguard._dispatch", "turnguard._driver", "turnguard._guard", "turnguard._snapshot"),
+    ("turnguard._shadow",),
     ("turnguard.telemetry",),
     ("turnguard",),
-    ("turnguard.terminal",),
-    ("turnguard.calibrate",),
+    ("turnguard._terminal",),
+    ("turnguard._calibrate",),
     ("turnguard.integrations",),
     ("turnguard.agents",),
-    ("turnguard.demo", "turnguard.assets", "turnguard.boards"),
-    ("turnguard.cli",),
+    ("turnguard._demo", "turnguard._assets", "turnguard._boards"),
+    ("turnguard._cli",),
     ("turnguard.__main__",),
 )
 """Lowest first. The core: facts (model, keys, config, ledger), the hook contract and what a policy
@@ -178,41 +178,41 @@ def test_no_import_cycle() -> None:
 
 
 @pytest.mark.parametrize(("source", "expected"), [
-    ("import turnguard.guard\n", {"turnguard.guard"}),
-    ("def f():\n    from turnguard.guard import Turn\n", {"turnguard.guard"}),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from turnguard import guard\n", {"turnguard.guard"}),
+    ("import turnguard._guard\n", {"turnguard._guard"}),
+    ("def f():\n    from turnguard._guard import Turn\n", {"turnguard._guard"}),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from turnguard import _guard as guard\n", {"turnguard._guard"}),
     ("from turnguard import Guard\n", {"turnguard"}),
-    ("from . import names\n", {"turnguard.telemetry.names"}),
-    ("from ..keys import Keyer\n", {"turnguard.keys"}),
-    ("FACTORIES = {'shadow': 'turnguard.shadow:plugin_for'}\n", {"turnguard.shadow"}),
-    ("import importlib\nimportlib.import_module('turnguard.calibrate.replay')\n", {"turnguard.calibrate.replay"}),
-    ("def f(target='turnguard.cli:main'):\n    pass\n", {"turnguard.cli"}),
-    ("MODULES = ('turnguard.policies.cap',)\n", {"turnguard.policies.cap"}),
+    ("from . import names\n", {"turnguard.telemetry._names"}),
+    ("from ..keys import Keyer\n", {"turnguard._keys"}),
+    ("FACTORIES = {'shadow': 'turnguard._shadow:plugin_for'}\n", {"turnguard._shadow"}),
+    ("import importlib\nimportlib.import_module('turnguard._calibrate.replay')\n", {"turnguard._calibrate.replay"}),
+    ("def f(target='turnguard._cli:main'):\n    pass\n", {"turnguard._cli"}),
+    ("MODULES = ('turnguard._policies.cap',)\n", {"turnguard._policies.cap"}),
 ])
 def test_imports_are_found_wherever_they_hide(tmp_path: Path, source: str, expected: set[str]) -> None:
-    path = tmp_path / "probe.py"
+    path = tmp_path / "_probe.py"
     path.write_text(source, encoding="utf-8")
     assert imported_modules("turnguard.telemetry.probe", path) == expected
 
 
 @pytest.mark.parametrize("source", [
-    "import logging\nlog = logging.getLogger('turnguard.calibrate')\n",
+    "import logging\nlog = logging.getLogger('turnguard._calibrate')\n",
     "GROUP = 'turnguard'\n",
     "NAME = 'turnguard.loop.soft_cap'\n",  # a telemetry attribute, no module
-    "TEXT = 'see turnguard.shadow:plugin_for'\n",  # prose, not a target
+    "TEXT = 'see turnguard._shadow:plugin_for'\n",  # prose, not a target
 ])
 def test_strings_that_load_no_module_are_no_import(tmp_path: Path, source: str) -> None:
-    path = tmp_path / "probe.py"
+    path = tmp_path / "_probe.py"
     path.write_text(source, encoding="utf-8")
     assert imported_modules("turnguard.telemetry.probe", path) == set()
 
 
 def test_a_registry_that_names_an_upper_module_in_a_string_is_an_upward_import(tmp_path: Path) -> None:
-    """What ``plugins.py`` once held: ``"turnguard.shadow:plugin_for"``, loaded by ``import_module``
+    """What ``_plugins.py`` once held: ``"turnguard._shadow:plugin_for"``, loaded by ``import_module``
     below the module it names (and the shadows import the registry back: a cycle at run time)."""
-    path = tmp_path / "plugins.py"
-    path.write_text("FACTORY_PLUGINS = {'shadow': 'turnguard.shadow:plugin_for'}\n", encoding="utf-8")
-    targets = imported_modules("turnguard.plugins", path)
-    assert "turnguard.shadow" in targets and layer_of("turnguard.shadow") > layer_of("turnguard.plugins")
-    graph = {**GRAPH, "turnguard.plugins": targets}
-    assert any({"turnguard.plugins", "turnguard.shadow"} <= set(c) for c in cycles(graph))
+    path = tmp_path / "_plugins.py"
+    path.write_text("FACTORY_PLUGINS = {'shadow': 'turnguard._shadow:plugin_for'}\n", encoding="utf-8")
+    targets = imported_modules("turnguard._plugins", path)
+    assert "turnguard._shadow" in targets and layer_of("turnguard._shadow") > layer_of("turnguard._plugins")
+    graph = {**GRAPH, "turnguard._plugins": targets}
+    assert any({"turnguard._plugins", "turnguard._shadow"} <= set(c) for c in cycles(graph))

@@ -6,10 +6,10 @@ import pytest
 
 import turnguard as tg
 from conftest import distinct_call, drive
-from turnguard.keys import Keyer
-from turnguard.ledger import VIEW_FACTS, Ledger, LedgerView
-from turnguard.plugins import NON_POLICY_PLUGINS
-from turnguard.policies import cap
+from turnguard._keys import Keyer
+from turnguard._ledger import VIEW_FACTS, Ledger, LedgerView
+from turnguard._plugins import NON_POLICY_PLUGINS
+from turnguard._policies import cap
 
 
 def key(i: int) -> bytes:

@@ -1,4 +1,4 @@
-"""``CallCounts`` (``turnguard.ledger._calls``): calls, model requests, key repeats, the stuck
+"""``CallCounts`` (``turnguard._ledger._calls``): calls, model requests, key repeats, the stuck
 signals' counts and the bound on tracked keys, each key counted by ``count_key`` (defined beside
 ``count_call``, which inlines it, in ``ledger._streaks``), with no streak in sight."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import turnguard as tg
-from turnguard.ledger._calls import CallCounts
-from turnguard.ledger._streaks import Streaks
+from turnguard._ledger._calls import CallCounts
+from turnguard._ledger._streaks import Streaks
 
 
 def key(i: int) -> bytes:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 import turnguard as tg
-from turnguard.ledger import Ledger
+from turnguard._ledger import Ledger
 
 OUTCOMES = (tg.Outcome.OK, tg.Outcome.OK, tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.DENIED, tg.Outcome.UNKNOWN)
 COMPARED = [name for cls in Ledger.__mro__ for name in getattr(cls, "__slots__", ())

@@ -1,4 +1,4 @@
-"""``CycleRuns`` (``turnguard.ledger._cycles``) on its own: calls settle in check order at their
+"""``CycleRuns`` (``turnguard._ledger._cycles``) on its own: calls settle in check order at their
 outcome, and a cycle repeated to a level is reported once at its shortest period."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 
 import turnguard as tg
-from turnguard.ledger import Ledger
-from turnguard.ledger._cycles import CycleRuns
+from turnguard._ledger import Ledger
+from turnguard._ledger._cycles import CycleRuns
 
 OK, ERROR, DENIED = tg.Outcome.OK, tg.Outcome.ERROR, tg.Outcome.DENIED
 A, B = b"a" * 8, b"b" * 8

@@ -1,10 +1,10 @@
-"""``PolledCalls`` (``turnguard.ledger._polled``) on its own: a stateful tool's repeat counts at
+"""``PolledCalls`` (``turnguard._ledger._polled``) on its own: a stateful tool's repeat counts at
 its outcome with its result, a changed result restarts the streak, an exempt tool joins none."""
 
 from __future__ import annotations
 
 import turnguard as tg
-from turnguard.ledger._polled import PolledCalls
+from turnguard._ledger._polled import PolledCalls
 
 OK = tg.Outcome.OK
 CALL, DONE, RUNNING = b"c" * 8, b"d" * 8, b"r" * 8

@@ -1,4 +1,4 @@
-"""``Streaks`` (``turnguard.ledger._streaks``) on its own: a checked call joins its streak, and
+"""``Streaks`` (``turnguard._ledger._streaks``) on its own: a checked call joins its streak, and
 outcomes settle there in check order, whatever order they arrive in."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 
 import turnguard as tg
-from turnguard.ledger._calls import CallCounts
-from turnguard.ledger._streaks import Streaks
+from turnguard._ledger._calls import CallCounts
+from turnguard._ledger._streaks import Streaks
 
 ERROR, OK, DENIED = tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED
 

@@ -12,7 +12,7 @@ import pytest
 import turnguard as tg
 import typecheck
 from test_docs_examples import Block
-from turnguard.ledger import VIEW_FACTS, VIEW_QUERIES, Ledger, LedgerFacts, LedgerView
+from turnguard._ledger import VIEW_FACTS, VIEW_QUERIES, Ledger, LedgerFacts, LedgerView
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import kept_result_token
-from turnguard import cli
+from turnguard import _cli as cli
 
 LINE = json.dumps({"id": "t1", "calls": [{"tool": "read", "args": {"p": 1}, "outcome": "error"}] * 9, "cycles": 1})
 ESC = "\x1b"

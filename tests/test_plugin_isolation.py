@@ -12,9 +12,9 @@ import pytest
 import turnguard as tg
 from conftest import core_guard, distinct_call
 from turnguard import hookspecs
-from turnguard.keys import KEY_TOKEN
-from turnguard.ledger import VIEW_FACTS, Ledger, LedgerView
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._keys import KEY_TOKEN
+from turnguard._ledger import VIEW_FACTS, Ledger, LedgerView
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 
 class Grabber:
@@ -63,7 +63,7 @@ def test_hooks_receive_a_read_only_view_with_the_facts(view):
 
 def view_ledger(view: LedgerView) -> Ledger:
     """The ledger behind a view, the way only the guard can reach it (for comparing facts)."""
-    from turnguard import ledger as module
+    from turnguard import _ledger as module
 
     return module._ledger_of(view)
 

@@ -14,19 +14,19 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY
-from turnguard import dispatch
-from turnguard.dispatch import BoundChecks, BoundImpl, Dispatcher, Impl, Observer
+from turnguard import _dispatch as dispatch
+from turnguard._dispatch import BoundChecks, BoundImpl, Dispatcher, Impl, Observer
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "turnguard"
-DISPATCHER = SRC / "dispatch.py"
+DISPATCHER = SRC / "_dispatch.py"
 CALLABLE_FIELDS = frozenset({"fn", "function"})
 """The fields that hold a plugin's function: ``Impl``/``BoundImpl``/``Observer.fn``, pluggy's ``HookImpl.function``."""
 
 ALLOWED: dict[tuple[str, str], frozenset[str]] = {
-    ("shadow.py", "apply_pending"): frozenset({"op"}),  # queued ledger operations (a retry, an answer)
-    ("shadow.py", "turnguard_check_call"): frozenset({"collect", "count", "own_digest"}),  # per shadow run
-    ("shadow.py", "turnguard_check_outcome"): frozenset({"collect", "polls", "record"}),  # per shadow run
-    ("boards/build.py", "build_all"): frozenset({"make"}),  # the board builders
+    ("_shadow.py", "apply_pending"): frozenset({"op"}),  # queued ledger operations (a retry, an answer)
+    ("_shadow.py", "turnguard_check_call"): frozenset({"collect", "count", "own_digest"}),  # per shadow run
+    ("_shadow.py", "turnguard_check_outcome"): frozenset({"collect", "polls", "record"}),  # per shadow run
+    ("_boards/build.py", "build_all"): frozenset({"make"}),  # the board builders
 }
 """Loops outside the dispatcher that call what they iterate over, and are no plugin loop: (file,
 function) -> the names they call. A shadow run's loop is its ``Driver``'s steps inlined (held

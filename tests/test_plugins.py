@@ -14,9 +14,9 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
-from turnguard import plugins
+from turnguard import _plugins as plugins
+from turnguard._plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS, PluginStatus, describe, entrypoint_selection
 from turnguard.hookspecs import PROJECT_NAME
-from turnguard.plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS, PluginStatus, describe, entrypoint_selection
 
 NO_TELEMETRY = NON_POLICY_PLUGINS
 DANGEROUS = tg.ToolCall("bash", "rm -rf /")
@@ -240,7 +240,7 @@ def test_a_wrapper_on_a_check_hook_is_refused_when_registered():
 
 
 def test_a_factory_plugin_that_fails_to_start_is_left_out(monkeypatch, caplog):
-    import turnguard.plugins as plugins
+    import turnguard._plugins as plugins
 
     monkeypatch.setitem(plugins.FACTORY_PLUGINS, "flaky", _failing_factory)
     with caplog.at_level(logging.WARNING, logger="turnguard"):
@@ -255,7 +255,7 @@ def test_a_factory_plugin_that_fails_to_start_is_left_out(monkeypatch, caplog):
 def test_a_factory_plugin_whose_module_cannot_be_imported_is_left_out(monkeypatch, caplog):
     """The built-ins above the guard import their module when first built (``turnguard/__init__.py``):
     one that cannot be imported is left out as one that fails to start is, never the guard's end."""
-    import turnguard.plugins as plugins
+    import turnguard._plugins as plugins
 
     monkeypatch.setitem(plugins.FACTORY_PLUGINS, "missing", _unimportable_factory)
     with caplog.at_level(logging.WARNING, logger="turnguard"):
@@ -278,7 +278,7 @@ def _unimportable_factory(config, **providers):
 
 def test_the_built_ins_above_the_guard_are_registered_by_the_package_in_hook_order():
     """``plugins`` names them; their modules (above it) give the factories, from ``turnguard``."""
-    from turnguard import shadow
+    from turnguard import _shadow as shadow
 
     assert tuple(plugins.FACTORY_PLUGINS)[:3] == plugins.NON_POLICY_PLUGINS == ("otel", "recorder", "shadow")
     assert all(callable(plugins.FACTORY_PLUGINS[name]) for name in plugins.NON_POLICY_PLUGINS)
@@ -290,7 +290,7 @@ def test_the_built_ins_above_the_guard_are_registered_by_the_package_in_hook_ord
 
 def test_a_factory_must_be_callable():
     with pytest.raises(TypeError, match="must be callable"):
-        plugins.register_factory("shadow", "turnguard.shadow:plugin_for")  # type: ignore[arg-type]
+        plugins.register_factory("shadow", "turnguard._shadow:plugin_for")  # type: ignore[arg-type]
     assert callable(plugins.FACTORY_PLUGINS["shadow"])
 
 

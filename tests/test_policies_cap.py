@@ -6,7 +6,7 @@ import pytest
 
 import turnguard as tg
 from conftest import distinct_call, drive, first_detection, productive_calls, with_repeats
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 REPEATED = tg.ToolCall("bash", "npm run build")
 

@@ -9,10 +9,10 @@ import pytest
 
 import turnguard as tg
 from conftest import corpus_files
-from turnguard.calibrate.corpus import corpus_turn
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.replay import TurnResult
+from turnguard._calibrate.corpus import corpus_turn
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import Policy
+from turnguard._calibrate.replay import TurnResult
 
 ON = {"cycle_repeat_warn_at": 5, "cycle_repeat_stop_at": 8}
 

@@ -17,13 +17,13 @@ import pytest
 
 import turnguard as tg
 from alternating_turns import alternating_turn
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.equivalence import stale_reach, turn_facts
-from turnguard.calibrate.grid import IdenticalCallsRule, Policy
-from turnguard.calibrate.records import RecordedCall, RecordedTurn
-from turnguard.calibrate.replay import TurnResult, cycle_starts
-from turnguard.firing import Firing, FiringRule
-from turnguard.policies import cap, cycle_repeat, cycles, streak
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.equivalence import stale_reach, turn_facts
+from turnguard._calibrate.grid import IdenticalCallsRule, Policy
+from turnguard._calibrate.records import RecordedCall, RecordedTurn
+from turnguard._calibrate.replay import TurnResult, cycle_starts
+from turnguard._firing import Firing, FiringRule
+from turnguard._policies import cap, cycle_repeat, cycles, streak
 
 CAP_ONLY = {"streak_warn_at": 0, "streak_stop_at": 0, "max_cycles_per_turn": 0}
 NO_CAP = {"max_tool_calls_per_turn": 0, "streak_warn_at": 0, "streak_stop_at": 0, "max_cycles_per_turn": 0}

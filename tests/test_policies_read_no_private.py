@@ -1,4 +1,4 @@
-"""The built-in policies read a turn through ``PolicyFacts`` (``turnguard.ledger``): no policy
+"""The built-in policies read a turn through ``PolicyFacts`` (``turnguard._ledger``): no policy
 module reads an underscored attribute of another object (``turn._streak``, ``call._key``). Its
 own instance's (``self._x``) and a class's own (``cls._x``) are its business."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-POLICIES = Path(__file__).resolve().parent.parent / "src" / "turnguard" / "policies"
+POLICIES = Path(__file__).resolve().parent.parent / "src" / "turnguard" / "_policies"
 
 
 def private_reads(source: str) -> list[str]:

@@ -7,9 +7,9 @@ import pytest
 
 import turnguard as tg
 from conftest import distinct_call, drive, first_detection
-from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS
-from turnguard.ledger import Ledger
-from turnguard.policies import cap
+from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS
+from turnguard._ledger import Ledger
+from turnguard._policies import cap
 
 
 def key(i: int) -> bytes:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import turnguard as tg
-from turnguard.telemetry import names as n
-from turnguard.telemetry.metrics import instruments_for
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard.telemetry import _names as n
+from turnguard.telemetry._metrics import instruments_for
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 
 class Broken:

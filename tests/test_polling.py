@@ -13,8 +13,8 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, core_guard
-from turnguard.keys import cached_result
-from turnguard.policies import cap
+from turnguard._keys import cached_result
+from turnguard._policies import cap
 
 OK, ERROR, DENIED = tg.Outcome.OK, tg.Outcome.ERROR, tg.Outcome.DENIED
 HALT, ALLOW, ASK = tg.Action.HALT, tg.Action.ALLOW, tg.Action.ASK
@@ -163,7 +163,7 @@ def test_a_batch_of_identical_polls_past_the_soft_cap_halts_at_the_outcome_that_
 
 
 def test_a_stateful_call_whose_outcome_never_comes_counts_without_a_result():
-    from turnguard.guard import MAX_AWAITING
+    from turnguard._guard import MAX_AWAITING
 
     turn = core_guard(stateful_tools=("poll",), soft_cap=0, streak_warn_at=0, streak_stop_at=0).turn()
     for _ in range(3 * MAX_AWAITING):
@@ -398,7 +398,7 @@ def test_the_restarts_counter_says_which_listed_tools_really_poll():
 
 
 def test_a_turn_counts_restarts_by_at_most_a_bounded_number_of_tool_names():
-    from turnguard.model import MAX_RESTART_TOOLS, OTHER_TOOLS
+    from turnguard._model import MAX_RESTART_TOOLS, OTHER_TOOLS
 
     turn = core_guard(stateful_tools=("*",)).turn()
     for i in range(MAX_RESTART_TOOLS + 10):

@@ -8,7 +8,7 @@ import pytest
 
 import polling_evidence as ev
 from conftest import corpus_files
-from turnguard.calibrate.inputs import read_turns
+from turnguard._calibrate.inputs import read_turns
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ import pytest
 
 import turnguard as tg
 from conftest import core_guard
-from turnguard.keys import KEY_DIGEST
+from turnguard._keys import KEY_DIGEST
 
 ERROR, OK, DENIED, UNKNOWN = tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED, tg.Outcome.UNKNOWN
 OUTCOMES = (ERROR, ERROR, ERROR, OK, DENIED, UNKNOWN)

@@ -15,9 +15,9 @@ import pytest
 
 import turnguard as tg
 from conftest import distinct_call, drive
-from turnguard.calibrate import cli
-from turnguard.probe import sample_point, selects
-from turnguard.telemetry import names as n
+from turnguard._calibrate import cli
+from turnguard._probe import sample_point, selects
+from turnguard.telemetry import _names as n
 
 NO_TELEMETRY = {"load_entrypoints": False, "disable_plugins": ("otel", "recorder")}
 
@@ -34,7 +34,7 @@ class Shadows:
 def test_sampling_is_the_same_in_another_process():
     ids = [f"conv-{i}" for i in range(50)]
     here = [sample_point(i) for i in ids]
-    code = f"from turnguard.probe import sample_point; print([sample_point(i) for i in {ids!r}])"
+    code = f"from turnguard._probe import sample_point; print([sample_point(i) for i in {ids!r}])"
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(there) == here
 

@@ -19,7 +19,7 @@ import pytest
 import evidence_oracle as oracle
 import probe_fleet as pf
 import turnguard as tg
-from turnguard.telemetry import names as n
+from turnguard.telemetry import _names as n
 
 W = pf.Work
 TOLERANCES = (0.05, 0.1, 0.3, 0.5, 0.7, 0.9)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import turnguard as tg
-from turnguard.probe import sample_point, selects
+from turnguard._probe import sample_point, selects
 
 MAIN: dict[str, Any] = {
     "name": "prod", "max_tool_calls_per_turn": 400, "soft_cap": 50, "hard_multiplier": 4,

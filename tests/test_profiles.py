@@ -10,7 +10,7 @@ import pytest
 import stuck_evidence as ev
 import turnguard as tg
 from conftest import CORE_ONLY, corpus_files, drive
-from turnguard.calibrate.inputs import read_turns
+from turnguard._calibrate.inputs import read_turns
 
 
 @pytest.fixture(scope="module")

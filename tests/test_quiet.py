@@ -1,4 +1,4 @@
-"""Hooks are not called where their policy cannot fire (``turnguard.firing.Quiet``), and that
+"""Hooks are not called where their policy cannot fire (``turnguard._firing.Quiet``), and that
 changes no verdict: a guard whose policies say where they are quiet and one whose policies say
 nothing (every hook called on every check) agree on every turn, shadows included."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import turnguard as tg
-from turnguard.firing import Quiet
-from turnguard.plugins import NON_POLICY_PLUGINS
-from turnguard.policies import cap, streak
+from turnguard._firing import Quiet
+from turnguard._plugins import NON_POLICY_PLUGINS
+from turnguard._policies import cap, streak
 
 OUTCOMES = (tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED, tg.Outcome.UNKNOWN)
 

@@ -23,8 +23,8 @@ import pytest
 
 import turnguard as tg
 from test_resume_equivalence import MAIN, Player, Script, make_script
-from turnguard.cli import main
-from turnguard.telemetry import recorder as rec
+from turnguard._cli import main
+from turnguard.telemetry import _recorder as rec
 
 TESTS = Path(__file__).resolve().parent
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -21,13 +21,13 @@ import pytest
 
 import turnguard as tg
 from conftest import drive
-from turnguard.calibrate import cli
-from turnguard.model import MAX_ID_LENGTH
-from turnguard.task_results import MAX_RECENT_TURNS, TOKEN_VERSION, ResultBook, ResultLabels, read_token, result_token
-from turnguard.telemetry import names as n
-from turnguard.telemetry.cardinality import BoundedValues
-from turnguard.telemetry.metrics import BUILTIN_THRESHOLDS, Instruments, instruments_for
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard._calibrate import cli
+from turnguard._model import MAX_ID_LENGTH
+from turnguard._task_results import MAX_RECENT_TURNS, TOKEN_VERSION, ResultBook, ResultLabels, read_token, result_token
+from turnguard.telemetry import _names as n
+from turnguard.telemetry._cardinality import BoundedValues
+from turnguard.telemetry._metrics import BUILTIN_THRESHOLDS, Instruments, instruments_for
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 S = tg.ResultStatus
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -110,7 +110,7 @@ def test_a_turn_whose_id_alone_does_not_fit_has_no_token_and_reports_by_id():
 RECEIVER = textwrap.dedent("""
     import json, sys
     import turnguard as tg
-    from turnguard.telemetry.testing import InMemoryTelemetry
+    from turnguard.telemetry._testing import InMemoryTelemetry
     token, record, digest_key = sys.argv[1], sys.argv[2], sys.argv[3] or None
     otel = InMemoryTelemetry()
     guard = tg.Guard(tg.GuardConfig(name="ci", soft_cap=7, load_entrypoints=False, recorder_path=record,

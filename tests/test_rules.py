@@ -1,4 +1,4 @@
-"""The shipped Prometheus rules and configs: generated from ``turnguard.boards.rules``, checked and
+"""The shipped Prometheus rules and configs: generated from ``turnguard._boards.rules``, checked and
 unit-tested by Debian's promtool (2.42) and Prometheus 3's, whose ranges are left-open.
 
 The counting records are held to a store model that knows the truth (``rule_cases``): on random
@@ -23,7 +23,7 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard.boards import build, rule_cases, rules  # noqa: E402
+from turnguard._boards import build, rule_cases, rules  # noqa: E402
 
 VARIANTS = {"portable": rules.PORTABLE, "start-times": rules.START_TIMES}
 RULES_DIR = chain.RULES.parent
@@ -56,7 +56,7 @@ def loaded(t: rules.Tiling) -> dict:
 
 
 def test_the_committed_rules_tests_and_configs_are_the_generators():
-    """One source: rules/, their unit tests and prometheus/*.yml are what turnguard.boards.rules writes."""
+    """One source: rules/, their unit tests and prometheus/*.yml are what turnguard._boards.rules writes."""
     assert rules.main(["--check"]) == 0
     for path, text in rules.written(chain.ASSETS).items():
         assert path.read_text() == text, path

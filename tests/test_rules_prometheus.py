@@ -25,7 +25,7 @@ from conftest import optional_dependency
 optional_dependency("opentelemetry.exporter.otlp.proto.http")
 
 import turnguard as tg  # noqa: E402
-from turnguard.boards import rules  # noqa: E402
+from turnguard._boards import rules  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]

@@ -9,10 +9,10 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
-from turnguard import shadow as shadow_module
-from turnguard.dispatch import Impl
-from turnguard.ledger import Ledger
-from turnguard.plugins import NON_POLICY_PLUGINS
+from turnguard import _shadow as shadow_module
+from turnguard._dispatch import Impl
+from turnguard._ledger import Ledger
+from turnguard._plugins import NON_POLICY_PLUGINS
 
 LIVE_ONLY = {"disable_plugins": tuple(p for p in NON_POLICY_PLUGINS if p != "shadow"), "load_entrypoints": False}
 """The core policies and the shadow plugin (no telemetry)."""

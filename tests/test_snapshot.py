@@ -12,7 +12,7 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY
-from turnguard.ledger import VIEW_FACTS
+from turnguard._ledger import VIEW_FACTS
 
 KEY = "durable-turns-test-key"
 
@@ -134,7 +134,7 @@ def test_a_pending_escalation_is_handed_back_and_resolved_in_the_resumed_turn():
     assert asked.action is tg.Action.ASK
     state = json.loads(json.dumps(turn.snapshot(pending=asked)))
     resumed = guard().resume(state)
-    pending = tg.snapshot.pending(state)
+    pending = tg._snapshot.pending(state)
     assert pending.event.event_id == asked.event.event_id and pending.event.level is tg.Level.WARN
     assert resumed.resolve(pending, "stop").action is tg.Action.HALT
 
@@ -294,7 +294,7 @@ def test_a_durable_turn_keys_its_calls_with_its_own_key_which_its_snapshot_carri
     for turn in (one, two, plain):
         call = tg.ToolCall("read_file", {"path": "a.py"})
         turn.check_call(call)
-        digests.append(tg.keys.cached_digest(call))
+        digests.append(tg._keys.cached_digest(call))
     assert len(set(digests)) == 3  # each durable turn's key is its own, and not the process's
     state = one.snapshot()
     assert state["keying"] == "turn" and len(bytes.fromhex(state["turn_key"])) == 32
@@ -306,7 +306,7 @@ def test_a_durable_turn_of_a_guard_with_digest_key_is_keyed_by_it_and_carries_no
     turn = guard().turn(durable=True)
     call = tg.ToolCall("read_file", {"path": "a.py"})
     turn.check_call(call)
-    assert tg.keys.cached_digest(call) == guard().keyer.digest("read_file", {"path": "a.py"})
+    assert tg._keys.cached_digest(call) == guard().keyer.digest("read_file", {"path": "a.py"})
     state = turn.snapshot()
     assert state["keying"] == "digest_key" and "turn_key" not in state and KEY not in json.dumps(state)
     assert guard().resume(state).durable
@@ -489,7 +489,7 @@ def test_a_waiting_call_without_an_id_is_matched_after_a_resume_by_the_call_itse
     after = tg.ToolCall("ls", "-l")
     resumed.check_call(after)
     resumed.record_outcome(after, "ok")
-    assert resumed.record_outcome(after, "ok") is tg.guard.ALLOW and resumed.ledger.outcomes("ok") == 1
+    assert resumed.record_outcome(after, "ok") is tg._guard.ALLOW and resumed.ledger.outcomes("ok") == 1
     assert [seq for seq in resumed._awaiting] == [1, 2, 3]  # the duplicate took no waiting call
     resumed.record_outcome(second, "error")  # the original object: its own check, the 2nd
     assert list(resumed._awaiting) == [1, 3]
@@ -522,8 +522,8 @@ def test_a_shadow_started_afresh_at_a_resume_counts_the_calls_after_it():
 
 
 def test_more_waiting_calls_than_a_live_turn_keeps_are_refused_naming_awaiting():
-    from turnguard.guard import MAX_AWAITING
-    from turnguard.snapshot import MAX_WAITING
+    from turnguard._guard import MAX_AWAITING
+    from turnguard._snapshot import MAX_WAITING
 
     assert MAX_WAITING == 2 * MAX_AWAITING + 1024  # a live turn looks every 1,024 checks past twice the bound
     g = guard(soft_cap=0)

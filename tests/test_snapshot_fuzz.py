@@ -231,7 +231,7 @@ def run_on(turn: tg.Turn, state: dict) -> None:
         if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[1], str) and entry[1]:
             turn.record_outcome(tg.ToolCall(entry[1], {"t": 1}, entry[2] if isinstance(entry[2], str) else None),
                                 tg.Outcome.ERROR)
-    pending = tg.snapshot.pending(state)
+    pending = tg._snapshot.pending(state)
     if pending is not None and pending.event is not None:
         turn.resolve(pending, "continue")
     play(turn, 99, 50)

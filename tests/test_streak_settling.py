@@ -12,7 +12,7 @@ import pytest
 
 import turnguard as tg
 from conftest import core_guard
-from turnguard.ledger import Ledger, count_outcome
+from turnguard._ledger import Ledger, count_outcome
 
 
 def lost_first_poll(config: tg.GuardConfig, outcome: str, polls: int = 40) -> tuple[int, tg.Turn]:

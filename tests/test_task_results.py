@@ -18,9 +18,9 @@ import pytest
 
 import turnguard as tg
 from conftest import CORE_ONLY, distinct_call, drive
-from turnguard.calibrate import cli
-from turnguard.model import MAX_ID_LENGTH, TurnSummary, cut_text
-from turnguard.task_results import (
+from turnguard._calibrate import cli
+from turnguard._model import MAX_ID_LENGTH, TurnSummary, cut_text
+from turnguard._task_results import (
     _TEXT_FIELDS,
     MAX_KEPT_ITEMS,
     MAX_RECENT_TURNS,
@@ -28,7 +28,7 @@ from turnguard.task_results import (
     ResultBook,
     kept_summary,
 )
-from turnguard.telemetry import names as n
+from turnguard.telemetry import _names as n
 
 S = tg.ResultStatus
 

@@ -7,7 +7,7 @@ import logging
 from opentelemetry.sdk._logs.export import LogRecordExportResult
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from turnguard.telemetry.breaker import Breaker, BreakerLogRecordExporter, BreakerSpanExporter
+from turnguard.telemetry._breaker import Breaker, BreakerLogRecordExporter, BreakerSpanExporter
 
 
 class Clock:

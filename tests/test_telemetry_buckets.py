@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import turnguard as tg
-from turnguard.telemetry import buckets
+from turnguard.telemetry import _buckets as buckets
 
 
 @pytest.mark.parametrize("soft_cap", [1, 3, 7, 100, 250, 1000])

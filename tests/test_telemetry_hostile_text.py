@@ -16,11 +16,11 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 import turnguard as tg
-from turnguard.config import valid_name
-from turnguard.model import MAX_ID_LENGTH, id_text
-from turnguard.telemetry import names as n
-from turnguard.telemetry.testing import InMemoryTelemetry
-from turnguard.telemetry.text import CUT_MARK, export_text
+from turnguard._config import valid_name
+from turnguard._model import MAX_ID_LENGTH, id_text
+from turnguard.telemetry import _names as n
+from turnguard.telemetry._testing import InMemoryTelemetry
+from turnguard.telemetry._text import CUT_MARK, export_text
 
 
 class Text(str):

@@ -8,8 +8,8 @@ from typing import Any
 
 import turnguard as tg
 from turnguard import Threshold
-from turnguard.telemetry import names as n
-from turnguard.telemetry.metrics import Instruments
+from turnguard.telemetry import _names as n
+from turnguard.telemetry._metrics import Instruments
 
 GENAI_CONVENTION_NAMES = {
     "gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.type",

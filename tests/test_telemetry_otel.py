@@ -14,9 +14,9 @@ from opentelemetry._logs import NoOpLoggerProvider, SeverityNumber
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode, set_span_in_context
 
 import turnguard as tg
-from turnguard.telemetry import buckets
-from turnguard.telemetry import names as n
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard.telemetry import _buckets as buckets
+from turnguard.telemetry import _names as n
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 SECRET_ARG = "SECRET-ARGUMENT-7f3a"
 CONVERSATION = "conversation-secret-91c2"
@@ -693,7 +693,7 @@ def test_call_span_keeps_the_parent_current_at_the_check_even_if_the_outcome_com
 
 
 def test_turns_never_ended_are_bounded_and_their_spans_closed(otel, monkeypatch):
-    from turnguard.telemetry import names as plugin_module
+    from turnguard.telemetry import _names as plugin_module
 
     monkeypatch.setattr(plugin_module, "MAX_OPEN_TURNS", 2)
     guard = make_guard(otel)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import turnguard as tg
-from turnguard.telemetry import names as n
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard.telemetry import _names as n
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 SECRET_ARG = "SECRET-ARGUMENT-41d0"
 SHADOWS = {

@@ -12,9 +12,9 @@ import time
 import pytest
 
 import turnguard as tg
+from turnguard.telemetry import _names as n
 from turnguard.telemetry import configure
-from turnguard.telemetry import names as n
-from turnguard.telemetry.receiver import OtlpReceiver, attributes, received_items
+from turnguard.telemetry._receiver import OtlpReceiver, attributes, received_items
 
 SOFT_CAP = 4
 
@@ -234,7 +234,7 @@ def test_demo_records_turns_and_exports_otlp_when_the_endpoint_is_set(receiver, 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TURNGUARD_"))}
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
     done = subprocess.run(
-        [sys.executable, "-m", "turnguard.cli", "demo", "soft-stuck"],
+        [sys.executable, "-m", "turnguard._cli", "demo", "soft-stuck"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ import http.client
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from turnguard.telemetry.receiver import OtlpReceiver
+from turnguard.telemetry._receiver import OtlpReceiver
 
 
 @pytest.fixture

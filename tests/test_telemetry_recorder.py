@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 import turnguard as tg
-from turnguard.telemetry import recorder as rec
+from turnguard.telemetry import _recorder as rec
 
 SECRET_ARG = "SECRET-ARGUMENT-55d1"
 

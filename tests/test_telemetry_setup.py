@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import turnguard as tg
 from turnguard.telemetry import Telemetry, TelemetryConfigError, configure
-from turnguard.telemetry.breaker import BreakerSpanExporter
-from turnguard.telemetry.metrics import instruments_for
-from turnguard.telemetry.setup import resolve
+from turnguard.telemetry._breaker import BreakerSpanExporter
+from turnguard.telemetry._metrics import instruments_for
+from turnguard.telemetry._setup import resolve
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 LOCAL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_TIMEOUT": "200"}

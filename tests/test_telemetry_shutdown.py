@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from turnguard.telemetry import setup
-from turnguard.telemetry.receiver import OtlpReceiver
+from turnguard.telemetry import _setup as setup
+from turnguard.telemetry._receiver import OtlpReceiver
 
 CHILD = """
 import sys, time

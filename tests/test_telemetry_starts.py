@@ -32,7 +32,7 @@ from opentelemetry.sdk.metrics.export import Histogram as HistogramData  # noqa:
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
 
-from turnguard.telemetry.starts import MS, SeparateStartsExporter, separate_starts  # noqa: E402
+from turnguard.telemetry._starts import MS, SeparateStartsExporter, separate_starts  # noqa: E402
 
 CUMULATIVE, DELTA = AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA
 

@@ -20,9 +20,9 @@ import pytest
 
 import planted_fleet
 from conftest import corpus_files, kept_result_token
-from turnguard import cli
-from turnguard.calibrate.run import Progress
-from turnguard.terminal import DEFAULT_WIDTH, fit_table
+from turnguard import _cli as cli
+from turnguard._calibrate.run import Progress
+from turnguard._terminal import DEFAULT_WIDTH, fit_table
 
 PROBE = [{"id": f"probe-{i}-" + "x" * 40, "cohort": "probe", "resolved": i % 2 == 0,
           "calls": [{"tool": "read", "args": {"p": j}, "outcome": "ok"} for j in range(30 + 40 * i)]}
@@ -149,7 +149,7 @@ def read_all(fd: int) -> str:
 
 
 def test_without_tqdm_calibrate_draws_no_bar_and_runs(monkeypatch, tmp_path) -> None:
-    import turnguard.calibrate.run as run
+    import turnguard._calibrate.run as run
 
     monkeypatch.setattr(run, "available", lambda: False)
     terminal = io.StringIO()

@@ -1,4 +1,4 @@
-"""A turn's times are read once (``turnguard.telemetry.clock``): its span and its recorder line say
+"""A turn's times are read once (``turnguard.telemetry._clock``): its span and its recorder line say
 the same start and end, to the float ``turnguard calibrate`` reads, so calibrate tells the same
 recording (first start, last end, days) from the Collector's file as from the recorder's. The
 times are the wall clock's, the span lasts the turn's ``duration_s``, and its call spans lie
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import turnguard as tg
-from turnguard.telemetry import names as n
-from turnguard.telemetry.testing import InMemoryTelemetry
+from turnguard.telemetry import _names as n
+from turnguard.telemetry._testing import InMemoryTelemetry
 
 STEP_NS = 50_000_000
 """How far the wall clock may be stepped during a test (a VM's time sync steps it by milliseconds):

@@ -25,11 +25,11 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from turnguard.calibrate.engine import Calibrator
-from turnguard.calibrate.grid import Policy
-from turnguard.calibrate.inputs import InputError, RecordedTurn, read_turns
-from turnguard.config import GuardConfig
-from turnguard.profiles import PROFILES
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import Policy
+from turnguard._calibrate.inputs import InputError, RecordedTurn, read_turns
+from turnguard._config import GuardConfig
+from turnguard._profiles import PROFILES
 
 STUCK_RUN = 8
 """Consecutive identical calls that make a turn degenerate (the issue's definition)."""

@@ -8,13 +8,12 @@ lower module names an upper one.
 
 from typing import Any
 
-from turnguard import plugins as _plugins
-from turnguard import shadow as _shadow
-from turnguard.config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig, Probe
-from turnguard.guard import Guard, Turn
-from turnguard.hookspecs import hookimpl, hookspec
-from turnguard.ledger import Ledger, LedgerView
-from turnguard.model import (
+from turnguard import _plugins as _plugins
+from turnguard import _shadow as _shadow
+from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig, Probe
+from turnguard._guard import Guard, Turn
+from turnguard._ledger import Ledger, LedgerView
+from turnguard._model import (
     Action,
     Answer,
     IgnoredOutcome,
@@ -27,10 +26,11 @@ from turnguard.model import (
     TurnSummary,
     Verdict,
 )
-from turnguard.probe import Cohort
-from turnguard.profiles import PROFILES
-from turnguard.snapshot import SnapshotError
-from turnguard.task_results import ResultStatus
+from turnguard._probe import Cohort
+from turnguard._profiles import PROFILES
+from turnguard._snapshot import SnapshotError
+from turnguard._task_results import ResultStatus
+from turnguard.hookspecs import hookimpl, hookspec
 
 __all__ = [
     "PROFILES",
@@ -66,14 +66,14 @@ __version__ = "0.1.0"
 def _otel_plugin(config: GuardConfig, **providers: Any) -> object | None:
     """The ``otel`` built-in: telemetry is imported when a guard first needs it (one that cannot
     be imported is left out, as a plugin that fails to start is)."""
-    from turnguard.telemetry import otel
+    from turnguard.telemetry import _otel as otel
 
     return otel.plugin_for(config, scope_version=__version__, **providers)
 
 
 def _recorder_plugin(config: GuardConfig, **providers: Any) -> object | None:
     """The ``recorder`` built-in (imported as ``otel`` is)."""
-    from turnguard.telemetry import recorder
+    from turnguard.telemetry import _recorder as recorder
 
     return recorder.plugin_for(config, **providers)
 

@@ -10,6 +10,6 @@ if sys.argv[1:2] == ["hook"]:
 
     raise SystemExit(hook_main(sys.argv[2:]))
 
-from turnguard.cli import main
+from turnguard._cli import main
 
 raise SystemExit(main())

@@ -1,7 +1,7 @@
 """The plugin contract: every hook turnguard calls, documented where it is declared.
 
 Hooks are called with keyword arguments; an implementation may accept any subset of them.
-``turn`` is a read-only view of the turn's ledger (:class:`turnguard.ledger.LedgerView`):
+``turn`` is a read-only view of the turn's ledger (:class:`turnguard._ledger.LedgerView`):
 counts, max repeat, streaks, cycles, ``config`` and identifiers, plus ``turn.detect(...)`` to
 build a verdict with a ``LoopDetectedEvent``; no mutator, no private field. (Only turnguard's
 own policy modules get the ``Ledger`` itself, for speed.) One view per turn: key per-turn state
@@ -10,7 +10,7 @@ by it. The view keeps a plugin from changing the counts by mistake; it is not a 
 
 Check hooks (``turnguard_check_*``) are decision hooks: every implementation is called, each in
 isolation, and the most severe verdict wins. Observer hooks return nothing. Every hook, check or
-observer, is called through the guard's dispatcher (``turnguard.dispatch``), so a plugin that
+observer, is called through the guard's dispatcher (``turnguard._dispatch``), so a plugin that
 raises is treated one way whichever hook it raised in: it is logged and reported through
 ``turnguard_plugin_error``; under ``fail_mode="open"`` (the default) nothing else happens; under
 ``fail_mode="closed"`` the host call it happened in returns HALT, and the turn stays halted.
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from turnguard.config import GuardConfig
-    from turnguard.ledger import LedgerView
-    from turnguard.model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
-    from turnguard.task_results import ResultLabels
+    from turnguard._config import GuardConfig
+    from turnguard._ledger import LedgerView
+    from turnguard._model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
+    from turnguard._task_results import ResultLabels
 
 __all__ = [
     "PROJECT_NAME",
@@ -225,7 +225,7 @@ def turnguard_turn_result(turn_id: str, summary: TurnSummary | None, resolved: b
     this guard does not hold: another process's, or one it forgot), or a result was ignored
     (``duplicate``, ``unknown``, ``expired``, ``after_shutdown``, ``invalid``, ``invalid_id``,
     ``invalid_token``; ``summary`` is the turn's when it is known). ``turn_id`` is the turn's id,
-    cut like the summary's. ``labels`` (``turnguard.task_results.ResultLabels``) are the facts the
+    cut like the summary's. ``labels`` (``turnguard._task_results.ResultLabels``) are the facts the
     result is reported with, from the summary or the token, whenever the turn is known
     (``labels.trusted`` is false for a token taken without a ``digest_key``: anyone could make it,
     with any labels). A result reported before the turn ended is ``summary.resolved`` at

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnguard.config import CONFIG_ENV, ENV_PREFIX, GuardConfig
+from turnguard._config import CONFIG_ENV, ENV_PREFIX, GuardConfig
 
 CONFIG_FILES = ("turnguard.toml", "pyproject.toml")
 """The names ``GuardConfig.load`` looks for in each folder from the event's up."""
@@ -44,7 +44,7 @@ def read(environ: Mapping[str, str], search: str, hooks_dir: Path) -> Settings:
 
 
 def live_config(config: GuardConfig, hooks_dir: Path) -> GuardConfig:
-    from turnguard.plugins import policies_only
+    from turnguard._plugins import policies_only
 
     scan = config.load_entrypoints and plugins_installed(hooks_dir)
     return policies_only(config).replace(load_entrypoints=scan)
@@ -113,7 +113,7 @@ def plugins_installed(directory: Path) -> bool:
             return bool(saved["installed"])
     except (OSError, ValueError, AttributeError):
         pass
-    from turnguard.plugins import installed_entrypoints
+    from turnguard._plugins import installed_entrypoints
 
     installed = bool(installed_entrypoints())
     try:

@@ -90,8 +90,9 @@ class ReplayClock:
     @contextlib.contextmanager
     def installed(self) -> Iterator[ReplayClock]:
         """Turns, shadows and spans read this clock inside the block (this process does nothing else)."""
-        from turnguard import ledger, shadow
-        from turnguard.telemetry import spans
+        from turnguard import _ledger as ledger
+        from turnguard import _shadow as shadow
+        from turnguard.telemetry import _spans as spans
 
         clock = SimpleNamespace(time_ns=self.time_ns, monotonic=self.monotonic)
         saved = (ledger.time, shadow.time, spans.time_ns)
@@ -105,7 +106,7 @@ class ReplayClock:
 def replay(guard: Any, item: dict[str, Any], clock: ReplayClock) -> Any:
     """Run the journal's turn through ``guard``: the same calls in the same order, so the same
     verdicts; returns the ended turn (``None`` for a journal cut at ``hook.MAX_JOURNAL``)."""
-    from turnguard.model import ToolCall
+    from turnguard._model import ToolCall
 
     journal = item["journal"]
     if ["x"] in journal:
@@ -221,8 +222,8 @@ def keep_token(root: Path, item: dict[str, Any], token: str | None) -> None:
 
 def _guard_for(guards: dict[str, Any], item: dict[str, Any], root: Path, environ: Mapping[str, str]) -> Any:
     """The full guard of the project the turn ran in (its ``turnguard.toml``), one per project."""
-    from turnguard.config import GuardConfig
-    from turnguard.guard import Guard
+    from turnguard._config import GuardConfig
+    from turnguard._guard import Guard
 
     search = _search(item.get("cwd"))
     guard = guards.get(search)
@@ -248,7 +249,7 @@ def _report_failures(root: Path, guard: Any) -> None:
     otel = guard.pm.get_plugin("otel")
     if otel is None:
         return
-    from turnguard.telemetry.names import HOOK_FAILED
+    from turnguard.telemetry._names import HOOK_FAILED
 
     for line in lines:
         fields = line.split("\t")
@@ -293,7 +294,7 @@ def _search(cwd: Any) -> str:
 def otel_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` with each ``TURNGUARD_OTEL_X`` as ``OTEL_X`` where that is not set: Claude Code
     gives its hooks no ``OTEL_*`` variable, so they reach turnguard's exporter under its prefix."""
-    from turnguard.config import OTEL_PASSTHROUGH
+    from turnguard._config import OTEL_PASSTHROUGH
 
     env = dict(environ)
     for name, value in environ.items():

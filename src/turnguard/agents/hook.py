@@ -101,7 +101,7 @@ def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = No
         hook = Hook(protocol, environ, event.cwd or cwd, memo)
         return hook.handle(event)
     except Exception as exc:  # a hook never takes its agent down
-        from turnguard.config import ConfigError
+        from turnguard._config import ConfigError
 
         if isinstance(exc, BadEvent):
             why = f"bad event: {exc}"
@@ -256,7 +256,7 @@ class Hook:
         """The turn of the session's snapshot; ``None`` (the snapshot dropped, the failure noted)
         when this configuration cannot resume it: the configuration changed in the middle of a
         turn, or the file was damaged. The session then goes on with a new turn."""
-        from turnguard.snapshot import SnapshotError
+        from turnguard._snapshot import SnapshotError
 
         try:
             return self.guard.resume(data["turn"])
@@ -343,7 +343,7 @@ class Hook:
         return decision
 
     def _check(self, turn: Any, data: dict[str, Any], event: AgentEvent) -> Decision:
-        from turnguard.model import ToolCall
+        from turnguard._model import ToolCall
 
         assert event.tool_name is not None
         ask = data.get("ask")
@@ -367,7 +367,7 @@ class Hook:
 
     def _outcome(self, turn: Any, data: dict[str, Any], name: str, tool_input: Any, call_id: str | None,
                  outcome: str, result: Any) -> Decision:
-        from turnguard.model import ToolCall
+        from turnguard._model import ToolCall
 
         waiting = data.get("waiting") or []
         for i, (other, other_input, other_id) in enumerate(waiting):
@@ -392,7 +392,7 @@ class Hook:
 
     def _answer(self, turn: Any, data: dict[str, Any], answer: str) -> None:
         """The person's answer to the pending question, told to the turn (and the journal)."""
-        from turnguard.snapshot import read_verdict
+        from turnguard._snapshot import read_verdict
 
         ask = data.pop("ask")
         verdict = read_verdict(ask["verdict"], "ask")
@@ -401,7 +401,7 @@ class Hook:
             self._journal(data["journal"], ["a", time.time_ns(), answer, ask["at"]])
 
     def _decision(self, verdict: Any, turn: Any, *, at_check: bool) -> Decision:
-        from turnguard.model import Action
+        from turnguard._model import Action
 
         action = verdict.action
         if action is Action.ALLOW:
@@ -415,7 +415,7 @@ class Hook:
         return Decision.halt(verdict.message or HALT_NOTE, at_check=at_check)
 
     def _digest(self, name: str, value: Any) -> str:
-        from turnguard.keys import identity_bytes
+        from turnguard._keys import identity_bytes
 
         return "#" + hashlib.blake2b(identity_bytes(name, value, self.config.key_mode), digest_size=8).hexdigest()
 
@@ -436,7 +436,7 @@ _GUARDS_LOCK = threading.Lock()
 
 
 def guard_for(config: Any, environ: Mapping[str, str]) -> Any:
-    from turnguard.guard import Guard
+    from turnguard._guard import Guard
 
     key = (config, environ.get("TURNGUARD_LOAD_PLUGINS"))
     try:
@@ -453,7 +453,7 @@ def guard_for(config: Any, environ: Mapping[str, str]) -> Any:
 
 
 def _verdict_data(verdict: Any) -> dict[str, Any]:
-    from turnguard.snapshot import verdict_data
+    from turnguard._snapshot import verdict_data
 
     data = verdict_data(verdict)
     assert data is not None

@@ -711,7 +711,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                        help="the user's settings: $CLAUDE_CONFIG_DIR or ~/.claude, $CODEX_HOME or ~/.codex, "
                             "~/.gemini")
     parser.set_defaults(scope=Scope.PROJECT.value)
-    from turnguard.terminal import add_wide_argument
+    from turnguard._terminal import add_wide_argument
 
     add_wide_argument(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the changes as a diff and write nothing")
@@ -744,7 +744,7 @@ def _diff(change: Change, cwd: Path) -> Iterator[str]:
 def _say(text: str, wide: bool = False) -> None:
     """A line of what was done, wrapped to the terminal (at least 80 columns; not with ``--wide``),
     paths unbroken."""
-    from turnguard.terminal import output_width
+    from turnguard._terminal import output_width
 
     print(textwrap.fill(text, width=output_width(wide), subsequent_indent="  ", break_long_words=False,
                         break_on_hyphens=False))

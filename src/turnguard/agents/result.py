@@ -29,7 +29,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("outcome", choices=tuple(ANSWERS), metavar="OUTCOME",
                         help="resolved (the task succeeded) or unresolved")
     parser.add_argument("--session", metavar="ID", help="the session (default: the last turn any session ended)")
-    from turnguard.terminal import add_wide_argument
+    from turnguard._terminal import add_wide_argument
 
     add_wide_argument(parser)  # (one line: as wide as it is either way)
     parser.add_argument("--state-dir", metavar="DIR", help="the hooks' state directory (default: $TURNGUARD_STATE_DIR, "
@@ -47,7 +47,7 @@ def token_file(root: Path, agent: str, session: str | None) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from turnguard.guard import Guard
+    from turnguard._guard import Guard
 
     root = Path(args.state_dir) if args.state_dir else state_root()
     path = token_file(root, args.agent, args.session)

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.guard import Guard, Turn
-from turnguard.model import Action, Answer, Level, LoopDetected, Outcome, ToolCall, Verdict
+from turnguard._guard import Guard, Turn
+from turnguard._model import Action, Answer, Level, LoopDetected, Outcome, ToolCall, Verdict
 
 AskResult = Answer | str
 Ask = Callable[[Verdict], AskResult | Awaitable[AskResult]]

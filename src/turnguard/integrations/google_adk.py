@@ -56,7 +56,8 @@ from google.adk.models.llm_response import LlmResponse
 from google.adk.plugins.base_plugin import BasePlugin
 from google.genai import types
 
-from turnguard.guard import Guard
+from turnguard._guard import Guard
+from turnguard._model import Outcome, ToolCall, Verdict
 from turnguard.integrations._common import (
     Ask,
     Decision,
@@ -70,7 +71,6 @@ from turnguard.integrations._common import (
     open_turn,
     with_reminder,
 )
-from turnguard.model import Outcome, ToolCall, Verdict
 
 __all__ = ["TurnGuardPlugin", "confirmation_answer", "confirmation_requests", "halt_of"]
 

@@ -65,7 +65,10 @@ from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command, interrupt
 
-from turnguard.guard import Guard
+from turnguard._guard import Guard
+from turnguard._model import ALLOW, Outcome, ToolCall, Verdict
+from turnguard._snapshot import SnapshotError
+from turnguard._snapshot import pending as snapshot_pending
 from turnguard.integrations._common import (
     Ask,
     AskResult,
@@ -82,9 +85,6 @@ from turnguard.integrations._common import (
     put_aside,
     with_reminder,
 )
-from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
-from turnguard.snapshot import SnapshotError
-from turnguard.snapshot import pending as snapshot_pending
 
 __all__ = ["RunEndHandler", "TurnGuardHalted", "TurnGuardMiddleware"]
 

@@ -35,11 +35,11 @@ from typing import Any
 
 import llm
 
-from turnguard.config import ConfigError, GuardConfig
-from turnguard.guard import Guard
+from turnguard._config import ConfigError, GuardConfig
+from turnguard._guard import Guard
+from turnguard._model import Outcome, ToolCall
+from turnguard._terminal import shown
 from turnguard.integrations._common import Ask, Decision, RunDriver, TurnHalted, make_call, open_turn, with_reminder
-from turnguard.model import Outcome, ToolCall
-from turnguard.terminal import shown
 
 __all__ = ["ChainGuard", "GuardedChain", "TurnGuardHalted", "chain"]
 

@@ -61,7 +61,8 @@ from agents.exceptions import AgentsException
 from agents.tool import default_tool_error_function
 from agents.tracing import get_current_span
 
-from turnguard.guard import Guard
+from turnguard._guard import Guard
+from turnguard._model import Outcome, ToolCall, Verdict
 from turnguard.integrations._common import (
     Ask,
     Decision,
@@ -74,7 +75,6 @@ from turnguard.integrations._common import (
     open_turn,
     put_aside,
 )
-from turnguard.model import Outcome, ToolCall, Verdict
 
 __all__ = [
     "TurnGuardHalted",
@@ -449,7 +449,7 @@ def _from_turn_state(
     guard: Guard, state: dict[str, Any], *, ask: Any, promptable: bool | None, inner: RunHooks[Any] | None
 ) -> TurnGuardRunHooks:
     """Hooks continuing a turn another process left open (``turn_state``)."""
-    from turnguard.snapshot import SnapshotError, pending
+    from turnguard._snapshot import SnapshotError, pending
 
     hooks = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=inner)
     turn = guard.resume(state)

@@ -46,7 +46,10 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import AgentRunError, ApprovalRequired, CallDeferred
 from pydantic_ai.tools import DeferredToolRequests
 
-from turnguard.guard import Guard
+from turnguard._guard import Guard
+from turnguard._model import ALLOW, Outcome, ToolCall, Verdict
+from turnguard._snapshot import SnapshotError
+from turnguard._snapshot import pending as pending_verdict
 from turnguard.integrations._common import (
     Ask,
     Decision,
@@ -61,9 +64,6 @@ from turnguard.integrations._common import (
     put_aside,
     with_reminder,
 )
-from turnguard.model import ALLOW, Outcome, ToolCall, Verdict
-from turnguard.snapshot import SnapshotError
-from turnguard.snapshot import pending as pending_verdict
 
 __all__ = ["TurnGuardCapability", "TurnGuardHalted", "approval_requests", "turn_state"]
 

@@ -4,6 +4,6 @@
 that have no OpenTelemetry setup of their own; it never installs globals unless asked.
 """
 
-from turnguard.telemetry.setup import ExportSettings, Telemetry, TelemetryConfigError, configure, install_global
+from turnguard.telemetry._setup import ExportSettings, Telemetry, TelemetryConfigError, configure, install_global
 
 __all__ = ["ExportSettings", "Telemetry", "TelemetryConfigError", "configure", "install_global"]

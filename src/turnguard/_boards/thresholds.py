@@ -1,0 +1,693 @@
+"""The **Threshold validation** board: are the thresholds right for this traffic? How turns spread
+against S and the backstop S×m, what a lower backstop would cut, what the turns halted at the
+backstop were doing, and the probe cohort's evidence past every live threshold, with its interval,
+its decision against the operator's tolerance and a product-limit estimate past the backstop.
+
+It reads the recording rules' series only. A turn halted at a threshold is censored there: its
+recording says it needed more calls than that, not how many. Every figure that depends on such
+turns says so (``censored`` in its description), a percentile carries the halted share beside it,
+and a figure past a cap no turn could pass is not shown (past the live backstop only probe turns
+are seen, and none past the probe's own cap).
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import heatmap, text
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.builders.heatmap import RowsHeatmapOptions, YAxisConfig
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.models.common import HeatmapCellLayout
+from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from turnguard._boards import evidence
+from turnguard._boards import promql as q
+from turnguard._boards.panels import (
+    DATASOURCE,
+    PanelBuilder,
+    bars,
+    base,
+    legend,
+    mapped,
+    over_time,
+    query,
+    ref,
+    stat_panel,
+    stats,
+    table_panel,
+    with_panels,
+)
+from turnguard._boards.settings import DEFAULTS, CapSettings
+from turnguard._config import GuardConfig
+from turnguard._model import Threshold
+from turnguard.telemetry import _buckets as buckets
+from turnguard.telemetry import _names as n
+
+UID = "turnguard-threshold-validation"
+SHADOW_PANEL_IDS = range(100, 200)
+"""Panel ids reserved on the threshold-validation board for the shadow-policies row."""
+BACKSTOP_MULTIPLES = (2, 3, 5, 10, 20)
+"""The what-if backstops, as multiples of S (each is a bucket edge of the tool-calls histogram)."""
+ADAPTIVE = {q.CAP_MODE: "adaptive"}
+PROBE_TURNS = {q.COHORT: q.PROBE, q.POLICY: q.PROBE_POLICY}
+CENSORED = "censored"
+"""The word every figure that depends on censored turns says (the lint checks it)."""
+NO_FATE = "no probe turn with a known fate yet"
+NEVER = ("never at these shares: the censored turns could go either way (raise the probe's cap), or the share is "
+         "the tolerance")
+
+
+def lower_multiples(cap: CapSettings) -> list[int]:
+    """The what-if backstops live turns can answer for: at or below the live backstop (past it
+    every live turn was halted, so a share there would only be the censoring)."""
+    return [k for k in BACKSTOP_MULTIPLES if k * cap.soft_cap <= cap.hard_cap]
+
+
+def _edges(cap: CapSettings) -> tuple[float, ...]:
+    """The tool-call histogram's edges as the main configuration's guard exports them (its explicit
+    cap N among them when it has one)."""
+    return buckets.tool_call_edges_for(cap.soft_cap, cap.explicit_cap or cap.hard_cap)
+
+
+def _cumulative(edge: float, **labels: str) -> str:
+    return q.zero_or(q.recorded(f"{q.TOOL_CALLS}_bucket", q.le_sel(edge, **labels)))
+
+
+def _turns(**labels: str) -> str:
+    return q.zero_or(q.recorded(q.TURNS, q.sel(**labels)))
+
+
+# -- tool calls per turn ----------------------------------------------------------------------------
+
+
+def tool_calls_heatmap(cap: CapSettings) -> heatmap.Panel:
+    """Adaptive-cap turns per bucket of tool calls, over time."""
+    s, h = cap.soft_cap, cap.hard_cap
+    return (
+        heatmap.Panel().id(2).title(f"Tool calls per turn (soft cap {s}, backstop {h})")
+        .description(f"Turns per bucket of tool calls. Rows at {s} (S) and {h} (the backstop) are the cap's "
+                     "edges: turns above S continued only while not stuck. A halted turn sits at its halt, "
+                     f"{CENSORED} there: the row above the backstop holds the turns halted at it, whatever they "
+                     "would have needed.")
+        .datasource(DATASOURCE).unit("short").no_value("0").height(9).span(12).calculate(False)
+        .interval(q.RECORD_TILE).rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
+        .y_axis(YAxisConfig().unit("short").axis_label(f"tool calls per turn (S = {s}, backstop = {h})"))
+        .with_target(query(q.recorded(f"{q.TOOL_CALLS}_bucket", q.sel(**ADAPTIVE), by=("le",), window="$__interval"),
+                           "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
+    )
+
+
+def percentiles(cap: CapSettings) -> PanelBuilder:
+    """p50/p90/p99 of the turns that ended on their own, with the halted share beside them."""
+    s, h = cap.soft_cap, cap.hard_cap
+    ended = {**ADAPTIVE, q.OUTCOME: "!halted"}
+    buckets_per_step = q.recorded(f"{q.TOOL_CALLS}_bucket", q.sel(**ended), ("le",), "$__interval")
+    targets = [
+        query(f"histogram_quantile({p}, {buckets_per_step})", f"p{round(p * 100)} (turns not halted)", ref(i),
+              instant=False)
+        for i, p in enumerate((0.5, 0.9, 0.99))
+    ]
+    halted = (f"{q.recorded(q.TURNS, q.sel(**ADAPTIVE, **{q.OUTCOME: 'halted'}), window='$__interval')} / "
+              f"{q.recorded(q.TURNS, q.sel(**ADAPTIVE), window='$__interval')}")
+    targets.append(query(halted, "halted share (right axis): left out above, censored at their halt", "D",
+                         instant=False))
+    return (
+        over_time(3, "Tool calls per turn: percentiles vs S and the backstop, beside the halted share",
+                  "Percentiles of the turns that were not halted. A halted turn is censored at its halt (it needed "
+                  "more calls than that, nobody knows how many), so it is left out of them and its share is drawn "
+                  "beside them (right axis): a low p99 with a high halted share says nothing about the turns that "
+                  f"were halted. Dashed lines: the soft cap S = {s} (orange) and the backstop {h} (red).",
+                  targets, unit="short", marks=((s, "orange"), (h, "red")))
+        .max(h * 1.1).interval(q.RECORD_TILE)
+        .override_by_query("D", [DynamicConfigValue("unit", "percentunit"), DynamicConfigValue("min", 0),
+                                 DynamicConfigValue("max", 1),
+                                 DynamicConfigValue("custom.axisPlacement", "right")])
+    )
+
+
+def _band_targets(cap: CapSettings) -> list[Dataquery]:
+    targets = []
+    for i, (low, high) in enumerate(cap.bands()):
+        if high is None:
+            expr = f"{_turns(**ADAPTIVE)} - {_cumulative(low, **ADAPTIVE)}"
+            name = f"> {low} (halted at the backstop: {CENSORED})"
+        elif low == 0:
+            expr, name = _cumulative(high, **ADAPTIVE), f"≤ {high} (within S)"
+        else:
+            expr = f"{_cumulative(high, **ADAPTIVE)} - {_cumulative(low, **ADAPTIVE)}"
+            name = f"{low + 1}–{high} (up to {high / cap.soft_cap:g}×S)"
+        targets.append(query(expr, name, ref(i)))
+    return targets
+
+
+def calls_row(cap: CapSettings) -> list[PanelBuilder]:
+    return [
+        tool_calls_heatmap(cap),
+        percentiles(cap),
+        bars(4, "Turns by tool-call band",
+             "Turns ended, by how many tool calls they made, in bands of S. A halted turn counts in the band of "
+             f"its halt, {CENSORED} there; the last band is the backstop's halts.", _band_targets(cap),
+             width=24, height=7),
+    ]
+
+
+# -- what a lower backstop would cut ----------------------------------------------------------------
+
+
+def _cut_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
+    count = _turns(**labels)
+    return [query(f"1 - {_cumulative(k * cap.soft_cap, **labels)} / {count}", f"{k}×S ({k * cap.soft_cap} calls)",
+                  ref(i)) for i, k in enumerate(lower_multiples(cap))]
+
+
+def lower_backstop_row(cap: CapSettings) -> list[PanelBuilder]:
+    not_stuck = {**ADAPTIVE, q.STUCK: "false"}
+    return [
+        stat_panel(11, "Turns not stuck", "Adaptive-cap turns in which no call repeated D times.",
+                   q.recorded(q.TURNS, q.sel(**not_stuck)), width=4),
+        bars(12, "Not-stuck turns a backstop at k×S would cut",
+             "Share of not-stuck turns that made more than k×S calls, for k up to the live backstop (the turns "
+             f"halted at it are in every k, {CENSORED} there: past it the live cohort shows nothing; the probe "
+             "row does).", _cut_targets(cap, **not_stuck), unit="percentunit", width=10),
+        bars(13, "…of those that ended on their own (false kills)",
+             "The same, for not-stuck turns that were not halted: productive long turns a lower backstop would "
+             f"have killed. Halted turns are left out ({CENSORED}: what they would have done is unknown).",
+             _cut_targets(cap, **not_stuck, **{q.OUTCOME: "!halted"}), unit="percentunit", width=10),
+    ]
+
+
+# -- turns halted at the backstop ----------------------------------------------------------------------
+
+
+def backstop_row(cap: CapSettings) -> list[PanelBuilder]:
+    """The turns halted at the backstop: what they cost, whether the stuck signal had flagged them, and
+    beside them what the probe cohort says such turns would have done."""
+    s, h = cap.soft_cap, cap.hard_cap
+    backstop = q.sel(**{q.THRESHOLD: Threshold.HARD_BACKSTOP})
+    calls, turns = q.zero_or(q.recorded(q.CALLS, backstop)), q.zero_or(q.recorded(q.TURNS, backstop))
+    flagged = q.zero_or(q.recorded(f"{q.FIRST_STUCK}_count", backstop))
+    first_stuck_mean = (f"{q.recorded(f'{q.FIRST_STUCK}_sum', by=(q.THRESHOLD,))} / "
+                        f"{q.recorded(f'{q.FIRST_STUCK}_count', by=(q.THRESHOLD,))}")
+    panels = [
+        stat_panel(21, "Turns halted at the backstop",
+                   f"Turns halted at call {h + 1}. Halted at the backstop says what stopped them, not what they "
+                   "were doing: the probe's resolved share beside says how many such turns would have succeeded.",
+                   q.recorded(q.TURNS, backstop)),
+        stat_panel(22, "Calls they made", "Tool calls checked in those turns.", calls),
+        stat_panel(23, "…of which past the soft cap", f"Calls beyond S = {s} in those turns.",
+                   f"{calls} - {s} * {turns}"),
+        stat_panel(24, "Flagged stuck earlier", "Of those turns, how many met the stuck signal before the "
+                   "backstop (the repeat signal halts them at S, so normally 0).", flagged),
+        stat_panel(25, "Calls the stuck signal would have saved",
+                   "For those flagged turns: calls made after the stuck signal first held.",
+                   f"{calls} * {flagged} / clamp_min({turns}, 1) - "
+                   f"{q.zero_or(q.recorded(f'{q.FIRST_STUCK}_sum', backstop))}"),
+        bars(26, "When stuck turns were first flagged",
+             f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
+             [query(first_stuck_mean, legend(q.THRESHOLD))], width=4, height=4),
+    ]
+    return [*panels, backstop_evidence(cap)]
+
+
+BESIDE_THE_BACKSTOP = ("resolved share", "95% low", "95% high", "decision", "more probe turns", "time at this rate")
+"""The probe evidence shown beside the backstop's halts (its row of the evidence table)."""
+
+
+def backstop_evidence(cap: CapSettings) -> PanelBuilder:
+    columns = evidence.probe_rows(cap, (Threshold.HARD_BACKSTOP,))
+    panel = stats(27, "Probe: resolved share of the turns the backstop would have halted",
+                  "Probe turns the live backstop would have halted, that went on under the probe: the share whose "
+                  "task was resolved, its 95% Wilson interval, whether that decides against the Tolerance "
+                  "variable, and if not the probe turns and time it still needs (the probe evidence table below "
+                  "has the counts).",
+                  [query(columns[name], name, ref(i)) for i, name in enumerate(BESIDE_THE_BACKSTOP)],
+                  unit="percentunit", width=12)
+    decision, more, time = (ref(BESIDE_THE_BACKSTOP.index(name)) for name in BESIDE_THE_BACKSTOP[3:])
+    return (panel
+            .override_by_query(decision, [DynamicConfigValue("unit", "none"), DynamicConfigValue(
+                "mappings", mapped({int(k): v for k, v in evidence.DECISION_TEXT.items()}, nan=NO_FATE))])
+            .override_by_query(more, [DynamicConfigValue("unit", "short"),
+                                      DynamicConfigValue("mappings", mapped({}, nan=NO_FATE, infinite=NEVER))])
+            .override_by_query(time, [DynamicConfigValue("unit", "s"),
+                                      DynamicConfigValue("mappings", mapped({}, nan=NO_FATE, infinite=NEVER))]))
+
+
+# -- repeats against D -----------------------------------------------------------------------------
+
+
+def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
+    """Long turns only (past S: the ones the stuck signal judges), by how they ended."""
+    d = cap.stuck_repeat_threshold
+    long = {q.PAST_SOFT_CAP: "true"}
+    targets = []
+    for i, (name, labels) in enumerate((("ended on its own", {q.THRESHOLD: n.NO_THRESHOLD, **long}),
+                                        ("halted: stuck past S", {q.THRESHOLD: Threshold.SOFT_STUCK, **long}),
+                                        ("halted at the backstop", {q.THRESHOLD: Threshold.HARD_BACKSTOP, **long}))):
+        below = q.zero_or(q.recorded(f"{q.MAX_REPEAT}_bucket", q.le_sel(d - 2, **labels)))
+        near = q.zero_or(q.recorded(f"{q.MAX_REPEAT}_bucket", q.le_sel(d - 1, **labels)))
+        count = q.zero_or(q.recorded(f"{q.MAX_REPEAT}_count", q.sel(**labels)))
+        targets += [
+            query(below, f"{name}: max repeat < {d - 1}", ref(3 * i)),
+            query(f"{near} - {below}", f"{name}: max repeat = {d - 1} (one short of D)", ref(3 * i + 1)),
+            query(f"{count} - {near}", f"{name}: max repeat ≥ {d} (stuck)", ref(3 * i + 2)),
+        ]
+    return targets
+
+
+def repeats_row(cap: CapSettings) -> list[PanelBuilder]:
+    s, d = cap.soft_cap, cap.stuck_repeat_threshold
+    return [bars(31, f"Long turns (past S = {s}): max key repeat vs D = {d}, by how the turn ended",
+                 f"Turns that made more than S = {s} calls only (turnguard.turn.past_soft_cap). Productive long "
+                 "turns stay below D (one short of D = a near miss); turns halted stuck past S are at or above it. "
+                 f"A halted turn's repeats are {CENSORED} at its halt: it might have repeated more.",
+                 _repeat_targets(cap), width=24, height=10)]
+
+
+# -- the probe cohort --------------------------------------------------------------------------------
+
+
+def _late_buckets(cap: CapSettings, above: int) -> str:
+    """A regex of the results counter's call buckets (``turnguard.turn.tool_calls_bucket``) past ``above``."""
+    return "~(" + "|".join([*(f"{e:g}" for e in _edges(cap) if e > above), "\\\\+Inf"]) + ")"
+
+
+SEEN_HIGH, SET_HERE = "productive seen, 95% high", "backstop here spares them"
+"""Panel 41's frontier columns (calibrate's recommended value: the first row that spares them)."""
+PAST_COLUMNS = ("turns", "resolved", "unresolved", "censored", "unknown")
+
+
+def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
+    """Probe turns that made more than ``edge`` calls (a bucket edge), by fate: a result reported in
+    the turn, or later on the results counter (its call bucket places it)."""
+
+    def past(**more: str) -> str:
+        return f"({_turns(**PROBE_TURNS, **labels, **more)} - {_cumulative(edge, **PROBE_TURNS, **labels, **more)})"
+
+    def late(**more: str) -> str:
+        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", q.CALLS_BUCKET: _late_buckets(cap, edge)}
+        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **more)))
+
+    true, false, not_true = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
+    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    return {"turns": past(),
+            "resolved": f"({past(**true)} + {late(**true)})",
+            "unresolved": f"({past(**other, **false)} + {late(**other, **false)})",
+            "censored": f"({past(**limited, **not_true)} - {late(**limited, **true)})",
+            "unknown": f"({past(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"}
+
+
+def _with_frontier(row: dict[str, str], spares: str) -> dict[str, str]:
+    known = f"({row['resolved']} + {row['unresolved']} + {row['censored']})"
+    return {**row, SEEN_HIGH: evidence.productive_high(row["resolved"], known),
+            spares: evidence.within_seen(row["resolved"], known)}
+
+
+def past_rows(cap: CapSettings) -> dict[str, str]:
+    """Per column, a vector by ``multiple`` (one row per k): probe turns that made more than k×S calls,
+    and what became of them (a result reported in the turn, or later on the results counter)."""
+    columns: dict[str, dict[str, str]] = {name: {} for name in (*PAST_COLUMNS, SEEN_HIGH, SET_HERE)}
+    for k in BACKSTOP_MULTIPLES:
+        for name, expr in _with_frontier(_past(cap, k * cap.soft_cap), SET_HERE).items():
+            columns[name][str(k)] = expr
+    return {name: q.rows("multiple", per_row) for name, per_row in columns.items()}
+
+
+def past_row_names(cap: CapSettings) -> dict[str, str]:
+    names = {}
+    for k in BACKSTOP_MULTIPLES:
+        edge = k * cap.soft_cap
+        name = f"past {k}×S ({edge} calls)"
+        if cap.probe_sees_past(edge) is False:
+            name += f": at or past the probe's cap, {CENSORED} (raise the probe's cap to see past it)"
+        names[str(k)] = name
+    return names
+
+
+# -- the other caps' frontiers (panel 49) and what the board cannot show (panel 48) -----------------
+
+SPARES = "value here spares them"
+"""Panel 49's decision column, beside ``SEEN_HIGH``: the bound is under the tolerance."""
+FRONTIER_SPREAD = (1.5, 2, 3, 5, 10)
+"""The explicit and cycle caps shown beside the live one: the bucket edges nearest these multiples of it."""
+
+
+def _backstop_of(cap: CapSettings, soft: int) -> int:
+    return GuardConfig(soft_cap=soft, hard_multiplier=cap.hard_multiplier).hard_cap or 0
+
+
+def soft_values(cap: CapSettings) -> list[int]:
+    """The soft caps s panel 49 judges, the multiple and D held: k×S (k = 1, 2, 3, 5, 10) where s
+    and its backstop are bucket edges, below the probe's own soft cap and its backstop over m (no
+    probe turn is seen past them). None unless the probe raises S with the main configuration's
+    stuck signal and D: its turns' ``stuck`` label is then the signal a soft cap s would halt on."""
+    p = cap.probe
+    if (p is None or Threshold.HARD_BACKSTOP not in cap.thresholds or p.soft_cap is None
+            or p.soft_cap <= cap.soft_cap or p.stuck_signal != cap.stuck_signal
+            or p.stuck_repeat_threshold != cap.stuck_repeat_threshold):
+        return []
+    edges = set(_edges(cap))
+    return [k * cap.soft_cap for k in (1, 2, 3, 5, 10)
+            if k * cap.soft_cap < p.soft_cap and {k * cap.soft_cap, _backstop_of(cap, k * cap.soft_cap)} <= edges
+            and cap.probe_sees_past(_backstop_of(cap, k * cap.soft_cap))]
+
+
+def _spread(live: int, seen: list[int]) -> list[int]:
+    """``live`` and the values of ``seen`` nearest ``FRONTIER_SPREAD`` times it."""
+
+    def nearest(target: float) -> int:
+        return min(seen, key=lambda e: (abs(e - target), e))
+
+    return sorted({live, *(nearest(f * live) for f in FRONTIER_SPREAD)})
+
+
+def explicit_values(cap: CapSettings) -> list[int]:
+    """The explicit caps panel 49 judges: the live N and the bucket edges nearest ``FRONTIER_SPREAD``
+    times it that the probe's turns are seen past. None unless the live cap is explicit and the
+    probe's is higher (or it has none)."""
+    n = cap.explicit_cap
+    if n is None or cap.probe is None or not cap.probe_sees_past(n):
+        return []
+    return _spread(n, [int(e) for e in _edges(cap) if e >= n and cap.probe_sees_past(int(e))])
+
+
+def _cycle_edges(cap: CapSettings) -> tuple[float, ...]:
+    """The model-request histogram's edges as the main configuration's guard exports them (its cycle
+    cap M among them)."""
+    return buckets.cycle_edges(GuardConfig(max_cycles_per_turn=cap.cycle_cap or 0))
+
+
+def cycle_values(cap: CapSettings) -> list[int]:
+    """The cycle caps panel 49 judges: the live M and the request-histogram edges nearest
+    ``FRONTIER_SPREAD`` times it that the probe's turns are seen past. None unless the live
+    configuration has a cycle cap and the probe's is higher (or unbounded)."""
+    m = cap.cycle_cap
+    if m is None or not cap.probe_sees_past_cycles(m):
+        return []
+    return _spread(m, [int(e) for e in _cycle_edges(cap) if e >= m and cap.probe_sees_past_cycles(int(e))])
+
+
+def _turns_past(cap: CapSettings, edge: int, **labels: str) -> str:
+    return f"({_turns(**PROBE_TURNS, **labels)} - {_cumulative(edge, **PROBE_TURNS, **labels)})"
+
+
+def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
+    """The probe turns a soft cap ``soft`` halts: past its backstop (every result, as in panel 41),
+    and those its stuck signal halts below it, stuck and past ``soft`` (results in the turn only:
+    the results counter has no stuck label, so one reported later leaves such a turn unknown)."""
+    backstop = _backstop_of(cap, soft)
+    past = _past(cap, backstop)
+    stuck = {q.STUCK: "true"}
+
+    def below(**labels: str) -> str:
+        return f"({_turns_past(cap, soft, **stuck, **labels)} - {_turns_past(cap, backstop, **stuck, **labels)})"
+
+    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    false = {q.RESOLVED: "false"}
+    return {"turns": f"({past['turns']} + {below()})",
+            "resolved": f"({past['resolved']} + {below(**{q.RESOLVED: 'true'})})",
+            "unresolved": f"({past['unresolved']} + {below(**other, **false)})",
+            "censored": f"({past['censored']} + {below(**limited, **false)})",
+            "unknown": f"({past['unknown']} + {below(**{q.RESOLVED: 'unknown'})})"}
+
+
+AT_THE_CYCLE_CAP = {q.THRESHOLD: Threshold.CYCLE_CAP.value}
+"""Probe turns the probe's own cycle cap halted: past every value panel 49 judges (each is below it)."""
+OTHER_LENGTH_LIMITS = "~" + "|".join(t.value for t in evidence.LENGTH_LIMITS if t is not Threshold.CYCLE_CAP)
+
+
+def _cycle_row(value: int) -> dict[str, str]:
+    """The probe turns a cycle cap ``value`` halts: those that made more than ``value`` model
+    requests (the request histogram's buckets). A result reported after the turn carries no request
+    count: it counts for the turns the probe halted at its own cycle cap (past every value; the
+    results counter names the threshold that ended the turn), and leaves any other turn unknown."""
+
+    def past(**labels: str) -> str:
+        every = q.zero_or(q.recorded(f"{q.CYCLES}_bucket", q.sel(**PROBE_TURNS, **labels, le="+Inf")))
+        return f"({every} - {q.zero_or(q.recorded(f'{q.CYCLES}_bucket', q.le_sel(value, **PROBE_TURNS, **labels)))})"
+
+    def late(**labels: str) -> str:
+        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", **AT_THE_CYCLE_CAP}
+        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **labels)))
+
+    true, false = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}
+    not_at_cap = {q.THRESHOLD: "!" + Threshold.CYCLE_CAP.value}
+    return {"turns": past(),
+            "resolved": f"({past(**true)} + {late(**true)})",
+            "unresolved": past(**{q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}, **false),
+            "censored": (f"({past(**{q.THRESHOLD: OTHER_LENGTH_LIMITS}, **false)} + "
+                         f"{past(**AT_THE_CYCLE_CAP, **{q.RESOLVED: '~false|unknown'})} - {late(**true)})"),
+            "unknown": past(**not_at_cap, **{q.RESOLVED: "unknown"})}
+
+
+def cap_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
+    """Row key -> column -> expression: panel 49's rows (the soft caps of ``soft_values``, the
+    explicit caps of ``explicit_values``, the cycle caps of ``cycle_values``), each with panel 41's
+    frontier columns."""
+    rows = {f"soft:{v}": _with_frontier(_soft_row(cap, v), SPARES) for v in soft_values(cap)}
+    rows |= {f"explicit:{v}": _with_frontier(_past(cap, v), SPARES) for v in explicit_values(cap)}
+    rows |= {f"cycles:{v}": _with_frontier(_cycle_row(v), SPARES) for v in cycle_values(cap)}
+    return rows
+
+
+def cap_frontier_names(cap: CapSettings) -> dict[str, str]:
+    names = {}
+    for v in soft_values(cap):
+        live = " (live)" if v == cap.soft_cap else ""
+        names[f"soft:{v}"] = f"soft cap {v}{live}: past {v} and stuck, or past {_backstop_of(cap, v)}"
+    for v in explicit_values(cap):
+        names[f"explicit:{v}"] = f"explicit cap {v}{' (live)' if v == cap.explicit_cap else ''}: past {v} calls"
+    for v in cycle_values(cap):
+        names[f"cycles:{v}"] = f"cycle cap {v}{' (live)' if v == cap.cycle_cap else ''}: past {v} model requests"
+    return names
+
+
+FRONTIER_KINDS = {
+    "soft": ("soft", "the soft cap (the multiple and D held)",
+             "A soft cap s halts a turn past its backstop s×m, or past s and stuck: a result reported after the "
+             "turn is placed by its call bucket, so it counts past the backstop only; a stuck turn below it whose "
+             "result came later stays unknown here (`turnguard calibrate` places it)."),
+    "explicit": ("explicit", "the explicit cap",
+                 "An explicit cap N halts a turn past N calls: a result reported after the turn is placed by its "
+                 "call bucket."),
+    "cycles": ("cycle", "the cycle cap (max_cycles_per_turn, model requests per turn)",
+               "A cycle cap c halts a turn that began model request c + 1 (the request histogram's buckets place "
+               "it). A result reported after the turn carries no request count: it counts for the turns the "
+               "probe halted at its own cycle cap (past every value here; the results counter names the "
+               "threshold that ended the turn), and any other turn past c whose result came later stays "
+               "unknown here, as does one halted at the probe's backstop or explicit cap with no result in the "
+               "turn (`turnguard calibrate` places them)."),
+}
+"""Per kind of panel 49's rows: its name in the title, what a value of it is, how its turns are placed."""
+
+
+def _listed(words: list[str], last: str) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {last} {words[-1]}"
+
+
+def cap_frontier(cap: CapSettings) -> PanelBuilder | None:
+    rows = cap_frontier_rows(cap)
+    if not rows:
+        return None
+    kinds = [FRONTIER_KINDS[k] for k in FRONTIER_KINDS if any(key.startswith(f"{k}:") for key in rows)]
+    columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
+               for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
+    return table_panel(
+        49, f"Probe frontier of the {_listed([k[0] for k in kinds], 'and')} cap{'s' if len(kinds) > 1 else ''}",
+        f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by "
+        "fate, and panel 41's frontier: the upper bound of the productive share among them (the "
+        f"{CENSORED} counted as not productive; the exact binomial bound 1 - 0.025^(1/N) with none resolved) "
+        "and whether it is under the Tolerance variable (calibrate recommends the smallest such value above "
+        f"its first step). {' '.join(k[2] for k in kinds)} Only values the probe's turns are seen past are rows.",
+        "value", columns, {SEEN_HIGH: "percentunit"}, width=24, height=7, row_names=cap_frontier_names(cap),
+        mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
+
+
+CALIBRATE_ONLY = ("Not on this board: D (stuck_repeat_threshold) and the streak stop: the recorded series carry no "
+                  "repeat count or failing streak with the result of a turn reported after it, so their frontier "
+                  "cannot be read here. Run `turnguard calibrate` on the recorded turns for their recommended "
+                  "values (`probe.frontier.stuck`, `.streak` in --json).")
+
+
+def _cap_note(cap: CapSettings) -> str:
+    """What the board says about the soft, explicit and cycle caps' frontiers when panel 49 has no row
+    for them (and, where it has the cycle cap's, which turns it cannot place)."""
+    notes = []
+    if Threshold.HARD_BACKSTOP in cap.thresholds and not soft_values(cap):
+        notes.append("The soft cap: not judged here unless the probe raises S with the same stuck signal and D "
+                     "(this board's configuration does not say so); `turnguard calibrate` says whether it is "
+                     "probed (`probe.frontier.soft`).")
+    if cap.explicit_cap is not None and not explicit_values(cap):
+        notes.append("The explicit cap: not judged here unless the probe's cap is higher than the live "
+                     f"{cap.explicit_cap} calls; `turnguard calibrate` says whether it is probed "
+                     "(`probe.frontier.explicit`).")
+    if cap.cycle_cap is not None and not cycle_values(cap):
+        notes.append("The cycle cap: not judged here unless the probe's max_cycles_per_turn is higher than the "
+                     f"live {cap.cycle_cap} model requests (or unbounded); `turnguard calibrate` says whether it is "
+                     "probed (`probe.frontier.cycles`).")
+    elif cap.cycle_cap is not None:
+        notes.append("The cycle cap's rows in panel 49 leave unknown a turn whose result came after it, unless the "
+                     "probe halted it at its own cycle cap (no request count comes with a late result); "
+                     "`turnguard calibrate` places every such turn (`probe.frontier.cycles`).")
+    return " ".join(notes)
+
+
+def calibrate_only(cap: CapSettings) -> PanelBuilder:
+    note = _cap_note(cap)
+    return (text.Panel().id(48).title("Frontiers not on this board: run turnguard calibrate").datasource(DATASOURCE)
+            .description("The thresholds whose recommended value the recorded series cannot give.")
+            .content(CALIBRATE_ONLY + (f" {note}" if note else ""))
+            .height(4).span(24))
+
+
+def threshold_row_names(cap: CapSettings) -> dict[str, str]:
+    live = {Threshold.HARD_BACKSTOP: f"backstop ({cap.hard_multiplier:g}×S = {cap.hard_cap} calls)",
+            Threshold.SOFT_STUCK: f"stuck (D = {cap.stuck_repeat_threshold} repeats past S)",
+            Threshold.STREAK: f"streak stop ({cap.streak_stop_at} identical failures)",
+            Threshold.CYCLE_REPEAT: f"cycle repeat stop ({cap.cycle_repeat_stop_at} repetitions of a cycle)",
+            Threshold.CYCLE_CAP: "cycle cap", Threshold.EXPLICIT: "explicit cap"}
+    names = {}
+    for threshold in cap.thresholds:
+        name = live[threshold]
+        limit = cap.probe.limit(threshold) if cap.probe else None
+        if cap.probe is not None:
+            name += f"; the probe's: {limit}" if limit else "; the probe has none"
+        names[threshold.value] = name
+    return names
+
+
+def probe_row(cap: CapSettings) -> list[PanelBuilder]:
+    continued = q.sel(**{q.ANSWER: "continue"})
+    probe = (f"the probe ({cap.probe.name}, {cap.probe.rate:g} of turns)" if cap.probe else
+             "the probe cohort (GuardConfig(probe=...))")
+    evidence_columns = evidence.probe_rows(cap, cap.thresholds)
+    return [
+        table_panel(44, "Probe evidence by live threshold: would the turns it halts have succeeded?",
+                    f"One row per threshold the main configuration has in force. Turns of {probe} that the main "
+                    "configuration, running beside them, would have halted there, and what became of them under "
+                    "the probe: resolved; unresolved; censored (halted at a length limit of the probe's own, its "
+                    f"backstop, explicit or cycle cap, and not resolved: {CENSORED} there, they might have "
+                    "succeeded); unknown (no result yet). The share resolved, and its 95% Wilson interval with "
+                    "the censored turns counted as failures for its low end and as successes for its high end; "
+                    "whether that decides against the Tolerance variable (above: the threshold halts more turns "
+                    "that would have succeeded than you accept; within; undecided); if undecided, how many more "
+                    "probe turns with a known fate it needs and how long they take at the rate they came in "
+                    "(never, when the censored turns could go either way: raise the probe's cap); and the calls "
+                    "they made past the threshold (the cost of raising it).",
+                    q.MAIN_THRESHOLD, evidence_columns, evidence.PROBE_COLUMN_UNITS, height=9,
+                    row_names=threshold_row_names(cap),
+                    mappings={"decision": mapped({int(k): v for k, v in evidence.DECISION_TEXT.items()},
+                                                 nan=NO_FATE),
+                              "more probe turns": mapped({}, nan=NO_FATE, infinite=NEVER),
+                              "time at this rate": mapped({}, nan=NO_FATE, infinite=NEVER)}),
+        table_panel(41, "Probe turns past k×S",
+                    f"Turns of {probe} that made more than k×S calls (S = {cap.soft_cap}; the live backstop is "
+                    f"{cap.hard_multiplier:g}×S) and what became of them, counts only: the resolved share, its "
+                    "interval and the decision are per threshold in the evidence table (its backstop row is the "
+                    "probe turns past the backstop the main configuration would have halted). A probe turn "
+                    f"halted at a length limit of the probe's is {CENSORED} there: past it, nothing is seen. "
+                    "Productive seen, 95% high: the upper bound of the share of them that succeeded, the censored "
+                    "counted as not productive (the productive turns the probe saw): with none resolved, the exact "
+                    "binomial bound 1 - 0.025^(1/N) over the N with a known fate; a backstop here spares them when "
+                    "that bound is under the Tolerance variable. The first such row below the probe's cap is "
+                    "calibrate's recommended multiple on these rows (calibrate reads every multiple; past the "
+                    "probe's cap, raising it only lets turns that never resolve burn longer).",
+                    "multiple", past_rows(cap), {SEEN_HIGH: "percentunit"}, width=16, height=8,
+                    row_names=past_row_names(cap),
+                    mappings={SET_HERE: mapped({1: "yes", 0: "no"}, nan=NO_FATE)}),
+        bars(43, "Attended \"continue\" answers, by threshold",
+             "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
+             "people saw.", [query(q.recorded(q.ANSWERS, continued, by=(q.THRESHOLD,)), legend(q.THRESHOLD))],
+             width=8),
+        survival_panel(cap),
+        calibrate_only(cap),
+        *((frontier,) if (frontier := cap_frontier(cap)) is not None else ()),
+    ]
+
+
+def survival_panel(cap: CapSettings) -> PanelBuilder:
+    """Kaplan-Meier: of the turns that reach the backstop, the share that would finish by k×S, with
+    its 95% interval and the turns it rests on (never a bare 0% or 100%)."""
+    names = {}
+    for k in evidence.km_multiples(cap):
+        edge = k * cap.soft_cap
+        names[str(k)] = f"by {k}×S ({edge} calls)"
+        if cap.probe_sees_past(edge - 1) is False:
+            names[str(k)] += ": past the probe's cap, not estimable"
+    cap_note = (f"the probe's own cap ({cap.probe.hard_cap} calls)" if cap.probe and cap.probe.hard_cap
+                else "the probe's own cap")
+    not_estimable = mapped({}, nan="not estimable: no turn was seen that far")
+    units = {name: unit for name, unit in evidence.KM_COLUMN_UNITS.items() if unit != "short"}
+    return table_panel(
+        47, f"Of the turns that reach the backstop ({cap.hard_cap} calls), the share that would finish by k×S",
+        "A product-limit (Kaplan-Meier) estimate over both cohorts, 1 - S(k×S)/S(backstop), from the "
+        "tool-call histogram's buckets as the recording rules keep them by fate: a turn that completed "
+        f"finished in its bucket; a turn halted by any threshold, cancelled or failed is {CENSORED} there "
+        "and leaves the turns at risk. Its 95% interval: on the log-log scale (Greenwood's variance), and "
+        "exact where the estimate is 0 or 1 (no turn finished: at most 1 - 0.05^(1/N), about 3/N, over the N "
+        "turns seen past k×S; every turn at risk finished: at least 0.05^(1/N) over the N that finished). "
+        "The turns it rests on: those seen past the backstop, and those still running at k×S. What it can "
+        f"see: live turns carry it to the live backstop, probe turns past it, up to {cap_note} and never "
+        "beyond; past that cap, or where no turn was seen that far, it is not estimable (raise the probe's "
+        "cap to see further). Censoring by the stuck and streak thresholds is informative (those turns were "
+        "likelier to fail), not independent, so read it as an estimate for turns like the ones that went on.",
+        "multiple", evidence.km_rows(cap), units, height=6, row_names=names,
+        mappings={name: not_estimable for name in evidence.KM_COLUMN_UNITS if name != "at risk past the backstop"})
+
+
+# -- shadow policies ------------------------------------------------------------------------------
+
+
+def shadow_policy_panels(cap: CapSettings) -> list[PanelBuilder]:
+    """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``): what each shadow policy
+    (``GuardConfig.shadow``, evaluated on live traffic without acting) would have done, next to
+    what the live policy did. A shadow's turn "halted" is its would-be halt."""
+    halted = q.sel(**{q.OUTCOME: "halted"})
+    halt_action = q.sel(**{q.ACTION: "halt"})
+    policy = q.recorded(q.SHADOW_TURNS, by=(q.SHADOW_POLICY,))
+    return [
+        bars(101, "Halts by threshold: live policy vs each shadow policy",
+             "Turns the live policy halted, and turns each shadow policy would have halted, by the threshold "
+             "that fired. A shadow with fewer resolved-looking halts and as many stuck ones is a candidate.",
+             [query(q.recorded(q.TURNS, halted, by=(q.THRESHOLD,)), f"live: {{{{{q.THRESHOLD}}}}}", "A"),
+              query(q.recorded(q.SHADOW_TURNS, halted, by=(q.SHADOW_POLICY, q.THRESHOLD)),
+                    legend(q.SHADOW_POLICY, q.THRESHOLD, sep=": "), "B")], width=12, height=9),
+        bars(102, "Halted share: live vs each shadow policy",
+             "Share of turns halted by the live policy, and the share each shadow policy would have halted.",
+             [query(f"{q.recorded(q.TURNS, halted)} / {q.recorded(q.TURNS)}", "live", "A"),
+              query(f"{q.recorded(q.SHADOW_TURNS, halted, by=(q.SHADOW_POLICY,))} / {policy}",
+                    legend(q.SHADOW_POLICY), "B")], unit="percentunit", width=6, height=9),
+        bars(103, "Tool calls run: live vs allowed by each shadow",
+             "Tool calls the live turns made, and how many each shadow policy would have let run before its "
+             "would-be halts (the difference is what it would have saved, or cut).",
+             [query(q.zero_or(q.recorded(q.CALLS)), "live", "A"),
+              query(q.recorded(q.SHADOW_CALLS, by=(q.SHADOW_POLICY,)), legend(q.SHADOW_POLICY), "B")],
+             width=6, height=9),
+        bars(104, "Detections by threshold and level: live vs each shadow policy",
+             "Every time a threshold fired (acted on or observed) live, and would have fired under each shadow.",
+             [query(q.recorded(q.DETECTIONS, by=(q.THRESHOLD, q.LEVEL)), f"live: {legend(q.THRESHOLD, q.LEVEL)}", "A"),
+              query(q.recorded(q.SHADOW_DETECTIONS, by=(q.SHADOW_POLICY, q.THRESHOLD, q.LEVEL)),
+                    f"{{{{{q.SHADOW_POLICY}}}}}: {legend(q.THRESHOLD, q.LEVEL)}", "B")], width=12, height=9),
+        over_time(105, "Would-be halts over time, by shadow policy",
+                  "Halting detections per second each shadow policy would have made (nothing was acted on).",
+                  [query(q.recorded_per_second(q.SHADOW_DETECTIONS, halt_action, by=(q.SHADOW_POLICY,)),
+                         legend(q.SHADOW_POLICY), instant=False)], width=12).interval(q.RECORD_TILE),
+    ]
+
+
+def threshold_validation_dashboard(cap: CapSettings = DEFAULTS) -> Dashboard:
+    """Are the thresholds right? Turns against S and S×m, and the probe's evidence past each threshold."""
+    s, h, d = cap.soft_cap, cap.hard_cap, cap.stuck_repeat_threshold
+    board = base(UID, "turnguard: threshold validation",
+                 f"Production turns against the adaptive cap (soft cap S = {s}, backstop S×{cap.hard_multiplier:g} = "
+                 f"{h}, stuck at {d} repeats, streak stop at {cap.streak_stop_at}) and the probe cohort's evidence "
+                 "past each threshold. Built for one configuration: turnguard assets DIR --config turnguard.toml "
+                 "renders it for yours.", ["turnguard", "agents", "calibration"], tolerance=evidence.DEFAULT_TOLERANCE)
+    for row, title, panels in (
+            (1, f"Tool calls per turn against the cap (S = {s}, backstop = {h})", calls_row(cap)),
+            (10, "What a lower backstop would cut", lower_backstop_row(cap)),
+            (20, "Turns halted at the backstop", backstop_row(cap)),
+            (30, f"Repeats against the stuck threshold (D = {d})", repeats_row(cap)),
+            (40, "Probe cohort: what happens past the live thresholds", probe_row(cap)),
+            (SHADOW_PANEL_IDS[0], "Shadow policies", shadow_policy_panels(cap))):
+        board = with_panels(board.with_row(Row(title).id(row)), panels)
+    return board

@@ -1,0 +1,854 @@
+"""The Collector's format: OTLP JSON as its file exporter writes it, one ``{"resourceSpans":
+[...]}`` export batch per line, turned back into turns by ``OtlpAssembler``.
+
+A line is decoded by msgspec when it is installed (the ``cli`` extra), into the few typed fields
+calibrate reads: a span's attributes are kept as their JSON text, and a tool span's, as the plugin
+writes them, read by one match of ``TOOL_ATTRIBUTES``; any other span (turn spans, tool spans of
+another layout) is parsed by ``json`` and read as a ``json``-parsed line's spans are (``plain``).
+``decode`` gives ``None`` for a line whose fields have another type or whose JSON the ``json``
+module reads otherwise or refuses; that line, and every line without msgspec, is parsed whole by
+``json``, which says what is wrong with it. Both give the same turns, problems and figures
+(``tests/test_calibrate_span_decoding.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnguard._calibrate.records import (
+    CAP_MODES,
+    MAX_LIMIT,
+    MAX_LINE_BYTES,
+    MAX_TIME,
+    MAX_TURN_CYCLES,
+    InputProblem,
+    Limits,
+    ProblemSink,
+    RecordedCall,
+    RecordedTurn,
+    count_in_range,
+    parse_outcome,
+    short_text,
+    shown,
+    tool_list,
+    turn_calls_limit,
+    waiting_calls_limit,
+)
+from turnguard._model import MAX_ID_LENGTH, Outcome
+from turnguard._probe import COHORTS
+from turnguard.telemetry import _names as names
+
+try:
+    import msgspec
+    from msgspec import UnsetType
+except ImportError:  # the library works without the cli extra: every line is read by the json module
+    msgspec = None  # type: ignore[assignment]
+
+UNSET: Any = getattr(msgspec, "UNSET", None)
+AVAILABLE = msgspec is not None
+
+if msgspec is not None:
+    class Span(msgspec.Struct, gc=False):
+        name: str
+        spanId: str | None = None
+        parentSpanId: str | None = None
+        startTimeUnixNano: str | int | None = None
+        endTimeUnixNano: str | int | None = None
+        attributes: msgspec.Raw = msgspec.Raw(b"null")
+        """Kept as its JSON text: read by ``TOOL_ATTRIBUTES``, else parsed by ``json``."""
+        events: msgspec.Raw | UnsetType = UNSET
+        """Kept as its JSON text, parsed only for a turn span (``events``)."""
+
+    class ScopeSpans(msgspec.Struct, gc=False):
+        spans: list[Span]
+
+    class ResourceSpans(msgspec.Struct, gc=False):
+        scopeSpans: list[ScopeSpans]
+
+    class Document(msgspec.Struct, gc=False):
+        """One Collector line: ``{"resourceSpans": [{"scopeSpans": [{"spans": [...]}]}]}``."""
+
+        resourceSpans: list[ResourceSpans]
+
+    _DECODER: Any = msgspec.json.Decoder(Document)
+    _FAILED: tuple[type[BaseException], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def events(raw: Any) -> Any:
+    """A decoded span's ``events`` as the plain reading gives them (``None`` when absent, or
+    nested past what ``json`` reads here)."""
+    if raw is UNSET:
+        return None
+    try:
+        return json.loads(bytes(raw))
+    except (ValueError, RecursionError):
+        return None
+
+
+DecodedSpan = tuple[Any, Any, Any]
+"""``(span, attributes, found)``: a ``Span``, and either its attributes parsed by ``json`` with
+``found`` ``None``, or ``None`` with ``found`` the match of ``TOOL_ATTRIBUTES``."""
+
+
+def decode(line: bytes) -> list[DecodedSpan] | None:
+    """The line's spans in order (``DecodedSpan``), or ``None``: msgspec missing, a field read of a type the plain
+    reading would treat otherwise, or JSON that the ``json`` module might read differently.
+
+    What is refused before decoding: text that is not UTF-8 (msgspec does not check the strings
+    it skips; ``json`` refuses the line). What msgspec refuses itself, and ``json`` would still
+    read: ``NaN``/``Infinity``, numbers out of a float's range, lone surrogates in escapes, a
+    byte-order mark. Nesting: msgspec is called ``EXTRA_FRAMES`` frames deeper than ``json`` is,
+    so it gives up on deep nesting first (``agrees_on_depth``). Both keep the last of duplicate
+    keys."""
+    if not _usable():
+        return None
+    if not line.isascii():
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    try:
+        return _deeper(line, EXTRA_FRAMES)
+    except _FAILED:
+        return None
+
+
+EXTRA_FRAMES = 8
+"""Python frames between ``decode`` and msgspec: where Python frames count against the recursion
+limit (CPython 3.11), this leaves msgspec fewer levels of nesting than ``json.loads`` gets from
+the plain reading's call (``records.parse_line``, three frames of its own)."""
+
+
+def _deeper(line: bytes, frames: int) -> Any:
+    return _deeper(line, frames - 1) if frames else _spans(_DECODER.decode(line))
+
+
+def _spans(document: Any) -> list[DecodedSpan]:
+    """Every span of the document with its attributes read: by the template, else parsed (which
+    may refuse the line, before any of its spans is used)."""
+    match, parsed = _TOOL_MATCH, _parsed
+    found: list[DecodedSpan] = []
+    add = found.append
+    for rs in document.resourceSpans:
+        for ss in rs.scopeSpans:
+            for span in ss.spans:
+                raw = span.attributes
+                m = match(raw)
+                add((span, None, m) if m is not None else (span, parsed(raw), None))
+    return found
+
+
+def _parsed(raw: Any) -> Any:
+    try:
+        return json.loads(bytes(raw))
+    except ValueError as exc:
+        raise msgspec.DecodeError(str(exc)) from exc
+
+
+def plain(decoded: DecodedSpan) -> dict[str, Any]:
+    """A decoded span as the ``json`` module gives it, with the fields calibrate reads."""
+    span, attributes, found = decoded
+    return {"name": span.name, "attributes": attributes if found is None else json.loads(bytes(span.attributes)),
+            "spanId": span.spanId, "parentSpanId": span.parentSpanId, "startTimeUnixNano": span.startTimeUnixNano,
+            "endTimeUnixNano": span.endTimeUnixNano, "events": events(span.events)}
+
+
+_TEXT = rb'([ !#-\[\]-~]{1,%d})' % MAX_ID_LENGTH
+"""A JSON string's content without escapes, printable ASCII (so its length in bytes is its
+length in characters), 1 to ``MAX_ID_LENGTH`` of them: the value as it reads."""
+
+
+def _pair(key: str, value: bytes) -> bytes:
+    return rb'\{"key":"' + re.escape(key.encode()) + rb'","value":\{' + value + rb'\}\}'
+
+
+def _unread(key: str, value: bytes) -> bytes:
+    """An attribute the plugin writes only when it says something (absent: its default), and that
+    calibrate does not read: matched as it is written, taken by no group."""
+    return rb"(?:," + _pair(key, value) + rb")?"
+
+
+_COUNT = rb'"intValue":"[0-9]{1,18}"'
+TOOL_ATTRIBUTES = re.compile(
+    rb"\[" + _pair(names.CALL_INDEX, rb'"intValue":"([0-9]{1,18})"')
+    + b"," + _pair(names.CALL_KEY_DIGEST, b'"stringValue":"' + _TEXT + b'"')
+    + _unread(names.CALL_REPEAT, _COUNT) + _unread(names.STREAK_LENGTH, _COUNT)
+    + b"," + _pair(names.GEN_AI_TOOL_NAME, b'"stringValue":"' + _TEXT + b'"')
+    + b"," + _pair(names.GEN_AI_OPERATION_NAME, b'"stringValue":"' + re.escape(names.OP_EXECUTE_TOOL.encode()) + b'"')
+    + b"," + _pair(names.CALL_OUTCOME, b'"stringValue":"([a-z]{1,16})"')
+    + rb"(?:," + _pair(names.CALL_RESULT_DIGEST, b'"stringValue":"' + _TEXT + b'"') + rb")?"
+    + _unread(names.FAILING_STREAK_LENGTH, _COUNT)
+    + _unread(names.ERROR_TYPE, b'"stringValue":"' + re.escape(names.ERROR_TYPE_OTHER.encode()) + b'"')
+    + rb"\]")
+"""A tool span's attributes exactly as turnguard's plugin writes them and the Collector's file
+exporter prints them (compact, in this order, no escapes): the index, the key digest, the repeat
+and streak counts when past 1, the tool name, the operation, the outcome, and for a failed call
+the result digest when the guard keyed the result, for a failed call its failing streak and
+``error.type``. Groups: the index's digits, the key digest, the tool name, the outcome's text, the
+result digest or ``None`` (the counts and the error type are not read). Anything else (escapes,
+non-ASCII, whitespace, other or more attributes, another order, other types) does not match and
+is parsed by ``json``."""
+_TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
+
+
+_checked: list[bool] = []
+
+
+def _usable() -> bool:
+    """msgspec is installed and gives up on nesting no later than ``json`` (checked once)."""
+    if not _checked:
+        _checked.append(AVAILABLE and agrees_on_depth())
+    return _checked[0]
+
+
+def agrees_on_depth() -> bool:
+    """Whether every nesting ``decode`` reads, ``json.loads`` reads too, called as the plain
+    reading calls it: the deepest line each reads, found by bisection (a few milliseconds). When
+    not (another interpreter's recursion accounting), the fast path is not used."""
+    for shape in (_nested_skipped, _nested_arrays):
+        if _deepest(lambda line: _from_parse_line(line, 2), shape) < _deepest(_decodes, shape):
+            return False
+    return True
+
+
+def _from_parse_line(line: bytes, frames: int) -> bool:
+    """``json.loads`` of the line from as deep as the plain reading calls it (and a frame more)."""
+    if frames:
+        return _from_parse_line(line, frames - 1)
+    try:
+        json.loads(line)
+    except RecursionError:
+        return False
+    return True
+
+
+def _decodes(line: bytes) -> bool:
+    try:
+        return _deeper(line, EXTRA_FRAMES) is not None
+    except _FAILED:
+        return False
+
+
+def _deepest(reads: Callable[[bytes], bool], shape: Callable[[int], bytes]) -> int:
+    low, high = 1, 64
+    while high < 1 << 20 and reads(shape(high)):
+        low, high = high, high * 2
+    while low < high:
+        middle = (low + high + 1) // 2
+        if reads(shape(middle)):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _nested_skipped(depth: int) -> bytes:
+    """A span line whose one skipped field nests ``depth`` arrays."""
+    return b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x","x":' + b"[" * depth + b"]" * depth + b"}]}]}]}"
+
+
+def _nested_arrays(depth: int) -> bytes:
+    """A span line with an attribute of arrays in arrays ``depth`` deep."""
+    inner = b'{"arrayValue":{"values":[' * depth + b'{"stringValue":"a"}' + b"]}}" * depth
+    return (b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x","attributes":[{"key":"k","value":' + inner
+            + b"}]}]}]}]}")
+
+
+# -- attribute values, as the json module gives them ---------------------------------------------
+
+MAX_ARRAY_DEPTH = 8
+"""Arrays in arrays nested deeper than this read as ``None`` (no hostile value recurses further)."""
+
+
+def attributes(items: Any) -> dict[str, Any]:
+    """OTLP JSON ``[{"key": k, "value": {"stringValue": ...}}]`` as a plain dict (the last of
+    duplicate keys wins; items that are not ``{"key": text, ...}`` are left out)."""
+    out: dict[str, Any] = {}
+    if not isinstance(items, list):
+        return out
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("key"), str):
+            out[item["key"]] = any_value(item.get("value"))
+    return out
+
+
+def any_value(value: Any, depth: int = 0) -> Any:
+    """An attribute's value: the first of its fields present, in this order (an ``intValue``
+    that is no integer, and any other kind, read as ``None``)."""
+    if not isinstance(value, dict):
+        return None
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:  # int64 is a string in OTLP JSON
+        return int_value(value["intValue"])
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "doubleValue" in value:
+        return value["doubleValue"]
+    if "arrayValue" in value:
+        return array_value(value["arrayValue"], depth)
+    return None
+
+
+def int_value(raw: Any) -> int | None:
+    try:
+        return int(raw)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def array_value(array: Any, depth: int = 0) -> list[Any] | None:
+    """An ``arrayValue``: its ``values`` converted (an empty list without a list of them), or
+    ``None`` past ``MAX_ARRAY_DEPTH`` levels of arrays in arrays."""
+    if depth >= MAX_ARRAY_DEPTH:
+        return None
+    items = array.get("values") if isinstance(array, dict) else None
+    return [any_value(v, depth + 1) for v in items] if isinstance(items, list) else []
+
+
+# -- turns from spans -----------------------------------------------------------------------------
+
+OTLP_MARKER = b'"resourceSpans"'
+"""What every OTLP JSON line holds (and corpus lines practically never do)."""
+
+
+def is_otlp_line(line: bytes) -> bool:
+    """Cheap test used to route a line before parsing it (OTLP lines need the assembler)."""
+    return OTLP_MARKER in line
+
+
+# -- OTLP JSON (the Collector's file exporter) ----------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Pending:
+    path: str
+    lineno: int
+    calls: list[tuple[int, RecordedCall]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTurn:
+    """A turn span read by a worker process (``OtlpAssembler(hold=True)``): its calls and facts,
+    kept until the parent says which calls of earlier byte ranges belong to it (``build``)."""
+
+    turn_id: str
+    own: list[tuple[int, RecordedCall]]
+    """The calls that waited under the turn id (``turn:<id>``)."""
+    children: list[tuple[int, RecordedCall]]
+    """The calls that waited under its span id (``span:<id>``)."""
+    facts: dict[str, Any]
+
+    def build(self, own_before: Sequence[tuple[int, RecordedCall]] = (),
+              children_before: Sequence[tuple[int, RecordedCall]] = ()) -> RecordedTurn:
+        """The turn, with the calls under each key that earlier ranges left waiting first (the
+        order one reader would have appended them in)."""
+        calls = [*own_before, *self.own, *children_before, *self.children]
+        return _recorded_turn(self.turn_id, calls, self.facts)
+
+
+_INDEX = operator.itemgetter(0)
+
+
+def _recorded_turn(turn_id: str, calls: list[tuple[int, RecordedCall]], facts: dict[str, Any]) -> RecordedTurn:
+    """The turn of a turn span's facts and its tool spans' calls (``span_listing``)."""
+    calls.sort(key=_INDEX)  # stable: calls of one index keep their order
+    return RecordedTurn(id=turn_id, **span_listing(calls, facts.get("tool_calls")), **facts)
+
+
+MAX_SHARED_TOOLS = 10_000
+"""Tool names an assembler keeps one copy of (the telemetry's own bound on tool names)."""
+
+
+_SPAN_OUTCOMES: dict[str, Outcome | None] = {}
+"""``turnguard.call.outcome`` texts read so far and what they mean (at most ``MAX_SHARED_TOOLS``)."""
+
+
+_new_call = tuple.__new__
+
+
+def span_outcome(raw: Any) -> Outcome | None:
+    """A tool span's ``turnguard.call.outcome`` (``unfinished``: unknown); ``None``: not an outcome."""
+    if type(raw) is str:
+        found = _SPAN_OUTCOMES.get(raw, False)
+        if found is not False:
+            return found  # type: ignore[return-value]
+    outcome = Outcome.UNKNOWN if raw == names.CALL_UNFINISHED else parse_outcome(raw)
+    if type(raw) is str and len(_SPAN_OUTCOMES) < MAX_SHARED_TOOLS:
+        _SPAN_OUTCOMES[raw] = outcome
+    return outcome
+
+
+for _text in (*(o.value for o in Outcome), names.CALL_UNFINISHED):
+    span_outcome(_text)  # the usual texts, known from the start (the template's path reads them)
+_TEMPLATE_OUTCOMES = {text.encode(): outcome for text, outcome in _SPAN_OUTCOMES.items() if outcome is not None}
+"""The usual outcome texts as bytes (``OtlpAssembler._take_template``; another text takes the longer way)."""
+
+
+class OtlpAssembler:
+    """Rebuilds turns from turnguard's spans: the turn span (``invoke_agent {agent}``, or a
+    host's own span that turnguard enriched with ``turnguard.turn.id``) and its tool-call spans
+    (``execute_tool {tool}`` with ``turnguard.call.index``, ``turnguard.call.key_digest``,
+    ``turnguard.call.outcome``), linked by ``parentSpanId`` (or a ``turnguard.turn.id`` of their own).
+
+    Child spans end, and are exported, before their turn span: calls wait here, keyed by their
+    parent, until it arrives, so memory holds only the turns in flight (at most
+    ``MAX_WAITING_CALLS`` calls). One assembler reads the files of one stream in order (``path``
+    is the file being read), so a turn whose spans straddle a rotation is one turn. Calls whose
+    turn span never arrives are reported, then replayed as a turn of their own at the end of the
+    stream (or when the bound is reached).
+
+    A line comes parsed by the ``json`` module (``add``) or decoded by msgspec (``add_decoded``):
+    both read each span with ``_span``, but for the tool spans the template matched, which
+    ``add_decoded`` takes with the same checks (``_take_template``). With ``hold`` (a worker
+    reading one byte range of a file, ``run.py``), a turn span gives a ``HeldTurn`` instead of a
+    turn, and ``emitted`` / ``leftovers()`` say what the parent needs to join the ranges exactly
+    (``take_range``).
+    """
+
+    def __init__(self, on_problem: ProblemSink, path: str = "", *, max_line_bytes: int = MAX_LINE_BYTES,
+                 hold: bool = False) -> None:
+        self.path = path
+        self.on_problem = on_problem
+        self.max_waiting = waiting_calls_limit(max_line_bytes)
+        self.max_calls = turn_calls_limit(max_line_bytes)
+        self._tools: dict[str, str] = {}
+        """Tool names seen, each kept once (a waiting call holds the shared text)."""
+        self._pending: dict[str, _Pending] = {}
+        self._waiting = 0
+        self.hold = hold
+        self.emitted: list[tuple[str, str | None, int, int]] = []
+        """With ``hold``: per turn span, its keys and how many calls waited under each here."""
+        self.most_waiting = 0
+        """With ``hold``: the most calls that waited at once after a span."""
+        self.released = False
+        """A turn was released because too many calls waited (``_release_oldest``)."""
+        self._last_parent: str | None = None
+        """The parent of the last call held (``_pend_call``), whose calls are ``_last_calls``: the
+        next tool span is most often its sibling. Forgotten whenever a key leaves ``_pending``."""
+        self._last_calls: list[tuple[int, RecordedCall]] = []
+        self._tool_texts: dict[bytes, str] = {}
+        """Tool names as the template matched them, each decoded once (at most ``MAX_SHARED_TOOLS``)."""
+
+    def add(self, obj: dict[str, Any], lineno: int) -> Iterator[Any]:
+        """Take one exported line (parsed by ``json``); yield the turns it completes."""
+        resource_spans = obj.get("resourceSpans")
+        if not isinstance(resource_spans, list):
+            self._bad(lineno, "'resourceSpans' is not a list")
+            return
+        for rs in resource_spans:
+            scope_spans = rs.get("scopeSpans") if isinstance(rs, dict) else None
+            if not isinstance(scope_spans, list):
+                self._bad(lineno, "a resourceSpans entry without a 'scopeSpans' list")
+                continue
+            for ss in scope_spans:
+                spans = ss.get("spans") if isinstance(ss, dict) else None
+                if not isinstance(spans, list):
+                    self._bad(lineno, "a scopeSpans entry without a 'spans' list")
+                    continue
+                for span in spans:
+                    turn = self._span(span, lineno)
+                    if turn is not None:
+                        yield turn
+                    if self._waiting > self.most_waiting and self._most_waiting():
+                        yield self._release_oldest()
+
+    def add_decoded(self, spans: list[DecodedSpan], lineno: int) -> Iterator[Any]:
+        """``add`` for a line decoded by ``decode``: the same spans in the same order.
+        A tool span as the plugin writes it is taken from its template match (``_take_siblings``,
+        ``_take_template``); any other is read as ``add`` reads it (``plain``)."""
+        template, siblings = self._take_template, self._take_siblings
+        i, end = 0, len(spans)
+        while i < end:
+            i, due = siblings(spans, i)
+            if due:
+                yield self._release_oldest()
+                continue
+            if i == end:
+                break
+            decoded = spans[i]
+            i += 1
+            span, _, found = decoded
+            if found is None or not template(found, span.parentSpanId, lineno):
+                turn = self._span(plain(decoded), lineno)
+                if turn is not None:
+                    yield turn
+            if self._waiting > self.most_waiting and self._most_waiting():
+                yield self._release_oldest()
+
+    def _take_siblings(self, spans: list[DecodedSpan], i: int) -> tuple[int, bool]:
+        """Take the spans from ``spans[i]`` on that the template matched and that are siblings of
+        the last call held, each as ``_take_template`` would, in one loop; stop at any other.
+        ``(the first span not taken, whether the waiting bound now releases a turn)``."""
+        parent, calls = self._last_parent, self._last_calls
+        if parent is None:
+            return i, False
+        tools, limit, bound = self._tool_texts, self.max_calls, self.max_waiting
+        waiting, most, end = self._waiting, self.most_waiting, len(spans)
+        due = False
+        while i < end:
+            span, _, found = spans[i]
+            if found is None or span.parentSpanId != parent:
+                break
+            index, digest, raw_tool, text, result = found.groups()
+            outcome, tool, number = _TEMPLATE_OUTCOMES.get(text), tools.get(raw_tool), int(index)
+            if outcome is None or tool is None or number < 1 or len(calls) >= limit:
+                break
+            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, None,
+                                                           result and result.decode()))))
+            waiting += 1
+            i += 1
+            if waiting > most:
+                most = waiting
+                if waiting > bound:
+                    due = True
+                    break
+        self._waiting, self.most_waiting = waiting, most
+        return i, due
+
+    def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
+        """Take a tool span whose attributes matched ``TOOL_ATTRIBUTES`` (the match
+        checked their types and lengths) when its outcome is a usual one, its parent a short text,
+        its index from 1 and its turn below its bound, as ``_call`` checks them (``False``: not
+        taken, nothing changed; ``_span`` reads it and says what is wrong)."""
+        index, digest, raw_tool, text, raw_result = found.groups()
+        outcome = _TEMPLATE_OUTCOMES.get(text)
+        if outcome is None or not parent or len(parent) > MAX_ID_LENGTH:
+            return False
+        tool = self._tool_texts.get(raw_tool)
+        if tool is None:
+            tool = raw_tool.decode()
+            if len(self._tool_texts) < MAX_SHARED_TOOLS:
+                self._tool_texts[raw_tool] = tool
+        number = int(index)
+        result = raw_result and raw_result.decode()
+        if parent != self._last_parent:
+            return self._pend_call(parent, number, tool, digest.decode(), outcome, result, lineno)
+        calls = self._last_calls
+        if number < 1 or len(calls) >= self.max_calls:
+            return False
+        calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, None, result))))
+        self._waiting += 1
+        return True
+
+    def _pend_call(self, parent: str, number: int, tool: str, digest: str, outcome: Outcome, result: str | None,
+                   lineno: int) -> bool:
+        """Hold a checked tool span's call for its turn span (``False``: its index or the turn's
+        bound refuses it, nothing changed)."""
+        key = "span:" + parent
+        pending = self._pending.get(key)
+        if number < 1 or (pending is not None and len(pending.calls) >= self.max_calls):
+            return False
+        if pending is None:
+            pending = self._pending[key] = _Pending(self.path, lineno)
+        tools = self._tools
+        shared = tools.get(tool)
+        if shared is not None:
+            tool = shared
+        elif len(tools) < MAX_SHARED_TOOLS:
+            tools[tool] = tool
+        pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, None, result))))
+        self._waiting += 1
+        self._last_parent, self._last_calls = parent, pending.calls
+        return True
+
+    def _most_waiting(self) -> bool:
+        """Note a new most of waiting calls; ``True`` when past the bound (the oldest is released)."""
+        self.most_waiting = self._waiting
+        return self._waiting > self.max_waiting
+
+    def _release_oldest(self) -> RecordedTurn:
+        key, pending = next(iter(self._pending.items()))
+        del self._pending[key]
+        self._last_parent = None
+        self._waiting -= len(pending.calls)
+        self.released = True
+        self.most_waiting = min(self.most_waiting, self.max_waiting)  # past it, every span checks the bound
+        self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
+                                  f"{self.max_waiting:,} waited for their turn spans (replayed as a turn of "
+                                  "their own)", pending.path)
+        return self._orphan(key, pending)
+
+    def finish(self) -> Iterator[RecordedTurn]:
+        """End of the stream: calls whose turn span never came are reported and still replayed."""
+        for key, pending in list(self._pending.items()):
+            self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} without their turn span "
+                                      "(replayed as a turn of their own)", pending.path)
+            yield self._orphan(key, pending)
+        self._pending.clear()
+        self._last_parent = None
+        self._waiting = 0
+
+    def _orphan(self, key: str, pending: _Pending) -> RecordedTurn:
+        turn_id = key.partition(":")[2]
+        facts = self._facts(turn_id, {}, pending.lineno, pending.path, None)
+        facts["end_unknown"] = True  # without the turn span, the calls after the last one here are not known
+        return _recorded_turn(turn_id, pending.calls, facts)
+
+    def _bad(self, lineno: int, message: str, path: str | None = None) -> None:
+        self.on_problem(InputProblem(self.path if path is None else path, lineno, message))
+
+    def _span(self, span: Any, lineno: int) -> Any:
+        if not isinstance(span, dict) or not isinstance(span.get("name"), str):
+            self._bad(lineno, "span without a name")
+            return None
+        name = span["name"]
+        attrs = attributes(span.get("attributes"))
+        if names.CALL_INDEX in attrs:
+            self._call(name, attrs.get(names.GEN_AI_TOOL_NAME), attrs[names.CALL_INDEX],
+                       attrs.get(names.CALL_KEY_DIGEST), attrs.get(names.CALL_OUTCOME), attrs.get(names.TURN_ID),
+                       span.get("parentSpanId"), lineno, attrs.get(names.CALL_RESULT_DIGEST))
+            return None
+        if names.TURN_ID not in attrs:
+            return None  # not one of turnguard's spans (the host's own, an HTTP client...)
+        return self._turn_span(name, attrs, span.get("spanId"), span.get("startTimeUnixNano"),
+                               span.get("endTimeUnixNano"), lineno, span.get("events"))
+
+    def _turn_span(self, name: str, attrs: dict[str, Any], span_id: Any, start: Any, end: Any,
+                   lineno: int, events: Any = None) -> Any:
+        turn_id = attrs[names.TURN_ID]
+        if not short_text(turn_id) or not (span_id is None or short_text(span_id)):
+            self._bad(lineno, f"turn span {shown(name)}: {names.TURN_ID} and spanId must be texts of at most "
+                              f"{MAX_ID_LENGTH} characters; skipped")
+            return None
+        own_key, child_key = f"turn:{turn_id}", f"span:{span_id}" if span_id else None
+        own = self._pending.pop(own_key, None)
+        children = self._pending.pop(child_key, None) if child_key else None
+        self._last_parent = None
+        self._waiting -= (len(own.calls) if own else 0) + (len(children.calls) if children else 0)
+        facts = self._facts(turn_id, attrs, lineno, None, span_times(start, end))
+        facts["continued"] = span_continued(events)
+        if self.hold:
+            self.emitted.append((own_key, child_key, len(own.calls) if own else 0,
+                                 len(children.calls) if children else 0))
+            return HeldTurn(turn_id, own.calls if own else [], children.calls if children else [], facts)
+        calls = own.calls if own else []
+        if children is not None:
+            calls = calls + children.calls
+        return _recorded_turn(turn_id, calls, facts)
+
+    def _call(self, name: str, tool: Any, index: Any, digest: Any, raw_outcome: Any, turn_id: Any, parent: Any,
+              lineno: int, result: Any = None) -> None:
+        """One tool span's fields (its attributes as read); reported and skipped when unusable."""
+        tool = tool or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
+        outcome = span_outcome(raw_outcome)
+        key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
+        if not _usable_call(key, tool, index, digest, turn_id, parent, outcome, result):
+            problem = _call_problem(key, tool, index, digest, turn_id, parent, raw_outcome, outcome, result)
+            if problem:
+                self._bad(lineno, f"tool span {name!r}: {problem}")
+                return
+        assert key is not None and isinstance(index, int) and outcome is not None  # (no problem above)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(self.path, lineno)
+        if len(pending.calls) >= self.max_calls:
+            self._bad(lineno, f"tool span {name!r}: its turn already has {self.max_calls:,} calls (the limit); skipped")
+            return
+        if len(self._tools) < MAX_SHARED_TOOLS:
+            tool = self._tools.setdefault(tool, tool)
+        pending.calls.append((index, tuple.__new__(RecordedCall, (tool, None, digest, outcome, None, result))))
+        self._waiting += 1
+
+    def _facts(self, turn_id: str, attrs: dict[str, Any], lineno: int, path: str | None,
+               times: tuple[float, float] | None) -> dict[str, Any]:
+        """What a turn span says about its turn (``RecordedTurn``'s fields but its calls),
+        reported when out of range."""
+        cycles = attrs.get(names.TURN_CYCLES)
+        if cycles is not None and not count_in_range(cycles, 0):
+            self._bad(lineno, f"turn {shown(turn_id)}: {names.TURN_CYCLES} must be an integer from 0 to "
+                              f"{MAX_TURN_CYCLES:,}, got {shown(cycles)} (replayed as one request)", path)
+            cycles = None
+        cohort = attrs.get(TURN_COHORT)
+        return {
+            "cycles": cycles,
+            "resolved": span_resolved(attrs.get(TURN_RESOLVED)),
+            "ended_by": span_ended_by(attrs),
+            "source": _short_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
+            "origin": f"{self.path if path is None else path}:{lineno}",
+            "cohort": cohort if cohort in COHORTS else None,
+            **span_facts(attrs, times),
+        }
+
+    # -- joining byte ranges read by worker processes (run.py) ------------------------------------
+
+    def leftovers(self) -> list[tuple[str, str, int, list[tuple[int, RecordedCall]]]]:
+        """With ``hold``, at the end of a range: the calls still waiting, by key, oldest key first."""
+        return [(key, p.path, p.lineno, p.calls) for key, p in self._pending.items()]
+
+    def take_range(self, emitted: Sequence[tuple[str, str | None, int, int]],
+                   leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]], most_waiting: int
+                   ) -> dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] | None:
+        """Join a range that a holding assembler read (its ``emitted``, ``leftovers()`` and
+        ``most_waiting``) to the stream read so far, as if this assembler had read it: the calls
+        waiting here that its turn spans take (by position in ``emitted``: the calls under the turn
+        id, then under the span id), its leftovers waiting on. ``None``, changing nothing, when
+        reading it here could have given other turns: more calls would have waited than the bound
+        at some point, or a turn would have reached its call limit; the caller then reads the
+        range itself."""
+        if not self._joins_alike(emitted, leftovers, most_waiting):
+            return None
+        stitched: dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] = {}
+        self._last_parent = None
+        for i, (own, child, _, _) in enumerate(emitted):
+            own_before = self._pending.pop(own, None)
+            children_before = self._pending.pop(child, None) if child is not None else None
+            if own_before is not None or children_before is not None:
+                stitched[i] = (own_before.calls if own_before else [], children_before.calls if children_before else [])
+                self._waiting -= sum(len(p.calls) for p in (own_before, children_before) if p is not None)
+        for key, path, lineno, calls in leftovers:
+            mine = self._pending.get(key)
+            if mine is None:
+                self._pending[key] = _Pending(path, lineno, list(calls))
+            else:
+                mine.calls.extend(calls)
+            self._waiting += len(calls)
+        return stitched
+
+    def _joins_alike(self, emitted: Sequence[tuple[str, str | None, int, int]],
+                     leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]], most_waiting: int
+                     ) -> bool:
+        """Whether this assembler would have read the range alike: never more calls waiting than
+        the bound, and no turn past its call limit with the calls waiting here added."""
+        if self._waiting + most_waiting > self.max_waiting:
+            return False
+        taken: dict[str, int] = {}
+        for own, child, n_own, n_children in emitted:
+            for key, n in ((own, n_own), (child, n_children)):
+                if key is not None and key in self._pending and key not in taken:
+                    taken[key] = n
+        if any(len(self._pending[key].calls) + n > self.max_calls for key, n in taken.items()):
+            return False
+        return not any(key in self._pending and key not in taken
+                       and len(self._pending[key].calls) + len(calls) > self.max_calls
+                       for key, _, _, calls in leftovers)
+
+
+def _usable_call(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any,
+                 outcome: Outcome | None, result: Any) -> bool:
+    """A shortcut for ``not _call_problem(...)``: every usual field in range (when not, the
+    problem, if any, is worked out)."""
+    return (type(index) is int and index >= 1 and type(tool) is str and 0 < len(tool) <= MAX_ID_LENGTH
+            and type(digest) is str and 0 < len(digest) <= MAX_ID_LENGTH and outcome is not None and key is not None
+            and (turn_id is None or short_text(turn_id)) and (parent is None or short_text(parent))
+            and (result is None or short_text(result)))
+
+
+def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any, raw_outcome: Any,
+                  outcome: Outcome | None, result: Any = None) -> str | None:
+    """What makes a tool span unusable, the first thing of these; ``None``: nothing."""
+    return (
+        "neither a parentSpanId nor a turn id" if key is None
+        else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
+        if not all(v is None or short_text(v) for v in (tool, digest, turn_id, parent))
+        else "no tool name" if not isinstance(tool, str) or not tool
+        else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
+        else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
+        else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
+        else f"{names.CALL_RESULT_DIGEST} must be a text of at most {MAX_ID_LENGTH} characters, got {shown(result)}"
+        if not (result is None or short_text(result))
+        else None
+    )
+
+
+def _short_or_none(value: Any) -> str | None:
+    return value if short_text(value) else None
+
+
+def span_ended_by(attrs: dict[str, Any]) -> str | None:
+    """What ended the turn, as a recorder line says it: the threshold that halted it
+    (``turnguard.loop.threshold``), else the reason it ended (``turnguard.turn.outcome``)."""
+    threshold = _short_or_none(attrs.get(names.LOOP_THRESHOLD))
+    if threshold and threshold != names.NO_THRESHOLD:
+        return threshold
+    return _short_or_none(attrs.get(names.TURN_OUTCOME))
+
+
+SPAN_LIMITS = (("soft_cap", names.LOOP_SOFT_CAP), ("hard_cap", names.LOOP_HARD_CAP),
+               ("stuck_repeat_threshold", names.POLICY_STUCK_REPEAT), ("streak_warn_at", names.POLICY_STREAK_WARN_AT),
+               ("streak_stop_at", names.POLICY_STREAK_STOP_AT), ("max_cycles", names.POLICY_MAX_CYCLES))
+"""``Limits`` fields and the turn span attributes that carry them."""
+SPAN_TOOL_LISTS = (("stateful_tools", names.POLICY_STATEFUL_TOOLS),
+                   ("streak_exempt_tools", names.POLICY_STREAK_EXEMPT_TOOLS))
+"""``Limits``' tool lists and the turn span attributes (string arrays) that carry them."""
+
+
+def span_times(start_ns: Any, end_ns: Any) -> tuple[float, float] | None:
+    """A span's start and end, Unix seconds (OTLP JSON gives nanoseconds as decimal text)."""
+    try:
+        start, end = int(start_ns) / 1e9, int(end_ns) / 1e9
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return (start, end) if 0 < start <= end <= MAX_TIME else None
+
+
+def span_continued(events: Any) -> bool:
+    """Whether an attended ask of the turn was answered "continue": a ``turnguard.escalation_resolved``
+    event among its turn span's ``events`` (the recorder line's ``escalations``)."""
+    return isinstance(events, list) and any(
+        isinstance(e, dict) and e.get("name") == names.ESCALATION_RESOLVED_EVENT
+        and attributes(e.get("attributes")).get(names.ESCALATION_ANSWER) == "continue" for e in events)
+
+
+def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict[str, Any]:
+    """What a turn span says about how its turn ran (``RecordedTurn``'s policy, limits, times and
+    true call count); an attribute out of range is left out."""
+    facts: dict[str, Any] = {"policy": _short_or_none(attrs.get(names.POLICY))}
+    mode = attrs.get(names.CAP_MODE)
+    if mode in CAP_MODES:
+        values: dict[str, Any] = {key: _limit(attrs.get(attr)) for key, attr in SPAN_LIMITS}
+        values |= {key: tool_list(attrs.get(attr)) for key, attr in SPAN_TOOL_LISTS}
+        facts["limits"] = Limits(mode, **values)
+    if times is not None:
+        facts["started_at"], facts["ended_at"] = times
+    facts["tool_calls"] = _limit(attrs.get(names.TURN_TOOL_CALLS))
+    return facts
+
+
+def span_listing(indexed: list[tuple[int, RecordedCall]], tool_calls: int | None) -> dict[str, Any]:
+    """A turn's tool spans, sorted by ``turnguard.call.index``, as the ``RecordedTurn`` fields
+    ``calls``, ``calls_dropped`` and ``calls_unrecorded``. The calls numbered 1, 2, ... without a
+    gap are the turn's first ones, listed; from the first missing number (spans lost, sampled or
+    past the per-turn bound) or the first number given twice (a retried request's calls: which
+    one the turn kept is not recorded) on, the calls are dropped and counted with those the turn
+    span counts past them (``tool_calls``): the recording stops there, as a recorder line's past
+    10,000 calls. Without the turn's first call (a resumed turn's spans, or lost ones) every span
+    is kept and the calls it lacks are unrecorded: the turn is recorded in part."""
+    n = len(indexed)
+    total = max(tool_calls or 0, indexed[-1][0] if indexed else 0)
+    numbers = list(map(_INDEX, indexed))
+    if not numbers or numbers[0] != 1:
+        return {"calls": tuple(map(_CALL, indexed)), "calls_unrecorded": max(0, total - n)}
+    if numbers == list(range(1, n + 1)):
+        return {"calls": tuple(map(_CALL, indexed)), "calls_dropped": total - n}
+    listed = next(i for i, number in enumerate(numbers) if number != i + 1)
+    if numbers[listed] == listed:  # the number before is given twice: neither of its calls is known to be the turn's
+        listed -= 1
+    return {"calls": tuple(map(_CALL, indexed[:listed])), "calls_dropped": total - listed}
+
+
+_CALL = operator.itemgetter(1)
+
+
+def _limit(value: Any) -> int | None:
+    return value if type(value) is int and 0 <= value <= MAX_LIMIT else None
+
+
+TURN_RESOLVED = "turnguard.turn.resolved"
+"""The task result on a turn span: a boolean, or ``"true"`` / ``"false"`` / ``"unknown"``."""
+
+
+def span_resolved(value: Any) -> bool | None:
+    """A span's ``turnguard.turn.resolved``: ``True``/``False`` (or their strings), else unknown."""
+    if isinstance(value, bool):
+        return value
+    return {"true": True, "false": False}.get(value) if isinstance(value, str) else None
+
+
+TURN_COHORT = "turnguard.turn.cohort"
+"""``"live"`` or ``"probe"`` on a turn span (any other value: not recorded)."""

@@ -1,0 +1,288 @@
+"""The recorder's format (corpus-format JSONL): one turn per line, with raw arguments or key
+digests, as the local recorder writes it; what the line says about how its turn ran (policy,
+limits, times) is read when present. A line that cannot be a turn is reported, never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from turnguard._calibrate import bounds
+from turnguard._calibrate.records import (
+    CAP_MODES,
+    LIMIT_KEYS,
+    MAX_LIMIT,
+    MAX_LINE_BYTES,
+    MAX_LISTED_TOOLS,
+    MAX_TIME,
+    MAX_TURN_CYCLES,
+    TOOL_LIST_KEYS,
+    UNREADABLE,
+    InputProblem,
+    Limits,
+    ProblemSink,
+    RecordedCall,
+    RecordedTurn,
+    count_in_range,
+    json_type,
+    parse_line,
+    parse_outcome,
+    short_text,
+    shown,
+    tool_list,
+    turn_calls_limit,
+)
+from turnguard._model import MAX_ID_LENGTH, Outcome
+from turnguard._probe import COHORTS
+from turnguard.telemetry._recorder import SOURCE as RECORDER_SOURCE
+
+RESULT_KEY = "result_for"
+"""The key that makes a corpus-format line a late result record (``_calibrate/results.py``)."""
+LOGS_KEY = "resourceLogs"
+"""OTLP JSON logs: read for late results only (``_calibrate/results.py``)."""
+
+
+def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
+                max_line_bytes: int = MAX_LINE_BYTES) -> RecordedTurn | None:
+    """One corpus-format line as a turn (blank lines are skipped, anything else is reported)."""
+    obj = parse_line(line, path, lineno, on_problem, max_line_bytes)
+    return None if obj is UNREADABLE else corpus_turn(obj, path, lineno, on_problem, max_line_bytes)
+
+
+# -- corpus format -------------------------------------------------------------------------------
+
+_OUTCOMES = {o.value: o for o in Outcome}
+
+
+def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink,
+                max_line_bytes: int = MAX_LINE_BYTES) -> RecordedTurn | None:
+    """A corpus/recorder line as a turn, or ``None`` after reporting why it cannot be one."""
+
+    def bad(message: str) -> None:
+        on_problem(InputProblem(path, lineno, message))
+
+    if not isinstance(obj, dict):
+        bad(f"expected a JSON object (one turn), got {json_type(obj)}; skipped")
+        return None
+    raw_calls = obj.get("calls")
+    if raw_calls is None and (RESULT_KEY in obj or LOGS_KEY in obj):
+        return None  # a late result or an OTLP logs document: read before the replay (results.py)
+    if not isinstance(raw_calls, list):
+        bad("'calls' is missing or not a list")
+        return None
+    limit = turn_calls_limit(max_line_bytes)
+    if len(raw_calls) > limit:
+        bad(f"{len(raw_calls):,} calls: more than the limit of {limit:,} per turn (--max-line-bytes / "
+            f"{bounds.BYTES_PER_CALL})")
+        return None
+    digests = digests_in_args(obj)
+    calls = _plain_calls(raw_calls, digests)
+    if calls is None:
+        calls = []
+        for i, raw in enumerate(raw_calls, 1):
+            call = _corpus_call(raw, digests)
+            if isinstance(call, str):
+                bad(f"call {i}: {call}")
+                return None
+            calls.append(call)
+    cycles = obj.get("cycles")
+    if cycles is not None and not count_in_range(cycles, 0):
+        bad(f"'cycles' must be an integer from 0 to {MAX_TURN_CYCLES:,}, got {shown(cycles)}")
+        return None
+    resolved = obj.get("resolved")
+    if resolved is not None and not isinstance(resolved, bool):
+        bad(f"'resolved' must be true, false or null, got {shown(resolved)}")
+        return None
+    cohort = obj.get("cohort")
+    if cohort is not None and cohort not in COHORTS:
+        bad(f"'cohort' must be one of {', '.join(COHORTS)} or null, got {cohort!r}")
+        return None
+    origin = f"{path}:{lineno}"
+    return RecordedTurn(
+        id=_turn_id(obj.get("id", obj.get("turn_id")), origin, bad),
+        calls=tuple(calls),
+        cycles=cycles,
+        resolved=resolved,
+        ended_by=_bounded_text(obj.get("ended_by"), "ended_by", bad),
+        source=_bounded_text(obj.get("source"), "source", bad),
+        origin=origin,
+        cohort=cohort,
+        **recorded_facts(obj, bad),
+    )
+
+
+def _turn_id(value: Any, origin: str, bad: Callable[[str], None]) -> str:
+    """A turn's id: a string or an integer of at most ``MAX_ID_LENGTH`` characters; anything
+    else is reported, and the turn replayed under its origin (``file:line``)."""
+    if value is None:
+        return origin
+    if type(value) is int and value.bit_length() <= MAX_ID_BITS:
+        return str(value)
+    if type(value) is str and len(value) <= MAX_ID_LENGTH:
+        return value
+    what = (f"{len(value):,} characters" if type(value) is str else f"an integer of more than {MAX_ID_LENGTH} digits"
+            if type(value) is int else json_type(value))
+    bad(f"the turn id must be a string or an integer of at most {MAX_ID_LENGTH} characters, got {what} "
+        f"(replayed as {origin})")
+    return origin
+
+
+MAX_ID_BITS = 800
+"""Integers of at most this many bits have fewer than ``MAX_ID_LENGTH`` digits (and ``str`` of a
+larger one could even raise: Python limits int-to-text conversion to 4,300 digits)."""
+
+
+def _bounded_text(value: Any, key: str, bad: Callable[[str], None]) -> str | None:
+    """A short text field (``ended_by``, ``source``, ``policy``): at most ``MAX_ID_LENGTH``
+    characters, else reported and left out."""
+    if value is None:
+        return None
+    if type(value) is not str:
+        value = shown(value, MAX_ID_LENGTH + 1)
+    if len(value) > MAX_ID_LENGTH:
+        bad(f"{key!r} is longer than {MAX_ID_LENGTH} characters ({len(value):,}); left out")
+        return None
+    return value
+
+
+def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str, Any]:
+    """What a recorder line says about how its turn ran (``policy``, ``limits``, ``started_at``,
+    ``ended_at``, ``tool_calls``, ``calls_dropped``, ``calls_unrecorded``, a "continue" among its
+    ``escalations``): each key that is
+    present but malformed is reported and left out, the turn still read. Older lines have none."""
+    facts: dict[str, Any] = {"policy": _bounded_text(obj.get("policy"), "policy", bad)}
+    raw = obj.get("limits")
+    if raw is not None:
+        limits = _limits(raw)
+        if isinstance(limits, str):
+            bad(f"'limits': {limits}; left out")
+        else:
+            facts["limits"] = limits
+    times = _times(obj.get("started_at"), obj.get("ended_at"))
+    if isinstance(times, str):
+        bad(f"'started_at' / 'ended_at': {times}; left out")
+    elif times is not None:
+        facts["started_at"], facts["ended_at"] = times
+    for key in ("tool_calls", "calls_dropped", "calls_unrecorded"):
+        count = obj.get(key)
+        if count is not None:
+            if type(count) is int and 0 <= count <= MAX_LIMIT:
+                facts[key] = count
+            else:
+                bad(f"{key!r} must be a whole number from 0, got {shown(count)}; left out")
+    escalations = obj.get("escalations")
+    if type(escalations) is list:
+        facts["continued"] = any(type(e) is dict and e.get("answer") == "continue" for e in escalations)
+    return facts
+
+
+def _limits(raw: Any) -> Limits | str:
+    """``Limits`` from a recorder line's ``limits`` object, or what is wrong with it."""
+    if type(raw) is not dict:
+        return f"expected an object, got {json_type(raw)}"
+    mode = raw.get("cap_mode")
+    if mode not in CAP_MODES:
+        return f"'cap_mode' must be one of {', '.join(CAP_MODES)}, got {shown(mode)}"
+    values: dict[str, Any] = {"cap_mode": mode}
+    for key in LIMIT_KEYS[1:]:
+        value = raw.get(key)
+        if value is not None and not (type(value) is int and 0 <= value <= MAX_LIMIT):
+            return f"{key!r} must be a whole number from 0 or null, got {shown(value)}"
+        values[key] = value
+    for key in TOOL_LIST_KEYS:
+        value = raw.get(key)
+        if value is not None:
+            values[key] = tool_list(value)
+            if values[key] is None:
+                return (f"{key!r} must be a list of at most {MAX_LISTED_TOOLS:,} tool names (texts of at most "
+                        f"{MAX_ID_LENGTH} characters) or null, got {shown(value)}")
+    return Limits(**values)
+
+
+def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
+    """``(started_at, ended_at)``, ``None`` when neither is recorded, or what is wrong."""
+    if started is None and ended is None:
+        return None
+    for value in (started, ended):
+        if type(value) not in (int, float) or not 0 <= value <= MAX_TIME:
+            return f"Unix seconds expected (both), got {shown(started)} and {shown(ended)}"
+    if ended < started:
+        return f"the turn ends ({ended}) before it starts ({started})"
+    return float(started), float(ended)
+
+
+def _plain_calls(raw_calls: list[Any], digests: bool) -> list[RecordedCall] | None:
+    """The common shape, every call exactly ``{"tool", "args", "outcome"}`` with a known outcome
+    (and maybe a ``result`` digest), read in one comprehension; ``None`` sends the line through the
+    checked path (which says what is wrong, if anything is). With ``digests`` (``digests_in_args``)
+    text ``args`` are the calls' digests."""
+    make, outcomes = tuple.__new__, _OUTCOMES
+    try:
+        if digests:
+            calls = [make(RecordedCall, (r["tool"], None, r["args"], outcomes[r["outcome"]], None, r.get("result")))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3 and type(r["args"]) is str]
+        else:
+            calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None, r.get("result")))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3]
+        tools = set(map(_TOOL, calls))  # a few names: checked once each
+        results = set(map(_RESULT, calls))
+    except (KeyError, TypeError):  # TypeError: also an unhashable tool name (the checked path says so)
+        return None
+    if len(calls) != len(raw_calls) or not all(type(t) is str and t for t in tools):
+        return None
+    if not all(r is None or short_text(r) for r in results):
+        return None
+    return calls
+
+
+_TOOL = operator.itemgetter(0)  # RecordedCall.tool
+_RESULT = operator.itemgetter(5)  # RecordedCall.result
+
+
+def digests_in_args(obj: dict[str, Any]) -> bool:
+    """Whether the line's text ``args`` are the calls' key digests: the recorder (``source``
+    ``"turnguard"``) writes the live guard's digest there, never the arguments, so it is the call's
+    identity as the tool span's ``turnguard.call.key_digest`` is. Read as arguments, the
+    ``canonical`` key mode would parse a digest that happens to be JSON text (``7467334316e84052``,
+    a number: ``inf``) and count distinct calls as repeats, where the Collector's file does not."""
+    return obj.get("source") == RECORDER_SOURCE
+
+
+def _corpus_call(raw: Any, digests: bool = False) -> RecordedCall | str:
+    if type(raw) is not dict:
+        return f"expected an object, got {json_type(raw)}"
+    tool = raw.get("tool") or raw.get("name")
+    if type(tool) is not str or not tool:
+        return "'tool' is missing or not a non-empty string"
+    digest = raw.get("digest") or raw.get("key_digest")
+    if digest is not None and type(digest) is not str:
+        return f"'digest' must be a string, got {type(digest).__name__}"
+    if digest is None and "args" not in raw:
+        return "neither 'args' nor 'digest'"
+    value = raw.get("outcome")
+    outcome = _OUTCOMES.get(value) if type(value) is str else None
+    if outcome is None:
+        outcome = parse_outcome(value)
+        if outcome is None:
+            return f"unknown outcome {shown(value)} (expected ok, error, denied or unknown)"
+    cycle = raw.get("cycle")
+    if cycle is not None and not count_in_range(cycle, 1):
+        return f"'cycle' must be an integer from 1 to {MAX_TURN_CYCLES:,}, got {shown(cycle)}"
+    result = raw.get("result")
+    if result is not None and not short_text(result):
+        return f"'result' must be a digest (text of at most {MAX_ID_LENGTH} characters) or null, got {shown(result)}"
+    args, digest = _identity(raw.get("args"), digest, digests)
+    return RecordedCall(tool, args, digest, outcome, cycle, result)
+
+
+def _identity(args: Any, digest: str | None, digests: bool) -> tuple[Any, str | None]:
+    """A call's ``(args, digest)``: a given digest wins; with ``digests`` (``digests_in_args``)
+    text ``args`` is the digest."""
+    if digest is not None:
+        return None, digest
+    if digests and type(args) is str:
+        return None, args
+    return args, None

@@ -1,0 +1,100 @@
+"""The same turn read twice is one turn: two copies of a file, the recorder's file beside the
+Collector's of the same fleet, a turn written twice in one file.
+
+A run notes each turn it counts as ``(id hash, content hash)`` (16 bytes, ``TurnPrints``), in the
+workers too; at the end, ``repeated`` finds the ids counted more than once. Only then (input that
+repeats turns) is the input read again, serially, through ``Admission``: the first reading of an
+id counts, a later reading of the same turn is dropped (and counted), and a different turn under
+an id already read is a named problem, not read. Input without repeats costs one pass and 16
+bytes per turn.
+
+Same turn means the same tools and outcomes in the same order and the same number of calls: the
+recorder's line and the Collector's spans of one turn agree on these (one records arguments, the
+other their digests; each may know the task's result or not; a halted call is ``denied`` in one
+and of unknown outcome in the other).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from array import array
+from dataclasses import dataclass, field
+
+from turnguard._calibrate.records import InputProblem, ProblemSink, RecordedTurn
+from turnguard._model import Outcome
+
+SKETCH = 64
+"""How many of the smallest id hashes a ``--json`` result keeps (``sketch``): two results whose
+sketches share an id hash counted some turn twice (``calibrate merge`` refuses them)."""
+
+
+def id_hash(turn_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(turn_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+_OUTCOME_BYTES = {Outcome.OK: "\x00ok\x00", Outcome.ERROR: "\x00error\x00"}
+"""A halted call is ``denied`` in the recorder's line and of unknown outcome on its span: both
+are "did not run" here."""
+
+
+def content_hash(turn: RecordedTurn) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    h.update(turn.needed_calls.to_bytes(8, "big"))
+    outcome = _OUTCOME_BYTES.get
+    h.update("".join([c[0] + outcome(c[3], "\x00?\x00") for c in turn.calls]).encode("utf-8", "surrogatepass"))
+    return int.from_bytes(h.digest(), "big")
+
+
+@dataclass(slots=True)
+class TurnPrints:
+    """The ``(id hash, content hash)`` of every turn counted, flat in one array."""
+
+    pairs: array = field(default_factory=lambda: array("Q"))
+
+    def add(self, turn: RecordedTurn) -> None:
+        self.pairs.append(id_hash(turn.id))
+        self.pairs.append(content_hash(turn))
+
+    def merge(self, other: TurnPrints) -> None:
+        self.pairs.extend(other.pairs)
+
+    def repeated(self) -> dict[int, bool]:
+        """Each id hash counted more than once: whether its readings are all one turn."""
+        pairs = sorted(zip(self.pairs[::2], self.pairs[1::2], strict=True))
+        out: dict[int, bool] = {}
+        for (a, x), (b, y) in itertools.pairwise(pairs):
+            if a == b:
+                out[a] = out.get(a, True) and x == y
+        return out
+
+    def sketch(self) -> list[str]:
+        """The ``SKETCH`` smallest distinct id hashes, as hex."""
+        return [f"{h:016x}" for h in sorted(set(self.pairs[::2]))[:SKETCH]]
+
+
+@dataclass(slots=True)
+class Admission:
+    """Which readings of the repeated ids (``TurnPrints.repeated``) a second pass counts."""
+
+    repeated: dict[int, bool]
+    on_problem: ProblemSink
+    first: dict[int, tuple[int, str]] = field(default_factory=dict)
+    dropped: int = 0
+
+    def __call__(self, turn: RecordedTurn) -> bool:
+        key = id_hash(turn.id)
+        if key not in self.repeated:
+            return True
+        seen = self.first.get(key)
+        if seen is None:
+            self.first[key] = (content_hash(turn), turn.origin)
+            return True
+        if seen[0] == content_hash(turn):
+            self.dropped += 1
+            return False
+        path, _, line = turn.origin.rpartition(":")
+        self.on_problem(InputProblem(path or turn.origin, int(line) if line.isdigit() else 0,
+                                     f"turn {turn.id!r}: a different turn under the id of the one at {seen[1]}; "
+                                     "not read (one id, one turn)"))
+        return False

@@ -1,0 +1,351 @@
+"""What the readers of recorded turns give (``RecordedTurn``, ``RecordedCall``, ``Limits``,
+``InputProblem``), and what both input formats share: lines read as bytes, plain or gzipped,
+within ``--max-line-bytes``, and parsed within the memory bound.
+
+Hostile input is bounded: a line longer than ``MAX_LINE_BYTES`` is skipped (and reported) after
+reading at most that much of it, JSON nested deeper than the interpreter can parse is a reported
+problem, and every field that sizes the replay's work (``cycles``, a call's ``cycle``, the number
+of calls) has a ceiling past which the turn is reported, not replayed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from turnguard._calibrate import bounds
+from turnguard._model import MAX_ID_LENGTH, Outcome
+
+
+class RecordedCall(NamedTuple):
+    """One tool call of a recorded turn: raw ``args`` or, when only that was recorded, a ``digest``.
+
+    A named tuple rather than a frozen dataclass: a million of these are built per second of
+    input, and a tuple is several times cheaper to make (it is just as immutable).
+    """
+
+    tool: str
+    args: Any = None
+    digest: str | None = None
+    outcome: Outcome = Outcome.UNKNOWN
+    cycle: int | None = None
+    """The model request (1-based) that issued the call, when recorded."""
+    result: str | None = None
+    """A digest of the call's result, when recorded (the corpus's ``result``, the recorder's):
+    equal digests, equal results. What ``stateful_tools`` policies replay with."""
+
+
+CAP_MODES = ("explicit", "adaptive", "disabled")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The limits a turn ran under, as the recorder line's ``limits`` and the turn span's
+    attributes give them: ``hard_cap`` is the effective one (N when explicit, S x m when adaptive,
+    ``None`` when disabled); ``max_cycles`` 0 when unbounded; the tool lists that change how calls
+    count (``stateful_tools``, ``streak_exempt_tools``), in their recorded order. A limit not
+    recorded is ``None``."""
+
+    cap_mode: str
+    soft_cap: int | None = None
+    hard_cap: int | None = None
+    stuck_repeat_threshold: int | None = None
+    streak_warn_at: int | None = None
+    streak_stop_at: int | None = None
+    max_cycles: int | None = None
+    stateful_tools: tuple[str, ...] | None = None
+    streak_exempt_tools: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: getattr(self, name) for name in LIMIT_KEYS}
+        for name in TOOL_LIST_KEYS:
+            tools = getattr(self, name)
+            out[name] = None if tools is None else list(tools)
+        return out
+
+
+LIMIT_KEYS = ("cap_mode", "soft_cap", "hard_cap", "stuck_repeat_threshold", "streak_warn_at", "streak_stop_at",
+              "max_cycles")
+"""``Limits``' numbers (and the cap mode)."""
+TOOL_LIST_KEYS = ("stateful_tools", "streak_exempt_tools")
+"""``Limits``' tool lists."""
+MAX_LISTED_TOOLS = 1_000
+"""The most tool names a recorded tool list may hold (a longer one is malformed)."""
+
+
+def tool_list(value: Any) -> tuple[str, ...] | None:
+    """A recorded tool list: a list of at most ``MAX_LISTED_TOOLS`` non-empty texts of at most
+    ``MAX_ID_LENGTH`` characters, as a tuple; ``None`` when it is not one."""
+    if type(value) is not list or len(value) > MAX_LISTED_TOOLS or not all(short_text(t) and t for t in value):
+        return None
+    return tuple(value)
+MAX_LIMIT = 2**62
+"""The largest limit value read (``config.MAX_CALLS``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedTurn:
+    """One recorded agent turn, as the replay needs it, and what the recording says about how it
+    ran: the policy and limits in force, when it ran, its true call count."""
+
+    id: str
+    calls: tuple[RecordedCall, ...]
+    cycles: int | None = None
+    resolved: bool | None = None
+    ended_by: str | None = None
+    """The threshold that halted the turn, or the reason it ended (``completed``, ``error``, a
+    host's own reason); ``None`` when not recorded."""
+    source: str | None = None
+    origin: str = ""
+    """Where the turn came from (``file:line``), for messages."""
+    cohort: str | None = None
+    """``"live"`` or ``"probe"`` (guarded by a probe configuration), ``None`` when not recorded."""
+    policy: str | None = None
+    """The ``GuardConfig.name`` in force (the probe's on a probe turn), when recorded."""
+    limits: Limits | None = None
+    started_at: float | None = None
+    """Unix seconds, when recorded (with ``ended_at``)."""
+    ended_at: float | None = None
+    tool_calls: int | None = None
+    """The turn's true number of calls when recorded (the recorder keeps at most 10,000 of them)."""
+    continued: bool = False
+    """An attended ask of the turn was answered "continue" (the recorder's ``escalations``)."""
+    calls_dropped: int = 0
+    """Calls the turn made after its listed ones, only counted (the recorder's ``calls_dropped``
+    past 10,000 calls; tool spans missing after the turn's first ones): its recording stops early."""
+    calls_unrecorded: int = 0
+    """Calls of the turn missing before its listed ones (the recorder's ``calls_unrecorded``: a
+    turn resumed from a snapshot without the recorder's section; a resumed turn's tool spans, or
+    any without the turn's first call): the listed calls are the turn's tail."""
+    end_unknown: bool = False
+    """The recording says neither how many calls the turn made nor how it ended (tool spans whose
+    turn span never came): it may have gone on past its last listed call."""
+
+    @property
+    def needed_calls(self) -> int:
+        """The calls the turn made (or asked for, for the one a halt denied)."""
+        return max(len(self.calls) + self.calls_dropped + self.calls_unrecorded, self.tool_calls or 0)
+
+    @property
+    def in_part(self) -> bool:
+        """The listed calls are not the turn's start (``calls_unrecorded``, or fewer listed and
+        dropped calls than ``tool_calls``: a resumed turn recorded before the recorder counted
+        them): replaying them would replay another turn."""
+        return self.calls_unrecorded > 0 or (self.tool_calls or 0) > len(self.calls) + self.calls_dropped
+
+    @property
+    def cut_short(self) -> bool:
+        """The listed calls are the turn's first ones, but not all of them (``calls_dropped``) or
+        maybe not all (``end_unknown``): what a threshold would do past the last listed call is
+        not recorded."""
+        return (self.calls_dropped > 0 or self.end_unknown) and not self.in_part
+
+
+@dataclass(frozen=True, slots=True)
+class InputProblem:
+    """A line or span that could not be used, and why."""
+
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+MAX_LINE_BYTES = bounds.MAX_LINE_BYTES
+"""The longest line read (without its newline); a longer one is reported and skipped, reading at
+most this much of it at a time. The recorder writes at most 10,000 calls per line (under 1 MB);
+the Collector's file exporter writes one export batch per line. Every other bound derives from it
+(``bounds.py``)."""
+MAX_TURN_CYCLES = 100_000
+"""The most model requests a turn (``cycles``) or a call's ``cycle`` number may give: the replay
+does work for each request, so a larger value is a reported problem, not a hang."""
+MAX_TURN_CALLS = bounds.MAX_TURN_CALLS
+"""The most tool calls a turn may hold at any line limit (100 times the recorder's per-turn
+limit); at a given ``--max-line-bytes`` at most ``Bounds.turn_calls`` (131,072 at the default)."""
+MAX_WAITING_CALLS = bounds.MAX_TURN_CALLS
+"""The most OTLP tool spans held while their turn spans have not arrived (at a given
+``--max-line-bytes``, at most ``Bounds.waiting_calls``); past it the turn waiting longest is
+reported and replayed as it is, so memory stays bounded on any input."""
+
+
+def turn_calls_limit(max_line_bytes: int) -> int:
+    return min(MAX_TURN_CALLS, bounds.Bounds(max_line_bytes).turn_calls)
+
+
+def waiting_calls_limit(max_line_bytes: int) -> int:
+    return min(MAX_WAITING_CALLS, bounds.Bounds(max_line_bytes).waiting_calls)
+
+
+class InputError(Exception):
+    """A fatal input problem (``--strict``), or an unreadable file."""
+
+
+ProblemSink = Callable[[InputProblem], None]
+
+
+SKIP_BLOCK = 1 << 20
+READ_BUFFER = 1 << 22
+"""The read buffer of a plain input file: a Collector line is a few hundred kilobytes, and
+``readline`` through the default 8 KiB buffer joins it from dozens of reads (four times slower)."""
+
+
+def bounded_lines(readline: Callable[[int], bytes], limit: int) -> Iterator[tuple[bytes | None, int]]:
+    """``(line, size)`` for each line ``readline`` gives, or ``(None, size)`` for a line longer
+    than ``limit`` bytes (its rest is read in blocks and dropped, so memory holds at most
+    ``limit`` bytes of it); ``size`` is the line's length in bytes, newline included."""
+    while line := readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        size = len(line)
+        del line
+        while block := readline(SKIP_BLOCK):
+            size += len(block)
+            if block.endswith(b"\n"):
+                break
+        yield None, size
+
+
+def too_long(path: str, lineno: int, size: int, limit: int) -> InputProblem:
+    return InputProblem(path, lineno, f"line longer than the limit of {limit:,} bytes (--max-line-bytes): "
+                                      f"{size:,} bytes with its newline; skipped")
+
+
+class LineSource:
+    """The lines of one file as bytes, transparently un-gzipped (by magic number, not by name),
+    with how far into the file (on disk) reading has got, for progress bars. Lines longer than
+    ``max_line_bytes`` are reported to ``on_problem`` and skipped."""
+
+    def __init__(self, path: str | Path, on_problem: ProblemSink | None = None, *,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.path = str(path)
+        self.on_problem = on_problem
+        self.max_line_bytes = max_line_bytes
+        try:
+            self._raw = open(path, "rb", buffering=READ_BUFFER)  # noqa: SIM115 - closed by close()
+            self.size = os.fstat(self._raw.fileno()).st_size
+            gzipped = self._raw.read(2) == b"\x1f\x8b"
+            self._raw.seek(0)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from exc
+        self._lines: Any = gzip.GzipFile(fileobj=self._raw, mode="rb") if gzipped else self._raw
+
+    def position(self) -> int:
+        try:
+            return self._raw.tell()
+        except (OSError, ValueError):
+            return self.size
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        limit = self.max_line_bytes
+        for lineno, (line, size) in enumerate(bounded_lines(self._lines.readline, limit), 1):
+            if line is not None:
+                yield lineno, line
+            elif self.on_problem is not None:
+                self.on_problem(too_long(self.path, lineno, size, limit))
+
+    def close(self) -> None:
+        self._lines.close()
+        self._raw.close()
+
+    def __enter__(self) -> LineSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+UNREADABLE: Any = object()
+"""What ``parse_line`` returns for a line that holds no JSON value (JSON ``null`` is ``None``)."""
+
+
+def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Any:
+    """The JSON value of a line, or ``UNREADABLE``: a blank line, or one reported as not JSON
+    (nesting too deep for the parser included), or as too costly to parse: its parsed form,
+    estimated from its structure (``bounds.parsed_size``), would take more than
+    ``bounds.PARSE_FACTOR`` x ``max_line_bytes``."""
+    if blank(line):
+        return UNREADABLE
+    size = too_costly(line, max_line_bytes)
+    if size is not None:
+        budget = bounds.PARSE_FACTOR * max_line_bytes
+        on_problem(InputProblem(path, lineno, f"too many JSON values to read within the memory bound: about "
+                                              f"{size / 2**20:,.0f} MiB once parsed, more than "
+                                              f"{bounds.PARSE_FACTOR} x --max-line-bytes ({budget / 2**20:,.0f} "
+                                              "MiB); skipped"))
+        return UNREADABLE
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        message = f"not JSON: {exc}"
+    except RecursionError:
+        message = "not readable: JSON nested too deeply"
+    on_problem(InputProblem(path, lineno, message))
+    return UNREADABLE
+
+
+def too_costly(line: bytes, max_line_bytes: int) -> int | None:
+    """The estimated parsed size of a line too costly to parse (``parse_line``), else ``None``."""
+    budget = bounds.PARSE_FACTOR * max_line_bytes
+    if len(line) <= bounds.ESTIMATE_FROM or bounds.MAX_PARSED_PER_BYTE * len(line) <= budget:
+        return None  # (within the bound whatever the line holds)
+    size = bounds.parsed_size(line)
+    return size if size > budget else None
+
+
+def blank(line: bytes) -> bool:
+    """Empty or whitespace only (without copying a long line, as ``strip`` would)."""
+    return not line or line.isspace()
+
+
+MAX_TIME = 1e11
+"""Unix seconds past this (the year 5138) are not a time a turn ran at."""
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (``null``, ``an array``)."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def count_in_range(value: Any, minimum: int, maximum: int = MAX_TURN_CYCLES) -> bool:
+    """An ``int`` (not a ``bool``, not a float) from ``minimum`` to ``maximum``."""
+    return type(value) is int and minimum <= value <= maximum
+
+
+def shown(value: Any, width: int = 40) -> str:
+    """``repr(value)`` cut to ``width`` characters (a huge number or text in a message stays short,
+    and costs no more than its shown part)."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    if type(value) is str and len(value) > width:
+        return repr(value[:width])[: width - 3] + f"... ({len(value):,} characters)"
+    if isinstance(value, (dict, list)) and len(value) > width:
+        return f"{json_type(value)} of {len(value):,} items"
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def parse_outcome(value: Any) -> Outcome | None:
+    if value is None:
+        return Outcome.UNKNOWN
+    try:
+        return Outcome.parse(value)
+    except ValueError:
+        return None
+
+
+
+def short_text(value: Any) -> bool:
+    return type(value) is str and len(value) <= MAX_ID_LENGTH

@@ -1,0 +1,431 @@
+"""Replay recorded turns through the live guard's own ledger and policy hooks.
+
+``replay_turn`` drives a ``Ledger`` through the ``Driver`` a ``Turn`` uses (``turnguard._driver``:
+count, quiet-region test, collect, combine), over the ``Dispatcher`` of a real turnguard plugin
+manager (``turnguard._plugins.plugin_manager``: the same modules, hook order, functions, fail mode
+and ``combine``); a HALT latches (so the replay of a policy stops at its first halt).
+Attended replays answer every ASK with ``continue``, which resets the streak as ``Turn.resolve``
+does: the recorded turn did go on.
+
+What is not in here: any threshold logic. Which policies may share one replay on a given turn is
+decided in ``equivalence.py``; the per-call keys are the live guard's identity bytes (``call_keys``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pluggy
+
+from turnguard._calibrate.grid import Policy
+from turnguard._calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard._config import MAX_CALLS, GuardConfig
+from turnguard._dispatch import BoundChecks, Dispatcher, Impl
+from turnguard._driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver
+from turnguard._keys import Keyer, identity_bytes, name_bytes, store_key, unchecked_key
+from turnguard._ledger import Ledger, LedgerView
+from turnguard._model import Action, ToolCall, Verdict
+from turnguard._plugins import FACTORY_PLUGINS, plugin_manager, policies_only
+from turnguard._policies import cap
+
+Impls = tuple[Impl, ...]
+UNREACHED = MAX_CALLS
+"""A stuck threshold no turn reaches."""
+_CYCLE = operator.itemgetter(4)  # RecordedCall.cycle
+_TOOL = operator.itemgetter(0)  # RecordedCall.tool
+_OUTCOME = operator.itemgetter(3)  # RecordedCall.outcome
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What one policy did to one turn in one mode.
+
+    ``halt_call`` is the 1-based index of the first call the halt prevented (``calls + 1`` when
+    it came after the last call; 0: no halt); ``asks`` the calls at which an ASK reached the user.
+    """
+
+    halt_call: int = 0
+    threshold: str | None = None
+    asks: tuple[int, ...] = ()
+
+    @property
+    def halted(self) -> bool:
+        return self.halt_call > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One decision in a traced replay (for comparing with a live ``Turn``)."""
+
+    call: int
+    stage: str  # "cycle" | "call" | "outcome"
+    action: Action
+    threshold: str | None
+
+
+class CompiledPolicy:
+    """A policy's plugin manager compiled once into a ``Dispatcher`` (its check hooks in hook
+    order, its fail mode, ``combine``), as the live guard compiles its own."""
+
+    __slots__ = ("check_call", "check_cycle", "check_outcome", "config", "dispatcher", "keyer", "policy",
+                 "prefix_config")
+
+    def __init__(self, policy: Policy, keyer: Keyer, managers: Managers | None = None) -> None:
+        self.policy = policy
+        self.config = policies_only(policy.config)
+        self.keyer = keyer
+        self.dispatcher = Dispatcher(policy_manager(policy, managers), fail_mode=self.config.fail_mode,
+                                     log_errors=False)
+        self.check_cycle: Impls = self.dispatcher.check_cycle
+        self.check_call: Impls = self.dispatcher.check_call
+        self.check_outcome: Impls = tuple(
+            impl for impl in self.dispatcher.check_outcome
+            if self.config.stateful_tools or impl.fn is not cap.turnguard_check_outcome)
+        """The outcome hooks; the cap's answers only at a stateful tool's outcome (``stuck_raised``):
+        without stateful tools it is left out (one call per replayed call saved)."""
+        self.prefix_config = self.config.replace(stuck_repeat_threshold=UNREACHED)
+        """For a ``SharedPrefix`` that policies fork from before their stuck threshold is reached:
+        a threshold no turn reaches shapes no fact, so it forks into any of them."""
+
+    def bind(self, ledger: Ledger, view: LedgerView | None = None) -> BoundChecks:
+        """The check hooks for one replay's ``ledger`` (``Dispatcher.bind``, the outcome hooks as above)."""
+        view = view if view is not None else LedgerView(ledger)
+        bound = self.dispatcher.bound
+        return BoundChecks(bound(self.check_cycle, ledger, view), bound(self.check_call, ledger, view),
+                           bound(self.check_outcome, ledger, view))
+
+    def driver(self, ledger: Ledger) -> Driver:
+        """The ``Driver`` of one replay on ``ledger``, with the hooks ``bind`` gives."""
+        view = LedgerView(ledger)
+        return Driver(self.dispatcher, ledger, view, checks=self.bind(ledger, view))
+
+
+Managers = dict[frozenset[str], pluggy.PluginManager]
+"""Plugin managers by the plugins a configuration blocks, shared by the policies they serve."""
+
+
+def policy_manager(policy: Policy, managers: Managers | None = None) -> pluggy.PluginManager:
+    """The live guard's plugin manager for ``policy`` (policies only: no telemetry, no recorder),
+    with the policy's extra rules registered like third-party plugins.
+
+    With ``managers``, policies without extra rules share one manager per set of blocked plugins:
+    such a manager holds only the policy modules, which read every setting from the ledger, so it
+    serves them all (building one costs about a millisecond, a grid has dozens of policies and
+    every calibrate worker builds them)."""
+    config = policies_only(policy.config)
+    if managers is not None and not policy.extras and set(FACTORY_PLUGINS) <= set(config.disable_plugins):
+        key = frozenset(config.disable_plugins)
+        if key not in managers:
+            managers[key] = plugin_manager(config, environ={})
+        return managers[key]
+    pm = plugin_manager(config, environ={})
+    for i, rule in enumerate(policy.extras):
+        pm.register(rule.plugin(), name=f"calibrate-extra-{i}")
+    return pm
+
+
+def cycle_starts(turn: RecordedTurn) -> list[int]:
+    """How many model requests begin before each call (index ``len(calls)``: after the last).
+
+    With per-call ``cycle`` numbers they are used as recorded. With only a total (the corpus
+    format), calls are spread evenly over the requests, and when there are more requests than
+    calls the last request comes after the last call (the final answer). Unknown: one request.
+    A turn whose recording stops early (``calls_dropped``) is spread over all its calls, and the
+    requests after its last listed call are not placed: they come among calls not recorded.
+    """
+    n = len(turn.calls)
+    starts = [0] * (n + 1)
+    if set(map(_CYCLE, turn.calls)) - {None}:
+        current = 0
+        for i, call in enumerate(turn.calls):
+            cycle = call.cycle if call.cycle is not None else current
+            if cycle > current:
+                starts[i] += cycle - current
+                current = cycle
+        if turn.cycles is not None and turn.cycles > current and not turn.calls_dropped:
+            starts[n] += turn.cycles - current
+        return starts
+    total = turn.cycles if turn.cycles is not None else 1
+    if total <= 0:
+        return starts
+    if turn.calls_dropped:
+        return _spread_cut(starts, total, n + turn.calls_dropped)
+    if n == 0:
+        starts[0] = total
+        return starts
+    spread = total - 1 if total > n else total
+    if spread == n:  # the usual shape: one request per call, and maybe a final answer
+        return [1] * n + [total - spread]
+    for j in range(spread):
+        starts[(j * n) // spread] += 1
+    starts[n] += total - spread
+    return starts
+
+
+def _spread_cut(starts: list[int], total: int, calls: int) -> list[int]:
+    """``cycle_starts``'s even spread of ``total`` requests over a turn of ``calls`` calls, placed
+    only before the listed ones (``len(starts) - 1``): the same requests before each listed call
+    as the whole turn's recording places there. At most ``total`` steps (``MAX_TURN_CYCLES``)."""
+    n = len(starts) - 1
+    spread = total - 1 if total > calls else total
+    for j in range(spread):
+        at = (j * calls) // spread
+        if at >= n:
+            break
+        starts[at] += 1
+    return starts
+
+
+def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
+    """The ``ToolCall`` the hooks receive, its key already set to the replay's digest."""
+    tc = ToolCall(call.tool, call.args)
+    store_key(tc, unchecked_key(digest, keyer))
+    return tc
+
+
+def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int], begin: int,
+            end: int) -> None:
+    """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
+    calls = turn.calls[begin:end]
+    if ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)), list(map(_OUTCOME, calls)),
+                            starts[begin:end]):
+        return
+    count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
+    if ledger.names_tools:
+        count = ledger.count_named
+    polled = ledger.polls if ledger.polls_any else None
+    for call, digest, cycles in zip(calls, digests[begin:end], starts[begin:end], strict=True):
+        for _ in range(cycles):
+            cycle()
+        count(digest, call[0])  # call.tool
+        if polled is None or not polled(call[0]):
+            outcome(ledger.checks, call[3])  # call.outcome, for the call just counted
+        else:
+            record_polled(ledger, call)
+
+
+def record_polled(ledger: Ledger, call: RecordedCall) -> bool | None:
+    """The outcome of a stateful tool's call just counted, with its recorded result digest
+    (``Ledger.record_polled``): a changed result is progress, as in the live turn."""
+    return ledger.record_polled(ledger.checks, call.outcome, result_digest(call))
+
+
+def result_digest(call: RecordedCall) -> bytes | None:
+    """The recorded result digest of ``call`` as a ledger takes it (``None``: not recorded)."""
+    result = call.result
+    return None if result is None else result.encode()
+
+
+class SharedPrefix:
+    """One ledger per turn and key mode, advanced once through the turn; replays that start
+    checking later fork it (``Ledger.fork``) instead of recounting the calls before."""
+
+    __slots__ = ("digests", "ledger", "position", "starts", "turn")
+
+    def __init__(self, config: GuardConfig, turn: RecordedTurn, digests: Sequence[bytes],
+                 starts: Sequence[int]) -> None:
+        self.ledger = Ledger(config, turn_id=turn.id)
+        self.turn, self.digests, self.starts = turn, digests, starts
+        self.position = 0
+
+    def fork_at(self, first_check: int, config: GuardConfig, promptable: bool) -> Ledger | None:
+        """A ledger holding calls before ``first_check`` under ``config``, or ``None`` when the
+        prefix has moved past it or the facts differ (the replay then counts for itself)."""
+        skip = min(first_check - 1, len(self.turn.calls))
+        if skip < self.position:
+            return None
+        advance(self.ledger, self.turn, self.digests, self.starts, self.position, skip)
+        self.position = skip
+        try:
+            return self.ledger.fork(config, promptable=promptable)
+        except ValueError:
+            return None
+
+
+def _answered(verdict: Verdict, call_no: int, stage: str, asks: list[int], ledger: Ledger,
+              trace: list[Step] | None) -> bool:
+    """Apply a call's or an outcome's verdict as the host does; ``True`` when it halts. An ASK is
+    answered "continue", which resets the streak (``Turn.resolve``): the recorded turn did go on."""
+    if trace is not None:
+        trace.append(Step(call_no, stage, verdict.action, _label(verdict)))
+    action = verdict.action
+    if action is Action.ASK:
+        asks.append(call_no)
+        ledger.reset_streak()
+    return action is Action.HALT
+
+
+def replay_turn(
+    policy: CompiledPolicy,
+    turn: RecordedTurn,
+    calls: list[ToolCall | None],
+    digests: Sequence[bytes],
+    starts: Sequence[int],
+    *,
+    promptable: bool,
+    trace: list[Step] | None = None,
+    first_check: int = 1,
+    ledger: Ledger | None = None,
+    asks_before: tuple[int, ...] = (),
+    snapshots: dict[int, list[Snapshot]] | None = None,
+) -> TurnResult:
+    """Replay one turn under one policy until it ends or halts.
+
+    ``calls`` holds the ``ToolCall`` objects the hooks receive (made when needed). Before call
+    ``first_check`` (``equivalence.earliest_call``) only the ledger records the turn: no check there
+    can change the result. ``ledger``, when given, holds the facts of those first calls already
+    (``SharedPrefix``, or another replay's snapshot), ``asks_before`` the asks made before them.
+
+    ``snapshots`` asks for the state before given calls (0-based index: before that call's model
+    requests), forked into other policies' configurations (``Snapshot``): a policy whose checks
+    agree with this one's before that call continues from there instead of replaying it all.
+    """
+    recorded = turn.calls
+    skip = min(first_check - 1, n := len(recorded))
+    if ledger is None:
+        ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
+        advance(ledger, turn, digests, starts, 0, skip)
+    asks: list[int] = list(asks_before)
+    driver = policy.driver(ledger)
+    results = driver.polls is not None
+    for i in range(skip, n + 1):
+        if snapshots and i in snapshots:
+            _take(snapshots.pop(i), ledger, asks)
+        if starts[i]:
+            halt = _cycles(driver, starts[i], i + 1, trace)
+            if halt is not None:
+                return TurnResult(i + 1, _label(halt), tuple(asks))
+        if i == n:
+            break
+        call = calls[i]
+        if call is None:
+            call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
+        found = driver.call(digests[i], call)
+        verdict = driver.combine(CHECK_CALL, found)[0] if found else None
+        if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
+            return TurnResult(i + 1, _label(verdict), tuple(asks))
+        outcome = recorded[i].outcome
+        found = driver.outcome(ledger.checks, call, outcome, result_digest(recorded[i]) if results else None)
+        verdict = driver.combine(CHECK_OUTCOME, found)[0] if found else None
+        if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
+            return TurnResult(i + 2, _label(verdict), tuple(asks))
+    return TurnResult(0, None, tuple(asks))
+
+
+def _take(snapshots: list[Snapshot], ledger: Ledger, asks: list[int]) -> None:
+    """Hand the replay's state before this call to the snapshots asking for it."""
+    for snap in snapshots:
+        with contextlib.suppress(ValueError):  # facts that depend on the difference: it replays itself
+            snap.taken = (ledger.fork(snap.config, promptable=snap.promptable), tuple(asks))
+
+
+def _cycles(driver: Driver, count: int, call_no: int, trace: list[Step] | None) -> Verdict | None:
+    """Begin ``count`` model requests before call ``call_no``, each checked; the halting verdict, if any."""
+    for _ in range(count):
+        found = driver.cycle()
+        verdict = driver.combine(CHECK_CYCLE, found)[0] if found else None
+        if verdict is not None:
+            if trace is not None:
+                trace.append(Step(call_no, "cycle", verdict.action, _label(verdict)))
+            if verdict.action is Action.HALT:
+                return verdict
+    return None
+
+
+class Snapshot:
+    """A request for a replay's state before a given call, forked into ``config``: ``taken`` is
+    then (ledger, asks so far), or ``None`` when the replay halted first or could not fork."""
+
+    __slots__ = ("config", "promptable", "taken")
+
+    def __init__(self, config: GuardConfig, promptable: bool) -> None:
+        self.config, self.promptable = config, promptable
+        self.taken: tuple[Ledger, tuple[int, ...]] | None = None
+
+
+def _label(verdict: Verdict) -> str | None:
+    t = verdict.threshold
+    return None if t is None else str(t)
+
+
+def relative_position(halt_call: int, calls: int) -> float:
+    """Where a halt lands in its turn: 0.0 before the first call, 1.0 after the last."""
+    if calls <= 0:
+        return 1.0
+    return min(1.0, (halt_call - 1) / calls)
+
+
+def calls_saved(result: TurnResult, calls: int) -> int:
+    """Recorded calls the halt would have prevented."""
+    return max(0, calls - result.halt_call + 1) if result.halted else 0
+
+
+def decile(fraction: float) -> int:
+    """0..10: the tenth of the turn a halt lands in (10: after the last call)."""
+    return min(10, math.floor(fraction * 10 + 1e-9))
+
+
+# -- call keys --------------------------------------------------------------------------------------
+
+_RECORDED = b"\xff"
+"""The first byte of a recorded digest's key (``call_keys``), which no identity bytes start with."""
+
+
+def call_keys(calls: Sequence[RecordedCall], mode: str) -> list[bytes]:
+    """Each call's ledger key under ``mode``: the live guard's call identity without the hash.
+
+    The live guard counts ``Keyer.digest(name, args)``, a keyed BLAKE2b of
+    ``keys.identity_bytes(name, args, mode)``; a replay only needs to know which calls are the same,
+    so it counts those bytes themselves (equal bytes, equal digests; distinct bytes are distinct
+    calls, where the 8-byte digest could in principle collide). A recorded digest is already an
+    identity: its key is ``0xFF``, the name's part of the identity bytes (``keys.name_bytes``) and
+    the digest; no identity bytes start with ``0xFF`` (no UTF-8 text does, and an odd name starts
+    with ``0xFE``), so it never equals the key of a call recorded with its arguments.
+
+    A tool's part of a recorded digest's key is made once per turn (a turn has few tools). Under
+    ``canonical``, identical JSON-object text is canonicalized once per turn (stuck turns repeat one
+    call many times) and its repeats share the key; everything else is cheaper to key again than to
+    look up."""
+    prefixes: dict[str, bytes] = {}
+    memo: dict[tuple[str, str], bytes] = {}
+    keys: list[bytes] = []
+    append, get, canonical = keys.append, memo.get, mode == "canonical"
+    for call in calls:
+        tool, args, digest = call[0], call[1], call[2]
+        if digest is not None:
+            prefix = prefixes.get(tool)
+            if prefix is None:
+                prefix = prefixes[tool] = _RECORDED + name_bytes(tool)
+            append(prefix + digest.encode("utf-8", "surrogatepass"))
+        elif not canonical or type(args) is not str or args[:1] != "{":
+            append(identity_bytes(tool, args, mode))
+        else:
+            pair = (tool, args)
+            key = get(pair)
+            if key is None:
+                key = memo[pair] = identity_bytes(tool, args, mode)
+            append(key)
+    return keys
+
+
+__all__ = [
+    "CompiledPolicy",
+    "SharedPrefix",
+    "Snapshot",
+    "Step",
+    "TurnResult",
+    "advance",
+    "call_keys",
+    "calls_saved",
+    "cycle_starts",
+    "decile",
+    "policy_manager",
+    "record_polled",
+    "relative_position",
+    "replay_turn",
+    "tool_call",
+]

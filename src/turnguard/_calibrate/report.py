@@ -1,0 +1,339 @@
+"""Terminal and JSON reports of a calibration run (``RunStats``).
+
+The table shows, per policy: the turns it halts unattended (and by which threshold), how many of
+those were resolved runs (the false-positive proxy), the unresolved runs it halts and the calls
+that would have saved, where its halts land, and the asks an attended session would have seen.
+The default configuration is marked (``*``, and bold on a terminal).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from turnguard._calibrate.advice import evidence_text
+from turnguard._calibrate.stats import RunStats, default_limits
+from turnguard._calibrate.survival import survival_text
+from turnguard._terminal import DEFAULT_WIDTH, layout, shown, wrap_items, wrap_text
+
+THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
+BOLD, RESET = "\x1b[1m", "\x1b[0m"
+
+
+def median_of(hist: dict[int, int]) -> int | None:
+    """The median key of a histogram (lower median), or ``None`` when it is empty."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    seen = 0
+    for key in sorted(hist):
+        seen += hist[key]
+        if seen * 2 >= total:
+            return key
+    return None  # pragma: no cover - unreachable
+
+
+def median_halt(hist: dict[int, list[int]]) -> int | str | None:
+    """The median halt call of a bucketed histogram (``stats.add_halt_call``): the call itself
+    when its bucket's halts all fell on one call, else the bucket's range (``"960-1023"``)."""
+    total = sum(v[0] for v in hist.values())
+    if not total:
+        return None
+    seen = 0
+    for key in sorted(hist):
+        n, lo, hi = hist[key]
+        seen += n
+        if seen * 2 >= total:
+            return lo if lo == hi else f"{lo}-{hi}"
+    return None  # pragma: no cover - unreachable
+
+
+def median_decile(deciles: list[int]) -> str:
+    """The tenth of the turn the median halt lands in (``median_of`` over the tenths)."""
+    i = median_of(dict(enumerate(deciles)))
+    if i is None:
+        return "-"
+    return "end" if i == 10 else f"{i * 10}-{i * 10 + 10}%"
+
+
+def thresholds_text(by: dict[str, int]) -> str:
+    keys = [k for k in THRESHOLD_ORDER if by.get(k)] + sorted(k for k in by if k not in THRESHOLD_ORDER and by[k])
+    return " ".join(f"{k}:{by[k]}" for k in keys) or "-"
+
+
+def rows(stats: RunStats) -> list[dict[str, Any]]:
+    """One row of figures per policy (the table's content, also used by the HTML report)."""
+    out = []
+    for info, modes in zip(stats.policies, stats.modes, strict=True):
+        u, a = modes["unattended"], modes["attended"]
+        censored = stats.censored(u)
+        out.append({
+            "name": info["name"],
+            "default": bool(info["default"]),
+            "family": info["family"],
+            "cap": info["params"]["cap"],
+            "streak": info["params"]["streak"],
+            "halted": u.halted,
+            "by_threshold": dict(u.by_threshold),
+            "halted_resolved": u.halted_resolved,
+            "resolved_ids": list(u.resolved_ids),
+            "halted_unresolved": u.halted_unresolved,
+            "unresolved_ids": list(u.unresolved_ids),
+            "saved_unresolved": u.saved_unresolved,
+            "halted_unknown": u.halted_unknown,
+            "censored": sum(censored.values()),
+            "censored_by_cohort": censored,
+            "halted_censored": sum(u.halted_censored.values()),
+            "saved_censored": u.saved_censored,
+            "evidence_halts": u.evidence_halts,
+            "evidence_by_source": dict(u.evidence),
+            "median_halt_call": median_halt(u.halt_calls),
+            "median_position": median_decile(u.halt_deciles),
+            "halt_deciles": list(u.halt_deciles),
+            "halt_calls": {k: list(v) for k, v in u.halt_calls.items()},
+            "asks": a.asks,
+            "turns_with_asks": a.turns_with_asks,
+            "asks_resolved": a.asks_resolved,
+            "attended_halted": a.halted,
+        })
+    return out
+
+
+COLUMNS = (
+    ("policy", "name", "<"),
+    ("cap", "cap", "<"),
+    ("streak", "streak", "<"),
+    ("halted", "halted_text", ">"),
+    ("censored", "censored", ">"),
+    ("by threshold", "thresholds", "<"),
+    ("resolved", "resolved_text", ">"),
+    ("unresolved", "halted_unresolved", ">"),
+    ("saved", "saved_unresolved", ">"),
+    ("at call", "median_halt_call", ">"),
+    ("at", "median_position", ">"),
+    ("asks (turns)", "asks_text", ">"),
+)
+
+
+FIGURES = ("halted", "by_threshold", "halted_resolved", "resolved_ids", "halted_unresolved", "unresolved_ids",
+           "saved_unresolved", "halted_unknown", "censored_by_cohort", "halted_censored", "saved_censored",
+           "evidence_by_source", "halt_calls", "asks", "turns_with_asks", "attended_halted")
+
+
+NARROW_DROPS = (("cap", "streak"), ("at",))
+"""Columns left out, stage by stage, when the table would not fit the width: the policy's name
+already says what differs from the default, and the median halt call says about where the halts
+land (``--wide`` shows them all)."""
+UNDER = "by threshold"
+"""The wordy column that goes on an indented line under its row when, even with the
+``NARROW_DROPS`` left out, the table would not fit beside it (80 columns, a censored column)."""
+WRAPPING = ("policy", "by threshold", "asks (turns)", "at call")
+
+
+LEGEND = (
+    "halted: turns halted unattended (in brackets, when the run has censored turns: of them, the halts of turns "
+    "whose recording ends at a halt of their own, no false-positive evidence); censored: turns whose recording "
+    "ends at a halt of their own or whose listed "
+    "calls stop before this row's threshold, and turns recorded in part (what the row would do to them is not "
+    "recorded: neither halted nor not); resolved (the false-positive proxy) / unresolved: of the halted turns whose "
+    "recording goes on to their own end (probe turns, attended 'continue' answers, rows stricter than the live "
+    "policy; '?': this row has no such halt, its false-positive rate is not in the recording: read the probe "
+    "evidence); saved: calls the unresolved halts save; at call, at: median halt call and tenth of the turn; asks: "
+    "attended asks (turns).")
+"""What the table's columns say, printed under it."""
+
+
+def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: int = DEFAULT_WIDTH) -> str:
+    """The terminal table, with a summary line above it and below it what its columns say, the
+    run's censoring, the ids of the turns it names and the evidence, all within ``width`` columns
+    where the words allow (``terminal.output_width``).
+
+    ``fold``: a policy whose figures equal an earlier row's is listed under the table instead
+    of getting a row of its own (the thresholds it varies made no difference on this input).
+    """
+    every_row = rows(stats)
+    data, folded = _folded(every_row) if fold else (every_row, {})
+    out = wrap_text(
+        f"{stats.turns:,} turns, {stats.calls:,} tool calls ({stats.resolved:,} resolved, "
+        f"{stats.unresolved:,} unresolved, {stats.unknown:,} unknown); {stats.problems:,} input problems; "
+        f"{len(stats.policies)} policies; * = the default configuration.", width)
+    figures, narrowed = _figures_table(data, width, color, censoring=censoring(stats))
+    out += ["", *figures, ""]
+    if narrowed:
+        named = ", ".join(narrowed[:-1]) + " and " + narrowed[-1] if len(narrowed) > 1 else narrowed[0]
+        out += wrap_text(f"The {named} columns are left out to fit the terminal: --wide shows them.", width)
+    out += wrap_text(LEGEND, width)
+    if censoring(stats):
+        out += wrap_text(censoring_text(stats), width)
+    if folded:
+        out += ["", "Same figures as the row named first (folded):"]
+        for name, names in folded.items():
+            out += wrap_items(f"  {name}: ", names, width)
+    if stats.in_part_ids:
+        more = sum(stats.recorded_in_part.values()) - len(stats.in_part_ids)
+        out += ["", "Turns recorded in part (not replayed):"]
+        out += wrap_items("  ", [*map(shown, stats.in_part_ids), *([f"... ({more} more)"] if more > 0 else [])], width)
+    ids, more = default_unresolved(every_row)
+    if ids:
+        out += ["", "Unresolved turns the default halts:"]
+        out += wrap_items("  ", [*map(shown, ids), *([f"... ({more} more)"] if more > 0 else [])], width)
+    fps = _fp_groups(every_row)
+    if fps:
+        out += ["", *wrap_text("Resolved turns halted (the false-positive proxy), by the policies that halt them:",
+                               width)]
+        for ids, names, count in fps:
+            listed = [*map(shown, ids[:8]), *([f"... ({count} in all)"] if count > len(ids[:8]) else [])]
+            out += wrap_items("  ", [*listed[:-1], listed[-1] + ":"], width)
+            out += wrap_items("    ", names, width, "; ")
+    out += evidence_text(stats.probe, stats.context(), width=width, turns=stats.turns, calls=stats.calls,
+                         default_limits=default_limits(stats.default_params))
+    if stats.survival.censored:
+        out += survival_text(stats.survival_json(), width)
+    return "\n".join(out) + "\n"
+
+
+def _folded(data: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The rows whose figures no earlier row has, and by the name of such a row the later rows
+    with its figures."""
+    folded: dict[str, list[str]] = {}
+    first: dict[str, str] = {}
+    kept = []
+    for r in data:
+        key = repr([r[k] for k in FIGURES])
+        if key in first:
+            folded.setdefault(first[key], []).append(r["name"])
+        else:
+            first[key] = r["name"]
+            kept.append(r)
+    return kept, folded
+
+
+def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
+                   censoring: bool = True) -> tuple[list[str], list[str]]:
+    """The policies' figures, and the ``NARROW_DROPS`` left out: every column when they fit
+    ``width``, else without those and with the wordy columns wrapped. ``censoring``: whether the
+    run has censored turns (else their column, all zeros, is left out)."""
+    cells = [_figure_cells(r, censoring) for r in data]
+    columns, narrowed, under = _figure_columns(cells, width, censoring)
+    header = [COLUMNS[i][0] for i in columns]
+    rows_of_cells = [[c[i] for i in columns] for c in cells]
+    right = [k for k, i in enumerate(columns) if COLUMNS[i][2] == ">"]
+    wrap = [k for k, h in enumerate(header) if h in WRAPPING and not (under and h == UNDER)]
+    fitted = layout(header, rows_of_cells, width, right=right, wrap=wrap, free_last=under)
+    lines = fitted.header(header)
+    for r, c in zip(data, rows_of_cells, strict=True):
+        row = fitted.row(c)
+        lines += [f"{BOLD}{line}{RESET}" for line in row] if color and r["default"] else row
+    return lines, narrowed
+
+
+def censoring(stats: RunStats) -> bool:
+    """Whether the run has turns whose recording stops before their end (a censored column)."""
+    return bool(stats.halt_ended or stats.cut_short or stats.recorded_in_part)
+
+
+def censoring_text(stats: RunStats) -> str:
+    """The run's censoring in words: how many turns end at a halt of their own, list only their
+    first calls or are recorded in part, by cohort ("" when none)."""
+    out = []
+    if stats.halt_ended:
+        total, parts, one = _by_cohort(stats.halt_ended)
+        out.append(f"{total} {'ends' if one else 'end'} at a halt of {'its' if one else 'their'} own in the recording "
+                   f"({parts}): each is censored there, so a row that would not halt it before that point counts it "
+                   "as censored, and a halt of it is no false-positive evidence.")
+    if stats.cut_short:
+        total, parts, one = _by_cohort(stats.cut_short)
+        out.append(f"{total} {'lists only its' if one else 'list only their'} first calls ({parts}; the recorder "
+                   "lists at most 10,000 per turn, or tool spans or the turn span are missing): a row that does not "
+                   "halt one within them counts it as censored.")
+    if stats.recorded_in_part:
+        total, parts, one = _by_cohort(stats.recorded_in_part)
+        out.append(f"{total} {'is' if one else 'are'} recorded in part ({parts}; the calls listed are not the turn's "
+                   "first ones: a turn resumed without its earlier calls, tool spans missing): not replayed, censored "
+                   "for every row; their call counts, ends and results still count in the survival and probe "
+                   "figures.")
+    return " ".join(out)
+
+
+def _by_cohort(counts: dict[str, int]) -> tuple[str, str, bool]:
+    """``("N turns", "n1 live, n2 probe", N == 1)``."""
+    total = sum(counts.values())
+    return (f"{total:,} {'turn' if total == 1 else 'turns'}",
+            ", ".join(f"{n:,} {c}" for c, n in sorted(counts.items()) if n), total == 1)
+
+
+def resolved_text(r: dict[str, Any]) -> str:
+    """The false-positive proxy of a row, ``?`` when none of its halts has a recorded future."""
+    return "?" if r["halted"] and not r["evidence_halts"] else str(r["halted_resolved"])
+
+
+def _figure_cells(r: dict[str, Any], censoring: bool = False) -> list[str]:
+    """One policy's row, a text per ``COLUMNS`` entry (``-`` for a figure it does not have); with
+    ``censoring``, the halts of turns censored at a halt of their own beside the halts."""
+    halted = f"{r['halted']} ({r['halted_censored']})" if censoring else str(r["halted"])
+    r = {**r, "halted_text": halted, "thresholds": thresholds_text(r["by_threshold"]),
+         "resolved_text": resolved_text(r),
+         "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
+         "name": ("* " if r["default"] else "  ") + r["name"]}
+    return [("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS]
+
+
+def _figure_columns(cells: list[list[str]], width: int, censoring: bool) -> tuple[list[int], list[str], bool]:
+    """The ``COLUMNS`` shown, the ones left out to fit, and whether ``UNDER`` goes under its row
+    (then it is the last shown): all beside when they fit ``width`` unwrapped, else without the
+    ``NARROW_DROPS`` stages needed for the table to fit once wrapped; failing that, with ``UNDER``
+    under the row and the fewest stages left out that make the rest fit."""
+    columns = [i for i in range(len(COLUMNS)) if censoring or COLUMNS[i][0] != "censored"]
+    beside, dropped = _beside(cells, width, columns)
+    if _width(cells, beside, True) <= width or UNDER not in (COLUMNS[i][0] for i in columns):
+        return beside, dropped, False
+    under = next(i for i in columns if COLUMNS[i][0] == UNDER)
+    rest, dropped = _beside(cells, width, [i for i in columns if i != under])
+    return [*rest, under], dropped, True
+
+
+def _width(cells: list[list[str]], shown: list[int], floor: bool) -> int:
+    """The table's width: unwrapped, or with the wrapping columns at their longest word."""
+    def size(text: str, i: int) -> int:
+        wraps = floor and COLUMNS[i][0] in WRAPPING
+        return max(map(len, text.split()), default=0) if wraps else len(text)
+    return sum(max(size(COLUMNS[i][0], i), *(size(c[i], i) for c in cells)) for i in shown) + 2 * (len(shown) - 1)
+
+
+def _beside(cells: list[list[str]], width: int, columns: list[int]) -> tuple[list[int], list[str]]:
+    """``columns`` as they are when they fit ``width`` unwrapped, else without the ``NARROW_DROPS``
+    stages needed for them to fit once wrapped (all of them when none is enough)."""
+
+    if _width(cells, columns, False) <= width:
+        return columns, []
+    dropped: list[str] = []
+    for stage in NARROW_DROPS:
+        columns = [i for i in columns if COLUMNS[i][0] not in stage]
+        dropped += stage
+        if _width(cells, columns, True) <= width:
+            break
+    return columns, dropped
+
+
+def default_unresolved(data: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """The unresolved turns the default configuration halts that the rows name, and how many more
+    it halts (none when no row is the default)."""
+    default = next((r for r in data if r["default"]), None)
+    if default is None:
+        return [], 0
+    return default["unresolved_ids"], default["halted_unresolved"] - len(default["unresolved_ids"])
+
+
+def _fp_groups(data: list[dict[str, Any]]) -> list[tuple[list[str], list[str], int]]:
+    groups: dict[tuple[str, ...], list[str]] = {}
+    counts: dict[tuple[str, ...], int] = {}
+    for r in data:
+        if r["halted_resolved"]:
+            key = tuple(r["resolved_ids"])
+            groups.setdefault(key, []).append(r["name"])
+            counts[key] = r["halted_resolved"]
+    return [(list(k), v, counts[k]) for k, v in groups.items()]
+
+
+def to_json_text(stats: RunStats) -> str:
+    return json.dumps(stats.to_json(), indent=1, sort_keys=False) + "\n"

@@ -1,0 +1,170 @@
+"""Late task results: a turn's ``resolved`` reported after its line or span was written.
+
+``guard.report_result(turn_id, resolved)`` an hour after the turn (a CI run that passed, a user's
+thumbs-up) cannot change what was already recorded, so it is recorded on its own: the local
+recorder appends a *result record* (``{"result_for": TURN_ID, "resolved": true, ...}``), and the
+OpenTelemetry plugin emits a ``turnguard.turn.result`` log record (``turnguard.turn.id``,
+``turnguard.turn.resolved``), which the Collector's file exporter writes as a
+``{"resourceLogs": [...]}`` line. ``late_results`` collects them from the inputs before the
+replay, so a turn recorded without a result gets the first one reported for it (a result given
+with the turn itself was reported first, and wins, as it does live).
+
+A file that holds neither marker is only scanned in blocks (no line is parsed), so inputs
+without late results cost one fast pass.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from turnguard._calibrate.bounds import BYTES_PER_RESULT, Bounds
+from turnguard._calibrate.collector import attributes, span_resolved
+from turnguard._calibrate.corpus import LOGS_KEY, RESULT_KEY
+from turnguard._calibrate.records import MAX_LINE_BYTES, InputProblem, LineSource, ProblemSink, parse_line, shown
+from turnguard._model import MAX_ID_LENGTH
+
+RESULT_EVENT = "turnguard.turn.result"
+"""The log record of a late result."""
+MARKERS = (f'"{RESULT_KEY}"'.encode(), f'"{LOGS_KEY}"'.encode())
+MAX_LATE_RESULTS = 1_000_000
+"""Results kept at most at any line limit; at a given ``--max-line-bytes``, ``Bounds.late_results``
+(its 64th part: 524,288 at the default; each costs about 64 bytes). Past it a problem is reported
+and the rest ignored."""
+
+
+def result_key(turn_id: str) -> int:
+    """What a result is kept under: an 8-byte BLAKE2b of the turn id (ids are up to 256
+    characters; two of a million ids share a key with a chance of about 3 in 100 million)."""
+    return int.from_bytes(hashlib.blake2b(turn_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+BLOCK = 1 << 16
+"""The scan's read size: small, so the scan adds nothing to a run's peak memory."""
+
+
+Event = tuple[int, int | None, bool | str]
+"""What a line gives: ``(line, result_key(turn id), resolved)`` for a result, ``(line, None,
+message)`` for a problem."""
+
+
+def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> dict[int, bool]:
+    """``result_key(turn id)`` -> the first late result reported for it, from every input."""
+    book = ResultBook(on_problem, max_line_bytes)
+    for path in paths:
+        if may_hold_results(path):
+            book.add(str(path), file_results(path, max_line_bytes))
+    return book.results
+
+
+class ResultBook:
+    """The results kept, in the order they are read (the first for a turn wins), up to the bound."""
+
+    def __init__(self, on_problem: ProblemSink, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self.on_problem = on_problem
+        self.results: dict[int, bool] = {}
+        self.most = min(MAX_LATE_RESULTS, Bounds(max_line_bytes).late_results)
+        self._full = False
+
+    def add(self, path: str, events: Iterable[Event], first_line: int = 1) -> None:
+        """Take a file's (or a part's) events; their lines count from ``first_line``."""
+        results, shift = self.results, first_line - 1
+        for lineno, key, what in events:
+            if key is None:
+                self.on_problem(InputProblem(path, lineno + shift, str(what)))
+            elif key not in results:
+                if len(results) < self.most:
+                    results[key] = bool(what)
+                elif not self._full:
+                    self._full = True
+                    self.on_problem(InputProblem(path, lineno + shift, f"more than {self.most:,} late results "
+                                                                       f"(--max-line-bytes / {BYTES_PER_RESULT}): "
+                                                                       "the rest are ignored"))
+
+
+def file_results(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Event]:
+    """The events of every line of one file (gzip or not), as they are read."""
+    events: list[Event] = []
+    with LineSource(path, None, max_line_bytes=max_line_bytes) as source:  # the replay reports long lines
+        for lineno, line in source:
+            line_results(line, lineno, events, max_line_bytes)
+            if events:
+                yield from events
+                events.clear()
+
+
+def line_results(line: bytes, lineno: int, events: list[Event], max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    """Append the events of one line: a result record's, or those of an OTLP logs document's
+    ``turnguard.turn.result`` records; lines without a marker are not parsed."""
+    if not any(m in line for m in MARKERS):
+        return
+    obj = parse_line(line, "", lineno, lambda p: None, max_line_bytes)  # the replay reports it
+    if not isinstance(obj, dict):
+        return
+    if RESULT_KEY in obj:
+        _record(obj, lineno, events)
+    elif LOGS_KEY in obj:
+        _logs(obj, lineno, events)
+
+
+def _record(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
+    turn_id: Any = obj.get(RESULT_KEY)
+    resolved = obj.get("resolved")
+    if not _turn_id(turn_id) or not isinstance(resolved, bool):
+        events.append((lineno, None, f"a result record needs {RESULT_KEY!r} (a turn id of at most {MAX_ID_LENGTH} "
+                                     f"characters) and 'resolved' (true or false), got {RESULT_KEY}={shown(turn_id)}, "
+                                     f"resolved={shown(resolved)}"))
+        return
+    events.append((lineno, result_key(turn_id), resolved))
+
+
+def _turn_id(value: Any) -> bool:
+    """A late result's turn id: a non-empty text of at most ``MAX_ID_LENGTH`` characters (the
+    limit turn ids and result tokens share), so that no record can grow the results' memory."""
+    return type(value) is str and 0 < len(value) <= MAX_ID_LENGTH
+
+
+def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
+    """``turnguard.turn.result`` records of an OTLP logs document (other records are not ours)."""
+    for resource in _list(obj.get(LOGS_KEY)):
+        for scope in _list(resource.get("scopeLogs") if isinstance(resource, dict) else None):
+            for record in _list(scope.get("logRecords") if isinstance(scope, dict) else None):
+                if not isinstance(record, dict):
+                    continue
+                attrs = attributes(record.get("attributes"))
+                if record.get("eventName", attrs.get("event.name")) != RESULT_EVENT:
+                    continue
+                turn_id, resolved = attrs.get("turnguard.turn.id"), span_resolved(attrs.get("turnguard.turn.resolved"))
+                if turn_id is None:
+                    continue  # not about a turn
+                if not _turn_id(turn_id):
+                    events.append((lineno, None, f"a {RESULT_EVENT} record without a turn id of at most "
+                                                 f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored"))
+                elif resolved is not None:
+                    events.append((lineno, result_key(turn_id), resolved))
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def may_hold_results(path: str | Path) -> bool:
+    """Whether a marker occurs anywhere in the (decompressed) file: a block scan, no parsing."""
+    longest = max(map(len, MARKERS))
+    try:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+            tail = b""
+            while block := f.read(BLOCK):
+                seam = tail + block[:longest]
+                if any(m in block or m in seam for m in MARKERS):
+                    return True
+                tail = block[-longest:]
+    except (OSError, EOFError, zlib.error):
+        return False  # the replay's own reading reports the file
+    return False

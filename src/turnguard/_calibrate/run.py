@@ -1,0 +1,203 @@
+"""Running a calibration over files: serially, or over worker processes, with a progress bar.
+
+With ``jobs > 1`` the workers read the files in byte ranges and replay their turns, and the
+parent joins the ranges in stream order, so that the figures, and the problems and their order,
+are those of one process (``parallel.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from turnguard._calibrate.advice import DEFAULT_TOLERANCE
+from turnguard._calibrate.collector import OtlpAssembler
+from turnguard._calibrate.duplicates import Admission
+from turnguard._calibrate.engine import Calibrator
+from turnguard._calibrate.grid import Policy
+from turnguard._calibrate.inputs import read_source
+from turnguard._calibrate.parallel import calibrate_in_workers
+from turnguard._calibrate.records import (
+    MAX_LINE_BYTES,
+    InputError,
+    InputProblem,
+    LineSource,
+    ProblemSink,
+    RecordedTurn,
+)
+from turnguard._calibrate.results import late_results
+from turnguard._calibrate.stats import RunStats
+from turnguard._terminal import shown
+
+
+class StrictError(InputError):
+    """``--strict``: the first input problem stops the run."""
+
+
+class Progress:
+    """Calibrate's progress on ``stream``, drawn only when it is a terminal: a ``tqdm`` bar (the
+    ``cli`` extra) fitted to the terminal's width and redrawn when it changes, with the bytes read,
+    the turns and calls so far, the rate and the time left. Without tqdm installed none is drawn
+    (``available``)."""
+
+    def __init__(self, total_bytes: int, stream: TextIO | None = None, *, enabled: bool | None = None,
+                 delay: float = 0.5, interval: float = 0.2) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = (self.stream.isatty() if enabled is None else enabled) and available()
+        self.total = max(total_bytes, 1)
+        self._bar: Any = None
+        if self.enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, file=self.stream, desc="calibrate", unit="B", unit_scale=True,
+                             unit_divisor=1024, dynamic_ncols=True, delay=delay, mininterval=interval)
+
+    def update(self, done_bytes: int, calls: int, turns: int, *, force: bool = False) -> None:
+        bar = self._bar
+        if bar is None:
+            return
+        bar.set_postfix_str(f"{bar.format_sizeof(turns)} turns, {bar.format_sizeof(calls)} calls", refresh=False)
+        bar.update(min(done_bytes, self.total) - bar.n)
+        if force:
+            bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def available() -> bool:
+    """Whether a progress bar can be drawn (tqdm, from the ``cli`` extra, is installed)."""
+    return importlib.util.find_spec("tqdm") is not None
+
+
+def calibrate(
+    paths: Sequence[str | Path],
+    policies: list[Policy],
+    *,
+    on_problem: ProblemSink,
+    strict: bool = False,
+    jobs: int = 1,
+    group: bool = True,
+    progress: Progress | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    tolerance: float = DEFAULT_TOLERANCE,
+    probe_rate: float | None = None,
+) -> RunStats:
+    """Replay every turn of ``paths`` under every policy; problems go to ``on_problem`` (and
+    raise ``StrictError`` under ``strict``); lines longer than ``max_line_bytes`` are problems.
+    ``tolerance`` and ``probe_rate`` (the configured probe's) are what the probe evidence is read
+    against."""
+    counted = _Counter(on_problem, strict)
+    sizes = input_sizes(paths)
+    progress = progress or Progress(sum(sizes), enabled=False)
+    try:
+        with rare_collections():
+            if jobs <= 1:
+                results = late_results(paths, counted, max_line_bytes=max_line_bytes)
+                stats = _serial(paths, sizes, policies, counted, group, progress, max_line_bytes, results)
+            else:
+                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes)
+    finally:
+        progress.close()
+    repeated = stats.prints.repeated()
+    if repeated:
+        stats = _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated)
+    stats.problems = counted.count
+    stats.inputs = [shown(p) for p in paths]
+    stats.tolerance, stats.probe_rate = tolerance, probe_rate
+    return stats
+
+
+def _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated) -> RunStats:
+    """The run again, serially, each repeated turn counted once (``duplicates.Admission``): its
+    input problems were reported by the first run, only the repeats' are new."""
+    admit = Admission(repeated, counted)
+    quiet = _Counter(lambda problem: None, strict=False)
+    with rare_collections():
+        results = late_results(paths, quiet, max_line_bytes=max_line_bytes)
+        stats = _serial(paths, sizes, policies, quiet, group, Progress(0, enabled=False), max_line_bytes, results,
+                        admit)
+    stats.duplicates = admit.dropped
+    return stats
+
+
+def input_sizes(paths: Sequence[str | Path]) -> list[int]:
+    """Each input's size on disk; ``InputError`` naming the first that cannot be read."""
+    sizes = []
+    for p in paths:
+        try:
+            sizes.append(os.path.getsize(p))
+        except OSError as exc:
+            raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from exc
+    return sizes
+
+
+GC_THRESHOLD = (100_000, 50, 100)
+"""Cyclic-GC thresholds during a run. A replay allocates millions of short-lived tuples and
+ledgers that reference counting frees (no cycles); the default thresholds (700, 10, 10) would
+scan the young objects every 700 of them, for nothing: about 6% of a run's time."""
+
+
+@contextlib.contextmanager
+def rare_collections() -> Iterator[None]:
+    """Raise the cyclic GC's thresholds for the duration (restored after)."""
+    before = gc.get_threshold()
+    gc.set_threshold(*(max(a, b) for a, b in zip(before, GC_THRESHOLD, strict=True)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+class _Counter:
+    def __init__(self, sink: ProblemSink, strict: bool) -> None:
+        self.sink, self.strict, self.count = sink, strict, 0
+
+    def __call__(self, problem: InputProblem) -> None:
+        self.count += 1
+        self.sink(problem)
+        if self.strict:
+            raise StrictError(f"{problem} (--strict)")
+
+
+def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes, results,
+            admit: Callable[[RecordedTurn], bool] | None = None) -> RunStats:
+    cal = Calibrator(policies, group=group, results=results)
+    done = 0
+    spans = OtlpAssembler(on_problem, max_line_bytes=max_line_bytes)  # one stream across a rotated set
+    for path, size in zip(paths, sizes, strict=True):
+        with LineSource(path, on_problem, max_line_bytes=max_line_bytes) as source:
+            for i, turn in enumerate(read_source(source, on_problem, spans)):
+                if admit is None or admit(turn):
+                    cal.add(turn)
+                if not i & 63:
+                    progress.update(done + source.position(), cal.stats.calls, cal.stats.turns)
+        done += size
+    for turn in spans.finish():
+        if admit is None or admit(turn):
+            cal.add(turn)
+    progress.update(done, cal.stats.calls, cal.stats.turns, force=True)
+    return cal.stats
+
+
+RANGE_BYTES = 8 << 20
+"""With worker processes, plain files are cut into byte ranges of this size (at most a quarter
+of ``--max-line-bytes``, at least 64 KiB: a worker holds a few ranges' turns at a time)."""
+
+
+def range_bytes(max_line_bytes: int) -> int:
+    return min(RANGE_BYTES, max(64 << 10, max_line_bytes // 4))
+
+
+def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_line_bytes) -> RunStats:
+    return calibrate_in_workers(paths, sizes, policies, on_problem=on_problem, group=group, jobs=jobs,
+                                max_line_bytes=max_line_bytes, range_bytes=range_bytes(max_line_bytes),
+                                gc_threshold=GC_THRESHOLD,
+                                progress=lambda done, stats: progress.update(done, stats.calls, stats.turns))

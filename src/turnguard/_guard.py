@@ -1,0 +1,862 @@
+"""``Guard`` and ``Turn``: the lifecycle a host drives, and how plugin verdicts are combined.
+
+A ``Turn`` records facts in its ledger and asks the check hooks under one lock, so calls are
+counted, and streaks formed, in the order they were checked. An outcome belongs to the call that
+was checked (the same ``ToolCall`` object, or one with its ``call_id``): a parallel batch gets
+the verdicts of the same sequence run one call at a time, whatever order its outcomes arrive in.
+A second outcome for one call, or one for a call never checked, changes nothing: it returns
+ALLOW and is reported through ``turnguard_outcome_ignored`` (a host error).
+
+Plugins are called through the guard's ``Dispatcher`` (``turnguard._dispatch``): each in
+isolation, the most severe verdict wins, ties go to the first detection in hook order, a HALT
+latches until the turn ends. Under ``fail_mode="closed"`` a plugin that fails, check or
+observer, halts the call it failed on; one that fails in ``turnguard_configure`` halts every
+turn opened afterwards (``turnguard.hookspecs`` says what each hook without a call does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import pluggy
+
+from turnguard._config import ConfigError, GuardConfig, Probe
+from turnguard._dispatch import NOTHING, Dispatcher, Found, Observer, observer_impls
+from turnguard._driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver, summarize
+from turnguard._keys import (
+    KEY_CHECK,
+    KEY_DIGEST,
+    KEY_KEYER,
+    KEY_RESULT,
+    KEY_TOKEN,
+    CallKey,
+    Keyer,
+    store_key,
+    turn_keyer,
+)
+from turnguard._ledger import Ledger, LedgerView, answered_digest
+from turnguard._model import (
+    ALL_TOOLS,
+    ALLOW,
+    MAX_ID_LENGTH,
+    Action,
+    Answer,
+    IgnoredOutcome,
+    LoopDetected,
+    LoopDetectedEvent,
+    Outcome,
+    ToolCall,
+    TurnSummary,
+    Verdict,
+    id_text,
+)
+from turnguard._plugins import plugin_manager
+from turnguard._probe import Cohort
+from turnguard._snapshot import Lineage, cohort_of, resume, snapshot
+from turnguard._task_results import Ended, ResultBook, ResultStatus
+from turnguard.hookspecs import hookimpl
+
+_HALT = Action.HALT
+MAX_AWAITING = 4096
+"""Checked calls a turn waits for an outcome of: once more than twice this many wait (looked at
+every 1,024 checks), the oldest this many are given up (their streak goes on as if they had been
+denied, and a late outcome for one is ignored)."""
+_SHED_AT = 2 * MAX_AWAITING
+SUSPENDED = "suspended"
+"""The end reason of a turn put aside to be resumed (``Turn.suspend``): not reported as a turn here."""
+
+
+class Guard:
+    """Holds the configuration, the key function and the plugin manager; opens turns.
+
+    ``tracer_provider``/``meter_provider``/``logger_provider`` go to the OpenTelemetry plugin
+    (the globals are used when omitted). Pass ``plugin_manager`` to use a manager you built
+    (``turnguard._plugins.plugin_manager`` makes one); ``plugins`` are registered on top. With a
+    probe (``GuardConfig.probe``), probe turns are opened by a second guard under the probe's
+    configuration, built with turnguard's own manager and the same ``plugins`` and providers.
+    """
+
+    def __init__(
+        self,
+        config: GuardConfig | None = None,
+        *,
+        plugins: Mapping[str, object] | None = None,
+        plugin_manager: pluggy.PluginManager | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        logger_provider: Any = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config if config is not None else GuardConfig()
+        if not isinstance(self.config, GuardConfig):
+            raise TypeError(f"config must be a turnguard.GuardConfig, got {type(self.config).__name__}")
+        self.keyer = Keyer(self.config.key_mode, self.config.digest_key)
+        providers = {
+            "tracer_provider": tracer_provider,
+            "meter_provider": meter_provider,
+            "logger_provider": logger_provider,
+        }
+        self.pm = plugin_manager or _default_manager(self.config, providers, environ)
+        for name, plugin in (plugins or {}).items():
+            self.pm.register(plugin, name=name)
+        if plugins:
+            self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
+        self.dispatcher = self._dispatcher()  # a wrapper on a check hook is refused here, not when a turn opens
+        self._setup_failed: Verdict | None = None
+        """Under ``fail_mode="closed"``, the HALT every turn starts with once a plugin failed to configure."""
+        self._configure(self.dispatcher.observers("turnguard_configure"))
+        self.cohort = Cohort.LIVE
+        """The cohort of the turns this guard opens itself (a probe guard's are ``probe``)."""
+        self.result_tools = result_tools(self.config)
+        """The tools whose results a turn keys (``"*"``: every tool's); empty in most guards."""
+        self.results = ResultBook(edges=(self.config.soft_cap, self.config.hard_cap),
+                                  digest_key=self.config.digest_key)
+        """Recently ended turns for late results, and the count of each ``ResultStatus``."""
+        self.lineage = Lineage()
+        """The turn ids this guard's snapshots and resumes used (a second resume of one snapshot forks)."""
+        self._probe = self.config.probe_settings()
+        self._probe_guard: Guard | None = None
+        if self._probe is not None and self._probe.rate > 0:
+            self._probe_guard = Guard(probe_guard_config(self.config, self._probe), plugins=plugins,
+                                      environ=environ, **providers)
+            self._probe_guard.cohort = Cohort.PROBE
+            self._probe_guard.results = self.results
+            self._probe_guard.register(MainHalts(self.results, self.config.name), name=MainHalts.NAME)
+            self._probe_guard.lineage = self.lineage
+
+    def _dispatcher(self) -> Dispatcher:
+        return Dispatcher(self.pm, fail_mode=self.config.fail_mode, capture_content=self.config.capture_content)
+
+    def _configure(self, observers: tuple[Observer, ...]) -> None:
+        """``turnguard_configure`` for each implementation, isolated: a plugin that raises here is
+        logged and reported, never fatal to ``Guard()`` (the hook is historic in spirit: plugins
+        registered later through ``Guard.register`` get it too). Under ``fail_mode="closed"`` no
+        call is under way to halt: every turn this guard opens afterwards starts halted."""
+        failure = self.dispatcher.call_each("turnguard_configure", observers, None, {"config": self.config})[1]
+        if failure is not None and self._setup_failed is None:
+            self._setup_failed = failure
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register a plugin (takes effect for turns opened afterwards: register plugins through
+        here, not on ``pm`` directly, so the dispatcher is rebuilt); a plugin implementing a hook
+        turnguard does not have, or wrapping a check hook, is refused with
+        ``pluggy.PluginValidationError``."""
+        registered = self.pm.register(plugin, name=name)
+        try:
+            self.pm.check_pending()
+            self.dispatcher = self._dispatcher()
+        except pluggy.PluginValidationError:
+            self.pm.unregister(plugin)
+            raise
+        self._configure(observer_impls(self.pm, "turnguard_configure", plugin))
+        if self._probe_guard is not None:
+            self._probe_guard.register(plugin, name=name)
+        return registered
+
+    def turn(
+        self,
+        *,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        promptable: bool = False,
+        turn_id: str | None = None,
+        durable: bool = False,
+    ) -> Turn:
+        """Open a turn; use it as a context manager (leaving the block ends it). With a probe
+        configured, a deterministic share of turns (by conversation, else turn id) is opened under
+        the probe configuration (``turn.summary.cohort == "probe"``).
+
+        ``durable=True``: the turn's snapshot resumes in any process (``Guard.resume``), with the
+        default configuration: without ``digest_key``, the turn keys its calls under a key of its
+        own (BLAKE2b), which its snapshot carries. Other turns key calls with the process's own
+        secret, a third of the cost, and resume only there (or wherever the same ``digest_key``
+        is set)."""
+        guard = self
+        probe, probe_guard = self._probe, self._probe_guard
+        if probe_guard is not None:
+            assert probe is not None  # (a probe guard is made for a probe)
+            turn_id = turn_id or uuid.uuid4().hex
+            if probe.selects(conversation_id, turn_id):
+                guard = probe_guard
+        return Turn(
+            guard, conversation_id=conversation_id, agent_name=agent_name, promptable=promptable, turn_id=turn_id,
+            durable=durable,
+        )
+
+    def report_result(self, turn_id: Any, resolved: bool) -> bool:
+        """Report whether an ended turn's task succeeded (a user's verdict, a CI run later on):
+        ``True`` when taken. ``turn_id`` is the id of a turn this guard (or its probe) ended, or a
+        ``turn.result_token`` from any guard in any process with the same ``digest_key``: it is
+        reported as the turn's own guard would report it (without a key, anyone can make a token:
+        its labels show only values the metrics show already, ``_token`` otherwise, and a token's
+        result never takes the place of a turn this guard ran). A second result for a turn (the
+        first stands), an unknown or expired turn, a non-bool, an id that is no string or integer,
+        a token that is garbled, truncated or forged, or a result after ``shutdown()`` is ignored
+        and counted (``results.counts``, the ``turnguard.turn.results`` metric), never raised."""
+        status, entry, labels = self.results.report(turn_id, resolved, closed=self._closed)
+        owner = entry.guard if entry is not None else self
+        if labels is not None:
+            reported_id = labels.turn_id
+        else:
+            text = id_text(turn_id)
+            reported_id = text[:MAX_ID_LENGTH] if text is not None and status is not ResultStatus.INVALID_TOKEN else ""
+        owner.dispatcher.notify("turnguard_turn_result", None, turn_id=reported_id,
+                                summary=entry.summary if entry is not None else None,
+                                resolved=resolved if type(resolved) is bool else None, status=status.value,
+                                labels=labels)
+        return status is ResultStatus.ACCEPTED
+
+    def shutdown(self) -> None:
+        """Stop taking results (later ones are counted as ``after_shutdown``); turns still work."""
+        self._closed = True
+        if self._probe_guard is not None:
+            self._probe_guard._closed = True
+
+    _closed = False
+
+    def resume(self, state: Any) -> Turn:
+        """Continue the turn ``state`` (a ``Turn.snapshot()``) was taken from, with the verdicts it
+        would have given had it never stopped, its shadows' included (a probe turn under the probe
+        configuration); ``tg.SnapshotError`` naming what is wrong when this guard cannot.
+
+        The turn keeps its id, unless this guard holds a turn of that id already (the same
+        snapshot resumed twice, or a turn that went on after it): then it gets an id of its own
+        and ``summary.resumed_from`` names the snapshot's."""
+        guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
+        return resume(guard, state, lambda **restored: Turn(guard, **restored))
+
+
+class MainHalts:
+    """On a probe guard: notes where the main configuration (the shadow named after it) would have
+    halted each probe turn, in the results book, so that the turn's late result (and its token)
+    carry it as ``turnguard.probe.main_threshold``."""
+
+    NAME = "turnguard-main-halts"
+
+    def __init__(self, results: ResultBook, main: str) -> None:
+        self.results = results
+        self.main = main
+
+    @hookimpl
+    def turnguard_shadow_turn_ended(self, turn: LedgerView, policy: str, summary: TurnSummary) -> None:
+        if policy == self.main and summary.halted:
+            self.results.main_halted(turn.turn_id, str(summary.threshold), summary.tool_calls)
+
+
+def result_tools(config: GuardConfig) -> frozenset[str]:
+    """The tools whose results a turn under ``config`` keys: its own ``stateful_tools`` and its
+    shadows' (``"*"``: every tool), or every tool when the recorder keeps result digests."""
+    if config.recorder_results:
+        return frozenset((ALL_TOOLS,))
+    return frozenset(config.stateful_tools).union(*(c.stateful_tools for _, c in config.shadow_configs()))
+
+
+PROBE_INHERITS = ("digest_key", "recorder_path")
+"""Settings a probe configuration takes from the main one when it leaves them ``None``."""
+
+
+def probe_guard_config(main: GuardConfig, probe: Probe) -> GuardConfig:
+    """The probe guard's configuration: the probe's, with the main configuration beside it as a
+    shadow named after it (so its would-be detections are recorded where they would have fired)
+    and the main configuration's own shadows. Deployment settings the probe configuration leaves
+    unset (``PROBE_INHERITS``) are the main one's: a call has one digest in both cohorts, and probe
+    turns are recorded where live turns are (calibrate's probe evidence reads them there)."""
+    shadows = ((main.name, main.replace(probe=None, shadow=())),
+               *((name, c.replace(probe=None)) for name, c in main.shadow_configs()))
+    names = [name for name, _ in shadows]
+    if len(set(names)) != len(names):
+        raise ConfigError("shadow", main.name, "shadow names other than the policy's own name (with a probe, the "
+                                               "main configuration runs as a shadow named after it)")
+    unset = {key: getattr(main, key) for key in PROBE_INHERITS if getattr(probe.config, key) is None}
+    return probe.config.replace(shadow=shadows, **unset)
+
+
+
+def _default_manager(config: GuardConfig, providers: dict[str, Any], environ: Mapping[str, str] | None):
+    return plugin_manager(config, providers=providers, environ=environ)
+
+
+class CheckCall(Protocol):
+    """The type of ``Turn.check_call``."""
+
+    def __call__(self, call: ToolCall) -> Verdict: ...
+
+
+class RecordOutcome(Protocol):
+    """The type of ``Turn.record_outcome``."""
+
+    def __call__(self, call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict: ...
+
+
+class Turn:
+    """One agent turn. All methods are thread-safe and never raise because of tool arguments."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        promptable: bool = False,
+        turn_id: str | None = None,
+        durable: bool = False,
+        ledger: Ledger | None = None,
+        keyer: Keyer | None = None,
+    ) -> None:
+        self.guard = guard
+        self.config = config = guard.config
+        if ledger is None:
+            ledger = Ledger(config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name,
+                            promptable=promptable, cohort=guard.cohort)
+        self.ledger = ledger
+        self.durable = bool(durable)
+        """Whether the turn's snapshot resumes in any process (``Guard.turn(durable=True)``)."""
+        if keyer is None:
+            keyer = turn_keyer(config.key_mode) if durable and not config.digest_key else guard.keyer
+        self._resolved: bool | None = None
+        self.view = view = LedgerView(ledger)
+        """The read-only view of the ledger that plugins receive as ``turn``."""
+        self._keyer = keyer
+        self._digest = keyer.digest
+        self._lock = threading.RLock()
+        self._acquire, self._release = self._lock.acquire, self._lock.release
+        self._halt: Verdict | None = guard._setup_failed
+        self._ended: TurnSummary | None = None
+        self._token = object()
+        """Marks the keys this turn stored on its calls (``call._key[KEY_TOKEN]``): a bare object, so a
+        plugin holding a call reaches no part of the turn through it."""
+        self._awaiting: dict[int, ToolCall] = {}
+        """Checked calls without an outcome yet, by sequence number (in check order)."""
+        self._reused = False
+        """Whether one ``ToolCall`` object was checked again while it still waited for an outcome."""
+        self._restored: dict[int, ToolCall] | None = None
+        """Calls without a ``call_id`` that were waiting when the turn's snapshot was taken (a
+        resumed turn): their outcome is matched by the call's identity (``_claim_restored``)."""
+        self._tracked = False
+        """Whether the guard's ``lineage`` knows this turn's id (snapshotted or resumed)."""
+        self._dispatch = dispatch = guard.dispatcher
+        self._keyed_results = bool(ledger._named or guard.result_tools)
+        """Whether this turn looks at results (its stateful tools, its shadows', the recorder's)."""
+        self._driver = driver = Driver(dispatch, ledger, view, report=view)
+        """Counts, tests the quiet region, collects and combines (``turnguard._driver``)."""
+        self._quiet = driver.quiet
+        """Where the plugins cannot fire (``turnguard._firing.Quiet``): they are not called there."""
+        self._call_observers = dispatch.bound(dispatch.call_observers, ledger, view)
+        self._outcome_observers = dispatch.bound(dispatch.outcome_observers, ledger, view)
+        self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
+        self.check_call, self.record_outcome = _checker(self), _recorder(self)
+        self._latch_failure(self._notify("turnguard_turn_started", turn=view), ALLOW)
+
+    # -- identity --------------------------------------------------------------------------
+
+    @property
+    def turn_id(self) -> str:
+        return self.ledger.turn_id
+
+    @property
+    def promptable(self) -> bool:
+        return self.ledger.promptable
+
+    @property
+    def halted(self) -> Verdict | None:
+        """The latched HALT verdict, or ``None`` while the turn may go on."""
+        return self._halt
+
+    @property
+    def summary(self) -> TurnSummary | None:
+        """How the turn ended, once it has."""
+        return self._ended
+
+    # -- the host's calls --------------------------------------------------------------------
+
+    def begin_cycle(self) -> Verdict:
+        """Before each model request (a re-sent request counts again)."""
+        with self._lock:
+            if self._halt is not None:
+                return self._halt
+            found = self._driver.cycle()
+            verdict, events = self._combine(CHECK_CYCLE, found) if found else NOTHING
+        failure = self._after(events) if events else None
+        if self._observe_cycle:
+            observed = self._notify("turnguard_cycle_checked", turn=self.view, verdict=verdict)
+            failure = observed if failure is None else failure
+        return verdict if failure is None else self._latch_failure(failure, verdict)
+
+    # check_call and record_outcome are the hot path: each turn's own closures (_checker and
+    # _recorder, below the class), set when the turn opens, so that what they read on every call
+    # is a local cell, not an attribute of the turn. Their docstrings are the closures' own
+    # (tests/test_guard_hot_paths.py checks that the two texts agree).
+
+    check_call: CheckCall
+    """Before executing ``call``: count it and decide. Do not execute it on HALT.
+
+    Identical calls checked while earlier ones of their streak still wait for an outcome
+    (one model response's batch) count those as failures for the stop level: in an
+    unattended turn at most ``streak_stop_at`` of them run."""
+
+    record_outcome: RecordOutcome
+    """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+
+    ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+    call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+    latched HALT once the turn is halted); it is reported as a host error.
+
+    ``result``: what the call returned (any value: the tool's text, or the part that matters,
+    such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
+    at once, with the call keying rules, and only its digest is kept: an identical call whose
+    result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
+    unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
+    value itself is never kept, exported, recorded or put in a snapshot."""
+
+    def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
+        """A checked call that carries a key already: this turn's, still waiting for its outcome
+        (checked again: the key keeps its first check), or another's (its token and check number
+        are another turn's; a key stored by ``Keyer.key_of`` has neither)."""
+        if key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
+            self._reused = True
+        else:
+            store_key(call, (digest, self._keyer, self._token, seq))
+
+    def _call_checked(self, call: ToolCall, verdict: Verdict, events: Any) -> Verdict:
+        """After a check, outside the lock: the detections' and ``turnguard_call_checked``'s observers."""
+        failure = self._after(events) if events else None
+        if self._call_observers:
+            observed = self._dispatch.notify2("turnguard_call_checked", self._call_observers, self.view, call, verdict)
+            failure = observed if failure is None else failure
+        return verdict if failure is None else self._latch_failure(failure, verdict)
+
+    def _outcome_recorded(self, call: ToolCall, outcome: Outcome, verdict: Verdict, events: Any) -> Verdict:
+        """After an outcome, outside the lock: the detections' and ``turnguard_outcome_recorded``'s observers."""
+        failure = self._after(events) if events else None
+        if self._outcome_observers:
+            observed = self._dispatch.notify3("turnguard_outcome_recorded", self._outcome_observers, self.view,
+                                              call, outcome, verdict)
+            failure = observed if failure is None else failure
+        return verdict if failure is None else self._latch_failure(failure, verdict)
+
+    def retry(self) -> None:
+        """The current model request is being re-sent: roll its calls back, clear repeats and streaks.
+
+        Call ``begin_cycle()`` again before re-sending (the re-sent request counts as a cycle).
+        Outcomes still to come for the rolled-back calls are accepted and change no streak. A
+        halted turn is over: a retry changes nothing there (its counts stand, as its summary and
+        the figures built on it report them).
+        """
+        with self._lock:
+            if self._halt is not None:
+                return
+            self.ledger.rollback_cycle()
+        self._latch_failure(self._notify("turnguard_retry", turn=self.view), ALLOW)
+
+    def resolve(self, event: LoopDetectedEvent | Verdict, answer: Answer | str) -> Verdict:
+        """The user's answer to an ASK: ``continue`` or ``redirect`` reset the streak so it does
+        not fire again on the next call; ``stop`` latches HALT. Every answer is reported."""
+        asked = event.event if isinstance(event, Verdict) else event
+        if not isinstance(asked, LoopDetectedEvent):
+            raise TypeError("resolve() takes the LoopDetectedEvent (verdict.event) of the ASK being answered")
+        try:
+            answer = Answer(str(answer).lower())
+        except ValueError:
+            raise ValueError(f"unknown answer {answer!r}; pass one of 'continue', 'stop', 'redirect'") from None
+        with self._lock:
+            if answer is Answer.STOP:
+                if self._halt is None:
+                    self._halt = Verdict(Action.HALT, asked.threshold, "turnguard: stopped by the user", asked)
+            else:
+                self.ledger.reset_streak(answered_digest(asked))
+            verdict = self._halt or ALLOW
+        failure = self._notify("turnguard_escalation_resolved", turn=self.view, event=asked, response=answer.value)
+        return self._latch_failure(failure, verdict)
+
+    def halt(self, verdict: Verdict, message: str | None = None) -> Verdict:
+        """The host halts the turn itself on a detection (e.g. an ASK with nobody to ask):
+        latch a HALT with the verdict's threshold and event, so later checks and the summary agree."""
+        if not isinstance(verdict, Verdict):
+            raise TypeError("halt() takes the turnguard.Verdict the host is acting on")
+        with self._lock:
+            if self._halt is None:
+                self._halt = Verdict(Action.HALT, verdict.threshold, message or verdict.message, verdict.event)
+            return self._halt
+
+    def end(self, reason: str = "completed") -> TurnSummary:
+        """Close the turn (idempotent); observers get a ``TurnSummary``. ``reason="suspended"``
+        puts the turn aside instead (see ``suspend``)."""
+        with self._lock:
+            if self._ended is not None:
+                return self._ended
+            summary = self._close(reason)
+        self._report_end(summary)
+        return summary
+
+    def suspend(self, pending: Verdict | None = None) -> dict[str, Any]:
+        """Put the turn aside to be resumed (``Guard.resume``, here or in another process: open it
+        with ``durable=True`` for that): returns its snapshot (``snapshot(pending)``) and closes it
+        as ``suspended``, in one step. A suspended turn is not an ended one: no turn is reported
+        here (no ``turnguard_turn_ended``, so no turn metric point, no recorder line, no slot for
+        a late result; ``turnguard_turn_suspended`` instead); the turn that resumes it reports it,
+        once, when it ends. ``ValueError`` when the turn has ended otherwise already."""
+        with self._lock:
+            ended = self._ended
+            if ended is not None and ended.reason != SUSPENDED:
+                raise ValueError(f"the turn has ended ({ended.reason}): there is nothing to suspend")
+            state = self.snapshot(pending)
+            summary = self._close(SUSPENDED) if ended is None else None
+        if summary is not None:
+            self._report_end(summary)
+        return state
+
+    def _close(self, reason: str) -> TurnSummary:
+        """The turn's summary, kept as how it ended (under the lock)."""
+        if self._halt is not None and reason == "completed":
+            reason = "halted"
+        summary = summarize(self.ledger, reason, self._halt)
+        if self._resolved is not None:
+            summary = dataclasses.replace(summary, resolved=self._resolved)
+        self._ended = summary
+        self._awaiting.clear()  # outcomes after the end are strays: the calls are not kept alive
+        self._restored = None
+        return summary
+
+    def _report_end(self, summary: TurnSummary) -> None:
+        """Tell the guard and the observers how the turn closed (outside the lock)."""
+        suspended = summary.reason == SUSPENDED
+        if self._tracked:
+            self.guard.lineage.ended(self.turn_id, suspended=suspended)
+        if suspended:
+            self._notify("turnguard_turn_suspended", turn=self.view, summary=summary)
+            return
+        self._book_entry = self.guard.results.ended(summary, self.guard, self.config.name)
+        self._notify("turnguard_turn_ended", turn=self.view, summary=summary)
+
+    @property
+    def result_token(self) -> str | None:
+        """Once the turn has ended, its result token (``None`` before, and for a turn whose id does
+        not fit in one): ``guard.report_result(token, resolved)`` on any guard with the same
+        ``digest_key``, in any process, reports the turn's result as this guard would. ASCII, at
+        most ``MAX_ID_LENGTH`` characters, versioned; the turn id and its labels (cohort, policy,
+        call count, what ended it, agent), never arguments (``turnguard._task_results``)."""
+        summary = self._ended
+        if summary is None or summary.reason == SUSPENDED:  # put aside: the turn that finishes it has one
+            return None
+        if self._result_token is None:
+            self._result_token = self.guard.results.token_for(self._book_entry)
+        return self._result_token
+
+    _result_token: str | None = None
+    _book_entry: Ended | None = None
+    """What the results book keeps of the turn once it ended (``ResultBook.ended``)."""
+
+    def report_result(self, resolved: bool) -> bool:
+        """Report whether the turn's task succeeded, before or after it ends (then it is
+        ``Guard.report_result``): ``True`` when taken. A second result, or a non-bool, is ignored
+        and counted, never raised."""
+        with self._lock:
+            ended = self._ended is not None
+            if not ended:
+                status = (ResultStatus.INVALID if not isinstance(resolved, bool)
+                          else ResultStatus.DUPLICATE if self._resolved is not None else ResultStatus.ACCEPTED)
+                if status is ResultStatus.ACCEPTED:
+                    self._resolved = resolved
+        if ended:
+            return self.guard.report_result(self.turn_id, resolved)
+        if status is not ResultStatus.ACCEPTED:
+            self.guard.results.count(status)
+            self._notify("turnguard_turn_result", turn_id=id_text(self.turn_id) or "", summary=None,
+                         resolved=resolved if isinstance(resolved, bool) else None, status=status.value, labels=None)
+        return status is ResultStatus.ACCEPTED
+
+    def snapshot(self, pending: Verdict | None = None) -> dict[str, Any]:
+        """The turn's state as versioned JSON data, for ``Guard.resume`` (``pending``: an ASK the
+        host is still waiting on the user for; see ``turnguard._snapshot``). It resumes in any
+        process when the turn is ``durable``, else only here or where the same ``digest_key`` is
+        set. Taking one does not end the turn: ``suspend`` does both."""
+        return snapshot(self, pending)
+
+    def raise_for(self, verdict: Verdict) -> Verdict:
+        """Raise ``LoopDetected`` on HALT; return the verdict otherwise (for hosts that abort by raising)."""
+        if verdict.action is Action.HALT:
+            raise LoopDetected(verdict)
+        return verdict
+
+    def __enter__(self) -> Turn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.end()
+        elif isinstance(exc, LoopDetected):
+            self.end("halted")
+        else:
+            self.end("error")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _claim(self, call: ToolCall) -> tuple[int, ToolCall]:
+        """The earliest check still waiting for an outcome that ``call`` reports (the same object,
+        or the same ``call_id``), taken off the waiting list: (sequence number, the checked call);
+        (0, ``call``) when there is none (a duplicate or a stray)."""
+        call_id = call.call_id
+        for seq, checked in self._awaiting.items():
+            if checked is call or (call_id is not None and checked.call_id == call_id):
+                del self._awaiting[seq]
+                if self._reused:
+                    self._next_check_of(checked, checked._key)
+                return seq, checked
+        if self._restored:
+            return self._claim_restored(call)
+        return 0, call
+
+    def _claim_restored(self, call: ToolCall) -> tuple[int, ToolCall]:
+        """A waiting call of the snapshot this turn resumed, without a ``call_id``, that ``call``
+        reports: its own check, when ``call`` is the object checked before the snapshot (the same
+        process: its key names the check), else the earliest with its name and digest (the host's
+        new object for that call); as ``_claim``. An object this turn checked is not one of them, nor
+        a report with a ``call_id`` (``_claim`` looked for its id already)."""
+        if call.call_id is not None:
+            return 0, call
+        restored, awaiting = self._restored or {}, self._awaiting
+        key: CallKey | None = call._key
+        if key is not None and key[KEY_TOKEN] is self._token:
+            return 0, call  # checked here: its outcome came already (a duplicate)
+        for seq, checked in list(restored.items()):
+            if awaiting.get(seq) is not checked:  # given up since (MAX_AWAITING)
+                del restored[seq]
+        seq = key[KEY_CHECK] if key is not None else 0
+        own = restored.get(seq)
+        if own is None or key is None or own.name != call.name or own._key[KEY_DIGEST] != key[KEY_DIGEST]:
+            digest = self._digest(call.name, call.args)
+            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[KEY_DIGEST] == digest), 0)
+        if not seq:
+            return 0, call
+        del awaiting[seq]
+        return seq, restored.pop(seq)
+
+    def _next_check_of(self, call: ToolCall, key: CallKey) -> None:
+        """``call`` was checked more than once: its key now points at its next waiting check."""
+        for seq, checked in self._awaiting.items():
+            if checked is call:
+                store_key(call, (key[KEY_DIGEST], key[KEY_KEYER], self._token, seq))
+                return
+
+    def _give_up_waiting(self) -> None:
+        """Past ``2 * MAX_AWAITING`` calls without an outcome, stop waiting for the oldest ``MAX_AWAITING``."""
+        if len(self._awaiting) <= _SHED_AT:
+            return
+        items = list(self._awaiting.items())
+        for seq, _ in items[:MAX_AWAITING]:
+            self.ledger.abandon(seq)
+        self._awaiting.clear()  # in place: the hot paths hold this dict
+        self._awaiting.update(items[MAX_AWAITING:])
+
+    def _claim_and_record(self, call: ToolCall, outcome: Outcome, result: Any) -> tuple[int, ToolCall, bool | None]:
+        """The hot path's other way (under the lock): the check ``call`` reports (``_claim``; at
+        once when it is the object checked, as on the hot path) and its outcome recorded; (0,
+        ``call``, None) for a report no check waits for. In a turn where results count
+        (``_keyed_results``) every outcome comes here, with its result (``_record_result``)."""
+        key: CallKey | None = call._key
+        if key is not None and key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
+            seq = key[KEY_CHECK]
+            del self._awaiting[seq]
+            if self._reused:
+                self._next_check_of(call, key)
+        else:
+            seq, call = self._claim(call)
+        if not seq:
+            return 0, call, None
+        if self._keyed_results:
+            return seq, call, self._record_result(seq, call, outcome, result)
+        return seq, call, self.ledger.record_outcome(seq, outcome)
+
+    def _record_result(self, seq: int, call: ToolCall, outcome: Outcome, result: Any) -> bool | None:
+        """``Ledger.record_outcome`` where results count: the result of a tool whose results are
+        keyed here (``Guard.result_tools``) becomes its digest, kept on the call's key
+        (``keys.cached_result``: for the recorder and the shadows), and a stateful tool's call is
+        recorded with it (``Ledger.record_polled``)."""
+        name, digest = call.name, None
+        key: CallKey = call._key
+        if result is not None:
+            tools = self.guard.result_tools
+            if ALL_TOOLS in tools or name in tools:
+                digest = self._digest(name, result)
+        if digest is not None:
+            store_key(call, (*key[:KEY_RESULT], digest))
+        elif len(key) > KEY_RESULT:  # the result of an earlier check of this object
+            store_key(call, key[:KEY_RESULT])
+        return self._driver.record(seq, name, outcome, digest)
+
+    def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
+        key: CallKey | None = call._key
+        checked_here = key is not None and key[KEY_TOKEN] is self._token
+        reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
+        failure = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
+                               reason=reason.value)
+        return self._latch_failure(failure, self._halt or ALLOW)
+
+    def _combine(
+        self, hook: str, found: Found
+    ) -> tuple[Verdict, tuple[LoopDetectedEvent, ...] | list[LoopDetectedEvent]]:
+        """``Driver.combine`` for this turn; a HALT latches."""
+        best, events = self._driver.combine(hook, found)
+        if best is None:
+            return ALLOW, events
+        if best.action is _HALT:
+            self._halt = best
+        return best, events
+
+    def _after(self, events: Any) -> Verdict | None:
+        """``turnguard_loop_detected`` for each event: the first failure's stand-in, if any."""
+        failure = None
+        for event in events:
+            observed = self._notify("turnguard_loop_detected", turn=self.view, event=event)
+            failure = observed if failure is None else failure
+        return failure
+
+    def _notify(self, hook: str, **kwargs: Any) -> Verdict | None:
+        """Call an observer hook, each implementation isolated: the first failure's stand-in
+        (``Dispatcher.failed``: a HALT under ``fail_mode="closed"``), else ``None``."""
+        return self._dispatch.notify(hook, self.view, **kwargs)
+
+    def _latch_failure(self, failure: Verdict | None, verdict: Verdict) -> Verdict:
+        """What the host gets from a call whose observers may have failed: ``verdict``, unless
+        ``failure`` is a failure's stand-in (a HALT, under ``fail_mode="closed"``): then the turn
+        halts, from the call it failed on, and the latched HALT is returned."""
+        if failure is None:
+            return verdict
+        with self._lock:
+            if self._halt is None:
+                self._halt = failure
+            return self._halt
+
+
+# ``turn``'s ``check_call`` and ``record_outcome`` are closures, so that what they read on every
+# call is a local cell, not an attribute of the turn (a tenth of a shell command's cost;
+# ``benchmarks/bench_core.py``). Anything but "no plugin had anything to say" takes the turn's
+# methods (``_combine``, ``_claim``, ``_ignored``, the observers').
+
+
+def _checker(turn: Turn) -> CheckCall:
+    driver, ledger, quiet, awaiting = turn._driver, turn.ledger, turn._quiet, turn._awaiting
+    digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
+    count, every_call, collect, view = driver.count, driver.checks.call, driver.collect1, turn.view
+    call_observers = turn._call_observers
+    at_digest, at_keyer = KEY_DIGEST, KEY_KEYER  # the key's positions as cells: a global costs more here
+
+    def check_call(call: ToolCall) -> Verdict:
+        """Before executing ``call``: count it and decide. Do not execute it on HALT.
+
+        Identical calls checked while earlier ones of their streak still wait for an outcome
+        (one model response's batch) count those as failures for the stop level: in an
+        unattended turn at most ``streak_stop_at`` of them run."""
+        if type(call) is not ToolCall:
+            _require_call(call)
+        key = call._key
+        # computed here, once; record_outcome and the plugins reuse it
+        digest = digest_of(call.name, call.args) if key is None or key[at_keyer] is not keyer else key[at_digest]
+        acquire()  # acquire/release bound once: cheaper than `with` on the hot path
+        try:
+            if turn._halt is not None:
+                return turn._halt
+            seq = count(digest, call.name)
+            if key is None:
+                store_key(call, (digest, keyer, token, seq))
+            else:
+                turn._key_again(call, key, digest, seq)
+            awaiting[seq] = call
+            if not seq & 1023:  # every 1,024th check: is the waiting list too long?
+                turn._give_up_waiting()
+            # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
+            while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                       and ledger.max_key_repeat < quiet.repeat):
+                if not quiet.asked_again():
+                    impls = every_call
+                    break
+            else:
+                impls = quiet.call  # the plugins that cannot fire here are not called
+            if impls:
+                found = collect(CHECK_CALL, impls, view, call)
+                if found:
+                    verdict, events = turn._combine(CHECK_CALL, found)
+                elif call_observers:
+                    verdict, events = NOTHING
+                else:
+                    return ALLOW
+            elif call_observers:
+                verdict, events = NOTHING
+            else:
+                return ALLOW
+        finally:
+            release()
+        return turn._call_checked(call, verdict, events)
+
+    return check_call
+
+
+def _recorder(turn: Turn) -> RecordOutcome:
+    driver, ledger, quiet, awaiting, view = turn._driver, turn.ledger, turn._quiet, turn._awaiting, turn.view
+    acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
+    every_outcome, outcome_observers, collect = driver.checks.outcome, turn._outcome_observers, driver.collect2
+    # Where results count, a token no key holds sends every outcome to _claim_and_record.
+    token = object() if turn._keyed_results else turn._token
+    at_token, at_check = KEY_TOKEN, KEY_CHECK  # the key's positions as cells: a global costs more here
+
+    def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
+        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+
+        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+        latched HALT once the turn is halted); it is reported as a host error.
+
+        ``result``: what the call returned (any value: the tool's text, or the part that matters,
+        such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
+        at once, with the call keying rules, and only its digest is kept: an identical call whose
+        result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
+        unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
+        value itself is never kept, exported, recorded or put in a snapshot."""
+        verdict: Verdict
+        events: Sequence[LoopDetectedEvent]
+        if type(call) is not ToolCall:
+            _require_call(call)
+        if type(outcome) is not Outcome:
+            outcome = Outcome.parse(outcome)
+        acquire()
+        try:
+            key = call._key
+            if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
+                seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
+                if turn._reused:
+                    turn._next_check_of(call, key)
+                due = record(seq, outcome)  # true: an ended streak's stop count was reached
+            else:
+                seq, call, due = turn._claim_and_record(call, outcome, result)
+            if seq:
+                halt = turn._halt
+                if halt is not None:
+                    verdict, events = halt, ()
+                else:
+                    # Driver.outcome's quiet test, inlined (as above)
+                    impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else every_outcome
+                    if not impls and not outcome_observers:
+                        return ALLOW
+                    found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()
+                    if found:
+                        verdict, events = turn._combine(CHECK_OUTCOME, found)
+                    elif outcome_observers:
+                        verdict, events = NOTHING
+                    else:
+                        return ALLOW
+        finally:
+            release()
+        if not seq:
+            return turn._ignored(call, outcome)
+        return turn._outcome_recorded(call, outcome, verdict, events)
+
+    return record_outcome
+
+
+def _require_call(call: Any) -> None:
+    if not isinstance(call, ToolCall):
+        raise TypeError(f"pass a turnguard.ToolCall(name, args), not {type(call).__name__}")

@@ -1,0 +1,120 @@
+"""Polled results: the tools the configuration names. A ``stateful_tools`` tool's call has its
+repeat counted at its outcome, keyed with its result (a changed result is progress); a
+``streak_exempt_tools`` tool's call is counted but joins no streak."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from turnguard._ledger._state import MAX_POLLED, fact
+from turnguard._ledger._streaks import Streaks
+from turnguard._model import Outcome
+
+if TYPE_CHECKING:
+    from turnguard._config import GuardConfig
+
+_DENIED = Outcome.DENIED
+
+
+class PolledCalls(Streaks):
+    """The facts of the tools a configuration names, over the streaks (``Streaks``)."""
+
+    __slots__ = ("_exempt", "_named", "_polled", "_raised")
+
+    def __init__(self, config: GuardConfig, checks: int = 0) -> None:
+        super().__init__(config, checks)
+        self._exempt = frozenset(config.streak_exempt_tools)
+        self._named = bool(self._stateful or self._exempt)
+        """Whether the configuration names tools: the guard counts calls with ``count_named``."""
+        self._polled: dict[int, tuple[bytes, int]] = {}
+        """Stateful tools' calls whose repeat waits for their outcome: check -> (digest, call number)."""
+        self._raised = False
+        """The latest ``record_polled`` brought the stuck signal to ``stuck_repeat_threshold``."""
+
+    names_tools: bool = fact(
+        "_named", "Whether the configuration names tools (``stateful_tools``, ``streak_exempt_tools``).")
+
+    def count_named(self, digest: bytes, tool_name: str) -> int:
+        """``count_call`` in a turn whose configuration names tools. A stateful tool's call joins
+        its streak now and has its repeat counted when its outcome comes (``record_polled``: the
+        (call, result) pair is the key); an exempt tool's call is counted but joins no streak, and
+        ends the one it interrupts, as any other call does."""
+        if self._all_stateful or tool_name in self._stateful:
+            seq = self._count_polled_call(digest, tool_name)
+        else:
+            seq = self.count_call(digest, tool_name)
+        if tool_name in self._exempt:
+            if self._cyc is not None and self._cyc.waiting:
+                self._cyc.waiting[-1] = None  # (nor in a cycle; else the streak's key, ``None`` below, is its digest)
+            self._last_key = None
+            self._last_tool = None
+            self.streak_length = 0
+            self._new_streak(seq + 1)
+            self._results = {}
+        return seq
+
+    def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
+        """``count_call`` for a stateful tool, but for its repeat (counted with its result)."""
+        self.tool_calls += 1
+        seq = self.checks = self.checks + 1
+        polled = self._polled
+        polled[seq] = (digest, self.tool_calls)
+        if len(polled) > MAX_POLLED:  # outcomes that never came: the oldest counts without a result
+            self._count_polled(next(iter(polled)), None)
+        if self._join(digest, tool_name, seq):
+            self._baseline = None
+        return seq
+
+    def record_polled(self, seq: int, outcome: Outcome, result: bytes | None) -> bool | None:
+        """``record_outcome`` for a stateful tool's call, with its result's digest (``None``: not
+        given). Its repeat is counted now, keyed by (call, result), or by the call alone when no
+        result was given or the outcome is ``DENIED`` (the tool did not run). In its streak, in
+        check order, a result that differs from the latest one there is progress: the streak
+        restarts at this call, both counts with it (``result_restarts``). True when the outcome
+        hooks must be asked wherever the counts are: an ended streak's stop (``record_outcome``),
+        or the stuck signal reached now (the cap decides at the outcome, ``stuck_raised``)."""
+        if outcome is _DENIED:
+            result = None
+        self._raised = self._count_polled(seq, result)
+        due = False
+        if result is not None:
+            if seq == self.next_to_settle:
+                due = self._apply_result(seq, result)
+            elif seq > self.next_to_settle:
+                self._results[seq] = result
+            else:
+                for ended in self._ended:
+                    if ended.next <= seq <= ended.last:
+                        ended.results[seq] = result
+                        break
+        return self.record_outcome(seq, outcome) or due or self._raised
+
+    def _count_polled(self, seq: int, result: bytes | None) -> bool:
+        """Count the repeat of stateful check ``seq`` (``count_call``'s table, bound and stuck
+        signal); true when the stuck signal's count reached ``stuck_repeat_threshold`` now."""
+        pending = self._polled.pop(seq, None)
+        if pending is None:  # rolled back, or counted already
+            return False
+        digest, at = pending
+        key = digest if result is None else digest + result
+        before = self._max_stale if self._stale else self.max_key_repeat
+        self.count_key(key, at)
+        return before < self.stuck_at <= (self._max_stale if self._stale else self.max_key_repeat)
+
+    stuck_raised: bool = fact(
+        "_raised",
+        """Whether the outcome just recorded brought the stuck signal to ``stuck_repeat_threshold``
+        (a stateful tool's call, whose repeat is counted with its result).""",
+    )
+
+    def settle_polled(self) -> None:
+        """Calls of stateful tools still without an outcome (halted at their check, or never
+        reported) count their repeat now, without a result, as they would have at their check had
+        the tool not been listed (before a summary)."""
+        while self._polled:
+            self._count_polled(next(iter(self._polled)), None)
+
+    def abandon(self, seq: int) -> None:
+        if self._polled:
+            self._count_polled(seq, None)
+        super().abandon(seq)

@@ -1,0 +1,61 @@
+"""The probe cohort: a deterministic fraction of turns guarded by a more lenient configuration.
+
+A threshold is validated by what happens past it, and every turn that reaches it is stopped
+there; so ``GuardConfig(probe=Probe(0.01, lenient))`` (``Probe`` is in ``turnguard._config``)
+lets one turn in a hundred run under
+``lenient`` (e.g. ``hard_multiplier=20``), with the main configuration beside it as a shadow, so
+that its would-be detections are recorded where they would have fired while the turn goes on.
+
+Sampling hashes the conversation id, else the turn id (BLAKE2b: the same answer in every
+process and on every run), so a conversation stays in one cohort and the cost is one hash per
+turn, nothing per call. A string or an integer id is hashed as its text (``12345`` and
+``"12345"`` land in one cohort); an id of any other type (``None``, a UUID object, ...) leaves
+the choice to the turn id.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+
+from turnguard._model import id_text
+
+
+class Cohort(enum.StrEnum):
+    """Which configuration guarded a turn live (``TurnSummary.cohort``, ``turnguard.turn.cohort``)."""
+
+    LIVE = "live"
+    PROBE = "probe"
+
+
+_SCALE = float(1 << 64)
+
+
+def sample_point(key: str) -> float:
+    """Where ``key`` falls in [0, 1): the same for the same key in every process."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8, person=_PERSON).digest()
+    return int.from_bytes(digest, "big") / _SCALE
+
+
+_PERSON = b"turnguard-probe"
+
+
+sample_text = id_text
+"""The text an id is sampled on (``turnguard._model.id_text``): ``None`` for an id that has none."""
+
+
+def selects(rate: float, conversation_id: object, turn_id: object) -> bool:
+    """Whether a turn is in the probe cohort at ``rate``: by its conversation's id (so a
+    conversation stays in one cohort), else by its turn id (``sample_text`` says which ids count);
+    a turn with neither is live."""
+    if rate <= 0:
+        return False
+    if rate >= 1:
+        return True
+    key = sample_text(conversation_id)
+    if key is None:
+        key = sample_text(turn_id)
+    return key is not None and sample_point(key) < rate
+
+
+COHORTS: tuple[str, ...] = tuple(c.value for c in Cohort)

@@ -1,0 +1,456 @@
+"""Durable turns: a turn's state as versioned JSON, and a turn continued from it.
+
+``turn.snapshot()`` returns plain JSON data (version 2):
+
+- ``turn``: the turn's identity (``turn_id``, ``conversation_id``, ``agent_name``, ``promptable``,
+  ``cohort``, ``durable``, ``elapsed_s``; ``resolved`` when a result was reported already);
+- ``config``: the settings that decide verdicts, which the resuming guard must share;
+- ``keying`` (``process``, ``digest_key`` or ``turn``) and ``key_check``, a digest of a fixed
+  call that tells whether the resuming guard keys calls the same way; ``turn_key``: a durable
+  turn's own digest key (hex), when it has one;
+- ``facts``: the ledger's facts (``Ledger.state``: counts, key repeats as digests, streaks,
+  cycles, outcome totals, the levels that fired, the ended streaks still settling; with
+  ``stateful_tools``, written only when they hold something: ``polled``, the stateful calls
+  whose repeat waits for their outcome, ``results`` and ``baseline``, result digests not
+  settled yet and the streak's latest, ``restarts`` by tool; a repeat's key may then be a
+  (call, result) pair's two digests);
+- ``awaiting``: the calls still waiting for their outcome, ``[check number, tool name, call_id,
+  digest]`` in check order;
+- ``halt`` and ``pending``: a latched HALT, and an escalation the host is waiting on the user for;
+- ``plugins``: the plugins' per-turn state by plugin name (``turnguard_turn_snapshot``), such as
+  the shadow policies' and the probe's main-configuration shadow's (``shadow``).
+
+``guard.resume(state)`` opens a turn with those facts, in any process that can honour them, so
+every later verdict, and every shadow's, is the one the turn would have given had it never
+stopped. Keying decides where that is: a turn opened with ``guard.turn(durable=True)`` keys its
+calls under a key of its own that its snapshot carries (``keys.turn_keyer``), and resumes in any
+process with the default configuration; a turn keyed by the guard's ``digest_key`` resumes where
+the same ``digest_key`` is set; any other turn is keyed by its process's own secret and resumes
+only in that process.
+
+Every field is read back like any input (``turnguard._state``): type, range, the bounds a live turn
+keeps; a bad one is a ``SnapshotError`` naming it. So is a snapshot of another configuration, one
+the keys do not match, or an unknown version. Version 1 snapshots (before ``plugins``,
+``keying`` and ended streaks) still resume: their plugins' state starts afresh, which the
+resumed turn says (``TurnSummary.fresh_state``).
+
+Extending version 2 (the format's rule, so that a version bump is needed only for a change of
+meaning): a field added later goes into a section (``turn``, ``facts``, ``plugins.<name>``), is
+optional, written only when it holds something other than its default, and read as its default
+when absent. Inside the sections a reader refuses a field it does not know, naming it, so a
+snapshot holding state an older turnguard cannot honour fails there instead of resuming with that
+state lost. The top level is open to hosts and adapters, which may keep their own data there
+beside turnguard's (under names turnguard does not use); a plugin's section is its own, and one
+for a plugin the resuming guard does not have is dropped.
+
+The snapshot never holds tool arguments, tool results or the guard's digest key: key repeats and
+results are digests, as in telemetry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from turnguard import _state as st
+from turnguard._config import GuardConfig
+from turnguard._keys import DIGEST_SIZE, KEY_DIGEST, TURN_KEY_SIZE, store_key, turn_keyer
+from turnguard._ledger import Ledger
+from turnguard._model import ALLOW, Action, Level, LoopDetectedEvent, Threshold, ToolCall, Verdict
+from turnguard._state import Fields, SnapshotError
+from turnguard._task_results import MAX_RECENT_TURNS
+
+if TYPE_CHECKING:
+    from turnguard._keys import Keyer
+
+Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
+Turn: TypeAlias = Any
+
+__all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "cohort_of", "deciding_settings", "pending", "read_verdict",
+           "resume", "snapshot", "verdict_data"]
+
+VERSION = 2
+READS = (1, 2)
+"""The versions ``resume`` reads."""
+KIND = "turnguard.turn"
+NOT_DECIDING = frozenset(
+    {"name", "digest_key", "capture_content", "disable_plugins", "load_entrypoints", "recorder_path",
+     "recorder_results", "shadow", "probe"}
+)
+"""GuardConfig settings that do not decide a turn's verdicts (reporting, plugin wiring, the shadows,
+whose state is theirs, and the probe, whose cohort the snapshot names); every other setting must
+be equal to resume."""
+KEYINGS = ("process", "digest_key", "turn")
+"""How a turn's calls were keyed: by its process's own secret, by ``digest_key``, by its own key."""
+MAX_WAITING = 2 * 4096 + 1024
+"""The most calls a live turn keeps waiting for an outcome (``guard.MAX_AWAITING``: twice it, looked
+at every 1,024 checks), so the most a snapshot may list."""
+MAX_EVENT_LIMIT = 2**63
+_PROBE_CALL = ("turnguard.snapshot", {"probe": 1})
+"""A fixed call whose digest tells whether two keyers agree."""
+_ELAPSED_MAX = 1e10
+_ACTIONS = {action.label: action for action in Action}
+_LEVELS = tuple(level.value for level in Level)
+
+
+def snapshot(turn: Turn, pending: Verdict | None = None) -> dict[str, Any]:
+    """``turn``'s state as JSON-serializable data (see the module docstring)."""
+    with turn._lock:
+        ledger, keyer = turn.ledger, turn._keyer
+        identity: dict[str, Any] = {
+            "turn_id": ledger.turn_id,
+            "conversation_id": ledger.conversation_id,
+            "agent_name": ledger.agent_name,
+            "promptable": ledger.promptable,
+            "cohort": ledger.cohort,
+            "durable": turn.durable,
+            "elapsed_s": time.monotonic() - ledger.started_at,
+        }
+        if turn._resolved is not None:
+            identity["resolved"] = turn._resolved
+        data: dict[str, Any] = {
+            "version": VERSION,
+            "kind": KIND,
+            "turn": identity,
+            "config": deciding_settings(turn.config),
+            "keying": keying_of(turn.guard, keyer),
+            "key_check": _key_check(keyer),
+            "facts": ledger.state(),
+            "awaiting": [[seq, call.name, call.call_id, call._key[KEY_DIGEST].hex()]
+                         for seq, call in turn._awaiting.items()],
+            "halt": verdict_data(turn._halt),
+            "pending": verdict_data(pending),
+        }
+        if keyer.turn_key is not None:
+            data["turn_key"] = keyer.turn_key.hex()
+        plugins = _plugin_states(turn)
+        if plugins:
+            data["plugins"] = plugins
+    turn.guard.lineage.taken(ledger.turn_id)
+    turn._tracked = True
+    return data
+
+
+def keying_of(guard: Guard, keyer: Keyer) -> str:
+    if keyer.turn_key is not None:
+        return "turn"
+    return "digest_key" if guard.config.digest_key else "process"
+
+
+def cohort_of(state: Any) -> str | None:
+    """The cohort (``live`` or ``probe``) of the turn a snapshot was taken from, if it says."""
+    identity = state.get("turn") if isinstance(state, Mapping) else None
+    return identity.get("cohort") if isinstance(identity, Mapping) else None
+
+
+def resume(guard: Guard, state: Any, open_turn: Callable[..., Turn]) -> Turn:
+    """A turn of ``guard`` (opened by ``open_turn(ledger=..., keyer=..., durable=...)``, without a new
+    cohort draw) continuing the one ``state`` (a ``snapshot``) was taken from."""
+    restored = _read(guard, state)
+    identity = restored.identity
+    turn_id, resumed_from = identity["turn_id"], None
+    if not guard.lineage.claim(turn_id):  # this guard holds a turn of that id already: a fork
+        resumed_from, turn_id = turn_id, uuid.uuid4().hex
+        guard.lineage.claim(turn_id)
+    try:
+        ledger = Ledger.from_state(
+            guard.config, restored.facts, elapsed_s=identity["elapsed_s"], turn_id=turn_id,
+            conversation_id=identity["conversation_id"], agent_name=identity["agent_name"],
+            promptable=identity["promptable"], cohort=guard.cohort, resumed_from=resumed_from,
+            fresh_state=restored.fresh)
+    except SnapshotError:
+        guard.lineage.ended(turn_id, suspended=True)  # no turn took the id
+        raise
+    turn = open_turn(ledger=ledger, keyer=restored.keyer, durable=identity["durable"])
+    turn._tracked = True
+    refused, failure = None, None
+    with turn._lock:
+        waiting = {}
+        for seq, name, call_id, digest in restored.awaiting:
+            call = ToolCall(name, None, call_id)  # its outcome finds it by call_id, or by its digest
+            store_key(call, (digest, turn._keyer, turn._token, seq))
+            turn._awaiting[seq] = call
+            if call_id is None:
+                waiting[seq] = call
+        turn._restored = waiting
+        turn._halt = restored.halt or turn._halt  # (or the fail-closed halt of its opening)
+        turn._resolved = identity.get("resolved")
+        try:
+            failure = _resume_plugins(turn, restored.plugins)
+        except SnapshotError as exc:
+            refused = exc
+    if refused is not None:
+        turn.end("suspended")  # put aside unreported: the snapshot stays the turn's to resume
+        raise refused
+    if failure is not None:  # a plugin could not take its state back: under fail_mode="closed" the turn halts
+        turn._latch_failure(failure, ALLOW)
+    return turn
+
+
+def pending(state: Any) -> Verdict | None:
+    """The escalation the snapshot was taken with (``turn.snapshot(pending=...)``), to resolve."""
+    fields = Fields(state, "")
+    return read_verdict(fields.get("pending", None), "pending")
+
+
+def deciding_settings(config: GuardConfig) -> dict[str, Any]:
+    """The settings a resumed turn must share with the snapshot (JSON values)."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in NOT_DECIDING}
+    values["cap_mode"] = config.cap_mode  # whether the cap was set explicitly changes its semantics
+    return {name: list(v) if isinstance(v, tuple) else v for name, v in values.items()}
+
+
+class Lineage:
+    """The turn ids a guard's snapshots and resumes have used (the most recent ``MAX_RECENT_TURNS``):
+    a snapshot resumes under its turn's id unless a turn of that id is open or ended here (a second
+    resume of one snapshot, or one of a turn that went on): then the resumed turn gets an id of its
+    own and records ``resumed_from``. A suspended turn's id is free for its one continuation."""
+
+    def __init__(self, limit: int = MAX_RECENT_TURNS) -> None:
+        self._ids: OrderedDict[str, bool] = OrderedDict()
+        """By turn id: whether that turn is in use here (open or ended; not suspended)."""
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def taken(self, turn_id: str) -> None:
+        """A turn of this id is open here (a snapshot was taken of it)."""
+        with self._lock:
+            if turn_id not in self._ids:
+                self._keep(turn_id, True)
+
+    def claim(self, turn_id: str) -> bool:
+        """Take ``turn_id`` for a resumed turn: ``False`` when a turn of that id is in use here."""
+        with self._lock:
+            if self._ids.get(turn_id, False):
+                return False
+            self._keep(turn_id, True)
+            return True
+
+    def ended(self, turn_id: str, suspended: bool) -> None:
+        with self._lock:
+            if turn_id in self._ids:
+                self._ids[turn_id] = not suspended
+
+    def _keep(self, turn_id: str, used: bool) -> None:
+        self._ids[turn_id] = used
+        self._ids.move_to_end(turn_id)
+        if len(self._ids) > self._limit:
+            self._ids.popitem(last=False)
+
+
+# -- reading a snapshot back ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Restored:
+    identity: dict[str, Any]
+    keyer: Keyer
+    facts: Any
+    awaiting: list[tuple[int, str, str | None, bytes]]
+    halt: Verdict | None
+    plugins: dict[str, Any]
+    fresh: tuple[str, ...]
+
+
+def _read(guard: Guard, state: Any) -> _Restored:
+    if not isinstance(state, Mapping) or state.get("kind") != KIND:
+        raise SnapshotError(f"not a turnguard turn snapshot: its field 'kind' must be {KIND!r} (pass what "
+                            "turn.snapshot() returned)", "kind")
+    version = state.get("version")
+    if type(version) is not int or version not in READS:
+        raise SnapshotError(f"the snapshot's field 'version' is {st.shown(version)}, not one this turnguard reads "
+                            f"(versions {', '.join(map(str, READS))})", "version")
+    f = Fields(state, "")
+    f.get("kind")
+    f.get("version")
+    identity = _identity(f.object("turn"), version)
+    _check_config(guard.config, f.get("config"))
+    keyer = _keyer(guard, f, version)
+    facts = f.get("facts")
+    if not isinstance(facts, Mapping):
+        st.refuse("facts", "an object", facts)
+    awaiting = _awaiting(f, Fields(facts, "facts").integer("seq"))
+    halt = read_verdict(f.get("halt"), "halt")
+    if halt is not None and halt.action is not Action.HALT:
+        st.refuse("halt.action", "halt (the latched verdict)", halt.action.label)
+    read_verdict(f.get("pending"), "pending")
+    plugins = f.mapping("plugins", 1024, default={}) if version >= 2 else {}
+    # (no f.done() here: the top level is open to hosts, which keep their own data beside turnguard's)
+    names = [observer.plugin for observer in guard.dispatcher.observers("turnguard_turn_snapshot")]
+    fresh = tuple(dict.fromkeys(name for name in names if name not in plugins))
+    return _Restored(identity, keyer, facts, awaiting, halt, plugins, fresh)
+
+
+def _check_config(config: GuardConfig, theirs: Any) -> None:
+    """The snapshot's deciding settings are this guard's; one it does not name (a setting added
+    since it was taken) must be at its default, which decides as before the setting existed."""
+    ours = deciding_settings(config)
+    if not isinstance(theirs, Mapping):
+        st.refuse("config", "an object (the settings the turn was decided under)", theirs)
+    theirs = {**{k: v for k, v in _DEFAULTS.items() if k in ours}, **theirs}
+    differing = sorted(str(k) for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)
+                       or isinstance(ours.get(k), bool) is not isinstance(theirs.get(k), bool))  # 1 is not True
+    if differing:
+        detail = "; ".join(f"config.{k} is {st.shown(theirs.get(k))} in the snapshot, {ours.get(k)!r} here"
+                           for k in differing)
+        raise SnapshotError(f"the snapshot was taken under another configuration: {detail}", f"config.{differing[0]}")
+
+
+def _defaults() -> dict[str, Any]:
+    return {f.name: (list(f.default) if isinstance(f.default, tuple) else f.default)
+            for f in dataclasses.fields(GuardConfig) if f.default is not dataclasses.MISSING}
+
+
+_DEFAULTS = _defaults()
+
+
+def _keyer(guard: Guard, f: Fields, version: int) -> Keyer:
+    """The keyer the resumed turn keys its calls with, once the snapshot's key check agrees."""
+    keying = f.choice("keying", KEYINGS) if version >= 2 else "digest_key" if guard.config.digest_key else None
+    check = f.text("key_check", nonempty=True)
+    if keying == "turn":
+        keyer = turn_keyer(guard.config.key_mode, f.digest("turn_key", TURN_KEY_SIZE))
+        if _key_check(keyer) != check:
+            raise SnapshotError("the snapshot's field 'turn_key' does not give its key_check (the key was altered)",
+                                "turn_key")
+        return keyer
+    if _key_check(guard.keyer) == check:
+        return guard.keyer
+    if keying == "digest_key":
+        why = ("it was taken by a guard with another digest key: its call digests would not match here (give every "
+               "guard the same GuardConfig(digest_key=...), or open the turn with guard.turn(durable=True) and "
+               "no digest_key)")
+    else:
+        why = ("its turn was opened without durable=True and without digest_key, so its call digests are those of "
+               "the process that took it (a per-process secret) and mean nothing here; open turns that must resume "
+               "in another process with guard.turn(durable=True), or give every guard the same "
+               "GuardConfig(digest_key=...)")
+    raise SnapshotError(f"this guard cannot continue the snapshot (its field 'key_check' does not match): {why}",
+                        "key_check")
+
+
+def _identity(f: Fields, version: int) -> dict[str, Any]:
+    identity = {
+        "turn_id": f.text("turn_id", nonempty=True),
+        "conversation_id": f.text("conversation_id", optional=True),
+        "agent_name": f.text("agent_name", optional=True),
+        "promptable": f.boolean("promptable"),
+        "cohort": f.choice("cohort", ("live", "probe")),
+        "elapsed_s": f.number("elapsed_s", 0, _ELAPSED_MAX),
+        "durable": f.boolean("durable") if version >= 2 else False,
+    }
+    resolved = f.get("resolved", None) if version >= 2 else None
+    if resolved is not None:
+        identity["resolved"] = st.boolean(f.at("resolved"), resolved)
+    f.done()
+    return identity
+
+
+def _awaiting(f: Fields, seq: int) -> list[tuple[int, str, str | None, bytes]]:
+    """The waiting calls: each a check number up to the snapshot's ``facts.seq``, in check order."""
+    entries: list[tuple[int, str, str | None, bytes]] = []
+    low = 1
+    for i, entry in enumerate(f.items("awaiting", MAX_WAITING)):
+        path = f"awaiting[{i}]"
+        if not isinstance(entry, list | tuple) or len(entry) != 4:
+            st.refuse(path, "a [check number, tool name, call_id, digest] entry", entry)
+        number = st.integer(f"{path}[0]", entry[0], low, max(seq, 0))
+        entries.append((number, st.text(f"{path}[1]", entry[1], nonempty=True),
+                        st.text(f"{path}[2]", entry[2], optional=True),
+                        st.digest(f"{path}[3]", entry[3], DIGEST_SIZE)))
+        low = number + 1
+    return entries
+
+
+def read_verdict(data: Any, path: str) -> Verdict | None:
+    """A verdict ``verdict_data`` wrote, at ``path`` (``None`` for null)."""
+    if data is None:
+        return None
+    f = Fields(data, path)
+    action = _ACTIONS[f.choice("action", tuple(_ACTIONS))]
+    threshold = f.text("threshold", optional=True)
+    message = f.text("message")
+    event_data = f.get("event")
+    f.done()
+    event = None if event_data is None else _event(Fields(event_data, f.at("event")))
+    return Verdict(action, _threshold(threshold) if threshold is not None else None, message, event)
+
+
+_EVENT_COUNTS = ("tool_calls", "cycles", "max_key_repeat", "streak_length", "failing_streak_length")
+_EVENT_TEXTS = ("tool_name", "key_digest", "conversation_id", "agent_name")
+
+
+def _event(f: Fields) -> LoopDetectedEvent:
+    fields: dict[str, Any] = {name: f.integer(name) for name in _EVENT_COUNTS}
+    fields.update({name: f.text(name, optional=True) for name in _EVENT_TEXTS})
+    fields["limit"] = f.integer("limit", 0, MAX_EVENT_LIMIT)
+    for name in ("soft_cap", "hard_cap"):
+        value = f.get(name)
+        fields[name] = None if value is None else st.integer(f.at(name), value, 0, MAX_EVENT_LIMIT)
+    fields["threshold"] = _threshold(f.text("threshold", nonempty=True))
+    fields["action"] = _ACTIONS[f.choice("action", tuple(_ACTIONS))]
+    fields["level"] = Level(f.choice("level", _LEVELS))
+    fields["promptable"] = f.boolean("promptable")
+    fields["turn_id"] = f.text("turn_id", nonempty=True)
+    fields["event_id"] = f.text("event_id", nonempty=True)
+    fields["cap_mode"] = f.text("cap_mode", nonempty=True)
+    fields["message"] = f.text("message")
+    f.done()
+    return LoopDetectedEvent(**fields)
+
+
+def _threshold(value: str) -> Any:
+    try:
+        return Threshold(value)
+    except ValueError:
+        return value  # a third-party plugin's threshold name
+
+
+# -- writing one -------------------------------------------------------------------------------------
+
+
+def _key_check(keyer: Keyer) -> str:
+    return keyer.digest(*_PROBE_CALL).hex()
+
+
+def verdict_data(verdict: Verdict | None) -> dict[str, Any] | None:
+    """A verdict (and its event) as JSON data; ``read_verdict`` reads it back."""
+    if verdict is None:
+        return None
+    event = verdict.event
+    return {
+        "action": verdict.action.label,
+        "threshold": str(verdict.threshold) if verdict.threshold is not None else None,
+        "message": verdict.message,
+        "event": None if event is None else {f.name: _plain(getattr(event, f.name)) for f in dataclasses.fields(event)},
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Action):
+        return value.label
+    return str(value) if isinstance(value, str) else value  # a Level or Threshold as its string
+
+
+# -- plugins' per-turn state ---------------------------------------------------------------------------
+
+
+def _plugin_states(turn: Turn) -> dict[str, Any]:
+    """``turnguard_turn_snapshot``'s answers by plugin name: a plugin that raises is reported and
+    left out (its state is its own: the snapshot goes on without it, whatever the fail mode)."""
+    hook = "turnguard_turn_snapshot"
+    return turn._dispatch.call_each(hook, turn._dispatch.observers(hook), turn.view, {"turn": turn.view})[0]
+
+
+def _resume_plugins(turn: Turn, states: Mapping[str, Any]) -> Verdict | None:
+    """``turnguard_turn_resumed`` for each plugin with its own state: the first failure's stand-in
+    (reported; a HALT under ``fail_mode="closed"``), else ``None``; a ``SnapshotError`` refuses
+    the resume."""
+    hook = "turnguard_turn_resumed"
+    return turn._dispatch.call_each(hook, turn._dispatch.observers(hook), turn.view, {"turn": turn.view},
+                                    own={"state": states}, refusals=(SnapshotError,))[1]
