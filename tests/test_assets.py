@@ -264,7 +264,7 @@ def tiny_disk(tmp_path):
 
 
 def test_assets_says_where_it_looked_when_the_files_are_missing(tmp_path, monkeypatch, capsys):
-    package = tmp_path / "src" / "turnguard" / "assets"
+    package = tmp_path / "src" / "turnguard" / "_assets"
     package.mkdir(parents=True)
     (tmp_path / "collector-config.yaml").write_text("")  # a partial checkout is not one
     monkeypatch.setattr(assets, "__file__", str(package / "__init__.py"))
@@ -332,7 +332,8 @@ def test_the_sdist_carries_the_assets_at_the_top_level(dists):
 @pytest.mark.slow
 def test_a_wheel_installed_in_a_fresh_environment_writes_the_repositorys_files(dists, python, tmp_path):
     with zipfile.ZipFile(dists["wheel"]) as wheel:
-        packaged = {n.removeprefix("turnguard/_assets/") for n in wheel.namelist() if n.startswith("turnguard/_assets/")}
+        prefix = "turnguard/_assets/"
+        packaged = {n.removeprefix(prefix) for n in wheel.namelist() if n.startswith(prefix)}
     assert packaged == EXPECTED | {"__init__.py"}
     install(python, dists["wheel"])
     assert assets_root(python).is_relative_to(python.parents[1] / "lib"), "not the installed package's files"

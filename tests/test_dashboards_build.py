@@ -24,7 +24,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins  # noqa:
 from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
 from turnguard import _assets as assets  # noqa: E402
-from turnguard import _cli as cli
+from turnguard import _cli as cli  # noqa: E402
 from turnguard._boards import build, queries, rules, thresholds  # noqa: E402
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402

@@ -107,7 +107,7 @@ def test_a_plugin_cannot_disable_the_caps_through_what_it_receives():
         def turnguard_check_call(self, turn, call):
             for attempt in (lambda: turn.rollback_cycle(), lambda: turn.reset_streak(),
                             lambda: turn._counts.clear(), lambda: setattr(turn, "_tool_calls", 0),
-                            lambda: call._key[KEY_TOKEN].reset_streak()):
+                            lambda: call.key[KEY_TOKEN].reset_streak()):
                 with contextlib.suppress(AttributeError, TypeError):
                     attempt()
 

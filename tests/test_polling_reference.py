@@ -275,7 +275,7 @@ class RandomTurn:
             event = self.asks.pop().event
             if self.rng.random() < 0.5 and self.turn.halted is None:
                 self.turn.resolve(event, "continue")
-                about = [c for c in self.calls if c._key is not None and c._key[KEY_DIGEST].hex() == event.key_digest]
+                about = [c for c in self.calls if c.key is not None and c.key[KEY_DIGEST].hex() == event.key_digest]
                 self.ref.reset(retry=False, key=(about[0].name, about[0].args["target"]) if about else None)
 
     def stray(self) -> int:

@@ -12,9 +12,10 @@ import privatize
 
 @pytest.fixture
 def package(tmp_path) -> tuple[Path, Path]:
-    """A facade, a documented telemetry package, an internal package and internal modules."""
+    """A facade, a documented telemetry package, internal packages (one kept in place) and
+    internal modules."""
     root = tmp_path / "src" / "turnguard"
-    for folder in ("telemetry", "calibrate", "assets"):
+    for folder in ("telemetry", "calibrate", "assets", "agents"):
         (root / folder).mkdir(parents=True)
     files = {
         "__init__.py": 'from turnguard.guard import Guard\n__all__ = ["Guard"]\n',
@@ -27,6 +28,8 @@ def package(tmp_path) -> tuple[Path, Path]:
         "calibrate/__init__.py": "",
         "calibrate/run.py": "from turnguard.telemetry import names\n",
         "assets/__init__.py": "",
+        "agents/__init__.py": "",
+        "agents/client.py": "X = 1\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
@@ -46,6 +49,15 @@ def test_a_package_without_public_modules_moves_whole_and_other_internal_modules
         "turnguard.telemetry.names": "turnguard.telemetry._names",
         "turnguard.assets": "turnguard._assets",
     }
+
+
+def test_a_package_a_path_outside_python_names_keeps_its_name(package):
+    """``turnguard/agents/client.py`` is written into each agent's settings by its path."""
+    assert "turnguard.agents" in privatize.public_surface.KEPT_IN_PLACE
+    assert not any(old.startswith("turnguard.agents") for old in privatize.renames(*package))
+    assert privatize.public_surface.unmarked_internal_modules(*package) == [
+        "turnguard.calibrate.run", "turnguard.guard", "turnguard.ledger", "turnguard.shadow", "turnguard.snapshot",
+        "turnguard.telemetry.names"]
 
 
 @pytest.mark.parametrize(("before", "after"), [

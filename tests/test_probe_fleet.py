@@ -75,6 +75,34 @@ def test_calibrate_counts_against_the_fleets_configuration_whatever_the_machine_
     assert calibrate([folder / "turns.jsonl", folder / "elsewhere.jsonl"], 0.1) == runs[0.1]
 
 
+COUNTED = ("turns", "resolved", "unresolved", "censored", "unknown", "calls_past", "resolved_interval")
+
+
+def _counts(probe: dict) -> dict[str, dict]:
+    """Each probe row's counts and interval (what a clock must not move; the time to decide may)."""
+    named = {**{f"x{k}": row for k, row in probe["passed_multiple"].items()}, "stuck": probe["passed_stuck"],
+             "streak": probe["passed_streak"]}
+    return {name: {c: row[c] for c in COUNTED} for name, row in named.items()}
+
+
+def test_the_clock_never_moves_a_probe_row(recorded, tmp_path):
+    """The recorder's lines differ from run to run only in their clock readings (a loaded machine
+    stretches every turn): with every turn's start and end scrambled, hours long, out of order and
+    some ending before they start, calibrate counts each row as it did."""
+    truth, runs = recorded
+    folder = Path(truth.recorded_in)
+    stretched = []
+    for i, line in enumerate((folder / "turns.jsonl").read_text().splitlines()):
+        turn = json.loads(line)
+        if "started_at" in turn:
+            start = 1.8e9 + (i * 7919 % 4001) * 3.7
+            turn["started_at"], turn["ended_at"] = start, start + (3600.0 * (i % 5) if i % 7 else -1.0)
+        stretched.append(json.dumps(turn))
+    (tmp_path / "turns.jsonl").write_text("\n".join(stretched) + "\n")
+    got = calibrate([tmp_path / "turns.jsonl", folder / "elsewhere.jsonl"], 0.1)
+    assert _counts(got) == _counts(runs[0.1])
+
+
 def rows(truth: pf.ProbeTruth) -> dict[str, list[oracle.ProbeFact]]:
     """Calibrate's rows, from the fleet: past 10x S, and where the main configuration halts as stuck
     or at the streak stop."""

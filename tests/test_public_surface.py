@@ -24,6 +24,12 @@ def test_every_public_module_declares_what_it_exports_and_the_reference_document
     assert public_surface.problems() == []
 
 
+def test_every_internal_module_says_so_by_its_name():
+    """pluggy's way: a module outside the surface is ``_``-named (``tools/privatize.py`` renames
+    them), but for the packages a path outside Python names (``public_surface.KEPT_IN_PLACE``)."""
+    assert public_surface.unmarked_internal_modules() == []
+
+
 def test_the_facade_exports_what_it_declares():
     assert all(hasattr(turnguard, name) for name in turnguard.__all__)
     assert {f"turnguard.{name}" for name in turnguard.__all__} <= set(public_surface.surface())

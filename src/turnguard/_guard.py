@@ -56,7 +56,16 @@ from turnguard._model import (
 )
 from turnguard._plugins import plugin_manager
 from turnguard._probe import Cohort
-from turnguard._snapshot import Lineage, cohort_of, resume, snapshot
+from turnguard._snapshot import (
+    Lineage,
+    SnapshotError,
+    TurnState,
+    cohort_of,
+    plugin_states,
+    restore,
+    resume_plugins,
+    write,
+)
 from turnguard._task_results import Ended, ResultBook, ResultStatus
 from turnguard.hookspecs import hookimpl
 
@@ -106,7 +115,7 @@ class Guard:
         if plugins:
             self.pm.check_pending()  # a plugin given in code with an unknown hook is a host error
         self.dispatcher = self._dispatcher()  # a wrapper on a check hook is refused here, not when a turn opens
-        self._setup_failed: Verdict | None = None
+        self.setup_failed: Verdict | None = None
         """Under ``fail_mode="closed"``, the HALT every turn starts with once a plugin failed to configure."""
         self._configure(self.dispatcher.observers("turnguard_configure"))
         self.cohort = Cohort.LIVE
@@ -137,8 +146,8 @@ class Guard:
         registered later through ``Guard.register`` get it too). Under ``fail_mode="closed"`` no
         call is under way to halt: every turn this guard opens afterwards starts halted."""
         failure = self.dispatcher.call_each("turnguard_configure", observers, None, {"config": self.config})[1]
-        if failure is not None and self._setup_failed is None:
-            self._setup_failed = failure
+        if failure is not None and self.setup_failed is None:
+            self.setup_failed = failure
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register a plugin (takes effect for turns opened afterwards: register plugins through
@@ -214,7 +223,7 @@ class Guard:
         """Stop taking results (later ones are counted as ``after_shutdown``); turns still work."""
         self._closed = True
         if self._probe_guard is not None:
-            self._probe_guard._closed = True
+            self._probe_guard.shutdown()
 
     _closed = False
 
@@ -227,7 +236,7 @@ class Guard:
         snapshot resumed twice, or a turn that went on after it): then it gets an id of its own
         and ``summary.resumed_from`` names the snapshot's."""
         guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
-        return resume(guard, state, lambda **restored: Turn(guard, **restored))
+        return Turn(guard, restored=restore(guard, state))
 
 
 class MainHalts:
@@ -304,19 +313,20 @@ class Turn:
         promptable: bool = False,
         turn_id: str | None = None,
         durable: bool = False,
-        ledger: Ledger | None = None,
-        keyer: Keyer | None = None,
+        restored: TurnState | None = None,
     ) -> None:
+        """``restored``: what a snapshot held (``Guard.resume``): the turn continues it."""
         self.guard = guard
         self.config = config = guard.config
-        if ledger is None:
+        if restored is not None:
+            ledger, keyer, durable = restored.ledger, restored.keyer, restored.durable
+        else:
             ledger = Ledger(config, turn_id=turn_id, conversation_id=conversation_id, agent_name=agent_name,
                             promptable=promptable, cohort=guard.cohort)
+            keyer = turn_keyer(config.key_mode) if durable and not config.digest_key else guard.keyer
         self.ledger = ledger
         self.durable = bool(durable)
         """Whether the turn's snapshot resumes in any process (``Guard.turn(durable=True)``)."""
-        if keyer is None:
-            keyer = turn_keyer(config.key_mode) if durable and not config.digest_key else guard.keyer
         self._resolved: bool | None = None
         self.view = view = LedgerView(ledger)
         """The read-only view of the ledger that plugins receive as ``turn``."""
@@ -324,10 +334,10 @@ class Turn:
         self._digest = keyer.digest
         self._lock = threading.RLock()
         self._acquire, self._release = self._lock.acquire, self._lock.release
-        self._halt: Verdict | None = guard._setup_failed
+        self._halt: Verdict | None = guard.setup_failed
         self._ended: TurnSummary | None = None
         self._token = object()
-        """Marks the keys this turn stored on its calls (``call._key[KEY_TOKEN]``): a bare object, so a
+        """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``): a bare object, so a
         plugin holding a call reaches no part of the turn through it."""
         self._awaiting: dict[int, ToolCall] = {}
         """Checked calls without an outcome yet, by sequence number (in check order)."""
@@ -339,7 +349,7 @@ class Turn:
         self._tracked = False
         """Whether the guard's ``lineage`` knows this turn's id (snapshotted or resumed)."""
         self._dispatch = dispatch = guard.dispatcher
-        self._keyed_results = bool(ledger._named or guard.result_tools)
+        self._keyed_results = bool(ledger.names_tools or guard.result_tools)
         """Whether this turn looks at results (its stateful tools, its shadows', the recorder's)."""
         self._driver = driver = Driver(dispatch, ledger, view, report=view)
         """Counts, tests the quiet region, collects and combines (``turnguard._driver``)."""
@@ -348,8 +358,10 @@ class Turn:
         self._call_observers = dispatch.bound(dispatch.call_observers, ledger, view)
         self._outcome_observers = dispatch.bound(dispatch.outcome_observers, ledger, view)
         self._observe_cycle = bool(dispatch.observers("turnguard_cycle_checked"))
-        self.check_call, self.record_outcome = _checker(self), _recorder(self)
+        self.check_call, self.record_outcome = self._checker(), self._recorder()
         self._latch_failure(self._notify("turnguard_turn_started", turn=view), ALLOW)
+        if restored is not None:
+            self._continue_from(restored)
 
     # -- identity --------------------------------------------------------------------------
 
@@ -387,7 +399,7 @@ class Turn:
         return verdict if failure is None else self._latch_failure(failure, verdict)
 
     # check_call and record_outcome are the hot path: each turn's own closures (_checker and
-    # _recorder, below the class), set when the turn opens, so that what they read on every call
+    # _recorder, below), set when the turn opens, so that what they read on every call
     # is a local cell, not an attribute of the turn. Their docstrings are the closures' own
     # (tests/test_guard_hot_paths.py checks that the two texts agree).
 
@@ -411,6 +423,127 @@ class Turn:
     result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
     unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
     value itself is never kept, exported, recorded or put in a snapshot."""
+
+    # (Attribute loads there would add a tenth to a shell command's check: benchmarks/bench_core.py.)
+    # Anything but "no plugin had anything to say" takes the turn's methods (_combine, _claim,
+    # _ignored, the observers').
+
+    def _checker(self) -> CheckCall:
+        driver, ledger, quiet, awaiting = self._driver, self.ledger, self._quiet, self._awaiting
+        digest_of, keyer, token, acquire, release = self._digest, self._keyer, self._token, self._acquire, self._release
+        count, every_call, collect, view = driver.count, driver.checks.call, driver.collect1, self.view
+        call_observers = self._call_observers
+        at_digest, at_keyer = KEY_DIGEST, KEY_KEYER  # the key's positions as cells: a global costs more here
+
+        def check_call(call: ToolCall) -> Verdict:
+            """Before executing ``call``: count it and decide. Do not execute it on HALT.
+
+            Identical calls checked while earlier ones of their streak still wait for an outcome
+            (one model response's batch) count those as failures for the stop level: in an
+            unattended turn at most ``streak_stop_at`` of them run."""
+            if type(call) is not ToolCall:
+                _require_call(call)
+            key = call.key
+            # computed here, once; record_outcome and the plugins reuse it
+            digest = digest_of(call.name, call.args) if key is None or key[at_keyer] is not keyer else key[at_digest]
+            acquire()  # acquire/release bound once: cheaper than `with` on the hot path
+            try:
+                if self._halt is not None:
+                    return self._halt
+                seq = count(digest, call.name)
+                if key is None:
+                    store_key(call, (digest, keyer, token, seq))
+                else:
+                    self._key_again(call, key, digest, seq)
+                awaiting[seq] = call
+                if not seq & 1023:  # every 1,024th check: is the waiting list too long?
+                    self._give_up_waiting()
+                # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
+                while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                           and ledger.max_key_repeat < quiet.repeat):
+                    if not quiet.asked_again():
+                        impls = every_call
+                        break
+                else:
+                    impls = quiet.call  # the plugins that cannot fire here are not called
+                if impls:
+                    found = collect(CHECK_CALL, impls, view, call)
+                    if found:
+                        verdict, events = self._combine(CHECK_CALL, found)
+                    elif call_observers:
+                        verdict, events = NOTHING
+                    else:
+                        return ALLOW
+                elif call_observers:
+                    verdict, events = NOTHING
+                else:
+                    return ALLOW
+            finally:
+                release()
+            return self._call_checked(call, verdict, events)
+
+        return check_call
+
+    def _recorder(self) -> RecordOutcome:
+        driver, ledger, quiet, awaiting, view = self._driver, self.ledger, self._quiet, self._awaiting, self.view
+        acquire, release, record = self._acquire, self._release, ledger.record_outcome
+        every_outcome, outcome_observers, collect = driver.checks.outcome, self._outcome_observers, driver.collect2
+        # Where results count, a token no key holds sends every outcome to _claim_and_record.
+        token = object() if self._keyed_results else self._token
+        at_token, at_check = KEY_TOKEN, KEY_CHECK  # the key's positions as cells: a global costs more here
+
+        def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
+            """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
+
+            ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
+            call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
+            latched HALT once the turn is halted); it is reported as a host error.
+
+            ``result``: what the call returned (any value: the tool's text, or the part that matters,
+            such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
+            at once, with the call keying rules, and only its digest is kept: an identical call whose
+            result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
+            unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
+            value itself is never kept, exported, recorded or put in a snapshot."""
+            verdict: Verdict
+            events: Sequence[LoopDetectedEvent]
+            if type(call) is not ToolCall:
+                _require_call(call)
+            if type(outcome) is not Outcome:
+                outcome = Outcome.parse(outcome)
+            acquire()
+            try:
+                key = call.key
+                if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
+                    seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
+                    if self._reused:
+                        self._next_check_of(call, key)
+                    due = record(seq, outcome)  # true: an ended streak's stop count was reached
+                else:
+                    seq, call, due = self._claim_and_record(call, outcome, result)
+                if seq:
+                    halt = self._halt
+                    if halt is not None:
+                        verdict, events = halt, ()
+                    else:
+                        # Driver.outcome's quiet test, inlined (as above)
+                        impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else every_outcome
+                        if not impls and not outcome_observers:
+                            return ALLOW
+                        found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()
+                        if found:
+                            verdict, events = self._combine(CHECK_OUTCOME, found)
+                        elif outcome_observers:
+                            verdict, events = NOTHING
+                        else:
+                            return ALLOW
+            finally:
+                release()
+            if not seq:
+                return self._ignored(call, outcome)
+            return self._outcome_recorded(call, outcome, verdict, events)
+
+        return record_outcome
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -574,7 +707,11 @@ class Turn:
         host is still waiting on the user for; see ``turnguard._snapshot``). It resumes in any
         process when the turn is ``durable``, else only here or where the same ``digest_key`` is
         set. Taking one does not end the turn: ``suspend`` does both."""
-        return snapshot(self, pending)
+        with self._lock:
+            data = write(self._state(), self.config, pending)
+        self.guard.lineage.taken(self.turn_id)
+        self._tracked = True
+        return data
 
     def raise_for(self, verdict: Verdict) -> Verdict:
         """Raise ``LoopDetected`` on HALT; return the verdict otherwise (for hosts that abort by raising)."""
@@ -595,6 +732,40 @@ class Turn:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _state(self) -> TurnState:
+        """What the turn's snapshot holds of it (under the lock)."""
+        awaiting = [(seq, call.name, call.call_id, call.key[KEY_DIGEST]) for seq, call in self._awaiting.items()]
+        return TurnState(self.ledger, self._keyer, self.durable, self._resolved, awaiting, self._halt,
+                         plugin_states(self._dispatch, self.view))
+
+    def _continue_from(self, restored: TurnState) -> None:
+        """Take back what a snapshot held beside the ledger (``Guard.resume``): the calls still
+        waiting for an outcome, the latched halt, a result reported already, the plugins' state. A
+        plugin that refuses its state puts the turn aside (unreported: the snapshot stays the turn's
+        to resume) and raises its ``SnapshotError``."""
+        self._tracked = True
+        refused, failure = None, None
+        with self._lock:
+            waiting = {}
+            for seq, name, call_id, digest in restored.awaiting:
+                call = ToolCall(name, None, call_id)  # its outcome finds it by call_id, or by its digest
+                store_key(call, (digest, self._keyer, self._token, seq))
+                self._awaiting[seq] = call
+                if call_id is None:
+                    waiting[seq] = call
+            self._restored = waiting
+            self._halt = restored.halt or self._halt  # (or the fail-closed halt of its opening)
+            self._resolved = restored.resolved
+            try:
+                failure = resume_plugins(self._dispatch, self.view, restored.plugins)
+            except SnapshotError as exc:
+                refused = exc
+        if refused is not None:
+            self.end(SUSPENDED)
+            raise refused
+        if failure is not None:  # a plugin could not take its state back: under fail_mode="closed" the turn halts
+            self._latch_failure(failure, ALLOW)
+
     def _claim(self, call: ToolCall) -> tuple[int, ToolCall]:
         """The earliest check still waiting for an outcome that ``call`` reports (the same object,
         or the same ``call_id``), taken off the waiting list: (sequence number, the checked call);
@@ -604,7 +775,7 @@ class Turn:
             if checked is call or (call_id is not None and checked.call_id == call_id):
                 del self._awaiting[seq]
                 if self._reused:
-                    self._next_check_of(checked, checked._key)
+                    self._next_check_of(checked, checked.key)
                 return seq, checked
         if self._restored:
             return self._claim_restored(call)
@@ -619,7 +790,7 @@ class Turn:
         if call.call_id is not None:
             return 0, call
         restored, awaiting = self._restored or {}, self._awaiting
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         if key is not None and key[KEY_TOKEN] is self._token:
             return 0, call  # checked here: its outcome came already (a duplicate)
         for seq, checked in list(restored.items()):
@@ -627,9 +798,9 @@ class Turn:
                 del restored[seq]
         seq = key[KEY_CHECK] if key is not None else 0
         own = restored.get(seq)
-        if own is None or key is None or own.name != call.name or own._key[KEY_DIGEST] != key[KEY_DIGEST]:
+        if own is None or key is None or own.name != call.name or own.key[KEY_DIGEST] != key[KEY_DIGEST]:
             digest = self._digest(call.name, call.args)
-            seq = next((s for s, c in restored.items() if c.name == call.name and c._key[KEY_DIGEST] == digest), 0)
+            seq = next((s for s, c in restored.items() if c.name == call.name and c.key[KEY_DIGEST] == digest), 0)
         if not seq:
             return 0, call
         del awaiting[seq]
@@ -657,7 +828,7 @@ class Turn:
         once when it is the object checked, as on the hot path) and its outcome recorded; (0,
         ``call``, None) for a report no check waits for. In a turn where results count
         (``_keyed_results``) every outcome comes here, with its result (``_record_result``)."""
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         if key is not None and key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
             seq = key[KEY_CHECK]
             del self._awaiting[seq]
@@ -677,7 +848,7 @@ class Turn:
         (``keys.cached_result``: for the recorder and the shadows), and a stateful tool's call is
         recorded with it (``Ledger.record_polled``)."""
         name, digest = call.name, None
-        key: CallKey = call._key
+        key: CallKey = call.key
         if result is not None:
             tools = self.guard.result_tools
             if ALL_TOOLS in tools or name in tools:
@@ -689,7 +860,7 @@ class Turn:
         return self._driver.record(seq, name, outcome, digest)
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         checked_here = key is not None and key[KEY_TOKEN] is self._token
         reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
         failure = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
@@ -730,131 +901,6 @@ class Turn:
             if self._halt is None:
                 self._halt = failure
             return self._halt
-
-
-# ``turn``'s ``check_call`` and ``record_outcome`` are closures, so that what they read on every
-# call is a local cell, not an attribute of the turn (a tenth of a shell command's cost;
-# ``benchmarks/bench_core.py``). Anything but "no plugin had anything to say" takes the turn's
-# methods (``_combine``, ``_claim``, ``_ignored``, the observers').
-
-
-def _checker(turn: Turn) -> CheckCall:
-    driver, ledger, quiet, awaiting = turn._driver, turn.ledger, turn._quiet, turn._awaiting
-    digest_of, keyer, token, acquire, release = turn._digest, turn._keyer, turn._token, turn._acquire, turn._release
-    count, every_call, collect, view = driver.count, driver.checks.call, driver.collect1, turn.view
-    call_observers = turn._call_observers
-    at_digest, at_keyer = KEY_DIGEST, KEY_KEYER  # the key's positions as cells: a global costs more here
-
-    def check_call(call: ToolCall) -> Verdict:
-        """Before executing ``call``: count it and decide. Do not execute it on HALT.
-
-        Identical calls checked while earlier ones of their streak still wait for an outcome
-        (one model response's batch) count those as failures for the stop level: in an
-        unattended turn at most ``streak_stop_at`` of them run."""
-        if type(call) is not ToolCall:
-            _require_call(call)
-        key = call._key
-        # computed here, once; record_outcome and the plugins reuse it
-        digest = digest_of(call.name, call.args) if key is None or key[at_keyer] is not keyer else key[at_digest]
-        acquire()  # acquire/release bound once: cheaper than `with` on the hot path
-        try:
-            if turn._halt is not None:
-                return turn._halt
-            seq = count(digest, call.name)
-            if key is None:
-                store_key(call, (digest, keyer, token, seq))
-            else:
-                turn._key_again(call, key, digest, seq)
-            awaiting[seq] = call
-            if not seq & 1023:  # every 1,024th check: is the waiting list too long?
-                turn._give_up_waiting()
-            # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
-            while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
-                       and ledger.max_key_repeat < quiet.repeat):
-                if not quiet.asked_again():
-                    impls = every_call
-                    break
-            else:
-                impls = quiet.call  # the plugins that cannot fire here are not called
-            if impls:
-                found = collect(CHECK_CALL, impls, view, call)
-                if found:
-                    verdict, events = turn._combine(CHECK_CALL, found)
-                elif call_observers:
-                    verdict, events = NOTHING
-                else:
-                    return ALLOW
-            elif call_observers:
-                verdict, events = NOTHING
-            else:
-                return ALLOW
-        finally:
-            release()
-        return turn._call_checked(call, verdict, events)
-
-    return check_call
-
-
-def _recorder(turn: Turn) -> RecordOutcome:
-    driver, ledger, quiet, awaiting, view = turn._driver, turn.ledger, turn._quiet, turn._awaiting, turn.view
-    acquire, release, record = turn._acquire, turn._release, ledger.record_outcome
-    every_outcome, outcome_observers, collect = driver.checks.outcome, turn._outcome_observers, driver.collect2
-    # Where results count, a token no key holds sends every outcome to _claim_and_record.
-    token = object() if turn._keyed_results else turn._token
-    at_token, at_check = KEY_TOKEN, KEY_CHECK  # the key's positions as cells: a global costs more here
-
-    def record_outcome(call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict:
-        """After executing ``call``: record how it went (``ok``/``error``/``denied``/``unknown``).
-
-        ``call`` is the checked ``ToolCall`` or one with its ``call_id``. A second outcome for a
-        call, or one for a call this turn never checked, changes nothing and returns ALLOW (the
-        latched HALT once the turn is halted); it is reported as a host error.
-
-        ``result``: what the call returned (any value: the tool's text, or the part that matters,
-        such as a ``status`` field; ``None``: not given). For a ``stateful_tools`` tool it is keyed
-        at once, with the call keying rules, and only its digest is kept: an identical call whose
-        result changed is progress (``docs/polling.md``). Other tools' results are not even keyed,
-        unless ``recorder_results`` or a shadow's ``stateful_tools`` asks for their digest. The
-        value itself is never kept, exported, recorded or put in a snapshot."""
-        verdict: Verdict
-        events: Sequence[LoopDetectedEvent]
-        if type(call) is not ToolCall:
-            _require_call(call)
-        if type(outcome) is not Outcome:
-            outcome = Outcome.parse(outcome)
-        acquire()
-        try:
-            key = call._key
-            if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
-                seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
-                if turn._reused:
-                    turn._next_check_of(call, key)
-                due = record(seq, outcome)  # true: an ended streak's stop count was reached
-            else:
-                seq, call, due = turn._claim_and_record(call, outcome, result)
-            if seq:
-                halt = turn._halt
-                if halt is not None:
-                    verdict, events = halt, ()
-                else:
-                    # Driver.outcome's quiet test, inlined (as above)
-                    impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else every_outcome
-                    if not impls and not outcome_observers:
-                        return ALLOW
-                    found = collect(CHECK_OUTCOME, impls, view, call, outcome) if impls else ()
-                    if found:
-                        verdict, events = turn._combine(CHECK_OUTCOME, found)
-                    elif outcome_observers:
-                        verdict, events = NOTHING
-                    else:
-                        return ALLOW
-        finally:
-            release()
-        if not seq:
-            return turn._ignored(call, outcome)
-        return turn._outcome_recorded(call, outcome, verdict, events)
-
-    return record_outcome
 
 
 def _require_call(call: Any) -> None:

@@ -122,7 +122,7 @@ else:  # pragma: no cover
 
 _join = "".join
 CallKey: TypeAlias = tuple[Any, ...]
-"""What a guard caches on a ``ToolCall`` (``call._key``) when it keys the call: a plain tuple
+"""What a guard caches on a ``ToolCall`` (``call.key``) when it keys the call: a plain tuple
 ``(digest, keyer, token, check)``, and ``result`` fifth once an outcome with a kept result is
 recorded, read through the named positions below. A plain tuple, not a ``NamedTuple`` or a slotted
 class: the hot path builds one per check, and building either costs about three times a tuple's
@@ -141,7 +141,7 @@ KEY_RESULT = 4
 """The digest of the result recorded with the call's outcome, when one was keyed (``cached_result``);
 absent otherwise (the key is then four long)."""
 
-store_key = ToolCall.__dict__["_key"].__set__
+store_key = ToolCall.__dict__["key"].__set__
 """Set a ``ToolCall``'s cached key (a ``CallKey``): the slot's own setter (the dataclass is frozen,
 and this is cheaper than ``object.__setattr__`` on the hot path)."""
 
@@ -500,8 +500,8 @@ class Keyer:
 
     def key_of(self, call: Any) -> bytes:
         """The digest of a ``ToolCall``, computed once and cached on the call for this keyer
-        (as ``call._key``, with no turn's token: ``unchecked_key``)."""
-        cached: CallKey | None = call._key
+        (as ``call.key``, with no turn's token: ``unchecked_key``)."""
+        cached: CallKey | None = call.key
         if cached is not None and cached[KEY_KEYER] is self:
             return cached[KEY_DIGEST]
         digest = self.digest(call.name, call.args)
@@ -529,14 +529,14 @@ def cached_result(call: Any) -> bytes | None:
     """The digest of the result recorded with ``call``'s outcome, when the guard keyed it (a
     ``stateful_tools`` tool's, or every tool's with ``recorder_results``); ``None`` otherwise. The
     result itself is never kept."""
-    key: CallKey | None = call._key
+    key: CallKey | None = call.key
     return key[KEY_RESULT] if key is not None and len(key) > KEY_RESULT else None
 
 
 def cached_digest(call: Any) -> bytes | None:
     """The digest the guard deciding on ``call`` cached on it (``None`` before any guard keyed it);
     for plugins that report a call (spans, records) or count it (shadows)."""
-    key: CallKey | None = call._key
+    key: CallKey | None = call.key
     return key[KEY_DIGEST] if key is not None else None
 
 

@@ -165,7 +165,10 @@ class ToolCall:
     name: str
     args: Any = None
     call_id: str | None = None
-    _key: Any = field(default=None, init=False, repr=False)
+    key: Any = field(default=None, init=False, repr=False)
+    """turnguard's own: the key the deciding guard cached on the call (a ``turnguard._keys.CallKey``),
+    ``None`` until one keys it; read by turnguard's modules, written only by ``keys.store_key``.
+    Not for hosts or plugins: its shape may change in any release."""
 
     def __init__(self, name: str, args: Any = None, call_id: str | None = None) -> None:
         # Written out (the slots' own setters): a host builds one per call, and the generated
@@ -181,7 +184,7 @@ class ToolCall:
 _set_name = ToolCall.__dict__["name"].__set__
 _set_args = ToolCall.__dict__["args"].__set__
 _set_call_id = ToolCall.__dict__["call_id"].__set__
-_set_key = ToolCall.__dict__["_key"].__set__
+_set_key = ToolCall.__dict__["key"].__set__
 
 
 class IgnoredOutcome(enum.StrEnum):

@@ -26,7 +26,7 @@ guard's detections (``tests/test_shadow.py`` checks it):
   have happened) and its summary counts the calls up to it.
 - A would-be ASK is not answered by anyone; the shadow's streak resets when the live user answers
   ``continue``/``redirect`` (the live facts reset), as the live ledger's does.
-- The live call's key (``call._key``, computed once in ``check_call``) is reused when the shadow
+- The live call's key (``call.key``, computed once in ``check_call``) is reused when the shadow
   has the live key mode and digest secret; otherwise the shadow keys the call itself.
 - Outcomes are credited in check order, as the live ledger credits them (``Ledger.record_outcome``
   with the live call's sequence number): a shadow sees a parallel batch as the live guard does.
@@ -107,7 +107,7 @@ def _own_digest(config: GuardConfig) -> Callable[[ToolCall], bytes]:
     keyers: dict[bytes, Keyer] = {}
 
     def digest(call: ToolCall) -> bytes:
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         turn_key = getattr(key[KEY_KEYER], "turn_key", None) if key is not None else None
         if turn_key is None:
             return fixed.digest(call.name, call.args)
@@ -281,7 +281,7 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        key: CallKey | None = call._key  # keys.cached_digest, inlined: this runs on every call
+        key: CallKey | None = call.key  # keys.cached_digest, inlined: this runs on every call
         digest = key[KEY_DIGEST] if key is not None else self._digest(call)
         name = call.name
         try:
@@ -315,7 +315,7 @@ class ShadowPlugin:
             return None
         if state.pending:
             state.apply_pending()
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         # the live check it belongs to; none (a host's own plugin manager, a call keyed outside a
         # turn: keys.unchecked_key): the latest check
         seq = key[KEY_CHECK] if key is not None and key[KEY_CHECK] else turn.checks

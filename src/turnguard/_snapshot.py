@@ -54,29 +54,29 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from turnguard import _state as st
 from turnguard._config import GuardConfig
-from turnguard._keys import DIGEST_SIZE, KEY_DIGEST, TURN_KEY_SIZE, store_key, turn_keyer
-from turnguard._ledger import Ledger
-from turnguard._model import ALLOW, Action, Level, LoopDetectedEvent, Threshold, ToolCall, Verdict
+from turnguard._keys import DIGEST_SIZE, TURN_KEY_SIZE, turn_keyer
+from turnguard._ledger import Ledger, LedgerView
+from turnguard._model import Action, Level, LoopDetectedEvent, Threshold, Verdict
 from turnguard._state import Fields, SnapshotError
 from turnguard._task_results import MAX_RECENT_TURNS
 
 if TYPE_CHECKING:
+    from turnguard._dispatch import Dispatcher
     from turnguard._keys import Keyer
 
 Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
-Turn: TypeAlias = Any
 
-__all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "cohort_of", "deciding_settings", "pending", "read_verdict",
-           "resume", "snapshot", "verdict_data"]
+__all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "TurnState", "cohort_of", "deciding_settings", "pending",
+           "plugin_states", "read_verdict", "restore", "resume_plugins", "verdict_data", "write"]
 
 VERSION = 2
 READS = (1, 2)
-"""The versions ``resume`` reads."""
+"""The versions ``restore`` reads."""
 KIND = "turnguard.turn"
 NOT_DECIDING = frozenset(
     {"name", "digest_key", "capture_content", "disable_plugins", "load_entrypoints", "recorder_path",
@@ -98,48 +98,65 @@ _ACTIONS = {action.label: action for action in Action}
 _LEVELS = tuple(level.value for level in Level)
 
 
-def snapshot(turn: Turn, pending: Verdict | None = None) -> dict[str, Any]:
-    """``turn``'s state as JSON-serializable data (see the module docstring)."""
-    with turn._lock:
-        ledger, keyer = turn.ledger, turn._keyer
-        identity: dict[str, Any] = {
-            "turn_id": ledger.turn_id,
-            "conversation_id": ledger.conversation_id,
-            "agent_name": ledger.agent_name,
-            "promptable": ledger.promptable,
-            "cohort": ledger.cohort,
-            "durable": turn.durable,
-            "elapsed_s": time.monotonic() - ledger.started_at,
-        }
-        if turn._resolved is not None:
-            identity["resolved"] = turn._resolved
-        data: dict[str, Any] = {
-            "version": VERSION,
-            "kind": KIND,
-            "turn": identity,
-            "config": deciding_settings(turn.config),
-            "keying": keying_of(turn.guard, keyer),
-            "key_check": _key_check(keyer),
-            "facts": ledger.state(),
-            "awaiting": [[seq, call.name, call.call_id, call._key[KEY_DIGEST].hex()]
-                         for seq, call in turn._awaiting.items()],
-            "halt": verdict_data(turn._halt),
-            "pending": verdict_data(pending),
-        }
-        if keyer.turn_key is not None:
-            data["turn_key"] = keyer.turn_key.hex()
-        plugins = _plugin_states(turn)
-        if plugins:
-            data["plugins"] = plugins
-    turn.guard.lineage.taken(ledger.turn_id)
-    turn._tracked = True
+@dataclasses.dataclass(frozen=True)
+class TurnState:
+    """What a snapshot holds of a turn beyond the guard's settings: the record a ``Turn`` builds of
+    itself, under its lock, for ``write``, and the one ``restore`` reads back for a turn to continue
+    from. The boundary between a turn and its snapshot: this module reads no part of a ``Turn``."""
+
+    ledger: Ledger
+    """The turn's facts (its identity, counts and streaks; ``Ledger.state``)."""
+    keyer: Keyer
+    """How the turn keys its calls (a durable turn's own key, or its guard's)."""
+    durable: bool
+    resolved: bool | None
+    """The task's result, when the host reported it during the turn."""
+    awaiting: list[tuple[int, str, str | None, bytes]]
+    """The calls still waiting for their outcome: (check number, tool name, call_id, key digest),
+    in check order."""
+    halt: Verdict | None
+    """The latched HALT."""
+    plugins: dict[str, Any]
+    """The plugins' per-turn state by plugin name (``plugin_states``)."""
+
+
+def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) -> dict[str, Any]:
+    """``turn``'s state as JSON-serializable data (see the module docstring); ``config`` is its guard's."""
+    ledger, keyer = turn.ledger, turn.keyer
+    identity: dict[str, Any] = {
+        "turn_id": ledger.turn_id,
+        "conversation_id": ledger.conversation_id,
+        "agent_name": ledger.agent_name,
+        "promptable": ledger.promptable,
+        "cohort": ledger.cohort,
+        "durable": turn.durable,
+        "elapsed_s": time.monotonic() - ledger.started_at,
+    }
+    if turn.resolved is not None:
+        identity["resolved"] = turn.resolved
+    data: dict[str, Any] = {
+        "version": VERSION,
+        "kind": KIND,
+        "turn": identity,
+        "config": deciding_settings(config),
+        "keying": keying_of(config, keyer),
+        "key_check": _key_check(keyer),
+        "facts": ledger.state(),
+        "awaiting": [[seq, name, call_id, digest.hex()] for seq, name, call_id, digest in turn.awaiting],
+        "halt": verdict_data(turn.halt),
+        "pending": verdict_data(pending),
+    }
+    if keyer.turn_key is not None:
+        data["turn_key"] = keyer.turn_key.hex()
+    if turn.plugins:
+        data["plugins"] = turn.plugins
     return data
 
 
-def keying_of(guard: Guard, keyer: Keyer) -> str:
+def keying_of(config: GuardConfig, keyer: Keyer) -> str:
     if keyer.turn_key is not None:
         return "turn"
-    return "digest_key" if guard.config.digest_key else "process"
+    return "digest_key" if config.digest_key else "process"
 
 
 def cohort_of(state: Any) -> str | None:
@@ -148,9 +165,12 @@ def cohort_of(state: Any) -> str | None:
     return identity.get("cohort") if isinstance(identity, Mapping) else None
 
 
-def resume(guard: Guard, state: Any, open_turn: Callable[..., Turn]) -> Turn:
-    """A turn of ``guard`` (opened by ``open_turn(ledger=..., keyer=..., durable=...)``, without a new
-    cohort draw) continuing the one ``state`` (a ``snapshot``) was taken from."""
+def restore(guard: Guard, state: Any) -> TurnState:
+    """What a turn of ``guard`` continuing the one ``state`` (a ``snapshot``) was taken from starts
+    with: its ledger under the snapshot's turn id (an id of its own, ``resumed_from`` the
+    snapshot's, where ``guard`` holds a turn of that id already: a fork), taken in the guard's
+    ``lineage``; the rest for the turn to take back (``Turn`` does, opened without a new cohort
+    draw)."""
     restored = _read(guard, state)
     identity = restored.identity
     turn_id, resumed_from = identity["turn_id"], None
@@ -166,30 +186,8 @@ def resume(guard: Guard, state: Any, open_turn: Callable[..., Turn]) -> Turn:
     except SnapshotError:
         guard.lineage.ended(turn_id, suspended=True)  # no turn took the id
         raise
-    turn = open_turn(ledger=ledger, keyer=restored.keyer, durable=identity["durable"])
-    turn._tracked = True
-    refused, failure = None, None
-    with turn._lock:
-        waiting = {}
-        for seq, name, call_id, digest in restored.awaiting:
-            call = ToolCall(name, None, call_id)  # its outcome finds it by call_id, or by its digest
-            store_key(call, (digest, turn._keyer, turn._token, seq))
-            turn._awaiting[seq] = call
-            if call_id is None:
-                waiting[seq] = call
-        turn._restored = waiting
-        turn._halt = restored.halt or turn._halt  # (or the fail-closed halt of its opening)
-        turn._resolved = identity.get("resolved")
-        try:
-            failure = _resume_plugins(turn, restored.plugins)
-        except SnapshotError as exc:
-            refused = exc
-    if refused is not None:
-        turn.end("suspended")  # put aside unreported: the snapshot stays the turn's to resume
-        raise refused
-    if failure is not None:  # a plugin could not take its state back: under fail_mode="closed" the turn halts
-        turn._latch_failure(failure, ALLOW)
-    return turn
+    return TurnState(ledger, restored.keyer, identity["durable"], identity.get("resolved"), restored.awaiting,
+                     restored.halt, restored.plugins)
 
 
 def pending(state: Any) -> Verdict | None:
@@ -440,17 +438,17 @@ def _plain(value: Any) -> Any:
 # -- plugins' per-turn state ---------------------------------------------------------------------------
 
 
-def _plugin_states(turn: Turn) -> dict[str, Any]:
+def plugin_states(dispatch: Dispatcher, view: LedgerView) -> dict[str, Any]:
     """``turnguard_turn_snapshot``'s answers by plugin name: a plugin that raises is reported and
     left out (its state is its own: the snapshot goes on without it, whatever the fail mode)."""
     hook = "turnguard_turn_snapshot"
-    return turn._dispatch.call_each(hook, turn._dispatch.observers(hook), turn.view, {"turn": turn.view})[0]
+    return dispatch.call_each(hook, dispatch.observers(hook), view, {"turn": view})[0]
 
 
-def _resume_plugins(turn: Turn, states: Mapping[str, Any]) -> Verdict | None:
+def resume_plugins(dispatch: Dispatcher, view: LedgerView, states: Mapping[str, Any]) -> Verdict | None:
     """``turnguard_turn_resumed`` for each plugin with its own state: the first failure's stand-in
     (reported; a HALT under ``fail_mode="closed"``), else ``None``; a ``SnapshotError`` refuses
     the resume."""
     hook = "turnguard_turn_resumed"
-    return turn._dispatch.call_each(hook, turn._dispatch.observers(hook), turn.view, {"turn": turn.view},
-                                    own={"state": states}, refusals=(SnapshotError,))[1]
+    return dispatch.call_each(hook, dispatch.observers(hook), view, {"turn": view}, own={"state": states},
+                              refusals=(SnapshotError,))[1]

@@ -108,6 +108,11 @@ class Fields:
         self._read: set[str] = set()
         self.path = path
 
+    @property
+    def entries(self) -> Mapping[str, Any]:
+        """The whole object as it is, for a caller that reads its keys itself (``mapping``)."""
+        return self._data
+
     def at(self, name: str) -> str:
         """The path of field ``name``."""
         return f"{self.path}.{name}" if self.path else name
@@ -164,7 +169,7 @@ class Fields:
     def mapping(self, name: str, limit: int, default: Any = _MISSING) -> dict[str, Any]:
         """A JSON object of at most ``limit`` entries, whatever its keys (the caller reads them)."""
         value = self.get(name, default)
-        entries = Fields(value, self.at(name))._data
+        entries = Fields(value, self.at(name)).entries
         if len(entries) > limit:
             refuse(self.at(name), f"an object of at most {limit} entries", f"{len(entries)} entries")
         return dict(entries)

@@ -176,13 +176,15 @@ class CycleRuns:
 
     def _reach(self) -> None:
         """Name the level a cycle just reached: the shortest period whose run is not a shorter
-        period's (a period-4 run of A,B,A,B is the period-2 cycle's), a stop over a warning."""
+        period's (a period-4 run of A,B,A,B is the period-2 cycle's), a stop over a warning, and
+        over a later call's stop in the same settling the first (one at a time, it came first;
+        unattended, the later one would never have come)."""
         runs, levels, stop = self._runs, self._levels, self.stop
         for k in range(2, self.period + 1):
             r = runs[k]
             if r in levels[k] and not any(runs[d] >= r for d in range(1, k) if not k % d):
                 level = Level.STOP if r == stop * k else Level.WARN
-                if self.due is None or level is Level.STOP:
+                if self.due is None or (level is Level.STOP and self.due[0] is not Level.STOP):
                     self.due = (level, k, r)
         if self.due is not None:
             self.calm = False  # (the next outcome settles through ``settle``, which clears ``due``)

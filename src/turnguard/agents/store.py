@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ class StoreError(OSError):
     """The session's state cannot be read, locked or written (the hook fails open, saying why)."""
 
 
-def state_root(environ: dict[str, str] | os._Environ[str] | None = None) -> Path:
+def state_root(environ: Mapping[str, str] | None = None) -> Path:
     """The user's turnguard state directory (see the module's docstring)."""
     env = os.environ if environ is None else environ
     explicit = env.get("TURNGUARD_STATE_DIR")

@@ -173,7 +173,7 @@ class RunEndHandler(BaseCallbackHandler):
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.parents.pop(run_id, None)
         if not isinstance(error, GraphBubbleUp):  # an interrupt pauses the run; it does not end it
-            self.middleware._graph_run_failed(run_id, error)
+            self.middleware.graph_run_failed(run_id, error)
 
 
 class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
@@ -555,7 +555,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         for graph_run in run.graph_runs:
             self._by_graph_run.pop(graph_run, None)
 
-    def _graph_run_failed(self, graph_run: UUID, error: BaseException) -> None:
+    def graph_run_failed(self, graph_run: UUID, error: BaseException) -> None:
+        """The graph run ``graph_run`` of an invocation failed (``RunEndHandler``'s call): its turn ends."""
         with self._lock:
             run = self._runs.get(self._by_graph_run.get(graph_run, ""))
         if run is not None:

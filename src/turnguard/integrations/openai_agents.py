@@ -53,7 +53,7 @@ import dataclasses
 import inspect
 import json
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, RunHooks, Runner, RunState
@@ -210,7 +210,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
         self._open(None).defer(decision.verdict)
         return Step.ASK
 
-    def _release(self, state: Any, interruptions: Any) -> bool:
+    def release_held(self, state: Any, interruptions: Any) -> bool:
         """After a run interrupted with held calls: once the question is answered, turnguard decides
         them, in order (each checked: approved to run, or the next question, which holds the rest);
         ``True`` when it approved any (the run goes on). A question neither approved (it would have
@@ -238,6 +238,28 @@ class TurnGuardRunHooks(RunHooks[Any]):
                 state.approve(item)
                 approved = True
         return approved
+
+    def turn_state(self) -> dict[str, Any]:
+        """The open turn's snapshot with the question pending and, under ``ADAPTER_KEY``, the calls
+        asked about and held (the module's ``turn_state``; ``restore_questions`` reads them back)."""
+        assert self.driver is not None  # (only a run that opened its turn is parked)
+        state = self.driver.turn.snapshot(pending=self.driver.question)
+        state[ADAPTER_KEY] = {"asked": list(self._asked), "held": sorted(self._held)}
+        return state
+
+    def asked_about(self, call_id: str) -> bool:
+        """Whether the call ``call_id`` is one turnguard asked the user about and is waiting on."""
+        return call_id in self._asked
+
+    def restore_questions(self, verdict: Verdict, asked: Iterable[Any], held: Iterable[Any]) -> None:
+        """Continue a ``turn_state`` taken elsewhere: the calls it asked about (with ``verdict``, the
+        pending question) and the calls it held."""
+        for call_id in asked:
+            call = ToolCall("tool", None, str(call_id))  # its outcome is matched by call_id
+            self._asked[str(call_id)] = (verdict, call)
+            self._planned[str(call_id)] = Decision(Step.ASK, verdict)
+            self._calls[str(call_id)] = call
+        self._held = {str(call_id) for call_id in held}
 
     def _note_failure(self, call_id: str | None) -> None:
         if call_id is not None:
@@ -400,7 +422,7 @@ async def run(
         result = await Runner.run(agent, input, hooks=guarded, run_config=config, **runner_kwargs)
         while result.interruptions:  # calls held with a question that was answered: turnguard decides
             state = result.to_state()
-            if not guarded._release(state, result.interruptions):
+            if not guarded.release_held(state, result.interruptions):
                 break
             result = await Runner.run(agent, state, hooks=guarded, run_config=config, **runner_kwargs)
     except BaseException as exc:
@@ -420,9 +442,7 @@ def turn_state(result: Any) -> dict[str, Any] | None:
     for item in getattr(result, "interruptions", None) or ():
         hooks = _PARKED.get(getattr(item, "call_id", None) or "")
         if hooks is not None and hooks.driver is not None:
-            state = hooks.driver.turn.snapshot(pending=hooks.driver.question)
-            state[ADAPTER_KEY] = {"asked": list(hooks._asked), "held": sorted(hooks._held)}
-            return state
+            return hooks.turn_state()
     return None
 
 
@@ -437,7 +457,7 @@ def approval_requests(result: Any) -> list[Any]:
     for item in interruptions() if callable(interruptions) else getattr(result, "interruptions", None) or ():
         call_id = getattr(item, "call_id", None) or ""
         hooks = _PARKED.get(call_id)
-        if hooks is not None and call_id in hooks._asked:
+        if hooks is not None and hooks.asked_about(call_id):
             found.append(item)
     return found
 
@@ -461,12 +481,7 @@ def _from_turn_state(
     if verdict is None:
         return hooks
     hooks.driver.defer(verdict)
-    for call_id in ours.get("asked") or ():
-        call = ToolCall("tool", None, str(call_id))  # its outcome is matched by call_id
-        hooks._asked[str(call_id)] = (verdict, call)
-        hooks._planned[str(call_id)] = Decision(Step.ASK, verdict)
-        hooks._calls[str(call_id)] = call
-    hooks._held = {str(call_id) for call_id in ours.get("held") or ()}
+    hooks.restore_questions(verdict, ours.get("asked") or (), ours.get("held") or ())
     return hooks
 
 

@@ -104,9 +104,10 @@ class TurnGuardCapability(AbstractCapability[Any]):
     _held: set[str] = field(default_factory=set, init=False, repr=False)
     """Calls deferred with the question, unchecked: checked once it is approved."""
     _ask_next: Verdict | None = field(default=None, init=False, repr=False)
-    _parked: OrderedDict[str, _PutAside] = field(default_factory=OrderedDict, init=False, repr=False)
-    """Runs that ended with turnguard's deferred calls, by each of those calls' ids (shared by the
-    per-run copies): a resumed run in this process continues their turn. Bounded: oldest dropped."""
+    parked: OrderedDict[str, _PutAside] = field(default_factory=OrderedDict, repr=False, kw_only=True)
+    """turnguard's own (the ``for_run`` copies share it; not for hosts): runs that ended with
+    turnguard's deferred calls, by each of those calls' ids: a resumed run in this process continues
+    their turn. Bounded: oldest dropped."""
 
     def __post_init__(self) -> None:
         checked_ask(self.ask, APPROVAL)
@@ -116,9 +117,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
         return None
 
     async def for_run(self, ctx: Any) -> TurnGuardCapability:
-        run = TurnGuardCapability(self.guard, self.ask, self.promptable)
-        run._parked = self._parked
-        return run
+        return TurnGuardCapability(self.guard, self.ask, self.promptable, parked=self.parked)
 
     # -- run lifecycle -------------------------------------------------------------------------
 
@@ -263,24 +262,24 @@ class TurnGuardCapability(AbstractCapability[Any]):
         aside = _PutAside(driver, dict(self._questions), set(self._held))
         displaced = []
         for call in [*requests.approvals, *requests.calls]:
-            previous = self._parked.pop(call.tool_call_id, None)
-            self._parked[call.tool_call_id] = aside
+            previous = self.parked.pop(call.tool_call_id, None)
+            self.parked[call.tool_call_id] = aside
             if previous is not None:  # a call id a later run reused: the earlier run is unreachable here
                 displaced.append(previous)
-        while len(self._parked) > MAX_PARKED:
-            displaced.append(self._parked.popitem(last=False)[1])
+        while len(self.parked) > MAX_PARKED:
+            displaced.append(self.parked.popitem(last=False)[1])
         for stale in displaced:
-            if all(parked is not stale for parked in self._parked.values()):
+            if all(parked is not stale for parked in self.parked.values()):
                 put_aside(stale.driver.turn, stale.driver.question)
 
     def _unpark(self, ctx: Any) -> _PutAside | None:
         """The turn put aside by the run whose deferred calls this run's history ends with."""
         found = None
         for call_id in _last_response_call_ids(ctx):
-            found = self._parked.pop(call_id, None) or found
+            found = self.parked.pop(call_id, None) or found
         if found is not None:
-            for call_id in [k for k, v in self._parked.items() if v is found]:
-                del self._parked[call_id]
+            for call_id in [k for k, v in self.parked.items() if v is found]:
+                del self.parked[call_id]
         return found
 
     def _resumed(self, state: Any) -> RunDriver:

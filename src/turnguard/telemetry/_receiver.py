@@ -145,7 +145,8 @@ class OtlpReceiver:
 
     # -- HTTP --------------------------------------------------------------------------------------
 
-    def _received(self, signal: str, message: Any, headers: dict[str, str]) -> None:
+    def received(self, signal: str, message: Any, headers: dict[str, str]) -> None:
+        """One request of ``signal`` came in (the HTTP handler's call): counted, kept if asked."""
         with self._changed:
             self.counts[signal] += 1
             if self.keep:
@@ -177,7 +178,7 @@ class OtlpReceiver:
                 except Exception:
                     self._reply(400, b"")
                     return
-                receiver._received(signal, message, {k.lower(): v for k, v in self.headers.items()})
+                receiver.received(signal, message, {k.lower(): v for k, v in self.headers.items()})
                 self._reply(200, response_type().SerializeToString())
 
             def _reply(self, status: int, body: bytes) -> None:

@@ -219,7 +219,7 @@ class Recorder:
         record = self._turns.get(turn)
         if record is None:
             return
-        key: CallKey | None = call._key  # keys.cached_result, inlined
+        key: CallKey | None = call.key  # keys.cached_result, inlined
         result = key[KEY_RESULT].hex() if key is not None and len(key) > KEY_RESULT else None
         with record.lock:
             at = record.index.pop(call, None)
@@ -384,7 +384,7 @@ def _carried(record: _TurnRecord, turn: Ledger) -> Carried:
     call's key names the check; one whose key another check replaced is left unmatched)."""
     waiting = dict(record.restored)
     for call, at in record.index.items():
-        key: CallKey | None = call._key
+        key: CallKey | None = call.key
         seq = key[KEY_CHECK] if key is not None else None
         if type(seq) is int and 0 < seq <= turn.checks:
             waiting.setdefault(seq, at)
