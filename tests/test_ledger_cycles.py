@@ -56,29 +56,124 @@ def test_state_and_restore_give_back_the_same_runs():
     assert twin.state() == runs.state() and twin.runs == runs.runs
 
 
+class Naive:
+    """The runs from their definition, on the whole sequence of calls seen (``CycleRuns`` keeps
+    none of it): ``runs[k]`` counts the latest calls each identical to the call ``k`` before it;
+    a level is due at a call whose run of a period ``k >= 2`` equals ``warn * k`` or ``stop * k``
+    (``cycle_repeat_*_at - 1`` matches per call) and no run of a divisor of ``k`` is as long; a
+    stop wins over a warning, the shortest period among warnings. Outcomes settle in check order."""
+
+    def __init__(self, period: int, warn_at: int, stop_at: int) -> None:
+        self.period, self.warn, self.stop = period, warn_at - 1, stop_at - 1
+        self.seen: list[bytes] = []
+        self.keys: dict[int, bytes | None] = {}
+        self.outcomes: dict[int, tuple] = {}
+        self.next = 1
+        self.due = None
+
+    def runs(self) -> list[int]:
+        seen = self.seen
+        def run(k):
+            n = 0
+            while n + k < len(seen) and seen[-1 - n] == seen[-1 - n - k]:
+                n += 1
+            return n
+        return [0, *(run(k) for k in range(1, self.period + 1))]
+
+    def _level(self):
+        runs, due = self.runs(), None
+        for k in range(2, self.period + 1):
+            r = runs[k]
+            levels = {n * k for n in (self.warn, self.stop) if n > 0}
+            if r in levels and not any(runs[d] >= r for d in range(1, k) if k % d == 0):
+                level = tg.Level.STOP if r == self.stop * k else tg.Level.WARN
+                if due is None or level is tg.Level.STOP:
+                    due = (level, k, r)
+        return due
+
+    def settle(self, seq: int, outcome, result: bytes | None = None) -> None:
+        self.due = None
+        if seq < self.next or seq in self.outcomes or seq not in self.keys:
+            return
+        self.outcomes[seq] = (outcome, result)
+        while self.next in self.outcomes:
+            outcome, result = self.outcomes.pop(self.next)
+            key = self.keys.pop(self.next)
+            self.next += 1
+            if key is not None and outcome is not DENIED:
+                self.seen.append(key + result if result is not None else key)
+                level = self._level()
+                if level is not None and (self.due is None or level[0] is tg.Level.STOP):
+                    self.due = level
+
+    def reset(self) -> None:
+        self.seen = []
+
+    def state(self) -> tuple:
+        return self.runs()[1:], [key.hex() for key in self.seen[-self.period:]]
+
+
 def _batches(rng: random.Random) -> list[list[bytes]]:
     """Model responses of 1 to 4 calls over a few keys, so cycles, streaks and news all come."""
     keys = [bytes([i]) * 8 for i in range(rng.choice((2, 3, 5)))]
     return [[rng.choice(keys) for _ in range(rng.choice((1, 1, 1, 2, 4)))] for _ in range(40)]
 
 
+def _reference_agrees(ledger: Ledger, naive: Naive, due) -> None:
+    facts = ledger.state()["cycle_runs"]
+    assert ledger.cycle_due == naive.due and bool(due) >= (naive.due is not None)
+    assert (facts["runs"], facts["ring"]) == naive.state()
+    assert ledger._cyc.calm <= (naive.due is None)
+
+
 @pytest.mark.parametrize("seed", range(200))
-def test_the_ledgers_inlined_settling_counts_as_cycle_runs_settle_does(seed):
-    """The ledger settles the common call inline on its outcome path (``Streaks.record_outcome``):
-    fed the same checks and outcomes, in any order, it holds what ``CycleRuns`` alone holds."""
+def test_the_ledgers_inlined_settling_counts_as_the_runs_definition_does(seed):
+    """The ledger settles the common call inline on its outcome path (``Streaks.record_outcome``)
+    and the others through ``CycleRuns.settle``: fed the same checks and outcomes, in any order,
+    with calls of an exempt and of a stateful tool and answers among them, it holds and reports
+    what the runs' definition gives (``Naive``), after every outcome."""
     rng = random.Random(seed)
-    config = tg.GuardConfig(cycle_repeat_warn_at=3, cycle_repeat_stop_at=4)
+    config = tg.GuardConfig(cycle_repeat_warn_at=3, cycle_repeat_stop_at=4, streak_exempt_tools=("skip",),
+                            stateful_tools=("poll",))
     ledger = Ledger(config)
-    alone = CycleRuns(config.cycle_repeat_max_period, 3, 4, 1)
+    naive = Naive(config.cycle_repeat_max_period, 3, 4)
     for batch in _batches(rng):
-        seqs = [ledger.count_call(key, "tool") for key in batch]
-        for seq, key in zip(seqs, batch, strict=True):
-            alone.checked(seq, key)
-        order = list(zip(seqs, [rng.choice((OK, OK, ERROR, DENIED)) for _ in seqs], strict=True))
+        tools = [rng.choice(("tool",) * 8 + ("skip", "poll")) for _ in batch]
+        seqs = [ledger.count_named(key, tool) for key, tool in zip(batch, tools, strict=True)]
+        for seq, key, tool in zip(seqs, batch, tools, strict=True):
+            naive.keys[seq] = None if tool == "skip" else key
+        if rng.random() < 0.05:  # an answer: the runs count afresh, the calls waiting still settle
+            ledger.reset_streak()
+            naive.reset()
+        order = list(zip(seqs, tools, [rng.choice((OK, OK, ERROR, DENIED)) for _ in seqs], strict=True))
         rng.shuffle(order)
-        for seq, outcome in order:
-            due = ledger.record_outcome(seq, outcome)
-            alone.settle(seq, outcome)
-            assert ledger.cycle_due == alone.due and bool(due) >= (alone.due is not None)
-            assert ledger._cyc.state() == alone.state() and ledger._cyc.hot == any(alone.runs)
-            assert ledger._cyc.calm == alone.calm == (not alone.early and not alone.stateful)
+        for seq, tool, outcome in order:
+            if tool == "poll":
+                result = rng.choice((None, b"r" * 8, b"s" * 8))
+                due = ledger.record_polled(seq, outcome, result)
+                naive.settle(seq, outcome, None if outcome is DENIED else result)
+            else:
+                due = ledger.record_outcome(seq, outcome)
+                naive.settle(seq, outcome)
+            _reference_agrees(ledger, naive, due)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_cycle_runs_on_their_own_count_as_the_runs_definition_does(seed):
+    """``CycleRuns.checked``/``settle`` alone (every call through ``settle``) give the same."""
+    rng = random.Random(seed)
+    runs, naive = CycleRuns(4, 3, 4, 1), Naive(4, 3, 4)
+    seq = 0
+    for batch in _batches(rng):
+        seqs = []
+        for key in batch:
+            seq += 1
+            runs.checked(seq, key)
+            naive.keys[seq] = key
+            seqs.append(seq)
+        rng.shuffle(seqs)
+        for s in seqs:
+            outcome = rng.choice((OK, ERROR, DENIED))
+            runs.settle(s, outcome)
+            naive.settle(s, outcome)
+            assert runs.due == naive.due and (runs.state()["runs"], runs.state()["ring"]) == naive.state()

@@ -36,6 +36,7 @@ ALLOWED = {
 OWN_CLASS = {
     ("turnguard/_ledger/__init__.py", "twin"): "Ledger.fork's copy, a Ledger",
     ("turnguard/_ledger/__init__.py", "ledger"): "Ledger.from_state's and count_settled's Ledger",
+    ("turnguard/_ledger/_cycles.py", "twin"): "CycleRuns.copy's copy, a CycleRuns",
 }
 """(file, the name read through) -> the instance of the file's own class it names: every field."""
 

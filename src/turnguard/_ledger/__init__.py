@@ -659,23 +659,25 @@ class CyclingLedger(Ledger):
                               config.cycle_repeat_stop_at, self.checks + 1)
 
     def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
+        self._cycle_wait_latest()
         seq = super()._count_polled_call(digest, tool_name)
         self._cyc.checked(seq, None if tool_name in self._exempt else digest, True)
         return seq
 
     def record_polled(self, seq: int, outcome: Outcome, result: bytes | None) -> bool | None:
         cyc = self._cyc
-        due = cyc.settle(seq, outcome, result)
+        due = self._settle_cycle(seq, outcome, result)
         level = cyc.due
         settled = super().record_polled(seq, outcome, result)  # (its record_outcome finds seq settled)
         cyc.due = level
         return settled or due
 
     def abandon(self, seq: int) -> None:
-        self._cyc.settle(seq, _ABANDONED)
+        self._settle_cycle(seq, _ABANDONED)
         super().abandon(seq)
 
     def reset_streak(self, answered: bytes | None = None) -> None:
+        self._cycle_wait_latest()  # (the streak's key, its digest, is forgotten now)
         super().reset_streak(answered)
         self._cyc.reset()
 
@@ -688,7 +690,7 @@ class CyclingLedger(Ledger):
         where ``config`` looks for other periods and calls were seen."""
         cyc = self._cyc
         on = config.cycle_repeat_warn_at or config.cycle_repeat_stop_at
-        if on and config.cycle_repeat_max_period != cyc.period and (cyc.ring or cyc.waiting):
+        if on and config.cycle_repeat_max_period != cyc.period and (cyc.ring or cyc.waiting or self._cycle_pending()):
             raise ValueError("fork(): the cycle runs so far depend on cycle_repeat_max_period")
         twin = super().fork(config, promptable=promptable)
         if twin._cyc is not None:
@@ -701,7 +703,7 @@ class CyclingLedger(Ledger):
 
     def state(self) -> dict[str, Any]:
         facts = super().state()
-        facts["cycle_runs"] = self._cyc.state()
+        facts["cycle_runs"] = self._cyc.state((self._last_key,) if self._cycle_pending() else ())
         return facts
 
     def _restore_cycles(self, f: Fields, seq: int) -> None:

@@ -29,28 +29,39 @@ class CycleRuns:
 
     ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
 
-    __slots__ = ("_levels", "_ones", "calm", "due", "early", "hot", "next", "period", "ring", "runs", "stateful",
+    __slots__ = ("_levels", "_ones", "_runs", "calm", "due", "early", "hot", "next", "period", "ring", "stateful",
                  "stop", "waiting", "warn")
 
     def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
         self.period = period
         self.set_levels(warn_at, stop_at)
-        self._ones = (1,) * period
+        self._ones = (0,) + (1,) * period
         self.ring: deque[bytes] = deque(maxlen=period)
         """The latest ``period`` calls seen, oldest first."""
-        self.runs = [0] * (period + 1)
+        self._runs = [0] * (period + 1)
         self.hot = False
-        """Whether any run is above 0 (most calls find none, and leave the runs as they are)."""
+        """Whether the latest call seen was a repeat, so that ``_runs`` holds the runs (else every
+        run is 0: a call that none of the last ``period`` is only clears this, the cheapest store)."""
         self.next = first
+        """The next check to settle. While nothing waits here (the common call: each outcome comes
+        before the next check), the ledger keeps the latest check's digest, not ``waiting``: a
+        check at ``next`` is the one the ledger's streak key is (``Streaks.record_outcome``); any
+        other puts the one before it here (``behind``)."""
         self.waiting: deque[bytes | None] = deque()
         """The digests of checks ``next``, ``next + 1``... waiting to settle (``None``: takes no part)."""
         self.stateful: set[int] = set()
         """The checks waiting there that are a stateful tool's (compared with their result)."""
         self.early: dict[int, tuple[Outcome, bytes | None]] = {}
         self.calm = True
-        """Whether no outcome waits for an earlier one's and no stateful check waits: the next
-        outcome in check order can settle inline (``Streaks.record_outcome``)."""
+        """Whether nothing waits here (so no outcome waits for an earlier one's, no stateful check
+        waits) and no level is ``due``: the next outcome, for the ledger's latest check, can settle
+        inline (``Streaks.record_outcome``, which so leaves ``due`` as it finds it, ``None``)."""
         self.due: tuple[Level, int, int] | None = None
+
+    @property
+    def runs(self) -> list[int]:
+        """The run length of each period ``k`` (``runs[k]``; ``runs[0]`` is 0)."""
+        return self._runs if self.hot else [0] * (self.period + 1)
 
     def set_levels(self, warn_at: int, stop_at: int) -> None:
         """The levels as matches per call of the period (``warn``, ``stop``; -1: off) and, by period
@@ -63,9 +74,22 @@ class CycleRuns:
         if not self.waiting:
             self.next = seq  # (nothing waits: a check skipped by a rollback leaves no gap)
         self.waiting.append(digest)
+        self.calm = False
         if stateful:
             self.stateful.add(seq)
-            self.calm = False
+
+    def behind(self, seq: int, digest: bytes, latest: bytes | None) -> None:
+        """Check ``seq`` comes while nothing waits here but not at ``next`` (the ledger's
+        ``count_call`` tells, see ``next``): the check before it still waits for its outcome
+        (``latest``: its digest, or ``None``, from the ledger), both to wait here now; else a check
+        skipped (a rollback) leaves no gap. Or a check comes while others wait here: it waits too."""
+        if not self.waiting:
+            if self.next != seq - 1:
+                self.next = seq
+                return
+            self.waiting.append(latest)
+        self.waiting.append(digest)
+        self.calm = False
 
     def settle(self, seq: int, outcome: Outcome, result: bytes | None = None) -> bool:
         """Check ``seq``'s outcome; true when it brought a cycle to a level (``due``). An outcome
@@ -82,7 +106,7 @@ class CycleRuns:
         early = self.early
         while self.next in early:
             self._settle_next(*early.pop(self.next))
-        self.calm = not early and not self.stateful
+        self.calm = self.due is None and not self.waiting
         return self.due is not None
 
     def _settle_next(self, outcome: Outcome, result: bytes | None) -> None:
@@ -102,17 +126,32 @@ class CycleRuns:
         ring = self.ring
         if key not in ring:  # (most calls: none of the last ``period`` is this one; a scan in C says so)
             ring.append(key)
-            if self.hot:
-                self.cool()
+            self.hot = False
         else:
             self.repeated(key)
 
     def repeated(self, key: bytes) -> bool | None:
         """``see`` a call that one of the last ``period`` is: each run whose call ``k`` back is this
         one goes on, the others end. True when a cycle reached a level (``due``; ``None``: none did)."""
+        ring = self.ring
+        matches = ring.count(key)
+        if matches == 1:  # (most repeats: one call ``k`` back is this one, its run alone goes on)
+            k = len(ring) - ring.index(key)
+            r = self._runs[k] + 1 if self.hot else 1
+            runs = self._runs = [0] * (self.period + 1)
+            runs[k] = r
+            ring.append(key)
+            self.hot = True
+            if r in self._levels[k]:
+                self._reach()
+            return True if self.due is not None else None
+        return self._repeated_often(key, matches)
+
+    def _repeated_often(self, key: bytes, matches: int) -> bool | None:
+        """``repeated`` where more than one of the last ``period`` calls is this one."""
         ring, runs = self.ring, self.runs
-        if ring.count(key) == self.period:  # one call repeated (the streak's): all runs go on, none a cycle's
-            runs[1:] = map(_plus, runs[1:], self._ones)
+        if matches == self.period:  # one call repeated (the streak's): all runs go on, none a cycle's
+            self._runs = list(map(_plus, runs, self._ones))
             ring.append(key)
             self.hot = True
             return None
@@ -124,6 +163,7 @@ class CycleRuns:
                 reached = reached or r in levels[k]
             else:
                 runs[k] = 0
+        self._runs = runs
         ring.append(key)
         self.hot = True
         if reached:
@@ -132,7 +172,6 @@ class CycleRuns:
 
     def cool(self) -> None:
         """A call that none of the last ``period`` is: every run ends."""
-        self.runs = [0] * (self.period + 1)
         self.hot = False
 
     def _reach(self) -> None:
@@ -140,18 +179,19 @@ class CycleRuns:
         period's (a period-4 run of A,B,A,B is the period-2 cycle's), a stop over a warning, and
         over a later call's stop in the same settling the first (one at a time, it came first;
         unattended, the later one would never have come)."""
-        runs, levels, stop = self.runs, self._levels, self.stop
+        runs, levels, stop = self._runs, self._levels, self.stop
         for k in range(2, self.period + 1):
             r = runs[k]
             if r in levels[k] and not any(runs[d] >= r for d in range(1, k) if not k % d):
                 level = Level.STOP if r == stop * k else Level.WARN
                 if self.due is None or (level is Level.STOP and self.due[0] is not Level.STOP):
                     self.due = (level, k, r)
+        if self.due is not None:
+            self.calm = False  # (the next outcome settles through ``settle``, which clears ``due``)
 
     def reset(self) -> None:
         """Forget the runs (an answer, a rollback): the calls since count afresh."""
         self.ring.clear()
-        self.runs = [0] * (self.period + 1)
         self.hot = False
         self.due = None
 
@@ -160,21 +200,24 @@ class CycleRuns:
         self.waiting.clear()
         self.stateful.clear()
         self.early.clear()
+        self.due = None
         self.calm = True
         self.next = first
 
     def copy(self) -> CycleRuns:
         twin = CycleRuns(self.period, self.warn + 1, self.stop + 1, self.next)
         twin.ring.extend(self.ring)
-        twin.runs, twin.hot = list(self.runs), self.hot
+        twin._runs, twin.hot = list(self._runs), self.hot
         twin.waiting.extend(self.waiting)
         twin.stateful, twin.early, twin.calm = set(self.stateful), dict(self.early), self.calm
         return twin
 
-    def state(self) -> dict[str, Any]:
+    def state(self, latest: tuple[bytes | None, ...] = ()) -> dict[str, Any]:
+        """The runs as JSON data (``latest``: the ledger's latest check's digest, when it waits
+        but not here)."""
         return {"next": self.next, "ring": [key.hex() for key in self.ring], "runs": self.runs[1:],
                 "waiting": {str(self.next + i): [hex_or_none(d), self.next + i in self.stateful]
-                            for i, d in enumerate(self.waiting)},
+                            for i, d in enumerate((*self.waiting, *latest))},
                 "early": {str(seq): [o.value, hex_or_none(r)] for seq, (o, r) in self.early.items()}}
 
     def restore(self, f: Fields, seq: int) -> None:
@@ -188,8 +231,8 @@ class CycleRuns:
         runs = f.items("runs", self.period)
         if len(runs) != self.period:
             st.refuse(f.at("runs"), f"{self.period} run lengths (cycle_repeat_max_period)", runs)
-        self.runs = [0, *(st.integer(f"{f.at('runs')}[{i}]", n, 0, seq) for i, n in enumerate(runs))]
-        self.hot = any(self.runs)
+        self._runs = [0, *(st.integer(f"{f.at('runs')}[{i}]", n, 0, seq) for i, n in enumerate(runs))]
+        self.hot = any(self._runs)
         path = f.at("waiting")
         waiting: dict[int, tuple[bytes | None, bool]] = {}
         for key, value in f.mapping("waiting", MAX_POLLED).items():
@@ -211,5 +254,5 @@ class CycleRuns:
                 st.refuse(f"{path}.{key}", "a waiting check's [outcome, result digest or null] pair", value)
             self.early[check] = (Outcome(st.choice(f"{path}.{key}[0]", value[0], OUTCOME_VALUES)),
                                  st.digest(f"{path}.{key}[1]", value[1], DIGEST_SIZE, optional=True))
-        self.calm = not self.early and not self.stateful
+        self.calm = not self.waiting
         f.done()

@@ -44,8 +44,8 @@ class PolledCalls(Streaks):
         else:
             seq = self.count_call(digest, tool_name)
         if tool_name in self._exempt:
-            if self._cyc is not None:
-                self._cyc.waiting[-1] = None  # (nor in a cycle)
+            if self._cyc is not None and self._cyc.waiting:
+                self._cyc.waiting[-1] = None  # (nor in a cycle; else the streak's key, ``None`` below, is its digest)
             self._last_key = None
             self._last_tool = None
             self.streak_length = 0

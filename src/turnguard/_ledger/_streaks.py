@@ -184,6 +184,9 @@ class Streaks(CallCounts):
             self.max_key_repeat = seen
             if seen == self.stuck_at and not self._first_stuck and not self._stale:
                 self._first_stuck = self.tool_calls
+        cyc = self._cyc
+        if cyc is not None and seq != cyc.next:  # (the common call leaves the cycle runs alone: ``CycleRuns.next``)
+            cyc.behind(seq, digest, self._last_key)
         if self._stale:
             if seen == 1:  # news (most calls), inlined: a key first seen now restarts every count at 1
                 since = self._since_new
@@ -214,9 +217,6 @@ class Streaks(CallCounts):
                 self._early.clear()
             if self._fired:
                 self._fired.clear()
-        cyc = self._cyc
-        if cyc is not None:
-            cyc.waiting.append(digest)  # (CycleRuns.checked, inlined: checks come one after another)
         return seq
 
     def count_key(self, key: bytes, at: int) -> None:
@@ -357,19 +357,17 @@ class Streaks(CallCounts):
         if cyc is not None:
             if seq == cyc.next and cyc.calm:
                 # CycleRuns.settle, inlined for the common call: the next in check order, none
-                # waiting behind it (a test holds the two equal)
-                cyc.due = None
+                # waiting behind it, no level due (a test holds the two equal)
                 cyc.next = seq + 1
-                key = cyc.waiting.popleft()
-                if key is not None and outcome is not _DENIED:
-                    if key not in cyc.ring:  # (CycleRuns.see's common case)
+                key = self._last_key  # (nothing waits but this check, the latest: its digest is the streak's)
+                if key is not None and outcome is not _DENIED:  # (CycleRuns.see, inlined)
+                    if key not in cyc.ring:
                         cyc.ring.append(key)
-                        if cyc.hot:
-                            cyc.cool()
+                        cyc.hot = False
                     else:
                         due = cyc.repeated(key)
             else:
-                due = cyc.settle(seq, outcome) or None
+                due = self._settle_cycle(seq, outcome) or None
         if outcome is _OK:
             self._ok += 1
             if seq == self.next_to_settle:  # the common case (the next call succeeded): count_outcome(OK), inlined
@@ -396,6 +394,26 @@ class Streaks(CallCounts):
             settled = self._settle_waiting()
             return due or settled
         return due
+
+    def _cycle_pending(self) -> bool:
+        """Whether the latest check waits for its outcome in the cycle runs but is not in their
+        ``waiting``: the common call's (``CycleRuns.next``), whose digest is the streak's key."""
+        cyc = self._cyc
+        return cyc is not None and not cyc.waiting and cyc.next == self.checks
+
+    def _cycle_wait_latest(self) -> None:
+        """Put the latest check in the cycle runs' ``waiting`` if it waits but is not there (before
+        the streak's key changes, or an outcome settles there)."""
+        cyc = self._cyc
+        if cyc is not None and not cyc.waiting and cyc.next == self.checks:  # (_cycle_pending)
+            cyc.waiting.append(self._last_key)
+            cyc.calm = False
+
+    def _settle_cycle(self, seq: int, outcome: Outcome, result: bytes | None = None) -> bool:
+        """``CycleRuns.settle``, the latest check first put in the runs' ``waiting``."""
+        self._cycle_wait_latest()
+        assert self._cyc is not None
+        return self._cyc.settle(seq, outcome, result)
 
     def abandon(self, seq: int) -> None:
         """The outcome of check ``seq`` will never come (the guard stopped waiting for it): it
