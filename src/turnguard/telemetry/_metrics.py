@@ -111,6 +111,10 @@ class Instruments:
         self.tool_call_edges = tool_call_edges
         self.edge_buckets = frozenset(f"{edge:g}" for edge in tool_call_edges) | {"+Inf"}
         """The ``turnguard.turn.tool_calls_bucket`` values of this provider's own edges: a closed set."""
+        self._bound_labels()
+
+    def _bound_labels(self) -> None:
+        """The label values each attribute may take, each set bounded (then ``_other``)."""
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
         self.policies = BoundedValues(n.POLICY_LIMIT)
         self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
