@@ -47,6 +47,26 @@ def promtool() -> str:
     return require(shutil.which("promtool"), "Debian's promtool")
 
 
+def promtool_of(which: str) -> str:
+    """``promtool-2`` (Debian's Prometheus 2.42) or ``promtool-3`` (beside the Prometheus 3 binary)."""
+    if which == "promtool-2":
+        return promtool()
+    return require(str(Path(prometheus3()).with_name("promtool")), "Prometheus 3's promtool")
+
+
+def promtool_expressions(promtool: str, folder: Path, series: list[dict[str, str]], tests: list[dict[str, Any]],
+                         rules: str = "groups: []\n") -> None:
+    """``promtool test rules`` on ``tests`` (promql_expr_test cases) over ``series``, every minute."""
+    import yaml
+
+    (folder / "rules.yaml").write_text(rules)
+    (folder / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}]}))
+    done = subprocess.run([promtool, "test", "rules", str(folder / "test.yaml")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
 def prometheus3() -> str:
     return require(os.environ.get("TG_PROMETHEUS3"), "Prometheus 3 (TG_PROMETHEUS3)")
 

@@ -269,3 +269,11 @@ def kept_result_token(state: Path, agent: str = "claude-code") -> Path:
         pass
     export.keep_token(state, {"agent": agent, "session": "s"}, turn.result_token)
     return state
+
+
+@pytest.fixture(params=["promtool-2", "promtool-3"])
+def promtool(request) -> str:
+    """Each promtool the rules and boards are checked with: Prometheus 2.42's and 3's."""
+    import chain
+
+    return chain.promtool_of(request.param)

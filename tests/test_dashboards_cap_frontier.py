@@ -10,9 +10,6 @@ import json
 import math
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
-
-import pytest
 
 import chain
 from conftest import optional_dependency
@@ -156,13 +153,6 @@ def test_the_planted_turns_place_late_results_only_past_the_backstop():
     assert at_100[SPARES] == at_200[SPARES] == 0.0
 
 
-@pytest.fixture(params=["promtool-2", "promtool-3"])
-def promtool(request) -> str:
-    if request.param == "promtool-2":
-        return chain.promtool()
-    return chain.require(str(Path(chain.prometheus3()).with_name("promtool")), "Prometheus 3's promtool")
-
-
 SCALE = 1e9
 """The bound is compared to 9 places (PromQL and Python may differ in the last bit)."""
 
@@ -174,12 +164,7 @@ def _expr(pq: queries.PanelQuery) -> str:
 
 def test_panel_49_is_the_planted_turns_frontier(promtool, tmp_path):
     tests = [{"expr": _expr(pq), "eval_time": "5m", "exp_samples": _exp_samples(pq.legend)} for pq in _panel_queries()]
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
-        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": _series(), "promql_expr_test": tests}]}))
-    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    chain.promtool_expressions(promtool, tmp_path, _series(), tests)
 
 
 # -- the cycle cap's rows: raw series through the shipped rules ----------------------------------------

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
-
-import pytest
 
 import chain
 from conftest import optional_dependency
@@ -176,13 +172,6 @@ def _exp_samples(column: str) -> list[dict[str, object]]:
     return out
 
 
-@pytest.fixture(params=["promtool-2", "promtool-3"])
-def promtool(request) -> str:
-    if request.param == "promtool-2":
-        return chain.promtool()
-    return chain.require(str(Path(chain.prometheus3()).with_name("promtool")), "Prometheus 3's promtool")
-
-
 def _expr(pq: queries.PanelQuery) -> str:
     expr = queries.resolve(pq.expr, VALUES)
     return f"round(({expr}) * {SCALE:g})" if pq.legend == SEEN_HIGH else expr
@@ -190,9 +179,4 @@ def _expr(pq: queries.PanelQuery) -> str:
 
 def test_panel_50_is_calibrates_frontier_of_the_planted_turns(promtool, tmp_path):
     tests = [{"expr": _expr(pq), "eval_time": "5m", "exp_samples": _exp_samples(pq.legend)} for pq in _panel_queries()]
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
-        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": _series(), "promql_expr_test": tests}]}))
-    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    chain.promtool_expressions(promtool, tmp_path, _series(), tests)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-import chain
 from conftest import optional_dependency
 
 yaml = optional_dependency("yaml")
@@ -31,13 +30,6 @@ MINUTES = 420
 """The streams' length, one possible sample per minute."""
 WINDOWS = (5, 15, 60, 180)
 """Window lengths (minutes): ``$__rate_interval``-like and ``$__range``-like."""
-
-
-@pytest.fixture(params=["promtool-2", "promtool-3"])
-def promtool(request) -> str:
-    if request.param == "promtool-2":
-        return chain.promtool()
-    return chain.require(str(Path(chain.prometheus3()).with_name("promtool")), "Prometheus 3's promtool")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-import chain
 from conftest import optional_dependency
 
 yaml = optional_dependency("yaml")
@@ -73,13 +71,6 @@ EXPECTED = {
     NONE_FINISH: {"finish by k×S": 0.0, "95% low": 0.0, "95% high": 1 - 0.05 ** (1 / 10),
                   "at risk past the backstop": 10, "seen past k×S": 10},
 }
-
-
-@pytest.fixture(params=["promtool-2", "promtool-3"])
-def promtool(request) -> str:
-    if request.param == "promtool-2":
-        return chain.promtool()
-    return chain.require(str(Path(chain.prometheus3()).with_name("promtool")), "Prometheus 3's promtool")
 
 
 def _panel_queries() -> list[queries.PanelQuery]:

@@ -35,13 +35,6 @@ GROUP = "turnguard_loop_threshold"
 RECORD = rules.RECORDED[rules.TURNS]
 
 
-@pytest.fixture(params=["promtool-2", "promtool-3"])
-def promtool(request) -> str:
-    if request.param == "promtool-2":
-        return chain.promtool()
-    return chain.require(str(Path(chain.prometheus3()).with_name("promtool")), "Prometheus 3's promtool")
-
-
 @pytest.fixture(params=sorted(VARIANTS))
 def variant(request) -> rules.Tiling:
     return VARIANTS[request.param]

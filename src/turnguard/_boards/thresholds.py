@@ -12,6 +12,8 @@ are seen, and none past the probe's own cap).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from grafana_foundation_sdk.builders import heatmap, text
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.builders.heatmap import RowsHeatmapOptions, YAxisConfig
@@ -488,18 +490,32 @@ def cap_frontier(cap: CapSettings) -> PanelBuilder | None:
     rows = cap_frontier_rows(cap)
     if not rows:
         return None
-    kinds = [FRONTIER_KINDS[k] for k in FRONTIER_KINDS if any(key.startswith(f"{k}:") for key in rows)]
-    columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
-               for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
-    return table_panel(
+    kinds = _kinds_in(FRONTIER_KINDS, rows)
+    return _frontier_table(
         49, f"Probe frontier of the {_listed([k[0] for k in kinds], 'and')} cap{'s' if len(kinds) > 1 else ''}",
         f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by "
         "fate, and panel 41's frontier: the upper bound of the productive share among them (the "
         f"{CENSORED} counted as not productive; the exact binomial bound 1 - 0.025^(1/N) with none resolved) "
         "and whether it is under the Tolerance variable (calibrate recommends the smallest such value above "
         f"its first step). {' '.join(k[2] for k in kinds)} Only values the probe's turns are seen past are rows.",
-        "value", columns, {SEEN_HIGH: "percentunit"}, width=24, height=7, row_names=cap_frontier_names(cap),
-        mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
+        rows, 7, cap_frontier_names(cap))
+
+
+_Kind = TypeVar("_Kind", tuple[str, str], tuple[str, str, str])
+
+
+def _kinds_in(kinds: dict[str, _Kind], rows: dict[str, dict[str, str]]) -> list[_Kind]:
+    """The kinds (``FRONTIER_KINDS``, ``COUNT_KINDS``) that have rows, in their order."""
+    return [kinds[k] for k in kinds if any(key.startswith(f"{k}:") for key in rows)]
+
+
+def _frontier_table(panel: int, title: str, description: str, rows: dict[str, dict[str, str]], height: int,
+                    row_names: dict[str, str]) -> PanelBuilder:
+    """A frontier table (panels 49 and 50): a row per value, the fates, the bound, spares or not."""
+    columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
+               for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
+    return table_panel(panel, title, description, "value", columns, {SEEN_HIGH: "percentunit"}, width=24,
+                       height=height, row_names=row_names, mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
 
 
 # -- D's and the streak stop's frontiers (panel 50) --------------------------------------------------
@@ -614,10 +630,8 @@ def count_frontier(cap: CapSettings) -> PanelBuilder | None:
     rows = count_frontier_rows(cap)
     if not rows:
         return None
-    kinds = [COUNT_KINDS[k] for k in COUNT_KINDS if any(key.startswith(f"{k}:") for key in rows)]
-    columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
-               for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
-    return table_panel(
+    kinds = _kinds_in(COUNT_KINDS, rows)
+    return _frontier_table(
         50, f"Probe frontier of {_listed([k[0] for k in kinds], 'and')}",
         f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by fate "
         "(calibrate's rule, `probe.frontier.stuck` / `.streak`), and panel 41's frontier: the upper bound of "
@@ -628,8 +642,7 @@ def count_frontier(cap: CapSettings) -> PanelBuilder | None:
         "(a result token of version 1, made before they were added, carries none: its turn stays unknown "
         "here, `turnguard calibrate` places it). Only values up to the probe's own D and streak stop are "
         "rows: past them no probe turn is seen.",
-        "value", columns, {SEEN_HIGH: "percentunit"}, width=24, height=8, row_names=count_frontier_names(cap),
-        mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
+        rows, 8, count_frontier_names(cap))
 
 
 def _count_note(cap: CapSettings) -> str:
