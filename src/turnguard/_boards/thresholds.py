@@ -12,6 +12,7 @@ are seen, and none past the probe's own cap).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 from grafana_foundation_sdk.builders import heatmap, text
@@ -289,13 +290,7 @@ def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
         accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", q.CALLS_BUCKET: _late_buckets(cap, edge)}
         return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **more)))
 
-    true, false, not_true = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
-    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
-    return {"turns": past(),
-            "resolved": f"({past(**true)} + {late(**true)})",
-            "unresolved": f"({past(**other, **false)} + {late(**other, **false)})",
-            "censored": f"({past(**limited, **not_true)} - {late(**limited, **true)})",
-            "unknown": f"({past(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"}
+    return _fates(past, late)
 
 
 def _with_frontier(row: dict[str, str], spares: str) -> dict[str, str]:
@@ -587,13 +582,20 @@ def _reach_row(histogram: str, value: int, turn_labels: dict[str, str], late_lab
         accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", **late_labels}
         return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **more)))
 
+    return _fates(reached, late)
+
+
+def _fates(turns: Callable[..., str], late: Callable[..., str]) -> dict[str, str]:
+    """A frontier row's columns by fate, from the probe turns a value halts (``turns``, by label)
+    and their results reported after the turn (``late``): a late result moves a turn out of
+    ``unknown`` (or, resolved, out of ``censored``)."""
     true, false, not_true = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
     limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
-    return {"turns": reached(),
-            "resolved": f"({reached(**true)} + {late(**true)})",
-            "unresolved": f"({reached(**other, **false)} + {late(**other, **false)})",
-            "censored": f"({reached(**limited, **not_true)} - {late(**limited, **true)})",
-            "unknown": f"({reached(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"}
+    return {"turns": turns(),
+            "resolved": f"({turns(**true)} + {late(**true)})",
+            "unresolved": f"({turns(**other, **false)} + {late(**other, **false)})",
+            "censored": f"({turns(**limited, **not_true)} - {late(**limited, **true)})",
+            "unknown": f"({turns(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"}
 
 
 def count_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
