@@ -29,7 +29,11 @@ PROBED_CYCLE_CAP = GuardConfig(max_cycles_per_turn=30, probe={"rate": 0.1, "max_
 """A configuration whose board reads what the committed one does not: the request histogram's record
 (panel 49's cycle cap rows, where the probe runs past the live cycle cap)."""
 CONFIGURED = json.loads(build.for_config(PROBED_CYCLE_CAP)[build.FILES[build.THRESHOLDS_UID]])
-BOARDS = {"committed": BOARD, "a probed cycle cap": CONFIGURED}
+PROBED_COUNTS = GuardConfig(probe={"rate": 0.1, "stuck_repeat_threshold": 12, "streak_stop_at": 16})
+"""A configuration whose board reads the failing-streak histogram's record (panel 50's streak-stop
+rows, where the probe runs past the live streak stop)."""
+COUNTED = json.loads(build.for_config(PROBED_COUNTS)[build.FILES[build.THRESHOLDS_UID]])
+BOARDS = {"committed": BOARD, "a probed cycle cap": CONFIGURED, "a probed D and streak stop": COUNTED}
 KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
                       "offset", "bool", "atan2", "inf", "nan"})
 TOKEN = re.compile(r"\s*(?:(?P<name>[A-Za-z_:][\w:]*)|(?P<braces>\{[^}]*\})|(?P<range>\[[^\]]*\])"
@@ -118,13 +122,16 @@ def test_every_threshold_board_query_reads_records_with_the_labels_it_needs(boar
 
 def test_the_board_reads_every_record_and_every_record_label_it_selects_on():
     """The scan sees the selectors (a scanner that found nothing would pass anything). The committed
-    board reads every record but the request histogram's, which a board with a probed cycle cap reads."""
+    board reads every record but the request histogram's, which a board with a probed cycle cap reads,
+    and the failing-streak histogram's, which a board whose probe runs past the streak stop reads."""
     def read(board: dict) -> set[str]:
         return {s.series for q in queries.panel_queries(board) for s in selections(q.expr)}
 
     cycles = build.RECORDED[f"{promql.CYCLES}_bucket"]
-    assert read(BOARD) == {*build.RECORDED.values(), *(r["record"] for r in rules.DERIVED)} - {cycles}
-    assert read(CONFIGURED) == read(BOARD) | {cycles}
+    failing = build.RECORDED[f"{promql.MAX_FAILING}_bucket"]
+    assert read(BOARD) == {*build.RECORDED.values(), *(r["record"] for r in rules.DERIVED)} - {cycles, failing}
+    assert read(CONFIGURED) == read(BOARD) | {cycles, failing}  # (its probe runs past the streak stop too)
+    assert read(COUNTED) == read(BOARD) | {failing}
     heatmap = next(q for q in queries.panel_queries(BOARD) if q.panel_id == 2)
     (selection,) = selections(heatmap.expr)
     matched = frozenset({promql.CAP_MODE, promql.POLICY, promql.AGENT, promql.COHORT})
