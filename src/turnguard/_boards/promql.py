@@ -33,9 +33,13 @@ def histogram(metric: tuple[str, str]) -> str:
     return label(metric[0])
 
 
+def count_and_sum(histogram_name: str) -> tuple[str, str]:
+    """A histogram's ``_count`` series (its observations) and ``_sum`` series (their total)."""
+    return f"{histogram_name}_count", f"{histogram_name}_sum"
+
+
 TOOL_CALLS = histogram(n.METRIC_TURN_TOOL_CALLS)
-TURNS = f"{TOOL_CALLS}_count"
-CALLS = f"{TOOL_CALLS}_sum"
+TURNS, CALLS = count_and_sum(TOOL_CALLS)
 """Every ended turn records one tool-calls observation: the histogram's count counts turns."""
 CYCLES = histogram(n.METRIC_TURN_CYCLES)
 """Model requests per turn (the cycle cap's count): its buckets place a probe turn against each cycle cap."""
@@ -48,9 +52,8 @@ ANSWERS = counter(n.METRIC_ESCALATION_ANSWERS)
 PLUGIN_ERRORS = counter(n.METRIC_PLUGIN_ERRORS)
 SHADOW_DETECTIONS = counter(n.METRIC_SHADOW_DETECTIONS)
 SHADOW_TOOL_CALLS = histogram(n.METRIC_SHADOW_TURN_TOOL_CALLS)
-SHADOW_TURNS = f"{SHADOW_TOOL_CALLS}_count"
+SHADOW_TURNS, SHADOW_CALLS = count_and_sum(SHADOW_TOOL_CALLS)
 """Every shadow policy records one observation per live turn: the count counts turns per policy."""
-SHADOW_CALLS = f"{SHADOW_TOOL_CALLS}_sum"
 RESULTS = counter(n.METRIC_TURN_RESULTS)
 CALLS_PAST_MAIN = counter(n.METRIC_PROBE_CALLS_PAST_MAIN)
 RESULT_RESTARTS = counter(n.METRIC_STREAK_RESULT_RESTARTS)

@@ -291,32 +291,40 @@ NO_PROBE = ("No probe turn of this agent reached the backstop in 7 days: nothing
             "runaways.")
 
 
+def _answers(threshold: str, stop: str, go_on: str, born: int = 0) -> tuple[Input, Input]:
+    """The answers to one threshold's asks: ``stop``'s samples and ``continue``'s (from minute ``born``)."""
+    answered = ANSWERS + f'{{turnguard_loop_threshold="{threshold}", turnguard_escalation_answer='
+    return Input(answered + '"stop"}', stop), Input(answered + '"continue"}', go_on, born)
+
+
+def expected_alert(severity: str, summary: str, description: str, **labels: str) -> Mapping[str, Mapping[str, str]]:
+    """An alert ``promtool test rules`` expects to fire: its labels (``severity`` first) and annotations."""
+    return {"exp_labels": {"severity": severity, **labels},
+            "exp_annotations": {"summary": summary, "description": description}}
+
+
 def backstop_alert(agent: str, count: int, probe: str = NO_PROBE) -> Mapping[str, Mapping[str, str]]:
-    return {"exp_labels": {"severity": "ticket", "gen_ai_agent_name": agent},
-            "exp_annotations": {
-                "summary": f"{count} turns of agent {agent} halted at the backstop in 15 minutes",
-                "description": "Each made the backstop's S x m tool calls and was halted there: halted at the "
-                               f"backstop, not necessarily a runaway. {probe} The threshold-validation board's "
-                               "\"Turns halted at the backstop\" row shows whether the stuck signal flagged them "
-                               "earlier."}}
+    return expected_alert(
+        "ticket", f"{count} turns of agent {agent} halted at the backstop in 15 minutes",
+        "Each made the backstop's S x m tool calls and was halted there: halted at the backstop, not necessarily a "
+        f"runaway. {probe} The threshold-validation board's \"Turns halted at the backstop\" row shows whether the "
+        "stuck signal flagged them earlier.", gen_ai_agent_name=agent)
 
 
 def export_alert(count: int) -> Mapping[str, Mapping[str, str]]:
-    return {"exp_labels": {"severity": "page", "job": "otelcol", "instance": "collector:8888",
-                           "exporter": "prometheus_remote_write", "signal": "metric points"},
-            "exp_annotations": {
-                "summary": f"Collector collector:8888: exporter prometheus_remote_write failed to send {count} "
-                           "metric points in 15 minutes",
-                "description": "The backend behind prometheus_remote_write is down or refusing data. Until it is "
-                               "fixed the turnguard boards undercount; the halts board's Collector row shows since "
-                               "when."}}
+    return expected_alert(
+        "page", f"Collector collector:8888: exporter prometheus_remote_write failed to send {count} metric points in "
+        "15 minutes",
+        "The backend behind prometheus_remote_write is down or refusing data. Until it is fixed the turnguard boards "
+        "undercount; the halts board's Collector row shows since when.",
+        job="otelcol", instance="collector:8888", exporter="prometheus_remote_write", signal="metric points")
 
 
 def probe_alert(count: int) -> Mapping[str, Mapping[str, str]]:
-    return {"exp_labels": {"severity": "ticket"}, "exp_annotations": {
-        "summary": f"{count} probe turns the backstop would have halted resolved their task in the last day",
-        "description": "The live backstop would have halted these productive turns. Check the threshold-validation "
-                       "board and `turnguard calibrate` probe evidence before raising hard_multiplier."}}
+    return expected_alert(
+        "ticket", f"{count} probe turns the backstop would have halted resolved their task in the last day",
+        "The live backstop would have halted these productive turns. Check the threshold-validation board and "
+        "`turnguard calibrate` probe evidence before raising hard_multiplier.")
 
 
 def _failed(values: str, born: int = 0) -> Input:
@@ -364,31 +372,23 @@ ALERTING = (
               Input(TURNS + '{turnguard_turn_outcome="halted", turnguard_loop_threshold="soft_stuck"}',
                     "0+0.1x600 60+5x120")),
              (("TurnguardHaltRateSpike", 595, ()), ("TurnguardHaltRateSpike", 610, ()),
-              ("TurnguardHaltRateSpike", 690, ({"exp_labels": {"severity": "ticket"}, "exp_annotations": {
-                  "summary": "turnguard halts 33.33% of turns, three times the weekly share",
-                  "description": "A model, prompt or tool change is making agents loop, or a threshold is too "
-                                 "tight. The halts board's \"Halts by threshold\" and \"Top tools by halts\" show "
-                                 "which."}},)))),
+              ("TurnguardHaltRateSpike", 690, (expected_alert(
+                  "ticket", "turnguard halts 33.33% of turns, three times the weekly share",
+                  "A model, prompt or tool change is making agents loop, or a threshold is too tight. The halts "
+                  "board's \"Halts by threshold\" and \"Top tools by halts\" show which."),)))),
     Alerting("users answering continue to most asks burn the false-halt budget fast; a few do not",
-             (Input(ANSWERS + '{turnguard_loop_threshold="soft_streak", turnguard_escalation_answer="stop"}',
-                    "0+1x140"),
-              Input(ANSWERS + '{turnguard_loop_threshold="soft_streak", turnguard_escalation_answer="continue"}',
-                    "1+0x54 1+3x80", born=5)),
+             _answers("soft_streak", "0+1x140", "1+0x54 1+3x80", born=5),
              (("TurnguardFalseHaltBudgetBurnFast", 60, ()), ("TurnguardFalseHaltBudgetBurnSlow", 60, ()),
-              ("TurnguardFalseHaltBudgetBurnFast", 130, ({"exp_labels": {"severity": "page"}, "exp_annotations": {
-                  "summary": "7.5x the false-halt budget: users answer \"continue\" to most asks",
-                  "description": "turnguard interrupts productive turns. Look at \"False-positive rate by "
-                                 "threshold\" on the halts board; raise that threshold or run `turnguard calibrate` "
-                                 "on recent turns."}},)))),
+              ("TurnguardFalseHaltBudgetBurnFast", 130, (expected_alert(
+                  "page", "7.5x the false-halt budget: users answer \"continue\" to most asks",
+                  "turnguard interrupts productive turns. Look at \"False-positive rate by threshold\" on the halts "
+                  "board; raise that threshold or run `turnguard calibrate` on recent turns."),)))),
     Alerting("a steady share of \"continue\" answers above the objective burns the budget slowly, not fast",
-             (Input(ANSWERS + '{turnguard_loop_threshold="soft_stuck", turnguard_escalation_answer="stop"}',
-                    "0+1x400"),
-              Input(ANSWERS + '{turnguard_loop_threshold="soft_stuck", turnguard_escalation_answer="continue"}',
-                    "0+0.4x400")),
+             _answers("soft_stuck", "0+1x400", "0+0.4x400"),
              (("TurnguardFalseHaltBudgetBurnFast", 380, ()),
-              ("TurnguardFalseHaltBudgetBurnSlow", 380, ({"exp_labels": {"severity": "ticket"}, "exp_annotations": {
-                  "summary": "2.857x the false-halt budget over 6 hours",
-                  "description": "A threshold asks too often on turns users judge fine; calibrate it."}},)))),
+              ("TurnguardFalseHaltBudgetBurnSlow", 380, (expected_alert(
+                  "ticket", "2.857x the false-halt budget over 6 hours",
+                  "A threshold asks too often on turns users judge fine; calibrate it."),)))),
     Alerting("probe turns the backstop would have halted that resolved their task, at the end or by a late "
              "result, open a ticket; resolved probe turns no threshold would have halted do not",
              (Input(TURNS + "{" + PROBE + ', turnguard_turn_resolved="true"}', "1x30", born=10),
@@ -441,21 +441,20 @@ ALERTING = (
 
 
 def results_stopped_alert(agent: str, turns: int) -> Mapping[str, Mapping[str, str]]:
-    return {"exp_labels": {"severity": "ticket", "gen_ai_agent_name": agent}, "exp_annotations": {
-        "summary": f"No task result for agent {agent} in an hour ({turns} turns ended)",
-        "description": "This agent reported results earlier today and none since: its reporter (turn.report_result, "
-                       "guard.report_result, a CI job with the result token) stopped or its results reach no guard. "
-                       "Without results the probe evidence and calibrate cannot tell productive turns from failed "
-                       "ones. The halts board's \"Task results\" row shows which status they get."}}
+    return expected_alert(
+        "ticket", f"No task result for agent {agent} in an hour ({turns} turns ended)",
+        "This agent reported results earlier today and none since: its reporter (turn.report_result, "
+        "guard.report_result, a CI job with the result token) stopped or its results reach no guard. Without results "
+        "the probe evidence and calibrate cannot tell productive turns from failed ones. The halts board's \"Task "
+        "results\" row shows which status they get.", gen_ai_agent_name=agent)
 
 
 def invalid_tokens_alert(count: int) -> Mapping[str, Mapping[str, str]]:
-    return {"exp_labels": {"severity": "ticket"}, "exp_annotations": {
-        "summary": f"{count} result tokens refused in an hour",
-        "description": "Tokens that do not read as this guard's: a digest_key that differs between the process that "
-                       "ran the turn and the one that reports (refused as forged), tokens cut short or rewritten on "
-                       "the way, or forged ones. Their results are lost. The halts board's \"Task results\" row "
-                       "shows them beside the accepted ones."}}
+    return expected_alert(
+        "ticket", f"{count} result tokens refused in an hour",
+        "Tokens that do not read as this guard's: a digest_key that differs between the process that ran the turn and "
+        "the one that reports (refused as forged), tokens cut short or rewritten on the way, or forged ones. Their "
+        "results are lost. The halts board's \"Task results\" row shows them beside the accepted ones.")
 
 
 def _turns_of(agent: str, resolved: str) -> str:

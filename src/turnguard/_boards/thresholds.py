@@ -446,16 +446,19 @@ def cap_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
     return rows
 
 
+def _row_names(kind: str, values: list[int], live: int | None, name: Callable[[int, str], str]) -> dict[str, str]:
+    """A frontier table's row names for one kind (``kind:v`` -> ``name(v, mark)``), the mark
+    ``" (live)"`` on the main configuration's own value."""
+    return {f"{kind}:{v}": name(v, " (live)" if v == live else "") for v in values}
+
+
 def cap_frontier_names(cap: CapSettings) -> dict[str, str]:
-    names = {}
-    for v in soft_values(cap):
-        live = " (live)" if v == cap.soft_cap else ""
-        names[f"soft:{v}"] = f"soft cap {v}{live}: past {v} and stuck, or past {_backstop_of(cap, v)}"
-    for v in explicit_values(cap):
-        names[f"explicit:{v}"] = f"explicit cap {v}{' (live)' if v == cap.explicit_cap else ''}: past {v} calls"
-    for v in cycle_values(cap):
-        names[f"cycles:{v}"] = f"cycle cap {v}{' (live)' if v == cap.cycle_cap else ''}: past {v} model requests"
-    return names
+    return (_row_names("soft", soft_values(cap), cap.soft_cap,
+                       lambda v, live: f"soft cap {v}{live}: past {v} and stuck, or past {_backstop_of(cap, v)}")
+            | _row_names("explicit", explicit_values(cap), cap.explicit_cap,
+                         lambda v, live: f"explicit cap {v}{live}: past {v} calls")
+            | _row_names("cycles", cycle_values(cap), cap.cycle_cap,
+                         lambda v, live: f"cycle cap {v}{live}: past {v} model requests"))
 
 
 FRONTIER_KINDS = {
@@ -482,31 +485,33 @@ def _listed(words: list[str], last: str) -> str:
 
 
 def cap_frontier(cap: CapSettings) -> PanelBuilder | None:
-    rows = cap_frontier_rows(cap)
-    if not rows:
-        return None
-    kinds = _kinds_in(FRONTIER_KINDS, rows)
-    return _frontier_table(
-        49, f"Probe frontier of the {_listed([k[0] for k in kinds], 'and')} cap{'s' if len(kinds) > 1 else ''}",
-        f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by "
-        "fate, and panel 41's frontier: the upper bound of the productive share among them (the "
-        f"{CENSORED} counted as not productive; the exact binomial bound 1 - 0.025^(1/N) with none resolved) "
-        "and whether it is under the Tolerance variable (calibrate recommends the smallest such value above "
-        f"its first step). {' '.join(k[2] for k in kinds)} Only values the probe's turns are seen past are rows.",
-        rows, 7, cap_frontier_names(cap))
+    def texts(kinds: list[tuple[str, str, str]], named: str) -> tuple[str, str]:
+        return (f"Probe frontier of the {named} cap{'s' if len(kinds) > 1 else ''}",
+                f"{' '.join(k[2] for k in kinds)} Only values the probe's turns are seen past are rows.")
+
+    return _frontier_table(49, FRONTIER_KINDS, cap_frontier_rows(cap), cap_frontier_names(cap), 7, texts,
+                           rule="", first="its first step")
 
 
 _Kind = TypeVar("_Kind", tuple[str, str], tuple[str, str, str])
 
 
-def _kinds_in(kinds: dict[str, _Kind], rows: dict[str, dict[str, str]]) -> list[_Kind]:
-    """The kinds (``FRONTIER_KINDS``, ``COUNT_KINDS``) that have rows, in their order."""
-    return [kinds[k] for k in kinds if any(key.startswith(f"{k}:") for key in rows)]
-
-
-def _frontier_table(panel: int, title: str, description: str, rows: dict[str, dict[str, str]], height: int,
-                    row_names: dict[str, str]) -> PanelBuilder:
-    """A frontier table (panels 49 and 50): a row per value, the fates, the bound, spares or not."""
+def _frontier_table(panel: int, kinds_by_key: dict[str, _Kind], rows: dict[str, dict[str, str]],
+                    row_names: dict[str, str], height: int, texts: Callable[[list[_Kind], str], tuple[str, str]],
+                    *, rule: str, first: str) -> PanelBuilder | None:
+    """A frontier table (panels 49 and 50): a row per value, the fates, the bound, spares or not;
+    ``None`` without rows. ``kinds_by_key`` (``FRONTIER_KINDS``, ``COUNT_KINDS``) names each kind
+    of row present (its first word in the title ``texts`` makes, its second in the description);
+    ``texts`` gives the title and the description's last sentences."""
+    if not rows:
+        return None
+    kinds = [kind for key, kind in kinds_by_key.items() if any(row.startswith(f"{key}:") for row in rows)]
+    title, more = texts(kinds, _listed([k[0] for k in kinds], "and"))
+    description = (
+        f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by fate{rule}, and "
+        f"panel 41's frontier: the upper bound of the productive share among them (the {CENSORED} counted as not "
+        "productive; the exact binomial bound 1 - 0.025^(1/N) with none resolved) and whether it is under the "
+        f"Tolerance variable (calibrate recommends the smallest such value above {first}). {more}")
     columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
                for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
     return table_panel(panel, title, description, "value", columns, {SEEN_HIGH: "percentunit"}, width=24,
@@ -611,14 +616,10 @@ def count_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
 
 
 def count_frontier_names(cap: CapSettings) -> dict[str, str]:
-    names = {}
-    for v in stuck_values(cap):
-        live = " (live)" if v == cap.stuck_repeat_threshold else ""
-        names[f"stuck:{v}"] = f"D = {v}{live}: past S = {cap.soft_cap}, a call repeated {v} or more times"
-    for v in streak_values(cap):
-        live = " (live)" if v == cap.streak_stop_at else ""
-        names[f"streak:{v}"] = f"streak stop {v}{live}: {v} or more identical failures in a row"
-    return names
+    return (_row_names("stuck", stuck_values(cap), cap.stuck_repeat_threshold,
+                       lambda v, live: f"D = {v}{live}: past S = {cap.soft_cap}, a call repeated {v} or more times")
+            | _row_names("streak", streak_values(cap), cap.streak_stop_at,
+                         lambda v, live: f"streak stop {v}{live}: {v} or more identical failures in a row"))
 
 
 COUNT_KINDS = {
@@ -629,22 +630,15 @@ COUNT_KINDS = {
 
 
 def count_frontier(cap: CapSettings) -> PanelBuilder | None:
-    rows = count_frontier_rows(cap)
-    if not rows:
-        return None
-    kinds = _kinds_in(COUNT_KINDS, rows)
-    return _frontier_table(
-        50, f"Probe frontier of {_listed([k[0] for k in kinds], 'and')}",
-        f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by fate "
-        "(calibrate's rule, `probe.frontier.stuck` / `.streak`), and panel 41's frontier: the upper bound of "
-        f"the productive share among them (the {CENSORED} counted as not productive; the exact binomial bound "
-        "1 - 0.025^(1/N) with none resolved) and whether it is under the Tolerance variable (calibrate "
-        "recommends the smallest such value above 1). A result reported in the turn is placed by the turn's "
-        "repeat and failing-streak histograms; one reported later by the buckets its late result carries "
-        "(a result token of version 1, made before they were added, carries none: its turn stays unknown "
-        "here, `turnguard calibrate` places it). Only values up to the probe's own D and streak stop are "
-        "rows: past them no probe turn is seen.",
-        rows, 8, count_frontier_names(cap))
+    def texts(kinds: list[tuple[str, str]], named: str) -> tuple[str, str]:
+        return (f"Probe frontier of {named}",
+                "A result reported in the turn is placed by the turn's repeat and failing-streak histograms; one "
+                "reported later by the buckets its late result carries (a result token of version 1, made before "
+                "they were added, carries none: its turn stays unknown here, `turnguard calibrate` places it). Only "
+                "values up to the probe's own D and streak stop are rows: past them no probe turn is seen.")
+
+    return _frontier_table(50, COUNT_KINDS, count_frontier_rows(cap), count_frontier_names(cap), 8, texts,
+                           rule=" (calibrate's rule, `probe.frontier.stuck` / `.streak`)", first="1")
 
 
 def _count_note(cap: CapSettings) -> str:
