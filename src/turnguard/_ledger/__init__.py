@@ -68,21 +68,12 @@ from turnguard._ledger._state import (
     results_state,
 )
 from turnguard._ledger._streaks import MAX_ENDED_STREAKS, MAX_FIRED, EndedStreak, count_outcome
-from turnguard._model import (
-    MAX_RESTART_TOOLS,
-    Action,
-    Level,
-    LoopDetectedEvent,
-    Outcome,
-    Threshold,
-    ToolCall,
-    TurnSummary,
-    Verdict,
-)
+from turnguard._model import MAX_RESTART_TOOLS, LoopDetectedEvent, Outcome, TurnSummary, Verdict
 from turnguard._state import Fields
 
 if TYPE_CHECKING:
     from turnguard._config import GuardConfig
+    from turnguard._model import Action, Level, Threshold, ToolCall
 
 _OK = Outcome.OK
 _ABANDONED = Outcome.DENIED
