@@ -406,12 +406,9 @@ async def run(
     if conversation_id is None:  # the SDK's own names for the conversation, when given
         conversation_id = runner_kwargs.get("conversation_id") or getattr(config, "group_id", None)
     guarded = _resumed(input)
-    if guarded is None and turn_state is not None:
-        guarded = _from_turn_state(guard, turn_state, ask=ask, promptable=promptable, inner=hooks)
     if guarded is None:
-        guarded = TurnGuardRunHooks(
-            guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=hooks
-        )
+        guarded = _turn_hooks(guard, turn_state, ask=ask, promptable=promptable, inner=hooks,
+                              conversation_id=conversation_id)
     input = await guarded.observed_state(agent, input)
     agent = guarded.observe(agent)
     if hasattr(config, "tool_error_formatter"):  # older SDKs: the span error and default text remain
@@ -465,10 +462,14 @@ def approval_requests(result: Any) -> list[Any]:
 ADAPTER_KEY = "openai_agents"
 
 
-def _from_turn_state(
-    guard: Guard, state: dict[str, Any], *, ask: Any, promptable: bool | None, inner: RunHooks[Any] | None
+def _turn_hooks(
+    guard: Guard, state: dict[str, Any] | None, *, ask: Any, promptable: bool | None, inner: RunHooks[Any] | None,
+    conversation_id: str | None = None,
 ) -> TurnGuardRunHooks:
-    """Hooks continuing a turn another process left open (``turn_state``)."""
+    """A run's hooks: for a new turn (``state`` ``None``), or continuing the turn another process
+    left open (``turn_state``), whose conversation is the snapshot's."""
+    if state is None:
+        return TurnGuardRunHooks(guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=inner)
     from turnguard._snapshot import SnapshotError, pending
 
     hooks = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=inner)
@@ -518,11 +519,8 @@ async def resume_state(
     ``await run(guard, agent, state)``. ``from_string_options`` go to ``RunState.from_string``."""
     data = json.loads(state_string)
     stored = data.pop(STATE_STRING_KEY, None) if isinstance(data, dict) else None
-    turn = turn_state if turn_state is not None else stored
-    if turn is not None:
-        guarded = _from_turn_state(guard, turn, ask=ask, promptable=promptable, inner=hooks)
-    else:
-        guarded = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=hooks)
+    guarded = _turn_hooks(guard, turn_state if turn_state is not None else stored, ask=ask, promptable=promptable,
+                          inner=hooks)
     restored = await RunState.from_string(guarded.observe(agent), json.dumps(data), **from_string_options)
     _park(guarded, restored.get_interruptions())
     return restored
