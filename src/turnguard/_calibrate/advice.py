@@ -1,38 +1,17 @@
-"""What a probe row decides against the operator's tolerance, and what it would take to decide.
+"""What a probe row decides against the operator's tolerance, what it would take to decide, and
+the evidence in words, as terminal text and as HTML.
 
-The tolerance ``q`` (``--tolerance``, default 0.10) is the share of the turns past a threshold
-that would have succeeded which the operator accepts losing to it. A row's interval
-(``Passed.interval``: Wilson, with censored turns counted as failures for its low end and as
-successes for its high end) decides:
+The tolerance ``q`` (``--tolerance``) is the share of the turns past a threshold that would have
+succeeded which the operator accepts losing to it. A row's interval (``Passed.interval``) decides:
+``above`` (low end above ``q``: raise it), ``within`` (high end below ``q``: keep it),
+``no_evidence``, or ``undecided`` with why: ``needs_turns`` (``more_turns`` more probe turns with
+a known fate decide it, ``more_days`` at the observed traffic), ``censored`` (the probe's own
+limits hide the fates: raise them) or ``at_tolerance``.
 
-- ``above``: its low end is above ``q``: the threshold halts too many turns that would have
-  succeeded (raise it);
-- ``within``: its high end is below ``q``: it halts at most that share (keep it);
-- ``undecided`` otherwise, with why: ``needs_turns`` (at the current share, ``more_turns`` more
-  probe turns past the threshold with a known fate decide it; ``more_days`` is how long they take
-  at the observed traffic), ``censored`` (the turns the probe's own thresholds halted could go
-  either way: more turns at the same shares never decide it; raise the probe's cap), or
-  ``at_tolerance`` (the share is the tolerance: the data are consistent with it);
-- ``no_evidence``: no probe turn past the threshold has a known fate.
-
-The number of turns inverts the score test the Wilson interval is built from: the interval at
-share ``p`` over ``n`` turns excludes ``q`` exactly when ``n (p - q)^2 > z^2 q (1 - q)``, so the
-smallest such ``n`` is ``floor(z^2 q (1 - q) / (p - q)^2) + 1`` (unlike the normal
-approximation ``z^2 p (1 - p) / (p - q)^2`` it does not vanish at ``p = 0``).
-
-The probe evidence read against the tolerance and the recording's own limits, in words (``assess``,
-``recommendation``), and shown (``evidence_text``, ``evidence_html``).
-
-``assess`` decides each probe row (``decide``) with what the recording says: how long it
-spans (the traffic rate) and the probe's own caps (a row at or above them is censored there: no
-probe turn can be seen past it). ``recommendation`` says what that means for the backstop, D and
-the streak stop, never calling a threshold enough when the evidence could not see past it, and
-what the probe costs the fleet.
-
-The probe evidence (``evidence.ProbeEvidence``) as rows, as terminal text and as HTML: counts
-always beside any share, and beside each interval what it decides against the tolerance, so a
-share of 2 turns never reads like one of 2,000 and an undecided row never reads like a decided one.
-"""
+The turns needed invert the Wilson score test: the interval at share ``p`` over ``n`` turns
+excludes ``q`` when ``n (p - q)^2 > z^2 q (1 - q)``; unlike the normal approximation this does not
+vanish at ``p = 0``. Counts are always shown beside any share, so a share of 2 turns never reads
+like one of 2,000, and a row at or above the probe's own cap is censored there."""
 
 from __future__ import annotations
 
@@ -144,9 +123,8 @@ def probe_streak_stop(recording: Recording) -> int | None:
 
 
 def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int] | None:
-    """The probe's own cap when a row is at or above it (``(threshold, cap)``), else ``None``.
-    The stuck row is judged on its turns alone: the recorded limits do not name the probe's stuck
-    signal, so they cannot say whether it sees past the main D."""
+    """The probe's own cap when a row is at or above it (``(threshold, cap)``), else ``None``. The
+    stuck row is judged on its turns alone: the recorded limits do not name the probe's stuck signal."""
     if key == "stuck" or e.soft_cap is None:
         return None
     if key == "streak":
@@ -157,10 +135,8 @@ def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int]
 
 
 def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) -> list[Frontier]:
-    """The recommended value of each probed threshold of the main configuration (``frontier.py``):
-    the backstop multiple (when a whole number), D (under the ``repeat`` signal's counts), the
-    streak stop (when on), the soft cap and the cycle cap (each where the probe runs past it, else
-    said to be not probed), and the explicit cap (not in force under an adaptive cap)."""
+    """The recommended value of each threshold of the main configuration (``frontier.py``), or why
+    it is not probed."""
     if not e.turns or (e.soft_cap is None and e.explicit_cap is None):
         return []
     scale = Scale(e.turns, turns, calls)
@@ -368,10 +344,8 @@ def streak_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
 
 
 def _loop_advice(p: Passed, d: Decision, halted: str, setting: str, *, none: str, within: str, above: str) -> str:
-    """A loop detector's probe row in words: the turns it would have ``halted`` (said after "would
-    have been"), their fates and the verdict on ``setting``; ``none``: what to say without such a
-    turn; ``within``/``above``: the advice when the share that would have succeeded is within or
-    above the tolerance."""
+    """A loop detector's probe row in words: the turns it would have ``halted``, their fates and the
+    advice for ``setting`` (``none``: without such a turn; ``within``/``above``: by the verdict)."""
     if p.turns == 0:
         return none
     if d.verdict == "no_evidence":
@@ -428,8 +402,7 @@ def limits_notes(e: ProbeEvidence, recording: Recording, default_limits: dict[st
 
 
 def tool_list_warning(recording: Recording, params: dict[str, Any] | None) -> str | None:
-    """When the recording's tool lists (``stateful_tools``, ``streak_exempt_tools``, as its turns
-    ran under them) are not the default policy's (``--config``'s), in words: the replay would
+    """In words, when the recording's tool lists are not the default policy's: the replay would
     count the recorded calls as the fleet did not. ``None``: they agree, or none is recorded."""
     if params is None:
         return None

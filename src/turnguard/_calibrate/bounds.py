@@ -1,24 +1,13 @@
 """What bounds calibrate's memory on any input: every limit derives from ``--max-line-bytes``.
 
-Peak memory above the baseline (the same command on a one-line input) stays within
-``MEMORY_FACTOR`` x ``--max-line-bytes`` (measured by ``benchmarks/bench_calibrate_memory.py`` on
-hostile inputs), because at any moment calibrate holds at most:
+Peak memory above the baseline stays within ``MEMORY_FACTOR`` x ``--max-line-bytes``
+(``benchmarks/bench_calibrate_memory.py``): at any moment calibrate holds one line and its parsed
+form (estimated before parsing, refused past ``parse_bytes``), one turn of at most ``turn_calls``
+calls, at most ``waiting_calls`` tool spans waiting, at most ``late_results`` results (ids hashed
+to 8 bytes), and figures keyed by call counts or bucketed halt calls (``halt_bucket``).
 
-- one line (at most ``max_line_bytes``) and its parsed form, which is estimated from the line's
-  JSON structure before parsing and refused past ``parse_bytes`` (a line of 70,000 calls with
-  200-deep arguments would parse to 50 times its size);
-- one turn, of at most ``turn_calls`` calls, and the tool spans waiting for their turn spans, at
-  most ``waiting_calls``;
-- the late results, at most ``late_results`` (their ids are hashed to 8 bytes: an id's length
-  costs nothing once checked, and ids are at most ``model.MAX_ID_LENGTH`` characters);
-- the figures: counters and histograms whose keys are call counts (at most ``turn_calls`` of them)
-  or halt calls bucketed to 1/8 of an octave past 64 (``halt_bucket``), and ids of halted turns, at
-  most ``ids_per_policy`` per policy.
-
-The counts a ``--json`` result holds are checked here too (``count``, ``histogram``), as any input
-is when results are merged: ``calibrate merge`` reads results written elsewhere, and a tampered one
-(a negative count, 10^30) must be refused with a clear message, not summed into the report.
-"""
+The counts a ``--json`` result holds are checked here too (``count``, ``histogram``): ``calibrate
+merge`` must refuse a tampered result with a clear message, not sum it into the report."""
 
 from __future__ import annotations
 
@@ -151,11 +140,9 @@ def ids_per_policy(policies: int) -> int:
 
 
 def parsed_size(line: bytes) -> int:
-    """An upper estimate of the memory ``json.loads(line)`` takes, from the line's structure: a
-    dict per ``{`` (184 bytes, and 24 per ``:``), a list per ``[`` (96), a string per pair of
-    quotes (52), a number or pointer per ``,`` (40), and the text itself. Measured against
-    ``json.loads`` on every shape of line (calls, OTLP spans, numbers, strings, empty and nested
-    containers): never below the real size, at most about three times it."""
+    """An upper estimate of the memory ``json.loads(line)`` takes, from the line's structure (per
+    ``{``, ``:``, ``[``, quote pair and ``,``, plus the text): measured on every shape of line, never
+    below the real size, at most about three times it."""
     return (len(line) + 184 * line.count(b"{") + 24 * line.count(b":") + 96 * line.count(b"[")
             + 26 * line.count(b'"') + 40 * line.count(b","))
 

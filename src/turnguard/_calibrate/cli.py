@@ -1,9 +1,6 @@
-"""``turnguard calibrate FILES...`` and ``turnguard calibrate merge RESULTS...`` (also ``calibrate-merge``).
-
-``main(argv)`` / ``merge_main(argv)`` return the exit status: 0 on success, 1 when ``--strict``
-met a bad input or when no turn could be read at all, 2 on a usage error (bad flag or
-configuration, unreadable input, an output that cannot be written: checked before the replay).
-"""
+"""``turnguard calibrate FILES...`` and ``turnguard calibrate merge RESULTS...``: ``main`` and
+``merge_main`` return 0, 1 (``--strict`` met a bad input, or no turn was read) or 2 (a usage
+error, checked before the replay)."""
 
 from __future__ import annotations
 
@@ -249,9 +246,8 @@ def _say_missing_backups(files: Sequence[Path], stderr: TextIO) -> None:
 
 
 def outputs_problem(**outputs: str | None) -> str | None:
-    """Why one of the ``outputs`` (by flag name) cannot be written, or ``None``: checked before the
-    replay by opening each file for appending (a file that did not exist is removed again). One of
-    them at most may be ``-``, standard output."""
+    """Why one of the ``outputs`` (by flag) cannot be written, or ``None``: each opened for appending
+    before the replay (a new file removed again); at most one may be ``-``, standard output."""
     to_stdout = [f"--{flag}" for flag, path in outputs.items() if path == STDOUT]
     if len(to_stdout) > 1:
         return f"only one of {' and '.join(to_stdout)} can be '-': there is one standard output"

@@ -1,15 +1,10 @@
-"""The Collector's format: OTLP JSON as its file exporter writes it, one ``{"resourceSpans":
-[...]}`` export batch per line, turned back into turns by ``OtlpAssembler``.
+"""The Collector's format: OTLP JSON, one ``{"resourceSpans": [...]}`` export batch per line,
+turned back into turns by ``OtlpAssembler``.
 
-A line is decoded by msgspec when it is installed (the ``cli`` extra), into the few typed fields
-calibrate reads: a span's attributes are kept as their JSON text, and a tool span's, as the plugin
-writes them, read by one match of ``TOOL_ATTRIBUTES``; any other span (turn spans, tool spans of
-another layout) is parsed by ``json`` and read as a ``json``-parsed line's spans are (``plain``).
-``decode`` gives ``None`` for a line whose fields have another type or whose JSON the ``json``
-module reads otherwise or refuses; that line, and every line without msgspec, is parsed whole by
-``json``, which says what is wrong with it. Both give the same turns, problems and figures
-(``tests/test_calibrate_span_decoding.py``).
-"""
+With msgspec (the ``cli`` extra) a line is decoded into the few fields calibrate reads, and a tool
+span's attributes as the plugin writes them are read by one match of ``TOOL_ATTRIBUTES``; any other
+span, and any line msgspec might read otherwise than ``json``, goes through ``json``, which says
+what is wrong. Both give the same turns (``tests/test_calibrate_span_decoding.py``)."""
 
 from __future__ import annotations
 
@@ -96,15 +91,9 @@ DecodedSpan = tuple[Any, Any, Any]
 
 
 def decode(line: bytes) -> list[DecodedSpan] | None:
-    """The line's spans in order (``DecodedSpan``), or ``None``: msgspec missing, a field read of a type the plain
-    reading would treat otherwise, or JSON that the ``json`` module might read differently.
-
-    What is refused before decoding: text that is not UTF-8 (msgspec does not check the strings
-    it skips; ``json`` refuses the line). What msgspec refuses itself, and ``json`` would still
-    read: ``NaN``/``Infinity``, numbers out of a float's range, lone surrogates in escapes, a
-    byte-order mark. Nesting: msgspec is called ``EXTRA_FRAMES`` frames deeper than ``json`` is,
-    so it gives up on deep nesting first (``agrees_on_depth``). Both keep the last of duplicate
-    keys."""
+    """The line's spans in order, or ``None`` where the ``json`` module might read the line
+    otherwise: msgspec missing, text that is not UTF-8, a field of another type, ``NaN``, lone
+    surrogates, a byte-order mark, nesting deeper than ``json`` reads (``agrees_on_depth``)."""
     if not _usable():
         return None
     if not line.isascii():
@@ -119,9 +108,8 @@ def decode(line: bytes) -> list[DecodedSpan] | None:
 
 
 EXTRA_FRAMES = 8
-"""Python frames between ``decode`` and msgspec: where Python frames count against the recursion
-limit (CPython 3.11), this leaves msgspec fewer levels of nesting than ``json.loads`` gets from
-the plain reading's call (``records.parse_line``, three frames of its own)."""
+"""Frames between ``decode`` and msgspec, so that where Python frames count against the
+recursion limit msgspec gives up on nesting before ``json.loads`` in ``records.parse_line`` does."""
 
 
 def _deeper(line: bytes, frames: int) -> Any:
@@ -185,14 +173,9 @@ TOOL_ATTRIBUTES = re.compile(
     + _unread(names.FAILING_STREAK_LENGTH, _COUNT)
     + _unread(names.ERROR_TYPE, b'"stringValue":"' + re.escape(names.ERROR_TYPE_OTHER.encode()) + b'"')
     + rb"\]")
-"""A tool span's attributes exactly as turnguard's plugin writes them and the Collector's file
-exporter prints them (compact, in this order, no escapes): the index, the key digest, the repeat
-and streak counts when past 1, the tool name, the operation, the outcome, and for a failed call
-the result digest when the guard keyed the result, for a failed call its failing streak and
-``error.type``. Groups: the index's digits, the key digest, the tool name, the outcome's text, the
-result digest or ``None`` (the counts and the error type are not read). Anything else (escapes,
-non-ASCII, whitespace, other or more attributes, another order, other types) does not match and
-is parsed by ``json``."""
+"""A tool span's attributes exactly as the plugin writes them and the file exporter prints them
+(compact, in order, no escapes). Groups: index, key digest, tool name, outcome, result digest or
+``None``. Anything else does not match and is parsed by ``json``."""
 _TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
 
 
@@ -207,9 +190,8 @@ def _usable() -> bool:
 
 
 def agrees_on_depth() -> bool:
-    """Whether every nesting ``decode`` reads, ``json.loads`` reads too, called as the plain
-    reading calls it: the deepest line each reads, found by bisection (a few milliseconds). When
-    not (another interpreter's recursion accounting), the fast path is not used."""
+    """Whether ``json.loads``, called as the plain reading calls it, reads every nesting
+    ``decode`` reads (found by bisection); if not, the fast path is not used."""
     for shape in (_nested_skipped, _nested_arrays):
         if _deepest(lambda line: _from_parse_line(line, 2), shape) < _deepest(_decodes, shape):
             return False
@@ -285,7 +267,10 @@ def any_value(value: Any, depth: int = 0) -> Any:
     if "stringValue" in value:
         return value["stringValue"]
     if "intValue" in value:  # int64 is a string in OTLP JSON
-        return int_value(value["intValue"])
+        try:
+            return int(value["intValue"])
+        except (TypeError, ValueError, OverflowError):
+            return None
     if "boolValue" in value:
         return bool(value["boolValue"])
     if "doubleValue" in value:
@@ -293,13 +278,6 @@ def any_value(value: Any, depth: int = 0) -> Any:
     if "arrayValue" in value:
         return array_value(value["arrayValue"], depth)
     return None
-
-
-def int_value(raw: Any) -> int | None:
-    try:
-        return int(raw)
-    except (TypeError, ValueError, OverflowError):
-        return None
 
 
 def array_value(array: Any, depth: int = 0) -> list[Any] | None:
@@ -391,25 +369,14 @@ _TEMPLATE_OUTCOMES = {text.encode(): outcome for text, outcome in _SPAN_OUTCOMES
 
 
 class OtlpAssembler:
-    """Rebuilds turns from turnguard's spans: the turn span (``invoke_agent {agent}``, or a
-    host's own span that turnguard enriched with ``turnguard.turn.id``) and its tool-call spans
-    (``execute_tool {tool}`` with ``turnguard.call.index``, ``turnguard.call.key_digest``,
-    ``turnguard.call.outcome``), linked by ``parentSpanId`` (or a ``turnguard.turn.id`` of their own).
+    """Rebuilds turns from turnguard's spans: the turn span (one with ``turnguard.turn.id``) and its
+    tool spans (with ``turnguard.call.index``), linked by ``parentSpanId`` or a turn id of their own.
 
-    Child spans end, and are exported, before their turn span: calls wait here, keyed by their
-    parent, until it arrives, so memory holds only the turns in flight (at most
-    ``MAX_WAITING_CALLS`` calls). One assembler reads the files of one stream in order (``path``
-    is the file being read), so a turn whose spans straddle a rotation is one turn. Calls whose
-    turn span never arrives are reported, then replayed as a turn of their own at the end of the
-    stream (or when the bound is reached).
-
-    A line comes parsed by the ``json`` module (``add``) or decoded by msgspec (``add_decoded``):
-    both read each span with ``_span``, but for the tool spans the template matched, which
-    ``add_decoded`` takes with the same checks (``_take_template``). With ``hold`` (a worker
-    reading one byte range of a file, ``run.py``), a turn span gives a ``HeldTurn`` instead of a
-    turn, and ``emitted`` / ``leftovers()`` say what the parent needs to join the ranges exactly
-    (``take_range``).
-    """
+    Tool spans are exported before their turn span: their calls wait here, at most
+    ``MAX_WAITING_CALLS``, until it comes; one assembler reads a rotated stream in order, so a turn
+    straddling a rotation is one turn. Calls whose turn span never comes are reported and replayed as
+    a turn of their own. With ``hold`` (a worker reading a byte range), a turn span gives a
+    ``HeldTurn``, and ``emitted`` / ``leftovers()`` let the parent join the ranges (``take_range``)."""
 
     def __init__(self, on_problem: ProblemSink, path: str = "", *, max_line_bytes: int = MAX_LINE_BYTES,
                  hold: bool = False) -> None:
@@ -459,9 +426,8 @@ class OtlpAssembler:
                         yield self._release_oldest()
 
     def add_decoded(self, spans: list[DecodedSpan], lineno: int) -> Iterator[Any]:
-        """``add`` for a line decoded by ``decode``: the same spans in the same order.
-        A tool span as the plugin writes it is taken from its template match (``_take_siblings``,
-        ``_take_template``); any other is read as ``add`` reads it (``plain``)."""
+        """``add`` for a line decoded by ``decode``: template-matched tool spans are taken directly,
+        any other span is read as ``add`` reads it."""
         template, siblings = self._take_template, self._take_siblings
         i, end = 0, len(spans)
         while i < end:
@@ -482,9 +448,8 @@ class OtlpAssembler:
                 yield self._release_oldest()
 
     def _take_siblings(self, spans: list[DecodedSpan], i: int) -> tuple[int, bool]:
-        """Take the spans from ``spans[i]`` on that the template matched and that are siblings of
-        the last call held, each as ``_take_template`` would, in one loop; stop at any other.
-        ``(the first span not taken, whether the waiting bound now releases a turn)``."""
+        """Take the template-matched siblings of the last call held from ``spans[i]`` on, in one
+        loop: ``(the first span not taken, whether the waiting bound now releases a turn)``."""
         parent, calls = self._last_parent, self._last_calls
         if parent is None:
             return i, False
@@ -512,10 +477,8 @@ class OtlpAssembler:
         return i, due
 
     def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
-        """Take a tool span whose attributes matched ``TOOL_ATTRIBUTES`` (the match
-        checked their types and lengths) when its outcome is a usual one, its parent a short text,
-        its index from 1 and its turn below its bound, as ``_call`` checks them (``False``: not
-        taken, nothing changed; ``_span`` reads it and says what is wrong)."""
+        """Take a template-matched tool span with the checks ``_call`` makes (``False``: not taken,
+        nothing changed; ``_span`` then reads it and says what is wrong)."""
         index, digest, raw_tool, text, raw_result = found.groups()
         outcome = _TEMPLATE_OUTCOMES.get(text)
         if outcome is None or not parent or len(parent) > MAX_ID_LENGTH:
@@ -638,11 +601,10 @@ class OtlpAssembler:
         tool = tool or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
         outcome = span_outcome(raw_outcome)
         key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
-        if not _usable_call(key, tool, index, digest, turn_id, parent, outcome, result):
-            problem = _call_problem(key, tool, index, digest, turn_id, parent, raw_outcome, outcome, result)
-            if problem:
-                self._bad(lineno, f"tool span {name!r}: {problem}")
-                return
+        problem = _call_problem(key, tool, index, digest, turn_id, parent, raw_outcome, outcome, result)
+        if problem:
+            self._bad(lineno, f"tool span {name!r}: {problem}")
+            return
         assert key is not None and isinstance(index, int) and outcome is not None  # (no problem above)
         pending = self._pending.get(key)
         if pending is None:
@@ -684,13 +646,10 @@ class OtlpAssembler:
     def take_range(self, emitted: Sequence[tuple[str, str | None, int, int]],
                    leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]], most_waiting: int
                    ) -> dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] | None:
-        """Join a range that a holding assembler read (its ``emitted``, ``leftovers()`` and
-        ``most_waiting``) to the stream read so far, as if this assembler had read it: the calls
-        waiting here that its turn spans take (by position in ``emitted``: the calls under the turn
-        id, then under the span id), its leftovers waiting on. ``None``, changing nothing, when
-        reading it here could have given other turns: more calls would have waited than the bound
-        at some point, or a turn would have reached its call limit; the caller then reads the
-        range itself."""
+        """Join a range a holding assembler read to the stream read so far, as if read here: the
+        waiting calls its turn spans take (by position in ``emitted``), its leftovers waiting on.
+        ``None``, changing nothing, when reading it here could have given other turns (the waiting bound
+        or a turn's call limit reached); the caller then reads the range itself."""
         if not self._joins_alike(emitted, leftovers, most_waiting):
             return None
         stitched: dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] = {}
@@ -727,16 +686,6 @@ class OtlpAssembler:
         return not any(key in self._pending and key not in taken
                        and len(self._pending[key].calls) + len(calls) > self.max_calls
                        for key, _, _, calls in leftovers)
-
-
-def _usable_call(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any,
-                 outcome: Outcome | None, result: Any) -> bool:
-    """A shortcut for ``not _call_problem(...)``: every usual field in range (when not, the
-    problem, if any, is worked out)."""
-    return (type(index) is int and index >= 1 and type(tool) is str and 0 < len(tool) <= MAX_ID_LENGTH
-            and type(digest) is str and 0 < len(digest) <= MAX_ID_LENGTH and outcome is not None and key is not None
-            and (turn_id is None or short_text(turn_id)) and (parent is None or short_text(parent))
-            and (result is None or short_text(result)))
 
 
 def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any, raw_outcome: Any,
@@ -811,14 +760,10 @@ def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict
 
 
 def span_listing(indexed: list[tuple[int, RecordedCall]], tool_calls: int | None) -> dict[str, Any]:
-    """A turn's tool spans, sorted by ``turnguard.call.index``, as the ``RecordedTurn`` fields
-    ``calls``, ``calls_dropped`` and ``calls_unrecorded``. The calls numbered 1, 2, ... without a
-    gap are the turn's first ones, listed; from the first missing number (spans lost, sampled or
-    past the per-turn bound) or the first number given twice (a retried request's calls: which
-    one the turn kept is not recorded) on, the calls are dropped and counted with those the turn
-    span counts past them (``tool_calls``): the recording stops there, as a recorder line's past
-    10,000 calls. Without the turn's first call (a resumed turn's spans, or lost ones) every span
-    is kept and the calls it lacks are unrecorded: the turn is recorded in part."""
+    """A turn's tool spans sorted by index, as ``calls``, ``calls_dropped`` and ``calls_unrecorded``:
+    the calls numbered 1, 2, ... are listed; from the first gap or repeated number on, the calls
+    are dropped (counted, as a recorder line's past 10,000 calls). Without call 1 every span is kept
+    and the calls missing are unrecorded (the turn is recorded in part)."""
     n = len(indexed)
     total = max(tool_calls or 0, indexed[-1][0] if indexed else 0)
     numbers = list(map(_INDEX, indexed))

@@ -1,8 +1,6 @@
 """The recorder's format (corpus-format JSONL): one turn per line, with raw arguments or key
-digests, as the local recorder writes it; what the line says about how its turn ran (policy,
-limits, times) is read when present. A line that cannot be a turn is reported, never dropped
-silently.
-"""
+digests, and what the recorder says about how the turn ran. A line that cannot be a turn is
+reported, never dropped silently."""
 
 from __future__ import annotations
 
@@ -149,10 +147,8 @@ def _bounded_text(value: Any, key: str, bad: Callable[[str], None]) -> str | Non
 
 
 def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str, Any]:
-    """What a recorder line says about how its turn ran (``policy``, ``limits``, ``started_at``,
-    ``ended_at``, ``tool_calls``, ``calls_dropped``, ``calls_unrecorded``, a "continue" among its
-    ``escalations``): each key that is
-    present but malformed is reported and left out, the turn still read. Older lines have none."""
+    """What a recorder line says about how its turn ran; a malformed key is reported and left
+    out, the turn still read."""
     facts: dict[str, Any] = {"policy": _bounded_text(obj.get("policy"), "policy", bad)}
     raw = obj.get("limits")
     if raw is not None:
@@ -215,10 +211,8 @@ def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
 
 
 def _plain_calls(raw_calls: list[Any], digests: bool) -> list[RecordedCall] | None:
-    """The common shape, every call exactly ``{"tool", "args", "outcome"}`` with a known outcome
-    (and maybe a ``result`` digest), read in one comprehension; ``None`` sends the line through the
-    checked path (which says what is wrong, if anything is). With ``digests`` (``digests_in_args``)
-    text ``args`` are the calls' digests."""
+    """The common shape (every call exactly ``tool``, ``args``, ``outcome``, maybe ``result``) in one
+    comprehension; ``None`` sends the line through the checked path, which says what is wrong."""
     make, outcomes = tuple.__new__, _OUTCOMES
     try:
         if digests:
@@ -243,11 +237,8 @@ _RESULT = operator.itemgetter(5)  # RecordedCall.result
 
 
 def digests_in_args(obj: dict[str, Any]) -> bool:
-    """Whether the line's text ``args`` are the calls' key digests: the recorder (``source``
-    ``"turnguard"``) writes the live guard's digest there, never the arguments, so it is the call's
-    identity as the tool span's ``turnguard.call.key_digest`` is. Read as arguments, the
-    ``canonical`` key mode would parse a digest that happens to be JSON text (``7467334316e84052``,
-    a number: ``inf``) and count distinct calls as repeats, where the Collector's file does not."""
+    """Whether text ``args`` are key digests: the recorder writes the live guard's digest there,
+    and reading it as arguments could parse one as JSON (``7467334316e84052`` is a number)."""
     return obj.get("source") == RECORDER_SOURCE
 
 

@@ -1,18 +1,10 @@
 """The same turn read twice is one turn: two copies of a file, the recorder's file beside the
-Collector's of the same fleet, a turn written twice in one file.
+Collector's of the same fleet, a turn written twice.
 
-A run notes each turn it counts as ``(id hash, content hash)`` (16 bytes, ``TurnPrints``), in the
-workers too; at the end, ``repeated`` finds the ids counted more than once. Only then (input that
-repeats turns) is the input read again, serially, through ``Admission``: the first reading of an
-id counts, a later reading of the same turn is dropped (and counted), and a different turn under
-an id already read is a named problem, not read. Input without repeats costs one pass and 16
-bytes per turn.
-
-Same turn means the same tools and outcomes in the same order and the same number of calls: the
-recorder's line and the Collector's spans of one turn agree on these (one records arguments, the
-other their digests; each may know the task's result or not; a halted call is ``denied`` in one
-and of unknown outcome in the other).
-"""
+A run notes each turn as ``(id hash, content hash)`` (``TurnPrints``, 16 bytes); only when an id
+was counted twice is the input read again, serially, through ``Admission``: a later reading of the
+same turn is dropped, a different turn under a known id is a problem. Same turn: the same tools
+and outcomes in order and the same number of calls, on which both formats agree."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """The calibration loop: key each turn once per key mode, skip what cannot fire, replay the rest.
 
-Per turn, each call's ledger key is computed once per key mode (``replay.call_keys``: the
-pre-image of the live guard's ``Keyer.digest``) and shared by every policy of that mode, and by
-the other mode too when it partitions the calls alike or no policy of it depends on identity.
-``equivalence.PolicyRules.plan`` groups the policies that would replay identically; one replay
-per group (``replay.replay_turn``) gives the result of all of them, and groups that differ only in
-where a cap halts share what they have in common (``Plan.cap_call``). A turn no policy can fire on
-(``Triggers.quiet``) costs only its keys.
-"""
+Keys (``replay.call_keys``) are shared by every policy of a mode, and by the other mode when it
+partitions the calls alike. ``equivalence`` groups the policies that replay identically; one
+replay per group gives all their results, and groups differing only in where a cap halts share
+what they have in common. A turn no policy can fire on costs only its keys."""
 
 from __future__ import annotations
 
@@ -194,10 +190,8 @@ class Calibrator:
         return facts
 
     def _under_coarser(self, key_mode: str, f: TurnFacts) -> str:
-        """What the policies of ``key_mode`` (a finer identity) do on a turn whose counts under the
-        coarser identity are ``f``: ``"quiet"``, none can fire (finer identity, smaller counts);
-        ``"same"``, none depends on identity (``Plan.identity_free``), so the coarser keys serve;
-        ``"own"``: they need their own keys."""
+        """What ``key_mode``'s policies (a finer identity) do on a turn whose coarser counts are ``f``:
+        ``"quiet"``, ``"same"`` (none depends on identity: the coarser keys serve) or ``"own"``."""
         if self.triggers[key_mode].quiet(f):
             return "quiet"
         if f.reach_stale is not None:
@@ -262,9 +256,7 @@ def _plan_group(groups: dict[GroupKey, _Group], keying: int, cp: CompiledPolicy,
 
 
 def _censoring(stats: RunStats, turn: RecordedTurn, cohort: str, at_halt: bool) -> tuple[str | None, str | None]:
-    """Count the turn in the run's censoring by cohort (at most one of ``halt_ended``, ``cut_short``
-    and ``recorded_in_part``) and say which applies to its replay: (``cut``, ``short``), the cohort
-    key when its recording ends at a halt of its own, or its listed calls stop before its end."""
+    """Count the turn's censoring by cohort and say which applies to its replay: ``(cut, short)``."""
     if turn.in_part:
         stats.add_in_part(turn.id, cohort)
         return None, None
@@ -278,11 +270,8 @@ def _censoring(stats: RunStats, turn: RecordedTurn, cohort: str, at_halt: bool) 
 
 
 def _can_fire(rules: PolicyRules, f: TurnFacts, promptable: bool) -> bool:
-    """Whether a policy naming tools (``stateful_tools``, ``streak_exempt_tools``) can fire on a turn
-    whose counts by call are ``f``. Its own counts, by (call, result) and with restarts, are at
-    most those, so a plan on them that cannot fire holds for it; nothing else does (it replays
-    alone, from the first call). The ``stale_repeat`` count is not monotone under a finer
-    identity: only its bound, the repeats, is used."""
+    """Whether a policy naming tools can fire on a turn whose counts by call are ``f`` (its own
+    counts are at most those; ``stale_repeat`` is not monotone, so only its bound is used)."""
     if rules.triggers[promptable].quiet(f):
         return False
     if f.reach_stale is not None:
@@ -294,9 +283,8 @@ _Stale = tuple[GuardConfig, int, int]
 
 
 def _stale_counting(compiled: list[CompiledPolicy]) -> _Stale | None:
-    """For ``reach_stale``: a ledger configuration counting the ``stale_repeat`` signal for every
-    adaptive policy that uses it (the most tracked keys), and the smallest soft cap and threshold
-    among them; ``None`` when there is none."""
+    """For ``reach_stale``: a ledger configuration counting ``stale_repeat`` for every adaptive policy
+    using it, and their smallest soft cap and threshold; ``None`` when there is none."""
     stale = [cp for cp in compiled if cp.config.stuck_signal == "stale_repeat" and cp.config.soft_cap
              and cp.config.cap_mode == "adaptive"]
     if not stale:
@@ -323,14 +311,9 @@ class _Group:
 
 
 class _TurnReplays:
-    """The replays of one turn's groups, sharing what they can.
-
-    Groups that differ only in a cap halting at a known call (``Plan.cap_call``) form a family: one
-    that halted earlier for another reason stands for the others, and one that goes past another's
-    cap hands it its state there (``Snapshot``). Within a first call, the latest cap goes first: it
-    is the likeliest to have halted for another reason. A replay whose first check comes late
-    forks a prefix ledger shared per keying (``SharedPrefix``) instead of counting the calls again.
-    """
+    """The replays of one turn's groups, sharing what they can: in a family of groups differing only
+    in a cap's call, one that halted earlier stands for the others, and one going past another's cap
+    hands it its state there. The latest cap goes first; a late first check forks a shared prefix."""
 
     def __init__(self, calibrator: Calibrator, turn: RecordedTurn, keyed: Keyed, starts: list[int]) -> None:
         self.calibrator = calibrator
@@ -389,12 +372,8 @@ class _TurnReplays:
         return wanted
 
     def _prefix_ledger(self, g: _Group) -> Ledger | None:
-        """A ledger holding the calls before the group's first check, forked from a prefix shared
-        per keying and per setting the ledger's facts depend on (``Ledger.fork``; ``cycle_repeat``'s
-        period, where it is on: its cycle runs); ``None``: the
-        replay counts from the first call. A stuck threshold not reached before the fork shapes no
-        fact there: those share a prefix whose threshold is never reached (``Ledger.fork`` refuses
-        a wrong fork)."""
+        """A ledger holding the calls before the group's first check, forked from a prefix shared per
+        keying and per setting the facts depend on; ``None``: count from the first call."""
         first, config = g.first_call, g.policy.config
         if not self.calibrator.group or first <= 1:
             return None

@@ -1,35 +1,18 @@
 """Which policies can share one replay of a turn, and which cannot fire on it at all.
 
-A replay is expensive; most policies of a grid behave identically on most turns. What each
-policy can do on a turn is said by the policy itself (``firing_rule`` in ``_policies/cap.py``,
-``streak.py``, ``cycles.py``, ``cycle_repeat.py``; ``identical.py`` for the extra rules), from the turn's
-``TurnFacts``: upper bounds of the ledger's counts over the whole turn. Here they are combined
-into a ``Plan`` per policy, turn and mode: its ``signature`` keeps only what can still change a
-verdict (equal signatures give identical replays), and ``None`` means no verdict other than ALLOW
-can occur (the replay is skipped: it would add nothing to the figures). Attended and unattended
-replays of a policy whose streak and ``cycle_repeat`` cannot fire are identical (``promptable`` is
-read by those two policies only), so they share one signature.
+Each policy says what it can do on a turn (its ``firing_rule``) from the turn's ``TurnFacts``:
+upper bounds of the ledger's counts over the whole turn. Here they are combined into a ``Plan`` per
+policy, turn and mode: equal ``signature``s give identical replays, ``None`` means only ALLOW can
+occur (the replay is skipped). Why the engine's shortcuts hold:
 
-What the engine does with plans, and why it holds:
-
-- key modes: byte identity refines canonical identity (two calls with byte-identical arguments
-  have identical canonical arguments, for every argument that is not ``bytes``), so a turn's
-  counts under ``bytes`` are at most its counts under ``canonical``: when the ``bytes`` policies
-  are quiet on the canonical facts, the turn's ``bytes`` keys are not even computed. And when
-  every argument of a turn is text that is its own canonical form (a shell command) or a
-  recorded digest, both modes count the same repeats and the turn is keyed once. Otherwise, a
-  finer identity with as many distinct keys as the coarser one is the same partition of the
-  calls: same counts, same replays.
-- a plan that depends on call counts alone (``identity_free``: every firing policy says
-  ``counts_only``) is the same under a finer identity: those turns are not keyed again.
-- replays that differ only in a cap halting at a known call (``cap_call``) agree until that call:
-  one that halted earlier for another reason is the result of the others, and one that went past
-  it hands them its state there (``replay.Snapshot``): each runs its own checks only from its cap's
-  call (``engine.py``).
+- byte identity refines canonical identity, so counts under ``bytes`` are at most those under
+  ``canonical``: quiet there, quiet here; and a finer identity with as many distinct keys is the
+  same partition of the calls;
+- a plan on call counts alone (``identity_free``) is the same under any identity;
+- replays differing only in where a cap halts (``cap_call``) agree until that call.
 
 ``tests/test_calibrate_equivalence.py`` replays random turns with and without grouping and
-requires identical results, so a change in a policy that breaks its rule fails there.
-"""
+requires identical results."""
 
 from __future__ import annotations
 
@@ -92,9 +75,8 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
 
 
 def stale_reach(config: GuardConfig, digests: Sequence[bytes]) -> tuple[int, ...]:
-    """By count, the first call at which ``Ledger.max_stale_repeat`` reaches it: the ledger itself
-    counts (its ``stale_repeat`` semantics are not restated here). The count depends on the keys
-    alone (not on outcomes, model requests or answered asks), so one pass serves every replay."""
+    """The first call at which ``Ledger.max_stale_repeat`` reaches it, counted by the ledger itself;
+    it depends on the keys alone, so one pass serves every replay."""
     ledger = Ledger(config, turn_id="facts")
     count = ledger.count_call
     reach: list[int] = []
@@ -118,9 +100,7 @@ class Plan(NamedTuple):
     """The first call at which any of its checks can change the replay's result; a replay may run
     the ledger alone before it."""
     cap_call: float | None
-    """The call at which its cap halts (``inf``: the cap cannot fire), when known exactly; ``None``
-    otherwise. Two replays whose signatures differ only there behave alike until the earlier of the
-    two calls: one that halted before both (for another reason) is the result of both."""
+    """The call its cap halts at (``inf``: cannot fire) when known exactly, else ``None``."""
     identity_free: bool
     """Nothing fires that depends on which calls are the same call (an explicit cap, a backstop, a
     cycle cap): under a finer identity (smaller counts) the plan, and the replay, stay the same."""
@@ -171,9 +151,7 @@ class PolicyRules:
         return found
 
     def plan_at(self, f: TurnFacts, others: _Others, at_cap: Firing | None) -> Plan | None:
-        """``plan`` from what the other rules (``others_on``) and the cap say on ``f``. The cap's
-        answer does not depend on ``promptable`` (``cap.CapFiring``): where the other rules say
-        the same in both modes, so does the plan (``engine``: one plan for both modes)."""
+        """``plan`` from the other rules and the cap on ``f`` (the cap ignores ``promptable``)."""
         parts, first, identity_free = others
         if at_cap is None:
             return None if not parts else Plan((*self.prefix, None, *parts), first, math.inf, identity_free)
@@ -206,9 +184,8 @@ def signature(policy: Policy, f: TurnFacts, promptable: bool) -> Signature | Non
 
 
 def earliest_call(policy: Policy, f: TurnFacts, promptable: bool) -> int:
-    """The first call (1-based) at which any of the policy's checks can return a verdict that
-    changes the replay's result (a cycle check counts for the call it precedes); a replay may run
-    the ledger alone before it."""
+    """The first call (1-based) at which any of the policy's checks can change the replay's result
+    (a cycle check counts for the call it precedes); before it the ledger may run alone."""
     plan = PolicyRules(policy).plan(f, promptable)
     return f.calls + 2 if plan is None else plan.first_call
 

@@ -1,18 +1,10 @@
 """Probe evidence: what probe turns did past the main configuration's thresholds.
 
-A probe turn (``cohort: "probe"`` in the recorder's lines, ``turnguard.turn.cohort`` on OTLP turn
-spans) was guarded live by a more lenient configuration, so it shows what happens past the
-thresholds the main configuration would have stopped it at. For each multiple ``k x S`` of the
-main soft cap (``MULTIPLES``), for the stuck threshold D and for the streak stop (the main
-configuration replayed on the turn would have halted it as ``soft_stuck`` / ``streak``), this
-counts the probe turns that passed it, how many were resolved, unresolved, of unknown result, or
-censored: halted later by the probe's own thresholds, so that whether they would have succeeded
-is not recorded; and the calls they made past it (what raising the threshold costs). The
-decision against a tolerance (``advice.py``) reads these counts; the ladders say, for each threshold,
-the largest value that would halt each probe turn (``frontier.py`` reads them). Everything is a
-histogram keyed by value (at most ``TOP`` keys) or a counter, so partial runs merge exactly and
-memory does not grow with the turns.
-"""
+A probe turn was guarded by a more lenient configuration, so it shows what happens past the main
+thresholds. For each multiple of the soft cap, D and the streak stop this counts the turns that
+passed it by result, or censored (halted later by the probe's own limits: fate unknown), and the
+calls they made past it; the ladders give, per threshold, the largest value that would halt each
+probe turn (``frontier.py``). All are bounded histograms or counters, so partial runs merge exactly."""
 
 from __future__ import annotations
 
@@ -31,13 +23,10 @@ if TYPE_CHECKING:
     from turnguard._firing import TurnFacts
 
 LOOP_DETECTORS = frozenset({"soft_stuck", "streak"})
-"""The probe's own halts that say the turn was looping (it failed under the probe's policy); any
-other halt (``hard_backstop``, ``explicit``, ``cycle_cap``: a length limit) cuts a turn that might
-have gone on to succeed: censored."""
+"""The probe's halts that say the turn was looping (it failed); any other halt is a length limit
+that cuts a turn that might have succeeded: censored."""
 MULTIPLES = (2, 3, 5, 10, 15, 20, 30)
-"""The multiples of S whose passing turns are counted (the grid's backstop multipliers and the
-raises an operator weighs: 15x, 20x, 30x), with the main configuration's own multiplier when it is
-a whole number."""
+"""The multiples of S counted, with the main configuration's own when a whole number."""
 PROBE = Cohort.PROBE.value
 LIVE = Cohort.LIVE.value
 Z95 = 1.959963984540054
@@ -47,9 +36,8 @@ FEW = 10
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval for a binomial proportion (Wilson 1927; Newcombe 1998, method
-    3): unlike the normal approximation it stays inside [0, 1] and is sensible at 0 and n
-    successes, where the evidence here usually sits. ``trials == 0``: ``(0.0, 1.0)``."""
+    """The Wilson score interval (Newcombe 1998, method 3): inside [0, 1] and sensible at 0 and n
+    successes, where this evidence sits. ``trials == 0``: ``(0.0, 1.0)``."""
     if trials < 0 or not 0 <= successes <= trials:
         raise ValueError(f"need 0 <= successes <= trials, got {successes} of {trials}")
     if trials == 0:
@@ -74,9 +62,7 @@ class Sided(enum.Enum):
 
 
 def zero_event_bound(trials: int, sided: Sided) -> float:
-    """The exact binomial (Clopper-Pearson) 95% upper bound of a share with no event among
-    ``trials`` (1 with none): where the Wilson or log-log interval says nothing, at 0 events (and,
-    as ``1 - bound``, the lower bound at ``trials`` events of ``trials``)."""
+    """The exact (Clopper-Pearson) 95% upper bound of a share with no event in ``trials``."""
     if trials < 0:
         raise ValueError(f"need trials >= 0, got {trials}")
     return 1 - sided.value ** (1 / trials) if trials else 1.0
@@ -106,9 +92,8 @@ class Passed:
         return self.resolved + self.unresolved + self.censored
 
     def interval(self) -> tuple[float, float]:
-        """95% interval of the share that would have succeeded, among the turns with a known fate:
-        the Wilson interval's low end with the censored turns counted as failures, its high end
-        with them counted as successes (with none censored: the plain Wilson interval)."""
+        """95% interval of the share that would have succeeded: Wilson, censored turns counted as
+        failures for the low end and as successes for the high end."""
         n = self.known
         return wilson_interval(self.resolved, n)[0], wilson_interval(self.resolved + self.censored, n)[1]
 
@@ -149,9 +134,7 @@ TOP = 256
 """The highest value a ladder tells apart: a turn reaching past it counts as reaching it."""
 FATES = ("resolved", "unresolved", "censored", "unknown")
 LADDERS = ("backstop", "stuck", "streak", "soft", "cycles", "explicit")
-"""The thresholds laddered: the backstop multiple of S, the stuck threshold D, the streak stop,
-the soft cap S (in ``value_step`` calls, the multiple and D held), the cycle cap on model
-requests and the explicit cap N (in ``value_step`` calls)."""
+"""The thresholds laddered (soft and explicit caps in ``value_step`` calls)."""
 
 
 def value_step(live: int) -> int:
@@ -256,10 +239,8 @@ class ProbeEvidence:
     """The calls those turns made from the one the main configuration would have halted on: what
     the probe cost, beside what the main configuration would have spent."""
     main_untold: int = 0
-    """Probe turns whose listed calls stop (or start) where the main configuration's replay cannot
-    tell whether it would have halted them: recorded in part, or cut short before any halt of
-    it. They count in the multiples' rows (by their true call count), never in the stuck and
-    streak rows nor in ``past_main``."""
+    """Probe turns whose recording cannot tell whether the main configuration would have halted
+    them (in part, or cut short): in the multiples' rows only."""
     multiples: dict[int, Passed] = field(default_factory=dict)
     stuck: Passed = field(default_factory=Passed)
     """Turns the main configuration would have halted as ``soft_stuck`` (past S, stuck at D)."""
@@ -298,16 +279,9 @@ class ProbeEvidence:
 
     def add(self, calls: int, resolved: bool | None, main: TurnResult | None, halted_by: str | None = None,
             untold: bool = False, facts: TurnFacts | None = None, repeat_signal: bool = True) -> None:
-        """One probe turn of ``calls`` calls; ``main``: the main configuration's unattended replay
-        of it (``None`` when it cannot fire on the turn); ``halted_by``: the probe's own threshold
-        that halted it, if one did. In the rows, a turn the probe halted at a length limit
-        (anything but ``LOOP_DETECTORS``) is censored there; one its loop detectors halted (``soft_stuck``,
-        ``streak``) failed under the probe's policy, which raising the main threshold would not
-        change: it counts by its result. ``untold``: the turn's recording cannot tell the main
-        configuration's replay past ``main`` (``main_untold``). ``facts``: the turn's counts under
-        the main configuration's keys, for the D and streak ladders (``None``: the recording cannot
-        tell them); ``repeat_signal``: the main configuration's stuck signal is ``repeat``, the one
-        the D ladder counts."""
+        """One probe turn; ``main``: the main configuration's unattended replay of it (``None``: cannot
+        fire); ``halted_by``: the probe's own threshold that halted it (a length limit censors it, a loop
+        detector means it failed); ``facts``: its counts under the main keys, for the D and streak ladders."""
         self.turns += 1
         self.calls += calls
         self.resolved += resolved is True
@@ -364,9 +338,8 @@ class ProbeEvidence:
             self.ladders["cycles"].add(reach, fate, [c - 1 for c in facts.cycle_calls[1:reach + 1]], calls)
 
     def _climb_soft(self, calls: int, fate: str, facts: TurnFacts) -> None:
-        """The turn on the soft cap's ladder, the multiple m and D held: a soft cap s halts it at
-        ``m s + 1`` calls, or where its most repeated call reaches D past s (at once past s when that
-        was earlier), whichever comes first."""
+        """The turn on the soft cap's ladder (m and D held): halted at ``m s + 1`` calls, or where its
+        most repeated call reaches D past s, whichever comes first."""
         assert self.multiplier is not None and self.stuck_repeat is not None
         step, m, d = value_step(self.soft_cap or 1), self.multiplier, self.stuck_repeat
         stuck_at = facts.reach_repeat[d - 1] if facts.max_repeat >= d else None

@@ -1,30 +1,13 @@
 """A value to set for each probed threshold, what it buys and what it costs.
 
-For a threshold (the backstop multiple, D, the streak stop, the soft cap, the cycle cap) every
-probe turn has a *reach*: the largest value that would still halt it (the backstop ``k x S`` halts a
-turn of more than ``k S`` calls; D halts a turn past S whose most repeated call reached D; the
-streak stop one whose failing streak reached it; a soft cap ``s`` one of more than ``m s`` calls or
-whose most repeated call reached D past ``s``; the cycle cap ``M`` one that began request ``M + 1``),
-each threshold taken alone. A threshold the probe does not run past gets no rungs and says so
-(``not_probed``). A ``Ladder`` counts the probe turns by reach and
-fate, and for the turns that never resolve (unresolved, or halted at a length limit of the probe's
-own: censored) the calls they would make under each value, so that for any value ``v``:
-
-- the turns at risk are those reaching ``v`` with a known fate, and the productive ones among them
-  those that resolved: the productive turns the probe *saw* that ``v`` would halt (a censored turn
-  counts as not productive: whether it would have succeeded past the probe's own limit is not
-  recorded, and no value past that limit is judged);
-- the share has a 95% interval: the Wilson interval, except with no productive turn among ``N``
-  at risk, where it is the exact binomial (Clopper-Pearson) bound ``1 - 0.025^(1/N)`` (about
-  ``3.7/N``): the upper end of a two-sided interval, like the Wilson one beside it
-  (``evidence.zero_event_bound`` with ``Sided.TWO``; the ``3/N`` rule is the one-sided bound);
-- the cost is the calls the never-resolving turns would burn between the live value and ``v``
-  (negative: calls saved), as a share of the fleet's calls at the probe's per-turn rate.
-
-The recommended value is the smallest above 1 whose upper bound is below ``--tolerance`` (a value
-of 1 halts every turn past S, or at its first failure: never a setting); when it is the live value,
-"keep". Everything is a histogram keyed by value (``evidence.Ladder``), so partial runs merge exactly.
-"""
+Every probe turn has a *reach* per threshold: the largest value that would still halt it. A
+``Ladder`` counts the probe turns by reach and fate, and the calls the never-resolving ones would
+make under each value. For a value ``v``, the turns at risk are those reaching it with a known fate
+(a censored turn counts as not productive), the share of productive ones has a 95% interval
+(Wilson; with none productive, the exact bound ``1 - 0.025^(1/N)``), and the cost is the calls the
+never-resolving turns burn between the live value and ``v``. The recommended value is the smallest
+above 1 whose upper bound is below ``--tolerance``; a threshold the probe does not pass is
+``not_probed``."""
 
 from __future__ import annotations
 
@@ -74,9 +57,7 @@ class Rung:
     extra_share: float | None
     """``extra_calls`` scaled to the fleet, as a share of its calls (``None``: no fleet calls)."""
     decision: str
-    """``within`` (its upper bound is below the tolerance), ``above`` (its low end is above it),
-    ``undecided``, ``no_evidence`` (no turn at risk with a known fate), or ``past_cap`` (at or past
-    the probe's own limit: no probe turn can be seen there)."""
+    """``within``, ``above``, ``undecided``, ``no_evidence``, or ``past_cap`` (past the probe's own limit)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"value": self.value, "at_risk": self.at_risk, "productive": self.productive, "unknown": self.unknown,

@@ -1,12 +1,6 @@
-"""Policy grids: which configurations a calibration run compares.
-
-A ``Policy`` is a name, a ``GuardConfig`` and optional extra rules (plugins registered next to the
-built-ins in the replay guard). The peers' simpler rules are policies too: an explicit cap of 100
-with nothing else (the released qwen-code contract), and halting on the 5th consecutive identical
-call (qwen-code's and gemini-cli's consecutive-identical detectors), which needs the extra rule
-``HaltOnIdenticalCalls`` (``turnguard._policies.identical``) because turnguard's own streak
-warning never halts.
-"""
+"""Policy grids: which configurations a calibration run compares. A ``Policy`` is a name, a
+``GuardConfig`` and optional extra rules (plugins beside the built-ins): the peers' explicit cap
+of 100, and their halt on the 5th identical call in a row (``HaltOnIdenticalCalls``)."""
 
 from __future__ import annotations
 

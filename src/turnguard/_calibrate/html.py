@@ -1,15 +1,6 @@
-"""The self-contained HTML report: inline SVG charts drawn here, no script, no network.
-
-Charts: turns halted per policy (stacked by threshold, the resolved ones marked), calls saved on
-unresolved turns, asks an attended session would have seen, where halts land in their turns (a
-heat map of tenths), and the distribution of tool calls per turn with every cap of the grid
-marked (soft caps, their backstops, explicit caps) on a logarithmic axis; and how many calls turns
-need (``survival_chart``): the curve ``S(n)`` on a logarithmic call axis with its 95% band (the
-table's: log-log, exact where no turn finished yet or every one did), drawn up to the highest cap
-turns ran under and never past it, with the live and the probe caps marked. Labels are placed
+"""The self-contained HTML report: inline SVG charts, no script, no network. Labels are placed
 with a width per character so that none overlaps another or leaves its chart (a headless-Chromium
-test measures them).
-"""
+test measures them)."""
 
 from __future__ import annotations
 
@@ -173,12 +164,8 @@ def position_chart(data: list[dict[str, Any]]) -> str:
 
 
 def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]) -> str:
-    """Tool calls per turn (all turns, resolved turns), log x axis, each cap of the grid marked.
-
-    Threshold labels are set in lanes above the plot (as many as the closest of them need, so
-    none overlaps another), tick labels are thinned to those with room, and a label near the
-    right edge is drawn to the left of its line, so nothing leaves the chart.
-    """
+    """Tool calls per turn (all, resolved), log x axis, each cap of the grid marked, its label in
+    the lanes above the plot."""
     hist, res = stats.calls_per_turn, stats.calls_per_turn_resolved
     width, left, right, bottom, plot_h = 900, 60, 20, 60, 240
     plot_w = width - left - right
@@ -366,9 +353,8 @@ def spaced(items: list[tuple[float, str]], lo: float, hi: float, gap: float = LA
 
 
 def lanes(items: list[tuple[float, str]], lo: float, hi: float) -> list[tuple[float, str, str, int]]:
-    """Each ``(x, label)`` placed in the first lane (row) where it overlaps no other label and
-    below every label its line would cross on its way up: ``(x, label, text-anchor, lane)``. A
-    label that would leave ``hi`` is drawn to the left of its x."""
+    """Each ``(x, label)`` in the first lane where it overlaps no other label and below every label
+    its line would cross: ``(x, label, text-anchor, lane)``; past ``hi``, drawn left of its x."""
     ends: list[float] = []
     spans: list[tuple[float, float, int]] = []  # (start, end, lane) of the labels placed so far
     placed: list[tuple[float, str, str, int]] = []
@@ -395,11 +381,9 @@ MAX_STEPS = 5
 
 
 def axis_ticks(top: float, *, whole: bool = True) -> list[tuple[float, str]]:
-    """An axis from 0 to at least ``top`` as ``(value, label)`` ticks at round steps: 1, 2 or 5
-    times a power of ten, at most ``MAX_STEPS`` of them; at least 1 on an axis of whole numbers
-    (counts), so that it has no tick between two integers. The last tick is the axis' end: a
-    chart scales its marks to it, so each tick stands where its label says. Values are computed
-    in decimal, so a label is ``0.3``, never ``0.30000000000000004``."""
+    """Ticks ``(value, label)`` from 0 to at least ``top`` at 1, 2 or 5 times a power of ten, at most
+    ``MAX_STEPS``, at least 1 for counts; the last tick is the axis' end. Computed in decimal, so a
+    label is ``0.3``, never ``0.30000000000000004``."""
     span = Decimal(repr(float(top))) if top > 0 else Decimal(1)
     power = Decimal(10) ** math.floor(math.log10(span / MAX_STEPS))
     step = next(m * power for m in (1, 2, 5, 10) if m * power * MAX_STEPS >= span)
@@ -418,9 +402,7 @@ LIVE_CAP, PROBE_CAP = "#c23b3b", "#7b4fa0"
 
 def curve_points(survival: Survival, top: int) -> list[tuple[int, float, float, float]]:
     """``(n, S, low, high)`` at 0, every event count up to ``top``, every censoring before the first
-    event, and ``top``. The band is the table's (``survival_interval``): log-log where ``S`` is strictly
-    between 0 and 1, the exact bound where it is 1 (no turn finished yet: over the turns seen past
-    ``n``) or 0 (over the turns that finished), so a row with no events reads the same in both."""
+    event, and ``top``; the band is the table's (``survival_interval``)."""
     steps = survival.steps()
     first = steps[0].t if steps else top + 1
     seen = survival.turns

@@ -1,22 +1,9 @@
-"""What a calibration reads: the files the command line names, in stream order, and their lines,
-each routed to its format's reader: the recorder's (``corpus``) or the Collector's
-(``collector``); a file may mix them. Every reader streams: one turn is in memory at a time (for
-the Collector's, the turns whose turn span has not arrived yet).
-Which files make up a calibration's input, and in which order.
+"""What a calibration reads: the files the command line names, in stream order, each line routed
+to its format's reader (``corpus`` or ``collector``; a file may mix them).
 
-The Collector's file exporter rotates its file (``rotation: max_megabytes ...``): the full file is
-renamed to a backup beside it, ``<name>-<UTC time>.<ext>`` (``otlp-2026-12-01T10-00-00.000-size.jsonl``
-for ``otlp.jsonl``: the naming of the timberjack library the exporter uses, ``ROTATED``), and a new file is
-started. A turn's tool spans may be in a backup and its turn span in the next file, so the files
-of one rotated set are one stream: read oldest backup first, the live file last, through one span
-assembler (``collector.OtlpAssembler``), never as separate files.
-
-``expand_inputs`` turns the command line's arguments into files: a directory stands for the files
-in it, a quoted glob (``'otlp*.jsonl'``) for the files it matches, a file for itself; files of one
-rotated set are put in rotation order wherever they were named. ``missing_backups`` names the
-backups beside a given file that were not given (the command says so: a report on the live file
-alone leaves out most of the turns).
-"""
+The Collector's file exporter rotates its file to a dated backup beside it (``ROTATED``). A
+turn's tool spans may be in a backup and its turn span in the next file, so a rotated set is one
+stream: oldest backup first, the live file last, through one ``collector.OtlpAssembler``."""
 
 from __future__ import annotations
 
@@ -37,38 +24,25 @@ from turnguard._calibrate.records import (
     UNREADABLE,
     InputError,
     InputProblem,
-    Limits,
     LineSource,
     ProblemSink,
-    RecordedCall,
     RecordedTurn,
     parse_line,
     too_costly,
 )
 
-__all__ = ["InputError", "InputProblem", "Limits", "RecordedCall", "RecordedTurn", "corpus_turn", "expand_inputs",
-           "missing_backups", "read_source", "read_turns"]
-"""``RecordedCall``, ``RecordedTurn``, ``Limits``, ``InputProblem`` and ``InputError`` are
-``records``'s, named here too for the modules that read turns."""
-
 ROTATED = re.compile(r"^(?P<stem>.+?)-(?P<time>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3})(?:-(?P<reason>[a-z0-9_]+))?"
                      r"(?P<ext>\.(?!(?:gz|zst)$)[^.]+)?(?P<packed>\.gz|\.zst)?$")
-"""A rotated backup's name, as the Collector's file exporter names it through the timberjack
-library (``backupNameWithResolved``): the live file's name without its extension, ``-``, the
-rotation time (``2006-01-02T15-04-05.000``, UTC unless the exporter's ``localtime``; it sorts in
-time order), ``-`` and the reason (``size`` or ``time``), then the extension
-(``otlp-2026-12-04T19-36-19.852-size.jsonl`` for ``otlp.jsonl``); or the extension first
-(``otlp.jsonl-2026-12-04T19-36-19.852-size``, timberjack's ``AppendTimeAfterExt``); or without a
-reason (``otlp-2026-12-04T19-36-19.852.jsonl``, the lumberjack library of Collectors before
-v0.130); each with ``.gz`` or ``.zst`` when compressed afterwards."""
+"""A rotated backup's name (timberjack's ``backupNameWithResolved``): ``<stem>-<time>[-<reason>]<ext>``,
+or the extension before the time (``AppendTimeAfterExt``), or without a reason (lumberjack,
+Collectors before v0.130); maybe ``.gz`` or ``.zst``. The time sorts in time order."""
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S.%f"
 GLOB_CHARS = frozenset("*?[")
 
 
 class Rotation(NamedTuple):
-    """Where a file stands in its rotated set: the live file's name, and the rotation time of a
-    backup (``""`` for a live file or any other file); ``dated`` is false for a backup's name whose
-    time is no date (``2026-13-01T...``), which cannot be placed in time."""
+    """A file's rotated set (the live file's name) and a backup's rotation time (``""``: not a
+    backup); ``dated`` false for a time that is no date."""
 
     live: str
     time: str
@@ -97,11 +71,8 @@ def _order_key(path: Path) -> tuple[int, str]:
 
 
 def expand_inputs(arguments: Sequence[str | Path]) -> list[Path]:
-    """The input files the arguments name, each once, rotated sets in rotation order.
-
-    A directory gives its regular files (not hidden ones, not its subdirectories); an argument
-    that is not an existing path but holds ``*``, ``?`` or ``[`` is a glob; anything else is a
-    file. ``InputError`` names an argument that gives no readable file."""
+    """The input files the arguments name (a directory: its regular, unhidden files; a missing
+    path with ``*?[``: a glob), each once, rotated sets in order; ``InputError`` when none is found."""
     files: list[Path] = []
     for argument in arguments:
         files.extend(_files_of(str(argument)))
@@ -135,14 +106,9 @@ def _unique(files: Iterable[Path]) -> list[Path]:
 
 
 def in_stream_order(files: Sequence[Path]) -> list[Path]:
-    """``files`` with each rotated set in rotation order (its backups oldest first, its live file
-    last), at the place of the set's first file; other files keep their order.
-
-    A set is the files of one live file's name, in whatever directories they are (backups moved to
-    an archive folder are still its backups). Live files of one name in several directories are
-    several Collectors' files: each directory's backups go with its own live file. ``InputError``
-    names a file that cannot be placed in time: a backup whose name holds no date, or a backup in
-    a directory of its own when several live files of its name were given."""
+    """``files`` with each rotated set in rotation order at the place of its first file. Live files
+    of one name in several directories are several Collectors': each folder's backups go with its own
+    live file. ``InputError`` names a backup that cannot be placed in time."""
     sets: dict[str, list[Path]] = {}
     for f in files:
         sets.setdefault(rotation_of(f).live, []).append(f)
@@ -175,9 +141,7 @@ def _folder(path: Path) -> str:
 
 
 def missing_backups(files: Sequence[Path]) -> dict[Path, list[Path]]:
-    """For each live file given, the rotated backups beside it that were not given. Each folder is
-    listed once, its backups indexed by live file, so thousands of files in one folder cost one
-    listing, not one per file."""
+    """For each live file given, the rotated backups beside it that were not (one listing per folder)."""
     given = {os.path.realpath(f) for f in files}
     backups: dict[str, dict[str, list[str]]] = {}
     out: dict[Path, list[Path]] = {}
@@ -216,10 +180,6 @@ def _is_file(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-# -- lines to turns --------------------------------------------------------------------------------
-
-
-
 def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink, *,
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RecordedTurn]:
     """Every turn of every file, in file order, the files one stream (a turn's spans may be in
@@ -233,10 +193,8 @@ def read_turns(paths: Iterable[str | Path], on_problem: ProblemSink, *,
 
 def read_source(source: LineSource, on_problem: ProblemSink,
                 spans: OtlpAssembler | None = None) -> Iterator[RecordedTurn]:
-    """The turns of one file: corpus lines and OTLP lines may even be mixed in one file. With
-    ``spans``, an assembler shared by the files of one stream, tool spans still waiting for their
-    turn span at the end of the file wait on (the caller finishes it); without, they are released
-    at the end of this file."""
+    """The turns of one file. With ``spans`` (shared by a stream's files) tool spans still waiting at
+    its end wait on; without, they are released at its end."""
     label, limit = source.path, source.max_line_bytes
     own = spans is None
     if spans is None:

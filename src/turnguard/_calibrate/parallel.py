@@ -1,23 +1,13 @@
-"""Running a calibration over worker processes: the workers read the files in byte ranges, the
-parent joins the ranges in stream order exactly as one reader would have read them.
+"""Running a calibration over worker processes: workers read the files in byte ranges, the parent
+joins the ranges in stream order exactly as one reader would have read them (gzip files are one
+task each, read by the parent).
 
-Two passes over the input, both split into the same byte ranges (gzip files cannot be cut: each
-is one task, and the parent reads its turns itself):
-
-1. Late results (``results.py``): each worker reads the result lines of its ranges and counts
-   their lines; the parent keeps the results in stream order (the first one for a turn wins, up
-   to the bound, as for one reader) and numbers each range's first line.
-2. Turns: each worker reads its ranges with a span assembler of its own (``OtlpAssembler(hold=
-   True)``) and keeps what it read; the parent joins each range to the stream
-   (``OtlpAssembler.take_range``): calls that earlier ranges left waiting go to the turn spans
-   here that take them, calls still waiting wait on. The worker then replays the range's turns
-   and sends back their figures, which the parent merges in stream order (the figures keep the
-   first ids of halted turns: the order matters). A range that cannot be joined exactly (too
-   many calls waiting at once, a turn past its call limit) is read again by the parent itself.
-
-Problems are reported in stream order: ``--jobs N`` says what ``--jobs 1`` says, in its order.
-Each worker holds at most ``AHEAD`` ranges read and not yet replayed, so memory stays bounded.
-"""
+Pass 1: workers read each range's late results and count its lines; the parent keeps the results
+in stream order. Pass 2: workers read their ranges with an assembler of their own
+(``OtlpAssembler(hold=True)``); the parent joins each to the stream (``take_range``), and the
+worker replays the range's turns; the parent merges their figures in stream order. A range that
+cannot be joined exactly is read again by the parent. Problems are reported in stream order, and
+each worker holds at most ``AHEAD`` ranges read and not yet replayed."""
 
 from __future__ import annotations
 
@@ -67,9 +57,7 @@ class WorkerFailed(RuntimeError):
 
 
 TAIL_SPLIT = 4
-"""The ranges in the stream's last ``jobs`` ranges' bytes are cut this many times finer, so that
-the workers finish together: at the end, a worker still replaying a whole range while the others
-are done costs up to a range's time."""
+"""The stream's last ranges are cut this many times finer, so that the workers finish together."""
 
 
 def plan(paths: Sequence[str | Path], sizes: Sequence[int], range_bytes: int, jobs: int = 1) -> list[Task]:
@@ -105,10 +93,8 @@ def _whole_ranges(paths: Sequence[str | Path], sizes: Sequence[int], range_bytes
 
 def range_lines(f: BinaryIO, start: int, end: int, lineno: int, path: str, on_problem: ProblemSink | None,
                 limit: int) -> Iterator[tuple[int, bytes]]:
-    """``(line number, line)`` for the lines that start in bytes ``start..end-1`` of ``f`` (the
-    first numbered ``lineno``); a line longer than ``limit`` is reported and skipped. The line
-    that began before ``start`` belongs to the range before; a range inside one long line reads
-    no further than its own end."""
+    """``(line number, line)`` for the lines that start in bytes ``start..end-1`` of ``f`` (the line
+    begun before ``start`` is the previous range's); a line past ``limit`` is reported and skipped."""
     position = 0
     f.seek(max(0, start - 1))
     if start:
@@ -137,9 +123,8 @@ def range_lines(f: BinaryIO, start: int, end: int, lineno: int, path: str, on_pr
 
 
 def scan_range(path: str, start: int, end: int, max_line_bytes: int) -> tuple[int, bool, list[Event]]:
-    """Pass 1 on a range: its newlines, whether its last byte is one, and the late results of its
-    lines (numbered from 1: the parent knows where the range's lines start). Only a range whose
-    bytes (and the rest of its last line) hold a marker has its lines read."""
+    """Pass 1 on a range: its newlines, whether its last byte is one, and its late results (lines
+    numbered from 1); only a range holding a marker has its lines read."""
     longest = max(map(len, MARKERS))
     newlines, marked, last, tail = 0, False, b"", b""
     with open(path, "rb") as f:
@@ -271,10 +256,8 @@ REPLAYS = frozenset(("join", "turns", "drop"))
 
 
 def next_command(inbox: Any, backlog: deque[Any]) -> Any:
-    """The worker's next command, in the order sent except that a read goes before the replays
-    waiting ahead of it: the parent joins ranges in stream order, so a range read late keeps the
-    other workers waiting, while a replay late keeps nobody waiting. ``backlog`` holds what was
-    taken from ``inbox`` and not yet run."""
+    """The worker's next command: in order, except that a read goes before the replays waiting
+    ahead of it (the parent waits for reads, not for replays)."""
     while True:
         try:
             backlog.append(inbox.get_nowait())

@@ -1,14 +1,6 @@
-"""What a recording says about the policies in force and the traffic.
-
-Each turn's recording names its policy (``GuardConfig.name``), the limits it ran under and when it
-ran (recorder lines and turn spans alike, ``inputs.RecordedTurn``). Gathered here, by cohort and
-policy: which caps the probe cohort ran under (a row at or above the probe's own cap cannot be
-seen past: ``decision.py``), which the live cohort ran under (the default row should be that
-policy), and how long the recording spans (the traffic rate, for "how long until the evidence
-decides").
-
-Bounded: at most ``MAX_POLICIES`` distinct (cohort, policy, limits) are kept, the rest counted.
-"""
+"""What a recording says about the policies in force and the traffic, by cohort and policy: the
+caps the probe ran under (a row at or above them cannot be seen past), the live policy, and how
+long the recording spans. At most ``MAX_POLICIES`` (cohort, policy, limits) are kept."""
 
 from __future__ import annotations
 

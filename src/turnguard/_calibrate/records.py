@@ -1,12 +1,7 @@
 """What the readers of recorded turns give (``RecordedTurn``, ``RecordedCall``, ``Limits``,
-``InputProblem``), and what both input formats share: lines read as bytes, plain or gzipped,
-within ``--max-line-bytes``, and parsed within the memory bound.
-
-Hostile input is bounded: a line longer than ``MAX_LINE_BYTES`` is skipped (and reported) after
-reading at most that much of it, JSON nested deeper than the interpreter can parse is a reported
-problem, and every field that sizes the replay's work (``cycles``, a call's ``cycle``, the number
-of calls) has a ceiling past which the turn is reported, not replayed.
-"""
+``InputProblem``), and what both formats share: lines read as bytes, plain or gzipped, within
+``--max-line-bytes``, and parsed within the memory bound. Every field that sizes the replay's
+work has a ceiling past which the turn is reported, not replayed."""
 
 from __future__ import annotations
 
@@ -23,11 +18,8 @@ from turnguard._model import MAX_ID_LENGTH, Outcome
 
 
 class RecordedCall(NamedTuple):
-    """One tool call of a recorded turn: raw ``args`` or, when only that was recorded, a ``digest``.
-
-    A named tuple rather than a frozen dataclass: a million of these are built per second of
-    input, and a tuple is several times cheaper to make (it is just as immutable).
-    """
+    """One tool call of a recorded turn: raw ``args`` or a ``digest``. A named tuple: a million
+    are built per second of input, several times cheaper than a frozen dataclass."""
 
     tool: str
     args: Any = None
@@ -45,11 +37,8 @@ CAP_MODES = ("explicit", "adaptive", "disabled")
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The limits a turn ran under, as the recorder line's ``limits`` and the turn span's
-    attributes give them: ``hard_cap`` is the effective one (N when explicit, S x m when adaptive,
-    ``None`` when disabled); ``max_cycles`` 0 when unbounded; the tool lists that change how calls
-    count (``stateful_tools``, ``streak_exempt_tools``), in their recorded order. A limit not
-    recorded is ``None``."""
+    """The limits a turn ran under, as recorded: ``hard_cap`` the effective one (``None`` when
+    disabled), ``max_cycles`` 0 when unbounded; a limit not recorded is ``None``."""
 
     cap_mode: str
     soft_cap: int | None = None
@@ -119,9 +108,7 @@ class RecordedTurn:
     """Calls the turn made after its listed ones, only counted (the recorder's ``calls_dropped``
     past 10,000 calls; tool spans missing after the turn's first ones): its recording stops early."""
     calls_unrecorded: int = 0
-    """Calls of the turn missing before its listed ones (the recorder's ``calls_unrecorded``: a
-    turn resumed from a snapshot without the recorder's section; a resumed turn's tool spans, or
-    any without the turn's first call): the listed calls are the turn's tail."""
+    """Calls missing before the listed ones (a resumed turn): the listed calls are its tail."""
     end_unknown: bool = False
     """The recording says neither how many calls the turn made nor how it ended (tool spans whose
     turn span never came): it may have gone on past its last listed call."""
@@ -133,16 +120,12 @@ class RecordedTurn:
 
     @property
     def in_part(self) -> bool:
-        """The listed calls are not the turn's start (``calls_unrecorded``, or fewer listed and
-        dropped calls than ``tool_calls``: a resumed turn recorded before the recorder counted
-        them): replaying them would replay another turn."""
+        """The listed calls are not the turn's start: replaying them would replay another turn."""
         return self.calls_unrecorded > 0 or (self.tool_calls or 0) > len(self.calls) + self.calls_dropped
 
     @property
     def cut_short(self) -> bool:
-        """The listed calls are the turn's first ones, but not all of them (``calls_dropped``) or
-        maybe not all (``end_unknown``): what a threshold would do past the last listed call is
-        not recorded."""
+        """The listed calls are the turn's first, but maybe not all: past the last one nothing is known."""
         return (self.calls_dropped > 0 or self.end_unknown) and not self.in_part
 
 
@@ -159,10 +142,8 @@ class InputProblem:
 
 
 MAX_LINE_BYTES = bounds.MAX_LINE_BYTES
-"""The longest line read (without its newline); a longer one is reported and skipped, reading at
-most this much of it at a time. The recorder writes at most 10,000 calls per line (under 1 MB);
-the Collector's file exporter writes one export batch per line. Every other bound derives from it
-(``bounds.py``)."""
+"""The longest line read (without its newline); a longer one is reported and skipped. Every
+other bound derives from it (``bounds.py``)."""
 MAX_TURN_CYCLES = 100_000
 """The most model requests a turn (``cycles``) or a call's ``cycle`` number may give: the replay
 does work for each request, so a larger value is a reported problem, not a hang."""
@@ -170,9 +151,8 @@ MAX_TURN_CALLS = bounds.MAX_TURN_CALLS
 """The most tool calls a turn may hold at any line limit (100 times the recorder's per-turn
 limit); at a given ``--max-line-bytes`` at most ``Bounds.turn_calls`` (131,072 at the default)."""
 MAX_WAITING_CALLS = bounds.MAX_TURN_CALLS
-"""The most OTLP tool spans held while their turn spans have not arrived (at a given
-``--max-line-bytes``, at most ``Bounds.waiting_calls``); past it the turn waiting longest is
-reported and replayed as it is, so memory stays bounded on any input."""
+"""The most OTLP tool spans held waiting for their turn spans; past it the oldest waiting turn
+is reported and replayed as it is."""
 
 
 def turn_calls_limit(max_line_bytes: int) -> int:
@@ -197,9 +177,8 @@ READ_BUFFER = 1 << 22
 
 
 def bounded_lines(readline: Callable[[int], bytes], limit: int) -> Iterator[tuple[bytes | None, int]]:
-    """``(line, size)`` for each line ``readline`` gives, or ``(None, size)`` for a line longer
-    than ``limit`` bytes (its rest is read in blocks and dropped, so memory holds at most
-    ``limit`` bytes of it); ``size`` is the line's length in bytes, newline included."""
+    """``(line, size)`` for each line, or ``(None, size)`` for one longer than ``limit`` bytes
+    (its rest read in blocks and dropped); ``size`` counts the newline."""
     while line := readline(limit + 1):
         if len(line) <= limit or line.endswith(b"\n"):
             yield line, len(line)
@@ -219,9 +198,8 @@ def too_long(path: str, lineno: int, size: int, limit: int) -> InputProblem:
 
 
 class LineSource:
-    """The lines of one file as bytes, transparently un-gzipped (by magic number, not by name),
-    with how far into the file (on disk) reading has got, for progress bars. Lines longer than
-    ``max_line_bytes`` are reported to ``on_problem`` and skipped."""
+    """The lines of one file as bytes, un-gzipped by magic number, with the position on disk for
+    progress bars; lines past ``max_line_bytes`` are reported and skipped."""
 
     def __init__(self, path: str | Path, on_problem: ProblemSink | None = None, *,
                  max_line_bytes: int = MAX_LINE_BYTES) -> None:
@@ -268,10 +246,8 @@ UNREADABLE: Any = object()
 
 def parse_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
                max_line_bytes: int = MAX_LINE_BYTES) -> Any:
-    """The JSON value of a line, or ``UNREADABLE``: a blank line, or one reported as not JSON
-    (nesting too deep for the parser included), or as too costly to parse: its parsed form,
-    estimated from its structure (``bounds.parsed_size``), would take more than
-    ``bounds.PARSE_FACTOR`` x ``max_line_bytes``."""
+    """The JSON value of a line, or ``UNREADABLE``: blank, not JSON, or too costly to parse (its
+    estimated parsed size past ``bounds.PARSE_FACTOR`` x ``max_line_bytes``), each reported."""
     if blank(line):
         return UNREADABLE
     size = too_costly(line, max_line_bytes)

@@ -1,15 +1,9 @@
 """Replay recorded turns through the live guard's own ledger and policy hooks.
 
-``replay_turn`` drives a ``Ledger`` through the ``Driver`` a ``Turn`` uses (``turnguard._driver``:
-count, quiet-region test, collect, combine), over the ``Dispatcher`` of a real turnguard plugin
-manager (``turnguard._plugins.plugin_manager``: the same modules, hook order, functions, fail mode
-and ``combine``); a HALT latches (so the replay of a policy stops at its first halt).
-Attended replays answer every ASK with ``continue``, which resets the streak as ``Turn.resolve``
-does: the recorded turn did go on.
-
-What is not in here: any threshold logic. Which policies may share one replay on a given turn is
-decided in ``equivalence.py``; the per-call keys are the live guard's identity bytes (``call_keys``).
-"""
+``replay_turn`` drives a ``Ledger`` through the ``Driver`` a ``Turn`` uses, over a real plugin
+manager's ``Dispatcher``; a HALT latches. Attended replays answer every ASK ``continue`` (the
+recorded turn did go on). No threshold logic here: which policies share a replay is
+``equivalence.py``'s; the calls' keys are the live guard's identity bytes (``call_keys``)."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ from dataclasses import dataclass
 import pluggy
 
 from turnguard._calibrate.grid import Policy
-from turnguard._calibrate.inputs import RecordedCall, RecordedTurn
+from turnguard._calibrate.records import RecordedCall, RecordedTurn
 from turnguard._config import MAX_CALLS, GuardConfig
 from turnguard._dispatch import BoundChecks, Dispatcher, Impl
 from turnguard._driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver
@@ -42,11 +36,8 @@ _OUTCOME = operator.itemgetter(3)  # RecordedCall.outcome
 
 @dataclass(frozen=True, slots=True)
 class TurnResult:
-    """What one policy did to one turn in one mode.
-
-    ``halt_call`` is the 1-based index of the first call the halt prevented (``calls + 1`` when
-    it came after the last call; 0: no halt); ``asks`` the calls at which an ASK reached the user.
-    """
+    """What one policy did to one turn in one mode: ``halt_call`` the 1-based call the halt
+    prevented (``calls + 1``: after the last; 0: none); ``asks`` the calls an ASK reached the user at."""
 
     halt_call: int = 0
     threshold: str | None = None
@@ -109,13 +100,9 @@ Managers = dict[frozenset[str], pluggy.PluginManager]
 
 
 def policy_manager(policy: Policy, managers: Managers | None = None) -> pluggy.PluginManager:
-    """The live guard's plugin manager for ``policy`` (policies only: no telemetry, no recorder),
-    with the policy's extra rules registered like third-party plugins.
-
-    With ``managers``, policies without extra rules share one manager per set of blocked plugins:
-    such a manager holds only the policy modules, which read every setting from the ledger, so it
-    serves them all (building one costs about a millisecond, a grid has dozens of policies and
-    every calibrate worker builds them)."""
+    """The live guard's plugin manager for ``policy`` (policies only), its extra rules registered as
+    plugins. With ``managers``, policies without extra rules share one per set of blocked plugins
+    (the modules read every setting from the ledger; a manager costs about a millisecond)."""
     config = policies_only(policy.config)
     if managers is not None and not policy.extras and set(FACTORY_PLUGINS) <= set(config.disable_plugins):
         key = frozenset(config.disable_plugins)
@@ -129,14 +116,9 @@ def policy_manager(policy: Policy, managers: Managers | None = None) -> pluggy.P
 
 
 def cycle_starts(turn: RecordedTurn) -> list[int]:
-    """How many model requests begin before each call (index ``len(calls)``: after the last).
-
-    With per-call ``cycle`` numbers they are used as recorded. With only a total (the corpus
-    format), calls are spread evenly over the requests, and when there are more requests than
-    calls the last request comes after the last call (the final answer). Unknown: one request.
-    A turn whose recording stops early (``calls_dropped``) is spread over all its calls, and the
-    requests after its last listed call are not placed: they come among calls not recorded.
-    """
+    """How many model requests begin before each call (index ``len(calls)``: after the last): the
+    recorded ``cycle`` numbers, else the total spread evenly (more requests than calls: the last
+    after the last call), else one. Past a turn's listed calls (``calls_dropped``) none are placed."""
     n = len(turn.calls)
     starts = [0] * (n + 1)
     if set(map(_CYCLE, turn.calls)) - {None}:
@@ -167,9 +149,7 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
 
 
 def _spread_cut(starts: list[int], total: int, calls: int) -> list[int]:
-    """``cycle_starts``'s even spread of ``total`` requests over a turn of ``calls`` calls, placed
-    only before the listed ones (``len(starts) - 1``): the same requests before each listed call
-    as the whole turn's recording places there. At most ``total`` steps (``MAX_TURN_CYCLES``)."""
+    """``cycle_starts``'s even spread over the whole turn, cut to the listed calls."""
     n = len(starts) - 1
     spread = total - 1 if total > calls else total
     for j in range(spread):
@@ -275,15 +255,10 @@ def replay_turn(
 ) -> TurnResult:
     """Replay one turn under one policy until it ends or halts.
 
-    ``calls`` holds the ``ToolCall`` objects the hooks receive (made when needed). Before call
-    ``first_check`` (``equivalence.earliest_call``) only the ledger records the turn: no check there
-    can change the result. ``ledger``, when given, holds the facts of those first calls already
-    (``SharedPrefix``, or another replay's snapshot), ``asks_before`` the asks made before them.
-
-    ``snapshots`` asks for the state before given calls (0-based index: before that call's model
-    requests), forked into other policies' configurations (``Snapshot``): a policy whose checks
-    agree with this one's before that call continues from there instead of replaying it all.
-    """
+    Before call ``first_check`` (``equivalence.earliest_call``) only the ledger runs: no check there
+    can change the result; ``ledger`` may already hold those calls, ``asks_before`` their asks.
+    ``snapshots`` asks for the state before given calls (0-based), forked into other policies'
+    configurations, so a policy agreeing up to there continues from it (``Snapshot``)."""
     recorded = turn.calls
     skip = min(first_check - 1, n := len(recorded))
     if ledger is None:
@@ -376,20 +351,11 @@ _RECORDED = b"\xff"
 
 
 def call_keys(calls: Sequence[RecordedCall], mode: str) -> list[bytes]:
-    """Each call's ledger key under ``mode``: the live guard's call identity without the hash.
-
-    The live guard counts ``Keyer.digest(name, args)``, a keyed BLAKE2b of
-    ``keys.identity_bytes(name, args, mode)``; a replay only needs to know which calls are the same,
-    so it counts those bytes themselves (equal bytes, equal digests; distinct bytes are distinct
-    calls, where the 8-byte digest could in principle collide). A recorded digest is already an
-    identity: its key is ``0xFF``, the name's part of the identity bytes (``keys.name_bytes``) and
-    the digest; no identity bytes start with ``0xFF`` (no UTF-8 text does, and an odd name starts
-    with ``0xFE``), so it never equals the key of a call recorded with its arguments.
-
-    A tool's part of a recorded digest's key is made once per turn (a turn has few tools). Under
-    ``canonical``, identical JSON-object text is canonicalized once per turn (stuck turns repeat one
-    call many times) and its repeats share the key; everything else is cheaper to key again than to
-    look up."""
+    """Each call's ledger key under ``mode``: the live guard's identity bytes without the hash
+    (equal bytes, equal digests; and no 8-byte collision). A recorded digest's key is ``0xFF``, the
+    name's bytes and the digest: no identity bytes start with ``0xFF``, so it never equals an
+    argument's key. Tool parts are made once per turn; under ``canonical``, repeated JSON-object text
+    is canonicalized once."""
     prefixes: dict[str, bytes] = {}
     memo: dict[tuple[str, str], bytes] = {}
     keys: list[bytes] = []

@@ -1,10 +1,6 @@
-"""Terminal and JSON reports of a calibration run (``RunStats``).
-
-The table shows, per policy: the turns it halts unattended (and by which threshold), how many of
-those were resolved runs (the false-positive proxy), the unresolved runs it halts and the calls
-that would have saved, where its halts land, and the asks an attended session would have seen.
-The default configuration is marked (``*``, and bold on a terminal).
-"""
+"""Terminal and JSON reports of a calibration run (``RunStats``): per policy, the turns it halts
+and by which threshold, the resolved ones among them (the false-positive proxy), the unresolved
+ones and the calls saved, where halts land and the asks; the default marked ``*``."""
 
 from __future__ import annotations
 
@@ -121,9 +117,7 @@ FIGURES = ("halted", "by_threshold", "halted_resolved", "resolved_ids", "halted_
 
 
 NARROW_DROPS = (("cap", "streak"), ("at",))
-"""Columns left out, stage by stage, when the table would not fit the width: the policy's name
-already says what differs from the default, and the median halt call says about where the halts
-land (``--wide`` shows them all)."""
+"""Columns left out, stage by stage, when the table would not fit (``--wide`` shows them all)."""
 UNDER = "by threshold"
 """The wordy column that goes on an indented line under its row when, even with the
 ``NARROW_DROPS`` left out, the table would not fit beside it (80 columns, a censored column)."""
@@ -144,13 +138,9 @@ LEGEND = (
 
 
 def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: int = DEFAULT_WIDTH) -> str:
-    """The terminal table, with a summary line above it and below it what its columns say, the
-    run's censoring, the ids of the turns it names and the evidence, all within ``width`` columns
-    where the words allow (``terminal.output_width``).
-
-    ``fold``: a policy whose figures equal an earlier row's is listed under the table instead
-    of getting a row of its own (the thresholds it varies made no difference on this input).
-    """
+    """The terminal table with its summary, legend, censoring, named ids and evidence, within
+    ``width`` where the words allow. ``fold``: a policy whose figures equal an earlier row's is listed
+    under the table instead."""
     every_row = rows(stats)
     data, folded = _folded(every_row) if fold else (every_row, {})
     out = wrap_text(
@@ -210,9 +200,8 @@ def _folded(data: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str,
 
 def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
                    censoring: bool = True) -> tuple[list[str], list[str]]:
-    """The policies' figures, and the ``NARROW_DROPS`` left out: every column when they fit
-    ``width``, else without those and with the wordy columns wrapped. ``censoring``: whether the
-    run has censored turns (else their column, all zeros, is left out)."""
+    """The policies' figures and the ``NARROW_DROPS`` left out to fit ``width`` (the censored column
+    only with ``censoring``)."""
     cells = [_figure_cells(r, censoring) for r in data]
     columns, narrowed, under = _figure_columns(cells, width, censoring)
     header = [COLUMNS[i][0] for i in columns]
@@ -279,10 +268,8 @@ def _figure_cells(r: dict[str, Any], censoring: bool = False) -> list[str]:
 
 
 def _figure_columns(cells: list[list[str]], width: int, censoring: bool) -> tuple[list[int], list[str], bool]:
-    """The ``COLUMNS`` shown, the ones left out to fit, and whether ``UNDER`` goes under its row
-    (then it is the last shown): all beside when they fit ``width`` unwrapped, else without the
-    ``NARROW_DROPS`` stages needed for the table to fit once wrapped; failing that, with ``UNDER``
-    under the row and the fewest stages left out that make the rest fit."""
+    """The ``COLUMNS`` shown, those left out, and whether ``UNDER`` goes under its row: all when they
+    fit, else the fewest ``NARROW_DROPS`` stages (then ``UNDER`` moved under) that make the rest fit."""
     columns = [i for i in range(len(COLUMNS)) if censoring or COLUMNS[i][0] != "censored"]
     beside, dropped = _beside(cells, width, columns)
     if _width(cells, beside, True) <= width or UNDER not in (COLUMNS[i][0] for i in columns):

@@ -1,17 +1,7 @@
-"""Late task results: a turn's ``resolved`` reported after its line or span was written.
-
-``guard.report_result(turn_id, resolved)`` an hour after the turn (a CI run that passed, a user's
-thumbs-up) cannot change what was already recorded, so it is recorded on its own: the local
-recorder appends a *result record* (``{"result_for": TURN_ID, "resolved": true, ...}``), and the
-OpenTelemetry plugin emits a ``turnguard.turn.result`` log record (``turnguard.turn.id``,
-``turnguard.turn.resolved``), which the Collector's file exporter writes as a
-``{"resourceLogs": [...]}`` line. ``late_results`` collects them from the inputs before the
-replay, so a turn recorded without a result gets the first one reported for it (a result given
-with the turn itself was reported first, and wins, as it does live).
-
-A file that holds neither marker is only scanned in blocks (no line is parsed), so inputs
-without late results cost one fast pass.
-"""
+"""Late task results: a turn's ``resolved`` reported after the turn was recorded, as a result
+record (``{"result_for": ...}``) or a ``turnguard.turn.result`` log (``resourceLogs`` lines).
+``late_results`` collects them before the replay; a turn without a result of its own gets the
+first one. A file without either marker is only scanned in blocks."""
 
 from __future__ import annotations
 
@@ -32,9 +22,8 @@ RESULT_EVENT = "turnguard.turn.result"
 """The log record of a late result."""
 MARKERS = (f'"{RESULT_KEY}"'.encode(), f'"{LOGS_KEY}"'.encode())
 MAX_LATE_RESULTS = 1_000_000
-"""Results kept at most at any line limit; at a given ``--max-line-bytes``, ``Bounds.late_results``
-(its 64th part: 524,288 at the default; each costs about 64 bytes). Past it a problem is reported
-and the rest ignored."""
+"""Results kept at most (at a given ``--max-line-bytes``, ``Bounds.late_results``); past it a
+problem is reported and the rest ignored."""
 
 
 def result_key(turn_id: str) -> int:

@@ -1,9 +1,5 @@
-"""Running a calibration over files: serially, or over worker processes, with a progress bar.
-
-With ``jobs > 1`` the workers read the files in byte ranges and replay their turns, and the
-parent joins the ranges in stream order, so that the figures, and the problems and their order,
-are those of one process (``parallel.py``).
-"""
+"""Running a calibration over files: serially, or over worker processes (``parallel.py``, with
+the figures and problems of one process), with a progress bar."""
 
 from __future__ import annotations
 
@@ -41,10 +37,8 @@ class StrictError(InputError):
 
 
 class Progress:
-    """Calibrate's progress on ``stream``, drawn only when it is a terminal: a ``tqdm`` bar (the
-    ``cli`` extra) fitted to the terminal's width and redrawn when it changes, with the bytes read,
-    the turns and calls so far, the rate and the time left. Without tqdm installed none is drawn
-    (``available``)."""
+    """A ``tqdm`` progress bar on ``stream`` when it is a terminal and tqdm is installed, fitted to
+    its width: bytes read, turns, calls, rate and time left."""
 
     def __init__(self, total_bytes: int, stream: TextIO | None = None, *, enabled: bool | None = None,
                  delay: float = 0.5, interval: float = 0.2) -> None:
@@ -90,10 +84,8 @@ def calibrate(
     tolerance: float = DEFAULT_TOLERANCE,
     probe_rate: float | None = None,
 ) -> RunStats:
-    """Replay every turn of ``paths`` under every policy; problems go to ``on_problem`` (and
-    raise ``StrictError`` under ``strict``); lines longer than ``max_line_bytes`` are problems.
-    ``tolerance`` and ``probe_rate`` (the configured probe's) are what the probe evidence is read
-    against."""
+    """Replay every turn of ``paths`` under every policy; problems go to ``on_problem`` (and raise
+    ``StrictError`` under ``strict``)."""
     counted = _Counter(on_problem, strict)
     sizes = input_sizes(paths)
     progress = progress or Progress(sum(sizes), enabled=False)
@@ -140,9 +132,8 @@ def input_sizes(paths: Sequence[str | Path]) -> list[int]:
 
 
 GC_THRESHOLD = (100_000, 50, 100)
-"""Cyclic-GC thresholds during a run. A replay allocates millions of short-lived tuples and
-ledgers that reference counting frees (no cycles); the default thresholds (700, 10, 10) would
-scan the young objects every 700 of them, for nothing: about 6% of a run's time."""
+"""Cyclic-GC thresholds during a run: a replay's millions of short-lived objects have no
+cycles, and the default thresholds would scan them for nothing (about 6% of a run)."""
 
 
 @contextlib.contextmanager

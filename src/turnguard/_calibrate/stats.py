@@ -1,13 +1,8 @@
 """The figures a calibration run accumulates, and how partial runs merge.
 
-Everything here is a counter or a histogram keyed by small integers, so memory grows with the grid
-and the longest turn, never with the number of turns (``bounds.py``): halt calls past 64 are
-counted in buckets of 1/8 of an octave, each remembering its lowest and highest call; the ids of
-resolved turns a policy halted (the false-positive proxy), and of the unresolved ones it halted,
-are kept up to ``bounds.ids_per_policy`` per policy (50 in grids of up to 200), with the full
-counts beside, in the unattended mode (the one the report names them for).
-``to_json``/``from_json`` round-trip exactly, so split runs merge into the figures of one run.
-"""
+Everything is a counter or a histogram keyed by small integers, so memory grows with the grid and
+the longest turn, never with the number of turns (``bounds.py``); ids of halted turns are kept up
+to ``bounds.ids_per_policy``. ``to_json``/``from_json`` round-trip exactly, so split runs merge."""
 
 from __future__ import annotations
 
@@ -58,9 +53,8 @@ HALT_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error"})
 """``ended_by`` values of a turn whose recording ends at a halt of its own (live or probe): what it
 would have done past the halt is not recorded (right-censored there)."""
 SOURCES = ("probe", "attended", "live", "unrecorded")
-"""Where a halt's evidence comes from (a turn whose recording goes on past the halt): a probe
-turn, a live turn whose attended ask was answered "continue", another live turn (the row is
-stricter than the live policy), a recording without a cohort (corpus files)."""
+"""Where a halt's evidence comes from (the recording goes on past it): a probe turn, a live turn
+answered "continue", another live turn, or a recording without a cohort."""
 
 
 def halt_ended(ended_by: str | None) -> bool:
@@ -101,29 +95,23 @@ class ModeStats:
     asks_resolved: int = 0
     """Asks seen in turns that were resolved (the user was interrupted on a good run)."""
     halted_censored: dict[str, int] = field(default_factory=dict)
-    """By cohort (``COHORT_KEYS``): halts of turns whose recording ends at a halt of their own, at
-    or after this one: what they would have done without any halt is not recorded, so they are
-    neither resolved nor unresolved halts (no false-positive evidence)."""
+    """By cohort: halts of turns whose recording ends at a halt of their own, at or after this one:
+    their future is not recorded, so they are neither resolved nor unresolved halts."""
     saved_censored: int = 0
     """The recorded calls those halts come before."""
     evidence: dict[str, int] = field(default_factory=dict)
     """By source (``SOURCES``): the halts whose turn's recording goes on past them to its own end,
     the only ones whose result says whether the halt was a false positive."""
     halted_cut_short: dict[str, int] = field(default_factory=dict)
-    """By cohort: halts within the listed calls of turns whose listing stops before their end
-    (``RunStats.cut_short``). The turn went on to its own end, so these halts are evidence like
-    any other; the turns of ``cut_short`` this row does not halt are censored."""
+    """By cohort: halts within the listed calls of turns cut short: evidence like any other."""
 
     def add(self, turn_id: str, calls: int, resolved: bool | None, result: TurnResult) -> None:
         self.add_effect(turn_id, resolved, result, halt_effect(result, calls))
 
     def add_effect(self, turn_id: str, resolved: bool | None, result: TurnResult, effect: HaltEffect | None,
                    cut: str | None = None, source: str = "unrecorded", short: str | None = None) -> None:
-        """``add`` with the halt's figures computed once (``halt_effect``): every policy of a
-        replay group shares the same result. ``cut``: the cohort key of a turn whose recording
-        ends at a halt of its own (``None``: it ended on its own); ``source``: where the turn's
-        recorded future comes from (``SOURCES``); ``short``: the cohort key of a turn whose
-        listed calls stop before its end (``RunStats.cut_short``)."""
+        """``add`` with the halt's figures computed once for a replay group: ``cut`` and ``short`` the
+        cohort keys of a turn ending at a halt of its own or cut short, ``source`` from ``SOURCES``."""
         asks = result.asks
         if asks:
             self.asks += len(asks)
@@ -165,11 +153,8 @@ class ModeStats:
 
     def censored(self, halt_ended: dict[str, int], cut_short: dict[str, int] | None = None,
                  in_part: dict[str, int] | None = None) -> dict[str, int]:
-        """By cohort: the turns whose recording stops before their own end (the run's counts:
-        ``halt_ended``, at a halt of their own; ``cut_short``, their listed calls stop early) that
-        this policy does not halt within the recording, and the turns recorded in part
-        (``in_part``, not replayed): whether it would have halted them is not recorded (censored),
-        so they are neither halted nor not halted."""
+        """By cohort: the turns whose recording stops before their end that this policy does not halt
+        within it, and those recorded in part: censored, neither halted nor not."""
         return _by_cause(self, halt_ended, cut_short or {}, in_part or {})
 
     def censored_by_cause(self, halt_ended: dict[str, int], cut_short: dict[str, int] | None = None,
@@ -430,9 +415,8 @@ class RunStats:
         self.survival.merge(other.survival)
 
     def horizon(self) -> tuple[int | None, str]:
-        """How far the survival estimate reaches: the highest cap any recorded turn ran under
-        (``"limits"``), or, when a turn ran without one or no limits were recorded, the largest
-        call count observed (``"data"``); ``None`` without turns."""
+        """How far the survival estimate reaches: the highest cap turns ran under (``"limits"``), else
+        the largest call count seen (``"data"``); ``None`` without turns."""
         caps = [lim.hard_cap for cohort in COHORT_KEYS for lim, _ in self.recording.limits_of(cohort)]
         if caps and None not in caps:
             return max(c for c in caps if c is not None), "limits"

@@ -1,30 +1,14 @@
 """How many calls turns need: a product-limit (Kaplan-Meier) estimate over both cohorts.
 
-A turn that ended on its own (``completed``, or a host's reason of its own) is an *event* at its
-call count: it needed exactly that many. One halted by any threshold, ``cancelled``, ``error`` or
-``abandoned`` is *censored* there: it needed at least that many (the call a halt refused counts,
-as the recorder lists it). Live turns carry the curve to the live cap, probe turns beyond it, to
-the probe's own cap, and never past that: the curve is not estimable where no turn was watched.
+A turn that ended on its own is an *event* at its call count; one halted, cancelled, errored or
+abandoned is *censored* there. Live turns carry the curve to the live cap, probe turns to the
+probe's own cap, never past it. ``S(n)`` has Greenwood's variance and a log-log 95% interval
+(Kalbfleisch & Prentice; checked against the Freireich 6-MP data). Of the turns that reach ``b``
+calls, the share that finish by ``k`` is ``1 - S(k)/S(b)``, and raising the backstop from ``b`` to
+``k`` costs ``sum_{n=b}^{k-1} S(n)/S(b)`` calls per such turn (the restricted mean).
 
-``S(n)`` is the share of turns that need more than ``n`` calls:
-
-    S(n) = prod over event counts t <= n of (1 - d_t / r_t)
-
-(``d_t`` turns finishing at ``t``, ``r_t`` still running just before it), with Greenwood's
-variance ``S(n)^2 * sum d / (r (r - d))`` and a 95% interval on the log-log scale, which stays
-inside [0, 1]: ``S^exp(+-1.96 sqrt(sum d/(r(r-d))) / log S)`` (Kalbfleisch & Prentice; checked
-against the Freireich 6-MP data's published values). The threshold questions are conditional:
-of the turns that reach ``b`` calls (the backstop), the share that finish by ``k`` is
-``1 - S(k)/S(b)`` (the same interval on ``S(k)/S(b)``, whose variance sums over ``(b, k]``), and
-raising the backstop from ``b`` to ``k`` costs ``sum_{n=b}^{k-1} S(n)/S(b)`` calls per turn that
-reaches ``b`` (the restricted mean).
-
-Censoring by the stuck and streak thresholds is informative: those turns were looping, not a random
-sample of the turns still running, so the estimate leans toward turns finishing; the report says so.
-Everything is a histogram by call count, so partial runs merge exactly.
-
-The estimate in words for the terminal (``survival_text``); ``html.survival_chart`` draws it.
-"""
+Censoring by the stuck and streak thresholds is informative (those turns were looping), so the
+estimate leans toward turns finishing; the report says so. Histograms only: partial runs merge."""
 
 from __future__ import annotations
 
@@ -69,9 +53,8 @@ def loglog_interval(s: float, greenwood: float, z: float = Z95) -> tuple[float, 
 
 
 EXACT = Sided.ONE
-"""Where the estimate is 0 or 1 Greenwood's variance is 0 and says nothing: the exact binomial
-bound at 95% over the turns whose fate is known, ``1 - 0.05^(1/N)`` (about 3/N), one-sided since
-the other end is the estimate itself (the threshold board's ``evidence.EXACT_ONE_SIDED``)."""
+"""Where the estimate is 0 or 1 Greenwood's variance says nothing: the exact one-sided 95% bound
+``1 - 0.05^(1/N)`` over the turns whose fate is known."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +73,8 @@ class Interval:
 
 
 def survival_interval(s: float, greenwood: float, survivors: int, finishers: int) -> Interval:
-    """The 95% interval of a survival ``s``, never missing: log-log strictly between 0 and 1; exact
-    at 1 over the ``survivors`` seen past the point (none of them finished: ``[0.05^(1/N), 1]``) and
-    at 0 over the ``finishers`` (every one finished: ``[0, 1 - 0.05^(1/N)]``); ``[0, 1]`` over none."""
+    """The 95% interval of a survival ``s``: log-log strictly between 0 and 1; exact at 1 over the
+    ``survivors`` and at 0 over the ``finishers``; ``[0, 1]`` over none."""
     interval = loglog_interval(s, greenwood)
     if interval is not None:
         return Interval(*interval, exact=False)
