@@ -202,7 +202,7 @@ def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: i
                tolerance: float = 0.1) -> dict[str, dict[str, float]]:
     """Column -> row (k) -> value, as the "probe turns past k×S" table must show them (its frontier
     columns: calibrate's ``frontier.upper_bound`` of the productive turns seen, against ``tolerance``)."""
-    from turnguard._calibrate.frontier import upper_bound
+    from turnguard._calibrate.evidence import upper_bound
 
     table: dict[str, dict[str, float]] = {}
     facts = list(facts)

@@ -1,4 +1,4 @@
-"""The recommended value per threshold (``_calibrate/frontier.py``): the rule on hand-made ladders,
+"""The recommended value per threshold (``_calibrate/evidence.py``, its frontier): the rule on hand-made ladders,
 then on two planted fleets whose right answer is known (``frontier_fleet``), in both directions."""
 
 from __future__ import annotations
@@ -10,8 +10,16 @@ import pytest
 
 import frontier_fleet as ff
 from turnguard._calibrate import cli, survival
-from turnguard._calibrate.evidence import Ladder, Sided, ladders_from_json, zero_event_bound
-from turnguard._calibrate.frontier import Scale, frontier, turns_for_zero, upper_bound
+from turnguard._calibrate.evidence import (
+    Ladder,
+    Scale,
+    Sided,
+    frontier,
+    ladders_from_json,
+    turns_for_zero,
+    upper_bound,
+    zero_event_bound,
+)
 from turnguard._calibrate.stats import RunStats
 
 TOLERANCE = 0.1

@@ -28,7 +28,7 @@ from turnguard._boards.thresholds import (  # noqa: E402
     explicit_values,
     soft_values,
 )
-from turnguard._calibrate.frontier import upper_bound  # noqa: E402
+from turnguard._calibrate.evidence import upper_bound  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
 from turnguard.telemetry._buckets import cycle_edges  # noqa: E402
 

@@ -21,8 +21,7 @@ from turnguard._boards import build, queries, rules  # noqa: E402
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
 from turnguard._boards.thresholds import SEEN_HIGH, SPARES, _edges, streak_values, stuck_values  # noqa: E402
-from turnguard._calibrate.evidence import Ladder, _fate  # noqa: E402
-from turnguard._calibrate.frontier import upper_bound  # noqa: E402
+from turnguard._calibrate.evidence import Ladder, _fate, upper_bound  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
 from turnguard.telemetry import _buckets as buckets  # noqa: E402
 

@@ -18,8 +18,8 @@ Modules, from the input to the report:
 - ``parallel``: worker processes reading byte ranges, joined as one reader would have read them
 - ``stats``: the figures a run accumulates, and how partial runs merge
 - ``recording``: what the recording says about the policies in force and the traffic
-- ``evidence``: what probe turns did past the main configuration's thresholds, and how far past (ladders)
-- ``frontier``: a value to set for each probed threshold, what it buys and what it costs
+- ``evidence``: what probe turns did past the main configuration's thresholds, how far past (ladders),
+  and the value to set for each probed threshold, what it buys and what it costs (the frontier)
 - ``advice``: a probe row's decision against the tolerance, the advice, and both shown
 - ``survival``: how many calls turns need (Kaplan-Meier), in words
 - ``report``: the terminal table (first, its legend after) and the ``--json`` result

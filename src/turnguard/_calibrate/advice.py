@@ -22,8 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnguard._calibrate.bounds import COHORT_KEYS
-from turnguard._calibrate.evidence import FEW, Z95, Passed, ProbeEvidence, value_step
-from turnguard._calibrate.frontier import Frontier, Scale, frontier, not_probed
+from turnguard._calibrate.evidence import (
+    FEW,
+    Z95,
+    Frontier,
+    Passed,
+    ProbeEvidence,
+    Scale,
+    frontier,
+    not_probed,
+    value_step,
+)
 from turnguard._calibrate.recording import Recording
 from turnguard._calibrate.records import TOOL_LIST_KEYS
 from turnguard._terminal import DEFAULT_WIDTH, fit_table
@@ -135,7 +144,7 @@ def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int]
 
 
 def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) -> list[Frontier]:
-    """The recommended value of each threshold of the main configuration (``frontier.py``), or why
+    """The recommended value of each threshold of the main configuration (``evidence.frontier``), or why
     it is not probed."""
     if not e.turns or (e.soft_cap is None and e.explicit_cap is None):
         return []
