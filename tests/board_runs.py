@@ -23,6 +23,7 @@ timestamp once the rules have evaluated past the fleet's last sample, over a ran
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import re
 import time
@@ -48,7 +49,10 @@ import turnguard as tg  # noqa: E402
 from turnguard._boards import build, queries, rules  # noqa: E402
 from turnguard._boards import promql as q  # noqa: E402
 
-SCRAPE_INTERVAL_S = 2
+SCRAPE_INTERVAL_S = 10
+"""The pull route's scrape interval, and so its scrape timeout (Prometheus allows no longer): the
+exporter renders the fleet's thousands of samples in a thread of the test process, which at load 13
+on 2 cores took over 2 s (every scrape failed at the 2 s this was)."""
 JOB = "turnguard-fleet"
 
 
@@ -83,8 +87,8 @@ class FleetRun:
     """The $__rate_interval a range query is drawn with (samples in each window)."""
     workdir: Path | None = None
     """Where the run's servers (and the fleet's recorder, if it records) keep their files."""
-    outages: Sequence[tuple[float, float]] = ()
-    """The telemetry gaps the fleet made: when Prometheus went down, and when it was back."""
+    outages: Sequence[Outage] = ()
+    """The telemetry gaps the fleet made."""
 
 
 class CountingExporter(sdk_export.MetricExporter):
@@ -140,10 +144,11 @@ class Push:
 
 
 def wait_landed(prometheus: chain.Prometheus, at: float, expected: int, *, late: bool = False) -> None:
-    """Waits until Prometheus holds every series of an export whose points are at ``at``, within the
-    rules' lag (its records' states see it at its own time; one landing later is counted in the
-    record after), unless it may land ``late`` (behind what the Collector's disk queue retries after
-    a telemetry gap)."""
+    """Waits until Prometheus holds every series of an export whose points are at ``at`` (``late``:
+    it may come behind what the Collector's disk queue retries after a telemetry gap). However long
+    it took (a loaded machine delays the Collector's delivery), nothing is lost: a sample that lands
+    later than the rules' lag is counted by the first record evaluated after it lands
+    (``rules.where``), and ``_records`` ends the window's records after every landing."""
     # Every series has this export's sample: the series with a sample at exactly that millisecond
     # (a range selector keeps the metric names; counting series alone, an older sample would do,
     # and timestamp() of anything but a bare selector is the evaluation time, not the sample's).
@@ -153,8 +158,20 @@ def wait_landed(prometheus: chain.Prometheus, at: float, expected: int, *, late:
         found = prometheus.api("query", query=fresh, time=f"{at:.3f}")["result"]
         return len(found) == expected
 
-    chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited, timeout=120 if late else 30)
-    assert late or time.time() - at < LAG_S, f"the export landed {time.time() - at:.1f} s late, past the rules' lag"
+    chain.wait_until(f"{expected} series at {at}", landed, prometheus.exited, timeout=(2 if late else 1) * chain.WAIT_S)
+
+
+def evaluated_past(prometheus: chain.Prometheus, at: float) -> float:
+    """Waits for an evaluation of the rules whose records end at or after ``at`` and that ran after
+    everything landed so far (now): its state holds every sample up to ``at``. Its timestamp."""
+    due = max(at + LAG_S, time.time())
+
+    def past_it() -> float | None:
+        found = prometheus.api("query", query=f"timestamp({rules.HEARTBEAT})")["result"]
+        stamp = float(found[0]["value"][1]) if found else None
+        return stamp if stamp is not None and stamp >= due else None
+
+    return chain.wait_until(f"the rules to evaluate past {due}", past_it, prometheus.exited)
 
 
 @dataclass(frozen=True)
@@ -186,41 +203,56 @@ def _prometheus(binary: str, workdir: Path, config: str, flags: list[str]) -> ch
     return chain.Prometheus(binary, workdir, f"{config}rule_files: [{RULES_FILE}]\n", flags)
 
 
-def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[float]) -> Window:
-    """Waits for the first evaluation whose tile ends at or after ``window.end``; returns the records
-    from the first whose tile starts at or after ``window.start`` up to it, and checks that the
-    evaluation they chain from ended after the window's start (an evaluation Prometheus skipped under
-    load is no loss: the next record counts from the state before it) and that every
-    sample the fleet ``landed`` after the window's start falls in one of those tiles (a sample in
-    the tile before would be left out of the records, an undercount the panels could not explain)."""
-    record, tile_ms, lag_ms = build.RECORDED[build.TURNS], TILE_S * 1000, LAG_S * 1000
-    end_ms, start_ms = round(window.end * 1000), round(window.start * 1000)
+def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[float], after: float) -> Window:
+    """The records that hold the fleet: those after the evaluation at ``after`` (``evaluated_past``
+    the window's start: its state holds everything before the fleet), up to the first evaluation
+    whose tile ends at or after ``window.end`` and that ran after every sample landed (one that
+    landed late is counted by the first record after it lands: the window must reach that record).
+    Checks that every sample the fleet ``landed`` falls after the records' start (a sample in the
+    evaluation they chain from would be left out of them, an undercount the panels could not
+    explain). An evaluation Prometheus skipped under load is no loss: the next record counts from
+    the state before it."""
+    record, lag_ms = build.RECORDED[build.TURNS], LAG_S * 1000
+    end_ms, after_ms, landed_ms = round(window.end * 1000), round(after * 1000), round(time.time() * 1000)
 
     def stamps(at: float, reach: str) -> list[int]:
         matrix = prometheus.api("query", query=f"{record}[{reach}]", time=f"{at:.3f}")["result"]
         return sorted({round(float(ts) * 1000) for s in matrix for ts, _ in s["values"]})
 
     def evaluated() -> int | None:
-        after = [ts for ts in stamps(time.time(), "1m") if ts - lag_ms >= end_ms]
-        return after[0] if after else None
+        done = [ts for ts in stamps(time.time(), "1m") if ts - lag_ms >= end_ms and ts >= landed_ms]
+        return done[0] if done else None
 
     last = chain.wait_until("the rules to evaluate past the fleet", evaluated, prometheus.exited)
-    first = last - (last - lag_ms - tile_ms - start_ms) // tile_ms * tile_ms
-    # each record counts from the previous evaluation's state, so a skipped evaluation loses nothing:
-    # the window's records chain from the last evaluation before them, whose end must follow the start
-    stamped = stamps(last / 1000, f"{last - start_ms + 60_000}ms")
-    previous = max(ts for ts in stamped if ts <= first - tile_ms // 2)
-    assert previous - lag_ms >= start_ms, f"the records before the window end at {previous - lag_ms}, before {start_ms}"
-    tiles = ((previous - lag_ms) / 1000, (last - lag_ms) / 1000)
-    outside = [at for at in landed if not tiles[0] < at <= tiles[1]]
-    assert not outside, f"samples at {outside} landed outside the records' tiles {tiles}"
-    return Window((first - tile_ms // 2) / 1000, last / 1000)
+    stamped = stamps(last / 1000, f"{last - after_ms + 60_000}ms")
+    first = min(ts for ts in stamped if ts > after_ms)
+    outside = [at for at in landed if not (after_ms - lag_ms) / 1000 < at <= (last - lag_ms) / 1000]
+    assert not outside, f"samples at {outside} landed outside the records' tiles {(after_ms - lag_ms, last - lag_ms)}"
+    return Window((first - TILE_S * 500) / 1000, last / 1000)
 
 
 OUTAGE_S, LOOKBACK_S = 35, 15
 """A telemetry gap (``Samples.gap``): Prometheus down this long, its lookback delta shortened to that
 (5 minutes by default), so that after the gap no series has a sample within the lookback of the
 records' tile, as after a 10-minute outage in production."""
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A telemetry gap: Prometheus down from ``down`` to ``up``; ``exported`` the points' times of
+    the exports made meanwhile (the Collector queued them)."""
+
+    down: float
+    up: float
+    exported: tuple[float, ...] = ()
+
+    @property
+    def quiet(self) -> float:
+        """The middle of the gap's longest stretch without a sample (a time no series has a sample
+        within the lookback of: the stretch is at least twice ``LOOKBACK_S``, ``Samples.up``)."""
+        edges = sorted((self.down, *self.exported, self.up))
+        start, end = max(itertools.pairwise(edges), key=lambda pair: pair[1] - pair[0])
+        return (start + end) / 2
 
 
 class Samples:
@@ -230,20 +262,21 @@ class Samples:
     it only exports (the Collector's disk queue holds it and retries it, with no time limit: the
     remote write behind the queue tries each request once); the next sample, or another process's
     export, restarts Prometheus on its port and store and waits for what lands then, however late
-    the queue's next try (within 45 s) delivers it. (A process that exports once and exits while
-    the store is down reaches the board the same way: its export is queued.)"""
+    the queue's next try delivers it. (A process that exports once and exits while the store is
+    down reaches the board the same way: its export is queued.)"""
 
     def __init__(self, prometheus: chain.Prometheus, land: Callable[[chain.Prometheus, bool], float], *,
-                 export: Callable[[], object] | None = None,
+                 export: Callable[[], float] | None = None,
                  restart: Callable[[int], chain.Prometheus] | None = None) -> None:
         """``land``: export and wait until it landed (the points' time; ``True``: it may land late);
-        ``export``: export only; ``restart``: a Prometheus like the first on that port (none: the
-        route has no gaps)."""
+        ``export``: export only (the points' time); ``restart``: a Prometheus like the first on that
+        port (none: the route has no gaps)."""
         self.prometheus, self._land, self._export, self._restart = prometheus, land, export, restart
         self.landed: list[float] = []
-        self.outages: list[tuple[float, float]] = []
+        self.outages: list[Outage] = []
         self._down: float | None = None
         self._missed = False
+        self._exported: list[float] = []
         self.late = False
         """A gap just ended: the next landing may come behind the Collector's retries."""
 
@@ -251,7 +284,7 @@ class Samples:
         if self._down is not None and not self._missed:
             self._missed = True
             if self._export is not None:
-                self._export()  # to a store that is down: not waited for
+                self._exported.append(self._export())  # to a store that is down: not waited for
             return
         self.up()
         self.landed.append(self._land(self.prometheus, self.late))
@@ -263,24 +296,20 @@ class Samples:
         before the window's first record would leave its records no state to chain from; a fleet
         runs to its middle faster than the rules' lag on a quiet machine)."""
         assert self._restart is not None, "this route has no telemetry gap"
-        due = (self.landed[-1] if self.landed else time.time()) + LAG_S + TILE_S
-        evaluated = f"timestamp({rules.HEARTBEAT})"
-
-        def past_it() -> bool:
-            found = self.prometheus.api("query", query=evaluated)["result"]
-            return bool(found) and float(found[0]["value"][1]) >= due
-
-        chain.wait_until(f"the rules to evaluate past {due}", past_it, self.prometheus.exited, timeout=60)
+        evaluated_past(self.prometheus, (self.landed[-1] if self.landed else time.time()) + TILE_S)
         self.prometheus.stop()
-        self._down, self._missed = time.time(), False
+        self._down, self._missed, self._exported = time.time(), False, []
 
     def up(self) -> None:
-        """Ends a gap (after ``OUTAGE_S``): Prometheus restarted on the same port and store."""
+        """Ends a gap after ``OUTAGE_S``, and after a stretch of twice the lookback with no sample
+        (however late in the gap a loaded machine made its export): Prometheus restarted on the same
+        port and store."""
         if self._down is None or self._restart is None:
             return
-        time.sleep(max(0.0, self._down + OUTAGE_S - time.time()))
+        quiet = max([self._down, *self._exported]) + 2 * LOOKBACK_S + 2 * TILE_S
+        time.sleep(max(0.0, self._down + OUTAGE_S - time.time(), quiet - time.time()))
         self.prometheus = self._restart(self.prometheus.port)
-        self.outages.append((self._down, time.time()))
+        self.outages.append(Outage(self._down, time.time(), tuple(self._exported)))
         self._down, self.late = None, True
 
 
@@ -314,19 +343,20 @@ def _pull(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
 
     def scrape_after(moment: float) -> float:
         return chain.wait_until(f"a scrape after {moment}", lambda: (ts := last_scrape()) and ts > moment and ts,
-                                prometheus.exited, timeout=60)
+                                prometheus.exited)
 
     scrape_after(0)
     if warm_up is not None:
         warm_up(provider)
     start = scrape_after(time.time())
+    after = evaluated_past(prometheus, start)
     samples = Samples(prometheus, lambda _, late: scrape_after(time.time()))
     others = iter(range(1, 1000))
     tally = run(provider, samples, lambda: Elsewhere(None, f"another-process-{next(others)}", lambda exported: None))
     end = scrape_after(time.time())
     window = Window(start, end)
     return FleetRun("pull-prometheus2", prometheus, tally, window,
-                    _records(prometheus, window, [*samples.landed, end]), config, 4 * SCRAPE_INTERVAL_S)
+                    _records(prometheus, window, [*samples.landed, end], after), config, 4 * SCRAPE_INTERVAL_S)
 
 
 def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.GuardConfig, warm_up: WarmUp, *,
@@ -352,12 +382,10 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
         # the fleet never uses lands first (its series stay flat through the window)
         with tg.Guard(tg.GuardConfig(load_entrypoints=False), meter_provider=push.provider).turn(agent_name="warm-up"):
             pass
-        start = push.flush(prometheus)
-        time.sleep(TILE_S)
     else:
         warm_up(push.provider)
-        start = push.flush(prometheus)
-        time.sleep(TILE_S)  # the fleet's first sample in a tile after the one holding the warm-up's
+    start = push.flush(prometheus)
+    after = evaluated_past(prometheus, start)  # the fleet's first sample in a record after the warm-up's
 
     def restart(port: int) -> chain.Prometheus:
         return chain.Prometheus(binary, workdir, f"{global_config}rule_files: [{RULES_FILE}]\n", flags, port=port)
@@ -377,8 +405,8 @@ def _push(stack: contextlib.ExitStack, workdir: Path, run: Run, config: tg.Guard
     end = push.flush(prometheus, samples.late)
     route = ("collector" if collector else "otlp") + ("-prometheus3" if prometheus3 else "-prometheus2")
     window = Window(start, end)
-    return FleetRun(route, prometheus, tally, window, _records(prometheus, window, [*samples.landed, end]), config,
-                    end - start, workdir, samples.outages)
+    records = _records(prometheus, window, [*samples.landed, end], after)
+    return FleetRun(route, prometheus, tally, window, records, config, end - start, workdir, samples.outages)
 
 
 def _scrape_config(target: str) -> str:

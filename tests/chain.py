@@ -75,6 +75,15 @@ def collector() -> str:
     return require(os.environ.get("TG_OTELCOL"), "the turnguard Collector build (TG_OTELCOL)")
 
 
+HTTP_TIMEOUT_S = 150
+"""How long a request to a server here may take: longer than Prometheus's own 2-minute query
+timeout, so that a slow answer on a loaded machine is an answer (a query that fails says why) and
+only a hung server fails the test."""
+WAIT_S = 120
+"""How long ``wait_until`` polls by default: a hang guard, generous so that a loaded machine
+(a 2-core CI machine at load 10 to 30) only slows a test down."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -82,11 +91,11 @@ def free_port() -> int:
 
 
 def http_get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
         return response.read()
 
 
-def wait_until(what: str, ready: Callable[[], Any], alive: Callable[[], str | None], timeout: float = 30) -> Any:
+def wait_until(what: str, ready: Callable[[], Any], alive: Callable[[], str | None], timeout: float = WAIT_S) -> Any:
     """Poll ``ready`` until it returns something truthy; fail if ``alive`` reports an exit or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -151,13 +160,13 @@ class Prometheus(Process):
         """Replace the config (e.g. a scrape target known only after start) and reload it."""
         self.config_path.write_text(config)
         request = urllib.request.Request(self.url + "/-/reload", method="POST")
-        with urllib.request.urlopen(request, timeout=10):
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S):
             pass
 
     def api(self, path: str, **params: str) -> Any:
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         try:
-            with urllib.request.urlopen(url, timeout=10) as response:
+            with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
                 body = json.load(response)
         except urllib.error.HTTPError as exc:
             raise AssertionError(f"{path} {params}: HTTP {exc.code}: {exc.read().decode()[:500]}") from None

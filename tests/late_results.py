@@ -56,7 +56,7 @@ def report(request: dict[str, Any]) -> dict[str, Any]:
         provider.shutdown()
 
 
-def in_another_process(request: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+def in_another_process(request: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
     """Runs this script as a process of its own on ``request``; its answer."""
     done = subprocess.run([sys.executable, str(SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
                           timeout=timeout, check=False)

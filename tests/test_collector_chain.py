@@ -385,7 +385,7 @@ def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one_and_tries_fr
             internal = pipeline == "remote-write-up" or sum(float(r["value"][1]) for r in refused) > 0
             return row if row[(52, "A")] > 0 and failing and internal else None
 
-        row = chain.wait_until("the Collector's metrics in Prometheus", settled, prometheus.exited, timeout=90)
+        row = chain.wait_until("the Collector's metrics in Prometheus", settled, prometheus.exited)
         alert = prometheus.query(_export_failure_alert(), time.time())
         refused = prometheus.query(f'sum by (receiver) ({promql.OTELCOL_REFUSED})', time.time())
     finally:
@@ -438,7 +438,7 @@ def test_halts_reach_prometheus_with_exemplars_naming_the_halted_calls_span(otel
                                    start=f"{now - 600:.3f}", end=f"{now + 5:.3f}")
             return [e["labels"] for series in found for e in series["exemplars"]]
 
-        exemplars = chain.wait_until("halt exemplars", halt_exemplars, prometheus.exited, timeout=60)
+        exemplars = chain.wait_until("halt exemplars", halt_exemplars, prometheus.exited)
         chain.wait_until("the spans in the file", lambda: turn_spans(collector.otlp_file) == len(tally.turns),
                          collector.exited, timeout=60)
     finally:
@@ -682,7 +682,7 @@ def test_a_one_shot_processs_late_results_reach_prometheus_after_an_outage(otelc
             return found or None
 
         try:
-            found = chain.wait_until("the late results in Prometheus", counted, prometheus.exited, timeout=60)
+            found = chain.wait_until("the late results in Prometheus", counted, prometheus.exited)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the queue's points by the end of the outage: {during}, dropped by "
                                  f"now: {_exporter_points(collector, 'send_failed', 'otlp_http/queue')}") from None
@@ -752,7 +752,7 @@ def test_a_collector_restarted_during_an_outage_delivers_what_it_had_queued(otel
                      for s in prometheus.query(query, time.time())}
             return found or None
 
-        found = chain.wait_until("the queued results in Prometheus", counted, prometheus.exited, timeout=90)
+        found = chain.wait_until("the queued results in Prometheus", counted, prometheus.exited)
         chain.wait_until("the queue to drain", lambda: _queued(collector) == 0, collector.exited)
         dropped = _exporter_points(collector, "send_failed", "otlp_http/queue")
         refusals = [line for line in prometheus.log_tail(100_000).splitlines() if "level=error" in line]

@@ -128,8 +128,9 @@ def test_the_fleet_went_through_a_telemetry_gap(probe_run):
     """Halfway through the turns Prometheus was down longer than its lookback: no evaluation of the
     rules in between, the turns of the gap exported to the Collector meanwhile, and the board's
     figures (every other test here) are still the fleet's, and calibrate's."""
-    ((down, up),) = probe_run.outages
-    assert up - down >= OUTAGE_S
+    (outage,) = probe_run.outages
+    down, up = outage.down, outage.up
+    assert up - down >= OUTAGE_S and outage.exported  # the turns of the gap went to the Collector
     assert probe_run.window.start < down < up < probe_run.window.end
     heartbeat = f"count_over_time({rules.HEARTBEAT}[{round((up - down) * 1000) - 2000}ms])"
     assert not probe_run.prometheus.query(heartbeat, up - 1), "the rules were evaluated during the gap"
@@ -137,12 +138,13 @@ def test_the_fleet_went_through_a_telemetry_gap(probe_run):
 
 def test_the_halts_boards_counts_split_inside_the_gap_add_up_to_the_fleet(probe_run):
     """The Halts board's count (``promql.total``, raw series) over the run, and over its two halves
-    split inside the gap, where no series has a sample within the lookback delta: the second half
-    counts from each series' last sample before the gap, so the halves add up to every turn once
-    (an instant ``offset`` there saw no sample and counted every series' history again)."""
-    ((down, up),) = probe_run.outages
-    middle, window = (down + up) / 2, probe_run.window
-    assert middle - down > LOOKBACK_S and up - middle > LOOKBACK_S
+    split inside the gap where no series has a sample within the lookback delta (the exports made
+    during the gap have samples in it): the second half counts from each series' last sample before
+    the gap, so the halves add up to every turn once (an instant ``offset`` there saw no sample and
+    counted every series' history again)."""
+    (outage,) = probe_run.outages
+    middle, window = outage.quiet, probe_run.window
+    assert all(abs(middle - at) > LOOKBACK_S for at in (outage.down, *outage.exported, outage.up))
     fresh = f"count_over_time({q.TURNS}[{LOOKBACK_S}s])"
     assert not probe_run.prometheus.query(fresh, middle), "a sample within the lookback of the split"
 

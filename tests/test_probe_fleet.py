@@ -41,7 +41,7 @@ def another_process(workdir: Path) -> Callable[[list[tuple[str, bool]]], None]:
     def report(pairs: list[tuple[str, bool]]) -> None:
         (workdir / "pairs.json").write_text(json.dumps(pairs))
         done = subprocess.run([sys.executable, "-c", ELSEWHERE, str(workdir / "pairs.json"),
-                               str(workdir / "elsewhere.jsonl")], capture_output=True, text=True, timeout=120,
+                               str(workdir / "elsewhere.jsonl")], capture_output=True, text=True, timeout=600,
                               check=True)
         assert done.stdout.split() == [str(len(pairs))] * 2, done.stdout + done.stderr  # every one taken
     return report

@@ -98,7 +98,7 @@ def _settled(prometheus: chain.Prometheus, agent: str, expected: float, record: 
         return seen[-1] == expected
 
     with contextlib.suppress(AssertionError):  # the caller compares: its message names the count
-        chain.wait_until(f"the records to count {expected} turns of {agent}", done, prometheus.exited, timeout=60)
+        chain.wait_until(f"the records to count {expected} turns of {agent}", done, prometheus.exited)
     return next((v for v in reversed(seen) if v is not None), -1.0)
 
 
