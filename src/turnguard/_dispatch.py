@@ -369,7 +369,8 @@ class Dispatcher:
         """Call a keyword observer hook, each implementation isolated: the first failure's
         stand-in (a HALT under ``fail_mode="closed"``), else ``None``. What the stand-in does
         (halt the call it failed on) is the caller's."""
-        return self.call_each(hook, self.observers(hook), report, kwargs)[1]
+        observers = self.observers(hook)
+        return self.call_each(hook, observers, report, kwargs)[1] if observers else None
 
     # -- deciding -----------------------------------------------------------------------------
 

@@ -435,11 +435,21 @@ class Keyer:
 
         def ascii_text(name: str, args: Any) -> bytes:
             """SipHash of an ASCII text that cannot be JSON (most shell commands and paths): the
-            text itself is the pair's rest (``siphash_of``); anything else takes ``digest``."""
-            if type(args) is str and args and args.isascii() and type(name) is str:
-                first = args[0]  # (not args[:1]: on 3.11 a slice is built per call)
-                if first not in maybe_json or (first in word_starts and args.rstrip(space) not in words):
-                    return pack(hashed((texts(name) or states(name)[1], args)))
+            text itself is the pair's rest (``siphash_of``); of a dict of JSON values, ``digest``'s
+            own case, inlined (most calls' arguments: a call saved); anything else takes ``digest``."""
+            cls = type(args)
+            if cls is str:
+                if args and args.isascii() and type(name) is str:
+                    first = args[0]  # (not args[:1]: on 3.11 a slice is built per call)
+                    if first not in maybe_json or (first in word_starts and args.rstrip(space) not in words):
+                        return pack(hashed((texts(name) or states(name)[1], args)))
+            elif cls is dict and type(name) is str:
+                try:
+                    data = join(encode_chunks(args, 0)).encode()
+                except Exception:  # not plain JSON, or lone surrogates: digest's general case
+                    pass
+                else:
+                    return pack(hashed((named(name) or states(name)[0], data)))
             return digest(name, args)
 
         def digest(name: str, args: Any) -> bytes:
