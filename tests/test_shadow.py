@@ -281,19 +281,26 @@ def test_a_raising_shadow_policy_is_its_own_would_be_halt_and_never_the_hosts(mo
     assert heard.ended["closed"].halted and heard.ended["closed"].tool_calls == 1
 
 
-def test_a_failing_shadow_ledger_stops_the_shadows_not_the_host(monkeypatch):
+@pytest.mark.parametrize("step", ["begin_cycle", "count_call", "record_outcome"])
+def test_a_failing_shadow_ledger_stops_the_shadows_not_the_host_in_each_check_hook(monkeypatch, step):
+    """The shadows' three check hooks (cycle, call, outcome) each keep their own copy of the
+    isolation: a bug in any of them stops the shadows, at that step, and never reaches the host."""
     guard, heard = shadow_guard({"twin": {}}, fail_mode="closed")
-    count_call = Ledger.count_call
+    original = getattr(Ledger, step)
 
-    def broken(ledger: Ledger, digest: bytes, tool_name: str) -> int:
+    def broken(ledger: Ledger, *args):
         if ledger.config is not guard.config and ledger.tool_calls == 2:
             raise RuntimeError("a bug in the shadow's ledger")
-        return count_call(ledger, digest, tool_name)
+        return original(ledger, *args)
 
-    monkeypatch.setattr(Ledger, "count_call", broken)
+    monkeypatch.setattr(Ledger, step, broken)
+    verdicts = []
     with guard.turn() as turn:
-        verdicts = drive(turn, [distinct_call(i) for i in range(5)])
+        for first in (0, 2):
+            verdicts.append(turn.begin_cycle())
+            verdicts += drive(turn, [distinct_call(first + i) for i in range(2)])
     assert turn.halted is None and all(v.action is tg.Action.ALLOW for v in verdicts)
+    assert turn.summary.tool_calls == 4
     assert heard.ended["twin"].tool_calls == 2  # it stopped counting at the failure
 
 
