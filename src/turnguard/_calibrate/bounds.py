@@ -49,8 +49,8 @@ def add_counts(mine: dict[K, int], theirs: dict[K, int]) -> None:
         mine[k] = mine.get(k, 0) + n
 
 
-def histogram_json(hist: dict[int, int]) -> dict[str, int]:
-    """A histogram keyed by numbers as a result holds it (``histogram`` reads it back)."""
+def histogram_json(hist: dict[Any, int]) -> dict[str, int]:
+    """A histogram as a result holds it, sorted by key (``histogram`` reads it back)."""
     return {str(k): v for k, v in sorted(hist.items())}
 
 
@@ -77,6 +77,47 @@ def key_in(choices: tuple[str, ...], what: str) -> Callable[[Any], str]:
 
 
 cohort_key = key_in(COHORT_KEYS, "a cohort")
+
+
+_REQUIRED: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One key of a result's object: the field it holds (``attr``; empty: the key's name), how it
+    is written (``out``; ``None``: as is) and read back (``into(value, what)``; ``None``: derived,
+    not read), and what a result from before the key existed holds (``missing``)."""
+
+    name: str
+    attr: str = ""
+    out: Callable[[Any], Any] | None = None
+    into: Callable[[Any, str], Any] | None = count
+    missing: Any = _REQUIRED
+
+
+def dump(record: Any, keys: tuple[Key, ...], **given: Any) -> dict[str, Any]:
+    """``record`` as a result holds it, in ``keys``' order; ``given``: values the caller computed."""
+    out = {}
+    for k in keys:
+        if k.name in given:
+            out[k.name] = given[k.name]
+        else:
+            value = getattr(record, k.attr or k.name)
+            out[k.name] = value if k.out is None else k.out(value)
+    return out
+
+
+def load(data: Any, keys: tuple[Key, ...], prefix: str = "") -> dict[str, Any]:
+    """The fields ``keys`` read back from a result's object, each checked (``ValueError``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix.rstrip('.') or 'a result'} must be an object, got {shown(data)}")
+    return {k.attr or k.name: k.into(data[k.name] if k.missing is _REQUIRED else data.get(k.name, k.missing),
+                                      prefix + k.name) for k in keys if k.into is not None}
+
+
+def hist(name: str, keys: Callable[[Any], Any], attr: str = "", missing: Any = _REQUIRED) -> Key:
+    """The ``Key`` of a histogram whose keys ``keys`` checks (``histogram_json``, ``histogram``)."""
+    return Key(name, attr, histogram_json, lambda data, what: histogram(data, what, keys), missing)
 
 
 def shown(value: Any, width: int = 40) -> str:

@@ -20,7 +20,17 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from turnguard._calibrate.bounds import MAX_COUNT, add_count, add_counts, count, histogram, histogram_json
+from turnguard._calibrate.bounds import (
+    MAX_COUNT,
+    Key,
+    add_count,
+    add_counts,
+    count,
+    dump,
+    histogram,
+    histogram_json,
+    load,
+)
 from turnguard._probe import Cohort
 
 if TYPE_CHECKING:
@@ -119,18 +129,18 @@ class Passed:
 
     def to_json(self) -> dict[str, Any]:
         low, high = self.interval()
-        return {**{name: getattr(self, name) for name in _PASSED_COUNTS}, "unknown": self.unknown,
-                "resolved_interval": [round(low, 6), round(high, 6)]}
+        return dump(self, _PASSED_KEYS, resolved_interval=[round(low, 6), round(high, 6)])
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Passed:
-        passed = cls(**{name: count(data[name]) for name in _PASSED_COUNTS})
+        passed = cls(**load(data, _PASSED_KEYS))
         if passed.known > passed.turns:
             raise ValueError(f"inconsistent probe evidence counts: {data!r}")
         return passed
 
 
 _PASSED_COUNTS = ("turns", "resolved", "unresolved", "censored", "calls_past")
+_PASSED_KEYS = (*map(Key, _PASSED_COUNTS), Key("unknown", into=None), Key("resolved_interval", into=None))
 
 
 # -- ladders: probe turns by the largest value of a threshold that would halt them -----
@@ -380,42 +390,19 @@ class ProbeEvidence:
 
     def to_json(self) -> dict[str, Any]:
         """The counts (``decision.py`` adds what they decide)."""
-        return {
-            "soft_cap": self.soft_cap,
-            "multiplier": self.multiplier,
-            "stuck_repeat": self.stuck_repeat,
-            "streak_stop": self.streak_stop,
-            "explicit_cap": self.explicit_cap,
-            **{name: getattr(self, name) for name in _EVIDENCE_COUNTS},
-            "unknown": self.unknown,
-            "passed_multiple": {str(k): p.to_json() for k, p in self.multiples.items()},
-            "passed_stuck": self.stuck.to_json(),
-            "passed_streak": self.streak.to_json(),
-            "ladders": ladders_to_json(self.ladders),
-        }
+        return dump(self, _EVIDENCE_KEYS)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProbeEvidence:
-        soft_cap, multiplier, stuck, stop = (data["soft_cap"], data["multiplier"], data["stuck_repeat"],
-                                             data["streak_stop"])
-        if multiplier is not None and (type(multiplier) not in (int, float) or not 0 < multiplier <= MAX_COUNT):
-            raise ValueError(f"the probe evidence's multiplier must be a positive number, got {multiplier!r:.40}")
-        evidence = cls(None if soft_cap is None else count(soft_cap), None if multiplier is None else float(multiplier),
-                       None if stuck is None else count(stuck), None if stop is None else count(stop))
-        explicit = data.get("explicit_cap")
-        evidence.explicit_cap = None if explicit is None else count(explicit)
-        for name in _EVIDENCE_COUNTS:
-            setattr(evidence, name, count(data.get(name, 0) if name in _ADDED_COUNTS else data[name]))
+        evidence = cls(**load(data, _EVIDENCE_KEYS))
         if evidence.resolved + evidence.unresolved > evidence.turns or evidence.censored > evidence.turns or \
                 evidence.past_main + evidence.main_untold > evidence.turns:
             raise ValueError("inconsistent probe evidence counts: more results than probe turns")
         multiples = data["passed_multiple"]
-        if soft_cap is not None and set(multiples) != {str(k) for k in evidence.multiples}:
-            raise ValueError(f"the probe evidence's multiples are not those of x{multiplier}: {sorted(multiples)}")
+        if evidence.soft_cap is not None and set(multiples) != {str(k) for k in evidence.multiples}:
+            raise ValueError(f"the probe evidence's multiples are not those of x{evidence.multiplier}: "
+                             f"{sorted(multiples)}")
         evidence.multiples = {k: Passed.from_json(multiples[str(k)]) for k in evidence.multiples}
-        evidence.stuck = Passed.from_json(data["passed_stuck"])
-        evidence.streak = Passed.from_json(data["passed_streak"])
-        evidence.ladders = ladders_from_json(data.get("ladders"))
         return evidence
 
 
@@ -431,10 +418,33 @@ def multiples_for(multiplier: float | None) -> tuple[int, ...]:
     return tuple(sorted({*MULTIPLES, *extra}))
 
 
-_EVIDENCE_COUNTS = ("turns", "resolved", "unresolved", "calls", "live_turns", "censored", "past_main",
-                    "calls_past_main", "main_untold")
-_ADDED_COUNTS = frozenset({"main_untold"})
-"""Counts added after the format's first results: absent there, read as 0."""
+def _limit(value: Any, what: str) -> int | None:
+    return None if value is None else count(value, what)
+
+
+def _multiplier(value: Any, what: str) -> float | None:
+    if value is not None and (type(value) not in (int, float) or not 0 < value <= MAX_COUNT):
+        raise ValueError(f"the probe evidence's multiplier must be a positive number, got {value!r:.40}")
+    return None if value is None else float(value)
+
+
+def _passed(value: Any, what: str) -> Passed:
+    return Passed.from_json(value)
+
+
+_EVIDENCE_KEYS = (
+    Key("soft_cap", into=_limit), Key("multiplier", into=_multiplier), Key("stuck_repeat", into=_limit),
+    Key("streak_stop", into=_limit), Key("explicit_cap", into=_limit, missing=None),
+    *map(Key, ("turns", "resolved", "unresolved", "calls", "live_turns", "censored", "past_main",
+               "calls_past_main")),
+    Key("main_untold", missing=0), Key("unknown", into=None),
+    Key("passed_multiple", "multiples", lambda m: {str(k): p.to_json() for k, p in m.items()}, None),
+    Key("passed_stuck", "stuck", Passed.to_json, _passed), Key("passed_streak", "streak", Passed.to_json, _passed),
+    Key("ladders", out=ladders_to_json, into=lambda v, _: ladders_from_json(v), missing=None),
+)
+"""``ProbeEvidence`` as a result holds it (``from_json`` reads the multiples: they depend on the
+multiplier); ``main_untold`` was added after the format's first results: absent there, read as 0."""
+_EVIDENCE_COUNTS = tuple(k.name for k in _EVIDENCE_KEYS if k.into is count)
 
 
 # -- the frontier: a value to set for each probed threshold, what it buys and costs ---------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnguard._calibrate.bounds import COHORT_KEYS, count
+from turnguard._calibrate.bounds import COHORT_KEYS, Key, count, dump, load
 from turnguard._calibrate.records import (
     CAP_MODES,
     LIMIT_KEYS,
@@ -113,26 +113,22 @@ class Recording:
             self.last_ended = other.last_ended if self.last_ended is None else max(self.last_ended, other.last_ended)
 
     def to_json(self) -> dict[str, Any]:
-        return {"policies": [e.to_json() for e in self.seen.values()], "policies_left_out": self.left_out,
-                "first_started": self.first_started, "last_ended": self.last_ended,
-                "turns_with_times": self.timed, "turns_without_times": self.untimed, "days": self.days}
+        return dump(self, _RECORDING_KEYS)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Recording:
         """A ``--json`` result's recording, checked like any input (``ValueError`` when not)."""
-        r = cls(left_out=count(data["policies_left_out"]), timed=count(data["turns_with_times"]),
-                untimed=count(data["turns_without_times"]))
-        r.first_started, r.last_ended = time_or_none(data["first_started"]), time_or_none(data["last_ended"])
+        r = cls(**load(data, _RECORDING_KEYS))
         if (r.first_started is None) != (r.last_ended is None) or (
                 r.first_started is not None and r.last_ended is not None and r.last_ended < r.first_started):
             raise ValueError("the recording's first start and last end do not make a time span")
-        policies = data["policies"]
-        if not isinstance(policies, list) or len(policies) > MAX_POLICIES:
-            raise ValueError(f"the recording's policies must be a list of at most {MAX_POLICIES}")
-        for item in policies:
-            entry = _policy_seen(item)
-            r.seen[(entry.cohort, entry.policy, entry.limits)] = entry
         return r
+
+
+def _seen(policies: Any, what: str) -> dict[tuple[str, str | None, Limits | None], PolicySeen]:
+    if not isinstance(policies, list) or len(policies) > MAX_POLICIES:
+        raise ValueError(f"the recording's policies must be a list of at most {MAX_POLICIES}")
+    return {(e.cohort, e.policy, e.limits): e for e in map(_policy_seen, policies)}
 
 
 def _policy_seen(item: Any) -> PolicySeen:
@@ -158,9 +154,17 @@ def _policy_seen(item: Any) -> PolicySeen:
     return PolicySeen(item["cohort"], policy, limits, count(item["turns"]), count(item["calls"]))
 
 
-def time_or_none(value: Any) -> float | None:
+def time_or_none(value: Any, what: str = "a time") -> float | None:
     if value is None:
         return None
     if type(value) not in (int, float) or not 0 <= value <= MAX_TIME:
-        raise ValueError(f"a time must be Unix seconds, got {value!r:.40}")
+        raise ValueError(f"{what} must be Unix seconds, got {value!r:.40}")
     return float(value)
+
+
+_RECORDING_KEYS = (
+    Key("policies", "seen", lambda seen: [e.to_json() for e in seen.values()], _seen),
+    Key("policies_left_out", "left_out"), Key("first_started", into=time_or_none),
+    Key("last_ended", into=time_or_none), Key("turns_with_times", "timed"),
+    Key("turns_without_times", "untimed"), Key("days", into=None),
+)

@@ -22,16 +22,18 @@ from turnguard._calibrate.advice import (
 from turnguard._calibrate.bounds import (
     COHORT_KEYS,
     MAX_IDS,
+    Key,
     add_count,
     add_counts,
     call_count_key,
     cohort_key,
     count,
+    dump,
     halt_bucket,
-    histogram,
-    histogram_json,
+    hist,
     ids_per_policy,
     key_in,
+    load,
     shown,
 )
 from turnguard._calibrate.duplicates import SKETCH, TurnPrints
@@ -170,8 +172,8 @@ class ModeStats:
     def merge(self, other: ModeStats) -> None:
         for name in _MODE_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for hist in ("by_threshold", "halted_censored", "evidence", "halted_cut_short"):
-            add_counts(getattr(self, hist), getattr(other, hist))
+        for name in ("by_threshold", "halted_censored", "evidence", "halted_cut_short"):
+            add_counts(getattr(self, name), getattr(other, name))
         self.resolved_ids.extend(other.resolved_ids[: max(0, self.max_ids - len(self.resolved_ids))])
         self.unresolved_ids.extend(other.unresolved_ids[: max(0, self.max_ids - len(self.unresolved_ids))])
         for k, (n, lo, hi) in other.halt_calls.items():
@@ -182,31 +184,8 @@ class ModeStats:
     def to_json(self, halt_ended: dict[str, int] | None = None, cut_short: dict[str, int] | None = None,
                 in_part: dict[str, int] | None = None) -> dict[str, Any]:
         censored = self.censored(halt_ended or {}, cut_short, in_part)
-        return {
-            "halted": self.halted,
-            "censored": sum(censored.values()),
-            "censored_by_cohort": censored,
-            "censored_by_cause": self.censored_by_cause(halt_ended or {}, cut_short, in_part),
-            "halted_cut_short_by_cohort": dict(sorted(self.halted_cut_short.items())),
-            "halted_censored": sum(self.halted_censored.values()),
-            "halted_censored_by_cohort": dict(sorted(self.halted_censored.items())),
-            "saved_censored": self.saved_censored,
-            "evidence_halts": self.evidence_halts,
-            "evidence_by_source": dict(sorted(self.evidence.items())),
-            "by_threshold": dict(sorted(self.by_threshold.items())),
-            "halted_resolved": self.halted_resolved,
-            "resolved_ids": list(self.resolved_ids),
-            "halted_unresolved": self.halted_unresolved,
-            "unresolved_ids": list(self.unresolved_ids),
-            "saved_unresolved": self.saved_unresolved,
-            "halted_unknown": self.halted_unknown,
-            "saved_unknown": self.saved_unknown,
-            "halt_calls": {str(k): list(v) for k, v in sorted(self.halt_calls.items())},
-            "halt_deciles": list(self.halt_deciles),
-            "asks": self.asks,
-            "turns_with_asks": self.turns_with_asks,
-            "asks_resolved": self.asks_resolved,
-        }
+        return dump(self, _MODE_KEYS, censored=sum(censored.values()), censored_by_cohort=censored,
+                    censored_by_cause=self.censored_by_cause(halt_ended or {}, cut_short, in_part))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModeStats:
@@ -214,21 +193,7 @@ class ModeStats:
         range, ids within ``MAX_ID_LENGTH``, and the counts add up (``ValueError`` when not)."""
         if not isinstance(data, dict):
             raise ValueError(f"a mode's figures must be an object, got {shown(data)}")
-        s = cls()
-        for name in _MODE_COUNTS:
-            setattr(s, name, count(data[name], name))
-        s.by_threshold = histogram(data["by_threshold"], "by_threshold", _label)
-        s.halted_censored = histogram(data["halted_censored_by_cohort"], "halted_censored_by_cohort", cohort_key)
-        s.evidence = histogram(data["evidence_by_source"], "evidence_by_source", _source)
-        s.halted_cut_short = histogram(data.get("halted_cut_short_by_cohort", {}), "halted_cut_short_by_cohort",
-                                       cohort_key)
-        s.resolved_ids = _ids(data["resolved_ids"], "resolved_ids")
-        s.unresolved_ids = _ids(data["unresolved_ids"], "unresolved_ids")
-        s.halt_calls = _halt_calls(data["halt_calls"])
-        deciles = data["halt_deciles"]
-        if not isinstance(deciles, list) or len(deciles) != 11:
-            raise ValueError("halt_deciles must have 11 entries")
-        s.halt_deciles = [count(v, "halt_deciles") for v in deciles]
+        s = cls(**load(data, _MODE_KEYS))
         halted, at_calls = s.halted, sum(v[0] for v in s.halt_calls.values())
         if not (sum(s.by_threshold.values()) == at_calls == sum(s.halt_deciles) == halted
                 == s.evidence_halts + sum(s.halted_censored.values()) and sum(s.evidence.values()) == s.evidence_halts):
@@ -267,10 +232,10 @@ def add_halt_call(hist: dict[int, list[int]], call: int) -> None:
             entry[2] = call
 
 
-def _halt_calls(data: Any) -> dict[int, list[int]]:
+def _halt_calls(data: Any, what: str = "halt_calls") -> dict[int, list[int]]:
     """A result's halt-call histogram: ``{bucket: [halts, lowest, highest]}``, each call in its bucket."""
     if not isinstance(data, dict):
-        raise ValueError(f"halt_calls must be an object, got {shown(data)}")
+        raise ValueError(f"{what} must be an object, got {shown(data)}")
     out = {}
     for key, value in data.items():
         bucket = call_count_key(key)
@@ -299,9 +264,31 @@ def _ids(value: Any, what: str) -> list[str]:
     return list(value)
 
 
-_MODE_COUNTS = ("halted", "halted_resolved", "halted_unresolved", "saved_unresolved", "halted_unknown",
-                "saved_unknown", "asks", "turns_with_asks", "asks_resolved", "saved_censored")
-"""``ModeStats``'s plain counters: summed by ``merge``, read back by ``from_json``."""
+def _deciles(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or len(value) != 11:
+        raise ValueError(f"{what} must have 11 entries")
+    return [count(v, what) for v in value]
+
+
+_MODE_KEYS = (
+    Key("halted"), Key("censored", into=None), Key("censored_by_cohort", into=None),
+    Key("censored_by_cause", into=None),
+    hist("halted_cut_short_by_cohort", cohort_key, "halted_cut_short", {}),
+    Key("halted_censored", out=lambda h: sum(h.values()), into=None),
+    hist("halted_censored_by_cohort", cohort_key, "halted_censored"),
+    Key("saved_censored"), Key("evidence_halts", into=None),
+    hist("evidence_by_source", _source, "evidence"),
+    hist("by_threshold", _label),
+    Key("halted_resolved"), Key("resolved_ids", out=list, into=_ids),
+    Key("halted_unresolved"), Key("unresolved_ids", out=list, into=_ids),
+    Key("saved_unresolved"), Key("halted_unknown"), Key("saved_unknown"),
+    Key("halt_calls", out=lambda h: {str(k): list(v) for k, v in sorted(h.items())}, into=_halt_calls),
+    Key("halt_deciles", out=list, into=_deciles),
+    Key("asks"), Key("turns_with_asks"), Key("asks_resolved"),
+)
+"""``ModeStats`` as a result holds it (the censored figures depend on the run's counts)."""
+_MODE_COUNTS = tuple(k.name for k in _MODE_KEYS if k.into is count)
+"""``ModeStats``'s plain counters: summed by ``merge``."""
 
 
 @dataclass
@@ -402,11 +389,9 @@ class RunStats:
                 mine[m].merge(theirs[m])
         for name in _RUN_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for hist in ("calls_per_turn", "calls_per_turn_resolved", *_BY_COHORT):
-            add_counts(getattr(self, hist), getattr(other, hist))
+        for name in ("calls_per_turn", "calls_per_turn_resolved", *_BY_COHORT):
+            add_counts(getattr(self, name), getattr(other, name))
         self.in_part_ids.extend(other.in_part_ids[: max(0, MAX_IDS - len(self.in_part_ids))])
-        self.suspended_parts += other.suspended_parts
-        self.duplicates += other.duplicates
         self.prints.merge(other.prints)
         self.sketch = sorted({*self.sketch, *other.sketch})[:SKETCH]
         self.inputs.extend(i for i in other.inputs if i not in self.inputs)
@@ -458,28 +443,10 @@ class RunStats:
         return data
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "inputs": list(self.inputs),
-            **{name: getattr(self, name) for name in _RUN_COUNTS},
-            "calls_per_turn": histogram_json(self.calls_per_turn),
-            "calls_per_turn_resolved": histogram_json(self.calls_per_turn_resolved),
-            "halt_ended": dict(sorted(self.halt_ended.items())),
-            "cut_short": dict(sorted(self.cut_short.items())),
-            "recorded_in_part": dict(sorted(self.recorded_in_part.items())),
-            "recorded_in_part_ids": list(self.in_part_ids),
-            "suspended_parts": self.suspended_parts,
-            "duplicates": self.duplicates,
-            "turn_sketch": self.id_sketch(),
-            "tolerance": self.tolerance,
-            "recording": self.recording.to_json(),
-            "policies": [
-                {**p, **{m: modes[m].to_json(self.halt_ended, self.cut_short, self.recorded_in_part) for m in MODES}}
-                for p, modes in zip(self.policies, self.modes, strict=True)
-            ],
-            "probe": self.probe_json(),
-            "survival": self.survival_json(),            "warnings": self.warnings(),
-        }
+        return dump(self, _RUN_KEYS, format=FORMAT, turn_sketch=self.id_sketch(), policies=[
+            {**p, **{m: modes[m].to_json(self.halt_ended, self.cut_short, self.recorded_in_part) for m in MODES}}
+            for p, modes in zip(self.policies, self.modes, strict=True)
+        ], probe=self.probe_json(), survival=self.survival_json(), warnings=self.warnings())
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunStats:
@@ -497,24 +464,9 @@ class RunStats:
             if any(len(m.resolved_ids) > m.max_ids or len(m.unresolved_ids) > m.max_ids for m in mode.values()):
                 raise ValueError(f"more ids than a grid of {len(policies)} policies keeps ({ids} per policy, none "
                                  "attended)")
-        stats = cls(policies=policies, modes=modes,
-                    **{name: count(data[name], name) for name in _RUN_COUNTS},
-                    calls_per_turn=histogram(data["calls_per_turn"], "calls_per_turn", call_count_key),
-                    calls_per_turn_resolved=histogram(data["calls_per_turn_resolved"], "calls_per_turn_resolved",
-                                                      call_count_key),
-                    inputs=_inputs(data["inputs"]),
-                    halt_ended=histogram(data["halt_ended"], "halt_ended", cohort_key),
-                    cut_short=histogram(data.get("cut_short", {}), "cut_short", cohort_key),
-                    recorded_in_part=histogram(data.get("recorded_in_part", {}), "recorded_in_part", cohort_key),
-                    in_part_ids=_ids(data.get("recorded_in_part_ids", []), "recorded_in_part_ids"),
-                    suspended_parts=count(data.get("suspended_parts", 0), "suspended_parts"),
-                    duplicates=count(data.get("duplicates", 0), "duplicates"),
-                    sketch=_sketch(data.get("turn_sketch", [])), prints=TurnPrints(),
-                    recording=Recording.from_json(data["recording"]),
-                    tolerance=valid_tolerance(data["tolerance"]),
-                    probe_rate=_rate(data["probe"].get("configured_rate") if isinstance(data["probe"], dict) else None),
-                    probe=ProbeEvidence.from_json(data["probe"]),
-                    survival=Survival.from_json(data["survival"]))
+        probe = data["probe"]
+        stats = cls(policies=policies, modes=modes, **load(data, _RUN_KEYS),
+                    probe_rate=_rate(probe.get("configured_rate") if isinstance(probe, dict) else None))
         stats.check()
         return stats
 
@@ -554,7 +506,23 @@ class RunStats:
             v <= self.cut_short.get(c, 0) for c, v in mode.halted_cut_short.items())
 
 
-_RUN_COUNTS = ("turns", "calls", "resolved", "unresolved", "problems", "replays")
+_RUN_KEYS = (
+    Key("format", into=None), Key("inputs", out=list, into=lambda v, _: _inputs(v)),
+    *map(Key, ("turns", "calls", "resolved", "unresolved", "problems", "replays")),
+    hist("calls_per_turn", call_count_key), hist("calls_per_turn_resolved", call_count_key),
+    hist("halt_ended", cohort_key), hist("cut_short", cohort_key, missing={}),
+    hist("recorded_in_part", cohort_key, missing={}),
+    Key("recorded_in_part_ids", "in_part_ids", list, _ids, []),
+    Key("suspended_parts", missing=0), Key("duplicates", missing=0),
+    Key("turn_sketch", "sketch", into=lambda v, _: _sketch(v), missing=[]),
+    Key("tolerance", into=lambda v, _: valid_tolerance(v)),
+    Key("recording", out=Recording.to_json, into=lambda v, _: Recording.from_json(v)),
+    Key("policies", into=None), Key("probe", into=lambda v, _: ProbeEvidence.from_json(v)),
+    Key("survival", into=lambda v, _: Survival.from_json(v)), Key("warnings", into=None),
+)
+"""``RunStats`` as a result holds it (``to_json`` gives the derived keys)."""
+_RUN_COUNTS = tuple(k.name for k in _RUN_KEYS if k.into is count)
+"""``RunStats``' plain counters: summed by ``merge``."""
 _BY_COHORT = ("halt_ended", "cut_short", "recorded_in_part")
 """``RunStats``' counts by cohort of the turns whose recording stops before their end (disjoint)."""
 

@@ -18,7 +18,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnguard._calibrate.bounds import add_count, add_counts, call_count_key, count, histogram, histogram_json, key_in
+from turnguard._calibrate.bounds import Key, add_count, add_counts, call_count_key, dump, hist, key_in, load
 from turnguard._calibrate.evidence import Z95, Sided, zero_event_bound
 from turnguard._model import Threshold
 
@@ -146,20 +146,16 @@ class Survival:
         return (1.0, 0.0) if i == 0 else (steps[i - 1].survival, steps[i - 1].greenwood)
 
     def to_json(self) -> dict[str, Any]:
-        return {"events_at": histogram_json(self.events), "censored_at": histogram_json(self.censored),
-                "censored_by": dict(sorted(self.censored_by.items())), "unknown_end": self.unknown_end}
+        return dump(self, _SURVIVAL_KEYS)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Survival:
-        if not isinstance(data, dict):
-            raise ValueError("'survival' must be an object")
-        return cls(histogram(data["events_at"], "survival.events_at", call_count_key),
-                   histogram(data["censored_at"], "survival.censored_at", call_count_key),
-                   histogram(data["censored_by"], "survival.censored_by", _group),
-                   count(data["unknown_end"], "survival.unknown_end"))
+        return cls(**load(data, _SURVIVAL_KEYS, "survival."))
 
 
 _group = key_in((*dict.fromkeys(CENSOR_GROUPS.values()), "other"), "a censoring group")
+_SURVIVAL_KEYS = (hist("events_at", call_count_key, "events"), hist("censored_at", call_count_key, "censored"),
+                  hist("censored_by", _group), Key("unknown_end"))
 
 
 @dataclass(frozen=True, slots=True)
