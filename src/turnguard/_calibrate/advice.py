@@ -18,8 +18,9 @@ from __future__ import annotations
 import html
 import math
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from turnguard._calibrate.bounds import COHORT_KEYS
 from turnguard._calibrate.evidence import (
@@ -495,8 +496,41 @@ def evidence_rows(e: ProbeEvidence, ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-FRONTIER_HEADERS = (("threshold", "threshold"), ("value", "value"), ("productive halted", "halted"),
-                    ("95%", "interval"), ("extra calls", "extra"), ("decision", "decision"))
+class Column(NamedTuple):
+    """A report table's column: its header, its rows' key, and in the terminal whether it is
+    right-aligned (figures) and may wrap."""
+
+    header: str
+    key: str
+    right: bool = False
+    wrap: bool = False
+
+
+def text_table(columns: Sequence[Column], rows: list[dict[str, Any]], width: int, legend: str) -> list[str]:
+    """``rows`` under ``columns``, indented within ``width``, then the ``legend`` saying what they are."""
+    header, cells = [c.header for c in columns], [[_cell(r[c.key]) for c in columns] for r in rows]
+    right, wrap = [i for i, c in enumerate(columns) if c.right], [i for i, c in enumerate(columns) if c.wrap]
+    return ["  " + line for line in fit_table(header, cells, width - 2, right=right, wrap=wrap)] + textwrap.wrap(
+        legend, width, initial_indent="  ", subsequent_indent="  ")
+
+
+def html_table(table_id: str, columns: Sequence[Column], rows: list[dict[str, Any]], left: int = 1) -> str:
+    """``rows`` under ``columns`` as HTML, the first ``left`` columns aligned left ("" without rows)."""
+    def tr(cells: list[str], tag: str) -> str:
+        return "<tr>" + "".join((f"<{tag} class='l'>" if i < left else f"<{tag}>") + html.escape(c) + f"</{tag}>"
+                                for i, c in enumerate(cells)) + "</tr>"
+    body = "".join(tr([_cell(r[c.key]) for c in columns], "td") for r in rows)
+    head = tr([c.header for c in columns], "th")
+    return f"<table id='{table_id}'><thead>{head}</thead><tbody>{body}</tbody></table>" if body else ""
+
+
+def _cell(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+FRONTIER_COLUMNS = (Column("threshold", "threshold", wrap=True), Column("value", "value", wrap=True),
+                    Column("productive halted", "halted", right=True), Column("95%", "interval", True, True),
+                    Column("extra calls", "extra", True, True), Column("decision", "decision", wrap=True))
 _LABELS = {"backstop": "backstop", "stuck": "D", "streak": "streak stop", "soft": "soft cap", "cycles": "cycle cap",
            "explicit": "explicit cap"}
 _DECISIONS = {"within": "within", "above": "above", "undecided": "undecided", "no_evidence": "no evidence",
@@ -533,23 +567,20 @@ def frontier_text(found: list[Frontier], tolerance: float, width: int) -> list[s
     rows = frontier_rows(found)
     if not rows:
         return []
-    header = [h for h, _ in FRONTIER_HEADERS]
-    cells = [[r[key] for _, key in FRONTIER_HEADERS] for r in rows]
-    out = textwrap.wrap("Recommended values (each threshold alone, from the probe turns):", width)
-    out += ["  " + line for line in fit_table(header, cells, width - 2, right=[2, 3, 4], wrap=[0, 1, 3, 4, 5])]
-    return out + textwrap.wrap(
+    return textwrap.wrap("Recommended values (each threshold alone, from the probe turns):", width) + text_table(
+        FRONTIER_COLUMNS, rows, width,
         "(live): the live value; (set): the recommended one; (keep): both. productive halted: of the probe turns "
         "the value would halt with a known fate, those that succeeded (a "
         "turn the probe halted at a limit of its own counts as not productive: its fate past the limit is not "
         "recorded); 95%: their share's interval (Wilson; with none productive, the exact binomial bound "
         f"1-0.025^(1/N)); extra calls: what the turns that never resolve burn under the value beyond the live one "
         f"(and as a share of the fleet's calls); the recommended value is the smallest whose upper bound is below "
-        f"the tolerance of {tolerance:.0%}.", width, initial_indent="  ", subsequent_indent="  ")
+        f"the tolerance of {tolerance:.0%}.")
 
 
-HEADERS = (("threshold", "threshold"), ("passed", "passed"), ("resolved", "resolved"),
-           ("unresolved", "unresolved"), ("censored", "censored"), ("unknown", "unknown"),
-           ("95% succeed", "interval"), ("decides", "decides"), ("calls past", "calls_past"))
+COLUMNS = (Column("threshold", "threshold", wrap=True), *(Column(k, k, right=True) for k in
+           ("passed", "resolved", "unresolved", "censored", "unknown")), Column("95% succeed", "interval", True, True),
+           Column("decides", "decides", wrap=True), Column("calls past", "calls_past", right=True))
 
 
 def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = DEFAULT_WIDTH, turns: int = 0, calls: int = 0,
@@ -563,29 +594,19 @@ def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = DEFAULT_WIDTH,
         "them), against the default's " + ("thresholds:" if e.soft_cap is not None else "(no adaptive cap)."), width)]
     rows = evidence_rows(e, ctx)
     if rows:
-        shown = [(h, key) for h, key in HEADERS if key not in ("censored", "unknown") or any(r[key] for r in rows)]
-        header = [h for h, _ in shown]
-        cells = [[_cell(r[key]) for _, key in shown] for r in rows]
-        right = [i for i, (_, key) in enumerate(shown) if key not in ("threshold", "decides")]
-        wrap = [i for i, (_, key) in enumerate(shown) if key in ("threshold", "interval", "decides")]
-        out += ["  " + line for line in fit_table(header, cells, width - 2, right=right, wrap=wrap)]
-        out += textwrap.wrap(
+        shown = [c for c in COLUMNS if c.key not in ("censored", "unknown") or any(r[c.key] for r in rows)]
+        out += text_table(shown, rows, width, (
             "passed: probe turns past the threshold; resolved / unresolved / unknown: their results (a turn the "
             "probe's own loop detectors halted failed under it: unresolved); censored: halted later at a length limit "
             f"of the probe's own, its backstop or another cap (their fate past it is not recorded); 95% succeed: the "
             f"Wilson interval of the share that would have succeeded (censored turns counted as failures for its low "
             f"end, as successes for its high end); decides: against the tolerance of {ctx.tolerance:.0%} "
             "(--tolerance), or how many more probe turns past it with a known fate would decide it, and how long "
-            "they take at the observed traffic; calls past: the calls they made past it.", width, initial_indent="  ",
-            subsequent_indent="  ")
+            "they take at the observed traffic; calls past: the calls they made past it."))
     out += frontier_text(frontiers(e, ctx, turns, calls), ctx.tolerance, width)
     for advice in recommendation(e, ctx, turns=turns, calls=calls, default_limits=default_limits):
         out += textwrap.wrap(advice, width, initial_indent="  ", subsequent_indent="    ")
     return out
-
-
-def _cell(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def evidence_html(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int = 0,
@@ -594,22 +615,12 @@ def evidence_html(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int 
     if e.turns == 0:
         return ""
     esc = html.escape
-    left = ["<th class='l'>", "<td class='l'>"]
-    head = "".join((left[0] if i == 0 else "<th>") + esc(h) + "</th>" for i, (h, _) in enumerate(HEADERS))
-    body = "".join(
-        "<tr>" + "".join((left[1] if i == 0 else "<td>") + esc(_cell(r[key])) + "</td>"
-                         for i, (_, key) in enumerate(HEADERS)) + "</tr>"
-        for r in evidence_rows(e, ctx))
-    table = f"<table id='probe-evidence'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" if body else ""
-    fronts = frontier_rows(frontiers(e, ctx, turns, calls))
-    fhead = "".join((left[0] if i < 2 else "<th>") + esc(h) + "</th>" for i, (h, _) in enumerate(FRONTIER_HEADERS))
-    fbody = "".join("<tr>" + "".join((left[1] if i < 2 else "<td>") + esc(r[key]) + "</td>"
-                                     for i, (_, key) in enumerate(FRONTIER_HEADERS)) + "</tr>" for r in fronts)
+    table = html_table("probe-evidence", COLUMNS, evidence_rows(e, ctx))
+    fronts = html_table("probe-frontier", FRONTIER_COLUMNS, frontier_rows(frontiers(e, ctx, turns, calls)), 2)
     frontier = ("<h3 id='recommended'>Recommended values</h3><p>Each threshold alone: of the probe turns a value "
                 "would halt with a known fate, those that succeeded (95% interval: Wilson; with none, the exact "
                 "binomial bound), and the calls the turns that never resolve burn under it beyond the live value. "
-                f"The recommended value is the smallest whose upper bound is below {ctx.tolerance:.0%}.</p>"
-                f"<table id='probe-frontier'><thead><tr>{fhead}</tr></thead><tbody>{fbody}</tbody></table>"
+                f"The recommended value is the smallest whose upper bound is below {ctx.tolerance:.0%}.</p>{fronts}"
                 if fronts else "")
     advice = "".join(f"<li>{esc(line)}</li>" for line in recommendation(e, ctx, turns=turns, calls=calls,
                                                                          default_limits=default_limits))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from turnguard._calibrate.advice import evidence_text
+from turnguard._calibrate.advice import Column, evidence_text
 from turnguard._calibrate.stats import RunStats, default_limits
 from turnguard._calibrate.survival import survival_text
 from turnguard._terminal import DEFAULT_WIDTH, layout, shown, wrap_items, wrap_text
@@ -95,20 +95,12 @@ def rows(stats: RunStats) -> list[dict[str, Any]]:
     return out
 
 
-COLUMNS = (
-    ("policy", "name", "<"),
-    ("cap", "cap", "<"),
-    ("streak", "streak", "<"),
-    ("halted", "halted_text", ">"),
-    ("censored", "censored", ">"),
-    ("by threshold", "thresholds", "<"),
-    ("resolved", "resolved_text", ">"),
-    ("unresolved", "halted_unresolved", ">"),
-    ("saved", "saved_unresolved", ">"),
-    ("at call", "median_halt_call", ">"),
-    ("at", "median_position", ">"),
-    ("asks (turns)", "asks_text", ">"),
-)
+COLUMNS = (Column("policy", "name", wrap=True), Column("cap", "cap"), Column("streak", "streak"),
+           Column("halted", "halted_text", True), Column("censored", "censored", True),
+           Column("by threshold", "thresholds", wrap=True), Column("resolved", "resolved_text", True),
+           Column("unresolved", "halted_unresolved", True), Column("saved", "saved_unresolved", True),
+           Column("at call", "median_halt_call", True, True), Column("at", "median_position", True),
+           Column("asks (turns)", "asks_text", True, True))
 
 
 FIGURES = ("halted", "by_threshold", "halted_resolved", "resolved_ids", "halted_unresolved", "unresolved_ids",
@@ -121,7 +113,6 @@ NARROW_DROPS = (("cap", "streak"), ("at",))
 UNDER = "by threshold"
 """The wordy column that goes on an indented line under its row when, even with the
 ``NARROW_DROPS`` left out, the table would not fit beside it (80 columns, a censored column)."""
-WRAPPING = ("policy", "by threshold", "asks (turns)", "at call")
 
 
 LEGEND = (
@@ -204,10 +195,10 @@ def _figures_table(data: list[dict[str, Any]], width: int, color: bool, *,
     only with ``censoring``)."""
     cells = [_figure_cells(r, censoring) for r in data]
     columns, narrowed, under = _figure_columns(cells, width, censoring)
-    header = [COLUMNS[i][0] for i in columns]
+    header = [COLUMNS[i].header for i in columns]
     rows_of_cells = [[c[i] for i in columns] for c in cells]
-    right = [k for k, i in enumerate(columns) if COLUMNS[i][2] == ">"]
-    wrap = [k for k, h in enumerate(header) if h in WRAPPING and not (under and h == UNDER)]
+    right = [k for k, i in enumerate(columns) if COLUMNS[i].right]
+    wrap = [k for k, i in enumerate(columns) if COLUMNS[i].wrap and not (under and COLUMNS[i].header == UNDER)]
     fitted = layout(header, rows_of_cells, width, right=right, wrap=wrap, free_last=under)
     lines = fitted.header(header)
     for r, c in zip(data, rows_of_cells, strict=True):
@@ -264,17 +255,17 @@ def _figure_cells(r: dict[str, Any], censoring: bool = False) -> list[str]:
          "resolved_text": resolved_text(r),
          "asks_text": f"{r['asks']} ({r['turns_with_asks']})",
          "name": ("* " if r["default"] else "  ") + r["name"]}
-    return [("-" if r[key] is None else str(r[key])) for _, key, _ in COLUMNS]
+    return [("-" if r[c.key] is None else str(r[c.key])) for c in COLUMNS]
 
 
 def _figure_columns(cells: list[list[str]], width: int, censoring: bool) -> tuple[list[int], list[str], bool]:
     """The ``COLUMNS`` shown, those left out, and whether ``UNDER`` goes under its row: all when they
     fit, else the fewest ``NARROW_DROPS`` stages (then ``UNDER`` moved under) that make the rest fit."""
-    columns = [i for i in range(len(COLUMNS)) if censoring or COLUMNS[i][0] != "censored"]
+    columns = [i for i in range(len(COLUMNS)) if censoring or COLUMNS[i].header != "censored"]
     beside, dropped = _beside(cells, width, columns)
-    if _width(cells, beside, True) <= width or UNDER not in (COLUMNS[i][0] for i in columns):
+    if _width(cells, beside, True) <= width or UNDER not in (COLUMNS[i].header for i in columns):
         return beside, dropped, False
-    under = next(i for i in columns if COLUMNS[i][0] == UNDER)
+    under = next(i for i in columns if COLUMNS[i].header == UNDER)
     rest, dropped = _beside(cells, width, [i for i in columns if i != under])
     return [*rest, under], dropped, True
 
@@ -282,9 +273,9 @@ def _figure_columns(cells: list[list[str]], width: int, censoring: bool) -> tupl
 def _width(cells: list[list[str]], shown: list[int], floor: bool) -> int:
     """The table's width: unwrapped, or with the wrapping columns at their longest word."""
     def size(text: str, i: int) -> int:
-        wraps = floor and COLUMNS[i][0] in WRAPPING
+        wraps = floor and COLUMNS[i].wrap
         return max(map(len, text.split()), default=0) if wraps else len(text)
-    return sum(max(size(COLUMNS[i][0], i), *(size(c[i], i) for c in cells)) for i in shown) + 2 * (len(shown) - 1)
+    return sum(max(size(COLUMNS[i].header, i), *(size(c[i], i) for c in cells)) for i in shown) + 2 * (len(shown) - 1)
 
 
 def _beside(cells: list[list[str]], width: int, columns: list[int]) -> tuple[list[int], list[str]]:
@@ -295,7 +286,7 @@ def _beside(cells: list[list[str]], width: int, columns: list[int]) -> tuple[lis
         return columns, []
     dropped: list[str] = []
     for stage in NARROW_DROPS:
-        columns = [i for i in columns if COLUMNS[i][0] not in stage]
+        columns = [i for i in columns if COLUMNS[i].header not in stage]
         dropped += stage
         if _width(cells, columns, True) <= width:
             break
