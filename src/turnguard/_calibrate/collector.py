@@ -396,7 +396,7 @@ class OtlpAssembler:
         self.released = False
         """A turn was released because too many calls waited (``_release_oldest``)."""
         self._last_parent: str | None = None
-        """The parent of the last call held (``_pend_call``), whose calls are ``_last_calls``: the
+        """The parent of the last call held (``_take_template``), whose calls are ``_last_calls``: the
         next tool span is most often its sibling. Forgotten whenever a key leaves ``_pending``."""
         self._last_calls: list[tuple[int, RecordedCall]] = []
         self._tool_texts: dict[bytes, str] = {}
@@ -480,35 +480,30 @@ class OtlpAssembler:
         """Take a template-matched tool span with the checks ``_call`` makes (``False``: not taken,
         nothing changed; ``_span`` then reads it and says what is wrong)."""
         index, digest, raw_tool, text, raw_result = found.groups()
-        outcome = _TEMPLATE_OUTCOMES.get(text)
-        if outcome is None or not parent or len(parent) > MAX_ID_LENGTH:
+        outcome, number = _TEMPLATE_OUTCOMES.get(text), int(index)
+        if outcome is None or not parent or len(parent) > MAX_ID_LENGTH or number < 1:
             return False
         tool = self._tool_texts.get(raw_tool)
         if tool is None:
             tool = raw_tool.decode()
             if len(self._tool_texts) < MAX_SHARED_TOOLS:
                 self._tool_texts[raw_tool] = tool
-        number = int(index)
-        result = raw_result and raw_result.decode()
-        if parent != self._last_parent:
-            return self._pend_call(parent, number, tool, digest.decode(), outcome, result, lineno)
-        calls = self._last_calls
-        if number < 1 or len(calls) >= self.max_calls:
+        calls = self._hold("span:" + parent, number, tool, digest.decode(), outcome, raw_result and raw_result.decode(),
+                           lineno)
+        if calls is None:
             return False
-        calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, None, result))))
-        self._waiting += 1
+        self._last_parent, self._last_calls = parent, calls
         return True
 
-    def _pend_call(self, parent: str, number: int, tool: str, digest: str, outcome: Outcome, result: str | None,
-                   lineno: int) -> bool:
-        """Hold a checked tool span's call for its turn span (``False``: its index or the turn's
-        bound refuses it, nothing changed)."""
-        key = "span:" + parent
+    def _hold(self, key: str, number: int, tool: str, digest: str, outcome: Outcome, result: str | None,
+              lineno: int) -> list[tuple[int, RecordedCall]] | None:
+        """Hold a checked tool span's call under ``key`` for its turn span: the calls held there
+        (``None``: the turn's bound refuses it, nothing changed)."""
         pending = self._pending.get(key)
-        if number < 1 or (pending is not None and len(pending.calls) >= self.max_calls):
-            return False
         if pending is None:
             pending = self._pending[key] = _Pending(self.path, lineno)
+        elif len(pending.calls) >= self.max_calls:
+            return None
         tools = self._tools
         shared = tools.get(tool)
         if shared is not None:
@@ -517,8 +512,7 @@ class OtlpAssembler:
             tools[tool] = tool
         pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, None, result))))
         self._waiting += 1
-        self._last_parent, self._last_calls = parent, pending.calls
-        return True
+        return pending.calls
 
     def _most_waiting(self) -> bool:
         """Note a new most of waiting calls; ``True`` when past the bound (the oldest is released)."""
@@ -606,16 +600,8 @@ class OtlpAssembler:
             self._bad(lineno, f"tool span {name!r}: {problem}")
             return
         assert key is not None and isinstance(index, int) and outcome is not None  # (no problem above)
-        pending = self._pending.get(key)
-        if pending is None:
-            pending = self._pending[key] = _Pending(self.path, lineno)
-        if len(pending.calls) >= self.max_calls:
+        if self._hold(key, index, tool, digest, outcome, result, lineno) is None:
             self._bad(lineno, f"tool span {name!r}: its turn already has {self.max_calls:,} calls (the limit); skipped")
-            return
-        if len(self._tools) < MAX_SHARED_TOOLS:
-            tool = self._tools.setdefault(tool, tool)
-        pending.calls.append((index, tuple.__new__(RecordedCall, (tool, None, digest, outcome, None, result))))
-        self._waiting += 1
 
     def _facts(self, turn_id: str, attrs: dict[str, Any], lineno: int, path: str | None,
                times: tuple[float, float] | None) -> dict[str, Any]:
