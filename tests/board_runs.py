@@ -80,8 +80,9 @@ class FleetRun:
     """The fleet's ``fleet.Tally`` (the probe fleet's ``ProbeTruth``)."""
     window: Window
     records: Window
-    """The records holding the fleet: from half a tile before the first whose tile starts at or after
-    ``window.start`` to the first whose tile ends at or after ``window.end`` (a record's timestamp)."""
+    """The records holding the fleet (``_records``): from half a tile before the first after an
+    evaluation whose state holds everything before ``window.start``, to the first evaluation whose
+    tile ends at or after ``window.end`` and that ran after every sample landed (record timestamps)."""
     config: tg.GuardConfig
     draw_interval_s: float
     """The $__rate_interval a range query is drawn with (samples in each window)."""
