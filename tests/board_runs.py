@@ -46,7 +46,7 @@ prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
 prometheus_client = optional_dependency("prometheus_client")
 
 import turnguard as tg  # noqa: E402
-from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import build, queries, rules, series  # noqa: E402
 from turnguard._boards import promql as q  # noqa: E402
 
 SCRAPE_INTERVAL_S = 10
@@ -213,7 +213,7 @@ def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[floa
     evaluation they chain from would be left out of them, an undercount the panels could not
     explain). An evaluation Prometheus skipped under load is no loss: the next record counts from
     the state before it."""
-    record, lag_ms = build.RECORDED[build.TURNS], LAG_S * 1000
+    record, lag_ms = build.RECORDED[series.TURNS], LAG_S * 1000
     end_ms, after_ms, landed_ms = round(window.end * 1000), round(after * 1000), round(time.time() * 1000)
 
     def stamps(at: float, reach: str) -> list[int]:
@@ -462,9 +462,9 @@ def result(data: dict[str, Any]) -> dict[Key, float]:
     if data["resultType"] == "scalar":
         return {key(): float(data["result"][1])}
     out = {}
-    for series in data["result"]:
-        labels = {k: (float(v) if k == "le" else v) for k, v in series["metric"].items() if k != "__name__"}
-        out[frozenset(labels.items())] = float(series["value"][1])
+    for row in data["result"]:
+        labels = {k: (float(v) if k == "le" else v) for k, v in row["metric"].items() if k != "__name__"}
+        out[frozenset(labels.items())] = float(row["value"][1])
     return out
 
 

@@ -35,7 +35,7 @@ optional_dependency("opentelemetry.exporter.otlp.proto.http")
 import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
 from turnguard import _cli as cli  # noqa: E402
-from turnguard._boards import build, halts, promql, queries, rules  # noqa: E402
+from turnguard._boards import build, halts, queries, rules, series  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
@@ -380,14 +380,14 @@ def test_the_collector_row_tells_a_broken_pipeline_from_a_quiet_one_and_tries_fr
             row = _collector_row(prometheus, time.time())
             failing = {"remote-write-up": True, "remote-write-refused": row[(51, "A")] > 0,
                        "prometheus-down": row[(51, "B")] > 0}[pipeline]
-            refused = prometheus.query(f"sum({promql.OTELCOL_REFUSED}{{receiver=\"{halts.QUEUE_RECEIVER}\"}})",
+            refused = prometheus.query(f"sum({series.OTELCOL_REFUSED}{{receiver=\"{halts.QUEUE_RECEIVER}\"}})",
                                        time.time())
             internal = pipeline == "remote-write-up" or sum(float(r["value"][1]) for r in refused) > 0
             return row if row[(52, "A")] > 0 and failing and internal else None
 
         row = chain.wait_until("the Collector's metrics in Prometheus", settled, prometheus.exited)
         alert = prometheus.query(_export_failure_alert(), time.time())
-        refused = prometheus.query(f'sum by (receiver) ({promql.OTELCOL_REFUSED})', time.time())
+        refused = prometheus.query(f'sum by (receiver) ({series.OTELCOL_REFUSED})', time.time())
     finally:
         if collector is not None:
             collector.stop()
@@ -434,7 +434,7 @@ def test_halts_reach_prometheus_with_exemplars_naming_the_halted_calls_span(otel
 
         def halt_exemplars() -> list[dict[str, str]]:
             now = time.time()
-            found = prometheus.api("query_exemplars", query=f'{build.DETECTIONS}{{{build.ACTION}="halt"}}',
+            found = prometheus.api("query_exemplars", query=f'{series.DETECTIONS}{{{series.ACTION}="halt"}}',
                                    start=f"{now - 600:.3f}", end=f"{now + 5:.3f}")
             return [e["labels"] for series in found for e in series["exemplars"]]
 
@@ -460,13 +460,13 @@ PHASE = fleet.FleetMix(short=24, long=3, soft_stuck=3, runaway=2, failing_unatte
                        ask_late_continue=2, explicit=3)
 WARM_UP_AGENT = "warm-up"
 AUDITED = "turnguard:turns:audited"
-BY = (build.AGENT, build.OUTCOME, build.THRESHOLD)
+BY = (series.AGENT, series.OUTCOME, series.THRESHOLD)
 
 
 def _outage_rules(workdir: Path) -> str:
     """The shortened rules, and the audited form (the tile's two ends) recorded beside them for comparison."""
     (workdir / "turnguard.rules.yaml").write_text(rules.render(OUTAGE_TILING))
-    m, t = build.TURNS, OUTAGE_TILING
+    m, t = series.TURNS, OUTAGE_TILING
     lag, start = rules.duration(t.lag), rules.duration(t.lag + t.tile)
     audited = f"sum by ({', '.join(BY)}) (({m} offset {lag} - {m} offset {start}) >= 0 or {m} offset {lag})"
     (workdir / "audited.rules.yaml").write_text(yaml.safe_dump({"groups": [{
@@ -481,7 +481,7 @@ def _counted(prometheus: chain.Prometheus, record: str, since: float) -> tuple[f
     assert last, "no evaluation of the records yet"
     at = float(last[0]["value"][1])
     span = rules.duration(at - since)
-    found = prometheus.query(f'sum by ({", ".join(BY)}) (sum_over_time({record}{{{build.AGENT}!="{WARM_UP_AGENT}"}}'
+    found = prometheus.query(f'sum by ({", ".join(BY)}) (sum_over_time({record}{{{series.AGENT}!="{WARM_UP_AGENT}"}}'
                              f'[{span}])) != 0', at)
     return at, Counter({tuple(s["metric"].get(k, "") for k in BY): round(float(s["value"][1])) for s in found})
 
@@ -514,9 +514,9 @@ def _results(prometheus: chain.Prometheus, at: float, since: float) -> dict[str,
     """Accepted late results: the one-shot process's raw series, every raw series' last value, and the records'
     sum since ``since`` (every results series is born after the store's first state: counted from zero)."""
     accepted = '{turnguard_result_status="accepted"}'
-    queries = {"one-shot": f'sum(last_over_time({rules.RESULTS}{{job="ci-verdicts"}}[1h]))',
-               "raw": f"sum(last_over_time({rules.RESULTS}{accepted}[1h]))",
-               "recorded": f"sum(sum_over_time({build.RECORDED[rules.RESULTS]}{accepted}"
+    queries = {"one-shot": f'sum(last_over_time({series.RESULTS}{{job="ci-verdicts"}}[1h]))',
+               "raw": f"sum(last_over_time({series.RESULTS}{accepted}[1h]))",
+               "recorded": f"sum(sum_over_time({build.RECORDED[series.RESULTS]}{accepted}"
                            f"[{rules.duration(at - since)}]))"}
     return {name: sum(float(s["value"][1]) for s in prometheus.query(q, at)) for name, q in queries.items()}
 
@@ -551,7 +551,7 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
             fleet.run_fleet(fl, PHASE, seed=11)
             before = _truth(fl.tally)
             chain.wait_until("the records of the turns before the outage",
-                             lambda: _counted(prometheus, build.RECORDED[build.TURNS], since)[1] == before,
+                             lambda: _counted(prometheus, build.RECORDED[series.TURNS], since)[1] == before,
                              prometheus.exited, timeout=90)
             prometheus.stop()
             down = time.time()
@@ -568,7 +568,7 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
         seen: list[Counter[tuple[str, ...]]] = []
 
         def counted() -> Counter[tuple[str, ...]] | None:
-            seen.append(_counted(prometheus, build.RECORDED[build.TURNS], since)[1])
+            seen.append(_counted(prometheus, build.RECORDED[series.TURNS], since)[1])
             return seen[-1] if seen[-1] == truth else None
 
         try:  # the Collector's retries deliver what queued up in the outage when they next try
@@ -577,9 +577,9 @@ def test_the_records_count_every_turn_once_through_a_prometheus_outage(otelcol, 
             last = seen[-1] if seen else Counter()
             raise AssertionError(f"{exc}: missing {truth - last}, extra {last - truth}") from None
         settled = time.time()
-        chain.wait_until("three more evaluations", lambda: _counted(prometheus, build.RECORDED[build.TURNS], since)[0]
+        chain.wait_until("three more evaluations", lambda: _counted(prometheus, build.RECORDED[series.TURNS], since)[0]
                          - OUTAGE_TILING.lag > settled + 3 * OUTAGE_TILING.tile, prometheus.exited, timeout=60)
-        at, recorded = _counted(prometheus, build.RECORDED[build.TURNS], since)
+        at, recorded = _counted(prometheus, build.RECORDED[series.TURNS], since)
         _, audited = _counted(prometheus, AUDITED, since)
         results = _results(prometheus, at, since)
         evaluations = prometheus.query(f"count_over_time({rules.HEARTBEAT}[{rules.duration(restarting - down)}])",
@@ -674,7 +674,7 @@ def test_a_one_shot_processs_late_results_reach_prometheus_after_an_outage(otelc
         tries = _exporter_points(collector, "send_failed")
         prometheus = chain.Prometheus(chain.prometheus3(), tmp_path, "global: {evaluation_interval: 1s}\n",
                                       port=prometheus.port)
-        query = f'sum by (turnguard_turn_resolved) ({rules.RESULTS}{{turnguard_result_status="accepted"}})'
+        query = f'sum by (turnguard_turn_resolved) ({series.RESULTS}{{turnguard_result_status="accepted"}})'
 
         def counted() -> dict[str, float] | None:
             found = {s["metric"].get("turnguard_turn_resolved", ""): float(s["value"][1])
@@ -745,7 +745,7 @@ def test_a_collector_restarted_during_an_outage_delivers_what_it_had_queued(otel
         assert _queued(collector) >= 1, "the restarted Collector lost the queue"
         prometheus = chain.Prometheus(chain.prometheus2(), tmp_path, "global: {evaluation_interval: 1s}\n",
                                       port=int(sink.rsplit(":", 1)[1]))
-        query = f'sum by (turnguard_turn_resolved) ({rules.RESULTS}{{turnguard_result_status="accepted"}})'
+        query = f'sum by (turnguard_turn_resolved) ({series.RESULTS}{{turnguard_result_status="accepted"}})'
 
         def counted() -> dict[str, float] | None:
             found = {s["metric"].get("turnguard_turn_resolved", ""): float(s["value"][1])

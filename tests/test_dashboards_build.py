@@ -25,7 +25,13 @@ from grafana_foundation_sdk.models.dashboard import Dashboard  # noqa: E402
 
 from turnguard import _assets as assets  # noqa: E402
 from turnguard import _cli as cli  # noqa: E402
-from turnguard._boards import build, queries, rules, thresholds  # noqa: E402
+from turnguard._boards import (  # noqa: E402
+    build,
+    queries,
+    rules,
+    series,
+    thresholds,
+)
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
@@ -104,14 +110,14 @@ def test_a_different_guard_config_moves_the_what_if_buckets(tmp_path):
 def test_every_bucket_a_panel_queries_is_an_edge_the_guard_exports(soft_cap, multiplier, d):
     """A ``le`` that is not a bucket edge matches no series: the panel would be silently empty."""
     config = GuardConfig(soft_cap=soft_cap, hard_multiplier=multiplier, stuck_repeat_threshold=d)
-    edges = {q.TOOL_CALLS.removeprefix("turnguard_"): buckets.tool_call_edges(config),
-             q.MAX_REPEAT.removeprefix("turnguard_"): buckets.repeat_edges(config)}
+    edges = {series.TOOL_CALLS.removeprefix("turnguard_"): buckets.tool_call_edges(config),
+             series.MAX_REPEAT.removeprefix("turnguard_"): buckets.repeat_edges(config)}
     board = thresholds.threshold_validation_dashboard(CapSettings.from_config(config))
     queried = bucket_edges(json.loads(build.render(board)))
     assert {metric for metric, _ in queried} == set(edges)
     for metric, le in queried:
         assert le in edges[metric], f"{metric} has no bucket le={le:g}"
-    assert (q.TOOL_CALLS.removeprefix("turnguard_"), config.hard_cap) in queried  # the backstop band's edge
+    assert (series.TOOL_CALLS.removeprefix("turnguard_"), config.hard_cap) in queried  # the backstop band's edge
 
 
 def test_every_request_bucket_the_cycle_frontier_queries_is_an_edge_the_guard_exports():
@@ -119,9 +125,9 @@ def test_every_request_bucket_the_cycle_frontier_queries_is_an_edge_the_guard_ex
     it is the cap) and beside it, never past the probe's own cycle cap."""
     config = GuardConfig(max_cycles_per_turn=41, probe={"rate": 0.1, "max_cycles_per_turn": 400})
     board = json.loads(build.for_config(config)[build.FILES[build.THRESHOLDS_UID]])
-    queried = {le for metric, le in bucket_edges(board) if metric == q.CYCLES.removeprefix("turnguard_")}
+    queried = {le for metric, le in bucket_edges(board) if metric == series.CYCLES.removeprefix("turnguard_")}
     assert 41 in queried and queried <= set(buckets.cycle_edges(config)) and max(queried) < 400
-    assert not any(metric == q.CYCLES.removeprefix("turnguard_") for metric, _ in bucket_edges(
+    assert not any(metric == series.CYCLES.removeprefix("turnguard_") for metric, _ in bucket_edges(
         json.loads(build.for_config(config.replace(probe={"rate": 0.1}))[build.FILES[build.THRESHOLDS_UID]])))
 
 

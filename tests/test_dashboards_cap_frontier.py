@@ -17,7 +17,12 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import (  # noqa: E402
+    build,
+    queries,
+    rules,
+    series,
+)
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
 from turnguard._boards.thresholds import (  # noqa: E402
@@ -89,8 +94,8 @@ def _expected(soft: int) -> dict[str, float]:
 
 
 def _labels(**more: str) -> str:
-    base = {q.POLICY: "default-probe", q.COHORT: "probe", q.AGENT: "a", q.CAP_MODE: "adaptive",
-            q.MAIN_THRESHOLD: "none"}
+    base = {series.POLICY: "default-probe", series.COHORT: "probe", series.AGENT: "a", series.CAP_MODE: "adaptive",
+            series.MAIN_THRESHOLD: "none"}
     return "{" + ", ".join(f'{k}="{v}"' for k, v in {**base, **more}.items()) + "}"
 
 
@@ -99,21 +104,22 @@ def _series() -> list[dict[str, str]]:
     edges = [*_edges(CAP), math.inf]
     counts: dict[str, int] = {}
 
-    def add(series: str, n: int = 1) -> None:
-        counts[series] = counts.get(series, 0) + n
+    def add(name: str, n: int = 1) -> None:
+        counts[name] = counts.get(name, 0) + n
 
     for t in TURNS:
-        facts = {q.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved], q.THRESHOLD: t.ended_by,
-                 q.STUCK: "true" if t.stuck else "false"}
-        add(rules.RECORDED[q.TURNS] + _labels(**facts))
+        facts = {series.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved],
+                 series.THRESHOLD: t.ended_by, series.STUCK: "true" if t.stuck else "false"}
+        add(rules.RECORDED[series.TURNS] + _labels(**facts))
         for e in edges:
             le = "+Inf" if e == math.inf else f"{e:g}"
-            add(rules.RECORDED[f"{q.TOOL_CALLS}_bucket"] + _labels(**facts, le=le), int(t.calls <= e))
+            add(rules.RECORDED[f"{series.TOOL_CALLS}_bucket"] + _labels(**facts, le=le), int(t.calls <= e))
         if t.late is not None:
             bucket = next(e for e in edges if t.calls <= e)
-            result = {q.RESOLVED: "true" if t.late else "false", q.RESULT_STATUS: "accepted", q.THRESHOLD: t.ended_by,
-                      q.CALLS_BUCKET: "+Inf" if bucket == math.inf else f"{bucket:g}"}
-            add(rules.RECORDED[q.RESULTS] + _labels(**result))
+            result = {series.RESOLVED: "true" if t.late else "false", series.RESULT_STATUS: "accepted",
+                      series.THRESHOLD: t.ended_by,
+                      series.CALLS_BUCKET: "+Inf" if bucket == math.inf else f"{bucket:g}"}
+            add(rules.RECORDED[series.RESULTS] + _labels(**result))
     return [{"series": s, "values": f"_ {n}"} for s, n in counts.items()]
 
 
@@ -241,19 +247,19 @@ def _raw_series() -> list[dict[str, str]]:
     buckets: dict[str, int] = {}
     results: dict[str, int] = {}
     for t, count in REQUEST_TURNS.items():
-        base = {q.POLICY: "default-probe" if t.cohort == "probe" else "default", q.COHORT: t.cohort,
-                q.AGENT: "a", q.THRESHOLD: t.ended_by, "job": "agent", "instance": "i1"}
-        facts = {**base, q.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved],
-                 q.OUTCOME: "halted" if t.ended_by != "none" else "completed", q.CAP_MODE: "adaptive",
-                 q.STUCK: "false"}
+        base = {series.POLICY: "default-probe" if t.cohort == "probe" else "default", series.COHORT: t.cohort,
+                series.AGENT: "a", series.THRESHOLD: t.ended_by, "job": "agent", "instance": "i1"}
+        facts = {**base, series.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved],
+                 series.OUTCOME: "halted" if t.ended_by != "none" else "completed", series.CAP_MODE: "adaptive",
+                 series.STUCK: "false"}
         for le in edges:
-            series = f"{q.CYCLES}_bucket" + _labels_of(**facts, le=le)
-            buckets[series] = buckets.get(series, 0) + count * int(le == "+Inf" or t.cycles <= float(le))
+            bucket = f"{series.CYCLES}_bucket" + _labels_of(**facts, le=le)
+            buckets[bucket] = buckets.get(bucket, 0) + count * int(le == "+Inf" or t.cycles <= float(le))
         if t.late is not None:
-            result = {**base, q.RESOLVED: "true" if t.late else "false", q.RESULT_STATUS: "accepted",
-                      q.CALLS_BUCKET: "+Inf"}
-            series = q.RESULTS + _labels_of(**result)
-            results[series] = results.get(series, 0) + count
+            result = {**base, series.RESOLVED: "true" if t.late else "false", series.RESULT_STATUS: "accepted",
+                      series.CALLS_BUCKET: "+Inf"}
+            name = series.RESULTS + _labels_of(**result)
+            results[name] = results.get(name, 0) + count
     return [{"series": s, "values": _raw(n)} for s, n in {**buckets, **results}.items()]
 
 

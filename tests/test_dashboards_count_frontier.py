@@ -17,7 +17,12 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import (  # noqa: E402
+    build,
+    queries,
+    rules,
+    series,
+)
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
 from turnguard._boards.thresholds import SEEN_HIGH, SPARES, _edges, streak_values, stuck_values  # noqa: E402
@@ -118,28 +123,29 @@ def _series() -> list[dict[str, str]]:
     """The records one evaluation would leave for ``TURNS`` (one sample each, at 1m)."""
     counts: dict[str, int] = {}
 
-    def add(series: str, n: int) -> None:
-        counts[series] = counts.get(series, 0) + n
+    def add(name: str, n: int) -> None:
+        counts[name] = counts.get(name, 0) + n
 
     call_edges = [*_edges(CAP), math.inf]
     for t, count in TURNS.items():
-        base = {q.POLICY: "default-probe" if t.cohort == "probe" else "default", q.COHORT: t.cohort, q.AGENT: "a",
-                q.THRESHOLD: t.ended_by}
-        facts = {**base, q.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved]}
+        base = {series.POLICY: "default-probe" if t.cohort == "probe" else "default", series.COHORT: t.cohort,
+                series.AGENT: "a", series.THRESHOLD: t.ended_by}
+        facts = {**base, series.RESOLVED: {True: "true", False: "false", None: "unknown"}[t.resolved]}
         for histogram, value, edges, more in (
-                (q.MAX_REPEAT, t.repeat, buckets.repeat_edges(CONFIG),
-                 {q.PAST_SOFT_CAP: "true" if t.calls > CAP.soft_cap else "false"}),
-                (q.MAX_FAILING, t.failing, buckets.failing_streak_edges(CONFIG), {})):
+                (series.MAX_REPEAT, t.repeat, buckets.repeat_edges(CONFIG),
+                 {series.PAST_SOFT_CAP: "true" if t.calls > CAP.soft_cap else "false"}),
+                (series.MAX_FAILING, t.failing, buckets.failing_streak_edges(CONFIG), {})):
             for e in [*edges, math.inf]:
                 le = "+Inf" if e == math.inf else f"{e:g}"
                 add(rules.RECORDED[f"{histogram}_bucket"] + _labels(**facts, **more, le=le), count * int(value <= e))
         if t.late is not None:
             bucket = next(e for e in call_edges if t.calls <= e)
             counted = buckets.count_bucket if t.token == 2 else (lambda _: buckets.count_bucket(None))
-            result = {**base, q.RESOLVED: "true" if t.late else "false", q.RESULT_STATUS: "accepted",
-                      q.MAIN_THRESHOLD: "none", q.CALLS_BUCKET: "+Inf" if bucket == math.inf else f"{bucket:g}",
-                      q.REPEAT_BUCKET: counted(t.repeat), q.FAILING_BUCKET: counted(t.failing)}
-            add(rules.RECORDED[q.RESULTS] + _labels(**result), count)
+            result = {**base, series.RESOLVED: "true" if t.late else "false", series.RESULT_STATUS: "accepted",
+                      series.MAIN_THRESHOLD: "none",
+                      series.CALLS_BUCKET: "+Inf" if bucket == math.inf else f"{bucket:g}",
+                      series.REPEAT_BUCKET: counted(t.repeat), series.FAILING_BUCKET: counted(t.failing)}
+            add(rules.RECORDED[series.RESULTS] + _labels(**result), count)
     return [{"series": s, "values": f"_ {n}"} for s, n in counts.items()]
 
 

@@ -45,7 +45,12 @@ optional_dependency("grafana_foundation_sdk")
 import evidence_oracle as oracle  # noqa: E402
 import probe_fleet as pf  # noqa: E402
 import turnguard as tg  # noqa: E402
-from turnguard._boards import build, queries, rules  # noqa: E402
+from turnguard._boards import (  # noqa: E402
+    build,
+    queries,
+    rules,
+    series,
+)
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.evidence import km_multiples  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
@@ -110,7 +115,7 @@ def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float =
         table = oracle.threshold_table(probed, rows, tolerance, run.records.seconds)[panel_query.legend]
         if panel_query.panel_id == BESIDE_BACKSTOP:
             table = {"hard_backstop": table["hard_backstop"]}
-        return by_row(q.MAIN_THRESHOLD, table)
+        return by_row(series.MAIN_THRESHOLD, table)
     if panel_query.panel_id == PAST_TABLE:
         return by_row("multiple", oracle.past_table(probed, BACKSTOP_MULTIPLES, cap.soft_cap)[panel_query.legend])
     edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
@@ -145,12 +150,13 @@ def test_the_halts_boards_counts_split_inside_the_gap_add_up_to_the_fleet(probe_
     (outage,) = probe_run.outages
     middle, window = outage.quiet, probe_run.window
     assert all(abs(middle - at) > LOOKBACK_S for at in (outage.down, *outage.exported, outage.up))
-    fresh = f"count_over_time({q.TURNS}[{LOOKBACK_S}s])"
+    fresh = f"count_over_time({series.TURNS}[{LOOKBACK_S}s])"
     assert not probe_run.prometheus.query(fresh, middle), "a sample within the lookback of the split"
 
     def counted(start: float, end: float) -> float:
         values = {**grafana_values(Window(start, end)), q.COHORT_VARIABLE: "live|probe"}
-        data = probe_run.prometheus.api("query", query=queries.resolve(q.total(q.TURNS), values), time=f"{end:.3f}")
+        data = probe_run.prometheus.api("query", query=queries.resolve(q.total(series.TURNS), values),
+                                        time=f"{end:.3f}")
         return sum(_values(result(data)))
 
     truth: pf.ProbeTruth = probe_run.tally
@@ -159,7 +165,7 @@ def test_the_halts_boards_counts_split_inside_the_gap_add_up_to_the_fleet(probe_
     second = counted(middle, window.end)
     assert counted(window.start, middle) + second == every
     # the instant lookback form, over the second half: it re-counts what came before the gap
-    m, w = q.TURNS, f"{round((window.end - middle) * 1000)}ms"
+    m, w = series.TURNS, f"{round((window.end - middle) * 1000)}ms"
     instant_lookback = (f"sum((increase({m}[{w}]) and {m} offset {w}) "
                         f"or (last_over_time({m}[{w}]) unless {m} offset {w}))")
     (old,) = probe_run.prometheus.query(instant_lookback, window.end)
@@ -217,7 +223,7 @@ DECISION = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legen
 
 def _decisions(run: FleetRun, tolerance: float) -> dict[str, float]:
     got = instant(run, DECISION.expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
-    return {dict(k)[q.MAIN_THRESHOLD]: v for k, v in got.items()}
+    return {dict(k)[series.MAIN_THRESHOLD]: v for k, v in got.items()}
 
 
 @pytest.mark.parametrize("tolerance", TOLERANCES)
@@ -240,7 +246,7 @@ def test_the_planted_evidence_decides_10x_d_and_the_streak_stop(probe_run):
     assert _decisions(probe_run, 0.9)["hard_backstop"] == 0
     more = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "more probe turns")
     at_90 = instant(probe_run, more.expr, **{q.TOLERANCE_VARIABLE: "0.9"})
-    assert at_90[key(**{q.MAIN_THRESHOLD: "hard_backstop"})] == math.inf  # more turns never decide it
+    assert at_90[key(**{series.MAIN_THRESHOLD: "hard_backstop"})] == math.inf  # more turns never decide it
 
 
 def test_the_results_from_another_process_reach_the_board(probe_run):
@@ -253,7 +259,7 @@ def test_the_results_from_another_process_reach_the_board(probe_run):
     from_elsewhere = sum(1 for turn_id in truth.elsewhere if turn_id in probed)
     assert from_elsewhere > 0
     # the other process's own series (its service instance), raw: its counter's last value
-    elsewhere = (f'sum(last_over_time({q.RESULTS}{{{q.COHORT}="{q.PROBE}",{q.RESULT_STATUS}="accepted",'
+    elsewhere = (f'sum(last_over_time({series.RESULTS}{{{series.COHORT}="{q.PROBE}",{series.RESULT_STATUS}="accepted",'
                  f'instance=~"another-process-.*"}}[$__range]))')
     assert instant(probe_run, elsewhere) == scalar(from_elsewhere)
 
@@ -271,13 +277,13 @@ def test_the_results_panels_show_each_channel_and_status_and_the_turns_left_with
     late = [s for s in live if s.resolved is None and s.turn_id in truth.reported]
     panels = {(pq.panel_id, pq.ref_id): pq.expr for pq in fleet_queries(build.HALTS_UID) if pq.panel_id in (61, 62)}
     in_turn = Counter("true" if s.resolved else "false" for s in live if s.resolved is not None)
-    assert instant(probe_run, panels[(61, "A")]) == {key(**{q.RESOLVED: v}): n for v, n in in_turn.items()}
-    assert late and instant(probe_run, panels[(61, "B")]) == {key(**{q.RESULT_STATUS: "accepted"}): len(late)}
-    assert instant(probe_run, panels[(61, "C")]) == {key(**{q.RESULT_STATUS: v}): 1 for v in REFUSED.values()}
+    assert instant(probe_run, panels[(61, "A")]) == {key(**{series.RESOLVED: v}): n for v, n in in_turn.items()}
+    assert late and instant(probe_run, panels[(61, "B")]) == {key(**{series.RESULT_STATUS: "accepted"}): len(late)}
+    assert instant(probe_run, panels[(61, "C")]) == {key(**{series.RESULT_STATUS: v}): 1 for v in REFUSED.values()}
     agents = Counter(s.agent_name for s in live)
     without = Counter(s.agent_name for s in live if s.resolved is None and s.turn_id not in truth.reported)
     assert instant(probe_run, panels[(62, "A")]) == pytest.approx(
-        {key(**{q.AGENT: a}): without[a] / n for a, n in agents.items()})
+        {key(**{series.AGENT: a}): without[a] / n for a, n in agents.items()})
 
 
 @pytest.mark.parametrize("panel_query", [pq for pq in fleet_queries() if pq.panel_id not in PROBE_PANELS | BOTH_COHORTS
@@ -286,16 +292,16 @@ def test_a_live_panel_never_shows_a_probe_turn(probe_run, panel_query):
     """Every panel that does not name its cohort reads the cohort variable: pointed at a cohort no turn
     has, it shows nothing of the fleet (a panel that mixed the cohorts would still count probe turns)."""
     got = instant(probe_run, panel_query.expr, **{q.COHORT_VARIABLE: "nobody"})
-    if f'{q.COHORT}=""' in panel_query.expr:  # results that reached no turn have no cohort: never a probe turn
-        got = {k: v for k, v in got.items() if dict(k).get(q.RESULT_STATUS) not in REFUSED.values()}
+    if f'{series.COHORT}=""' in panel_query.expr:  # results that reached no turn have no cohort: never a probe turn
+        got = {k: v for k, v in got.items() if dict(k).get(series.RESULT_STATUS) not in REFUSED.values()}
     assert not any(v != 0 for v in _values(got)), f"{query_id(panel_query)} {panel_query.title!r}: {got}"
 
 
 def test_the_cohort_variable_switches_the_live_panels_to_the_probe_cohort(probe_run):
     truth: pf.ProbeTruth = probe_run.tally
     turns = {cohort: sum(v for (c, _), v in truth.turns.items() if c == cohort) for cohort in ("live", "probe")}
-    assert instant(probe_run, q.total(q.TURNS)) == scalar(turns["live"])
-    assert instant(probe_run, q.total(q.TURNS), **{q.COHORT_VARIABLE: q.PROBE}) == scalar(turns["probe"])
+    assert instant(probe_run, q.total(series.TURNS)) == scalar(turns["live"])
+    assert instant(probe_run, q.total(series.TURNS), **{q.COHORT_VARIABLE: q.PROBE}) == scalar(turns["probe"])
 
 
 def test_the_policy_variable_picks_a_policy_and_its_probe(probe_run):
@@ -309,7 +315,7 @@ def test_the_policy_variable_picks_a_policy_and_its_probe(probe_run):
     assert instant(probe_run, turns.expr, **{q.POLICY_VARIABLE: policy}) == want
     assert all(v == 0 for v in instant(probe_run, turns.expr, **{q.POLICY_VARIABLE: "renamed"}).values())
     live = sum(v for (cohort, _), v in truth.turns.items() if cohort == "live")
-    assert instant(probe_run, q.total(q.TURNS), **{q.POLICY_VARIABLE: policy}) == {key(): live}
+    assert instant(probe_run, q.total(series.TURNS), **{q.POLICY_VARIABLE: policy}) == {key(): live}
 
 
 # -- the board and calibrate, on the same turns -------------------------------------------------------
@@ -327,7 +333,7 @@ def _calibrate(run: FleetRun, tolerance: float) -> dict:
 def _column(run: FleetRun, legend: str, tolerance: float) -> dict[str, float]:
     target = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == legend)
     got = instant(run, target.expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
-    return {dict(k)[q.MAIN_THRESHOLD]: v for k, v in got.items()}
+    return {dict(k)[series.MAIN_THRESHOLD]: v for k, v in got.items()}
 
 
 def _calibrate_row(probe: dict, threshold: str) -> dict:

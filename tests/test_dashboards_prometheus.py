@@ -54,7 +54,7 @@ optional_dependency("grafana_foundation_sdk")
 import evidence_oracle as oracle  # noqa: E402
 import fleet  # noqa: E402
 import turnguard as tg  # noqa: E402
-from turnguard._boards import build, halts, queries  # noqa: E402
+from turnguard._boards import build, halts, queries, series  # noqa: E402
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.evidence import estimable, km_multiples  # noqa: E402
 from turnguard._boards.settings import DEFAULTS, CapSettings  # noqa: E402
@@ -101,34 +101,34 @@ def _bool(value: bool) -> str:
 
 def summary_labels(summary: tg.TurnSummary) -> dict[str, str]:
     return {
-        q.OUTCOME: summary.reason,
-        q.THRESHOLD: str(summary.threshold) if summary.threshold is not None else "none",
-        q.CAP_MODE: summary.cap_mode,
-        q.STUCK: _bool(summary.stuck),
-        q.PROMPTABLE: _bool(summary.promptable),
-        q.AGENT: summary.agent_name or "",
+        series.OUTCOME: summary.reason,
+        series.THRESHOLD: str(summary.threshold) if summary.threshold is not None else "none",
+        series.CAP_MODE: summary.cap_mode,
+        series.STUCK: _bool(summary.stuck),
+        series.PROMPTABLE: _bool(summary.promptable),
+        series.AGENT: summary.agent_name or "",
     }
 
 
 def turn_labels(summary: tg.TurnSummary, soft_cap: int) -> dict[str, str]:
     """A live turn's labels; past the soft cap only with an adaptive cap (S = the fleet's configured one)."""
     past = summary.cap_mode == "adaptive" and summary.tool_calls > soft_cap
-    return {**summary_labels(summary), q.PAST_SOFT_CAP: _bool(past)}
+    return {**summary_labels(summary), series.PAST_SOFT_CAP: _bool(past)}
 
 
 def shadow_turn_labels(policy: str, summary: tg.TurnSummary) -> dict[str, str]:
-    return {q.SHADOW_POLICY: policy, **summary_labels(summary)}
+    return {series.SHADOW_POLICY: policy, **summary_labels(summary)}
 
 
 def detection_labels(event: tg.LoopDetectedEvent) -> dict[str, str]:
     return {
-        q.THRESHOLD: str(event.threshold),
-        q.LEVEL: str(event.level),
-        q.ACTION: event.action.label,
-        q.CAP_MODE: event.cap_mode,
-        q.PROMPTABLE: _bool(event.promptable),
-        q.TOOL: event.tool_name or "",
-        q.AGENT: event.agent_name or "",
+        series.THRESHOLD: str(event.threshold),
+        series.LEVEL: str(event.level),
+        series.ACTION: event.action.label,
+        series.CAP_MODE: event.cap_mode,
+        series.PROMPTABLE: _bool(event.promptable),
+        series.TOOL: event.tool_name or "",
+        series.AGENT: event.agent_name or "",
     }
 
 
@@ -142,11 +142,11 @@ class Truth:
         self.turns = [(turn_labels(t.summary, run.config.soft_cap), t.summary) for t in run.tally.turns]
         self.detections = [detection_labels(e) for e in run.tally.detections]
         self.answers = [
-            {q.THRESHOLD: str(e.threshold), q.LEVEL: str(e.level), q.ANSWER: answer}
+            {series.THRESHOLD: str(e.threshold), series.LEVEL: str(e.level), series.ANSWER: answer}
             for e, answer in run.tally.answers
         ]
         self.shadow_turns = [(shadow_turn_labels(p, s), s) for p, s in run.tally.shadow_turns]
-        self.shadow_detections = [{q.SHADOW_POLICY: p, **detection_labels(e)}
+        self.shadow_detections = [{series.SHADOW_POLICY: p, **detection_labels(e)}
                                   for p, e in run.tally.shadow_detections]
         self.range_s = run.records.seconds
 
@@ -158,7 +158,7 @@ class Truth:
     def shadow_calls(self) -> Expected:
         calls: Counter[Key] = Counter()
         for labels, s in self.shadow_turns:
-            calls[key(**{q.SHADOW_POLICY: labels[q.SHADOW_POLICY]})] += s.tool_calls
+            calls[key(**{series.SHADOW_POLICY: labels[series.SHADOW_POLICY]})] += s.tool_calls
         return dict(calls)
 
     def turn_rows(self, **where: str) -> list[tuple[dict[str, str], tg.TurnSummary]]:
@@ -171,18 +171,18 @@ class Truth:
         return sum(1 for _, s in self.turn_rows(**where) if predicate(s))
 
     def answers_of(self, answer: str) -> list[dict[str, str]]:
-        return [a for a in self.answers if a[q.ANSWER] == answer]
+        return [a for a in self.answers if a[series.ANSWER] == answer]
 
     def restarts(self) -> Expected:
         """Streak restarts by a changed result, by tool (the guard's own count per turn)."""
         restarts: Counter[Key] = Counter()
         for _, s in self.turns:
             for tool, count in s.result_restarts:
-                restarts[key(**{q.TOOL: tool})] += count
+                restarts[key(**{series.TOOL: tool})] += count
         return dict(restarts)
 
     def halts(self, by: str) -> Expected:
-        return group((d for d in self.detections if d[q.ACTION] == "halt"), (by,))
+        return group((d for d in self.detections if d[series.ACTION] == "halt"), (by,))
 
     def cut(self, k: int, **where: str) -> float:
         return self.count_turns(lambda s: s.tool_calls > k * self.cap.soft_cap, **where) / self.count_turns(**where)
@@ -205,10 +205,10 @@ def histogram_quantile(q: float, cumulative: Expected) -> float:
     return start + (edges[b][0] - start) * (rank / count)
 
 
-ADAPTIVE = {q.CAP_MODE: "adaptive"}
-NOT_HALTED = {**ADAPTIVE, q.OUTCOME: "!halted"}
-NOT_STUCK = {q.CAP_MODE: "adaptive", q.STUCK: "false"}
-BACKSTOP = {q.THRESHOLD: "hard_backstop"}
+ADAPTIVE = {series.CAP_MODE: "adaptive"}
+NOT_HALTED = {**ADAPTIVE, series.OUTCOME: "!halted"}
+NOT_STUCK = {series.CAP_MODE: "adaptive", series.STUCK: "false"}
+BACKSTOP = {series.THRESHOLD: "hard_backstop"}
 
 
 def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
@@ -253,7 +253,7 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         turns: Counter[Key] = Counter()
         for labels, s in t.turns:
             if s.first_stuck_call:
-                k = key(**{q.THRESHOLD: labels[q.THRESHOLD]})
+                k = key(**{series.THRESHOLD: labels[series.THRESHOLD]})
                 calls[k] += s.first_stuck_call
                 turns[k] += 1
         return ratio(calls, turns)
@@ -263,79 +263,83 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         return scalar(sum(s.tool_calls - s.first_stuck_call for s in flagged))
 
     def halted_rows(rows: Iterable[tuple[dict[str, str], tg.TurnSummary]]) -> list[dict[str, str]]:
-        return [labels for labels, _ in rows if labels[q.OUTCOME] == "halted"]
+        return [labels for labels, _ in rows if labels[series.OUTCOME] == "halted"]
 
     d = cap.stuck_repeat_threshold
-    policy = (q.SHADOW_POLICY,)
+    policy = (series.SHADOW_POLICY,)
     expected: dict[tuple[str, int, str], Callable[[Truth], Expected]] = {
         (H, 2, "A"): lambda t: scalar(len(t.turns)),
-        (H, 3, "A"): lambda t: scalar(t.count_turns(**{q.OUTCOME: "halted"})),
-        (H, 4, "A"): lambda t: scalar(t.count_turns(**{q.OUTCOME: "halted"}) / len(t.turns)),
+        (H, 3, "A"): lambda t: scalar(t.count_turns(**{series.OUTCOME: "halted"})),
+        (H, 4, "A"): lambda t: scalar(t.count_turns(**{series.OUTCOME: "halted"}) / len(t.turns)),
         (H, 5, "A"): lambda t: scalar(len(t.detections)),
-        (H, 6, "A"): lambda t: scalar(sum(a[q.ANSWER] == "continue" for a in t.answers) / len(t.answers)),
+        (H, 6, "A"): lambda t: scalar(sum(a[series.ANSWER] == "continue" for a in t.answers) / len(t.answers)),
         (H, 7, "A"): lambda t: scalar(sum(t.tally.plugin_errors.values())),
-        (H, 11, "A"): lambda t: group(t.detections, (q.THRESHOLD, q.LEVEL)),
-        (H, 12, "A"): lambda t: t.halts(q.THRESHOLD),
+        (H, 11, "A"): lambda t: group(t.detections, (series.THRESHOLD, series.LEVEL)),
+        (H, 12, "A"): lambda t: t.halts(series.THRESHOLD),
         (H, 13, "A"): lambda t: group(
-            ({"action": "observed" if r[q.ACTION] == "allow" else r[q.ACTION],
-              "attendance": "attended" if r[q.PROMPTABLE] == "true" else "unattended"} for r in t.detections),
+            ({"action": "observed" if r[series.ACTION] == "allow" else r[series.ACTION],
+              "attendance": "attended" if r[series.PROMPTABLE] == "true" else "unattended"} for r in t.detections),
             ("action", "attendance")),
-        (H, 21, "A"): lambda t: t.halts(q.AGENT),
-        (H, 22, "A"): lambda t: {key(**{q.TOOL: dict(k)[q.TOOL] or halts.NO_TOOL}): v
-                                 for k, v in t.halts(q.TOOL).items()},
+        (H, 21, "A"): lambda t: t.halts(series.AGENT),
+        (H, 22, "A"): lambda t: {key(**{series.TOOL: dict(k)[series.TOOL] or halts.NO_TOOL}): v
+                                 for k, v in t.halts(series.TOOL).items()},
         (H, 23, "A"): lambda t: t.restarts(),
-        (H, 23, "B"): lambda t: group((d for d in t.detections if d[q.ACTION] == "halt" and d[q.THRESHOLD] == "streak"),
-                                      (q.TOOL,)),
-        (H, 31, "A"): lambda t: group(t.answers, (q.THRESHOLD, q.ANSWER)),
-        (H, 32, "A"): lambda t: ratio(group(t.answers_of("continue"), (q.THRESHOLD,)),
-                                      group(t.answers, (q.THRESHOLD,))),
-        (H, 33, "A"): lambda t: group(t.answers, (q.ANSWER,)),
-        (H, 41, "A"): lambda t: group((labels for labels, _ in t.turns), (q.OUTCOME, q.THRESHOLD)),
+        (H, 23, "B"): lambda t: group((d for d in t.detections
+                                       if d[series.ACTION] == "halt" and d[series.THRESHOLD] == "streak"),
+                                      (series.TOOL,)),
+        (H, 31, "A"): lambda t: group(t.answers, (series.THRESHOLD, series.ANSWER)),
+        (H, 32, "A"): lambda t: ratio(group(t.answers_of("continue"), (series.THRESHOLD,)),
+                                      group(t.answers, (series.THRESHOLD,))),
+        (H, 33, "A"): lambda t: group(t.answers, (series.ANSWER,)),
+        (H, 41, "A"): lambda t: group((labels for labels, _ in t.turns), (series.OUTCOME, series.THRESHOLD)),
         # this fleet reports no result after its turns: none after the turn, none reaching no turn
-        (H, 61, "A"): lambda t: group(({q.RESOLVED: _bool(s.resolved)} for _, s in t.turns if s.resolved is not None),
-                                      (q.RESOLVED,)),
+        (H, 61, "A"): lambda t: group(({series.RESOLVED: _bool(s.resolved)}
+                                       for _, s in t.turns if s.resolved is not None),
+                                      (series.RESOLVED,)),
         (H, 61, "B"): lambda t: {},
         (H, 61, "C"): lambda t: {},
-        (H, 62, "A"): lambda t: ratio(group((labels for labels, s in t.turns if s.resolved is None), (q.AGENT,)),
-                                      group((labels for labels, _ in t.turns), (q.AGENT,))),
-        (H, 42, "A"): lambda t: group((labels for labels, _ in t.turns), (q.OUTCOME,)),
+        (H, 62, "A"): lambda t: ratio(group((labels for labels, s in t.turns if s.resolved is None), (series.AGENT,)),
+                                      group((labels for labels, _ in t.turns), (series.AGENT,))),
+        (H, 42, "A"): lambda t: group((labels for labels, _ in t.turns), (series.OUTCOME,)),
         (T, 2, "A"): lambda t: t.cumulative(buckets.tool_call_edges(t.config), lambda s: s.tool_calls, **ADAPTIVE),
         (T, 3, "A"): quantile(0.5),
         (T, 3, "B"): quantile(0.9),
         (T, 3, "C"): quantile(0.99),
-        (T, 3, "D"): lambda t: scalar(t.count_turns(**ADAPTIVE, **{q.OUTCOME: "halted"}) / t.count_turns(**ADAPTIVE)),
+        (T, 3, "D"): lambda t: scalar(t.count_turns(**ADAPTIVE, **{series.OUTCOME: "halted"})
+                                      / t.count_turns(**ADAPTIVE)),
         **{(T, 4, ref(i)): band(low, high) for i, (low, high) in enumerate(cap.bands())},
         (T, 11, "A"): lambda t: scalar(t.count_turns(**NOT_STUCK)),
         **{(T, 12, ref(i)): cut(k, **NOT_STUCK) for i, k in enumerate(lower_multiples(cap))},
-        **{(T, 13, ref(i)): cut(k, **NOT_STUCK, **{q.OUTCOME: "!halted"}) for i, k in enumerate(lower_multiples(cap))},
+        **{(T, 13, ref(i)): cut(k, **NOT_STUCK, **{series.OUTCOME: "!halted"})
+           for i, k in enumerate(lower_multiples(cap))},
         (T, 21, "A"): lambda t: scalar(t.count_turns(**BACKSTOP)),
         (T, 22, "A"): lambda t: scalar(sum(s.tool_calls for _, s in t.turn_rows(**BACKSTOP))),
         (T, 23, "A"): lambda t: scalar(sum(s.tool_calls - cap.soft_cap for _, s in t.turn_rows(**BACKSTOP))),
         (T, 24, "A"): lambda t: scalar(t.count_turns(lambda s: s.first_stuck_call > 0, **BACKSTOP)),
         (T, 25, "A"): backstop_flagged_savings,
         (T, 26, "A"): first_stuck_mean,
-        **table(27, q.MAIN_THRESHOLD, thresholds_table, rows=("hard_backstop",)),
+        **table(27, series.MAIN_THRESHOLD, thresholds_table, rows=("hard_backstop",)),
         **table(41, "multiple", lambda t: oracle.past_table(t.probe_facts(), BACKSTOP_MULTIPLES, cap.soft_cap)),
-        (T, 43, "A"): lambda t: group(t.answers_of("continue"), (q.THRESHOLD,)),
-        **table(44, q.MAIN_THRESHOLD, thresholds_table),
+        (T, 43, "A"): lambda t: group(t.answers_of("continue"), (series.THRESHOLD,)),
+        **table(44, series.MAIN_THRESHOLD, thresholds_table),
         **table(47, "multiple", survival_table),
         # shadow policies: the live policy's figures (A) next to each shadow's (B), from the guard's own hooks
-        (T, 101, "A"): lambda t: group(halted_rows(t.turns), (q.THRESHOLD,)),
-        (T, 101, "B"): lambda t: group(halted_rows(t.shadow_turns), (*policy, q.THRESHOLD)),
-        (T, 102, "A"): lambda t: scalar(t.count_turns(**{q.OUTCOME: "halted"}) / len(t.turns)),
+        (T, 101, "A"): lambda t: group(halted_rows(t.turns), (series.THRESHOLD,)),
+        (T, 101, "B"): lambda t: group(halted_rows(t.shadow_turns), (*policy, series.THRESHOLD)),
+        (T, 102, "A"): lambda t: scalar(t.count_turns(**{series.OUTCOME: "halted"}) / len(t.turns)),
         (T, 102, "B"): lambda t: ratio(group(halted_rows(t.shadow_turns), policy),
                                        group((labels for labels, _ in t.shadow_turns), policy)),
         (T, 103, "A"): lambda t: scalar(sum(s.tool_calls for _, s in t.turns)),
         (T, 103, "B"): lambda t: t.shadow_calls(),
-        (T, 104, "A"): lambda t: group(t.detections, (q.THRESHOLD, q.LEVEL)),
-        (T, 104, "B"): lambda t: group(t.shadow_detections, (*policy, q.THRESHOLD, q.LEVEL)),
-        (T, 105, "A"): lambda t: group((r for r in t.shadow_detections if r[q.ACTION] == "halt"), policy),
+        (T, 104, "A"): lambda t: group(t.detections, (series.THRESHOLD, series.LEVEL)),
+        (T, 104, "B"): lambda t: group(t.shadow_detections, (*policy, series.THRESHOLD, series.LEVEL)),
+        (T, 105, "A"): lambda t: group((r for r in t.shadow_detections if r[series.ACTION] == "halt"), policy),
     }
-    long = {q.PAST_SOFT_CAP: "true"}
+    long = {series.PAST_SOFT_CAP: "true"}
     slices = (
-        {q.THRESHOLD: "none", **long},
-        {q.THRESHOLD: "soft_stuck", **long},
-        {q.THRESHOLD: "hard_backstop", **long},
+        {series.THRESHOLD: "none", **long},
+        {series.THRESHOLD: "soft_stuck", **long},
+        {series.THRESHOLD: "hard_backstop", **long},
     )
     for i, where in enumerate(slices):
         expected[(T, 31, ref(3 * i))] = repeats(0, d - 2, **where)
@@ -372,8 +376,9 @@ def test_every_panel_query_has_an_expectation():
 def test_the_fleet_is_large_and_landed_in_prometheus(fleet_run):
     assert len(fleet_run.tally.turns) >= 1000
     names = fleet_run.prometheus.api("label/__name__/values")
-    for metric in (f"{q.TOOL_CALLS}_bucket", f"{q.MAX_REPEAT}_count", f"{q.FIRST_STUCK}_sum",
-                   q.DETECTIONS, q.ANSWERS, q.PLUGIN_ERRORS, q.SHADOW_DETECTIONS, q.SHADOW_TURNS, q.RESULT_RESTARTS):
+    for metric in (f"{series.TOOL_CALLS}_bucket", f"{series.MAX_REPEAT}_count", f"{series.FIRST_STUCK}_sum",
+                   series.DETECTIONS, series.ANSWERS, series.PLUGIN_ERRORS, series.SHADOW_DETECTIONS,
+                   series.SHADOW_TURNS, series.RESULT_RESTARTS):
         assert metric in names, f"{metric} not in Prometheus: {sorted(n for n in names if 'turnguard' in n)}"
 
 
@@ -396,18 +401,18 @@ def test_the_max_repeat_panel_leaves_short_turns_out(fleet_run):
     (``turnguard_turn_past_soft_cap="false"``), some of them at or above D (a failing call repeated until
     the user said continue), yet none of them reach the panel."""
     truth, d = Truth(fleet_run), fleet_run.config.stuck_repeat_threshold
-    short = {q.THRESHOLD: "none", q.CAP_MODE: "adaptive", q.PAST_SOFT_CAP: "false"}
+    short = {series.THRESHOLD: "none", series.CAP_MODE: "adaptive", series.PAST_SOFT_CAP: "false"}
     assert truth.count_turns(lambda s: s.max_key_repeat >= d, **short) > 0
-    assert instant(fleet_run, q.total(f"{q.MAX_REPEAT}_count", q.sel(**short))) == scalar(
+    assert instant(fleet_run, q.total(f"{series.MAX_REPEAT}_count", q.sel(**short))) == scalar(
         truth.count_turns(**short))
     on_panel = [pq for pq in ALL_QUERIES if (pq.board_uid, pq.panel_id) == (T, 31)]
-    assert on_panel and all(f'{q.PAST_SOFT_CAP}="true"' in pq.expr for pq in on_panel)
+    assert on_panel and all(f'{series.PAST_SOFT_CAP}="true"' in pq.expr for pq in on_panel)
     assert EXPECTED[(T, 31, "C")](truth) == scalar(0)  # long turns that ended on their own never reached D
 
 
 def test_an_unsubstituted_macro_or_a_bad_query_fails_loudly(fleet_run):
     """Bad inputs: Prometheus rejects Grafana's macros (hence ``queries.resolve``) and broken PromQL."""
-    for bad in (f"sum(rate({q.DETECTIONS}[$__rate_interval]))", f"sum by (le (increase({q.TURNS}[1m]))"):
+    for bad in (f"sum(rate({series.DETECTIONS}[$__rate_interval]))", f"sum by (le (increase({series.TURNS}[1m]))"):
         with pytest.raises(AssertionError, match="HTTP 400"):
             fleet_run.prometheus.api("query", query=bad)
 
@@ -442,11 +447,11 @@ def test_a_count_shows_0_where_nothing_happened(fleet_run, panel_query):
 def test_the_threshold_boards_records_hold_the_fleet_in_several_tiles(fleet_run):
     """The fleet's samples land a few times while it runs, so its events fall into several of the
     recording rules' tiles, which the threshold-validation board's exact counts add up."""
-    record, records = q.RECORDED[q.TURNS], fleet_run.records
+    record, records = q.RECORDED[series.TURNS], fleet_run.records
     matrix = fleet_run.prometheus.api("query", query=f"{record}[{records.ms}ms]", time=f"{records.end:.3f}")
     per_tile = Counter()
-    for series in matrix["result"]:
-        for ts, value in series["values"]:
+    for row in matrix["result"]:
+        for ts, value in row["values"]:
             per_tile[ts] += float(value)
     assert sum(1 for v in per_tile.values() if v > 0) >= 3, per_tile
     assert sum(per_tile.values()) == len(Truth(fleet_run).turns)
@@ -454,8 +459,8 @@ def test_the_threshold_boards_records_hold_the_fleet_in_several_tiles(fleet_run)
 
 def test_the_window_holds_series_from_before_it_and_series_born_inside_it(fleet_run):
     """No series is created in advance: the new ones are what increase() alone would miss."""
-    at_start = fleet_run.prometheus.query(f"count({q.TURNS})", fleet_run.window.start)
-    at_end = instant(fleet_run, f"count({q.TURNS})")
+    at_start = fleet_run.prometheus.query(f"count({series.TURNS})", fleet_run.window.start)
+    at_end = instant(fleet_run, f"count({series.TURNS})")
     before = int(at_start[0]["value"][1]) if at_start else 0
     assert at_end[key()] > before, "no series was born inside the window"
     if fleet_run.route.endswith("prometheus2"):
@@ -468,25 +473,25 @@ def test_the_first_backstop_halt_of_a_series_counts_where_increase_alone_misses_
     backstop = q.sel(**BACKSTOP)
     want = Truth(fleet_run).count_turns(**BACKSTOP)
     assert want > 0
-    assert instant(fleet_run, q.total(q.TURNS, backstop)) == scalar(want)
-    plain = instant(fleet_run, f"sum(increase({q.TURNS}{backstop}[$__range]))")
+    assert instant(fleet_run, q.total(series.TURNS, backstop)) == scalar(want)
+    plain = instant(fleet_run, f"sum(increase({series.TURNS}{backstop}[$__range]))")
     assert plain.get(key(), 0.0) < want
 
 
 def test_the_agent_variable_narrows_every_agent_labelled_panel(fleet_run):
     """One agent picked: its turns only; plugin errors (no agent label) are not filtered out."""
     truth = Truth(fleet_run)
-    coder = {q.AGENT: "coder"}
-    turns = instant(fleet_run, q.total(q.TURNS), **{q.AGENT_VARIABLE: "coder"})
+    coder = {series.AGENT: "coder"}
+    turns = instant(fleet_run, q.total(series.TURNS), **{q.AGENT_VARIABLE: "coder"})
     assert turns == scalar(truth.count_turns(**coder)) and 0 < truth.count_turns(**coder) < len(truth.turns)
-    errors = instant(fleet_run, q.total(q.PLUGIN_ERRORS), **{q.AGENT_VARIABLE: "coder"})
+    errors = instant(fleet_run, q.total(series.PLUGIN_ERRORS), **{q.AGENT_VARIABLE: "coder"})
     assert errors == scalar(sum(truth.tally.plugin_errors.values()))
 
 
 def test_the_policy_change_annotation_marks_a_policy_new_to_prometheus(fleet_run):
     """Minutes after its first point, the fleet's policy is new: the annotation query names it."""
     (annotation,) = COMMITTED[H]["annotations"]["list"]
-    assert instant(fleet_run, annotation["expr"]) == {key(**{q.POLICY: fleet_run.config.name}): 1.0}
+    assert instant(fleet_run, annotation["expr"]) == {key(**{series.POLICY: fleet_run.config.name}): 1.0}
 
 
 RANGE_QUERIES = [pq for pq in FLEET_QUERIES if not pq.instant]

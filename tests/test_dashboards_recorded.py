@@ -21,7 +21,7 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard._boards import build, promql, queries, rules  # noqa: E402
+from turnguard._boards import build, queries, rules, series  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
 
 BOARD = queries.boards()[build.THRESHOLDS_UID]
@@ -127,15 +127,15 @@ def test_the_board_reads_every_record_and_every_record_label_it_selects_on():
     def read(board: dict) -> set[str]:
         return {s.series for q in queries.panel_queries(board) for s in selections(q.expr)}
 
-    cycles = build.RECORDED[f"{promql.CYCLES}_bucket"]
-    failing = build.RECORDED[f"{promql.MAX_FAILING}_bucket"]
+    cycles = build.RECORDED[f"{series.CYCLES}_bucket"]
+    failing = build.RECORDED[f"{series.MAX_FAILING}_bucket"]
     assert read(BOARD) == {*build.RECORDED.values(), *(r["record"] for r in rules.DERIVED)} - {cycles, failing}
     assert read(CONFIGURED) == read(BOARD) | {cycles, failing}  # (its probe runs past the streak stop too)
     assert read(COUNTED) == read(BOARD) | {failing}
     heatmap = next(q for q in queries.panel_queries(BOARD) if q.panel_id == 2)
     (selection,) = selections(heatmap.expr)
-    matched = frozenset({promql.CAP_MODE, promql.POLICY, promql.AGENT, promql.COHORT})
-    assert selection == Selection(build.RECORDED[f"{promql.TOOL_CALLS}_bucket"], matched, frozenset({"le"}))
+    matched = frozenset({series.CAP_MODE, series.POLICY, series.AGENT, series.COHORT})
+    assert selection == Selection(build.RECORDED[f"{series.TOOL_CALLS}_bucket"], matched, frozenset({"le"}))
 
 
 def _label_uses() -> list[tuple[str, str]]:
@@ -159,7 +159,7 @@ def test_dropping_a_label_the_board_reads_from_its_rule_fails_the_check(record, 
 
 def test_a_raw_series_or_an_undefined_record_on_the_board_fails_the_check():
     recorded = record_labels(RULES_TEXT)
-    for name in (build.TURNS, "turnguard:turns:increase1h"):
+    for name in (series.TURNS, "turnguard:turns:increase1h"):
         board = {"uid": build.THRESHOLDS_UID, "panels": [{"id": 11, "targets": [
             {"refId": "A", "expr": f'sum(sum_over_time({name}{{turnguard_policy=~"$policy"}}[$__range]))'}]}]}
         assert problems(board, recorded) == [f"panel 11 A: reads {name}, not a record the rules define"]

@@ -20,7 +20,12 @@ yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
 import turnguard as tg  # noqa: E402
-from turnguard._boards import build, evidence, queries  # noqa: E402
+from turnguard._boards import (  # noqa: E402
+    build,
+    evidence,
+    queries,
+    series,
+)
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
 from turnguard._calibrate.survival import Survival, estimate  # noqa: E402
@@ -79,7 +84,7 @@ def _panel_queries() -> list[queries.PanelQuery]:
 
 
 def _series(fleet: Fleet) -> list[dict[str, str]]:
-    labels = {q.COHORT: "live", q.POLICY: "default", q.CAP_MODE: "adaptive", q.AGENT: fleet.agent}
+    labels = {series.COHORT: "live", series.POLICY: "default", series.CAP_MODE: "adaptive", series.AGENT: fleet.agent}
     out = []
     for (fate, le), count in fleet.buckets().items():
         matchers = ",".join(f'{k}="{v}"' for k, v in {**labels, "fate": fate, "le": le}.items())

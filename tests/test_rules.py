@@ -23,7 +23,7 @@ from conftest import optional_dependency
 yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
-from turnguard._boards import build, rule_cases, rules  # noqa: E402
+from turnguard._boards import build, rule_cases, rules, series  # noqa: E402
 
 VARIANTS = {"portable": rules.PORTABLE, "start-times": rules.START_TIMES}
 RULES_DIR = chain.RULES.parent
@@ -32,7 +32,7 @@ ALERTS = {"TurnguardHaltRateSpike", "TurnguardBackstopHalts", "TurnguardFalseHal
           "TurnguardFalseHaltBudgetBurnSlow", "TurnguardCollectorExportFailing", "TurnguardProbeResolvedPastBackstop",
           "TurnguardResultsStopped", "TurnguardInvalidResultTokens"}
 GROUP = "turnguard_loop_threshold"
-RECORD = rules.RECORDED[rules.TURNS]
+RECORD = rules.RECORDED[series.TURNS]
 
 
 @pytest.fixture(params=sorted(VARIANTS))
@@ -185,10 +185,10 @@ def test_every_record_is_the_one_counting_form_of_its_raw_series(variant):
 
 def test_records_keep_only_bounded_labels(variant):
     """No per-process, per-tool or per-conversation label reaches a record: they are summed away."""
-    allowed = {"le", build.POLICY, build.AGENT, build.COHORT, build.RESOLVED, build.OUTCOME, build.THRESHOLD,
-               build.CAP_MODE, build.STUCK, build.MAIN_THRESHOLD, build.PAST_SOFT_CAP, build.RESULT_STATUS,
-               build.CALLS_BUCKET, build.LEVEL, build.ANSWER, build.SHADOW_POLICY, build.ACTION,
-               build.REPEAT_BUCKET, build.FAILING_BUCKET}  # (a probe turn's count buckets: a closed set)
+    allowed = {"le", series.POLICY, series.AGENT, series.COHORT, series.RESOLVED, series.OUTCOME, series.THRESHOLD,
+               series.CAP_MODE, series.STUCK, series.MAIN_THRESHOLD, series.PAST_SOFT_CAP, series.RESULT_STATUS,
+               series.CALLS_BUCKET, series.LEVEL, series.ANSWER, series.SHADOW_POLICY, series.ACTION,
+               series.REPEAT_BUCKET, series.FAILING_BUCKET}  # (a probe turn's count buckets: a closed set)
     for rule in loaded(variant)["groups"][0]["rules"]:
         if rule.get("record") in rules.RECORDED.values():
             assert set(_by(rule["expr"])) <= allowed, rule["record"]
@@ -197,10 +197,10 @@ def test_records_keep_only_bounded_labels(variant):
 def test_the_rules_query_the_names_the_boards_query():
     text = chain.RULES.read_text()
     for metric in re.findall(r"\b(turnguard_[a-z_]+?(?:_total|_bucket|_count|_sum)|otelcol_[a-z_]+_total)\b", text):
-        assert metric in {*build.RECORDED, *build.OTELCOL_SEND_FAILED.values(), rules.UPTIME}, metric
+        assert metric in {*build.RECORDED, *series.OTELCOL_SEND_FAILED.values(), rules.UPTIME}, metric
     labels = set(re.findall(r"\b((?:turnguard|gen_ai)_[a-z_]+)=", text))
-    known = {build.OUTCOME, build.THRESHOLD, build.AGENT, build.ANSWER, build.COHORT, build.RESOLVED,
-             build.MAIN_THRESHOLD, build.RESULT_STATUS}
+    known = {series.OUTCOME, series.THRESHOLD, series.AGENT, series.ANSWER, series.COHORT, series.RESOLVED,
+             series.MAIN_THRESHOLD, series.RESULT_STATUS}
     assert labels <= known, labels - known
 
 
@@ -225,11 +225,11 @@ def test_the_model_attributes_each_event_to_the_first_record_that_can_see_it():
     """A run born at 1 minute with 3 events, sampled at 1.5 and 2.5 minutes; a store down from 2 to 10
     minutes: the first sample (1.5 min, in the record of 5 min) holds the 3, the event at 2 minutes
     waits for the sample after the gap (10.5 min, in the record of 15 min)."""
-    series = rule_cases.Series({GROUP: "a"}, (rule_cases.Run(2, (3, 0, 1, *[0] * 20)),))
+    stream = rule_cases.Series({GROUP: "a"}, (rule_cases.Run(2, (3, 0, 1, *[0] * 20)),))
     store = rule_cases.Store(((0, 4), (20, 40)))
-    assert rule_cases.truth([series], store, GROUP) == {10: {"a": 3}, 30: {"a": 1}}
-    assert rule_cases.values(series, store, 24).split()[:4] == ["_", "_", "_", "3"]
-    with_starts = rule_cases.held(series, rule_cases.Store(((0, 4), (20, 40)), start_times=True))
+    assert rule_cases.truth([stream], store, GROUP) == {10: {"a": 3}, 30: {"a": 1}}
+    assert rule_cases.values(stream, store, 24).split()[:4] == ["_", "_", "_", "3"]
+    with_starts = rule_cases.held(stream, rule_cases.Store(((0, 4), (20, 40)), start_times=True))
     assert with_starts.values[2] == 0 and with_starts.values[3] == 3
 
 
@@ -270,7 +270,7 @@ def _stream(seed: int, *, resets: bool) -> tuple[list[rule_cases.Series], tuple[
     random times, some ending, some silent for a while, some restarted (``resets``); a store with up
     to two gaps of 1.5 minutes to 2 hours, anywhere (across tile edges too)."""
     rng = random.Random(seed)
-    series = [rule_cases.Series({GROUP: "w", "instance": "warm"}, (rule_cases.Run(0, (0,) * SLOTS),), phase=0)]
+    streams = [rule_cases.Series({GROUP: "w", "instance": "warm"}, (rule_cases.Run(0, (0,) * SLOTS),), phase=0)]
     for i in range(6):
         start = rng.choice([12, 12, rng.randrange(12, SLOTS - 20)])
         end = rng.choice([SLOTS, SLOTS, rng.randrange(start + 5, SLOTS + 1)])
@@ -283,7 +283,7 @@ def _stream(seed: int, *, resets: bool) -> tuple[list[rule_cases.Series], tuple[
         if rng.random() < 0.4:
             a = rng.randrange(0, SLOTS)
             silent = ((a, a + rng.randrange(3, 300)),)
-        series.append(rule_cases.Series({GROUP: "abc"[i % 3], "instance": f"i{i}"}, tuple(runs),
+        streams.append(rule_cases.Series({GROUP: "abc"[i % 3], "instance": f"i{i}"}, tuple(runs),
                                         phase=rng.randrange(2), silent=silent))
     up, at = [], 0
     for _ in range(rng.randrange(0, 3)):
@@ -291,12 +291,12 @@ def _stream(seed: int, *, resets: bool) -> tuple[list[rule_cases.Series], tuple[
         up.append((at, a))
         at = a + rng.randrange(3, 240)
     up.append((at, SLOTS + 1))
-    return series, tuple(up)
+    return streams, tuple(up)
 
 
-def _test_file(tmp_path: Path, series, store: rule_cases.Store, t: rules.Tiling, cases: list[dict]) -> str:
-    inputs = [{"series": rules.TURNS + rule_cases.selector(s.labels), "values": rule_cases.values(s, store, SLOTS)}
-              for s in series]
+def _test_file(tmp_path: Path, streams, store: rule_cases.Store, t: rules.Tiling, cases: list[dict]) -> str:
+    inputs = [{"series": series.TURNS + rule_cases.selector(s.labels), "values": rule_cases.values(s, store, SLOTS)}
+              for s in streams]
     doc = {"rule_files": [str(RULES_DIR / rules.FILES[t])], "evaluation_interval": "5m",
            "tests": [{"interval": "30s", "input_series": inputs, "promql_expr_test": cases}]}
     (tmp_path / "stream.test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -317,9 +317,9 @@ SEEDS = (1, 2, 3)
 def test_every_record_counts_exactly_what_became_visible_in_it(promtool, variant, tmp_path, seed):
     """Gaps up to 2 hours, silences up to 2.5, new series at any time: each record (not only their
     sum) equals the events first visible in its tile, so none is counted twice, none lost."""
-    series, up = _stream(seed, resets=False)
+    streams, up = _stream(seed, resets=False)
     store = rule_cases.Store(up, variant.start_times)
-    name = _test_file(tmp_path, series, store, variant, _each_record_is_the_truth(rule_cases.truth(series, store,
+    name = _test_file(tmp_path, streams, store, variant, _each_record_is_the_truth(rule_cases.truth(streams, store,
                                                                                                      GROUP)))
     result = run(promtool, "test", "rules", name, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -335,11 +335,11 @@ def _never_above(truth: dict[int, dict[str, int]], groups: list[str]) -> list[di
             for at in range(0, SLOTS + 1, rule_cases.TILE)]
 
 
-def _lost_at_most(series, store: rule_cases.Store, truth: dict[int, dict[str, int]]) -> list[dict]:
+def _lost_at_most(streams, store: rule_cases.Store, truth: dict[int, dict[str, int]]) -> list[dict]:
     """The whole stream's records fall short of the truth by at most each reset's value before it."""
-    held = {s.labels["instance"]: rule_cases.held(s, store) for s in series}
+    held = {s.labels["instance"]: rule_cases.held(s, store) for s in streams}
     allowance: dict[str, int] = {}
-    for s in series:
+    for s in streams:
         runs = held[s.labels["instance"]].run_of
         before = [max((v for slot, v in held[s.labels["instance"]].values.items() if runs[slot] == i), default=0)
                   for i in range(len(s.runs) - 1)]
@@ -358,12 +358,12 @@ def _lost_at_most(series, store: rule_cases.Store, truth: dict[int, dict[str, in
 def test_resets_never_count_history_twice_and_lose_at_most_the_value_before(promtool, variant, tmp_path, seed):
     """Restarts with a stable instance id at random, several in a tile, in gaps, to equal or higher
     values: no record above the truth, and the total short of it by at most the values before the resets."""
-    series, up = _stream(seed, resets=True)
-    assert sum(len(s.runs) - 1 for s in series) >= 10
+    streams, up = _stream(seed, resets=True)
+    assert sum(len(s.runs) - 1 for s in streams) >= 10
     store = rule_cases.Store(up, variant.start_times)
-    truth = rule_cases.truth(series, store, GROUP)
-    cases = _never_above(truth, sorted({s.labels[GROUP] for s in series})) + _lost_at_most(series, store, truth)
-    result = run(promtool, "test", "rules", _test_file(tmp_path, series, store, variant, cases), cwd=tmp_path)
+    truth = rule_cases.truth(streams, store, GROUP)
+    cases = _never_above(truth, sorted({s.labels[GROUP] for s in streams})) + _lost_at_most(streams, store, truth)
+    result = run(promtool, "test", "rules", _test_file(tmp_path, streams, store, variant, cases), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -385,18 +385,18 @@ def _audited(monkeypatch, directory: Path) -> Path:
 AUDITED_EXPORT_ALERT = "\nor\n".join(
     f"label_replace(sum by (job, instance, exporter) ((increase({m}[15m]) and {m} offset 15m) or "
     f"(last_over_time({m}[15m]) unless {m} offset 15m)), \"signal\", \"{s.replace('_', ' ')}\", \"\", \"\") > 0"
-    for s, m in rules.OTELCOL_SEND_FAILED.items())
+    for s, m in series.OTELCOL_SEND_FAILED.items())
 """The export-failure alert the audit found paging on old failures."""
 
 
 def test_the_random_streams_fail_the_audited_form(tmp_path, monkeypatch):
     audited = _audited(monkeypatch, tmp_path)
-    series, up = _stream(SEEDS[0], resets=False)
+    streams, up = _stream(SEEDS[0], resets=False)
     store = rule_cases.Store(up)
     doc = {"rule_files": [str(audited)], "evaluation_interval": "5m", "tests": [{
-        "interval": "30s", "input_series": [{"series": rules.TURNS + rule_cases.selector(s.labels),
-                                             "values": rule_cases.values(s, store, SLOTS)} for s in series],
-        "promql_expr_test": _each_record_is_the_truth(rule_cases.truth(series, store, GROUP))}]}
+        "interval": "30s", "input_series": [{"series": series.TURNS + rule_cases.selector(s.labels),
+                                             "values": rule_cases.values(s, store, SLOTS)} for s in streams],
+        "promql_expr_test": _each_record_is_the_truth(rule_cases.truth(streams, store, GROUP))}]}
     (tmp_path / "audited.test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     result = run(chain.promtool(), "test", "rules", "audited.test.yaml", cwd=tmp_path)
     assert result.returncode != 0 and RECORD in result.stdout + result.stderr

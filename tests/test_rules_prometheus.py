@@ -25,7 +25,7 @@ from conftest import optional_dependency
 optional_dependency("opentelemetry.exporter.otlp.proto.http")
 
 import turnguard as tg  # noqa: E402
-from turnguard._boards import rules  # noqa: E402
+from turnguard._boards import rules, series  # noqa: E402
 from turnguard.telemetry import configure  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
@@ -34,7 +34,7 @@ TILING = rules.Tiling(tile=2, lag=5, start_times=True)
 """The start-times rules with a 2-second tile and a 5-second lag."""
 FLAGS = ["--web.enable-otlp-receiver", "--enable-feature=created-timestamp-zero-ingestion",
          "--query.lookback-delta=15s"]
-TURNS, RECORD = rules.TURNS, rules.RECORDED[rules.TURNS]
+TURNS, RECORD = series.TURNS, rules.RECORDED[series.TURNS]
 SINCE = time.time()
 
 

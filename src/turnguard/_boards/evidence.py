@@ -40,6 +40,18 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from turnguard._boards import promql as q
+from turnguard._boards.series import (
+    CALLS_PAST_MAIN,
+    CAP_MODE,
+    COHORT,
+    MAIN_THRESHOLD,
+    POLICY,
+    RESOLVED,
+    RESULT_STATUS,
+    RESULTS,
+    THRESHOLD,
+    TURNS,
+)
 from turnguard._boards.settings import CapSettings
 from turnguard._config import GuardConfig
 from turnguard._model import Threshold
@@ -153,7 +165,7 @@ def fates(turns: Callable[..., str], late: Callable[..., str], fill: Callable[[s
     A result is counted whether it came in the turn (the turns' record) or later (an accepted late
     result): the two records are summed together (their series never share a label set: only a
     result has a ``turnguard_result_status``)."""
-    res, limit = q.RESOLVED, q.THRESHOLD
+    res, limit = RESOLVED, THRESHOLD
     true, false, known = {res: "true"}, {res: "false"}, {res: "~true|false"}
     limited, other = {limit: LENGTH_LIMITED}, {limit: NOT_LENGTH_LIMITED}
     not_true = {res: "~false|unknown"}
@@ -171,21 +183,21 @@ def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
     """Per column, a vector by ``turnguard_probe_main_threshold`` with one row for each of ``rows``
     (0 where nothing happened): the probe turns the main configuration would have halted there."""
     thresholds = [t.value for t in rows]
-    where = {q.COHORT: q.PROBE, q.POLICY: q.PROBE_POLICY, q.MAIN_THRESHOLD: q.values_regex(thresholds)}
-    by = (q.MAIN_THRESHOLD,)
+    where = {COHORT: q.PROBE, POLICY: q.PROBE_POLICY, MAIN_THRESHOLD: q.values_regex(thresholds)}
+    by = (MAIN_THRESHOLD,)
 
     def turns(**labels: str) -> str:
-        return q.sum_over(q.TURNS, q.sel(**where, **labels))
+        return q.sum_over(TURNS, q.sel(**where, **labels))
 
     def late(**labels: str) -> str:
-        return q.sum_over(q.RESULTS, q.sel(**where, **{q.RESULT_STATUS: "accepted"}, **labels))
+        return q.sum_over(RESULTS, q.sel(**where, **{RESULT_STATUS: "accepted"}, **labels))
 
     def fill(expr: str) -> str:
-        return q.filled(f"sum by ({q.MAIN_THRESHOLD}) ({expr})", q.MAIN_THRESHOLD, thresholds)
+        return q.filled(f"sum by ({MAIN_THRESHOLD}) ({expr})", MAIN_THRESHOLD, thresholds)
 
     f = fates(turns, late, fill)
-    calls_past = q.filled(q.recorded(q.CALLS_PAST_MAIN, q.sel(**{k: v for k, v in where.items() if k != q.COHORT}),
-                                     by=by), q.MAIN_THRESHOLD, thresholds)
+    calls_past = q.filled(q.recorded(CALLS_PAST_MAIN, q.sel(**{k: v for k, v in where.items() if k != COHORT}),
+                                     by=by), MAIN_THRESHOLD, thresholds)
     return {
         "turns": fill(turns()),
         **{name: f[name] for name in ("resolved", "unresolved", "censored", "unknown")},
@@ -249,7 +261,7 @@ def _edges(cap: CapSettings) -> tuple[float, ...]:
                                                stuck_repeat_threshold=cap.stuck_repeat_threshold))
 
 
-KM_TURNS = {q.COHORT: q.BOTH_COHORTS, q.POLICY: q.PROBE_POLICY, q.CAP_MODE: "adaptive"}
+KM_TURNS = {COHORT: q.BOTH_COHORTS, POLICY: q.PROBE_POLICY, CAP_MODE: "adaptive"}
 """Both cohorts (live turns carry the curve to the live backstop, probe turns past it), the picked
 policies with their probes, adaptive-cap turns."""
 FINISHED = {q.FATE: "finished"}

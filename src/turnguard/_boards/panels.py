@@ -52,6 +52,12 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from turnguard._boards import promql as q
+from turnguard._boards.series import (
+    AGENT,
+    COHORT,
+    POLICY,
+    TURNS,
+)
 
 PanelBuilder = Builder[Panel]
 """What the panel functions return (any kind of panel), for ``with_panels``."""
@@ -196,7 +202,7 @@ def base(uid: str, title: str, description: str, tags: Sequence[str], *, toleran
     """A board with the variables every panel reads: data source, cohort (``live`` by default: probe
     panels name theirs), policy and agent (All saved as the default, within the cohort), and on the
     threshold board the operator's ``tolerance``."""
-    live = f'{q.TURNS}{{{q.COHORT}=~"${q.COHORT_VARIABLE}"}}'
+    live = f'{TURNS}{{{COHORT}=~"${q.COHORT_VARIABLE}"}}'
     cohort = (
         CustomVariable(q.COHORT_VARIABLE).label("Cohort").values(f"{q.LIVE},{q.PROBE}")
         .description("Which turns the panels without a cohort of their own show: live (guarded by the main "
@@ -207,12 +213,12 @@ def base(uid: str, title: str, description: str, tags: Sequence[str], *, toleran
     )
     policies = (
         QueryVariable(q.POLICY_VARIABLE).label("Policy").datasource(DATASOURCE)
-        .query(f"label_values({live}, {q.POLICY})").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .query(f"label_values({live}, {POLICY})").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True).include_all(True).all_value(".*").sort(VariableSort.ALPHABETICAL_ASC).current(ALL)
     )
     agents = (
         QueryVariable(q.AGENT_VARIABLE).label("Agent").datasource(DATASOURCE)
-        .query(f"label_values({live}, {q.AGENT})").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .query(f"label_values({live}, {AGENT})").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True).include_all(True).all_value(".*").sort(VariableSort.ALPHABETICAL_ASC).current(ALL)
     )
     board = (
@@ -233,10 +239,10 @@ def base(uid: str, title: str, description: str, tags: Sequence[str], *, toleran
 
 def policy_changes() -> AnnotationQuery:
     """A mark where a policy name first reports (a new or renamed GuardConfig went live)."""
-    named = f'{q.TURNS}{{{q.POLICY}!=""}}'
+    named = f'{TURNS}{{{POLICY}!=""}}'
     return (
         AnnotationQuery().name("Policy changes").datasource(DATASOURCE).enable(True).icon_color("purple")
-        .expr(f"group by ({q.POLICY}) ({named}) unless group by ({q.POLICY}) ({named} offset 10m)")
+        .expr(f"group by ({POLICY}) ({named}) unless group by ({POLICY}) ({named} offset 10m)")
     )
 
 

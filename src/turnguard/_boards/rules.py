@@ -26,35 +26,39 @@ from pathlib import Path
 
 from turnguard import _assets as assets
 from turnguard._boards import rule_cases
-from turnguard.telemetry import _names as n
-
-
-def label(attribute: str) -> str:
-    return attribute.replace(".", "_")
-
-
-POLICY, AGENT, COHORT, RESOLVED = (label(a) for a in (n.POLICY, n.GEN_AI_AGENT_NAME, n.TURN_COHORT, n.TURN_RESOLVED))
-OUTCOME, THRESHOLD, CAP_MODE, STUCK = (label(a) for a in (n.TURN_OUTCOME, n.LOOP_THRESHOLD, n.CAP_MODE, n.TURN_STUCK))
-MAIN_THRESHOLD, PAST_SOFT_CAP = label(n.PROBE_MAIN_THRESHOLD), label(n.TURN_PAST_SOFT_CAP)
-RESULT_STATUS, CALLS_BUCKET = label(n.RESULT_STATUS), label(n.TURN_CALLS_BUCKET)
-REPEAT_BUCKET, FAILING_BUCKET = label(n.TURN_MAX_KEY_REPEAT_BUCKET), label(n.TURN_MAX_FAILING_STREAK_BUCKET)
-LEVEL, ACTION, ANSWER, SHADOW_POLICY = (label(a) for a in (n.LOOP_LEVEL, n.LOOP_ACTION, n.ESCALATION_ANSWER,
-                                                           n.SHADOW_POLICY))
-
-TOOL_CALLS = label(n.METRIC_TURN_TOOL_CALLS[0])
-CYCLES = label(n.METRIC_TURN_CYCLES[0])
-MAX_REPEAT = label(n.METRIC_TURN_MAX_KEY_REPEAT[0])
-MAX_FAILING = label(n.METRIC_TURN_MAX_FAILING_STREAK[0])
-FIRST_STUCK = label(n.METRIC_TURN_FIRST_STUCK_CALL[0])
-SHADOW_TOOL_CALLS = label(n.METRIC_SHADOW_TURN_TOOL_CALLS[0])
-TURNS = f"{TOOL_CALLS}_count"
-RESULTS = label(n.METRIC_TURN_RESULTS[0]) + "_total"
-CALLS_PAST_MAIN = label(n.METRIC_PROBE_CALLS_PAST_MAIN[0]) + "_total"
-DETECTIONS = label(n.METRIC_DETECTIONS[0]) + "_total"
-ANSWERS = label(n.METRIC_ESCALATION_ANSWERS[0]) + "_total"
-SHADOW_DETECTIONS = label(n.METRIC_SHADOW_DETECTIONS[0]) + "_total"
-OTELCOL_SEND_FAILED = {signal: f"otelcol_exporter_send_failed_{signal}_total"
-                       for signal in ("metric_points", "spans", "log_records")}
+from turnguard._boards.series import (
+    ACTION,
+    AGENT,
+    ANSWER,
+    ANSWERS,
+    CALLS_BUCKET,
+    CALLS_PAST_MAIN,
+    CAP_MODE,
+    COHORT,
+    CYCLES,
+    DETECTIONS,
+    FAILING_BUCKET,
+    FIRST_STUCK,
+    LEVEL,
+    MAIN_THRESHOLD,
+    MAX_FAILING,
+    MAX_REPEAT,
+    OTELCOL_SEND_FAILED,
+    OUTCOME,
+    PAST_SOFT_CAP,
+    POLICY,
+    REPEAT_BUCKET,
+    RESOLVED,
+    RESULT_STATUS,
+    RESULTS,
+    SHADOW_DETECTIONS,
+    SHADOW_POLICY,
+    SHADOW_TOOL_CALLS,
+    STUCK,
+    THRESHOLD,
+    TOOL_CALLS,
+    TURNS,
+)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from turnguard._boards import evidence
 from turnguard._boards import promql as q
+from turnguard._boards import series as ps
 from turnguard._boards.panels import (
     DATASOURCE,
     PanelBuilder,
@@ -51,8 +52,8 @@ SHADOW_PANEL_IDS = range(100, 200)
 """Panel ids reserved on the threshold-validation board for the shadow-policies row."""
 BACKSTOP_MULTIPLES = (2, 3, 5, 10, 20)
 """The what-if backstops, as multiples of S (each is a bucket edge of the tool-calls histogram)."""
-ADAPTIVE = {q.CAP_MODE: "adaptive"}
-PROBE_TURNS = {q.COHORT: q.PROBE, q.POLICY: q.PROBE_POLICY}
+ADAPTIVE = {ps.CAP_MODE: "adaptive"}
+PROBE_TURNS = {ps.COHORT: q.PROBE, ps.POLICY: q.PROBE_POLICY}
 CENSORED = "censored"
 """The word every figure that depends on censored turns says (the lint checks it)."""
 NO_FATE = "no probe turn with a known fate yet"
@@ -73,11 +74,11 @@ def _edges(cap: CapSettings) -> tuple[float, ...]:
 
 
 def _cumulative(edge: float, **labels: str) -> str:
-    return q.zero_or(q.recorded(f"{q.TOOL_CALLS}_bucket", q.le_sel(edge, **labels)))
+    return q.zero_or(q.recorded(f"{ps.TOOL_CALLS}_bucket", q.le_sel(edge, **labels)))
 
 
 def _turns(**labels: str) -> str:
-    return q.zero_or(q.recorded(q.TURNS, q.sel(**labels)))
+    return q.zero_or(q.recorded(ps.TURNS, q.sel(**labels)))
 
 
 # -- tool calls per turn ----------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def tool_calls_heatmap(cap: CapSettings) -> heatmap.Panel:
         .datasource(DATASOURCE).unit("short").no_value("0").height(9).span(12).calculate(False)
         .interval(q.RECORD_TILE).rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
         .y_axis(YAxisConfig().unit("short").axis_label(f"tool calls per turn (S = {s}, backstop = {h})"))
-        .with_target(query(q.recorded(f"{q.TOOL_CALLS}_bucket", q.sel(**ADAPTIVE), by=("le",), window="$__interval"),
+        .with_target(query(q.recorded(f"{ps.TOOL_CALLS}_bucket", q.sel(**ADAPTIVE), by=("le",), window="$__interval"),
                            "{{le}}", instant=False).format(PromQueryFormat.HEATMAP))
     )
 
@@ -103,15 +104,15 @@ def tool_calls_heatmap(cap: CapSettings) -> heatmap.Panel:
 def percentiles(cap: CapSettings) -> PanelBuilder:
     """p50/p90/p99 of the turns that ended on their own, with the halted share beside them."""
     s, h = cap.soft_cap, cap.hard_cap
-    ended = {**ADAPTIVE, q.OUTCOME: "!halted"}
-    buckets_per_step = q.recorded(f"{q.TOOL_CALLS}_bucket", q.sel(**ended), ("le",), "$__interval")
+    ended = {**ADAPTIVE, ps.OUTCOME: "!halted"}
+    buckets_per_step = q.recorded(f"{ps.TOOL_CALLS}_bucket", q.sel(**ended), ("le",), "$__interval")
     targets = [
         query(f"histogram_quantile({p}, {buckets_per_step})", f"p{round(p * 100)} (turns not halted)", ref(i),
               instant=False)
         for i, p in enumerate((0.5, 0.9, 0.99))
     ]
-    halted = (f"{q.recorded(q.TURNS, q.sel(**ADAPTIVE, **{q.OUTCOME: 'halted'}), window='$__interval')} / "
-              f"{q.recorded(q.TURNS, q.sel(**ADAPTIVE), window='$__interval')}")
+    halted = (f"{q.recorded(ps.TURNS, q.sel(**ADAPTIVE, **{ps.OUTCOME: 'halted'}), window='$__interval')} / "
+              f"{q.recorded(ps.TURNS, q.sel(**ADAPTIVE), window='$__interval')}")
     targets.append(query(halted, "halted share (right axis): left out above, censored at their halt", "D",
                          instant=False))
     return (
@@ -164,10 +165,10 @@ def _cut_targets(cap: CapSettings, **labels: str) -> list[Dataquery]:
 
 
 def lower_backstop_row(cap: CapSettings) -> list[PanelBuilder]:
-    not_stuck = {**ADAPTIVE, q.STUCK: "false"}
+    not_stuck = {**ADAPTIVE, ps.STUCK: "false"}
     return [
         stat_panel(11, "Turns not stuck", "Adaptive-cap turns in which no call repeated D times.",
-                   q.recorded(q.TURNS, q.sel(**not_stuck)), width=4),
+                   q.recorded(ps.TURNS, q.sel(**not_stuck)), width=4),
         bars(12, "Not-stuck turns a backstop at k×S would cut",
              "Share of not-stuck turns that made more than k×S calls, for k up to the live backstop (the turns "
              f"halted at it are in every k, {CENSORED} there: past it the live cohort shows nothing; the probe "
@@ -175,7 +176,7 @@ def lower_backstop_row(cap: CapSettings) -> list[PanelBuilder]:
         bars(13, "…of those that ended on their own (false kills)",
              "The same, for not-stuck turns that were not halted: productive long turns a lower backstop would "
              f"have killed. Halted turns are left out ({CENSORED}: what they would have done is unknown).",
-             _cut_targets(cap, **not_stuck, **{q.OUTCOME: "!halted"}), unit="percentunit", width=10),
+             _cut_targets(cap, **not_stuck, **{ps.OUTCOME: "!halted"}), unit="percentunit", width=10),
     ]
 
 
@@ -186,16 +187,16 @@ def backstop_row(cap: CapSettings) -> list[PanelBuilder]:
     """The turns halted at the backstop: what they cost, whether the stuck signal had flagged them, and
     beside them what the probe cohort says such turns would have done."""
     s, h = cap.soft_cap, cap.hard_cap
-    backstop = q.sel(**{q.THRESHOLD: Threshold.HARD_BACKSTOP})
-    calls, turns = q.zero_or(q.recorded(q.CALLS, backstop)), q.zero_or(q.recorded(q.TURNS, backstop))
-    flagged = q.zero_or(q.recorded(f"{q.FIRST_STUCK}_count", backstop))
-    first_stuck_mean = (f"{q.recorded(f'{q.FIRST_STUCK}_sum', by=(q.THRESHOLD,))} / "
-                        f"{q.recorded(f'{q.FIRST_STUCK}_count', by=(q.THRESHOLD,))}")
+    backstop = q.sel(**{ps.THRESHOLD: Threshold.HARD_BACKSTOP})
+    calls, turns = q.zero_or(q.recorded(ps.CALLS, backstop)), q.zero_or(q.recorded(ps.TURNS, backstop))
+    flagged = q.zero_or(q.recorded(f"{ps.FIRST_STUCK}_count", backstop))
+    first_stuck_mean = (f"{q.recorded(f'{ps.FIRST_STUCK}_sum', by=(ps.THRESHOLD,))} / "
+                        f"{q.recorded(f'{ps.FIRST_STUCK}_count', by=(ps.THRESHOLD,))}")
     panels = [
         stat_panel(21, "Turns halted at the backstop",
                    f"Turns halted at call {h + 1}. Halted at the backstop says what stopped them, not what they "
                    "were doing: the probe's resolved share beside says how many such turns would have succeeded.",
-                   q.recorded(q.TURNS, backstop)),
+                   q.recorded(ps.TURNS, backstop)),
         stat_panel(22, "Calls they made", "Tool calls checked in those turns.", calls),
         stat_panel(23, "…of which past the soft cap", f"Calls beyond S = {s} in those turns.",
                    f"{calls} - {s} * {turns}"),
@@ -204,10 +205,10 @@ def backstop_row(cap: CapSettings) -> list[PanelBuilder]:
         stat_panel(25, "Calls the stuck signal would have saved",
                    "For those flagged turns: calls made after the stuck signal first held.",
                    f"{calls} * {flagged} / clamp_min({turns}, 1) - "
-                   f"{q.zero_or(q.recorded(f'{q.FIRST_STUCK}_sum', backstop))}"),
+                   f"{q.zero_or(q.recorded(f'{ps.FIRST_STUCK}_sum', backstop))}"),
         bars(26, "When stuck turns were first flagged",
              f"Mean call at which the stuck signal first held, by how the turn ended (S = {s}).",
-             [query(first_stuck_mean, legend(q.THRESHOLD))], width=4, height=4),
+             [query(first_stuck_mean, legend(ps.THRESHOLD))], width=4, height=4),
     ]
     return [*panels, backstop_evidence(cap)]
 
@@ -241,14 +242,14 @@ def backstop_evidence(cap: CapSettings) -> PanelBuilder:
 def _repeat_targets(cap: CapSettings) -> list[Dataquery]:
     """Long turns only (past S: the ones the stuck signal judges), by how they ended."""
     d = cap.stuck_repeat_threshold
-    long = {q.PAST_SOFT_CAP: "true"}
+    long = {ps.PAST_SOFT_CAP: "true"}
     targets = []
-    for i, (name, labels) in enumerate((("ended on its own", {q.THRESHOLD: n.NO_THRESHOLD, **long}),
-                                        ("halted: stuck past S", {q.THRESHOLD: Threshold.SOFT_STUCK, **long}),
-                                        ("halted at the backstop", {q.THRESHOLD: Threshold.HARD_BACKSTOP, **long}))):
-        below = q.zero_or(q.recorded(f"{q.MAX_REPEAT}_bucket", q.le_sel(d - 2, **labels)))
-        near = q.zero_or(q.recorded(f"{q.MAX_REPEAT}_bucket", q.le_sel(d - 1, **labels)))
-        count = q.zero_or(q.recorded(f"{q.MAX_REPEAT}_count", q.sel(**labels)))
+    for i, (name, labels) in enumerate((("ended on its own", {ps.THRESHOLD: n.NO_THRESHOLD, **long}),
+                                        ("halted: stuck past S", {ps.THRESHOLD: Threshold.SOFT_STUCK, **long}),
+                                        ("halted at the backstop", {ps.THRESHOLD: Threshold.HARD_BACKSTOP, **long}))):
+        below = q.zero_or(q.recorded(f"{ps.MAX_REPEAT}_bucket", q.le_sel(d - 2, **labels)))
+        near = q.zero_or(q.recorded(f"{ps.MAX_REPEAT}_bucket", q.le_sel(d - 1, **labels)))
+        count = q.zero_or(q.recorded(f"{ps.MAX_REPEAT}_count", q.sel(**labels)))
         targets += [
             query(below, f"{name}: max repeat < {d - 1}", ref(3 * i)),
             query(f"{near} - {below}", f"{name}: max repeat = {d - 1} (one short of D)", ref(3 * i + 1)),
@@ -287,8 +288,8 @@ def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
         return f"({_turns(**PROBE_TURNS, **labels, **more)} - {_cumulative(edge, **PROBE_TURNS, **labels, **more)})"
 
     def late(**more: str) -> str:
-        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", q.CALLS_BUCKET: _late_buckets(cap, edge)}
-        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **more)))
+        accepted = {**PROBE_TURNS, ps.RESULT_STATUS: "accepted", ps.CALLS_BUCKET: _late_buckets(cap, edge)}
+        return q.zero_or(q.recorded(ps.RESULTS, q.sel(**accepted, **more)))
 
     return _fates(past, late)
 
@@ -393,21 +394,21 @@ def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
     the results counter has no stuck label, so one reported later leaves such a turn unknown)."""
     backstop = _backstop_of(cap, soft)
     past = _past(cap, backstop)
-    stuck = {q.STUCK: "true"}
+    stuck = {ps.STUCK: "true"}
 
     def below(**labels: str) -> str:
         return f"({_turns_past(cap, soft, **stuck, **labels)} - {_turns_past(cap, backstop, **stuck, **labels)})"
 
-    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
-    false = {q.RESOLVED: "false"}
+    limited, other = {ps.THRESHOLD: evidence.LENGTH_LIMITED}, {ps.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    false = {ps.RESOLVED: "false"}
     return {"turns": f"({past['turns']} + {below()})",
-            "resolved": f"({past['resolved']} + {below(**{q.RESOLVED: 'true'})})",
+            "resolved": f"({past['resolved']} + {below(**{ps.RESOLVED: 'true'})})",
             "unresolved": f"({past['unresolved']} + {below(**other, **false)})",
             "censored": f"({past['censored']} + {below(**limited, **false)})",
-            "unknown": f"({past['unknown']} + {below(**{q.RESOLVED: 'unknown'})})"}
+            "unknown": f"({past['unknown']} + {below(**{ps.RESOLVED: 'unknown'})})"}
 
 
-AT_THE_CYCLE_CAP = {q.THRESHOLD: Threshold.CYCLE_CAP.value}
+AT_THE_CYCLE_CAP = {ps.THRESHOLD: Threshold.CYCLE_CAP.value}
 """Probe turns the probe's own cycle cap halted: past every value panel 49 judges (each is below it)."""
 OTHER_LENGTH_LIMITS = "~" + "|".join(t.value for t in evidence.LENGTH_LIMITS if t is not Threshold.CYCLE_CAP)
 
@@ -419,21 +420,21 @@ def _cycle_row(value: int) -> dict[str, str]:
     results counter names the threshold that ended the turn), and leaves any other turn unknown."""
 
     def past(**labels: str) -> str:
-        every = q.zero_or(q.recorded(f"{q.CYCLES}_bucket", q.sel(**PROBE_TURNS, **labels, le="+Inf")))
-        return f"({every} - {q.zero_or(q.recorded(f'{q.CYCLES}_bucket', q.le_sel(value, **PROBE_TURNS, **labels)))})"
+        every = q.zero_or(q.recorded(f"{ps.CYCLES}_bucket", q.sel(**PROBE_TURNS, **labels, le="+Inf")))
+        return f"({every} - {q.zero_or(q.recorded(f'{ps.CYCLES}_bucket', q.le_sel(value, **PROBE_TURNS, **labels)))})"
 
     def late(**labels: str) -> str:
-        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", **AT_THE_CYCLE_CAP}
-        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **labels)))
+        accepted = {**PROBE_TURNS, ps.RESULT_STATUS: "accepted", **AT_THE_CYCLE_CAP}
+        return q.zero_or(q.recorded(ps.RESULTS, q.sel(**accepted, **labels)))
 
-    true, false = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}
-    not_at_cap = {q.THRESHOLD: "!" + Threshold.CYCLE_CAP.value}
+    true, false = {ps.RESOLVED: "true"}, {ps.RESOLVED: "false"}
+    not_at_cap = {ps.THRESHOLD: "!" + Threshold.CYCLE_CAP.value}
     return {"turns": past(),
             "resolved": f"({past(**true)} + {late(**true)})",
-            "unresolved": past(**{q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}, **false),
-            "censored": (f"({past(**{q.THRESHOLD: OTHER_LENGTH_LIMITS}, **false)} + "
-                         f"{past(**AT_THE_CYCLE_CAP, **{q.RESOLVED: '~false|unknown'})} - {late(**true)})"),
-            "unknown": past(**not_at_cap, **{q.RESOLVED: "unknown"})}
+            "unresolved": past(**{ps.THRESHOLD: evidence.NOT_LENGTH_LIMITED}, **false),
+            "censored": (f"({past(**{ps.THRESHOLD: OTHER_LENGTH_LIMITS}, **false)} + "
+                         f"{past(**AT_THE_CYCLE_CAP, **{ps.RESOLVED: '~false|unknown'})} - {late(**true)})"),
+            "unknown": past(**not_at_cap, **{ps.RESOLVED: "unknown"})}
 
 
 def cap_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
@@ -584,8 +585,8 @@ def _reach_row(histogram: str, value: int, turn_labels: dict[str, str], late_lab
         return f"({every} - {below})"
 
     def late(**more: str) -> str:
-        accepted = {**PROBE_TURNS, q.RESULT_STATUS: "accepted", **late_labels}
-        return q.zero_or(q.recorded(q.RESULTS, q.sel(**accepted, **more)))
+        accepted = {**PROBE_TURNS, ps.RESULT_STATUS: "accepted", **late_labels}
+        return q.zero_or(q.recorded(ps.RESULTS, q.sel(**accepted, **more)))
 
     return _fates(reached, late)
 
@@ -594,23 +595,23 @@ def _fates(turns: Callable[..., str], late: Callable[..., str]) -> dict[str, str
     """A frontier row's columns by fate, from the probe turns a value halts (``turns``, by label)
     and their results reported after the turn (``late``): a late result moves a turn out of
     ``unknown`` (or, resolved, out of ``censored``)."""
-    true, false, not_true = {q.RESOLVED: "true"}, {q.RESOLVED: "false"}, {q.RESOLVED: "~false|unknown"}
-    limited, other = {q.THRESHOLD: evidence.LENGTH_LIMITED}, {q.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    true, false, not_true = {ps.RESOLVED: "true"}, {ps.RESOLVED: "false"}, {ps.RESOLVED: "~false|unknown"}
+    limited, other = {ps.THRESHOLD: evidence.LENGTH_LIMITED}, {ps.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
     return {"turns": turns(),
             "resolved": f"({turns(**true)} + {late(**true)})",
             "unresolved": f"({turns(**other, **false)} + {late(**other, **false)})",
             "censored": f"({turns(**limited, **not_true)} - {late(**limited, **true)})",
-            "unknown": f"({turns(**other, **{q.RESOLVED: 'unknown'})} - {late(**other)})"}
+            "unknown": f"({turns(**other, **{ps.RESOLVED: 'unknown'})} - {late(**other)})"}
 
 
 def count_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
     """Row key -> column -> expression: panel 50's rows (``stuck:v`` for D = v: probe turns past S
     whose largest repeat count of one call reached v; ``streak:v`` for a streak stop v: probe turns
     whose longest failing streak reached v), each with panel 41's frontier columns."""
-    past_s = {q.PAST_SOFT_CAP: "true"}
-    rows = {f"stuck:{v}": _with_frontier(_reach_row(q.MAX_REPEAT, v, past_s, {
-        q.CALLS_BUCKET: _past_soft_buckets(cap), q.REPEAT_BUCKET: _at_least(v)}), SPARES) for v in stuck_values(cap)}
-    rows |= {f"streak:{v}": _with_frontier(_reach_row(q.MAX_FAILING, v, {}, {q.FAILING_BUCKET: _at_least(v)}), SPARES)
+    past_s = {ps.PAST_SOFT_CAP: "true"}
+    rows = {f"stuck:{v}": _with_frontier(_reach_row(ps.MAX_REPEAT, v, past_s, {
+        ps.CALLS_BUCKET: _past_soft_buckets(cap), ps.REPEAT_BUCKET: _at_least(v)}), SPARES) for v in stuck_values(cap)}
+    rows |= {f"streak:{v}": _with_frontier(_reach_row(ps.MAX_FAILING, v, {}, {ps.FAILING_BUCKET: _at_least(v)}), SPARES)
              for v in streak_values(cap)}
     return rows
 
@@ -717,7 +718,7 @@ def threshold_row_names(cap: CapSettings) -> dict[str, str]:
 
 
 def probe_row(cap: CapSettings) -> list[PanelBuilder]:
-    continued = q.sel(**{q.ANSWER: "continue"})
+    continued = q.sel(**{ps.ANSWER: "continue"})
     probe = (f"the probe ({cap.probe.name}, {cap.probe.rate:g} of turns)" if cap.probe else
              "the probe cohort (GuardConfig(probe=...))")
     evidence_columns = evidence.probe_rows(cap, cap.thresholds)
@@ -734,7 +735,7 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     "probe turns with a known fate it needs and how long they take at the rate they came in "
                     "(never, when the censored turns could go either way: raise the probe's cap); and the calls "
                     "they made past the threshold (the cost of raising it).",
-                    q.MAIN_THRESHOLD, evidence_columns, evidence.PROBE_COLUMN_UNITS, height=9,
+                    ps.MAIN_THRESHOLD, evidence_columns, evidence.PROBE_COLUMN_UNITS, height=9,
                     row_names=threshold_row_names(cap),
                     mappings={"decision": mapped({int(k): v for k, v in evidence.DECISION_TEXT.items()},
                                                  nan=NO_FATE),
@@ -757,7 +758,7 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     mappings={SET_HERE: mapped({1: "yes", 0: "no"}, nan=NO_FATE)}),
         bars(43, "Attended \"continue\" answers, by threshold",
              "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
-             "people saw.", [query(q.recorded(q.ANSWERS, continued, by=(q.THRESHOLD,)), legend(q.THRESHOLD))],
+             "people saw.", [query(q.recorded(ps.ANSWERS, continued, by=(ps.THRESHOLD,)), legend(ps.THRESHOLD))],
              width=8),
         survival_panel(cap),
         calibrate_only(cap),
@@ -803,36 +804,37 @@ def shadow_policy_panels(cap: CapSettings) -> list[PanelBuilder]:
     """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``): what each shadow policy
     (``GuardConfig.shadow``, evaluated on live traffic without acting) would have done, next to
     what the live policy did. A shadow's turn "halted" is its would-be halt."""
-    halted = q.sel(**{q.OUTCOME: "halted"})
-    halt_action = q.sel(**{q.ACTION: "halt"})
-    policy = q.recorded(q.SHADOW_TURNS, by=(q.SHADOW_POLICY,))
+    halted = q.sel(**{ps.OUTCOME: "halted"})
+    halt_action = q.sel(**{ps.ACTION: "halt"})
+    policy = q.recorded(ps.SHADOW_TURNS, by=(ps.SHADOW_POLICY,))
     return [
         bars(101, "Halts by threshold: live policy vs each shadow policy",
              "Turns the live policy halted, and turns each shadow policy would have halted, by the threshold "
              "that fired. A shadow with fewer resolved-looking halts and as many stuck ones is a candidate.",
-             [query(q.recorded(q.TURNS, halted, by=(q.THRESHOLD,)), f"live: {{{{{q.THRESHOLD}}}}}", "A"),
-              query(q.recorded(q.SHADOW_TURNS, halted, by=(q.SHADOW_POLICY, q.THRESHOLD)),
-                    legend(q.SHADOW_POLICY, q.THRESHOLD, sep=": "), "B")], width=12, height=9),
+             [query(q.recorded(ps.TURNS, halted, by=(ps.THRESHOLD,)), f"live: {{{{{ps.THRESHOLD}}}}}", "A"),
+              query(q.recorded(ps.SHADOW_TURNS, halted, by=(ps.SHADOW_POLICY, ps.THRESHOLD)),
+                    legend(ps.SHADOW_POLICY, ps.THRESHOLD, sep=": "), "B")], width=12, height=9),
         bars(102, "Halted share: live vs each shadow policy",
              "Share of turns halted by the live policy, and the share each shadow policy would have halted.",
-             [query(f"{q.recorded(q.TURNS, halted)} / {q.recorded(q.TURNS)}", "live", "A"),
-              query(f"{q.recorded(q.SHADOW_TURNS, halted, by=(q.SHADOW_POLICY,))} / {policy}",
-                    legend(q.SHADOW_POLICY), "B")], unit="percentunit", width=6, height=9),
+             [query(f"{q.recorded(ps.TURNS, halted)} / {q.recorded(ps.TURNS)}", "live", "A"),
+              query(f"{q.recorded(ps.SHADOW_TURNS, halted, by=(ps.SHADOW_POLICY,))} / {policy}",
+                    legend(ps.SHADOW_POLICY), "B")], unit="percentunit", width=6, height=9),
         bars(103, "Tool calls run: live vs allowed by each shadow",
              "Tool calls the live turns made, and how many each shadow policy would have let run before its "
              "would-be halts (the difference is what it would have saved, or cut).",
-             [query(q.zero_or(q.recorded(q.CALLS)), "live", "A"),
-              query(q.recorded(q.SHADOW_CALLS, by=(q.SHADOW_POLICY,)), legend(q.SHADOW_POLICY), "B")],
+             [query(q.zero_or(q.recorded(ps.CALLS)), "live", "A"),
+              query(q.recorded(ps.SHADOW_CALLS, by=(ps.SHADOW_POLICY,)), legend(ps.SHADOW_POLICY), "B")],
              width=6, height=9),
         bars(104, "Detections by threshold and level: live vs each shadow policy",
              "Every time a threshold fired (acted on or observed) live, and would have fired under each shadow.",
-             [query(q.recorded(q.DETECTIONS, by=(q.THRESHOLD, q.LEVEL)), f"live: {legend(q.THRESHOLD, q.LEVEL)}", "A"),
-              query(q.recorded(q.SHADOW_DETECTIONS, by=(q.SHADOW_POLICY, q.THRESHOLD, q.LEVEL)),
-                    f"{{{{{q.SHADOW_POLICY}}}}}: {legend(q.THRESHOLD, q.LEVEL)}", "B")], width=12, height=9),
+             [query(q.recorded(ps.DETECTIONS, by=(ps.THRESHOLD, ps.LEVEL)), f"live: {legend(ps.THRESHOLD, ps.LEVEL)}",
+                    "A"),
+              query(q.recorded(ps.SHADOW_DETECTIONS, by=(ps.SHADOW_POLICY, ps.THRESHOLD, ps.LEVEL)),
+                    f"{{{{{ps.SHADOW_POLICY}}}}}: {legend(ps.THRESHOLD, ps.LEVEL)}", "B")], width=12, height=9),
         over_time(105, "Would-be halts over time, by shadow policy",
                   "Halting detections per second each shadow policy would have made (nothing was acted on).",
-                  [query(q.recorded_per_second(q.SHADOW_DETECTIONS, halt_action, by=(q.SHADOW_POLICY,)),
-                         legend(q.SHADOW_POLICY), instant=False)], width=12).interval(q.RECORD_TILE),
+                  [query(q.recorded_per_second(ps.SHADOW_DETECTIONS, halt_action, by=(ps.SHADOW_POLICY,)),
+                         legend(ps.SHADOW_POLICY), instant=False)], width=12).interval(q.RECORD_TILE),
     ]
 
 
