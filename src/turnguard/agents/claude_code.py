@@ -45,10 +45,6 @@ INTERACTIVE_ENTRYPOINTS = frozenset({"cli"})
 
 
 class ClaudeCode(CommandHooks):
-    agent = "claude-code"
-    can_ask = True
-    context_at_check = True
-
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
         common = common_fields(payload, KINDS, turn_ref="prompt_id", call_id="tool_use_id")
         kind, name = common["kind"], common["name"]
@@ -98,4 +94,4 @@ def _batch(calls: Any) -> tuple[tuple[str, Any, str | None], ...]:
                  and c["tool_name"])
 
 
-PROTOCOL = ClaudeCode()
+PROTOCOL = ClaudeCode(agent="claude-code", can_ask=True, context_at_check=True)

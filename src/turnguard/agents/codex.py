@@ -47,10 +47,6 @@ machine later): under a second in all, and only while the record is not there.""
 
 
 class Codex(CommandHooks):
-    agent = "codex"
-    can_ask = False
-    context_at_check = True
-
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
         common = common_fields(payload, KINDS, turn_ref="turn_id", call_id="tool_use_id")
         common["transcript"] = text_field(payload, "transcript_path")
@@ -119,4 +115,4 @@ def _completed(line: bytes) -> str | None:
     return "ok" if status == "completed" else None
 
 
-PROTOCOL = Codex()
+PROTOCOL = Codex(agent="codex", can_ask=False, context_at_check=True)

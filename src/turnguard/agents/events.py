@@ -142,11 +142,17 @@ class Protocol(TypingProtocol):
         where the agent does not say: a call without one by the next model request was refused)."""
 
 
+@dataclass(frozen=True)
 class CommandHooks:
     """What the agents' command hooks answer alike: an allow, or an event that could not be read,
     is an empty answer; a failure under ``fail_mode="closed"`` is exit status 2 with the reason on
     stderr, which blocks a tool call or a prompt; and the agent does not say which checked calls
-    ran (``ran``). A subclass writes the other decisions in its agent's schema (``output``)."""
+    ran (``ran``). A subclass writes the other decisions in its agent's schema (``output``); its
+    one instance (the module's ``PROTOCOL``) gives the ``Protocol``'s facts."""
+
+    agent: str
+    can_ask: bool
+    context_at_check: bool
 
     def answer(self, event: AgentEvent | None, decision: Decision) -> HookAnswer:
         if decision.kind == "allow" or event is None:

@@ -37,10 +37,6 @@ KINDS = {
 
 
 class Gemini(CommandHooks):
-    agent = "gemini"
-    can_ask = False
-    context_at_check = False
-
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
         common = common_fields(payload, KINDS)
         kind = common["kind"]
@@ -103,4 +99,4 @@ def result_of(response: Any) -> Any:
     return response
 
 
-PROTOCOL = Gemini()
+PROTOCOL = Gemini(agent="gemini", can_ask=False, context_at_check=False)
