@@ -58,19 +58,7 @@ from google.genai import types
 
 from turnguard._guard import Guard
 from turnguard._model import Outcome, ToolCall, Verdict
-from turnguard.integrations._common import (
-    Ask,
-    Decision,
-    RunDriver,
-    Step,
-    ask_payload,
-    checked_ask,
-    describe,
-    error_result,
-    make_call,
-    open_turn,
-    with_reminder,
-)
+from turnguard.integrations import _common as common
 
 __all__ = ["TurnGuardPlugin", "confirmation_answer", "confirmation_requests", "halt_of"]
 
@@ -98,7 +86,7 @@ class _Ended:
 class _Run:
     """One invocation's turn and what it is waiting on."""
 
-    driver: RunDriver
+    driver: common.RunDriver
     calls: dict[str, ToolCall] = field(default_factory=dict)
     """Calls checked and not finished, by function call id."""
     asked: dict[str, tuple[Verdict, ToolCall]] = field(default_factory=dict)
@@ -127,13 +115,13 @@ class TurnGuardPlugin(BasePlugin):
         self,
         guard: Guard,
         *,
-        ask: Ask | Literal["confirmation"] | None = None,
+        ask: common.Ask | Literal["confirmation"] | None = None,
         promptable: bool | None = None,
         name: str = "turnguard",
     ) -> None:
         super().__init__(name)
         self.guard = guard
-        self.ask = checked_ask(ask, CONFIRMATION)
+        self.ask = common.checked_ask(ask, CONFIRMATION)
         self.promptable = promptable
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._ended: OrderedDict[str, _Ended] = OrderedDict()
@@ -153,7 +141,7 @@ class TurnGuardPlugin(BasePlugin):
             else:
                 agent = getattr(invocation_context, "agent", None)
                 session = getattr(invocation_context, "session", None)
-                driver = open_turn(
+                driver = common.open_turn(
                     self.guard,
                     ask=self.ask,
                     promptable=self.promptable,
@@ -186,7 +174,7 @@ class TurnGuardPlugin(BasePlugin):
         halted = run.driver.turn.halted
         if halted is None:
             decision = await run.driver.acycle()
-            halted = decision.verdict if decision.step is not Step.RUN else None
+            halted = decision.verdict if decision.step is not common.Step.RUN else None
         return None if halted is None else _final(halted)
 
     # -- tools ---------------------------------------------------------------------------------
@@ -198,7 +186,7 @@ class TurnGuardPlugin(BasePlugin):
             return None if halt is None else _not_executed(halt)
         call_id = tool_context.function_call_id
         asked = run.asked.pop(call_id, None) if call_id is not None else None
-        decision: Decision | dict[str, Any] | None
+        decision: common.Decision | dict[str, Any] | None
         if call_id is not None and call_id in run.closed:  # paused by a turn that has ended
             return {"error": "Not executed: the turn it was paused in has ended."}
         if asked is not None:  # resumed: the user answered the confirmation turnguard asked for
@@ -207,7 +195,7 @@ class TurnGuardPlugin(BasePlugin):
             answer = "continue" if confirmation is not None and confirmation.confirmed else "stop"
             decision = run.driver.answer(verdict, answer, call, before=True)
         else:
-            call = make_call(getattr(tool, "name", None), dict(tool_args), call_id)
+            call = common.make_call(getattr(tool, "name", None), dict(tool_args), call_id)
             if call_id is not None and run.held.pop(call_id, None) is not None:  # resumed: held with the question
                 decision = self._released(run, call, tool_context.tool_confirmation)
             elif call_id is not None and call_id in run.paused:  # its confirmation came after the model went on
@@ -220,7 +208,7 @@ class TurnGuardPlugin(BasePlugin):
                 held, question = call_id in run.held, run.driver.question
                 assert question is not None  # (_check put one to the user)
                 return _request_confirmation(tool_context, question, held=held)
-        if decision.step is not Step.RUN:
+        if decision.step is not common.Step.RUN:
             return _not_executed(decision.verdict)
         if call_id is not None:
             run.calls[call_id] = call
@@ -228,7 +216,7 @@ class TurnGuardPlugin(BasePlugin):
                 run.reminders[call_id] = decision.reminder
         return None
 
-    def _released(self, run: _Run, call: ToolCall, confirmation: Any) -> Decision | dict[str, Any]:
+    def _released(self, run: _Run, call: ToolCall, confirmation: Any) -> common.Decision | dict[str, Any]:
         """A call held with the question, resumed: a confirmed one is checked now that the question
         is answered (it is answered first; still waiting, it was not confirmed: the user's stop). A
         second question cannot pause the resuming batch (ADK asks for no confirmation there): that
@@ -243,27 +231,27 @@ class TurnGuardPlugin(BasePlugin):
         if run.ask_next is not None:
             return _not_executed(run.ask_next, yet=True)
         decision = run.driver.before(call)
-        if decision.step is not Step.ASK:
+        if decision.step is not common.Step.ASK:
             return decision
         run.driver.after(call, Outcome.DENIED)
         run.ask_next = decision.verdict
         return _not_executed(decision.verdict, yet=True)
 
-    async def _check(self, run: _Run, call: ToolCall) -> Decision | None:
+    async def _check(self, run: _Run, call: ToolCall) -> common.Decision | None:
         """The decision on ``call``; ``None`` when it is put to the user through a confirmation (the
         call turnguard asks about, or one held with it)."""
         if self.ask != CONFIRMATION or call.call_id is None:
             return await run.driver.acheck(call)
         decision = run.driver.before(call)
-        if decision.step is Step.RUN and run.ask_next is not None:
-            decision = Decision(Step.ASK, run.ask_next)
-        if decision.step is not Step.HOLD:
+        if decision.step is common.Step.RUN and run.ask_next is not None:
+            decision = common.Decision(common.Step.ASK, run.ask_next)
+        if decision.step is not common.Step.HOLD:
             run.ask_next = None
-        if decision.step is Step.HOLD:
+        if decision.step is common.Step.HOLD:
             run.held[call.call_id] = call
             run.paused.add(call.call_id)
             return None
-        if decision.step is Step.ASK:
+        if decision.step is common.Step.ASK:
             run.asked[call.call_id] = (decision.verdict, call)
             run.paused.add(call.call_id)
             run.driver.defer(decision.verdict)
@@ -280,7 +268,7 @@ class TurnGuardPlugin(BasePlugin):
     async def on_tool_error_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, error: BaseException
     ) -> None:
-        await self._settle(tool_context, Outcome.ERROR, error, result=error_result(error))
+        await self._settle(tool_context, Outcome.ERROR, error, result=common.error_result(error))
         return None  # the error goes on to the other plugins and, unhandled, ends the invocation
 
     # -- internals -----------------------------------------------------------------------------
@@ -317,7 +305,7 @@ class TurnGuardPlugin(BasePlugin):
             await run.driver.aoutcome(call, outcome, result)
             return
         decision = run.driver.after(call, outcome, result)
-        if decision.step is Step.ASK:
+        if decision.step is common.Step.ASK:
             run.ask_next = decision.verdict
 
     def _run(self, context: Any) -> _Run | None:
@@ -387,14 +375,15 @@ def _closing_early() -> BaseException | None:
 def _final(verdict: Verdict) -> LlmResponse:
     """turnguard's answer in place of the model's: a final text, so the invocation ends."""
     return LlmResponse(
-        content=types.Content(role="model", parts=[types.Part(text=describe(verdict))]),
-        custom_metadata={PAYLOAD_KEY: ask_payload(verdict)},
+        content=types.Content(role="model", parts=[types.Part(text=common.describe(verdict))]),
+        custom_metadata={PAYLOAD_KEY: common.ask_payload(verdict)},
     )
 
 
 def _not_executed(verdict: Verdict, *, yet: bool = False) -> dict[str, Any]:
     """The call's answer in place of its result; ``yet``: the user is asked on the next call."""
-    return {"error": f"Not executed: {describe(verdict)}{' (the user is asked at the next call)' if yet else ''}"}
+    later = " (the user is asked at the next call)" if yet else ""
+    return {"error": f"Not executed: {common.describe(verdict)}{later}"}
 
 
 def halt_of(events: Any) -> dict[str, Any] | None:
@@ -409,16 +398,16 @@ def halt_of(events: Any) -> dict[str, Any] | None:
 def _request_confirmation(tool_context: Any, verdict: Verdict, *, held: bool = False) -> dict[str, Any]:
     """Pause the invocation on ADK's tool confirmation; the call does not run (yet). A call ``held``
     with the question carries the question's payload, marked ``held``."""
-    payload = {PAYLOAD_KEY: {**ask_payload(verdict), "held": held}}
-    tool_context.request_confirmation(hint=describe(verdict), payload=payload)
+    payload = {PAYLOAD_KEY: {**common.ask_payload(verdict), "held": held}}
+    tool_context.request_confirmation(hint=common.describe(verdict), payload=payload)
     tool_context.actions.skip_summarization = True  # wait for the user, not for the model
-    return {"error": f"Not executed yet: the user is asked first. {describe(verdict)}"}
+    return {"error": f"Not executed yet: the user is asked first. {common.describe(verdict)}"}
 
 
 def _remind(result: Any, reminder: str) -> Any:
     if isinstance(result, dict):
         return {**result, PAYLOAD_KEY: reminder}
-    return with_reminder(result, reminder)
+    return common.with_reminder(result, reminder)
 
 
 def confirmation_requests(events: Any) -> list[Any]:

@@ -69,22 +69,7 @@ from turnguard._guard import Guard
 from turnguard._model import ALLOW, Outcome, ToolCall, Verdict
 from turnguard._snapshot import SnapshotError
 from turnguard._snapshot import pending as snapshot_pending
-from turnguard.integrations._common import (
-    Ask,
-    AskResult,
-    Decision,
-    RunDriver,
-    Step,
-    TurnHalted,
-    ask_payload,
-    checked_ask,
-    describe,
-    error_result,
-    make_call,
-    open_turn,
-    put_aside,
-    with_reminder,
-)
+from turnguard.integrations import _common as common
 
 __all__ = ["RunEndHandler", "TurnGuardHalted", "TurnGuardMiddleware"]
 
@@ -99,7 +84,7 @@ MAX_OPEN_TURNS = 1024
 _log = logging.getLogger(__name__)
 
 
-class TurnGuardHalted(TurnHalted):
+class TurnGuardHalted(common.TurnHalted):
     """turnguard stopped the agent; a ``turnguard.LoopDetected`` whose message names threshold and counts."""
 
 
@@ -128,11 +113,11 @@ class TurnGuardState(AgentState[Any]):
 class _Run:
     """One invocation's turn and what is waiting on the user (whether it halted is the turn's)."""
 
-    def __init__(self, driver: RunDriver) -> None:
+    def __init__(self, driver: common.RunDriver) -> None:
         self.driver = driver
         self.asked: dict[str, tuple[Verdict, ToolCall]] = {}
         self.asked_after: Verdict | None = None
-        self.planned: dict[str, tuple[ToolCall, Decision]] = {}
+        self.planned: dict[str, tuple[ToolCall, common.Decision]] = {}
         """Calls of the model's last response checked in ``after_model`` (``ask="interrupt"``), by id."""
         self.answered: dict[str, Verdict] = {}
         """The questions ``after_model`` asked about the batch and got answers to, by call id, in
@@ -185,7 +170,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         self,
         guard: Guard,
         *,
-        ask: Ask | Literal["interrupt"] | None = None,
+        ask: common.Ask | Literal["interrupt"] | None = None,
         promptable: bool | None = None,
         exit_behavior: Literal["error", "end"] = "error",
     ) -> None:
@@ -193,7 +178,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         if exit_behavior not in ("error", "end"):
             raise ValueError(f"exit_behavior must be 'error' or 'end', got {exit_behavior!r}")
         self.guard = guard
-        self.ask = checked_ask(ask, INTERRUPT)
+        self.ask = common.checked_ask(ask, INTERRUPT)
         self.promptable = promptable
         self.exit_behavior = exit_behavior
         self._runs: OrderedDict[str, _Run] = OrderedDict()
@@ -211,7 +196,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         thread, agent_name = _run_identity(runtime)
-        driver = open_turn(
+        driver = common.open_turn(
             self.guard, ask=self.ask, promptable=self.promptable, conversation_id=thread, agent_name=agent_name,
             durable=self.ask == INTERRUPT,  # its snapshot is checkpointed: any process may resume it
         )
@@ -224,7 +209,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
                 _, stale = self._runs.popitem(last=False)
                 self._forget(stale)
                 if stale.waiting:  # paused on turnguard's question: resumable here or elsewhere
-                    put_aside(stale.driver.turn, stale.asked_after)
+                    common.put_aside(stale.driver.turn, stale.asked_after)
                 else:
                     stale.driver.turn.end("abandoned")
         return {"turnguard_turn": key}
@@ -257,7 +242,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
                 return None
             if self.exit_behavior == "error":
                 raise TurnGuardHalted(halted)
-            return {"jump_to": "end", "messages": [AIMessage(content=describe(halted))]}
+            return {"jump_to": "end", "messages": [AIMessage(content=common.describe(halted))]}
         halted = run.driver.turn.halted
         if halted is not None:  # exit_behavior="end": the halted call was answered; end the run
             return self._end(run, halted)
@@ -268,10 +253,10 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             answer = interrupt({INTERRUPT_KEY: _payload(verdict)})
             run.asked_after = None
             decision = run.driver.answer(verdict, _answer(answer), None, before=False)
-            if decision.step is not Step.RUN:
+            if decision.step is not common.Step.RUN:
                 return self._end(run, self._halt(run, decision))
         decision = run.driver.cycle()
-        if decision.step is not Step.RUN:
+        if decision.step is not common.Step.RUN:
             return self._end(run, self._halt(run, decision))
         return self._persisted(run)
 
@@ -301,9 +286,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             if key in run.asked:
                 verdict, call = run.asked[key]
             else:
-                call = make_call(tc.get("name"), tc.get("args"), tc.get("id"))
+                call = common.make_call(tc.get("name"), tc.get("args"), tc.get("id"))
                 decision = run.driver.before(call)
-                if decision.step is not Step.ASK:
+                if decision.step is not common.Step.ASK:
                     run.planned[key] = (call, decision)
                     continue
                 verdict = decision.verdict
@@ -312,7 +297,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             del run.asked[key]
             run.answered[key] = verdict
             decision = run.driver.answer(verdict, _answer(answer), call, before=True)
-            if decision.step is not Step.RUN:
+            if decision.step is not common.Step.RUN:
                 run.answered.clear()
                 return self._refuse_batch(run, decision, calls)
             run.planned[key] = (call, decision)
@@ -357,7 +342,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         call, decision = self._check(run, request)
         if decision is None:
             decision = run.driver.check(call)
-        if decision.step is not Step.RUN:
+        if decision.step is not common.Step.RUN:
             return _not_executed(request, self._halt(run, decision))
         try:
             result = handler(request)
@@ -365,7 +350,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             run.paused[str(call.call_id)] = call
             raise
         except Exception as exc:
-            self._after(run, call, Outcome.ERROR, cause=exc, outcome_result=error_result(exc))
+            self._after(run, call, Outcome.ERROR, cause=exc, outcome_result=common.error_result(exc))
             self._died(run, exc, asynchronous=False)
             raise
         except BaseException as exc:  # KeyboardInterrupt: no error handler catches it; the run ends
@@ -382,7 +367,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         call, decision = self._check(run, request)
         if decision is None:
             decision = await run.driver.acheck(call)
-        if decision.step is not Step.RUN:
+        if decision.step is not common.Step.RUN:
             return _not_executed(request, self._halt(run, decision))
         try:
             result = await handler(request)
@@ -390,7 +375,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             run.paused[str(call.call_id)] = call
             raise
         except Exception as exc:
-            await self._aafter(run, call, Outcome.ERROR, cause=exc, outcome_result=error_result(exc))
+            await self._aafter(run, call, Outcome.ERROR, cause=exc, outcome_result=common.error_result(exc))
             self._died(run, exc, asynchronous=True)
             raise
         except BaseException as exc:  # the run was cancelled while the tool ran
@@ -401,9 +386,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _check(self, run: _Run, request: Any) -> tuple[ToolCall, Decision | None]:
+    def _check(self, run: _Run, request: Any) -> tuple[ToolCall, common.Decision | None]:
         """The call, and its decision when it was made already (planned in ``after_model``, or the
-        call is re-run after an interrupt); ``None``: the caller checks it (``RunDriver.check``)."""
+        call is re-run after an interrupt); ``None``: the caller checks it (``common.RunDriver.check``)."""
         tc = request.tool_call
         call_id = tc.get("id")
         key = str(call_id)
@@ -411,17 +396,17 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             return run.planned.pop(key)
         paused = run.paused.pop(key, None)
         if paused is not None:  # counted when it first ran; its outcome is still to come
-            return paused, Decision(Step.RUN, ALLOW)
+            return paused, common.Decision(common.Step.RUN, ALLOW)
         if call_id is not None and key in run.asked:
             # Resumed after an interrupt: the call was counted when it was first checked.
             verdict, call = run.asked[key]
         else:
-            call = make_call(tc.get("name"), tc.get("args"), call_id)
+            call = common.make_call(tc.get("name"), tc.get("args"), call_id)
             if self.ask != INTERRUPT:
                 return call, None
             # A call after_model did not plan (a tool node entered another way): asked in its tool.
             decision = run.driver.before(call)
-            if decision.step is not Step.ASK:
+            if decision.step is not common.Step.ASK:
                 return call, decision
             verdict = decision.verdict
             run.asked[key] = (verdict, call)
@@ -452,11 +437,11 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         self._halt_unless_run(run, decision, cause)
         return result
 
-    def _recorded(self, run: _Run, call: ToolCall, outcome: Outcome, result: Any) -> Decision | None:
+    def _recorded(self, run: _Run, call: ToolCall, outcome: Outcome, result: Any) -> common.Decision | None:
         """The decision on the outcome, with ``ask="interrupt"``; ``None`` when its question waits
         for the next model request (``run.asked_after``)."""
         decision = run.driver.after(call, outcome, result)
-        if decision.step is Step.ASK:
+        if decision.step is common.Step.ASK:
             run.asked_after = decision.verdict
             return None
         return decision
@@ -467,11 +452,11 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         if run.driver.turn.summary is None and _outermost(self, asynchronous, tool=True):
             self._ended(run, exc)
 
-    def _halt_unless_run(self, run: _Run, decision: Decision | None, cause: Exception | None) -> None:
-        if decision is not None and decision.step is not Step.RUN:
+    def _halt_unless_run(self, run: _Run, decision: common.Decision | None, cause: Exception | None) -> None:
+        if decision is not None and decision.step is not common.Step.RUN:
             self._halt(run, decision, cause)  # "end": the run ends before the next model request
 
-    def _halt(self, run: _Run, decision: Decision, cause: BaseException | None = None) -> Verdict:
+    def _halt(self, run: _Run, decision: common.Decision, cause: BaseException | None = None) -> Verdict:
         """A decision that stops the run. ``exit_behavior="error"``: end the turn (``after_agent``
         will not run) and raise; ``"end"``: return the HALT for the caller to end the run its way."""
         if self.exit_behavior == "error":
@@ -480,7 +465,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             raise halted from cause
         return decision.verdict
 
-    def _refuse_batch(self, run: _Run, decision: Decision, calls: list[ModelToolCall]) -> dict[str, Any]:
+    def _refuse_batch(self, run: _Run, decision: common.Decision, calls: list[ModelToolCall]) -> dict[str, Any]:
         """The user refused a call of the batch: none of it runs, and the run ends."""
         for tc in calls:
             run.planned.pop(str(tc.get("id")), None)
@@ -496,7 +481,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     def _end(self, run: _Run, verdict: Verdict) -> dict[str, Any]:
         run.driver.turn.end("halted")
-        return {"jump_to": "end", "messages": [AIMessage(content=describe(verdict))]}
+        return {"jump_to": "end", "messages": [AIMessage(content=common.describe(verdict))]}
 
     def _run(self, state: Any) -> _Run | None:
         key = _turn_key(state)
@@ -535,9 +520,9 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             pending = snapshot_pending(snapshot)
         except SnapshotError as exc:
             _log.warning("turnguard: the checkpointed turn cannot be resumed here (%s); a new turn starts", exc)
-            turn = open_turn(self.guard, ask=self.ask, promptable=self.promptable, durable=True).turn
+            turn = common.open_turn(self.guard, ask=self.ask, promptable=self.promptable, durable=True).turn
             pending = None
-        run = _Run(RunDriver(turn, ask=None if isinstance(self.ask, str) else self.ask))
+        run = _Run(common.RunDriver(turn, ask=None if isinstance(self.ask, str) else self.ask))
         run.asked_after = pending
         self._runs[key] = run
         return run
@@ -647,7 +632,7 @@ def _not_executed(request: Any, verdict: Verdict) -> ToolMessage:
 
 def _not_executed_call(tool_call: ModelToolCall, verdict: Verdict) -> ToolMessage:
     return ToolMessage(
-        content=f"Not executed: {describe(verdict)}",
+        content=f"Not executed: {common.describe(verdict)}",
         tool_call_id=tool_call.get("id") or "",
         name=tool_call.get("name"),
         status="error",
@@ -669,7 +654,7 @@ def _run_identity(runtime: Any) -> tuple[str | None, str | None]:
 
 def _remind(result: Any, reminder: str | None) -> Any:
     if reminder and isinstance(result, ToolMessage) and isinstance(result.content, str):
-        return result.model_copy(update={"content": with_reminder(result.content, reminder)})
+        return result.model_copy(update={"content": common.with_reminder(result.content, reminder)})
     return result
 
 
@@ -688,10 +673,10 @@ def _result(result: Any) -> Any:
 def _payload(verdict: Verdict) -> dict[str, Any]:
     event = verdict.event
     tool_name = event.tool_name if event else None
-    return {**ask_payload(verdict), "tool_name": tool_name, "answers": ["continue", "stop", "redirect"]}
+    return {**common.ask_payload(verdict), "tool_name": tool_name, "answers": ["continue", "stop", "redirect"]}
 
 
-def _answer(value: Any) -> AskResult:
+def _answer(value: Any) -> common.AskResult:
     if isinstance(value, dict):
         value = value.get("answer", value.get("type"))
     return {"approve": "continue", "reject": "stop", "edit": "redirect"}.get(str(value).lower(), value)

@@ -39,12 +39,12 @@ from turnguard._config import ConfigError, GuardConfig
 from turnguard._guard import Guard
 from turnguard._model import Outcome, ToolCall
 from turnguard._terminal import shown
-from turnguard.integrations._common import Ask, Decision, RunDriver, TurnHalted, make_call, open_turn, with_reminder
+from turnguard.integrations import _common as common
 
 __all__ = ["ChainGuard", "GuardedChain", "TurnGuardHalted", "chain"]
 
 
-class TurnGuardHalted(TurnHalted):
+class TurnGuardHalted(common.TurnHalted):
     """turnguard stopped the chain; a ``turnguard.LoopDetected`` whose message names threshold and counts."""
 
 
@@ -55,12 +55,12 @@ class ChainGuard:
         self,
         guard: Guard,
         *,
-        ask: Ask | None = None,
+        ask: common.Ask | None = None,
         promptable: bool | None = None,
         conversation_id: str | None = None,
         agent_name: str | None = None,
     ) -> None:
-        self.driver: RunDriver = open_turn(
+        self.driver: common.RunDriver = common.open_turn(
             guard, ask=ask, promptable=promptable, conversation_id=conversation_id, agent_name=agent_name
         )
         self._calls: dict[int, ToolCall] = {}
@@ -93,7 +93,7 @@ class ChainGuard:
         self._calls[id(tool_call)] = call = _call(tool_call)
         return call
 
-    def _checked(self, tool_call: Any, decision: Decision) -> None:
+    def _checked(self, tool_call: Any, decision: common.Decision) -> None:
         TurnGuardHalted.stop(decision)
         if decision.reminder:
             self._reminders[id(tool_call)] = decision.reminder
@@ -105,7 +105,7 @@ class ChainGuard:
         reminder = self._reminders.pop(id(tool_call), None)
         output = getattr(result, "output", None)
         if reminder and isinstance(output, str):
-            result.output = with_reminder(output, reminder)  # what the model reads next
+            result.output = common.with_reminder(output, reminder)  # what the model reads next
         return call, Outcome.ERROR if getattr(result, "exception", None) is not None else Outcome.OK, output
 
     def end(self, exc: BaseException | None = None) -> None:
@@ -113,7 +113,7 @@ class ChainGuard:
 
 
 def _call(tool_call: Any) -> ToolCall:
-    return make_call(tool_call.name, tool_call.arguments, tool_call.tool_call_id)
+    return common.make_call(tool_call.name, tool_call.arguments, tool_call.tool_call_id)
 
 
 class GuardedChain:
@@ -196,7 +196,7 @@ def chain(
     model_or_conversation: Any,
     prompt: str | None = None,
     *,
-    ask: Ask | None = None,
+    ask: common.Ask | None = None,
     promptable: bool | None = None,
     conversation_id: str | None = None,
     **chain_kwargs: Any,

@@ -63,18 +63,7 @@ from agents.tracing import get_current_span
 
 from turnguard._guard import Guard
 from turnguard._model import Outcome, ToolCall, Verdict
-from turnguard.integrations._common import (
-    Ask,
-    Decision,
-    RunDriver,
-    Step,
-    TurnHalted,
-    checked_ask,
-    end_reason,
-    make_call,
-    open_turn,
-    put_aside,
-)
+from turnguard.integrations import _common as common
 
 __all__ = [
     "TurnGuardHalted",
@@ -98,7 +87,7 @@ _PARKED: OrderedDict[str, TurnGuardRunHooks] = OrderedDict()
 _DEFAULT_ERROR_TEXT = default_tool_error_function(RunContextWrapper(context=None), Exception())
 
 
-class TurnGuardHalted(TurnHalted, AgentsException):
+class TurnGuardHalted(common.TurnHalted, AgentsException):
     """turnguard stopped the run; an ``AgentsException`` as well as a ``turnguard.LoopDetected``."""
 
 
@@ -109,20 +98,20 @@ class TurnGuardRunHooks(RunHooks[Any]):
         self,
         guard: Guard,
         *,
-        ask: Ask | str | None = None,
+        ask: common.Ask | str | None = None,
         promptable: bool | None = None,
         conversation_id: str | None = None,
         inner: RunHooks[Any] | None = None,
     ) -> None:
         self.guard = guard
-        self.ask = checked_ask(ask, APPROVAL)
+        self.ask = common.checked_ask(ask, APPROVAL)
         self.promptable = promptable
         self.conversation_id = conversation_id
         self.inner = inner
-        self.driver: RunDriver | None = None
+        self.driver: common.RunDriver | None = None
         self._calls: dict[str, ToolCall] = {}
         self._failed: set[str] = set()
-        self._planned: dict[str, Decision] = {}
+        self._planned: dict[str, common.Decision] = {}
         """Calls checked when the SDK planned them (``ask="approval"``), by call id."""
         self._asked: dict[str, tuple[Verdict, ToolCall]] = {}
         """Calls interrupted for the user's approval, by call id."""
@@ -137,9 +126,9 @@ class TurnGuardRunHooks(RunHooks[Any]):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def _open(self, agent: Agent[Any] | None) -> RunDriver:
+    def _open(self, agent: Agent[Any] | None) -> common.RunDriver:
         if self.driver is None:
-            self.driver = open_turn(
+            self.driver = common.open_turn(
                 self.guard,
                 ask=self.ask,
                 promptable=self.promptable,
@@ -156,7 +145,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
         exception (a tool that raised), ``unknown`` when it was cancelled."""
         if self.driver is None:
             return
-        reason = end_reason(exc)
+        reason = common.end_reason(exc)
         if reason in ("error", "cancelled"):
             outcome = Outcome.ERROR if reason == "error" else Outcome.UNKNOWN
             for call in list(self._calls.values()):
@@ -189,26 +178,26 @@ class TurnGuardRunHooks(RunHooks[Any]):
     async def _plan(self, tool_name: str, params: Any, call_id: str) -> bool:
         """``needs_approval`` of an observed tool: check the call now; True interrupts the run for
         the user (the call turnguard asks about, or one held with it)."""
-        return self._planned_step(make_call(tool_name, params, call_id)) is not Step.RUN
+        return self._planned_step(common.make_call(tool_name, params, call_id)) is not common.Step.RUN
 
-    def _planned_step(self, call: ToolCall) -> Step:
-        """Check a call the SDK plans: ``Step.ASK`` it is asked about (the question), ``Step.HOLD``
-        it waits with the question, ``Step.RUN`` it goes on (a HALT is enforced when it would start)."""
+    def _planned_step(self, call: ToolCall) -> common.Step:
+        """Check a call the SDK plans: ``common.Step.ASK`` it is asked about (the question), ``common.Step.HOLD``
+        it waits with the question, ``common.Step.RUN`` it goes on (a HALT is enforced when it would start)."""
         call_id = str(call.call_id)
         decision = self._open(None).before(call)
-        if decision.step is Step.HOLD:
+        if decision.step is common.Step.HOLD:
             self._held.add(call_id)
-            return Step.HOLD
-        if decision.step is Step.RUN and self._ask_next is not None:
-            decision = Decision(Step.ASK, self._ask_next)
+            return common.Step.HOLD
+        if decision.step is common.Step.RUN and self._ask_next is not None:
+            decision = common.Decision(common.Step.ASK, self._ask_next)
         self._ask_next = None
         self._calls[call_id] = call
         self._planned[call_id] = decision
-        if decision.step is not Step.ASK:
-            return Step.RUN
+        if decision.step is not common.Step.ASK:
+            return common.Step.RUN
         self._asked[call_id] = (decision.verdict, call)
         self._open(None).defer(decision.verdict)
-        return Step.ASK
+        return common.Step.ASK
 
     def release_held(self, state: Any, interruptions: Any) -> bool:
         """After a run interrupted with held calls: once the question is answered, turnguard decides
@@ -233,8 +222,9 @@ class TurnGuardRunHooks(RunHooks[Any]):
                 continue
             self._held.discard(call_id)
             name = getattr(item, "tool_name", None) or getattr(item, "name", None)
-            step = self._planned_step(make_call(name, _params(getattr(item.raw_item, "arguments", None)), call_id))
-            if step is Step.RUN:
+            arguments = _params(getattr(item.raw_item, "arguments", None))
+            step = self._planned_step(common.make_call(name, arguments, call_id))
+            if step is common.Step.RUN:
                 state.approve(item)
                 approved = True
         return approved
@@ -257,7 +247,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
         for call_id in asked:
             call = ToolCall("tool", None, str(call_id))  # its outcome is matched by call_id
             self._asked[str(call_id)] = (verdict, call)
-            self._planned[str(call_id)] = Decision(Step.ASK, verdict)
+            self._planned[str(call_id)] = common.Decision(common.Step.ASK, verdict)
             self._calls[str(call_id)] = call
         self._held = {str(call_id) for call_id in held}
 
@@ -326,14 +316,14 @@ class TurnGuardRunHooks(RunHooks[Any]):
             await self.inner.on_tool_end(context, agent, tool, result)
         if self.ask == APPROVAL:
             decision = driver.after(call, outcome, result)
-            if decision.step is Step.ASK:  # the stop level: the model's next call asks the user
+            if decision.step is common.Step.ASK:  # the stop level: the model's next call asks the user
                 self._ask_next = decision.verdict
                 return
             TurnGuardHalted.stop(decision)
             return
         TurnGuardHalted.stop(await driver.aoutcome(call, outcome, result))  # the tool's output: its result
 
-    async def _held_start(self, driver: RunDriver, call: ToolCall) -> Decision:
+    async def _held_start(self, driver: common.RunDriver, call: ToolCall) -> common.Decision:
         """A held call starting because the user approved it: its question still waiting was not
         approved (an approved one starts first): the user's stop. Otherwise it is checked now; an
         ASK cannot pause a call that is starting, so the no-route fallback answers it."""
@@ -343,7 +333,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
             self._calls.pop(call_id, None)
             TurnGuardHalted.stop(driver.answer(verdict, "stop", asked, before=True))
         decision = driver.before(call)
-        return driver.fallback(decision.verdict) if decision.step is Step.ASK else decision
+        return driver.fallback(decision.verdict) if decision.step is common.Step.ASK else decision
 
     def _failed_call(self, call_id: str | None, result: Any) -> bool:
         if call_id is not None and call_id in self._failed:
@@ -369,7 +359,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
 
 
 def _call(context: Any, tool: Any) -> ToolCall:
-    return make_call(
+    return common.make_call(
         getattr(tool, "name", None), getattr(context, "tool_arguments", None), getattr(context, "tool_call_id", None)
     )
 
@@ -379,7 +369,7 @@ async def run(
     agent: Agent[Any],
     input: Any,
     *,
-    ask: Ask | str | None = None,
+    ask: common.Ask | str | None = None,
     promptable: bool | None = None,
     conversation_id: str | None = None,
     hooks: RunHooks[Any] | None = None,
@@ -474,7 +464,7 @@ def _turn_hooks(
 
     hooks = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=inner)
     turn = guard.resume(state)
-    hooks.driver = RunDriver(turn, ask=None if isinstance(hooks.ask, str) else hooks.ask)
+    hooks.driver = common.RunDriver(turn, ask=None if isinstance(hooks.ask, str) else hooks.ask)
     verdict = pending(state)
     ours = state.get(ADAPTER_KEY) or {}
     if not isinstance(ours, dict):
@@ -504,7 +494,7 @@ async def resume_state(
     agent: Agent[Any],
     state_string: str,
     *,
-    ask: Ask | str | None = APPROVAL,
+    ask: common.Ask | str | None = APPROVAL,
     promptable: bool | None = None,
     hooks: RunHooks[Any] | None = None,
     turn_state: dict[str, Any] | None = None,
@@ -541,7 +531,7 @@ def _park(hooks: TurnGuardRunHooks, interruptions: Any) -> None:
         displaced.append(_PARKED.popitem(last=False)[1])
     for stale in displaced:
         if stale.driver is not None and all(parked is not stale for parked in _PARKED.values()):
-            put_aside(stale.driver.turn, stale.driver.question)
+            common.put_aside(stale.driver.turn, stale.driver.question)
 
 
 def _resumed(input: Any) -> TurnGuardRunHooks | None:
@@ -628,6 +618,6 @@ def _params(arguments: Any) -> Any:
 
 def _unwrap(exc: BaseException) -> BaseException:
     cause: BaseException | None = exc
-    while cause is not None and not isinstance(cause, TurnHalted):
+    while cause is not None and not isinstance(cause, common.TurnHalted):
         cause = cause.__cause__
     return cause or exc

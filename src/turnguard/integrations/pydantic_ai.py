@@ -50,20 +50,7 @@ from turnguard._guard import Guard
 from turnguard._model import ALLOW, Outcome, ToolCall, Verdict
 from turnguard._snapshot import SnapshotError
 from turnguard._snapshot import pending as pending_verdict
-from turnguard.integrations._common import (
-    Ask,
-    Decision,
-    RunDriver,
-    Step,
-    TurnHalted,
-    ask_payload,
-    checked_ask,
-    describe,
-    error_result,
-    open_turn,
-    put_aside,
-    with_reminder,
-)
+from turnguard.integrations import _common as common
 
 __all__ = ["TurnGuardCapability", "TurnGuardHalted", "approval_requests", "turn_state"]
 
@@ -78,7 +65,7 @@ ASKED_KEY = "pydantic_ai"
 MAX_PARKED = 1024
 
 
-class TurnGuardHalted(TurnHalted, AgentRunError):
+class TurnGuardHalted(common.TurnHalted, AgentRunError):
     """turnguard stopped the run; an ``AgentRunError`` as well as a ``turnguard.LoopDetected``."""
 
 
@@ -86,7 +73,7 @@ class TurnGuardHalted(TurnHalted, AgentRunError):
 class _PutAside:
     """A run that ended with turnguard's deferred calls: the turn the resumed run continues."""
 
-    driver: RunDriver
+    driver: common.RunDriver
     questions: dict[str, ToolCall]
     held: set[str]
 
@@ -96,9 +83,9 @@ class TurnGuardCapability(AbstractCapability[Any]):
     """Bounds every run of the agent it is given to; per-run state lives in the ``for_run`` copy."""
 
     guard: Guard
-    ask: Ask | Literal["approval"] | None = None
+    ask: common.Ask | Literal["approval"] | None = None
     promptable: bool | None = None
-    _driver: RunDriver | None = field(default=None, init=False, repr=False)
+    _driver: common.RunDriver | None = field(default=None, init=False, repr=False)
     _questions: dict[str, ToolCall] = field(default_factory=dict, init=False, repr=False)
     """Calls turnguard asked the user about (deferred for approval) and not answered, by call id."""
     _held: set[str] = field(default_factory=set, init=False, repr=False)
@@ -110,7 +97,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
     their turn. Bounded: oldest dropped."""
 
     def __post_init__(self) -> None:
-        checked_ask(self.ask, APPROVAL)
+        common.checked_ask(self.ask, APPROVAL)
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -171,33 +158,33 @@ class TurnGuardCapability(AbstractCapability[Any]):
         except (ApprovalRequired, CallDeferred):
             raise
         except Exception as exc:
-            await self._outcome(driver, tool_call, Outcome.ERROR, error_result(exc), cause=exc)
+            await self._outcome(driver, tool_call, Outcome.ERROR, common.error_result(exc), cause=exc)
             raise
         await self._outcome(driver, tool_call, Outcome.OK, result)  # the tool's return value: its result
-        return with_reminder(result, reminder)
+        return common.with_reminder(result, reminder)
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _check(self, driver: RunDriver, call: ToolCall, call_id: str) -> Decision:
+    async def _check(self, driver: common.RunDriver, call: ToolCall, call_id: str) -> common.Decision:
         """The decision on a call about to run (``call_id``: pydantic-ai's id of it); with
         ``ask="approval"`` a question (or a call held with one) is deferred to the user
         (``ApprovalRequired``, raised)."""
         if self.ask != APPROVAL:
             return await driver.acheck(call)  # the callback (or the fallback) answers inline
         decision = driver.before(call)
-        if decision.step is Step.HOLD:
+        if decision.step is common.Step.HOLD:
             self._held.add(call_id)
-            raise ApprovalRequired(metadata={METADATA_KEY: {**ask_payload(decision.verdict), "held": True}})
-        if decision.step is Step.RUN and self._ask_next is not None:
-            decision = Decision(Step.ASK, self._ask_next)
+            raise ApprovalRequired(metadata={METADATA_KEY: {**common.ask_payload(decision.verdict), "held": True}})
+        if decision.step is common.Step.RUN and self._ask_next is not None:
+            decision = common.Decision(common.Step.ASK, self._ask_next)
         self._ask_next = None
-        if decision.step is Step.ASK:
+        if decision.step is common.Step.ASK:
             self._questions[call_id] = call
             driver.defer(decision.verdict)
-            raise ApprovalRequired(metadata={METADATA_KEY: {**ask_payload(decision.verdict), "held": False}})
+            raise ApprovalRequired(metadata={METADATA_KEY: {**common.ask_payload(decision.verdict), "held": False}})
         return decision
 
-    def _released(self, driver: RunDriver, call: ToolCall) -> Decision | str:
+    def _released(self, driver: common.RunDriver, call: ToolCall) -> common.Decision | str:
         """A held call the user approved: checked now that its question is answered. Its question
         still waiting means it was not approved (an approved one runs first): the user's stop. A
         second question cannot pause the resuming batch: that call and the rest of the batch do not
@@ -207,27 +194,27 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 del self._questions[question_id]
                 TurnGuardHalted.stop(driver.answer(driver.question, "stop", question, before=True))
         if self._ask_next is not None:  # a question waits for the next call: the rest of the batch too
-            return f"Not executed: {describe(self._ask_next)} (the user is asked at the next call)"
+            return f"Not executed: {common.describe(self._ask_next)} (the user is asked at the next call)"
         decision = driver.before(call)
-        if decision.step is not Step.ASK:
+        if decision.step is not common.Step.ASK:
             return decision
         driver.after(call, Outcome.DENIED)
         self._ask_next = decision.verdict
-        return f"Not executed: {describe(decision.verdict)} (the user is asked at the next call)"
+        return f"Not executed: {common.describe(decision.verdict)} (the user is asked at the next call)"
 
     async def _outcome(
-        self, driver: RunDriver, call: ToolCall, outcome: Outcome, result: Any, cause: Exception | None = None
+        self, driver: common.RunDriver, call: ToolCall, outcome: Outcome, result: Any, cause: Exception | None = None
     ) -> None:
         if self.ask != APPROVAL:
             TurnGuardHalted.stop(await driver.aoutcome(call, outcome, result), cause)
             return
         decision = driver.after(call, outcome, result)
-        if decision.step is Step.ASK:
+        if decision.step is common.Step.ASK:
             self._ask_next = decision.verdict  # the model's next call waits for the user
             return
         TurnGuardHalted.stop(decision, cause)
 
-    def _open(self, ctx: Any) -> RunDriver:
+    def _open(self, ctx: Any) -> common.RunDriver:
         if self._driver is None:
             # Taken out of the run's metadata, which an instrumented run records on its span: the
             # state of a durable turn carries the key its calls' digests are made with.
@@ -240,7 +227,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 self._driver = self._resumed(state)
             else:
                 agent = getattr(ctx, "agent", None)
-                self._driver = open_turn(
+                self._driver = common.open_turn(
                     self.guard,
                     ask=self.ask,
                     promptable=self.promptable,
@@ -250,7 +237,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 )
         return self._driver
 
-    def _put_aside(self, driver: RunDriver, requests: DeferredToolRequests) -> None:
+    def _put_aside(self, driver: common.RunDriver, requests: DeferredToolRequests) -> None:
         """The run ended with deferred calls (turnguard's, or the tools' own): put the turn's
         snapshot on each (for ``turn_state``) and keep the turn for the run that resumes it in this
         process. A run no longer reachable (past ``MAX_PARKED``, or its call ids taken by a later
@@ -270,7 +257,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
             displaced.append(self.parked.popitem(last=False)[1])
         for stale in displaced:
             if all(parked is not stale for parked in self.parked.values()):
-                put_aside(stale.driver.turn, stale.driver.question)
+                common.put_aside(stale.driver.turn, stale.driver.question)
 
     def _unpark(self, ctx: Any) -> _PutAside | None:
         """The turn put aside by the run whose deferred calls this run's history ends with."""
@@ -282,7 +269,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 del self.parked[call_id]
         return found
 
-    def _resumed(self, state: Any) -> RunDriver:
+    def _resumed(self, state: Any) -> common.RunDriver:
         """The driver of a turn another run left deferred (``turn_state``), its question pending again."""
         if not isinstance(state, dict):
             kind = type(state).__name__
@@ -291,7 +278,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
         asked, held = ours.get("asked") or {}, ours.get("held") or []
         if not isinstance(asked, dict) or not isinstance(held, list):
             raise SnapshotError(f"turn_state()[{ASKED_KEY!r}] must hold an 'asked' mapping and a 'held' list")
-        driver = RunDriver(self.guard.resume(state), ask=None if isinstance(self.ask, str) else self.ask)
+        driver = common.RunDriver(self.guard.resume(state), ask=None if isinstance(self.ask, str) else self.ask)
         verdict = pending_verdict(state)
         if verdict is not None:
             driver.defer(verdict)
