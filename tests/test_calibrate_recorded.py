@@ -174,7 +174,8 @@ def test_an_attended_answer_reads_alike_from_the_line_and_the_turn_span(tmp_path
 
 
 def test_late_results_with_ids_past_the_limit_are_reported_and_not_kept(tmp_path):
-    from turnguard._calibrate.results import late_results, result_key
+    from turnguard._calibrate.duplicates import id_hash
+    from turnguard._calibrate.results import late_results
     path = tmp_path / "r.jsonl"
     long_id = "r" * (MAX_ID_LENGTH + 1)
     logs = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
@@ -184,7 +185,7 @@ def test_late_results_with_ids_past_the_limit_are_reported_and_not_kept(tmp_path
     path.write_text("\n".join([json.dumps({"result_for": long_id, "resolved": True}), json.dumps(logs),
                                json.dumps({"result_for": "ok-id", "resolved": False})]) + "\n")
     problems: list[InputProblem] = []
-    assert late_results([path], problems.append) == {result_key("ok-id"): False}
+    assert late_results([path], problems.append) == {id_hash("ok-id"): False}
     assert len(problems) == 2 and all(f"at most {MAX_ID_LENGTH} characters" in str(p) for p in problems)
     assert all(len(str(p)) < 400 for p in problems)
 

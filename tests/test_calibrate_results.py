@@ -13,6 +13,7 @@ import pytest
 from collector_lines import collector_lines, run_turns
 from turnguard._calibrate import cli
 from turnguard._calibrate import results as r
+from turnguard._calibrate.duplicates import id_hash
 from turnguard._calibrate.records import InputProblem
 
 
@@ -115,7 +116,7 @@ def test_a_marker_split_across_scan_blocks_is_found(tmp_path: Path):
     record = result("edge", True)
     padding = r.BLOCK - record.index('"result_for"') - 4  # the marker straddles the first block's end
     path = write(tmp_path / "turns.jsonl", ["x" * (padding - 1), record])
-    assert r.late_results([path], lambda p: None) == {r.result_key("edge"): True}
+    assert r.late_results([path], lambda p: None) == {id_hash("edge"): True}
 
 
 def test_a_file_without_markers_is_not_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -128,7 +129,7 @@ def test_results_are_bounded_and_the_overflow_is_one_problem(tmp_path: Path, mon
     monkeypatch.setattr(r, "MAX_LATE_RESULTS", 3)
     path = write(tmp_path / "results.jsonl", [result(f"t{i}", True) for i in range(10)])
     problems: list[InputProblem] = []
-    assert r.late_results([path], problems.append) == {r.result_key(f"t{i}"): True for i in range(3)}
+    assert r.late_results([path], problems.append) == {id_hash(f"t{i}"): True for i in range(3)}
     assert len(problems) == 1 and "more than 3 late results" in problems[0].message
 
 

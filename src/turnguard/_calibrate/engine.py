@@ -12,6 +12,7 @@ import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from turnguard._calibrate.duplicates import id_hash
 from turnguard._calibrate.equivalence import Plan, PolicyRules, grid_triggers, stale_reach, turn_facts
 from turnguard._calibrate.evidence import LIVE, PROBE
 from turnguard._calibrate.grid import Policy
@@ -26,7 +27,6 @@ from turnguard._calibrate.replay import (
     cycle_starts,
     replay_turn,
 )
-from turnguard._calibrate.results import result_key
 from turnguard._calibrate.stats import HaltEffect, RunStats, halt_effect, halt_ended
 from turnguard._config import GuardConfig
 from turnguard._firing import FiringRule, TurnFacts
@@ -55,7 +55,7 @@ class Calibrator:
             raise ValueError("the grid is empty")
         self.policies = policies
         self.late_results = results or {}
-        """Late task results by ``results.result_key`` of the turn id, for turns recorded without one."""
+        """Late task results by ``duplicates.id_hash`` of the turn id, for turns recorded without one."""
         self.group = group
         self.keyers = {m: Keyer(m) for m in dict.fromkeys(p.config.key_mode for p in policies)}
         managers: Managers = {}
@@ -86,7 +86,7 @@ class Calibrator:
         n = turn.needed_calls  # the true count: halts save calls the recording may not list
         turn_id, resolved = turn.id, turn.resolved
         if resolved is None and self.late_results:
-            resolved = self.late_results.get(result_key(turn_id))
+            resolved = self.late_results.get(id_hash(turn_id))
         stats.add_turn(n, resolved)
         modes = stats.modes
         effects: dict[int, HaltEffect | None] = {}  # by result: a group's policies share theirs

@@ -6,7 +6,6 @@ first one. A file without either marker is only scanned in blocks."""
 from __future__ import annotations
 
 import gzip
-import hashlib
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 from turnguard._calibrate.bounds import BYTES_PER_RESULT, Bounds
 from turnguard._calibrate.collector import attributes, span_resolved
 from turnguard._calibrate.corpus import LOGS_KEY, RESULT_KEY
+from turnguard._calibrate.duplicates import id_hash
 from turnguard._calibrate.records import MAX_LINE_BYTES, InputProblem, LineSource, ProblemSink, parse_line, shown
 from turnguard._model import MAX_ID_LENGTH
 
@@ -25,23 +25,18 @@ MAX_LATE_RESULTS = 1_000_000
 """Results kept at most (at a given ``--max-line-bytes``, ``Bounds.late_results``); past it a
 problem is reported and the rest ignored."""
 
-
-def result_key(turn_id: str) -> int:
-    """What a result is kept under: an 8-byte BLAKE2b of the turn id (ids are up to 256
-    characters; two of a million ids share a key with a chance of about 3 in 100 million)."""
-    return int.from_bytes(hashlib.blake2b(turn_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 BLOCK = 1 << 16
 """The scan's read size: small, so the scan adds nothing to a run's peak memory."""
 
 
 Event = tuple[int, int | None, bool | str]
-"""What a line gives: ``(line, result_key(turn id), resolved)`` for a result, ``(line, None,
+"""What a line gives: ``(line, id_hash(turn id), resolved)`` for a result, ``(line, None,
 message)`` for a problem."""
 
 
 def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
                  max_line_bytes: int = MAX_LINE_BYTES) -> dict[int, bool]:
-    """``result_key(turn id)`` -> the first late result reported for it, from every input."""
+    """``id_hash(turn id)`` -> the first late result reported for it, from every input."""
     book = ResultBook(on_problem, max_line_bytes)
     for path in paths:
         if may_hold_results(path):
@@ -107,7 +102,7 @@ def _record(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
                                      f"characters) and 'resolved' (true or false), got {RESULT_KEY}={shown(turn_id)}, "
                                      f"resolved={shown(resolved)}"))
         return
-    events.append((lineno, result_key(turn_id), resolved))
+    events.append((lineno, id_hash(turn_id), resolved))
 
 
 def _turn_id(value: Any) -> bool:
@@ -133,7 +128,7 @@ def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
                     events.append((lineno, None, f"a {RESULT_EVENT} record without a turn id of at most "
                                                  f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored"))
                 elif resolved is not None:
-                    events.append((lineno, result_key(turn_id), resolved))
+                    events.append((lineno, id_hash(turn_id), resolved))
 
 
 def _list(value: Any) -> list[Any]:
