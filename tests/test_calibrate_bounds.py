@@ -233,4 +233,4 @@ def test_a_result_file_too_large_to_be_one_is_refused(result, tmp_path, monkeypa
 
 
 def test_every_figure_is_bounded_at_the_default_limit():
-    assert bounds.memory_bound(32 << 20) == 256 << 20
+    assert bounds.MEMORY_FACTOR * bounds.MAX_LINE_BYTES == 256 << 20

@@ -201,8 +201,3 @@ def halt_bucket(call: int) -> int:
     exponent = call.bit_length() - 1
     step = 1 << max(0, exponent - 3)
     return call - call % step if step > 1 else call
-
-
-def memory_bound(max_line_bytes: int) -> int:
-    """The documented bound on peak memory above the baseline, in bytes."""
-    return MEMORY_FACTOR * max_line_bytes

@@ -187,9 +187,7 @@ def read_range(path: str, start: int, end: int, lineno: int, max_line_bytes: int
 
 def _replayed(calibrator: Calibrator, turns: Iterable[RecordedTurn]) -> RunStats:
     calibrator.stats = RunStats.empty(calibrator.stats.policies)
-    for turn in turns:
-        calibrator.add(turn)
-    return calibrator.stats
+    return calibrator.add_all(turns)
 
 
 def _joined(items: list[RecordedTurn | HeldTurn], stitched: dict[int, tuple[list[Any], list[Any]]]
