@@ -8,31 +8,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from turnguard._calibrate import bounds
-from turnguard._calibrate.records import (
-    CAP_MODES,
-    LIMIT_KEYS,
-    MAX_LIMIT,
-    MAX_LINE_BYTES,
-    MAX_LISTED_TOOLS,
-    MAX_TIME,
-    MAX_TURN_CYCLES,
-    TOOL_LIST_KEYS,
-    UNREADABLE,
-    InputProblem,
-    Limits,
-    ProblemSink,
-    RecordedCall,
-    RecordedTurn,
-    count_in_range,
-    json_type,
-    parse_line,
-    parse_outcome,
-    short_text,
-    shown,
-    tool_list,
-    turn_calls_limit,
-)
+from turnguard._calibrate import bounds, records
 from turnguard._model import MAX_ID_LENGTH, Outcome
 from turnguard._probe import COHORTS
 from turnguard.telemetry._recorder import SOURCE as RECORDER_SOURCE
@@ -43,11 +19,11 @@ LOGS_KEY = "resourceLogs"
 """OTLP JSON logs: read for late results only (``_calibrate/results.py``)."""
 
 
-def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
-                max_line_bytes: int = MAX_LINE_BYTES) -> RecordedTurn | None:
+def corpus_line(line: bytes, path: str, lineno: int, on_problem: records.ProblemSink,
+                max_line_bytes: int = records.MAX_LINE_BYTES) -> records.RecordedTurn | None:
     """One corpus-format line as a turn (blank lines are skipped, anything else is reported)."""
-    obj = parse_line(line, path, lineno, on_problem, max_line_bytes)
-    return None if obj is UNREADABLE else corpus_turn(obj, path, lineno, on_problem, max_line_bytes)
+    obj = records.parse_line(line, path, lineno, on_problem, max_line_bytes)
+    return None if obj is records.UNREADABLE else corpus_turn(obj, path, lineno, on_problem, max_line_bytes)
 
 
 # -- corpus format -------------------------------------------------------------------------------
@@ -55,15 +31,15 @@ def corpus_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink,
 _OUTCOMES = {o.value: o for o in Outcome}
 
 
-def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink,
-                max_line_bytes: int = MAX_LINE_BYTES) -> RecordedTurn | None:
+def corpus_turn(obj: Any, path: str, lineno: int, on_problem: records.ProblemSink,
+                max_line_bytes: int = records.MAX_LINE_BYTES) -> records.RecordedTurn | None:
     """A corpus/recorder line as a turn, or ``None`` after reporting why it cannot be one."""
 
     def bad(message: str) -> None:
-        on_problem(InputProblem(path, lineno, message))
+        on_problem(records.InputProblem(path, lineno, message))
 
     if not isinstance(obj, dict):
-        bad(f"expected a JSON object (one turn), got {json_type(obj)}; skipped")
+        bad(f"expected a JSON object (one turn), got {records.json_type(obj)}; skipped")
         return None
     raw_calls = obj.get("calls")
     if raw_calls is None and (RESULT_KEY in obj or LOGS_KEY in obj):
@@ -71,7 +47,7 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink,
     if not isinstance(raw_calls, list):
         bad("'calls' is missing or not a list")
         return None
-    limit = turn_calls_limit(max_line_bytes)
+    limit = records.turn_calls_limit(max_line_bytes)
     if len(raw_calls) > limit:
         bad(f"{len(raw_calls):,} calls: more than the limit of {limit:,} per turn (--max-line-bytes / "
             f"{bounds.BYTES_PER_CALL})")
@@ -87,19 +63,19 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: ProblemSink,
                 return None
             calls.append(call)
     cycles = obj.get("cycles")
-    if cycles is not None and not count_in_range(cycles, 0):
-        bad(f"'cycles' must be an integer from 0 to {MAX_TURN_CYCLES:,}, got {shown(cycles)}")
+    if cycles is not None and not records.count_in_range(cycles, 0):
+        bad(f"'cycles' must be an integer from 0 to {records.MAX_TURN_CYCLES:,}, got {records.shown(cycles)}")
         return None
     resolved = obj.get("resolved")
     if resolved is not None and not isinstance(resolved, bool):
-        bad(f"'resolved' must be true, false or null, got {shown(resolved)}")
+        bad(f"'resolved' must be true, false or null, got {records.shown(resolved)}")
         return None
     cohort = obj.get("cohort")
     if cohort is not None and cohort not in COHORTS:
         bad(f"'cohort' must be one of {', '.join(COHORTS)} or null, got {cohort!r}")
         return None
     origin = f"{path}:{lineno}"
-    return RecordedTurn(
+    return records.RecordedTurn(
         id=_turn_id(obj.get("id", obj.get("turn_id")), origin, bad),
         calls=tuple(calls),
         cycles=cycles,
@@ -122,7 +98,7 @@ def _turn_id(value: Any, origin: str, bad: Callable[[str], None]) -> str:
     if type(value) is str and len(value) <= MAX_ID_LENGTH:
         return value
     what = (f"{len(value):,} characters" if type(value) is str else f"an integer of more than {MAX_ID_LENGTH} digits"
-            if type(value) is int else json_type(value))
+            if type(value) is int else records.json_type(value))
     bad(f"the turn id must be a string or an integer of at most {MAX_ID_LENGTH} characters, got {what} "
         f"(replayed as {origin})")
     return origin
@@ -139,7 +115,7 @@ def _bounded_text(value: Any, key: str, bad: Callable[[str], None]) -> str | Non
     if value is None:
         return None
     if type(value) is not str:
-        value = shown(value, MAX_ID_LENGTH + 1)
+        value = records.shown(value, MAX_ID_LENGTH + 1)
     if len(value) > MAX_ID_LENGTH:
         bad(f"{key!r} is longer than {MAX_ID_LENGTH} characters ({len(value):,}); left out")
         return None
@@ -165,37 +141,37 @@ def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str,
     for key in ("tool_calls", "calls_dropped", "calls_unrecorded"):
         count = obj.get(key)
         if count is not None:
-            if type(count) is int and 0 <= count <= MAX_LIMIT:
+            if type(count) is int and 0 <= count <= records.MAX_LIMIT:
                 facts[key] = count
             else:
-                bad(f"{key!r} must be a whole number from 0, got {shown(count)}; left out")
+                bad(f"{key!r} must be a whole number from 0, got {records.shown(count)}; left out")
     escalations = obj.get("escalations")
     if type(escalations) is list:
         facts["continued"] = any(type(e) is dict and e.get("answer") == "continue" for e in escalations)
     return facts
 
 
-def _limits(raw: Any) -> Limits | str:
-    """``Limits`` from a recorder line's ``limits`` object, or what is wrong with it."""
+def _limits(raw: Any) -> records.Limits | str:
+    """``records.Limits`` from a recorder line's ``limits`` object, or what is wrong with it."""
     if type(raw) is not dict:
-        return f"expected an object, got {json_type(raw)}"
+        return f"expected an object, got {records.json_type(raw)}"
     mode = raw.get("cap_mode")
-    if mode not in CAP_MODES:
-        return f"'cap_mode' must be one of {', '.join(CAP_MODES)}, got {shown(mode)}"
+    if mode not in records.CAP_MODES:
+        return f"'cap_mode' must be one of {', '.join(records.CAP_MODES)}, got {records.shown(mode)}"
     values: dict[str, Any] = {"cap_mode": mode}
-    for key in LIMIT_KEYS[1:]:
+    for key in records.LIMIT_KEYS[1:]:
         value = raw.get(key)
-        if value is not None and not (type(value) is int and 0 <= value <= MAX_LIMIT):
-            return f"{key!r} must be a whole number from 0 or null, got {shown(value)}"
+        if value is not None and not (type(value) is int and 0 <= value <= records.MAX_LIMIT):
+            return f"{key!r} must be a whole number from 0 or null, got {records.shown(value)}"
         values[key] = value
-    for key in TOOL_LIST_KEYS:
+    for key in records.TOOL_LIST_KEYS:
         value = raw.get(key)
         if value is not None:
-            values[key] = tool_list(value)
+            values[key] = records.tool_list(value)
             if values[key] is None:
-                return (f"{key!r} must be a list of at most {MAX_LISTED_TOOLS:,} tool names (texts of at most "
-                        f"{MAX_ID_LENGTH} characters) or null, got {shown(value)}")
-    return Limits(**values)
+                return (f"{key!r} must be a list of at most {records.MAX_LISTED_TOOLS:,} tool names (texts of at most "
+                        f"{MAX_ID_LENGTH} characters) or null, got {records.shown(value)}")
+    return records.Limits(**values)
 
 
 def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
@@ -203,23 +179,23 @@ def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
     if started is None and ended is None:
         return None
     for value in (started, ended):
-        if type(value) not in (int, float) or not 0 <= value <= MAX_TIME:
-            return f"Unix seconds expected (both), got {shown(started)} and {shown(ended)}"
+        if type(value) not in (int, float) or not 0 <= value <= records.MAX_TIME:
+            return f"Unix seconds expected (both), got {records.shown(started)} and {records.shown(ended)}"
     if ended < started:
         return f"the turn ends ({ended}) before it starts ({started})"
     return float(started), float(ended)
 
 
-def _plain_calls(raw_calls: list[Any], digests: bool) -> list[RecordedCall] | None:
+def _plain_calls(raw_calls: list[Any], digests: bool) -> list[records.RecordedCall] | None:
     """The common shape (every call exactly ``tool``, ``args``, ``outcome``, maybe ``result``) in one
     comprehension; ``None`` sends the line through the checked path, which says what is wrong."""
-    make, outcomes = tuple.__new__, _OUTCOMES
+    make, call, outcomes = tuple.__new__, records.RecordedCall, _OUTCOMES
     try:
         if digests:
-            calls = [make(RecordedCall, (r["tool"], None, r["args"], outcomes[r["outcome"]], None, r.get("result")))
+            calls = [make(call, (r["tool"], None, r["args"], outcomes[r["outcome"]], None, r.get("result")))
                      for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3 and type(r["args"]) is str]
         else:
-            calls = [make(RecordedCall, (r["tool"], r["args"], None, outcomes[r["outcome"]], None, r.get("result")))
+            calls = [make(call, (r["tool"], r["args"], None, outcomes[r["outcome"]], None, r.get("result")))
                      for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3]
         tools = set(map(_TOOL, calls))  # a few names: checked once each
         results = set(map(_RESULT, calls))
@@ -227,13 +203,13 @@ def _plain_calls(raw_calls: list[Any], digests: bool) -> list[RecordedCall] | No
         return None
     if len(calls) != len(raw_calls) or not all(type(t) is str and t for t in tools):
         return None
-    if not all(r is None or short_text(r) for r in results):
+    if not all(r is None or records.short_text(r) for r in results):
         return None
     return calls
 
 
-_TOOL = operator.itemgetter(0)  # RecordedCall.tool
-_RESULT = operator.itemgetter(5)  # RecordedCall.result
+_TOOL = operator.itemgetter(0)  # records.RecordedCall.tool
+_RESULT = operator.itemgetter(5)  # records.RecordedCall.result
 
 
 def digests_in_args(obj: dict[str, Any]) -> bool:
@@ -242,9 +218,9 @@ def digests_in_args(obj: dict[str, Any]) -> bool:
     return obj.get("source") == RECORDER_SOURCE
 
 
-def _corpus_call(raw: Any, digests: bool = False) -> RecordedCall | str:
+def _corpus_call(raw: Any, digests: bool = False) -> records.RecordedCall | str:
     if type(raw) is not dict:
-        return f"expected an object, got {json_type(raw)}"
+        return f"expected an object, got {records.json_type(raw)}"
     tool = raw.get("tool") or raw.get("name")
     if type(tool) is not str or not tool:
         return "'tool' is missing or not a non-empty string"
@@ -256,17 +232,18 @@ def _corpus_call(raw: Any, digests: bool = False) -> RecordedCall | str:
     value = raw.get("outcome")
     outcome = _OUTCOMES.get(value) if type(value) is str else None
     if outcome is None:
-        outcome = parse_outcome(value)
+        outcome = records.parse_outcome(value)
         if outcome is None:
-            return f"unknown outcome {shown(value)} (expected ok, error, denied or unknown)"
+            return f"unknown outcome {records.shown(value)} (expected ok, error, denied or unknown)"
     cycle = raw.get("cycle")
-    if cycle is not None and not count_in_range(cycle, 1):
-        return f"'cycle' must be an integer from 1 to {MAX_TURN_CYCLES:,}, got {shown(cycle)}"
+    if cycle is not None and not records.count_in_range(cycle, 1):
+        return f"'cycle' must be an integer from 1 to {records.MAX_TURN_CYCLES:,}, got {records.shown(cycle)}"
     result = raw.get("result")
-    if result is not None and not short_text(result):
-        return f"'result' must be a digest (text of at most {MAX_ID_LENGTH} characters) or null, got {shown(result)}"
+    if result is not None and not records.short_text(result):
+        return (f"'result' must be a digest (text of at most {MAX_ID_LENGTH} characters) or null, "
+                f"got {records.shown(result)}")
     args, digest = _identity(raw.get("args"), digest, digests)
-    return RecordedCall(tool, args, digest, outcome, cycle, result)
+    return records.RecordedCall(tool, args, digest, outcome, cycle, result)
 
 
 def _identity(args: Any, digest: str | None, digests: bool) -> tuple[Any, str | None]:
