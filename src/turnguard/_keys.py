@@ -445,7 +445,8 @@ class Keyer:
                         return pack(hashed((texts(name) or states(name)[1], args)))
             elif cls is dict and type(name) is str:
                 try:
-                    data = join(encode_chunks(args, 0)).encode()
+                    text = join(encode_chunks(args, 0))
+                    data = text if text.isascii() else text.encode()  # (ASCII: hashed as its bytes would be)
                 except Exception:  # not plain JSON, or lone surrogates: digest's general case
                     pass
                 else:
