@@ -102,10 +102,12 @@ def test_a_retry_ends_every_streak_still_settling():
     assert {turn.record_outcome(call, "error").action for call in bash} == {tg.Action.ALLOW}
 
 
+@pytest.mark.parametrize("in_order", [False, True])
 @pytest.mark.parametrize("stop_on", ["error", "any"])
-def test_the_ledger_settles_a_streak_by_the_one_rule_in_any_report_order(stop_on):
-    """``Ledger.record_outcome`` (its inlined ``OK`` case included) and ``count_settled`` leave
-    the counts a fold of ``count_outcome`` over the outcomes in check order gives."""
+def test_the_ledger_settles_a_streak_by_the_one_rule_in_any_report_order(stop_on, in_order):
+    """``Ledger.record_outcome`` (its inlined ``OK`` case and ``_settle``'s inlined ``ERROR``
+    included, which take the outcomes reported in check order) and ``count_settled`` leave the
+    counts a fold of ``count_outcome`` over the outcomes in check order gives."""
     config = tg.GuardConfig(streak_stop_on=stop_on)
     rng = random.Random(33)
     for _ in range(400):
@@ -116,7 +118,8 @@ def test_the_ledger_settles_a_streak_by_the_one_rule_in_any_report_order(stop_on
         ledger = Ledger(config)
         seqs = [ledger.count_call(b"k" * 8, "bash") for _ in outcomes]
         order = list(range(len(outcomes)))
-        rng.shuffle(order)
+        if not in_order:
+            rng.shuffle(order)
         for i in order:
             ledger.record_outcome(seqs[i], outcomes[i])
         assert (ledger.failing_streak_length, ledger.settled_streak_length, ledger.stop_count) == expected

@@ -880,6 +880,8 @@ class Turn:
 
     def _after(self, events: Any) -> Verdict | None:
         """``turnguard_loop_detected`` for each event: the first failure's stand-in, if any."""
+        if not self._dispatch.observers("turnguard_loop_detected"):  # (no telemetry: nobody to tell)
+            return None
         failure = None
         for event in events:
             observed = self._notify("turnguard_loop_detected", turn=self.view, event=event)

@@ -439,16 +439,16 @@ class Ledger(PolledCalls):
             max_key_repeat=self.max_key_repeat,
             streak_length=length,
             failing_streak_length=failing,
-            soft_cap=self.soft_cap,
+            soft_cap=self._soft_cap,  # (the slots behind the facts: a property read costs per detection)
             hard_cap=self.hard_cap,
             tool_name=call.name if call is not None else None,
             key_digest=digest.hex() if digest is not None else None,
-            promptable=self.promptable,
-            turn_id=self.turn_id,
-            conversation_id=self.conversation_id,
-            agent_name=self.agent_name,
+            promptable=self._promptable,
+            turn_id=self._turn_id,
+            conversation_id=self._conversation_id,
+            agent_name=self._agent_name,
             event_id=new_event_id(),
-            cap_mode=self.cap_mode,
+            cap_mode=self._cap_mode,
             message=message,
         )
         return Verdict(action, threshold, message, event)

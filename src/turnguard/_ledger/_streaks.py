@@ -25,8 +25,9 @@ def count_outcome(outcome: Outcome, failing: int, settled: int, peak: int, stop_
     ``DENIED`` and is the stop count. Every settling goes through here: the ledger's current
     streak (``Streaks._settle``), an ended one (``EndedStreak``), a replay's prefix
     (``Ledger.count_settled``) and calibrate's turn facts (``equivalence.turn_facts``). The hot
-    path keeps one inlined copy, for ``OK`` in ``Streaks.record_outcome``
-    (``tests/test_streak_settling.py`` holds it equal)."""
+    path keeps inlined copies, for ``OK`` in ``Streaks.record_outcome`` and for ``ERROR`` (under
+    ``streak_stop_on="error"``) in ``Streaks._settle`` (``tests/test_streak_settling.py`` holds
+    them equal)."""
     if outcome is _ERROR:
         failing += 1
         if not stop_any and failing > peak:
@@ -456,6 +457,11 @@ class Streaks(CallCounts):
     def _settle(self, outcome: Outcome) -> None:
         """Settle the current streak's next call with ``outcome`` (``count_outcome``)."""
         self.next_to_settle += 1
+        if outcome is _ERROR and not self._stop_any:  # count_outcome(ERROR), inlined: every failing call's
+            failing = self._failing = self._failing + 1
+            if failing > self.stop_count:
+                self.stop_count = failing
+            return
         self._failing, self._settled, self.stop_count = count_outcome(
             outcome, self._failing, self._settled, self.stop_count, self._stop_any)
 
