@@ -14,6 +14,7 @@ from turnguard.integrations._common import (
     TurnHalted,
     checked_ask,
     describe,
+    not_executed,
     open_turn,
 )
 
@@ -74,6 +75,13 @@ def test_unattended_stop_halts_and_the_message_names_threshold_limit_and_counts(
     text = describe(decisions[-1].verdict)
     assert text.startswith("turnguard stopped the run: threshold streak (stop, limit 8); 8 tool calls")
     assert "8 identical in a row, 8 failing" in text
+
+
+def test_a_call_kept_from_running_tells_the_model_why_and_whether_the_user_is_asked_next():
+    verdict = drive_failing(open_turn(tg.Guard(), ask=None, promptable=None), 20)[-1].verdict
+    assert not_executed(verdict) == f"Not executed: {describe(verdict)}"
+    assert not_executed(verdict, asked_next=True) == (f"Not executed: {describe(verdict)} "
+                                                      "(the user is asked at the next call)")
 
 
 def test_an_alternating_loop_halts_every_adapter_with_the_cycle_repeat_threshold_named():

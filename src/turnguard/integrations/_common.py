@@ -49,6 +49,12 @@ def describe(verdict: Verdict) -> str:
     return f"{text}. {verdict.message}" if verdict.message else text
 
 
+def not_executed(verdict: Verdict, *, asked_next: bool = False) -> str:
+    """What the model reads in place of a call's result when turnguard kept the call from running;
+    ``asked_next``: the user is asked at the batch's next call (the framework cannot ask at this one)."""
+    return f"Not executed: {describe(verdict)}{' (the user is asked at the next call)' if asked_next else ''}"
+
+
 class TurnHalted(LoopDetected):
     """The run was stopped by turnguard; ``verdict`` says why, ``str()`` names threshold and counts.
 

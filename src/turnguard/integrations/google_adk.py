@@ -382,8 +382,7 @@ def _final(verdict: Verdict) -> LlmResponse:
 
 def _not_executed(verdict: Verdict, *, yet: bool = False) -> dict[str, Any]:
     """The call's answer in place of its result; ``yet``: the user is asked on the next call."""
-    later = " (the user is asked at the next call)" if yet else ""
-    return {"error": f"Not executed: {common.describe(verdict)}{later}"}
+    return {"error": common.not_executed(verdict, asked_next=yet)}
 
 
 def halt_of(events: Any) -> dict[str, Any] | None:

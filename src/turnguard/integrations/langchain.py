@@ -632,7 +632,7 @@ def _not_executed(request: Any, verdict: Verdict) -> ToolMessage:
 
 def _not_executed_call(tool_call: ModelToolCall, verdict: Verdict) -> ToolMessage:
     return ToolMessage(
-        content=f"Not executed: {common.describe(verdict)}",
+        content=common.not_executed(verdict),
         tool_call_id=tool_call.get("id") or "",
         name=tool_call.get("name"),
         status="error",

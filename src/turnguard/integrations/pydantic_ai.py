@@ -194,13 +194,13 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 del self._questions[question_id]
                 TurnGuardHalted.stop(driver.answer(driver.question, "stop", question, before=True))
         if self._ask_next is not None:  # a question waits for the next call: the rest of the batch too
-            return f"Not executed: {common.describe(self._ask_next)} (the user is asked at the next call)"
+            return common.not_executed(self._ask_next, asked_next=True)
         decision = driver.before(call)
         if decision.step is not common.Step.ASK:
             return decision
         driver.after(call, Outcome.DENIED)
         self._ask_next = decision.verdict
-        return f"Not executed: {common.describe(decision.verdict)} (the user is asked at the next call)"
+        return common.not_executed(decision.verdict, asked_next=True)
 
     async def _outcome(
         self, driver: common.RunDriver, call: ToolCall, outcome: Outcome, result: Any, cause: Exception | None = None
