@@ -1,10 +1,10 @@
-"""The boards' PromQL: turnguard's metric and label names as Prometheus stores them, and the
-counting forms every panel is written in.
+"""The boards' PromQL: the selectors and the counting forms every panel is written in, over the
+metric and label names of ``series``.
 
-Names come from ``series``. Every selector goes through ``scoped``, which adds the board variables' matchers
-(policy, agent, cohort) to the metrics that carry those labels, so no panel can forget one: a
-panel that means one cohort names it (``turnguard_turn_cohort="probe"``), every other panel
-reads the ``cohort`` variable (default ``live``), and no panel mixes the two by omission.
+Every selector goes through ``scoped``, which adds the board variables' matchers (policy, agent,
+cohort) to the metrics that carry those labels, so no panel can forget one: a panel that means one
+cohort names it (``turnguard_turn_cohort="probe"``), every other panel reads the ``cohort``
+variable (default ``live``), and no panel mixes the two by omission.
 
 Nothing here needs grafana-foundation-sdk: ``build`` turns these strings into panels.
 """

@@ -2,7 +2,8 @@
 
 The OpenTelemetry -> Prometheus translation of ``turnguard.telemetry._names``: dots to underscores,
 ``{unit}`` dropped, ``_total`` on counters, ``_bucket/_sum/_count`` on histograms. The recording
-rules (``rules``) and the panels' PromQL (``promql``, ``build``) both read them here.
+rules (``rules``), the PromQL forms (``promql``) and the panels (``halts``, ``thresholds``,
+``evidence``, ``panels``) all read them here.
 """
 
 from __future__ import annotations
