@@ -229,13 +229,13 @@ class TurnGuardPlugin(BasePlugin):
                 del run.asked[call_id]
                 return _not_executed(run.driver.answer(verdict, "stop", asked, before=True).verdict)
         if run.ask_next is not None:
-            return _not_executed(run.ask_next, yet=True)
+            return _not_executed(run.ask_next, asked_next=True)
         decision = run.driver.before(call)
         if decision.step is not common.Step.ASK:
             return decision
         run.driver.after(call, Outcome.DENIED)
         run.ask_next = decision.verdict
-        return _not_executed(decision.verdict, yet=True)
+        return _not_executed(decision.verdict, asked_next=True)
 
     async def _check(self, run: _Run, call: ToolCall) -> common.Decision | None:
         """The decision on ``call``; ``None`` when it is put to the user through a confirmation (the
@@ -380,9 +380,9 @@ def _final(verdict: Verdict) -> LlmResponse:
     )
 
 
-def _not_executed(verdict: Verdict, *, yet: bool = False) -> dict[str, Any]:
-    """The call's answer in place of its result; ``yet``: the user is asked on the next call."""
-    return {"error": common.not_executed(verdict, asked_next=yet)}
+def _not_executed(verdict: Verdict, *, asked_next: bool = False) -> dict[str, Any]:
+    """The call's answer in place of its result (``common.not_executed``), as ADK takes a tool's error."""
+    return {"error": common.not_executed(verdict, asked_next=asked_next)}
 
 
 def halt_of(events: Any) -> dict[str, Any] | None:
