@@ -64,9 +64,8 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
-        answer = export_text(response)
-        self.instruments.escalation_resolved(event, answer, self.in_turn(turn))
-        self.events.escalation_resolved(event, answer, self.turn_span(turn))
+        self.instruments.escalation_resolved(event, response, self.in_turn(turn))
+        self.events.escalation_resolved(event, response, self.turn_span(turn))
 
     @hookimpl
     def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
@@ -80,14 +79,12 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
-        name = export_text(policy)
-        self.instruments.shadow_detected(name, event, self.in_turn(turn))
-        self.events.shadow_detected(name, event, self.turn_span(turn))
+        self.instruments.shadow_detected(policy, event, self.in_turn(turn))
+        self.events.shadow_detected(policy, event, self.turn_span(turn))
 
     @hookimpl
     def turnguard_shadow_turn_ended(self, turn: Ledger, policy: str, summary: TurnSummary) -> None:
-        self.instruments.shadow_turn_ended(export_text(policy), dataclasses.replace(summary, cohort=turn.cohort),
-                                           self.scope)
+        self.instruments.shadow_turn_ended(policy, dataclasses.replace(summary, cohort=turn.cohort), self.scope)
         if summary.halted and policy == self.main_policy and turn.cohort == "probe":
             self._main_halts[turn] = MainHalt(str(summary.threshold), summary.tool_calls)
 
