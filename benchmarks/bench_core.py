@@ -20,7 +20,9 @@ re-reads of the same files, ``terminal`` commands, ``write_file`` with a few KB 
 stuck episodes: one failing ``terminal`` call re-issued six times, which the warn level notices),
 each ``ToolCall`` built per call inside the timed loop, as a host builds it from the model's
 response; the floor keys and counts the same name and arguments (no ``ToolCall``). Target: at
-most 1.5x the floor.
+most 1.5x the floor. Beside it, the same turns with ``cycle_repeat`` on, and behind one more
+Python call per check and per outcome: what folding one of the hot path's inlined copies back
+into a call would cost (each copy saves one call per check or per outcome).
 
 Memory: tracemalloc over a 1,000,000-call turn of distinct small calls (the cap disabled so the
 turn runs to the end), sampled as the turn grows: the ledger stops growing once it tracks
@@ -190,13 +192,30 @@ def per_call(tool: str, make: Callable[[int], Any], per_batch: int, batches: int
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def mix_batch(guard: tg.Guard, turns: list[list[tuple[str, Any, tg.Outcome]]]) -> float:
-    """Seconds per call over coding-agent turns, each ``ToolCall`` built in the timed loop."""
+def one_call_more(check: Callable[[tg.ToolCall], tg.Verdict], record: Callable[[tg.ToolCall, tg.Outcome], tg.Verdict]
+                  ) -> tuple[Callable[[tg.ToolCall], tg.Verdict], Callable[[tg.ToolCall, tg.Outcome], tg.Verdict]]:
+    """``check_call`` and ``record_outcome`` behind one more Python call each: what folding an
+    inlined copy of the hot path back into a function call would add."""
+
+    def checked(call: tg.ToolCall) -> tg.Verdict:
+        return check(call)
+
+    def recorded(call: tg.ToolCall, outcome: tg.Outcome) -> tg.Verdict:
+        return record(call, outcome)
+
+    return checked, recorded
+
+
+def mix_batch(guard: tg.Guard, turns: list[list[tuple[str, Any, tg.Outcome]]], wrapped: bool = False) -> float:
+    """Seconds per call over coding-agent turns, each ``ToolCall`` built in the timed loop
+    (``wrapped``: behind ``one_call_more``)."""
     make = tg.ToolCall
     total = 0.0
     for calls in turns:
         turn = guard.turn()
         check, record = turn.check_call, turn.record_outcome
+        if wrapped:
+            check, record = one_call_more(check, record)
         gc.disable()
         start = _clock()
         for tool, args, outcome in calls:
@@ -235,6 +254,19 @@ def mix_per_call(batches: int, turns_per_batch: int = 10) -> dict[str, float]:
         for name, guard in guards.items():
             samples[name].append(mix_batch(guard, turns))
         samples["strict"].append(mix_floor_batch(floor, turns))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def call_more_per_call(batches: int, turns_per_batch: int = 10) -> dict[str, float]:
+    """Median seconds per call of the coding-agent mix, the guard as it is and behind
+    ``one_call_more``, interleaved (a pass of its own: a third guard beside the mix row's would
+    change what runs before its floor, and so the floor)."""
+    guard = _guard()
+    samples: dict[str, list[float]] = {"guard": [], "one_call_more": []}
+    for b in range(batches):
+        turns = [coding_mix(b * turns_per_batch + t) for t in range(turns_per_batch)]
+        for wrapped in (False, True) if b % 2 else (True, False):  # each first in half the batches
+            samples["one_call_more" if wrapped else "guard"].append(mix_batch(guard, turns, wrapped))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -297,6 +329,14 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                  "target": f"<= {TARGET_CYCLE_RATIO:g}x the mix with it off",
                  "met": cycling / ours <= TARGET_CYCLE_RATIO,
                  "note": "floor: the guard's mix row (cycle_repeat off), interleaved in the same batches"})
+    more = call_more_per_call(8 if quick else 30)
+    plain, wrapped = more["guard"], more["one_call_more"]
+    added = (wrapped - plain) / 2
+    rows.append({"benchmark": "core", "case": "coding-agent mix, one Python call more per check and per outcome",
+                 "value": wrapped * 1e6, "unit": "us/call", "floor": plain * 1e6, "ratio": wrapped / plain,
+                 "note": f"floor: the mix as it is, interleaved in a pass of its own; one call more costs "
+                         f"{added * 1e9:.0f} ns, {added / floor:.1%} of the mix row's floor: what folding one inlined "
+                         "copy of the hot path (docs/architecture.md) would add to that row's ratio"})
     total = 100_000 if quick else MEMORY_CALLS
     bound = tg.GuardConfig().max_tracked_keys
     checkpoints = tuple(sorted({10_000, bound, min(total, 2 * bound), total // 2, total}))
