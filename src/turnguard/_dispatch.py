@@ -117,7 +117,7 @@ class QuietRegion:
     ledger's ``tool_calls <= calls``, ``streak_length < streak`` and ``max_key_repeat < repeat``, a
     check calls only ``call`` (the hooks without a rule); while ``stop_count < stop_count``, an
     outcome calls only ``outcome``. The turn driver tests the counts (``Driver.call``,
-    ``Driver.outcome``) and calls ``asked_again`` when a check lies outside the region."""
+    ``Driver.outcome``) and calls ``reasked`` when a check lies outside the region."""
 
     __slots__ = ("_dispatcher", "_ledger", "_reask", "_view", "call", "calls", "outcome", "repeat", "stop_count",
                  "streak")
@@ -150,14 +150,17 @@ class QuietRegion:
         """Ask again once ``tool_calls`` passes ``calls``; not when the region just named lies
         behind the turn already (it would be asked on every call)."""
 
-    def asked_again(self) -> bool:
-        """A check outside the region: past its ``calls``, ask the rules again (once per region).
-        Whether they were asked: the caller then tests the check on the region they named (the
-        quiet test itself is the driver's, ``Driver.call``)."""
-        if self._ledger.tool_calls <= self.calls or not self._reask:
-            return False
-        self.ask()
-        return True
+    def reasked(self) -> bool:
+        """A check outside the region: past its ``calls``, ask the rules again (once per region
+        they name) until a region holds the check's counts. Whether one does: the check then
+        calls only ``call``, else every hook. The first test is the driver's (``Driver.call``)."""
+        ledger = self._ledger
+        while ledger.tool_calls > self.calls and self._reask:
+            self.ask()
+            if (ledger.tool_calls <= self.calls and ledger.streak_length < self.streak
+                    and ledger.max_key_repeat < self.repeat):
+                return True
+        return False
 
 
 class BoundChecks(NamedTuple):

@@ -63,19 +63,17 @@ class Driver:
         """A tool call: counted (its sequence number is then the ledger's ``checks``), then the
         hooks that can fire asked: inside the quiet region only the plugins without a
         ``quiet_rule``, else every one. This is the call-side quiet test: past the region's
-        ``calls``, the rules are asked again (``QuietRegion.asked_again``) and the check tested
-        on the region they name."""
+        ``calls``, the rules are asked again (``QuietRegion.reasked``) and the check tested on
+        the region they name."""
         ledger, quiet = self.ledger, self.quiet
         self.count(digest, call.name)
-        while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
-                   and ledger.max_key_repeat < quiet.repeat):
-            if not quiet.asked_again():  # (asked again: the check is tested on the region named now)
-                impls = self.checks.call
-                break
-        else:
+        if (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                and ledger.max_key_repeat < quiet.repeat) or quiet.reasked():
             impls = quiet.call
             if not impls:
                 return ()
+        else:
+            impls = self.checks.call
         return self.collect1(CHECK_CALL, impls, self.report, call)
 
     def record(self, seq: int, name: str, outcome: Outcome, result: bytes | None = None) -> bool | None:

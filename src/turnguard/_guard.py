@@ -459,13 +459,11 @@ class Turn:
                 if not seq & 1023:  # every 1,024th check: is the waiting list too long?
                     self._give_up_waiting()
                 # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
-                while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
-                           and ledger.max_key_repeat < quiet.repeat):
-                    if not quiet.asked_again():
-                        impls = every_call
-                        break
-                else:
+                if (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                        and ledger.max_key_repeat < quiet.repeat) or quiet.reasked():
                     impls = quiet.call  # the plugins that cannot fire here are not called
+                else:
+                    impls = every_call
                 if impls:
                     found = collect(CHECK_CALL, impls, view, call)
                     if found:

@@ -288,15 +288,13 @@ class ShadowPlugin:
             for run, ledger, own_digest, count, every, quiet, collect in state.calls:
                 count(digest if own_digest is None else own_digest(call), name)
                 # Driver.call, inlined (tests/test_driver.py holds the two equal)
-                while not (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
-                           and ledger.max_key_repeat < quiet.repeat):
-                    if not quiet.asked_again():
-                        impls = every
-                        break
-                else:
+                if (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
+                        and ledger.max_key_repeat < quiet.repeat) or quiet.reasked():
                     impls = quiet.call
                     if not impls:
                         continue
+                else:
+                    impls = every
                 found = collect(CHECK_CALL, impls, None, call)
                 if found:  # a shadow never acts, even failing
                     _decided(run, CHECK_CALL, found, state)
