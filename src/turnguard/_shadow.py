@@ -270,9 +270,7 @@ class ShadowPlugin:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
-        if state.found:
-            return self._flush(turn)
-        return None
+        return self._flush(turn) if state.found else None
 
     @hookimpl
     def turnguard_check_call(self, turn: LedgerView, call: ToolCall) -> Verdict | None:
@@ -302,9 +300,7 @@ class ShadowPlugin:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
-        if state.found:
-            return self._flush(turn)
-        return None
+        return self._flush(turn) if state.found else None
 
     @hookimpl
     def turnguard_check_outcome(self, turn: LedgerView, call: ToolCall, outcome: Outcome) -> Verdict | None:
@@ -339,9 +335,7 @@ class ShadowPlugin:
             raise
         except BaseException as exc:  # a bug here must not reach the live verdict (fail_mode="closed")
             _give_up(state, exc)
-        if state.found:
-            return self._flush(turn)
-        return None
+        return self._flush(turn) if state.found else None
 
     # A retry or an answer reaches the plugin outside the turn's lock: it is queued and applied
     # by the next check (under the lock), before that check counts anything.
