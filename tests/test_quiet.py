@@ -166,6 +166,35 @@ def test_a_plugin_is_called_only_outside_the_region_its_rule_names():
     assert plugin.calls == [4, 5, 6, 7, 8] and plugin.outcomes == []
 
 
+def test_past_its_region_a_rule_is_asked_again_until_it_names_one_behind_the_turn():
+    asked: list[int] = []
+
+    class Moving(Counting):
+        def quiet_rule(self, turn):
+            asked.append(turn.tool_calls)
+            return Quiet(calls={0: 2, 3: 5}.get(turn.tool_calls, 1))  # then a region the turn has passed
+
+    plugin = Moving()
+    drive(plugin)
+    assert asked == [0, 3, 6]  # at the start, past call 2, past call 5; never again after that
+    assert plugin.calls == [6, 7, 8]
+
+
+def test_a_check_past_the_calls_but_outside_the_new_region_calls_every_hook():
+    class Streaky(Counting):
+        def quiet_rule(self, turn):
+            return Quiet(calls=2 if turn.tool_calls < 2 else 100, streak=2)  # one call of a streak only
+
+    plugin = Streaky()
+    guard = tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS), plugins={"streaky": plugin}, environ={})
+    with guard.turn() as turn:
+        for path in ("a", "b", "b", "c", "c"):
+            call = tg.ToolCall("read_file", {"path": path})
+            turn.check_call(call)
+            turn.record_outcome(call, "ok")
+    assert plugin.calls == [3, 5]  # 3: past 2 calls, asked again, its streak outside; 4 inside; 5 a streak
+
+
 @pytest.mark.parametrize("rule", [lambda turn: 1 / 0, lambda turn: "quiet", lambda turn: None])
 def test_a_rule_that_fails_or_answers_no_quiet_leaves_its_plugin_called_every_time(rule):
     class Broken(Counting):

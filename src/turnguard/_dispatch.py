@@ -127,14 +127,13 @@ class QuietRegion:
         self.ask()
 
     def ask(self) -> None:
-        """Each plugin's ``quiet_rule(ledger)``, combined (the least of each count); a rule that
-        fails or answers something else than a ``Quiet`` counts as none (its plugin is called on
-        every check)."""
+        """Each plugin's ``quiet_rule(ledger)``, asked once however many check hooks it has, and
+        combined (the least of each count); a rule that fails or answers something else than a
+        ``Quiet`` counts as none (its plugin is called on every check)."""
         d, ledger = self._dispatcher, self._ledger
-        said: dict[QuietRule | None, Quiet | None] = {
-            impl.quiet_rule: _quiet_of(impl.quiet_rule, ledger)
-            for impl in (*d.check_call, *d.check_outcome) if impl.quiet_rule is not None
-        }
+        rules = dict.fromkeys(impl.quiet_rule for impl in (*d.check_call, *d.check_outcome)
+                              if impl.quiet_rule is not None)
+        said: dict[QuietRule | None, Quiet | None] = {rule: _quiet_of(rule, ledger) for rule in rules}
         on_call = [said.get(impl.quiet_rule) for impl in d.check_call]
         on_outcome = [said.get(impl.quiet_rule) for impl in d.check_outcome]
         quiet_call = [q for q in on_call if q is not None]
@@ -151,16 +150,15 @@ class QuietRegion:
         behind the turn already (it would be asked on every call)."""
 
     def reasked(self) -> bool:
-        """A check outside the region: past its ``calls``, ask the rules again (once per region
-        they name) until a region holds the check's counts. Whether one does: the check then
+        """A check outside the region: past its ``calls``, the rules are asked again (once per
+        region they name). Whether the region they name holds the check's counts: the check then
         calls only ``call``, else every hook. The first test is the driver's (``Driver.call``)."""
         ledger = self._ledger
-        while ledger.tool_calls > self.calls and self._reask:
-            self.ask()
-            if (ledger.tool_calls <= self.calls and ledger.streak_length < self.streak
-                    and ledger.max_key_repeat < self.repeat):
-                return True
-        return False
+        if ledger.tool_calls <= self.calls or not self._reask:
+            return False
+        self.ask()
+        return (ledger.tool_calls <= self.calls and ledger.streak_length < self.streak
+                and ledger.max_key_repeat < self.repeat)
 
 
 class BoundChecks(NamedTuple):
