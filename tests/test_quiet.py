@@ -141,11 +141,12 @@ class Counting:
         self.outcomes.append(turn.tool_calls)
 
 
-def drive(plugin: object, calls: int = 8) -> None:
+def drive(plugin: object, paths: tuple[str, ...] = tuple(f"f{i}" for i in range(8))) -> None:
+    """One turn of ``read_file`` calls, one a path, each ok, with ``plugin`` registered."""
     guard = tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS), plugins={"counting": plugin}, environ={})
     with guard.turn() as turn:
-        for i in range(calls):
-            call = tg.ToolCall("read_file", {"path": f"f{i}"})
+        for path in paths:
+            call = tg.ToolCall("read_file", {"path": path})
             turn.check_call(call)
             turn.record_outcome(call, "ok")
 
@@ -186,12 +187,7 @@ def test_a_check_past_the_calls_but_outside_the_new_region_calls_every_hook():
             return Quiet(calls=2 if turn.tool_calls < 2 else 100, streak=2)  # one call of a streak only
 
     plugin = Streaky()
-    guard = tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS), plugins={"streaky": plugin}, environ={})
-    with guard.turn() as turn:
-        for path in ("a", "b", "b", "c", "c"):
-            call = tg.ToolCall("read_file", {"path": path})
-            turn.check_call(call)
-            turn.record_outcome(call, "ok")
+    drive(plugin, ("a", "b", "b", "c", "c"))
     assert plugin.calls == [3, 5]  # 3: past 2 calls, asked again, its streak outside; 4 inside; 5 a streak
 
 
