@@ -380,10 +380,6 @@ def finished_by_bounds(cap: CapSettings, k: int) -> tuple[str, str]:
     return low, high
 
 
-def km_targets(cap: CapSettings) -> list[tuple[int, str]]:
-    return [(k, finished_by(cap, k)) for k in km_multiples(cap)]
-
-
 def km_rows(cap: CapSettings) -> dict[str, str]:
     """Per column, a vector by ``multiple`` (one row per k of ``km_multiples``): the share that would
     finish by k×S, its 95% interval, and the turns it rests on (past the backstop; seen past k×S)."""

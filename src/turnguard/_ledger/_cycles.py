@@ -170,10 +170,6 @@ class CycleRuns:
             self._reach()
         return True if self.due is not None else None
 
-    def cool(self) -> None:
-        """A call that none of the last ``period`` is: every run ends."""
-        self.hot = False
-
     def _reach(self) -> None:
         """Name the level a cycle just reached: the shortest period whose run is not a shorter
         period's (a period-4 run of A,B,A,B is the period-2 cycle's), a stop over a warning, and
