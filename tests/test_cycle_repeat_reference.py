@@ -1,7 +1,8 @@
 """``cycle_repeat`` against a plain reference written from the documented rules (docs/usage.md's
 "what fires" table, docs/stuck-signals.md), on random turns: any levels, periods, stateful tools
-with results that change or stay, denials, answers, reminders, batches with outcomes in any order,
-and a turn paused into a durable snapshot and resumed on another guard.
+with results that change, stay or are not given, denials, an exempt tool's calls, outcomes that
+never come, answers, reminders, batches with outcomes in any order, and a turn paused into a
+durable snapshot and resumed on another guard.
 
 The reference shares nothing with the ledger: it keeps the whole sequence of calls seen since the
 last answer and looks at its tail. A cycle of ``k`` calls (2 to the maximum period, not itself a
@@ -17,22 +18,38 @@ from dataclasses import dataclass
 import pytest
 
 import turnguard as tg
+from turnguard._ledger import _cycles as cycles
 
-POOL = ("read", "list", "grep", "status", "edit")
+POOL = ("read", "list", "grep", "status", "edit", "sleep")
 STATEFUL = ("status",)
 """A polling tool: its calls are compared with their result (a changed one is progress)."""
+EXEMPT = ("sleep",)
+"""A tool out of the streak (``streak_exempt_tools``): its call is a call no other is, so it ends
+every cycle (as it ends the streak)."""
+WAIT_BEHIND = 32
+"""docs/usage.md: a call whose outcome never comes is seen as having run once the call 32 checks
+after it has its outcome."""
 
 
 @dataclass(frozen=True)
 class Call:
     name: str
     arg: int
-    outcome: tg.Outcome
+    outcome: tg.Outcome | None
+    """``None``: its outcome never comes."""
     result: str | None
 
-    def identity(self) -> tuple[str, int, str | None]:
-        """What the documented rules compare: the call, and a stateful tool's result when given."""
-        return (self.name, self.arg, self.result if self.name in STATEFUL else None)
+    def identity(self, latest: dict[tuple[str, int], str]) -> object:
+        """What the documented rules compare: the call, and a stateful tool's result (when not
+        given, the latest its call had: ``latest``, which this updates); an exempt tool's call
+        equals no other."""
+        if self.name in EXEMPT:
+            return object()
+        if self.name not in STATEFUL:
+            return (self.name, self.arg, None)
+        if self.result is not None and self.outcome is not None:  # (no outcome: no result either)
+            latest[self.name, self.arg] = self.result
+        return (self.name, self.arg, latest.get((self.name, self.arg)))
 
     def tool_call(self) -> tg.ToolCall:
         return tg.ToolCall(self.name, {"arg": self.arg})
@@ -49,7 +66,8 @@ class Settings:
     def config(self) -> tg.GuardConfig:
         return tg.GuardConfig(cycle_repeat_warn_at=self.warn, cycle_repeat_stop_at=self.stop,
                               cycle_repeat_max_period=self.period, remind_model=self.remind,
-                              streak_warn_at=0, streak_stop_at=0, stateful_tools=STATEFUL)
+                              streak_warn_at=0, streak_stop_at=0, stateful_tools=STATEFUL,
+                              streak_exempt_tools=EXEMPT)
 
     def action(self, level: tg.Level) -> tg.Action:
         if level is tg.Level.STOP:
@@ -67,9 +85,10 @@ def random_settings(rng: random.Random) -> Settings:
     return Settings(warn, stop, rng.randint(2, 4), rng.random() < 0.5, rng.random() < 0.3)
 
 
-def random_turn(rng: random.Random, n: int = 90) -> list[Call]:
+def random_turn(rng: random.Random, n: int = 90, lost: float = 0.0) -> list[Call]:
     """Loops of 1 to 4 calls repeated 1 to 9 times between stray calls (under the soft cap, so
-    nothing but the cycles can fire); a polling tool's result now and then changes or is not given."""
+    nothing but the cycles can fire); a polling tool's result now and then changes or is not given;
+    a share ``lost`` of the outcomes never comes."""
     calls: list[Call] = []
     while len(calls) < n:
         loop = [(rng.choice(POOL), rng.randrange(3)) for _ in range(rng.choice((1, 2, 2, 3, 4)))]
@@ -78,7 +97,7 @@ def random_turn(rng: random.Random, n: int = 90) -> list[Call]:
             for i, (name, arg) in enumerate(loop):
                 if rng.random() < 0.08:
                     results[i] = rng.choice(("r1", "r2", "r3"))
-                outcome = rng.choices(list(tg.Outcome), (0.6, 0.25, 0.1, 0.05))[0]
+                outcome = None if rng.random() < lost else rng.choices(list(tg.Outcome), (0.6, 0.25, 0.1, 0.05))[0]
                 result = None if rng.random() < 0.1 else results[i]
                 calls.append(Call(name, arg, outcome, result))
         calls.extend(Call(rng.choice(POOL), 5, tg.Outcome.OK, None) for _ in range(rng.choice((0, 0, 1))))
@@ -102,19 +121,47 @@ def reached(seen: list[object], times: int, k: int) -> bool:
     return len(seen) == w or seen[-w - 1] != seen[-w - 1 + k]
 
 
+def settlings(calls: list[Call]) -> list[tuple[int, list[int]]]:
+    """One call at a time, each outcome reported after its check: (the call whose outcome was
+    reported, the calls that outcome settles, in check order). Calls settle in check order, so one
+    whose outcome never comes holds the later ones back until the call ``WAIT_BEHIND`` checks after
+    it has its outcome: then it is seen as having run."""
+    steps: list[tuple[int, list[int]]] = []
+    reported: set[int] = set()
+    first = 0
+    for i, call in enumerate(calls):
+        if call.outcome is None:
+            continue
+        reported.add(i)
+        settled = []
+        while first <= i - WAIT_BEHIND or first in reported:
+            settled.append(first)
+            first += 1
+        steps.append((i, settled))
+    return steps
+
+
 def reference(calls: list[Call], s: Settings, answer: bool = True) -> list[tuple[int, tg.Action, tg.Level, int]]:
     """(call index, action, level, period) of each detection, one call at a time; an ASK answered
-    "continue" (when ``answer``) starts the count afresh, a HALT ends the turn."""
+    "continue" (when ``answer``) starts the count afresh, a HALT ends the turn. One outcome that
+    settles several calls gives one verdict: the first stop among them, else the first warning."""
     seen: list[object] = []
+    latest: dict[tuple[str, int], str] = {}
     fired = []
-    for i, call in enumerate(calls):
-        if call.outcome is tg.Outcome.DENIED:
+    for i, settled in settlings(calls):
+        hits = []
+        for j in settled:
+            call = calls[j]
+            if call.outcome is tg.Outcome.DENIED:
+                continue
+            seen.append(call.identity(latest))
+            hit = next(((level, k) for level, times in ((tg.Level.STOP, s.stop), (tg.Level.WARN, s.warn))
+                        for k in range(2, s.period + 1) if reached(seen, times, k)), None)
+            if hit is not None:
+                hits.append(hit)
+        if not hits:
             continue
-        seen.append(call.identity())
-        hit = next(((level, k) for level, times in ((tg.Level.STOP, s.stop), (tg.Level.WARN, s.warn))
-                    for k in range(2, s.period + 1) if reached(seen, times, k)), None)
-        if hit is None:
-            continue
+        hit = next((h for h in hits if h[0] is tg.Level.STOP), hits[0])
         action = s.action(hit[0])
         fired.append((i, action, *hit))
         if action is tg.Action.HALT:
@@ -140,6 +187,8 @@ def one_at_a_time(calls: list[Call], s: Settings, pause_at: frozenset[int] = fro
             turn = tg.Guard(s.config()).resume(turn.snapshot())
         tool_call = call.tool_call()
         turn.check_call(tool_call)
+        if call.outcome is None:
+            continue
         verdict = turn.record_outcome(tool_call, call.outcome, call.result)
         if verdict.threshold is not tg.Threshold.CYCLE_REPEAT:
             continue
@@ -153,15 +202,16 @@ def one_at_a_time(calls: list[Call], s: Settings, pause_at: frozenset[int] = fro
 
 @pytest.mark.parametrize("seed", range(300))
 def test_one_at_a_time_the_levels_fire_where_the_documented_rules_say(seed):
+    """Every other turn has outcomes that never come."""
     rng = random.Random(seed)
-    s, calls = random_settings(rng), random_turn(rng)
+    s, calls = random_settings(rng), random_turn(rng, lost=0.03 if seed % 2 else 0.0)
     assert one_at_a_time(calls, s) == reference(calls, s)
 
 
 @pytest.mark.parametrize("seed", range(100))
 def test_a_turn_paused_and_resumed_fires_where_it_would_have(seed):
     rng = random.Random(1000 + seed)
-    s, calls = random_settings(rng), random_turn(rng)
+    s, calls = random_settings(rng), random_turn(rng, lost=0.03 if seed % 2 else 0.0)
     pauses = frozenset(rng.sample(range(1, len(calls)), 4))
     assert one_at_a_time(calls, s, pauses) == reference(calls, s)
 
@@ -229,3 +279,40 @@ def test_of_two_stops_settled_by_one_outcome_the_first_is_reported(promptable):
     assert [v.action for v in verdicts[:-1]] == [tg.Action.ALLOW] * 6
     assert (verdicts[-1].action, verdicts[-1].event.level, period_of(verdicts[-1])) == (
         s.action(tg.Level.STOP), tg.Level.STOP, 3)
+
+
+@pytest.mark.parametrize("lost_at", [0, 7, 40])
+def test_an_outcome_that_never_comes_holds_the_cycles_back_by_a_bounded_number_of_calls(lost_at):
+    """Unattended at 5, 8: A,B alternating halts at call 16, and with one outcome lost anywhere
+    before it at most ``WAIT_BEHIND`` calls later; what waits stays bounded however long the turn
+    runs, and its snapshot resumes."""
+    assert WAIT_BEHIND == cycles.WAIT_BEHIND  # (what docs/usage.md says is what the ledger does)
+    s = Settings(5, 8, 4, False, False)
+    lost = [Call("bash", 9, None, None)]
+    calls = [Call("read" if i % 2 else "list", 0, tg.Outcome.OK, None) for i in range(lost_at)]
+    calls += lost + [Call("read" if i % 2 else "list", 0, tg.Outcome.OK, None) for i in range(200)]
+    fired = one_at_a_time(calls, s)
+    assert fired == reference(calls, s)
+    halt = fired[-1][0]
+    assert fired[-1][1] is tg.Action.HALT and halt <= max(lost_at, 15) + 1 + WAIT_BEHIND
+    config = s.config().replace(hard_multiplier=1000)
+    turn = tg.Guard(config).turn(durable=True)
+    for call in [Call("bash", 9, None, None)] + [Call(f"t{i % 7}", i, tg.Outcome.OK, None) for i in range(12_000)]:
+        tool_call = call.tool_call()
+        turn.check_call(tool_call)
+        if call.outcome is not None:
+            turn.record_outcome(tool_call, call.outcome)
+    waiting = turn.snapshot()["facts"]["cycle_runs"]["waiting"]
+    assert len(waiting) <= 1
+    assert turn.halted is None and tg.Guard(config).resume(turn.snapshot()).summary is None
+
+
+def test_a_stateful_calls_latest_result_is_kept_across_a_snapshot():
+    """A poll reported with a result, then its repeats without one: they have that result, in the
+    turn resumed from a snapshot as in the one that ran on."""
+    s = Settings(3, 0, 4, False, False)
+    calls = [Call("status", 0, tg.Outcome.OK, "r1"), Call("read", 0, tg.Outcome.OK, None)]
+    calls += [Call("status", 0, tg.Outcome.OK, None), Call("read", 0, tg.Outcome.OK, None)] * 3
+    expected = reference(calls, s)
+    assert expected and one_at_a_time(calls, s) == expected
+    assert one_at_a_time(calls, s, frozenset({2})) == expected

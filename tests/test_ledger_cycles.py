@@ -61,12 +61,17 @@ class Naive:
     none of it): ``runs[k]`` counts the latest calls each identical to the call ``k`` before it;
     a level is due at a call whose run of a period ``k >= 2`` equals ``warn * k`` or ``stop * k``
     (``cycle_repeat_*_at - 1`` matches per call) and no run of a divisor of ``k`` is as long; a
-    stop wins over a warning, the shortest period among warnings. Outcomes settle in check order."""
+    stop wins over a warning, the shortest period among warnings. Outcomes settle in check order.
+    An exempt tool's call (key ``None``) ends every run: the calls after it are counted afresh. A
+    stateful tool's call (``polls``) is seen with its result, or without one with the latest
+    result its call had."""
 
     def __init__(self, period: int, warn_at: int, stop_at: int) -> None:
         self.period, self.warn, self.stop = period, warn_at - 1, stop_at - 1
         self.seen: list[bytes] = []
         self.keys: dict[int, bytes | None] = {}
+        self.polls: set[int] = set()
+        self.results: dict[bytes, bytes] = {}
         self.outcomes: dict[int, tuple] = {}
         self.next = 1
         self.due = None
@@ -99,12 +104,21 @@ class Naive:
         while self.next in self.outcomes:
             outcome, result = self.outcomes.pop(self.next)
             key = self.keys.pop(self.next)
+            poll = self.next in self.polls
             self.next += 1
-            if key is not None and outcome is not DENIED:
-                self.seen.append(key + result if result is not None else key)
-                level = self._level()
-                if level is not None and (self.due is None or level[0] is tg.Level.STOP):
-                    self.due = level
+            if outcome is DENIED:
+                continue
+            if key is None:
+                self.seen = []
+                continue
+            if poll and result is None:
+                result = self.results.get(key)
+            elif poll:
+                self.results[key] = result
+            self.seen.append(key + result if result is not None else key)
+            level = self._level()
+            if level is not None and (self.due is None or level[0] is tg.Level.STOP):
+                self.due = level
 
     def reset(self) -> None:
         self.seen = []
@@ -142,6 +156,8 @@ def test_the_ledgers_inlined_settling_counts_as_the_runs_definition_does(seed):
         seqs = [ledger.count_named(key, tool) for key, tool in zip(batch, tools, strict=True)]
         for seq, key, tool in zip(seqs, batch, tools, strict=True):
             naive.keys[seq] = None if tool == "skip" else key
+            if tool == "poll":
+                naive.polls.add(seq)
         if rng.random() < 0.05:  # an answer: the runs count afresh, the calls waiting still settle
             ledger.reset_streak()
             naive.reset()

@@ -76,8 +76,9 @@ if TYPE_CHECKING:
     from turnguard._model import Action, Level, Threshold, ToolCall
 
 _OK = Outcome.OK
-_ABANDONED = Outcome.DENIED
-"""How a call whose outcome will never come (``abandon``) settles: neither a failure nor a reset."""
+_GIVEN_UP = Outcome.UNKNOWN
+"""How a call whose outcome will never come (``abandon``) settles in the cycle runs: as one that
+ran (the streak settles it as neither a failure nor a reset, ``Streaks.abandon``)."""
 
 
 def _quiet_until(cap_mode: str, soft_cap: int | None, hard_cap: int | None) -> int | float:
@@ -664,7 +665,7 @@ class CyclingLedger(Ledger):
         return settled or due
 
     def abandon(self, seq: int) -> None:
-        self._settle_cycle(seq, _ABANDONED)
+        self._settle_cycle(seq, _GIVEN_UP)  # (seen as having run: a call that did not is DENIED)
         super().abandon(seq)
 
     def reset_streak(self, answered: bytes | None = None) -> None:

@@ -13,7 +13,15 @@ from turnguard._model import Level, Outcome
 from turnguard._state import Fields
 
 _DENIED = Outcome.DENIED
+_UNREPORTED = (Outcome.UNKNOWN, None)
 _plus = operator.add
+
+WAIT_BEHIND = 32
+"""How far the runs wait for a check's outcome: once a check this many after one without an
+outcome has its own, that one is seen as having run (its outcome, should it come, changes nothing
+here). So one lost outcome (a call never reported, a subagent's call that outlasts its own calls)
+holds the runs back by at most this many calls, and what waits stays bounded; a batch of fewer
+calls settles exactly as one at a time."""
 
 
 class CycleRuns:
@@ -23,14 +31,17 @@ class CycleRuns:
 
     Calls settle here in check order, at their outcome (``settle``; one that comes before an
     earlier call's waits for it), so a batch and late outcomes give the counts of the same calls run
-    one at a time. A ``DENIED`` call (it did not run) is not seen at all: it neither counts nor
-    resets. A stateful tool's call is compared with its result (a changed result is progress, so
-    it breaks the cycle). O(``period``) per call, memory bounded by ``period`` and the calls waiting.
+    one at a time (as far back as ``WAIT_BEHIND``). A ``DENIED`` call (it did not run) is not seen
+    at all: it neither counts nor resets. A ``streak_exempt_tools`` tool's call is a call no other
+    is: every run ends there (``cut``). A stateful tool's call is compared with its result (a
+    changed result is progress, so it breaks the cycle; a result that comes back in step with the
+    cycle repeats a longer one); one without a result has its call's latest result (``results``).
+    O(``period``) per call; memory bounded by ``period``, ``WAIT_BEHIND`` and ``MAX_POLLED``.
 
     ``due``: the level the latest settling reached, ``(level, k, runs)``, for the policy to read."""
 
-    __slots__ = ("_levels", "_ones", "_runs", "calm", "due", "early", "hot", "next", "period", "ring", "stateful",
-                 "stop", "waiting", "warn")
+    __slots__ = ("_levels", "_ones", "_runs", "calm", "due", "early", "hot", "next", "period", "results", "ring",
+                 "stateful", "stop", "waiting", "warn")
 
     def __init__(self, period: int, warn_at: int, stop_at: int, first: int) -> None:
         self.period = period
@@ -52,6 +63,9 @@ class CycleRuns:
         self.stateful: set[int] = set()
         """The checks waiting there that are a stateful tool's (compared with their result)."""
         self.early: dict[int, tuple[Outcome, bytes | None]] = {}
+        self.results: dict[bytes, bytes] = {}
+        """Each stateful call's latest result (digests; at most ``MAX_POLLED`` calls, the oldest
+        forgotten first): a call reported without one is compared as having it."""
         self.calm = True
         """Whether nothing waits here (so no outcome waits for an earlier one's, no stateful check
         waits) and no level is ``due``: the next outcome, for the ledger's latest check, can settle
@@ -98,10 +112,13 @@ class CycleRuns:
         ahead = seq - self.next
         if ahead < 0 or ahead >= len(self.waiting) or seq in self.early:
             return False
+        if ahead >= WAIT_BEHIND:
+            self._give_up(seq - WAIT_BEHIND)
+            ahead = seq - self.next
         if ahead:
             self.early[seq] = (outcome, result)
             self.calm = False
-            return False
+            return self.due is not None  # (a level ``_give_up`` reached)
         self._settle_next(outcome, result)
         early = self.early
         while self.next in early:
@@ -109,16 +126,49 @@ class CycleRuns:
         self.calm = self.due is None and not self.waiting
         return self.due is not None
 
+    def _give_up(self, last: int) -> None:
+        """Settle the checks up to ``last`` (those without an outcome as having run), and the
+        outcomes that waited behind them."""
+        early = self.early
+        while self.next <= last or self.next in early:
+            self._settle_next(*early.pop(self.next, _UNREPORTED))
+
     def _settle_next(self, outcome: Outcome, result: bytes | None) -> None:
         seq = self.next
         self.next = seq + 1
         digest = self.waiting.popleft()
-        stateful = seq in self.stateful
-        if stateful:
+        if seq in self.stateful:
             self.stateful.discard(seq)
-        if outcome is _DENIED or digest is None:
+            if outcome is _DENIED:
+                return
+            if digest is None:
+                self.cut()
+                return
+            if result is None:
+                result = self.results.get(digest)
+            else:
+                self._keep_result(digest, result)
+            self.see(digest if result is None else digest + result)
+        elif outcome is _DENIED:
             return
-        self.see(digest + result if stateful and result is not None else digest)
+        elif digest is None:
+            self.cut()
+        else:
+            self.see(digest)
+
+    def _keep_result(self, digest: bytes, result: bytes) -> None:
+        results = self.results
+        if digest in results:
+            del results[digest]  # (the latest last, so the oldest goes first)
+        elif len(results) >= MAX_POLLED:
+            del results[next(iter(results))]
+        results[digest] = result
+
+    def cut(self) -> None:
+        """A ``streak_exempt_tools`` tool's call: a call no other is, so every run ends there (as a
+        different call ends the streak), and none reaches back past it."""
+        self.ring.clear()
+        self.hot = False
 
     def see(self, key: bytes) -> None:
         """One more call in the sequence the runs count (``key``: its digest, a stateful one's
@@ -206,15 +256,19 @@ class CycleRuns:
         twin._runs, twin.hot = list(self._runs), self.hot
         twin.waiting.extend(self.waiting)
         twin.stateful, twin.early, twin.calm = set(self.stateful), dict(self.early), self.calm
+        twin.results = dict(self.results)
         return twin
 
     def state(self, latest: tuple[bytes | None, ...] = ()) -> dict[str, Any]:
         """The runs as JSON data (``latest``: the ledger's latest check's digest, when it waits
         but not here)."""
-        return {"next": self.next, "ring": [key.hex() for key in self.ring], "runs": self.runs[1:],
-                "waiting": {str(self.next + i): [hex_or_none(d), self.next + i in self.stateful]
-                            for i, d in enumerate((*self.waiting, *latest))},
-                "early": {str(seq): [o.value, hex_or_none(r)] for seq, (o, r) in self.early.items()}}
+        state = {"next": self.next, "ring": [key.hex() for key in self.ring], "runs": self.runs[1:],
+                 "waiting": {str(self.next + i): [hex_or_none(d), self.next + i in self.stateful]
+                             for i, d in enumerate((*self.waiting, *latest))},
+                 "early": {str(seq): [o.value, hex_or_none(r)] for seq, (o, r) in self.early.items()}}
+        if self.results:  # (absent where no stateful call had a result: what earlier versions read)
+            state["results"] = {digest.hex(): result.hex() for digest, result in self.results.items()}
+        return state
 
     def restore(self, f: Fields, seq: int) -> None:
         """Read back from ``state()`` (each field checked), for checks up to ``seq``."""
@@ -250,5 +304,8 @@ class CycleRuns:
                 st.refuse(f"{path}.{key}", "a waiting check's [outcome, result digest or null] pair", value)
             self.early[check] = (Outcome(st.choice(f"{path}.{key}[0]", value[0], OUTCOME_VALUES)),
                                  st.digest(f"{path}.{key}[1]", value[1], DIGEST_SIZE, optional=True))
+        path = f.at("results")
+        for key, value in f.mapping("results", MAX_POLLED, {}).items():
+            self.results[st.digest(f"{path}.{key}", key, DIGEST_SIZE)] = st.digest(f"{path}.{key}", value, DIGEST_SIZE)
         self.calm = not self.waiting
         f.done()

@@ -367,6 +367,8 @@ class Streaks(CallCounts):
                         cyc.hot = False
                     else:
                         due = cyc.repeated(key)
+                elif outcome is not _DENIED:  # (no key: an exempt tool's call)
+                    cyc.cut()
             else:
                 due = self._settle_cycle(seq, outcome) or None
         if outcome is _OK:
