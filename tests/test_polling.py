@@ -249,6 +249,39 @@ def test_an_identical_call_checked_before_an_earlier_result_came_counts_as_no_pr
     assert [turn.check_call(c).action for c in calls] == [ALLOW, ALLOW, ASK]
 
 
+@pytest.mark.parametrize("lost", [None, 0, 1])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_restart_behind_a_lost_outcome_lets_the_stop_fire_again_as_once_it_settles(lost, resume):
+    """Attended, stop at 3: four identical polls in one response ask at the fourth check. Their
+    results a, b, c, d (each a change) restart the streak at every call; with one outcome lost (or
+    none), the next three polls' checks reach the stop again in the part the last restart began,
+    as when every outcome came (and after a snapshot taken while the restarts wait)."""
+    guard = core_guard(stateful_tools=("poll",), streak_warn_at=0, streak_stop_at=3, streak_stop_on="any")
+    turn = guard.turn(promptable=True, durable=True)
+    calls = [tg.ToolCall("poll", {}, call_id=f"p{i}") for i in range(4)]
+    assert [turn.check_call(c).action for c in calls] == [ALLOW, ALLOW, ALLOW, ASK]
+    for i, result in enumerate("abcd"):
+        if i != lost:
+            assert turn.record_outcome(calls[i], OK, result=result).action is ALLOW
+    if resume:
+        turn = guard.resume(turn.suspend())
+    more = [tg.ToolCall("poll", {}, call_id=f"p{i}") for i in range(4, 7)]
+    assert [turn.check_call(c).action for c in more] == [ALLOW, ALLOW, ASK]
+
+
+def test_a_restart_the_stop_counted_with_keeps_it_from_firing_again():
+    """Attended, stop at 3: the results of the first polls are known, and changed, when the stop
+    fires at a check (it counted from that restart): the calls after it do not fire it again."""
+    turn = core_guard(stateful_tools=("poll",), streak_warn_at=0, streak_stop_at=3,
+                      streak_stop_on="any").turn(promptable=True)
+    calls = [tg.ToolCall("poll", {}, call_id=f"p{i}") for i in range(7)]
+    for c in calls[:3]:
+        turn.check_call(c)
+    turn.record_outcome(calls[1], OK, result="a")
+    turn.record_outcome(calls[2], OK, result="b")  # a restart at the third, waiting behind the first
+    assert [turn.check_call(c).action for c in calls[3:]] == [ALLOW, ALLOW, ASK, ALLOW]
+
+
 # -- what is kept, exported and recorded -----------------------------------------------------------------
 
 

@@ -67,7 +67,7 @@ from turnguard._ledger._state import (
     result_digests,
     results_state,
 )
-from turnguard._ledger._streaks import MAX_ENDED_STREAKS, MAX_FIRED, EndedStreak, count_outcome
+from turnguard._ledger._streaks import _STREAK_STOP, MAX_ENDED_STREAKS, MAX_FIRED, EndedStreak, count_outcome
 from turnguard._model import MAX_RESTART_TOOLS, LoopDetectedEvent, Outcome, TurnSummary, Verdict
 from turnguard._state import Fields
 
@@ -117,7 +117,7 @@ def answered_digest(event: LoopDetectedEvent) -> bytes | None:
 _FACTS = (
     "tool_calls", "_cycles", "_cycle_start", "max_key_repeat", "_overflowed", "_last_key", "_last_tool",
     "streak_length", "_failing", "_detections", "_retries", "_first_stuck", "_max_stale", "_looped", "_news",
-    "_settled", "checks", "next_to_settle", "stop_count", "_ok", "_baseline", "_longest",
+    "_settled", "checks", "next_to_settle", "stop_count", "_ok", "_baseline", "_longest", "_stop_knew",
 )
 """The scalar facts ``Ledger.fork`` copies (the dicts and the set are copied separately)."""
 
@@ -314,6 +314,8 @@ class Ledger(PolledCalls):
         facts["outcomes"] = self.outcome_counts()
         facts["early"] = early_state(self._early)
         facts["fired"] = sorted([list(pair) for pair in self._fired])
+        if self._stop_knew is not None and _STREAK_STOP in self._fired:
+            facts["stop_knew"] = sorted(self._stop_knew)
         if self._ended:
             facts["ended"] = [ended.state() for ended in self._ended]
         self._polling_state(facts)
@@ -400,6 +402,10 @@ class Ledger(PolledCalls):
         self._early = early_outcomes(f, "early", self.next_to_settle + 1, seq)
         fired = f.items("fired", MAX_FIRED)
         self._fired = {fired_pair(f"{f.at('fired')}[{i}]", pair) for i, pair in enumerate(fired)}
+        self._stop_knew = None
+        if "stop_knew" in f:
+            knew = f.items("stop_knew", MAX_POLLED)
+            self._stop_knew = frozenset(st.integer(f"{f.at('stop_knew')}[{i}]", n, 1, seq) for i, n in enumerate(knew))
         records = f.items("ended", MAX_ENDED_STREAKS, default=[])
         self._ended = []
         low = 1
@@ -573,7 +579,7 @@ class LedgerView(LedgerFacts):
     """What hooks receive as ``turn``: the ledger's facts, read-only.
 
     Exactly ``LedgerFacts``: its facts (``VIEW_FACTS``) and queries (``VIEW_QUERIES``: ``outcomes``,
-    ``repeats_of``, ``fired_in_streak``, ``provisional_stop_count``, ``polls``,
+    ``repeats_of``, ``fired_in_streak``, ``provisional_stop_fired``, ``provisional_stop_count``, ``polls``,
     ``restarts_by_tool``, and ``detect`` to build a verdict), each read through from the ledger,
     made below from the protocol's declarations. No mutator, no underscored field, no attribute
     can be set, and the view cannot be rebound: a plugin that uses what it is given cannot reset

@@ -229,6 +229,12 @@ class LedgerFacts(Protocol):
         """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
         return _declared(self)
 
+    def provisional_stop_fired(self) -> bool:
+        """Whether the stop level fired in the part of the current streak that
+        ``provisional_stop_count`` counts (a changed result restarts the streak there even while it
+        waits for an earlier call's outcome; a stop that fired before it was the earlier part's)."""
+        return _declared(self)
+
     def provisional_stop_count(self) -> int:
         """The stop level's count for the current streak if every earlier call of it still
         waiting for its outcome failed (counted up to ``streak_stop_at``): identical calls of one

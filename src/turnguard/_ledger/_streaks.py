@@ -80,6 +80,7 @@ class Streaks(CallCounts):
         "_settled",
         "_stateful",
         "_stop_any",
+        "_stop_knew",
         "checks",
         "next_to_settle",
         "stop_at",
@@ -105,6 +106,10 @@ class Streaks(CallCounts):
         """The largest stop count a streak of the turn reached before it ended (``longest_stop_count``)."""
         self._early: dict[int, Outcome] = {}
         self._fired: set[tuple[str, str]] = set()
+        self._stop_knew: frozenset[int] | None = None
+        """The waiting calls whose results the streak's stop counted with when it fired (at a
+        check; none at an outcome, which counts only settled calls); ``None``: not known
+        (``provisional_stop_fired``)."""
         self._ended: list[EndedStreak] = []  # streaks ended with calls still waiting (EndedStreak)
         self._late: EndedStreak | None = None  # ended_stop
         self._stop_any = config.streak_stop_on == "any"
@@ -148,6 +153,17 @@ class Streaks(CallCounts):
     def fired_in_streak(self, threshold: Threshold | str, level: Level | str) -> bool:
         """Whether a detection of ``threshold`` at ``level`` was noted in the current streak."""
         return (str(threshold), str(level)) in self._fired
+
+    def provisional_stop_fired(self) -> bool:
+        """Whether the stop level fired in the part of the current streak that
+        ``provisional_stop_count`` counts: a call whose result changed restarts the streak there
+        even while it waits for an earlier call's outcome, and a stop that did not count with that
+        result was the earlier part's, as it is once the restart settles (so one lost outcome does
+        not keep the stop from firing again)."""
+        if _STREAK_STOP not in self._fired:
+            return False
+        knew = self._stop_knew
+        return knew is None or not any(seq not in knew and self._restarts_at(seq) for seq in self._results)
 
     @property
     def longest_stop_count(self) -> int:
@@ -549,10 +565,13 @@ class Streaks(CallCounts):
         self._detections += 1
         if event is not None:
             fired = (str(event.threshold), str(event.level))
-            if fired == _STREAK_STOP and self._late is not None:
-                self._late = None  # an ended streak's stop, or a restarted one's
-                if not (self.stop_at and self.stop_count >= self.stop_at):
-                    return  # (the current streak's own is due too, in the same report: noted with it)
+            if fired == _STREAK_STOP:
+                if self._late is not None:
+                    self._late = None  # an ended streak's stop, or a restarted one's
+                    if not (self.stop_at and self.stop_count >= self.stop_at):
+                        return  # (the current streak's own is due too, in the same report: noted with it)
+                # at an outcome the settled count reached it; at a check, the count with the calls waiting
+                self._stop_knew = frozenset() if self.stop_count >= self.stop_at else frozenset(self._results)
             self._fired.add(fired)
 
 

@@ -72,7 +72,7 @@ def _batched(turn: PolicyFacts, call: ToolCall) -> Verdict | None:
     the call runs, if they would have reached it. Had the calls run one at a time, the stop
     level would have fired at the last of them and this one would not have run."""
     warn_at, stop_at = turn.warn_at, turn.stop_at
-    if stop_at and not turn.fired_in_streak(*_STOP) and turn.provisional_stop_count() >= stop_at:
+    if stop_at and not turn.provisional_stop_fired() and turn.provisional_stop_count() >= stop_at:
         waiting = turn.awaiting_in_streak
         action = Action.ASK if turn.promptable else Action.HALT
         return turn.detect(
