@@ -8,12 +8,16 @@ turnguard.agents.export`` detached. That process replays each journal through a 
 full configuration and its observers (the OpenTelemetry plugin, configured from the standard
 ``OTEL_*`` variables, and the recorder), on the journal's clock, so spans, ``LoopDetectedEvent``
 records, metrics and the recorder's line are those a Python host running the same turn would
-have made, with ``gen_ai.agent.name`` the agent's name. It then flushes, and removes the journal.
+have made, with ``gen_ai.agent.name`` the agent's name. It then flushes, and removes the journal
+once every signal's export succeeded.
 
-Nothing is lost when a process dies: a journal leaves the outbox only after its export; one left
-by a dead exporter is taken by the next (at least once: a turn can be reported twice if an
-exporter dies between its flush and the removal). The journal holds key digests, never arguments
-or results.
+Nothing is lost when a process dies or the collector is down: a journal leaves the outbox only
+after its export succeeded. One an exporter failed to export (at its first failure it stops) or
+left when it died is taken by the next, at the next turn's end (at least once: a turn's telemetry
+can be reported twice when an export succeeded in part, or an exporter died between its flush and
+the removal; the recorder's line is written once, at the first replay, which marks the journal).
+The outbox keeps at most ``OUTBOX_LIMIT`` journals, dropping the oldest. The journal holds key
+digests, never arguments or results.
 
 The recorder writes hook turns to ``recorder_path`` when set, else to ``turns.jsonl`` in the state
 directory (``store.state_root``), the input of ``turnguard calibrate``.
@@ -29,7 +33,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -144,37 +148,90 @@ def replay(guard: Any, item: dict[str, Any], clock: ReplayClock) -> Any:
     return turn
 
 
+OUTBOX_LIMIT = 256
+"""The most journals the outbox keeps for a later export (a collector down for long): an
+exporter drops the oldest beyond, saying so in ``hooks/export.log``."""
+RECORDED = "recorded"
+"""A journal's mark once its replay wrote the recorder's line and the result token: a journal left
+for a later export is replayed again for its telemetry only, so the recorder holds each turn once."""
+REPLAY_QUEUE = 65_536
+"""The exporter's span and log queues (where ``OTEL_BSP_MAX_QUEUE_SIZE`` and
+``OTEL_BLRP_MAX_QUEUE_SIZE`` are unset): more than a journal's entries (``hook.MAX_JOURNAL``), so
+no span of a turn is dropped before the flush that follows its replay."""
+FLUSH_TIMEOUT_MS = 15_000
+
+
 def export_outbox(environ: Mapping[str, str]) -> int:
-    """Replay and export every journal in the outbox; returns how many were exported."""
+    """Replay and export the outbox's journals, oldest first; returns how many were exported.
+
+    Each leaves the outbox only after the flush that follows its replay succeeded for every
+    signal. At the first export that fails (the collector down, silent or refusing), the journal
+    stays, marked ``RECORDED``, and so do the journals after it: the next turn's exporter takes
+    them."""
     root = state_root(dict(environ))
     box = outbox_dir(root)
     telemetry = telemetry_from_env(environ)
-    guards: dict[str, Any] = {}
+    guards: dict[tuple[str, bool], Any] = {}
     done = 0
     clock = ReplayClock()
     try:
         with clock.installed():
-            for path in sorted(box.glob("*.json")):
-                with _claimed(path) as item:
-                    if item is None:
+            journals = sorted(box.glob("*.json"))
+            _drop_oldest(journals[:-OUTBOX_LIMIT])
+            for path in journals[-OUTBOX_LIMIT:]:
+                with _claimed(path) as claim:
+                    if claim is None:
                         continue
+                    item = claim.item
+                    recorded = bool(item.get(RECORDED))
                     try:
-                        turn = replay(_guard_for(guards, item, root, environ), item, clock)
+                        turn = replay(_guard_for(guards, item, root, environ, recorded=recorded), item, clock)
                     except Exception as exc:  # a journal this exporter cannot replay is kept aside, not retried
                         print(f"turnguard export: {path.name}: {type(exc).__name__}: {exc}; kept as .failed",
                               file=sys.stderr)
-                        with contextlib.suppress(OSError):
-                            os.replace(path, path.with_suffix(".failed"))
+                        claim.set_aside()
                         continue
+                    if not recorded:
+                        if turn is not None:
+                            keep_token(root, item, turn.result_token)
+                        claim.mark_recorded()
+                    if not _flushed(telemetry):
+                        print(f"turnguard export: {path.name}: the export failed; it and the later journals "
+                              f"stay for the next exporter", file=sys.stderr)
+                        return done
+                    claim.remove()
                     done += 1
-                    if turn is not None:
-                        keep_token(root, item, turn.result_token)
             if (root / "hooks" / "errors.log").exists():
-                _report_failures(root, next(iter(guards.values()), None) or _guard_for(guards, {}, root, environ))
+                guard = next(iter(guards.values()), None) or _guard_for(guards, {}, root, environ)
+                _report_failures(root, guard, lambda: _flushed(telemetry))
     finally:
         if telemetry is not None:
             telemetry.shutdown()
     return done
+
+
+def _flushed(telemetry: Any) -> bool:
+    """Whether everything recorded so far was exported (no exporter failed, none timed out)."""
+    if telemetry is None:
+        return True
+    try:
+        flushed = telemetry.force_flush(FLUSH_TIMEOUT_MS)
+    except Exception:  # (the meter provider raises when a reader failed or timed out)
+        flushed = False
+    return bool(flushed) and telemetry.exports.failed == 0
+
+
+def _drop_oldest(journals: list[Path]) -> None:
+    """Remove ``journals``, the oldest beyond ``OUTBOX_LIMIT`` (those another exporter holds stay)."""
+    dropped = 0
+    for path in journals:
+        with _claimed(path) as claim:
+            if claim is not None:
+                claim.remove()
+                dropped += 1
+    if dropped:
+        print(f"turnguard export: the outbox holds at most {OUTBOX_LIMIT} journals; dropped the {dropped} "
+              f"oldest unexported", file=sys.stderr)
 
 
 RESULTS = "results"
@@ -220,52 +277,99 @@ def keep_token(root: Path, item: dict[str, Any], token: str | None) -> None:
         os.replace(tmp, path)
 
 
-def _guard_for(guards: dict[str, Any], item: dict[str, Any], root: Path, environ: Mapping[str, str]) -> Any:
-    """The full guard of the project the turn ran in (its ``turnguard.toml``), one per project."""
+def _guard_for(guards: dict[tuple[str, bool], Any], item: dict[str, Any], root: Path, environ: Mapping[str, str],
+               *, recorded: bool = False) -> Any:
+    """The full guard of the project the turn ran in (its ``turnguard.toml``), one per project;
+    without the recorder for a journal already ``recorded``."""
     from turnguard._config import GuardConfig
     from turnguard._guard import Guard
 
     search = _search(item.get("cwd"))
-    guard = guards.get(search)
+    guard = guards.get((search, recorded))
     if guard is None:
         config = results_config(GuardConfig.load(environ=environ, search=search), root)
-        if config.recorder_path is None:
+        if recorded:
+            config = config.replace(recorder_path=None)
+        elif config.recorder_path is None:
             config = config.replace(recorder_path=str(root / "turns.jsonl"))
-        guard = guards[search] = Guard(config, environ=environ)
+        guard = guards[search, recorded] = Guard(config, environ=environ)
     return guard
 
 
-def _report_failures(root: Path, guard: Any) -> None:
+def _report_failures(root: Path, guard: Any, flushed: Callable[[], bool]) -> None:
     """The hooks' failures since the last export (``hooks/errors.log``, one line each) counted in
-    ``turnguard.host.errors`` (``turnguard.host_error="hook_failed"``, by agent)."""
-    log = root / "hooks" / "errors.log"
-    taken = log.with_name(f"errors.log.{os.getpid()}")
-    try:
-        os.replace(log, taken)  # the hooks append to a new log from now on
-        lines = taken.read_text(encoding="utf-8", errors="replace").splitlines()
-        os.unlink(taken)
-    except OSError:
-        return
+    ``turnguard.host.errors`` (``turnguard.host_error="hook_failed"``, by agent); given back to the
+    log when their export fails (``flushed``)."""
     otel = guard.pm.get_plugin("otel")
     if otel is None:
         return
     from turnguard.telemetry._names import HOOK_FAILED
 
-    for line in lines:
+    log = root / "hooks" / "errors.log"
+    taken = log.with_name(f"errors.log.{os.getpid()}")
+    try:
+        os.replace(log, taken)  # the hooks append to a new log from now on
+        text = taken.read_bytes()
+    except OSError:
+        return
+    for line in text.decode("utf-8", errors="replace").splitlines():
         fields = line.split("\t")
-        if len(fields) >= 2:
+        if otel is not None and len(fields) >= 2:
             otel.instruments.outcome_ignored("-", fields[1], HOOK_FAILED, otel.scope)
+    with contextlib.suppress(OSError):
+        if otel is not None and not flushed():
+            with open(log, "ab") as f:
+                f.write(text)
+        os.unlink(taken)
+
+
+class _Claim:
+    """A journal this exporter holds: its path, its content, and the descriptor whose lock holds it."""
+
+    def __init__(self, path: Path, item: dict[str, Any], fd: int) -> None:
+        self.path, self.item, self.fd = path, item, fd
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def set_aside(self) -> None:
+        with contextlib.suppress(OSError):
+            os.replace(self.path, self.path.with_suffix(".failed"))
+
+    def mark_recorded(self) -> None:
+        """The journal rewritten whole with its ``RECORDED`` mark, locked before it replaces the
+        old one, so no other exporter takes it meanwhile. Best effort: unmarked, the next replay
+        only writes the recorder's line again."""
+        item = {**self.item, RECORDED: True}
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, json.dumps(item, separators=(",", ":")).encode("utf-8"))
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            os.close(fd)
+            return
+        os.close(self.fd)
+        self.fd, self.item = fd, item
 
 
 @contextlib.contextmanager
-def _claimed(path: Path) -> Iterator[dict[str, Any] | None]:
-    """The journal at ``path``, locked for this exporter, removed when the block ends well;
-    ``None`` when another exporter has it or it is gone."""
+def _claimed(path: Path) -> Iterator[_Claim | None]:
+    """The journal at ``path``, locked for this exporter until the block ends; ``None`` when
+    another exporter has it, it is gone or replaced, or it is not a journal's JSON object."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         yield None
         return
+    claim: _Claim | None = None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -275,16 +379,16 @@ def _claimed(path: Path) -> Iterator[dict[str, Any] | None]:
         try:
             with os.fdopen(os.dup(fd), "rb") as f:
                 item = json.loads(f.read())
+            held, now = os.fstat(fd), os.stat(path)
         except (OSError, ValueError):
             item = None
-        if not isinstance(item, dict) or not os.path.exists(path):
+        if not isinstance(item, dict) or (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
             yield None
             return
-        yield item
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        claim = _Claim(path, item, fd)
+        yield claim
     finally:
-        os.close(fd)
+        os.close(claim.fd if claim is not None else fd)
 
 
 def _search(cwd: Any) -> str:
@@ -305,13 +409,15 @@ def otel_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 def telemetry_from_env(environ: Mapping[str, str]) -> Any:
     """OTLP export when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variable is set (else none)."""
-    environ = otel_environ(environ)
-    if not any(k.startswith("OTEL_EXPORTER_OTLP_") and k.endswith("ENDPOINT") for k in environ):
+    env = otel_environ(environ)
+    if not any(k.startswith("OTEL_EXPORTER_OTLP_") and k.endswith("ENDPOINT") for k in env):
         return None
+    for queue in ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BLRP_MAX_QUEUE_SIZE"):
+        env.setdefault(queue, str(REPLAY_QUEUE))
     from turnguard.telemetry import configure
 
-    return configure(service_name=environ.get("OTEL_SERVICE_NAME") or "turnguard-hooks", set_global=True,
-                     environ=environ, shutdown_timeout_ms=None if "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT" in environ
+    return configure(service_name=env.get("OTEL_SERVICE_NAME") or "turnguard-hooks", set_global=True,
+                     environ=env, shutdown_timeout_ms=None if "TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT" in env
                      else 15_000)
 
 

@@ -14,10 +14,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+if TYPE_CHECKING:
+    from turnguard.telemetry._setup import ExportTally
 
 log = logging.getLogger("turnguard.telemetry")
 
@@ -72,16 +75,21 @@ class _BreakerExporter:
     _SUCCESS: Any
     _FAILURE: Any
 
-    def __init__(self, inner: Any, breaker: Breaker | None = None) -> None:
+    def __init__(self, inner: Any, breaker: Breaker | None = None, *, tally: ExportTally | None = None) -> None:
         self.inner = inner
         self.breaker = breaker or Breaker(self._NAME)
+        self.tally = tally
 
     def export(self, batch: Sequence[Any]) -> Any:
-        if not self.breaker.allow(len(batch)):
-            return self._FAILURE
-        result = self.inner.export(batch)
-        self.breaker.record(result is self._SUCCESS)
-        return result
+        result = self._FAILURE
+        try:
+            if self.breaker.allow(len(batch)):
+                result = self.inner.export(batch)
+                self.breaker.record(result is self._SUCCESS)
+            return result
+        finally:
+            if self.tally is not None:
+                self.tally.record(result is self._SUCCESS)
 
     def shutdown(self) -> None:
         self.inner.shutdown()

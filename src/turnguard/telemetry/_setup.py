@@ -87,6 +87,20 @@ class ExportSettings:
     timeout_s: float
 
 
+class ExportTally:
+    """How many exports failed so far, across the signals (the circuit breaker's drops count as
+    failures): what a process that must know its data left asks after ``Telemetry.shutdown()``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.failed = 0
+
+    def record(self, ok: bool) -> None:
+        if not ok:
+            with self._lock:
+                self.failed += 1
+
+
 PROVIDER_KEYWORDS = ("tracer_provider", "meter_provider", "logger_provider")
 """``Guard(...)``'s keyword arguments for the SDK providers."""
 
@@ -108,6 +122,9 @@ class Telemetry:
     shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS
     """How long ``shutdown()`` waits for the providers to flush before giving up on them."""
     _stopped: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
+    exports: ExportTally = dataclasses.field(default_factory=ExportTally, compare=False, repr=False)
+    """The OTLP and metric exporters' failures: none after a ``shutdown()`` that returned ``True``
+    means everything recorded was accepted by its destination."""
 
     def providers(self) -> dict[str, Any]:
         """Keyword arguments for ``Guard(...)``."""
@@ -218,11 +235,13 @@ def configure(
     )
     span_batch, log_batch = _batch(env, "OTEL_BSP_", 5000), _batch(env, "OTEL_BLRP_", 1000)
     interval = _ms(env, "OTEL_METRIC_EXPORT_INTERVAL", 60_000)
+    exports = ExportTally()
     with _sdk_refusals(env):  # (the SDK reads variables of its own, some as it is imported)
         resource = _resource(env, service_name, resource_attributes)
         tracer_provider, meter_provider, logger_provider = _providers(resource, settings, env, span_batch, log_batch,
-                                                                      interval)
-    telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings, int(shutdown_timeout_ms))
+                                                                      interval, exports)
+    telemetry = Telemetry(tracer_provider, meter_provider, logger_provider, settings, int(shutdown_timeout_ms),
+                          exports=exports)
     with _LIVE_LOCK:
         _LIVE.append(telemetry)
     if set_global:
@@ -243,9 +262,10 @@ def _resource(env: Mapping[str, str], service_name: str | None, resource_attribu
 
 
 def _providers(resource: Any, settings: tuple[ExportSettings, ...], env: Mapping[str, str], span_batch: dict[str, Any],
-               log_batch: dict[str, Any], interval_ms: int) -> tuple[Any, Any, Any]:
+               log_batch: dict[str, Any], interval_ms: int, exports: ExportTally) -> tuple[Any, Any, Any]:
     """The three SDK providers, each exporting through its signal's exporter (an OTLP span or log
-    exporter behind the circuit breaker, with a batch processor; a periodic reader for metrics).
+    exporter behind the circuit breaker, with a batch processor; a periodic reader for metrics),
+    every OTLP and metric export's result counted in ``exports``.
 
     What reads ``OTEL_*`` variables of its own (the exporters: compression; the providers:
     attribute and event limits) is built before any processor or reader starts a thread: a value
@@ -272,13 +292,14 @@ def _providers(resource: Any, settings: tuple[ExportSettings, ...], env: Mapping
         raise
     traces, _, logs = settings
     if span_exporter is not None:
-        spans = BreakerSpanExporter(span_exporter) if traces.exporter == "otlp" else span_exporter
+        spans = BreakerSpanExporter(span_exporter, tally=exports) if traces.exporter == "otlp" else span_exporter
         tracer_provider.add_span_processor(BatchSpanProcessor(spans, **span_batch))
     if log_exporter is not None:
-        records = BreakerLogRecordExporter(log_exporter) if logs.exporter == "otlp" else log_exporter
+        records = BreakerLogRecordExporter(log_exporter, tally=exports) if logs.exporter == "otlp" else log_exporter
         logger_provider.add_log_record_processor(BatchLogRecordProcessor(records, **log_batch))
     readers = [] if metric_exporter is None else [
-        PeriodicExportingMetricReader(SeparateStartsExporter(metric_exporter), export_interval_millis=interval_ms)]
+        PeriodicExportingMetricReader(SeparateStartsExporter(metric_exporter, exports),
+                                      export_interval_millis=interval_ms)]
     meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False,
                                    exemplar_filter=exemplar_filter)
     return tracer_provider, meter_provider, logger_provider

@@ -13,7 +13,7 @@ moving the start there keeps the 0 and states nothing false.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -24,6 +24,9 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     Sum,
 )
+
+if TYPE_CHECKING:
+    from turnguard.telemetry._setup import ExportTally
 
 MS = 1_000_000
 """Nanoseconds per millisecond, the store's resolution."""
@@ -79,15 +82,23 @@ def separate_starts(data: MetricsData) -> MetricsData:
 
 
 class SeparateStartsExporter(MetricExporter):
-    """A metric exporter that passes ``separate_starts(data)`` to the one it wraps."""
+    """A metric exporter that passes ``separate_starts(data)`` to the one it wraps (each result
+    counted in ``tally`` when given)."""
 
-    def __init__(self, inner: MetricExporter) -> None:
+    def __init__(self, inner: MetricExporter, tally: ExportTally | None = None) -> None:
         super().__init__(preferred_temporality=inner._preferred_temporality,
                          preferred_aggregation=inner._preferred_aggregation)
         self.inner = inner
+        self.tally = tally
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        return self.inner.export(separate_starts(metrics_data), timeout_millis=timeout_millis, **kwargs)
+        result = MetricExportResult.FAILURE
+        try:
+            result = self.inner.export(separate_starts(metrics_data), timeout_millis=timeout_millis, **kwargs)
+            return result
+        finally:
+            if self.tally is not None:
+                self.tally.record(result is MetricExportResult.SUCCESS)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self.inner.force_flush(timeout_millis=timeout_millis)
