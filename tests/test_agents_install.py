@@ -639,3 +639,62 @@ def test_install_hooks_exactly_the_events_the_agents_hook_reads(agent) -> None:
 
     kinds = importlib.import_module(PROTOCOLS[agent]).KINDS
     assert {e.name for e in ins.AGENT_HOOKS[agent].events} == set(kinds)
+
+
+# -- settings reached through a link ----------------------------------------------------------------
+
+
+def tree(root: Path) -> dict[str, str | bytes]:
+    """Every file's bytes and every link's target under ``root`` (links not followed)."""
+    found: dict[str, str | bytes] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink():
+                found[str(path.relative_to(root))] = f"-> {os.readlink(path)}"
+            elif path.is_file():
+                found[str(path.relative_to(root))] = path.read_bytes()
+    return found
+
+
+LINKS = {
+    "file link, target not made yet": ("file", False, True),
+    "file link into a folder not made yet": ("file", False, False),
+    "file link to an existing file": ("file", True, True),
+    "folder link, folder not made yet": ("folder", False, False),
+    "folder link to an existing folder": ("folder", True, True),
+}
+"""How the agent's settings can be a link (a dotfiles checkout): what is linked, whether the
+target exists, whether its folder does."""
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("layout", list(LINKS))
+@pytest.mark.parametrize("scope", ["project", "user"])
+def test_a_linked_settings_file_is_written_through_its_link_and_uninstall_gives_back_the_tree(
+        where, capsys, agent, layout, scope) -> None:
+    linked, exists, folder_exists = LINKS[layout]
+    path = settings_file(agent, where, scope)
+    dotfiles = where / "dotfiles" / "sub"
+    if folder_exists or exists:
+        dotfiles.mkdir(parents=True)
+    if linked == "file":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = dotfiles / "agent.json"
+        if exists:
+            target.write_text('{"model": "opus"}\n')
+        path.symlink_to(target)
+    else:
+        target = dotfiles / path.name
+        if exists:
+            target.write_text('{"model": "opus"}\n')
+        path.parent.symlink_to(dotfiles, target_is_directory=True)
+    before = tree(where)
+    flags = ["--user"] if scope == "user" else []
+    assert cli(capsys, "install", agent, *flags)[0] == 0
+    assert path.is_symlink() or path.parent.is_symlink()
+    assert len(turnguard_commands(json.loads(target.read_text()))) == len(ins.AGENT_HOOKS[agent].events)
+    status, out, err = cli(capsys, "uninstall", agent, *flags)
+    assert (status, err) == (0, "")
+    assert tree(where) == before, out
+

@@ -20,7 +20,9 @@ Gemini CLI 0.61.0):
   only in a trusted folder when folder trust is on.
 
 Each file is changed as a whole or not at all (a temporary file beside it, then ``os.replace``,
-keeping its mode). Before the first change the original is recorded beside the file
+keeping its mode). A file that is a link (a dotfiles checkout), or in a linked folder, is written,
+made and removed at the link's target, the link left as it is, so that ``uninstall`` leaves the
+link as it found it. Before the first change the original is recorded beside the file
 (``NAME.turnguard-backup``, JSON: the original text or that there was none, the folders made, and
 for Codex's ``config.toml`` what the feature line was), so that ``uninstall`` can give back the
 very bytes that were there when nothing else changed since, and otherwise take out only
@@ -522,6 +524,12 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def _target(path: Path) -> Path:
+    """The file ``path`` names once its links are followed (a link's target, made or not): what
+    is written, removed and has its folders made, so that a link is left as it was."""
+    return Path(os.path.realpath(path))
+
+
 def _missing_dirs(folder: Path) -> tuple[Path, ...]:
     """The folders from the first missing one down to ``folder``, that writing into it would make."""
     missing: list[Path] = []
@@ -572,7 +580,7 @@ def _new_backup(path: Path, before: str | None, feature: FeatureEdit | None = No
     """The backup record to write before the first change (None: one is there already, kept as it is)."""
     if read_backup(path) is not None:
         return None
-    return Backup(before, tuple(str(d) for d in _missing_dirs(path.parent)), feature).to_text()
+    return Backup(before, tuple(str(d) for d in _missing_dirs(_target(path).parent)), feature).to_text()
 
 
 def _install_settings(path: Path, spec: AgentHooks, command: str) -> Change:
@@ -588,7 +596,7 @@ def _install_settings(path: Path, spec: AgentHooks, command: str) -> Change:
     if backup is not None:
         what += f"; the original is kept in {backup_path(path).name}" if before is not None \
             else f"; the file is new ({backup_path(path).name} records that)"
-    return Change(path, before, after, what, backup, make_dirs=_missing_dirs(path.parent))
+    return Change(path, before, after, what, backup, make_dirs=_missing_dirs(_target(path).parent))
 
 
 def _install_feature(path: Path) -> Change:
@@ -598,7 +606,8 @@ def _install_feature(path: Path) -> Change:
         return Change(path, before, before, "[features] hooks is true already; nothing changed")
     what = "set hooks = true under [features]" if edit.previous is None else f"replaced {edit.previous.strip()!r} " \
         "with hooks = true under [features]"
-    return Change(path, before, after, what, _new_backup(path, before, edit), make_dirs=_missing_dirs(path.parent))
+    return Change(path, before, after, what, _new_backup(path, before, edit),
+                  make_dirs=_missing_dirs(_target(path).parent))
 
 
 def plan_install(agent: str, scope: Scope, *, environ: Mapping[str, str], cwd: Path,
@@ -689,7 +698,7 @@ def apply(change: Change) -> None:
     if change.backup is not None:
         write_atomically(backup_path(change.path), change.backup)
     if change.after is None:
-        change.path.unlink(missing_ok=True)
+        _target(change.path).unlink(missing_ok=True)
     elif change.after != change.before:
         write_atomically(change.path, change.after)
     if change.drop_backup:
