@@ -698,3 +698,108 @@ def test_a_linked_settings_file_is_written_through_its_link_and_uninstall_gives_
     assert (status, err) == (0, "")
     assert tree(where) == before, out
 
+
+# -- numbers and strings a strict JSON parser reads ----------------------------------------------------
+
+STRICT_LITERALS = ["1e400", "-1e400", "1E+999", "-0.5e99999", "123456789012345678901234567890123", "1e-400",
+                   '"\\ud800"', '"a\\udfffb"', '"\\uD83D"', '"\\ud83d\\ude00"', '{"\\udc00": 1}']
+"""JSON a settings file may hold that Python reads into values ``json.dumps`` would not write back
+as JSON (an overflowing number: ``Infinity``; a lone surrogate: not UTF-8)."""
+
+
+def strict_json(data: bytes) -> Any:
+    """``data`` read as a strict parser (Node's ``JSON.parse``) does: UTF-8, no ``Infinity`` or
+    ``NaN``; a number too large for a float kept as its text."""
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(data.decode("utf-8"), parse_constant=refuse,
+                      parse_float=lambda s: float(s) if abs(float(s)) != float("inf") else f"number {s}")
+
+
+def literal_value(literal: str) -> Any:
+    return strict_json(literal.encode())
+
+
+def with_literals(rng: random.Random, agent: str, literals: list[str]) -> str:
+    """Random settings text with each literal somewhere in it (a setting, in a list, in an object,
+    a user's hook's timeout)."""
+    settings = random_settings(rng, agent)
+    for n, _ in enumerate(literals):
+        place = rng.randrange(4)
+        mark = f"@@literal{n}@@"
+        if place == 0:
+            settings[f"lit{n}"] = mark
+        elif place == 1:
+            settings[f"lit{n}"] = [1, mark, "x"]
+        elif place == 2:
+            settings[f"lit{n}"] = {"deep": {"er": mark}}
+        else:
+            hooks = settings.setdefault("hooks", {})
+            hooks.setdefault("Notification", []).append({"hooks": [{"type": "command", "command": "./a.sh",
+                                                                    "timeout": mark}]})
+    text = random_text(rng, settings)
+    for n, literal in enumerate(literals):
+        text = text.replace(f'"@@literal{n}@@"', literal)
+    return text
+
+
+def values_of(literals: list[str]) -> list[Any]:
+    return [literal_value(literal) for literal in literals]
+
+
+def found_values(value: Any) -> list[Any]:
+    """Every leaf of ``value``, keys included (where the literals can be)."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in (k, *found_values(v))]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in found_values(v)]
+    return [value]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_what_json_allows_is_written_back_as_json_with_the_same_values(tmp_path, monkeypatch, seed) -> None:
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+    rng = random.Random(200 + seed)
+    for case in range(60):
+        agent = AGENTS[case % len(AGENTS)]
+        literals = [STRICT_LITERALS[case % len(STRICT_LITERALS)], *rng.sample(STRICT_LITERALS, rng.randrange(3))]
+        root = tmp_path / f"case{case}"
+        path = root / ins.AGENT_HOOKS[agent].folder / ins.AGENT_HOOKS[agent].file
+        path.parent.mkdir(parents=True)
+        text = with_literals(rng, agent, literals)
+        path.write_text(text, encoding="utf-8")
+        original = strict_json(text.encode())
+        plan = {"environ": {"HOME": str(root / "home")}, "cwd": root}
+        for change in ins.plan_install(agent, ins.Scope.PROJECT, **plan):
+            ins.apply(change)
+        merged = strict_json(path.read_bytes())
+        assert len(turnguard_commands(merged)) == len(ins.AGENT_HOOKS[agent].events)
+        leaves = found_values(merged)
+        assert all(any(v == leaf for leaf in leaves) for v in found_values(values_of(literals))), text
+        assert without_empty_hooks(ins.remove_hooks(merged)) == without_empty_hooks(original)
+
+        edited = path.read_text(encoding="utf-8").replace("{", '{"mine": true, ', 1)  # the user's edit
+        path.write_text(edited, encoding="utf-8")
+        for change in ins.plan_uninstall(agent, ins.Scope.PROJECT, **plan):
+            ins.apply(change)
+        assert without_empty_hooks(strict_json(path.read_bytes())) == without_empty_hooks({"mine": True, **original})
+        path.write_text(text, encoding="utf-8")
+        for verb in (ins.plan_install, ins.plan_uninstall):
+            for change in verb(agent, ins.Scope.PROJECT, **plan):
+                ins.apply(change)
+        assert files_under(root) == {str(path.relative_to(root)): text.encode("utf-8")}
+
+
+@pytest.mark.parametrize("literal", STRICT_LITERALS)
+def test_the_cli_keeps_an_overflowing_number_or_a_lone_surrogate_as_json(where, capsys, literal) -> None:
+    path = settings_file("claude-code", where)
+    path.parent.mkdir()
+    text = f'{{"x": {literal}}}\n'
+    path.write_text(text)
+    status, _, err = cli(capsys, "install", "claude-code")
+    assert (status, err) == (0, "")
+    assert strict_json(path.read_bytes())["x"] == literal_value(literal)
+    assert cli(capsys, "uninstall", "claude-code")[0] == 0
+    assert path.read_text() == text
+

@@ -28,6 +28,10 @@ for Codex's ``config.toml`` what the feature line was), so that ``uninstall`` ca
 very bytes that were there when nothing else changed since, and otherwise take out only
 turnguard's entries. The hook command names this interpreter by its absolute path, so the agent's
 ``PATH`` does not matter; thresholds stay in ``turnguard.toml`` / ``TURNGUARD_*``.
+
+The file is written back as JSON that a strict parser reads (Node's, Claude Code's): a number too
+large for a float (``1e400``) as it was written, not as ``Infinity``, and a lone surrogate escape
+(``"\\ud800"``) as an escape, not as text UTF-8 cannot hold.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ import argparse
 import copy
 import difflib
 import json
+import math
 import os
 import re
+import secrets
 import shlex
 import stat
 import sys
@@ -281,10 +287,24 @@ def _without_comments(text: str) -> str:
     return "".join(out)
 
 
+@dataclass(frozen=True, slots=True)
+class RawNumber:
+    """A number as the file wrote it, where a float cannot hold it (``1e400``): written back so,
+    since ``json.dumps`` would write ``Infinity``, which is not JSON (Node's parser rejects it)."""
+
+    text: str
+
+
+def _number(text: str) -> float | RawNumber:
+    value = float(text)
+    return value if math.isfinite(value) else RawNumber(text)
+
+
 def parse_settings(text: str, path: Path = Path("settings")) -> dict[str, Any]:
     """The settings object in ``text``; anything turnguard could not write back whole is refused."""
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_bad_constant)
+        value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_bad_constant,
+                           parse_float=_number)
     except ValueError as exc:
         if _without_comments(text) != text:
             raise SettingsError(path, "has comments, which turnguard would lose in rewriting it (and Claude "
@@ -306,10 +326,31 @@ def _indent_of(text: str | None) -> int | str:
     return "\t" if "\t" in found.group(1) else len(found.group(1))
 
 
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def render_settings(settings: dict[str, Any], like: str | None = None) -> str:
-    """JSON as people read it (the indentation and line ends of ``like``, the file it replaces), keys in order."""
-    text = json.dumps(settings, indent=_indent_of(like), ensure_ascii=False) + "\n"
+    """JSON as people read it (the indentation and line ends of ``like``, the file it replaces), keys
+    in order. Only JSON that UTF-8 can hold: a ``RawNumber`` as it was written, a lone surrogate
+    (``"\\ud800"`` in the file) as its escape."""
+    raws: list[str] = []
+    token = f"turnguard-raw-number-{secrets.token_hex(8)}-"
+
+    def raw(value: object) -> str:
+        if not isinstance(value, RawNumber):
+            raise TypeError(f"{type(value).__name__} is not JSON")
+        raws.append(value.text)
+        return f"{token}{len(raws) - 1}"
+
+    text = json.dumps(settings, indent=_indent_of(like), ensure_ascii=False, allow_nan=False, default=raw) + "\n"
+    if raws:
+        text = re.sub(f'"{token}([0-9]+)"', lambda m: raws[int(m.group(1))], text)
+    text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return text.replace("\n", "\r\n") if like and "\r\n" in like else text
+
+
+def _canonical(settings: dict[str, Any]) -> str:
+    return json.dumps(settings, default=lambda raw: {"turnguard-raw-number": raw.text})
 
 
 # -- Codex's config.toml --------------------------------------------------------------------------
@@ -631,7 +672,7 @@ def _restored(spec: AgentHooks, before: str, backup: Backup, path: Path) -> tupl
         return render_settings(stripped, before), "took out turnguard's hooks; kept your other settings"
     original = parse_settings(backup.content, backup_path(path))
     as_installed = remove_hooks(install_hooks(original, spec, hook_command(spec.agent), path))
-    if not contains_turnguard(original) and json.dumps(stripped) == json.dumps(as_installed):
+    if not contains_turnguard(original) and _canonical(stripped) == _canonical(as_installed):
         return backup.content, "restored as it was before install"
     return render_settings(stripped, before), "took out turnguard's hooks; kept your other changes"
 
