@@ -803,3 +803,55 @@ def test_the_cli_keeps_an_overflowing_number_or_a_lone_surrogate_as_json(where, 
     assert cli(capsys, "uninstall", "claude-code")[0] == 0
     assert path.read_text() == text
 
+
+# -- the user's own commands ------------------------------------------------------------------------
+
+USERS_COMMANDS = [
+    "logger 'turnguard hook fired'",
+    'notify-send done; echo "see turnguard hook docs"',
+    "echo turnguard hook codex",
+    "turnguard hook codex | tee -a /tmp/log",
+    "turnguard hook gemini && ./after.sh",
+    "sh -c 'turnguard hook claude-code'",
+    "FOO=1 turnguard hook codex",
+    "/usr/bin/turnguard-wrapper hook codex",
+    "python3 -m turnguard hook",
+    "python3 -m turnguard demo codex",
+    "python3 ./turnguard/agents/client.py.bak codex",
+    "cat turnguard/agents/client.py",
+    "# turnguard hook claude-code",
+    "turnguard hook 'two words'",
+]
+"""Commands of the user's own that mention turnguard, its hook or its client, in no shape turnguard writes."""
+
+
+def test_only_the_command_shapes_turnguard_writes_are_turnguards() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        exe = "".join(rng.choice("ab /'\"$é-_.") for _ in range(rng.randrange(1, 12))).strip() or "p"
+        agent = rng.choice(AGENTS)
+        assert ins.is_turnguard_command(ins.hook_command(agent, exe)), exe
+        assert ins.is_turnguard_command(shlex.join([exe, "-m", "turnguard", "hook", agent])), exe
+    for command in USERS_COMMANDS:
+        assert not ins.is_turnguard_command(command), command
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_users_hooks_that_mention_turnguard_are_kept_by_install_and_uninstall(where, capsys, agent) -> None:
+    spec = ins.AGENT_HOOKS[agent]
+    events = [e.name for e in spec.events]
+    hooks: dict[str, list[Any]] = {}
+    for n, command in enumerate(USERS_COMMANDS):
+        hooks.setdefault(events[n % len(events)], []).append({"hooks": [{"type": "command", "command": command}]})
+    settings = {"hooks": hooks}
+    path = settings_file(agent, where)
+    path.parent.mkdir()
+    text = json.dumps(settings, indent=2) + "\n"
+    path.write_text(text)
+    assert cli(capsys, "install", agent)[0] == 0
+    merged = json.loads(path.read_text())
+    commands = [h["command"] for groups in merged["hooks"].values() for g in groups for h in g["hooks"]]
+    assert sorted(c for c in commands if c in USERS_COMMANDS) == sorted(USERS_COMMANDS)
+    assert len(turnguard_commands(merged)) == len(spec.events)
+    assert cli(capsys, "uninstall", agent)[0] == 0
+    assert path.read_text() == text

@@ -138,7 +138,8 @@ package reads (``KINDS``; tests/test_agents_install.py holds the two equal)."""
 
 # -- the hook entries -----------------------------------------------------------------------------
 
-_TURNGUARD_HOOK = re.compile(r"""(?:^|[\s/'"])turnguard['"]?\s+hook(?=\s|$|['"])|turnguard/agents/client\.py""")
+_AGENT_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CLIENT_TAIL = ("turnguard", "agents", "client.py")
 
 
 def hook_command(agent: str, executable: str | None = None) -> str:
@@ -151,8 +152,25 @@ def hook_command(agent: str, executable: str | None = None) -> str:
 
 
 def is_turnguard_command(command: object) -> bool:
-    """Whether a hook's command is turnguard's (``… -m turnguard hook …`` or ``turnguard hook …``)."""
-    return isinstance(command, str) and _TURNGUARD_HOOK.search(command) is not None
+    """Whether a hook's command is, word for word, one turnguard writes or documents: ``PYTHON
+    [-FLAGS] …/turnguard/agents/client.py AGENT``, ``PYTHON [-FLAGS] -m turnguard hook AGENT`` or
+    ``[…/]turnguard hook AGENT``. A command that only mentions turnguard is the user's own."""
+    if not isinstance(command, str):
+        return False
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    if len(words) < 3 or not _AGENT_WORD.fullmatch(words[-1]):
+        return False
+    head, rest = words[0], words[1:-1]
+    if os.path.basename(head) == "turnguard":
+        return rest == ["hook"]
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-"):
+        rest = rest[1:]
+    if rest == ["-m", "turnguard", "hook"]:
+        return True
+    return len(rest) == 1 and tuple(Path(rest[0]).parts[-3:]) == _CLIENT_TAIL
 
 
 def hook_entry(spec: AgentHooks, event: HookEvent, command: str) -> dict[str, Any]:
