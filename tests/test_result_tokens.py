@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
 import os
 import random
@@ -241,6 +242,23 @@ def test_a_turn_id_that_ends_twice_keeps_its_first_result():
         third.report_result(False)  # in the turn: on its summary, but the id's first result stands
     assert guard.report_result(first.result_token, False) is False
     assert guard.results.counts[S.ACCEPTED] == 1 and guard.results.counts[S.DUPLICATE] == 4
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+@pytest.mark.parametrize("digest_key", [None, "fleet-secret"])
+def test_a_reused_turn_id_takes_one_result_whichever_way_and_order_it_comes(order, digest_key):
+    """Two turns of one id: the first turn's token, the id and the second turn's token, in every
+    order. With a key the first report stands and the others are duplicates; without one the
+    first turn's token (anyone could have made it) never keeps the id's own turn from its result."""
+    guard = make_guard(digest_key=digest_key)
+    first, second = run_turn(guard, 1, turn_id="reused"), run_turn(guard, 2, turn_id="reused")
+    reports = [first.result_token, "reused", second.result_token]
+    accepted = [i for i in order if guard.report_result(reports[i], True)]
+    if digest_key is not None:
+        assert accepted == [order[0]]
+    else:  # the id's own turn takes its first result; the earlier turn's token, only before any
+        own = next(i for i in order if i != 0)
+        assert accepted == ([0] if order.index(0) < order.index(own) else []) + [own]
 
 
 def test_integer_turn_ids_are_reported_by_their_text():
