@@ -204,7 +204,8 @@ def test_malformed_spans_are_reported_and_orphan_calls_still_replayed(tmp_path: 
     messages = [(p.line, p.message) for p in problems]
     assert [line for line, _ in messages] == [2, 2, 2, 2, 5, 4]
     text = " | ".join(m for _, m in messages)
-    for expected in ("turnguard.call.index is not a positive integer", "turnguard.call.key_digest missing",
+    for expected in ("turnguard.call.index must be a whole number from 1 to 4,294,967,296, got 'x'",
+                     "turnguard.call.key_digest missing",
                      "unknown turnguard.call.outcome 'exploded'", "span without a name",
                      "'resourceSpans' is not a list", "without their turn span"):
         assert expected in text

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from turnguard._calibrate import grid as g
 from turnguard._calibrate.advice import DEFAULT_TOLERANCE, valid_tolerance
+from turnguard._calibrate.bounds import count
 from turnguard._calibrate.inputs import expand_inputs, missing_backups
 from turnguard._calibrate.records import MAX_LINE_BYTES, InputError, InputProblem
 from turnguard._calibrate.report import table, to_json_text
@@ -356,6 +357,8 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
                 merged = part
             else:
                 merged.merge(part)
+                for what in ("turns", "calls"):
+                    count(getattr(merged, what), f"merged with the results before it, its {what}")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             say(f"turnguard calibrate merge: {path}: {exc}", stderr)
             return 2

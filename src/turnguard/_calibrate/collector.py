@@ -20,6 +20,7 @@ from turnguard._calibrate.records import (
     MAX_LIMIT,
     MAX_LINE_BYTES,
     MAX_TIME,
+    MAX_TURN_COUNT,
     MAX_TURN_CYCLES,
     InputProblem,
     Limits,
@@ -32,6 +33,7 @@ from turnguard._calibrate.records import (
     shown,
     tool_list,
     turn_calls_limit,
+    turn_count,
     waiting_calls_limit,
 )
 from turnguard._model import MAX_ID_LENGTH, Outcome
@@ -259,20 +261,39 @@ def attributes(items: Any) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Mistyped:
+    """An ``intValue`` or ``boolValue`` that is not of its OTLP type (``{"boolValue": "false"}``,
+    ``{"intValue": 2.9}``, ``{"intValue": "abc"}``): never coerced, so no check accepts it; where
+    a value is required or bounded it is a reported problem, elsewhere it reads as absent."""
+
+    kind: str
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"{{{self.kind!r}: {shown(self.value)}}}"
+
+
 def any_value(value: Any, depth: int = 0) -> Any:
     """An attribute's value: the first of its fields present, in this order (an ``intValue``
-    that is no integer, and any other kind, read as ``None``)."""
+    or ``boolValue`` not of its type is ``Mistyped``; any other kind reads as ``None``)."""
     if not isinstance(value, dict):
         return None
     if "stringValue" in value:
         return value["stringValue"]
-    if "intValue" in value:  # int64 is a string in OTLP JSON
-        try:
-            return int(value["intValue"])
-        except (TypeError, ValueError, OverflowError):
-            return None
+    if "intValue" in value:  # int64 is a string in OTLP JSON (a JSON integer is read too)
+        raw = value["intValue"]
+        if type(raw) is int:
+            return raw
+        if type(raw) is str:
+            try:
+                return int(raw)
+            except ValueError:
+                pass
+        return Mistyped("intValue", raw)
     if "boolValue" in value:
-        return bool(value["boolValue"])
+        raw = value["boolValue"]
+        return raw if type(raw) is bool else Mistyped("boolValue", raw)
     if "doubleValue" in value:
         return value["doubleValue"]
     if "arrayValue" in value:
@@ -462,7 +483,7 @@ class OtlpAssembler:
                 break
             index, digest, raw_tool, text, result = found.groups()
             outcome, tool, number = _TEMPLATE_OUTCOMES.get(text), tools.get(raw_tool), int(index)
-            if outcome is None or tool is None or number < 1 or len(calls) >= limit:
+            if outcome is None or tool is None or not 0 < number <= MAX_TURN_COUNT or len(calls) >= limit:
                 break
             calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, None,
                                                            result and result.decode()))))
@@ -481,7 +502,7 @@ class OtlpAssembler:
         nothing changed; ``_span`` then reads it and says what is wrong)."""
         index, digest, raw_tool, text, raw_result = found.groups()
         outcome, number = _TEMPLATE_OUTCOMES.get(text), int(index)
-        if outcome is None or not parent or len(parent) > MAX_ID_LENGTH or number < 1:
+        if outcome is None or not parent or len(parent) > MAX_ID_LENGTH or not 0 < number <= MAX_TURN_COUNT:
             return False
         tool = self._tool_texts.get(raw_tool)
         if tool is None:
@@ -599,7 +620,7 @@ class OtlpAssembler:
         if problem:
             self._bad(lineno, f"tool span {name!r}: {problem}")
             return
-        assert key is not None and isinstance(index, int) and outcome is not None  # (no problem above)
+        assert key is not None and type(index) is int and outcome is not None  # (no problem above)
         if self._hold(key, index, tool, digest, outcome, result, lineno) is None:
             self._bad(lineno, f"tool span {name!r}: its turn already has {self.max_calls:,} calls (the limit); skipped")
 
@@ -612,10 +633,18 @@ class OtlpAssembler:
             self._bad(lineno, f"turn {shown(turn_id)}: {names.TURN_CYCLES} must be an integer from 0 to "
                               f"{MAX_TURN_CYCLES:,}, got {shown(cycles)} (replayed as one request)", path)
             cycles = None
+        tool_calls = attrs.get(names.TURN_TOOL_CALLS)
+        if tool_calls is not None and not turn_count(tool_calls):
+            self._bad(lineno, f"turn {shown(turn_id)}: {names.TURN_TOOL_CALLS} must be a whole number from 0 to "
+                              f"{MAX_TURN_COUNT:,}, got {shown(tool_calls)}; left out", path)
+        resolved = attrs.get(TURN_RESOLVED)
+        if not resolved_readable(resolved):
+            self._bad(lineno, f"turn {shown(turn_id)}: {TURN_RESOLVED} must be {RESOLVED_VALUES}, got "
+                              f"{shown(resolved)} (read as unknown)", path)
         cohort = attrs.get(TURN_COHORT)
         return {
             "cycles": cycles,
-            "resolved": span_resolved(attrs.get(TURN_RESOLVED)),
+            "resolved": span_resolved(resolved),
             "ended_by": span_ended_by(attrs),
             "source": _short_or_none(attrs.get(names.GEN_AI_AGENT_NAME)),
             "origin": f"{self.path if path is None else path}:{lineno}",
@@ -682,7 +711,8 @@ def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: 
         else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
         if not all(v is None or short_text(v) for v in (tool, digest, turn_id, parent))
         else "no tool name" if not isinstance(tool, str) or not tool
-        else f"{names.CALL_INDEX} is not a positive integer" if not isinstance(index, int) or index < 1
+        else f"{names.CALL_INDEX} must be a whole number from 1 to {MAX_TURN_COUNT:,}, got {shown(index)}"
+        if type(index) is not int or not 0 < index <= MAX_TURN_COUNT
         else f"{names.CALL_KEY_DIGEST} missing" if not isinstance(digest, str) or not digest
         else f"unknown {names.CALL_OUTCOME} {raw_outcome!r}" if outcome is None
         else f"{names.CALL_RESULT_DIGEST} must be a text of at most {MAX_ID_LENGTH} characters, got {shown(result)}"
@@ -741,7 +771,8 @@ def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict
         facts["limits"] = Limits(mode, **values)
     if times is not None:
         facts["started_at"], facts["ended_at"] = times
-    facts["tool_calls"] = _limit(attrs.get(names.TURN_TOOL_CALLS))
+    tool_calls = attrs.get(names.TURN_TOOL_CALLS)
+    facts["tool_calls"] = tool_calls if turn_count(tool_calls) else None
     return facts
 
 
@@ -774,11 +805,21 @@ TURN_RESOLVED = "turnguard.turn.resolved"
 """The task result on a turn span: a boolean, or ``"true"`` / ``"false"`` / ``"unknown"``."""
 
 
+RESOLVED_VALUES = "a boolean or 'true', 'false' or 'unknown'"
+_RESOLVED_TEXTS = {"true": True, "false": False, "unknown": None}
+
+
 def span_resolved(value: Any) -> bool | None:
     """A span's ``turnguard.turn.resolved``: ``True``/``False`` (or their strings), else unknown."""
-    if isinstance(value, bool):
+    if type(value) is bool:
         return value
-    return {"true": True, "false": False}.get(value) if isinstance(value, str) else None
+    return _RESOLVED_TEXTS.get(value) if type(value) is str else None
+
+
+def resolved_readable(value: Any) -> bool:
+    """Whether a ``turnguard.turn.resolved`` is absent or one of ``RESOLVED_VALUES`` (anything
+    else, a ``{"boolValue": "false"}`` included, is a reported problem, read as unknown)."""
+    return value is None or type(value) is bool or (type(value) is str and value in _RESOLVED_TEXTS)
 
 
 TURN_COHORT = "turnguard.turn.cohort"

@@ -141,10 +141,11 @@ def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str,
     for key in ("tool_calls", "calls_dropped", "calls_unrecorded"):
         count = obj.get(key)
         if count is not None:
-            if type(count) is int and 0 <= count <= records.MAX_LIMIT:
+            if records.turn_count(count):
                 facts[key] = count
             else:
-                bad(f"{key!r} must be a whole number from 0, got {records.shown(count)}; left out")
+                bad(f"{key!r} must be a whole number from 0 to {records.MAX_TURN_COUNT:,}, got "
+                    f"{records.shown(count)}; left out")
     escalations = obj.get("escalations")
     if type(escalations) is list:
         facts["continued"] = any(type(e) is dict and e.get("answer") == "continue" for e in escalations)

@@ -75,6 +75,16 @@ def tool_list(value: Any) -> tuple[str, ...] | None:
     return tuple(value)
 MAX_LIMIT = 2**62
 """The largest limit value read (``config.MAX_CALLS``)."""
+MAX_TURN_COUNT = 2**32
+"""The largest count of calls a turn may give (``tool_calls``, ``calls_dropped``,
+``calls_unrecorded``, an OTLP call index or ``turnguard.turn.tool_calls``): a turn's
+``needed_calls`` is then under 2^34, so the sums of calls a run forms stay within what ``calibrate
+merge`` accepts (``bounds.MAX_COUNT``, 2^62) for up to 2^28 turns at the largest counts each."""
+
+
+def turn_count(value: Any) -> bool:
+    """An ``int`` (not a ``bool``) from 0 to ``MAX_TURN_COUNT``."""
+    return type(value) is int and 0 <= value <= MAX_TURN_COUNT
 
 
 @dataclass(frozen=True, slots=True)

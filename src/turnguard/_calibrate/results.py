@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from turnguard._calibrate.bounds import BYTES_PER_RESULT, Bounds
-from turnguard._calibrate.collector import attributes, span_resolved
+from turnguard._calibrate.collector import RESOLVED_VALUES, attributes, resolved_readable, span_resolved
 from turnguard._calibrate.corpus import LOGS_KEY, RESULT_KEY
 from turnguard._calibrate.duplicates import id_hash
 from turnguard._calibrate.records import MAX_LINE_BYTES, InputProblem, LineSource, ProblemSink, parse_line, shown
@@ -121,12 +121,16 @@ def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
                 attrs = attributes(record.get("attributes"))
                 if record.get("eventName", attrs.get("event.name")) != RESULT_EVENT:
                     continue
-                turn_id, resolved = attrs.get("turnguard.turn.id"), span_resolved(attrs.get("turnguard.turn.resolved"))
+                turn_id, raw = attrs.get("turnguard.turn.id"), attrs.get("turnguard.turn.resolved")
+                resolved = span_resolved(raw)
                 if turn_id is None:
                     continue  # not about a turn
                 if not _turn_id(turn_id):
                     events.append((lineno, None, f"a {RESULT_EVENT} record without a turn id of at most "
                                                  f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored"))
+                elif not resolved_readable(raw):
+                    events.append((lineno, None, f"a {RESULT_EVENT} record whose turnguard.turn.resolved is not "
+                                                 f"{RESOLVED_VALUES}: {shown(raw)}; ignored"))
                 elif resolved is not None:
                     events.append((lineno, id_hash(turn_id), resolved))
 
