@@ -22,12 +22,14 @@ TURNS = 24
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """24 turns (some halted by the backstop or the streak stop) in the recorder's file, the
-    Collector's file, copies of each, and the recorder's file with every line twice."""
+    """24 turns (some halted by the backstop or the streak stop, half of them probe turns, a third
+    with a task result) in the recorder's file, the Collector's file, copies of each, and the
+    recorder's file with every line twice."""
     folder = tmp_path_factory.mktemp("fleet")
     telemetry = InMemoryTelemetry()
     config = tg.GuardConfig(name="prod", soft_cap=10, hard_multiplier=3, recorder_path=str(folder / "turns.jsonl"),
-                            load_entrypoints=False, disable_plugins=("shadow",))
+                            load_entrypoints=False, disable_plugins=("shadow",),
+                            probe=tg.Probe(0.5, tg.GuardConfig(hard_multiplier=5)))
     guard = tg.Guard(config, environ={}, **telemetry.providers())
     for t in range(TURNS):
         turn = guard.turn(turn_id=f"t{t}", promptable=False)
@@ -35,6 +37,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             call = tg.ToolCall("run", {"i": 0 if t % 4 == 0 else i})
             if turn.check_call(call).halted or turn.record_outcome(call, "error" if t % 3 else "ok").halted:
                 break
+        if t % 3 == 0:
+            turn.report_result(t % 2 == 0)
         turn.end("completed")
     telemetry.tracer_provider.force_flush()
     spans = telemetry.spans()
@@ -81,21 +85,58 @@ def test_a_turn_read_twice_from_any_files_is_counted_once(fleet, once, inputs, j
     assert f"note: {(readings - 1) * TURNS:,} reading(s) of turns already read" in err
 
 
-def test_a_different_turn_under_an_id_already_read_is_a_named_problem(fleet, once, tmp_path):
+def _changed(line: dict, field: str) -> dict:
+    """``line`` (a recorder line) made another turn by one field."""
+    other = json.loads(json.dumps(line))
+    call = other["calls"][1]
+    if field == "resolved":
+        other["resolved"] = not other["resolved"]
+    elif field == "cohort":
+        other["cohort"] = "live" if other["cohort"] == "probe" else "probe"
+    elif field == "calls":
+        other["calls"] = other["calls"][:2]
+        other["tool_calls"] = 2
+    elif field == "outcome":
+        call["outcome"] = "ok" if call["outcome"] == "error" else "error"
+    else:
+        call[field] = call[field] + "0"  # "args": the recorder's key digest
+    return other
+
+
+@pytest.mark.parametrize("field", ["args", "tool", "outcome", "resolved", "cohort", "calls"])
+@pytest.mark.parametrize("changed_first", [False, True])
+def test_different_turns_under_one_id_are_each_a_named_problem_whatever_their_order(
+    fleet, once, tmp_path, field, changed_first
+):
     lines = fleet["lines"].read_text().splitlines()
-    other = json.loads(lines[5])
-    other["calls"] = other["calls"][:2]
-    other["tool_calls"] = 2
+    at = next(i for i, line in enumerate(lines) if json.loads(line)["id"] == "t3")
+    t3 = json.loads(lines[at])
+    assert t3["resolved"] is False and t3["cohort"] in ("live", "probe")
+    other = json.dumps(_changed(t3, field))
     path = tmp_path / "clash.jsonl"
-    path.write_text("\n".join([*lines, json.dumps(other)]) + "\n")
+    path.write_text("\n".join([other, *lines] if changed_first else [*lines, other]) + "\n")
+    without = tmp_path / "without.jsonl"
+    without.write_text("\n".join(line for i, line in enumerate(lines) if i != at) + "\n")
+    _, alone, _ = run(without)
+    places = f"{path}:1 and {path}:{at + 2}" if changed_first else f"{path}:{at + 1} and {path}:{TURNS + 1}"
     for jobs in (1, 2):
         code, result, err = run(path, jobs=jobs)
         assert code == 0, err
-        assert f"{path}:{TURNS + 1}: turn 't5': a different turn under the id of the one at {path}:6" in err
-        assert (result["turns"], result["problems"], result["duplicates"]) == (TURNS, 1, 0)
-        assert figures(result) == {**figures(once), "problems": 1}
+        for line in places.replace(f"{path}:", "").split(" and "):
+            assert f"{path}:{line}: turn 't3': different turns under one id (at {places}); none of them is read" in err
+        assert (result["turns"], result["problems"], result["duplicates"]) == (TURNS - 1, 2, 0)
+        assert figures(result) == {**figures(alone), "problems": 2}
     code, _, err = run(path, strict=True)
-    assert code == 1 and "a different turn under the id" in err
+    assert code == 1 and "different turns under one id" in err
+
+
+def test_the_recorders_and_the_collectors_reading_of_a_turn_are_one_turn_with_results_and_cohorts(fleet, once):
+    lines = [json.loads(line) for line in fleet["lines"].read_text().splitlines()]
+    assert {line["cohort"] for line in lines} == {"live", "probe"}
+    assert {line["resolved"] for line in lines} == {True, False, None}
+    code, result, err = run(fleet["spans"], fleet["lines"])
+    assert code == 0 and result["duplicates"] == TURNS and result["problems"] == 0, err
+    assert figures(result) == figures(once)
 
 
 def merge(*paths: Path) -> tuple[int, dict, str]:

@@ -14,10 +14,10 @@ from typing import Any, TextIO
 
 from turnguard._calibrate.advice import DEFAULT_TOLERANCE
 from turnguard._calibrate.collector import OtlpAssembler
-from turnguard._calibrate.duplicates import Admission
+from turnguard._calibrate.duplicates import Admission, differing
 from turnguard._calibrate.engine import Calibrator
 from turnguard._calibrate.grid import Policy
-from turnguard._calibrate.inputs import read_source
+from turnguard._calibrate.inputs import read_source, read_turns
 from turnguard._calibrate.parallel import calibrate_in_workers
 from turnguard._calibrate.records import (
     MAX_LINE_BYTES,
@@ -110,8 +110,8 @@ def calibrate(
 def _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated) -> RunStats:
     """The run again, serially, each repeated turn counted once (``duplicates.Admission``): its
     input problems were reported by the first run, only the repeats' are new."""
-    admit = Admission(repeated, counted)
     quiet = _Counter(lambda problem: None, strict=False)
+    admit = Admission(repeated, differing(read_turns(paths, quiet, max_line_bytes=max_line_bytes), repeated), counted)
     with rare_collections():
         results = late_results(paths, quiet, max_line_bytes=max_line_bytes)
         stats = _serial(paths, sizes, policies, quiet, group, Progress(0, enabled=False), max_line_bytes, results,
