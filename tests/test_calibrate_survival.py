@@ -280,3 +280,44 @@ def test_a_recording_without_limits_reaches_only_as_far_as_its_longest_turn():
         s.add(n, "completed" if n < 201 else "hard_backstop")
     est = estimate(s, 100, 10.0, s.largest(), "data")
     assert est["horizon"] == 201 and est["horizon_from"] == "data"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_turns_halted_at_the_backstop_and_seen_no_further_give_no_estimate_past_it(seed):
+    """Turns halted at the backstop (censored at base + 1, the call it denied) were seen up to it
+    and no further: with no other turn past it, no row past the backstop is estimated, whatever
+    else the recording holds below it."""
+    rng = random.Random(seed)
+    base, cap = 100 * rng.choice([5, 10]), 4000
+    s = Survival()
+    for _ in range(rng.randint(1, 300)):
+        s.add(rng.randint(1, base), rng.choice(["completed", "completed", "streak", "soft_stuck", "error"]))
+    for _ in range(rng.randint(1, 40)):
+        s.add(base + 1, "hard_backstop")
+    est = estimate(s, base, base / 100, cap, "limits")
+    assert est["finish_by"] and all(not f["estimable"] for f in est["finish_by"])
+    assert {f["why"] for f in est["finish_by"] if f["calls"] <= cap} == {"no_turns"}
+    seen = _planted((base + 1, "hard_backstop", 5), (base + 2, rng.choice(["completed", "hard_backstop"]), 1))
+    assert all(f["estimable"] for f in estimate(seen, base, base / 100, cap, "limits")["finish_by"]
+               if f["calls"] <= cap)
+
+
+def test_the_report_says_not_estimable_when_live_halts_are_all_that_reached_the_backstop(tmp_path):
+    limits = {"cap_mode": "adaptive", "soft_cap": 100, "hard_cap": 1000, "stuck_repeat_threshold": 6,
+              "streak_warn_at": 5, "streak_stop_at": 8, "max_cycles": 0}
+    probe = {**limits, "hard_cap": 2000}
+    lines = [{"id": f"s{i}", "calls": [{"tool": "run", "args": {"i": j}, "outcome": "ok"} for j in range(20)],
+              "cohort": "live", "limits": limits, "ended_by": "completed", "resolved": True} for i in range(25)]
+    lines += [{"id": f"p{i}", "calls": [{"tool": "run", "args": {"i": j}, "outcome": "ok"} for j in range(30)],
+               "cohort": "probe", "limits": probe, "ended_by": "completed", "resolved": True} for i in range(5)]
+    lines += [{"id": f"h{i}", "calls": [{"tool": "run", "args": {"i": j}, "outcome": "ok"} for j in range(1001)],
+               "cohort": "live", "limits": limits, "ended_by": "hard_backstop", "tool_calls": 1001}
+              for i in range(10)]
+    path = tmp_path / "turns.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main([str(path), "--soft-caps", "100", "--multipliers", "10", "--no-peers"], stdout=out,
+                    stderr=err) == 0, err.getvalue()
+    text = " ".join(out.getvalue().split())
+    for k, calls in ((15, "1,500"), (20, "2,000")):
+        assert f"by {k}x ({calls} calls): not estimable: no turn was seen past the backstop." in text

@@ -135,6 +135,12 @@ class Survival:
         """Turns observed to need at least ``n`` calls (their count is ``n`` or more)."""
         return sum(v for k, v in self.events.items() if k >= n) + sum(v for k, v in self.censored.items() if k >= n)
 
+    def seen_past(self, n: int) -> bool:
+        """Whether any turn was observed past ``n`` calls: one that finished after it, or was
+        censored later than call ``n + 1`` (a turn halted at ``n + 1``, as a backstop at ``n`` halts
+        one, is seen up to ``n`` and no further)."""
+        return any(k > n for k in self.events) or any(k > n + 1 for k in self.censored)
+
     def largest(self) -> int:
         """The largest call count observed (0: no turn)."""
         return max([0, *self.events, *self.censored])
@@ -209,7 +215,7 @@ def finish_by(survival: Survival, steps: list[Step], base: int, multiple: float,
     if calls > horizon:
         return FinishBy(multiple, calls, False, "past_cap", at_risk=at_risk)
     s_base, v_base = Survival.at(steps, base)
-    if s_base <= 0 or survival.at_risk(base + 1) == 0:
+    if s_base <= 0 or not survival.seen_past(base):
         return FinishBy(multiple, calls, False, "no_turns", at_risk=at_risk)
     s_k, v_k = Survival.at(steps, calls)
     conditional = s_k / s_base
