@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import random
+import re
 
 import pytest
 
@@ -320,3 +322,36 @@ def test_under_an_explicit_cap_the_streak_stop_is_still_recommended_and_the_cycl
     assert streak["recommended"] == ff.smallest_within(turns, "streak", TOLERANCE) and streak["keep"] is design.right
     assert probe["frontier"]["cycles"]["probed"] is False
     assert "the live cycle cap is unbounded (0)" in probe["frontier"]["cycles"]["sentence"]
+
+
+def test_turns_only_the_ladders_bottom_would_halt_recommend_nothing_and_contradict_nothing():
+    """40 probe turns that never repeated a call: only D = 1 would halt them, and D = 1 is never
+    recommended, so nothing is (the sentence used to quote D = 1's bound, under the tolerance, as
+    too few turns at risk), and its row is not shown."""
+    f = frontier("stuck", ladder(*[(1, "unresolved", 30)] * 40), 6, TOLERANCE, Scale(40, 400, 8000))
+    assert f.recommended is None
+    assert f.sentence == ("stuck_repeat_threshold: no probe turn with a known fate would be halted by any value of "
+                          "it: nothing to recommend yet.")
+    assert [r["value"] for r in f.to_json()["rows"]] == [6] and 1 not in [r.value for r in f.shown()]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_sentence_never_contradicts_the_rung_it_quotes(seed):
+    """Random ladders: a value is recommended exactly when some value above one unit is within the
+    tolerance; when none is, the rung the sentence quotes is above one unit and not within, and
+    "let the probe run" is said only with fewer turns at risk than would decide."""
+    rng = random.Random(seed)
+    threshold = rng.choice(["backstop", "stuck", "streak"])
+    live = LIVE[threshold]
+    turns = [(rng.randint(1, 30), rng.choice(["resolved", "unresolved", "censored", "unknown"]), rng.randint(1, 400))
+             for _ in range(rng.randint(0, 120))]
+    f = frontier(threshold, ladder(*turns), live, TOLERANCE, Scale(len(turns) or 1, 500, 50_000),
+                 horizon=40 if threshold == "backstop" else None)
+    within = [r.value for r in f.rungs if r.decision == "within" and r.value > 1]
+    assert f.recommended == (within[0] if within else None)
+    assert all(r["value"] > 1 or r["value"] == live for r in f.to_json()["rows"])
+    quoted = re.search(r"\(.*?(\d[\d,]*) of (\d[\d,]*)[^)]*at most ([\d.]+)%", f.sentence)
+    if f.recommended is None and "let the probe run" in f.sentence:
+        assert quoted is not None
+        at_risk, high = int(quoted.group(2).replace(",", "")), float(quoted.group(3)) / 100
+        assert at_risk < turns_for_zero(TOLERANCE) and high >= TOLERANCE

@@ -518,6 +518,11 @@ class Frontier:
     def rung(self, value: int) -> Rung:
         return self.rungs[value // self.unit - 1]
 
+    def settable(self, r: Rung) -> bool:
+        """Whether ``r`` is a value calibrate would recommend (above one unit: D = 1 or a backstop of
+        1x is no loop guard), or the live one: the others are the ladder's bottom, never judged or shown."""
+        return r.value > self.unit or r.value == self.live
+
     def shown(self) -> list[Rung]:
         """The rungs the table shows: the usual values, the live, the recommended, the first with
         no productive turn and the last with evidence."""
@@ -527,12 +532,12 @@ class Frontier:
         zero = next((r.value for r in self.rungs if r.at_risk and not r.productive), None)
         usual = SHOWN.get(self.threshold) or tuple(self.live * k // 2 // self.unit * self.unit for k in (3, 4, 6))
         picks = {*usual, self.live, last, *(v for v in (self.recommended, zero) if v is not None)}
-        return [r for r in self.rungs if r.value in picks and (r.value <= max(last, self.live))]
+        return [r for r in self.rungs if r.value in picks and r.value <= max(last, self.live) and self.settable(r)]
 
     def to_json(self) -> dict[str, Any]:
         return {"setting": self.setting, "live": self.live, "probed": self.probed, "recommended": self.recommended,
                 "keep": self.recommended == self.live, "horizon": self.horizon, "sentence": self.sentence,
-                "rows": [r.to_json() for r in self.rungs if r.at_risk or r.value == self.live]}
+                "rows": [r.to_json() for r in self.rungs if (r.at_risk or r.value == self.live) and self.settable(r)]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -622,7 +627,7 @@ def _bound(r: Rung) -> str:
 
 def sentence(f: Frontier, tolerance: float) -> str:
     """The frontier in one plain sentence."""
-    if not any(r.at_risk for r in f.rungs):
+    if not any(r.at_risk and r.value > f.unit for r in f.rungs):
         return (f"{f.setting}: no probe turn with a known fate would be halted by any value of it: nothing to "
                 "recommend yet.")
     if f.recommended is not None:
@@ -649,7 +654,7 @@ def _recommended(f: Frontier, r: Rung) -> str:
 def _none_within(f: Frontier, tolerance: float) -> str:
     """Why no value is within the tolerance, and what would make one."""
     name, t = f.setting, f.threshold
-    judged = [r for r in f.rungs if r.at_risk and r.decision != "past_cap"]
+    judged = [r for r in f.rungs if r.at_risk and r.decision != "past_cap" and r.value > f.unit]
     if not judged:
         cap = f" ({_value_text(t, f.horizon)})" if f.horizon else ""
         return (f"{name}: no value below the probe's own limit{cap} has a probe turn at risk: raise the probe's "
