@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import turnguard as tg
 from collector_lines import collector_lines
 from turnguard._calibrate import cli
+from turnguard._calibrate.duplicates import SKETCH, TurnPrints
 from turnguard.telemetry._testing import InMemoryTelemetry
 
 TURNS = 24
@@ -163,3 +166,35 @@ def test_merge_refuses_results_that_counted_the_same_turns(fleet, once, tmp_path
     for overlapping in ((halves[0], halves[0]), (whole, halves[1]), (halves[1], whole), (*halves, whole)):
         code, _, err = merge(*overlapping)
         assert code == 2 and "overlaps" in err and "both counted the same turns" in err, overlapping
+
+
+def _caught(rng: random.Random, larger: int, smaller: int, shared: int) -> bool:
+    """Whether merge's check refuses two results of ``larger`` and ``smaller`` turns sharing ``shared``."""
+    ids = [f"t{rng.getrandbits(64):016x}" for _ in range(larger + smaller - shared)]
+    parts = (ids[:larger], ids[:shared] + ids[larger:])
+    sketches = []
+    for part in parts:
+        prints = TurnPrints()
+        for turn_id in part:
+            prints.add(SimpleNamespace(id=turn_id))  # type: ignore[arg-type]
+        sketches.append(SimpleNamespace(sketch=prints.sketch()))
+    counted: dict[str, str] = {}
+    cli._refuse_overlap(sketches[0], "a.json", counted)
+    try:
+        cli._refuse_overlap(sketches[1], "b.json", counted)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(("larger", "smaller", "shared"), [(400, 400, 400), (1000, 200, 200), (400, 400, 200),
+                                                           (400, 400, 40), (400, 400, 4), (1000, 1000, 1)])
+def test_merge_catches_an_overlap_as_often_as_documented(larger, smaller, shared):
+    """docs/calibration.md: about 1 - (1 - f)^64, f the shared turns' share of the larger result."""
+    rng = random.Random(larger * 7 + shared)
+    trials = 300
+    rate = sum(_caught(rng, larger, smaller, shared) for _ in range(trials)) / trials
+    documented = 1 - (1 - shared / larger) ** SKETCH
+    assert abs(rate - documented) < 0.08 + 3 * (documented * (1 - documented) / trials) ** 0.5
+    if shared == smaller:
+        assert rate > 0.99

@@ -23,7 +23,9 @@ from turnguard.telemetry._recorder import MAX_RECORDED_CALLS
 
 SKETCH = 64
 """How many of the smallest id hashes a ``--json`` result keeps (``sketch``): two results whose
-sketches share an id hash counted some turn twice (``calibrate merge`` refuses them)."""
+sketches share an id hash counted some turn twice (``calibrate merge`` refuses them). A sample, not
+an exact check: an overlap is caught with a chance of about ``1 - (1 - f) ** SKETCH``, ``f`` the
+shared turns' share of the larger result's turns (docs/calibration.md)."""
 
 
 def id_hash(turn_id: str) -> int:
