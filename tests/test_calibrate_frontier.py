@@ -73,12 +73,26 @@ def test_the_smallest_value_within_the_tolerance_is_recommended_with_its_cost():
     turns = [(k, "resolved", 10 * k) for k in (12, 15, 20, 25)] + runaways(40)
     f = frontier("backstop", ladder(*turns), 10, TOLERANCE, Scale(44, 1000, 20_000), horizon=40)
     assert f.recommended == 26
-    assert f.rungs[25].at_risk == 40 and f.rungs[25].productive == 0
+    assert f.rungs[25].at_risk == f.rungs[25].censored == 40 and f.rungs[25].productive == 0
     assert f.rungs[25].extra_calls == 40 * (260 - 100)  # the runaways burn 26x instead of 10x
     assert f.rungs[25].extra_share == pytest.approx(40 * 160 / 44 / 20)
-    assert f.sentence == ("set hard_multiplier = 26: it spares every productive turn the probe saw (0 of 40 past 26x; "
-                          "at most 8.8% at 95%, exact binomial; the longest productive turn passed 25x) and lets turns "
-                          "that never resolve burn 727.3% more calls.")
+    assert f.sentence == ("set hard_multiplier = 26: it spares every productive turn the probe saw (0 of 40 past 26x, "
+                          "40 of them halted at the probe's own limit; at most 8.8% at 95%, exact binomial; the "
+                          "longest productive turn passed 25x) and lets turns that never resolve burn 727.3% more "
+                          "calls.")
+
+
+@pytest.mark.parametrize("censored", [0, 1, 17, 40])
+def test_a_recommendation_says_how_many_of_its_turns_the_probes_own_limit_halted(censored):
+    """Turns the probe halted at its own limit count as not productive at a value below it (what
+    they would have done past it is unknown): the sentence and the row say how many there are."""
+    ended = [(40, "unresolved", 400)] * (40 - censored)
+    turns = [(k, "resolved", 10 * k) for k in (12, 15)] + runaways(censored) + ended
+    f = frontier("backstop", ladder(*turns), 10, TOLERANCE, Scale(42, 1000, 20_000), horizon=40)
+    row = next(r for r in f.to_json()["rows"] if r["value"] == f.recommended)
+    assert (row["at_risk"], row["censored"]) == (40, censored)
+    said = f"(0 of 40 past {f.recommended}x, {censored} of them halted at the probe's own limit;"
+    assert (said in f.sentence) is ("halted at the probe's own limit" in f.sentence) is bool(censored)
 
 
 def test_the_live_value_when_it_is_the_smallest_within_is_kept():
@@ -200,8 +214,8 @@ def test_the_reports_show_the_frontier_table(planted):
     assert "<table id='probe-frontier'>" in html and ("(keep)" if design.right else "(set)") in html
     rows = probe["frontier"]["backstop"]["rows"]
     assert [r["value"] for r in rows] == sorted(r["value"] for r in rows)
-    assert all(set(r) == {"value", "at_risk", "productive", "unknown", "interval", "extra_calls", "extra_share",
-                          "decision"} for r in rows)
+    assert all(set(r) == {"value", "at_risk", "productive", "unknown", "censored", "interval", "extra_calls",
+                          "extra_share", "decision"} for r in rows)
     assert all(r["decision"] == "past_cap" for r in rows if r["value"] >= 40)
 
 

@@ -489,9 +489,13 @@ class Rung:
     """``extra_calls`` scaled to the fleet, as a share of its calls (``None``: no fleet calls)."""
     decision: str
     """``within``, ``above``, ``undecided``, ``no_evidence``, or ``past_cap`` (past the probe's own limit)."""
+    censored: int = 0
+    """Of ``at_risk``, the turns halted later at a limit of the probe's own: counted as not
+    productive (what they would have done past it is unknown), and said so wherever they count."""
 
     def to_json(self) -> dict[str, Any]:
         return {"value": self.value, "at_risk": self.at_risk, "productive": self.productive, "unknown": self.unknown,
+                "censored": self.censored,
                 "interval": [round(self.low, 6), round(self.high, 6)], "extra_calls": self.extra_calls,
                 "extra_share": None if self.extra_share is None else round(self.extra_share, 6),
                 "decision": self.decision}
@@ -580,7 +584,8 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
             decision = "no_evidence"
         else:
             decision = "within" if high < tolerance else "above" if low > tolerance else "undecided"
-        rungs.append(Rung(v, n, fates["resolved"], fates["unknown"], low, high, extra, scale.share(extra), decision))
+        rungs.append(Rung(v, n, fates["resolved"], fates["unknown"], low, high, extra, scale.share(extra), decision,
+                          fates["censored"]))
     recommended = next((r.value for r in rungs if r.decision == "within" and r.value > unit), None)
     f = Frontier(threshold, SETTINGS[threshold], live, recommended, tuple(rungs), "", horizon, unit)
     return dataclasses.replace(f, sentence=sentence(f, tolerance))
@@ -620,6 +625,14 @@ def _cost(r: Rung) -> str:
     return f"saves {share} of calls that turns which never resolve burn"
 
 
+def _of(r: Rung, t: str | None) -> str:
+    """``P of N`` turns at risk at ``r`` (``t``: the threshold, to say which), with how many of
+    them the probe's own limit halted."""
+    what = f" {_what(t, r.value)}" if t is not None else ""
+    censored = f", {r.censored:,} of them halted at the probe's own limit" if r.censored else ""
+    return f"{r.productive:,} of {r.at_risk:,}{what}{censored}"
+
+
 def _bound(r: Rung) -> str:
     how = "exact binomial" if not r.productive else "Wilson"
     return f"at most {r.high:.1%} at 95%, {how}"
@@ -644,8 +657,7 @@ def _recommended(f: Frontier, r: Rung) -> str:
     else:
         below = r.value - f.unit
         longest = f"; {_longest(t, below)}" if below >= f.unit and f.rung(below).productive else ""
-        spared = (f"it spares every productive turn the probe saw (0 of {r.at_risk:,} {_what(t, r.value)}; "
-                  f"{_bound(r)}{longest})")
+        spared = f"it spares every productive turn the probe saw ({_of(r, t)}; {_bound(r)}{longest})"
     if r.value == f.live:
         return f"keep {f.setting} = {r.value}: {spared}."
     return f"set {f.setting} = {r.value}: {spared} and {_cost(r)}."
@@ -664,7 +676,7 @@ def _none_within(f: Frontier, tolerance: float) -> str:
     if zero is not None:
         longest = f"{_longest(t, zero.value - f.unit)}; " if zero.value > f.unit else ""
         return (f"no value of {name} is within the tolerance of {tolerance:.0%} yet: the probe saw no productive "
-                f"turn {_what(t, zero.value)} ({longest}0 of {zero.at_risk:,}; {_bound(zero)}); about "
+                f"turn {_what(t, zero.value)} ({longest}{_of(zero, None)}; {_bound(zero)}); about "
                 f"{turns_for_zero(tolerance):,} turns at risk there with none productive would bring the bound "
                 f"under {tolerance:.0%}: let the probe run.")
     said = (f"no value of {name} up to {_value_text(t, last.value)} is within the tolerance of {tolerance:.0%}: the "
