@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine; each command installs what it needs first.
 #   ./dev.sh demo     run the built-in simulated turns through the real guard (no server needed)
-#   ./dev.sh test     run the whole test suite (installs Debian's prometheus, chromium and tmux if root)
+#   ./dev.sh test     run the whole test suite (installs Debian's prometheus, chromium, tmux and zstd if root)
 #   ./dev.sh bench    run the benchmarks and print figures and ratios
 #   ./dev.sh lint     ruff, the duplicates gate (tools/similar_code.py), then mypy over src/ and the docs' Python blocks (tools/typecheck.py)
 #   ./dev.sh run ARGS run the turnguard CLI
@@ -34,12 +34,13 @@ ensure_python() { # $1: extras
   "$VENV/bin/python" -m compileall -q src >/dev/null
 }
 
-ensure_system() { # Debian packages the integration tests use: a real Prometheus, Chromium, and tmux
-  # (the terminal the interactive Claude Code test types into).
+ensure_system() { # Debian packages the integration tests use: a real Prometheus, Chromium, tmux
+  # (the terminal the interactive Claude Code test types into), and zstd (a compressed backup).
   local missing=()
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+  command -v zstd >/dev/null 2>&1 || missing+=(zstd)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "dev.sh: installing ${missing[*]} (apt-get)" >&2

@@ -11,6 +11,8 @@ import itertools
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,6 +114,19 @@ def test_gzipped_backups_are_part_of_the_stream(lines, whole, tmp_path):
     paths[0].unlink()
     assert in_stream_order([paths[1], zipped]) == [zipped, paths[1]]
     assert figures(tmp_path)[0] == whole
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd command to compress a backup")
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_zstd_backup_stops_the_command_with_its_name_rather_than_lose_its_turns(lines, tmp_path, jobs):
+    """Python reads gzip, not zstd: read as text its lines would be problems and its turns lost
+    with exit 0. The command stops before reading, naming the file to decompress."""
+    paths = write_rotated(tmp_path, lines, [len(lines) // 3])
+    subprocess.run(["zstd", "-q", "--rm", str(paths[0])], check=True)
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main([str(tmp_path), "--json", "-", "--jobs", str(jobs)], stdout=out, stderr=err)
+    assert code != 0 and out.getvalue() == ""
+    assert f"{paths[0]}.zst: compressed with zstd" in err.getvalue() and "Traceback" not in err.getvalue()
 
 
 def test_the_live_file_alone_is_read_and_the_backups_left_out_are_named(lines, tmp_path):

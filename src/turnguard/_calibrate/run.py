@@ -120,11 +120,20 @@ def _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, rep
     return stats
 
 
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+"""The first bytes of a zstd frame: a backup compressed so (``.zst``) is named, not read."""
+
+
 def input_sizes(paths: Sequence[str | Path]) -> list[int]:
-    """Each input's size on disk; ``InputError`` naming the first that cannot be read."""
+    """Each input's size on disk; ``InputError`` naming the first that cannot be read (a zstd
+    file among them: Python reads gzip, not zstd, and its lines would all read as not JSON)."""
     sizes = []
     for p in paths:
         try:
+            with open(p, "rb") as f:
+                if f.read(4) == ZSTD_MAGIC:
+                    raise InputError(f"{p}: compressed with zstd, which calibrate does not read: decompress it "
+                                     f"first (zstd -d) and name the result")
             sizes.append(os.path.getsize(p))
         except OSError as exc:
             raise InputError(f"{p}: cannot open: {exc.strerror or exc}") from exc
