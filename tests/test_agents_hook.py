@@ -54,7 +54,7 @@ from agent_events import (
     wait_for_export,
 )
 from turnguard.agents import codex, export, gemini, hook
-from turnguard.agents.events import MAX_STDIN_BYTES, HookAnswer
+from turnguard.agents.events import MAX_INPUT_DEPTH, MAX_STDIN_BYTES, HookAnswer, nested_deeper
 from turnguard.agents.store import SessionStore, state_root
 
 STOP_AT = 8
@@ -652,6 +652,7 @@ def write_state(env: dict[str, str], agent: str, session_id: str, body: bytes) -
 
 @pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize("garbage", [b"\x00\xff garbage", b'{"version": 1, "turn": ', b"[]", b'{"version": 99}',
+                                     b'{"version": 1, "waiting": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
                                      b'{"version": 1, "turn": {"version": 2, "kind": "nonsense"}}'])
 def test_a_corrupt_session_state_is_allowed_and_logged(agent: str, garbage: bytes, env: dict[str, str],
                                                        tmp_path: Path) -> None:
@@ -687,7 +688,8 @@ def test_a_corrupt_session_state_through_the_real_command(env: dict[str, str], t
     assert len(errors_logged(env)) == 1
 
 
-@pytest.mark.parametrize("how", ["garbage state", "another configuration", "another state version"])
+@pytest.mark.parametrize("how", ["garbage state", "nested too deep to parse", "another configuration",
+                                 "another state version"])
 @pytest.mark.parametrize("agent", AGENTS)
 def test_a_session_whose_state_cannot_resume_is_guarded_again_from_the_next_turn(
         agent: str, how: str, env: dict[str, str], tmp_path: Path) -> None:
@@ -697,6 +699,8 @@ def test_a_session_whose_state_cannot_resume_is_guarded_again_from_the_next_turn
         s.call("make test", failed=True)
     if how == "garbage state":
         write_state(env, agent, s.session_id, b"\x00garbage")
+    elif how == "nested too deep to parse":
+        write_state(env, agent, s.session_id, b'{"version": 1, "waiting": ' + b"[" * 5000 + b"]" * 5000 + b"}")
     elif how == "another configuration":
         (s.events.project / "turnguard.toml").write_text("streak_warn_at = 3\nstreak_stop_at = 4\n")
     else:  # written by a later turnguard
@@ -707,6 +711,63 @@ def test_a_session_whose_state_cannot_resume_is_guarded_again_from_the_next_turn
     start = s.start()
     assert is_allow(start), f"the next turn must open normally: {start}"
     assert fail_until_halted(s) == (4 if how == "another configuration" else STOP_AT)
+
+
+def deep_json(depth: int, shape: str) -> bytes:
+    """JSON text nesting ``depth`` lists or objects (``mixed``: in turn), built as text: this
+    process could not ``json.dumps`` the deepest."""
+    opens = {"list": ["["], "object": ['{"a":'], "mixed": ["[", '{"a":']}[shape]
+    closes = {"[": "]", '{"a":': "}"}
+    levels = [opens[i % len(opens)] for i in range(depth)]
+    return ("".join(levels) + "1" + "".join(closes[o] for o in reversed(levels))).encode()
+
+
+def with_tool_input(event: dict[str, Any], tool_input: bytes) -> bytes:
+    head = json.dumps({k: v for k, v in event.items() if k != "tool_input"}).encode()
+    return head[:-1] + b', "tool_input": ' + tool_input + b"}"
+
+
+@pytest.mark.parametrize("shape", ["list", "object", "mixed"])
+@pytest.mark.parametrize("depth", [MAX_INPUT_DEPTH, MAX_INPUT_DEPTH + 1, 500, 985])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_deeply_nested_tool_input_never_leaves_the_session_unguarded(
+        agent: str, depth: int, shape: str, forks: ForkServer, env: dict[str, str], tmp_path: Path) -> None:
+    """A call without an id keeps its input in the state until its outcome: whatever its depth, the
+    next hook processes read the state back and the session stays guarded."""
+    s = Session(agent, env, tmp_path)
+    assert [e.status for e in forks.run(agent, [json.dumps(s.events.prompt()).encode()], env)] == [0]
+    [deep] = forks.run(agent, [with_tool_input(s.events.pre(None, None), deep_json(depth, shape))], env)
+    assert deep.status == 0 and deep.stdout == b"{}\n", deep
+    if depth > MAX_INPUT_DEPTH:
+        assert_failed_open(agent, deep.status, deep.stdout, deep.stderr)
+        assert re.search(rf"deeper than {MAX_INPUT_DEPTH}|not JSON", deep.stderr.decode()), deep.stderr
+    else:
+        assert deep.stderr == b""
+    later = [s.events.pre({"command": "ls"}, s.events.call_id()), s.events.stop(), s.events.prompt(),
+             s.events.pre({"command": "ls"}, s.events.call_id())]
+    for event in later:
+        [done] = forks.run(agent, [json.dumps(event).encode()], env)
+        assert (done.status, done.stderr) == (0, b""), (event["hook_event_name"], done)
+    assert len(errors_logged(env)) == (depth > MAX_INPUT_DEPTH)
+    assert fail_until_halted(s) == STOP_AT
+
+
+def test_nested_deeper_counts_the_levels_of_any_json_data() -> None:
+    def depth(value: Any) -> int:
+        children = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else None
+        return 0 if children is None else 1 + max(map(depth, children), default=0)
+
+    rng = random.Random(30)
+    for _ in range(500):
+        value: Any = rng.choice([1, "x", None, [], {}])
+        for _ in range(rng.randrange(12)):
+            siblings = [rng.choice([1, "s", [], {"k": 2}]) for _ in range(rng.randrange(3))]
+            if rng.random() < 0.5:
+                value = [*siblings, value] if rng.random() < 0.5 else [value, *siblings]
+            else:
+                value = {**{f"k{i}": v for i, v in enumerate(siblings)}, "v": value}
+        for limit in range(0, 14):
+            assert nested_deeper(value, limit) == (depth(value) > limit), (value, limit)
 
 
 @pytest.mark.parametrize("agent", AGENTS)

@@ -15,6 +15,11 @@ from typing import Protocol as TypingProtocol
 
 MAX_STDIN_BYTES = 8 * 1024 * 1024
 """A hook reads at most this much of stdin: a larger event is refused (and the agent allowed)."""
+MAX_INPUT_DEPTH = 100
+"""How deep a tool's input may nest: the session's state keeps the input of a call without an id
+until its outcome, and must read back whole in the next hook process (JSON nested near Python's
+recursion limit parses in one process and not in another). A deeper input is refused (and the
+agent allowed); no tool takes one."""
 
 
 class Kind(enum.Enum):
@@ -210,9 +215,27 @@ def common_fields(payload: dict[str, Any], kinds: Mapping[str, Kind], *, turn_re
         "turn_ref": text_field(payload, turn_ref) if turn_ref else None,
     }
     if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
-        fields.update(tool_name=text_field(payload, "tool_name", required=True), tool_input=payload.get("tool_input"),
+        tool_input = payload.get("tool_input")
+        if nested_deeper(tool_input, MAX_INPUT_DEPTH):
+            raise BadEvent(f"the event's tool_input nests deeper than {MAX_INPUT_DEPTH} levels")
+        fields.update(tool_name=text_field(payload, "tool_name", required=True), tool_input=tool_input,
                       call_id=text_field(payload, call_id) if call_id else None)
     return fields
+
+
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether JSON data nests more than ``limit`` lists or objects deep (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in item)
+    return False
 
 
 def read_payload(raw: bytes) -> dict[str, Any]:

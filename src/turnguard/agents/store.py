@@ -240,7 +240,7 @@ class Session:
             raise StoreError(exc.errno, f"cannot read {self.path}: {exc.strerror}") from None
         try:
             data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested deeper than this process can parse)
             data = None
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
             self._set_aside()
