@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from agent_events import (
 )
 from turnguard.agents import codex, export, gemini, hook
 from turnguard.agents.events import MAX_INPUT_DEPTH, MAX_STDIN_BYTES, HookAnswer, nested_deeper
+from turnguard.agents.hook import state_damage
 from turnguard.agents.store import SessionStore, state_root
 
 STOP_AT = 8
@@ -711,6 +713,80 @@ def test_a_session_whose_state_cannot_resume_is_guarded_again_from_the_next_turn
     start = s.start()
     assert is_allow(start), f"the next turn must open normally: {start}"
     assert fail_until_halted(s) == (4 if how == "another configuration" else STOP_AT)
+
+
+WRONG_VALUES: list[Any] = [None, "x", 5, -1, True, 1e308, [], [[]], {}, {"a": 1}]
+
+
+def json_paths(value: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield at
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        yield from json_paths(child, (*at, key))
+
+
+def replaced(data: Any, path: tuple[Any, ...], value: Any) -> Any:
+    data = json.loads(json.dumps(data))
+    place = data
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    return data
+
+
+def damaged_states(agent: str, base: dict[str, Any], sampled: int) -> list[tuple[tuple[Any, ...], Any]]:
+    """Every field of the state outside the turn's snapshot and each of its items, with each wrong
+    value; and ``sampled`` of the snapshot's fields, with one each (``Guard.resume`` reads those)."""
+    paths = [p for p in json_paths(base) if p and p != ("version",)]
+    outside = [(p, v) for p in paths if p[0] != "turn" for v in WRONG_VALUES]
+    rng = random.Random(f"damaged-{agent}")
+    inside = [(p, rng.choice(WRONG_VALUES)) for p in rng.sample([p for p in paths if p[0] == "turn"], sampled)]
+    return outside + inside
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_session_state_with_any_field_damaged_goes_on_with_a_new_turn(agent: str, env: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    """A state that parses but holds a wrong value anywhere is set aside (or its snapshot dropped)
+    and noted; no event of the session ever fails on it, even under ``fail_mode="closed"``, and
+    the next turn counts from its first call."""
+    env.update(TURNGUARD_ATTENDED="1", TURNGUARD_FAIL_MODE="closed")  # a pending question or reminder too
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for _ in range(WARN_AT - 1):
+        s.call("make test", failed=True)
+    pending = {"command": "make test"}
+    pending_id = s.events.call_id()
+    s.send(s.events.pre(pending, pending_id))
+    base = s.snapshot()
+    assert base["waiting"] and base["journal"] and base["turn"]
+    path = SessionStore(state_root(env), agent).path(s.session_id)
+    cases = damaged_states(agent, base, sampled=40)
+    assert len(cases) > 150
+    for where, value in cases:
+        write_state(env, agent, s.session_id, json.dumps(replaced(base, where, value)).encode())
+        answers = [s.send(s.events.post(pending, pending_id, failed=True)), s.stop(), s.start(),
+                   s.send(s.events.pre({"command": "ls"}, s.events.call_id()))]
+        assert all(a.exit_code == 0 and a.stderr == "" for a in answers), (where, value, answers)
+        assert s.tool_calls() == 1, (where, value)
+        assert state_damage(s.snapshot()) is None
+        path.with_name(path.name + ".bad").unlink(missing_ok=True)
+    assert errors_logged(env), "the damage was noted"
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_damaged_journal_is_set_aside_and_the_next_turn_halts(agent: str, forks: ForkServer, env: dict[str, str],
+                                                                tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    s.call("make test", failed=True)
+    path = write_state(env, agent, s.session_id, json.dumps({**s.snapshot(), "journal": 5}).encode())
+    for event in (s.events.stop(), s.events.prompt(), s.events.session_end(), s.events.prompt()):
+        [done] = forks.run(agent, [json.dumps(event).encode()], env)
+        assert (done.status, done.stderr) == (0, b""), (event["hook_event_name"], done)
+    assert json.loads(path.with_name(path.name + ".bad").read_text())["journal"] == 5
+    assert len(errors_logged(env)) == 1
+    assert fail_until_halted(s) == STOP_AT
 
 
 def deep_json(depth: int, shape: str) -> bytes:

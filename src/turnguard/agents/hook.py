@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import re
 import sys
 import threading
 import time
@@ -194,6 +195,7 @@ class Hook:
     live_config: Any = None
     store: Any = None
     _guard: Any = None
+    _session: Any = None
 
     @property
     def guard(self) -> Any:
@@ -203,7 +205,11 @@ class Hook:
 
     def handle(self, event: AgentEvent) -> HookAnswer:
         with self.store.locked(event.session_id) as session:
+            self._session = session
             data = session.data
+            damage = state_damage(data)
+            if damage is not None:
+                self._set_aside(damage)
             if event.kind is Kind.TURN_START:
                 answer = self._start(data, event)
                 self.store.clean()
@@ -253,18 +259,31 @@ class Hook:
         return self._open(data, event)
 
     def _resumed(self, data: dict[str, Any]) -> Any:
-        """The turn of the session's snapshot; ``None`` (the snapshot dropped, the failure noted)
-        when this configuration cannot resume it: the configuration changed in the middle of a
-        turn, or the file was damaged. The session then goes on with a new turn."""
+        """The turn of the session's snapshot; ``None`` (the failure noted) when this
+        configuration cannot resume it: the configuration changed in the middle of a turn (the
+        snapshot is dropped), or the snapshot is damaged (the file is set aside). The session then
+        goes on with a new turn."""
         from turnguard._snapshot import SnapshotError
 
         try:
             return self.guard.resume(data["turn"])
         except SnapshotError as exc:
-            note_error(self.environ, self.protocol.agent, f"the turn's snapshot was dropped: {exc}")
-            data["turn"] = None
-            data["journal"] = []
+            if exc.field == "key_check" or (exc.field or "").startswith("config."):  # (another digest key)
+                note_error(self.environ, self.protocol.agent, f"the turn's snapshot was dropped: {exc}")
+                data["turn"] = None
+                data["journal"] = []
+            else:
+                self._set_aside(f"its turn cannot resume: {exc}")
             return None
+        except Exception as exc:  # (a wrong type where the snapshot's reader expects none)
+            self._set_aside(f"its turn cannot resume: {type(exc).__name__}: {exc}")
+            return None
+
+    def _set_aside(self, damage: str) -> None:
+        """A damaged state: its file set aside, the failure noted; the event goes on with a new turn."""
+        name = self._session.set_aside()
+        note_error(self.environ, self.protocol.agent,
+                   f"the session's state is damaged ({damage}); set aside as {name}, a new turn begins")
 
     def _end(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
         if data.get("turn") is not None:
@@ -425,6 +444,67 @@ class Hook:
             journal.append(entry)
         elif journal[-1] != ["x"]:
             journal.append(["x"])  # cut: the exporter leaves this turn out and counts it
+
+
+def state_damage(data: dict[str, Any]) -> str | None:
+    """What makes a session's stored state one this hook cannot go on with (a field of the wrong
+    type), or ``None``. The turn's snapshot is checked by ``Guard.resume``; the journal's later
+    entries by the exporter, which leaves a damaged journal out and counts it."""
+    for name, (expected, sound) in _FIELDS.items():
+        if name in data and not sound(data[name]):
+            return f"its field {name!r} is not {expected}"
+    journal = data.get("journal") or []
+    if journal and not _opening(journal[0]):
+        return "its journal does not begin with the turn's opening entry"
+    if data.get("turn") is not None and "journal" not in data:
+        return "it has a turn without a journal"
+    ask = data.get("ask")
+    if ask is not None:
+        from turnguard._snapshot import read_verdict
+
+        try:
+            read_verdict(ask["verdict"], "ask.verdict")
+        except Exception as exc:  # a SnapshotError, or a wrong type where it expects none
+            return f"its pending question cannot be read: {exc}"
+    return None
+
+
+def _optional_text(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _opening(entry: Any) -> bool:
+    return (isinstance(entry, list) and len(entry) == 4 and entry[0] == "o" and _count(entry[1])
+            and isinstance(entry[2], str) and TURN_ID.fullmatch(entry[2]) is not None and isinstance(entry[3], bool))
+
+
+def _waiting(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(w, list) and len(w) == 3 and isinstance(w[0], str) and _optional_text(w[2]) for w in value)
+
+
+def _ask(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and "verdict" in value and _optional_text(value.get("call"))
+                             and _count(value.get("at")))
+
+
+TURN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+"""A turn id as the journal's file in the outbox is named after it."""
+_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "turn": ("an object", lambda v: v is None or isinstance(v, dict)),
+    "ref": ("a string", _optional_text),
+    "session": ("a string", _optional_text),
+    "cwd": ("a string", _optional_text),
+    "journal": ("a list", lambda v: isinstance(v, list)),
+    "waiting": ("a list of waiting calls", _waiting),
+    "ask": ("a pending question", _ask),
+    "remind": ("a string", lambda v: isinstance(v, str)),
+}
+"""The state's fields this hook reads, and what each must be."""
 
 
 GUARDS: dict[Any, Any] = {}

@@ -253,8 +253,19 @@ class Session:
     def _set_aside(self) -> None:
         """A state this version cannot read goes out of the way (kept for a look), so that the
         session's next event starts afresh instead of failing on it again."""
+        if self.written is not None:
+            self.written.drop(self.path)
         with contextlib.suppress(OSError):
             os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
+
+    def set_aside(self) -> str:
+        """Put the state's file out of the way as damaged (kept for a look, as ``NAME.bad``) and
+        empty ``data`` in place: the caller goes on with a new turn. Returns the name it has now."""
+        self._set_aside()
+        data = self.data
+        data.clear()
+        data["version"] = STATE_VERSION
+        return self.path.name + ".bad"
 
     def save(self) -> None:
         """Write the state whole: to a temporary file, then put in place of the last one in one
