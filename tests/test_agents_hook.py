@@ -645,6 +645,45 @@ def test_a_configuration_error_fails_open_or_closed(agent: str, what: str, forks
     assert_failed_closed(agent, closed.status, closed.stdout, closed.stderr)
 
 
+def every_event(agent: str, root: Path) -> dict[str, dict[str, Any]]:
+    """One event of each name the agent sends turnguard, by name."""
+    events = Events(agent, root, session_id="every-event-session")
+    call_id = events.call_id()
+    listed = [events.prompt(), events.model_request(), events.pre({"command": "ls"}, call_id),
+              events.post({"command": "ls"}, call_id, failed=False),
+              events.batch([(events.tool, {"command": "ls"}, call_id, "")]), events.stop(), events.session_end()]
+    if agent == "claude-code":
+        listed.append(events.post({"command": "ls"}, call_id, failed=True))
+        listed.append({**events.stop(), "hook_event_name": "StopFailure", "error": "rate_limit"})
+    return {e["hook_event_name"]: e for e in listed if e is not None}
+
+
+GATING_EVENTS = {"UserPromptSubmit", "PreToolUse", "PreModelRequest", "BeforeAgent", "BeforeModel", "BeforeTool"}
+"""The events before what a block would stop: a prompt, a model request, a tool call."""
+
+
+@pytest.mark.parametrize("failure", ["a configuration error", "an event missing its session_id"])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_fail_mode_closed_blocks_only_events_that_gate_an_action(agent: str, failure: str, forks: ForkServer,
+                                                                env: dict[str, str], tmp_path: Path) -> None:
+    """A block at a turn's or a session's end, or at an outcome, would mean something else (exit 2 at
+    a ``Stop`` tells the agent to go on): there a failure allows, as under ``fail_mode="open"``."""
+    events = every_event(agent, tmp_path)
+    assert GATING_EVENTS & set(events) and set(events) - GATING_EVENTS
+    env["TURNGUARD_FAIL_MODE"] = "closed"
+    if failure == "a configuration error":
+        (tmp_path / "project" / "turnguard.toml").write_text("streak_stop_at = 'eight'\n")
+    raws = [json.dumps({k: v for k, v in e.items() if failure == "a configuration error" or k != "session_id"})
+            .encode() for e in events.values()]
+    for name, done in zip(events, forks.run(agent, raws, env), strict=True):
+        if name in GATING_EVENTS:
+            assert_failed_closed(agent, done.status, done.stdout, done.stderr)
+        else:
+            assert_failed_open(agent, done.status, done.stdout, done.stderr)
+            assert "gates nothing" in done.stderr.decode(), (name, done.stderr)
+    assert len(errors_logged(env)) == len(events)
+
+
 def write_state(env: dict[str, str], agent: str, session_id: str, body: bytes) -> Path:
     path = SessionStore(state_root(env), agent).path(session_id)
     path.parent.mkdir(parents=True, exist_ok=True)

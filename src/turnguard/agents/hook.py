@@ -9,7 +9,8 @@ recorder are left out of this path and fed afterwards from the turn's journal (`
 no tool call waits for an exporter or imports the OpenTelemetry SDK.
 
 A hook never blocks its agent by failing: bad input, a broken store or a bug allows the event
-(exit 0) and says why in one line on stderr, or blocks it under ``fail_mode="closed"``.
+(exit 0) and says why in one line on stderr, or blocks it under ``fail_mode="closed"`` where it gates an
+action (``GATES``).
 """
 
 from __future__ import annotations
@@ -93,10 +94,12 @@ def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = No
     the agent ran the hook (this process's own when ``None``), for an event that names none;
     ``memo``: what a long-lived process keeps between events."""
     protocol = protocol_for(agent)
+    payload: Any = None
     event: AgentEvent | None = None
     hook: Hook | None = None
     try:
-        event = protocol.read(read_payload(raw), environ)
+        payload = read_payload(raw)
+        event = protocol.read(payload, environ)
         if event.kind is Kind.IGNORED:
             return protocol.answer(event, Decision.allow())
         hook = Hook(protocol, environ, event.cwd or cwd, memo)
@@ -113,7 +116,8 @@ def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = No
         else:
             why = f"{type(exc).__name__}: {exc}"
         closed = hook.config.fail_mode == "closed" if hook is not None and hook.config is not None else None
-        return fail(protocol, event, why, environ, closed=closed)
+        kind = event.kind if event is not None else kind_named(agent, payload)
+        return fail(protocol, event, why, environ, closed=closed, kind=kind)
 
 
 def protocol_for(agent: str) -> Protocol:
@@ -121,15 +125,33 @@ def protocol_for(agent: str) -> Protocol:
     return protocol
 
 
+def kind_named(agent: str, payload: Any) -> Kind | None:
+    """The kind of an event that could not be read, by its name, where it has one."""
+    name = payload.get("hook_event_name") if isinstance(payload, dict) else None
+    kinds: Mapping[str, Kind] = importlib.import_module(PROTOCOLS[agent]).KINDS
+    return kinds.get(name, Kind.IGNORED) if isinstance(name, str) else None
+
+
+GATES = frozenset({Kind.TURN_START, Kind.MODEL_REQUEST, Kind.TOOL_CHECK})
+"""The events a failure blocks under ``fail_mode="closed"``: each comes before what it would stop (a
+prompt, a model request, a tool call). The others gate nothing, and a block means something else
+there: exit 2 at a ``Stop`` tells the agent not to stop."""
+
+
 def fail(protocol: Protocol, event: AgentEvent | None, why: str, environ: Mapping[str, str],
-         closed: bool | None = None) -> HookAnswer:
-    """What a failure answers: allow (``fail_mode="open"``, the default) or block (``closed``),
-    with one line on stderr; counted in the state directory's ``hooks/errors.log``. Before the
-    configuration could be read, ``TURNGUARD_FAIL_MODE`` decides."""
+         closed: bool | None = None, kind: Kind | None = None) -> HookAnswer:
+    """What a failure answers: allow (``fail_mode="open"``, the default) or block (``closed``, at
+    an event of ``GATES``, or one whose ``kind`` is unknown), with one line on stderr; counted in the
+    state directory's ``hooks/errors.log``. Before the configuration could be read,
+    ``TURNGUARD_FAIL_MODE`` decides."""
     if closed is None:
         closed = environ.get("TURNGUARD_FAIL_MODE", "").strip().lower() == "closed"
     note_error(environ, protocol.agent, why)
-    verb = "blocked (fail_mode=closed)" if closed else "allowed"
+    verb = "allowed"
+    if closed and kind is not None and kind not in GATES:
+        closed, verb = False, "allowed (fail_mode=closed: this event gates nothing)"
+    elif closed:
+        verb = "blocked (fail_mode=closed)"
     line = f"turnguard hook {protocol.agent}: {why[:500]}; {verb}"
     answer = protocol.failure(event, line) if closed else protocol.answer(event, Decision.allow())
     return HookAnswer(answer.output, answer.exit_code, line)
