@@ -173,3 +173,32 @@ def test_the_client_loads_only_a_socket_and_a_hash_besides_os(env: dict[str, str
     bare = imported(["-c", "from __future__ import annotations; import os, sys"], b"", env)
     extra = imported(CLIENT[2:], event("PreToolUse", 9), env) - bare
     assert extra <= {"_socket", "_sha256", "_sha2", "hashlib"} and "_socket" in extra, extra
+
+
+USAGE_ERRORS = [[], ["claude"], ["Claude-Code"], ["claude-code", "--verbose"], ["codex", "gemini"], [""]]
+"""Hook commands written wrong by hand."""
+
+
+@pytest.mark.parametrize("command", ["client", "turnguard hook"])
+@pytest.mark.parametrize("argv", USAGE_ERRORS)
+def test_a_hook_command_written_wrong_never_blocks_and_says_why(command: str, argv: list[str],
+                                                                env: dict[str, str]) -> None:
+    """Exit 2 would block every tool call and prompt: a usage error exits 1, which all three agents
+    show as a hook error and go on."""
+    program = [sys.executable, "-S", client.__file__] if command == "client" else [sys.executable, "-m",
+                                                                                    "turnguard", "hook"]
+    done = subprocess.run([*program, *argv], input=event("PreToolUse"), env=env, capture_output=True, timeout=60,
+                          check=False)
+    assert done.returncode == 1 and done.stdout == b"", done
+    [line] = done.stderr.decode().splitlines()
+    assert line.startswith("turnguard hook: usage: ") and "claude-code,codex,gemini" in line, line
+    assert line.endswith("; allowed") and repr(" ".join(argv)) in line, line
+    assert not any(socket_of(env).parent.glob("*.sock")), "no server is started for it"
+    errors = Path(env["TURNGUARD_STATE_DIR"], "hooks", "errors.log").read_text().splitlines()
+    assert len(errors) == 1 and "usage" in errors[0], errors
+
+
+def test_the_clients_agents_are_the_hooks() -> None:
+    from turnguard.agents.hook import PROTOCOLS
+
+    assert tuple(PROTOCOLS) == client.AGENTS

@@ -31,6 +31,9 @@ installed) before answering in a process of its own."""
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_SOCKET_PATH = 100
 """A Unix socket's path must fit in 104 bytes (macOS; 108 on Linux)."""
+AGENTS = ("claude-code", "codex", "gemini")
+"""The agents ``turnguard hook`` answers (``hook.PROTOCOLS``' names, which a test holds equal): any
+other argument is a command written wrong, which the server is not asked about."""
 LENGTH_BYTES = 4
 MAX_HEADER = 1024 * 1024
 
@@ -181,26 +184,26 @@ def start_server(path: str) -> None:
         pass
 
 
-def answer_here(agent: str, event: bytes) -> Answer:
-    """The answer of ``python -m turnguard hook AGENT`` run for this event alone."""
+def answer_here(argv: list[str], event: bytes) -> Answer:
+    """The answer of ``python -m turnguard hook ARGV`` (the agent) run for this event alone."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "turnguard", "hook", agent], input=event, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "turnguard", "hook", *argv], input=event, capture_output=True,
                           check=False)
     return done.returncode, done.stdout, done.stderr
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("turnguard hook: usage: client.py AGENT (the event on stdin)\n")
-        return 2
     event = sys.stdin.buffer.read(MAX_EVENT)
-    path = socket_path()
-    try:
-        code, stdout, stderr = ask_server(path, argv[0], event)
-    except (OSError, ValueError):
-        start_server(path)
-        code, stdout, stderr = answer_here(argv[0], event)
+    if len(argv) != 1 or argv[0] not in AGENTS:
+        code, stdout, stderr = answer_here(argv, event)  # its usage error: said, counted, never a block
+    else:
+        path = socket_path()
+        try:
+            code, stdout, stderr = ask_server(path, argv[0], event)
+        except (OSError, ValueError):
+            start_server(path)
+            code, stdout, stderr = answer_here(argv, event)
     sys.stdout.buffer.write(stdout)
     sys.stdout.buffer.flush()
     if stderr:

@@ -15,6 +15,7 @@ action (``GATES``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
@@ -61,8 +62,13 @@ def main(argv: list[str], stdin: Any = None, stdout: Any = None, stderr: Any = N
     stderr = sys.stderr if stderr is None else stderr
     environ = os.environ if environ is None else environ
     if len(argv) != 1 or argv[0] not in PROTOCOLS:
-        stderr.write(f"turnguard hook: usage: turnguard hook {{{','.join(PROTOCOLS)}}} (the event on stdin)\n")
-        return 2
+        why = f"usage: turnguard hook {{{','.join(PROTOCOLS)}}} (the event on stdin), not {' '.join(argv)!r}"
+        note_error(environ, argv[0] if argv and argv[0] in PROTOCOLS else "unknown", why)
+        with contextlib.suppress(OSError, ValueError):
+            stdin.read(MAX_READ)  # (the agent's write of the event does not fail)
+        with contextlib.suppress(OSError, ValueError):
+            stderr.write(f"turnguard hook: {why}; allowed\n")
+        return USAGE_EXIT
     try:
         raw = stdin.read(MAX_READ)
     except (OSError, ValueError) as exc:
@@ -84,6 +90,9 @@ def main(argv: list[str], stdin: Any = None, stdout: Any = None, stderr: Any = N
     return answer.exit_code
 
 
+USAGE_EXIT = 1
+"""The exit status of a hook command written wrong: an error all three agents show without
+blocking anything (2 would block every tool call and prompt until the command is mended)."""
 MAX_READ = MAX_STDIN_BYTES + 1
 """One byte past the largest event: a larger one is seen as larger, not cut to look whole."""
 
