@@ -287,6 +287,41 @@ def test_explicit_cap_from_the_configuration_in_the_events_cwd(
     run_to_cap(s, 20, outcomes=False)
 
 
+@pytest.mark.parametrize("agent", AGENTS)
+def test_an_open_turn_keeps_the_settings_of_the_folder_it_opened_in(agent: str, env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    """The agent's ``cwd`` follows the model's ``cd``: a call made from another folder (one with other
+    settings, none, one gone since, or no ``cwd`` at all) counts in the open turn, under its settings."""
+    s = Session(agent, env, tmp_path)
+    (s.events.project / "turnguard.toml").write_text("max_tool_calls_per_turn = 5\n")
+    other, bare = tmp_path / "other", tmp_path / "bare"
+    for folder in (other, bare):
+        folder.mkdir()
+    (other / "turnguard.toml").write_text("max_tool_calls_per_turn = 50\nstreak_stop_at = 20\n")
+    folders = [str(s.events.project), str(other), str(bare), str(tmp_path / "gone"), None]
+    rng = random.Random(f"cwd-{agent}")
+
+    def moved(payload: dict[str, Any]) -> dict[str, Any]:
+        folder = rng.choice(folders)
+        return {**payload, "cwd": folder} if folder else {k: v for k, v in payload.items() if k != "cwd"}
+
+    def call(n: int) -> Any:
+        tool_input, call_id = {"command": f"cat part-{n}.txt"}, s.events.call_id()
+        check = s.send(moved(s.events.pre(tool_input, call_id)))
+        s.send(moved(s.events.post(tool_input, call_id, failed=False)))
+        return check
+
+    for _ in range(3):
+        s.start()  # in the project: a cap of 5
+        assert all(is_allow(call(n)) for n in range(1, 6))
+        assert check_halts(agent, call(6))
+        s.stop()
+    s.send({**s.events.prompt(), "cwd": str(other)})  # a turn opened elsewhere: a cap of 50
+    assert all(is_allow(call(n)) for n in range(1, 21))
+    assert s.tool_calls() == 20
+    assert errors_logged(env) == []
+
+
 # -- 2b. alternating loops (cycle_repeat) ---------------------------------------------------------------
 
 

@@ -209,24 +209,33 @@ class Hook:
     memo: Memo | None = None
 
     def __post_init__(self) -> None:
-        from turnguard.agents import configs
-
-        search = self.cwd if self.cwd and os.path.isdir(self.cwd) else "."
-        root = state_root(dict(self.environ))
-        if self.memo is not None:
-            settings = self.memo.configs.get(self.environ, search, root / "hooks")
-        else:
-            settings = configs.read(self.environ, search, root / "hooks")
-        self.config = settings.config
-        self.live_config = settings.live
-        self.store = SessionStore(root, self.protocol.agent, self.memo.written if self.memo is not None else None)
-        self._guard: Any = None
+        self.store = SessionStore(state_root(dict(self.environ)), self.protocol.agent,
+                                  self.memo.written if self.memo is not None else None)
+        self.opening = os.path.abspath(self.cwd if self.cwd and os.path.isdir(self.cwd) else ".")
+        self._configure(self.opening)
 
     config: Any = None
     live_config: Any = None
     store: Any = None
+    opening: str = "."
+    """The folder whose configuration a turn this event opens is decided under: the event's."""
+    folder: str | None = None
+    """The folder the configuration in use was read from."""
     _guard: Any = None
     _session: Any = None
+
+    def _configure(self, folder: str) -> None:
+        """Decide under the configuration found from ``folder`` (and the environment)."""
+        from turnguard.agents import configs
+
+        if folder == self.folder:
+            return
+        hooks = self.store.directory.parent
+        if self.memo is not None:
+            settings = self.memo.configs.get(self.environ, folder, hooks)
+        else:
+            settings = configs.read(self.environ, folder, hooks)
+        self.config, self.live_config, self.folder, self._guard = settings.config, settings.live, folder, None
 
     @property
     def guard(self) -> Any:
@@ -241,6 +250,9 @@ class Hook:
             damage = state_damage(data)
             if damage is not None:
                 self._set_aside(damage)
+            opened_in = data.get("cwd")
+            if data.get("turn") is not None and opened_in is not None and os.path.isdir(opened_in):
+                self._configure(opened_in)  # an open turn is decided under the settings it opened with
             if event.kind is Kind.TURN_START:
                 answer = self._start(data, event)
                 self.store.clean()
@@ -265,12 +277,13 @@ class Hook:
         return self.protocol.answer(event, Decision.allow())
 
     def _open(self, data: dict[str, Any], event: AgentEvent) -> Any:
+        self._configure(self.opening)
         attended = self.protocol.attended(event, self.environ)
         turn = self.guard.turn(conversation_id=event.session_id, agent_name=self.protocol.agent,
                                promptable=attended, durable=True)
         data["ref"] = event.turn_ref
         data["session"] = event.session_id
-        data["cwd"] = event.cwd
+        data["cwd"] = self.opening
         data["journal"] = [["o", time.time_ns(), turn.turn_id, attended]]
         for transient in ("ask", "waiting", "remind"):
             data.pop(transient, None)
