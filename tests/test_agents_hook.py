@@ -435,6 +435,59 @@ def test_concurrent_real_hook_commands_count_every_call_exactly(env: dict[str, s
     assert tool_calls(env, agent, events.session_id) == 10
 
 
+CALL_ID_AGENTS = ("claude-code", "codex")
+"""The agents that send a call's id (Gemini CLI sends none)."""
+
+
+@pytest.mark.parametrize("agent", CALL_ID_AGENTS)
+def test_a_hook_installed_twice_counts_each_call_once(agent: str, forks: ForkServer, env: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    """Codex runs the hooks of every settings layer, at once: with turnguard at user and project
+    scope each event comes twice, concurrently. Both get the answer one hook would give."""
+    env["TURNGUARD_MAX_TOOL_CALLS_PER_TURN"] = "10"
+    events = Events(agent, tmp_path)
+
+    def twice(event: dict[str, Any]) -> list[Any]:
+        return forks.run(agent, [json.dumps(event).encode()] * 2, env)
+
+    assert [e.status for e in twice(events.prompt())] == [0, 0]
+    for n in range(1, 12):
+        tool_input, call_id = {"command": f"echo {n}"}, events.call_id()
+        first, second = twice(events.pre(tool_input, call_id))
+        assert first == second, (n, first, second)
+        if n <= 10:
+            assert (first.status, first.stdout, first.stderr) == (0, b"{}\n", b""), (n, first)
+            assert [e.stderr for e in twice(events.post(tool_input, call_id, failed=False))] == [b"", b""]
+        else:
+            assert b"call 11 exceeds max_tool_calls_per_turn=10" in first.stdout, first
+    assert tool_calls(env, agent, events.session_id) == 11
+
+
+@pytest.mark.parametrize("repeated", ["check", "outcome", "both"])
+@pytest.mark.parametrize("agent", CALL_ID_AGENTS)
+def test_a_calls_check_or_outcome_given_again_gets_the_same_answer_and_counts_once(
+        agent: str, repeated: str, env: dict[str, str], tmp_path: Path) -> None:
+    s = Session(agent, env, tmp_path)
+    s.start()
+    rng = random.Random(f"again-{agent}-{repeated}")
+    for n in range(1, 40):
+        tool_input, call_id = {"command": "make test"}, s.events.call_id()
+        pre = s.events.pre(tool_input, call_id)
+        checks = [s.send(pre) for _ in range(1 + (repeated != "outcome") * rng.randrange(1, 4))]
+        assert all(c == checks[0] for c in checks), (n, checks)
+        post = s.events.post(tool_input, call_id, failed=True)
+        posts = [s.send(post) for _ in range(1 + (repeated != "check") * rng.randrange(1, 4))]
+        assert all(p == posts[0] for p in posts), (n, posts)
+        assert s.tool_calls() == n
+        step = Step(checks[0], posts[0], s.send(s.events.batch([(s.events.tool, tool_input, call_id, "x")])))
+        if not all(is_allow(a) for a in step.answers()):
+            assert n == STOP_AT and outcome_halts(agent, step), (n, step)
+            break
+    else:
+        raise AssertionError("no halt")
+    assert s.snapshot()["turn"]["facts"]["outcomes"]["error"] == STOP_AT
+
+
 def test_concurrent_threads_in_one_process_count_every_call_exactly(env: dict[str, str], tmp_path: Path) -> None:
     """Ten threads calling ``hook.run`` at once on a new session (each takes the lock on a
     descriptor of its own), round after round."""

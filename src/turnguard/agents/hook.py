@@ -49,6 +49,11 @@ only when that agent's hook runs."""
 MAX_JOURNAL = 50_000
 """Journal entries kept per turn for telemetry; past it the turn is decided as ever but not
 exported (the exporter counts it as a host error)."""
+MAX_ANSWERED = 1024
+"""Answers kept per turn to give again when a call's check or outcome comes twice (the same hook
+installed twice: Codex runs the hooks of every settings layer, at once)."""
+TRANSIENT = ("ask", "waiting", "remind", "answered")
+"""The state's fields that belong to the open turn only."""
 HALT_NOTE = "turnguard halted this turn"
 ASK_MODEL = "Ask the user before going on. "
 """Before a question put to the model, in an attended session of an agent whose hooks cannot ask."""
@@ -285,7 +290,7 @@ class Hook:
         data["session"] = event.session_id
         data["cwd"] = self.opening
         data["journal"] = [["o", time.time_ns(), turn.turn_id, attended]]
-        for transient in ("ask", "waiting", "remind"):
+        for transient in TRANSIENT:
             data.pop(transient, None)
         return turn
 
@@ -350,12 +355,16 @@ class Hook:
         export.hand_over(self.store, self.config, self.protocol.agent, data, self.environ)
         data["turn"] = None
         data["journal"] = []
-        for transient in ("ask", "waiting", "remind"):
+        for transient in TRANSIENT:
             data.pop(transient, None)
 
     # -- one step -----------------------------------------------------------------------------
 
     def _step(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
+        key = _answer_key(event)
+        answered = (data.get("answered") or {}).get(key) if key is not None else None
+        if answered is not None:  # the same call's check (or outcome) again: the answer it got
+            return self.protocol.answer(event, Decision(*answered))
         turn = self._resume(data, event)
         decision = Decision.allow()
         if event.kind is Kind.MODEL_REQUEST:
@@ -374,6 +383,11 @@ class Hook:
             if turn.halted is not None:
                 decision = Decision.halt(turn.halted.message or HALT_NOTE, at_check=False)
         decision = self._deliver(data, event, decision)
+        if key is not None:
+            answers = data.setdefault("answered", {})
+            answers[key] = [decision.kind, decision.message, decision.at_check]
+            if len(answers) > MAX_ANSWERED:
+                del answers[next(iter(answers))]
         data["turn"] = turn.suspend()
         return self.protocol.answer(event, decision)
 
@@ -490,6 +504,13 @@ class Hook:
             journal.append(["x"])  # cut: the exporter leaves this turn out and counts it
 
 
+def _answer_key(event: AgentEvent) -> str | None:
+    """What names a call's check or outcome in the turn: the call's id, where the agent sends one."""
+    if event.call_id is None or event.kind not in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
+        return None
+    return ("c:" if event.kind is Kind.TOOL_CHECK else "r:") + event.call_id
+
+
 def state_damage(data: dict[str, Any]) -> str | None:
     """What makes a session's stored state one this hook cannot go on with (a field of the wrong
     type), or ``None``. The turn's snapshot is checked by ``Guard.resume``; the journal's later
@@ -547,6 +568,9 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "waiting": ("a list of waiting calls", _waiting),
     "ask": ("a pending question", _ask),
     "remind": ("a string", lambda v: isinstance(v, str)),
+    "answered": ("the answers given", lambda v: isinstance(v, dict) and all(
+        isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[1], str)
+        and isinstance(a[2], bool) for a in v.values())),
 }
 """The state's fields this hook reads, and what each must be."""
 
