@@ -552,6 +552,50 @@ def test_a_new_turn_starts_from_zero_and_the_old_one_ends_interrupted(agent: str
     assert (line["agent"], line["ended_by"], line["tool_calls"]) == (agent, "interrupted", 5)
 
 
+TURN_ID_AGENTS = ("claude-code", "codex")
+"""The agents whose events name their turn (``prompt_id``, ``turn_id``)."""
+
+
+@pytest.mark.parametrize("agent", TURN_ID_AGENTS)
+def test_calls_of_an_earlier_turn_count_in_the_open_turn(agent: str, env: dict[str, str], tmp_path: Path) -> None:
+    """A background subagent started under one prompt goes on calling tools while the person's next
+    prompt runs: its calls carry the first prompt's id, and count in the open turn (the person pays
+    for both) instead of ending it. Only a new prompt opens a new turn."""
+    env["TURNGUARD_MAX_TOOL_CALLS_PER_TURN"] = "30"
+    s = Session(agent, env, tmp_path)
+    rng = random.Random(f"earlier-{agent}")
+    s.start()
+    first = s.events.turn_id
+    s.call("npm install", failed=False)
+    s.stop()
+    s.start()
+    second = s.events.turn_id
+
+    def call_of(turn_id: str | None, command: str, *, failed: bool) -> Step:
+        current, s.events.turn_id = s.events.turn_id, turn_id
+        try:
+            return s.call(command, failed=failed)
+        finally:
+            s.events.turn_id = current
+
+    for n in range(1, 31):  # the two interleaved at random, distinct calls: the cap counts them all
+        turn_id = rng.choice([first, second])
+        assert all(is_allow(a) for a in call_of(turn_id, f"cat part-{n}.txt", failed=False).answers()), n
+    assert s.tool_calls() == 30
+    assert check_halts(agent, s.check("cat part-31.txt"))
+    s.stop()
+    s.start()
+    third = s.events.turn_id
+    assert s.tool_calls() == 0  # a new prompt opens a new turn
+    for n in range(1, STOP_AT + 1):  # identical failures from an earlier turn and the open one: one streak
+        step = call_of(rng.choice([first, second, third]), "npm test", failed=True)
+        assert all(is_allow(a) for a in step.answers()) == (n < STOP_AT), (n, step)
+    assert outcome_halts(agent, step)
+    assert s.tool_calls() == STOP_AT
+    lines = export_now(env)
+    assert [(line["ended_by"], line["tool_calls"]) for line in lines] == [("completed", 1), ("explicit", 31)]
+
+
 @pytest.mark.parametrize("agent", AGENTS)
 def test_a_turn_without_tool_calls_is_recorded_too(agent: str, env: dict[str, str], tmp_path: Path) -> None:
     s = Session(agent, env, tmp_path)

@@ -7,7 +7,8 @@ without a post event by then was refused (a permission, or a hook), which is a d
 ``Stop`` ends the turn, ``SessionEnd`` the session. A subagent's calls (the ``Agent``/Task tool)
 carry the session's and the prompt's ids and count in the turn of the prompt that started it: the
 person pays for both. A background subagent's report comes back as a prompt of its own
-(``<task-notification>``): Claude Code makes it a turn, and so does turnguard. Claude Code has no
+(``<task-notification>``): Claude Code makes it a turn, and so does turnguard. A background
+subagent's call after its prompt's turn ended carries that prompt's id: it counts in the open turn. Claude Code has no
 event before a model request, so ``max_cycles_per_turn`` cannot act here.
 
 Answers: a reminder is ``additionalContext`` (the model reads it); a question is

@@ -52,6 +52,8 @@ exported (the exporter counts it as a host error)."""
 MAX_ANSWERED = 1024
 """Answers kept per turn to give again when a call's check or outcome comes twice (the same hook
 installed twice: Codex runs the hooks of every settings layer, at once)."""
+MAX_EARLIER = 64
+"""The ids of the session's ended turns kept: an event of one of them counts in the open turn."""
 TRANSIENT = ("ask", "waiting", "remind", "answered")
 """The state's fields that belong to the open turn only."""
 HALT_NOTE = "turnguard halted this turn"
@@ -296,10 +298,13 @@ class Hook:
 
     def _resume(self, data: dict[str, Any], event: AgentEvent) -> Any:
         """The session's turn: resumed from its snapshot, or opened when the agent started one
-        turnguard did not see (hooks installed mid-session, a lost prompt event, another turn id)."""
+        turnguard did not see (hooks installed mid-session, a lost prompt event, a turn id never
+        seen). An event of one of the session's earlier turns (a background subagent's call after
+        its prompt's turn ended) counts in the open turn: the person pays for both."""
         state = data.get("turn")
         ref = data.get("ref")
-        if state is not None and (event.turn_ref is None or ref is None or ref == event.turn_ref):
+        if state is not None and (event.turn_ref is None or ref is None or ref == event.turn_ref
+                                  or event.turn_ref in data.get("earlier", ())):
             turn = self._resumed(data)
             if turn is not None:
                 return turn
@@ -341,6 +346,12 @@ class Hook:
 
     def _close(self, data: dict[str, Any], reason: str) -> None:
         """End the session's turn and hand its journal to the exporter."""
+        ref = data.get("ref")
+        if ref is not None:
+            earlier = data.setdefault("earlier", [])
+            if ref not in earlier:
+                earlier.append(ref)
+                del earlier[:-MAX_EARLIER]
         turn = self._resumed(data)
         if turn is None:
             return
@@ -568,6 +579,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "waiting": ("a list of waiting calls", _waiting),
     "ask": ("a pending question", _ask),
     "remind": ("a string", lambda v: isinstance(v, str)),
+    "earlier": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(r, str) for r in v)),
     "answered": ("the answers given", lambda v: isinstance(v, dict) and all(
         isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[1], str)
         and isinstance(a[2], bool) for a in v.values())),
