@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -185,6 +187,7 @@ def test_a_hook_command_written_wrong_never_blocks_and_says_why(command: str, ar
                                                                 env: dict[str, str]) -> None:
     """Exit 2 would block every tool call and prompt: a usage error exits 1, which all three agents
     show as a hook error and go on."""
+    env["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tg-", dir="/tmp")  # short: the socket's own folder
     program = [sys.executable, "-S", client.__file__] if command == "client" else [sys.executable, "-m",
                                                                                     "turnguard", "hook"]
     done = subprocess.run([*program, *argv], input=event("PreToolUse"), env=env, capture_output=True, timeout=60,
@@ -193,7 +196,10 @@ def test_a_hook_command_written_wrong_never_blocks_and_says_why(command: str, ar
     [line] = done.stderr.decode().splitlines()
     assert line.startswith("turnguard hook: usage: ") and "claude-code,codex,gemini" in line, line
     assert line.endswith("; allowed") and repr(" ".join(argv)) in line, line
-    assert not any(socket_of(env).parent.glob("*.sock")), "no server is started for it"
+    try:
+        assert not socket_of(env).parent.exists(), "no server is started for it"
+    finally:
+        shutil.rmtree(env["XDG_RUNTIME_DIR"])
     errors = Path(env["TURNGUARD_STATE_DIR"], "hooks", "errors.log").read_text().splitlines()
     assert len(errors) == 1 and "usage" in errors[0], errors
 
