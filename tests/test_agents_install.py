@@ -37,6 +37,12 @@ def where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes without ``fsync``: durability is not what the tests of hundreds of random settings test."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
 def cli(capsys: pytest.CaptureFixture[str], verb: str, *argv: str) -> tuple[int, str, str]:
     """The command through its real argparse path: the subcommand's ``arguments``, then ``run``."""
     parser = argparse.ArgumentParser(prog=f"turnguard {verb}", allow_abbrev=False)
@@ -51,6 +57,11 @@ def settings_file(agent: str, root: Path, scope: str = "project") -> Path:
     spec = ins.AGENT_HOOKS[agent]
     folder = root / "project" / spec.folder if scope == "project" else root / "home" / spec.folder
     return folder / spec.file
+
+
+def project_settings(root: Path, agent: str) -> Path:
+    """The agent's project settings file under ``root``."""
+    return root / ins.AGENT_HOOKS[agent].folder / ins.AGENT_HOOKS[agent].file
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -573,14 +584,13 @@ def without_empty_hooks(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_install_then_uninstall_is_the_identity_and_install_twice_is_install_once(tmp_path, monkeypatch,
+def test_install_then_uninstall_is_the_identity_and_install_twice_is_install_once(tmp_path, no_fsync,
                                                                                    seed) -> None:
-    monkeypatch.setattr(os, "fsync", lambda fd: None)  # durability is not what is tested here; speed is wanted
     rng = random.Random(seed)
     for case in range(120):
         agent = AGENTS[case % len(AGENTS)]
         root = tmp_path / f"case{case}"
-        path = root / ins.AGENT_HOOKS[agent].folder / ins.AGENT_HOOKS[agent].file
+        path = project_settings(root, agent)
         settings = random_settings(rng, agent)
         text = random_text(rng, settings)
         exists = rng.random() < 0.9
@@ -607,13 +617,12 @@ def test_install_then_uninstall_is_the_identity_and_install_twice_is_install_onc
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_the_users_edits_between_install_and_uninstall_are_kept(tmp_path, monkeypatch, seed) -> None:
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
+def test_the_users_edits_between_install_and_uninstall_are_kept(tmp_path, no_fsync, seed) -> None:
     rng = random.Random(100 + seed)
     for case in range(100):
         agent = AGENTS[case % len(AGENTS)]
         root = tmp_path / f"case{case}"
-        path = root / ins.AGENT_HOOKS[agent].folder / ins.AGENT_HOOKS[agent].file
+        path = project_settings(root, agent)
         settings = random_settings(rng, agent)
         path.parent.mkdir(parents=True)
         path.write_text(random_text(rng, settings), encoding="utf-8")
@@ -758,14 +767,13 @@ def found_values(value: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_what_json_allows_is_written_back_as_json_with_the_same_values(tmp_path, monkeypatch, seed) -> None:
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
+def test_what_json_allows_is_written_back_as_json_with_the_same_values(tmp_path, no_fsync, seed) -> None:
     rng = random.Random(200 + seed)
     for case in range(60):
         agent = AGENTS[case % len(AGENTS)]
         literals = [STRICT_LITERALS[case % len(STRICT_LITERALS)], *rng.sample(STRICT_LITERALS, rng.randrange(3))]
         root = tmp_path / f"case{case}"
-        path = root / ins.AGENT_HOOKS[agent].folder / ins.AGENT_HOOKS[agent].file
+        path = project_settings(root, agent)
         path.parent.mkdir(parents=True)
         text = with_literals(rng, agent, literals)
         path.write_text(text, encoding="utf-8")
