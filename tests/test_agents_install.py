@@ -158,6 +158,30 @@ USER_SETTINGS = {
 }
 
 
+@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("first", ["--user", "--project"])
+def test_install_says_when_the_other_scope_has_turnguards_hooks_already(where, capsys, agent, first) -> None:
+    """The agents run the hooks of every settings layer: installed in both, each event reaches
+    turnguard twice. Install says so (also as a dry run), and stops saying it once one is removed."""
+    second = "--project" if first == "--user" else "--user"
+    other = settings_file(agent, where, first.removeprefix("--"))
+    assert cli(capsys, "install", agent, first)[0] == 0
+    for dry in ([], ["--dry-run"]):
+        status, out, _ = cli(capsys, "install", agent, second, *dry)
+        assert status == 0 and f"has turnguard's hooks too, and {agent} runs both" in out
+        assert other.name in out and f"turnguard uninstall {agent} {first}" in out
+    assert "runs both" in cli(capsys, "install", agent, first)[1]  # (installed there already: the other has it too)
+    assert cli(capsys, "uninstall", agent, first)[0] == 0
+    assert "runs both" not in cli(capsys, "install", agent, second)[1]
+
+
+def test_install_in_the_home_folder_is_one_settings_file_for_both_scopes(where, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(where / "home")
+    assert cli(capsys, "install", "claude-code", "--user")[0] == 0
+    status, out, _ = cli(capsys, "install", "claude-code", "--project")
+    assert status == 0 and "runs both" not in out
+
+
 def test_install_keeps_the_users_hooks_of_the_same_and_other_events_and_their_settings(where, capsys) -> None:
     path = settings_file("claude-code", where)
     path.parent.mkdir()

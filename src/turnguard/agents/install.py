@@ -680,6 +680,22 @@ def plan_install(agent: str, scope: Scope, *, environ: Mapping[str, str], cwd: P
     return tuple(changes)
 
 
+def installed_elsewhere(agent: str, scope: Scope, *, environ: Mapping[str, str], cwd: Path) -> Path | None:
+    """The agent's settings file of the other scope when it holds turnguard's hooks already
+    (``None``: it does not, it is this one, or it cannot be read). The agent runs the hooks of
+    both, so each event would reach turnguard twice."""
+    spec = AGENT_HOOKS[agent]
+    other = Scope.USER if scope is Scope.PROJECT else Scope.PROJECT
+    path = agent_folder(spec, other, environ, cwd) / spec.file
+    if _target(path) == _target(agent_folder(spec, scope, environ, cwd) / spec.file):
+        return None
+    try:
+        text = _read(path)
+        return path if text is not None and contains_turnguard(parse_settings(text, path)) else None
+    except SettingsError:
+        return None
+
+
 def _restored(spec: AgentHooks, before: str, backup: Backup, path: Path) -> tuple[str | None, str]:
     """The settings file after uninstall, given its backup: the original bytes when nothing but
     turnguard's entries changed since; else the current settings without turnguard's entries."""
@@ -837,6 +853,8 @@ def _run(verb: str, args: argparse.Namespace, plan: Callable[..., tuple[Change, 
     except SettingsError as exc:
         print(f"turnguard {verb}: {_shown(exc.path, cwd)}: {exc.reason}", file=sys.stderr)
         return 2
+    if verb == "install":
+        _say_if_installed_elsewhere(args, cwd)
     if args.dry_run:
         _dry_run(verb, changes, cwd, args.wide)
         return 0
@@ -854,6 +872,15 @@ def _run(verb: str, args: argparse.Namespace, plan: Callable[..., tuple[Change, 
         for note in filter(None, notes):
             _say(f"turnguard install: note: {note}", args.wide)
     return 0
+
+
+def _say_if_installed_elsewhere(args: argparse.Namespace, cwd: Path) -> None:
+    other = installed_elsewhere(args.agent, Scope(args.scope), environ=os.environ, cwd=cwd)
+    if other is not None:
+        flag = "--user" if args.scope == Scope.PROJECT.value else "--project"
+        _say(f"turnguard install: note: {_shown(other, cwd)} has turnguard's hooks too, and {args.agent} runs "
+             f"both: keep one (turnguard uninstall {args.agent} {flag}); a call reported twice without a call "
+             f"id (Gemini CLI sends none) counts twice", args.wide)
 
 
 def run_install(args: argparse.Namespace) -> int:
