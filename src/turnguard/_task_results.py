@@ -324,17 +324,18 @@ class ResultBook:
                 return ResultStatus.DUPLICATE, None
             return (ResultStatus.EXPIRED if key in self._expired else ResultStatus.UNKNOWN), None
         digest = self._digest(key)
-        if entry.resolved is not None or digest in self._results or self._signed_result(digest):
+        if entry.resolved is not None or self._had_result(digest):
             return ResultStatus.DUPLICATE, entry  # (an id that ended again: its first result stands)
         entry.resolved = resolved
         self._results.add(digest)
         return ResultStatus.ACCEPTED, entry
 
-    def _signed_result(self, digest: int) -> bool:
-        """Whether a result came by token for this id, with tokens checked by ``digest_key`` (so
-        made by a guard of the operator's): one of an earlier turn of the id stands. Without the
-        key a token may be anyone's, so it never keeps the id's own turn from its result."""
-        return self.digest_key is not None and digest in self._token_results
+    def _had_result(self, digest: int) -> bool:
+        """Whether the turn id of ``digest`` got a result: by id, or by token where tokens are
+        checked by ``digest_key`` (so made by a guard of the operator's: an earlier turn of the
+        id's stands). Without the key a token may be anyone's, so it never keeps the id's own turn
+        from its result."""
+        return digest in self._results or (self.digest_key is not None and digest in self._token_results)
 
     def _token_of(self, entry: Ended) -> str:
         """The token of a turn in the book, as its own guard made it (``""``: it has none)."""
