@@ -488,6 +488,25 @@ def test_a_calls_check_or_outcome_given_again_gets_the_same_answer_and_counts_on
     assert s.snapshot()["turn"]["facts"]["outcomes"]["error"] == STOP_AT
 
 
+@pytest.mark.parametrize("same_input", [True, False])
+@pytest.mark.parametrize("agent", CALL_ID_AGENTS)
+def test_a_call_id_used_again_for_a_later_call_is_a_new_call(
+        agent: str, same_input: bool, env: dict[str, str], tmp_path: Path) -> None:
+    """An agent (or a sender) that gives every call one id: each call after the last one's outcome
+    counts, identical or not, so no cap or streak is hidden behind the first call's answer."""
+    s = Session(agent, env, tmp_path)
+    s.start()
+    for n in range(1, 40):
+        tool_input = {"command": "make test" if same_input else f"make test-{n}"}
+        if not is_allow(s.send(s.events.pre(tool_input, "call_0"))):  # the streak's stop, latched
+            assert same_input and n == STOP_AT + 1, n
+            break
+        s.send(s.events.post(tool_input, "call_0", failed=True))
+        assert s.tool_calls() == n
+    else:
+        assert not same_input
+
+
 def test_concurrent_threads_in_one_process_count_every_call_exactly(env: dict[str, str], tmp_path: Path) -> None:
     """Ten threads calling ``hook.run`` at once on a new session (each takes the lock on a
     descriptor of its own), round after round."""

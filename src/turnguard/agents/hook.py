@@ -51,7 +51,8 @@ MAX_JOURNAL = 50_000
 exported (the exporter counts it as a host error)."""
 MAX_ANSWERED = 1024
 """Answers kept per turn to give again when a call's check or outcome comes twice (the same hook
-installed twice: Codex runs the hooks of every settings layer, at once)."""
+installed twice: Codex runs the hooks of every settings layer, at once): a check's until its
+outcome, an outcome's until the next check of its call id (``_repeated``)."""
 MAX_EARLIER = 64
 """The ids of the session's ended turns kept: an event of one of them counts in the open turn."""
 TRANSIENT = ("ask", "waiting", "remind", "answered")
@@ -373,9 +374,10 @@ class Hook:
 
     def _step(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
         key = _answer_key(event)
-        answered = (data.get("answered") or {}).get(key) if key is not None else None
+        fingerprint = self._digest(event.tool_name or "", event.tool_input) if key is not None else ""
+        answered = _repeated(data, event, key, fingerprint)
         if answered is not None:  # the same call's check (or outcome) again: the answer it got
-            return self.protocol.answer(event, Decision(*answered))
+            return self.protocol.answer(event, answered)
         turn = self._resume(data, event)
         decision = Decision.allow()
         if event.kind is Kind.MODEL_REQUEST:
@@ -395,10 +397,7 @@ class Hook:
                 decision = Decision.halt(turn.halted.message or HALT_NOTE, at_check=False)
         decision = self._deliver(data, event, decision)
         if key is not None:
-            answers = data.setdefault("answered", {})
-            answers[key] = [decision.kind, decision.message, decision.at_check]
-            if len(answers) > MAX_ANSWERED:
-                del answers[next(iter(answers))]
+            _keep_answer(data, event, key, fingerprint, decision)
         data["turn"] = turn.suspend()
         return self.protocol.answer(event, decision)
 
@@ -439,6 +438,7 @@ class Hook:
             self._answer(turn, data, "redirect")  # the person refused the asked call; the agent went on
             ask = None
         call = ToolCall(event.tool_name, event.tool_input, call_id=event.call_id)
+        _forget_answer(data, "r:", event.call_id)
         verdict = turn.check_call(call)
         data.setdefault("waiting", []).append(
             [event.tool_name, None if event.call_id is not None else event.tool_input, event.call_id])
@@ -462,6 +462,7 @@ class Hook:
             if (other_id == call_id) if call_id is not None else (other == name and other_input == tool_input):
                 del waiting[i]
                 break
+        _forget_answer(data, "c:", call_id)
         ask = data.get("ask")
         if ask is not None and ask.get("call") is not None and ask["call"] == (call_id or ""):
             self._answer(turn, data, "stop" if outcome == "denied" else "continue")
@@ -515,11 +516,37 @@ class Hook:
             journal.append(["x"])  # cut: the exporter leaves this turn out and counts it
 
 
+def _forget_answer(data: dict[str, Any], kind: str, call_id: str | None) -> None:
+    """A check of ``call_id`` ends the repeat of its earlier outcome (``kind`` ``"r:"``), an
+    outcome (reported, or a refusal said at the step's end) that of its check (``"c:"``)."""
+    answers = data.get("answered")
+    if answers and call_id is not None:
+        answers.pop(kind + call_id, None)
+
+
 def _answer_key(event: AgentEvent) -> str | None:
     """What names a call's check or outcome in the turn: the call's id, where the agent sends one."""
     if event.call_id is None or event.kind not in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
         return None
     return ("c:" if event.kind is Kind.TOOL_CHECK else "r:") + event.call_id
+
+
+def _repeated(data: dict[str, Any], event: AgentEvent, key: str | None, fingerprint: str) -> Decision | None:
+    """The answer a call's check or outcome got, when this event is that one again: a check of the
+    same call (name and input) whose outcome has not come, or an outcome with no check of its call
+    id since. A call id used again for a later call (after its outcome) is a new call."""
+    answer = (data.get("answered") or {}).get(key) if key is not None else None
+    if answer is None or answer[3] != fingerprint:
+        return None
+    return Decision(answer[0], answer[1], answer[2])
+
+
+def _keep_answer(data: dict[str, Any], event: AgentEvent, key: str, fingerprint: str, decision: Decision) -> None:
+    """Keep the answer for a repeat (``_repeated``; ``_forget_answer`` ends it)."""
+    answers = data.setdefault("answered", {})
+    answers[key] = [decision.kind, decision.message, decision.at_check, fingerprint]
+    if len(answers) > MAX_ANSWERED:
+        del answers[next(iter(answers))]
 
 
 def state_damage(data: dict[str, Any]) -> str | None:
@@ -581,8 +608,8 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "remind": ("a string", lambda v: isinstance(v, str)),
     "earlier": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(r, str) for r in v)),
     "answered": ("the answers given", lambda v: isinstance(v, dict) and all(
-        isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[1], str)
-        and isinstance(a[2], bool) for a in v.values())),
+        isinstance(a, list) and len(a) == 4 and isinstance(a[0], str) and isinstance(a[1], str)
+        and isinstance(a[2], bool) and isinstance(a[3], str) for a in v.values())),
 }
 """The state's fields this hook reads, and what each must be."""
 
