@@ -507,6 +507,35 @@ def test_a_call_id_used_again_for_a_later_call_is_a_new_call(
         assert not same_input
 
 
+HOSTILE_IDS = {"long": "x" * 300_000, "surrogate": "call_\udc80", "surrogate_long": "\ud800" * 400}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE_IDS))
+@pytest.mark.parametrize("agent", CALL_ID_AGENTS)
+def test_call_and_turn_ids_of_any_length_or_text_keep_the_state_small_and_the_counts_exact(
+        agent: str, kind: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Ids the state keeps per call or turn (call ids, prompt or turn ids) stand as a digest past
+    MAX_ID_LENGTH or when not UTF-8: the state stays small, nothing fails, every call counts, and a
+    loop under such ids halts at the streak's stop as under the agent's own (Codex's outcome is read
+    from its transcript's record of the id, which such an id's record is not found in: no failure
+    shows there, and the calls count as ever)."""
+    s = Session(agent, env, tmp_path)
+    s.start(turn_id=HOSTILE_IDS[kind] + "turn")
+    halts = agent != "codex"
+    for n in range(1, STOP_AT + 3):
+        call_id = f"{HOSTILE_IDS[kind]}{n}"
+        if not is_allow(s.send(s.events.pre({"command": "make test"}, call_id))):
+            assert halts and n == STOP_AT + 1, n
+            break
+        s.send(s.events.post({"command": "make test"}, call_id, failed=True))
+        assert s.tool_calls() == n
+    else:
+        assert not halts
+    files = list((tmp_path / "state").rglob("*.json"))
+    assert files and max(f.stat().st_size for f in files) < 64 * 1024
+    assert not (tmp_path / "state" / "hooks" / "errors.log").exists()
+
+
 def test_concurrent_threads_in_one_process_count_every_call_exactly(env: dict[str, str], tmp_path: Path) -> None:
     """Ten threads calling ``hook.run`` at once on a new session (each takes the lock on a
     descriptor of its own), round after round."""

@@ -30,7 +30,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, attended_from_env, common_fields
+from turnguard.agents.events import (
+    AgentEvent,
+    CommandHooks,
+    Decision,
+    Kind,
+    attended_from_env,
+    common_fields,
+    id_field,
+)
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -90,9 +98,8 @@ class ClaudeCode(CommandHooks):
 def _batch(calls: Any) -> tuple[tuple[str, Any, str | None], ...]:
     if not isinstance(calls, list):
         return ()
-    return tuple((c["tool_name"], c.get("tool_input"), c.get("tool_use_id") if isinstance(c.get("tool_use_id"), str)
-                  else None) for c in calls if isinstance(c, dict) and isinstance(c.get("tool_name"), str)
-                 and c["tool_name"])
+    return tuple((c["tool_name"], c.get("tool_input"), id_field(c, "tool_use_id")) for c in calls
+                 if isinstance(c, dict) and isinstance(c.get("tool_name"), str) and c["tool_name"])
 
 
 PROTOCOL = ClaudeCode(agent="claude-code", can_ask=True, context_at_check=True)

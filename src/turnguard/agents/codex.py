@@ -52,7 +52,8 @@ class Codex(CommandHooks):
         common["transcript"] = text_field(payload, "transcript_path")
         kind = common["kind"]
         if kind is Kind.TOOL_OUTCOME:
-            common.update(outcome=outcome_from_transcript(common["transcript"], common["call_id"]),
+            # (the id as Codex wrote it: the event's may stand as its digest, events.id_field)
+            common.update(outcome=outcome_from_transcript(common["transcript"], text_field(payload, "tool_use_id")),
                           result=payload.get("tool_response"))
         return AgentEvent(**common)
 
@@ -81,7 +82,7 @@ def outcome_from_transcript(path: str | None, call_id: str | None,
     """``ok`` / ``error`` from the transcript's record of the call, ``unknown`` without one."""
     if not path or not call_id or not os.path.isfile(path):
         return "unknown"
-    needle = f'"id":"{call_id}"'.encode()
+    needle = f'"id":"{call_id}"'.encode("utf-8", "surrogatepass")  # (a lone surrogate: no record has it)
     for wait in tries:
         if wait:
             time.sleep(wait)

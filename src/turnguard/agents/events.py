@@ -7,11 +7,14 @@ Each agent's module (a ``Protocol``) reads its own events into an ``AgentEvent``
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from typing import Protocol as TypingProtocol
+
+from turnguard._model import MAX_ID_LENGTH
 
 MAX_STDIN_BYTES = 8 * 1024 * 1024
 """A hook reads at most this much of stdin: a larger event is refused (and the agent allowed)."""
@@ -201,6 +204,24 @@ def text_field(payload: dict[str, Any], name: str, *, required: bool = False) ->
     return None
 
 
+def id_field(payload: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+    """``text_field`` for an id the state keeps per call or turn (a turn's, a call's): one longer than
+    ``MAX_ID_LENGTH`` or not UTF-8 (a lone surrogate) stands as a digest of itself, ``#`` and 32 hex
+    digits, the same for the same id, so no id can grow the state or fail its writing."""
+    value = text_field(payload, name, required=required)
+    if value is None or (len(value) <= MAX_ID_LENGTH and _encodes(value)):
+        return value
+    return "#" + hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def common_fields(payload: dict[str, Any], kinds: Mapping[str, Kind], *, turn_ref: str | None = None,
                   call_id: str | None = None) -> dict[str, Any]:
     """The ``AgentEvent`` fields every agent sends alike: the event's name and kind (``kinds``, by
@@ -212,14 +233,14 @@ def common_fields(payload: dict[str, Any], kinds: Mapping[str, Kind], *, turn_re
     fields: dict[str, Any] = {
         "kind": kind, "name": name, "cwd": text_field(payload, "cwd"),
         "session_id": text_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
-        "turn_ref": text_field(payload, turn_ref) if turn_ref else None,
+        "turn_ref": id_field(payload, turn_ref) if turn_ref else None,
     }
     if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
         tool_input = payload.get("tool_input")
         if nested_deeper(tool_input, MAX_INPUT_DEPTH):
             raise BadEvent(f"the event's tool_input nests deeper than {MAX_INPUT_DEPTH} levels")
         fields.update(tool_name=text_field(payload, "tool_name", required=True), tool_input=tool_input,
-                      call_id=text_field(payload, call_id) if call_id else None)
+                      call_id=id_field(payload, call_id) if call_id else None)
     return fields
 
 
