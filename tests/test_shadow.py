@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass, field
 
@@ -142,6 +143,49 @@ def test_a_shadow_configured_like_the_live_guard_reports_exactly_the_live_detect
     live, twin = turn.summary, heard.ended["twin"]
     assert (twin.halted, twin.threshold, twin.tool_calls, twin.max_key_repeat, twin.detections) == (
         live.halted, live.threshold, live.tool_calls, live.max_key_repeat, live.detections)
+
+
+TWIN = {"stateful_tools": ("poll",), "streak_exempt_tools": ("wait",), "streak_warn_at": 3, "streak_stop_at": 5,
+        "cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 4, "soft_cap": 12, "hard_multiplier": 4,
+        "stuck_repeat_threshold": 4, "max_cycles_per_turn": 0}
+"""Every threshold in play, low enough that random turns reach them, and both polling lists."""
+POOL = [("poll", {"j": 1}), ("poll", {"j": 2}), ("wait", {}), ("build", {}), ("read", {"p": 1}), ("read", {"p": 2})]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_twin_shadow_reports_the_live_detections_on_random_turns(seed):
+    """Loops of a few calls (cycles, streaks, polls with results that change or stay), batches
+    whose outcomes come in any order, a lost outcome now and then, retries, and every ASK answered
+    "continue": a shadow configured like the live guard reports the live detections, in order."""
+    rng = random.Random(seed)
+    options = {**TWIN, "streak_stop_on": rng.choice(("error", "any"))}
+    guard, heard = shadow_guard({"twin": options}, **options)
+    loop = rng.sample(POOL, rng.choice((2, 3)))
+    with guard.turn(promptable=rng.random() < 0.7) as turn:
+        n = 0
+        while n < 60 and turn.halted is None:
+            turn.begin_cycle()
+            batch = []
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                name, args = loop[n % len(loop)] if rng.random() < 0.7 else rng.choice(POOL)
+                n += 1
+                call = tg.ToolCall(name, args, call_id=f"c{n}")
+                verdict = turn.check_call(call)
+                if verdict.action is tg.Action.ASK:
+                    turn.resolve(verdict, "continue")
+                batch.append(call)
+            if rng.random() < 0.05:
+                turn.retry()
+                continue
+            rng.shuffle(batch)
+            for call in batch:
+                if rng.random() < 0.05:
+                    continue  # its outcome never comes
+                verdict = turn.record_outcome(call, rng.choice(("ok", "error", "error", "denied")),
+                                              result=rng.choice(("a", "a", "b", None)))
+                if verdict.action is tg.Action.ASK:
+                    turn.resolve(verdict, "continue")
+    assert events_view(heard.of("twin")) == events_view(heard.live)
 
 
 def test_shadows_never_change_the_live_verdicts():

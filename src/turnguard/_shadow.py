@@ -46,8 +46,8 @@ nothing of shadows; the package registers ``plugin_for`` as the ``shadow`` built
 
 from __future__ import annotations
 
-import functools
 import logging
+import operator
 import time
 import weakref
 from collections.abc import Callable
@@ -344,7 +344,7 @@ class ShadowPlugin:
     def turnguard_retry(self, turn: LedgerView) -> None:
         state = self._turns.get(id(turn))
         if state is not None:
-            state.pending.append(Ledger.rollback_cycle)
+            state.pending.append(operator.methodcaller("rollback_cycle"))  # (the ledger's own: a cycling one's too)
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: LedgerView, event: LoopDetectedEvent, response: str) -> None:
@@ -353,7 +353,7 @@ class ShadowPlugin:
         state = self._turns.get(id(turn))
         if state is not None:
             # (a shadow keying calls its own way has other digests: its ended streaks all go on)
-            state.pending.append(functools.partial(Ledger.reset_streak, answered=answered_digest(event)))
+            state.pending.append(operator.methodcaller("reset_streak", answered=answered_digest(event)))
 
     # -- durable turns: the shadows' state travels in the turn's snapshot ------------------------
 
