@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from dataclasses import dataclass
 
@@ -199,11 +200,11 @@ class Run:
                 s.halted, self.accepted)
 
 
-def drive_every_hook(fail_mode: str, plugins: dict[str, object]) -> Run:
+def drive_every_hook(fail_mode: str, plugins: dict[str, object], **options: object) -> Run:
     """A guard built with ``plugins`` and one turn that makes every hook fire: each host call
     once, a duplicate outcome, an answer, a retry, a suspension and a resume, the end and a late
     result."""
-    guard = tg.Guard(tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode=fail_mode), plugins=plugins, environ={})
+    guard = tg.Guard(tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode=fail_mode, **options), plugins=plugins, environ={})
     turn = guard.turn()
     verdicts = {"begin_cycle": turn.begin_cycle()}
     call = tg.ToolCall("bash", "make", call_id="t1")
@@ -255,6 +256,62 @@ def test_the_driver_makes_every_hook_fire():
 
 
 ERRORS = [RuntimeError("bug"), Custom("odd"), GeneratorExit()]
+
+
+def _cycle() -> list[object]:
+    loop: list[object] = []
+    loop.append(loop)
+    return loop
+
+
+NOT_JSON = {"object": object, "set": lambda: {1, 2}, "tuple_keys": lambda: {(1, 2): 3}, "nan": lambda: float("nan"),
+            "bytes": lambda: b"x", "cycle": _cycle, "nested_object": lambda: {"a": [1, {"b": object()}]}}
+
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+@pytest.mark.parametrize("kind", list(NOT_JSON))
+def test_a_plugin_state_that_is_not_json_is_reported_and_left_out_of_the_snapshot(kind, fail_mode):
+    class Keeper:
+        @tg.hookimpl
+        def turnguard_turn_snapshot(self, turn):
+            return NOT_JSON[kind]()
+
+    class Fine:
+        @tg.hookimpl
+        def turnguard_turn_snapshot(self, turn):
+            return {"kept": [1, "two"]}
+
+    errors = Errors()
+    guard = tg.Guard(tg.GuardConfig(**EVERY_HOOK_FIRES, fail_mode=fail_mode),
+                     plugins={"keeper": Keeper(), "fine": Fine(), "errors": errors}, environ={})
+    turn = guard.turn(durable=True)
+    call = tg.ToolCall("bash", "make")
+    turn.check_call(call)
+    turn.record_outcome(call, tg.Outcome.OK)
+    snapshot = json.loads(json.dumps(turn.suspend(), allow_nan=False))
+    assert "keeper" not in snapshot["plugins"] and snapshot["plugins"]["fine"] == {"kept": [1, "two"]}
+    assert ("keeper", "turnguard_turn_snapshot", "TypeError") in errors.seen
+    assert guard.resume(snapshot).halted is None
+
+
+class Unprintable(Exception):
+    """An exception whose text cannot be had: its ``repr`` and ``str`` raise."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr of the plugin's exception")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str of the plugin's exception")
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_an_exception_whose_text_cannot_be_had_is_reported_by_its_type_with_content_captured(hook, undisturbed,
+                                                                                           caplog):
+    plugins = failing_in(hook, Unprintable())
+    with caplog.at_level(logging.ERROR, logger="turnguard"):
+        run = drive_every_hook("open", plugins, capture_content=True)
+    assert run.facts() == undisturbed["open"].facts()
+    assert f"'raising' raised Unprintable in {hook}" in caplog.text
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -27,6 +27,7 @@ ALLOWED: dict[tuple[str, str], frozenset[str]] = {
     ("_shadow.py", "turnguard_check_call"): frozenset({"collect", "count", "own_digest"}),  # per shadow run
     ("_shadow.py", "turnguard_check_outcome"): frozenset({"collect", "polls", "record"}),  # per shadow run
     ("_boards/build.py", "build_all"): frozenset({"make"}),  # the board builders
+    ("agents/hook.py", "state_damage"): frozenset({"sound"}),  # each stored field's check
 }
 """Loops outside the dispatcher that call what they iterate over, and are no plugin loop: (file,
 function) -> the names they call. A shadow run's loop is its ``Driver``'s steps inlined (held

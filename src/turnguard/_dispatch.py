@@ -208,7 +208,10 @@ def describe_error(plugin: str, hook: str, exc: BaseException, capture_content: 
     """What the logs say about a plugin that raised: its text only with ``capture_content`` (it
     can hold tool arguments)."""
     if capture_content:
-        return f"turnguard plugin {plugin!r} raised in {hook}: {exc!r}"
+        try:
+            return f"turnguard plugin {plugin!r} raised in {hook}: {exc!r}"
+        except Exception:  # (an exception whose repr raises: its type is what can be said)
+            pass
     return f"turnguard plugin {plugin!r} raised {type(exc).__qualname__} in {hook}"
 
 

@@ -50,6 +50,7 @@ results are digests, as in telemetry.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 import uuid
@@ -439,10 +440,18 @@ def _plain(value: Any) -> Any:
 
 
 def plugin_states(dispatch: Dispatcher, view: LedgerView) -> dict[str, Any]:
-    """``turnguard_turn_snapshot``'s answers by plugin name: a plugin that raises is reported and
-    left out (its state is its own: the snapshot goes on without it, whatever the fail mode)."""
+    """``turnguard_turn_snapshot``'s answers by plugin name: a plugin that raises, or answers what
+    is not JSON data (a set, an object, ``NaN``, a cycle), is reported and left out (its state is
+    its own: the snapshot goes on without it, whatever the fail mode, and stays JSON)."""
     hook = "turnguard_turn_snapshot"
-    return dispatch.call_each(hook, dispatch.observers(hook), view, {"turn": view})[0]
+    states = dispatch.call_each(hook, dispatch.observers(hook), view, {"turn": view})[0]
+    for name, state in list(states.items()):
+        try:
+            json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            del states[name]
+            dispatch.failed(name, hook, TypeError(f"its state is not JSON data ({type(exc).__name__})"), view)
+    return states
 
 
 def resume_plugins(dispatch: Dispatcher, view: LedgerView, states: Mapping[str, Any]) -> Verdict | None:
