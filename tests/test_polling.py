@@ -8,6 +8,7 @@ pairs; exempt tools; batches settled out of order; snapshots; shadows.
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -170,6 +171,55 @@ def test_a_stateful_call_whose_outcome_never_comes_counts_without_a_result():
         turn.check_call(tg.ToolCall("poll", {}))
     assert turn.ledger.max_key_repeat >= MAX_AWAITING  # given up waiting: counted as the call alone
     assert len(turn.ledger._polled) <= 2 * MAX_AWAITING + 1024
+
+
+@pytest.mark.parametrize("lost", ["every", "every_other", "random"])
+def test_a_listed_tool_whose_outcomes_are_lost_halts_as_an_unlisted_one_within_the_wait(lost):
+    """docs/polling.md: a call whose outcome never comes counts as the call alone. Its repeat, kept
+    for its result, is counted without one once WAIT_BEHIND checks have passed it: the stuck signal
+    halts the turn at most that many calls after it would with the tool not listed."""
+    from turnguard._ledger._state import WAIT_BEHIND
+
+    rng = random.Random(lost)
+    report = {"every": lambda i: False, "every_other": lambda i: i % 4 == 1,
+              "random": lambda i: rng.random() < 0.3}[lost]
+
+    def halt(stateful: tuple[str, ...]) -> int | None:
+        turn = core_guard(stateful_tools=stateful).turn()
+        for i in range(1, 1200):
+            call = tg.ToolCall("poll", {"job": 1}) if i % 2 else tg.ToolCall("read", {"i": i})
+            if turn.check_call(call).action is tg.Action.HALT:
+                return i
+            if i % 2 == 0 or report(i):
+                turn.record_outcome(call, OK, result="pending" if i % 2 else None)
+        return None
+
+    plain = halt(())
+    assert plain is not None and plain <= (listed := halt(("poll",))) <= plain + 2 * WAIT_BEHIND, (plain, listed)
+
+
+@pytest.mark.parametrize("stateful", [(), ("poll",)])
+def test_one_lost_outcome_holds_the_later_outcomes_and_their_memory_for_a_bounded_number_of_checks(stateful):
+    """Caps off, the streak on: the first poll's outcome never comes, 30,000 identical polls follow
+    with theirs (their results change). The outcomes waiting behind the lost one stay bounded (the
+    guard gives a call up 2 x MAX_AWAITING checks after its own), and the stop level still fires
+    once the polls fail."""
+    from turnguard._guard import MAX_AWAITING
+
+    turn = core_guard(stateful_tools=stateful, max_tool_calls_per_turn=0, streak_warn_at=0,
+                      streak_stop_at=5).turn()
+    turn.check_call(tg.ToolCall("poll", {}))
+    for i in range(30_000):
+        call = tg.ToolCall("poll", {})
+        turn.check_call(call)
+        turn.record_outcome(call, OK, result=str(i))
+        assert len(turn.ledger._early) <= 2 * MAX_AWAITING + 1024
+    verdicts = []
+    for _ in range(6):
+        call = tg.ToolCall("poll", {})
+        verdicts.append(turn.check_call(call).action)
+        verdicts.append(turn.record_outcome(call, ERROR, result="failed").action)
+    assert tg.Action.HALT in verdicts
 
 
 def test_an_exempt_tool_joins_no_streak_and_ends_the_one_it_interrupts():

@@ -36,6 +36,10 @@ import turnguard as tg
 from conftest import core_guard
 from turnguard._keys import KEY_DIGEST
 
+WAIT_BEHIND = 32
+"""docs/polling.md: a stateful call whose outcome never comes counts as the call alone, once 32
+checks have passed it."""
+
 ERROR, OK, DENIED, UNKNOWN = tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED, tg.Outcome.UNKNOWN
 OUTCOMES = (ERROR, ERROR, ERROR, OK, DENIED, UNKNOWN)
 TOOLS = {"build": (False, False), "poll": (True, False), "wait": (False, True), "tail": (True, True)}
@@ -117,6 +121,10 @@ class Reference:
         self.calls.append(call)
         if not stateful:
             self._count(call.key)
+        for late in self.calls[:max(0, index - WAIT_BEHIND + 1)]:  # docs/polling.md: counted alone 32 checks on
+            if late.stateful and not late.counted:
+                late.counted = True
+                self._count((late.key, repr(None)))
         if exempt:
             self.current = None
             return tg.Action.ALLOW, None, None

@@ -812,14 +812,21 @@ class Turn:
                 return
 
     def _give_up_waiting(self) -> None:
-        """Past ``2 * MAX_AWAITING`` calls without an outcome, stop waiting for the oldest ``MAX_AWAITING``."""
-        if len(self._awaiting) <= _SHED_AT:
+        """Past ``2 * MAX_AWAITING`` calls without an outcome, stop waiting for the oldest
+        ``MAX_AWAITING``; and for any call still waiting ``2 * MAX_AWAITING`` checks after its own
+        (so one lost outcome cannot hold the streak's later outcomes, and their memory, for good)."""
+        awaiting = self._awaiting
+        old = self.ledger.checks - _SHED_AT
+        if len(awaiting) <= _SHED_AT and (not awaiting or next(iter(awaiting)) > old):
             return
-        items = list(self._awaiting.items())
-        for seq, _ in items[:MAX_AWAITING]:
+        items = list(awaiting.items())
+        shed = MAX_AWAITING if len(items) > _SHED_AT else 0
+        while shed < len(items) and items[shed][0] <= old:
+            shed += 1
+        for seq, _ in items[:shed]:
             self.ledger.abandon(seq)
-        self._awaiting.clear()  # in place: the hot paths hold this dict
-        self._awaiting.update(items[MAX_AWAITING:])
+        awaiting.clear()  # in place: the hot paths hold this dict
+        awaiting.update(items[shed:])
 
     def _claim_and_record(self, call: ToolCall, outcome: Outcome, result: Any) -> tuple[int, ToolCall, bool | None]:
         """The hot path's other way (under the lock): the check ``call`` reports (``_claim``; at

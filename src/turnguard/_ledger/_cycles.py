@@ -8,7 +8,7 @@ from typing import Any
 
 from turnguard import _state as st
 from turnguard._keys import DIGEST_SIZE
-from turnguard._ledger._state import MAX_POLLED, OUTCOME_VALUES, check_number, hex_or_none, key_size
+from turnguard._ledger._state import MAX_POLLED, OUTCOME_VALUES, WAIT_BEHIND, check_number, hex_or_none, key_size
 from turnguard._model import Level, Outcome
 from turnguard._state import Fields
 
@@ -16,12 +16,6 @@ _DENIED = Outcome.DENIED
 _UNREPORTED = (Outcome.UNKNOWN, None)
 _plus = operator.add
 
-WAIT_BEHIND = 32
-"""How far the runs wait for a check's outcome: once a check this many after one without an
-outcome has its own, that one is seen as having run (its outcome, should it come, changes nothing
-here). So one lost outcome (a call never reported, a subagent's call that outlasts its own calls)
-holds the runs back by at most this many calls, and what waits stays bounded; a batch of fewer
-calls settles exactly as one at a time."""
 
 
 class CycleRuns:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from turnguard._ledger._state import MAX_POLLED, fact
+from turnguard._ledger._state import WAIT_BEHIND, fact
 from turnguard._ledger._streaks import Streaks
 from turnguard._model import Outcome
 
@@ -43,6 +43,9 @@ class PolledCalls(Streaks):
             seq = self._count_polled_call(digest, tool_name)
         else:
             seq = self.count_call(digest, tool_name)
+        polled = self._polled
+        if polled and next(iter(polled)) <= seq - WAIT_BEHIND:  # an outcome that did not come: counted without
+            self._count_stale_polls(seq - WAIT_BEHIND)
         if tool_name in self._exempt:
             if self._cyc is not None and self._cyc.waiting:
                 self._cyc.waiting[-1] = None  # (nor in a cycle; else the streak's key, ``None`` below, is its digest)
@@ -57,13 +60,17 @@ class PolledCalls(Streaks):
         """``count_call`` for a stateful tool, but for its repeat (counted with its result)."""
         self.tool_calls += 1
         seq = self.checks = self.checks + 1
-        polled = self._polled
-        polled[seq] = (digest, self.tool_calls)
-        if len(polled) > MAX_POLLED:  # outcomes that never came: the oldest counts without a result
-            self._count_polled(next(iter(polled)), None)
+        self._polled[seq] = (digest, self.tool_calls)
         if self._join(digest, tool_name, seq):
             self._baseline = None
         return seq
+
+    def _count_stale_polls(self, last: int) -> None:
+        """The repeats of stateful checks up to ``last`` still without an outcome, counted without
+        a result (``WAIT_BEHIND``), so a lost outcome never keeps a call from the stuck signal."""
+        polled = self._polled
+        while polled and (first := next(iter(polled))) <= last:
+            self._count_polled(first, None)  # (at a check: the cap's check hook reads the counts)
 
     def record_polled(self, seq: int, outcome: Outcome, result: bytes | None) -> bool | None:
         """``record_outcome`` for a stateful tool's call, with its result's digest (``None``: not

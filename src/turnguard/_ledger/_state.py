@@ -18,6 +18,15 @@ runs (the calls a live turn waits for, ``guard.MAX_AWAITING``); past it, in the 
 counts without a result."""
 
 
+WAIT_BEHIND = 32
+"""How far behind its turn's checks a call's outcome is waited for where waiting holds later calls
+back (the cycle runs, in check order) or leaves the call uncounted (a stateful tool's repeat, keyed
+with its result): once the check this many after it has come (the cycle runs: has its outcome),
+the call counts as it stands (as having run; its repeat without a result). So one lost outcome (a
+call never reported, a subagent's call that outlasts its own calls) costs at most this many calls;
+a batch of fewer calls settles exactly as one at a time."""
+
+
 def fact(attr: str, doc: str | None = None) -> Any:
     """A read-only fact: a property whose getter is ``operator.attrgetter(attr)`` (C-level; the
     policies read these on every call)."""
