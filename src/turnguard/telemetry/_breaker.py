@@ -14,13 +14,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-if TYPE_CHECKING:
-    from turnguard.telemetry._setup import ExportTally
+from turnguard.telemetry._tally import ExportTally
 
 log = logging.getLogger("turnguard.telemetry")
 

@@ -55,6 +55,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, overload
 from urllib.parse import unquote
 
+from turnguard.telemetry._tally import ExportTally
+
 PROTOCOLS = ("http/protobuf", "grpc")
 SIGNALS = ("traces", "metrics", "logs")
 EXPORTERS = ("otlp", "console", "none")
@@ -85,20 +87,6 @@ class ExportSettings:
     endpoint: str
     headers: tuple[tuple[str, str], ...]
     timeout_s: float
-
-
-class ExportTally:
-    """How many exports failed so far, across the signals (the circuit breaker's drops count as
-    failures): what a process that must know its data left asks after ``Telemetry.shutdown()``."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.failed = 0
-
-    def record(self, ok: bool) -> None:
-        if not ok:
-            with self._lock:
-                self.failed += 1
 
 
 PROVIDER_KEYWORDS = ("tracer_provider", "meter_provider", "logger_provider")

@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 if TYPE_CHECKING:
-    from turnguard.telemetry._setup import ExportTally
+    from turnguard.telemetry._tally import ExportTally
 
 MS = 1_000_000
 """Nanoseconds per millisecond, the store's resolution."""
