@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from chain import require
 from collector_lines import collector_lines, run_turns
 from turnguard._calibrate import cli
 from turnguard._calibrate.inputs import expand_inputs, in_stream_order, missing_backups, read_turns, rotation_of
@@ -116,13 +117,13 @@ def test_gzipped_backups_are_part_of_the_stream(lines, whole, tmp_path):
     assert figures(tmp_path)[0] == whole
 
 
-@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd command to compress a backup")
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_zstd_backup_stops_the_command_with_its_name_rather_than_lose_its_turns(lines, tmp_path, jobs):
     """Python reads gzip, not zstd: read as text its lines would be problems and its turns lost
     with exit 0. The command stops before reading, naming the file to decompress."""
+    zstd = require(shutil.which("zstd"), "Debian's zstd")
     paths = write_rotated(tmp_path, lines, [len(lines) // 3])
-    subprocess.run(["zstd", "-q", "--rm", str(paths[0])], check=True)
+    subprocess.run([zstd, "-q", "--rm", str(paths[0])], check=True)
     out, err = io.StringIO(), io.StringIO()
     code = cli.main([str(tmp_path), "--json", "-", "--jobs", str(jobs)], stdout=out, stderr=err)
     assert code != 0 and out.getvalue() == ""
