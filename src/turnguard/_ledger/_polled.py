@@ -44,7 +44,7 @@ class PolledCalls(Streaks):
         else:
             seq = self.count_call(digest, tool_name)
         polled = self._polled
-        if polled and next(iter(polled)) <= seq - WAIT_BEHIND:  # an outcome that did not come: counted without
+        if polled and next(iter(polled)) <= seq - WAIT_BEHIND:  # (tested here: no call on most checks)
             self._count_stale_polls(seq - WAIT_BEHIND)
         if tool_name in self._exempt:
             if self._cyc is not None and self._cyc.waiting:
@@ -118,8 +118,7 @@ class PolledCalls(Streaks):
         """Calls of stateful tools still without an outcome (halted at their check, or never
         reported) count their repeat now, without a result, as they would have at their check had
         the tool not been listed (before a summary)."""
-        while self._polled:
-            self._count_polled(next(iter(self._polled)), None)
+        self._count_stale_polls(self.checks)
 
     def abandon(self, seq: int) -> None:
         if self._polled:
