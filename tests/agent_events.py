@@ -307,10 +307,12 @@ class Session:
 
 
 def session_data(env: Mapping[str, str], agent: str, session_id: str) -> dict[str, Any]:
-    """The session's stored state, read under its lock."""
+    """The session's stored state, read under its lock (under the id as the hook keeps it)."""
+    from turnguard.agents.events import id_field
     from turnguard.agents.store import SessionStore, state_root
 
-    with SessionStore(state_root(dict(env)), agent).locked(session_id) as session:
+    kept = id_field({"session_id": session_id}, "session_id") or ""
+    with SessionStore(state_root(dict(env)), agent).locked(kept) as session:
         return json.loads(json.dumps(session.data))
 
 

@@ -54,6 +54,7 @@ from agent_events import (
     tool_calls,
     wait_for_export,
 )
+from turnguard._model import MAX_ID_LENGTH
 from turnguard.agents import codex, export, gemini, hook
 from turnguard.agents.events import MAX_INPUT_DEPTH, MAX_STDIN_BYTES, HookAnswer, nested_deeper
 from turnguard.agents.hook import state_damage
@@ -533,6 +534,28 @@ def test_call_and_turn_ids_of_any_length_or_text_keep_the_state_small_and_the_co
         assert not halts
     files = list((tmp_path / "state").rglob("*.json"))
     assert files and max(f.stat().st_size for f in files) < 64 * 1024
+    assert not (tmp_path / "state" / "hooks" / "errors.log").exists()
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE_IDS))
+@pytest.mark.parametrize("agent", AGENTS)
+def test_session_ids_of_any_length_or_text_keep_the_state_and_the_record_small(
+        agent: str, kind: str, env: dict[str, str], tmp_path: Path) -> None:
+    """A session's id is kept like a call's: past MAX_ID_LENGTH or not UTF-8 it stands as its
+    digest, in the state and in the recorded turn, and its calls count and halt as under any id;
+    two such ids that differ only past the limit are two sessions."""
+    s = Session(agent, env, tmp_path, session_id=HOSTILE_IDS[kind] + "a")
+    other = Session(agent, env, tmp_path, session_id=HOSTILE_IDS[kind] + "b")
+    s.start()
+    other.start()
+    assert fail_until_halted(s) == STOP_AT
+    other.call("make test", failed=True)
+    assert other.tool_calls() == 1
+    s.stop()
+    files = list((tmp_path / "state").rglob("*.json"))
+    assert files and max(f.stat().st_size for f in files) < 64 * 1024
+    line = only_line(env)
+    assert len(line["conversation_id"]) <= MAX_ID_LENGTH and line["tool_calls"] == STOP_AT
     assert not (tmp_path / "state" / "hooks" / "errors.log").exists()
 
 

@@ -205,7 +205,7 @@ def text_field(payload: dict[str, Any], name: str, *, required: bool = False) ->
 
 
 def id_field(payload: dict[str, Any], name: str, *, required: bool = False) -> str | None:
-    """``text_field`` for an id the state keeps per call or turn (a turn's, a call's): one longer than
+    """``text_field`` for an id the state keeps (a session's, a turn's, a call's): one longer than
     ``MAX_ID_LENGTH`` or not UTF-8 (a lone surrogate) stands as a digest of itself, ``#`` and 32 hex
     digits, the same for the same id, so no id can grow the state or fail its writing."""
     value = text_field(payload, name, required=required)
@@ -232,7 +232,7 @@ def common_fields(payload: dict[str, Any], kinds: Mapping[str, Kind], *, turn_re
     kind = kinds.get(name, Kind.IGNORED)
     fields: dict[str, Any] = {
         "kind": kind, "name": name, "cwd": text_field(payload, "cwd"),
-        "session_id": text_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
+        "session_id": id_field(payload, "session_id", required=kind is not Kind.IGNORED) or "",
         "turn_ref": id_field(payload, turn_ref) if turn_ref else None,
     }
     if kind in (Kind.TOOL_CHECK, Kind.TOOL_OUTCOME):
