@@ -4,6 +4,7 @@ every policy on every turn from the first call agree exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -15,6 +16,7 @@ from turnguard._calibrate.corpus import corpus_turn
 from turnguard._calibrate.engine import Calibrator
 from turnguard._calibrate.equivalence import signature, turn_facts
 from turnguard._calibrate.grid import GridSpec, Policy, build_grid
+from turnguard._calibrate.records import UNFINISHED
 from turnguard._calibrate.replay import cycle_starts
 from turnguard._keys import identity_bytes, is_json_text
 
@@ -230,3 +232,50 @@ def test_the_cap_says_the_same_in_both_modes_so_one_plan_serves_both() -> None:
                     checked += promptable
         assert members == expected
     assert checked > 100, "too few attended plans: the test would check little"
+
+
+def with_lost_outcomes(sample: list, seed: int, share: float = 0.08) -> list:
+    """``sample`` with a share of its calls ``UNFINISHED`` (their turn ended before their outcome:
+    the live guard waited for them), singly and in runs."""
+    rng = random.Random(seed)
+    out = []
+    for turn in sample:
+        calls = list(turn.calls)
+        i = 0
+        while i < len(calls):
+            if rng.random() < share:
+                for j in range(i, min(len(calls), i + rng.choice((1, 1, 2, 5)))):
+                    calls[j] = calls[j]._replace(outcome=UNFINISHED)
+                i = j
+            i += 1
+        out.append(dataclasses.replace(turn, calls=tuple(calls)))
+    assert any(c.outcome is UNFINISHED for t in out for c in t.calls)
+    return out
+
+
+LOST_OUTCOME_GRIDS = {
+    **GRIDS,
+    "stop on any, stale, stateful": GridSpec(
+        soft_caps=(5, 20), multipliers=(10,), stuck_repeats=(2, 4), streaks=((2, 3), (5, 8)), explicit_caps=(15,),
+        stuck_signals=("repeat", "stale_repeat"), stop_on=("any", "error"), key_modes=("canonical",),
+        stateful_tools=((), ("read_file", "mvn")), peers=False, cross=True),
+    "cycle repeat": GridSpec(soft_caps=(8, 100), multipliers=(3,), stuck_repeats=(4,), streaks=((3, 5), (5, 8)),
+                             explicit_caps=(20,), cycle_repeats=((2, 3), (3, 5), (0, 4)), peers=False,
+                             stop_on=("error",), key_modes=("canonical",)),
+}
+
+
+@pytest.mark.parametrize("grid", list(LOST_OUTCOME_GRIDS))
+def test_grouped_run_equals_replaying_every_policy_on_turns_with_lost_outcomes(grid: str) -> None:
+    """A call whose outcome never came stays waiting in every replay, as in the live turn: the
+    shortcuts (skipped policies, shared prefixes, late starts) must not change a figure there."""
+    policies = build_grid(LOST_OUTCOME_GRIDS[grid])
+    rng = random.Random(8)
+    sample = with_lost_outcomes([*turns_with_results(60, seed=9), *(alternating_turn(rng, n) for n in range(40))],
+                                seed=3)
+    grouped = Calibrator(policies, group=True)
+    grouped.add_all(sample)
+    data = grouped.stats.to_json()
+    data.pop("replays")
+    assert data == figures(policies, sample, group=False)
+    assert sum(p["unattended"]["halted"] > 0 for p in data["policies"]) > len(policies) // 2

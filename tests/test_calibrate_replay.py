@@ -16,7 +16,7 @@ from alternating_turns import alternating_turn
 from turnguard._calibrate.engine import Calibrator
 from turnguard._calibrate.equivalence import earliest_call, turn_facts
 from turnguard._calibrate.grid import IdenticalCallsRule, Policy
-from turnguard._calibrate.records import RecordedCall, RecordedTurn
+from turnguard._calibrate.records import UNFINISHED, RecordedCall, RecordedTurn
 from turnguard._calibrate.replay import (
     UNREACHED,
     CompiledPolicy,
@@ -71,8 +71,13 @@ RESULTS = (None, "r1", "r1", "r2", "done")
 """Recorded result digests (text that is not JSON: the live guard keys it as itself)."""
 
 
+OUTCOMES = [*tg.Outcome, UNFINISHED]
+"""Every recorded outcome: ``UNFINISHED``, a call whose turn ended before its outcome came, is one
+the live guard was never told."""
+
+
 def random_turn(rng: random.Random, n: int) -> RecordedTurn:
-    """Short turns full of runs, repeats, respaced JSON text and every outcome."""
+    """Short turns full of runs, repeats, respaced JSON text and every outcome, lost ones too."""
     calls = []
     pool = [("read", '{"a": 1, "b": 2}'), ("read", '{"b":2,"a":1}'), ("read", {"a": 1, "b": 2}),
             ("grep", "grep x\n"), ("grep", "grep y\n"), ("run", {"t": [1, 2]}), ("edit", "e")]
@@ -80,7 +85,7 @@ def random_turn(rng: random.Random, n: int) -> RecordedTurn:
         tool, args = rng.choice(pool)
         result = rng.choice(RESULTS)
         for _ in range(rng.choice((1, 1, 1, 2, 4, 7))):
-            outcome = rng.choices(list(tg.Outcome), (0.3, 0.5, 0.1, 0.1))[0]
+            outcome = rng.choices(OUTCOMES, (0.3, 0.5, 0.1, 0.1, 0.05))[0]
             if rng.random() < 0.3:
                 result = rng.choice(RESULTS)
             calls.append(RecordedCall(tool, args, None, outcome, None, result))
@@ -112,7 +117,8 @@ def live_steps(config: tg.GuardConfig, policy: Policy, turn: RecordedTurn, promp
             call = tg.ToolCall(rc.tool, rc.args)
             if note(i + 1, "call", t.check_call(call), t):
                 return steps
-            if note(i + 1, "outcome", t.record_outcome(call, rc.outcome, result=rc.result), t):
+            if rc.outcome is not UNFINISHED and note(i + 1, "outcome", t.record_outcome(call, rc.outcome,
+                                                                                       result=rc.result), t):
                 return steps
     return steps
 

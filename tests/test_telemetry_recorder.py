@@ -79,13 +79,20 @@ def test_ended_by_is_the_threshold_that_halted_the_turn(tmp_path):
     assert failed["ended_by"] == "error"
 
 
-def test_calls_without_an_outcome_are_unknown(tmp_path):
+def test_calls_whose_outcome_never_came_are_unfinished_and_a_reported_unknown_stays_unknown(tmp_path):
+    """``unfinished`` (the tool span's word) is a call the guard was never told about, whichever
+    place it has in the turn; ``unknown`` is an outcome the host reported."""
     path = tmp_path / "turns.jsonl"
     with make_guard(path).turn() as turn:
-        turn.check_call(tg.ToolCall("x", 1))
+        calls = [tg.ToolCall("x", n) for n in range(4)]
+        for call in calls:
+            turn.check_call(call)
+        turn.record_outcome(calls[1], "unknown")
+        turn.record_outcome(calls[3], "ok")
     (line,) = read_lines(path)
-    (entry,) = line["calls"]
-    assert (set(entry), entry["tool"], entry["outcome"]) == ({"tool", "args", "outcome"}, "x", "unknown")
+    assert [c["outcome"] for c in line["calls"]] == ["unfinished", "unknown", "unfinished", "ok"]
+    entry = line["calls"][0]
+    assert (set(entry), entry["tool"]) == ({"tool", "args", "outcome"}, "x")
     assert len(entry["args"]) == 16  # the call's digest
 
 

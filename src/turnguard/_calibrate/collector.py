@@ -27,6 +27,7 @@ from turnguard._calibrate.records import (
     ProblemSink,
     RecordedCall,
     RecordedTurn,
+    Unreported,
     count_in_range,
     parse_outcome,
     short_text,
@@ -364,20 +365,21 @@ MAX_SHARED_TOOLS = 10_000
 """Tool names an assembler keeps one copy of (the telemetry's own bound on tool names)."""
 
 
-_SPAN_OUTCOMES: dict[str, Outcome | None] = {}
+_SPAN_OUTCOMES: dict[str, Outcome | Unreported | None] = {}
 """``turnguard.call.outcome`` texts read so far and what they mean (at most ``MAX_SHARED_TOOLS``)."""
 
 
 _new_call = tuple.__new__
 
 
-def span_outcome(raw: Any) -> Outcome | None:
-    """A tool span's ``turnguard.call.outcome`` (``unfinished``: unknown); ``None``: not an outcome."""
+def span_outcome(raw: Any) -> Outcome | Unreported | None:
+    """A tool span's ``turnguard.call.outcome`` (``unfinished``: ``UNFINISHED``, its turn ended
+    before it); ``None``: not an outcome."""
     if type(raw) is str:
         found = _SPAN_OUTCOMES.get(raw, False)
         if found is not False:
             return found  # type: ignore[return-value]
-    outcome = Outcome.UNKNOWN if raw == names.CALL_UNFINISHED else parse_outcome(raw)
+    outcome = parse_outcome(raw)
     if type(raw) is str and len(_SPAN_OUTCOMES) < MAX_SHARED_TOOLS:
         _SPAN_OUTCOMES[raw] = outcome
     return outcome
@@ -516,7 +518,7 @@ class OtlpAssembler:
         self._last_parent, self._last_calls = parent, calls
         return True
 
-    def _hold(self, key: str, number: int, tool: str, digest: str, outcome: Outcome, result: str | None,
+    def _hold(self, key: str, number: int, tool: str, digest: str, outcome: Outcome | Unreported, result: str | None,
               lineno: int) -> list[tuple[int, RecordedCall]] | None:
         """Hold a checked tool span's call under ``key`` for its turn span: the calls held there
         (``None``: the turn's bound refuses it, nothing changed)."""
@@ -704,7 +706,7 @@ class OtlpAssembler:
 
 
 def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any, raw_outcome: Any,
-                  outcome: Outcome | None, result: Any = None) -> str | None:
+                  outcome: Outcome | Unreported | None, result: Any = None) -> str | None:
     """What makes a tool span unusable, the first thing of these; ``None``: nothing."""
     return (
         "neither a parentSpanId nor a turn id" if key is None

@@ -28,7 +28,8 @@ def corpus_line(line: bytes, path: str, lineno: int, on_problem: records.Problem
 
 # -- corpus format -------------------------------------------------------------------------------
 
-_OUTCOMES = {o.value: o for o in Outcome}
+_OUTCOMES: dict[str, Outcome | records.Unreported] = {
+    **{o.value: o for o in Outcome}, records.UNFINISHED.value: records.UNFINISHED}
 
 
 def corpus_turn(obj: Any, path: str, lineno: int, on_problem: records.ProblemSink,
@@ -235,7 +236,7 @@ def _corpus_call(raw: Any, digests: bool = False) -> records.RecordedCall | str:
     if outcome is None:
         outcome = records.parse_outcome(value)
         if outcome is None:
-            return f"unknown outcome {records.shown(value)} (expected ok, error, denied or unknown)"
+            return f"unknown outcome {records.shown(value)} (expected ok, error, denied, unknown or unfinished)"
     cycle = raw.get("cycle")
     if cycle is not None and not records.count_in_range(cycle, 1):
         return f"'cycle' must be an integer from 1 to {records.MAX_TURN_CYCLES:,}, got {records.shown(cycle)}"

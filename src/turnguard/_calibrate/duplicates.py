@@ -16,7 +16,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from turnguard._calibrate.records import InputProblem, ProblemSink, RecordedTurn
+from turnguard._calibrate.records import InputProblem, ProblemSink, RecordedTurn, Unreported
 from turnguard._guard import SUSPENDED
 from turnguard._model import Outcome
 from turnguard.telemetry._recorder import MAX_RECORDED_CALLS
@@ -34,9 +34,9 @@ def id_hash(turn_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(turn_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
 
-_OUTCOMES = {Outcome.OK: "ok", Outcome.ERROR: "error"}
+_OUTCOMES: dict[Outcome | Unreported, str] = {Outcome.OK: "ok", Outcome.ERROR: "error"}
 """A halted call is ``denied`` in the recorder's line and of unknown outcome on its span: both
-are "did not run" here."""
+are "did not run" here, and so is a call whose turn ended before its outcome."""
 COMPARED_CALLS = MAX_RECORDED_CALLS
 """The calls two readings are compared on: the recorder lists a turn's first 10,000 and counts
 the rest; its spans list them all."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from turnguard._calibrate.grid import Policy
+from turnguard._calibrate.records import UNFINISHED, Unreported
 from turnguard._config import GuardConfig
 from turnguard._firing import Firing, FiringRule, Triggers, TurnFacts
 from turnguard._ledger import Ledger, count_outcome
@@ -31,9 +32,12 @@ from turnguard._policies import cap, cycle_repeat, cycles, streak
 Signature = tuple[object, ...]
 
 
-def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Sequence[int]) -> TurnFacts:
+def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome | Unreported], starts: Sequence[int]) -> TurnFacts:
     """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``.
-    ``reach_stale`` is left out: it costs a ledger pass (``stale_reach``), made only when needed."""
+    ``reach_stale`` is left out: it costs a ledger pass (``stale_reach``), made only when needed.
+    An ``UNFINISHED`` call counts as failing: the live guard counts a call still waiting as a
+    failure of its streak, so that is as far as its streak can reach."""
+    settled = _as_failing(outcomes)
     reach_repeat: list[int] = []
     reach_run: list[int] = []
     reach_failing: list[int] = []
@@ -42,16 +46,16 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
     last = None
     run = errors = most_seen = most_run = most_failing = 0
     error, settle = Outcome.ERROR, count_outcome
-    if len(digests) != len(outcomes):
+    if len(digests) != len(settled):
         raise ValueError("one outcome per key")
     cycle_calls = []
     for slot, n in enumerate(starts):
         cycle_calls.extend([slot + 1] * n)
     if len(set(digests)) == len(digests):  # no call repeats (most calls of long turns): the loop's answer, in C
-        failing = (outcomes.index(error) + 1,) if error in outcomes else ()
+        failing = (settled.index(error) + 1,) if error in settled else ()
         first = (1,) if digests else ()
         return TurnFacts(len(digests), len(cycle_calls), first, first, failing, tuple(cycle_calls), len(digests))
-    for k, digest, outcome in zip(itertools.count(1), digests, outcomes):
+    for k, digest, outcome in zip(itertools.count(1), digests, settled):
         seen = counts[digest] = get(digest, 0) + 1
         if seen > most_seen:
             most_seen = seen
@@ -72,6 +76,13 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome], starts: Se
             reach_failing.append(k)
     return TurnFacts(len(digests), len(cycle_calls), tuple(reach_repeat), tuple(reach_run), tuple(reach_failing),
                      tuple(cycle_calls), len(counts))
+
+
+def _as_failing(outcomes: Sequence[Outcome | Unreported]) -> Sequence[Outcome]:
+    """``outcomes`` with each ``UNFINISHED`` one an ``ERROR`` (``turn_facts``)."""
+    if UNFINISHED not in outcomes:
+        return cast(Sequence[Outcome], outcomes)
+    return [o if isinstance(o, Outcome) else Outcome.ERROR for o in outcomes]
 
 
 def stale_reach(config: GuardConfig, digests: Sequence[bytes]) -> tuple[int, ...]:

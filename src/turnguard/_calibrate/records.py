@@ -5,6 +5,7 @@ work has a ceiling past which the turn is reported, not replayed."""
 
 from __future__ import annotations
 
+import enum
 import gzip
 import json
 import os
@@ -15,6 +16,17 @@ from typing import Any, NamedTuple
 
 from turnguard._calibrate import bounds
 from turnguard._model import MAX_ID_LENGTH, Outcome
+from turnguard.telemetry._names import CALL_UNFINISHED
+
+
+class Unreported(enum.Enum):
+    """A call whose outcome never came before its turn ended (the recorder's and the tool span's
+    ``unfinished``): the replay reports none for it, as the live guard got none."""
+
+    UNFINISHED = CALL_UNFINISHED
+
+
+UNFINISHED = Unreported.UNFINISHED
 
 
 class RecordedCall(NamedTuple):
@@ -24,7 +36,7 @@ class RecordedCall(NamedTuple):
     tool: str
     args: Any = None
     digest: str | None = None
-    outcome: Outcome = Outcome.UNKNOWN
+    outcome: Outcome | Unreported = Outcome.UNKNOWN
     cycle: int | None = None
     """The model request (1-based) that issued the call, when recorded."""
     result: str | None = None
@@ -323,9 +335,13 @@ def shown(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def parse_outcome(value: Any) -> Outcome | None:
+def parse_outcome(value: Any) -> Outcome | Unreported | None:
+    """A recorded outcome: an ``Outcome``, ``UNFINISHED``, or ``None`` when it is neither (absent
+    or ``null``: unknown)."""
     if value is None:
         return Outcome.UNKNOWN
+    if value == UNFINISHED.value:
+        return UNFINISHED
     try:
         return Outcome.parse(value)
     except ValueError:

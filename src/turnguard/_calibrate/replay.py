@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pluggy
 
 from turnguard._calibrate.grid import Policy
-from turnguard._calibrate.records import RecordedCall, RecordedTurn
+from turnguard._calibrate.records import UNFINISHED, RecordedCall, RecordedTurn
 from turnguard._config import MAX_CALLS, GuardConfig
 from turnguard._dispatch import BoundChecks, Dispatcher, Impl
 from turnguard._driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver
@@ -171,8 +171,9 @@ def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts
             end: int) -> None:
     """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
     calls = turn.calls[begin:end]
-    if ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)), list(map(_OUTCOME, calls)),
-                            starts[begin:end]):
+    outcomes = list(map(_OUTCOME, calls))
+    if UNFINISHED not in outcomes and ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)), outcomes,
+                                                           starts[begin:end]):
         return
     count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
     if ledger.names_tools:
@@ -182,16 +183,13 @@ def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts
         for _ in range(cycles):
             cycle()
         count(digest, call[0])  # call.tool
+        reported = call[3]  # call.outcome, for the call just counted
+        if reported is UNFINISHED:
+            continue
         if polled is None or not polled(call[0]):
-            outcome(ledger.checks, call[3])  # call.outcome, for the call just counted
+            outcome(ledger.checks, reported)
         else:
-            record_polled(ledger, call)
-
-
-def record_polled(ledger: Ledger, call: RecordedCall) -> bool | None:
-    """The outcome of a stateful tool's call just counted, with its recorded result digest
-    (``Ledger.record_polled``): a changed result is progress, as in the live turn."""
-    return ledger.record_polled(ledger.checks, call.outcome, result_digest(call))
+            ledger.record_polled(ledger.checks, reported, result_digest(call))
 
 
 def result_digest(call: RecordedCall) -> bytes | None:
@@ -284,6 +282,8 @@ def replay_turn(
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
             return TurnResult(i + 1, _label(verdict), tuple(asks))
         outcome = recorded[i].outcome
+        if outcome is UNFINISHED:  # its turn ended before it: the live guard got no outcome either
+            continue
         found = driver.outcome(ledger.checks, call, outcome, result_digest(recorded[i]) if results else None)
         verdict = driver.combine(CHECK_OUTCOME, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
@@ -390,7 +390,6 @@ __all__ = [
     "cycle_starts",
     "decile",
     "policy_manager",
-    "record_polled",
     "relative_position",
     "replay_turn",
     "tool_call",

@@ -7,6 +7,8 @@ instead of its arguments, so ``turnguard calibrate`` can replay the turn (identi
 identical digests) while the file holds no tool arguments; ``result`` (only when known) is the
 keyed digest of the result the host passed, for the ``stateful_tools`` (whose results are keyed
 anyway) or, with ``GuardConfig(recorder_results=True)``, for every tool: never the result itself.
+A call whose outcome never came before its turn ended has ``outcome`` ``unfinished`` (its tool
+span's word), so calibrate replays it as the live guard saw it: waiting.
 Extra keys: ``agent``, ``conversation_id``, ``tool_calls`` (the true count), ``calls_dropped``,
 ``escalations`` (the users' answers), and what calibrate needs to know which limits could have
 cut the turn and when it ran: ``policy`` (the ``GuardConfig.name`` in force: the probe's on a
@@ -51,6 +53,7 @@ from turnguard._model import Action, Outcome
 from turnguard.hookspecs import hookimpl
 from turnguard.telemetry import _recorder_state as recorder_state
 from turnguard.telemetry._clock import turn_end_ns, turn_start_ns, unix_s
+from turnguard.telemetry._names import CALL_UNFINISHED
 from turnguard.telemetry._recorder_state import Carried
 
 if TYPE_CHECKING:
@@ -85,7 +88,7 @@ HALTED_OUTCOME = Outcome.DENIED.value
 class _Call:
     tool: str
     digest: str
-    outcome: str = Outcome.UNKNOWN.value
+    outcome: str = CALL_UNFINISHED
     result: str | None = None
     """The result's keyed digest (hex), when the guard keyed it (``keys.cached_result``)."""
 

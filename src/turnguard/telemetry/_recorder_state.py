@@ -32,13 +32,15 @@ from turnguard import _state as st
 from turnguard._keys import DIGEST_SIZE
 from turnguard._model import Answer, Outcome
 from turnguard._state import Fields
+from turnguard.telemetry._names import CALL_UNFINISHED
 
 PATH = "plugins.recorder"
 """Where the section sits in a snapshot (the built-in recorder's plugin name), for messages."""
 MAX_TIME = 1e11
 """Unix seconds past this (the year 5138) are not a time a turn opened at (as ``turnguard
 calibrate`` reads ``started_at``)."""
-OUTCOMES = tuple(outcome.value for outcome in Outcome)
+OUTCOMES = (*(outcome.value for outcome in Outcome), CALL_UNFINISHED)
+"""A recorded call's outcomes: ``unfinished`` while it waits for one."""
 ANSWERS = tuple(answer.value for answer in Answer)
 _OUTCOME_SET = frozenset(OUTCOMES)
 _HEX = re.compile("[0-9a-f]*")
