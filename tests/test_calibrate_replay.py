@@ -14,7 +14,7 @@ import pytest
 import turnguard as tg
 from alternating_turns import alternating_turn
 from turnguard._calibrate.engine import Calibrator
-from turnguard._calibrate.equivalence import earliest_call, turn_facts
+from turnguard._calibrate.equivalence import as_failing, earliest_call, turn_facts
 from turnguard._calibrate.grid import IdenticalCallsRule, Policy
 from turnguard._calibrate.records import UNFINISHED, RecordedCall, RecordedTurn
 from turnguard._calibrate.replay import (
@@ -28,10 +28,11 @@ from turnguard._calibrate.replay import (
     cycle_starts,
     policy_manager,
     replay_turn,
+    unfinished_calls,
 )
 from turnguard._dispatch import Impl
 from turnguard._keys import Keyer
-from turnguard._ledger import Ledger
+from turnguard._ledger import GIVE_UP_AFTER, GIVE_UP_EVERY, Ledger
 from turnguard._plugins import NON_POLICY_PLUGINS
 from turnguard.hookspecs import hookimpl
 
@@ -133,7 +134,7 @@ def replayed_steps(compiled: CompiledPolicy, turn: RecordedTurn, promptable: boo
     steps: list[Step] = []
     digests = call_keys(turn.calls, compiled.config.key_mode)
     result = replay_turn(compiled, turn, [None] * len(turn.calls), digests, cycle_starts(turn),
-                         promptable=promptable, trace=steps)
+                         promptable=promptable, trace=steps, lost=unfinished_calls([c.outcome for c in turn.calls]))
     return result, steps
 
 
@@ -258,13 +259,16 @@ def started_late(config: tg.GuardConfig, prefix_config: tg.GuardConfig,
         turn = make_turn(rng, n)
         digests = call_keys(turn.calls, config.key_mode)
         starts = cycle_starts(turn)
-        facts = turn_facts(digests, [c.outcome for c in turn.calls], starts)
+        outcomes = [c.outcome for c in turn.calls]
+        lost = unfinished_calls(outcomes)
+        facts = turn_facts(digests, as_failing(outcomes, lost), starts)
         for promptable in (False, True):
-            full = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable)
+            full = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable,
+                               lost=lost)
             first = earliest_call(policy, facts, promptable)
-            ledger = SharedPrefix(prefix_config, turn, digests, starts).fork_at(first, config, promptable)
+            ledger = SharedPrefix(prefix_config, turn, digests, starts, lost).fork_at(first, config, promptable)
             late = replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=promptable,
-                               first_check=first, ledger=ledger)
+                               first_check=first, ledger=ledger, lost=lost)
             assert late == full, (name, promptable, turn)
             late_starts += ledger is not None and 1 < first <= len(turn.calls)
     return late_starts
@@ -331,3 +335,47 @@ def test_cycle_starts_spread_calls_over_the_recorded_requests() -> None:
     assert cycle_starts(turn(3, None)) == [1, 0, 0, 0]
     assert cycle_starts(turn(0, 3)) == [3]
     assert cycle_starts(turn(3, 5, [1, 1, 3])) == [1, 0, 2, 2]
+
+
+LONG_LOST = {
+    "streak, cap off": {"soft_cap": 0},
+    "streak tight, cap off": {"soft_cap": 0, "streak_warn_at": 2, "streak_stop_at": 3},
+    "stateful, cycle repeat, cap off": {"soft_cap": 0, "stateful_tools": ("status",), "cycle_repeat_warn_at": 0,
+                                        "cycle_repeat_stop_at": 40},
+}
+
+
+def long_turn_with_a_lost_outcome(rng: random.Random, n: int) -> RecordedTurn:
+    """A few stateful polls, then a streak of one call whose first outcomes are lost, then denied
+    (a denial leaves the failing count as it is) to about the live guard's wait for the lost ones
+    (``GIVE_UP_AFTER`` checks), then failing: until the guard gives a lost call up it counts as a
+    failure, after that it does not, so where it gives up decides the halt."""
+    polls = [RecordedCall("status", {}, None, UNFINISHED if rng.random() < 0.3 else tg.Outcome.OK, None,
+                          rng.choice(("r1", "r2"))) for _ in range(rng.randint(0, 6))]
+    lost = {rng.randint(1, 3), *rng.sample(range(4, 40), rng.randint(0, 2))}
+    length = GIVE_UP_AFTER + rng.randint(0, 3) * GIVE_UP_EVERY + rng.randint(-40, 40)
+    streak = [RecordedCall("run", "make test", None, UNFINISHED if k in lost else tg.Outcome.DENIED)
+              for k in range(1, length)]
+    failing = [RecordedCall("run", "make test", None, tg.Outcome.ERROR)] * 30
+    return RecordedTurn(f"long{n}", (*polls, *streak, *failing), None, False)
+
+
+@pytest.mark.parametrize("name", list(LONG_LOST))
+def test_replay_gives_up_a_lost_outcome_where_the_live_guard_does(name: str) -> None:
+    """A call whose outcome never came is waited for, then given up, at the same checks live and
+    in the replay, from the first call or from a shared prefix."""
+    config = tg.GuardConfig(load_entrypoints=False, **LONG_LOST[name])
+    policy, compiled = replay_policy(config)
+    rng = random.Random(zlib.crc32(name.encode()))
+    for n in range(2):
+        turn = long_turn_with_a_lost_outcome(rng, n)
+        expected = live_steps(config, policy, turn, False)
+        result, got = replayed_steps(compiled, turn, False)
+        assert got == expected, (name, n)
+        digests, starts = call_keys(turn.calls, config.key_mode), cycle_starts(turn)
+        lost = unfinished_calls([c.outcome for c in turn.calls])
+        assert result.halt_call, "the turn's failures never halted it: the test checks nothing"
+        for first in (f for f in (2, GIVE_UP_AFTER - 5, result.halt_call - 3) if f < result.halt_call):
+            ledger = SharedPrefix(config, turn, digests, starts, lost).fork_at(first, config, False)
+            assert replay_turn(compiled, turn, [None] * len(turn.calls), digests, starts, promptable=False,
+                               first_check=first, ledger=ledger, lost=lost) == result

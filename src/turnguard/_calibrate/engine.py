@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from turnguard._calibrate.duplicates import id_hash
-from turnguard._calibrate.equivalence import Plan, PolicyRules, grid_triggers, stale_reach, turn_facts
+from turnguard._calibrate.equivalence import Plan, PolicyRules, as_failing, grid_triggers, stale_reach, turn_facts
 from turnguard._calibrate.evidence import LIVE, PROBE
 from turnguard._calibrate.grid import Policy
 from turnguard._calibrate.inputs import RecordedTurn
@@ -26,6 +26,7 @@ from turnguard._calibrate.replay import (
     call_keys,
     cycle_starts,
     replay_turn,
+    unfinished_calls,
 )
 from turnguard._calibrate.stats import HaltEffect, RunStats, halt_effect, halt_ended
 from turnguard._config import GuardConfig
@@ -116,7 +117,8 @@ class Calibrator:
         if self._default is None:
             return None
         keys = self.keys(turn, self.keyers[self.compiled[self._default].config.key_mode])
-        return turn_facts(keys, list(map(_OUTCOME, turn.calls)), cycle_starts(turn))
+        outcomes = list(map(_OUTCOME, turn.calls))
+        return turn_facts(keys, as_failing(outcomes, unfinished_calls(outcomes)), cycle_starts(turn))
 
     def results(self, turn: RecordedTurn) -> list[dict[str, TurnResult]]:
         """Each policy's results on ``turn`` by mode (``"unattended"``, ``"attended"``); a mode is
@@ -130,11 +132,13 @@ class Calibrator:
         """(policy index, mode, result) for each policy and mode that can fire on ``turn`` (the
         others cannot: nothing to add); counts the replays run."""
         starts = cycle_starts(turn)
-        keyed = self._keyed(turn, list(map(_OUTCOME, turn.calls)), starts)
+        outcomes = list(map(_OUTCOME, turn.calls))
+        lost = unfinished_calls(outcomes)
+        keyed = self._keyed(turn, as_failing(outcomes, lost), starts)
         if self.group and all(self.triggers[m].quiet(f) for m, (_, f) in keyed.items()):
             return []
         groups, members = self._groups(keyed)
-        results = _TurnReplays(self, turn, keyed, starts).run(groups)
+        results = _TurnReplays(self, turn, keyed, starts, lost).run(groups)
         return [(idx, mode, results[key]) for idx, mode, key in members]
 
     # -- keying a turn -------------------------------------------------------------------------
@@ -143,7 +147,7 @@ class Calibrator:
         """Each call's ledger key under ``keyer``'s key mode (``call_keys``)."""
         return call_keys(turn.calls, keyer.mode)
 
-    def _keyed(self, turn: RecordedTurn, outcomes: list[Outcome], starts: list[int]) -> Keyed:
+    def _keyed(self, turn: RecordedTurn, outcomes: Sequence[Outcome], starts: list[int]) -> Keyed:
         """Each key mode's keys of ``turn`` and their facts, computed as few times as the modes
         allow; a mode is missing when its policies cannot fire on the turn."""
         keyed: Keyed = {}
@@ -164,7 +168,7 @@ class Calibrator:
         return keyed
 
     def _finer(self, mode: str, turn: RecordedTurn, coarse: tuple[list[bytes], TurnFacts] | None,
-               outcomes: list[Outcome], starts: list[int]) -> tuple[list[bytes], TurnFacts] | None:
+               outcomes: Sequence[Outcome], starts: list[int]) -> tuple[list[bytes], TurnFacts] | None:
         """A finer key mode's keys and facts (the coarser mode's when they partition the calls
         alike), or ``None`` when its policies cannot fire on the turn."""
         if self.group and coarse is not None:
@@ -180,7 +184,7 @@ class Calibrator:
             return coarse
         return keys, self._facts(keys, outcomes, starts)
 
-    def _facts(self, keys: list[bytes], outcomes: list[Outcome], starts: list[int]) -> TurnFacts:
+    def _facts(self, keys: list[bytes], outcomes: Sequence[Outcome], starts: list[int]) -> TurnFacts:
         """``turn_facts``, with the ``stale_repeat`` count's reach when a policy may need it."""
         facts = turn_facts(keys, outcomes, starts)
         if self.group and self._stale is not None:
@@ -315,9 +319,10 @@ class _TurnReplays:
     in a cap's call, one that halted earlier stands for the others, and one going past another's cap
     hands it its state there. The latest cap goes first; a late first check forks a shared prefix."""
 
-    def __init__(self, calibrator: Calibrator, turn: RecordedTurn, keyed: Keyed, starts: list[int]) -> None:
+    def __init__(self, calibrator: Calibrator, turn: RecordedTurn, keyed: Keyed, starts: list[int],
+                 lost: tuple[int, ...]) -> None:
         self.calibrator = calibrator
-        self.turn, self.keyed, self.starts = turn, keyed, starts
+        self.turn, self.keyed, self.starts, self.lost = turn, keyed, starts, lost
         self.calls: dict[str, list[ToolCall | None]] = {}
         """By key mode: the ``ToolCall`` objects the hooks receive (made on first use)."""
         self.prefixes: dict[tuple[object, ...], SharedPrefix] = {}
@@ -387,7 +392,7 @@ class _TurnReplays:
         prefix = self.prefixes.get(where)
         if prefix is None:
             prefix = self.prefixes[where] = SharedPrefix(config if reached else g.policy.prefix_config, self.turn,
-                                                         keys, self.starts)
+                                                         keys, self.starts, self.lost)
         return prefix.fork_at(first, config, g.promptable)
 
     def _replay(self, g: _Group, ledger: Ledger | None, snapshots: dict[int, list[Snapshot]] | None, *,
@@ -399,7 +404,7 @@ class _TurnReplays:
         self.calibrator.stats.replays += 1
         return replay_turn(g.policy, self.turn, calls, self.keyed[key_mode][0], self.starts,
                            promptable=g.promptable, first_check=g.first_call if first_check is None else first_check,
-                           ledger=ledger, asks_before=asks_before, snapshots=snapshots)
+                           ledger=ledger, asks_before=asks_before, snapshots=snapshots, lost=self.lost)
 
 def _plain_text_args(turn: RecordedTurn) -> bool:
     """Every call has a recorded digest or text arguments that are not JSON (a shell command):

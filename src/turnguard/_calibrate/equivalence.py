@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, cast
 
 from turnguard._calibrate.grid import Policy
-from turnguard._calibrate.records import UNFINISHED, Unreported
+from turnguard._calibrate.records import Unreported
 from turnguard._config import GuardConfig
 from turnguard._firing import Firing, FiringRule, Triggers, TurnFacts
 from turnguard._ledger import Ledger, count_outcome
@@ -32,12 +32,10 @@ from turnguard._policies import cap, cycle_repeat, cycles, streak
 Signature = tuple[object, ...]
 
 
-def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome | Unreported], starts: Sequence[int]) -> TurnFacts:
-    """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``.
-    ``reach_stale`` is left out: it costs a ledger pass (``stale_reach``), made only when needed.
-    An ``UNFINISHED`` call counts as failing: the live guard counts a call still waiting as a
-    failure of its streak, so that is as far as its streak can reach."""
-    settled = _as_failing(outcomes)
+def turn_facts(digests: Sequence[bytes], settled: Sequence[Outcome], starts: Sequence[int]) -> TurnFacts:
+    """The facts of one turn (one pass over its keys); ``starts`` as ``replay.cycle_starts``,
+    ``settled`` the calls' outcomes with each unfinished one failing (``as_failing``).
+    ``reach_stale`` is left out: it costs a ledger pass (``stale_reach``), made only when needed."""
     reach_repeat: list[int] = []
     reach_run: list[int] = []
     reach_failing: list[int] = []
@@ -78,9 +76,11 @@ def turn_facts(digests: Sequence[bytes], outcomes: Sequence[Outcome | Unreported
                      tuple(cycle_calls), len(counts))
 
 
-def _as_failing(outcomes: Sequence[Outcome | Unreported]) -> Sequence[Outcome]:
-    """``outcomes`` with each ``UNFINISHED`` one an ``ERROR`` (``turn_facts``)."""
-    if UNFINISHED not in outcomes:
+def as_failing(outcomes: Sequence[Outcome | Unreported], lost: Sequence[int]) -> Sequence[Outcome]:
+    """``outcomes`` as ``turn_facts`` takes them: each unfinished one (``lost``, from
+    ``replay.unfinished_calls``) an ``ERROR``. The live guard counts a call still waiting as a
+    failure of its streak, so that is as far as its streak can reach."""
+    if not lost:
         return cast(Sequence[Outcome], outcomes)
     return [o if isinstance(o, Outcome) else Outcome.ERROR for o in outcomes]
 

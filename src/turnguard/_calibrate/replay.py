@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import pluggy
 
 from turnguard._calibrate.grid import Policy
-from turnguard._calibrate.records import UNFINISHED, RecordedCall, RecordedTurn
+from turnguard._calibrate.records import UNFINISHED, RecordedCall, RecordedTurn, Unreported
 from turnguard._config import MAX_CALLS, GuardConfig
 from turnguard._dispatch import BoundChecks, Dispatcher, Impl
 from turnguard._driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver
 from turnguard._keys import Keyer, identity_bytes, name_bytes, store_key, unchecked_key
-from turnguard._ledger import Ledger, LedgerView
-from turnguard._model import Action, ToolCall, Verdict
+from turnguard._ledger import GIVE_UP_EVERY, Ledger, LedgerView, overdue
+from turnguard._model import Action, Outcome, ToolCall, Verdict
 from turnguard._plugins import FACTORY_PLUGINS, plugin_manager, policies_only
 from turnguard._policies import cap
 
@@ -167,13 +167,46 @@ def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
     return tc
 
 
+def unfinished_calls(outcomes: Sequence[Outcome | Unreported]) -> tuple[int, ...]:
+    """The numbers (1-based) of the ``UNFINISHED`` calls among a turn's ``outcomes``: what a replay
+    of the turn is given to wait for them as the live turn did (empty for most turns)."""
+    if UNFINISHED not in outcomes:
+        return ()
+    return tuple(k for k, outcome in enumerate(outcomes, 1) if outcome is UNFINISHED)
+
+
+def still_waiting(lost: Sequence[int], upto: int) -> list[int]:
+    """The unfinished calls (``lost``) still waited for after the turn's first ``upto`` calls: the
+    others were given up by then, where the live turn gives them up (``give_up``)."""
+    waiting: list[int] = []
+    if not lost:
+        return waiting
+    marks = range(GIVE_UP_EVERY, upto + 1, GIVE_UP_EVERY)
+    for seq, is_call in sorted([*((m, False) for m in marks), *((k, True) for k in lost if k <= upto)]):
+        if is_call:
+            waiting.append(seq)
+        elif waiting:
+            del waiting[:min(overdue([*waiting, seq], seq), len(waiting))]
+    return waiting
+
+
+def give_up(ledger: Ledger, waiting: list[int], seq: int) -> None:
+    """At check ``seq`` (one of each ``GIVE_UP_EVERY``), stop waiting for the unfinished calls the
+    live turn gives up there (``overdue``; the call being checked waits there too)."""
+    due = min(overdue([*waiting, seq], seq), len(waiting))
+    for old in waiting[:due]:
+        ledger.abandon(old)
+    del waiting[:due]
+
+
 def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int], begin: int,
-            end: int) -> None:
-    """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks."""
+            end: int, waiting: list[int] | None = None) -> None:
+    """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks.
+    ``waiting``: the unfinished calls waited for so far (``still_waiting``), updated; ``None`` when
+    the turn has none (``unfinished_calls``)."""
     calls = turn.calls[begin:end]
-    outcomes = list(map(_OUTCOME, calls))
-    if UNFINISHED not in outcomes and ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)), outcomes,
-                                                           starts[begin:end]):
+    if waiting is None and ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)),
+                                                list(map(_OUTCOME, calls)), starts[begin:end]):
         return
     count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
     if ledger.names_tools:
@@ -182,9 +215,13 @@ def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts
     for call, digest, cycles in zip(calls, digests[begin:end], starts[begin:end], strict=True):
         for _ in range(cycles):
             cycle()
+        if waiting and not (ledger.checks + 1) % GIVE_UP_EVERY:
+            give_up(ledger, waiting, ledger.checks + 1)
         count(digest, call[0])  # call.tool
         reported = call[3]  # call.outcome, for the call just counted
         if reported is UNFINISHED:
+            if waiting is not None:
+                waiting.append(ledger.checks)
             continue
         if polled is None or not polled(call[0]):
             outcome(ledger.checks, reported)
@@ -202,13 +239,14 @@ class SharedPrefix:
     """One ledger per turn and key mode, advanced once through the turn; replays that start
     checking later fork it (``Ledger.fork``) instead of recounting the calls before."""
 
-    __slots__ = ("digests", "ledger", "position", "starts", "turn")
+    __slots__ = ("digests", "ledger", "position", "starts", "turn", "waiting")
 
     def __init__(self, config: GuardConfig, turn: RecordedTurn, digests: Sequence[bytes],
-                 starts: Sequence[int]) -> None:
+                 starts: Sequence[int], lost: Sequence[int] = ()) -> None:
         self.ledger = Ledger(config, turn_id=turn.id)
         self.turn, self.digests, self.starts = turn, digests, starts
         self.position = 0
+        self.waiting: list[int] | None = [] if lost else None
 
     def fork_at(self, first_check: int, config: GuardConfig, promptable: bool) -> Ledger | None:
         """A ledger holding calls before ``first_check`` under ``config``, or ``None`` when the
@@ -216,7 +254,7 @@ class SharedPrefix:
         skip = min(first_check - 1, len(self.turn.calls))
         if skip < self.position:
             return None
-        advance(self.ledger, self.turn, self.digests, self.starts, self.position, skip)
+        advance(self.ledger, self.turn, self.digests, self.starts, self.position, skip, self.waiting)
         self.position = skip
         try:
             return self.ledger.fork(config, promptable=promptable)
@@ -250,18 +288,21 @@ def replay_turn(
     ledger: Ledger | None = None,
     asks_before: tuple[int, ...] = (),
     snapshots: dict[int, list[Snapshot]] | None = None,
+    lost: Sequence[int] = (),
 ) -> TurnResult:
     """Replay one turn under one policy until it ends or halts.
 
     Before call ``first_check`` (``equivalence.earliest_call``) only the ledger runs: no check there
     can change the result; ``ledger`` may already hold those calls, ``asks_before`` their asks.
     ``snapshots`` asks for the state before given calls (0-based), forked into other policies'
-    configurations, so a policy agreeing up to there continues from it (``Snapshot``)."""
+    configurations, so a policy agreeing up to there continues from it (``Snapshot``). ``lost``:
+    the turn's unfinished calls (``unfinished_calls``), waited for as the live turn waited."""
     recorded = turn.calls
     skip = min(first_check - 1, n := len(recorded))
+    waiting = still_waiting(lost, skip)
     if ledger is None:
         ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
-        advance(ledger, turn, digests, starts, 0, skip)
+        advance(ledger, turn, digests, starts, 0, skip, [] if lost else None)
     asks: list[int] = list(asks_before)
     driver = policy.driver(ledger)
     results = driver.polls is not None
@@ -277,12 +318,15 @@ def replay_turn(
         call = calls[i]
         if call is None:
             call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
+        if waiting and not (i + 1) % GIVE_UP_EVERY:
+            give_up(ledger, waiting, i + 1)
         found = driver.call(digests[i], call)
         verdict = driver.combine(CHECK_CALL, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
             return TurnResult(i + 1, _label(verdict), tuple(asks))
         outcome = recorded[i].outcome
         if outcome is UNFINISHED:  # its turn ended before it: the live guard got no outcome either
+            waiting.append(i + 1)
             continue
         found = driver.outcome(ledger.checks, call, outcome, result_digest(recorded[i]) if results else None)
         verdict = driver.combine(CHECK_OUTCOME, found)[0] if found else None
@@ -389,8 +433,11 @@ __all__ = [
     "calls_saved",
     "cycle_starts",
     "decile",
+    "give_up",
     "policy_manager",
     "relative_position",
     "replay_turn",
+    "still_waiting",
     "tool_call",
+    "unfinished_calls",
 ]

@@ -55,6 +55,9 @@ from turnguard._ledger._cycles import CycleRuns
 from turnguard._ledger._facts import LedgerFacts, PolicyFacts
 from turnguard._ledger._polled import PolledCalls
 from turnguard._ledger._state import (
+    GIVE_UP_AFTER,
+    GIVE_UP_EVERY,
+    MAX_AWAITING,
     MAX_POLLED,
     check_number,
     digest_counts,
@@ -64,6 +67,7 @@ from turnguard._ledger._state import (
     fired_pair,
     hex_or_none,
     key_size,
+    overdue,
     result_digests,
     results_state,
 )
@@ -717,6 +721,9 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "GIVE_UP_AFTER",
+    "GIVE_UP_EVERY",
+    "MAX_AWAITING",
     "MAX_ENDED_STREAKS",
     "MAX_FIRED",
     "MAX_POLLED",
@@ -733,4 +740,5 @@ __all__ = [
     "answered_digest",
     "count_outcome",
     "new_event_id",
+    "overdue",
 ]

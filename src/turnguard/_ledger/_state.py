@@ -12,10 +12,29 @@ from turnguard._keys import DIGEST_SIZE
 from turnguard._model import Level, Outcome
 from turnguard._state import Fields
 
-MAX_POLLED = 2 * 4096 + 1024
+MAX_AWAITING = 4096
+"""Checked calls a turn waits for an outcome of: once more than twice this many wait, the oldest
+this many are given up (``overdue``)."""
+GIVE_UP_AFTER = 2 * MAX_AWAITING
+"""Checks after its own past which a call still waiting is given up (``overdue``)."""
+GIVE_UP_EVERY = 1024
+"""Checks between two looks at the calls still waiting (each ``GIVE_UP_EVERY``-th check)."""
+MAX_POLLED = GIVE_UP_AFTER + GIVE_UP_EVERY
 """Calls a ledger keeps waiting for their outcome, in a stateful tool's repeats and in the cycle
-runs (the calls a live turn waits for, ``guard.MAX_AWAITING``); past it, in the repeats, the oldest
-counts without a result."""
+runs (the calls a live turn waits for); past it, in the repeats, the oldest counts without a result."""
+
+
+def overdue(waiting: list[int], checks: int) -> int:
+    """How many of the oldest calls still waiting (``waiting``: their check numbers, oldest first)
+    a turn gives up at check ``checks`` (one of each ``GIVE_UP_EVERY``): the oldest
+    ``MAX_AWAITING`` when more than ``GIVE_UP_AFTER`` wait, and every one ``GIVE_UP_AFTER``
+    checks old. So one lost outcome cannot hold its streak's later outcomes, and their memory,
+    for good; the live turn (``Turn``) and calibrate's replay give up the same calls."""
+    old = checks - GIVE_UP_AFTER
+    shed = MAX_AWAITING if len(waiting) > GIVE_UP_AFTER else 0
+    while shed < len(waiting) and waiting[shed] <= old:
+        shed += 1
+    return shed
 
 
 WAIT_BEHIND = 32
