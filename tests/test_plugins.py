@@ -4,7 +4,10 @@ blocking, the entry-point switch, isolation of broken plugins, and ``describe``.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,6 +22,7 @@ from turnguard._plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS, PluginStatus
 from turnguard.hookspecs import PROJECT_NAME
 
 NO_TELEMETRY = NON_POLICY_PLUGINS
+SRC = Path(__file__).resolve().parent.parent / "src"
 DANGEROUS = tg.ToolCall("bash", "rm -rf /")
 
 POLICY_SOURCE = '''
@@ -213,6 +217,66 @@ def test_an_entry_point_implementing_an_unknown_hook_is_left_out(site, caplog):
     assert guard.turn().check_call(distinct_call(1)).action is tg.Action.ALLOW
 
 
+IMPOSTOR_SOURCE = """
+import turnguard as tg
+
+@tg.hookimpl
+def turnguard_check_call(turn, call):
+    return turn.detect("impostor", tg.Action.HALT, tg.Level.STOP, 1, call=call, message="impostor")
+"""
+"""An entry point that would halt every call: loaded under any name, it shows."""
+
+BUILTIN_NAMES = sorted(plugins.builtin_names())
+
+
+def _install_impostors(site, names: list[str]) -> None:
+    for i, name in enumerate(names):
+        site(f"turnguard-impostor-{i}", name, f"tg_impostor_{i}", IMPOSTOR_SOURCE)
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["enabled", "disabled"])
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_an_entry_point_named_like_a_builtin_is_left_out_and_the_builtin_keeps_the_name(site, caplog, name,
+                                                                                        disabled):
+    _install_impostors(site, [name])
+    site("turnguard-example", "example", "tg_example_policy", POLICY_SOURCE)
+    config = tg.GuardConfig(probe={"rate": 1.0}, disable_plugins=(name,) if disabled else ())  # a probe guard too
+    for environ in ({}, {"TURNGUARD_LOAD_PLUGINS": f"{name},example"}):
+        with caplog.at_level(logging.ERROR, logger="turnguard"):
+            guard = tg.Guard(config, environ=environ)
+        assert "tg_impostor_0" not in sys.modules
+        turn = guard.turn()
+        assert turn.check_call(distinct_call(1)).action is tg.Action.ALLOW
+        assert turn.check_call(DANGEROUS).threshold == "dangerous_command"  # other entry points still load
+        if name in DEFAULT_PLUGINS and not disabled:
+            assert guard.pm.get_plugin(name) is importlib.import_module(DEFAULT_PLUGINS[name])
+        rows = [r for r in describe(guard.pm) if r["name"] == name and r["source"] == "turnguard-impostor-0 1.0"]
+        assert rows == [{"name": name, "source": "turnguard-impostor-0 1.0", "status": PluginStatus.FAILED,
+                         "why": plugins.TAKEN_NAME, "hooks": []}]
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert said == [f"turnguard: entry-point plugin {name!r} left out: {plugins.TAKEN_NAME}"]
+
+
+def test_turnguard_plugins_lists_entry_points_named_like_builtins_as_failed(site, tmp_path):
+    _install_impostors(site, BUILTIN_NAMES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNGUARD_", "OTEL_", "PYTHON"))}
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path / "site"), str(SRC)))
+    said: dict[str, str] = {}
+    for argv in (["plugins", "--json"], ["plugins", "--wide"]):
+        done = subprocess.run([sys.executable, "-m", "turnguard", *argv], cwd=tmp_path, env=env, timeout=120,
+                              capture_output=True, text=True)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert all(f"entry-point plugin {name!r} left out: {plugins.TAKEN_NAME}" in done.stderr
+                   for name in BUILTIN_NAMES)
+        said[argv[1]] = done.stdout
+    rows = json.loads(said["--json"])
+    failed = {r["name"]: r for r in rows if r["source"].startswith("turnguard-impostor-")}
+    assert sorted(failed) == BUILTIN_NAMES
+    assert all(r["status"] == "failed" and r["why"] == plugins.TAKEN_NAME for r in failed.values())
+    assert {r["name"] for r in rows if r["source"] == "built-in" and r["status"] == "loaded"} >= set(DEFAULT_PLUGINS)
+    assert said["--wide"].count(f"failed: {plugins.TAKEN_NAME}") == len(BUILTIN_NAMES)
+
+
 def test_a_code_plugin_implementing_an_unknown_hook_is_a_host_error():
     class Typo:
         @tg.hookimpl
@@ -364,3 +428,9 @@ def test_a_host_with_its_own_pluggy_manager_can_plug_into_turnguard():
         host_pm.hook.myhost_before_tool(tool=call.name, args=call.args)
         turn.check_call(call)
     assert budget.halts == ["explicit"]
+
+
+def test_the_usage_page_names_every_plugin_name_turnguard_keeps():
+    page = (SRC.parent / "docs" / "usage.md").read_text(encoding="utf-8")
+    said = page[page.index("the\nnames of turnguard's own plugins"):].split(":", 1)[0]
+    assert all(f"`{name}`" in said for name in BUILTIN_NAMES)

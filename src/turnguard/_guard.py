@@ -54,7 +54,7 @@ from turnguard._model import (
     Verdict,
     id_text,
 )
-from turnguard._plugins import plugin_manager
+from turnguard._plugins import MAIN_HALTS_PLUGIN, plugin_manager
 from turnguard._probe import Cohort
 from turnguard._snapshot import (
     Lineage,
@@ -244,7 +244,7 @@ class MainHalts:
     halted each probe turn, in the results book, so that the turn's late result (and its token)
     carry it as ``turnguard.probe.main_threshold``."""
 
-    NAME = "turnguard-main-halts"
+    NAME = MAIN_HALTS_PLUGIN
 
     def __init__(self, results: ResultBook, main: str) -> None:
         self.results = results

@@ -10,8 +10,11 @@ guard would otherwise run without the plugin it was asked for.
 
 A plugin that cannot be imported or started is left out: it never stops the guard (or the host)
 from working. It is logged once per process in one line (the traceback at DEBUG), not once per
-``Guard``, and ``describe`` lists it as failed. Disabling a plugin that is not installed is a
-normal fleet setting: one WARNING per process, and ``describe`` lists it as not found.
+``Guard``, and ``describe`` lists it as failed. The names turnguard registers plugins under itself
+(``builtin_names``) are its own: an entry point that takes one is not imported, left out and
+listed as failed alike, and the built-in keeps the name (else one installed package could replace
+the cap, or crash every guard). Disabling a plugin that is not installed is a normal fleet
+setting: one WARNING per process, and ``describe`` lists it as not found.
 """
 
 from __future__ import annotations
@@ -66,6 +69,15 @@ registers each factory from above (``register_factory``, in ``turnguard/__init__
 before any of its modules is used). A name without a factory is skipped."""
 
 
+MAIN_HALTS_PLUGIN = "turnguard-main-halts"
+"""The name of the plugin a probe guard notes the main configuration's halts with (``_guard``)."""
+
+
+def builtin_names() -> frozenset[str]:
+    """Every name turnguard registers a plugin under itself; no entry point may take one."""
+    return frozenset((*DEFAULT_PLUGINS, *FACTORY_PLUGINS, MAIN_HALTS_PLUGIN))
+
+
 def register_factory(name: str, factory: PluginFactory) -> None:
     """Build the built-in plugin ``name`` with ``factory`` in every manager made from now on
     (registered from the modules above this one, which this one never imports)."""
@@ -116,12 +128,14 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _left_out(pm: pluggy.PluginManager, name: str, source: str, why: str, kind: str, exc: BaseException) -> None:
+def _left_out(pm: pluggy.PluginManager, name: str, source: str, why: str, kind: str,
+              exc: BaseException | None = None) -> None:
     """``name`` failed and is left out of ``pm``: noted for ``describe``, logged once per process."""
     _LEFT_OUT.setdefault(pm, {})[name] = (source, why)
     if _first_time(kind, name, why):
         log.error("turnguard: %s %r left out: %s", kind, name, why)
-    log.debug("turnguard: %s %r left out", kind, name, exc_info=exc)
+    if exc is not None:
+        log.debug("turnguard: %s %r left out", kind, name, exc_info=exc)
 
 
 def plugin_manager(
@@ -230,14 +244,22 @@ def check_selection(selection: str | None, installed: Mapping[str, str] | None =
     return wanted
 
 
+TAKEN_NAME = "its name is a built-in plugin's, which keeps it: rename the entry point"
+"""Why an entry point named like a built-in plugin is left out."""
+
+
 def _load_entrypoints(pm: pluggy.PluginManager, selection: str | None, installed: Mapping[str, str]) -> None:
     """Load the ``turnguard`` entry points one by one, so that one broken distribution is
     reported and skipped instead of stopping the guard."""
     wanted = check_selection(selection, installed)
     if wanted is not None and not wanted:
         return
+    builtins = builtin_names()
     for name in sorted(installed):
         if wanted is not None and name not in wanted:
+            continue
+        if name in builtins:
+            _left_out(pm, name, installed[name], TAKEN_NAME, "entry-point plugin")
             continue
         try:
             pm.load_setuptools_entrypoints(ENTRYPOINT_GROUP, name=name)
@@ -265,11 +287,12 @@ def describe(pm: pluggy.PluginManager) -> list[dict[str, Any]]:
         source = f"{dist.project_name} {dist.version}" if dist else "built-in" if _builtin(name) else "code"
         hooks = sorted(caller.name for caller in pm.get_hookcallers(plugin) or ())
         rows.append({"name": name, "source": source, "status": PluginStatus.LOADED, "hooks": hooks})
+    listed = {(row["name"], row["source"]) for row in rows}
     for name, (source, why) in failed.items():
-        if pm.get_plugin(name) is None and not pm.is_blocked(name):
+        if (name, source) not in listed:
             rows.append({"name": name, "source": source, "status": PluginStatus.FAILED, "why": why, "hooks": []})
     return rows
 
 
 def _builtin(name: str) -> bool:
-    return name in DEFAULT_PLUGINS or name in FACTORY_PLUGINS
+    return name in builtin_names()
