@@ -29,7 +29,10 @@ as in canonical mode.
 
 Nothing here raises because of the arguments: dict keys that do not compare, objects whose
 ``__repr__``, ``__eq__``, ``__hash__`` or attributes raise, cycles, nesting of any depth and odd
-types all get a deterministic identity (one that does not depend on memory addresses).
+types all get a deterministic identity (one that does not depend on memory addresses, nor on how
+deep the caller's stack is: JSON text too deep for json's recursive scanner is read by
+``_scan_deep``, and a value whose own method runs out of stack is encoded again on a fresh one,
+``_on_fresh_stack``).
 
 The digest is a keyed 64-bit hash of the identity bytes, so that a digest cannot be reversed by
 hashing guessed arguments: BLAKE2b (an HMAC-equivalent keyed hash) under the configured secret;
@@ -55,6 +58,8 @@ import re
 import secrets
 import struct
 import sys
+import threading
+from _thread import allocate_lock, start_new_thread
 from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring as _quote
 from math import isfinite
@@ -190,13 +195,96 @@ def _json_value(text: str) -> Any:
     first = stripped[:1]
     if first in _JSON_STARTS:
         try:
-            value, end = _scan_json(stripped, 0)
-        except (StopIteration, ValueError, RecursionError):
+            try:
+                value, end = _scan_json(stripped, 0)
+            except RecursionError:  # nested deeper than this stack lets json's scanner go
+                value, end = _scan_deep(stripped)
+        except (StopIteration, ValueError):
             return _NOT_JSON
         return value if end == len(stripped) else _NOT_JSON
     if first in _WORD_STARTS and stripped in _JSON_WORDS:
         return _WORD_VALUES[stripped]
     return _NOT_JSON
+
+
+_number_at = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?").match
+"""A JSON number where json's scanner reads one (ASCII digits only, as its C scanner)."""
+_space_run = re.compile(r"[ \t\n\r]*").match
+
+
+def _past_space(text: str, at: int) -> int:
+    """Where the JSON whitespace from ``at`` ends."""
+    return _space_run(text, at).end()  # type: ignore[union-attr]  # (a run of none matches too)
+
+
+_string_at = json.decoder.scanstring  # type: ignore[attr-defined]
+_WORDS_AT = tuple(_WORD_VALUES.items())
+
+
+def _scan_deep(text: str) -> tuple[Any, int]:
+    """``_scan_json`` without recursion: the same values and the same refusals (``ValueError``)
+    at any depth. json's scanner recurses, so how deep it can go depends on how deep the caller's
+    stack already is; taken where it runs out, this keeps whether a text is JSON (and so its key)
+    independent of where it is keyed from."""
+    stack: list[list[Any]] = []  # [container, key pending in it]
+    value: Any
+    at = 0
+    while True:
+        first = text[at:at + 1]
+        if first == "[" or first == "{":
+            at = _past_space(text, at + 1)
+            if text[at:at + 1] != ("]" if first == "[" else "}"):
+                key, at = (None, at) if first == "[" else _key_at(text, at)
+                stack.append([[] if first == "[" else {}, key])
+                continue
+            value, at = ([] if first == "[" else {}), at + 1
+        elif first == '"':
+            value, at = _string_at(text, at + 1, True)
+        else:
+            value, at = _scalar_at(text, at)
+        while stack:
+            frame = stack[-1]
+            container = frame[0]
+            if type(container) is list:
+                container.append(value)
+            else:
+                container[frame[1]] = value
+            at = _past_space(text, at)
+            after = text[at:at + 1]
+            if after == ",":
+                at = _past_space(text, at + 1)
+                if type(container) is dict:
+                    frame[1], at = _key_at(text, at)
+                break
+            if after != ("]" if type(container) is list else "}"):
+                raise ValueError(f"expected ',' or the container's end at {at}")
+            value, at = container, at + 1
+            stack.pop()
+        else:
+            return value, at
+
+
+def _key_at(text: str, at: int) -> tuple[str, int]:
+    """An object's key at ``at`` and where its value starts (past the ``:``)."""
+    if text[at:at + 1] != '"':
+        raise ValueError(f"expected a key at {at}")
+    key, at = _string_at(text, at + 1, True)
+    at = _past_space(text, at)
+    if text[at:at + 1] != ":":
+        raise ValueError(f"expected ':' at {at}")
+    return key, _past_space(text, at + 1)
+
+
+def _scalar_at(text: str, at: int) -> tuple[Any, int]:
+    """A JSON word or number at ``at`` and where it ends (``NaN`` and ``Infinity`` refused)."""
+    for word, value in _WORDS_AT:
+        if text.startswith(word, at):
+            return value, at + len(word)
+    number = _number_at(text, at)
+    if number is None:
+        raise ValueError(f"expected a JSON value at {at}")
+    digits = number.group()
+    return float(digits) if number.group(1) or number.group(2) else int(digits), number.end()
 
 
 def is_json_text(text: str) -> bool:
@@ -655,7 +743,8 @@ def _mapping_items(value: Any) -> list[tuple[Any, Any]]:
         return list(value.items())
     try:  # what json's encoder reads from a dict subclass, and a Mapping's own items
         return list(value.items())
-    except Exception:
+    except Exception as exc:
+        _stack_bound(exc)
         if issubclass(type(value), dict):
             return list(dict.items(value))
         raise
@@ -700,19 +789,22 @@ def _object_children(value: Any, cls: type) -> tuple[str, list[Any], Any]:
             names.append(f.name)
             try:
                 children.append(object.__getattribute__(value, f.name))
-            except Exception:
+            except Exception as exc:
+                _stack_bound(exc)
                 children.append(_UNSET)
         return "a", children, names
     try:
         state = object.__getattribute__(value, "__dict__")
-    except Exception:
+    except Exception as exc:
+        _stack_bound(exc)
         state = None
     names, children = ["__dict__"], [state if isinstance(state, dict) else _UNSET]
     for name, descriptor in _slots(cls):
         names.append(name)
         try:
             children.append(descriptor.__get__(value, cls))
-        except Exception:
+        except Exception as exc:
+            _stack_bound(exc)
             children.append(_UNSET)
     return "o", children, names
 
@@ -727,14 +819,15 @@ def _open(value: Any) -> tuple[str, list[Any], Any]:
     if issubclass(cls, (dict, Mapping)):
         try:
             items = _mapping_items(value)
-        except Exception:
+        except Exception as exc:
+            _stack_bound(exc)
             return _object_children(value, cls)
         keys = [_json_key(k) for k, _ in items]
         if None not in keys:
             try:  # json's own order: its encoder sorts the (key, value) pairs
                 items.sort()
-            except Exception:
-                pass
+            except Exception as exc:
+                _stack_bound(exc)
             else:
                 return "object", [v for _, v in items], [_json_key(k) for k, _ in items]
         return "d", [x for pair in items for x in pair], None
@@ -742,7 +835,8 @@ def _open(value: Any) -> tuple[str, list[Any], Any]:
         return _object_children(value, cls)
     try:
         text = _ADDRESS.sub("", repr(value))
-    except Exception:  # a broken __repr__: the object's state instead
+    except Exception as exc:  # a broken __repr__: the object's state instead
+        _stack_bound(exc)
         return _object_children(value, cls)
     if len(text) > _REPR_LIMIT:
         tail = hashlib.blake2b(_utf8(text), digest_size=16).hexdigest()
@@ -788,7 +882,55 @@ def _finish(frame: _Open, type_name: str) -> Part:
 
 def _fallback(root: Any) -> str:
     """Iterative encoder for what ``json`` refuses: any depth, cycles, odd types."""
-    return _flat(_encode_tree(root)[0])
+    try:
+        return _flat(_encode_tree(root)[0])
+    except RecursionError:  # a value's own method ran out of this stack (``_stack_bound``)
+        return _on_fresh_stack(root)
+
+
+_FRESH = threading.local()
+"""``on`` is true on the thread ``_on_fresh_stack`` started: a RecursionError there is final."""
+
+
+def _stack_bound(exc: Exception) -> None:
+    """Re-raise ``exc`` if it is a RecursionError met on the caller's stack. A value's own method
+    (``__repr__``, ``items``, ``__lt__``, a property) may recurse: whether it runs out of stack
+    depends on how deep the caller already is, so the value is encoded again on a fresh stack
+    (``_on_fresh_stack``) and what it can or cannot read there decides, wherever it is keyed from."""
+    if isinstance(exc, RecursionError) and not getattr(_FRESH, "on", False):
+        raise exc
+
+
+def _on_fresh_stack(root: Any) -> str:
+    """``_fallback(root)`` on a new thread, whose stack is shallower than any caller's here (a bare
+    ``_thread``: ``threading``'s start-up frames would make it deeper than some). Only a value
+    whose own method raised RecursionError comes here."""
+    result: list[Any] = []
+    done = allocate_lock()
+    done.acquire()
+
+    def run() -> None:
+        _FRESH.on = True
+        try:
+            result.append(_flat(_encode_tree(root)[0]))
+        except BaseException as exc:  # handed to the caller's thread
+            result.append(exc)
+        finally:
+            done.release()
+
+    try:
+        start_new_thread(run, ())
+    except RuntimeError:  # no thread to be had (interpreter shutdown): this stack decides
+        done.release()
+        was, _FRESH.on = getattr(_FRESH, "on", False), True
+        try:
+            return _flat(_encode_tree(root)[0])
+        finally:
+            _FRESH.on = was
+    done.acquire()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return str(result[0])
 
 
 def _leaf_or_open(value: Any) -> tuple[Part | None, _Open | None, str]:
@@ -802,7 +944,8 @@ def _leaf_or_open(value: Any) -> tuple[Part | None, _Open | None, str]:
             return (leaf, len(leaf)), None, ""
         kind, children, extra = _open(value)
         return None, _Open(kind, children, extra, value), _type_name(cls)
-    except Exception:  # an object that refuses to be read at all: its type only
+    except Exception as exc:  # an object that refuses to be read at all: its type only
+        _stack_bound(exc)
         return _leaf_token("x", _type_name(cls)), None, ""
 
 
