@@ -4,6 +4,7 @@ a ConfigError naming the key for every bad input."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import turnguard as tg
+from turnguard import _config as config_module
 
 
 def test_the_defaults_are_the_seeds_values():
@@ -183,6 +185,142 @@ def test_a_bad_configuration_is_a_config_error_naming_the_key(options, key):
     error = caught.value
     assert error.key == key and repr(key) in str(error) and "expected" in str(error)
     assert isinstance(error, ValueError)
+
+
+class OddInt(int):
+    """An int whose own methods lie (``int(x)`` is 0, it equals nothing, it has no order)."""
+
+    def __repr__(self) -> str:
+        return "OddInt(?)"
+
+    __str__ = __repr__
+
+    def __int__(self) -> int:
+        return 0
+
+    __index__ = __int__
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = int.__hash__
+
+    def __lt__(self, other: object) -> bool:
+        raise TypeError("no order")
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+
+class OddFloat(float):
+    """A float whose own methods lie: numpy 2's ``float64`` reprs as ``np.float64(1.15)``."""
+
+    def __repr__(self) -> str:
+        return f"np.float64({float.__repr__(self)})"
+
+    __str__ = __repr__
+
+    def __float__(self) -> float:
+        return 0.0
+
+    def is_integer(self) -> bool:
+        return not float.is_integer(self)
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = float.__hash__
+
+    def __lt__(self, other: object) -> bool:
+        raise TypeError("no order")
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+
+class BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+NUMBER_VALUES = {"max_tool_calls_per_turn": 50, "soft_cap": 60, "hard_multiplier": 1.15,
+                 "stuck_repeat_threshold": 4, "streak_warn_at": 3, "streak_stop_at": 9, "max_cycles_per_turn": 7,
+                 "max_tracked_keys": 1000, "cycle_repeat_warn_at": 2, "cycle_repeat_stop_at": 5,
+                 "cycle_repeat_max_period": 3}
+"""A valid value, not the default, of each numeric option."""
+
+
+def _odd_forms(value: float) -> dict[str, object]:
+    forms: dict[str, object] = {"odd float": OddFloat(value)}
+    if isinstance(value, int):
+        forms.update({"odd int": OddInt(value), "IntEnum": enum.IntEnum("Cap", {"CHOSEN": value}).CHOSEN})
+    elif float(value).is_integer():
+        forms["odd int"] = OddInt(int(value))
+    return forms
+
+
+def _same_option_in_every_layer(key: str, value: object) -> dict[str, tg.GuardConfig]:
+    return {"keyword": tg.GuardConfig(**{key: value}), "mapping": tg.GuardConfig.from_mapping({key: value}),
+            "shadow": tg.GuardConfig(shadow={"s": {key: value}}).shadow_configs()[0][1],
+            "probe": tg.GuardConfig(probe={"rate": 0.5, key: value}).probe_settings().config}
+
+
+def test_every_numeric_option_has_a_value_here():
+    assert set(NUMBER_VALUES) == set(config_module._NUMBER_FIELDS)
+    numeric = {f.name for f in dataclasses.fields(tg.GuardConfig)
+               if type(f.default) in (int, float) or "int" in str(f.type) or "float" in str(f.type)}
+    assert numeric == set(NUMBER_VALUES)
+
+
+@pytest.mark.parametrize("key", sorted(NUMBER_VALUES))
+def test_a_number_given_as_an_int_or_float_subclass_is_that_plain_number(key):
+    plain = NUMBER_VALUES[key]
+    expected = _same_option_in_every_layer(key, plain)
+    for label, odd in _odd_forms(plain).items():
+        if isinstance(odd, float) and key != "hard_multiplier":
+            continue  # (a float is no integer option: below)
+        for layer, config in _same_option_in_every_layer(key, odd).items():
+            value = getattr(config, key)
+            assert type(value) is type(plain) and value == plain, (label, layer)
+            assert config == expected[layer] and repr(config) == repr(expected[layer]), (label, layer)
+            assert config.hard_cap == expected[layer].hard_cap, (label, layer)
+
+
+@pytest.mark.parametrize("multiplier", [1.15, 2.0, 1.1, 3, 1.0000001, 7.3])
+@pytest.mark.parametrize("soft_cap", [1, 7, 100, 999])
+def test_the_backstop_of_a_multiplier_subclass_is_the_plain_multipliers(soft_cap, multiplier):
+    plain = tg.GuardConfig(soft_cap=soft_cap, hard_multiplier=multiplier).hard_cap
+    for odd in _odd_forms(multiplier).values():
+        assert tg.GuardConfig(soft_cap=soft_cap, hard_multiplier=odd).hard_cap == plain
+
+
+@pytest.mark.parametrize("rate", [OddFloat(0.25), OddFloat(1.0), OddInt(1), OddInt(0)])
+def test_a_probe_rate_given_as_an_int_or_float_subclass_is_that_plain_rate(rate):
+    plain = int.__int__(rate) if isinstance(rate, int) else float.__float__(rate)
+    for probe in (tg.Probe(rate, tg.GuardConfig()), tg.GuardConfig(probe={"rate": rate}).probe_settings()):
+        assert type(probe.rate) is type(plain) and probe.rate == plain
+
+
+def _bad_numbers(key: str) -> list[object]:
+    """Values no numeric option takes, of every kind: a value whose repr raises among them."""
+    bad: list[object] = [BadRepr(), str(NUMBER_VALUES[key]), True, OddFloat(float("nan")), [1]]
+    if key == "hard_multiplier":
+        return [*bad, OddFloat(0.5), OddFloat(float("inf")), OddInt(0), None]
+    return [*bad, OddFloat(NUMBER_VALUES[key])]
+
+
+@pytest.mark.parametrize("key", sorted(NUMBER_VALUES))
+def test_a_bad_number_in_any_form_is_a_config_error_naming_the_key(key):
+    for value in _bad_numbers(key):
+        for prefix, options in (("", {key: value}), ("probe.", {"probe": {"rate": 0.5, key: value}})):
+            with pytest.raises(tg.ConfigError) as caught:
+                tg.GuardConfig(**options)
+            assert caught.value.key == prefix + key and repr(prefix + key) in str(caught.value), value
+
+
+@pytest.mark.parametrize("rate", [BadRepr(), OddFloat(float("nan")), OddFloat(1.5), OddInt(2), "0.5", True])
+def test_a_bad_probe_rate_in_any_form_is_a_config_error_naming_it(rate):
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig(probe={"rate": rate})
+    assert caught.value.key == "probe.rate" and "'probe.rate'" in str(caught.value)
 
 
 BAD_ENV = [

@@ -124,7 +124,12 @@ class ConfigFileError(ConfigError):
 
 
 def _short(value: Any, width: int = 80) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # a bad value's own repr must not hide what was wrong with it
+        text = f"a {type(value).__qualname__} (its repr raised)"
+    if type(text) is not str:  # (a repr returning a str subclass)
+        text = str.__str__(text)
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -535,10 +540,30 @@ MAX_CALLS = 2**62
 
 
 def _exact_product(soft_cap: int, multiplier: float) -> int:
-    """S * m without float rounding: ``100 * 1.15`` is 115, not 114."""
-    if isinstance(multiplier, int) or multiplier.is_integer():
-        return soft_cap * int(multiplier)
-    return int(Fraction(soft_cap) * Fraction(repr(multiplier)))
+    """S * m without float rounding: ``100 * 1.15`` is 115, not 114 (the product of the shortest
+    decimal that reads back as ``m``, read through ``float``'s own methods, not a subclass's)."""
+    if isinstance(multiplier, int):
+        return soft_cap * int.__int__(multiplier)
+    if float.is_integer(multiplier):
+        return soft_cap * int(float.__float__(multiplier))
+    return int(Fraction(soft_cap) * Fraction(float.__repr__(multiplier)))
+
+
+_NUMBER_FIELDS = ("max_tool_calls_per_turn", *_INT_FIELDS, "hard_multiplier")
+
+
+def _plain_number(value: Any) -> Any:
+    """An int or float subclass's value as a plain ``int`` or ``float``, anything else as given:
+    its own ``__repr__``, comparisons or ``is_integer`` may say otherwise (numpy's ``float64(1.15)``
+    reprs as ``np.float64(1.15)``; an ``IntEnum`` member as ``<Cap.LOW: 50>``)."""
+    cls = type(value)
+    if cls is int or cls is float or cls is bool:
+        return value
+    if issubclass(cls, int):
+        return int.__int__(value)
+    if issubclass(cls, float):
+        return float.__float__(value)
+    return value
 
 
 def _init_checking_names(init: Any) -> Any:
@@ -581,6 +606,8 @@ def valid_name(name: Any) -> bool:
 def _validate(c: GuardConfig) -> None:
     if isinstance(c.name, str) and type(c.name) is not str:
         object.__setattr__(c, "name", str.__str__(c.name))  # the text, not a subclass's behaviour
+    for key in _NUMBER_FIELDS:  # the numbers, not a subclass's behaviour
+        object.__setattr__(c, key, _plain_number(getattr(c, key)))
     if not valid_name(c.name):
         raise ConfigError("name", c.name, NAME_ACCEPTED)
     _validate_counts(c)
@@ -726,7 +753,8 @@ class Probe:
     config: GuardConfig
 
     def __post_init__(self) -> None:
-        rate = self.rate
+        rate = _plain_number(self.rate)
+        object.__setattr__(self, "rate", rate)
         number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
         if not number or not math.isfinite(rate) or not 0 <= rate <= 1:
             raise ConfigError("probe.rate", rate, "a number from 0 to 1 (the share of turns probed)")
