@@ -22,7 +22,7 @@ from conftest import (
 
 optional_dependency("agents")
 
-from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled  # noqa: E402
+from agents import Agent, RunConfig, Runner, RunState, function_tool, set_tracing_disabled  # noqa: E402
 from agents.exceptions import AgentsException, MaxTurnsExceeded  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
@@ -680,3 +680,105 @@ def test_a_polling_tools_output_is_its_result_and_a_changed_one_is_progress(chan
         with pytest.raises(TurnGuardHalted):
             run_sync(guard, agent, "wait for CI", max_turns=100, run_config=NO_EXPORT)
     assert_polled(turn_ends, changing, len(polled))
+
+
+# -- a damaged turn state is refused before its turn is resumed ----------------------------------
+
+from damaged_sections import state_mutants  # noqa: E402
+from turnguard.integrations.openai_agents import resume_state, state_string  # noqa: E402
+
+SECTION = {"asked": ["call-4"], "held": []}
+"""What a run paused at its fifth identical call keeps under ``openai_agents`` (checked below)."""
+DAMAGED = state_mutants("openai_agents", SECTION)
+
+
+class Summaries:
+    def __init__(self) -> None:
+        self.summaries: list[tg.TurnSummary] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.summaries.append(summary)
+
+    def guard(self) -> tg.Guard:
+        guard = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False), environ={})
+        guard.register(self, "summaries")
+        return guard
+
+
+def polling_agent(calls: int = 7) -> Agent:
+    """A fresh agent whose model reads one file ``calls`` times, then answers (a resumed run's goes
+    on where the paused one's stopped: the call asked about is in the run state)."""
+    @function_tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        return "contents"
+
+    return Agent(name="coder", model=calls_then_done([("read_file", {"path": "a.py"})] * calls), tools=[read_file])
+
+
+@pytest.fixture(scope="module")
+def paused_string() -> str:
+    """``state_string`` of a run paused for approval at its fifth identical call."""
+    paused = run_sync(Summaries().guard(), polling_agent(), "poll a.py", ask="approval", run_config=NO_EXPORT)
+    return state_string(paused)
+
+
+def resumes_as_the_same_turn(guard: tg.Guard, summaries: Summaries, string: str) -> None:
+    """The correct state, resumed and approved in ``guard``, completes as the turn it was taken of."""
+    turn_id = json.loads(string)["turnguard"]["turn"]["turn_id"]
+    state = asyncio.run(resume_state(guard, polling_agent(2), string))
+    for item in approval_requests(state):
+        state.approve(item)
+    result = run_sync(guard, polling_agent(2), state, ask="approval", run_config=NO_EXPORT)
+    assert result.final_output == "done"
+    (summary,) = summaries.summaries
+    assert (summary.turn_id, summary.resumed_from, summary.reason) == (turn_id, None, "completed")
+
+
+@pytest.mark.parametrize("what", DAMAGED)
+def test_a_damaged_section_is_refused_by_name_and_the_right_state_resumes_the_same_turn(paused_string, what):
+    """Every field of the adapter's section damaged (another type, bad entries, past its bound,
+    unknown), and the whole state: a ``tg.SnapshotError`` naming the field, before any turn is
+    resumed, so the correct state resumed afterwards in the same guard keeps the turn's id."""
+    data = json.loads(paused_string)
+    assert data["turnguard"]["openai_agents"] == SECTION
+    field, damage = DAMAGED[what]
+    bad = json.dumps({**data, "turnguard": damage(data["turnguard"])})
+    summaries = Summaries()
+    guard = summaries.guard()
+    with pytest.raises(tg.SnapshotError) as refused:
+        asyncio.run(resume_state(guard, polling_agent(2), bad))
+    assert refused.value.field == field
+    resumes_as_the_same_turn(guard, summaries, paused_string)
+
+
+@pytest.mark.parametrize("what", ["asked = 5", "held holds None", "the state in a list"])
+def test_a_damaged_turn_state_passed_to_run_is_refused_by_name_before_the_turn_resumes(paused_string, what):
+    damaged = {"asked = 5": ("openai_agents.asked", lambda s: {**s, "openai_agents": {"asked": 5, "held": []}}),
+               "held holds None": ("openai_agents.held[0]",
+                                   lambda s: {**s, "openai_agents": {"asked": ["call-4"], "held": [None]}}),
+               "the state in a list": ("kind", lambda s: [s])}
+    field, damage = damaged[what]
+    data = json.loads(paused_string)
+    sdk_string = json.dumps({k: v for k, v in data.items() if k != "turnguard"})
+    summaries = Summaries()
+    guard = summaries.guard()
+    state = asyncio.run(RunState.from_string(polling_agent(2), sdk_string))
+    with pytest.raises(tg.SnapshotError) as refused:
+        run_sync(guard, polling_agent(2), state, ask="approval", turn_state=damage(data["turnguard"]),
+                 run_config=NO_EXPORT)
+    assert refused.value.field == field
+    resumes_as_the_same_turn(guard, summaries, paused_string)
+
+
+def test_a_run_state_the_sdk_cannot_restore_leaves_no_turn_open(paused_string):
+    """The turn's state is sound but the SDK's part of the string is not: the turn resumed for it
+    is put aside, so the correct string resumed afterwards keeps the turn's id."""
+    data = json.loads(paused_string)
+    summaries = Summaries()
+    guard = summaries.guard()
+    with pytest.raises(Exception) as failed:
+        asyncio.run(resume_state(guard, polling_agent(2), json.dumps({**data, "current_agent": 5})))
+    assert not isinstance(failed.value, tg.SnapshotError)
+    resumes_as_the_same_turn(guard, summaries, paused_string)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import subprocess
 import sys
@@ -733,3 +734,61 @@ def test_a_polling_tool_that_fails_while_pending_makes_progress_when_its_error_c
         with pytest.raises(TurnGuardHalted):
             agent.run_sync("wait for the CI run", usage_limits=NO_REQUEST_LIMIT)
         assert len(polled) == 8
+
+
+# -- a damaged turn state is refused before its turn is resumed ----------------------------------
+
+from damaged_sections import state_mutants  # noqa: E402
+
+SECTION = {"asked": {"call-4": "read_file"}, "held": []}
+"""What a run deferred at its fifth identical call keeps under ``pydantic_ai`` (checked below)."""
+DAMAGED = state_mutants("pydantic_ai", SECTION)
+
+
+class Summaries:
+    def __init__(self) -> None:
+        self.summaries: list[tg.TurnSummary] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.summaries.append(summary)
+
+    def guard(self) -> tg.Guard:
+        guard = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False), environ={})
+        guard.register(self, "summaries")
+        return guard
+
+
+def polling_agent(guard: tg.Guard) -> Agent:
+    return agent_with(scripted([("read_file", {"path": "a.py"})] * 7), TurnGuardCapability(guard, ask=APPROVAL), [],
+                      fail=False, output_type=[str, DeferredToolRequests])
+
+
+@pytest.fixture(scope="module")
+def deferred():
+    """A run deferred for approval at its fifth identical call, and its turn state as stored."""
+    first = polling_agent(Summaries().guard()).run_sync("poll a.py")
+    return first, json.loads(json.dumps(turn_state(first)))
+
+
+def resumed(guard: tg.Guard, first, state) -> object:
+    return polling_agent(guard).run_sync(message_history=first.all_messages(), metadata={"turnguard": state},
+                                         deferred_tool_results=first.output.build_results(approve_all=True))
+
+
+@pytest.mark.parametrize("what", DAMAGED)
+def test_a_damaged_section_is_refused_by_name_and_the_right_state_resumes_the_same_turn(deferred, what):
+    """Every field of the adapter's section damaged (another type, bad entries, past its bound,
+    unknown), and the whole state: a ``tg.SnapshotError`` naming the field, before any turn is
+    resumed, so the correct state resumed afterwards in the same guard keeps the turn's id."""
+    first, state = deferred
+    assert state["pydantic_ai"] == SECTION
+    field, damage = DAMAGED[what]
+    summaries = Summaries()
+    guard = summaries.guard()
+    with pytest.raises(tg.SnapshotError) as refused:
+        resumed(guard, first, damage(state))
+    assert refused.value.field == field
+    assert resumed(guard, first, copy.deepcopy(state)).output == "done"
+    (summary,) = summaries.summaries
+    assert (summary.turn_id, summary.resumed_from, summary.reason) == (state["turn"]["turn_id"], None, "completed")

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
 
 __all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "TurnState", "cohort_of", "deciding_settings", "pending",
-           "plugin_states", "read_verdict", "restore", "resume_plugins", "verdict_data", "write"]
+           "plugin_states", "read_verdict", "restore", "resume_plugins", "turn_snapshot", "verdict_data", "write"]
 
 VERSION = 2
 READS = (1, 2)
@@ -256,10 +256,17 @@ class _Restored:
     fresh: tuple[str, ...]
 
 
-def _read(guard: Guard, state: Any) -> _Restored:
+def turn_snapshot(state: Any) -> Mapping[str, Any]:
+    """``state`` when it is a turn snapshot (an object whose ``kind`` is ``KIND``), else the
+    ``SnapshotError`` naming ``kind``: what an adapter checks before it reads its own section."""
     if not isinstance(state, Mapping) or state.get("kind") != KIND:
         raise SnapshotError(f"not a turnguard turn snapshot: its field 'kind' must be {KIND!r} (pass what "
                             "turn.snapshot() returned)", "kind")
+    return state
+
+
+def _read(guard: Guard, state: Any) -> _Restored:
+    state = turn_snapshot(state)
     version = state.get("version")
     if type(version) is not int or version not in READS:
         raise SnapshotError(f"the snapshot's field 'version' is {st.shown(version)}, not one this turnguard reads "

@@ -22,8 +22,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from turnguard import _state as st
 from turnguard._guard import Guard, Turn
 from turnguard._model import Action, Answer, Level, LoopDetected, Outcome, ToolCall, Verdict
+from turnguard._snapshot import MAX_WAITING, turn_snapshot
+from turnguard._state import Fields
 
 AskResult = Answer | str
 Ask = Callable[[Verdict], AskResult | Awaitable[AskResult]]
@@ -340,3 +343,24 @@ def with_reminder(result: Any, reminder: str | None) -> Any:
     if not reminder or not isinstance(result, str):
         return result
     return f"{result}\n\n[turnguard] {reminder}"
+
+
+MAX_SECTION_CALLS = MAX_WAITING
+"""The most calls an adapter's section of a turn state lists (asked about, held): calls a live turn
+waits for, as many as its snapshot's ``awaiting`` may list."""
+
+
+def adapter_section(state: Any, key: str) -> Fields | None:
+    """The adapter's own section of a turn state (``state[key]``, beside the snapshot's fields),
+    to read field by field before the turn is resumed: a bad one is a ``SnapshotError`` naming it
+    with no turn opened, so resuming the right state afterwards keeps the turn's id. ``None``
+    when the state has no such section."""
+    state = turn_snapshot(state)
+    return Fields(state[key], key) if key in state else None
+
+
+def section_call_ids(section: Fields, name: str) -> list[str]:
+    """The call ids (non-empty strings) a section lists at ``name`` (absent: none)."""
+    path = section.at(name)
+    return [st.text(f"{path}[{i}]", call_id, nonempty=True)
+            for i, call_id in enumerate(section.items(name, MAX_SECTION_CALLS, default=[]))]

@@ -168,12 +168,17 @@ class TurnGuardRunHooks(RunHooks[Any]):
         """``state`` (a ``RunState``; anything else is returned as it is) on the observed copy of
         ``agent``. One restored by the SDK's own ``RunState.from_string(agent, ...)`` runs on
         ``agent`` itself, whose tools neither report their handled failures nor ask turnguard: it
-        is rebuilt on the copy (through its JSON, its context object and approvals kept)."""
+        is rebuilt on the copy (through its JSON, its context object and approvals kept); one that
+        cannot be rebuilt puts the turn resumed for it aside (``put_aside``)."""
         current = getattr(state, "_current_agent", None)
         if not isinstance(state, RunState) or current is None or id(current) in self._copies:
             return state
-        data = state.to_json(context_serializer=lambda _context: {})  # the context object is kept below
-        return await RunState.from_json(self.observe(agent), data, context_override=state._context)
+        try:
+            data = state.to_json(context_serializer=lambda _context: {})  # the context object is kept below
+            return await RunState.from_json(self.observe(agent), data, context_override=state._context)
+        except BaseException:
+            self.put_aside()
+            raise
 
     async def _plan(self, tool_name: str, params: Any, call_id: str) -> bool:
         """``needs_approval`` of an observed tool: check the call now; True interrupts the run for
@@ -241,15 +246,21 @@ class TurnGuardRunHooks(RunHooks[Any]):
         """Whether the call ``call_id`` is one turnguard asked the user about and is waiting on."""
         return call_id in self._asked
 
-    def restore_questions(self, verdict: Verdict, asked: Iterable[Any], held: Iterable[Any]) -> None:
+    def restore_questions(self, verdict: Verdict, asked: Iterable[str], held: Iterable[str]) -> None:
         """Continue a ``turn_state`` taken elsewhere: the calls it asked about (with ``verdict``, the
-        pending question) and the calls it held."""
+        pending question) and the calls it held (call ids, read by ``_questions``)."""
         for call_id in asked:
-            call = ToolCall("tool", None, str(call_id))  # its outcome is matched by call_id
-            self._asked[str(call_id)] = (verdict, call)
-            self._planned[str(call_id)] = common.Decision(common.Step.ASK, verdict)
-            self._calls[str(call_id)] = call
-        self._held = {str(call_id) for call_id in held}
+            call = ToolCall("tool", None, call_id)  # its outcome is matched by call_id
+            self._asked[call_id] = (verdict, call)
+            self._planned[call_id] = common.Decision(common.Step.ASK, verdict)
+            self._calls[call_id] = call
+        self._held = set(held)
+
+    def put_aside(self) -> None:
+        """Put the turn resumed for this run aside as ``suspended`` (the run could not be restored
+        around it): its state stays the turn's to resume, under its id."""
+        if self.driver is not None:
+            common.put_aside(self.driver.turn, self.driver.question)
 
     def _note_failure(self, call_id: str | None) -> None:
         if call_id is not None:
@@ -460,20 +471,29 @@ def _turn_hooks(
     left open (``turn_state``), whose conversation is the snapshot's."""
     if state is None:
         return TurnGuardRunHooks(guard, ask=ask, promptable=promptable, conversation_id=conversation_id, inner=inner)
-    from turnguard._snapshot import SnapshotError, pending
+    from turnguard._snapshot import pending
 
     hooks = TurnGuardRunHooks(guard, ask=ask, promptable=promptable, inner=inner)
+    asked, held = _questions(state)
     turn = guard.resume(state)
     hooks.driver = common.RunDriver(turn, ask=None if isinstance(hooks.ask, str) else hooks.ask)
     verdict = pending(state)
-    ours = state.get(ADAPTER_KEY) or {}
-    if not isinstance(ours, dict):
-        raise SnapshotError(f"turn_state()[{ADAPTER_KEY!r}] must be a mapping, got {type(ours).__name__}")
     if verdict is None:
         return hooks
     hooks.driver.defer(verdict)
-    hooks.restore_questions(verdict, ours.get("asked") or (), ours.get("held") or ())
+    hooks.restore_questions(verdict, asked, held)
     return hooks
+
+
+def _questions(state: Any) -> tuple[list[str], list[str]]:
+    """The call ids a ``turn_state`` asked about and held, read before its turn is resumed
+    (``common.adapter_section``)."""
+    section = common.adapter_section(state, ADAPTER_KEY)
+    if section is None:
+        return [], []
+    asked, held = common.section_call_ids(section, "asked"), common.section_call_ids(section, "held")
+    section.done()
+    return asked, held
 
 
 STATE_STRING_KEY = "turnguard"
@@ -511,7 +531,11 @@ async def resume_state(
     stored = data.pop(STATE_STRING_KEY, None) if isinstance(data, dict) else None
     guarded = _turn_hooks(guard, turn_state if turn_state is not None else stored, ask=ask, promptable=promptable,
                           inner=hooks)
-    restored = await RunState.from_string(guarded.observe(agent), json.dumps(data), **from_string_options)
+    try:
+        restored = await RunState.from_string(guarded.observe(agent), json.dumps(data), **from_string_options)
+    except BaseException:
+        guarded.put_aside()
+        raise
     _park(guarded, restored.get_interruptions())
     return restored
 

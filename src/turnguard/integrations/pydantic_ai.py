@@ -46,9 +46,9 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import AgentRunError, ApprovalRequired, CallDeferred
 from pydantic_ai.tools import DeferredToolRequests
 
+from turnguard import _state as st
 from turnguard._guard import Guard
 from turnguard._model import ALLOW, Outcome, ToolCall, Verdict
-from turnguard._snapshot import SnapshotError
 from turnguard._snapshot import pending as pending_verdict
 from turnguard.integrations import _common as common
 
@@ -271,21 +271,29 @@ class TurnGuardCapability(AbstractCapability[Any]):
 
     def _resumed(self, state: Any) -> common.RunDriver:
         """The driver of a turn another run left deferred (``turn_state``), its question pending again."""
-        if not isinstance(state, dict):
-            kind = type(state).__name__
-            raise SnapshotError(f"run metadata {METADATA_KEY!r} must be a turn_state() dict, got {kind}")
-        ours = state.get(ASKED_KEY) or {}
-        asked, held = ours.get("asked") or {}, ours.get("held") or []
-        if not isinstance(asked, dict) or not isinstance(held, list):
-            raise SnapshotError(f"turn_state()[{ASKED_KEY!r}] must hold an 'asked' mapping and a 'held' list")
+        asked, held = _questions(state)
         driver = common.RunDriver(self.guard.resume(state), ask=None if isinstance(self.ask, str) else self.ask)
         verdict = pending_verdict(state)
         if verdict is not None:
             driver.defer(verdict)
             # Already counted before it was asked about: the answer resolves it, its outcome follows.
-            self._questions = {str(i): ToolCall(str(name), None, str(i)) for i, name in asked.items()}
-            self._held = {str(i) for i in held}
+            self._questions = {call_id: ToolCall(name, None, call_id) for call_id, name in asked.items()}
+            self._held = set(held)
         return driver
+
+
+def _questions(state: Any) -> tuple[dict[str, str], list[str]]:
+    """The calls a ``turn_state`` asked about (call id -> tool name) and held, read before its turn
+    is resumed (``common.adapter_section``)."""
+    section = common.adapter_section(state, ASKED_KEY)
+    if section is None:
+        return {}, []
+    path = section.at("asked")
+    asked = {st.text(f"{path}.{call_id}", call_id, nonempty=True): st.text(f"{path}.{call_id}", name, nonempty=True)
+             for call_id, name in section.mapping("asked", common.MAX_SECTION_CALLS, default={}).items()}
+    held = common.section_call_ids(section, "held")
+    section.done()
+    return asked, held
 
 
 def _last_response_call_ids(ctx: Any) -> list[str]:
