@@ -531,11 +531,12 @@ def test_more_waiting_calls_than_a_live_turn_keeps_are_refused_naming_awaiting()
     for i in range(40):
         turn.check_call(tg.ToolCall("read", {"p": i}))
     state = turn.snapshot()
-    entry = state["awaiting"][0]
+    waiting = state["awaiting"]  # (the calls the facts wait on keep their checks and digests)
     state["facts"]["seq"] = state["facts"]["tool_calls"] = MAX_WAITING + 1
-    state["awaiting"] = [[i + 1, *entry[1:]] for i in range(MAX_WAITING + 1)]
+    state["awaiting"] = [*waiting, *([i + 1, *waiting[-1][1:]] for i in range(len(waiting), MAX_WAITING + 1))]
     with pytest.raises(tg.SnapshotError, match="awaiting") as refused:
         guard(soft_cap=0).resume(state)
     assert refused.value.field == "awaiting"
     state["awaiting"] = state["awaiting"][:MAX_WAITING]
+    state["facts"]["seq"] = state["facts"]["tool_calls"] = MAX_WAITING  # (every check of the streak waits)
     assert len(guard(soft_cap=0).resume(state)._awaiting) == MAX_WAITING

@@ -202,8 +202,14 @@ def mutants(state: dict) -> Iterator[tuple[str, str, dict]]:
 
 
 CROSS = {"version": "", "kind": "", "turn.cohort": "config", "facts.seq": "", "keying": "", "turn_key": "",
-         "key_check": ""}
-"""A field checked against another: a bad value of the key is reported on the value's field."""
+         "key_check": "", "awaiting": "facts."}
+"""A field checked against another: a bad value of the key is reported on the value's field (a
+waiting call on the fact that waits on it: ``facts.next``, ``facts.ended[0].next``)."""
+
+
+REFERENCES = {"facts.counts": "facts.since_new"}
+"""A field another names entries of, at any depth (a shadow's facts too): its entry damaged is
+reported on the entry that names it."""
 
 
 def related(path: str, field: str | None) -> bool:
@@ -215,7 +221,11 @@ def related(path: str, field: str | None) -> bool:
         return True  # checked against a sibling (tool_calls against seq, next against last)
     if _parent(_parent(field)) == _parent(_parent(path)) and "[" in path:
         return True  # against a neighbour in a list (an ended streak's range against the next one's)
-    cross = next((v for k, v in CROSS.items() if path == k or path.startswith(f"{k}.")), None)
+    for referred, referring in REFERENCES.items():
+        at = path.find(referred)
+        if at >= 0 and field.startswith(path[:at] + referring):
+            return True
+    cross = next((v for k, v in CROSS.items() if path == k or path.startswith((f"{k}.", f"{k}["))), None)
     return cross is not None and field.startswith(cross)
 
 
@@ -266,3 +276,105 @@ def test_what_is_barely_a_snapshot_is_refused_by_name(bad):
     with pytest.raises(tg.SnapshotError) as refused:
         guard().resume(bad)
     assert refused.value.field and refused.value.field in str(refused.value)
+
+
+# -- a field that names an entry of another: a dangling reference is refused, by name ------------
+
+UNCOUNTED = "00" * 8
+
+
+def stale_snapshot() -> dict:
+    """A turn under the ``stale_repeat`` signal: its since-news table and the news key."""
+    turn = guard(stuck_signal="stale_repeat").turn(durable=True)
+    for args in ({"t": 1}, {"t": 2}, {"t": 1}):
+        call = tg.ToolCall("run", args)
+        turn.check_call(call)
+        turn.record_outcome(call, tg.Outcome.ERROR)
+    return json.loads(json.dumps(turn.snapshot()))
+
+
+def cycling_snapshot() -> dict:
+    """A turn under ``cycle_repeat`` whose first call waits in the cycle runs (the second's outcome
+    came early), with no streak waiting on it (``streak_stop_at=0`` keeps no ended streak)."""
+    turn = guard(cycle_repeat_warn_at=3, cycle_repeat_stop_at=4, streak_stop_at=0, streak_warn_at=0).turn(durable=True)
+    first, second = tg.ToolCall("ls", "a", call_id="a"), tg.ToolCall("run", {"t": 1}, call_id="b")
+    turn.check_call(first)
+    turn.check_call(second)
+    turn.record_outcome(second, tg.Outcome.OK)
+    state = json.loads(json.dumps(turn.snapshot()))
+    assert state["facts"]["cycle_runs"]["waiting"] and state["facts"]["next"] > state["facts"]["seq"]
+    return state
+
+
+def _without_waiting(check_of: Any) -> Any:
+    def damage(state: dict) -> None:
+        check = check_of(state)
+        state["awaiting"] = [entry for entry in state["awaiting"] if entry[0] != check]
+    return damage
+
+
+def _other_digest_at_next(state: dict) -> None:
+    for entry in state["awaiting"]:
+        if entry[0] == state["facts"]["next"]:
+            entry[3] = UNCOUNTED
+
+
+def _uncounted_since_new(state: dict) -> None:
+    state["facts"]["since_new"][UNCOUNTED] = 1
+
+
+def _set(*keys: str, value: Any) -> Any:
+    def damage(state: dict) -> None:
+        holder = state
+        for key in keys[:-1]:
+            holder = holder[key]
+        holder[keys[-1]] = value
+    return damage
+
+
+def _first_early_dropped(state: dict) -> None:
+    del state["facts"]["early"][next(iter(state["facts"]["early"]))]
+
+
+DANGLING = {
+    "last_key not counted": (lambda: SNAPSHOTS["keyed, halted"], _set("facts", "last_key", value=UNCOUNTED),
+                             "facts.last_key", "keyed"),
+    "a stateful last_key neither counted nor polled": (
+        lambda: SNAPSHOTS["polling"], _set("facts", "last_key", value=UNCOUNTED), "facts.last_key", "polling"),
+    "news not in since_new": (stale_snapshot, _set("facts", "news", value=UNCOUNTED), "facts.news", "stale"),
+    "since_new key not counted": (stale_snapshot, _uncounted_since_new, f"facts.since_new.{UNCOUNTED}", "stale"),
+    "next not waiting": (lambda: SNAPSHOTS["polling"][1], _without_waiting(lambda s: s["facts"]["next"]),
+                         "facts.next", "polling"),
+    "next waiting as another call": (lambda: SNAPSHOTS["polling"][1], _other_digest_at_next, "facts.next",
+                                     "polling"),
+    "an early outcome of the streak lost": (lambda: SNAPSHOTS["polling"][1], _first_early_dropped, "facts.next",
+                                            "polling"),
+    "an ended streak's next not waiting": (
+        lambda: SNAPSHOTS["durable, attended, pending"][1],
+        _without_waiting(lambda s: s["facts"]["ended"][0]["next"]), "facts.ended[0].next", "durable"),
+    "the cycle runs' next not waiting": (
+        cycling_snapshot, _without_waiting(lambda s: s["facts"]["cycle_runs"]["next"]), "facts.cycle_runs.next",
+        "cycling"),
+}
+RESUMERS = {**GUARDS, "stale": lambda: guard(stuck_signal="stale_repeat"),
+            "cycling": lambda: guard(cycle_repeat_warn_at=3, cycle_repeat_stop_at=4, streak_stop_at=0,
+                                     streak_warn_at=0)}
+
+
+@pytest.mark.parametrize("case", DANGLING)
+def test_a_dangling_reference_is_refused_naming_the_field_that_holds_it(case):
+    """Each field that names an entry of another (the streak's key a counted key, the news a key
+    of the since-news table and that table's keys counted ones, the checks the streaks and the
+    cycle runs wait on calls ``awaiting`` lists): pointed at nothing, the snapshot is refused,
+    naming the field, with no turn opened (the intact one then resumes under its id)."""
+    make, damage, field, kind = DANGLING[case]
+    state = make()
+    state = copy.deepcopy(state[1] if isinstance(state, tuple) else state)
+    g = RESUMERS[kind]()
+    mutant = copy.deepcopy(state)
+    damage(mutant)
+    with pytest.raises(tg.SnapshotError) as refused:
+        g.resume(mutant)
+    assert refused.value.field == field, str(refused.value)
+    turn = g.resume(state)
+    assert turn.turn_id == state["turn"]["turn_id"] and turn.ledger.resumed_from is None

@@ -29,7 +29,9 @@ the same ``digest_key`` is set; any other turn is keyed by its process's own sec
 only in that process.
 
 Every field is read back like any input (``turnguard._state``): type, range, the bounds a live turn
-keeps; a bad one is a ``SnapshotError`` naming it. So is a snapshot of another configuration, one
+keeps, and a field that names an entry of another finds it there (``facts.last_key`` a counted key,
+the checks the streaks and cycle runs wait on calls ``awaiting`` lists); a bad one is a
+``SnapshotError`` naming it. So is a snapshot of another configuration, one
 the keys do not match, or an unknown version. Version 1 snapshots (before ``plugins``,
 ``keying`` and ended streaks) still resume: their plugins' state starts afresh, which the
 resumed turn says (``TurnSummary.fresh_state``).
@@ -184,6 +186,7 @@ def restore(guard: Guard, state: Any) -> TurnState:
             conversation_id=identity["conversation_id"], agent_name=identity["agent_name"],
             promptable=identity["promptable"], cohort=guard.cohort, resumed_from=resumed_from,
             fresh_state=restored.fresh)
+        _check_waiting(ledger, restored.awaiting)
     except SnapshotError:
         guard.lineage.ended(turn_id, suspended=True)  # no turn took the id
         raise
@@ -371,6 +374,20 @@ def _awaiting(f: Fields, seq: int) -> list[tuple[int, str, str | None, bytes]]:
                         st.digest(f"{path}[3]", entry[3], DIGEST_SIZE)))
         low = number + 1
     return entries
+
+
+def _check_waiting(ledger: Ledger, awaiting: list[tuple[int, str, str | None, bytes]]) -> None:
+    """Each check the facts wait for an outcome of (``Ledger.waiting_checks``) is a call ``awaiting``
+    lists, of the digest they say: else its outcome would never come (or come for another call),
+    and what waits on it would never settle."""
+    waiting = {entry[0]: entry[3] for entry in awaiting}
+    for checks in ledger.waiting_checks():
+        first, last, early = checks.first, checks.last, checks.early
+        if (first not in waiting or checks.digest not in (None, waiting[first])
+                or last - first + 1 > len(waiting) + len(early)
+                or any(check not in waiting and check not in early for check in range(first, last + 1))):
+            st.refuse(f"facts.{checks.field}", f"the first of checks up to {last} each listed in awaiting (waiting "
+                      "for its outcome) or settled early, the first with the digest the facts give it", first)
 
 
 def read_verdict(data: Any, path: str) -> Verdict | None:

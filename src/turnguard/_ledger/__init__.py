@@ -92,6 +92,19 @@ def _quiet_until(cap_mode: str, soft_cap: int | None, hard_cap: int | None) -> i
     return float("inf") if limit is None else limit
 
 
+@dataclass(frozen=True, slots=True)
+class WaitingChecks:
+    """Checks ``first`` to ``last`` that facts wait for outcomes of (named by ``field``): each is a
+    call waiting for its outcome, or one whose outcome came early (``early``); ``first``'s call
+    has the digest ``digest`` (``None``: any)."""
+
+    field: str
+    first: int
+    last: int
+    early: frozenset[int]
+    digest: bytes | None
+
+
 def _seed_event_ids() -> None:
     global _event_prefix, _event_numbers
     _event_prefix = os.urandom(8).hex()
@@ -369,7 +382,40 @@ class Ledger(PolledCalls):
         self._restore_outcomes(f.object("outcomes"))
         self._restore_polling(f, seq, calls)
         self._restore_cycles(f, seq)
+        self._check_references(f)
         f.done()
+
+    def _check_references(self, f: Fields) -> None:
+        """The facts that name an entry of another find it there: a damaged or altered snapshot would
+        otherwise resume with its current streak, or the stale signal's run, silently lost."""
+        last_key = self._last_key
+        if last_key is not None and not self._overflowed and last_key not in self._counts and not (
+                self.polls(self._last_tool) and self._counted_with_result(last_key)):
+            st.refuse(f.at("last_key"), "a key of facts.counts (the current streak's call)", last_key.hex())
+        if self._news is not None and self._news not in self._since_new:
+            st.refuse(f.at("news"), "a key of facts.since_new", self._news.hex())
+        if self._since_new and self._news is None:
+            st.refuse(f.at("news"), "the key of facts.since_new first seen (they are counted since it)", None)
+        if not self._overflowed:
+            for key in self._since_new:
+                if key not in self._counts:
+                    st.refuse(f"{f.at('since_new')}.{key.hex()}", "a key of facts.counts", key.hex())
+
+    def _counted_with_result(self, digest: bytes) -> bool:
+        """Whether a stateful tool's call of this digest is counted (with a result, or without one) or
+        waits for its outcome to be (``polled``)."""
+        return (any(key.startswith(digest) for key in self._counts)
+                or any(polled == digest for polled, _ in self._polled.values()))
+
+    def waiting_checks(self) -> list[WaitingChecks]:
+        """The checks these facts wait for outcomes of: the current streak's from ``next`` on, each
+        ended streak's (``Guard.resume`` finds each a call the turn waits for)."""
+        checks = [WaitingChecks(f"ended[{i}].next", ended.next, ended.last, frozenset(ended.early), ended.digest)
+                  for i, ended in enumerate(self._ended)]
+        if self.next_to_settle <= self.checks:
+            checks.append(WaitingChecks("next", self.next_to_settle, self.checks, frozenset(self._early),
+                                        self._last_key))
+        return checks
 
     def _restore_cycles(self, f: Fields, seq: int) -> None:
         """A plain ledger holds no cycle facts: a snapshot that has them needs ``cycle_repeat`` on."""
@@ -707,6 +753,14 @@ class CyclingLedger(Ledger):
         facts = super().state()
         facts["cycle_runs"] = self._cyc.state((self._last_key,) if self._cycle_pending() else ())
         return facts
+
+    def waiting_checks(self) -> list[WaitingChecks]:
+        checks = super().waiting_checks()
+        cyc = self._cyc
+        if cyc.waiting:
+            checks.append(WaitingChecks("cycle_runs.next", cyc.next, cyc.next + len(cyc.waiting) - 1,
+                                        frozenset(cyc.early), cyc.waiting[0]))
+        return checks
 
     def _restore_cycles(self, f: Fields, seq: int) -> None:
         if "cycle_runs" in f:
