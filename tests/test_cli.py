@@ -8,6 +8,7 @@ import json
 import pytest
 
 from conftest import kept_result_token
+from test_config import NOT_A_TABLE, TABLE_PATHS
 from turnguard import _cli as cli
 from turnguard._demo import SCENARIOS
 from turnguard._plugins import NON_POLICY_PLUGINS
@@ -149,6 +150,10 @@ BAD_CONFIGURATIONS = [
     ({}, "soft_cap = \n", "turnguard.toml"),
     ({"TURNGUARD_LOAD_PLUGINS": "bogus"}, None, "'TURNGUARD_LOAD_PLUGINS': got 'bogus'"),
     ({"TURNGUARD_REMIND_MODEL": "maybe"}, None, "'TURNGUARD_REMIND_MODEL': got 'maybe'; expected a boolean"),
+    ({}, "soft_cap = 4\n\n[turnguard]\nstreak_warn_at = 2\n",
+     "turnguard.toml: 'soft_cap': got 4; expected options all at top level or all under [turnguard], not both"),
+    ({}, "[turnguard]\nsoft_cap = 4\n\n[other]\nx = 1\n", "turnguard.toml: unknown option 'other'"),
+    ({}, "soft-cap = 4\nsoft_cap = 5\n", "turnguard.toml: 'soft_cap': got 5; expected one spelling of 'soft_cap'"),
 ]
 
 
@@ -171,6 +176,19 @@ def test_every_command_rejects_a_bad_configuration_with_the_same_message(
     assert len(set(messages.values())) == 1, messages
     message = next(iter(messages.values()))
     assert expected in message and "turnguard config" not in message  # named once, by the prefix
+
+
+@pytest.mark.parametrize("kind", list(NOT_A_TABLE))
+@pytest.mark.parametrize("level", list(TABLE_PATHS))
+def test_every_command_stops_on_a_table_path_holding_anything_but_a_table(capsys, monkeypatch, tmp_path,
+                                                                          command_inputs, level, kind):
+    name, text = TABLE_PATHS[level]
+    (tmp_path / name).write_text(text.format(value=NOT_A_TABLE[kind]))
+    monkeypatch.chdir(tmp_path)
+    for command in cli.SUBCOMMANDS:
+        status, out, err = run(capsys, *argv_for(command, command_inputs))
+        said = f"turnguard {cli.SUBCOMMANDS[command].called}: {name}: {level!r}: got "
+        assert (status, out, err.count("\n")) == (2, "", 1) and err.startswith(said), (command, err)
 
 
 def test_every_command_runs_with_a_good_configuration(capsys, monkeypatch, tmp_path, command_inputs):

@@ -108,6 +108,15 @@ CONFIGURATION_CASES: dict[str, Case] = {
                                                          "turnguard_digest_key"),
     "a plugin selection naming no installed plugin": Case({"TURNGUARD_LOAD_PLUGINS": "bogus"}, {}, 2,
                                                           "turnguard_load_plugins"),
+    "a pyproject.toml whose tool is not a table": Case({}, {"pyproject.toml": b'tool = "turnguard"\n'}, 2,
+                                                       "pyproject.toml: 'tool': got 'turnguard'; expected a table"),
+    "a pyproject.toml whose tool.turnguard is not a table": Case(
+        {}, {"pyproject.toml": b"[tool]\nturnguard = 5\n"}, 2, "pyproject.toml: 'tool.turnguard': got 5"),
+    "a turnguard.toml whose turnguard is not a table": Case(
+        {}, {"turnguard.toml": b'turnguard = ["x"]\n'}, 2, "turnguard.toml: 'turnguard': got ['x']"),
+    "a turnguard.toml with options at top level and in [turnguard]": Case(
+        {}, {"turnguard.toml": b"soft_cap = 4\n\n[turnguard]\nstreak_warn_at = 2\n"}, 2,
+        "turnguard.toml: 'soft_cap': got 4; expected options all at top level or all under [turnguard]"),
 }
 """Hostile inputs every command shares (the configuration is loaded alike before any runs)."""
 
@@ -148,6 +157,26 @@ def test_every_command_fails_cleanly_on_a_hostile_configuration(command, case, i
     prepare(tmp_path, hostile)
     done = run_command(argv_of(command, inputs, tmp_path), tmp_path, dict(hostile.env))
     assert_fails_cleanly(done, command, hostile)
+    assert len(done.lines) == 1, done.err
+
+
+WITH_CONFIG = [name for name in COMMANDS if "--config" in cli._subparser(cli.parser(), name)._option_string_actions]
+"""The commands that take ``--config TOML``."""
+NOT_A_TABLE_AT = {"tool": ("pyproject.toml", b'tool = "turnguard"\n'),
+                  "tool.turnguard": ("pyproject.toml", b"[tool]\nturnguard = [1]\n"),
+                  "turnguard": ("custom.toml", b"turnguard = 1.5\n")}
+
+
+@pytest.mark.parametrize("level", list(NOT_A_TABLE_AT))
+@pytest.mark.parametrize("command", WITH_CONFIG)
+def test_every_command_given_a_file_whose_table_path_is_not_a_table_says_so_in_one_line(command, level, inputs,
+                                                                                        tmp_path):
+    name, text = NOT_A_TABLE_AT[level]
+    given = tmp_path / "given" / name
+    given.parent.mkdir()
+    given.write_bytes(text)
+    done = run_command([*argv_of(command, inputs, tmp_path), "--config", str(given)], tmp_path, {})
+    assert_fails_cleanly(done, command, Case({}, {}, 2, f"{given}: {level!r}: got "))
     assert len(done.lines) == 1, done.err
 
 

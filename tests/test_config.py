@@ -644,3 +644,131 @@ def test_every_command_uses_the_configuration_above_its_folder(tmp_path, monkeyp
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("soft_cap"))
     assert row.split()[1:] == ["42", str(tmp_path / "a" / "pyproject.toml")]
+
+
+# -- the tables a TOML file's options are read from ------------------------------------------------
+
+
+NOT_A_TABLE = {
+    "string": '"turnguard"', "integer": "5", "float": "1.5", "boolean": "true", "datetime": "1979-05-27T07:32:00Z",
+    "local datetime": "1979-05-27T07:32:00", "date": "1979-05-27", "time": "07:32:00", "array": '["turnguard"]',
+    "empty array": "[]", "array of tables": "[{turnguard = {}}]",
+}
+"""A TOML value of every type but a table (TOML literals)."""
+TABLE_PATHS = {
+    "tool": ("pyproject.toml", "tool = {value}\n"),
+    "tool.turnguard": ("pyproject.toml", '[project]\nname = "x"\n\n[tool]\nturnguard = {value}\n'),
+    "turnguard": ("turnguard.toml", "turnguard = {value}\n"),
+}
+"""Each level of the path to a file's options: (the file it is read from, a file holding ``value`` there)."""
+
+
+@pytest.mark.parametrize("kind", list(NOT_A_TABLE))
+@pytest.mark.parametrize("level", list(TABLE_PATHS))
+def test_a_table_path_holding_anything_but_a_table_is_a_config_error_naming_the_file(tmp_path, level, kind):
+    name, text = TABLE_PATHS[level]
+    deepest = _tree(tmp_path, {f"a/{name}": text.format(value=NOT_A_TABLE[kind]), "turnguard.toml": "soft_cap = 1\n"})
+    path = tmp_path / "a" / name
+    loads = {"from_toml": lambda: tg.GuardConfig.from_toml(path),
+             "load": lambda: tg.GuardConfig.load(path, environ={}),
+             "discovered": lambda: tg.GuardConfig.load(search=deepest, environ={})}
+    for how, load in loads.items():
+        with pytest.raises(tg.ConfigError) as caught:
+            load()
+        message = str(caught.value)
+        assert caught.value.key == level, how
+        assert message.startswith(f"{path}: {level!r}: got ") and "expected a table" in message, (how, message)
+        assert "\n" not in message
+
+
+@pytest.mark.parametrize(("text", "soft_cap"), [
+    ("[project]\nname = 'x'\n", 100), ("[tool]\nruff = {line-length = 1}\n", 100), ("[tool.turnguard]\n", 100),
+    ("[tool.turnguard]\nsoft_cap = 7\n", 7), ("tool = {turnguard = {soft_cap = 8}}\n", 8),
+    ("[tool]\nturnguard.soft_cap = 9\n", 9),
+])
+def test_a_pyproject_reads_its_tool_turnguard_table_however_it_is_written(tmp_path, text, soft_cap):
+    path = tmp_path / "pyproject.toml"
+    path.write_text(text)
+    assert tg.GuardConfig.from_toml(path).soft_cap == soft_cap
+
+
+OPTIONS = [f.name for f in dataclasses.fields(tg.GuardConfig)]
+BESIDE_THE_TABLE = {
+    "a key above [turnguard]": "{key} = 1\n\n[turnguard]\nstreak_warn_at = 2\n",
+    "a key beside an inline turnguard table": "{key} = 1\nturnguard = {{streak_warn_at = 2}}\n",
+    "a key above an empty [turnguard]": "{key} = 1\n\n[turnguard]\n",
+    "a table after [turnguard]": "[turnguard]\nstreak_warn_at = 2\n\n[{key}]\nx = 1\n",
+    "a table before [turnguard]": "[{key}]\nx = 1\n\n[turnguard]\nstreak_warn_at = 2\n",
+}
+"""Placements of ``key`` in a ``turnguard.toml`` beside its ``[turnguard]`` table."""
+
+
+@pytest.mark.parametrize("placement", list(BESIDE_THE_TABLE))
+@pytest.mark.parametrize("option", OPTIONS)
+def test_an_option_beside_the_turnguard_table_is_a_config_error_naming_both_places(tmp_path, option, placement):
+    path = tmp_path / "turnguard.toml"
+    for key in {option, option.replace("_", "-")}:
+        path.write_text(BESIDE_THE_TABLE[placement].format(key=key))
+        for load in (lambda: tg.GuardConfig.from_toml(path), lambda: tg.GuardConfig.load(search=tmp_path, environ={})):
+            with pytest.raises(tg.ConfigError) as caught:
+                load()
+            assert caught.value.key == key and "unknown option" not in str(caught.value)
+            assert str(caught.value).startswith(f"{path}: {key!r}: got ")
+            assert "top level" in str(caught.value) and "[turnguard]" in str(caught.value)
+
+
+@pytest.mark.parametrize("placement", list(BESIDE_THE_TABLE))
+@pytest.mark.parametrize("key", ["tool", "sof_cap", "other", "turnguard_", "project"])
+def test_anything_else_beside_the_turnguard_table_is_an_unknown_option(tmp_path, key, placement):
+    path = tmp_path / "turnguard.toml"
+    path.write_text(BESIDE_THE_TABLE[placement].format(key=key))
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(search=tmp_path, environ={})
+    assert caught.value.key == key and str(caught.value).startswith(f"{path}: unknown option {key!r}")
+
+
+@pytest.mark.parametrize("table", ["", "[turnguard]\n"])
+@pytest.mark.parametrize("option", OPTIONS)
+def test_an_option_is_read_at_top_level_or_in_the_turnguard_table_alone(tmp_path, option, table):
+    path = tmp_path / "turnguard.toml"
+    path.write_text(f"{table}{option} = {_a_toml_value(option)}\n")
+    config, sources = tg.GuardConfig.load_with_sources(search=tmp_path, environ={})
+    assert sources[option] == str(path) and config.given >= {option}
+
+
+def _a_toml_value(option: str) -> str:
+    """A TOML value ``option`` accepts that is not its default (read, checked, as a file holds it)."""
+    special = {"hard_multiplier": "2.5", "stuck_signal": '"stale_repeat"', "streak_stop_on": '"any"',
+               "key_mode": '"bytes"', "fail_mode": '"closed"', "digest_key": '"secret"', "recorder_path": '"t.jsonl"',
+               "disable_plugins": '["otel"]', "stateful_tools": '["ci"]', "streak_exempt_tools": '["ci"]',
+               "shadow": "{wide = {soft_cap = 200}}", "probe": "{rate = 0.5, soft_cap = 200}",
+               "streak_warn_at": "3", "cycle_repeat_warn_at": "3", "cycle_repeat_stop_at": "5", "name": '"other"'}
+    if option in special:
+        return special[option]
+    default = getattr(tg.GuardConfig(), option)
+    return str(not default).lower() if isinstance(default, bool) else "7"
+
+
+def test_a_lone_tool_turnguard_table_in_a_turnguard_toml_is_an_unknown_option(tmp_path):
+    (tmp_path / "turnguard.toml").write_text("[tool.turnguard]\nsoft_cap = 4\n")
+    with pytest.raises(tg.ConfigError) as caught:
+        tg.GuardConfig.load(search=tmp_path, environ={})
+    assert caught.value.key == "tool" and "unknown option 'tool'" in str(caught.value)
+
+
+SPELLED_TWO_WAYS = [o for o in OPTIONS if "_" in o]
+
+
+@pytest.mark.parametrize("option", SPELLED_TWO_WAYS)
+def test_an_option_set_in_both_spellings_is_a_config_error_naming_both(tmp_path, option):
+    dashed = option.replace("_", "-")
+    for first, second in ((option, dashed), (dashed, option)):
+        with pytest.raises(tg.ConfigError) as caught:
+            tg.GuardConfig.from_mapping({first: 1, second: 1})
+        assert caught.value.key == second and repr(first) in str(caught.value)
+        for table in ("", "[turnguard]\n", "[tool.turnguard]\n"):
+            path = tmp_path / ("pyproject.toml" if table.startswith("[tool") else "turnguard.toml")
+            path.write_text(f"{table}{first} = 1\n{second} = 1\n")
+            with pytest.raises(tg.ConfigError) as caught:
+                tg.GuardConfig.from_toml(path)
+            assert str(caught.value).startswith(f"{path}: {second!r}: ") and repr(first) in str(caught.value)

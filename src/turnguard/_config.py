@@ -295,7 +295,8 @@ class GuardConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, base: GuardConfig | None = None) -> GuardConfig:
         """Build from a mapping of option names (as in TOML; ``soft-cap`` is read as ``soft_cap``);
-        unknown keys are errors."""
+        unknown keys are errors, and so is an option given in both spellings (which one wins
+        would be left to the order of the keys)."""
         if not isinstance(data, Mapping):
             raise ConfigError("<config>", data, "a mapping of option names to values")
         names = _field_names()
@@ -304,6 +305,9 @@ class GuardConfig:
             name = key.replace("-", "_") if isinstance(key, str) else key
             if name not in names:
                 raise UnknownOptionError(str(key), value, names)
+            if name in values:
+                first = next(k for k in data if k != key and k.replace("-", "_") == name)
+                raise ConfigError(key, value, f"one spelling of {name!r}: {first!r} sets it too")
             values[name] = value
         return _replace(base, values) if base else cls(**values)
 
@@ -328,7 +332,9 @@ class GuardConfig:
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str], *, base: GuardConfig | None = None) -> GuardConfig:
         """Read ``[tool.turnguard]`` from a ``pyproject.toml``, or a ``turnguard.toml``
-        (its top level, or a ``[turnguard]`` table)."""
+        (its top level, or a ``[turnguard]`` table with nothing beside it). A file that cannot be
+        read, or whose ``tool``, ``tool.turnguard`` or ``turnguard`` is not a table, is a
+        ``ConfigError`` naming it."""
         path = Path(path)
         try:
             return cls.from_mapping(_toml_options(path), base=base)
@@ -415,10 +421,35 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise ConfigFileError(str(path), "nested too deeply", "a valid TOML file") from None
     if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("turnguard", {})
-    elif "turnguard" in data and isinstance(data["turnguard"], Mapping):
-        data = data["turnguard"]
-    return data
+        return _table(_table(data, "tool"), "turnguard", "tool.")
+    return _own_options(data)
+
+
+def _table(data: Mapping[str, Any], key: str, within: str = "") -> Mapping[str, Any]:
+    """``data[key]``, a TOML table (empty when absent): any other value there is a ``ConfigError``
+    naming it, where reading on into it would fail with an ``AttributeError``."""
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(within + key, value, f"a table ([{within}{key}])")
+    return value
+
+
+def _own_options(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A ``turnguard.toml``'s options: its top level, or its ``[turnguard]`` table with nothing
+    beside it. An option at top level beside the table is a ``ConfigError`` naming both places,
+    and any other key an unknown option: either would otherwise be dropped unseen, leaving a
+    threshold at its default."""
+    if "turnguard" not in data:
+        return data
+    table = _table(data, "turnguard")
+    for key, value in data.items():
+        if key == "turnguard":
+            continue
+        if key.replace("-", "_") in _field_names():
+            raise ConfigError(key, value, "options all at top level or all under [turnguard], not both: "
+                                          f"move {key!r} into [turnguard]")
+        raise UnknownOptionError(key, value, _field_names())
+    return table
 
 
 CONFIG_ENV = "TURNGUARD_CONFIG"
@@ -453,8 +484,9 @@ def _find_toml(search: str | os.PathLike[str] | None) -> Path | None:
     """The configuration file for a program run in ``search``: in that folder or the nearest one
     above it, the first ``turnguard.toml``, or ``pyproject.toml`` with a ``[tool.turnguard]`` table
     (a ``pyproject.toml`` without one is passed over), as ruff and pytest find theirs. A
-    ``pyproject.toml`` that does not parse is taken when it names ``tool.turnguard``, so that
-    ``load`` says what is wrong with it instead of reading a file further up."""
+    ``pyproject.toml`` that does not parse is taken when it names ``tool.turnguard``, and one whose
+    ``tool`` is not a table is taken, so that ``load`` says what is wrong with it instead of
+    reading a file further up."""
     if search is None:
         return None
     folder = Path(search)
@@ -472,11 +504,14 @@ def _find_toml(search: str | os.PathLike[str] | None) -> Path | None:
 
 
 def _configures_turnguard(pyproject: Path) -> bool:
+    """Whether ``pyproject`` has a ``[tool.turnguard]`` table, or may have meant one: its ``tool``
+    is not a table (``tool = "turnguard"``), so ``load`` says what is wrong with it."""
     text = pyproject.read_bytes()
     try:
-        return "turnguard" in tomllib.loads(text.decode("utf-8")).get("tool", {})
+        tool = tomllib.loads(text.decode("utf-8")).get("tool", {})
     except (ValueError, RecursionError):  # (tomllib's errors and UnicodeDecodeError are ValueErrors)
         return b"tool.turnguard" in text
+    return not isinstance(tool, Mapping) or "turnguard" in tool
 
 
 _INT_FIELDS = (
