@@ -306,3 +306,36 @@ def test_the_recorders_result_digests_are_replayed_for_the_stateful_tools_tried(
     assert policies["default"]["unattended"]["halted"] == 2
     assert policies["stateful ci_status"]["unattended"]["halted"] == 1
     assert policies["stateful ci_status"]["params"]["stateful_tools"] == ["ci_status"]
+
+
+def test_calibrates_own_entry_points_refuse_an_empty_path_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from turnguard._calibrate import cli as calibrate
+    from turnguard._terminal import PathArgument
+
+    path, result = tmp_path / "turns.jsonl", tmp_path / "r.json"
+    path.write_text(GOOD + "\n")
+    assert main(["calibrate", str(path), *SMALL_GRID, "--json", str(result)]) == 0
+    merge = argparse.ArgumentParser(prog="turnguard calibrate merge")
+    calibrate.add_merge_arguments(merge)
+    entries = ((calibrate.main, calibrate.build_parser(), str(path)), (calibrate.merge_main, merge, str(result)))
+    capsys.readouterr()
+    for entry, parser, given in entries:
+        options = [a for a in parser._actions if isinstance(a.type, PathArgument)]
+        assert options
+        for action in options:
+            argv = [given, action.option_strings[-1], ""] if action.option_strings else [given, ""]
+            assert entry(argv) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith(f"{parser.prog}: {action.type.option}: an empty path")
+    assert sorted(tmp_path.iterdir()) == [result, path]
+
+
+@pytest.mark.parametrize("flag", ["json", "html"])
+def test_the_output_check_refuses_an_empty_path_given_in_code(flag: str) -> None:
+    from turnguard._calibrate.cli import outputs_problem
+
+    assert (outputs_problem(**{flag: ""}) or "").startswith("cannot write : ")

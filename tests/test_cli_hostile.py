@@ -17,6 +17,7 @@ import pytest
 
 from conftest import kept_result_token
 from turnguard import _cli as cli
+from turnguard._terminal import PathArgument
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -255,3 +256,48 @@ def test_the_demo_says_when_turns_could_not_be_written_after_all(tmp_path):
     *warned, said = done.lines
     assert said.startswith("turnguard demo: 7 of 7 turns could not be written to /dev/full")
     assert len(warned) == 1 and "could not append to /dev/full" in warned[0]  # one warning, not one per turn
+
+
+def _actions(command: str) -> list:
+    return cli._subparser(cli.parser(), command)._actions
+
+
+def _takes_text(action) -> bool:
+    """An argument whose value is text taken as given (no conversion, no list of choices)."""
+    return action.nargs != 0 and action.choices is None and (action.type is None or isinstance(action.type,
+                                                                                               PathArgument))
+
+
+PATH_OPTIONS = [(command, action.dest) for command in COMMANDS for action in _actions(command)
+                if isinstance(action.type, PathArgument)]
+"""Every argument of every command that names a file or folder, as the parsers declare them."""
+NOT_PATHS = {("demo", "scenarios"): "scenario names", ("result", "session"): "a session id"}
+"""The arguments taking text as given that name no file or folder."""
+
+
+def test_every_argument_taking_text_as_given_is_a_path_or_known_not_to_be_one():
+    texts = {(command, action.dest) for command in COMMANDS for action in _actions(command) if _takes_text(action)}
+    assert texts - set(PATH_OPTIONS) == set(NOT_PATHS)
+    assert {command for command, _ in PATH_OPTIONS} == {"demo", "plugins", "config", "calibrate", "calibrate-merge",
+                                                        "assets", "result"}
+
+
+def _files(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(("command", "dest"), PATH_OPTIONS, ids=[f"{c}-{d}" for c, d in PATH_OPTIONS])
+def test_an_empty_path_is_refused_in_one_line_naming_it_and_nothing_is_written(command, dest, inputs, tmp_path):
+    argv = argv_of(command, inputs, tmp_path)
+    action = next(a for a in _actions(command) if a.dest == dest)
+    if action.option_strings:
+        argv += [action.option_strings[-1], ""]
+    else:  # a positional argument: the one the command runs with, emptied
+        given = getattr(cli._subparser(cli.parser(), command).parse_args(argv[1:]), dest)
+        argv[argv.index(given[0] if isinstance(given, list) else given)] = ""
+    before = _files(tmp_path)
+    done = run_command(argv, tmp_path, {})
+    said = f"{'/'.join(action.option_strings) or action.metavar}: an empty path"
+    assert_fails_cleanly(done, command, Case({}, {}, 2, said))
+    assert len(done.lines) == 1 and done.out == "", done.err
+    assert _files(tmp_path) == before

@@ -14,8 +14,8 @@ subcommand's own parser, and the configuration loaded once, the same way, before
 Exit status: 0 done; 1 the command ran and failed (calibrate's bad input under ``--strict``, turns
 the demo could not record, files ``assets`` refused to replace, an output that failed while being
 written); 2 it could not start (a bad flag, configuration, input, or an output that cannot be
-written, all checked before any work). Every failure is said in one line on stderr, prefixed
-``turnguard COMMAND:``, never as a traceback.
+written, all checked before any work; an empty path, ``terminal.PathArgument``). Every failure is
+said in one line on stderr, prefixed ``turnguard COMMAND:``, never as a traceback.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from turnguard._terminal import (
     DEFAULT_WIDTH,
     STDOUT,
     STDOUT_HELP,
+    EmptyPath,
+    add_path_argument,
     add_wide_argument,
     fit_table,
     output_width,
@@ -76,9 +78,9 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                         help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}")
-    parser.add_argument("--record", default=DEFAULT_RECORDER_PATH, metavar="PATH",
-                        help="append one JSON line per turn to this file, after the turns earlier runs left there "
-                             f"(calibrate reads them all) (default: {DEFAULT_RECORDER_PATH}; {STDOUT_HELP})")
+    add_path_argument(parser, "--record", default=DEFAULT_RECORDER_PATH, metavar="PATH",
+                      help="append one JSON line per turn to this file, after the turns earlier runs left there "
+                           f"(calibrate reads them all) (default: {DEFAULT_RECORDER_PATH}; {STDOUT_HELP})")
     parser.add_argument("--no-record", action="store_true", help="do not record the turns")
     add_wide_argument(parser)
     _config_argument(parser)
@@ -125,7 +127,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace, recorder_path: str | None, *, to_stdout: bool = False) -> int:
     from turnguard._demo import run_all
 
-    if recorder_path:
+    if recorder_path is not None:
         problem = writable_file(recorder_path)
         if problem:
             say(f"turnguard demo: cannot write the turns file {recorder_path}: {problem}")
@@ -143,8 +145,8 @@ def _run_demo(args: argparse.Namespace, recorder_path: str | None, *, to_stdout:
     finally:
         _shutdown_telemetry(telemetry)
     out = sys.stdout
-    lost = sum(result.unrecorded for result in results) if recorder_path else 0
-    if to_stdout and recorder_path:
+    lost = sum(result.unrecorded for result in results) if recorder_path is not None else 0
+    if to_stdout and recorder_path is not None:
         with open(recorder_path, encoding="utf-8", errors="backslashreplace") as turns:
             out.write(turns.read())
     else:
@@ -154,7 +156,7 @@ def _run_demo(args: argparse.Namespace, recorder_path: str | None, *, to_stdout:
         say(f"turnguard demo: {lost} of {len(results)} turns could not be written to {where} "
             "(the recorder's warning says why)")
         return 1
-    if recorder_path and not to_stdout:
+    if recorder_path is not None and not to_stdout:
         out.write(f"\nturns appended to {shown(recorder_path)}\n")
     return 0
 
@@ -229,8 +231,8 @@ CONFIG_FOUND = ("$TURNGUARD_CONFIG, else the first turnguard.toml, or pyproject.
 
 
 def _config_argument(parser: argparse.ArgumentParser, *aliases: str) -> None:
-    parser.add_argument("--config", *aliases, metavar="TOML", dest="config",
-                        help=f"a turnguard.toml or pyproject.toml (default: {CONFIG_FOUND})")
+    add_path_argument(parser, "--config", *aliases, metavar="TOML", dest="config",
+                      help=f"a turnguard.toml or pyproject.toml (default: {CONFIG_FOUND})")
 
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -278,13 +280,13 @@ def _later(module: str, name: str) -> Callable[[Any], Any]:
 
 
 def _assets_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("directory", metavar="DIR", help="where to write them (created if missing; not '-': they "
-                        "are several files)")
+    add_path_argument(parser, "directory", metavar="DIR", help="where to write them (created if missing; not '-': "
+                      "they are several files)")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
-    parser.add_argument("--config", metavar="TOML", dest="config",
-                        help="render the boards and rules for this turnguard.toml or pyproject.toml (its "
-                             "thresholds and probe, TURNGUARD_* applied) instead of writing the shipped ones; needs "
-                             "the dashboards extra")
+    add_path_argument(parser, "--config", metavar="TOML", dest="config",
+                      help="render the boards and rules for this turnguard.toml or pyproject.toml (its thresholds "
+                           "and probe, TURNGUARD_* applied) instead of writing the shipped ones; needs the dashboards "
+                           "extra")
     add_wide_argument(parser)
 
 
@@ -293,7 +295,7 @@ DASHBOARDS_EXTRA = 'pip install "turnguard[dashboards]"'
 
 def _rendered_assets(args: argparse.Namespace) -> dict[Any, bytes] | None:
     """With ``--config``: every asset, the boards rendered for the configuration as it loaded."""
-    if not args.config:
+    if args.config is None:
         return None
     try:
         from turnguard._boards.build import assets_for
@@ -397,7 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = parser()
     if tuple(argv[:2]) in TWO_WORD_COMMANDS:
         argv = [TWO_WORD_COMMANDS[tuple(argv[:2])], *argv[2:]]  # (a file named merge: ./merge)
-    args, unknown = root.parse_known_args(argv)
+    try:
+        args, unknown = root.parse_known_args(argv)
+    except EmptyPath as exc:
+        say(str(exc))
+        return 2
     before = argv[: argv.index(args.command)] if args.command else argv
     if any(u in before for u in unknown):
         root.error(f"unrecognized arguments: {' '.join(unknown)}")

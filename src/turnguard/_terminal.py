@@ -59,6 +59,34 @@ def add_wide_argument(parser: Any) -> None:
                         help=f"do not fit the output to {DEFAULT_WIDTH} columns (or the terminal's width)")
 
 
+class EmptyPath(Exception):
+    """An argument naming a file or folder was given as ``""`` (an unset shell variable): the
+    command's one-line refusal, prefixed ``turnguard COMMAND:``, in ``str()``."""
+
+
+@dataclass(frozen=True)
+class PathArgument:
+    """The ``type`` of an argument that names a file or folder (``add_path_argument``): ``""``
+    raises ``EmptyPath``, which argparse lets through (it turns only ``ValueError``,
+    ``TypeError`` and ``ArgumentTypeError`` into a usage message), so that the command refuses it
+    in one line before any work, where it would be taken for no output or the current folder."""
+
+    command: str
+    option: str
+
+    def __call__(self, text: str) -> str:
+        if not text:
+            raise EmptyPath(f"{self.command}: {self.option}: an empty path names no file or folder; give one")
+        return text
+
+
+def add_path_argument(parser: Any, *names: str, group: Any = None, **options: Any) -> None:
+    """``parser.add_argument`` (or its argument ``group``'s) for an argument that names a file or
+    folder (``PathArgument``)."""
+    option = "/".join(names) if names[0].startswith("-") else options.get("metavar") or names[0]
+    (group or parser).add_argument(*names, type=PathArgument(parser.prog, option), **options)
+
+
 def shown(text: str | os.PathLike[str] | bytes) -> str:
     """``text`` (a path, a message naming one) as any output can carry it, on one line: a byte that
     is not UTF-8 (a lone surrogate of ``os.fsdecode``) as ``\\xff``, any other lone surrogate as

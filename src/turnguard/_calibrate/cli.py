@@ -25,6 +25,8 @@ from turnguard._terminal import (
     DEFAULT_WIDTH,
     STDOUT,
     STDOUT_HELP,
+    EmptyPath,
+    add_path_argument,
     add_wide_argument,
     color_allowed,
     output_width,
@@ -95,9 +97,9 @@ def build_parser(prog: str = "turnguard calibrate") -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The calibrate flags, on ``p`` (the ``turnguard`` command's subparser, or our own)."""
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="input files, any mix of formats; a directory or a quoted glob stands for its files, and a "
-                        "rotated Collector file with its backups is read as one stream, oldest first")
+    add_path_argument(p, "files", nargs="+", metavar="FILE",
+                      help="input files, any mix of formats; a directory or a quoted glob stands for its files, and a "
+                           "rotated Collector file with its backups is read as one stream, oldest first")
     grid = p.add_argument_group("grid (comma-separated values)")
     grid.add_argument("--soft-caps", type=_csv(g.parse_ints), default=g.DEFAULT_SOFT_CAPS,
                       help="soft caps S (default: %(default)s)")
@@ -130,16 +132,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--cross", action="store_true",
                       help="the full cross product of every axis (default: the cap axes crossed, "
                            "each other axis varied alone around the default)")
-    grid.add_argument("--config", metavar="TOML", help="base configuration, the default row (default: as "
-                      "'turnguard config' loads it: $TURNGUARD_CONFIG, else the nearest turnguard.toml or "
-                      "pyproject.toml with [tool.turnguard] from the current folder up, then TURNGUARD_* variables)")
+    add_path_argument(p, "--config", group=grid, metavar="TOML",
+                      help="base configuration, the default row (default: as 'turnguard config' loads it: "
+                           "$TURNGUARD_CONFIG, else the nearest turnguard.toml or pyproject.toml with [tool.turnguard] "
+                           "from the current folder up, then TURNGUARD_* variables)")
     grid.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
                       help="the share of the turns past a threshold that would have succeeded which you accept "
                            "losing to it: each probe row says whether the evidence decides against it "
                            f"(default: {DEFAULT_TOLERANCE})")
+    _output_arguments(p)
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", help=f"write the results as JSON ({STDOUT_HELP})")
-    out.add_argument("--html", metavar="FILE", help=f"write a self-contained HTML report with charts ({STDOUT_HELP})")
+    add_path_argument(p, "--json", group=out, metavar="FILE", help=f"write the results as JSON ({STDOUT_HELP})")
+    add_path_argument(p, "--html", group=out, metavar="FILE",
+                      help=f"write a self-contained HTML report with charts ({STDOUT_HELP})")
     add_wide_argument(out)
     out.add_argument("--fold", action="store_true",
                      help="list policies whose figures equal an earlier row's under the table, not as rows")
@@ -160,7 +168,12 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:  # (a file named merge: ./merge)
         return merge_main(argv[1:], stdout=stdout, stderr=stderr)
-    return run(build_parser().parse_args(argv), stdout=stdout, stderr=stderr)
+    try:
+        args = build_parser().parse_args(argv)
+    except EmptyPath as exc:
+        say(str(exc), stderr)
+        return 2
+    return run(args, stdout=stdout, stderr=stderr)
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -253,7 +266,7 @@ def outputs_problem(**outputs: str | None) -> str | None:
     if len(to_stdout) > 1:
         return f"only one of {' and '.join(to_stdout)} can be '-': there is one standard output"
     for path in outputs.values():
-        if not path or path == STDOUT:
+        if path is None or path == STDOUT:
             continue
         existed = os.path.lexists(path)
         try:
@@ -280,9 +293,9 @@ def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout:
         say(f"turnguard calibrate: warning: {warning}", stderr)
     if STDOUT not in (json_path, html_path):
         stdout.write(table(stats, color=color_allowed(stdout), fold=fold, width=width))
-    if json_path:
+    if json_path is not None:
         _write(json_path, to_json_text(stats), stdout)
-    if html_path:
+    if html_path is not None:
         from turnguard._calibrate.html import render  # (only for --html: its import is start-up cost)
 
         _write(html_path, render(stats), stdout)
@@ -305,7 +318,12 @@ def merge_main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = Non
     stderr = stderr or sys.stderr
     p = argparse.ArgumentParser(prog="turnguard calibrate merge", description=MERGE_DESCRIPTION, allow_abbrev=False)
     add_merge_arguments(p)
-    return run_merge(p.parse_args(argv), stdout=stdout, stderr=stderr)
+    try:
+        args = p.parse_args(argv)
+    except EmptyPath as exc:
+        say(str(exc), stderr)
+        return 2
+    return run_merge(args, stdout=stdout, stderr=stderr)
 
 
 MERGE_DESCRIPTION = ("Merge the --json results of calibrate runs over parts of the input (run with the same grid "
@@ -313,9 +331,9 @@ MERGE_DESCRIPTION = ("Merge the --json results of calibrate runs over parts of t
 
 
 def add_merge_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results", nargs="+", metavar="RESULT.json")
-    p.add_argument("--json", metavar="FILE", help=f"write the merged results as JSON ({STDOUT_HELP})")
-    p.add_argument("--html", metavar="FILE", help=f"write the merged HTML report ({STDOUT_HELP})")
+    add_path_argument(p, "results", nargs="+", metavar="RESULT.json")
+    add_path_argument(p, "--json", metavar="FILE", help=f"write the merged results as JSON ({STDOUT_HELP})")
+    add_path_argument(p, "--html", metavar="FILE", help=f"write the merged HTML report ({STDOUT_HELP})")
     p.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
                    help="decide the probe rows against this tolerance (default: the first result's)")
     add_wide_argument(p)

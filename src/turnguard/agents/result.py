@@ -29,11 +29,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("outcome", choices=tuple(ANSWERS), metavar="OUTCOME",
                         help="resolved (the task succeeded) or unresolved")
     parser.add_argument("--session", metavar="ID", help="the session (default: the last turn any session ended)")
-    from turnguard._terminal import add_wide_argument
+    from turnguard._terminal import add_path_argument, add_wide_argument
 
     add_wide_argument(parser)  # (one line: as wide as it is either way)
-    parser.add_argument("--state-dir", metavar="DIR", help="the hooks' state directory (default: $TURNGUARD_STATE_DIR, "
-                        "else $XDG_STATE_HOME/turnguard, else ~/.local/state/turnguard)")
+    add_path_argument(parser, "--state-dir", metavar="DIR", help="the hooks' state directory (default: "
+                      "$TURNGUARD_STATE_DIR, else $XDG_STATE_HOME/turnguard, else ~/.local/state/turnguard)")
 
 
 def token_file(root: Path, agent: str, session: str | None) -> Path | None:
@@ -49,7 +49,7 @@ def token_file(root: Path, agent: str, session: str | None) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     from turnguard._guard import Guard
 
-    root = Path(args.state_dir) if args.state_dir else state_root()
+    root = Path(args.state_dir) if args.state_dir is not None else state_root()
     path = token_file(root, args.agent, args.session)
     which = f"session {args.session}" if args.session else "any session"
     if path is None:
