@@ -72,8 +72,10 @@ def live(guard: tg.Guard, batches: Any, order: random.Random, promptable: bool) 
     return seen
 
 
-def driven(guard: tg.Guard, batches: Any, order: random.Random, promptable: bool) -> list[tuple[Any, ...]]:
-    """The same turn through a ``Driver`` on a ledger of its own, halting as a turn halts."""
+def driven(guard: tg.Guard, batches: Any, order: random.Random, promptable: bool,
+           heard_after_halt: bool = True) -> list[tuple[Any, ...]]:
+    """The same turn through a ``Driver`` on a ledger of its own, halting as a turn halts: its
+    hooks hear the outcomes after the HALT (a turn's do; a shadow's own would-be halt stops it)."""
     ledger = Ledger(guard.config, turn_id="driven", promptable=promptable)
     driver, halt, seen = Driver(guard.dispatcher, ledger), None, []
 
@@ -100,8 +102,11 @@ def driven(guard: tg.Guard, batches: Any, order: random.Random, promptable: bool
             if not seqs[i]:  # halted at its check: a turn ignores its outcome
                 seen.append(shown(halt))
                 continue
-            if halt is not None:
-                driver.record(seqs[i], calls[i].name, batch[i][2])
+            if halt is not None:  # the answer is the HALT
+                if heard_after_halt:
+                    driver.outcome(seqs[i], calls[i], batch[i][2])
+                else:
+                    driver.record(seqs[i], calls[i].name, batch[i][2])
                 seen.append(shown(halt))
                 continue
             seen.append(shown(decide(CHECK_OUTCOME, driver.outcome(seqs[i], calls[i], batch[i][2]))))
@@ -147,5 +152,5 @@ def test_the_shadows_inlined_quiet_test_calls_what_the_driver_calls(promptable, 
         live(tg.Guard(config.replace(shadow={"same": {}}), environ={}), batches, random.Random(seed), promptable)
         spy = Spy(region)
         driven(tg.Guard(config.replace(disable_plugins=NON_POLICY_PLUGINS), plugins={"spy": spy}, environ={}),
-               batches, random.Random(seed), promptable)
+               batches, random.Random(seed), promptable, heard_after_halt=False)
         assert shadowed[-1].heard == spy.heard, (case, config, region)

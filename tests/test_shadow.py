@@ -383,3 +383,77 @@ def test_a_turn_dropped_without_ending_leaves_no_shadow_state():
 def test_core_only_fixture_leaves_the_shadow_plugin_out():
     guard = tg.Guard(tg.GuardConfig(**CORE_ONLY, shadow={"a": {}}), environ={})
     assert guard.pm.get_plugin("shadow") is None
+
+
+def play(turn: tg.Turn, rng: random.Random) -> list[tuple]:
+    """A random unattended host on ``turn``: batches with identical calls as one object checked
+    again, outcomes in any order through the checked object or a new one with its call_id,
+    reported also after a HALT for the calls that ran. What the live turn counted, in order."""
+    heard: list[tuple] = []
+    loop, n = rng.sample(POOL, rng.choice((2, 3))), 0
+    while n < 40 and turn.halted is None:
+        if turn.halted is None:
+            heard.append(("cycle",))
+        turn.begin_cycle()
+        batch: list[tg.ToolCall] = []
+        for _ in range(rng.choice((1, 2, 3))):
+            if batch and rng.random() < 0.35:
+                call = rng.choice(batch)  # the same call again in one response
+            else:
+                n += 1
+                name, args = loop[n % len(loop)] if rng.random() < 0.7 else rng.choice(POOL)
+                call = tg.ToolCall(name, args, call_id=f"c{n}")
+            if turn.halted is not None:
+                break
+            heard.append(("check", call))
+            if turn.check_call(call).action is tg.Action.HALT:
+                break
+            batch.append(call)
+        rng.shuffle(batch)
+        for call in batch:
+            if rng.random() < 0.05:
+                continue  # its outcome never comes
+            reported = call if rng.random() < 0.7 else tg.ToolCall(call.name, call.args, call.call_id)
+            outcome, result = rng.choice(("ok", "error", "error", "denied")), rng.choice(("a", "a", "b", None))
+            heard.append(("outcome", call, reported is call, outcome, result))
+            turn.record_outcome(reported, outcome, result=result)
+    return heard
+
+
+def replay(turn: tg.Turn, heard: list[tuple]) -> None:
+    """``heard`` on another turn, whatever it answers (each call its own object there)."""
+    own: dict[tg.ToolCall, tg.ToolCall] = {}
+    for step in heard:
+        if step[0] == "cycle":
+            turn.begin_cycle()
+            continue
+        call = step[1]
+        mine = own.setdefault(call, tg.ToolCall(call.name, call.args, call.call_id))
+        if step[0] == "check":
+            turn.check_call(mine)
+        else:
+            reported = mine if step[2] else tg.ToolCall(call.name, call.args, call.call_id)
+            turn.record_outcome(reported, step[3], result=step[4])
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_shadow_reports_what_its_configuration_decides_live_on_the_traffic_it_heard(seed):
+    """The live guard has an explicit cap or not; the shadow is configured like it, or without
+    its cap, or with another. Played on the live guard (one object checked several times in a
+    batch, outcomes that come after the live HALT), the same traffic played on a guard of the
+    shadow's configuration gives the shadow's would-be detections and summary."""
+    rng = random.Random(seed)
+    live = {**TWIN, "streak_stop_on": rng.choice(("error", "any")), "max_tool_calls_per_turn": rng.choice((None, 5, 9))}
+    shadow = {**live, "max_tool_calls_per_turn": rng.choice((live["max_tool_calls_per_turn"], None, 4, 12))}
+    guard, heard = shadow_guard({"shadow": shadow}, **live)
+    with guard.turn() as turn:
+        traffic = play(turn, rng)
+    alone, alone_heard = shadow_guard((), **shadow)
+    with alone.turn() as other:
+        replay(other, traffic)
+    assert events_view(heard.of("shadow")) == events_view(alone_heard.live)
+    mine, theirs = heard.ended["shadow"], other.summary
+    fields = ("halted", "threshold", "tool_calls", "detections", "cycles")
+    if not theirs.halted:  # (a would-be halt stops a shadow's ledger; a halted live one still counts outcomes)
+        fields += ("max_key_repeat", "max_failing_streak", "stuck")
+    assert [getattr(mine, f) for f in fields] == [getattr(theirs, f) for f in fields]

@@ -7,6 +7,7 @@ import json
 import logging
 import multiprocessing
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 import turnguard as tg
+from turnguard._keys import KEY_CHECK, KEY_RESULT
 from turnguard.telemetry import _recorder as rec
 
 SECRET_ARG = "SECRET-ARGUMENT-55d1"
@@ -94,6 +96,37 @@ def test_calls_whose_outcome_never_came_are_unfinished_and_a_reported_unknown_st
     entry = line["calls"][0]
     assert (set(entry), entry["tool"]) == ({"tool", "args", "outcome"}, "x")
     assert len(entry["args"]) == 16  # the call's digest
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_object_checked_several_times_gets_each_outcome_on_its_own_checks_line_entry(tmp_path, seed):
+    """One ToolCall object checked again while it waits (identical parallel calls), its outcomes
+    reported through it, by its call_id or by another object, in any order: each entry gets the
+    outcome (and result digest) the guard credited to that check, in check order."""
+    rng = random.Random(seed)
+    path = tmp_path / "turns.jsonl"
+    guard = make_guard(path, recorder_results=True)
+    credited = []
+
+    class Credited:
+        @tg.hookimpl
+        def turnguard_check_outcome(self, turn, call, outcome):
+            key = call.key  # the check it settles, the result digest kept
+            credited.append((key[KEY_CHECK], (outcome.value, key[KEY_RESULT].hex())))
+
+    guard.register(Credited(), name="credited")
+    build, other = tg.ToolCall("bash", "make", call_id=rng.choice(("b", None))), tg.ToolCall("read", 1)
+    with guard.turn() as turn:
+        calls = [rng.choice((build, build, other)) for _ in range(8)]
+        for call in calls:
+            turn.check_call(call)
+        reports = list(calls)
+        rng.shuffle(reports)
+        for call in reports:
+            turn.record_outcome(call, rng.choice(("ok", "error", "denied")), result=rng.choice(("x", "y")))
+    (line,) = read_lines(path)
+    by_check = dict(credited)
+    assert [(c["outcome"], c["result"]) for c in line["calls"]] == [by_check[seq] for seq in range(1, 9)]
 
 
 def test_retry_drops_the_resent_requests_calls_like_the_ledger(tmp_path):

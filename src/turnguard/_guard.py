@@ -484,7 +484,7 @@ class Turn:
 
     def _recorder(self) -> RecordOutcome:
         driver, ledger, quiet, awaiting, view = self._driver, self.ledger, self._quiet, self._awaiting, self.view
-        acquire, release, record = self._acquire, self._release, ledger.record_outcome
+        acquire, release, record, pop = self._acquire, self._release, ledger.record_outcome, awaiting.pop
         every_outcome, outcome_observers, collect = driver.checks.outcome, self._outcome_observers, driver.collect2
         # Where results count, a token no key holds sends every outcome to _claim_and_record.
         token = object() if self._keyed_results else self._token
@@ -512,17 +512,15 @@ class Turn:
             acquire()
             try:
                 key = call.key
-                if key is not None and key[at_token] is token and awaiting.pop(key[at_check], None) is call:
-                    seq = key[at_check]  # (the waiting list holds each check's own call: what it popped is this one)
-                    if self._reused:
-                        self._next_check_of(call, key)
+                checked = pop(key[at_check], None) if key is not None and key[at_token] is token else None
+                if checked is call:
+                    seq = key[at_check]
                     due = record(seq, outcome)  # true: an ended streak's stop count was reached
                 else:
-                    seq, call, due = self._claim_and_record(call, outcome, result)
+                    seq, call, due = self._claim_and_record(call, outcome, result, checked)
                 if seq:
-                    halt = self._halt
-                    if halt is not None:
-                        verdict, events = halt, ()
+                    if self._halt is not None:
+                        verdict, events = self._outcome_after_halt(call, outcome, due)
                     else:
                         # Driver.outcome's quiet test, inlined (as above)
                         impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else every_outcome
@@ -536,12 +534,26 @@ class Turn:
                         else:
                             return ALLOW
             finally:
+                if self._reused:  # once the check hooks read the settled check off the key
+                    self._next_check_of(call)
                 release()
             if not seq:
                 return self._ignored(call, outcome)
             return self._outcome_recorded(call, outcome, verdict, events)
 
         return record_outcome
+
+    def _outcome_after_halt(self, call: ToolCall, outcome: Outcome, due: bool | None) -> tuple[Verdict, tuple[()]]:
+        """An outcome of a call checked before the HALT latched (under the lock): the ledger counted
+        it, so the check hooks hear it too (the shadows then see the outcomes the live turn saw),
+        but a halted turn's answer stands: what they return is dropped, their detections with it."""
+        driver, ledger = self._driver, self.ledger
+        quiet = driver.quiet
+        impls = quiet.outcome if ledger.stop_count < quiet.stop_count and not due else driver.checks.outcome
+        if impls:
+            driver.collect2(CHECK_OUTCOME, impls, self.view, call, outcome)
+        assert self._halt is not None  # (the caller's test)
+        return self._halt, ()
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -767,13 +779,16 @@ class Turn:
     def _claim(self, call: ToolCall) -> tuple[int, ToolCall]:
         """The earliest check still waiting for an outcome that ``call`` reports (the same object,
         or the same ``call_id``), taken off the waiting list: (sequence number, the checked call);
-        (0, ``call``) when there is none (a duplicate or a stray)."""
+        (0, ``call``) when there is none (a duplicate or a stray). An object this turn checked whose
+        check no longer waits reports only its own other waiting checks: its second report is a
+        duplicate, never the outcome of another call that shares its ``call_id``."""
         call_id = call.call_id
+        key: CallKey | None = call.key
+        if call_id is not None and key is not None and key[KEY_TOKEN] is self._token:
+            call_id = call_id if key[KEY_CHECK] in self._awaiting else None
         for seq, checked in self._awaiting.items():
             if checked is call or (call_id is not None and checked.call_id == call_id):
                 del self._awaiting[seq]
-                if self._reused:
-                    self._next_check_of(checked, checked.key)
                 return seq, checked
         if self._restored:
             return self._claim_restored(call)
@@ -804,11 +819,27 @@ class Turn:
         del awaiting[seq]
         return seq, restored.pop(seq)
 
-    def _next_check_of(self, call: ToolCall, key: CallKey) -> None:
-        """``call`` was checked more than once: its key now points at its next waiting check."""
+    def _put_back(self, seq: int, checked: ToolCall) -> None:
+        """The hot path took check ``seq`` off the waiting list for a report through another object
+        (one carrying the checked call's key): it waits again, in check order."""
+        awaiting = self._awaiting
+        awaiting[seq] = checked
+        items = sorted(awaiting.items())  # (check numbers are unique: no two calls are compared)
+        awaiting.clear()  # in place: the hot paths hold this dict
+        awaiting.update(items)
+
+    def _next_check_of(self, call: ToolCall) -> None:
+        """In a turn where an object was checked more than once, after an outcome (settled or
+        ignored): when ``call``'s key names a check of this turn that no longer waits, it now
+        points at the call's next waiting check (with the settled outcome's result, for the
+        observers). Done once the check hooks ran: until then the key names the settled check
+        (the shadows credit the outcome by it)."""
+        key: CallKey | None = call.key
+        if key is None or key[KEY_TOKEN] is not self._token or key[KEY_CHECK] in self._awaiting:
+            return
         for seq, checked in self._awaiting.items():
             if checked is call:
-                store_key(call, (key[KEY_DIGEST], key[KEY_KEYER], self._token, seq))
+                store_key(call, (key[KEY_DIGEST], key[KEY_KEYER], self._token, seq, *key[KEY_RESULT:]))
                 return
 
     def _give_up_waiting(self) -> None:
@@ -828,17 +859,20 @@ class Turn:
         awaiting.clear()  # in place: the hot paths hold this dict
         awaiting.update(items[shed:])
 
-    def _claim_and_record(self, call: ToolCall, outcome: Outcome, result: Any) -> tuple[int, ToolCall, bool | None]:
+    def _claim_and_record(self, call: ToolCall, outcome: Outcome, result: Any,
+                          taken: ToolCall | None = None) -> tuple[int, ToolCall, bool | None]:
         """The hot path's other way (under the lock): the check ``call`` reports (``_claim``; at
         once when it is the object checked, as on the hot path) and its outcome recorded; (0,
         ``call``, None) for a report no check waits for. In a turn where results count
-        (``_keyed_results``) every outcome comes here, with its result (``_record_result``)."""
+        (``_keyed_results``) every outcome comes here, with its result (``_record_result``).
+        ``taken``: the call the hot path took off the waiting list by ``call``'s key, when that was
+        another object (``call`` carries its key): it waits again."""
         key: CallKey | None = call.key
+        if taken is not None:
+            self._put_back(key[KEY_CHECK] if key is not None else 0, taken)
         if key is not None and key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
             seq = key[KEY_CHECK]
             del self._awaiting[seq]
-            if self._reused:
-                self._next_check_of(call, key)
         else:
             seq, call = self._claim(call)
         if not seq:

@@ -160,6 +160,11 @@ class ToolCall:
     with the same name, arguments and ``call_id`` (a model may issue one call twice in a
     parallel batch, and each gets its own outcome, span and recorder line). Compare ``name``,
     ``args`` and ``call_id`` to compare what two calls ask for.
+
+    A copy (``copy.copy``, ``copy.deepcopy``, a pickle round trip) is the call as the host has it,
+    ``name``, ``args`` (deep-copied by ``deepcopy``) and ``call_id``, without the guard's cached
+    key: a new object, so an outcome reported through it is matched by its ``call_id``, and
+    checking it keys it afresh. A checked call copies and pickles as an unchecked one does.
     """
 
     name: str
@@ -179,6 +184,11 @@ class ToolCall:
         _set_args(self, args)
         _set_call_id(self, call_id)
         _set_key(self, None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies and pickles leave the cached key out: it belongs to the object the guard checked
+        (and holds its ``Keyer``, which does not pickle)."""
+        return type(self), (self.name, self.args, self.call_id)
 
 
 _set_name = ToolCall.__dict__["name"].__set__

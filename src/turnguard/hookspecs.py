@@ -111,7 +111,9 @@ def turnguard_check_outcome(turn: LedgerView, call: ToolCall, outcome: Outcome) 
     ``call`` is the checked call (the object the host passed to ``check_call``, also when the
     host reported by ``call_id``). The streak counts are those in check order: an outcome that
     arrived before an earlier identical call's is counted once that one's has come. Called only
-    for the first outcome of a checked call (see ``turnguard_outcome_ignored``).
+    for the first outcome of a checked call (see ``turnguard_outcome_ignored``), also once the
+    turn has halted, for a call checked before the HALT (the shadows see what the ledger counts):
+    its answer is then dropped, the host gets the latched HALT.
     """
 
 

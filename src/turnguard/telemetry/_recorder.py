@@ -97,7 +97,10 @@ class _Call:
 class _TurnRecord:
     calls: list[_Call] = field(default_factory=list)
     index: dict[Any, int] = field(default_factory=dict)
-    """Calls awaiting an outcome: ToolCall object -> position in ``calls``."""
+    """Calls awaiting an outcome: ToolCall object -> position in ``calls`` (of its earliest check)."""
+    later: dict[Any, list[int]] = field(default_factory=dict)
+    """An object checked again while it waited: the positions of its later checks, in check order
+    (the guard credits its outcomes check by check, as ``index`` then ``later`` hand them out)."""
     dropped: int = 0
     cycle_mark: tuple[int, int] = (0, 0)
     """(len(calls), dropped) when the current model request began: where a retry rolls back to."""
@@ -200,6 +203,9 @@ class Recorder:
             kept, record.dropped = record.cycle_mark
             del record.calls[kept:]
             record.index = {call: at for call, at in record.index.items() if at < kept}
+            if record.later:
+                later = ((call, [at for at in ats if at < kept]) for call, ats in record.later.items())
+                record.later = {call: ats for call, ats in later if ats}
             if record.restored:
                 record.restored = {seq: at for seq, at in record.restored.items() if at < kept}
 
@@ -214,7 +220,9 @@ class Recorder:
             if len(record.calls) >= self.max_calls:
                 record.dropped += 1
                 return
-            record.index[call] = len(record.calls)
+            at = len(record.calls)
+            if record.index.setdefault(call, at) != at:
+                record.later.setdefault(call, []).append(at)
             record.calls.append(entry)
 
     @hookimpl
@@ -226,6 +234,11 @@ class Recorder:
         result = key[KEY_RESULT].hex() if key is not None and len(key) > KEY_RESULT else None
         with record.lock:
             at = record.index.pop(call, None)
+            if record.later and call in record.later:
+                ats = record.later[call]
+                record.index[call] = ats.pop(0)
+                if not ats:
+                    del record.later[call]
             if at is None and record.restored:  # a call that waited across the snapshot: its check number
                 at = record.restored.pop(key[KEY_CHECK], None) if key is not None else None
             if at is not None:
@@ -290,6 +303,7 @@ class Recorder:
         with record.lock:
             record.calls = [_Call(tool, digest, outcome, result) for tool, digest, outcome, result in carried.calls]
             record.index.clear()
+            record.later.clear()
             record.dropped, record.cycle_mark = carried.dropped, carried.cycle_mark
             record.restored = dict(carried.awaiting or {})
             record.escalations = list(carried.escalations or [])
