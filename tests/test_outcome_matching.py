@@ -209,3 +209,19 @@ def test_a_checked_call_copies_and_pickles_as_the_call_the_host_has(form, config
             assert other.args is not args
         assert pickle.loads(pickle.dumps(call)).key is None
 
+
+def test_an_outcome_after_the_turn_ended_is_ignored_as_after_end():
+    ignored = Ignored()
+    guard = core_guard()
+    guard.register(ignored, name="ignored")
+    turn = guard.turn()
+    waiting, settled = tg.ToolCall("bash", "ls", call_id="a"), tg.ToolCall("bash", "make", call_id="b")
+    turn.check_call(waiting)
+    turn.check_call(settled)
+    turn.record_outcome(settled, "ok")
+    summary = turn.end()
+    late = [turn.record_outcome(waiting, "error"), turn.record_outcome(settled, "error"),
+            turn.record_outcome(tg.ToolCall("bash", "ls", call_id="a"), "error")]
+    assert late == [tg.Verdict(tg.Action.ALLOW)] * 3
+    assert ignored.reasons == ["after_end"] * 3
+    assert turn.end() is summary and turn.ledger.outcomes(tg.Outcome.ERROR) == 0

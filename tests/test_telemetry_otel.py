@@ -493,8 +493,11 @@ def test_ignored_outcomes_are_counted_as_host_errors_by_kind_without_ids(otel):
         turn.record_outcome(checked, tg.Outcome.OK)
         turn.record_outcome(checked, tg.Outcome.OK)  # a duplicate
         turn.record_outcome(call("never"), tg.Outcome.ERROR)  # never checked
+        late = call("t2")
+        turn.check_call(late)
+    turn.record_outcome(late, tg.Outcome.OK)  # its first outcome, after the turn ended
     points = {point.attributes[n.HOST_ERROR]: point for point in otel.points(n.METRIC_HOST_ERRORS[0])}
-    assert {kind: p.value for kind, p in points.items()} == {"duplicate": 1, "unknown_call": 1}
+    assert {kind: p.value for kind, p in points.items()} == {"duplicate": 1, "unknown_call": 1, "after_end": 1}
     for point in points.values():
         assert set(point.attributes) <= set(n.HOST_ERROR_METRIC_ATTRIBUTES)
 

@@ -901,7 +901,10 @@ class Turn:
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
         key: CallKey | None = call.key
         checked_here = key is not None and key[KEY_TOKEN] is self._token
-        reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
+        if self._ended is not None:
+            reason = IgnoredOutcome.AFTER_END
+        else:
+            reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
         failure = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
                                reason=reason.value)
         return self._latch_failure(failure, self._halt or ALLOW)

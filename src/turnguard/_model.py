@@ -206,6 +206,9 @@ class IgnoredOutcome(enum.StrEnum):
     UNKNOWN_CALL = "unknown_call"
     """An outcome for a call no check of this turn waits for: another object whose ``call_id``
     was never checked here, or was answered (or given up) already."""
+    AFTER_END = "after_end"
+    """An outcome reported once the turn had ended (or was suspended): it waits for no call any
+    more, so even a call's first outcome comes too late."""
 
 
 @direct_init

@@ -120,8 +120,9 @@ def turnguard_check_outcome(turn: LedgerView, call: ToolCall, outcome: Outcome) 
 @hookspec
 def turnguard_outcome_ignored(turn: LedgerView, call: ToolCall, outcome: Outcome, reason: str) -> None:
     """Observer: the host reported an outcome the guard ignored (a host error): ``reason`` is
-    ``duplicate`` (a second outcome for a checked call) or ``unknown_call`` (no check of this
-    turn waits for it). Nothing changed; the host got ALLOW (or the latched HALT)."""
+    ``duplicate`` (a second outcome for a checked call), ``unknown_call`` (no check of this
+    turn waits for it) or ``after_end`` (the turn had ended: it waits for no call). Nothing
+    changed; the host got ALLOW (or the latched HALT)."""
 
 
 @hookspec

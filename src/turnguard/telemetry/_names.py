@@ -119,7 +119,8 @@ SHADOW_DETECTED_EVENT = "turnguard.shadow.loop_detected"
 """Log event of a shadow policy's would-be detection (INFO: nothing was acted on)."""
 HOST_ERROR = "turnguard.host_error"
 """What the host got wrong (``turnguard.IgnoredOutcome``): ``duplicate`` (a second outcome for a
-checked call) or ``unknown_call`` (an outcome no check of the turn waits for); or ``hook_failed``:
+checked call), ``unknown_call`` (an outcome no check of the turn waits for) or ``after_end`` (an
+outcome once the turn had ended); or ``hook_failed``:
 a coding agent's hook failed open (bad input, a broken state; ``turnguard.agents``). A closed set."""
 HOOK_FAILED = "hook_failed"
 PLUGIN_NAME = "turnguard.plugin.name"
