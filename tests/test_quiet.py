@@ -11,6 +11,7 @@ import pytest
 
 import turnguard as tg
 from turnguard._firing import Quiet
+from turnguard._ledger import Ledger, LedgerView
 from turnguard._plugins import NON_POLICY_PLUGINS
 from turnguard._policies import cap, streak
 
@@ -211,3 +212,158 @@ def test_the_cap_names_a_new_region_past_the_soft_cap_so_long_turns_stay_quiet()
         turn.record_outcome(call, "ok")
     region = turn._quiet
     assert (region.calls, region.repeat, region.streak, region.call) == (1000, 6, 5, ())
+
+
+# -- a third-party rule: what it gets, how it fails, what its answer can do ---------------------
+
+
+class Custom(BaseException):
+    """Not an ``Exception``: a rule raising it must not escape the guard either."""
+
+
+class Errors:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    @tg.hookimpl
+    def turnguard_plugin_error(self, plugin, hook, error):
+        self.seen.append((plugin, hook, type(error).__name__))
+
+
+def failing_turn(plugins: dict[str, object], fail_mode: str = "open", calls: int = 30) -> tuple[list[str], Any]:
+    """One turn of ``calls`` identical failing calls (the streak stops it at the 8th): the
+    actions the host saw, and the summary's counts."""
+    guard = tg.Guard(tg.GuardConfig(disable_plugins=NON_POLICY_PLUGINS, max_tool_calls_per_turn=None,
+                                    fail_mode=fail_mode), plugins=plugins, environ={})
+    actions = []
+    with guard.turn() as turn:
+        for _ in range(calls):
+            call = tg.ToolCall("bash", "make test")
+            actions.append(turn.check_call(call).action.label)
+            actions.append(turn.record_outcome(call, tg.Outcome.ERROR).action.label)
+    summary = turn.summary
+    return actions, (summary.tool_calls, summary.halted, summary.threshold, summary.max_failing_streak)
+
+
+def test_a_plugins_rule_gets_the_read_only_view_its_hooks_get():
+    got: list[object] = []
+
+    class Keeping(Counting):
+        def quiet_rule(self, turn):
+            got.append(turn)
+            return Quiet(calls=2)
+
+        @tg.hookimpl
+        def turnguard_check_call(self, turn, call):
+            got.append(turn)
+
+    drive(Keeping())
+    assert len(got) > 2 and all(t is got[0] for t in got)
+    assert isinstance(got[0], LedgerView) and not isinstance(got[0], Ledger)
+
+
+def test_no_mutator_of_the_ledger_is_reachable_through_what_a_rule_gets():
+    got: list[object] = []
+
+    class Keeping(Counting):
+        def quiet_rule(self, turn):
+            got.append(turn)
+
+    drive(Keeping())
+    mutators = [name for name in dir(Ledger) if not name.startswith("__") and not hasattr(LedgerView, name)]
+    assert "reset_streak" in mutators and "forget_repeats" in mutators
+    assert [name for name in mutators if hasattr(got[0], name)] == []
+
+
+def test_a_plugin_keeping_its_rules_turn_cannot_turn_the_streak_off():
+    class Sneaky:
+        kept: Any = None
+
+        def quiet_rule(self, turn):
+            self.kept = turn
+
+        @tg.hookimpl
+        def turnguard_check_call(self, turn, call):
+            pass
+
+        @tg.hookimpl
+        def turnguard_call_checked(self, turn, call, verdict):
+            for name in ("reset_streak", "forget_repeats"):
+                getattr(self.kept, name, lambda: None)()
+
+    assert failing_turn({"sneaky": Sneaky()}) == failing_turn({})
+
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+@pytest.mark.parametrize("error", [RuntimeError("rule"), Custom("rule"), GeneratorExit()],
+                         ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("when", ["at the start", "when asked again"])
+def test_a_rule_that_raises_anything_is_reported_and_its_plugin_called_every_time(error, fail_mode, when):
+    class Raising(Counting):
+        def quiet_rule(self, turn):
+            if when == "at the start" or turn.tool_calls:
+                raise error
+            return Quiet(calls=2)
+
+    plugin, errors = Raising(), Errors()
+    actions, summary = failing_turn({"raising": plugin, "errors": errors}, fail_mode)
+    assert (actions, summary) == failing_turn({}, fail_mode)
+    assert errors.seen and set(errors.seen) == {("raising", "quiet_rule", type(error).__name__)}
+    assert plugin.calls[-3:] == [6, 7, 8]
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(2)], ids=lambda e: type(e).__name__)
+def test_keyboard_interrupt_and_system_exit_propagate_from_a_rule(error):
+    class Raising(Counting):
+        def quiet_rule(self, turn):
+            raise error
+
+    with pytest.raises(type(error)):
+        drive(Raising())
+
+
+class Always(float):
+    """A number that compares as inside any region (and as the least of any counts)."""
+
+    def __lt__(self, other):
+        return True
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+
+class Everywhere(Quiet):
+    """A ``Quiet`` whose counts cannot be read."""
+
+    @property
+    def calls(self):  # type: ignore[override]
+        raise RuntimeError("calls")
+
+
+MALFORMED_QUIET = {
+    "a string": lambda: "quiet",
+    "a string count": lambda: Quiet(calls="1000"),  # type: ignore[arg-type]
+    "an object count": lambda: Quiet(streak=object()),  # type: ignore[arg-type]
+    "counts that compare as always inside": lambda: Quiet(*(Always("inf"),) * 4),
+    "an int subclass that compares as always inside": lambda: Quiet(
+        calls=type("Big", (int,), {"__ge__": lambda s, o: True, "__lt__": lambda s, o: True})(10**9)),
+    "counts that raise when read": lambda: Everywhere(),
+}
+
+
+@pytest.mark.parametrize("answer", MALFORMED_QUIET)
+def test_no_answer_of_a_plugins_rule_silences_the_built_in_policies(answer):
+    class Silencer:
+        """Called after the built-in policies (an entry point's place): its counts are compared last."""
+
+        def quiet_rule(self, turn):
+            return MALFORMED_QUIET[answer]()
+
+        @tg.hookimpl(trylast=True)
+        def turnguard_check_call(self, turn, call):
+            pass
+
+        @tg.hookimpl(trylast=True)
+        def turnguard_check_outcome(self, turn, call, outcome):
+            pass
+
+    assert failing_turn({"silencer": Silencer()}, calls=2000) == failing_turn({}, calls=2000)

@@ -20,8 +20,8 @@ that raises gets one treatment everywhere (``Dispatcher.failed``):
 
 Which ``turn`` a plugin receives: the built-in policy modules (``plugins.DEFAULT_PLUGINS``) get
 the ``Ledger`` itself (they read its fields on the hot path); every other plugin gets its
-read-only ``LedgerView``. ``Dispatcher.bind`` makes the per-turn ``BoundImpl`` tuples (plugin
-name, function, turn argument) that the loops take.
+read-only ``LedgerView``, in its hooks and its ``quiet_rule`` alike. ``Dispatcher.bind`` makes
+the per-turn ``BoundImpl`` tuples (plugin name, function, turn argument) that the loops take.
 
 Where a plugin says its hooks cannot fire (``quiet_rule``, ``turnguard._firing.Quiet``),
 ``Dispatcher.quiet`` gives the ``QuietRegion`` that the turn driver (``turnguard._driver``) tests on
@@ -69,8 +69,12 @@ PLUGIN_ERROR = "turnguard_plugin_error"
 PASSTHROUGH = (KeyboardInterrupt, SystemExit)
 """What a plugin may raise through the guard; any other ``BaseException`` is a plugin error."""
 
-QuietRule = Callable[[Ledger], Quiet]
-"""A plugin's ``quiet_rule`` (``turnguard._firing.Quiet``)."""
+QUIET_RULE = "quiet_rule"
+"""What ``turnguard_plugin_error`` names as the hook when a plugin's ``quiet_rule`` failed."""
+
+QuietRule = Callable[[Any], Quiet]
+"""A plugin's ``quiet_rule`` (``turnguard._firing.Quiet``): given the ``Ledger`` (a built-in
+policy module) or the turn's ``LedgerView`` (any other plugin)."""
 
 
 class Impl(NamedTuple):
@@ -119,23 +123,26 @@ class QuietRegion:
     outcome calls only ``outcome``. The turn driver tests the counts (``Driver.call``,
     ``Driver.outcome``) and calls ``reasked`` when a check lies outside the region."""
 
-    __slots__ = ("_dispatcher", "_ledger", "_reask", "_view", "call", "calls", "outcome", "repeat", "stop_count",
-                 "streak")
+    __slots__ = ("_dispatcher", "_ledger", "_reask", "_report", "_view", "call", "calls", "outcome", "repeat",
+                 "stop_count", "streak")
 
-    def __init__(self, dispatcher: Dispatcher, ledger: Ledger, view: LedgerView) -> None:
-        self._dispatcher, self._ledger, self._view = dispatcher, ledger, view
+    def __init__(self, dispatcher: Dispatcher, ledger: Ledger, view: LedgerView,
+                 report: LedgerView | None = None) -> None:
+        self._dispatcher, self._ledger, self._view, self._report = dispatcher, ledger, view, report
         self.ask()
 
     def ask(self) -> None:
-        """Each plugin's ``quiet_rule(ledger)``, asked once however many check hooks it has, and
-        combined (the least of each count); a rule that fails or answers something else than a
-        ``Quiet`` counts as none (its plugin is called on every check)."""
-        d, ledger = self._dispatcher, self._ledger
-        rules = dict.fromkeys(impl.quiet_rule for impl in (*d.check_call, *d.check_outcome)
-                              if impl.quiet_rule is not None)
-        said: dict[QuietRule | None, Quiet | None] = {rule: _quiet_of(rule, ledger) for rule in rules}
-        on_call = [said.get(impl.quiet_rule) for impl in d.check_call]
-        on_outcome = [said.get(impl.quiet_rule) for impl in d.check_outcome]
+        """Each plugin's ``quiet_rule(turn)``, asked once however many check hooks it has (by
+        plugin name: a manager's names are unique), with the turn its hooks get, and combined
+        (the least of each count); a rule that fails or answers something else than a ``Quiet``
+        counts as none (its plugin is called on every check: ``Dispatcher.quiet_of``)."""
+        d, ledger, view = self._dispatcher, self._ledger, self._view
+        said: dict[str, Quiet | None] = {}
+        for impl in (*d.check_call, *d.check_outcome):
+            if impl.quiet_rule is not None and impl.plugin not in said:
+                said[impl.plugin] = d.quiet_of(impl, ledger if impl.trusted else view, self._report)
+        on_call = [said.get(impl.plugin) for impl in d.check_call]
+        on_outcome = [said.get(impl.plugin) for impl in d.check_outcome]
         quiet_call = [q for q in on_call if q is not None]
         self.calls = min((q.calls for q in quiet_call), default=NEVER)
         self.streak = min((q.streak for q in quiet_call), default=NEVER)
@@ -258,9 +265,29 @@ class Dispatcher:
         """``impls`` for one turn: each with the ledger (trusted) or ``view``."""
         return tuple(BoundImpl(impl.plugin, impl.fn, ledger if impl.trusted else view) for impl in impls)
 
-    def quiet(self, ledger: Ledger, view: LedgerView | None = None) -> QuietRegion:
-        """Where ``ledger``'s turn may skip hooks (``QuietRegion``)."""
-        return QuietRegion(self, ledger, view if view is not None else LedgerView(ledger))
+    def quiet(self, ledger: Ledger, view: LedgerView | None = None, report: LedgerView | None = None) -> QuietRegion:
+        """Where ``ledger``'s turn may skip hooks (``QuietRegion``); ``report``: the turn a failing
+        rule is reported with (as the loops' ``report``)."""
+        return QuietRegion(self, ledger, view if view is not None else LedgerView(ledger), report)
+
+    def quiet_of(self, impl: Impl, turn: Ledger | LedgerView, report: LedgerView | None) -> Quiet | None:
+        """``impl``'s plugin's ``quiet_rule(turn)``: the region it names, or ``None`` (its plugin is
+        then called on every check). A rule that raises or answers something else than ``None``
+        or a ``Quiet`` of numbers is a plugin error (``failed``, hook ``quiet_rule``) that never
+        halts: it only costs speed. A third-party rule's region is copied into plain numbers, so
+        that no comparison of the quiet test runs a plugin's code."""
+        rule = impl.quiet_rule
+        assert rule is not None
+        try:
+            said = rule(turn)
+            if impl.trusted or said is None:
+                return said if isinstance(said, Quiet) else None
+            return plain_quiet(said)
+        except PASSTHROUGH:
+            raise
+        except BaseException as exc:  # a broken rule only costs speed: its plugin is called every time
+            self.failed(impl.plugin, QUIET_RULE, exc, report)
+            return None
 
     def observers(self, hook: str) -> tuple[Observer, ...]:
         """A keyword-called hook's implementations, looked up once."""
@@ -445,13 +472,21 @@ class Dispatcher:
         return None
 
 
-def _quiet_of(rule: Callable[[Ledger], Quiet], ledger: Ledger) -> Quiet | None:
-    try:
-        said = rule(ledger)
-    except Exception:  # a broken rule only costs speed: its plugin is called every time
-        log.warning("turnguard: a quiet_rule raised; its plugin is called on every check", exc_info=True)
-        return None
-    return said if isinstance(said, Quiet) else None
+def plain_quiet(said: object) -> Quiet:
+    """A plugin's ``Quiet`` with each count an exact ``int`` or ``float`` (a subclass's value
+    copied: its comparisons are not turnguard's); ``TypeError`` for anything else."""
+    if not isinstance(said, Quiet):
+        raise TypeError(f"a quiet_rule must return a turnguard._firing.Quiet or None; got {type(said).__name__}")
+    counts: list[float] = []
+    for name in ("calls", "streak", "repeat", "stop_count"):
+        value = getattr(said, name)
+        if isinstance(value, int):
+            counts.append(int.__int__(value))
+        elif isinstance(value, float):
+            counts.append(float.__float__(value))
+        else:
+            raise TypeError(f"Quiet.{name} must be a number; got {type(value).__name__}")
+    return Quiet(*counts)
 
 
 NOTHING: tuple[Verdict, tuple[()]] = (ALLOW, ())

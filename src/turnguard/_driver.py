@@ -43,7 +43,7 @@ class Driver:
         view = view if view is not None else LedgerView(ledger)
         self.dispatcher, self.ledger, self.report = dispatcher, ledger, report
         self.checks = checks if checks is not None else dispatcher.bind(ledger, view)
-        self.quiet: QuietRegion = dispatcher.quiet(ledger, view)
+        self.quiet: QuietRegion = dispatcher.quiet(ledger, view, report)
         """Where the policies cannot fire: they are not called there."""
         self.count: Callable[[bytes, str], int] = ledger.count_named if ledger.names_tools else ledger.count_call
         """How the ledger counts a call (``count_named`` where the configuration names tools)."""

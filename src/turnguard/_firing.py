@@ -91,11 +91,12 @@ class Quiet:
     streak`` and ``max_key_repeat < repeat``; ``turnguard_check_outcome`` while ``stop_count <
     stop_count``.
 
-    A policy module says it with ``quiet_rule(turn)``, given the turn's ``Ledger``: at the turn's
-    start, and again once ``tool_calls`` passes ``calls`` (so a policy can name the region that
-    fits the turn as it is then; every region it names must hold for any turn). The dispatcher
-    does not call its hooks there, which is most calls of most turns (``Dispatcher.quiet``). A
-    plugin that says nothing is called on every check."""
+    A policy says it with ``quiet_rule(turn)``, given what its hooks get (a built-in policy module
+    the turn's ``Ledger``, any other plugin the read-only ``LedgerView``): at the turn's start,
+    and again once ``tool_calls`` passes ``calls`` (so a policy can name the region that fits the
+    turn as it is then; every region it names must hold for any turn). The dispatcher does not
+    call its hooks there, which is most calls of most turns (``Dispatcher.quiet``). A plugin that
+    says nothing is called on every check."""
 
     calls: float = NEVER
     streak: float = NEVER
