@@ -295,19 +295,23 @@ def test_a_plugin_state_that_is_not_json_is_reported_and_left_out_of_the_snapsho
 
 
 class Unprintable(Exception):
-    """An exception whose text cannot be had: its ``repr`` and ``str`` raise."""
+    """An exception whose text cannot be had: its ``repr`` and ``str`` raise (``raised``)."""
+
+    def __init__(self, raised: type[BaseException] = RuntimeError) -> None:
+        self.raised = raised
 
     def __repr__(self) -> str:
-        raise RuntimeError("repr of the plugin's exception")
+        raise self.raised("repr of the plugin's exception")
 
     def __str__(self) -> str:
-        raise RuntimeError("str of the plugin's exception")
+        raise self.raised("str of the plugin's exception")
 
 
 @pytest.mark.parametrize("hook", HOOKS)
-def test_an_exception_whose_text_cannot_be_had_is_reported_by_its_type_with_content_captured(hook, undisturbed,
-                                                                                           caplog):
-    plugins = failing_in(hook, Unprintable())
+@pytest.mark.parametrize("raised", [RuntimeError, Custom, GeneratorExit])
+def test_an_exception_whose_text_cannot_be_had_is_reported_by_its_type_with_content_captured(hook, raised,
+                                                                                           undisturbed, caplog):
+    plugins = failing_in(hook, Unprintable(raised))
     with caplog.at_level(logging.ERROR, logger="turnguard"):
         run = drive_every_hook("open", plugins, capture_content=True)
     assert run.facts() == undisturbed["open"].facts()

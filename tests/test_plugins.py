@@ -174,6 +174,10 @@ BROKEN_SOURCES = {
     "syntax": "def broken(:\n",
     "missing-import": "import tg_no_such_module_anywhere\n",
     "long-message": "raise ValueError('line one\\nline two ' + 'x' * 5000)\n",
+    "base-exception": "class Odd(BaseException):\n    pass\n\nraise Odd('not an Exception')\n",
+    "generator-exit": "raise GeneratorExit('at import')\n",
+    "unprintable": ("class Unprintable(BaseException):\n    def __str__(self):\n"
+                    "        raise GeneratorExit('str')\n\nraise Unprintable()\n"),
 }
 
 
@@ -328,6 +332,33 @@ def test_a_factory_plugin_whose_module_cannot_be_imported_is_left_out(monkeypatc
     assert guard.turn().check_call(distinct_call(1)).action is tg.Action.ALLOW
     row = next(r for r in describe(guard.pm) if r["name"] == "missing")
     assert row["status"] == "failed" and row["why"].startswith("ModuleNotFoundError")
+
+
+@pytest.mark.parametrize("error", [GeneratorExit("at start"), type("Odd", (BaseException,), {})("at start")],
+                         ids=lambda e: type(e).__name__)
+def test_a_factory_plugin_that_raises_a_base_exception_is_left_out(monkeypatch, error):
+    import turnguard._plugins as plugins
+
+    def factory(config, **providers):
+        raise error
+
+    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "flaky", factory)
+    guard = tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
+    assert guard.pm.get_plugin("flaky") is None
+    row = next(r for r in describe(guard.pm) if r["name"] == "flaky")
+    assert (row["status"], row["why"]) == ("failed", f"{type(error).__name__}: at start")
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(2)], ids=lambda e: type(e).__name__)
+def test_keyboard_interrupt_and_system_exit_propagate_from_a_factory_plugin(monkeypatch, error):
+    import turnguard._plugins as plugins
+
+    def factory(config, **providers):
+        raise error
+
+    monkeypatch.setitem(plugins.FACTORY_PLUGINS, "flaky", factory)
+    with pytest.raises(type(error)):
+        tg.Guard(tg.GuardConfig(**CORE_ONLY), environ={})
 
 
 def _failing_factory(config, **providers):

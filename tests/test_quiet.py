@@ -367,3 +367,14 @@ def test_no_answer_of_a_plugins_rule_silences_the_built_in_policies(answer):
             pass
 
     assert failing_turn({"silencer": Silencer()}, calls=2000) == failing_turn({}, calls=2000)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, Custom, GeneratorExit])
+def test_a_plugin_whose_rule_cannot_be_looked_up_is_called_on_every_check(error):
+    class Proxy(Counting):
+        def __getattr__(self, name):
+            raise error(name)
+
+    plugin = Proxy()
+    drive(plugin)
+    assert plugin.calls == list(range(1, 9)) and plugin.outcomes == list(range(1, 9))

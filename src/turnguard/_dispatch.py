@@ -49,7 +49,7 @@ import pluggy
 from turnguard._firing import NEVER, Quiet
 from turnguard._ledger import Ledger, LedgerView
 from turnguard._model import ALLOW, Action, LoopDetectedEvent, Verdict
-from turnguard._plugins import DEFAULT_PLUGINS
+from turnguard._plugins import DEFAULT_PLUGINS, PASSTHROUGH
 
 log = logging.getLogger("turnguard")
 
@@ -66,8 +66,6 @@ HOT_OBSERVERS: Mapping[str, tuple[str, ...]] = {
 """Observer hooks of the hot path, called positionally like the check hooks (no keyword dicts)."""
 PLUGIN_ERROR = "turnguard_plugin_error"
 """The hook that hears of every failure (but its own)."""
-PASSTHROUGH = (KeyboardInterrupt, SystemExit)
-"""What a plugin may raise through the guard; any other ``BaseException`` is a plugin error."""
 
 QUIET_RULE = "quiet_rule"
 """What ``turnguard_plugin_error`` names as the hook when a plugin's ``quiet_rule`` failed."""
@@ -195,9 +193,21 @@ def compile_hook(pm: pluggy.PluginManager, hook: str, order: tuple[str, ...], *,
         fn = impl.function
         if names != order:
             fn = _adapter(fn, tuple(order.index(n) for n in names))
-        rule = getattr(impl.plugin, "quiet_rule", None)
-        impls.append(Impl(impl.plugin_name, fn, is_policy_module(impl.plugin), rule if callable(rule) else None))
+        impls.append(Impl(impl.plugin_name, fn, is_policy_module(impl.plugin), _rule_of(impl.plugin_name, impl.plugin)))
     return tuple(impls)
+
+
+def _rule_of(name: str, plugin: object) -> QuietRule | None:
+    """``plugin``'s ``quiet_rule``, or ``None``: none, or one that cannot be looked up (a
+    ``__getattr__`` that raises: logged, and the plugin called on every check)."""
+    try:
+        rule = getattr(plugin, QUIET_RULE, None)
+    except PASSTHROUGH:
+        raise
+    except BaseException as exc:  # a plugin's own attribute lookup
+        log.error(describe_error(name, QUIET_RULE, exc, capture_content=False))
+        return None
+    return rule if callable(rule) else None
 
 
 def _adapter(fn: Callable[..., Any], index: tuple[int, ...]) -> Callable[..., Any]:
@@ -217,7 +227,9 @@ def describe_error(plugin: str, hook: str, exc: BaseException, capture_content: 
     if capture_content:
         try:
             return f"turnguard plugin {plugin!r} raised in {hook}: {exc!r}"
-        except Exception:  # (an exception whose repr raises: its type is what can be said)
+        except PASSTHROUGH:
+            raise
+        except BaseException:  # (an exception whose repr raises: its type is what can be said)
             pass
     return f"turnguard plugin {plugin!r} raised {type(exc).__qualname__} in {hook}"
 

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnguard")
 
 ENTRYPOINT_GROUP = PROJECT_NAME
+PASSTHROUGH: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit)
+"""What a plugin may raise through the guard; any other ``BaseException`` is the plugin's failure
+(``GeneratorExit`` or a class of its own included)."""
 LOAD_PLUGINS_ENV = "TURNGUARD_LOAD_PLUGINS"
 
 DEFAULT_PLUGINS: dict[str, str] = {
@@ -122,7 +125,12 @@ def _first_time(*problem: str) -> bool:
 
 def _reason(exc: BaseException) -> str:
     """An exception as one bounded line: ``Type: text``."""
-    text = " ".join(str(exc).split())
+    try:
+        text = " ".join(str(exc).split())
+    except PASSTHROUGH:
+        raise
+    except BaseException:  # (an exception whose text raises: its type is what can be said)
+        text = ""
     if len(text) > MAX_REASON_LENGTH:
         text = text[: MAX_REASON_LENGTH - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -210,7 +218,9 @@ def _create(name: str, factory: PluginFactory, config: GuardConfig, providers: M
     first called) or fails to start is left out (and logged): it must not stop the guard."""
     try:
         return factory(config, **dict(providers))
-    except Exception as exc:  # a broken built-in plugin must not stop the guard
+    except PASSTHROUGH:
+        raise
+    except BaseException as exc:  # a broken built-in plugin must not stop the guard
         _left_out(providers["plugin_manager"], name, "built-in", _reason(exc), "built-in plugin", exc)
         return None
 
@@ -263,7 +273,9 @@ def _load_entrypoints(pm: pluggy.PluginManager, selection: str | None, installed
             continue
         try:
             pm.load_setuptools_entrypoints(ENTRYPOINT_GROUP, name=name)
-        except Exception as exc:  # a third-party plugin that cannot load is left out
+        except PASSTHROUGH:
+            raise
+        except BaseException as exc:  # a third-party plugin that cannot load is left out
             _left_out(pm, name, installed[name], _reason(exc), "entry-point plugin", exc)
 
 
