@@ -48,7 +48,7 @@ import pluggy
 
 from turnguard._firing import NEVER, Quiet
 from turnguard._ledger import Ledger, LedgerView
-from turnguard._model import ALLOW, Action, LoopDetectedEvent, Verdict
+from turnguard._model import ALLOW, Action, Level, LoopDetectedEvent, Threshold, Verdict
 from turnguard._plugins import DEFAULT_PLUGINS, PASSTHROUGH
 
 log = logging.getLogger("turnguard")
@@ -241,7 +241,7 @@ class Dispatcher:
     replays quiet (they report through ``failed``'s stand-in only)."""
 
     __slots__ = ("_observers", "call_observers", "capture_content", "check_call", "check_cycle",
-                 "check_outcome", "fail_closed", "label", "log_errors", "outcome_observers", "pm")
+                 "check_outcome", "fail_closed", "label", "log_errors", "outcome_observers", "pm", "policies")
 
     def __init__(self, pm: pluggy.PluginManager, *, fail_mode: str = "open", capture_content: bool = False,
                  label: str = "", log_errors: bool = True) -> None:
@@ -257,6 +257,10 @@ class Dispatcher:
         self.outcome_observers = compile_hook(
             pm, "turnguard_outcome_recorded", HOT_OBSERVERS["turnguard_outcome_recorded"], check=False
         )
+        self.policies = frozenset(impl.plugin for impls in (self.check_cycle, self.check_call, self.check_outcome)
+                                  for impl in impls if impl.trusted)
+        """The names of the built-in policy modules among the check hooks (a manager's names are
+        unique): their answers are turnguard's own, taken as they are (``combine``)."""
         self.fail_closed = fail_mode == "closed"
         self.capture_content = capture_content
         self.label = label
@@ -437,23 +441,33 @@ class Dispatcher:
                 report: LedgerView | None = None) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
         """The combining rule over the (plugin name, answer) pairs of one check, in hook order: the most
         severe verdict wins; ties go to the first, except that a detection beats a bare verdict
-        (its threshold and event must show). An answer that is not a ``Verdict`` with an
-        ``Action`` is a plugin error. Each detection is noted in the ledger; returns the winner
-        (``None`` when nothing stands) and every event, in hook order."""
+        (its threshold and event must show). A built-in policy's answer is taken as it is; any
+        other plugin's is read once into a plain ``Verdict`` (``plain_verdict``), and one that is
+        not a well-formed ``Verdict`` is a plugin error. Each detection is noted in the ledger,
+        but only a built-in policy's marks a built-in threshold's level as fired in the streak (a
+        plugin's detection named like one must not keep the built-in from firing). Returns the
+        winner (``None`` when nothing stands) and every event, in hook order."""
         best: Verdict | None = None
         events: list[LoopDetectedEvent] = []
+        policies = self.policies
         for name, answer in found:
-            verdict = answer
-            if not isinstance(verdict, Verdict) or type(verdict.action) is not Action:
-                got = type(verdict.action if isinstance(verdict, Verdict) else verdict).__name__
-                bad = TypeError(f"a check hook must return a turnguard.Verdict with a turnguard.Action, or None; "
-                                f"got {got}")
-                verdict = self.failed(name, hook, bad, report)
-                if verdict is None:
-                    continue
+            if name in policies:
+                verdict, noted = answer, answer.event
+            else:
+                try:
+                    verdict = answer if answer is ALLOW else plain_verdict(answer)
+                except PASSTHROUGH:
+                    raise
+                except BaseException as exc:  # a malformed answer, or one whose reading raised
+                    verdict = self.failed(name, hook, exc, report)
+                    if verdict is None:
+                        continue
+                noted = verdict.event
+                if noted is not None and noted.threshold in BUILT_IN_THRESHOLDS:
+                    noted = None
             if verdict.event is not None:
                 events.append(verdict.event)
-                ledger.note_detection(verdict.event)
+                ledger.note_detection(noted)
             if (
                 best is None
                 or verdict.action > best.action
@@ -482,6 +496,61 @@ class Dispatcher:
         if self.fail_closed:
             return Verdict(Action.HALT, None, f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed)")
         return None
+
+
+BUILT_IN_THRESHOLDS = frozenset(t.value for t in Threshold)
+"""The built-in policies' thresholds (a ``StrEnum``: equal to their names as plain text)."""
+_TEXT_FIELDS = ("threshold", "level", "turn_id", "event_id", "cap_mode", "message")
+_OPTIONAL_TEXT_FIELDS = ("tool_name", "key_digest", "conversation_id", "agent_name")
+_COUNT_FIELDS = ("limit", "tool_calls", "cycles", "max_key_repeat", "streak_length", "failing_streak_length")
+_OPTIONAL_COUNT_FIELDS = ("soft_cap", "hard_cap")
+_PLAIN: dict[type, tuple[type, ...]] = {str: (str, Threshold, Level), int: (int,)}
+
+
+def plain_verdict(answer: object) -> Verdict:
+    """A plugin's check answer, each field read once, as a ``Verdict`` of plain values: the
+    answer itself when it is one, else a copy (a subclass's text or count copied as ``str`` or
+    ``int``: no plugin code runs when the guard, the host or telemetry reads it later).
+    ``TypeError`` for anything but a ``Verdict`` with an ``Action``, a text or no threshold, a
+    text message, and no event or a ``LoopDetectedEvent`` of plain fields."""
+    if not isinstance(answer, Verdict):
+        raise TypeError(f"a check hook must return a turnguard.Verdict or None; got {type(answer).__name__}")
+    action, threshold, message, event = answer.action, answer.threshold, answer.message, answer.event
+    if type(action) is not Action:
+        raise TypeError(f"a check hook's Verdict must hold a turnguard.Action; got {type(action).__name__}")
+    plain = (_plain(threshold, "threshold", str, optional=True), _plain(message, "message", str),
+             None if event is None else plain_event(event))
+    if type(answer) is Verdict and all(a is b for a, b in zip(plain, (threshold, message, event), strict=True)):
+        return answer
+    return Verdict(action, *plain)
+
+
+def plain_event(event: object) -> LoopDetectedEvent:
+    """A plugin's ``LoopDetectedEvent`` of plain values (``plain_verdict``)."""
+    if not isinstance(event, LoopDetectedEvent):
+        raise TypeError(f"a Verdict's event must be a turnguard.LoopDetectedEvent or None; got {type(event).__name__}")
+    values = {name: getattr(event, name) for name in LoopDetectedEvent.__slots__}
+    if type(values["action"]) is not Action or type(values["promptable"]) is not bool:
+        raise TypeError("a LoopDetectedEvent must hold a turnguard.Action and a bool promptable")
+    plain = {name: _plain(values[name], name, kind, optional=optional)
+             for names, kind, optional in ((_TEXT_FIELDS, str, False), (_OPTIONAL_TEXT_FIELDS, str, True),
+                                           (_COUNT_FIELDS, int, False), (_OPTIONAL_COUNT_FIELDS, int, True))
+             for name in names}
+    if type(event) is LoopDetectedEvent and all(plain[name] is values[name] for name in plain):
+        return event
+    return LoopDetectedEvent(**{**values, **plain})
+
+
+def _plain(value: Any, name: str, kind: type, *, optional: bool = False) -> Any:
+    """``value`` as it is (a ``str``, ``Threshold`` or ``Level``; an ``int``), or a subclass's
+    value copied as ``kind``; ``TypeError`` for anything else (``None`` where ``optional``)."""
+    if (value is None and optional) or type(value) in _PLAIN[kind]:
+        return value
+    if kind is str and isinstance(value, str):
+        return str.__str__(value)
+    if kind is int and isinstance(value, int):
+        return int.__int__(value)
+    raise TypeError(f"{name} must be {'an int' if kind is int else 'a str'}; got {type(value).__name__}")
 
 
 def plain_quiet(said: object) -> Quiet:

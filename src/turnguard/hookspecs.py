@@ -9,7 +9,12 @@ by it. The view keeps a plugin from changing the counts by mistake; it is not a 
 ``LedgerView``).
 
 Check hooks (``turnguard_check_*``) are decision hooks: every implementation is called, each in
-isolation, and the most severe verdict wins. Observer hooks return nothing. Every hook, check or
+isolation, and the most severe verdict wins. A check answer is ``None`` or a ``Verdict`` holding
+an ``Action``, a text threshold or none, a text message, and no event or a ``LoopDetectedEvent``
+of its declared types (``turn.detect`` builds one); anything else is a plugin error, and a
+``str`` or ``int`` subclass in it stands as its plain value. A plugin's detection is noted as a
+detection, but one named like a built-in threshold (``streak``, ...) never counts as that
+threshold's level having fired: the built-in policy still fires. Observer hooks return nothing. Every hook, check or
 observer, is called through the guard's dispatcher (``turnguard._dispatch``), so a plugin that
 raises is treated one way whichever hook it raised in: it is logged and reported through
 ``turnguard_plugin_error``; under ``fail_mode="open"`` (the default) nothing else happens; under
