@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
+import pathlib
+import random
+import re
 import time
 
 import pytest
@@ -313,3 +317,98 @@ def test_identity_bytes_refuse_an_unknown_mode():
 
     with pytest.raises(ValueError, match="canonical"):
         identity_bytes("tool", {}, "fuzzy")
+
+
+# -- memory addresses in reprs ----------------------------------------------------------------------
+
+
+class Quoted:
+    """A custom repr that quotes its text, as most do."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Quoted({self.text!r})"
+
+
+class Bare:
+    """A custom repr that writes its text as it is, in angle brackets."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<Bare {self.text}>"
+
+
+REPR_MAKERS = {
+    "Path": pathlib.Path,
+    "PurePosixPath": pathlib.PurePosixPath,
+    "PureWindowsPath": pathlib.PureWindowsPath,
+    "re.Pattern": re.compile,  # (the texts below hold no regex syntax)
+    "a quoting repr": Quoted,
+    "a bare repr": Bare,
+}
+
+
+def address_like_texts(rng: random.Random) -> tuple[str, str]:
+    """Two different texts, at least one holding something a default repr's address looks like."""
+    stem = rng.choice(["build", "rm", "a", "<x", "<X object", "<function f", ""])
+    hex_digits = "".join(rng.choice("0123456789abcdefABCDEF") for _ in range(rng.randint(1, 16)))
+    address = rng.choice([f" at 0x{hex_digits}", f" at 0x{hex_digits}>", f" at 0x{int(hex_digits, 16) + 1:x}"])
+    tail = rng.choice(["", ">", "/x", " at 0x1", "'"])
+    other = rng.choice([f"{stem}{tail}", f"{stem} at 0x{int(hex_digits, 16) ^ 1:x}{tail}", f"{stem}{address}"])
+    text = f"{stem}{address}{tail}"
+    return (text, other) if text != other else (text, other + "~")
+
+
+@pytest.mark.parametrize("mode", ["canonical", "bytes"])
+@pytest.mark.parametrize("maker", REPR_MAKERS)
+def test_text_that_looks_like_an_address_inside_a_repr_is_content(maker, mode):
+    keyer = Keyer(mode)
+    make = REPR_MAKERS[maker]
+    rng = random.Random(f"{maker}-{mode}")
+    for _ in range(200):
+        a, b = address_like_texts(rng)
+        nest = rng.choice([lambda v: v, lambda v: {"p": v}, lambda v: [1, v], lambda v: {"x": [{"y": (v,)}]}])
+        assert key(nest(make(a)), keyer=keyer) != key(nest(make(b)), keyer=keyer), (a, b)
+        assert key(nest(make(a)), keyer=keyer) == key(nest(make(a)), keyer=keyer)
+
+
+class Child:
+    """Default repr: ``<...Child object at 0x...>``."""
+
+
+class Holder:
+    """A custom repr holding its children's default reprs, and its own."""
+
+    def __init__(self, *children: object) -> None:
+        self.children = list(children)
+
+    def __repr__(self) -> str:
+        return f"Holder({self.children!r}, self={object.__repr__(self)})"
+
+    def method(self) -> None:
+        pass
+
+
+ADDRESSED = {
+    "a default repr inside a custom one": lambda: Holder(Child()),
+    "several, nested": lambda: Holder(Child(), [Child(), {"c": Child()}]),
+    "a function": lambda: (lambda: 0),
+    "a bound method": lambda: Holder(Child()).method,
+    "a partial": lambda: functools.partial(lambda x: x, Child()),
+    "a generator": lambda: (x for x in ()),
+}
+
+
+@pytest.mark.parametrize("mode", ["canonical", "bytes"])
+@pytest.mark.parametrize("kind", ADDRESSED)
+def test_objects_alike_but_for_their_addresses_are_one_call(kind, mode):
+    keyer = Keyer(mode)
+    make = ADDRESSED[kind]
+    kept = [make() for _ in range(5)]  # alive together: five addresses
+    assert " at 0x" in repr(kept[0])
+    assert len({key(value, keyer=keyer) for value in kept}) == 1
+    assert len({key({"v": [value]}, keyer=keyer) for value in kept}) == 1

@@ -51,6 +51,7 @@ has already taken the secret and the tool name.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import os
@@ -88,7 +89,9 @@ _SPACE = frozenset(_JSON_SPACE)
 _MAYBE_JSON = _JSON_STARTS | _WORD_STARTS | _SPACE | {""}
 """First characters of text that may be JSON; "" is the empty text."""
 _REPR_LIMIT = 4096
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_ADDRESS = re.compile(r" at 0x([0-9a-fA-F]+)")
+_REACH_LIMIT = 4096
+"""The objects a repr's addresses are looked up among (``_without_addresses``)."""
 _NAME_CACHE_LIMIT = 1024
 """Tool names whose hash states a keyer keeps (tool names are few; beyond this, none are kept)."""
 
@@ -834,7 +837,7 @@ def _open(value: Any) -> tuple[str, list[Any], Any]:
     if dataclasses.is_dataclass(cls) or cls.__repr__ is object.__repr__:
         return _object_children(value, cls)
     try:
-        text = _ADDRESS.sub("", repr(value))
+        text = _without_addresses(repr(value), value)
     except Exception as exc:  # a broken __repr__: the object's state instead
         _stack_bound(exc)
         return _object_children(value, cls)
@@ -842,6 +845,30 @@ def _open(value: Any) -> tuple[str, list[Any], Any]:
         tail = hashlib.blake2b(_utf8(text), digest_size=16).hexdigest()
         text = f"{text[:_REPR_LIMIT]}...<{len(text)}:{tail}>"
     return "r", [], text
+
+
+def _without_addresses(text: str, value: Any) -> str:
+    """``value``'s repr ``text`` without the memory addresses default reprs put in it (``<Child
+    object at 0x7f...>``, ``<function f at 0x7f...>``): an `` at 0x...`` whose number is the id
+    of ``value`` or of an object it reaches. Text that only looks like one (a path named
+    ``build at 0x1f``) is content, and stays."""
+    if " at 0x" not in text:
+        return text
+    ids = _reachable_ids(value)
+    return _ADDRESS.sub(lambda m: "" if int(m[1], 16) in ids else m[0], text)
+
+
+def _reachable_ids(value: Any) -> set[int]:
+    """The ids of ``value`` and of the objects it refers to, breadth first, as the garbage
+    collector sees them (no code of the value's runs), at most ``_REACH_LIMIT`` of them."""
+    ids, queue, at = {id(value)}, [value], 0
+    while at < len(queue) and len(ids) < _REACH_LIMIT:
+        for ref in gc.get_referents(queue[at]):
+            if id(ref) not in ids:
+                ids.add(id(ref))
+                queue.append(ref)
+        at += 1
+    return ids
 
 
 def _finish(frame: _Open, type_name: str) -> Part:
