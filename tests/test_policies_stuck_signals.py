@@ -109,10 +109,12 @@ def test_retry_clears_the_stale_count():
     assert ledger.max_stale_repeat == 1
 
 
-def test_keys_past_the_table_bound_count_as_news_and_never_go_stale():
+def test_keys_past_the_table_bound_are_neither_counted_nor_news():
     ledger = stale_ledger(max_tracked_keys=2)
     count(ledger, [1, 2, 3, 3, 3])
     assert ledger.keys_overflowed and ledger.max_stale_repeat == 1
+    count(ledger, [2, 4, 2])  # 2 counts on across the untracked 4: 3 times since 1, the latest made once
+    assert ledger.max_stale_repeat == 3 == ledger.max_key_repeat
 
 
 def test_settled_streak_counts_every_outcome_but_denied():
@@ -302,7 +304,7 @@ def test_a_fork_in_the_middle_of_a_loop_counts_on_exactly_like_the_original():
         count(fact, [1, 2, 3, 1])
     assert twin.max_stale_repeat == ledger.max_stale_repeat == ledger.max_key_repeat == 4
     for fact in (ledger, twin):
-        count(fact, [8, 1])  # news: the credit is over until the news comes round
+        count(fact, [8, 1])  # news: the count starts afresh until 8 comes round
     assert twin.max_stale_repeat == ledger.max_stale_repeat == 4
 
 

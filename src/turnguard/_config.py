@@ -29,8 +29,8 @@ STUCK_SIGNALS: tuple[str, ...] = ("repeat", "stale_repeat")
 """Names of the stuck signals the adaptive cap can use past the soft cap; the default first.
 
 ``repeat``: some key seen ``stuck_repeat_threshold`` times anywhere in the turn (the seed's).
-``stale_repeat``: some key seen that many times with no never-seen-before key in between (a
-re-run after an edit does not count; a loop of one to a few calls does).
+``stale_repeat``: some key seen that many times since the latest call whose key is seen only
+once in the turn (a re-run after an edit does not count; a loop, whose calls all come round, does).
 """
 STREAK_STOP_ON: tuple[str, ...] = ("error", "any")
 """What the streak's stop level counts: identical calls that failed (the seed's), or identical

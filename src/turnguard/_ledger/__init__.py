@@ -3,11 +3,13 @@
 The ledger decides nothing. Policies read its facts, declared once in ``ledger._facts``, and
 return verdicts. Memory is bounded: at most
 ``max_tracked_keys`` distinct keys are counted per turn; a key first seen after the table is
-full is treated as seen once each time (its repeats are not counted, ``keys_overflowed`` turns
-true, and the hard backstop still bounds the turn). Streaks compare consecutive keys and are
-unaffected. Each tracked key costs about 80 bytes (an 8-byte digest and its count in a dict), so
-the default bound of 65,536 keys holds a turn's ledger to about 5 MiB however long it runs
-(``benchmarks/bench_core.py`` measures it over a 1,000,000-call turn).
+full goes uncounted (nor is it news for ``stale_repeat``: tracked keys count on as if it were not
+there; ``keys_overflowed`` turns true, and the hard backstop still bounds the turn). Streaks
+compare consecutive keys and are unaffected. Each tracked key costs about 80 bytes (an 8-byte
+digest and its count in a dict), so the default bound of 65,536 keys holds a turn's ledger to
+about 5 MiB however long it runs (``benchmarks/bench_core.py`` measures it over a 1,000,000-call
+turn); under ``stale_repeat`` the stretches its count can reach back over stay within the same
+bound again (``ledger._calls.stretch_cost``).
 
 Hooks receive a ``LedgerView`` (one per turn, made by the ``Turn``): the facts ``LedgerFacts``
 declares, read-only, with no mutator and no underscored field reachable by attribute; the view is
@@ -32,7 +34,7 @@ end every streak for good.
 
 Two facts are kept only when the configuration asks for them, so the default path pays one
 branch: the ``stale_repeat`` stuck signal's count (``max_stale_repeat``: a key's repeats since
-the last call whose key had never been seen before in the turn) and the settled streak
+the latest call whose key is seen only once in the turn) and the settled streak
 (``settled_streak_length``, which ``streak_stop_on="any"`` stops on).
 """
 
@@ -45,12 +47,14 @@ import operator
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from turnguard import _state as st
 from turnguard._keys import DIGEST_SIZE, cached_digest
+from turnguard._ledger._calls import stretch_cost
 from turnguard._ledger._cycles import CycleRuns
 from turnguard._ledger._facts import LedgerFacts, PolicyFacts
 from turnguard._ledger._polled import PolledCalls
@@ -308,6 +312,8 @@ class Ledger(PolledCalls):
             setattr(twin, name, getattr(self, name))
         twin._counts = dict(self._counts)
         twin._since_new = dict(self._since_new)
+        twin._past = deque(s if isinstance(s, bytes) else (s[0], dict(s[1])) for s in self._past)
+        twin._past_size = self._past_size
         twin._outcomes = dict(self._outcomes)
         twin._early = dict(self._early)
         twin._fired = set(self._fired)
@@ -328,6 +334,9 @@ class Ledger(PolledCalls):
             facts["longest"] = self._longest
         facts["counts"] = {digest.hex(): n for digest, n in self._counts.items()}
         facts["since_new"] = {digest.hex(): n for digest, n in self._since_new.items()}
+        if self._past:
+            facts["past"] = [s.hex() if isinstance(s, bytes) else {"news": hex_or_none(s[0]), "counts": {
+                digest.hex(): n for digest, n in s[1].items()}} for s in self._past]
         facts["outcomes"] = self.outcome_counts()
         facts["early"] = early_state(self._early)
         facts["fired"] = sorted([list(pair) for pair in self._fired])
@@ -378,6 +387,7 @@ class Ledger(PolledCalls):
         self._looped = f.boolean("looped")
         news = f.get("news")
         self._news = st.digest(f.at("news"), news, key_size(news), optional=True)
+        self._restore_past(f, calls)
         self._restore_streak(f, seq, calls)
         self._restore_outcomes(f.object("outcomes"))
         self._restore_polling(f, seq, calls)
@@ -416,6 +426,27 @@ class Ledger(PolledCalls):
             checks.append(WaitingChecks("next", self.next_to_settle, self.checks, frozenset(self._early),
                                         self._last_key))
         return checks
+
+    def _restore_past(self, f: Fields, calls: int) -> None:
+        """The stretches the ``stale_repeat`` count can reach back over (absent: none), each a
+        news call's key alone or ``{"news", "counts"}``, within ``max_tracked_keys`` as a live
+        ledger keeps them (``stretch_cost``)."""
+        path = f.at("past")
+        self._past = deque()
+        for i, item in enumerate(f.items("past", 2 * self._max_keys, default=[])):
+            at = f"{path}[{i}]"
+            if isinstance(item, str):
+                self._past.append(st.digest(at, item, key_size(item)))
+                continue
+            stretch = Fields(item, at)
+            news = stretch.get("news")
+            older = digest_counts(stretch, "counts", self._max_keys, calls, pairs=True)
+            stretch.done()
+            self._past.append((st.digest(stretch.at("news"), news, key_size(news), optional=True), older))
+            self._past_size += stretch_cost(older)
+            if self._past_size > self._max_keys:
+                st.refuse(at, f"stretches costing at most {self._max_keys} keys in all (max_tracked_keys)",
+                          f"{self._past_size} in all")
 
     def _restore_cycles(self, f: Fields, seq: int) -> None:
         """A plain ledger holds no cycle facts: a snapshot that has them needs ``cycle_repeat`` on."""

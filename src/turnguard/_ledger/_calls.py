@@ -3,7 +3,8 @@ seen (bounded by ``max_tracked_keys``), the stuck signals' counts, and the outco
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import TYPE_CHECKING, TypeAlias
 
 from turnguard._ledger._state import fact
 from turnguard._model import Outcome
@@ -14,6 +15,21 @@ if TYPE_CHECKING:
 _OK = Outcome.OK  # enum members looked up once: class attribute access costs on the hot path
 _OTHER_OUTCOMES = tuple(o.value for o in Outcome if o is not _OK)
 """The outcomes a ledger counts by value (``OK``'s count is a field of its own)."""
+
+Stretch: TypeAlias = "bytes | tuple[bytes | None, dict[bytes, int]]"
+"""The calls from one news call up to the next, kept for the ``stale_repeat`` count to reach back
+over (``CallCounts._reach_back``): the news call's key alone when the stretch is that one call (most
+are), else its key and the stretch's counts by key (``None``: the stretch reaches the turn's
+start, or as far back as the bound kept)."""
+
+TABLE_COST = 3
+"""What a stretch's table costs beyond its keys, counted in keys against ``max_tracked_keys``
+(a small dict and its pair take about as much as three counted keys): the stretches' memory
+stays within the key table's, whatever their sizes."""
+
+
+def stretch_cost(table: dict[bytes, int]) -> int:
+    return len(table) + TABLE_COST
 
 
 class CallCounts:
@@ -33,6 +49,8 @@ class CallCounts:
         "_ok",
         "_outcomes",
         "_overflowed",
+        "_past",
+        "_past_size",
         "_retries",
         "_since_new",
         "_stale",
@@ -56,6 +74,13 @@ class CallCounts:
         self._max_stale = 0
         self._looped = False
         self._news: bytes | None = None
+        """The key of the first call the ``stale_repeat`` count counts from (``_since_new``'s):
+        the latest call whose key is seen once in the turn (``None``: the turn's first call)."""
+        self._past: deque[Stretch] = deque()
+        """The stretches before that call, oldest first (``_reach_back``)."""
+        self._past_size = 0
+        """What ``_past``'s tables cost, in keys (``stretch_cost``): at most ``max_tracked_keys``
+        (the oldest go first)."""
         self._retries = 0
         self._ok = 0
         self._outcomes = dict.fromkeys(_OTHER_OUTCOMES, 0)
@@ -70,8 +95,9 @@ class CallCounts:
     max_stale_repeat: int = fact(
         "_max_stale",
         """The ``stale_repeat`` signal's count (0 unless that signal is configured): the largest
-        number of times one key was seen with no never-seen-before key in between, so a re-run
-        after an edit (a new key) starts afresh while a loop of 1 to k calls keeps counting.""",
+        number of times one key was seen since the latest call whose key is seen only once in the
+        turn, so a re-run after an edit (a key never made again) starts afresh, while a loop of 1
+        to k calls, whose calls all come round, keeps counting from its first round.""",
     )
 
     @property
@@ -124,33 +150,82 @@ class CallCounts:
         self._overflowed = False
         self._first_stuck = 0
         self._since_new.clear()
+        self._past.clear()
+        self._past_size = 0
         self._max_stale = 0
         self._looped = False
         self._news = None
 
     def _count_stale(self, digest: bytes, seen: int, at: int = 0) -> None:
         """The ``stale_repeat`` count of a key seen before (``seen > 1``; a key first seen now is
-        news, handled in ``count_call``): its occurrences since the last call whose key was never
-        seen before ("news"), plus one, once the news call itself has come round again, for keys
-        also seen before the news. A loop's first round is news, so the news call coming round
-        shows the loop, and its first round then counts: a loop of k calls reaches each count at
-        the same call as the seed's ``repeat`` count. A plain re-run (``edit, test, edit, test,
-        test``) gets no such credit: the news (the edit) never recurs.
-
-        The table holds only keys seen since the last news (cleared at each news: amortized O(1)
-        per call). ``at``: the call it counts (0: the latest, ``tool_calls``)."""
+        news, handled in ``count_call``; ``seen`` 0: a key past ``max_tracked_keys``, neither news
+        nor counted, so tracked keys count on as if it were not there): its occurrences since the
+        latest call whose key is seen only once in the turn (the window's first call, ``_news``).
+        An edit made once keeps separating the re-runs around it; a loop's first round is news, and
+        when the window's first call comes round it is a loop's call, not progress: the count
+        reaches back (``_reach_back``), so a loop of k calls, once each of them has come round,
+        counts every key as the seed's ``repeat`` count does. ``at``: the call it counts (0: the
+        latest, ``tool_calls``)."""
+        if not seen:
+            return
         since = self._since_new
-        raw = since.get(digest, 0) + 1
-        since[digest] = raw
-        if digest == self._news and not self._looped:  # the news call came round: a loop
-            self._looped = True
-            counts = self._counts
-            credited = max((n + 1 for key, n in since.items() if counts.get(key, 0) > n), default=0)
-            if credited > self._max_stale:
-                self._raise_stale(credited, at)
-        stale = raw + 1 if self._looped and seen > raw else raw
+        stale = since.get(digest, 0) + 1
+        since[digest] = stale
         if stale > self._max_stale:
             self._raise_stale(stale, at)
+        if digest == self._news:
+            self._reach_back(at)
+
+    def _reach_back(self, at: int) -> None:
+        """The window's first call came round: the window reaches back over the stretches before
+        it (``_past``) to the latest call whose key is still seen once (or as far as they go), and
+        their counts join it. Each table is merged into the larger (amortized O(log n) per call);
+        only a key in both has a new count, so only those can raise the running maximum."""
+        since, past, counts = self._since_new, self._past, self._counts
+        top, news = 0, None
+        first: bytes | None
+        while past:
+            stretch = past.pop()
+            if isinstance(stretch, bytes):
+                first = stretch
+                n = since.get(first, 0) + 1
+                since[first] = n
+                top = max(top, n)
+            else:
+                first, older = stretch
+                self._past_size -= stretch_cost(older)
+                if len(older) > len(since):
+                    since, older = older, since
+                for key, n in older.items():
+                    both = since.get(key)
+                    if both is not None:
+                        n += both
+                        top = max(top, n)
+                    since[key] = n
+            if first is not None and counts.get(first) == 1:
+                news = first
+                break
+        self._since_new = since
+        self._news = news
+        self._looped = True
+        if top > self._max_stale:
+            self._raise_stale(top, at)
+
+    def _shelve(self) -> dict[bytes, int]:
+        """A new stretch begins (news) after one that holds more than its news call: its table
+        goes on ``_past`` (the oldest dropped past ``max_tracked_keys``, ``stretch_cost``: the
+        count then reaches back no further); returns the new stretch's empty table."""
+        since = self._since_new
+        if since:
+            past = self._past
+            past.append((self._news, since))
+            self._past_size += stretch_cost(since)
+            while self._past_size > self._max_keys:
+                oldest = past.popleft()
+                if not isinstance(oldest, bytes):
+                    self._past_size -= stretch_cost(oldest[1])
+            since = self._since_new = {}
+        return since
 
     def _raise_stale(self, stale: int, at: int = 0) -> None:
         self._max_stale = stale

@@ -196,7 +196,7 @@ class Streaks(CallCounts):
             counts[digest] = seen = 1
         else:
             self._overflowed = True  # the documented degradation: this key's repeats go uncounted
-            seen = 1
+            seen = 0  # (nor is it news: tracked keys count on as if it were not there)
         if seen > self.max_key_repeat:
             self.max_key_repeat = seen
             if seen == self.stuck_at and not self._first_stuck and not self._stale:
@@ -205,9 +205,14 @@ class Streaks(CallCounts):
         if cyc is not None and seq != cyc.next:  # (the common call leaves the cycle runs alone: ``CycleRuns.next``)
             cyc.behind(seq, digest, self._last_key)
         if self._stale:
-            if seen == 1:  # news (most calls), inlined: a key first seen now restarts every count at 1
+            if seen == 1:  # news (most calls), inlined: a key first seen now starts the window afresh
                 since = self._since_new
-                since.clear()
+                news = self._news  # (a key of since here, so not None: hence the ignores)
+                if len(since) == 1 and since.get(news) == 1:  # type: ignore[arg-type]  # its news call alone
+                    self._past.append(news)  # type: ignore[arg-type]
+                    since.clear()
+                else:
+                    since = self._shelve()
                 since[digest] = 1
                 self._looped = False
                 self._news = digest
@@ -250,15 +255,20 @@ class Streaks(CallCounts):
             counts[key] = seen = 1
         else:
             self._overflowed = True  # the documented degradation: this key's repeats go uncounted
-            seen = 1
+            seen = 0  # (nor is it news: tracked keys count on as if it were not there)
         if seen > self.max_key_repeat:
             self.max_key_repeat = seen
             if seen == self.stuck_at and not self._first_stuck and not self._stale:
                 self._first_stuck = at
         if self._stale:
-            if seen == 1:  # news: a key first seen now restarts every count at 1
+            if seen == 1:  # news: a key first seen now starts the window afresh
                 since = self._since_new
-                since.clear()
+                news = self._news  # (a key of since here, so not None: hence the ignores)
+                if len(since) == 1 and since.get(news) == 1:  # type: ignore[arg-type]  # its news call alone
+                    self._past.append(news)  # type: ignore[arg-type]
+                    since.clear()
+                else:
+                    since = self._shelve()
                 since[key] = 1
                 self._looped = False
                 self._news = key
