@@ -319,7 +319,8 @@ def test_forged_tokens_in_any_number_with_any_labels_leave_every_label_set_untou
     instruments = instruments_for(otel.meter_provider, host.config)
     before = bounded_sets(instruments)
     rng = random.Random(7)
-    shown = set().union(*before.values()) | set(instruments.edge_buckets) | BUILTIN_THRESHOLDS
+    builtins = [values.builtins for values in vars(instruments).values() if isinstance(values, BoundedValues)]
+    shown = set().union(*before.values(), *builtins) | set(instruments.edge_buckets) | BUILTIN_THRESHOLDS
     turn_ids = [t.turn_id for t in ours]
     for i in range(1_200):  # past every bound: 100 thresholds and policies, 1,000 agents and buckets
         forged = result_token(forged_labels(rng, i, turn_ids))

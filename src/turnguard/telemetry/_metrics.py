@@ -1,24 +1,29 @@
 """Metrics: one set of instruments and attribute-value bounds per meter provider.
 
-Metric attributes are bounded (_names.py's limits; past one a value folds into ``_other``) and
-never carry ids, arguments or results, so a host's metric cardinality stays fixed whatever the
-model sends.
+Every metric attribute takes its values from a closed set (``closed``: turnguard names each value,
+anything else is ``_other``) or a bounded one (``BoundedValues``: _names.py's limits, past which a
+third-party value folds into ``_other`` while turnguard's own values always pass), and none carries
+ids, arguments or results, so a host's metric cardinality stays fixed whatever the model, a plugin
+or a result token sends.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from turnguard._model import Threshold
+from turnguard._config import GuardConfig
+from turnguard._model import Action, Threshold
+from turnguard._plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS
 from turnguard._probe import COHORTS
+from turnguard.hookspecs import __all__ as HOOK_NAMES
 from turnguard.telemetry import _buckets as buckets
 from turnguard.telemetry import _names as n
-from turnguard.telemetry._cardinality import BoundedValues
-from turnguard.telemetry._text import export_text
+from turnguard.telemetry._cardinality import BoundedValues, closed
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -26,13 +31,23 @@ if TYPE_CHECKING:
     from opentelemetry import metrics
     from opentelemetry.context import Context
 
-    from turnguard._config import GuardConfig
     from turnguard._model import LoopDetectedEvent, TurnSummary
     from turnguard._task_results import ResultLabels
 
 
 BUILTIN_THRESHOLDS = frozenset(t.value for t in Threshold)
 """The thresholds turnguard's own policies give (a closed set; a third-party policy may add more)."""
+BUILTIN_REASONS = frozenset((*n.BUILTIN_TURN_OUTCOMES, n.SHADOW_LIVE_HALTED))
+BUILTIN_PLUGINS = frozenset((*DEFAULT_PLUGINS, *NON_POLICY_PLUGINS))
+BUILTIN_HOOKS = frozenset(name for name in HOOK_NAMES if name.startswith("turnguard_"))
+DEFAULT_POLICY = str(next(f.default for f in dataclasses.fields(GuardConfig) if f.name == "name"))
+"""The policy name of a configuration not named (``GuardConfig.name``'s default)."""
+COHORT_LABELS = frozenset(COHORTS)
+CAP_MODE_LABELS = frozenset(n.CAP_MODES)
+LEVEL_LABELS = frozenset(n.LEVELS)
+ANSWER_LABELS = frozenset(n.ANSWERS)
+HOST_ERROR_LABELS = frozenset(n.HOST_ERRORS)
+STATUS_LABELS = frozenset(n.RESULT_STATUSES)
 
 
 def _histogram(
@@ -114,17 +129,18 @@ class Instruments:
         self._bound_labels()
 
     def _bound_labels(self) -> None:
-        """The label values each attribute may take, each set bounded (then ``_other``)."""
+        """The label values each attribute may take, each set bounded (then ``_other``) beside the
+        values turnguard itself gives, which always pass."""
         self.shadows = BoundedValues(n.SHADOW_POLICY_LIMIT)
-        self.policies = BoundedValues(n.POLICY_LIMIT)
+        self.policies = BoundedValues(n.POLICY_LIMIT, {DEFAULT_POLICY})
         self.tools = BoundedValues(n.TOOL_NAME_LIMIT)
         self.agents = BoundedValues(n.AGENT_NAME_LIMIT)
-        self.reasons = BoundedValues(n.TURN_OUTCOME_LIMIT)
-        self.thresholds = BoundedValues(n.THRESHOLD_LIMIT)
-        self.plugins = BoundedValues(n.PLUGIN_NAME_LIMIT)
-        self.hooks = BoundedValues(n.HOOK_LIMIT)
+        self.reasons = BoundedValues(n.TURN_OUTCOME_LIMIT, BUILTIN_REASONS)
+        self.thresholds = BoundedValues(n.THRESHOLD_LIMIT, BUILTIN_THRESHOLDS)
+        self.plugins = BoundedValues(n.PLUGIN_NAME_LIMIT, BUILTIN_PLUGINS)
+        self.hooks = BoundedValues(n.HOOK_LIMIT, BUILTIN_HOOKS)
         self.error_types = BoundedValues(n.ERROR_TYPE_LIMIT)
-        self.call_buckets = BoundedValues(n.CALLS_BUCKET_LIMIT)
+        self.call_buckets = BoundedValues(n.CALLS_BUCKET_LIMIT, self.edge_buckets)
 
     # -- what each hook records ------------------------------------------------------------------
 
@@ -140,8 +156,8 @@ class Instruments:
         attrs: dict[str, Any] = {
             **scope,
             n.LOOP_THRESHOLD: self.threshold(event.threshold),
-            n.LOOP_LEVEL: export_text(event.level),
-            n.ESCALATION_ANSWER: export_text(answer),
+            n.LOOP_LEVEL: closed(event.level, LEVEL_LABELS),
+            n.ESCALATION_ANSWER: closed(answer, ANSWER_LABELS),
         }
         if event.agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(event.agent_name)
@@ -159,7 +175,9 @@ class Instruments:
         )
 
     def outcome_ignored(self, tool_name: str, agent_name: str | None, reason: str, scope: dict[str, Any]) -> None:
-        attrs = {**scope, n.GEN_AI_TOOL_NAME: self.tools.fold(tool_name), n.HOST_ERROR: export_text(reason)}
+        reason = closed(reason, HOST_ERROR_LABELS)
+        tool = n.NO_TOOL if reason == n.HOOK_FAILED else self.tools.fold(tool_name)
+        attrs = {**scope, n.GEN_AI_TOOL_NAME: tool, n.HOST_ERROR: reason}
         if agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(agent_name)
         self.host_errors.add(1, attrs)
@@ -170,7 +188,8 @@ class Instruments:
         threshold (a probe turn also where the main configuration would have halted it), each
         bounded like any label: a value past a bound, or one the token had no room for, is the
         overflow value; from a token taken without a key, a value not shown already is ``_token``."""
-        attrs: dict[str, Any] = {**scope, n.RESULT_STATUS: status, n.TURN_RESOLVED: n.RESOLVED_LABELS[resolved]}
+        attrs: dict[str, Any] = {**scope, n.RESULT_STATUS: closed(status, STATUS_LABELS),
+                                 n.TURN_RESOLVED: _resolved_label(resolved)}
         if labels is not None:
             attrs.update(self.result_labels(labels))
         self.turn_results.add(1, attrs)
@@ -179,15 +198,15 @@ class Instruments:
         """The labels of a late result (the results counter's and, but the bucket, its event's).
 
         A token taken without a ``digest_key`` (``labels.trusted`` false) could be anyone's, with
-        any labels: it admits no value to a bound. Its cohort, thresholds and call bucket are taken
-        when they are among the values turnguard gives (``live``/``probe``, the built-in thresholds,
-        the buckets of this provider's edges) or shown already, its policy and agent when shown
-        already; any other value is ``_token``. A probe turn's repeat and failing-streak buckets come
+        any labels: it admits no value to a bound. Its cohort, policy, thresholds and call bucket are
+        taken when they are among the values turnguard gives (``live``/``probe``, ``default``, the
+        built-in thresholds, the buckets of this provider's edges) or shown already, its agent when
+        shown already; any other value is ``_token``. A probe turn's repeat and failing-streak buckets come
         from fixed edges (``buckets.count_bucket``): a closed set, whoever made the token. So no
         number of forged tokens changes which values the boards show, and a real one still counts
         where its turn's labels are known here."""
         dropped = labels.dropped
-        cohort = labels.cohort if labels.cohort in COHORTS else n.OVERFLOW_VALUE
+        cohort = closed(labels.cohort, COHORT_LABELS)
         edges = (buckets.tool_call_edges_for(labels.edge_soft_cap, labels.edge_hard_cap) if labels.remote
                  else self.tool_call_edges)
         bucket = calls_bucket(edges, labels.tool_calls)
@@ -224,11 +243,7 @@ class Instruments:
         return lambda value: values.known(value) or n.TOKEN_VALUE
 
     def _shown_threshold(self, value: Any) -> str:
-        if value is None:
-            return n.NO_THRESHOLD
-        if value in BUILTIN_THRESHOLDS:
-            return str(value)
-        return self.thresholds.known(value) or n.TOKEN_VALUE
+        return n.NO_THRESHOLD if value is None else self.thresholds.known(value) or n.TOKEN_VALUE
 
     def shadow_detected(self, policy: str, event: LoopDetectedEvent, scope: dict[str, Any]) -> None:
         attrs = self.detection_metric_attributes(event, scope)
@@ -267,7 +282,7 @@ class Instruments:
 
     def streak_restarts(self, summary: TurnSummary, scope: dict[str, Any]) -> None:
         """The turn's streak restarts by a changed result, per tool (bounded names)."""
-        base: dict[str, Any] = {**scope, n.TURN_COHORT: str(summary.cohort)}
+        base: dict[str, Any] = {**scope, n.TURN_COHORT: closed(summary.cohort, COHORT_LABELS)}
         if summary.agent_name is not None:
             base[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
         for tool, count in summary.result_restarts:
@@ -276,6 +291,7 @@ class Instruments:
     # -- bounded attributes ----------------------------------------------------------------------
 
     def threshold(self, value: Any) -> str:
+        """``turnguard.loop.threshold``: ``none``, a built-in threshold, or a bounded third-party one."""
         return n.NO_THRESHOLD if value is None else self.thresholds.fold(value)
 
     def detection_metric_attributes(self, event: LoopDetectedEvent, scope: dict[str, Any]) -> dict[str, Any]:
@@ -283,10 +299,10 @@ class Instruments:
         attrs: dict[str, Any] = {
             **scope,
             n.LOOP_THRESHOLD: self.threshold(event.threshold),
-            n.LOOP_LEVEL: export_text(event.level),
-            n.LOOP_ACTION: n.ACTION_LABELS[event.action],
-            n.CAP_MODE: event.cap_mode,
-            n.TURN_PROMPTABLE: event.promptable,
+            n.LOOP_LEVEL: closed(event.level, LEVEL_LABELS),
+            n.LOOP_ACTION: _action_label(event.action),
+            n.CAP_MODE: closed(event.cap_mode, CAP_MODE_LABELS),
+            n.TURN_PROMPTABLE: event.promptable is True,
         }
         if event.tool_name is not None:
             attrs[n.GEN_AI_TOOL_NAME] = self.tools.fold(event.tool_name)
@@ -297,22 +313,29 @@ class Instruments:
     def turn_metric_attributes(self, summary: TurnSummary, scope: dict[str, Any]) -> dict[str, Any]:
         """The attributes a (shadow) turn histogram shares: ``scope`` and how the turn ended, with the
         names bounded."""
-        reason = summary.reason
-        if type(reason) is not str or reason not in n.BUILTIN_TURN_OUTCOMES:
-            reason = self.reasons.fold(reason)
         attrs: dict[str, Any] = {
             **scope,
-            n.TURN_COHORT: str(summary.cohort),
-            n.TURN_RESOLVED: n.RESOLVED_LABELS[summary.resolved],
-            n.TURN_OUTCOME: reason,
+            n.TURN_COHORT: closed(summary.cohort, COHORT_LABELS),
+            n.TURN_RESOLVED: _resolved_label(summary.resolved),
+            n.TURN_OUTCOME: self.reasons.fold(summary.reason),
             n.LOOP_THRESHOLD: self.threshold(summary.threshold),
-            n.CAP_MODE: summary.cap_mode,
-            n.TURN_STUCK: summary.stuck,
-            n.TURN_PROMPTABLE: summary.promptable,
+            n.CAP_MODE: closed(summary.cap_mode, CAP_MODE_LABELS),
+            n.TURN_STUCK: summary.stuck is True,
+            n.TURN_PROMPTABLE: summary.promptable is True,
         }
         if summary.agent_name is not None:
             attrs[n.GEN_AI_AGENT_NAME] = self.agents.fold(summary.agent_name)
         return attrs
+
+
+def _action_label(action: Any) -> str:
+    """``turnguard.loop.action``: an ``Action``'s label; anything else (an event a plugin made) ``_other``."""
+    return n.ACTION_LABELS[action] if type(action) is Action else n.OVERFLOW_VALUE
+
+
+def _resolved_label(resolved: Any) -> str:
+    """``turnguard.turn.resolved``: ``true``, ``false`` or ``unknown`` (anything but a bool)."""
+    return n.RESOLVED_LABELS[resolved] if type(resolved) is bool else n.RESOLVED_LABELS[None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ GenAI semantic-convention names are used where they exist; everything of ours ca
 
 from __future__ import annotations
 
-from turnguard._model import Action, Outcome
+from turnguard._model import Action, Answer, IgnoredOutcome, Level, Outcome
+from turnguard._task_results import ResultStatus
 
 # -- GenAI semantic conventions (Development status; kept as plain strings on purpose) ---------
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
@@ -123,6 +124,8 @@ checked call), ``unknown_call`` (an outcome no check of the turn waits for) or `
 outcome once the turn had ended); or ``hook_failed``:
 a coding agent's hook failed open (bad input, a broken state; ``turnguard.agents``). A closed set."""
 HOOK_FAILED = "hook_failed"
+NO_TOOL = "-"
+"""``gen_ai.tool.name`` on ``turnguard.host.errors`` for a failed hook (no tool call)."""
 PLUGIN_NAME = "turnguard.plugin.name"
 PLUGIN_HOOK = "turnguard.plugin.hook"
 TURN_ABANDONED = "abandoned"
@@ -132,6 +135,15 @@ CALL_UNFINISHED = "unfinished"
 
 BUILTIN_TURN_OUTCOMES = ("completed", "halted", "error")
 """The ``turnguard.turn.outcome`` values the guard itself gives; a host's own reasons are bounded."""
+SHADOW_LIVE_HALTED = "live_halted"
+"""A shadow turn's ``turnguard.turn.outcome`` when the live guard halted the turn first."""
+CAP_MODES = ("explicit", "adaptive", "disabled")
+LEVELS = tuple(level.value for level in Level)
+"""``turnguard.loop.level`` on metrics: ``warn`` or ``stop``; any other level (a third-party policy's
+own, or an event changed before ``Turn.resolve``) is ``OVERFLOW_VALUE`` there."""
+ANSWERS = tuple(answer.value for answer in Answer)
+HOST_ERRORS = (*(reason.value for reason in IgnoredOutcome), HOOK_FAILED)
+RESULT_STATUSES = tuple(status.value for status in ResultStatus)
 ACTION_LABELS = {action: action.label for action in Action}
 """``turnguard.verdict.action`` / ``turnguard.loop.action`` per ``Action``, looked up once (an enum
 property costs on the per-call path)."""

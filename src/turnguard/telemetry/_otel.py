@@ -23,8 +23,9 @@ from opentelemetry._logs import get_logger_provider
 
 from turnguard.hookspecs import hookimpl
 from turnguard.telemetry import _names as n
+from turnguard.telemetry._cardinality import closed
 from turnguard.telemetry._events import EventLog
-from turnguard.telemetry._metrics import Instruments, MainHalt, instruments_for
+from turnguard.telemetry._metrics import COHORT_LABELS, Instruments, MainHalt, instruments_for
 from turnguard.telemetry._spans import SpanReporter
 from turnguard.telemetry._text import export_text
 
@@ -112,7 +113,7 @@ class OtelPlugin(SpanReporter):
 
     def in_turn(self, turn: Ledger) -> dict[str, Any]:
         """``scope`` with the turn's cohort: the attributes of a point about one turn."""
-        return {**self.scope, n.TURN_COHORT: turn.cohort}
+        return {**self.scope, n.TURN_COHORT: closed(turn.cohort, COHORT_LABELS)}
 
 
 def policy_attributes(config: GuardConfig) -> dict[str, Any]:
