@@ -76,7 +76,8 @@ def cycle_edges(config: GuardConfig) -> tuple[float, ...]:
 def repeat_edges(config: GuardConfig) -> tuple[float, ...]:
     """Edges for the largest key repeat per turn: every count up to 10, the stuck threshold D,
     D - 1 and D - 2 (so ``r >= D`` and ``r = D - 1``, which the dashboards show, are bucket
-    boundaries), the streak levels, then a coarse tail."""
+    boundaries, up to 2**53 where floats still tell them apart), the streak levels, then a coarse
+    tail."""
     edges: set[int] = set(range(1, 11)) | {12, 15, 20, 30, 50, 100, 200, 500, 1000}
     d = config.stuck_repeat_threshold
     edges.update((d - 2, d - 1, d, config.streak_warn_at, config.streak_stop_at))
@@ -110,6 +111,12 @@ def failing_streak_edges(config: GuardConfig) -> tuple[float, ...]:
     return _strict({*COUNT_EDGES, config.streak_warn_at, config.streak_stop_at, 50, 100, 200})
 
 
+LARGEST_EDGE = 2**63
+"""No count reaches it (calls and repeats are counted one by one): every edge past it is this one."""
+
+
 def _strict(edges: set[int]) -> tuple[float, ...]:
-    """Strictly increasing positive floats (the SDK rejects anything else)."""
-    return tuple(float(e) for e in sorted(e for e in edges if e > 0))
+    """Strictly increasing positive floats (the SDK rejects anything else), whatever integers the
+    configuration accepts: deduplicated as floats, since past 2**53 neighbouring integers (D - 1
+    and D) are one float, and capped at ``LARGEST_EDGE`` (an integer past the floats' range has none)."""
+    return tuple(sorted({float(min(e, LARGEST_EDGE)) for e in edges if e > 0}))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import get_logger_provider
@@ -30,10 +30,14 @@ from turnguard.telemetry._spans import SpanReporter
 from turnguard.telemetry._text import export_text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from turnguard._config import GuardConfig
     from turnguard._ledger import Ledger
     from turnguard._model import LoopDetectedEvent, ToolCall, TurnSummary
     from turnguard._task_results import ResultLabels
+
+T = TypeVar("T")
 
 
 class OtelPlugin(SpanReporter):
@@ -59,14 +63,16 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_loop_detected(self, turn: Ledger, event: LoopDetectedEvent) -> None:
-        span = self.detection_span(turn, event)
-        self.instruments.loop_detected(event, self.in_turn(turn), exemplar_context(span))
-        self.events.loop_detected(event, span)
+        with Signals() as signals:
+            span = signals.run(lambda: self.detection_span(turn, event))
+            signals.run(lambda: self.instruments.loop_detected(event, self.in_turn(turn), exemplar_context(span)))
+            signals.run(lambda: self.events.loop_detected(event, span))
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
-        self.instruments.escalation_resolved(event, response, self.in_turn(turn))
-        self.events.escalation_resolved(event, response, self.turn_span(turn))
+        with Signals() as signals:
+            signals.run(lambda: self.instruments.escalation_resolved(event, response, self.in_turn(turn)))
+            signals.run(lambda: self.events.escalation_resolved(event, response, self.turn_span(turn)))
 
     @hookimpl
     def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
@@ -80,23 +86,27 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
-        self.instruments.shadow_detected(policy, event, self.in_turn(turn))
-        self.events.shadow_detected(policy, event, self.turn_span(turn))
+        with Signals() as signals:
+            signals.run(lambda: self.instruments.shadow_detected(policy, event, self.in_turn(turn)))
+            signals.run(lambda: self.events.shadow_detected(policy, event, self.turn_span(turn)))
 
     @hookimpl
     def turnguard_shadow_turn_ended(self, turn: Ledger, policy: str, summary: TurnSummary) -> None:
-        self.instruments.shadow_turn_ended(policy, dataclasses.replace(summary, cohort=turn.cohort), self.scope)
         if summary.halted and policy == self.main_policy and turn.cohort == "probe":
             self._main_halts[turn] = MainHalt(str(summary.threshold), summary.tool_calls)
+        self.instruments.shadow_turn_ended(policy, dataclasses.replace(summary, cohort=turn.cohort), self.scope)
 
     @hookimpl
     def turnguard_turn_ended(self, turn: Ledger, summary: TurnSummary) -> None:
+        """The turn's metric points and the end of its span, each reported whether the other fails."""
         soft_cap = turn.soft_cap
         past_soft_cap = soft_cap is not None and summary.tool_calls > soft_cap
         main_halt = self._main_halts.pop(turn, None) if summary.cohort == "probe" else None
-        self.instruments.turn_ended(summary, self.scope, past_soft_cap=past_soft_cap,
-                                    context=exemplar_context(self.turn_span(turn)), main_halt=main_halt)
-        self.end_turn(turn, summary)
+        with Signals() as signals:
+            signals.run(lambda: self.instruments.turn_ended(summary, self.scope, past_soft_cap=past_soft_cap,
+                                                            context=exemplar_context(self.turn_span(turn)),
+                                                            main_halt=main_halt))
+            signals.run(lambda: self.end_turn(turn, summary))
 
     @hookimpl
     def turnguard_turn_suspended(self, turn: Ledger, summary: TurnSummary) -> None:
@@ -107,13 +117,42 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_turn_result(self, resolved: bool | None, status: str, labels: ResultLabels | None) -> None:
-        self.instruments.turn_result(labels, resolved, status, self.scope)
-        if status == "accepted" and labels is not None:
-            self.events.turn_result(labels, bool(resolved))
+        with Signals() as signals:
+            signals.run(lambda: self.instruments.turn_result(labels, resolved, status, self.scope))
+            if status == "accepted" and labels is not None:
+                signals.run(lambda: self.events.turn_result(labels, bool(resolved)))
 
     def in_turn(self, turn: Ledger) -> dict[str, Any]:
         """``scope`` with the turn's cohort: the attributes of a point about one turn."""
         return {**self.scope, n.TURN_COHORT: closed(turn.cohort, COHORT_LABELS)}
+
+
+class Signals:
+    """The reports of one hook on several signals (spans, metrics, logs), each run whether another
+    failed: a metric the SDK refuses must not leave the turn span open or drop the log record.
+    The first failure is raised when the block ends, so the guard still reports it as this
+    plugin's error (``turnguard.plugin.errors``)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def __enter__(self) -> Signals:
+        return self
+
+    def run(self, report: Callable[[], T]) -> T | None:
+        """``report()``'s value, or ``None`` when it raised (kept to raise at the end)."""
+        try:
+            return report()
+        except Exception as exc:
+            if self.error is None:
+                self.error = exc
+            return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self.error is not None and kind is None:
+            raise self.error
 
 
 def policy_attributes(config: GuardConfig) -> dict[str, Any]:
