@@ -1,8 +1,10 @@
 """Spans: the turn span ``invoke_agent {agent}`` and one child ``execute_tool {tool}`` per call.
 
-A host that traces is enriched instead of duplicated: if a span is current when the turn opens,
-that span gets the turn's ``turnguard.*`` attributes; if the current span at a call is the host's
-own ``execute_tool`` span, that span gets the call's. Spans are never made current by turnguard
+A host that traces is enriched instead of duplicated: if a span the host records is current when
+the turn opens, that span gets the turn's ``turnguard.*`` attributes (any other current span, e.g.
+a remote parent from a ``traceparent``, is the parent of our turn span); if the current span at a
+call is the host's own ``execute_tool`` span, that span gets the call's, unless it is the span the
+turn was opened under (an agent run as a tool: its calls get their own spans). Spans are never made current by turnguard
 (the hooks do not wrap the host's code), so per-call state is keyed by the ``ToolCall`` object
 and parallel calls each get their own span.
 """
@@ -91,11 +93,14 @@ class _TurnState:
     SDK, and consistent with parent-based sampling (children of an unsampled turn are unsampled).
     """
 
-    __slots__ = ("calls", "context", "owned", "span", "tracing")
+    __slots__ = ("calls", "context", "owned", "span", "tracing", "under")
 
-    def __init__(self, span: trace.Span | None, owned: bool) -> None:
+    def __init__(self, span: trace.Span | None, owned: bool, under: int = 0) -> None:
         self.span = span
         self.owned = owned
+        self.under = under
+        """The span id of the span current when the turn opened (0: none): the turn's own level, so
+        never taken for a call's span or parent."""
         self.tracing = span is not None and span.is_recording()
         self.context = trace.set_span_in_context(span) if span is not None else None
         self.calls: dict[ToolCall, _CallSpan] = {}
@@ -204,11 +209,11 @@ class SpanReporter:
     @hookimpl
     def turnguard_turn_started(self, turn: Ledger) -> None:
         current = trace.get_current_span()
-        if current.get_span_context().is_valid:
-            if current.is_recording():
-                current.set_attributes(turn_attributes(turn, host=True, policy=self.policy))
-            state = _TurnState(current, owned=False)
-        else:
+        under = current.get_span_context()
+        if under.is_valid and current.is_recording():
+            current.set_attributes(turn_attributes(turn, host=True, policy=self.policy))
+            state = _TurnState(current, owned=False, under=under.span_id)
+        else:  # no span, or one the host does not record here (a remote parent): ours, its child
             agent = export_text(turn.agent_name) if turn.agent_name is not None else ""
             span = self.tracer.start_span(
                 export_text(f"{n.OP_INVOKE_AGENT} {agent}") if agent else n.OP_INVOKE_AGENT,
@@ -216,7 +221,7 @@ class SpanReporter:
                 attributes=turn_attributes(turn, host=False, policy=self.policy),
                 start_time=turn_start_ns(turn),
             )
-            state = _TurnState(span, owned=True)
+            state = _TurnState(span, owned=True, under=under.span_id if under.is_valid else 0)
         turns = self._turns
         turns[turn] = state
         if len(turns) > n.MAX_OPEN_TURNS:
@@ -279,15 +284,15 @@ class SpanReporter:
             attrs[STREAK_LENGTH] = streak
         context = get_current()
         current = trace.get_current_span(context) if context else None  # an empty context holds no span
-        parent: Context | None
-        if current is not None and current.get_span_context().is_valid:
-            if _is_tool_span(current):
-                if current.is_recording():
-                    current.set_attributes(attrs)
-                return _CallSpan(current, False, "", None, None, 0)
-            parent = context  # the host's current span (an agent step) is the parent
-        else:
-            parent = state.context
+        parent: Context | None = state.context
+        if current is not None:
+            span_context = current.get_span_context()
+            if span_context.is_valid and span_context.span_id != state.under:  # not the turn's own level
+                if _is_tool_span(current):
+                    if current.is_recording():
+                        current.set_attributes(attrs)
+                    return _CallSpan(current, False, "", None, None, 0)
+                parent = context  # the host's current span (an agent step) is the parent
         name = call.name
         if type(name) is str and name.isascii() and len(name) <= _PLAIN_TOOL_NAME:
             attrs[GEN_AI_TOOL_NAME] = name
@@ -419,7 +424,8 @@ class SpanReporter:
             span = self._started(entry, extra)
         if span is None:
             current = trace.get_current_span()
-            span = current if current.get_span_context().is_valid else state.span
+            span_context = current.get_span_context()
+            span = current if span_context.is_valid and span_context.span_id != state.under else state.span
         return span
 
     def turn_span(self, turn: Ledger) -> Any:
