@@ -108,6 +108,11 @@ class _TurnState:
         touched by the thread deciding that call only."""
 
 
+_ENDED = _CallSpan(None, False, "", None, None, 0)
+"""In a turn's ``calls`` for a call whose span ended at its check (halted): a later outcome of it
+has its span already, and is not one whose check ran elsewhere."""
+
+
 def _is_tool_span(span: trace.Span) -> bool:
     """Whether the host's current span is its own ``execute_tool`` span (then we enrich it)."""
     name = getattr(span, "name", None)
@@ -258,7 +263,9 @@ class SpanReporter:
         if state is not None and state.tracing:
             self._local.deciding = (turn, call)
             entry = state.calls.get(call)
-            if entry is not None:
+            if entry is None:  # checked elsewhere (before a resume): its outcome's facts are known here
+                entry = state.calls[call] = self._new_call_span(state, turn, call, checked=False)
+            if entry is not _ENDED:
                 entry.failing = turn.failing_streak_length
 
     def _decided_call(self, turn: Ledger) -> ToolCall | None:
@@ -266,20 +273,23 @@ class SpanReporter:
         deciding = self._local.deciding
         return deciding[1] if deciding is not None and deciding[0] is turn else None
 
-    def _new_call_span(self, state: _TurnState, turn: Ledger, call: ToolCall) -> _CallSpan:
+    def _new_call_span(self, state: _TurnState, turn: Ledger, call: ToolCall, *, checked: bool = True) -> _CallSpan:
         """The call's span with its facts read from the ledger now: ours (deferred) or, for a host
         that traces its tool calls, the host's current ``execute_tool`` span, enriched.
 
         Facts at their default value are left out (repeat 1, streak 1): an absent attribute means
-        the default, which keeps the common call's span small."""
-        attrs: dict[str, Any] = {CALL_INDEX: turn.tool_calls}
+        the default, which keeps the common call's span small. Not ``checked`` (its check ran
+        before a resume, in another process, or before this plugin was registered), the ledger's
+        facts now are another call's: the span has the call's own key only, no index, repeat or
+        streak."""
+        attrs: dict[str, Any] = {CALL_INDEX: turn.tool_calls} if checked else {}
         digest = cached_digest(call)
         if digest is not None:
             attrs[CALL_KEY_DIGEST] = digest.hex()
-            repeat = turn.repeats_of(digest)
+            repeat = turn.repeats_of(digest) if checked else 1
             if repeat > 1:
                 attrs[CALL_REPEAT] = repeat
-        streak = turn.streak_length
+        streak = turn.streak_length if checked else 1
         if streak > 1:
             attrs[STREAK_LENGTH] = streak
         context = get_current()
@@ -309,11 +319,11 @@ class SpanReporter:
         return _CallSpan(None, True, span_name, attrs, parent, time_ns())
 
     def _call_span(self, state: _TurnState, turn: Ledger, call: ToolCall) -> _CallSpan:
-        """The call's span; made now if the check hook did not run for it (e.g. the plugin was
-        registered mid-turn: the ledger's facts then are the latest, not necessarily the call's)."""
+        """The call's span; made now, without the check's facts, if the check hook did not run for
+        it here (checked before a resume, or before the plugin was registered)."""
         entry = state.calls.get(call)
         if entry is None:
-            entry = state.calls[call] = self._new_call_span(state, turn, call)
+            entry = state.calls[call] = self._new_call_span(state, turn, call, checked=False)
         return entry
 
     def _started(self, entry: _CallSpan, extra: dict[str, Any] | None = None) -> trace.Span:
@@ -339,6 +349,8 @@ class SpanReporter:
             return
         self._local.deciding = None
         entry = self._call_span(state, turn, call)
+        if entry is _ENDED:
+            return
         action, threshold = verdict.action, verdict.threshold
         if action is entry.action and threshold is None and action is not _HALT:
             return  # the common case, an allowed call: nothing to add before its outcome
@@ -349,7 +361,7 @@ class SpanReporter:
         if threshold is not None:
             extra[VERDICT_THRESHOLD] = export_text(threshold)
         if action is _HALT:  # the host will not execute it: the span ends here
-            state.calls.pop(call, None)
+            state.calls[call] = _ENDED
             span = self._started(entry, extra)
             if entry.owned:
                 span.end()
@@ -366,7 +378,9 @@ class SpanReporter:
             return
         self._local.deciding = None
         entry = state.calls.pop(call, None)
-        if entry is None:
+        if entry is None:  # its check ran elsewhere and no check-outcome hook saw it here
+            entry = self._new_call_span(state, turn, call, checked=False)
+        elif entry is _ENDED:
             return
         span = entry.span
         if span is None:  # deferred: the outcome joins the check's dict
@@ -415,8 +429,8 @@ class SpanReporter:
         state = self._state(turn)
         span: trace.Span | None = None
         call = self._decided_call(turn) if state.tracing and event.tool_name is not None else None
-        if call is not None and call.name == event.tool_name:
-            entry = self._call_span(state, turn, call)
+        entry = self._call_span(state, turn, call) if call is not None and call.name == event.tool_name else _ENDED
+        if entry is not _ENDED:
             extra = None
             if event.action > entry.action:
                 entry.action = event.action
