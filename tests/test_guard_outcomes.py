@@ -17,7 +17,7 @@ import pytest
 
 import turnguard as tg
 from conftest import core_guard
-from turnguard._guard import MAX_AWAITING
+from turnguard._ledger import MAX_AWAITING
 
 KEYS = ("A", "B", "C")
 OUTCOMES = (tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED,

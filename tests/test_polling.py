@@ -164,7 +164,7 @@ def test_a_batch_of_identical_polls_past_the_soft_cap_halts_at_the_outcome_that_
 
 
 def test_a_stateful_call_whose_outcome_never_comes_counts_without_a_result():
-    from turnguard._guard import MAX_AWAITING
+    from turnguard._ledger import MAX_AWAITING
 
     turn = core_guard(stateful_tools=("poll",), soft_cap=0, streak_warn_at=0, streak_stop_at=0).turn()
     for _ in range(3 * MAX_AWAITING):
@@ -204,7 +204,7 @@ def test_one_lost_outcome_holds_the_later_outcomes_and_their_memory_for_a_bounde
     with theirs (their results change). The outcomes waiting behind the lost one stay bounded (the
     guard gives a call up 2 x MAX_AWAITING checks after its own), and the stop level still fires
     once the polls fail."""
-    from turnguard._guard import MAX_AWAITING
+    from turnguard._ledger import MAX_AWAITING
 
     turn = core_guard(stateful_tools=stateful, max_tool_calls_per_turn=0, streak_warn_at=0,
                       streak_stop_at=5).turn()

@@ -522,7 +522,7 @@ def test_a_shadow_started_afresh_at_a_resume_counts_the_calls_after_it():
 
 
 def test_more_waiting_calls_than_a_live_turn_keeps_are_refused_naming_awaiting():
-    from turnguard._guard import MAX_AWAITING
+    from turnguard._ledger import MAX_AWAITING
     from turnguard._snapshot import MAX_WAITING
 
     assert MAX_WAITING == 2 * MAX_AWAITING + 1024  # a live turn looks every 1,024 checks past twice the bound

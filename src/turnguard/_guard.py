@@ -38,7 +38,7 @@ from turnguard._keys import (
     store_key,
     turn_keyer,
 )
-from turnguard._ledger import Ledger, LedgerView, answered_digest
+from turnguard._ledger import GIVE_UP_AFTER, Ledger, LedgerView, answered_digest, overdue
 from turnguard._model import (
     ALL_TOOLS,
     ALLOW,
@@ -70,11 +70,6 @@ from turnguard._task_results import Ended, ResultBook, ResultStatus
 from turnguard.hookspecs import hookimpl
 
 _HALT = Action.HALT
-MAX_AWAITING = 4096
-"""Checked calls a turn waits for an outcome of: once more than twice this many wait (looked at
-every 1,024 checks), the oldest this many are given up (their streak goes on as if they had been
-denied, and a late outcome for one is ignored)."""
-_SHED_AT = 2 * MAX_AWAITING
 SUSPENDED = "suspended"
 """The end reason of a turn put aside to be resumed (``Turn.suspend``): not reported as a turn here."""
 
@@ -456,7 +451,7 @@ class Turn:
                 else:
                     self._key_again(call, key, digest, seq)
                 awaiting[seq] = call
-                if not seq & 1023:  # every 1,024th check: is the waiting list too long?
+                if not seq & 1023:  # every GIVE_UP_EVERY-th (1,024th) check: is a call overdue?
                     self._give_up_waiting()
                 # Driver.call's quiet test, inlined (the hot path; tests/test_driver.py holds the two equal)
                 if (ledger.tool_calls <= quiet.calls and ledger.streak_length < quiet.streak
@@ -843,17 +838,14 @@ class Turn:
                 return
 
     def _give_up_waiting(self) -> None:
-        """Past ``2 * MAX_AWAITING`` calls without an outcome, stop waiting for the oldest
-        ``MAX_AWAITING``; and for any call still waiting ``2 * MAX_AWAITING`` checks after its own
-        (so one lost outcome cannot hold the streak's later outcomes, and their memory, for good)."""
+        """Stop waiting for the calls ``overdue`` names (looked at every ``GIVE_UP_EVERY``-th check;
+        most looks end at the first test)."""
         awaiting = self._awaiting
-        old = self.ledger.checks - _SHED_AT
-        if len(awaiting) <= _SHED_AT and (not awaiting or next(iter(awaiting)) > old):
+        old = self.ledger.checks - GIVE_UP_AFTER
+        if len(awaiting) <= GIVE_UP_AFTER and (not awaiting or next(iter(awaiting)) > old):
             return
         items = list(awaiting.items())
-        shed = MAX_AWAITING if len(items) > _SHED_AT else 0
-        while shed < len(items) and items[shed][0] <= old:
-            shed += 1
+        shed = overdue([seq for seq, _ in items], self.ledger.checks)
         for seq, _ in items[:shed]:
             self.ledger.abandon(seq)
         awaiting.clear()  # in place: the hot paths hold this dict

@@ -202,7 +202,7 @@ class IgnoredOutcome(enum.StrEnum):
 
     DUPLICATE = "duplicate"
     """An outcome for a ``ToolCall`` object this turn checked but no longer waits for: its outcome
-    came already (or the turn gave up waiting, ``guard.MAX_AWAITING``)."""
+    came already (or the turn gave up waiting for it, ``ledger.overdue``)."""
     UNKNOWN_CALL = "unknown_call"
     """An outcome for a call no check of this turn waits for: another object whose ``call_id``
     was never checked here, or was answered (or given up) already."""

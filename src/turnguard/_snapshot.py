@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from turnguard import _state as st
 from turnguard._config import GuardConfig
 from turnguard._keys import DIGEST_SIZE, TURN_KEY_SIZE, turn_keyer
-from turnguard._ledger import Ledger, LedgerView
+from turnguard._ledger import GIVE_UP_AFTER, GIVE_UP_EVERY, Ledger, LedgerView
 from turnguard._model import Action, Level, LoopDetectedEvent, Threshold, Verdict
 from turnguard._state import Fields, SnapshotError
 from turnguard._task_results import MAX_RECENT_TURNS
@@ -90,9 +90,9 @@ whose state is theirs, and the probe, whose cohort the snapshot names); every ot
 be equal to resume."""
 KEYINGS = ("process", "digest_key", "turn")
 """How a turn's calls were keyed: by its process's own secret, by ``digest_key``, by its own key."""
-MAX_WAITING = 2 * 4096 + 1024
-"""The most calls a live turn keeps waiting for an outcome (``guard.MAX_AWAITING``: twice it, looked
-at every 1,024 checks), so the most a snapshot may list."""
+MAX_WAITING = GIVE_UP_AFTER + GIVE_UP_EVERY
+"""The most calls a live turn keeps waiting for an outcome (``ledger.overdue``: ``GIVE_UP_AFTER``,
+looked at every ``GIVE_UP_EVERY`` checks), so the most a snapshot may list."""
 MAX_EVENT_LIMIT = 2**63
 _PROBE_CALL = ("turnguard.snapshot", {"probe": 1})
 """A fixed call whose digest tells whether two keyers agree."""

@@ -14,7 +14,8 @@ from turnguard._state import Fields
 
 MAX_AWAITING = 4096
 """Checked calls a turn waits for an outcome of: once more than twice this many wait, the oldest
-this many are given up (``overdue``)."""
+this many are given up (``overdue``): their streak goes on as if they had been denied, and a late
+outcome for one is ignored."""
 GIVE_UP_AFTER = 2 * MAX_AWAITING
 """Checks after its own past which a call still waiting is given up (``overdue``)."""
 GIVE_UP_EVERY = 1024
