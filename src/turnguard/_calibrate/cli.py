@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from turnguard import _terminal as terminal
 from turnguard._calibrate import grid as g
 from turnguard._calibrate.advice import DEFAULT_TOLERANCE, valid_tolerance
 from turnguard._calibrate.bounds import count
@@ -21,17 +22,6 @@ from turnguard._calibrate.report import table, to_json_text
 from turnguard._calibrate.run import Progress, StrictError, calibrate, input_sizes
 from turnguard._calibrate.stats import RunStats
 from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
-from turnguard._terminal import (
-    DEFAULT_WIDTH,
-    STDOUT,
-    STDOUT_HELP,
-    EmptyPath,
-    add_path_argument,
-    add_wide_argument,
-    color_allowed,
-    output_width,
-    shown,
-)
 
 MAX_SHOWN_PROBLEMS = 100
 AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
@@ -97,9 +87,10 @@ def build_parser(prog: str = "turnguard calibrate") -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The calibrate flags, on ``p`` (the ``turnguard`` command's subparser, or our own)."""
-    add_path_argument(p, "files", nargs="+", metavar="FILE",
-                      help="input files, any mix of formats; a directory or a quoted glob stands for its files, and a "
-                           "rotated Collector file with its backups is read as one stream, oldest first")
+    terminal.add_path_argument(
+        p, "files", nargs="+", metavar="FILE",
+        help="input files, any mix of formats; a directory or a quoted glob stands for its files, and a "
+             "rotated Collector file with its backups is read as one stream, oldest first")
     grid = p.add_argument_group("grid (comma-separated values)")
     grid.add_argument("--soft-caps", type=_csv(g.parse_ints), default=g.DEFAULT_SOFT_CAPS,
                       help="soft caps S (default: %(default)s)")
@@ -132,10 +123,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--cross", action="store_true",
                       help="the full cross product of every axis (default: the cap axes crossed, "
                            "each other axis varied alone around the default)")
-    add_path_argument(p, "--config", group=grid, metavar="TOML",
-                      help="base configuration, the default row (default: as 'turnguard config' loads it: "
-                           "$TURNGUARD_CONFIG, else the nearest turnguard.toml or pyproject.toml with [tool.turnguard] "
-                           "from the current folder up, then TURNGUARD_* variables)")
+    terminal.add_path_argument(
+        p, "--config", group=grid, metavar="TOML",
+        help="base configuration, the default row (default: as 'turnguard config' loads it: "
+             "$TURNGUARD_CONFIG, else the nearest turnguard.toml or pyproject.toml with [tool.turnguard] "
+             "from the current folder up, then TURNGUARD_* variables)")
     grid.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
                       help="the share of the turns past a threshold that would have succeeded which you accept "
                            "losing to it: each probe row says whether the evidence decides against it "
@@ -145,10 +137,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
-    add_path_argument(p, "--json", group=out, metavar="FILE", help=f"write the results as JSON ({STDOUT_HELP})")
-    add_path_argument(p, "--html", group=out, metavar="FILE",
-                      help=f"write a self-contained HTML report with charts ({STDOUT_HELP})")
-    add_wide_argument(out)
+    terminal.add_path_argument(p, "--json", group=out, metavar="FILE",
+                               help=f"write the results as JSON ({terminal.STDOUT_HELP})")
+    terminal.add_path_argument(p, "--html", group=out, metavar="FILE",
+                               help=f"write a self-contained HTML report with charts ({terminal.STDOUT_HELP})")
+    terminal.add_wide_argument(out)
     out.add_argument("--fold", action="store_true",
                      help="list policies whose figures equal an earlier row's under the table, not as rows")
     out.add_argument("--strict", action="store_true", help="stop at the first malformed line or span")
@@ -170,7 +163,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         return merge_main(argv[1:], stdout=stdout, stderr=stderr)
     try:
         args = build_parser().parse_args(argv)
-    except EmptyPath as exc:
+    except terminal.EmptyPath as exc:
         say(str(exc), stderr)
         return 2
     return run(args, stdout=stdout, stderr=stderr)
@@ -231,7 +224,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         say(f"turnguard calibrate: no turn could be read from {', '.join(map(str, args.files))} "
             f"({stats.problems:,} input problems); nothing to report", stderr)
         return 1
-    return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold, width=output_width(args.wide))
+    return _emit(stats, args.json, args.html, stdout, stderr, fold=args.fold, width=terminal.output_width(args.wide))
 
 
 def _say_counted(problems: int, duplicates: int, stderr: TextIO) -> None:
@@ -247,7 +240,7 @@ def _say_counted(problems: int, duplicates: int, stderr: TextIO) -> None:
 
 def say(message: str, stderr: TextIO) -> None:
     """A message on one line of ``stderr``, the file names in it printable (``terminal.shown``)."""
-    print(shown(message), file=stderr)
+    print(terminal.shown(message), file=stderr)
 
 
 def _say_missing_backups(files: Sequence[Path], stderr: TextIO) -> None:
@@ -262,11 +255,11 @@ def _say_missing_backups(files: Sequence[Path], stderr: TextIO) -> None:
 def outputs_problem(**outputs: str | None) -> str | None:
     """Why one of the ``outputs`` (by flag) cannot be written, or ``None``: each opened for appending
     before the replay (a new file removed again); at most one may be ``-``, standard output."""
-    to_stdout = [f"--{flag}" for flag, path in outputs.items() if path == STDOUT]
+    to_stdout = [f"--{flag}" for flag, path in outputs.items() if path == terminal.STDOUT]
     if len(to_stdout) > 1:
         return f"only one of {' and '.join(to_stdout)} can be '-': there is one standard output"
     for path in outputs.values():
-        if path is None or path == STDOUT:
+        if path is None or path == terminal.STDOUT:
             continue
         existed = os.path.lexists(path)
         try:
@@ -287,25 +280,25 @@ def _auto_jobs(size: int) -> int:
 
 
 def _emit(stats: RunStats, json_path: str | None, html_path: str | None, stdout: TextIO, stderr: TextIO, *,
-          fold: bool = False, width: int = DEFAULT_WIDTH) -> int:
+          fold: bool = False, width: int = terminal.DEFAULT_WIDTH) -> int:
     """The table on ``stdout``, unless an output is ``-`` and takes its place; the outputs."""
     for warning in stats.warnings():
         say(f"turnguard calibrate: warning: {warning}", stderr)
-    if STDOUT not in (json_path, html_path):
-        stdout.write(table(stats, color=color_allowed(stdout), fold=fold, width=width))
+    if terminal.STDOUT not in (json_path, html_path):
+        stdout.write(table(stats, color=terminal.color_allowed(stdout), fold=fold, width=width))
     if json_path is not None:
         _write(json_path, to_json_text(stats), stdout)
     if html_path is not None:
         from turnguard._calibrate.html import render  # (only for --html: its import is start-up cost)
 
         _write(html_path, render(stats), stdout)
-        if html_path != STDOUT:
+        if html_path != terminal.STDOUT:
             say(f"turnguard calibrate: wrote {html_path}", stderr)
     return 0
 
 
 def _write(path: str, text: str, stdout: TextIO) -> None:
-    if path == STDOUT:
+    if path == terminal.STDOUT:
         stdout.write(text)
     else:
         Path(path).write_text(text, encoding="utf-8", errors="backslashreplace")
@@ -320,7 +313,7 @@ def merge_main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = Non
     add_merge_arguments(p)
     try:
         args = p.parse_args(argv)
-    except EmptyPath as exc:
+    except terminal.EmptyPath as exc:
         say(str(exc), stderr)
         return 2
     return run_merge(args, stdout=stdout, stderr=stderr)
@@ -331,17 +324,19 @@ MERGE_DESCRIPTION = ("Merge the --json results of calibrate runs over parts of t
 
 
 def add_merge_arguments(p: argparse.ArgumentParser) -> None:
-    add_path_argument(p, "results", nargs="+", metavar="RESULT.json")
-    add_path_argument(p, "--json", metavar="FILE", help=f"write the merged results as JSON ({STDOUT_HELP})")
-    add_path_argument(p, "--html", metavar="FILE", help=f"write the merged HTML report ({STDOUT_HELP})")
+    terminal.add_path_argument(p, "results", nargs="+", metavar="RESULT.json")
+    terminal.add_path_argument(p, "--json", metavar="FILE",
+                               help=f"write the merged results as JSON ({terminal.STDOUT_HELP})")
+    terminal.add_path_argument(p, "--html", metavar="FILE",
+                               help=f"write the merged HTML report ({terminal.STDOUT_HELP})")
     p.add_argument("--tolerance", type=_tolerance, default=None, metavar="Q",
                    help="decide the probe rows against this tolerance (default: the first result's)")
-    add_wide_argument(p)
+    terminal.add_wide_argument(p)
 
 
 def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     return merge_results(args.results, args.json, args.html, stdout or sys.stdout, stderr or sys.stderr,
-                         width=output_width(args.wide), tolerance=args.tolerance)
+                         width=terminal.output_width(args.wide), tolerance=args.tolerance)
 
 
 def _refuse_overlap(part: RunStats, path: str, counted: dict[str, str]) -> None:
@@ -355,7 +350,7 @@ def _refuse_overlap(part: RunStats, path: str, counted: dict[str, str]) -> None:
 
 
 def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | None, stdout: TextIO,
-                  stderr: TextIO, *, width: int = DEFAULT_WIDTH, tolerance: float | None = None) -> int:
+                  stderr: TextIO, *, width: int = terminal.DEFAULT_WIDTH, tolerance: float | None = None) -> int:
     if not paths:
         say("turnguard calibrate merge: give the --json results to merge", stderr)
         return 2
