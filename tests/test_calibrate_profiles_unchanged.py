@@ -17,14 +17,43 @@ CHANGED = {100: (2, 4), 20: (0, 3)}
 """By soft cap: the turns ``cycle_repeat`` changes under ``recommended``, (unattended, attended)."""
 
 
+STALE_REPEAT_CHANGED = {
+    "deepseek-coder-v2/fasterxml__jackson-databind-4132": None,
+    "deepseek-coder-v2/fasterxml__jackson-databind-4360": (41, "soft_stuck"),
+    "deepseek-coder-v2/google__gson-1391": (21, "soft_stuck"),
+    "doubao-pro-128k/fasterxml__jackson-databind-4609": (24, "soft_stuck"),
+    "doubao-pro-128k/googlecontainertools__jib-2536": (21, "soft_stuck"),
+}
+"""The turns ``recommended S=20`` (``stuck_signal="stale_repeat"``) halts elsewhere since the stale
+count reaches back over a loop's first round (issue 7's audit): by turn id, its (halt call,
+threshold) in both modes now, ``None``: not halted. All five are unresolved; the stored figures
+keep the halts before that change, so that everything else is still held to them."""
+
+
+def with_stale_repeat_change(figures: dict[str, dict[str, list[list[object]]]]) -> dict[str, dict[str, list[list[object]]]]:
+    """The stored figures with ``STALE_REPEAT_CHANGED`` applied to ``recommended S=20`` (an ask
+    stays an ask; a turn neither halted nor asked about leaves the list)."""
+    out = json.loads(json.dumps(figures))
+    for mode, rows in out["recommended S=20"].items():
+        by_id = {row[0]: row for row in rows}
+        for turn_id, now in STALE_REPEAT_CHANGED.items():
+            asks = by_id[turn_id][3] if turn_id in by_id else []
+            row = [turn_id, *(now or (0, None)), asks]
+            by_id[turn_id] = row if (now or asks) and (mode == "attended" or now) else None
+        order = [row[0] for row in rows] + [t for t in STALE_REPEAT_CHANGED if t not in {r[0] for r in rows}]
+        out["recommended S=20"][mode] = [by_id[t] for t in sorted(dict.fromkeys(order)) if by_id.get(t)]
+    return out
+
+
 def test_every_profile_halts_and_asks_the_recorded_runs_as_before_results_were_replayed():
     files = corpus_files()
     assert all('"result"' in path.read_text(encoding="utf-8")[:100_000] for path in files)  # results are there
-    before = json.loads(STORED.read_text(encoding="utf-8"))
+    before = with_stale_repeat_change(json.loads(STORED.read_text(encoding="utf-8")))
     now = json.loads(json.dumps(profile_figures.figures([str(p) for p in files], cycle_repeat=False)))
     assert set(now) == set(before) and len(now) == 4
     for policy in before:
-        assert now[policy] == before[policy], policy
+        assert sorted(now[policy]["unattended"]) == sorted(before[policy]["unattended"]), policy
+        assert sorted(now[policy]["attended"]) == sorted(before[policy]["attended"]), policy
     assert sum(len(v["unattended"]) for v in now.values()) > 100  # halts enough to tell a change
 
 
