@@ -30,7 +30,10 @@ threshold) in both modes now, ``None``: not halted. All five are unresolved; the
 keep the halts before that change, so that everything else is still held to them."""
 
 
-def with_stale_repeat_change(figures: dict[str, dict[str, list[list[object]]]]) -> dict[str, dict[str, list[list[object]]]]:
+Figures = dict[str, dict[str, list[list[object]]]]
+
+
+def with_stale_repeat_change(figures: Figures) -> Figures:
     """The stored figures with ``STALE_REPEAT_CHANGED`` applied to ``recommended S=20`` (an ask
     stays an ask; a turn neither halted nor asked about leaves the list)."""
     out = json.loads(json.dumps(figures))
