@@ -14,6 +14,7 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
+import turnguard as tg
 from turnguard.integrations._common import MAX_SECTION_CALLS
 
 NOT_AN_OBJECT = (None, [], ["x"], "x", 5, 1.5, True)
@@ -68,3 +69,19 @@ def state_mutants(key: str, section: dict[str, Any]) -> dict[str, tuple[str, Any
         mutants[f"the state = {value!r}"] = ("kind", lambda state, value=value: value)
     mutants["the state in a list"] = ("kind", lambda state: [state])
     return mutants
+
+
+class Summaries:
+    """A plugin that keeps each ended turn's summary, and the guard these tests resume in."""
+
+    def __init__(self) -> None:
+        self.summaries: list[tg.TurnSummary] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.summaries.append(summary)
+
+    def guard(self) -> tg.Guard:
+        guard = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False), environ={})
+        guard.register(self, "summaries")
+        return guard

@@ -684,26 +684,12 @@ def test_a_polling_tools_output_is_its_result_and_a_changed_one_is_progress(chan
 
 # -- a damaged turn state is refused before its turn is resumed ----------------------------------
 
-from damaged_sections import state_mutants  # noqa: E402
+from damaged_sections import Summaries, state_mutants  # noqa: E402
 from turnguard.integrations.openai_agents import resume_state, state_string  # noqa: E402
 
 SECTION = {"asked": ["call-4"], "held": []}
 """What a run paused at its fifth identical call keeps under ``openai_agents`` (checked below)."""
 DAMAGED = state_mutants("openai_agents", SECTION)
-
-
-class Summaries:
-    def __init__(self) -> None:
-        self.summaries: list[tg.TurnSummary] = []
-
-    @tg.hookimpl
-    def turnguard_turn_ended(self, turn, summary) -> None:
-        self.summaries.append(summary)
-
-    def guard(self) -> tg.Guard:
-        guard = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False), environ={})
-        guard.register(self, "summaries")
-        return guard
 
 
 def polling_agent(calls: int = 7) -> Agent:

@@ -738,25 +738,11 @@ def test_a_polling_tool_that_fails_while_pending_makes_progress_when_its_error_c
 
 # -- a damaged turn state is refused before its turn is resumed ----------------------------------
 
-from damaged_sections import state_mutants  # noqa: E402
+from damaged_sections import Summaries, state_mutants  # noqa: E402
 
 SECTION = {"asked": {"call-4": "read_file"}, "held": []}
 """What a run deferred at its fifth identical call keeps under ``pydantic_ai`` (checked below)."""
 DAMAGED = state_mutants("pydantic_ai", SECTION)
-
-
-class Summaries:
-    def __init__(self) -> None:
-        self.summaries: list[tg.TurnSummary] = []
-
-    @tg.hookimpl
-    def turnguard_turn_ended(self, turn, summary) -> None:
-        self.summaries.append(summary)
-
-    def guard(self) -> tg.Guard:
-        guard = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False), environ={})
-        guard.register(self, "summaries")
-        return guard
 
 
 def polling_agent(guard: tg.Guard) -> Agent:

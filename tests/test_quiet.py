@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import turnguard as tg
+from test_plugin_isolation import Errors
 from turnguard._firing import Quiet
 from turnguard._ledger import Ledger, LedgerView
 from turnguard._plugins import NON_POLICY_PLUGINS
@@ -219,15 +220,6 @@ def test_the_cap_names_a_new_region_past_the_soft_cap_so_long_turns_stay_quiet()
 
 class Custom(BaseException):
     """Not an ``Exception``: a rule raising it must not escape the guard either."""
-
-
-class Errors:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, str]] = []
-
-    @tg.hookimpl
-    def turnguard_plugin_error(self, plugin, hook, error):
-        self.seen.append((plugin, hook, type(error).__name__))
 
 
 def failing_turn(plugins: dict[str, object], fail_mode: str = "open", calls: int = 30) -> tuple[list[str], Any]:
