@@ -412,3 +412,51 @@ def test_objects_alike_but_for_their_addresses_are_one_call(kind, mode):
     assert " at 0x" in repr(kept[0])
     assert len({key(value, keyer=keyer) for value in kept}) == 1
     assert len({key({"v": [value]}, keyer=keyer) for value in kept}) == 1
+
+
+LONG_DIGITS = (4_301, 5_000, 12_345)
+"""Integer lengths past ``sys.get_int_max_str_digits()`` (4,300 by default)."""
+
+
+def long_int_texts(rng: random.Random, digits: int) -> tuple[int, str, list[str]]:
+    """A long integer, its decimal text, and JSON texts holding it, spaced differently."""
+    text = str(rng.randint(1, 9)) + "".join(rng.choice("0123456789") for _ in range(digits - 1))
+    value = 0
+    for at in range(0, digits, 1000):  # (int reads at most 4,300 decimal digits at once)
+        value = value * 10 ** len(text[at:at + 1000]) + int(text[at:at + 1000])
+    if rng.random() < 0.5:
+        text, value = "-" + text, -value
+    return value, text, [f"[{text}]", f"[ {text} ]", f"\n[{text}]\t"]
+
+
+@pytest.mark.parametrize("digits", LONG_DIGITS)
+@pytest.mark.parametrize("mode", ["canonical", "bytes"])
+def test_json_text_with_integers_of_any_length_is_keyed_as_its_value(digits: int, mode: str) -> None:
+    """RFC 8259 sets no bound on a number's digits: JSON text holding an integer longer than
+    ``int`` reads in decimal is the JSON value it holds, as a shorter one is (canonical mode:
+    respaced text, object key order and the equal Python value are one call; bytes mode: the
+    text as given), and a different integer is a different call."""
+    rng = random.Random(digits)
+    keyer = Keyer(mode)
+    value, text, texts = long_int_texts(rng, digits)
+    keys = {keyer.digest("t", t) for t in texts}
+    if mode == "canonical":
+        assert keys == {keyer.digest("t", [value])}
+        assert keyer.digest("t", f'{{"a":{text},"b":1}}') == keyer.digest("t", f'{{"b": 1, "a": {text}}}')
+    else:
+        assert len(keys) == len(texts)
+    other = text[:-1] + str((int(text[-1]) + 1) % 10)
+    assert keyer.digest("t", f"[{other}]") not in keys
+    assert keyer.digest("t", f"[{text}, 1]") not in keys
+
+
+def test_respaced_json_text_with_a_long_integer_is_one_call_in_a_turn() -> None:
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=NON_POLICY_PLUGINS,
+                                    streak_warn_at=0, streak_stop_at=0))
+    _, _, texts = long_int_texts(random.Random(7), 5_000)
+    with guard.turn(promptable=False) as turn:
+        for text in texts * 2:
+            call = tg.ToolCall("submit", text)
+            turn.check_call(call)
+            turn.record_outcome(call, "error")
+    assert (turn.ledger.max_key_repeat, turn.ledger.streak_length) == (len(texts) * 2, len(texts) * 2)

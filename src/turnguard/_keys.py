@@ -104,9 +104,38 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _scan_long(text: str) -> tuple[Any, int]:
+    """``_scan_long_json``, or ``_scan_deep`` where it runs out of this stack."""
+    try:
+        return _scan_long_json(text, 0)
+    except RecursionError:
+        return _scan_deep(text)
+
+
+def _long_int(digits: str) -> int:
+    """``int(digits)`` for JSON's integer text of any length: past ``sys.get_int_max_str_digits()``
+    (4,300 by default) ``int`` refuses decimal text, so it is read in parts within the limit."""
+    try:
+        return int(digits)
+    except ValueError:
+        sign, digits = (-1, digits[1:]) if digits[:1] == "-" else (1, digits)
+        value = 0
+        for at in range(0, len(digits), _INT_PART):
+            part = digits[at:at + _INT_PART]
+            value = value * 10 ** len(part) + int(part)
+        return sign * value
+
+
+_INT_PART = 4000
+"""Digits read at once by ``_long_int`` (within any limit Python allows: at least 640)."""
+
 # (every JSONDecoder has scan_once, set by its __init__; typeshed does not declare it)
 _scan_json = json.JSONDecoder(parse_constant=_refuse_constant).scan_once  # type: ignore[attr-defined]
 """``json.loads``'s own scanner, strict: ``NaN`` and ``Infinity`` are refused like any non-JSON."""
+_scan_long_json = json.JSONDecoder(parse_constant=_refuse_constant,
+                                   parse_int=_long_int).scan_once  # type: ignore[attr-defined]
+"""``_scan_json`` for text whose integers are longer than ``int`` reads (one Python call per
+integer: taken only after ``_scan_json`` refused one)."""
 
 if _c_make_encoder is not None:
     # No circular-reference markers: a self-reference ends in RecursionError like deep nesting,
@@ -202,6 +231,10 @@ def _json_value(text: str) -> Any:
                 value, end = _scan_json(stripped, 0)
             except RecursionError:  # nested deeper than this stack lets json's scanner go
                 value, end = _scan_deep(stripped)
+            except ValueError as exc:
+                if type(exc) is not ValueError:  # a JSONDecodeError: not JSON
+                    raise
+                value, end = _scan_long(stripped)  # an integer past int's digits (or a NaN: refused again)
         except (StopIteration, ValueError):
             return _NOT_JSON
         return value if end == len(stripped) else _NOT_JSON
@@ -287,7 +320,7 @@ def _scalar_at(text: str, at: int) -> tuple[Any, int]:
     if number is None:
         raise ValueError(f"expected a JSON value at {at}")
     digits = number.group()
-    return float(digits) if number.group(1) or number.group(2) else int(digits), number.end()
+    return float(digits) if number.group(1) or number.group(2) else _long_int(digits), number.end()
 
 
 def is_json_text(text: str) -> bool:
