@@ -112,6 +112,23 @@ def wait_until(what: str, ready: Callable[[], Any], alive: Callable[[], str | No
     raise AssertionError(f"timed out waiting for {what}")
 
 
+BIND_TRIES = 5
+"""Starts of a server on freshly picked ports before a port taken meanwhile fails the test."""
+
+
+def retrying(start: Callable[[], None], stop: Callable[[], None], *, given: bool) -> None:
+    """``start`` a server; on ports picked free (not ``given``) that another socket took before the
+    server bound them (an outgoing connection's ephemeral port), ``stop`` it and start it again."""
+    for attempt in range(1, BIND_TRIES + 1):
+        try:
+            start()
+            return
+        except AssertionError as exc:
+            if given or attempt == BIND_TRIES or "address already in use" not in str(exc):
+                raise
+            stop()
+
+
 class Process:
     """A server process with its log in ``workdir``; ``stop`` ends it by pid."""
 
@@ -146,6 +163,11 @@ class Prometheus(Process):
 
     def __init__(self, binary: str, workdir: Path, config: str, flags: Sequence[str] = (),
                  port: int | None = None) -> None:
+        """``port``: a stopped Prometheus's, for a restart; without it, one picked free and, if
+        it is taken before Prometheus binds it, another (as ``Collector``)."""
+        retrying(lambda: self._start(binary, workdir, config, flags, port), self.stop, given=port is not None)
+
+    def _start(self, binary: str, workdir: Path, config: str, flags: Sequence[str], port: int | None) -> None:
         self.port = port or free_port()  # a restart takes the port its clients write to
         self.url = f"http://127.0.0.1:{self.port}"
         (workdir / "prometheus.yml").write_text(config)
@@ -189,7 +211,12 @@ class Collector(Process):
     """The shipped collector-config.yaml, run as-is; only its environment variables point it here."""
 
     def __init__(self, binary: str, workdir: Path, ports: Mapping[str, int] | None = None, **endpoints: str) -> None:
-        """``ports``: a stopped Collector's, to restart it where its clients send (its queue is in ``workdir``)."""
+        """``ports``: a stopped Collector's, to restart it where its clients send (its queue is in ``workdir``).
+        Without them, ports picked free may be taken before the Collector binds them (an outgoing
+        connection's ephemeral port): it is started again on others, up to ``BIND_TRIES`` times."""
+        retrying(lambda: self._start(binary, workdir, ports, dict(endpoints)), self.stop, given=bool(ports))
+
+    def _start(self, binary: str, workdir: Path, ports: Mapping[str, int] | None, endpoints: dict[str, str]) -> None:
         self.ports = dict(ports) if ports else {name: free_port() for name in ("grpc", "http", "health", "telemetry",
                                                                               "queue")}
         self.otlp_file = workdir / "otlp.jsonl"
