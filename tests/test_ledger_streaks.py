@@ -108,3 +108,60 @@ def test_count_calls_inlined_counting_is_count_key(seed, signal):
         keyed.tool_calls = at
         keyed.count_key(digest, at)
     assert {n: getattr(checked, n) for n in COUNTS} == {n: getattr(keyed, n) for n in COUNTS}
+
+
+def _plain_worst_stop(s: Streaks, reported: dict[int, tg.Outcome], stop_any: bool) -> int:
+    """The provisional stop count walked call by call, from the outcomes as reported."""
+    count = 0
+    for seq in range(s.checks - 1, s.next_to_settle - 1, -1):
+        outcome = reported.get(seq)
+        if outcome is None or outcome is ERROR or (stop_any and outcome is not DENIED):
+            count += 1
+            if count >= s.stop_at:
+                return count
+        elif outcome is not DENIED:
+            return count
+    return min(s.stop_at, count + (s.settled_streak_length if stop_any else s.failing_streak_length))
+
+
+@pytest.mark.parametrize("stop_on", ["error", "any"])
+@pytest.mark.parametrize("seed", range(40))
+def test_the_provisional_stop_count_is_the_plain_count_over_any_waiting_outcomes(seed, stop_on):
+    rng = random.Random(seed)
+    stop_at = rng.choice([2, 3, 5, 8])
+    s = streaks(streak_stop_at=stop_at, streak_warn_at=0, streak_stop_on=stop_on)
+    reported: dict[int, tg.Outcome] = {}
+    pending: list[int] = []
+    outcomes = [DENIED] * 6 + [ERROR, ERROR, OK, tg.Outcome.UNKNOWN]
+    for _ in range(400):
+        step = rng.random()
+        if step < 0.45 or not pending:
+            pending.append(s.count_call(key(1 if rng.random() < 0.93 else rng.randrange(2, 4)), "t"))
+        elif step < 0.97:  # mostly the latest calls: long runs wait behind a lost one
+            seq = pending.pop(rng.randrange(max(0, len(pending) - 3), len(pending)))
+            reported[seq] = rng.choice(outcomes)
+            s.record_outcome(seq, reported[seq])
+        else:
+            seq = pending.pop(rng.randrange(len(pending)))
+            reported[seq] = DENIED  # (how an abandoned call settles)
+            s.abandon(seq)
+        assert s.provisional_stop_count() == _plain_worst_stop(s, reported, stop_on == "any")
+
+
+class _CountedReads(dict):
+    reads = 0
+
+    def get(self, *args):
+        _CountedReads.reads += 1
+        return super().get(*args)
+
+
+def test_each_early_denial_behind_a_lost_outcome_is_walked_once_not_at_every_check():
+    s = streaks()
+    s._early = _CountedReads()
+    s.count_call(key(1), "t")  # its outcome never comes
+    calls = 3000
+    for _ in range(calls):
+        s.record_outcome(s.count_call(key(1), "t"), DENIED)
+        assert s.provisional_stop_count() == 1
+    assert _CountedReads.reads <= 3 * calls  # walking the whole run at each check reads ~calls**2 / 2

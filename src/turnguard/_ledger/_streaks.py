@@ -52,6 +52,10 @@ MAX_FIRED = 64
 """Detections one streak can note (a threshold and a level each) that a snapshot may hold."""
 
 
+MAX_SKIPS = 64
+"""Runs of early denials ``_worst_stop`` remembers before it forgets them all and finds them again."""
+
+
 MAX_ENDED_STREAKS = 1024
 """Ended streaks still settling that a ledger keeps (``EndedStreak``): past it, the oldest is given
 up (its late outcomes then change no streak). A batch holds more only when it alternates keys, whose
@@ -78,6 +82,7 @@ class Streaks(CallCounts):
         "_restarts",
         "_results",
         "_settled",
+        "_skips",
         "_stateful",
         "_stop_any",
         "_stop_knew",
@@ -105,6 +110,9 @@ class Streaks(CallCounts):
         self._longest = 0
         """The largest stop count a streak of the turn reached before it ended (``longest_stop_count``)."""
         self._early: dict[int, Outcome] = {}
+        self._skips: dict[int, int] = {}
+        """Runs of the streak's waiting calls denied early, found by ``_worst_stop``: the highest
+        check of each run to its lowest, so that the next count jumps over them."""
         self._fired: set[tuple[str, str]] = set()
         self._stop_knew: frozenset[int] | None = None
         """The waiting calls whose results the streak's stop counted with when it fired (at a
@@ -509,17 +517,31 @@ class Streaks(CallCounts):
         """The stop count after check ``last`` if the calls of the streak waiting for an outcome
         up to it all failed, and the calls whose outcome is known counted as they went, with their
         results (a stateful tool's changed result restarts the count there): counted backwards
-        from ``last``, stopping at a known reset, a restart or ``streak_stop_at`` (so the cost is
-        bounded by the threshold, not the streak)."""
+        from ``last``, stopping at a known reset, a restart or ``streak_stop_at``. Calls denied
+        early neither count nor stop it, so each run of them is walked once (``_skips``): the cost
+        is bounded by the threshold, not the streak."""
         limit = self.stop_at
         if not limit:
             return 0
+        skips = self._skips
+        if len(skips) > MAX_SKIPS:  # (most are of settled checks or ended streaks: a count finds the rest again)
+            skips.clear()
         early, results = self._early, self._results
         any_outcome = self._stop_any
+        floor = self.next_to_settle
         count = 0
         seq = last
-        while seq >= self.next_to_settle:
+        top = None  # the highest check of the run of early denials being walked
+        while seq >= floor:
             outcome = early.get(seq)
+            if outcome is _DENIED and not (results and seq in results):
+                if top is None:
+                    top = seq
+                seq = skips.pop(seq, seq) - 1  # (an entry an earlier count found: the run goes on below it)
+                continue
+            if top is not None:
+                skips[top] = seq + 1
+                top = None
             if outcome is None or outcome is _ERROR or (any_outcome and outcome is not _DENIED):
                 count += 1
                 if count >= limit:
@@ -529,6 +551,8 @@ class Streaks(CallCounts):
             if results and seq in results and self._restarts_at(seq):
                 return count
             seq -= 1
+        if top is not None:
+            skips[top] = seq + 1
         return min(limit, count + (self._settled if any_outcome else self._failing))
 
     def provisional_streak_length(self) -> int:
