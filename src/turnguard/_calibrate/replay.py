@@ -299,10 +299,12 @@ def replay_turn(
     the turn's unfinished calls (``unfinished_calls``), waited for as the live turn waited."""
     recorded = turn.calls
     skip = min(first_check - 1, n := len(recorded))
-    waiting = still_waiting(lost, skip)
     if ledger is None:
         ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
-        advance(ledger, turn, digests, starts, 0, skip, [] if lost else None)
+        waiting: list[int] = []
+        advance(ledger, turn, digests, starts, 0, skip, waiting if lost else None)
+    else:
+        waiting = still_waiting(lost, skip)
     asks: list[int] = list(asks_before)
     driver = policy.driver(ledger)
     results = driver.polls is not None
