@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import subprocess
+import sys
 import tarfile
 import tomllib
 import venv
@@ -62,10 +64,11 @@ def test_every_file_in_the_asset_folders_is_an_asset():
     assert found == EXPECTED
 
 
-def test_the_wheel_carries_exactly_the_asset_entries_inside_the_package():
+def test_the_wheel_carries_exactly_the_asset_files_inside_the_package():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     forced = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
-    assert forced == {entry: f"turnguard/_assets/{entry}" for entry in assets.ENTRIES}
+    assert forced == {path: f"turnguard/_assets/{path}" for path in EXPECTED}
+    assert {path.split("/")[0] for path in EXPECTED} == set(assets.ENTRIES)
 
 
 def test_assets_writes_every_file_as_shipped(tmp_path, capsys):
@@ -351,3 +354,54 @@ def test_an_editable_install_writes_the_checkouts_files_as_edited(source, python
     finally:
         rules.write_bytes((ROOT / "rules" / "turnguard.rules.yaml").read_bytes())
     assert written == expected and written["rules/turnguard.rules.yaml"].endswith(b"after the install\n")
+
+
+STRAYS = ("dashboards/draft.json", "dashboards/provisioning/dashboards/old.yaml", "rules/notes.txt",
+          "prometheus/prometheus.yml.bak", "rules/extra.rules.yaml")
+"""What an operator's or a contributor's working tree may hold beside the assets."""
+
+
+@pytest.mark.slow
+def test_a_wheel_built_beside_stray_files_carries_only_the_assets(source, tmp_path):
+    tree_copy = tmp_path / "turnguard"
+    shutil.copytree(source, tree_copy)
+    for stray in STRAYS:
+        (tree_copy / stray).write_text("a file that is not an asset\n")
+    subprocess.run([sys.executable, "-m", "build", "-q", "--wheel", "--outdir", str(tmp_path / "dist"), str(tree_copy)],
+                   check=True, timeout=600, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("turnguard-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        prefix = "turnguard/_assets/"
+        packaged = {n.removeprefix(prefix) for n in archive.namelist() if n.startswith(prefix)}
+    assert packaged == EXPECTED | {"__init__.py"}
+
+
+@pytest.mark.parametrize("generator", ["build", "rules"])
+def test_a_generator_of_an_installed_package_writes_nothing_there_without_out(generator, monkeypatch, tmp_path,
+                                                                             capsys):
+    """Run from a wheel install, the generators would rewrite the package's own files (and pip's
+    record of them): they refuse, and name the command that renders an operator's files."""
+    from turnguard._boards import build, rules
+
+    main = {"build": build.main, "rules": rules.main}[generator]
+    before = shipped()
+    monkeypatch.setattr(assets, "installed", lambda: True)
+    with pytest.raises(SystemExit) as exit:
+        main([])
+    assert exit.value.code == 2 and "turnguard assets DIR --config" in capsys.readouterr().err
+    assert shipped() == before
+    assert main(["--check"]) == 0  # reading is fine
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["--out", str(out)]) == 0 and any(out.rglob("*.*"))
+
+
+@pytest.mark.slow
+def test_the_rules_generator_of_a_wheel_install_leaves_the_package_as_installed(dists, python, tmp_path):
+    install(python, dists["wheel"])
+    package = assets_root(python)
+    before = tree(package)
+    result = subprocess.run([python, "-m", "turnguard._boards.rules"], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=isolated())
+    assert result.returncode == 2 and "turnguard assets DIR --config" in result.stderr
+    assert tree(package) == before

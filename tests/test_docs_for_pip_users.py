@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -26,7 +27,7 @@ USER_PAGES = [p for p in (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.m
               if p.relative_to(ROOT).as_posix() not in CONTRIBUTOR_PAGES]
 FROM_A_CLONE = "From a clone of the repository"
 CHECKOUT_ONLY = re.compile(r"(?<![\w./-])(?:\.venv/|\./dev\.sh|tests/|tools/|benchmarks/|src/turnguard/)"
-                           r"|python -m turnguard\.boards")
+                           r"|python -m turnguard\.(?:_\w|boards\b)")
 """A path or command that exists only in a checkout."""
 OUTSIDE = re.compile(r"\.\./shared\b")
 """Data outside the repository: in no checkout either."""
@@ -65,13 +66,27 @@ def test_the_checker_sees_what_it_must():
     """A command the checker missed would pass anything."""
     page = USER_PAGES[0].parent / "x.md"
     samples = {"```bash\n.venv/bin/python tools/x.py\n```\n": 1, "Run `python tests/probe_fleet.py out.jsonl`.\n": 1,
-               f"{FROM_A_CLONE}:\n\n```bash\n./dev.sh test\n```\n": 0, "See `tests/fleet.py` for the mix.\n": 0}
+               f"{FROM_A_CLONE}:\n\n```bash\n./dev.sh test\n```\n": 0, "See `tests/fleet.py` for the mix.\n": 0,
+               "```bash\npython -m turnguard._boards.build --config t.toml\n```\n": 1,
+               "Run `python -m turnguard._boards.rules`.\n": 1, "Run `python -m turnguard.boards.build`.\n": 1,
+               "Run `python -m turnguard hook claude-code`.\n": 0}
     for text, flagged in samples.items():
         try:
             page.write_text(text, encoding="utf-8")
             assert sum(1 for _, t, said in commands(page) if CHECKOUT_ONLY.search(t) and not said) == flagged, text
         finally:
             page.unlink()
+
+
+MODULE_COMMAND = re.compile(r"python -m (turnguard[\w.]*)")
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))],
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_module_a_page_runs_exists(page):
+    """A page that names ``python -m turnguard.x`` names a module there is (modules were renamed)."""
+    named = set(MODULE_COMMAND.findall(page.read_text(encoding="utf-8")))
+    assert not {name for name in named if importlib.util.find_spec(name.rstrip(".")) is None}
 
 
 # -- the extras ------------------------------------------------------------------------------------

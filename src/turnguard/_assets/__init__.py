@@ -29,7 +29,7 @@ from typing import Any
 
 ENTRIES = ("collector-config.yaml", "builder-config.yaml", "dashboards", "prometheus", "rules")
 """The top-level files and folders that are the assets, in the order they are listed; the wheel's
-``force-include`` names the same ones."""
+``force-include`` names each of their files."""
 SUFFIXES = frozenset({".json", ".yaml", ".yml"})
 """What an asset file is; anything else in those folders (a stray ``__pycache__``) is not one."""
 
@@ -43,6 +43,17 @@ def root() -> Path:
             return candidate
     raise FileNotFoundError(f"turnguard's assets are missing: neither {package} nor {package.parents[2]} "
                             f"holds {', '.join(ENTRIES)}")
+
+
+INSTALLED = ("the shipped files belong to the installed package: render yours with "
+             "`turnguard assets DIR --config turnguard.toml` (or give --out)")
+"""Why a generator (``turnguard._boards``) run from a wheel install writes nothing without ``--out``."""
+
+
+def installed() -> bool:
+    """Whether the assets are an installed package's (a wheel's), not a checkout's: the generators
+    (``turnguard._boards``) must not write there, where pip's record of the files would go stale."""
+    return root() == Path(__file__).resolve().parent
 
 
 def files() -> dict[PurePosixPath, Path]:

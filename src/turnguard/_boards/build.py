@@ -118,7 +118,7 @@ def stale(built: dict[str, str], directory: Path) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT, help="directory for the JSON files (default: dashboards/)")
+    parser.add_argument("--out", type=Path, default=None, help="directory for the JSON files (default: dashboards/)")
     parser.add_argument("--config", metavar="TOML", help="build for this turnguard.toml (default: GuardConfig())")
     parser.add_argument("--check", action="store_true", help="fail if the files in --out differ from a fresh build")
     args = parser.parse_args(argv)
@@ -127,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError) as exc:
         parser.error(str(exc))
     built = for_config(config)
+    if args.out is None:
+        if assets.installed() and not args.check:
+            parser.error(assets.INSTALLED)
+        args.out = OUT
     if args.check:
         for name in stale(built, args.out):
             print(f"{args.out / name} is stale: run python -m turnguard._boards.build", file=sys.stderr)

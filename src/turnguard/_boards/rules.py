@@ -638,6 +638,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="the assets' top level (default: the checkout's)")
     parser.add_argument("--check", action="store_true", help="fail if the files differ from a fresh render")
     args = parser.parse_args(argv)
+    if args.out is None and assets.installed() and not args.check:
+        parser.error(assets.INSTALLED)
     files = written(args.out or assets.root())
     if args.check:
         stale = [path for path, text in files.items() if not path.exists() or path.read_text() != text]
