@@ -30,7 +30,13 @@ from llm.cli import cli  # noqa: E402
 from llm.plugins import pm  # noqa: E402
 
 import turnguard as tg  # noqa: E402
-from turnguard.integrations.llm_plugin import ChainGuard, TurnGuardHalted, chain  # noqa: E402
+from turnguard.integrations.llm_plugin import (  # noqa: E402
+    ChainGuard,
+    GuardedChain,
+    TurnGuardHalted,
+    chain,
+    turn_state,
+)
 
 
 class ScriptedSteps:
@@ -182,9 +188,14 @@ def test_callbacks_work_on_a_plain_llm_chain(ran, read_file):
     assert len(ran) == 8
 
 
-def test_refuses_to_replace_the_hosts_own_callbacks(read_file):
-    with pytest.raises(TypeError, match="ChainGuard"):
-        chain(tg.Guard(), ScriptedToolModel("scripted", []), "x", tools=[read_file], before_call=print)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_the_hosts_own_callbacks_run_after_turnguards(ran, read_file, asynchronous):
+    seen = []
+    model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("s", distinct_steps(2))
+    guarded = chain(tg.Guard(), model, "x", tools=[read_file], before_call=lambda tool, call: seen.append("before"),
+                    after_call=lambda tool, call, result: seen.append(result.output))
+    assert (asyncio.run(guarded.atext()) if asynchronous else guarded.text()) == "done"
+    assert seen == ["before", "contents of f0.py", "before", "contents of f1.py"]
 
 
 class ScriptedPlugin:
@@ -493,3 +504,240 @@ def test_a_polling_tool_results_output_is_its_result_and_a_changed_one_is_progre
         with pytest.raises(TurnGuardHalted):
             run()
     assert_polled(turn_ends, changing, len(polled))
+
+
+# -- calls llm answers without running them (it skips after_call): each gets its outcome -----------
+
+
+class Outcomes:
+    """The outcomes a guard records, and those it ignores (a report no check waited for)."""
+
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, tg.Outcome]] = []
+        self.ignored: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_outcome_recorded(self, turn, call, outcome, verdict) -> None:
+        self.recorded.append((call.name, outcome))
+
+    @tg.hookimpl
+    def turnguard_outcome_ignored(self, turn, call, outcome, reason) -> None:
+        self.ignored.append(reason)
+
+    def guard(self, config: tg.GuardConfig | None = None) -> tg.Guard:
+        guard = tg.Guard(config or tg.GuardConfig())
+        guard.register(self, "outcomes")
+        return guard
+
+
+UNIMPLEMENTED = llm.Tool(name="deploy", description="Deploy.", input_schema={"type": "object", "properties": {}},
+                         implementation=None)
+NOT_RUN = {"unknown name": ("reed_file", {"path": "a.py"}), "no implementation": ("deploy", {})}
+"""Calls llm answers with an error instead of running them: a tool the chain does not have, one it
+has without an implementation (a sync chain raises on it; an async one answers it)."""
+
+
+def run_chain(guarded, asynchronous: bool) -> str:
+    return asyncio.run(guarded.atext()) if asynchronous else guarded.text()
+
+
+def not_run_cases():
+    return [pytest.param(step, asynchronous, id=f"{name}-{'async' if asynchronous else 'sync'}")
+            for name, step in NOT_RUN.items() for asynchronous in (False, True)
+            if asynchronous or name != "no implementation"]
+
+
+@pytest.mark.parametrize(("step", "asynchronous"), not_run_cases())
+def test_calls_llm_cannot_run_are_error_outcomes_and_the_eighth_in_a_row_stops_the_chain(
+        ran, read_file, step, asynchronous):
+    outcomes = Outcomes()
+    model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("s", itertools.repeat(step, 40))
+    guarded = chain(outcomes.guard(), model, "go", tools=[read_file, UNIMPLEMENTED])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_chain(guarded, asynchronous)
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK and "8 failing" in str(stopped.value)
+    assert model.requests == 8 and ran == []
+    assert outcomes.recorded == [(step[0], tg.Outcome.ERROR)] * 8 and outcomes.ignored == []
+    summary = guarded.callbacks.turn.summary
+    assert (summary.tool_calls, summary.max_failing_streak) == (8, 8)
+
+
+@pytest.mark.parametrize(("step", "asynchronous"), not_run_cases())
+def test_attended_calls_llm_cannot_run_are_asked_about_as_calls_of_a_failing_tool_are(
+        read_file, step, asynchronous):
+    def questions(step) -> list:
+        asked = []
+
+        def ask(verdict: tg.Verdict) -> str:
+            asked.append((verdict.event.level, verdict.event.failing_streak_length))
+            return "continue"
+
+        model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("s", [step] * 20)
+        guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))  # (a "continue" at the warn level restarts the streak)
+        assert run_chain(chain(guard, model, "go", tools=[read_file, UNIMPLEMENTED], ask=ask), asynchronous) == "done"
+        return asked
+
+    failing = questions(("read_file", {"path": "missing.py"}))
+    assert failing[0] == (tg.Level.STOP, 8)
+    assert questions(step) == failing
+
+
+def test_a_sync_chain_that_dies_on_a_tool_without_implementation_recorded_its_call_failed(read_file):
+    outcomes = Outcomes()
+    model = ScriptedToolModel("s", [NOT_RUN["no implementation"]])
+    guarded = chain(outcomes.guard(), model, "go", tools=[UNIMPLEMENTED])
+    with pytest.raises(ValueError, match="No implementation"):
+        guarded.text()
+    assert outcomes.recorded == [("deploy", tg.Outcome.ERROR)] and guarded.callbacks.turn.summary.reason == "error"
+
+
+def cancel(tool, tool_call) -> None:
+    raise llm.CancelToolCall("the user said no")
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_calls_the_hosts_before_call_cancels_are_denied_outcomes_and_never_wait(ran, read_file, asynchronous):
+    outcomes = Outcomes()
+    model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("s", [("read_file", {"path": "a"})] * 3)
+    guarded = chain(outcomes.guard(), model, "go", tools=[read_file], before_call=cancel)
+    assert run_chain(guarded, asynchronous) == "done"
+    assert outcomes.recorded == [("read_file", tg.Outcome.DENIED)] * 3 and outcomes.ignored == [] and ran == []
+    assert model.tool_results_seen == ["Cancelled: the user said no"] * 3
+
+
+@pytest.mark.parametrize("through", ["GuardedChain", "end"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_calls_a_hook_wrapping_chainguards_cancels_are_denied_by_the_next_request_or_the_end(
+        ran, read_file, asynchronous, through):
+    """A host that wraps ``ChainGuard``'s callbacks in its own and cancels after them (llm skips
+    ``after_call``): reported before the next request (``GuardedChain``), else when it ends."""
+    outcomes = Outcomes()
+    callbacks = ChainGuard(outcomes.guard())
+    steps = [[("read_file", {"path": "a"}), ("read_file", {"path": "b"})], ("read_file", {"path": "c"})]
+    if asynchronous:
+        async def abefore(tool, tool_call):
+            await callbacks.abefore_call(tool, tool_call)
+            cancel(tool, tool_call)
+
+        plain = ScriptedAsyncToolModel("s", steps).chain("go", tools=[read_file], before_call=abefore,
+                                                          after_call=callbacks.aafter_call)
+    else:
+        def before(tool, tool_call):
+            callbacks.before_call(tool, tool_call)
+            cancel(tool, tool_call)
+
+        plain = ScriptedToolModel("s", steps).chain("go", tools=[read_file], before_call=before,
+                                                    after_call=callbacks.after_call)
+    if through == "GuardedChain":
+        guarded = GuardedChain(plain, callbacks)
+        assert run_chain(guarded, asynchronous) == "done"
+    else:
+        assert (asyncio.run(plain.text()) if asynchronous else plain.text()) == "done"
+        callbacks.end()
+    assert outcomes.recorded == [("read_file", tg.Outcome.DENIED)] * 3 and outcomes.ignored == [] and ran == []
+    assert callbacks.turn.summary.tool_calls == 3
+
+
+# -- a chain a tool pauses (llm.PauseChain) is put aside, and the chain resuming it continues it -----
+
+
+class Approval:
+    """A tool that pauses the chain for a person the first time it is called, then is approved."""
+
+    def __init__(self, asynchronous_tool: bool) -> None:
+        self.paused = 0
+
+        def approve(action: str) -> str:
+            """Deploy, once a person approved."""
+            if not self.paused:
+                self.paused += 1
+                raise llm.PauseChain("waiting for a person")
+            return f"approved {action}"
+
+        async def aapprove(action: str) -> str:
+            """Deploy, once a person approved."""
+            return approve(action)
+
+        self.tool = aapprove if asynchronous_tool else approve
+        self.tool.__name__ = "approve"
+
+
+PAUSES = {
+    "alone": [("approve", {"action": "deploy"})],
+    "mid-batch": [
+        [("read_file", {"path": "f0.py"}), ("approve", {"action": "deploy"}), ("read_file", {"path": "f1.py"})]
+    ],
+}
+PAUSE_CASES = [pytest.param(batch, asynchronous, tool_kind, id=f"{name}-{chain_kind}-{tool_kind}")
+               for name, batch in PAUSES.items()
+               for asynchronous, chain_kind in ((False, "sync"), (True, "async"))
+               for tool_kind in ("sync-tool", "async-tool") if asynchronous or tool_kind == "sync-tool"]
+
+
+def paused_chain(turn_ends, outcomes, batch, asynchronous, tool_kind, read_file):
+    """Run a chain to its pause: (the guard, the chain, the PauseChain, the last response)."""
+    guard = turn_ends.guard()
+    guard.register(outcomes, "outcomes")
+    approval = Approval(tool_kind == "async-tool")
+    model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("s", batch)
+    guarded = chain(guard, model, "deploy", tools=[read_file, approval.tool])
+    responses = []
+
+    async def aread():
+        async for response in guarded.aresponses():
+            responses.append(response)
+            await response.text()
+
+    with pytest.raises(llm.PauseChain) as paused:
+        if asynchronous:
+            asyncio.run(aread())
+        else:
+            for response in guarded.responses():
+                responses.append(response)
+                response.text()
+    return guard, guarded, paused.value, responses[-1], approval
+
+
+@pytest.mark.parametrize(("batch", "asynchronous", "tool_kind"), PAUSE_CASES)
+def test_a_chain_a_tool_pauses_is_put_aside_not_ended_and_nothing_is_recorded_for_the_paused_call(
+        turn_ends, read_file, batch, asynchronous, tool_kind):
+    outcomes = Outcomes()
+    _, guarded, pause, _, _ = paused_chain(turn_ends, outcomes, batch, asynchronous, tool_kind, read_file)
+    from turnguard.telemetry import _names as names
+
+    assert turn_ends.summaries == [] and turn_ends.otel.points(names.METRIC_TURN_TOOL_CALLS[0]) == []
+    summary = guarded.callbacks.turn.summary
+    assert summary.reason == "suspended" and summary.resolved is None
+    assert ("approve", tg.Outcome.OK) not in outcomes.recorded and all(o is tg.Outcome.OK for _, o in outcomes.recorded)
+    state = turn_state(pause)
+    assert state is not None and state["llm"] == {"paused": [pause.tool_call.tool_call_id]}
+    assert json.loads(json.dumps(state)) == state
+
+
+@pytest.mark.parametrize(("batch", "asynchronous", "tool_kind"), PAUSE_CASES)
+def test_the_chain_resuming_a_paused_one_continues_its_turn_and_ends_it_once(
+        turn_ends, read_file, batch, asynchronous, tool_kind):
+    outcomes = Outcomes()
+    guard, guarded, pause, last, approval = paused_chain(turn_ends, outcomes, batch, asynchronous, tool_kind,
+                                                         read_file)
+    checked = len(outcomes.recorded) + 1  # the calls reported before the pause, and the paused one
+    state = json.loads(json.dumps(turn_state(pause)))  # kept with the messages, as a host would
+
+    async def history():
+        return last.prompt.messages + await last.messages()
+
+    messages = asyncio.run(history()) if asynchronous else last.prompt.messages + last.messages()
+    model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("s", ["deployed"])
+    resumed = chain(guard, model, None, messages=messages, tools=[read_file, approval.tool], state=state)
+    assert run_chain(resumed, asynchronous) == "deployed"
+    assert ("approve", tg.Outcome.OK) in outcomes.recorded and outcomes.ignored == []
+    from turnguard.telemetry import _names as names
+
+    assert [s.reason for s in turn_ends.summaries] == ["completed"]
+    points = turn_ends.otel.points(names.METRIC_TURN_TOOL_CALLS[0])
+    assert [p.attributes[names.TURN_OUTCOME] for p in points] == ["completed"]  # one point: where it ended
+    summary = turn_ends.summaries[0]
+    assert summary.turn_id == guarded.callbacks.turn.turn_id
+    # llm runs again every call of the paused response without a result: only the paused one was checked already
+    pending = len(batch[0]) if isinstance(batch[0], list) else 1
+    assert summary.tool_calls == checked + pending - 1

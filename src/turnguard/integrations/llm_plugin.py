@@ -11,7 +11,13 @@ llm 0.36 has no tool-call hook, so the guard rides on ``chain(before_call=, afte
   async) also count each model request as a cycle (llm creates a chain's
   responses lazily, so the check runs before the request is sent) and end the turn: ``error``
   (``resolved=False``) when the model raises, as its exception leaves the response being read;
-  ``cancelled`` when the reading stops early.
+  ``cancelled`` when the reading stops early. A chain a tool pauses (``llm.PauseChain``) is not
+  ended: its turn is put aside, its state on the exception (``turn_state(pause)``), and the chain
+  that resumes it (``chain(..., state=)``) continues it.
+- A call llm answers without running it gets its outcome all the same, as the other adapters'
+  frameworks report theirs: ``ERROR`` for a tool that does not exist or has no implementation
+  (llm calls ``before_call`` for it, never ``after_call``), ``DENIED`` for one a hook of the
+  host's cancelled (``llm.CancelToolCall``), found before the next request.
 - HALT raises ``TurnGuardHalted`` from the callback, which ends llm's chain (llm only turns
   ``CancelToolCall`` into a tool result; any other exception stops the chain). ASK goes to the
   ``ask`` callback, the same route llm's own ``--ta`` approval takes (a ``before_call``); a "stop"
@@ -28,6 +34,7 @@ to implement, hence the separate command.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -41,7 +48,13 @@ from turnguard._model import Outcome, ToolCall
 from turnguard._terminal import shown
 from turnguard.integrations import _common as common
 
-__all__ = ["ChainGuard", "GuardedChain", "TurnGuardHalted", "chain"]
+__all__ = ["ChainGuard", "GuardedChain", "TurnGuardHalted", "chain", "turn_state"]
+
+PAUSED_KEY = "llm"
+"""The adapter's section of a paused chain's turn state: the ids of the calls that paused it
+(checked, without an outcome: the resumed chain runs them again, unchecked, and reports them)."""
+STATE_ATTR = "turnguard_state"
+"""The attribute of an ``llm.PauseChain`` that holds its chain's turn state (``turn_state``)."""
 
 
 class TurnGuardHalted(common.TurnHalted):
@@ -49,7 +62,13 @@ class TurnGuardHalted(common.TurnHalted):
 
 
 class ChainGuard:
-    """``before_call``/``after_call`` callbacks holding one chain's turn (use one per chain)."""
+    """``before_call``/``after_call`` callbacks holding one chain's turn (use one per chain).
+
+    ``before_call``/``after_call``: the host's own (an approval like llm's ``--ta``, a log), run
+    after turnguard's; a call the host's ``before_call`` cancels (``llm.CancelToolCall``) is
+    recorded ``DENIED``. ``state``: the ``turn_state`` of a chain a tool paused, to continue its
+    turn (its paused calls, which llm runs first, are not checked twice); ``durable``: such a state
+    resumes in any process (``Guard.turn(durable=True)``), not only in this one."""
 
     def __init__(
         self,
@@ -59,44 +78,128 @@ class ChainGuard:
         promptable: bool | None = None,
         conversation_id: str | None = None,
         agent_name: str | None = None,
+        durable: bool = False,
+        state: Any = None,
+        before_call: Callable[..., Any] | None = None,
+        after_call: Callable[..., Any] | None = None,
     ) -> None:
-        self.driver: common.RunDriver = common.open_turn(
-            guard, ask=ask, promptable=promptable, conversation_id=conversation_id, agent_name=agent_name
-        )
         self._calls: dict[int, ToolCall] = {}
         self._reminders: dict[int, str] = {}
+        self._host_before = before_call
+        self._host_after = after_call
+        self._paused: set[str] = set()
+        """Call ids of the resumed state's paused calls: checked before the pause, reported now."""
+        self.driver: common.RunDriver
+        if state is None:
+            self.driver = common.open_turn(
+                guard, ask=ask, promptable=promptable, conversation_id=conversation_id, agent_name=agent_name,
+                durable=durable,
+            )
+            return
+        section = common.adapter_section(state, PAUSED_KEY)  # a bad one is refused before the turn resumes
+        if section is not None:
+            self._paused.update(common.section_call_ids(section, "paused"))
+        self.driver = common.RunDriver(guard.resume(state), ask=ask)
 
     @property
     def turn(self):
         return self.driver.turn
 
     def begin_cycle(self) -> None:
-        """Before a model request: raises ``TurnGuardHalted`` past the cycle cap."""
+        """Before a model request: raises ``TurnGuardHalted`` past the cycle cap. Calls of the last
+        response still without an outcome were cancelled by a hook around these callbacks (llm
+        skips ``after_call`` then): they are recorded ``DENIED`` first."""
+        if self._calls:
+            for call in self._unreported():
+                TurnGuardHalted.stop(self.driver.outcome(call, Outcome.DENIED))
         TurnGuardHalted.stop(self.driver.cycle())
 
+    async def abegin_cycle(self) -> None:
+        """``begin_cycle`` for async chains: an async ``ask`` callback is awaited."""
+        if self._calls:
+            for call in self._unreported():
+                TurnGuardHalted.stop(await self.driver.aoutcome(call, Outcome.DENIED))
+        TurnGuardHalted.stop(await self.driver.acycle())
+
     def before_call(self, tool: Any, tool_call: Any) -> None:
-        self._checked(tool_call, self.driver.check(self._start(tool_call)))
+        call = self._start(tool_call)
+        if not self._paused or not self._was_paused(call):
+            self._checked(tool_call, self.driver.check(call))
+        if self._host_before is not None:
+            try:
+                _synchronously(self._host_before(tool, tool_call), "before_call")
+            except llm.CancelToolCall as cancel:
+                denied = self._not_run(tool_call, Outcome.DENIED, f"Cancelled: {cancel}")
+                TurnGuardHalted.stop(self.driver.outcome(*denied), cancel)
+                raise
+        if tool is None or not tool.implementation:
+            failed = self._not_run(tool_call, Outcome.ERROR, _missing(tool, tool_call))
+            TurnGuardHalted.stop(self.driver.outcome(*failed))
 
     def after_call(self, tool: Any, tool_call: Any, result: Any) -> None:
         call, outcome, output = self._finish(tool_call, result)
-        TurnGuardHalted.stop(self.driver.outcome(call, outcome, output))
+        decision = self.driver.outcome(call, outcome, output)
+        if self._host_after is not None:
+            _synchronously(self._host_after(tool, tool_call, result), "after_call")
+        TurnGuardHalted.stop(decision)
 
     async def abefore_call(self, tool: Any, tool_call: Any) -> None:
-        """``before_call`` for async chains: an async ``ask`` callback is awaited."""
-        self._checked(tool_call, await self.driver.acheck(self._start(tool_call)))
+        """``before_call`` for async chains: an async ``ask`` callback (or hook of the host's) is awaited."""
+        call = self._start(tool_call)
+        if not self._paused or not self._was_paused(call):
+            self._checked(tool_call, await self.driver.acheck(call))
+        if self._host_before is not None:
+            try:
+                await _awaited(self._host_before(tool, tool_call))
+            except llm.CancelToolCall as cancel:
+                denied = self._not_run(tool_call, Outcome.DENIED, f"Cancelled: {cancel}")
+                TurnGuardHalted.stop(await self.driver.aoutcome(*denied), cancel)
+                raise
+        if tool is None or not tool.implementation:
+            failed = self._not_run(tool_call, Outcome.ERROR, _missing(tool, tool_call))
+            TurnGuardHalted.stop(await self.driver.aoutcome(*failed))
 
     async def aafter_call(self, tool: Any, tool_call: Any, result: Any) -> None:
         call, outcome, output = self._finish(tool_call, result)
-        TurnGuardHalted.stop(await self.driver.aoutcome(call, outcome, output))
+        decision = await self.driver.aoutcome(call, outcome, output)
+        if self._host_after is not None:
+            await _awaited(self._host_after(tool, tool_call, result))
+        TurnGuardHalted.stop(decision)
 
     def _start(self, tool_call: Any) -> ToolCall:
         self._calls[id(tool_call)] = call = _call(tool_call)
         return call
 
+    def _was_paused(self, call: ToolCall) -> bool:
+        """Whether ``call`` is one the resumed chain's pause left checked (once: a later call
+        reusing its id is checked)."""
+        if call.call_id in self._paused:
+            self._paused.discard(call.call_id)
+            return True
+        return False
+
     def _checked(self, tool_call: Any, decision: common.Decision) -> None:
-        TurnGuardHalted.stop(decision)
+        try:
+            TurnGuardHalted.stop(decision)
+        except TurnGuardHalted:
+            self._calls.pop(id(tool_call), None)  # not run, and the chain stops: nothing to report
+            raise
         if decision.reminder:
             self._reminders[id(tool_call)] = decision.reminder
+
+    def _not_run(self, tool_call: Any, outcome: Outcome, answer: str) -> tuple[ToolCall, Outcome, str]:
+        """A checked call llm answers without running it, and never reports (cancelled by the host,
+        no such tool, none to run): its outcome, with the answer llm gives the model as its result."""
+        self._reminders.pop(id(tool_call), None)
+        call = self._calls.pop(id(tool_call), None) or _call(tool_call)
+        return call, outcome, answer
+
+    def _unreported(self) -> list[ToolCall]:
+        """The checked calls still without an outcome, taken off."""
+        calls = list(self._calls.values())
+        self._calls.clear()
+        self._reminders.clear()
+        return calls
 
     def _finish(self, tool_call: Any, result: Any) -> tuple[ToolCall, Outcome, Any]:
         """The checked call, its outcome and its result (the tool result's ``output``, as the tool
@@ -109,7 +212,51 @@ class ChainGuard:
         return call, Outcome.ERROR if getattr(result, "exception", None) is not None else Outcome.OK, output
 
     def end(self, exc: BaseException | None = None) -> None:
+        """End the turn with the reason ``exc`` gives; a chain paused by ``llm.PauseChain`` is put
+        aside instead (``turn_state(exc)``), for the chain that resumes it to continue."""
+        if isinstance(exc, llm.PauseChain):
+            self._put_aside(exc)
+            return
+        if exc is None and self._calls:  # the last response's calls a hook around these cancelled
+            for call in self._unreported():
+                self.driver.after(call, Outcome.DENIED)
         self.driver.end(exc)
+
+    def _put_aside(self, pause: llm.PauseChain) -> None:
+        """The paused calls (checked, not reported: the resumed chain runs and reports them) go in
+        the turn's state, set on ``pause``; nothing is recorded for them here."""
+        paused = [call.call_id for call in self._unreported() if call.call_id]
+        state = common.put_aside(self.driver.turn, self.driver.question)
+        if state is not None:
+            state[PAUSED_KEY] = {"paused": paused[: common.MAX_SECTION_CALLS]}
+        setattr(pause, STATE_ATTR, state)
+
+
+def _missing(tool: Any, tool_call: Any) -> str:
+    """What llm answers a call to ``tool`` it cannot run (``None``: no tool of that name)."""
+    return f'Error: tool "{tool_call.name}" {"does not exist" if tool is None else "has no implementation"}'
+
+
+def _synchronously(result: Any, hook: str) -> None:
+    """A sync chain's host hook must not return an awaitable: llm would refuse ours for it."""
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+        raise TypeError(f"a synchronous chain cannot await the host's {hook}: pass a synchronous one")
+
+
+async def _awaited(result: Any) -> None:
+    if inspect.isawaitable(result):
+        await result
+
+
+def turn_state(pause: BaseException) -> dict[str, Any] | None:
+    """The turn state of the chain ``pause`` (an ``llm.PauseChain``) paused: JSON data to keep with
+    the chain's messages and pass as ``chain(..., state=)`` to the chain that resumes it. ``None``
+    for an exception turnguard did not put a turn aside for."""
+    state = getattr(pause, STATE_ATTR, None)
+    return state if isinstance(state, dict) else None
 
 
 def _call(tool_call: Any) -> ToolCall:
@@ -140,7 +287,7 @@ class GuardedChain:
         """``responses()`` for an async model or conversation."""
         try:
             async for response in self.chain.responses():
-                self.callbacks.begin_cycle()
+                await self.callbacks.abegin_cycle()
                 yield _watched(response, self.callbacks)
         except BaseException as exc:
             self.callbacks.end(exc)
@@ -199,14 +346,17 @@ def chain(
     ask: common.Ask | None = None,
     promptable: bool | None = None,
     conversation_id: str | None = None,
+    durable: bool = False,
+    state: Any = None,
     **chain_kwargs: Any,
 ) -> GuardedChain:
     """``model.chain(prompt, ...)`` (or ``conversation.chain``) with turnguard's callbacks.
 
     ``chain_limit`` defaults to 0 (unbounded): turnguard is the bound; pass one to keep llm's too.
+    ``state``: the ``turn_state`` of a paused chain this one resumes (with its ``messages=``), to
+    continue its turn; ``durable=True`` lets a paused chain's state resume in another process.
+    ``before_call``/``after_call`` of the host's run after turnguard's (``ChainGuard``).
     """
-    if "before_call" in chain_kwargs or "after_call" in chain_kwargs:
-        raise TypeError("turnguard supplies before_call/after_call; wrap yours with ChainGuard instead")
     conversation = model_or_conversation
     if callable(getattr(conversation, "conversation", None)):  # a model: chain in a new conversation
         conversation = conversation.conversation()
@@ -216,6 +366,10 @@ def chain(
         promptable=promptable,
         conversation_id=conversation_id if conversation_id is not None else getattr(conversation, "id", None),
         agent_name=getattr(getattr(conversation, "model", None), "model_id", None),
+        durable=durable,
+        state=state,
+        before_call=chain_kwargs.pop("before_call", None),
+        after_call=chain_kwargs.pop("after_call", None),
     )
     chain_kwargs.setdefault("chain_limit", 0)
     before: Callable[..., Any]
