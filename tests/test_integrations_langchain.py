@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import subprocess
 import sys
 import time
@@ -785,3 +786,159 @@ def test_a_polling_tools_message_content_is_its_result_and_a_changed_one_is_prog
         with pytest.raises(TurnGuardHalted):
             asyncio.run(run(ask_user("wait for CI"), LIMIT)) if asynchronous else run(ask_user("wait"), LIMIT)
     assert_polled(turn_ends, changing, len(polled))
+
+
+# -- parallel batches: checked in the model's order, every outcome of a halted batch recorded ----
+
+
+class Seen:
+    """The calls checked and the outcomes recorded (a plugin), and the turn's summary."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, tg.Outcome]] = []
+        self.summaries: list[tg.TurnSummary] = []
+
+    @tg.hookimpl
+    def turnguard_outcome_recorded(self, turn, call, outcome, verdict) -> None:
+        self.outcomes.append((call.args["path"], outcome))
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.summaries.append(summary)
+
+
+def reference(config: tg.GuardConfig, script: list[list[str]]) -> tuple[list[str], object]:
+    """What the documented batch rule gives: each response's calls checked in the model's order
+    (up to a halt), then their outcomes; the paths run and the threshold that stopped the turn."""
+    turn = tg.Guard(config).turn()
+    ran: list[str] = []
+    for i, paths in enumerate(script):
+        allowed = []
+        for j, path in enumerate(paths):
+            call = tg.ToolCall("read_file", {"path": path}, call_id=f"c{i}-{j}")
+            if turn.check_call(call).action is tg.Action.HALT:
+                break
+            allowed.append(call)
+        for call in allowed:
+            ran.append(call.args["path"])
+            turn.record_outcome(call, tg.Outcome.ERROR if call.args["path"].startswith("missing") else tg.Outcome.OK)
+        if turn.halted is not None:
+            break
+    return sorted(ran), turn.end().threshold
+
+
+def jittered_run(config: tg.GuardConfig, script: list[list[str]], mode: str, exit_behavior: str, seed: int):
+    """``script`` (one list of paths per response) through the agent, each body sleeping a random
+    few milliseconds so the tool node's threads or tasks finish in a different order each run."""
+    jitter = random.Random(seed)
+    ran: list[str] = []
+    seen = Seen()
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        time.sleep(jitter.random() * 0.004)
+        ran.append(path)
+        if path.startswith("missing"):
+            raise ToolException(f"{path}: no such file")
+        return f"contents of {path}"
+
+    read_file.handle_tool_error = True
+    responses = [AIMessage(content="", tool_calls=[
+        {"name": "read_file", "args": {"path": p}, "id": f"c{i}-{j}", "type": "tool_call"}
+        for j, p in enumerate(paths)]) for i, paths in enumerate(script)]
+    middleware = TurnGuardMiddleware(tg.Guard(config, plugins={"seen": seen}), exit_behavior=exit_behavior)
+    agent = create_agent(ToolCallingFakeModel(messages=iter([*responses, AIMessage("done")])), [read_file],
+                         middleware=[middleware])
+    try:
+        invoke(agent, ask_user("read them"), LIMIT, mode=mode)
+    except TurnGuardHalted:
+        assert exit_behavior == "error"
+    return ran, seen
+
+
+BATCHES = {
+    **{f"cap-{cap}-of-4": (tg.GuardConfig(max_tool_calls_per_turn=cap), [["a.py", "b.py", "c.py", "d.py"]])
+       for cap in (1, 2, 3)},
+    "cap-after-a-batch": (tg.GuardConfig(max_tool_calls_per_turn=3), [["a.py", "b.py"], ["c.py", "d.py", "e.py"]]),
+    "streak-then-others": (tg.GuardConfig(), [["missing.py"]] * 7 + [["missing.py", "b.py", "b.py"]]),
+    "others-then-streak": (tg.GuardConfig(), [["missing.py"]] * 6 + [["b.py", "missing.py", "missing.py"]]),
+    "streak-in-one-batch": (tg.GuardConfig(), [["missing.py"] * 10]),
+}
+
+
+@pytest.mark.parametrize("exit_behavior", ["error", "end"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+def test_a_parallel_batch_gets_the_same_verdicts_and_outcomes_on_every_run(batch, mode, exit_behavior):
+    """Whatever order the tool node's threads or tasks run in: the calls are checked in the
+    model's order (the cap and the streak fall on the same call every run), and every body that
+    ran has its outcome recorded before the turn ends, a halt in its batch included."""
+    config, script = batch
+    expected = reference(config, script)
+    results = set()
+    for seed in range(4):
+        ran, seen = jittered_run(config, script, mode, exit_behavior, seed)
+        (summary,) = seen.summaries
+        assert sorted(path for path, _ in seen.outcomes) == sorted(ran)
+        assert summary.reason == ("halted" if expected[1] is not None else "completed")
+        results.add((tuple(sorted(ran)), summary.threshold))
+    assert results == {(tuple(expected[0]), expected[1])}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("refused_at", [1, 2, 4])
+def test_a_callback_refusal_in_a_batch_runs_exactly_the_calls_before_it_with_their_outcomes(mode, refused_at, seed):
+    """The callback is asked in the model's order, before any call of the response runs: the calls
+    before the one it refuses run and report, it and those after it do not run."""
+    jitter = random.Random(seed)
+    ran: list[str] = []
+    seen = Seen()
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        time.sleep(jitter.random() * 0.004)
+        ran.append(path)
+        raise ToolException(f"{path}: no such file")
+
+    read_file.handle_tool_error = True
+
+    def ask(verdict: tg.Verdict) -> str:
+        assert ran == []
+        return "stop"
+
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=refused_at + 1), plugins={"seen": seen})
+    agent = create_agent(one_batch("read_file", {"path": "a.py"}, 6), [read_file],
+                         middleware=[TurnGuardMiddleware(guard, ask=ask)])
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        invoke(agent, ask_user("read them"), LIMIT, mode=mode)
+    assert len(ran) == refused_at
+    assert sorted(o.value for _, o in seen.outcomes) == ["denied"] + ["error"] * refused_at
+
+
+def test_a_run_cancelled_while_a_batch_runs_settles_every_call_it_checked(turn_ends):
+    """Cancelled with three bodies running: each of them ends ``error``, none is left waiting."""
+    seen = Seen()
+
+    async def start(started):
+        running = []
+
+        @tool
+        async def read_file(path: str) -> str:
+            """Read a file."""
+            running.append(path)
+            if len(running) == 3:
+                started.set()
+            await asyncio.Event().wait()
+            return "never"
+
+        guard = tg.Guard(plugins={"seen": seen})
+        agent = TurnGuardMiddleware(guard)
+        graph = agent.watch(create_agent(one_batch("read_file", {"path": "a.py"}, 3), [read_file], middleware=[agent]))
+        return await graph.ainvoke(ask_user("go"), LIMIT)
+
+    cancel_once_started(start)
+    assert [o for _, o in seen.outcomes] == [tg.Outcome.ERROR] * 3
+    assert seen.summaries[-1].reason == "cancelled"

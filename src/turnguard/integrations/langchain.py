@@ -5,8 +5,12 @@ and ``langgraph>=1.2,<2``).
 
 ``middleware = TurnGuardMiddleware(guard)``, ``agent = middleware.watch(create_agent(model, tools,
 middleware=[middleware]))``. ``before_agent`` opens the turn, ``before_model`` is a cycle,
-``wrap_tool_call`` checks each call before the tool runs and records its outcome (an exception, or
-a ``ToolMessage`` with ``status="error"``, is ``ERROR``), ``after_agent`` ends the turn.
+``after_model`` checks the response's calls in the model's order before any runs,
+``wrap_tool_call`` applies each call's decision and records its outcome (an exception, or a
+``ToolMessage`` with ``status="error"``, is ``ERROR``), ``after_agent`` ends the turn. A halt in
+a batch of parallel calls is raised by its last call to settle, so the others report first; a
+call checked whose outcome never comes settles ``UNKNOWN`` as the turn ends (``ERROR`` when the
+run was cancelled while it ran).
 
 A tool that raises with no error handler, or a model that raises, ends the run, and the exception
 passes through ``wrap_tool_call`` / ``wrap_model_call``, which end the turn (``error``) there,
@@ -32,8 +36,8 @@ question pauses the whole batch on one interrupt whose value holds ``{"turnguard
 ``Answer``, or ``{"answer": ...}`` work too): "continue" goes on checking the batch (a later
 question pauses it again: each question of the batch is asked, and each resume answers the one it
 was given to), "stop" runs none of it. A stop-level question raised by an outcome
-pauses before the next model request. A callable ``ask`` answers inline; the calls of the batch
-that other threads or tasks check meanwhile wait for its answer. With ``ask="interrupt"`` the
+pauses before the next model request. A callable ``ask`` answers inline, in ``after_model``,
+before any call of the batch runs. With ``ask="interrupt"`` the
 turn's snapshot (``Turn.snapshot()``) goes into the graph state with each model request, the
 batch's checks and each tool message (parallel tool messages of one step: the newest snapshot is
 kept), so the checkpointer keeps it: a ``Command(resume=...)`` from another process with the same
@@ -78,6 +82,8 @@ INTERRUPT = "interrupt"
 INTERRUPT_KEY = "turnguard"
 SNAPSHOT_KEY = "turnguard_snapshot"
 MAX_OPEN_TURNS = 1024
+ERROR_IF_CANCELLED = {False: Outcome.UNKNOWN, True: Outcome.ERROR}
+"""How a call still running as its turn ends settles, by whether the run was cancelled."""
 """Turns whose run died without ``after_agent`` are ended (reason ``abandoned``) past this many."""
 
 
@@ -118,7 +124,15 @@ class _Run:
         self.asked: dict[str, tuple[Verdict, ToolCall]] = {}
         self.asked_after: Verdict | None = None
         self.planned: dict[str, tuple[ToolCall, common.Decision]] = {}
-        """Calls of the model's last response checked in ``after_model`` (``ask="interrupt"``), by id."""
+        """Calls of the model's last response checked in ``after_model`` and not started yet, by id."""
+        self.running: dict[str, ToolCall] = {}
+        """Calls whose body runs and whose outcome is not recorded yet, by id: whoever pops one
+        records its outcome (its own wrapper, or the turn's end settling it)."""
+        self.unsettled = 0
+        """Calls of the batch ``after_model`` planned that have not settled (run, or been refused)."""
+        self.halting: tuple[common.Decision, BaseException | None] | None = None
+        """A halt met inside the batch, raised by its last call to settle: the others run and
+        report their outcomes first, whatever order the framework's threads or tasks run them in."""
         self.answered: dict[str, Verdict] = {}
         """The questions ``after_model`` asked about the batch and got answers to, by call id, in
         the order asked: LangGraph re-runs the node from its start on each resume and hands its
@@ -224,6 +238,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             if run is not None:
                 self._forget(run)
         if run is not None:
+            self._settle_unreported(run, None)
             run.driver.end()  # "halted" when the turn latched a HALT
         return None
 
@@ -243,9 +258,13 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             if self.exit_behavior == "error":
                 raise TurnGuardHalted(halted)
             return {"jump_to": "end", "messages": [AIMessage(content=common.describe(halted))]}
+        if run.unsettled or run.planned or run.running:
+            # Calls of the last batch that never reached the tool node (a middleware jumped past
+            # it) settle as UNKNOWN; a halt met in the batch stops the run below.
+            self._settle_unreported(run, None)
         halted = run.driver.turn.halted
-        if halted is not None:  # exit_behavior="end": the halted call was answered; end the run
-            return self._end(run, halted)
+        if halted is not None:  # the halted call was answered ("end"), or never reached: end the run
+            return self._end(run, self._halt(run, common.Decision(common.Step.HALT, halted)))
         if run.asked_after is not None:
             # The stop level fired on an outcome: ask before the next model request (the tool has
             # already run, so the pause cannot sit inside the tool node, which a resume re-runs).
@@ -266,17 +285,43 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     @hook_config(can_jump_to=["end"])
     def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        """With ``ask="interrupt"``, check the model's calls here, in order, before any of them runs:
-        a question is one interrupt of this node and the whole batch waits for the answer (an
-        interrupt in each parallel tool call would pause it with many, and let the other calls run
-        meanwhile). A refusal stops the run before any call of the batch runs."""
-        if self.ask != INTERRUPT:
-            return None
+        """Check the model's calls here, in its order, before any of them runs: the tool node runs
+        them in parallel threads or tasks, whose scheduling would otherwise decide where a cap or a
+        streak falls. With ``ask="interrupt"`` a question is one interrupt of this node and the
+        whole batch waits for the answer (an interrupt in each parallel tool call would pause it
+        with many, and let the other calls run meanwhile); a refusal stops the run before any call
+        of the batch runs."""
         run = self._run(state)
         if run is None or run.driver.turn.halted is not None:
             return None
         calls = _unanswered_calls(state)
-        for tc in calls:
+        if self.ask == INTERRUPT:
+            return self._asked_batch(run, calls)
+        for index, tc in enumerate(calls):
+            call = common.make_call(tc.get("name"), tc.get("args"), tc.get("id"))
+            if not self._plan(run, calls, index, call, run.driver.check(call)):
+                break
+        run.unsettled = len(calls)
+        return None
+
+    @hook_config(can_jump_to=["end"])
+    async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        if self.ask == INTERRUPT:
+            return self.after_model(state, runtime)
+        run = self._run(state)
+        if run is None or run.driver.turn.halted is not None:
+            return None
+        calls = _unanswered_calls(state)
+        for index, tc in enumerate(calls):
+            call = common.make_call(tc.get("name"), tc.get("args"), tc.get("id"))
+            if not self._plan(run, calls, index, call, await run.driver.acheck(call)):
+                break
+        run.unsettled = len(calls)
+        return None
+
+    def _asked_batch(self, run: _Run, calls: list[ModelToolCall]) -> dict[str, Any] | None:
+        """``after_model`` with ``ask="interrupt"``: each question of the batch is an interrupt."""
+        for index, tc in enumerate(calls):
             key = str(tc.get("id"))
             if key in run.planned:  # this node ran again, resumed after one of its interrupts
                 replayed = run.answered.get(key)
@@ -289,7 +334,8 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
                 call = common.make_call(tc.get("name"), tc.get("args"), tc.get("id"))
                 decision = run.driver.before(call)
                 if decision.step is not common.Step.ASK:
-                    run.planned[key] = (call, decision)
+                    if not self._plan(run, calls, index, call, decision):
+                        break
                     continue
                 verdict = decision.verdict
                 run.asked[key] = (verdict, call)
@@ -302,10 +348,20 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
                 return self._refuse_batch(run, decision, calls)
             run.planned[key] = (call, decision)
         run.answered.clear()  # the node is done: the next batch's questions start at position 0
+        run.unsettled = len(calls)
         return self._persisted(run)
 
-    async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        return self.after_model(state, runtime)
+    @staticmethod
+    def _plan(run: _Run, calls: list[ModelToolCall], index: int, call: ToolCall, decision: common.Decision) -> bool:
+        """Plan ``calls[index]``; whether to go on. After a halt the later calls are not checked:
+        none of them runs, as none would have after the same calls run one at a time."""
+        run.planned[str(calls[index].get("id"))] = (call, decision)
+        if decision.step is common.Step.RUN:
+            return True
+        rest = common.Decision(common.Step.HALT, decision.verdict)
+        for tc in calls[index + 1:]:
+            run.planned[str(tc.get("id"))] = (common.make_call(tc.get("name"), tc.get("args"), tc.get("id")), rest)
+        return False
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         try:
@@ -339,24 +395,27 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         if run is None:
             halted = self._unguarded(request)
             return handler(request) if halted is None else self._refused(request, halted)
-        call, decision = self._check(run, request)
+        call, decision, batch = self._check(run, request)
         if decision is None:
             decision = run.driver.check(call)
         if decision.step is not common.Step.RUN:
-            return _not_executed(request, self._halt(run, decision))
+            self._settle(run, batch, decision)
+            return _not_executed(request, decision.verdict)
+        key = str(call.call_id)
+        run.running[key] = call
         try:
             result = handler(request)
         except GraphBubbleUp:  # the tool interrupted the graph itself: it runs again on resume
-            run.paused[str(call.call_id)] = call
+            self._paused(run, key, call, batch)
             raise
         except Exception as exc:
-            self._after(run, call, Outcome.ERROR, cause=exc, outcome_result=common.error_result(exc))
-            self._died(run, exc, asynchronous=False)
+            after = self._after(run, key, Outcome.ERROR, common.error_result(exc))
+            self._failed(run, batch, after, exc, asynchronous=False)
             raise
         except BaseException as exc:  # KeyboardInterrupt: no error handler catches it; the run ends
-            self._ended(run, exc)
+            self._cancelled(run, key, exc)
             raise
-        result = self._after(run, call, _outcome(result), result=result)
+        self._settle(run, batch, self._after(run, key, _outcome(result), _result(result)))
         return self._persisted(run, _remind(result, decision.reminder))
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -364,78 +423,79 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         if run is None:
             halted = self._unguarded(request)
             return await handler(request) if halted is None else self._refused(request, halted)
-        call, decision = self._check(run, request)
+        call, decision, batch = self._check(run, request)
         if decision is None:
             decision = await run.driver.acheck(call)
         if decision.step is not common.Step.RUN:
-            return _not_executed(request, self._halt(run, decision))
+            self._settle(run, batch, decision)
+            return _not_executed(request, decision.verdict)
+        key = str(call.call_id)
+        run.running[key] = call
         try:
             result = await handler(request)
         except GraphBubbleUp:  # the tool interrupted the graph itself: it runs again on resume
-            run.paused[str(call.call_id)] = call
+            self._paused(run, key, call, batch)
             raise
         except Exception as exc:
-            await self._aafter(run, call, Outcome.ERROR, cause=exc, outcome_result=common.error_result(exc))
-            self._died(run, exc, asynchronous=True)
+            after = await self._aafter(run, key, Outcome.ERROR, common.error_result(exc))
+            self._failed(run, batch, after, exc, asynchronous=True)
             raise
         except BaseException as exc:  # the run was cancelled while the tool ran
-            self._ended(run, exc)
+            self._cancelled(run, key, exc)
             raise
-        result = await self._aafter(run, call, _outcome(result), result=result)
+        self._settle(run, batch, await self._aafter(run, key, _outcome(result), _result(result)))
         return self._persisted(run, _remind(result, decision.reminder))
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _check(self, run: _Run, request: Any) -> tuple[ToolCall, common.Decision | None]:
-        """The call, and its decision when it was made already (planned in ``after_model``, or the
-        call is re-run after an interrupt); ``None``: the caller checks it (``common.RunDriver.check``)."""
+    def _check(self, run: _Run, request: Any) -> tuple[ToolCall, common.Decision | None, bool]:
+        """The call, its decision when it was made already (planned in ``after_model``, or the call
+        is re-run after an interrupt; ``None``: the caller checks it), and whether it is a call of
+        the batch ``after_model`` planned."""
         tc = request.tool_call
         call_id = tc.get("id")
         key = str(call_id)
-        if key in run.planned:
-            return run.planned.pop(key)
+        planned = run.planned.pop(key, None)
+        if planned is not None:
+            return *planned, True
         paused = run.paused.pop(key, None)
         if paused is not None:  # counted when it first ran; its outcome is still to come
-            return paused, common.Decision(common.Step.RUN, ALLOW)
+            return paused, common.Decision(common.Step.RUN, ALLOW), False
         if call_id is not None and key in run.asked:
             # Resumed after an interrupt: the call was counted when it was first checked.
             verdict, call = run.asked[key]
         else:
             call = common.make_call(tc.get("name"), tc.get("args"), call_id)
             if self.ask != INTERRUPT:
-                return call, None
+                return call, None, False
             # A call after_model did not plan (a tool node entered another way): asked in its tool.
             decision = run.driver.before(call)
             if decision.step is not common.Step.ASK:
-                return call, decision
+                return call, decision, False
             verdict = decision.verdict
             run.asked[key] = (verdict, call)
         answer = interrupt({INTERRUPT_KEY: _payload(verdict)})  # raises until resumed
         del run.asked[key]
-        return call, run.driver.answer(verdict, _answer(answer), call, before=True)
+        return call, run.driver.answer(verdict, _answer(answer), call, before=True), False
 
-    def _after(
-        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None,
-        outcome_result: Any = None,
-    ) -> Any:
-        """Record the outcome, with what the tool returned (``_result``; ``outcome_result``: the error's)."""
-        recorded = _result(result) if outcome_result is None else outcome_result
-        decision = (self._recorded(run, call, outcome, recorded) if self.ask == INTERRUPT
-                    else run.driver.outcome(call, outcome, recorded))
-        self._halt_unless_run(run, decision, cause)
-        return result
-
-    async def _aafter(
-        self, run: _Run, call: ToolCall, outcome: Outcome, result: Any = None, cause: Exception | None = None,
-        outcome_result: Any = None,
-    ) -> Any:
-        recorded = _result(result) if outcome_result is None else outcome_result
+    def _after(self, run: _Run, key: str, outcome: Outcome, result: Any) -> common.Decision | None:
+        """Record the outcome of the running call ``key`` with what the tool returned (``_result``,
+        or the error's); ``None`` when the turn's end settled it already, or (``ask="interrupt"``)
+        when its question waits for the next model request."""
+        call = run.running.pop(key, None)
+        if call is None:
+            return None
         if self.ask == INTERRUPT:
-            decision = self._recorded(run, call, outcome, recorded)
-        else:
-            decision = await run.driver.aoutcome(call, outcome, recorded)
-        self._halt_unless_run(run, decision, cause)
-        return result
+            return self._recorded(run, call, outcome, result)
+        return run.driver.outcome(call, outcome, result)
+
+    async def _aafter(self, run: _Run, key: str, outcome: Outcome, result: Any) -> common.Decision | None:
+        call = run.running.pop(key, None)
+        if call is None:
+            return None
+        if self.ask == INTERRUPT:
+            return self._recorded(run, call, outcome, result)
+        return await run.driver.aoutcome(call, outcome, result)
 
     def _recorded(self, run: _Run, call: ToolCall, outcome: Outcome, result: Any) -> common.Decision | None:
         """The decision on the outcome, with ``ask="interrupt"``; ``None`` when its question waits
@@ -446,15 +506,65 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
             return None
         return decision
 
-    def _died(self, run: _Run, exc: Exception, *, asynchronous: bool) -> None:
-        """A tool raised and no error handler turned it into a message: unless a middleware outside
-        this one may still recover it, the exception ends the run here, and so the turn."""
+    def _failed(
+        self, run: _Run, batch: bool, decision: common.Decision | None, exc: Exception, *, asynchronous: bool
+    ) -> None:
+        """A tool raised and no error handler turned it into a message: a halt on its outcome is
+        raised now (the exception ends the run anyway); else, unless a middleware outside this one
+        may still recover it, the exception ends the run here, and so the turn."""
+        if decision is not None and decision.step is not common.Step.RUN:
+            self._halt(run, decision, exc)  # "end": the run ends before the next model request
         if run.driver.turn.summary is None and _outermost(self, asynchronous, tool=True):
             self._ended(run, exc)
+        else:
+            self._settle(run, batch, None)
 
-    def _halt_unless_run(self, run: _Run, decision: common.Decision | None, cause: Exception | None) -> None:
-        if decision is not None and decision.step is not common.Step.RUN:
-            self._halt(run, decision, cause)  # "end": the run ends before the next model request
+    def _paused(self, run: _Run, key: str, call: ToolCall, batch: bool) -> None:
+        """The tool interrupted the graph: its outcome comes when the resume runs it again."""
+        run.running.pop(key, None)
+        run.paused[key] = call
+        self._settle(run, batch, None)
+
+    def _cancelled(self, run: _Run, key: str, exc: BaseException) -> None:
+        """The run was cancelled in the tool's body: the call failed, and the turn ends."""
+        call = run.running.pop(key, None)
+        if call is not None:
+            run.driver.after(call, Outcome.ERROR, common.error_result(exc))
+        self._ended(run, exc)
+
+    def _settle(self, run: _Run, batch: bool, decision: common.Decision | None, cause: Exception | None = None) -> None:
+        """A call is done (it ran, or was not run). A halt on a call of the planned batch is raised
+        by the batch's last call to settle (``exit_behavior="error"``), so the calls allowed
+        beside it run and report their outcomes whatever order their threads or tasks run in, and
+        the framework cancels none of them; ``"end"`` lets every call finish anyway."""
+        stop = decision if decision is not None and decision.step is not common.Step.RUN else None
+        if not batch or self.exit_behavior != "error":
+            if stop is not None:
+                self._halt(run, stop, cause)
+            return
+        with self._lock:
+            run.unsettled -= 1
+            if stop is not None and run.halting is None:
+                run.halting = (stop, cause)
+            halting = run.halting if run.unsettled <= 0 else None
+        if halting is not None and run.driver.turn.summary is None:
+            self._halt(run, *halting)
+
+    def _settle_unreported(self, run: _Run, exc: BaseException | None) -> None:
+        """As the turn ends, the calls it checked whose outcome has not come settle: ``UNKNOWN`` (a
+        planned call the tool node never started, or a body still running), ``ERROR`` for a body
+        the run's cancellation stopped. A later report finds the call settled and is dropped."""
+        running = ERROR_IF_CANCELLED[common.end_reason(exc) == common.CANCELLED]
+        for key in list(run.running):
+            call = run.running.pop(key, None)
+            if call is not None:
+                run.driver.after(call, running)
+        for key in list(run.planned):
+            planned = run.planned.pop(key, None)
+            if planned is not None and planned[1].step is common.Step.RUN:
+                run.driver.after(planned[0], Outcome.UNKNOWN)
+        run.unsettled = 0
+        run.halting = None
 
     def _halt(self, run: _Run, decision: common.Decision, cause: BaseException | None = None) -> Verdict:
         """A decision that stops the run. ``exit_behavior="error"``: end the turn (``after_agent``
@@ -480,6 +590,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         return _not_executed(request, halted)
 
     def _end(self, run: _Run, verdict: Verdict) -> dict[str, Any]:
+        self._settle_unreported(run, None)
         run.driver.turn.end("halted")
         return {"jump_to": "end", "messages": [AIMessage(content=common.describe(verdict))]}
 
@@ -557,6 +668,7 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
                 self._halted[key] = halted
                 while len(self._halted) > MAX_OPEN_TURNS:
                     self._halted.popitem(last=False)
+        self._settle_unreported(run, exc)
         run.driver.end(exc)
 
     def _unguarded(self, request: Any) -> Verdict | None:
