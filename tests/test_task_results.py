@@ -103,6 +103,123 @@ def test_after_shutdown_results_are_counted_and_ignored():
     assert g.results.counts[S.AFTER_SHUTDOWN] == 1
 
 
+class Recorded:
+    """The ``turnguard_turn_result`` notes a guard's observers get: (status, resolved)."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, bool | None]] = []
+
+    @tg.hookimpl
+    def turnguard_turn_result(self, turn_id, summary, resolved, status, labels) -> None:
+        self.notes.append((status, resolved))
+
+
+REPORT_WAYS = ("in_turn", "in_turn_non_bool", "turn_after_end", "guard_by_id", "guard_by_int_id", "guard_by_token",
+               "token_from_another_guard")
+
+
+def _report(g: tg.Guard, way: str, turn_id: int, *, shut: bool) -> tuple[tg.Turn, bool]:
+    """Report a result for a turn of ``g`` one way; ``shut``: after ``g.shutdown()`` (before the turn
+    opens, for a report in the turn; once it ended, for a later one)."""
+    resolved = "yes" if way == "in_turn_non_bool" else True
+    if way.startswith("in_turn"):
+        if shut:
+            g.shutdown()
+        with g.turn(turn_id=turn_id) as turn:
+            drive(turn, [distinct_call(0)])
+            accepted = turn.report_result(resolved)
+        return turn, accepted
+    other = guard(probe={"rate": 1.0}) if way == "token_from_another_guard" else g
+    turn = ended_turn(other, turn_id=turn_id)
+    if shut:
+        g.shutdown()
+    if way == "turn_after_end":
+        return turn, turn.report_result(resolved)
+    if way in ("guard_by_token", "token_from_another_guard"):
+        return turn, g.report_result(turn.result_token, resolved)
+    return turn, g.report_result(turn_id if way == "guard_by_int_id" else str(turn_id), resolved)
+
+
+@pytest.mark.parametrize("probe", [False, True], ids=["live", "probe"])
+@pytest.mark.parametrize("way", REPORT_WAYS)
+def test_every_result_after_shutdown_is_refused_and_counted_as_after_shutdown(way, probe):
+    """However it is reported (in the turn, through the ended turn, by id, by token) and in either
+    cohort: after ``guard.shutdown()`` a result returns False, is counted (and noted to the
+    observers) as ``after_shutdown``, and reaches no summary."""
+    recorded = Recorded()
+    g = guard(**({"probe": {"rate": 1.0}} if probe else {}))
+    g.register(recorded, name="recorded")
+    turn, accepted = _report(g, way, 7, shut=True)
+    assert turn.summary.cohort == ("probe" if probe or way == "token_from_another_guard" else "live")
+    assert accepted is False
+    assert turn.summary.resolved is None
+    assert {k: v for k, v in g.results.counts.items() if v} == {S.AFTER_SHUTDOWN: 1}
+    assert [status for status, _ in recorded.notes] == ["after_shutdown"]
+
+
+@pytest.mark.parametrize("probe", [False, True], ids=["live", "probe"])
+@pytest.mark.parametrize("way", [w for w in REPORT_WAYS if w != "in_turn_non_bool"])
+def test_every_result_before_shutdown_is_accepted(way, probe):
+    g = guard(**({"probe": {"rate": 1.0}} if probe else {}))
+    turn, accepted = _report(g, way, 7, shut=False)
+    assert accepted is True
+    assert g.results.counts[S.ACCEPTED] == 1 and sum(g.results.counts.values()) == 1
+    if way == "in_turn":
+        assert turn.summary.resolved is True
+
+
+def test_a_result_taken_in_the_turn_before_shutdown_stands_when_the_turn_ends_after_it():
+    g = guard()
+    with g.turn() as turn:
+        assert turn.report_result(False) is True
+        g.shutdown()
+        assert turn.report_result(True) is False
+    assert turn.summary.resolved is False
+    assert {k: v for k, v in g.results.counts.items() if v} == {S.ACCEPTED: 1, S.AFTER_SHUTDOWN: 1}
+
+
+class Zero(int):
+    """An ``int`` subclass equal to 0 (an enum member, a numpy-like scalar)."""
+
+
+FALSY_IDS = [0, "", Zero(0)]
+
+
+@pytest.mark.parametrize("probe", [False, True], ids=["live", "probe"])
+@pytest.mark.parametrize("turn_id", FALSY_IDS, ids=repr)
+def test_a_falsy_turn_id_with_text_is_kept_and_reached_by_that_text(turn_id, probe):
+    """Only ``turn_id=None`` gets a random id: 0, "" and an int equal to 0 are ids like any
+    other, counted by their text, reached by a late result (by the id, its text, or the token)."""
+    text = str(int(turn_id)) if isinstance(turn_id, int) else turn_id
+    for reach in (turn_id, text, "token"):
+        g = guard(**({"probe": {"rate": 0.5}} if probe else {}))
+        turn = ended_turn(g, turn_id=turn_id)
+        assert turn.turn_id is turn_id and turn.summary.turn_id is turn_id
+        assert g.report_result(turn.result_token if reach == "token" else reach, True) is True, reach
+        assert g.report_result(text, False) is False
+        assert {k: v for k, v in g.results.counts.items() if v} == {S.ACCEPTED: 1, S.DUPLICATE: 1}
+
+
+def test_a_turn_without_an_id_gets_a_random_one():
+    g = guard(probe={"rate": 0.5})
+    ids = {ended_turn(g).turn_id for _ in range(20)} | {ended_turn(guard()).turn_id for _ in range(20)}
+    assert len(ids) == 40 and all(isinstance(i, str) and len(i) == 32 for i in ids)
+
+
+@pytest.mark.parametrize("turn_id", [*FALSY_IDS, False, 0.0, ()], ids=repr)
+def test_probe_sampling_of_a_falsy_turn_id_is_the_same_every_time(turn_id):
+    """Sampling hashes an id's text, so a falsy id with text lands in the cohort its text does in
+    every process; an id without text (``False`` is no id) is live, as any such id is."""
+    from turnguard._probe import Cohort, sample_point, sample_text
+
+    for rate in (0.1, 0.5, 0.9):
+        g = guard(probe={"rate": rate})
+        cohorts = {ended_turn(g, turn_id=turn_id).summary.cohort for _ in range(12)}
+        text = sample_text(turn_id)
+        expected = Cohort.LIVE if text is None or sample_point(text) >= rate else Cohort.PROBE
+        assert cohorts == {expected}, (rate, cohorts)
+
+
 def test_turn_metrics_and_spans_carry_the_result(otel):
     g = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",)), environ={},
                  **otel.providers())

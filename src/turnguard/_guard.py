@@ -172,7 +172,9 @@ class Guard:
     ) -> Turn:
         """Open a turn; use it as a context manager (leaving the block ends it). With a probe
         configured, a deterministic share of turns (by conversation, else turn id) is opened under
-        the probe configuration (``turn.summary.cohort == "probe"``).
+        the probe configuration (``turn.summary.cohort == "probe"``). ``turn_id=None`` gets a random
+        id; any other is kept, ``0`` and ``""`` too: a late result and probe sampling reach a turn
+        by its id's text.
 
         ``durable=True``: the turn's snapshot resumes in any process (``Guard.resume``), with the
         default configuration: without ``digest_key``, the turn keys its calls under a key of its
@@ -183,7 +185,7 @@ class Guard:
         probe, probe_guard = self._probe, self._probe_guard
         if probe_guard is not None:
             assert probe is not None  # (a probe guard is made for a probe)
-            turn_id = turn_id or uuid.uuid4().hex
+            turn_id = uuid.uuid4().hex if turn_id is None else turn_id
             if probe.selects(conversation_id, turn_id):
                 guard = probe_guard
         return Turn(
@@ -201,7 +203,7 @@ class Guard:
         first stands), an unknown or expired turn, a non-bool, an id that is no string or integer,
         a token that is garbled, truncated or forged, or a result after ``shutdown()`` is ignored
         and counted (``results.counts``, the ``turnguard.turn.results`` metric), never raised."""
-        status, entry, labels = self.results.report(turn_id, resolved, closed=self._closed)
+        status, entry, labels = self.results.report(turn_id, resolved)
         owner = entry.guard if entry is not None else self
         if labels is not None:
             reported_id = labels.turn_id
@@ -215,12 +217,10 @@ class Guard:
         return status is ResultStatus.ACCEPTED
 
     def shutdown(self) -> None:
-        """Stop taking results (later ones are counted as ``after_shutdown``); turns still work."""
-        self._closed = True
-        if self._probe_guard is not None:
-            self._probe_guard.shutdown()
-
-    _closed = False
+        """Stop taking results, in a turn or later, by id or token (later ones are counted as
+        ``after_shutdown``); turns still work. The probe's turns share this guard's results book,
+        so they stop taking results too."""
+        self.results.close()
 
     def resume(self, state: Any) -> Turn:
         """Continue the turn ``state`` (a ``Turn.snapshot()``) was taken from, with the verdicts it
@@ -690,12 +690,13 @@ class Turn:
 
     def report_result(self, resolved: bool) -> bool:
         """Report whether the turn's task succeeded, before or after it ends (then it is
-        ``Guard.report_result``): ``True`` when taken. A second result, or a non-bool, is ignored
-        and counted, never raised."""
+        ``Guard.report_result``): ``True`` when taken. A second result, a non-bool, or a result
+        after ``guard.shutdown()`` is ignored and counted, never raised."""
         with self._lock:
             ended = self._ended is not None
             if not ended:
-                status = (ResultStatus.INVALID if not isinstance(resolved, bool)
+                status = (ResultStatus.AFTER_SHUTDOWN if self.guard.results.closed
+                          else ResultStatus.INVALID if not isinstance(resolved, bool)
                           else ResultStatus.DUPLICATE if self._resolved is not None else ResultStatus.ACCEPTED)
                 if status is ResultStatus.ACCEPTED:
                     self._resolved = resolved

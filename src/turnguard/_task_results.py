@@ -236,8 +236,14 @@ class ResultBook:
         """The turn ids results came for by token, for turns not in the book (another process's,
         or forgotten here): apart, so that tokens, which anyone may make without a key, never
         push out what the host's own results are remembered by."""
+        self.closed = False
+        """Whether the guard was shut down: every result from then on is ``after_shutdown``."""
         self._secret = secrets.token_bytes(16)
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Take no result from now on (``Guard.shutdown``)."""
+        self.closed = True
 
     def __len__(self) -> int:
         return len(self._ended)
@@ -280,8 +286,7 @@ class ResultBook:
             if entry is not None:
                 entry.main = (cut_text(threshold), call)
 
-    def report(self, turn_id: Any, resolved: Any, *,
-               closed: bool = False) -> tuple[ResultStatus, Ended | None, ResultLabels | None]:
+    def report(self, turn_id: Any, resolved: Any) -> tuple[ResultStatus, Ended | None, ResultLabels | None]:
         """Take a late result (``turn_id``: a turn id or a result token): its status, the turn's
         entry when it is known, and the labels to report it with. Never raises."""
         text = id_text(turn_id)
@@ -290,15 +295,15 @@ class ResultBook:
         if text is not None and TOKEN_PATTERN.match(text) and key not in self._ended:
             labels = read_token(text, self.digest_key)  # outside the lock: pure, bounded work
         with self._lock:
-            status, entry = self._take(text, key, resolved, labels, closed)
+            status, entry = self._take(text, key, resolved, labels)
             self.counts[status] += 1
         if entry is not None:  # a turn of this process is reported with what is known here
             labels = self.labels_of(entry.summary, entry.policy, entry.main)
         return status, entry, labels
 
-    def _take(self, text: str | None, key: str | bytes | None, resolved: Any, labels: ResultLabels | None,
-              closed: bool) -> tuple[ResultStatus, Ended | None]:
-        if closed:
+    def _take(self, text: str | None, key: str | bytes | None, resolved: Any,
+              labels: ResultLabels | None) -> tuple[ResultStatus, Ended | None]:
+        if self.closed:
             return ResultStatus.AFTER_SHUTDOWN, None
         if type(resolved) is not bool:
             return ResultStatus.INVALID, None
@@ -534,8 +539,9 @@ def read_token(token: str, digest_key: str | None = None) -> ResultLabels | None
         parts[7:7] = [_NONE, _NONE]
     _, turn_id, cohort, policy, calls, soft_cap, hard_cap, repeat, failing, threshold, reason, agent, main, _ = parts
     try:
+        text_id = _unescape(turn_id)
         labels = ResultLabels(
-            turn_id=_unescape(turn_id) or "", cohort=_unescape(cohort) or "", policy=_unescape(policy),
+            turn_id=text_id or "", cohort=_unescape(cohort) or "", policy=_unescape(policy),
             tool_calls=_number(calls) or 0, threshold=_unescape(threshold), reason=_unescape(reason),
             agent_name=_unescape(agent), main_threshold=_unescape(main), edge_soft_cap=_number(soft_cap) or 0,
             edge_hard_cap=_number(hard_cap, optional=True) or None, max_key_repeat=_number(repeat, optional=True),
@@ -547,6 +553,6 @@ def read_token(token: str, digest_key: str | None = None) -> ResultLabels | None
         )
     except (ValueError, UnicodeDecodeError):
         return None
-    if not labels.turn_id or not labels.cohort:
+    if text_id is None or not labels.cohort:  # ("~", the empty turn id, is an id: turn(turn_id=""))
         return None
     return labels

@@ -193,7 +193,7 @@ class Ledger(PolledCalls):
         self._cohort = str(cohort)
         self._resumed_from = resumed_from
         self._fresh_state = fresh_state
-        self._turn_id = turn_id or uuid.uuid4().hex
+        self._turn_id = uuid.uuid4().hex if turn_id is None else turn_id
         self._conversation_id = conversation_id
         self._agent_name = agent_name
         self._promptable = bool(promptable)
