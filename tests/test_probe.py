@@ -302,3 +302,40 @@ def test_a_probe_with_a_later_cycle_repeat_stop_runs_past_the_main_policys_and_r
     assert turn.summary.cohort == "probe"
     assert (i, verdict.threshold, verdict.event.limit) == (32, tg.Threshold.CYCLE_REPEAT, 16)
     assert ("main", "cycle_repeat", 16) in shadows.detected
+
+
+def _streak_then_work(g: tg.Guard, failures: int, then: int) -> tg.Turn:
+    """A failing streak of ``failures`` identical calls (the last passes, unless the probe stops it
+    first), then ``then`` distinct productive calls."""
+    with g.turn() as turn:
+        for i in range(failures):
+            call = tg.ToolCall("run_tests", {})
+            if turn.check_call(call).action is tg.Action.HALT:
+                return turn
+            turn.record_outcome(call, "ok" if i == failures - 1 else "error")
+        for i in range(then):
+            call = tg.ToolCall("edit", {"i": i})
+            if turn.check_call(call).action is tg.Action.HALT:
+                return turn
+            turn.record_outcome(call, "ok")
+    return turn
+
+
+@pytest.mark.parametrize(("failures", "then"), [(13, 0), (13, 90), (9, 0), (9, 90), (12, 90), (10, 2000)])
+def test_a_raised_streak_stop_costs_up_to_the_probes_backstop_past_the_main_stop(otel, failures, then):
+    """docs/stuck-signals.md's cost of a probe raising ``streak_stop_at`` from 8 to 12: a streak that
+    keeps failing is stopped 4 calls later; one that breaks before 12 lets the turn go on, every
+    call of it past the main stop (call 8) counted, up to the probe's backstop."""
+    g = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",), name="main",
+                                probe={"rate": 1.0, "streak_stop_at": 12}), environ={}, **otel.providers())
+    turn = _streak_then_work(g, failures, then)
+    (past,) = otel.points(n.METRIC_PROBE_CALLS_PAST_MAIN[0])
+    assert past.attributes[n.PROBE_MAIN_THRESHOLD] == "streak"
+    assert past.value == turn.summary.tool_calls - 8
+    assert past.value <= g.config.hard_cap + 1 - 8  # the table's bound: the probe's backstop - the main stop
+    if failures > 12:
+        assert (turn.summary.threshold, past.value) == (tg.Threshold.STREAK, 12 - 8)
+    if failures <= 12 and then:
+        assert past.value > 12 - 8  # past the old "L_probe - L_main" figure
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "stuck-signals.md").read_text(encoding="utf-8")
+    assert "L_probe - L_main per failing streak" not in docs and "costs 4 calls per stopped streak" not in docs
