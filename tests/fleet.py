@@ -13,6 +13,7 @@ every shadow policy's would-be detection and per-turn summary (the guards run ``
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import random
@@ -191,7 +192,8 @@ def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4, *, sample
         promptable = index % 2 == 0 if answers is None else bool(answers)
         turn_id = f"{seed}-{index}"
         fleet.tally.planned[turn_id] = kind
-        with guard.turn(agent_name=agent, promptable=promptable, conversation_id=f"c{index}", turn_id=turn_id) as turn:
+        opened = guard.turn(agent_name=agent, promptable=promptable, conversation_id=f"c{index}", turn_id=turn_id)
+        with contextlib.suppress(tg.LoopDetected, HostStopped), opened as turn:
             _DRIVERS[kind](turn, rng, guard.config)
     return fleet.tally
 
@@ -199,6 +201,27 @@ def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4, *, sample
 # -- drivers: each plays one kind of turn the way a host would --------------------------------
 
 Driver = Callable[[tg.Turn, random.Random, tg.GuardConfig], None]
+
+
+HALT_EXITS = ("break", "raise_for", "own_exception", "end_cancelled")
+"""How a host leaves a halted turn: out of its loop (the turn ends ``halted``), by ``raise_for``
+(``halted``), by raising an exception of its own (``error``), or ``turn.end("cancelled")``. The
+stuck and runaway turns take each in turn, so a halted turn is not always ``halted`` by outcome."""
+
+
+class HostStopped(Exception):
+    """The exception a host raises on its own when turnguard halts its turn."""
+
+
+def _leave_halted(turn: tg.Turn, verdict: tg.Verdict) -> None:
+    """End a halted turn by one of ``HALT_EXITS``, chosen by the turn's index in the plan."""
+    way = HALT_EXITS[int(turn.turn_id.rsplit("-", 1)[1]) % len(HALT_EXITS)]
+    if way == "raise_for":
+        turn.raise_for(verdict)
+    elif way == "own_exception":
+        raise HostStopped(verdict.message)
+    elif way == "end_cancelled":
+        turn.end("cancelled")
 
 
 def _step(turn: tg.Turn, call: tg.ToolCall, outcome: str = "ok") -> tg.Verdict:
@@ -254,7 +277,9 @@ def _soft_stuck(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> No
         _step(turn, call)
     a, b = tg.ToolCall("run_tests", {"suite": "all"}), tg.ToolCall("edit_file", {"path": "fix.py", "patch": "x"})
     for i in range(10 * config.hard_cap):
-        if _step(turn, (a, b)[i % 2], "error" if i % 2 == 0 else "ok").action is tg.Action.HALT:
+        verdict = _step(turn, (a, b)[i % 2], "error" if i % 2 == 0 else "ok")
+        if verdict.action is tg.Action.HALT:
+            _leave_halted(turn, verdict)
             return
     raise AssertionError("a stuck turn was never halted")
 
@@ -262,7 +287,9 @@ def _soft_stuck(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> No
 def _runaway(turn: tg.Turn, rng: random.Random, config: tg.GuardConfig) -> None:
     turn.begin_cycle()
     for call in _distinct("http_get", 10 * config.hard_cap):
-        if _step(turn, call).action is tg.Action.HALT:
+        verdict = _step(turn, call)
+        if verdict.action is tg.Action.HALT:
+            _leave_halted(turn, verdict)
             return
     raise AssertionError("a runaway turn outran the backstop")
 

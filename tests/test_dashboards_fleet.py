@@ -62,6 +62,16 @@ def test_stuck_turns_halt_past_the_soft_cap_and_runaways_at_the_backstop(tally):
     assert all(not s.stuck and s.first_stuck_call == 0 for s in runaways)
 
 
+def test_halted_stuck_and_runaway_turns_end_on_every_exit_path(tally):
+    """Hosts leave a halted turn by breaking out, by raise_for, by an exception of their own or by
+    end(reason): the fleet's halted turns carry each outcome, so the boards' "not halted" is
+    proven against halted turns whose outcome is not ``halted``."""
+    for kind in (Kind.SOFT_STUCK, Kind.RUNAWAY):
+        summaries = _by_kind(tally, kind)
+        assert all(s.halted and s.threshold is not None for s in summaries)
+        assert {s.reason for s in summaries} == {"halted", "error", "cancelled"}
+
+
 def test_failing_streaks_attended_and_unattended(tally):
     unattended = _by_kind(tally, Kind.FAILING_UNATTENDED)
     assert all(s.threshold == tg.Threshold.STREAK and s.reason == "halted" and not s.promptable for s in unattended)

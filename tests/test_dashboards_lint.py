@@ -378,7 +378,7 @@ def halted_share_beside_percentiles_rule(board):
     for panel in _content_panels(board):
         targets = panel.get("targets", [])
         if any("histogram_quantile" in t.get("expr", "") for t in targets):
-            beside = [t for t in targets if 'turnguard_turn_outcome="halted"' in t.get("expr", "")
+            beside = [t for t in targets if 'turnguard_loop_threshold!="none"' in t.get("expr", "")
                       and "halted share" in t.get("legendFormat", "")]
             if not beside:
                 problems.append(f"panel {panel['id']}: percentiles without the halted share beside them")

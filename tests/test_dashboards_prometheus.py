@@ -184,11 +184,13 @@ class Truth:
     def halts(self, by: str) -> Expected:
         return group((d for d in self.detections if d[series.ACTION] == "halt"), (by,))
 
-    def cut(self, k: int, **where: str) -> float:
-        return self.count_turns(lambda s: s.tool_calls > k * self.cap.soft_cap, **where) / self.count_turns(**where)
+    def cut(self, k: int, keep: Callable[[tg.TurnSummary], bool] = lambda s: True, **where: str) -> float:
+        return (self.count_turns(lambda s: keep(s) and s.tool_calls > k * self.cap.soft_cap, **where)
+                / self.count_turns(keep, **where))
 
-    def cumulative(self, edges: Iterable[float], value: Callable[[tg.TurnSummary], float], **where: str) -> Expected:
-        values = [value(s) for _, s in self.turn_rows(**where)]
+    def cumulative(self, edges: Iterable[float], value: Callable[[tg.TurnSummary], float],
+                   keep: Callable[[tg.TurnSummary], bool] = lambda s: True, **where: str) -> Expected:
+        values = [value(s) for _, s in self.turn_rows(**where) if keep(s)]
         return {key(le=edge): sum(1 for v in values if v <= edge) for edge in [*edges, math.inf]}
 
 
@@ -206,7 +208,12 @@ def histogram_quantile(q: float, cumulative: Expected) -> float:
 
 
 ADAPTIVE = {series.CAP_MODE: "adaptive"}
-NOT_HALTED = {**ADAPTIVE, series.OUTCOME: "!halted"}
+
+
+def not_halted(summary: tg.TurnSummary) -> bool:
+    """A turn no threshold halted, however the host ended it (the summary's own word, not a label)."""
+    return not summary.halted
+
 NOT_STUCK = {series.CAP_MODE: "adaptive", series.STUCK: "false"}
 BACKSTOP = {series.THRESHOLD: "hard_backstop"}
 
@@ -228,7 +235,7 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
 
     def quantile(q: float) -> Callable[[Truth], Expected]:
         return lambda t: scalar(histogram_quantile(q, t.cumulative(buckets.tool_call_edges(t.config),
-                                                                   lambda s: s.tool_calls, **NOT_HALTED)))
+                                                                   lambda s: s.tool_calls, not_halted, **ADAPTIVE)))
 
     def table(pid: int, label: str, columns: Callable[[Truth], dict[str, dict[str, float]]],
               rows: Iterable[str] | None = None) -> dict[tuple[str, int, str], Callable[[Truth], Expected]]:
@@ -305,12 +312,11 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         (T, 3, "A"): quantile(0.5),
         (T, 3, "B"): quantile(0.9),
         (T, 3, "C"): quantile(0.99),
-        (T, 3, "D"): lambda t: scalar(t.count_turns(**ADAPTIVE, **{series.OUTCOME: "halted"})
-                                      / t.count_turns(**ADAPTIVE)),
+        (T, 3, "D"): lambda t: scalar(t.count_turns(lambda s: s.halted, **ADAPTIVE) / t.count_turns(**ADAPTIVE)),
         **{(T, 4, ref(i)): band(low, high) for i, (low, high) in enumerate(cap.bands())},
         (T, 11, "A"): lambda t: scalar(t.count_turns(**NOT_STUCK)),
         **{(T, 12, ref(i)): cut(k, **NOT_STUCK) for i, k in enumerate(lower_multiples(cap))},
-        **{(T, 13, ref(i)): cut(k, **NOT_STUCK, **{series.OUTCOME: "!halted"})
+        **{(T, 13, ref(i)): lambda t, k=k: scalar(t.cut(k, not_halted, **NOT_STUCK))
            for i, k in enumerate(lower_multiples(cap))},
         (T, 21, "A"): lambda t: scalar(t.count_turns(**BACKSTOP)),
         (T, 22, "A"): lambda t: scalar(sum(s.tool_calls for _, s in t.turn_rows(**BACKSTOP))),
