@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
+import subprocess
+import sys
 from collections.abc import AsyncGenerator, Iterable
 
 import pytest
@@ -29,7 +32,8 @@ from google.adk.apps import App  # noqa: E402
 from google.adk.models.base_llm import BaseLlm  # noqa: E402
 from google.adk.models.llm_response import LlmResponse  # noqa: E402
 from google.adk.plugins.reflect_retry_tool_plugin import ReflectAndRetryToolPlugin  # noqa: E402
-from google.adk.runners import InMemoryRunner  # noqa: E402
+from google.adk.runners import InMemoryRunner, Runner  # noqa: E402
+from google.adk.sessions import InMemorySessionService  # noqa: E402
 from google.adk.tools.tool_context import ToolContext  # noqa: E402
 from google.genai import types  # noqa: E402
 
@@ -607,3 +611,210 @@ def test_refusals_hold_in_a_large_batch_answered_in_random_messages(options, bef
     groups = [sorted(order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
     ran, paused, summaries = answered_in_messages(options, 30, groups, confirmed)
     assert_refusals_hold(ran, paused, summaries, groups, confirmed, before)
+
+
+# -- a paused turn goes on wherever its answer comes: a fresh plugin, another process -------------
+
+RESUMABLE_AGENT = '''
+import asyncio, json, sys
+from google.adk.agents import LlmAgent
+from google.adk.agents.run_config import RunConfig
+from google.adk.apps import App
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions.sqlite_session_service import SqliteSessionService
+from google.genai import types
+import turnguard as tg
+from turnguard.integrations.google_adk import TurnGuardPlugin, confirmation_answer, confirmation_requests
+
+phase, db, confirmed = sys.argv[1], sys.argv[2], sys.argv[3] == "yes"
+ran, ended = [], []
+
+class Same(BaseLlm):
+    requests: int = 0
+    async def generate_content_async(self, request, stream=False):
+        self.requests += 1
+        call = types.FunctionCall(name="read_file", args={"path": "a.py"}, id=f"{phase}-{self.requests}")
+        yield LlmResponse(content=types.Content(role="model", parts=[types.Part(function_call=call)]))
+
+def read_file(path: str) -> dict:
+    """Read a file."""
+    ran.append(path)
+    return {"error": f"{path}: no such file"}
+
+class Ends:
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary):
+        ended.append([summary.reason, summary.tool_calls, summary.turn_id])
+
+async def main():
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=7), environ={})
+    guard.register(Ends(), "ends")
+    app = App(name="coding", root_agent=LlmAgent(name="coder", model=Same(model="same"), tools=[read_file]),
+              plugins=[TurnGuardPlugin(guard, ask="confirmation")])
+    runner = Runner(app=app, session_service=SqliteSessionService(db))
+    if phase == "start":
+        await runner.session_service.create_session(app_name="coding", user_id="u", session_id="s")
+        message = types.Content(role="user", parts=[types.Part(text="read it")])
+    else:
+        stored = await runner.session_service.get_session(app_name="coding", user_id="u", session_id="s")
+        message = confirmation_answer(stored.events, confirmed)
+    events = [e async for e in runner.run_async(user_id="u", session_id="s", new_message=message,
+                                                run_config=RunConfig(max_llm_calls=0))]
+    texts = [p.text for e in events if e.content for p in e.content.parts or () if p.text]
+    print(json.dumps({"ran": len(ran), "asked": len(confirmation_requests(events)), "ended": ended,
+                      "last": texts[-1] if texts else ""}))
+
+asyncio.run(main())
+'''
+
+
+@pytest.fixture
+def two_processes(tmp_path):
+    """``run(phase, confirmed)``: a phase of ``RESUMABLE_AGENT`` in a fresh Python process, the
+    sessions in one SQLite file."""
+    optional_dependency("aiosqlite")
+    program, db = tmp_path / "agent.py", tmp_path / "sessions.sqlite"
+    program.write_text(RESUMABLE_AGENT, encoding="utf-8")
+
+    def run(phase: str, confirmed: bool = False) -> dict:
+        command = [sys.executable, str(program), phase, str(db), "yes" if confirmed else "no"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run
+
+
+@pytest.mark.parametrize("confirmed", [False, True])
+def test_a_confirmation_answered_in_another_process_answers_the_same_turn(two_processes, confirmed):
+    """Process 1 runs 4 identical failing calls and pauses on the 5th (the warn level); process 2
+    answers from the stored session. Refused, the call does not run and the turn halts; confirmed,
+    it runs in the same turn, whose explicit cap of 7 stops the 8th call after 3 more, not 7. Only
+    the process that finishes the turn reports it."""
+    first = two_processes("start")
+    assert (first["ran"], first["asked"], first["ended"]) == (4, 1, [])
+    second = two_processes("resume", confirmed)
+    assert second["asked"] == 0
+    if confirmed:
+        assert second["ran"] == 3 and "threshold explicit (stop, limit 7); 8 tool calls" in second["last"]
+        assert [e[:2] for e in second["ended"]] == [["halted", 8]]
+    else:
+        assert second["ran"] == 0 and "stopped by the user" in second["last"]
+        assert [e[:2] for e in second["ended"]] == [["halted", 5]]
+
+
+def answered_through(options: dict, n: int, groups: list[list[int]], confirmed: list[bool], fresh: bool) -> tuple:
+    """``answered_in_messages`` with the session kept by one session service and each answer sent
+    either by the first runner or (``fresh``) by a runner, plugin and guard of its own, as a new
+    process would: the ids of the calls that ran, and the turns' (reason, tool calls)."""
+    ran, ends, service = [], Ends(), InMemorySessionService()
+
+    def read_file(path: str, tool_context: ToolContext) -> dict:
+        """Read a file."""
+        ran.append(tool_context.function_call_id)
+        return {"error": f"{path}: no such file"}
+
+    def runner(steps: list) -> Runner:
+        guard = tg.Guard(tg.GuardConfig(**options), plugins={"ends": ends})
+        app = App(name="coding", root_agent=LlmAgent(name="coder", model=scripted(steps), tools=[read_file]),
+                  plugins=[TurnGuardPlugin(guard, ask="confirmation")])
+        return Runner(app=app, session_service=service)
+
+    async def send(run: Runner, message: types.Content) -> list:
+        return [e async for e in run.run_async(user_id="u", session_id="s", new_message=message, run_config=UNBOUNDED)]
+
+    async def scenario() -> None:
+        await service.create_session(app_name="coding", user_id="u", session_id="s")
+        first = runner([[("read_file", {"path": "missing.py"})] * n])
+        requests = confirmation_requests(await send(first, types.Content(role="user", parts=[types.Part(text="go")])))
+        assert len(requests) == len(confirmed)
+        for group in groups:
+            parts = [types.Part(function_response=types.FunctionResponse(
+                name=requests[k].name, id=requests[k].id, response={"confirmed": confirmed[k]})) for k in group]
+            await send(runner([]) if fresh else first, types.Content(role="user", parts=parts))
+
+    asyncio.run(scenario())
+    return sorted(ran), [(s.reason, s.tool_calls) for s in ends.summaries]
+
+
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+@pytest.mark.parametrize("held", [0, 1])
+def test_a_fresh_plugin_answers_confirmations_as_the_plugin_that_asked_them(options, before, held):
+    """The question and the ``held`` calls paused with it, each refused or confirmed, answered in
+    every order and grouping of messages: sent through a fresh plugin and guard each time (nothing
+    in memory: the turn is in the session's state), the same calls run and the same turns end as
+    with the plugin that asked; a refused call never runs."""
+    answers = list(itertools.product([False, True], repeat=held + 1))
+    for groups in ordered_groupings(list(range(held + 1))):
+        for confirmed in map(list, answers):
+            fresh = answered_through(options, before + 1 + held, groups, confirmed, fresh=True)
+            same = answered_through(options, before + 1 + held, groups, confirmed, fresh=False)
+            assert fresh == same, (groups, confirmed)
+            assert len(fresh[0]) <= 2 * before + 1 and fresh[1], (groups, confirmed)
+            if not confirmed[0] and 0 in groups[0]:
+                assert len(fresh[0]) == before and fresh[1] == [("halted", before + 1)], (groups, confirmed)
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_refused_confirmation_whose_turn_cannot_be_resumed_still_does_not_run(ran, read_file, held, caplog):
+    """The stored turn is of another configuration (``tg.SnapshotError``: logged, a new turn starts):
+    the answer to turnguard's confirmation is still one. The refused question stops the run; a
+    held call refused with its question confirmed does not run either."""
+    service = InMemorySessionService()
+
+    def runner(config: tg.GuardConfig, steps: list) -> Runner:
+        app = App(name="coding", root_agent=LlmAgent(name="coder", model=scripted(steps), tools=[read_file]),
+                  plugins=[TurnGuardPlugin(tg.Guard(config), ask="confirmation")])
+        return Runner(app=app, session_service=service)
+
+    async def scenario() -> list:
+        await service.create_session(app_name="coding", user_id="u", session_id="s")
+        asking = runner(tg.GuardConfig(), [[("read_file", {"path": "missing.py"})] * 6])
+        message = types.Content(role="user", parts=[types.Part(text="go")])
+        requests = confirmation_requests([e async for e in asking.run_async(
+            user_id="u", session_id="s", new_message=message, run_config=UNBOUNDED)])
+        assert len(requests) == 2 and len(ran) == 4
+        parts = [types.Part(function_response=types.FunctionResponse(name=r.name, id=r.id, response={
+            "confirmed": (k == 0) == held})) for k, r in enumerate(requests)]
+        answering = runner(tg.GuardConfig(max_tool_calls_per_turn=50), [])
+        return [e async for e in answering.run_async(user_id="u", session_id="s", run_config=UNBOUNDED,
+                                                     new_message=types.Content(role="user", parts=parts))]
+
+    events = asyncio.run(scenario())
+    texts = [p.text for e in events if e.content for p in e.content.parts or () if p.text]
+    assert len(ran) == 4 + held  # a confirmed question's call is checked again, the refused held one never runs
+    assert ("stopped by the user" in texts[-1]) != held
+    assert "cannot be resumed here" in caplog.text
+
+
+class Closes(Ends):
+    """How turns close: ended (reported) or suspended (put aside for whoever resumes them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.suspended: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_turn_suspended(self, turn, summary) -> None:
+        self.suspended.append(summary.turn_id)
+
+
+def test_a_paused_invocation_dropped_past_the_bound_is_suspended_and_its_answer_resumes_it(ran, read_file,
+                                                                                           monkeypatch):
+    """Past ``MAX_OPEN_TURNS`` a paused invocation is put aside, not ended as abandoned: its turn is
+    reported once, by the run the user's answer resumes, under its id."""
+    monkeypatch.setattr("turnguard.integrations.google_adk.MAX_OPEN_TURNS", 1)
+    closes = Closes()
+    plugin = TurnGuardPlugin(tg.Guard(tg.GuardConfig(), plugins={"closes": closes}), ask="confirmation")
+    paused = Session(one_call_each([("read_file", {"path": "missing.py"})] * 7), [read_file], [plugin])
+    events = paused.send("read it")
+    assert len(ran) == 4 and closes.summaries == [] and closes.suspended == []
+    Session(one_call_each([("read_file", {"path": "b.py"})]), [read_file], [plugin]).send("read b")
+    assert len(closes.suspended) == 1 and [s.reason for s in closes.summaries] == ["completed"]
+    assert ran[4:] == ["b.py"]
+    answered(paused, events, confirmed=False)
+    assert len(ran) == 5 and "stopped by the user" in paused.final_text()
+    assert [(s.reason, s.tool_calls) for s in closes.summaries[1:]] == [("halted", 5)]
+    assert closes.summaries[1].turn_id == closes.suspended[0]

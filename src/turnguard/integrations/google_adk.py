@@ -30,7 +30,10 @@ the tool runs, ``after_tool`` / ``on_tool_error`` record its outcome, ``after_ru
   one, in several messages (ADK resumes the invocation at each and asks the model again): a
   refused call never runs, a held call whose confirmation comes after the model was asked again
   does not run (the run went on without it), a halted invocation stays halted whatever answer
-  resumes it, and a call paused in an ended turn runs in no later one. A callable ``ask`` answers
+  resumes it, and a call paused in an ended turn runs in no later one. The pausing event puts the
+  turn's snapshot (``durable``) in the session state (``STATE_PREFIX``), the invocation's last one
+  how it ended: with a persistent session service the answer may come in another process or through
+  a fresh plugin, and resumes the same turn there. A callable ``ask`` answers
   inline (the calls checked meanwhile wait for its answer). ``promptable`` defaults to whether
   ``ask`` is set; without a route the fallback applies (a warning is observed, a stop halts).
 - REMIND (``GuardConfig(remind_model=True)``) is added to a dict result as ``"turnguard"`` and
@@ -45,6 +48,7 @@ the tool runs, ``after_tool`` / ``on_tool_error`` record its outcome, ``after_ru
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 import weakref
@@ -56,8 +60,11 @@ from google.adk.models.llm_response import LlmResponse
 from google.adk.plugins.base_plugin import BasePlugin
 from google.genai import types
 
+from turnguard import _state as st
 from turnguard._guard import Guard
-from turnguard._model import Outcome, ToolCall, Verdict
+from turnguard._model import Action, Outcome, ToolCall, Verdict
+from turnguard._snapshot import SnapshotError, read_verdict, verdict_data
+from turnguard._snapshot import pending as pending_verdict
 from turnguard.integrations import _common as common
 
 __all__ = ["TurnGuardPlugin", "confirmation_answer", "confirmation_requests", "halt_of"]
@@ -65,9 +72,16 @@ __all__ = ["TurnGuardPlugin", "confirmation_answer", "confirmation_requests", "h
 CONFIRMATION = "confirmation"
 """``ask=CONFIRMATION``: reach the user through ADK's tool confirmation (``request_confirmation``)."""
 PAYLOAD_KEY = "turnguard"
+STATE_PREFIX = "turnguard:"
+"""An invocation's entry in the session state is ``STATE_PREFIX + invocation_id``: the snapshot of
+its turn paused on a confirmation (with ``SECTION_KEY``), or ``{"ended": ...}`` once that turn ended."""
+SECTION_KEY = "google_adk"
 MAX_OPEN_TURNS = 1024
 """Invocations held open at once (running, or paused on a confirmation); past it the oldest is
-ended as ``abandoned``. As many ended invocations are remembered (``_Ended``)."""
+ended as ``abandoned``, or put aside as ``suspended`` when paused (its resume goes on from the
+session's state). As many ended invocations are remembered (``_Ended``)."""
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,7 @@ class _Run:
     """Calls checked and not finished, by function call id."""
     asked: dict[str, tuple[Verdict, ToolCall]] = field(default_factory=dict)
     """Calls waiting on the user's confirmation, by function call id."""
-    held: dict[str, ToolCall] = field(default_factory=dict)
+    held: set[str] = field(default_factory=set)
     """Calls paused with the question (not checked yet): their confirmation, once the question is
     answered, lets them be checked and run."""
     paused: set[str] = field(default_factory=set)
@@ -133,34 +147,105 @@ class TurnGuardPlugin(BasePlugin):
     async def before_run_callback(self, *, invocation_context: Any) -> None:
         key = invocation_context.invocation_id
         with self._lock:
-            ended = self._ended.get(key)
-            if key in self._runs:  # resumed after a confirmation: the same invocation, the same turn
+            if key in self._runs:
                 self._runs.move_to_end(key)
-            elif ended is not None and ended.halt is not None:  # resumed after its turn halted: stays so
-                self._ended.move_to_end(key)
             else:
-                agent = getattr(invocation_context, "agent", None)
-                session = getattr(invocation_context, "session", None)
-                driver = common.open_turn(
-                    self.guard,
-                    ask=self.ask,
-                    promptable=self.promptable,
-                    conversation_id=getattr(session, "id", None),
-                    agent_name=getattr(agent, "name", None),
-                )
-                self._runs[key] = _Run(driver, closed=ended.paused if ended is not None else frozenset())
-                while len(self._runs) > MAX_OPEN_TURNS:
-                    stale_key, stale = self._runs.popitem(last=False)
-                    self._remember(stale_key, stale)
-                    stale.driver.turn.end("abandoned")
+                self._open(key, invocation_context)
         self._watch_task(key)
         return None
+
+    def _open(self, key: str, invocation_context: Any) -> None:
+        """(Under the lock.) The turn of an invocation not running here: the one it paused in,
+        resumed from the session's state (ADK resumes an invocation when a confirmation comes back,
+        in another process or plugin, or after this one put it aside); none after a halt (it stays
+        halted); else a new one, in which the calls an ended turn of the invocation paused do not run."""
+        ended = self._ended.get(key)
+        state = None
+        if ended is None:
+            state = getattr(getattr(invocation_context, "session", None), "state", {}).get(STATE_PREFIX + key)
+        run = None
+        if state is not None:
+            try:
+                if isinstance(state, dict) and "ended" in state:
+                    ended = _read_ended(state)
+                else:
+                    run = self._resumed(state)
+            except SnapshotError as exc:
+                _log.warning("turnguard: invocation %s's stored turn cannot be resumed here (%s); a new turn "
+                             "starts", key, exc)
+        if ended is not None:
+            self._ended[key] = ended
+            self._ended.move_to_end(key)
+        if run is None:
+            if ended is not None and ended.halt is not None:
+                return
+            agent = getattr(invocation_context, "agent", None)
+            session = getattr(invocation_context, "session", None)
+            driver = common.open_turn(
+                self.guard,
+                ask=self.ask,
+                promptable=self.promptable,
+                conversation_id=getattr(session, "id", None),
+                agent_name=getattr(agent, "name", None),
+                durable=self.ask == CONFIRMATION,  # its snapshot goes into the session: any process resumes it
+            )
+            run = _Run(driver, closed=ended.paused if ended is not None else frozenset())
+        self._runs[key] = run
+        while len(self._runs) > MAX_OPEN_TURNS:
+            stale_key, stale = self._runs.popitem(last=False)
+            if stale.asked or stale.held:  # paused: its resume, here or elsewhere, goes on from the session
+                common.put_aside(stale.driver.turn, stale.driver.question)
+            else:
+                self._remember(stale_key, stale)
+                stale.driver.turn.end("abandoned")
+
+    def _resumed(self, state: Any) -> _Run:
+        """The run of a turn put aside on a confirmation (its snapshot, with the calls it paused),
+        its question pending again; every field is read before the turn is resumed."""
+        section = common.adapter_section(state, SECTION_KEY)
+        if section is None:
+            raise SnapshotError(f"the turn state has no {SECTION_KEY!r} section", SECTION_KEY)
+        path = section.at("asked")
+        asked = {st.text(f"{path}.{call_id}", call_id, nonempty=True): st.text(f"{path}.{call_id}", name, nonempty=True)
+                 for call_id, name in section.mapping("asked", common.MAX_SECTION_CALLS).items()}
+        held, paused, closed = (common.section_call_ids(section, name) for name in ("held", "paused", "closed"))
+        ask_next = read_verdict(section.get("ask_next", None), section.at("ask_next"))
+        section.done()
+        question = pending_verdict(state)
+        if asked and question is None:
+            raise SnapshotError("the turn state lists calls asked about but no pending question", "pending")
+        driver = common.RunDriver(self.guard.resume(state), ask=None if isinstance(self.ask, str) else self.ask)
+        run = _Run(driver, held=set(held), paused=set(paused), closed=frozenset(closed), ask_next=ask_next)
+        if question is not None:
+            driver.defer(question)
+            run.asked = {call_id: (question, ToolCall(name, None, call_id)) for call_id, name in asked.items()}
+        return run
 
     async def after_run_callback(self, *, invocation_context: Any) -> None:
         key = invocation_context.invocation_id
         run = self._runs.get(key)
-        if run is not None and not run.asked and not run.held:  # paused: goes on when the user answers
+        if run is None:
+            return
+        if not run.asked and not run.held:  # paused: goes on when the user answers
             self._end(key, _closing_early())
+
+    async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
+        """The event that pauses an invocation on turnguard's confirmation carries its turn's
+        snapshot into the session state, and the final one of an invocation that paused (or halted)
+        says how its turn ended: a fresh plugin, in this process or another, resumes from it."""
+        actions = event.actions
+        if not actions.requested_tool_confirmations and not event.is_final_response():
+            return None
+        key = invocation_context.invocation_id
+        run = self._runs.get(key)
+        if run is None:
+            return None
+        if run.asked or run.held:
+            actions.state_delta[STATE_PREFIX + key] = _paused_state(run, run.driver.turn.snapshot(
+                pending=run.driver.question))
+        elif run.paused or run.closed or run.driver.turn.halted is not None:
+            actions.state_delta[STATE_PREFIX + key] = _ended_state(run.driver.turn.halted, run.paused | run.closed)
+        return None
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
         self._end(invocation_context.invocation_id, error)
@@ -196,10 +281,14 @@ class TurnGuardPlugin(BasePlugin):
             decision = run.driver.answer(verdict, answer, call, before=True)
         else:
             call = common.make_call(getattr(tool, "name", None), dict(tool_args), call_id)
-            if call_id is not None and run.held.pop(call_id, None) is not None:  # resumed: held with the question
-                decision = self._released(run, call, tool_context.tool_confirmation)
+            confirmation = tool_context.tool_confirmation
+            if call_id is not None and call_id in run.held:  # resumed: held with the question
+                run.held.discard(call_id)
+                decision = self._released(run, call, confirmation)
             elif call_id is not None and call_id in run.paused:  # its confirmation came after the model went on
                 return {"error": "Not executed: the run went on without it."}
+            elif (payload := _asked_payload(tool_context)) is not None:  # paused by a turn of which nothing is left
+                decision = self._unrecorded(run, call, confirmation, payload)
             else:
                 decision = await self._check(run, call)
             if isinstance(decision, dict):  # not executed: the model is told
@@ -237,6 +326,18 @@ class TurnGuardPlugin(BasePlugin):
         run.ask_next = decision.verdict
         return _not_executed(decision.verdict, asked_next=True)
 
+    def _unrecorded(self, run: _Run, call: ToolCall, confirmation: Any,
+                    payload: dict[str, Any]) -> common.Decision | dict[str, Any]:
+        """The answer to a confirmation turnguard asked for (``payload``) in a turn of which nothing
+        is left here (its stored state was lost, or could not be resumed): a refused question is the
+        user's stop; any other answer is taken as one to a call held with a question (``_released``)."""
+        if confirmation.confirmed or payload.get("held"):
+            return self._released(run, call, confirmation)
+        threshold, message = payload.get("threshold"), payload.get("message")
+        asked = Verdict(Action.ASK, threshold if isinstance(threshold, str) else None,
+                        message if isinstance(message, str) else "")
+        return _not_executed(run.driver.turn.halt(asked, "turnguard: stopped by the user"))
+
     async def _check(self, run: _Run, call: ToolCall) -> common.Decision | None:
         """The decision on ``call``; ``None`` when it is put to the user through a confirmation (the
         call turnguard asks about, or one held with it)."""
@@ -248,7 +349,7 @@ class TurnGuardPlugin(BasePlugin):
         if decision.step is not common.Step.HOLD:
             run.ask_next = None
         if decision.step is common.Step.HOLD:
-            run.held[call.call_id] = call
+            run.held.add(call.call_id)
             run.paused.add(call.call_id)
             return None
         if decision.step is common.Step.ASK:
@@ -362,6 +463,56 @@ class TurnGuardPlugin(BasePlugin):
             run = self._runs.get(key)
             if run is not None and not run.asked and not run.held:
                 self._end(key, asyncio.CancelledError())
+
+
+def _paused_state(run: _Run, snapshot: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` of ``run``'s turn with the calls it paused on a confirmation (``SECTION_KEY``)."""
+    section: dict[str, Any] = {
+        "asked": {call_id: call.name for call_id, (_, call) in run.asked.items()},
+        "held": sorted(run.held),
+        "paused": sorted(run.paused),
+        "closed": sorted(run.closed),
+    }
+    if run.ask_next is not None:
+        section["ask_next"] = verdict_data(run.ask_next)
+    return {**snapshot, SECTION_KEY: section}
+
+
+def _ended_state(halt: Verdict | None, paused: set[str] | frozenset[str]) -> dict[str, Any]:
+    """How an invocation's turn ended, for a later resume of the invocation (``_Ended``)."""
+    return {"ended": {"halt": verdict_data(halt), "paused": sorted(paused)}}
+
+
+def _read_ended(state: Any) -> _Ended:
+    fields = st.Fields(state, "")
+    ended = st.Fields(fields.get("ended"), "ended")
+    halt = read_verdict(ended.get("halt", None), "ended.halt")
+    paused = common.section_call_ids(ended, "paused")
+    ended.done()
+    fields.done()
+    return _Ended(halt, frozenset(paused))
+
+
+def _asked_payload(tool_context: Any) -> dict[str, Any] | None:
+    """turnguard's payload on the confirmation ADK resumes this call with, if turnguard asked for it:
+    the user's answer carries only ``confirmed``, so the request is looked up in the session."""
+    confirmation = tool_context.tool_confirmation
+    if confirmation is None:
+        return None
+    found = _payload_of(confirmation)
+    call_id = tool_context.function_call_id
+    session = getattr(tool_context, "session", None)
+    for event in reversed(getattr(session, "events", None) or ()) if found is None else ():
+        requested = (event.actions.requested_tool_confirmations or {}).get(call_id)
+        if requested is not None:
+            return _payload_of(requested)
+    return found
+
+
+def _payload_of(confirmation: Any) -> dict[str, Any] | None:
+    payload = getattr(confirmation, "payload", None)
+    found = payload.get(PAYLOAD_KEY) if isinstance(payload, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def _closing_early() -> BaseException | None:
