@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,16 @@ from conftest import (
 
 optional_dependency("agents")
 
-from agents import Agent, RunConfig, Runner, RunState, function_tool, set_tracing_disabled  # noqa: E402
+from agents import (  # noqa: E402
+    Agent,
+    Handoff,
+    RunConfig,
+    Runner,
+    RunState,
+    function_tool,
+    handoff,
+    set_tracing_disabled,
+)
 from agents.exceptions import AgentsException, MaxTurnsExceeded  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
@@ -31,8 +41,10 @@ from turnguard.integrations.openai_agents import (  # noqa: E402
     TurnGuardHalted,
     TurnGuardRunHooks,
     approval_requests,
+    resume_state,
     run,
     run_sync,
+    state_string,
 )
 
 NO_EXPORT = RunConfig(tracing_disabled=True)
@@ -685,7 +697,6 @@ def test_a_polling_tools_output_is_its_result_and_a_changed_one_is_progress(chan
 # -- a damaged turn state is refused before its turn is resumed ----------------------------------
 
 from damaged_sections import Summaries, state_mutants  # noqa: E402
-from turnguard.integrations.openai_agents import resume_state, state_string  # noqa: E402
 
 SECTION = {"asked": ["call-4"], "held": []}
 """What a run paused at its fifth identical call keeps under ``openai_agents`` (checked below)."""
@@ -768,3 +779,96 @@ def test_a_run_state_the_sdk_cannot_restore_leaves_no_turn_open(paused_string):
         asyncio.run(resume_state(guard, polling_agent(2), json.dumps({**data, "current_agent": 5})))
     assert not isinstance(failed.value, tg.SnapshotError)
     resumes_as_the_same_turn(guard, summaries, paused_string)
+
+
+# -- every way a run reaches a tool: the root agent, a handoff to an Agent or through handoff() ---
+
+
+def handed_off(form: str, reader: Agent) -> Agent:
+    """An agent whose run reaches ``reader``'s tools in the way ``form`` names (its model's first
+    response is the handoff, whatever the form)."""
+    if form == "root":
+        return reader
+    transfer = [[function_call(Handoff.default_tool_name(reader), {}, call_id="handoff")]]
+    targets: dict[str, Any] = {
+        "agent": reader,
+        "handoff()": handoff(reader),
+        "handoff(on_handoff)": handoff(reader, on_handoff=lambda context: None),
+        "handoff(input_filter)": handoff(reader, input_filter=lambda data: data.clone(pre_handoff_items=())),
+        "custom Handoff": unnamed_handoff(reader),
+    }
+    if form in targets:
+        return Agent(name="triage", model=ScriptedModel(transfer), handoffs=[targets[form]])
+    middle = Agent(name="middle", model=ScriptedModel([[function_call("transfer_to_reader", {}, call_id="h2")]]),
+                   handoffs=[reader if form == "nested agent→handoff()" else handoff(reader)])
+    first = [[function_call("transfer_to_middle", {}, call_id="h1")]]
+    return Agent(name="triage", model=ScriptedModel(first), handoffs=[handoff(middle)])
+
+
+def unnamed_handoff(reader: Agent) -> Handoff:
+    """A ``Handoff`` built by hand, whose agent is known only once it is invoked."""
+
+    async def invoke(context, input_json):
+        return reader
+
+    return Handoff(tool_name="transfer_to_reader", tool_description="Hand off to the reader.",
+                   input_json_schema={}, on_invoke_handoff=invoke, agent_name=reader.name)
+
+
+FORMS = ["root", "agent", "handoff()", "handoff(on_handoff)", "handoff(input_filter)", "custom Handoff",
+         "nested handoff()", "nested agent→handoff()"]
+
+
+@pytest.fixture(params=["tracing-off", "tracing-on"])
+def tracing(request):
+    set_tracing_disabled(request.param == "tracing-off")
+    yield
+    set_tracing_disabled(False)
+
+
+@pytest.mark.parametrize("options", [CUSTOM_FAILURE, {}], ids=["custom-failure-function", "sdk-default"])
+@pytest.mark.parametrize("form", FORMS)
+def test_failures_are_seen_in_every_agent_the_run_reaches(ran, tracing, options, form):
+    tool = failing_tool(ran, **options)
+    reader = Agent(name="reader", model=calls_then_done([("read_file", {"path": "a.py"})] * 30), tools=[tool])
+    agent = handed_off(form, reader)
+    with pytest.raises(TurnGuardHalted) as stopped:
+        run_sync(tg.Guard(tg.GuardConfig()), agent, "read a.py", max_turns=100)
+    assert len(ran) == 8
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert reader.tools == [tool]  # the host's agents are not changed
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_with_approvals_the_batch_of_any_agent_the_run_reaches_is_checked_as_planned(ran, make_agent, form):
+    reader = make_agent(one_batch("read_file", {"path": "a.py"}, 10), fail=True)
+    reader.name = "reader"
+    guard = tg.Guard(tg.GuardConfig(streak_warn_at=0))
+    paused = run_sync(guard, handed_off(form, reader), "read a.py", ask="approval", run_config=NO_EXPORT)
+    assert [item.call_id for item in approval_requests(paused)] == ["call-8"]
+    assert [item.call_id for item in paused.interruptions] == ["call-8", "call-9"]
+    assert len(ran) == 8
+
+
+RESTORABLE_FORMS = [form for form in FORMS if form != "custom Handoff"]
+"""The SDK restores a run from its string only in agents it can name from the root: a hand-built
+``Handoff``'s agent is unknown until invoked (``RunState.from_string`` refuses it without turnguard)."""
+
+
+@pytest.mark.parametrize("form", RESTORABLE_FORMS)
+def test_a_run_paused_in_any_agent_it_reaches_resumes_on_the_observed_copy(ran, tracing_off, form):
+    """Resumed from its string, a run paused inside a handed-off agent goes on where turnguard
+    still sees that agent's failures and asks before its calls: the fifth identical call after the
+    "continue" asks again."""
+    tool = failing_tool(ran, **CUSTOM_FAILURE)
+    reader = Agent(name="reader", model=calls_then_done([("read_file", {"path": "a.py"})] * 12), tools=[tool])
+    agent = handed_off(form, reader)
+    guard = tg.Guard(tg.GuardConfig())
+    paused = run_sync(guard, agent, "read a.py", ask="approval", max_turns=100)
+    assert [item.call_id for item in approval_requests(paused)] == ["call-4"]  # the warn level
+    state = asyncio.run(resume_state(guard, agent, state_string(paused)))
+    (question,) = approval_requests(state)
+    state.approve(question)
+    again = run_sync(guard, agent, state, ask="approval", max_turns=100)
+    assert [item.call_id for item in approval_requests(again)] == ["call-9"] and len(ran) == 9  # five more
+

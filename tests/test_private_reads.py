@@ -30,6 +30,10 @@ ALLOWED = {
         "a RunState's context object, which RunState.from_json takes back and nothing public returns",
     ("turnguard/integrations/openai_agents.py", "invoker._on_handled_error"):
         "the Agents SDK's tool invoker reports a handled failure only there",
+    ("turnguard/integrations/openai_agents.py", "target._agent_ref"):
+        "a handoff() object names the agent it hands off to only there (the SDK's RunState reads it too)",
+    ("turnguard/integrations/openai_agents.py", "observed._agent_ref"):
+        "the observed handoff's copy names the observed agent there, for the SDK's RunState to find it",
 }
 """(file under ``src/``, expression) -> why it is read."""
 

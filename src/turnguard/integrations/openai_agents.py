@@ -13,8 +13,10 @@ and ends the turn however the run finishes (``completed``, ``halted``, ``error``
   ``on_tool_end`` records the outcome.
 - A failing function tool does not raise in this SDK: its failure function turns the exception
   into the tool's output, and with tracing off nothing else records it. ``observe(agent)`` (which
-  ``run`` applies) gives the run a copy of the agent whose function tools report each handled
-  failure to the hooks, whatever the tool's ``failure_error_function`` and whether tracing is on.
+  ``run`` applies) gives the run a copy of the agent, and of every agent it hands off to (an
+  ``Agent`` in its ``handoffs`` or a ``Handoff`` such as ``handoff(agent, ...)``, nested too), whose
+  function tools report each handled failure to the hooks, whatever the tool's
+  ``failure_error_function`` and whether tracing is on.
   The run's ``tool_error_formatter``, the SDK's span error and its default error text are also
   read, for tools the hooks did not observe (e.g. hooks passed to ``Runner.run`` on an agent that
   was not observed). A tool with no failure function raises and ends the run: its call is
@@ -52,11 +54,12 @@ import copy
 import dataclasses
 import inspect
 import json
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, RunHooks, Runner, RunState
+from agents import Agent, FunctionTool, Handoff, RunConfig, RunContextWrapper, RunHooks, Runner, RunState
 from agents.exceptions import AgentsException
 from agents.tool import default_tool_error_function
 from agents.tracing import get_current_span
@@ -118,11 +121,10 @@ class TurnGuardRunHooks(RunHooks[Any]):
         self._held: set[str] = set()
         """Calls interrupted with the question, unchecked: turnguard decides them once it is answered."""
         self._ask_next: Verdict | None = None
-        self._observed: dict[int, Agent[Any]] = {}
-        """The observed copy of each agent given to ``observe`` (one per source agent, so a resumed
-        ``RunState`` and the run share it)."""
-        self._copies: dict[int, Agent[Any]] = {}
-        """Every observed copy (handoff targets' too), by id."""
+        self._observed: Copies = {}
+        """The observed copy of each agent observed (given to ``observe``, or reached from one through
+        a handoff, when observed or when a ``handoff()`` returns it): one copy per source agent, so a
+        resumed ``RunState`` and the run share it."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -154,15 +156,12 @@ class TurnGuardRunHooks(RunHooks[Any]):
         self.driver.end(exc)
 
     def observe(self, agent: Agent[Any]) -> Agent[Any]:
-        """A copy of ``agent`` (and of the agents it hands off to) whose function tools report each
+        """A copy of ``agent`` (and of the agents it hands off to, in ``handoffs`` or through a
+        ``Handoff`` such as ``handoff(agent, ...)``) whose function tools report each
         failure their failure function handled to these hooks (and, with ``ask="approval"``, check
         each call when the SDK plans it); ``agent`` itself is left as it is."""
-        if id(agent) not in self._observed:
-            plan = self._plan if self.ask == APPROVAL else None
-            seen: dict[int, Agent[Any]] = {}
-            self._observed[id(agent)] = _observed_agent(agent, self._note_failure, plan, seen)
-            self._copies.update((id(copy), copy) for copy in seen.values())
-        return self._observed[id(agent)]
+        plan = self._plan if self.ask == APPROVAL else None
+        return _observed_agent(agent, self._note_failure, plan, self._observed)
 
     async def observed_state(self, agent: Agent[Any], state: Any) -> Any:
         """``state`` (a ``RunState``; anything else is returned as it is) on the observed copy of
@@ -171,7 +170,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
         is rebuilt on the copy (through its JSON, its context object and approvals kept); one that
         cannot be rebuilt puts the turn resumed for it aside (``put_aside``)."""
         current = getattr(state, "_current_agent", None)
-        if not isinstance(state, RunState) or current is None or id(current) in self._copies:
+        if not isinstance(state, RunState) or current is None or _is_copy(current, self._observed):
             return state
         try:
             data = state.to_json(context_serializer=lambda _context: {})  # the context object is kept below
@@ -578,19 +577,52 @@ def run_sync(guard: Guard, agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
 
 
 Plan = Callable[[str, Any, str], Any]
+Copies = dict[int, tuple[Agent[Any], Agent[Any]]]
+"""Observed copies by the source agent's id: (the source, its copy). The source is kept with its copy
+so that its id is not taken by another agent (one a ``handoff()`` makes per call) while the run lasts."""
 
 
 def _observed_agent(
-    agent: Agent[Any], failed: Callable[[str | None], None], plan: Plan | None, seen: dict[int, Agent[Any]]
+    agent: Agent[Any], failed: Callable[[str | None], None], plan: Plan | None, seen: Copies
 ) -> Agent[Any]:
-    if id(agent) in seen:  # agents may hand off to each other
-        return seen[id(agent)]
-    clone = seen[id(agent)] = agent.clone(tools=[_observed_tool(tool, failed, plan) for tool in agent.tools])
-    clone.handoffs = [
-        _observed_agent(target, failed, plan, seen) if isinstance(target, Agent) else target
-        for target in agent.handoffs
-    ]
+    """The observed copy of ``agent`` and, through its handoffs, of every agent it reaches; ``seen``
+    holds the copies by the source agent's id (agents may hand off to each other)."""
+    if id(agent) in seen:
+        return seen[id(agent)][1]
+    clone = agent.clone(tools=[_observed_tool(tool, failed, plan) for tool in agent.tools])
+    seen[id(agent)] = (agent, clone)
+    clone.handoffs = [_observed_handoff(target, failed, plan, seen) for target in agent.handoffs]
     return clone
+
+
+def _observed_handoff(
+    target: Any, failed: Callable[[str | None], None], plan: Plan | None, seen: Copies
+) -> Any:
+    """A handoff target as the observed run reaches it: an ``Agent``'s observed copy, or a copy of a
+    ``Handoff`` (``handoff(agent, ...)``, its callback and input filter kept) whose invocation
+    returns the observed copy of the agent it hands off to. That agent is observed now when the
+    ``Handoff`` names it (``RunState`` finds the agents of a run through it), else when invoked."""
+    if isinstance(target, Agent):
+        return _observed_agent(target, failed, plan, seen)
+    if not isinstance(target, Handoff):
+        return target
+    invoke = target.on_invoke_handoff
+
+    async def on_invoke_handoff(context: RunContextWrapper[Any], input_json: str) -> Any:
+        agent = await invoke(context, input_json)
+        return _observed_agent(agent, failed, plan, seen) if isinstance(agent, Agent) else agent
+
+    observed = copy.copy(target)
+    observed.on_invoke_handoff = on_invoke_handoff
+    named = target._agent_ref() if target._agent_ref is not None else None
+    if isinstance(named, Agent):
+        # (held strongly by ``seen``, which the hooks keep: the reference stays alive with the run)
+        observed._agent_ref = weakref.ref(_observed_agent(named, failed, plan, seen))
+    return observed
+
+
+def _is_copy(agent: Any, seen: Copies) -> bool:
+    return any(observed is agent for _source, observed in seen.values())
 
 
 def _observed_tool(tool: Any, failed: Callable[[str | None], None], plan: Plan | None) -> Any:
