@@ -872,3 +872,69 @@ def test_a_run_paused_in_any_agent_it_reaches_resumes_on_the_observed_copy(ran, 
     again = run_sync(guard, agent, state, ask="approval", max_turns=100)
     assert [item.call_id for item in approval_requests(again)] == ["call-9"] and len(ran) == 9  # five more
 
+
+# -- a halt or a refusal in a batch settles the calls of it that were let run --------------------
+
+
+class Outcomes:
+    """Each call's checks (by call id, with the verdict's action) and outcomes, and the outcomes the
+    turn ignored (a host error)."""
+
+    def __init__(self) -> None:
+        self.checked: dict[str, list[tg.Action]] = {}
+        self.outcomes: dict[str, list[tg.Outcome]] = {}
+        self.ignored: list[tuple[str, str]] = []
+
+    @tg.hookimpl
+    def turnguard_call_checked(self, turn, call, verdict) -> None:
+        self.checked.setdefault(call.call_id, []).append(verdict.action)
+
+    @tg.hookimpl
+    def turnguard_outcome_recorded(self, turn, call, outcome, verdict) -> None:
+        self.outcomes.setdefault(call.call_id, []).append(outcome)
+
+    @tg.hookimpl
+    def turnguard_outcome_ignored(self, turn, call, outcome, reason) -> None:
+        self.ignored.append((call.call_id, reason))
+
+    def assert_settled(self) -> None:
+        """Every call let run (or refused) has one outcome; a halted call has none; none ignored."""
+        let_run = {call_id for call_id, actions in self.checked.items() if tg.Action.HALT not in actions}
+        assert self.ignored == []
+        assert set(self.outcomes) == let_run
+        assert all(len(outcomes) == 1 for outcomes in self.outcomes.values()), self.outcomes
+
+
+HALT_IN_A_BATCH = [(n, k) for n in range(2, 6) for k in range(2, n + 1)]
+"""(calls in one response, the call the cap halts): every position of a halt in batches of 2 to 5."""
+
+
+async def refuse(verdict: tg.Verdict) -> str:
+    await asyncio.sleep(0.05)
+    return "stop"
+
+
+@pytest.mark.parametrize("ask", [None, "approval", refuse], ids=["unattended", "approval", "callback"])
+@pytest.mark.parametrize(("n", "k"), HALT_IN_A_BATCH)
+def test_a_halt_at_any_call_of_a_batch_settles_every_call_of_it_that_was_let_run(ran, make_agent, ask, n, k):
+    model = ScriptedModel([[function_call("read_file", {"path": f"f{i}.py"}, call_id=f"call-{i}") for i in range(n)],
+                           [assistant_message("done")]])
+    outcomes = Outcomes()
+    guard = tg.Guard(tg.GuardConfig(max_tool_calls_per_turn=k - 1), plugins={"outcomes": outcomes})
+    with pytest.raises(TurnGuardHalted):
+        run_sync(guard, make_agent(model, fail=False), "read them", ask=ask, run_config=NO_EXPORT)
+    assert len(ran) < k
+    outcomes.assert_settled()
+    assert outcomes.checked[f"call-{k - 1}"] == [tg.Action.HALT]
+
+
+@pytest.mark.parametrize("fail", [True, False], ids=["failing", "succeeding"])
+@pytest.mark.parametrize(("options", "before"), FIRST_QUESTION.values(), ids=FIRST_QUESTION.keys())
+def test_a_refusal_in_a_batch_settles_every_call_of_it_that_was_let_run(ran, make_agent, options, before, fail):
+    outcomes = Outcomes()
+    guard = tg.Guard(tg.GuardConfig(**options, streak_stop_on="any"), plugins={"outcomes": outcomes})
+    with pytest.raises(TurnGuardHalted, match="stopped by the user"):
+        run_sync(guard, make_agent(one_batch("read_file", {"path": "a.py"}, 12), fail=fail), "read a.py",
+                 ask=refuse, run_config=NO_EXPORT)
+    outcomes.assert_settled()
+    assert outcomes.outcomes[f"call-{before}"] == [tg.Outcome.DENIED]

@@ -22,7 +22,9 @@ and ends the turn however the run finishes (``completed``, ``halted``, ``error``
   was not observed). A tool with no failure function raises and ends the run: its call is
   recorded as an error and the turn ends with ``error``.
 - HALT raises ``TurnGuardHalted``, an ``AgentsException`` (the SDK's run-stopping family, like
-  ``MaxTurnsExceeded``) and a ``turnguard.LoopDetected``; the tool body does not run.
+  ``MaxTurnsExceeded``) and a ``turnguard.LoopDetected``; the tool body does not run. The calls of
+  the same response already let run, which the SDK cancels, are recorded ``unknown`` when the turn
+  ends (``error`` when the run died on an exception).
 - ASK: ``ask="approval"`` uses the SDK's own approvals. The observed tools' ``needs_approval``
   checks each call when the SDK plans the model's batch (in order, before any of it runs, as the
   core's rule for a parallel batch expects); a call turnguard asks about interrupts the run, and
@@ -143,16 +145,15 @@ class TurnGuardRunHooks(RunHooks[Any]):
     def end(self, exc: BaseException | None = None) -> None:
         """End the run's turn (idempotent) with the reason ``exc`` gives; ``run`` calls it for you.
 
-        Calls checked but never finished are recorded: ``error`` when the run died on an
-        exception (a tool that raised), ``unknown`` when it was cancelled."""
+        Calls checked and let run but never finished (the SDK cancels a batch's other calls when
+        one stops the run) are recorded: ``error`` when the run died on an exception (a tool that
+        raised), else ``unknown``, whatever ended it (a halt or a refusal included)."""
         if self.driver is None:
             return
-        reason = common.end_reason(exc)
-        if reason in ("error", "cancelled"):
-            outcome = Outcome.ERROR if reason == "error" else Outcome.UNKNOWN
-            for call in list(self._calls.values()):
-                self.driver.turn.record_outcome(call, outcome)
-            self._calls.clear()
+        outcome = Outcome.ERROR if common.end_reason(exc) == common.ERROR else Outcome.UNKNOWN
+        for call in list(self._calls.values()):
+            self.driver.turn.record_outcome(call, outcome)
+        self._calls.clear()
         self.driver.end(exc)
 
     def observe(self, agent: Agent[Any]) -> Agent[Any]:
@@ -195,7 +196,8 @@ class TurnGuardRunHooks(RunHooks[Any]):
         if decision.step is common.Step.RUN and self._ask_next is not None:
             decision = common.Decision(common.Step.ASK, self._ask_next)
         self._ask_next = None
-        self._calls[call_id] = call
+        if decision.step is not common.Step.HALT:  # a halted call never runs: no outcome to settle
+            self._calls[call_id] = call
         self._planned[call_id] = decision
         if decision.step is not common.Step.ASK:
             return common.Step.RUN
@@ -313,7 +315,12 @@ class TurnGuardRunHooks(RunHooks[Any]):
             if call.call_id is not None:
                 self._calls[call.call_id] = call
             decision = await driver.acheck(call)
-        TurnGuardHalted.stop(decision)
+        try:
+            TurnGuardHalted.stop(decision)
+        except TurnGuardHalted:  # the call does not run (a refused one is recorded DENIED): nothing to settle
+            if call_id is not None:
+                self._calls.pop(call_id, None)
+            raise
         if self.inner is not None:
             await self.inner.on_tool_start(context, agent, tool)
 
