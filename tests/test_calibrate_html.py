@@ -211,3 +211,46 @@ def test_in_chromium_the_survival_chart_renders_and_no_label_overlaps(survival_p
     done = subprocess.run([*flags, "--window-size=1300,4000", f"--screenshot={shot}", shown.as_uri()],
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 0 and shot.stat().st_size > 20_000, done.stderr[-2000:]
+
+
+LIMITS: dict[str, dict[str, object] | None] = {
+    "unrecorded": None,
+    "disabled": {"cap_mode": "disabled", "soft_cap": None, "hard_cap": None},
+    "explicit": {"cap_mode": "explicit", "soft_cap": None, "hard_cap": 40},
+    "adaptive": {"cap_mode": "adaptive", "soft_cap": 10, "hard_cap": 30},
+}
+"""The limits a cohort's turns can record: none (older lines), the cap disabled, or a finite cap."""
+
+
+def _capped_line(i: int, cohort: str, limits: dict[str, object] | None, ended_by: str, calls: int) -> str:
+    line: dict[str, object] = {"id": f"{cohort}{i}", "cohort": cohort, "ended_by": ended_by, "resolved": i % 2 == 0,
+                               "calls": [{"tool": "t", "args": str(j % 3), "outcome": "ok"} for j in range(calls)]}
+    if limits is not None:
+        line["policy"] = cohort
+        line["limits"] = {**limits, "stuck_repeat_threshold": 6, "streak_warn_at": 5, "streak_stop_at": 8,
+                          "max_cycles": 0, "stateful_tools": [], "streak_exempt_tools": []}
+    return json.dumps(line) + "\n"
+
+
+@pytest.mark.parametrize("live", sorted(LIMITS))
+@pytest.mark.parametrize("probe", [None, *sorted(LIMITS)])
+def test_html_and_merge_html_draw_censored_turns_whatever_caps_were_recorded(
+        live: str, probe: str | None, tmp_path: Path) -> None:
+    """A censored turn draws the survival chart; its x range must not need a finite cap, since
+    older lines record none and a guard may run with the cap disabled."""
+    from turnguard._cli import main
+
+    ends = ["completed", "streak", "cancelled", "soft_stuck", "error", "completed"]
+    text = "".join(_capped_line(i, "live", LIMITS[live], ends[i % len(ends)], 3 + 5 * i) for i in range(12))
+    if probe is not None:
+        text += "".join(_capped_line(i, "probe", LIMITS[probe], ends[(i + 1) % len(ends)], 4 + 7 * i) for i in range(6))
+    (tmp_path / "turns.jsonl").write_text(text)
+    common = ["calibrate", str(tmp_path / "turns.jsonl"), "--progress", "never", "--no-peers", "--soft-caps", "5",
+              "--multipliers", "2"]
+    assert main([*common, "--html", str(tmp_path / "one.html"), "--json", str(tmp_path / "one.json")]) == 0
+    assert main(["calibrate", "merge", str(tmp_path / "one.json"), "--html", str(tmp_path / "merged.html")]) == 0
+    caps = [c for c in (LIMITS[live], LIMITS.get(probe or "")) if c and c["hard_cap"]]
+    for page in (tmp_path / "one.html", tmp_path / "merged.html"):
+        tags = parse(page.read_text())
+        assert any(t == "svg" and a.get("id") == "chart-survival" for t, a in tags)
+        assert sum(1 for t, a in tags if t == "line" and a.get("class") == "cap") == len(caps)

@@ -336,7 +336,7 @@ def text_width(text: str) -> float:
 
 def label_width(data: list[dict[str, Any]]) -> float:
     """The room left of the bars for the longest policy name (bold for the default)."""
-    return max(120.0, *(text_width(r["name"]) * (1.1 if r["default"] else 1) + 12 for r in data)) if data else 120.0
+    return max([120.0, *(text_width(r["name"]) * (1.1 if r["default"] else 1) + 12 for r in data)])
 
 
 def spaced(items: list[tuple[float, str]], lo: float, hi: float, gap: float = LABEL_GAP) -> list[tuple[float, str]]:
@@ -489,7 +489,7 @@ def survival_chart(survival: Survival, est: dict[str, Any], caps: dict[str, int 
     if not est["turns"] or not est["horizon"]:
         return ""
     horizon = est["horizon"]
-    xmax = max(horizon, *(c for c in caps.values() if c)) * 1.15
+    xmax = max([horizon, *(c for c in caps.values() if c)]) * 1.15
     probe = _Frame(0, xmax)
     marks = [(probe.x(c), f"{name} cap {c:,}", color) for name, c, color in
              (("live", caps.get("live"), LIVE_CAP), ("probe", caps.get("probe"), PROBE_CAP)) if c]

@@ -275,7 +275,7 @@ def _width(cells: list[list[str]], shown: list[int], floor: bool) -> int:
     def size(text: str, i: int) -> int:
         wraps = floor and COLUMNS[i].wrap
         return max(map(len, text.split()), default=0) if wraps else len(text)
-    return sum(max(size(COLUMNS[i].header, i), *(size(c[i], i) for c in cells)) for i in shown) + 2 * (len(shown) - 1)
+    return sum(max([size(COLUMNS[i].header, i), *(size(c[i], i) for c in cells)]) for i in shown) + 2 * (len(shown) - 1)
 
 
 def _beside(cells: list[list[str]], width: int, columns: list[int]) -> tuple[list[int], list[str]]:
