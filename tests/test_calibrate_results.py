@@ -157,3 +157,164 @@ def test_the_collectors_file_of_spans_and_log_records_reads_as_its_spans_and_the
     together.pop("inputs")
     apart.pop("inputs")
     assert together == apart
+
+
+def timed_result(turn_id: str, resolved: bool, at: float | None) -> str:
+    """A result record as the recorder writes one (``reported_at``: when it was taken; ``None``:
+    an older recorder's, without it)."""
+    return json.dumps({"source": "turnguard", "result_for": turn_id, "resolved": resolved,
+                       **({} if at is None else {"reported_at": at})})
+
+
+def timed_logs_line(turn_id: str, resolved: bool, at: float | None, field: str = "timeUnixNano") -> str:
+    """A ``turnguard.turn.result`` log record timed at ``at`` in ``field`` (as the SDK's OTLP JSON:
+    nanoseconds as text; ``None``: unset, ``"0"``)."""
+    attrs = {"turnguard.turn.id": turn_id, "turnguard.turn.resolved": resolved}
+    line = json.loads(logs_line([(r.RESULT_EVENT, attrs)]))
+    line["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0][field] = "0" if at is None else str(round(at * 1e9))
+    return json.dumps(line)
+
+
+EVERY_TURN_HALTED = ["--soft-caps", "100", "--multipliers", "10", "--no-peers", "--explicit-caps", "2",
+                     "--key-modes", "canonical"]
+"""A grid whose ``explicit 2`` row halts every turn of 3 calls or more, so it lists each one's result."""
+
+
+def _kept(paths: list[Path], jobs: str) -> tuple[list[str], list[str]]:
+    """The turns the ``explicit 2`` row counts resolved and unresolved."""
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main([*map(str, paths), *EVERY_TURN_HALTED, "--jobs", jobs, "--json", "-"], stdout=out, stderr=err)
+    assert code == 0 and err.getvalue() == "", err.getvalue()
+    return _halted_ids(json.loads(out.getvalue()))
+
+
+def _halted_ids(data: dict) -> tuple[list[str], list[str]]:
+    row = next(p for p in data["policies"] if p["name"] == "explicit 2")["unattended"]
+    return sorted(row["resolved_ids"]), sorted(row["unresolved_ids"])
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("form", ["record", "log", "observed", "mixed"])
+def test_a_turns_earliest_result_wins_whatever_the_order_of_its_files(tmp_path: Path, form: str, jobs: str):
+    """Two or three processes take a result for one turn; each file holds one of them. The result
+    taken first is the turn's in every order of the files, from records and from log records."""
+    import itertools
+    import random
+
+    rng = random.Random(f"{form}{jobs}")
+    turns = write(tmp_path / "turns.jsonl", [turn(f"t{i}", 1200) for i in range(6)])
+    # each file's result for each turn: a time and a value; the earliest time is the one expected
+    files, expected = [], {}
+    times = {f"t{i}": rng.sample(range(1, 1000), 3) for i in range(6)}
+    values = {t: [rng.random() < .5 for _ in range(3)] for t in times}
+    for t in times:
+        expected[t] = values[t][times[t].index(min(times[t]))]
+    for f in range(3):
+        lines = []
+        for t in times:
+            at, value = 1.8e9 + times[t][f] / 1000, values[t][f]
+            kind = form if form != "mixed" else ("record", "log", "observed")[(f + int(t[1:])) % 3]
+            lines.append(timed_result(t, value, at) if kind == "record" else
+                         timed_logs_line(t, value, at, "timeUnixNano" if kind == "log" else "observedTimeUnixNano"))
+        files.append(write(tmp_path / f"results{f}.jsonl", lines))
+    want = (sorted(t for t, v in expected.items() if v), sorted(t for t, v in expected.items() if not v))
+    for order in itertools.permutations(files):
+        paths = [*order[:1], turns, *order[1:]]
+        assert _kept(paths, jobs) == want, [p.name for p in paths]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_results_without_a_time_come_after_timed_ones_and_the_first_read_of_them_stands(tmp_path: Path, jobs: str):
+    """An older recorder's records have no time: a timed result wins over them in any order; among
+    them (and among results taken at the same instant) the first read stands, as before."""
+    turns = write(tmp_path / "turns.jsonl", [turn(t, 1200) for t in ("mixed", "untimed", "tie")])
+    a = write(tmp_path / "a.jsonl", [timed_result("mixed", True, None), timed_result("untimed", True, None),
+                                     timed_result("tie", True, 1.8e9)])
+    b = write(tmp_path / "b.jsonl", [timed_result("mixed", False, 1.9e9), timed_result("untimed", False, None),
+                                     timed_logs_line("tie", False, 1.8e9)])
+    assert _kept([turns, a, b], jobs) == (["tie", "untimed"], ["mixed"])
+    assert _kept([turns, b, a], jobs) == ([], ["mixed", "tie", "untimed"])
+
+
+@pytest.mark.parametrize("line", [
+    timed_result("t0", False, -1), timed_result("t0", False, 1e12), json.dumps(
+        {"result_for": "t0", "resolved": False, "reported_at": "yesterday"}),
+    timed_logs_line("t0", False, 1.8e9).replace('"timeUnixNano": "1800000000000000000"', '"timeUnixNano": "soon"'),
+    timed_logs_line("t0", False, 1.8e9).replace('"timeUnixNano": "1800000000000000000"', '"timeUnixNano": true'),
+])
+def test_a_result_with_a_garbled_time_is_a_problem_and_counts_as_one_without_a_time(tmp_path: Path, line: str):
+    turns = write(tmp_path / "turns.jsonl", [turn("t0", 1200)])
+    garbled = write(tmp_path / "garbled.jsonl", [line])
+    untimed = write(tmp_path / "untimed.jsonl", [timed_result("t0", True, None)])
+    timed = write(tmp_path / "timed.jsonl", [timed_result("t0", True, 1.9e9)])
+    code, data, err = calibrate(str(turns), str(garbled), str(untimed))
+    assert code == 0 and data["problems"] == 1 and "garbled.jsonl:1:" in err and "without a time" in err
+    assert default_row(data)["unresolved_ids"] == ["t0"]  # the garbled one, read first, of the untimed two
+    code, data, err = calibrate(str(turns), str(garbled), str(timed))
+    assert code == 0 and data["problems"] == 1 and default_row(data)["resolved_ids"] == ["t0"]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_guards_taking_results_for_one_turn_agree_from_recorders_and_collectors_in_any_order(
+        tmp_path: Path, jobs: str):
+    """The turn's own guard and another one (by its token) each take a result for the same turn:
+    the recorders' records and the log records say when, so calibrate keeps the first taken from
+    either format, in every order of the files, and a merge of runs agrees with one run."""
+    import itertools
+
+    import turnguard as tg
+    from collector_lines import log_lines
+    from turnguard.telemetry._testing import InMemoryTelemetry
+
+    owner_tel, other_tel = InMemoryTelemetry(), InMemoryTelemetry()
+    owner = tg.Guard(tg.GuardConfig(recorder_path=str(tmp_path / "turns.jsonl"), load_entrypoints=False),
+                     environ={}, **owner_tel.providers())
+    other = tg.Guard(tg.GuardConfig(recorder_path=str(tmp_path / "elsewhere.jsonl"), load_entrypoints=False),
+                     environ={}, **other_tel.providers())
+    tokens = {}
+    for i in range(6):
+        t = owner.turn(turn_id=f"t{i}")
+        for j in range(5):
+            call = tg.ToolCall("read", {"p": j})
+            t.check_call(call)
+            t.record_outcome(call, "ok")
+        t.end()
+        tokens[i] = t.result_token
+    first = {}
+    for i in range(6):  # even turns: the owner takes the first result; odd ones: the other guard
+        takers = [(owner, f"t{i}"), (other, tokens[i])][:: 1 if i % 2 == 0 else -1]
+        first[f"t{i}"] = i % 3 != 0
+        assert takers[0][0].report_result(takers[0][1], i % 3 != 0)
+        assert takers[1][0].report_result(takers[1][1], i % 3 == 0)
+    for tel in (owner_tel, other_tel):
+        tel.tracer_provider.force_flush()
+        tel.logger_provider.force_flush()
+    records = [json.loads(line) for name in ("turns.jsonl", "elsewhere.jsonl")
+               for line in (tmp_path / name).read_text().splitlines() if "result_for" in line]
+    logs = [rec.log_record for tel in (owner_tel, other_tel) for rec in tel.log_exporter.get_finished_logs()
+            if rec.log_record.event_name == r.RESULT_EVENT]
+    assert sorted(rec["reported_at"] for rec in records) == sorted(log.timestamp / 1e9 for log in logs)
+    write(tmp_path / "otlp.jsonl", [*collector_lines([owner_tel.spans()]),
+                                    *log_lines([list(owner_tel.log_exporter.get_finished_logs())])])
+    write(tmp_path / "otlp2.jsonl", log_lines([list(other_tel.log_exporter.get_finished_logs())]))
+    want = (sorted(t for t, v in first.items() if v), sorted(t for t, v in first.items() if not v))
+    for names in (("turns.jsonl", "elsewhere.jsonl"), ("otlp.jsonl", "otlp2.jsonl"),
+                  ("turns.jsonl", "otlp2.jsonl"), ("otlp.jsonl", "elsewhere.jsonl")):
+        for order in itertools.permutations(names):
+            assert _kept([tmp_path / n for n in order], jobs) == want, order
+    lines = (tmp_path / "turns.jsonl").read_text().splitlines()
+    parts = [write(tmp_path / f"part{k}.jsonl", [x for x in lines if '"result_for"' not in x and
+                                                  json.loads(x)["id"] in half]) for k, half in
+             enumerate([("t0", "t1", "t2"), ("t3", "t4", "t5")])]
+    write(tmp_path / "owner.jsonl", [x for x in lines if '"result_for"' in x])
+    for order in itertools.permutations(("owner.jsonl", "elsewhere.jsonl")):  # the results apart from the turns
+        runs = []
+        for k, part in enumerate(parts):
+            runs.append(tmp_path / f"run{k}.json")
+            results = [tmp_path / n for n in (order if k == 0 else order[::-1])]
+            assert cli.main([str(part), *map(str, results), *EVERY_TURN_HALTED, "--jobs", jobs, "--json",
+                             str(runs[-1])], stdout=io.StringIO(), stderr=io.StringIO()) == 0
+        merged = io.StringIO()
+        err = io.StringIO()
+        assert cli.merge_main([*map(str, runs), "--json", "-"], stdout=merged, stderr=err) == 0, err.getvalue()
+        assert _halted_ids(json.loads(merged.getvalue())) == want

@@ -55,6 +55,7 @@ import operator
 import re
 import secrets
 import threading
+import time
 import uuid
 from array import array
 from collections import OrderedDict
@@ -134,6 +135,10 @@ class ResultLabels:
     trusted: bool = True
     """``False`` for a token taken without a ``digest_key``: anyone could have made it, so its labels
     may name values no turn ever had (the boards show only values they show already)."""
+    reported_ns: int | None = None
+    """When this process took the result (Unix nanoseconds; ``None`` until it is taken), read once
+    for the recorder's result record and the log record alike: ``turnguard calibrate`` keeps a
+    turn's earliest result by it, whatever order its files come in."""
 
 
 @dataclass(slots=True)
@@ -299,6 +304,8 @@ class ResultBook:
             self.counts[status] += 1
         if entry is not None:  # a turn of this process is reported with what is known here
             labels = self.labels_of(entry.summary, entry.policy, entry.main)
+        if status is ResultStatus.ACCEPTED and labels is not None:
+            labels = dataclasses.replace(labels, reported_ns=time.time_ns())
         return status, entry, labels
 
     def _take(self, text: str | None, key: str | bytes | None, resolved: Any,

@@ -140,7 +140,8 @@ BYTES_PER_WAITING_CALL = 512
 """About what a tool span waiting for its turn span costs at most (its call record, a tool name and a
 digest of up to 256 characters each, its place in the waiting table)."""
 BYTES_PER_RESULT = 64
-"""A late result kept (a dict entry of an 8-byte hash and a flag): ``late_results`` fit 1 x the limit."""
+"""A late result kept (a dict entry of an 8-byte hash and a flag, and one of its time when it has
+one): ``late_results`` fit about 1 x the limit, 2 x when every result is timed."""
 IDS_IN_ALL = 10_000
 """Ids of halted turns kept over the whole grid (each policy keeps ``ids_per_policy``)."""
 MAX_IDS = 50

@@ -1,11 +1,14 @@
 """Late task results: a turn's ``resolved`` reported after the turn was recorded, as a result
 record (``{"result_for": ...}``) or a ``turnguard.turn.result`` log (``resourceLogs`` lines).
 ``late_results`` collects them before the replay; a turn without a result of its own gets the
-first one. A file without either marker is only scanned in blocks."""
+earliest one, by the time it was taken (the record's ``reported_at``, the log record's time), so
+the order of the files does not matter; results without a time (older recorders) come after those
+with one, the first read standing. A file without either marker is only scanned in blocks."""
 
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,11 +18,21 @@ from turnguard._calibrate.bounds import BYTES_PER_RESULT, Bounds
 from turnguard._calibrate.collector import RESOLVED_VALUES, attributes, resolved_readable, span_resolved
 from turnguard._calibrate.corpus import LOGS_KEY, RESULT_KEY
 from turnguard._calibrate.duplicates import id_hash
-from turnguard._calibrate.records import MAX_LINE_BYTES, InputProblem, LineSource, ProblemSink, parse_line, shown
+from turnguard._calibrate.records import (
+    MAX_LINE_BYTES,
+    MAX_TIME,
+    InputProblem,
+    LineSource,
+    ProblemSink,
+    parse_line,
+    shown,
+)
 from turnguard._model import MAX_ID_LENGTH
 
 RESULT_EVENT = "turnguard.turn.result"
 """The log record of a late result."""
+REPORTED_AT = "reported_at"
+"""A result record's time: when the result was taken, Unix seconds."""
 MARKERS = (f'"{RESULT_KEY}"'.encode(), f'"{LOGS_KEY}"'.encode())
 MAX_LATE_RESULTS = 1_000_000
 """Results kept at most (at a given ``--max-line-bytes``, ``Bounds.late_results``); past it a
@@ -29,14 +42,14 @@ BLOCK = 1 << 16
 """The scan's read size: small, so the scan adds nothing to a run's peak memory."""
 
 
-Event = tuple[int, int | None, bool | str]
-"""What a line gives: ``(line, id_hash(turn id), resolved)`` for a result, ``(line, None,
-message)`` for a problem."""
+Event = tuple[int, int | None, bool | str, float | None]
+"""What a line gives: ``(line, id_hash(turn id), resolved, when taken in Unix seconds or None)``
+for a result, ``(line, None, message, None)`` for a problem."""
 
 
 def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
                  max_line_bytes: int = MAX_LINE_BYTES) -> dict[int, bool]:
-    """``id_hash(turn id)`` -> the first late result reported for it, from every input."""
+    """``id_hash(turn id)`` -> the earliest late result reported for it, from every input."""
     book = ResultBook(on_problem, max_line_bytes)
     for path in paths:
         if may_hold_results(path):
@@ -45,28 +58,35 @@ def late_results(paths: Iterable[str | Path], on_problem: ProblemSink, *,
 
 
 class ResultBook:
-    """The results kept, in the order they are read (the first for a turn wins), up to the bound."""
+    """The results kept, up to the bound: a turn's earliest by the time it was taken (a tie: the
+    first read), then, when none of its results has a time, the first read."""
 
     def __init__(self, on_problem: ProblemSink, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.on_problem = on_problem
         self.results: dict[int, bool] = {}
+        self.times: dict[int, float] = {}
+        """The time of each result kept that has one."""
         self.most = min(MAX_LATE_RESULTS, Bounds(max_line_bytes).late_results)
         self._full = False
 
     def add(self, path: str, events: Iterable[Event], first_line: int = 1) -> None:
         """Take a file's (or a part's) events; their lines count from ``first_line``."""
-        results, shift = self.results, first_line - 1
-        for lineno, key, what in events:
+        results, times, shift = self.results, self.times, first_line - 1
+        for lineno, key, what, at in events:
             if key is None:
                 self.on_problem(InputProblem(path, lineno + shift, str(what)))
-            elif key not in results:
-                if len(results) < self.most:
-                    results[key] = bool(what)
-                elif not self._full:
-                    self._full = True
-                    self.on_problem(InputProblem(path, lineno + shift, f"more than {self.most:,} late results "
-                                                                       f"(--max-line-bytes / {BYTES_PER_RESULT}): "
-                                                                       "the rest are ignored"))
+            elif key in results:
+                if at is not None and at < times.get(key, math.inf):
+                    results[key], times[key] = bool(what), at
+            elif len(results) < self.most:
+                results[key] = bool(what)
+                if at is not None:
+                    times[key] = at
+            elif not self._full:
+                self._full = True
+                self.on_problem(InputProblem(path, lineno + shift, f"more than {self.most:,} late results "
+                                                                   f"(--max-line-bytes / {BYTES_PER_RESULT}): "
+                                                                   "the rest are ignored"))
 
 
 def file_results(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Event]:
@@ -100,9 +120,34 @@ def _record(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
     if not _turn_id(turn_id) or not isinstance(resolved, bool):
         events.append((lineno, None, f"a result record needs {RESULT_KEY!r} (a turn id of at most {MAX_ID_LENGTH} "
                                      f"characters) and 'resolved' (true or false), got {RESULT_KEY}={shown(turn_id)}, "
-                                     f"resolved={shown(resolved)}"))
+                                     f"resolved={shown(resolved)}", None))
         return
-    events.append((lineno, id_hash(turn_id), resolved))
+    at = obj.get(REPORTED_AT)
+    if at is not None and not _time(at):
+        events.append((lineno, None, f"a result record's {REPORTED_AT!r} is no Unix time in seconds: {shown(at)}; "
+                                     "read as a result without a time", None))
+        at = None
+    events.append((lineno, id_hash(turn_id), resolved, None if at is None else float(at)))
+
+
+def _time(value: Any) -> bool:
+    """A result's time: Unix seconds after 1970 and in range (``records.MAX_TIME``)."""
+    return type(value) in (int, float) and 0 < value <= MAX_TIME
+
+
+def _log_time(record: dict[str, Any]) -> float | str | None:
+    """A log record's time in Unix seconds: its ``timeUnixNano``, else (unset: 0 or absent) its
+    ``observedTimeUnixNano``, as OTLP reads it; ``None`` without either; a text when garbled."""
+    for name in ("timeUnixNano", "observedTimeUnixNano"):
+        raw = record.get(name)
+        if raw in (None, 0, "0"):
+            continue
+        try:
+            at = int(raw) / 1e9 if type(raw) in (int, str) else None
+        except (ValueError, OverflowError):
+            at = None
+        return at if at is not None and _time(at) else f"its {name} is no time: {shown(raw)}"
+    return None
 
 
 def _turn_id(value: Any) -> bool:
@@ -127,12 +172,17 @@ def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
                     continue  # not about a turn
                 if not _turn_id(turn_id):
                     events.append((lineno, None, f"a {RESULT_EVENT} record without a turn id of at most "
-                                                 f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored"))
+                                                 f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored", None))
                 elif not resolved_readable(raw):
                     events.append((lineno, None, f"a {RESULT_EVENT} record whose turnguard.turn.resolved is not "
-                                                 f"{RESOLVED_VALUES}: {shown(raw)}; ignored"))
+                                                 f"{RESOLVED_VALUES}: {shown(raw)}; ignored", None))
                 elif resolved is not None:
-                    events.append((lineno, id_hash(turn_id), resolved))
+                    at = _log_time(record)
+                    if isinstance(at, str):
+                        events.append((lineno, None, f"a {RESULT_EVENT} record: {at}; read as a result without a "
+                                                     "time", None))
+                        at = None
+                    events.append((lineno, id_hash(turn_id), resolved, at))
 
 
 def _list(value: Any) -> list[Any]:

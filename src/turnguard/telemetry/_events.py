@@ -105,7 +105,8 @@ class EventLog:
         if agent is not None:
             attrs[n.GEN_AI_AGENT_NAME] = agent
         self._emit(n.TURN_RESULT_EVENT, SeverityNumber.INFO,
-                   f"turnguard: turn {attrs[n.TURN_ID]} {'resolved' if resolved else 'not resolved'}", attrs, None)
+                   f"turnguard: turn {attrs[n.TURN_ID]} {'resolved' if resolved else 'not resolved'}", attrs, None,
+                   timestamp=labels.reported_ns)
 
     def shadow_detected(self, policy: str, event: LoopDetectedEvent, span: Any) -> None:
         attrs = {**event_attributes(event), n.SHADOW_POLICY: export_text(policy)}
@@ -116,10 +117,13 @@ class EventLog:
         )
 
     def _emit(
-        self, name: str, severity: SeverityNumber, body: str, attrs: dict[str, Any], span: Any, *, mirror: bool = False
+        self, name: str, severity: SeverityNumber, body: str, attrs: dict[str, Any], span: Any, *, mirror: bool = False,
+        timestamp: int | None = None,
     ) -> None:
-        """An event as a log record in ``span``'s context; ``mirror`` also adds it as a span event."""
+        """An event as a log record in ``span``'s context, at ``timestamp`` (Unix nanoseconds) when
+        the event names its own instant; ``mirror`` also adds it as a span event."""
         self.logger.emit(
+            timestamp=timestamp,
             event_name=name,
             severity_number=severity,
             severity_text=severity.name,

@@ -478,8 +478,9 @@ def turn_line(
 def result_line(labels: ResultLabels, resolved: bool) -> bytes:
     """A late result record for ``turnguard calibrate``: ``{"result_for": <turn id>, "resolved":
     ...}``, with what the turn's labels say (``policy``, ``cohort``, ``ended_by``, ``tool_calls``;
-    a label a result token had no room for is left out) and ``from_token`` (reported in another
-    process than the turn's)."""
+    a label a result token had no room for is left out), ``from_token`` (reported in another
+    process than the turn's) and ``reported_at`` (when it was taken, Unix seconds: calibrate keeps
+    a turn's earliest result)."""
     data: dict[str, Any] = {"source": SOURCE, "result_for": labels.turn_id, "resolved": resolved,
                             "cohort": labels.cohort, "tool_calls": labels.tool_calls}
     dropped = labels.dropped
@@ -490,6 +491,8 @@ def result_line(labels: ResultLabels, resolved: bool) -> bytes:
     elif "threshold" not in dropped and "reason" not in dropped and labels.reason is not None:
         data["ended_by"] = labels.reason
     data["from_token"] = labels.remote
+    if labels.reported_ns is not None:
+        data["reported_at"] = unix_s(labels.reported_ns)
     return (json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode("ascii")
 
 
