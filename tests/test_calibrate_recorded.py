@@ -210,3 +210,74 @@ def test_otlp_spans_with_ids_or_names_past_the_limit_are_reported_and_skipped(tm
     assert all(len(p) < 600 for p in problems)
     assert all(len(t.id) <= MAX_ID_LENGTH and all(len(c.tool) <= MAX_ID_LENGTH for c in t.calls)
                for t in turns.values())
+
+
+HALTS = {  # a configuration and the calls (tool, args of call i, outcome) that reach its halt
+    "hard_backstop": ({"soft_cap": 3, "hard_multiplier": 2}, lambda i: ("run", {"i": i}, "ok")),
+    "explicit": ({"max_tool_calls_per_turn": 5}, lambda i: ("run", {"i": i}, "ok")),
+    "soft_stuck": ({"soft_cap": 3, "hard_multiplier": 10}, lambda i: ("run", {"i": 0}, "ok")),
+    "streak": ({"soft_cap": 50}, lambda i: ("run", {"i": 0}, "error")),
+    "cycle_cap": ({"max_cycles_per_turn": 4}, lambda i: ("run", {"i": i}, "error")),
+}
+
+
+@pytest.mark.parametrize("after", ["ok", "error", "denied", "unknown", None])
+@pytest.mark.parametrize("threshold", sorted(HALTS))
+def test_a_call_the_halt_refused_is_denied_in_lines_and_spans_whatever_the_host_reports_after(
+        tmp_path: Path, threshold: str, after: str | None) -> None:
+    """The halted call did not run: the recorder lists it ``denied`` and its tool span, ended at the
+    check, says the same, though the host reports an outcome for it afterwards (or goes on calling);
+    calibrate's figures from either file are then byte for byte the same."""
+    import io
+
+    from turnguard._calibrate import cli
+
+    options, call_of = HALTS[threshold]
+    telemetry = InMemoryTelemetry()
+    config = tg.GuardConfig(recorder_path=str(tmp_path / "turns.jsonl"), load_entrypoints=False,
+                            disable_plugins=("shadow",), **options)
+    guard = tg.Guard(config, environ={}, **telemetry.providers())
+    halted_by = set()
+    for t in range(4):
+        turn = guard.turn(turn_id=f"t{t}", promptable=False)
+        first: str | None = None  # where the halt came: a cycle, a check (a refused call) or an outcome
+        for i in range(30):
+            if turn.begin_cycle().halted:
+                first = first or "cycle"
+            tool, args, outcome = call_of(i)
+            call = tg.ToolCall(tool, args)
+            if turn.check_call(call).halted:
+                first = first or "check"
+                if after is not None:
+                    turn.record_outcome(call, after)
+            elif turn.record_outcome(call, outcome).halted:
+                first = first or "outcome"
+            if first and not t % 2:  # the others: a host that goes on calling after the halt
+                break
+        summary = turn.end()
+        assert str(summary.threshold) == threshold
+        halted_by.add(first)
+    telemetry.tracer_provider.force_flush()
+    spans = telemetry.spans()
+    otlp = tmp_path / "otlp.jsonl"
+    otlp.write_text("\n".join(collector_lines(spans[i:i + 20] for i in range(0, len(spans), 20))) + "\n")
+    from_lines, problems_lines = read(tmp_path / "turns.jsonl")
+    from_spans, problems_spans = read(otlp)
+    assert problems_lines == problems_spans == []
+    assert len(halted_by) == 1
+    for turn_id, line in from_lines.items():
+        outcomes = [c.outcome.value for c in line.calls]
+        assert outcomes == [c.outcome.value for c in from_spans[turn_id].calls]
+        assert outcomes[:-1].count("denied") == 0
+        assert (outcomes[-1] == "denied") is (halted_by == {"check"})
+
+    def figures(path: Path) -> str:
+        out = io.StringIO()
+        assert cli.main([str(path), "--soft-caps", "2,3,50", "--multipliers", "2,10", "--stuck-repeats", "3,6",
+                         "--streaks", "2:3,5:8", "--explicit-caps", "4,5", "--no-peers", "--progress", "never",
+                         "--json", "-"], stdout=out, stderr=io.StringIO()) == 0
+        data = json.loads(out.getvalue())
+        data.pop("inputs")
+        return json.dumps(data, sort_keys=True)
+
+    assert figures(tmp_path / "turns.jsonl") == figures(otlp)

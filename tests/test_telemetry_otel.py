@@ -137,7 +137,7 @@ def test_halted_call_span_ends_at_the_check_with_the_verdict(otel):
     halted = otel.span("execute_tool b")
     assert halted.attributes[n.VERDICT_ACTION] == "halt"
     assert halted.attributes[n.VERDICT_THRESHOLD] == "explicit"
-    assert n.CALL_OUTCOME not in halted.attributes
+    assert halted.attributes[n.CALL_OUTCOME] == "denied"  # refused: it did not run, as the recorder lists it
 
 
 def test_parallel_calls_each_get_their_own_span_and_facts(otel, frequent_thread_switches):

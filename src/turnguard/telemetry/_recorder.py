@@ -81,7 +81,8 @@ WARN_EVERY_S = 60.0
 """While appends fail (a full disk), one warning per this many seconds says so, with how many
 failed since the last one: not a line per turn."""
 HALTED_OUTCOME = Outcome.DENIED.value
-"""The outcome recorded for a call turnguard halted (a policy refused it), unless the host reports one."""
+"""The outcome recorded for a call turnguard halted (a policy refused it, so it did not run),
+whatever the host reports for it later: its tool span, ended at the check, says the same."""
 
 
 @dataclass(slots=True)
@@ -214,14 +215,15 @@ class Recorder:
         record = self._record(turn)
         digest = cached_digest(call)
         entry = _Call(call.name, digest.hex() if digest is not None else "")
-        if verdict.action is Action.HALT:
+        halted = verdict.action is Action.HALT
+        if halted:
             entry.outcome = HALTED_OUTCOME
         with record.lock:
             if len(record.calls) >= self.max_calls:
                 record.dropped += 1
                 return
             at = len(record.calls)
-            if record.index.setdefault(call, at) != at:
+            if not halted and record.index.setdefault(call, at) != at:  # a halted call awaits no outcome
                 record.later.setdefault(call, []).append(at)
             record.calls.append(entry)
 

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from turnguard._model import LoopDetectedEvent, ToolCall, TurnSummary, Verdict
 
 _ALLOW, _HALT, _ERROR = Action.ALLOW, Action.HALT, Outcome.ERROR
+_DENIED_VALUE = OUTCOME_VALUES[Outcome.DENIED]
+"""A halted call's outcome: the policy refused it, so it did not run (the recorder's ``denied``)."""
 _INTERNAL = SpanKind.INTERNAL
 _TOOL_SPAN_PREFIX = f"{OP_EXECUTE_TOOL} "
 _ERROR_STATUS = Status(StatusCode.ERROR)
@@ -360,7 +362,8 @@ class SpanReporter:
             entry.action = action
         if threshold is not None:
             extra[VERDICT_THRESHOLD] = export_text(threshold)
-        if action is _HALT:  # the host will not execute it: the span ends here
+        if action is _HALT:  # the host will not execute it: the span ends here, refused
+            extra[CALL_OUTCOME] = _DENIED_VALUE
             state.calls[call] = _ENDED
             span = self._started(entry, extra)
             if entry.owned:
