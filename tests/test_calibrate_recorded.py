@@ -281,3 +281,48 @@ def test_a_call_the_halt_refused_is_denied_in_lines_and_spans_whatever_the_host_
         return json.dumps(data, sort_keys=True)
 
     assert figures(tmp_path / "turns.jsonl") == figures(otlp)
+
+
+@pytest.mark.parametrize("length", [256, 257, 300, 5000])
+def test_a_long_turn_id_reads_alike_from_lines_and_spans_and_keeps_its_late_result(tmp_path: Path, length: int):
+    """The recorder writes what the turn span exports (a turn id cut at ``MAX_ID_LENGTH``), so the
+    turn is read under one id from either file, with no problem, and its late result joins it."""
+    import io
+
+    from collector_lines import log_lines
+    from turnguard._calibrate import cli
+
+    telemetry = InMemoryTelemetry()
+    config = tg.GuardConfig(recorder_path=str(tmp_path / "turns.jsonl"), load_entrypoints=False,
+                            disable_plugins=("shadow",))
+    guard = tg.Guard(config, environ={}, **telemetry.providers())
+    ids = [str(t) * length for t in range(3)]
+    for turn_id in ids:
+        with guard.turn(turn_id=turn_id, promptable=False) as turn:
+            for i in range(3):
+                call = tg.ToolCall("run", {"i": i})
+                turn.check_call(call)
+                turn.record_outcome(call, "ok")
+        assert guard.report_result(turn_id, True)
+    telemetry.tracer_provider.force_flush()
+    telemetry.logger_provider.force_flush()
+    logs = list(telemetry.log_exporter.get_finished_logs())
+    otlp = tmp_path / "otlp.jsonl"
+    otlp.write_text("\n".join([*collector_lines([telemetry.spans()]), *log_lines([logs])]) + "\n")
+    from_lines, problems_lines = read(tmp_path / "turns.jsonl")
+    from_spans, problems_spans = read(otlp)
+    assert problems_lines == problems_spans == []
+    assert set(from_lines) == set(from_spans) and len(from_lines) == 3
+    assert all(len(turn_id) == min(length, MAX_ID_LENGTH) for turn_id in from_lines)
+
+    def figures(path: Path) -> dict:
+        out = io.StringIO()
+        assert cli.main([str(path), "--no-peers", "--progress", "never", "--json", "-"], stdout=out,
+                        stderr=io.StringIO()) == 0
+        data = json.loads(out.getvalue())
+        data.pop("inputs")
+        return data
+
+    from_recorder = figures(tmp_path / "turns.jsonl")
+    assert (from_recorder["turns"], from_recorder["resolved"], from_recorder["problems"]) == (3, 3, 0)
+    assert from_recorder == figures(otlp)

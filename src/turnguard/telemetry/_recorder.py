@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from turnguard._keys import KEY_CHECK, KEY_RESULT, CallKey, cached_digest
-from turnguard._model import Action, Outcome
+from turnguard._model import Action, Outcome, cut_text
 from turnguard.hookspecs import hookimpl
 from turnguard.telemetry import _recorder_state as recorder_state
 from turnguard.telemetry._clock import turn_end_ns, turn_start_ns, unix_s
@@ -456,7 +456,7 @@ def turn_line(
     when 0)."""
     data: dict[str, Any] = {
         "source": SOURCE,
-        "id": summary.turn_id,
+        "id": cut_text(summary.turn_id) if isinstance(summary.turn_id, str) else summary.turn_id,
         "calls": [{"tool": c.tool, "args": c.digest, "outcome": c.outcome} if c.result is None else
                   {"tool": c.tool, "args": c.digest, "outcome": c.outcome, "result": c.result} for c in calls],
         "cycles": summary.cycles,
