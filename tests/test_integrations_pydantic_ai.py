@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import json
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
 
@@ -24,8 +27,8 @@ from conftest import (
 optional_dependency("pydantic_ai")
 
 from pydantic_ai import Agent, ModelResponse, TextPart, ToolCallPart  # noqa: E402
-from pydantic_ai.capabilities import HandleDeferredToolCalls  # noqa: E402
-from pydantic_ai.exceptions import AgentRunError, ToolFailed, UsageLimitExceeded  # noqa: E402
+from pydantic_ai.capabilities import AbstractCapability, HandleDeferredToolCalls  # noqa: E402
+from pydantic_ai.exceptions import AgentRunError, ModelRetry, ToolFailed, UsageLimitExceeded  # noqa: E402
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults  # noqa: E402
 from pydantic_ai.usage import UsageLimits  # noqa: E402
@@ -778,3 +781,238 @@ def test_a_damaged_section_is_refused_by_name_and_the_right_state_resumes_the_sa
     assert resumed(guard, first, copy.deepcopy(state)).output == "done"
     (summary,) = summaries.summaries
     assert (summary.turn_id, summary.resumed_from, summary.reason) == (state["turn"]["turn_id"], None, "completed")
+
+
+# -- calls pydantic-ai refuses before they run, and batches a halt cuts short -------------------
+
+
+class Calls:
+    """The checks and outcomes a turn saw, and the outcomes it ignored (a host error)."""
+
+    def __init__(self) -> None:
+        self.checks: list[tuple[str | None, str]] = []
+        self.outcomes: dict[str | None, list[tg.Outcome]] = {}
+        self.ignored: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_call_checked(self, turn, call, verdict) -> None:
+        self.checks.append((call.call_id, verdict.action.label))
+
+    @tg.hookimpl
+    def turnguard_outcome_recorded(self, turn, call, outcome, verdict) -> None:
+        self.outcomes.setdefault(call.call_id, []).append(outcome)
+
+    @tg.hookimpl
+    def turnguard_outcome_ignored(self, turn, call, outcome, reason) -> None:
+        self.ignored.append(reason)
+
+    def guard(self, config: tg.GuardConfig | None = None) -> tg.Guard:
+        guard = tg.Guard(config or tg.GuardConfig())
+        guard.register(self, "calls")
+        return guard
+
+
+def run(agent: Agent, asynchronous: bool, **kw):
+    """``agent.run`` in an event loop, or ``agent.run_sync``: the two ways a host drives a run."""
+    if asynchronous:
+        return asyncio.run(agent.run("go", **kw))
+    return agent.run_sync("go", **kw)
+
+
+REFUSED = {
+    "wrong-type": ("read_file", {"path": ["a.py"]}),
+    "missing-argument": ("read_file", {}),
+    "extra-argument": ("read_file", {"path": "a.py", "mode": "r"}),
+    "misspelt-argument": ("read_file", {"pathx": "a.py"}),
+    "not-json": ("read_file", '{"path": "a.py"'),
+    "rejected-by-its-validator": ("checked_read", {"path": "/etc/passwd"}),
+    "failed-by-its-validator": ("checked_read", {"path": "~/secret"}),
+    "unknown-name": ("no_such_tool", {"path": "a.py"}),
+}
+"""Calls pydantic-ai refuses before their tool runs, each answered with a retry prompt (or a failed
+result) the model reads: bad arguments (schema, JSON, the tool's own ``args_validator``) and a name
+no tool has."""
+
+
+def refusing_agent(model: FunctionModel, capability: TurnGuardCapability, ran: list, **kw) -> Agent:
+    """``read_file`` and ``checked_read`` (whose validator refuses absolute paths by retry, home paths
+    by failure), with their bodies logged in ``ran``; pydantic-ai's own retry budget set high, as a
+    long-running host sets it."""
+    agent = agent_with(model, capability, ran, fail=False, retries=20, **kw)
+
+    def no_absolute_paths(ctx, path: str) -> None:
+        if path.startswith("/"):
+            raise ModelRetry("absolute paths are not allowed")
+        if path.startswith("~"):
+            raise ToolFailed("home paths are not readable")
+
+    @agent.tool_plain(args_validator=no_absolute_paths)
+    def checked_read(path: str) -> str:
+        ran.append(path)
+        return f"contents of {path}"
+
+    return agent
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["run_sync", "run"])
+@pytest.mark.parametrize("refused", REFUSED.values(), ids=REFUSED.keys())
+def test_a_model_stuck_on_a_call_pydantic_ai_refuses_is_stopped_at_the_eighth(ran, refused, asynchronous):
+    calls = Calls()
+    agent = refusing_agent(forever(*refused), TurnGuardCapability(calls.guard()), ran)
+    with pytest.raises(TurnGuardHalted) as stopped:  # a refusal by failure costs pydantic-ai no retry
+        run(agent, asynchronous, usage_limits=UsageLimits(request_limit=30))
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert stopped.value.verdict.event.tool_calls == 8
+    assert ran == []
+    assert len(calls.checks) == 8 and list(calls.outcomes.values()) == [[tg.Outcome.ERROR]] * 8
+
+
+BATCH_KINDS = {"runs": ("read_file", {"path": "a.py"}), "bad-arguments": REFUSED["wrong-type"],
+               "validator": REFUSED["rejected-by-its-validator"], "unknown-name": REFUSED["unknown-name"]}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["run_sync", "run"])
+def test_every_call_of_a_batch_is_checked_once_and_its_outcome_recorded_once_whether_refused_or_run(asynchronous):
+    for n in (1, 2, 3):
+        for kinds in itertools.product(BATCH_KINDS, repeat=n):
+            calls, ran = Calls(), []
+            script = [[BATCH_KINDS[kind] for kind in kinds]]
+            agent = refusing_agent(batches(script), TurnGuardCapability(calls.guard()), ran)
+            assert run(agent, asynchronous).output == "done"
+            ids = [f"c0-{i}" for i in range(n)]
+            assert sorted(call_id for call_id, _ in calls.checks) == ids, kinds
+            expected = {call_id: [tg.Outcome.OK if kind == "runs" else tg.Outcome.ERROR]
+                        for call_id, kind in zip(ids, kinds, strict=True)}
+            assert calls.outcomes == expected, kinds
+            assert calls.ignored == []
+
+
+def batches(script: list[list[tuple[str, object]]]) -> FunctionModel:
+    """A model whose k-th response holds the k-th batch of calls (ids ``c<k>-<i>``), then answers "done"."""
+    responses = enumerate(script)
+
+    def respond(messages, info: AgentInfo) -> ModelResponse:
+        k, batch = next(responses, (None, None))
+        if batch is None:
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"c{k}-{i}")
+                                    for i, (name, args) in enumerate(batch)])
+
+    return FunctionModel(respond)
+
+
+def test_a_halt_on_a_call_refused_for_its_arguments_stops_the_run_before_any_call_of_its_batch_runs():
+    calls, ran = Calls(), []
+    script = [[BATCH_KINDS["bad-arguments"]] * 3 + [BATCH_KINDS["runs"]]]
+    capability = TurnGuardCapability(calls.guard(tg.GuardConfig(max_tool_calls_per_turn=2)))
+    with pytest.raises(TurnGuardHalted) as stopped:
+        refusing_agent(batches(script), capability, ran).run_sync("go")
+    assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT
+    assert ran == [] and [action for _, action in calls.checks] == ["allow", "allow", "halt"]
+
+
+def test_a_halt_on_a_call_to_an_unknown_tool_stops_the_run_before_the_model_is_called_again():
+    calls, ran, requests = Calls(), [], []
+    script = [[BATCH_KINDS["unknown-name"]] * 3 + [BATCH_KINDS["runs"]], [BATCH_KINDS["runs"]]]
+    model = batches(script)
+    counted = FunctionModel(lambda messages, info: requests.append(1) or model.function(messages, info))
+    capability = TurnGuardCapability(calls.guard(tg.GuardConfig(max_tool_calls_per_turn=2)))
+    with pytest.raises(TurnGuardHalted) as stopped:
+        refusing_agent(counted, capability, ran).run_sync("go")
+    assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT
+    assert len(requests) == 1 and ran == ["a.py"]  # its batch's valid call ran: unknown names are counted after it
+    assert [action for _, action in calls.checks] == ["allow", "allow", "halt"]
+
+
+def stop(verdict: tg.Verdict) -> str:
+    return "stop"
+
+
+@pytest.mark.parametrize("ask", [APPROVAL, stop], ids=["approval", "callback-stop"])
+@pytest.mark.parametrize("refused", ["bad-arguments", "unknown-name"])
+def test_an_attended_run_stuck_on_a_refused_call_is_stopped_though_no_approval_can_be_asked(ran, ask, refused):
+    calls = Calls()
+    agent = refusing_agent(forever(*BATCH_KINDS[refused]), TurnGuardCapability(calls.guard(), ask=ask), ran,
+                           output_type=[str, DeferredToolRequests])
+    with pytest.raises(TurnGuardHalted) as stopped:
+        agent.run_sync("go", usage_limits=UsageLimits(request_limit=30))
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert ran == [] and len(calls.checks) <= 9
+
+
+class SlowAfterHook(AbstractCapability[Any]):
+    """Another capability whose ``after_tool_execute`` awaits: a cancellation lands after the body returned."""
+
+    async def after_tool_execute(self, ctx, *, call, tool_def, args, result):
+        await asyncio.sleep(0.05)
+        return result
+
+
+BODIES = {"sync-in-a-thread": tg.Outcome.ERROR, "async-awaiting": tg.Outcome.ERROR, "async-returned": tg.Outcome.OK}
+"""How the calls let run beside the one that stops the run end, by their tool's body: cut off while it
+runs (ERROR), or returned before the cancellation reached the adapter (its own outcome)."""
+CUT_SHORT = [(n, k) for n in (2, 3, 4) for k in range(2, n + 1)]
+"""(calls in the response, the one that stops the run): every position in batches of two to four."""
+
+
+def cut_short_agent(n: int, body: str, capability: TurnGuardCapability, ran: list) -> Agent:
+    model = batches([[("read_file", {"path": "a.py"})] * n])
+    agent = Agent(model, capabilities=[SlowAfterHook(), capability] if body == "async-returned" else [capability])
+    if body == "sync-in-a-thread":
+
+        @agent.tool_plain
+        def read_file(path: str) -> str:
+            ran.append(path)
+            time.sleep(0.3)
+            return "contents"
+    else:
+
+        @agent.tool_plain
+        async def read_file(path: str) -> str:
+            ran.append(path)
+            if body == "async-awaiting":
+                await asyncio.Event().wait()
+            return "contents"
+
+    return agent
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["run_sync", "run"])
+@pytest.mark.parametrize("ending", ["halt", "user-stop"])
+@pytest.mark.parametrize("body", BODIES)
+def test_the_calls_let_run_beside_the_call_that_stops_the_run_have_their_outcome_recorded(body, ending, asynchronous):
+    for n, k in CUT_SHORT:
+        calls, ran = Calls(), []
+        if ending == "halt":
+            capability = TurnGuardCapability(calls.guard(tg.GuardConfig(max_tool_calls_per_turn=k - 1)))
+        else:  # the k-th identical call asks the stop level; the user refuses it
+            config = tg.GuardConfig(streak_warn_at=0, streak_stop_at=k - 1)
+            capability = TurnGuardCapability(calls.guard(config), ask=stop)
+        with pytest.raises(TurnGuardHalted):
+            run(cut_short_agent(n, body, capability, ran), asynchronous)
+        expected = {f"c0-{i}": [BODIES[body]] for i in range(k - 1)}
+        if ending == "user-stop":
+            expected[f"c0-{k - 1}"] = [tg.Outcome.DENIED]
+        assert calls.outcomes == expected, (n, k)
+        assert calls.ignored == [] and len(ran) <= k - 1  # (a thread may not have started its body)
+
+
+def test_a_call_that_ran_while_a_sibling_was_asked_about_keeps_its_outcome_when_the_run_is_cancelled():
+    calls = Calls()
+
+    async def start(started: asyncio.Event):
+        async def ask(verdict: tg.Verdict) -> str:
+            return await wait_forever(started)  # the user never answers: the host gives up on the run
+
+        capability = TurnGuardCapability(calls.guard(tg.GuardConfig(streak_warn_at=0, streak_stop_at=1)), ask=ask)
+        agent = Agent(batches([[("read_file", {"path": "a.py"})] * 2]), capabilities=[capability])
+
+        @agent.tool_plain
+        async def read_file(path: str) -> str:
+            await asyncio.sleep(0)  # the second call is checked (and asked about) meanwhile
+            return "contents"
+
+        return await agent.run("go")
+
+    cancel_once_started(start)
+    assert calls.outcomes == {"c0-0": [tg.Outcome.OK]} and calls.ignored == []

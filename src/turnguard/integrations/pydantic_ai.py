@@ -7,7 +7,12 @@ own ``request_limit`` (50 by default) ends a long productive run before turnguar
 ``Agent(model, capabilities=[TurnGuardCapability(guard)])``. Each model request is a cycle
 (``before_model_request``); each tool call is checked in ``wrap_tool_execute``, inside
 pydantic-ai's own tool span when the agent is instrumented, before the tool body runs. A tool that
-raises (including ``ModelRetry`` and ``ToolFailed``) is an ``ERROR`` outcome.
+raises (including ``ModelRetry`` and ``ToolFailed``) is an ``ERROR`` outcome. A call pydantic-ai
+refuses before it runs is an ``ERROR`` too: one whose arguments fail validation is checked in
+``wrap_tool_validate`` (a HALT there stops the run before its batch runs), one to a name no tool has
+(or not available yet) before the model's next request (its ``retry.cause``). When a halt or an
+error ends a batch, the calls running beside it get the tool's own outcome if the body returned,
+else ``ERROR``, also when the run ends before their task.
 
 HALT raises ``TurnGuardHalted``, an ``AgentRunError`` (pydantic-ai's run-stopping family, like
 ``UsageLimitExceeded``) and a ``turnguard.LoopDetected``. ASK goes through pydantic-ai's deferred
@@ -42,8 +47,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import AgentRunError, ApprovalRequired, CallDeferred
+from pydantic_ai.exceptions import AgentRunError, ApprovalRequired, CallDeferred, ModelRetry, ToolFailed
 from pydantic_ai.tools import DeferredToolRequests
 
 from turnguard import _state as st
@@ -63,6 +69,11 @@ _STATES: dict[int, dict[str, Any]] = {}
 kept off the output, whose metadata an instrumented run records on its span (``turn_state``)."""
 ASKED_KEY = "pydantic_ai"
 MAX_PARKED = 1024
+REFUSED_BY_NAME = frozenset({"unknown_tool", "unavailable_tool"})
+"""The ``retry.cause`` of a call pydantic-ai refused before resolving it to a tool: no tool hook sees it."""
+CUT_OFF = "cancelled while the tool ran"
+"""The result an ``ERROR`` is recorded with for a call whose body had not returned when its task was
+cancelled (a sibling's halt or error ended the batch, or the host cancelled the run)."""
 
 
 class TurnGuardHalted(common.TurnHalted, AgentRunError):
@@ -91,6 +102,10 @@ class TurnGuardCapability(AbstractCapability[Any]):
     _held: set[str] = field(default_factory=set, init=False, repr=False)
     """Calls deferred with the question, unchecked: checked once it is approved."""
     _ask_next: Verdict | None = field(default=None, init=False, repr=False)
+    _owed: dict[str, tuple[ToolCall, Outcome, Any]] = field(default_factory=dict, init=False, repr=False)
+    """Calls handed to their tool whose outcome is not recorded yet, by call id, with the outcome
+    they get if cancelled first (an ``ERROR`` until the body has returned): recorded then, or at the
+    run's end, whichever comes first."""
     parked: OrderedDict[str, _PutAside] = field(default_factory=OrderedDict, repr=False, kw_only=True)
     """turnguard's own (the ``for_run`` copies share it; not for hosts): runs that ended with
     turnguard's deferred calls, by each of those calls' ids: a resumed run in this process continues
@@ -114,8 +129,10 @@ class TurnGuardCapability(AbstractCapability[Any]):
         try:
             result = await handler()
         except BaseException as exc:
+            self._settle(driver, *self._owed)  # the batch's tasks may be cancelled after the run ends
             driver.end(exc)
             raise
+        self._settle(driver, *self._owed)
         if isinstance(getattr(result, "output", None), DeferredToolRequests):
             self._put_aside(driver, result.output)  # answered in a resumed run: the same turn
         else:
@@ -129,6 +146,8 @@ class TurnGuardCapability(AbstractCapability[Any]):
             del self._questions[call_id]
             TurnGuardHalted.stop(driver.answer(driver.question or ALLOW, "stop", call, before=True))
         self._held.clear()  # held calls the user denied: the model goes on without them
+        for call, result in _refused_by_name(getattr(request_context, "messages", ())):
+            await self._refused(driver, call, result)
         TurnGuardHalted.stop(await driver.acycle())
         return request_context
 
@@ -153,15 +172,37 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 decision = await self._check(driver, tool_call, call_id)
             TurnGuardHalted.stop(decision)
             reminder = decision.reminder
+        self._owed[call_id] = (tool_call, Outcome.ERROR, CUT_OFF)
         try:
             result = await handler(args)
         except (ApprovalRequired, CallDeferred):
+            del self._owed[call_id]  # the tool deferred itself: its outcome comes when it is resumed
             raise
         except Exception as exc:
             await self._outcome(driver, tool_call, Outcome.ERROR, common.error_result(exc), cause=exc)
             raise
+        except BaseException:
+            self._settle(driver, call_id)
+            raise
         await self._outcome(driver, tool_call, Outcome.OK, result)  # the tool's return value: its result
         return common.with_reminder(result, reminder)
+
+    async def after_tool_execute(self, ctx: Any, *, call: Any, tool_def: Any, args: Any, result: Any) -> Any:
+        # The body returned: its outcome, should a cancellation come before wrap_tool_execute records it.
+        owed = self._owed.get(call.tool_call_id)
+        if owed is not None:
+            self._owed[call.tool_call_id] = (owed[0], Outcome.OK, result)
+        return result
+
+    async def wrap_tool_validate(self, ctx: Any, *, call: Any, tool_def: Any, args: Any, handler: Any) -> Any:
+        try:
+            return await handler(args)
+        except (ValidationError, ModelRetry, ToolFailed) as exc:
+            # Refused before it runs (bad arguments): still a call the model made, and an ERROR.
+            call_id = call.tool_call_id
+            if call_id not in self._questions and call_id not in self._held:  # counted when asked about
+                await self._refused(self._open(ctx), ToolCall(call.tool_name, args, call_id), exc)
+            raise
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -184,6 +225,35 @@ class TurnGuardCapability(AbstractCapability[Any]):
             raise ApprovalRequired(metadata={METADATA_KEY: {**common.ask_payload(decision.verdict), "held": False}})
         return decision
 
+    async def _refused(self, driver: common.RunDriver, call: ToolCall, error: Exception | str) -> None:
+        """A call pydantic-ai refused before running it (``error``: why, or the retry prompt the model
+        is given): checked, its outcome ``ERROR``; a HALT stops the run. With ``ask="approval"`` a
+        refused call cannot be deferred to the user: its question, or one waiting for the model's
+        next call, gets the unattended fallback (a model stuck on refused calls gives no other call
+        to ask with); a call held by a question asked before it is not checked."""
+        cause, result = (error, common.error_result(error)) if isinstance(error, Exception) else (None, error)
+        if self.ask != APPROVAL:
+            TurnGuardHalted.stop(await driver.acheck(call), cause)
+        else:
+            decision = driver.before(call)
+            if decision.step is common.Step.HOLD:
+                return
+            waiting, self._ask_next = self._ask_next, None
+            if decision.step is common.Step.ASK:
+                decision = driver.fallback(decision.verdict)
+            elif waiting is not None and decision.step is common.Step.RUN:
+                decision = driver.fallback(waiting)
+            TurnGuardHalted.stop(decision, cause)
+        self._owed[call.call_id or ""] = (call, Outcome.ERROR, result)
+        await self._outcome(driver, call, Outcome.ERROR, result, cause=cause)
+
+    def _settle(self, driver: common.RunDriver, *call_ids: str) -> None:
+        """Record the outcomes owed for ``call_ids`` (cancelled, or left when the run ends) once."""
+        for call_id in call_ids:
+            owed = self._owed.pop(call_id, None)
+            if owed is not None:
+                driver.after(*owed)
+
     def _released(self, driver: common.RunDriver, call: ToolCall) -> common.Decision | str:
         """A held call the user approved: checked now that its question is answered. Its question
         still waiting means it was not approved (an approved one runs first): the user's stop. A
@@ -205,8 +275,21 @@ class TurnGuardCapability(AbstractCapability[Any]):
     async def _outcome(
         self, driver: common.RunDriver, call: ToolCall, outcome: Outcome, result: Any, cause: Exception | None = None
     ) -> None:
+        """Record the outcome owed for ``call`` (``_owed``), unless the run's end recorded it already."""
+        call_id = call.call_id or ""
+        if call_id not in self._owed:  # recorded when the run ended (its task outlived it)
+            return
+        self._owed[call_id] = (call, outcome, result)
         if self.ask != APPROVAL:
-            TurnGuardHalted.stop(await driver.aoutcome(call, outcome, result), cause)
+            try:
+                await driver.unasked()  # a sibling's question to the user holds this outcome
+            except BaseException:
+                self._settle(driver, call_id)
+                raise
+        if self._owed.pop(call_id, None) is None:  # the run ended meanwhile
+            return
+        if self.ask != APPROVAL:
+            TurnGuardHalted.stop(await driver.aoutcome(call, outcome, result), cause)  # (no wait now)
             return
         decision = driver.after(call, outcome, result)
         if decision.step is common.Step.ASK:
@@ -294,6 +377,24 @@ def _questions(state: Any) -> tuple[dict[str, str], list[str]]:
     held = common.section_call_ids(section, "held")
     section.done()
     return asked, held
+
+
+def _refused_by_name(messages: Sequence[Any]) -> list[tuple[ToolCall, str]]:
+    """The calls the request about to be sent (the last of ``messages``) tells the model were refused
+    by name (no such tool, or not available yet), each with the retry prompt it carries."""
+    if not messages or getattr(messages[-1], "kind", None) != "request":
+        return []
+    refused = [part for part in messages[-1].parts
+               if getattr(getattr(part, "retry", None), "cause", None) in REFUSED_BY_NAME]
+    if not refused:
+        return []
+    args = {}
+    for message in reversed(messages[:-1]):
+        if getattr(message, "kind", None) == "response":
+            args = {part.tool_call_id: part.args for part in message.parts if part.part_kind == "tool-call"}
+            break
+    return [(ToolCall(part.tool_name, args.get(part.tool_call_id), part.tool_call_id), str(part.content))
+            for part in refused]
 
 
 def _last_response_call_ids(ctx: Any) -> list[str]:
