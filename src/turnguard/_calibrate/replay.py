@@ -21,7 +21,7 @@ from turnguard._config import MAX_CALLS, GuardConfig
 from turnguard._dispatch import BoundChecks, Dispatcher, Impl
 from turnguard._driver import CHECK_CALL, CHECK_CYCLE, CHECK_OUTCOME, Driver
 from turnguard._keys import Keyer, identity_bytes, name_bytes, store_key, unchecked_key
-from turnguard._ledger import GIVE_UP_EVERY, Ledger, LedgerView, overdue
+from turnguard._ledger import GIVE_UP_EVERY, Ledger, LedgerView, answered_digest, overdue
 from turnguard._model import Action, Outcome, ToolCall, Verdict
 from turnguard._plugins import FACTORY_PLUGINS, plugin_manager, policies_only
 from turnguard._policies import cap
@@ -265,13 +265,14 @@ class SharedPrefix:
 def _answered(verdict: Verdict, call_no: int, stage: str, asks: list[int], ledger: Ledger,
               trace: list[Step] | None) -> bool:
     """Apply a call's or an outcome's verdict as the host does; ``True`` when it halts. An ASK is
-    answered "continue", which resets the streak (``Turn.resolve``): the recorded turn did go on."""
+    answered "continue", which resets the streak as ``Turn.resolve`` does (streaks another key
+    ended go on settling, but those of the answered call's key): the recorded turn did go on."""
     if trace is not None:
         trace.append(Step(call_no, stage, verdict.action, _label(verdict)))
     action = verdict.action
     if action is Action.ASK:
         asks.append(call_no)
-        ledger.reset_streak()
+        ledger.reset_streak(None if verdict.event is None else answered_digest(verdict.event))
     return action is Action.HALT
 
 
