@@ -132,3 +132,19 @@ class FiringRule(Protocol):
     def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
         """What the policy can do on a turn with these facts; ``None``: it cannot fire there."""
         ...
+
+
+class Silent:
+    """The rule of a built-in policy a configuration does not load (``disable_plugins``): its hooks
+    never run, so it never fires and shapes no plan."""
+
+    __slots__ = ()
+
+    def triggers(self, promptable: bool) -> Triggers:
+        return Triggers()
+
+    def firing(self, facts: TurnFacts, promptable: bool) -> Firing | None:
+        return None
+
+
+SILENT = Silent()

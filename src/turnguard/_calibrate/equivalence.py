@@ -24,7 +24,7 @@ from typing import NamedTuple, cast
 from turnguard._calibrate.grid import Policy
 from turnguard._calibrate.records import Unreported
 from turnguard._config import GuardConfig
-from turnguard._firing import Firing, FiringRule, Triggers, TurnFacts
+from turnguard._firing import SILENT, Firing, FiringRule, Triggers, TurnFacts
 from turnguard._ledger import Ledger, count_outcome
 from turnguard._model import Outcome
 from turnguard._policies import cap, cycle_repeat, cycles, streak
@@ -130,11 +130,14 @@ class PolicyRules:
 
     def __init__(self, policy: Policy, shared: dict[tuple[FiringRule, ...], tuple[FiringRule, ...]] | None = None):
         config = policy.config
-        self.cap: FiringRule = cap.firing_rule(config)
+        off = set(config.disable_plugins)
+        self.cap: FiringRule = SILENT if "cap" in off else cap.firing_rule(config)
         """The rule whose halts are known exactly (``Firing.halt_call``): plans that differ only
         there share what they have in common."""
-        others: tuple[FiringRule, ...] = (streak.firing_rule(config), cycles.firing_rule(config),
-                                          cycle_repeat.firing_rule(config), *policy.extras)
+        others: tuple[FiringRule, ...] = (
+            *(SILENT if name in off else module.firing_rule(config)
+              for name, module in (("streak", streak), ("cycles", cycles), ("cycle_repeat", cycle_repeat))),
+            *policy.extras)
         self.others: tuple[FiringRule, ...] = others if shared is None else shared.setdefault(others, others)
         """The other rules (equal ones shared through ``shared``: grids vary the cap most, and
         ``plan``'s memo then reads the others once per turn)."""

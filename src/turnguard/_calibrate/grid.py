@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 from turnguard._keys import KEY_MODES
+from turnguard._plugins import DEFAULT_PLUGINS
 from turnguard._policies.identical import IdenticalCallsRule
 
 DEFAULT_SOFT_CAPS = (20, 50, 100)
@@ -123,7 +124,8 @@ def build_grid(spec: GridSpec) -> list[Policy]:
         raise ConfigError("grid", f"{spec.size:,} policies", f"at most {MAX_POLICIES:,} policies (fewer values "
                           "per axis, or no --cross)")
     base = spec.base.replace(
-        disable_plugins=(), load_entrypoints=False, recorder_path=None, shadow=(), capture_content=False
+        disable_plugins=tuple(name for name in spec.base.disable_plugins if name in DEFAULT_PLUGINS),
+        load_entrypoints=False, recorder_path=None, shadow=(), capture_content=False
     )
     candidates: list[Policy] = [Policy("default", base, is_default=True)]
     if spec.cross:
