@@ -37,9 +37,10 @@ from turnguard._calibrate.records import (
     turn_count,
     waiting_calls_limit,
 )
-from turnguard._model import MAX_ID_LENGTH, Outcome
+from turnguard._model import MAX_ID_LENGTH, Action, Outcome
 from turnguard._probe import COHORTS
 from turnguard.telemetry import _names as names
+from turnguard.telemetry._recorder import HALTED_OUTCOME
 
 try:
     import msgspec
@@ -581,7 +582,7 @@ class OtlpAssembler:
         attrs = attributes(span.get("attributes"))
         if names.CALL_INDEX in attrs:
             self._call(name, attrs.get(names.GEN_AI_TOOL_NAME), attrs[names.CALL_INDEX],
-                       attrs.get(names.CALL_KEY_DIGEST), attrs.get(names.CALL_OUTCOME), attrs.get(names.TURN_ID),
+                       attrs.get(names.CALL_KEY_DIGEST), call_outcome(attrs), attrs.get(names.TURN_ID),
                        span.get("parentSpanId"), lineno, attrs.get(names.CALL_RESULT_DIGEST))
             return None
         if names.TURN_ID not in attrs:
@@ -703,6 +704,16 @@ class OtlpAssembler:
         return not any(key in self._pending and key not in taken
                        and len(self._pending[key].calls) + len(calls) > self.max_calls
                        for key, _, _, calls in leftovers)
+
+
+_HALT = names.ACTION_LABELS[Action.HALT]
+
+
+def call_outcome(attrs: dict[str, Any]) -> Any:
+    """A tool span's recorded outcome: a call its check halted ends its span without one
+    (``turnguard.verdict.action`` ``halt``), and reads as the recorder lists it (``HALTED_OUTCOME``)."""
+    raw = attrs.get(names.CALL_OUTCOME)
+    return HALTED_OUTCOME if raw is None and attrs.get(names.VERDICT_ACTION) == _HALT else raw
 
 
 def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: Any, parent: Any, raw_outcome: Any,

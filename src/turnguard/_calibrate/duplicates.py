@@ -35,8 +35,8 @@ def id_hash(turn_id: str) -> int:
 
 
 _OUTCOMES: dict[Outcome | Unreported, str] = {Outcome.OK: "ok", Outcome.ERROR: "error"}
-"""A halted call is ``denied`` in the recorder's line and of unknown outcome on its span: both
-are "did not run" here, and so is a call whose turn ended before its outcome."""
+"""A call a halt refused (``denied``, in the recorder's line and read so from its span) is "did
+not run" here, and so is a call whose turn ended before its outcome."""
 COMPARED_CALLS = MAX_RECORDED_CALLS
 """The calls two readings are compared on: the recorder lists a turn's first 10,000 and counts
 the rest; its spans list them all."""
