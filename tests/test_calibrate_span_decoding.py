@@ -425,6 +425,7 @@ def test_ranges_the_parent_must_read_again_give_the_same_figures(
     monkeypatch.setattr("turnguard._calibrate.run.range_bytes", lambda max_line_bytes: 1500)
     monkeypatch.setattr("turnguard._calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
     monkeypatch.setattr("turnguard._calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
+    monkeypatch.setattr("turnguard._calibrate.cli.MAX_SHOWN_PROBLEMS", 10_000)  # (both kinds below are said)
     joins: list[bool] = []
     take_range, read_here = OtlpAssembler.take_range, parallel.Stream._read_here
 
@@ -689,17 +690,18 @@ def _turn_span(span_id: str, turn_id: str) -> str:
 @pytest.mark.parametrize(("waiting", "calls"), [(3, 1000), (1000, 1000), (1000, 2)])
 def test_sibling_spans_after_their_turn_span_wait_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        plain: Callable[[], None], waiting: int, calls: int) -> None:
-    """Tool spans of a parent whose turn span has come (or whose calls were released past the
-    waiting bound) start a new wait: never added to the calls already given away; a turn's call
-    limit holds in a run of siblings."""
+    """Tool spans of a parent whose turn span has come in an earlier line (or whose calls were
+    released past the waiting bound) start a new wait: never added to the calls already given away;
+    a turn's call limit holds in a run of siblings. (A line's turn spans close at its end.)"""
     monkeypatch.setattr("turnguard._calibrate.collector.waiting_calls_limit", lambda max_line_bytes: waiting)
     monkeypatch.setattr("turnguard._calibrate.collector.turn_calls_limit", lambda max_line_bytes: calls)
     spans = [_tool_span("p1", 1), _tool_span("p1", 2), _tool_span("p2", 1), _tool_span("p1", 3), _turn_span("p1", "t1"),
              _tool_span("p1", 1, "cat"), _tool_span("p1", 2, "cat"), _tool_span("p1", 3), _tool_span("p1", 4),
              _turn_span("p1", "t2"), _tool_span("p1", 1), _tool_span("p2", 2), _turn_span("p2", "t3")]
     path = tmp_path / "otlp.jsonl"
-    lines = ['{"resourceSpans":[{"scopeSpans":[{"spans":[' + ",".join(spans[i:i + 3]) + "]}]}]}"
-             for i in range(0, len(spans), 3)]
+    ends = [i + 1 for i, span in enumerate(spans) if '"turnguard.turn.id"' in span]
+    lines = ['{"resourceSpans":[{"scopeSpans":[{"spans":[' + ",".join(spans[a:b]) + "]}]}]}"
+             for a, b in zip([0, *ends], ends, strict=False)]
     path.write_text("\n".join(lines) + "\n")
     fast = assembled(path)
     plain()

@@ -326,6 +326,10 @@ def is_otlp_line(line: bytes) -> bool:
 # -- OTLP JSON (the Collector's file exporter) ----------------------------------------------------
 
 
+_TurnSpan = tuple[str, dict[str, Any], Any, Any, Any, int, Any]
+"""A turn span's fields as ``OtlpAssembler._turn_span`` takes them."""
+
+
 @dataclass(slots=True)
 class _Pending:
     path: str
@@ -396,7 +400,8 @@ class OtlpAssembler:
     """Rebuilds turns from turnguard's spans: the turn span (one with ``turnguard.turn.id``) and its
     tool spans (with ``turnguard.call.index``), linked by ``parentSpanId`` or a turn id of their own.
 
-    Tool spans are exported before their turn span: their calls wait here, at most
+    Tool spans are exported before their turn span, or in the same line (a line's turn spans close
+    after all its spans are taken): their calls wait here, at most
     ``MAX_WAITING_CALLS``, until it comes; one assembler reads a rotated stream in order, so a turn
     straddling a rotation is one turn. Calls whose turn span never comes are reported and replayed as
     a turn of their own. With ``hold`` (a worker reading a byte range), a turn span gives a
@@ -432,6 +437,7 @@ class OtlpAssembler:
         if not isinstance(resource_spans, list):
             self._bad(lineno, "'resourceSpans' is not a list")
             return
+        closing: list[_TurnSpan] = []
         for rs in resource_spans:
             scope_spans = rs.get("scopeSpans") if isinstance(rs, dict) else None
             if not isinstance(scope_spans, list):
@@ -443,16 +449,18 @@ class OtlpAssembler:
                     self._bad(lineno, "a scopeSpans entry without a 'spans' list")
                     continue
                 for span in spans:
-                    turn = self._span(span, lineno)
-                    if turn is not None:
-                        yield turn
+                    turn_span = self._span(span, lineno)
+                    if turn_span is not None:
+                        closing.append(turn_span)
                     if self._waiting > self.most_waiting and self._most_waiting():
                         yield self._release_oldest()
+        yield from self._close_turns(closing)
 
     def add_decoded(self, spans: list[DecodedSpan], lineno: int) -> Iterator[Any]:
         """``add`` for a line decoded by ``decode``: template-matched tool spans are taken directly,
         any other span is read as ``add`` reads it."""
         template, siblings = self._take_template, self._take_siblings
+        closing: list[_TurnSpan] = []
         i, end = 0, len(spans)
         while i < end:
             i, due = siblings(spans, i)
@@ -465,11 +473,21 @@ class OtlpAssembler:
             i += 1
             span, _, found = decoded
             if found is None or not template(found, span.parentSpanId, lineno):
-                turn = self._span(plain(decoded), lineno)
-                if turn is not None:
-                    yield turn
+                turn_span = self._span(plain(decoded), lineno)
+                if turn_span is not None:
+                    closing.append(turn_span)
             if self._waiting > self.most_waiting and self._most_waiting():
                 yield self._release_oldest()
+        yield from self._close_turns(closing)
+
+    def _close_turns(self, closing: list[_TurnSpan]) -> Iterator[Any]:
+        """The turns of a line's turn spans, closed once every span of the line is taken: the
+        exporter groups a batch by instrumentation scope, so a host's turn span may come before
+        turnguard's tool spans in the same line."""
+        for turn_span in closing:
+            turn = self._turn_span(*turn_span)
+            if turn is not None:
+                yield turn
 
     def _take_siblings(self, spans: list[DecodedSpan], i: int) -> tuple[int, bool]:
         """Take the template-matched siblings of the last call held from ``spans[i]`` on, in one
@@ -574,7 +592,8 @@ class OtlpAssembler:
     def _bad(self, lineno: int, message: str, path: str | None = None) -> None:
         self.on_problem(InputProblem(self.path if path is None else path, lineno, message))
 
-    def _span(self, span: Any, lineno: int) -> Any:
+    def _span(self, span: Any, lineno: int) -> _TurnSpan | None:
+        """Take a tool span; a turn span is returned, to be closed at the end of its line."""
         if not isinstance(span, dict) or not isinstance(span.get("name"), str):
             self._bad(lineno, "span without a name")
             return None
@@ -587,8 +606,8 @@ class OtlpAssembler:
             return None
         if names.TURN_ID not in attrs:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
-        return self._turn_span(name, attrs, span.get("spanId"), span.get("startTimeUnixNano"),
-                               span.get("endTimeUnixNano"), lineno, span.get("events"))
+        return (name, attrs, span.get("spanId"), span.get("startTimeUnixNano"), span.get("endTimeUnixNano"), lineno,
+                span.get("events"))
 
     def _turn_span(self, name: str, attrs: dict[str, Any], span_id: Any, start: Any, end: Any,
                    lineno: int, events: Any = None) -> Any:
