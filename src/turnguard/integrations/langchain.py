@@ -390,6 +390,15 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
 
     # -- tools ---------------------------------------------------------------------------------
 
+    def _admitted(self, run: _Run, request: Any, call: ToolCall, decision: common.Decision, batch: bool) -> Any:
+        """Apply a call's decision before its tool runs: the tool message it gets instead when it
+        may not run; ``None`` when it runs (it is then among the run's calls ``running``)."""
+        if decision.step is not common.Step.RUN:
+            self._settle(run, batch, decision)
+            return _not_executed(request, decision.verdict)
+        run.running[str(call.call_id)] = call
+        return None
+
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         run = self._run(request.state)
         if run is None:
@@ -398,11 +407,10 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         call, decision, batch = self._check(run, request)
         if decision is None:
             decision = run.driver.check(call)
-        if decision.step is not common.Step.RUN:
-            self._settle(run, batch, decision)
-            return _not_executed(request, decision.verdict)
+        refused = self._admitted(run, request, call, decision, batch)
+        if refused is not None:
+            return refused
         key = str(call.call_id)
-        run.running[key] = call
         try:
             result = handler(request)
         except GraphBubbleUp:  # the tool interrupted the graph itself: it runs again on resume
@@ -426,11 +434,10 @@ class TurnGuardMiddleware(AgentMiddleware[TurnGuardState, Any, Any]):
         call, decision, batch = self._check(run, request)
         if decision is None:
             decision = await run.driver.acheck(call)
-        if decision.step is not common.Step.RUN:
-            self._settle(run, batch, decision)
-            return _not_executed(request, decision.verdict)
+        refused = self._admitted(run, request, call, decision, batch)
+        if refused is not None:
+            return refused
         key = str(call.call_id)
-        run.running[key] = call
         try:
             result = await handler(request)
         except GraphBubbleUp:  # the tool interrupted the graph itself: it runs again on resume
