@@ -214,7 +214,7 @@ def test_the_reports_show_the_frontier_table(planted):
     assert "<table id='probe-frontier'>" in html and ("(keep)" if design.right else "(set)") in html
     rows = probe["frontier"]["backstop"]["rows"]
     assert [r["value"] for r in rows] == sorted(r["value"] for r in rows)
-    assert all(set(r) == {"value", "at_risk", "productive", "unknown", "censored", "interval", "extra_calls",
+    assert all(set(r) == {"value", "at_risk", "productive", "unknown", "censored", "cut", "interval", "extra_calls",
                           "extra_share", "decision"} for r in rows)
     assert all(r["decision"] == "past_cap" for r in rows if r["value"] >= 40)
 

@@ -77,13 +77,16 @@ def turns_to_decide(p: float, q: float, z: float = Z95) -> int | None:
 def decide(passed: Passed, tolerance: float, days: float | None = None,
            censored_at_cap: tuple[str, int] | None = None) -> Decision:
     """``passed``'s decision against ``tolerance``; ``days``: how long the recording spans (for
-    ``more_days``: the turns past the threshold arrive at ``passed.known / days`` a day)."""
+    ``more_days``: the turns past the threshold arrive at ``passed.known / days`` a day). A row at the
+    probe's own cap is never ``within``: no probe turn is seen past it, whatever its counts say."""
     n = passed.known
     low, high = passed.interval()
     if n == 0:
         return Decision(tolerance, low, high, "no_evidence", "no_evidence", censored_at_cap=censored_at_cap)
     if low > tolerance:
         return Decision(tolerance, low, high, "above", "decided", censored_at_cap=censored_at_cap)
+    if censored_at_cap is not None:
+        return Decision(tolerance, low, high, "undecided", "censored", censored_at_cap=censored_at_cap)
     if high < tolerance:
         return Decision(tolerance, low, high, "within", "decided", censored_at_cap=censored_at_cap)
     p_low, p_high = passed.resolved / n, (passed.resolved + passed.censored) / n
@@ -128,18 +131,30 @@ def probe_hard_cap(recording: Recording) -> int | None:
 
 def probe_streak_stop(recording: Recording) -> int | None:
     """The highest streak stop the probe's turns ran under (``None``: not recorded, or disabled)."""
-    stops = [lim.streak_stop_at for lim, _ in recording.limits_of("probe")]
-    return None if not stops or any(not s for s in stops) else max(s for s in stops if s)
+    return _highest(recording, "streak_stop_at")
+
+
+def probe_stuck_repeat(recording: Recording) -> int | None:
+    """The highest D the probe's turns ran under (``None``: not recorded)."""
+    return _highest(recording, "stuck_repeat_threshold")
+
+
+def _highest(recording: Recording, limit: str) -> int | None:
+    values = [getattr(lim, limit) for lim, _ in recording.limits_of("probe")]
+    return None if not values or any(not v for v in values) else max(v for v in values if v)
 
 
 def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int] | None:
     """The probe's own cap when a row is at or above it (``(threshold, cap)``), else ``None``. The
-    stuck row is judged on its turns alone: the recorded limits do not name the probe's stuck signal."""
-    if key == "stuck" or e.soft_cap is None:
+    recorded limits do not name the probe's stuck signal: a D not above the main one marks the stuck
+    row even where the probe's signal spares some turns (it then asks to raise a D it need not)."""
+    if e.soft_cap is None:
         return None
-    if key == "streak":
-        stop = probe_streak_stop(recording)
-        return ("streak", stop) if stop is not None and e.streak_stop and e.streak_stop >= stop else None
+    if key in ("streak", "stuck"):
+        main = e.streak_stop if key == "streak" else e.stuck_repeat
+        own = probe_streak_stop(recording) if key == "streak" else probe_stuck_repeat(recording)
+        name = "streak" if key == "streak" else "soft_stuck"
+        return (name, own) if own is not None and main and main >= own else None
     cap = probe_hard_cap(recording)
     return ("hard_backstop", cap) if cap is not None and int(key) * e.soft_cap >= cap else None
 
@@ -159,7 +174,9 @@ def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) ->
         out.append(frontier("backstop", e.ladders["backstop"], int(m), ctx.tolerance, scale,
                             None if cap is None else -(-cap // e.soft_cap)))
     if e.stuck_repeat is not None and e.ladders["stuck"].top():
-        out.append(frontier("stuck", e.ladders["stuck"], e.stuck_repeat, ctx.tolerance, scale))
+        own = probe_stuck_repeat(ctx.recording)
+        out.append(frontier("stuck", e.ladders["stuck"], e.stuck_repeat, ctx.tolerance, scale,
+                            None if own is None else own + 1))
     out += _streak_frontier(e, ctx, scale)
     out.append(_soft_frontier(e, ctx, scale))
     out.append(_cycles_frontier(e, ctx, scale))
@@ -245,7 +262,8 @@ def _turns(n: int, what: str = "probe turn") -> str:
 def _fates(p: Passed) -> str:
     parts = [f"{p.resolved:,} resolved", f"{p.unresolved:,} unresolved"]
     if p.censored:
-        parts.append(f"{p.censored:,} censored (halted later at a length limit of the probe's own)")
+        parts.append(f"{p.censored:,} censored (halted later at a limit of the probe's own, or by a loop detector of "
+                     "its own not well past the main one)")
     if p.unknown:
         parts.append(f"{p.unknown:,} without a result")
     return ", ".join(parts)
@@ -329,9 +347,12 @@ def _raise_to(e: ProbeEvidence, decisions: dict[str, Decision], m: float) -> str
 
 def stuck_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
     """The stuck threshold D in words."""
-    dd = e.stuck_repeat
+    d, dd = decisions["stuck"], e.stuck_repeat
+    if d.censored_at_cap is not None:
+        return (f"The probe's own D ({d.censored_at_cap[1]}) is not past the main one ({dd}): no probe turn halted "
+                f"as stuck can be seen past it; raise the probe's stuck_repeat_threshold to see past D={dd}.")
     return _loop_advice(
-        e.stuck, decisions["stuck"], f"halted as stuck (D={dd})", f"D={dd}",
+        e.stuck, d, f"halted as stuck (D={dd})", f"D={dd}",
         none=f"No probe turn would have been halted as stuck (D={dd}, past S={e.soft_cap:,}): no evidence about D "
              "yet.",
         within=f"keep D={dd}; going on cost {e.stuck.calls_past:,} calls past the would-be halts",
@@ -596,11 +617,12 @@ def evidence_text(e: ProbeEvidence, ctx: Context, *, width: int = DEFAULT_WIDTH,
     if rows:
         shown = [c for c in COLUMNS if c.key not in ("censored", "unknown") or any(r[c.key] for r in rows)]
         out += text_table(shown, rows, width, (
-            "passed: probe turns past the threshold; resolved / unresolved / unknown: their results (a turn the "
-            "probe's own loop detectors halted failed under it: unresolved); censored: halted later at a length limit "
-            f"of the probe's own, its backstop or another cap (their fate past it is not recorded); 95% succeed: the "
-            f"Wilson interval of the share that would have succeeded (censored turns counted as failures for its low "
-            f"end, as successes for its high end); decides: against the tolerance of {ctx.tolerance:.0%} "
+            "passed: probe turns past the threshold; resolved / unresolved / unknown: their results (a turn a loop "
+            "detector of the probe's own halted at twice the main's value or more failed under it: unresolved); "
+            "censored: halted later at a length limit of the probe's own (its backstop or another cap), or by a loop "
+            "detector of its own set below twice the main's value (their fate past it is not recorded); 95% "
+            "succeed: the Wilson interval of the share that would have succeeded (censored turns counted as failures "
+            f"for its low end, as successes for its high end); decides: against the tolerance of {ctx.tolerance:.0%} "
             "(--tolerance), or how many more probe turns past it with a known fate would decide it, and how long "
             "they take at the observed traffic; calls past: the calls they made past it."))
     out += frontier_text(frontiers(e, ctx, turns, calls), ctx.tolerance, width)

@@ -108,7 +108,8 @@ class Calibrator:
         if turn.cohort == PROBE:
             untold = turn.in_part or turn.cut_short
             stats.probe.add(n, resolved, main, turn.ended_by if at_halt else None, untold=untold,
-                            facts=None if untold else self._main_facts(turn), repeat_signal=self._repeat_signal)
+                            facts=None if untold else self._main_facts(turn), repeat_signal=self._repeat_signal,
+                            limits=turn.limits)
         elif turn.cohort == LIVE:
             stats.probe.live_turns += 1
 

@@ -34,12 +34,19 @@ from turnguard._calibrate.bounds import (
 from turnguard._probe import Cohort
 
 if TYPE_CHECKING:
+    from turnguard._calibrate.records import Limits
     from turnguard._calibrate.replay import TurnResult
     from turnguard._firing import TurnFacts
 
 LOOP_DETECTORS = frozenset({"soft_stuck", "streak"})
-"""The probe's halts that say the turn was looping (it failed); any other halt is a length limit
-that cuts a turn that might have succeeded: censored."""
+"""The probe's halts by a loop detector: evidence that the turn failed only where the probe ran that
+detector well past the main one (``SEEN_LOOPING``); any other probe halt is a length limit that cuts a
+turn that might have succeeded: censored."""
+SEEN_LOOPING = 2
+"""A probe's loop detector halt counts as the turn failing only when the probe's own value is at least
+this many times the main configuration's: a turn it halted sooner may need no more than that to
+succeed (a retry that succeeds after 15 failures, halted by the probe's stop at 13 or at the main's
+8), so its fate past the halt is unknown: ``cut``."""
 MULTIPLES = (2, 3, 5, 10, 15, 20, 30)
 """The multiples of S counted, with the main configuration's own when a whole number."""
 PROBE = Cohort.PROBE.value
@@ -92,7 +99,8 @@ class Passed:
     unresolved: int = 0
     censored: int = 0
     """Turns the probe halted later at a length limit of its own (its backstop, explicit or cycle
-    cap) whose task was not reported done: whether they would have succeeded is not recorded."""
+    cap), or at a loop detector of its own not well past the main one (``SEEN_LOOPING``), whose task
+    was not reported done: whether they would have succeeded is not recorded."""
     calls_past: int = 0
     """Calls these turns made past the threshold: what letting them run past it cost."""
 
@@ -147,7 +155,10 @@ _PASSED_KEYS = (*map(Key, _PASSED_COUNTS), Key("unknown", into=None), Key("resol
 
 TOP = 256
 """The highest value a ladder tells apart: a turn reaching past it counts as reaching it."""
-FATES = ("resolved", "unresolved", "censored", "unknown")
+FATES = ("resolved", "unresolved", "censored", "unknown", "cut")
+"""``censored``: halted by a length limit of the probe's own, counted as not productive below its
+horizon; ``cut``: halted by a loop detector of the probe's own not well past the main one
+(``SEEN_LOOPING``), counted as productive at an interval's high end: it may sit at any value judged."""
 LADDERS = ("backstop", "stuck", "streak", "soft", "cycles", "explicit")
 """The thresholds laddered (soft and explicit caps in ``value_step`` calls)."""
 
@@ -174,7 +185,7 @@ class Ladder:
         if reach < 1:
             return
         add_count(self.fates[fate], reach)
-        if fate in ("unresolved", "censored"):
+        if fate in ("unresolved", "censored", "cut"):
             for v in range(1, reach + 1):
                 add_count(self.halt_calls, v, made[v - 1])
             add_count(self.end_calls, reach, end)
@@ -293,16 +304,18 @@ class ProbeEvidence:
         return self.turns - self.resolved - self.unresolved
 
     def add(self, calls: int, resolved: bool | None, main: TurnResult | None, halted_by: str | None = None,
-            untold: bool = False, facts: TurnFacts | None = None, repeat_signal: bool = True) -> None:
+            untold: bool = False, facts: TurnFacts | None = None, repeat_signal: bool = True,
+            limits: Limits | None = None) -> None:
         """One probe turn; ``main``: the main configuration's unattended replay of it (``None``: cannot
-        fire); ``halted_by``: the probe's own threshold that halted it (a length limit censors it, a loop
-        detector means it failed); ``facts``: its counts under the main keys, for the D and streak ladders."""
+        fire); ``halted_by``: the probe's own threshold that halted it (``fate_of``), ``limits``: the
+        probe's own, as recorded; ``facts``: its counts under the main keys, for the D and streak ladders."""
         self.turns += 1
         self.calls += calls
         self.resolved += resolved is True
         self.unresolved += resolved is False
         self.censored += halted_by is not None
-        censored = halted_by is not None and halted_by not in LOOP_DETECTORS
+        fate = self.fate_of(resolved, halted_by, limits)
+        censored = fate in ("censored", "cut")
         if untold and not (main is not None and main.halt_call):
             self.main_untold += 1
         if main is not None and main.halt_call:
@@ -311,10 +324,10 @@ class ProbeEvidence:
         if self.explicit_cap is not None:
             step = value_step(self.explicit_cap)
             reach = min(TOP, (calls - 1) // step)
-            self.ladders["explicit"].add(reach, _fate(resolved, censored), [v * step for v in range(1, reach + 1)],
+            self.ladders["explicit"].add(reach, fate, [v * step for v in range(1, reach + 1)],
                                          calls)
             if facts is not None:
-                self._climb_counts(calls, _fate(resolved, censored), facts)
+                self._climb_counts(calls, fate, facts)
         if self.soft_cap is None:
             return
         for k, passed in self.multiples.items():
@@ -325,7 +338,18 @@ class ProbeEvidence:
             row = {"soft_stuck": self.stuck, "streak": self.streak}.get(main.threshold or "")
             if row is not None:
                 row.add(resolved, calls - main.halt_call + 1, censored)
-        self._climb(calls, _fate(resolved, censored), facts, repeat_signal)
+        self._climb(calls, fate, facts, repeat_signal)
+
+    def fate_of(self, resolved: bool | None, halted_by: str | None, limits: Limits | None) -> str:
+        """A probe turn's fate on the ladders (``FATES``): a halt of the probe's loop detector says it
+        failed only where the probe ran that detector at ``SEEN_LOOPING`` times the main's or more."""
+        if resolved is True or halted_by is None or halted_by not in LOOP_DETECTORS:
+            return _fate(resolved, halted_by is not None)
+        stuck = halted_by == "soft_stuck"
+        main = self.stuck_repeat if stuck else self.streak_stop
+        own = None if limits is None else limits.stuck_repeat_threshold if stuck else limits.streak_stop_at
+        seen = main is not None and own is not None and own >= SEEN_LOOPING * main
+        return _fate(resolved, False) if seen else "cut"
 
     def _climb(self, calls: int, fate: str, facts: TurnFacts | None, repeat_signal: bool) -> None:
         """The turn on each ladder, at the largest value that would halt it, with the calls it
@@ -478,7 +502,7 @@ class Rung:
 
     value: int
     at_risk: int
-    """Turns it would halt with a known fate (resolved, unresolved, censored)."""
+    """Turns it would halt with a known fate (resolved, unresolved, censored, cut)."""
     productive: int
     unknown: int
     low: float
@@ -492,10 +516,13 @@ class Rung:
     censored: int = 0
     """Of ``at_risk``, the turns halted later at a limit of the probe's own: counted as not
     productive (what they would have done past it is unknown), and said so wherever they count."""
+    cut: int = 0
+    """Of ``at_risk``, the turns a loop detector of the probe's own halted not well past the main one
+    (``SEEN_LOOPING``): productive at the interval's high end, so they never let a value be within."""
 
     def to_json(self) -> dict[str, Any]:
         return {"value": self.value, "at_risk": self.at_risk, "productive": self.productive, "unknown": self.unknown,
-                "censored": self.censored,
+                "censored": self.censored, "cut": self.cut,
                 "interval": [round(self.low, 6), round(self.high, 6)], "extra_calls": self.extra_calls,
                 "extra_share": None if self.extra_share is None else round(self.extra_share, 6),
                 "decision": self.decision}
@@ -575,8 +602,8 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
     for i in range(1, min(top, TOP) + 1):
         v = i * unit
         fates = ladder.at(i)
-        n = fates["resolved"] + fates["unresolved"] + fates["censored"]
-        low, high = upper_bound(fates["resolved"], n)
+        n = fates["resolved"] + fates["unresolved"] + fates["censored"] + fates["cut"]
+        low, high = upper_bound(fates["resolved"], n)[0], upper_bound(fates["resolved"] + fates["cut"], n)[1]
         extra = ladder.calls_under(i) - base
         if horizon is not None and v >= horizon:
             decision = "past_cap"
@@ -585,7 +612,7 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
         else:
             decision = "within" if high < tolerance else "above" if low > tolerance else "undecided"
         rungs.append(Rung(v, n, fates["resolved"], fates["unknown"], low, high, extra, scale.share(extra), decision,
-                          fates["censored"]))
+                          fates["censored"], fates["cut"]))
     recommended = next((r.value for r in rungs if r.decision == "within" and r.value > unit), None)
     f = Frontier(threshold, SETTINGS[threshold], live, recommended, tuple(rungs), "", horizon, unit)
     return dataclasses.replace(f, sentence=sentence(f, tolerance))
@@ -630,11 +657,16 @@ def _of(r: Rung, t: str | None) -> str:
     them the probe's own limit halted."""
     what = f" {_what(t, r.value)}" if t is not None else ""
     censored = f", {r.censored:,} of them halted at the probe's own limit" if r.censored else ""
-    return f"{r.productive:,} of {r.at_risk:,}{what}{censored}"
+    return f"{r.productive:,} of {r.at_risk:,}{what}{censored}{_cut(r)}"
+
+
+def _cut(r: Rung) -> str:
+    return (f", {r.cut:,} of them halted by the probe's own loop detector, not far enough past the live value to "
+            "say they failed (counted as productive at the high end)" if r.cut else "")
 
 
 def _bound(r: Rung) -> str:
-    how = "exact binomial" if not r.productive else "Wilson"
+    how = "exact binomial" if not r.productive + r.cut else "Wilson"
     return f"at most {r.high:.1%} at 95%, {how}"
 
 
@@ -673,6 +705,10 @@ def _none_within(f: Frontier, tolerance: float) -> str:
                 f"limit to see past it.")
     last = judged[-1]
     zero = next((r for r in judged if not r.productive), None)
+    if zero is not None and zero.cut:
+        return (f"no value of {name} is within the tolerance of {tolerance:.0%}: the probe saw no productive turn "
+                f"{_what(t, zero.value)} ({_of(zero, None)}; {_bound(zero)}); more turns will not decide it: raise "
+                f"the probe's own {name} to {SEEN_LOOPING * (f.live or 1):,} or more to see past them.")
     if zero is not None:
         longest = f"{_longest(t, zero.value - f.unit)}; " if zero.value > f.unit else ""
         return (f"no value of {name} is within the tolerance of {tolerance:.0%} yet: the probe saw no productive "
@@ -680,7 +716,7 @@ def _none_within(f: Frontier, tolerance: float) -> str:
                 f"{turns_for_zero(tolerance):,} turns at risk there with none productive would bring the bound "
                 f"under {tolerance:.0%}: let the probe run.")
     said = (f"no value of {name} up to {_value_text(t, last.value)} is within the tolerance of {tolerance:.0%}: the "
-            f"probe saw productive turns {_what(t, last.value)} ({last.productive:,} of {last.at_risk:,})")
+            f"probe saw productive turns {_what(t, last.value)} ({last.productive:,} of {last.at_risk:,}{_cut(last)})")
     if t == "backstop" or (f.horizon is not None and last.value + f.unit >= f.horizon):
         cap = _value_text(t, f.horizon if f.horizon else last.value)
         return f"{said}; raise the probe's own limit to see past {cap}."
