@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnguard._calibrate.advice import decide
-from turnguard._calibrate.evidence import LOOP_DETECTORS, Z95, Passed, wilson_interval
+from turnguard._calibrate.evidence import Z95, Passed, wilson_interval
 from turnguard._calibrate.survival import CENSORING_ENDS, loglog_interval
 
 ABOVE, UNDECIDED, WITHIN = 1, 0, -1
@@ -149,11 +149,37 @@ class ProbeFact:
     main_threshold: str
     """Where the main configuration would have halted it (``none``: nowhere)."""
     calls_past_main: int = 0
+    cut_by: frozenset[str] = frozenset()
+    """The probe's loop detectors that halt too soon to say a turn failed (``cut_halts``)."""
+
+    @property
+    def cut(self) -> bool:
+        """Halted, not resolved, by a loop detector of ``cut_by``: its fate past the halt is unknown."""
+        return self.ended_by in self.cut_by and self.resolved is not True
 
     @property
     def censored(self) -> bool:
-        """Halted at a length limit of the probe's (calibrate's rule, ``evidence.LOOP_DETECTORS``)."""
-        return self.ended_by is not None and self.ended_by not in LOOP_DETECTORS
+        """Halted at a length limit of the probe's, or ``cut``: a probe row counts both as censored."""
+        return self.ended_by is not None and (self.ended_by not in LOOP_DETECTORS or self.ended_by in self.cut_by)
+
+
+LOOP_DETECTORS = frozenset({"soft_stuck", "streak"})
+SEEN_LOOPING = 2
+"""A halt of the probe's stuck or streak detector is a failure only where the probe ran it at twice
+the main configuration's value or more (calibrate's ``ProbeEvidence.fate_of``)."""
+
+
+def cut_halts(config: Any) -> frozenset[str]:
+    """The loop detectors whose probe halts are not failures under a main ``GuardConfig`` and its
+    probe (none configured: both, the probe's values not known)."""
+    settings = config.probe_settings()
+    probe = None if settings is None else settings.config
+    out = set()
+    for halt, option in {"soft_stuck": "stuck_repeat_threshold", "streak": "streak_stop_at"}.items():
+        live, own = getattr(config, option), None if probe is None else getattr(probe, option)
+        if not (live and own and own >= SEEN_LOOPING * live):
+            out.add(halt)
+    return frozenset(out)
 
 
 def passed(facts: Iterable[ProbeFact]) -> Passed:
@@ -201,7 +227,8 @@ def threshold_table(facts: Iterable[ProbeFact], thresholds: Sequence[str], toler
 def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: int,
                tolerance: float = 0.1) -> dict[str, dict[str, float]]:
     """Column -> row (k) -> value, as the "probe turns past k×S" table must show them (its frontier
-    columns: calibrate's ``frontier.upper_bound`` of the productive turns seen, against ``tolerance``)."""
+    columns: calibrate's ``frontier.upper_bound`` of the productive turns seen, the cut ones counted
+    productive at the high end, against ``tolerance``)."""
     from turnguard._calibrate.evidence import upper_bound
 
     table: dict[str, dict[str, float]] = {}
@@ -209,19 +236,22 @@ def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: i
     for k in multiples:
         rows = [f for f in facts if f.calls > k * soft_cap]
         row = passed(rows)
-        high = upper_bound(row.resolved, row.known)[1] if row.known else math.nan
+        cut = sum(f.cut for f in rows)
+        high = upper_bound(row.resolved + cut, row.known)[1] if row.known else math.nan
         values = {"turns": len(rows), "resolved": row.resolved, "unresolved": row.unresolved,
-                  "censored": row.censored, "unknown": row.unknown, "productive seen, 95% high": high,
+                  "censored": row.censored - cut, "cut": cut, "unknown": row.unknown,
+                  "productive seen, 95% high": high,
                   "backstop here spares them": float(high < tolerance) if row.known else math.nan}
         for column, value in values.items():
             table.setdefault(column, {})[str(k)] = value
     return table
 
 
-def probe_facts(truth: Any) -> list[ProbeFact]:
+def probe_facts(truth: Any, cut_by: frozenset[str]) -> list[ProbeFact]:
     """Every probe turn of a ``probe_fleet.ProbeTruth`` as the probe rows see it: where the main
     configuration, run alone on the same calls, would have halted it, and the result the host
-    reported (in the turn, later, or from another process)."""
+    reported (in the turn, later, or from another process); ``cut_by``: ``cut_halts`` of the fleet's
+    configuration, or of the board's."""
     out = []
     for _, s in truth.summaries:
         if s.cohort != "probe":
@@ -230,5 +260,5 @@ def probe_facts(truth: Any) -> list[ProbeFact]:
         out.append(ProbeFact(calls=s.tool_calls, resolved=truth.reported[s.turn_id],
                              ended_by=str(s.threshold) if s.reason == "halted" else None,
                              main_threshold=str(main.threshold) if main else "none",
-                             calls_past_main=s.tool_calls - main.tool_calls if main else 0))
+                             calls_past_main=s.tool_calls - main.tool_calls if main else 0, cut_by=cut_by))
     return out

@@ -9,11 +9,12 @@ turn, one that would have succeeded with room and one that never would:
   runaways (distinct calls forever: censored at the probe's cap as well, never done);
 - **the stuck threshold (D = 6 repeats past S)**: edit-and-rerun turns re-running their test past S
   (the seed's ``repeat`` signal halts them, the probe's ``stale_repeat`` does not), and turns stuck
-  alternating two calls (both signals halt them: they fail under the probe too);
+  alternating two calls (both signals halt them, the probe's at its D of 12: they fail under the
+  probe too);
 - **the streak stop (8 identical failures)**: retry streaks that succeed after 9 to 12 identical
   failures (the probe stops at 16), and calls that fail forever (the probe halts them at 16).
 
-The probe (``PROBE``: one turn in ten, 20x, ``stale_repeat``, streak stop 16) runs beside the main
+The probe (``PROBE``: one turn in ten, 20x, ``stale_repeat`` at D = 12, streak stop 16) runs beside the main
 configuration (the seed's, S = 100). Every turn reports whether its task succeeded, as a host
 would: when the turn finished its work, at once in the turn (``turn.report_result``), otherwise
 after the turn, half by the guard that ran it (``guard.report_result(turn_id, ...)``) and half from
@@ -45,9 +46,13 @@ FLEET_KEY = "probe-fleet-key"
 """The ``digest_key`` the fleet and its other process share where that process's metrics must carry
 the turns' own labels: a keyless token is anyone's, and its policy and agent count as ``_token``
 in a process that never showed them."""
-PROBE = {"rate": 0.1, "hard_multiplier": 20, "stuck_signal": "stale_repeat", "streak_stop_at": 16}
-"""The probe: one turn in ten, a 20x backstop, the stale signal and a streak stop at 16 (more lenient
-on every threshold)."""
+PROBE = {"rate": 0.1, "hard_multiplier": 20, "stuck_signal": "stale_repeat", "stuck_repeat_threshold": 12,
+         "streak_stop_at": 16}
+"""The probe: one turn in ten, a 20x backstop, the stale signal at D = 12 and a streak stop at 16 (more
+lenient on every threshold). Its D and stop are twice the main's: a turn it halts as stuck or
+streaking was seen looping that far past the main value, so it failed (calibrate's
+``evidence.SEEN_LOOPING``); at the main's own D its stuck halts would say nothing (censored), and D
+would never be decided within."""
 
 
 class Work(enum.Enum):

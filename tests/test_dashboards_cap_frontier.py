@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass
 
 import chain
+import evidence_oracle as oracle
 from conftest import optional_dependency
 
 yaml = optional_dependency("yaml")
@@ -41,6 +42,8 @@ CONFIG = GuardConfig(probe={"rate": 0.1, "soft_cap": 300, "hard_multiplier": 20}
 CAP = CapSettings.from_config(CONFIG)
 TOLERANCE = 0.1
 LIMITS = {"hard_backstop", "explicit", "cycle_cap"}
+CUT_BY = oracle.cut_halts(CONFIG)
+"""The probe keeps the main D and streak stop: its stuck and streak halts are cut, not failures."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Turn:
 
 
 TURNS = [
-    *[Turn(150, True, False, ended_by="soft_stuck")] * 3,    # stuck past 100 and 150: failed
+    *[Turn(150, True, False, ended_by="soft_stuck")] * 3,    # the probe's D (the main's): cut, not failed
     *[Turn(250, True, True)] * 2,                            # stuck, resolved in the turn: productive at s=100, 200
     Turn(180, True, None, late=True),                        # stuck, resolved later: unknown below the backstop
     *[Turn(1500, False, None, late=True)] * 2,               # past 1000 only: resolved later, placed by its bucket
@@ -72,7 +75,7 @@ def _backstop(soft: int) -> int:
 
 def _expected(soft: int) -> dict[str, float]:
     """The panel's rule: past the backstop every result counts; stuck below it, results in the turn only."""
-    fates = dict.fromkeys(("resolved", "unresolved", "censored", "unknown"), 0)
+    fates = dict.fromkeys(("resolved", "unresolved", "censored", "cut", "unknown"), 0)
     turns = 0
     for t in TURNS:
         past, below = t.calls > _backstop(soft), t.stuck and soft < t.calls <= _backstop(soft)
@@ -82,14 +85,14 @@ def _expected(soft: int) -> dict[str, float]:
         result = t.resolved if below or t.resolved is not None else t.late
         if result is True:
             fates["resolved"] += 1
-        elif t.ended_by in LIMITS and (result is False or (past and result is None)):
-            fates["censored"] += 1
+        elif t.ended_by in LIMITS | CUT_BY and (result is False or (past and result is None)):
+            fates["censored" if t.ended_by in LIMITS else "cut"] += 1
         elif result is False:
             fates["unresolved"] += 1
         else:
             fates["unknown"] += 1
-    known = fates["resolved"] + fates["unresolved"] + fates["censored"]
-    high = upper_bound(fates["resolved"], known)[1] if known else math.nan
+    known = fates["resolved"] + fates["unresolved"] + fates["censored"] + fates["cut"]
+    high = upper_bound(fates["resolved"] + fates["cut"], known)[1] if known else math.nan
     return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan}
 
 
@@ -145,8 +148,8 @@ def _exp_samples(column: str) -> list[dict[str, object]]:
 
 def test_the_board_judges_soft_caps_below_the_probes():
     assert soft_values(CAP) == [100, 200]
-    assert {pq.legend for pq in _panel_queries()} == {"turns", "resolved", "unresolved", "censored", "unknown",
-                                                       SEEN_HIGH, SPARES}
+    assert {pq.legend for pq in _panel_queries()} == {"turns", "resolved", "unresolved", "censored", "cut",
+                                                       "unknown", SEEN_HIGH, SPARES}
 
 
 def test_the_planted_turns_place_late_results_only_past_the_backstop():
@@ -154,7 +157,7 @@ def test_the_planted_turns_place_late_results_only_past_the_backstop():
     the probe's backstop count with the two stuck ones resolved in the turn; the stuck one resolved
     later (180 calls) stays unknown; at 200 (backstop 2000) the ones past 1000 only drop out."""
     at_100, at_200 = _expected(100), _expected(200)
-    assert (at_100["resolved"], at_100["unknown"], at_100["censored"]) == (5, 1, 5)
+    assert (at_100["resolved"], at_100["unknown"], at_100["censored"], at_100["cut"]) == (5, 1, 5, 3)
     assert (at_200["resolved"], at_200["turns"]) == (3, 12)
     assert at_100[SPARES] == at_200[SPARES] == 0.0
 
@@ -195,7 +198,7 @@ REQUEST_TURNS = {
     Requests(15, True): 3,                                      # below every cycle cap
     Requests(25, True): 2,                                      # productive past 20 only
     Requests(35, None, late=True): 1,                           # resolved later: no request count, unknown
-    Requests(45, False, ended_by="soft_stuck"): 2,              # failed under the probe's policy
+    Requests(45, False, ended_by="soft_stuck"): 2,              # the probe's D, the main's: cut, not failed
     Requests(55, None, ended_by="hard_backstop"): 1,            # the probe's backstop, no result in it: unknown
     Requests(70, False, ended_by="hard_backstop"): 1,           # ... with a false one: censored
     Requests(85, False): 60,                                    # failed past every value but the last
@@ -211,7 +214,7 @@ REQUEST_TURNS = {
 def _expected_cycles(value: int) -> dict[str, float]:
     """The rule: probe turns that made more than ``value`` requests; a late result counts only for a
     turn the probe halted at its own cycle cap (past every value), any other stays as its turn left it."""
-    fates = dict.fromkeys(("resolved", "unresolved", "censored", "unknown"), 0)
+    fates = dict.fromkeys(("resolved", "unresolved", "censored", "cut", "unknown"), 0)
     turns = 0
     for t, count in REQUEST_TURNS.items():
         if t.cohort != "probe" or t.cycles <= value:
@@ -223,12 +226,14 @@ def _expected_cycles(value: int) -> dict[str, float]:
             fates["resolved"] += count
         elif t.ended_by in LIMITS and (result is False or (placed and result is None)):
             fates["censored"] += count
+        elif t.ended_by in oracle.cut_halts(CYCLE_CONFIG) and result is False:
+            fates["cut"] += count
         elif result is False:
             fates["unresolved"] += count
         else:
             fates["unknown"] += count
-    known = fates["resolved"] + fates["unresolved"] + fates["censored"]
-    high = upper_bound(fates["resolved"], known)[1] if known else math.nan
+    known = fates["resolved"] + fates["unresolved"] + fates["censored"] + fates["cut"]
+    high = upper_bound(fates["resolved"] + fates["cut"], known)[1] if known else math.nan
     return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan}
 
 
@@ -281,8 +286,8 @@ def test_the_board_judges_cycle_caps_from_the_live_one_below_the_probes():
     assert cycle_values(CapSettings.from_config(CYCLE_CONFIG.replace(probe={"rate": 0.1}))) == []  # not past it
     unbounded = CapSettings.from_config(CYCLE_CONFIG.replace(probe={"rate": 0.1, "max_cycles_per_turn": 0}))
     assert cycle_values(unbounded) == [20, 30, 40, 60, 100, 200]
-    assert {pq.legend for pq in _cycle_queries()} == {"turns", "resolved", "unresolved", "censored", "unknown",
-                                                      SEEN_HIGH, SPARES}
+    assert {pq.legend for pq in _cycle_queries()} == {"turns", "resolved", "unresolved", "censored", "cut",
+                                                      "unknown", SEEN_HIGH, SPARES}
 
 
 def test_the_planted_request_counts_place_late_results_only_at_the_probes_cycle_cap():
@@ -291,7 +296,8 @@ def test_the_planted_request_counts_place_late_results_only_at_the_probes_cycle_
     unknown. At 80 only the probe's cap and the 60 failures past 80 are left: a value that spares
     them, where 20 does not."""
     at_20, at_80 = _expected_cycles(20), _expected_cycles(80)
-    assert (at_20["resolved"], at_20["unresolved"], at_20["censored"], at_20["unknown"]) == (3, 62, 6, 2)
+    assert (at_20["resolved"], at_20["unresolved"], at_20["censored"], at_20["cut"], at_20["unknown"]) == (
+        3, 60, 6, 2, 2)
     assert (at_80["resolved"], at_80["unresolved"], at_80["censored"], at_80["unknown"]) == (1, 60, 5, 0)
     assert (at_20[SPARES], at_80[SPARES]) == (0.0, 1.0)
 

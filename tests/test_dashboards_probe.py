@@ -11,6 +11,7 @@ against the tolerance must be the planted truth's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -109,7 +110,7 @@ def _settings(run: FleetRun) -> CapSettings:
 
 def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float = 0.10) -> Expected:
     truth: pf.ProbeTruth = run.tally
-    cap, probed = _settings(run), oracle.probe_facts(run.tally)
+    cap, probed = _settings(run), oracle.probe_facts(run.tally, _cut_by(run, panel_query))
     if panel_query.panel_id in (PROBE_TABLE, BESIDE_BACKSTOP):
         rows = [t.value for t in cap.thresholds]
         table = oracle.threshold_table(probed, rows, tolerance, run.records.seconds)[panel_query.legend]
@@ -124,7 +125,25 @@ def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float =
     return by_row("multiple", oracle.survival_table(turns, edges, cap.hard_cap, ends)[panel_query.legend])
 
 
-EVIDENCE = [pq for pq in QUERIES if pq.panel_id in PROBE_PANELS | BOTH_COHORTS]
+CONFIGURED_UID = f"{T}@fleet"
+CONFIGURED = [dataclasses.replace(pq, board_uid=CONFIGURED_UID) for pq in queries.panel_queries(
+    json.loads(build.for_config(pf.probe_config())[build.FILES[T]])) if pq.panel_id in PROBE_PANELS]
+"""The probe panels of the board ``turnguard assets --config`` renders for the fleet's configuration:
+it knows the probe's D (12) and streak stop (16), twice the main's, so its loop halts are failures
+there, as calibrate counts them from the recorded limits. The committed board, rendered with no
+probe, cannot know them: it counts every probe loop halt as censored (``evidence.ProbeHalts``)."""
+EVIDENCE = [pq for pq in QUERIES if pq.panel_id in PROBE_PANELS | BOTH_COHORTS] + CONFIGURED
+
+
+def _cut_by(run: FleetRun, panel_query: queries.PanelQuery | None = None) -> frozenset[str]:
+    """The probe's loop halts the board that ``panel_query`` is from counts as censored (none given:
+    the configured one's, calibrate's)."""
+    known = panel_query is None or panel_query.board_uid == CONFIGURED_UID
+    return oracle.cut_halts(run.config if known else run.config.replace(probe=None))
+
+
+def _probe_table(legend: str, board: list[queries.PanelQuery] = CONFIGURED) -> queries.PanelQuery:
+    return next(pq for pq in board if pq.panel_id == PROBE_TABLE and pq.legend == legend)
 COUNTS = ("turns", "resolved", "unresolved", "censored", "unknown", "calls past it", "at risk past the backstop",
           "seen past k×S")
 
@@ -175,7 +194,7 @@ def test_the_halts_boards_counts_split_inside_the_gap_add_up_to_the_fleet(probe_
 def test_the_probe_fleet_has_turns_past_every_k_and_every_threshold(probe_run):
     truth: pf.ProbeTruth = probe_run.tally
     assert _settings(probe_run).soft_cap == pf.SOFT_CAP
-    probed = oracle.probe_facts(truth)
+    probed = oracle.probe_facts(truth, _cut_by(probe_run))
     assert all(any(f.calls > k * pf.SOFT_CAP for f in probed) for k in BACKSTOP_MULTIPLES)
     for threshold in _settings(probe_run).thresholds:
         if threshold.value != "streak":
@@ -205,11 +224,12 @@ def test_the_decision_and_the_evidence_still_needed_follow_the_tolerance(probe_r
 def test_the_turns_still_needed_are_the_first_count_whose_interval_decides(probe_run):
     """The closed form the board and calibrate share, against a search over the interval itself."""
     thresholds = [t.value for t in _settings(probe_run).thresholds]
-    rows = oracle.threshold_table(oracle.probe_facts(probe_run.tally), thresholds, 0.5, probe_run.records.seconds)
+    probed = oracle.probe_facts(probe_run.tally, _cut_by(probe_run))
+    rows = oracle.threshold_table(probed, thresholds, 0.5, probe_run.records.seconds)
     checked = 0
     for tolerance in (0.02, 0.3, 0.6, 0.95):
         for threshold in rows["turns"]:
-            row = oracle.passed(f for f in oracle.probe_facts(probe_run.tally) if f.main_threshold == threshold)
+            row = oracle.passed(f for f in probed if f.main_threshold == threshold)
             _, more, _ = oracle.decided(row, tolerance, 1.0)
             if row.censored == 0 and row.known and math.isfinite(more) and more > 0:
                 assert more == oracle.more_turns(row.resolved, row.known, tolerance), (threshold, tolerance)
@@ -218,11 +238,8 @@ def test_the_turns_still_needed_are_the_first_count_whose_interval_decides(probe
 
 
 TOLERANCES = (0.05, 0.1, 0.3, 0.5, 0.7, 0.9)
-DECISION = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "decision")
-
-
-def _decisions(run: FleetRun, tolerance: float) -> dict[str, float]:
-    got = instant(run, DECISION.expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
+def _decisions(run: FleetRun, tolerance: float, board: list[queries.PanelQuery] = CONFIGURED) -> dict[str, float]:
+    got = instant(run, _probe_table("decision", board).expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
     return {dict(k)[series.MAIN_THRESHOLD]: v for k, v in got.items()}
 
 
@@ -244,16 +261,32 @@ def test_the_planted_evidence_decides_10x_d_and_the_streak_stop(probe_run):
     assert _decisions(probe_run, 0.5)["streak"] == -1
     assert _decisions(probe_run, 0.7)["soft_stuck"] == -1
     assert _decisions(probe_run, 0.9)["hard_backstop"] == 0
-    more = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "more probe turns")
+    more = _probe_table("more probe turns")
     at_90 = instant(probe_run, more.expr, **{q.TOLERANCE_VARIABLE: "0.9"})
     assert at_90[key(**{series.MAIN_THRESHOLD: "hard_backstop"})] == math.inf  # more turns never decide it
+
+
+def test_the_committed_board_counts_no_probe_loop_halt_as_a_failure(probe_run):
+    """Rendered with no probe, the board cannot know the probe's D or streak stop (the metrics do not
+    carry them per turn): a turn the probe halted as stuck or streaking is censored there, as
+    calibrate counts it where the recorded limits do not say the probe ran that detector at twice
+    the main value, so the rows of D and the streak stop are never within; the board rendered for
+    the fleet's configuration (a probe D of 12, a stop of 16) counts those halts as failures."""
+    unresolved = instant(probe_run, _probe_table("unresolved", QUERIES).expr)
+    configured = instant(probe_run, _probe_table("unresolved").expr)
+    for threshold in ("soft_stuck", "streak"):
+        row = key(**{series.MAIN_THRESHOLD: threshold})
+        assert unresolved[row] == 0 < configured[row], threshold
+    for tolerance in (0.5, 0.7, 0.9):
+        assert -1 not in (_decisions(probe_run, tolerance, QUERIES)[t] for t in ("soft_stuck", "streak")), tolerance
+    assert _decisions(probe_run, 0.7)["soft_stuck"] == _decisions(probe_run, 0.5)["streak"] == -1
 
 
 def test_the_results_from_another_process_reach_the_board(probe_run):
     """A third of the results came by token from a guard that never saw the turns: the probe rows
     count them (no turn is left unknown), and so does the results record, exactly."""
     truth: pf.ProbeTruth = probe_run.tally
-    unknown = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "unknown")
+    unknown = _probe_table("unknown")
     assert all(v == 0 for v in instant(probe_run, unknown.expr).values())
     probed = {s.turn_id for _, s in truth.summaries if s.cohort == "probe"}
     from_elsewhere = sum(1 for turn_id in truth.elsewhere if turn_id in probed)
@@ -308,7 +341,7 @@ def test_the_policy_variable_picks_a_policy_and_its_probe(probe_run):
     """The fleet's policy picked: its probe turns (``<name>-probe``) stay on the probe panels; another
     policy's name shows none of them."""
     truth: pf.ProbeTruth = probe_run.tally
-    turns = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == "turns")
+    turns = _probe_table("turns")
     policy = probe_run.config.name
     want = _expected(probe_run, turns)
     assert sum(want.values()) > 0
@@ -331,7 +364,7 @@ def _calibrate(run: FleetRun, tolerance: float) -> dict:
 
 
 def _column(run: FleetRun, legend: str, tolerance: float) -> dict[str, float]:
-    target = next(pq for pq in EVIDENCE if pq.panel_id == PROBE_TABLE and pq.legend == legend)
+    target = _probe_table(legend)
     got = instant(run, target.expr, **{q.TOLERANCE_VARIABLE: repr(tolerance)})
     return {dict(k)[series.MAIN_THRESHOLD]: v for k, v in got.items()}
 
@@ -445,7 +478,7 @@ def test_the_boards_product_limit_estimate_is_calibrates(probe_run):
     are calibrate's exact ones; both say 30x is past the probe's cap. No share shows without its
     interval: a row with none finishing has the exact bound over the turns seen past it, calibrate's."""
     finish_by = {row["multiple"]: row for row in _calibrate(probe_run, 0.1)["survival"]["finish_by"]}
-    table = _survival(probe_run, EVIDENCE)
+    table = _survival(probe_run, QUERIES)
     cap = _settings(probe_run)
     for k in km_multiples(cap):
         row, got = finish_by[k], {column: values[str(k)] for column, values in table.items()}
@@ -469,7 +502,7 @@ def test_the_board_rendered_for_the_fleets_configuration_stops_at_the_probes_cap
     panel = next(p for p in queries.panels(board) if p["id"] == SURVIVAL)
     names = {o["matcher"]["options"]: o for o in panel["fieldConfig"]["overrides"]}["row"]["properties"][0]["value"]
     row_names = names[0]["options"]
-    mine, theirs = _survival(probe_run, queries.panel_queries(board)), _survival(probe_run, EVIDENCE)
+    mine, theirs = _survival(probe_run, queries.panel_queries(board)), _survival(probe_run, QUERIES)
     ks = km_multiples(cap)
     assert ks == [15, 20, 30] and set(mine) == set(theirs) and len(mine) == 5
     for k in ks:

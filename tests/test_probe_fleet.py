@@ -106,7 +106,7 @@ def test_the_clock_never_moves_a_probe_row(recorded, tmp_path):
 def rows(truth: pf.ProbeTruth) -> dict[str, list[oracle.ProbeFact]]:
     """Calibrate's rows, from the fleet: past 10x S, and where the main configuration halts as stuck
     or at the streak stop."""
-    probed = oracle.probe_facts(truth)
+    probed = oracle.probe_facts(truth, oracle.cut_halts(pf.probe_config()))
     return {"10": [f for f in probed if f.calls > 10 * pf.SOFT_CAP],
             "stuck": [f for f in probed if f.main_threshold == "soft_stuck"],
             "streak": [f for f in probed if f.main_threshold == "streak"]}

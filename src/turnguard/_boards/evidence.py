@@ -7,8 +7,11 @@ The arithmetic matches ``turnguard calibrate``'s (``turnguard._calibrate.evidenc
 
 - **Fates**: a probe turn is resolved (its task succeeded: reported in the turn or later),
   censored (the probe halted it at a length limit of its own, its backstop, explicit or cycle cap,
-  and no result says it succeeded: it might have), unresolved (the other failures, the probe's own
-  stuck and streak halts among them: they failed under the probe's policy), or unknown (no result).
+  or by its own D or streak stop set below twice the main value, ``ProbeHalts``, and no result says
+  it succeeded: it might have), unresolved (the other failures, the probe's own stuck and streak
+  halts at twice the main value or more among them: seen looping, they failed), or unknown (no
+  result). The metrics do not carry the probe's D or stop: the board judges by the probe it is
+  rendered for, and with none known, censors every probe stuck and streak halt.
 - **Interval** (95%) of the share that would have succeeded among the N turns with a known fate:
   Wilson's low end with the censored turns counted as failures, its high end with them counted as
   successes (``(x + z²/2 ± z·sqrt(x - x²/N + z²/4)) / (N + z²)``, clamped to [0, 1]); (0, 1) with
@@ -38,6 +41,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from turnguard._boards import promql as q
 from turnguard._boards.series import (
@@ -148,26 +152,70 @@ def time_needed(resolved: str, resolved_or_censored: str, known: str, tolerance:
 
 LENGTH_LIMITS = (Threshold.HARD_BACKSTOP, Threshold.EXPLICIT, Threshold.CYCLE_CAP)
 """The probe's own halts that cut a turn that might have gone on to succeed: a probe turn one of them
-halted, with no result saying it succeeded, is censored there (calibrate's ``LOOP_DETECTORS`` are
-the others: a turn the probe halted as stuck or streaking failed under the probe's policy)."""
-LENGTH_LIMITED = "~" + "|".join(t.value for t in LENGTH_LIMITS)
-NOT_LENGTH_LIMITED = "!" + LENGTH_LIMITED
+halted, with no result saying it succeeded, is censored there."""
+LOOP_DETECTORS = (Threshold.SOFT_STUCK, Threshold.STREAK)
+"""The probe's own halts that say a turn was looping: a failure only where the probe ran that detector
+at ``SEEN_LOOPING`` times the main configuration's value or more (``ProbeHalts``)."""
+SEEN_LOOPING = 2
+"""Calibrate's ``evidence.SEEN_LOOPING``: a probe that halts at less than twice the main's D or streak
+stop halts turns that may need no more than that to succeed (a retry that succeeds after 15 failures)."""
 
 
-def fates(turns: Callable[..., str], late: Callable[..., str], fill: Callable[[str], str]) -> dict[str, str]:
+@dataclass(frozen=True)
+class ProbeHalts:
+    """How the probe's own halts count, as calibrate's ``ProbeEvidence.fate_of`` counts them: a length
+    limit censors a turn; a loop detector of ``cut`` halts it too soon to say it failed (calibrate's
+    ``cut``: censored in the rows, productive at a frontier bound's high end); any other loop halt
+    is a failure. The metrics do not carry the probe's D or stop per turn: the board judges by the
+    probe's configuration it is rendered for (``turnguard assets --config``)."""
+
+    cut: tuple[Threshold, ...]
+
+    @classmethod
+    def of(cls, cap: CapSettings) -> ProbeHalts:
+        """With no probe configured here, both loop detectors cut (calibrate's rule where the probe's
+        values are not recorded; a probe given no D or stop of its own keeps the main's)."""
+        main = {Threshold.SOFT_STUCK: cap.stuck_repeat_threshold, Threshold.STREAK: cap.streak_stop_at}
+        p = cap.probe
+        return cls(tuple(t for t in LOOP_DETECTORS if p is None or not (
+            main[t] and (p.limit(t) or 0) >= SEEN_LOOPING * main[t])))
+
+    @property
+    def length(self) -> dict[str, str]:
+        """The selector of the turns a length limit of the probe's halted."""
+        return {THRESHOLD: "~" + "|".join(t.value for t in LENGTH_LIMITS)}
+
+    @property
+    def cutting(self) -> dict[str, str] | None:
+        """The selector of the turns halted by a loop detector in ``cut`` (``None``: none is)."""
+        return {THRESHOLD: "~" + "|".join(t.value for t in self.cut)} if self.cut else None
+
+    @property
+    def censoring(self) -> dict[str, str]:
+        """The selector of the turns a probe row counts as censored: a length limit's or ``cut``'s."""
+        return {THRESHOLD: "~" + "|".join(t.value for t in (*LENGTH_LIMITS, *self.cut))}
+
+    @property
+    def other(self) -> dict[str, str]:
+        """The selector of every other turn (ended on its own, or halted as looping: failed)."""
+        return {THRESHOLD: "!~" + "|".join(t.value for t in (*LENGTH_LIMITS, *self.cut))}
+
+
+def fates(turns: Callable[..., str], late: Callable[..., str], fill: Callable[[str], str],
+          halts: ProbeHalts) -> dict[str, str]:
     """The probe turns' fates, as calibrate counts them (``evidence.Passed``): resolved (in the turn
-    or by a late result), censored (halted at a length limit of the probe's, not resolved),
-    unresolved (the others whose result was false), unknown (the others without a result); and the
-    sums the interval reads, RC = resolved + censored and N = resolved + unresolved + censored.
-    ``turns(**labels)`` and ``late(**labels)`` select the turns' and the late results' records,
-    ``fill`` aggregates a selection into the table's rows.
+    or by a late result), censored (halted at a length limit of the probe's, or by a loop detector of
+    ``halts.cut``, not resolved), unresolved (the others whose result was false), unknown (the others
+    without a result); and the sums the interval reads, RC = resolved + censored and
+    N = resolved + unresolved + censored. ``turns(**labels)`` and ``late(**labels)`` select the
+    turns' and the late results' records, ``fill`` aggregates a selection into the table's rows.
 
     A result is counted whether it came in the turn (the turns' record) or later (an accepted late
     result): the two records are summed together (their series never share a label set: only a
     result has a ``turnguard_result_status``)."""
-    res, limit = RESOLVED, THRESHOLD
+    res = RESOLVED
     true, false, known = {res: "true"}, {res: "false"}, {res: "~true|false"}
-    limited, other = {limit: LENGTH_LIMITED}, {limit: NOT_LENGTH_LIMITED}
+    limited, other = halts.censoring, halts.other
     not_true = {res: "~false|unknown"}
     return {
         "resolved": fill(f"{turns(**true)} or {late(**true)}"),
@@ -195,7 +243,7 @@ def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
     def fill(expr: str) -> str:
         return q.filled(f"sum by ({MAIN_THRESHOLD}) ({expr})", MAIN_THRESHOLD, thresholds)
 
-    f = fates(turns, late, fill)
+    f = fates(turns, late, fill, ProbeHalts.of(cap))
     calls_past = q.filled(q.recorded(CALLS_PAST_MAIN, q.sel(**{k: v for k, v in where.items() if k != COHORT}),
                                      by=by), MAIN_THRESHOLD, thresholds)
     return {

@@ -281,7 +281,10 @@ def _late_buckets(cap: CapSettings, above: int) -> str:
 
 SEEN_HIGH, SET_HERE = "productive seen, 95% high", "backstop here spares them"
 """Panel 41's frontier columns (calibrate's recommended value: the first row that spares them)."""
-PAST_COLUMNS = ("turns", "resolved", "unresolved", "censored", "unknown")
+PAST_COLUMNS = ("turns", "resolved", "unresolved", "censored", "cut", "unknown")
+"""``censored``: halted at a length limit of the probe's, not productive at either bound's end;
+``cut``: halted by a loop detector of the probe's own run below twice the main's value
+(``evidence.ProbeHalts``), productive at the high end (calibrate's frontier rule)."""
 
 
 def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
@@ -295,13 +298,14 @@ def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
         accepted = {**PROBE_TURNS, ps.RESULT_STATUS: "accepted", ps.CALLS_BUCKET: _late_buckets(cap, edge)}
         return q.zero_or(q.recorded(ps.RESULTS, q.sel(**accepted, **more)))
 
-    return _fates(past, late)
+    return _fates(past, late, evidence.ProbeHalts.of(cap))
 
 
 def _with_frontier(row: dict[str, str], spares: str) -> dict[str, str]:
-    known = f"({row['resolved']} + {row['unresolved']} + {row['censored']})"
-    return {**row, SEEN_HIGH: evidence.productive_high(row["resolved"], known),
-            spares: evidence.within_seen(row["resolved"], known)}
+    known = f"({row['resolved']} + {row['unresolved']} + {row['censored']} + {row['cut']})"
+    productive = f"({row['resolved']} + {row['cut']})"
+    return {**row, SEEN_HIGH: evidence.productive_high(productive, known),
+            spares: evidence.within_seen(productive, known)}
 
 
 def past_rows(cap: CapSettings) -> dict[str, str]:
@@ -403,12 +407,13 @@ def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
     def below(**labels: str) -> str:
         return f"({_turns_past(cap, soft, **stuck, **labels)} - {_turns_past(cap, backstop, **stuck, **labels)})"
 
-    limited, other = {ps.THRESHOLD: evidence.LENGTH_LIMITED}, {ps.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    halts = evidence.ProbeHalts.of(cap)
     false = {ps.RESOLVED: "false"}
     return {"turns": f"({past['turns']} + {below()})",
             "resolved": f"({past['resolved']} + {below(**{ps.RESOLVED: 'true'})})",
-            "unresolved": f"({past['unresolved']} + {below(**other, **false)})",
-            "censored": f"({past['censored']} + {below(**limited, **false)})",
+            "unresolved": f"({past['unresolved']} + {below(**halts.other, **false)})",
+            "censored": f"({past['censored']} + {below(**halts.length, **false)})",
+            "cut": f"({past['cut']} + {_cut(halts, lambda **more: below(**more, **false), below)})",
             "unknown": f"({past['unknown']} + {below(**{ps.RESOLVED: 'unknown'})})"}
 
 
@@ -417,7 +422,12 @@ AT_THE_CYCLE_CAP = {ps.THRESHOLD: Threshold.CYCLE_CAP.value}
 OTHER_LENGTH_LIMITS = "~" + "|".join(t.value for t in evidence.LENGTH_LIMITS if t is not Threshold.CYCLE_CAP)
 
 
-def _cycle_row(value: int) -> dict[str, str]:
+def _cut(halts: evidence.ProbeHalts, turns: Callable[..., str], every: Callable[..., str]) -> str:
+    """``turns`` halted by a loop detector of ``halts.cut``; 0 (``every``'s turns times 0) where none cuts."""
+    return turns(**halts.cutting) if halts.cutting is not None else f"(0 * {every()})"
+
+
+def _cycle_row(cap: CapSettings, value: int) -> dict[str, str]:
     """The probe turns a cycle cap ``value`` halts: those that made more than ``value`` model
     requests (the request histogram's buckets). A result reported after the turn carries no request
     count: it counts for the turns the probe halted at its own cycle cap (past every value; the
@@ -433,9 +443,11 @@ def _cycle_row(value: int) -> dict[str, str]:
 
     true, false = {ps.RESOLVED: "true"}, {ps.RESOLVED: "false"}
     not_at_cap = {ps.THRESHOLD: "!" + Threshold.CYCLE_CAP.value}
+    halts = evidence.ProbeHalts.of(cap)
     return {"turns": past(),
             "resolved": f"({past(**true)} + {late(**true)})",
-            "unresolved": past(**{ps.THRESHOLD: evidence.NOT_LENGTH_LIMITED}, **false),
+            "unresolved": past(**halts.other, **false),
+            "cut": _cut(halts, lambda **more: past(**more, **false), past),
             "censored": (f"({past(**{ps.THRESHOLD: OTHER_LENGTH_LIMITS}, **false)} + "
                          f"{past(**AT_THE_CYCLE_CAP, **{ps.RESOLVED: '~false|unknown'})} - {late(**true)})"),
             "unknown": past(**not_at_cap, **{ps.RESOLVED: "unknown"})}
@@ -447,7 +459,7 @@ def cap_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
     frontier columns."""
     rows = {f"soft:{v}": _with_frontier(_soft_row(cap, v), SPARES) for v in soft_values(cap)}
     rows |= {f"explicit:{v}": _with_frontier(_past(cap, v), SPARES) for v in explicit_values(cap)}
-    rows |= {f"cycles:{v}": _with_frontier(_cycle_row(v), SPARES) for v in cycle_values(cap)}
+    rows |= {f"cycles:{v}": _with_frontier(_cycle_row(cap, v), SPARES) for v in cycle_values(cap)}
     return rows
 
 
@@ -515,8 +527,8 @@ def _frontier_table(panel: int, kinds_by_key: dict[str, _Kind], rows: dict[str, 
     description = (
         f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by fate{rule}, and "
         f"panel 41's frontier: the upper bound of the productive share among them (the {CENSORED} counted as not "
-        "productive; the exact binomial bound 1 - 0.025^(1/N) with none resolved) and whether it is under the "
-        f"Tolerance variable (calibrate recommends the smallest such value above {first}). {more}")
+        "productive, the cut as productive; the exact binomial bound 1 - 0.025^(1/N) with neither) and whether it "
+        f"is under the Tolerance variable (calibrate recommends the smallest such value above {first}). {more}")
     columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
                for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
     return table_panel(panel, title, description, "value", columns, {SEEN_HIGH: "percentunit"}, width=24,
@@ -540,8 +552,9 @@ def _counted(values: range, histogram_edges: set[int]) -> list[int]:
 
 
 def stuck_values(cap: CapSettings) -> list[int]:
-    """The values of D panel 50 judges: from 2 up to the probe's own D (past it a probe turn past S
-    is halted at its D: not seen), each a repeat count both the repeat histogram and the late
+    """The values of D panel 50 judges: from 2 up to the probe's own D (calibrate's horizon: the
+    recorded limits do not name the probe's stuck signal, so whatever it is, past its D no probe turn
+    is counted as seen), each a repeat count both the repeat histogram and the late
     results' buckets place a turn against. None unless the main configuration's cap is adaptive
     with the ``repeat`` stuck signal (the signal calibrate's D frontier counts) and the probe has
     the same soft cap (the turns' ``past_soft_cap`` is then past the main S)."""
@@ -549,7 +562,7 @@ def stuck_values(cap: CapSettings) -> list[int]:
     if (p is None or Threshold.SOFT_STUCK not in cap.thresholds or cap.stuck_signal != "repeat"
             or p.soft_cap != cap.soft_cap):
         return []
-    top = p.stuck_repeat_threshold if p.stuck_signal == "repeat" and p.stuck_repeat_threshold else None
+    top = p.stuck_repeat_threshold or None
     return _counted(range(2, (top or buckets.COUNT_EDGES[-1] + 1) + 1), _repeat_edges(cap))
 
 
@@ -577,7 +590,8 @@ def _past_soft_buckets(cap: CapSettings) -> str:
     return "~(" + "|".join([*(f"{e:g}" for e in sorted(edges) if e > cap.soft_cap), "\\\\+Inf"]) + ")"
 
 
-def _reach_row(histogram: str, value: int, turn_labels: dict[str, str], late_labels: dict[str, str]) -> dict[str, str]:
+def _reach_row(cap: CapSettings, histogram: str, value: int, turn_labels: dict[str, str],
+               late_labels: dict[str, str]) -> dict[str, str]:
     """The probe turns whose count (``histogram``: the repeat or failing-streak histogram, whose
     ``value - 1`` is an edge) reached ``value``, by fate: a result reported in the turn, or later
     on the results counter (its count bucket places it; a version 1 token's ``unknown`` bucket
@@ -592,19 +606,24 @@ def _reach_row(histogram: str, value: int, turn_labels: dict[str, str], late_lab
         accepted = {**PROBE_TURNS, ps.RESULT_STATUS: "accepted", **late_labels}
         return q.zero_or(q.recorded(ps.RESULTS, q.sel(**accepted, **more)))
 
-    return _fates(reached, late)
+    return _fates(reached, late, evidence.ProbeHalts.of(cap))
 
 
-def _fates(turns: Callable[..., str], late: Callable[..., str]) -> dict[str, str]:
+def _fates(turns: Callable[..., str], late: Callable[..., str], halts: evidence.ProbeHalts) -> dict[str, str]:
     """A frontier row's columns by fate, from the probe turns a value halts (``turns``, by label)
     and their results reported after the turn (``late``): a late result moves a turn out of
-    ``unknown`` (or, resolved, out of ``censored``)."""
+    ``unknown`` (or, resolved, out of ``censored`` or ``cut``)."""
     true, false, not_true = {ps.RESOLVED: "true"}, {ps.RESOLVED: "false"}, {ps.RESOLVED: "~false|unknown"}
-    limited, other = {ps.THRESHOLD: evidence.LENGTH_LIMITED}, {ps.THRESHOLD: evidence.NOT_LENGTH_LIMITED}
+    limited, other = halts.length, halts.other
+
+    def halted(**where: str) -> str:
+        return f"({turns(**where, **not_true)} - {late(**where, **true)})"
+
     return {"turns": turns(),
             "resolved": f"({turns(**true)} + {late(**true)})",
             "unresolved": f"({turns(**other, **false)} + {late(**other, **false)})",
-            "censored": f"({turns(**limited, **not_true)} - {late(**limited, **true)})",
+            "censored": halted(**limited),
+            "cut": _cut(halts, halted, turns),
             "unknown": f"({turns(**other, **{ps.RESOLVED: 'unknown'})} - {late(**other)})"}
 
 
@@ -613,10 +632,10 @@ def count_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
     whose largest repeat count of one call reached v; ``streak:v`` for a streak stop v: probe turns
     whose longest failing streak reached v), each with panel 41's frontier columns."""
     past_s = {ps.PAST_SOFT_CAP: "true"}
-    rows = {f"stuck:{v}": _with_frontier(_reach_row(ps.MAX_REPEAT, v, past_s, {
+    rows = {f"stuck:{v}": _with_frontier(_reach_row(cap, ps.MAX_REPEAT, v, past_s, {
         ps.CALLS_BUCKET: _past_soft_buckets(cap), ps.REPEAT_BUCKET: _at_least(v)}), SPARES) for v in stuck_values(cap)}
-    rows |= {f"streak:{v}": _with_frontier(_reach_row(ps.MAX_FAILING, v, {}, {ps.FAILING_BUCKET: _at_least(v)}), SPARES)
-             for v in streak_values(cap)}
+    rows |= {f"streak:{v}": _with_frontier(_reach_row(cap, ps.MAX_FAILING, v, {}, {ps.FAILING_BUCKET: _at_least(v)}),
+                                           SPARES) for v in streak_values(cap)}
     return rows
 
 
@@ -731,8 +750,9 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     f"One row per threshold the main configuration has in force. Turns of {probe} that the main "
                     "configuration, running beside them, would have halted there, and what became of them under "
                     "the probe: resolved; unresolved; censored (halted at a length limit of the probe's own, its "
-                    f"backstop, explicit or cycle cap, and not resolved: {CENSORED} there, they might have "
-                    "succeeded); unknown (no result yet). The share resolved, and its 95% Wilson interval with "
+                    "backstop, explicit or cycle cap, or by a loop detector of its own, D or streak stop, set below "
+                    f"twice the main value, and not resolved: {CENSORED} there, they might have succeeded); "
+                    "unknown (no result yet). The share resolved, and its 95% Wilson interval with "
                     "the censored turns counted as failures for its low end and as successes for its high end; "
                     "whether that decides against the Tolerance variable (above: the threshold halts more turns "
                     "that would have succeeded than you accept; within; undecided); if undecided, how many more "
@@ -752,7 +772,9 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     "probe turns past the backstop the main configuration would have halted). A probe turn "
                     f"halted at a length limit of the probe's is {CENSORED} there: past it, nothing is seen. "
                     "Productive seen, 95% high: the upper bound of the share of them that succeeded, the censored "
-                    "counted as not productive (the productive turns the probe saw): with none resolved, the exact "
+                    "counted as not productive (the productive turns the probe saw), the cut (halted by a loop "
+                    "detector of the probe's own set below twice the main value: not seen to fail) as productive: "
+                    "with none resolved or cut, the exact "
                     "binomial bound 1 - 0.025^(1/N) over the N with a known fate; a backstop here spares them when "
                     "that bound is under the Tolerance variable. The first such row below the probe's cap is "
                     "calibrate's recommended multiple on these rows (calibrate reads every multiple; past the "
