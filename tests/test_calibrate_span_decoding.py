@@ -518,16 +518,17 @@ def _value_text(kind: str, value: str, rng: random.Random) -> str:
 UNREAD_KEYS = (names.CALL_REPEAT, names.STREAK_LENGTH, names.FAILING_STREAK_LENGTH, names.ERROR_TYPE)
 """What the plugin writes on a tool span only when it says something (a count past 1, a failure),
 and calibrate does not read."""
-PLUGIN_ORDER = (names.CALL_INDEX, names.CALL_KEY_DIGEST, names.CALL_REPEAT, names.STREAK_LENGTH,
+PLUGIN_ORDER = (names.CALL_INDEX, names.CALL_KEY_DIGEST, names.CALL_REPEAT, names.STREAK_LENGTH, names.CALL_CYCLE,
                 names.GEN_AI_TOOL_NAME, names.GEN_AI_OPERATION_NAME, names.CALL_OUTCOME, names.CALL_RESULT_DIGEST,
                 names.FAILING_STREAK_LENGTH, names.ERROR_TYPE)
 """Every attribute the plugin writes on its own tool span, in its order."""
 COUNTS = ["2", "17", "0", "007", "9" * 18, "9" * 19, "-2", "1.0", "x", ""]
 
 
-def _plugin_pairs(rng: random.Random) -> list[list[str]]:
+def _plugin_pairs(rng: random.Random, side: random.Random) -> list[list[str]]:
     """The plugin's attributes as ``[key, value]`` JSON texts, values drawn from ``TEXTS``: its
-    five, with the counts and the failure's attributes it adds when they say something."""
+    five, with the counts and the failure's attributes it adds when they say something (the model
+    request's drawn from ``side``, leaving the others' draws as they were)."""
     def pick(usual: str) -> str:
         return usual if rng.random() < 0.85 else rng.choice(TEXTS)
 
@@ -548,11 +549,15 @@ def _plugin_pairs(rng: random.Random) -> list[list[str]]:
         values[names.CALL_REPEAT] = count()
     if rng.random() < 0.3:
         values[names.STREAK_LENGTH] = count()
+    if side.random() < 0.15:
+        cycle = str(side.randint(1, 300)) if side.random() < 0.95 else side.choice(COUNTS)
+        values[names.CALL_CYCLE] = "intValue", cycle
     if (outcome == "error" and rng.random() < 0.7) or rng.random() < 0.05:
         values[names.FAILING_STREAK_LENGTH] = count()
         values[names.ERROR_TYPE] = "stringValue", "_OTHER" if rng.random() < 0.85 else rng.choice(TEXTS)
-    return [[_json_text(key, rng) if rng.random() < 0.1 else json.dumps(key), _value_text(*values[key], rng)]
-            for key in PLUGIN_ORDER if key in values]
+    draw = {key: side if key == names.CALL_CYCLE else rng for key in values}
+    return [[_json_text(key, draw[key]) if draw[key].random() < 0.1 else json.dumps(key),
+             _value_text(*values[key], draw[key])] for key in PLUGIN_ORDER if key in values]
 
 
 def _other_value(rng: random.Random) -> str:
@@ -600,9 +605,9 @@ def _attributes_text(pairs: list[list[str]], rng: random.Random) -> str:
 def attribute_texts(seed: int, n: int) -> Iterator[str]:
     """Generated attribute arrays of every shape: most in the plugin's layout, changed in one or
     two ways, spelled compactly or not."""
-    rng = random.Random(seed)
+    rng, side = random.Random(seed), random.Random(-1 - seed)
     for _ in range(n):
-        pairs = _plugin_pairs(rng)
+        pairs = _plugin_pairs(rng, side)
         for _ in range(rng.choice((0, 0, 1, 2))):
             if pairs:
                 rng.choice(ATTRIBUTE_CHANGES)(pairs, rng)
@@ -610,10 +615,12 @@ def attribute_texts(seed: int, n: int) -> Iterator[str]:
 
 
 def _template_reading(found: Any) -> list[dict]:
-    index, digest, tool, outcome, result = (g and g.decode() for g in found.groups())
+    index, digest, cycle, tool, outcome, result = (g and g.decode() for g in found.groups())
     values = [("intValue", index), ("stringValue", digest), ("stringValue", tool),
               ("stringValue", names.OP_EXECUTE_TOOL), ("stringValue", outcome)]
     read = [{"key": key, "value": {kind: value}} for key, (kind, value) in zip(TEMPLATE_KEYS, values, strict=True)]
+    if cycle is not None:
+        read.insert(2, {"key": names.CALL_CYCLE, "value": {"intValue": cycle}})
     if result is not None:
         read.append({"key": names.CALL_RESULT_DIGEST, "value": {"stringValue": result}})
     return read
@@ -624,7 +631,7 @@ def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed
     """What a match's groups say is exactly the parsed JSON's read attributes, the others are
     those the plugin adds, in its order, and the span's plain form gives the parsed JSON."""
     matched = unread = digests = 0
-    for text in attribute_texts(seed, 3000):
+    for text in attribute_texts(seed, 4000):
         data = text.encode("utf-8", "surrogatepass")
         found = collector.TOOL_ATTRIBUTES.fullmatch(data)
         if found is None:
@@ -634,7 +641,7 @@ def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed
         assert [a for a in parsed if a["key"] not in UNREAD_KEYS] == _template_reading(found), text
         assert [a["key"] for a in parsed] == [k for k in PLUGIN_ORDER if k in {a["key"] for a in parsed}], text
         unread += sum(a["key"] in UNREAD_KEYS for a in parsed)
-        digests += found.group(5) is not None
+        digests += found.group(6) is not None
         line = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"n","attributes":' + data + b"}]}]}]}"
         [decoded] = collector.decode(line)
         assert decoded[2] is not None

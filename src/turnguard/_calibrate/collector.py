@@ -170,6 +170,7 @@ TOOL_ATTRIBUTES = re.compile(
     rb"\[" + _pair(names.CALL_INDEX, rb'"intValue":"([0-9]{1,18})"')
     + b"," + _pair(names.CALL_KEY_DIGEST, b'"stringValue":"' + _TEXT + b'"')
     + _unread(names.CALL_REPEAT, _COUNT) + _unread(names.STREAK_LENGTH, _COUNT)
+    + rb"(?:," + _pair(names.CALL_CYCLE, rb'"intValue":"([0-9]{1,18})"') + rb")?"
     + b"," + _pair(names.GEN_AI_TOOL_NAME, b'"stringValue":"' + _TEXT + b'"')
     + b"," + _pair(names.GEN_AI_OPERATION_NAME, b'"stringValue":"' + re.escape(names.OP_EXECUTE_TOOL.encode()) + b'"')
     + b"," + _pair(names.CALL_OUTCOME, b'"stringValue":"([a-z]{1,16})"')
@@ -178,8 +179,8 @@ TOOL_ATTRIBUTES = re.compile(
     + _unread(names.ERROR_TYPE, b'"stringValue":"' + re.escape(names.ERROR_TYPE_OTHER.encode()) + b'"')
     + rb"\]")
 """A tool span's attributes exactly as the plugin writes them and the file exporter prints them
-(compact, in order, no escapes). Groups: index, key digest, tool name, outcome, result digest or
-``None``. Anything else does not match and is parsed by ``json``."""
+(compact, in order, no escapes). Groups: index, key digest, model request or ``None``, tool name,
+outcome, result digest or ``None``. Anything else does not match and is parsed by ``json``."""
 _TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
 
 
@@ -502,12 +503,13 @@ class OtlpAssembler:
             span, _, found = spans[i]
             if found is None or span.parentSpanId != parent:
                 break
-            index, digest, raw_tool, text, result = found.groups()
+            index, digest, cycle, raw_tool, text, result = found.groups()
             outcome, tool, number = _TEMPLATE_OUTCOMES.get(text), tools.get(raw_tool), int(index)
-            if outcome is None or tool is None or not 0 < number <= MAX_TURN_COUNT or len(calls) >= limit:
+            if outcome is None or tool is None or not 0 < number <= MAX_TURN_COUNT or len(calls) >= limit or (
+                    cycle is not None and not 0 < int(cycle) <= MAX_TURN_CYCLES):
                 break
-            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, None,
-                                                           result and result.decode()))))
+            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome,
+                                                           cycle and int(cycle), result and result.decode()))))
             waiting += 1
             i += 1
             if waiting > most:
@@ -521,9 +523,10 @@ class OtlpAssembler:
     def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
         """Take a template-matched tool span with the checks ``_call`` makes (``False``: not taken,
         nothing changed; ``_span`` then reads it and says what is wrong)."""
-        index, digest, raw_tool, text, raw_result = found.groups()
-        outcome, number = _TEMPLATE_OUTCOMES.get(text), int(index)
-        if outcome is None or not parent or len(parent) > MAX_ID_LENGTH or not 0 < number <= MAX_TURN_COUNT:
+        index, digest, raw_cycle, raw_tool, text, raw_result = found.groups()
+        outcome, number, cycle = _TEMPLATE_OUTCOMES.get(text), int(index), raw_cycle and int(raw_cycle)
+        if outcome is None or not parent or len(parent) > MAX_ID_LENGTH or not 0 < number <= MAX_TURN_COUNT or (
+                cycle is not None and not 0 < cycle <= MAX_TURN_CYCLES):
             return False
         tool = self._tool_texts.get(raw_tool)
         if tool is None:
@@ -531,14 +534,14 @@ class OtlpAssembler:
             if len(self._tool_texts) < MAX_SHARED_TOOLS:
                 self._tool_texts[raw_tool] = tool
         calls = self._hold("span:" + parent, number, tool, digest.decode(), outcome, raw_result and raw_result.decode(),
-                           lineno)
+                           lineno, cycle)
         if calls is None:
             return False
         self._last_parent, self._last_calls = parent, calls
         return True
 
     def _hold(self, key: str, number: int, tool: str, digest: str, outcome: Outcome | Unreported, result: str | None,
-              lineno: int) -> list[tuple[int, RecordedCall]] | None:
+              lineno: int, cycle: int | None = None) -> list[tuple[int, RecordedCall]] | None:
         """Hold a checked tool span's call under ``key`` for its turn span: the calls held there
         (``None``: the turn's bound refuses it, nothing changed)."""
         pending = self._pending.get(key)
@@ -552,7 +555,7 @@ class OtlpAssembler:
             tool = shared
         elif len(tools) < MAX_SHARED_TOOLS:
             tools[tool] = tool
-        pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, None, result))))
+        pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, cycle, result))))
         self._waiting += 1
         return pending.calls
 
@@ -602,7 +605,8 @@ class OtlpAssembler:
         if names.CALL_INDEX in attrs:
             self._call(name, attrs.get(names.GEN_AI_TOOL_NAME), attrs[names.CALL_INDEX],
                        attrs.get(names.CALL_KEY_DIGEST), call_outcome(attrs), attrs.get(names.TURN_ID),
-                       span.get("parentSpanId"), lineno, attrs.get(names.CALL_RESULT_DIGEST))
+                       span.get("parentSpanId"), lineno, attrs.get(names.CALL_RESULT_DIGEST),
+                       attrs.get(names.CALL_CYCLE))
             return None
         if names.TURN_ID not in attrs:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
@@ -633,8 +637,9 @@ class OtlpAssembler:
         return _recorded_turn(turn_id, calls, facts)
 
     def _call(self, name: str, tool: Any, index: Any, digest: Any, raw_outcome: Any, turn_id: Any, parent: Any,
-              lineno: int, result: Any = None) -> None:
-        """One tool span's fields (its attributes as read); reported and skipped when unusable."""
+              lineno: int, result: Any = None, cycle: Any = None) -> None:
+        """One tool span's fields (its attributes as read); reported and skipped when unusable (a
+        model request number out of range: reported and left out, the call kept)."""
         tool = tool or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
         outcome = span_outcome(raw_outcome)
         key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
@@ -643,7 +648,11 @@ class OtlpAssembler:
             self._bad(lineno, f"tool span {name!r}: {problem}")
             return
         assert key is not None and type(index) is int and outcome is not None  # (no problem above)
-        if self._hold(key, index, tool, digest, outcome, result, lineno) is None:
+        if cycle is not None and not count_in_range(cycle, 1):
+            self._bad(lineno, f"tool span {name!r}: {names.CALL_CYCLE} must be an integer from 1 to "
+                              f"{MAX_TURN_CYCLES:,}, got {shown(cycle)}; left out")
+            cycle = None
+        if self._hold(key, index, tool, digest, outcome, result, lineno, cycle) is None:
             self._bad(lineno, f"tool span {name!r}: its turn already has {self.max_calls:,} calls (the limit); skipped")
 
     def _facts(self, turn_id: str, attrs: dict[str, Any], lineno: int, path: str | None,

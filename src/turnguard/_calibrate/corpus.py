@@ -189,28 +189,33 @@ def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
 
 
 def _plain_calls(raw_calls: list[Any], digests: bool) -> list[records.RecordedCall] | None:
-    """The common shape (every call exactly ``tool``, ``args``, ``outcome``, maybe ``result``) in one
+    """The common shape (every call exactly ``tool``, ``args``, ``outcome``, maybe ``result`` and ``cycle``) in one
     comprehension; ``None`` sends the line through the checked path, which says what is wrong."""
     make, call, outcomes = tuple.__new__, records.RecordedCall, _OUTCOMES
     try:
         if digests:
-            calls = [make(call, (r["tool"], None, r["args"], outcomes[r["outcome"]], None, r.get("result")))
-                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3 and type(r["args"]) is str]
+            calls = [make(call, (r["tool"], None, r["args"], outcomes[r["outcome"]], r.get("cycle"), r.get("result")))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) - ("cycle" in r) == 3
+                     and type(r["args"]) is str]
         else:
-            calls = [make(call, (r["tool"], r["args"], None, outcomes[r["outcome"]], None, r.get("result")))
-                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) == 3]
+            calls = [make(call, (r["tool"], r["args"], None, outcomes[r["outcome"]], r.get("cycle"), r.get("result")))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) - ("cycle" in r) == 3]
         tools = set(map(_TOOL, calls))  # a few names: checked once each
         results = set(map(_RESULT, calls))
+        cycles = set(map(_CYCLE, calls))
     except (KeyError, TypeError):  # TypeError: also an unhashable tool name (the checked path says so)
         return None
     if len(calls) != len(raw_calls) or not all(type(t) is str and t for t in tools):
         return None
     if not all(r is None or records.short_text(r) for r in results):
         return None
+    if not all(c is None or records.count_in_range(c, 1) for c in cycles):
+        return None
     return calls
 
 
 _TOOL = operator.itemgetter(0)  # records.RecordedCall.tool
+_CYCLE = operator.itemgetter(4)  # records.RecordedCall.cycle
 _RESULT = operator.itemgetter(5)  # records.RecordedCall.result
 
 

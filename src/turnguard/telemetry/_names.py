@@ -77,6 +77,9 @@ TURN_DETECTIONS = "turnguard.turn.detections"
 CALL_INDEX = "turnguard.call.index"
 CALL_KEY_DIGEST = "turnguard.call.key_digest"
 CALL_REPEAT = "turnguard.call.repeat"
+CALL_CYCLE = "turnguard.call.cycle"
+"""The model requests begun in the turn when the call was checked (the recorder line's ``cycle``),
+written on the first call of each request only: absent, the previous call's (0 before any)."""
 CALL_OUTCOME = "turnguard.call.outcome"
 CALL_RESULT_DIGEST = "turnguard.call.result_digest"
 """The keyed digest (hex) of the result the host passed with the outcome, when the guard keyed it (a

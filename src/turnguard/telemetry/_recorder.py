@@ -92,6 +92,9 @@ class _Call:
     outcome: str = CALL_UNFINISHED
     result: str | None = None
     """The result's keyed digest (hex), when the guard keyed it (``keys.cached_result``)."""
+    cycle: int = 0
+    """The model requests begun in the turn when the call was checked (0: none): calibrate places
+    the requests where the live guard counted them, so the cycle cap halts where it did."""
 
 
 @dataclass(slots=True)
@@ -214,7 +217,7 @@ class Recorder:
     def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
         record = self._record(turn)
         digest = cached_digest(call)
-        entry = _Call(call.name, digest.hex() if digest is not None else "")
+        entry = _Call(call.name, digest.hex() if digest is not None else "", cycle=turn.cycles)
         halted = verdict.action is Action.HALT
         if halted:
             entry.outcome = HALTED_OUTCOME
@@ -303,7 +306,7 @@ class Recorder:
                                       max_escalations=MAX_RECORDED_ESCALATIONS)
         record = self._record(turn)
         with record.lock:
-            record.calls = [_Call(tool, digest, outcome, result) for tool, digest, outcome, result in carried.calls]
+            record.calls = [_Call(*call) for call in carried.calls]
             record.index.clear()
             record.later.clear()
             record.dropped, record.cycle_mark = carried.dropped, carried.cycle_mark
@@ -410,7 +413,8 @@ def _carried(record: _TurnRecord, turn: Ledger) -> Carried:
     started_at = record.started_at
     if started_at is None:
         started_at = unix_s(turn_start_ns(turn))
-    return Carried(started_at, [(c.tool, c.digest, c.outcome, c.result) for c in record.calls], record.dropped,
+    return Carried(started_at, [(c.tool, c.digest, c.outcome, c.result, c.cycle) for c in record.calls],
+                   record.dropped,
                    record.cycle_mark, waiting, record.escalations, record.escalations_dropped)
 
 
@@ -457,8 +461,7 @@ def turn_line(
     data: dict[str, Any] = {
         "source": SOURCE,
         "id": cut_text(summary.turn_id) if isinstance(summary.turn_id, str) else summary.turn_id,
-        "calls": [{"tool": c.tool, "args": c.digest, "outcome": c.outcome} if c.result is None else
-                  {"tool": c.tool, "args": c.digest, "outcome": c.outcome, "result": c.result} for c in calls],
+        "calls": [_call_json(c) for c in calls],
         "cycles": summary.cycles,
         "resolved": summary.resolved,
         "cohort": str(summary.cohort),
@@ -475,6 +478,16 @@ def turn_line(
     data.update((key, value) for key, value in extra if value is not None)
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str)  # ASCII: valid whatever the names
     return (text + "\n").encode("ascii")
+
+
+def _call_json(call: _Call) -> dict[str, Any]:
+    """A call as the line lists it; ``result`` and ``cycle`` only when known (``cycle`` 0: before any request)."""
+    data: dict[str, Any] = {"tool": call.tool, "args": call.digest, "outcome": call.outcome}
+    if call.result is not None:
+        data["result"] = call.result
+    if call.cycle:
+        data["cycle"] = call.cycle
+    return data
 
 
 def result_line(labels: ResultLabels, resolved: bool) -> bytes:

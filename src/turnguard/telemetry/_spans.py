@@ -26,6 +26,7 @@ from turnguard.telemetry import _names as n
 from turnguard.telemetry._clock import turn_end_ns, turn_start_ns
 from turnguard.telemetry._names import (  # the per-call names, bound once (no module lookup per call)
     ACTION_LABELS,
+    CALL_CYCLE,
     CALL_INDEX,
     CALL_KEY_DIGEST,
     CALL_OUTCOME,
@@ -95,10 +96,12 @@ class _TurnState:
     SDK, and consistent with parent-based sampling (children of an unsampled turn are unsampled).
     """
 
-    __slots__ = ("calls", "context", "owned", "span", "tracing", "under")
+    __slots__ = ("calls", "context", "cycle", "owned", "span", "tracing", "under")
 
     def __init__(self, span: trace.Span | None, owned: bool, under: int = 0) -> None:
         self.span = span
+        self.cycle = 0
+        """The model request the latest checked call's span named (``turnguard.call.cycle``)."""
         self.owned = owned
         self.under = under
         """The span id of the span current when the turn opened (0: none): the turn's own level, so
@@ -294,6 +297,8 @@ class SpanReporter:
         streak = turn.streak_length if checked else 1
         if streak > 1:
             attrs[STREAK_LENGTH] = streak
+        if checked and turn.cycles != state.cycle:
+            attrs[CALL_CYCLE] = state.cycle = turn.cycles
         context = get_current()
         current = trace.get_current_span(context) if context else None  # an empty context holds no span
         parent: Context | None = state.context
