@@ -459,10 +459,10 @@ def test_lossy_spans_are_censored_on_every_row_alike_with_any_jobs(otlp, tmp_pat
     assert halted_at_own >= 0
 
 
-def test_a_retried_request_cuts_the_span_listing_before_its_first_repeated_call(tmp_path) -> None:
+def test_a_retried_requests_rolled_back_spans_are_left_out_of_the_listing(tmp_path) -> None:
     """A retry rolls back the request's calls; their spans stay exported under the same call
-    numbers, and which span of a number the turn kept is not recorded: the listing stops before
-    it and the rest is counted dropped."""
+    numbers, and the re-sent calls' spans say how many retries came before them: the turn's span
+    of a number is the one with more, and the listing is the turn's whole."""
     telemetry = InMemoryTelemetry()
     guard = tg.Guard(tg.GuardConfig(disable_plugins=("recorder", "shadow"), load_entrypoints=False), environ={},
                      **telemetry.providers())
@@ -484,7 +484,8 @@ def test_a_retried_request_cuts_the_span_listing_before_its_first_repeated_call(
     path = tmp_path / "otlp.jsonl"
     path.write_text("\n".join(collector_lines([telemetry.spans()])) + "\n")
     (read,) = read_turns([path], print)
-    assert (len(read.calls), read.calls_dropped, read.needed_calls, read.cut_short) == (3, 2, 5, True)
+    assert (len(read.calls), read.calls_dropped, read.needed_calls, read.cut_short) == (5, 0, 5, False)
+    assert [call.retries for call in read.calls] == [0, 0, 0, 1, 1]
 
 
 def test_a_suspended_turns_spans_make_one_turn_recorded_in_part(tmp_path) -> None:

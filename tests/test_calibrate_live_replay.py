@@ -7,6 +7,7 @@ each configuration's replay at the same call, for the same threshold."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -46,14 +47,28 @@ def script(rng: random.Random, *, retries: bool) -> list[Step]:
 def drive(guard: tg.Guard, steps: list[Step], turn_id: str) -> tuple[int, str | None]:
     """Run ``steps`` through ``guard``: (the call its halt prevented, as calibrate numbers the
     turn's kept calls, 0: none; the threshold)."""
+    return _drive(guard, steps, turn_id)[:2]
+
+
+def hidden(steps: list[Step], at: int) -> bool:
+    """Whether a halt at step ``at`` is at a call of a request the script re-sends (``retry``
+    before the next request): a recording drops such calls, as the live ledger does, so what
+    another configuration would have done at them is not in it."""
+    for kind, _ in steps[at + 1:]:
+        if kind != "call":
+            return kind == "retry"
+    return False
+
+
+def _drive(guard: tg.Guard, steps: list[Step], turn_id: str) -> tuple[int, str | None, bool]:
     kept = at_request = 0
     with guard.turn(turn_id=turn_id, promptable=False) as turn:
-        for kind, what in steps:
+        for step, (kind, what) in enumerate(steps):
             if kind == "cycle":
                 verdict = turn.begin_cycle()
                 at_request = kept
                 if verdict.halted:
-                    return kept + 1, str(verdict.threshold)
+                    return kept + 1, str(verdict.threshold), False
             elif kind == "retry":
                 turn.retry()
                 kept = at_request
@@ -62,12 +77,12 @@ def drive(guard: tg.Guard, steps: list[Step], turn_id: str) -> tuple[int, str | 
                 call = tg.ToolCall(tool, args)
                 verdict = turn.check_call(call)
                 if verdict.halted:
-                    return kept + 1, str(verdict.threshold)
+                    return kept + 1, str(verdict.threshold), hidden(steps, step)
                 kept += 1
                 verdict = turn.record_outcome(call, outcome)
                 if verdict.halted:
-                    return kept + 1, str(verdict.threshold)
-    return 0, None
+                    return kept + 1, str(verdict.threshold), hidden(steps, step)
+    return 0, None, False
 
 
 BASE = dict(load_entrypoints=False, disable_plugins=("shadow",))
@@ -84,11 +99,14 @@ def grid() -> list[Policy]:
     return rows
 
 
-def recorded(tmp_path: Path, scripts: list[list[Step]]) -> dict[str, dict[str, RecordedTurn]]:
-    """The scripts run once, unbounded, as both formats record them: by format, by turn id."""
+def recorded(tmp_path: Path, scripts: list[list[Step]], config: tg.GuardConfig | None = None
+             ) -> dict[str, dict[str, RecordedTurn]]:
+    """The scripts run once under ``config`` (unbounded when not given), as both formats record
+    them: by format, by turn id."""
     telemetry = InMemoryTelemetry()
     line_file = tmp_path / "turns.jsonl"
-    guard = tg.Guard(tg.GuardConfig(recorder_path=str(line_file), **BASE), environ={}, **telemetry.providers())
+    config = (config or tg.GuardConfig()).replace(recorder_path=str(line_file), **BASE)
+    guard = tg.Guard(config, environ={}, **telemetry.providers())
     for i, steps in enumerate(scripts):
         drive(guard, steps, f"t{i}")
     spans_file = tmp_path / "spans.jsonl"
@@ -108,17 +126,31 @@ def check_replays_equal_live(tmp_path: Path, seed: int, *, retries: bool, count:
     formats = recorded(tmp_path, scripts)
     policies = grid()
     guards = [tg.Guard(p.config.replace(disable_plugins=("shadow", "recorder", "otel")), environ={}) for p in policies]
-    live = [[drive(guard, steps, f"t{i}") for guard in guards] for i, steps in enumerate(scripts)]
-    assert any(halt for row in live for halt, _ in row)
+    live = [[_drive(guard, steps, f"t{i}") for guard in guards] for i, steps in enumerate(scripts)]
+    assert any(halt for row in live for halt, _, _ in row)
+    compared = 0
     for group in (True, False):
         calibrator = Calibrator(policies, group=group)
         for fmt, turns in formats.items():
             for i, steps in enumerate(scripts):
                 results = calibrator.results(turns[f"t{i}"])
-                for policy, result, truth in zip(policies, results, live[i], strict=True):
+                for policy, result, (*truth, unseen) in zip(policies, results, live[i], strict=True):
                     got = result.get("unattended")
-                    replayed = (got.halt_call, got.threshold) if got is not None else (0, None)
-                    assert replayed == truth, (fmt, group, policy.name, i, steps)
+                    replayed = [got.halt_call, got.threshold] if got is not None else [0, None]
+                    assert unseen or replayed == truth, (fmt, group, policy.name, i, steps)
+                    compared += not unseen
+    assert compared > len(scripts) * len(policies) * 3
+    if retries:  # recorded under each row: its replay is the live guard's, whatever the requests re-sent
+        for k, policy in enumerate(policies):
+            folder = tmp_path / f"row{k}"
+            folder.mkdir()
+            mine = recorded(folder, scripts, policy.config)
+            calibrator = Calibrator([dataclasses.replace(policy, is_default=True)])
+            for fmt, turns in mine.items():
+                for i, steps in enumerate(scripts):
+                    got = calibrator.results(turns[f"t{i}"])[0].get("unattended")
+                    replayed = [got.halt_call, got.threshold] if got is not None else [0, None]
+                    assert replayed == list(live[i][k][:2]), (fmt, policy.name, i, steps)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -130,9 +162,11 @@ def calls_of(path: Path) -> list[list[dict]]:
     return [json.loads(line)["calls"] for line in path.read_text().splitlines()]
 
 
-def test_a_turn_suspended_and_resumed_records_each_calls_model_request_as_one_run_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("retries", [False, True])
+def test_a_turn_suspended_and_resumed_records_each_calls_model_request_as_one_run_does(tmp_path: Path,
+                                                                                    retries: bool) -> None:
     rng = random.Random(7)
-    scripts = [script(rng, retries=False) for _ in range(30)]
+    scripts = [script(rng, retries=retries) for _ in range(30)]
     whole, parted = tmp_path / "whole.jsonl", tmp_path / "parted.jsonl"
     guard = tg.Guard(tg.GuardConfig(recorder_path=str(whole), **BASE), environ={})
     for i, steps in enumerate(scripts):
@@ -143,6 +177,8 @@ def test_a_turn_suspended_and_resumed_records_each_calls_model_request_as_one_ru
         for k, (kind, what) in enumerate(steps):
             if kind == "cycle":
                 turn.begin_cycle()
+            elif kind == "retry":
+                turn.retry()
             else:
                 call = tg.ToolCall(*what[:2])
                 turn.check_call(call)
@@ -152,3 +188,9 @@ def test_a_turn_suspended_and_resumed_records_each_calls_model_request_as_one_ru
         turn.end()
     assert calls_of(parted) == calls_of(whole)
     assert any(len({c.get("cycle") for c in calls}) > 2 for calls in calls_of(whole))
+    assert not retries or any(c.get("retries") for calls in calls_of(whole) for c in calls)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_turn_with_retries_replays_to_the_live_guards_verdicts(tmp_path: Path, seed: int) -> None:
+    check_replays_equal_live(tmp_path, 100 + seed, retries=True)

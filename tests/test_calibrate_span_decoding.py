@@ -519,8 +519,8 @@ UNREAD_KEYS = (names.CALL_REPEAT, names.STREAK_LENGTH, names.FAILING_STREAK_LENG
 """What the plugin writes on a tool span only when it says something (a count past 1, a failure),
 and calibrate does not read."""
 PLUGIN_ORDER = (names.CALL_INDEX, names.CALL_KEY_DIGEST, names.CALL_REPEAT, names.STREAK_LENGTH, names.CALL_CYCLE,
-                names.GEN_AI_TOOL_NAME, names.GEN_AI_OPERATION_NAME, names.CALL_OUTCOME, names.CALL_RESULT_DIGEST,
-                names.FAILING_STREAK_LENGTH, names.ERROR_TYPE)
+                names.CALL_RETRIES, names.GEN_AI_TOOL_NAME, names.GEN_AI_OPERATION_NAME, names.CALL_OUTCOME,
+                names.CALL_RESULT_DIGEST, names.FAILING_STREAK_LENGTH, names.ERROR_TYPE)
 """Every attribute the plugin writes on its own tool span, in its order."""
 COUNTS = ["2", "17", "0", "007", "9" * 18, "9" * 19, "-2", "1.0", "x", ""]
 
@@ -552,10 +552,13 @@ def _plugin_pairs(rng: random.Random, side: random.Random) -> list[list[str]]:
     if side.random() < 0.15:
         cycle = str(side.randint(1, 300)) if side.random() < 0.95 else side.choice(COUNTS)
         values[names.CALL_CYCLE] = "intValue", cycle
+    if side.random() < 0.1:
+        retries = str(side.randint(1, 5)) if side.random() < 0.95 else side.choice(COUNTS)
+        values[names.CALL_RETRIES] = "intValue", retries
     if (outcome == "error" and rng.random() < 0.7) or rng.random() < 0.05:
         values[names.FAILING_STREAK_LENGTH] = count()
         values[names.ERROR_TYPE] = "stringValue", "_OTHER" if rng.random() < 0.85 else rng.choice(TEXTS)
-    draw = {key: side if key == names.CALL_CYCLE else rng for key in values}
+    draw = {key: side if key in (names.CALL_CYCLE, names.CALL_RETRIES) else rng for key in values}
     return [[_json_text(key, draw[key]) if draw[key].random() < 0.1 else json.dumps(key),
              _value_text(*values[key], draw[key])] for key in PLUGIN_ORDER if key in values]
 
@@ -615,10 +618,12 @@ def attribute_texts(seed: int, n: int) -> Iterator[str]:
 
 
 def _template_reading(found: Any) -> list[dict]:
-    index, digest, cycle, tool, outcome, result = (g and g.decode() for g in found.groups())
+    index, digest, cycle, retries, tool, outcome, result = (g and g.decode() for g in found.groups())
     values = [("intValue", index), ("stringValue", digest), ("stringValue", tool),
               ("stringValue", names.OP_EXECUTE_TOOL), ("stringValue", outcome)]
     read = [{"key": key, "value": {kind: value}} for key, (kind, value) in zip(TEMPLATE_KEYS, values, strict=True)]
+    if retries is not None:
+        read.insert(2, {"key": names.CALL_RETRIES, "value": {"intValue": retries}})
     if cycle is not None:
         read.insert(2, {"key": names.CALL_CYCLE, "value": {"intValue": cycle}})
     if result is not None:
@@ -641,7 +646,7 @@ def test_attributes_the_template_matches_read_as_the_json_module_reads_them(seed
         assert [a for a in parsed if a["key"] not in UNREAD_KEYS] == _template_reading(found), text
         assert [a["key"] for a in parsed] == [k for k in PLUGIN_ORDER if k in {a["key"] for a in parsed}], text
         unread += sum(a["key"] in UNREAD_KEYS for a in parsed)
-        digests += found.group(6) is not None
+        digests += found.group(7) is not None
         line = b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"n","attributes":' + data + b"}]}]}]}"
         [decoded] = collector.decode(line)
         assert decoded[2] is not None

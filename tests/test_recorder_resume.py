@@ -429,7 +429,7 @@ def test_the_fuzzed_sections_hold_every_field(tmp_path):
 
 SECTION = "plugins.recorder"
 CHECKED_AGAINST = {"tools": {"calls"}, "digests": {"calls"}, "results": {"calls"},
-                   "calls": {"awaiting", "cycle_mark", "cycles"}, "dropped": {"cycle_mark"}}
+                   "calls": {"awaiting", "cycle_mark", "cycles", "retries"}, "dropped": {"cycle_mark"}}
 """A field another is checked against: a bad value there may be reported on the other one."""
 
 

@@ -171,6 +171,7 @@ TOOL_ATTRIBUTES = re.compile(
     + b"," + _pair(names.CALL_KEY_DIGEST, b'"stringValue":"' + _TEXT + b'"')
     + _unread(names.CALL_REPEAT, _COUNT) + _unread(names.STREAK_LENGTH, _COUNT)
     + rb"(?:," + _pair(names.CALL_CYCLE, rb'"intValue":"([0-9]{1,18})"') + rb")?"
+    + rb"(?:," + _pair(names.CALL_RETRIES, rb'"intValue":"([0-9]{1,18})"') + rb")?"
     + b"," + _pair(names.GEN_AI_TOOL_NAME, b'"stringValue":"' + _TEXT + b'"')
     + b"," + _pair(names.GEN_AI_OPERATION_NAME, b'"stringValue":"' + re.escape(names.OP_EXECUTE_TOOL.encode()) + b'"')
     + b"," + _pair(names.CALL_OUTCOME, b'"stringValue":"([a-z]{1,16})"')
@@ -179,8 +180,8 @@ TOOL_ATTRIBUTES = re.compile(
     + _unread(names.ERROR_TYPE, b'"stringValue":"' + re.escape(names.ERROR_TYPE_OTHER.encode()) + b'"')
     + rb"\]")
 """A tool span's attributes exactly as the plugin writes them and the file exporter prints them
-(compact, in order, no escapes). Groups: index, key digest, model request or ``None``, tool name,
-outcome, result digest or ``None``. Anything else does not match and is parsed by ``json``."""
+(compact, in order, no escapes). Groups: index, key digest, model request or ``None``, retries or
+``None``, tool name, outcome, result digest or ``None``. Anything else does not match and is parsed by ``json``."""
 _TOOL_MATCH = TOOL_ATTRIBUTES.fullmatch
 
 
@@ -503,13 +504,14 @@ class OtlpAssembler:
             span, _, found = spans[i]
             if found is None or span.parentSpanId != parent:
                 break
-            index, digest, cycle, raw_tool, text, result = found.groups()
+            index, digest, cycle, retries, raw_tool, text, result = found.groups()
             outcome, tool, number = _TEMPLATE_OUTCOMES.get(text), tools.get(raw_tool), int(index)
             if outcome is None or tool is None or not 0 < number <= MAX_TURN_COUNT or len(calls) >= limit or (
-                    cycle is not None and not 0 < int(cycle) <= MAX_TURN_CYCLES):
+                    cycle is not None and not 0 < int(cycle) <= MAX_TURN_CYCLES) or (
+                    retries is not None and int(retries) > MAX_TURN_COUNT):
                 break
-            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome,
-                                                           cycle and int(cycle), result and result.decode()))))
+            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, cycle and int(cycle),
+                                                           result and result.decode(), int(retries or 0)))))
             waiting += 1
             i += 1
             if waiting > most:
@@ -523,10 +525,11 @@ class OtlpAssembler:
     def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
         """Take a template-matched tool span with the checks ``_call`` makes (``False``: not taken,
         nothing changed; ``_span`` then reads it and says what is wrong)."""
-        index, digest, raw_cycle, raw_tool, text, raw_result = found.groups()
+        index, digest, raw_cycle, raw_retries, raw_tool, text, raw_result = found.groups()
         outcome, number, cycle = _TEMPLATE_OUTCOMES.get(text), int(index), raw_cycle and int(raw_cycle)
+        retries = int(raw_retries or 0)
         if outcome is None or not parent or len(parent) > MAX_ID_LENGTH or not 0 < number <= MAX_TURN_COUNT or (
-                cycle is not None and not 0 < cycle <= MAX_TURN_CYCLES):
+                cycle is not None and not 0 < cycle <= MAX_TURN_CYCLES) or retries > MAX_TURN_COUNT:
             return False
         tool = self._tool_texts.get(raw_tool)
         if tool is None:
@@ -534,14 +537,14 @@ class OtlpAssembler:
             if len(self._tool_texts) < MAX_SHARED_TOOLS:
                 self._tool_texts[raw_tool] = tool
         calls = self._hold("span:" + parent, number, tool, digest.decode(), outcome, raw_result and raw_result.decode(),
-                           lineno, cycle)
+                           lineno, cycle, retries)
         if calls is None:
             return False
         self._last_parent, self._last_calls = parent, calls
         return True
 
     def _hold(self, key: str, number: int, tool: str, digest: str, outcome: Outcome | Unreported, result: str | None,
-              lineno: int, cycle: int | None = None) -> list[tuple[int, RecordedCall]] | None:
+              lineno: int, cycle: int | None = None, retries: int = 0) -> list[tuple[int, RecordedCall]] | None:
         """Hold a checked tool span's call under ``key`` for its turn span: the calls held there
         (``None``: the turn's bound refuses it, nothing changed)."""
         pending = self._pending.get(key)
@@ -555,7 +558,7 @@ class OtlpAssembler:
             tool = shared
         elif len(tools) < MAX_SHARED_TOOLS:
             tools[tool] = tool
-        pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, cycle, result))))
+        pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, cycle, result, retries))))
         self._waiting += 1
         return pending.calls
 
@@ -606,7 +609,7 @@ class OtlpAssembler:
             self._call(name, attrs.get(names.GEN_AI_TOOL_NAME), attrs[names.CALL_INDEX],
                        attrs.get(names.CALL_KEY_DIGEST), call_outcome(attrs), attrs.get(names.TURN_ID),
                        span.get("parentSpanId"), lineno, attrs.get(names.CALL_RESULT_DIGEST),
-                       attrs.get(names.CALL_CYCLE))
+                       attrs.get(names.CALL_CYCLE), attrs.get(names.CALL_RETRIES, 0))
             return None
         if names.TURN_ID not in attrs:
             return None  # not one of turnguard's spans (the host's own, an HTTP client...)
@@ -637,7 +640,7 @@ class OtlpAssembler:
         return _recorded_turn(turn_id, calls, facts)
 
     def _call(self, name: str, tool: Any, index: Any, digest: Any, raw_outcome: Any, turn_id: Any, parent: Any,
-              lineno: int, result: Any = None, cycle: Any = None) -> None:
+              lineno: int, result: Any = None, cycle: Any = None, retries: Any = 0) -> None:
         """One tool span's fields (its attributes as read); reported and skipped when unusable (a
         model request number out of range: reported and left out, the call kept)."""
         tool = tool or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
@@ -652,7 +655,11 @@ class OtlpAssembler:
             self._bad(lineno, f"tool span {name!r}: {names.CALL_CYCLE} must be an integer from 1 to "
                               f"{MAX_TURN_CYCLES:,}, got {shown(cycle)}; left out")
             cycle = None
-        if self._hold(key, index, tool, digest, outcome, result, lineno, cycle) is None:
+        if not turn_count(retries):
+            self._bad(lineno, f"tool span {name!r}: {names.CALL_RETRIES} must be a whole number from 0 to "
+                              f"{MAX_TURN_COUNT:,}, got {shown(retries)}; read as 0")
+            retries = 0
+        if self._hold(key, index, tool, digest, outcome, result, lineno, cycle, retries) is None:
             self._bad(lineno, f"tool span {name!r}: its turn already has {self.max_calls:,} calls (the limit); skipped")
 
     def _facts(self, turn_id: str, attrs: dict[str, Any], lineno: int, path: str | None,
@@ -821,7 +828,11 @@ def span_listing(indexed: list[tuple[int, RecordedCall]], tool_calls: int | None
     """A turn's tool spans sorted by index, as ``calls``, ``calls_dropped`` and ``calls_unrecorded``:
     the calls numbered 1, 2, ... are listed; from the first gap or repeated number on, the calls
     are dropped (counted, as a recorder line's past 10,000 calls). Without call 1 every span is kept
-    and the calls missing are unrecorded (the turn is recorded in part)."""
+    and the calls missing are unrecorded (the turn is recorded in part). The calls a ``retry()``
+    rolled back are left out first (``_kept``)."""
+    past_count = tool_calls is not None and bool(indexed) and indexed[-1][0] > tool_calls
+    if past_count or any(map(_RETRIES, map(_CALL, indexed))):
+        indexed = _kept(indexed, tool_calls)
     n = len(indexed)
     total = max(tool_calls or 0, indexed[-1][0] if indexed else 0)
     numbers = list(map(_INDEX, indexed))
@@ -836,6 +847,24 @@ def span_listing(indexed: list[tuple[int, RecordedCall]], tool_calls: int | None
 
 
 _CALL = operator.itemgetter(1)
+_RETRIES = operator.itemgetter(6)  # RecordedCall.retries
+
+
+def _kept(indexed: list[tuple[int, RecordedCall]], tool_calls: int | None) -> list[tuple[int, RecordedCall]]:
+    """The calls of a turn with ``retry()`` calls, without those a retry rolled back: a retry takes
+    the count back, so the request's re-sent calls have the rolled-back calls' numbers and more
+    retries before them; of the spans of one number, the latest (most retries) is the turn's, and
+    past the turn's final count (``turnguard.turn.tool_calls``) none is (a request rolled back
+    and not re-sent before the turn ended)."""
+    latest: dict[int, tuple[int, RecordedCall]] = {}
+    for number, call in indexed:
+        held = latest.get(number)
+        if held is None or call.retries > held[1].retries:
+            latest[number] = (number, call)
+        elif call.retries == held[1].retries:
+            return indexed  # two spans of one number and one retry count: read as without retries
+    kept = [latest[number] for number in sorted(latest)]
+    return kept if tool_calls is None else [item for item in kept if item[0] <= tool_calls]
 
 
 def _limit(value: Any) -> int | None:

@@ -189,34 +189,42 @@ def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
 
 
 def _plain_calls(raw_calls: list[Any], digests: bool) -> list[records.RecordedCall] | None:
-    """The common shape (every call exactly ``tool``, ``args``, ``outcome``, maybe ``result`` and ``cycle``) in one
-    comprehension; ``None`` sends the line through the checked path, which says what is wrong."""
+    """The common shape (every call exactly ``tool``, ``args``, ``outcome``, maybe ``result``,
+    ``cycle`` and ``retries``) in one comprehension; ``None`` sends the line through the checked
+    path, which says what is wrong."""
     make, call, outcomes = tuple.__new__, records.RecordedCall, _OUTCOMES
     try:
         if digests:
-            calls = [make(call, (r["tool"], None, r["args"], outcomes[r["outcome"]], r.get("cycle"), r.get("result")))
-                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) - ("cycle" in r) == 3
-                     and type(r["args"]) is str]
+            calls = [make(call, (r["tool"], None, r["args"], outcomes[r["outcome"]], r.get("cycle"), r.get("result"),
+                                 r.get("retries", 0)))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) - ("cycle" in r)
+                     - ("retries" in r) == 3 and type(r["args"]) is str]
         else:
-            calls = [make(call, (r["tool"], r["args"], None, outcomes[r["outcome"]], r.get("cycle"), r.get("result")))
-                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) - ("cycle" in r) == 3]
+            calls = [make(call, (r["tool"], r["args"], None, outcomes[r["outcome"]], r.get("cycle"), r.get("result"),
+                                 r.get("retries", 0)))
+                     for r in raw_calls if type(r) is dict and len(r) - ("result" in r) - ("cycle" in r)
+                     - ("retries" in r) == 3]
         tools = set(map(_TOOL, calls))  # a few names: checked once each
-        results = set(map(_RESULT, calls))
-        cycles = set(map(_CYCLE, calls))
-    except (KeyError, TypeError):  # TypeError: also an unhashable tool name (the checked path says so)
+        plain = _plain_values(calls)
+    except (KeyError, TypeError):  # TypeError: also an unhashable value (the checked path says what is wrong)
         return None
-    if len(calls) != len(raw_calls) or not all(type(t) is str and t for t in tools):
-        return None
-    if not all(r is None or records.short_text(r) for r in results):
-        return None
-    if not all(c is None or records.count_in_range(c, 1) for c in cycles):
+    if not plain or len(calls) != len(raw_calls) or not all(type(t) is str and t for t in tools):
         return None
     return calls
+
+
+def _plain_values(calls: list[records.RecordedCall]) -> bool:
+    """The fast path's results, request numbers and retry counts are what the checked path takes
+    (each distinct value checked once)."""
+    return (all(r is None or records.short_text(r) for r in set(map(_RESULT, calls)))
+            and all(c is None or records.count_in_range(c, 1) for c in set(map(_CYCLE, calls)))
+            and all(map(records.turn_count, set(map(_RETRIES, calls)))))
 
 
 _TOOL = operator.itemgetter(0)  # records.RecordedCall.tool
 _CYCLE = operator.itemgetter(4)  # records.RecordedCall.cycle
 _RESULT = operator.itemgetter(5)  # records.RecordedCall.result
+_RETRIES = operator.itemgetter(6)  # records.RecordedCall.retries
 
 
 def digests_in_args(obj: dict[str, Any]) -> bool:
@@ -249,8 +257,11 @@ def _corpus_call(raw: Any, digests: bool = False) -> records.RecordedCall | str:
     if result is not None and not records.short_text(result):
         return (f"'result' must be a digest (text of at most {MAX_ID_LENGTH} characters) or null, "
                 f"got {records.shown(result)}")
+    retries = raw.get("retries", 0)
+    if not records.turn_count(retries):
+        return f"'retries' must be a whole number from 0 to {records.MAX_TURN_COUNT:,}, got {records.shown(retries)}"
     args, digest = _identity(raw.get("args"), digest, digests)
-    return records.RecordedCall(tool, args, digest, outcome, cycle, result)
+    return records.RecordedCall(tool, args, digest, outcome, cycle, result, retries)
 
 
 def _identity(args: Any, digest: str | None, digests: bool) -> tuple[Any, str | None]:

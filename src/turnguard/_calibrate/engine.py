@@ -26,6 +26,7 @@ from turnguard._calibrate.replay import (
     call_keys,
     cycle_starts,
     replay_turn,
+    retry_points,
     unfinished_calls,
 )
 from turnguard._calibrate.stats import HaltEffect, RunStats, halt_effect, halt_ended
@@ -137,9 +138,10 @@ class Calibrator:
         lost = unfinished_calls(outcomes)
         keyed = self._keyed(turn, as_failing(outcomes, lost), starts)
         if self.group and all(self.triggers[m].quiet(f) for m, (_, f) in keyed.items()):
-            return []
-        groups, members = self._groups(keyed)
-        results = _TurnReplays(self, turn, keyed, starts, lost).run(groups)
+            return []  # (a retry only lowers counts: still quiet)
+        retries = retry_points(turn)
+        groups, members = self._groups(keyed, grouped=not retries)
+        results = _TurnReplays(self, turn, keyed, starts, lost, retries).run(groups)
         return [(idx, mode, results[key]) for idx, mode, key in members]
 
     # -- keying a turn -------------------------------------------------------------------------
@@ -212,12 +214,15 @@ class Calibrator:
 
     # -- grouping ------------------------------------------------------------------------------
 
-    def _groups(self, keyed: Keyed) -> tuple[dict[GroupKey, _Group], list[tuple[int, str, GroupKey]]]:
-        """The replays to run on the turn (one per group of identical plans; without grouping, one
-        per policy and mode) and which one answers for each policy and mode."""
+    def _groups(self, keyed: Keyed, *, grouped: bool = True) -> tuple[dict[GroupKey, _Group],
+                                                                       list[tuple[int, str, GroupKey]]]:
+        """The replays to run on the turn (one per group of identical plans; without grouping or
+        not ``grouped``, one per policy and mode, from the first call: a turn with a ``retry()``,
+        whose facts do not see the rollbacks, so plans cannot say where its replays differ) and
+        which one answers for each policy and mode."""
         groups: dict[GroupKey, _Group] = {}
         members: list[tuple[int, str, GroupKey]] = []
-        group = self.group
+        group = self.group and grouped
         memos: dict[int, dict[tuple[int, bool], Any]] = {}
         for idx, (cp, rules) in enumerate(zip(self.compiled, self.rules, strict=True)):
             found = keyed.get(cp.config.key_mode)
@@ -321,9 +326,9 @@ class _TurnReplays:
     hands it its state there. The latest cap goes first; a late first check forks a shared prefix."""
 
     def __init__(self, calibrator: Calibrator, turn: RecordedTurn, keyed: Keyed, starts: list[int],
-                 lost: tuple[int, ...]) -> None:
+                 lost: tuple[int, ...], retries: frozenset[int] = frozenset()) -> None:
         self.calibrator = calibrator
-        self.turn, self.keyed, self.starts, self.lost = turn, keyed, starts, lost
+        self.turn, self.keyed, self.starts, self.lost, self.retries = turn, keyed, starts, lost, retries
         self.calls: dict[str, list[ToolCall | None]] = {}
         """By key mode: the ``ToolCall`` objects the hooks receive (made on first use)."""
         self.prefixes: dict[tuple[object, ...], SharedPrefix] = {}
@@ -405,7 +410,8 @@ class _TurnReplays:
         self.calibrator.stats.replays += 1
         return replay_turn(g.policy, self.turn, calls, self.keyed[key_mode][0], self.starts,
                            promptable=g.promptable, first_check=g.first_call if first_check is None else first_check,
-                           ledger=ledger, asks_before=asks_before, snapshots=snapshots, lost=self.lost)
+                           ledger=ledger, asks_before=asks_before, snapshots=snapshots, lost=self.lost,
+                           retries=self.retries)
 
 def _plain_text_args(turn: RecordedTurn) -> bool:
     """Every call has a recorded digest or text arguments that are not JSON (a shell command):

@@ -42,6 +42,9 @@ class RecordedCall(NamedTuple):
     result: str | None = None
     """A digest of the call's result, when recorded (the corpus's ``result``, the recorder's):
     equal digests, equal results. What ``stateful_tools`` policies replay with."""
+    retries: int = 0
+    """``retry()`` calls in the turn before the call was checked (0: none, or not recorded): the
+    replay rolls the request back (``Ledger.rollback_cycle``) before a call whose count rose."""
 
 
 CAP_MODES = ("explicit", "adaptive", "disabled")

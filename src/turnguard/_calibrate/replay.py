@@ -32,6 +32,7 @@ UNREACHED = MAX_CALLS
 _CYCLE = operator.itemgetter(4)  # RecordedCall.cycle
 _TOOL = operator.itemgetter(0)  # RecordedCall.tool
 _OUTCOME = operator.itemgetter(3)  # RecordedCall.outcome
+_RETRIES = operator.itemgetter(6)  # RecordedCall.retries
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,28 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
     return starts
 
 
+def retry_points(turn: RecordedTurn) -> frozenset[int]:
+    """The calls (0-based) before which the live turn rolled a model request back (``Turn.retry``):
+    those whose recorded ``retries`` rose. Empty for most turns, and for recordings without it."""
+    if not any(map(_RETRIES, turn.calls)):
+        return frozenset()
+    points, before = set(), 0
+    for i, retries in enumerate(map(_RETRIES, turn.calls)):
+        if retries > before:
+            points.add(i)
+        before = retries
+    return frozenset(points)
+
+
+def roll_back(ledger: Ledger) -> None:
+    """``Turn.retry``'s rollback at a retry point: repeats and streaks cleared, as the live ledger
+    cleared them. The rolled-back calls are not in the recording, so no call is counted since the
+    request began; where one is (a recording without each call's ``cycle``, whose requests are
+    spread evenly), the rollback would take recorded calls back too, and the retry is ignored."""
+    if not ledger.calls_this_cycle:
+        ledger.rollback_cycle()
+
+
 def _spread_cut(starts: list[int], total: int, calls: int) -> list[int]:
     """``cycle_starts``'s even spread over the whole turn, cut to the listed calls."""
     n = len(starts) - 1
@@ -200,21 +223,23 @@ def give_up(ledger: Ledger, waiting: list[int], seq: int) -> None:
 
 
 def advance(ledger: Ledger, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int], begin: int,
-            end: int, waiting: list[int] | None = None) -> None:
+            end: int, waiting: list[int] | None = None, retries: frozenset[int] = frozenset()) -> None:
     """Record calls ``begin..end-1`` (0-based) and the model requests before each, without checks.
     ``waiting``: the unfinished calls waited for so far (``still_waiting``), updated; ``None`` when
-    the turn has none (``unfinished_calls``)."""
+    the turn has none (``unfinished_calls``). ``retries``: the turn's ``retry_points``."""
     calls = turn.calls[begin:end]
-    if waiting is None and ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)),
-                                                list(map(_OUTCOME, calls)), starts[begin:end]):
+    if waiting is None and not retries and ledger.count_settled(digests[begin:end], list(map(_TOOL, calls)),
+                                                                list(map(_OUTCOME, calls)), starts[begin:end]):
         return
     count, outcome, cycle = ledger.count_call, ledger.record_outcome, ledger.begin_cycle
     if ledger.names_tools:
         count = ledger.count_named
     polled = ledger.polls if ledger.polls_any else None
-    for call, digest, cycles in zip(calls, digests[begin:end], starts[begin:end], strict=True):
+    for i, (call, digest, cycles) in enumerate(zip(calls, digests[begin:end], starts[begin:end], strict=True), begin):
         for _ in range(cycles):
             cycle()
+        if retries and i in retries:
+            roll_back(ledger)
         if waiting and not (ledger.checks + 1) % GIVE_UP_EVERY:
             give_up(ledger, waiting, ledger.checks + 1)
         count(digest, call[0])  # call.tool
@@ -290,6 +315,7 @@ def replay_turn(
     asks_before: tuple[int, ...] = (),
     snapshots: dict[int, list[Snapshot]] | None = None,
     lost: Sequence[int] = (),
+    retries: frozenset[int] = frozenset(),
 ) -> TurnResult:
     """Replay one turn under one policy until it ends or halts.
 
@@ -297,15 +323,12 @@ def replay_turn(
     can change the result; ``ledger`` may already hold those calls, ``asks_before`` their asks.
     ``snapshots`` asks for the state before given calls (0-based), forked into other policies'
     configurations, so a policy agreeing up to there continues from it (``Snapshot``). ``lost``:
-    the turn's unfinished calls (``unfinished_calls``), waited for as the live turn waited."""
+    the turn's unfinished calls (``unfinished_calls``), waited for as the live turn waited.
+    ``retries``: the turn's ``retry_points``, rolled back as the live turn rolled them back."""
     recorded = turn.calls
     skip = min(first_check - 1, n := len(recorded))
-    if ledger is None:
-        ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
-        waiting: list[int] = []
-        advance(ledger, turn, digests, starts, 0, skip, waiting if lost else None)
-    else:
-        waiting = still_waiting(lost, skip)
+    ledger, waiting = _ledger_at(policy, turn, digests, starts, skip, ledger, promptable, lost, retries)
+    stops = retries | frozenset(range(GIVE_UP_EVERY - 1, n, GIVE_UP_EVERY)) if lost else retries
     asks: list[int] = list(asks_before)
     driver = policy.driver(ledger)
     results = driver.polls is not None
@@ -318,11 +341,11 @@ def replay_turn(
                 return TurnResult(i + 1, _label(halt), tuple(asks))
         if i == n:
             break
+        if stops and i in stops:
+            _before_call(ledger, i, waiting, retries)
         call = calls[i]
         if call is None:
             call = calls[i] = tool_call(recorded[i], digests[i], policy.keyer)
-        if waiting and not (i + 1) % GIVE_UP_EVERY:
-            give_up(ledger, waiting, i + 1)
         found = driver.call(digests[i], call)
         verdict = driver.combine(CHECK_CALL, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
@@ -336,6 +359,28 @@ def replay_turn(
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
             return TurnResult(i + 2, _label(verdict), tuple(asks))
     return TurnResult(0, None, tuple(asks))
+
+
+def _ledger_at(policy: CompiledPolicy, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int],
+               skip: int, ledger: Ledger | None, promptable: bool, lost: Sequence[int],
+               retries: frozenset[int]) -> tuple[Ledger, list[int]]:
+    """``replay_turn``'s ledger holding the first ``skip`` calls (``ledger`` when given: it holds
+    them already) and the unfinished calls still waited for there."""
+    if ledger is not None:
+        return ledger, still_waiting(lost, skip)
+    ledger = Ledger(policy.config, turn_id=turn.id, promptable=promptable)
+    waiting: list[int] = []
+    advance(ledger, turn, digests, starts, 0, skip, waiting if lost else None, retries)
+    return ledger, waiting
+
+
+def _before_call(ledger: Ledger, i: int, waiting: list[int], retries: frozenset[int]) -> None:
+    """What comes before call ``i`` (0-based) but its requests: a retry's rollback, and the live
+    turn giving up unfinished calls (at each ``GIVE_UP_EVERY``-th check)."""
+    if i in retries:
+        roll_back(ledger)
+    if waiting and not (i + 1) % GIVE_UP_EVERY:
+        give_up(ledger, waiting, i + 1)
 
 
 def _take(snapshots: list[Snapshot], ledger: Ledger, asks: list[int]) -> None:
@@ -440,6 +485,8 @@ __all__ = [
     "policy_manager",
     "relative_position",
     "replay_turn",
+    "retry_points",
+    "roll_back",
     "still_waiting",
     "tool_call",
     "unfinished_calls",

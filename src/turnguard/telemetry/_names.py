@@ -80,6 +80,10 @@ CALL_REPEAT = "turnguard.call.repeat"
 CALL_CYCLE = "turnguard.call.cycle"
 """The model requests begun in the turn when the call was checked (the recorder line's ``cycle``),
 written on the first call of each request only: absent, the previous call's (0 before any)."""
+CALL_RETRIES = "turnguard.call.retries"
+"""``retry()`` calls in the turn before the call was checked (the recorder line's ``retries``),
+absent when 0: a rolled-back call's span and its successor's share an index, and the later one
+(more retries) is the turn's."""
 CALL_OUTCOME = "turnguard.call.outcome"
 CALL_RESULT_DIGEST = "turnguard.call.result_digest"
 """The keyed digest (hex) of the result the host passed with the outcome, when the guard keyed it (a

@@ -95,6 +95,9 @@ class _Call:
     cycle: int = 0
     """The model requests begun in the turn when the call was checked (0: none): calibrate places
     the requests where the live guard counted them, so the cycle cap halts where it did."""
+    retries: int = 0
+    """``retry()`` calls in the turn before the call was checked: calibrate rolls the request back
+    (repeats and streaks cleared, as the live ledger did) before the call whose count rose."""
 
 
 @dataclass(slots=True)
@@ -217,7 +220,8 @@ class Recorder:
     def turnguard_call_checked(self, turn: Ledger, call: ToolCall, verdict: Verdict) -> None:
         record = self._record(turn)
         digest = cached_digest(call)
-        entry = _Call(call.name, digest.hex() if digest is not None else "", cycle=turn.cycles)
+        entry = _Call(call.name, digest.hex() if digest is not None else "", cycle=turn.cycles,
+                      retries=turn.retries)
         halted = verdict.action is Action.HALT
         if halted:
             entry.outcome = HALTED_OUTCOME
@@ -413,7 +417,7 @@ def _carried(record: _TurnRecord, turn: Ledger) -> Carried:
     started_at = record.started_at
     if started_at is None:
         started_at = unix_s(turn_start_ns(turn))
-    return Carried(started_at, [(c.tool, c.digest, c.outcome, c.result, c.cycle) for c in record.calls],
+    return Carried(started_at, [(c.tool, c.digest, c.outcome, c.result, c.cycle, c.retries) for c in record.calls],
                    record.dropped,
                    record.cycle_mark, waiting, record.escalations, record.escalations_dropped)
 
@@ -481,12 +485,14 @@ def turn_line(
 
 
 def _call_json(call: _Call) -> dict[str, Any]:
-    """A call as the line lists it; ``result`` and ``cycle`` only when known (``cycle`` 0: before any request)."""
+    """A call as the line lists it; ``result``, ``cycle`` and ``retries`` only when known and not 0."""
     data: dict[str, Any] = {"tool": call.tool, "args": call.digest, "outcome": call.outcome}
     if call.result is not None:
         data["result"] = call.result
     if call.cycle:
         data["cycle"] = call.cycle
+    if call.retries:
+        data["retries"] = call.retries
     return data
 
 

@@ -13,6 +13,7 @@ an error at the next call or at the turn's end. The section::
      "calls": [[0, 0, "error"], [1, 1, "ok", 0]],  # [tool index, digest index, outcome(, result index)]
      "results": ["c1d2e3f4a5b6c7d8"],              # optional: each result digest once (hex)
      "cycles": [1, 1],                             # optional: each call's model request (0: before any)
+     "retries": [0, 1],                            # optional: each call's retry() calls before it
      "dropped": 3,                                 # optional: calls past the bound, counted only
      "cycle_mark": [2, 0],                         # optional: (calls, dropped) at the request's start
      "awaiting": [[7, 1]],                         # optional: [check number, call index] still waiting
@@ -52,9 +53,10 @@ class Carried:
     """A turn's record as a snapshot carries it (and as the recorder keeps it meanwhile)."""
 
     started_at: float
-    calls: list[tuple[str, str, str, str | None, int]]
-    """(tool name, call digest in hex, outcome, result digest in hex or ``None``, model request), in
-    check order. A snapshot without ``cycles`` (an older one) gives request 0 to its calls."""
+    calls: list[tuple[str, str, str, str | None, int, int]]
+    """(tool name, call digest in hex, outcome, result digest in hex or ``None``, model request,
+    retries before it), in check order. A snapshot without ``cycles`` or ``retries`` (an older
+    one) gives 0 to its calls."""
     dropped: int = 0
     cycle_mark: tuple[int, int] = (0, 0)
     awaiting: dict[int, int] | None = None
@@ -70,7 +72,8 @@ def write(carried: Carried) -> dict[str, Any]:
     results: dict[str, int] = {}
     calls = []
     cycles = [call[4] for call in carried.calls]
-    for tool, digest, outcome, result, _ in carried.calls:
+    retries = [call[5] for call in carried.calls]
+    for tool, digest, outcome, result, _, _ in carried.calls:
         entry = [tools.setdefault(tool, len(tools)), digests.setdefault(digest, len(digests)), outcome]
         if result is not None:
             entry.append(results.setdefault(result, len(results)))
@@ -81,6 +84,8 @@ def write(carried: Carried) -> dict[str, Any]:
         data["results"] = list(results)
     if any(cycles):
         data["cycles"] = cycles
+    if any(retries):
+        data["retries"] = retries
     if carried.dropped:
         data["dropped"] = carried.dropped
     if carried.cycle_mark != (0, 0):
@@ -104,12 +109,13 @@ def read(data: Any, *, checks: int, max_calls: int, max_escalations: int) -> Car
     digests = _digests(f.items("digests", max_calls), "digests")
     results = _digests(f.items("results", max_calls, default=[]), "results")
     calls = _calls(f.items("calls", max_calls), tools, digests, results)
-    if f.get("cycles", None) is not None:
-        cycles = f.items("cycles", max_calls)
-        if len(cycles) != len(calls):
-            st.refuse(f.at("cycles"), f"one model request number per call ({len(calls)})", cycles)
-        cycles = [st.integer(f"{PATH}.cycles[{i}]", c) for i, c in enumerate(cycles)]
-        calls = [(*call[:4], cycle) for call, cycle in zip(calls, cycles, strict=True)]
+    for at, name in ((4, "cycles"), (5, "retries")):
+        if f.get(name, None) is not None:
+            numbers = f.items(name, max_calls)
+            if len(numbers) != len(calls):
+                st.refuse(f.at(name), f"one number per call ({len(calls)})", numbers)
+            numbers = [st.integer(f"{PATH}.{name}[{i}]", n) for i, n in enumerate(numbers)]
+            calls = [(*call[:at], n, *call[at + 1:]) for call, n in zip(calls, numbers, strict=True)]
     dropped = f.integer("dropped", default=0)
     cycle_mark = _cycle_mark(f, len(calls), dropped)
     awaiting = _awaiting(f, len(calls), checks)
@@ -130,14 +136,14 @@ def _digests(values: list[Any], name: str) -> list[str]:
 
 
 def _calls(entries: list[Any], tools: list[str], digests: list[str],
-           results: list[str]) -> list[tuple[str, str, str, str | None, int]]:
+           results: list[str]) -> list[tuple[str, str, str, str | None, int, int]]:
     """The calls: checked in one pass when they are what the recorder writes, else one by one
     (which names the bad one)."""
     ntools, ndigests, nresults, outcomes = len(tools), len(digests), len(results), _OUTCOME_SET
     if all(type(e) is list and (len(e) == 3 or (len(e) == 4 and type(e[3]) is int and 0 <= e[3] < nresults))
            and type(e[0]) is int and 0 <= e[0] < ntools and type(e[1]) is int and 0 <= e[1] < ndigests
            and type(e[2]) is str and e[2] in outcomes for e in entries):
-        return [(tools[e[0]], digests[e[1]], e[2], results[e[3]] if len(e) == 4 else None, 0) for e in entries]
+        return [(tools[e[0]], digests[e[1]], e[2], results[e[3]] if len(e) == 4 else None, 0, 0) for e in entries]
     return [_call(f"{PATH}.calls[{i}]", entry, tools, digests, results) for i, entry in enumerate(entries)]
 
 
@@ -149,12 +155,12 @@ def _digest(path: str, value: Any, *, empty: bool) -> str:
 
 
 def _call(path: str, entry: Any, tools: list[str], digests: list[str],
-          results: list[str]) -> tuple[str, str, str, str | None, int]:
+          results: list[str]) -> tuple[str, str, str, str | None, int, int]:
     if not isinstance(entry, list | tuple) or len(entry) not in (3, 4):
         st.refuse(path, "a [tool index, digest index, outcome] or [..., result index] entry", entry)
     result = results[_index(f"{path}[3]", entry[3], results, "results")] if len(entry) == 4 else None
     return (tools[_index(f"{path}[0]", entry[0], tools, "tools")], digests[_index(f"{path}[1]", entry[1], digests,
-            "digests")], st.choice(f"{path}[2]", entry[2], OUTCOMES), result, 0)
+            "digests")], st.choice(f"{path}[2]", entry[2], OUTCOMES), result, 0, 0)
 
 
 def _index(path: str, value: Any, table: list[str], name: str) -> int:

@@ -32,6 +32,7 @@ from turnguard.telemetry._names import (  # the per-call names, bound once (no m
     CALL_OUTCOME,
     CALL_REPEAT,
     CALL_RESULT_DIGEST,
+    CALL_RETRIES,
     ERROR_TYPE,
     ERROR_TYPE_OTHER,
     FAILING_STREAK_LENGTH,
@@ -127,6 +128,15 @@ def _is_tool_span(span: trace.Span) -> bool:
     if not attributes:
         return False
     return attributes.get(n.GEN_AI_OPERATION_NAME) == n.OP_EXECUTE_TOOL
+
+
+def _request_facts(state: _TurnState, turn: Ledger, attrs: dict[str, Any]) -> None:
+    """The checked call's model request (on the first call of each) and retries (when any), for
+    calibrate to place the requests and rollbacks where the live guard counted them."""
+    if turn.cycles != state.cycle:
+        attrs[CALL_CYCLE] = state.cycle = turn.cycles
+    if turn.retries:
+        attrs[CALL_RETRIES] = turn.retries
 
 
 class _Deciding(threading.local):
@@ -297,8 +307,8 @@ class SpanReporter:
         streak = turn.streak_length if checked else 1
         if streak > 1:
             attrs[STREAK_LENGTH] = streak
-        if checked and turn.cycles != state.cycle:
-            attrs[CALL_CYCLE] = state.cycle = turn.cycles
+        if checked:
+            _request_facts(state, turn, attrs)
         context = get_current()
         current = trace.get_current_span(context) if context else None  # an empty context holds no span
         parent: Context | None = state.context
@@ -422,6 +432,14 @@ class SpanReporter:
             span.set_status(_ERROR_STATUS)
         if entry.owned:
             span.end()
+
+    @hookimpl
+    def turnguard_retry(self, turn: Ledger) -> None:
+        """The request's calls are rolled back, the first of them may have named its request: the
+        next call names it again (its span replaces theirs in calibrate's reading)."""
+        state = self._turns.get(turn)
+        if state is not None:
+            state.cycle = -1
 
     @hookimpl
     def turnguard_cycle_checked(self, turn: Ledger, verdict: Verdict) -> None:
