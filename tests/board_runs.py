@@ -46,7 +46,7 @@ prometheus_exporter = optional_dependency("opentelemetry.exporter.prometheus")
 prometheus_client = optional_dependency("prometheus_client")
 
 import turnguard as tg  # noqa: E402
-from turnguard._boards import build, queries, rules, series  # noqa: E402
+from turnguard._boards import build, queries, rules  # noqa: E402
 from turnguard._boards import promql as q  # noqa: E402
 
 SCRAPE_INTERVAL_S = 10
@@ -212,8 +212,10 @@ def _records(prometheus: chain.Prometheus, window: Window, landed: Iterable[floa
     Checks that every sample the fleet ``landed`` falls after the records' start (a sample in the
     evaluation they chain from would be left out of them, an undercount the panels could not
     explain). An evaluation Prometheus skipped under load is no loss: the next record counts from
-    the state before it."""
-    record, lag_ms = build.RECORDED[series.TURNS], LAG_S * 1000
+    the state before it. Evaluations are told by the group's last rule (``rules.HEARTBEAT``):
+    Prometheus writes each rule of an evaluation on its own, so a record's sample says nothing of
+    the records after it; the last rule's says every record of that evaluation is written."""
+    record, lag_ms = rules.HEARTBEAT, LAG_S * 1000
     end_ms, after_ms, landed_ms = round(window.end * 1000), round(after * 1000), round(time.time() * 1000)
 
     def stamps(at: float, reach: str) -> list[int]:

@@ -12,9 +12,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from turnguard import TurnSummary
 from turnguard._calibrate.advice import decide
 from turnguard._calibrate.evidence import Z95, Passed, wilson_interval
 from turnguard._calibrate.survival import CENSORING_ENDS, loglog_interval
+from turnguard.telemetry._recorder import ended_by
 
 ABOVE, UNDECIDED, WITHIN = 1, 0, -1
 
@@ -62,9 +64,10 @@ def more_turns(resolved: int, known: int, tolerance: float, *, limit: int = 10**
     return hi - known
 
 
-def finished(reason: str) -> bool:
-    """Whether a turn that ended for ``reason`` finished (an event), as calibrate's survival counts it."""
-    return reason not in CENSORING_ENDS
+def finished(summary: TurnSummary) -> bool:
+    """Whether the turn finished (an event), as calibrate's survival counts it: by ``ended_by``, its
+    threshold when one halted it (however the host ended it), else its reason."""
+    return ended_by(summary) not in CENSORING_ENDS
 
 
 def finished_by(turns: Iterable[tuple[int, bool]], edges: Sequence[float], start: float, end: float) -> float:

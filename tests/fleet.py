@@ -203,10 +203,14 @@ def run_fleet(fleet: Fleet, mix: FleetMix = FleetMix(), seed: int = 4, *, sample
 Driver = Callable[[tg.Turn, random.Random, tg.GuardConfig], None]
 
 
-HALT_EXITS = ("break", "raise_for", "own_exception", "end_cancelled")
+HALT_EXITS = ("break", "raise_for", "own_exception", "end_cancelled", "end_custom")
 """How a host leaves a halted turn: out of its loop (the turn ends ``halted``), by ``raise_for``
-(``halted``), by raising an exception of its own (``error``), or ``turn.end("cancelled")``. The
-stuck and runaway turns take each in turn, so a halted turn is not always ``halted`` by outcome."""
+(``halted``), by raising an exception of its own (``error``), ``turn.end("cancelled")``, or
+``turn.end`` with a reason of its own (``HOST_REASON``). The stuck and runaway turns take each in
+turn, so a halted turn is not always ``halted`` by outcome. (The adapters' ``end(exc)`` maps to
+``halted``, ``cancelled`` or ``error``: among these.)"""
+HOST_REASON = "budget"
+"""A host's own end reason for a turn turnguard halted (calibrate censors it by its threshold)."""
 
 
 class HostStopped(Exception):
@@ -222,6 +226,8 @@ def _leave_halted(turn: tg.Turn, verdict: tg.Verdict) -> None:
         raise HostStopped(verdict.message)
     elif way == "end_cancelled":
         turn.end("cancelled")
+    elif way == "end_custom":
+        turn.end(HOST_REASON)
 
 
 def _step(turn: tg.Turn, call: tg.ToolCall, outcome: str = "ok") -> tg.Verdict:

@@ -69,7 +69,7 @@ def test_halted_stuck_and_runaway_turns_end_on_every_exit_path(tally):
     for kind in (Kind.SOFT_STUCK, Kind.RUNAWAY):
         summaries = _by_kind(tally, kind)
         assert all(s.halted and s.threshold is not None for s in summaries)
-        assert {s.reason for s in summaries} == {"halted", "error", "cancelled"}
+        assert {s.reason for s in summaries} == {"halted", "error", "cancelled", fleet.HOST_REASON}
 
 
 def test_failing_streaks_attended_and_unattended(tally):

@@ -120,7 +120,7 @@ def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float =
     if panel_query.panel_id == PAST_TABLE:
         return by_row("multiple", oracle.past_table(probed, BACKSTOP_MULTIPLES, cap.soft_cap)[panel_query.legend])
     edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
-    turns = [(s.tool_calls, oracle.finished(s.reason)) for _, s in truth.summaries if s.cap_mode == "adaptive"]
+    turns = [(s.tool_calls, oracle.finished(s)) for _, s in truth.summaries if s.cap_mode == "adaptive"]
     ends = {str(k): float(k * cap.soft_cap) for k in km_multiples(cap)}  # the committed board has no probe cap
     return by_row("multiple", oracle.survival_table(turns, edges, cap.hard_cap, ends)[panel_query.legend])
 

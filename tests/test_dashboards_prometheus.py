@@ -252,7 +252,7 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
     def survival_table(t: Truth) -> dict[str, dict[str, float]]:
         edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
         ends = {str(k): float(k * cap.soft_cap) if estimable(cap, k) else None for k in km_multiples(cap)}
-        return oracle.survival_table(((s.tool_calls, oracle.finished(s.reason)) for _, s in t.turn_rows(**ADAPTIVE)),
+        return oracle.survival_table(((s.tool_calls, oracle.finished(s)) for _, s in t.turn_rows(**ADAPTIVE)),
                                      edges, cap.hard_cap, ends)
 
     def first_stuck_mean(t: Truth) -> Expected:
@@ -270,14 +270,15 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         return scalar(sum(s.tool_calls - s.first_stuck_call for s in flagged))
 
     def halted_rows(rows: Iterable[tuple[dict[str, str], tg.TurnSummary]]) -> list[dict[str, str]]:
-        return [labels for labels, _ in rows if labels[series.OUTCOME] == "halted"]
+        """The rows of halted turns, by the summary (a shadow's: its would-be halt), not by a label."""
+        return [labels for labels, s in rows if s.halted]
 
     d = cap.stuck_repeat_threshold
     policy = (series.SHADOW_POLICY,)
     expected: dict[tuple[str, int, str], Callable[[Truth], Expected]] = {
         (H, 2, "A"): lambda t: scalar(len(t.turns)),
-        (H, 3, "A"): lambda t: scalar(t.count_turns(**{series.OUTCOME: "halted"})),
-        (H, 4, "A"): lambda t: scalar(t.count_turns(**{series.OUTCOME: "halted"}) / len(t.turns)),
+        (H, 3, "A"): lambda t: scalar(t.count_turns(lambda s: s.halted)),
+        (H, 4, "A"): lambda t: scalar(t.count_turns(lambda s: s.halted) / len(t.turns)),
         (H, 5, "A"): lambda t: scalar(len(t.detections)),
         (H, 6, "A"): lambda t: scalar(sum(a[series.ANSWER] == "continue" for a in t.answers) / len(t.answers)),
         (H, 7, "A"): lambda t: scalar(sum(t.tally.plugin_errors.values())),
@@ -332,7 +333,7 @@ def _expectations(cap: CapSettings, board_queries: list[queries.PanelQuery]
         # shadow policies: the live policy's figures (A) next to each shadow's (B), from the guard's own hooks
         (T, 101, "A"): lambda t: group(halted_rows(t.turns), (series.THRESHOLD,)),
         (T, 101, "B"): lambda t: group(halted_rows(t.shadow_turns), (*policy, series.THRESHOLD)),
-        (T, 102, "A"): lambda t: scalar(t.count_turns(**{series.OUTCOME: "halted"}) / len(t.turns)),
+        (T, 102, "A"): lambda t: scalar(t.count_turns(lambda s: s.halted) / len(t.turns)),
         (T, 102, "B"): lambda t: ratio(group(halted_rows(t.shadow_turns), policy),
                                        group((labels for labels, _ in t.shadow_turns), policy)),
         (T, 103, "A"): lambda t: scalar(sum(s.tool_calls for _, s in t.turns)),

@@ -10,6 +10,7 @@ total loses at most what the series held before each reset.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import subprocess
@@ -24,6 +25,7 @@ yaml = optional_dependency("yaml")
 optional_dependency("grafana_foundation_sdk")
 
 from turnguard._boards import build, rule_cases, rules, series  # noqa: E402
+from turnguard._calibrate.survival import CENSORING_ENDS  # noqa: E402
 
 VARIANTS = {"portable": rules.PORTABLE, "start-times": rules.START_TIMES}
 RULES_DIR = chain.RULES.parent
@@ -415,3 +417,42 @@ def test_the_named_cases_fail_the_audited_form(tmp_path, monkeypatch):
         assert f"{RECORD}[{window}]))\", time: {at}," in failed, (window, at)  # 10-min and 2-h gaps, old counters, 23 h
     assert "alertname: TurnguardBackstopHalts, time: 55m" in failed
     assert "name: old failures do not page" in failed
+
+
+HOST_ENDS = ("completed", "halted", "error", "cancelled", "abandoned", "plugin_error", "budget", "timeout")
+"""Every outcome a turn is recorded with: the guard's own and a host's reasons of its own."""
+FATE_THRESHOLDS = ("none", "hard_backstop", "soft_stuck", "streak", "explicit", "cycle_cap")
+
+
+def _censored(outcome: str, threshold: str) -> bool:
+    """calibrate's fate of the turn (``ended_by``: its threshold when one fired, else its reason)."""
+    ended_by = threshold if threshold != "none" else outcome
+    return ended_by in CENSORING_ENDS
+
+
+def test_the_fates_record_censors_every_halted_turn_however_the_host_ended_it(promtool, variant, tmp_path):
+    """Each outcome x threshold, one turn apiece: a halted turn the host ended by its own exception,
+    end("cancelled") or end("<its own reason>") is censored, as calibrate censors it; only a turn no
+    threshold halted that ended on its own, completed or with a reason of its own, finished."""
+    pairs = list(itertools.product(HOST_ENDS, FATE_THRESHOLDS))
+    inputs = [{"series": f"{series.TOOL_CALLS}_bucket" + rule_cases.selector(
+                   {"le": "+Inf", series.AGENT: f"a{i}", series.OUTCOME: o, series.THRESHOLD: th,
+                    series.CAP_MODE: "adaptive", series.COHORT: "live"}),
+               "values": "0x20 1x40"} for i, (o, th) in enumerate(pairs)]
+    fate = {True: "censored", False: "finished"}
+    expected = [{"labels": f'{{{series.AGENT}="a{i}", {rules.FATE}="{fate[_censored(o, th)]}"}}', "value": 1}
+                for i, (o, th) in enumerate(pairs)]
+    case = {"expr": f"sum by ({series.AGENT}, {rules.FATE}) (sum_over_time({rules.FATES_RECORD}[29m]))",
+            "eval_time": "29m", "exp_samples": expected}
+    doc = {"rule_files": [str(RULES_DIR / rules.FILES[variant])], "evaluation_interval": "5m",
+           "tests": [{"interval": "30s", "input_series": inputs, "promql_expr_test": [case]}]}
+    (tmp_path / "fates.test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = run(promtool, "test", "rules", "fates.test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_heartbeat_is_its_groups_last_rule(variant):
+    """The harness waits for it (``board_runs._records``): Prometheus writes each rule of an evaluation
+    on its own, so only the last rule's sample says every record of that evaluation is written."""
+    (group,) = [g for g in loaded(variant)["groups"] if g["name"] == "turnguard"]
+    assert group["rules"][-1].get("record") == rules.HEARTBEAT

@@ -29,7 +29,7 @@ NO_TOOL = "(no tool: a model request, e.g. the cycle cap)"
 
 def overview_panels() -> list[PanelBuilder]:
     """Panels of the overview row: the time range's counts and shares."""
-    halted = q.sel(**{ps.OUTCOME: "halted"})
+    halted = q.sel(**ps.HALTED)
     answered_continue = q.sel(**{ps.ANSWER: "continue"})
     return [
         stat_panel(2, "Turns", "Agent turns that ended in the time range.", q.total(ps.TURNS)),

@@ -367,10 +367,15 @@ ALERTING = (
                  "coder", 2, "Of this agent's probe turns the backstop would have halted (7 days), 50% resolved "
                              "their task."),)),)),
     Alerting("a halt-rate spike against the share of the records' history fires after 15 minutes, steady halts "
-             "do not",
-             (Input(TURNS + '{turnguard_turn_outcome="completed", turnguard_loop_threshold="none"}', "0+10x720"),
-              Input(TURNS + '{turnguard_turn_outcome="halted", turnguard_loop_threshold="soft_stuck"}',
-                    "0+0.1x600 60+5x120")),
+             "do not; a halted turn counts by its threshold however the host ended it (its own exception, "
+             "cancelled, a reason of its own), a turn no threshold halted does not, whatever its outcome",
+             (Input(TURNS + '{turnguard_turn_outcome="completed", turnguard_loop_threshold="none"}', "0+5x720"),
+              Input(TURNS + '{turnguard_turn_outcome="cancelled", turnguard_loop_threshold="none"}', "0+4x720"),
+              Input(TURNS + '{turnguard_turn_outcome="budget", turnguard_loop_threshold="none"}', "0+1x720"),
+              *(Input(TURNS + f'{{turnguard_turn_outcome="{outcome}", turnguard_loop_threshold="{threshold}"}}',
+                      "0+0.025x600 15+1.25x120")
+                for outcome, threshold in (("halted", "soft_stuck"), ("error", "hard_backstop"),
+                                           ("cancelled", "streak"), ("budget", "hard_backstop")))),
              (("TurnguardHaltRateSpike", 595, ()), ("TurnguardHaltRateSpike", 610, ()),
               ("TurnguardHaltRateSpike", 690, (expected_alert(
                   "ticket", "turnguard halts 33.33% of turns, three times the weekly share",

@@ -43,6 +43,7 @@ from turnguard._boards.series import (
     MAIN_THRESHOLD,
     MAX_FAILING,
     MAX_REPEAT,
+    NOT_HALTED,
     OTELCOL_SEND_FAILED,
     OUTCOME,
     PAST_SOFT_CAP,
@@ -208,7 +209,9 @@ def last(record: str, selector: str, seconds: float, by: Sequence[str] = ()) -> 
 
 HOUR, DAY = 3600, 86_400
 TURNS_RECORD, ANSWERS_RECORD, RESULTS_RECORD = (RECORDED[m] for m in (TURNS, ANSWERS, RESULTS))
-HALTED = f'{{{OUTCOME}="halted"}}'
+NO_HALT = NOT_HALTED[THRESHOLD]
+HALTED = f'{{{THRESHOLD}!="{NO_HALT}"}}'
+"""Halted turns by their threshold (``series.HALTED``), however the host ended them."""
 BACKSTOP = f'{{{THRESHOLD}="hard_backstop", {COHORT}!="probe"}}'
 CONTINUE = f'{{{ANSWER}="continue"}}'
 PROBE_AT_BACKSTOP = f'{COHORT}="probe", {MAIN_THRESHOLD}="hard_backstop"'
@@ -382,8 +385,9 @@ def export_failing(window: float = 15 * 60, t: Tiling = Tiling()) -> dict:
 
 
 CENSORING_OUTCOMES = ("halted", "error", "cancelled", "abandoned", "plugin_error")
-"""The ends that censor a turn at its call count (calibrate's ``survival.CENSORING_ENDS``): any other
-outcome, ``completed`` or a host's reason of its own, is the turn finishing."""
+"""The ends that censor a turn at its call count (calibrate's ``survival.CENSORING_ENDS``), besides a
+threshold: a halted turn is censored whatever outcome the host gave it; any other outcome of a turn
+no threshold halted, ``completed`` or a host's reason of its own, is the turn finishing."""
 FATE = "fate"
 FATES_RECORD = "turnguard:turn_tool_calls_fate_bucket:increase5m"
 """The tool-call histogram's record by how each turn ended (``fate``: ``finished`` or ``censored``)."""
@@ -395,12 +399,15 @@ def fates() -> dict:
     buckets its configuration needs (past the backstop, never past the probe's cap)."""
     bucket, censoring = RECORDED[f"{TOOL_CALLS}_bucket"], "|".join(CENSORING_OUTCOMES)
     by = ", ".join(("le", POLICY, AGENT, COHORT, CAP_MODE, FATE))
+    finished = f'{bucket}{{{THRESHOLD}="{NO_HALT}", {OUTCOME}!~"{censoring}"}}'
+    censored = f'{bucket}{HALTED} or {bucket}{{{OUTCOME}=~"{censoring}"}}'
     return {"record": FATES_RECORD,
             "comment": "Derived from the bucket record of the same evaluation: turns per bucket, finished (ended on "
-                       "their own) or censored (halted, cancelled, failed) at their call count.",
+                       "their own) or censored (halted by any threshold, however the host then ended them; "
+                       "cancelled, failed) at their call count, as calibrate's ended_by decides.",
             "expr": (f"sum by ({by}) (\n"
-                     f'  label_replace({bucket}{{{OUTCOME}!~"{censoring}"}}, "{FATE}", "finished", "", "")\n'
-                     f'  or label_replace({bucket}{{{OUTCOME}=~"{censoring}"}}, "{FATE}", "censored", "", "")\n'
+                     f'  label_replace({finished}, "{FATE}", "finished", "", "")\n'
+                     f'  or label_replace({censored}, "{FATE}", "censored", "", "")\n'
                      f")")}
 
 

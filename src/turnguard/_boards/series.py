@@ -78,3 +78,10 @@ CALLS_BUCKET = label(n.TURN_CALLS_BUCKET)
 MAIN_THRESHOLD = label(n.PROBE_MAIN_THRESHOLD)
 REPEAT_BUCKET = label(n.TURN_MAX_KEY_REPEAT_BUCKET)
 FAILING_BUCKET = label(n.TURN_MAX_FAILING_STREAK_BUCKET)
+
+NOT_HALTED = {THRESHOLD: n.NO_THRESHOLD}
+HALTED = {THRESHOLD: f"!{n.NO_THRESHOLD}"}
+"""Turns with no halt and with one, by the threshold label (``promql.sel`` form): a halted turn the
+host ended its own way (its own exception, ``end("cancelled")``, a reason of its own) has that
+outcome, not ``halted``, but keeps its threshold. Every panel, record and alert that means "halted"
+selects by these, never by ``turnguard_turn_outcome="halted"``."""

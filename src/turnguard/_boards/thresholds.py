@@ -54,10 +54,6 @@ BACKSTOP_MULTIPLES = (2, 3, 5, 10, 20)
 """The what-if backstops, as multiples of S (each is a bucket edge of the tool-calls histogram)."""
 ADAPTIVE = {ps.CAP_MODE: "adaptive"}
 PROBE_TURNS = {ps.COHORT: q.PROBE, ps.POLICY: q.PROBE_POLICY}
-NOT_HALTED = {ps.THRESHOLD: n.NO_THRESHOLD}
-HALTED = {ps.THRESHOLD: f"!{n.NO_THRESHOLD}"}
-"""Turns with no halt and with one, by the threshold label: a halted turn the host ended its own
-way (by raising, ``end("cancelled")``) has that outcome, not ``halted``, but keeps its threshold."""
 CENSORED = "censored"
 """The word every figure that depends on censored turns says (the lint checks it)."""
 NO_FATE = "no probe turn with a known fate yet"
@@ -108,14 +104,14 @@ def tool_calls_heatmap(cap: CapSettings) -> heatmap.Panel:
 def percentiles(cap: CapSettings) -> PanelBuilder:
     """p50/p90/p99 of the turns that ended on their own, with the halted share beside them."""
     s, h = cap.soft_cap, cap.hard_cap
-    ended = {**ADAPTIVE, **NOT_HALTED}
+    ended = {**ADAPTIVE, **ps.NOT_HALTED}
     buckets_per_step = q.recorded(f"{ps.TOOL_CALLS}_bucket", q.sel(**ended), ("le",), "$__interval")
     targets = [
         query(f"histogram_quantile({p}, {buckets_per_step})", f"p{round(p * 100)} (turns not halted)", ref(i),
               instant=False)
         for i, p in enumerate((0.5, 0.9, 0.99))
     ]
-    halted = (f"{q.recorded(ps.TURNS, q.sel(**ADAPTIVE, **HALTED), window='$__interval')} / "
+    halted = (f"{q.recorded(ps.TURNS, q.sel(**ADAPTIVE, **ps.HALTED), window='$__interval')} / "
               f"{q.recorded(ps.TURNS, q.sel(**ADAPTIVE), window='$__interval')}")
     targets.append(query(halted, "halted share (right axis): left out above, censored at their halt", "D",
                          instant=False))
@@ -180,7 +176,7 @@ def lower_backstop_row(cap: CapSettings) -> list[PanelBuilder]:
         bars(13, "…of those that ended on their own (false kills)",
              "The same, for not-stuck turns that were not halted: productive long turns a lower backstop would "
              f"have killed. Halted turns are left out ({CENSORED}: what they would have done is unknown).",
-             _cut_targets(cap, **not_stuck, **NOT_HALTED), unit="percentunit", width=10),
+             _cut_targets(cap, **not_stuck, **ps.NOT_HALTED), unit="percentunit", width=10),
     ]
 
 
@@ -830,7 +826,7 @@ def shadow_policy_panels(cap: CapSettings) -> list[PanelBuilder]:
     """Panels of the shadow-policies row (ids from ``SHADOW_PANEL_IDS``): what each shadow policy
     (``GuardConfig.shadow``, evaluated on live traffic without acting) would have done, next to
     what the live policy did. A shadow's turn "halted" is its would-be halt."""
-    halted = q.sel(**{ps.OUTCOME: "halted"})
+    halted = q.sel(**ps.HALTED)
     halt_action = q.sel(**{ps.ACTION: "halt"})
     policy = q.recorded(ps.SHADOW_TURNS, by=(ps.SHADOW_POLICY,))
     return [
