@@ -9,6 +9,8 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -827,23 +829,31 @@ def reference(config: tg.GuardConfig, script: list[list[str]]) -> tuple[list[str
     return sorted(ran), turn.end().threshold
 
 
-def jittered_run(config: tg.GuardConfig, script: list[list[str]], mode: str, exit_behavior: str, seed: int):
-    """``script`` (one list of paths per response) through the agent, each body sleeping a random
-    few milliseconds so the tool node's threads or tasks finish in a different order each run."""
+def jittered_reader(seed: int, fails: Callable[[str], bool]) -> tuple[Any, list[str]]:
+    """A ``read_file`` tool whose body sleeps a random few milliseconds (so the tool node's threads
+    or tasks finish in a different order each run) and fails where ``fails`` says, with the paths
+    it ran, in the order they ran."""
     jitter = random.Random(seed)
     ran: list[str] = []
-    seen = Seen()
 
     @tool
     def read_file(path: str) -> str:
         """Read a file."""
         time.sleep(jitter.random() * 0.004)
         ran.append(path)
-        if path.startswith("missing"):
+        if fails(path):
             raise ToolException(f"{path}: no such file")
         return f"contents of {path}"
 
     read_file.handle_tool_error = True
+    return read_file, ran
+
+
+def jittered_run(config: tg.GuardConfig, script: list[list[str]], mode: str, exit_behavior: str, seed: int):
+    """``script`` (one list of paths per response) through the agent, each body sleeping a random
+    few milliseconds so the tool node's threads or tasks finish in a different order each run."""
+    read_file, ran = jittered_reader(seed, fails=lambda path: path.startswith("missing"))
+    seen = Seen()
     responses = [AIMessage(content="", tool_calls=[
         {"name": "read_file", "args": {"path": p}, "id": f"c{i}-{j}", "type": "tool_call"}
         for j, p in enumerate(paths)]) for i, paths in enumerate(script)]
@@ -892,18 +902,8 @@ def test_a_parallel_batch_gets_the_same_verdicts_and_outcomes_on_every_run(batch
 def test_a_callback_refusal_in_a_batch_runs_exactly_the_calls_before_it_with_their_outcomes(mode, refused_at, seed):
     """The callback is asked in the model's order, before any call of the response runs: the calls
     before the one it refuses run and report, it and those after it do not run."""
-    jitter = random.Random(seed)
-    ran: list[str] = []
+    read_file, ran = jittered_reader(seed, fails=lambda path: True)
     seen = Seen()
-
-    @tool
-    def read_file(path: str) -> str:
-        """Read a file."""
-        time.sleep(jitter.random() * 0.004)
-        ran.append(path)
-        raise ToolException(f"{path}: no such file")
-
-    read_file.handle_tool_error = True
 
     def ask(verdict: tg.Verdict) -> str:
         assert ran == []
