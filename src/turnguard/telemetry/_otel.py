@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import get_logger_provider
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from turnguard._task_results import ResultLabels
 
 T = TypeVar("T")
+Facts = TypeVarTuple("Facts")
 
 
 class OtelPlugin(SpanReporter):
@@ -70,9 +71,8 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_escalation_resolved(self, turn: Ledger, event: LoopDetectedEvent, response: str) -> None:
-        with Signals() as signals:
-            signals.run(lambda: self.instruments.escalation_resolved(event, response, self.in_turn(turn)))
-            signals.run(lambda: self.events.escalation_resolved(event, response, self.turn_span(turn)))
+        self.metric_and_log(turn, self.instruments.escalation_resolved, self.events.escalation_resolved,
+                            event, response)
 
     @hookimpl
     def turnguard_plugin_error(self, plugin: str, hook: str, error: BaseException) -> None:
@@ -86,9 +86,7 @@ class OtelPlugin(SpanReporter):
 
     @hookimpl
     def turnguard_shadow_detected(self, turn: Ledger, policy: str, event: LoopDetectedEvent) -> None:
-        with Signals() as signals:
-            signals.run(lambda: self.instruments.shadow_detected(policy, event, self.in_turn(turn)))
-            signals.run(lambda: self.events.shadow_detected(policy, event, self.turn_span(turn)))
+        self.metric_and_log(turn, self.instruments.shadow_detected, self.events.shadow_detected, policy, event)
 
     @hookimpl
     def turnguard_shadow_turn_ended(self, turn: Ledger, policy: str, summary: TurnSummary) -> None:
@@ -125,6 +123,14 @@ class OtelPlugin(SpanReporter):
     def in_turn(self, turn: Ledger) -> dict[str, Any]:
         """``scope`` with the turn's cohort: the attributes of a point about one turn."""
         return {**self.scope, n.TURN_COHORT: closed(turn.cohort, COHORT_LABELS)}
+
+    def metric_and_log(self, turn: Ledger, metric: Callable[[*Facts, dict[str, Any]], None],
+                       log: Callable[[*Facts, Any], None], *facts: *Facts) -> None:
+        """One fact of ``turn`` as a metric point in the turn's scope and a log record under the turn
+        span, each reported whether the other fails."""
+        with Signals() as signals:
+            signals.run(lambda: metric(*facts, self.in_turn(turn)))
+            signals.run(lambda: log(*facts, self.turn_span(turn)))
 
 
 class Signals:
