@@ -345,49 +345,58 @@ def _raise_to(e: ProbeEvidence, decisions: dict[str, Decision], m: float) -> str
     return f"the evidence does not yet say where they stop (up to {top}x): raise it and let the probe run."
 
 
-def stuck_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
-    """The stuck threshold D in words."""
-    d, dd = decisions["stuck"], e.stuck_repeat
+@dataclass(frozen=True, slots=True)
+class LoopWords:
+    """A loop detector's probe row in words: templates filled with ``main`` (the main
+    configuration's setting), ``cap`` (the probe's own, in ``not_past``), ``soft_cap`` (S) and
+    ``calls_past`` (the calls the row's turns made past the would-be halts)."""
+
+    not_past: str
+    """The probe's own setting is not past the main one: no probe turn can be seen past it."""
+    halted: str
+    setting: str
+    none: str
+    """No probe turn would have been halted."""
+    within: str
+    above: str
+
+
+STUCK_WORDS = LoopWords(
+    not_past="The probe's own D ({cap}) is not past the main one ({main}): no probe turn halted as stuck can be "
+             "seen past it; raise the probe's stuck_repeat_threshold to see past D={main}.",
+    halted="halted as stuck (D={main})", setting="D={main}",
+    none="No probe turn would have been halted as stuck (D={main}, past S={soft_cap:,}): no evidence about D yet.",
+    within="keep D={main}; going on cost {calls_past:,} calls past the would-be halts",
+    above="D={main} halts turns that would have succeeded; raise D or try stuck_signal='stale_repeat' (it spares "
+          "edit-and-rerun)")
+STREAK_WORDS = LoopWords(
+    not_past="The probe's own streak stop ({cap}) is not past the main one ({main}): no probe turn can be seen "
+             "past it; raise the probe's streak_stop_at to see past {main}.",
+    halted="halted by the streak stop ({main})", setting="the streak stop {main}",
+    none="No probe turn would have been halted by the streak stop ({main} identical failures): no evidence about it "
+         "yet.",
+    within="keep streak_stop_at={main}",
+    above="the streak stop halts retries that would have succeeded; raise streak_stop_at")
+
+
+def loop_advice(words: LoopWords, p: Passed, d: Decision, main: int | None, soft_cap: int | None) -> str:
+    """A loop detector's probe row ``p`` in words: the turns it would have halted, their fates and
+    the advice for its ``main`` setting, by the decision ``d``."""
     if d.censored_at_cap is not None:
-        return (f"The probe's own D ({d.censored_at_cap[1]}) is not past the main one ({dd}): no probe turn halted "
-                f"as stuck can be seen past it; raise the probe's stuck_repeat_threshold to see past D={dd}.")
-    return _loop_advice(
-        e.stuck, d, f"halted as stuck (D={dd})", f"D={dd}",
-        none=f"No probe turn would have been halted as stuck (D={dd}, past S={e.soft_cap:,}): no evidence about D "
-             "yet.",
-        within=f"keep D={dd}; going on cost {e.stuck.calls_past:,} calls past the would-be halts",
-        above=f"D={dd} halts turns that would have succeeded; raise D or try stuck_signal='stale_repeat' (it spares "
-              "edit-and-rerun)")
-
-
-def streak_advice(e: ProbeEvidence, decisions: dict[str, Decision]) -> str:
-    """The streak stop in words."""
-    d, stop = decisions["streak"], e.streak_stop
-    if d.censored_at_cap is not None:
-        return (f"The probe's own streak stop ({d.censored_at_cap[1]}) is not past the main one ({stop}): no probe "
-                f"turn can be seen past it; raise the probe's streak_stop_at to see past {stop}.")
-    return _loop_advice(
-        e.streak, d, f"halted by the streak stop ({stop})", f"the streak stop {stop}",
-        none=f"No probe turn would have been halted by the streak stop ({stop} identical failures): no evidence "
-             "about it yet.",
-        within=f"keep streak_stop_at={stop}",
-        above="the streak stop halts retries that would have succeeded; raise streak_stop_at")
-
-
-def _loop_advice(p: Passed, d: Decision, halted: str, setting: str, *, none: str, within: str, above: str) -> str:
-    """A loop detector's probe row in words: the turns it would have ``halted``, their fates and the
-    advice for ``setting`` (``none``: without such a turn; ``within``/``above``: by the verdict)."""
+        return words.not_past.format(cap=d.censored_at_cap[1], main=main)
+    fill = {"main": main, "soft_cap": soft_cap, "calls_past": p.calls_past}
+    halted = words.halted.format(**fill)
     if p.turns == 0:
-        return none
+        return words.none.format(**fill)
     if d.verdict == "no_evidence":
         return f"{_turns(p.turns)} would have been {halted}, none has a result yet."
     said = f"{_turns(p.turns)} would have been {halted}: {_fates(p)} ({_interval(p, d)})"
     if d.verdict == "within":
-        return f"{said}: within the tolerance of {_pct(d.tolerance)}: {within}."
+        return f"{said}: within the tolerance of {_pct(d.tolerance)}: {words.within.format(**fill)}."
     if d.verdict == "undecided":
-        return f"{said}: {_when(d, setting)}."
-    return (f"{said}: above the tolerance of {_pct(d.tolerance)}: {above}, at {p.calls_past:,} calls past the "
-            "would-be halts.")
+        return f"{said}: {_when(d, words.setting.format(**fill))}."
+    return (f"{said}: above the tolerance of {_pct(d.tolerance)}: {words.above.format(**fill)}, at "
+            f"{p.calls_past:,} calls past the would-be halts.")
 
 
 def cost_advice(e: ProbeEvidence, ctx: Context, turns: int, calls: int) -> str | None:
@@ -472,9 +481,10 @@ def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int
     decisions = assess(e, ctx)
     found = frontiers(e, ctx, turns, calls)
     backstop = next((f.recommended for f in found if f.threshold == "backstop"), None)
-    out = [backstop_advice(e, decisions, backstop), stuck_advice(e, decisions)]
+    out = [backstop_advice(e, decisions, backstop),
+           loop_advice(STUCK_WORDS, e.stuck, decisions["stuck"], e.stuck_repeat, e.soft_cap)]
     if e.streak_stop:
-        out.append(streak_advice(e, decisions))
+        out.append(loop_advice(STREAK_WORDS, e.streak, decisions["streak"], e.streak_stop, e.soft_cap))
     out += [f"Recommended: {f.sentence}" if f.probed else f.sentence for f in found]
     cost = cost_advice(e, ctx, turns, calls)
     if cost:
