@@ -5,6 +5,7 @@ untouched file gets its very bytes back."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -887,3 +888,74 @@ def test_the_users_hooks_that_mention_turnguard_are_kept_by_install_and_uninstal
     assert len(turnguard_commands(merged)) == len(spec.events)
     assert cli(capsys, "uninstall", agent)[0] == 0
     assert path.read_text() == text
+
+
+OFF_SWITCHES = {agent: spec.off_switch for agent, spec in ins.AGENT_HOOKS.items() if spec.off_switch}
+
+
+def _with_setting(keys: tuple[str, ...], value: object) -> dict[str, Any]:
+    settings: dict[str, Any] = {keys[-1]: value}
+    for key in reversed(keys[:-1]):
+        settings = {key: settings}
+    return settings
+
+
+def _layer(root: Path, agent: str, layer: str) -> Path:
+    spec = ins.AGENT_HOOKS[agent]
+    if layer == "local":
+        assert spec.local_file is not None
+        return root / "project" / spec.folder / spec.local_file
+    return settings_file(agent, root, layer)
+
+
+def _layers(agent: str) -> list[str]:
+    return (["local"] if ins.AGENT_HOOKS[agent].local_file else []) + ["project", "user"]
+
+
+def test_the_off_switches_are_claude_codes_and_gemini_clis_own() -> None:
+    assert OFF_SWITCHES == {"claude-code": (("disableAllHooks",), True), "gemini": (("hooksConfig", "enabled"), False)}
+
+
+@pytest.mark.parametrize("agent", sorted(OFF_SWITCHES))
+@pytest.mark.parametrize("scope", ["--project", "--user"])
+def test_install_says_when_the_nearest_setting_switches_every_hook_off(where, capsys, agent, scope) -> None:
+    """Every combination of layers setting the switch on, off or not at all: install writes the
+    hooks either way, and names the nearest layer's setting exactly when that one switches them off."""
+    keys, off = OFF_SWITCHES[agent]
+    layers = _layers(agent)
+    for values in itertools.product((None, off, not off), repeat=len(layers)):
+        for layer in layers:
+            _layer(where, agent, layer).unlink(missing_ok=True)
+        for layer, value in zip(layers, values, strict=True):
+            if value is not None:
+                path = _layer(where, agent, layer)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"model": "x", **_with_setting(keys, value)}))
+        for dry in ([], ["--dry-run"]):
+            status, out, _ = cli(capsys, "install", agent, scope, *dry)
+            deciding = next(((layer, v) for layer, v in zip(layers, values, strict=True) if v is not None), None)
+            said = "runs no hooks at all" in out
+            assert status == 0 and said == (deciding is not None and deciding[1] is off), (values, out)
+            if said:
+                assert deciding is not None and _layer(where, agent, deciding[0]).name in out
+                assert f"sets {'.'.join(keys)}: {json.dumps(off)}" in out
+        settings = json.loads(settings_file(agent, where, scope.removeprefix("--")).read_text())
+        assert turnguard_commands(settings)  # (installed all the same)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("text", ["{not json", "[1]", '{"disableAllHooks": "true"}', '{"hooksConfig": []}',
+                                  '{"hooksConfig": {"enabled": 0}}', '{"disableAllHooks": 1}'])
+def test_a_setting_that_is_not_the_switch_says_nothing(where, capsys, agent, text) -> None:
+    """Only the agent's own switch, written as the boolean the agent reads, counts: another value,
+    a file that is not JSON or not an object, or another agent's switch says nothing."""
+    path = settings_file(agent, where, "user")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    status, out, _ = cli(capsys, "install", agent, "--project")
+    assert status == 0 and "runs no hooks at all" not in out
+
+
+def test_codex_has_no_off_switch_to_report(where, capsys) -> None:
+    """Codex's hooks are switched on by install's ``[features] hooks = true`` itself."""
+    assert ins.hooks_switched_off("codex", environ=os.environ, cwd=where / "project") is None

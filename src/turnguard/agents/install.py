@@ -105,6 +105,10 @@ class AgentHooks:
     """What the user has to do before the agent runs new hooks, said after an install."""
     project_trust: str = ""
     """The same, for hooks in a project's folder."""
+    off_switch: tuple[tuple[str, ...], object] | None = None
+    """The setting (its path of keys) and the value with which the agent runs no hooks at all."""
+    local_file: str | None = None
+    """The project's own settings file beside ``file`` that the agent also reads (Claude Code's)."""
 
 
 _TOOL = "*"
@@ -115,7 +119,8 @@ AGENT_HOOKS: dict[str, AgentHooks] = {
         (HookEvent("UserPromptSubmit"), HookEvent("PreToolUse", _TOOL), HookEvent("PostToolUse", _TOOL),
          HookEvent("PostToolUseFailure", _TOOL), HookEvent("PostToolBatch"), HookEvent("Stop"),
          HookEvent("StopFailure"), HookEvent("SessionEnd")),
-        timeout=30, user_env="CLAUDE_CONFIG_DIR"),
+        timeout=30, user_env="CLAUDE_CONFIG_DIR", off_switch=(("disableAllHooks",), True),
+        local_file="settings.local.json"),
     "codex": AgentHooks(
         "codex", ".codex", "hooks.json",
         (HookEvent("UserPromptSubmit"), HookEvent("PreModelRequest"), HookEvent("PreToolUse", _TOOL),
@@ -130,6 +135,7 @@ AGENT_HOOKS: dict[str, AgentHooks] = {
         (HookEvent("BeforeAgent"), HookEvent("BeforeModel"), HookEvent("BeforeTool", ".*"),
          HookEvent("AfterTool", ".*"), HookEvent("AfterAgent"), HookEvent("SessionEnd")),
         timeout=30_000, user_env="GEMINI_CLI_HOME", user_env_is_home=True,
+        off_switch=(("hooksConfig", "enabled"), False),
         trust="Gemini CLI runs hooks only in a trusted folder when its folder trust is on"),
 }
 """Each agent's hooks, by the name ``turnguard hook AGENT`` takes: the events its module in this
@@ -696,6 +702,30 @@ def installed_elsewhere(agent: str, scope: Scope, *, environ: Mapping[str, str],
         return None
 
 
+def hooks_switched_off(agent: str, *, environ: Mapping[str, str], cwd: Path) -> tuple[Path, str] | None:
+    """The settings file whose setting switches all of the agent's hooks off, turnguard's included,
+    with the setting as written there (``None``: the hooks run). The nearest file that sets it
+    decides: the project's local file, the project's, the user's (a file that cannot be read sets
+    nothing). Install writes the hooks all the same and says so: the agent would never run them."""
+    spec = AGENT_HOOKS[agent]
+    if spec.off_switch is None:
+        return None
+    keys, off = spec.off_switch
+    project, user = (agent_folder(spec, s, environ, cwd) for s in (Scope.PROJECT, Scope.USER))
+    nearest = [project / name for name in (spec.local_file, spec.file) if name] + [user / spec.file]
+    for path in dict.fromkeys(map(_target, nearest)):
+        try:
+            text = _read(path)
+            value: Any = parse_settings(text, path) if text is not None else None
+        except SettingsError:
+            continue
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            return (path, f"{'.'.join(keys)}: {json.dumps(off)}") if value is off else None
+    return None
+
+
 def _restored(spec: AgentHooks, before: str, backup: Backup, path: Path) -> tuple[str | None, str]:
     """The settings file after uninstall, given its backup: the original bytes when nothing but
     turnguard's entries changed since; else the current settings without turnguard's entries."""
@@ -855,6 +885,7 @@ def _run(verb: str, args: argparse.Namespace, plan: Callable[..., tuple[Change, 
         return 2
     if verb == "install":
         _say_if_installed_elsewhere(args, cwd)
+        _say_if_hooks_switched_off(args, cwd)
     if args.dry_run:
         _dry_run(verb, changes, cwd, args.wide)
         return 0
@@ -881,6 +912,14 @@ def _say_if_installed_elsewhere(args: argparse.Namespace, cwd: Path) -> None:
         _say(f"turnguard install: note: {_shown(other, cwd)} has turnguard's hooks too, and {args.agent} runs "
              f"both: keep one (turnguard uninstall {args.agent} {flag}); a call reported twice without a call "
              f"id (Gemini CLI sends none) counts twice", args.wide)
+
+
+def _say_if_hooks_switched_off(args: argparse.Namespace, cwd: Path) -> None:
+    found = hooks_switched_off(args.agent, environ=os.environ, cwd=cwd)
+    if found is not None:
+        path, setting = found
+        _say(f"turnguard install: note: {_shown(path, cwd)} sets {setting}: {args.agent} runs no hooks at all, "
+             f"turnguard's included, until it is taken out", args.wide)
 
 
 def run_install(args: argparse.Namespace) -> int:
