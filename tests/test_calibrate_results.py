@@ -90,7 +90,8 @@ def test_the_result_given_with_the_turn_wins_and_then_the_first_late_one(tmp_pat
     assert default_row(data)["resolved_ids"] == ["twice"] and default_row(data)["unresolved_ids"] == ["given"]
 
 
-@pytest.mark.parametrize(("turn_id", "resolved"), [("", True), (None, True), ("x", "yes"), ("x", None), (7, False)])
+@pytest.mark.parametrize(("turn_id", "resolved"), [(True, True), (None, True), ("x", "yes"), ("x", None), (7.0, False),
+                                                    ("x" * 257, True)])
 def test_a_bad_result_record_is_a_problem_with_its_line(tmp_path: Path, turn_id, resolved):
     path = write(tmp_path / "turns.jsonl", [turn("x", 3), result(turn_id, resolved)])
     problems: list[InputProblem] = []

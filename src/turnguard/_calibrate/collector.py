@@ -35,6 +35,7 @@ from turnguard._calibrate.records import (
     tool_list,
     turn_calls_limit,
     turn_count,
+    turn_id_text,
     waiting_calls_limit,
 )
 from turnguard._model import MAX_ID_LENGTH, Action, Outcome
@@ -618,10 +619,10 @@ class OtlpAssembler:
 
     def _turn_span(self, name: str, attrs: dict[str, Any], span_id: Any, start: Any, end: Any,
                    lineno: int, events: Any = None) -> Any:
-        turn_id = attrs[names.TURN_ID]
-        if not short_text(turn_id) or not (span_id is None or short_text(span_id)):
-            self._bad(lineno, f"turn span {shown(name)}: {names.TURN_ID} and spanId must be texts of at most "
-                              f"{MAX_ID_LENGTH} characters; skipped")
+        turn_id = turn_id_text(attrs[names.TURN_ID])
+        if turn_id is None or not (span_id is None or short_text(span_id)):
+            self._bad(lineno, f"turn span {shown(name)}: {names.TURN_ID} (a text or an integer) and spanId must be "
+                              f"of at most {MAX_ID_LENGTH} characters; skipped")
             return None
         own_key, child_key = f"turn:{turn_id}", f"span:{span_id}" if span_id else None
         own = self._pending.pop(own_key, None)
@@ -642,10 +643,14 @@ class OtlpAssembler:
     def _call(self, name: str, tool: Any, index: Any, digest: Any, raw_outcome: Any, turn_id: Any, parent: Any,
               lineno: int, result: Any = None, cycle: Any = None, retries: Any = 0) -> None:
         """One tool span's fields (its attributes as read); reported and skipped when unusable (a
-        model request number out of range: reported and left out, the call kept)."""
-        tool = tool or name.removeprefix(names.OP_EXECUTE_TOOL).strip()
+        model request number out of range: reported and left out, the call kept). A turn id of its
+        own links it whatever its text (``""`` too); an empty ``parentSpanId`` is OTLP's "no parent"."""
+        if tool is None:
+            tool = name.removeprefix(names.OP_EXECUTE_TOOL).strip()
         outcome = span_outcome(raw_outcome)
-        key = f"turn:{turn_id}" if turn_id else f"span:{parent}" if parent else None
+        own_id = turn_id_text(turn_id)
+        key = (f"turn:{own_id}" if own_id is not None else None if turn_id is not None
+               else f"span:{parent}" if parent else None)
         problem = _call_problem(key, tool, index, digest, turn_id, parent, raw_outcome, outcome, result)
         if problem:
             self._bad(lineno, f"tool span {name!r}: {problem}")
@@ -755,9 +760,11 @@ def _call_problem(key: str | None, tool: Any, index: Any, digest: Any, turn_id: 
                   outcome: Outcome | Unreported | None, result: Any = None) -> str | None:
     """What makes a tool span unusable, the first thing of these; ``None``: nothing."""
     return (
-        "neither a parentSpanId nor a turn id" if key is None
-        else f"a tool name, digest, turn id or parentSpanId longer than {MAX_ID_LENGTH} characters"
-        if not all(v is None or short_text(v) for v in (tool, digest, turn_id, parent))
+        f"a turn id (a text or an integer) of at most {MAX_ID_LENGTH} characters expected, got {shown(turn_id)}"
+        if turn_id is not None and turn_id_text(turn_id) is None
+        else "neither a parentSpanId nor a turn id" if key is None
+        else f"a tool name, digest or parentSpanId longer than {MAX_ID_LENGTH} characters"
+        if not all(v is None or short_text(v) for v in (tool, digest, parent))
         else "no tool name" if not isinstance(tool, str) or not tool
         else f"{names.CALL_INDEX} must be a whole number from 1 to {MAX_TURN_COUNT:,}, got {shown(index)}"
         if type(index) is not int or not 0 < index <= MAX_TURN_COUNT

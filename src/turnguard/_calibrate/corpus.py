@@ -77,7 +77,7 @@ def corpus_turn(obj: Any, path: str, lineno: int, on_problem: records.ProblemSin
         return None
     origin = f"{path}:{lineno}"
     return records.RecordedTurn(
-        id=_turn_id(obj.get("id", obj.get("turn_id")), origin, bad),
+        id=_turn_id(records.first_given(obj, "id", "turn_id"), origin, bad),
         calls=tuple(calls),
         cycles=cycles,
         resolved=resolved,
@@ -94,20 +94,14 @@ def _turn_id(value: Any, origin: str, bad: Callable[[str], None]) -> str:
     else is reported, and the turn replayed under its origin (``file:line``)."""
     if value is None:
         return origin
-    if type(value) is int and value.bit_length() <= MAX_ID_BITS:
-        return str(value)
-    if type(value) is str and len(value) <= MAX_ID_LENGTH:
-        return value
+    text = records.turn_id_text(value)
+    if text is not None:
+        return text
     what = (f"{len(value):,} characters" if type(value) is str else f"an integer of more than {MAX_ID_LENGTH} digits"
             if type(value) is int else records.json_type(value))
     bad(f"the turn id must be a string or an integer of at most {MAX_ID_LENGTH} characters, got {what} "
         f"(replayed as {origin})")
     return origin
-
-
-MAX_ID_BITS = 800
-"""Integers of at most this many bits have fewer than ``MAX_ID_LENGTH`` digits (and ``str`` of a
-larger one could even raise: Python limits int-to-text conversion to 4,300 digits)."""
 
 
 def _bounded_text(value: Any, key: str, bad: Callable[[str], None]) -> str | None:
@@ -236,10 +230,10 @@ def digests_in_args(obj: dict[str, Any]) -> bool:
 def _corpus_call(raw: Any, digests: bool = False) -> records.RecordedCall | str:
     if type(raw) is not dict:
         return f"expected an object, got {records.json_type(raw)}"
-    tool = raw.get("tool") or raw.get("name")
+    tool = records.first_given(raw, "tool", "name")
     if type(tool) is not str or not tool:
         return "'tool' is missing or not a non-empty string"
-    digest = raw.get("digest") or raw.get("key_digest")
+    digest = records.first_given(raw, "digest", "key_digest")
     if digest is not None and type(digest) is not str:
         return f"'digest' must be a string, got {type(digest).__name__}"
     if digest is None and "args" not in raw:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from turnguard._calibrate import bounds
-from turnguard._model import MAX_ID_LENGTH, Outcome
+from turnguard._model import MAX_ID_LENGTH, Outcome, id_text
 from turnguard.telemetry._names import CALL_UNFINISHED
 
 
@@ -354,3 +354,29 @@ def parse_outcome(value: Any) -> Outcome | Unreported | None:
 
 def short_text(value: Any) -> bool:
     return type(value) is str and len(value) <= MAX_ID_LENGTH
+
+
+MAX_ID_BITS = 800
+"""Integers of at most this many bits have fewer than ``MAX_ID_LENGTH`` digits (and ``str`` of a
+larger one could even raise: Python limits int-to-text conversion to 4,300 digits)."""
+
+
+def turn_id_text(value: Any) -> str | None:
+    """A recorded turn id as the live guard counts it (``model.id_text``): a text as it is, ``""``
+    included, or an integer's digits (``0`` is ``"0"``), of at most ``MAX_ID_LENGTH`` characters;
+    ``None`` for anything else (only an absent id gets a stand-in, and only where the caller says)."""
+    if type(value) is str:
+        return value if len(value) <= MAX_ID_LENGTH else None
+    if type(value) is int and value.bit_length() <= MAX_ID_BITS:
+        return id_text(value)
+    return None
+
+
+def first_given(obj: dict[str, Any], *keys: str) -> Any:
+    """The value of the first of ``keys`` that ``obj`` gives (absent or ``null``: not given): an
+    empty text, ``0`` or ``false`` is given, never passed over for a later key."""
+    for key in keys:
+        value = obj.get(key)
+        if value is not None:
+            return value
+    return None

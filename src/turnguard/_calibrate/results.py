@@ -26,6 +26,7 @@ from turnguard._calibrate.records import (
     ProblemSink,
     parse_line,
     shown,
+    turn_id_text,
 )
 from turnguard._model import MAX_ID_LENGTH
 
@@ -117,7 +118,8 @@ def line_results(line: bytes, lineno: int, events: list[Event], max_line_bytes: 
 def _record(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
     turn_id: Any = obj.get(RESULT_KEY)
     resolved = obj.get("resolved")
-    if not _turn_id(turn_id) or not isinstance(resolved, bool):
+    text = turn_id_text(turn_id)
+    if text is None or not isinstance(resolved, bool):
         events.append((lineno, None, f"a result record needs {RESULT_KEY!r} (a turn id of at most {MAX_ID_LENGTH} "
                                      f"characters) and 'resolved' (true or false), got {RESULT_KEY}={shown(turn_id)}, "
                                      f"resolved={shown(resolved)}", None))
@@ -127,7 +129,7 @@ def _record(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
         events.append((lineno, None, f"a result record's {REPORTED_AT!r} is no Unix time in seconds: {shown(at)}; "
                                      "read as a result without a time", None))
         at = None
-    events.append((lineno, id_hash(turn_id), resolved, None if at is None else float(at)))
+    events.append((lineno, id_hash(text), resolved, None if at is None else float(at)))
 
 
 def _time(value: Any) -> bool:
@@ -150,12 +152,6 @@ def _log_time(record: dict[str, Any]) -> float | str | None:
     return None
 
 
-def _turn_id(value: Any) -> bool:
-    """A late result's turn id: a non-empty text of at most ``MAX_ID_LENGTH`` characters (the
-    limit turn ids and result tokens share), so that no record can grow the results' memory."""
-    return type(value) is str and 0 < len(value) <= MAX_ID_LENGTH
-
-
 def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
     """``turnguard.turn.result`` records of an OTLP logs document (other records are not ours)."""
     for resource in _list(obj.get(LOGS_KEY)):
@@ -170,7 +166,8 @@ def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
                 resolved = span_resolved(raw)
                 if turn_id is None:
                     continue  # not about a turn
-                if not _turn_id(turn_id):
+                text = turn_id_text(turn_id)  # bounded: no record can grow the results' memory
+                if text is None:
                     events.append((lineno, None, f"a {RESULT_EVENT} record without a turn id of at most "
                                                  f"{MAX_ID_LENGTH} characters: {shown(turn_id)}; ignored", None))
                 elif not resolved_readable(raw):
@@ -182,7 +179,7 @@ def _logs(obj: dict[str, Any], lineno: int, events: list[Event]) -> None:
                         events.append((lineno, None, f"a {RESULT_EVENT} record: {at}; read as a result without a "
                                                      "time", None))
                         at = None
-                    events.append((lineno, id_hash(turn_id), resolved, at))
+                    events.append((lineno, id_hash(text), resolved, at))
 
 
 def _list(value: Any) -> list[Any]:
