@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import operator
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,6 +340,60 @@ class _Pending:
     calls: list[tuple[int, RecordedCall]] = field(default_factory=list)
 
 
+@dataclass(slots=True, eq=False)
+class _Open:
+    """A turn whose turn span came before some of its tool spans may have (``awaited``): held, its
+    calls taking the tool spans of the numbers it misses, until none is missing, the stream ends or
+    the waiting bound releases it."""
+
+    turn_id: str
+    calls: list[tuple[int, RecordedCall]]
+    facts: dict[str, Any]
+    keys: tuple[str, ...]
+    gaps: Gaps
+    closed: bool = False
+
+    def awaits(self, number: int) -> bool:
+        have, low, top = self.gaps
+        return low <= number and (top is None or number <= top) and number not in have
+
+    def took(self, number: int) -> bool:
+        """Note a call of an awaited number; whether the turn now misses none."""
+        have, low, top = self.gaps
+        have.add(number)
+        return top is not None and len(have) > top - low
+
+
+Gaps = tuple[set[int], int, "int | None"]
+"""``(the numbers held from the lowest awaited on, the lowest awaited, the last)``; the last is
+``None`` when the turn span ended before its turn did: any number it lacks may come."""
+
+
+def awaited(numbers: Iterable[int], tool_calls: int | None, ended: bool, resumed: bool) -> Gaps | None:
+    """What a turn span's tool spans leave to come, ``None`` when nothing: every number from 1 (a
+    resumed turn's: from its first listed, the calls before the resume being another span's) to its
+    count (``turnguard.turn.tool_calls``, else the last listed) is held. A turn span without
+    ``turnguard.turn.outcome`` (a host's span ended before its turn) awaits any number it lacks."""
+    have = set(numbers)
+    if resumed and not have:
+        return None
+    low = min(have) if resumed else 1
+    if not ended:
+        return have, low, None
+    top = tool_calls if tool_calls is not None else max(have, default=0)
+    if have and (min(have) < low or max(have) > top):
+        have = {n for n in have if low <= n <= top}
+    return None if len(have) > top - low else (have, low, top)
+
+
+Awaiting = tuple[list[int], "int | None", bool, bool]
+"""A held turn span's call numbers read in its range, count, whether ended and resumed: what
+``awaited`` judges again with the calls of earlier ranges added (``take_range``)."""
+Emitted = tuple[str, "str | None", int, int, "Awaiting | None"]
+"""Per turn span a holding assembler read: its keys, the calls that waited under each there, and
+``Awaiting`` when its calls there leave numbers missing (``None``: none missing, none can be)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HeldTurn:
     """A turn span read by a worker process (``OtlpAssembler(hold=True)``): its calls and facts,
@@ -407,8 +461,10 @@ class OtlpAssembler:
     after all its spans are taken): their calls wait here, at most
     ``MAX_WAITING_CALLS``, until it comes; one assembler reads a rotated stream in order, so a turn
     straddling a rotation is one turn. Calls whose turn span never comes are reported and replayed as
-    a turn of their own. With ``hold`` (a worker reading a byte range), a turn span gives a
-    ``HeldTurn``, and ``emitted`` / ``leftovers()`` let the parent join the ranges (``take_range``)."""
+    a turn of their own. A turn span whose calls leave numbers missing (``awaited``) is held open,
+    counted against the same bound, for tool spans of later lines (``_Open``). With ``hold`` (a
+    worker reading a byte range), a turn span gives a ``HeldTurn``, and ``emitted`` /
+    ``leftovers()`` let the parent join the ranges (``take_range``)."""
 
     def __init__(self, on_problem: ProblemSink, path: str = "", *, max_line_bytes: int = MAX_LINE_BYTES,
                  hold: bool = False) -> None:
@@ -419,10 +475,16 @@ class OtlpAssembler:
         self._tools: dict[str, str] = {}
         """Tool names seen, each kept once (a waiting call holds the shared text)."""
         self._pending: dict[str, _Pending] = {}
+        self._open: dict[str, _Open] = {}
+        """Turns held for tool spans of later lines (``awaited``), under each of their keys."""
+        self._done: list[_Open] = []
+        """Open turns that miss nothing any more (or another turn span of their key came): given at the
+        end of the line."""
         self._waiting = 0
         self.hold = hold
-        self.emitted: list[tuple[str, str | None, int, int]] = []
-        """With ``hold``: per turn span, its keys and how many calls waited under each here."""
+        self.emitted: list[Emitted] = []
+        """With ``hold``: per turn span, its keys, how many calls waited under each here, and what it
+        awaits when its calls here leave numbers missing (``Awaiting``)."""
         self.most_waiting = 0
         """With ``hold``: the most calls that waited at once after a span."""
         self.released = False
@@ -458,6 +520,8 @@ class OtlpAssembler:
                     if self._waiting > self.most_waiting and self._most_waiting():
                         yield self._release_oldest()
         yield from self._close_turns(closing)
+        if self._done:
+            yield from self._completed()
 
     def add_decoded(self, spans: list[DecodedSpan], lineno: int) -> Iterator[Any]:
         """``add`` for a line decoded by ``decode``: template-matched tool spans are taken directly,
@@ -482,6 +546,8 @@ class OtlpAssembler:
             if self._waiting > self.most_waiting and self._most_waiting():
                 yield self._release_oldest()
         yield from self._close_turns(closing)
+        if self._done:
+            yield from self._completed()
 
     def _close_turns(self, closing: list[_TurnSpan]) -> Iterator[Any]:
         """The turns of a line's turn spans, closed once every span of the line is taken: the
@@ -491,6 +557,35 @@ class OtlpAssembler:
             turn = self._turn_span(*turn_span)
             if turn is not None:
                 yield turn
+            elif self._waiting > self.most_waiting and self._most_waiting():
+                yield self._release_oldest()
+
+    def _completed(self) -> Iterator[RecordedTurn]:
+        """The open turns done in this line, in the order they came to miss nothing."""
+        done, self._done = self._done, []
+        for held in done:
+            if not held.closed:
+                yield self._close_open(held)
+
+    def _open_turn(self, held: _Open) -> None:
+        """Hold a turn for tool spans of later lines; an open turn of one of its keys is done (a
+        second reading of the turn, a copy, takes that key's spans from here on)."""
+        for key in held.keys:
+            older = self._open.get(key)
+            if older is not None and older not in self._done:
+                self._done.append(older)
+        for key in held.keys:
+            self._open[key] = held
+        self._waiting += 1 + len(held.calls)
+
+    def _close_open(self, held: _Open) -> RecordedTurn:
+        held.closed = True
+        for key in held.keys:
+            if self._open.get(key) is held:
+                del self._open[key]
+        self._waiting -= 1 + len(held.calls)
+        self._last_parent = None
+        return _recorded_turn(held.turn_id, held.calls, held.facts)
 
     def _take_siblings(self, spans: list[DecodedSpan], i: int) -> tuple[int, bool]:
         """Take the template-matched siblings of the last call held from ``spans[i]`` on, in one
@@ -537,20 +632,33 @@ class OtlpAssembler:
             tool = raw_tool.decode()
             if len(self._tool_texts) < MAX_SHARED_TOOLS:
                 self._tool_texts[raw_tool] = tool
-        calls = self._hold("span:" + parent, number, tool, digest.decode(), outcome, raw_result and raw_result.decode(),
-                           lineno, cycle, retries)
+        key = "span:" + parent
+        calls = self._hold(key, number, tool, digest.decode(), outcome, raw_result and raw_result.decode(), lineno,
+                           cycle, retries)
         if calls is None:
             return False
-        self._last_parent, self._last_calls = parent, calls
+        if self._open and key in self._open and key not in self._pending:  # an open turn's: each number checked
+            self._last_parent = None
+        else:
+            self._last_parent, self._last_calls = parent, calls
         return True
 
     def _hold(self, key: str, number: int, tool: str, digest: str, outcome: Outcome | Unreported, result: str | None,
               lineno: int, cycle: int | None = None, retries: int = 0) -> list[tuple[int, RecordedCall]] | None:
-        """Hold a checked tool span's call under ``key`` for its turn span: the calls held there
-        (``None``: the turn's bound refuses it, nothing changed)."""
-        pending = self._pending.get(key)
+        """Hold a checked tool span's call under ``key`` for its turn span, or give it to the open
+        turn of the key that awaits its number: the calls held there (``None``: the turn's bound
+        refuses it, nothing changed)."""
+        pending: _Pending | _Open | None = self._pending.get(key)
         if pending is None:
-            pending = self._pending[key] = _Pending(self.path, lineno)
+            held = self._open.get(key) if self._open else None
+            if held is not None and held.awaits(number):
+                if len(held.calls) >= self.max_calls:
+                    return None
+                pending = held
+                if held.took(number):
+                    self._done.append(held)
+            else:
+                pending = self._pending[key] = _Pending(self.path, lineno)
         elif len(pending.calls) >= self.max_calls:
             return None
         tools = self._tools
@@ -569,6 +677,12 @@ class OtlpAssembler:
         return self._waiting > self.max_waiting
 
     def _release_oldest(self) -> RecordedTurn:
+        """The turn given up on: the oldest open one (it has its turn span), else the oldest calls
+        waiting for theirs (reported)."""
+        self.released = True
+        if self._open:
+            self.most_waiting = min(self.most_waiting, self.max_waiting)
+            return self._close_open(next(iter(self._open.values())))
         key, pending = next(iter(self._pending.items()))
         del self._pending[key]
         self._last_parent = None
@@ -581,7 +695,12 @@ class OtlpAssembler:
         return self._orphan(key, pending)
 
     def finish(self) -> Iterator[RecordedTurn]:
-        """End of the stream: calls whose turn span never came are reported and still replayed."""
+        """End of the stream: the open turns, then the calls whose turn span never came (reported and
+        still replayed)."""
+        for held in list(dict.fromkeys(self._open.values())):
+            if not held.closed:
+                yield self._close_open(held)
+        self._done.clear()
         for key, pending in list(self._pending.items()):
             self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} without their turn span "
                                       "(replayed as a turn of their own)", pending.path)
@@ -631,13 +750,20 @@ class OtlpAssembler:
         self._waiting -= (len(own.calls) if own else 0) + (len(children.calls) if children else 0)
         facts = self._facts(turn_id, attrs, lineno, None, span_times(start, end))
         facts["continued"] = span_continued(events)
-        if self.hold:
-            self.emitted.append((own_key, child_key, len(own.calls) if own else 0,
-                                 len(children.calls) if children else 0))
-            return HeldTurn(turn_id, own.calls if own else [], children.calls if children else [], facts)
         calls = own.calls if own else []
         if children is not None:
             calls = calls + children.calls
+        awaits = (facts["tool_calls"], names.TURN_OUTCOME in attrs, names.TURN_RESUMED_FROM in attrs)
+        gaps = awaited(map(_INDEX, calls), *awaits)
+        if self.hold:
+            self.emitted.append((own_key, child_key, len(own.calls) if own else 0,
+                                 len(children.calls) if children else 0,
+                                 None if gaps is None else (list(map(_INDEX, calls)), *awaits)))
+            return HeldTurn(turn_id, own.calls if own else [], children.calls if children else [], facts)
+        if gaps is not None:
+            self._open_turn(_Open(turn_id, calls, facts, (own_key,) if child_key is None else (own_key, child_key),
+                                  gaps))
+            return None
         return _recorded_turn(turn_id, calls, facts)
 
     def _call(self, name: str, tool: Any, index: Any, digest: Any, raw_outcome: Any, turn_id: Any, parent: Any,
@@ -701,18 +827,19 @@ class OtlpAssembler:
         """With ``hold``, at the end of a range: the calls still waiting, by key, oldest key first."""
         return [(key, p.path, p.lineno, p.calls) for key, p in self._pending.items()]
 
-    def take_range(self, emitted: Sequence[tuple[str, str | None, int, int]],
+    def take_range(self, emitted: Sequence[Emitted],
                    leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]], most_waiting: int
                    ) -> dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] | None:
         """Join a range a holding assembler read to the stream read so far, as if read here: the
         waiting calls its turn spans take (by position in ``emitted``), its leftovers waiting on.
         ``None``, changing nothing, when reading it here could have given other turns (the waiting bound
-        or a turn's call limit reached); the caller then reads the range itself."""
+        or a turn's call limit reached, a turn held open: ``_awaits_none``); the caller then reads the
+        range itself."""
         if not self._joins_alike(emitted, leftovers, most_waiting):
             return None
         stitched: dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] = {}
         self._last_parent = None
-        for i, (own, child, _, _) in enumerate(emitted):
+        for i, (own, child, *_) in enumerate(emitted):
             own_before = self._pending.pop(own, None)
             children_before = self._pending.pop(child, None) if child is not None else None
             if own_before is not None or children_before is not None:
@@ -727,15 +854,15 @@ class OtlpAssembler:
             self._waiting += len(calls)
         return stitched
 
-    def _joins_alike(self, emitted: Sequence[tuple[str, str | None, int, int]],
+    def _joins_alike(self, emitted: Sequence[Emitted],
                      leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]], most_waiting: int
                      ) -> bool:
         """Whether this assembler would have read the range alike: never more calls waiting than
         the bound, and no turn past its call limit with the calls waiting here added."""
-        if self._waiting + most_waiting > self.max_waiting:
+        if self._waiting + most_waiting > self.max_waiting or not self._awaits_none(emitted, leftovers):
             return False
         taken: dict[str, int] = {}
-        for own, child, n_own, n_children in emitted:
+        for own, child, n_own, n_children, _ in emitted:
             for key, n in ((own, n_own), (child, n_children)):
                 if key is not None and key in self._pending and key not in taken:
                     taken[key] = n
@@ -744,6 +871,26 @@ class OtlpAssembler:
         return not any(key in self._pending and key not in taken
                        and len(self._pending[key].calls) + len(calls) > self.max_calls
                        for key, _, _, calls in leftovers)
+
+    def _awaits_none(self, emitted: Sequence[Emitted],
+                     leftovers: Sequence[tuple[str, str, int, list[tuple[int, RecordedCall]]]]) -> bool:
+        """Whether reading the range here would hold no turn open and give none held open a call:
+        no key of its is an open turn's, and each turn span whose calls there leave numbers missing
+        misses none with the calls waiting here for it."""
+        if self._open and any(key in self._open for e in emitted for key in e[:2] if key is not None):
+            return False
+        if self._open and any(key in self._open for key, *_ in leftovers):
+            return False
+        taken: set[str] = set()
+        for own, child, _, _, awaiting in emitted:
+            keys = [key for key in (own, child) if key is not None and key in self._pending and key not in taken]
+            taken.update(keys)
+            if awaiting is not None:
+                numbers, tool_calls, ended, resumed = awaiting
+                before = [number for key in keys for number, _ in self._pending[key].calls]
+                if awaited([*before, *numbers], tool_calls, ended, resumed) is not None:
+                    return False
+        return True
 
 
 _HALT = names.ACTION_LABELS[Action.HALT]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from turnguard._calibrate.collector import HeldTurn, OtlpAssembler
+from turnguard._calibrate.collector import Emitted, HeldTurn, OtlpAssembler
 from turnguard._calibrate.engine import Calibrator, policy_info
 from turnguard._calibrate.grid import Policy
 from turnguard._calibrate.inputs import read_line, read_source
@@ -162,7 +162,7 @@ def _marked(data: bytes) -> bool:
     return any(m in data for m in MARKERS)
 
 
-Summary = tuple[list[tuple[str, str | None, int, int]], list[Any], int, bool]
+Summary = tuple[list[Emitted], list[Any], int, bool]
 """What the parent needs to join a range: its assembler's ``emitted``, ``leftovers()``,
 ``most_waiting`` and ``released``."""
 
