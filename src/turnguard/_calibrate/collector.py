@@ -519,9 +519,7 @@ class OtlpAssembler:
                         closing.append(turn_span)
                     if self._waiting > self.most_waiting and self._most_waiting():
                         yield self._release_oldest()
-        yield from self._close_turns(closing)
-        if self._done:
-            yield from self._completed()
+        yield from self._line_end(closing)
 
     def add_decoded(self, spans: list[DecodedSpan], lineno: int) -> Iterator[Any]:
         """``add`` for a line decoded by ``decode``: template-matched tool spans are taken directly,
@@ -545,6 +543,10 @@ class OtlpAssembler:
                     closing.append(turn_span)
             if self._waiting > self.most_waiting and self._most_waiting():
                 yield self._release_oldest()
+        yield from self._line_end(closing)
+
+    def _line_end(self, closing: list[_TurnSpan]) -> Iterator[Any]:
+        """What a line completes: its turn spans' turns, then any turn the line's spans complete."""
         yield from self._close_turns(closing)
         if self._done:
             yield from self._completed()
