@@ -360,7 +360,8 @@ def test_failing_closed_the_halt_names_the_plugin_and_the_hook_for_checks_and_ob
     run = drive_every_hook("closed", failing_in(hook, RuntimeError("bug")))
     halt = run.verdicts[HALTS_FROM[hook]]
     assert halt.message == f"turnguard: plugin 'raising' failed in {hook} (fail_mode=closed)"
-    assert (halt.threshold, halt.event) == (None, None)
+    assert (halt.threshold, halt.event) == ("plugin_error", None)
+    assert (run.summary.halted, run.summary.threshold) == (True, "plugin_error")
 
 
 @pytest.mark.parametrize("hook", HOOKS)

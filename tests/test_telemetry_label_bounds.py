@@ -172,7 +172,7 @@ def test_hostile_values_on_every_path_stay_within_each_labels_bound(otel):
 
 
 BUILTINS: dict[str, frozenset[str]] = {
-    "thresholds": frozenset(t.value for t in tg.Threshold),
+    "thresholds": frozenset({*(t.value for t in tg.Threshold), "plugin_error"}),
     "reasons": frozenset({"completed", "halted", "error", "live_halted"}),
     "plugins": frozenset({"otel", "recorder", "shadow", "cap", "streak", "cycles", "cycle_repeat"}),
     "hooks": frozenset({"turnguard_check_call", "turnguard_turn_ended", "turnguard_check_outcome"}),

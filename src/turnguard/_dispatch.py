@@ -14,8 +14,8 @@ that raises gets one treatment everywhere (``Dispatcher.failed``):
   arguments, only with ``capture_content``) and reported through ``turnguard_plugin_error``
   (a reporter that raises is only logged: the failure it reported decides);
 - under ``fail_mode="open"`` nothing else happens; under ``"closed"`` it stands for a HALT
-  naming the plugin and the hook: among a check's answers, or, from an observer, the HALT the
-  caller latches (the host call it failed on halts);
+  naming the plugin and the hook, threshold ``plugin_error``: among a check's answers, or, from
+  an observer, the HALT the caller latches (the host call it failed on halts);
 - any ``BaseException`` but ``KeyboardInterrupt``/``SystemExit`` (which propagate) counts.
 
 Which ``turn`` a plugin receives: the built-in policy modules (``plugins.DEFAULT_PLUGINS``) get
@@ -48,7 +48,7 @@ import pluggy
 
 from turnguard._firing import NEVER, Quiet
 from turnguard._ledger import Ledger, LedgerView
-from turnguard._model import ALLOW, Action, Level, LoopDetectedEvent, Threshold, Verdict
+from turnguard._model import ALLOW, PLUGIN_ERROR_THRESHOLD, Action, Level, LoopDetectedEvent, Threshold, Verdict
 from turnguard._plugins import DEFAULT_PLUGINS, PASSTHROUGH
 
 log = logging.getLogger("turnguard")
@@ -481,7 +481,8 @@ class Dispatcher:
     def failed(self, name: str, hook: str, exc: BaseException, report: LedgerView | None = None) -> Verdict | None:
         """The one treatment of a plugin that raised (or answered something else than a verdict)
         in ``hook``: logged, reported through ``turnguard_plugin_error``, and replaced by what
-        ``fail_mode`` says: ``None`` (open) or a HALT naming the plugin and the hook (closed).
+        ``fail_mode`` says: ``None`` (open) or a HALT naming the plugin and the hook, with the
+        threshold ``PLUGIN_ERROR_THRESHOLD`` (closed).
         A ``turnguard_plugin_error`` implementation that raises is only logged (``None``): the
         failure it was told of decides."""
         if self.log_errors:
@@ -494,7 +495,8 @@ class Dispatcher:
         self.call_each(PLUGIN_ERROR, self.observers(PLUGIN_ERROR), report,
                        {"turn": report, "plugin": name, "hook": hook, "error": exc})
         if self.fail_closed:
-            return Verdict(Action.HALT, None, f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed)")
+            return Verdict(Action.HALT, PLUGIN_ERROR_THRESHOLD,
+                           f"turnguard: plugin {name!r} failed in {hook} (fail_mode=closed)")
         return None
 
 

@@ -133,6 +133,21 @@ class Threshold(enum.StrEnum):
     CYCLE_REPEAT = "cycle_repeat"
 
 
+PLUGIN_ERROR_THRESHOLD = "plugin_error"
+"""The threshold of the HALT that stands in for a failing plugin under ``fail_mode="closed"``, and
+of any HALT that names no threshold (``halt_threshold``). Part of the telemetry contract like
+``Threshold``'s values, and no policy's."""
+
+
+def halt_threshold(threshold: Threshold | str | None) -> Threshold | str:
+    """What a HALT is labelled by: its threshold, or ``PLUGIN_ERROR_THRESHOLD`` when it names none
+    (a plugin's own bare HALT, a halt latched before failing plugins' halts were named). A halted
+    turn always names what halted it, whatever reason the host ends it with: "halted" means a
+    threshold, in the summary, ``turnguard.loop.threshold``, the recorder's ``ended_by``, the
+    boards (``turnguard._boards.series.HALTED``) and calibrate alike."""
+    return PLUGIN_ERROR_THRESHOLD if threshold is None else threshold
+
+
 class Level(enum.StrEnum):
     """How serious a detection is: a warning or a stop."""
 

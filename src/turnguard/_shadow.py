@@ -453,9 +453,12 @@ def _give_up(state: TurnShadows, exc: BaseException) -> None:
 
 
 def _reason(run: ShadowRun, live: TurnSummary) -> str:
+    """The shadow turn's end: ``halted``, its own would-be halt; else ``live_halted`` when the live
+    turn was halted (``TurnSummary.halted``: a threshold fired, whatever reason the host ended it
+    with) or its reason reads ``halted`` (that label is the shadow's own halt); else the live reason."""
     if run.halt is not None:
         return "halted"
-    return "live_halted" if live.reason == "halted" else live.reason
+    return "live_halted" if live.halted or live.reason == "halted" else live.reason
 
 
 def plugin_for(config: GuardConfig, *, plugin_manager: pluggy.PluginManager | None = None,

@@ -41,7 +41,7 @@ from turnguard._calibrate.evidence import ProbeEvidence
 from turnguard._calibrate.recording import Recording
 from turnguard._calibrate.replay import TurnResult, calls_saved, decile, relative_position
 from turnguard._calibrate.survival import Survival, estimate
-from turnguard._model import MAX_ID_LENGTH, Threshold
+from turnguard._model import MAX_ID_LENGTH, PLUGIN_ERROR_THRESHOLD, Threshold, halt_threshold
 
 FORMAT = "turnguard-_calibrate/2"
 """Version 2 adds what the recording cannot tell (censored counts, survival); results of version 1
@@ -51,7 +51,7 @@ HaltEffect = tuple[str, int, int]
 """A halt's threshold label, the calls it saved and the tenth of the turn it landed in."""
 
 
-HALT_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error"})
+HALT_ENDS = frozenset({*(str(t) for t in Threshold), "halted", PLUGIN_ERROR_THRESHOLD})
 """``ended_by`` values of a turn whose recording ends at a halt of its own (live or probe): what it
 would have done past the halt is not recorded (right-censored there)."""
 SOURCES = ("probe", "attended", "live", "unrecorded")
@@ -68,7 +68,7 @@ def halt_effect(result: TurnResult, calls: int) -> HaltEffect | None:
     """What a result adds to the halt figures (``None``: it did not halt)."""
     if not result.halt_call:
         return None
-    return (result.threshold or "plugin_error", calls_saved(result, calls),
+    return (str(halt_threshold(result.threshold)), calls_saved(result, calls),
             decile(relative_position(result.halt_call, calls)))
 
 

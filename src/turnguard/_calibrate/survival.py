@@ -20,9 +20,9 @@ from typing import Any
 
 from turnguard._calibrate.bounds import Key, add_count, add_counts, call_count_key, dump, hist, key_in, load
 from turnguard._calibrate.evidence import Z95, Sided, zero_event_bound
-from turnguard._model import Threshold
+from turnguard._model import PLUGIN_ERROR_THRESHOLD, Threshold
 
-CENSORING_ENDS = frozenset({*(str(t) for t in Threshold), "halted", "plugin_error", "cancelled", "error",
+CENSORING_ENDS = frozenset({*(str(t) for t in Threshold), "halted", PLUGIN_ERROR_THRESHOLD, "cancelled", "error",
                             "abandoned"})
 """``ended_by`` values that censor a turn at its call count (any other recorded end is an event)."""
 CENSOR_GROUPS = {"hard_backstop": "cap", "explicit": "cap", "cycle_cap": "cap", "soft_stuck": "stuck",

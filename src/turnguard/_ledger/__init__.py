@@ -76,7 +76,7 @@ from turnguard._ledger._state import (
     results_state,
 )
 from turnguard._ledger._streaks import _STREAK_STOP, MAX_ENDED_STREAKS, MAX_FIRED, EndedStreak, count_outcome
-from turnguard._model import MAX_RESTART_TOOLS, LoopDetectedEvent, Outcome, TurnSummary, Verdict
+from turnguard._model import MAX_RESTART_TOOLS, LoopDetectedEvent, Outcome, TurnSummary, Verdict, halt_threshold
 from turnguard._state import Fields
 
 if TYPE_CHECKING:
@@ -556,7 +556,7 @@ class Ledger(PolledCalls):
             distinct_keys=len(self._counts),
             keys_overflowed=self._overflowed,
             halted=halt is not None,
-            threshold=halt.threshold if halt is not None else None,
+            threshold=halt_threshold(halt.threshold) if halt is not None else None,
             cap_mode=self.cap_mode,
             stuck=stuck,
             detections=self._detections,

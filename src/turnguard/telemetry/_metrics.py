@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from turnguard._config import GuardConfig
-from turnguard._model import Action, Threshold
+from turnguard._model import PLUGIN_ERROR_THRESHOLD, Action, Threshold
 from turnguard._plugins import DEFAULT_PLUGINS, NON_POLICY_PLUGINS
 from turnguard._probe import COHORTS
 from turnguard.hookspecs import __all__ as HOOK_NAMES
@@ -35,8 +35,9 @@ if TYPE_CHECKING:
     from turnguard._task_results import ResultLabels
 
 
-BUILTIN_THRESHOLDS = frozenset(t.value for t in Threshold)
-"""The thresholds turnguard's own policies give (a closed set; a third-party policy may add more)."""
+BUILTIN_THRESHOLDS = frozenset((*(t.value for t in Threshold), PLUGIN_ERROR_THRESHOLD))
+"""The thresholds turnguard's own policies give, and a failing plugin's halt (a closed set; a
+third-party policy may add more)."""
 BUILTIN_REASONS = frozenset((*n.BUILTIN_TURN_OUTCOMES, n.SHADOW_LIVE_HALTED))
 BUILTIN_PLUGINS = frozenset((*DEFAULT_PLUGINS, *NON_POLICY_PLUGINS))
 BUILTIN_HOOKS = frozenset(name for name in HOOK_NAMES if name.startswith("turnguard_"))
