@@ -59,3 +59,12 @@ def selects(rate: float, conversation_id: object, turn_id: object) -> bool:
 
 
 COHORTS: tuple[str, ...] = tuple(c.value for c in Cohort)
+
+
+def sees_past(main: int | None, own: int | None) -> bool:
+    """Whether probe turns can be seen past the main configuration's limit ``main`` (falsy: none)
+    when the probe's own limit of the same threshold is ``own`` (``None``: it has none): not when its
+    own is no higher, where it halts them first. A threshold's probe evidence there is never "within"
+    the tolerance, whatever its counts say (calibrate's ``advice.row_cap``, the threshold board's
+    ``CapSettings.probe_stops_at``)."""
+    return own is None or not main or own > main

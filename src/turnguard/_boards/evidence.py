@@ -19,7 +19,10 @@ The arithmetic matches ``turnguard calibrate``'s (``turnguard._calibrate.evidenc
 - **Decision** against the tolerance q (the ``tolerance`` variable: the share of the turns a
   threshold halts that would have succeeded which the operator accepts): ``above`` when the low
   end is over q (the threshold halts too many turns that would have succeeded), ``within`` when the
-  high end is under q, else ``undecided``.
+  high end is under q, else ``undecided``. A row at the probe's own limit (the probe's backstop, D,
+  streak stop, ... not past the main one's, ``CapSettings.probe_stops_at``) is never ``within``: the
+  probe halts those turns first, so none is seen past it (calibrate's ``advice.row_cap``); it is
+  ``above`` or ``undecided``, and no number of turns decides it.
 - **More probe turns**: a Wilson bound at share p over N turns is past q exactly when
   ``N·(p-q)² > z²·q(1-q)`` (the score test it inverts), so the evidence decides once N passes
   ``z²·q(1-q)/(p-q)²`` at the low end's share (when it is above q) or the high end's (below q); the
@@ -116,14 +119,22 @@ def _score(tolerance: str) -> str:
     return f"{Z2!r} * {tolerance} * (1 - {tolerance})"
 
 
-def decision(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE) -> str:
+def _above(resolved: str, known: str, tolerance: str) -> str:
+    """1 where the low end is past the tolerance (the evidence says above), else 0."""
+    return f"({resolved} - {tolerance} * {known} > bool sqrt({_score(tolerance)} * {known}))"
+
+
+def decision(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE,
+             open_rows: str | None = None) -> str:
     """``Decision`` per series (NaN with no fate known). A Wilson bound of ``x`` of ``N`` is past the
     tolerance q exactly when ``|x - q·N| > sqrt(z²·q(1-q)·N)`` (the score test it inverts): above
-    when the low end is, within when the high end is."""
+    when the low end is, within when the high end is. ``open_rows``: 1 on the rows that can be
+    within, 0 on those at the probe's own limit, which never are (``probe_rows``)."""
     bound = f"sqrt({_score(tolerance)} * {known})"
-    above = f"({resolved} - {tolerance} * {known} > bool {bound})"
     within = f"({tolerance} * {known} - {resolved_or_censored} > bool {bound})"
-    return f"(({above} - {within}) / ({known} / {known}))"
+    if open_rows is not None:
+        within = f"({within} * {open_rows})"
+    return f"(({_above(resolved, known, tolerance)} - {within}) / ({known} / {known}))"
 
 
 def _needed(successes: str, known: str, tolerance: str) -> str:
@@ -131,20 +142,28 @@ def _needed(successes: str, known: str, tolerance: str) -> str:
     return f"(floor({_score(tolerance)} * {known} ^ 2 / ({successes} - {tolerance} * {known}) ^ 2) + 1 - {known})"
 
 
-def more_turns(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE) -> str:
+def more_turns(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE,
+               stopped: str | None = None) -> str:
     """Probe turns with a known fate still needed to decide: at the low end's share when it is above
     q, the high end's when it is below (0 once decided); +Inf when the tolerance lies between them
     (the censored turns could go either way: no number of turns at these shares decides, raise the
-    probe's cap; or the share is the tolerance); NaN with no fate known."""
+    probe's cap; or the share is the tolerance); NaN with no fate known. On the ``stopped`` rows (at
+    the probe's own limit: never within) 0 once above, else +Inf: no number of turns decides them,
+    raise the probe's limit (calibrate's ``advice.decide``)."""
     low = f"({_needed(resolved, known, tolerance)} and ({resolved} - {tolerance} * {known} > 0))"
     rc = resolved_or_censored
     high = f"({_needed(rc, known, tolerance)} and ({rc} - {tolerance} * {known} < 0))"
-    return f"clamp_min({low} or {high} or ({known} / {known} * Inf), 0)"
+    needed = f"clamp_min({low} or {high} or ({known} / {known} * Inf), 0)"
+    if stopped is None:
+        return needed
+    never = f"((1 / {_above(resolved, known, tolerance)} - 1) * ({known} / {known}))"
+    return f"(({needed} unless {stopped}) or ({never} and {stopped}))"
 
 
-def time_needed(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE) -> str:
+def time_needed(resolved: str, resolved_or_censored: str, known: str, tolerance: str = TOLERANCE,
+                stopped: str | None = None) -> str:
     """Seconds those turns take at the rate turns with a known fate came in over the range."""
-    return f"({more_turns(resolved, resolved_or_censored, known, tolerance)} * $__range_s / {known})"
+    return f"({more_turns(resolved, resolved_or_censored, known, tolerance, stopped)} * $__range_s / {known})"
 
 
 # -- the probe turns each live threshold would have halted --------------------------------------------
@@ -246,15 +265,19 @@ def probe_rows(cap: CapSettings, rows: Sequence[Threshold]) -> dict[str, str]:
     f = fates(turns, late, fill, ProbeHalts.of(cap))
     calls_past = q.filled(q.recorded(CALLS_PAST_MAIN, q.sel(**{k: v for k, v in where.items() if k != COHORT}),
                                      by=by), MAIN_THRESHOLD, thresholds)
+    stops = {t.value for t in rows if cap.probe_stops_at(t)}
+    open_rows = f'({q.rows(MAIN_THRESHOLD, {t: "vector(0)" if t in stops else "vector(1)" for t in thresholds})})'
+    stopped = f'({q.rows(MAIN_THRESHOLD, {t: "vector(1)" for t in thresholds if t in stops})})'
+    judged = (f["resolved"], f["RC"], f["N"], TOLERANCE)
     return {
         "turns": fill(turns()),
         **{name: f[name] for name in ("resolved", "unresolved", "censored", "unknown")},
         "resolved share": share(f["resolved"], f["N"]),
         "95% low": wilson_low(f["resolved"], f["N"]),
         "95% high": wilson_high(f["RC"], f["N"]),
-        "decision": decision(f["resolved"], f["RC"], f["N"]),
-        "more probe turns": more_turns(f["resolved"], f["RC"], f["N"]),
-        "time at this rate": time_needed(f["resolved"], f["RC"], f["N"]),
+        "decision": decision(*judged, open_rows if stops else None),
+        "more probe turns": more_turns(*judged, stopped if stops else None),
+        "time at this rate": time_needed(*judged, stopped if stops else None),
         "calls past it": calls_past,
     }
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from turnguard._config import GuardConfig
 from turnguard._model import Threshold
+from turnguard._probe import sees_past
 from turnguard.telemetry import _buckets as buckets
 
 THRESHOLD_ORDER = (Threshold.HARD_BACKSTOP, Threshold.SOFT_STUCK, Threshold.STREAK, Threshold.CYCLE_REPEAT,
@@ -115,12 +116,30 @@ class CapSettings:
         lows = [0, *edges]
         return [*zip(lows, edges, strict=False), (h, None)]
 
+    def probe_stops_at(self, threshold: Threshold) -> bool:
+        """Whether the probe's own limit of ``threshold`` is not past the main configuration's
+        (``sees_past``, calibrate's ``advice.row_cap``): it halts the turns the main one would halt
+        there first, so no probe turn is seen past it, and its row of the probe evidence is never
+        "within". ``False`` with no probe configured here (the board cannot say)."""
+        p = self.probe
+        if p is None:
+            return False
+        main, own = {
+            Threshold.HARD_BACKSTOP: (self.hard_cap, p.hard_cap),
+            Threshold.EXPLICIT: (self.explicit_cap, p.hard_cap),
+            Threshold.SOFT_STUCK: (self.stuck_repeat_threshold, p.stuck_repeat_threshold),
+            Threshold.STREAK: (self.streak_stop_at, p.limit(Threshold.STREAK)),
+            Threshold.CYCLE_REPEAT: (self.cycle_repeat_stop_at, p.limit(Threshold.CYCLE_REPEAT)),
+            Threshold.CYCLE_CAP: (self.cycle_cap, p.limit(Threshold.CYCLE_CAP)),
+        }[threshold]
+        return not sees_past(main, own)
+
     def probe_sees_past(self, calls: int) -> bool | None:
         """Whether the probe's cap lets its turns run past ``calls`` (``None``: no probe configured
         here, so the board cannot say)."""
         if self.probe is None:
             return None
-        return self.probe.hard_cap is None or self.probe.hard_cap > calls
+        return sees_past(calls, self.probe.hard_cap)
 
     def probe_sees_past_cycles(self, requests: int) -> bool | None:
         """Whether the probe's cycle cap lets its turns make more than ``requests`` model requests

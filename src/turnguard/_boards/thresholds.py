@@ -732,6 +732,8 @@ def threshold_row_names(cap: CapSettings) -> dict[str, str]:
         limit = cap.probe.limit(threshold) if cap.probe else None
         if cap.probe is not None:
             name += f"; the probe's: {limit}" if limit else "; the probe has none"
+            if cap.probe_stops_at(threshold):
+                name += " (not past it: never within)"
         names[threshold.value] = name
     return names
 
@@ -751,7 +753,8 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     "unknown (no result yet). The share resolved, and its 95% Wilson interval with "
                     "the censored turns counted as failures for its low end and as successes for its high end; "
                     "whether that decides against the Tolerance variable (above: the threshold halts more turns "
-                    "that would have succeeded than you accept; within; undecided); if undecided, how many more "
+                    "that would have succeeded than you accept; within; undecided; never within at the probe's own "
+                    "limit, where the probe halts them first and none is seen past it); if undecided, how many more "
                     "probe turns with a known fate it needs and how long they take at the rate they came in "
                     "(never, when the censored turns could go either way: raise the probe's cap); and the calls "
                     "they made past the threshold (the cost of raising it).",

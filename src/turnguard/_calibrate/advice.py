@@ -36,6 +36,7 @@ from turnguard._calibrate.evidence import (
 )
 from turnguard._calibrate.recording import Recording
 from turnguard._calibrate.records import TOOL_LIST_KEYS
+from turnguard._probe import sees_past
 from turnguard._terminal import DEFAULT_WIDTH, fit_table
 
 DEFAULT_TOLERANCE = 0.10
@@ -154,9 +155,9 @@ def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int]
         main = e.streak_stop if key == "streak" else e.stuck_repeat
         own = probe_streak_stop(recording) if key == "streak" else probe_stuck_repeat(recording)
         name = "streak" if key == "streak" else "soft_stuck"
-        return (name, own) if own is not None and main and main >= own else None
+        return (name, own) if own is not None and not sees_past(main, own) else None
     cap = probe_hard_cap(recording)
-    return ("hard_backstop", cap) if cap is not None and int(key) * e.soft_cap >= cap else None
+    return ("hard_backstop", cap) if cap is not None and not sees_past(int(key) * e.soft_cap, cap) else None
 
 
 def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) -> list[Frontier]:
