@@ -8,7 +8,9 @@ resumes it and plays the rest. Both runs must give the same verdicts, the same s
 detections, and the same summaries, live and shadow. Calls checked before the cut have their
 outcomes reported after it on the original objects (the same process) or on new ones (another
 process), without a ``call_id`` too: identical calls' outcomes then arrive in check order, which
-is what matching by the call itself can tell apart.
+is what matching by the call itself can tell apart. In the scripts with reused objects, one
+object is checked up to three times before its outcomes come, each settling its own next check
+(the same process: the objects are the ones checked before the cut).
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ CONFIGS = {
     "probe": dict(MAIN, shadow=SHADOWS, probe=tg.Probe(1.0, tg.GuardConfig(hard_multiplier=6,
                                                                              streak_stop_at=6))),
 }
+POLLING = dict(stateful_tools=("poll",), cycle_repeat_warn_at=2, cycle_repeat_stop_at=4)
+REUSE_CONFIGS = {
+    "shadows": dict(CONFIGS["shadows"], soft_cap=20, stuck_repeat_threshold=8),
+    "polling": dict(MAIN, soft_cap=20, stuck_repeat_threshold=8, **POLLING,
+                    shadow={"cycles": dict(POLLING, cycle_repeat_stop_at=3), **SHADOWS}),
+}
+REUSE_KEYS: tuple[tuple[str, Any], ...] = (
+    ("poll", {"job": 1}),
+    ("poll", {"job": 1}),
+    ("poll", {"job": 2}),
+    ("list", {}),
+    ("build", {"target": "A"}),
+)
+MOST_CHECKS_WAITING = 3
+"""The most checks of one object in the reuse scripts waiting for their outcomes at once."""
 
 
 @dataclass
@@ -78,6 +95,44 @@ def make_script(seed: int) -> Script:
     return script
 
 
+def make_reuse_script(seed: int) -> Script:
+    """Model requests of 1 to 6 checks, each of a new object or, now and then, of an object checked
+    before (still waiting for up to two outcomes, or settled); the outcomes come shuffled after the
+    batch, a polling tool's with a result, some held back until after a later batch (so an object
+    waits across requests, and is checked again there); retries and answers as in ``make_script``."""
+    rng = random.Random(seed)
+    script, waiting = Script(), {}
+    for _ in range(rng.randint(4, 9)):
+        script.ops.append(("cycle",))
+        for _ in range(rng.choice((1, 2, 3, 5, 6))):
+            again = [i for i in range(len(script.calls)) if waiting.get(i, 0) < MOST_CHECKS_WAITING]
+            if again and rng.random() < 0.45:
+                index = rng.choice(again)
+            else:
+                name, args = rng.choice(REUSE_KEYS)
+                index = len(script.calls)
+                script.calls.append((name, args, f"id{index}" if rng.random() < 0.2 else None))
+            waiting[index] = waiting.get(index, 0) + 1
+            script.ops.append(("check", index))
+        reports = [i for i, n in waiting.items() for _ in range(n) if rng.random() < 0.75]
+        rng.shuffle(reports)
+        script.ops += [outcome_op(script, i, rng) for i in reports]
+        for i in reports:
+            waiting[i] -= 1
+        if rng.random() < 0.15:
+            script.ops.append(("retry",))
+        if rng.random() < 0.5:
+            script.ops.append(("answer", rng.choice(("continue", "redirect", "continue", "stop"))))
+    script.ops += [outcome_op(script, i, rng) for i, n in waiting.items() for _ in range(n)]
+    return script
+
+
+def outcome_op(script: Script, index: int, rng: random.Random) -> tuple[Any, ...]:
+    """An outcome for object ``index``, with a result when it is a polling tool's."""
+    result = rng.choice(("r1", "r1", "r2")) if script.calls[index][0] == "poll" else None
+    return ("outcome", index, rng.choice(OUTCOMES), result)
+
+
 def in_check_order_among_the_same(script: Script, order: list[int]) -> list[int]:
     """``order`` with the calls that have no ``call_id`` and the same key put in check order (each
     keeps the positions the group had): a new object for such a call names its earliest check."""
@@ -111,6 +166,25 @@ class Heard:
     @tg.hookimpl
     def turnguard_turn_ended(self, summary):
         self.said.append(("summary", *summary_facts(summary)))
+
+
+class HeardOutcomes(Heard):
+    """Also what each outcome settled, and the outcomes ignored."""
+
+    @tg.hookimpl
+    def turnguard_outcome_recorded(self, turn, call, outcome, verdict):
+        self.said.append(("outcome", call.name, call.call_id, outcome, *verdict_facts(verdict), *turn_facts(turn)))
+
+    @tg.hookimpl
+    def turnguard_outcome_ignored(self, call, outcome, reason):
+        self.said.append(("ignored", call.name, call.call_id, outcome, reason))
+
+
+def turn_facts(turn: tg.LedgerView) -> tuple[Any, ...]:
+    """What an outcome settled: the streak's counts, the stale repeats, the results' restarts, the totals."""
+    return (turn.streak_length, turn.failing_streak_length, turn.settled_streak_length, turn.stop_count,
+            turn.awaiting_in_streak, turn.max_stale_repeat, turn.result_restarts, turn.stuck_count,
+            *(turn.outcomes(outcome) for outcome in tg.Outcome))
 
 
 def event_facts(event: tg.LoopDetectedEvent | None) -> tuple[Any, ...]:
@@ -153,14 +227,13 @@ class Player:
         if kind == "cycle":
             return turn.begin_cycle()
         if kind == "check":
-            name, args, call_id = self.script.calls[op[1]]
-            call = self.objects[op[1]] = tg.ToolCall(name, args, call_id)
+            call = self.objects.get(op[1]) or self.objects.setdefault(op[1], tg.ToolCall(*self.script.calls[op[1]]))
             return turn.check_call(call)
         if kind == "outcome":
             call = self.objects[op[1]]
             if op[1] < fresh_before:
                 call = tg.ToolCall(call.name, call.args, call.call_id)
-            return turn.record_outcome(call, op[2])
+            return turn.record_outcome(call, op[2], *op[3:])
         if kind == "retry":
             turn.retry()
             return None
@@ -169,8 +242,26 @@ class Player:
         return turn.resolve(self.asks.pop(), op[1])
 
 
-def guard_for(config: str, heard: Heard) -> tg.Guard:
-    options = CONFIGS[config]
+class Host(Player):
+    """A player that runs only the calls it was not told to halt: an outcome is reported for each
+    check of an object that did not answer HALT, none for the others."""
+
+    def __init__(self, script: Script) -> None:
+        super().__init__(script)
+        self.runs: dict[int, int] = {}
+
+    def step(self, turn: tg.Turn, op: tuple[Any, ...], fresh_before: int) -> tg.Verdict | None:
+        if op[0] == "outcome":
+            if not self.runs.get(op[1]):
+                return None
+            self.runs[op[1]] -= 1
+        verdict = super().step(turn, op, fresh_before)
+        if op[0] == "check" and verdict is not None and verdict.action is not tg.Action.HALT:
+            self.runs[op[1]] = self.runs.get(op[1], 0) + 1
+        return verdict
+
+
+def guard_for(options: dict[str, Any], heard: Heard) -> tg.Guard:
     return tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False, **options),
                     plugins={"heard": heard}, environ={})
 
@@ -184,27 +275,38 @@ class Bench:
     heard: Heard
 
 
-@pytest.fixture(scope="module")
-def benches() -> dict[str, Bench]:
+def make_benches(configs: dict[str, dict[str, Any]], heard_type: type[Heard] = Heard) -> dict[str, Bench]:
     made = {}
-    for config in CONFIGS:
-        heard = Heard()
-        made[config] = Bench(guard_for(config, heard), guard_for(config, heard), heard)
+    for config, options in configs.items():
+        heard = heard_type()
+        made[config] = Bench(guard_for(options, heard), guard_for(options, heard), heard)
     return made
 
 
-def uninterrupted(bench: Bench, script: Script, promptable: bool) -> list[tuple[Any, ...]]:
+@pytest.fixture(scope="module")
+def benches() -> dict[str, Bench]:
+    return make_benches(CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def reuse_benches() -> dict[str, Bench]:
+    return make_benches(REUSE_CONFIGS, HeardOutcomes)
+
+
+def uninterrupted(bench: Bench, script: Script, promptable: bool, host: type[Player] = Player
+                  ) -> list[tuple[Any, ...]]:
     bench.heard.said.clear()
-    player = Player(script)
+    player = host(script)
     turn = bench.first.turn(durable=True, promptable=promptable)
     player.play(turn, script.ops)
     turn.end()
     return player.out + bench.heard.said
 
 
-def cut_at(bench: Bench, script: Script, promptable: bool, cut: int, *, fresh: bool) -> list[tuple[Any, ...]]:
+def cut_at(bench: Bench, script: Script, promptable: bool, cut: int, *, fresh: bool, host: type[Player] = Player
+           ) -> list[tuple[Any, ...]]:
     bench.heard.said.clear()
-    player = Player(script)
+    player = host(script)
     first = bench.first.turn(durable=True, promptable=promptable)
     player.play(first, script.ops[:cut])
     state = json.loads(json.dumps(first.suspend()))
@@ -247,3 +349,44 @@ def test_the_scripts_hold_what_the_harness_is_for(benches):
                 runs = state["plugins"]["shadow"]["runs"]
                 seen.update(f"{name} halt" for name, run in runs.items() if run["halt"])
     assert {"waiting", "waiting without id", "ended streak", "live halt", "stale halt", "bytes halt"} <= seen
+
+
+@pytest.mark.parametrize("config", list(REUSE_CONFIGS))
+@pytest.mark.parametrize("promptable", [False, True], ids=["unattended", "attended"])
+@pytest.mark.parametrize("seed", range(8))
+def test_reused_objects_settle_their_own_checks_in_order_across_any_cut(reuse_benches, config, promptable, seed):
+    """An object checked up to three times before its outcomes, resumed in the same process at any
+    point (between its checks, between its outcomes): each outcome settles the check it settles in
+    the turn that never stopped, so verdicts, detections, what each outcome settled and the
+    summaries are the whole turn's."""
+    script = make_reuse_script(seed * 5 + (config == "polling"))
+    bench = reuse_benches[config]
+    whole = uninterrupted(bench, script, promptable, Host)
+    for cut in range(len(script.ops) + 1):
+        assert cut_at(bench, script, promptable, cut, fresh=False, host=Host) == whole, cut
+
+
+def test_the_reuse_scripts_hold_what_the_harness_is_for(reuse_benches):
+    """Across the reuse scripts the cuts fall on objects waiting for two and for three checks
+    (with and without a ``call_id``), and the turns restart polls, repeat cycles and stop streaks."""
+    seen = set()
+    for seed in range(8):
+        for config in REUSE_CONFIGS:
+            script = make_reuse_script(seed * 5 + (config == "polling"))
+            bench = reuse_benches[config]
+            player = Host(script)
+            turn = bench.first.turn(durable=True)
+            player.play(turn, script.ops)
+            seen.update(("restart",) if turn.view.result_restarts else ())
+            seen.update(entry[2] for entry in player.out)
+            turn.end()
+            for cut in range(len(script.ops) + 1):
+                player = Host(script)
+                turn = bench.first.turn(durable=True)
+                player.play(turn, script.ops[:cut])
+                awaiting = turn.suspend()["awaiting"]
+                objects = [entry[4] if len(entry) == 5 else entry[0] for entry in awaiting]
+                seen.update(f"object waiting {objects.count(entry[4])} times{'' if entry[2] else ' without id'}"
+                            for entry in awaiting if len(entry) == 5)
+    assert {"object waiting 2 times", "object waiting 2 times without id", "object waiting 3 times without id",
+            "restart", "cycle_repeat", "streak"} <= seen, seen

@@ -500,6 +500,97 @@ def test_a_waiting_call_without_an_id_is_matched_after_a_resume_by_the_call_itse
     assert resumed.ledger.outcomes("error") == 2
 
 
+REUSE = dict(streak_warn_at=0, streak_stop_at=0, cycle_repeat_warn_at=2, cycle_repeat_stop_at=0,
+             stateful_tools=("poll",))
+
+
+def reused_poll_turn(resume: bool, call_id: str | None) -> list[str]:
+    """Two objects for one call (``x`` checked twice, ``y`` between), beside ``list`` calls; ``x``'s
+    results ``r1``, ``r1``, ``y``'s ``r2``, after a suspend and resume in this process or not: the
+    verdicts and which checks the outcomes settled (as ignored reports say)."""
+    said: list[str] = []
+
+    class Ignored:
+        @tg.hookimpl
+        def turnguard_outcome_ignored(self, reason):
+            said.append(reason)
+
+    g = tg.Guard(tg.GuardConfig(**{**CORE_ONLY, "digest_key": KEY, **REUSE}), plugins={"ignored": Ignored()},
+                 environ={})
+    turn = g.turn(durable=True)
+    x, y = tg.ToolCall("poll", {"job": 1}, call_id), tg.ToolCall("poll", {"job": 1})
+    lists = [tg.ToolCall("list", {}, call_id=f"b{i}") for i in range(3)]
+    for call in (x, lists[0], y, lists[1], x, lists[2]):
+        turn.check_call(call)
+    if resume:
+        turn = g.resume(json.loads(json.dumps(turn.suspend())))
+    for call, result in ((lists[0], None), (lists[1], None), (lists[2], None), (x, "r1"), (x, "r1"), (y, "r2"),
+                         (x, "r1")):
+        verdict = turn.record_outcome(call, "ok", result=result)
+        said.append(f"{verdict.action.name}:{verdict.threshold}")
+    return said
+
+
+@pytest.mark.parametrize("call_id", [None, "x"], ids=["without id", "with id"])
+def test_an_object_checked_twice_settles_its_own_checks_in_order_after_a_resume(call_id):
+    """``x``'s second result settles ``x``'s second check, not ``y``'s, after a resume as before
+    one: no cycle of ``list``/``poll`` repeats; ``x``'s third report is a duplicate both ways."""
+    whole = reused_poll_turn(False, call_id)
+    assert whole == ["ALLOW:None"] * 6 + ["duplicate", "ALLOW:None"]
+    assert reused_poll_turn(True, call_id) == whole
+
+
+def test_an_object_checked_before_and_after_a_resume_settles_the_earlier_check_first():
+    """Checked before the snapshot and again after it, before either outcome: the first outcome
+    settles the first check (its result the baseline), the second the second, as in a turn that
+    never stopped."""
+    def polls(resume: bool) -> list[tuple[int, int]]:
+        g = guard(stateful_tools=("poll",), streak_warn_at=2, streak_stop_at=3)
+        turn = g.turn(durable=True)
+        x = tg.ToolCall("poll", {"job": 1})
+        turn.check_call(x)
+        if resume:
+            turn = g.resume(json.loads(json.dumps(turn.suspend())))
+        turn.check_call(tg.ToolCall("poll", {"job": 1}, call_id="other"))
+        turn.check_call(x)
+        seen = []
+        for call, result in ((x, "a"), (tg.ToolCall("poll", {"job": 1}, call_id="other"), "a"), (x, "b")):
+            turn.record_outcome(call, "error", result=result)
+            seen.append((turn.view.result_restarts, turn.view.failing_streak_length))
+        return seen
+
+    assert polls(True) == polls(False) == [(0, 1), (0, 2), (1, 1)]
+
+
+def test_a_snapshot_names_the_first_check_of_an_object_waiting_twice():
+    """An ``awaiting`` entry's fifth element, written only for an object's later checks, names its
+    earlier one; a bad one is refused naming it; without it (as an older turnguard wrote it) the
+    snapshot resumes."""
+    turn = guard().turn()
+    x = tg.ToolCall("run", {"t": 1})
+    for call in (x, tg.ToolCall("run", {"t": 1}), x, tg.ToolCall("ls", "-l"), x):
+        turn.check_call(call)
+    turn.record_outcome(x, "error")  # its first check settled: the key names its second
+    state = json.loads(json.dumps(turn.snapshot()))
+    assert [entry[0] for entry in state["awaiting"]] == [2, 3, 4, 5]
+    assert [entry[4:] for entry in state["awaiting"]] == [[], [], [], [3]]
+    for bad in (0, 6, "3", None, 2.0):
+        damaged = json.loads(json.dumps(state))
+        damaged["awaiting"][3][4] = bad
+        with pytest.raises(tg.SnapshotError) as refused:
+            guard().resume(damaged)
+        assert refused.value.field == "awaiting[3][4]"
+    damaged = json.loads(json.dumps(state))
+    damaged["awaiting"][3].append(3)
+    with pytest.raises(tg.SnapshotError) as refused:
+        guard().resume(damaged)
+    assert refused.value.field == "awaiting[3]"
+    older = json.loads(json.dumps(state))
+    del older["awaiting"][3][4]
+    resumed = guard().resume(older)
+    assert resumed.record_outcome(x, "error") is not None and list(resumed._awaiting) == [2, 4, 5]
+
+
 def test_a_shadow_started_afresh_at_a_resume_counts_the_calls_after_it():
     """A version 1 snapshot's shadows start afresh; their streaks settle the outcomes of the calls
     checked after the resume (numbered as the live turn numbers them)."""

@@ -70,7 +70,8 @@ def play(turn: tg.Turn, seed: int, calls: int, *, finish: bool = True) -> list[t
 
 
 def real_snapshots() -> dict[str, tuple[str, dict]]:
-    """Snapshots of turns that hold every section: calls waiting (with and without ids), an ended
+    """Snapshots of turns that hold every section: calls waiting (with and without ids, one object
+    twice), an ended
     streak, shadows (one halted), a pending question, a latched halt, a probe turn, version 1."""
     made = {}
     turn = GUARDS["durable"]().turn(durable=True, promptable=True, conversation_id="c", agent_name="a")
@@ -85,7 +86,9 @@ def real_snapshots() -> dict[str, tuple[str, dict]]:
     turn.record_outcome(runs[0], tg.Outcome.ERROR)
     turn.record_outcome(runs[1], tg.Outcome.ERROR)
     turn.check_call(tg.ToolCall("ls", "a b", call_id="ls"))  # ends the run streak, whose third call waits
-    turn.check_call(tg.ToolCall("ls", "a b"))
+    again = tg.ToolCall("ls", "a b")
+    turn.check_call(again)
+    turn.check_call(again)  # one object waiting twice: its second entry names its first check
     made["durable, attended, pending"] = ("durable", turn.snapshot(pending=asked))
     turn = GUARDS["keyed"]().turn()
     turn.check_call(tg.ToolCall("ls", "a b"))  # never answered
@@ -136,6 +139,7 @@ def test_the_snapshots_hold_every_section():
     durable, halted, probe = (SNAPSHOTS[k][1] for k in ("durable, attended, pending", "keyed, halted", "probe"))
     assert durable["pending"] and durable["turn_key"] and durable["facts"]["ended"]
     assert any(entry[2] is None for entry in durable["awaiting"]) and any(entry[2] for entry in durable["awaiting"])
+    assert [entry[4] for entry in durable["awaiting"] if len(entry) == 5] == [durable["awaiting"][-2][0]]
     assert halted["halt"]["event"] and probe["turn"]["cohort"] == "probe" and probe["halt"]
     assert durable["plugins"]["shadow"]["runs"]["capped"]["halt"]
     assert {"stale", "capped", "bytes", "default"} <= set(probe["plugins"]["shadow"]["runs"])

@@ -60,6 +60,7 @@ from turnguard._snapshot import (
     Lineage,
     SnapshotError,
     TurnState,
+    Waiting,
     cohort_of,
     plugin_states,
     restore,
@@ -338,9 +339,11 @@ class Turn:
         """Checked calls without an outcome yet, by sequence number (in check order)."""
         self._reused = False
         """Whether one ``ToolCall`` object was checked again while it still waited for an outcome."""
-        self._restored: dict[int, ToolCall] | None = None
-        """Calls without a ``call_id`` that were waiting when the turn's snapshot was taken (a
-        resumed turn): their outcome is matched by the call's identity (``_claim_restored``)."""
+        self._restored: dict[int, tuple[int, ToolCall]] | None = None
+        """A resumed turn's stand-ins for the calls that were waiting when its snapshot was taken,
+        by check number, each with the check its object's key named there (``Waiting.named``):
+        the object, reported or checked again in this process, takes their place (``_adopt``);
+        else an outcome is matched by ``call_id``, or by the call's identity (``_claim_restored``)."""
         self._tracked = False
         """Whether the guard's ``lineage`` knows this turn's id (snapshotted or resumed)."""
         self._dispatch = dispatch = guard.dispatcher
@@ -552,10 +555,13 @@ class Turn:
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
-        (checked again: the key keeps its first check), or another's (its token and check number
-        are another turn's; a key stored by ``Keyer.key_of`` has neither)."""
+        (checked again: the key keeps its first check), the snapshot's this turn resumed, still
+        waiting (``_adopt``: likewise), or another's (its token and check number are another turn's;
+        a key stored by ``Keyer.key_of`` has neither)."""
         if key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
             self._reused = True
+        elif self._restored and self._adopt(call):
+            self._reused = True  # (checked before the snapshot, and its outcome has not come)
         else:
             store_key(call, (digest, self._keyer, self._token, seq))
 
@@ -740,7 +746,16 @@ class Turn:
 
     def _state(self) -> TurnState:
         """What the turn's snapshot holds of it (under the lock)."""
-        awaiting = [(seq, call.name, call.call_id, call.key[KEY_DIGEST]) for seq, call in self._awaiting.items()]
+        stand_ins = self._restored or {}
+        awaiting = []
+        for seq, call in self._awaiting.items():
+            key: CallKey = call.key
+            stood = stand_ins.get(seq)
+            if stood is not None and stood[1] is call:
+                named = stood[0]
+            else:  # (an object another turn keyed again names no check here)
+                named = key[KEY_CHECK] if key[KEY_TOKEN] is self._token else seq
+            awaiting.append(Waiting(seq, call.name, call.call_id, key[KEY_DIGEST], named))
         return TurnState(self.ledger, self._keyer, self.durable, self._resolved, awaiting, self._halt,
                          plugin_states(self._dispatch, self.view))
 
@@ -752,14 +767,13 @@ class Turn:
         self._tracked = True
         refused, failure = None, None
         with self._lock:
-            waiting = {}
-            for seq, name, call_id, digest in restored.awaiting:
-                call = ToolCall(name, None, call_id)  # its outcome finds it by call_id, or by its digest
-                store_key(call, (digest, self._keyer, self._token, seq))
-                self._awaiting[seq] = call
-                if call_id is None:
-                    waiting[seq] = call
-            self._restored = waiting
+            stand_ins = {}
+            for entry in restored.awaiting:
+                call = ToolCall(entry.name, None, entry.call_id)  # found by its object, call_id, or digest
+                store_key(call, (entry.digest, self._keyer, self._token, entry.seq))
+                self._awaiting[entry.seq] = call
+                stand_ins[entry.seq] = (entry.named, call)
+            self._restored = stand_ins
             self._halt = restored.halt or self._halt  # (or the fail-closed halt of its opening)
             self._resolved = restored.resolved
             try:
@@ -791,29 +805,47 @@ class Turn:
         return 0, call
 
     def _claim_restored(self, call: ToolCall) -> tuple[int, ToolCall]:
-        """A waiting call of the snapshot this turn resumed, without a ``call_id``, that ``call``
-        reports: its own check, when ``call`` is the object checked before the snapshot (the same
-        process: its key names the check), else the earliest with its name and digest (the host's
-        new object for that call); as ``_claim``. An object this turn checked is not one of them, nor
-        a report with a ``call_id`` (``_claim`` looked for its id already)."""
-        if call.call_id is not None:
+        """A waiting call of the snapshot this turn resumed, without a ``call_id``, that ``call``, a
+        new object (the host's, for that call, in this process or another), reports: the earliest
+        with its name and digest; as ``_claim``. An object a turn checked is not one of them (its own
+        checks took it in, ``_adopt``: this is a duplicate or another turn's call), nor a report
+        with a ``call_id`` (``_claim`` looked for its id already)."""
+        key: CallKey | None = call.key
+        if call.call_id is not None or (key is not None and key[KEY_TOKEN] is not None):
             return 0, call
         restored, awaiting = self._restored or {}, self._awaiting
-        key: CallKey | None = call.key
-        if key is not None and key[KEY_TOKEN] is self._token:
-            return 0, call  # checked here: its outcome came already (a duplicate)
-        for seq, checked in list(restored.items()):
-            if awaiting.get(seq) is not checked:  # given up since (MAX_AWAITING)
+        digest = self._digest(call.name, call.args)
+        for seq, (_, checked) in list(restored.items()):
+            if awaiting.get(seq) is not checked:  # given up since (MAX_AWAITING), or its object took it
                 del restored[seq]
-        seq = key[KEY_CHECK] if key is not None else 0
-        own = restored.get(seq)
-        if own is None or key is None or own.name != call.name or own.key[KEY_DIGEST] != key[KEY_DIGEST]:
-            digest = self._digest(call.name, call.args)
-            seq = next((s for s, c in restored.items() if c.name == call.name and c.key[KEY_DIGEST] == digest), 0)
-        if not seq:
-            return 0, call
-        del awaiting[seq]
-        return seq, restored.pop(seq)
+            elif checked.call_id is None and checked.name == call.name and checked.key[KEY_DIGEST] == digest:
+                del restored[seq], awaiting[seq]
+                return seq, checked
+        return 0, call
+
+    def _adopt(self, call: ToolCall) -> bool:
+        """Whether ``call`` is an object checked before the snapshot this turn resumed (this
+        process: its key is the snapshot's turn's, naming the check it named there) with checks
+        still waiting: then it takes their stand-ins' places and its key becomes this turn's,
+        naming the same check, so its outcomes settle its checks in order, as had the turn never
+        stopped (first outcome, first check)."""
+        key: CallKey | None = call.key
+        if key is None or key[KEY_TOKEN] is None or key[KEY_TOKEN] is self._token:
+            return False
+        named, awaiting, stand_ins = key[KEY_CHECK], self._awaiting, self._restored or {}
+        own = [seq for seq, (its_named, stood) in stand_ins.items()
+               if its_named == named and awaiting.get(seq) is stood and stood.name == call.name
+               and stood.call_id == call.call_id and stood.key[KEY_DIGEST] == key[KEY_DIGEST]]
+        if not own:
+            return False
+        for seq in own:
+            awaiting[seq] = call  # (the check keeps its place in check order)
+            del stand_ins[seq]
+        check = named if named in own else own[0]
+        store_key(call, (key[KEY_DIGEST], self._keyer, self._token, check, *key[KEY_RESULT:]))
+        if len(own) > 1:
+            self._reused = True
+        return True
 
     def _put_back(self, seq: int, checked: ToolCall) -> None:
         """The hot path took check ``seq`` off the waiting list for a report through another object
@@ -863,6 +895,8 @@ class Turn:
         key: CallKey | None = call.key
         if taken is not None:
             self._put_back(key[KEY_CHECK] if key is not None else 0, taken)
+        if self._restored and self._adopt(call):
+            key = call.key
         if key is not None and key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
             seq = key[KEY_CHECK]
             del self._awaiting[seq]

@@ -15,7 +15,10 @@
   settled yet and the streak's latest, ``restarts`` by tool; a repeat's key may then be a
   (call, result) pair's two digests);
 - ``awaiting``: the calls still waiting for their outcome, ``[check number, tool name, call_id,
-  digest]`` in check order;
+  digest]`` in check order, and fifth, for a call object checked more than once, the check its
+  key names when that is another (the object's earlier check: its other checks are the entries
+  naming the same one, so the object's outcomes settle them in order after a resume in the same
+  process);
 - ``halt`` and ``pending``: a latched HALT, and an escalation the host is waiting on the user for;
 - ``plugins``: the plugins' per-turn state by plugin name (``turnguard_turn_snapshot``), such as
   the shadow policies' and the probe's main-configuration shadow's (``shadow``).
@@ -39,9 +42,10 @@ resumed turn says (``TurnSummary.fresh_state``).
 Extending version 2 (the format's rule, so that a version bump is needed only for a change of
 meaning): a field added later goes into a section (``turn``, ``facts``, ``plugins.<name>``), is
 optional, written only when it holds something other than its default, and read as its default
-when absent. Inside the sections a reader refuses a field it does not know, naming it, so a
-snapshot holding state an older turnguard cannot honour fails there instead of resuming with that
-state lost. The top level is open to hosts and adapters, which may keep their own data there
+when absent (so is an ``awaiting`` entry's fifth element). Inside the sections a reader refuses a
+field it does not know, naming it, so a snapshot holding state an older turnguard cannot honour
+fails there instead of resuming with that state lost (an older reader refuses a five-element
+``awaiting`` entry alike). The top level is open to hosts and adapters, which may keep their own data there
 beside turnguard's (under names turnguard does not use); a plugin's section is its own, and one
 for a plugin the resuming guard does not have is dropped.
 
@@ -74,8 +78,9 @@ if TYPE_CHECKING:
 
 Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
 
-__all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "TurnState", "cohort_of", "deciding_settings", "pending",
-           "plugin_states", "read_verdict", "restore", "resume_plugins", "turn_snapshot", "verdict_data", "write"]
+__all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "TurnState", "Waiting", "cohort_of", "deciding_settings",
+           "pending", "plugin_states", "read_verdict", "restore", "resume_plugins", "turn_snapshot", "verdict_data",
+           "write"]
 
 VERSION = 2
 READS = (1, 2)
@@ -102,6 +107,21 @@ _LEVELS = tuple(level.value for level in Level)
 
 
 @dataclasses.dataclass(frozen=True)
+class Waiting:
+    """A call still waiting for its outcome, as a snapshot lists it."""
+
+    seq: int
+    """Its check number."""
+    name: str
+    call_id: str | None
+    digest: bytes
+    """Its key digest."""
+    named: int
+    """The check the call object's key names: ``seq``, or the earlier check of an object checked
+    more than once (the entries naming one check are one object's)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class TurnState:
     """What a snapshot holds of a turn beyond the guard's settings: the record a ``Turn`` builds of
     itself, under its lock, for ``write``, and the one ``restore`` reads back for a turn to continue
@@ -114,9 +134,8 @@ class TurnState:
     durable: bool
     resolved: bool | None
     """The task's result, when the host reported it during the turn."""
-    awaiting: list[tuple[int, str, str | None, bytes]]
-    """The calls still waiting for their outcome: (check number, tool name, call_id, key digest),
-    in check order."""
+    awaiting: list[Waiting]
+    """The calls still waiting for their outcome, in check order."""
     halt: Verdict | None
     """The latched HALT."""
     plugins: dict[str, Any]
@@ -145,7 +164,8 @@ def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) 
         "keying": keying_of(config, keyer),
         "key_check": _key_check(keyer),
         "facts": ledger.state(),
-        "awaiting": [[seq, name, call_id, digest.hex()] for seq, name, call_id, digest in turn.awaiting],
+        "awaiting": [[w.seq, w.name, w.call_id, w.digest.hex(), *((w.named,) if w.named != w.seq else ())]
+                     for w in turn.awaiting],
         "halt": verdict_data(turn.halt),
         "pending": verdict_data(pending),
     }
@@ -253,7 +273,7 @@ class _Restored:
     identity: dict[str, Any]
     keyer: Keyer
     facts: Any
-    awaiting: list[tuple[int, str, str | None, bytes]]
+    awaiting: list[Waiting]
     halt: Verdict | None
     plugins: dict[str, Any]
     fresh: tuple[str, ...]
@@ -360,27 +380,30 @@ def _identity(f: Fields, version: int) -> dict[str, Any]:
     return identity
 
 
-def _awaiting(f: Fields, seq: int) -> list[tuple[int, str, str | None, bytes]]:
-    """The waiting calls: each a check number up to the snapshot's ``facts.seq``, in check order."""
-    entries: list[tuple[int, str, str | None, bytes]] = []
-    low = 1
+def _awaiting(f: Fields, seq: int) -> list[Waiting]:
+    """The waiting calls: each a check number up to the snapshot's ``facts.seq``, in check order;
+    the check an entry's key names (its fifth element, else its own) is one of those too."""
+    entries: list[Waiting] = []
+    low, last = 1, max(seq, 0)
     for i, entry in enumerate(f.items("awaiting", MAX_WAITING)):
         path = f"awaiting[{i}]"
-        if not isinstance(entry, list | tuple) or len(entry) != 4:
-            st.refuse(path, "a [check number, tool name, call_id, digest] entry", entry)
-        number = st.integer(f"{path}[0]", entry[0], low, max(seq, 0))
-        entries.append((number, st.text(f"{path}[1]", entry[1], nonempty=True),
-                        st.text(f"{path}[2]", entry[2], optional=True),
-                        st.digest(f"{path}[3]", entry[3], DIGEST_SIZE)))
+        if not isinstance(entry, list | tuple) or len(entry) not in (4, 5):
+            st.refuse(path, "a [check number, tool name, call_id, digest] entry (and the check its key names)",
+                      entry)
+        number = st.integer(f"{path}[0]", entry[0], low, last)
+        named = st.integer(f"{path}[4]", entry[4], 1, last) if len(entry) == 5 else number
+        entries.append(Waiting(number, st.text(f"{path}[1]", entry[1], nonempty=True),
+                               st.text(f"{path}[2]", entry[2], optional=True),
+                               st.digest(f"{path}[3]", entry[3], DIGEST_SIZE), named))
         low = number + 1
     return entries
 
 
-def _check_waiting(ledger: Ledger, awaiting: list[tuple[int, str, str | None, bytes]]) -> None:
+def _check_waiting(ledger: Ledger, awaiting: list[Waiting]) -> None:
     """Each check the facts wait for an outcome of (``Ledger.waiting_checks``) is a call ``awaiting``
     lists, of the digest they say: else its outcome would never come (or come for another call),
     and what waits on it would never settle."""
-    waiting = {entry[0]: entry[3] for entry in awaiting}
+    waiting = {entry.seq: entry.digest for entry in awaiting}
     for checks in ledger.waiting_checks():
         first, last, early = checks.first, checks.last, checks.early
         if (first not in waiting or checks.digest not in (None, waiting[first])
