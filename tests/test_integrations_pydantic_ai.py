@@ -911,7 +911,7 @@ def test_a_halt_on_a_call_refused_for_its_arguments_stops_the_run_before_any_cal
     assert ran == [] and [action for _, action in calls.checks] == ["allow", "allow", "halt"]
 
 
-def test_a_halt_on_a_call_to_an_unknown_tool_stops_the_run_before_the_model_is_called_again():
+def test_a_halt_on_a_call_to_an_unknown_tool_stops_the_run_in_its_place_before_the_rest_of_its_batch_runs():
     calls, ran, requests = Calls(), [], []
     script = [[BATCH_KINDS["unknown-name"]] * 3 + [BATCH_KINDS["runs"]], [BATCH_KINDS["runs"]]]
     model = batches(script)
@@ -920,8 +920,144 @@ def test_a_halt_on_a_call_to_an_unknown_tool_stops_the_run_before_the_model_is_c
     with pytest.raises(TurnGuardHalted) as stopped:
         refusing_agent(counted, capability, ran).run_sync("go")
     assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT
-    assert len(requests) == 1 and ran == ["a.py"]  # its batch's valid call ran: unknown names are counted after it
-    assert [action for _, action in calls.checks] == ["allow", "allow", "halt"]
+    assert len(requests) == 1 and ran == []  # the third call halted: the fourth, after it, did not run
+    assert calls.checks == [("c0-0", "allow"), ("c0-1", "allow"), ("c0-2", "halt")]
+
+
+REFUSED_KINDS = ("bad-arguments", "validator", "unknown-name")
+
+
+def positions() -> list[tuple[str, ...]]:
+    """Every batch of one to three calls with at least one refused call, in every position."""
+    return [kinds for n in (1, 2, 3) for kinds in itertools.product(BATCH_KINDS, repeat=n)
+            if any(kind in REFUSED_KINDS for kind in kinds)]
+
+
+def assert_each_call_checked_once_in_the_models_order(calls: Calls, kinds: tuple[str, ...], where) -> None:
+    ids = [f"c0-{i}" for i in range(len(kinds))]
+    assert [call_id for call_id, _ in calls.checks] == ids, where
+    assert calls.outcomes == {call_id: [tg.Outcome.OK if kind == "runs" else tg.Outcome.ERROR]
+                              for call_id, kind in zip(ids, kinds, strict=True)}, where
+    assert calls.ignored == [], where
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["run_sync", "run"])
+@pytest.mark.parametrize("ending", ["next-request-answers", "request-limit", "deferred-output"])
+def test_a_refused_call_is_checked_in_its_place_in_the_batch_however_the_run_ends(asynchronous, ending):
+    """Refused for its arguments (the schema, the tool's validator) or its name, first, between or
+    last: checked in the model's order, its outcome recorded once, whether the model is asked
+    again, pydantic-ai's request limit ends the run there, or the run ends deferred (a tool of the
+    batch asks for approval itself)."""
+    for kinds in positions():
+        calls, ran = Calls(), []
+        batch = [BATCH_KINDS[kind] for kind in kinds]
+        if ending == "deferred-output":
+            batch.append(("needs_approval", {}))
+        agent = refusing_agent(batches([batch]), TurnGuardCapability(calls.guard()), ran,
+                               output_type=[str, DeferredToolRequests])
+
+        @agent.tool(requires_approval=True)
+        def needs_approval(ctx) -> str:
+            return "approved"
+
+        if ending == "request-limit":
+            with pytest.raises(UsageLimitExceeded):
+                run(agent, asynchronous, usage_limits=UsageLimits(request_limit=1))
+        else:
+            output = run(agent, asynchronous).output
+            assert isinstance(output, DeferredToolRequests) if ending == "deferred-output" else output == "done"
+        assert_each_call_checked_once_in_the_models_order(calls, kinds, (ending, kinds))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["run_sync", "run"])
+@pytest.mark.parametrize("end_strategy", ["graceful", "exhaustive"])
+def test_a_refused_call_beside_the_final_output_is_checked_in_its_place(asynchronous, end_strategy):
+    """The response that ends the run with its output tool's result still refuses the calls made beside it."""
+    for kinds in positions():
+        for output_at in range(len(kinds) + 1):
+            calls, ran = Calls(), []
+            batch = [BATCH_KINDS[kind] for kind in kinds]
+            batch.insert(output_at, ("final_result", {"response": 7}))
+            ids = [f"c0-{i}" for i in range(len(batch)) if i != output_at]
+            agent = refusing_agent(then_the_output(batch), TurnGuardCapability(calls.guard()), ran,
+                                   output_type=int, end_strategy=end_strategy)
+            assert run(agent, asynchronous).output == 7
+            where = (end_strategy, kinds, output_at)
+            assert [call_id for call_id, _ in calls.checks] == ids, where
+            assert calls.outcomes == {call_id: [tg.Outcome.OK if kind == "runs" else tg.Outcome.ERROR]
+                                      for call_id, kind in zip(ids, kinds, strict=True)}, where
+            assert calls.ignored == [], where
+
+
+def then_the_output(batch: list[tuple[str, object]]) -> FunctionModel:
+    """A model whose first response is ``batch`` (ids ``c0-<i>``), then only the output tool's call."""
+    responses = itertools.count()
+
+    def respond(messages, info: AgentInfo) -> ModelResponse:
+        k = next(responses)
+        if k:
+            return ModelResponse(parts=[ToolCallPart("final_result", {"response": 7}, tool_call_id=f"f{k}")])
+        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f"c0-{i}")
+                                    for i, (name, args) in enumerate(batch)])
+
+    return FunctionModel(respond)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["run_sync", "run"])
+@pytest.mark.parametrize("refused", REFUSED_KINDS)
+def test_a_refused_call_in_a_batch_a_tools_error_ends_is_still_checked_and_recorded(asynchronous, refused):
+    """A tool that raises (not a retry) ends the run inside its batch: the refused calls of the batch
+    are checked and recorded before the turn ends, in the model's order."""
+    for kinds in [("fails", refused), (refused, "fails"), (refused, "fails", refused)]:
+        calls, ran = Calls(), []
+        script = [[("crash", {}) if kind == "fails" else BATCH_KINDS[kind] for kind in kinds]]
+        agent = refusing_agent(batches(script), TurnGuardCapability(calls.guard()), ran)
+
+        @agent.tool_plain
+        def crash() -> str:
+            raise OSError("disk gone")
+
+        with pytest.raises(OSError, match="disk gone"):
+            run(agent, asynchronous)
+        assert_each_call_checked_once_in_the_models_order(calls, kinds, kinds)  # the crash is an ERROR too
+
+
+@pytest.mark.parametrize("refused", REFUSED_KINDS)
+def test_a_halt_lands_on_the_call_the_models_order_puts_past_the_cap(refused):
+    """The explicit cap of two halts the third call of the batch, whichever kind it is: the calls
+    before it are allowed (the valid ones run), none after it runs."""
+    for kinds in itertools.product(("runs", refused), repeat=4):
+        calls, ran = Calls(), []
+        script = [[BATCH_KINDS[kind] for kind in kinds]]
+        capability = TurnGuardCapability(calls.guard(tg.GuardConfig(max_tool_calls_per_turn=2)))
+        with pytest.raises(TurnGuardHalted) as stopped:
+            refusing_agent(batches(script), capability, ran).run_sync("go")
+        assert stopped.value.verdict.threshold is tg.Threshold.EXPLICIT, kinds
+        assert calls.checks[:3] == [("c0-0", "allow"), ("c0-1", "allow"), ("c0-2", "halt")], kinds
+        assert len(ran) <= kinds[:2].count("runs"), kinds  # (a thread may not have started its body)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["run_sync", "run"])
+def test_a_resumed_run_does_not_check_again_the_calls_its_first_run_refused(asynchronous):
+    for kinds in positions():
+        calls, ran = Calls(), []
+        batch = [*(BATCH_KINDS[kind] for kind in kinds), ("needs_approval", {})]
+        agent = refusing_agent(batches([batch]), TurnGuardCapability(calls.guard()), ran,
+                               output_type=[str, DeferredToolRequests])
+
+        @agent.tool(requires_approval=True)
+        def needs_approval(ctx) -> str:
+            return "approved"
+
+        first = run(agent, asynchronous)
+        approval = first.output.approvals[0].tool_call_id
+        history, answers = first.all_messages(), DeferredToolResults(approvals={approval: True})
+        second = (asyncio.run(agent.run(message_history=history, deferred_tool_results=answers)) if asynchronous
+                  else agent.run_sync(message_history=history, deferred_tool_results=answers))
+        assert second.output == "done", kinds
+        ids = [f"c0-{i}" for i in range(len(kinds))]
+        assert [call_id for call_id, _ in calls.checks] == [*ids, approval], kinds
+        assert calls.ignored == [], kinds
 
 
 def stop(verdict: tg.Verdict) -> str:

@@ -8,11 +8,11 @@ own ``request_limit`` (50 by default) ends a long productive run before turnguar
 (``before_model_request``); each tool call is checked in ``wrap_tool_execute``, inside
 pydantic-ai's own tool span when the agent is instrumented, before the tool body runs. A tool that
 raises (including ``ModelRetry`` and ``ToolFailed``) is an ``ERROR`` outcome. A call pydantic-ai
-refuses before it runs is an ``ERROR`` too: one whose arguments fail validation is checked in
-``wrap_tool_validate`` (a HALT there stops the run before its batch runs), one to a name no tool has
-(or not available yet) before the model's next request (its ``retry.cause``). When a halt or an
-error ends a batch, the calls running beside it get the tool's own outcome if the body returned,
-else ``ERROR``, also when the run ends before their task.
+refuses before it runs (its arguments fail validation, or no tool has its name, or it is not
+available yet) is an ``ERROR`` too, checked in its place in the batch (the model's order): before the
+next call of its batch is checked, else when the batch ends, also when the run ends with it. When a
+halt or an error ends a batch, the calls running beside it get the tool's own outcome if the body
+returned, else ``ERROR``, also when the run ends before their task.
 
 HALT raises ``TurnGuardHalted``, an ``AgentRunError`` (pydantic-ai's run-stopping family, like
 ``UsageLimitExceeded``) and a ``turnguard.LoopDetected``. ASK goes through pydantic-ai's deferred
@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import ValidationError
+from pydantic_ai.agent import CallToolsNode
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import AgentRunError, ApprovalRequired, CallDeferred, ModelRetry, ToolFailed
 from pydantic_ai.tools import DeferredToolRequests
@@ -69,8 +70,9 @@ _STATES: dict[int, dict[str, Any]] = {}
 kept off the output, whose metadata an instrumented run records on its span (``turn_state``)."""
 ASKED_KEY = "pydantic_ai"
 MAX_PARKED = 1024
-REFUSED_BY_NAME = frozenset({"unknown_tool", "unavailable_tool"})
-"""The ``retry.cause`` of a call pydantic-ai refused before resolving it to a tool: no tool hook sees it."""
+REFUSED_BY_NAME = {"unknown_tool": "no such tool", "unavailable_tool": "not available yet"}
+"""The ``retry.cause`` of a call pydantic-ai refused before resolving it to a tool (no tool hook sees
+it), and the result its ``ERROR`` is recorded with (the same whether it is found or foreseen)."""
 CUT_OFF = "cancelled while the tool ran"
 """The result an ``ERROR`` is recorded with for a call whose body had not returned when its task was
 cancelled (a sibling's halt or error ended the batch, or the host cancelled the run)."""
@@ -87,6 +89,75 @@ class _PutAside:
     driver: common.RunDriver
     questions: dict[str, ToolCall]
     held: set[str]
+
+
+Why = Exception | str
+"""Why pydantic-ai refused a call before it ran: its error, or the result its ``ERROR`` is recorded with."""
+
+
+@dataclass
+class _Batch:
+    """The tool calls of the model response being run, in the model's order: a call pydantic-ai
+    refuses before it runs is checked in its place, so the refused calls are kept until then."""
+
+    calls: list[ToolCall]
+    history: int
+    """How many messages the run had when the batch began: the request it adds comes after them."""
+    foreseen: dict[str, str]
+    """The calls pydantic-ai refuses by name (``_foreseen``), by call id, with why."""
+    refused: dict[str, Why] = field(default_factory=dict)
+    """Calls refused for their arguments (by call id, with why), not checked yet."""
+    done: set[str] = field(default_factory=set)
+    """The refused calls already checked."""
+
+    @classmethod
+    def of(cls, ctx: Any, response: Any) -> _Batch:
+        calls = [ToolCall(part.tool_name, part.args, part.tool_call_id)
+                 for part in response.parts if part.part_kind == "tool-call"]
+        messages = getattr(ctx, "messages", None) or []
+        # A resumed step (history ending past its response) does not validate the calls an earlier run refused.
+        fresh = bool(messages) and getattr(messages[-1], "kind", None) == "response"
+        foreseen = {call.call_id or "": why for call in calls
+                    if fresh and (why := _foreseen(ctx, call.name)) is not None}
+        return cls(calls, len(messages), foreseen)
+
+    def holds(self, call_id: str) -> bool:
+        return any(call.call_id == call_id for call in self.calls)
+
+    def due(self, before: str | None = None, found: dict[str, str] | None = None) -> list[tuple[ToolCall, Why]]:
+        """The refused calls not checked yet that come before the call ``before`` (all: ``None``),
+        marked checked: refused for their arguments, else by name, as the request the batch added
+        says (``found``, once it ended) or as foreseen."""
+        refused_by_name = self.foreseen if found is None else found
+        due = []
+        for call in self.calls:
+            call_id = call.call_id or ""
+            if call_id == before:
+                break
+            why = self.refused.pop(call_id, None) or refused_by_name.get(call_id)
+            if why is not None and call_id not in self.done:
+                self.done.add(call_id)
+                due.append((call, why))
+        return due
+
+
+def _foreseen(ctx: Any, name: str) -> str | None:
+    """Why pydantic-ai refuses a call to ``name`` before resolving it to a tool (its
+    ``ToolManager._resolve_tool``: no tool has the name, or the tool is not available yet), or
+    ``None``: read from the step's tool manager, as the step begins (it validates the batch's calls
+    before any runs)."""
+    manager = getattr(ctx, "tool_manager", None)
+    if manager is None:
+        return None
+    try:
+        tool_def = manager.get_tool_def(name)
+    except ValueError:  # not prepared for a step: nothing to foresee
+        return None
+    if tool_def is None:
+        return REFUSED_BY_NAME["unknown_tool"]
+    if tool_def.kind == "function" and not ctx.is_tool_available(tool_def):
+        return REFUSED_BY_NAME["unavailable_tool"]
+    return None
 
 
 @dataclass
@@ -106,6 +177,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
     """Calls handed to their tool whose outcome is not recorded yet, by call id, with the outcome
     they get if cancelled first (an ``ERROR`` until the body has returned): recorded then, or at the
     run's end, whichever comes first."""
+    _batch: _Batch | None = field(default=None, init=False, repr=False)
     parked: OrderedDict[str, _PutAside] = field(default_factory=OrderedDict, repr=False, kw_only=True)
     """turnguard's own (the ``for_run`` copies share it; not for hosts): runs that ended with
     turnguard's deferred calls, by each of those calls' ids: a resumed run in this process continues
@@ -130,6 +202,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
             result = await handler()
         except BaseException as exc:
             self._settle(driver, *self._owed)  # the batch's tasks may be cancelled after the run ends
+            self._settle_refused(driver)
             driver.end(exc)
             raise
         self._settle(driver, *self._owed)
@@ -146,10 +219,25 @@ class TurnGuardCapability(AbstractCapability[Any]):
             del self._questions[call_id]
             TurnGuardHalted.stop(driver.answer(driver.question or ALLOW, "stop", call, before=True))
         self._held.clear()  # held calls the user denied: the model goes on without them
-        for call, result in _refused_by_name(getattr(request_context, "messages", ())):
-            await self._refused(driver, call, result)
         TurnGuardHalted.stop(await driver.acycle())
         return request_context
+
+    async def before_node_run(self, ctx: Any, *, node: Any) -> Any:
+        if isinstance(node, CallToolsNode):
+            self._batch = _Batch.of(ctx, node.model_response)
+        return node
+
+    async def after_node_run(self, ctx: Any, *, node: Any, result: Any) -> Any:
+        batch = self._batch
+        if isinstance(node, CallToolsNode) and batch is not None:
+            # The batch ended: its refused calls left after its last checked call, found in the request it made.
+            self._batch = None
+            request = getattr(result, "request", None)
+            added = [request] if request is not None else (getattr(ctx, "messages", None) or [])[batch.history:]
+            driver = self._open(ctx)
+            for call, why in batch.due(found=_refused_by_name(added)):
+                await self._refused(driver, call, why)
+        return result
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -169,6 +257,7 @@ class TurnGuardCapability(AbstractCapability[Any]):
                 if isinstance(decision, str):  # not executed: the model is told
                     return decision
             else:
+                await self._check_refused_before(driver, ctx, call_id)
                 decision = await self._check(driver, tool_call, call_id)
             TurnGuardHalted.stop(decision)
             reminder = decision.reminder
@@ -198,10 +287,14 @@ class TurnGuardCapability(AbstractCapability[Any]):
         try:
             return await handler(args)
         except (ValidationError, ModelRetry, ToolFailed) as exc:
-            # Refused before it runs (bad arguments): still a call the model made, and an ERROR.
+            # Refused before it runs (bad arguments): still a call the model made, and an ERROR,
+            # checked in its place in the batch.
             call_id = call.tool_call_id
             if call_id not in self._questions and call_id not in self._held:  # counted when asked about
-                await self._refused(self._open(ctx), ToolCall(call.tool_name, args, call_id), exc)
+                if self._batch is not None and self._batch.holds(call_id):
+                    self._batch.refused[call_id] = exc
+                else:
+                    await self._refused(self._open(ctx), ToolCall(call.tool_name, args, call_id), exc)
             raise
 
     # -- internals -----------------------------------------------------------------------------
@@ -225,7 +318,21 @@ class TurnGuardCapability(AbstractCapability[Any]):
             raise ApprovalRequired(metadata={METADATA_KEY: {**common.ask_payload(decision.verdict), "held": False}})
         return decision
 
-    async def _refused(self, driver: common.RunDriver, call: ToolCall, error: Exception | str) -> None:
+    async def _check_refused_before(self, driver: common.RunDriver, ctx: Any, call_id: str) -> None:
+        """Check the refused calls that come before ``call_id`` in its batch, in the model's order."""
+        if self._batch is not None:
+            for call, why in self._batch.due(before=call_id):
+                await self._refused(driver, call, why)
+
+    def _settle_refused(self, driver: common.RunDriver) -> None:
+        """The run ends inside a batch: its refused calls not checked yet are checked and recorded
+        (``ERROR``) once, as they come; their verdicts stop nothing more (the run is over)."""
+        batch, self._batch = self._batch, None
+        for call, why in batch.due() if batch is not None else ():
+            if driver.before(call).step is not common.Step.HOLD:
+                driver.after(call, Outcome.ERROR, common.error_result(why) if isinstance(why, Exception) else why)
+
+    async def _refused(self, driver: common.RunDriver, call: ToolCall, error: Why) -> None:
         """A call pydantic-ai refused before running it (``error``: why, or the retry prompt the model
         is given): checked, its outcome ``ERROR``; a HALT stops the run. With ``ask="approval"`` a
         refused call cannot be deferred to the user: its question, or one waiting for the model's
@@ -379,22 +486,13 @@ def _questions(state: Any) -> tuple[dict[str, str], list[str]]:
     return asked, held
 
 
-def _refused_by_name(messages: Sequence[Any]) -> list[tuple[ToolCall, str]]:
-    """The calls the request about to be sent (the last of ``messages``) tells the model were refused
-    by name (no such tool, or not available yet), each with the retry prompt it carries."""
-    if not messages or getattr(messages[-1], "kind", None) != "request":
-        return []
-    refused = [part for part in messages[-1].parts
-               if getattr(getattr(part, "retry", None), "cause", None) in REFUSED_BY_NAME]
-    if not refused:
-        return []
-    args = {}
-    for message in reversed(messages[:-1]):
-        if getattr(message, "kind", None) == "response":
-            args = {part.tool_call_id: part.args for part in message.parts if part.part_kind == "tool-call"}
-            break
-    return [(ToolCall(part.tool_name, args.get(part.tool_call_id), part.tool_call_id), str(part.content))
-            for part in refused]
+def _refused_by_name(messages: Sequence[Any]) -> dict[str, str]:
+    """The calls the requests ``messages`` tell the model were refused by name (no such tool, or not
+    available yet), by call id, each with the result its ``ERROR`` is recorded with."""
+    return {part.tool_call_id: REFUSED_BY_NAME[cause]
+            for message in messages if getattr(message, "kind", None) == "request"
+            for part in message.parts
+            if (cause := getattr(getattr(part, "retry", None), "cause", None)) in REFUSED_BY_NAME}
 
 
 def _last_response_call_ids(ctx: Any) -> list[str]:
