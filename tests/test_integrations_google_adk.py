@@ -818,3 +818,110 @@ def test_a_paused_invocation_dropped_past_the_bound_is_suspended_and_its_answer_
     assert len(ran) == 5 and "stopped by the user" in paused.final_text()
     assert [(s.reason, s.tool_calls) for s in closes.summaries[1:]] == [("halted", 5)]
     assert closes.summaries[1].turn_id == closes.suspended[0]
+
+
+# -- a resumed invocation's run, however it ends, leaves its turn as it is in the session ---------
+
+RESUMED_ENDINGS = {
+    "completes": "completed",
+    "model-raises": "error",
+    "tool-raises": "error",
+    "adks-call-limit": "error",
+    "closed-by-the-host": None,  # still paused on the held call: the session keeps its snapshot, current
+}
+"""How the run that resumes an invocation on the user's answer to turnguard's question ends, and
+how its turn ends then (``None``: it does not, a held call still waits)."""
+
+
+class Resuming(ScriptedLlm):
+    """A scripted model that, at the step ``"raise"``, fails as an unreachable model does."""
+
+    async def generate_content_async(self, llm_request, stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        self.steps, ahead = itertools.tee(self.steps)
+        if next(ahead, None) == "raise":
+            raise ConnectionError("model unreachable")
+        async for response in super().generate_content_async(llm_request, stream):
+            yield response
+
+
+def resumed_then_answered_again(ending: str, same_plugin: bool) -> tuple[dict, list, list, list]:
+    """Five identical failing calls in one response: the fifth is asked about (the warn level), the
+    sixth held with it. The question is confirmed alone, by the plugin that asked (``same_plugin``)
+    or a fresh one, and that resumed run ends as ``ending`` says; the held call's confirmation then
+    comes through a fresh plugin, guard and runner (another process, the same session store). The
+    session's entry after the resumed run, the calls that ran, and the turns' (id, reason)."""
+    service, ran, ends, resumed = InMemorySessionService(), [], Ends(), []
+
+    def read_file(path: str, tool_context: ToolContext) -> dict:
+        """Read a file."""
+        ran.append(tool_context.function_call_id)
+        if resumed and ending == "tool-raises":
+            raise OSError("disk gone")
+        return {"error": f"{path}: no such file"}
+
+    def runner(steps: list, run_config: RunConfig = UNBOUNDED) -> tuple[Runner, RunConfig]:
+        guard = tg.Guard(tg.GuardConfig(), plugins={"ends": ends})
+        app = App(name="coding", root_agent=LlmAgent(name="coder", model=Resuming(model="s", steps=iter(steps)),
+                                                     tools=[read_file]),
+                  plugins=[TurnGuardPlugin(guard, ask="confirmation")])
+        return Runner(app=app, session_service=service), run_config
+
+    async def send(driven: tuple[Runner, RunConfig], parts: list, close_after: int | None = None) -> list:
+        run, run_config = driven
+        events = []
+        stream = run.run_async(user_id="u", session_id="s", run_config=run_config,
+                               new_message=types.Content(role="user", parts=parts))
+        try:
+            async for event in stream:
+                events.append(event)
+                if len(events) == close_after:
+                    break
+        except (ConnectionError, OSError, LlmCallsLimitExceededError):
+            pass
+        await stream.aclose()
+        return events
+
+    def answer(request) -> types.Part:
+        return types.Part(function_response=types.FunctionResponse(
+            name=request.name, id=request.id, response={"confirmed": True}))
+
+    async def scenario() -> dict:
+        await service.create_session(app_name="coding", user_id="u", session_id="s")
+        steps = {"model-raises": ["raise"], "adks-call-limit": [[("read_file", {"path": "b.py"})]]}.get(ending, [])
+        first = runner([[("read_file", {"path": "a.py"})] * 6, *steps])
+        requests = confirmation_requests(await send(first, [types.Part(text="go")]))
+        assert len(requests) == 2 and len(ran) == 4
+        resumed.append(True)
+        again = first if same_plugin else runner(steps)
+        if ending == "adks-call-limit":  # the resumed run may ask the model once: the second request is refused
+            again = again[0], RunConfig(max_llm_calls=1)
+        await send(again, [answer(requests[0])], close_after=1 if ending == "closed-by-the-host" else None)
+        session = await service.get_session(app_name="coding", user_id="u", session_id="s")
+        (entry,) = [value for key, value in session.state.items() if key.startswith("turnguard:")]
+        await send(runner([]), [answer(requests[1])])
+        return entry
+
+    entry = asyncio.run(scenario())
+    return entry, ran, [(s.turn_id, s.reason) for s in ends.summaries], ends.summaries
+
+
+@pytest.mark.parametrize("same_plugin", [True, False], ids=["same-plugin", "fresh-plugin"])
+@pytest.mark.parametrize("ending", RESUMED_ENDINGS)
+def test_a_resumed_run_leaves_its_turn_in_the_session_as_it_is_however_it_ends(ending, same_plugin):
+    """The session keeps the turn's entry as the resumed run left it: how it ended (then a later
+    answer resumes no ended turn: each turn ends once, and the held call runs in no later turn), or,
+    still paused, its snapshot with the question answered (the held call's confirmation then runs it
+    in the same turn, which ends once)."""
+    entry, ran, turns, summaries = resumed_then_answered_again(ending, same_plugin)
+    ids = [turn_id for turn_id, _ in turns]
+    assert len(set(ids)) == len(ids), turns  # no turn ended twice
+    reason = RESUMED_ENDINGS[ending]
+    if reason is not None:
+        assert "ended" in entry, entry
+        assert turns[0][1] == reason, turns
+        assert summaries[0].tool_calls == (6 if ending == "adks-call-limit" else 5), turns  # (its model called once)
+        assert ran.count("call-1-5") == 0  # paused in the ended turn: it runs in no later one
+    else:
+        assert "ended" not in entry and entry.get("pending") is None, entry  # the question was answered
+        assert turns == [(turns[0][0], "completed")] and summaries[0].tool_calls == 6, turns
+        assert ran.count("call-1-5") == 1

@@ -32,9 +32,10 @@ the tool runs, ``after_tool`` / ``on_tool_error`` record its outcome, ``after_ru
   does not run (the run went on without it), a halted invocation stays halted whatever answer
   resumes it, and a call paused in an ended turn runs in no later one. The pausing event puts the
   turn's snapshot (``durable``) in the session state (``STATE_PREFIX``), the invocation's last one
-  how it ended: with a persistent session service the answer may come in another process or through
-  a fresh plugin, and resumes the same turn there. A callable ``ask`` answers
-  inline (the calls checked meanwhile wait for its answer). ``promptable`` defaults to whether
+  how it ended (a resumed run that ends with no such event, on an error or closed by the host,
+  appends a state-only event of its own): with a persistent session service the answer may come
+  in another process or through a fresh plugin, and resumes the same turn there. A callable
+  ``ask`` answers inline (the calls checked meanwhile wait for its answer). ``promptable`` defaults to whether
   ``ask`` is set; without a route the fallback applies (a warning is observed, a stop halts).
 - REMIND (``GuardConfig(remind_model=True)``) is added to a dict result as ``"turnguard"`` and
   appended to a text result.
@@ -56,6 +57,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from google.adk.events import Event, EventActions
 from google.adk.models.llm_response import LlmResponse
 from google.adk.plugins.base_plugin import BasePlugin
 from google.genai import types
@@ -120,6 +122,19 @@ class _Run:
     """A stop-level ASK raised by an outcome: the next call asks the user."""
     reminders: dict[str, str] = field(default_factory=dict)
     """REMIND texts for calls that are running, by function call id."""
+    stale: bool = False
+    """The session's entry for the invocation is older than the turn: it resumed, and no event of
+    it has stored the turn since. Its run ending with no such event stores it (``_store``)."""
+
+    def entry(self) -> dict[str, Any] | None:
+        """What the session's state keeps for the invocation: the snapshot of its turn while calls
+        wait on a confirmation (and it has not ended), else how its turn ended (once it paused or
+        halted), else nothing."""
+        if (self.asked or self.held) and self.driver.turn.summary is None:
+            return _paused_state(self, self.driver.turn.snapshot(pending=self.driver.question))
+        if self.paused or self.closed or self.driver.turn.halted is not None:
+            return _ended_state(self.driver.turn.halted, self.paused | self.closed)
+        return None
 
 
 class TurnGuardPlugin(BasePlugin):
@@ -151,6 +166,9 @@ class TurnGuardPlugin(BasePlugin):
                 self._runs.move_to_end(key)
             else:
                 self._open(key, invocation_context)
+            run = self._runs.get(key)
+            if run is not None and (run.paused or run.closed):  # resumed: the session's entry is now behind
+                run.stale = True
         self._watch_task(key)
         return None
 
@@ -228,6 +246,7 @@ class TurnGuardPlugin(BasePlugin):
             return
         if not run.asked and not run.held:  # paused: goes on when the user answers
             self._end(key, _closing_early())
+        await _store(invocation_context, run)
 
     async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
         """The event that pauses an invocation on turnguard's confirmation carries its turn's
@@ -240,15 +259,18 @@ class TurnGuardPlugin(BasePlugin):
         run = self._runs.get(key)
         if run is None:
             return None
-        if run.asked or run.held:
-            actions.state_delta[STATE_PREFIX + key] = _paused_state(run, run.driver.turn.snapshot(
-                pending=run.driver.question))
-        elif run.paused or run.closed or run.driver.turn.halted is not None:
-            actions.state_delta[STATE_PREFIX + key] = _ended_state(run.driver.turn.halted, run.paused | run.closed)
+        entry = run.entry()
+        if entry is not None:
+            actions.state_delta[STATE_PREFIX + key] = entry
+            run.stale = False
         return None
 
     async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
+        run = self._run(invocation_context)
         self._end(invocation_context.invocation_id, error)
+        if run is not None:
+            run.stale = True  # its turn ended after every event of the run
+            await _store(invocation_context, run)
 
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> LlmResponse | None:
         run = self._run(callback_context)
@@ -463,6 +485,25 @@ class TurnGuardPlugin(BasePlugin):
             run = self._runs.get(key)
             if run is not None and not run.asked and not run.held:
                 self._end(key, asyncio.CancelledError())
+
+
+async def _store(invocation_context: Any, run: _Run) -> None:
+    """A resumed invocation whose run ends with no event that stored its turn (an error, a close by
+    the host): its entry in the session's state is stored by an event of its own, so a later answer
+    resumes the turn as it is, not as it was paused before (nor a turn that has ended)."""
+    entry = run.entry() if run.stale else None
+    run.stale = False
+    service = getattr(invocation_context, "session_service", None)
+    session = getattr(invocation_context, "session", None)
+    if entry is None or service is None or session is None:
+        return
+    key = invocation_context.invocation_id
+    author = getattr(getattr(invocation_context, "agent", None), "name", None) or "turnguard"
+    event = Event(invocation_id=key, author=author, actions=EventActions(state_delta={STATE_PREFIX + key: entry}))
+    try:
+        await service.append_event(session=session, event=event)
+    except Exception as exc:  # the run's own ending goes on: a later answer finds the older entry
+        _log.warning("turnguard: invocation %s's turn could not be stored in its session (%s)", key, exc)
 
 
 def _paused_state(run: _Run, snapshot: dict[str, Any]) -> dict[str, Any]:
