@@ -226,3 +226,46 @@ def test_a_task_checking_while_another_awaits_the_answer_waits_for_it():
 
     asyncio.run(scenario())
     assert order == ["asked", "answered", Step.HALT]
+
+
+class Results:
+    """The task results a guard saw: each turn's summary, and the statuses of results not taken in the turn."""
+
+    def __init__(self) -> None:
+        self.summaries: list[tg.TurnSummary] = []
+        self.statuses: list[str] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary) -> None:
+        self.summaries.append(summary)
+
+    @tg.hookimpl
+    def turnguard_turn_result(self, turn_id, summary, resolved, status, labels) -> None:
+        self.statuses.append(status)
+
+
+ENDINGS = {
+    "completed": None,
+    "halted": TurnHalted(tg.Verdict(tg.Action.HALT, tg.Threshold.EXPLICIT, "stop")),
+    "cancelled": asyncio.CancelledError(),
+    "error": RuntimeError("tool blew up"),
+}
+
+
+@pytest.mark.parametrize("reported", [None, True, False], ids=["none", "resolved", "unresolved"])
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_the_hosts_own_result_in_the_turn_stands_and_the_run_adds_none_however_it_ends(ending, reported):
+    """The adapter reports a run that died on an error as unresolved only when the host reported
+    nothing in the turn: the host's result stands, no second result is counted (``duplicate``)."""
+    results = Results()
+    guard = tg.Guard(tg.GuardConfig())
+    guard.register(results, "results")
+    driver = open_turn(guard, ask=None, promptable=False)
+    if reported is not None:
+        assert driver.turn.report_result(reported)
+    driver.end(ENDINGS[ending])
+    driver.end(ENDINGS[ending])  # (idempotent)
+    assert results.statuses == []
+    expected = reported if reported is not None else (False if ending == "error" else None)
+    assert [(s.reason, s.resolved) for s in results.summaries] == [(ending, expected)]
+    assert driver.turn.resolved is expected

@@ -277,6 +277,42 @@ def test_a_tool_that_raises_with_no_failure_function_ends_the_turn_with_error(ra
     assert summary.tool_calls == 1 and ran == ["a.py"]
 
 
+@pytest.mark.parametrize("reported", [True, False])
+def test_a_result_the_host_reported_in_the_turn_stands_when_the_run_then_dies_on_an_error(ran, reported):
+    """Hooks passed to ``Runner.run``: the host reports the task's result through the run's turn,
+    then a tool without a failure function ends the run; the turn ends ``error`` with the host's
+    result, and the run's own "unresolved" is not added as a second (``duplicate``) result."""
+    statuses, summaries = [], []
+
+    class Results:
+        @tg.hookimpl
+        def turnguard_turn_result(self, turn_id, summary, resolved, status, labels) -> None:
+            statuses.append(status)
+
+        @tg.hookimpl
+        def turnguard_turn_ended(self, turn, summary) -> None:
+            summaries.append(summary)
+
+    guard = tg.Guard(tg.GuardConfig())
+    guard.register(Results(), "results")
+    hooks = TurnGuardRunHooks(guard)
+
+    @function_tool(failure_error_function=None)
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        hooks.driver.turn.report_result(reported)
+        raise FileNotFoundError(path)
+
+    agent = hooks.observe(Agent(name="coder", model=calls_then_done([("read_file", {"path": "a.py"})]),
+                                tools=[read_file]))
+    with pytest.raises(Exception) as died:
+        Runner.run_sync(agent, "read a.py", hooks=hooks, run_config=NO_EXPORT)
+    hooks.end(died.value)
+    assert ran == ["a.py"] and statuses == []
+    assert [(s.reason, s.resolved) for s in summaries] == [("error", reported)]
+
+
 def test_a_cancelled_async_run_ends_the_turn_as_cancelled(turn_ends):
     async def start(started):
         @function_tool

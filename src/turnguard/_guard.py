@@ -381,6 +381,11 @@ class Turn:
         """How the turn ended, once it has."""
         return self._ended
 
+    @property
+    def resolved(self) -> bool | None:
+        """The task result reported in the turn (``report_result``), or ``None`` while none was."""
+        return self._resolved
+
     # -- the host's calls --------------------------------------------------------------------
 
     def begin_cycle(self) -> Verdict:

@@ -239,10 +239,11 @@ class RunDriver:
         """End the turn (idempotent) with the reason ``exc`` gives (see ``end_reason``).
 
         A run that died on an error did not do its task: the turn's result is reported as
-        unresolved. Whether a completed run's answer did it, or what a halted or cancelled run left,
-        only the host knows (``guard.report_result(turn_id, resolved)``)."""
+        unresolved, unless the host reported one in the turn (it knows best; a second result would
+        be counted a duplicate). Whether a completed run's answer did it, or what a halted or
+        cancelled run left, only the host knows (``guard.report_result(turn_id, resolved)``)."""
         reason = end_reason(exc)
-        if reason == ERROR and self.turn.summary is None:
+        if reason == ERROR and self.turn.summary is None and self.turn.resolved is None:
             self.turn.report_result(False)
         self.turn.end(reason)
 
