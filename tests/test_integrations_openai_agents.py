@@ -974,3 +974,96 @@ def test_a_refusal_in_a_batch_settles_every_call_of_it_that_was_let_run(ran, mak
                  ask=refuse, run_config=NO_EXPORT)
     outcomes.assert_settled()
     assert outcomes.outcomes[f"call-{before}"] == [tg.Outcome.DENIED]
+
+
+# -- an agent's MCP servers: their tools are observed like its own ------------------------------
+
+FILES_SERVER = '''
+"""An MCP server over stdio with one tool, read_file, that fails (isError) for paths starting with "missing"."""
+try:
+    from mcp.server.mcpserver import MCPServer  # mcp 2
+except ImportError:
+    from mcp.server.fastmcp import FastMCP as MCPServer  # mcp 1
+
+server = MCPServer("files")
+
+
+@server.tool()
+def read_file(path: str) -> str:
+    """Read a file."""
+    if path.startswith("missing"):
+        raise FileNotFoundError(path)
+    return f"contents of {path}"
+
+
+server.run("stdio")
+'''
+
+
+@pytest.fixture
+def files_server(tmp_path):
+    """The SDK's own stdio client for a local MCP server (a child process, no network)."""
+    from agents.mcp import MCPServerStdio
+
+    program = tmp_path / "files_server.py"
+    program.write_text(FILES_SERVER, encoding="utf-8")
+    return lambda **options: MCPServerStdio(params={"command": sys.executable, "args": [str(program)]},
+                                            name="files", **options)
+
+
+def mcp_run(server, model: ScriptedModel, outcomes: Outcomes, *, via_handoff: bool = False, **options) -> Any:
+    """``run`` an agent whose read_file comes from ``server`` (or, ``via_handoff``, from the agent it
+    hands off to first), the server connected for the run."""
+
+    async def main():
+        guard = tg.Guard(tg.GuardConfig())
+        guard.register(outcomes, "outcomes")
+        async with server:
+            agent = Agent(name="coder", model=model, mcp_servers=[server])
+            if via_handoff:
+                agent = Agent(name="triage", model=model, handoffs=[agent])
+            return await run(guard, agent, "go", max_turns=100, run_config=NO_EXPORT, **options)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("via_handoff", [False, True], ids=["its-own", "handed-off-to"])
+def test_a_model_stuck_on_a_failing_mcp_tool_is_stopped_at_the_eighth(files_server, via_handoff):
+    """The MCP tool fails the MCP way (a result flagged ``isError``, which the SDK gives the model as
+    the tool's output): each call is an ``error``, and the eighth identical failure stops the run."""
+    outcomes = Outcomes()
+    handoff_step = [[function_call("transfer_to_coder", {}, call_id="h")]] if via_handoff else []
+    steps = [*handoff_step, *([function_call("read_file", {"path": "missing.py"}, call_id=f"c{i}")] for i in range(12))]
+    with pytest.raises(TurnGuardHalted) as stopped:
+        mcp_run(files_server(), ScriptedModel([*steps, [assistant_message("done")]]), outcomes, via_handoff=via_handoff)
+    assert stopped.value.verdict.threshold is tg.Threshold.STREAK
+    assert list(outcomes.outcomes.values()) == [[tg.Outcome.ERROR]] * 8  # (a handoff is no tool call)
+    outcomes.assert_settled()
+
+
+@pytest.mark.parametrize("extractor", [False, True], ids=["no-extractor", "the-servers-own-extractor"])
+def test_each_mcp_tool_result_is_its_calls_outcome_and_the_servers_own_extractor_still_runs(files_server, extractor):
+    extracted = []
+
+    def own(context) -> dict:
+        extracted.append(context.is_error)
+        return {"seen": True}
+
+    outcomes = Outcomes()
+    paths = ["a.py", "missing.py", "b.py", "missing.py"]
+    model = calls_then_done([("read_file", {"path": path}) for path in paths])
+    server = files_server(**({"custom_data_extractor": own} if extractor else {}))
+    assert mcp_run(server, model, outcomes).final_output == "done"
+    expected = [tg.Outcome.ERROR if path.startswith("missing") else tg.Outcome.OK for path in paths]
+    assert list(outcomes.outcomes.values()) == [[outcome] for outcome in expected]
+    assert extracted == ([False, True, False, True] if extractor else [])
+
+
+def test_an_mcp_tool_call_is_asked_about_through_the_sdks_approvals(files_server):
+    """With ``ask="approval"`` the fifth identical call (the warn level) interrupts the run for the
+    user, as the agent's own tools' calls do, instead of being answered by the no-route fallback."""
+    outcomes = Outcomes()
+    model = calls_then_done([("read_file", {"path": "a.py"})] * 6)
+    result = mcp_run(files_server(), model, outcomes, ask="approval")
+    assert len(approval_requests(result)) == 1
+    assert list(outcomes.checked.values()) == [[tg.Action.ALLOW]] * 4 + [[tg.Action.ASK]]

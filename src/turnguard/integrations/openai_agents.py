@@ -16,7 +16,9 @@ and ends the turn however the run finishes (``completed``, ``halted``, ``error``
   ``run`` applies) gives the run a copy of the agent, and of every agent it hands off to (an
   ``Agent`` in its ``handoffs`` or a ``Handoff`` such as ``handoff(agent, ...)``, nested too), whose
   function tools report each handled failure to the hooks, whatever the tool's
-  ``failure_error_function`` and whether tracing is on.
+  ``failure_error_function`` and whether tracing is on. The tools of its MCP servers
+  (``mcp_servers``) are observed alike, and a result a server flags ``isError`` (how an MCP tool
+  fails; the SDK hands it to the model as the output) is reported as a failure too.
   The run's ``tool_error_formatter``, the SDK's span error and its default error text are also
   read, for tools the hooks did not observe (e.g. hooks passed to ``Runner.run`` on an agent that
   was not observed). A tool with no failure function raises and ends the run: its call is
@@ -596,10 +598,39 @@ def _observed_agent(
     holds the copies by the source agent's id (agents may hand off to each other)."""
     if id(agent) in seen:
         return seen[id(agent)][1]
-    clone = agent.clone(tools=[_observed_tool(tool, failed, plan) for tool in agent.tools])
+    clone = agent.clone(tools=[_observed_tool(tool, failed, plan) for tool in agent.tools],
+                        mcp_servers=[_ObservedServer(server, failed) for server in agent.mcp_servers])
     seen[id(agent)] = (agent, clone)
     clone.handoffs = [_observed_handoff(target, failed, plan, seen) for target in agent.handoffs]
+    if clone.mcp_servers:
+        listed = clone.get_mcp_tools
+
+        async def get_mcp_tools(run_context: RunContextWrapper[Any]) -> list[Any]:
+            # The servers' tools, listed for each model request: observed like the agent's own.
+            return [_observed_tool(tool, failed, plan) for tool in await listed(run_context)]
+
+        clone.get_mcp_tools = get_mcp_tools  # type: ignore[method-assign]
     return clone
+
+
+class _ObservedServer:
+    """An agent's MCP server as the observed run reaches it: the server itself, whose tool results
+    the server flags ``isError`` (how an MCP tool fails: the SDK hands the model the error as the
+    tool's output, nothing raises) are reported to ``failed``, through the SDK's
+    ``custom_data_extractor`` (the server's own, if any, is called after)."""
+
+    def __init__(self, server: Any, failed: Callable[[str | None], None]) -> None:
+        self._server = server
+        self._failed = failed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    async def custom_data_extractor(self, context: Any) -> Any:
+        if context.is_error:
+            self._failed(getattr(context.run_context, "tool_call_id", None))
+        own = getattr(self._server, "custom_data_extractor", None)
+        return await _maybe_await(own(context)) if own is not None else None
 
 
 def _observed_handoff(
