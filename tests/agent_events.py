@@ -299,6 +299,13 @@ class Session:
     def stop(self) -> Any:
         return self.send(self.events.stop())
 
+    def finish(self) -> Any:
+        """The agent stops and its session ends (a headless run's exit): the turn ends then, not
+        at the stop, which another hook of the agent's may refuse (``turnguard.agents.ending``)."""
+        answer = self.stop()
+        self.send(self.events.session_end())
+        return answer
+
     def snapshot(self) -> dict[str, Any]:
         return session_data(self.env, self.agent, self.session_id)
 

@@ -129,6 +129,7 @@ def test_turnguard_result_reports_the_last_turn_once_with_the_agents_labels(env:
     assert none.returncode == 1 and "no ended claude-code turn" in none.stderr
     streak_answers(env)
     assert ask(event("Stop"), env).returncode == 0
+    assert ask(event("SessionEnd"), env).returncode == 0  # (the stop is confirmed: the turn ends)
     kept = Path(env["TURNGUARD_STATE_DIR"]) / "hooks" / "results" / "claude-code"
     wait_for_any(kept)
     with OtlpReceiver() as rx:

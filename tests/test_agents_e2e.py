@@ -341,3 +341,74 @@ def test_interactive_claude_code_asks_the_person_and_goes_by_the_answer(tmp_path
         ("warn", "continue", 5), ("warn", "stop", 10)]
     assert (refused["tool_calls"], refused["ended_by"]) == (10, "streak")  # the person stopped it there
     assert (nothing["tool_calls"], nothing["ended_by"]) == (0, "completed")
+
+
+STOP_AT_E2E = 8
+STOP_EVENT = {"claude": "Stop", "codex": "Stop", "gemini": "AfterAgent"}
+SETTINGS = {"claude": ".claude/settings.json", "codex": ".codex/hooks.json", "gemini": ".gemini/settings.json"}
+
+
+def refuse_stops(g: Guarded, times: int) -> Path:
+    """A user's own stop hook beside turnguard's that refuses the agent's first ``times`` stops
+    (``decision: "block"``, Gemini CLI's ``"deny"``); returns the file that counts the stops."""
+    counter = g.root / "stops.txt"
+    decision = "deny" if g.agent == "gemini" else "block"
+    script = g.root / "refuse_stop.py"
+    script.write_text(f"import json, os, sys\nsys.stdin.read()\np = {str(counter)!r}\n"
+                      f"n = os.path.getsize(p) if os.path.exists(p) else 0\nopen(p, 'a').write('x')\n"
+                      f"print(json.dumps({{'decision': {decision!r}, 'reason': 'Keep going.'}}) if n < {times} "
+                      f"else '{{}}')\n")
+    settings = g.project / SETTINGS[g.agent]
+    hooks = json.loads(settings.read_text())
+    hooks["hooks"].setdefault(STOP_EVENT[g.agent], []).append(
+        {"hooks": [{"type": "command", "command": f"{sys.executable} {script}"}]})
+    settings.write_text(json.dumps(hooks, indent=2))
+    return counter
+
+
+def test_a_stop_another_hook_refuses_goes_on_with_the_same_turn(guarded: Guarded) -> None:
+    """12 identical failing calls, the model stopping after every 4th; a user's hook refuses the
+    first 2 stops. Claude Code and Codex go on with the same turn: its 8th failure halts it."""
+    counter = refuse_stops(guarded, 2)
+    call = shell(guarded.agent, guarded.append("ran") + "; exit 1")
+    run, _server = guarded.run(lambda r: "done for real" if r.step >= 15 else "done" if r.step % 5 == 4 else call)
+    stops = len(counter.read_text()) if counter.exists() else 0
+    if guarded.agent == "gemini":  # its refused stop comes back as a prompt (BeforeAgent): a new turn
+        assert len(guarded.lines()) == 12, run.describe()
+        turns = guarded.turns(3)
+        assert [(t["ended_by"], t["tool_calls"]) for t in turns] == [("completed", 4)] * 3
+        return
+    assert len(guarded.lines()) == STOP_AT_E2E, run.describe()
+    assert stops >= 1 if guarded.agent == "claude" else stops == 3, run.describe()  # (a halt ends Claude Code's run)
+    (turn,) = guarded.turns(1)
+    assert (turn["ended_by"], turn["tool_calls"]) == ("streak", STOP_AT_E2E)
+
+
+def test_a_killed_runs_turn_reaches_the_recorder_once_stale(guarded: Guarded) -> None:
+    """A run killed mid-turn (SIGKILL to its process group, as a CI time limit does) sends no
+    more events; the next hook run of any session hands its turn over once it is stale."""
+    from turnguard.agents import stale
+
+    def script(request: ModelRequest) -> Reply:
+        return shell(guarded.agent, guarded.append(str(request.step)) + "; sleep 1")
+    if guarded.agent == "gemini":
+        guarded.env.setdefault("GEMINI_CLI_TRUST_WORKSPACE", "true")
+    with ModelServer(script) as server:
+        run = clis.run(guarded.agent, guarded.project, server.url, "Loop.", env=guarded.env, timeout=20,
+                       **({"settings": GEMINI_OWN_LOOP_DETECTION_OFF} if guarded.agent == "gemini" else {}))
+    assert run.timed_out, run.describe()
+    ran = len(guarded.lines())
+    assert ran >= 1, run.describe()
+    sessions = list((guarded.state / "hooks" / NAME[guarded.agent]).glob("*.json"))
+    assert [json.loads(p.read_text())["turn"] is not None for p in sessions] == [True]
+    then = time.time() - stale.OPEN_STALE_S - 1
+    os.utime(sessions[0], (then, then))
+    (guarded.state / "hooks" / stale.MARKER).unlink(missing_ok=True)
+    other = json.dumps({"session_id": "another", "hook_event_name": "UserPromptSubmit", "turn_id": "t1",
+                        "cwd": str(guarded.root), "prompt": "x"})
+    done = subprocess.run([sys.executable, "-m", "turnguard", "hook", "codex"], input=other, text=True,
+                          env={**os.environ, **guarded.env}, capture_output=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "{}"), done.stderr
+    (turn,) = guarded.turns(1)
+    assert turn["agent"] == NAME[guarded.agent] and turn["ended_by"] == "abandoned"
+    assert ran <= turn["tool_calls"] <= ran + 1  # (a call checked as the run was killed)

@@ -135,7 +135,7 @@ def test_eighth_identical_failure_halts_an_unattended_turn(agent: str, live_env:
         assert "continue" not in eighth.post.output
     assert check_halts(agent, s.check("make test")), "the 9th identical call must be denied"
     assert check_halts(agent, s.check("ls")), "every later call of a halted turn is denied alike"
-    assert is_allow(s.stop())
+    assert is_allow(s.finish())
     line = only_line(env, live=True)  # the detached exporter's replay of the turn's journal
     assert (line["agent"], line["ended_by"], line["tool_calls"]) == (agent, "streak", STOP_AT)
     assert [c["outcome"] for c in line["calls"]] == ["error"] * STOP_AT
@@ -271,7 +271,7 @@ def test_explicit_cap_from_the_environment_denies_call_n_plus_1(agent: str, cap:
     s.start()
     run_to_cap(s, cap)
     live_count = s.tool_calls()
-    s.stop()
+    s.finish()
     line = only_line(env)
     assert (line["agent"], line["ended_by"], line["tool_calls"]) == (agent, "explicit", live_count)
     assert live_count in (cap, cap + 1)
@@ -316,7 +316,7 @@ def test_an_open_turn_keeps_the_settings_of_the_folder_it_opened_in(agent: str, 
         s.start()  # in the project: a cap of 5
         assert all(is_allow(call(n)) for n in range(1, 6))
         assert check_halts(agent, call(6))
-        s.stop()
+        s.finish()
     s.send({**s.events.prompt(), "cwd": str(other)})  # a turn opened elsewhere: a cap of 50
     assert all(is_allow(call(n)) for n in range(1, 21))
     assert s.tool_calls() == 20
@@ -341,7 +341,7 @@ def test_an_alternating_loop_halts_with_the_cycle_repeat_reason(agent: str, env:
     assert outcome_halts(agent, step), step
     assert "repeat a cycle of 2 identical calls 8 times (cycle_repeat_stop_at=8)" in json.dumps(step.post.output)
     assert check_halts(agent, s.check("git status")), "every later call of a halted turn is denied"
-    s.stop()
+    s.finish()
     line = only_line(env)
     assert (line["ended_by"], line["tool_calls"]) == ("cycle_repeat", 16)
 
@@ -384,7 +384,7 @@ def test_stateful_tool_progresses_while_its_result_changes_then_halts_when_it_st
     assert outcome_halts(agent, step), step
     if which == "*":
         return
-    s.stop()
+    s.finish()
     line = only_line(env)
     assert (line["ended_by"], line["tool_calls"]) == ("streak", halt_at)
     assert [c["outcome"] for c in line["calls"]] == ["error"] * halt_at
@@ -551,7 +551,7 @@ def test_session_ids_of_any_length_or_text_keep_the_state_and_the_record_small(
     assert fail_until_halted(s) == STOP_AT
     other.call("make test", failed=True)
     assert other.tool_calls() == 1
-    s.stop()
+    s.finish()
     files = list((tmp_path / "state").rglob("*.json"))
     assert files and max(f.stat().st_size for f in files) < 64 * 1024
     line = only_line(env)
@@ -672,7 +672,7 @@ def test_a_turn_without_tool_calls_is_recorded_too(agent: str, env: dict[str, st
     s = Session(agent, env, tmp_path)
     assert is_allow(s.start())
     s.send(s.events.model_request())
-    assert is_allow(s.stop())
+    assert is_allow(s.finish())
     lines = export_now(env)
     assert len(lines) == 1, f"one recorder line for the turn (it made no tool call), not {lines}"
     assert (lines[0]["agent"], lines[0]["ended_by"], lines[0]["tool_calls"]) == (agent, "completed", 0)
@@ -1174,7 +1174,7 @@ def test_attended_claude_asks_at_the_fifth_identical_call_and_records_continue(l
     assert is_allow(fifth.post) and is_allow(fifth.batch)
     for n in range(WARN_AT + 1, STOP_AT + 1):  # "continue" started the streak again: no halt at the 8th
         assert all(is_allow(a) for a in s.call("make test", failed=True).answers()), n
-    s.stop()
+    s.finish()
     line = only_line(env, live=True)
     assert line["escalations"] == [{"threshold": "streak", "level": "warn", "answer": "continue", "at_call": WARN_AT}]
     assert line["ended_by"] == "completed"
@@ -1191,7 +1191,7 @@ def test_attended_claude_asks_the_stop_level_question_at_the_next_check(env: dic
     assert "decision" not in eighth.post.output and is_allow(eighth.batch), "asked, not halted"
     ninth = s.call("make test", failed=True)
     assert asks(ninth.pre), ninth.pre
-    s.stop()
+    s.finish()
     line = only_line(env)
     assert line["escalations"] == [{"threshold": "streak", "level": "stop", "answer": "continue", "at_call": STOP_AT}]
 
@@ -1204,7 +1204,7 @@ def test_attended_claude_refused_question_is_not_recorded_as_continue(env: dict[
         s.call("make test", failed=True)
     refused = s.denied("make test")  # the person said no at the prompt: the call never ran
     assert asks(refused.pre)
-    s.stop()
+    s.finish()
     [escalation] = only_line(env)["escalations"]
     assert (escalation["level"], escalation["at_call"]) == ("warn", WARN_AT)
     assert escalation["answer"] in ("stop", "redirect"), "a refusal is not a 'continue'"
@@ -1280,7 +1280,7 @@ def test_claude_denied_calls_are_recorded_denied_and_never_count_as_failures(
         if n < halt_at:
             assert all(is_allow(a) for a in step.answers()), (n, pattern, step)
     assert outcome_halts("claude-code", step), step
-    s.stop()
+    s.finish()
     line = only_line(env)
     assert [c["outcome"] for c in line["calls"]] == ["error" if p == "F" else "denied" for p in pattern]
     assert (line["ended_by"], line["tool_calls"]) == ("streak", len(pattern))
@@ -1334,7 +1334,7 @@ def test_the_exporter_replays_distinct_calls_as_distinct_whatever_their_digests(
         assert all(is_allow(a) for a in s.call(command, failed=True).answers())
     digests = journal_digests(env, "claude-code", s.session_id)
     assert len(set(digests)) == STOP_AT and all(float(d.lstrip("#")) == float("inf") for d in digests)
-    s.stop()
+    s.finish()
     line = only_line(env)
     assert (line["ended_by"], line["tool_calls"]) == ("completed", STOP_AT), "the live hooks never halted"
     assert len({c["args"] for c in line["calls"]}) == STOP_AT
@@ -1344,7 +1344,7 @@ def test_a_journal_left_by_a_dead_exporter_is_exported_and_removed(env: dict[str
     s = Session("claude-code", env, tmp_path)  # (``env``: the exporter died before it started)
     s.start()
     assert fail_until_halted(s) == STOP_AT
-    s.stop()
+    s.finish()
     left = list(outbox(env).glob("*.json"))
     assert len(left) == 1 and recorded(env) == []
     done = subprocess.run([sys.executable, "-m", "turnguard.agents.export"], env=env, capture_output=True,
@@ -1363,10 +1363,10 @@ def test_the_next_turns_exporter_takes_a_journal_left_behind(live_env: dict[str,
         s = Session("gemini", env, tmp_path)
         s.start()
         s.call("make test", failed=True)
-        s.stop()
+        s.finish()
     s.start()
     s.call("ls", failed=False)
-    s.stop()
+    s.finish()
     wait_for_export(env)
     assert sorted(line["tool_calls"] for line in recorded(env)) == [1, 1]
     assert {line["agent"] for line in recorded(env)} == {"gemini"}
@@ -1391,7 +1391,7 @@ def test_a_corrupt_outbox_file_does_not_stop_the_others(corrupt: str, env: dict[
     s = Session("codex", env, tmp_path)
     s.start()
     s.call("make test", failed=True)
-    s.stop()
+    s.finish()
     box = outbox(env)
     (box / f"{0:020d}-corrupt.json").write_bytes(CORRUPT_JOURNALS[corrupt])  # first in the exporter's order
     [good] = [p for p in box.glob("*.json") if "corrupt" not in p.name]

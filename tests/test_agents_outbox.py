@@ -41,7 +41,7 @@ def halted_turn(agent: str, env: dict[str, str], root: Path) -> Session:
     s.start()
     for _ in range(10):
         s.call("make test", failed=True)
-    s.stop()
+    s.finish()
     return s
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent_events import AGENTS, Events, hook_env, is_allow, tool_calls
-from turnguard.agents import hook
+from turnguard.agents import export, hook, stale
 from turnguard.agents import store as st
 from turnguard.agents.store import MAX_AGE_S, MAX_STATE_BYTES, STATE_VERSION, SessionStore, StoreError, state_root
 
@@ -139,7 +139,7 @@ def test_a_lock_held_by_another_process_is_waited_for_and_freed_when_it_is_kille
 
 
 def test_a_hook_facing_a_held_lock_fails_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(SessionStore.locked.__wrapped__, "__defaults__", (0.05,))  # (20 s as installed)
+    monkeypatch.setattr(SessionStore.locked, "__defaults__", (0.05,))  # (20 s as installed)
     env = hook_env(tmp_path)
     events = Events("codex", tmp_path)
     payload = json.dumps(events.pre({"command": "ls"}, events.call_id())).encode()
@@ -383,7 +383,7 @@ def test_a_hook_keeps_hostile_session_ids_inside_its_directory(agent: str, tmp_p
             assert is_allow(answer), (session_id, answer)
         assert tool_calls(env, agent, session_id) == 2
     agent_dir = root / "hooks" / agent
-    shared = {root / "hooks" / "entrypoints.json"}  # the hooks' cache of the plugin scan
+    shared = {root / "hooks" / "entrypoints.json", root / "hooks" / stale.MARKER}  # (the plugin scan, the sweep)
     assert {p.parent for p in files_under(tmp_path) if p.is_relative_to(root) and p not in shared} == {agent_dir}
     assert [p for p in files_under(tmp_path) if not p.is_relative_to(tmp_path / "project-root")
             and not p.is_relative_to(root)] == []
@@ -442,11 +442,18 @@ def test_clean_of_a_missing_directory_removes_nothing(tmp_path: Path) -> None:
     assert SessionStore(tmp_path / "nothing", "codex").clean() == 0
 
 
-def test_a_new_turn_cleans_old_sessions_of_its_agent(tmp_path: Path) -> None:
+def test_a_new_turn_cleans_old_sessions_of_its_agent_once_their_turn_is_handed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
     env = hook_env(tmp_path)
     old, current = Events("codex", tmp_path / "old"), Events("codex", tmp_path / "current")
     assert is_allow(hook.run("codex", json.dumps(old.pre({"command": "ls"}, old.call_id())).encode(), env))
     store = SessionStore(state_root(env), "codex")
+    age(store.path(old.session_id), MAX_AGE_S + 60, time.time())
+    (state_root(env) / "hooks" / stale.MARKER).unlink()  # (no sweep for a minute since the first event)
+    assert is_allow(hook.run("codex", json.dumps(current.prompt()).encode(), env))
+    assert store.path(old.session_id).exists(), "its open turn was not exported yet"
+    assert len(list(export.outbox_dir(state_root(env)).glob("*.json"))) == 1, "the sweep handed it over"
     age(store.path(old.session_id), MAX_AGE_S + 60, time.time())
     assert is_allow(hook.run("codex", json.dumps(current.prompt()).encode(), env))
     assert not store.path(old.session_id).exists()

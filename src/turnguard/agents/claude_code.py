@@ -4,12 +4,14 @@ Events: ``UserPromptSubmit`` opens a turn (``prompt_id`` names it), ``PreToolUse
 (``tool_use_id``), ``PostToolUse`` / ``PostToolUseFailure`` report it (a failure with
 ``is_interrupt`` is an unknown outcome), ``PostToolBatch`` closes a model step: a checked call
 without a post event by then was refused (a permission, or a hook), which is a denied outcome.
-``Stop`` ends the turn, ``SessionEnd`` the session. A subagent's calls (the ``Agent``/Task tool)
-carry the session's and the prompt's ids and count in the turn of the prompt that started it: the
-person pays for both. A background subagent's report comes back as a prompt of its own
-(``<task-notification>``): Claude Code makes it a turn, and so does turnguard. A background
-subagent's call after its prompt's turn ended carries that prompt's id: it counts in the open turn. Claude Code has no
-event before a model request, so ``max_cycles_per_turn`` cannot act here.
+``Stop`` stops the turn (it ends when the stop is confirmed, ``ending``: another ``Stop`` hook may
+refuse it, and Claude Code goes on with the same ``prompt_id``), ``SessionEnd`` ends the session.
+A subagent's calls (the ``Agent``/Task tool) carry the session's and the prompt's ids and count in
+the turn of the prompt that started it: the person pays for both. A background subagent's report
+comes back as a prompt of its own (``<task-notification>``): Claude Code makes it a turn, and so
+does turnguard. A background subagent's call after its prompt's turn ended carries that prompt's
+id: it counts in the open turn. Claude Code has no event before a model request, so
+``max_cycles_per_turn`` cannot act here.
 
 Answers: a reminder is ``additionalContext`` (the model reads it); a question is
 ``permissionDecision: "ask"`` (Claude Code's own permission prompt, interactive sessions only);

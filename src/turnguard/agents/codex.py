@@ -2,9 +2,10 @@
 
 Events: ``UserPromptSubmit`` opens a turn (``turn_id`` names it; ``codex exec resume`` starts a new
 one), ``PreModelRequest`` counts a model request (``max_cycles_per_turn``), ``PreToolUse`` checks a
-call (``tool_use_id``: the model's ``call_id``), ``PostToolUse`` reports it, ``Stop`` ends the
-turn, ``SessionEnd`` the session. A refused call gets no ``PostToolUse``; it stays without an
-outcome, which never counts as a failure.
+call (``tool_use_id``: the model's ``call_id``), ``PostToolUse`` reports it, ``Stop`` stops the
+turn (it ends when the stop is confirmed, ``ending``: another ``Stop`` hook may refuse it, and Codex
+goes on with the same ``turn_id``), ``SessionEnd`` ends the session.
+A refused call gets no ``PostToolUse``; it stays without an outcome, which never counts as a failure.
 
 ``PostToolUse`` carries the command's output only, not whether it failed: the outcome is read from
 the session's transcript (``transcript_path``), whose ``item_completed`` record of the call holds

@@ -40,7 +40,7 @@ class Kind(enum.Enum):
     """Every call of a model step has resolved (Claude Code's ``PostToolBatch``): a checked call
     with no outcome by now was refused (by a permission or a hook)."""
     TURN_END = "turn_end"
-    """The agent stopped: the turn ends."""
+    """The agent stopped: the turn ends once the stop is confirmed (another hook may refuse it)."""
     SESSION_END = "session_end"
     """The session closed: its turn ends and its state is removed."""
     IGNORED = "ignored"

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from turnguard.agents.store import SessionStore, state_root
+from turnguard.agents.store import state_root
 
 OUTBOX = "outbox"
 
@@ -47,7 +47,7 @@ def outbox_dir(root: Path) -> Path:
     return root / "hooks" / OUTBOX
 
 
-def hand_over(store: SessionStore, config: Any, agent: str, data: dict[str, Any], environ: Mapping[str, str]) -> None:
+def hand_over(agent: str, data: dict[str, Any], environ: Mapping[str, str]) -> None:
     """Write the ended turn's journal into the outbox and start the exporter (the caller holds
     the session's lock; the exporter runs after the hook has answered)."""
     journal = data.get("journal") or []

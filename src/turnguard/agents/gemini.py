@@ -2,8 +2,11 @@
 
 Events: ``BeforeAgent`` opens a turn, ``BeforeModel`` counts a model request
 (``max_cycles_per_turn``), ``BeforeTool`` checks a call, ``AfterTool`` reports it, ``AfterAgent``
-ends the turn, ``SessionEnd`` the session. Gemini CLI passes no call id: an outcome belongs to the
-earliest waiting call with the same tool and arguments (identical parallel calls are alike anyway).
+stops the turn (it ends at the next ``BeforeAgent`` or ``SessionEnd``, ``ending``: a refused
+``AfterAgent`` comes back as a ``BeforeAgent`` with the refusal as its prompt, which nothing tells
+from a new prompt, so it opens a turn), ``SessionEnd`` ends the session.
+Gemini CLI passes no call id: an outcome belongs to the earliest waiting call with the same tool and
+arguments (identical parallel calls are alike anyway).
 A failure is a ``tool_response`` with an ``error``, or a shell call whose output ends with a
 non-zero ``Exit Code: N``.
 

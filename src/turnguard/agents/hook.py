@@ -2,7 +2,8 @@
 
 The turn lives in the session's store as a durable snapshot (``Guard.turn(durable=True)``): each
 event resumes it under the session's lock, does what the event says (``Turn.check_call`` before a
-tool, ``record_outcome`` after it, ``begin_cycle`` before a model request, ``end`` at the stop),
+tool, ``record_outcome`` after it, ``begin_cycle`` before a model request; at the stop it is
+noted, and the turn ends when the stop is confirmed: ``ending``),
 and puts it aside again (``Turn.suspend``). So the verdicts are those of one process running the
 turn, whatever the processes and their order. The guard here decides only: telemetry and the
 recorder are left out of this path and fed afterwards from the turn's journal (``export``), so
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from turnguard.agents.ending import STOPPED, TRANSIENT, end_turn, note_stop, stop_of, went_on
 from turnguard.agents.events import (
     MAX_STDIN_BYTES,
     AgentEvent,
@@ -53,10 +55,6 @@ MAX_ANSWERED = 1024
 """Answers kept per turn to give again when a call's check or outcome comes twice (the same hook
 installed twice: Codex runs the hooks of every settings layer, at once): a check's until its
 outcome, an outcome's until the next check of its call id (``_repeated``)."""
-MAX_EARLIER = 64
-"""The ids of the session's ended turns kept: an event of one of them counts in the open turn."""
-TRANSIENT = ("ask", "waiting", "remind", "answered")
-"""The state's fields that belong to the open turn only."""
 HALT_NOTE = "turnguard halted this turn"
 ASK_MODEL = "Ask the user before going on. "
 """Before a question put to the model, in an attended session of an agent whose hooks cannot ask."""
@@ -264,7 +262,10 @@ class Hook:
             if event.kind is Kind.TURN_START:
                 answer = self._start(data, event)
                 self.store.clean()
-            elif event.kind in (Kind.TURN_END, Kind.SESSION_END):
+            elif event.kind is Kind.TURN_END:
+                note_stop(data, event.reason)
+                answer = self.protocol.answer(event, Decision.allow())
+            elif event.kind is Kind.SESSION_END:
                 answer = self._end(data, event)
             else:
                 answer = self._step(data, event)
@@ -272,13 +273,25 @@ class Hook:
                 session.remove()
             else:
                 session.save()
+        self._sweep()
         return answer
+
+    def _sweep(self) -> None:
+        """Hand over the turns of stale sessions (``stale``): never at this event's expense."""
+        from turnguard.agents import stale
+
+        try:
+            stale.sweep(self.environ)
+        except Exception as exc:
+            note_error(self.environ, self.protocol.agent,
+                       f"the stale sessions' sweep failed: {type(exc).__name__}: {exc}")
 
     # -- the turn's lifecycle -----------------------------------------------------------------
 
     def _start(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
         if data.get("turn") is not None:
             if event.turn_ref is not None and data.get("ref") == event.turn_ref:
+                went_on(data)
                 return self.protocol.answer(event, Decision.allow())  # the agent goes on with the same turn
             self._close(data, "interrupted")
         data["turn"] = self._open(data, event).suspend()
@@ -301,13 +314,17 @@ class Hook:
         """The session's turn: resumed from its snapshot, or opened when the agent started one
         turnguard did not see (hooks installed mid-session, a lost prompt event, a turn id never
         seen). An event of one of the session's earlier turns (a background subagent's call after
-        its prompt's turn ended) counts in the open turn: the person pays for both."""
+        its prompt's turn ended) counts in the open turn: the person pays for both. An event of the
+        turn itself after its stop means the stop was refused (another hook of the agent's): the
+        turn goes on, its counts and halts with it (``ending``)."""
         state = data.get("turn")
         ref = data.get("ref")
-        if state is not None and (event.turn_ref is None or ref is None or ref == event.turn_ref
-                                  or event.turn_ref in data.get("earlier", ())):
+        same = event.turn_ref is None or ref is None or ref == event.turn_ref
+        if state is not None and (same or event.turn_ref in data.get("earlier", ())):
             turn = self._resumed(data)
             if turn is not None:
+                if same:
+                    went_on(data)
                 return turn
         elif state is not None:
             self._close(data, "interrupted")
@@ -346,29 +363,10 @@ class Hook:
         return self.protocol.answer(event, Decision.allow())
 
     def _close(self, data: dict[str, Any], reason: str) -> None:
-        """End the session's turn and hand its journal to the exporter."""
-        ref = data.get("ref")
-        if ref is not None:
-            earlier = data.setdefault("earlier", [])
-            if ref not in earlier:
-                earlier.append(ref)
-                del earlier[:-MAX_EARLIER]
-        turn = self._resumed(data)
-        if turn is None:
-            return
-        ask = data.get("ask")
-        if ask is not None:
-            self._answer(turn, data, "stop")
-        turn.end(reason)
-        journal = data.get("journal") or []
-        journal.append(["e", time.time_ns(), reason])
-        from turnguard.agents import export
-
-        export.hand_over(self.store, self.config, self.protocol.agent, data, self.environ)
-        data["turn"] = None
-        data["journal"] = []
-        for transient in TRANSIENT:
-            data.pop(transient, None)
+        """End the session's turn (a stopped one as it stopped: ``ending.end_turn``) and hand its
+        journal to the exporter, when this configuration can resume it."""
+        if self._resumed(data) is not None:
+            end_turn(data, self.protocol.agent, self.environ, reason)
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -606,6 +604,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "waiting": ("a list of waiting calls", _waiting),
     "ask": ("a pending question", _ask),
     "remind": ("a string", lambda v: isinstance(v, str)),
+    STOPPED: ("a stop", lambda v: stop_of({STOPPED: v}) is not None),
     "earlier": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(r, str) for r in v)),
     "answered": ("the answers given", lambda v: isinstance(v, dict) and all(
         isinstance(a, list) and len(a) == 4 and isinstance(a[0], str) and isinstance(a[1], str)

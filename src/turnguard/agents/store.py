@@ -5,8 +5,9 @@ So a session's state is read, changed and written under an exclusive ``flock`` o
 beside it (parallel hooks take turns; a killed holder's lock is released by the kernel), and
 written to a temporary file that then replaces the state (``os.replace``): a hook killed at any
 point leaves the last state written whole. Two sessions never share a file. Files of sessions not
-touched for ``MAX_AGE_S`` are removed when a turn starts; a state larger than ``MAX_STATE_BYTES``
-is refused (the hook fails open), which the live bounds of a turn keep far away.
+touched for ``MAX_AGE_S`` are removed when a turn starts, but never one that still holds a turn
+(``stale`` hands such a turn to the outbox first); a state larger than ``MAX_STATE_BYTES`` is
+refused (the hook fails open), which the live bounds of a turn keep far away.
 
 No ``fsync``: the state survives the death of any process (a kill at any point, the server's
 included), which is what a hook's guarantee is about; a power loss within the kernel's writeback
@@ -72,10 +73,23 @@ class SessionStore:
     def path(self, session_id: str) -> Path:
         return self.directory / f"{session_file_name(session_id)}.json"
 
-    @contextlib.contextmanager
-    def locked(self, session_id: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[Session]:
+    def locked(self, session_id: str, timeout_s: float = LOCK_TIMEOUT_S) -> contextlib.AbstractContextManager[Session]:
         """The session's state, held exclusively until the block ends; ``Session.save`` writes it."""
-        lock = self.directory / f"{session_file_name(session_id)}.lock"
+        return self.locked_file(session_file_name(session_id), timeout_s, session_id)
+
+    def session_names(self) -> list[str]:
+        """The names of the sessions' files (``session_file_name``), for ``locked_file``."""
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return []
+        return [e.name[:-5] for e in entries if e.name.endswith(".json") and not e.name.startswith(".")]
+
+    @contextlib.contextmanager
+    def locked_file(self, name: str, timeout_s: float = LOCK_TIMEOUT_S, session_id: str = "") -> Iterator[Session]:
+        """``locked`` for the session whose file is ``NAME.json`` (its id unknown: ``session_names``);
+        ``StoreError`` when its lock is held for ``timeout_s`` (0: at once)."""
+        lock = self.directory / f"{name}.lock"
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -95,13 +109,14 @@ class SessionStore:
         try:
             with contextlib.suppress(OSError):
                 os.utime(fd)  # in use: ``clean`` goes by this time
-            yield Session(self.path(session_id), session_id, self.written)
+            yield Session(self.directory / f"{name}.json", session_id, self.written)
         finally:
             os.close(fd)  # releases the lock
 
     def clean(self, now: float | None = None, max_age_s: float = MAX_AGE_S) -> int:
         """Remove the files of sessions untouched for ``max_age_s`` (and temporary files a killed
-        hook left); returns how many files went. Never raises: a file in use stays."""
+        hook left); returns how many files went. Never raises: a file in use stays, and so does a
+        session's file that still holds a turn (``holds_turn``): its journal is not exported yet."""
         now = time.time() if now is None else now
         removed = 0
         try:
@@ -111,11 +126,22 @@ class SessionStore:
         for entry in entries:
             try:
                 old = now - entry.stat().st_mtime > (60 if entry.name.startswith(".") else max_age_s)
-                if old and entry.is_file():
+                if old and entry.is_file() and not (entry.name.endswith(".json") and holds_turn(entry.path)):
                     removed += _remove_lock(entry.path) if entry.name.endswith(".lock") else _unlink(entry.path)
             except OSError:
                 continue
         return removed
+
+
+def holds_turn(path: str) -> bool:
+    """Whether a session's file holds a turn (open, or stopped and not yet handed over); a file
+    that cannot be read as a state holds none."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(MAX_STATE_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("turn") is not None
 
 
 def _unlink(path: str) -> int:
