@@ -236,7 +236,7 @@ def test_a_failing_plugin_is_isolated_as_the_live_guard_does(fail_mode: str) -> 
         expected = live_steps(config, policy, turn, True)
         _, got = replayed_steps(compiled, turn, True)
         assert got == expected, (fail_mode, turn)
-        halted += any(s.action is tg.Action.HALT and s.threshold is None for s in expected)
+        halted += any(s.action is tg.Action.HALT and s.threshold == "plugin_error" for s in expected)
     assert bool(halted) == (fail_mode == "closed")
 
 
