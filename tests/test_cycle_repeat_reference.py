@@ -142,32 +142,63 @@ def settlings(calls: list[Call]) -> list[tuple[int, list[int]]]:
 
 
 def reference(calls: list[Call], s: Settings, answer: bool = True) -> list[tuple[int, tg.Action, tg.Level, int]]:
-    """(call index, action, level, period) of each detection, one call at a time; an ASK answered
-    "continue" (when ``answer``) starts the count afresh, a HALT ends the turn. One outcome that
-    settles several calls gives one verdict: the first stop among them, else the first warning."""
+    """(call index, action, level, period) of each detection, one call at a time; a HALT ends the
+    turn. One outcome that settles several calls gives one verdict: the first level among them
+    that asks or halts (a stop; attended without reminders, a warning too), else the first; the
+    others are reported, oldest first, by the next outcomes that reach none. An ASK answered
+    "continue" (when ``answer``) starts the count afresh after the call that reached its level:
+    the calls settled after it are counted again, and the level they reach (the first that asks
+    or halts, else the first) is the next outcome's to report, with any that outcome reaches. A
+    level reported by a later outcome than the one that reached it (the others) restarts the
+    count after the calls settled so far. An answer drops the levels owed from calls after its
+    place, not those before it."""
     seen: list[object] = []
+    settled_so_far: list[tuple[int, object]] = []
     latest: dict[tuple[str, int], str] = {}
+    owed: list[tuple[int, tg.Level, int]] = []
+    held: list[tuple[int, tg.Level, int]] = []
     fired = []
-    for i, settled in settlings(calls):
+
+    def acts(level: tg.Level) -> bool:
+        return level is tg.Level.STOP or (s.promptable and not s.remind)
+
+    def see(entries: list[tuple[int, object]]) -> list[tuple[int, tg.Level, int]]:
         hits = []
-        for j in settled:
-            call = calls[j]
-            if call.outcome is tg.Outcome.DENIED:
-                continue
-            seen.append(call.identity(latest))
+        for j, identity in entries:
+            seen.append(identity)
             hit = next(((level, k) for level, times in ((tg.Level.STOP, s.stop), (tg.Level.WARN, s.warn))
                         for k in range(2, s.period + 1) if reached(seen, times, k)), None)
             if hit is not None:
-                hits.append(hit)
-        if not hits:
+                hits.append((j, *hit))
+        return hits
+
+    def choose(found: list[tuple[int, tg.Level, int]]) -> tuple[int, tg.Level, int]:
+        return next((h for h in found if acts(h[1])), found[0])
+
+    for i, settled in settlings(calls):
+        entries = [(j, calls[j].identity(latest)) for j in settled if calls[j].outcome is not tg.Outcome.DENIED]
+        settled_so_far += entries
+        found = held + see(entries)
+        held = []
+        if found:
+            pick, fresh = choose(found), True
+            owed += [h for h in found if h is not pick]
+        elif owed:
+            pick, fresh = owed.pop(0), False
+        else:
             continue
-        hit = next((h for h in hits if h[0] is tg.Level.STOP), hits[0])
-        action = s.action(hit[0])
-        fired.append((i, action, *hit))
+        action = s.action(pick[1])
+        fired.append((i, action, pick[1], pick[2]))
         if action is tg.Action.HALT:
             break
         if action is tg.Action.ASK and answer:
             seen = []
+            if fresh:  # (the owed levels of calls after it were reached in the count it restarts)
+                owed = [h for h in owed if h[0] < pick[0]]
+                again = see([(j, identity) for j, identity in settled_so_far if j > pick[0]])
+                if again:
+                    held = [choose(again)]
+                    owed += [h for h in again if h is not held[0]]
     return fired
 
 

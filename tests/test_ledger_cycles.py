@@ -61,10 +61,12 @@ class Naive:
     none of it): ``runs[k]`` counts the latest calls each identical to the call ``k`` before it;
     a level is due at a call whose run of a period ``k >= 2`` equals ``warn * k`` or ``stop * k``
     (``cycle_repeat_*_at - 1`` matches per call) and no run of a divisor of ``k`` is as long; a
-    stop wins over a warning, the shortest period among warnings. Outcomes settle in check order.
-    An exempt tool's call (key ``None``) ends every run: the calls after it are counted afresh. A
+    stop wins over a warning, the shortest period among warnings. Outcomes settle in check order;
+    one settling reports one level (unattended: its first stop, else its first warning), the
+    others it reached are reported, oldest first, by the next settlings that reach none. An
+    exempt tool's call (key ``None``) ends every run: the calls after it are counted afresh. A
     stateful tool's call (``polls``) is seen with its result, or without one with the latest
-    result its call had."""
+    result its call had. An answer to a check's question restarts the count at that check."""
 
     def __init__(self, period: int, warn_at: int, stop_at: int) -> None:
         self.period, self.warn, self.stop = period, warn_at - 1, stop_at - 1
@@ -73,6 +75,8 @@ class Naive:
         self.polls: set[int] = set()
         self.results: dict[bytes, bytes] = {}
         self.outcomes: dict[int, tuple] = {}
+        self.fresh: set[int] = set()
+        self.owed: list[tuple] = []
         self.next = 1
         self.due = None
 
@@ -92,12 +96,13 @@ class Naive:
             levels = {n * k for n in (self.warn, self.stop) if n > 0}
             if r in levels and not any(runs[d] >= r for d in range(1, k) if k % d == 0):
                 level = tg.Level.STOP if r == self.stop * k else tg.Level.WARN
-                if due is None or level is tg.Level.STOP:
+                if due is None or (level is tg.Level.STOP and due[0] is not tg.Level.STOP):
                     due = (level, k, r)
         return due
 
     def settle(self, seq: int, outcome, result: bytes | None = None) -> None:
         self.due = None
+        hits = []
         if seq < self.next or seq in self.outcomes or seq not in self.keys:
             return
         self.outcomes[seq] = (outcome, result)
@@ -105,6 +110,8 @@ class Naive:
             outcome, result = self.outcomes.pop(self.next)
             key = self.keys.pop(self.next)
             poll = self.next in self.polls
+            if self.next in self.fresh:
+                self.seen = []
             self.next += 1
             if outcome is DENIED:
                 continue
@@ -117,11 +124,24 @@ class Naive:
                 self.results[key] = result
             self.seen.append(key + result if result is not None else key)
             level = self._level()
-            if level is not None and (self.due is None or level[0] is tg.Level.STOP):
-                self.due = level
+            if level is not None:
+                hits.append(level)
+        self._report(hits)
 
-    def reset(self) -> None:
-        self.seen = []
+    def _report(self, hits: list) -> None:
+        if hits:
+            self.due = next((h for h in hits if h[0] is tg.Level.STOP), hits[0])
+            self.owed.extend(h for h in hits if h is not self.due)
+        elif self.owed:
+            self.due = self.owed.pop(0)
+
+    def reset(self, at: int) -> None:
+        """An answer to check ``at``'s question (``at`` not settled yet): the count restarts there."""
+        self.owed = []
+        if at == self.next:
+            self.seen = []
+        else:
+            self.fresh.add(at)
 
     def state(self) -> tuple:
         return self.runs()[1:], [key.hex() for key in self.seen[-self.period:]]
@@ -158,9 +178,9 @@ def test_the_ledgers_inlined_settling_counts_as_the_runs_definition_does(seed):
             naive.keys[seq] = None if tool == "skip" else key
             if tool == "poll":
                 naive.polls.add(seq)
-        if rng.random() < 0.05:  # an answer: the runs count afresh, the calls waiting still settle
+        if rng.random() < 0.05:  # an answer to the last check's question: the runs count afresh from it
             ledger.reset_streak()
-            naive.reset()
+            naive.reset(seqs[-1])
         order = list(zip(seqs, tools, [rng.choice((OK, OK, ERROR, DENIED)) for _ in seqs], strict=True))
         rng.shuffle(order)
         for seq, tool, outcome in order:

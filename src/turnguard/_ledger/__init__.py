@@ -49,7 +49,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from turnguard import _state as st
@@ -734,6 +734,8 @@ class CyclingLedger(Ledger):
         super().__init__(config, **identity)
         self._cyc = CycleRuns(config.cycle_repeat_max_period, config.cycle_repeat_warn_at,
                               config.cycle_repeat_stop_at, self.checks + 1)
+        self._cyc.warn_asks = self.promptable and not config.remind_model
+        self._cyc.reported_at = self.checks
 
     def _count_polled_call(self, digest: bytes, tool_name: str) -> int:
         self._cycle_wait_latest()
@@ -754,13 +756,24 @@ class CyclingLedger(Ledger):
         super().abandon(seq)
 
     def reset_streak(self, answered: bytes | None = None) -> None:
+        """``Streaks.reset_streak``; the cycle runs restart at the answer's place in check order
+        (``CycleRuns.restart``), as the same calls run one at a time."""
         self._cycle_wait_latest()  # (the streak's key, its digest, is forgotten now)
         super().reset_streak(answered)
-        self._cyc.reset()
+        cyc = self._cyc
+        cyc.restart(cyc.restart_at(self.checks))
 
     def rollback_cycle(self) -> None:
         super().rollback_cycle()
         self._cyc.forget_waiting(self.checks + 1)
+        self._cyc.reset()
+
+    def summary(self, *, reason: str, halt: Verdict | None, stuck: bool) -> TurnSummary:
+        """``Ledger.summary``; its detections count the cycle levels reached but never reported
+        (owed or held: the turn ended, or halted, before an outcome could report them)."""
+        summary = super().summary(reason=reason, halt=halt, stuck=stuck)
+        owed = len(self._cyc.owed) + self._cyc.held
+        return replace(summary, detections=summary.detections + owed) if owed else summary
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:
         """``Ledger.fork``, the cycle runs carried (their levels those of ``config``); a ``ValueError``
@@ -774,13 +787,14 @@ class CyclingLedger(Ledger):
             if config.cycle_repeat_max_period == cyc.period:
                 twin._cyc = cyc.copy()
                 twin._cyc.set_levels(config.cycle_repeat_warn_at, config.cycle_repeat_stop_at)
+                twin._cyc.warn_asks = twin.promptable and not config.remind_model
             else:
                 twin._cyc.next = cyc.next  # (no call seen: nothing else to carry)
         return twin
 
     def state(self) -> dict[str, Any]:
         facts = super().state()
-        facts["cycle_runs"] = self._cyc.state((self._last_key,) if self._cycle_pending() else ())
+        facts["cycle_runs"] = self._cyc.state((self._last_key,) if self._cycle_pending() else (), self.checks)
         return facts
 
     def waiting_checks(self) -> list[WaitingChecks]:

@@ -390,6 +390,7 @@ class Streaks(CallCounts):
         due = None
         cyc = self._cyc
         if cyc is not None:
+            cyc.reported_at = self.checks
             if seq == cyc.next and cyc.calm:
                 # CycleRuns.settle, inlined for the common call: the next in check order, none
                 # waiting behind it, no level due (a test holds the two equal)

@@ -5,11 +5,12 @@ or ``cycle_repeat_stop_at`` times.
 The levels are the streak's: the warning asks an attended turn, reminds the model with
 ``remind_model``, and is observed (ALLOW) in an unattended one; the stop asks an attended turn
 and halts an unattended one. Each level fires once per cycle (a different call ends it; an
-answer restarts the count). A run of one call repeated is the streak's, not a cycle; a cycle is
-reported at its shortest period. The counts are the ledger's (``ledger.CycleRuns``): calls
-settle in check order at their outcome, so a level fires at the outcome of the call that
-reaches it, as one at a time; denials do not count, and a stateful tool's changed result breaks
-the cycle. Off in ``seed`` (``cycle_repeat_warn_at = cycle_repeat_stop_at = 0``); the ledger then
+answer restarts the count, at its place in check order). A run of one call repeated is the
+streak's, not a cycle; a cycle is reported at its shortest period. The counts are the ledger's
+(``ledger.CycleRuns``): calls settle in check order at their outcome, so a level fires at the
+outcome of the call that reaches it, as one at a time (one level per report: the others it
+reached come with the next reports); denials do not count, and a stateful tool's changed result
+breaks the cycle. Off in ``seed`` (``cycle_repeat_warn_at = cycle_repeat_stop_at = 0``); the ledger then
 keeps no cycle facts and this module is never called on the hot path.
 """
 
