@@ -384,6 +384,10 @@ def test_a_stop_another_hook_refuses_goes_on_with_the_same_turn(guarded: Guarded
     assert (turn["ended_by"], turn["tool_calls"]) == ("streak", STOP_AT_E2E)
 
 
+KILL_AFTER_S = 60
+"""When the endless run is killed: time enough for a CLI's start and first call on a busy machine."""
+
+
 def test_a_killed_runs_turn_reaches_the_recorder_once_stale(guarded: Guarded) -> None:
     """A run killed mid-turn (SIGKILL to its process group, as a CI time limit does) sends no
     more events; the next hook run of any session hands its turn over once it is stale."""
@@ -394,7 +398,7 @@ def test_a_killed_runs_turn_reaches_the_recorder_once_stale(guarded: Guarded) ->
     if guarded.agent == "gemini":
         guarded.env.setdefault("GEMINI_CLI_TRUST_WORKSPACE", "true")
     with ModelServer(script) as server:
-        run = clis.run(guarded.agent, guarded.project, server.url, "Loop.", env=guarded.env, timeout=20,
+        run = clis.run(guarded.agent, guarded.project, server.url, "Loop.", env=guarded.env, timeout=KILL_AFTER_S,
                        **({"settings": GEMINI_OWN_LOOP_DETECTION_OFF} if guarded.agent == "gemini" else {}))
     assert run.timed_out, run.describe()
     ran = len(guarded.lines())
