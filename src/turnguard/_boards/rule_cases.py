@@ -311,6 +311,25 @@ def backstop_alert(agent: str, count: int, probe: str = NO_PROBE) -> Mapping[str
         "stuck signal flagged them earlier.", gen_ai_agent_name=agent)
 
 
+def halt_rate_alert(share: str) -> Mapping[str, Mapping[str, str]]:
+    return expected_alert(
+        "ticket", f"turnguard halts {share} of turns, three times the weekly share",
+        "A model, prompt or tool change is making agents loop, or a threshold is too tight. The halts board's "
+        "\"Halts by threshold\" and \"Top tools by halts\" show which.")
+
+
+def fast_burn_alert(ratio: str) -> Mapping[str, Mapping[str, str]]:
+    return expected_alert(
+        "page", f"{ratio}x the false-halt budget: users answer \"continue\" to most asks",
+        "turnguard interrupts productive turns. Look at \"False-positive rate by threshold\" on the halts board; "
+        "raise that threshold or run `turnguard calibrate` on recent turns.")
+
+
+def slow_burn_alert(ratio: str) -> Mapping[str, Mapping[str, str]]:
+    return expected_alert("ticket", f"{ratio}x the false-halt budget over 6 hours",
+                          "A threshold asks too often on turns users judge fine; calibrate it.")
+
+
 def export_alert(count: int) -> Mapping[str, Mapping[str, str]]:
     return expected_alert(
         "page", f"Collector collector:8888: exporter prometheus_remote_write failed to send {count} metric points in "
@@ -327,17 +346,18 @@ def probe_alert(count: int) -> Mapping[str, Mapping[str, str]]:
         "`turnguard calibrate` probe evidence before raising hard_multiplier.")
 
 
-def _failed(values: str, born: int = 0) -> Input:
-    return Input(FAILED + '{job="otelcol", instance="collector:8888", exporter="prometheus_remote_write"}', values,
-                 born)
+COLLECTOR = 'job="otelcol", instance="collector:8888"'
 
 
-def _uptime(values: str) -> Input:
-    return Input('otelcol_process_uptime_seconds_total{job="otelcol", instance="collector:8888"}', values)
-
-
-def _up(values: str) -> Input:
-    return Input('up{job="otelcol", instance="collector:8888"}', values)
+def _export_failing(name: str, *, failed: str, up: str, uptime: str | None = None,
+                    pages: Mapping[int, int]) -> Alerting:
+    """A case of ``TurnguardCollectorExportFailing`` from the Collector's failed sends, ``up`` and
+    uptime samples; ``pages``: per minute, the count the alert pages with (0: it does not fire)."""
+    samples = {FAILED + "{" + COLLECTOR + ', exporter="prometheus_remote_write"}': failed, "up{" + COLLECTOR + "}": up,
+               "otelcol_process_uptime_seconds_total{" + COLLECTOR + "}": uptime}
+    firing = tuple(("TurnguardCollectorExportFailing", minute, (export_alert(count),) if count else ())
+                   for minute, count in pages.items())
+    return Alerting(name, tuple(Input(series, values) for series, values in samples.items() if values), firing)
 
 
 CODER_DONE = TURNS + '{gen_ai_agent_name="coder", turnguard_turn_cohort="live", turnguard_turn_outcome="completed", ' \
@@ -377,23 +397,15 @@ ALERTING = (
                 for outcome, threshold in (("halted", "soft_stuck"), ("error", "hard_backstop"),
                                            ("cancelled", "streak"), ("budget", "hard_backstop")))),
              (("TurnguardHaltRateSpike", 595, ()), ("TurnguardHaltRateSpike", 610, ()),
-              ("TurnguardHaltRateSpike", 690, (expected_alert(
-                  "ticket", "turnguard halts 33.33% of turns, three times the weekly share",
-                  "A model, prompt or tool change is making agents loop, or a threshold is too tight. The halts "
-                  "board's \"Halts by threshold\" and \"Top tools by halts\" show which."),)))),
+              ("TurnguardHaltRateSpike", 690, (halt_rate_alert("33.33%"),)))),
     Alerting("users answering continue to most asks burn the false-halt budget fast; a few do not",
              _answers("soft_streak", "0+1x140", "1+0x54 1+3x80", born=5),
              (("TurnguardFalseHaltBudgetBurnFast", 60, ()), ("TurnguardFalseHaltBudgetBurnSlow", 60, ()),
-              ("TurnguardFalseHaltBudgetBurnFast", 130, (expected_alert(
-                  "page", "7.5x the false-halt budget: users answer \"continue\" to most asks",
-                  "turnguard interrupts productive turns. Look at \"False-positive rate by threshold\" on the halts "
-                  "board; raise that threshold or run `turnguard calibrate` on recent turns."),)))),
+              ("TurnguardFalseHaltBudgetBurnFast", 130, (fast_burn_alert("7.5"),)))),
     Alerting("a steady share of \"continue\" answers above the objective burns the budget slowly, not fast",
              _answers("soft_stuck", "0+1x400", "0+0.4x400"),
              (("TurnguardFalseHaltBudgetBurnFast", 380, ()),
-              ("TurnguardFalseHaltBudgetBurnSlow", 380, (expected_alert(
-                  "ticket", "2.857x the false-halt budget over 6 hours",
-                  "A threshold asks too often on turns users judge fine; calibrate it."),)))),
+              ("TurnguardFalseHaltBudgetBurnSlow", 380, (slow_burn_alert("2.857"),)))),
     Alerting("probe turns the backstop would have halted that resolved their task, at the end or by a late "
              "result, open a ticket; resolved probe turns no threshold would have halted do not",
              (Input(TURNS + "{" + PROBE + ', turnguard_turn_resolved="true"}', "1x30", born=10),
@@ -405,43 +417,28 @@ ALERTING = (
              (("TurnguardProbeResolvedPastBackstop", 10, ()),
               ("TurnguardProbeResolvedPastBackstop", 15, (probe_alert(1),)),
               ("TurnguardProbeResolvedPastBackstop", 35, (probe_alert(2),)))),
-    Alerting("a Collector exporter that starts failing pages, from its first failure, while it is scraped",
-             (_failed("_x17 40x40"), _up("1x60")),
-             (("TurnguardCollectorExportFailing", 15, ()),
-              ("TurnguardCollectorExportFailing", 20, (export_alert(40),)),
-              ("TurnguardCollectorExportFailing", 40, ()))),
-    Alerting("failures that go on growing page with what they grew in 15 minutes, and stop paging after",
-             (_failed("_x5 10+10x19 200x30"), _up("1x55")),
-             (("TurnguardCollectorExportFailing", 15, (export_alert(110),)),
-              ("TurnguardCollectorExportFailing", 30, (export_alert(90),)),
-              ("TurnguardCollectorExportFailing", 40, ()))),
-    Alerting("old failures do not page: not in a store that begins with them, not after a 10-minute gap",
-             (_failed("40x20 _x10 40x20"), _up("1x20 _x10 1x20"), _uptime("36000+60x20 _x10 37860+60x20")),
-             tuple(("TurnguardCollectorExportFailing", m, ()) for m in (5, 10, 15, 20, 35, 40, 45, 50))),
-    Alerting("after a 40-minute outage of the Prometheus that evaluates it, what failed meanwhile pages once it "
-             "is back, once",
-             (_failed("5x20 _x40 905x30"), _up("1x20 _x40 1x30"), _uptime("36000+60x20 _x40 38460+60x30")),
-             (("TurnguardCollectorExportFailing", 15, ()),
-              ("TurnguardCollectorExportFailing", 55, ()),
-              ("TurnguardCollectorExportFailing", 65, (export_alert(900),)),
-              ("TurnguardCollectorExportFailing", 75, (export_alert(900),)),
-              ("TurnguardCollectorExportFailing", 80, ()))),
-    Alerting("a Collector's first failures, in a 40-minute outage of the Prometheus that evaluates it, page once "
-             "it is back",
-             (_failed("_x20 _x40 900x30"), _up("1x20 _x40 1x30"), _uptime("36000+60x20 _x40 38460+60x30")),
-             (("TurnguardCollectorExportFailing", 65, (export_alert(900),)),
-              ("TurnguardCollectorExportFailing", 80, ()))),
-    Alerting("a Collector restarted in a 40-minute outage pages all it failed since, even below the value before",
-             (_failed("500x20 _x40 300x30"), _up("1x20 _x40 1x30"), _uptime("36000+60x20 _x40 1200+60x30")),
-             (("TurnguardCollectorExportFailing", 65, (export_alert(300),)),
-              ("TurnguardCollectorExportFailing", 80, ()))),
-    Alerting("a restarted (or new) Collector's failures page, all of them within the window, even when they "
-             "come back to the value before",
-             (_failed("40x20 40x20"), _up("1x40"),
-              _uptime("0+60x20 0+60x20")),
-             (("TurnguardCollectorExportFailing", 15, ()),
-              ("TurnguardCollectorExportFailing", 25, (export_alert(40),)),
-              ("TurnguardCollectorExportFailing", 40, ()))),
+    _export_failing("a Collector exporter that starts failing pages, from its first failure, while it is scraped",
+                    failed="_x17 40x40", up="1x60", pages={15: 0, 20: 40, 40: 0}),
+    _export_failing("failures that go on growing page with what they grew in 15 minutes, and stop paging after",
+                    failed="_x5 10+10x19 200x30", up="1x55", pages={15: 110, 30: 90, 40: 0}),
+    _export_failing("old failures do not page: not in a store that begins with them, not after a 10-minute gap",
+                    failed="40x20 _x10 40x20", up="1x20 _x10 1x20", uptime="36000+60x20 _x10 37860+60x20",
+                    pages=dict.fromkeys((5, 10, 15, 20, 35, 40, 45, 50), 0)),
+    _export_failing("after a 40-minute outage of the Prometheus that evaluates it, what failed meanwhile pages once "
+                    "it is back, once",
+                    failed="5x20 _x40 905x30", up="1x20 _x40 1x30", uptime="36000+60x20 _x40 38460+60x30",
+                    pages={15: 0, 55: 0, 65: 900, 75: 900, 80: 0}),
+    _export_failing("a Collector's first failures, in a 40-minute outage of the Prometheus that evaluates it, page "
+                    "once it is back",
+                    failed="_x20 _x40 900x30", up="1x20 _x40 1x30", uptime="36000+60x20 _x40 38460+60x30",
+                    pages={65: 900, 80: 0}),
+    _export_failing("a Collector restarted in a 40-minute outage pages all it failed since, even below the value "
+                    "before",
+                    failed="500x20 _x40 300x30", up="1x20 _x40 1x30", uptime="36000+60x20 _x40 1200+60x30",
+                    pages={65: 300, 80: 0}),
+    _export_failing("a restarted (or new) Collector's failures page, all of them within the window, even when they "
+                    "come back to the value before",
+                    failed="40x20 40x20", up="1x40", uptime="0+60x20 0+60x20", pages={15: 0, 25: 40, 40: 0}),
 )
 
 
