@@ -20,7 +20,7 @@ import dataclasses
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import pluggy
 
@@ -33,6 +33,7 @@ from turnguard._keys import (
     KEY_KEYER,
     KEY_RESULT,
     KEY_TOKEN,
+    NO_CHECK,
     CallKey,
     Keyer,
     store_key,
@@ -452,7 +453,7 @@ class Turn:
             acquire()  # acquire/release bound once: cheaper than `with` on the hot path
             try:
                 if self._halt is not None:
-                    return self._halt
+                    return self._refused(call, key, digest)
                 seq = count(digest, call.name)
                 if key is None:
                     store_key(call, (digest, keyer, token, seq))
@@ -557,6 +558,21 @@ class Turn:
             driver.collect2(CHECK_OUTCOME, impls, self.view, call, outcome)
         assert self._halt is not None  # (the caller's test)
         return self._halt, ()
+
+    def _refused(self, call: ToolCall, key: CallKey | None, digest: bytes) -> Verdict:
+        """A check after the HALT latched (under the lock): the latched HALT; the call is not
+        counted and waits for nothing. A call no turn keyed is keyed as checked here under no check
+        (``NO_CHECK``): its outcome (a host error) is then ignored in a resumed turn as in the
+        turn that never stopped, never taken for a snapshot's waiting identical call's
+        (``_claim_restored`` takes only objects no turn checked)."""
+        if key is None or key[KEY_TOKEN] is None:
+            store_key(call, (digest, self._keyer, self._token, NO_CHECK))
+        assert self._halt is not None  # (the caller's test)
+        return self._halt
+
+    def _names_check(self, key: CallKey | None) -> TypeGuard[CallKey]:
+        """Whether ``key`` names a check this turn counted (not one refused after its HALT)."""
+        return key is not None and key[KEY_TOKEN] is self._token and key[KEY_CHECK] != NO_CHECK
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -796,10 +812,11 @@ class Turn:
         or the same ``call_id``), taken off the waiting list: (sequence number, the checked call);
         (0, ``call``) when there is none (a duplicate or a stray). An object this turn checked whose
         check no longer waits reports only its own other waiting checks: its second report is a
-        duplicate, never the outcome of another call that shares its ``call_id``."""
+        duplicate, never the outcome of another call that shares its ``call_id`` (one checked after
+        the HALT counted no check: ``_refused``)."""
         call_id = call.call_id
         key: CallKey | None = call.key
-        if call_id is not None and key is not None and key[KEY_TOKEN] is self._token:
+        if call_id is not None and self._names_check(key):
             call_id = call_id if key[KEY_CHECK] in self._awaiting else None
         for seq, checked in self._awaiting.items():
             if checked is call or (call_id is not None and checked.call_id == call_id):
@@ -931,12 +948,10 @@ class Turn:
         return self._driver.record(seq, name, outcome, digest)
 
     def _ignored(self, call: ToolCall, outcome: Outcome) -> Verdict:
-        key: CallKey | None = call.key
-        checked_here = key is not None and key[KEY_TOKEN] is self._token
         if self._ended is not None:
             reason = IgnoredOutcome.AFTER_END
         else:
-            reason = IgnoredOutcome.DUPLICATE if checked_here else IgnoredOutcome.UNKNOWN_CALL
+            reason = IgnoredOutcome.DUPLICATE if self._names_check(call.key) else IgnoredOutcome.UNKNOWN_CALL
         failure = self._notify("turnguard_outcome_ignored", turn=self.view, call=call, outcome=outcome,
                                reason=reason.value)
         return self._latch_failure(failure, self._halt or ALLOW)

@@ -173,7 +173,10 @@ KEY_KEYER = 1
 KEY_TOKEN = 2
 """The token of the turn whose check stored the key (``None``: keyed outside a check, ``Keyer.key_of``)."""
 KEY_CHECK = 3
-"""That turn's check number of the call (0: none)."""
+"""That turn's check number of the call (``NO_CHECK``: none)."""
+NO_CHECK = 0
+"""The check number of a key that names no check: one stored outside a check (``unchecked_key``),
+or by a check the turn refused after its HALT, which counted nothing."""
 KEY_RESULT = 4
 """The digest of the result recorded with the call's outcome, when one was keyed (``cached_result``);
 absent otherwise (the key is then four long)."""
@@ -184,8 +187,8 @@ and this is cheaper than ``object.__setattr__`` on the hot path)."""
 
 
 def unchecked_key(digest: bytes, keyer: Any) -> CallKey:
-    """The key of a call keyed outside any turn's check: no turn's token, check number 0."""
-    return (digest, keyer, None, 0)
+    """The key of a call keyed outside any turn's check: no turn's token, no check."""
+    return (digest, keyer, None, NO_CHECK)
 
 _TEXT = b"\x01"
 """Starts a text's canonical form (see the module docstring)."""
@@ -1040,6 +1043,6 @@ def _encode_tree(root: Any) -> Part:
             stack.append((opened, child_type))
 
 
-__all__ = ["DIGEST_SIZE", "KEY_CHECK", "KEY_DIGEST", "KEY_KEYER", "KEY_MODES", "KEY_RESULT", "KEY_TOKEN", "CallKey",
-           "Keyer", "cached_digest", "cached_result", "canonical_text", "identity_bytes", "is_json_text", "name_bytes",
-           "store_key"]
+__all__ = ["DIGEST_SIZE", "KEY_CHECK", "KEY_DIGEST", "KEY_KEYER", "KEY_MODES", "KEY_RESULT", "KEY_TOKEN", "NO_CHECK",
+           "CallKey", "Keyer", "cached_digest", "cached_result", "canonical_text", "identity_bytes", "is_json_text",
+           "name_bytes", "store_key"]
