@@ -24,7 +24,7 @@ import pytest
 
 import chain
 from coding_agents import clis
-from coding_agents.model_server import Agent, Call, ModelRequest, ModelServer, Reply, shell
+from coding_agents.model_server import Agent, Call, ModelRequest, ModelServer, Reply, codex_spawn, codex_wait, shell
 
 AGENTS: tuple[Agent, ...] = ("claude", "codex", "gemini")
 NAME = {"claude": "claude-code", "codex": "codex", "gemini": "gemini"}
@@ -416,3 +416,32 @@ def test_a_killed_runs_turn_reaches_the_recorder_once_stale(guarded: Guarded) ->
     (turn,) = guarded.turns(1)
     assert turn["agent"] == NAME[guarded.agent] and turn["ended_by"] == "abandoned"
     assert ran <= turn["tool_calls"] <= ran + 1  # (a call checked as the run was killed)
+
+
+def test_a_codex_sub_agents_calls_count_in_the_parents_turn_by_their_own_outcomes(tmp_path: Path) -> None:
+    """Codex's sub-agent (``spawn_agent``) sends its events in the parent's session, with a turn id of
+    its own and its ``agent_id``: its prompt does not split the parent's turn, its calls count in it,
+    and the parent's model request while the sub-agent's call runs does not take that call for
+    refused. (The sub-agent's call waits for a file the parent's second call makes, which the parent
+    makes after its model request; the parent's first call waits until the sub-agent's call runs.)"""
+    g = guard_project("codex", tmp_path)
+    started, go = g.project / "started", g.project / "go"
+
+    def after(path: Path) -> str:
+        return f"for i in $(seq 600); do [ -f {path} ] && break; sleep 0.1; done"
+
+    def script(request: ModelRequest) -> Reply:
+        if "SUBTASK" in request.user_text() and "Do the scripted work" not in request.user_text():
+            return shell("codex", f"touch {started}; {after(go)}; {g.append('sub')}; exit 1") if request.step < 1 \
+                else "sub done"
+        replies: list[Reply] = [codex_spawn("SUBTASK: one failing call"), shell("codex", after(started)),
+                                shell("codex", f"touch {go}; {g.append('parent')}"),
+                                codex_wait(request.spawned_agents()), "all done"]
+        return replies[min(request.step, len(replies) - 1)]
+
+    run, _server = g.run(script)
+    assert sorted(g.lines()) == ["parent", "sub"], run.describe()
+    (turn,) = g.turns(1)
+    assert (turn["ended_by"], turn["tool_calls"]) == ("completed", 5)
+    outcomes = {c["call_id"]: c["outcome"] for c in turn["calls"]} if "call_id" in turn["calls"][0] else None
+    assert sorted(c["outcome"] for c in turn["calls"]) == ["error", "ok", "ok", "ok", "ok"], (outcomes, turn["calls"])

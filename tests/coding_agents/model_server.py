@@ -44,6 +44,22 @@ class Call:
 
     name: str
     args: dict[str, Any]
+    namespace: str | None = None
+    """The tool namespace the call's function is in (Codex's sub-agent tools: ``CODEX_AGENTS``)."""
+
+
+CODEX_AGENTS = "multi_agent_v1"
+"""The namespace of Codex's sub-agent tools (``spawn_agent``, ``wait_agent``...), as 0.169 offers it."""
+
+
+def codex_spawn(task: str) -> Call:
+    """Codex's call that starts a sub-agent on ``task`` (its output names the new agent's id)."""
+    return Call("spawn_agent", {"message": task}, CODEX_AGENTS)
+
+
+def codex_wait(agent_ids: Sequence[str]) -> Call:
+    """Codex's call that waits until one of the sub-agents ``agent_ids`` finishes."""
+    return Call("wait_agent", {"targets": list(agent_ids), "timeout_ms": 120_000}, CODEX_AGENTS)
 
 
 Reply = str | Call | Sequence[Call]
@@ -134,6 +150,12 @@ class ModelRequest:
                      for i in body.get("input") or [] if i.get("role") != "developer"]
             return sum(now and not before for before, now in zip([False, *kinds], kinds, strict=False))
         return 0
+
+    def spawned_agents(self) -> list[str]:
+        """The ids of the sub-agents Codex's ``spawn_agent`` calls started, from their outputs so far."""
+        outputs = [_flatten(i.get("output")) for i in self.data().get("input") or []
+                   if i.get("type") == "function_call_output"]
+        return [json.loads(o)["agent_id"] for o in outputs if o.startswith("{") and '"agent_id"' in o]
 
     def user_text(self) -> str:
         """The text of the conversation's user messages (not tool results): a subagent's
@@ -396,7 +418,8 @@ def _openai_sse(reply: Reply, server: ModelServer) -> bytes:
     calls = calls_of(reply)
     if calls:
         items = [{"type": "function_call", "id": f"fc_{n:04d}", "call_id": f"call_{n:04d}", "name": c.name,
-                  "arguments": json.dumps(c.args), "status": "completed"}
+                  **({"namespace": c.namespace} if c.namespace else {}), "arguments": json.dumps(c.args),
+                  "status": "completed"}
                  for c, n in ((c, server.next_id()) for c in calls)]
     else:
         items = [{"type": "message", "id": f"msg_{server.next_id():04d}", "role": "assistant", "status": "completed",

@@ -7,6 +7,12 @@ turn (it ends when the stop is confirmed, ``ending``: another ``Stop`` hook may 
 goes on with the same ``turn_id``), ``SessionEnd`` ends the session.
 A refused call gets no ``PostToolUse``; it stays without an outcome, which never counts as a failure.
 
+A sub-agent (``spawn_agent``) sends its events in the parent's session, each with its ``agent_id``
+(``AgentEvent.thread``) and a ``turn_id`` of its own: its ``UserPromptSubmit`` (its task),
+``PreModelRequest``, ``PreToolUse`` and ``PostToolUse`` (its ``transcript_path`` is its own), and
+``SubagentStart``/``SubagentStop`` (ignored) in place of ``Stop``. They count in the session's open
+turn (``hook``): the person pays for both.
+
 ``PostToolUse`` carries the command's output only, not whether it failed: the outcome is read from
 the session's transcript (``transcript_path``), whose ``item_completed`` record of the call holds
 its ``exit_code`` (0 is a success) or its ``status``. A call the transcript does not show yet is an
@@ -30,7 +36,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, common_fields, text_field
+from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, common_fields, id_field, text_field
 
 KINDS = {
     "UserPromptSubmit": Kind.TURN_START,
@@ -51,6 +57,7 @@ class Codex(CommandHooks):
     def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
         common = common_fields(payload, KINDS, turn_ref="turn_id", call_id="tool_use_id")
         common["transcript"] = text_field(payload, "transcript_path")
+        common["thread"] = id_field(payload, "agent_id")
         kind = common["kind"]
         if kind is Kind.TOOL_OUTCOME:
             # (the id as Codex wrote it: the event's may stand as its digest, events.id_field)
@@ -73,8 +80,9 @@ class Codex(CommandHooks):
         return {}
 
     def ran(self, event: AgentEvent, call_id: str | None) -> bool:
-        """Codex runs the post-tool hooks of parallel calls in processes of their own, and one may
-        come after the next ``PreModelRequest``: a call the transcript shows completed ran."""
+        """Codex waits for a step's post-tool hooks (parallel calls' too) before that agent's next
+        ``PreModelRequest``; a call the transcript shows completed ran all the same, should its
+        post event come later."""
         return outcome_from_transcript(event.transcript, call_id, tries=(0.0,)) != "unknown"
 
 

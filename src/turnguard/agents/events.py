@@ -74,6 +74,9 @@ class AgentEvent:
     """The session's transcript file, where the agent's post events lack what it holds (Codex)."""
     batch: tuple[tuple[str, Any, str | None], ...] = ()
     """``STEP_END``: the step's calls, (tool name, input, call id)."""
+    thread: str | None = None
+    """The sub-agent that sent the event, in a session whose sub-agents send their own prompt, model
+    requests and stop (Codex's ``agent_id``); ``None`` for the session's main agent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -263,7 +263,8 @@ class Hook:
                 answer = self._start(data, event)
                 self.store.clean()
             elif event.kind is Kind.TURN_END:
-                note_stop(data, event.reason)
+                if event.thread is None:  # (a sub-agent's stop ends its own work, not the turn)
+                    note_stop(data, event.reason)
                 answer = self.protocol.answer(event, Decision.allow())
             elif event.kind is Kind.SESSION_END:
                 answer = self._end(data, event)
@@ -289,7 +290,11 @@ class Hook:
     # -- the turn's lifecycle -----------------------------------------------------------------
 
     def _start(self, data: dict[str, Any], event: AgentEvent) -> HookAnswer:
+        """A prompt opens a turn, ending the open one; the main agent's prompt of the open turn
+        again (a refused stop) goes on with it, and a sub-agent's task (``thread``) works in it."""
         if data.get("turn") is not None:
+            if event.thread is not None:
+                return self.protocol.answer(event, Decision.allow())
             if event.turn_ref is not None and data.get("ref") == event.turn_ref:
                 went_on(data)
                 return self.protocol.answer(event, Decision.allow())  # the agent goes on with the same turn
@@ -314,16 +319,17 @@ class Hook:
         """The session's turn: resumed from its snapshot, or opened when the agent started one
         turnguard did not see (hooks installed mid-session, a lost prompt event, a turn id never
         seen). An event of one of the session's earlier turns (a background subagent's call after
-        its prompt's turn ended) counts in the open turn: the person pays for both. An event of the
-        turn itself after its stop means the stop was refused (another hook of the agent's): the
-        turn goes on, its counts and halts with it (``ending``)."""
+        its prompt's turn ended), or of a sub-agent (``thread``: its own turn id), counts in the
+        open turn: the person pays for both. An event of the main agent in the turn itself after its
+        stop means the stop was refused (another hook of the agent's): the turn goes on, its counts
+        and halts with it (``ending``)."""
         state = data.get("turn")
         ref = data.get("ref")
         same = event.turn_ref is None or ref is None or ref == event.turn_ref
-        if state is not None and (same or event.turn_ref in data.get("earlier", ())):
+        if state is not None and (same or event.thread is not None or event.turn_ref in data.get("earlier", ())):
             turn = self._resumed(data)
             if turn is not None:
-                if same:
+                if same and event.thread is None:
                     went_on(data)
                 return turn
         elif state is not None:
@@ -379,7 +385,7 @@ class Hook:
         turn = self._resume(data, event)
         decision = Decision.allow()
         if event.kind is Kind.MODEL_REQUEST:
-            self._settle_refused(turn, data, ran=lambda call_id: self.protocol.ran(event, call_id))
+            self._settle_refused(turn, data, ran=lambda call_id: self.protocol.ran(event, call_id), thread=event.thread)
             verdict = turn.begin_cycle()
             self._journal(data["journal"], ["m", time.time_ns()])
             decision = self._decision(verdict, turn, at_check=True)
@@ -400,16 +406,19 @@ class Hook:
         return self.protocol.answer(event, decision)
 
     def _settle_refused(self, turn: Any, data: dict[str, Any], step: set[str | None] | None = None,
-                        ran: Callable[[str | None], bool] | None = None) -> None:
+                        ran: Callable[[str | None], bool] | None = None, thread: str | None = None) -> None:
         """The calls of the last model step that got no outcome: the agent refused them (a
         permission, or a hook), which is a denial. Said when the step is over: at the agent's next
         model request, or Claude Code's ``PostToolBatch`` (``step``: the ids of its calls; a
-        background subagent's calls may still be running beside them). ``ran``: whether the agent
-        says a call ran (its post event, in a hook process of its own, may come after the request)."""
+        background subagent's calls may still be running beside them). A model request ends the
+        step of the agent that makes it only (``thread``: a sub-agent's calls run beside its
+        parent's steps). ``ran``: whether the agent says a call ran (its post event, in a hook
+        process of its own, may come after the request)."""
         waiting = data.get("waiting") or []
-        refused = [w for w in waiting if (step is None or w[2] in step) and not (ran and ran(w[2]))]
+        refused = [w for w in waiting if _thread_of(w) == thread and (step is None or w[2] in step)
+                   and not (ran and ran(w[2]))]
         data["waiting"] = [w for w in waiting if w not in refused]
-        for name, tool_input, call_id in refused:
+        for name, tool_input, call_id, *_ in refused:
             self._outcome(turn, data, name, tool_input, call_id, "denied", None)
 
     def _deliver(self, data: dict[str, Any], event: AgentEvent, decision: Decision) -> Decision:
@@ -439,7 +448,7 @@ class Hook:
         _forget_answer(data, "r:", event.call_id)
         verdict = turn.check_call(call)
         data.setdefault("waiting", []).append(
-            [event.tool_name, None if event.call_id is not None else event.tool_input, event.call_id])
+            [event.tool_name, None if event.call_id is not None else event.tool_input, event.call_id, event.thread])
         self._journal(data["journal"], ["c", time.time_ns(), event.tool_name, self._digest(event.tool_name,
                                         event.tool_input), event.call_id])
         decision = self._decision(verdict, turn, at_check=True)
@@ -456,7 +465,7 @@ class Hook:
         from turnguard._model import ToolCall
 
         waiting = data.get("waiting") or []
-        for i, (other, other_input, other_id) in enumerate(waiting):
+        for i, (other, other_input, other_id, *_) in enumerate(waiting):
             if (other_id == call_id) if call_id is not None else (other == name and other_input == tool_input):
                 del waiting[i]
                 break
@@ -585,7 +594,13 @@ def _opening(entry: Any) -> bool:
 
 def _waiting(value: Any) -> bool:
     return isinstance(value, list) and all(
-        isinstance(w, list) and len(w) == 3 and isinstance(w[0], str) and _optional_text(w[2]) for w in value)
+        isinstance(w, list) and len(w) in (3, 4) and isinstance(w[0], str) and _optional_text(w[2])
+        and _optional_text(_thread_of(w)) for w in value)
+
+
+def _thread_of(waiting: list[Any]) -> Any:
+    """The sub-agent a waiting call is of (``None``: the main agent's, or kept before calls said whose)."""
+    return waiting[3] if len(waiting) > 3 else None
 
 
 def _ask(value: Any) -> bool:
