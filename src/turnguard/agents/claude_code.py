@@ -56,7 +56,7 @@ INTERACTIVE_ENTRYPOINTS = frozenset({"cli"})
 
 
 class ClaudeCode(CommandHooks):
-    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str], caller: int | None = None) -> AgentEvent:
         common = common_fields(payload, KINDS, turn_ref="prompt_id", call_id="tool_use_id")
         kind, name = common["kind"], common["name"]
         if kind is Kind.STEP_END:

@@ -54,7 +54,7 @@ machine later): under a second in all, and only while the record is not there.""
 
 
 class Codex(CommandHooks):
-    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str], caller: int | None = None) -> AgentEvent:
         common = common_fields(payload, KINDS, turn_ref="turn_id", call_id="tool_use_id")
         common["transcript"] = text_field(payload, "transcript_path")
         common["thread"] = id_field(payload, "agent_id")

@@ -60,7 +60,8 @@ class AgentEvent:
     """The agent's own name for the event (``PreToolUse``, ``BeforeTool``...), for answers."""
     session_id: str
     turn_ref: str | None = None
-    """The agent's own id of the turn (Codex's ``turn_id``, Claude Code's ``prompt_id``), if any."""
+    """The agent's own id of the turn (Codex's ``turn_id``, Claude Code's ``prompt_id``, the
+    process of a headless Gemini CLI run), if any."""
     tool_name: str | None = None
     tool_input: Any = None
     call_id: str | None = None
@@ -136,8 +137,10 @@ class Protocol(TypingProtocol):
     can_ask: bool
     """Whether a hook can put a question to the person (else, attended, it goes to the model)."""
 
-    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
-        """The event; ``events.BadEvent`` when a field turnguard needs is missing or wrong."""
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str], caller: int | None = None) -> AgentEvent:
+        """The event; ``events.BadEvent`` when a field turnguard needs is missing or wrong.
+        ``caller``: the process the agent started for the event, or one below it (``None``: none
+        to look at), for an agent whose events leave out what its process tells."""
 
     def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
         """Whether a person can be asked in this session (interactive) or not (headless)."""

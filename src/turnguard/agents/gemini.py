@@ -2,9 +2,11 @@
 
 Events: ``BeforeAgent`` opens a turn, ``BeforeModel`` counts a model request
 (``max_cycles_per_turn``), ``BeforeTool`` checks a call, ``AfterTool`` reports it, ``AfterAgent``
-stops the turn (it ends at the next ``BeforeAgent`` or ``SessionEnd``, ``ending``: a refused
-``AfterAgent`` comes back as a ``BeforeAgent`` with the refusal as its prompt, which nothing tells
-from a new prompt, so it opens a turn), ``SessionEnd`` ends the session.
+stops the turn (it ends at the next ``BeforeAgent`` or ``SessionEnd``, ``ending``), ``SessionEnd``
+ends the session. A refused ``AfterAgent`` comes back as a ``BeforeAgent`` with the refusal as its
+prompt, which no field tells from a new prompt; but a headless run (``gemini -p``) takes one prompt
+per process, so there a ``BeforeAgent`` names its turn by the run's process (``headless_run``), and
+a second one of the same run goes on with the turn. An interactive session's opens a turn.
 Gemini CLI passes no call id: an outcome belongs to the earliest waiting call with the same tool and
 arguments (identical parallel calls are alike anyway).
 A failure is a ``tool_response`` with an ``error``, or a shell call whose output ends with a
@@ -24,9 +26,11 @@ settings leaves identical calls to turnguard.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from turnguard.agents import processes
 from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, attended_from_env, common_fields
 
 KINDS = {
@@ -40,12 +44,14 @@ KINDS = {
 
 
 class Gemini(CommandHooks):
-    def read(self, payload: dict[str, Any], environ: Mapping[str, str]) -> AgentEvent:
+    def read(self, payload: dict[str, Any], environ: Mapping[str, str], caller: int | None = None) -> AgentEvent:
         common = common_fields(payload, KINDS)
         kind = common["kind"]
         if kind is Kind.TOOL_OUTCOME:
             response = payload.get("tool_response")
             common.update(outcome=outcome_of(response), result=result_of(response))
+        elif kind is Kind.TURN_START and caller is not None:
+            common["turn_ref"] = headless_run(caller)
         return AgentEvent(**common)
 
     def attended(self, event: AgentEvent, environ: Mapping[str, str]) -> bool:
@@ -62,6 +68,59 @@ class Gemini(CommandHooks):
         if event.kind is Kind.TOOL_OUTCOME:
             return self.specific(event, additionalContext=decision.message)
         return {}
+
+
+def headless_run(caller: int) -> str | None:
+    """The headless Gemini CLI run whose hook ``caller`` is (or is below), named by its process
+    (``run:PID:START``); ``None`` when no Gemini CLI process is found above it or its run may take
+    more than one prompt. A wrong ``None`` only splits a turn at a refused stop; a wrong name would
+    merge two prompts, so only a run its arguments make headless for sure is named."""
+    for process in processes.ancestors(caller):
+        arguments = gemini_arguments(process.argv)
+        if arguments is not None:
+            return f"run:{process.identity}" if headless(arguments) else None
+    return None
+
+
+def gemini_arguments(argv: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Gemini CLI's own arguments when ``argv`` runs it (``node [OPTIONS] …/gemini[.js] ARGS``, or
+    its launcher run directly), else ``None``."""
+    for place, word in enumerate(argv[:MAX_SCRIPT_PLACE]):
+        if place and word.startswith("-"):
+            continue  # (node's own options)
+        if os.path.basename(word).removesuffix(".js") == "gemini":
+            return argv[place + 1:]
+        if place:
+            return None
+    return None
+
+
+MAX_SCRIPT_PLACE = 4
+"""Where in a process's arguments Gemini CLI's script may stand: after node and its options (the
+CLI relaunches itself with a memory option)."""
+
+
+def headless(arguments: tuple[str, ...]) -> bool:
+    """Whether Gemini CLI's ``arguments`` make its run headless for sure: a ``-p``/``--prompt``,
+    and no option that makes it interactive (``-i``, ``--prompt-interactive``, ``--acp``,
+    ``--experimental-acp``, in any spelling its parser takes). Any other start (a positional
+    prompt, a piped stdin) may be headless too, but is not taken as one."""
+    names = set()
+    for word in arguments:
+        if word == "--":
+            break
+        if word.startswith("--"):
+            names.add(word[2:].partition("=")[0].replace("-", "").replace("_", "").lower())
+        elif word.startswith("-") and len(word) > 1:
+            names.update(word[1:])  # (short options together: -yp)
+    return not names & INTERACTIVE_OPTIONS and bool(names & PROMPT_OPTIONS)
+
+
+PROMPT_OPTIONS = frozenset({"p", "prompt"})
+"""The options that give a Gemini CLI run its one prompt (spelt as ``headless`` reads them: no
+dashes, lower case)."""
+INTERACTIVE_OPTIONS = frozenset({"i", "promptinteractive", "acp", "experimentalacp"})
+"""The options that make a Gemini CLI run take prompts one after another (spelt alike)."""
 
 
 def outcome_of(response: Any) -> str:

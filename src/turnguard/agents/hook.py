@@ -81,7 +81,7 @@ def main(argv: list[str], stdin: Any = None, stdout: Any = None, stderr: Any = N
         raw = b""
         answer = fail(protocol_for(argv[0]), None, f"cannot read stdin: {exc}", environ)
     else:
-        answer = run(argv[0], raw, environ)
+        answer = run(argv[0], raw, environ, caller=os.getpid())
     try:
         stdout.write(answer.stdout_text())
         stdout.flush()
@@ -104,17 +104,18 @@ MAX_READ = MAX_STDIN_BYTES + 1
 
 
 def run(agent: str, raw: bytes, environ: Mapping[str, str], cwd: str | None = None,
-        memo: Memo | None = None) -> HookAnswer:
+        memo: Memo | None = None, caller: int | None = None) -> HookAnswer:
     """The answer to one event: never raises (a failure is the fail-mode's answer). ``cwd``: where
     the agent ran the hook (this process's own when ``None``), for an event that names none;
-    ``memo``: what a long-lived process keeps between events."""
+    ``memo``: what a long-lived process keeps between events; ``caller``: the process the agent
+    ran for the event, or one below it (``None``: not known)."""
     protocol = protocol_for(agent)
     payload: Any = None
     event: AgentEvent | None = None
     hook: Hook | None = None
     try:
         payload = read_payload(raw)
-        event = protocol.read(payload, environ)
+        event = protocol.read(payload, environ, caller)
         if event.kind is Kind.IGNORED:
             return protocol.answer(event, Decision.allow())
         hook = Hook(protocol, environ, event.cwd or cwd, memo)

@@ -1,7 +1,8 @@
 """The long-lived local process that answers hook events for ``client.py`` (started on demand).
 
 Each connection is one event: a header (the agent, the client's working directory and
-environment: ``client.header``) and the event's bytes, answered with the exit code, stdout and
+environment: ``client.header``) and the event's bytes (the client's process, which the agent
+started, is the socket's peer), answered with the exit code, stdout and
 stderr (three frames) that
 ``turnguard hook AGENT`` would give (``hook.run`` with the client's environment, so each event
 reads its own configuration and state directory). The server keeps nothing a session needs: the
@@ -16,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import socket
 import socketserver
+import struct
 import sys
 import threading
 import time
@@ -39,12 +42,30 @@ class _Handler(socketserver.StreamRequestHandler):
             return  # the client answers in a process of its own
         if agent not in PROTOCOLS:
             return  # (and says how to use it)
-        answer = run(agent, event, env, cwd=cwd or None, memo=self.server.memo)
+        answer = run(agent, event, env, cwd=cwd or None, memo=self.server.memo, caller=client_pid(self.request))
         reply = b"".join(frame(part.encode("utf-8", "surrogateescape"))
                          for part in (str(answer.exit_code), answer.stdout_text(), answer.stderr))
         with contextlib.suppress(OSError):
             self.wfile.write(reply)
         self.server.touch()
+
+
+def client_pid(connection: socket.socket) -> int | None:
+    """The process at the other end of ``connection`` (the hook's client), where the system says
+    (Linux); ``None`` elsewhere."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    try:
+        credentials = connection.getsockopt(socket.SOL_SOCKET, option, PEER_CREDENTIALS.size)
+    except OSError:
+        return None
+    pid: int = PEER_CREDENTIALS.unpack(credentials)[0]
+    return pid or None
+
+
+PEER_CREDENTIALS = struct.Struct("3i")
+"""``struct ucred``: the peer's pid, uid and gid."""
 
 
 class Server(socketserver.ThreadingUnixStreamServer):
