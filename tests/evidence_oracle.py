@@ -16,6 +16,7 @@ from turnguard import TurnSummary
 from turnguard._calibrate.advice import decide
 from turnguard._calibrate.evidence import Z95, Passed, wilson_interval
 from turnguard._calibrate.survival import CENSORING_ENDS, loglog_interval
+from turnguard._probe import CENSORING_HALTS, SEEN_LOOPING
 from turnguard.telemetry._recorder import ended_by
 
 ABOVE, UNDECIDED, WITHIN = 1, 0, -1
@@ -163,13 +164,9 @@ class ProbeFact:
     @property
     def censored(self) -> bool:
         """Halted at a length limit of the probe's, or ``cut``: a probe row counts both as censored."""
-        return self.ended_by is not None and (self.ended_by not in LOOP_DETECTORS or self.ended_by in self.cut_by)
+        return self.ended_by in CENSORING_HALTS or self.ended_by in self.cut_by
 
 
-LOOP_DETECTORS = frozenset({"soft_stuck", "streak"})
-SEEN_LOOPING = 2
-"""A halt of the probe's stuck or streak detector is a failure only where the probe ran it at twice
-the main configuration's value or more (calibrate's ``ProbeEvidence.fate_of``)."""
 
 
 def cut_halts(config: Any) -> frozenset[str]:

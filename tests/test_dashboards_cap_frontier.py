@@ -36,12 +36,13 @@ from turnguard._boards.thresholds import (  # noqa: E402
 )
 from turnguard._calibrate.evidence import upper_bound  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
+from turnguard._probe import CENSORING_HALTS  # noqa: E402
 from turnguard.telemetry._buckets import cycle_edges  # noqa: E402
 
 CONFIG = GuardConfig(probe={"rate": 0.1, "soft_cap": 300, "hard_multiplier": 20})
 CAP = CapSettings.from_config(CONFIG)
 TOLERANCE = 0.1
-LIMITS = {"hard_backstop", "explicit", "cycle_cap"}
+LIMITS = set(CENSORING_HALTS)
 CUT_BY = oracle.cut_halts(CONFIG)
 """The probe keeps the main D and streak stop: its stuck and streak halts are cut, not failures."""
 

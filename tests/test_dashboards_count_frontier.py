@@ -35,6 +35,7 @@ from turnguard._boards.thresholds import SEEN_HIGH, SPARES, _edges, streak_value
 from turnguard._calibrate.evidence import Ladder, ProbeEvidence, _fate, upper_bound  # noqa: E402
 from turnguard._calibrate.records import Limits  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
+from turnguard._probe import CENSORING_HALTS  # noqa: E402
 from turnguard.telemetry import _buckets as buckets  # noqa: E402
 
 CONFIG = GuardConfig(probe={"rate": 0.1, "hard_multiplier": 20, "stuck_repeat_threshold": 12, "streak_stop_at": 16})
@@ -44,7 +45,7 @@ CUT = GuardConfig(probe={"rate": 0.1, "hard_multiplier": 20, "stuck_repeat_thres
 and streak halts are not failures."""
 CONFIGS = {"twice": CONFIG, "cut": CUT}
 TOLERANCE = 0.1
-LENGTH_LIMITS = {"hard_backstop", "explicit", "cycle_cap"}
+LENGTH_LIMITS = set(CENSORING_HALTS)
 
 
 @dataclass(frozen=True)

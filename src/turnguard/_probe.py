@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import hashlib
 
-from turnguard._model import id_text
+from turnguard._model import PLUGIN_ERROR_THRESHOLD, Threshold, id_text
 
 
 class Cohort(enum.StrEnum):
@@ -68,3 +68,19 @@ def sees_past(main: int | None, own: int | None) -> bool:
     the tolerance, whatever its counts say (calibrate's ``advice.row_cap``, the threshold board's
     ``CapSettings.probe_stops_at``)."""
     return own is None or not main or own > main
+
+
+LOOP_DETECTORS: tuple[str, ...] = (Threshold.SOFT_STUCK.value, Threshold.STREAK.value)
+"""The probe's own halts that say a turn was looping: a failure only where the probe ran that detector
+at ``SEEN_LOOPING`` times the main configuration's value or more, else ``cut`` (fate unknown)."""
+SEEN_LOOPING = 2
+"""A probe that halts at less than twice the main's D or streak stop halts turns that may need no
+more than that to succeed (a retry that succeeds after 15 failures, halted by the probe's stop at 13
+or at the main's 8), so its fate past the halt is unknown."""
+CENSORING_HALTS: tuple[str, ...] = (*(t.value for t in Threshold if t.value not in LOOP_DETECTORS),
+                                    PLUGIN_ERROR_THRESHOLD)
+"""The probe's own halts that cut short a turn that might have gone on to succeed: a probe turn one of
+them halted, with no result saying it succeeded, is censored there. The one list calibrate's
+``ProbeEvidence.fate_of`` and the threshold board's selectors (``_boards.evidence.ProbeHalts``) both
+read. A third-party threshold is not in it: a recording cannot tell its name from a host's own end
+reason (the recorder's ``ended_by``), so both count such a turn by its result."""

@@ -6,9 +6,10 @@ product-limit (Kaplan-Meier) estimate of how many calls the turns that reach the
 The arithmetic matches ``turnguard calibrate``'s (``turnguard._calibrate.evidence``):
 
 - **Fates**: a probe turn is resolved (its task succeeded: reported in the turn or later),
-  censored (the probe halted it at a length limit of its own, its backstop, explicit or cycle cap,
-  or by its own D or streak stop set below twice the main value, ``ProbeHalts``, and no result says
-  it succeeded: it might have), unresolved (the other failures, the probe's own stuck and streak
+  censored (the probe halted it at a length limit of its own, ``_probe.CENSORING_HALTS``: its
+  backstop, explicit or cycle cap, ``cycle_repeat`` stop or a failing plugin's halt, or by its own D
+  or streak stop set below twice the main value, ``ProbeHalts``, and no result says it succeeded:
+  it might have), unresolved (the other failures, the probe's own stuck and streak
   halts at twice the main value or more among them: seen looping, they failed), or unknown (no
   result). The metrics do not carry the probe's D or stop: the board judges by the probe it is
   rendered for, and with none known, censors every probe stuck and streak halt.
@@ -62,6 +63,7 @@ from turnguard._boards.series import (
 from turnguard._boards.settings import CapSettings
 from turnguard._config import GuardConfig
 from turnguard._model import Threshold
+from turnguard._probe import CENSORING_HALTS, LOOP_DETECTORS, SEEN_LOOPING
 from turnguard.telemetry import _buckets as buckets
 
 Z95 = 1.959963984540054
@@ -169,17 +171,6 @@ def time_needed(resolved: str, resolved_or_censored: str, known: str, tolerance:
 # -- the probe turns each live threshold would have halted --------------------------------------------
 
 
-LENGTH_LIMITS = (Threshold.HARD_BACKSTOP, Threshold.EXPLICIT, Threshold.CYCLE_CAP)
-"""The probe's own halts that cut a turn that might have gone on to succeed: a probe turn one of them
-halted, with no result saying it succeeded, is censored there."""
-LOOP_DETECTORS = (Threshold.SOFT_STUCK, Threshold.STREAK)
-"""The probe's own halts that say a turn was looping: a failure only where the probe ran that detector
-at ``SEEN_LOOPING`` times the main configuration's value or more (``ProbeHalts``)."""
-SEEN_LOOPING = 2
-"""Calibrate's ``evidence.SEEN_LOOPING``: a probe that halts at less than twice the main's D or streak
-stop halts turns that may need no more than that to succeed (a retry that succeeds after 15 failures)."""
-
-
 @dataclass(frozen=True)
 class ProbeHalts:
     """How the probe's own halts count, as calibrate's ``ProbeEvidence.fate_of`` counts them: a length
@@ -196,13 +187,13 @@ class ProbeHalts:
         values are not recorded; a probe given no D or stop of its own keeps the main's)."""
         main = {Threshold.SOFT_STUCK: cap.stuck_repeat_threshold, Threshold.STREAK: cap.streak_stop_at}
         p = cap.probe
-        return cls(tuple(t for t in LOOP_DETECTORS if p is None or not (
+        return cls(tuple(t for t in map(Threshold, LOOP_DETECTORS) if p is None or not (
             main[t] and (p.limit(t) or 0) >= SEEN_LOOPING * main[t])))
 
     @property
     def length(self) -> dict[str, str]:
-        """The selector of the turns a length limit of the probe's halted."""
-        return {THRESHOLD: "~" + "|".join(t.value for t in LENGTH_LIMITS)}
+        """The selector of the turns a length limit of the probe's halted (``_probe.CENSORING_HALTS``)."""
+        return {THRESHOLD: "~" + "|".join(CENSORING_HALTS)}
 
     @property
     def cutting(self) -> dict[str, str] | None:
@@ -212,12 +203,12 @@ class ProbeHalts:
     @property
     def censoring(self) -> dict[str, str]:
         """The selector of the turns a probe row counts as censored: a length limit's or ``cut``'s."""
-        return {THRESHOLD: "~" + "|".join(t.value for t in (*LENGTH_LIMITS, *self.cut))}
+        return {THRESHOLD: "~" + "|".join((*CENSORING_HALTS, *self.cut))}
 
     @property
     def other(self) -> dict[str, str]:
         """The selector of every other turn (ended on its own, or halted as looping: failed)."""
-        return {THRESHOLD: "!~" + "|".join(t.value for t in (*LENGTH_LIMITS, *self.cut))}
+        return {THRESHOLD: "!~" + "|".join((*CENSORING_HALTS, *self.cut))}
 
 
 def fates(turns: Callable[..., str], late: Callable[..., str], fill: Callable[[str], str],

@@ -44,6 +44,7 @@ from turnguard._boards.panels import (
 from turnguard._boards.settings import DEFAULTS, CapSettings
 from turnguard._config import GuardConfig
 from turnguard._model import Threshold
+from turnguard._probe import CENSORING_HALTS
 from turnguard.telemetry import _buckets as buckets
 from turnguard.telemetry import _names as n
 
@@ -415,7 +416,8 @@ def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
 
 AT_THE_CYCLE_CAP = {ps.THRESHOLD: Threshold.CYCLE_CAP.value}
 """Probe turns the probe's own cycle cap halted: past every value panel 49 judges (each is below it)."""
-OTHER_LENGTH_LIMITS = "~" + "|".join(t.value for t in evidence.LENGTH_LIMITS if t is not Threshold.CYCLE_CAP)
+OTHER_LENGTH_LIMITS = "~" + "|".join(h for h in CENSORING_HALTS if h != Threshold.CYCLE_CAP.value)
+"""The probe's other halts that censor a turn (``_probe.CENSORING_HALTS``): below every value judged."""
 
 
 def _cut(halts: evidence.ProbeHalts, turns: Callable[..., str], every: Callable[..., str]) -> str:
@@ -748,7 +750,8 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     f"One row per threshold the main configuration has in force. Turns of {probe} that the main "
                     "configuration, running beside them, would have halted there, and what became of them under "
                     "the probe: resolved; unresolved; censored (halted at a length limit of the probe's own, its "
-                    "backstop, explicit or cycle cap, or by a loop detector of its own, D or streak stop, set below "
+                    "backstop, explicit or cycle cap, cycle_repeat stop or a failing plugin, or by a loop "
+                    "detector of its own, D or streak stop, set below "
                     f"twice the main value, and not resolved: {CENSORED} there, they might have succeeded); "
                     "unknown (no result yet). The share resolved, and its 95% Wilson interval with "
                     "the censored turns counted as failures for its low end and as successes for its high end; "

@@ -31,22 +31,13 @@ from turnguard._calibrate.bounds import (
     histogram_json,
     load,
 )
-from turnguard._probe import Cohort
+from turnguard._probe import CENSORING_HALTS, LOOP_DETECTORS, SEEN_LOOPING, Cohort
 
 if TYPE_CHECKING:
     from turnguard._calibrate.records import Limits
     from turnguard._calibrate.replay import TurnResult
     from turnguard._firing import TurnFacts
 
-LOOP_DETECTORS = frozenset({"soft_stuck", "streak"})
-"""The probe's halts by a loop detector: evidence that the turn failed only where the probe ran that
-detector well past the main one (``SEEN_LOOPING``); any other probe halt is a length limit that cuts a
-turn that might have succeeded: censored."""
-SEEN_LOOPING = 2
-"""A probe's loop detector halt counts as the turn failing only when the probe's own value is at least
-this many times the main configuration's: a turn it halted sooner may need no more than that to
-succeed (a retry that succeeds after 15 failures, halted by the probe's stop at 13 or at the main's
-8), so its fate past the halt is unknown: ``cut``."""
 MULTIPLES = (2, 3, 5, 10, 15, 20, 30)
 """The multiples of S counted, with the main configuration's own when a whole number."""
 PROBE = Cohort.PROBE.value
@@ -98,9 +89,10 @@ class Passed:
     resolved: int = 0
     unresolved: int = 0
     censored: int = 0
-    """Turns the probe halted later at a length limit of its own (its backstop, explicit or cycle
-    cap), or at a loop detector of its own not well past the main one (``SEEN_LOOPING``), whose task
-    was not reported done: whether they would have succeeded is not recorded."""
+    """Turns the probe halted later at a length limit of its own (``_probe.CENSORING_HALTS``: its
+    backstop, explicit or cycle cap, ...), or at a loop detector of its own not well past the main
+    one (``SEEN_LOOPING``), whose task was not reported done: whether they would have succeeded is
+    not recorded."""
     calls_past: int = 0
     """Calls these turns made past the threshold: what letting them run past it cost."""
 
@@ -343,8 +335,8 @@ class ProbeEvidence:
     def fate_of(self, resolved: bool | None, halted_by: str | None, limits: Limits | None) -> str:
         """A probe turn's fate on the ladders (``FATES``): a halt of the probe's loop detector says it
         failed only where the probe ran that detector at ``SEEN_LOOPING`` times the main's or more."""
-        if resolved is True or halted_by is None or halted_by not in LOOP_DETECTORS:
-            return _fate(resolved, halted_by is not None)
+        if resolved is True or halted_by not in LOOP_DETECTORS:
+            return _fate(resolved, halted_by in CENSORING_HALTS)
         stuck = halted_by == "soft_stuck"
         main = self.stuck_repeat if stuck else self.streak_stop
         own = None if limits is None else limits.stuck_repeat_threshold if stuck else limits.streak_stop_at
