@@ -222,14 +222,8 @@ def play_halted(how: str, form: str, cut: str, order: str) -> list[tuple[Any, ..
     return log
 
 
-SECOND_REPORT = pytest.mark.xfail(strict=True, reason=(
-    "another defect: the waiting call's own object, reported after its check was settled through the "
-    "refused call's call_id, is ignored as a duplicate in the whole turn, as unknown_call after a resume"))
-
-
 @pytest.mark.parametrize(("form", "order"), [
-    *((form, order) for form in ("new", "keyed", "other id") for order in ("refused first", "waiting first")),
-    ("same id", "waiting first"), pytest.param("same id", "refused first", marks=SECOND_REPORT)])
+    (form, order) for form in ("new", "keyed", "other id", "same id") for order in ("refused first", "waiting first")])
 @pytest.mark.parametrize("how", list(HOWS))
 def test_a_refused_calls_outcome_never_settles_a_waiting_identical_call_after_a_resume(how, form, order):
     """Halted in any way, the refused call a new object, one keyed outside a turn or one with a

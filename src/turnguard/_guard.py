@@ -298,6 +298,15 @@ class RecordOutcome(Protocol):
     def __call__(self, call: ToolCall, outcome: Outcome | str, result: Any = None) -> Verdict: ...
 
 
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class KeyToken:
+    """What marks the keys a turn stored on its calls: the turn's id only, so a plugin holding a
+    call reaches no part of the turn through it, and the turn that resumes its snapshot in this
+    process knows its keys (``Turn._names_check``). Compared by identity."""
+
+    turn_id: str
+
+
 class Turn:
     """One agent turn. All methods are thread-safe and never raise because of tool arguments."""
 
@@ -333,9 +342,8 @@ class Turn:
         self._acquire, self._release = self._lock.acquire, self._lock.release
         self._halt: Verdict | None = guard.setup_failed
         self._ended: TurnSummary | None = None
-        self._token = object()
-        """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``): a bare object, so a
-        plugin holding a call reaches no part of the turn through it."""
+        self._token = KeyToken(ledger.turn_id)
+        """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``)."""
         self._awaiting: dict[int, ToolCall] = {}
         """Checked calls without an outcome yet, by sequence number (in check order)."""
         self._reused = False
@@ -571,8 +579,14 @@ class Turn:
         return self._halt
 
     def _names_check(self, key: CallKey | None) -> TypeGuard[CallKey]:
-        """Whether ``key`` names a check this turn counted (not one refused after its HALT)."""
-        return key is not None and key[KEY_TOKEN] is self._token and key[KEY_CHECK] != NO_CHECK
+        """Whether ``key`` names a check this turn counted (not one refused after its HALT). In a
+        resumed turn a key the snapshot's turn stored (this process: its objects) names one too:
+        that turn's checks are this one's, so its objects' second reports are duplicates here as
+        there, never reports of other calls sharing their ``call_id`` (``_claim``)."""
+        if key is None or key[KEY_CHECK] == NO_CHECK:
+            return False
+        token = key[KEY_TOKEN]
+        return token is self._token or (type(token) is KeyToken and token.turn_id in self._snapshot_ids)
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -712,6 +726,9 @@ class Turn:
         return self._result_token
 
     _result_token: str | None = None
+    _snapshot_ids: frozenset[str] = frozenset()
+    """A resumed turn's: the ids of the turns whose keys name checks of this one (the snapshot's
+    turn's, in this process: ``_names_check``)."""
     _book_entry: Ended | None = None
     """What the results book keeps of the turn once it ended (``ResultBook.ended``)."""
 
@@ -786,6 +803,8 @@ class Turn:
         plugin that refuses its state puts the turn aside (unreported: the snapshot stays the turn's
         to resume) and raises its ``SnapshotError``."""
         self._tracked = True
+        ledger = restored.ledger
+        self._snapshot_ids = frozenset(i for i in (ledger.turn_id, ledger.resumed_from) if i is not None)
         refused, failure = None, None
         with self._lock:
             stand_ins = {}
