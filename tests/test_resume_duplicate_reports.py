@@ -158,3 +158,26 @@ def test_a_suspended_objects_second_report_is_a_duplicate_in_the_resumed_turn(cu
     turn.record_outcome(first, "error")
     assert heard.reasons == ["duplicate"]
     assert turn.end().tool_calls == 1
+
+
+@pytest.mark.parametrize("resumed", [False, True], ids=["new turn", "resumed turn"])
+def test_another_turns_object_is_an_unknown_call_that_may_settle_its_call_id(resumed):
+    """An object another turn checked and settled (of another id, or of this id but not resumed
+    from it) names no check here: its report settles the call waiting with its ``call_id``, and
+    a second one is an ``unknown_call``."""
+    heard = IgnoredReasons()
+    guard = tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False),
+                     plugins={"heard": heard}, environ={})
+    other = guard.turn(turn_id="other" if resumed else "same")
+    stranger = tg.ToolCall("build", {"target": "A"}, "c")
+    other.check_call(stranger)
+    other.record_outcome(stranger, "ok")
+    other.end()
+    turn = guard.turn(durable=True, turn_id="same")
+    if resumed:
+        turn = guard.resume(json.loads(json.dumps(turn.suspend())))
+    turn.check_call(tg.ToolCall("build", {"target": "B"}, "c"))
+    turn.record_outcome(stranger, "error")
+    turn.record_outcome(stranger, "error")
+    assert heard.reasons == ["unknown_call"]
+    assert turn.view.outcomes(tg.Outcome.ERROR) == 1
