@@ -76,6 +76,18 @@ def guard() -> tg.Guard:
 
 
 @pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A coding-agent hook's environment (``agent_events.hook_env``). A turn's end hands its journal
+    to the outbox but starts no exporter process (``export_now`` exports in this process): the tests
+    that need the real one start it, or define their own ``env``."""
+    from agent_events import hook_env
+    from turnguard.agents import export
+
+    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
+    return hook_env(tmp_path)
+
+
+@pytest.fixture
 def otel():
     """Real SDK providers exporting to memory; ``Guard(config, **otel.providers())`` reports there."""
     from turnguard.telemetry._testing import InMemoryTelemetry  # needs the SDK: imported by the tests that use it

@@ -25,12 +25,6 @@ from turnguard.agents import export
 AGENT_ID = "01a24f06-9144-7c11-b50e-834ee5502d9d"
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
-    return hook_env(tmp_path)
-
-
 def exported(env: dict[str, str]) -> list[dict[str, Any]]:
     export.export_outbox(env)
     return recorded(env)

@@ -31,12 +31,6 @@ RUN = "run:4242:1000"
 OTHER_RUN = "run:4343:2000"
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
-    return hook_env(tmp_path)
-
-
 class Run(Session):
     """A Gemini CLI session whose hooks come from a process: ``run`` is what ``headless_run``
     finds above them (``None``: an interactive session, or no Gemini CLI process found)."""

@@ -65,15 +65,6 @@ WARN_AT = 5
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The test's hook environment. A turn's end hands its journal to the outbox but starts no
-    exporter process (``export_now`` exports in this process): the ``live_env`` tests start the
-    real one."""
-    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
-    return hook_env(tmp_path)
-
-
-@pytest.fixture
 def live_env(tmp_path: Path) -> Any:
     """The test's hook environment with the real detached exporter; none outlives the test."""
     environ = hook_env(tmp_path)

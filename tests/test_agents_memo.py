@@ -15,20 +15,13 @@ from agent_events import (
     AGENTS,
     Events,
     Step,
-    hook_env,
     is_allow,
     outcome_halts,
     ten_threads_round,
     tool_calls,
 )
-from turnguard.agents import export, hook
+from turnguard.agents import hook
 from turnguard.agents.events import HookAnswer
-
-
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
-    return hook_env(tmp_path)
 
 
 class Sender:

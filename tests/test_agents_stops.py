@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent_events import AGENTS, Session, check_halts, hook_env, is_allow, outbox, outcome_halts, recorded
+from agent_events import AGENTS, Session, check_halts, is_allow, outbox, outcome_halts, recorded
 from turnguard.agents import export, stale
 from turnguard.agents.events import id_field
 from turnguard.agents.store import SessionStore, state_root
@@ -25,12 +25,6 @@ from turnguard.agents.store import SessionStore, state_root
 STOP_AT = 8
 REFS = ("claude-code", "codex")
 """The agents whose events name their turn: a refused stop's later events carry the same id."""
-
-
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(export, "start_exporter", lambda environ: None)
-    return hook_env(tmp_path)
 
 
 def exported(env: dict[str, str]) -> list[dict[str, Any]]:

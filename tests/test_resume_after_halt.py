@@ -28,9 +28,8 @@ from test_resume_equivalence import (
     HeardOutcomes,
     Player,
     Script,
-    cut_at,
+    assert_resumes_anywhere_as_whole,
     make_benches,
-    uninterrupted,
 )
 
 CONFIGS = {
@@ -102,10 +101,7 @@ def test_outcomes_of_calls_checked_after_the_halt_settle_the_same_checks_across_
     """Verdicts, what each outcome settled or why it was ignored, detections and summaries are the
     whole turn's, wherever the turn was suspended and resumed (the same process: the objects)."""
     script = make_halting_script(seed * 11 + (config == "probe"))
-    bench = benches[config]
-    whole = uninterrupted(bench, script, promptable, Halter)
-    for cut in range(len(script.ops) + 1):
-        assert cut_at(bench, script, promptable, cut, fresh=False, host=Halter) == whole, cut
+    assert_resumes_anywhere_as_whole(benches[config], script, promptable, Halter)
 
 
 def test_the_halting_scripts_cut_where_an_identical_call_waits_for_a_refused_calls_outcome(benches):

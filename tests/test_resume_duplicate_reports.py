@@ -27,9 +27,8 @@ from test_resume_equivalence import (
     HeardOutcomes,
     Player,
     Script,
-    cut_at,
+    assert_resumes_anywhere_as_whole,
     make_benches,
-    uninterrupted,
 )
 
 
@@ -88,10 +87,7 @@ def test_second_reports_are_ignored_for_the_whole_turns_reasons_across_any_cut(b
     """Verdicts, what each outcome settled, why each ignored one was ignored, detections and
     summaries are the whole turn's, wherever the turn was suspended and resumed (the same process)."""
     script = make_duplicating_script(seed * 13 + (config == "probe"))
-    bench = benches[config]
-    whole = uninterrupted(bench, script, promptable, Duplicator)
-    for cut in range(len(script.ops) + 1):
-        assert cut_at(bench, script, promptable, cut, fresh=False, host=Duplicator) == whole, cut
+    assert_resumes_anywhere_as_whole(benches[config], script, promptable, Duplicator)
 
 
 def test_the_duplicating_scripts_cut_between_a_check_and_its_objects_second_report(benches):

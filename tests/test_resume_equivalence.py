@@ -317,6 +317,14 @@ def cut_at(bench: Bench, script: Script, promptable: bool, cut: int, *, fresh: b
     return player.out + bench.heard.said
 
 
+def assert_resumes_anywhere_as_whole(bench: Bench, script: Script, promptable: bool, host: type[Player]) -> None:
+    """Suspended at every op and resumed in the same process (the objects kept), the turn plays as
+    the one never suspended."""
+    whole = uninterrupted(bench, script, promptable, host)
+    for cut in range(len(script.ops) + 1):
+        assert cut_at(bench, script, promptable, cut, fresh=False, host=host) == whole, cut
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("promptable", [False, True], ids=["unattended", "attended"])
 @pytest.mark.parametrize("seed", range(8))
@@ -359,11 +367,8 @@ def test_reused_objects_settle_their_own_checks_in_order_across_any_cut(reuse_be
     point (between its checks, between its outcomes): each outcome settles the check it settles in
     the turn that never stopped, so verdicts, detections, what each outcome settled and the
     summaries are the whole turn's."""
-    script = make_reuse_script(seed * 5 + (config == "polling"))
-    bench = reuse_benches[config]
-    whole = uninterrupted(bench, script, promptable, Host)
-    for cut in range(len(script.ops) + 1):
-        assert cut_at(bench, script, promptable, cut, fresh=False, host=Host) == whole, cut
+    assert_resumes_anywhere_as_whole(reuse_benches[config], make_reuse_script(seed * 5 + (config == "polling")),
+                                     promptable, Host)
 
 
 def test_the_reuse_scripts_hold_what_the_harness_is_for(reuse_benches):
