@@ -63,6 +63,7 @@ from turnguard._snapshot import (
     TurnState,
     Waiting,
     cohort_of,
+    new_lineage,
     plugin_states,
     restore,
     resume_plugins,
@@ -300,10 +301,13 @@ class RecordOutcome(Protocol):
 
 @dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class KeyToken:
-    """What marks the keys a turn stored on its calls: the turn's id only, so a plugin holding a
-    call reaches no part of the turn through it, and the turn that resumes its snapshot in this
-    process knows its keys (``Turn._names_check``). Compared by identity."""
+    """What marks the keys a turn stored on its calls: the turn's lineage and id only, so a plugin
+    holding a call reaches no part of the turn through it, and a turn resumed in this process
+    from any snapshot of its lineage knows its keys (``Turn._of_lineage``). Compared by identity
+    for the turn's own keys."""
 
+    lineage: bytes
+    """``TurnState.lineage``: shared by every turn continuing one fresh turn."""
     turn_id: str
 
 
@@ -342,7 +346,8 @@ class Turn:
         self._acquire, self._release = self._lock.acquire, self._lock.release
         self._halt: Verdict | None = guard.setup_failed
         self._ended: TurnSummary | None = None
-        self._token = KeyToken(ledger.turn_id)
+        lineage = restored.lineage if restored is not None else None
+        self._token = KeyToken(lineage or new_lineage(), ledger.turn_id)
         """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``)."""
         self._awaiting: dict[int, ToolCall] = {}
         """Checked calls without an outcome yet, by sequence number (in check order)."""
@@ -579,14 +584,21 @@ class Turn:
         return self._halt
 
     def _names_check(self, key: CallKey | None) -> TypeGuard[CallKey]:
-        """Whether ``key`` names a check this turn counted (not one refused after its HALT). In a
-        resumed turn a key the snapshot's turn stored (this process: its objects) names one too:
-        that turn's checks are this one's, so its objects' second reports are duplicates here as
-        there, never reports of other calls sharing their ``call_id`` (``_claim``)."""
+        """Whether ``key`` names a check this turn counted (not one refused after its HALT). A key
+        another turn of its lineage stored (this process: its objects) names one too: in a resumed
+        turn that turn's checks are this one's, so its objects' second reports are duplicates here
+        as there, never reports of other calls sharing their ``call_id`` (``_claim``)."""
         if key is None or key[KEY_CHECK] == NO_CHECK:
             return False
         token = key[KEY_TOKEN]
-        return token is self._token or (type(token) is KeyToken and token.turn_id in self._snapshot_ids)
+        return token is self._token or self._of_lineage(token)
+
+    def _of_lineage(self, token: object) -> bool:
+        """Whether a key's token is another turn's of this turn's lineage (``TurnState.lineage``):
+        one this turn continues, or that continues the turn this one does (a fork), whose objects
+        name checks of this turn. After a snapshot without a lineage: the snapshot's turn's (its
+        id or ``resumed_from``), as before lineages were written."""
+        return type(token) is KeyToken and (token.lineage == self._token.lineage or token.turn_id in self._snapshot_ids)
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -727,8 +739,8 @@ class Turn:
 
     _result_token: str | None = None
     _snapshot_ids: frozenset[str] = frozenset()
-    """A resumed turn's: the ids of the turns whose keys name checks of this one (the snapshot's
-    turn's, in this process: ``_names_check``)."""
+    """A turn resumed from a snapshot without a lineage: the ids of the turns whose keys name checks
+    of this one (the snapshot's turn's, in this process: ``_of_lineage``)."""
     _book_entry: Ended | None = None
     """What the results book keeps of the turn once it ended (``ResultBook.ended``)."""
 
@@ -795,7 +807,7 @@ class Turn:
                 named = key[KEY_CHECK] if key[KEY_TOKEN] is self._token else seq
             awaiting.append(Waiting(seq, call.name, call.call_id, key[KEY_DIGEST], named))
         return TurnState(self.ledger, self._keyer, self.durable, self._resolved, awaiting, self._halt,
-                         plugin_states(self._dispatch, self.view))
+                         plugin_states(self._dispatch, self.view), self._token.lineage)
 
     def _continue_from(self, restored: TurnState) -> None:
         """Take back what a snapshot held beside the ledger (``Guard.resume``): the calls still
@@ -804,7 +816,8 @@ class Turn:
         to resume) and raises its ``SnapshotError``."""
         self._tracked = True
         ledger = restored.ledger
-        self._snapshot_ids = frozenset(i for i in (ledger.turn_id, ledger.resumed_from) if i is not None)
+        if restored.lineage is None:
+            self._snapshot_ids = frozenset(i for i in (ledger.turn_id, ledger.resumed_from) if i is not None)
         refused, failure = None, None
         with self._lock:
             stand_ins = {}
@@ -866,12 +879,12 @@ class Turn:
 
     def _adopt(self, call: ToolCall) -> bool:
         """Whether ``call`` is an object checked before the snapshot this turn resumed (this
-        process: its key is the snapshot's turn's, naming the check it named there) with checks
+        process: its key is a turn's of this lineage, naming the check it named there) with checks
         still waiting: then it takes their stand-ins' places and its key becomes this turn's,
         naming the same check, so its outcomes settle its checks in order, as had the turn never
         stopped (first outcome, first check)."""
         key: CallKey | None = call.key
-        if key is None or key[KEY_TOKEN] is None or key[KEY_TOKEN] is self._token:
+        if key is None or key[KEY_TOKEN] is self._token or not self._of_lineage(key[KEY_TOKEN]):
             return False
         named, awaiting, stand_ins = key[KEY_CHECK], self._awaiting, self._restored or {}
         own = [seq for seq, (its_named, stood) in stand_ins.items()

@@ -3,7 +3,9 @@
 ``turn.snapshot()`` returns plain JSON data (version 2):
 
 - ``turn``: the turn's identity (``turn_id``, ``conversation_id``, ``agent_name``, ``promptable``,
-  ``cohort``, ``durable``, ``elapsed_s``; ``resolved`` when a result was reported already);
+  ``cohort``, ``durable``, ``elapsed_s``; ``resolved`` when a result was reported already;
+  ``lineage``, 32 random hex digits drawn when the turn opened fresh, that every turn resumed
+  from it, fork or not, carries on: see ``TurnState.lineage``);
 - ``config``: the settings that decide verdicts, which the resuming guard must share;
 - ``keying`` (``process``, ``digest_key`` or ``turn``) and ``key_check``, a digest of a fixed
   call that tells whether the resuming guard keys calls the same way; ``turn_key``: a durable
@@ -37,7 +39,9 @@ the checks the streaks and cycle runs wait on calls ``awaiting`` lists); a bad o
 ``SnapshotError`` naming it. So is a snapshot of another configuration, one
 the keys do not match, or an unknown version. Version 1 snapshots (before ``plugins``,
 ``keying`` and ended streaks) still resume: their plugins' state starts afresh, which the
-resumed turn says (``TurnSummary.fresh_state``).
+resumed turn says (``TurnSummary.fresh_state``). A snapshot without ``turn.lineage`` (written
+before it, as every version 1 one) resumes as a lineage of its own that also counts as its
+lineage the turns of this process of the snapshot's ``turn_id`` (and of its ``resumed_from``).
 
 Extending version 2 (the format's rule, so that a version bump is needed only for a change of
 meaning): a field added later goes into a section (``turn``, ``facts``, ``plugins.<name>``), is
@@ -57,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -78,9 +83,9 @@ if TYPE_CHECKING:
 
 Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
 
-__all__ = ["KIND", "VERSION", "Lineage", "SnapshotError", "TurnState", "Waiting", "cohort_of", "deciding_settings",
-           "pending", "plugin_states", "read_verdict", "restore", "resume_plugins", "turn_snapshot", "verdict_data",
-           "write"]
+__all__ = ["KIND", "LINEAGE_SIZE", "VERSION", "Lineage", "SnapshotError", "TurnState", "Waiting", "cohort_of",
+           "deciding_settings", "new_lineage", "pending", "plugin_states", "read_verdict", "restore", "resume_plugins",
+           "turn_snapshot", "verdict_data", "write"]
 
 VERSION = 2
 READS = (1, 2)
@@ -102,6 +107,8 @@ MAX_EVENT_LIMIT = 2**63
 _PROBE_CALL = ("turnguard.snapshot", {"probe": 1})
 """A fixed call whose digest tells whether two keyers agree."""
 _ELAPSED_MAX = 1e10
+LINEAGE_SIZE = 16
+"""The bytes of a lineage marker (``TurnState.lineage``): random, so no two fresh turns share one."""
 _ACTIONS = {action.label: action for action in Action}
 _LEVELS = tuple(level.value for level in Level)
 
@@ -140,6 +147,17 @@ class TurnState:
     """The latched HALT."""
     plugins: dict[str, Any]
     """The plugins' per-turn state by plugin name (``plugin_states``)."""
+    lineage: bytes | None
+    """The marker the turn shares with every turn continuing the fresh turn it continues
+    (``new_lineage``: drawn when that one opened; each resume and fork carries it on), so a turn
+    resumed in the process where any of them checked calls knows their objects' keys for its own
+    checks', and no other turn's (a host may give unrelated turns one id). ``None``: read from a
+    snapshot written without one."""
+
+
+def new_lineage() -> bytes:
+    """A fresh turn's lineage marker (``TurnState.lineage``)."""
+    return secrets.token_bytes(LINEAGE_SIZE)
 
 
 def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) -> dict[str, Any]:
@@ -156,6 +174,8 @@ def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) 
     }
     if turn.resolved is not None:
         identity["resolved"] = turn.resolved
+    if turn.lineage is not None:
+        identity["lineage"] = turn.lineage.hex()
     data: dict[str, Any] = {
         "version": VERSION,
         "kind": KIND,
@@ -211,7 +231,7 @@ def restore(guard: Guard, state: Any) -> TurnState:
         guard.lineage.ended(turn_id, suspended=True)  # no turn took the id
         raise
     return TurnState(ledger, restored.keyer, identity["durable"], identity.get("resolved"), restored.awaiting,
-                     restored.halt, restored.plugins)
+                     restored.halt, restored.plugins, identity["lineage"])
 
 
 def pending(state: Any) -> Verdict | None:
@@ -376,6 +396,8 @@ def _identity(f: Fields, version: int) -> dict[str, Any]:
     resolved = f.get("resolved", None) if version >= 2 else None
     if resolved is not None:
         identity["resolved"] = st.boolean(f.at("resolved"), resolved)
+    lineage = f.get("lineage", None) if version >= 2 else None
+    identity["lineage"] = st.digest(f.at("lineage"), lineage, LINEAGE_SIZE, optional=True)
     f.done()
     return identity
 
