@@ -25,6 +25,8 @@ import turnguard as tg
 from test_resume_duplicate_reports import Duplicator, make_duplicating_script
 from test_resume_equivalence import CONFIGS, OUTCOMES, Bench, HeardOutcomes, Player, Script, make_benches
 
+MAX_MARKERS = 32
+"""``turnguard._snapshot.MAX_LINEAGE``."""
 WAYS = ("suspend", "fork", "sibling")
 """How a turn of the chain is cut: suspended and resumed (same id); snapshotted and resumed while
 it goes on (a fork, another id); suspended and resumed twice, the second resume playing on (a
@@ -248,35 +250,55 @@ def test_the_defects_case_a_same_id_turns_object_is_an_unknown_call(way, old_for
     assert turn.view.outcomes(tg.Outcome.ERROR) == 1
 
 
-def test_every_turn_of_a_chain_carries_the_first_turns_lineage_and_a_fresh_turn_its_own():
+def lineage_of(turn: tg.Turn) -> list[str]:
+    return turn.snapshot()["turn"]["lineage"]
+
+
+def test_a_resume_keeps_the_lineage_a_fork_adds_a_marker_and_a_fresh_turn_draws_its_own():
     guard, _ = lone_guard()
     first = guard.turn(durable=True)
-    lineage = first.snapshot()["turn"]["lineage"]
-    assert len(lineage) == 32 and int(lineage, 16) >= 0
+    lineage = lineage_of(first)
+    assert len(lineage) == 1 and len(lineage[0]) == 32 and int(lineage[0], 16) >= 0
     fork = guard.resume(first.snapshot())
+    assert lineage_of(fork)[:1] == lineage and len(lineage_of(fork)) == 2
     resumed = guard.resume(json.loads(json.dumps(fork.suspend())))
-    assert resumed.snapshot()["turn"]["lineage"] == lineage
-    assert guard.turn(durable=True).snapshot()["turn"]["lineage"] != lineage
+    assert lineage_of(resumed) == lineage_of(fork)
+    assert lineage_of(guard.turn(durable=True)) != lineage
     unmarked = guard.resume(without_lineage(resumed.suspend()))
-    assert unmarked.snapshot()["turn"]["lineage"] not in (lineage, None)
+    assert len(lineage_of(unmarked)) == 1 and lineage_of(unmarked)[0] not in lineage_of(resumed)
 
 
-@pytest.mark.parametrize("value", [None, "ab" * 16])
+def test_a_lineage_keeps_the_latest_markers_across_many_forks():
+    from turnguard._snapshot import MAX_LINEAGE
+
+    assert MAX_LINEAGE == MAX_MARKERS
+    guard, _ = lone_guard()
+    turn, markers = guard.turn(durable=True), []
+    for _ in range(MAX_LINEAGE + 3):
+        markers += lineage_of(turn)[-1:]
+        turn = guard.resume(turn.snapshot())
+    assert lineage_of(turn)[:-1] == markers[-(MAX_LINEAGE - 1):]
+
+
+@pytest.mark.parametrize("value", [None, ["ab" * 16], ["ab" * 16, "cd" * 16], ["ab" * 16] * MAX_MARKERS])
 def test_a_snapshot_may_carry_a_lineage_or_null(value):
     guard, _ = lone_guard()
     state = guard.turn(durable=True).suspend()
     state["turn"]["lineage"] = value
-    assert guard.resume(state).turn_id == state["turn"]["turn_id"]
+    resumed = guard.resume(state)
+    assert resumed.turn_id == state["turn"]["turn_id"]
+    assert lineage_of(resumed) == value or (value is None and len(lineage_of(resumed)) == 1)
 
 
-@pytest.mark.parametrize("value", ["ab" * 15, "zz" * 16, 7, "", ["ab" * 16]])
+@pytest.mark.parametrize("value", ["ab" * 16, [], ["ab" * 15], ["zz" * 16], 7, "", [None],
+                                   ["ab" * 16] * (MAX_MARKERS + 1)])
 def test_a_malformed_lineage_is_refused_naming_it(value):
     guard, _ = lone_guard()
     state = guard.turn(durable=True).suspend()
     state["turn"]["lineage"] = value
     with pytest.raises(tg.SnapshotError, match=r"turn\.lineage") as refused:
         guard.resume(state)
-    assert refused.value.field == "turn.lineage"
+    assert refused.value.field.startswith("turn.lineage")
 
 
 def test_a_version_1_snapshot_carries_no_lineage_and_one_that_says_one_is_refused():
@@ -286,8 +308,54 @@ def test_a_version_1_snapshot_carries_no_lineage_and_one_that_says_one_is_refuse
     from test_snapshot import guard as v1_guard
 
     state = json.loads(V1.read_text())
-    lineage = v1_guard().resume(json.loads(V1.read_text())).snapshot()["turn"]["lineage"]
-    assert len(lineage) == 32
+    lineage = lineage_of(v1_guard().resume(json.loads(V1.read_text())))
+    assert len(lineage) == 1
     state["turn"]["lineage"] = lineage
     with pytest.raises(tg.SnapshotError, match=r"turn\.lineage"):
         v1_guard().resume(state)
+
+
+def forks_objects(bench: Bench, script: Script, at: int, parent: tg.Turn | None) -> dict[int, tg.ToolCall]:
+    """The objects checked after op ``at`` by a turn that played ``script`` on from there: a fork of
+    ``parent`` (which played the ops before), or, with no parent, an unrelated turn that played
+    them all (the same checks, in the same states)."""
+    player = Duplicator(script)
+    if parent is None:
+        turn = bench.first.turn(durable=True)
+        player.play(turn, script.ops[:at])
+    else:
+        turn = bench.first.resume(json.loads(json.dumps(parent.snapshot())))
+    player.objects.clear()
+    later = {op[1] for op in script.ops[at:] if op[0] == "check"}
+    player.play(turn, [op for op in script.ops[at:] if op[0] not in ("outcome", "copy") or op[1] in later])
+    turn.suspend()
+    return player.objects
+
+
+def parents_reports(bench: Bench, script: Script, at: int, forked: bool) -> list[tuple[Any, ...]]:
+    """What a turn that went on after op ``at`` gave, reports of the other turn's objects mixed in."""
+    strangers_script = with_strangers(script, at)
+    later = {op[1] for op in script.ops[at:] if op[0] == "check"}
+    ops = [op for op in strangers_script.ops if op[0] != "stranger" or op[1] in later]
+    player = Duplicator(script)
+    turn = bench.first.turn(durable=True)
+    player.play(turn, ops[:at])
+    strangers = forks_objects(bench, script, at, turn if forked else None)
+    bench.heard.said.clear()
+    stranger = Stranger(script, strangers)
+    stranger.objects = player.objects
+    stranger.play(turn, [op for op in ops[at:] if op[0] != "stranger" or op[1] in strangers])
+    turn.end()
+    return stranger.out + bench.heard.said
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("seed", range(4))
+def test_a_turn_that_went_on_does_not_take_its_forks_objects_for_its_own(benches, config, seed):
+    """A fork's objects reported to the turn it was forked from, which went on, are what an
+    unrelated turn's would be there (unknown calls, or the settling of a call with their
+    ``call_id``), wherever the fork was made: a fork continues its parent, not the other way."""
+    script = make_duplicating_script(seed * 23 + (config == "probe"))
+    bench = benches[config]
+    for at in range(len(script.ops) + 1):
+        assert parents_reports(bench, script, at, True) == parents_reports(bench, script, at, False), at

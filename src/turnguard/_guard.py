@@ -301,13 +301,12 @@ class RecordOutcome(Protocol):
 
 @dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class KeyToken:
-    """What marks the keys a turn stored on its calls: the turn's lineage and id only, so a plugin
-    holding a call reaches no part of the turn through it, and a turn resumed in this process
-    from any snapshot of its lineage knows its keys (``Turn._of_lineage``). Compared by identity
-    for the turn's own keys."""
+    """What marks the keys a turn stored on its calls: the turn's marker and id only, so a plugin
+    holding a call reaches no part of the turn through it, and a turn that continues it in this
+    process knows its keys (``Turn._of_lineage``). Compared by identity for the turn's own keys."""
 
-    lineage: bytes
-    """``TurnState.lineage``: shared by every turn continuing one fresh turn."""
+    marker: bytes
+    """The turn's own marker, the last of its ``TurnState.lineage``."""
     turn_id: str
 
 
@@ -346,9 +345,8 @@ class Turn:
         self._acquire, self._release = self._lock.acquire, self._lock.release
         self._halt: Verdict | None = guard.setup_failed
         self._ended: TurnSummary | None = None
-        lineage = restored.lineage if restored is not None else None
-        self._token = KeyToken(lineage or new_lineage(), ledger.turn_id)
-        """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``)."""
+        self._lineage = lineage = restored.lineage if restored is not None and restored.lineage else new_lineage()
+        self._token = KeyToken(lineage[-1], ledger.turn_id)
         self._awaiting: dict[int, ToolCall] = {}
         """Checked calls without an outcome yet, by sequence number (in check order)."""
         self._reused = False
@@ -585,7 +583,7 @@ class Turn:
 
     def _names_check(self, key: CallKey | None) -> TypeGuard[CallKey]:
         """Whether ``key`` names a check this turn counted (not one refused after its HALT). A key
-        another turn of its lineage stored (this process: its objects) names one too: in a resumed
+        a turn this one continues stored (this process: its objects) names one too: in a resumed
         turn that turn's checks are this one's, so its objects' second reports are duplicates here
         as there, never reports of other calls sharing their ``call_id`` (``_claim``)."""
         if key is None or key[KEY_CHECK] == NO_CHECK:
@@ -594,11 +592,12 @@ class Turn:
         return token is self._token or self._of_lineage(token)
 
     def _of_lineage(self, token: object) -> bool:
-        """Whether a key's token is another turn's of this turn's lineage (``TurnState.lineage``):
-        one this turn continues, or that continues the turn this one does (a fork), whose objects
-        name checks of this turn. After a snapshot without a lineage: the snapshot's turn's (its
-        id or ``resumed_from``), as before lineages were written."""
-        return type(token) is KeyToken and (token.lineage == self._token.lineage or token.turn_id in self._snapshot_ids)
+        """Whether a key's token is that of a turn this one continues (``TurnState.lineage``: its
+        snapshots' turns, along every resume and fork; a turn continued under one id shares its
+        marker), whose objects' checks are this turn's; never an unrelated turn's of the same id,
+        nor a fork's of this one. After a snapshot without a lineage: the snapshot's turn's (its id
+        or ``resumed_from``), as before lineages were written."""
+        return type(token) is KeyToken and (token.marker in self._lineage or token.turn_id in self._snapshot_ids)
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
@@ -738,6 +737,10 @@ class Turn:
         return self._result_token
 
     _result_token: str | None = None
+    _lineage: tuple[bytes, ...]
+    """The markers of the turns this one continues, its own last (``TurnState.lineage``)."""
+    _token: KeyToken
+    """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``)."""
     _snapshot_ids: frozenset[str] = frozenset()
     """A turn resumed from a snapshot without a lineage: the ids of the turns whose keys name checks
     of this one (the snapshot's turn's, in this process: ``_of_lineage``)."""
@@ -807,7 +810,7 @@ class Turn:
                 named = key[KEY_CHECK] if key[KEY_TOKEN] is self._token else seq
             awaiting.append(Waiting(seq, call.name, call.call_id, key[KEY_DIGEST], named))
         return TurnState(self.ledger, self._keyer, self.durable, self._resolved, awaiting, self._halt,
-                         plugin_states(self._dispatch, self.view), self._token.lineage)
+                         plugin_states(self._dispatch, self.view), self._lineage)
 
     def _continue_from(self, restored: TurnState) -> None:
         """Take back what a snapshot held beside the ledger (``Guard.resume``): the calls still

@@ -4,8 +4,8 @@
 
 - ``turn``: the turn's identity (``turn_id``, ``conversation_id``, ``agent_name``, ``promptable``,
   ``cohort``, ``durable``, ``elapsed_s``; ``resolved`` when a result was reported already;
-  ``lineage``, 32 random hex digits drawn when the turn opened fresh, that every turn resumed
-  from it, fork or not, carries on: see ``TurnState.lineage``);
+  ``lineage``, the turn's markers, 32 random hex digits each: its own, drawn when it opened fresh
+  or was forked, after those of the turns it was forked from; see ``TurnState.lineage``);
 - ``config``: the settings that decide verdicts, which the resuming guard must share;
 - ``keying`` (``process``, ``digest_key`` or ``turn``) and ``key_check``, a digest of a fixed
   call that tells whether the resuming guard keys calls the same way; ``turn_key``: a durable
@@ -40,8 +40,8 @@ the checks the streaks and cycle runs wait on calls ``awaiting`` lists); a bad o
 the keys do not match, or an unknown version. Version 1 snapshots (before ``plugins``,
 ``keying`` and ended streaks) still resume: their plugins' state starts afresh, which the
 resumed turn says (``TurnSummary.fresh_state``). A snapshot without ``turn.lineage`` (written
-before it, as every version 1 one) resumes as a lineage of its own that also counts as its
-lineage the turns of this process of the snapshot's ``turn_id`` (and of its ``resumed_from``).
+before it, as every version 1 one) resumes under a marker of its own, and counts as the turns
+it continues those of this process of the snapshot's ``turn_id`` (and of its ``resumed_from``).
 
 Extending version 2 (the format's rule, so that a version bump is needed only for a change of
 meaning): a field added later goes into a section (``turn``, ``facts``, ``plugins.<name>``), is
@@ -83,9 +83,9 @@ if TYPE_CHECKING:
 
 Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
 
-__all__ = ["KIND", "LINEAGE_SIZE", "VERSION", "Lineage", "SnapshotError", "TurnState", "Waiting", "cohort_of",
-           "deciding_settings", "new_lineage", "pending", "plugin_states", "read_verdict", "restore", "resume_plugins",
-           "turn_snapshot", "verdict_data", "write"]
+__all__ = ["KIND", "LINEAGE_SIZE", "MAX_LINEAGE", "VERSION", "Lineage", "SnapshotError", "TurnState", "Waiting",
+           "cohort_of", "deciding_settings", "new_lineage", "pending", "plugin_states", "read_verdict", "restore",
+           "resume_plugins", "turn_snapshot", "verdict_data", "write"]
 
 VERSION = 2
 READS = (1, 2)
@@ -108,7 +108,10 @@ _PROBE_CALL = ("turnguard.snapshot", {"probe": 1})
 """A fixed call whose digest tells whether two keyers agree."""
 _ELAPSED_MAX = 1e10
 LINEAGE_SIZE = 16
-"""The bytes of a lineage marker (``TurnState.lineage``): random, so no two fresh turns share one."""
+"""The bytes of a lineage marker (``TurnState.lineage``): random, so no two turns draw one alike."""
+MAX_LINEAGE = 32
+"""The most markers a lineage keeps: a fork's beyond, the oldest is dropped (its turn's objects,
+that many forks back, are then no longer known as the turn's own)."""
 _ACTIONS = {action.label: action for action in Action}
 _LEVELS = tuple(level.value for level in Level)
 
@@ -147,17 +150,19 @@ class TurnState:
     """The latched HALT."""
     plugins: dict[str, Any]
     """The plugins' per-turn state by plugin name (``plugin_states``)."""
-    lineage: bytes | None
-    """The marker the turn shares with every turn continuing the fresh turn it continues
-    (``new_lineage``: drawn when that one opened; each resume and fork carries it on), so a turn
-    resumed in the process where any of them checked calls knows their objects' keys for its own
-    checks', and no other turn's (a host may give unrelated turns one id). ``None``: read from a
-    snapshot written without one."""
+    lineage: tuple[bytes, ...] | None
+    """The markers of the turns this one continues, its own last (``new_lineage``): a turn opened
+    fresh draws one, a resume under the snapshot's id (its turn put aside) keeps the snapshot's,
+    a fork (``resumed_from``) adds one of its own. A turn in the process where the turns it
+    continues checked calls knows their objects' keys as naming its own checks, and no other
+    turn's: not an unrelated one's of the same id, nor a fork's. ``None``: read from a snapshot
+    written without one."""
 
 
-def new_lineage() -> bytes:
-    """A fresh turn's lineage marker (``TurnState.lineage``)."""
-    return secrets.token_bytes(LINEAGE_SIZE)
+def new_lineage(continued: tuple[bytes, ...] = ()) -> tuple[bytes, ...]:
+    """The lineage of a turn opened fresh, or of a fork of one whose lineage is ``continued``: a
+    marker of its own after those (``TurnState.lineage``)."""
+    return (*continued[1 - MAX_LINEAGE:], secrets.token_bytes(LINEAGE_SIZE))
 
 
 def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) -> dict[str, Any]:
@@ -175,7 +180,7 @@ def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) 
     if turn.resolved is not None:
         identity["resolved"] = turn.resolved
     if turn.lineage is not None:
-        identity["lineage"] = turn.lineage.hex()
+        identity["lineage"] = [marker.hex() for marker in turn.lineage]
     data: dict[str, Any] = {
         "version": VERSION,
         "kind": KIND,
@@ -230,8 +235,11 @@ def restore(guard: Guard, state: Any) -> TurnState:
     except SnapshotError:
         guard.lineage.ended(turn_id, suspended=True)  # no turn took the id
         raise
+    lineage = identity["lineage"]
+    if lineage is not None and resumed_from is not None:
+        lineage = new_lineage(lineage)
     return TurnState(ledger, restored.keyer, identity["durable"], identity.get("resolved"), restored.awaiting,
-                     restored.halt, restored.plugins, identity["lineage"])
+                     restored.halt, restored.plugins, lineage)
 
 
 def pending(state: Any) -> Verdict | None:
@@ -396,10 +404,19 @@ def _identity(f: Fields, version: int) -> dict[str, Any]:
     resolved = f.get("resolved", None) if version >= 2 else None
     if resolved is not None:
         identity["resolved"] = st.boolean(f.at("resolved"), resolved)
-    lineage = f.get("lineage", None) if version >= 2 else None
-    identity["lineage"] = st.digest(f.at("lineage"), lineage, LINEAGE_SIZE, optional=True)
+    identity["lineage"] = _lineage(f) if version >= 2 else None
     f.done()
     return identity
+
+
+def _lineage(f: Fields) -> tuple[bytes, ...] | None:
+    """``turn.lineage``: 1 to ``MAX_LINEAGE`` markers, or ``None`` when absent (or null)."""
+    if f.get("lineage", None) is None:
+        return None
+    markers = f.items("lineage", MAX_LINEAGE)
+    if not markers:
+        st.refuse(f.at("lineage"), f"an array of 1 to {MAX_LINEAGE} markers", markers)
+    return tuple(st.digest(f"{f.at('lineage')}[{i}]", marker, LINEAGE_SIZE) for i, marker in enumerate(markers))
 
 
 def _awaiting(f: Fields, seq: int) -> list[Waiting]:
