@@ -526,7 +526,8 @@ def _frontier_table(panel: int, kinds_by_key: dict[str, _Kind], rows: dict[str, 
         f"Per value of {_listed([k[1] for k in kinds], 'or')}: the probe turns it would halt, by fate{rule}, and "
         f"panel 41's frontier: the upper bound of the productive share among them (the {CENSORED} counted as not "
         "productive, the cut as productive; the exact binomial bound 1 - 0.025^(1/N) with neither) and whether it "
-        f"is under the Tolerance variable (calibrate recommends the smallest such value above {first}). {more}")
+        f"is under the Tolerance variable (calibrate recommends the smallest such value above {first}, and keeps a "
+        f"live value at {first} that is one). {more}")
     columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
                for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
     return table_panel(panel, title, description, "value", columns, {SEEN_HIGH: "percentunit"}, width=24,

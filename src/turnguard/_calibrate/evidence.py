@@ -8,7 +8,8 @@ calls they made past it. All are bounded histograms or counters, so partial runs
 The frontier: a ``Ladder`` counts the probe turns by *reach* (the largest value of a threshold
 that would still halt them) and fate; a value's productive share among the turns at risk has a
 95% interval (Wilson, or the exact bound with none productive), and the recommended value is the
-smallest above 1 whose upper bound is below ``--tolerance``."""
+smallest above the ladder's first step, or the live value itself, whose upper bound is below
+``--tolerance``."""
 
 from __future__ import annotations
 
@@ -542,8 +543,9 @@ class Frontier:
         return self.rungs[value // self.unit - 1]
 
     def settable(self, r: Rung) -> bool:
-        """Whether ``r`` is a value calibrate would recommend (above one unit: D = 1 or a backstop of
-        1x is no loop guard), or the live one: the others are the ladder's bottom, never judged or shown."""
+        """Whether ``r`` is a value calibrate would recommend: above one unit (D = 1 or a backstop of
+        1x is no loop guard to move to), or the live one, which the operator runs and may keep. The
+        others are the ladder's bottom, never recommended, judged or shown."""
         return r.value > self.unit or r.value == self.live
 
     def shown(self) -> list[Rung]:
@@ -605,8 +607,9 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
             decision = "within" if high < tolerance else "above" if low > tolerance else "undecided"
         rungs.append(Rung(v, n, fates["resolved"], fates["unknown"], low, high, extra, scale.share(extra), decision,
                           fates["censored"], fates["cut"]))
-    recommended = next((r.value for r in rungs if r.decision == "within" and r.value > unit), None)
-    f = Frontier(threshold, SETTINGS[threshold], live, recommended, tuple(rungs), "", horizon, unit)
+    f = Frontier(threshold, SETTINGS[threshold], live, None, tuple(rungs), "", horizon, unit)
+    recommended = next((r.value for r in rungs if r.decision == "within" and f.settable(r)), None)
+    f = dataclasses.replace(f, recommended=recommended)
     return dataclasses.replace(f, sentence=sentence(f, tolerance))
 
 
@@ -664,7 +667,7 @@ def _bound(r: Rung) -> str:
 
 def sentence(f: Frontier, tolerance: float) -> str:
     """The frontier in one plain sentence."""
-    if not any(r.at_risk and r.value > f.unit for r in f.rungs):
+    if not any(r.at_risk and f.settable(r) for r in f.rungs):
         return (f"{f.setting}: no probe turn with a known fate would be halted by any value of it: nothing to "
                 "recommend yet.")
     if f.recommended is not None:
@@ -690,7 +693,7 @@ def _recommended(f: Frontier, r: Rung) -> str:
 def _none_within(f: Frontier, tolerance: float) -> str:
     """Why no value is within the tolerance, and what would make one."""
     name, t = f.setting, f.threshold
-    judged = [r for r in f.rungs if r.at_risk and r.decision != "past_cap" and r.value > f.unit]
+    judged = [r for r in f.rungs if r.at_risk and r.decision != "past_cap" and f.settable(r)]
     if not judged:
         cap = f" ({_value_text(t, f.horizon)})" if f.horizon else ""
         return (f"{name}: no value below the probe's own limit{cap} has a probe turn at risk: raise the probe's "
