@@ -38,6 +38,7 @@ from turnguard._calibrate.records import (
     turn_id_text,
     waiting_calls_limit,
 )
+from turnguard._guard import SUSPENDED
 from turnguard._model import MAX_ID_LENGTH, Action, Outcome
 from turnguard._probe import COHORTS
 from turnguard.telemetry import _names as names
@@ -931,11 +932,16 @@ def _short_or_none(value: Any) -> str | None:
 
 def span_ended_by(attrs: dict[str, Any]) -> str | None:
     """What ended the turn, as a recorder line says it: the threshold that halted it
-    (``turnguard.loop.threshold``), else the reason it ended (``turnguard.turn.outcome``)."""
+    (``turnguard.loop.threshold``), else the reason it ended (``turnguard.turn.outcome``). A span
+    ending a part put aside (``suspended``) says so whatever halt the turn had latched: the part is
+    not a turn, and the span of the part that ends the turn says how it ended."""
+    outcome = _short_or_none(attrs.get(names.TURN_OUTCOME))
+    if outcome == SUSPENDED:
+        return outcome
     threshold = _short_or_none(attrs.get(names.LOOP_THRESHOLD))
     if threshold and threshold != names.NO_THRESHOLD:
         return threshold
-    return _short_or_none(attrs.get(names.TURN_OUTCOME))
+    return outcome
 
 
 SPAN_LIMITS = (("soft_cap", names.LOOP_SOFT_CAP), ("hard_cap", names.LOOP_HARD_CAP),
