@@ -176,7 +176,7 @@ def _caught(rng: random.Random, larger: int, smaller: int, shared: int) -> bool:
     for part in parts:
         prints = TurnPrints()
         for turn_id in part:
-            prints.add(SimpleNamespace(id=turn_id))  # type: ignore[arg-type]
+            prints.add(SimpleNamespace(id=turn_id, in_part=False))  # type: ignore[arg-type]
         sketches.append(SimpleNamespace(sketch=prints.sketch()))
     counted: dict[str, str] = {}
     cli._refuse_overlap(sketches[0], "a.json", counted)

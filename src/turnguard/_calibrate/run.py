@@ -100,18 +100,20 @@ def calibrate(
         progress.close()
     repeated = stats.prints.repeated()
     if repeated:
-        stats = _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated)
+        stats = _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated,
+                                 stats.prints.parts)
     stats.problems = counted.count
     stats.inputs = [shown(p) for p in paths]
     stats.tolerance, stats.probe_rate = tolerance, probe_rate
     return stats
 
 
-def _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated) -> RunStats:
+def _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, repeated, parts) -> RunStats:
     """The run again, serially, each repeated turn counted once (``duplicates.Admission``): its
     input problems were reported by the first run, only the repeats' are new."""
     quiet = _Counter(lambda problem: None, strict=False)
-    admit = Admission(repeated, differing(read_turns(paths, quiet, max_line_bytes=max_line_bytes), repeated), counted)
+    admit = Admission(differing(lambda: read_turns(paths, quiet, max_line_bytes=max_line_bytes), repeated, parts),
+                      counted)
     with rare_collections():
         results = late_results(paths, quiet, max_line_bytes=max_line_bytes)
         stats = _serial(paths, sizes, policies, quiet, group, Progress(0, enabled=False), max_line_bytes, results,
