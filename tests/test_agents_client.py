@@ -4,9 +4,11 @@ own. Whatever answers, the answer and the session's state are the same."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -209,3 +211,124 @@ def test_the_clients_agents_are_the_hooks() -> None:
     from turnguard.agents.hook import PROTOCOLS
 
     assert tuple(PROTOCOLS) == client.AGENTS
+
+
+# -- a wedged server ---------------------------------------------------------------------------------
+
+HOLDER = """
+import fcntl, os, socket, sys, time
+path = os.environ["TG_SOCKET"]
+lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(lock, fcntl.LOCK_EX)
+os.ftruncate(lock, 0)
+os.pwrite(lock, os.environ.get("TG_WRITTEN", str(os.getpid())).encode(), 0)
+if os.path.exists(path):
+    os.unlink(path)
+listening = socket.socket(socket.AF_UNIX)
+listening.bind(path)
+listening.listen(64)
+print("ready", flush=True)
+time.sleep(600)
+"""
+"""A process that holds a server's lock and socket and never accepts: with the socket's path among
+its arguments (as ``python -m turnguard.agents serve PATH``) it is a wedged server; without, it is
+some other process the client must leave alone. ``TG_WRITTEN``: what it writes in the lock file."""
+
+
+def hold(path: Path, env: dict[str, str], names_socket: bool, written: str | None = None) -> subprocess.Popen[bytes]:
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    extra = {"TG_SOCKET": str(path), **({"TG_WRITTEN": written} if written is not None else {})}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, *([str(path)] if names_socket else [])],
+                              env={**env, **extra}, stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+    return holder
+
+
+def stopped_server(path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The real server, stopped (``SIGSTOP``) between events: it holds its lock and never answers."""
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    server = subprocess.Popen([sys.executable, "-m", "turnguard.agents", "serve", str(path)], env=env)
+    lock = Path(f"{path}.lock")
+    deadline = time.monotonic() + 60
+    while not (path.exists() and lock.exists() and lock.read_text() == str(server.pid)):
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    os.kill(server.pid, signal.SIGSTOP)
+    return server
+
+
+def ask_within(data: bytes, env: dict[str, str], wait_s: float, *,
+               fallback: bool = True) -> subprocess.CompletedProcess[bytes]:
+    """The installed client with its wait for the server set to ``wait_s``; ``fallback=False``:
+    it exits 99 where it would answer in a process of its own (so 0 means the server answered)."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(client.__file__).parent)!r}); import client; "
+            f"client.ANSWER_TIMEOUT_S = {wait_s}; "
+            + ("" if fallback else "client.answer_here = lambda argv, event: (99, b'', b'answered here'); ")
+            + "raise SystemExit(client.main(['claude-code']))")
+    return subprocess.run([sys.executable, "-S", "-c", code], input=data, env=env, capture_output=True,
+                          timeout=120, check=False)
+
+
+def end_servers_of(path: Path) -> None:
+    """End the servers of ``path`` the clients started in a test (each names the test's own socket)."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if entry.name.isdigit() and str(path).encode() in (entry / "cmdline").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("wedge", ["stopped", "never accepts"])
+def test_a_wedged_server_is_ended_and_replaced_so_only_one_event_waits_for_it(wedge: str,
+                                                                            env: dict[str, str]) -> None:
+    path = socket_of(env)
+    wedged = stopped_server(path, env) if wedge == "stopped" else hold(path, env, names_socket=True)
+    try:
+        first = ask_within(event("UserPromptSubmit"), env, 1.0)
+        assert first.returncode == 0 and json.loads(first.stdout) == {}, first
+        assert wedged.wait(timeout=30) == -signal.SIGKILL, "the wedged server was ended"
+        answers = []
+        for i in range(8):  # every later event answered by the new server, none in a process of its own
+            assert ask_within(event("PreToolUse", i), env, 60.0, fallback=False).returncode == 0
+            done = ask_within(event("PostToolUseFailure", i), env, 60.0, fallback=False)
+            assert done.returncode == 0, done
+            answers.append(json.loads(done.stdout))
+        assert answers[:7] == [{}] * 7 and answers[7]["decision"] == "block"  # counted as ever
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            wedged.kill()
+        wedged.wait()
+        end_servers_of(path)
+
+
+@pytest.mark.parametrize("written", ["own", "another process", "", "garbage", "1", "-1", "99999999"])
+def test_a_lock_holder_that_is_not_a_server_of_the_socket_is_never_ended(written: str, env: dict[str, str]) -> None:
+    """Whatever its lock file says, a process that does not name the socket is left alone; the
+    event is answered all the same."""
+    path = socket_of(env)
+    bystander = subprocess.Popen(["sleep", "600"])
+    text = {"own": None, "another process": str(bystander.pid)}.get(written, written)
+    holder = hold(path, env, names_socket=False, written=text)
+    try:
+        answered = [ask_within(event(name), env, 0.5) for name in ("UserPromptSubmit", "PreToolUse")]
+        assert all(done.returncode == 0 and json.loads(done.stdout) == {} for done in answered), answered
+        assert holder.poll() is None and bystander.poll() is None, "nothing but a wedged server is ended"
+    finally:
+        for process in (holder, bystander):
+            process.kill()
+            process.wait()
+        end_servers_of(path)
+
+
+def test_a_lock_file_left_by_a_dead_server_ends_nothing(env: dict[str, str]) -> None:
+    """A server gone (no process holds its lock) is not ended again, whatever process has its old id
+    now, even one naming the socket."""
+    path = socket_of(env)
+    path.parent.mkdir(mode=0o700)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(path)])
+    Path(f"{path}.lock").write_text(str(bystander.pid))
+    try:
+        client.end_wedged_server(str(path))
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -12,7 +12,9 @@ without events; its death loses nothing.
 
 When the server cannot answer (not started yet, gone, too slow, or broken), this event is
 answered by ``python -m turnguard hook AGENT`` in a process of its own, and a server is started
-for the next ones: every event gets turnguard's answer either way.
+for the next ones: every event gets turnguard's answer either way. A server that let an event wait
+``ANSWER_TIMEOUT_S`` is wedged, and is ended first (``end_wedged_server``): else it would make
+every later event wait as long.
 """
 
 from __future__ import annotations
@@ -184,6 +186,68 @@ def start_server(path: str) -> None:
         pass
 
 
+def end_wedged_server(path: str) -> None:
+    """End the server that holds ``path``'s lock after it let an event wait ``ANSWER_TIMEOUT_S``
+    (stopped, deadlocked): it keeps nothing, and while it lives it holds every later event as
+    long, the socket's lock (no other server can start) and any session lock it took. It is
+    ended only while it holds the lock and is the process ``serve`` wrote there; returns once
+    its lock is free (or after ``END_WAIT_S``), so that the server started next can take it."""
+    import fcntl
+    import signal
+    import time
+
+    try:
+        fd = os.open(path + ".lock", os.O_RDWR)
+    except OSError:
+        return
+    try:
+        if _lock_free(fcntl, fd):
+            return
+        try:
+            pid = int(os.pread(fd, 32, 0).decode("ascii") or "0")
+        except (OSError, ValueError):
+            return
+        if pid <= 1 or pid == os.getpid() or not _serves(pid, path):
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            return
+        for _ in range(int(END_WAIT_S / 0.01)):
+            if _lock_free(fcntl, fd):
+                return
+            time.sleep(0.01)
+    finally:
+        os.close(fd)
+
+
+END_WAIT_S = 2.0
+"""How long the client waits for an ended server's lock to be freed."""
+
+
+def _lock_free(fcntl: Any, fd: int) -> bool:
+    """Whether no process holds the lock on ``fd`` (taken and given back at once to tell)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def _serves(pid: int, path: str) -> bool:
+    """Whether process ``pid`` is a server of ``path``: its command line names the socket, where
+    the system shows it (``/proc``); elsewhere the lock's holder is taken at its word."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            arguments = f.read().split(b"\0")
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")
+    except OSError:
+        return False
+    return os.fsencode(path) in arguments
+
+
 def answer_here(argv: list[str], event: bytes) -> Answer:
     """The answer of ``python -m turnguard hook ARGV`` (the agent) run for this event alone."""
     import subprocess
@@ -201,6 +265,10 @@ def main(argv: list[str]) -> int:
         path = socket_path()
         try:
             code, stdout, stderr = ask_server(path, argv[0], event)
+        except TimeoutError:
+            end_wedged_server(path)
+            start_server(path)
+            code, stdout, stderr = answer_here(argv, event)
         except (OSError, ValueError):
             start_server(path)
             code, stdout, stderr = answer_here(argv, event)

@@ -9,7 +9,8 @@ reads its own configuration and state directory). The server keeps nothing a ses
 state is in the session's file, under the session's lock, as for the in-process hook, so its
 death loses nothing. What it remembers (``hook.Memo``: each folder's settings, the state it last
 wrote to each session's file) it uses only while the files it came from are unchanged. One
-server per socket (a lock beside it); it exits after ``IDLE_S`` without events.
+server per socket (a lock beside it, which holds its process id); it exits after ``IDLE_S``
+without events, or is ended by a client it let wait too long (``client.end_wedged_server``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def serve(path: str, idle_s: float = IDLE_S) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, str(os.getpid()).encode("ascii"), 0)  # (a client ends a wedged server by it)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a dead server's socket
     with Server(path) as server:
