@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import turnguard
+
 AGENTS: tuple[str, ...] = ("claude-code", "codex", "gemini")
 SHELL_TOOL = {"claude-code": "Bash", "codex": "Bash", "gemini": "run_shell_command"}
 """The shell tool's name as each agent's hooks see it."""
@@ -44,7 +46,8 @@ TIMEOUT_S = 60.0
 
 def hook_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of one test's hooks: a state directory and a recorder of its own, nothing
-    inherited but ``PATH`` (no ``OTEL_*``, no ``TURNGUARD_*`` of the machine). Entry-point plugins
+    inherited but ``PATH`` (no ``OTEL_*``, no ``TURNGUARD_*`` of the machine), and the processes
+    it starts (an exporter, a server) import the turnguard under test. Entry-point plugins
     are not scanned (``TURNGUARD_LOAD_PLUGINS=0``): none is installed here, so the verdicts are the
     same, and the scan is most of an in-process event's cost."""
     env = {
@@ -54,6 +57,7 @@ def hook_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "TURNGUARD_STATE_DIR": str(tmp_path / "state"),
         "TURNGUARD_RECORDER_PATH": str(tmp_path / "turns.jsonl"),
         "TURNGUARD_LOAD_PLUGINS": "0",
+        "PYTHONPATH": str(Path(turnguard.__file__).parents[1]),
     }
     env.update(extra)
     return env

@@ -948,6 +948,42 @@ def test_a_session_whose_state_cannot_resume_is_guarded_again_from_the_next_turn
     assert fail_until_halted(s) == (4 if how == "another configuration" else STOP_AT)
 
 
+SETTINGS_EDITS: list[tuple[str, str | None, int, int]] = [
+    ("", "streak_warn_at = 3\nstreak_stop_at = 4\n", STOP_AT, 4),
+    ("streak_warn_at = 3\nstreak_stop_at = 4\n", "", 4, STOP_AT),
+    ("streak_warn_at = 3\nstreak_stop_at = 4\n", None, 4, STOP_AT),
+    ("streak_warn_at = 3\nstreak_stop_at = 4\n", "streak_warn_at = 5\nstreak_stop_at = 6\nsoft_cap = 50\n", 4, 6),
+]
+"""``turnguard.toml`` before and after an edit (``None``: removed), and the call that halts the
+turn open across the edit, and the next turn."""
+
+
+@pytest.mark.parametrize(("before", "after", "open_halts", "next_halts"), SETTINGS_EDITS)
+@pytest.mark.parametrize("agent", AGENTS)
+def test_settings_edited_in_the_middle_of_a_turn_apply_from_the_next_turn_and_lose_no_call(
+        agent: str, before: str, after: str | None, open_halts: int, next_halts: int, live_env: dict[str, str],
+        tmp_path: Path) -> None:
+    s = Session(agent, live_env, tmp_path)
+    settings = s.events.project / "turnguard.toml"
+    settings.write_text(before)
+    s.start()
+    for _ in range(2):
+        assert all(is_allow(a) for a in s.call("make test", failed=True).answers())
+    if after is None:
+        settings.unlink()
+    else:
+        settings.write_text(after)
+    assert 2 + fail_until_halted(s) == open_halts, "the open turn goes on under the settings it opened with"
+    assert s.tool_calls() == open_halts
+    s.start()
+    assert fail_until_halted(s) == next_halts
+    s.finish()
+    wait_for_export(live_env)
+    calls = sorted(turn["tool_calls"] for turn in recorded(live_env))  # (two exporters may write in either order)
+    assert calls == sorted([open_halts, next_halts]), "each turn recorded whole, once"
+    assert not errors_logged(live_env)
+
+
 WRONG_VALUES: list[Any] = [None, "x", 5, -1, True, 1e308, [], [[]], {}, {"a": 1}]
 
 

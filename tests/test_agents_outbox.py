@@ -220,3 +220,30 @@ def test_the_outbox_keeps_the_newest_journals_up_to_its_limit(env, tmp_path, mon
 
 def test_the_exporters_queues_hold_a_whole_journal() -> None:
     assert export.REPLAY_QUEUE > hook.MAX_JOURNAL
+
+
+STREAK_4 = "streak_warn_at = 3\nstreak_stop_at = 4\n"
+
+
+@pytest.mark.parametrize(("before", "after"), [(STREAK_4, ""), ("", STREAK_4), (STREAK_4, None)])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_journal_is_replayed_under_the_settings_its_turn_was_decided_under(
+        agent: str, before: str, after: str | None, env: dict[str, str], tmp_path: Path) -> None:
+    """``turnguard.toml`` edited (``None``: removed) after the turn ended, before its export: the
+    recorder says what the hooks did."""
+    s = Session(agent, env, tmp_path)
+    settings = s.events.project / "turnguard.toml"
+    settings.write_text(before)
+    s.start()
+    for _ in range(10):
+        s.call("make test", failed=True)
+    live = s.snapshot()["turn"]["facts"]["tool_calls"]
+    s.finish()
+    if after is None:
+        settings.unlink()
+    else:
+        settings.write_text(after)
+    subprocess.run([sys.executable, "-m", "turnguard.agents.export"], env=env, capture_output=True,
+                   timeout=TIMEOUT_S, check=True)
+    [turn] = recorded(env)
+    assert turn["tool_calls"] == live == (4 if before else 8), turn

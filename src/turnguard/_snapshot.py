@@ -84,8 +84,8 @@ if TYPE_CHECKING:
 Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
 
 __all__ = ["KIND", "LINEAGE_SIZE", "MAX_LINEAGE", "VERSION", "Lineage", "SnapshotError", "TurnState", "Waiting",
-           "cohort_of", "deciding_settings", "new_lineage", "pending", "plugin_states", "read_verdict", "restore",
-           "resume_plugins", "turn_snapshot", "verdict_data", "write"]
+           "cohort_of", "decided_config", "deciding_settings", "new_lineage", "pending", "plugin_states",
+           "read_verdict", "restore", "resume_plugins", "turn_snapshot", "verdict_data", "write"]
 
 VERSION = 2
 READS = (1, 2)
@@ -253,6 +253,26 @@ def deciding_settings(config: GuardConfig) -> dict[str, Any]:
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in NOT_DECIDING}
     values["cap_mode"] = config.cap_mode  # whether the cap was set explicitly changes its semantics
     return {name: list(v) if isinstance(v, tuple) else v for name, v in values.items()}
+
+
+def decided_config(config: GuardConfig, settings: Any) -> GuardConfig:
+    """``config`` with the deciding settings a snapshot was taken under (``deciding_settings``'
+    values; one it does not name at its default): a turn resumed under it decides as it did,
+    whatever the configuration became since. ``SnapshotError`` when they are not settings this
+    version can take."""
+    from turnguard._config import ConfigError
+
+    ours = deciding_settings(config)
+    if not isinstance(settings, Mapping) or not set(settings) <= set(ours):
+        raise SnapshotError(f"the snapshot's settings are not this version's: {st.shown(settings)}", "config")
+    changes = {k: v for k, v in {**_DEFAULTS, **settings}.items() if k in ours and k != "cap_mode"}
+    try:
+        decided = config.replace(**changes)
+    except (ConfigError, TypeError) as exc:
+        raise SnapshotError(f"the snapshot's settings cannot be taken: {exc}", "config") from None
+    if settings.get("cap_mode", decided.cap_mode) != decided.cap_mode:
+        raise SnapshotError(f"the snapshot's cap_mode {st.shown(settings['cap_mode'])} is not its settings'", "config")
+    return decided
 
 
 class Lineage:

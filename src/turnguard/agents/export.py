@@ -56,7 +56,9 @@ def hand_over(agent: str, data: dict[str, Any], environ: Mapping[str, str]) -> N
     root = state_root(dict(environ))
     box = outbox_dir(root)
     box.mkdir(parents=True, exist_ok=True, mode=0o700)
-    item = {"agent": agent, "session": data.get("session", ""), "cwd": data.get("cwd"), "journal": journal}
+    turn = data.get("turn")
+    item = {"agent": agent, "session": data.get("session", ""), "cwd": data.get("cwd"), "journal": journal,
+            "config": turn.get("config") if isinstance(turn, dict) else None}
     name = f"{time.time_ns():020d}-{journal[0][2]}.json"
     tmp = box / f".{name}.tmp"
     tmp.write_text(json.dumps(item, separators=(",", ":")), encoding="utf-8")
@@ -171,7 +173,7 @@ def export_outbox(environ: Mapping[str, str]) -> int:
     root = state_root(dict(environ))
     box = outbox_dir(root)
     telemetry = telemetry_from_env(environ)
-    guards: dict[tuple[str, bool], Any] = {}
+    guards: dict[tuple[str, bool, str], Any] = {}
     done = 0
     clock = ReplayClock()
     try:
@@ -277,22 +279,29 @@ def keep_token(root: Path, item: dict[str, Any], token: str | None) -> None:
         os.replace(tmp, path)
 
 
-def _guard_for(guards: dict[tuple[str, bool], Any], item: dict[str, Any], root: Path, environ: Mapping[str, str],
+def _guard_for(guards: dict[tuple[str, bool, str], Any], item: dict[str, Any], root: Path, environ: Mapping[str, str],
                *, recorded: bool = False) -> Any:
-    """The full guard of the project the turn ran in (its ``turnguard.toml``), one per project;
-    without the recorder for a journal already ``recorded``."""
+    """The full guard of the project the turn ran in (its ``turnguard.toml``), deciding under the
+    settings the turn was decided under (``_snapshot.decided_config``: the file may have changed
+    since), one per project and settings; without the recorder for a journal already ``recorded``."""
     from turnguard._config import GuardConfig
     from turnguard._guard import Guard
+    from turnguard._snapshot import SnapshotError, decided_config
 
     search = _search(item.get("cwd"))
-    guard = guards.get((search, recorded))
+    settings = item.get("config")
+    key = (search, recorded, json.dumps(settings, sort_keys=True))
+    guard = guards.get(key)
     if guard is None:
         config = results_config(GuardConfig.load(environ=environ, search=search), root)
+        if settings is not None:
+            with contextlib.suppress(SnapshotError):
+                config = decided_config(config, settings)
         if recorded:
             config = config.replace(recorder_path=None)
         elif config.recorder_path is None:
             config = config.replace(recorder_path=str(root / "turns.jsonl"))
-        guard = guards[search, recorded] = Guard(config, environ=environ)
+        guard = guards[key] = Guard(config, environ=environ)
     return guard
 
 

@@ -347,6 +347,9 @@ class Hook:
         try:
             return self.guard.resume(data["turn"])
         except SnapshotError as exc:
+            turn = self._resumed_as_decided(data["turn"]) if (exc.field or "").startswith("config.") else None
+            if turn is not None:
+                return turn
             if exc.field == "key_check" or (exc.field or "").startswith("config."):  # (another digest key)
                 note_error(self.environ, self.protocol.agent, f"the turn's snapshot was dropped: {exc}")
                 data["turn"] = None
@@ -357,6 +360,23 @@ class Hook:
         except Exception as exc:  # (a wrong type where the snapshot's reader expects none)
             self._set_aside(f"its turn cannot resume: {type(exc).__name__}: {exc}")
             return None
+
+    def _resumed_as_decided(self, state: dict[str, Any]) -> Any:
+        """The turn under the settings its snapshot was decided under, when the configuration
+        changed since it opened (an edited ``turnguard.toml`` applies from the next turn); the
+        event decides under them. ``None`` when they cannot be taken."""
+        from turnguard._snapshot import SnapshotError, decided_config
+
+        try:
+            settings = state.get("config")
+            config, live = decided_config(self.config, settings), decided_config(self.live_config, settings)
+            guard = guard_for(live, self.environ)
+            turn = guard.resume(state)
+        except SnapshotError:
+            return None
+        self.config, self.live_config, self._guard = config, live, guard
+        self.folder = None  # (a turn this event opens next reads its folder's settings again)
+        return turn
 
     def _set_aside(self, damage: str) -> None:
         """A damaged state: its file set aside, the failure noted; the event goes on with a new turn."""
