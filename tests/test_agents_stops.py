@@ -240,6 +240,26 @@ def test_a_session_in_use_is_not_swept(env: dict[str, str], tmp_path: Path) -> N
     assert stale.sweep(env, force=True) == 1
 
 
+@pytest.mark.parametrize("last_sweep_s", [-2 * 3600.0, -stale.SWEEP_EVERY_S, -1.0, 0.0, 1.0, stale.SWEEP_EVERY_S - 1,
+                                          stale.SWEEP_EVERY_S, 2 * 3600.0])
+def test_a_sweep_is_due_a_minute_after_the_last_one_whichever_way_the_clock_went(
+        last_sweep_s: float, env: dict[str, str], tmp_path: Path) -> None:
+    """``last_sweep_s``: how long ago the last sweep began by the clock now; below 0, the clock was
+    set back since (NTP, a restored machine): that sweep is no recent one, and holds off none."""
+    s = Session("gemini", env, tmp_path)
+    s.start()
+    now = time.time()
+    then = now - stale.OPEN_STALE_S - 1
+    os.utime(session_file(env, s), (then, then))
+    marker = state_root(env) / "hooks" / stale.MARKER
+    swept = now - last_sweep_s
+    marker.touch()
+    os.utime(marker, (swept, swept))
+    due = not 0 <= last_sweep_s < stale.SWEEP_EVERY_S
+    assert stale.sweep(env, now=now) == (1 if due else 0)
+    assert marker.stat().st_mtime == pytest.approx(now if due else swept, abs=1e-3)
+
+
 def test_a_sweep_runs_at_most_once_a_minute(env: dict[str, str], tmp_path: Path) -> None:
     s = Session("gemini", env, tmp_path)
     s.start()

@@ -53,9 +53,10 @@ def sweep(environ: Mapping[str, str], now: float | None = None, *, force: bool =
 
 
 def _due(marker: Any, now: float) -> bool:
-    """Whether a sweep is due, and if so the marker says it began now."""
+    """Whether a sweep is due, and if so the marker says it began now. A marker from the future
+    (the clock was set back since) is no recent sweep: it would hold every sweep off as long."""
     try:
-        if now - marker.stat().st_mtime < SWEEP_EVERY_S:
+        if 0 <= now - marker.stat().st_mtime < SWEEP_EVERY_S:
             return False
     except FileNotFoundError:
         pass
