@@ -799,6 +799,35 @@ REAL_COMMAND_CASES = [("claude-code", "empty"), ("codex", "not JSON"), ("gemini"
 goes through a forked hook process above: a fresh interpreter costs a quarter of a second)."""
 
 
+@pytest.mark.parametrize("room", [-1, 0, 1, 300])
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_errors_log_stops_growing_at_its_bound_and_the_hook_still_fails_open(
+        agent: str, room: int, forks: ForkServer, env: dict[str, str], tmp_path: Path) -> None:
+    """A log within ``room`` bytes of the bound (negative: past it) takes a failure's line while
+    it is under the bound, and none once at or past it; either way the event is allowed with its
+    line on stderr, and a log the export emptied takes lines again."""
+    log = Path(env["TURNGUARD_STATE_DIR"], "hooks", "errors.log")
+    log.parent.mkdir(parents=True)
+    filler = b"1.000\tcodex\t'earlier failure'\n"
+    size = hook.ERRORS_LOG_MAX_BYTES - room
+    log.write_bytes(filler * (size // len(filler)) + b"x" * (size % len(filler)))
+    raw = BAD_EVENTS["not JSON"](tool_event(agent, tmp_path))
+    [first, second] = forks.run(agent, [raw, raw], env)
+    for done in (first, second):
+        assert_failed_open(agent, done.status, done.stdout, done.stderr)
+    grown = log.stat().st_size - size
+    if room <= 0:
+        assert grown == 0
+    else:
+        added = log.read_bytes()[size:]
+        first_line = added.index(b"\n") + 1
+        assert added.count(b"\n") == (2 if first_line < room else 1) and grown == len(added)
+    log.unlink()
+    [again] = forks.run(agent, [raw], env)
+    assert_failed_open(agent, again.status, again.stdout, again.stderr)
+    assert len(errors_logged(env)) == 1
+
+
 @pytest.mark.parametrize(("agent", "kind"), REAL_COMMAND_CASES)
 def test_bad_event_through_the_real_command(agent: str, kind: str, tmp_path: Path) -> None:
     env = hook_env(tmp_path)

@@ -173,16 +173,23 @@ def fail(protocol: Protocol, event: AgentEvent | None, why: str, environ: Mappin
     return HookAnswer(answer.output, answer.exit_code, line)
 
 
+ERRORS_LOG_MAX_BYTES = 4 * 1024 * 1024
+"""Where ``hooks/errors.log`` stops growing (tens of thousands of lines): only an export empties it, and
+without telemetry none does, so a hook failing at every event would fill the disk."""
+
+
 def note_error(environ: Mapping[str, str], agent: str, why: str) -> None:
     """One line per failure in ``hooks/errors.log`` (appended whole: lines of parallel hooks
-    never mix), which the exporter reports as host errors. Best effort."""
+    never mix), which the exporter reports as host errors; none once the log holds
+    ``ERRORS_LOG_MAX_BYTES``. Best effort."""
     try:
         root = state_root(dict(environ)) / "hooks"
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         line = f"{time.time():.3f}\t{agent}\t{why[:200]!r}\n".encode("utf-8", "backslashreplace")
         fd = os.open(root / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line)
+            if os.fstat(fd).st_size < ERRORS_LOG_MAX_BYTES:
+                os.write(fd, line)
         finally:
             os.close(fd)
     except OSError:
