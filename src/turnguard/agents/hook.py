@@ -175,7 +175,8 @@ def fail(protocol: Protocol, event: AgentEvent | None, why: str, environ: Mappin
 
 ERRORS_LOG_MAX_BYTES = 4 * 1024 * 1024
 """Where ``hooks/errors.log`` stops growing (tens of thousands of lines): only an export empties it, and
-without telemetry none does, so a hook failing at every event would fill the disk."""
+without telemetry none does, so a hook failing at every event would fill the disk. Hooks running
+at once may each add their line past it."""
 
 
 def note_error(environ: Mapping[str, str], agent: str, why: str) -> None:
