@@ -84,3 +84,11 @@ them halted, with no result saying it succeeded, is censored there. The one list
 ``ProbeEvidence.fate_of`` and the threshold board's selectors (``_boards.evidence.ProbeHalts``) both
 read. A third-party threshold is not in it: a recording cannot tell its name from a host's own end
 reason (the recorder's ``ended_by``), so both count such a turn by its result."""
+
+
+def judged(value: int, live: int | None, unit: int = 1) -> bool:
+    """Whether a threshold's probe frontier judges and shows ``value`` (its ladder's steps are ``unit``
+    apart): above the first step (D = 1, a backstop of 1x, a cap of one step is no loop guard to move
+    to), or the live value, which the operator runs and may keep. The one rule calibrate's
+    ``Frontier.settable`` and the threshold board's frontier rows (panels 41 and 50) both read."""
+    return value > unit or value == live

@@ -44,7 +44,7 @@ from turnguard._boards.panels import (
 from turnguard._boards.settings import DEFAULTS, CapSettings
 from turnguard._config import GuardConfig
 from turnguard._model import Threshold
-from turnguard._probe import CENSORING_HALTS
+from turnguard._probe import CENSORING_HALTS, judged
 from turnguard.telemetry import _buckets as buckets
 from turnguard.telemetry import _names as n
 
@@ -305,11 +305,24 @@ def _with_frontier(row: dict[str, str], spares: str) -> dict[str, str]:
             spares: evidence.within_seen(productive, known)}
 
 
+def live_multiple(cap: CapSettings) -> int | None:
+    """The live backstop's whole multiple of S (``None`` for a fractional one: calibrate's backstop
+    frontier reads whole multiples only)."""
+    return int(cap.hard_multiplier) if float(cap.hard_multiplier).is_integer() else None
+
+
+def past_multiples(cap: CapSettings) -> list[int]:
+    """Panel 41's multiples k: ``BACKSTOP_MULTIPLES``, and 1 (a backstop at S) where it is the live
+    one: calibrate judges its ladder's first step only as the live value (``_probe.judged``)."""
+    return [k for k in (1, *BACKSTOP_MULTIPLES) if judged(k, live_multiple(cap))]
+
+
 def past_rows(cap: CapSettings) -> dict[str, str]:
-    """Per column, a vector by ``multiple`` (one row per k): probe turns that made more than k×S calls,
-    and what became of them (a result reported in the turn, or later on the results counter)."""
+    """Per column, a vector by ``multiple`` (one row per k of ``past_multiples``): probe turns that made
+    more than k×S calls, and what became of them (a result reported in the turn, or later on the
+    results counter)."""
     columns: dict[str, dict[str, str]] = {name: {} for name in (*PAST_COLUMNS, SEEN_HIGH, SET_HERE)}
-    for k in BACKSTOP_MULTIPLES:
+    for k in past_multiples(cap):
         for name, expr in _with_frontier(_past(cap, k * cap.soft_cap), SET_HERE).items():
             columns[name][str(k)] = expr
     return {name: q.rows("multiple", per_row) for name, per_row in columns.items()}
@@ -317,9 +330,9 @@ def past_rows(cap: CapSettings) -> dict[str, str]:
 
 def past_row_names(cap: CapSettings) -> dict[str, str]:
     names = {}
-    for k in BACKSTOP_MULTIPLES:
+    for k in past_multiples(cap):
         edge = k * cap.soft_cap
-        name = f"past {k}×S ({edge} calls)"
+        name = f"past {k}×S ({edge} calls{', the live backstop' if k == live_multiple(cap) else ''})"
         if cap.probe_sees_past(edge) is False:
             name += f": at or past the probe's cap, {CENSORED} (raise the probe's cap to see past it)"
         names[str(k)] = name
@@ -544,17 +557,26 @@ def _repeat_edges(cap: CapSettings) -> set[int]:
                                                             streak_stop_at=cap.streak_stop_at, streak_warn_at=0))}
 
 
-def _counted(values: range, histogram_edges: set[int]) -> list[int]:
+def _counted(values: list[int], histogram_edges: set[int], least: int) -> list[int]:
     """The values v of ``values`` both the histogram and the late results' fixed buckets place a
-    turn against: ``v - 1`` an edge of each (a turn reaches v when it is past that edge)."""
-    return [v for v in values if v - 1 in histogram_edges and v - 1 in buckets.COUNT_EDGES]
+    turn against: ``v - 1`` an edge of each (a turn reaches v when it is past that edge), or v at
+    most ``least``, the count every turn counted has (v reaches them all; no edge is below 1, so
+    ``_reach_row`` finds no bucket at ``v - 1`` and counts none below)."""
+    return [v for v in values if v <= least or (v - 1 in histogram_edges and v - 1 in buckets.COUNT_EDGES)]
+
+
+def _judged(top: int, live: int) -> list[int]:
+    """The values from 1 to ``top`` a frontier judges against the live value ``live`` (``_probe.judged``:
+    1 only where it is the live one)."""
+    return [v for v in range(1, top + 1) if judged(v, live)]
 
 
 def stuck_values(cap: CapSettings) -> list[int]:
-    """The values of D panel 50 judges: from 2 up to the probe's own D (calibrate's horizon: the
-    recorded limits do not name the probe's stuck signal, so whatever it is, past its D no probe turn
-    is counted as seen), each a repeat count both the repeat histogram and the late
-    results' buckets place a turn against. None unless the main configuration's cap is adaptive
+    """The values of D panel 50 judges: from 2 (1 where it is the live D, as calibrate does) up to the
+    probe's own D (calibrate's horizon: the recorded limits do not name the probe's stuck signal, so
+    whatever it is, past its D no probe turn is counted as seen), each a repeat count both the repeat
+    histogram and the late results' buckets place a turn against (D = 1 reaches every turn past S:
+    each made a call). None unless the main configuration's cap is adaptive
     with the ``repeat`` stuck signal (the signal calibrate's D frontier counts) and the probe has
     the same soft cap (the turns' ``past_soft_cap`` is then past the main S)."""
     p = cap.probe
@@ -562,18 +584,20 @@ def stuck_values(cap: CapSettings) -> list[int]:
             or p.soft_cap != cap.soft_cap):
         return []
     top = p.stuck_repeat_threshold or None
-    return _counted(range(2, (top or buckets.COUNT_EDGES[-1] + 1) + 1), _repeat_edges(cap))
+    return _counted(_judged(top or buckets.COUNT_EDGES[-1] + 1, cap.stuck_repeat_threshold), _repeat_edges(cap), 1)
 
 
 def streak_values(cap: CapSettings) -> list[int]:
     """The streak stops panel 50 judges: from 2 up to the probe's own (past it no probe turn's
     failing streak is seen), each placed by the failing-streak histogram and the late results'
-    buckets. None unless the main configuration's streak stop is on and a probe is configured."""
+    buckets. A live stop of 1, which calibrate judges, is not among them: those buckets hold a turn
+    with no failure and one with a single failure together (``_count_note`` says so). None unless
+    the main configuration's streak stop is on and a probe is configured."""
     p = cap.probe
     if p is None or Threshold.STREAK not in cap.thresholds:
         return []
     top = p.limit(Threshold.STREAK) or buckets.COUNT_EDGES[-1] + 1
-    return _counted(range(2, top + 1), set(buckets.COUNT_EDGES))
+    return _counted(_judged(top, cap.streak_stop_at), set(buckets.COUNT_EDGES), 0)
 
 
 def _at_least(value: int) -> str:
@@ -681,6 +705,10 @@ def _count_note(cap: CapSettings) -> str:
     if Threshold.STREAK in cap.thresholds:
         if streak_values(cap):
             notes.append("The streak stop: its frontier is panel 50's `streak stop v` rows.")
+            if cap.streak_stop_at == 1:
+                notes.append("The live streak stop of 1 is not a row: the failing-streak buckets hold a turn with "
+                             "no failure and one with a single failure together; `turnguard calibrate` judges it "
+                             "(`probe.frontier.streak`).")
         else:
             notes.append("The streak stop: not judged here unless the board is built with `--config` for a probe; "
                          "`turnguard calibrate` gives its recommended value (`probe.frontier.streak`).")
@@ -770,7 +798,8 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                               "time at this rate": mapped({}, nan=NO_FATE, infinite=NEVER)}),
         table_panel(41, "Probe turns past k×S",
                     f"Turns of {probe} that made more than k×S calls (S = {cap.soft_cap}; the live backstop is "
-                    f"{cap.hard_multiplier:g}×S) and what became of them, counts only: the resolved share, its "
+                    f"{cap.hard_multiplier:g}×S; k = 1 only where that is the live backstop, as calibrate judges "
+                    "its first step) and what became of them, counts only: the resolved share, its "
                     "interval and the decision are per threshold in the evidence table (its backstop row is the "
                     "probe turns past the backstop the main configuration would have halted). A probe turn "
                     f"halted at a length limit of the probe's is {CENSORED} there: past it, nothing is seen. "

@@ -32,7 +32,7 @@ from turnguard._calibrate.bounds import (
     histogram_json,
     load,
 )
-from turnguard._probe import CENSORING_HALTS, LOOP_DETECTORS, SEEN_LOOPING, Cohort
+from turnguard._probe import CENSORING_HALTS, LOOP_DETECTORS, SEEN_LOOPING, Cohort, judged
 
 if TYPE_CHECKING:
     from turnguard._calibrate.records import Limits
@@ -543,10 +543,9 @@ class Frontier:
         return self.rungs[value // self.unit - 1]
 
     def settable(self, r: Rung) -> bool:
-        """Whether ``r`` is a value calibrate would recommend: above one unit (D = 1 or a backstop of
-        1x is no loop guard to move to), or the live one, which the operator runs and may keep. The
-        others are the ladder's bottom, never recommended, judged or shown."""
-        return r.value > self.unit or r.value == self.live
+        """Whether ``r`` is a value calibrate would recommend (``_probe.judged``); the others are the
+        ladder's bottom, never recommended, judged or shown."""
+        return judged(r.value, self.live, self.unit)
 
     def shown(self) -> list[Rung]:
         """The rungs the table shows: the usual values, the live, the recommended, the first with
