@@ -277,6 +277,22 @@ def end_servers_of(path: Path) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
+def wait_for_new_server(path: Path, wedged_pid: int) -> None:
+    """Until the server the client started in the wedged one's place listens: the lock names
+    another process and the socket takes a connection (its start is not timed by the test)."""
+    import socket as sockets
+
+    lock = Path(f"{path}.lock")
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "no server took the wedged one's place"
+        with contextlib.suppress(OSError), sockets.socket(sockets.AF_UNIX) as probe:
+            if lock.read_text() not in ("", str(wedged_pid)):
+                probe.connect(str(path))
+                return
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("wedge", ["stopped", "never accepts"])
 def test_a_wedged_server_is_ended_and_replaced_so_only_one_event_waits_for_it(wedge: str,
                                                                             env: dict[str, str]) -> None:
@@ -286,6 +302,7 @@ def test_a_wedged_server_is_ended_and_replaced_so_only_one_event_waits_for_it(we
         first = ask_within(event("UserPromptSubmit"), env, 1.0)
         assert first.returncode == 0 and json.loads(first.stdout) == {}, first
         assert wedged.wait(timeout=30) == -signal.SIGKILL, "the wedged server was ended"
+        wait_for_new_server(path, wedged.pid)
         answers = []
         for i in range(8):  # every later event answered by the new server, none in a process of its own
             assert ask_within(event("PreToolUse", i), env, 60.0, fallback=False).returncode == 0
