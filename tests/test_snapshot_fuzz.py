@@ -33,6 +33,7 @@ def guard(**options: Any) -> tg.Guard:
 
 GUARDS = {"durable": lambda: guard(), "keyed": lambda: guard(digest_key=KEY),
           "probe": lambda: guard(probe=PROBE), "polling": lambda: guard(stateful_tools=("run",)),
+          "stale polling": lambda: guard(stateful_tools=("run",), stuck_signal="stale_repeat"),
           "v1": lambda: tg.Guard(tg.GuardConfig(
               digest_key=KEY, disable_plugins=("otel", "recorder"), load_entrypoints=False, shadow=SHADOWS),
               environ={})}
@@ -102,6 +103,7 @@ def real_snapshots() -> dict[str, tuple[str, dict]]:
     play(turn, 3, 45)
     made["probe"] = ("probe", turn.snapshot())
     made["polling"] = ("polling", polling_snapshot())
+    made["stale polling"] = ("stale polling", stale_polling_snapshot())
     made["version 1"] = ("v1", json.loads(V1.read_text()))
     return {name: (g, json.loads(json.dumps(state))) for name, (g, state) in made.items()}
 
@@ -129,6 +131,22 @@ def polling_snapshot() -> dict:
     facts = state["facts"]
     assert facts["polled"] and facts["results"] and facts["baseline"] and facts["restarts"]
     assert facts["ended"][0]["results"] and any(len(key) == 32 for key in facts["counts"])
+    return state
+
+
+def stale_polling_snapshot() -> dict:
+    """A stateful tool under ``stale_repeat``: behind a poll whose outcome has not come, another
+    tool's call and a later poll's (call, result) repeat wait to be counted in check order (``held``)."""
+    turn = GUARDS["stale polling"]().turn(durable=True)
+    turn.begin_cycle()
+    batch = [tg.ToolCall("run", {"t": 1}, call_id="w"), tg.ToolCall("ls", "a b", call_id="ls"),
+             tg.ToolCall("run", {"t": 1}, call_id="r")]
+    for call in batch:
+        turn.check_call(call)
+    turn.record_outcome(batch[2], tg.Outcome.OK, result="done")
+    state = turn.snapshot()
+    held = state["facts"]["held"]
+    assert state["facts"]["polled"] and sorted(len(key) for key, _ in held.values()) == [16, 32]
     return state
 
 
@@ -211,9 +229,9 @@ CROSS = {"version": "", "kind": "", "turn.cohort": "config", "facts.seq": "", "k
 waiting call on the fact that waits on it: ``facts.next``, ``facts.ended[0].next``)."""
 
 
-REFERENCES = {"facts.counts": "facts.since_new"}
+REFERENCES = {"facts.counts": "facts.since_new", "facts.polled": "facts.held"}
 """A field another names entries of, at any depth (a shadow's facts too): its entry damaged is
-reported on the entry that names it."""
+reported on the entry that names it (a held repeat waits behind the first check ``polled`` lists)."""
 
 
 def related(path: str, field: str | None) -> bool:

@@ -270,6 +270,7 @@ class Ledger(PolledCalls):
         """The current model request is re-sent: discard its calls, clear repeats and streaks."""
         self.forget_repeats()
         self._polled.clear()
+        self._held.clear()
         self._raised = False
         self.reset_streak()
         if self._ended:  # the re-sent request's calls are discarded, with every streak
@@ -319,6 +320,7 @@ class Ledger(PolledCalls):
         twin._fired = set(self._fired)
         twin._ended = [ended.copy() for ended in self._ended]
         twin._polled = dict(self._polled)
+        twin._held = dict(self._held)
         twin._results = dict(self._results)
         twin._restarts = dict(self._restarts)
         return twin
@@ -351,6 +353,8 @@ class Ledger(PolledCalls):
         """The stateful tools' facts, each only when it holds something (version 2's rule)."""
         if self._polled:
             facts["polled"] = {str(seq): [digest.hex(), at] for seq, (digest, at) in self._polled.items()}
+        if self._held:
+            facts["held"] = {str(seq): [key.hex(), at] for seq, (key, at) in self._held.items()}
         if self._results:
             facts["results"] = results_state(self._results)
         if self._baseline is not None:
@@ -400,7 +404,8 @@ class Ledger(PolledCalls):
         otherwise resume with its current streak, or the stale signal's run, silently lost."""
         last_key = self._last_key
         if last_key is not None and not self._overflowed and last_key not in self._counts and not (
-                self.polls(self._last_tool) and self._counted_with_result(last_key)):
+                self.polls(self._last_tool) and self._counted_with_result(last_key)) and not any(
+                key == last_key for key, _ in self._held.values()):
             st.refuse(f.at("last_key"), "a key of facts.counts (the current streak's call)", last_key.hex())
         if self._news is not None and self._news not in self._since_new:
             st.refuse(f.at("news"), "a key of facts.since_new", self._news.hex())
@@ -413,7 +418,8 @@ class Ledger(PolledCalls):
         """Whether a stateful tool's call of this digest is counted (with a result, or without one) or
         waits for its outcome to be (``polled``)."""
         return (any(key.startswith(digest) for key in self._counts)
-                or any(polled == digest for polled, _ in self._polled.values()))
+                or any(polled == digest for polled, _ in self._polled.values())
+                or any(key.startswith(digest) for key, _ in self._held.values()))
 
     def waiting_checks(self) -> list[WaitingChecks]:
         """The checks these facts wait for outcomes of: the current streak's from ``next`` on, each
@@ -450,15 +456,9 @@ class Ledger(PolledCalls):
         """A plain ledger holds no cycle facts: a snapshot that has them needs ``cycle_repeat`` on."""
 
     def _restore_polling(self, f: Fields, seq: int, calls: int) -> None:
-        path = f.at("polled")
-        self._polled = {}
-        for key, value in f.mapping("polled", MAX_POLLED, default={}).items():
-            check = check_number(f"{path}.{key}", key, 1, seq)
-            if not isinstance(value, list) or len(value) != 2:
-                st.refuse(f"{path}.{key}", "a [digest, call number] pair", value)
-            self._polled[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE),
-                                   st.integer(f"{path}.{key}[1]", value[1], 1, calls))
-        self._polled = dict(sorted(self._polled.items()))
+        self._polled = _waiting_keys(f, "polled", 1, seq, calls, pairs=False)
+        # a held repeat waits behind a stateful check still waiting: none without one
+        self._held = _waiting_keys(f, "held", next(iter(self._polled), seq) + 1, seq, calls, pairs=True)
         self._results = result_digests(f, "results", self.next_to_settle + 1, seq)
         self._baseline = f.digest("baseline", DIGEST_SIZE, optional=True) if "baseline" in f else None
         path = f.at("restarts")
@@ -598,6 +598,23 @@ class Settled:
     stop_peak: int
     longest: int
     ok: int
+
+
+
+def _waiting_keys(f: Fields, name: str, low: int, seq: int, calls: int, *,
+                  pairs: bool) -> dict[int, tuple[bytes, int]]:
+    """A table of checks (from ``low`` to ``seq``) to the key their repeat is counted with and
+    their call number (``polled``: a call's digest; ``held``: a digest or a (call, result) pair)."""
+    path = f.at(name)
+    table = {}
+    for key, value in f.mapping(name, MAX_POLLED, default={}).items():
+        check = check_number(f"{path}.{key}", key, low, seq)
+        if not isinstance(value, list) or len(value) != 2:
+            st.refuse(f"{path}.{key}", "a [digest, call number] pair", value)
+        size = key_size(value[0]) if pairs else DIGEST_SIZE
+        table[check] = (st.digest(f"{path}.{key}[0]", value[0], size),
+                        st.integer(f"{path}.{key}[1]", value[1], 1, calls))
+    return dict(sorted(table.items()))
 
 
 def _count_settled(ledger: Ledger, digests: Sequence[bytes], tools: Sequence[str], outcomes: Sequence[Outcome],

@@ -1,6 +1,9 @@
 """Polled results: the tools the configuration names. A ``stateful_tools`` tool's call has its
 repeat counted at its outcome, keyed with its result (a changed result is progress); a
-``streak_exempt_tools`` tool's call is counted but joins no streak."""
+``streak_exempt_tools`` tool's call is counted but joins no streak. Repeats are counted in check
+order under ``stale_repeat``, whose count depends on that order, whatever order a batch's
+outcomes come in: every call's repeat waits behind an earlier stateful call whose outcome has not
+come (``held``), as the same calls run one at a time."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ _DENIED = Outcome.DENIED
 class PolledCalls(Streaks):
     """The facts of the tools a configuration names, over the streaks (``Streaks``)."""
 
-    __slots__ = ("_exempt", "_named", "_polled", "_raised")
+    __slots__ = ("_exempt", "_held", "_named", "_polled", "_raised")
 
     def __init__(self, config: GuardConfig, checks: int = 0) -> None:
         super().__init__(config, checks)
@@ -28,6 +31,9 @@ class PolledCalls(Streaks):
         """Whether the configuration names tools: the guard counts calls with ``count_named``."""
         self._polled: dict[int, tuple[bytes, int]] = {}
         """Stateful tools' calls whose repeat waits for their outcome: check -> (digest, call number)."""
+        self._held: dict[int, tuple[bytes, int]] = {}
+        """Repeats ready to count behind an earlier stateful check still in ``_polled``: check ->
+        (key, call number), counted in check order once that check is (``_count_held``)."""
         self._raised = False
         """The latest ``record_polled`` brought the stuck signal to ``stuck_repeat_threshold``."""
 
@@ -39,11 +45,13 @@ class PolledCalls(Streaks):
         its streak now and has its repeat counted when its outcome comes (``record_polled``: the
         (call, result) pair is the key); an exempt tool's call is counted but joins no streak, and
         ends the one it interrupts, as any other call does."""
+        polled = self._polled
         if self._all_stateful or tool_name in self._stateful:
             seq = self._count_polled_call(digest, tool_name)
+        elif polled and self._stale:  # the stale count depends on the order: behind the call waiting
+            seq = self._count_held_call(digest, tool_name)
         else:
             seq = self.count_call(digest, tool_name)
-        polled = self._polled
         if polled and next(iter(polled)) <= seq - WAIT_BEHIND:  # (tested here: no call on most checks)
             self._count_stale_polls(seq - WAIT_BEHIND)
         if tool_name in self._exempt:
@@ -63,6 +71,17 @@ class PolledCalls(Streaks):
         self._polled[seq] = (digest, self.tool_calls)
         if self._join(digest, tool_name, seq):
             self._baseline = None
+        return seq
+
+    def _count_held_call(self, digest: bytes, tool_name: str) -> int:
+        """``count_call``, its repeat held (``_held``) behind the stateful check still waiting."""
+        self.tool_calls += 1
+        seq = self.checks = self.checks + 1
+        self._held[seq] = (digest, self.tool_calls)
+        cyc = self._cyc
+        if cyc is not None and seq != cyc.next:  # (as count_call: the cycle runs see every check)
+            cyc.behind(seq, digest, self._last_key)
+        self._join(digest, tool_name, seq)
         return seq
 
     def _count_stale_polls(self, last: int) -> None:
@@ -99,14 +118,30 @@ class PolledCalls(Streaks):
     def _count_polled(self, seq: int, result: bytes | None) -> bool:
         """Count the repeat of stateful check ``seq`` (``count_call``'s table, bound and stuck
         signal); true when the stuck signal's count reached ``stuck_repeat_threshold`` now."""
-        pending = self._polled.pop(seq, None)
+        polled = self._polled
+        pending = polled.pop(seq, None)
         if pending is None:  # rolled back, or counted already
             return False
         digest, at = pending
         key = digest if result is None else digest + result
+        if self._stale and polled and next(iter(polled)) < seq:  # an earlier stateful check still waits
+            self._held[seq] = (key, at)
+            return False
         before = self._max_stale if self._stale else self.max_key_repeat
         self.count_key(key, at)
+        if self._held:
+            self._count_held(next(iter(polled)) if polled else self.checks + 1)
         return before < self.stuck_at <= (self._max_stale if self._stale else self.max_key_repeat)
+
+    def _count_held(self, until: int) -> None:
+        """Count the held repeats of the checks before ``until`` (the stateful check still
+        waiting, if any), in check order."""
+        held = self._held
+        for seq in sorted(held):
+            if seq >= until:
+                break
+            key, at = held.pop(seq)
+            self.count_key(key, at)
 
     stuck_raised: bool = fact(
         "_raised",
