@@ -4,6 +4,7 @@ it, and the cohort on summaries, metrics, spans, the recorder and in calibrate's
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -339,3 +340,67 @@ def test_a_raised_streak_stop_costs_up_to_the_probes_backstop_past_the_main_stop
         assert past.value > 12 - 8  # past the old "L_probe - L_main" figure
     docs = (Path(__file__).resolve().parent.parent / "docs" / "stuck-signals.md").read_text(encoding="utf-8")
     assert "L_probe - L_main per failing streak" not in docs and "costs 4 calls per stopped streak" not in docs
+
+
+# -- a turn resumed on a guard whose probe changed since ------------------------------------------------
+
+LENIENT = tg.GuardConfig(hard_multiplier=20, stuck_repeat_threshold=12)
+PROBE_CHANGES = {
+    "the same probe": tg.Probe(0.5, LENIENT),
+    "no probe": None,
+    "a probe at rate 0": tg.Probe(0.0, LENIENT),
+    "another rate": tg.Probe(0.25, LENIENT),
+    "another probe configuration": tg.Probe(0.5, tg.GuardConfig(hard_multiplier=30, streak_stop_at=6)),
+    "another probe name": tg.Probe(0.5, tg.GuardConfig(name="canary", hard_multiplier=20, stuck_repeat_threshold=12)),
+}
+"""The probe of the guard a snapshot is resumed on; the snapshot's was the first (half the turns)."""
+
+
+def changed_guard(probe: tg.Probe | None, heard: ShadowEnds, registered: bool) -> tg.Guard:
+    guard = tg.Guard(tg.GuardConfig(name="main", probe=probe, **NO_TELEMETRY),
+                     plugins=None if registered else {"heard": heard}, environ={})
+    if registered:
+        guard.register(heard, name="heard")
+    return guard
+
+
+def turn_id_in(cohort: str) -> str:
+    return next(f"t{i}" for i in range(100) if selects(0.5, None, f"t{i}") is (cohort == "probe"))
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["plugins given", "plugins registered"])
+@pytest.mark.parametrize("cohort", ["live", "probe"])
+@pytest.mark.parametrize("change", list(PROBE_CHANGES))
+def test_a_turn_resumed_where_the_probe_changed_goes_on_as_it_was_decided_in_its_cohort(change, cohort, registered):
+    """A host that turned its probe off, or changed its rate or configuration, and restarted
+    loses no turn in flight: a live turn resumes under the main configuration, a probe turn under
+    the configuration it was decided with, in the probe cohort, with the main configuration's
+    shadow; the verdicts, the summary and the shadow's would-be detections are the whole turn's."""
+    calls, turn_id = probe_calls(150, REPEATED_AT), turn_id_in(cohort)
+    whole_heard, resumed_heard = ShadowEnds(), ShadowEnds()
+    original = PROBE_CHANGES["the same probe"]
+    with changed_guard(original, whole_heard, False).turn(durable=True, turn_id=turn_id) as whole:
+        verdicts = [(v.action, v.threshold) for v in drive(whole, calls)]
+    first = changed_guard(original, resumed_heard, False).turn(durable=True, turn_id=turn_id)
+    before = [(v.action, v.threshold) for v in drive(first, calls[:50])]
+    state = json.loads(json.dumps(first.suspend()))
+    assert state["turn"]["cohort"] == cohort
+    resumed = changed_guard(PROBE_CHANGES[change], resumed_heard, registered).resume(state)
+    after = [(v.action, v.threshold) for v in drive(resumed, calls[50:])]
+    assert before + after == verdicts
+    assert resumed.end() == dataclasses.replace(whole.summary, duration_s=resumed.summary.duration_s)
+    assert resumed.summary.cohort == cohort and resumed.turn_id == turn_id
+    assert resumed_heard.detected == whole_heard.detected and resumed_heard.ended == whole_heard.ended
+    assert bool(whole_heard.detected) is (cohort == "probe")  # (the main policy's shadow, on probe turns)
+
+
+@pytest.mark.parametrize("change", ["no probe", "another probe configuration"])
+@pytest.mark.parametrize(("setting", "value"), [("hard_multiplier", -1), ("no_such_setting", 1),
+                                                ("cap_mode", "explicit")])
+def test_a_probe_turn_whose_settings_cannot_be_taken_is_refused_naming_config(change, setting, value):
+    first = changed_guard(PROBE_CHANGES["the same probe"], ShadowEnds(), False).turn(turn_id=turn_id_in("probe"))
+    state = json.loads(json.dumps(first.suspend()))
+    state["config"][setting] = value
+    with pytest.raises(tg.SnapshotError, match="settings") as refused:
+        changed_guard(PROBE_CHANGES[change], ShadowEnds(), False).resume(state)
+    assert refused.value.field == "config"

@@ -53,6 +53,7 @@ def benches() -> dict[str, Bench]:
 def without_lineage(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` as a turnguard from before lineages wrote it."""
     del state["turn"]["lineage"]
+    state["turn"].pop("lineage_checks", None)
     return state
 
 
@@ -254,40 +255,67 @@ def lineage_of(turn: tg.Turn) -> list[str]:
     return turn.snapshot()["turn"]["lineage"]
 
 
-def test_a_resume_keeps_the_lineage_a_fork_adds_a_marker_and_a_fresh_turn_draws_its_own():
+def lineage_checks_of(turn: tg.Turn) -> list[int | None] | None:
+    return turn.snapshot()["turn"].get("lineage_checks")
+
+
+def test_every_resume_adds_a_marker_and_where_it_continues_and_a_fresh_turn_draws_its_own():
     guard, _ = lone_guard()
     first = guard.turn(durable=True)
     lineage = lineage_of(first)
     assert len(lineage) == 1 and len(lineage[0]) == 32 and int(lineage[0], 16) >= 0
+    assert lineage_checks_of(first) is None
+    first.check_call(tg.ToolCall("build", {"target": "A"}))
     fork = guard.resume(first.snapshot())
-    assert lineage_of(fork)[:1] == lineage and len(lineage_of(fork)) == 2
+    assert lineage_of(fork)[:1] == lineage and len(lineage_of(fork)) == 2 and lineage_checks_of(fork) == [1]
+    fork.check_call(tg.ToolCall("build", {"target": "B"}))
     resumed = guard.resume(json.loads(json.dumps(fork.suspend())))
-    assert lineage_of(resumed) == lineage_of(fork)
+    assert resumed.turn_id == fork.turn_id
+    assert lineage_of(resumed)[:2] == lineage_of(fork) and len(lineage_of(resumed)) == 3
+    assert lineage_checks_of(resumed) == [1, 2]
     assert lineage_of(guard.turn(durable=True)) != lineage
     unmarked = guard.resume(without_lineage(resumed.suspend()))
     assert len(lineage_of(unmarked)) == 1 and lineage_of(unmarked)[0] not in lineage_of(resumed)
 
 
-def test_a_lineage_keeps_the_latest_markers_across_many_forks():
+@pytest.mark.parametrize("way", ["fork", "suspend"])
+def test_a_lineage_keeps_the_latest_markers_across_many_resumes(way):
     from turnguard._snapshot import MAX_LINEAGE
 
     assert MAX_LINEAGE == MAX_MARKERS
     guard, _ = lone_guard()
-    turn, markers = guard.turn(durable=True), []
-    for _ in range(MAX_LINEAGE + 3):
+    turn, markers, checks = guard.turn(durable=True), [], []
+    for i in range(MAX_LINEAGE + 3):
+        turn.check_call(tg.ToolCall("build", {"target": i}))
         markers += lineage_of(turn)[-1:]
-        turn = guard.resume(turn.snapshot())
+        checks.append(i + 1)
+        turn = guard.resume(turn.snapshot() if way == "fork" else turn.suspend())
     assert lineage_of(turn)[:-1] == markers[-(MAX_LINEAGE - 1):]
+    assert lineage_checks_of(turn) == checks[-(MAX_LINEAGE - 1):]
 
 
 @pytest.mark.parametrize("value", [None, ["ab" * 16], ["ab" * 16, "cd" * 16], ["ab" * 16] * MAX_MARKERS])
-def test_a_snapshot_may_carry_a_lineage_or_null(value):
+@pytest.mark.parametrize("checks", ["absent", "null", "given"])
+def test_a_snapshot_may_carry_a_lineage_or_null(value, checks):
+    """With its ``lineage_checks`` (a count or null for each marker but the last) or without
+    them (each turn of the lineage continued whole)."""
     guard, _ = lone_guard()
-    state = guard.turn(durable=True).suspend()
+    turn = guard.turn(durable=True)
+    turn.check_call(tg.ToolCall("build", {"target": "A"}))
+    state = turn.suspend()
     state["turn"]["lineage"] = value
+    ancestors = len(value) - 1 if value else 0
+    if checks != "absent" and value is not None:
+        state["turn"]["lineage_checks"] = [None if checks == "null" else 1] * ancestors
     resumed = guard.resume(state)
     assert resumed.turn_id == state["turn"]["turn_id"]
-    assert lineage_of(resumed) == value or (value is None and len(lineage_of(resumed)) == 1)
+    if value is None:
+        assert len(lineage_of(resumed)) == 1 and lineage_checks_of(resumed) is None
+    else:
+        assert lineage_of(resumed)[:-1] == value[-(MAX_MARKERS - 1):] and len(lineage_of(resumed)) == len(value) + (
+            len(value) < MAX_MARKERS)
+        written = [None if checks != "given" else 1] * ancestors + [1]
+        assert lineage_checks_of(resumed) == written[-(len(lineage_of(resumed)) - 1):]
 
 
 @pytest.mark.parametrize("value", ["ab" * 16, [], ["ab" * 15], ["zz" * 16], 7, "", [None],
@@ -299,6 +327,23 @@ def test_a_malformed_lineage_is_refused_naming_it(value):
     with pytest.raises(tg.SnapshotError, match=r"turn\.lineage") as refused:
         guard.resume(state)
     assert refused.value.field.startswith("turn.lineage")
+
+
+@pytest.mark.parametrize("lineage, checks", [
+    (["ab" * 16, "cd" * 16], []), (["ab" * 16, "cd" * 16], [1, 1]), (["ab" * 16], [1]), (None, [1]),
+    (["ab" * 16, "cd" * 16], [2]), (["ab" * 16, "cd" * 16], [-1]), (["ab" * 16, "cd" * 16], ["1"]),
+    (["ab" * 16, "cd" * 16], [True]), (["ab" * 16, "cd" * 16], 1), (["ab" * 16, "cd" * 16], [1.5])])
+def test_malformed_lineage_checks_are_refused_naming_them(lineage, checks):
+    """One check count (up to the snapshot's ``facts.seq``) or null for each marker but the last."""
+    guard, _ = lone_guard()
+    turn = guard.turn(durable=True)
+    turn.check_call(tg.ToolCall("build", {"target": "A"}))
+    state = turn.suspend()
+    state["turn"]["lineage"] = lineage
+    state["turn"]["lineage_checks"] = checks
+    with pytest.raises(tg.SnapshotError, match=r"turn\.lineage_checks") as refused:
+        guard.resume(state)
+    assert refused.value.field.startswith("turn.lineage_checks")
 
 
 def test_a_version_1_snapshot_carries_no_lineage_and_one_that_says_one_is_refused():
@@ -359,3 +404,128 @@ def test_a_turn_that_went_on_does_not_take_its_forks_objects_for_its_own(benches
     bench = benches[config]
     for at in range(len(script.ops) + 1):
         assert parents_reports(bench, script, at, True) == parents_reports(bench, script, at, False), at
+
+
+RELATIVES = ("parent_went_on", "first_of_two_resumes", "second_of_two_resumes", "fork_beside_a_fork",
+             "resumed_after_the_first_was_suspended")
+"""How the turn that gets the reports (the receiver) and the other one both continue one snapshot's
+turn, neither the other: the receiver a fork of a turn that went on after its snapshot; the first or
+the second of two resumes of one suspended snapshot; one of two forks of a turn; a suspended
+snapshot resumed again after its first resume played on and was suspended."""
+
+
+def relatives(guard: tg.Guard, turn: tg.Turn, relation: str, other_plays: Any) -> tg.Turn:
+    """The receiver, once the other one (made from ``turn``'s snapshot, or ``turn`` itself) played
+    (``other_plays(other)``)."""
+    went_on = relation in ("parent_went_on", "fork_beside_a_fork")
+    state = json.loads(json.dumps(turn.snapshot() if went_on else turn.suspend()))
+    if relation == "parent_went_on":
+        other, receiver = turn, guard.resume(state)
+    elif relation in ("fork_beside_a_fork", "first_of_two_resumes"):
+        receiver, other = guard.resume(state), guard.resume(state)
+    elif relation == "second_of_two_resumes":
+        other, receiver = guard.resume(state), guard.resume(state)
+    else:
+        other = guard.resume(state)
+        other_plays(other)
+        other.suspend()
+        return guard.resume(state)
+    other_plays(other)
+    return receiver
+
+
+def relatives_reports(bench: Bench, script: Script, at: int, relation: str, related: bool) -> list[tuple[Any, ...]]:
+    """What the receiver gave playing ``script`` on from op ``at``, reports of the other one's
+    objects mixed in: a relative that played the ops from there too (reporting the objects checked
+    before the snapshot as well), or, not ``related``, an unrelated turn that played them all."""
+    guard, later = bench.first, {op[1] for op in script.ops[at:] if op[0] == "check"}
+    prefix = Duplicator(script)
+    turn = guard.turn(durable=True)
+    prefix.play(turn, script.ops[:at])
+    other = Duplicator(script)
+    if related:
+        other.objects = dict(prefix.objects)
+    else:
+        other.play(guard.turn(durable=True), script.ops)
+    opened: list[tg.Turn] = [turn]
+
+    def other_plays(relative: tg.Turn) -> None:
+        opened.append(relative)
+        if related:
+            other.play(relative, script.ops[at:])
+
+    receiver = relatives(guard, turn, relation, other_plays)
+    rng, ops = random.Random(at), []
+    for op in script.ops[at:]:
+        ops.append(op)
+        if op[0] == "check" and rng.random() < 0.5:
+            ops += [("stranger", rng.choice(sorted(later)), rng.choice(OUTCOMES))] * rng.choice((1, 2))
+    bench.heard.said.clear()
+    player = Stranger(script, {i: other.objects[i] for i in later})
+    player.objects = prefix.objects
+    player.play(receiver, ops)
+    receiver.end()
+    heard = player.out + bench.heard.said
+    for left in opened:
+        if left.summary is None:
+            left.suspend()
+    return heard
+
+
+@pytest.mark.parametrize("relation", RELATIVES)
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("seed", range(3))
+def test_a_resume_does_not_take_a_relatives_later_objects_for_its_own(benches, relation, config, seed):
+    """Of two turns that continue one snapshot's turn, neither continuing the other (a fork and the
+    turn that went on, two resumes of one snapshot in either order, two forks, a snapshot resumed
+    again after its first resume was suspended), each takes the objects that turn checked before
+    the snapshot as its own, even once the other settled them, and the other's later objects as an
+    unrelated turn's: its verdicts, what each outcome settled and why each ignored one was ignored
+    are those it gives beside an unrelated turn, wherever the snapshot was taken."""
+    script = make_duplicating_script(seed * 29 + 5 + (config == "probe"))
+    bench = benches[config]
+    for at in range(len(script.ops) + 1):
+        related = relatives_reports(bench, script, at, relation, True)
+        assert related == relatives_reports(bench, script, at, relation, False), at
+
+
+def test_the_relatives_scripts_report_each_others_objects_and_the_snapshots_turns(benches):
+    """The scripts reach the defect's ground: reports of a relative's object sharing a ``call_id``
+    with a call of the receiver, and reports of an object checked before the snapshot after it."""
+    shared = before = 0
+    for seed in range(3):
+        for config in CONFIGS:
+            script = make_duplicating_script(seed * 29 + 5 + (config == "probe"))
+            ids = [call_id for _, _, call_id in script.calls]
+            for at in range(len(script.ops) + 1):
+                checked = {op[1] for op in script.ops[:at] if op[0] == "check"}
+                later = [op[1] for op in script.ops[at:] if op[0] == "check"]
+                shared += sum(ids[i] is not None and ids.count(ids[i]) > 1 for i in later)
+                before += any(op[0] == "outcome" and op[1] in checked for op in script.ops[at:])
+    assert shared >= 20 and before >= 20, (shared, before)
+
+
+@pytest.mark.parametrize("relation", RELATIVES)
+def test_the_defects_case_a_relatives_object_is_another_turns_and_the_snapshots_is_its_own(relation):
+    """A relative's object sharing the ``call_id`` of the receiver's waiting call settles that call
+    and its second report is an ``unknown_call``; the snapshot's turn's waiting object (no
+    ``call_id``), settled by the relative, settles the receiver's wait for it too."""
+    guard, reasons = lone_guard()
+    turn = guard.turn(durable=True)
+    waiting = tg.ToolCall("build", {"target": "A"})
+    turn.check_call(waiting)
+    theirs = tg.ToolCall("build", {"target": "B"}, "y")
+
+    def other_plays(other: tg.Turn) -> None:
+        other.record_outcome(waiting, "ok")
+        other.check_call(theirs)
+        other.record_outcome(theirs, "ok")
+
+    receiver = relatives(guard, turn, relation, other_plays)
+    reasons.clear()
+    receiver.check_call(tg.ToolCall("build", {"target": "C"}, "y"))
+    receiver.record_outcome(theirs, "error")
+    receiver.record_outcome(theirs, "error")
+    receiver.record_outcome(waiting, "error")
+    assert reasons == ["unknown_call"]
+    assert receiver.view.outcomes(tg.Outcome.ERROR) == 2

@@ -221,11 +221,10 @@ def test_a_probe_turn_resumes_in_the_probe_cohort_under_the_probe_configuration(
         turn.record_outcome(call, "ok")
     state = json.loads(json.dumps(turn.snapshot()))
     assert state["turn"]["cohort"] == "probe"
-    resumed = guard(**probe).resume(state)
-    assert resumed.check_call(tg.ToolCall("read_file", {"path": "3"})).threshold is tg.Threshold.EXPLICIT
-    assert resumed.end().cohort == "probe"
-    with pytest.raises(tg.SnapshotError, match="max_tool_calls_per_turn"):
-        guard().resume(state)  # no probe here: the live configuration would decide otherwise
+    for here in (guard(**probe), guard()):  # no probe here: still the probe's configuration decides
+        resumed = here.resume(state)
+        assert resumed.check_call(tg.ToolCall("read_file", {"path": "3"})).threshold is tg.Threshold.EXPLICIT
+        assert resumed.end().cohort == "probe"
 
 
 # -- durable turns: resumed in any process with the default configuration ----------------------------
@@ -366,6 +365,57 @@ def test_a_resumed_turn_suspended_again_resumes_under_the_same_id():
     play(again, script()[5:9])
     last = g.resume(again.suspend())
     assert last.turn_id == turn.turn_id and last.end().resumed_from is None
+
+
+OTHERS = {
+    "suspended": lambda g: g.turn(turn_id="x").suspend(),
+    "open, snapshotted": lambda g: g.turn(turn_id="x").snapshot(),
+    "ended, snapshotted": lambda g: (lambda t: (t.snapshot(), t.end()))(g.turn(turn_id="x")),
+    "snapshotted once ended": lambda g: (lambda t: (t.end(), t.snapshot()))(g.turn(turn_id="x")),
+    "resumed, open": lambda g: g.resume(g.turn(turn_id="x").suspend()),
+    "resumed, suspended": lambda g: g.resume(g.turn(turn_id="x").suspend()).suspend(),
+    "resumed, ended": lambda g: g.resume(g.turn(turn_id="x").suspend()).end(),
+    "refused a resume": lambda g: refused_resume(g),
+}
+"""Another turn of the id ``x`` the host reused, and how it is used here; in use: open or ended."""
+OTHERS_IN_USE = {"open, snapshotted", "ended, snapshotted", "snapshotted once ended", "resumed, open",
+                 "resumed, ended"}
+
+
+def refused_resume(g: tg.Guard) -> None:
+    state = g.turn(turn_id="x").suspend()
+    state["facts"]["seq"] = -1
+    with pytest.raises(tg.SnapshotError):
+        g.resume(state)
+
+
+@pytest.mark.parametrize("others", [(), *((name,) for name in OTHERS), ("suspended", "suspended"),
+                                    ("suspended", "open, snapshotted"), ("resumed, suspended", "suspended")],
+                         ids=lambda others: " + ".join(others) or "alone")
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("way", ["went on", "suspended", "suspended, resumed twice"])
+def test_a_snapshot_resumed_while_a_turn_of_its_id_is_in_use_here_forks(others, when, way):
+    """The fork rule for a turn of a reused id, whatever the other turns of that id did, before its
+    snapshot or after: its snapshot resumed while it goes on, or a second time, forks (an id of
+    its own, ``resumed_from`` naming the snapshot's); resumed once it was put aside, it keeps the
+    id unless another turn of the id is open or ended here (snapshotted or resumed)."""
+    g = guard()
+    if when == "before":
+        for other in others:
+            OTHERS[other](g)
+    turn = g.turn(turn_id="x")
+    play(turn, script()[:3])
+    state = turn.snapshot() if way == "went on" else turn.suspend()
+    if when == "after":
+        for other in others:
+            OTHERS[other](g)
+    resumed = [g.resume(state) for _ in range(2 if way == "suspended, resumed twice" else 1)]
+    keeps = way != "went on" and not OTHERS_IN_USE & set(others)
+    assert [r.turn_id == "x" for r in resumed] == [keeps] + [False] * (len(resumed) - 1)
+    assert [r.end().resumed_from for r in resumed] == [None if keeps else "x"] + ["x"] * (len(resumed) - 1)
+    if way == "went on":
+        play(turn, script()[3:5])
+        assert turn.end().turn_id == "x"
 
 
 def test_the_same_snapshot_resumed_in_two_processes_keeps_its_id_in_both(tmp_path):

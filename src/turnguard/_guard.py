@@ -17,8 +17,10 @@ turn opened afterwards (``turnguard.hookspecs`` says what each hook without a ca
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeGuard
 
@@ -63,7 +65,10 @@ from turnguard._snapshot import (
     TurnState,
     Waiting,
     cohort_of,
-    new_lineage,
+    continued_checks,
+    decided_config,
+    deciding_settings,
+    lineage_of,
     plugin_states,
     restore,
     resume_plugins,
@@ -125,15 +130,29 @@ class Guard:
         """Recently ended turns for late results, and the count of each ``ResultStatus``."""
         self.lineage = Lineage()
         """The turn ids this guard's snapshots and resumes used (a second resume of one snapshot forks)."""
+        self._probe_setup = (plugins, environ, providers)
+        self._registered: list[tuple[object, str | None]] = []
+        """The plugins ``register`` added, for the probe guards made later (``_decided_probe_guard``)."""
+        self._decided: OrderedDict[str, Guard] = OrderedDict()
+        """The probe guards made to resume probe turns decided under another configuration, by it."""
+        self._decided_lock = threading.Lock()
         self._probe = self.config.probe_settings()
         self._probe_guard: Guard | None = None
         if self._probe is not None and self._probe.rate > 0:
-            self._probe_guard = Guard(probe_guard_config(self.config, self._probe), plugins=plugins,
-                                      environ=environ, **providers)
-            self._probe_guard.cohort = Cohort.PROBE
-            self._probe_guard.results = self.results
-            self._probe_guard.register(MainHalts(self.results, self.config.name), name=MainHalts.NAME)
-            self._probe_guard.lineage = self.lineage
+            self._probe_guard = self._new_probe_guard(probe_guard_config(self.config, self._probe))
+
+    def _new_probe_guard(self, config: GuardConfig) -> Guard:
+        """A guard opening probe turns under ``config`` beside this one: the same plugins and
+        providers, this guard's results book and lineage."""
+        plugins, environ, providers = self._probe_setup
+        guard = Guard(config, plugins=plugins, environ=environ, **providers)
+        guard.cohort = Cohort.PROBE
+        guard.results = self.results
+        guard.register(MainHalts(self.results, self.config.name), name=MainHalts.NAME)
+        guard.lineage = self.lineage
+        for plugin, name in self._registered:
+            guard.register(plugin, name=name)
+        return guard
 
     def _dispatcher(self) -> Dispatcher:
         return Dispatcher(self.pm, fail_mode=self.config.fail_mode, capture_content=self.config.capture_content)
@@ -160,8 +179,11 @@ class Guard:
             self.pm.unregister(plugin)
             raise
         self._configure(observer_impls(self.pm, "turnguard_configure", plugin))
-        if self._probe_guard is not None:
-            self._probe_guard.register(plugin, name=name)
+        with self._decided_lock:  # (a probe guard made from now on registers it itself)
+            self._registered.append((plugin, name))
+            probe_guards = [guard for guard in (self._probe_guard, *self._decided.values()) if guard is not None]
+        for probe_guard in probe_guards:
+            probe_guard.register(plugin, name=name)
         return registered
 
     def turn(
@@ -232,9 +254,45 @@ class Guard:
 
         The turn keeps its id, unless this guard holds a turn of that id already (the same
         snapshot resumed twice, or a turn that went on after it): then it gets an id of its own
-        and ``summary.resumed_from`` names the snapshot's."""
-        guard = self._probe_guard if cohort_of(state) == Cohort.PROBE and self._probe_guard is not None else self
+        and ``summary.resumed_from`` names the snapshot's.
+
+        A probe turn stays in the probe cohort, under the configuration it was decided with,
+        whatever this guard's probe is now (off, another rate, another configuration): turns in
+        flight are not lost when the probe changes (``_decided_probe_guard``). A probe guard
+        (``turn.guard`` of a probe turn) resumes its own cohort's turns itself."""
+        if cohort_of(state) != Cohort.PROBE or self.cohort is Cohort.PROBE:
+            return Turn(self, restored=restore(self, state))
+        if self._probe_guard is not None:
+            try:
+                return Turn(self._probe_guard, restored=restore(self._probe_guard, state))
+            except SnapshotError as exc:
+                if not (exc.field or "").startswith("config."):
+                    raise
+        guard = self._decided_probe_guard(state)
         return Turn(guard, restored=restore(guard, state))
+
+    def _decided_probe_guard(self, state: Mapping[str, Any]) -> Guard:
+        """A probe guard under the settings a probe turn's snapshot was decided with
+        (``decided_config``) over this guard's probe configuration (the probe's default one, the
+        main configuration's settings, when the probe is off), made once per configuration;
+        ``SnapshotError`` (``config``) when they cannot be taken."""
+        probe = self._probe
+        if probe is None:
+            probe = self.config.replace(probe=Probe(1.0, GuardConfig())).probe_settings()
+            assert probe is not None  # (just set)
+        try:
+            config = decided_config(probe_guard_config(self.config, probe), state.get("config"))
+        except ConfigError as exc:
+            raise SnapshotError(f"the probe turn cannot resume under this guard's configuration: {exc}",
+                                "config") from None
+        settings = json.dumps(deciding_settings(config), sort_keys=True, default=repr)
+        with self._decided_lock:
+            guard = self._decided.get(settings)
+            if guard is None:
+                guard = self._decided[settings] = self._new_probe_guard(config)
+                if len(self._decided) > MAX_DECIDED_GUARDS:
+                    self._decided.popitem(last=False)
+            return guard
 
 
 class MainHalts:
@@ -261,6 +319,9 @@ def result_tools(config: GuardConfig) -> frozenset[str]:
         return frozenset((ALL_TOOLS,))
     return frozenset(config.stateful_tools).union(*(c.stateful_tools for _, c in config.shadow_configs()))
 
+
+MAX_DECIDED_GUARDS = 8
+"""The most probe guards a guard keeps for probe turns decided under other configurations."""
 
 PROBE_INHERITS = ("digest_key", "recorder_path")
 """Settings a probe configuration takes from the main one when it leaves them ``None``."""
@@ -345,7 +406,8 @@ class Turn:
         self._acquire, self._release = self._lock.acquire, self._lock.release
         self._halt: Verdict | None = guard.setup_failed
         self._ended: TurnSummary | None = None
-        self._lineage = lineage = restored.lineage if restored is not None and restored.lineage else new_lineage()
+        self._lineage, self._until = lineage, until = lineage_of(restored)
+        self._continued = continued_checks(lineage, until)
         self._token = KeyToken(lineage[-1], ledger.turn_id)
         self._awaiting: dict[int, ToolCall] = {}
         """Checked calls without an outcome yet, by sequence number (in check order)."""
@@ -589,22 +651,24 @@ class Turn:
         if key is None or key[KEY_CHECK] == NO_CHECK:
             return False
         token = key[KEY_TOKEN]
-        return token is self._token or self._of_lineage(token)
+        return token is self._token or self._of_lineage(token, key[KEY_CHECK])
 
-    def _of_lineage(self, token: object) -> bool:
-        """Whether a key's token is that of a turn this one continues (``TurnState.lineage``: its
-        snapshots' turns, along every resume and fork; a turn continued under one id shares its
-        marker), whose objects' checks are this turn's; never an unrelated turn's of the same id,
-        nor a fork's of this one. After a snapshot without a lineage: the snapshot's turn's (its id
-        or ``resumed_from``), as before lineages were written."""
-        return type(token) is KeyToken and (token.marker in self._lineage or token.turn_id in self._snapshot_ids)
+    def _of_lineage(self, token: object, check: int) -> bool:
+        """Whether a key (its token and check) names a check of a turn this one continues, up to
+        where it continues it (``TurnState.lineage`` and ``until``: its snapshots' turns, along
+        every resume and fork), which is this turn's check too; never an unrelated turn's of the
+        same id, nor a fork's or a sibling's (each resume has a marker of its own), nor one the
+        snapshot's turn made after the snapshot. After a snapshot without a lineage: the
+        snapshot's turn's (its id or ``resumed_from``), as before lineages were written."""
+        return type(token) is KeyToken and (check <= self._continued.get(token.marker, -1)
+                                            or token.turn_id in self._snapshot_ids)
 
     def _key_again(self, call: ToolCall, key: CallKey, digest: bytes, seq: int) -> None:
         """A checked call that carries a key already: this turn's, still waiting for its outcome
         (checked again: the key keeps its first check), the snapshot's this turn resumed, still
         waiting (``_adopt``: likewise), or another's (its token and check number are another turn's;
         a key stored by ``Keyer.key_of`` has neither)."""
-        if key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
+        if self._awaiting.get(key[KEY_CHECK]) is call and self._names_check(key):
             self._reused = True
         elif self._restored and self._adopt(call):
             self._reused = True  # (checked before the snapshot, and its outcome has not come)
@@ -709,14 +773,13 @@ class Turn:
         self._ended = summary
         self._awaiting.clear()  # outcomes after the end are strays: the calls are not kept alive
         self._restored = None
+        if self._tracked:
+            self.guard.lineage.closed(self.turn_id, suspended=reason == SUSPENDED)
         return summary
 
     def _report_end(self, summary: TurnSummary) -> None:
         """Tell the guard and the observers how the turn closed (outside the lock)."""
-        suspended = summary.reason == SUSPENDED
-        if self._tracked:
-            self.guard.lineage.ended(self.turn_id, suspended=suspended)
-        if suspended:
+        if summary.reason == SUSPENDED:
             self._notify("turnguard_turn_suspended", turn=self.view, summary=summary)
             return
         self._book_entry = self.guard.results.ended(summary, self.guard, self.config.name)
@@ -739,6 +802,10 @@ class Turn:
     _result_token: str | None = None
     _lineage: tuple[bytes, ...]
     """The markers of the turns this one continues, its own last (``TurnState.lineage``)."""
+    _until: tuple[int | None, ...]
+    """Where this turn continues each turn of its lineage but itself (``TurnState.until``)."""
+    _continued: dict[bytes, int]
+    """The last check this turn continues of each turn of its lineage but itself, by marker."""
     _token: KeyToken
     """Marks the keys this turn stored on its calls (``call.key[KEY_TOKEN]``)."""
     _snapshot_ids: frozenset[str] = frozenset()
@@ -774,8 +841,11 @@ class Turn:
         set. Taking one does not end the turn: ``suspend`` does both."""
         with self._lock:
             data = write(self._state(), self.config, pending)
-        self.guard.lineage.taken(self.turn_id)
-        self._tracked = True
+            if not self._tracked:  # its id is in use here from now on (a resume of this snapshot forks)
+                self._tracked = True
+                self.guard.lineage.opened(self.turn_id)
+                if self._ended is not None:
+                    self.guard.lineage.closed(self.turn_id, suspended=self._ended.reason == SUSPENDED)
         return data
 
     def raise_for(self, verdict: Verdict) -> Verdict:
@@ -807,10 +877,10 @@ class Turn:
             if stood is not None and stood[1] is call:
                 named = stood[0]
             else:  # (an object another turn keyed again names no check here)
-                named = key[KEY_CHECK] if key[KEY_TOKEN] is self._token else seq
+                named = key[KEY_CHECK] if self._names_check(key) else seq
             awaiting.append(Waiting(seq, call.name, call.call_id, key[KEY_DIGEST], named))
         return TurnState(self.ledger, self._keyer, self.durable, self._resolved, awaiting, self._halt,
-                         plugin_states(self._dispatch, self.view), self._lineage)
+                         plugin_states(self._dispatch, self.view), self._lineage, self._until)
 
     def _continue_from(self, restored: TurnState) -> None:
         """Take back what a snapshot held beside the ledger (``Guard.resume``): the calls still
@@ -887,7 +957,7 @@ class Turn:
         naming the same check, so its outcomes settle its checks in order, as had the turn never
         stopped (first outcome, first check)."""
         key: CallKey | None = call.key
-        if key is None or key[KEY_TOKEN] is self._token or not self._of_lineage(key[KEY_TOKEN]):
+        if key is None or key[KEY_TOKEN] is self._token or not self._of_lineage(key[KEY_TOKEN], key[KEY_CHECK]):
             return False
         named, awaiting, stand_ins = key[KEY_CHECK], self._awaiting, self._restored or {}
         own = [seq for seq, (its_named, stood) in stand_ins.items()
@@ -899,7 +969,7 @@ class Turn:
             awaiting[seq] = call  # (the check keeps its place in check order)
             del stand_ins[seq]
         check = named if named in own else own[0]
-        store_key(call, (key[KEY_DIGEST], self._keyer, self._token, check, *key[KEY_RESULT:]))
+        store_key(call, (key[KEY_DIGEST], self._keyer, key[KEY_TOKEN], check, *key[KEY_RESULT:]))
         if len(own) > 1:
             self._reused = True
         return True
@@ -920,11 +990,12 @@ class Turn:
         observers). Done once the check hooks ran: until then the key names the settled check
         (the shadows credit the outcome by it)."""
         key: CallKey | None = call.key
-        if key is None or key[KEY_TOKEN] is not self._token or key[KEY_CHECK] in self._awaiting:
+        if not self._names_check(key) or key[KEY_CHECK] in self._awaiting:
             return
         for seq, checked in self._awaiting.items():
             if checked is call:
-                store_key(call, (key[KEY_DIGEST], key[KEY_KEYER], self._token, seq, *key[KEY_RESULT:]))
+                token = key[KEY_TOKEN] if self._of_lineage(key[KEY_TOKEN], seq) else self._token
+                store_key(call, (key[KEY_DIGEST], key[KEY_KEYER], token, seq, *key[KEY_RESULT:]))
                 return
 
     def _give_up_waiting(self) -> None:
@@ -954,7 +1025,7 @@ class Turn:
             self._put_back(key[KEY_CHECK] if key is not None else 0, taken)
         if self._restored and self._adopt(call):
             key = call.key
-        if key is not None and key[KEY_TOKEN] is self._token and self._awaiting.get(key[KEY_CHECK]) is call:
+        if key is not None and self._awaiting.get(key[KEY_CHECK]) is call and self._names_check(key):
             seq = key[KEY_CHECK]
             del self._awaiting[seq]
         else:

@@ -4,8 +4,9 @@
 
 - ``turn``: the turn's identity (``turn_id``, ``conversation_id``, ``agent_name``, ``promptable``,
   ``cohort``, ``durable``, ``elapsed_s``; ``resolved`` when a result was reported already;
-  ``lineage``, the turn's markers, 32 random hex digits each: its own, drawn when it opened fresh
-  or was forked, after those of the turns it was forked from; see ``TurnState.lineage``);
+  ``lineage``, the turn's markers, 32 random hex digits each: its own, drawn when it opened or
+  was resumed, after those of the turns it continues; ``lineage_checks``, for each of those, the
+  last of its checks this turn continues (``null``: all of them); see ``TurnState.lineage``);
 - ``config``: the settings that decide verdicts, which the resuming guard must share;
 - ``keying`` (``process``, ``digest_key`` or ``turn``) and ``key_check``, a digest of a fixed
   call that tells whether the resuming guard keys calls the same way; ``turn_key``: a durable
@@ -36,12 +37,14 @@ only in that process.
 Every field is read back like any input (``turnguard._state``): type, range, the bounds a live turn
 keeps, and a field that names an entry of another finds it there (``facts.last_key`` a counted key,
 the checks the streaks and cycle runs wait on calls ``awaiting`` lists); a bad one is a
-``SnapshotError`` naming it. So is a snapshot of another configuration, one
-the keys do not match, or an unknown version. Version 1 snapshots (before ``plugins``,
+``SnapshotError`` naming it. So is a snapshot of another configuration (a probe turn's resumes
+under the settings it was decided with: ``Guard.resume``), one the keys do not match, or an
+unknown version. Version 1 snapshots (before ``plugins``,
 ``keying`` and ended streaks) still resume: their plugins' state starts afresh, which the
 resumed turn says (``TurnSummary.fresh_state``). A snapshot without ``turn.lineage`` (written
 before it, as every version 1 one) resumes under a marker of its own, and counts as the turns
-it continues those of this process of the snapshot's ``turn_id`` (and of its ``resumed_from``).
+it continues those of this process of the snapshot's ``turn_id`` (and of its ``resumed_from``);
+one without ``turn.lineage_checks`` continues the whole of each turn its lineage names.
 
 Extending version 2 (the format's rule, so that a version bump is needed only for a change of
 meaning): a field added later goes into a section (``turn``, ``facts``, ``plugins.<name>``), is
@@ -84,8 +87,9 @@ if TYPE_CHECKING:
 Guard: TypeAlias = Any  # turnguard._guard calls in here; naming its classes would make an import cycle
 
 __all__ = ["KIND", "LINEAGE_SIZE", "MAX_LINEAGE", "VERSION", "Lineage", "SnapshotError", "TurnState", "Waiting",
-           "cohort_of", "decided_config", "deciding_settings", "new_lineage", "pending", "plugin_states",
-           "read_verdict", "restore", "resume_plugins", "turn_snapshot", "verdict_data", "write"]
+           "cohort_of", "continued_checks", "decided_config", "deciding_settings", "lineage_of", "pending",
+           "plugin_states", "read_verdict", "restore", "resume_plugins", "resumed_lineage", "turn_snapshot",
+           "verdict_data", "write"]
 
 VERSION = 2
 READS = (1, 2)
@@ -110,8 +114,8 @@ _ELAPSED_MAX = 1e10
 LINEAGE_SIZE = 16
 """The bytes of a lineage marker (``TurnState.lineage``): random, so no two turns draw one alike."""
 MAX_LINEAGE = 32
-"""The most markers a lineage keeps: a fork's beyond, the oldest is dropped (its turn's objects,
-that many forks back, are then no longer known as the turn's own)."""
+"""The most markers a lineage keeps: a resume's beyond, the oldest is dropped (its turn's objects,
+that many resumes back, are then no longer known as the turn's own)."""
 _ACTIONS = {action.label: action for action in Action}
 _LEVELS = tuple(level.value for level in Level)
 
@@ -151,18 +155,40 @@ class TurnState:
     plugins: dict[str, Any]
     """The plugins' per-turn state by plugin name (``plugin_states``)."""
     lineage: tuple[bytes, ...] | None
-    """The markers of the turns this one continues, its own last (``new_lineage``): a turn opened
-    fresh draws one, a resume under the snapshot's id (its turn put aside) keeps the snapshot's,
-    a fork (``resumed_from``) adds one of its own. A turn in the process where the turns it
-    continues checked calls knows their objects' keys as naming its own checks, and no other
-    turn's: not an unrelated one's of the same id, nor a fork's. ``None``: read from a snapshot
-    written without one."""
+    """The markers of the turns this one continues, its own last (``lineage_of``): a turn opened
+    fresh draws one, and so does every resume (``resumed_lineage``), under the snapshot's id or
+    another, so each marker is one ``Turn``'s. A turn in the process where the turns it continues
+    checked calls knows their objects' keys as naming its own checks, up to where it continues
+    them (``until``), and no other turn's: not an unrelated one's of the same id, nor a fork's,
+    nor a sibling's (another resume of the same snapshot), nor what the snapshot's turn checked
+    after it. ``None``: read from a snapshot written without one."""
+    until: tuple[int | None, ...] = ()
+    """For each marker of ``lineage`` but the last, the last check of that turn this one continues
+    (the check count of the snapshot it was resumed from); ``None``: the whole turn (read from a
+    snapshot written before these bounds)."""
 
 
-def new_lineage(continued: tuple[bytes, ...] = ()) -> tuple[bytes, ...]:
-    """The lineage of a turn opened fresh, or of a fork of one whose lineage is ``continued``: a
-    marker of its own after those (``TurnState.lineage``)."""
-    return (*continued[1 - MAX_LINEAGE:], secrets.token_bytes(LINEAGE_SIZE))
+def lineage_of(restored: TurnState | None) -> tuple[tuple[bytes, ...], tuple[int | None, ...]]:
+    """A turn's lineage and its ``until`` (``TurnState.lineage``): those ``restore`` gave a resumed
+    turn, else (a turn opened fresh, or resumed from a snapshot without a lineage) a marker of its own."""
+    if restored is not None and restored.lineage:
+        return restored.lineage, restored.until
+    return (secrets.token_bytes(LINEAGE_SIZE),), ()
+
+
+def resumed_lineage(lineage: tuple[bytes, ...], until: tuple[int | None, ...], checks: int
+                    ) -> tuple[tuple[bytes, ...], tuple[int | None, ...]]:
+    """The lineage (and its ``until``) of a turn resumed from a snapshot of a turn whose are
+    ``lineage`` and ``until``, taken after its ``checks``-th check: a marker of its own after
+    those, the snapshot's turn continued up to there; the latest ``MAX_LINEAGE`` markers."""
+    markers = (*lineage, secrets.token_bytes(LINEAGE_SIZE))[-MAX_LINEAGE:]
+    return markers, (*until, checks)[1 - len(markers):]
+
+
+def continued_checks(lineage: tuple[bytes, ...], until: tuple[int | None, ...]) -> dict[bytes, int]:
+    """The last check a turn continues of each turn of its lineage before it, by marker (``None``
+    in ``until``: the whole turn)."""
+    return {marker: st.MAX_COUNT if last is None else last for marker, last in zip(lineage, until, strict=False)}
 
 
 def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) -> dict[str, Any]:
@@ -181,6 +207,8 @@ def write(turn: TurnState, config: GuardConfig, pending: Verdict | None = None) 
         identity["resolved"] = turn.resolved
     if turn.lineage is not None:
         identity["lineage"] = [marker.hex() for marker in turn.lineage]
+    if turn.until:
+        identity["lineage_checks"] = list(turn.until)
     data: dict[str, Any] = {
         "version": VERSION,
         "kind": KIND,
@@ -233,13 +261,14 @@ def restore(guard: Guard, state: Any) -> TurnState:
             fresh_state=restored.fresh)
         _check_waiting(ledger, restored.awaiting)
     except SnapshotError:
-        guard.lineage.ended(turn_id, suspended=True)  # no turn took the id
+        guard.lineage.closed(turn_id, suspended=True)  # no turn took the id
         raise
-    lineage = identity["lineage"]
-    if lineage is not None and resumed_from is not None:
-        lineage = new_lineage(lineage)
+    lineage: tuple[bytes, ...] | None = identity["lineage"]
+    until: tuple[int | None, ...] = ()
+    if lineage is not None:
+        lineage, until = resumed_lineage(lineage, identity["lineage_checks"], ledger.checks)
     return TurnState(ledger, restored.keyer, identity["durable"], identity.get("resolved"), restored.awaiting,
-                     restored.halt, restored.plugins, lineage)
+                     restored.halt, restored.plugins, lineage, until)
 
 
 def pending(state: Any) -> Verdict | None:
@@ -263,51 +292,64 @@ def decided_config(config: GuardConfig, settings: Any) -> GuardConfig:
     from turnguard._config import ConfigError
 
     ours = deciding_settings(config)
-    if not isinstance(settings, Mapping) or not set(settings) <= set(ours):
-        raise SnapshotError(f"the snapshot's settings are not this version's: {st.shown(settings)}", "config")
+    if not isinstance(settings, Mapping):
+        st.refuse("config", "an object (the settings the turn was decided under)", settings)
+    unknown = sorted(map(str, set(settings) - set(ours)))
+    if unknown:
+        raise SnapshotError(f"the snapshot's field 'config' names settings this version does not have: "
+                            f"{', '.join(unknown)}", "config")
     changes = {k: v for k, v in {**_DEFAULTS, **settings}.items() if k in ours and k != "cap_mode"}
     try:
         decided = config.replace(**changes)
     except (ConfigError, TypeError) as exc:
-        raise SnapshotError(f"the snapshot's settings cannot be taken: {exc}", "config") from None
+        raise SnapshotError(f"the snapshot's field 'config' holds settings that cannot be taken: {exc}",
+                            "config") from None
     if settings.get("cap_mode", decided.cap_mode) != decided.cap_mode:
-        raise SnapshotError(f"the snapshot's cap_mode {st.shown(settings['cap_mode'])} is not its settings'", "config")
+        raise SnapshotError(f"the snapshot's field 'config' gives cap_mode {st.shown(settings['cap_mode'])}, "
+                            "which is not its settings'", "config")
     return decided
 
 
 class Lineage:
     """The turn ids a guard's snapshots and resumes have used (the most recent ``MAX_RECENT_TURNS``):
-    a snapshot resumes under its turn's id unless a turn of that id is open or ended here (a second
-    resume of one snapshot, or one of a turn that went on): then the resumed turn gets an id of its
-    own and records ``resumed_from``. A suspended turn's id is free for its one continuation."""
+    a snapshot resumes under its turn's id unless a turn of that id is in use here, open or ended
+    (a second resume of one snapshot, or one of a turn that went on, whatever other turns of that
+    id were put aside): then the resumed turn gets an id of its own and records ``resumed_from``. A
+    suspended turn's id is free for its one continuation."""
 
     def __init__(self, limit: int = MAX_RECENT_TURNS) -> None:
-        self._ids: OrderedDict[str, bool] = OrderedDict()
-        """By turn id: whether that turn is in use here (open or ended; not suspended)."""
+        self._ids: OrderedDict[str, tuple[int, bool]] = OrderedDict()
+        """By turn id: how many turns of it this guard knows open (snapshotted or resumed), and
+        whether one ended (not put aside)."""
         self._limit = limit
         self._lock = threading.Lock()
 
-    def taken(self, turn_id: str) -> None:
-        """A turn of this id is open here (a snapshot was taken of it)."""
+    def opened(self, turn_id: str) -> None:
+        """A turn of this id is open here (its first snapshot was taken); ``closed`` when it ends."""
         with self._lock:
-            if turn_id not in self._ids:
-                self._keep(turn_id, True)
+            open_turns, ended = self._ids.get(turn_id, (0, False))
+            self._keep(turn_id, open_turns + 1, ended)
 
     def claim(self, turn_id: str) -> bool:
-        """Take ``turn_id`` for a resumed turn: ``False`` when a turn of that id is in use here."""
+        """Take ``turn_id`` for a resumed turn (open, until ``closed``): ``False`` when a turn of
+        that id is in use here."""
         with self._lock:
-            if self._ids.get(turn_id, False):
+            open_turns, ended = self._ids.get(turn_id, (0, False))
+            if open_turns or ended:
                 return False
-            self._keep(turn_id, True)
+            self._keep(turn_id, 1, False)
             return True
 
-    def ended(self, turn_id: str, suspended: bool) -> None:
+    def closed(self, turn_id: str, suspended: bool) -> None:
+        """A turn ``opened`` or ``claim``-ed here ended, or was put aside (its id stays in use when
+        it ended, and while other turns of that id are open)."""
         with self._lock:
             if turn_id in self._ids:
-                self._ids[turn_id] = not suspended
+                open_turns, ended = self._ids[turn_id]
+                self._ids[turn_id] = (max(open_turns - 1, 0), ended or not suspended)
 
-    def _keep(self, turn_id: str, used: bool) -> None:
-        self._ids[turn_id] = used
+    def _keep(self, turn_id: str, open_turns: int, ended: bool) -> None:
+        self._ids[turn_id] = (open_turns, ended)
         self._ids.move_to_end(turn_id)
         if len(self._ids) > self._limit:
             self._ids.popitem(last=False)
@@ -345,13 +387,14 @@ def _read(guard: Guard, state: Any) -> _Restored:
     f = Fields(state, "")
     f.get("kind")
     f.get("version")
-    identity = _identity(f.object("turn"), version)
-    _check_config(guard.config, f.get("config"))
-    keyer = _keyer(guard, f, version)
     facts = f.get("facts")
     if not isinstance(facts, Mapping):
         st.refuse("facts", "an object", facts)
-    awaiting = _awaiting(f, Fields(facts, "facts").integer("seq"))
+    seq = Fields(facts, "facts").integer("seq")
+    identity = _identity(f.object("turn"), version, seq)
+    _check_config(guard.config, f.get("config"))
+    keyer = _keyer(guard, f, version)
+    awaiting = _awaiting(f, seq)
     halt = read_verdict(f.get("halt"), "halt")
     if halt is not None and halt.action is not Action.HALT:
         st.refuse("halt.action", "halt (the latched verdict)", halt.action.label)
@@ -411,7 +454,7 @@ def _keyer(guard: Guard, f: Fields, version: int) -> Keyer:
                         "key_check")
 
 
-def _identity(f: Fields, version: int) -> dict[str, Any]:
+def _identity(f: Fields, version: int, seq: int) -> dict[str, Any]:
     identity = {
         "turn_id": f.text("turn_id", nonempty=True),
         "conversation_id": f.text("conversation_id", optional=True),
@@ -425,6 +468,7 @@ def _identity(f: Fields, version: int) -> dict[str, Any]:
     if resolved is not None:
         identity["resolved"] = st.boolean(f.at("resolved"), resolved)
     identity["lineage"] = _lineage(f) if version >= 2 else None
+    identity["lineage_checks"] = _lineage_checks(f, identity["lineage"], seq)
     f.done()
     return identity
 
@@ -437,6 +481,22 @@ def _lineage(f: Fields) -> tuple[bytes, ...] | None:
     if not markers:
         st.refuse(f.at("lineage"), f"an array of 1 to {MAX_LINEAGE} markers", markers)
     return tuple(st.digest(f"{f.at('lineage')}[{i}]", marker, LINEAGE_SIZE) for i, marker in enumerate(markers))
+
+
+def _lineage_checks(f: Fields, lineage: tuple[bytes, ...] | None, seq: int) -> tuple[int | None, ...]:
+    """``turn.lineage_checks``: a check count up to the snapshot's ``facts.seq``, or null, for each
+    marker of the lineage but the last (``TurnState.until``); absent, each null (a lineage written
+    before them)."""
+    ancestors = len(lineage) - 1 if lineage is not None else 0
+    if f.get("lineage_checks", None) is None:
+        return (None,) * ancestors
+    path = f.at("lineage_checks")
+    bounds = f.items("lineage_checks", MAX_LINEAGE)
+    if len(bounds) != ancestors:
+        st.refuse(path, f"an array of {ancestors} check counts, one for each marker of turn.lineage but the last",
+                  bounds)
+    return tuple(None if bound is None else st.integer(f"{path}[{i}]", bound, 0, seq)
+                 for i, bound in enumerate(bounds))
 
 
 def _awaiting(f: Fields, seq: int) -> list[Waiting]:
