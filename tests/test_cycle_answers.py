@@ -146,8 +146,8 @@ def answered_turn(seed: int) -> tuple[list[Call], tg.GuardConfig, dict[str, obje
 def assert_same_questions(batched: Run, sequential: Run) -> None:
     """The same questions, the cycles' in the same order (a batch asks its checks' before its
     outcomes'); the same detections in all; what a batch observed (reminders) is what one at
-    a time observed, but for those the turn ended before a report could carry them (counted in
-    the summary all the same)."""
+    a time observed, but for those the turn ended before a report could carry them (its
+    observers hear them as it ends, ``test_cycle_levels_heard.py``)."""
     assert [q for q in batched.questions if q[1] == "cycle_repeat"] == [
         q for q in sequential.questions if q[1] == "cycle_repeat"]
     assert sorted(batched.questions) == sorted(sequential.questions)
@@ -250,11 +250,11 @@ def detected(config: tg.GuardConfig, names: str, batch: bool) -> tuple[list[tupl
 def test_a_settling_that_reaches_two_levels_reports_one_and_owes_the_other():
     """Unattended, warn at 2: A,B,A,B then C,D,E,D,E reach two warnings. One report settling both
     (outcomes in reverse) observes the first; the second is owed: the next report carries it, and
-    a turn that ends first still counts it in its detections, as one at a time does."""
+    a turn that ends first tells it to its observers as it ends, as one at a time does."""
     config = tg.GuardConfig(streak_warn_at=0, streak_stop_at=0, cycle_repeat_warn_at=2, cycle_repeat_stop_at=0,
                             load_entrypoints=False, disable_plugins=("otel",))
     assert detected(config, "ABABCDEDE", batch=False) == ([("cycle_repeat", "warn")] * 2, 2)
-    assert detected(config, "ABABCDEDE", batch=True) == ([("cycle_repeat", "warn")], 2)
+    assert detected(config, "ABABCDEDE", batch=True) == ([("cycle_repeat", "warn")] * 2, 2)
     turn = tg.Guard(config).turn()
     calls = [tg.ToolCall(n, {}, call_id=str(i)) for i, n in enumerate("ABABCDEDE")]
     for call in calls:

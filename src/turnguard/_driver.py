@@ -20,7 +20,7 @@ from collections.abc import Callable
 from turnguard._dispatch import BoundChecks, Dispatcher, Found, QuietRegion
 from turnguard._ledger import Ledger, LedgerView
 from turnguard._model import LoopDetectedEvent, Outcome, ToolCall, TurnSummary, Verdict
-from turnguard._policies import cap
+from turnguard._policies import cap, cycle_repeat
 
 CHECK_CYCLE = "turnguard_check_cycle"
 CHECK_CALL = "turnguard_check_call"
@@ -101,6 +101,14 @@ class Driver:
         else:
             impls = self.checks.outcome
         return self.collect2(CHECK_OUTCOME, impls, self.report, call, outcome)
+
+    def unreported(self) -> list[LoopDetectedEvent]:
+        """The detections reached that no report carried before the turn ended
+        (``cycle_repeat.unreported``, where that policy is one of this dispatcher's): for the
+        caller to tell as the turn ends, so every level reached is heard once."""
+        if not any(impl.fn is cycle_repeat.turnguard_check_outcome for impl in self.dispatcher.check_outcome):
+            return []
+        return [verdict.event for verdict in cycle_repeat.unreported(self.ledger) if verdict.event is not None]
 
     def combine(self, hook: str, found: Found) -> tuple[Verdict | None, list[LoopDetectedEvent]]:
         """``Dispatcher.combine`` on this ledger: the winner (``None``: nothing stands), every event."""

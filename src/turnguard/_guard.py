@@ -768,6 +768,8 @@ class Turn:
         if self._halt is not None and reason == "completed":
             reason = "halted"
         summary = summarize(self.ledger, reason, self._halt)
+        if reason != SUSPENDED:  # (put aside, the levels wait in the snapshot for the resumed turn)
+            self._unreported = self._driver.unreported()
         if self._resolved is not None:
             summary = dataclasses.replace(summary, resolved=self._resolved)
         self._ended = summary
@@ -782,6 +784,8 @@ class Turn:
         if summary.reason == SUSPENDED:
             self._notify("turnguard_turn_suspended", turn=self.view, summary=summary)
             return
+        if self._unreported:  # (the turn has ended: an observer's failure has nothing left to halt)
+            self._after(self._unreported)
         self._book_entry = self.guard.results.ended(summary, self.guard, self.config.name)
         self._notify("turnguard_turn_ended", turn=self.view, summary=summary)
 
@@ -800,6 +804,8 @@ class Turn:
         return self._result_token
 
     _result_token: str | None = None
+    _unreported: Sequence[LoopDetectedEvent] = ()
+    """The detections reached that no report carried, told as the turn ends (``Driver.unreported``)."""
     _lineage: tuple[bytes, ...]
     """The markers of the turns this one continues, its own last (``TurnState.lineage``)."""
     _until: tuple[int | None, ...]

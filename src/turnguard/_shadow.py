@@ -404,11 +404,14 @@ class ShadowPlugin:
         """First of the turn-end observers, so a reporter has the shadows' summaries (a probe
         turn's main-policy would-be halt) when it reports the live turn."""
         self._flush(turn)
-        state = self._turns.pop(id(turn), None)
+        state = self._turns.get(id(turn))
         if state is None:
             return
         if state.pending:
             state.apply_pending()
+        state.found.extend((run.policy.name, event) for run in state.runs for event in run.driver.unreported())
+        self._flush(turn)  # (the levels no report carried: heard once, as the live turn's are)
+        self._turns.pop(id(turn), None)
         summaries = [(run.policy.name, summarize(run.ledger, _reason(run, summary), run.halt))
                      for run in state.runs]
         if state.reporter is not None:

@@ -134,7 +134,9 @@ def turnguard_outcome_ignored(turn: LedgerView, call: ToolCall, outcome: Outcome
 def turnguard_loop_detected(turn: LedgerView, event: LoopDetectedEvent) -> None:
     """A detector fired (whether or not its verdict won): telemetry, UIs, audit logs.
 
-    Called after the decision, outside the turn's lock, in the thread of the offending call.
+    Called after the decision, outside the turn's lock, in the thread of the offending call. A
+    ``cycle_repeat`` level no report carried before the turn ended is told as it ends (before
+    ``turnguard_turn_ended``, in the thread ending it), observed: ``ALLOW``, no call.
     """
 
 

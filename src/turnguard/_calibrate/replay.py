@@ -54,7 +54,7 @@ class Step:
     """One decision in a traced replay (for comparing with a live ``Turn``)."""
 
     call: int
-    stage: str  # "cycle" | "call" | "outcome"
+    stage: str  # "cycle" | "call" | "outcome" | "end"
     action: Action
     threshold: str | None
 
@@ -338,7 +338,7 @@ def replay_turn(
         if starts[i]:
             halt = _cycles(driver, starts[i], i + 1, trace)
             if halt is not None:
-                return TurnResult(i + 1, _label(halt), tuple(asks))
+                return _ended(driver, TurnResult(i + 1, _label(halt), tuple(asks)), n, trace)
         if i == n:
             break
         if stops and i in stops:
@@ -349,7 +349,7 @@ def replay_turn(
         found = driver.call(digests[i], call)
         verdict = driver.combine(CHECK_CALL, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "call", asks, ledger, trace):
-            return TurnResult(i + 1, _label(verdict), tuple(asks))
+            return _ended(driver, TurnResult(i + 1, _label(verdict), tuple(asks)), n, trace)
         outcome = recorded[i].outcome
         if outcome is UNFINISHED:  # its turn ended before it: the live guard got no outcome either
             waiting.append(i + 1)
@@ -357,8 +357,17 @@ def replay_turn(
         found = driver.outcome(ledger.checks, call, outcome, result_digest(recorded[i]) if results else None)
         verdict = driver.combine(CHECK_OUTCOME, found)[0] if found else None
         if verdict is not None and _answered(verdict, i + 1, "outcome", asks, ledger, trace):
-            return TurnResult(i + 2, _label(verdict), tuple(asks))
-    return TurnResult(0, None, tuple(asks))
+            return _ended(driver, TurnResult(i + 2, _label(verdict), tuple(asks)), n, trace)
+    return _ended(driver, TurnResult(0, None, tuple(asks)), n, trace)
+
+
+def _ended(driver: Driver, result: TurnResult, calls: int, trace: list[Step] | None) -> TurnResult:
+    """``result``, the turn's end traced as the live turn tells it: the levels no report carried
+    (``Driver.unreported``), each an ``end`` step after the last call the turn reached."""
+    if trace is not None:
+        at = result.halt_call if result.halted else calls + 1
+        trace.extend(Step(at, "end", event.action, str(event.threshold)) for event in driver.unreported())
+    return result
 
 
 def _ledger_at(policy: CompiledPolicy, turn: RecordedTurn, digests: Sequence[bytes], starts: Sequence[int],

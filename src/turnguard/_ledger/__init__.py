@@ -246,6 +246,13 @@ class Ledger(PolledCalls):
         cyc = self._cyc
         return None if cyc is None else cyc.due
 
+    @property
+    def cycle_unreported(self) -> list[tuple[Level, int, int]]:
+        """The ``cycle_repeat`` levels reached that no report carried yet, in the order later
+        reports would carry them (``CycleRuns.unreported``); empty when the policy is off."""
+        cyc = self._cyc
+        return [] if cyc is None else cyc.unreported()
+
     def count_settled(self, digests: Sequence[bytes], tools: Sequence[str], outcomes: Sequence[Outcome],
                       cycles: Sequence[int]) -> bool:
         """For replay tools (``turnguard calibrate``): ``begin_cycle`` ``cycles[i]`` times, then
@@ -786,10 +793,10 @@ class CyclingLedger(Ledger):
         self._cyc.reset()
 
     def summary(self, *, reason: str, halt: Verdict | None, stuck: bool) -> TurnSummary:
-        """``Ledger.summary``; its detections count the cycle levels reached but never reported
-        (owed or held: the turn ended, or halted, before an outcome could report them)."""
+        """``Ledger.summary``; its detections count the cycle levels no outcome reported
+        (``cycle_unreported``: the turn ended, or halted, first; the turn's end reports them)."""
         summary = super().summary(reason=reason, halt=halt, stuck=stuck)
-        owed = len(self._cyc.owed) + self._cyc.held
+        owed = len(self._cyc.unreported())
         return replace(summary, detections=summary.detections + owed) if owed else summary
 
     def fork(self, config: GuardConfig, *, promptable: bool | None = None) -> Ledger:

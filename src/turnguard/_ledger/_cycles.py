@@ -173,6 +173,12 @@ class CycleRuns:
         self.calm = self.due is None and not self.waiting and not self.owed
         return self.due is not None
 
+    def unreported(self) -> list[tuple[Level, int, int]]:
+        """The levels reached that no report carried yet, in the order later reports would carry
+        them: a ``held`` one first, then the ``owed``, oldest first (for a turn that ends first)."""
+        held = [self.due] if self.held and self.due is not None else []
+        return held + [(level, k, r) for level, k, r, _ in self.owed]
+
     def _give_up(self, last: int) -> None:
         """Settle the checks up to ``last`` (those without an outcome as having run), and the
         outcomes that waited behind them."""

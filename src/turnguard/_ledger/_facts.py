@@ -294,6 +294,12 @@ class PolicyFacts(LedgerFacts, Protocol):
         matches); ``None``: none, or the policy is off."""
         return _declared(self)
 
+    @property
+    def cycle_unreported(self) -> list[tuple[Level, int, int]]:
+        """The ``cycle_repeat`` levels reached that no report carried yet (owed, or held for the
+        next outcome), in the order later reports would carry them; empty when the policy is off."""
+        return _declared(self)
+
     def provisional_streak_length(self) -> int:
         """``streak_length`` with the results of the streak's calls that wait for an earlier
         call's outcome counted where they stand (check order): the streak restarts at the latest

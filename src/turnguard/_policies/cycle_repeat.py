@@ -9,9 +9,10 @@ answer restarts the count, at its place in check order). A run of one call repea
 streak's, not a cycle; a cycle is reported at its shortest period. The counts are the ledger's
 (``ledger.CycleRuns``): calls settle in check order at their outcome, so a level fires at the
 outcome of the call that reaches it, as one at a time (one level per report: the others it
-reached come with the next reports); denials do not count, and a stateful tool's changed result
-breaks the cycle. Off in ``seed`` (``cycle_repeat_warn_at = cycle_repeat_stop_at = 0``); the ledger then
-keeps no cycle facts and this module is never called on the hot path.
+reached come with the next reports, or observed as the turn ends, ``unreported``); denials do not
+count, and a stateful tool's changed result breaks the cycle. Off in ``seed``
+(``cycle_repeat_warn_at = cycle_repeat_stop_at = 0``); the ledger then keeps no cycle facts and
+this module is never called on the hot path.
 """
 
 from __future__ import annotations
@@ -41,14 +42,26 @@ def turnguard_check_outcome(turn: PolicyFacts, call: ToolCall, outcome: Outcome)
     if due is None:
         return None
     level, period, matches = due
-    times = matches // period + 1
     config = turn.config
     if level is Level.STOP:
-        limit = config.cycle_repeat_stop_at
         action = Action.ASK if turn.promptable else Action.HALT
     else:
-        limit = config.cycle_repeat_warn_at
         action = Action.REMIND if config.remind_model else Action.ASK if turn.promptable else Action.ALLOW
+    return _detect(turn, level, period, matches, action, call)
+
+
+def unreported(turn: PolicyFacts) -> list[Verdict]:
+    """The levels no outcome reported before the turn ended (``cycle_unreported``), each heard
+    once as the turn ends, in the order later reports would have carried them: observed
+    (``ALLOW``), since nothing is left to ask, remind or halt."""
+    return [_detect(turn, level, period, matches, Action.ALLOW, None)
+            for level, period, matches in turn.cycle_unreported]
+
+
+def _detect(turn: PolicyFacts, level: Level, period: int, matches: int, action: Action,
+            call: ToolCall | None) -> Verdict:
+    times = matches // period + 1
+    limit = turn.config.cycle_repeat_stop_at if level is Level.STOP else turn.config.cycle_repeat_warn_at
     if action is Action.REMIND:
         message = reminder(period, times)
     else:
