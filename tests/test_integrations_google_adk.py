@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
@@ -31,6 +32,7 @@ from google.adk.agents.run_config import RunConfig  # noqa: E402
 from google.adk.apps import App  # noqa: E402
 from google.adk.models.base_llm import BaseLlm  # noqa: E402
 from google.adk.models.llm_response import LlmResponse  # noqa: E402
+from google.adk.plugins.base_plugin import BasePlugin  # noqa: E402
 from google.adk.plugins.reflect_retry_tool_plugin import ReflectAndRetryToolPlugin  # noqa: E402
 from google.adk.runners import InMemoryRunner, Runner  # noqa: E402
 from google.adk.sessions import InMemorySessionService  # noqa: E402
@@ -925,3 +927,111 @@ def test_a_resumed_run_leaves_its_turn_in_the_session_as_it_is_however_it_ends(e
         assert "ended" not in entry and entry.get("pending") is None, entry  # the question was answered
         assert turns == [(turns[0][0], "completed")] and summaries[0].tool_calls == 6, turns
         assert ran.count("call-1-5") == 1
+
+
+class Outcomes:
+    """Every check and every outcome the turn records, by call id, and how the turn ended."""
+
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+        self.outcomes: dict[str, list[str]] = {}
+        self.ended: str | None = None
+
+    @tg.hookimpl
+    def turnguard_call_checked(self, call: tg.ToolCall, verdict: tg.Verdict) -> None:
+        if verdict.action is not tg.Action.HALT:
+            self.checked.append(call.call_id)
+
+    @tg.hookimpl
+    def turnguard_outcome_recorded(self, call: tg.ToolCall, outcome: tg.Outcome) -> None:
+        self.outcomes.setdefault(call.call_id, []).append(outcome.value)
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, summary: tg.TurnSummary) -> None:
+        self.ended = summary.reason
+
+    def each_once(self) -> list[str]:
+        """The outcome of each checked call, in check order, asserting it got exactly one."""
+        assert self.ended is not None
+        assert {call_id: len(self.outcomes.get(call_id, ())) for call_id in self.checked} == dict.fromkeys(
+            self.checked, 1)
+        return [self.outcomes[call_id][0] for call_id in self.checked]
+
+
+class RewritingPlugin(BasePlugin):
+    """A plugin that answers ``after_tool`` itself (ADK then skips the plugins after it)."""
+
+    def __init__(self, answer: dict) -> None:
+        super().__init__(name="rewriter")
+        self.answer = answer
+
+    async def after_tool_callback(self, *, tool, tool_args, tool_context, result):
+        return self.answer
+
+
+class ErrorExtractingRetry(ReflectAndRetryToolPlugin):
+    """ADK's retry plugin taught to retry on a returned ``{"error": ...}`` (its documented extension
+    point): it answers ``after_tool`` with its reflection, and raises once its retries are spent."""
+
+    async def extract_error_from_result(self, *, tool, tool_args, tool_context, result):
+        return result if isinstance(result, dict) and "error" in result else None
+
+
+def _tool_response(behaviour: str, attempt: int) -> dict:
+    """What ``read_file`` does at its ``attempt``-th run (0-based) for a path."""
+    if behaviour == "raises" or (behaviour == "raises_once" and not attempt):
+        raise FileNotFoundError("no such file")
+    return {"error": "no such file"} if behaviour == "error_dict" else {"content": "x"}
+
+
+TOOL_BEHAVIOURS = ("raises", "raises_once", "error_dict", "ok")
+OTHER_PLUGINS = {
+    "retry": lambda: ReflectAndRetryToolPlugin(max_retries=2),
+    "retry_on_error_dicts": lambda: ErrorExtractingRetry(max_retries=2),
+    "rewriter_ok": lambda: RewritingPlugin({"content": "rewritten"}),
+    "rewriter_error": lambda: RewritingPlugin({"error": "rewritten"}),
+}
+
+
+def _recorded(behaviour: str, other: str, turnguard_first: bool, parallel: int) -> tuple[Outcomes, list]:
+    """A run of four responses of ``parallel`` calls each, its tool behaving as ``behaviour``, with
+    turnguard's plugin and the ``other`` one in that order or the reverse."""
+    attempts: dict[str, int] = {}
+
+    def read_file(path: str) -> dict:
+        """Read a file."""
+        attempts[path] = attempts.get(path, 0) + 1
+        return _tool_response(behaviour, attempts[path] - 1)
+
+    book = Outcomes()
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",)), plugins={"book": book})
+    plugins = [TurnGuardPlugin(guard), OTHER_PLUGINS[other]()]
+    if not turnguard_first:
+        plugins.reverse()
+    steps = [[("read_file", {"path": f"f{k}.py"}) for k in range(parallel)]] * 4
+    session = Session(scripted(steps), [read_file], plugins)
+    with contextlib.suppress(Exception):  # the run died on the tool's error, or the retry plugin's
+        session.send("read them")
+    return book, session.events
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+@pytest.mark.parametrize("other", list(OTHER_PLUGINS))
+@pytest.mark.parametrize("behaviour", TOOL_BEHAVIOURS)
+def test_every_checked_call_gets_one_outcome_whichever_plugin_answers_its_result_first(behaviour, other, parallel):
+    """A plugin listed before turnguard's that answers a call's ``on_tool_error`` or ``after_tool``
+    itself (ADK's ``ReflectAndRetryToolPlugin`` recovering an error for a retry, or giving up and
+    raising; a plugin rewriting the result) keeps turnguard's own callback from running: the call
+    still gets exactly one outcome, the one it gets with turnguard's plugin first (a tool that
+    raised is a failure, whatever recovered it), also when the run dies on the retry's error (a
+    rewritten result counts as the model is given it)."""
+    first, _ = _recorded(behaviour, other, True, parallel)
+    second, _ = _recorded(behaviour, other, False, parallel)
+    outcomes = second.each_once()
+    assert first.ended == second.ended
+    if not other.startswith("rewriter"):
+        assert first.each_once() == outcomes
+    elif behaviour in ("error_dict", "ok"):  # (a tool that raises, unrecovered, ends the run: "error")
+        assert set(outcomes) == {other.removeprefix("rewriter_")}
+    if behaviour in ("raises", "error_dict") and not other.startswith("rewriter"):
+        assert set(outcomes) == {"error"}

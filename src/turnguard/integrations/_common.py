@@ -287,6 +287,13 @@ def end_reason(exc: BaseException | None) -> str:
     return ERROR
 
 
+def unfinished_outcome(exc: BaseException | None) -> Outcome:
+    """How a call checked and let run whose outcome never came settles as its run ends with
+    ``exc``: ``ERROR`` when the run died on an exception (the tool raised, or what recovered it
+    gave up and raised), else ``UNKNOWN``; so every checked call gets one outcome."""
+    return Outcome.ERROR if end_reason(exc) == ERROR else Outcome.UNKNOWN
+
+
 def open_turn(
     guard: Guard,
     *,

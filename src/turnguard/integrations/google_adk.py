@@ -9,7 +9,11 @@ the tool runs, ``after_tool`` / ``on_tool_error`` record its outcome, ``after_ru
 
 - A call fails when the tool raises (whether or not another plugin, e.g. ADK's
   ``ReflectAndRetryToolPlugin``, then recovers it) or returns a dict with an ``"error"`` key (the
-  convention of ADK's own tools).
+  convention of ADK's own tools). Every call checked gets one outcome, whatever the plugins'
+  order: one listed before turnguard's that answers the call's ``on_tool_error`` or ``after_tool``
+  itself (ADK then skips turnguard's) leaves it to the tool response ADK emits (the retry plugin's
+  answer is a failure), and a call whose response never comes (the retry plugin gave up and
+  raised) is recorded as the turn ends: ``error`` when the run died on an exception, else ``unknown``.
 - HALT ends the invocation ADK's way (ADK turns an exception from a plugin into a ``RuntimeError``):
   the halted call is answered with an ``{"error": "Not executed: ..."}`` response instead of
   running, and the next model request is answered by turnguard itself with a final text naming the
@@ -60,6 +64,7 @@ from typing import Any, Literal
 from google.adk.events import Event, EventActions
 from google.adk.models.llm_response import LlmResponse
 from google.adk.plugins.base_plugin import BasePlugin
+from google.adk.plugins.reflect_retry_tool_plugin import REFLECT_AND_RETRY_RESPONSE_TYPE as RETRY_RESPONSE_TYPE
 from google.genai import types
 
 from turnguard import _state as st
@@ -253,10 +258,12 @@ class TurnGuardPlugin(BasePlugin):
         snapshot into the session state, and the final one of an invocation that paused (or halted)
         says how its turn ended: a fresh plugin, in this process or another, resumes from it."""
         actions = event.actions
-        if not actions.requested_tool_confirmations and not event.is_final_response():
-            return None
         key = invocation_context.invocation_id
         run = self._runs.get(key)
+        if run is not None and run.calls:
+            await self._answered(run, event)
+        if not actions.requested_tool_confirmations and not event.is_final_response():
+            return None
         if run is None:
             return None
         entry = run.entry()
@@ -384,8 +391,7 @@ class TurnGuardPlugin(BasePlugin):
     async def after_tool_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, result: Any
     ) -> Any:
-        failed = isinstance(result, dict) and "error" in result
-        reminder = await self._settle(tool_context, Outcome.ERROR if failed else Outcome.OK, result=result)
+        reminder = await self._settle(tool_context, _outcome_of(result), result=result)
         return _remind(result, reminder) if reminder else None
 
     async def on_tool_error_callback(
@@ -411,6 +417,17 @@ class TurnGuardPlugin(BasePlugin):
             return None
         await self._outcome(run, call, outcome, result)
         return reminder
+
+    async def _answered(self, run: _Run, event: Any) -> None:
+        """The tool responses ``event`` carries for calls turnguard checked whose outcome no tool
+        callback of turnguard's recorded: another plugin listed before it answered the call's
+        ``on_tool_error`` or ``after_tool`` itself (ADK stops at the first answer), e.g. a retry
+        plugin recovering the error. Each is recorded by its response, once."""
+        for response in event.get_function_responses():
+            call = run.calls.pop(response.id, None) if response.id is not None else None
+            if call is not None:
+                run.reminders.pop(response.id, None)
+                await self._outcome(run, call, _outcome_of(response.response), response.response)
 
     def _checked(self, tool_context: Any) -> tuple[_Run, ToolCall, str | None] | None:
         """The run and the checked call this tool call's outcome belongs to, with the reminder
@@ -445,6 +462,11 @@ class TurnGuardPlugin(BasePlugin):
         with self._lock:
             run = self._runs.pop(key, None)
         if run is not None:
+            # Calls let run whose outcome never came (what answered their error raised, say): one each.
+            outcome = common.unfinished_outcome(exc)
+            for call in run.calls.values():
+                run.driver.turn.record_outcome(call, outcome)
+            run.calls.clear()
             run.driver.end(exc)
             with self._lock:
                 self._remember(key, run)
@@ -593,6 +615,13 @@ def _request_confirmation(tool_context: Any, verdict: Verdict, *, held: bool = F
     tool_context.request_confirmation(hint=common.describe(verdict), payload=payload)
     tool_context.actions.skip_summarization = True  # wait for the user, not for the model
     return {"error": f"Not executed yet: the user is asked first. {common.describe(verdict)}"}
+
+
+def _outcome_of(result: Any) -> Outcome:
+    """A tool response's outcome: ``ERROR`` for a dict with an ``"error"`` key (ADK's own tools'
+    convention) or ``ReflectAndRetryToolPlugin``'s answer for a tool that raised, else ``OK``."""
+    failed = isinstance(result, dict) and ("error" in result or result.get("response_type") == RETRY_RESPONSE_TYPE)
+    return Outcome.ERROR if failed else Outcome.OK
 
 
 def _remind(result: Any, reminder: str) -> Any:

@@ -152,7 +152,7 @@ class TurnGuardRunHooks(RunHooks[Any]):
         raised), else ``unknown``, whatever ended it (a halt or a refusal included)."""
         if self.driver is None:
             return
-        outcome = Outcome.ERROR if common.end_reason(exc) == common.ERROR else Outcome.UNKNOWN
+        outcome = common.unfinished_outcome(exc)
         for call in list(self._calls.values()):
             self.driver.turn.record_outcome(call, outcome)
         self._calls.clear()
