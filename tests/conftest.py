@@ -289,3 +289,32 @@ def promtool(request) -> str:
     import chain
 
     return chain.promtool_of(request.param)
+
+
+class CallOutcomes:
+    """A plugin that books every check a turn lets run and every outcome it records, by call id
+    (a call checked again, as a retry outside the adapter re-runs it, counts each time)."""
+
+    def __init__(self) -> None:
+        self.checked: dict[str, int] = {}
+        self.outcomes: dict[str, list[str]] = {}
+        self.ended: str | None = None
+
+    @tg.hookimpl
+    def turnguard_call_checked(self, call: tg.ToolCall, verdict: tg.Verdict) -> None:
+        if verdict.action is not tg.Action.HALT:
+            self.checked[call.call_id] = self.checked.get(call.call_id, 0) + 1
+
+    @tg.hookimpl
+    def turnguard_outcome_recorded(self, call: tg.ToolCall, outcome: tg.Outcome) -> None:
+        self.outcomes.setdefault(call.call_id, []).append(outcome.value)
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, summary: tg.TurnSummary) -> None:
+        self.ended = summary.reason
+
+    def each_once(self) -> list[str]:
+        """The outcomes, by call in check order, asserting each check got exactly one."""
+        assert {call_id: len(self.outcomes.get(call_id, ())) for call_id in self.checked} == self.checked
+        assert set(self.outcomes) <= set(self.checked)
+        return [outcome for call_id in self.checked for outcome in self.outcomes[call_id]]

@@ -17,6 +17,7 @@ from conftest import (
     POLLING,
     POLLS,
     STOPPED_AT_THE_EIGHTH_FAILURE,
+    CallOutcomes,
     assert_polled,
     cancel_once_started,
     ci_statuses,
@@ -929,35 +930,6 @@ def test_a_resumed_run_leaves_its_turn_in_the_session_as_it_is_however_it_ends(e
         assert ran.count("call-1-5") == 1
 
 
-class Outcomes:
-    """Every check and every outcome the turn records, by call id, and how the turn ended."""
-
-    def __init__(self) -> None:
-        self.checked: list[str] = []
-        self.outcomes: dict[str, list[str]] = {}
-        self.ended: str | None = None
-
-    @tg.hookimpl
-    def turnguard_call_checked(self, call: tg.ToolCall, verdict: tg.Verdict) -> None:
-        if verdict.action is not tg.Action.HALT:
-            self.checked.append(call.call_id)
-
-    @tg.hookimpl
-    def turnguard_outcome_recorded(self, call: tg.ToolCall, outcome: tg.Outcome) -> None:
-        self.outcomes.setdefault(call.call_id, []).append(outcome.value)
-
-    @tg.hookimpl
-    def turnguard_turn_ended(self, summary: tg.TurnSummary) -> None:
-        self.ended = summary.reason
-
-    def each_once(self) -> list[str]:
-        """The outcome of each checked call, in check order, asserting it got exactly one."""
-        assert self.ended is not None
-        assert {call_id: len(self.outcomes.get(call_id, ())) for call_id in self.checked} == dict.fromkeys(
-            self.checked, 1)
-        return [self.outcomes[call_id][0] for call_id in self.checked]
-
-
 class RewritingPlugin(BasePlugin):
     """A plugin that answers ``after_tool`` itself (ADK then skips the plugins after it)."""
 
@@ -993,7 +965,7 @@ OTHER_PLUGINS = {
 }
 
 
-def _recorded(behaviour: str, other: str, turnguard_first: bool, parallel: int) -> tuple[Outcomes, list]:
+def _recorded(behaviour: str, other: str, turnguard_first: bool, parallel: int) -> tuple[CallOutcomes, list]:
     """A run of four responses of ``parallel`` calls each, its tool behaving as ``behaviour``, with
     turnguard's plugin and the ``other`` one in that order or the reverse."""
     attempts: dict[str, int] = {}
@@ -1003,7 +975,7 @@ def _recorded(behaviour: str, other: str, turnguard_first: bool, parallel: int) 
         attempts[path] = attempts.get(path, 0) + 1
         return _tool_response(behaviour, attempts[path] - 1)
 
-    book = Outcomes()
+    book = CallOutcomes()
     guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",)), plugins={"book": book})
     plugins = [TurnGuardPlugin(guard), OTHER_PLUGINS[other]()]
     if not turnguard_first:
@@ -1028,7 +1000,7 @@ def test_every_checked_call_gets_one_outcome_whichever_plugin_answers_its_result
     first, _ = _recorded(behaviour, other, True, parallel)
     second, _ = _recorded(behaviour, other, False, parallel)
     outcomes = second.each_once()
-    assert first.ended == second.ended
+    assert first.ended == second.ended and second.ended is not None
     if not other.startswith("rewriter"):
         assert first.each_once() == outcomes
     elif behaviour in ("error_dict", "ok"):  # (a tool that raises, unrecovered, ends the run: "error")

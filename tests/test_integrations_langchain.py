@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
@@ -18,6 +19,7 @@ from conftest import (
     POLLING,
     POLLS,
     STOPPED_AT_THE_EIGHTH_FAILURE,
+    CallOutcomes,
     assert_polled,
     cancel_once_started,
     ci_statuses,
@@ -28,6 +30,7 @@ from conftest import (
 optional_dependency("langchain.agents")
 
 from langchain.agents import create_agent  # noqa: E402
+from langchain.agents.middleware import ModelRetryMiddleware, ToolRetryMiddleware  # noqa: E402
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import ToolException, tool  # noqa: E402
@@ -942,3 +945,53 @@ def test_a_run_cancelled_while_a_batch_runs_settles_every_call_it_checked(turn_e
     cancel_once_started(start)
     assert [o for _, o in seen.outcomes] == [tg.Outcome.ERROR] * 3
     assert seen.summaries[-1].reason == "cancelled"
+
+
+def _batch(i: int, n: int) -> AIMessage:
+    return AIMessage(content="", tool_calls=[{"name": "read_file", "args": {"path": f"p{k}"}, "id": f"c{i}-{k}",
+                                              "type": "tool_call"} for k in range(n)])
+
+
+RETRIES = {
+    "tool_retry_outside": lambda: [ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False), "turnguard"],
+    "tool_retry_inside": lambda: ["turnguard", ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False)],
+    "tool_retry_outside_raising": lambda: [
+        ToolRetryMiddleware(max_retries=1, initial_delay=0, jitter=False, on_failure="error"), "turnguard"],
+    "model_retry_outside": lambda: [ModelRetryMiddleware(max_retries=1, initial_delay=0, jitter=False), "turnguard"],
+    "model_retry_inside": lambda: ["turnguard", ModelRetryMiddleware(max_retries=1, initial_delay=0, jitter=False)],
+}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("parallel", [1, 2])
+@pytest.mark.parametrize("behaviour", ["raises", "raises_once"])
+@pytest.mark.parametrize("retry", list(RETRIES))
+def test_every_checked_call_gets_one_outcome_through_each_retry_middleware(retry, behaviour, parallel, mode):
+    """LangChain's retrying middlewares, outside turnguard's wrappers or inside them, the tool
+    failing each time or once, one call a response or two in parallel, the model failing once
+    after its first response: each check turnguard lets run (a retry outside re-runs the call
+    through turnguard's wrapper: checked again) gets exactly one outcome, and the turn ends."""
+    attempts: dict[str, int] = {}
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        attempts[path] = attempts.get(path, 0) + 1
+        if behaviour == "raises" or attempts[path] == 1:
+            raise OSError(f"{path}: disk gone")
+        return "contents"
+
+    book = CallOutcomes()
+    turnguard = TurnGuardMiddleware(tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",)),
+                                             plugins={"book": book}))
+    model = UnreachableAfter(messages=iter([_batch(0, parallel), _batch(1, parallel), AIMessage("done")]),
+                             answers=1 if retry.startswith("model") else 3)
+    middleware = [turnguard if m == "turnguard" else m for m in RETRIES[retry]()]
+    agent = turnguard.watch(create_agent(model, [read_file], middleware=middleware))
+    with contextlib.suppress(OSError, ConnectionError):
+        invoke(agent, ask_user("read them"), LIMIT, mode=mode)
+    assert book.ended is not None
+    outcomes = book.each_once()  # (a call beside one whose error ended the run: "unknown" as the turn ends)
+    assert outcomes and set(outcomes) <= {"ok", "error", "unknown"}
+    if behaviour == "raises" and not retry.startswith("model"):
+        assert "ok" not in outcomes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import json
@@ -17,6 +18,7 @@ from conftest import (
     POLLING,
     POLLS,
     STOPPED_AT_THE_EIGHTH_FAILURE,
+    CallOutcomes,
     assert_polled,
     cancel_once_started,
     ci_statuses,
@@ -26,6 +28,7 @@ from conftest import (
 
 optional_dependency("pydantic_ai")
 
+from pydantic import BaseModel  # noqa: E402
 from pydantic_ai import Agent, ModelResponse, TextPart, ToolCallPart  # noqa: E402
 from pydantic_ai.capabilities import AbstractCapability, HandleDeferredToolCalls  # noqa: E402
 from pydantic_ai.exceptions import AgentRunError, ModelRetry, ToolFailed, UsageLimitExceeded  # noqa: E402
@@ -1152,3 +1155,69 @@ def test_a_call_that_ran_while_a_sibling_was_asked_about_keeps_its_outcome_when_
 
     cancel_once_started(start)
     assert calls.outcomes == {"c0-0": [tg.Outcome.OK]} and calls.ignored == []
+
+
+class _Answer(BaseModel):
+    answer: str
+
+
+def _part(name: str, args: dict, call_id: str) -> ToolCallPart:
+    return ToolCallPart(name, args, tool_call_id=call_id)
+
+
+RETRY_SCRIPTS = {
+    # (response i -> parts; the run's output type; whether the output validator retries once; the tool raises)
+    "text_and_call_output_retried": (lambda i: [TextPart("hi"), _part("read_file", {"path": "a"}, f"c{i}")]
+                                     if i < 2 else [TextPart("done")], str, True, None),
+    "call_and_output_tool_retried": (lambda i: [_part("read_file", {"path": "a"}, f"c{i}"),
+                                                _part("final_result", {"answer": "x"}, f"f{i}")], _Answer, True, None),
+    "call_and_invalid_output_tool": (lambda i: [_part("read_file", {"path": "a"}, f"c{i}"), _part(
+        "final_result", {"wrong": 1} if i == 0 else {"answer": "y"}, f"f{i}")], _Answer, False, None),
+    "tool_model_retry_until_spent": (lambda i: [_part("read_file", {"path": "a"}, f"c{i}"),
+                                                _part("read_file", {"path": "b"}, f"d{i}")], str, False, "retry"),
+    "tool_failed": (lambda i: [_part("read_file", {"path": "a"}, f"c{i}")] if i < 3 else [TextPart("done")], str,
+                    False, "failed"),
+    "invalid_args_until_spent": (lambda i: [_part("read_file", {"nope": 1}, f"c{i}"),
+                                            _part("read_file", {"path": "a"}, f"d{i}")], str, False, None),
+}
+
+
+@pytest.mark.parametrize("end_strategy", ["early", "exhaustive"])
+@pytest.mark.parametrize("script", list(RETRY_SCRIPTS))
+def test_every_checked_call_gets_one_outcome_through_each_retry_path(script, end_strategy):
+    """pydantic-ai's retry paths: an output validator's ``ModelRetry`` (text or output tool), an
+    output tool's invalid arguments, a tool's ``ModelRetry`` until the retry budget is spent (the
+    run dies), ``ToolFailed``, arguments refused until the budget is spent; beside calls of the
+    same response, under either ``end_strategy``: each call turnguard checked gets exactly one
+    outcome, and the turn ends."""
+    respond, output_type, validator_retries, raises = RETRY_SCRIPTS[script]
+    responses = itertools.count()
+    book = CallOutcomes()
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",)), plugins={"book": book})
+    agent = Agent(FunctionModel(lambda m, info: ModelResponse(parts=respond(next(responses)))),
+                  capabilities=[TurnGuardCapability(guard)], output_type=output_type, end_strategy=end_strategy,
+                  retries=3)
+
+    @agent.tool_plain
+    def read_file(path: str) -> str:
+        if raises == "retry":
+            raise ModelRetry("try another path")
+        if raises == "failed":
+            raise ToolFailed("no such file")
+        return "contents"
+
+    validated = itertools.count()
+
+    @agent.output_validator
+    def once(output: Any) -> Any:
+        if validator_retries and next(validated) == 0:
+            raise ModelRetry("say it again")
+        return output
+
+    with contextlib.suppress(AgentRunError):
+        agent.run_sync("go")
+    assert book.ended is not None
+    outcomes = book.each_once()
+    assert set(outcomes) <= {"ok", "error"}
+    if raises is not None:
+        assert outcomes and "ok" not in outcomes
