@@ -550,6 +550,35 @@ def test_session_ids_of_any_length_or_text_keep_the_state_and_the_record_small(
     assert not (tmp_path / "state" / "hooks" / "errors.log").exists()
 
 
+HOSTILE_NAMES = {**HOSTILE_IDS, "huge": "T" * 3_000_000}
+"""Tool names a model may make up: past the limit (by far: a few of these fill the state's bound), or not UTF-8."""
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE_NAMES))
+@pytest.mark.parametrize("agent", AGENTS)
+def test_tool_names_of_any_length_or_text_keep_the_state_small_and_the_loop_guarded(
+        agent: str, kind: str, env: dict[str, str], tmp_path: Path) -> None:
+    """A tool's name is kept per call in the turn's journal, like a call's id: past MAX_ID_LENGTH or
+    not UTF-8 it stands as its digest, so the state stays small, no event fails, a loop of such a
+    call halts at the streak's stop as under a short name, two names that differ only past the limit
+    are two tools, and the recorded turn's names are bounded."""
+    s = Session(agent, env, tmp_path)
+    s.start()
+    name, other = HOSTILE_NAMES[kind] + "a", HOSTILE_NAMES[kind] + "b"
+    for n in range(1, STOP_AT + 1):
+        assert all(is_allow(a) for a in s.call("make test", failed=True, tool=other if n == 1 else name).answers()), n
+    halted = s.call("make test", failed=True, tool=name)
+    assert check_halts(agent, halted.pre) or outcome_halts(agent, halted), halted
+    assert s.tool_calls() == STOP_AT + 1
+    s.finish()
+    files = list((tmp_path / "state").rglob("*.json"))
+    assert files and max(f.stat().st_size for f in files) < 64 * 1024
+    line = only_line(env)
+    assert len(line["calls"]) == STOP_AT + 1 and all(len(c["tool"]) <= MAX_ID_LENGTH for c in line["calls"])
+    assert len({c["tool"] for c in line["calls"]}) == 2
+    assert not (tmp_path / "state" / "hooks" / "errors.log").exists()
+
+
 def test_concurrent_threads_in_one_process_count_every_call_exactly(env: dict[str, str], tmp_path: Path) -> None:
     """Ten threads calling ``hook.run`` at once on a new session (each takes the lock on a
     descriptor of its own), round after round."""

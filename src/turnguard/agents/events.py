@@ -211,9 +211,10 @@ def text_field(payload: dict[str, Any], name: str, *, required: bool = False) ->
 
 
 def id_field(payload: dict[str, Any], name: str, *, required: bool = False) -> str | None:
-    """``text_field`` for an id the state keeps (a session's, a turn's, a call's): one longer than
-    ``MAX_ID_LENGTH`` or not UTF-8 (a lone surrogate) stands as a digest of itself, ``#`` and 32 hex
-    digits, the same for the same id, so no id can grow the state or fail its writing."""
+    """``text_field`` for an id the state keeps (a session's, a turn's, a call's, a tool's name: the
+    journal keeps a call's tool name per call): one longer than ``MAX_ID_LENGTH`` or not UTF-8 (a
+    lone surrogate) stands as a digest of itself, ``#`` and 32 hex digits, the same for the same id,
+    so no id can grow the state or fail its writing."""
     value = text_field(payload, name, required=required)
     if value is None or (len(value) <= MAX_ID_LENGTH and _encodes(value)):
         return value
@@ -245,7 +246,7 @@ def common_fields(payload: dict[str, Any], kinds: Mapping[str, Kind], *, turn_re
         tool_input = payload.get("tool_input")
         if nested_deeper(tool_input, MAX_INPUT_DEPTH):
             raise BadEvent(f"the event's tool_input nests deeper than {MAX_INPUT_DEPTH} levels")
-        fields.update(tool_name=text_field(payload, "tool_name", required=True), tool_input=tool_input,
+        fields.update(tool_name=id_field(payload, "tool_name", required=True), tool_input=tool_input,
                       call_id=id_field(payload, call_id) if call_id else None)
     return fields
 
