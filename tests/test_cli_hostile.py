@@ -52,7 +52,7 @@ class Case:
     """A hostile input: extra environment, files to put in the working folder, and the outcome."""
 
     env: dict[str, str]
-    files: dict[str, bytes | None]  # None: a folder
+    files: dict[str, bytes | str | None]  # None: a folder; a str: a symbolic link to that path
     status: int
     says: str = ""
     """Text the command's one line holds (lower case compared)."""
@@ -94,12 +94,25 @@ def run_command(argv: list[str], cwd: Path, env: dict[str, str], stdout_to: str 
 
 NOT_UTF8 = b"soft_cap = 3\n# caf\xe9 au lait\n"
 DEEP = b"x = " + b"[" * 50_000 + b"]" * 50_000 + b"\n"
+CONFIG_BOUND = 4 * 1024 * 1024
+"""The documented bound of a configuration file (usage.md; ``turnguard._config.MAX_CONFIG_BYTES``)."""
+OVERSIZED = b"soft_cap = 3\n" + b"# padding\n" * (CONFIG_BOUND // 10 + 1)
+"""A configuration file one line past the bound, well formed (so only its size can refuse it)."""
 
 CONFIGURATION_CASES: dict[str, Case] = {
     "a turnguard.toml that is not UTF-8": Case({}, {"turnguard.toml": NOT_UTF8}, 2, "not utf-8"),
     "a TOML file that does not parse": Case({"TURNGUARD_CONFIG": "bad.toml"}, {"bad.toml": b"soft_cap = [\n"}, 2,
                                             "bad.toml"),
     "a TOML file nested too deeply": Case({"TURNGUARD_CONFIG": "deep.toml"}, {"deep.toml": DEEP}, 2, "deep"),
+    "a configuration path naming a device without end": Case({"TURNGUARD_CONFIG": "zero.toml"},
+                                                             {"zero.toml": "/dev/zero"}, 2, "larger than"),
+    "a configuration path naming a device of random bytes": Case({"TURNGUARD_CONFIG": "random.toml"},
+                                                                 {"random.toml": "/dev/urandom"}, 2, "larger than"),
+    "a turnguard.toml past the size bound": Case({}, {"turnguard.toml": OVERSIZED}, 2, "larger than"),
+    "a pyproject.toml past the size bound naming tool.turnguard": Case(
+        {}, {"pyproject.toml": b"[tool.turnguard]\n" + OVERSIZED}, 2, "larger than"),
+    "a pyproject.toml past the size bound not naming turnguard (passed over)": Case(
+        {}, {"pyproject.toml": b"[tool.other]\n" + OVERSIZED}, 0),
     "a configuration path that is a folder": Case({"TURNGUARD_CONFIG": "folder"}, {"folder": None}, 2,
                                                   "is a directory"),
     "a configuration path through a file": Case({"TURNGUARD_CONFIG": "afile/turnguard.toml"}, {"afile": b"x"}, 2,
@@ -127,6 +140,8 @@ def prepare(root: Path, case: Case) -> None:
         path = root / name
         if content is None:
             path.mkdir()
+        elif isinstance(content, str):
+            path.symlink_to(content)
         else:
             path.write_bytes(content)
 
@@ -158,7 +173,7 @@ def test_every_command_fails_cleanly_on_a_hostile_configuration(command, case, i
     prepare(tmp_path, hostile)
     done = run_command(argv_of(command, inputs, tmp_path), tmp_path, dict(hostile.env))
     assert_fails_cleanly(done, command, hostile)
-    assert len(done.lines) == 1, done.err
+    assert len(done.lines) == (1 if hostile.status else 0), done.err
 
 
 WITH_CONFIG = [name for name in COMMANDS if "--config" in cli._subparser(cli.parser(), name)._option_string_actions]
@@ -229,6 +244,7 @@ PATH_CASES: dict[str, tuple[list[str], Case]] = {
         ["calibrate", "{corpus}", "--html", "/proc/turnguard-test/r.html"], Case({}, {}, 2, "r.html")),
     "calibrate-merge: input missing": (["calibrate-merge", "nosuch.json"], Case({}, {}, 2, "nosuch.json")),
     "calibrate-merge: input is a folder": (["calibrate-merge", "folder"], Case({}, {"folder": None}, 2, "folder")),
+    "calibrate-merge: input a device without end": (["calibrate-merge", "/dev/zero"], Case({}, {}, 2, "larger than")),
     "calibrate-merge: input not UTF-8": (["calibrate-merge", "r.json"], Case({}, {"r.json": NOT_UTF8}, 2, "r.json")),
     "calibrate-merge: --json through a file": (
         ["calibrate-merge", "{result}", "--json", "afile/m.json"], Case({}, {"afile": b"x"}, 2, "afile/m.json")),

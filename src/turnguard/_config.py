@@ -411,7 +411,7 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
     """The options a TOML file sets: ``[tool.turnguard]`` of a ``pyproject.toml``; a
     ``turnguard.toml``'s ``[turnguard]`` table or its top level."""
     try:
-        data: Mapping[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+        data: Mapping[str, Any] = tomllib.loads(_config_bytes(path).decode("utf-8"))
     except OSError as exc:
         raise ConfigFileError(str(path), exc.strerror or str(exc), "a readable TOML file") from exc
     except UnicodeDecodeError as exc:
@@ -423,6 +423,26 @@ def _toml_options(path: Path) -> Mapping[str, Any]:
     if path.name == "pyproject.toml":
         return _table(_table(data, "tool"), "turnguard", "tool.")
     return _own_options(data)
+
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""The largest configuration file read (a project's whole ``pyproject.toml`` is tens of kB): a path
+that names a device (``/dev/zero``) or a file past it is refused, not read into memory without end."""
+
+
+def _config_head(path: Path) -> bytes:
+    """The file's bytes up to one past ``MAX_CONFIG_BYTES`` (a device's or a growing file's
+    ``stat`` size says nothing)."""
+    with open(path, "rb") as f:
+        return f.read(MAX_CONFIG_BYTES + 1)
+
+
+def _config_bytes(path: Path) -> bytes:
+    """The file's bytes; ``ConfigFileError`` past ``MAX_CONFIG_BYTES``."""
+    data = _config_head(path)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigFileError(str(path), f"larger than {MAX_CONFIG_BYTES:,} bytes", "a TOML file")
+    return data
 
 
 def _table(data: Mapping[str, Any], key: str, within: str = "") -> Mapping[str, Any]:
@@ -506,7 +526,9 @@ def _find_toml(search: str | os.PathLike[str] | None) -> Path | None:
 def _configures_turnguard(pyproject: Path) -> bool:
     """Whether ``pyproject`` has a ``[tool.turnguard]`` table, or may have meant one: its ``tool``
     is not a table (``tool = "turnguard"``), so ``load`` says what is wrong with it."""
-    text = pyproject.read_bytes()
+    text = _config_head(pyproject)
+    if len(text) > MAX_CONFIG_BYTES:  # (taken when it names the table: ``load`` says it is too large)
+        return b"tool.turnguard" in text
     try:
         tool = tomllib.loads(text.decode("utf-8")).get("tool", {})
     except (ValueError, RecursionError):  # (tomllib's errors and UnicodeDecodeError are ValueErrors)

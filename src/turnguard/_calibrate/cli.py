@@ -362,9 +362,11 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
     counted: dict[str, str] = {}
     for path in paths:
         try:
-            if os.path.getsize(path) > MAX_RESULT_BYTES:
+            with open(path, "rb") as f:
+                text = f.read(MAX_RESULT_BYTES + 1)  # (a device's or a growing file's size says nothing)
+            if len(text) > MAX_RESULT_BYTES:
                 raise ValueError(f"larger than {MAX_RESULT_BYTES:,} bytes: not a calibrate --json result")
-            part = RunStats.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+            part = RunStats.from_json(json.loads(text.decode("utf-8")))
             _refuse_overlap(part, path, counted)
             if merged is None:
                 merged = part
