@@ -345,10 +345,12 @@ def test_a_file_turnguard_cannot_write_back_whole_is_refused_untouched(where, ca
     assert files_under(where) == before
 
 
-def test_a_backup_that_is_not_turnguards_is_refused(where, capsys) -> None:
+@pytest.mark.parametrize("content", ["my notes\n", "[" * 200_000 + "]" * 200_000],
+                         ids=["not JSON", "nested deeper than the parser goes"])
+def test_a_backup_that_is_not_turnguards_is_refused(where, capsys, content) -> None:
     path = settings_file("claude-code", where)
     path.parent.mkdir()
-    ins.backup_path(path).write_text("my notes\n")
+    ins.backup_path(path).write_text(content)
     status, _, err = cli(capsys, "install", "claude-code")
     assert status == 2 and "is not a backup turnguard wrote" in err
     assert not path.exists()

@@ -112,7 +112,7 @@ def outcome_from_transcript(path: str | None, call_id: str | None,
 def _completed(line: bytes) -> str | None:
     try:
         item = json.loads(line)["payload"]["item"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
     if not isinstance(item, dict):
         return None

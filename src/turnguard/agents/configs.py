@@ -111,7 +111,7 @@ def plugins_installed(directory: Path) -> bool:
         saved = json.loads(cache.read_text(encoding="utf-8"))
         if saved.get("key") == key and isinstance(saved.get("installed"), bool):
             return bool(saved["installed"])
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # (damaged: scanned again)
         pass
     from turnguard._plugins import installed_entrypoints
 

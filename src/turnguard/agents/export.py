@@ -389,7 +389,7 @@ def _claimed(path: Path) -> Iterator[_Claim | None]:
             with os.fdopen(os.dup(fd), "rb") as f:
                 item = json.loads(f.read())
             held, now = os.fstat(fd), os.stat(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # (nested deeper than this process can parse)
             item = None
         if not isinstance(item, dict) or (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
             yield None

@@ -529,7 +529,7 @@ class Backup:
             edit = None if feature is None else FeatureEdit(
                 str(feature["line"]), feature["previous"], str(feature.get("appended", "")))
             return cls(content, tuple(str(d) for d in record.get("made_dirs", ())), edit)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise SettingsError(path, "is not a backup turnguard wrote; move it away first (nothing was changed)") \
                 from None
 

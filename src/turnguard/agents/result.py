@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
         token = kept["token"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"turnguard result: cannot read {path}: {exc}", file=sys.stderr)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        print(f"turnguard result: cannot read {path}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
         return 1
     if kept.get("reported") is not None:
         print(f"turnguard result: the last {args.agent} turn of {which} was reported {kept['reported']} "
