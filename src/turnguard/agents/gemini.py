@@ -8,7 +8,7 @@ prompt, which no field tells from a new prompt; but a headless run (``gemini -p`
 per process, so there a ``BeforeAgent`` names its turn by the run's process (``headless_run``), and
 a second one of the same run goes on with the turn. An interactive session's opens a turn.
 Gemini CLI passes no call id: an outcome belongs to the earliest waiting call with the same tool and
-arguments (identical parallel calls are alike anyway).
+arguments (identical parallel calls are alike anyway), found by their digest (``hook._take_waiting``).
 A failure is a ``tool_response`` with an ``error``, or a shell call whose output ends with a
 non-zero ``Exit Code: N``.
 

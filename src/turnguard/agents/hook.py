@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import os
 import re
+import secrets
 import sys
 import threading
 import time
@@ -51,6 +52,13 @@ only when that agent's hook runs."""
 MAX_JOURNAL = 50_000
 """Journal entries kept per turn for telemetry; past it the turn is decided as ever but not
 exported (the exporter counts it as a host error)."""
+MAX_WAITING = 1024
+"""Calls kept waiting for an outcome (``_wait``), so that they cannot outgrow the state: past it
+the oldest is given up (no agent runs that many calls at once), and no longer said refused at the
+step's end."""
+UNNAMED = "~"
+"""Before the random id the hook gives a call its agent names by no id (``_wait``): the turn's
+snapshot and the waiting list then hold that id and a digest of the input, never the input."""
 MAX_ANSWERED = 1024
 """Answers kept per turn to give again when a call's check or outcome comes twice (the same hook
 installed twice: Codex runs the hooks of every settings layer, at once): a check's until its
@@ -447,8 +455,8 @@ class Hook:
         refused = [w for w in waiting if _thread_of(w) == thread and (step is None or w[2] in step)
                    and not (ran and ran(w[2]))]
         data["waiting"] = [w for w in waiting if w not in refused]
-        for name, tool_input, call_id, *_ in refused:
-            self._outcome(turn, data, name, tool_input, call_id, "denied", None)
+        for entry in refused:
+            self._outcome(turn, data, entry[0], None, None, "denied", None, settled=entry)
 
     def _deliver(self, data: dict[str, Any], event: AgentEvent, decision: Decision) -> Decision:
         """A reminder for an agent that gives the model no context at a check goes with the next
@@ -473,13 +481,13 @@ class Hook:
         if ask is not None and ask.get("call") is not None:
             self._answer(turn, data, "redirect")  # the person refused the asked call; the agent went on
             ask = None
-        call = ToolCall(event.tool_name, event.tool_input, call_id=event.call_id)
+        digest = self._digest(event.tool_name, event.tool_input)
+        checked_id = event.call_id if event.call_id is not None else UNNAMED + secrets.token_hex(8)
+        call = ToolCall(event.tool_name, event.tool_input, call_id=checked_id)
         _forget_answer(data, "r:", event.call_id)
         verdict = turn.check_call(call)
-        data.setdefault("waiting", []).append(
-            [event.tool_name, None if event.call_id is not None else event.tool_input, event.call_id, event.thread])
-        self._journal(data["journal"], ["c", time.time_ns(), event.tool_name, self._digest(event.tool_name,
-                                        event.tool_input), event.call_id])
+        _wait(data, [event.tool_name, None if event.call_id is not None else digest, checked_id, event.thread])
+        self._journal(data["journal"], ["c", time.time_ns(), event.tool_name, digest, event.call_id])
         decision = self._decision(verdict, turn, at_check=True)
         if decision.kind == "ask":
             data["ask"] = {"verdict": _verdict_data(verdict), "call": event.call_id or "",
@@ -490,23 +498,26 @@ class Hook:
         return decision
 
     def _outcome(self, turn: Any, data: dict[str, Any], name: str, tool_input: Any, call_id: str | None,
-                 outcome: str, result: Any) -> Decision:
+                 outcome: str, result: Any, settled: list[Any] | None = None) -> Decision:
+        """A call's outcome: reported (the event's input and id), or a refusal said for a call the
+        waiting list held (``settled``, taken off it already: its input is known by its digest only)."""
         from turnguard._model import ToolCall
 
-        waiting = data.get("waiting") or []
-        for i, (other, other_input, other_id, *_) in enumerate(waiting):
-            if (other_id == call_id) if call_id is not None else (other == name and other_input == tool_input):
-                del waiting[i]
-                break
+        if settled is None:
+            digest = self._digest(name, tool_input)
+            checked_id = _take_waiting(data, name, digest, call_id)
+        else:
+            digest = settled[1] if settled[1] is not None else self._digest(name, None)
+            checked_id, call_id = settled[2], None if settled[1] is not None else settled[2]
         _forget_answer(data, "c:", call_id)
         ask = data.get("ask")
         if ask is not None and ask.get("call") is not None and ask["call"] == (call_id or ""):
             self._answer(turn, data, "stop" if outcome == "denied" else "continue")
-        call = ToolCall(name, tool_input, call_id=call_id)
+        call = ToolCall(name, tool_input, call_id=checked_id)
         keyed_result = name in self.guard.result_tools or "*" in self.guard.result_tools
         verdict = turn.record_outcome(call, outcome, result if keyed_result else None)
         self._journal(data["journal"], [
-            "r", time.time_ns(), name, self._digest(name, tool_input), call_id, outcome,
+            "r", time.time_ns(), name, digest, call_id, outcome,
             self._digest("", result) if keyed_result and result is not None else None,
         ])
         decision = self._decision(verdict, turn, at_check=False)
@@ -550,6 +561,28 @@ class Hook:
             journal.append(entry)
         elif journal[-1] != ["x"]:
             journal.append(["x"])  # cut: the exporter leaves this turn out and counts it
+
+
+def _wait(data: dict[str, Any], entry: list[Any]) -> None:
+    """A checked call waits for its outcome: ``[tool name, input digest, the id its check was given,
+    thread]``. The digest (``None`` for a call the agent names by id) stands for the input, which the
+    state never keeps; past ``MAX_WAITING`` calls the oldest is given up."""
+    waiting = data.setdefault("waiting", [])
+    waiting.append(entry)
+    del waiting[:-MAX_WAITING]
+
+
+def _take_waiting(data: dict[str, Any], name: str, digest: str, call_id: str | None) -> str | None:
+    """The id the check of the call an outcome reports was given, its entry taken off the waiting
+    list: the agent's ``call_id``, or for a call without one (Gemini CLI) ``UNNAMED`` and random
+    hex given to the earliest waiting call of the tool whose input has ``digest``. ``call_id``
+    when no call waits."""
+    waiting = data.get("waiting") or []
+    for i, (other, other_digest, other_id, *_) in enumerate(waiting):
+        if (other_id == call_id) if call_id is not None else (other == name and other_digest == digest):
+            del waiting[i]
+            return other_id if isinstance(other_id, str) else call_id
+    return call_id
 
 
 def _forget_answer(data: dict[str, Any], kind: str, call_id: str | None) -> None:
@@ -623,7 +656,8 @@ def _opening(entry: Any) -> bool:
 
 def _waiting(value: Any) -> bool:
     return isinstance(value, list) and all(
-        isinstance(w, list) and len(w) in (3, 4) and isinstance(w[0], str) and _optional_text(w[2])
+        isinstance(w, list) and len(w) in (3, 4) and isinstance(w[0], str) and _optional_text(w[1])
+        and _optional_text(w[2])
         and _optional_text(_thread_of(w)) for w in value)
 
 
