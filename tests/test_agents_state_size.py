@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from agent_events import AGENTS, Session, Step, check_halts, is_allow, outcome_halts
+from turnguard.agents import hook
 from turnguard.agents.events import MAX_STDIN_BYTES
 from turnguard.agents.store import MAX_STATE_BYTES
 
@@ -108,3 +109,25 @@ def test_no_field_of_any_size_grows_the_state_and_a_loop_beside_waiting_calls_ha
     files = list((tmp_path / "state").rglob("*.json"))
     assert files and max(f.stat().st_size for f in files) < STATE_BOUND
     assert not (tmp_path / "state" / "hooks" / "errors.log").exists()
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_calls_waiting_past_the_bound_give_up_the_oldest_and_the_latest_still_settle(
+        agent: str, env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More parallel calls without an outcome than ``MAX_WAITING`` (made small here): the state
+    keeps the latest ``MAX_WAITING``, every call counts, and a late outcome of the latest one
+    (Gemini CLI's, by its input alone) still finds its check: it leaves the list and counts."""
+    bound = 16
+    monkeypatch.setattr(hook, "MAX_WAITING", bound)
+    s = Session(agent, env, tmp_path)
+    s.start()
+    inputs = [{"command": f"cat part-{n}.txt"} for n in range(bound + 20)]
+    ids = [s.events.call_id() for _ in inputs]
+    for tool_input, call_id in zip(inputs, ids, strict=True):
+        assert is_allow(s.send(s.events.pre(tool_input, call_id)))
+    assert len(s.snapshot()["waiting"]) == bound
+    assert s.tool_calls() == bound + 20
+    s.send(s.events.post(inputs[-1], ids[-1], failed=True))
+    after = s.snapshot()
+    assert len(after["waiting"]) == bound - 1
+    assert after["turn"]["facts"]["outcomes"]["error"] == 1
