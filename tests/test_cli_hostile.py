@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from config_pipes import PIPE_KINDS, SAYS_WHEN_NOT_READ, given_pipe
 from conftest import kept_result_token
 from turnguard import _cli as cli
 from turnguard._terminal import PathArgument
@@ -77,15 +78,17 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     return {"corpus": str(corpus), "result": str(result), "site": str(broken), "linked": str(root / "linked")}
 
 
-def run_command(argv: list[str], cwd: Path, env: dict[str, str], stdout_to: str | None = None) -> Done:
+def run_command(argv: list[str], cwd: Path, env: dict[str, str], stdout_to: str | None = None,
+                pass_fds: tuple[int, ...] = ()) -> Done:
     """``python -m turnguard ARGV`` in ``cwd`` with only ``env`` beyond the basics (no TURNGUARD_*
-    or OTEL_* of the machine running the tests)."""
+    or OTEL_* of the machine running the tests), inheriting ``pass_fds``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TURNGUARD_", "OTEL_", "PYTHON"))}
     path = os.pathsep.join(p for p in (env.pop("PYTHONPATH", ""), str(SRC)) if p)
     full = {**base, "HOME": str(cwd), "PYTHONPATH": path, **env}
     command = [sys.executable, "-m", "turnguard", *argv]
     if stdout_to is None:
-        done = subprocess.run(command, cwd=cwd, env=full, timeout=120, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=cwd, env=full, timeout=120, capture_output=True, text=True,
+                              pass_fds=pass_fds)
         return Done(done.returncode, done.stdout, done.stderr)
     with open(stdout_to, "w") as out:
         done = subprocess.run(command, cwd=cwd, env=full, timeout=120, stdout=out, stderr=subprocess.PIPE, text=True)
@@ -194,6 +197,70 @@ def test_every_command_given_a_file_whose_table_path_is_not_a_table_says_so_in_o
     done = run_command([*argv_of(command, inputs, tmp_path), "--config", str(given)], tmp_path, {})
     assert_fails_cleanly(done, command, Case({}, {}, 2, f"{given}: {level!r}: got "))
     assert len(done.lines) == 1, done.err
+
+
+PIPED_CONFIG = b"soft_cap = 7\n"
+
+
+def pipe_outcome(kind: str) -> Case:
+    """A pipe's documented outcome: read like a file, or refused in one line (2) once it gave no end."""
+    return Case({}, {}, 0) if PIPE_KINDS[kind] else Case({}, {}, 2, SAYS_WHEN_NOT_READ[kind])
+
+
+@pytest.mark.parametrize("kind", list(PIPE_KINDS))
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_given_a_pipe_as_turnguard_config_reads_it_or_says_in_one_line_it_gave_no_end(
+        command, kind, inputs, tmp_path):
+    with given_pipe(kind, tmp_path, PIPED_CONFIG) as pipe:
+        done = run_command(argv_of(command, inputs, tmp_path), tmp_path, {"TURNGUARD_CONFIG": pipe.path},
+                           pass_fds=pipe.pass_fds)
+    assert_fails_cleanly(done, command, pipe_outcome(kind))
+    assert len(done.lines) == (0 if PIPE_KINDS[kind] else 1), done.err
+
+
+@pytest.mark.parametrize("kind", list(PIPE_KINDS))
+@pytest.mark.parametrize("command", WITH_CONFIG)
+def test_every_command_given_a_pipe_as_config_option_reads_it_or_says_in_one_line_it_gave_no_end(
+        command, kind, inputs, tmp_path):
+    with given_pipe(kind, tmp_path, PIPED_CONFIG) as pipe:
+        done = run_command([*argv_of(command, inputs, tmp_path), "--config", pipe.path], tmp_path, {},
+                           pass_fds=pipe.pass_fds)
+    assert_fails_cleanly(done, command, pipe_outcome(kind))
+    assert len(done.lines) == (0 if PIPE_KINDS[kind] else 1), done.err
+
+
+@pytest.mark.parametrize("kind", [kind for kind, read in PIPE_KINDS.items() if read])
+def test_config_shows_a_piped_configuration_as_the_source_of_what_it_set(kind, tmp_path):
+    with given_pipe(kind, tmp_path, PIPED_CONFIG) as pipe:
+        given = os.path.relpath(pipe.path, tmp_path) if pipe.path.startswith(str(tmp_path)) else pipe.path  # (short)
+        done = run_command(["config", "--config", given], tmp_path, {}, pass_fds=pipe.pass_fds)
+    assert done.status == 0, done.err
+    assert done.out.count(given) == 1, done.out  # (read once: a pipe gives its bytes only once)
+    assert [line.split() for line in done.out.splitlines() if line.startswith("soft_cap ")] == [
+        ["soft_cap", "7", given]]
+
+
+@pytest.mark.parametrize("name", ["turnguard.toml", "pyproject.toml"])
+@pytest.mark.parametrize("kind", [kind for kind in PIPE_KINDS if "named" in kind])
+def test_the_search_passes_over_a_configuration_file_that_is_a_pipe(kind, name, tmp_path):
+    with given_pipe(kind, tmp_path, b"[tool.turnguard]\nsoft_cap = 7\n", name):
+        done = run_command(["config"], tmp_path, {})
+    assert (done.status, done.err) == (0, ""), done.err
+    assert [line.split() for line in done.out.splitlines() if line.startswith("soft_cap ")] == [
+        ["soft_cap", "100", "default"]]
+
+
+@pytest.mark.parametrize("kind", list(PIPE_KINDS))
+def test_calibrate_merge_given_a_pipe_reads_it_or_says_in_one_line_it_gave_no_end(kind, inputs, tmp_path):
+    result = Path(inputs["result"]).read_bytes()
+    with given_pipe(kind, tmp_path, result) as pipe:
+        done = run_command(["calibrate-merge", pipe.path, "--json", str(tmp_path / "merged.json")], tmp_path, {},
+                           pass_fds=pipe.pass_fds)
+    assert_fails_cleanly(done, "calibrate-merge", pipe_outcome(kind))
+    merged = tmp_path / "merged.json"
+    assert merged.exists() == PIPE_KINDS[kind]
+    if PIPE_KINDS[kind]:
+        assert json.loads(merged.read_text())["turns"] == json.loads(result)["turns"]
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import functools
 import logging
 import math
 import os
+import select
+import stat
+import time
 import tomllib
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -335,9 +339,14 @@ class GuardConfig:
         (its top level, or a ``[turnguard]`` table with nothing beside it). A file that cannot be
         read, or whose ``tool``, ``tool.turnguard`` or ``turnguard`` is not a table, is a
         ``ConfigError`` naming it."""
-        path = Path(path)
+        return cls._from_toml_options(Path(path), base)[0]
+
+    @classmethod
+    def _from_toml_options(cls, path: Path, base: GuardConfig | None) -> tuple[GuardConfig, Mapping[str, Any]]:
+        """``from_toml``, and the options the file set: read once, as a pipe can be read only once."""
         try:
-            return cls.from_mapping(_toml_options(path), base=base)
+            options = _toml_options(path)
+            return cls.from_mapping(options, base=base), options
         except ConfigError as exc:
             raise exc.within(str(path)) from None
 
@@ -373,8 +382,8 @@ class GuardConfig:
             path = env[CONFIG_ENV]
         toml_path = Path(path) if path is not None else _find_toml(search)
         if toml_path is not None:
-            config = cls.from_toml(toml_path, base=config)
-            for key in _toml_options(toml_path):
+            config, options = cls._from_toml_options(toml_path, config)
+            for key in options:
                 sources[key.replace("-", "_")] = str(toml_path)
         config = cls.from_env(env, base=config)
         for key in _env_values(env, strict=True):
@@ -430,11 +439,54 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024
 that names a device (``/dev/zero``) or a file past it is refused, not read into memory without end."""
 
 
+PIPE_WAIT_SECONDS = 3.0
+"""How long reading a pipe (``--config <(cmd)``, a named pipe) waits for its writer to write and
+close it. ``open`` of a named pipe nobody writes, and ``read`` of one its writer keeps open, would
+wait for ever: a hook must never block its agent, nor a command hang on its configuration."""
+
+
+def read_head(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The file's bytes up to one past ``limit`` (a device's or a growing file's ``stat`` size says
+    nothing). A pipe is read until its writer closes it, for ``PIPE_WAIT_SECONDS`` at most: past
+    that, ``OSError`` (``ETIMEDOUT``) saying whether anything came."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return _read_pipe(fd, limit, time.monotonic() + PIPE_WAIT_SECONDS)
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
+def _read_pipe(fd: int, limit: int, deadline: float) -> bytes:
+    """A pipe's bytes up to one past ``limit``, read as they come until end of file or ``deadline``.
+    (A named pipe opened with no writer polls as nothing to read, not as its end, until one came.)"""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            said = (f"a pipe whose writer did not close it within {PIPE_WAIT_SECONDS:g} s" if size
+                    else f"a pipe nothing was written to within {PIPE_WAIT_SECONDS:g} s (no writer?)")
+            raise OSError(errno.ETIMEDOUT, said)
+        try:
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 16))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def _config_head(path: Path) -> bytes:
-    """The file's bytes up to one past ``MAX_CONFIG_BYTES`` (a device's or a growing file's
-    ``stat`` size says nothing)."""
-    with open(path, "rb") as f:
-        return f.read(MAX_CONFIG_BYTES + 1)
+    """The file's bytes up to one past ``MAX_CONFIG_BYTES``."""
+    return read_head(path, MAX_CONFIG_BYTES)
 
 
 def _config_bytes(path: Path) -> bytes:

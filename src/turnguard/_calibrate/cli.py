@@ -21,7 +21,7 @@ from turnguard._calibrate.records import MAX_LINE_BYTES, InputError, InputProble
 from turnguard._calibrate.report import table, to_json_text
 from turnguard._calibrate.run import Progress, StrictError, calibrate, input_sizes
 from turnguard._calibrate.stats import RunStats
-from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
+from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig, read_head
 
 MAX_SHOWN_PROBLEMS = 100
 AUTO_PARALLEL_BYTES = 32 * 1024 * 1024
@@ -362,8 +362,7 @@ def merge_results(paths: Sequence[str], json_path: str | None, html_path: str | 
     counted: dict[str, str] = {}
     for path in paths:
         try:
-            with open(path, "rb") as f:
-                text = f.read(MAX_RESULT_BYTES + 1)  # (a device's or a growing file's size says nothing)
+            text = read_head(path, MAX_RESULT_BYTES)
             if len(text) > MAX_RESULT_BYTES:
                 raise ValueError(f"larger than {MAX_RESULT_BYTES:,} bytes: not a calibrate --json result")
             part = RunStats.from_json(json.loads(text.decode("utf-8")))
