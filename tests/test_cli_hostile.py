@@ -241,7 +241,7 @@ def test_config_shows_a_piped_configuration_as_the_source_of_what_it_set(kind, t
 
 
 @pytest.mark.parametrize("name", ["turnguard.toml", "pyproject.toml"])
-@pytest.mark.parametrize("kind", [kind for kind in PIPE_KINDS if "named" in kind])
+@pytest.mark.parametrize("kind", [kind for kind in PIPE_KINDS if kind.startswith("a named pipe")])
 def test_the_search_passes_over_a_configuration_file_that_is_a_pipe(kind, name, tmp_path):
     with given_pipe(kind, tmp_path, b"[tool.turnguard]\nsoft_cap = 7\n", name):
         done = run_command(["config"], tmp_path, {})
