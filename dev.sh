@@ -7,6 +7,7 @@
 #   ./dev.sh run ARGS run the turnguard CLI
 #   ./dev.sh collector  build the Collector from its builder manifest (builder-config.yaml) (once; cached) and print its path
 #   ./dev.sh prometheus build Prometheus 3 from its Go module (once; cached) and print its path
+#   ./dev.sh lock     resolve the [dev] extra afresh and pin what it installs in tools/constraints.txt
 # Every command first installs the repository's git hooks (.githooks/, git config core.hooksPath).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -14,6 +15,9 @@ ROOT=$PWD
 VENV=${TG_VENV:-.venv}
 CACHE=${TG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/turnguard}
 MANIFEST=builder-config.yaml
+# The versions the tests ran with: a release of a framework or of the SDK reaches the checkout when
+# `./dev.sh lock` takes it and the suite passes with it, never in the middle of a CI run.
+CONSTRAINTS=tools/constraints.txt
 # Go builds the test components only; never fetch another toolchain, and find the machine's Go
 # even where PATH lacks it.
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=${GOFLAGS:--buildvcs=false}
@@ -23,15 +27,27 @@ ensure_python() { # $1: extras
   local extras=$1 stamp hash
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   stamp="$VENV/.turnguard-installed-$extras"
-  hash=$(sha256sum pyproject.toml | cut -c1-16)
+  hash=$(cat pyproject.toml "$CONSTRAINTS" | sha256sum | cut -c1-16)
   if [ "$(cat "$stamp" 2>/dev/null)" != "$hash" ]; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS" -e ".[$extras]"
     echo "$hash" >"$stamp"
   fi
   # An editable install leaves the package uncompiled, and where PYTHONDONTWRITEBYTECODE is set
   # Python never writes the cache: every command would compile the package again (~0.5 s).
   "$VENV/bin/python" -m compileall -q src >/dev/null
+}
+
+lock_python() { # the [dev] extra resolved in a throwaway environment, as a fresh machine would
+  local env
+  env=$(mktemp -d)
+  python3 -m venv "$env"
+  "$env/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+  "$env/bin/python" -m pip install -q --disable-pip-version-check ".[dev]"
+  { echo "# The [dev] environment the suite passes with (pip -c). Written by ./dev.sh lock; edit pyproject.toml, not this."
+    "$env/bin/python" -m pip freeze --exclude turnguard; } >"$CONSTRAINTS"
+  rm -rf "$env"
+  echo "dev.sh: pinned $(grep -c '==' "$CONSTRAINTS") packages in $CONSTRAINTS" >&2
 }
 
 ensure_system() { # Debian packages the integration tests use: a real Prometheus, Chromium, tmux
@@ -142,5 +158,6 @@ case "$cmd" in
   lint) ensure_python dev; "$VENV/bin/ruff" check; "$VENV/bin/python" tools/similar_code.py; exec "$VENV/bin/python" tools/typecheck.py ;;
   collector) ensure_collector ;;
   prometheus) ensure_prometheus3 ;;
+  lock) lock_python ;;
   *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;
 esac

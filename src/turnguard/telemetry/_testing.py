@@ -32,11 +32,12 @@ class InMemoryTelemetry:
         self.logger_provider = LoggerProvider()
         self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.log_exporter))
         if cardinality_limit:
-            limits = {Counter: cardinality_limit, Histogram: cardinality_limit}
+            # Any keys: the SDK's key type is a union of its instrument classes since 1.45, absent before.
+            limits: dict[Any, int] = {Counter: cardinality_limit, Histogram: cardinality_limit}
             try:
                 # SDK >= 1.45 has the keyword; mypy reads the installed SDK's signature, which may be older.
                 self.metric_reader = InMemoryMetricReader(cardinality_limits=limits)  # type: ignore[call-arg,unused-ignore]
-            except TypeError:  # SDK < 1.45 (google-adk pins <= 1.44) has no cardinality limit to raise
+            except TypeError:  # SDK < 1.45 (the [otlp] extra allows 1.40) has no cardinality limit to raise
                 self.metric_reader = InMemoryMetricReader()
         else:
             self.metric_reader = InMemoryMetricReader()
