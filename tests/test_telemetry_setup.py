@@ -284,3 +284,39 @@ def test_a_protocol_or_endpoint_names_the_variable_it_came_from(env, named):
     with pytest.raises(TelemetryConfigError) as caught:
         configure(environ=env)
     assert str(caught.value).startswith(named), str(caught.value)
+
+
+COMPRESSION_VARS = ["OTEL_EXPORTER_OTLP_COMPRESSION"] + [f"OTEL_EXPORTER_OTLP_{s}_COMPRESSION"
+                                                         for s in ("TRACES", "METRICS", "LOGS")]
+
+
+@pytest.mark.parametrize("value", ["none", "deflate", "gzip", " GZip ", ""])
+@pytest.mark.parametrize("var", COMPRESSION_VARS)
+def test_every_compression_the_http_exporter_can_send_with_builds_providers(var, value, monkeypatch, configured):
+    monkeypatch.setenv(var, value)
+    configured(environ={**LOCAL, var: value})
+
+
+@pytest.mark.parametrize("value", ["zip", "0", "brotli", "gzip,deflate", "snappy"])
+@pytest.mark.parametrize("var", COMPRESSION_VARS)
+def test_an_http_compression_the_exporter_cannot_use_is_refused_naming_the_variable_whatever_the_sdk(
+        var, value, monkeypatch):
+    """SDK 1.44's HTTP exporter raised on such a value, 1.45's sends uncompressed with a warning."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(TelemetryConfigError, match=f"^{var}={value!r}: expected one of") as caught:
+        configure(environ={**LOCAL, var: value})
+    assert caught.value.__cause__ is None
+
+
+@pytest.mark.parametrize("own_is_wrong", [False, True])
+@pytest.mark.parametrize("signal", ["traces", "metrics", "logs"])
+def test_a_signals_own_compression_wins_over_the_generic_one_for_that_signal_only(signal, own_is_wrong):
+    own, generic = f"OTEL_EXPORTER_OTLP_{signal.upper()}_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"
+    env = {own: "zip", generic: "gzip"} if own_is_wrong else {own: "gzip", generic: "zip"}
+    for each in ("traces", "metrics", "logs"):
+        reads = own if each == signal else generic
+        if env[reads] == "zip":
+            with pytest.raises(TelemetryConfigError, match=f"^{reads}='zip'"):
+                resolve(each, env)
+        else:
+            assert resolve(each, env).protocol == "http/protobuf"

@@ -21,7 +21,8 @@ Variables read (an explicit argument wins over the variable):
 
 Every duration is 1 ms to a day, every size 1 to 2**31 - 1: a value the SDK would refuse is a
 ``TelemetryConfigError`` naming the variable, and so is one the SDK refuses among the variables it
-reads itself (limits, compression: ``_refused``), before any export thread starts.
+reads itself (limits, compression: ``_refused``), before any export thread starts. An HTTP
+compression the exporter cannot use is refused by turnguard itself (``HTTP_COMPRESSIONS``).
 
 The OTLP span and log exporters sit behind a circuit breaker (``turnguard.telemetry._breaker``):
 after a failed export, batches are dropped unencoded for 1 s, doubling up to 30 s, so a dead
@@ -60,6 +61,9 @@ from turnguard.telemetry._tally import ExportTally
 PROTOCOLS = ("http/protobuf", "grpc")
 SIGNALS = ("traces", "metrics", "logs")
 EXPORTERS = ("otlp", "console", "none")
+HTTP_COMPRESSIONS = ("none", "deflate", "gzip")
+"""What the HTTP exporter can send with; it reads ``OTEL_EXPORTER_OTLP_*COMPRESSION`` itself and, since
+SDK 1.45, sends another value uncompressed with a warning, so turnguard refuses it first."""
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_TIMEOUT_MS = 10_000
@@ -399,6 +403,8 @@ def resolve(
     proto = (proto or "http/protobuf").strip().lower()
     if proto not in PROTOCOLS:
         raise TelemetryConfigError(f"{source}={proto!r}: expected one of {PROTOCOLS}")
+    if exporter == "otlp" and proto == "http/protobuf":
+        _check_http_compression(env, upper)
     own = env.get(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
     if endpoint is not None or not own:
         source, base = _first(("endpoint", endpoint), *_vars(env, "OTEL_EXPORTER_OTLP_ENDPOINT"))
@@ -420,6 +426,14 @@ def resolve(
     elif isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 1 <= timeout_ms <= MAX_MS:
         raise TelemetryConfigError(f"timeout_ms={timeout_ms!r}: expected 1 to {MAX_MS} ms")
     return ExportSettings(signal, exporter, proto, url, tuple(sorted(header_map.items())), timeout_ms / 1000)
+
+
+def _check_http_compression(env: Mapping[str, str], upper: str) -> None:
+    """The value the HTTP exporter will read (its signal's variable, else the generic one) is one it can use."""
+    source, compression = _first(*_vars(env, f"OTEL_EXPORTER_OTLP_{upper}_COMPRESSION",
+                                        "OTEL_EXPORTER_OTLP_COMPRESSION"))
+    if compression is not None and compression.strip().lower() not in HTTP_COMPRESSIONS:
+        raise TelemetryConfigError(f"{source}={compression!r}: expected one of {HTTP_COMPRESSIONS}")
 
 
 def _vars(env: Mapping[str, str], *names: str) -> list[tuple[str, str | None]]:
