@@ -9,7 +9,7 @@ import pytest
 
 import turnguard as tg
 from turnguard._ledger._calls import CallCounts
-from turnguard._ledger._streaks import Streaks
+from turnguard._ledger._streaks import EndedStreak, Streaks
 
 ERROR, OK, DENIED = tg.Outcome.ERROR, tg.Outcome.OK, tg.Outcome.DENIED
 
@@ -108,6 +108,60 @@ def test_count_calls_inlined_counting_is_count_key(seed, signal):
         keyed.tool_calls = at
         keyed.count_key(digest, at)
     assert {n: getattr(checked, n) for n in COUNTS} == {n: getattr(keyed, n) for n in COUNTS}
+
+
+def _slots(obj: object) -> dict[str, object]:
+    """Every slot's value, an ended streak's (no ``__eq__`` of its own) by its slots in turn."""
+    names = {n for cls in type(obj).__mro__ for n in getattr(cls, "__slots__", ()) if n != "__weakref__"}
+    return {n: _value(getattr(obj, n, None)) for n in sorted(names)}
+
+
+def _value(value: object) -> object:
+    if isinstance(value, EndedStreak):
+        return _slots(value)
+    if isinstance(value, list):
+        return [_value(v) for v in value]
+    return value
+
+
+def _counted_by_the_originals(s: Streaks, digest: bytes, tool_name: str) -> int:
+    """``count_call`` through the originals of its inlined copies, ``count_key`` and ``_join``
+    (its cycle-runs step is left out: a ``Streaks`` of its own has none)."""
+    s.tool_calls += 1
+    seq = s.checks = s.checks + 1
+    s.count_key(digest, s.tool_calls)
+    s._join(digest, tool_name, seq)
+    return seq
+
+
+@pytest.mark.parametrize("stop_on", ["error", "any"])
+@pytest.mark.parametrize("seed", range(30))
+def test_count_calls_inlined_streak_start_is_join(seed, stop_on):
+    """``count_call`` keeps an inlined copy of ``_join`` (and its ``_new_streak``) for the hot path:
+    with outcomes settling, waiting and arriving out of order, and the streak's levels firing,
+    every fact stays the same as the originals keep it."""
+    rng = random.Random(seed)
+    config = tg.GuardConfig(streak_stop_at=rng.choice([0, 2, 3, 5]), streak_warn_at=rng.choice([0, 2]),
+                            streak_stop_on=stop_on, stuck_signal=rng.choice(["repeat", "stale_repeat"]))
+    checked, plain = Streaks(config), Streaks(config)
+    assert checked._cyc is None
+    pending: list[int] = []
+    for _ in range(200):
+        step = rng.random()
+        if step < 0.05:
+            event = _event(tg.Threshold.STREAK, rng.choice(list(tg.Level)))
+            checked.note_detection(event)
+            plain.note_detection(event)
+        elif step < 0.55 or not pending:
+            digest, tool = key(1 if rng.random() < 0.7 else rng.randrange(2, 5)), rng.choice(["t", "u"])
+            seq = checked.count_call(digest, tool)
+            assert _counted_by_the_originals(plain, digest, tool) == seq
+            pending.append(seq)
+        else:
+            seq = pending.pop(rng.randrange(len(pending)) if rng.random() < 0.3 else -1)
+            outcome = rng.choice([ERROR, ERROR, OK, DENIED])
+            assert checked.record_outcome(seq, outcome) == plain.record_outcome(seq, outcome)
+        assert _slots(checked) == _slots(plain)
 
 
 def _plain_worst_stop(s: Streaks, reported: dict[int, tg.Outcome], stop_any: bool) -> int:
