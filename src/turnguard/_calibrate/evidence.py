@@ -678,8 +678,9 @@ def _recommended(f: Frontier, r: Rung) -> str:
     """Keep or set the recommended value ``r``: what it spares (or halts) and costs."""
     t = f.threshold
     if r.productive:
+        censored = f", {r.censored:,} of the {r.at_risk:,} halted at the probe's own limit" if r.censored else ""
         spared = (f"it halts {r.productive:,} of the {r.at_risk:,} probe turns {_what(t, r.value)} that succeeded "
-                  f"({r.productive / r.at_risk:.1%}; {_bound(r)})")
+                  f"({r.productive / r.at_risk:.1%}{censored}{_cut(r)}; {_bound(r)})")
     else:
         below = r.value - f.unit
         longest = f"; {_longest(t, below)}" if below >= f.unit and f.rung(below).productive else ""
@@ -710,7 +711,7 @@ def _none_within(f: Frontier, tolerance: float) -> str:
                 f"{turns_for_zero(tolerance):,} turns at risk there with none productive would bring the bound "
                 f"under {tolerance:.0%}: let the probe run.")
     said = (f"no value of {name} up to {_value_text(t, last.value)} is within the tolerance of {tolerance:.0%}: the "
-            f"probe saw productive turns {_what(t, last.value)} ({last.productive:,} of {last.at_risk:,}{_cut(last)})")
+            f"probe saw productive turns {_what(t, last.value)} ({_of(last, None)})")
     if t == "backstop" or (f.horizon is not None and last.value + f.unit >= f.horizon):
         cap = _value_text(t, f.horizon if f.horizon else last.value)
         return f"{said}; raise the probe's own limit to see past {cap}."
