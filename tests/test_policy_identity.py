@@ -124,3 +124,50 @@ def test_the_turn_span_carries_every_limit_and_the_turns_times(otel, options, ex
     assert (attrs[n.POLICY], attrs[n.POLICY_STUCK_REPEAT], attrs[n.POLICY_STREAK_WARN_AT],
             attrs[n.POLICY_STREAK_STOP_AT], attrs[n.POLICY_MAX_CYCLES]) == ("p", 6, 5, 8, 0)
     assert 0 < span.start_time < span.end_time
+
+
+CYCLE_REPEAT_SPAN_ATTRIBUTES = ("turnguard.cycle_repeat.warn_at", "turnguard.cycle_repeat.stop_at",
+                                "turnguard.cycle_repeat.max_period")
+"""docs/telemetry.md's names for ``cycle_repeat``'s levels and period on the turn span."""
+WARN_AT, STOP_AT, MAX_PERIOD = CYCLE_REPEAT_SPAN_ATTRIBUTES
+
+
+@pytest.mark.parametrize("config", [
+    tg.PROFILES["seed"], tg.PROFILES["recommended"],
+    tg.GuardConfig(cycle_repeat_warn_at=3, cycle_repeat_stop_at=0, cycle_repeat_max_period=2),
+    tg.GuardConfig(cycle_repeat_warn_at=0, cycle_repeat_stop_at=6, cycle_repeat_max_period=16),
+    tg.GuardConfig(cycle_repeat_warn_at=4, cycle_repeat_stop_at=4, cycle_repeat_max_period=3),
+], ids=["seed", "recommended", "warn only", "stop only", "warn at stop"])
+def test_the_turn_span_carries_cycle_repeats_levels_and_period(otel, config):
+    """``cycle_repeat`` is a threshold in force like the streak's (issue 34): its levels (0: off)
+    and longest period are on the turn span, so turns run under different levels are told apart."""
+    g = tg.Guard(config.replace(load_entrypoints=False, disable_plugins=("recorder",)), environ={},
+                 **otel.providers())
+    with g.turn(agent_name="a") as turn:
+        turn.check_call(tg.ToolCall("read", {}))
+    attrs = otel.span("invoke_agent a").attributes
+    assert tuple(attrs.get(k) for k in CYCLE_REPEAT_SPAN_ATTRIBUTES) == (
+        config.cycle_repeat_warn_at, config.cycle_repeat_stop_at, config.cycle_repeat_max_period)
+
+
+@pytest.mark.parametrize("promptable", [False, True])
+@pytest.mark.parametrize("names, warn, stop", [("ab", 2, 3), ("abc", 3, 5), ("abcd", 0, 2), ("ab", 4, 0)])
+def test_a_cycle_repeat_detection_fires_at_a_level_its_turn_span_names(otel, promptable, names, warn, stop):
+    """Every cycle_repeat detection's limit is one of the levels its turn span says were in force,
+    the level it names: the span alone tells what a turn's alternating loop was held to."""
+    g = guard(otel, cycle_repeat_warn_at=warn, cycle_repeat_stop_at=stop, streak_warn_at=0, streak_stop_at=0)
+    with g.turn(agent_name="a", promptable=promptable) as turn:
+        for name in names * (max(warn, stop) + 1):
+            call = tg.ToolCall(name, {})
+            if turn.check_call(call).action is tg.Action.HALT:
+                break
+            verdict = turn.record_outcome(call, "ok")
+            if verdict.action is tg.Action.ASK:
+                turn.resolve(verdict, "continue")
+    attrs = otel.span("invoke_agent a").attributes
+    detections = [r.attributes for r in otel.logs(n.LOOP_DETECTED_EVENT)
+                  if r.attributes[n.LOOP_THRESHOLD] == tg.Threshold.CYCLE_REPEAT]
+    assert detections
+    in_force = {"warn": attrs.get(WARN_AT), "stop": attrs.get(STOP_AT)}
+    assert all(d[n.LOOP_LIMIT] == in_force[d[n.LOOP_LEVEL]] for d in detections)
+    assert attrs.get(MAX_PERIOD, 0) >= len(names)

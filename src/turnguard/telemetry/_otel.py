@@ -164,8 +164,9 @@ class Signals:
 def policy_attributes(config: GuardConfig) -> dict[str, Any]:
     """The policy's name and the thresholds in force, for the turn span (the caps are added there
     per turn: ``turnguard.loop.soft_cap`` / ``hard_cap``; ``turnguard.loop.max_cycles`` is 0 when
-    unbounded), and the tool lists that change how calls count (the recorder line's ``limits`` has
-    the same, so calibrate can tell when ``--config`` is not what the turns ran under)."""
+    unbounded; ``cycle_repeat``'s levels are 0 when off), and the tool lists that change how calls
+    count (the recorder line's ``limits`` has the caps, the streak's levels, the cycle cap and the
+    lists, so calibrate can tell when ``--config`` is not what the turns ran under)."""
     attrs: dict[str, Any] = {
         n.POLICY: config.name,
         n.POLICY_STUCK_REPEAT: config.stuck_repeat_threshold,
@@ -174,6 +175,9 @@ def policy_attributes(config: GuardConfig) -> dict[str, Any]:
         n.POLICY_STREAK_STOP_AT: config.streak_stop_at,
         n.POLICY_STREAK_STOP_ON: config.streak_stop_on,
         n.POLICY_MAX_CYCLES: config.max_cycles_per_turn,
+        n.POLICY_CYCLE_REPEAT_WARN_AT: config.cycle_repeat_warn_at,
+        n.POLICY_CYCLE_REPEAT_STOP_AT: config.cycle_repeat_stop_at,
+        n.POLICY_CYCLE_REPEAT_MAX_PERIOD: config.cycle_repeat_max_period,
         n.POLICY_STATEFUL_TOOLS: [export_text(tool) for tool in config.stateful_tools],
         n.POLICY_STREAK_EXEMPT_TOOLS: [export_text(tool) for tool in config.streak_exempt_tools],
     }
