@@ -16,12 +16,14 @@ import random
 
 import pytest
 
+import turnguard as tg
 from planted_fleet import LIVE, S, Work, run_fleet
 from turnguard._calibrate import cli
 from turnguard._calibrate.html import curve_points
 from turnguard._calibrate.survival import (
     FACTORS,
     Survival,
+    ended,
     estimate,
     finish_by,
     loglog_interval,
@@ -321,3 +323,42 @@ def test_the_report_says_not_estimable_when_live_halts_are_all_that_reached_the_
     text = " ".join(out.getvalue().split())
     for k, calls in ((15, "1,500"), (20, "2,000")):
         assert f"by {k}x ({calls} calls): not estimable: no turn was seen past the backstop." in text
+
+
+@pytest.mark.parametrize("threshold", [t.value for t in tg.Threshold])
+def test_a_turn_halted_by_any_built_in_threshold_is_censored_under_a_named_cause(threshold):
+    """Every threshold's halt is a censoring of its own kind, said in words and kept through
+    ``--json``; "otherwise" is for ends turnguard does not name (issue 34: ``cycle_repeat`` is
+    reported like any threshold, not as an unknown end)."""
+    s = Survival()
+    s.add(16, threshold)
+    s.add(40, "completed")
+    [cause] = s.censored_by
+    assert cause != "other"
+    again = Survival.from_json(json.loads(json.dumps(s.to_json())))
+    assert again.censored_by == {cause: 1}
+    words = ended({"events": 1, "censored": 1, "censored_by": again.censored_by})
+    assert words.startswith("1 finished, 1 censored (1 ") and "otherwise" not in words
+
+
+@pytest.mark.parametrize("stop", [3, 8])
+@pytest.mark.parametrize("names", ["ab", "abc"])
+def test_recorded_cycle_repeat_halts_are_censored_by_the_cycle_repeat_stop(tmp_path, names, stop):
+    """Turns the live guard halted at ``cycle_repeat``'s stop, recorded and read back by calibrate:
+    censored by that stop in ``--json`` and in the report's words."""
+    path = tmp_path / "turns.jsonl"
+    guard = tg.Guard(tg.GuardConfig(recorder_path=str(path), cycle_repeat_warn_at=0, cycle_repeat_stop_at=stop,
+                                    load_entrypoints=False), environ={})
+    for t in range(3):
+        with guard.turn() as turn:
+            for i in range(len(names) * (stop + 1)):
+                call = tg.ToolCall(names[i % len(names)], {"t": t})
+                if turn.check_call(call).action is tg.Action.HALT:
+                    break
+                turn.record_outcome(call, "ok")
+            assert turn.halted is not None and turn.halted.threshold is tg.Threshold.CYCLE_REPEAT
+    as_json, as_text = io.StringIO(), io.StringIO()
+    assert cli.main([str(path), "--json", "-"], stdout=as_json) == 0
+    assert json.loads(as_json.getvalue())["survival"]["censored_by"] == {"cycle_repeat": 3}
+    assert cli.main([str(path)], stdout=as_text) == 0
+    assert "censored (3 by the cycle_repeat stop)" in " ".join(as_text.getvalue().split())

@@ -26,8 +26,9 @@ CENSORING_ENDS = frozenset({*(str(t) for t in Threshold), "halted", PLUGIN_ERROR
                             "abandoned"})
 """``ended_by`` values that censor a turn at its call count (any other recorded end is an event)."""
 CENSOR_GROUPS = {"hard_backstop": "cap", "explicit": "cap", "cycle_cap": "cap", "soft_stuck": "stuck",
-                 "streak": "streak", "cancelled": "cancelled", "error": "error"}
-"""How censored turns are counted in the report (any other censoring end: ``other``)."""
+                 "streak": "streak", "cycle_repeat": "cycle_repeat", "cancelled": "cancelled", "error": "error"}
+"""How censored turns are counted in the report: every built-in threshold has a group (any other
+censoring end: ``other``)."""
 FACTORS = (1.5, 2.0, 3.0)
 """The backstop multiples asked about, as factors of the default's own (x10: 15x, 20x, 30x)."""
 
@@ -255,8 +256,9 @@ def estimate(survival: Survival, base: int | None, multiplier: float | None, hor
 
 def ended(est: dict[str, Any]) -> str:
     by = est["censored_by"]
-    names = {"cap": "at a cap", "stuck": "stuck", "streak": "by the streak stop", "cancelled": "cancelled",
-             "error": "by an error", "other": "otherwise"}
+    names = {"cap": "at a cap", "stuck": "stuck", "streak": "by the streak stop",
+             "cycle_repeat": "by the cycle_repeat stop", "cancelled": "cancelled", "error": "by an error",
+             "other": "otherwise"}
     parts = ", ".join(f"{by[k]:,} {names[k]}" for k in names if by.get(k))
     return f"{est['events']:,} finished, {est['censored']:,} censored" + (f" ({parts})" if parts else "")
 
