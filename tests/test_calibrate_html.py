@@ -254,3 +254,25 @@ def test_html_and_merge_html_draw_censored_turns_whatever_caps_were_recorded(
         tags = parse(page.read_text())
         assert any(t == "svg" and a.get("id") == "chart-survival" for t, a in tags)
         assert sum(1 for t, a in tags if t == "line" and a.get("class") == "cap") == len(caps)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_halts_are_listed_in_the_thresholds_declared_order_in_text_and_html(seed: int) -> None:
+    """Every built-in threshold, a new one included, has its place before the failing plugin's and any
+    third party's (sorted after them), in the text report and the HTML chart alike."""
+    import random
+
+    from turnguard._calibrate.html import halts_chart
+    from turnguard._calibrate.report import thresholds_text
+    from turnguard._model import PLUGIN_ERROR_THRESHOLD, Threshold
+
+    declared = [t.value for t in Threshold] + [PLUGIN_ERROR_THRESHOLD]
+    names = [*declared, "zz_third_party", "aa_third_party"]
+    random.Random(seed).shuffle(names)
+    by = {name: i + 1 for i, name in enumerate(names)}
+    listed = [item.split(":")[0] for item in thresholds_text(by).split()]
+    assert listed == [*declared, "aa_third_party", "zz_third_party"]
+    chart = halts_chart([{"name": "p", "by_threshold": {k: by[k] for k in declared}, "censored": 0, "halted": 1,
+                          "halted_resolved": 0, "default": False}])
+    drawn = re.findall(r"<title>p: ([a-z_]+) [0-9]", chart)
+    assert list(dict.fromkeys(drawn)) == declared

@@ -10,9 +10,11 @@ from typing import Any
 from turnguard._calibrate.advice import Column, evidence_text
 from turnguard._calibrate.stats import RunStats, default_limits
 from turnguard._calibrate.survival import survival_text
+from turnguard._model import PLUGIN_ERROR_THRESHOLD, Threshold
 from turnguard._terminal import DEFAULT_WIDTH, layout, shown, wrap_items, wrap_text
 
-THRESHOLD_ORDER = ("explicit", "soft_stuck", "hard_backstop", "streak", "cycle_cap", "plugin_error")
+THRESHOLD_ORDER = (*(t.value for t in Threshold), PLUGIN_ERROR_THRESHOLD)
+"""The order the reports list halts by threshold in: every built-in one, as declared."""
 BOLD, RESET = "\x1b[1m", "\x1b[0m"
 
 
