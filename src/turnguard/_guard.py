@@ -369,6 +369,10 @@ class KeyToken:
     marker: bytes
     """The turn's own marker, the last of its ``TurnState.lineage``."""
     turn_id: str
+    origin: tuple[KeyToken, int] | None = None
+    """An object checked again after a snapshot of a turn that had checked it: that earlier key's
+    token and check (the first such), so every turn continuing that snapshot still knows the
+    object as the call it checked there (``Turn._known_check``), whichever turn checked it again."""
 
 
 class Turn:
@@ -648,10 +652,39 @@ class Turn:
         a turn this one continues stored (this process: its objects) names one too: in a resumed
         turn that turn's checks are this one's, so its objects' second reports are duplicates here
         as there, never reports of other calls sharing their ``call_id`` (``_claim``)."""
-        if key is None or key[KEY_CHECK] == NO_CHECK:
-            return False
+        return key is not None and self._known_check(key) != NO_CHECK
+
+    def _known_check(self, key: CallKey) -> int:
+        """The check of this turn a key names (``NO_CHECK``: none): its own (also under a token
+        of its own made for an object checked again, ``_rekeyed``), a turn's it continues
+        (``_of_lineage``), or, for an object another turn checked again after the snapshot this
+        turn continues, the check the key's ``origin`` names there."""
+        token, check = key[KEY_TOKEN], key[KEY_CHECK]
+        if type(token) is not KeyToken or check == NO_CHECK:
+            return NO_CHECK
+        if token is self._token or token.marker == self._token.marker or self._of_lineage(token, check):
+            return check
+        origin = token.origin
+        return origin[1] if origin is not None and self._of_lineage(*origin) else NO_CHECK
+
+    def _lineage_check(self, key: CallKey) -> int:
+        """``_known_check`` for a key this turn did not store: a check of a turn it continues."""
         token = key[KEY_TOKEN]
-        return token is self._token or self._of_lineage(token, key[KEY_CHECK])
+        if type(token) is not KeyToken or token.marker == self._token.marker:
+            return NO_CHECK
+        return self._known_check(key)
+
+    def _rekeyed(self, key: CallKey) -> KeyToken:
+        """The token for an object checked again here whose key is ``key``: this turn's, carrying
+        the first check of a snapshot's turn the key names (``KeyToken.origin``), so that the
+        other turns continuing that snapshot still know the object as theirs."""
+        token = key[KEY_TOKEN]
+        if type(token) is not KeyToken or key[KEY_CHECK] == NO_CHECK or (token is self._token and not self._tracked):
+            return self._token  # (no snapshot taken or resumed: no other turn continues this one's checks)
+        if token.marker == self._token.marker and token is not self._token:
+            return token  # (this turn's already, carrying its origin)
+        origin = token.origin if token.origin is not None else (token, key[KEY_CHECK])
+        return KeyToken(self._token.marker, self._token.turn_id, origin)
 
     def _of_lineage(self, token: object, check: int) -> bool:
         """Whether a key (its token and check) names a check of a turn this one continues, up to
@@ -673,7 +706,7 @@ class Turn:
         elif self._restored and self._adopt(call):
             self._reused = True  # (checked before the snapshot, and its outcome has not come)
         else:
-            store_key(call, (digest, self._keyer, self._token, seq))
+            store_key(call, (digest, self._keyer, self._rekeyed(key), seq))
 
     def _call_checked(self, call: ToolCall, verdict: Verdict, events: Any) -> Verdict:
         """After a check, outside the lock: the detections' and ``turnguard_call_checked``'s observers."""
@@ -928,7 +961,7 @@ class Turn:
         call_id = call.call_id
         key: CallKey | None = call.key
         if call_id is not None and self._names_check(key):
-            call_id = call_id if key[KEY_CHECK] in self._awaiting else None
+            call_id = call_id if self._known_check(key) in self._awaiting else None
         for seq, checked in self._awaiting.items():
             if checked is call or (call_id is not None and checked.call_id == call_id):
                 del self._awaiting[seq]
@@ -963,9 +996,9 @@ class Turn:
         naming the same check, so its outcomes settle its checks in order, as had the turn never
         stopped (first outcome, first check)."""
         key: CallKey | None = call.key
-        if key is None or key[KEY_TOKEN] is self._token or not self._of_lineage(key[KEY_TOKEN], key[KEY_CHECK]):
+        if key is None or (named := self._lineage_check(key)) == NO_CHECK:
             return False
-        named, awaiting, stand_ins = key[KEY_CHECK], self._awaiting, self._restored or {}
+        awaiting, stand_ins = self._awaiting, self._restored or {}
         own = [seq for seq, (its_named, stood) in stand_ins.items()
                if its_named == named and awaiting.get(seq) is stood and stood.name == call.name
                and stood.call_id == call.call_id and stood.key[KEY_DIGEST] == key[KEY_DIGEST]]
@@ -975,7 +1008,10 @@ class Turn:
             awaiting[seq] = call  # (the check keeps its place in check order)
             del stand_ins[seq]
         check = named if named in own else own[0]
-        store_key(call, (key[KEY_DIGEST], self._keyer, key[KEY_TOKEN], check, *key[KEY_RESULT:]))
+        token = key[KEY_TOKEN]
+        if token.origin is not None and not self._of_lineage(token, key[KEY_CHECK]):
+            token = token.origin[0]  # (another turn checked it again: the key of the turn it continues)
+        store_key(call, (key[KEY_DIGEST], self._keyer, token, check, *key[KEY_RESULT:]))
         if len(own) > 1:
             self._reused = True
         return True
@@ -996,11 +1032,11 @@ class Turn:
         observers). Done once the check hooks ran: until then the key names the settled check
         (the shadows credit the outcome by it)."""
         key: CallKey | None = call.key
-        if not self._names_check(key) or key[KEY_CHECK] in self._awaiting:
+        if not self._names_check(key) or self._known_check(key) in self._awaiting:
             return
         for seq, checked in self._awaiting.items():
             if checked is call:
-                token = key[KEY_TOKEN] if self._of_lineage(key[KEY_TOKEN], seq) else self._token
+                token = key[KEY_TOKEN] if self._of_lineage(key[KEY_TOKEN], seq) else self._rekeyed(key)
                 store_key(call, (key[KEY_DIGEST], key[KEY_KEYER], token, seq, *key[KEY_RESULT:]))
                 return
 
