@@ -12,6 +12,7 @@ that change, stay or are missing, outcomes shuffled, lost, or the turn suspended
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -31,9 +32,9 @@ Batch = tuple[list[Call], list[int]]
 missing index: that outcome never comes)."""
 
 SIGNALS = ("stale_repeat", "repeat")
-"""Under ``repeat`` the count is the number of sightings, whatever their order; the call at which
-it first held (``first_stuck_call``) is still taken in the order the repeats are counted, so a
-batch reported out of order may name another call: not compared here."""
+"""Under ``repeat`` the count is the number of sightings, whatever their order (a reversed batch
+may halt at an outcome before its last: the halt compared is the threshold); the call at which it
+first held (``first_stuck_call``) is placed in check order under both."""
 
 
 def config(signal: str, **options: object) -> tg.GuardConfig:
@@ -82,8 +83,7 @@ def drive(guard: tg.Guard, batches: list[Batch], *,
             verdict = turn.record_outcome(objects[i], outcome, result=result)
             halt = halt or (str(verdict.threshold) if verdict.action is tg.Action.HALT else None)
     summary = turn.end()
-    first = summary.first_stuck_call if guard.config.stuck_signal == "stale_repeat" else None  # (below)
-    return (summary.max_key_repeat, turn.ledger.max_stale_repeat, summary.stuck, first), halt
+    return (summary.max_key_repeat, turn.ledger.max_stale_repeat, summary.stuck, summary.first_stuck_call), halt
 
 
 @pytest.mark.parametrize("signal", SIGNALS)
@@ -141,10 +141,11 @@ def test_a_shadow_listing_the_polls_counts_a_batch_as_a_live_guard_under_its_con
     assert stuck > 20
 
 
-def test_calibrate_replays_a_recorded_batched_polling_turn_to_the_live_threshold(tmp_path: Path):
+@pytest.mark.parametrize("signal", SIGNALS)
+def test_calibrate_replays_a_recorded_batched_polling_turn_to_the_live_threshold(tmp_path: Path, signal):
     """Recorded live (batches, shuffled outcomes), replayed by calibrate under the same
     configuration: the same halt threshold (the replay runs the calls one at a time)."""
-    live = config("stale_repeat", recorder_path=str(tmp_path / "turns.jsonl"), disable_plugins=("shadow", "otel"))
+    live = config(signal, recorder_path=str(tmp_path / "turns.jsonl"), disable_plugins=("shadow", "otel"))
     rng = random.Random(11)
     scripts = [random_batches(rng) for _ in range(200)]
     truths = []
@@ -165,10 +166,43 @@ def test_calibrate_replays_a_recorded_batched_polling_turn_to_the_live_threshold
         truths.append(threshold)
     guard.shutdown()
     turns = {t.id: t for t in read_turns([tmp_path / "turns.jsonl"], print)}
-    calibrator = Calibrator([Policy("live", config("stale_repeat"), is_default=True)])
+    calibrator = Calibrator([Policy("live", config(signal), is_default=True)])
     replayed = []
     for i in range(len(scripts)):
         got = calibrator.results(turns[f"t{i}"])[0].get("unattended")
         replayed.append(got.threshold if got is not None and got.halt_call else None)
     assert replayed == truths
     assert truths.count("soft_stuck") > 20
+
+
+@pytest.mark.parametrize("signal", SIGNALS)
+@pytest.mark.parametrize("threshold", [2, 3, 4])
+def test_the_first_stuck_call_of_a_batch_is_the_one_at_a_time_one_in_every_outcome_order(signal, threshold):
+    """Every order of a batch's outcomes (all permutations), batches of stateful polls whose results
+    stay or change mixed with other tools' calls: the counts and ``first_stuck_call`` are those of
+    the same calls one at a time, and the halt's threshold too."""
+    rng = random.Random(f"{signal}{threshold}")
+    named = 0
+    for n in range(12):
+        prefix = random_batches(rng)[:2]
+        calls = [(rng.choice(("poll", "poll", "poll", "run")), rng.choice("aab"), rng.choice(("ok", "ok", "denied")),
+                  rng.choice(("r1", "r1", "r1", "r2", None))) for _ in range(rng.choice((3, 4, 5)))]
+        unbounded = config(signal, soft_cap=1000, stuck_repeat_threshold=threshold)
+        bounded = config(signal, stuck_repeat_threshold=threshold, soft_cap=3)
+        for order in itertools.permutations(range(len(calls))):
+            batches = [*prefix, (calls, list(order)), (calls, list(order))]
+            whole, _ = drive(tg.Guard(unbounded, environ={}), one_at_a_time(batches))
+            assert drive(tg.Guard(unbounded, environ={}), batches)[0] == whole, (n, order, batches)
+            whole_halt = drive(tg.Guard(bounded, environ={}), one_at_a_time(batches))[1]
+            assert drive(tg.Guard(bounded, environ={}), batches)[1] == whole_halt, (n, order, batches)
+            named += whole[3] > 0
+    assert named > 150, "few turns reach the stuck signal: the comparison proves little"
+
+
+@pytest.mark.parametrize("signal", SIGNALS)
+def test_the_defects_case_six_identical_polls_name_the_sixth_in_any_order(signal):
+    batch = [("poll", "a", "ok", "same")] * 6
+    for order in itertools.permutations(range(6)):
+        counts, _ = drive(tg.Guard(config(signal, soft_cap=1000, stuck_repeat_threshold=6), environ={}),
+                          [(batch, list(order))])
+        assert counts[3] == 6, order

@@ -3,7 +3,11 @@ repeat counted at its outcome, keyed with its result (a changed result is progre
 ``streak_exempt_tools`` tool's call is counted but joins no streak. Repeats are counted in check
 order under ``stale_repeat``, whose count depends on that order, whatever order a batch's
 outcomes come in: every call's repeat waits behind an earlier stateful call whose outcome has not
-come (``held``), as the same calls run one at a time."""
+come (``held``), as the same calls run one at a time. Under ``repeat`` the count is the number of
+sightings, whatever their order, so a repeat is counted at its outcome (the cap decides then, as
+it does one call at a time), but the call it names for the stuck signal (``first_stuck_call``) is
+placed in check order: a repeat counted before an earlier stateful check's is held for that
+(``held``, already counted) until the earlier one is, then placed (``_place``)."""
 
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ class PolledCalls(Streaks):
         """Stateful tools' calls whose repeat waits for their outcome: check -> (digest, call number)."""
         self._held: dict[int, tuple[bytes, int]] = {}
         """Repeats ready to count behind an earlier stateful check still in ``_polled``: check ->
-        (key, call number), counted in check order once that check is (``_count_held``)."""
+        (key, call number), counted in check order once that check is (``_count_held``); under
+        ``repeat``, counted already, and placed in check order then (``_place``)."""
         self._raised = False
         """The latest ``record_polled`` brought the stuck signal to ``stuck_repeat_threshold``."""
 
@@ -124,11 +129,17 @@ class PolledCalls(Streaks):
             return False
         digest, at = pending
         key = digest if result is None else digest + result
-        if self._stale and polled and next(iter(polled)) < seq:  # an earlier stateful check still waits
+        behind = bool(polled) and next(iter(polled)) < seq  # an earlier stateful check still waits
+        if self._stale and behind:
             self._held[seq] = (key, at)
             return False
         before = self._max_stale if self._stale else self.max_key_repeat
-        self.count_key(key, at)
+        self.count_key(key, at, placed=self._stale)
+        if not self._stale:
+            if behind:
+                self._held[seq] = (key, at)
+                return before < self.stuck_at <= self.max_key_repeat
+            self._place(key, at)
         if self._held:
             self._count_held(next(iter(polled)) if polled else self.checks + 1)
         return before < self.stuck_at <= (self._max_stale if self._stale else self.max_key_repeat)
@@ -141,7 +152,19 @@ class PolledCalls(Streaks):
             if seq >= until:
                 break
             key, at = held.pop(seq)
-            self.count_key(key, at)
+            if self._stale:
+                self.count_key(key, at)
+            else:
+                self._place(key, at)
+
+    def _place(self, key: bytes, at: int) -> None:
+        """Under ``repeat``: a stateful call's repeat, counted already, takes its place in check
+        order: when its key's count in check order (``held`` ones not yet placed left out)
+        reaches ``stuck_repeat_threshold`` there, the stuck signal first held at the earliest
+        such call of any key, as one call at a time."""
+        placed = self._counts.get(key, 0) - sum(held == key for held, _ in self._held.values())
+        if placed == self.stuck_at and (not self._first_stuck or at < self._first_stuck):
+            self._first_stuck = at
 
     stuck_raised: bool = fact(
         "_raised",

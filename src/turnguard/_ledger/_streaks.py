@@ -249,11 +249,13 @@ class Streaks(CallCounts):
                 self._fired.clear()
         return seq
 
-    def count_key(self, key: bytes, at: int) -> None:
+    def count_key(self, key: bytes, at: int, *, placed: bool = True) -> None:
         """Count one more sighting of ``key`` (a call's digest, or a stateful call's and its
         result's) for call number ``at`` in the counts (``CallCounts``): its repeat, within
         ``max_tracked_keys``, and the stuck signals' counts. ``count_call`` keeps an inlined copy
-        for the hot path (here, beside it: ``tests/test_ledger_streaks.py`` holds the two equal)."""
+        for the hot path (here, beside it: ``tests/test_ledger_streaks.py`` holds the two equal).
+        ``placed`` false: the ``repeat`` signal's first stuck call is taken in check order
+        elsewhere (``PolledCalls._place``)."""
         counts = self._counts
         seen = counts.get(key)
         if seen is not None:
@@ -266,7 +268,7 @@ class Streaks(CallCounts):
             seen = 0  # (nor is it news: tracked keys count on as if it were not there)
         if seen > self.max_key_repeat:
             self.max_key_repeat = seen
-            if seen == self.stuck_at and not self._first_stuck and not self._stale:
+            if seen == self.stuck_at and not self._first_stuck and not self._stale and placed:
                 self._first_stuck = at
         if self._stale:
             if seen == 1:  # news: a key first seen now starts the window afresh
