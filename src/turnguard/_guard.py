@@ -652,7 +652,11 @@ class Turn:
         a turn this one continues stored (this process: its objects) names one too: in a resumed
         turn that turn's checks are this one's, so its objects' second reports are duplicates here
         as there, never reports of other calls sharing their ``call_id`` (``_claim``)."""
-        return key is not None and self._known_check(key) != NO_CHECK
+        if key is None:
+            return False
+        if key[KEY_TOKEN] is self._token:  # (the usual case, on every report: no call needed)
+            return key[KEY_CHECK] != NO_CHECK
+        return self._known_check(key) != NO_CHECK
 
     def _known_check(self, key: CallKey) -> int:
         """The check of this turn a key names (``NO_CHECK``: none): its own (also under a token
@@ -961,7 +965,8 @@ class Turn:
         call_id = call.call_id
         key: CallKey | None = call.key
         if call_id is not None and self._names_check(key):
-            call_id = call_id if self._known_check(key) in self._awaiting else None
+            check = key[KEY_CHECK] if key[KEY_TOKEN] is self._token else self._known_check(key)
+            call_id = call_id if check in self._awaiting else None
         for seq, checked in self._awaiting.items():
             if checked is call or (call_id is not None and checked.call_id == call_id):
                 del self._awaiting[seq]
