@@ -28,7 +28,7 @@ INPUT_SIZE = 2_500_000
 HUGE = "h" * 3_000_000
 LONG_ID = "i" * 200_000
 """A session's or turn's id far past ``MAX_ID_LENGTH``, yet short enough that Codex's transcript
-records naming it fit the part of the transcript the hook reads (``codex.TRANSCRIPT_TAIL``)."""
+records naming it fit the part of the transcript the hook reads (``codex.TRANSCRIPT_LIMIT``)."""
 STATE_BOUND = 64 * 1024
 """What the state of these sessions must stay under: a few kilobytes per waiting call at most."""
 

@@ -15,8 +15,9 @@ turn (``hook``): the person pays for both.
 
 ``PostToolUse`` carries the command's output only, not whether it failed: the outcome is read from
 the session's transcript (``transcript_path``), whose ``item_completed`` record of the call holds
-its ``exit_code`` (0 is a success) or its ``status``. A call the transcript does not show yet is an
-unknown outcome.
+its ``exit_code`` (0 is a success) or its ``status``, searched for from the file's end back (the
+record is as large as the command's output) within ``TRANSCRIPT_LIMIT``. A call the transcript does
+not show there (yet) is an unknown outcome.
 
 Answers: a reminder is ``additionalContext`` (a developer message the model reads); a halt is
 ``permissionDecision: "deny"`` with the reason the model reads (Codex accepts no ``continue:
@@ -33,8 +34,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, BinaryIO
 
 from turnguard.agents.events import AgentEvent, CommandHooks, Decision, Kind, common_fields, id_field, text_field
 
@@ -46,8 +47,12 @@ KINDS = {
     "Stop": Kind.TURN_END,
     "SessionEnd": Kind.SESSION_END,
 }
-TRANSCRIPT_TAIL = 512 * 1024
-"""How much of the transcript's end is searched for a call's record."""
+TRANSCRIPT_CHUNK = 64 * 1024
+"""How much of the transcript is read at a time, from its end back."""
+TRANSCRIPT_LIMIT = 16 * 1024 * 1024
+"""How far back from the transcript's end a call's record is searched for, and so the most of it
+held at once: a record that ends further back, or is larger (a command that printed more), is not
+found, and the call's outcome is unknown."""
 TRANSCRIPT_TRIES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
 """Waits before each search (Codex writes the record about when it runs the hook; on a busy
 machine later): under a second in all, and only while the record is not there."""
@@ -91,22 +96,68 @@ def outcome_from_transcript(path: str | None, call_id: str | None,
     """``ok`` / ``error`` from the transcript's record of the call, ``unknown`` without one."""
     if not path or not call_id or not os.path.isfile(path):
         return "unknown"
-    needle = f'"id":"{call_id}"'.encode("utf-8", "surrogatepass")  # (a lone surrogate: no record has it)
     for wait in tries:
         if wait:
             time.sleep(wait)
         try:
-            with open(path, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - TRANSCRIPT_TAIL))
-                tail = f.read()
+            outcome = _search(path, call_id)
         except OSError:
             return "unknown"
-        for line in reversed(tail.splitlines()):
+        if outcome is not None:
+            return outcome
+    return "unknown"
+
+
+def _search(path: str, call_id: str) -> str | None:
+    """The outcome in the call's ``item_completed`` record, searched for from the transcript's end
+    back to the call's own ``function_call`` record (written before it runs) at most."""
+    needle = f'"id":"{call_id}"'.encode("utf-8", "surrogatepass")  # (a lone surrogate: no record has it)
+    called = f'"call_id":"{call_id}"'.encode("utf-8", "surrogatepass")
+    with open(path, "rb") as f:
+        for line in _lines_backwards(f):
             if needle in line and b'"item_completed"' in line:
                 outcome = _completed(line)
                 if outcome is not None:
                     return outcome
-    return "unknown"
+            elif called in line and b'"function_call"' in line and _is_call(line, call_id):
+                return None
+    return None
+
+
+def _lines_backwards(f: BinaryIO) -> Iterator[bytes]:
+    """The file's lines, last first, each whole within its last ``TRANSCRIPT_LIMIT`` bytes (a line
+    that is not is left out). Reads ``TRANSCRIPT_CHUNK`` at a time: a long line is joined once."""
+    size = os.fstat(f.fileno()).st_size
+    pos = size
+    start: list[bytes] = []  # pieces of the line whose start is not read yet, last piece first
+    while pos > 0 and size - pos < TRANSCRIPT_LIMIT:
+        n = min(TRANSCRIPT_CHUNK, pos, TRANSCRIPT_LIMIT - (size - pos))
+        pos -= n
+        f.seek(pos)
+        block = f.read(n)
+        if len(block) != n:
+            return
+        first, *rest = block.split(b"\n")
+        if rest:
+            rest[-1] = b"".join([rest[-1], *reversed(start)])
+            start = []
+            yield from reversed(rest)
+        start.append(first)
+    if pos == 0 or _byte_at(f, pos - 1) == b"\n":
+        yield b"".join(reversed(start))
+
+
+def _byte_at(f: BinaryIO, pos: int) -> bytes:
+    f.seek(pos)
+    return f.read(1)
+
+
+def _is_call(line: bytes, call_id: str) -> bool:
+    try:
+        payload = json.loads(line)["payload"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return False
+    return isinstance(payload, dict) and payload.get("type") == "function_call" and payload.get("call_id") == call_id
 
 
 def _completed(line: bytes) -> str | None:
