@@ -1,5 +1,5 @@
 """A Codex call's outcome is read from its ``item_completed`` record in the session's transcript
-however large the record is (a command that printed a lot) and however far back it lies, up to
+however large the record is (a long command, output JSON-escaped) and however far back it lies, up to
 ``codex.TRANSCRIPT_LIMIT``: the transcript is read from its end back, ``TRANSCRIPT_CHUNK`` at a
 time, so a record split across chunk edges, or longer than many chunks, is read whole. A record
 past the limit, or a damaged one, is an unknown outcome; a loop of large failing calls stops at the
@@ -174,3 +174,16 @@ def test_identical_failing_calls_that_print_a_lot_halt_at_the_streak(
     assert is_allow(eighth.pre)
     assert outcome_halts("codex", eighth), eighth
     assert s.snapshot()["turn"]["facts"]["outcomes"]["error"] == STOP_AT
+
+
+def test_parallel_calls_records_after_a_calls_own_never_hide_it(tmp_path: Path) -> None:
+    """One model step's calls, each recorded with the 64 KiB of output Codex keeps, all control
+    characters (6 bytes each, escaped): the first call's record ends megabytes before the file's end."""
+    ids = [f"call_{n:04}" for n in range(10)]
+    printed = "\x01" * 64 * 1024
+    transcript = tmp_path / "rollout.jsonl"
+    transcript.write_bytes(b"".join([*map(function_call, ids),
+                                     *(record(i, exit_code=n % 2, output=printed) for n, i in enumerate(ids)),
+                                     *map(call_output, ids)]))
+    assert transcript.stat().st_size > 7 * OLD_TAIL
+    assert [outcome(transcript, i) for i in ids] == ["ok", "error"] * 5

@@ -147,6 +147,25 @@ def test_identical_failing_calls_halt_at_the_eighth_failure_and_the_run_ends(gua
     assert json.loads(report.read_text())["turns"] == 1
 
 
+def test_codex_identical_failing_calls_with_records_past_512_kib_halt_at_the_eighth_failure(
+        tmp_path: Path) -> None:
+    """Codex keeps 64 KiB of a command's output in its transcript record of the call, and the whole
+    command twice, both JSON-escaped: 64 KiB of control characters printed (6 bytes each in the
+    record) and 60 KB of quotes in the command (2 bytes each) make a record over 600 KB, and its
+    exit code is read all the same (``codex.TRANSCRIPT_LIMIT``)."""
+    guarded = guard_project("codex", tmp_path)
+    quotes = ": '" + '"' * 60_000 + "'"
+    prints = "head -c 70000 /dev/zero | tr '\\0' '\\1'"
+    run, _ = guarded.run(repeat(shell("codex", f"{quotes}; {prints}; {guarded.append('ran')}; exit 1"), 12))
+    assert len(guarded.lines()) == 8, run.describe()
+    records = [line for p in run.home.rglob("rollout-*.jsonl") for line in p.read_bytes().splitlines()
+               if b'"item_completed"' in line and b'"exit_code":1' in line]
+    assert len(records) == 8 and min(map(len, records)) > 600_000
+    (turn,) = guarded.turns(1)
+    assert (turn["ended_by"], turn["tool_calls"]) == ("streak", 8)
+    assert [c["outcome"] for c in turn["calls"]] == ["error"] * 8
+
+
 def test_distinct_calls_complete_and_nothing_fires(guarded: Guarded) -> None:
     replies: list[Reply] = [[shell(guarded.agent, guarded.append(f"{10 * step + i}")) for i in range(10)]
                             for step in range(15)]

@@ -16,7 +16,8 @@ turn (``hook``): the person pays for both.
 ``PostToolUse`` carries the command's output only, not whether it failed: the outcome is read from
 the session's transcript (``transcript_path``), whose ``item_completed`` record of the call holds
 its ``exit_code`` (0 is a success) or its ``status``, searched for from the file's end back (the
-record is as large as the command's output) within ``TRANSCRIPT_LIMIT``. A call the transcript does
+record holds the whole command twice and up to 64 KiB of its output, JSON-escaped; the records of
+calls that ran beside it may follow it) within ``TRANSCRIPT_LIMIT``. A call the transcript does
 not show there (yet) is an unknown outcome.
 
 Answers: a reminder is ``additionalContext`` (a developer message the model reads); a halt is
@@ -51,8 +52,8 @@ TRANSCRIPT_CHUNK = 64 * 1024
 """How much of the transcript is read at a time, from its end back."""
 TRANSCRIPT_LIMIT = 16 * 1024 * 1024
 """How far back from the transcript's end a call's record is searched for, and so the most of it
-held at once: a record that ends further back, or is larger (a command that printed more), is not
-found, and the call's outcome is unknown."""
+held at once: a record that ends further back, or is larger, is not found, and the call's
+outcome is unknown."""
 TRANSCRIPT_TRIES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
 """Waits before each search (Codex writes the record about when it runs the hook; on a busy
 machine later): under a second in all, and only while the record is not there."""
