@@ -538,6 +538,9 @@ class Frontier:
     """The step between the values (``ladder.value_step`` calls for the soft and explicit caps; 1 for the others)."""
     probed: bool = True
     """Whether the probe runs past the live value at all (``False``: no rungs, the sentence says why)."""
+    limit_too_low: bool = False
+    """Whether productive turns were still ending near the probe's own limit (``horizon_too_low``):
+    then no value is within, and the sentence asks to raise that limit."""
 
     def rung(self, value: int) -> Rung:
         return self.rungs[value // self.unit - 1]
@@ -585,12 +588,51 @@ def not_probed(threshold: str, live: int | None, why: str) -> Frontier:
                     probed=False)
 
 
+KNOWN_FATES = ("resolved", "unresolved", "censored", "cut")
+"""The fates a turn at risk has: every one but ``unknown``."""
+
+
+def _at_risk(ladder: Ladder, index: int) -> int:
+    fates = ladder.at(index)
+    return sum(fates[f] for f in KNOWN_FATES)
+
+
+NEAR = 0.75
+"""A productive turn ending past this share of the rungs judged ends *near* the probe's own limit."""
+
+
+def horizon_too_low(ladder: Ladder, last: int) -> bool:
+    """Whether the probe's own limit may have cut productive turns off: the longest productive turn
+    (reach ``longest``) ended near it (past ``NEAR`` of the rungs judged, ``last`` the highest),
+    turns it censored reach past that turn, and the rungs between that turn and the limit, the
+    *gap*, do not show that productive turns had stopped ending. The exact conditional test of
+    equal success hazards, in turns at risk per rung, in the gap and in the twice as many rungs
+    before it: ``share ** successes``, ``share`` the earlier rungs' part of the exposure, is the
+    chance that every success falls before the gap if the hazard had not fallen; under
+    ``EXACT.value`` it has fallen, and the censored turns are the runaways the frontier counts them
+    as. No gap at all (a productive turn ending at the last rung judged) is too low."""
+    longest = max((k for k in ladder.fates["resolved"] if k <= last), default=None)
+    if longest is None or longest < NEAR * last or not ladder.at(longest + 1)["censored"]:
+        return False
+    gap = last - longest
+    if gap <= 0:
+        return True
+    first = max(1, longest + 1 - 2 * gap)
+    successes = ladder.at(first)["resolved"] - ladder.at(longest + 1)["resolved"]
+    before = sum(_at_risk(ladder, i) for i in range(first, longest + 1))
+    after = sum(_at_risk(ladder, i) for i in range(longest + 1, last + 1))
+    return (before / (before + after)) ** successes >= EXACT.value
+
+
 def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale: Scale,
              horizon: int | None = None, unit: int = 1) -> Frontier:
     """The frontier of one threshold against ``tolerance``; ``horizon``: the probe's own limit
-    (values at or past it are not judged); ``unit``: the ladder's step (``live`` a multiple of it)."""
+    (values at or past it are not judged; when it is too low to tell productive turns from
+    runaways, ``horizon_too_low``, no value is within); ``unit``: the ladder's step (``live`` a
+    multiple of it)."""
     top = max(ladder.top(), live // unit)
     base = ladder.calls_under(live // unit)
+    blind = horizon is not None and horizon_too_low(ladder, (horizon - 1) // unit)
     rungs = []
     for i in range(1, min(top, TOP) + 1):
         v = i * unit
@@ -603,10 +645,10 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
         elif not n:
             decision = "no_evidence"
         else:
-            decision = "within" if high < tolerance else "above" if low > tolerance else "undecided"
+            decision = "within" if high < tolerance and not blind else "above" if low > tolerance else "undecided"
         rungs.append(Rung(v, n, fates["resolved"], fates["unknown"], low, high, extra, scale.share(extra), decision,
                           fates["censored"], fates["cut"]))
-    f = Frontier(threshold, SETTINGS[threshold], live, None, tuple(rungs), "", horizon, unit)
+    f = Frontier(threshold, SETTINGS[threshold], live, None, tuple(rungs), "", horizon, unit, limit_too_low=blind)
     recommended = next((r.value for r in rungs if r.decision == "within" and f.settable(r)), None)
     f = dataclasses.replace(f, recommended=recommended)
     return dataclasses.replace(f, sentence=sentence(f, tolerance))
@@ -699,6 +741,8 @@ def _none_within(f: Frontier, tolerance: float) -> str:
         return (f"{name}: no value below the probe's own limit{cap} has a probe turn at risk: raise the probe's "
                 f"limit to see past it.")
     last = judged[-1]
+    if f.limit_too_low:
+        return _limit_too_low(f, tolerance)
     zero = next((r for r in judged if not r.productive), None)
     if zero is not None and zero.cut:
         return (f"no value of {name} is within the tolerance of {tolerance:.0%}: the probe saw no productive turn "
@@ -718,3 +762,16 @@ def _none_within(f: Frontier, tolerance: float) -> str:
     more = "; or try stuck_signal='stale_repeat' (it spares turns that edit and rerun a test)" if t == "stuck" else ""
     return (f"{said}, and none reaching more with a known fate: {name} = {last.value + f.unit} or more spares them, "
             f"but the probe cannot yet say what it would halt{more}.")
+
+
+def _limit_too_low(f: Frontier, tolerance: float) -> str:
+    """No value is within because productive turns were still ending near the probe's own limit."""
+    t = f.threshold
+    longest = max(r.value for r in f.rungs if r.productive)
+    past = next((r for r in f.rungs if r.value > longest), None)
+    cut = (f" and {past.censored:,} of the {past.at_risk:,} probe turns past it were halted at the probe's own "
+           "limit: productive ones it cut off look there like runaways") if past is not None else ""
+    cap = _value_text(t, f.horizon) if f.horizon else _value_text(t, longest)
+    return (f"no value of {f.setting} is within the tolerance of {tolerance:.0%}: productive turns were "
+            f"still ending near the probe's own limit ({_longest(t, longest)}{cut}); raise the probe's own limit "
+            f"to see past {cap}.")
