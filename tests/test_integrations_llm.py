@@ -15,6 +15,7 @@ from conftest import (
     POLLING,
     POLLS,
     STOPPED_AT_THE_EIGHTH_FAILURE,
+    CallOutcomes,
     assert_polled,
     cancel_once_started,
     ci_statuses,
@@ -741,3 +742,87 @@ def test_the_chain_resuming_a_paused_one_continues_its_turn_and_ends_it_once(
     # llm runs again every call of the paused response without a result: only the paused one was checked already
     pending = len(batch[0]) if isinstance(batch[0], list) else 1
     assert summary.tool_calls == checked + pending - 1
+
+
+class Dies(Exception):
+    """What a host hook raises that is not llm's ``CancelToolCall``: the chain dies on it."""
+
+
+def stalled_tool(started_at: list):
+    """An async tool that never returns (the host cancels the run while it runs)."""
+
+    async def stall(path: str) -> str:
+        """Stall."""
+        await wait_forever(started_at[0])
+        return "never"
+
+    return stall
+
+
+def cut_off_chain(way: str, asynchronous: bool, batch: int, book: CallOutcomes, read_file) -> str | None:
+    """Run a chain whose ``batch`` calls of its first response are checked, the last one cut off
+    ``way``; the reason the turn ended with."""
+    guard = tg.Guard()
+    guard.register(book, "book")
+    step = [("read_file", {"path": f"f{k}.py"}) for k in range(batch)]
+    last = f"f{batch - 1}.py"
+
+    def before(tool, tool_call):
+        if tool_call.arguments["path"] == last:
+            raise {"host hook raises": Dies("no"), "host hook interrupted": KeyboardInterrupt()}[way]
+
+    if way == "cancelled mid-tool":
+        if not asynchronous:
+            reads = read_file
+
+            def read_file(path: str) -> str:  # (llm names a tool after its function)
+                """Read, interrupted at the last file."""
+                if path == last:
+                    raise KeyboardInterrupt
+                return reads(path)
+
+            chain(guard, ScriptedToolModel("s", [step]), "go", tools=[read_file]).text()
+        else:
+            async def start(started):
+                stall = stalled_tool([started])
+                step_stalled = [("stall", {"path": "a"})] * batch
+                model = ScriptedAsyncToolModel("s", [step_stalled])
+                return await chain(guard, model, "go", tools=[stall]).atext()
+
+            cancel_once_started(start)
+        return book.ended
+    model = (ScriptedAsyncToolModel if asynchronous else ScriptedToolModel)("s", [step])
+    run_chain(chain(guard, model, "go", tools=[read_file], before_call=before), asynchronous)
+    return book.ended
+
+
+CUT_OFF = {
+    "host hook raises": (Dies, "error", "error"),
+    "host hook interrupted": (KeyboardInterrupt, "cancelled", "unknown"),
+    "cancelled mid-tool": (KeyboardInterrupt, "cancelled", "unknown"),
+}
+
+
+def cut_off_cases():
+    """Each way x sync/async x batch (an async chain is cancelled as a task, not by Ctrl-C)."""
+    return [pytest.param(way, asynchronous, batch, id=f"{way}-{'async' if asynchronous else 'sync'}-{batch}")
+            for way in CUT_OFF for asynchronous in (False, True) for batch in (1, 3)
+            if not (asynchronous and way == "host hook interrupted")]
+
+
+@pytest.mark.parametrize(("way", "asynchronous", "batch"), cut_off_cases())
+def test_a_checked_call_the_chains_end_cuts_off_gets_one_outcome(read_file, way, asynchronous, batch):
+    """Every checked call gets exactly one outcome, also one the chain died or was cancelled in:
+    ``error`` when it died on an error, ``unknown`` when cancelled (as the other adapters settle theirs)."""
+    raised, reason, cut = CUT_OFF[way]
+    book = CallOutcomes()
+    if way == "cancelled mid-tool" and asynchronous:
+        ended = cut_off_chain(way, asynchronous, batch, book, read_file)
+        expected = ["unknown"] * batch  # (the stalled calls run side by side: all cut off)
+    else:
+        with pytest.raises(raised):
+            cut_off_chain(way, asynchronous, batch, book, read_file)
+        ended = book.ended
+        expected = ["ok"] * (batch - 1) + [cut]
+    assert ended == reason
+    assert book.each_once() == expected

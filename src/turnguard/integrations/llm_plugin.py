@@ -17,7 +17,8 @@ llm 0.36 has no tool-call hook, so the guard rides on ``chain(before_call=, afte
 - A call llm answers without running it gets its outcome all the same, as the other adapters'
   frameworks report theirs: ``ERROR`` for a tool that does not exist or has no implementation
   (llm calls ``before_call`` for it, never ``after_call``), ``DENIED`` for one a hook of the
-  host's cancelled (``llm.CancelToolCall``), found before the next request.
+  host's cancelled (``llm.CancelToolCall``), found before the next request; a call the chain
+  died or was cancelled in gets one as the turn ends (``ERROR`` for an error, else ``UNKNOWN``).
 - HALT raises ``TurnGuardHalted`` from the callback, which ends llm's chain (llm only turns
   ``CancelToolCall`` into a tool result; any other exception stops the chain). ASK goes to the
   ``ask`` callback, the same route llm's own ``--ta`` approval takes (a ``before_call``); a "stop"
@@ -213,13 +214,19 @@ class ChainGuard:
 
     def end(self, exc: BaseException | None = None) -> None:
         """End the turn with the reason ``exc`` gives; a chain paused by ``llm.PauseChain`` is put
-        aside instead (``turn_state(exc)``), for the chain that resumes it to continue."""
+        aside instead (``turn_state(exc)``), for the chain that resumes it to continue.
+
+        Checked calls still without an outcome get one, as in the other adapters: ``DENIED`` when
+        the chain completed (a hook around these callbacks cancelled them), else the outcome of a
+        call the run's end cut off (``common.unfinished_outcome``: ``ERROR`` when it died on an
+        error, such as a host hook that raised, ``UNKNOWN`` when it was cancelled mid-tool)."""
         if isinstance(exc, llm.PauseChain):
             self._put_aside(exc)
             return
-        if exc is None and self._calls:  # the last response's calls a hook around these cancelled
+        if self._calls:
+            outcome = Outcome.DENIED if exc is None else common.unfinished_outcome(exc)
             for call in self._unreported():
-                self.driver.after(call, Outcome.DENIED)
+                self.driver.after(call, outcome)
         self.driver.end(exc)
 
     def _put_aside(self, pause: llm.PauseChain) -> None:
