@@ -82,9 +82,9 @@ INTERRUPT = "interrupt"
 INTERRUPT_KEY = "turnguard"
 SNAPSHOT_KEY = "turnguard_snapshot"
 MAX_OPEN_TURNS = 1024
+"""Turns whose run died without ``after_agent`` are ended (reason ``abandoned``) past this many."""
 ERROR_IF_CANCELLED = {False: Outcome.UNKNOWN, True: Outcome.ERROR}
 """How a call still running as its turn ends settles, by whether the run was cancelled."""
-"""Turns whose run died without ``after_agent`` are ended (reason ``abandoned``) past this many."""
 
 
 _log = logging.getLogger(__name__)
