@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from ladders import ladder_of
 from turnguard._calibrate.evidence import SETTINGS, Ladder, Scale, frontier
 
 TOLERANCE = 0.1
@@ -16,15 +17,6 @@ UNITS = {"soft": 2, "explicit": 20}
 LIVE = {"backstop": 10, "stuck": 6, "streak": 8, "soft": 20, "cycles": 38, "explicit": 200}
 HORIZON = 40
 """The probe's own limit, in ladder steps."""
-
-
-def _ladder(*groups: tuple[int, str, int]) -> Ladder:
-    """``(reach, fate, how many)`` groups; a value ``v`` halts a turn after ``10 v`` calls."""
-    out = Ladder()
-    for reach, fate, n in groups:
-        for _ in range(n):
-            out.add(reach, fate, [10 * v for v in range(1, reach + 1)], 10 * reach)
-    return out
 
 
 def _frontier(threshold: str, ladder: Ladder):
@@ -42,7 +34,7 @@ def _quoted(sentence: str) -> tuple[int, int]:
 @pytest.mark.parametrize("threshold", sorted(SETTINGS))
 @pytest.mark.parametrize(("censored", "cut"), [(200, 0), (0, 1), (200, 1), (37, 0)])
 def test_a_recommended_value_that_halts_productive_turns_says_what_the_probe_cut_off(threshold, censored, cut):
-    turns = _ladder((12, "resolved", 3), (HORIZON - 1, "censored", censored), (HORIZON - 1, "cut", cut),
+    turns = ladder_of((12, "resolved", 3), (HORIZON - 1, "censored", censored), (HORIZON - 1, "cut", cut),
                     (HORIZON - 1, "unresolved", 200 - censored))
     f = _frontier(threshold, turns)
     assert f.recommended is not None, f.sentence
@@ -55,7 +47,7 @@ def test_a_recommended_value_that_halts_productive_turns_says_what_the_probe_cut
 @pytest.mark.parametrize("threshold", sorted(SETTINGS))
 @pytest.mark.parametrize(("censored", "cut"), [(40, 0), (0, 5), (40, 5)])
 def test_productive_turns_up_to_the_probes_limit_say_what_the_probe_cut_off(threshold, censored, cut):
-    f = _frontier(threshold, _ladder((HORIZON - 1, "resolved", 10), (HORIZON - 1, "censored", censored),
+    f = _frontier(threshold, ladder_of((HORIZON - 1, "resolved", 10), (HORIZON - 1, "censored", censored),
                                      (HORIZON - 1, "cut", cut)))
     assert f.recommended is None
     last = f.rung((HORIZON - 1) * UNITS.get(threshold, 1))
@@ -66,6 +58,6 @@ def test_productive_turns_up_to_the_probes_limit_say_what_the_probe_cut_off(thre
 
 @pytest.mark.parametrize("threshold", sorted(SETTINGS))
 def test_a_sentence_with_nothing_cut_off_says_nothing_of_it(threshold):
-    f = _frontier(threshold, _ladder((12, "resolved", 3), (HORIZON - 1, "unresolved", 200)))
+    f = _frontier(threshold, ladder_of((12, "resolved", 3), (HORIZON - 1, "unresolved", 200)))
     assert f.recommended is not None and _quoted(f.sentence) == (0, 0)
     assert "probe's own" not in f.sentence

@@ -12,21 +12,13 @@ from pathlib import Path
 import pytest
 
 import frontier_fleet as ff
+from ladders import ladder_of
 from turnguard._calibrate import cli
-from turnguard._calibrate.evidence import Ladder, Scale, frontier, horizon_too_low
+from turnguard._calibrate.evidence import Scale, frontier, horizon_too_low
 
 TOLERANCE = 0.1
 SPREAD = ff.Design("spread", (11 * ff.S + 1, 55 * ff.S), (8, 12), (9, 12), right=False)
 """Long productive turns need 11x to 55x S: past any probe cap up to 55x, some are cut off."""
-
-
-def ladder(*turns: tuple[int, str, int]) -> Ladder:
-    """Turns as ``(reach, fate, count)``."""
-    out = Ladder()
-    for reach, fate, n in turns:
-        for _ in range(n):
-            out.add(reach, fate, [10 * v for v in range(1, reach + 1)], 10 * reach)
-    return out
 
 
 @pytest.mark.parametrize("gap", [0, 1, 2, 3])
@@ -36,7 +28,7 @@ def test_sparse_productive_turns_ending_near_the_probes_limit_recommend_no_value
     censors: the success hazard there is too low for the empty rungs to show it fell."""
     last = cap - 1
     turns = [(k, "resolved", 1) for k in range(cap // 2, last - gap + 1)] + [(cap, "censored", 70)]
-    lad = ladder(*turns, (1, "resolved", 20), (4, "unresolved", 40))
+    lad = ladder_of(*turns, (1, "resolved", 20), (4, "unresolved", 40))
     assert horizon_too_low(lad, last)
     f = frontier("backstop", lad, 10, TOLERANCE, Scale(200, 200, 20_000), horizon=cap)
     assert f.recommended is None and f.limit_too_low
@@ -53,7 +45,7 @@ def test_productive_turns_that_stopped_ending_before_the_limit_leave_a_value(gap
     cap = 25
     longest = cap - 1 - gap
     turns = [(k, "resolved", 4) for k in range(11, longest + 1)] + [(cap, "censored", 40)]
-    lad = ladder(*turns, (4, "unresolved", 40))
+    lad = ladder_of(*turns, (4, "unresolved", 40))
     assert not horizon_too_low(lad, cap - 1)
     f = frontier("backstop", lad, 10, TOLERANCE, Scale(200, 200, 20_000), horizon=cap)
     assert f.recommended == longest + 1 and not f.limit_too_low
@@ -61,12 +53,12 @@ def test_productive_turns_that_stopped_ending_before_the_limit_leave_a_value(gap
 
 @pytest.mark.parametrize("fate", ["unresolved", "cut"])
 def test_without_turns_censored_past_the_longest_productive_one_the_limit_cut_nothing(fate):
-    lad = ladder((13, "resolved", 1), (14, "resolved", 1), (15, fate, 70))
+    lad = ladder_of((13, "resolved", 1), (14, "resolved", 1), (15, fate, 70))
     assert not horizon_too_low(lad, 14)
 
 
 def test_with_no_productive_turn_the_rule_keeps_the_frontiers_answer():
-    lad = ladder((15, "censored", 70))
+    lad = ladder_of((15, "censored", 70))
     assert not horizon_too_low(lad, 14)
     assert frontier("backstop", lad, 10, TOLERANCE, Scale(70, 70, 7000), horizon=15).recommended == 2
 
