@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import turnguard as tg
 from conftest import distinct_call, drive
 from turnguard._keys import Keyer
 from turnguard._ledger import VIEW_FACTS, Ledger, LedgerView
+from turnguard._ledger._streaks import EndedStreak
 from turnguard._plugins import NON_POLICY_PLUGINS
 from turnguard._policies import cap
 
@@ -76,6 +79,48 @@ def test_detect_records_the_counts_at_the_moment(ledger):
     assert (event.tool_name, event.key_digest, event.conversation_id, event.agent_name) == (
         "bash", digest.hex(), "c1", "coder")
     assert event.event_id != ledger.detect("custom", tg.Action.ASK, tg.Level.WARN, 3).event.event_id
+
+
+def _distinct_counts_ledger(cap_mode: str) -> Ledger:
+    """A ledger whose counts all differ, so that an event field given another's value shows."""
+    config = tg.GuardConfig(max_tool_calls_per_turn=900) if cap_mode == "explicit" else tg.GuardConfig()
+    assert config.cap_mode == cap_mode
+    ledger = Ledger(config, turn_id="turn-9", conversation_id="conv-9", agent_name="agent-9", promptable=True)
+    for _ in range(5):
+        ledger.begin_cycle()
+    for k, outcome in ((1, tg.Outcome.OK), (1, tg.Outcome.OK), (1, tg.Outcome.OK), (1, tg.Outcome.OK),
+                       (2, tg.Outcome.OK), (2, tg.Outcome.ERROR), (2, tg.Outcome.ERROR)):
+        ledger.count_call(key(k), "t")
+        ledger.record_outcome(ledger.checks, outcome)
+    return ledger
+
+
+@pytest.mark.parametrize("cap_mode", ["adaptive", "explicit"])
+@pytest.mark.parametrize("with_call", [True, False])
+@pytest.mark.parametrize("ended", [None, (11, 10)])
+def test_detect_puts_each_fact_in_its_own_event_field(cap_mode, with_call, ended):
+    ledger = _distinct_counts_ledger(cap_mode)
+    call = tg.ToolCall("bash", "ls")
+    digest = Keyer().key_of(call)
+    streak = EndedStreak(1, 2, ended[0], ended[1], 0, 0, {}, None, "t") if ended else None
+    verdict = ledger.detect("custom", tg.Action.ASK, tg.Level.STOP, 13, call=call if with_call else None,
+                            message="why", streak=streak)
+    length, failing = ended or (ledger.streak_length, ledger.failing_streak_length)
+    counts = (13, ledger.tool_calls, ledger.cycles, ledger.max_key_repeat, length, failing, ledger.hard_cap)
+    assert len(set(counts)) == len(counts), counts  # (a field swapped for another shows)
+    expected = {
+        "threshold": "custom", "action": tg.Action.ASK, "level": tg.Level.STOP, "limit": 13,
+        "tool_calls": ledger.tool_calls, "cycles": ledger.cycles, "max_key_repeat": ledger.max_key_repeat,
+        "streak_length": length, "failing_streak_length": failing, "soft_cap": ledger.soft_cap,
+        "hard_cap": ledger.hard_cap, "tool_name": "bash" if with_call else None,
+        "key_digest": digest.hex() if with_call else None, "promptable": True, "turn_id": "turn-9",
+        "conversation_id": "conv-9", "agent_name": "agent-9", "cap_mode": cap_mode, "message": "why",
+    }
+    event = verdict.event
+    assert {name: getattr(event, name) for name in expected} == expected
+    assert {f.name for f in dataclasses.fields(event)} == {*expected, "event_id"}
+    assert len(event.event_id) == 32 and int(event.event_id, 16) >= 0
+    assert (verdict.action, verdict.threshold, verdict.message) == (tg.Action.ASK, "custom", "why")
 
 
 def test_the_tracked_keys_are_bounded_and_later_keys_go_uncounted():

@@ -522,27 +522,16 @@ class Ledger(PolledCalls):
         ``streak``'s, an ended streak's, when given)."""
         digest = cached_digest(call) if call is not None else None
         length, failing = (self.streak_length, self._failing) if streak is None else (streak.length, streak.failing)
+        # Positional, in field order: a class called with keywords gets them as a dict, 20 entries
+        # here, built on every detection (tests/test_ledger.py holds each field to its fact).
         event = LoopDetectedEvent(
-            threshold=threshold,
-            action=action,
-            level=level,
-            limit=int(limit),
-            tool_calls=self.tool_calls,
-            cycles=self._cycles,
-            max_key_repeat=self.max_key_repeat,
-            streak_length=length,
-            failing_streak_length=failing,
-            soft_cap=self._soft_cap,  # (the slots behind the facts: a property read costs per detection)
-            hard_cap=self.hard_cap,
-            tool_name=call.name if call is not None else None,
-            key_digest=digest.hex() if digest is not None else None,
-            promptable=self._promptable,
-            turn_id=self._turn_id,
-            conversation_id=self._conversation_id,
-            agent_name=self._agent_name,
-            event_id=new_event_id(),
-            cap_mode=self._cap_mode,
-            message=message,
+            threshold, action, level, int(limit),
+            self.tool_calls, self._cycles, self.max_key_repeat, length, failing,
+            self._soft_cap, self.hard_cap,  # (the slots behind the facts: a property read costs per detection)
+            call.name if call is not None else None,
+            digest.hex() if digest is not None else None,
+            self._promptable, self._turn_id, self._conversation_id, self._agent_name,
+            new_event_id(), self._cap_mode, message,
         )
         return Verdict(action, threshold, message, event)
 
