@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/bench_hooks.py [--quick]      (or via benchmarks/run.py hooks)
 
-Round trip: the wall time from starting the command ``turnguard install`` writes (``python -S
-.../turnguard/agents/client.py claude-code``, which asks the long-lived local server) with one
-``PreToolUse`` event on stdin to its exit (its answer read from stdout), over the ``PreToolUse``
+Round trip: the wall time from starting the command ``turnguard install`` writes (``python -S -P
+-c LAUNCHER claude-code``, which runs ``.../turnguard/agents/client.py``, which asks the long-lived
+local server) with one ``PreToolUse`` event on stdin to its exit (its answer read from stdout), over the ``PreToolUse``
 events of 50-call turns (each call's ``PostToolUse`` runs too, untimed), p50 and p99. The floor,
 measured in the same run and interleaved with it call by call: the same interpreter reading the
 same JSON from stdin and printing ``{}``. Target: p50 at most 2x the floor. Beside it: the
@@ -25,17 +25,17 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from run import format_rows
-from turnguard.agents import client
+from turnguard.agents import client, install
 
 TARGET_RATIO = 2.0
 FLOOR_CODE = "import json,sys; json.load(sys.stdin); sys.stdout.write('{}\\n')"
@@ -61,7 +61,7 @@ def _run(argv: list[str], data: bytes, env: dict[str, str]) -> float:
     return spent
 
 
-CLIENT = [sys.executable, "-S", str(Path(client.__file__)), "claude-code"]
+CLIENT = shlex.split(install.hook_command("claude-code"))
 IN_PROCESS = [sys.executable, "-m", "turnguard", "hook", "claude-code"]
 
 

@@ -1,4 +1,4 @@
-"""The command ``turnguard install`` writes: ``python -S .../agents/client.py AGENT``, which asks the
+"""The client the command ``turnguard install`` writes runs: ``.../agents/client.py AGENT``, which asks the
 long-lived local server and falls back to ``python -m turnguard hook AGENT`` in a process of its
 own. Whatever answers, the answer and the session's state are the same."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 import chain
+import turnguard
 from coding_agents import clis
 from coding_agents.model_server import Agent, Call, ModelRequest, ModelServer, Reply, codex_spawn, codex_wait, shell
 
@@ -211,6 +213,27 @@ def test_parallel_calls_of_one_response_are_counted_exactly(guarded: Guarded) ->
     assert (turn["tool_calls"], turn["ended_by"]) == (9, "completed")
     with_state = list((guarded.state / "hooks" / NAME[guarded.agent]).glob("*.json"))
     assert all(json.loads(p.read_text()).get("turn") is None for p in with_state)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_an_agent_whose_turnguard_was_uninstalled_under_its_hooks_runs_unblocked(agent: Agent,
+                                                                                 tmp_path: Path) -> None:
+    """``pip uninstall turnguard`` without ``turnguard uninstall``: the hooks name a client that is
+    gone, and every prompt and call still runs (the hooks fail with exit 1, never the blocking 2)."""
+    clis.require(agent)
+    site = tmp_path / "site"
+    shutil.copytree(Path(turnguard.__file__).parent, site / "turnguard", ignore=shutil.ignore_patterns("__pycache__"))
+    guarded = Guarded(agent, tmp_path)
+    guarded.project.mkdir()
+    home = tmp_path / "install-home"
+    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex"), "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-m", "turnguard", "install", NAME[agent], "--project"],
+                          cwd=guarded.project, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    shutil.rmtree(site)
+    run, _server = guarded.run(lambda r: shell(agent, guarded.append(str(r.step))) if r.step < 3 else "Done.")
+    assert guarded.lines() == ["0", "1", "2"], run.describe()
+    assert run.returncode == 0 and run.text == "Done.", run.describe()
 
 
 @pytest.mark.parametrize("agent", ["claude", "codex"])

@@ -80,7 +80,8 @@ def turnguard_commands(settings: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_the_command_names_this_interpreter_and_is_recognised_however_it_is_spelled() -> None:
     client = str(Path(ins.__file__).with_name("client.py"))
-    assert ins.hook_command("codex", "/a b/python") == shlex.join(["/a b/python", "-S", client, "codex"])
+    launcher = ins.LAUNCHER.replace("{client}", json.dumps(client))
+    assert ins.hook_command("codex", "/a b/python") == shlex.join(["/a b/python", "-S", "-P", "-c", launcher, "codex"])
     assert shlex.split(ins.hook_command("gemini"))[:2] == [sys.executable, "-S"]
     for command in ("'/a b/python' -m turnguard hook codex", "turnguard hook gemini", "/usr/bin/turnguard hook x",
                     "python3 -m turnguard hook claude-code", ins.hook_command("codex", "/a b/python"),
@@ -266,7 +267,8 @@ def test_a_reinstall_with_another_interpreter_still_restores_the_original(where,
     assert cli(capsys, "install", "claude-code")[0] == 0
     monkeypatch.setattr(ins.sys, "executable", "/elsewhere/python")
     assert cli(capsys, "install", "claude-code")[0] == 0
-    assert ins.hook_command("claude-code", "/elsewhere/python") in path.read_text()
+    assert ("UserPromptSubmit", ins.hook_command("claude-code", "/elsewhere/python")) in turnguard_commands(
+        json.loads(path.read_text()))
     assert cli(capsys, "uninstall", "claude-code")[0] == 0
     assert path.read_text() == '{"model": "opus"}'
 

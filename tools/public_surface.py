@@ -29,8 +29,8 @@ FACADE = "turnguard"
 TARGET = re.compile(r"^:::\s+([\w.]+)", re.MULTILINE)
 KEPT_IN_PLACE = {
     "turnguard.agents": "an installed hook runs turnguard/agents/client.py by its path (`turnguard install` writes "
-                        "it into each agent's settings): moved, the hook would fail, and Claude Code reads a hook's "
-                        "exit status 2 (Python's for a missing file) as \"block this tool call\"",
+                        "it into each agent's settings): moved, every installed hook would fail (exit 1, which the "
+                        "agents show and go on from), leaving the agents unguarded until installed again",
 }
 """Internal packages that keep their name: a path outside Python names them (``tools/privatize.py``
 renames every other internal module to ``_name``)."""

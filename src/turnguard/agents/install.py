@@ -37,6 +37,7 @@ large for a float (``1e400``) as it was written, not as ``Infinity``, and a lone
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import difflib
 import json
@@ -150,17 +151,44 @@ _CLIENT_TAIL = ("turnguard", "agents", "client.py")
 
 def hook_command(agent: str, executable: str | None = None) -> str:
     """The command the agent runs: this interpreter by its absolute path (so the agent's ``PATH``
-    does not matter) running ``client.py`` by its path with ``-S``: a process that imports only
-    the standard library and asks the long-lived local server, which answers as ``turnguard hook
-    AGENT`` does (see ``client``)."""
+    does not matter) running ``client.py`` with ``-S``: a process that imports only the standard
+    library and asks the long-lived local server, which answers as ``turnguard hook AGENT`` does
+    (see ``client``). The client is run through ``LAUNCHER``, not by its path: Python exits 2 when
+    it cannot open a script, the status with which every agent blocks the event, so a client gone
+    (turnguard uninstalled, its environment rebuilt on another Python) would refuse every prompt
+    and tool call."""
     client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.py")
-    return shlex.join([executable or sys.executable, "-S", client, agent])
+    launcher = LAUNCHER.replace(_CLIENT, json.dumps(client))
+    return shlex.join([executable or sys.executable, "-S", "-P", "-c", launcher, agent])
+
+
+_CLIENT = "{client}"
+LAUNCHER = ('import os,sys;p={client};os.path.isfile(p) or sys.exit("turnguard hook: "+p+" is gone '
+            '(turnguard uninstalled or moved: install it again, or remove its hooks); allowed");'
+            'exec(compile(open(p,"rb").read(),p,"exec"),{"__name__":"__main__","__file__":p})')
+"""The code of ``hook_command`` (``-c``; ``-P`` keeps the agent's folder off the import path): it
+runs the client at ``{client}`` (a JSON string, which Python reads alike) as its script would
+run, or, the client gone, says so in one line on stderr and exits 1, which all three agents show
+as a hook error and go on."""
+_LAUNCHER_HEAD, _, _LAUNCHER_TAIL = LAUNCHER.partition(_CLIENT)
+
+
+def launched_client(code: str) -> str | None:
+    """The client's path in ``LAUNCHER`` code as ``hook_command`` writes it, else ``None``."""
+    if not (code.startswith(_LAUNCHER_HEAD) and code.endswith(_LAUNCHER_TAIL)):
+        return None
+    try:
+        path = ast.literal_eval(code[len(_LAUNCHER_HEAD):len(code) - len(_LAUNCHER_TAIL)])
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return path if isinstance(path, str) else None
 
 
 def is_turnguard_command(command: object) -> bool:
     """Whether a hook's command is, word for word, one turnguard writes or documents: ``PYTHON
-    [-FLAGS] …/turnguard/agents/client.py AGENT``, ``PYTHON [-FLAGS] -m turnguard hook AGENT`` or
-    ``[…/]turnguard hook AGENT``. A command that only mentions turnguard is the user's own."""
+    [-FLAGS] -c LAUNCHER AGENT`` (``hook_command``), ``PYTHON [-FLAGS] …/turnguard/agents/client.py
+    AGENT`` (as written before), ``PYTHON [-FLAGS] -m turnguard hook AGENT`` or ``[…/]turnguard hook
+    AGENT``. A command that only mentions turnguard is the user's own."""
     if not isinstance(command, str):
         return False
     try:
@@ -176,6 +204,9 @@ def is_turnguard_command(command: object) -> bool:
         rest = rest[1:]
     if rest == ["-m", "turnguard", "hook"]:
         return True
+    if len(rest) == 2 and rest[0] == "-c":
+        client = launched_client(rest[1])
+        return client is not None and tuple(Path(client).parts[-3:]) == _CLIENT_TAIL
     return len(rest) == 1 and tuple(Path(rest[0]).parts[-3:]) == _CLIENT_TAIL
 
 
