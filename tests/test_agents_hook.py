@@ -1296,6 +1296,47 @@ def test_attended_claude_refused_question_is_not_recorded_as_continue(env: dict[
     assert escalation["answer"] in ("stop", "redirect"), "a refusal is not a 'continue'"
 
 
+def _asked_steps() -> list[tuple[int, int, str]]:
+    """(calls in the step, the asked call's place in it, what its siblings are): identical siblings
+    before the asked call count toward its streak, distinct ones would break it (so only after)."""
+    steps = [(width, place, "identical") for width in (1, 2, 3) for place in range(width)]
+    return steps + [(width, 0, "distinct") for width in (2, 3)]
+
+
+@pytest.mark.parametrize("asked_first", [True, False], ids=["asked-outcome-first", "asked-outcome-last"])
+@pytest.mark.parametrize("answer", ["yes-ok", "yes-failed", "no"])
+@pytest.mark.parametrize(("width", "place", "siblings"), _asked_steps())
+def test_attended_claude_question_is_answered_by_the_asked_call_whatever_calls_run_beside_it(
+        width: int, place: int, siblings: str, answer: str, asked_first: bool, env: dict[str, str],
+        tmp_path: Path) -> None:
+    """Claude Code runs the hooks of a step's concurrency-safe calls (reads, searches) at once: the
+    calls checked beside the asked one are not the person's answer to its question. "Yes" (the
+    call ran, whatever its outcome) is ``continue``, "No" (no post event by the step's end) is
+    ``stop``, as for the asked call alone."""
+    env["CLAUDE_CODE_SESSION_ATTENDED"] = "1"
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    command = "grep -rn TODO src"
+    for _ in range(WARN_AT - 1 - place):
+        s.call(command, failed=False)
+    ev = s.events
+    step = [({"command": command} if siblings == "identical" or i == place else {"command": f"ls dir{i}"},
+             ev.call_id()) for i in range(width)]
+    checks = [s.send(ev.pre(tool_input, call_id)) for tool_input, call_id in step]
+    assert asks(checks[place]), checks[place]
+    assert all(is_allow(a) for i, a in enumerate(checks) if i != place), checks
+    order = sorted(range(width), key=lambda i: (i != place) == asked_first)
+    for i in order:
+        if i != place or answer != "no":
+            tool_input, call_id = step[i]
+            s.send(ev.post(tool_input, call_id, failed=i == place and answer == "yes-failed"))
+    s.send(ev.batch([(ev.tool, tool_input, call_id, "output") for tool_input, call_id in step]))
+    s.finish()
+    [escalation] = only_line(env)["escalations"]
+    assert escalation == {"threshold": "streak", "level": "warn", "at_call": WARN_AT,
+                          "answer": "stop" if answer == "no" else "continue"}
+
+
 @pytest.mark.parametrize("settings", [
     {"CLAUDE_CODE_SESSION_ATTENDED": "1"},
     {"CLAUDE_CODE_ENTRYPOINT": "cli"},

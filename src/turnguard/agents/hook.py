@@ -479,7 +479,8 @@ class Hook:
         assert event.tool_name is not None
         ask = data.get("ask")
         if ask is not None and ask.get("call") is not None:
-            self._answer(turn, data, "redirect")  # the person refused the asked call; the agent went on
+            if not _waits(data, ask["call"]):  # (one waiting runs beside this call: its answer is to come)
+                self._answer(turn, data, "redirect")  # the person refused the asked call; the agent went on
             ask = None
         digest = self._digest(event.tool_name, event.tool_input)
         checked_id = event.call_id if event.call_id is not None else UNNAMED + secrets.token_hex(8)
@@ -570,6 +571,12 @@ def _wait(data: dict[str, Any], entry: list[Any]) -> None:
     waiting = data.setdefault("waiting", [])
     waiting.append(entry)
     del waiting[:-MAX_WAITING]
+
+
+def _waits(data: dict[str, Any], call_id: str) -> bool:
+    """Whether the call the agent named ``call_id`` is checked and waits for its outcome: the agent
+    runs it still (a call of the same step may be checked beside it), or has not said it refused it."""
+    return bool(call_id) and any(w[2] == call_id for w in data.get("waiting") or ())
 
 
 def _take_waiting(data: dict[str, Any], name: str, digest: str, call_id: str | None) -> str | None:
