@@ -1,7 +1,8 @@
-"""The command an agent runs at each hook event: ``python -S .../turnguard/agents/client.py AGENT``.
+"""What an agent runs at each hook event: this file, as ``python -S -P -c LAUNCHER AGENT`` runs it
+(``install.hook_command``).
 
 A hook is a new process per event, before every tool call. Importing turnguard costs several
-times what starting Python does, so this file is run by path, with ``-S`` (not even
+times what starting Python does, so this file is run by its path, with ``-S`` (not even
 site-packages), and hands the event to a long-lived local process (``server``) over a Unix socket,
 which answers as ``turnguard hook AGENT`` would. It imports only what a bare interpreter has
 loaded already and two small C modules (``_socket``, a SHA-256): no ``json``, ``socket`` or
