@@ -331,6 +331,34 @@ def test_a_turn_that_left_the_book_keeps_its_first_result(first, then):
     assert book.counts[S.DUPLICATE] > before[S.DUPLICATE]
 
 
+@pytest.mark.parametrize("digest_key", [None, "fleet-secret"], ids=["keyless", "keyed"])
+@pytest.mark.parametrize("then", ["by-id", "by-token", "ended-again-in-turn", "ended-again-late"])
+def test_a_token_taken_after_its_turn_left_the_book_stands_as_a_keyed_tokens_first_result(digest_key, then):
+    """The token's result comes once the turn has left the book (it is remembered apart, by its
+    digest); every later result for the id, by any way, is a duplicate when tokens are checked by a
+    key. Without one the token could be anyone's, so it never keeps the id's own turn from its result."""
+    g = guard(digest_key=digest_key)
+    g.results = book = ResultBook(limit=3, digest_key=digest_key)
+    token = ended_turn(g, 1, turn_id="t-first").result_token
+    for _ in range(book.limit):
+        ended_turn(g, 1)
+    assert g.report_result(token, True) is True
+    before = dict(book.counts)
+    if then == "by-id":
+        taken = [g.report_result("t-first", False)]
+    elif then == "by-token":
+        taken = [g.report_result(token, False)]
+    else:  # a host reusing the id: its result in the turn, or after the turn
+        with g.turn(turn_id="t-first") as again:
+            again.report_result(False) if then == "ended-again-in-turn" else None
+        taken = [] if then == "ended-again-in-turn" else [g.report_result("t-first", False)]
+    accepted = book.counts[S.ACCEPTED] - before[S.ACCEPTED]
+    own_turn = then.startswith("ended-again") and digest_key is None
+    assert accepted == (1 if own_turn else 0), dict(book.counts)
+    assert book.counts[S.DUPLICATE] - before[S.DUPLICATE] == (0 if own_turn else 1)
+    assert taken == ([True] if own_turn and taken else [False] * len(taken))
+
+
 def test_results_are_remembered_for_at_least_the_bound_and_memory_stays_bounded():
     g = guard()
     g.results = book = ResultBook(limit=2, remembered=64)

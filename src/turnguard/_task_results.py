@@ -260,7 +260,8 @@ class ResultBook:
     def ended(self, summary: TurnSummary, guard: Any, policy: str = "") -> Ended | None:
         """Remember a turn that just ended (with the result it got before ending, if any): its
         entry (``None`` for an id with no text: it cannot be reported later). A turn id that ends
-        again (a double resume, a host reusing ids) keeps the first result it got."""
+        again (a double resume, a host reusing ids) keeps the first result it got, however it came
+        (``_had_result``)."""
         key = _key(id_text(summary.turn_id))
         entry = Ended(kept_summary(summary), guard, None, cut_text(policy)) if key is not None else None
         with self._lock:
@@ -271,7 +272,7 @@ class ResultBook:
                     self.counts[ResultStatus.DUPLICATE] += 1
                 resolved = old.resolved
             elif resolved is not None:
-                if key is not None and self._digest(key) in self._results:
+                if key is not None and self._had_result(self._digest(key)):
                     self.counts[ResultStatus.DUPLICATE] += 1  # its id's first result came long ago
                 else:
                     self.counts[ResultStatus.ACCEPTED] += 1
