@@ -127,3 +127,70 @@ def test_the_ledger_settles_a_streak_by_the_one_rule_in_any_report_order(stop_on
         assert replayed.count_settled([b"k" * 8] * len(outcomes), ["bash"] * len(outcomes), outcomes,
                                       [0] * len(outcomes))
         assert (replayed.failing_streak_length, replayed.settled_streak_length, replayed.stop_count) == expected
+
+
+# -- the summary: a lost outcome's polls behind it count their progress when the turn ends -------
+
+LOST = [(1,), (5,), (40,), (1, 2), (3, 9, 15, 21, 27, 33)]
+"""Polls (of 40) whose outcome never comes."""
+
+
+def polled_turn(config: tg.GuardConfig, outcome: str, lost: tuple[int, ...], *, batch: bool, other: bool,
+                seed: int, lost_is: str | None = None) -> tg.TurnSummary:
+    """40 identical ``ci_status`` polls, each reported with a new result but those in ``lost``
+    (never reported; with ``lost_is``, reported that way without a result instead): one at a time,
+    or (``batch``) all checked first, then reported in a random order; ``other``: a different
+    call checked after the batch, so the polls settle in a streak another key ended. Attended, so
+    that a batch's checks ask (its waiting calls count as failures there) and go on."""
+    turn = tg.Guard(config, environ={}).turn(promptable=True)
+    calls = [tg.ToolCall("ci_status", {"run": 42}) for _ in range(40)]
+    reports = [(n, call) for n, call in enumerate(calls, 1) if n not in lost or lost_is is not None]
+    random.Random(seed).shuffle(reports)
+    if not batch:
+        reports.sort(key=lambda report: report[0])
+    for n, call in enumerate(calls, 1):
+        assert turn.check_call(call).action is not tg.Action.HALT
+        if not batch and n not in lost:
+            turn.record_outcome(call, outcome, result={"poll": n})
+        elif not batch and lost_is is not None:
+            turn.record_outcome(call, lost_is)
+    if other:
+        turn.check_call(tg.ToolCall("read", {"path": "log"}))
+    for n, call in reports if batch else ():
+        turn.record_outcome(call, lost_is if n in lost else outcome, result=None if n in lost else {"poll": n})
+    return turn.end()
+
+
+@pytest.mark.parametrize("lost", LOST)
+@pytest.mark.parametrize(("batch", "other"), [(False, False), (True, False), (True, True)],
+                         ids=["one-at-a-time", "batch", "batch-ended-by-another-call"])
+@pytest.mark.parametrize(("profile", "outcome", "signal"), [("recommended", "ok", "repeat"),
+                                                            ("seed", "error", "stale_repeat")])
+def test_polls_behind_a_lost_outcome_count_their_restarts_in_the_summary(profile, outcome, signal, lost, batch,
+                                                                          other):
+    """docs/polling.md: the calls behind a lost outcome count as they went, with their results
+    (the previous result skips a call without one). Once the turn ends no outcome can come, so its
+    summary (``result_restarts``, the ``turnguard.streak.result_restarts`` counter) counts the
+    restarts those polls made, as had the lost calls been reported without a result."""
+    config = tg.PROFILES[profile].replace(stateful_tools=("ci_status",), stuck_signal=signal)
+    for seed in range(3):
+        summary = polled_turn(config, outcome, lost, batch=batch, other=other, seed=seed)
+        without_result = polled_turn(config, outcome, lost, batch=batch, other=other, seed=seed, lost_is="ok")
+        with_results = 40 - len(lost)
+        assert dict(summary.result_restarts) == dict(without_result.result_restarts) == {
+            "ci_status": with_results - 1}
+
+
+def test_a_suspended_turn_keeps_its_waiting_polls_for_the_turn_that_resumes_it():
+    """A turn put aside still waits: the outcomes may come after the resume, and count there."""
+    config = tg.PROFILES["recommended"].replace(stateful_tools=("ci_status",))
+    guard = tg.Guard(config, environ={})
+    turn = guard.turn(durable=True)
+    calls = [tg.ToolCall("ci_status", {"run": 42}, call_id=f"p{n}") for n in range(1, 7)]
+    for call in calls:
+        turn.check_call(call)
+    for n, call in enumerate(calls[1:], 2):
+        turn.record_outcome(call, "ok", result={"poll": n})
+    resumed = guard.resume(turn.suspend())
+    resumed.record_outcome(tg.ToolCall("ci_status", {"run": 42}, call_id="p1"), "ok", result={"poll": 1})
+    assert dict(resumed.end().result_restarts) == {"ci_status": 5}

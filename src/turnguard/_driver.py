@@ -115,9 +115,13 @@ class Driver:
         return self.dispatcher.combine(hook, found, self.ledger, self.report)
 
 
-def summarize(ledger: Ledger, reason: str, halt: Verdict | None) -> TurnSummary:
+def summarize(ledger: Ledger, reason: str, halt: Verdict | None, *, final: bool = True) -> TurnSummary:
     """How ``ledger``'s turn ended: its stateful calls still waiting settled, and ``stuck`` as the
-    cap says (``cap.summary_stuck``: the ledger records facts, the cap decides what is stuck)."""
+    cap says (``cap.summary_stuck``: the ledger records facts, the cap decides what is stuck).
+    ``final``: no outcome can come any more (not a turn put aside), so the calls still waiting are
+    given up and the outcomes behind them settle (``settle_lost``)."""
+    if final:
+        ledger.settle_lost()
     ledger.settle_polled()
     return ledger.summary(reason=reason, halt=halt, stuck=cap.summary_stuck(ledger))
 

@@ -804,7 +804,7 @@ class Turn:
         """The turn's summary, kept as how it ended (under the lock)."""
         if self._halt is not None and reason == "completed":
             reason = "halted"
-        summary = summarize(self.ledger, reason, self._halt)
+        summary = summarize(self.ledger, reason, self._halt, final=reason != SUSPENDED)
         if reason != SUSPENDED:  # (put aside, the levels wait in the snapshot for the resumed turn)
             self._unreported = self._driver.unreported()
         if self._resolved is not None:

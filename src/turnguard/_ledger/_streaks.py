@@ -468,6 +468,18 @@ class Streaks(CallCounts):
         elif self._ended:
             self._settle_ended(seq, _ABANDONED)
 
+    def settle_lost(self) -> None:
+        """As the turn ends, the calls still without an outcome will never get one: each settles as
+        given up (``abandon``), so the outcomes that came behind it count as they went, in check
+        order, in the summary too (the result restarts, the longest failing streak), as they did at
+        the checks."""
+        for ended in self._ended:
+            while ended.early:
+                self._settle_ended(ended.next, _ABANDONED)
+        while self._early:
+            self._settle(_ABANDONED)
+            self._settle_waiting()
+
     def _settle_ended(self, seq: int, outcome: Outcome) -> bool:
         """Settle check ``seq`` in the ended streak that holds it (if one does)."""
         self._late = None
