@@ -64,7 +64,8 @@ def test_lines_and_spans_say_the_same_policy_limits_end_and_times(recorded):
         a, b = from_lines[turn_id], from_spans[turn_id]
         cohorts.add(a.cohort)
         probe = a.cohort == "probe"
-        limits = Limits("adaptive", 10, 40 if probe else 30, 9 if probe else 6, 5, 8, 0, ("poll", "status"), ("fetch",))
+        limits = Limits("adaptive", 10, 40 if probe else 30, 9 if probe else 6, 5, 8, 0, ("poll", "status"), ("fetch",),
+                        "repeat", "error", False, 65536, (), 0, 0, 4)
         assert (a.policy, a.limits) == (b.policy, b.limits) == ("prod-probe" if probe else "prod", limits)
         assert a.cohort == b.cohort == summary.cohort
         expected_end = str(summary.threshold) if summary.threshold else summary.reason

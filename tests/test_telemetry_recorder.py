@@ -485,21 +485,31 @@ def test_a_file_system_without_locks_still_gets_every_line(tmp_path, monkeypatch
     assert_whole_records(path, ["turn-0", "turn-1", "turn-2"])
 
 
+DEFAULT_LATER_LIMITS = {"stuck_signal": "repeat", "streak_stop_on": "error", "cycle_repeat_warn_at": 0,
+                        "cycle_repeat_stop_at": 0, "cycle_repeat_max_period": 4, "remind_model": False,
+                        "max_tracked_keys": 65536, "disabled_policies": []}
+"""The limits besides the caps, the streak's levels and the cycle cap, at their defaults."""
+
 LIMIT_CASES = {
     "adaptive": ({"soft_cap": 40, "hard_multiplier": 2.5, "stuck_repeat_threshold": 4, "streak_warn_at": 3,
-                  "streak_stop_at": 7, "max_cycles_per_turn": 9},
+                  "streak_stop_at": 7, "max_cycles_per_turn": 9, "stuck_signal": "stale_repeat",
+                  "streak_stop_on": "any", "cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 6,
+                  "cycle_repeat_max_period": 5, "remind_model": True, "max_tracked_keys": 500,
+                  "disable_plugins": ("shadow", "cycles", "cap")},
                  {"cap_mode": "adaptive", "soft_cap": 40, "hard_cap": 100, "stuck_repeat_threshold": 4,
                   "streak_warn_at": 3, "streak_stop_at": 7, "max_cycles": 9, "stateful_tools": [],
-                  "streak_exempt_tools": []}),
+                  "streak_exempt_tools": [], "stuck_signal": "stale_repeat", "streak_stop_on": "any",
+                  "cycle_repeat_warn_at": 3, "cycle_repeat_stop_at": 6, "cycle_repeat_max_period": 5,
+                  "remind_model": True, "max_tracked_keys": 500, "disabled_policies": ["cap", "cycles"]}),
     "explicit": ({"max_tool_calls_per_turn": 30, "soft_cap": 40, "stateful_tools": ("ci_status", "poll"),
                   "streak_exempt_tools": ("sleep",)},
                  {"cap_mode": "explicit", "soft_cap": None, "hard_cap": 30, "stuck_repeat_threshold": 6,
                   "streak_warn_at": 5, "streak_stop_at": 8, "max_cycles": 0, "stateful_tools": ["ci_status", "poll"],
-                  "streak_exempt_tools": ["sleep"]}),
+                  "streak_exempt_tools": ["sleep"], **DEFAULT_LATER_LIMITS}),
     "disabled": ({"soft_cap": 0, "streak_warn_at": 0, "streak_stop_at": 0, "stateful_tools": ("*",)},
                  {"cap_mode": "disabled", "soft_cap": None, "hard_cap": None, "stuck_repeat_threshold": 6,
                   "streak_warn_at": 0, "streak_stop_at": 0, "max_cycles": 0, "stateful_tools": ["*"],
-                  "streak_exempt_tools": []}),
+                  "streak_exempt_tools": [], **DEFAULT_LATER_LIMITS}),
 }
 
 

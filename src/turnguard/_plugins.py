@@ -89,6 +89,12 @@ def register_factory(name: str, factory: PluginFactory) -> None:
     FACTORY_PLUGINS[name] = factory
 
 
+def disabled_policies(config: GuardConfig) -> tuple[str, ...]:
+    """The built-in policies ``config`` turns off (``disable_plugins``), sorted: what a replay of
+    its turns must turn off too (calibrate reads them from the recording)."""
+    return tuple(sorted(name for name in set(config.disable_plugins) if name in DEFAULT_PLUGINS))
+
+
 def policies_only(config: GuardConfig) -> GuardConfig:
     """``config`` with every built-in plugin that is not a policy disabled and no entry points:
     the guard a replay, a shadow or a test of the policies needs."""

@@ -35,7 +35,7 @@ from turnguard._calibrate.evidence import (
     value_step,
 )
 from turnguard._calibrate.recording import Recording
-from turnguard._calibrate.records import TOOL_LIST_KEYS
+from turnguard._calibrate.records import TOOL_LIST_KEYS, Limits
 from turnguard._probe import sees_past
 from turnguard._terminal import DEFAULT_WIDTH, fit_table
 
@@ -147,8 +147,8 @@ def _highest(recording: Recording, limit: str) -> int | None:
 
 def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int] | None:
     """The probe's own cap when a row is at or above it (``(threshold, cap)``), else ``None``. The
-    recorded limits do not name the probe's stuck signal: a D not above the main one marks the stuck
-    row even where the probe's signal spares some turns (it then asks to raise a D it need not)."""
+    probe's stuck signal is not read from its recorded limits: a D not above the main one marks the
+    stuck row even where the probe's signal spares some turns (it then asks to raise a D it need not)."""
     if e.soft_cap is None:
         return None
     if key in ("streak", "stuck"):
@@ -433,13 +433,32 @@ def limits_notes(e: ProbeEvidence, recording: Recording, default_limits: dict[st
                      "be checked against the probe's own cap; turns the probe halted count as censored.")
     live = recording.limits_of("live")
     if live and default_limits is not None:
-        limits, _ = live[0]
-        recorded = {k: getattr(limits, k) for k in default_limits}
-        if recorded != default_limits:
-            shown = ", ".join(f"{k}={v}" for k, v in recorded.items())
+        differ = limits_differing(live[0][0], default_limits)
+        if differ:
+            shown = ", ".join(f"{k}={_limit_text(v)} (--config: {_limit_text(default_limits[k])})"
+                              for k, v in differ.items())
             notes.append(f"The default row is not the live policy most live turns ran under ({shown}): give --config "
                          "the live configuration so that the probe rows are read against it.")
     return notes
+
+
+def limits_differing(limits: Limits, default_limits: dict[str, object]) -> dict[str, object]:
+    """The recorded ``limits`` that are not the default row's, by key: only where both say one (a
+    limit an older recording or result does not have is not compared)."""
+    recorded = limits.to_json()
+    return {k: recorded[k] for k, mine in default_limits.items()
+            if k in recorded and not _unsaid_or_equal(recorded[k], mine)}
+
+
+def _unsaid_or_equal(theirs: object, mine: object) -> bool:
+    """Equal, or one side does not say (a cap's ``None`` differs in ``cap_mode`` too)."""
+    return theirs is None or mine is None or theirs == mine
+
+
+def _limit_text(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
 
 
 def tool_list_warning(recording: Recording, params: dict[str, Any] | None) -> str | None:

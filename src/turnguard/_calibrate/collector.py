@@ -17,7 +17,6 @@ from typing import Any
 
 from turnguard._calibrate.records import (
     CAP_MODES,
-    MAX_LIMIT,
     MAX_LINE_BYTES,
     MAX_TIME,
     MAX_TURN_COUNT,
@@ -29,10 +28,10 @@ from turnguard._calibrate.records import (
     RecordedTurn,
     Unreported,
     count_in_range,
+    limit_value,
     parse_outcome,
     short_text,
     shown,
-    tool_list,
     turn_calls_limit,
     turn_count,
     turn_id_text,
@@ -946,11 +945,16 @@ def span_ended_by(attrs: dict[str, Any]) -> str | None:
 
 SPAN_LIMITS = (("soft_cap", names.LOOP_SOFT_CAP), ("hard_cap", names.LOOP_HARD_CAP),
                ("stuck_repeat_threshold", names.POLICY_STUCK_REPEAT), ("streak_warn_at", names.POLICY_STREAK_WARN_AT),
-               ("streak_stop_at", names.POLICY_STREAK_STOP_AT), ("max_cycles", names.POLICY_MAX_CYCLES))
-"""``Limits`` fields and the turn span attributes that carry them."""
-SPAN_TOOL_LISTS = (("stateful_tools", names.POLICY_STATEFUL_TOOLS),
-                   ("streak_exempt_tools", names.POLICY_STREAK_EXEMPT_TOOLS))
-"""``Limits``' tool lists and the turn span attributes (string arrays) that carry them."""
+               ("streak_stop_at", names.POLICY_STREAK_STOP_AT), ("max_cycles", names.POLICY_MAX_CYCLES),
+               ("stateful_tools", names.POLICY_STATEFUL_TOOLS),
+               ("streak_exempt_tools", names.POLICY_STREAK_EXEMPT_TOOLS),
+               ("stuck_signal", names.POLICY_STUCK_SIGNAL), ("streak_stop_on", names.POLICY_STREAK_STOP_ON),
+               ("cycle_repeat_warn_at", names.POLICY_CYCLE_REPEAT_WARN_AT),
+               ("cycle_repeat_stop_at", names.POLICY_CYCLE_REPEAT_STOP_AT),
+               ("cycle_repeat_max_period", names.POLICY_CYCLE_REPEAT_MAX_PERIOD),
+               ("remind_model", names.POLICY_REMIND_MODEL), ("max_tracked_keys", names.POLICY_MAX_TRACKED_KEYS),
+               ("disabled_policies", names.POLICY_DISABLED))
+"""``Limits``' fields other than the cap mode, and the turn span attributes that carry them."""
 
 
 def span_times(start_ns: Any, end_ns: Any) -> tuple[float, float] | None:
@@ -976,9 +980,7 @@ def span_facts(attrs: dict[str, Any], times: tuple[float, float] | None) -> dict
     facts: dict[str, Any] = {"policy": _short_or_none(attrs.get(names.POLICY))}
     mode = attrs.get(names.CAP_MODE)
     if mode in CAP_MODES:
-        values: dict[str, Any] = {key: _limit(attrs.get(attr)) for key, attr in SPAN_LIMITS}
-        values |= {key: tool_list(attrs.get(attr)) for key, attr in SPAN_TOOL_LISTS}
-        facts["limits"] = Limits(mode, **values)
+        facts["limits"] = Limits(mode, **{key: _limit(key, attrs.get(attr)) for key, attr in SPAN_LIMITS})
     if times is not None:
         facts["started_at"], facts["ended_at"] = times
     tool_calls = attrs.get(names.TURN_TOOL_CALLS)
@@ -1029,8 +1031,12 @@ def _kept(indexed: list[tuple[int, RecordedCall]], tool_calls: int | None) -> li
     return kept if tool_calls is None else [item for item in kept if item[0] <= tool_calls]
 
 
-def _limit(value: Any) -> int | None:
-    return value if type(value) is int and 0 <= value <= MAX_LIMIT else None
+def _limit(key: str, value: Any) -> Any:
+    """A turn span's limit, ``None`` when it is absent or malformed (left out, as an older span's)."""
+    try:
+        return limit_value(key, value)
+    except ValueError:
+        return None
 
 
 TURN_RESOLVED = "turnguard.turn.resolved"

@@ -149,25 +149,10 @@ def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str,
 
 def _limits(raw: Any) -> records.Limits | str:
     """``records.Limits`` from a recorder line's ``limits`` object, or what is wrong with it."""
-    if type(raw) is not dict:
-        return f"expected an object, got {records.json_type(raw)}"
-    mode = raw.get("cap_mode")
-    if mode not in records.CAP_MODES:
-        return f"'cap_mode' must be one of {', '.join(records.CAP_MODES)}, got {records.shown(mode)}"
-    values: dict[str, Any] = {"cap_mode": mode}
-    for key in records.LIMIT_KEYS[1:]:
-        value = raw.get(key)
-        if value is not None and not (type(value) is int and 0 <= value <= records.MAX_LIMIT):
-            return f"{key!r} must be a whole number from 0 or null, got {records.shown(value)}"
-        values[key] = value
-    for key in records.TOOL_LIST_KEYS:
-        value = raw.get(key)
-        if value is not None:
-            values[key] = records.tool_list(value)
-            if values[key] is None:
-                return (f"{key!r} must be a list of at most {records.MAX_LISTED_TOOLS:,} tool names (texts of at most "
-                        f"{MAX_ID_LENGTH} characters) or null, got {records.shown(value)}")
-    return records.Limits(**values)
+    try:
+        return records.read_limits(raw)
+    except ValueError as exc:
+        return str(exc)
 
 
 def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:

@@ -12,6 +12,7 @@ from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardC
 from turnguard._keys import KEY_MODES
 from turnguard._plugins import DEFAULT_PLUGINS
 from turnguard._policies.identical import IdenticalCallsRule
+from turnguard.telemetry._recorder import turn_limits
 
 DEFAULT_SOFT_CAPS = (20, 50, 100)
 DEFAULT_MULTIPLIERS = (2, 3, 5, 10, 20)
@@ -49,7 +50,8 @@ class Policy:
     """``turnguard`` for turnguard's configurations, ``peer`` for the peers' rules."""
 
     def describe(self) -> dict[str, object]:
-        """The parameters that define this policy, for tables and JSON."""
+        """The parameters that define this policy, for tables and JSON; ``limits`` in a recorder
+        line's words, to tell whether the turns ran under it."""
         c = self.config
         return {
             "cap": _cap_text(c),
@@ -66,6 +68,7 @@ class Policy:
             "stateful_tools": list(c.stateful_tools),
             "streak_exempt_tools": list(c.streak_exempt_tools),
             "extras": [e.label for e in self.extras],
+            "limits": turn_limits(c),
         }
 
 

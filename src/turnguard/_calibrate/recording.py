@@ -9,13 +9,13 @@ from typing import Any
 
 from turnguard._calibrate.bounds import COHORT_KEYS, Key, count, dump, load
 from turnguard._calibrate.records import (
-    CAP_MODES,
+    FIRST_LIMIT_KEYS,
     LIMIT_KEYS,
     MAX_TIME,
-    TOOL_LIST_KEYS,
+    NAME_LIST_KEYS,
     Limits,
     RecordedTurn,
-    tool_list,
+    read_limits,
 )
 from turnguard._model import MAX_ID_LENGTH
 
@@ -140,17 +140,11 @@ def _policy_seen(item: Any) -> PolicySeen:
     raw = item["limits"]
     limits = None
     if raw is not None:
-        if not isinstance(raw, dict) or set(raw) - set(TOOL_LIST_KEYS) != set(LIMIT_KEYS) or \
-                raw["cap_mode"] not in CAP_MODES:
-            raise ValueError(f"recorded limits must have exactly {', '.join(LIMIT_KEYS)} (and maybe "
-                             f"{', '.join(TOOL_LIST_KEYS)}): {raw!r:.80}")
-        values: dict[str, Any] = {k: None if raw[k] is None else count(raw[k]) for k in LIMIT_KEYS[1:]}
-        for k in TOOL_LIST_KEYS:
-            if raw.get(k) is not None:
-                values[k] = tool_list(raw[k])
-                if values[k] is None:
-                    raise ValueError(f"recorded {k} must be a list of tool names: {raw[k]!r:.80}")
-        limits = Limits(raw["cap_mode"], **values)
+        if not isinstance(raw, dict) or not set(FIRST_LIMIT_KEYS) <= set(raw) <= {*LIMIT_KEYS, *NAME_LIST_KEYS}:
+            raise ValueError(f"recorded limits must have {', '.join(FIRST_LIMIT_KEYS)} (and maybe "
+                             f"{', '.join(k for k in (*LIMIT_KEYS, *NAME_LIST_KEYS) if k not in FIRST_LIMIT_KEYS)})"
+                             f": {raw!r:.80}")
+        limits = read_limits(raw)
     return PolicySeen(item["cohort"], policy, limits, count(item["turns"]), count(item["calls"]))
 
 

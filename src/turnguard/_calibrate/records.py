@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from turnguard._calibrate import bounds
+from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS
 from turnguard._model import MAX_ID_LENGTH, Outcome, id_text
 from turnguard.telemetry._names import CALL_UNFINISHED
 
@@ -52,8 +53,10 @@ CAP_MODES = ("explicit", "adaptive", "disabled")
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The limits a turn ran under, as recorded: ``hard_cap`` the effective one (``None`` when
-    disabled), ``max_cycles`` 0 when unbounded; a limit not recorded is ``None``."""
+    """The limits a turn ran under, as recorded: every setting that changes what a replay of the
+    turn decides (``docs/calibration.md``). ``hard_cap`` the effective one (``None`` when
+    disabled), ``max_cycles`` 0 when unbounded; a limit not recorded (an older recording) is
+    ``None``, and is not compared."""
 
     cap_mode: str
     soft_cap: int | None = None
@@ -64,20 +67,45 @@ class Limits:
     max_cycles: int | None = None
     stateful_tools: tuple[str, ...] | None = None
     streak_exempt_tools: tuple[str, ...] | None = None
+    stuck_signal: str | None = None
+    """Which stuck signal gates the adaptive cap (``GuardConfig.stuck_signal``)."""
+    streak_stop_on: str | None = None
+    """What the streak's stop level counts: ``error`` or ``any``."""
+    remind_model: bool | None = None
+    """Whether the warn levels remind the model (``REMIND``) rather than ask or observe."""
+    max_tracked_keys: int | None = None
+    """The distinct keys counted per turn."""
+    disabled_policies: tuple[str, ...] | None = None
+    """The built-in policies the configuration turned off (``disable_plugins``), sorted."""
+    cycle_repeat_warn_at: int | None = None
+    cycle_repeat_stop_at: int | None = None
+    cycle_repeat_max_period: int | None = None
+    """``cycle_repeat``'s levels (0: off) and the longest cycle it looks for."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: getattr(self, name) for name in LIMIT_KEYS}
-        for name in TOOL_LIST_KEYS:
-            tools = getattr(self, name)
-            out[name] = None if tools is None else list(tools)
+        for name in NAME_LIST_KEYS:
+            names = getattr(self, name)
+            out[name] = None if names is None else list(names)
         return out
 
 
-LIMIT_KEYS = ("cap_mode", "soft_cap", "hard_cap", "stuck_repeat_threshold", "streak_warn_at", "streak_stop_at",
-              "max_cycles")
-"""``Limits``' numbers (and the cap mode)."""
+COUNT_KEYS = ("soft_cap", "hard_cap", "stuck_repeat_threshold", "streak_warn_at", "streak_stop_at", "max_cycles",
+              "cycle_repeat_warn_at", "cycle_repeat_stop_at", "cycle_repeat_max_period", "max_tracked_keys")
+"""``Limits``' numbers."""
+CHOICE_KEYS: dict[str, tuple[str, ...]] = {"stuck_signal": STUCK_SIGNALS, "streak_stop_on": STREAK_STOP_ON}
+"""``Limits``' choices, with the values each may take."""
+FLAG_KEYS = ("remind_model",)
+"""``Limits``' switches."""
 TOOL_LIST_KEYS = ("stateful_tools", "streak_exempt_tools")
 """``Limits``' tool lists."""
+NAME_LIST_KEYS = (*TOOL_LIST_KEYS, "disabled_policies")
+"""``Limits``' lists of names: the tool lists and the policies turned off."""
+LIMIT_KEYS = ("cap_mode", *COUNT_KEYS, *CHOICE_KEYS, *FLAG_KEYS)
+"""``Limits``' single values (the cap mode first)."""
+FIRST_LIMIT_KEYS = LIMIT_KEYS[:7]
+"""The keys every recording with limits has (the cap mode, the caps, the streak's levels, the
+cycle cap); the others came later and read as ``None`` when absent."""
 MAX_LISTED_TOOLS = 1_000
 """The most tool names a recorded tool list may hold (a longer one is malformed)."""
 
@@ -88,6 +116,44 @@ def tool_list(value: Any) -> tuple[str, ...] | None:
     if type(value) is not list or len(value) > MAX_LISTED_TOOLS or not all(short_text(t) and t for t in value):
         return None
     return tuple(value)
+
+
+def limit_value(key: str, value: Any) -> Any:
+    """A recorded limit other than the cap mode as ``Limits`` holds it (``None``: not recorded);
+    a ``ValueError`` saying what it must be when it is malformed."""
+    if value is None:
+        return None
+    if key in COUNT_KEYS:
+        if type(value) is int and 0 <= value <= MAX_LIMIT:
+            return value
+        raise ValueError(f"{key!r} must be a whole number from 0 or null, got {shown(value)}")
+    if key in CHOICE_KEYS:
+        if type(value) is str and value in CHOICE_KEYS[key]:
+            return value
+        raise ValueError(f"{key!r} must be one of {', '.join(CHOICE_KEYS[key])} or null, got {shown(value)}")
+    if key in FLAG_KEYS:
+        if type(value) is bool:
+            return value
+        raise ValueError(f"{key!r} must be true, false or null, got {shown(value)}")
+    names = tool_list(value)
+    if names is None:
+        what = "tool" if key in TOOL_LIST_KEYS else "policy"
+        raise ValueError(f"{key!r} must be a list of at most {MAX_LISTED_TOOLS:,} {what} names (texts of at most "
+                         f"{MAX_ID_LENGTH} characters) or null, got {shown(value)}")
+    return names
+
+
+def read_limits(raw: Any) -> Limits:
+    """``Limits`` from a recorded ``limits`` object (a key absent is not recorded); a
+    ``ValueError`` saying what is wrong with it."""
+    if type(raw) is not dict:
+        raise ValueError(f"expected an object, got {json_type(raw)}")
+    mode = raw.get("cap_mode")
+    if mode not in CAP_MODES:
+        raise ValueError(f"'cap_mode' must be one of {', '.join(CAP_MODES)}, got {shown(mode)}")
+    return Limits(mode, **{key: limit_value(key, raw.get(key)) for key in (*LIMIT_KEYS[1:], *NAME_LIST_KEYS)})
+
+
 MAX_LIMIT = 2**62
 """The largest limit value read (``config.MAX_CALLS``)."""
 MAX_TURN_COUNT = 2**32

@@ -39,6 +39,7 @@ from turnguard._calibrate.bounds import (
 from turnguard._calibrate.duplicates import SKETCH, TurnPrints
 from turnguard._calibrate.evidence import ProbeEvidence
 from turnguard._calibrate.recording import Recording
+from turnguard._calibrate.records import TOOL_LIST_KEYS
 from turnguard._calibrate.replay import TurnResult, calls_saved, decile, relative_position
 from turnguard._calibrate.survival import Survival, estimate
 from turnguard._model import MAX_ID_LENGTH, PLUGIN_ERROR_THRESHOLD, Threshold, halt_threshold
@@ -558,11 +559,23 @@ def _rate(value: Any) -> float | None:
 
 
 def default_limits(params: dict[str, Any] | None) -> dict[str, object] | None:
-    """The default policy's limits in the recording's words (``inputs.Limits`` fields)."""
+    """The default policy's limits in the recording's words (``records.Limits`` fields), the cap's
+    settings only under an adaptive cap (where they decide) and without the tool lists (they have
+    a warning of their own: ``tool_list_warning``). A result of an older turnguard (``--json``,
+    ``merge``) describes fewer of them: the others are not compared."""
     if params is None:
         return None
-    limits = {"cap_mode": params.get("cap_mode"), "hard_cap": params.get("hard_cap"),
-              "streak_stop_at": params.get("streak_stop_at")}
-    if params.get("cap_mode") == "adaptive":
-        limits |= {"soft_cap": params.get("soft_cap"), "stuck_repeat_threshold": params.get("stuck_repeat")}
+    given = params.get("limits")
+    if isinstance(given, dict):
+        limits = {k: v for k, v in given.items() if k not in TOOL_LIST_KEYS}
+    else:
+        limits = {"cap_mode": params.get("cap_mode"), "hard_cap": params.get("hard_cap"),
+                  "streak_stop_at": params.get("streak_stop_at"), "soft_cap": params.get("soft_cap"),
+                  "stuck_repeat_threshold": params.get("stuck_repeat")}
+    if limits.get("cap_mode") != "adaptive":
+        limits = {k: v for k, v in limits.items() if k not in ADAPTIVE_KEYS}
     return limits
+
+
+ADAPTIVE_KEYS = ("soft_cap", "stuck_repeat_threshold", "stuck_signal")
+"""The limits that decide only under an adaptive cap."""

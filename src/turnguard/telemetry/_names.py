@@ -124,6 +124,12 @@ POLICY_STATEFUL_TOOLS = "turnguard.loop.stateful_tools"
 POLICY_STREAK_EXEMPT_TOOLS = "turnguard.streak.exempt_tools"
 """The tool lists in force (``GuardConfig.stateful_tools``, ``streak_exempt_tools``), on turn spans:
 string arrays, empty when none is listed (``"*"``: every tool)."""
+POLICY_REMIND_MODEL = "turnguard.loop.remind_model"
+POLICY_MAX_TRACKED_KEYS = "turnguard.loop.max_tracked_keys"
+POLICY_DISABLED = "turnguard.loop.disabled_policies"
+"""The other settings a replay decides by, on turn spans: ``GuardConfig.remind_model``,
+``max_tracked_keys``, and the built-in policies turned off (``disable_plugins``: a string array,
+sorted, empty when none is)."""
 SHADOW_POLICY = "turnguard.shadow.policy"
 """The name of a shadow policy (``GuardConfig.shadow``) on its would-be detections and turns."""
 SHADOW_DETECTED_EVENT = "turnguard.shadow.loop_detected"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 from opentelemetry import metrics, trace
 from opentelemetry._logs import get_logger_provider
 
+from turnguard._plugins import disabled_policies
 from turnguard.hookspecs import hookimpl
 from turnguard.telemetry import _names as n
 from turnguard.telemetry._cardinality import closed
@@ -164,9 +165,9 @@ class Signals:
 def policy_attributes(config: GuardConfig) -> dict[str, Any]:
     """The policy's name and the thresholds in force, for the turn span (the caps are added there
     per turn: ``turnguard.loop.soft_cap`` / ``hard_cap``; ``turnguard.loop.max_cycles`` is 0 when
-    unbounded; ``cycle_repeat``'s levels are 0 when off), and the tool lists that change how calls
-    count (the recorder line's ``limits`` has the caps, the streak's levels, the cycle cap and the
-    lists, so calibrate can tell when ``--config`` is not what the turns ran under)."""
+    unbounded; ``cycle_repeat``'s levels are 0 when off), the tool lists that change how calls
+    count, and the other settings a replay decides by: every limit the recorder line's ``limits``
+    has (``turn_limits``), so calibrate can tell when ``--config`` is not what the turns ran under."""
     attrs: dict[str, Any] = {
         n.POLICY: config.name,
         n.POLICY_STUCK_REPEAT: config.stuck_repeat_threshold,
@@ -180,6 +181,9 @@ def policy_attributes(config: GuardConfig) -> dict[str, Any]:
         n.POLICY_CYCLE_REPEAT_MAX_PERIOD: config.cycle_repeat_max_period,
         n.POLICY_STATEFUL_TOOLS: [export_text(tool) for tool in config.stateful_tools],
         n.POLICY_STREAK_EXEMPT_TOOLS: [export_text(tool) for tool in config.streak_exempt_tools],
+        n.POLICY_REMIND_MODEL: config.remind_model,
+        n.POLICY_MAX_TRACKED_KEYS: config.max_tracked_keys,
+        n.POLICY_DISABLED: list(disabled_policies(config)),
     }
     return attrs
 

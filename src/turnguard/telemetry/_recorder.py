@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from turnguard._keys import KEY_CHECK, KEY_RESULT, CallKey, cached_digest
 from turnguard._model import Action, Outcome, cut_text
+from turnguard._plugins import disabled_policies
 from turnguard.hookspecs import hookimpl
 from turnguard.telemetry import _recorder_state as recorder_state
 from turnguard.telemetry._clock import turn_end_ns, turn_start_ns, unix_s
@@ -428,10 +429,11 @@ def ended_by(summary: TurnSummary) -> str:
 
 
 def turn_limits(config: GuardConfig) -> dict[str, Any]:
-    """The limits a turn ran under (the recorder line's ``limits``): ``hard_cap`` is the effective
-    one (N when explicit, S x m when adaptive, ``None`` when disabled), ``soft_cap`` S (adaptive
-    only), ``max_cycles`` 0 when unbounded, and the tool lists that change how calls count
-    (``stateful_tools``, ``streak_exempt_tools``: lists, empty when none is listed)."""
+    """The limits a turn ran under (the recorder line's ``limits``): every setting that changes what
+    a replay of the turn decides. ``hard_cap`` is the effective one (N when explicit, S x m when
+    adaptive, ``None`` when disabled), ``soft_cap`` S (adaptive only), ``max_cycles`` 0 when
+    unbounded, the lists (``stateful_tools``, ``streak_exempt_tools``, ``disabled_policies``: the
+    built-in policies turned off) empty when none is listed."""
     mode = config.cap_mode
     return {
         "cap_mode": mode,
@@ -443,6 +445,14 @@ def turn_limits(config: GuardConfig) -> dict[str, Any]:
         "max_cycles": config.max_cycles_per_turn,
         "stateful_tools": list(config.stateful_tools),
         "streak_exempt_tools": list(config.streak_exempt_tools),
+        "stuck_signal": config.stuck_signal,
+        "streak_stop_on": config.streak_stop_on,
+        "cycle_repeat_warn_at": config.cycle_repeat_warn_at,
+        "cycle_repeat_stop_at": config.cycle_repeat_stop_at,
+        "cycle_repeat_max_period": config.cycle_repeat_max_period,
+        "remind_model": config.remind_model,
+        "max_tracked_keys": config.max_tracked_keys,
+        "disabled_policies": list(disabled_policies(config)),
     }
 
 
