@@ -27,11 +27,14 @@ USER_PAGES = [p for p in (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.m
               if p.relative_to(ROOT).as_posix() not in CONTRIBUTOR_PAGES]
 FROM_A_CLONE = "From a clone of the repository"
 CHECKOUT_ONLY = re.compile(r"(?<![\w./-])(?:\.venv/|\./dev\.sh|tests/|tools/|benchmarks/|src/turnguard/)"
-                           r"|python -m turnguard\.(?:_\w|boards\b)")
-"""A path or command that exists only in a checkout."""
+                           r"|python -m turnguard\.(?:_\w|boards\b)"
+                           r"|pip install (?:-e|--editable)\b|pip install [\"']?\.(?![\w/])"
+                           r"|\bmkdocs (?:serve|build|gh-deploy)\b")
+"""A path or command that exists only in a checkout: an install of the checkout itself, and the
+documentation site's builder, which reads the checkout's ``mkdocs.yml``."""
 OUTSIDE = re.compile(r"\.\./shared\b")
 """Data outside the repository: in no checkout either."""
-COMMAND = re.compile(r"^(?:\S+/)?(?:python\d?|pip|turnguard|\./dev\.sh|\.venv/)\b")
+COMMAND = re.compile(r"^(?:\S+/)?(?:python\d?|pip|turnguard|mkdocs|\./dev\.sh|\.venv/)\b")
 
 
 def commands(page: Path) -> list[tuple[int, str, bool]]:
@@ -69,7 +72,14 @@ def test_the_checker_sees_what_it_must():
                f"{FROM_A_CLONE}:\n\n```bash\n./dev.sh test\n```\n": 0, "See `tests/fleet.py` for the mix.\n": 0,
                "```bash\npython -m turnguard._boards.build --config t.toml\n```\n": 1,
                "Run `python -m turnguard._boards.rules`.\n": 1, "Run `python -m turnguard.boards.build`.\n": 1,
-               "Run `python -m turnguard hook claude-code`.\n": 0}
+               "Run `python -m turnguard hook claude-code`.\n": 0,
+               "A site: `pip install -e \".[docs]\"`, then `mkdocs serve`.\n": 2,
+               "```bash\npip install --editable '.[dev]'\nmkdocs build --strict\n```\n": 1,
+               "```bash\npip install .\n```\n": 1, "Run `pip install \".[otlp]\"`.\n": 1,
+               "Run `mkdocs gh-deploy`.\n": 1,
+               f"{FROM_A_CLONE}, `pip install -e \".[docs]\"`, then `mkdocs serve`.\n": 0,
+               "Run `pip install \"turnguard[docs]\"` or `pip install ./dist/turnguard.whl`.\n": 0,
+               "Then `turnguard assets deploy/` and `pip install -U turnguard`.\n": 0}
     for text, flagged in samples.items():
         try:
             page.write_text(text, encoding="utf-8")
