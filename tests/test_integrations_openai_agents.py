@@ -29,11 +29,13 @@ from agents import (  # noqa: E402
     RunConfig,
     Runner,
     RunState,
+    SQLiteSession,
     function_tool,
     handoff,
     set_tracing_disabled,
 )
 from agents.exceptions import AgentsException, MaxTurnsExceeded  # noqa: E402
+from agents.memory import OpenAIConversationsSession  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
 import turnguard as tg  # noqa: E402
@@ -44,6 +46,7 @@ from turnguard.integrations.openai_agents import (  # noqa: E402
     resume_state,
     run,
     run_sync,
+    sdk_conversation_id,
     state_string,
 )
 
@@ -1067,3 +1070,83 @@ def test_an_mcp_tool_call_is_asked_about_through_the_sdks_approvals(files_server
     result = mcp_run(files_server(), model, outcomes, ask="approval")
     assert len(approval_requests(result)) == 1
     assert list(outcomes.checked.values()) == [[tg.Action.ALLOW]] * 4 + [[tg.Action.ASK]]
+
+
+# -- the conversation a run belongs to: one cohort for all its runs ------------------------------
+
+class Ends:
+    def __init__(self) -> None:
+        self.summaries: list[tg.TurnSummary] = []
+
+    @tg.hookimpl
+    def turnguard_turn_ended(self, turn, summary):
+        self.summaries.append(summary)
+
+
+class NamedSession(SQLiteSession):
+    """A session naming itself with whatever the test says."""
+
+    def __init__(self, session_id: Any) -> None:
+        super().__init__("unused")
+        self.named = session_id
+
+    @property  # type: ignore[override]
+    def session_id(self) -> Any:
+        return self.named
+
+    @session_id.setter
+    def session_id(self, value: Any) -> None:
+        self.named = value
+
+
+NAMINGS = {
+    "runner-conversation-id": ({"conversation_id": "conv-7"}, "conv-7"),
+    "run-config-group-id": ({"run_config": RunConfig(tracing_disabled=True, group_id="conv-7")}, "conv-7"),
+    "run-config-mapping-group-id": ({"run_config": {"tracing_disabled": True, "group_id": "conv-7"}}, "conv-7"),
+    "sqlite-session": ({"session": SQLiteSession("conv-7")}, "conv-7"),
+    "session-and-group-id": ({"session": SQLiteSession("other"),
+                              "run_config": RunConfig(tracing_disabled=True, group_id="conv-7")}, "conv-7"),
+    "session-id-not-text": ({"session": NamedSession(42)}, None),
+    "no-name": ({}, None),
+}
+
+
+@pytest.mark.parametrize(("options", "expected"), NAMINGS.values(), ids=NAMINGS.keys())
+@pytest.mark.parametrize("entry", ["run_sync", "run"])
+def test_a_run_belongs_to_the_conversation_the_sdk_names_and_stays_in_its_cohort(options, expected, entry):
+    ends = Ends()
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",),
+                                    probe=tg.Probe(0.5, tg.GuardConfig(hard_multiplier=20))), environ={})
+    guard.register(ends)
+    for i in range(12):
+        agent = Agent(name="coder", model=ScriptedModel([[assistant_message("done")]]))
+        kwargs = {"run_config": NO_EXPORT, **options}
+        if entry == "run":
+            asyncio.run(run(guard, agent, f"hello {i}", **kwargs))
+        else:
+            run_sync(guard, agent, f"hello {i}", **kwargs)
+    assert [s.conversation_id for s in ends.summaries] == [expected] * 12
+    if expected is not None:
+        cohort = "probe" if guard.config.probe.selects(expected, None) else "live"
+        assert [s.cohort for s in ends.summaries] == [cohort] * 12
+
+
+def test_an_explicit_conversation_id_names_the_run_over_the_sdks():
+    ends = Ends()
+    guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("otel",)), environ={})
+    guard.register(ends)
+    agent = Agent(name="coder", model=ScriptedModel([[assistant_message("done")]]))
+    run_sync(guard, agent, "hello", conversation_id="mine", session=SQLiteSession("sdk"),
+             run_config=RunConfig(tracing_disabled=True, group_id="group"))
+    assert [s.conversation_id for s in ends.summaries] == ["mine"]
+
+
+def test_a_hosted_conversation_session_names_the_run_once_it_has_an_id_and_never_raises():
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="offline", base_url="http://127.0.0.1:9")  # never reached
+    config = RunConfig(tracing_disabled=True)
+    named = OpenAIConversationsSession(conversation_id="conv_abc", openai_client=client)
+    lazy = OpenAIConversationsSession(openai_client=client)  # its session_id raises until a first request
+    assert sdk_conversation_id({"session": named}, config) == "conv_abc"
+    assert sdk_conversation_id({"session": lazy}, config) is None

@@ -409,11 +409,11 @@ async def run(
     pass the turn's state with it as ``turn_state=turn_state(result)``, stored beside the SDK's
     ``to_string()``, or the run is a new turn.
 
-    ``conversation_id`` defaults to ``Runner.run``'s ``conversation_id`` or ``RunConfig.group_id``.
+    ``conversation_id`` defaults to the SDK's own name for the conversation (``sdk_conversation_id``).
     """
     config = run_config if run_config is not None else RunConfig()
-    if conversation_id is None:  # the SDK's own names for the conversation, when given
-        conversation_id = runner_kwargs.get("conversation_id") or getattr(config, "group_id", None)
+    if conversation_id is None:
+        conversation_id = sdk_conversation_id(runner_kwargs, config)
     guarded = _resumed(input)
     if guarded is None:
         guarded = _turn_hooks(guard, turn_state, ask=ask, promptable=promptable, inner=hooks,
@@ -440,6 +440,26 @@ async def run(
         return result
     guarded.end()
     return result
+
+
+def sdk_conversation_id(runner_kwargs: dict[str, Any], config: Any) -> str | None:
+    """The conversation a run belongs to, as the SDK names it: ``Runner.run``'s ``conversation_id``,
+    else ``RunConfig.group_id`` (a ``RunConfig`` or its mapping), else the ``session``'s
+    ``session_id`` (the conversation a ``SQLiteSession`` or ``OpenAIConversationsSession`` holds), so
+    that probe sampling keeps a conversation in one cohort. A session that cannot name itself yet
+    (an ``OpenAIConversationsSession`` before its first request raises) names none."""
+    group_id = config.get("group_id") if isinstance(config, dict) else getattr(config, "group_id", None)
+    named = runner_kwargs.get("conversation_id") or group_id
+    if named:
+        return named
+    session = runner_kwargs.get("session")
+    if session is None:
+        return None
+    try:
+        session_id = session.session_id
+    except Exception:  # a lazily created remote conversation has no id until its first request
+        return None
+    return session_id if isinstance(session_id, str) and session_id else None
 
 
 def turn_state(result: Any) -> dict[str, Any] | None:
