@@ -27,6 +27,7 @@ from turnguard._boards import (  # noqa: E402
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
 from turnguard._boards.thresholds import (  # noqa: E402
+    LIMIT_TOO_LOW,
     SEEN_HIGH,
     SPARES,
     _edges,
@@ -94,7 +95,14 @@ def _expected(soft: int) -> dict[str, float]:
             fates["unknown"] += 1
     known = fates["resolved"] + fates["unresolved"] + fates["censored"] + fates["cut"]
     high = upper_bound(fates["resolved"] + fates["cut"], known)[1] if known else math.nan
-    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan}
+    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan,
+            LIMIT_TOO_LOW: LIMIT_TOO_LOW_AT_THE_PROBES_BACKSTOP}
+
+
+LIMIT_TOO_LOW_AT_THE_PROBES_BACKSTOP = 1.0
+"""The soft caps are judged up to 290 (the probe's soft cap, 300): the stuck turns resolved at 250
+calls reach 200, the highest row, and the probe's backstop halted turns past it: productive turns
+it cut off would read as runaways (calibrate's horizon rule), so no soft cap spares them."""
 
 
 def _labels(**more: str) -> str:
@@ -150,7 +158,7 @@ def _exp_samples(column: str) -> list[dict[str, object]]:
 def test_the_board_judges_soft_caps_below_the_probes():
     assert soft_values(CAP) == [100, 200]
     assert {pq.legend for pq in _panel_queries()} == {"turns", "resolved", "unresolved", "censored", "cut",
-                                                       "unknown", SEEN_HIGH, SPARES}
+                                                       "unknown", SEEN_HIGH, SPARES, LIMIT_TOO_LOW}
 
 
 def test_the_planted_turns_place_late_results_only_past_the_backstop():
@@ -235,7 +243,8 @@ def _expected_cycles(value: int) -> dict[str, float]:
             fates["unknown"] += count
     known = fates["resolved"] + fates["unresolved"] + fates["censored"] + fates["cut"]
     high = upper_bound(fates["resolved"] + fates["cut"], known)[1] if known else math.nan
-    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan}
+    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan,
+            LIMIT_TOO_LOW: 0.0}
 
 
 QUIET, RUN = 20, 40
@@ -288,7 +297,7 @@ def test_the_board_judges_cycle_caps_from_the_live_one_below_the_probes():
     unbounded = CapSettings.from_config(CYCLE_CONFIG.replace(probe={"rate": 0.1, "max_cycles_per_turn": 0}))
     assert cycle_values(unbounded) == [20, 30, 40, 60, 100, 200]
     assert {pq.legend for pq in _cycle_queries()} == {"turns", "resolved", "unresolved", "censored", "cut",
-                                                      "unknown", SEEN_HIGH, SPARES}
+                                                      "unknown", SEEN_HIGH, SPARES, LIMIT_TOO_LOW}
 
 
 def test_the_planted_request_counts_place_late_results_only_at_the_probes_cycle_cap():

@@ -31,7 +31,14 @@ from turnguard._boards import (  # noqa: E402
 )
 from turnguard._boards import promql as q  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
-from turnguard._boards.thresholds import SEEN_HIGH, SPARES, _edges, streak_values, stuck_values  # noqa: E402
+from turnguard._boards.thresholds import (  # noqa: E402
+    LIMIT_TOO_LOW,
+    SEEN_HIGH,
+    SPARES,
+    _edges,
+    streak_values,
+    stuck_values,
+)
 from turnguard._calibrate.evidence import Ladder, ProbeEvidence, _fate, upper_bound  # noqa: E402
 from turnguard._calibrate.records import Limits  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
@@ -108,7 +115,8 @@ def _expected(kind: str, value: int, config: GuardConfig = CONFIG) -> dict[str, 
     turns = sum(fates.values())
     known = fates["resolved"] + fates["unresolved"] + fates["censored"] + fates["cut"]
     high = upper_bound(fates["resolved"] + fates["cut"], known)[1] if known else math.nan
-    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan}
+    return {"turns": turns, **fates, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if known else math.nan,
+            LIMIT_TOO_LOW: 0.0}
 
 
 def test_the_board_judges_d_and_the_streak_stop_up_to_the_probes_own():
@@ -184,7 +192,7 @@ def _panel_queries(config: GuardConfig = CONFIG) -> list[queries.PanelQuery]:
 
 def test_panel_50_has_the_frontier_columns():
     assert {pq.legend for pq in _panel_queries()} == {"turns", "resolved", "unresolved", "censored", "cut",
-                                                       "unknown", SEEN_HIGH, SPARES}
+                                                       "unknown", SEEN_HIGH, SPARES, LIMIT_TOO_LOW}
 
 
 VALUES = {"__range": "5m", "__range_s": "300", q.POLICY_VARIABLE: ".*", q.AGENT_VARIABLE: ".*",

@@ -23,6 +23,7 @@ from turnguard._boards import build, queries, rules, series  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
 from turnguard._boards.thresholds import (  # noqa: E402
     BACKSTOP_MULTIPLES,
+    LIMIT_TOO_LOW,
     SEEN_HIGH,
     SET_HERE,
     SPARES,
@@ -108,12 +109,13 @@ def _columns(f: Frontier, value: int) -> dict[str, float]:
     """Calibrate's rung ``value`` in the board's columns (no turn reaches it past the ladder's top)."""
     if value > len(f.rungs):
         return {"turns": 0, "resolved": 0, "unresolved": 0, "censored": 0, "cut": 0, "unknown": 0,
-                SEEN_HIGH: math.nan, SPARES: math.nan}
+                SEEN_HIGH: math.nan, SPARES: math.nan, LIMIT_TOO_LOW: float(f.limit_too_low)}
     r = f.rung(value)
     high = r.high if r.at_risk else math.nan
     return {"turns": r.at_risk + r.unknown, "resolved": r.productive,
             "unresolved": r.at_risk - r.productive - r.censored - r.cut, "censored": r.censored, "cut": r.cut,
-            "unknown": r.unknown, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if r.at_risk else math.nan}
+            "unknown": r.unknown, SEEN_HIGH: high, SPARES: float(high < TOLERANCE) if r.at_risk else math.nan,
+            LIMIT_TOO_LOW: float(f.limit_too_low)}
 
 
 def _samples(column: str, rows: dict[str, dict[str, float]], key: str) -> list[dict[str, object]]:

@@ -23,7 +23,7 @@ from grafana_foundation_sdk.models.common import HeatmapCellLayout
 from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from turnguard._boards import evidence
+from turnguard._boards import evidence, horizon
 from turnguard._boards import promql as q
 from turnguard._boards import series as ps
 from turnguard._boards.panels import (
@@ -284,9 +284,9 @@ PAST_COLUMNS = ("turns", "resolved", "unresolved", "censored", "cut", "unknown")
 (``evidence.ProbeHalts``), productive at the high end (calibrate's frontier rule)."""
 
 
-def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
+def _past(cap: CapSettings, edge: int, short_of: str | None = None, **labels: str) -> dict[str, str]:
     """Probe turns that made more than ``edge`` calls (a bucket edge), by fate: a result reported in
-    the turn, or later on the results counter (its call bucket places it)."""
+    the turn, or later on the results counter (its call bucket places it); ``short_of``: as ``_fates``."""
 
     def past(**more: str) -> str:
         return f"({_turns(**PROBE_TURNS, **labels, **more)} - {_cumulative(edge, **PROBE_TURNS, **labels, **more)})"
@@ -295,7 +295,7 @@ def _past(cap: CapSettings, edge: int, **labels: str) -> dict[str, str]:
         accepted = {**PROBE_TURNS, ps.RESULT_STATUS: "accepted", ps.CALLS_BUCKET: _late_buckets(cap, edge)}
         return q.zero_or(q.recorded(ps.RESULTS, q.sel(**accepted, **more)))
 
-    return _fates(past, late, evidence.ProbeHalts.of(cap))
+    return _fates(past, late, evidence.ProbeHalts.of(cap), short_of)
 
 
 def _with_frontier(row: dict[str, str], spares: str) -> dict[str, str]:
@@ -411,7 +411,7 @@ def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
     and those its stuck signal halts below it, stuck and past ``soft`` (results in the turn only:
     the results counter has no stuck label, so one reported later leaves such a turn unknown)."""
     backstop = _backstop_of(cap, soft)
-    past = _past(cap, backstop)
+    past = _past(cap, backstop, short_of=Threshold.HARD_BACKSTOP.value)
     stuck = {ps.STUCK: "true"}
 
     def below(**labels: str) -> str:
@@ -421,12 +421,15 @@ def _soft_row(cap: CapSettings, soft: int) -> dict[str, str]:
     false = {ps.RESOLVED: "false"}
     return {"turns": f"({past['turns']} + {below()})",
             "resolved": f"({past['resolved']} + {below(**{ps.RESOLVED: 'true'})})",
+            horizon.RESOLVED_SHORT: f"({past[horizon.RESOLVED_SHORT]} + {below(**{ps.RESOLVED: 'true'})})",
             "unresolved": f"({past['unresolved']} + {below(**halts.other, **false)})",
             "censored": f"({past['censored']} + {below(**halts.length, **false)})",
             "cut": f"({past['cut']} + {_cut(halts, lambda **more: below(**more, **false), below)})",
             "unknown": f"({past['unknown']} + {below(**{ps.RESOLVED: 'unknown'})})"}
 
 
+AT_THE_HARD_CAP = f"{Threshold.EXPLICIT.value}|{Threshold.HARD_BACKSTOP.value}"
+"""The halts of the probe's own hard cap (explicit, or its backstop): past every explicit cap judged."""
 AT_THE_CYCLE_CAP = {ps.THRESHOLD: Threshold.CYCLE_CAP.value}
 """Probe turns the probe's own cycle cap halted: past every value panel 49 judges (each is below it)."""
 OTHER_LENGTH_LIMITS = "~" + "|".join(h for h in CENSORING_HALTS if h != Threshold.CYCLE_CAP.value)
@@ -457,6 +460,7 @@ def _cycle_row(cap: CapSettings, value: int) -> dict[str, str]:
     halts = evidence.ProbeHalts.of(cap)
     return {"turns": past(),
             "resolved": f"({past(**true)} + {late(**true)})",
+            horizon.RESOLVED_SHORT: past(**not_at_cap, **true),
             "unresolved": past(**halts.other, **false),
             "cut": _cut(halts, lambda **more: past(**more, **false), past),
             "censored": (f"({past(**{ps.THRESHOLD: OTHER_LENGTH_LIMITS}, **false)} + "
@@ -469,7 +473,8 @@ def cap_frontier_rows(cap: CapSettings) -> dict[str, dict[str, str]]:
     explicit caps of ``explicit_values``, the cycle caps of ``cycle_values``), each with panel 41's
     frontier columns."""
     rows = {f"soft:{v}": _with_frontier(_soft_row(cap, v), SPARES) for v in soft_values(cap)}
-    rows |= {f"explicit:{v}": _with_frontier(_past(cap, v), SPARES) for v in explicit_values(cap)}
+    rows |= {f"explicit:{v}": _with_frontier(_past(cap, v, short_of=AT_THE_HARD_CAP), SPARES)
+             for v in explicit_values(cap)}
     rows |= {f"cycles:{v}": _with_frontier(_cycle_row(cap, v), SPARES) for v in cycle_values(cap)}
     return rows
 
@@ -517,16 +522,25 @@ def cap_frontier(cap: CapSettings) -> PanelBuilder | None:
         return (f"Probe frontier of the {named} cap{'s' if len(kinds) > 1 else ''}",
                 f"{' '.join(k[2] for k in kinds)} Only values the probe's turns are seen past are rows.")
 
-    return _frontier_table(49, FRONTIER_KINDS, cap_frontier_rows(cap), cap_frontier_names(cap), 7, texts,
+    return _frontier_table(cap, 49, FRONTIER_KINDS, cap_frontier_rows(cap), cap_frontier_names(cap), 7, texts,
                            rule="", first="its first step")
 
 
 _Kind = TypeVar("_Kind", tuple[str, str], tuple[str, str, str])
+HORIZON_RULE = (
+    "Probe's own limit too low (calibrate's rule, `evidence.horizon_too_low`): yes where, for a kind of row, the "
+    "longest productive probe turn may end at or past 3/4 of the highest value calibrate judges below the probe's "
+    f"own limit and turns that limit halted ({CENSORED}) reach the highest row with a resolved turn: productive "
+    "turns it cut off would read as turns that never resolve, so no value of that kind spares them (raise the "
+    "probe's limit). The board has rows at some values only, so it does not run calibrate's test of the values "
+    "between that turn and the limit: it can say yes where calibrate, whose test shows productive turns had "
+    "stopped ending, gives a value.")
 
 
-def _frontier_table(panel: int, kinds_by_key: dict[str, _Kind], rows: dict[str, dict[str, str]],
-                    row_names: dict[str, str], height: int, texts: Callable[[list[_Kind], str], tuple[str, str]],
-                    *, rule: str, first: str) -> PanelBuilder | None:
+def _frontier_table(cap: CapSettings, panel: int, kinds_by_key: dict[str, _Kind],
+                    rows: dict[str, dict[str, str]], row_names: dict[str, str], height: int,
+                    texts: Callable[[list[_Kind], str], tuple[str, str]], *, rule: str,
+                    first: str) -> PanelBuilder | None:
     """A frontier table (panels 49 and 50): a row per value, the fates, the bound, spares or not;
     ``None`` without rows. ``kinds_by_key`` (``FRONTIER_KINDS``, ``COUNT_KINDS``) names each kind
     of row present (its first word in the title ``texts`` makes, its second in the description);
@@ -540,11 +554,32 @@ def _frontier_table(panel: int, kinds_by_key: dict[str, _Kind], rows: dict[str, 
         f"panel 41's frontier: the upper bound of the productive share among them (the {CENSORED} counted as not "
         "productive, the cut as productive; the exact binomial bound 1 - 0.025^(1/N) with neither) and whether it "
         f"is under the Tolerance variable (calibrate recommends the smallest such value above {first}, and keeps a "
-        f"live value at {first} that is one). {more}")
+        f"live value at {first} that is one). {HORIZON_RULE} {more}")
     columns = {name: q.rows("value", {key: row[name] for key, row in rows.items()})
-               for name in (*PAST_COLUMNS, SEEN_HIGH, SPARES)}
+               for name in (*PAST_COLUMNS, SEEN_HIGH)}
+    columns |= _judged_below_the_limit(cap, rows)
     return table_panel(panel, title, description, "value", columns, {SEEN_HIGH: "percentunit"}, width=24,
-                       height=height, row_names=row_names, mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE)})
+                       height=height, row_names=row_names,
+                       mappings={SPARES: mapped({1: "yes", 0: "no"}, nan=NO_FATE),
+                                 LIMIT_TOO_LOW: mapped({1: LIMIT_TOO_LOW_TEXT, 0: "no"})})
+
+
+LIMIT_TOO_LOW = "probe's own limit too low"
+"""Panels 49's and 50's column of calibrate's horizon rule (``horizon.limit_too_low``), per kind of row."""
+LIMIT_TOO_LOW_TEXT = "yes: raise the probe's own limit (no value is within)"
+
+
+def _judged_below_the_limit(cap: CapSettings, rows: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The ``SPARES`` and ``LIMIT_TOO_LOW`` columns: each kind's rows spare the productive turns only
+    where the probe's own limit is not too low to tell them from turns that never resolve (``horizon``)."""
+    spares, too_low = [], []
+    for kind in dict.fromkeys(key.split(":")[0] for key in rows):
+        keyed = {key: row for key, row in rows.items() if key.startswith(f"{kind}:")}
+        flag = horizon.limit_too_low(cap, kind, {int(key.split(":")[1]): row for key, row in keyed.items()})
+        spares.append(f"(({q.rows('value', {key: row[SPARES] for key, row in keyed.items()})}) "
+                      f"* on() group_left() (1 - {flag}))")
+        too_low.append(f"(({q.zeros('value', list(keyed))}) + on() group_left() {flag})")
+    return {SPARES: " or ".join(spares), LIMIT_TOO_LOW: " or ".join(too_low)}
 
 
 # -- D's and the streak stop's frontiers (panel 50) --------------------------------------------------
@@ -632,18 +667,25 @@ def _reach_row(cap: CapSettings, histogram: str, value: int, turn_labels: dict[s
     return _fates(reached, late, evidence.ProbeHalts.of(cap))
 
 
-def _fates(turns: Callable[..., str], late: Callable[..., str], halts: evidence.ProbeHalts) -> dict[str, str]:
+def _fates(turns: Callable[..., str], late: Callable[..., str], halts: evidence.ProbeHalts,
+           short_of: str | None = None) -> dict[str, str]:
     """A frontier row's columns by fate, from the probe turns a value halts (``turns``, by label)
     and their results reported after the turn (``late``): a late result moves a turn out of
-    ``unknown`` (or, resolved, out of ``censored`` or ``cut``)."""
+    ``unknown`` (or, resolved, out of ``censored`` or ``cut``). ``short_of``: the halts (a regex of
+    thresholds) of the probe's own limit that defines the last value judged; with it, the row also
+    has ``horizon.RESOLVED_SHORT``, the resolved turns no such halt ended."""
     true, false, not_true = {ps.RESOLVED: "true"}, {ps.RESOLVED: "false"}, {ps.RESOLVED: "~false|unknown"}
     limited, other = halts.length, halts.other
 
     def halted(**where: str) -> str:
         return f"({turns(**where, **not_true)} - {late(**where, **true)})"
 
+    short = {} if short_of is None else {
+        horizon.RESOLVED_SHORT: f"({turns(**true, **{ps.THRESHOLD: f'!~{short_of}'})} + "
+                                f"{late(**true, **{ps.THRESHOLD: f'!~{short_of}'})})"}
     return {"turns": turns(),
             "resolved": f"({turns(**true)} + {late(**true)})",
+            **short,
             "unresolved": f"({turns(**other, **false)} + {late(**other, **false)})",
             "censored": halted(**limited),
             "cut": _cut(halts, halted, turns),
@@ -684,7 +726,7 @@ def count_frontier(cap: CapSettings) -> PanelBuilder | None:
                 "they were added, carries none: its turn stays unknown here, `turnguard calibrate` places it). Only "
                 "values up to the probe's own D and streak stop are rows: past them no probe turn is seen.")
 
-    return _frontier_table(50, COUNT_KINDS, count_frontier_rows(cap), count_frontier_names(cap), 8, texts,
+    return _frontier_table(cap, 50, COUNT_KINDS, count_frontier_rows(cap), count_frontier_names(cap), 8, texts,
                            rule=" (calibrate's rule, `probe.frontier.stuck` / `.streak`)", first="1")
 
 
