@@ -429,8 +429,9 @@ class CycleRuns:
                 st.refuse(f"{path}.{key}", "a [digest or null, stateful] pair", value)
             waiting[check] = (st.digest(f"{path}.{key}[0]", value[0], DIGEST_SIZE, optional=True),
                               st.boolean(f"{path}.{key}[1]", value[1]))
-        if sorted(waiting) != list(range(self.next, self.next + len(waiting))):
-            st.refuse(path, f"the checks from {self.next} on, one after another", sorted(waiting))
+        if sorted(waiting) != list(range(self.next, seq + 1)):  # (a gap would leave the runs waiting for ever)
+            st.refuse(path, f"the checks from {self.next} (next) to {seq} (the turn's last), one after another",
+                      sorted(waiting))
         self.forget_waiting(self.next)
         for check in sorted(waiting):
             digest, stateful = waiting[check]
