@@ -499,6 +499,9 @@ class Ledger(PolledCalls):
             ended = EndedStreak.from_state(Fields(data, f"{f.at('ended')}[{i}]"), low, seq - 1, calls)
             self._ended.append(ended)
             low = ended.last + 1
+        if self.next_to_settle < low:  # (the current streak's checks come after the ended ones')
+            st.refuse(f.at("next"), f"a check after the ended streaks' last, from {low} to {seq + 1}",
+                      self.next_to_settle)
 
     def _restore_outcomes(self, f: Fields) -> None:
         """The outcome totals: counters, which nothing else is derived from."""
