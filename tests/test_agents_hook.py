@@ -18,6 +18,7 @@ hands its journal to the outbox: most tests export it in this process (``export_
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -1335,6 +1336,73 @@ def test_attended_claude_question_is_answered_by_the_asked_call_whatever_calls_r
     [escalation] = only_line(env)["escalations"]
     assert escalation == {"threshold": "streak", "level": "warn", "at_call": WARN_AT,
                           "answer": "stop" if answer == "no" else "continue"}
+
+
+def _questions_in_steps() -> list[tuple[tuple[bool, ...], tuple[bool, ...], tuple[int, ...]]]:
+    """(which calls of the step ask, which of them the person lets run, the order of their outcomes):
+    steps of 1-3 calls with 1-3 questions, every answer, every order of the outcomes."""
+    cases = []
+    for width in (1, 2, 3):
+        for asking in itertools.product((True, False), repeat=width):
+            if not any(asking):
+                continue
+            for runs in itertools.product((True, False), repeat=width):
+                if any(not r and not a for r, a in zip(runs, asking, strict=True)):
+                    continue  # (only a question is refused: a call asked nothing runs)
+                cases += [(asking, runs, order)
+                          for order in itertools.permutations(i for i in range(width) if runs[i])]
+    return cases
+
+
+@pytest.mark.parametrize(("asking", "runs", "order"), _questions_in_steps())
+def test_attended_claude_every_question_of_a_step_gets_its_own_calls_answer(
+        asking: tuple[bool, ...], runs: tuple[bool, ...], order: tuple[int, ...], env: dict[str, str],
+        tmp_path: Path) -> None:
+    """Claude Code checks a step's concurrency-safe calls at once, so a call may ask while an
+    earlier call's question is still open. Each question is answered by its own call, as if the
+    calls ran one at a time: ``continue`` when it ran, ``stop`` when the person refused it (no
+    post event by the step's end); none is lost to the one after it."""
+    env.update(CLAUDE_CODE_SESSION_ATTENDED="1", TURNGUARD_STREAK_WARN_AT="1", TURNGUARD_STREAK_STOP_AT="2",
+               TURNGUARD_STREAK_EXEMPT_TOOLS="Read")
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    ev = s.events
+    step = [("Bash" if a else "Read", {"command": f"grep -rn TODO dir{i}"}, ev.call_id())
+            for i, a in enumerate(asking)]
+    checks = [s.send(ev.pre(tool_input, call_id, tool)) for tool, tool_input, call_id in step]
+    assert [asks(a) for a in checks] == list(asking), checks
+    for i in order:
+        tool, tool_input, call_id = step[i]
+        s.send(ev.post(tool_input, call_id, failed=False, tool=tool))
+    s.send(ev.batch([(tool, tool_input, call_id, "output") for tool, tool_input, call_id in step]))
+    s.finish()
+    line = only_line(env)
+    expected = sorted((i + 1, "continue" if runs[i] else "stop") for i in range(len(step)) if asking[i])
+    assert sorted((e["at_call"], e["answer"]) for e in line["escalations"]) == expected
+    assert line["ended_by"] == ("completed" if all(runs) else "streak")
+
+
+@pytest.mark.parametrize("ended_by", ["step-end", "session-end"])
+def test_attended_claude_questions_open_beside_each_other_are_kept_and_read_back(
+        ended_by: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Questions open at once are kept in the session's state between hook processes; a damaged one
+    is state damage (the state is set aside), and the turn's end answers every open one ``stop``."""
+    env.update(CLAUDE_CODE_SESSION_ATTENDED="1", TURNGUARD_STREAK_WARN_AT="1", TURNGUARD_STREAK_STOP_AT="2")
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    ev = s.events
+    step = [({"command": f"ls dir{i}"}, ev.call_id()) for i in range(3)]
+    assert all(asks(s.send(ev.pre(tool_input, call_id))) for tool_input, call_id in step)
+    data = s.snapshot()
+    assert state_damage(data) is None
+    assert [q["call"] for q in data["asked"]] + [data["ask"]["call"]] == [call_id for _, call_id in step]
+    for bad in ({}, [1], [{"verdict": {}, "at": 0}], [{**data["asked"][0], "call": None}],
+                [{**data["asked"][0], "verdict": {"action": "nonsense"}}], [{**data["asked"][0], "at": "0"}]):
+        assert state_damage({**data, "asked": bad}) is not None, bad
+    if ended_by == "step-end":
+        s.send(ev.batch([(ev.tool, tool_input, call_id, "denied") for tool_input, call_id in step]))
+    s.send(ev.session_end())
+    assert [e["answer"] for e in only_line(env)["escalations"]] == ["stop"] * 3
 
 
 @pytest.mark.parametrize("settings", [

@@ -19,8 +19,11 @@ from typing import Any
 
 MAX_EARLIER = 64
 """The ids of the session's ended turns kept: an event of one of them counts in the open turn."""
-TRANSIENT = ("ask", "waiting", "remind", "answered", "stopped")
+TRANSIENT = ("ask", "asked", "waiting", "remind", "answered", "stopped")
 """The state's fields that belong to the open turn only."""
+ASKED = "asked"
+"""The state's field for the questions asked at calls that ran beside a later call's check (Claude
+Code checks a step's reads and searches at once): each open until its own call's outcome answers it."""
 STOPPED = "stopped"
 """The state's field for a turn the agent stopped: ``[time_ns, reason]``."""
 
@@ -71,9 +74,9 @@ def end_turn(data: dict[str, Any], agent: str, environ: Mapping[str, str], reaso
             earlier.append(ref)
             del earlier[:-MAX_EARLIER]
     journal = data.get("journal") or []
-    ask = data.get("ask")
-    if journal and ask is not None:
-        journal.append(["a", at, "stop", ask["at"]])
+    for ask in [*(data.get(ASKED) or ()), data.get("ask")]:
+        if journal and ask is not None:
+            journal.append(["a", at, "stop", ask["at"]])
     if journal:
         journal.append(["e", at, reason])
         export.hand_over(agent, data, environ)

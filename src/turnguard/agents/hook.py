@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.agents.ending import STOPPED, TRANSIENT, end_turn, note_stop, stop_of, went_on
+from turnguard.agents.ending import ASKED, STOPPED, TRANSIENT, end_turn, note_stop, stop_of, went_on
 from turnguard.agents.events import (
     MAX_STDIN_BYTES,
     AgentEvent,
@@ -477,10 +477,12 @@ class Hook:
         from turnguard._model import ToolCall
 
         assert event.tool_name is not None
+        for asked in _questions_asked(data):
+            if not _waits(data, asked["call"]):  # (one waiting runs beside this call: its answer is to come)
+                self._answer(turn, data, asked, "redirect")  # the person refused the asked call; the agent went on
         ask = data.get("ask")
         if ask is not None and ask.get("call") is not None:
-            if not _waits(data, ask["call"]):  # (one waiting runs beside this call: its answer is to come)
-                self._answer(turn, data, "redirect")  # the person refused the asked call; the agent went on
+            data.setdefault(ASKED, []).append(data.pop("ask"))  # its call runs beside this one: it stays open
             ask = None
         digest = self._digest(event.tool_name, event.tool_input)
         checked_id = event.call_id if event.call_id is not None else UNNAMED + secrets.token_hex(8)
@@ -511,9 +513,9 @@ class Hook:
             digest = settled[1] if settled[1] is not None else self._digest(name, None)
             checked_id, call_id = settled[2], None if settled[1] is not None else settled[2]
         _forget_answer(data, "c:", call_id)
-        ask = data.get("ask")
-        if ask is not None and ask.get("call") is not None and ask["call"] == (call_id or ""):
-            self._answer(turn, data, "stop" if outcome == "denied" else "continue")
+        for asked in _questions_asked(data):
+            if asked["call"] == (call_id or ""):
+                self._answer(turn, data, asked, "stop" if outcome == "denied" else "continue")
         call = ToolCall(name, tool_input, call_id=checked_id)
         keyed_result = name in self.guard.result_tools or "*" in self.guard.result_tools
         verdict = turn.record_outcome(call, outcome, result if keyed_result else None)
@@ -527,11 +529,15 @@ class Hook:
             return Decision.remind(verdict.message)
         return decision
 
-    def _answer(self, turn: Any, data: dict[str, Any], answer: str) -> None:
-        """The person's answer to the pending question, told to the turn (and the journal)."""
+    def _answer(self, turn: Any, data: dict[str, Any], ask: dict[str, Any], answer: str) -> None:
+        """The person's answer to a question asked at a call (``_questions_asked``), told to the
+        turn (and the journal); the question is closed."""
         from turnguard._snapshot import read_verdict
 
-        ask = data.pop("ask")
+        if data.get("ask") is ask:
+            del data["ask"]
+        else:
+            data[ASKED].remove(ask)
         verdict = read_verdict(ask["verdict"], "ask")
         if verdict is not None and verdict.event is not None:
             turn.resolve(verdict.event, answer)
@@ -577,6 +583,13 @@ def _waits(data: dict[str, Any], call_id: str) -> bool:
     """Whether the call the agent named ``call_id`` is checked and waits for its outcome: the agent
     runs it still (a call of the same step may be checked beside it), or has not said it refused it."""
     return bool(call_id) and any(w[2] == call_id for w in data.get("waiting") or ())
+
+
+def _questions_asked(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The open questions put to the person at a call (not one that waits for the next call to be
+    asked): those whose calls run beside later checks (``ASKED``), oldest first, then ``ask``."""
+    ask = data.get("ask")
+    return [*(data.get(ASKED) or ()), *((ask,) if ask is not None and ask.get("call") is not None else ())]
 
 
 def _take_waiting(data: dict[str, Any], name: str, digest: str, call_id: str | None) -> str | None:
@@ -637,14 +650,14 @@ def state_damage(data: dict[str, Any]) -> str | None:
         return "its journal does not begin with the turn's opening entry"
     if data.get("turn") is not None and "journal" not in data:
         return "it has a turn without a journal"
-    ask = data.get("ask")
-    if ask is not None:
-        from turnguard._snapshot import read_verdict
+    for ask in [data.get("ask"), *(data.get(ASKED) or ())]:
+        if ask is not None:
+            from turnguard._snapshot import read_verdict
 
-        try:
-            read_verdict(ask["verdict"], "ask.verdict")
-        except Exception as exc:  # a SnapshotError, or a wrong type where it expects none
-            return f"its pending question cannot be read: {exc}"
+            try:
+                read_verdict(ask["verdict"], "ask.verdict")
+            except Exception as exc:  # a SnapshotError, or a wrong type where it expects none
+                return f"its pending question cannot be read: {exc}"
     return None
 
 
@@ -688,6 +701,8 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "journal": ("a list", lambda v: isinstance(v, list)),
     "waiting": ("a list of waiting calls", _waiting),
     "ask": ("a pending question", _ask),
+    ASKED: ("a list of questions asked at calls", lambda v: isinstance(v, list) and all(
+        isinstance(a, dict) and a.get("call") is not None and _ask(a) for a in v)),
     "remind": ("a string", lambda v: isinstance(v, str)),
     STOPPED: ("a stop", lambda v: stop_of({STOPPED: v}) is not None),
     "earlier": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(r, str) for r in v)),
