@@ -1405,6 +1405,77 @@ def test_attended_claude_questions_open_beside_each_other_are_kept_and_read_back
     assert [e["answer"] for e in only_line(env)["escalations"]] == ["stop"] * 3
 
 
+HOOK_DENIED = "PreToolUse:Bash hook error: my policy denies this"
+"""What Claude Code (2.1.328) gives the model for a call another ``PreToolUse`` hook denied."""
+
+
+def _fates_of_asked_calls() -> list[tuple[str, ...]]:
+    """What became of each asking call of a step of 1-3: it ran (the person said yes), the person
+    said no, or another hook denied it (at most one: one question waits for the next call)."""
+    return [fates for width in (1, 2, 3) for fates in itertools.product(("ran", "no", "hook-denied"), repeat=width)
+            if fates.count("hook-denied") <= 1]
+
+
+@pytest.mark.parametrize(("response", "denied_by_a_hook"), [
+    (HOOK_DENIED, True),
+    ("PreToolUse:Bash hook error: [python3 deny.py]: No stderr output", True),
+    ("PreToolUse:Read hook error: my policy denies this", False),  # (another tool's hook: not this call's)
+    ("Claude requested permissions to use Bash, but you haven't granted it yet.", False),
+    ("Exit code 1\nPreToolUse:Bash hook error: printed by the command", False),
+    (["PreToolUse:Bash hook error: x"], False),
+    (None, False),
+])
+def test_claude_code_step_end_names_the_calls_another_hook_denied(response: Any, denied_by_a_hook: bool) -> None:
+    payload = {**Events("claude-code", Path("/nonexistent")).batch([("Bash", {"command": "ls"}, "toolu_1", "")]),
+               "session_id": "s"}
+    payload["tool_calls"][0]["tool_response"] = response
+    event = hook.protocol_for("claude-code").read(payload, {})
+    assert event.hook_denied == (frozenset({"toolu_1"}) if denied_by_a_hook else frozenset())
+
+
+@pytest.mark.parametrize("following", ["ran", "hook-denied"])
+@pytest.mark.parametrize("fates", _fates_of_asked_calls(), ids="-".join)
+def test_attended_claude_a_question_another_hook_denied_is_not_the_persons_answer(
+        fates: tuple[str, ...], following: str, env: dict[str, str], tmp_path: Path) -> None:
+    """A user's own ``PreToolUse`` hook that denies the asked call overrides the question: the
+    person never sees it. That is not their "No" (no ``stop``, no halt): the question is asked
+    again at the next call, and its answer is that call's; when the person never sees it (denied
+    there too, or the turn stopped by another question's "No") it stays unanswered."""
+    env.update(CLAUDE_CODE_SESSION_ATTENDED="1", TURNGUARD_STREAK_WARN_AT="1", TURNGUARD_STREAK_STOP_AT="2",
+               TURNGUARD_STREAK_EXEMPT_TOOLS="Read")
+    s = Session("claude-code", env, tmp_path)
+    s.start()
+    ev = s.events
+    step = [({"command": f"grep -rn TODO dir{i}"}, ev.call_id()) for i in range(len(fates))]
+    assert all(asks(s.send(ev.pre(tool_input, call_id))) for tool_input, call_id in step)
+    results = []
+    for (tool_input, call_id), fate in zip(step, fates, strict=True):
+        if fate == "ran":
+            s.send(ev.post(tool_input, call_id, failed=False))
+        results.append((ev.tool, tool_input, call_id, HOOK_DENIED if fate == "hook-denied" else "output"))
+    s.send(ev.batch(results))
+    said_no = "no" in fates
+    following_input = {"command": "cat notes.txt"}
+    following_id = ev.call_id()
+    check = s.send(ev.pre(following_input, following_id, "Read"))
+    if said_no:
+        assert check_halts("claude-code", check), check
+    else:
+        assert asks(check) if "hook-denied" in fates else is_allow(check), check
+        if following == "ran":
+            s.send(ev.post(following_input, following_id, failed=False, tool="Read"))
+    denied = following == "hook-denied" and not said_no
+    s.send(ev.batch([("Read", following_input, following_id,
+                      HOOK_DENIED.replace("Bash", "Read") if denied else "output")]))
+    s.finish()
+    line = only_line(env)
+    seen_again = following == "ran" and not said_no  # (a halted turn asks nothing more)
+    answers = {"ran": "continue", "no": "stop", "hook-denied": "continue" if seen_again else None}
+    assert sorted((e["at_call"], e["answer"]) for e in line["escalations"]) == [
+        (i + 1, answers[fate]) for i, fate in enumerate(fates) if answers[fate] is not None]  # (unanswered: none)
+    assert line["ended_by"] == ("streak" if said_no else "completed")
+
+
 @pytest.mark.parametrize("settings", [
     {"CLAUDE_CODE_SESSION_ATTENDED": "1"},
     {"CLAUDE_CODE_ENTRYPOINT": "cli"},

@@ -61,6 +61,7 @@ class ClaudeCode(CommandHooks):
         kind, name = common["kind"], common["name"]
         if kind is Kind.STEP_END:
             common["batch"] = _batch(payload.get("tool_calls"))
+            common["hook_denied"] = _hook_denied(payload.get("tool_calls"))
         if kind is Kind.TOOL_OUTCOME:
             if name == "PostToolUse":
                 common.update(outcome="ok", result=payload.get("tool_response"))
@@ -102,6 +103,18 @@ def _batch(calls: Any) -> tuple[tuple[str, Any, str | None], ...]:
         return ()
     return tuple((c["tool_name"], c.get("tool_input"), id_field(c, "tool_use_id")) for c in calls
                  if isinstance(c, dict) and isinstance(c.get("tool_name"), str) and c["tool_name"])
+
+
+def _hook_denied(calls: Any) -> frozenset[str]:
+    """The ids of the calls a ``PreToolUse`` hook denied: Claude Code gives the model
+    ``PreToolUse:TOOL hook error: REASON`` as their result (2.1.328), where a person's "No" to a
+    permission question interrupts the turn."""
+    if not isinstance(calls, list):
+        return frozenset()
+    return frozenset(call_id for c in calls if isinstance(c, dict) and isinstance(c.get("tool_name"), str)
+                     and isinstance(c.get("tool_response"), str)
+                     and c["tool_response"].startswith(f"PreToolUse:{c['tool_name']} hook error:")
+                     and (call_id := id_field(c, "tool_use_id")) is not None)
 
 
 PROTOCOL = ClaudeCode(agent="claude-code", can_ask=True, context_at_check=True)

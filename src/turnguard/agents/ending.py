@@ -24,6 +24,9 @@ TRANSIENT = ("ask", "asked", "waiting", "remind", "answered", "stopped")
 ASKED = "asked"
 """The state's field for the questions asked at calls that ran beside a later call's check (Claude
 Code checks a step's reads and searches at once): each open until its own call's outcome answers it."""
+UNSEEN = "unseen"
+"""A pending question's mark while the person has not seen it (another hook denied the call it was
+asked at): the turn's end leaves it unanswered, where it answers a question they saw ``stop``."""
 STOPPED = "stopped"
 """The state's field for a turn the agent stopped: ``[time_ns, reason]``."""
 
@@ -75,7 +78,7 @@ def end_turn(data: dict[str, Any], agent: str, environ: Mapping[str, str], reaso
             del earlier[:-MAX_EARLIER]
     journal = data.get("journal") or []
     for ask in [*(data.get(ASKED) or ()), data.get("ask")]:
-        if journal and ask is not None:
+        if journal and ask is not None and not ask.get(UNSEEN):
             journal.append(["a", at, "stop", ask["at"]])
     if journal:
         journal.append(["e", at, reason])

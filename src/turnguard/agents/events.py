@@ -75,6 +75,9 @@ class AgentEvent:
     """The session's transcript file, where the agent's post events lack what it holds (Codex)."""
     batch: tuple[tuple[str, Any, str | None], ...] = ()
     """``STEP_END``: the step's calls, (tool name, input, call id)."""
+    hook_denied: frozenset[str] = frozenset()
+    """``STEP_END``: the ids of the step's calls another hook of the agent's denied (a deny
+    overrides a question, so the person was never asked: its refusal is not the person's answer)."""
     thread: str | None = None
     """The sub-agent that sent the event, in a session whose sub-agents send their own prompt, model
     requests and stop (Codex's ``agent_id``); ``None`` for the session's main agent."""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from turnguard.agents.ending import ASKED, STOPPED, TRANSIENT, end_turn, note_stop, stop_of, went_on
+from turnguard.agents.ending import ASKED, STOPPED, TRANSIENT, UNSEEN, end_turn, note_stop, stop_of, went_on
 from turnguard.agents.events import (
     MAX_STDIN_BYTES,
     AgentEvent,
@@ -433,6 +433,8 @@ class Hook:
             decision = self._outcome(turn, data, event.tool_name, event.tool_input, event.call_id, event.outcome,
                                      event.result)
         elif event.kind is Kind.STEP_END:
+            for call_id in event.hook_denied:
+                _ask_again(data, call_id)
             self._settle_refused(turn, data, {call_id for _, _, call_id in event.batch})
             if turn.halted is not None:
                 decision = Decision.halt(turn.halted.message or HALT_NOTE, at_check=False)
@@ -497,6 +499,7 @@ class Hook:
                            "at": len(data["journal"]) - 1}
         elif ask is not None and decision.kind in ("allow", "remind"):
             ask["call"] = event.call_id or ""  # an ASK that came with an outcome: asked now, before this call
+            ask.pop(UNSEEN, None)
             decision = Decision.ask(ask["verdict"]["message"])
         return decision
 
@@ -534,10 +537,7 @@ class Hook:
         turn (and the journal); the question is closed."""
         from turnguard._snapshot import read_verdict
 
-        if data.get("ask") is ask:
-            del data["ask"]
-        else:
-            data[ASKED].remove(ask)
+        _take_question(data, ask)
         verdict = read_verdict(ask["verdict"], "ask")
         if verdict is not None and verdict.event is not None:
             turn.resolve(verdict.event, answer)
@@ -590,6 +590,27 @@ def _questions_asked(data: dict[str, Any]) -> list[dict[str, Any]]:
     asked): those whose calls run beside later checks (``ASKED``), oldest first, then ``ask``."""
     ask = data.get("ask")
     return [*(data.get(ASKED) or ()), *((ask,) if ask is not None and ask.get("call") is not None else ())]
+
+
+def _take_question(data: dict[str, Any], ask: dict[str, Any]) -> None:
+    """Close one of the open questions (``_questions_asked``)."""
+    if data.get("ask") is ask:
+        del data["ask"]
+    else:
+        data[ASKED].remove(ask)
+
+
+def _ask_again(data: dict[str, Any], call_id: str) -> None:
+    """The question asked at ``call_id``, which another hook denied (the person never saw it): not
+    answered, asked again at the next call. A question already waiting for the next call stays."""
+    for asked in _questions_asked(data):
+        if asked["call"] == call_id:
+            _take_question(data, asked)
+            ask = data.get("ask")
+            if ask is not None and ask.get("call") is not None:
+                data.setdefault(ASKED, []).append(data.pop("ask"))
+            if data.get("ask") is None:
+                data["ask"] = {**asked, "call": None, UNSEEN: True}
 
 
 def _take_waiting(data: dict[str, Any], name: str, digest: str, call_id: str | None) -> str | None:
