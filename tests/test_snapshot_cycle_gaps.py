@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import turnguard as tg
+from random_snapshots import KEYS, guard
 
 CYCLES = {"cycle_repeat_warn_at": 2, "cycle_repeat_stop_at": 4}
 GUARDS: dict[str, dict[str, Any]] = {
@@ -23,13 +24,6 @@ GUARDS: dict[str, dict[str, Any]] = {
     "cycles, exempt": {**CYCLES, "streak_exempt_tools": ("ls",)},
     "shadow's cycles": {"shadow": {"cy": CYCLES}},
 }
-KEYS = (("run", {"t": 1}), ("ls", "a"), ("run", {"t": 2}), ("cat", 1))
-
-
-def guard(options: dict[str, Any]) -> tg.Guard:
-    settings = {"streak_warn_at": 3, "streak_stop_at": 5, **options}
-    return tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False, **settings),
-                    environ={})
 
 
 def snapshots(options: dict[str, Any], seed: int) -> Iterator[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import turnguard as tg
+from random_snapshots import KEYS, guard
 
 STALE = {"stuck_signal": "stale_repeat", "stuck_repeat_threshold": 3}
 GUARDS: dict[str, dict[str, Any]] = {
@@ -23,13 +24,6 @@ GUARDS: dict[str, dict[str, Any]] = {
     "shadow": {"shadow": {"sh": STALE}},
     "shadow, bytes": {"shadow": {"sh": {"key_mode": "bytes", "streak_warn_at": 2, "streak_stop_at": 3}}},
 }
-KEYS = (("run", {"t": 1}), ("ls", "a"), ("run", {"t": 2}), ("cat", 1))
-
-
-def guard(options: dict[str, Any]) -> tg.Guard:
-    settings = {"streak_warn_at": 3, "streak_stop_at": 5, **options}
-    return tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False, **settings),
-                    environ={})
 
 
 def snapshots(options: dict[str, Any], seed: int) -> Iterator[dict[str, Any]]:
