@@ -577,8 +577,8 @@ def _judged_below_the_limit(cap: CapSettings, rows: dict[str, dict[str, str]]) -
         keyed = {key: row for key, row in rows.items() if key.startswith(f"{kind}:")}
         flag = horizon.limit_too_low(cap, kind, {int(key.split(":")[1]): row for key, row in keyed.items()})
         spares.append(f"(({q.rows('value', {key: row[SPARES] for key, row in keyed.items()})}) "
-                      f"* on() group_left() (1 - {flag}))")
-        too_low.append(f"(({q.zeros('value', list(keyed))}) + on() group_left() {flag})")
+                      f"* scalar(1 - {flag}))")
+        too_low.append(f"(({q.zeros('value', list(keyed))}) + scalar({flag}))")
     return {SPARES: " or ".join(spares), LIMIT_TOO_LOW: " or ".join(too_low)}
 
 
