@@ -42,11 +42,11 @@ import turnguard as tg  # noqa: E402
 from turnguard.integrations.openai_agents import (  # noqa: E402
     TurnGuardHalted,
     TurnGuardRunHooks,
+    _sdk_conversation_id,
     approval_requests,
     resume_state,
     run,
     run_sync,
-    sdk_conversation_id,
     state_string,
 )
 
@@ -1148,5 +1148,5 @@ def test_a_hosted_conversation_session_names_the_run_once_it_has_an_id_and_never
     config = RunConfig(tracing_disabled=True)
     named = OpenAIConversationsSession(conversation_id="conv_abc", openai_client=client)
     lazy = OpenAIConversationsSession(openai_client=client)  # its session_id raises until a first request
-    assert sdk_conversation_id({"session": named}, config) == "conv_abc"
-    assert sdk_conversation_id({"session": lazy}, config) is None
+    assert _sdk_conversation_id({"session": named}, config) == "conv_abc"
+    assert _sdk_conversation_id({"session": lazy}, config) is None

@@ -409,11 +409,12 @@ async def run(
     pass the turn's state with it as ``turn_state=turn_state(result)``, stored beside the SDK's
     ``to_string()``, or the run is a new turn.
 
-    ``conversation_id`` defaults to the SDK's own name for the conversation (``sdk_conversation_id``).
+    ``conversation_id`` defaults to the SDK's own name for the conversation: ``Runner.run``'s
+    ``conversation_id``, else ``RunConfig.group_id``, else the ``session``'s ``session_id``.
     """
     config = run_config if run_config is not None else RunConfig()
     if conversation_id is None:
-        conversation_id = sdk_conversation_id(runner_kwargs, config)
+        conversation_id = _sdk_conversation_id(runner_kwargs, config)
     guarded = _resumed(input)
     if guarded is None:
         guarded = _turn_hooks(guard, turn_state, ask=ask, promptable=promptable, inner=hooks,
@@ -442,7 +443,7 @@ async def run(
     return result
 
 
-def sdk_conversation_id(runner_kwargs: dict[str, Any], config: Any) -> str | None:
+def _sdk_conversation_id(runner_kwargs: dict[str, Any], config: Any) -> str | None:
     """The conversation a run belongs to, as the SDK names it: ``Runner.run``'s ``conversation_id``,
     else ``RunConfig.group_id`` (a ``RunConfig`` or its mapping), else the ``session``'s
     ``session_id`` (the conversation a ``SQLiteSession`` or ``OpenAIConversationsSession`` holds), so
