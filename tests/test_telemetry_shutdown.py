@@ -1,14 +1,18 @@
 """Exit is bounded when the Collector is down: a closed port or a black hole (a listener that
 never accepts nor answers), over HTTP and gRPC, with and without ``shutdown()``. Each case runs
 in a fresh interpreter that reports when its work was done; the exit time is from then on. A
-live receiver still gets everything at exit, so the bound drops nothing a Collector could take."""
+live receiver still gets everything at exit, so the bound drops nothing a Collector could take.
+``Telemetry.force_flush(timeout)`` is bounded the same way, and says ``False`` when its data did
+not leave (the SDK's batch processors ignore the timeout and answer ``True`` whatever happened)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -119,3 +123,94 @@ def test_a_bad_shutdown_timeout_is_a_telemetry_config_error(value):
     with pytest.raises(setup.TelemetryConfigError, match=setup.SHUTDOWN_TIMEOUT_ENV):
         setup.configure(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
                                  setup.SHUTDOWN_TIMEOUT_ENV: value})
+
+
+FLUSH_CHILD = """
+import json, sys, time
+import turnguard as tg
+from turnguard.telemetry import configure
+telemetry = configure()
+guard = tg.Guard(tg.GuardConfig(load_entrypoints=False, disable_plugins=("recorder",)), **telemetry.providers())
+for t in range(3):
+    with guard.turn(turn_id=f"flush-{t}") as turn:
+        turn.begin_cycle()
+        for i in range(10):
+            call = tg.ToolCall("bash", "make")
+            if turn.check_call(call).action is tg.Action.HALT:
+                break
+            turn.record_outcome(call, tg.Outcome.ERROR)
+began = time.monotonic()
+flushed = telemetry.force_flush(int(sys.argv[1]))
+print(json.dumps({"flushed": flushed, "took": time.monotonic() - began}), flush=True)
+telemetry.shutdown(0)
+"""
+
+
+def force_flush_in_child(endpoint: str, protocol: str, timeout_ms: int, **env: str) -> dict[str, object]:
+    environ = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+               "OTEL_METRIC_EXPORT_INTERVAL": "60000", **env}
+    environ.pop("OTEL_SDK_DISABLED", None)
+    done = subprocess.run([sys.executable, "-c", FLUSH_CHILD, str(timeout_ms)], capture_output=True, text=True,
+                          env=environ, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.parametrize("target", ["black hole", "closed port"])
+def test_force_flush_is_bounded_by_its_timeout_and_false_when_the_collector_is_down(black_hole, closed_port,
+                                                                                    target, protocol):
+    port = black_hole if target == "black hole" else closed_port
+    result = force_flush_in_child(f"http://127.0.0.1:{port}", protocol, 500)
+    assert result["flushed"] is False  # was True: nothing had left
+    assert isinstance(result["took"], float) and result["took"] < 0.5 + SLACK_S  # was 20 s: 10 s per signal
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_force_flush_is_false_when_an_export_failed_within_the_timeout(closed_port, protocol):
+    result = force_flush_in_child(f"http://127.0.0.1:{closed_port}", protocol, 60_000,
+                                  OTEL_EXPORTER_OTLP_TIMEOUT="300")
+    assert result["flushed"] is False
+
+
+def test_force_flush_to_a_live_collector_is_true_and_delivers_every_signal():
+    with OtlpReceiver() as receiver:
+        assert force_flush_in_child(receiver.endpoint, "http/protobuf", 30_000)["flushed"] is True
+        assert receiver.spans() and receiver.logs() and receiver.metrics()  # there when force_flush returned
+        turns = {kv.value.string_value for _, span in receiver.spans() for kv in span.attributes
+                 if kv.key == "turnguard.turn.id"}
+        assert turns == {f"flush-{t}" for t in range(3)}
+
+
+class Provider:
+    """A provider whose ``force_flush`` answers ``answer``, raises it, or blocks until released."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+        self.release = threading.Event()
+
+    def force_flush(self, timeout_millis: float = 30_000) -> bool:
+        if self.answer == "blocks":
+            self.release.wait()
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return bool(self.answer)
+
+
+@pytest.mark.parametrize("odd", ["blocks", False, RuntimeError("reader failed"), None])
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_force_flush_is_false_when_any_provider_blocks_fails_or_raises(odd, at):
+    providers = [Provider(True), Provider(True), Provider(True)]
+    providers[at] = Provider(odd)
+    telemetry = setup.Telemetry(*providers)
+    answers: list[bool] = []
+    caller = threading.Thread(target=lambda: answers.append(telemetry.force_flush(50)), daemon=True)
+    caller.start()
+    caller.join(30)  # (far beyond the 50 ms asked: only a flush that waits on the provider takes it)
+    providers[at].release.set()
+    assert answers == [False]
+
+
+def test_force_flush_of_providers_that_flushed_is_true():
+    assert setup.Telemetry(Provider(True), Provider(True), object()).force_flush(1000) is True

@@ -34,6 +34,8 @@ up after ``shutdown_timeout_ms`` (default ``DEFAULT_SHUTDOWN_TIMEOUT_MS``, 1.5 s
 an export still waiting on a dead or silent collector to its daemon thread. ``configure()`` runs
 it at interpreter exit in place of the SDK's own unbounded exit hooks, so a process whose
 collector is down exits within that bound whether or not it calls ``shutdown()``.
+``Telemetry.force_flush(timeout_millis)`` is bounded the same way, and ``False`` unless every
+export it waited for was accepted.
 
 The metrics exporter is wrapped so that every cumulative point's start is at least a millisecond
 before its sample (``turnguard.telemetry._starts``): Prometheus 3 keeps a series' start as a 0 only
@@ -123,13 +125,13 @@ class Telemetry:
         return provider_keywords(self)
 
     def force_flush(self, timeout_millis: int = 10_000) -> bool:
-        """Export everything buffered now; ``False`` if some provider did not finish in time."""
-        done = True
-        for provider in (self.tracer_provider, self.meter_provider, self.logger_provider):
-            flush = getattr(provider, "force_flush", None)
-            if flush is not None:
-                done = bool(flush(timeout_millis)) and done
-        return done
+        """Export everything buffered now, the three providers side by side, waiting at most
+        ``timeout_millis`` for them together; ``False`` when some did not finish in time (its
+        export is left to its daemon thread) or an export failed meanwhile (the SDK's batch
+        processors ignore the timeout and answer ``True`` whatever their export did)."""
+        failed = self.exports.failed
+        flushed = _side_by_side(_flush, self._providers(), timeout_millis / 1000, "turnguard-telemetry-flush")
+        return all(flushed) and self.exports.failed == failed
 
     def shutdown(self, timeout_millis: int | None = None) -> bool:
         """Flush and stop every provider, waiting at most ``timeout_millis`` (default
@@ -142,19 +144,14 @@ class Telemetry:
             if self in _LIVE:
                 _LIVE.remove(self)
         timeout = (self.shutdown_timeout_ms if timeout_millis is None else timeout_millis) / 1000
-        deadline = time.monotonic() + timeout
-        stops = [threading.Thread(target=_stop, args=(provider, timeout), name="turnguard-telemetry-shutdown",
-                                  daemon=True)
-                 for provider in (self.tracer_provider, self.meter_provider, self.logger_provider)]
-        for stop in stops:
-            stop.start()
-        for stop in stops:
-            stop.join(max(0.0, deadline - time.monotonic()))
-        late = sum(stop.is_alive() for stop in stops)
+        late = _side_by_side(_stop, self._providers(), timeout, "turnguard-telemetry-shutdown").count(False)
         if late:
             log.warning("turnguard telemetry: %d provider(s) did not flush within %.1f s (collector down?); "
                         "their data is dropped", late, timeout)
         return not late
+
+    def _providers(self) -> tuple[Any, Any, Any]:
+        return self.tracer_provider, self.meter_provider, self.logger_provider
 
 
 _LIVE: list[Telemetry] = []
@@ -175,10 +172,43 @@ def _shutdown_at_exit() -> None:
         stop.join(max(0.0, deadline - time.monotonic()))
 
 
-def _stop(provider: Any, timeout_s: float) -> None:
+def _side_by_side(work: Callable[[Any, float], bool], providers: tuple[Any, ...], timeout_s: float,
+                  name: str) -> list[bool]:
+    """``work(provider, timeout_s)`` for every provider at once, each on a daemon thread, waiting
+    at most ``timeout_s`` for all of them together: what each answered, ``False`` for one still
+    working at the deadline (left to its thread: a dead collector cannot hold the caller)."""
+    deadline = time.monotonic() + timeout_s
+    answers = [False] * len(providers)
+
+    def run(at: int, provider: Any) -> None:
+        answers[at] = work(provider, timeout_s)
+
+    threads = [threading.Thread(target=run, args=(at, provider), name=name, daemon=True)
+               for at, provider in enumerate(providers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [answer and not thread.is_alive() for answer, thread in zip(answers, threads, strict=True)]
+
+
+def _flush(provider: Any, timeout_s: float) -> bool:
+    """Whether ``provider`` flushed (one without ``force_flush`` has nothing to flush)."""
+    flush = getattr(provider, "force_flush", None)
+    if flush is None:
+        return True
+    try:
+        return bool(flush(timeout_s * 1000))
+    except Exception:  # (the meter provider raises when a reader failed or timed out)
+        log.debug("turnguard telemetry: flushing %s failed", type(provider).__name__, exc_info=True)
+        return False
+
+
+def _stop(provider: Any, timeout_s: float) -> bool:
+    """Shut ``provider`` down; ``True`` once it returned (its failure is logged, not raised)."""
     stop = getattr(provider, "shutdown", None)
     if stop is None:
-        return
+        return True
     try:
         if isinstance(provider, _sdk_meter_provider()):
             stop(timeout_millis=timeout_s * 1000)
@@ -186,6 +216,7 @@ def _stop(provider: Any, timeout_s: float) -> None:
             stop()
     except Exception:  # a provider failing to stop must not keep the others or the host from exiting
         log.warning("turnguard telemetry: shutting down %s failed", type(provider).__name__, exc_info=True)
+    return True
 
 
 def _sdk_meter_provider() -> type:
