@@ -154,6 +154,8 @@ BAD_CONFIGURATIONS = [
      "turnguard.toml: 'soft_cap': got 4; expected options all at top level or all under [turnguard], not both"),
     ({}, "[turnguard]\nsoft_cap = 4\n\n[other]\nx = 1\n", "turnguard.toml: unknown option 'other'"),
     ({}, "soft-cap = 4\nsoft_cap = 5\n", "turnguard.toml: 'soft_cap': got 5; expected one spelling of 'soft_cap'"),
+    *(({"TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT": value}, None, f"TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT={value!r}: "
+       "expected a number of milliseconds") for value in ("abc", "-1", "inf", "1e400")),
 ]
 
 
@@ -277,19 +279,54 @@ def test_the_console_script_is_declared():
     assert [ep.value for ep in scripts] == ["turnguard._cli:main"]
 
 
+EXPORTING = ("demo", "result")
+"""The commands that export over OTLP when an ``OTEL_EXPORTER_OTLP_*`` variable is set."""
+
+
 @pytest.mark.parametrize(("var", "value"), [
     *(("OTEL_EXPORTER_OTLP_TIMEOUT", value) for value in ("inf", "1e400", "nan", "-1", "0")),
     ("OTEL_METRIC_EXPORT_INTERVAL", "0"),
     ("OTEL_BSP_SCHEDULE_DELAY", "0"), ("OTEL_BLRP_SCHEDULE_DELAY", "0.5"), ("OTEL_BSP_MAX_QUEUE_SIZE", str(10**30)),
     ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "-1"), ("OTEL_EXPORTER_OTLP_COMPRESSION", "zip"),
-    ("OTEL_METRICS_EXEMPLAR_FILTER", "x"),
+    ("OTEL_METRICS_EXEMPLAR_FILTER", "x"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
+    ("OTEL_TRACES_EXPORTER", "zipkin"), ("OTEL_EXPORTER_OTLP_HEADERS", "no-equals-sign"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318"),
 ])
-def test_demo_refuses_an_unusable_otel_setting_in_one_line_naming_it(capsys, monkeypatch, var, value):
+def test_every_command_that_exports_refuses_an_unusable_otel_setting_in_the_same_line(
+    capsys, monkeypatch, command_inputs, var, value
+):
+    """``result`` ended in a traceback (exit 1) where ``demo`` said one line (exit 2); the other
+    commands export nothing and do not read ``OTEL_*``."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv(var, value)
-    status, out, err = run(capsys, "demo", "soft-stuck", "--no-record")
-    assert (status, out) == (2, "")
-    assert err.startswith(f"turnguard demo: {var}") and err.count("\n") == 1 and "Traceback" not in err
+    messages = {}
+    for name in cli.SUBCOMMANDS:
+        status, out, err = run(capsys, *argv_for(name, command_inputs))
+        if name not in EXPORTING:
+            assert status == 0, (name, err)
+            continue
+        prefix = f"turnguard {name}: "
+        assert (status, out, err.count("\n")) == (2, "", 1) and err.startswith(prefix + var), (name, err)
+        messages[name] = err.removeprefix(prefix)
+    assert len(set(messages.values())) == 1, messages
+    monkeypatch.delenv(var)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    assert run(capsys, *argv_for("result", command_inputs))[0] == 0  # refused before its work: still reportable
+
+
+def test_result_without_the_sdk_says_which_extra_in_one_line(capsys, monkeypatch, command_inputs):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.startswith("opentelemetry.sdk") else find_spec(name, *args))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    status, out, err = run(capsys, *argv_for("result", command_inputs))
+    assert (status, out, err.count("\n")) == (2, "", 1), err
+    assert err.startswith("turnguard result: ") and 'pip install "turnguard[otlp]"' in err
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    assert run(capsys, *argv_for("result", command_inputs))[0] == 0  # the turn's result is still to report
 
 
 def test_demo_record_appends_to_the_turns_file_as_its_help_says(capsys, tmp_path):

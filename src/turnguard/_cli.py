@@ -8,8 +8,10 @@ Every subcommand behaves alike: no flag abbreviations, an unknown flag reported 
 subcommand's own parser, and the configuration loaded once, the same way, before it runs
 (``GuardConfig.load``: ``--config`` or ``$TURNGUARD_CONFIG`` or the nearest ``turnguard.toml`` /
 ``pyproject.toml`` with ``[tool.turnguard]`` from the current folder up, then ``TURNGUARD_*``, and
-``TURNGUARD_LOAD_PLUGINS`` checked against the installed entry points), handed over as
-``args.guard_config``; a bad value ends every command with the same message and exit status 2.
+``TURNGUARD_LOAD_PLUGINS`` checked against the installed entry points, and
+``TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT``), handed over as ``args.guard_config``; a bad value ends
+every command with the same message and exit status 2. So does a bad ``OTEL_*`` value
+(``TelemetryConfigError``) in a command that exports (``demo``, ``result``), before its work.
 
 Exit status: 0 done; 1 the command ran and failed (calibrate's bad input under ``--strict``, turns
 the demo could not record, files ``assets`` refused to replace, an output that failed while being
@@ -132,13 +134,7 @@ def _run_demo(args: argparse.Namespace, recorder_path: str | None, *, to_stdout:
         if problem:
             say(f"turnguard demo: cannot write the turns file {recorder_path}: {problem}")
             return 2
-    from turnguard.telemetry._setup import TelemetryConfigError
-
-    try:
-        telemetry = _configure_telemetry()
-    except TelemetryConfigError as exc:
-        say(f"turnguard demo: {exc}")
-        return 2
+    telemetry = _configure_telemetry()  # (a bad OTEL_* value: exit 2 in _run)
     try:
         base = args.guard_config.replace(recorder_path=recorder_path)
         results = run_all(args.scenarios or None, base=base)
@@ -255,10 +251,12 @@ def load_config(args: argparse.Namespace) -> tuple[GuardConfig, dict[str, str]]:
     """The configuration every subcommand runs with, and where each value came from; a
     ``TURNGUARD_LOAD_PLUGINS`` naming no installed plugin is refused here too."""
     from turnguard._plugins import LOAD_PLUGINS_ENV, check_selection
+    from turnguard.telemetry._setup import shutdown_timeout_from
 
     config, sources = GuardConfig.load_with_sources(getattr(args, "config", None))
     if config.load_entrypoints:
         check_selection(os.environ.get(LOAD_PLUGINS_ENV))
+    shutdown_timeout_from(os.environ)
     return config, sources
 
 
@@ -412,21 +410,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if unknown:  # said by the subcommand's own parser, with its usage line
         _subparser(root, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    from turnguard.telemetry._setup import TelemetryConfigError
+
     try:
         args.guard_config, args.guard_config_sources = load_config(args)
-    except ConfigError as exc:
+    except (ConfigError, TelemetryConfigError) as exc:
         say(f"turnguard {SUBCOMMANDS[args.command].called}: {exc}")
         return 2
     return _run(SUBCOMMANDS[args.command], args)
 
 
 def _run(command: Subcommand, args: argparse.Namespace) -> int:
-    """Run ``command``; a failure of its environment (standard output, a file) is one line."""
+    """Run ``command``; a failure of its environment (standard output, a file) is one line, and
+    so is an ``OTEL_*`` value its telemetry cannot use (exit 2: it could not start)."""
+    from turnguard.telemetry._setup import TelemetryConfigError
+
     stdout = sys.stdout
     sys.stdout = _Output(stdout)
     try:
         status = command.run(args)
         sys.stdout.flush()
+    except TelemetryConfigError as exc:
+        say(f"turnguard {command.called}: {exc}")
+        return 2
     except OutputFailed as failed:
         _discard_stdout(stdout)
         if not isinstance(failed.error, BrokenPipeError):  # (a reader that went away, `| head`: nothing to say)

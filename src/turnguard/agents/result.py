@@ -66,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"turnguard result: the last {args.agent} turn of {which} was reported {kept['reported']} "
               "already: each turn takes one result", file=sys.stderr)
         return 1
-    telemetry = telemetry_from_env(os.environ)
+    try:
+        telemetry = telemetry_from_env(os.environ)  # (a bad OTEL_* value: exit 2, said by the command)
+    except ModuleNotFoundError as exc:  # an OTLP endpoint is set, the SDK is not installed: nowhere to report
+        print(f"turnguard result: {exc}", file=sys.stderr)
+        return 2
     try:
         guard = Guard(results_config(args.guard_config, root))
         taken = guard.report_result(token, ANSWERS[args.outcome])

@@ -249,7 +249,7 @@ def configure(
         return _disabled()
     _require_sdk()
     if shutdown_timeout_ms is None:
-        shutdown_timeout_ms = _ms(env, SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_MS, least=0)
+        shutdown_timeout_ms = shutdown_timeout_from(env)
     elif isinstance(shutdown_timeout_ms, bool) or not 0 <= shutdown_timeout_ms <= MAX_MS:
         raise TelemetryConfigError(f"shutdown_timeout_ms={shutdown_timeout_ms!r}: expected 0 to {MAX_MS} ms")
     settings = tuple(
@@ -270,6 +270,12 @@ def configure(
     if set_global:
         install_global(telemetry)
     return telemetry
+
+
+def shutdown_timeout_from(env: Mapping[str, str]) -> int:
+    """``TURNGUARD_TELEMETRY_SHUTDOWN_TIMEOUT`` (ms, 0 to a day), else the default; a
+    ``TelemetryConfigError`` naming it when it is not one (every CLI command checks it)."""
+    return _ms(env, SHUTDOWN_TIMEOUT_ENV, DEFAULT_SHUTDOWN_TIMEOUT_MS, least=0)
 
 
 def _resource(env: Mapping[str, str], service_name: str | None, resource_attributes: Mapping[str, Any] | None) -> Any:
