@@ -548,3 +548,54 @@ def test_lines_without_the_new_keys_are_still_written_by_turn_line():
     """``turn_line`` without policy or limits leaves the keys out (older recordings have none)."""
     data = json.loads(_turn_line(0, 0))
     assert not {"policy", "limits", "started_at", "ended_at"} & data.keys()
+
+
+FORKED = """
+import os, signal, sys, threading
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_telemetry_recorder import end_turns, make_guard
+
+folder = Path({folder!r})
+folder.write_text("a file where the folder should be: every append fails, as on a full disk")
+guard = make_guard(folder / "turns.jsonl", streak_warn_at=0)
+recorder = guard.pm.get_plugin("recorder")
+end_turns(guard, 0, 2)
+assert recorder.pending == 2
+folder.unlink()  # the disk has room again
+how = sys.argv[1]
+held, release = threading.Event(), threading.Event()
+if how == "lock held":  # a thread of the parent is writing at the fork
+    def write_slowly():
+        with recorder._write_lock:
+            held.set()
+            release.wait()
+    threading.Thread(target=write_slowly, daemon=True).start()
+    held.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(30)  # (a child that deadlocked is ended by the alarm, not waited for)
+    end_turns(guard, 10, 1)
+    if how == "exit":
+        sys.exit(0)  # the interpreter's exit: the recorder's exit hook runs
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+release.set()
+end_turns(guard, 20, 1)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("how", ["os._exit", "exit", "lock held"])
+def test_a_forked_child_writes_no_line_its_parent_held_back_and_never_waits_on_its_lock(tmp_path, how):
+    """Lines a full disk held back are the parent's: a forked child wrote them too (the turns were
+    on the file twice), and one forked while a thread wrote waited forever on the write lock."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "recorded"
+    script = FORKED.format(tests=str(Path(__file__).parent), folder=str(folder))
+    done = subprocess.run([sys.executable, "-c", script, how], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "0"  # the child ended by itself
+    assert_whole_records(folder / "turns.jsonl", ["turn-10", "turn-0", "turn-1", "turn-20"])

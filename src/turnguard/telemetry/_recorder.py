@@ -23,7 +23,8 @@ leaves half a line either: a short write is cut back off the file (``ftruncate``
 line began, under the lock), and a file found ending mid-line (written by something else) gets
 its newline before the next record. A line that could not be written (``ENOSPC``, ``EIO``) is
 kept, up to ``MAX_PENDING_BYTES``, and written before the next one once space frees (also at
-interpreter exit), so no finished turn is lost to a disk that was full for a while. Memory is
+interpreter exit), so no finished turn is lost to a disk that was full for a while; a forked
+child leaves them to its parent, so none is written twice. Memory is
 bounded: at most ``MAX_RECORDED_CALLS`` calls are kept per turn; later calls are counted in
 ``calls_dropped`` (and in ``tool_calls``) only; at most ``MAX_OPEN_TURNS`` turns are collected at
 once.
@@ -386,6 +387,18 @@ class Recorder:
                     "%s", self.path, len(self._pending), self.lines_lost, since, exc)
         self._unsaid = 0
 
+    def after_fork_in_child(self) -> None:
+        """In a forked child: none of the parent's held-back lines (the parent writes them; written
+        by both, a turn would be on the file twice), and locks of its own (a thread of the parent
+        may have held one at the fork, and would never release it here)."""
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._failing, self._unsaid = False, 0
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        for record in list(self._turns.values()):
+            record.lock = threading.Lock()
+
     def _bound_pending(self) -> None:
         while self._pending_bytes > MAX_PENDING_BYTES and len(self._pending) > 1:
             self._pending_bytes -= len(self._pending.popleft())
@@ -404,6 +417,15 @@ def _flush_at_exit() -> None:
     for recorder in list(_LIVE):
         if recorder.pending:
             recorder.flush()
+
+
+def _after_fork_in_child() -> None:
+    for recorder in list(_LIVE):
+        recorder.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _carried(record: _TurnRecord, turn: Ledger) -> Carried:
