@@ -689,7 +689,6 @@ class OtlpAssembler:
         del self._pending[key]
         self._last_parent = None
         self._waiting -= len(pending.calls)
-        self.released = True
         self.most_waiting = min(self.most_waiting, self.max_waiting)  # past it, every span checks the bound
         self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
                                   f"{self.max_waiting:,} waited for their turn spans (replayed as a turn of "
@@ -808,11 +807,11 @@ class OtlpAssembler:
         if tool_calls is not None and not turn_count(tool_calls):
             self._bad(lineno, f"turn {shown(turn_id)}: {names.TURN_TOOL_CALLS} must be a whole number from 0 to "
                               f"{MAX_TURN_COUNT:,}, got {shown(tool_calls)}; left out", path)
-        resolved = attrs.get(TURN_RESOLVED)
+        resolved = attrs.get(names.TURN_RESOLVED)
         if not resolved_readable(resolved):
-            self._bad(lineno, f"turn {shown(turn_id)}: {TURN_RESOLVED} must be {RESOLVED_VALUES}, got "
+            self._bad(lineno, f"turn {shown(turn_id)}: {names.TURN_RESOLVED} must be {RESOLVED_VALUES}, got "
                               f"{shown(resolved)} (read as unknown)", path)
-        cohort = attrs.get(TURN_COHORT)
+        cohort = attrs.get(names.TURN_COHORT)
         return {
             "cycles": cycles,
             "resolved": span_resolved(resolved),
@@ -1039,10 +1038,6 @@ def _limit(key: str, value: Any) -> Any:
         return None
 
 
-TURN_RESOLVED = "turnguard.turn.resolved"
-"""The task result on a turn span: a boolean, or ``"true"`` / ``"false"`` / ``"unknown"``."""
-
-
 RESOLVED_VALUES = "a boolean or 'true', 'false' or 'unknown'"
 _RESOLVED_TEXTS = {"true": True, "false": False, "unknown": None}
 
@@ -1058,7 +1053,3 @@ def resolved_readable(value: Any) -> bool:
     """Whether a ``turnguard.turn.resolved`` is absent or one of ``RESOLVED_VALUES`` (anything
     else, a ``{"boolValue": "false"}`` included, is a reported problem, read as unknown)."""
     return value is None or type(value) is bool or (type(value) is str and value in _RESOLVED_TEXTS)
-
-
-TURN_COHORT = "turnguard.turn.cohort"
-"""``"live"`` or ``"probe"`` on a turn span (any other value: not recorded)."""

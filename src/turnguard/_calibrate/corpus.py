@@ -19,15 +19,6 @@ LOGS_KEY = "resourceLogs"
 """OTLP JSON logs: read for late results only (``_calibrate/results.py``)."""
 
 
-def corpus_line(line: bytes, path: str, lineno: int, on_problem: records.ProblemSink,
-                max_line_bytes: int = records.MAX_LINE_BYTES) -> records.RecordedTurn | None:
-    """One corpus-format line as a turn (blank lines are skipped, anything else is reported)."""
-    obj = records.parse_line(line, path, lineno, on_problem, max_line_bytes)
-    return None if obj is records.UNREADABLE else corpus_turn(obj, path, lineno, on_problem, max_line_bytes)
-
-
-# -- corpus format -------------------------------------------------------------------------------
-
 _OUTCOMES: dict[str, Outcome | records.Unreported] = {
     **{o.value: o for o in Outcome}, records.UNFINISHED.value: records.UNFINISHED}
 
@@ -123,11 +114,10 @@ def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str,
     facts: dict[str, Any] = {"policy": _bounded_text(obj.get("policy"), "policy", bad)}
     raw = obj.get("limits")
     if raw is not None:
-        limits = _limits(raw)
-        if isinstance(limits, str):
-            bad(f"'limits': {limits}; left out")
-        else:
-            facts["limits"] = limits
+        try:
+            facts["limits"] = records.read_limits(raw)
+        except ValueError as exc:
+            bad(f"'limits': {exc}; left out")
     times = _times(obj.get("started_at"), obj.get("ended_at"))
     if isinstance(times, str):
         bad(f"'started_at' / 'ended_at': {times}; left out")
@@ -145,14 +135,6 @@ def recorded_facts(obj: dict[str, Any], bad: Callable[[str], None]) -> dict[str,
     if type(escalations) is list:
         facts["continued"] = any(type(e) is dict and e.get("answer") == "continue" for e in escalations)
     return facts
-
-
-def _limits(raw: Any) -> records.Limits | str:
-    """``records.Limits`` from a recorder line's ``limits`` object, or what is wrong with it."""
-    try:
-        return records.read_limits(raw)
-    except ValueError as exc:
-        return str(exc)
 
 
 def _times(started: Any, ended: Any) -> tuple[float, float] | str | None:
@@ -239,15 +221,7 @@ def _corpus_call(raw: Any, digests: bool = False) -> records.RecordedCall | str:
     retries = raw.get("retries", 0)
     if not records.turn_count(retries):
         return f"'retries' must be a whole number from 0 to {records.MAX_TURN_COUNT:,}, got {records.shown(retries)}"
-    args, digest = _identity(raw.get("args"), digest, digests)
-    return records.RecordedCall(tool, args, digest, outcome, cycle, result, retries)
-
-
-def _identity(args: Any, digest: str | None, digests: bool) -> tuple[Any, str | None]:
-    """A call's ``(args, digest)``: a given digest wins; with ``digests`` (``digests_in_args``)
-    text ``args`` is the digest."""
-    if digest is not None:
-        return None, digest
-    if digests and type(args) is str:
-        return None, args
-    return args, None
+    args = raw.get("args")
+    if digest is None and digests and type(args) is str:  # the digest is in ``args`` (``digests_in_args``)
+        args, digest = None, args
+    return records.RecordedCall(tool, None if digest is not None else args, digest, outcome, cycle, result, retries)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from turnguard._calibrate import collector
 from turnguard._calibrate.collector import OtlpAssembler, is_otlp_line
-from turnguard._calibrate.corpus import corpus_line, corpus_turn
+from turnguard._calibrate.corpus import corpus_turn
 from turnguard._calibrate.records import (
     MAX_LINE_BYTES,
     UNREADABLE,
@@ -49,12 +49,9 @@ class Rotation(NamedTuple):
     dated: bool = True
 
 
-def rotation_of(path: Path) -> Rotation:
-    """The rotated set ``path`` belongs to and its place in it (``ROTATED``)."""
-    return _rotation(path.name)
-
-
-def _rotation(name: str) -> Rotation:
+def rotation_of(path: Path | str) -> Rotation:
+    """The rotated set a file (a path, or a name) belongs to and its place in it (``ROTATED``)."""
+    name = path if isinstance(path, str) else path.name
     found = ROTATED.match(name)
     if found is None:
         return Rotation(name, "")
@@ -165,7 +162,7 @@ def _backups_in(folder: str) -> dict[str, list[str]]:
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
-                name, time, dated = _rotation(entry.name)
+                name, time, dated = rotation_of(entry.name)
                 if time and dated and _is_file(entry):
                     found.setdefault(name, []).append(entry.name)
     except OSError:
@@ -213,12 +210,8 @@ def read_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink, max_
               spans: OtlpAssembler) -> Iterator[Any]:
     """The turns one line gives: a corpus line's turn, or those an OTLP line completes in
     ``spans`` (decoded by msgspec when it can, ``collector.decode``; else parsed by ``json``)."""
-    if not is_otlp_line(line):
-        turn = corpus_line(line, path, lineno, on_problem, max_line_bytes)
-        if turn is not None:
-            yield turn
-        return
-    if too_costly(line, max_line_bytes) is None:
+    otlp = is_otlp_line(line)
+    if otlp and too_costly(line, max_line_bytes) is None:
         document = collector.decode(line)
         if document is not None:
             yield from spans.add_decoded(document, lineno)
@@ -226,7 +219,7 @@ def read_line(line: bytes, path: str, lineno: int, on_problem: ProblemSink, max_
     obj = parse_line(line, path, lineno, on_problem, max_line_bytes)
     if obj is UNREADABLE:
         return
-    if isinstance(obj, dict) and "resourceSpans" in obj:
+    if otlp and isinstance(obj, dict) and "resourceSpans" in obj:
         yield from spans.add(obj, lineno)
         return
     turn = corpus_turn(obj, path, lineno, on_problem, max_line_bytes)

@@ -59,7 +59,6 @@ class Recording:
         if entry is None:
             if len(self.seen) >= MAX_POLICIES:
                 self.left_out += 1
-                entry = None
             else:
                 entry = self.seen[key] = PolicySeen(cohort, turn.policy, turn.limits)
         if entry is not None:

@@ -107,15 +107,7 @@ FIRST_LIMIT_KEYS = LIMIT_KEYS[:7]
 """The keys every recording with limits has (the cap mode, the caps, the streak's levels, the
 cycle cap); the others came later and read as ``None`` when absent."""
 MAX_LISTED_TOOLS = 1_000
-"""The most tool names a recorded tool list may hold (a longer one is malformed)."""
-
-
-def tool_list(value: Any) -> tuple[str, ...] | None:
-    """A recorded tool list: a list of at most ``MAX_LISTED_TOOLS`` non-empty texts of at most
-    ``MAX_ID_LENGTH`` characters, as a tuple; ``None`` when it is not one."""
-    if type(value) is not list or len(value) > MAX_LISTED_TOOLS or not all(short_text(t) and t for t in value):
-        return None
-    return tuple(value)
+"""The most names a recorded tool or policy list may hold (a longer one is malformed)."""
 
 
 def limit_value(key: str, value: Any) -> Any:
@@ -135,12 +127,11 @@ def limit_value(key: str, value: Any) -> Any:
         if type(value) is bool:
             return value
         raise ValueError(f"{key!r} must be true, false or null, got {shown(value)}")
-    names = tool_list(value)
-    if names is None:
-        what = "tool" if key in TOOL_LIST_KEYS else "policy"
-        raise ValueError(f"{key!r} must be a list of at most {MAX_LISTED_TOOLS:,} {what} names (texts of at most "
-                         f"{MAX_ID_LENGTH} characters) or null, got {shown(value)}")
-    return names
+    if type(value) is list and len(value) <= MAX_LISTED_TOOLS and all(short_text(t) and t for t in value):
+        return tuple(value)
+    what = "tool" if key in TOOL_LIST_KEYS else "policy"
+    raise ValueError(f"{key!r} must be a list of at most {MAX_LISTED_TOOLS:,} {what} names (texts of at most "
+                     f"{MAX_ID_LENGTH} characters) or null, got {shown(value)}")
 
 
 def read_limits(raw: Any) -> Limits:
@@ -181,10 +172,10 @@ class RecordedTurn:
     """The threshold that halted the turn, or the reason it ended (``completed``, ``error``, a
     host's own reason); ``None`` when not recorded."""
     source: str | None = None
-    origin: str = ""
-    """Where the turn came from (``file:line``), for messages."""
     cohort: str | None = None
     """``"live"`` or ``"probe"`` (guarded by a probe configuration), ``None`` when not recorded."""
+    origin: str = ""
+    """Where the turn came from (``file:line``), for messages."""
     policy: str | None = None
     """The ``GuardConfig.name`` in force (the probe's on a probe turn), when recorded."""
     limits: Limits | None = None
@@ -415,7 +406,6 @@ def parse_outcome(value: Any) -> Outcome | Unreported | None:
         return Outcome.parse(value)
     except ValueError:
         return None
-
 
 
 def short_text(value: Any) -> bool:
