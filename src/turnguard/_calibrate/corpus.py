@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from turnguard._calibrate import bounds, records
-from turnguard._model import MAX_ID_LENGTH, Outcome
+from turnguard._model import MAX_ID_LENGTH
 from turnguard._probe import COHORTS
 from turnguard.telemetry._recorder import SOURCE as RECORDER_SOURCE
 
@@ -17,10 +17,6 @@ RESULT_KEY = "result_for"
 """The key that makes a corpus-format line a late result record (``_calibrate/results.py``)."""
 LOGS_KEY = "resourceLogs"
 """OTLP JSON logs: read for late results only (``_calibrate/results.py``)."""
-
-
-_OUTCOMES: dict[str, Outcome | records.Unreported] = {
-    **{o.value: o for o in Outcome}, records.UNFINISHED.value: records.UNFINISHED}
 
 
 def corpus_turn(obj: Any, path: str, lineno: int, on_problem: records.ProblemSink,
@@ -153,7 +149,7 @@ def _plain_calls(raw_calls: list[Any], digests: bool) -> list[records.RecordedCa
     """The common shape (every call exactly ``tool``, ``args``, ``outcome``, maybe ``result``,
     ``cycle`` and ``retries``) in one comprehension; ``None`` sends the line through the checked
     path, which says what is wrong."""
-    make, call, outcomes = tuple.__new__, records.RecordedCall, _OUTCOMES
+    make, call, outcomes = tuple.__new__, records.RecordedCall, records.OUTCOMES
     try:
         if digests:
             calls = [make(call, (r["tool"], None, r["args"], outcomes[r["outcome"]], r.get("cycle"), r.get("result"),
@@ -206,7 +202,7 @@ def _corpus_call(raw: Any, digests: bool = False) -> records.RecordedCall | str:
     if digest is None and "args" not in raw:
         return "neither 'args' nor 'digest'"
     value = raw.get("outcome")
-    outcome = _OUTCOMES.get(value) if type(value) is str else None
+    outcome = records.OUTCOMES.get(value) if type(value) is str else None
     if outcome is None:
         outcome = records.parse_outcome(value)
         if outcome is None:

@@ -28,6 +28,8 @@ class Unreported(enum.Enum):
 
 
 UNFINISHED = Unreported.UNFINISHED
+OUTCOMES: dict[str, Outcome | Unreported] = {**{o.value: o for o in Outcome}, UNFINISHED.value: UNFINISHED}
+"""The outcome texts the recorder and the plugin write (``parse_outcome`` reads any)."""
 
 
 class RecordedCall(NamedTuple):
