@@ -487,6 +487,10 @@ class OtlpAssembler:
         """With ``hold``: the most calls that waited at once after a span."""
         self.released = False
         """A turn was released because too many calls waited (``_release_oldest``)."""
+        self._last_parent: str | None = None
+        """The parent of the last call held (``_take_template``), whose calls are ``_last_calls``: the
+        next tool span is most often its sibling. Forgotten whenever a key leaves ``_pending``."""
+        self._last_calls: list[tuple[int, RecordedCall]] = []
         self._tool_texts: dict[bytes, str] = {}
         """Tool names as the template matched them, each decoded once (at most ``MAX_SHARED_TOOLS``)."""
 
@@ -518,9 +522,18 @@ class OtlpAssembler:
     def add_decoded(self, spans: list[DecodedSpan], lineno: int) -> Iterator[Any]:
         """``add`` for a line decoded by ``decode``: template-matched tool spans are taken directly,
         any other span is read as ``add`` reads it."""
-        template = self._take_template
+        template, siblings = self._take_template, self._take_siblings
         closing: list[_TurnSpan] = []
-        for decoded in spans:
+        i, end = 0, len(spans)
+        while i < end:
+            i, due = siblings(spans, i)
+            if due:
+                yield self._release_oldest()
+                continue
+            if i == end:
+                break
+            decoded = spans[i]
+            i += 1
             span, _, found = decoded
             if found is None or not template(found, span.parentSpanId, lineno):
                 turn_span = self._span(plain(decoded), lineno)
@@ -571,7 +584,39 @@ class OtlpAssembler:
             if self._open.get(key) is held:
                 del self._open[key]
         self._waiting -= 1 + len(held.calls)
+        self._last_parent = None
         return _recorded_turn(held.turn_id, held.calls, held.facts)
+
+    def _take_siblings(self, spans: list[DecodedSpan], i: int) -> tuple[int, bool]:
+        """Take the template-matched siblings of the last call held from ``spans[i]`` on, in one
+        loop: ``(the first span not taken, whether the waiting bound now releases a turn)``."""
+        parent, calls = self._last_parent, self._last_calls
+        if parent is None:
+            return i, False
+        tools, limit, bound = self._tool_texts, self.max_calls, self.max_waiting
+        waiting, most, end = self._waiting, self.most_waiting, len(spans)
+        due = False
+        while i < end:
+            span, _, found = spans[i]
+            if found is None or span.parentSpanId != parent:
+                break
+            index, digest, cycle, retries, raw_tool, text, result = found.groups()
+            outcome, tool, number = _TEMPLATE_OUTCOMES.get(text), tools.get(raw_tool), int(index)
+            if outcome is None or tool is None or not 0 < number <= MAX_TURN_COUNT or len(calls) >= limit or (
+                    cycle is not None and not 0 < int(cycle) <= MAX_TURN_CYCLES) or (
+                    retries is not None and int(retries) > MAX_TURN_COUNT):
+                break
+            calls.append((number, _new_call(RecordedCall, (tool, None, digest.decode(), outcome, cycle and int(cycle),
+                                                           result and result.decode(), int(retries or 0)))))
+            waiting += 1
+            i += 1
+            if waiting > most:
+                most = waiting
+                if waiting > bound:
+                    due = True
+                    break
+        self._waiting, self.most_waiting = waiting, most
+        return i, due
 
     def _take_template(self, found: Any, parent: str | None, lineno: int) -> bool:
         """Take a template-matched tool span with the checks ``_call`` makes (``False``: not taken,
@@ -587,26 +632,35 @@ class OtlpAssembler:
             tool = raw_tool.decode()
             if len(self._tool_texts) < MAX_SHARED_TOOLS:
                 self._tool_texts[raw_tool] = tool
-        return self._hold("span:" + parent, number, tool, digest.decode(), outcome, raw_result and raw_result.decode(),
-                          lineno, cycle, retries)
+        key = "span:" + parent
+        calls = self._hold(key, number, tool, digest.decode(), outcome, raw_result and raw_result.decode(), lineno,
+                           cycle, retries)
+        if calls is None:
+            return False
+        if self._open and key in self._open and key not in self._pending:  # an open turn's: each number checked
+            self._last_parent = None
+        else:
+            self._last_parent, self._last_calls = parent, calls
+        return True
 
     def _hold(self, key: str, number: int, tool: str, digest: str, outcome: Outcome | Unreported, result: str | None,
-              lineno: int, cycle: int | None = None, retries: int = 0) -> bool:
+              lineno: int, cycle: int | None = None, retries: int = 0) -> list[tuple[int, RecordedCall]] | None:
         """Hold a checked tool span's call under ``key`` for its turn span, or give it to the open
-        turn of the key that awaits its number (``False``: the turn's bound refuses it, nothing changed)."""
+        turn of the key that awaits its number: the calls held there (``None``: the turn's bound
+        refuses it, nothing changed)."""
         pending: _Pending | _Open | None = self._pending.get(key)
         if pending is None:
             held = self._open.get(key) if self._open else None
             if held is not None and held.awaits(number):
                 if len(held.calls) >= self.max_calls:
-                    return False
+                    return None
                 pending = held
                 if held.took(number):
                     self._done.append(held)
             else:
                 pending = self._pending[key] = _Pending(self.path, lineno)
         elif len(pending.calls) >= self.max_calls:
-            return False
+            return None
         tools = self._tools
         shared = tools.get(tool)
         if shared is not None:
@@ -615,7 +669,7 @@ class OtlpAssembler:
             tools[tool] = tool
         pending.calls.append((number, _new_call(RecordedCall, (tool, None, digest, outcome, cycle, result, retries))))
         self._waiting += 1
-        return True
+        return pending.calls
 
     def _most_waiting(self) -> bool:
         """Note a new most of waiting calls; ``True`` when past the bound (the oldest is released)."""
@@ -631,6 +685,7 @@ class OtlpAssembler:
             return self._close_open(next(iter(self._open.values())))
         key, pending = next(iter(self._pending.items()))
         del self._pending[key]
+        self._last_parent = None
         self._waiting -= len(pending.calls)
         self.most_waiting = min(self.most_waiting, self.max_waiting)  # past it, every span checks the bound
         self._bad(pending.lineno, f"{len(pending.calls)} tool span(s) of {key} waited longest while more than "
@@ -650,6 +705,7 @@ class OtlpAssembler:
                                       "(replayed as a turn of their own)", pending.path)
             yield self._orphan(key, pending)
         self._pending.clear()
+        self._last_parent = None
         self._waiting = 0
 
     def _orphan(self, key: str, pending: _Pending) -> RecordedTurn:
@@ -689,6 +745,7 @@ class OtlpAssembler:
         own_key, child_key = f"turn:{turn_id}", f"span:{span_id}" if span_id else None
         own = self._pending.pop(own_key, None)
         children = self._pending.pop(child_key, None) if child_key else None
+        self._last_parent = None
         self._waiting -= (len(own.calls) if own else 0) + (len(children.calls) if children else 0)
         facts = self._facts(turn_id, attrs, lineno, None, span_times(start, end))
         facts["continued"] = span_continued(events)
@@ -732,7 +789,7 @@ class OtlpAssembler:
             self._bad(lineno, f"tool span {name!r}: {names.CALL_RETRIES} must be a whole number from 0 to "
                               f"{MAX_TURN_COUNT:,}, got {shown(retries)}; read as 0")
             retries = 0
-        if not self._hold(key, index, tool, digest, outcome, result, lineno, cycle, retries):
+        if self._hold(key, index, tool, digest, outcome, result, lineno, cycle, retries) is None:
             self._bad(lineno, f"tool span {name!r}: its turn already has {self.max_calls:,} calls (the limit); skipped")
 
     def _facts(self, turn_id: str, attrs: dict[str, Any], lineno: int, path: str | None,
@@ -780,6 +837,7 @@ class OtlpAssembler:
         if not self._joins_alike(emitted, leftovers, most_waiting):
             return None
         stitched: dict[int, tuple[list[tuple[int, RecordedCall]], list[tuple[int, RecordedCall]]]] = {}
+        self._last_parent = None
         for i, (own, child, *_) in enumerate(emitted):
             own_before = self._pending.pop(own, None)
             children_before = self._pending.pop(child, None) if child is not None else None
