@@ -17,7 +17,7 @@ import pytest
 import turnguard as tg
 from collector_lines import collector_lines
 from turnguard._calibrate import collector
-from turnguard._calibrate.advice import limits_notes, tool_list_warning
+from turnguard._calibrate.advice import SWITCHED_BY, limits_notes, tool_list_warning
 from turnguard._calibrate.engine import Calibrator
 from turnguard._calibrate.evidence import ProbeEvidence
 from turnguard._calibrate.grid import Policy
@@ -110,6 +110,46 @@ def test_a_setting_said_not_to_change_a_replay_changes_none(field):
     assert replayed(SMALL.replace(**{field: value})) == before
 
 
+def switched(setting: str, on: str | None) -> tg.GuardConfig:
+    """``SMALL`` (its soft cap past the turns' loops) with the levels ``setting`` is in force under
+    all unset but ``on``."""
+    return SMALL.replace(soft_cap=100, **{level: 0 for level in SWITCHED_BY[setting] if level != on})
+
+
+def switch_turns() -> list[RecordedTurn]:
+    """``loop_turns`` and turns the switched settings decide: a cycle of 5 calls (seen by a
+    longest period of 6, not 4), an identical call that succeeds (stopped on ``any`` outcome only)."""
+    cycle = tuple(RecordedCall("abcde", digest=f"d{i % 5}", outcome=Outcome.OK, cycle=1 + i // 5) for i in range(60))
+    same = tuple(RecordedCall("run", digest="d0", outcome=Outcome.OK, cycle=1 + i) for i in range(60))
+    return [*loop_turns(), RecordedTurn("cycle5", cycle, source="turnguard"),
+            RecordedTurn("same", same, source="turnguard")]
+
+
+def replayed_switched(config: tg.GuardConfig) -> list[list[dict[str, Any]]]:
+    calibrator = Calibrator([Policy("default", config, is_default=True)], group=False)
+    return [calibrator.results(turn) for turn in switch_turns()]
+
+
+@pytest.mark.parametrize("setting", sorted(SWITCHED_BY))
+def test_a_switched_setting_changes_a_replay_only_while_a_level_is_set(setting):
+    other = {setting: REPLAYED[setting]}
+    for on in SWITCHED_BY[setting]:
+        config = switched(setting, on)
+        assert replayed_switched(config.replace(**other)) != replayed_switched(config), on
+    off = switched(setting, None)
+    assert replayed_switched(off.replace(**other)) == replayed_switched(off)
+
+
+@pytest.mark.parametrize("setting", sorted(SWITCHED_BY))
+def test_the_default_row_warning_names_a_switched_setting_only_where_either_side_has_it_on(setting):
+    ways = (None, *SWITCHED_BY[setting])
+    for live_on in ways:
+        for default_on in ways:
+            live = switched(setting, live_on).replace(**{setting: REPLAYED[setting]})
+            said = " ".join(notes(Limits(**limits_of(live)), switched(setting, default_on)))
+            assert (f"{setting}=" in said) == (live_on is not None or default_on is not None), (live_on, default_on)
+
+
 def recorded_under(folder: Path, configs: dict[str, tg.GuardConfig]) -> tuple[Path, Path]:
     """One turn under each configuration (its key the turn id), through the recorder and the
     OpenTelemetry plugin: the recorder's lines and the Collector's OTLP JSON of the same turns."""
@@ -135,8 +175,9 @@ def read(path: Path) -> tuple[dict[str, RecordedTurn], list[str]]:
     return turns, [str(p) for p in problems]
 
 
-CONFIGS = {"default": tg.GuardConfig(),
-           **{field: tg.GuardConfig(**{field: value}) for field, value in REPLAYED.items()}}
+BASE = tg.GuardConfig(cycle_repeat_warn_at=3)
+"""The default configuration with ``cycle_repeat`` on: every setting in ``REPLAYED`` in force."""
+CONFIGS = {"default": BASE, **{field: BASE.replace(**{field: value}) for field, value in REPLAYED.items()}}
 
 
 @pytest.fixture(scope="module")

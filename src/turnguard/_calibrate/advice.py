@@ -18,7 +18,7 @@ from __future__ import annotations
 import html
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -442,12 +442,28 @@ def limits_notes(e: ProbeEvidence, recording: Recording, default_limits: dict[st
     return notes
 
 
+SWITCHED_BY: dict[str, tuple[str, ...]] = {
+    "cycle_repeat_max_period": ("cycle_repeat_warn_at", "cycle_repeat_stop_at"),
+    "streak_stop_on": ("streak_stop_at",),
+}
+"""Settings that change a replay only while one of their levels is set (``cycle_repeat`` looks
+for cycles only when on; the streak's stop count matters only where the stop can fire)."""
+
+
+def in_force(setting: str, read: Callable[[str], object]) -> bool:
+    """Whether ``setting`` can change a replay under the settings ``read`` gives (by name)."""
+    switches = SWITCHED_BY.get(setting)
+    return switches is None or any(map(read, switches))
+
+
 def limits_differing(limits: Limits, default_limits: dict[str, object]) -> dict[str, object]:
     """The recorded ``limits`` that are not the default row's, by key: only where both say one (a
-    limit an older recording or result does not have is not compared)."""
+    limit an older recording or result does not have is not compared) and where either side has
+    it in force."""
     recorded = limits.to_json()
     return {k: recorded[k] for k, mine in default_limits.items()
-            if k in recorded and not _unsaid_or_equal(recorded[k], mine)}
+            if k in recorded and not _unsaid_or_equal(recorded[k], mine)
+            and (in_force(k, recorded.get) or in_force(k, default_limits.get))}
 
 
 def _unsaid_or_equal(theirs: object, mine: object) -> bool:

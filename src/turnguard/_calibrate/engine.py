@@ -12,6 +12,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from turnguard._calibrate.advice import in_force
 from turnguard._calibrate.duplicates import id_hash
 from turnguard._calibrate.equivalence import Plan, PolicyRules, as_failing, grid_triggers, stale_reach, turn_facts
 from turnguard._calibrate.evidence import LIVE, PROBE
@@ -392,7 +393,7 @@ class _TurnReplays:
         stuck = config.stuck_repeat_threshold
         reach = facts.reach_repeat
         reached = stuck <= len(reach) and reach[stuck - 1] < first
-        cycling = config.cycle_repeat_max_period if config.cycle_repeat_warn_at or config.cycle_repeat_stop_at else 0
+        cycling = config.cycle_repeat_max_period if in_force("cycle_repeat_max_period", config.__getattribute__) else 0
         where = (id(keys), stuck if reached else 0, config.max_tracked_keys, config.stuck_signal,
                  config.streak_stop_on, cycling)
         prefix = self.prefixes.get(where)
