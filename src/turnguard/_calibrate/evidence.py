@@ -246,10 +246,6 @@ class ProbeEvidence:
     stuck_repeat: int | None
     streak_stop: int | None = None
     turns: int = 0
-    resolved: int = 0
-    unresolved: int = 0
-    calls: int = 0
-    live_turns: int = 0
     censored: int = 0
     """Probe turns whose recording ends at a halt of the probe's own thresholds."""
     past_main: int = 0
@@ -260,6 +256,10 @@ class ProbeEvidence:
     main_untold: int = 0
     """Probe turns whose recording cannot tell whether the main configuration would have halted
     them (in part, or cut short): in the multiples' rows only."""
+    resolved: int = 0
+    unresolved: int = 0
+    calls: int = 0
+    live_turns: int = 0
     multiples: dict[int, Passed] = field(default_factory=dict)
     stuck: Passed = field(default_factory=Passed)
     """Turns the main configuration would have halted as ``soft_stuck`` (past S, stuck at D)."""

@@ -28,16 +28,8 @@ from turnguard._calibrate.stats import RunStats, default_limits
 from turnguard._calibrate.survival import Survival, ended, survival_interval, survival_lines
 from turnguard._terminal import shown
 
-COLORS = {
-    "explicit": "#7b4fa0",
-    "soft_stuck": "#d9822b",
-    "hard_backstop": "#c23b3b",
-    "streak": "#2f7ebd",
-    "cycle_cap": "#3a9a5b",
-    "cycle_repeat": "#1a9c9c",
-    "plugin_error": "#777777",
-    "censored": "#c8c8c8",
-}
+COLORS = {"explicit": "#7b4fa0", "soft_stuck": "#d9822b", "hard_backstop": "#c23b3b", "streak": "#2f7ebd",
+          "cycle_cap": "#3a9a5b", "cycle_repeat": "#1a9c9c", "plugin_error": "#777777", "censored": "#c8c8c8"}
 CENSORED = "censored"
 FP_COLOR = "#111111"
 ROW_H = 16
@@ -47,6 +39,18 @@ def esc(value: Any) -> str:
     """``value`` as HTML text; an id or a file name that holds lone surrogates or control characters
     is shown with escapes (``terminal.shown``), so the page always encodes."""
     return html.escape(shown(str(value)), quote=True)
+
+
+def _svg(chart_id: str, label: str, width: float, height: float) -> str:
+    """An SVG chart's opening tag."""
+    return (f'<svg id="{chart_id}" class="chart" role="img" aria-label="{label}" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">')
+
+
+def _name(r: dict[str, Any], label_w: float, y: int) -> str:
+    """A policy's name left of its row of a chart, bold for the default."""
+    weight = ' font-weight="bold"' if r["default"] else ""
+    return f'<text class="name" x="{label_w - 6:.1f}" y="{y + 11}" text-anchor="end"{weight}>{esc(r["name"])}</text>'
 
 
 def _legend(items: list[tuple[str, str]]) -> str:
@@ -69,8 +73,7 @@ def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, 
     axis = axis_ticks(max(values, default=0))
     top = axis[-1][0]
     height = ROW_H * len(data) + 30
-    parts = [f'<svg id="{chart_id}" class="chart" role="img" aria-label="{esc(title)}" width="{width}" '
-             f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    parts = [_svg(chart_id, esc(title), width, height)]
     ticks = [(label_w + plot_w * value / top, label) for value, label in axis]
     for x, _ in ticks:
         parts.append(f'<line class="grid" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 20}"/>')
@@ -78,9 +81,7 @@ def _hbars(chart_id: str, data: list[dict[str, Any]], segments: list[tuple[str, 
         parts.append(f'<text class="tick" x="{x:.1f}" y="{height - 6}" text-anchor="middle">{label}</text>')
     for row, r in enumerate(data):
         y = row * ROW_H + 2
-        weight = ' font-weight="bold"' if r["default"] else ""
-        parts.append(f'<text class="name" x="{label_w - 6:.1f}" y="{y + 11}" text-anchor="end"{weight}>'
-                     f'{esc(r["name"])}</text>')
+        parts.append(_name(r, label_w, y))
         x = label_w
         for key, color in segments:
             v = r["_seg"].get(key, 0)
@@ -139,17 +140,14 @@ def position_chart(data: list[dict[str, Any]]) -> str:
     label_w = label_width(data)
     width = round(label_w + cell * 11 + 20)
     height = ROW_H * len(data) + 40
-    parts = [f'<svg id="chart-positions" class="chart" role="img" aria-label="where halts land" width="{width}" '
-             f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    parts = [_svg("chart-positions", "where halts land", width, height)]
     labels = [f"{i * 10}%" for i in range(10)] + ["end"]
     for j, label in enumerate(labels):
         parts.append(f'<text class="tick" x="{label_w + j * cell + cell / 2:.1f}" y="{height - 8}" '
                      f'text-anchor="middle">{label}</text>')
     for row, r in enumerate(data):
         y = row * ROW_H + 2
-        weight = ' font-weight="bold"' if r["default"] else ""
-        parts.append(f'<text class="name" x="{label_w - 6:.1f}" y="{y + 11}" text-anchor="end"{weight}>'
-                     f'{esc(r["name"])}</text>')
+        parts.append(_name(r, label_w, y))
         total = sum(r["halt_deciles"]) or 1
         for j, n in enumerate(r["halt_deciles"]):
             share = n / total
@@ -185,8 +183,7 @@ def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]
     edges, bins = _bins(hist, res, xmax)
     axis = axis_ticks(max((v[0] for v in bins.values()), default=0))
     ymax = axis[-1][0]
-    parts = [f'<svg id="chart-distribution" class="chart" role="img" aria-label="tool calls per turn" '
-             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    parts = [_svg("chart-distribution", "tool calls per turn", width, height)]
     for value, label in axis:
         y = top + plot_h * (1 - value / ymax)
         parts.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}"/>')
@@ -374,8 +371,6 @@ def lanes(items: list[tuple[float, str]], lo: float, hi: float) -> list[tuple[fl
     return placed
 
 
-
-
 MAX_STEPS = 5
 """The most intervals an axis is cut into (an axis of whole numbers up to 3 has fewer)."""
 
@@ -496,9 +491,7 @@ def survival_chart(survival: Survival, est: dict[str, Any], caps: dict[str, int 
     placed = lanes([(x, label) for x, label, _ in marks], 0, probe.width)
     frame = _Frame(8 + LANE_H * (max((lane for *_, lane in placed), default=-1) + 1) + 6, xmax)
     height = frame.top + frame.plot_h + 50
-    parts = [f'<svg id="chart-survival" class="chart" role="img" aria-label="share of turns needing more calls" '
-             f'width="{frame.width}" height="{height}" viewBox="0 0 {frame.width} {height}" '
-             'xmlns="http://www.w3.org/2000/svg">',
+    parts = [_svg("chart-survival", "share of turns needing more calls", frame.width, height),
              *_axes(frame), *_curve(frame, curve_points(survival, horizon)),
              *_caps(frame, placed, {label: color for _, label, color in marks}),
              f'<text x="{(frame.left + frame.width - frame.right) / 2}" y="{height - 12}" text-anchor="middle">'

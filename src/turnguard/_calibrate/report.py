@@ -34,16 +34,11 @@ def median_of(hist: dict[int, int]) -> int | None:
 def median_halt(hist: dict[int, list[int]]) -> int | str | None:
     """The median halt call of a bucketed histogram (``stats.add_halt_call``): the call itself
     when its bucket's halts all fell on one call, else the bucket's range (``"960-1023"``)."""
-    total = sum(v[0] for v in hist.values())
-    if not total:
+    key = median_of({k: v[0] for k, v in hist.items()})
+    if key is None:
         return None
-    seen = 0
-    for key in sorted(hist):
-        n, lo, hi = hist[key]
-        seen += n
-        if seen * 2 >= total:
-            return lo if lo == hi else f"{lo}-{hi}"
-    return None  # pragma: no cover - unreachable
+    _, lo, hi = hist[key]
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def median_decile(deciles: list[int]) -> str:
@@ -66,32 +61,18 @@ def rows(stats: RunStats) -> list[dict[str, Any]]:
         u, a = modes["unattended"], modes["attended"]
         censored = stats.censored(u)
         out.append({
-            "name": info["name"],
-            "default": bool(info["default"]),
-            "family": info["family"],
-            "cap": info["params"]["cap"],
-            "streak": info["params"]["streak"],
-            "halted": u.halted,
-            "by_threshold": dict(u.by_threshold),
-            "halted_resolved": u.halted_resolved,
-            "resolved_ids": list(u.resolved_ids),
-            "halted_unresolved": u.halted_unresolved,
-            "unresolved_ids": list(u.unresolved_ids),
-            "saved_unresolved": u.saved_unresolved,
-            "halted_unknown": u.halted_unknown,
-            "censored": sum(censored.values()),
-            "censored_by_cohort": censored,
-            "halted_censored": sum(u.halted_censored.values()),
-            "saved_censored": u.saved_censored,
-            "evidence_halts": u.evidence_halts,
-            "evidence_by_source": dict(u.evidence),
-            "median_halt_call": median_halt(u.halt_calls),
-            "median_position": median_decile(u.halt_deciles),
-            "halt_deciles": list(u.halt_deciles),
-            "halt_calls": {k: list(v) for k, v in u.halt_calls.items()},
-            "asks": a.asks,
-            "turns_with_asks": a.turns_with_asks,
-            "asks_resolved": a.asks_resolved,
+            "name": info["name"], "default": bool(info["default"]), "family": info["family"],
+            "cap": info["params"]["cap"], "streak": info["params"]["streak"],
+            "halted": u.halted, "by_threshold": dict(u.by_threshold),
+            "halted_resolved": u.halted_resolved, "resolved_ids": list(u.resolved_ids),
+            "halted_unresolved": u.halted_unresolved, "unresolved_ids": list(u.unresolved_ids),
+            "saved_unresolved": u.saved_unresolved, "halted_unknown": u.halted_unknown,
+            "censored": sum(censored.values()), "censored_by_cohort": censored,
+            "halted_censored": sum(u.halted_censored.values()), "saved_censored": u.saved_censored,
+            "evidence_halts": u.evidence_halts, "evidence_by_source": dict(u.evidence),
+            "median_halt_call": median_halt(u.halt_calls), "median_position": median_decile(u.halt_deciles),
+            "halt_deciles": list(u.halt_deciles), "halt_calls": {k: list(v) for k, v in u.halt_calls.items()},
+            "asks": a.asks, "turns_with_asks": a.turns_with_asks, "asks_resolved": a.asks_resolved,
             "attended_halted": a.halted,
         })
     return out
@@ -154,12 +135,10 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
             out += wrap_items(f"  {name}: ", names, width)
     if stats.in_part_ids:
         more = sum(stats.recorded_in_part.values()) - len(stats.in_part_ids)
-        out += ["", "Turns recorded in part (not replayed):"]
-        out += wrap_items("  ", [*map(shown, stats.in_part_ids), *([f"... ({more} more)"] if more > 0 else [])], width)
+        out += ["", "Turns recorded in part (not replayed):", *_ids_text(stats.in_part_ids, more, width)]
     ids, more = default_unresolved(every_row)
     if ids:
-        out += ["", "Unresolved turns the default halts:"]
-        out += wrap_items("  ", [*map(shown, ids), *([f"... ({more} more)"] if more > 0 else [])], width)
+        out += ["", "Unresolved turns the default halts:", *_ids_text(ids, more, width)]
     fps = _fp_groups(every_row)
     if fps:
         out += ["", *wrap_text("Resolved turns halted (the false-positive proxy), by the policies that halt them:",
@@ -173,6 +152,10 @@ def table(stats: RunStats, *, color: bool = False, fold: bool = False, width: in
     if stats.survival.censored:
         out += survival_text(stats.survival_json(), width)
     return "\n".join(out) + "\n"
+
+
+def _ids_text(ids: list[str], more: int, width: int) -> list[str]:
+    return wrap_items("  ", [*map(shown, ids), *([f"... ({more} more)"] if more > 0 else [])], width)
 
 
 def _folded(data: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
@@ -283,7 +266,6 @@ def _width(cells: list[list[str]], shown: list[int], floor: bool) -> int:
 def _beside(cells: list[list[str]], width: int, columns: list[int]) -> tuple[list[int], list[str]]:
     """``columns`` as they are when they fit ``width`` unwrapped, else without the ``NARROW_DROPS``
     stages needed for them to fit once wrapped (all of them when none is enough)."""
-
     if _width(cells, columns, False) <= width:
         return columns, []
     dropped: list[str] = []

@@ -158,7 +158,14 @@ class ModeStats:
                  in_part: dict[str, int] | None = None) -> dict[str, int]:
         """By cohort: the turns whose recording stops before their end that this policy does not halt
         within it, and those recorded in part: censored, neither halted nor not."""
-        return _by_cause(self, halt_ended, cut_short or {}, in_part or {})
+        out: dict[str, int] = {}
+        for c, n in halt_ended.items():
+            add_count(out, c, n - self.halted_censored.get(c, 0))
+        for c, n in (cut_short or {}).items():
+            add_count(out, c, n - self.halted_cut_short.get(c, 0))
+        for c, n in (in_part or {}).items():
+            add_count(out, c, n)
+        return out
 
     def censored_by_cause(self, halt_ended: dict[str, int], cut_short: dict[str, int] | None = None,
                           in_part: dict[str, int] | None = None) -> dict[str, int]:
@@ -205,19 +212,6 @@ class ModeStats:
         if sum(s.halted_cut_short.values()) > s.evidence_halts:
             raise ValueError("inconsistent figures: more halts of turns cut short than halts with evidence")
         return s
-
-
-def _by_cause(mode: ModeStats, halt_ended: dict[str, int], cut_short: dict[str, int],
-              in_part: dict[str, int]) -> dict[str, int]:
-    """``ModeStats.censored``: by cohort, every cause summed."""
-    out: dict[str, int] = {}
-    for c, n in halt_ended.items():
-        add_count(out, c, n - mode.halted_censored.get(c, 0))
-    for c, n in cut_short.items():
-        add_count(out, c, n - mode.halted_cut_short.get(c, 0))
-    for c, n in in_part.items():
-        add_count(out, c, n)
-    return out
 
 
 def add_halt_call(hist: dict[int, list[int]], call: int) -> None:

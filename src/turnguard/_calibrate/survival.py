@@ -16,7 +16,7 @@ import math
 import textwrap
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from turnguard._calibrate.bounds import Key, add_count, add_counts, call_count_key, dump, hist, key_in, load
 from turnguard._calibrate.evidence import Z95, Sided, zero_event_bound
@@ -58,8 +58,7 @@ EXACT = Sided.ONE
 ``1 - 0.05^(1/N)`` over the turns whose fate is known."""
 
 
-@dataclass(frozen=True, slots=True)
-class Interval:
+class Interval(NamedTuple):
     """A survival's 95% interval, how it was had, and the turns an exact one rests on."""
 
     low: float
@@ -165,8 +164,7 @@ _SURVIVAL_KEYS = (hist("events_at", call_count_key, "events"), hist("censored_at
                   hist("censored_by", _group), Key("unknown_end"))
 
 
-@dataclass(frozen=True, slots=True)
-class FinishBy:
+class FinishBy(NamedTuple):
     """Of the turns that reach ``base`` calls, what happens by ``calls``."""
 
     multiple: float
@@ -188,11 +186,13 @@ class FinishBy:
         interval = (self.interval.to_json() if self.interval is not None else
                     {"interval": None, "interval_from": None, "exact_over": None})
         return {"multiple": self.multiple, "calls": self.calls, "estimable": self.estimable, "why": self.why,
-                "share": None if self.share is None else round(self.share, 6), **interval,
-                "at_risk": self.at_risk,
-                "extra_calls_per_turn_reaching": None if self.extra_calls is None else round(self.extra_calls, 3),
-                "extra_calls_per_turn": None if self.extra_calls_per_turn is None else round(self.extra_calls_per_turn,
-                                                                                             3)}
+                "share": _rounded(self.share, 6), **interval, "at_risk": self.at_risk,
+                "extra_calls_per_turn_reaching": _rounded(self.extra_calls, 3),
+                "extra_calls_per_turn": _rounded(self.extra_calls_per_turn, 3)}
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def restricted_mean(steps: list[Step], start: int, end: int) -> float:
