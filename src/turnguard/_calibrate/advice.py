@@ -1,17 +1,6 @@
-"""What a probe row decides against the operator's tolerance, what it would take to decide, and
-the evidence in words, as terminal text and as HTML.
-
-The tolerance ``q`` (``--tolerance``) is the share of the turns past a threshold that would have
-succeeded which the operator accepts losing to it. A row's interval (``Passed.interval``) decides:
-``above`` (low end above ``q``: raise it), ``within`` (high end below ``q``: keep it),
-``no_evidence``, or ``undecided`` with why: ``needs_turns`` (``more_turns`` more probe turns with
-a known fate decide it, ``more_days`` at the observed traffic), ``censored`` (the probe's own
-limits hide the fates: raise them) or ``at_tolerance``.
-
-The turns needed invert the Wilson score test: the interval at share ``p`` over ``n`` turns
-excludes ``q`` when ``n (p - q)^2 > z^2 q (1 - q)``; unlike the normal approximation this does not
-vanish at ``p = 0``. Counts are always shown beside any share, so a share of 2 turns never reads
-like one of 2,000, and a row at or above the probe's own cap is censored there."""
+"""What a probe row decides against the operator's tolerance (``--tolerance``), what it would take
+to decide (the turns needed invert the Wilson score test), and the evidence in words, as terminal
+text and as HTML (docs/calibration.md, "Probe evidence")."""
 
 from __future__ import annotations
 
@@ -33,6 +22,7 @@ from turnguard._calibrate.evidence import (
     frontier,
     not_probed,
     value_step,
+    value_text,
 )
 from turnguard._calibrate.recording import Recording
 from turnguard._calibrate.records import TOOL_LIST_KEYS, Limits
@@ -130,17 +120,9 @@ def probe_hard_cap(recording: Recording) -> int | None:
     return None if not caps or None in caps else max(c for c in caps if c is not None)
 
 
-def probe_streak_stop(recording: Recording) -> int | None:
-    """The highest streak stop the probe's turns ran under (``None``: not recorded, or disabled)."""
-    return _highest(recording, "streak_stop_at")
-
-
-def probe_stuck_repeat(recording: Recording) -> int | None:
-    """The highest D the probe's turns ran under (``None``: not recorded)."""
-    return _highest(recording, "stuck_repeat_threshold")
-
-
-def _highest(recording: Recording, limit: str) -> int | None:
+def probe_highest(recording: Recording, limit: str) -> int | None:
+    """The highest ``limit`` (a ``Limits`` field) the probe's turns ran under (``None``: not
+    recorded, or one ran with it off)."""
     values = [getattr(lim, limit) for lim, _ in recording.limits_of("probe")]
     return None if not values or any(not v for v in values) else max(v for v in values if v)
 
@@ -153,7 +135,7 @@ def row_cap(e: ProbeEvidence, key: str, recording: Recording) -> tuple[str, int]
         return None
     if key in ("streak", "stuck"):
         main = e.streak_stop if key == "streak" else e.stuck_repeat
-        own = probe_streak_stop(recording) if key == "streak" else probe_stuck_repeat(recording)
+        own = probe_highest(recording, "streak_stop_at" if key == "streak" else "stuck_repeat_threshold")
         name = "streak" if key == "streak" else "soft_stuck"
         return (name, own) if own is not None and not sees_past(main, own) else None
     cap = probe_hard_cap(recording)
@@ -175,7 +157,7 @@ def frontiers(e: ProbeEvidence, ctx: Context, turns: int = 0, calls: int = 0) ->
         out.append(frontier("backstop", e.ladders["backstop"], int(m), ctx.tolerance, scale,
                             None if cap is None else -(-cap // e.soft_cap)))
     if e.stuck_repeat is not None and e.ladders["stuck"].top():
-        own = probe_stuck_repeat(ctx.recording)
+        own = probe_highest(ctx.recording, "stuck_repeat_threshold")
         out.append(frontier("stuck", e.ladders["stuck"], e.stuck_repeat, ctx.tolerance, scale,
                             None if own is None else own + 1))
     out += _streak_frontier(e, ctx, scale)
@@ -210,7 +192,7 @@ def _streak_frontier(e: ProbeEvidence, ctx: Context, scale: Scale) -> list[Front
     """The streak stop (when on), judged up to the probe's own."""
     if not e.streak_stop:
         return []
-    stop = probe_streak_stop(ctx.recording)
+    stop = probe_highest(ctx.recording, "streak_stop_at")
     return [frontier("streak", e.ladders["streak"], e.streak_stop, ctx.tolerance, scale,
                      None if stop is None else stop + 1)]
 
@@ -510,12 +492,11 @@ def recommendation(e: ProbeEvidence, ctx: Context, *, turns: int = 0, calls: int
     """What the evidence says, in words (empty: no probe turns)."""
     if e.turns == 0:
         return []
+    found = frontiers(e, ctx, turns, calls)
     if e.soft_cap is None:
-        found = frontiers(e, ctx, turns, calls)
         return [f"{e.turns:,} probe turns, but the main configuration has no adaptive cap: no row to compare.",
                 *(f"Recommended: {f.sentence}" if f.probed else f.sentence for f in found)]
     decisions = assess(e, ctx)
-    found = frontiers(e, ctx, turns, calls)
     backstop = next((f.recommended for f in found if f.threshold == "backstop"), None)
     out = [backstop_advice(e, decisions, backstop),
            loop_advice(STUCK_WORDS, e.stuck, decisions["stuck"], e.stuck_repeat, e.soft_cap)]
@@ -605,7 +586,7 @@ _DECISIONS = {"within": "within", "above": "above", "undecided": "undecided", "n
 
 
 def _value_cell(f: Frontier, v: int | None) -> str:
-    return "-" if v is None else f"{v}x" if f.threshold == "backstop" else f"{v:,}"
+    return "-" if v is None else value_text(f.threshold, v)
 
 
 def frontier_rows(found: list[Frontier]) -> list[dict[str, str]]:

@@ -1,15 +1,7 @@
-"""Probe evidence: what probe turns did past the main configuration's thresholds.
-
-A probe turn was guarded by a more lenient configuration, so it shows what happens past the main
-thresholds. For each multiple of the soft cap, D and the streak stop this counts the turns that
-passed it by result, or censored (halted later by the probe's own limits: fate unknown), and the
-calls they made past it. All are bounded histograms or counters, so partial runs merge exactly.
-
-The frontier: a ``Ladder`` counts the probe turns by *reach* (the largest value of a threshold
-that would still halt them) and fate; a value's productive share among the turns at risk has a
-95% interval (Wilson, or the exact bound with none productive), and the recommended value is the
-smallest above the ladder's first step, or the live value itself, whose upper bound is below
-``--tolerance``."""
+"""Probe evidence: what probe turns did past the main configuration's thresholds, by result, as
+bounded histograms and counters that merge exactly; the ladders (probe turns by *reach*, the largest
+value of a threshold that would still halt them) and the frontier read from them, the value to set
+for each threshold (docs/calibration.md, "A value to set")."""
 
 from __future__ import annotations
 
@@ -218,10 +210,6 @@ def _value(key: Any) -> int:
     if not 1 <= value <= TOP or str(value) != key:
         raise ValueError(f"a ladder value must be a whole number from 1 to {TOP}, got {key!r:.40}")
     return value
-
-
-def ladders_to_json(ladders: dict[str, Ladder]) -> dict[str, Any]:
-    return {k: v.to_json() for k, v in ladders.items()}
 
 
 def ladders_from_json(data: Any) -> dict[str, Ladder]:
@@ -457,7 +445,8 @@ _EVIDENCE_KEYS = (
     Key("main_untold", missing=0), Key("unknown", into=None),
     Key("passed_multiple", "multiples", lambda m: {str(k): p.to_json() for k, p in m.items()}, None),
     Key("passed_stuck", "stuck", Passed.to_json, _passed), Key("passed_streak", "streak", Passed.to_json, _passed),
-    Key("ladders", out=ladders_to_json, into=lambda v, _: ladders_from_json(v), missing=None),
+    Key("ladders", out=lambda ladders: {k: v.to_json() for k, v in ladders.items()},
+        into=lambda v, _: ladders_from_json(v), missing=None),
 )
 """``ProbeEvidence`` as a result holds it (``from_json`` reads the multiples: they depend on the
 multiplier); ``main_untold`` was added after the format's first results: absent there, read as 0."""
@@ -592,8 +581,7 @@ KNOWN_FATES = ("resolved", "unresolved", "censored", "cut")
 """The fates a turn at risk has: every one but ``unknown``."""
 
 
-def _at_risk(ladder: Ladder, index: int) -> int:
-    fates = ladder.at(index)
+def _at_risk(fates: dict[str, int]) -> int:
     return sum(fates[f] for f in KNOWN_FATES)
 
 
@@ -619,8 +607,8 @@ def horizon_too_low(ladder: Ladder, last: int) -> bool:
         return True
     first = max(1, longest + 1 - 2 * gap)
     successes = ladder.at(first)["resolved"] - ladder.at(longest + 1)["resolved"]
-    before = sum(_at_risk(ladder, i) for i in range(first, longest + 1))
-    after = sum(_at_risk(ladder, i) for i in range(longest + 1, last + 1))
+    before = sum(_at_risk(ladder.at(i)) for i in range(first, longest + 1))
+    after = sum(_at_risk(ladder.at(i)) for i in range(longest + 1, last + 1))
     return (before / (before + after)) ** successes >= EXACT.value
 
 
@@ -637,7 +625,7 @@ def frontier(threshold: str, ladder: Ladder, live: int, tolerance: float, scale:
     for i in range(1, min(top, TOP) + 1):
         v = i * unit
         fates = ladder.at(i)
-        n = fates["resolved"] + fates["unresolved"] + fates["censored"] + fates["cut"]
+        n = _at_risk(fates)
         low, high = upper_bound(fates["resolved"], n)[0], upper_bound(fates["resolved"] + fates["cut"], n)[1]
         extra = ladder.calls_under(i) - base
         if horizon is not None and v >= horizon:
@@ -667,16 +655,13 @@ WORDS = {
 largest value that would halt one), in words."""
 
 
-def _what(threshold: str, v: int) -> str:
-    return WORDS[threshold][0].format(v=v, next=v + 1)
+def _what(threshold: str, v: int, which: int = 0) -> str:
+    """``WORDS[threshold]``'s first sentence for ``v`` (``which=1``: its second)."""
+    return WORDS[threshold][which].format(v=v, next=v + 1)
 
 
-def _value_text(threshold: str, v: int) -> str:
+def value_text(threshold: str, v: int) -> str:
     return f"{v}x" if threshold == "backstop" else f"{v:,}"
-
-
-def _longest(threshold: str, v: int) -> str:
-    return WORDS[threshold][1].format(v=v, next=v + 1)
 
 
 def _cost(r: Rung) -> str:
@@ -725,7 +710,7 @@ def _recommended(f: Frontier, r: Rung) -> str:
                   f"({r.productive / r.at_risk:.1%}{censored}{_cut(r)}; {_bound(r)})")
     else:
         below = r.value - f.unit
-        longest = f"; {_longest(t, below)}" if below >= f.unit and f.rung(below).productive else ""
+        longest = f"; {_what(t, below, 1)}" if below >= f.unit and f.rung(below).productive else ""
         spared = f"it spares every productive turn the probe saw ({_of(r, t)}; {_bound(r)}{longest})"
     if r.value == f.live:
         return f"keep {f.setting} = {r.value}: {spared}."
@@ -737,7 +722,7 @@ def _none_within(f: Frontier, tolerance: float) -> str:
     name, t = f.setting, f.threshold
     judged = [r for r in f.rungs if r.at_risk and r.decision != "past_cap" and f.settable(r)]
     if not judged:
-        cap = f" ({_value_text(t, f.horizon)})" if f.horizon else ""
+        cap = f" ({value_text(t, f.horizon)})" if f.horizon else ""
         return (f"{name}: no value below the probe's own limit{cap} has a probe turn at risk: raise the probe's "
                 f"limit to see past it.")
     last = judged[-1]
@@ -749,15 +734,15 @@ def _none_within(f: Frontier, tolerance: float) -> str:
                 f"{_what(t, zero.value)} ({_of(zero, None)}; {_bound(zero)}); more turns will not decide it: raise "
                 f"the probe's own {name} to {SEEN_LOOPING * (f.live or 1):,} or more to see past them.")
     if zero is not None:
-        longest = f"{_longest(t, zero.value - f.unit)}; " if zero.value > f.unit else ""
+        longest = f"{_what(t, zero.value - f.unit, 1)}; " if zero.value > f.unit else ""
         return (f"no value of {name} is within the tolerance of {tolerance:.0%} yet: the probe saw no productive "
                 f"turn {_what(t, zero.value)} ({longest}{_of(zero, None)}; {_bound(zero)}); about "
                 f"{turns_for_zero(tolerance):,} turns at risk there with none productive would bring the bound "
                 f"under {tolerance:.0%}: let the probe run.")
-    said = (f"no value of {name} up to {_value_text(t, last.value)} is within the tolerance of {tolerance:.0%}: the "
+    said = (f"no value of {name} up to {value_text(t, last.value)} is within the tolerance of {tolerance:.0%}: the "
             f"probe saw productive turns {_what(t, last.value)} ({_of(last, None)})")
     if t == "backstop" or (f.horizon is not None and last.value + f.unit >= f.horizon):
-        cap = _value_text(t, f.horizon if f.horizon else last.value)
+        cap = value_text(t, f.horizon if f.horizon else last.value)
         return f"{said}; raise the probe's own limit to see past {cap}."
     more = "; or try stuck_signal='stale_repeat' (it spares turns that edit and rerun a test)" if t == "stuck" else ""
     return (f"{said}, and none reaching more with a known fate: {name} = {last.value + f.unit} or more spares them, "
@@ -771,7 +756,7 @@ def _limit_too_low(f: Frontier, tolerance: float) -> str:
     past = next((r for r in f.rungs if r.value > longest), None)
     cut = (f" and {past.censored:,} of the {past.at_risk:,} probe turns past it were halted at the probe's own "
            "limit: productive ones it cut off look there like runaways") if past is not None else ""
-    cap = _value_text(t, f.horizon) if f.horizon else _value_text(t, longest)
+    cap = value_text(t, f.horizon) if f.horizon else value_text(t, longest)
     return (f"no value of {f.setting} is within the tolerance of {tolerance:.0%}: productive turns were "
-            f"still ending near the probe's own limit ({_longest(t, longest)}{cut}); raise the probe's own limit "
+            f"still ending near the probe's own limit ({_what(t, longest, 1)}{cut}); raise the probe's own limit "
             f"to see past {cap}.")

@@ -201,7 +201,7 @@ def distribution_chart(stats: RunStats, thresholds: list[tuple[str, float, str]]
                          f'height="{hr:.1f}" fill="#2f7ebd"/>')
     for x, label in spaced([(sx(e), f"{e:,}") for e in edges if e <= xmax], 0, width):
         parts.append(f'<text class="tick" x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{label}</text>')
-    parts += _threshold_marks(placed, list(at_value.values()), top + plot_h)
+    parts += _dashed("threshold", placed, list(at_value.values()), top + plot_h)
     parts.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}"/>')
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 20}" text-anchor="middle">tool calls per turn '
                  '(log scale)</text></svg>')
@@ -228,17 +228,18 @@ def _bins(hist: dict[int, int], res: dict[int, int], xmax: float) -> tuple[list[
     return edges, bins
 
 
-def _threshold_marks(placed: list[tuple[float, str, str, int]], groups: list[list[tuple[str, str]]],
-                     bottom: float) -> list[str]:
-    """One dashed line per threshold, from its label's row down to ``bottom``; one label per value."""
+def _dashed(kind: str, placed: list[tuple[float, str, str, int]], groups: list[list[tuple[str, str]]],
+            bottom: float) -> list[str]:
+    """A dashed line per ``(name, color)`` of each group, from its label's lane (``lanes``) down to
+    ``bottom``, and the group's label; ``kind``: the class (``threshold``, ``cap``)."""
     parts = []
     for (x, label, anchor, lane), group in zip(placed, groups, strict=True):
-        for name, color in group:
-            parts.append(f'<line class="threshold" x1="{x:.1f}" y1="{8 + LANE_H * lane}" x2="{x:.1f}" '
-                         f'y2="{bottom}" stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3">'
-                         f'<title>{esc(name)}</title></line>')
+        y = 8 + LANE_H * lane
+        parts += [f'<line class="{kind}" x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{bottom}" stroke="{color}" '
+                  f'stroke-width="1.5" stroke-dasharray="4 3"><title>{esc(name)}</title></line>'
+                  for name, color in group]
         tx = x + 2 if anchor == "start" else x - 2
-        parts.append(f'<text class="threshold-label" x="{tx:.1f}" y="{8 + LANE_H * lane + 9}" text-anchor="{anchor}" '
+        parts.append(f'<text class="{kind}-label" x="{tx:.1f}" y="{y + 9}" text-anchor="{anchor}" '
                      f'fill="{group[0][1]}">{esc(label)}</text>')
     return parts
 
@@ -466,19 +467,6 @@ def _axes(f: _Frame) -> list[str]:
     return parts
 
 
-def _caps(f: _Frame, placed: list[tuple[float, str, str, int]], colors: dict[str, str]) -> list[str]:
-    """A dashed line per cap, from its label's lane down to the axis."""
-    parts = []
-    for x, label, anchor, lane in placed:
-        y, color, text = 8 + LANE_H * lane, colors[label], html.escape(label)
-        parts.append(f'<line class="cap" x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{f.top + f.plot_h}" stroke="{color}" '
-                     f'stroke-width="1.5" stroke-dasharray="4 3"><title>{text}</title></line>')
-        tx = x + 2 if anchor == "start" else x - 2
-        parts.append(f'<text class="cap-label" x="{tx:.1f}" y="{y + 9}" text-anchor="{anchor}" fill="{color}">'
-                     f'{text}</text>')
-    return parts
-
-
 def survival_chart(survival: Survival, est: dict[str, Any], caps: dict[str, int | None]) -> str:
     """The SVG chart with its heading, caption and figures (empty without turns or a horizon)."""
     if not est["turns"] or not est["horizon"]:
@@ -489,11 +477,12 @@ def survival_chart(survival: Survival, est: dict[str, Any], caps: dict[str, int 
     marks = [(probe.x(c), f"{name} cap {c:,}", color) for name, c, color in
              (("live", caps.get("live"), LIVE_CAP), ("probe", caps.get("probe"), PROBE_CAP)) if c]
     placed = lanes([(x, label) for x, label, _ in marks], 0, probe.width)
+    colors = {label: color for _, label, color in marks}
     frame = _Frame(8 + LANE_H * (max((lane for *_, lane in placed), default=-1) + 1) + 6, xmax)
     height = frame.top + frame.plot_h + 50
     parts = [_svg("chart-survival", "share of turns needing more calls", frame.width, height),
              *_axes(frame), *_curve(frame, curve_points(survival, horizon)),
-             *_caps(frame, placed, {label: color for _, label, color in marks}),
+             *_dashed("cap", placed, [[(label, colors[label])] for _, label, *_ in placed], frame.top + frame.plot_h),
              f'<text x="{(frame.left + frame.width - frame.right) / 2}" y="{height - 12}" text-anchor="middle">'
              "tool calls (log scale)</text></svg>"]
     text = "".join(f"<li>{html.escape(line)}</li>" for line in survival_lines(est)[1:])

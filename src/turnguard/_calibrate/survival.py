@@ -1,14 +1,7 @@
-"""How many calls turns need: a product-limit (Kaplan-Meier) estimate over both cohorts.
-
-A turn that ended on its own is an *event* at its call count; one halted, cancelled, errored or
-abandoned is *censored* there. Live turns carry the curve to the live cap, probe turns to the
-probe's own cap, never past it. ``S(n)`` has Greenwood's variance and a log-log 95% interval
-(Kalbfleisch & Prentice; checked against the Freireich 6-MP data). Of the turns that reach ``b``
-calls, the share that finish by ``k`` is ``1 - S(k)/S(b)``, and raising the backstop from ``b`` to
-``k`` costs ``sum_{n=b}^{k-1} S(n)/S(b)`` calls per such turn (the restricted mean).
-
-Censoring by the stuck and streak thresholds is informative (those turns were looping), so the
-estimate leans toward turns finishing; the report says so. Histograms only: partial runs merge."""
+"""How many calls turns need: a product-limit (Kaplan-Meier) estimate over both cohorts, with
+Greenwood's variance and a log-log 95% interval, and what raising the backstop costs (the
+restricted mean); histograms only, so partial runs merge (docs/calibration.md, "How many calls
+turns need")."""
 
 from __future__ import annotations
 
