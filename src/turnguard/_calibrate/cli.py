@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -46,24 +46,17 @@ DESCRIPTION = (
 MAX_JOBS = 64
 
 
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_JOBS:
-        raise argparse.ArgumentTypeError(f"expected 0 (automatic) to {MAX_JOBS} worker processes, got {text!r}")
-    return value
-
-
-def _line_limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LINE_LIMIT:
-        raise argparse.ArgumentTypeError(f"expected a number of bytes from 1 to {MAX_LINE_LIMIT:,}, got {text!r}")
-    return value
+def _bounded_int(least: int, most: int, expected: str):
+    """An argparse type: an integer from ``least`` to ``most``, else ``expected``, got the text."""
+    def parser(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+        return value
+    return parser
 
 
 MAX_LINE_LIMIT = 1 << 30
@@ -145,10 +138,12 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--fold", action="store_true",
                      help="list policies whose figures equal an earlier row's under the table, not as rows")
     out.add_argument("--strict", action="store_true", help="stop at the first malformed line or span")
-    out.add_argument("--jobs", type=_jobs, default=0,
+    out.add_argument("--jobs", default=0,
+                     type=_bounded_int(0, MAX_JOBS, f"expected 0 (automatic) to {MAX_JOBS} worker processes"),
                      help=f"worker processes, at most {MAX_JOBS} (default: 1 for small inputs, every core for "
                           "large ones)")
-    out.add_argument("--max-line-bytes", type=_line_limit, default=MAX_LINE_BYTES, metavar="N",
+    out.add_argument("--max-line-bytes", default=MAX_LINE_BYTES, metavar="N",
+                     type=_bounded_int(1, MAX_LINE_LIMIT, f"expected a number of bytes from 1 to {MAX_LINE_LIMIT:,}"),
                      help="skip (and report) input lines longer than this (default: %(default)s, 32 MiB)")
     out.add_argument("--no-grouping", action="store_true", help=argparse.SUPPRESS)
     out.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
@@ -161,12 +156,18 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:  # (a file named merge: ./merge)
         return merge_main(argv[1:], stdout=stdout, stderr=stderr)
+    return _parsed_run(build_parser(), argv, run, stdout, stderr)
+
+
+def _parsed_run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, run_args: Callable[..., int],
+                stdout: TextIO, stderr: TextIO) -> int:
+    """``run_args`` on the flags ``parser`` reads from ``argv``; 2 when a path given is empty."""
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except terminal.EmptyPath as exc:
         say(str(exc), stderr)
         return 2
-    return run(args, stdout=stdout, stderr=stderr)
+    return run_args(args, stdout=stdout, stderr=stderr)
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -311,12 +312,7 @@ def merge_main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = Non
     stderr = stderr or sys.stderr
     p = argparse.ArgumentParser(prog="turnguard calibrate merge", description=MERGE_DESCRIPTION, allow_abbrev=False)
     add_merge_arguments(p)
-    try:
-        args = p.parse_args(argv)
-    except terminal.EmptyPath as exc:
-        say(str(exc), stderr)
-        return 2
-    return run_merge(args, stdout=stdout, stderr=stderr)
+    return _parsed_run(p, argv, run_merge, stdout, stderr)
 
 
 MERGE_DESCRIPTION = ("Merge the --json results of calibrate runs over parts of the input (run with the same grid "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from turnguard._config import STREAK_STOP_ON, STUCK_SIGNALS, ConfigError, GuardConfig
 from turnguard._keys import KEY_MODES
@@ -134,32 +135,20 @@ def build_grid(spec: GridSpec) -> list[Policy]:
     if spec.cross:
         candidates += _crossed(spec, base)
     else:
-        for s, m, d in itertools.product(spec.soft_caps, spec.multipliers, spec.stuck_repeats):
-            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d)
-            candidates.append(Policy(_name(cfg, base), cfg))
-        for sig in spec.stuck_signals:  # other stuck signals: at each soft cap and threshold
-            for s, d in itertools.product(spec.soft_caps, spec.stuck_repeats):
-                cfg = base.replace(soft_cap=s, stuck_repeat_threshold=d, stuck_signal=sig)
-                candidates.append(Policy(_name(cfg, base), cfg))
-        for on in spec.stop_on:
-            cfg = base.replace(streak_stop_on=on)
-            candidates.append(Policy(_name(cfg, base), cfg))
-        for w, st in spec.streaks:
-            cfg = base.replace(streak_warn_at=w, streak_stop_at=st)
-            candidates.append(Policy(_name(cfg, base), cfg))
-        for n in spec.cycle_caps:
-            cfg = base.replace(max_cycles_per_turn=n)
-            candidates.append(Policy(_name(cfg, base), cfg))
-        candidates += _cycle_repeats(spec, base)
-        for k in spec.key_modes:
-            cfg = base.replace(key_mode=k)
-            candidates.append(Policy(_name(cfg, base), cfg))
-        for cap in spec.explicit_caps:
-            cfg = base.replace(max_tool_calls_per_turn=cap)
-            candidates.append(Policy(_name(cfg, base), cfg))
-        for tools in spec.stateful_tools:
-            cfg = base.replace(stateful_tools=tools)
-            candidates.append(Policy(_name(cfg, base), cfg))
+        varied: list[dict[str, Any]] = [
+            *(dict(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d)
+              for s, m, d in itertools.product(spec.soft_caps, spec.multipliers, spec.stuck_repeats)),
+            *(dict(soft_cap=s, stuck_repeat_threshold=d, stuck_signal=sig)  # other stuck signals: at each S and D
+              for sig in spec.stuck_signals for s, d in itertools.product(spec.soft_caps, spec.stuck_repeats)),
+            *(dict(streak_stop_on=on) for on in spec.stop_on),
+            *(dict(streak_warn_at=w, streak_stop_at=st) for w, st in spec.streaks),
+            *(dict(max_cycles_per_turn=n) for n in spec.cycle_caps),
+            *_cycle_repeats(spec),
+            *(dict(key_mode=k) for k in spec.key_modes),
+            *(dict(max_tool_calls_per_turn=cap) for cap in spec.explicit_caps),
+            *(dict(stateful_tools=tools) for tools in spec.stateful_tools),
+        ]
+        candidates += [_named(base.replace(**changes), base) for changes in varied]
     if spec.peers:
         quiet = base.replace(streak_warn_at=0, streak_stop_at=0)
         candidates.append(Policy(f"peer: explicit cap {PEER_CAP} only",
@@ -178,25 +167,23 @@ def _crossed(spec: GridSpec, base: GuardConfig) -> list[Policy]:
             spec.soft_caps, spec.multipliers, spec.stuck_repeats, spec.stuck_signals, spec.streaks, spec.stop_on,
             spec.cycle_caps, spec.key_modes,
         ):
-            cfg = base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d, stuck_signal=sig,
-                               streak_warn_at=w, streak_stop_at=st, streak_stop_on=on, max_cycles_per_turn=n,
-                               key_mode=k, stateful_tools=tools)
-            out.append(Policy(_name(cfg, base), cfg))
+            out.append(_named(base.replace(soft_cap=s, hard_multiplier=m, stuck_repeat_threshold=d, stuck_signal=sig,
+                                           streak_warn_at=w, streak_stop_at=st, streak_stop_on=on,
+                                           max_cycles_per_turn=n, key_mode=k, stateful_tools=tools), base))
         for cap, (w, st), on, k in itertools.product(spec.explicit_caps, spec.streaks, spec.stop_on, spec.key_modes):
-            cfg = base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st, streak_stop_on=on,
-                               key_mode=k, stateful_tools=tools)
-            out.append(Policy(_name(cfg, base), cfg))
-    return out + _cycle_repeats(spec, base)
+            out.append(_named(base.replace(max_tool_calls_per_turn=cap, streak_warn_at=w, streak_stop_at=st,
+                                           streak_stop_on=on, key_mode=k, stateful_tools=tools), base))
+    return out + [_named(base.replace(**changes), base) for changes in _cycle_repeats(spec)]
 
 
-def _cycle_repeats(spec: GridSpec, base: GuardConfig) -> list[Policy]:
+def _cycle_repeats(spec: GridSpec) -> list[dict[str, int]]:
     """``cycle_repeat`` varied alone around the base, in both kinds of grid: it fires on few turns,
     and crossing it with every other axis would multiply the grid for them."""
-    out = []
-    for w, st in spec.cycle_repeats:
-        cfg = base.replace(cycle_repeat_warn_at=w, cycle_repeat_stop_at=st)
-        out.append(Policy(_name(cfg, base), cfg))
-    return out
+    return [dict(cycle_repeat_warn_at=w, cycle_repeat_stop_at=st) for w, st in spec.cycle_repeats]
+
+
+def _named(cfg: GuardConfig, base: GuardConfig) -> Policy:
+    return Policy(_name(cfg, base), cfg)
 
 
 def dedupe(policies: list[Policy]) -> list[Policy]:

@@ -478,25 +478,3 @@ def call_keys(calls: Sequence[RecordedCall], mode: str) -> list[bytes]:
             append(key)
     return keys
 
-
-__all__ = [
-    "CompiledPolicy",
-    "SharedPrefix",
-    "Snapshot",
-    "Step",
-    "TurnResult",
-    "advance",
-    "call_keys",
-    "calls_saved",
-    "cycle_starts",
-    "decile",
-    "give_up",
-    "policy_manager",
-    "relative_position",
-    "replay_turn",
-    "retry_points",
-    "roll_back",
-    "still_waiting",
-    "tool_call",
-    "unfinished_calls",
-]

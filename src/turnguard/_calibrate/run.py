@@ -92,10 +92,12 @@ def calibrate(
     try:
         with rare_collections():
             if jobs <= 1:
-                results = late_results(paths, counted, max_line_bytes=max_line_bytes)
-                stats = _serial(paths, sizes, policies, counted, group, progress, max_line_bytes, results)
+                stats = _serial(paths, sizes, policies, counted, group, progress, max_line_bytes)
             else:
-                stats = _parallel(paths, sizes, policies, counted, group, progress, jobs, max_line_bytes)
+                stats = calibrate_in_workers(
+                    paths, sizes, policies, on_problem=counted, group=group, jobs=jobs, max_line_bytes=max_line_bytes,
+                    range_bytes=range_bytes(max_line_bytes), gc_threshold=GC_THRESHOLD,
+                    progress=lambda done, stats: progress.update(done, stats.calls, stats.turns))
     finally:
         progress.close()
     repeated = stats.prints.repeated()
@@ -115,9 +117,7 @@ def _without_repeats(paths, sizes, policies, counted, group, max_line_bytes, rep
     admit = Admission(differing(lambda: read_turns(paths, quiet, max_line_bytes=max_line_bytes), repeated, parts),
                       counted)
     with rare_collections():
-        results = late_results(paths, quiet, max_line_bytes=max_line_bytes)
-        stats = _serial(paths, sizes, policies, quiet, group, Progress(0, enabled=False), max_line_bytes, results,
-                        admit)
+        stats = _serial(paths, sizes, policies, quiet, group, Progress(0, enabled=False), max_line_bytes, admit)
     stats.duplicates = admit.dropped
     return stats
 
@@ -169,9 +169,9 @@ class _Counter:
             raise StrictError(f"{problem} (--strict)")
 
 
-def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes, results,
+def _serial(paths, sizes, policies, on_problem, group, progress, max_line_bytes,
             admit: Callable[[RecordedTurn], bool] | None = None) -> RunStats:
-    cal = Calibrator(policies, group=group, results=results)
+    cal = Calibrator(policies, group=group, results=late_results(paths, on_problem, max_line_bytes=max_line_bytes))
     done = 0
     spans = OtlpAssembler(on_problem, max_line_bytes=max_line_bytes)  # one stream across a rotated set
     for path, size in zip(paths, sizes, strict=True):
@@ -196,10 +196,3 @@ of ``--max-line-bytes``, at least 64 KiB: a worker holds a few ranges' turns at 
 
 def range_bytes(max_line_bytes: int) -> int:
     return min(RANGE_BYTES, max(64 << 10, max_line_bytes // 4))
-
-
-def _parallel(paths, sizes, policies, on_problem, group, progress, jobs, max_line_bytes) -> RunStats:
-    return calibrate_in_workers(paths, sizes, policies, on_problem=on_problem, group=group, jobs=jobs,
-                                max_line_bytes=max_line_bytes, range_bytes=range_bytes(max_line_bytes),
-                                gc_threshold=GC_THRESHOLD,
-                                progress=lambda done, stats: progress.update(done, stats.calls, stats.turns))
