@@ -50,8 +50,7 @@ recorded in part (a resumed turn's span, a line of calls since a resume) lists i
 
 
 def _hash(value: object) -> int:
-    text = json.dumps(value, sort_keys=True, default=repr)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+    return id_hash(json.dumps(value, sort_keys=True, default=repr))
 
 
 def _calls(turn: RecordedTurn) -> list[list[Any]]:

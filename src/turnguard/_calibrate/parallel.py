@@ -36,7 +36,7 @@ from turnguard._calibrate.records import (
     bounded_lines,
     too_long,
 )
-from turnguard._calibrate.results import MARKERS, Event, ResultBook, file_results, line_results
+from turnguard._calibrate.results import LONGEST_MARKER, Event, ResultBook, file_results, line_results, marked
 from turnguard._calibrate.stats import RunStats
 
 AHEAD = 3
@@ -125,21 +125,20 @@ def range_lines(f: BinaryIO, start: int, end: int, lineno: int, path: str, on_pr
 def scan_range(path: str, start: int, end: int, max_line_bytes: int) -> tuple[int, bool, list[Event]]:
     """Pass 1 on a range: its newlines, whether its last byte is one, and its late results (lines
     numbered from 1); only a range holding a marker has its lines read."""
-    longest = max(map(len, MARKERS))
-    newlines, marked, last, tail = 0, False, b"", b""
+    newlines, found, last, tail = 0, False, b"", b""
     with open(path, "rb") as f:
         f.seek(start)
         position = start
         while position < end and (block := f.read(min(SCAN_BLOCK, end - position))):
             newlines += _count_newlines(block)
-            marked = marked or _marked(block) or _marked(tail + block[:longest])
-            tail, last = block[-longest:], block[-1:]
+            found = found or marked(tail, block)
+            tail, last = block[-LONGEST_MARKER:], block[-1:]
             position += len(block)
-        while not marked and last != b"\n" and (block := f.readline(SKIP_BLOCK)):  # the rest of its last line
-            marked = _marked(block) or _marked(tail + block[:longest])
-            tail, last = block[-longest:], block[-1:]
+        while not found and last != b"\n" and (block := f.readline(SKIP_BLOCK)):  # the rest of its last line
+            found = marked(tail, block)
+            tail, last = block[-LONGEST_MARKER:], block[-1:]
     events: list[Event] = []
-    if marked:
+    if found:
         with open(path, "rb", buffering=READ_BUFFER) as f:
             for lineno, line in range_lines(f, start, end, 1, path, None, max_line_bytes):
                 line_results(line, lineno, events, max_line_bytes)
@@ -156,10 +155,6 @@ def _count_newlines(block: bytes) -> int:
         n += 1
         i = block.find(b"\n", i + 1)
     return n
-
-
-def _marked(data: bytes) -> bool:
-    return any(m in data for m in MARKERS)
 
 
 Summary = tuple[list[Emitted], list[Any], int, bool]

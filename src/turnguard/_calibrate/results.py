@@ -35,6 +35,7 @@ RESULT_EVENT = "turnguard.turn.result"
 REPORTED_AT = "reported_at"
 """A result record's time: when the result was taken, Unix seconds."""
 MARKERS = (f'"{RESULT_KEY}"'.encode(), f'"{LOGS_KEY}"'.encode())
+LONGEST_MARKER = max(map(len, MARKERS))
 MAX_LATE_RESULTS = 1_000_000
 """Results kept at most (at a given ``--max-line-bytes``, ``Bounds.late_results``); past it a
 problem is reported and the rest ignored."""
@@ -188,7 +189,6 @@ def _list(value: Any) -> list[Any]:
 
 def may_hold_results(path: str | Path) -> bool:
     """Whether a marker occurs anywhere in the (decompressed) file: a block scan, no parsing."""
-    longest = max(map(len, MARKERS))
     try:
         with open(path, "rb") as raw:
             gzipped = raw.read(2) == b"\x1f\x8b"
@@ -196,10 +196,15 @@ def may_hold_results(path: str | Path) -> bool:
             f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
             tail = b""
             while block := f.read(BLOCK):
-                seam = tail + block[:longest]
-                if any(m in block or m in seam for m in MARKERS):
+                if marked(tail, block):
                     return True
-                tail = block[-longest:]
+                tail = block[-LONGEST_MARKER:]
     except (OSError, EOFError, zlib.error):
         return False  # the replay's own reading reports the file
     return False
+
+
+def marked(tail: bytes, block: bytes) -> bool:
+    """Whether a marker occurs in ``block``, or across its seam with the ``tail`` read before it."""
+    seam = tail + block[:LONGEST_MARKER]
+    return any(m in block or m in seam for m in MARKERS)
