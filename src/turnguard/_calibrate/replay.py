@@ -135,17 +135,20 @@ def cycle_starts(turn: RecordedTurn) -> list[int]:
     total = turn.cycles if turn.cycles is not None else 1
     if total <= 0:
         return starts
-    if turn.calls_dropped:
-        return _spread_cut(starts, total, n + turn.calls_dropped)
-    if n == 0:
+    calls = n + turn.calls_dropped  # spread over the whole turn, cut to the listed calls
+    if calls == 0:
         starts[0] = total
         return starts
-    spread = total - 1 if total > n else total
-    if spread == n:  # the usual shape: one request per call, and maybe a final answer
+    spread = total - 1 if total > calls else total
+    if spread == n == calls:  # the usual shape: one request per call, and maybe a final answer
         return [1] * n + [total - spread]
     for j in range(spread):
-        starts[(j * n) // spread] += 1
-    starts[n] += total - spread
+        at = (j * calls) // spread
+        if at >= n:
+            break
+        starts[at] += 1
+    if calls == n:
+        starts[n] += total - spread
     return starts
 
 
@@ -169,18 +172,6 @@ def roll_back(ledger: Ledger) -> None:
     spread evenly), the rollback would take recorded calls back too, and the retry is ignored."""
     if not ledger.calls_this_cycle:
         ledger.rollback_cycle()
-
-
-def _spread_cut(starts: list[int], total: int, calls: int) -> list[int]:
-    """``cycle_starts``'s even spread over the whole turn, cut to the listed calls."""
-    n = len(starts) - 1
-    spread = total - 1 if total > calls else total
-    for j in range(spread):
-        at = (j * calls) // spread
-        if at >= n:
-            break
-        starts[at] += 1
-    return starts
 
 
 def tool_call(call: RecordedCall, digest: bytes, keyer: Keyer) -> ToolCall:
