@@ -229,9 +229,10 @@ CROSS = {"version": "", "kind": "", "turn.cohort": "config", "facts.seq": "", "k
 waiting call on the fact that waits on it: ``facts.next``, ``facts.ended[0].next``)."""
 
 
-REFERENCES = {"facts.counts": "facts.since_new", "facts.polled": "facts.held"}
-"""A field another names entries of, at any depth (a shadow's facts too): its entry damaged is
-reported on the entry that names it (a held repeat waits behind the first check ``polled`` lists)."""
+REFERENCES = {"facts.counts": ("facts.since_new", "facts.past"), "facts.polled": ("facts.held",)}
+"""A field others name entries of, at any depth (a shadow's facts too): its entry damaged is
+reported on the entry that names it (a held repeat waits behind the first check ``polled`` lists;
+the stale window's stretches are of counted keys)."""
 
 
 def related(path: str, field: str | None) -> bool:
@@ -245,7 +246,7 @@ def related(path: str, field: str | None) -> bool:
         return True  # against a neighbour in a list (an ended streak's range against the next one's)
     for referred, referring in REFERENCES.items():
         at = path.find(referred)
-        if at >= 0 and field.startswith(path[:at] + referring):
+        if at >= 0 and field.startswith(tuple(path[:at] + name for name in referring)):
             return True
     cross = next((v for k, v in CROSS.items() if path == k or path.startswith((f"{k}.", f"{k}["))), None)
     return cross is not None and field.startswith(cross)

@@ -414,12 +414,34 @@ class Ledger(PolledCalls):
                 self.polls(self._last_tool) and self._counted_with_result(last_key)) and not any(
                 key == last_key for key, _ in self._held.values()):
             st.refuse(f.at("last_key"), "a key of facts.counts (the current streak's call)", last_key.hex())
-        if self._news is not None and self._news not in self._since_new:
-            st.refuse(f.at("news"), "a key of facts.since_new", self._news.hex())
-        if not self._overflowed:
-            for key in self._since_new:
-                if key not in self._counts:
-                    st.refuse(f"{f.at('since_new')}.{key.hex()}", "a key of facts.counts", key.hex())
+        self._check_stale_window(f)
+
+    def _check_stale_window(self, f: Fields) -> None:
+        """The ``stale_repeat`` count's window is made of counted keys: its first call (``news``) is
+        a key of ``since_new``, whose keys are counted ones, and so are each earlier stretch's
+        (``past``), whose first call is a key of its table; a key past ``max_tracked_keys`` is in
+        none of them. A window a live turn could not hold would reach back, at that call's next
+        repeat, over keys the counts lack, and the turn's own next snapshot would be refused. Under
+        the ``repeat`` signal there is no window."""
+        news, since, counts, past = self._news, self._since_new, self._counts, self._past
+        if not self._stale and (news is not None or since or past):
+            field = "news" if news is not None else "since_new" if since else "past"
+            st.refuse(f.at(field), "empty under stuck_signal 'repeat' (no stale_repeat window)", f.get(field))
+        if news is not None and news not in since:
+            st.refuse(f.at("news"), "a key of facts.since_new", news.hex())
+        if past and news is None:
+            st.refuse(f.at("past"), "empty when facts.news is null (the window reaches back no further)", f.get("past"))
+        _check_counted(f.at("since_new"), since, counts)
+        for i, stretch in enumerate(past):
+            at = f"{f.at('past')}[{i}]"
+            if isinstance(stretch, bytes):
+                if stretch not in counts:
+                    st.refuse(at, "a key of facts.counts", stretch.hex())
+                continue
+            first, table = stretch
+            if first is not None and first not in table:
+                st.refuse(f"{at}.news", f"a key of {at}.counts", first.hex())
+            _check_counted(f"{at}.counts", table, counts)
 
     def _counted_with_result(self, digest: bytes) -> bool:
         """Whether a stateful tool's call of this digest is counted (with a result, or without one) or
@@ -598,6 +620,13 @@ class Settled:
     longest: int
     ok: int
 
+
+
+def _check_counted(path: str, table: dict[bytes, int], counts: dict[bytes, int]) -> None:
+    """Each key of the table at ``path`` is a key of ``counts``."""
+    for key in table:
+        if key not in counts:
+            st.refuse(f"{path}.{key.hex()}", "a key of facts.counts", key.hex())
 
 
 def _waiting_keys(f: Fields, name: str, low: int, seq: int, calls: int, *,
