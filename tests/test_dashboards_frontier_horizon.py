@@ -2,7 +2,8 @@
 where the probe's own limit may have cut productive turns off, no row is within and the column
 *probe's own limit too low* says so. Planted fleets, as ``tests/ladders.py`` plants them (turns by
 reach and fate), for panel 49's explicit cap rows (the probe's cap censoring the turns, as the
-backstop's horizon tests do) and panel 50's streak stop rows, through ``promtool test rules``,
+backstop's horizon tests do), panel 50's streak stop rows and panel 41's multiples of S (the
+probe's backstop censoring), through ``promtool test rules``,
 against calibrate's own ``frontier`` of the same turns: the low-cap fleets (productive turns ending
 near the probe's limit among turns it halted) get no value and the limit shown too low; the keep and
 raise fleets (productive turns well below it) keep their values."""
@@ -23,9 +24,16 @@ optional_dependency("grafana_foundation_sdk")
 
 import test_dashboards_count_frontier as counts  # noqa: E402
 import test_dashboards_frontier_first_step as first  # noqa: E402
-from turnguard._boards import build, queries  # noqa: E402
+from turnguard._boards import build, horizon, queries  # noqa: E402
 from turnguard._boards.settings import CapSettings  # noqa: E402
-from turnguard._boards.thresholds import SPARES, explicit_values, streak_values, stuck_values  # noqa: E402
+from turnguard._boards.thresholds import (  # noqa: E402
+    SET_HERE,
+    SPARES,
+    explicit_values,
+    past_multiples,
+    streak_values,
+    stuck_values,
+)
 from turnguard._calibrate.evidence import Frontier, Ladder, Scale, _fate, frontier, horizon_too_low  # noqa: E402
 from turnguard._config import GuardConfig  # noqa: E402
 from turnguard._probe import CENSORING_HALTS  # noqa: E402
@@ -232,3 +240,130 @@ def test_the_board_says_the_limit_is_too_low_where_calibrates_test_of_the_gap_le
     board = {row: {SPARES: 0.0, LIMIT_TOO_LOW: 1.0} if row.startswith("streak:") else figures
              for row, figures in rows.items()}
     _check(promtool, tmp_path, STREAK_CONFIG, 50, board, counts._series(STREAK_CONFIG))
+
+
+# -- panel 41: the backstop's multiples of S = 100, the probe's backstop censoring ------------------
+
+S = 100
+BACKSTOP_CASES = {12: 11, 15: 14, 20: 19, 30: 29}
+"""The probe's backstop multiple: the last multiple calibrate judges below it (``advice``'s horizon,
+the probe's cap over S, rounded up)."""
+ROWS_SEEN = (20, 30)
+"""Probe backstops whose turns are seen past every row of panel 41 (2x to 20x): each row has a
+figure (promtool never finds NaN equal to NaN); a row at or past the probe's cap is calibrate's
+``past_cap``, never within (the flag zeroes it)."""
+
+
+def _backstop_config(probe_multiple: int) -> GuardConfig:
+    return GuardConfig(probe={"rate": 0.1, "hard_multiplier": probe_multiple})
+
+
+def _halted_at_the_probes_backstop(probe_multiple: int, n: int, late: bool | None = None) -> Group:
+    """``n`` runaways the probe's backstop halted (a result reported later: ``late``), past every
+    multiple judged."""
+    return Group(probe_multiple, late, n, "hard_backstop")
+
+
+def _backstop_case(monkeypatch: pytest.MonkeyPatch, probe_multiple: int, groups: list[Group],
+                   late: tuple[Group, ...] = ()) -> tuple[GuardConfig, Frontier, dict[str, dict[str, float]]]:
+    """A reach k (multiples of S) is a turn of k×S + 1 calls (``first._call_series`` records the
+    turns, ``late``'s results reported after the turn); calibrate's backstop frontier of the same
+    turns, judged up to the probe's cap over S; each of panel 41's rows calibrate's decision."""
+    config = _backstop_config(probe_multiple)
+    probe = CapSettings.from_config(config).probe
+    assert probe is not None and probe.hard_cap is not None
+    f = frontier("backstop", _ladder([*groups, *late]), int(config.hard_multiplier), TOLERANCE, Scale(0, 0, 0),
+                 -(-probe.hard_cap // S))
+    turns: dict[tuple[int, bool | None, bool | None, str], int] = {}
+    for g, after in [*((g, False) for g in groups), *((g, True) for g in late)]:
+        key = (g.reach * S + 1, None if after else g.resolved, g.resolved if after else None, g.ended_by)
+        turns[key] = turns.get(key, 0) + g.n
+    monkeypatch.setattr(first, "TURNS", turns)
+    rows = {}
+    for k in past_multiples(CapSettings.from_config(config)):
+        r = f.rung(k) if k <= len(f.rungs) else None
+        spares = float(r.decision == "within") if r is not None and r.at_risk else math.nan
+        rows[str(k)] = {SET_HERE: spares, LIMIT_TOO_LOW: float(f.limit_too_low)}
+    return config, f, rows
+
+
+def _check_41(promtool: str, tmp_path, config: GuardConfig, rows: dict[str, dict[str, float]]) -> None:
+    """Panel 41's two columns through the rules: the flag on every row, whether a backstop there
+    spares them where a probe turn is seen past it (none is at or past the probe's cap)."""
+    board = json.loads(build.for_config(config)[build.FILES[build.THRESHOLDS_UID]])
+    tests = [{"expr": counts._expr(pq), "eval_time": "5m", "exp_samples": [
+        {"labels": f'{{multiple="{row}"}}', "value": figures[pq.legend]} for row, figures in rows.items()
+        if not math.isnan(figures[pq.legend])]}
+        for pq in queries.panel_queries(board) if pq.panel_id == 41 and pq.legend in (SET_HERE, LIMIT_TOO_LOW)]
+    assert len(tests) == 2, "no column says whether the probe's own cap is too low"
+    chain.promtool_expressions(promtool, tmp_path, first._call_series(config), tests)
+
+
+@pytest.mark.parametrize("gap", [0, 1, 2])
+@pytest.mark.parametrize("probe_multiple", ROWS_SEEN)
+def test_panel_41_shows_no_backstop_within_and_the_limit_too_low_where_calibrate_does(
+        promtool, tmp_path, monkeypatch, probe_multiple, gap):
+    """Productive turns ending up to ``gap`` multiples below the last one judged, among 70 the
+    probe's backstop halted: calibrate gives no multiple, and no row of panel 41 spares them."""
+    last = BACKSTOP_CASES[probe_multiple]
+    groups = low_cap(last, gap, _halted_at_the_probes_backstop(probe_multiple, 70))
+    config, f, rows = _backstop_case(monkeypatch, probe_multiple, groups)
+    assert f.horizon is not None and f.horizon - 1 == last
+    assert horizon_too_low(_ladder(groups), last) and f.limit_too_low and f.recommended is None
+    assert all(figures[LIMIT_TOO_LOW] == 1.0 and figures[SET_HERE] != 1.0 for figures in rows.values())
+    _check_41(promtool, tmp_path, config, rows)
+
+
+@pytest.mark.parametrize("probe_multiple", ROWS_SEEN)
+def test_panel_41_does_not_spare_at_a_row_that_only_a_few_long_productive_turns_pass(promtool, tmp_path,
+                                                                                     monkeypatch, probe_multiple):
+    """A few productive turns ending near the probe's cap among 400 it halted: at 10x their share's
+    bound is under the tolerance, so a backstop there would read as sparing them, but calibrate finds
+    the cap too low and gives no multiple; panel 41 says no there, and why."""
+    last = BACKSTOP_CASES[probe_multiple]
+    groups = [*(Group(v, True, 1) for v in range(last - 4, last + 1)),
+              _halted_at_the_probes_backstop(probe_multiple, 400), Group(1, True, 20), Group(4, False, 40)]
+    config, f, rows = _backstop_case(monkeypatch, probe_multiple, groups)
+    assert f.limit_too_low and f.recommended is None and f.rung(10).high < TOLERANCE
+    assert rows["10"] == {SET_HERE: 0.0, LIMIT_TOO_LOW: 1.0}
+    _check_41(promtool, tmp_path, config, rows)
+
+
+BACKSTOP_FLEETS = {
+    "keep": (30, fleet((3, 4), _halted_at_the_probes_backstop(30, 40), 8), ()),
+    "raise": (30, fleet((4, 9), _halted_at_the_probes_backstop(30, 40), 12), ()),
+    "keep, runaways resolved later": (30, fleet((3, 4), _halted_at_the_probes_backstop(30, 40), 8),
+                                      (_halted_at_the_probes_backstop(30, 3, late=True),)),
+}
+"""Productive turns well below the probe's backstop (3x to 4x; 4x to 9x), runaways it halted (some
+reported resolved after the turn: past every multiple judged, they are not the longest productive
+turn calibrate reads), turns that failed at 8x or 12x."""
+
+
+@pytest.mark.parametrize("name", sorted(BACKSTOP_FLEETS))
+def test_panel_41_keeps_the_multiples_of_fleets_whose_productive_turns_end_well_below_the_probes_cap(
+        promtool, tmp_path, monkeypatch, name):
+    probe_multiple, groups, late = BACKSTOP_FLEETS[name]
+    config, f, rows = _backstop_case(monkeypatch, probe_multiple, groups, late)
+    assert not f.limit_too_low
+    assert all(figures[LIMIT_TOO_LOW] == 0.0 for figures in rows.values())
+    assert any(figures[SET_HERE] == 1.0 for figures in rows.values()) or late
+    _check_41(promtool, tmp_path, config, rows)
+
+
+def test_panel_41_rows_judged_are_the_multiples_below_the_probes_cap():
+    """The rule reads the rows calibrate judges: multiples up to the probe's cap over S, less one."""
+    for probe_multiple, last in BACKSTOP_CASES.items():
+        assert horizon.last_judged(CapSettings.from_config(_backstop_config(probe_multiple)), "backstop") == last
+    explicit = GuardConfig(probe={"rate": 0.1, "max_tool_calls_per_turn": 1450})
+    assert horizon.last_judged(CapSettings.from_config(explicit), "backstop") == 14
+
+
+def test_panel_41_says_whether_the_probes_cap_is_too_low_only_where_it_knows_the_probe():
+    """The shipped board, rendered with no probe, cannot tell; one rendered for a probe always says."""
+    def legends(config: GuardConfig) -> set[str]:
+        board = json.loads(build.for_config(config)[build.FILES[build.THRESHOLDS_UID]])
+        return {pq.legend for pq in queries.panel_queries(board) if pq.panel_id == 41}
+
+    assert SET_HERE in legends(GuardConfig()) and LIMIT_TOO_LOW not in legends(GuardConfig())
+    assert {SET_HERE, LIMIT_TOO_LOW} <= legends(_backstop_config(20))

@@ -1,4 +1,5 @@
-"""Calibrate's horizon rule (``_calibrate.evidence.horizon_too_low``) on the frontier panels' rows:
+"""Calibrate's horizon rule (``_calibrate.evidence.horizon_too_low``) on the frontier panels' rows
+(panel 41's multiples of S, panels 49's and 50's values):
 whether the probe's own length limit may have cut productive turns off, so that no value is within
 and the probe's limit is to be raised.
 
@@ -20,7 +21,7 @@ from turnguard._model import Threshold
 
 RESOLVED_SHORT = "resolved short of the limit"
 """A row's resolved turns that the probe's own limit did not halt, where that limit can halt a
-resolved turn past the last value judged (the soft, explicit and cycle caps'): calibrate's longest
+resolved turn past the last value judged (the backstop's, soft, explicit and cycle caps'): calibrate's longest
 productive turn is the longest up to that value. The other rows' ``resolved`` are all short of it."""
 
 
@@ -31,12 +32,15 @@ def _in_values(horizon: int | None, unit: int) -> int | None:
 
 
 def last_judged(cap: CapSettings, kind: str) -> int | None:
-    """The highest value of ``kind`` (a frontier table's row kind: ``soft``, ``explicit``,
-    ``cycles``, ``stuck``, ``streak``) calibrate judges under the board's probe (``advice``'s
-    horizons); ``None`` where the probe has no such limit (then the rule never holds)."""
+    """The highest value of ``kind`` (a frontier table's row kind: ``backstop``, panel 41's multiples
+    of S, ``soft``, ``explicit``, ``cycles``, ``stuck``, ``streak``) calibrate judges under the
+    board's probe (``advice``'s horizons); ``None`` where the probe has no such limit (then the
+    rule never holds)."""
     p = cap.probe
     if p is None:
         return None
+    if kind == "backstop":
+        return _in_values(-(-p.hard_cap // cap.soft_cap), 1) if p.hard_cap else None
     if kind == "stuck":
         return p.stuck_repeat_threshold or None
     if kind == "streak":

@@ -320,12 +320,15 @@ def past_multiples(cap: CapSettings) -> list[int]:
 def past_rows(cap: CapSettings) -> dict[str, str]:
     """Per column, a vector by ``multiple`` (one row per k of ``past_multiples``): probe turns that made
     more than k×S calls, and what became of them (a result reported in the turn, or later on the
-    results counter)."""
-    columns: dict[str, dict[str, str]] = {name: {} for name in (*PAST_COLUMNS, SEEN_HIGH, SET_HERE)}
-    for k in past_multiples(cap):
-        for name, expr in _with_frontier(_past(cap, k * cap.soft_cap), SET_HERE).items():
-            columns[name][str(k)] = expr
-    return {name: q.rows("multiple", per_row) for name, per_row in columns.items()}
+    results counter); a backstop there spares them only where the probe's own cap is not too low
+    (calibrate's horizon rule, as on panels 49 and 50), which a board that knows the probe says."""
+    rows = {str(k): _with_frontier(_past(cap, k * cap.soft_cap, short_of=AT_THE_HARD_CAP), SET_HERE)
+            for k in past_multiples(cap)}
+    columns = {name: q.rows("multiple", {k: row[name] for k, row in rows.items()})
+               for name in (*PAST_COLUMNS, SEEN_HIGH, SET_HERE)}
+    if cap.probe is not None:
+        columns[SET_HERE], columns[LIMIT_TOO_LOW] = _horizon_columns(cap, "backstop", "multiple", rows, SET_HERE)
+    return columns
 
 
 def past_row_names(cap: CapSettings) -> dict[str, str]:
@@ -565,7 +568,7 @@ def _frontier_table(cap: CapSettings, panel: int, kinds_by_key: dict[str, _Kind]
 
 
 LIMIT_TOO_LOW = "probe's own limit too low"
-"""Panels 49's and 50's column of calibrate's horizon rule (``horizon.limit_too_low``), per kind of row."""
+"""Panels 41's, 49's and 50's column of calibrate's horizon rule (``horizon.limit_too_low``), per kind of row."""
 LIMIT_TOO_LOW_TEXT = "yes: raise the probe's own limit (no value is within)"
 
 
@@ -575,11 +578,20 @@ def _judged_below_the_limit(cap: CapSettings, rows: dict[str, dict[str, str]]) -
     spares, too_low = [], []
     for kind in dict.fromkeys(key.split(":")[0] for key in rows):
         keyed = {key: row for key, row in rows.items() if key.startswith(f"{kind}:")}
-        flag = horizon.limit_too_low(cap, kind, {int(key.split(":")[1]): row for key, row in keyed.items()})
-        spares.append(f"(({q.rows('value', {key: row[SPARES] for key, row in keyed.items()})}) "
-                      f"* scalar(1 - {flag}))")
-        too_low.append(f"(({q.zeros('value', list(keyed))}) + scalar({flag}))")
+        judged, flagged = _horizon_columns(cap, kind, "value", keyed, SPARES)
+        spares.append(judged)
+        too_low.append(flagged)
     return {SPARES: " or ".join(spares), LIMIT_TOO_LOW: " or ".join(too_low)}
+
+
+def _horizon_columns(cap: CapSettings, kind: str, label: str, rows: dict[str, dict[str, str]],
+                     spares: str) -> tuple[str, str]:
+    """The ``spares`` column of ``kind``'s rows (row key, ``kind:value`` or the value alone, ->
+    column -> expression) by ``label``, 0 where the probe's own limit is too low
+    (``horizon.limit_too_low``), and that flag on every row."""
+    flag = horizon.limit_too_low(cap, kind, {int(key.rsplit(":", 1)[-1]): row for key, row in rows.items()})
+    return (f"(({q.rows(label, {key: row[spares] for key, row in rows.items()})}) * scalar(1 - {flag}))",
+            f"(({q.zeros(label, list(rows))}) + scalar({flag}))")
 
 
 # -- D's and the streak stop's frontiers (panel 50) --------------------------------------------------
@@ -852,10 +864,13 @@ def probe_row(cap: CapSettings) -> list[PanelBuilder]:
                     "binomial bound 1 - 0.025^(1/N) over the N with a known fate; a backstop here spares them when "
                     "that bound is under the Tolerance variable. The first such row below the probe's cap is "
                     "calibrate's recommended multiple on these rows (calibrate reads every multiple; past the "
-                    "probe's cap, raising it only lets turns that never resolve burn longer).",
+                    "probe's cap, raising it only lets turns that never resolve burn longer)."
+                    f"{f' {HORIZON_RULE}' if cap.probe is not None else ''}",
                     "multiple", past_rows(cap), {SEEN_HIGH: "percentunit"}, width=16, height=8,
                     row_names=past_row_names(cap),
-                    mappings={SET_HERE: mapped({1: "yes", 0: "no"}, nan=NO_FATE)}),
+                    mappings={SET_HERE: mapped({1: "yes", 0: "no"}, nan=NO_FATE),
+                              **({LIMIT_TOO_LOW: mapped({1: LIMIT_TOO_LOW_TEXT, 0: "no"})}
+                                 if cap.probe is not None else {})}),
         bars(43, "Attended \"continue\" answers, by threshold",
              "Users who were asked (ASK) and said the turn was fine, per threshold: the live false positives "
              "people saw.", [query(q.recorded(ps.ANSWERS, continued, by=(ps.THRESHOLD,)), legend(ps.THRESHOLD))],
