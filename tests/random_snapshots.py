@@ -17,3 +17,12 @@ def guard(options: dict[str, Any]) -> tg.Guard:
     settings = {"streak_warn_at": 3, "streak_stop_at": 5, **options}
     return tg.Guard(tg.GuardConfig(disable_plugins=("otel", "recorder"), load_entrypoints=False, **settings),
                     environ={})
+
+
+def facts_of(state: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The facts a damage test breaks, and their path: the shadow's where the snapshot holds one
+    (its guard runs the other stuck signal), else the live turn's."""
+    shadow = state.get("plugins", {}).get("shadow", {}).get("runs", {}).get("sh")
+    if shadow is not None:
+        return shadow["facts"], "plugins.shadow.runs.sh.facts"
+    return state["facts"], "facts"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import turnguard as tg
-from random_snapshots import KEYS, guard
+from random_snapshots import KEYS, facts_of, guard
 
 UNCOUNTED = "00" * 8
 STALE = {"stuck_signal": "stale_repeat", "stuck_repeat_threshold": 3}
@@ -58,14 +58,6 @@ def snapshots(options: dict[str, Any], seed: int) -> Iterator[dict[str, Any]]:
     for _ in play(turn, rng, rng.randint(4, 24), []):
         yield json.loads(json.dumps(turn.snapshot()))
     turn.end()
-
-
-def facts_of(state: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The stale facts of a snapshot (the shadow's where the live turn runs the ``repeat`` signal)."""
-    shadow = state.get("plugins", {}).get("shadow", {}).get("runs", {}).get("sh")
-    if shadow is not None:
-        return shadow["facts"], "plugins.shadow.runs.sh.facts"
-    return state["facts"], "facts"
 
 
 def windows(kind: str, seeds: int = 40) -> Iterator[tuple[dict[str, Any], dict[str, Any], str]]:

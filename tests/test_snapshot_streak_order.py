@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import turnguard as tg
-from random_snapshots import KEYS, guard
+from random_snapshots import KEYS, facts_of, guard
 
 STALE = {"stuck_signal": "stale_repeat", "stuck_repeat_threshold": 3}
 GUARDS: dict[str, dict[str, Any]] = {
@@ -43,14 +43,6 @@ def snapshots(options: dict[str, Any], seed: int) -> Iterator[dict[str, Any]]:
             turn.record_outcome(done, rng.choice(list(tg.Outcome)), result=result)
         yield json.loads(json.dumps(turn.snapshot()))
     turn.end()
-
-
-def facts_of(state: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The facts the guard kind damages (the live turn's, else the shadow's) and their path."""
-    shadow = state.get("plugins", {}).get("shadow", {}).get("runs", {}).get("sh")
-    if shadow is not None:
-        return shadow["facts"], "plugins.shadow.runs.sh.facts"
-    return state["facts"], "facts"
 
 
 @pytest.mark.parametrize("kind", list(GUARDS))
