@@ -224,15 +224,45 @@ def threshold_table(facts: Iterable[ProbeFact], thresholds: Sequence[str], toler
     return table
 
 
+HARD_CAP_HALTS = frozenset({"explicit", "hard_backstop"})
+"""The probe's own hard cap's halts (explicit, or its backstop)."""
+
+
+def backstop_too_low(facts: Sequence[ProbeFact], multiples: Sequence[int], soft_cap: int, probe_hard_cap: int) -> float:
+    """The board's reading of calibrate's horizon rule on the "probe turns past k×S" rows: 1 where
+    some row k, judged (k×S under the probe's hard cap), is the highest with a resolved turn the
+    probe's hard cap did not halt, the reach up to the next row is at least ``NEAR`` of the last
+    multiple judged, and turns the probe's limits halted pass k×S."""
+    from turnguard._calibrate.evidence import NEAR
+
+    last = -(-probe_hard_cap // soft_cap) - 1
+
+    def short(k: int) -> int:
+        return sum(f.calls > k * soft_cap and f.resolved is True and f.ended_by not in HARD_CAP_HALTS for f in facts)
+
+    def censored(k: int) -> int:
+        return sum(f.calls > k * soft_cap and f.censored and not f.cut for f in facts)
+
+    judged = [k for k in sorted(multiples) if k <= last]
+    for i, k in enumerate(judged):
+        above = judged[i + 1] if i + 1 < len(judged) else None
+        if (above - 1 if above is not None else last) >= NEAR * last and short(k) and censored(k) and (
+                above is None or not short(above)):
+            return 1.0
+    return 0.0
+
+
 def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: int,
-               tolerance: float = 0.1) -> dict[str, dict[str, float]]:
+               tolerance: float = 0.1, probe_hard_cap: int | None = None) -> dict[str, dict[str, float]]:
     """Column -> row (k) -> value, as the "probe turns past k×S" table must show them (its frontier
     columns: calibrate's ``frontier.upper_bound`` of the productive turns seen, the cut ones counted
-    productive at the high end, against ``tolerance``)."""
+    productive at the high end, against ``tolerance``; with the probe's hard cap known, its horizon
+    flag, which zeroes "spares" where it is set)."""
     from turnguard._calibrate.evidence import upper_bound
 
     table: dict[str, dict[str, float]] = {}
     facts = list(facts)
+    flag = None if probe_hard_cap is None else backstop_too_low(facts, multiples, soft_cap, probe_hard_cap)
     for k in multiples:
         rows = [f for f in facts if f.calls > k * soft_cap]
         row = passed(rows)
@@ -241,7 +271,9 @@ def past_table(facts: Iterable[ProbeFact], multiples: Sequence[int], soft_cap: i
         values = {"turns": len(rows), "resolved": row.resolved, "unresolved": row.unresolved,
                   "censored": row.censored - cut, "cut": cut, "unknown": row.unknown,
                   "productive seen, 95% high": high,
-                  "backstop here spares them": float(high < tolerance) if row.known else math.nan}
+                  "backstop here spares them": float(high < tolerance and not flag) if row.known else math.nan}
+        if flag is not None:
+            values["probe's own limit too low"] = flag
         for column, value in values.items():
             table.setdefault(column, {})[str(k)] = value
     return table

@@ -367,3 +367,48 @@ def test_panel_41_says_whether_the_probes_cap_is_too_low_only_where_it_knows_the
 
     assert SET_HERE in legends(GuardConfig()) and LIMIT_TOO_LOW not in legends(GuardConfig())
     assert {SET_HERE, LIMIT_TOO_LOW} <= legends(_backstop_config(20))
+
+
+PROBE_LIMITS = (1, 2, 3, 4, 9, 10, 11, 19, 20, 21, 49, 50, 51, 99, 100, 101, 150, 199, 200, 201, 999, 1000, 1001, 1450)
+"""Where a probe's limit can sit against the frontier panels' rows: at, just under and just over
+their values, under the lowest and past the highest."""
+PROBE_SETTINGS = ("max_tool_calls_per_turn", "soft_cap", "max_cycles_per_turn", "stuck_repeat_threshold",
+                  "streak_stop_at", "cycle_repeat_stop_at")
+MAINS = {"adaptive": GuardConfig(), "explicit and cycles": GuardConfig(
+    max_tool_calls_per_turn=50, max_cycles_per_turn=20, cycle_repeat_stop_at=4)}
+
+
+@pytest.mark.parametrize("main", sorted(MAINS))
+@pytest.mark.parametrize("setting", PROBE_SETTINGS)
+def test_a_board_renders_for_a_probe_limit_anywhere_against_the_rows(main, setting):
+    """The board renders for a probe whose limit sits anywhere against the frontier panels' rows,
+    panel 41 with its flag; a probe's cap at or under S (no multiple judged) flags none."""
+    rendered = 0
+    for limit in PROBE_LIMITS:
+        try:
+            config = MAINS[main].replace(probe={"rate": 0.1, setting: limit})
+        except ValueError:  # (a limit the probe's settings refuse, e.g. a stop under its warn level)
+            continue
+        board = json.loads(build.for_config(config)[build.FILES[build.THRESHOLDS_UID]])
+        flags = {pq.panel_id: pq for pq in queries.panel_queries(board) if pq.legend == LIMIT_TOO_LOW}
+        assert 41 in flags, (setting, limit)
+        cap = CapSettings.from_config(config)
+        if cap.probe is not None and cap.probe.hard_cap and cap.probe.hard_cap <= cap.soft_cap:
+            assert horizon.last_judged(cap, "backstop") == 0
+            assert "clamp_max" not in flags[41].expr, (setting, limit)
+        rendered += 1
+    assert rendered >= len(PROBE_LIMITS) // 2, setting
+
+
+@pytest.mark.parametrize("kind", ["backstop", "soft", "explicit", "cycles", "stuck", "streak"])
+def test_the_flag_is_never_set_when_every_row_is_past_the_last_value_judged(kind):
+    """Rows only above the last value judged (the probe's limit at or under the lowest row): no row
+    can hold the longest productive turn, so the rule cannot hold."""
+    config = GuardConfig(max_tool_calls_per_turn=50, max_cycles_per_turn=20,
+                         probe={"rate": 0.1, "max_tool_calls_per_turn": 60, "max_cycles_per_turn": 25,
+                                "stuck_repeat_threshold": 3, "streak_warn_at": 2, "streak_stop_at": 3})
+    cap = CapSettings.from_config(config)
+    last = horizon.last_judged(cap, kind)
+    assert last is not None, kind
+    rows = {last + step: {"resolved": "vector(1)", "censored": "vector(1)"} for step in (1, 2, 5)}
+    assert horizon.limit_too_low(cap, kind, rows) == "vector(0)"

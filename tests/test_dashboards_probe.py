@@ -118,7 +118,9 @@ def _expected(run: FleetRun, panel_query: queries.PanelQuery, tolerance: float =
             table = {"hard_backstop": table["hard_backstop"]}
         return by_row(series.MAIN_THRESHOLD, table)
     if panel_query.panel_id == PAST_TABLE:
-        return by_row("multiple", oracle.past_table(probed, BACKSTOP_MULTIPLES, cap.soft_cap)[panel_query.legend])
+        hard = cap.probe.hard_cap if cap.probe is not None and panel_query.board_uid == CONFIGURED_UID else None
+        table = oracle.past_table(probed, BACKSTOP_MULTIPLES, cap.soft_cap, probe_hard_cap=hard)
+        return by_row("multiple", table[panel_query.legend])
     edges = buckets.tool_call_edges(tg.GuardConfig(soft_cap=cap.soft_cap, hard_multiplier=cap.hard_multiplier))
     turns = [(s.tool_calls, oracle.finished(s)) for _, s in truth.summaries if s.cap_mode == "adaptive"]
     ends = {str(k): float(k * cap.soft_cap) for k in km_multiples(cap)}  # the committed board has no probe cap

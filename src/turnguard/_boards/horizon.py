@@ -74,6 +74,8 @@ def limit_too_low(cap: CapSettings, kind: str, rows: Mapping[int, Mapping[str, s
     if last is None:
         return "vector(0)"
     values = sorted(v for v in rows if v <= last)
+    if not values:  # (the probe's limit at or under the lowest row: every row is past it)
+        return "vector(0)"
     terms = []
     for v, above in zip(values, [*values[1:], None], strict=True):
         if (above - unit if above is not None else last) < NEAR * last:
